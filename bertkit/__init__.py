@@ -1,0 +1,28 @@
+"""bertkit: BERT written from scratch on PyTorch.
+
+The public surface is small on purpose: the tokenizer, the config and model,
+the task heads, and a few one-call helpers. Everything else lives in the module
+named after its concept (see the README's tour).
+
+Public names are resolved on first use (PEP 562 `__getattr__`), so `import
+bertkit` is instant and the tokenizer never pulls in torch.
+"""
+
+import importlib
+
+from bertkit.errors import BertkitError
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported lazily, see __getattr__)
+_LAZY = {
+    "Tokenizer": "bertkit.tokenizer",
+}
+
+__all__ = ["BertkitError", "__version__", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'bertkit' has no attribute {name!r}")
