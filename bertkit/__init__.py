@@ -17,6 +17,20 @@ __version__ = "0.1.0"
 # public name -> module that defines it (imported lazily, see __getattr__)
 _LAZY = {
     "Tokenizer": "bertkit.tokenizer",
+    # features and attention pictures
+    "embed": "bertkit.features",
+    "attention_map": "bertkit.attention_view",
+    # model (config, encoder, task heads, checkpoints)
+    "BertConfig": "bertkit.config",
+    "BertModel": "bertkit.modeling",
+    "BertForPreTraining": "bertkit.heads",
+    "BertForMaskedLM": "bertkit.heads",
+    "BertForNextSentencePrediction": "bertkit.heads",
+    "BertForSequenceClassification": "bertkit.heads",
+    "BertForTokenClassification": "bertkit.heads",
+    "BertForQuestionAnswering": "bertkit.heads",
+    "BertForMultipleChoice": "bertkit.heads",
+    "from_pretrained": "bertkit.checkpoint",
 }
 
 __all__ = ["BertkitError", "__version__", *_LAZY]

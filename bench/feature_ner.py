@@ -1,0 +1,202 @@
+"""The feature-based NER experiment of the BERT paper (Table 7), at our scale.
+
+Devlin et al. 2019, section 5.3: instead of fine-tuning, take the activations
+of a frozen BERT for each CoNLL-2003 word (its first word piece) and train a
+small tagger on them, once per layer strategy. The paper (BERT-Base, a 2-layer
+768-dim BiLSTM, document context) reports dev F1:
+
+    first (embeddings) 91.0, last 94.9, sum_all 95.5, second_to_last 95.6,
+    sum_last_four 95.9, concat_last_four 96.1.
+
+Here: the default model (all-MiniLM-L6-v2: 6 layers, hidden 384), each sentence
+on its own (no document context), the hidden states of all L+1 layers computed
+once by `bertkit.features.embed` and reused for every strategy, the same 2-layer
+BiLSTM tagger (hidden 128 per direction, fixed seed) for each, trained on a
+subset of the training sentences, scored on the full dev set with conlleval's
+entity-level F1 (bertkit.finetune.metrics). Tags are converted to IOB2 for
+training; chunks are the same either way.
+
+    python bench/feature_ner.py                 # print the table
+    python bench/feature_ner.py --write         # also put it into docs/features.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, SHARED_DATA, machine_line  # noqa: E402
+
+from bertkit.features import PAPER_NER_F1, STRATEGIES, combine_layers, embed, load_model, resolve_layers  # noqa: E402
+from bertkit.finetune.data import read_conll  # noqa: E402
+from bertkit.finetune.metrics import entity_scores, iob1_to_iob2  # noqa: E402
+
+DOC = ROOT / "docs" / "features.md"
+
+
+def all_layer_features(sentences, model, batch_size: int) -> list:
+    """Per sentence an array [W, L+1, H] float16: every layer's vector of each word's first piece."""
+    net, _ = model
+    L, H = net.config.num_hidden_layers, net.config.hidden_size
+    words = [s.words for s in sentences]
+    rows = embed(words, model, layers=list(range(L + 1)), combine="concat", pooling="words",
+                 word_pooling="first", batch_size=batch_size, progress=True)
+    return [r.reshape(len(r), L + 1, H).astype(np.float16) for r in rows]
+
+
+def strategy_features(per_layer: list, name: str, num_layers: int) -> list:
+    """Apply a layer strategy to the stored layers: [W, L+1, H] -> [W, D] float32."""
+    spec = resolve_layers(name, num_layers)
+    out = []
+    for x in per_layer:
+        states = torch.from_numpy(x.astype(np.float32)).unbind(dim=1)  # L+1 x [W, H]
+        out.append(combine_layers([s[None] for s in states], spec)[0].numpy())
+    return out
+
+
+class Tagger(nn.Module):
+    """The small tagger on top of frozen features: dropout, 2-layer BiLSTM, linear."""
+
+    def __init__(self, dim: int, num_tags: int, hidden: int = 128, dropout: float = 0.3):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.lstm = nn.LSTM(dim, hidden, num_layers=2, bidirectional=True, batch_first=True, dropout=dropout)
+        self.out = nn.Linear(2 * hidden, num_tags)
+
+    def forward(self, x, lengths):  # x [B, W, D] -> logits [B, W, num_tags]
+        packed = nn.utils.rnn.pack_padded_sequence(self.drop(x), lengths, batch_first=True, enforce_sorted=False)
+        h, _ = self.lstm(packed)
+        h, _ = nn.utils.rnn.pad_packed_sequence(h, batch_first=True, total_length=x.shape[1])
+        return self.out(self.drop(h))
+
+
+def batches(n: int, size: int, rng: random.Random | None):
+    order = list(range(n))
+    if rng is not None:
+        rng.shuffle(order)
+    for i in range(0, n, size):
+        yield order[i : i + size]
+
+
+def pad(feats: list, idx: list):
+    lengths = torch.tensor([len(feats[i]) for i in idx])
+    x = torch.zeros(len(idx), int(lengths.max()), feats[idx[0]].shape[1])
+    for row, i in enumerate(idx):
+        x[row, : len(feats[i])] = torch.from_numpy(feats[i])
+    return x, lengths
+
+
+def train_and_score(train_x, train_y, dev_x, dev_tags, tag_names, epochs: int, seed: int) -> float:
+    torch.manual_seed(seed)  # nn.LSTM / nn.Linear initialise from the global generator
+    rng = random.Random(seed)
+    model = Tagger(train_x[0].shape[1], len(tag_names))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=-100)
+    for _ in range(epochs):
+        model.train()
+        for idx in batches(len(train_x), 32, rng):
+            x, lengths = pad(train_x, idx)
+            y = torch.full(x.shape[:2], -100, dtype=torch.long)
+            for row, i in enumerate(idx):
+                y[row, : len(train_y[i])] = torch.tensor(train_y[i])
+            loss = loss_fn(model(x, lengths).reshape(-1, len(tag_names)), y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    model.eval()
+    preds = []
+    with torch.no_grad():
+        for idx in batches(len(dev_x), 128, None):
+            x, lengths = pad(dev_x, idx)
+            best = model(x, lengths).argmax(-1)
+            for row, i in enumerate(idx):
+                preds.append([tag_names[t] for t in best[row, : lengths[row]].tolist()])
+    return 100 * entity_scores(preds, dev_tags)["f1"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train-sentences", type=int, default=4000, help="first N training sentences (default 4000)")
+    ap.add_argument("--dev-sentences", type=int, default=None, help="first N dev sentences (default: all 3,250)")
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass of the encoder")
+    ap.add_argument("--model", help="a model directory (default: the embedded model)")
+    ap.add_argument("--write", action="store_true", help="write the table into docs/features.md")
+    args = ap.parse_args(argv)
+
+    data = SHARED_DATA / "conll2003"
+    train, _ = read_conll(data / "train.txt", max_sentences=args.train_sentences)
+    dev, _ = read_conll(data / "dev.txt", max_sentences=args.dev_sentences)
+    model = load_model(args.model)
+    num_layers = model[0].config.num_hidden_layers
+    t0 = time.perf_counter()
+    train_layers = all_layer_features(train, model, args.batch_size)
+    dev_layers = all_layer_features(dev, model, args.batch_size)
+    extract_s = time.perf_counter() - t0
+
+    train_tags = [iob1_to_iob2(s.tags) for s in train]
+    dev_tags = [iob1_to_iob2(s.tags) for s in dev]
+    tag_names = sorted({t for tags in train_tags + dev_tags for t in tags})
+    tag_id = {t: i for i, t in enumerate(tag_names)}
+    train_y = [[tag_id[t] for t in tags] for tags in train_tags]
+
+    results = {}
+    for name in STRATEGIES:
+        t1 = time.perf_counter()
+        f1 = train_and_score(
+            strategy_features(train_layers, name, num_layers), train_y,
+            strategy_features(dev_layers, name, num_layers), dev_tags, tag_names, args.epochs, args.seed,
+        )
+        results[name] = f1
+        print(f"{name:18s} dev F1 {f1:5.1f}  ({time.perf_counter() - t1:.0f} s)", file=sys.stderr)
+
+    command = "python bench/feature_ner.py" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:]) if a != "--write"
+    )
+    n_words = sum(len(s.words) for s in train)
+    rank = {name: k + 1 for k, name in enumerate(sorted(results, key=results.get, reverse=True))}
+    lines = [
+        "| layer strategy | paper: BERT-Base dev F1 | ours: all-MiniLM-L6-v2 dev F1 | our rank |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name in STRATEGIES:
+        lines.append(f"| `{name}` | {PAPER_NER_F1[name]:.1f} | {results[name]:.1f} | {rank[name]} |")
+    table = "\n".join(lines)
+    setup = (
+        f"Command: `{command}`  \n"
+        f"Training: the first {len(train):,} CoNLL-2003 training sentences ({n_words:,} words); "
+        f"scored on {len(dev):,} dev sentences; {args.epochs} epochs, seed {args.seed}; "
+        f"feature extraction took {extract_s:.0f} s.  \n"
+        f"Machine: {machine_line()}"
+    )
+    print(table)
+    print()
+    print(setup)
+    if args.write:
+        write_doc_section("ner-table", table + "\n\n" + setup)
+        print(f"wrote the table into {DOC.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+def write_doc_section(name: str, markdown: str) -> None:
+    """Replace the `<!-- NAME -->` ... `<!-- /NAME -->` block of docs/features.md."""
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    text = DOC.read_text()
+    if start not in text or end not in text:
+        raise SystemExit(f"{DOC} has no {start} ... {end} block to fill")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    DOC.write_text(head + start + "\n" + markdown.rstrip() + "\n" + end + tail)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

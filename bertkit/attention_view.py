@@ -1,0 +1,462 @@
+"""Attention pictures: what each token of a text attends to, layer by layer, head by head.
+
+BERT's self-attention (Vaswani et al. 2017, section 3.2.1; BERT paper section 3)
+gives, in each of L layers and N heads, a row-stochastic matrix softmax(QK^T /
+sqrt(d) + mask) [T, T]: row i is how token i spreads its attention over all
+tokens, padding masked to zero. `attention_map()` runs the model once with
+`output_attentions=True` and keeps those weights:
+
+    AttentionMap.weights   [L, N, T, T] float32, rows sum to 1
+    AttentionMap.tokens    the T word pieces, [CLS] ... [SEP] (... [SEP])
+
+and this module shows them in three ways:
+
+- `attention_html`: one self-contained HTML page (inline CSS/JS, the weights
+  embedded as base64 float32, nothing fetched from the network) with the text
+  coloured by the attention the chosen token gives every other token, layer and
+  head selectors (or the mean over heads), and the head-by-layer overview of
+  small heatmaps in the manner of bertviz's model view (Vig 2019) and Clark et
+  al. 2019 ("What does BERT look at?"); click a heatmap or a token to switch.
+- `save_png`: the same views rendered with matplotlib (text, one head's
+  heatmap, or the overview grid).
+- `to_bertviz` / `save_bertviz`: the tensors and tokens in the form bertviz's
+  `head_view(attention, tokens, sentence_b_start)` and `model_view` take
+  (a tuple of L tensors [1, N, T, T]).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import BertkitError
+
+
+@dataclass
+class AttentionMap:
+    """The attention weights of one text (or pair) and the tokens they run over."""
+
+    tokens: list
+    weights: np.ndarray  # [L, N, T, T] float32
+    token_type_ids: list = field(default_factory=list)
+    text: str = ""
+    pair: str | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.weights.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.weights.shape[1]
+
+    @property
+    def sentence_b_start(self) -> int | None:
+        """Index of the first token of segment B (bertviz's argument), None for a single text."""
+        return self.token_type_ids.index(1) if 1 in self.token_type_ids else None
+
+    def row(self, layer: int, head, token: int) -> np.ndarray:
+        """The attention token `token` gives every token: [T]; head may be "mean"."""
+        self._check(layer, head)
+        if head == "mean":
+            return self.weights[layer, :, token].mean(axis=0)
+        return self.weights[layer, head, token]
+
+    def _check(self, layer, head) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise BertkitError(
+                f"layer {layer} is out of range: this model has {self.num_layers} layers, numbered 0..{self.num_layers - 1}"
+            )
+        if head != "mean" and not 0 <= head < self.num_heads:
+            raise BertkitError(
+                f"head {head} is out of range: each layer has {self.num_heads} heads, numbered 0..{self.num_heads - 1}"
+            )
+
+
+# --- computing the weights -----------------------------------------------------------
+
+
+def attention_map(text: str, pair: str | None = None, model=None) -> AttentionMap:
+    """Run the model on `text` (and `pair`) and keep every layer's attention weights.
+
+    model: None (the default model), a model directory or a (model, tokenizer) pair.
+    The text must fit in the model's positions (512): the page shows whole
+    attention matrices, which windows of a longer text would not give.
+    """
+    import torch
+
+    from bertkit.features import load_model
+
+    if not isinstance(text, str) or not text.strip():
+        raise BertkitError("cannot show attention for an empty text: give a sentence")
+    if pair is not None and not pair.strip():
+        raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
+    net, tok = load_model(model)
+    limit = int(getattr(net.config, "max_position_embeddings", 512))
+    enc = tok.encode(text, pair, max_length=limit, truncation=False)  # no cut: checked below
+    if len(enc.input_ids) > limit:
+        raise BertkitError(
+            f"the text has {len(enc.input_ids)} tokens but the model takes at most {limit}: "
+            "attention is shown for one pass, so shorten the text"
+        )
+    ids = torch.tensor([enc.input_ids])
+    types = torch.tensor([enc.token_type_ids])
+    was_training = net.training
+    net.eval()  # attention dropout off: rows must sum to 1
+    try:
+        with torch.inference_mode():
+            out = net(ids, attention_mask=torch.ones_like(ids), token_type_ids=types, output_attentions=True)
+    finally:
+        net.train(was_training)
+    weights = torch.stack([a[0] for a in out.attentions]).float().numpy()  # [L, N, T, T]
+    return AttentionMap(list(enc.tokens), weights, list(enc.token_type_ids), text, pair)
+
+
+def find_token(amap: AttentionMap, word: str, occurrence: int = 1) -> int:
+    """Index of the token for `word` (its first word piece), the n-th occurrence.
+
+    Matches a whole word piece first ("he"), then a word rebuilt from its
+    pieces ("ridiculous" from "ridic", "##ulous"), case-insensitively.
+    """
+    target = word.strip().lower()
+    if not target:
+        raise BertkitError("the token to follow is empty: give a word of the text, e.g. --token he")
+    hits = [i for i, t in enumerate(amap.tokens) if t.lower() == target]
+    if not hits:
+        words = _words(amap.tokens)
+        hits = [start for start, w in words if w.lower() == target]
+    if len(hits) < occurrence:
+        shown = " ".join(w for _, w in _words(amap.tokens))
+        where = f"only {len(hits)} times" if hits else "nowhere"
+        raise BertkitError(f"the token {word!r} occurs {where} in the text; its tokens are: {shown}")
+    return hits[occurrence - 1]
+
+
+def _words(tokens: list) -> list:
+    """(index of first piece, word) for words rebuilt from ## continuation pieces."""
+    words = []
+    for i, t in enumerate(tokens):
+        if t.startswith("##") and words:
+            start, w = words[-1]
+            words[-1] = (start, w + t[2:])
+        else:
+            words.append((i, t))
+    return words
+
+
+# --- bertviz -----------------------------------------------------------------------------
+
+
+def to_bertviz(amap: AttentionMap) -> dict:
+    """Keyword arguments for bertviz: `head_view(**to_bertviz(m))`, `model_view(**...)`.
+
+    attention: tuple of L torch tensors [1, N, T, T] (what a Hugging Face model
+    returns with output_attentions=True); tokens; sentence_b_start.
+    """
+    import torch
+
+    attn = tuple(torch.from_numpy(np.ascontiguousarray(layer))[None] for layer in amap.weights)
+    return {"attention": attn, "tokens": list(amap.tokens), "sentence_b_start": amap.sentence_b_start}
+
+
+def save_bertviz(amap: AttentionMap, path) -> Path:
+    """Write the bertviz arguments as JSON: {"attention": [L][1][N][T][T], "tokens", "sentence_b_start"}.
+
+    Load with `load_bertviz(path)` and call `head_view(**kwargs)`.
+    """
+    path = Path(path)
+    record = {
+        "attention": amap.weights[:, None].tolist(),
+        "tokens": list(amap.tokens),
+        "sentence_b_start": amap.sentence_b_start,
+    }
+    path.write_text(json.dumps(record))
+    return path
+
+
+def load_bertviz(path) -> dict:
+    """The keyword arguments saved by `save_bertviz`, with torch tensors again."""
+    import torch
+
+    record = json.loads(Path(path).read_text())
+    record["attention"] = tuple(torch.tensor(layer, dtype=torch.float32) for layer in record["attention"])
+    return record
+
+
+# --- the HTML page -------------------------------------------------------------------------
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
+<title>Attention: __TITLE__</title>
+<style>
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.2em; }
+.controls { margin: 0.8em 0; }
+.controls label { margin-right: 1.2em; }
+#text { line-height: 2.2em; font-size: 1.1em; max-width: 60em; }
+.tok { padding: 0.15em 0.25em; margin: 0 0.1em; border-radius: 3px; cursor: pointer; border: 1px solid transparent; }
+.tok.piece { margin-left: -0.1em; }
+.tok.special { color: #777; font-size: 0.85em; }
+.tok.source { border: 2px solid #d33; }
+.seg-b { border-bottom: 2px dotted #888; }
+#info { color: #555; margin: 0.5em 0 1em 0; }
+#overview { border-collapse: collapse; }
+#overview td { padding: 2px; }
+#overview th { font-weight: normal; font-size: 0.8em; color: #555; }
+#overview canvas { border: 2px solid #eee; cursor: pointer; image-rendering: pixelated; }
+#overview canvas.current { border-color: #d33; }
+</style>
+</head>
+<body>
+<h1>Attention in BERT</h1>
+<div class="controls">
+<label>Layer <select id="layer"></select></label>
+<label>Head <select id="head"></select></label>
+<label>Token <select id="token"></select></label>
+</div>
+<div id="info"></div>
+<div id="text"></div>
+<h2 style="font-size:1em">All heads (rows: layers, columns: heads). Click one to show it above.</h2>
+<table id="overview"></table>
+<script id="attention-data" type="application/json">__DATA__</script>
+<script>
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("attention-data").textContent);
+  var raw = atob(data.weights);
+  var bytes = new Uint8Array(raw.length);
+  for (var i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+  var W = new Float32Array(bytes.buffer);  // [L, N, T, T], row-major, little-endian
+  var L = data.layers, N = data.heads, T = data.tokens.length;
+  var state = { layer: data.layer, head: data.head, token: data.token };
+
+  function at(l, h, i, j) { return W[((l * N + h) * T + i) * T + j]; }
+  function row(l, h, i) {
+    var out = [];
+    for (var j = 0; j < T; j++) {
+      if (h === "mean") {
+        var s = 0;
+        for (var k = 0; k < N; k++) s += at(l, k, i, j);
+        out.push(s / N);
+      } else {
+        out.push(at(l, h, i, j));
+      }
+    }
+    return out;
+  }
+  function fill(select, values, labels) {
+    values.forEach(function (v, k) {
+      var o = document.createElement("option");
+      o.value = String(v); o.textContent = labels[k]; select.appendChild(o);
+    });
+  }
+  var layerSel = document.getElementById("layer"), headSel = document.getElementById("head");
+  var tokenSel = document.getElementById("token");
+  var ls = [], hs = ["mean"], hl = ["mean of heads"], ts = [], tl = [];
+  for (var l = 0; l < L; l++) ls.push(l);
+  for (var h = 0; h < N; h++) { hs.push(h); hl.push(String(h)); }
+  for (var t = 0; t < T; t++) { ts.push(t); tl.push(t + ": " + data.tokens[t]); }
+  fill(layerSel, ls, ls.map(String));
+  fill(headSel, hs, hl);
+  fill(tokenSel, ts, tl);
+
+  var text = document.getElementById("text"), spans = [];
+  data.tokens.forEach(function (tok, j) {
+    var s = document.createElement("span");
+    var special = tok === "[CLS]" || tok === "[SEP]" || tok === "[PAD]";
+    s.className = "tok" + (tok.indexOf("##") === 0 ? " piece" : "") + (special ? " special" : "") +
+      (data.segment_b_start !== null && j >= data.segment_b_start ? " seg-b" : "");
+    s.textContent = tok;
+    s.dataset.index = String(j);
+    s.addEventListener("click", function () { set({ token: j }); });
+    text.appendChild(s); text.appendChild(document.createTextNode(" "));
+    spans.push(s);
+  });
+
+  var table = document.getElementById("overview"), canvases = [];
+  var head = document.createElement("tr");
+  head.appendChild(document.createElement("th"));
+  for (var hh = 0; hh < N; hh++) {
+    var th = document.createElement("th"); th.textContent = "head " + hh; head.appendChild(th);
+  }
+  table.appendChild(head);
+  var scale = Math.max(1, Math.floor(64 / T));
+  for (var ll = 0; ll < L; ll++) {
+    var tr = document.createElement("tr");
+    var rh = document.createElement("th"); rh.textContent = "layer " + ll; tr.appendChild(rh);
+    canvases.push([]);
+    for (var h2 = 0; h2 < N; h2++) {
+      var td = document.createElement("td"), c = document.createElement("canvas");
+      c.width = T; c.height = T;
+      c.style.width = (T * scale) + "px"; c.style.height = (T * scale) + "px";
+      c.title = "layer " + ll + ", head " + h2;
+      paint(c, ll, h2);
+      (function (lv, hv) { c.addEventListener("click", function () { set({ layer: lv, head: hv }); }); })(ll, h2);
+      td.appendChild(c); tr.appendChild(td); canvases[ll].push(c);
+    }
+    table.appendChild(tr);
+  }
+  function paint(canvas, l, h) {
+    var ctx = canvas.getContext("2d"), img = ctx.createImageData(T, T);
+    for (var i = 0; i < T; i++) {
+      for (var j = 0; j < T; j++) {
+        var v = Math.sqrt(at(l, h, i, j)), p = 4 * (i * T + j);  // sqrt: faint weights stay visible
+        img.data[p] = 255 - Math.round(200 * v); img.data[p + 1] = 255 - Math.round(230 * v);
+        img.data[p + 2] = 255 - Math.round(60 * v); img.data[p + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+
+  function render() {
+    layerSel.value = String(state.layer); headSel.value = String(state.head);
+    tokenSel.value = String(state.token);
+    var r = row(state.layer, state.head, state.token), top = Math.max.apply(null, r);
+    spans.forEach(function (s, j) {
+      s.dataset.weight = r[j].toPrecision(9);
+      var a = top > 0 ? r[j] / top : 0;
+      s.style.background = "rgba(220, 60, 40, " + a.toFixed(3) + ")";
+      s.title = "attention " + r[j].toFixed(4);
+      s.classList.toggle("source", j === state.token);
+    });
+    canvases.forEach(function (rowc, l) {
+      rowc.forEach(function (c, h) { c.classList.toggle("current", l === state.layer && h === state.head); });
+    });
+    document.getElementById("info").textContent = "Attention from \\u201c" + data.tokens[state.token] +
+      "\\u201d (token " + state.token + ") in layer " + state.layer + ", " +
+      (state.head === "mean" ? "mean of the " + N + " heads" : "head " + state.head) +
+      ": darker means more attention; the row sums to 1.";
+  }
+  function set(change) {
+    Object.keys(change).forEach(function (k) { state[k] = change[k]; });
+    render();
+  }
+  layerSel.addEventListener("change", function () { set({ layer: Number(layerSel.value) }); });
+  headSel.addEventListener("change", function () {
+    set({ head: headSel.value === "mean" ? "mean" : Number(headSel.value) });
+  });
+  tokenSel.addEventListener("change", function () { set({ token: Number(tokenSel.value) }); });
+  // For scripts and tests: read what is shown, or switch views.
+  window.bertkitAttention = {
+    state: function () { return { layer: state.layer, head: state.head, token: state.token }; },
+    shown: function () { return spans.map(function (s) { return Number(s.dataset.weight); }); },
+    set: set, layers: L, heads: N, tokens: data.tokens
+  };
+  render();
+})();
+</script>
+</body>
+</html>
+"""
+
+
+def attention_html(amap: AttentionMap, token: int = 0, layer: int = 0, head=0) -> str:
+    """A self-contained HTML page (no network) showing `amap`; starts at token/layer/head."""
+    amap._check(layer, head)
+    if not 0 <= token < len(amap.tokens):
+        raise BertkitError(f"token index {token} is out of range: the text has {len(amap.tokens)} tokens")
+    weights = np.ascontiguousarray(amap.weights, dtype="<f4")
+    data = {
+        "tokens": list(amap.tokens),
+        "layers": amap.num_layers,
+        "heads": amap.num_heads,
+        "segment_b_start": amap.sentence_b_start,
+        "layer": int(layer),
+        "head": head if head == "mean" else int(head),
+        "token": int(token),
+        "weights": base64.b64encode(weights.tobytes()).decode("ascii"),
+    }
+    # "</" inside the JSON would end the <script> element early.
+    payload = json.dumps(data).replace("</", "<\\/")
+    title = html.escape(amap.text[:60] + ("..." if len(amap.text) > 60 else ""))
+    return _PAGE.replace("__TITLE__", title).replace("__DATA__", payload)
+
+
+def save_html(amap: AttentionMap, path, token: int = 0, layer: int = 0, head=0) -> Path:
+    path = Path(path)
+    path.write_text(attention_html(amap, token, layer, head), encoding="utf-8")
+    return path
+
+
+# --- PNG (matplotlib) ----------------------------------------------------------------------
+
+VIEWS = ("text", "head", "overview")
+
+
+def save_png(amap: AttentionMap, path, view: str = "text", token: int = 0, layer: int = 0, head=0, dpi: int = 120) -> Path:
+    """Render one view to a PNG: "text" (tokens coloured by the chosen token's
+    attention), "head" (one layer/head as a T x T heatmap) or "overview" (L x N grid)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if view not in VIEWS:
+        raise BertkitError(f"unknown view {view!r}: use one of {', '.join(VIEWS)}")
+    amap._check(layer, head)
+    T = len(amap.tokens)
+    if view == "text":
+        fig = _text_figure(plt, amap, token, layer, head)
+    elif view == "head":
+        matrix = amap.weights[layer].mean(axis=0) if head == "mean" else amap.weights[layer, head]
+        size = max(4.0, 0.28 * T + 1.5)
+        fig, ax = plt.subplots(figsize=(size + 1, size))
+        im = ax.imshow(matrix, cmap="Reds", vmin=0.0, vmax=float(matrix.max()) or 1.0)
+        ax.set_xticks(range(T), amap.tokens, rotation=90, fontsize=8)
+        ax.set_yticks(range(T), amap.tokens, fontsize=8)
+        ax.set_xlabel("attended to")
+        ax.set_ylabel("attending token")
+        ax.set_title(f"layer {layer}, {'mean of heads' if head == 'mean' else f'head {head}'}")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    else:
+        L, N = amap.num_layers, amap.num_heads
+        fig, axes = plt.subplots(L, N, figsize=(1.1 * N + 1, 1.1 * L + 0.6), squeeze=False)
+        for l in range(L):
+            for h in range(N):
+                ax = axes[l][h]
+                ax.imshow(np.sqrt(amap.weights[l, h]), cmap="Blues", vmin=0.0, vmax=1.0)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if l == 0:
+                    ax.set_title(f"head {h}", fontsize=7)
+                if h == 0:
+                    ax.set_ylabel(f"layer {l}", fontsize=7)
+        fig.suptitle("attention of every head (rows: layers)", fontsize=9)
+    path = Path(path)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _text_figure(plt, amap: AttentionMap, token: int, layer: int, head):
+    """Tokens laid out in lines, each box shaded by the attention `token` gives it."""
+    if not 0 <= token < len(amap.tokens):
+        raise BertkitError(f"token index {token} is out of range: the text has {len(amap.tokens)} tokens")
+    weights = amap.row(layer, head, token)
+    top = float(weights.max()) or 1.0
+    per_line, width = 12, 12.0
+    lines = (len(amap.tokens) + per_line - 1) // per_line
+    fig, ax = plt.subplots(figsize=(width, 0.55 * lines + 0.9))
+    ax.set_xlim(0, per_line)
+    ax.set_ylim(lines, -0.6)
+    ax.axis("off")
+    cmap = plt.get_cmap("Reds")
+    for j, tok in enumerate(amap.tokens):
+        x, y = j % per_line, j // per_line
+        ax.text(
+            x + 0.5, y + 0.35, tok, ha="center", va="center", fontsize=10,
+            bbox=dict(boxstyle="round,pad=0.25", fc=cmap(0.85 * weights[j] / top),
+                      ec="#d33" if j == token else "none", lw=1.5),
+            color="white" if weights[j] / top > 0.6 else "black",
+        )
+    head_name = "mean of heads" if head == "mean" else f"head {head}"
+    ax.set_title(f"attention from {amap.tokens[token]!r} (token {token}), layer {layer}, {head_name}", fontsize=10)
+    return fig

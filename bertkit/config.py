@@ -1,0 +1,237 @@
+"""BertConfig: the shape and hyper-parameters of a BERT model, one typed dataclass.
+
+The field names are the published ones (google-research/bert `BertConfig`,
+Hugging Face `config.json`), so a `config.json` written by either loads here and
+ours loads there. Presets give the shapes of the paper (base, large) and of
+Google's "BERT miniatures" (tiny, mini, small, medium; Turc et al. 2019).
+
+Fine-tuned heads also carry their labels the way Hugging Face stores them:
+`num_labels`, `id2label` / `label2id` (JSON keys are strings there, ints here)
+and `problem_type` ("regression", "single_label_classification",
+"multi_label_classification").
+
+What we do not support (and say so when a config asks for it): decoders and
+cross-attention (`is_decoder`, `add_cross_attention`), relative position
+embeddings (`position_embedding_type` other than "absolute").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+# name -> (num_hidden_layers, hidden_size, num_attention_heads); intermediate is 4x hidden
+PRESETS = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+# Keys Hugging Face writes that mean nothing for an encoder-only BERT: read and dropped.
+_HF_IGNORED = {
+    "transformers_version", "model_type", "use_cache", "bos_token_id", "eos_token_id",
+    "tie_word_embeddings", "_name_or_path", "torch_dtype", "dtype", "output_past",
+    "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
+    "pooler_size_per_head", "pooler_type", "return_dict", "output_hidden_states",
+    "output_attentions", "chunk_size_feed_forward", "tokenizer_class", "finetuning_task",
+    "_attn_implementation_autoset", "sep_token_id", "cls_token_id",
+}
+
+
+_RUNTIME = ("attn_implementation", "gradient_checkpointing")
+
+
+@dataclass
+class BertConfig:
+    """Every setting of a BERT model. Defaults are BERT-base (uncased vocabulary)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"  # the erf form, as in BERT
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    # task heads
+    num_labels: int = 2
+    id2label: dict[int, str] | None = None
+    label2id: dict[str, int] | None = None
+    problem_type: str | None = None
+    classifier_dropout: float | None = None  # None: use hidden_dropout_prob
+    # how to run
+    attn_implementation: str = "sdpa"  # "sdpa" (fused, default) or "eager" (explicit)
+    gradient_checkpointing: bool = False  # recompute each layer in backward to save memory
+    architectures: list[str] | None = None
+    extra: dict = field(default_factory=dict)  # unknown config.json keys, kept for the round trip
+
+    def __post_init__(self):
+        if self.id2label is None and self.label2id is not None:
+            self.id2label = {int(v): k for k, v in self.label2id.items()}
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            self.num_labels = len(self.id2label)
+            if self.label2id is None:
+                self.label2id = {v: k for k, v in self.id2label.items()}
+        if self.label2id is not None:
+            self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
+        self.validate()
+
+    # --- checks -------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise BertkitError naming the first setting that cannot work."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BertkitError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise BertkitError(
+                f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads}): each head gets hidden_size / heads dimensions"
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            p = getattr(self, name)
+            if p is not None and not (0.0 <= p < 1.0):
+                raise BertkitError(f"BertConfig.{name} must be in [0, 1), got {p!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise BertkitError(f"BertConfig.hidden_act {self.hidden_act!r} is not supported; use one of {ACTIVATIONS}")
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise BertkitError(f"BertConfig.problem_type {self.problem_type!r} is unknown; use one of {PROBLEM_TYPES}")
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise BertkitError(
+                f"BertConfig.attn_implementation {self.attn_implementation!r} is unknown; use 'sdpa' or 'eager'"
+            )
+        if not (0 <= self.pad_token_id < self.vocab_size):
+            raise BertkitError(f"BertConfig.pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+        if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
+            raise BertkitError("BertConfig.layer_norm_eps and initializer_range must be positive")
+        if self.id2label is not None and sorted(self.id2label) != list(range(len(self.id2label))):
+            raise BertkitError(f"BertConfig.id2label must map 0..num_labels-1, got keys {sorted(self.id2label)}")
+
+    @property
+    def head_size(self) -> int:
+        """D: dimensions per attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def labels(self) -> list[str]:
+        """Label names by id (LABEL_i when the config names none, as Hugging Face does)."""
+        if self.id2label:
+            return [self.id2label[i] for i in range(self.num_labels)]
+        return [f"LABEL_{i}" for i in range(self.num_labels)]
+
+    # --- construction -------------------------------------------------------
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "BertConfig":
+        """A named shape: tiny/mini/small/medium (Google's miniatures), base, large.
+
+        The feed-forward layer is 4x hidden, as in the paper; any field can be overridden.
+        """
+        if name not in PRESETS:
+            raise BertkitError(f"unknown BertConfig preset {name!r}; choose one of {list(PRESETS)}")
+        layers, hidden, heads = PRESETS[name]
+        values = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      intermediate_size=4 * hidden)
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes) -> "BertConfig":
+        """A copy with some fields changed (validated again)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise BertkitError(f"BertConfig has no field(s) {sorted(unknown)}")
+        if "num_labels" in changes and "id2label" not in changes and self.id2label is not None:
+            if changes["num_labels"] != len(self.id2label):  # the old names no longer fit
+                changes.update(id2label=None, label2id=None)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "BertConfig":
+        """Build from a Hugging Face style dict; HF-only keys are dropped, unknown ones kept in `extra`."""
+        values = dict(values)
+        if values.get("model_type", "bert") != "bert":
+            raise BertkitError(f"this config is for model_type {values['model_type']!r}, not 'bert'")
+        if values.pop("is_decoder", False) or values.pop("add_cross_attention", False):
+            raise BertkitError("decoder BERT configs (is_decoder / add_cross_attention) are not supported")
+        pos = values.pop("position_embedding_type", "absolute")
+        if pos != "absolute":
+            raise BertkitError(f"position_embedding_type {pos!r} is not supported (only 'absolute')")
+        if "_attn_implementation" in values:
+            values.setdefault("attn_implementation", values.pop("_attn_implementation"))
+        names = {f.name for f in dataclasses.fields(cls)}
+        extra = dict(values.pop("extra", {}) or {})
+        for key in list(values):
+            if key in _HF_IGNORED:
+                values.pop(key)
+            elif key not in names:
+                extra[key] = values.pop(key)
+        if values.get("attn_implementation") not in (None, "sdpa", "eager"):
+            values.pop("attn_implementation")  # e.g. "flash_attention_2" written by HF on a GPU
+        try:
+            return cls(**values, extra=extra)
+        except TypeError as err:  # a field of the wrong type, e.g. a string where an int belongs
+            raise BertkitError(f"invalid BERT config: {err}") from None
+
+    def to_dict(self) -> dict:
+        """A Hugging Face compatible dict (id2label keys as strings, like config.json)."""
+        out = {"model_type": "bert"}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra":
+                continue
+            if f.name == "id2label":
+                value = {str(k): v for k, v in (value or {i: l for i, l in enumerate(self.labels)}).items()}
+            if f.name == "label2id":
+                value = value or {l: i for i, l in enumerate(self.labels)}
+            if f.name in ("architectures", "problem_type") and value is None:
+                continue
+            if f.name in _RUNTIME and value == f.default:
+                continue  # how to run, not what the model is: written only when changed
+            out[f.name] = value
+        out["position_embedding_type"] = "absolute"
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json_file(cls, path) -> "BertConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise BertkitError(f"no config file at {path}")
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise BertkitError(f"{path} is not valid JSON ({err}); re-save the config") from None
+        if not isinstance(values, dict):
+            raise BertkitError(f"{path} must hold a JSON object")
+        return cls.from_dict(values)
+
+    def to_json_file(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_pretrained(cls, path=None) -> "BertConfig":
+        """The config.json of a model directory (None: the default model)."""
+        if path is None:
+            from bertkit.default_model import default_model_dir
+
+            path = default_model_dir()
+        path = Path(path)
+        return cls.from_json_file(path / "config.json" if path.is_dir() else path)

@@ -1,0 +1,213 @@
+"""Data-parallel training on PyTorch's own engine: torchrun + DDP (or FSDP).
+
+Launch any training command under `torchrun --nproc_per_node N`; torchrun sets
+RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT for every process, and
+`setup()` joins them into one process group: gloo on the CPU, NCCL on GPUs.
+Each process then
+
+  * builds the same model from the same seed (DDP also broadcasts rank 0's
+    weights when it wraps the model, so they start identical anyway),
+  * reads its own micro-batches: the pre-training stream hands rank r the
+    micro-batches r, r + N, r + 2N, ... of the global order (see
+    `bertkit.pretraining.train.micro_batch_index`),
+  * and lets DistributedDataParallel average the gradients across processes
+    during backward (an all-reduce, overlapped with computation). With
+    gradient accumulation the all-reduce is skipped (`no_sync`) on all but
+    the last micro-batch of an update.
+
+The effective batch is batch_size x grad_accum x world_size; N processes with
+batch B compute the same update as 1 process accumulating N micro-batches of B
+(a test checks it). FSDP (`fully_shard`, "FSDP2") is the option for models too
+big for one device: parameters, gradients and optimizer state are sharded
+across ranks and gathered layer by layer. No communication here is our own:
+everything goes through torch.distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from bertkit.errors import BertkitError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: rank in 0..world_size-1 and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def pick_device(name: str = "auto", local_rank: int = 0) -> str:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise BertkitError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+        return f"cuda:{local_rank}" if name == "cuda" else name
+    if name != "cpu":
+        raise BertkitError(f"unknown device {name!r}: use cpu, cuda or auto")
+    return "cpu"
+
+
+def setup(device: str = "auto") -> DistInfo:
+    """Join the torchrun process group if launched by torchrun, else run alone."""
+    if not launched_by_torchrun():
+        return DistInfo(device=pick_device(device))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    dev = pick_device(device, local_rank)
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: torch.nn.Module, info: DistInfo, fsdp: bool = False) -> torch.nn.Module:
+    """DDP (default) or FSDP around `model`; the model itself when alone.
+
+    With FSDP each encoder layer is its own shard unit (gathered only while
+    it computes), then the whole model.
+    """
+    if fsdp and not info.enabled:
+        raise BertkitError("--fsdp needs several processes: launch with torchrun --nproc_per_node N")
+    if not info.enabled:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in _encoder_layers(model):
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    ids = [info.local_rank] if info.device.startswith("cuda") else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def _encoder_layers(model):
+    # the transformer blocks: any ModuleList of identical modules (bert.encoder.layer)
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            return list(module)
+    return []
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's model inside DDP and/or torch.compile wrappers."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
+def is_fsdp(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(unwrap(model), FSDPModule)
+
+
+def no_sync(model: torch.nn.Module, skip: bool):
+    """Skip the gradient all-reduce for this backward (accumulation micro-batches)."""
+    if skip and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    if skip and is_fsdp(model):
+        unwrap(model).set_requires_gradient_sync(False)
+        return _restore_sync(unwrap(model))
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _restore_sync(module):
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def mean_over_ranks(values: dict, info: DistInfo) -> dict:
+    """Average a dict of floats over all ranks (for logging); identity when alone."""
+    if not info.enabled or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return {k: (t[i] / info.world_size).item() for i, k in enumerate(keys)}
+
+
+def sum_over_ranks(values: dict, info: DistInfo) -> dict:
+    """Sum a dict of numbers over all ranks (counts); identity when alone."""
+    if not info.enabled or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return {k: t[i].item() for i, k in enumerate(keys)}
+
+
+def gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's `obj`, in rank order (e.g. the RNG states for a checkpoint)."""
+    if not info.enabled:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def state_dicts(model, optimizer) -> tuple[dict, dict]:
+    """Full (unsharded) model and optimizer state dicts, on the CPU for FSDP.
+
+    A collective under FSDP: every rank must call it.
+    """
+    if is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_state_dict(unwrap(model), optimizer, options=opts)
+    return unwrap(model).state_dict(), optimizer.state_dict()
+
+
+def load_state_dicts(model, optimizer, model_state: dict, optim_state: dict) -> None:
+    """Inverse of `state_dicts` (every rank calls it with the full dicts)."""
+    if is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        opts = StateDictOptions(full_state_dict=True)
+        set_state_dict(unwrap(model), optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=opts)
+        return
+    unwrap(model).load_state_dict(model_state)
+    optimizer.load_state_dict(optim_state)

@@ -1,0 +1,118 @@
+"""The optimiser and learning-rate schedule BERT is trained with.
+
+BERT (Devlin et al. 2018, section 3.1/A.2; google-research/bert
+`optimization.py`) uses Adam with decoupled weight decay (AdamW, Loshchilov &
+Hutter 2019), weight decay 0.01 on every weight matrix but *not* on biases and
+LayerNorm parameters (decaying a LayerNorm gain towards zero would shrink the
+activations it is there to normalise), and a learning rate that rises linearly
+from 0 over the warm-up steps and then decays linearly to 0 at the last step.
+
+`lr_at(step, ...)` is a pure function of the step (as in nanoGPT's
+`get_lr`), so the fine-tuning loop and the pre-training loop set the rate
+themselves and a test can check the whole curve. Step numbering follows the
+reference code and `transformers.get_linear_schedule_with_warmup`: the rate
+used for the update with index `step` (0-based) is `peak * step / warmup`
+during warm-up, so the very first update uses rate 0.
+
+Deviation: Adam's epsilon defaults to 1e-8 (PyTorch / transformers) where the
+original TensorFlow code used 1e-6; both are settable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from bertkit.errors import BertkitError
+
+SCHEDULES = ("linear", "cosine", "constant")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and schedule settings; the defaults are the BERT paper's fine-tuning ones."""
+
+    learning_rate: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1  # fraction of all update steps spent warming up
+    schedule: str = "linear"  # linear | cosine | constant (after warm-up)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0  # clip the global gradient norm; 0 disables
+
+    def validate(self) -> "OptimConfig":
+        if self.learning_rate <= 0:
+            raise BertkitError(f"learning_rate must be > 0, got {self.learning_rate} (BERT uses 2e-5..5e-5)")
+        if not 0 <= self.warmup_ratio < 1:
+            raise BertkitError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio} (BERT uses 0.1)")
+        if self.weight_decay < 0:
+            raise BertkitError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.schedule not in SCHEDULES:
+            raise BertkitError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        return self
+
+
+def lr_at(step: int, *, peak_lr: float, warmup_steps: int, total_steps: int, schedule: str = "linear") -> float:
+    """The learning rate for update number `step` (0-based) of `total_steps`.
+
+    Warm-up: peak * step / warmup_steps. Afterwards, with progress p running
+    from 0 (end of warm-up) to 1 (total_steps): linear peak * (1 - p), cosine
+    peak * (1 + cos(pi p)) / 2, constant peak. Never negative.
+    """
+    if step < warmup_steps:
+        return peak_lr * step / max(1, warmup_steps)
+    if schedule == "constant":
+        return peak_lr
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    if schedule == "linear":
+        return peak_lr * max(0.0, 1.0 - progress)
+    if schedule == "cosine":
+        return peak_lr * max(0.0, 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
+    raise BertkitError(f"unknown schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+
+
+def warmup_steps_for(total_steps: int, warmup_ratio: float) -> int:
+    """Warm-up length in updates, rounded up as transformers does (ceil)."""
+    return math.ceil(total_steps * warmup_ratio)
+
+
+def no_decay(name: str, module: torch.nn.Module) -> bool:
+    """True for parameters that get no weight decay: biases and LayerNorm weights."""
+    return name.endswith("bias") or isinstance(module, torch.nn.LayerNorm)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Split trainable parameters into a decayed and a not-decayed AdamW group.
+
+    Each parameter appears once even when shared (tied embeddings).
+    """
+    decay, keep, seen = [], [], set()
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            (keep if no_decay(name, module) else decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": keep, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over `param_groups(model)`; the loop sets the rate with `set_lr`."""
+    config.validate()
+    return torch.optim.AdamW(
+        param_groups(model, config.weight_decay),
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,161 @@
+"""The prepared data as a dataset: instances streamed from the instance shards.
+
+`PretrainingDataset(dir)` reads a folder made by `bertkit pretrain prepare`
+(see `prepare` for the layout) through memory maps, so the corpus is never held
+in memory. It is both
+
+- a sequence: `len(ds)`, `ds[i]` -> the i-th instance on disk (random access);
+- a stream: iterating yields instances in a seeded random order, a fresh
+  permutation every epoch (`order(epoch)`, numpy PCG64 seeded by (seed,
+  epoch)); global position p is instance order(p // N)[p % N], so `seek(p)`
+  jumps anywhere at once, which an exact resume needs. Under a DataLoader with
+  several workers, worker w of W takes the positions p = w (mod W).
+
+An instance is a dict of numpy arrays: `input_ids` [L] int64, `token_type_ids`
+[L] int64, `next_sentence_label` (pair objectives), `masked_positions` [M] /
+`masked_ids` [M] (static masking), `index` (on disk) and `position` (in the
+stream, when iterated). `collator()` returns the matching `PretrainingCollator`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertkit.errors import BertkitError
+
+_ARRAYS = ("input_ids", "lengths", "type_a", "labels", "spans", "sources", "docs")
+
+
+class PretrainingDataset(torch.utils.data.IterableDataset):
+    def __init__(self, directory, seed: int = 0, shuffle: bool = True, position: int = 0, epochs: int | None = 1):
+        self.directory = Path(directory)
+        manifest = self.directory / "manifest.json"
+        if not manifest.is_file():
+            hint = ("it looks unfinished: run `bertkit pretrain prepare` again with the same arguments to complete it"
+                    if (self.directory / "tokens").is_dir() else "make it with `bertkit pretrain prepare CORPUS -o DIR`")
+            raise BertkitError(f"{self.directory} is not a prepared pre-training folder (no manifest.json); {hint}")
+        self.manifest = json.loads(manifest.read_text())
+        self.config = self.manifest["config"]
+        self.seed, self.shuffle, self.epochs = seed, shuffle, epochs
+        self._shards = []
+        for entry in self.manifest["shards"]:
+            folder = self.directory / entry["path"]
+            names = _ARRAYS + (("masked_positions", "masked_ids") if self.static_masking else ())
+            try:
+                self._shards.append({n: np.load(folder / f"{n}.npy", mmap_mode="r") for n in names})
+            except FileNotFoundError as err:
+                raise BertkitError(f"prepared data is incomplete: {err.filename} is missing; re-run prepare") from None
+        self._starts = np.cumsum([0] + [len(s["lengths"]) for s in self._shards])
+        self._order_cache = (None, None)
+        self.position = 0
+        self.seek(position)
+
+    # --- what the data is ---------------------------------------------------------------
+
+    @property
+    def objective(self) -> str:
+        return self.config["objective"]
+
+    @property
+    def static_masking(self) -> bool:
+        return not self.config["dynamic_masking"]
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.config["max_seq_length"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest["vocab_size"]
+
+    def tokenizer(self):
+        """The tokenizer the data was prepared with (saved in the folder)."""
+        from bertkit.tokenizer import Tokenizer
+
+        return Tokenizer.from_pretrained(self.directory)
+
+    def collator(self, return_masked_positions: bool = False, seed: int | None = None):
+        """The collator for this data: stored masks (static) or the prepared masking settings (dynamic)."""
+        from bertkit.pretraining.collate import PretrainingCollator
+        from bertkit.pretraining.masking import MaskingConfig, MaskVocab
+
+        tok = self.tokenizer()
+        masking = None
+        if not self.static_masking:
+            c = self.config
+            masking = MaskingConfig(c["masking"], c["masked_lm_prob"], c["max_predictions_per_seq"], c["max_ngram"])
+        return PretrainingCollator(MaskVocab.from_tokens(tok.ids_to_tokens), tok.pad_token_id, masking,
+                                   return_masked_positions, self.seed if seed is None else seed)
+
+    # --- random access --------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, index: int) -> dict:
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"instance {index} out of range (the data has {n})")
+        index %= n
+        k = int(np.searchsorted(self._starts, index, side="right")) - 1
+        s, j = self._shards[k], index - int(self._starts[k])
+        length, type_a = int(s["lengths"][j]), int(s["type_a"][j])
+        ids = np.asarray(s["input_ids"][j, :length], dtype=np.int64)
+        types = np.zeros(length, dtype=np.int64)
+        types[type_a:] = 1
+        out = {"input_ids": ids, "token_type_ids": types, "index": index}
+        if self.objective in ("nsp", "sop"):
+            out["next_sentence_label"] = int(s["labels"][j])
+        if self.static_masking:
+            pos = np.asarray(s["masked_positions"][j], dtype=np.int64)
+            keep = pos >= 0
+            out["masked_positions"] = pos[keep]
+            out["masked_ids"] = np.asarray(s["masked_ids"][j], dtype=np.int64)[keep]
+        return out
+
+    def source(self, index: int) -> dict:
+        """Where instance `index` came from: corpus token ranges of A and B after truncation (`spans`)
+        and before (`sources`), and their documents (-1: none)."""
+        k = int(np.searchsorted(self._starts, index, side="right")) - 1
+        s, j = self._shards[k], index - int(self._starts[k])
+        return {key: [int(x) for x in s[key][j]] for key in ("spans", "sources", "docs")}
+
+    def corpus_tokens(self):
+        """The consolidated corpus ids (memory-mapped), for showing an instance's original text."""
+        return np.load(self.directory / "corpus" / "tokens.npy", mmap_mode="r")
+
+    # --- the seeded stream ------------------------------------------------------------------
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The permutation of instance indices used in `epoch` (identity without shuffle)."""
+        if self._order_cache[0] != epoch:
+            n = len(self)
+            perm = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+            self._order_cache = (epoch, perm)
+        return self._order_cache[1]
+
+    def seek(self, position: int) -> None:
+        """Continue the stream at global position `position` (epoch = position // len)."""
+        if position < 0:
+            raise BertkitError(f"stream position must be >= 0, got {position}")
+        self.position = int(position)
+
+    def index_at(self, position: int) -> int:
+        n = len(self)
+        return int(self.order(position // n)[position % n])
+
+    def __iter__(self):
+        n = len(self)
+        stop = None if self.epochs is None else self.epochs * n
+        info = torch.utils.data.get_worker_info()
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        p = self.position + first
+        while stop is None or p < stop:
+            item = self[self.index_at(p)]
+            item["position"] = p
+            yield item
+            p += step

@@ -1,0 +1,554 @@
+"""`bertkit pretrain prepare`: raw text in, masked training instances out.
+
+The job behind the command, in three resumable stages (each writes folders
+atomically and skips the ones a previous run finished with the same settings):
+
+1. tokenise: every input file -> a token shard (`shards.tokenize_file`), in
+   worker processes (both cores);
+2. consolidate the shards into one memory-mapped corpus (`shards.consolidate`);
+3. instances: for each of `dupe_factor` passes, the documents in a fresh seeded
+   order are cut into blocks of about BLOCK_TOKENS tokens; each block becomes an
+   instance shard (pairs or packed sequences from `instances`, masked now by
+   `masking` unless masking is dynamic), again in worker processes. Every block
+   has its own `random.Random` seeded by (seed, pass, block), so the output is
+   the same whatever the number of workers.
+
+Output folder DIR:
+
+    manifest.json             settings, counts, skips, the instance shards (written last: its
+                              presence means the folder is complete)
+    vocab.txt, tokenizer_config.json   the tokenizer the ids belong to
+    tokens/NNNNN/             token shards, one per input file (kept for resuming)
+    corpus/                   the consolidated corpus (tokens + sentence/document offsets)
+    instances/NNNNN/          instance shards, read by `dataset.PretrainingDataset`:
+        input_ids.npy         [n, T] uint16/int32  ids, masked if static, 0-padded to T = max_seq_length
+        lengths.npy           [n]    int16  real length L (<= T)
+        type_a.npy            [n]    int16  tokens of type 0 ([CLS] A [SEP]); the rest are type 1
+        labels.npy            [n]    int8   NSP/SOP label, -1 without a pair objective
+        spans.npy             [n, 4] int64  corpus token ranges of A and B (-1: none), for showing the text
+        sources.npy           [n, 4] int64  the same before truncation (whole sentences; pairs only)
+        docs.npy              [n, 2] int32  documents of A and B (-1: none or several)
+        masked_positions.npy  [n, P] int16  static masking: positions, -1 padded (P = max_predictions_per_seq)
+        masked_ids.npy        [n, P] int32  static masking: the original ids there
+        meta.json             block identity and counts (written last)
+
+Deviation from create_pretraining_data: instances are not shuffled on disk
+(that would need them all in memory); the dataset reads them in a seeded
+random permutation instead, a fresh one every epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import BertkitError
+from bertkit.pretraining import instances as inst_mod
+from bertkit.pretraining.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats, list_input_files
+from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab, mask_sequence
+from bertkit.pretraining.shards import (
+    _atomic_dir,
+    _publish,
+    consolidate,
+    file_identity,
+    load_corpus,
+    read_shard_stats,
+    shard_is_complete,
+    token_dtype,
+    tokenize_file,
+)
+
+FORMAT_VERSION = 1
+BLOCK_TOKENS = 1_000_000  # corpus tokens per instance block (one unit of parallel work)
+
+
+def _opt(default, help, choices=None):
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class PrepareConfig:
+    """Every setting of `bertkit pretrain prepare` (one flag each), with the original's defaults."""
+
+    max_seq_length: int = _opt(128, "tokens per instance, [CLS]/[SEP] included")
+    objective: str = _opt("nsp", "pair objective: nsp (random next), sop (sentence order), none (full sentences "
+                          "packed across documents), single (one segment per document span)", inst_mod.OBJECTIVES)
+    masking: str = _opt("token", "what is masked together: token, whole-word, or ngram (1-3 whole words, ALBERT)",
+                        MASKING_MODES)
+    dynamic_masking: bool = _opt(False, "store unmasked instances; the collator masks anew every epoch")
+    masked_lm_prob: float = _opt(0.15, "fraction of tokens to predict")
+    max_predictions_per_seq: int = _opt(20, "at most this many predictions per instance")
+    max_ngram: int = _opt(3, "longest n-gram (in words) for --masking ngram")
+    short_seq_prob: float = _opt(0.1, "probability of a shorter random target length")
+    dupe_factor: int | None = _opt(None, "passes over the corpus, each with new pairs and masks "
+                                   "(default: 10 with static masking, as the original; 1 with dynamic)")
+    seed: int = _opt(12345, "random seed (pairs, masks); the output is a function of inputs and settings")
+    documents: str = _opt("blank-line", "what ends a document: a blank line (the original format) or the end "
+                          "of the file (books: blank lines then only end paragraphs)", DOCUMENT_MODES)
+    sentences: str = _opt("split", "split: join each paragraph's lines and cut sentences with the splitter; "
+                          "line: every line is a sentence", SENTENCE_MODES)
+    workers: int = _opt(0, "worker processes (0: one per core, at most 2)")
+
+    def validate(self) -> "PrepareConfig":
+        if self.objective not in inst_mod.OBJECTIVES:
+            raise BertkitError(f"unknown objective {self.objective!r}; choose one of {', '.join(inst_mod.OBJECTIVES)}")
+        if self.documents not in DOCUMENT_MODES:
+            raise BertkitError(f"unknown --documents {self.documents!r}; choose one of {', '.join(DOCUMENT_MODES)}")
+        if self.sentences not in SENTENCE_MODES:
+            raise BertkitError(f"unknown --sentences {self.sentences!r}; choose one of {', '.join(SENTENCE_MODES)}")
+        low = 5 if self.objective in ("nsp", "sop") else 3
+        if not low <= self.max_seq_length <= 32767:
+            raise BertkitError(f"max_seq_length must be in {low}..32767 for objective {self.objective}, got {self.max_seq_length}")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise BertkitError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+        if self.dupe_factor is not None and self.dupe_factor < 1:
+            raise BertkitError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
+        if self.workers < 0:
+            raise BertkitError(f"workers must be >= 0 (0: one per core), got {self.workers}")
+        self.masking_config()
+        return self
+
+    def masking_config(self) -> MaskingConfig:
+        return MaskingConfig(self.masking, self.masked_lm_prob, self.max_predictions_per_seq, self.max_ngram).validate()
+
+    @property
+    def passes(self) -> int:
+        if self.dupe_factor is not None:
+            return self.dupe_factor
+        return 1 if self.dynamic_masking else 10
+
+    def num_workers(self) -> int:
+        return self.workers or min(2, os.cpu_count() or 1)
+
+
+@dataclass
+class Summary:
+    """What prepare reports: corpus counts, skips, and the instances made."""
+
+    corpus: CorpusStats
+    instances: int = 0
+    instance_tokens: int = 0
+    masked_tokens: int = 0
+    label_ones: int = 0
+    seconds: float = 0.0
+    shards: list = field(default_factory=list)
+
+    @property
+    def mean_length(self) -> float:
+        return self.instance_tokens / self.instances if self.instances else 0.0
+
+
+# --- stage 1: tokenise --------------------------------------------------------------
+
+_WORKER: dict = {}
+
+
+def _init_tokenize_worker(tokenizer) -> None:
+    _WORKER["tokenizer"] = tokenizer
+
+
+def _tokenize_job(job) -> tuple:
+    path, shard, settings = job
+    return shard, tokenize_file(Path(path), Path(shard), _WORKER["tokenizer"], settings)
+
+
+def _pool(n: int, initializer, initargs):
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    return mp.get_context(method).Pool(n, initializer=initializer, initargs=initargs)
+
+
+def _run_jobs(fn, jobs: list, workers: int, initializer, initargs, progress):
+    """Run fn over jobs in order (in a pool when workers > 1), yielding results as they come."""
+    if workers <= 1 or len(jobs) <= 1:
+        initializer(*initargs)
+        for job in jobs:
+            yield fn(job)
+        return
+    with _pool(min(workers, len(jobs)), initializer, initargs) as pool:
+        yield from pool.imap(fn, jobs)
+
+
+def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progress: bool) -> tuple:
+    from tqdm import tqdm
+
+    settings = {"documents": cfg.documents, "sentences": cfg.sentences, "vocab_size": len(tokenizer)}
+    root = out / "tokens"
+    root.mkdir(parents=True, exist_ok=True)
+    shards = [root / f"{i:05d}" for i in range(len(files))]
+    _remove_extra(root, len(files))
+    todo = [(str(f), str(s), settings) for f, s in zip(files, shards)
+            if not shard_is_complete(s, file_identity(f), settings)]
+    stats = CorpusStats()
+    for s in shards:
+        if (str(s)) not in {j[1] for j in todo}:
+            stats.merge(read_shard_stats(s))
+    bar = tqdm(total=len(files), initial=len(files) - len(todo), unit="file", desc="tokenising",
+               disable=not progress, dynamic_ncols=True)
+    for _, st in _run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,), progress):
+        stats.merge(st)
+        bar.update(1)
+        bar.set_postfix(tokens=f"{stats.tokens:,}")
+    bar.close()
+    return shards, stats, settings
+
+
+def _remove_extra(root: Path, keep: int) -> None:
+    """Delete our own numbered shard folders beyond `keep` (left by an earlier, larger run) and temporaries."""
+    for p in root.iterdir():
+        if p.name.startswith(".") and ".tmp-" in p.name:
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_dir() and p.name.isdigit() and int(p.name) >= keep:
+            shutil.rmtree(p)
+
+
+# --- stage 3: instances ----------------------------------------------------------------
+
+
+def plan_blocks(doc_offsets: np.ndarray, sent_offsets: np.ndarray, cfg: PrepareConfig) -> list:
+    """(pass, block, documents) units: each pass a fresh seeded document order, cut every ~BLOCK_TOKENS."""
+    starts = sent_offsets[doc_offsets[:-1]]
+    ends = sent_offsets[doc_offsets[1:]]
+    doc_tokens = np.asarray(ends - starts)
+    units = []
+    for p in range(cfg.passes):
+        order = np.random.default_rng([cfg.seed, p]).permutation(len(doc_tokens))
+        cum = np.cumsum(doc_tokens[order])
+        cut_at = np.searchsorted(cum, np.arange(BLOCK_TOKENS, int(cum[-1]) + 1, BLOCK_TOKENS), side="left") + 1
+        bounds = [0, *sorted(set(int(c) for c in cut_at if 0 < c < len(order))), len(order)]
+        for b in range(len(bounds) - 1):
+            units.append((p, b, order[bounds[b]:bounds[b + 1]]))
+    return units
+
+
+def _init_instance_worker(corpus_dir: str, vocab: MaskVocab, cls_id: int, sep_id: int, pad_id: int) -> None:
+    tokens, sents, docs = load_corpus(Path(corpus_dir))
+    _WORKER.update(tokens=tokens, sents=np.asarray(sents), docs=np.asarray(docs), vocab=vocab,
+                   cls=cls_id, sep=sep_id, pad=pad_id)
+
+
+def block_instances(p: int, b: int, doc_ids, cfg: PrepareConfig, tokens, sents, docs, word_start, rng) -> list:
+    """The Instance list of one block (documents doc_ids of pass p), and how many documents gave none."""
+    if cfg.objective in ("nsp", "sop"):
+        out, unusable = [], 0
+        for d in doc_ids:
+            made = inst_mod.pair_instances(int(d), sents, docs, tokens, cfg.objective, cfg.max_seq_length,
+                                           cfg.short_seq_prob, rng, word_start)
+            unusable += not made
+            out.extend(made)
+        return out, unusable
+    return inst_mod.packed_instances(doc_ids, sents, docs, cfg.max_seq_length, cfg.short_seq_prob, rng,
+                                     cross_documents=cfg.objective == "none"), 0
+
+
+def _block_seed(seed: int, p: int, b: int) -> str:
+    # A str seed is hashed with SHA-512 by random.seed: stable across runs and platforms.
+    return f"bertkit-pretraining:{seed}:{p}:{b}"
+
+
+def _instance_job(job) -> dict:
+    p, b, doc_ids, cfg_dict, folder, fingerprint = job
+    cfg = PrepareConfig(**cfg_dict)
+    w = _WORKER
+    tokens, vocab = w["tokens"], w["vocab"]
+    word_start = w.get("word_start")
+    if word_start is None:
+        word_start = w["word_start"] = vocab.word_start_mask()
+    rng = random.Random(_block_seed(cfg.seed, p, b))
+    insts, unusable = block_instances(p, b, doc_ids, cfg, tokens, w["sents"], w["docs"], word_start, rng)
+    n, T, P = len(insts), cfg.max_seq_length, cfg.max_predictions_per_seq
+    ids = np.zeros((n, T), dtype=token_dtype(vocab.size))
+    lengths = np.zeros(n, dtype=np.int16)
+    type_a = np.zeros(n, dtype=np.int16)
+    labels = np.full(n, -1, dtype=np.int8)
+    spans = np.full((n, 4), -1, dtype=np.int64)
+    sources = np.full((n, 4), -1, dtype=np.int64)
+    docs = np.full((n, 2), -1, dtype=np.int32)
+    static = not cfg.dynamic_masking
+    if static:
+        mpos = np.full((n, P), -1, dtype=np.int16)
+        mids = np.zeros((n, P), dtype=np.int32)
+        mcfg = cfg.masking_config()
+    masked = 0
+    for k, inst in enumerate(insts):
+        seq, types = inst_mod.render(inst, tokens, w["cls"], w["sep"])
+        assert len(seq) <= T, (len(seq), T)
+        if static:
+            m = mask_sequence(seq, mcfg, vocab, rng)
+            seq = m.input_ids
+            mpos[k, : len(m.positions)] = m.positions
+            mids[k, : len(m.labels)] = m.labels
+            masked += len(m.positions)
+        ids[k, : len(seq)] = seq
+        lengths[k] = len(seq)
+        type_a[k] = int((types == 0).sum())
+        labels[k] = inst.label
+        if inst.label >= 0 or cfg.objective == "single":
+            for j, (s, e) in enumerate(inst.parts[:2]):
+                spans[k, 2 * j: 2 * j + 2] = (s, e)
+                docs[k, j] = inst.docs[j]
+            for j, (s, e) in enumerate(inst.sources[:2]):
+                sources[k, 2 * j: 2 * j + 2] = (s, e)
+    tmp = _atomic_dir(Path(folder))
+    arrays = {"input_ids": ids, "lengths": lengths, "type_a": type_a, "labels": labels, "spans": spans, "sources": sources,
+              "docs": docs}
+    if static:
+        arrays.update(masked_positions=mpos, masked_ids=mids)
+    for name, arr in arrays.items():
+        np.save(tmp / f"{name}.npy", arr)
+    meta = {"fingerprint": fingerprint, "pass": p, "block": b, "instances": n,
+            "tokens": int(lengths.sum()), "masked": masked, "label_ones": int((labels == 1).sum()),
+            "unusable_documents": unusable if p == 0 else 0}
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    _publish(tmp, Path(folder))
+    return meta
+
+
+def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, corpus_fp: dict, progress: bool):
+    from tqdm import tqdm
+
+    tokens, sents, docs = load_corpus(out / "corpus")
+    n_docs = len(docs) - 1
+    if cfg.objective == "nsp" and n_docs < 2:
+        raise BertkitError(
+            f"next-sentence prediction needs at least 2 documents for its random next segment, the corpus has "
+            f"{n_docs}; use --documents blank-line if documents are separated by blank lines, or --objective sop/none"
+        )
+    units = plan_blocks(np.asarray(docs), np.asarray(sents), cfg)
+    del tokens, sents, docs
+    root = out / "instances"
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_extra(root, len(units))
+    cfg_dict = asdict(cfg)
+    fingerprint = {"corpus": corpus_fp, "config": {k: v for k, v in cfg_dict.items() if k != "workers"},
+                   "format": FORMAT_VERSION}
+    folders = [root / f"{i:05d}" for i in range(len(units))]
+    metas: dict = {}
+    todo = []
+    for (p, b, doc_ids), folder in zip(units, folders):
+        meta = _read_meta(folder)
+        if meta is not None and meta.get("fingerprint") == fingerprint:
+            metas[str(folder)] = meta
+        else:
+            todo.append((p, b, doc_ids, cfg_dict, str(folder), fingerprint))
+    bar = tqdm(total=len(units), initial=len(units) - len(todo), unit="block", desc="instances",
+               disable=not progress, dynamic_ncols=True)
+    initargs = (str(out / "corpus"), vocab, tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)
+    for job, meta in zip(todo, _run_jobs(_instance_job, todo, cfg.num_workers(), _init_instance_worker, initargs, progress)):
+        metas[job[4]] = meta
+        bar.update(1)
+    bar.close()
+    return [(f, metas[str(f)]) for f in folders]
+
+
+def _read_meta(folder: Path):
+    try:
+        return json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# --- the job --------------------------------------------------------------------------
+
+
+def _check_output_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise BertkitError(f"output {out} exists and is not a folder; pass a folder with -o")
+    if out.is_dir() and any(out.iterdir()):
+        ours = {"manifest.json", "tokens", "corpus", "instances", "vocab.txt", "tokenizer_config.json"}
+        foreign = [p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")]
+        if foreign:
+            raise BertkitError(
+                f"output folder {out} is not empty and not a prepared-data folder (it holds {', '.join(sorted(foreign)[:3])}); "
+                "choose a new or empty folder with -o"
+            )
+
+
+def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progress: bool = True) -> Summary:
+    """Prepare pre-training data from `corpus` (files/folders) into the folder `output`.
+
+    vocab: a vocab.txt or model folder (None: the default model's). Re-running
+    with the same arguments reuses finished work; the result is identical.
+    """
+    from bertkit.tokenizer import Tokenizer
+
+    cfg = (cfg or PrepareConfig()).validate()
+    t0 = time.perf_counter()
+    files = list_input_files(corpus)
+    out = Path(output)
+    _check_output_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").unlink(missing_ok=True)  # the folder is incomplete until the end
+    tokenizer = Tokenizer.from_pretrained(vocab)
+    tokenizer.save_pretrained(out)
+    vocab_info = MaskVocab.from_tokens(tokenizer.ids_to_tokens)
+
+    shards, stats, tok_settings = _tokenize_stage(files, out, tokenizer, cfg, progress)
+    if stats.tokens == 0:
+        reasons = "; ".join(f"{SKIP_REASONS[k]}: {v}" for k, v in stats.skips.items()) or "the files are empty"
+        raise BertkitError(f"the corpus has no text to train on ({len(files)} file(s); {reasons})")
+    corpus_fp = {"inputs": [json.loads((s / "stats.json").read_text())["input"] for s in shards],
+                 "settings": tok_settings}
+    marker = out / "corpus" / "corpus.json"
+    fp_file = out / "corpus" / "fingerprint.json"
+    if not (marker.is_file() and fp_file.is_file() and json.loads(fp_file.read_text()) == corpus_fp):
+        consolidate(shards, out / "corpus", len(tokenizer))
+        (out / "corpus" / "fingerprint.json").write_text(json.dumps(corpus_fp))
+
+    blocks = _instance_stage(out, cfg, vocab_info, tokenizer, corpus_fp, progress)
+    summary = Summary(stats)
+    for folder, meta in blocks:
+        summary.instances += meta["instances"]
+        summary.instance_tokens += meta["tokens"]
+        summary.masked_tokens += meta["masked"]
+        summary.label_ones += meta["label_ones"]
+        if meta["unusable_documents"]:
+            stats.skip("unusable_documents", meta["unusable_documents"])
+        if meta["instances"]:
+            summary.shards.append({"path": str(folder.relative_to(out)), "instances": meta["instances"]})
+    if summary.instances == 0:
+        raise BertkitError("no training instance could be made: the documents are too short for the objective "
+                           f"{cfg.objective!r} (try --objective none or more text)")
+    summary.seconds = time.perf_counter() - t0
+    manifest = {
+        "format": FORMAT_VERSION,
+        "config": asdict(cfg),
+        "dupe_factor": cfg.passes,
+        "vocab_size": len(tokenizer),
+        "special_ids": {"pad": tokenizer.pad_token_id, "cls": tokenizer.cls_token_id,
+                        "sep": tokenizer.sep_token_id, "mask": tokenizer.mask_token_id},
+        "inputs": [str(f) for f in files],
+        "corpus": stats.to_dict(),
+        "instances": summary.instances,
+        "instance_tokens": summary.instance_tokens,
+        "mean_length": summary.mean_length,
+        "masked_tokens": summary.masked_tokens,
+        "label_ones": summary.label_ones,
+        "shards": summary.shards,
+        "seconds": summary.seconds,
+    }
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / "manifest.json")
+    return summary
+
+
+def format_summary(summary: Summary, cfg: PrepareConfig) -> str:
+    c = summary.corpus
+    lines = [
+        f"files       {c.files:,} ({c.bytes / 1e6:,.1f} MB)",
+        f"documents   {c.documents:,}",
+        f"sentences   {c.sentences:,}",
+        f"tokens      {c.tokens:,}",
+        f"instances   {summary.instances:,} ({cfg.passes} pass(es), objective {cfg.objective}, "
+        f"{'dynamic' if cfg.dynamic_masking else 'static'} {cfg.masking} masking)",
+        f"mean length {summary.mean_length:.1f} tokens (max {cfg.max_seq_length})",
+    ]
+    if summary.masked_tokens:
+        lines.append(f"masked      {summary.masked_tokens:,} tokens ({summary.masked_tokens / summary.instance_tokens:.1%})")
+    if cfg.objective in ("nsp", "sop"):
+        what = "random next" if cfg.objective == "nsp" else "swapped"
+        lines.append(f"label 1     {summary.label_ones / summary.instances:.1%} ({what})")
+    if c.skips:
+        lines.append("skipped / repaired:")
+        lines += [f"  {n:>9,}  {SKIP_REASONS[k]}" for k, n in sorted(c.skips.items())]
+    else:
+        lines.append("skipped     nothing")
+    rate = c.tokens / summary.seconds if summary.seconds else 0
+    lines.append(f"time        {summary.seconds:.1f} s ({rate:,.0f} corpus tokens/s)")
+    return "\n".join(lines)
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def add_arguments(parser) -> None:
+    """`bertkit pretrain prepare` options: CORPUS..., -o, --vocab, then one flag per PrepareConfig field."""
+    parser.add_argument("corpus", nargs="+", help="text files (.txt, .gz) or folders of them")
+    parser.add_argument("-o", "--output", required=True, help="folder to write the prepared data into")
+    parser.add_argument("--vocab", help="vocab.txt or model folder (default: the default model's)")
+    parser.add_argument("--examples", type=int, default=1, help="decoded example instances to print (default: 1)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    for f in fields(PrepareConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})")
+        if f.type == "bool":
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            kind = {"int": int, "float": float, "str": str, "int | None": int}[f.type]
+            parser.add_argument(flag, type=kind, default=None, choices=f.metadata["choices"], help=help_text)
+
+
+def config_from_args(args) -> PrepareConfig:
+    given = {f.name: getattr(args, f.name) for f in fields(PrepareConfig) if getattr(args, f.name, None) is not None}
+    return PrepareConfig(**given)
+
+
+def prepare_from_args(args) -> Summary:
+    cfg = config_from_args(args)
+    summary = prepare(args.corpus, args.output, cfg, vocab=args.vocab, progress=not args.quiet)
+    print(format_summary(summary, cfg))
+    if args.examples > 0:
+        from bertkit.pretraining.dataset import PretrainingDataset
+
+        ds = PretrainingDataset(args.output, seed=cfg.seed)
+        tok = ds.tokenizer()
+        for i in range(min(args.examples, len(ds))):
+            print()
+            print(format_example(ds, ds.index_at(i), tok))
+    print(f"\nwrote {args.output} (read it with bertkit.pretraining.dataset.PretrainingDataset, "
+          f"or `bertkit pretrain run {args.output}`)")
+    return summary
+
+
+def _wrap(text: str, width: int = 100, indent: str = "    ") -> str:
+    import textwrap
+
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent)
+
+
+def format_example(ds, index: int, tok) -> str:
+    """One instance three ways: the original spans, what the model sees, and what it must predict."""
+    item = ds[index]
+    src = ds.source(index)
+    corpus = ds.corpus_tokens()
+    lines = [f"example instance {index} ({len(item['input_ids'])} tokens)"]
+    spans = src["spans"]
+    names = ["A", "B"]
+    if spans[0] >= 0:
+        lines.append("original text:")
+        for j in range(2):
+            s, e = spans[2 * j], spans[2 * j + 1]
+            if s >= 0:
+                lines.append(f"  {names[j]} (document {src['docs'][j]}):")
+                lines.append(_wrap(tok.decode([int(t) for t in corpus[s:e]])))
+    if "next_sentence_label" in item:
+        label = item["next_sentence_label"]
+        meaning = {"nsp": ("B follows A", "B is random, from another document"),
+                   "sop": ("A and B in order", "A and B swapped")}[ds.objective][label]
+        lines.append(f"next_sentence_label: {label} ({meaning})")
+    ids = item["input_ids"].copy()
+    if ds.static_masking:
+        positions, originals = item["masked_positions"], item["masked_ids"]
+    else:
+        collate = ds.collator()
+        batch = collate([item])
+        ids = batch["input_ids"][0].numpy()
+        labels = batch["labels"][0].numpy()
+        positions = np.flatnonzero(labels != -100)
+        originals = labels[positions]
+    lines.append("model input (masked):")
+    lines.append(_wrap(" ".join(tok.convert_ids_to_tokens([int(t) for t in ids]))))
+    pairs = [f"{p}:{tok.convert_ids_to_tokens([int(o)])[0]}" + (
+        "" if ids[p] == tok.mask_token_id else f" (shown as {tok.convert_ids_to_tokens([int(ids[p])])[0]})")
+        for p, o in zip(positions, originals)]
+    lines.append(f"labels ({len(pairs)} positions to predict, position:original token):")
+    lines.append(_wrap(", ".join(pairs)))
+    return "\n".join(lines)

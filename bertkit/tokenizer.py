@@ -1,0 +1,755 @@
+"""The BERT tokenizer: text -> [CLS] A [SEP] B [SEP] ids, segments, masks and offsets.
+
+Ties the stages together, as google-research/bert `tokenization.FullTokenizer`
+plus the input layout of `run_classifier.convert_single_example`, with the
+extras of Hugging Face's BertTokenizerFast that fine-tuning needs (character
+offsets, word ids, overflowing windows):
+
+    text --basic_tokenizer--> words --wordpiece--> pieces --vocab--> ids
+    encode: [CLS] A [SEP] (B [SEP]), truncated to max_length, padded
+
+Shapes (one Encoding, T tokens): input_ids, token_type_ids, attention_mask,
+word_ids, sequence_ids: [T]; offsets: [T] pairs (start, end) of character
+indices into the ORIGINAL text of the token's own segment, (0, 0) for [CLS],
+[SEP] and [PAD]. A BatchEncoding stacks B encodings into [B, T] tensors or
+arrays.
+
+Speed: words repeat, so each distinct run of text between safe boundaries
+(see basic_tokenizer.coarse_split_pattern) is normalised and cut into pieces
+once and cached; encode then costs one regex scan plus a dict lookup per word.
+encode_batch spreads large batches over worker processes.
+
+Truncation follows the `tokenizers` library (the reference of the parity
+tests): longest_first gives each segment its share at once (the shorter keeps
+its length when it fits, else both get half, the first segment the smaller
+half) rather than popping one token at a time as the original does; overflowing
+windows advance by (window - stride) tokens.
+
+torch is imported only inside encode_batch(return_tensors="pt").
+"""
+
+import gc
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
+from bertkit.errors import BertkitError
+from bertkit.vocab import CLS, CONTINUATION, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab
+from bertkit.wordpiece import wordpiece_spans
+
+MODEL_MAX_LENGTH = 512  # BERT's position embeddings
+STRATEGIES = ("longest_first", "only_first", "only_second")
+_CACHE_LIMIT = 2_000_000  # distinct words kept before the cache is reset
+
+
+@dataclass(slots=True)
+class Encoding:
+    """One encoded input: a single text or a pair, all lists of length T."""
+
+    input_ids: list[int]
+    token_type_ids: list[int]
+    attention_mask: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    word_ids: list[int | None]
+    sequence_ids: list[int | None]
+    special_tokens_mask: list[int] = field(default_factory=list)
+    overflowing: list["Encoding"] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["offsets"] = [list(o) for o in self.offsets]
+        return d
+
+
+@dataclass(slots=True)
+class _Segment:
+    """The tokens of one text before special tokens are added (T_s tokens)."""
+
+    ids: list[int]
+    starts: list[int]
+    ends: list[int]
+    word_ids: list[int]
+
+    def __len__(self):
+        return len(self.ids)
+
+    def window(self, a: int, b: int) -> "_Segment":
+        return _Segment(self.ids[a:b], self.starts[a:b], self.ends[a:b], self.word_ids[a:b])
+
+
+class BatchEncoding(dict):
+    """input_ids / token_type_ids / attention_mask as [B, T] tensors, arrays or lists.
+
+    `.encodings` keeps the per-row Encoding (tokens, offsets, word ids...). With
+    overflowing windows, rows are flattened and "overflow_to_sample_mapping"
+    gives each row's input index.
+    """
+
+    def __init__(self, data: dict, encodings: list[Encoding]):
+        super().__init__(data)
+        self.encodings = encodings
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __len__(self):  # number of keys, like a dict; rows: len(batch.encodings)
+        return super().__len__()
+
+
+def _check_text(text, what: str) -> str:
+    if not isinstance(text, str):
+        raise BertkitError(
+            f"{what} must be a str, got {type(text).__name__}"
+            + (" (use encode_batch for a list of texts)" if isinstance(text, (list, tuple)) else "")
+        )
+    return text
+
+
+class Tokenizer:
+    """BERT's WordPiece tokenizer (see the module docstring).
+
+    lowercase: lower-case the text (uncased vocabularies); strip_accents: None
+    follows lowercase, as in the original; max_input_chars_per_word: longer
+    words become [UNK]; tokenize_chinese_chars: split CJK ideographs apart.
+    """
+
+    def __init__(
+        self,
+        vocab_file,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        max_input_chars_per_word: int = 100,
+        tokenize_chinese_chars: bool = True,
+    ):
+        tokens = vocab_file if isinstance(vocab_file, list) else load_vocab(vocab_file)
+        if not isinstance(max_input_chars_per_word, int) or max_input_chars_per_word < 1:
+            raise BertkitError(f"max_input_chars_per_word must be a positive int, got {max_input_chars_per_word!r}")
+        self.ids_to_tokens: list[str] = list(tokens)
+        self.vocab: dict[str, int] = {t: i for i, t in enumerate(self.ids_to_tokens)}
+        self.lowercase = bool(lowercase)
+        self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
+        self.max_input_chars_per_word = max_input_chars_per_word
+        self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
+        _check_casing(self.ids_to_tokens, self.lowercase)
+
+        self.pad_token_id = self.vocab[PAD]
+        self.unk_token_id = self.vocab[UNK]
+        self.cls_token_id = self.vocab[CLS]
+        self.sep_token_id = self.vocab[SEP]
+        self.mask_token_id = self.vocab[MASK]
+        self.all_special_ids = [self.vocab[t] for t in SPECIAL_TOKENS]
+        self.all_special_tokens = list(SPECIAL_TOKENS)
+        self._special_re = re.compile("|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True)))
+        self._max_piece_len = max(len(t[2:]) if t.startswith(CONTINUATION) else len(t) for t in tokens)
+        self._pattern = coarse_split_pattern()
+        self._cache: dict = {}
+        self._pool = None
+
+    # --- loading and saving ---------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path=None, **overrides) -> "Tokenizer":
+        """Load from a model directory (vocab.txt + tokenizer_config.json) or a vocab.txt.
+
+        None: the default model's vocabulary. Settings come from
+        tokenizer_config.json (HF keys: do_lower_case, strip_accents,
+        tokenize_chinese_chars, max_input_chars_per_word); `overrides` (same
+        names as the constructor) may not contradict the stored casing.
+        """
+        if path is None:
+            from bertkit.default_model import default_model_dir
+
+            path = default_model_dir()
+        path = Path(path)
+        if path.is_dir():
+            folder, vocab_file = path, path / "vocab.txt"
+        elif path.is_file():
+            folder, vocab_file = path.parent, path
+        else:
+            raise BertkitError(f"no tokenizer at {path}: pass a model directory holding vocab.txt, or a vocab.txt")
+        if not vocab_file.is_file():
+            raise BertkitError(f"{folder} has no vocab.txt; pass a model directory or a vocab.txt file")
+        settings = {}
+        config_file = folder / "tokenizer_config.json"
+        if config_file.is_file():
+            try:
+                config = json.loads(config_file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
+            settings = _settings_from_config(config)
+        for key, value in overrides.items():
+            if key not in ("lowercase", "strip_accents", "max_input_chars_per_word", "tokenize_chinese_chars"):
+                raise BertkitError(f"unknown tokenizer setting {key!r}")
+            if key == "lowercase" and "lowercase" in settings and bool(value) != settings["lowercase"]:
+                raise BertkitError(
+                    f"casing mismatch: {config_file} says do_lower_case={settings['lowercase']} but "
+                    f"lowercase={value} was asked; a vocabulary only works with the casing it was built for"
+                )
+            settings[key] = value
+        return cls(vocab_file, **settings)
+
+    def save_pretrained(self, directory) -> Path:
+        """Write vocab.txt and tokenizer_config.json (Hugging Face keys) into `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_vocab(self.ids_to_tokens, directory / "vocab.txt")
+        config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "max_input_chars_per_word": self.max_input_chars_per_word,
+            "model_max_length": MODEL_MAX_LENGTH,
+            "pad_token": PAD,
+            "unk_token": UNK,
+            "cls_token": CLS,
+            "sep_token": SEP,
+            "mask_token": MASK,
+        }
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        return directory
+
+    def __len__(self) -> int:
+        return len(self.ids_to_tokens)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={len(self)}, lowercase={self.lowercase}, strip_accents={self.strip_accents}, "
+            f"max_input_chars_per_word={self.max_input_chars_per_word})"
+        )
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        state["_cache"] = {}
+        state["_pattern"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._pattern = coarse_split_pattern()
+
+    # --- tokens and ids ---------------------------------------------------------
+
+    def _analyse(self, run: str):
+        """Pieces of one run between safe boundaries, cached.
+
+        Returns an int id when the run is one word that is one piece (the common
+        case), else a tuple (ids, starts, ends, word_ids, n_words) relative to
+        the run.
+        """
+        ids, starts, ends, wids = [], [], [], []
+        words = basic_words(run, self.lowercase, self.strip_accents, self.tokenize_chinese_chars)
+        for w, (word, origin) in enumerate(words):
+            spans = wordpiece_spans(word, self.vocab, self.max_input_chars_per_word, self._max_piece_len)
+            if spans is None:
+                ids.append(self.unk_token_id)
+                starts.append(origin[0])
+                ends.append(origin[-1] + 1)
+                wids.append(w)
+                continue
+            for a, b in spans:
+                piece = word[a:b] if a == 0 else CONTINUATION + word[a:b]
+                ids.append(self.vocab[piece])
+                starts.append(origin[a])
+                ends.append(origin[b - 1] + 1)
+                wids.append(w)
+        if len(ids) == 1 and len(words) == 1 and starts[0] == 0 and ends[0] == len(run):
+            entry = ids[0]
+        else:
+            entry = (ids, starts, ends, wids, len(words))
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[run] = entry
+        return entry
+
+    def _segment(self, text: str) -> _Segment:
+        """Token ids, character spans and word ids of one text (no special tokens)."""
+        ids, starts, ends, wids = [], [], [], []
+        nw = 0
+        if "[" in text and self._special_re.search(text):
+            pos = 0
+            parts = []
+            for m in self._special_re.finditer(text):
+                parts.append((pos, m.start(), None))
+                parts.append((m.start(), m.end(), self.vocab[m.group()]))
+                pos = m.end()
+            parts.append((pos, len(text), None))
+        else:
+            parts = ((0, len(text), None),)
+        cache = self._cache
+        for lo, hi, special_id in parts:
+            if special_id is not None:
+                ids.append(special_id)
+                starts.append(lo)
+                ends.append(hi)
+                wids.append(nw)
+                nw += 1
+                continue
+            for m in self._pattern.finditer(text, lo, hi):
+                run = m.group()
+                entry = cache.get(run)
+                if entry is None:
+                    entry = self._analyse(run)
+                if entry.__class__ is int:
+                    s, e = m.span()
+                    ids.append(entry)
+                    starts.append(s)
+                    ends.append(e)
+                    wids.append(nw)
+                    nw += 1
+                else:
+                    eids, es, ee, ew, n = entry
+                    off = m.start()
+                    ids += eids
+                    starts += [off + x for x in es]
+                    ends += [off + x for x in ee]
+                    wids += [nw + x for x in ew]
+                    nw += n
+        return _Segment(ids, starts, ends, wids)
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of `text`, without [CLS]/[SEP]: "unaffable" -> ["un", "##aff", "##able"]."""
+        _check_text(text, "text")
+        itos = self.ids_to_tokens
+        return [itos[i] for i in self._segment(text).ids]
+
+    def convert_tokens_to_ids(self, tokens) -> list[int]:
+        """Ids of tokens; a token not in the vocabulary maps to [UNK]'s id."""
+        if isinstance(tokens, str):
+            raise BertkitError("convert_tokens_to_ids takes a list of tokens, got a str (wrap it in a list)")
+        unk = self.unk_token_id
+        return [self.vocab.get(t, unk) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        """Tokens of ids; an id outside the vocabulary is an error."""
+        out = []
+        n = len(self.ids_to_tokens)
+        for i in _as_int_list(ids, "ids"):
+            if not 0 <= i < n:
+                raise BertkitError(f"token id {i} is outside the vocabulary (ids 0..{n - 1})")
+            out.append(self.ids_to_tokens[i])
+        return out
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """Text from ids: tokens joined by spaces, `##` pieces glued to the previous one.
+
+        Lower-casing, accent stripping and the original spacing are not
+        recoverable; "Hello, world!" decodes to "hello , world !".
+        """
+        tokens = self.convert_ids_to_tokens(ids)
+        if skip_special_tokens:
+            special = set(self.all_special_tokens)
+            tokens = [t for t in tokens if t not in special]
+        return " ".join(tokens).replace(" " + CONTINUATION, "").strip()
+
+    # --- encoding ---------------------------------------------------------------
+
+    def num_special_tokens(self, pair: bool = False) -> int:
+        return 3 if pair else 2
+
+    def encode(
+        self,
+        text: str,
+        pair: str | None = None,
+        *,
+        max_length: int = MODEL_MAX_LENGTH,
+        truncation: bool = True,
+        truncation_strategy: str = "longest_first",
+        padding=False,
+        stride: int = 0,
+        return_overflowing: bool = False,
+        add_special_tokens: bool = True,
+    ) -> Encoding:
+        """Encode a text (or a pair) as [CLS] A [SEP] (B [SEP]).
+
+        truncation: cut to max_length (<= 512) with truncation_strategy;
+        padding: False or "max_length"; stride/return_overflowing: the cut-off
+        tokens come back as further windows in `.overflowing`, each repeating
+        `stride` tokens of the previous window (QA and long documents).
+        """
+        _check_text(text, "text")
+        if pair is not None:
+            _check_text(pair, "pair")
+        opts = self._check_options(
+            max_length, truncation, truncation_strategy, padding, stride, add_special_tokens, pair is not None, False
+        )
+        a = self._segment(text)
+        b = self._segment(pair) if pair is not None else None
+        return self._assemble(a, b, return_overflowing, **opts)
+
+    def _check_options(self, max_length, truncation, strategy, padding, stride, add_special_tokens, has_pair, batch):
+        if isinstance(max_length, bool) or not isinstance(max_length, int):
+            raise BertkitError(f"max_length must be an int, got {type(max_length).__name__}")
+        n_special = self.num_special_tokens(has_pair) if add_special_tokens else 0
+        if max_length > MODEL_MAX_LENGTH:
+            raise BertkitError(
+                f"max_length={max_length} is above {MODEL_MAX_LENGTH}, the most positions BERT has; "
+                f"use max_length <= {MODEL_MAX_LENGTH} (and stride/return_overflowing for long texts)"
+            )
+        if max_length < max(n_special, 1):
+            raise BertkitError(
+                f"max_length={max_length} cannot even hold the {n_special} special tokens "
+                f"([CLS] A [SEP]{' B [SEP]' if has_pair else ''}); use max_length > {n_special}"
+            )
+        if strategy not in STRATEGIES:
+            raise BertkitError(f"truncation_strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if strategy == "only_second" and truncation and not has_pair:
+            raise BertkitError("truncation_strategy='only_second' needs a pair (the second text)")
+        allowed = ("longest", "max_length", False, None) if batch else ("max_length", False, None)
+        if padding is True:
+            padding = "longest" if batch else False
+        if padding not in allowed:
+            raise BertkitError(f"padding must be one of {allowed}, got {padding!r}")
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 0:
+            raise BertkitError(f"stride must be a non-negative int, got {stride!r}")
+        return dict(
+            max_length=max_length,
+            truncation=bool(truncation),
+            strategy=strategy,
+            padding=padding or False,
+            stride=stride,
+            add_special_tokens=bool(add_special_tokens),
+        )
+
+    def _windows(self, seg: _Segment, keep: int, stride: int) -> list[_Segment]:
+        """seg cut into windows of `keep` tokens advancing by keep - stride (the first is the kept part)."""
+        if keep >= len(seg):
+            return [seg]
+        if keep == 0:
+            return [seg.window(0, 0), seg]
+        if stride >= keep:
+            raise BertkitError(
+                f"stride={stride} must be smaller than the {keep} tokens of a window "
+                "(max_length minus the special tokens and the other segment); lower stride or raise max_length"
+            )
+        out = []
+        start = 0
+        while True:
+            stop = min(start + keep, len(seg))
+            out.append(seg.window(start, stop))
+            if stop == len(seg):
+                return out
+            start += keep - stride
+
+    def _truncate(self, a: _Segment, b: _Segment | None, max_length, strategy, stride):
+        """Lists of windows for a and b; element 0 of each is the truncated segment."""
+        n_a, n_b = len(a), len(b) if b is not None else 0
+        if n_a + n_b <= max_length:
+            return [a], [b]
+        to_remove = n_a + n_b - max_length
+        if strategy == "longest_first":
+            if b is None:
+                return self._windows(a, max_length, stride), [None]
+            short, long_ = min(n_a, n_b), max(n_a, n_b)
+            keep_short = short
+            keep_long = long_ if short > max_length else max(short, max_length - short)
+            if keep_short + keep_long > max_length:
+                # both are too long: split the budget, the longer segment gets the odd token
+                keep_short = max_length // 2
+                keep_long = keep_short + max_length % 2
+            keep_a, keep_b = (keep_short, keep_long) if n_a <= n_b else (keep_long, keep_short)
+            return self._windows(a, keep_a, stride), self._windows(b, keep_b, stride)
+        target, name = (a, "first") if strategy == "only_first" else (b, "second")
+        if len(target) <= to_remove:
+            raise BertkitError(
+                f"cannot truncate only the {name} text: the other one alone needs more than max_length={max_length + 0} "
+                "tokens with the special tokens; use truncation_strategy='longest_first' or a larger max_length"
+            )
+        windows = self._windows(target, len(target) - to_remove, stride)
+        return (windows, [b]) if strategy == "only_first" else ([a], windows)
+
+    def _assemble(self, a, b, return_overflowing, *, max_length, truncation, strategy, padding, stride,
+                  add_special_tokens) -> Encoding:
+        n_special = (self.num_special_tokens(b is not None) if add_special_tokens else 0)
+        budget = max_length - n_special
+        if truncation:
+            wa, wb = self._truncate(a, b, budget, strategy, stride)
+        else:
+            wa, wb = [a], [b]
+        main = self._build(wa[0], wb[0], add_special_tokens, padding, max_length)
+        if return_overflowing:
+            # the order of the `tokenizers` library: each window of A with B's main
+            # part and then with B's other windows; then A's main part with B's windows
+            combos = [(x, y) for x in wa[1:] for y in wb] + [(wa[0], y) for y in wb[1:]]
+            main.overflowing = [self._build(x, y, add_special_tokens, padding, max_length) for x, y in combos]
+        return main
+
+    def _build(self, a: _Segment, b: _Segment | None, add_special_tokens, padding, max_length) -> Encoding:
+        cls_id, sep_id = self.cls_token_id, self.sep_token_id
+        if add_special_tokens:
+            ids = [cls_id, *a.ids, sep_id]
+            offsets = [(0, 0), *zip(a.starts, a.ends), (0, 0)]
+            word_ids = [None, *a.word_ids, None]
+            seq_ids = [None] + [0] * len(a) + [None]
+            special = [1] + [0] * len(a) + [1]
+        else:
+            ids = list(a.ids)
+            offsets = list(zip(a.starts, a.ends))
+            word_ids = list(a.word_ids)
+            seq_ids = [0] * len(a)
+            special = [0] * len(a)
+        types = [0] * len(ids)
+        if b is not None:
+            ids += b.ids
+            offsets += zip(b.starts, b.ends)
+            word_ids += b.word_ids
+            seq_ids += [1] * len(b)
+            special += [0] * len(b)
+            if add_special_tokens:
+                ids.append(sep_id)
+                offsets.append((0, 0))
+                word_ids.append(None)
+                seq_ids.append(None)
+                special.append(1)
+            types += [1] * (len(ids) - len(types))
+        mask = [1] * len(ids)
+        enc = Encoding(ids, types, mask, [], offsets, word_ids, seq_ids, special)
+        if padding == "max_length":
+            _pad(enc, max_length, self.pad_token_id)
+        itos = self.ids_to_tokens
+        enc.tokens = [itos[i] for i in enc.input_ids]
+        return enc
+
+    def encode_batch(
+        self,
+        texts,
+        pairs=None,
+        *,
+        max_length: int = MODEL_MAX_LENGTH,
+        truncation: bool = True,
+        truncation_strategy: str = "longest_first",
+        padding="longest",
+        stride: int = 0,
+        return_overflowing: bool = False,
+        add_special_tokens: bool = True,
+        return_tensors: str | None = "pt",
+        num_workers: int | None = None,
+    ) -> BatchEncoding:
+        """Encode many texts (and pairs) at once: padded [B, T] tensors plus the Encodings.
+
+        padding: "longest" (in the batch), "max_length" or False (then
+        return_tensors must be None: rows differ in length). num_workers:
+        processes to spread the tokenization over (None: all cores for large
+        batches, 1 for small ones).
+        """
+        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+            raise BertkitError(
+                f"encode_batch needs a list of str, got {type(texts).__name__}"
+                + (" (use encode for a single text)" if isinstance(texts, str) else "")
+            )
+        for i, t in enumerate(texts):
+            _check_text(t, f"texts[{i}]")
+        if pairs is not None:
+            if isinstance(pairs, str) or not isinstance(pairs, (list, tuple)):
+                raise BertkitError(f"pairs must be a list of str (one per text), got {type(pairs).__name__}")
+            if len(pairs) != len(texts):
+                raise BertkitError(f"got {len(texts)} texts but {len(pairs)} pairs; give one pair per text")
+            for i, t in enumerate(pairs):
+                _check_text(t, f"pairs[{i}]")
+        if return_tensors not in ("pt", "np", None):
+            raise BertkitError(f"return_tensors must be 'pt', 'np' or None, got {return_tensors!r}")
+        opts = self._check_options(
+            max_length, truncation, truncation_strategy, padding, stride, add_special_tokens, pairs is not None, True
+        )
+        if opts["padding"] is False and return_tensors is not None and len(texts) > 1:
+            raise BertkitError("return_tensors needs equal-length rows: use padding='longest' or 'max_length'")
+        # A batch allocates millions of small lists that all stay alive; CPython's
+        # cyclic GC would rescan them again and again (2-3x slower). None of them
+        # can form a cycle, so collection is paused for the call.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._encode_batch(texts, pairs, opts, return_overflowing, return_tensors, num_workers)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _encode_batch(self, texts, pairs, opts, return_overflowing, return_tensors, num_workers) -> BatchEncoding:
+        max_length = opts["max_length"]
+        segments = self._segments_many(list(texts) + (list(pairs) if pairs is not None else []), num_workers)
+        seg_a = segments[: len(texts)]
+        seg_b = segments[len(texts):] if pairs is not None else [None] * len(texts)
+        padding_mode = opts.pop("padding")
+        encodings, mapping = [], []
+        for i, (a, b) in enumerate(zip(seg_a, seg_b)):
+            enc = self._assemble(a, b, return_overflowing, padding=False, **opts)
+            rows = [enc, *enc.overflowing] if return_overflowing else [enc]
+            encodings += rows
+            mapping += [i] * len(rows)
+        if padding_mode:
+            target = max_length if padding_mode == "max_length" else max((len(e) for e in encodings), default=0)
+            for e in encodings:
+                _pad(e, target, self.pad_token_id)
+        data = {
+            "input_ids": [e.input_ids for e in encodings],
+            "token_type_ids": [e.token_type_ids for e in encodings],
+            "attention_mask": [e.attention_mask for e in encodings],
+        }
+        if return_overflowing:
+            data["overflow_to_sample_mapping"] = mapping
+        if return_tensors == "pt":
+            import torch
+
+            data = {k: torch.tensor(v, dtype=torch.long) for k, v in data.items()}
+        elif return_tensors == "np":
+            import numpy as np
+
+            data = {k: np.array(v, dtype=np.int64) for k, v in data.items()}
+        return BatchEncoding(data, encodings)
+
+    def _segments_many(self, texts: list[str], num_workers: int | None) -> list[_Segment]:
+        if num_workers is None:
+            big = sum(len(t) for t in texts) >= 2_000_000
+            num_workers = min(os.cpu_count() or 1, 2) if big else 1
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise BertkitError(f"num_workers must be a positive int, got {num_workers!r}")
+        if num_workers == 1 or len(texts) < 2:
+            return [self._segment(t) for t in texts]
+        return self._segments_in_workers(texts, num_workers)
+
+    def _segments_in_workers(self, texts: list[str], num_workers: int) -> list[_Segment]:
+        """Tokenize texts in `num_workers` processes (kept alive for later calls).
+
+        Workers are forked, so they start with this tokenizer and its word cache;
+        each gets contiguous chunks and returns plain lists (cheap to pickle).
+        """
+        import multiprocessing as mp
+
+        if self._pool is None or self._pool[0] != num_workers:
+            if self._pool is not None:
+                self._pool[1].terminate()
+            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            pool = mp.get_context(method).Pool(num_workers, initializer=_worker_init, initargs=(self,))
+            self._pool = (num_workers, pool)
+        pool = self._pool[1]
+        n_chunks = num_workers * 8
+        size = max(1, -(-len(texts) // n_chunks))
+        chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
+        out = []
+        for lengths, ids, starts, ends, wids in pool.map(_worker_segments, chunks):
+            ids, starts, ends, wids = ids.tolist(), starts.tolist(), ends.tolist(), wids.tolist()
+            pos = 0
+            for n in lengths:
+                out.append(_Segment(ids[pos : pos + n], starts[pos : pos + n], ends[pos : pos + n], wids[pos : pos + n]))
+                pos += n
+        return out
+
+    def close(self) -> None:
+        """Stop the worker processes of encode_batch, if any (also done at exit)."""
+        if self._pool is not None:
+            self._pool[1].terminate()
+            self._pool = None
+
+
+_WORKER_TOKENIZER = None
+
+
+def _worker_init(tok: "Tokenizer") -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tok
+
+
+def _worker_segments(texts: list[str]):
+    """Segments of texts, packed as flat int arrays (pickling them is ~10x cheaper than lists)."""
+    from array import array
+
+    lengths, ids, starts, ends, wids = array("l"), array("l"), array("l"), array("l"), array("l")
+    for seg in map(_WORKER_TOKENIZER._segment, texts):
+        lengths.append(len(seg.ids))
+        ids.extend(seg.ids)
+        starts.extend(seg.starts)
+        ends.extend(seg.ends)
+        wids.extend(seg.word_ids)
+    return lengths, ids, starts, ends, wids
+
+
+def _pad(enc: Encoding, length: int, pad_id: int) -> None:
+    n = length - len(enc.input_ids)
+    if n <= 0:
+        return
+    enc.input_ids += [pad_id] * n
+    enc.token_type_ids += [0] * n
+    enc.attention_mask += [0] * n
+    enc.offsets += [(0, 0)] * n
+    enc.word_ids += [None] * n
+    enc.sequence_ids += [None] * n
+    enc.special_tokens_mask += [1] * n
+    if enc.tokens:
+        enc.tokens += [PAD] * n
+
+
+def _as_int_list(ids, what: str) -> list[int]:
+    if hasattr(ids, "tolist"):  # torch tensors and numpy arrays, without importing either
+        ids = ids.tolist()
+    if isinstance(ids, int) and not isinstance(ids, bool):
+        return [ids]
+    if not isinstance(ids, (list, tuple)):
+        raise BertkitError(f"{what} must be a list of int, got {type(ids).__name__}")
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise BertkitError(f"{what} must hold ints, found {i!r} ({type(i).__name__})")
+    return list(ids)
+
+
+def _settings_from_config(config: dict) -> dict:
+    """Our constructor arguments from a Hugging Face tokenizer_config.json."""
+    out = {}
+    if "do_lower_case" in config:
+        out["lowercase"] = bool(config["do_lower_case"])
+    if config.get("strip_accents") is not None:
+        out["strip_accents"] = bool(config["strip_accents"])
+    if "tokenize_chinese_chars" in config:
+        out["tokenize_chinese_chars"] = bool(config["tokenize_chinese_chars"])
+    if "max_input_chars_per_word" in config:
+        out["max_input_chars_per_word"] = int(config["max_input_chars_per_word"])
+    return out
+
+
+def _check_casing(tokens: list[str], lowercase: bool) -> None:
+    """Refuse an obvious cased/uncased mismatch between vocabulary and settings.
+
+    Judged only on vocabularies of 1000+ tokens (handmade test vocabularies are
+    too small to tell): a lower-casing tokenizer can never produce a token with
+    capitals, so a vocabulary with many of them is cased; a cased vocabulary of
+    English-like text always has some capitalised words.
+    """
+    words = [t for t in tokens if t.isalpha()]
+    if len(tokens) < 1000 or len(words) < 500:
+        return
+    upper = sum(1 for t in words if t != t.lower())
+    if lowercase and upper > 0.05 * len(words):
+        raise BertkitError(
+            f"casing mismatch: lowercase=True but the vocabulary looks cased ({upper} of {len(words)} words "
+            "have capitals, which lower-cased text can never match); pass lowercase=False"
+        )
+    if not lowercase and upper == 0:
+        raise BertkitError(
+            "casing mismatch: lowercase=False but the vocabulary has no capitalised words (it looks uncased); "
+            "pass lowercase=True"
+        )
+
+
+def format_encoding(tok: Tokenizer, enc: Encoding, text: str, pair: str | None = None) -> str:
+    """A readable table of an encoding: position, token, id, segment, offsets, substring."""
+    rows = [("pos", "token", "id", "seg", "word", "offsets", "text")]
+    for i, (t, tid, seg, w, (s, e), sid) in enumerate(
+        zip(enc.tokens, enc.input_ids, enc.token_type_ids, enc.word_ids, enc.offsets, enc.sequence_ids)
+    ):
+        source = text if sid == 0 else pair if sid == 1 else None
+        sub = repr(source[s:e]) if source is not None else ""
+        rows.append((str(i), t, str(tid), str(seg), "" if w is None else str(w), f"{s}:{e}" if sid is not None else "", sub))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(r)).rstrip() for r in rows]
+    lines.append(f"{len(enc)} tokens, {enc.attention_mask.count(1)} attended")
+    return "\n".join(lines)

@@ -1,0 +1,316 @@
+"""Feature extraction: layer strategies, pooling, word alignment, windows, streaming, writers.
+
+Most tests use a tiny random model of odd shape (5 layers, hidden 32, 4 heads,
+intermediate 37) with the real uncased vocabulary, so a swapped dimension or a
+wrong layer shows up. Every expected value is computed here directly from the
+model's hidden states, with the layer lists written out by hand from the
+paper's Table 7 (not taken from bertkit.features.STRATEGIES).
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.errors import BertkitError
+from bertkit.features import (
+    embed,
+    iter_embed,
+    max_context_owner,
+    plan_windows,
+    pool_words,
+    read_texts,
+    resolve_layers,
+    write_vectors,
+)
+
+L = 5  # layers of the tiny model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=L, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    model = BertModel(config, generator=torch.Generator().manual_seed(0)).eval()
+    return model, Tokenizer.from_pretrained()
+
+
+def hidden_states(pair, text, text_pair=None):
+    """All L+1 hidden states of one text, run alone: [L+1, T, H]."""
+    model, tok = pair
+    enc = tok.encode(text, text_pair)
+    with torch.no_grad():
+        out = model(torch.tensor([enc.input_ids]), token_type_ids=torch.tensor([enc.token_type_ids]),
+                    output_hidden_states=True)
+    return torch.stack(out.hidden_states)[:, 0].numpy(), enc
+
+
+TEXT = "The quick brown fox jumps over the unaffable dog."
+
+# Table 7 of the paper, written out for L = 5 (index 0 = embeddings, 5 = last layer)
+BY_HAND = {
+    "first": lambda h: h[0],
+    "last": lambda h: h[5],
+    "sum_all": lambda h: h[1] + h[2] + h[3] + h[4] + h[5],
+    "second_to_last": lambda h: h[4],
+    "sum_last_four": lambda h: h[2] + h[3] + h[4] + h[5],
+    "concat_last_four": lambda h: np.concatenate([h[5], h[4], h[3], h[2]], axis=-1),
+}
+
+
+@pytest.mark.parametrize("name", list(BY_HAND))
+def test_named_strategies_equal_the_direct_computation(tiny, name):
+    h, _ = hidden_states(tiny, TEXT)
+    got = embed(TEXT, tiny, layers=name, pooling=None)
+    np.testing.assert_allclose(got, BY_HAND[name](h), rtol=0, atol=1e-5)
+
+
+def test_explicit_layer_lists_with_sum_mean_concat(tiny):
+    h, _ = hidden_states(tiny, TEXT)
+    got = embed(TEXT, tiny, layers=[0, -1, 2], combine="sum", pooling=None)
+    np.testing.assert_allclose(got, h[0] + h[5] + h[2], atol=1e-5)
+    got = embed(TEXT, tiny, layers="1,3", combine="mean", pooling=None)
+    np.testing.assert_allclose(got, (h[1] + h[3]) / 2, atol=1e-5)
+    got = embed(TEXT, tiny, layers=[-2, 1], pooling=None)  # concat is the default for lists
+    np.testing.assert_allclose(got, np.concatenate([h[4], h[1]], -1), atol=1e-5)
+    got = embed(TEXT, tiny, layers=3, pooling=None)
+    np.testing.assert_allclose(got, h[3], atol=1e-5)
+
+
+def test_sentence_pooling_cls_mean_and_normalisation(tiny):
+    h, enc = hidden_states(tiny, TEXT)
+    last = h[5]
+    np.testing.assert_allclose(embed(TEXT, tiny, pooling="cls"), last[0], atol=1e-5)
+    mean = last.sum(0) / len(enc.input_ids)  # every token, [CLS] and [SEP] included
+    np.testing.assert_allclose(embed(TEXT, tiny), mean, atol=1e-5)
+    unit = embed(TEXT, tiny, normalize=True)
+    np.testing.assert_allclose(unit, mean / np.linalg.norm(mean), atol=1e-6)
+    assert abs(np.linalg.norm(unit) - 1) < 1e-6
+
+
+def test_pairs_use_segment_ids(tiny):
+    h, enc = hidden_states(tiny, "Who sat?", "The cat sat.")
+    assert 1 in enc.token_type_ids
+    got = embed(["Who sat?"], tiny, pairs=["The cat sat."], pooling="cls")
+    np.testing.assert_allclose(got[0], h[5][0], atol=1e-5)
+
+
+def test_batched_length_sorted_equals_one_by_one(tiny):
+    texts = ["a b", TEXT, "Short.", "A somewhat longer sentence about Bert, Ernie and a hat.", "x"]
+    together = embed(texts, tiny, layers="sum_last_four", batch_size=2)
+    alone = np.stack([embed(t, tiny, layers="sum_last_four") for t in texts])
+    assert together.shape == (5, 32)
+    np.testing.assert_allclose(together, alone, atol=2e-5)
+
+
+def test_streaming_reads_lazily_and_keeps_order(tiny):
+    texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(11)]
+    pulled = []
+
+    def source():
+        for t in texts:
+            pulled.append(t)
+            yield t
+
+    stream = iter_embed(source(), tiny, chunk_size=4, batch_size=3)
+    first = next(stream)
+    assert len(pulled) == 4  # only the first chunk was read
+    rest = list(stream)
+    np.testing.assert_allclose(np.stack([first, *rest]), embed(texts, tiny), atol=2e-5)
+
+
+# --- word vectors ---------------------------------------------------------------------
+
+
+def test_word_vectors_pool_the_pieces_of_each_input_word(tiny):
+    model, tok = tiny
+    words = ["He", "was", "unaffable", "."]
+    h, enc = hidden_states(tiny, "He was unaffable .")
+    # the google-research/bert README example: unaffable -> una ##ffa ##ble
+    assert enc.tokens == ["[CLS]", "he", "was", "una", "##ffa", "##ble", ".", "[SEP]"]
+    last = h[5]
+    mean = embed([words], tiny, pooling="words")[0]
+    assert mean.shape == (4, 32)
+    np.testing.assert_allclose(mean[0], last[1], atol=1e-5)
+    np.testing.assert_allclose(mean[2], last[3:6].mean(0), atol=1e-5)
+    np.testing.assert_allclose(mean[3], last[6], atol=1e-5)
+    first = embed([words], tiny, pooling="words", word_pooling="first")[0]
+    np.testing.assert_allclose(first[2], last[3], atol=1e-5)
+    # a plain string aligns to its whitespace words the same way
+    np.testing.assert_allclose(embed("He was unaffable .", tiny, pooling="words"), mean, atol=1e-6)
+
+
+def test_words_split_by_punctuation_stay_one_input_word(tiny):
+    h, enc = hidden_states(tiny, "it'll rain")
+    assert enc.tokens == ["[CLS]", "it", "'", "ll", "rain", "[SEP]"]
+    got = embed("it'll rain", tiny, pooling="words")
+    assert got.shape == (2, 32)
+    np.testing.assert_allclose(got[0], h[5][1:4].mean(0), atol=1e-5)
+
+
+def test_pool_words_by_hand():
+    vectors = np.arange(12, dtype=np.float32).reshape(6, 2)
+    token_words = [None, 0, 1, 1, 1, None]
+    np.testing.assert_array_equal(pool_words(vectors, token_words, 3),
+                                  [[2, 3], [6, 7], [0, 0]])  # word 2 has no piece: zeros
+    np.testing.assert_array_equal(pool_words(vectors, token_words, 3, "first"), [[2, 3], [4, 5], [0, 0]])
+
+
+# --- long inputs ------------------------------------------------------------------------------
+
+
+def test_plan_windows_by_hand():
+    assert plan_windows(14, 8, 4) == [(0, 8), (4, 8), (8, 6)]
+    assert plan_windows(8, 8, 4) == [(0, 8)]
+    assert plan_windows(9, 8, 8) == [(0, 8), (8, 1)]
+    with pytest.raises(BertkitError, match="stride"):
+        plan_windows(20, 8, 9)
+
+
+def test_max_context_owner_by_hand():
+    # run_squad.py's rule worked out on paper for windows [0,8), [4,12), [8,14):
+    # position 5: min(5,2)=2 in the first vs min(1,6)=1 in the second -> first;
+    # position 6: min(6,1)=1 vs min(2,5)=2 -> second; position 10: min(6,1) vs min(2,3) -> third
+    assert max_context_owner([(0, 8), (4, 8), (8, 6)], 14) == [0] * 6 + [1] * 4 + [2] * 4
+    # a tie goes to the earlier window unless the later one is longer (0.01 * length)
+    assert max_context_owner([(0, 4), (2, 4)], 6) == [0, 0, 0, 1, 1, 1]
+
+
+def test_long_input_takes_each_token_from_its_max_context_window(tiny):
+    model, tok = tiny
+    text = " ".join(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"] * 2)
+    ids = tok.encode(text, max_length=512, truncation=False).input_ids
+    content = ids[1:-1]
+    assert len(content) == 14
+    got = embed(text, tiny, pooling=None, max_length=10, stride=4)  # windows of 8 content tokens
+    assert got.shape == (16, 32)
+    windows = [(0, 8), (4, 8), (8, 6)]
+    owner = [0] * 6 + [1] * 4 + [2] * 4
+    outs = []
+    with torch.no_grad():
+        for start, n in windows:
+            window_ids = [ids[0], *content[start:start + n], ids[-1]]
+            outs.append(model(torch.tensor([window_ids])).last_hidden_state[0].numpy())
+    np.testing.assert_allclose(got[0], outs[0][0], atol=1e-5)  # [CLS] of the first window
+    np.testing.assert_allclose(got[-1], outs[2][-1], atol=1e-5)  # [SEP] of the last
+    for p in range(14):
+        start = windows[owner[p]][0]
+        np.testing.assert_allclose(got[1 + p], outs[owner[p]][1 + p - start], atol=1e-5)
+    # a text that fits one window is not windowed at all
+    np.testing.assert_allclose(embed(text, tiny, pooling=None, max_length=16),
+                               embed(text, tiny, pooling=None), atol=1e-6)
+
+
+def test_beyond_512_tokens_is_windowed_with_the_default_model():
+    text = "the hat " * 400  # 800 content tokens
+    vectors = embed(text, pooling=None)
+    assert vectors.shape == (802, 384)
+    assert np.isfinite(vectors).all()
+    truncated = embed(text, pooling=None, truncate=True)
+    assert truncated.shape == (512, 384)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_bad_input_gets_clear_errors(tiny):
+    with pytest.raises(BertkitError, match="empty text"):
+        embed("", tiny)
+    with pytest.raises(BertkitError, match="empty text"):
+        embed(["fine", "   "], tiny)
+    with pytest.raises(BertkitError, match="no texts"):
+        embed([], tiny)
+    with pytest.raises(BertkitError, match=r"layer index 6 is out of range.*5 layers"):
+        embed("hi", tiny, layers=[6])
+    with pytest.raises(BertkitError, match="layer index -7 is out of range"):
+        embed("hi", tiny, layers="-7")
+    with pytest.raises(BertkitError, match="unknown layer strategy 'sum_last_five'"):
+        embed("hi", tiny, layers="sum_last_five")
+    with pytest.raises(BertkitError, match="unknown pooling"):
+        embed("hi", tiny, pooling="max")
+    with pytest.raises(BertkitError, match="already fixes"):
+        embed("hi", tiny, layers="sum_all", combine="concat")
+    with pytest.raises(BertkitError, match="pairs are not windowed"):
+        embed(["word " * 40], tiny, pairs=["other " * 40], max_length=32)
+    with pytest.raises(BertkitError, match="max_length 600"):
+        embed("hi", tiny, max_length=600)
+
+
+def test_strategies_need_four_layers():
+    with pytest.raises(BertkitError, match="needs at least 4 layers"):
+        resolve_layers("sum_last_four", 2)
+    assert resolve_layers("sum_last_four", 4).indices == (1, 2, 3, 4)
+
+
+# --- writers and readers ---------------------------------------------------------------------
+
+
+def test_writers_npy_safetensors_jsonl(tiny, tmp_path):
+    from safetensors.numpy import load_file
+
+    texts = ["one text", "and another, longer text", "third"]
+    pooled = embed(texts, tiny)
+    assert write_vectors(iter(pooled), tmp_path / "v.npy", pooled=True) == 3
+    np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), pooled)
+    write_vectors(iter(pooled), tmp_path / "v.safetensors", pooled=True)
+    np.testing.assert_array_equal(load_file(tmp_path / "v.safetensors")["embeddings"], pooled)
+    write_vectors(iter(pooled), tmp_path / "v.jsonl", pooled=True, texts=texts)
+    records = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in records] == texts
+    np.testing.assert_allclose(np.array([r["embedding"] for r in records]), pooled, atol=1e-6)
+
+    tokens = embed(texts, tiny, pooling=None)
+    write_vectors(iter(tokens), tmp_path / "t.safetensors", pooled=False)
+    loaded = load_file(tmp_path / "t.safetensors")
+    offsets = loaded["offsets"]
+    assert offsets.tolist() == np.cumsum([0] + [len(t) for t in tokens]).tolist()
+    for i, t in enumerate(tokens):
+        np.testing.assert_array_equal(loaded["vectors"][offsets[i]:offsets[i + 1]], t)
+    with pytest.raises(BertkitError, match="do not fit one .npy"):
+        write_vectors(iter(tokens), tmp_path / "t.npy", pooled=False)
+    with pytest.raises(BertkitError, match="unknown output format"):
+        write_vectors(iter(pooled), tmp_path / "v.csv", pooled=True)
+
+
+def test_read_texts_formats(tmp_path):
+    (tmp_path / "a.txt").write_text("first line\n\nsecond line\n")
+    (tmp_path / "b.tsv").write_text("sentence\tlabel\nit 's good\t1\nbad\t0\n")
+    (tmp_path / "c.jsonl").write_text('{"text": "x y"}\n{"text": "z"}\n')
+    for name, expected in [("a.txt", ["first line", "second line"]), ("b.tsv", ["it 's good", "bad"]),
+                           ("c.jsonl", ["x y", "z"])]:
+        texts, count = read_texts(tmp_path / name)
+        assert list(texts) == expected and count == 2
+    with pytest.raises(BertkitError, match="no column 'text'"):
+        read_texts(tmp_path / "b.tsv", column="text")
+    with pytest.raises(BertkitError, match="does not exist"):
+        read_texts(tmp_path / "missing.txt")
+
+
+def test_cli_embed(tiny, tmp_path, capsys):
+    from bertkit.checkpoint import save_pretrained
+    from bertkit.cli import main
+
+    model, tok = tiny
+    model_dir = tmp_path / "tiny"
+    save_pretrained(model, model_dir, tokenizer=tok)
+    texts = ["Bert notices the hat.", "Ernie knows.", "it'll lead to some ridiculous stuff"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out.npy"
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(out), "--model", str(model_dir),
+                 "--layers", "concat_last_four", "--pooling", "cls", "--normalize", "--quiet"]) == 0
+    expected = embed(texts, tiny, layers="concat_last_four", pooling="cls", normalize=True)
+    np.testing.assert_allclose(np.load(out), expected, atol=1e-5)
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "w.jsonl"), "--model", str(model_dir),
+                 "--layers=-1,-2", "--combine", "sum", "--pooling", "words", "--quiet"]) == 0
+    rows = [json.loads(x)["vectors"] for x in (tmp_path / "w.jsonl").read_text().splitlines()]
+    assert [len(r) for r in rows] == [4, 2, 6]
+    capsys.readouterr()
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(out), "--model", str(model_dir),
+                 "--layers", "9", "--quiet"]) == 2
+    assert "layer index 9 is out of range" in capsys.readouterr().err
+    assert main(["embed", str(tmp_path / "nope.txt"), "-o", str(out)]) == 2

@@ -1,0 +1,179 @@
+"""Metrics against hand-computed values and the official scripts' rules.
+
+Entity F1 cases follow conlleval's chunking (IOB1 and IOB2 chunk starts);
+SQuAD cases exercise the official normalisation (punctuation, articles, case,
+whitespace) and the max over reference answers.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.finetune.metrics import (
+    accuracy,
+    confusion_matrix,
+    entity_scores,
+    f1_binary,
+    get_entities,
+    iob1_to_iob2,
+    iob2_to_iob1,
+    multilabel_scores,
+    normalize_answer,
+    pearson,
+    per_label_report,
+    ranks,
+    spearman,
+    squad_exact,
+    squad_f1,
+    squad_scores,
+)
+
+
+def test_accuracy_f1_confusion_by_hand():
+    preds = [1, 0, 1, 1, 0, 2]
+    gold = [1, 0, 0, 1, 1, 2]
+    assert accuracy(preds, gold) == pytest.approx(4 / 6)
+    # positive class 1: tp=2, predicted 3, gold 3 -> P=R=F1=2/3
+    assert f1_binary(preds, gold) == pytest.approx(2 / 3)
+    assert confusion_matrix(preds, gold, 3) == [[1, 1, 0], [1, 2, 0], [0, 0, 1]]
+    rep = per_label_report(preds, gold, ["neg", "pos", "other"])
+    assert rep["neg"]["precision"] == 0.5 and rep["neg"]["recall"] == 0.5
+    assert rep["other"]["f1"] == 1.0 and rep["pos"]["support"] == 3
+    assert rep["macro_f1"] == pytest.approx((0.5 + 2 / 3 + 1.0) / 3)
+
+
+def test_f1_with_no_positive_predictions_is_zero():
+    assert f1_binary([0, 0], [1, 0]) == 0.0
+
+
+def test_multilabel_scores_by_hand():
+    pred = [{"a", "b"}, {"c"}, set()]
+    gold = [{"a"}, {"c"}, {"b"}]
+    s = multilabel_scores(pred, gold)
+    # tp = 2 (a, c), predicted 3, gold 3
+    assert s["micro_precision"] == pytest.approx(2 / 3) and s["micro_recall"] == pytest.approx(2 / 3)
+    assert s["subset_accuracy"] == pytest.approx(1 / 3)
+
+
+def test_length_mismatch_and_empty_are_errors():
+    with pytest.raises(BertkitError, match="pair up"):
+        accuracy([1, 0], [1])
+    with pytest.raises(BertkitError, match="no examples"):
+        accuracy([], [])
+
+
+def test_pearson_spearman_against_hand_and_numpy():
+    x = [1.0, 2.0, 3.0, 4.0, 5.0]
+    y = [2.0, 4.0, 6.0, 8.0, 10.0]
+    assert pearson(x, y) == pytest.approx(1.0)
+    assert pearson(x, [-v for v in y]) == pytest.approx(-1.0)
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=50), rng.normal(size=50)
+    assert pearson(list(a), list(b)) == pytest.approx(np.corrcoef(a, b)[0, 1], abs=1e-12)
+    # ties share the mean rank: [10, 20, 20, 30] -> [1, 2.5, 2.5, 4]
+    assert ranks([10, 20, 20, 30]) == [1, 2.5, 2.5, 4]
+    # monotone but non-linear: Spearman 1, Pearson < 1
+    z = [v**3 for v in x]
+    assert spearman(x, z) == pytest.approx(1.0) and pearson(x, z) < 0.99
+    # by hand: ranks x=[1,2,3,4], y=[2,1,4,3] -> d^2 = 4 -> 1 - 6*4/(4*15) = 0.6
+    assert spearman([1, 2, 3, 4], [5, 0, 9, 7]) == pytest.approx(0.6)
+    assert math.isnan(pearson([1, 1, 1], [1, 2, 3]))
+
+
+# --- entities --------------------------------------------------------------
+
+def test_iob2_chunks():
+    tags = ["B-PER", "I-PER", "O", "B-LOC", "B-LOC", "I-LOC", "O", "B-ORG"]
+    assert get_entities(tags) == [("PER", 0, 1), ("LOC", 3, 3), ("LOC", 4, 5), ("ORG", 7, 7)]
+
+
+def test_iob1_chunks_as_conlleval():
+    # IOB1: I- after O starts a chunk; B- only separates two same-type neighbours.
+    tags = ["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"]
+    assert get_entities(tags) == [("PER", 0, 1), ("PER", 2, 2), ("LOC", 4, 4), ("ORG", 5, 5)]
+
+
+def test_type_change_inside_i_run_starts_new_chunk():
+    assert get_entities(["B-PER", "I-LOC", "I-LOC"]) == [("PER", 0, 0), ("LOC", 1, 2)]
+
+
+def test_iobes_chunks():
+    assert get_entities(["S-PER", "B-LOC", "E-LOC", "B-ORG", "I-ORG", "E-ORG"]) == [
+        ("PER", 0, 0),
+        ("LOC", 1, 2),
+        ("ORG", 3, 5),
+    ]
+
+
+def test_scheme_conversion_round_trip():
+    iob1 = ["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG", "I-ORG"]
+    iob2 = ["B-PER", "I-PER", "B-PER", "O", "B-LOC", "B-ORG", "I-ORG"]
+    assert iob1_to_iob2(iob1) == iob2
+    assert iob2_to_iob1(iob2) == iob1
+    assert get_entities(iob1) == get_entities(iob2)
+
+
+def test_bad_tag_is_an_error():
+    with pytest.raises(BertkitError, match="not O or B-"):
+        get_entities(["PER"])
+
+
+def test_entity_scores_by_hand():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    pred = [["B-PER", "O", "O", "B-LOC"], ["B-ORG", "B-MISC"]]
+    # gold: PER(0,1) LOC(3,3) ORG(0,0) = 3; pred: PER(0,0) LOC ORG MISC = 4; correct LOC, ORG = 2
+    s = entity_scores(pred, gold)
+    assert s["precision"] == pytest.approx(2 / 4)
+    assert s["recall"] == pytest.approx(2 / 3)
+    assert s["f1"] == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
+    assert s["per_type"]["PER"]["f1"] == 0.0 and s["per_type"]["LOC"]["f1"] == 1.0
+    assert s["per_type"]["MISC"]["precision"] == 0.0 and s["per_type"]["MISC"]["support"] == 0
+
+
+def test_partial_boundaries_do_not_count():
+    # a wider predicted span is wrong even though it overlaps the gold one
+    assert entity_scores([["B-PER", "I-PER", "I-PER"]], [["B-PER", "I-PER", "O"]])["f1"] == 0.0
+
+
+def test_entity_length_mismatch_is_an_error():
+    with pytest.raises(BertkitError, match="2 predicted tags for 3 words"):
+        entity_scores([["O", "O"]], [["O", "O", "O"]])
+
+
+# --- SQuAD -----------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "raw, normal",
+    [
+        ("The Eiffel Tower!", "eiffel tower"),
+        ("  an   apple, a pear ", "apple pear"),
+        ("theatre", "theatre"),  # 'the' only as a whole word
+        ("A.D. 1066", "ad 1066"),
+        ("Denver Broncos.", "denver broncos"),
+        ("", ""),
+    ],
+)
+def test_normalize_answer(raw, normal):
+    assert normalize_answer(raw) == normal
+
+
+def test_squad_em_f1_by_hand():
+    assert squad_exact("the Broncos", "Broncos!") == 1.0
+    # pred tokens [denver, broncos, team], gold [broncos]: P=1/3 R=1 F1=0.5
+    assert squad_f1("Denver Broncos team", "Broncos") == pytest.approx(0.5)
+    assert squad_f1("xyz", "Broncos") == 0.0
+    # repeated tokens count by multiplicity (Counter intersection)
+    assert squad_f1("a b b", "b b c") == pytest.approx(2 * (2 / 2) * (2 / 3) / ((2 / 2) + (2 / 3)))
+    # an empty prediction: v1.1 gives 0 F1 (even against an empty answer), v2 matches empty with empty
+    assert squad_f1("", "") == 0.0 and squad_f1("", "", v2=True) == 1.0
+    assert squad_f1("", "x", v2=True) == 0.0
+
+
+def test_squad_scores_max_over_references_and_missing():
+    refs = {"q1": ["Denver Broncos", "Broncos"], "q2": ["Santa Clara"], "q3": ["1066"]}
+    preds = {"q1": "broncos", "q2": "Santa Clara, California"}  # q3 unanswered scores 0
+    s = squad_scores(preds, refs)
+    assert s["exact_match"] == pytest.approx(100 * 1 / 3)
+    assert s["f1"] == pytest.approx(100 * (1 + 0.8) / 3)  # q2: P=2/3 R=1 -> 0.8

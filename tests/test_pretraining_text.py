@@ -1,0 +1,152 @@
+"""Raw text -> documents of sentences: the sentence splitter and the corpus reader.
+
+Hand-checkable cases: each expected split below was decided by reading the
+sentence, not by running the code; and the bad-input cases check that every
+repair or skip is counted (nothing silently lost).
+"""
+
+import gzip
+
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.pretraining import corpus as corpus_mod
+from bertkit.pretraining.corpus import CorpusStats, iter_documents, list_input_files
+from bertkit.pretraining.sentences import split_sentences
+
+
+# --- sentence splitter -------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("It rained. We stayed in.", ["It rained.", "We stayed in."]),
+        # titles and abbreviations
+        ("Mr. Darcy bowed. Mrs. Bennet smiled.", ["Mr. Darcy bowed.", "Mrs. Bennet smiled."]),
+        ("See Dr. Watson at No. 221 Baker St. He waits.", ["See Dr. Watson at No. 221 Baker St. He waits."]),
+        ("Bring fruit, e.g. Apples and pears. Then go.", ["Bring fruit, e.g. Apples and pears.", "Then go."]),
+        # decimals and dots inside words
+        ("It cost 3.50 dollars. The site was example.com today.", ["It cost 3.50 dollars.", "The site was example.com today."]),
+        ("Pi is about 3.14159. Everyone knows it.", ["Pi is about 3.14159.", "Everyone knows it."]),
+        # initials
+        ("J. R. R. Tolkien wrote it. George W. Bush read it.", ["J. R. R. Tolkien wrote it.", "George W. Bush read it."]),
+        # quotes: the closing quote stays with its sentence; lower-case after ?/! continues
+        ('"Is that all?" he asked. "Yes!" She left.', ['"Is that all?" he asked.', '"Yes!"', "She left."]),
+        ("He said, \u201cGo home.\u201d Then he left.", ["He said, \u201cGo home.\u201d", "Then he left."]),
+        ("(It was late.) Nobody came.", ["(It was late.)", "Nobody came."]),
+        # ellipses
+        ("Wait... what? Well... Then we ran.", ["Wait... what?", "Well...", "Then we ran."]),
+        ("And so\u2026 Nothing.", ["And so\u2026", "Nothing."]),
+        # digits start sentences; hard-wrapped lines are joined
+        ("It was 1850.\n1851 came.", ["It was 1850.", "1851 came."]),
+        ("  one line\n  wrapped   over two.  ", ["one line wrapped over two."]),
+        ("", []),
+        ("No terminal punctuation", ["No terminal punctuation"]),
+    ],
+)
+def test_split_sentences(text, expected):
+    assert split_sentences(text) == expected
+
+
+def test_split_sentences_loses_nothing():
+    text = 'Mr. A. B. Smith (b. 1900) said "Hi!" to Dr. Who... Then? "No." 3.5 is U.S. law. End'
+    assert " ".join(split_sentences(text)) == " ".join(text.split())
+
+
+# --- corpus reading ----------------------------------------------------------------------
+
+def _docs(path, **kw):
+    stats = CorpusStats()
+    return list(iter_documents(path, stats, **kw)), stats
+
+
+def test_blank_line_documents_one_sentence_per_line(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("First sentence.\nSecond one.\n\n\n   \nOther doc.\n")
+    docs, stats = _docs(f, documents="blank-line", sentences="line")
+    assert docs == [["First sentence.", "Second one."], ["Other doc."]]
+    assert stats.files == 1 and not stats.skips
+
+
+def test_file_documents_with_wrapped_paragraphs(tmp_path):
+    f = tmp_path / "book.txt"
+    f.write_text("CHAPTER I\n\nIt was a dark night. The\nrain fell.\n\nMr. Holmes\nsmiled.\n")
+    docs, _ = _docs(f, documents="file", sentences="split")
+    assert docs == [["CHAPTER I", "It was a dark night.", "The rain fell.", "Mr. Holmes smiled."]]
+    docs, _ = _docs(f, documents="blank-line", sentences="split")
+    assert docs == [["CHAPTER I"], ["It was a dark night.", "The rain fell."], ["Mr. Holmes smiled."]]
+
+
+def test_gzip_and_folders(tmp_path):
+    (tmp_path / "sub").mkdir()
+    with gzip.open(tmp_path / "sub" / "b.txt.gz", "wt") as g:
+        g.write("Zipped text. Here.\n")
+    (tmp_path / "a.txt").write_text("Plain.\n")
+    (tmp_path / "notes.csv").write_text("ignored,in,folders\n")
+    files = list_input_files([tmp_path])
+    assert [f.name for f in files] == ["a.txt", "b.txt.gz"]
+    docs, _ = _docs(files[1])
+    assert docs == [["Zipped text.", "Here."]]
+
+
+def test_missing_and_empty_inputs(tmp_path):
+    with pytest.raises(BertkitError, match="not found"):
+        list_input_files([tmp_path / "nope.txt"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BertkitError, match="no .txt"):
+        list_input_files([tmp_path / "empty"])
+
+
+def test_binary_file_is_skipped_and_counted(tmp_path):
+    f = tmp_path / "garbage.txt"
+    f.write_bytes(bytes(range(256)) * 40)
+    docs, stats = _docs(f)
+    assert docs == [] and stats.skips == {"binary_files": 1} and stats.files == 0
+
+
+def test_random_bytes_without_nul_are_binary(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    f = tmp_path / "noise.txt"
+    f.write_bytes(bytes(rng.randrange(1, 256) for _ in range(5000)))
+    docs, stats = _docs(f)
+    assert docs == [] and stats.skips == {"binary_files": 1}
+
+
+def test_invalid_utf8_and_nul_lines_are_counted(tmp_path):
+    f = tmp_path / "mixed.txt"
+    # 700 clean lines first: a NUL in the sniffed head would (rightly) make it a binary file
+    f.write_bytes(b"Good line here.\n" * 700 + b"Bad \xff\xfe bytes here.\nNUL \x00 line.\nLast line.\n")
+    docs, stats = _docs(f, documents="file", sentences="line")
+    sentences = docs[0]
+    assert sentences[-2:] == ["Bad \ufffd\ufffd bytes here.", "Last line."]
+    assert stats.skips == {"invalid_utf8_lines": 1, "binary_lines": 1}
+
+
+def test_huge_line_is_cut_at_spaces_without_losing_words(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_mod, "MAX_LINE_BYTES", 64)
+    words = [f"w{i}" for i in range(200)]
+    f = tmp_path / "long.txt"
+    f.write_text(" ".join(words) + "\nshort\n")
+    docs, stats = _docs(f, documents="blank-line", sentences="line")
+    pieces = docs[0]
+    assert all(len(p.encode()) <= 64 for p in pieces)
+    assert " ".join(pieces).split() == words + ["short"]
+    assert stats.skips["long_lines_cut"] == len(pieces) - 2
+
+
+def test_huge_line_without_spaces_never_splits_a_character(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_mod, "MAX_LINE_BYTES", 10)
+    text = "é" * 25  # 2 bytes each: a cut at an odd byte would break one
+    f = tmp_path / "accents.txt"
+    f.write_text(text + "\n")
+    docs, stats = _docs(f, documents="blank-line", sentences="line")
+    assert "".join(docs[0]) == text and "invalid_utf8_lines" not in stats.skips
+
+
+def test_last_line_without_newline_is_not_counted_as_cut(tmp_path):
+    f = tmp_path / "tail.txt"
+    f.write_text("One. Two")
+    docs, stats = _docs(f)
+    assert docs == [["One.", "Two"]] and not stats.skips

@@ -1,0 +1,56 @@
+"""Exact resume: a run killed with SIGKILL and resumed reproduces the uninterrupted run.
+
+Two `bertkit pretrain run` processes on the same tiny data and seed: one runs 8
+steps straight through; the other kills itself with SIGKILL while computing
+step 5 (after its step-3 checkpoint, with step 4 already logged), then
+`--resume` continues it. The per-step losses must be *identical* (exact float
+equality: same weights, optimizer moments, batches, masks and dropout draws,
+same thread count) and so must the final weights. Dropout stays on, so the
+RNG state really has to be restored.
+"""
+
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pretrain_support import make_prepared_data, run_cli, tiny_config_file, train_losses
+
+from bertkit.pretraining.train import KILL_AT_STEP_ENV
+
+pytestmark = pytest.mark.slow
+
+COMMON = ("--max-steps", 8, "--batch-size", 8, "--save-every", 3, "--keep-last", 2, "--eval-every", 4,
+          "--eval-sequences", 32, "--seed", 7, "--learning-rate", 1e-3)
+
+
+def test_a_killed_run_resumes_exactly(shared_data, tmp_path):
+    data = make_prepared_data(shared_data, tmp_path)
+    config = tiny_config_file(tmp_path)
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+
+    run_cli("pretrain", "run", data, "--config", config, "-o", straight, *COMMON)
+
+    # step index 4 = the 5th update: checkpoints exist for step 3, step 4 is logged but not saved
+    res = run_cli("pretrain", "run", data, "--config", config, "-o", killed, *COMMON,
+                  env={KILL_AT_STEP_ENV: "4"}, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert sorted(train_losses(killed)) == [1, 2, 3, 4]
+    assert [p.name for p in (killed / "checkpoints").iterdir()] == ["step-00000003.pt"]
+    assert not (killed / "model.safetensors").exists()
+
+    run_cli("pretrain", "run", data, "-o", killed, "--resume")
+
+    expected, got = train_losses(straight), train_losses(killed)
+    assert sorted(got) == list(range(1, 9))  # step 4 recomputed once, nothing replayed or skipped
+    assert got == expected  # exact equality, step for step
+    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # keep-last-2: the run ended with checkpoints 6 and 8
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-00000006.pt", "step-00000008.pt"]
+
+
+def test_resume_without_a_run_is_a_clear_error(tmp_path):
+    res = run_cli("pretrain", "run", tmp_path / "data", "-o", tmp_path / "nothing", "--resume", check=False)
+    assert res.returncode == 2 and "start the run without --resume" in res.stderr
