@@ -31,6 +31,10 @@ _LAZY = {
     "BertForQuestionAnswering": "bertkit.heads",
     "BertForMultipleChoice": "bertkit.heads",
     "from_pretrained": "bertkit.checkpoint",
+    # fine-tuning: use a fine-tuned model (training: bertkit.finetune.finetune)
+    "predict": "bertkit.finetune.predict",
+    # pre-training data (made by `bertkit pretrain prepare` / bertkit.pretraining.prepare.prepare)
+    "PretrainingDataset": "bertkit.pretraining.dataset",
 }
 
 __all__ = ["BertkitError", "__version__", *_LAZY]

@@ -324,6 +324,7 @@ h1 { font-size: 1.2em; }
       s.dataset.weight = r[j].toPrecision(9);
       var a = top > 0 ? r[j] / top : 0;
       s.style.background = "rgba(220, 60, 40, " + a.toFixed(3) + ")";
+      s.style.color = a > 0.6 ? "white" : "";
       s.title = "attention " + r[j].toFixed(4);
       s.classList.toggle("source", j === state.token);
     });

@@ -243,7 +243,7 @@ def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, sourc
                 f"{type(model).__name__} does not match {source}: {report.describe()}. "
                 "Pass strict=False to initialise the missing weights freshly (e.g. a new task head)."
             )
-        warnings.warn(f"{type(model).__name__} from {source}: {report.describe()}", stacklevel=3)
+        warnings.warn(f"{type(model).__name__} from {source}: {report.describe()}", stacklevel=4)
     return report
 
 

@@ -19,6 +19,7 @@ from bertkit.errors import BertkitError
 EPILOG = """examples:
   bertkit tokenize "Hello, how are you?" --pair "I am fine."
   bertkit vocab train corpus/ -o vocab.txt --vocab-size 8000
+  bertkit model info --class BertForSequenceClassification
 """
 
 
@@ -73,6 +74,48 @@ def run_vocab_train(args):
 
 
 # --- model -----------------------------------------------------------------
+
+HEAD_CHOICES = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForNextSentencePrediction",
+                "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
+                "BertForMultipleChoice"]
+
+
+def add_model(sub):
+    p = sub.add_parser("model", help="inspect BERT checkpoints (shape, parameters, what loads)")
+    msub = p.add_subparsers(dest="model_command", metavar="COMMAND", required=True)
+    i = msub.add_parser(
+        "info",
+        help="show a checkpoint's config, parameter count and how it loads into a model class",
+        description="Read a Hugging Face BERT directory (default: the embedded model), load it into "
+        "CLASS without strictness and report missing / unused / unexpected weights.",
+    )
+    i.add_argument("path", nargs="?", help="model directory (default: the embedded all-MiniLM-L6-v2)")
+    i.add_argument("--class", dest="cls", default="BertModel", choices=HEAD_CHOICES, help="model class to load into")
+    i.add_argument("--json", action="store_true", help="print the config and report as JSON")
+    i.set_defaults(handler=run_model_info)
+
+
+def run_model_info(args):
+    import warnings
+
+    import bertkit
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the report below says it all
+        model = getattr(bertkit, args.cls).from_pretrained(args.path, strict=False)
+    report = model.load_report
+    if args.json:
+        print(json.dumps({"config": model.config.to_dict(), "parameters": model.num_parameters(),
+                          "source": report.source, "missing": report.missing, "unused": report.unused,
+                          "unexpected": report.unexpected, "mismatched": report.mismatched}))
+        return
+    c = model.config
+    print(f"{report.source}")
+    print(f"{args.cls}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads, "
+          f"intermediate {c.intermediate_size}, vocab {c.vocab_size}, max positions {c.max_position_embeddings}")
+    print(f"parameters: {model.num_parameters():,}")
+    print(f"weights: {report.describe()}")
+
 
 # --- pre-training ----------------------------------------------------------
 
@@ -191,6 +234,7 @@ def add_finetune(sub):
         t.add_argument("--dev", help="dev file, evaluated after each epoch")
         t.add_argument("--output", "-o", required=True, help="output directory for the checkpoint and metrics")
         if name == "ner":
+            t.add_argument("--test", help="a test file scored once with the best epoch's model")
             t.add_argument("--tag-scheme", choices=["iob1", "bio"], default="bio",
                            help="tags of the files: bio (IOB2) or iob1 (CoNLL-2003's own)")
             t.add_argument("--stride", type=int, default=32,
@@ -243,7 +287,7 @@ def run_finetune(args):
     if task == "ner":
         from bertkit.finetune.ner import NerConfig, finetune_ner, format_ner_report
 
-        cfg = NerConfig(train=args.train, dev=args.dev, output=args.output, model=args.model,
+        cfg = NerConfig(train=args.train, dev=args.dev, test=args.test, output=args.output, model=args.model,
                         tag_scheme=args.tag_scheme, max_length=args.max_length, stride=args.stride,
                         max_train_examples=args.max_train_examples, max_dev_examples=args.max_dev_examples,
                         training=_train_config(args, metric="f1"))
@@ -436,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = [add_tokenize, add_vocab, add_embed, add_attention, add_finetune, add_predict, add_demo, add_pretrain]
+COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_demo, add_pretrain]
 
 
 def main(argv=None) -> int:

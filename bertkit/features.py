@@ -538,6 +538,7 @@ def embed(
         raise BertkitError("no texts to embed: pass a string or a non-empty list of strings")
     if options.get("pairs") is not None and len(options["pairs"]) != len(texts):
         raise BertkitError(f"{len(texts)} texts but {len(options['pairs'])} pairs: give one pair per text")
+    options.setdefault("total", len(texts))
     rows = list(iter_embed(texts, model, layers, pooling, normalize, **options))
     pooled = _check_pooling(pooling) in ("mean", "cls")
     if single:

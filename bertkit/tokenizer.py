@@ -427,7 +427,10 @@ class Tokenizer:
         if keep >= len(seg):
             return [seg]
         if keep == 0:
-            return [seg.window(0, 0), seg]
+            # no room at all (max_length == the special tokens): windows of zero
+            # tokens cannot advance, so the text is dropped. (`tokenizers` returns
+            # the whole text as one overflow, longer than max_length.)
+            return [seg.window(0, 0)]
         if stride >= keep:
             raise BertkitError(
                 f"stride={stride} must be smaller than the {keep} tokens of a window "

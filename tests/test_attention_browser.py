@@ -206,3 +206,25 @@ def test_page_survives_markup_in_tokens(browser, tmp_path):
     assert page.eval("bertkitAttention.tokens")[2] == "</script><b>x"
     assert page.eval("document.querySelectorAll('#text .tok')[2].textContent") == "</script><b>x"
     assert page.eval("document.title") == "Attention: <i>title</i>"
+
+
+def test_model_page_from_the_cli(browser, tmp_path):
+    """The issue's example end to end: `bertkit attention ... --token he`, opened and switched."""
+    from bertkit.attention_view import attention_map
+    from bertkit.cli import main
+
+    text = "Bert notices the hat, but chooses not to engage Ernie since he knows it'll lead to some ridiculous stuff."
+    page_file = tmp_path / "he.html"
+    assert main(["attention", text, "--token", "he", "-o", str(page_file)]) == 0
+    amap = attention_map(text)
+    page = Page(browser)
+    page.open(page_file.as_uri())
+    assert page.eval("bertkitAttention.state()") == {"layer": 0, "head": 0, "token": 13}
+    page.select("layer", "4")
+    page.select("head", "7")
+    shown = np.array(page.eval("bertkitAttention.shown()"))
+    np.testing.assert_allclose(shown, amap.weights[4, 7, 13], rtol=0, atol=1e-7)
+    assert abs(shown.sum() - 1) < 1e-5
+    png = base64.b64decode(page.call("Page.captureScreenshot", {"format": "png"})["data"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "he.png").write_bytes(png)

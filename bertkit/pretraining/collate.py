@@ -74,7 +74,8 @@ class PretrainingCollator:
         else:
             g = generator if generator is not None else self._generator_for(instances)
             if self.masking.masking == "token":
-                input_ids, labels = self.mask_tokens(input_ids, attention_mask.bool(), g)
+                input_ids, labels = mask_tokens(input_ids, attention_mask.bool(), self.masking, self.vocab, g,
+                                                self._special, self._replace)
             else:
                 input_ids, labels = self._mask_rows(input_ids, lengths, g)
         batch = {
@@ -102,29 +103,6 @@ class PretrainingCollator:
             labels[i, x["masked_positions"]] = x["masked_ids"]
         return torch.from_numpy(labels)
 
-    def mask_tokens(self, input_ids: torch.Tensor, real: torch.Tensor, g: torch.Generator) -> tuple:
-        """Vectorised token masking of a padded batch [B, T]; returns (masked ids, labels)."""
-        cfg = self.masking
-        B, T = input_ids.shape
-        cand = real & ~self._special[input_ids]
-        lengths = real.sum(1)
-        # round() halves to even, like Python's round in the per-sequence path
-        budget = torch.round(lengths.double() * cfg.masked_lm_prob).long().clamp(min=1, max=cfg.max_predictions_per_seq)
-        scores = torch.rand(B, T, generator=g)
-        scores[~cand] = 2.0  # non-candidates sort last
-        order = scores.argsort(dim=1)
-        rank = torch.empty_like(order)
-        rank.scatter_(1, order, torch.arange(T).expand(B, T).contiguous())
-        chosen = (rank < budget[:, None]) & cand
-        labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
-        u = torch.rand(B, T, generator=g)
-        to_mask = chosen & (u < cfg.mask_replace_prob)
-        to_random = chosen & (u >= cfg.mask_replace_prob) & (u < cfg.mask_replace_prob + cfg.random_replace_prob)
-        out = input_ids.masked_fill(to_mask, self.vocab.mask_id)
-        rand_ids = self._replace[torch.randint(len(self._replace), (B, T), generator=g)]
-        out = torch.where(to_random, rand_ids, out)
-        return out, labels
-
     def _mask_rows(self, input_ids: torch.Tensor, lengths: torch.Tensor, g: torch.Generator) -> tuple:
         rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=g)))
         out = input_ids.clone()
@@ -135,6 +113,37 @@ class PretrainingCollator:
             pos = torch.from_numpy(m.positions)
             labels[i, pos] = torch.from_numpy(m.labels)
         return out, labels
+
+
+def mask_tokens(input_ids: torch.Tensor, real: torch.Tensor, cfg: MaskingConfig, vocab: MaskVocab,
+                g: torch.Generator, special: torch.Tensor | None = None, replace: torch.Tensor | None = None) -> tuple:
+    """Vectorised token masking of a padded batch input_ids [B, T] (real [B, T]: not padding).
+
+    Returns (masked ids, labels), labels -100 where nothing is predicted. `special`
+    ([V] bool) and `replace` ([R] ids) are the vocab's lookup tables as tensors
+    (built from `vocab` when not given). Also used by prepare for static masking.
+    """
+    if special is None:
+        special, replace = torch.from_numpy(vocab.special_mask()), torch.from_numpy(vocab.replace_ids)
+    B, T = input_ids.shape
+    # index_select, not special[input_ids]: advanced indexing of a bool table is ~100x slower
+    cand = real & ~special.index_select(0, input_ids.flatten()).view(B, T)
+    lengths = real.sum(1)
+    # torch.round halves to even, like Python's round in the per-sequence path
+    budget = torch.round(lengths.double() * cfg.masked_lm_prob).long().clamp(min=1, max=cfg.max_predictions_per_seq)
+    scores = torch.rand(B, T, generator=g).masked_fill(~cand, 2.0)  # non-candidates sort last
+    # the `budget` lowest random scores of a row: a uniformly random subset of its candidates
+    k = min(int(budget.max()), T)
+    lowest = scores.topk(k, dim=1, largest=False, sorted=True).indices
+    take = torch.arange(k)[None, :] < budget[:, None]
+    chosen = torch.zeros(B, T, dtype=torch.bool).scatter_(1, lowest, take) & cand
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    u = torch.rand(B, T, generator=g)  # one draw splits 80 / 10 / 10
+    to_mask = chosen & (u < cfg.mask_replace_prob)
+    to_random = chosen & (u >= cfg.mask_replace_prob) & (u < cfg.mask_replace_prob + cfg.random_replace_prob)
+    out = input_ids.masked_fill(to_mask, vocab.mask_id)
+    rand_ids = replace.index_select(0, torch.randint(len(replace), (B * T,), generator=g)).view(B, T)
+    return torch.where(to_random, rand_ids, out), labels
 
 
 def masked_positions_from_labels(labels: torch.Tensor) -> dict:

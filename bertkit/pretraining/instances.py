@@ -147,41 +147,41 @@ def pair_instances(
             # A gets sentences [chunk_start, a_end), a random number of them.
             a_end = chunk_start + (rng.randint(1, n_chunk - 1) if n_chunk >= 2 else 1)
             a = [int(sent_offsets[chunk_start]), int(sent_offsets[a_end])]
-            is_random = objective == "nsp" and (n_docs > 1 and rng.random() < 0.5)
+            is_random = objective == "nsp" and n_docs > 1 and rng.random() < 0.5
+            b, b_doc = None, d
+            if not is_random:
+                if n_chunk >= 2:
+                    b = [int(sent_offsets[a_end]), int(sent_offsets[i + 1])]
+                else:
+                    # Deviation 3: one sentence only; cut it in two so that B follows A.
+                    cut = _split_point(a[0], a[1], word_start, tokens, rng)
+                    if cut is not None:
+                        a, b = [a[0], cut], [cut, a[1]]
+                    elif objective == "nsp" and n_docs > 1:
+                        is_random = True  # a one-token sentence: the original's forced random next
+                    else:
+                        chunk_start, chunk_len = i + 1, 0  # a one-token sentence cannot make a SOP pair
+                        i += 1
+                        continue
             if is_random:
-                rd = _random_other_document(d, n_docs, rng)
-                rs = rng.randint(int(doc_offsets[rd]), int(doc_offsets[rd + 1]) - 1)
+                b_doc = _random_other_document(d, n_docs, rng)
+                rs = rng.randint(int(doc_offsets[b_doc]), int(doc_offsets[b_doc + 1]) - 1)
                 target_b = target - (a[1] - a[0])
-                re_ = rs
-                b_len = 0
-                while re_ < int(doc_offsets[rd + 1]):
+                re_, b_len = rs, 0
+                while re_ < int(doc_offsets[b_doc + 1]):
                     b_len += int(sent_offsets[re_ + 1] - sent_offsets[re_])
                     re_ += 1
                     if b_len >= target_b:
                         break
                 b = [int(sent_offsets[rs]), int(sent_offsets[re_])]
-                b_doc = rd
                 # The chunk's unused sentences are "put back" for the next instance.
                 i = a_end - 1
-            elif n_chunk >= 2:
-                b = [int(sent_offsets[a_end]), int(sent_offsets[i + 1])]
-                b_doc = d
-            else:
-                # Deviation 3: one sentence only; cut it in two so that B follows A.
-                cut = _split_point(a[0], a[1], word_start, tokens, rng)
-                if cut is None:
-                    chunk_start, chunk_len = i + 1, 0
-                    i += 1
-                    continue
-                a, b = [a[0], cut], [cut, a[1]]
-                b_doc = d
             sources = [tuple(a), tuple(b)]
             truncate_pair(a, b, max_num_tokens, rng)
             label = 1 if is_random else 0
             if objective == "sop" and rng.random() < 0.5:
                 a, b, sources, label = b, a, sources[::-1], 1
-            docs = [d, b_doc] if not (objective == "sop" and label == 1) else [b_doc, d]
-            instances.append(Instance([tuple(a), tuple(b)], [0, 1], docs, label, sources))
+            instances.append(Instance([tuple(a), tuple(b)], [0, 1], [d, b_doc], label, sources))
             target = _target_length(max_num_tokens, short_seq_prob, rng)  # deviation 1
             chunk_start, chunk_len = i + 1, 0
         i += 1
@@ -249,10 +249,14 @@ def packed_instances(
 
 def render(inst: Instance, tokens, cls_id: int, sep_id: int) -> tuple[np.ndarray, np.ndarray]:
     """The instance as ids [L] int32 and token type ids [L] int8 (see the module docstring)."""
-    pieces = [np.array([cls_id], dtype=np.int32)]
-    types = [np.zeros(1, dtype=np.int8)]
+    ids = np.empty(inst.length, dtype=np.int32)
+    types = np.zeros(inst.length, dtype=np.int8)
+    ids[0] = cls_id
+    at = 1
     for (s, e), t in zip(inst.parts, inst.types):
-        pieces.append(np.asarray(tokens[s:e], dtype=np.int32))
-        pieces.append(np.array([sep_id], dtype=np.int32))
-        types.append(np.full(e - s + 1, t, dtype=np.int8))
-    return np.concatenate(pieces), np.concatenate(types)
+        ids[at:at + e - s] = tokens[s:e]
+        ids[at + e - s] = sep_id
+        if t:
+            types[at:at + e - s + 1] = t
+        at += e - s + 1
+    return ids, types

@@ -120,6 +120,7 @@ class MaskedSequence:
     positions: np.ndarray
     labels: np.ndarray
     span_lengths: list  # words per chosen span, in choice order (checks the n-gram distribution)
+    fills: int = 0  # how many of the last spans were shortened to fill the budget
 
 
 def num_to_predict(length: int, cfg: MaskingConfig) -> int:
@@ -190,7 +191,8 @@ def _draw_length(max_n: int, rng: random.Random) -> int:
 
 
 def choose_positions(ids: list, cfg: MaskingConfig, vocab: MaskVocab, rng: random.Random) -> tuple:
-    """The positions to predict (in choice order) and the span lengths in words, steps 1-3.
+    """The positions to predict (in choice order), the span lengths in words, and how
+    many of the spans (the last ones) are shortened fills; steps 1-3.
 
     Deviation from ALBERT for n-grams: a drawn length n is kept ("sticky") until
     the walk reaches a start where n words fit (inside one segment, none taken,
@@ -219,9 +221,10 @@ def choose_positions(ids: list, cfg: MaskingConfig, vocab: MaskVocab, rng: rando
         covered.update(span)
         chosen.extend(span)
         spans.append(n)
+        return n
 
     n = _draw_length(max_n, rng)
-    skipped = []
+    skipped, fills = [], []
     for w in _random_order(len(words), rng):
         if len(chosen) >= budget:
             break
@@ -238,15 +241,15 @@ def choose_positions(ids: list, cfg: MaskingConfig, vocab: MaskVocab, rng: rando
             for m in range(n - 1, 0, -1):
                 span = fit(w, m)
                 if span is not None:
-                    take(span, m)
+                    fills.append(take(span, m))
                     break
-    return chosen, spans
+    return chosen, spans, len(fills)
 
 
 def mask_sequence(ids, cfg: MaskingConfig, vocab: MaskVocab, rng: random.Random) -> MaskedSequence:
     """Mask one sequence (ids [L], unpadded) as the module docstring describes."""
     ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
-    chosen, spans = choose_positions(ids, cfg, vocab, rng)
+    chosen, spans, fills = choose_positions(ids, cfg, vocab, rng)
     out = list(ids)
     keep_given_not_mask = 1.0 - cfg.random_replace_prob / (1.0 - cfg.mask_replace_prob) if cfg.mask_replace_prob < 1 else 1.0
     replace_ids = vocab.replace_ids
@@ -262,4 +265,5 @@ def mask_sequence(ids, cfg: MaskingConfig, vocab: MaskVocab, rng: random.Random)
         positions,
         np.array([ids[p] for p in positions], dtype=np.int64),
         spans,
+        fills,
     )

@@ -263,7 +263,7 @@ def _instance_job(job) -> dict:
         word_start = w["word_start"] = vocab.word_start_mask()
     rng = random.Random(_block_seed(cfg.seed, p, b))
     insts, unusable = block_instances(p, b, doc_ids, cfg, tokens, w["sents"], w["docs"], word_start, rng)
-    n, T, P = len(insts), cfg.max_seq_length, cfg.max_predictions_per_seq
+    n, T = len(insts), cfg.max_seq_length
     ids = np.zeros((n, T), dtype=token_dtype(vocab.size))
     lengths = np.zeros(n, dtype=np.int16)
     type_a = np.zeros(n, dtype=np.int16)
@@ -272,20 +272,10 @@ def _instance_job(job) -> dict:
     sources = np.full((n, 4), -1, dtype=np.int64)
     docs = np.full((n, 2), -1, dtype=np.int32)
     static = not cfg.dynamic_masking
-    if static:
-        mpos = np.full((n, P), -1, dtype=np.int16)
-        mids = np.zeros((n, P), dtype=np.int32)
-        mcfg = cfg.masking_config()
-    masked = 0
+    mcfg = cfg.masking_config()
     for k, inst in enumerate(insts):
         seq, types = inst_mod.render(inst, tokens, w["cls"], w["sep"])
         assert len(seq) <= T, (len(seq), T)
-        if static:
-            m = mask_sequence(seq, mcfg, vocab, rng)
-            seq = m.input_ids
-            mpos[k, : len(m.positions)] = m.positions
-            mids[k, : len(m.labels)] = m.labels
-            masked += len(m.positions)
         ids[k, : len(seq)] = seq
         lengths[k] = len(seq)
         type_a[k] = int((types == 0).sum())
@@ -296,11 +286,14 @@ def _instance_job(job) -> dict:
                 docs[k, j] = inst.docs[j]
             for j, (s, e) in enumerate(inst.sources[:2]):
                 sources[k, 2 * j: 2 * j + 2] = (s, e)
-    tmp = _atomic_dir(Path(folder))
-    arrays = {"input_ids": ids, "lengths": lengths, "type_a": type_a, "labels": labels, "spans": spans, "sources": sources,
-              "docs": docs}
+    arrays = {"input_ids": ids, "lengths": lengths, "type_a": type_a, "labels": labels, "spans": spans,
+              "sources": sources, "docs": docs}
+    masked = 0
     if static:
-        arrays.update(masked_positions=mpos, masked_ids=mids)
+        ids, mpos, mids = _static_masks(ids, lengths, mcfg, vocab, rng)
+        arrays.update(input_ids=ids, masked_positions=mpos, masked_ids=mids)
+        masked = int((mpos >= 0).sum())
+    tmp = _atomic_dir(Path(folder))
     for name, arr in arrays.items():
         np.save(tmp / f"{name}.npy", arr)
     meta = {"fingerprint": fingerprint, "pass": p, "block": b, "instances": n,
@@ -309,6 +302,47 @@ def _instance_job(job) -> dict:
     (tmp / "meta.json").write_text(json.dumps(meta))
     _publish(tmp, Path(folder))
     return meta
+
+
+def _static_masks(ids: np.ndarray, lengths: np.ndarray, mcfg: MaskingConfig, vocab: MaskVocab, rng) -> tuple:
+    """Mask a block's instances ids [n, T] now: (masked ids, positions [n, P] -1 padded, original ids [n, P]).
+
+    Token masking runs the collator's vectorised `mask_tokens` on the whole block
+    (one algorithm for static and dynamic masking); word and n-gram masking run
+    `mask_sequence` per instance.
+    """
+    n, T = ids.shape
+    P = mcfg.max_predictions_per_seq
+    mpos = np.full((n, P), -1, dtype=np.int16)
+    mids = np.zeros((n, P), dtype=np.int32)
+    out = ids.copy()
+    if mcfg.masking == "token":
+        import torch
+
+        from bertkit.pretraining.collate import mask_tokens
+
+        g = torch.Generator().manual_seed(rng.getrandbits(63))
+        real = torch.arange(T)[None, :] < torch.from_numpy(lengths.astype(np.int64))[:, None]
+        # one thread: the workers already use every core, and intra-op threads would fight them
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            masked, labels = mask_tokens(torch.from_numpy(ids.astype(np.int64)), real, mcfg, vocab, g)
+        finally:
+            torch.set_num_threads(threads)
+        out[:] = masked.numpy()
+        chosen = labels.numpy() != -100
+        rows, cols = np.nonzero(chosen)  # row-major: positions ascending within a row
+        slot = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
+        mpos[rows, slot] = cols
+        mids[rows, slot] = ids[rows, cols]
+        return out, mpos, mids
+    for k in range(n):
+        m = mask_sequence(ids[k, : lengths[k]], mcfg, vocab, rng)
+        out[k, : lengths[k]] = m.input_ids
+        mpos[k, : len(m.positions)] = m.positions
+        mids[k, : len(m.labels)] = m.labels
+    return out, mpos, mids
 
 
 def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, corpus_fp: dict, progress: bool):

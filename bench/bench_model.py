@@ -1,0 +1,274 @@
+"""Encoder inference speed: bertkit's BertModel against transformers and ONNX Runtime.
+
+All contenders run the default model (all-MiniLM-L6-v2: 6 layers, hidden 384, 12
+heads) with the same weights, 2 threads, in one process, interleaved round-robin
+and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
+
+- bertkit fp32: BertModel, fused attention (scaled_dot_product_attention), inference_mode;
+- bertkit bf16: the same model converted with .to(torch.bfloat16);
+- transformers eager / sdpa: BertModel with attn_implementation "eager" / "sdpa";
+- ONNX Runtime: transformers' BertModel exported with torch.onnx.export and fused by
+  onnxruntime.transformers.optimizer (Attention, SkipLayerNorm, BiasGelu kernels),
+  the usual "CPU speed anchor".
+
+Workloads: a fixed 32 x 128 batch (throughput), a 1 x 128 batch (latency), and the
+whole SST-2 dev set (872 real sentences) in batches of 32: bertkit sorts the
+sentences by length so a batch carries almost no padding; the peers take batches in
+data order padded to the longest in the batch (what `tokenizer(..., padding=True)`
+gives). "transformers sdpa, sorted" shows how much of the gain is the sorting.
+Tokenization is done once, outside the timing. The bfloat16 accuracy cost is
+measured against fp32 on the SST-2 sentences, and peak memory of one 32 x 128
+forward in a fresh process per contender (peak RSS minus RSS after loading).
+
+    pip install onnxruntime onnx onnxscript      # the `bench` extra
+    python bench/bench_model.py [--rounds 5] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
+
+THREADS = 2
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def sst2_dev() -> list[str]:
+    lines = (SHARED_DATA / "sst2" / "dev.tsv").read_text(encoding="utf-8").split("\n")[1:]
+    return [line.split("\t")[0] for line in lines if line.strip()]
+
+
+def tensors(batch) -> dict:
+    return {k: batch[k] for k in INPUTS}
+
+
+def fixed_batch(B: int, T: int = 128) -> dict:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, 30000, (B, T), generator=g)
+    ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+
+
+def batches(tok, texts, size, sort):
+    """Pre-tokenized batches; sorted by token length when `sort` (padding then nearly vanishes)."""
+    order = range(len(texts))
+    if sort:
+        lengths = [len(tok.encode(t).ids) for t in texts]
+        order = sorted(order, key=lambda i: lengths[i])
+    order = list(order)
+    return [tensors(tok.encode_batch([texts[i] for i in order[s:s + size]], return_tensors="pt"))
+            for s in range(0, len(order), size)]
+
+
+# --- contenders -------------------------------------------------------------------
+
+
+def load_ours(dtype=torch.float32):
+    from bertkit import BertModel
+
+    return BertModel.from_pretrained().to(dtype).eval()
+
+
+def load_hf(impl: str):
+    import transformers
+
+    from bertkit.default_model import default_model_dir
+
+    return transformers.BertModel.from_pretrained(str(default_model_dir()), attn_implementation=impl).eval()
+
+
+def load_ort(workdir: Path):
+    """Export transformers' BertModel (eager) to ONNX, fuse it with ORT's BERT optimizer."""
+    import onnxruntime as ort
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    hf = load_hf("eager")
+
+    class Wrapper(torch.nn.Module):  # plain tensors in and out, for the exporter
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            out = self.m(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return out.last_hidden_state, out.pooler_output
+
+    example = tuple(fixed_batch(2, 16).values())
+    raw, fused = workdir / "bert.onnx", workdir / "bert_fused.onnx"
+    # eval(): export restores the wrapper's mode recursively afterwards, so it must be eval already
+    torch.onnx.export(Wrapper(hf).eval(), example, str(raw), input_names=list(INPUTS),
+                      output_names=["last_hidden_state", "pooler_output"], opset_version=17, dynamo=False,
+                      dynamic_axes={k: {0: "batch", 1: "seq"} for k in INPUTS})
+    opt = optimize_model(str(raw), model_type="bert", num_heads=hf.config.num_attention_heads,
+                         hidden_size=hf.config.hidden_size)
+    opt.save_model_to_file(str(fused))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(fused), options, providers=["CPUExecutionProvider"])
+
+
+def torch_runner(model):
+    def run(batch):
+        with torch.inference_mode():
+            return model(**batch).last_hidden_state
+    return run
+
+
+def ort_runner(session):
+    return lambda batch: session.run(["last_hidden_state"], {k: batch[k].numpy() for k in INPUTS})[0]
+
+
+# name -> (workdir -> a function batch -> last_hidden_state)
+CONTENDERS = {
+    "bertkit fp32": lambda d: torch_runner(load_ours()),
+    "bertkit bf16": lambda d: torch_runner(load_ours(torch.bfloat16)),
+    "transformers eager": lambda d: torch_runner(load_hf("eager")),
+    "transformers sdpa": lambda d: torch_runner(load_hf("sdpa")),
+    "ONNX Runtime (fused)": lambda d: ort_runner(load_ort(d)),
+}
+
+
+# --- peak memory (one fresh process per contender) ---------------------------------------
+
+
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def peak_memory_child(name: str) -> None:
+    """Load one contender, run one 32 x 128 forward, print RSS after load and the peak (KiB)."""
+    torch.set_num_threads(THREADS)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = CONTENDERS[name](Path(tmp))
+    loaded = rss_kb()
+    run(fixed_batch(32))
+    print(json.dumps([loaded, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))
+
+
+def peak_memory(names) -> dict:
+    out = {}
+    for name in names:
+        res = subprocess.run([sys.executable, __file__, "--peak-memory-of", name], capture_output=True, text=True)
+        try:
+            loaded, peak = json.loads(res.stdout.strip().splitlines()[-1])
+            out[name] = (loaded / 1024, peak / 1024)
+        except (IndexError, ValueError):
+            print(f"peak memory of {name} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+    return out
+
+
+# --- main --------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--latency-calls", type=int, default=10, help="1 x 128 forwards per timed call")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
+    ap.add_argument("--peak-memory-of", help=argparse.SUPPRESS)  # internal: the child process
+    args = ap.parse_args(argv)
+    if args.peak_memory_of:
+        peak_memory_child(args.peak_memory_of)
+        return 0
+    torch.set_num_threads(THREADS)
+
+    from bertkit.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained()
+    texts = sst2_dev()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {name: load(Path(tmp)) for name, load in CONTENDERS.items()}
+
+    def as_np(x):
+        return x.float().numpy() if isinstance(x, torch.Tensor) else x
+
+    # sanity: everyone computes the same thing (fp32 within 1e-4 of transformers sdpa)
+    probe = tensors(tok.encode_batch(texts[:8], return_tensors="pt"))
+    real = probe["attention_mask"].bool().numpy()
+    ref = as_np(runs["transformers sdpa"](probe))
+    for name, run in runs.items():
+        diff = np.abs(as_np(run(probe)) - ref)[real].max()
+        limit = 0.5 if "bf16" in name else 1e-4
+        assert diff < limit, f"{name} differs from transformers by {diff}"
+
+    sections = [f"Machine: {machine_line('transformers', 'onnxruntime')}. "
+                f"Model: all-MiniLM-L6-v2 (L=6, H=384, N=12), {THREADS} threads, median of {args.rounds} "
+                "interleaved rounds; `ours/this` > 1 means bertkit (fp32) is faster.\n"]
+
+    big = fixed_batch(32)
+    times = interleaved({n: (lambda r=r: r(big)) for n, r in runs.items()}, rounds=args.rounds)
+    sections.append(table("Fixed batch 32 x 128 (throughput)", 32, "seq", times, ours="bertkit fp32"))
+
+    one = fixed_batch(1)
+    calls = args.latency_calls
+    times = interleaved({n: (lambda r=r: [r(one) for _ in range(calls)]) for n, r in runs.items()},
+                        rounds=args.rounds)
+    times = {n: [t / calls for t in ts] for n, ts in times.items()}
+    sections.append(table("Batch 1 x 128 (latency: median s/call is one forward)", 1, "seq", times,
+                          ours="bertkit fp32"))
+
+    sorted_batches = batches(tok, texts, 32, sort=True)
+    padded_batches = batches(tok, texts, 32, sort=False)
+    tokens = sum(int(b["attention_mask"].sum()) for b in sorted_batches)
+    cells = lambda bs: sum(b["input_ids"].numel() for b in bs)  # noqa: E731
+    sst = {
+        "bertkit fp32 (sorted)": lambda: [runs["bertkit fp32"](b) for b in sorted_batches],
+        "bertkit bf16 (sorted)": lambda: [runs["bertkit bf16"](b) for b in sorted_batches],
+        "transformers eager": lambda: [runs["transformers eager"](b) for b in padded_batches],
+        "transformers sdpa": lambda: [runs["transformers sdpa"](b) for b in padded_batches],
+        "transformers sdpa, sorted": lambda: [runs["transformers sdpa"](b) for b in sorted_batches],
+    }
+    if "ONNX Runtime (fused)" in runs:
+        sst["ONNX Runtime (fused)"] = lambda: [runs["ONNX Runtime (fused)"](b) for b in padded_batches]
+    times = interleaved(sst, rounds=max(2, args.rounds - 2))
+    note = (f"{len(texts)} sentences, {tokens:,} real tokens; token slots computed: sorted "
+            f"{cells(sorted_batches):,}, data order {cells(padded_batches):,}.")
+    sections.append(table("SST-2 dev, whole set, batches of 32", len(texts), "sentences", times,
+                          ours="bertkit fp32 (sorted)", note=note))
+
+    # the price of bfloat16: compare with fp32 on the real sentences
+    rows = []
+    for b in sorted_batches[::4]:
+        full, half = runs["bertkit fp32"](b), runs["bertkit bf16"](b).float()
+        m = b["attention_mask"].bool()
+        rows.append(((full - half)[m].abs().max().item(),
+                     torch.nn.functional.cosine_similarity(full[m], half[m], dim=-1).min().item()))
+    worst_abs = max(r[0] for r in rows)
+    worst_cos = min(r[1] for r in rows)
+    sections.append(
+        "### bfloat16 accuracy cost\n\n"
+        f"Last hidden states of bfloat16 vs float32 on SST-2 dev tokens: max abs difference "
+        f"{worst_abs:.3f} (values reach about +-6), minimum per-token cosine {worst_cos:.4f}.\n"
+    )
+
+    if not args.no_memory:
+        mem = peak_memory(list(runs))
+        lines = ["### Peak memory, one 32 x 128 forward (fresh process each)", "",
+                 "| contender | RSS after load (MiB) | peak RSS (MiB) | forward adds (MiB) |",
+                 "| --- | ---: | ---: | ---: |"]
+        for name, (loaded, peak) in mem.items():
+            lines.append(f"| {name} | {loaded:,.0f} | {peak:,.0f} | {peak - loaded:,.0f} |")
+        sections.append("\n".join(lines) + "\n")
+
+    report("model", "\n".join(sections), args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

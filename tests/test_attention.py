@@ -1,0 +1,159 @@
+"""Attention weights, the token finder, the page's data, PNGs, bertviz export, the CLI.
+
+The weights are checked against transformers' attentions for the default model
+(the oracle), and by properties a reader can verify: every row sums to 1, and
+in a padded batch the padding receives none.
+"""
+
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.attention_view import (
+    AttentionMap,
+    attention_html,
+    attention_map,
+    find_token,
+    load_bertviz,
+    save_bertviz,
+    save_png,
+    to_bertviz,
+)
+from bertkit.errors import BertkitError
+
+SENTENCE = "Bert notices the hat, but chooses not to engage Ernie since he knows it'll lead to some ridiculous stuff."
+
+
+@pytest.fixture(scope="module")
+def amap():
+    return attention_map(SENTENCE)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    return BertModel(config, generator=torch.Generator().manual_seed(1)).eval(), Tokenizer.from_pretrained()
+
+
+@pytest.mark.oracle
+def test_weights_equal_transformers(amap, transformers_mod, default_model_dir):
+    model = transformers_mod.BertModel.from_pretrained(str(default_model_dir), attn_implementation="eager").eval()
+    tok = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    batch = tok(SENTENCE, return_tensors="pt")
+    with torch.no_grad():
+        expected = torch.stack(model(**batch, output_attentions=True).attentions)[:, 0].numpy()
+    assert amap.tokens == tok.convert_ids_to_tokens(batch["input_ids"][0])
+    assert amap.weights.shape == (6, 12, 25, 25) == expected.shape
+    np.testing.assert_allclose(amap.weights, expected, rtol=0, atol=1e-5)
+
+
+def test_rows_sum_to_one_and_padding_gets_none(tiny, amap):
+    np.testing.assert_allclose(amap.weights.sum(-1), 1.0, atol=1e-5)
+    model, tok = tiny
+    texts = ["a short one", "a much longer sentence that forces the first one to be padded"]
+    batch = tok.encode_batch(texts, padding="longest", return_tensors="pt")
+    with torch.no_grad():
+        out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"], output_attentions=True)
+    weights = torch.stack(out.attentions)[:, 0].numpy()  # the padded row: [L, N, T, T]
+    n = int(batch["attention_mask"][0].sum())
+    assert n < weights.shape[-1]
+    assert np.abs(weights[:, :, :n, n:]).max() == 0.0  # real tokens give padding nothing
+    np.testing.assert_allclose(weights[:, :, :n, :n].sum(-1), 1.0, atol=1e-5)
+    # and what the view keeps for the text alone is exactly the unpadded part
+    alone = attention_map(texts[0], model=tiny)
+    np.testing.assert_allclose(alone.weights, weights[:, :, :n, :n], atol=1e-5)
+
+
+def test_find_token(amap):
+    assert amap.tokens[13] == "he"
+    assert find_token(amap, "he") == 13
+    assert find_token(amap, "HE") == 13
+    assert find_token(amap, "to") == 9 and find_token(amap, "to", occurrence=2) == 19
+    with pytest.raises(BertkitError, match="'zebra' occurs nowhere.*ernie"):
+        find_token(amap, "zebra")
+    with pytest.raises(BertkitError, match="only 1 times"):
+        find_token(amap, "he", occurrence=2)
+    with pytest.raises(BertkitError, match="empty"):
+        find_token(amap, " ")
+    pieces = AttentionMap(["[CLS]", "una", "##ffa", "##ble", "[SEP]"], np.zeros((1, 1, 5, 5), np.float32))
+    assert find_token(pieces, "unaffable") == 1  # a word rebuilt from its pieces
+
+
+def test_pair_segments_and_bad_input(tiny):
+    pair = attention_map("The cat sat.", "It was tired.", model=tiny)
+    assert pair.tokens == ["[CLS]", "the", "cat", "sat", ".", "[SEP]", "it", "was", "tired", ".", "[SEP]"]
+    assert pair.sentence_b_start == 6
+    with pytest.raises(BertkitError, match="empty text"):
+        attention_map("", model=tiny)
+    with pytest.raises(BertkitError, match="pair.*empty"):
+        attention_map("x", " ", model=tiny)
+    with pytest.raises(BertkitError, match="has 602 tokens but the model takes at most 64"):
+        attention_map("the hat " * 300, model=tiny)
+    with pytest.raises(BertkitError, match="layer 3 is out of range"):
+        pair.row(3, 0, 0)
+    with pytest.raises(BertkitError, match="head 4 is out of range"):
+        attention_html(pair, head=4)
+
+
+def test_html_page_is_self_contained_and_carries_the_weights(amap):
+    page = attention_html(amap, token=13, layer=2, head=5)
+    # nothing to fetch: no external script, stylesheet, image or URL
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page)
+    assert "http://" not in page and "https://" not in page and "//cdn" not in page
+    data = json.loads(re.search(r'<script id="attention-data" type="application/json">(.*?)</script>',
+                                page, re.S).group(1))
+    assert data["tokens"] == amap.tokens and (data["layer"], data["head"], data["token"]) == (2, 5, 13)
+    weights = np.frombuffer(base64.b64decode(data["weights"]), dtype="<f4").reshape(amap.weights.shape)
+    np.testing.assert_array_equal(weights, amap.weights)
+
+
+@pytest.mark.parametrize("view", ["text", "head", "overview"])
+def test_png_views(amap, tmp_path, view):
+    import matplotlib.image
+
+    path = save_png(amap, tmp_path / f"{view}.png", view=view, token=13, layer=1, head="mean")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[0] > 100 and pixels.shape[1] > 300
+    assert pixels[..., :3].std() > 0.05  # not a blank picture
+
+
+def test_bertviz_export_has_the_form_head_view_takes(amap, tmp_path):
+    args = to_bertviz(amap)
+    attention, tokens = args["attention"], args["tokens"]
+    # bertviz.util.format_attention: a sequence of 4-d tensors [1, N, T, T], squeezed and stacked
+    assert len(attention) == 6 and all(a.dim() == 4 and a.shape == (1, 12, 25, 25) for a in attention)
+    stacked = torch.stack([a.squeeze(0) for a in attention])
+    np.testing.assert_array_equal(stacked.numpy(), amap.weights)
+    assert stacked.shape[-1] == len(tokens) and args["sentence_b_start"] is None
+    loaded = load_bertviz(save_bertviz(amap, tmp_path / "bv.json"))
+    assert loaded["tokens"] == amap.tokens and loaded["sentence_b_start"] is None
+    np.testing.assert_array_equal(torch.stack([a.squeeze(0) for a in loaded["attention"]]).numpy(), amap.weights)
+
+
+def test_cli_attention(tmp_path, capsys):
+    from bertkit.cli import main
+
+    page, png, bv = tmp_path / "page.html", tmp_path / "text.png", tmp_path / "bv.json"
+    assert main(["attention", SENTENCE, "--token", "he", "-o", str(page), "--png", str(png),
+                 "--bertviz", str(bv), "--layer", "3", "--head", "mean"]) == 0
+    assert page.is_file() and png.is_file() and bv.is_file()
+    data = json.loads(re.search(r'application/json">(.*?)</script>', page.read_text(), re.S).group(1))
+    assert (data["token"], data["layer"], data["head"]) == (13, 3, "mean")
+    capsys.readouterr()
+    assert main(["attention", SENTENCE, "--token", "zebra", "-o", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertkit: error: the token 'zebra' occurs nowhere") and "Traceback" not in err
+    assert main(["attention", "", "-o", str(page)]) == 2
+    assert main(["attention", "x", "--layer", "6", "-o", str(page)]) == 2
+    assert "layer 6 is out of range" in capsys.readouterr().err

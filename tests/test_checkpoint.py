@@ -1,0 +1,246 @@
+"""Checkpoints: what we save loads in transformers unchanged; what transformers (and older
+BERT ports) saved loads here; broken or mismatched checkpoints are clear errors."""
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import bertkit
+from bertkit import BertConfig, BertkitError, BertModel
+from bertkit.checkpoint import TABLE, hf_keys, read_weights
+from bertkit.heads import HEADS
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
+
+
+def tiny(cls=BertModel, seed=0, **overrides):
+    return cls(BertConfig(**{**TINY, **overrides}), generator=torch.Generator().manual_seed(seed)).eval()
+
+
+def inputs(shape=(2, 9)):
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 99, shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.long)
+    mask[..., 6:] = 0
+    mask[0, ..., :] = 1
+    return ids * mask, mask
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("cls", (BertModel, *HEADS), ids=lambda c: c.__name__)
+def test_transformers_loads_what_we_save(tmp_path, transformers_mod, cls):
+    ours = tiny(cls, num_labels=2 if cls.__name__ == "BertForQuestionAnswering" else 3)
+    ours.save_pretrained(tmp_path)
+    hf, info = getattr(transformers_mod, cls.__name__).from_pretrained(str(tmp_path), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    shape = (1, 2, 9) if cls.__name__ == "BertForMultipleChoice" else (2, 9)
+    ids, mask = inputs(shape)
+    with torch.no_grad():
+        a, b = ours(ids, mask), hf.eval()(input_ids=ids, attention_mask=mask)
+    for name in ("last_hidden_state", "pooler_output", "logits", "prediction_logits",
+                 "seq_relationship_logits", "start_logits", "end_logits"):
+        if getattr(a, name, None) is not None:
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=1e-5, rtol=0, msg=name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == [cls.__name__] and config["model_type"] == "bert"
+
+
+@pytest.mark.oracle
+def test_saved_default_model_matches_in_transformers(tmp_path, transformers_mod):
+    from bertkit.tokenizer import Tokenizer
+
+    model, tok = bertkit.from_pretrained()
+    assert isinstance(model, BertModel) and isinstance(tok, Tokenizer)
+    model.save_pretrained(tmp_path, tokenizer=tok)
+    assert (tmp_path / "vocab.txt").read_text() == (bertkit.default_model.default_model_dir() / "vocab.txt").read_text()
+    hf = transformers_mod.BertModel.from_pretrained(str(tmp_path)).eval()
+    hf_tok = transformers_mod.BertTokenizerFast.from_pretrained(str(tmp_path))
+    enc = hf_tok(["A checkpoint we wrote.", "Loaded by the oracle, with its own tokenizer files."],
+                 padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = hf(**enc)
+        ours = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+    torch.testing.assert_close(ours.last_hidden_state, ref.last_hidden_state, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.pooler_output, ref.pooler_output, atol=1e-5, rtol=0)
+
+
+def test_our_round_trip_is_exact(tmp_path):
+    model = tiny(bertkit.BertForPreTraining)
+    model.save_pretrained(tmp_path)
+    again = bertkit.BertForPreTraining.from_pretrained(tmp_path)
+    for (n, p), (_, q) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(p, q), n
+    keys = set(load_file(str(tmp_path / "model.safetensors")))
+    assert "bert.encoder.layer.1.attention.self.query.weight" in keys  # HF names, encoder under bert.
+    assert "cls.predictions.bias" in keys and "cls.predictions.decoder.weight" not in keys  # tied: not stored
+
+
+def test_the_table_covers_every_parameter_once():
+    for cls in (BertModel, *HEADS):
+        names = [n[len("bert."):] if n.startswith("bert.") else n for n, _ in tiny(cls).named_parameters()]
+        hf = [k for n in names for k in hf_keys(n)]
+        assert len(hf) == len(set(hf)), cls.__name__
+    assert hf_keys("encoder.layers.7.attention.qkv.bias") == tuple(
+        f"encoder.layer.7.attention.self.{x}.bias" for x in ("query", "key", "value"))
+    assert len(TABLE) == len({ours for ours, _ in TABLE})
+
+
+# --- loading heads from the default (encoder-only) checkpoint --------------------------------
+
+
+def test_strict_load_of_a_missing_head_lists_it(default_model_dir):
+    with pytest.raises(BertkitError) as err:
+        bertkit.BertForPreTraining.from_pretrained()
+    message = str(err.value)
+    for key in ("cls.predictions.transform.dense.weight", "cls.predictions.bias", "cls.seq_relationship.weight"):
+        assert key in message
+    assert "strict=False" in message
+
+
+def test_non_strict_load_reports_and_initialises_the_head():
+    with pytest.warns(UserWarning, match="missing"):
+        model = bertkit.BertForSequenceClassification.from_pretrained(
+            None, strict=False, num_labels=5, generator=torch.Generator().manual_seed(0))
+    report = model.load_report
+    assert report.missing == ["classifier.weight", "classifier.bias"] and not report.unexpected
+    assert model.classifier.weight.shape == (5, 384) and abs(model.classifier.weight.std().item() - 0.02) < 0.003
+    encoder = BertModel.from_pretrained()
+    assert torch.equal(model.bert.encoder.layers[3].intermediate.weight, encoder.encoder.layers[3].intermediate.weight)
+    # token classification has no pooler: the default model's pooler is reported unused, not an error
+    with pytest.warns(UserWarning, match="unused"):
+        tagger = bertkit.BertForTokenClassification.from_pretrained(None, strict=False, num_labels=9)
+    assert sorted(tagger.load_report.unused) == ["pooler.dense.bias", "pooler.dense.weight"]
+
+
+def test_bare_encoder_loads_from_a_head_checkpoint(tmp_path):
+    head = tiny(bertkit.BertForQuestionAnswering)
+    head.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="missing"):
+        encoder = BertModel.from_pretrained(tmp_path, strict=False)
+    assert sorted(encoder.load_report.unused) == ["qa_outputs.bias", "qa_outputs.weight"]
+    assert encoder.load_report.missing == ["pooler.dense.weight", "pooler.dense.bias"]
+    ids, mask = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(ids, mask).last_hidden_state, head.bert(ids, mask).last_hidden_state)
+
+
+# --- other formats -------------------------------------------------------------------------------
+
+
+def _hf_state(model):
+    from bertkit.checkpoint import hf_state_dict
+
+    return hf_state_dict(model)
+
+
+def test_pytorch_model_bin_and_tf_style_names(tmp_path):
+    model = tiny(bertkit.BertForMaskedLM)
+    BertConfig(**TINY).to_json_file(tmp_path / "config.json")
+    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for k, v in _hf_state(model).items()}
+    state["cls.predictions.decoder.bias"] = state.pop("cls.predictions.bias")  # older checkpoints
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    loaded = bertkit.BertForMaskedLM.from_pretrained(tmp_path)
+    ids, mask = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, mask).logits, model(ids, mask).logits, atol=0, rtol=0)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_pickles_are_never_loaded_unsafely(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    BertConfig(**TINY).to_json_file(tmp_path / "config.json")
+    with open(tmp_path / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"embeddings.word_embeddings.weight": _Exploit()}, f, protocol=2)
+    with pytest.raises(BertkitError, match="weights_only=True"):
+        BertModel.from_pretrained(tmp_path)
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.oracle
+def test_sharded_checkpoint(tmp_path, transformers_mod):
+    torch.manual_seed(0)
+    hf = transformers_mod.BertModel(transformers_mod.BertConfig(**TINY)).eval()
+    hf.save_pretrained(str(tmp_path), max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    ours = BertModel.from_pretrained(tmp_path)
+    ids, mask = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask).last_hidden_state,
+                                   hf(input_ids=ids, attention_mask=mask).last_hidden_state, atol=1e-5, rtol=0)
+
+
+# --- broken checkpoints ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path):
+    tiny().save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_truncated_safetensors(saved):
+    path = saved / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BertkitError, match="truncated or corrupt"):
+        BertModel.from_pretrained(saved)
+
+
+def test_corrupt_safetensors_header(saved):
+    path = saved / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[8:20] = b"not json at!"
+    path.write_bytes(bytes(data))
+    with pytest.raises(BertkitError, match="truncated or corrupt"):
+        BertModel.from_pretrained(saved)
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(hidden_size=64), "contradicts its config"),
+    (dict(vocab_size=120), "embeddings.word_embeddings.weight: checkpoint shape (99, 32), the config needs (120, 32)"),
+    (dict(intermediate_size=40), "intermediate.dense.weight"),
+    (dict(num_hidden_layers=3), "has 2 encoder layers but the config says num_hidden_layers=3"),
+    (dict(num_hidden_layers=1), "has 2 encoder layers"),
+])
+def test_config_that_contradicts_the_weights(saved, change, words):
+    config = json.loads((saved / "config.json").read_text())
+    config.update(change)
+    (saved / "config.json").write_text(json.dumps(config))
+    for strict in (True, False):  # no setting makes a contradiction load
+        with pytest.raises(BertkitError) as err:
+            BertModel.from_pretrained(saved, strict=strict)
+        assert words in str(err.value)
+
+
+def test_unexpected_and_missing_keys(saved):
+    state = load_file(str(saved / "model.safetensors"))
+    state["encoder.layer.0.attention.self.rotary.weight"] = torch.zeros(3)
+    del state["pooler.dense.bias"]
+    save_file(state, str(saved / "model.safetensors"))
+    with pytest.raises(BertkitError) as err:
+        BertModel.from_pretrained(saved)
+    assert "missing (1): pooler.dense.bias" in str(err.value)
+    assert "unexpected (1): encoder.layer.0.attention.self.rotary.weight" in str(err.value)
+    with pytest.warns(UserWarning):
+        model = BertModel.from_pretrained(saved, strict=False)
+    assert model.load_report.unexpected == ["encoder.layer.0.attention.self.rotary.weight"]
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(BertkitError, match="no model directory"):
+        BertModel.from_pretrained(tmp_path / "nowhere")
+    tiny().config.to_json_file(tmp_path / "config.json")
+    with pytest.raises(BertkitError, match="no weights in"):
+        BertModel.from_pretrained(tmp_path)
+    with pytest.raises(BertkitError, match="no checkpoint at"):
+        read_weights(tmp_path / "model.safetensors")

@@ -1,0 +1,329 @@
+"""Fine-tuning text classification/regression end to end on a tiny model.
+
+A tiny odd-shaped BERT (hidden 32, intermediate 37, 4 heads, 2 layers) over a
+handmade vocabulary learns keyword tasks in a few seconds; the tests check
+what a user relies on: the task is learned (held-out metric), the checkpoint
+is a Hugging Face checkpoint with the label names (transformers loads it and
+gives the same logits), predictions come back per input, runs repeat with a
+seed, and bad input gives a clear error or a counted skip.
+"""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.cli import main
+from bertkit.errors import BertkitError
+from bertkit.finetune.classification import TextTaskConfig, finetune_text, make_features, pool_windows
+from bertkit.finetune.trainer import TrainConfig, collate, length_grouped_batches, train
+from bertkit.optim import OptimConfig
+
+WORDS = ("the movie food day service was is very really quite a an and but it this that good great fine "
+         "bad awful poor cheap slow fast new old paris london berlin john mary visited likes in to of "
+         "who what where when went city from . , ? !").split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "##s", "##ed", "##ing", "##er"]
+POS, NEG, FILL = ["good", "great", "fine"], ["bad", "awful", "poor"], ["the movie", "the food", "this day", "the service"]
+
+
+def tiny_model_dir(path, seed=0):
+    """A random tiny BERT checkpoint with the handmade vocabulary, written like a pretrained one."""
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    config = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=64)
+    model = BertModel(config, generator=torch.Generator().manual_seed(seed))
+    model.save_pretrained(path, tokenizer=Tokenizer.from_pretrained(path / "vocab.txt"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+def sentiment_rows(n, rng):
+    rows = []
+    for i in range(n):
+        label = i % 2
+        word = rng.choice(POS if label else NEG)
+        rows.append((f"{rng.choice(FILL)} was {rng.choice(['very ', 'really ', ''])}{word} .", "pos" if label else "neg"))
+    return rows
+
+
+def write_tsv(path, header, rows):
+    path.write_text("\t".join(header) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
+    return path
+
+
+def fast(epochs=5, lr=5e-3, seed=0, **kw):
+    return TrainConfig(epochs=epochs, batch_size=8, seed=seed, progress=False,
+                       optim=OptimConfig(learning_rate=lr, warmup_ratio=0.1), **kw)
+
+
+# --- the loop's parts --------------------------------------------------------
+
+def test_length_grouped_batches_cover_all_and_group_lengths():
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 200) for _ in range(1000)]
+    batches = length_grouped_batches(lengths, 10, random.Random(1))
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(1000))
+    spread = np.mean([max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches])
+    random_spread = np.mean([max(lengths[i:i + 10]) - min(lengths[i:i + 10]) for i in range(0, 1000, 10)])
+    assert spread < random_spread / 5  # similar lengths share a batch: little padding
+    assert batches == length_grouped_batches(lengths, 10, random.Random(1))  # the rng decides, nothing else
+
+
+def test_collate_pads_dynamically():
+    feats = [{"input_ids": [2, 7, 3], "labels": [-100, 1, -100]}, {"input_ids": [2, 3], "labels": [-100, -100]}]
+    b = collate(feats, pad_id=0)
+    assert b["input_ids"].tolist() == [[2, 7, 3], [2, 3, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert b["labels"].tolist() == [[-100, 1, -100], [-100, -100, -100]]
+    s = collate([{"input_ids": [2, 3], "labels": 1.5}, {"input_ids": [2, 5, 6, 3], "labels": 0.25}])
+    assert s["labels"].dtype == torch.float32 and s["input_ids"].shape == (2, 4)
+
+
+class Bag(torch.nn.Module):
+    """A model that returns a loss: mean-pooled embeddings -> 2 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 4)
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels=None):
+        m = attention_mask.unsqueeze(-1).float()
+        logits = self.out((self.emb(input_ids) * m).sum(1) / m.sum(1))
+
+        class O:
+            pass
+
+        o = O()
+        o.logits = logits
+        o.loss = torch.nn.functional.cross_entropy(logits, labels)
+        return o
+
+
+def bag_features(n=64):
+    rng = random.Random(0)
+    return [{"input_ids": [1] + [rng.choice([5, 6]) if i % 2 else rng.choice([7, 8]) for _ in range(rng.randint(1, 6))],
+             "labels": i % 2} for i in range(n)]
+
+
+def test_loop_keeps_and_restores_the_best_epoch(tmp_path):
+    torch.manual_seed(0)
+    model = Bag()
+    scores = iter([0.5, 0.9, 0.1])  # epoch 2 is best
+    snapshots = []
+
+    def evaluate(m):
+        snapshots.append({k: v.clone() for k, v in m.state_dict().items()})
+        return {"accuracy": next(scores)}
+
+    saved = []
+    res = train(model, bag_features(), fast(epochs=3, lr=0.05), evaluate=evaluate,
+                save=lambda m: saved.append(1), output_dir=tmp_path, log=lambda s: None)
+    assert res.best["epoch"] == 2 and len(saved) == 2  # saved at epochs 1 and 2, not 3
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, snapshots[1][k], rtol=0, atol=0)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2, 3] and lines[1]["accuracy"] == 0.9
+
+
+def test_loop_learns_and_is_reproducible():
+    def run(seed):
+        torch.manual_seed(123)
+        m = Bag()
+        r = train(m, bag_features(), fast(epochs=5, lr=0.05, seed=seed), log=lambda s: None)
+        return m, r
+
+    m1, r1 = run(0)
+    m2, r2 = run(0)
+    assert r1.history[-1]["train_loss"] < r1.history[0]["train_loss"]
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    _, r3 = run(1)
+    assert r3.history[0]["train_loss"] != r1.history[0]["train_loss"]  # another seed, another batch order
+
+
+def test_max_steps_stops_early():
+    r = train(Bag(), bag_features(), fast(epochs=3, max_steps=5), log=lambda s: None)
+    assert r.history[-1]["step"] == 5
+
+
+# --- text classification end to end ------------------------------------------
+
+@pytest.fixture(scope="module")
+def sentiment_run(tiny, tmp_path_factory):
+    d = tmp_path_factory.mktemp("sent")
+    rng = random.Random(0)
+    train_p = write_tsv(d / "train.tsv", ["sentence", "label"], sentiment_rows(80, rng))
+    dev_p = write_tsv(d / "dev.tsv", ["sentence", "label"], sentiment_rows(30, rng))
+    cfg = TextTaskConfig(train=str(train_p), dev=str(dev_p), output=str(d / "out"), model=str(tiny),
+                         max_length=32, training=fast())
+    final = finetune_text(cfg, log=lambda s: None)
+    return d, final
+
+
+def test_classifier_learns_and_reports(sentiment_run):
+    d, final = sentiment_run
+    assert final["dev"]["accuracy"] >= 0.9
+    cm = final["dev"]["confusion_matrix"]
+    assert cm["labels"] == ["neg", "pos"] and sum(map(sum, cm["rows_gold_columns_predicted"])) == 30
+    assert final["dev"]["per_label"]["pos"]["support"] == 15
+    out = d / "out"
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"} and config["architectures"] == ["BertForSequenceClassification"]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
+    rows = (out / "dev_predictions.tsv").read_text().splitlines()
+    assert len(rows) == 31 and rows[0].startswith("text\tgold\tpredicted")
+
+
+def test_predict_api_and_cli(sentiment_run, tmp_path, capsys):
+    import bertkit
+
+    d, final = sentiment_run
+    preds = bertkit.predict(d / "out", ["the food was great .", "the movie was awful ."])
+    assert [p["label"] for p in preds] == ["pos", "neg"]
+    assert set(preds[0]["probabilities"]) == {"neg", "pos"}
+    assert sum(preds[0]["probabilities"].values()) == pytest.approx(1.0)
+    inp = write_tsv(tmp_path / "new.tsv", ["sentence"], [["this day was good ."], ["the service was poor ."], ["it was fine"]])
+    assert main(["predict", str(d / "out"), str(inp), "--output", str(tmp_path / "p.tsv")]) == 0
+    lines = (tmp_path / "p.tsv").read_text().splitlines()
+    assert len(lines) == 4 and lines[1].split("\t")[1] == "pos" and lines[2].split("\t")[1] == "neg"
+
+
+@pytest.mark.oracle
+def test_checkpoint_loads_in_transformers_with_same_logits(sentiment_run, transformers_mod):
+    from bertkit.heads import BertForSequenceClassification
+    from bertkit.tokenizer import Tokenizer
+
+    d, _ = sentiment_run
+    theirs = transformers_mod.BertForSequenceClassification.from_pretrained(d / "out").eval()
+    ours = BertForSequenceClassification.from_pretrained(d / "out").eval()
+    assert theirs.config.id2label == {0: "neg", 1: "pos"}
+    enc = Tokenizer.from_pretrained(d / "out").encode("the movie was very good .")
+    ids = torch.tensor([enc.input_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_fresh_head(tiny):
+    from bertkit.finetune.run import load_head
+    from bertkit.heads import BertForSequenceClassification
+
+    a, b, c = (load_head(BertForSequenceClassification, tiny, seed, lambda s: None, num_labels=3) for seed in (7, 7, 8))
+    torch.testing.assert_close(a.classifier.weight, b.classifier.weight, rtol=0, atol=0)
+    assert not torch.equal(a.classifier.weight, c.classifier.weight)
+    # the encoder is the pretrained one whatever the seed
+    torch.testing.assert_close(a.bert.embeddings.word_embeddings.weight, c.bert.embeddings.word_embeddings.weight)
+
+
+def test_pair_regression_learns(tiny, tmp_path):
+    rng = random.Random(1)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            a, b = rng.choice(FILL), rng.choice(FILL)
+            w1, w2 = rng.choice(POS + NEG), rng.choice(POS + NEG)
+            out.append((f"{a} was {w1} .", f"{b} was {w2} .", 2.5 * (w1 in POS) + 2.5 * (w2 in POS)))
+        return out
+
+    hdr = ["sentence1", "sentence2", "score"]
+    cfg = TextTaskConfig(train=str(write_tsv(tmp_path / "t.tsv", hdr, rows(120))),
+                         dev=str(write_tsv(tmp_path / "d.tsv", hdr, rows(40))), output=str(tmp_path / "o"),
+                         task="regression", model=str(tiny), text_column="sentence1", text_pair_column="sentence2",
+                         label_column="score", max_length=32, training=fast(epochs=6, metric="pearson"))
+    final = finetune_text(cfg, log=lambda s: None)
+    assert final["dev"]["pearson"] > 0.5 and "spearman" in final["dev"]
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert config["num_labels"] == 1 or len(config.get("id2label", {"0": 0})) == 1
+    assert config["problem_type"] == "regression"
+    from bertkit.finetune.predict import predict
+
+    out = predict(tmp_path / "o", ["the food was good ."], pairs=["the movie was great ."])
+    assert isinstance(out[0]["score"], float)
+
+
+def test_multi_label_from_jsonl(tiny, tmp_path):
+    rng = random.Random(2)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            topic = rng.choice(["movie", "food"])
+            w = rng.choice(POS + NEG)
+            labels = [topic] + (["positive"] if w in POS else [])
+            out.append(json.dumps({"text": f"the {topic} was {w} .", "tags": labels}))
+        return "\n".join(out) + "\n\n"  # a trailing empty line is skipped and counted
+
+    (tmp_path / "t.jsonl").write_text(rows(120))
+    (tmp_path / "d.jsonl").write_text(rows(40))
+    logs = []
+    cfg = TextTaskConfig(train=str(tmp_path / "t.jsonl"), dev=str(tmp_path / "d.jsonl"), output=str(tmp_path / "o"),
+                         task="multi_label", model=str(tiny), text_column="text", label_column="tags",
+                         max_length=32, training=fast(epochs=6, metric="micro_f1"))
+    final = finetune_text(cfg, log=logs.append)
+    assert final["dev"]["micro_f1"] > 0.85
+    assert any("skipped 1 (1 empty lines)" in line for line in logs)
+
+
+# --- long inputs ---------------------------------------------------------------
+
+def test_long_texts_become_windows_and_pool(tiny):
+    from bertkit.finetune.data import TextExample
+    from bertkit.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(tiny)
+    long_text = " ".join(["the movie was good ."] * 12)  # 60 tokens
+    n_tokens = len(tok.encode(long_text, truncation=False, add_special_tokens=False).input_ids)
+    feats = make_features(tok, [TextExample(long_text, None, "pos"), TextExample("it was bad", None, "neg")],
+                          "classify", {"neg": 0, "pos": 1}, max_length=16, stride=4)
+    windows = [f for f in feats if f["example_index"] == 0]
+    # windows of 14 text tokens advancing by 10 cover the text exactly once over
+    assert len(windows) == 1 + -(-(n_tokens - 14) // 10)
+    assert all(len(f["input_ids"]) <= 16 and f["labels"] == 1 for f in windows)
+    logits = [np.array([1.0, 3.0]), np.array([3.0, 1.0]), np.array([2.0, 8.0])]
+    pooled = pool_windows(logits, [{"example_index": 0}, {"example_index": 0}, {"example_index": 1}], 2)
+    np.testing.assert_allclose(pooled, [[2.0, 2.0], [2.0, 8.0]])
+
+
+# --- bad input -----------------------------------------------------------------
+
+def test_unknown_dev_label_is_an_error(tiny, tmp_path):
+    t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], sentiment_rows(10, random.Random(0)))
+    d = write_tsv(tmp_path / "d.tsv", ["sentence", "label"], [("the food was good .", "neutral")])
+    cfg = TextTaskConfig(train=str(t), dev=str(d), output=str(tmp_path / "o"), model=str(tiny), training=fast())
+    with pytest.raises(BertkitError, match=r"labels \['neutral'\] do not occur in the training labels"):
+        finetune_text(cfg, log=lambda s: None)
+
+
+def test_missing_column_cli_is_one_line_error(tiny, tmp_path, capsys):
+    t = write_tsv(tmp_path / "t.tsv", ["text", "label"], sentiment_rows(10, random.Random(0)))
+    code = main(["finetune", "classify", "--train", str(t), "--output", str(tmp_path / "o"), "--model", str(tiny)])
+    err = capsys.readouterr().err
+    assert code == 2 and "no column 'sentence'" in err and "--text-column" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_finetune_classify(tiny, tmp_path, capsys):
+    rng = random.Random(3)
+    t = write_tsv(tmp_path / "t.csv", ["review", "y"], [])
+    t.write_text("review,y\n" + "".join(f'"{s}",{lab}\n' for s, lab in sentiment_rows(40, rng)))
+    d = tmp_path / "d.csv"
+    d.write_text("review,y\n" + "".join(f'"{s}",{lab}\n' for s, lab in sentiment_rows(10, rng)))
+    code = main(["finetune", "classify", "--train", str(t), "--dev", str(d), "--output", str(tmp_path / "o"),
+                 "--model", str(tiny), "--text-column", "review", "--label-column", "y", "--epochs", "1",
+                 "--batch-size", "8", "--max-length", "24", "--no-progress", "--max-train-examples", "24"])
+    out = capsys.readouterr().out
+    assert code == 0 and "confusion matrix" in out
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert metrics["train_examples"] == 24 and metrics["dev_examples"] == 10

@@ -1,0 +1,209 @@
+"""Task heads: transformers-initialised models of every head type, saved by transformers,
+load into ours and give the same logits and losses; plus the heads' own rules."""
+
+import pytest
+import torch
+
+import bertkit
+from bertkit import BertConfig, BertkitError
+from bertkit.heads import HEADS
+
+HF_TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
+B, T, C = 3, 11, 3
+
+
+def batch(seed=0, shape=(B, T)):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 99, shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.long)
+    mask.view(-1, shape[-1])[1, 7:] = 0
+    mask.view(-1, shape[-1])[2, 4:] = 0
+    types = torch.zeros(shape, dtype=torch.long)
+    types[..., 5:] = 1
+    return ids * mask, mask, types * mask
+
+
+def labels_for(name, ids, mask):
+    g = torch.Generator().manual_seed(1)
+    if name in ("BertForPreTraining", "BertForMaskedLM"):
+        mlm = torch.full(ids.shape, -100)
+        picks = (torch.rand(ids.shape, generator=g) < 0.3) & mask.bool()
+        picks[0, 1] = True
+        mlm[picks] = torch.randint(0, 99, (int(picks.sum()),), generator=g)
+        if name == "BertForPreTraining":
+            return dict(labels=mlm, next_sentence_label=torch.tensor([0, 1, 1]))
+        return dict(labels=mlm)
+    if name == "BertForNextSentencePrediction":
+        return dict(labels=torch.tensor([1, 0, 1]))
+    if name == "BertForSequenceClassification":
+        return dict(labels=torch.tensor([2, 0, 1]))
+    if name == "BertForTokenClassification":
+        tags = torch.randint(0, 3, ids.shape, generator=g)
+        return dict(labels=tags.masked_fill(mask == 0, -100))
+    if name == "BertForQuestionAnswering":
+        return dict(start_positions=torch.tensor([1, 3, 50]), end_positions=torch.tensor([4, 3, 2]))
+    if name == "BertForMultipleChoice":
+        return dict(labels=torch.tensor([2]))
+    raise KeyError(name)
+
+
+def main_logits(out):
+    for name in ("logits", "prediction_logits", "start_logits"):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    raise AssertionError
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoints(tmp_path_factory, transformers_mod):
+    """Every transformers head, randomly initialised and saved by transformers."""
+    out = {}
+    for cls in HEADS:
+        torch.manual_seed(0)
+        num_labels = 2 if cls.__name__ == "BertForQuestionAnswering" else 3
+        config = transformers_mod.BertConfig(**HF_TINY, num_labels=num_labels)
+        model = getattr(transformers_mod, cls.__name__)(config).eval()
+        with torch.no_grad():  # transformers zero-initialises some biases: make them matter
+            for p in model.parameters():
+                if p.dim() == 1 and not p.any():
+                    p.normal_(0.0, 0.02)
+        directory = tmp_path_factory.mktemp(cls.__name__)
+        model.save_pretrained(str(directory))
+        out[cls.__name__] = (model, directory)
+    return out
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("cls", HEADS, ids=lambda c: c.__name__)
+def test_transformers_heads_load_with_identical_logits_and_losses(hf_checkpoints, cls):
+    name = cls.__name__
+    hf_model, directory = hf_checkpoints[name]
+    ours = cls.from_pretrained(directory)
+    assert type(ours) is cls and not ours.training
+    assert not ours.load_report.problems, ours.load_report.describe()
+    shape = (1, C, T) if name == "BertForMultipleChoice" else (B, T)
+    ids, mask, types = batch(shape=shape)
+    labels = labels_for(name, ids, mask)
+    with torch.no_grad():
+        ref = hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels)
+        plain = ours(ids, mask, types)  # without labels: full logits
+        got = ours(ids, mask, types, **labels)
+    assert plain.loss is None
+    ref_logits = main_logits(ref)
+    torch.testing.assert_close(main_logits(plain), ref_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=1e-6)
+    if name in ("BertForPreTraining", "BertForMaskedLM"):
+        # with labels, the vocabulary projection runs only at the labelled positions
+        picked = labels["labels"] != -100
+        torch.testing.assert_close(main_logits(got), ref_logits[picked], atol=1e-5, rtol=0)
+        assert main_logits(got).shape == (int(picked.sum()), 99)
+    else:
+        torch.testing.assert_close(main_logits(got), ref_logits, atol=1e-5, rtol=0)
+    if name == "BertForPreTraining":
+        torch.testing.assert_close(got.seq_relationship_logits, ref.seq_relationship_logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.mlm_loss + got.nsp_loss, got.loss)
+    if name == "BertForQuestionAnswering":
+        torch.testing.assert_close(got.end_logits, ref.end_logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("problem, labels", [
+    ("regression", torch.tensor([0.5, -1.0, 2.0])),
+    ("multi_label_classification", torch.tensor([[1.0, 0, 1], [0, 0, 0], [0, 1, 1]])),
+])
+def test_sequence_classification_losses_match_transformers(tmp_path, transformers_mod, problem, labels):
+    num_labels = 1 if problem == "regression" else 3
+    torch.manual_seed(0)
+    hf = transformers_mod.BertForSequenceClassification(
+        transformers_mod.BertConfig(**HF_TINY, num_labels=num_labels)).eval()
+    hf.save_pretrained(str(tmp_path))
+    ours = bertkit.BertForSequenceClassification.from_pretrained(tmp_path)
+    assert ours.config.problem_type is None  # inferred from num_labels and the labels' dtype, as in transformers
+    ids, mask, types = batch()
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+        got = ours(ids, mask, types, labels=labels)
+    torch.testing.assert_close(got.loss, ref.loss, atol=1e-6, rtol=1e-6)
+    assert ref.loss.item() > 0
+
+
+def test_losses_by_hand():
+    config = BertConfig(**HF_TINY, num_labels=1)
+    model = bertkit.BertForSequenceClassification(config, generator=torch.Generator().manual_seed(0)).eval()
+    ids, mask, types = batch()
+    with torch.no_grad():
+        out = model(ids, mask, types, labels=torch.tensor([1.0, 2.0, 3.0]))
+    assert out.logits.shape == (B, 1)
+    expected = ((out.logits.squeeze(1) - torch.tensor([1.0, 2.0, 3.0])) ** 2).mean()
+    torch.testing.assert_close(out.loss, expected)
+
+    qa = bertkit.BertForQuestionAnswering(BertConfig(**HF_TINY), generator=torch.Generator().manual_seed(0)).eval()
+    with torch.no_grad():
+        out = qa(ids, mask, types, start_positions=torch.tensor([1, 2, 99]), end_positions=torch.tensor([3, 2, 99]))
+    logp_s, logp_e = out.start_logits.log_softmax(-1), out.end_logits.log_softmax(-1)
+    # the third example's answer lies outside the window: ignored by both losses
+    expected = -((logp_s[0, 1] + logp_s[1, 2]) / 2 + (logp_e[0, 3] + logp_e[1, 2]) / 2) / 2
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_mlm_decoder_is_tied_to_word_embeddings():
+    model = bertkit.BertForMaskedLM(BertConfig(**HF_TINY), generator=torch.Generator().manual_seed(0))
+    ids, mask, types = batch()
+    labels = torch.full(ids.shape, -100)
+    labels[0, 2] = 5
+    model(ids, mask, types, labels=labels).loss.backward()
+    grad = model.bert.embeddings.word_embeddings.weight.grad
+    # only id 5 is a target, but every row gets gradient through the shared decoder (softmax over V)
+    assert grad[ids.unique()].abs().sum() > 0 and grad[98].abs().sum() > 0 and 98 not in ids
+    names = [n for n, _ in model.named_parameters()]
+    assert not any("decoder" in n for n in names)
+
+
+def test_no_labelled_position_gives_zero_mlm_loss():
+    model = bertkit.BertForPreTraining(BertConfig(**HF_TINY), generator=torch.Generator().manual_seed(0))
+    ids, mask, types = batch()
+    out = model(ids, mask, types, labels=torch.full(ids.shape, -100), next_sentence_label=torch.tensor([0, 1, 0]))
+    assert out.mlm_loss.item() == 0 and out.prediction_logits.shape == (0, 99)
+    torch.testing.assert_close(out.loss, out.nsp_loss)
+    out.loss.backward()  # still a graph
+
+
+def test_multiple_choice_scores_choices_independently():
+    model = bertkit.BertForMultipleChoice(BertConfig(**HF_TINY), generator=torch.Generator().manual_seed(0)).eval()
+    ids, mask, types = batch(shape=(2, C, T))
+    with torch.no_grad():
+        logits = model(ids, mask, types).logits
+        single = model(ids[1:, 2:], mask[1:, 2:], types[1:, 2:]).logits  # one example, one choice
+    assert logits.shape == (2, C)
+    torch.testing.assert_close(single[0, 0], logits[1, 2], atol=1e-6, rtol=0)
+
+
+def test_heads_reject_bad_labels():
+    config = BertConfig(**HF_TINY, num_labels=3)
+    g = torch.Generator().manual_seed(0)
+    ids, mask, types = batch()
+    seq = bertkit.BertForSequenceClassification(config, generator=g)
+    with pytest.raises(BertkitError, match=r"class ids in \[0, 3\)"):
+        seq(ids, mask, labels=torch.tensor([0, 3, 1]))
+    with pytest.raises(BertkitError, match="must have shape"):
+        seq(ids, mask, labels=torch.tensor([0, 1]))
+    tok = bertkit.BertForTokenClassification(config, generator=g)
+    with pytest.raises(BertkitError, match="must have shape"):
+        tok(ids, mask, labels=torch.zeros(B, T + 1, dtype=torch.long))
+    mlm = bertkit.BertForMaskedLM(config, generator=g)
+    with pytest.raises(BertkitError, match=r"\[0, 99\)"):
+        mlm(ids, mask, labels=torch.full(ids.shape, 99))
+    mc = bertkit.BertForMultipleChoice(config, generator=g)
+    with pytest.raises(BertkitError, match=r"\[batch, choices, seq_len\]"):
+        mc(ids)
+
+
+def test_label_names_travel_with_the_config(tmp_path):
+    config = BertConfig(**HF_TINY, id2label={0: "O", 1: "B-PER", 2: "I-PER"})
+    model = bertkit.BertForTokenClassification(config, generator=torch.Generator().manual_seed(0))
+    model.save_pretrained(tmp_path)
+    loaded = bertkit.BertForTokenClassification.from_pretrained(tmp_path)
+    assert loaded.config.labels == ["O", "B-PER", "I-PER"] and loaded.config.label2id["B-PER"] == 1
+    assert loaded.classifier.out_features == 3

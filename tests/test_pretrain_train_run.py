@@ -1,0 +1,116 @@
+"""`pretrain run` end to end on a slice of the shared corpus, with a tiny BERT.
+
+The saved model is checked against transformers (the oracle): it loads our
+Hugging Face checkpoint and must compute the same pre-training logits and loss
+as our own classes, and our fine-tuning head loads it too.
+"""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from pretrain_support import TINY_MODEL, make_prepared_data, run_cli, tiny_config_file, train_losses
+
+from bertkit.errors import BertkitError
+from bertkit.pretraining.run_config import RunConfig
+from bertkit.pretraining.train import run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def nsp_data(shared_data, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("nsp")
+    return make_prepared_data(shared_data, tmp), tiny_config_file(tmp)
+
+
+def tiny_run(data, config, out, **kw) -> RunConfig:
+    cfg = RunConfig(data=str(data), output=str(out), config=str(config), max_steps=3, batch_size=8,
+                    eval_every=3, eval_sequences=16, save_every=2, seed=5)
+    cfg = dataclasses.replace(cfg, **kw)
+    cfg.optim.learning_rate = 1e-3
+    run(cfg, progress=False)
+    return cfg
+
+
+def test_the_cli_leaves_a_hugging_face_checkpoint_with_its_vocab(nsp_data, tmp_path):
+    data, config = nsp_data
+    out = tmp_path / "run"
+    run_cli("pretrain", "run", data, "--config", config, "--max-steps", 3, "--batch-size", 8, "--output", out,
+            "--eval-every", 3, "--eval-sequences", 16)
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", "metrics.jsonl",
+                 "run_config.json"):
+        assert (out / name).is_file(), name
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (data / "vocab.txt").read_text() == (out / "vocab.txt").read_text()
+    config_json = json.loads((out / "config.json").read_text())
+    assert config_json["architectures"] == ["BertForPreTraining"]
+    assert config_json["hidden_size"] == TINY_MODEL["hidden_size"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert {"loss", "mlm_acc", "nsp_acc", "lr", "tokens_per_s"} <= train[0].keys()
+    evals = [r for r in rows if r["split"] == "eval"]
+    assert evals and 0 < evals[-1]["mlm_baseline"] < 1
+    # a second run into the same directory must not silently overwrite it
+    res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 1, "--output", out, check=False)
+    assert res.returncode == 2 and "--resume" in res.stderr
+
+
+@pytest.mark.oracle
+def test_transformers_loads_the_result_and_agrees(nsp_data, tmp_path, transformers_mod):
+    from bertkit.heads import BertForPreTraining, BertForSequenceClassification
+    from bertkit.pretraining.dataset import PretrainingDataset
+
+    data, config = nsp_data
+    out = tmp_path / "run"
+    tiny_run(data, config, out)
+
+    ds = PretrainingDataset(data, seed=0)
+    batch = ds.collator()([ds[i] for i in range(6)], torch.Generator().manual_seed(0))
+    ours = BertForPreTraining.from_pretrained(out).eval()
+    theirs = transformers_mod.BertForPreTraining.from_pretrained(out).eval()
+    with torch.no_grad():
+        a = ours(**batch)
+        b = theirs(**batch)
+    masked = batch["labels"] != -100
+    torch.testing.assert_close(a.prediction_logits, b.prediction_logits[masked], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a.seq_relationship_logits, b.seq_relationship_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a.loss, b.loss, rtol=1e-5, atol=1e-5)
+    # the fine-tuning head starts from it (a fresh classifier, the pre-training heads unused)
+    clf = BertForSequenceClassification.from_pretrained(out, strict=False, num_labels=2)
+    torch.testing.assert_close(clf.bert.embeddings.word_embeddings.weight, ours.bert.embeddings.word_embeddings.weight)
+
+
+def test_mlm_only_lamb_bf16_cosine(shared_data, tmp_path):
+    data = make_prepared_data(shared_data, tmp_path / "none", objective="none")
+    config = tiny_config_file(tmp_path)
+    cfg = tiny_run(data, config, tmp_path / "bf16", optimizer="lamb", precision="bf16")
+    cfg.optim.schedule = "cosine"
+    rows = train_losses(tmp_path / "bf16")
+    assert sorted(rows) == [1, 2, 3] and all(torch.isfinite(torch.tensor(v)) for v in rows.values())
+    saved = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert saved["architectures"] == ["BertForMaskedLM"]  # no NSP head without a pair objective
+    # the first loss is computed before any update: bf16 autocast must agree with fp32 to bf16 precision
+    tiny_run(data, config, tmp_path / "fp32", optimizer="lamb")
+    assert rows[1] == pytest.approx(train_losses(tmp_path / "fp32")[1], rel=2e-2)
+
+
+def test_torch_compile_trains_like_eager(nsp_data, tmp_path):
+    data, config = nsp_data
+    tiny_run(data, config, tmp_path / "eager", max_steps=2, dropout=0.0, eval_every=0)
+    tiny_run(data, config, tmp_path / "compiled", max_steps=2, dropout=0.0, eval_every=0, compile=True)
+    eager, compiled = train_losses(tmp_path / "eager"), train_losses(tmp_path / "compiled")
+    assert sorted(compiled) == [1, 2]
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], rel=1e-4)
+
+
+def test_bad_data_and_config_are_user_errors(nsp_data, tmp_path):
+    data, _ = nsp_data
+    with pytest.raises(BertkitError, match="pretrain prepare"):
+        tiny_run(tmp_path / "missing", "tiny", tmp_path / "a")
+    with pytest.raises(BertkitError, match="neither a preset"):
+        tiny_run(data, "gigantic", tmp_path / "b")

@@ -1,0 +1,380 @@
+"""The tokenizer: hand-checkable cases, encoding layout, bad input, and the oracle.
+
+Handmade vocabularies follow google-research/bert tokenization_test.py; encode
+features (pairs, truncation strategies, overflow with stride, padding, offsets,
+word ids) are compared with the `tokenizers` library behind BertTokenizerFast.
+"""
+
+import json
+
+import pytest
+
+from bertkit.basic_tokenizer import basic_words, is_control, is_punctuation, is_whitespace
+from bertkit.errors import BertkitError
+from bertkit.tokenizer import Tokenizer, format_encoding
+from bertkit.wordpiece import wordpiece
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# the vocabulary of the original tokenization_test.py (plus the two specials it lacks)
+SMALL = SPECIALS + ["want", "##want", "##ed", "wa", "un", "runn", "##ing", ","]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    path = tmp_path_factory.mktemp("small") / "vocab.txt"
+    path.write_text("\n".join(SMALL) + "\n")
+    return Tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.from_pretrained()
+
+
+@pytest.fixture(scope="module")
+def oracle(default_model_dir, transformers_mod):
+    """The Rust tokenizer inside BertTokenizerFast, truncation/padding off (we set them per call)."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    rust = RustTokenizer.from_str(fast.backend_tokenizer.to_str())
+    rust.no_truncation()
+    rust.no_padding()
+    return rust
+
+
+# --- basic tokenizer: the rules of the original, by hand -------------------------
+
+
+def test_character_classes():
+    assert all(is_whitespace(c) for c in " \t\n\r\u00a0\u3000")
+    assert not any(is_whitespace(c) for c in "A-\x05")
+    assert is_control("\u0005") and is_control("\u200b") and is_control("\u00ad")  # Cc, and Cf counts as C*
+    assert not any(is_control(c) for c in "A \t\r\n")
+    assert all(is_punctuation(c) for c in "-$`.^~¿«」")
+    assert not any(is_punctuation(c) for c in "A 1é")
+
+
+def _words(text, **kw):
+    return [w for w, _ in basic_words(text, **kw)]
+
+
+def test_basic_lower_and_split():
+    assert _words(" \tHeLLo!how  \n Are yoU?  ") == ["hello", "!", "how", "are", "you", "?"]
+    assert _words("H\u00e9llo") == ["hello"]
+
+
+def test_basic_cased_is_exact():
+    assert _words(" \tHeLLo!how  \n Are yoU?  ", lowercase=False) == ["HeLLo", "!", "how", "Are", "yoU", "?"]
+    assert _words("H\u00e9llo", lowercase=False) == ["H\u00e9llo"]
+
+
+def test_accent_stripping_apart_from_lowercasing():
+    assert _words("H\u00e4LLo", lowercase=True, strip_accents=False) == ["h\u00e4llo"]
+    assert _words("H\u00e4LLo", lowercase=False, strip_accents=True) == ["HaLLo"]
+
+
+def test_cleaning_and_cjk():
+    assert _words("ah\u535a\u63a8zz") == ["ah", "\u535a", "\u63a8", "zz"]
+    assert _words("a\x00b\ufffdc\u0007d e") == ["abcd", "e"]  # dropped characters join the word
+    assert _words("\u3053\u3093\u306b\u3061\u306f") == ["\u3053\u3093\u306b\u3061\u306f"]  # kana is not CJK
+
+
+def test_origins_point_into_the_original_text():
+    text = "x \u00c9t\u00e9,\x00ok"
+    for word, origin in basic_words(text):
+        assert len(origin) == len(word)
+    assert basic_words(text) == [("x", [0]), ("ete", [2, 3, 4]), (",", [5]), ("ok", [7, 8])]
+
+
+# --- wordpiece ----------------------------------------------------------------------
+
+
+def test_wordpiece_greedy_longest_match():
+    vocab = set(SMALL)
+    assert wordpiece("unwanted", vocab) == ["un", "##want", "##ed"]
+    assert wordpiece("running", vocab) == ["runn", "##ing"]
+    assert wordpiece("unwantedx", vocab) == ["[UNK]"]  # no full cover -> one [UNK]
+    assert wordpiece("want" * 30, vocab | {"##want"}, max_input_chars_per_word=100) == ["[UNK]"]  # 120 chars
+    assert wordpiece("want" * 25, vocab, max_input_chars_per_word=100) == ["want"] + ["##want"] * 24
+
+
+def test_small_vocab_end_to_end(small):
+    assert small.tokenize("UNwant\u00e9d,running") == ["un", "##want", "##ed", ",", "runn", "##ing"]
+    assert small.tokenize("unwantedX running") == ["[UNK]", "runn", "##ing"]
+    assert small.tokenize("") == []
+    assert small.convert_tokens_to_ids(["un", "##want", "nope"]) == [9, 6, 1]
+
+
+def test_special_tokens_are_never_split(tok):
+    assert tok.tokenize("a [MASK] b[SEP]c") == ["a", "[MASK]", "b", "[SEP]", "c"]
+    # lower-case text is not a special token: it is split as punctuation + word
+    assert tok.tokenize("[mask]") == ["[", "mask", "]"]
+
+
+def test_max_input_chars_per_word_setting(tmp_path):
+    (tmp_path / "vocab.txt").write_text("\n".join(SPECIALS + ["a", "##a"]) + "\n")
+    assert Tokenizer(tmp_path / "vocab.txt").tokenize("a" * 100) == ["a"] + ["##a"] * 99
+    assert Tokenizer(tmp_path / "vocab.txt").tokenize("a" * 101) == ["[UNK]"]
+    assert Tokenizer(tmp_path / "vocab.txt", max_input_chars_per_word=200).tokenize("a" * 150)[:2] == ["a", "##a"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "max_input_chars_per_word": 3}))
+    assert Tokenizer.from_pretrained(tmp_path).tokenize("aaaa aaa") == ["[UNK]", "a", "##a", "##a"]
+
+
+# --- encoding layout ------------------------------------------------------------------
+
+
+def test_pair_layout_by_hand(small):
+    enc = small.encode("unwanted", "running,")
+    assert enc.tokens == ["[CLS]", "un", "##want", "##ed", "[SEP]", "runn", "##ing", ",", "[SEP]"]
+    assert enc.token_type_ids == [0, 0, 0, 0, 0, 1, 1, 1, 1]
+    assert enc.attention_mask == [1] * 9
+    assert enc.offsets == [(0, 0), (0, 2), (2, 6), (6, 8), (0, 0), (0, 4), (4, 7), (7, 8), (0, 0)]
+    assert enc.word_ids == [None, 0, 0, 0, None, 0, 0, 1, None]
+    assert enc.sequence_ids == [None, 0, 0, 0, None, 1, 1, 1, None]
+    assert len(enc) == 9 and enc.to_dict()["input_ids"] == enc.input_ids
+
+
+def test_padding_and_decode(small):
+    enc = small.encode("running", max_length=6, padding="max_length")
+    assert enc.tokens == ["[CLS]", "runn", "##ing", "[SEP]", "[PAD]", "[PAD]"]
+    assert enc.attention_mask == [1, 1, 1, 1, 0, 0]
+    assert enc.offsets[-1] == (0, 0) and enc.word_ids[-1] is None
+    assert small.decode(enc.input_ids) == "[CLS] running [SEP] [PAD] [PAD]"
+    assert small.decode(enc.input_ids, skip_special_tokens=True) == "running"
+
+
+def test_batch_tensors_and_arrays(tok):
+    import numpy as np
+    import torch
+
+    texts, pairs = ["Hello there, world.", "Hi"], ["A pair.", "Another, longer pair of words."]
+    pt = tok.encode_batch(texts, pairs)
+    singles = [tok.encode(t, p) for t, p in zip(texts, pairs)]
+    width = max(len(e) for e in singles)
+    assert pt["input_ids"].shape == (2, width) and pt["input_ids"].dtype == torch.long
+    for row, e in zip(range(2), singles):
+        n = len(e)
+        assert pt["input_ids"][row, :n].tolist() == e.input_ids
+        assert pt["attention_mask"][row].tolist() == [1] * n + [0] * (width - n)
+        assert pt["token_type_ids"][row, :n].tolist() == e.token_type_ids
+    npb = tok.encode_batch(texts, pairs, padding="max_length", max_length=16, return_tensors="np")
+    assert isinstance(npb["input_ids"], np.ndarray) and npb["input_ids"].shape == (2, 16)
+    plain = tok.encode_batch(texts, padding=False, return_tensors=None)
+    assert plain["input_ids"] == [tok.encode(t).input_ids for t in texts]
+
+
+def test_batch_workers_agree(tok):
+    texts = [f"Line {i}: the quick brown fox jumps over the lazy dog {i * 7}." for i in range(300)]
+    one = tok.encode_batch(texts, num_workers=1, return_tensors=None)
+    two = tok.encode_batch(texts, num_workers=2, return_tensors=None)
+    assert one["input_ids"] == two["input_ids"]
+    assert [e.offsets for e in one.encodings] == [e.offsets for e in two.encodings]
+    tok.close()
+
+
+def test_format_encoding_names_substrings(tok):
+    text, pair = "Héllo, world", "ok"
+    table = format_encoding(tok, tok.encode(text, pair), text, pair)
+    lines = table.splitlines()
+    assert lines[0].split() == ["pos", "token", "id", "seg", "word", "offsets", "text"]
+    assert "'Héllo'" in lines[2] and "0:5" in lines[2] and "7592" in lines[2]
+    assert "'ok'" in table and lines[-1].startswith("7 tokens")
+
+
+# --- save / load, casing ------------------------------------------------------------------
+
+
+def test_save_pretrained_round_trip(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["do_lower_case"] is True
+    again = Tokenizer.from_pretrained(tmp_path)
+    assert again.ids_to_tokens == tok.ids_to_tokens and again.lowercase and again.strip_accents
+    assert again.tokenize("Héllo Wörld") == tok.tokenize("Héllo Wörld")
+    assert Tokenizer.from_pretrained(tmp_path / "vocab.txt").lowercase  # sibling config is read
+
+
+def test_casing_mismatch_is_caught(tok, tmp_path):
+    with pytest.raises(BertkitError, match="casing mismatch"):
+        Tokenizer.from_pretrained(None, lowercase=False)  # config says do_lower_case=True
+    with pytest.raises(BertkitError, match="looks uncased"):
+        Tokenizer(tok.ids_to_tokens, lowercase=False)
+    cased = SPECIALS + [w.capitalize() for w in tok.ids_to_tokens if w.isalpha()][:2000]
+    with pytest.raises(BertkitError, match="looks cased"):
+        Tokenizer(cased, lowercase=True)
+    assert Tokenizer(cased, lowercase=False).tokenize("The") == ["The"]
+
+
+def test_accent_stripping_follows_lowercase_unless_set():
+    vocab = SPECIALS + ["cafe", "café", "CAFÉ"]
+    assert Tokenizer(vocab).strip_accents is True
+    assert Tokenizer(vocab).tokenize("Café") == ["cafe"]
+    assert Tokenizer(vocab, strip_accents=False).tokenize("Café") == ["café"]
+    assert Tokenizer(vocab, lowercase=False).tokenize("CAFÉ") == ["CAFÉ"]
+    assert Tokenizer(vocab, lowercase=False, strip_accents=True).tokenize("CAFÉ") == ["[UNK]"]
+
+
+# --- bad input: one clear error each ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda t: t.encode(None), "text must be a str, got NoneType"),
+        (lambda t: t.encode(123), "text must be a str, got int"),
+        (lambda t: t.encode(["a", "b"]), "use encode_batch"),
+        (lambda t: t.encode("a", 5), "pair must be a str"),
+        (lambda t: t.tokenize(b"bytes"), "must be a str, got bytes"),
+        (lambda t: t.encode_batch("one text"), "use encode for a single text"),
+        (lambda t: t.encode_batch(None), "needs a list of str, got NoneType"),
+        (lambda t: t.encode_batch(["ok", 3]), r"texts\[1\] must be a str"),
+        (lambda t: t.encode_batch(["a", "b"], ["x"]), "one pair per text"),
+        (lambda t: t.encode("a", max_length=513), "above 512"),
+        (lambda t: t.encode("a", max_length=1), "cannot even hold the 2 special tokens"),
+        (lambda t: t.encode("a", "b", max_length=2), "cannot even hold the 3 special tokens"),
+        (lambda t: t.encode("a", max_length="64"), "max_length must be an int"),
+        (lambda t: t.encode("a", truncation_strategy="longest"), "truncation_strategy must be one of"),
+        (lambda t: t.encode("a b c", truncation_strategy="only_second", max_length=3), "needs a pair"),
+        (lambda t: t.encode("a", padding="longest"), "padding must be one of"),
+        (lambda t: t.encode("a", stride=-1), "stride must be a non-negative int"),
+        (lambda t: t.encode("a b c d e f", max_length=5, stride=3, return_overflowing=True), "stride=3 must be smaller"),
+        (lambda t: t.encode("a b c d", "e", max_length=4, truncation_strategy="only_second"), "only the second"),
+        (lambda t: t.encode_batch(["a", "b c"], padding=False), "return_tensors needs equal-length rows"),
+        (lambda t: t.encode_batch(["a"], return_tensors="tf"), "return_tensors must be"),
+        (lambda t: t.convert_ids_to_tokens([101, 99999]), "99999 is outside the vocabulary"),
+        (lambda t: t.decode(["hello"]), "must hold ints"),
+        (lambda t: t.convert_tokens_to_ids("hello"), "list of tokens"),
+    ],
+)
+def test_bad_input_gives_clear_error(tok, call, message):
+    with pytest.raises(BertkitError, match=message):
+        call(tok)
+
+
+def test_missing_tokenizer_path(tmp_path):
+    with pytest.raises(BertkitError, match="no tokenizer at"):
+        Tokenizer.from_pretrained(tmp_path / "nope")
+    with pytest.raises(BertkitError, match="has no vocab.txt"):
+        Tokenizer.from_pretrained(tmp_path)
+
+
+# --- the oracle: encode features -------------------------------------------------------
+
+ORACLE_TEXTS = [
+    "Hello, how are you? I'm fine.",
+    "The quick brown fox jumps over the lazy dog near the river bank at sunset.",
+    "Héllo Wörld naïve café résumé Ærøskøbing İstanbul ǅemal ΟΔΟΣ Straße",
+    "a\x00b\ufffdc \u200bzero\u200dwidth soft\u00adhyphen \u2028line\u2029para \u00a0nbsp",
+    "CJK 中文字符测试 かなカナ 한국어 \uf900\U0002f800 mixed中a文",
+    "punct: ¿¡«»—–…“”‘’ $5+3=8 ^_^ `code` ~tilde~ \u037e\u0387\u1fef",
+    "emoji 😀👍🏽 👨‍👩‍👧 math ∑∫√ arrows ←→",
+    "[CLS] [MASK] inside a[SEP]b and [mask] lowercase [UNK]",
+    "supercalifragilisticexpialidocious " + "x" * 101 + " pneumonoultramicroscopicsilicovolcanoconiosis",
+    "combining e\u0301 a\u0308 n\u0303 \u0301alone",
+    "",
+    "   ",
+]
+
+
+def _flat(rust_enc):
+    return [rust_enc, *rust_enc.overflowing]
+
+
+def _same(ours, theirs):
+    assert ours.input_ids == theirs.ids
+    assert ours.token_type_ids == theirs.type_ids
+    assert ours.attention_mask == theirs.attention_mask
+    assert ours.offsets == theirs.offsets
+    assert ours.word_ids == theirs.word_ids
+    assert ours.sequence_ids == theirs.sequence_ids
+    assert ours.tokens == theirs.tokens
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("text", ORACLE_TEXTS)
+def test_tricky_text_matches_oracle(tok, oracle, text):
+    _same(tok.encode(text), oracle.encode(text))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("strategy", ["longest_first", "only_first", "only_second"])
+@pytest.mark.parametrize("max_length", [9, 12, 17, 30])
+@pytest.mark.parametrize("lengths", [(3, 20), (20, 3), (14, 15), (6, 6)])
+def test_pair_truncation_matches_oracle(tok, oracle, strategy, max_length, lengths):
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+    a = " ".join((words * 3)[: lengths[0]])
+    b = " ".join((words[::-1] * 3)[: lengths[1]])
+    oracle.enable_truncation(max_length, strategy=strategy)
+    try:
+        theirs = oracle.encode(a, b)
+    except Exception:  # the oracle refuses when the other segment alone is too long
+        with pytest.raises(BertkitError):
+            tok.encode(a, b, max_length=max_length, truncation_strategy=strategy)
+        return
+    finally:
+        oracle.no_truncation()
+    ours = tok.encode(a, b, max_length=max_length, truncation_strategy=strategy)
+    _same(ours, theirs)
+    assert len(ours) <= max_length
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("stride", [0, 2, 5])
+@pytest.mark.parametrize("max_length", [8, 13])
+def test_overflow_windows_match_oracle(tok, oracle, stride, max_length):
+    text = ORACLE_TEXTS[1] + " " + ORACLE_TEXTS[2]
+    question = "Where does the fox jump?"
+    # a single long text
+    oracle.enable_truncation(max_length, stride=stride, strategy="longest_first")
+    ours = tok.encode(text, max_length=max_length, stride=stride, return_overflowing=True)
+    theirs = _flat(oracle.encode(text))
+    assert len(ours.overflowing) + 1 == len(theirs) > 2
+    for o, t in zip([ours, *ours.overflowing], theirs):
+        _same(o, t)
+    # QA layout: question first, the context cut into windows (only_second)
+    oracle.enable_truncation(max_length + 10, stride=stride, strategy="only_second")
+    ours = tok.encode(question, text, max_length=max_length + 10, stride=stride, truncation_strategy="only_second",
+                      return_overflowing=True)
+    theirs = _flat(oracle.encode(question, text))
+    oracle.no_truncation()
+    assert len(ours.overflowing) + 1 == len(theirs) > 2
+    for o, t in zip([ours, *ours.overflowing], theirs):
+        _same(o, t)
+
+
+@pytest.mark.oracle
+def test_overflow_with_both_segments_cut(tok, oracle):
+    a, b = ORACLE_TEXTS[1], ORACLE_TEXTS[2]
+    oracle.enable_truncation(14, stride=1, strategy="longest_first")
+    theirs = _flat(oracle.encode(a, b))
+    oracle.no_truncation()
+    ours = tok.encode(a, b, max_length=14, stride=1, return_overflowing=True)
+    assert len(ours.overflowing) + 1 == len(theirs)
+    for o, t in zip([ours, *ours.overflowing], theirs):
+        assert o.input_ids == t.ids and o.offsets == t.offsets
+
+
+@pytest.mark.oracle
+def test_batch_padding_matches_oracle(tok, oracle):
+    texts = ORACLE_TEXTS[:4]
+    oracle.enable_padding(pad_id=tok.pad_token_id, pad_token="[PAD]")
+    theirs = oracle.encode_batch(texts)
+    oracle.no_padding()
+    ours = tok.encode_batch(texts, return_tensors=None)
+    for o, t in zip(ours.encodings, theirs):
+        _same(o, t)
+    assert ours["input_ids"] == [t.ids for t in theirs]
+
+
+def test_cli_tokenize_json(tok, capsys):
+    from bertkit.cli import main
+
+    assert main(["tokenize", "Hello, world!", "--pair", "Fine.", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    enc = tok.encode("Hello, world!", "Fine.")
+    assert out["input_ids"] == enc.input_ids and out["offsets"] == [list(o) for o in enc.offsets]
+    assert main(["tokenize", "Hello"]) == 0
+    assert "hello" in capsys.readouterr().out
+    assert main(["tokenize", "x", "--vocab", "/nonexistent/dir"]) == 2
+    assert "no tokenizer at" in capsys.readouterr().err

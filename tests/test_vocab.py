@@ -1,0 +1,84 @@
+"""vocab.txt: loading, saving and the checks that name what is wrong."""
+
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.tokenizer import Tokenizer
+from bertkit.vocab import SPECIAL_TOKENS, load_vocab, save_vocab
+
+GOOD = list(SPECIAL_TOKENS) + ["the", "##s", "cat"]
+
+
+def _write(tmp_path, lines, name="vocab.txt"):
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_ids_are_line_numbers(tmp_path):
+    path = _write(tmp_path, GOOD)
+    assert load_vocab(path) == GOOD
+    assert load_vocab(tmp_path) == GOOD  # a directory holding vocab.txt
+    tok = Tokenizer(path)
+    assert tok.vocab["cat"] == 7 and tok.ids_to_tokens[5] == "the" and len(tok) == 8
+    assert (tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id) == (0, 1, 2, 3, 4)
+    assert tok.all_special_ids == [0, 1, 2, 3, 4]
+
+
+def test_default_vocab_is_bert_base_uncased(default_model_dir):
+    tokens = load_vocab(default_model_dir / "vocab.txt")
+    assert len(tokens) == 30522
+    # the published positions of bert-base-uncased's special tokens
+    assert [tokens.index(t) for t in SPECIAL_TOKENS] == [0, 100, 101, 102, 103]
+
+
+def test_save_round_trip_and_no_trailing_line(tmp_path):
+    tokens = GOOD + ["a\u2028b", "ünï"]  # a line separator inside a token must not split it
+    path = save_vocab(tokens, tmp_path / "out" / "vocab.txt")
+    assert path.read_bytes().count(b"\n") == len(tokens)
+    assert load_vocab(path) == tokens
+
+
+def test_crlf_lines_are_accepted(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_bytes("\r\n".join(GOOD).encode() + b"\r\n")
+    assert load_vocab(path) == GOOD
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        ([t for t in GOOD if t != "[MASK]"], r"missing special token\(s\) \[MASK\]"),
+        ([t for t in GOOD if t not in ("[PAD]", "[SEP]")], r"missing special token\(s\) \[PAD\], \[SEP\]"),
+        (GOOD + ["the"], r"token 'the' appears twice \(lines 6 and 9\)"),
+        (GOOD[:6] + [""] + GOOD[6:], "line 7 is empty"),
+        (GOOD + [" cat "], "surrounding whitespace"),
+    ],
+)
+def test_broken_vocab_files(tmp_path, lines, message):
+    path = _write(tmp_path, lines)
+    with pytest.raises(BertkitError, match=message):
+        load_vocab(path)
+    with pytest.raises(BertkitError, match=message):
+        Tokenizer(path)
+
+
+def test_not_a_vocab_file(tmp_path):
+    with pytest.raises(BertkitError, match="vocabulary file not found"):
+        load_vocab(tmp_path / "missing.txt")
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(BertkitError, match="is not UTF-8 text"):
+        load_vocab(binary)
+    with pytest.raises(BertkitError, match="missing special token"):
+        save_vocab(["a", "b"], tmp_path / "v.txt")
+
+
+def test_from_pretrained_bad_config(tmp_path):
+    _write(tmp_path, GOOD)
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(BertkitError, match="tokenizer_config.json is not valid JSON"):
+        Tokenizer.from_pretrained(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(BertkitError, match="unknown tokenizer setting 'lower'"):
+        Tokenizer.from_pretrained(tmp_path, lower=True)

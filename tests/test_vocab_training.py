@@ -1,0 +1,158 @@
+"""Training a WordPiece vocabulary: a hand-checked run, determinism, streaming, the CLI,
+quality on held-out real text, and cased parity with the oracle using a trained vocabulary."""
+
+import json
+import random
+
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.tokenizer import Tokenizer
+from bertkit.vocab import SPECIAL_TOKENS, load_vocab
+from bertkit.vocab_training import VocabTrainingConfig, count_words, learn_vocab, train_vocab, train_vocab_from_files
+
+TRAIN_BOOKS = slice(0, None, 17)  # 6 of the 102 books, spread over the authors
+HELD_OUT_BOOKS = slice(8, None, 17)  # 6 other books
+HELD_OUT_LINES = 2000  # per held-out book
+
+
+def test_hand_checked_merges():
+    # words: ab x5, abc x3, bc x1 -> pieces a ##b | a ##b ##c | b ##c
+    # pair counts (a,##b)=8 (##b,##c)=3 (b,##c)=1: merge "ab"; then (ab,##c)=3: merge "abc";
+    # then (b,##c)=1 < min_frequency 2: stop.
+    tokens = learn_vocab({"ab": 5, "abc": 3, "bc": 1}, VocabTrainingConfig(vocab_size=100, min_frequency=2))
+    assert tokens == list(SPECIAL_TOKENS) + ["a", "b", "c", "##a", "##b", "##c", "ab", "abc"]
+    # with min_frequency 1 the last pair is merged too; a vocab_size cap stops earlier
+    assert learn_vocab({"ab": 5, "abc": 3, "bc": 1}, VocabTrainingConfig(vocab_size=100, min_frequency=1))[-1] == "bc"
+    assert learn_vocab({"ab": 5, "abc": 3, "bc": 1}, VocabTrainingConfig(vocab_size=12))[-1] == "ab"
+
+
+def test_alphabet_always_kept_even_over_size():
+    tokens = learn_vocab({"xyz": 1, "q": 1}, VocabTrainingConfig(vocab_size=6, min_frequency=1))
+    assert set(tokens) >= {"x", "y", "z", "q", "##x", "##y", "##z", "##q"}
+    assert len(tokens) == len(set(tokens))  # every character seen has both forms, no duplicates
+
+
+def test_counting_follows_the_basic_tokenizer():
+    counts = count_words(["Héllo, WORLD! hello\u4e2d\u6587", "world"], VocabTrainingConfig())
+    assert counts == {"hello": 2, ",": 1, "world": 2, "!": 1, "\u4e2d": 1, "\u6587": 1}
+    cased = count_words(["Héllo, WORLD!"], VocabTrainingConfig(lowercase=False))
+    assert cased == {"Héllo": 1, ",": 1, "WORLD": 1, "!": 1}
+
+
+def test_deterministic_and_order_independent():
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 9))) for _ in range(400)]
+    lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)]
+    config = VocabTrainingConfig(vocab_size=150)
+    first = train_vocab(lines, config)
+    shuffled = lines[:]
+    rng.shuffle(shuffled)
+    assert train_vocab(iter(shuffled), config) == first  # a lazy iterator works: streaming input
+    assert len(first) == 150
+
+
+def test_bounded_memory_keeps_frequent_words():
+    # more distinct words than max_distinct_words: words seen once are forgotten, frequent ones stay
+    lines = (f"common word{i} common" for i in range(5000))
+    counts = count_words(lines, VocabTrainingConfig(max_distinct_words=1000))
+    assert counts["common"] == 10000 and len(counts) < 2000
+
+
+def test_bad_training_input(tmp_path):
+    with pytest.raises(BertkitError, match="vocab_size must be an int"):
+        train_vocab(["a b"], VocabTrainingConfig(vocab_size=3))
+    with pytest.raises(BertkitError, match="min_frequency must be a positive int"):
+        train_vocab(["a b"], VocabTrainingConfig(min_frequency=0))
+    with pytest.raises(BertkitError, match="not one str"):
+        train_vocab("a single string")
+    with pytest.raises(BertkitError, match="no words"):
+        train_vocab(["   ", "\x00"])
+    with pytest.raises(BertkitError, match="corpus path not found"):
+        train_vocab_from_files([tmp_path / "nope.txt"])
+    with pytest.raises(BertkitError, match="holds no .txt files"):
+        train_vocab_from_files([tmp_path])
+
+
+def test_cli_vocab_train(tmp_path, capsys):
+    from bertkit.cli import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The cat sat on the mat.\nThe dog sat on the log.\n" * 20)
+    (corpus / "b.txt").write_text("A cat and a dog.\n" * 10)
+    out = tmp_path / "tok"
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--vocab-size", "60", "--min-frequency", "2"]) == 0
+    assert "wrote 60 tokens" in capsys.readouterr().out
+    tok = Tokenizer.from_pretrained(out)
+    assert len(tok) == 60 and tok.lowercase
+    assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is True
+    assert tok.tokenize("The cat sat.") == ["the", "cat", "sat", "."]
+    assert main(["vocab", "train", str(tmp_path / "missing"), "-o", str(out)]) == 2
+    assert "corpus path not found" in capsys.readouterr().err
+
+
+# --- real data: held-out quality and cased parity -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def books(shared_data):
+    return sorted((shared_data / "pretrain_corpus" / "gutenberg").glob("*.txt"))
+
+
+@pytest.fixture(scope="module")
+def held_out(books):
+    return [line for b in books[HELD_OUT_BOOKS] for line in b.read_text(encoding="utf-8").split("\n")[:HELD_OUT_LINES]]
+
+
+def _quality(tok, lines):
+    tokens = unk = words = 0
+    for enc in tok.encode_batch(lines, padding=False, return_tensors=None, truncation=False).encodings:
+        ids = enc.input_ids[1:-1]
+        tokens += len(ids)
+        unk += ids.count(tok.unk_token_id)
+        words += len(set(enc.word_ids[1:-1]))
+    return unk / tokens, tokens / words
+
+
+@pytest.mark.data
+@pytest.mark.slow
+def test_trained_vocab_on_held_out_text(books, held_out, tmp_path):
+    tokens = train_vocab_from_files(books[TRAIN_BOOKS], VocabTrainingConfig(vocab_size=8000))
+    assert len(tokens) == 8000
+    trained = Tokenizer(tokens)
+    trained.save_pretrained(tmp_path)
+    assert load_vocab(tmp_path / "vocab.txt") == tokens
+    unk_rate, per_word = _quality(trained, held_out)
+    ref_unk, ref_per_word = _quality(Tokenizer.from_pretrained(), held_out)
+    print(
+        f"\ntrained 8000-token uncased vocab on 6 books, {len(held_out)} held-out lines of 6 other books: "
+        f"[UNK] {unk_rate:.3%} of tokens, {per_word:.3f} tokens per word "
+        f"(bert-base-uncased: [UNK] {ref_unk:.3%}, {ref_per_word:.3f} tokens per word)"
+    )
+    assert unk_rate < 0.005
+    assert 1.0 < per_word < 1.25
+
+
+@pytest.mark.data
+@pytest.mark.oracle
+@pytest.mark.slow
+def test_cased_parity_with_trained_vocab(books, held_out, shared_data, tmp_path, transformers_mod):
+    tokens = train_vocab_from_files(books[TRAIN_BOOKS], VocabTrainingConfig(vocab_size=6000, lowercase=False))
+    ours = Tokenizer(tokens, lowercase=False)
+    assert ours.tokenize("The") == ["The"]  # capitals kept: a cased vocabulary
+    ours.save_pretrained(tmp_path)
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(tmp_path))
+    assert len(fast) == len(tokens)
+    rust = fast.backend_tokenizer
+    rust.no_truncation()
+    rust.no_padding()
+    squad = json.loads((shared_data / "squad_v1.1" / "dev-v1.1.json").read_text(encoding="utf-8"))["data"]
+    texts = held_out + [p["context"] for a in squad for p in a["paragraphs"]]
+    mine = ours.encode_batch(texts, padding=False, return_tensors=None, truncation=False).encodings
+    theirs = rust.encode_batch(texts)
+    differ = [t for t, o, r in zip(texts, mine, theirs) if (o.input_ids, o.offsets, o.word_ids) != (r.ids, r.offsets, r.word_ids)]
+    print(f"\ncased parity: {len(texts)} texts ({len(held_out)} Gutenberg lines + 2067 SQuAD contexts), {len(differ)} differ")
+    assert not differ, differ[:3]
+    # cased really is cased: capitals survive, accents too
+    assert any(t != t.lower() for e in mine[:200] for t in e.tokens if t not in SPECIAL_TOKENS)
