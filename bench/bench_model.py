@@ -64,7 +64,7 @@ def batches(tok, texts, size, sort):
     """Pre-tokenized batches; sorted by token length when `sort` (padding then nearly vanishes)."""
     order = range(len(texts))
     if sort:
-        lengths = [len(tok.encode(t).ids) for t in texts]
+        lengths = [len(tok.encode(t)) for t in texts]
         order = sorted(order, key=lambda i: lengths[i])
     order = list(order)
     return [tensors(tok.encode_batch([texts[i] for i in order[s:s + size]], return_tensors="pt"))

@@ -63,21 +63,33 @@ def children(pid: int) -> list:
 class MemorySampler(threading.Thread):
     """Total PSS of this process and its children, sampled until stopped."""
 
-    def __init__(self, every=0.2):
+    def __init__(self, stage_marker: Path, every=0.2):
         super().__init__(daemon=True)
         self.every, self.samples, self._halt = every, [], threading.Event()
+        self.marker = stage_marker  # exists once tokenising is over
 
     def run(self):
         me = os.getpid()
         t0 = time.perf_counter()
         while not self._halt.is_set():
             total = pss_kb(me) + sum(pss_kb(c) for c in children(me))
-            self.samples.append((time.perf_counter() - t0, total / 1024))
+            stage = "instances" if self.marker.exists() else "tokenise"
+            self.samples.append((time.perf_counter() - t0, total / 1024, stage))
             self._halt.wait(self.every)
 
     def stop(self):
         self._halt.set()
         self.join()
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    return total
 
 
 def _maxrss(who: str) -> float:
@@ -90,15 +102,24 @@ def bench_prepare(corpus_files, out: Path, workers: int):
     from bertkit.pretraining.prepare import PrepareConfig, format_summary, prepare
 
     cfg = PrepareConfig(documents="file", workers=workers)
-    sampler = MemorySampler()
+    sampler = MemorySampler(out / "corpus")
     sampler.start()
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     summary = prepare(corpus_files, out, cfg, progress=True)
     seconds = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
     sampler.stop()
+    load = os.getloadavg()[1]
     print(format_summary(summary, cfg))
-    mb = [m for _, m in sampler.samples]
+    mb = [m for _, m, _ in sampler.samples]
     quarters = np.array_split(np.array(mb), 4)
+
+    def stage_peaks(stage):
+        # peak memory in the first and second half of one stage: flat means they match
+        m = np.array([x for _, x, st in sampler.samples if st == stage])
+        halves = np.array_split(m, 2) if len(m) > 1 else [m, m]
+        return " / ".join(f"{h.max():,.0f}" for h in halves) + " MB"
     c = summary.corpus
     lines = [
         "### Preparing the corpus (`bertkit pretrain prepare`)",
@@ -110,11 +131,15 @@ def bench_prepare(corpus_files, out: Path, workers: int):
         "| measure | value |",
         "| --- | ---: |",
         f"| wall time | {seconds:.1f} s |",
-        f"| corpus tokens / s (whole job) | {c.tokens / seconds:,.0f} |",
+        f"| CPU time, main + workers | {cpu:.1f} s (load average {load:.1f} on {os.cpu_count()} cores) |",
+        f"| corpus tokens / s (whole job, wall clock) | {c.tokens / seconds:,.0f} |",
+        f"| corpus tokens / CPU second | {c.tokens / cpu:,.0f} |",
         f"| instance tokens written / s | {summary.instance_tokens / seconds:,.0f} |",
         f"| peak memory (PSS), main + workers | {max(mb):,.0f} MB |",
         f"| peak RSS (ru_maxrss): main process / largest worker | {_maxrss('self'):,.0f} / {_maxrss('children'):,.0f} MB |",
         "| peak memory in each quarter of the run | " + " / ".join(f"{q.max():,.0f}" for q in quarters if len(q)) + " MB |",
+        f"| peak memory, tokenising: first / second half | {stage_peaks('tokenise')} |",
+        f"| peak memory, instances (workers import torch): first / second half | {stage_peaks('instances')} |",
         f"| output on disk | {sum(f.stat().st_size for f in out.rglob('*') if f.is_file()) / 1e6:,.0f} MB |",
         "",
     ]

@@ -19,6 +19,7 @@ from bertkit.errors import BertkitError
 EPILOG = """examples:
   bertkit tokenize "Hello, how are you?" --pair "I am fine."
   bertkit vocab train corpus/ -o vocab.txt --vocab-size 8000
+  bertkit vocab check vocab.txt
   bertkit model info --class BertForSequenceClassification
 """
 
@@ -60,17 +61,36 @@ def add_vocab(sub):
         description="Learn a WordPiece vocabulary (vocab.txt) from plain-text files or folders, streaming.",
     )
     t.add_argument("corpus", nargs="+", help="text files or folders of .txt files")
-    t.add_argument("-o", "--output", required=True, help="where to write vocab.txt")
+    t.add_argument("-o", "--output", required=True,
+                   help="where to write vocab.txt (a file path, or a folder); tokenizer_config.json goes beside it")
     t.add_argument("--vocab-size", type=int, default=30522, help="target vocabulary size")
     t.add_argument("--min-frequency", type=int, default=2, help="ignore merges seen fewer times")
     t.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
     t.set_defaults(handler=run_vocab_train)
+    c = vsub.add_parser(
+        "check",
+        help="validate a vocab.txt and show its size, casing and special token ids",
+        description="Load a vocab.txt (or a model directory) with the tokenizer's checks: special tokens "
+        "present, no duplicate or empty lines, casing consistent with tokenizer_config.json.",
+    )
+    c.add_argument("vocab", nargs="?", help="a vocab.txt or model directory (default: the embedded model's)")
+    c.set_defaults(handler=run_vocab_check)
 
 
 def run_vocab_train(args):
     from bertkit.vocab_training import train_vocab_cli
 
     train_vocab_cli(args)
+
+
+def run_vocab_check(args):
+    from bertkit.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(args.vocab)
+    specials = ", ".join(f"{t}={i}" for t, i in zip(tok.all_special_tokens, tok.all_special_ids))
+    pieces = sum(t.startswith("##") for t in tok.ids_to_tokens)
+    print(f"ok: {len(tok)} tokens ({pieces} ## continuation pieces); lowercase={tok.lowercase}, "
+          f"strip_accents={tok.strip_accents}, max_input_chars_per_word={tok.max_input_chars_per_word}; {specials}")
 
 
 # --- model -----------------------------------------------------------------

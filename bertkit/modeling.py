@@ -301,6 +301,13 @@ class BertPreTrainedModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Trade compute for memory in training: each layer is recomputed during backward."""
+        self.config.gradient_checkpointing = enabled
+        for m in self.modules():
+            if isinstance(m, BertEncoder):
+                m.gradient_checkpointing = enabled
+
 
 class BertModel(BertPreTrainedModel):
     """The bare encoder: embeddings -> L layers -> (pooler).
@@ -335,8 +342,3 @@ class BertModel(BertPreTrainedModel):
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
-
-    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
-        """Trade compute for memory in training: each layer is recomputed during backward."""
-        self.config.gradient_checkpointing = enabled
-        self.encoder.gradient_checkpointing = enabled

@@ -244,3 +244,15 @@ def test_missing_files(tmp_path):
         BertModel.from_pretrained(tmp_path)
     with pytest.raises(BertkitError, match="no checkpoint at"):
         read_weights(tmp_path / "model.safetensors")
+
+
+def test_cli_model_info(capsys, tmp_path):
+    from bertkit.cli import main
+
+    assert main(["model", "info", "--class", "BertForPreTraining", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["config"]["hidden_size"] == 384 and "cls.seq_relationship.weight" in info["missing"]
+    assert main(["model", "info"]) == 0
+    assert "parameters: 22,713,216" in capsys.readouterr().out  # all-MiniLM-L6-v2: 22.7M, as published
+    assert main(["model", "info", str(tmp_path / "nowhere")]) == 2
+    assert "no model directory" in capsys.readouterr().err

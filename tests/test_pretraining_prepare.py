@@ -223,6 +223,23 @@ def test_objective_none_packs_everything_across_documents(tokenised, books, tmp_
     assert crossing >= 1  # some sequence spans a document boundary ([SEP] between)
 
 
+def test_objective_single_keeps_one_document_per_sequence(tokenised, books, tmp_path_factory, capsys):
+    ds = prepared(tokenised, books, tmp_path_factory, objective="single", dupe_factor=1, masking="whole-word")
+    total = 0
+    for i in range(len(ds)):
+        item, src = ds[i], ds.source(i)
+        ids = original_ids(item)
+        assert ids[0] == CLS and ids[-1] == SEP and int((ids == SEP).sum()) == 1 and len(ids) <= 128
+        s, e = src["spans"][:2]
+        assert ids[1:-1].tolist() == ds.corpus_tokens()[s:e].tolist() and src["docs"][0] >= 0
+        total += e - s
+    assert total == ds.manifest["corpus"]["tokens"]
+    from bertkit.pretraining.prepare import format_example
+
+    text = format_example(ds, 0, ds.tokenizer())
+    assert "original text:" in text and "[MASK]" in text
+
+
 # --- determinism, resume, the dataset stream ---------------------------------------------------------
 
 def _digest(folder):

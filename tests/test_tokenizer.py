@@ -164,6 +164,23 @@ def test_batch_tensors_and_arrays(tok):
     assert plain["input_ids"] == [tok.encode(t).input_ids for t in texts]
 
 
+def test_batch_overflow_rows_and_mapping(tok):
+    question, contexts = "Who?", [" ".join(str(i) for i in range(40)), "short context", "another " * 25]
+    batch = tok.encode_batch([question] * 3, contexts, max_length=16, stride=4, truncation_strategy="only_second",
+                             return_overflowing=True, padding="max_length")
+    singles = [tok.encode(question, c, max_length=16, stride=4, truncation_strategy="only_second",
+                          return_overflowing=True, padding="max_length") for c in contexts]
+    rows = [row for e in singles for row in [e, *e.overflowing]]
+    assert batch["input_ids"].tolist() == [r.input_ids for r in rows]
+    assert batch["overflow_to_sample_mapping"].tolist() == [i for i, e in enumerate(singles) for _ in [e, *e.overflowing]]
+    assert batch["input_ids"].shape[1] == 16
+    # consecutive windows of the first context share exactly `stride` tokens
+    first, second = rows[0], rows[1]
+    ctx = [i for i, s in zip(first.input_ids, first.sequence_ids) if s == 1]
+    ctx2 = [i for i, s in zip(second.input_ids, second.sequence_ids) if s == 1]
+    assert ctx[-4:] == ctx2[:4] and len(ctx) == 16 - 3 - 2 and ctx[4] != ctx2[4]  # "who", "?"
+
+
 def test_batch_workers_agree(tok):
     texts = [f"Line {i}: the quick brown fox jumps over the lazy dog {i * 7}." for i in range(300)]
     one = tok.encode_batch(texts, num_workers=1, return_tensors=None)

@@ -82,3 +82,14 @@ def test_from_pretrained_bad_config(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(BertkitError, match="unknown tokenizer setting 'lower'"):
         Tokenizer.from_pretrained(tmp_path, lower=True)
+
+
+def test_cli_vocab_check(tmp_path, capsys):
+    from bertkit.cli import main
+
+    assert main(["vocab", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "ok: 30522 tokens" in out and "[MASK]=103" in out
+    _write(tmp_path, GOOD + ["cat"])
+    assert main(["vocab", "check", str(tmp_path)]) == 2
+    assert "token 'cat' appears twice" in capsys.readouterr().err

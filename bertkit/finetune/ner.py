@@ -61,7 +61,8 @@ class NerConfig:
         if not 8 <= self.max_length <= 512:
             raise BertkitError(f"max_length must be in 8..512, got {self.max_length}")
         if not 0 <= self.stride < self.max_length - 2:
-            raise BertkitError(f"stride must be in 0..max_length-3, got {self.stride}")
+            raise BertkitError(f"stride (window overlap) must be in 0..max_length-3 = {self.max_length - 3}, "
+                               f"got {self.stride}; lower --stride")
         return self
 
 

@@ -32,7 +32,14 @@ Deviations from the original, all deliberate:
   the front, B can begin mid-word; the original would glue it to A's last word);
 - ALBERT draws n from numpy's global generator; we use the passed-in `rng`;
   an n-gram never crosses a [SEP]; a drawn n is kept until it fits
-  (`choose_positions`), so span lengths really follow 1/n.
+  (`choose_positions`), which brings the realised span lengths much closer to
+  1/n (on 128-token Gutenberg instances about 57/26/17% for n = 1/2/3 against
+  ALBERT's 57/28/14% and the target 55/27/18%; within 1 point when the budget
+  holds many spans: the hard budget makes each sequence's last span lean short).
+
+`mask_sequence` is also what prepare runs for static whole-word and n-gram
+masking; static *token* masking runs the collator's vectorised `mask_tokens`
+on a whole block of instances at once.
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def _pool(n: int, initializer, initargs):
     return mp.get_context(method).Pool(n, initializer=initializer, initargs=initargs)
 
 
-def _run_jobs(fn, jobs: list, workers: int, initializer, initargs, progress):
+def _run_jobs(fn, jobs: list, workers: int, initializer, initargs):
     """Run fn over jobs in order (in a pool when workers > 1), yielding results as they come."""
     if workers <= 1 or len(jobs) <= 1:
         initializer(*initargs)
@@ -186,13 +186,15 @@ def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progr
     _remove_extra(root, len(files))
     todo = [(str(f), str(s), settings) for f, s in zip(files, shards)
             if not shard_is_complete(s, file_identity(f), settings)]
+    todo.sort(key=lambda job: -Path(job[0]).stat().st_size)  # largest first: no core idles at the end
     stats = CorpusStats()
+    pending = {job[1] for job in todo}
     for s in shards:
-        if (str(s)) not in {j[1] for j in todo}:
+        if str(s) not in pending:
             stats.merge(read_shard_stats(s))
     bar = tqdm(total=len(files), initial=len(files) - len(todo), unit="file", desc="tokenising",
                disable=not progress, dynamic_ncols=True)
-    for _, st in _run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,), progress):
+    for _, st in _run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,)):
         stats.merge(st)
         bar.update(1)
         bar.set_postfix(tokens=f"{stats.tokens:,}")
@@ -375,7 +377,7 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
     bar = tqdm(total=len(units), initial=len(units) - len(todo), unit="block", desc="instances",
                disable=not progress, dynamic_ncols=True)
     initargs = (str(out / "corpus"), vocab, tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)
-    for job, meta in zip(todo, _run_jobs(_instance_job, todo, cfg.num_workers(), _init_instance_worker, initargs, progress)):
+    for job, meta in zip(todo, _run_jobs(_instance_job, todo, cfg.num_workers(), _init_instance_worker, initargs)):
         metas[job[4]] = meta
         bar.update(1)
     bar.close()
@@ -495,6 +497,9 @@ def format_summary(summary: Summary, cfg: PrepareConfig) -> str:
         lines += [f"  {n:>9,}  {SKIP_REASONS[k]}" for k, n in sorted(c.skips.items())]
     else:
         lines.append("skipped     nothing")
+    if cfg.documents == "blank-line" and c.documents and c.sentences / c.documents < 4:
+        lines.append(f"note        documents average {c.sentences / c.documents:.1f} sentences: if blank lines separate "
+                     "paragraphs rather than documents (books), use --documents file")
     rate = c.tokens / summary.seconds if summary.seconds else 0
     lines.append(f"time        {summary.seconds:.1f} s ({rate:,.0f} corpus tokens/s)")
     return "\n".join(lines)
@@ -569,6 +574,12 @@ def format_example(ds, index: int, tok) -> str:
                    "sop": ("A and B in order", "A and B swapped")}[ds.objective][label]
         lines.append(f"next_sentence_label: {label} ({meaning})")
     ids = item["input_ids"].copy()
+    if spans[0] < 0:  # packed sequences: the text is the instance itself, unmasked
+        original = ids.copy()
+        if ds.static_masking:
+            original[item["masked_positions"]] = item["masked_ids"]
+        lines.append("original text (documents separated by [SEP]):")
+        lines.append(_wrap(tok.decode([int(t) for t in original[1:-1]])))
     if ds.static_masking:
         positions, originals = item["masked_positions"], item["masked_ids"]
     else:

@@ -1,0 +1,155 @@
+"""NER fine-tuning: label alignment, windows, CoNLL reading, end to end.
+
+Alignment is checked by hand on a handmade vocabulary and against the
+run_ner.py recipe of transformers (labels on each word's first piece through
+the fast tokenizer's word_ids) on real CoNLL-2003 sentences.
+"""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.finetune.data import TaggedSentence, read_conll
+from bertkit.finetune.ner import NerConfig, decode, finetune_ner, make_features, word_pieces
+from bertkit.finetune.windows import best_span, spans
+from bertkit.tokenizer import Tokenizer
+from test_finetune import fast, tiny  # noqa: F401  (the tiny-model fixture)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):  # noqa: F811
+    return Tokenizer.from_pretrained(tiny)
+
+
+def test_word_pieces_map_to_conll_words(tok):
+    wp = word_pieces(tok, ["john", "visited", "movies", "in", "paris", "."])
+    assert tok.convert_ids_to_tokens(wp.ids) == ["john", "visited", "movie", "##s", "in", "paris", "."]
+    assert wp.piece_word == [0, 1, 2, 2, 3, 4, 5]
+    assert wp.first_piece == [0, 1, 2, 4, 5, 6]
+
+
+def test_labels_on_first_piece_only(tok):
+    sent = TaggedSentence(["mary", "likes", "movies", "."], ["B-PER", "O", "B-MISC", "O"])
+    label2id = {"O": 0, "B-MISC": 1, "B-PER": 2}
+    feats, _ = make_features(tok, [sent], label2id, max_length=16, stride=0)
+    assert len(feats) == 1
+    # [CLS] mary likes movie ##s . [SEP]
+    assert feats[0]["labels"] == [-100, 2, 0, 1, -100, 0, -100]
+
+
+def test_iob1_is_trained_as_iob2(tok):
+    sent = TaggedSentence(["john", "mary", "paris"], ["I-PER", "B-PER", "I-LOC"])
+    label2id = {"O": 0, "B-LOC": 1, "B-PER": 2, "I-PER": 3}
+    feats, _ = make_features(tok, [sent], label2id, max_length=16, stride=0, scheme="iob1")
+    assert feats[0]["labels"][1:4] == [2, 2, 1]  # every entity start gets B-
+
+
+def test_spans_and_max_context_by_hand():
+    assert spans(10, 4, 1) == [(0, 4), (3, 7), (6, 10)]
+    assert spans(3, 4, 1) == [(0, 3)]
+    # position 3 is the last of window 0 (context 0 right) and first of window 1 (0 left): tie -> first
+    w = spans(10, 4, 1)
+    assert best_span(w, 3) == 0 and best_span(w, 4) == 1 and best_span(w, 5) == 1
+    assert best_span(w, 6) == 1 and best_span(w, 7) == 2  # 6: 0 context in both windows, the first wins
+    with pytest.raises(BertkitError, match="overlap"):
+        spans(10, 4, 4)
+
+
+def test_long_sentences_each_word_labelled_once_and_decoded_from_its_window(tok):
+    words = ("john visited paris and mary visited london but it was slow " * 3).split()
+    tags = ["B-PER" if w in ("john", "mary") else "B-LOC" if w in ("paris", "london") else "O" for w in words]
+    label2id = {"O": 0, "B-LOC": 1, "B-PER": 2}
+    feats, pieces = make_features(tok, [TaggedSentence(words, tags)], label2id, max_length=12, stride=3)
+    windows = spans(len(pieces[0].ids), 10, 3)
+    assert len(feats) == len(windows) > 2
+    labelled = sum(sum(x != -100 for x in f["labels"]) for f in feats)
+    assert labelled == len(words)  # every word trained exactly once
+    # logits: window k predicts label k % 3 everywhere; a word's tag must come from its max-context window
+    names = ["O", "B-LOC", "B-PER"]
+    logits = [np.eye(3)[np.full(len(f["input_ids"]), f["window"] % 3)] for f in feats]
+    pred, empty = decode(logits, feats, pieces, names, 12, 3)
+    expect = [names[best_span(windows, p) % 3] for p in pieces[0].first_piece]
+    assert pred[0] == expect and empty == 0
+
+
+def test_conll_line_without_tag_is_an_error(tmp_path):
+    p = tmp_path / "bad.txt"
+    p.write_text("-DOCSTART- -X- -X- O\n\nJohn NNP I-NP I-PER\nlives\nin IN I-PP O\n")
+    with pytest.raises(BertkitError, match=r"bad.txt:4: 'lives' has 1 column"):
+        read_conll(p)
+    p.write_text("John NNP I-NP I-PER\nlives VBZ O\n")
+    with pytest.raises(BertkitError, match=r":2: 3 columns where earlier lines have 4"):
+        read_conll(p)
+
+
+def test_conll_reader_counts_docstarts(tmp_path):
+    p = tmp_path / "ok.txt"
+    p.write_text("-DOCSTART- -X- -X- O\n\nJohn NNP I-NP I-PER\nran VBD I-VP O\n\n\nParis NNP I-NP I-LOC\n")
+    sents, report = read_conll(p)
+    assert [s.words for s in sents] == [["John", "ran"], ["Paris"]]
+    assert [s.tags for s in sents] == [["I-PER", "O"], ["I-LOC"]]
+    assert report.skipped["-DOCSTART- lines"] == 1 and sents[1].line == 7
+
+
+def ner_file(path, n, rng):
+    lines = []
+    for _ in range(n):
+        who, where = rng.choice(["john", "mary"]), rng.choice(["paris", "london", "berlin"])
+        sent = [(who, "I-PER"), ("visited", "O"), (where, "I-LOC"), (".", "O")]
+        if rng.random() < 0.5:
+            sent = [("the", "O"), ("city", "O"), ("of", "O"), (where, "I-LOC"), ("was", "O"),
+                    (rng.choice(["slow", "new", "old"]), "O")]
+        lines += [f"{w} X X {t}" for w, t in sent] + [""]
+    path.write_text("-DOCSTART- -X- -X- O\n\n" + "\n".join(lines))
+    return path
+
+
+def test_ner_end_to_end_iob1(tiny, tmp_path):  # noqa: F811
+    import bertkit
+
+    rng = random.Random(0)
+    cfg = NerConfig(train=str(ner_file(tmp_path / "train.txt", 80, rng)), dev=str(ner_file(tmp_path / "dev.txt", 20, rng)),
+                    test=str(ner_file(tmp_path / "test.txt", 10, rng)), output=str(tmp_path / "o"), model=str(tiny),
+                    tag_scheme="iob1", max_length=32, stride=8, training=fast(metric="f1"))
+    final = finetune_ner(cfg, log=lambda s: None)
+    assert final["dev"]["f1"] > 0.9 and "test" in final and set(final["dev"]["per_type"]) == {"LOC", "PER"}
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert sorted(config["label2id"]) == ["B-LOC", "B-PER", "O"]
+    first = (tmp_path / "o" / "dev_predictions.conll").read_text().split("\n\n")[0].splitlines()
+    assert all(len(line.split()) == 3 for line in first)
+    out = bertkit.predict(tmp_path / "o", ["mary visited london ."])
+    assert out[0]["words"] == ["mary", "visited", "london", "."]
+    assert out[0]["tags"] == ["I-PER", "O", "I-LOC", "O"]  # back in the training files' IOB1
+
+
+def test_unknown_dev_tag_is_an_error(tiny, tmp_path):  # noqa: F811
+    (tmp_path / "t.txt").write_text("john X X B-PER\nran X X O\n")
+    (tmp_path / "d.txt").write_text("paris X X B-LOC\n")
+    cfg = NerConfig(train=str(tmp_path / "t.txt"), dev=str(tmp_path / "d.txt"), output=str(tmp_path / "o"),
+                    model=str(tiny), training=fast())
+    with pytest.raises(BertkitError, match=r"\['B-LOC'\] do not occur in the training labels"):
+        finetune_ner(cfg, log=lambda s: None)
+
+
+@pytest.mark.oracle
+@pytest.mark.data
+def test_alignment_matches_run_ner_recipe(shared_data, default_model_dir, transformers_mod):
+    """Our first-piece labels equal transformers' run_ner.py labels (label_all_tokens=False)."""
+    sents, _ = read_conll(shared_data / "conll2003" / "dev.txt", max_sentences=200)
+    ours = Tokenizer.from_pretrained(default_model_dir)
+    theirs = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    names = sorted({t for s in sents for t in s.tags})
+    label2id = {n: i for i, n in enumerate(names)}
+    feats, _ = make_features(ours, sents, label2id, max_length=512, stride=0)
+    assert len(feats) == len(sents)
+    for f, s in zip(feats, sents):
+        enc = theirs(s.words, is_split_into_words=True, truncation=True, max_length=512)
+        expect, prev = [], None
+        for w in enc.word_ids():
+            expect.append(-100 if w is None or w == prev else label2id[s.tags[w]])
+            prev = w
+        assert f["input_ids"] == enc["input_ids"], s.words
+        assert f["labels"] == expect, s.words

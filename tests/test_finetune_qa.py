@@ -1,0 +1,191 @@
+"""Extractive QA: answer location, window features, n-best decoding, end to end.
+
+Features are checked against transformers' run_qa.py recipe (the fast
+tokenizer with stride and offsets) on real SQuAD questions; decoding against
+hand-built logits where the right answer is known.
+"""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.finetune.data import QAExample, read_squad
+from bertkit.finetune.qa import QAConfig, best_answers, char_to_pieces, finetune_qa, locate_answer, make_features
+from bertkit.tokenizer import Tokenizer
+from test_finetune import fast, tiny  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):  # noqa: F811
+    return Tokenizer.from_pretrained(tiny)
+
+
+def test_locate_answer():
+    ctx = "john went to paris. mary went to paris too."
+    assert locate_answer(ctx, "paris", 13) == 13
+    assert locate_answer(ctx, "paris", 30) == 33  # start off by a few: the nearest occurrence
+    assert locate_answer(ctx, "london", 13) is None
+
+
+def test_char_to_pieces():
+    offsets = [(0, 4), (5, 9), (10, 12), (13, 18), (18, 19)]
+    assert char_to_pieces(offsets, 13, 18) == (3, 3)
+    assert char_to_pieces(offsets, 6, 15) == (1, 3)  # partial overlaps count
+    assert char_to_pieces(offsets, 12, 13) is None  # only a space
+
+
+def qcfg(**kw):
+    return QAConfig(train="", output="", **{"max_length": 24, "doc_stride": 4, "max_query_length": 4, **kw})
+
+
+def test_window_labels_point_at_the_answer(tok):
+    ctx = " ".join(["the day was slow ."] * 4) + " john visited paris . " + " ".join(["it was new ."] * 4)
+    start = ctx.index("paris")
+    ex = QAExample("q", "where went john ?", ctx, [("paris", start)])
+    cfg = qcfg()
+    feats, skipped = make_features(tok, [ex], cfg, training=True)
+    assert not skipped and len(feats) > 2
+    q_len = 4  # "where went john ?" has 4 pieces, cut to max_query_length 4
+    hits = [f for f in feats if f["start_positions"] != 0]
+    assert hits and all(f["start_positions"] == f["end_positions"] for f in hits)
+    for f in hits:
+        assert tok.convert_ids_to_tokens([f["input_ids"][f["start_positions"]]]) == ["paris"]
+        assert f["token_type_ids"][: q_len + 2] == [0] * (q_len + 2) and f["token_type_ids"][-1] == 1
+    misses = [f for f in feats if f["start_positions"] == 0]
+    assert misses and all(f["end_positions"] == 0 for f in misses)  # no answer in the window: [CLS]
+
+
+def test_unfindable_answer_is_skipped_and_counted(tok):
+    ex = [QAExample("a", "who ?", "john visited paris .", [("london", 3)]),
+          QAExample("b", "who ?", "john visited paris .", [("john", 2)])]
+    feats, skipped = make_features(tok, ex, qcfg(), training=True)
+    assert skipped["answers not found in their context"] == 1
+    assert skipped["answer_start fixed to the text's nearest occurrence (kept)"] == 1
+    assert {f["example_index"] for f in feats} == {1}
+
+
+def decode_case(tok, start_logit_at, end_logit_at, ctx="john visited paris and mary visited london .", **kw):
+    ex = QAExample("q", "who ?", ctx, [])
+    cfg = qcfg(max_length=32, **kw)
+    feats, _ = make_features(tok, [ex], cfg, training=False)
+    T = len(feats[0]["input_ids"])
+    s, e = np.zeros(T, np.float32), np.zeros(T, np.float32)
+    for pos, v in start_logit_at.items():
+        s[pos] = v
+    for pos, v in end_logit_at.items():
+        e[pos] = v
+    return best_answers([ex], feats, [s], [e], cfg)[0], feats[0]
+
+
+def test_decoding_by_hand(tok):
+    # [CLS] who ? [SEP] john(4) visited(5) paris(6) and(7) mary(8) visited(9) london(10) .(11) [SEP]
+    out, f = decode_case(tok, {6: 5.0}, {6: 5.0})
+    assert out["answer"] == "paris" and out["start"] == 13
+    # the question's pieces are never an answer even with the highest logits
+    out, _ = decode_case(tok, {1: 9.0, 8: 2.0}, {1: 9.0, 10: 2.0})
+    assert out["answer"] == "mary visited london"
+    # end before start is excluded; the best valid pair wins
+    out, _ = decode_case(tok, {10: 6.0, 4: 1.0}, {6: 6.0, 11: 0.5})
+    assert out["answer"] == "john visited paris"
+    # max_answer_length: a 7-piece span is too long with a limit of 3
+    out, _ = decode_case(tok, {4: 5.0, 8: 1.0}, {10: 5.0}, max_answer_length=3)
+    assert out["answer"] == "mary visited london"
+
+
+def test_version_2_null_answer(tok):
+    out, _ = decode_case(tok, {0: 8.0, 6: 2.0}, {0: 8.0, 6: 2.0}, version_2=True)
+    assert out["answer"] == ""
+    out, _ = decode_case(tok, {0: 8.0, 6: 2.0}, {0: 8.0, 6: 2.0}, version_2=True, null_score_diff_threshold=20.0)
+    assert out["answer"] == "paris"
+    out, _ = decode_case(tok, {0: 8.0, 6: 2.0}, {0: 8.0, 6: 2.0})  # v1.1 always answers
+    assert out["answer"] == "paris"
+
+
+def test_long_context_answer_comes_from_max_context_window(tok):
+    ctx = " ".join(["the day was slow ."] * 6)
+    ex = QAExample("q", "what ?", ctx, [])
+    cfg = qcfg(max_length=16, doc_stride=6)
+    feats, _ = make_features(tok, [ex], cfg, training=False)
+    assert len(feats) > 2
+    # every window scores the same relative position as a strong answer; only the
+    # window where that token has its maximum context may supply it
+    starts, ends = [], []
+    for f in feats:
+        s = np.zeros(len(f["input_ids"]), np.float32)
+        s[f["context_first"]] = 10.0  # first context piece: never max context except in window 0
+        starts.append(s)
+        ends.append(s.copy())
+    out = best_answers([ex], feats, starts, ends, cfg)[0]
+    assert out["start"] == 0 and out["answer"] == "the"
+
+
+@pytest.mark.oracle
+@pytest.mark.data
+def test_features_match_run_qa_recipe(shared_data, default_model_dir, transformers_mod):
+    """Windows and start/end labels equal transformers' run_qa.py prepare_train_features."""
+    examples, _ = read_squad(shared_data / "squad_v1.1" / "dev-v1.1.json", max_examples=60)
+    ours = Tokenizer.from_pretrained(default_model_dir)
+    theirs = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    cfg = QAConfig(train="", output="", max_length=128, doc_stride=32, max_query_length=64)
+    feats, skipped = make_features(ours, examples, cfg, training=True)
+    assert not skipped
+    enc = theirs([e.question for e in examples], [e.context for e in examples], truncation="only_second",
+                 max_length=128, stride=32, return_overflowing_tokens=True, return_offsets_mapping=True)
+    expect = []
+    for k, sample in enumerate(enc["overflow_to_sample_mapping"]):
+        ex = examples[sample]
+        text, s_char = ex.answers[0]
+        e_char = s_char + len(text)
+        seq, offs = enc.sequence_ids(k), enc["offset_mapping"][k]
+        a = seq.index(1)
+        b = len(seq) - 1 - seq[::-1].index(1)
+        if not (offs[a][0] <= s_char and offs[b][1] >= e_char):
+            expect.append((0, 0))
+            continue
+        while a < len(offs) and seq[a] == 1 and offs[a][0] <= s_char:
+            a += 1
+        while seq[b] == 1 and offs[b][1] >= e_char:
+            b -= 1
+        expect.append((a - 1, b + 1))
+    assert [f["input_ids"] for f in feats] == enc["input_ids"]
+    assert [(f["start_positions"], f["end_positions"]) for f in feats] == expect
+
+
+def squad_file(path, n, rng):
+    """A toy SQuAD file: 'where did NAME go ?' answered by the city after 'to'."""
+    paras = []
+    for i in range(n):
+        who = rng.choice(["john", "mary"])
+        other = "mary" if who == "john" else "john"
+        c1, c2 = rng.sample(["paris", "london", "berlin"], 2)
+        ctx = f"{who} went to {c1} . {other} went to {c2} ."
+        paras.append({"context": ctx, "qas": [{"id": f"{path.stem}{i}", "question": f"where went {who} ?",
+                                               "answers": [{"text": c1, "answer_start": ctx.index(c1)}]}]})
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paras}]}))
+    return path
+
+
+def test_qa_end_to_end(tiny, tmp_path):  # noqa: F811
+    import bertkit
+
+    rng = random.Random(0)
+    cfg = QAConfig(train=str(squad_file(tmp_path / "train.json", 100, rng)), dev=str(squad_file(tmp_path / "dev.json", 20, rng)),
+                   output=str(tmp_path / "o"), model=str(tiny), max_length=32, doc_stride=8, max_query_length=8,
+                   training=fast(epochs=6, metric="f1"))
+    final = finetune_qa(cfg, log=lambda s: None)
+    assert final["dev"]["exact_match"] >= 80.0
+    preds = json.loads((tmp_path / "o" / "dev_predictions.json").read_text())
+    assert len(preds) == 20
+    out = bertkit.predict(tmp_path / "o", ["where went mary ?"], pairs=["mary went to berlin . john went to paris ."])
+    assert out[0]["answer"] == "berlin" and out[0]["start"] == 13
+
+
+def test_overlapping_article_slices_are_an_error(tiny, tmp_path):  # noqa: F811
+    p = squad_file(tmp_path / "s.json", 5, random.Random(0))
+    cfg = QAConfig(train=str(p), dev=str(p), output=str(tmp_path / "o"), model=str(tiny), max_length=32, doc_stride=8, max_query_length=8,
+                   training=fast())
+    with pytest.raises(BertkitError, match="overlap"):
+        finetune_qa(cfg, log=lambda s: None)
