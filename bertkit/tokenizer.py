@@ -21,9 +21,10 @@ encode_batch spreads large batches over worker processes.
 
 Truncation follows the `tokenizers` library (the reference of the parity
 tests): longest_first gives each segment its share at once (the shorter keeps
-its length when it fits, else both get half, the first segment the smaller
-half) rather than popping one token at a time as the original does; overflowing
-windows advance by (window - stride) tokens.
+its length when it fits, else both get half and the longer one, or the second
+when they tie, the odd token), where the original `_truncate_seq_pair` pops one
+token at a time from the longer (ties: the first gets the odd token); with
+stride, overflowing windows advance by (window - stride) tokens.
 
 torch is imported only inside encode_batch(return_tensors="pt").
 """

@@ -11,7 +11,8 @@ sentence, tokens joined by spaces), SQuAD v1.1 dev (every context and every
 question), MRPC/RTE/STS-B (every pair, as pairs), and the first
 GUTENBERG_LINES_PER_BOOK lines of each of the 102 Gutenberg books. The whole
 Gutenberg corpus (every line of every book, ~1M lines) is compared when
-BERTKIT_FULL_PARITY=1 (about 3-4 minutes on 2 cores, so not in the CI budget):
+BERTKIT_FULL_PARITY=1 (994,948 lines, all identical when last run; about 3-6 minutes
+on 2 cores depending on load, so not in the CI budget):
     BERTKIT_FULL_PARITY=1 python -m pytest -q -s tests/test_tokenizer_parity.py
 """
 

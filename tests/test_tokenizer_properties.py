@@ -64,7 +64,7 @@ def _outside_gap(ch: str) -> bool:
 
 ASSIGNED = st.characters(blacklist_categories=("Cs", "Cn")).filter(_outside_gap)
 ORACLE_TEXT = st.text(st.one_of(ASSIGNED, INTERESTING), max_size=60)
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_truncation_never_exceeds_max_length(tok, a, b, max_length, stride, stra
 
 
 @pytest.mark.oracle
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=ORACLE_TEXT)
 def test_random_unicode_matches_oracle(tok, default_model_dir, transformers_mod, text):
     rust = _rust(default_model_dir, transformers_mod)

@@ -398,8 +398,9 @@ def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
 
     With dupe_factor > 1 the same sentences appear in several instances, so a
     slice of instances would leak into training; instead documents are drawn in
-    a seeded order until their instances reach `n_eval`, and every instance
-    touching one of them leaves the training set. Reads the instance shards'
+    a seeded order until their instances reach `n_eval`; the held-out slice
+    is instances whose segment A comes from them, and every instance touching
+    one of them (as A or B) leaves the training set. Reads the instance shards'
     `docs.npy` ([n, 2] document of A and B, -1: none or several; see prepare).
     """
     import numpy as np
@@ -419,7 +420,9 @@ def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
         held.append(d)
         covered += count_of[d]
     touches = np.isin(docs, held).any(axis=1)
-    eval_idx = np.flatnonzero(np.isin(doc_a, held) & ((docs[:, 1] < 0) | np.isin(docs[:, 1], held)))[:n_eval]
+    # segment B of a "random next" pair comes from another document: keep those pairs
+    # (their A is held out), or the slice would hold only "is next" pairs
+    eval_idx = np.flatnonzero(np.isin(doc_a, held))[:n_eval]
     return np.flatnonzero(~touches), eval_idx
 
 

@@ -1,0 +1,146 @@
+"""Pre-training throughput and memory: bertkit against transformers, same shape, batch and data.
+
+One training step = collate (dynamic masking) + forward + backward + AdamW step,
+on the same instances (prepared by `bertkit pretrain prepare` from a slice of
+the shared Gutenberg corpus, length 128, NSP pairs):
+
+- ours: `bertkit.heads.BertForPreTraining` + our collator; the MLM head projects
+  onto the 30,522-word vocabulary only at the masked positions (~15%);
+- peer: `transformers.BertForPreTraining` + `DataCollatorForLanguageModeling`
+  (15% masking, 80/10/10), which projects every position onto the vocabulary.
+
+Both models have the same config (default: 4 layers, hidden 256, 4 heads,
+intermediate 1024; the "mini" preset), dropout on, fp32, and the same batches;
+times are interleaved in one process (bench/harness.py) and reported as
+tokens/s of real (non-padding) tokens. Peak memory is measured in a fresh child
+process per contender (peak RSS after a few steps, minus the RSS before the
+first step).
+
+    python bench/bench_pretraining.py [--write] [--rounds 3] [--batch-size 32]
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
+
+BOOKS = 12  # a slice of the corpus: enough instances for a few dozen batches
+
+
+def prepared_data(tmp: Path) -> Path:
+    from bertkit.pretraining.prepare import PrepareConfig, prepare
+
+    books = sorted((SHARED_DATA / "pretrain_corpus" / "gutenberg").glob("*.txt"))[:BOOKS]
+    cfg = PrepareConfig(max_seq_length=128, objective="nsp", dynamic_masking=True, dupe_factor=1, documents="file")
+    prepare(books, tmp / "data", cfg, progress=False)
+    return tmp / "data"
+
+
+def contenders(data: Path, preset: str, batch_size: int, steps: int):
+    """name -> (train_steps() callable, tokens per call)."""
+    import torch
+    import transformers
+
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForPreTraining
+    from bertkit.pretraining.dataset import PretrainingDataset
+
+    ds = PretrainingDataset(data, seed=0)
+    batches = [[ds[ds.index_at(b * batch_size + i)] for i in range(batch_size)] for b in range(steps)]
+    tokens = sum(len(x["input_ids"]) for batch in batches for x in batch)
+
+    config = BertConfig.preset(preset, vocab_size=ds.vocab_size)
+    ours = BertForPreTraining(config, generator=torch.Generator().manual_seed(0)).train()
+    ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+    collate = ds.collator()
+    g = torch.Generator().manual_seed(0)
+
+    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
+    theirs = transformers.BertForPreTraining(hf_config).train()
+    theirs_opt = torch.optim.AdamW(theirs.parameters(), lr=1e-4)
+    hf_tok = transformers.BertTokenizerFast(vocab_file=str(data / "vocab.txt"), do_lower_case=True)
+    hf_collate = transformers.DataCollatorForLanguageModeling(hf_tok, mlm=True, mlm_probability=0.15)
+
+    def run_ours():
+        for items in batches:
+            batch = collate(items, g)
+            loss = ours(**batch).loss
+            loss.backward()
+            ours_opt.step()
+            ours_opt.zero_grad(set_to_none=True)
+
+    def run_theirs():
+        for items in batches:
+            batch = hf_collate([{"input_ids": x["input_ids"].tolist(), "token_type_ids": x["token_type_ids"].tolist()}
+                                for x in items])
+            batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items])
+            loss = theirs(**batch).loss
+            loss.backward()
+            theirs_opt.step()
+            theirs_opt.zero_grad(set_to_none=True)
+
+    return {"bertkit": run_ours, "transformers": run_theirs}, tokens
+
+
+def peak_memory(data: Path, preset: str, batch_size: int, name: str) -> dict:
+    """Peak RSS of a fresh process running 3 steps of one contender (MiB)."""
+    res = subprocess.run([sys.executable, __file__, "--memory-child", name, "--data", str(data),
+                          "--preset", preset, "--batch-size", str(batch_size)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def memory_child(args) -> None:
+    fns, _ = contenders(args.data, args.preset, args.batch_size, steps=3)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    fns[args.memory_child]()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"before": before, "peak": peak}))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, help="a prepared folder (default: prepare a slice of the shared corpus)")
+    p.add_argument("--preset", default="mini", help="model shape (default mini: 4 layers, hidden 256)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=2, help="training steps per timed call")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    p.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_child:
+        memory_child(args)
+        return 0
+
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = args.data or prepared_data(Path(tmp))
+        fns, tokens = contenders(data, args.preset, args.batch_size, args.steps)
+        times = interleaved(fns, rounds=args.rounds, warmup=1)
+        mem = {name: peak_memory(data, args.preset, args.batch_size, name) for name in fns}
+
+    note = (f"Machine: {machine_line('transformers')}; torch threads {torch.get_num_threads()}.\n\n"
+            f"One call = {args.steps} training steps (collate with dynamic 15% masking, forward, backward, AdamW) "
+            f"of `BertForPreTraining` (MLM + NSP), preset {args.preset}, batch {args.batch_size} x length <= 128, "
+            f"the same instances for both; {args.rounds} interleaved rounds after 1 warm-up, median. "
+            "transformers uses `DataCollatorForLanguageModeling`. Ours projects onto the vocabulary only at the "
+            "masked positions; padding is to the longest sequence of each batch for both.")
+    md = table("Pre-training step throughput (tokens/s, higher is better)", tokens, "tokens", times, "bertkit", note)
+    md += "\n| contender | peak RSS MiB | of which training MiB |\n| --- | ---: | ---: |\n"
+    for name, m in mem.items():
+        md += f"| {name} | {m['peak']:,.0f} | {m['peak'] - m['before']:,.0f} |\n"
+    report("pretraining", md, args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
