@@ -44,50 +44,60 @@ def prepared_data(tmp: Path) -> Path:
     return tmp / "data"
 
 
-def contenders(data: Path, preset: str, batch_size: int, steps: int):
-    """name -> (train_steps() callable, tokens per call)."""
-    import torch
-    import transformers
-
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForPreTraining
+def load_batches(data: Path, batch_size: int, steps: int):
+    """The first `steps` batches of instances in the dataset's seeded order, and their token count."""
     from bertkit.pretraining.dataset import PretrainingDataset
 
     ds = PretrainingDataset(data, seed=0)
     batches = [[ds[ds.index_at(b * batch_size + i)] for i in range(batch_size)] for b in range(steps)]
-    tokens = sum(len(x["input_ids"]) for batch in batches for x in batch)
+    return ds, batches, sum(len(x["input_ids"]) for batch in batches for x in batch)
 
-    config = BertConfig.preset(preset, vocab_size=ds.vocab_size)
-    ours = BertForPreTraining(config, generator=torch.Generator().manual_seed(0)).train()
-    ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    collate = ds.collator()
-    g = torch.Generator().manual_seed(0)
 
-    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
-    theirs = transformers.BertForPreTraining(hf_config).train()
-    theirs_opt = torch.optim.AdamW(theirs.parameters(), lr=1e-4)
-    hf_tok = transformers.BertTokenizerFast(vocab_file=str(data / "vocab.txt"), do_lower_case=True)
-    hf_collate = transformers.DataCollatorForLanguageModeling(hf_tok, mlm=True, mlm_probability=0.15)
+def make_ours(ds, batches, preset: str):
+    import torch
 
-    def run_ours():
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForPreTraining
+
+    model = BertForPreTraining(BertConfig.preset(preset, vocab_size=ds.vocab_size),
+                               generator=torch.Generator().manual_seed(0)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    collate, g = ds.collator(), torch.Generator().manual_seed(0)
+
+    def train_steps():
         for items in batches:
-            batch = collate(items, g)
-            loss = ours(**batch).loss
-            loss.backward()
-            ours_opt.step()
-            ours_opt.zero_grad(set_to_none=True)
+            model(**collate(items, g)).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
-    def run_theirs():
+    return train_steps
+
+
+def make_theirs(ds, batches, preset: str):
+    import torch
+    import transformers
+
+    from bertkit.config import BertConfig
+
+    config = BertConfig.preset(preset, vocab_size=ds.vocab_size).to_dict()
+    model = transformers.BertForPreTraining(transformers.BertConfig(**config)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tok = transformers.BertTokenizerFast(vocab_file=str(ds.directory / "vocab.txt"), do_lower_case=True)
+    collate = transformers.DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.15)
+
+    def train_steps():
         for items in batches:
-            batch = hf_collate([{"input_ids": x["input_ids"].tolist(), "token_type_ids": x["token_type_ids"].tolist()}
-                                for x in items])
+            batch = collate([{"input_ids": x["input_ids"].tolist(), "token_type_ids": x["token_type_ids"].tolist()}
+                             for x in items])
             batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items])
-            loss = theirs(**batch).loss
-            loss.backward()
-            theirs_opt.step()
-            theirs_opt.zero_grad(set_to_none=True)
+            model(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
-    return {"bertkit": run_ours, "transformers": run_theirs}, tokens
+    return train_steps
+
+
+MAKERS = {"bertkit": make_ours, "transformers": make_theirs}
 
 
 def peak_memory(data: Path, preset: str, batch_size: int, name: str) -> dict:
@@ -98,12 +108,20 @@ def peak_memory(data: Path, preset: str, batch_size: int, name: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def high_water_mib() -> float:
+    # VmHWM belongs to this address space; ru_maxrss would carry over the parent's peak across exec
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def memory_child(args) -> None:
-    fns, _ = contenders(args.data, args.preset, args.batch_size, steps=3)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    fns[args.memory_child]()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"before": before, "peak": peak}))
+    ds, batches, _ = load_batches(args.data, args.batch_size, steps=3)
+    train_steps = MAKERS[args.memory_child](ds, batches, args.preset)
+    before = high_water_mib()
+    train_steps()
+    print(json.dumps({"before": before, "peak": high_water_mib()}))
 
 
 def main(argv=None) -> int:
@@ -124,7 +142,8 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or prepared_data(Path(tmp))
-        fns, tokens = contenders(data, args.preset, args.batch_size, args.steps)
+        ds, batches, tokens = load_batches(data, args.batch_size, args.steps)
+        fns = {name: make(ds, batches, args.preset) for name, make in MAKERS.items()}
         times = interleaved(fns, rounds=args.rounds, warmup=1)
         mem = {name: peak_memory(data, args.preset, args.batch_size, name) for name in fns}
 
@@ -135,7 +154,8 @@ def main(argv=None) -> int:
             "transformers uses `DataCollatorForLanguageModeling`. Ours projects onto the vocabulary only at the "
             "masked positions; padding is to the longest sequence of each batch for both.")
     md = table("Pre-training step throughput (tokens/s, higher is better)", tokens, "tokens", times, "bertkit", note)
-    md += "\n| contender | peak RSS MiB | of which training MiB |\n| --- | ---: | ---: |\n"
+    md += ("\nPeak memory: a fresh process per contender builds its model and batches, then runs 3 steps.\n\n"
+           "| contender | peak RSS MiB | growth during the 3 steps MiB |\n| --- | ---: | ---: |\n")
     for name, m in mem.items():
         md += f"| {name} | {m['peak']:,.0f} | {m['peak'] - m['before']:,.0f} |\n"
     report("pretraining", md, args.write)

@@ -93,7 +93,8 @@ def main() -> None:
     note = (
         f"{len(lines):,} lines ({nbytes / 1e6:.2f} MB) sampled from the 102 Gutenberg books; "
         "[CLS] text [SEP] ids with the default model's uncased vocabulary; one call per line, one thread. "
-        f"Machine: {machine_line('transformers', 'tokenizers')}. "
+        f"Machine: {machine_line('transformers', 'tokenizers')}; load average {os.getloadavg()[0]:.1f} at the start "
+        "(other jobs sharing the cores slow every contender; compare the ratios). "
         "Command: `python bench/bench_tokenizer.py --write`."
     )
     md = table("Tokenizer, one text per call (single thread)", nbytes / 1e6, "MB", times, "bertkit encode", note)

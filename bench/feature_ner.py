@@ -88,6 +88,16 @@ def standardize(train: np.ndarray, dev: np.ndarray) -> tuple:
 
 def train_and_score(train_x, train_y, dev_x, dev_tags, tag_names, epochs: int, seed: int) -> float:
     """Train on the words of train_x (a list of [W_i, D]) and return the dev entity F1 in percent."""
+    # small matrices: one thread is faster, and far faster when other jobs share the cores
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_and_score(train_x, train_y, dev_x, dev_tags, tag_names, epochs, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_and_score(train_x, train_y, dev_x, dev_tags, tag_names, epochs: int, seed: int) -> float:
     torch.manual_seed(seed)  # nn.Linear initialises from the global generator
     gen = torch.Generator().manual_seed(seed)
     x, xd = standardize(np.concatenate(train_x), np.concatenate(dev_x))

@@ -32,6 +32,7 @@ that stream without holding every vector in memory.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import json
@@ -307,21 +308,13 @@ def _whitespace_spans(text: str) -> list:
 
 
 def _token_words(offsets, sequence_ids, spans) -> list:
-    """Map each token to the input word whose char span holds its first char."""
-    out, k = [], 0
+    """Map each token of the first segment to the input word whose char span holds its first char."""
+    starts = [a for a, _ in spans]
+    out = []
     for (start, end), seq in zip(offsets, sequence_ids):
-        if seq != 0 or end <= start:
-            out.append(None)
-            continue
-        while k < len(spans) and spans[k][1] <= start:
-            k += 1
-        k = min(k, len(spans) - 1) if spans else 0
-        if spans and spans[k][0] <= start < spans[k][1]:
-            out.append(k)
-        else:
-            # pieces come in order; a piece before the current span cannot happen,
-            # but keep the first match search robust for odd whitespace.
-            out.append(next((j for j, (a, b) in enumerate(spans) if a <= start < b), None))
+        k = bisect.bisect_right(starts, start) - 1
+        inside = seq == 0 and end > start and k >= 0 and start < spans[k][1]
+        out.append(k if inside else None)
     return out
 
 
@@ -483,14 +476,17 @@ def iter_embed(
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, max_length, stride)]
             order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
             results = [[None] * (len(it.spans) if it.spans else 1) for it in items]
+            shown = 0
             for b in range(0, len(order), batch_size):
                 batch = [pieces[k] for k in order[b : b + batch_size]]
                 for piece, vectors in zip(batch, _run_batch(net, batch, spec, pad_id)):
                     results[piece.item][piece.window] = vectors
+                if bar is not None:  # texts of the chunk, in proportion to the rows done
+                    done = len(chunk) * min(b + batch_size, len(order)) // len(order)
+                    bar.update(done - shown)
+                    shown = done
             for item, windows in zip(items, results):
                 yield _finish(item, _stitch(item, windows), pooling, normalize, word_pooling)
-            if bar is not None:
-                bar.update(len(chunk))
     finally:
         net.train(was_training)
         if bar is not None:

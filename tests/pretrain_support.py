@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 # odd sizes make swapped dimensions fail loudly
 TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37,
               "max_position_embeddings": 64, "vocab_size": 30522}
@@ -40,8 +42,8 @@ def bertkit_cmd(*args) -> list:
 
 
 def run_cli(*args, env=None, check=True, timeout=240) -> subprocess.CompletedProcess:
-    """`bertkit ARGS` in a fresh process, with 2 threads as in CI."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "2", **(env or {})}
+    """`bertkit ARGS` in a fresh process (same thread count as this one, for exact comparisons)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), **(env or {})}
     res = subprocess.run(bertkit_cmd(*args), env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and res.returncode != 0:
         raise AssertionError(f"bertkit {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stderr[-3000:]}")

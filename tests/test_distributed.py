@@ -1,5 +1,8 @@
 """Distributed equivalence: torchrun with 2 processes (gloo, CPU) x batch B == 1 process x B x accumulation 2.
 
+Checked for DistributedDataParallel and for FSDP (fully_shard), which also has to
+gather its shards into full checkpoints and the final Hugging Face model.
+
 DDP averages the two ranks' gradients; one process accumulating the same two
 micro-batches (each loss divided by 2) computes the same update. Rank r reads
 micro-batches r, r + 2, ... of the global order, so the data are the same too.
@@ -46,18 +49,26 @@ def setup(shared_data, tmp_path_factory):
     return make_prepared_data(shared_data, tmp), tiny_config_file(tmp), tmp
 
 
-def test_two_ranks_match_one_process_accumulating_two(setup):
+@pytest.fixture(scope="module")
+def single(setup):
     data, config, tmp = setup
     run_cli("pretrain", "run", data, "--config", config, "-o", tmp / "single", "--grad-accum", 2, *COMMON)
-    torchrun(2, "pretrain", "run", data, "--config", config, "-o", tmp / "ddp", *COMMON)
+    return tmp / "single"
 
-    single, ddp = train_losses(tmp / "single"), train_losses(tmp / "ddp")
-    assert sorted(ddp) == list(range(1, 6))
-    for step in single:
-        assert ddp[step] == pytest.approx(single[step], rel=1e-5), step
-    a, b = load_file(tmp / "single" / "model.safetensors"), load_file(tmp / "ddp" / "model.safetensors")
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_two_ranks_match_one_process_accumulating_two(setup, single, engine):
+    data, config, tmp = setup
+    out = tmp / engine
+    torchrun(2, "pretrain", "run", data, "--config", config, "-o", out, *COMMON, *(["--fsdp"] if engine == "fsdp" else []))
+
+    expected, got = train_losses(single), train_losses(out)
+    assert sorted(got) == list(range(1, 6))
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=1e-5), step
+    a, b = load_file(single / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=k)
     # and the updates really moved the weights (the comparison is not of two untouched inits)
-    assert single[5] < single[1]
+    assert expected[5] < expected[1]

@@ -510,8 +510,8 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
                 scaler.load_state_dict(state["scaler"])
             restore_rng(state["rng"][info.rank])
             start_step, position = state["step"], state["data"]["position"]
-        else:
-            cfg.save(out / "run_config.json") if info.is_main else None
+        if info.is_main:  # on resume: the saved settings with the flags given on top
+            cfg.save(out / "run_config.json")
         stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed, position)
         log = MetricsLog(out / "metrics.jsonl", keep_through_step=start_step if cfg.resume else None) if info.is_main else None
 

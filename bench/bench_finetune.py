@@ -1,0 +1,236 @@
+"""Fine-tuning side by side: bertkit's loop against transformers' Trainer.
+
+Same pretrained model (the packaged all-MiniLM-L6-v2), same training subset,
+max_length, batch size, learning rate, warm-up ratio, weight decay, linear
+decay, epochs, seed and length-grouped batches, in one process. The peer is
+`transformers.Trainer` with the pre/post-processing of its example scripts:
+run_glue.py (DataCollatorWithPadding) for SST-2 and run_ner.py (labels on the
+first piece of each word via the fast tokenizer's word_ids,
+DataCollatorForTokenClassification) for CoNLL-2003. Both are scored with the
+same metric code (bertkit.finetune.metrics: accuracy; conlleval entity F1 on
+IOB2 tags, where run_ner.py would call seqeval, which is not installed here).
+
+Reported: the dev metric after the last epoch and the training time per
+epoch (batches only: evaluation and checkpoint saving excluded for both).
+The new classifier head starts from the same weights in both (ours, copied
+into theirs); batch order and dropout masks still differ (each library
+draws them its own way), so the metrics agree within noise, not exactly.
+
+    python bench/bench_finetune.py --task sst2 --train 1000 --epochs 2 [--write]
+    python bench/bench_finetune.py --task conll --train 1000 --epochs 2 [--write]
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from harness import SHARED_DATA, machine_line, report  # noqa: E402
+
+from bertkit.default_model import default_model_dir  # noqa: E402
+from bertkit.finetune import metrics as M  # noqa: E402
+from bertkit.finetune.trainer import TrainConfig  # noqa: E402
+from bertkit.optim import OptimConfig  # noqa: E402
+
+
+def train_config(args, metric):
+    return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=64, seed=args.seed,
+                       metric=metric, progress=False,
+                       optim=OptimConfig(learning_rate=args.learning_rate, warmup_ratio=0.1, weight_decay=0.01))
+
+
+def training_args(transformers, args, out):
+    return transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
+        learning_rate=args.learning_rate, num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01,
+        lr_scheduler_type="linear", seed=args.seed, train_sampling_strategy="group_by_length",
+        eval_strategy="epoch", save_strategy="no", logging_strategy="no", report_to="none",
+        disable_tqdm=True, use_cpu=True, dataloader_num_workers=0)
+
+
+def epoch_timer(transformers):
+    class Timer(transformers.TrainerCallback):
+        def __init__(self):
+            self.times, self.evals = [], []
+
+        def on_epoch_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, *a, **k):
+            self.times.append(time.perf_counter() - self.t0)
+
+        def on_evaluate(self, args, state, control, metrics=None, **k):
+            self.evals.append(metrics)
+
+    return Timer()
+
+
+def copy_head(ours_head: torch.nn.Linear, theirs_head: torch.nn.Linear):
+    with torch.no_grad():
+        theirs_head.weight.copy_(ours_head.weight)
+        theirs_head.bias.copy_(ours_head.bias)
+
+
+# --- SST-2 -------------------------------------------------------------------
+
+def bench_sst2(args, transformers, tmp):
+    from bertkit.finetune.classification import TextTaskConfig, finetune_text
+    from bertkit.finetune.data import read_text_examples
+    from bertkit.finetune.run import load_head
+    from bertkit.heads import BertForSequenceClassification
+
+    data = SHARED_DATA / "sst2"
+    model_dir = default_model_dir()
+    cfg = TextTaskConfig(train=str(data / "train.tsv"), dev=str(data / "dev.tsv"), output=str(tmp / "ours"),
+                         max_length=args.max_length, max_train_examples=args.train, max_dev_examples=args.dev,
+                         training=train_config(args, "accuracy"))
+    t0 = time.perf_counter()
+    ours = finetune_text(cfg, log=lambda s: None)
+    ours_wall = time.perf_counter() - t0
+
+    train_ex, _ = read_text_examples(data / "train.tsv", max_examples=args.train)
+    dev_ex, _ = read_text_examples(data / "dev.tsv", max_examples=args.dev)
+    tok = transformers.BertTokenizerFast.from_pretrained(str(model_dir))
+
+    def encode(examples):
+        return [dict(tok(e.text, truncation=True, max_length=args.max_length), labels=int(e.label)) for e in examples]
+
+    train_ds, dev_ds = encode(train_ex), encode(dev_ex)
+    labels = {"0": 0, "1": 1}
+    model = transformers.BertForSequenceClassification.from_pretrained(
+        str(model_dir), num_labels=2, id2label={0: "0", 1: "1"}, label2id=labels)
+    ours_init = load_head(BertForSequenceClassification, model_dir, args.seed, lambda s: None, num_labels=2)
+    copy_head(ours_init.classifier, model.classifier)
+
+    def compute_metrics(p):
+        return {"accuracy": M.accuracy(list(p.predictions.argmax(-1)), list(p.label_ids))}
+
+    timer = epoch_timer(transformers)
+    trainer = transformers.Trainer(model=model, args=training_args(transformers, args, tmp / "theirs"),
+                                   train_dataset=train_ds, eval_dataset=dev_ds,
+                                   data_collator=transformers.DataCollatorWithPadding(tok),
+                                   compute_metrics=compute_metrics, callbacks=[timer])
+    t0 = time.perf_counter()
+    trainer.train()
+    theirs_wall = time.perf_counter() - t0
+    return {
+        "task": f"SST-2 ({args.train} train / {len(dev_ex)} dev, max_length {args.max_length})",
+        "metric": "accuracy",
+        "ours": (ours["epochs"][-1]["accuracy"], [e["train_seconds"] for e in ours["epochs"]], ours_wall),
+        "theirs": (timer.evals[-1]["eval_accuracy"], timer.times, theirs_wall),
+    }
+
+
+# --- CoNLL-2003 ----------------------------------------------------------------
+
+def bench_conll(args, transformers, tmp):
+    from bertkit.finetune.data import read_conll
+    from bertkit.finetune.ner import NerConfig, finetune_ner
+    from bertkit.finetune.run import load_head
+    from bertkit.heads import BertForTokenClassification
+
+    data = SHARED_DATA / "conll2003"
+    model_dir = default_model_dir()
+    cfg = NerConfig(train=str(data / "train.txt"), dev=str(data / "dev.txt"), output=str(tmp / "ours"),
+                    tag_scheme="iob1", max_length=args.max_length, max_train_examples=args.train,
+                    max_dev_examples=args.dev, training=train_config(args, "f1"))
+    t0 = time.perf_counter()
+    ours = finetune_ner(cfg, log=lambda s: None)
+    ours_wall = time.perf_counter() - t0
+
+    train_s = read_conll(data / "train.txt")[0][: args.train]
+    dev_s = read_conll(data / "dev.txt")[0][: args.dev]
+    names = sorted({t for s in train_s for t in M.iob1_to_iob2(s.tags)}, key=lambda t: (t != "O", t[2:], t[:1]))
+    label2id = {n: i for i, n in enumerate(names)}
+    tok = transformers.BertTokenizerFast.from_pretrained(str(model_dir))
+
+    def encode(sents):  # run_ner.py's tokenize_and_align_labels, label_all_tokens=False
+        out = []
+        for s in sents:
+            enc = tok(s.words, is_split_into_words=True, truncation=True, max_length=args.max_length)
+            tags, labels, prev = M.iob1_to_iob2(s.tags), [], None
+            for w in enc.word_ids():
+                labels.append(-100 if w is None or w == prev else label2id[tags[w]])
+                prev = w
+            out.append(dict(enc, labels=labels))
+        return out
+
+    train_ds, dev_ds = encode(train_s), encode(dev_s)
+    gold = [M.iob1_to_iob2(s.tags) for s in dev_s]
+
+    def compute_metrics(p):
+        pred = []
+        for row, lab, g in zip(p.predictions.argmax(-1), p.label_ids, gold):
+            tags = [names[k] for k, y in zip(row, lab) if y != -100]
+            pred.append(tags + ["O"] * (len(g) - len(tags)))  # words cut by truncation count as O
+        return {"f1": M.entity_scores(pred, gold)["f1"]}
+
+    model = transformers.BertForTokenClassification.from_pretrained(
+        str(model_dir), num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id)
+    ours_init = load_head(BertForTokenClassification, model_dir, args.seed, lambda s: None, num_labels=len(names))
+    copy_head(ours_init.classifier, model.classifier)
+    timer = epoch_timer(transformers)
+    trainer = transformers.Trainer(model=model, args=training_args(transformers, args, tmp / "theirs"),
+                                   train_dataset=train_ds, eval_dataset=dev_ds,
+                                   data_collator=transformers.DataCollatorForTokenClassification(tok),
+                                   compute_metrics=compute_metrics, callbacks=[timer])
+    t0 = time.perf_counter()
+    trainer.train()
+    theirs_wall = time.perf_counter() - t0
+    return {
+        "task": f"CoNLL-2003 NER ({args.train} train / {len(dev_s)} dev sentences, max_length {args.max_length})",
+        "metric": "entity F1",
+        "ours": (ours["epochs"][-1]["f1"], [e["train_seconds"] for e in ours["epochs"]], ours_wall),
+        "theirs": (timer.evals[-1]["eval_f1"], timer.times, theirs_wall),
+    }
+
+
+def markdown(results, args) -> str:
+    lines = ["### Fine-tuning: bertkit vs transformers.Trainer", "",
+             f"Machine: {machine_line('transformers')}.",
+             f"Settings: {args.epochs:g} epochs, batch {args.batch_size}, learning rate {args.learning_rate:g}, "
+             f"warm-up 10%, linear decay, weight decay 0.01, seed {args.seed}, length-grouped batches. "
+             "Time per epoch counts the training batches only (median over epochs); ratio = their time / ours "
+             "(above 1.0: we are faster). Command: "
+             f"`python bench/bench_finetune.py --task {args.task} --train {args.train} --epochs {args.epochs:g}`.",
+             "",
+             "| task | metric | bertkit | Trainer | bertkit s/epoch | Trainer s/epoch | speed ratio |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        (mo, to, _), (mt, tt, _) = r["ours"], r["theirs"]
+        so, st = statistics.median(to), statistics.median(tt)
+        lines.append(f"| {r['task']} | {r['metric']} | {mo:.4f} | {mt:.4f} | {so:.1f} | {st:.1f} | {st / so:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=["sst2", "conll", "all"], default="all")
+    p.add_argument("--train", type=int, default=1000)
+    p.add_argument("--dev", type=int, default=None)
+    p.add_argument("--epochs", type=float, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    args = p.parse_args()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, fn in (("sst2", bench_sst2), ("conll", bench_conll)):
+            if args.task in (name, "all"):
+                results.append(fn(args, transformers, Path(tmp) / name))
+                print(results[-1], file=sys.stderr)
+    report("finetune", markdown(results, args), args.write)
+
+
+if __name__ == "__main__":
+    main()
