@@ -21,6 +21,7 @@ draws them its own way), so the metrics agree within noise, not exactly.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -197,7 +198,8 @@ def markdown(results, args) -> str:
              f"warm-up 10%, linear decay, weight decay 0.01, seed {args.seed}, length-grouped batches. "
              "Time per epoch counts the training batches only (median over epochs); ratio = their time / ours "
              "(above 1.0: we are faster). Command: "
-             f"`python bench/bench_finetune.py --task {args.task} --train {args.train} --epochs {args.epochs:g}`.",
+             f"`OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')} python bench/bench_finetune.py "
+             f"{' '.join(a for a in sys.argv[1:] if a != '--write')}`.",
              "",
              "| task | metric | bertkit | Trainer | bertkit s/epoch | Trainer s/epoch | speed ratio |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -143,9 +142,11 @@ CONTENDERS = {
 # --- peak memory (one fresh process per contender) ---------------------------------------
 
 
-def rss_kb() -> int:
+def status_kb(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak) of this process. Not ru_maxrss: Linux carries that
+    over from the parent across exec, so a child would report the parent's peak."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
 
@@ -155,9 +156,13 @@ def peak_memory_child(name: str) -> None:
     torch.set_num_threads(THREADS)
     with tempfile.TemporaryDirectory() as tmp:
         run = CONTENDERS[name](Path(tmp))
-    loaded = rss_kb()
+    loaded = status_kb("VmRSS")
+    try:  # reset the peak to now, so loading's own peak (state dict + model) does not count
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
     run(fixed_batch(32))
-    print(json.dumps([loaded, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))
+    print(json.dumps([loaded, status_kb("VmHWM")]))
 
 
 def peak_memory(names) -> dict:

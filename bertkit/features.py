@@ -319,12 +319,10 @@ def _token_words(offsets, sequence_ids, spans) -> list:
 
 
 def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
-    words = None
     if isinstance(text, (list, tuple)):
         if not all(isinstance(w, str) for w in text):
             raise BertkitError("a pre-split text must be a list of strings (words)")
-        words = list(text)
-        text, spans = _word_spans(words)
+        text, spans = _word_spans(text)
     elif isinstance(text, str):
         spans = None
     else:
@@ -333,10 +331,8 @@ def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
         raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
     if pair is not None and not str(pair).strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
-    if truncate:
-        enc = tok.encode(text, pair, max_length=max_length, truncation=True)
-    else:
-        enc = tok.encode(text, pair, max_length=max_length, truncation=False)  # the whole text
+    # without truncation the tokenizer returns the whole text, however long; _pieces windows it
+    enc = tok.encode(text, pair, max_length=max_length, truncation=truncate)
     if len(enc.input_ids) <= 2:
         raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
     if spans is None:

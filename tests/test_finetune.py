@@ -327,3 +327,37 @@ def test_cli_finetune_classify(tiny, tmp_path, capsys):
     assert code == 0 and "confusion matrix" in out
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert metrics["train_examples"] == 24 and metrics["dev_examples"] == 10
+
+
+def test_one_call_api(tiny, tmp_path):
+    from bertkit.finetune import finetune
+
+    t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], sentiment_rows(16, random.Random(4)))
+    final = finetune("classify", train=str(t), output=str(tmp_path / "o"), model=str(tiny), max_length=24,
+                     training=fast(epochs=1), log=lambda s: None)
+    assert final["train_examples"] == 16 and (tmp_path / "o" / "model.safetensors").is_file()
+    with pytest.raises(BertkitError, match="unknown task 'summarize'"):
+        finetune("summarize", train=str(t), output=str(tmp_path / "o2"))
+
+
+def test_demo_held_out_words_never_seen_in_training():
+    from bertkit.demo import HELD_OUT_FRAMES, HELD_OUT_WORDS, TRAIN_FRAMES, TRAIN_WORDS, make_examples
+
+    train_rows = make_examples(TRAIN_WORDS, TRAIN_FRAMES, random.Random(0), 80)
+    held = make_examples(HELD_OUT_WORDS, HELD_OUT_FRAMES, random.Random(1), 50)
+    train_vocab = {w.strip(".,!").lower() for s, _ in train_rows for w in s.split()}
+    for words in HELD_OUT_WORDS.values():
+        assert not set(words) & train_vocab
+    assert not {s for s, _ in held} & {s for s, _ in train_rows}
+    assert sorted(lab for _, lab in held).count("positive") == 50
+
+
+def test_demo_runs_end_to_end_on_a_tiny_model(tiny, tmp_path):
+    from bertkit.demo import NEW_SENTENCES, run_demo
+
+    lines = []
+    final = run_demo(tmp_path / "demo", model=str(tiny), epochs=1, progress=False, train_per_label=8,
+                     heldout_per_label=4, log=lines.append)
+    assert 0.0 <= final["dev"]["accuracy"] <= 1.0 and final["dev_examples"] == 8
+    assert len(final["new_sentences"]) == len(NEW_SENTENCES)
+    assert any("held-out accuracy" in line for line in lines)

@@ -123,6 +123,15 @@ def test_ner_end_to_end_iob1(tiny, tmp_path):  # noqa: F811
     out = bertkit.predict(tmp_path / "o", ["mary visited london ."])
     assert out[0]["words"] == ["mary", "visited", "london", "."]
     assert out[0]["tags"] == ["I-PER", "O", "I-LOC", "O"]  # back in the training files' IOB1
+    from bertkit.cli import main
+
+    (tmp_path / "new.txt").write_text("john visited berlin .\nthe city of paris was old\n")
+    assert main(["predict", str(tmp_path / "o"), str(tmp_path / "new.txt"), "-o", str(tmp_path / "p.tsv")]) == 0
+    rows = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]]
+    assert rows[0][:2] == ["john visited berlin .", "I-PER O I-LOC O"] and len(rows) == 2
+    # the dev file itself (CoNLL columns) gives one row per sentence
+    assert main(["predict", str(tmp_path / "o"), cfg.dev, "-o", str(tmp_path / "p2.tsv")]) == 0
+    assert len((tmp_path / "p2.tsv").read_text().splitlines()) == 21
 
 
 def test_unknown_dev_tag_is_an_error(tiny, tmp_path):  # noqa: F811

@@ -119,3 +119,15 @@ def test_bad_data_and_config_are_user_errors(nsp_data, tmp_path):
         tiny_run(tmp_path / "missing", "tiny", tmp_path / "a")
     with pytest.raises(BertkitError, match="neither a preset"):
         tiny_run(data, "gigantic", tmp_path / "b")
+
+
+def test_a_diverging_run_stops_with_the_step_and_batch_named(nsp_data, tmp_path):
+    # AdamW moves every weight by about lr per step: lr 1e30 overflows the activations in step 2
+    data, config = nsp_data
+    res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 5, "--batch-size", 4,
+                  "--learning-rate", 1e30, "--warmup-ratio", 0, "--eval-every", 0, "-o", tmp_path / "nan", check=False)
+    assert res.returncode == 2
+    error = res.stderr.strip().splitlines()[-1]
+    assert error.startswith("bertkit: error: non-finite loss at step 2 ") and "training positions 4..7" in error
+    assert sorted(train_losses(tmp_path / "nan")) == [1]  # nothing after the bad step was logged
+    assert not (tmp_path / "nan" / "model.safetensors").exists()

@@ -21,7 +21,6 @@ Shapes: logits per example (num_labels,) or (1,) for regression.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -227,10 +226,12 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
         log(f"{len(train_feats) - len(train_ex)} extra windows for texts longer than max_length={cfg.max_length}")
     dev_feats = make_features(tok, dev_ex, cfg.task, label2id, cfg.max_length, cfg.stride) if dev_ex else None
 
+    dev_preds = []  # per epoch, so the best epoch's predictions need no second pass
+
     def evaluate(m):
         logits = run_model(m, dev_feats, tcfg.eval_batch_size, progress=tcfg.progress, desc="eval")["logits"]
-        preds = decode(pool_windows(logits, dev_feats, len(dev_ex)), cfg.task, names)
-        return score(preds, dev_ex, cfg.task, names)
+        dev_preds.append(decode(pool_windows(logits, dev_feats, len(dev_ex)), cfg.task, names))
+        return score(dev_preds[-1], dev_ex, cfg.task, names)
 
     info = {"task": cfg.task, "max_length": cfg.max_length, "stride": cfg.stride,
             "text_column": cfg.text_column, "text_pair_column": cfg.text_pair_column,
@@ -242,8 +243,7 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
     final = {"task": cfg.task, "train_examples": len(train_ex), "train_seconds": round(result.seconds, 1),
              "epochs": result.history}
     if dev_ex:
-        preds = predict_examples(model, tok, dev_ex, cfg.task, names, cfg.max_length, cfg.stride,
-                                 tcfg.eval_batch_size)
+        preds = dev_preds[result.best["epoch"] - 1]
         final["dev"] = score(preds, dev_ex, cfg.task, names, full=True)
         final["dev_examples"] = len(dev_ex)
         write_predictions(out / "dev_predictions.tsv", dev_ex, preds, cfg.task)
@@ -275,6 +275,3 @@ def format_report(final: dict) -> str:
             lines.append(f"{n:>{w}}" + "".join(f"{c:>{w}}" for c in row))
     return "\n".join(lines)
 
-
-def steps_per_epoch(n_features: int, batch_size: int) -> int:
-    return math.ceil(n_features / batch_size)

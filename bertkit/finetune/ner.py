@@ -210,9 +210,11 @@ def finetune_ner(cfg: NerConfig, log=print) -> dict:
     if len(feats) > len(train_s):
         log(f"{len(feats) - len(train_s)} extra windows for sentences longer than max_length={cfg.max_length}")
 
+    dev_results = []  # per epoch, so the best epoch's predictions need no second pass
+
     def evaluate(m):
-        scores, _ = evaluate_sentences(m, tok, dev_s, names, cfg, tcfg.progress)
-        return {k: v for k, v in scores.items() if k != "per_type"}
+        dev_results.append(evaluate_sentences(m, tok, dev_s, names, cfg, tcfg.progress))
+        return {k: v for k, v in dev_results[-1][0].items() if k != "per_type"}
 
     info = {"task": "ner", "max_length": cfg.max_length, "stride": cfg.stride, "tag_scheme": cfg.tag_scheme,
             "config": {k: v for k, v in asdict(cfg).items() if k != "training"}}
@@ -225,7 +227,10 @@ def finetune_ner(cfg: NerConfig, log=print) -> dict:
         if path is None:
             continue
         sents = sents if sents is not None else read(path, None)
-        scores, pred = evaluate_sentences(model, tok, sents, names, cfg)
+        if split == "dev":
+            scores, pred = dev_results[result.best["epoch"] - 1]
+        else:
+            scores, pred = evaluate_sentences(model, tok, sents, names, cfg)
         final[split] = scores
         final[f"{split}_sentences"] = len(sents)
         write_conll(out / f"{split}_predictions.conll", sents, pred, cfg.tag_scheme)

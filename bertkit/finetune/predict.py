@@ -76,9 +76,11 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
     path = Path(path)
     task = info["task"]
     if task == "ner" and path.suffix.lower() not in (".tsv", ".csv", ".jsonl", ".json"):
-        # CoNLL columns (tags ignored if present) or one whitespace-tokenised sentence per line
-        sentences, _ = read_conll(path, tagged=False)
-        return [" ".join(s.words) for s in sentences], None
+        if looks_like_conll(path):  # one token per line (first column), blank lines between sentences
+            sentences, _ = read_conll(path, tagged=False)
+            return [" ".join(s.words) for s in sentences], None
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").split("\n")]
+        return [line for line in lines if line], None  # one sentence per line, words split on whitespace
     if task == "qa" and path.suffix.lower() == ".json":
         from bertkit.finetune.data import read_squad
 
@@ -100,6 +102,13 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
     if report.skipped:
         print(report.summary())
     return texts, (pairs if pcol else None)
+
+
+def looks_like_conll(path) -> bool:
+    """CoNLL columns start with -DOCSTART- or have blank lines between sentences; else one sentence per line."""
+    text = Path(path).read_text(encoding="utf-8")
+    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
+    return text.lstrip().startswith("-DOCSTART-") or len(blocks) > 1
 
 
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,

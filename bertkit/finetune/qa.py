@@ -213,8 +213,11 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
     log(f"qa: {len(train_ex)} questions -> {len(feats)} windows (max_length {cfg.max_length}, "
         f"doc_stride {cfg.doc_stride})")
 
+    dev_preds = []  # per epoch, so the best epoch's predictions need no second pass
+
     def evaluate(m):
-        return score(dev_ex, answer(m, tok, dev_ex, cfg, tcfg.progress), cfg.version_2)
+        dev_preds.append(answer(m, tok, dev_ex, cfg, tcfg.progress))
+        return score(dev_ex, dev_preds[-1], cfg.version_2)
 
     keys = ("max_length", "doc_stride", "max_query_length", "max_answer_length", "n_best", "version_2",
             "null_score_diff_threshold")
@@ -226,7 +229,7 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
     final = {"task": "qa", "train_questions": len(train_ex), "train_windows": len(feats),
              "train_skipped": dict(skipped), "train_seconds": round(result.seconds, 1), "epochs": result.history}
     if dev_ex:
-        preds = answer(model, tok, dev_ex, cfg)
+        preds = dev_preds[result.best["epoch"] - 1]
         final["dev"] = score(dev_ex, preds, cfg.version_2)
         final["dev_questions"] = len(dev_ex)
         (out / "dev_predictions.json").write_text(

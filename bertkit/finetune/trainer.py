@@ -28,7 +28,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -231,6 +231,3 @@ def train(model, train_features: list[dict], config: TrainConfig, *, evaluate=No
         model.load_state_dict(best_state)  # end on the best epoch, as saved
     return TrainResult(history, best, time.perf_counter() - t_start)
 
-
-def config_dict(config: TrainConfig) -> dict:
-    return asdict(config)
