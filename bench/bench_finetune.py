@@ -6,9 +6,12 @@ decay, epochs, seed and length-grouped batches, in one process. The peer is
 `transformers.Trainer` with the pre/post-processing of its example scripts:
 run_glue.py (DataCollatorWithPadding) for SST-2 and run_ner.py (labels on the
 first piece of each word via the fast tokenizer's word_ids,
-DataCollatorForTokenClassification) for CoNLL-2003. Both are scored with the
+DataCollatorForTokenClassification) for CoNLL-2003, run_qa.py
+(prepare_train_features with stride and offsets, n-best post-processing) for
+SQuAD v1.1 split by article. Both are scored with the
 same metric code (bertkit.finetune.metrics: accuracy; conlleval entity F1 on
-IOB2 tags, where run_ner.py would call seqeval, which is not installed here).
+IOB2 tags, where run_ner.py would call seqeval, which is not installed here;
+the official SQuAD F1).
 
 Reported: the dev metric after the last epoch and the training time per
 epoch (batches only: evaluation and checkpoint saving excluded for both).
@@ -30,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from harness import SHARED_DATA, machine_line, report  # noqa: E402
 
@@ -45,12 +49,12 @@ def train_config(args, metric):
                        optim=OptimConfig(learning_rate=args.learning_rate, warmup_ratio=0.1, weight_decay=0.01))
 
 
-def training_args(transformers, args, out):
+def training_args(transformers, args, out, eval_strategy="epoch"):
     return transformers.TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
         learning_rate=args.learning_rate, num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01,
         lr_scheduler_type="linear", seed=args.seed, train_sampling_strategy="group_by_length",
-        eval_strategy="epoch", save_strategy="no", logging_strategy="no", report_to="none",
+        eval_strategy=eval_strategy, save_strategy="no", logging_strategy="no", report_to="none",
         disable_tqdm=True, use_cpu=True, dataloader_num_workers=0)
 
 
@@ -191,6 +195,96 @@ def bench_conll(args, transformers, tmp):
     }
 
 
+# --- SQuAD v1.1 (article split of the dev file) ---------------------------------
+
+def bench_squad(args, transformers, tmp):
+    from bertkit.finetune.data import read_squad
+    from bertkit.finetune.qa import QAConfig, finetune_qa
+    from bertkit.finetune.run import load_head
+    from bertkit.heads import BertForQuestionAnswering
+
+    path = SHARED_DATA / "squad_v1.1" / "dev-v1.1.json"
+    model_dir = default_model_dir()
+    max_len = args.max_length
+    stride = 64 if max_len >= 192 else 32
+    cfg = QAConfig(train=str(path), dev=str(path), train_articles="0:40", dev_articles="40:48",
+                   output=str(tmp / "ours"), max_length=max_len, doc_stride=stride, max_query_length=64,
+                   max_train_examples=args.train, max_dev_examples=args.dev, training=train_config(args, "f1"))
+    t0 = time.perf_counter()
+    ours = finetune_qa(cfg, log=lambda s: None)
+    ours_wall = time.perf_counter() - t0
+
+    train_ex, _ = read_squad(path, articles="0:40", max_examples=args.train)
+    dev_ex, _ = read_squad(path, articles="40:48", max_examples=args.dev)
+    tok = transformers.BertTokenizerFast.from_pretrained(str(model_dir))
+
+    def tokenize(examples):
+        return tok([e.question.lstrip() for e in examples], [e.context for e in examples], truncation="only_second",
+                   max_length=max_len, stride=stride, return_overflowing_tokens=True, return_offsets_mapping=True)
+
+    def train_features(examples):  # run_qa.py prepare_train_features
+        enc, out = tokenize(examples), []
+        for k, i in enumerate(enc["overflow_to_sample_mapping"]):
+            text, s_char = examples[i].answers[0]
+            e_char = s_char + len(text)
+            seq, offs = enc.sequence_ids(k), enc["offset_mapping"][k]
+            a, b = seq.index(1), len(seq) - 1 - seq[::-1].index(1)
+            if not (offs[a][0] <= s_char and offs[b][1] >= e_char):
+                start = end = 0
+            else:
+                while a < len(offs) and seq[a] == 1 and offs[a][0] <= s_char:
+                    a += 1
+                while seq[b] == 1 and offs[b][1] >= e_char:
+                    b -= 1
+                start, end = a - 1, b + 1
+            out.append({"input_ids": enc["input_ids"][k], "token_type_ids": enc["token_type_ids"][k],
+                        "attention_mask": enc["attention_mask"][k], "start_positions": start, "end_positions": end})
+        return out
+
+    enc_dev = tokenize(dev_ex)
+    dev_ds = [{"input_ids": enc_dev["input_ids"][k], "token_type_ids": enc_dev["token_type_ids"][k],
+               "attention_mask": enc_dev["attention_mask"][k]} for k in range(len(enc_dev["input_ids"]))]
+
+    def postprocess(start_logits, end_logits, n_best=20, max_answer=30):  # run_qa.py / utils_qa.py
+        best = {}
+        for k, i in enumerate(enc_dev["overflow_to_sample_mapping"]):
+            seq, offs = enc_dev.sequence_ids(k), enc_dev["offset_mapping"][k]
+            s_log, e_log = start_logits[k], end_logits[k]
+            for si in np.argsort(s_log)[-1:-n_best - 1:-1]:
+                for ei in np.argsort(e_log)[-1:-n_best - 1:-1]:
+                    if si >= len(offs) or ei >= len(offs) or seq[si] != 1 or seq[ei] != 1:
+                        continue
+                    if ei < si or ei - si + 1 > max_answer:
+                        continue
+                    score = s_log[si] + e_log[ei]
+                    if i not in best or score > best[i][0]:
+                        best[i] = (score, dev_ex[i].context[offs[si][0]:offs[ei][1]])
+        return {ex.id: best.get(i, (0, ""))[1] for i, ex in enumerate(dev_ex)}
+
+    refs = {ex.id: [t for t, _ in ex.answers] for ex in dev_ex}
+
+    model = transformers.BertForQuestionAnswering.from_pretrained(str(model_dir))
+    ours_init = load_head(BertForQuestionAnswering, model_dir, args.seed, lambda s: None)
+    copy_head(ours_init.qa_outputs, model.qa_outputs)
+    timer = epoch_timer(transformers)
+    # eval_strategy "no": the unlabelled windows are scored after training with run_qa.py's post-processing
+    trainer = transformers.Trainer(model=model, args=training_args(transformers, args, tmp / "theirs", "no"),
+                                   train_dataset=train_features(train_ex),
+                                   data_collator=transformers.DataCollatorWithPadding(tok), callbacks=[timer])
+    t0 = time.perf_counter()
+    trainer.train()
+    start, end = trainer.predict(dev_ds).predictions[:2]
+    theirs_wall = time.perf_counter() - t0
+    timer.evals.append({"eval_f1": M.squad_scores(postprocess(start, end), refs)["f1"]})
+    return {
+        "task": f"SQuAD v1.1 ({args.train} questions of articles 0-39 / {len(dev_ex)} of articles 40-47, "
+                f"max_length {max_len}, stride {stride})",
+        "metric": "F1",
+        "ours": (ours["epochs"][-1]["f1"], [e["train_seconds"] for e in ours["epochs"]], ours_wall),
+        "theirs": (timer.evals[-1]["eval_f1"], timer.times, theirs_wall),
+    }
+
+
 def markdown(results, args) -> str:
     lines = ["### Fine-tuning: bertkit vs transformers.Trainer", "",
              f"Machine: {machine_line('transformers')}.",
@@ -212,7 +306,7 @@ def markdown(results, args) -> str:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=["sst2", "conll", "all"], default="all")
+    p.add_argument("--task", choices=["sst2", "conll", "squad", "all"], default="all")
     p.add_argument("--train", type=int, default=1000)
     p.add_argument("--dev", type=int, default=None)
     p.add_argument("--epochs", type=float, default=2)
@@ -227,11 +321,11 @@ def main():
     transformers.logging.set_verbosity_error()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, fn in (("sst2", bench_sst2), ("conll", bench_conll)):
+        for name, fn in (("sst2", bench_sst2), ("conll", bench_conll), ("squad", bench_squad)):
             if args.task in (name, "all"):
                 results.append(fn(args, transformers, Path(tmp) / name))
                 print(results[-1], file=sys.stderr)
-    report("finetune", markdown(results, args), args.write)
+    report(f"finetune-{args.task}", markdown(results, args), args.write)
 
 
 if __name__ == "__main__":

@@ -256,3 +256,13 @@ def test_cli_model_info(capsys, tmp_path):
     assert "parameters: 22,713,216" in capsys.readouterr().out  # all-MiniLM-L6-v2: 22.7M, as published
     assert main(["model", "info", str(tmp_path / "nowhere")]) == 2
     assert "no model directory" in capsys.readouterr().err
+
+
+def test_head_of_another_size_is_replaced_only_when_not_strict(tmp_path):
+    tiny(bertkit.BertForSequenceClassification, num_labels=3).save_pretrained(tmp_path)
+    with pytest.raises(BertkitError, match=r"mismatched \(2\): classifier.weight: checkpoint shape \(3, 32\)"):
+        bertkit.BertForSequenceClassification.from_pretrained(tmp_path, num_labels=5)
+    with pytest.warns(UserWarning, match="mismatched"):
+        model = bertkit.BertForSequenceClassification.from_pretrained(tmp_path, strict=False, num_labels=5)
+    assert model.classifier.weight.shape == (5, 32) and model.config.num_labels == 5
+    assert model.config.labels == [f"LABEL_{i}" for i in range(5)]  # the old 3 names no longer apply
