@@ -166,13 +166,12 @@ def bench_conll(args, transformers, tmp):
         return out
 
     train_ds, dev_ds = encode(train_s), encode(dev_s)
-    gold = [M.iob1_to_iob2(s.tags) for s in dev_s]
 
-    def compute_metrics(p):
-        pred = []
-        for row, lab, g in zip(p.predictions.argmax(-1), p.label_ids, gold):
-            tags = [names[k] for k, y in zip(row, lab) if y != -100]
-            pred.append(tags + ["O"] * (len(g) - len(tags)))  # words cut by truncation count as O
+    def compute_metrics(p):  # as run_ner.py: gold and predicted tags at the labelled (first) pieces
+        pred, gold = [], []
+        for row, lab in zip(p.predictions.argmax(-1), p.label_ids):
+            pred.append([names[k] for k, y in zip(row, lab) if y != -100])
+            gold.append([names[y] for y in lab if y != -100])
         return {"f1": M.entity_scores(pred, gold)["f1"]}
 
     model = transformers.BertForTokenClassification.from_pretrained(
@@ -286,7 +285,7 @@ def bench_squad(args, transformers, tmp):
 
 
 def markdown(results, args) -> str:
-    lines = ["### Fine-tuning: bertkit vs transformers.Trainer", "",
+    lines = [f"### Fine-tuning ({args.task}): bertkit vs transformers.Trainer", "",
              f"Machine: {machine_line('transformers')}.",
              f"Settings: {args.epochs:g} epochs, batch {args.batch_size}, learning rate {args.learning_rate:g}, "
              f"warm-up 10%, linear decay, weight decay 0.01, seed {args.seed}, length-grouped batches. "

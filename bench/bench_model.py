@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -221,9 +222,13 @@ def main(argv=None) -> int:
         limit = 0.5 if "bf16" in name else 1e-4
         assert diff < limit, f"{name} differs from transformers by {diff}"
 
+    load = os.getloadavg()[0]
     sections = [f"Machine: {machine_line('transformers', 'onnxruntime')}. "
                 f"Model: all-MiniLM-L6-v2 (L=6, H=384, N=12), {THREADS} threads, median of {args.rounds} "
-                "interleaved rounds; `ours/this` > 1 means bertkit (fp32) is faster.\n"]
+                "interleaved rounds; `ours/this` > 1 means bertkit (fp32) is faster. "
+                f"Load average when the run started: {load:.1f} (on {os.cpu_count()} cores; above ~2 other "
+                "jobs were competing for the CPU, which inflates every time and hurts torch's OpenMP "
+                "threads more than ONNX Runtime's pool).\n"]
 
     big = fixed_batch(32)
     times = interleaved({n: (lambda r=r: r(big)) for n, r in runs.items()}, rounds=args.rounds)
@@ -279,6 +284,7 @@ def main(argv=None) -> int:
     if not args.no_memory:
         mem = peak_memory(list(runs))
         lines = ["### Peak memory, one 32 x 128 forward (fresh process each)", "",
+                 "ONNX Runtime's RSS after load includes the torch model it was exported from.", "",
                  "| contender | RSS after load (MiB) | peak RSS (MiB) | forward adds (MiB) |",
                  "| --- | ---: | ---: | ---: |"]
         for name, (loaded, peak) in mem.items():
