@@ -346,6 +346,14 @@ def read_metrics(path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _running_mean(values, window: int) -> list:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def plot_curves(metrics_path, png_path) -> None:
     """Loss, MLM accuracy, NSP/SOP accuracy and learning rate against step, train and eval."""
     import matplotlib
@@ -359,10 +367,18 @@ def plot_curves(metrics_path, png_path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for ax, key, title in zip(axes.flat, ("loss", "mlm_acc", "nsp_acc", "lr"),
                               ("loss", "MLM accuracy", "NSP / SOP accuracy", "learning rate")):
-        for rows, label, style in ((train, "train", "-"), (evals, "eval", "o-")):
-            pts = [(r["step"], r[key]) for r in rows if key in r]
-            if pts:
-                ax.plot(*zip(*pts), style, label=label, markersize=3, linewidth=1)
+        pts = [(r["step"], r[key]) for r in train if key in r]
+        if pts:
+            steps, values = zip(*pts)
+            if key == "lr":
+                ax.plot(steps, values, linewidth=1, label="train")
+            else:  # one batch is noisy: the raw values faint, a running mean over ~2% of the run on top
+                ax.plot(steps, values, linewidth=0.5, alpha=0.3, color="tab:blue")
+                ax.plot(steps, _running_mean(values, max(1, len(values) // 50)), linewidth=1.2,
+                        color="tab:blue", label="train (running mean)")
+        pts = [(r["step"], r[key]) for r in evals if key in r]
+        if pts:
+            ax.plot(*zip(*pts), "o-", color="tab:orange", label="eval (held out)", markersize=3, linewidth=1)
         if key == "mlm_acc" and evals and "mlm_baseline" in evals[-1]:
             ax.axhline(evals[-1]["mlm_baseline"], color="grey", linestyle="--", label="most frequent token")
         if key == "nsp_acc":
