@@ -284,6 +284,50 @@ def bench_squad(args, transformers, tmp):
     }
 
 
+# --- one training step, interleaved -----------------------------------------------
+
+def bench_step(args, transformers, tmp):
+    """Forward + backward + AdamW step on the same [B, T] QA batch, ours and theirs alternating.
+
+    The epoch timings above run one contender after the other; on a shared
+    machine the load can change between them. This isolates the per-update
+    cost that dominates an epoch and times both round-robin (harness.interleaved).
+    """
+    from harness import interleaved
+
+    from bertkit.heads import BertForQuestionAnswering
+    from bertkit.optim import OptimConfig, build_optimizer
+
+    model_dir = default_model_dir()
+    g = torch.Generator().manual_seed(0)
+    B, T = args.batch_size, args.max_length
+    batch = dict(input_ids=torch.randint(1000, 20000, (B, T), generator=g),
+                 attention_mask=torch.ones(B, T, dtype=torch.long),
+                 token_type_ids=(torch.arange(T) >= 24).long().expand(B, T).contiguous(),
+                 start_positions=torch.randint(24, T, (B,), generator=g),
+                 end_positions=torch.randint(24, T, (B,), generator=g))
+    ours = BertForQuestionAnswering.from_pretrained(model_dir, strict=False).train()
+    theirs = transformers.BertForQuestionAnswering.from_pretrained(str(model_dir)).train()
+    opt_ours = build_optimizer(ours, OptimConfig(learning_rate=1e-5))
+    hf_args = training_args(transformers, args, tmp / "theirs", "no")
+    opt_theirs = transformers.Trainer(model=theirs, args=hf_args).create_optimizer()
+
+    def step(model, opt):
+        def run():
+            model(**batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return run
+
+    times = interleaved({"bertkit": step(ours, opt_ours), "transformers": step(theirs, opt_theirs)},
+                        rounds=args.rounds, warmup=1)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"task": f"one QA training step, batch {B} x {T} tokens (interleaved, {args.rounds} rounds)",
+            "metric": "-", "ours": (float("nan"), [med["bertkit"]], 0.0),
+            "theirs": (float("nan"), [med["transformers"]], 0.0)}
+
+
 def markdown(results, args) -> str:
     lines = [f"### Fine-tuning ({args.task}): bertkit vs transformers.Trainer", "",
              f"Machine: {machine_line('transformers')}.",
@@ -299,13 +343,17 @@ def markdown(results, args) -> str:
     for r in results:
         (mo, to, _), (mt, tt, _) = r["ours"], r["theirs"]
         so, st = statistics.median(to), statistics.median(tt)
+        if r["metric"] == "-":  # a timing-only row (--task step): seconds per update
+            lines.append(f"| {r['task']} | - | - | - | {so:.2f} s/step | {st:.2f} s/step | {st / so:.2f}x |")
+            continue
         lines.append(f"| {r['task']} | {r['metric']} | {mo:.4f} | {mt:.4f} | {so:.1f} | {st:.1f} | {st / so:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=["sst2", "conll", "squad", "all"], default="all")
+    p.add_argument("--task", choices=["sst2", "conll", "squad", "step", "all"], default="all")
+    p.add_argument("--rounds", type=int, default=5, help="--task step: timed rounds per contender")
     p.add_argument("--train", type=int, default=1000)
     p.add_argument("--dev", type=int, default=None)
     p.add_argument("--epochs", type=float, default=2)
@@ -320,7 +368,7 @@ def main():
     transformers.logging.set_verbosity_error()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, fn in (("sst2", bench_sst2), ("conll", bench_conll), ("squad", bench_squad)):
+        for name, fn in (("sst2", bench_sst2), ("conll", bench_conll), ("squad", bench_squad), ("step", bench_step)):
             if args.task in (name, "all"):
                 results.append(fn(args, transformers, Path(tmp) / name))
                 print(results[-1], file=sys.stderr)

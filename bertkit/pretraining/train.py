@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import time
@@ -47,7 +46,7 @@ from bertkit import distributed
 from bertkit.errors import BertkitError
 from bertkit.optim import lr_at, param_groups, set_lr, warmup_steps_for
 from bertkit.pretraining.run_config import RunConfig
-from bertkit.training_state import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint, capture_rng
+from bertkit.training_state import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 
 # Test hook: kill this process with SIGKILL in the middle of the given step (after
 # its forward pass), the way an out-of-memory killer or a pre-empted node would.
@@ -221,6 +220,7 @@ def train_loop(model, optimizer, stream: BatchStream, cfg: RunConfig, *, info=No
         set_lr(optimizer, lr)
         counts, loss_sum, bad = {}, 0.0, []
         for a in range(A):
+            # slots count from the stream's position, which advances by W * A micro-batches per step
             batch, where = stream.micro_batch(micro_batch_slot(0, a, info.rank, W, A))
             batch = move(batch, info.device)
             # DDP reads no_sync at forward time, FSDP at backward time: wrap both
