@@ -348,3 +348,32 @@ def test_empty_corpus_and_bad_arguments_give_one_line_errors(tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err and (busy / "thesis.tex").exists()
     with pytest.raises(BertkitError, match="max_seq_length"):
         PrepareConfig(max_seq_length=4).validate()
+
+
+def test_static_masking_workers_after_torch_ran_in_parent(tmp_path):
+    """Regression: a forked worker hung in its first torch op once the parent had
+    used torch's thread pool (as the full test suite or a training script does).
+    Run in a fresh interpreter with a deadline so a hang fails instead of blocking."""
+    import subprocess
+    import sys
+    import textwrap
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for d in range(4):
+        (corpus / f"doc{d}.txt").write_text(
+            "\n\n".join(f"Paragraph {p} of document {d} has a few words. It ends here." for p in range(40)),
+            encoding="utf-8")
+    script = textwrap.dedent(f"""
+        import torch
+        torch.set_num_threads(2)
+        x = torch.randn(4_000_000)
+        (x * 2 + 1).sum().item()  # a parallel_for: the parent's OpenMP thread pool is now running
+        from bertkit.pretraining.prepare import PrepareConfig, prepare
+        s = prepare([{str(corpus)!r}], {str(tmp_path / 'out')!r},
+                    PrepareConfig(documents="file", dupe_factor=2, workers=2), progress=False)
+        print(s.instances)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) > 0
