@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from bertkit.errors import BertkitError
+
+if TYPE_CHECKING:
+    import torch
 
 SCHEDULES = ("linear", "cosine", "constant")
 
@@ -81,6 +83,8 @@ def warmup_steps_for(total_steps: int, warmup_ratio: float) -> int:
 
 def no_decay(name: str, module: torch.nn.Module) -> bool:
     """True for parameters that get no weight decay: biases and LayerNorm weights."""
+    import torch  # here, not at the top: the CLI imports this module's settings without torch
+
     return name.endswith("bias") or isinstance(module, torch.nn.LayerNorm)
 
 
@@ -104,6 +108,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.AdamW:
     """AdamW over `param_groups(model)`; the loop sets the rate with `set_lr`."""
+    import torch
+
     config.validate()
     groups = param_groups(model, config.weight_decay)
     kwargs = dict(lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
