@@ -154,24 +154,21 @@ def _restore_sync(module):
         module.set_requires_gradient_sync(True)
 
 
-def mean_over_ranks(values: dict, info: DistInfo) -> dict:
-    """Average a dict of floats over all ranks (for logging); identity when alone."""
-    if not info.enabled or not values:
-        return values
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=info.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return {k: (t[i] / info.world_size).item() for i, k in enumerate(keys)}
-
-
 def sum_over_ranks(values: dict, info: DistInfo) -> dict:
     """Sum a dict of numbers over all ranks (counts); identity when alone."""
     if not info.enabled or not values:
         return values
-    keys = sorted(values)
+    keys = sorted(values)  # every rank must reduce the values in the same order
     t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=info.device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return {k: t[i].item() for i, k in enumerate(keys)}
+
+
+def mean_over_ranks(values: dict, info: DistInfo) -> dict:
+    """Average a dict of floats over all ranks (for logging); identity when alone."""
+    if not info.enabled or not values:
+        return values
+    return {k: v / info.world_size for k, v in sum_over_ranks(values, info).items()}
 
 
 def gather_objects(obj, info: DistInfo) -> list:
