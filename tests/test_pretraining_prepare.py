@@ -351,9 +351,12 @@ def test_empty_corpus_and_bad_arguments_give_one_line_errors(tmp_path, capsys):
 
 
 def test_static_masking_workers_after_torch_ran_in_parent(tmp_path):
-    """Regression: a forked worker hung in its first torch op once the parent had
-    used torch's thread pool (as the full test suite or a training script does).
-    Run in a fresh interpreter with a deadline so a hang fails instead of blocking."""
+    """Static masking in 2 workers after the parent has run torch (as a training
+    script or the full test suite has). The full suite once hung here, with forked
+    workers stuck in their first torch op; torch-using workers now start from a
+    forkserver. This standalone case did not reproduce that hang with the old code
+    (the suite's state did), so it guards the situation with a deadline rather than
+    replaying the bug: a hang fails instead of blocking."""
     import subprocess
     import sys
     import textwrap
