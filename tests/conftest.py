@@ -42,3 +42,20 @@ def transformers_mod():
     except ImportError:
         need(False, "transformers (the oracle, dev extra) is not installed")
     return transformers
+
+
+@pytest.fixture(scope="module")
+def rust_oracle(default_model_dir, transformers_mod):
+    """The Rust tokenizer inside BertTokenizerFast, truncation and padding off (tests set them per call).
+
+    Module scope: each test module gets its own instance, so one that toggles
+    truncation or padding cannot leak it into another.
+    """
+    from tokenizers import Tokenizer as RustTokenizer
+
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    assert len(fast) == 30522  # the real vocabulary, not the 5-token fallback of BertTokenizer(vocab_file=)
+    rust = RustTokenizer.from_str(fast.backend_tokenizer.to_str())
+    rust.no_truncation()
+    rust.no_padding()
+    return rust

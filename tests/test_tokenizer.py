@@ -31,18 +31,6 @@ def tok():
     return Tokenizer.from_pretrained()
 
 
-@pytest.fixture(scope="module")
-def oracle(default_model_dir, transformers_mod):
-    """The Rust tokenizer inside BertTokenizerFast, truncation/padding off (we set them per call)."""
-    from tokenizers import Tokenizer as RustTokenizer
-
-    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
-    rust = RustTokenizer.from_str(fast.backend_tokenizer.to_str())
-    rust.no_truncation()
-    rust.no_padding()
-    return rust
-
-
 # --- basic tokenizer: the rules of the original, by hand -------------------------
 
 
@@ -310,27 +298,27 @@ def _same(ours, theirs):
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("text", ORACLE_TEXTS)
-def test_tricky_text_matches_oracle(tok, oracle, text):
-    _same(tok.encode(text), oracle.encode(text))
+def test_tricky_text_matches_oracle(tok, rust_oracle, text):
+    _same(tok.encode(text), rust_oracle.encode(text))
 
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("strategy", ["longest_first", "only_first", "only_second"])
 @pytest.mark.parametrize("max_length", [9, 12, 17, 30])
 @pytest.mark.parametrize("lengths", [(3, 20), (20, 3), (14, 15), (6, 6)])
-def test_pair_truncation_matches_oracle(tok, oracle, strategy, max_length, lengths):
+def test_pair_truncation_matches_oracle(tok, rust_oracle, strategy, max_length, lengths):
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
     a = " ".join((words * 3)[: lengths[0]])
     b = " ".join((words[::-1] * 3)[: lengths[1]])
-    oracle.enable_truncation(max_length, strategy=strategy)
+    rust_oracle.enable_truncation(max_length, strategy=strategy)
     try:
-        theirs = oracle.encode(a, b)
+        theirs = rust_oracle.encode(a, b)
     except Exception:  # the oracle refuses when the other segment alone is too long
         with pytest.raises(BertkitError):
             tok.encode(a, b, max_length=max_length, truncation_strategy=strategy)
         return
     finally:
-        oracle.no_truncation()
+        rust_oracle.no_truncation()
     ours = tok.encode(a, b, max_length=max_length, truncation_strategy=strategy)
     _same(ours, theirs)
     assert len(ours) <= max_length
@@ -339,33 +327,33 @@ def test_pair_truncation_matches_oracle(tok, oracle, strategy, max_length, lengt
 @pytest.mark.oracle
 @pytest.mark.parametrize("stride", [0, 2, 5])
 @pytest.mark.parametrize("max_length", [8, 13])
-def test_overflow_windows_match_oracle(tok, oracle, stride, max_length):
+def test_overflow_windows_match_oracle(tok, rust_oracle, stride, max_length):
     text = ORACLE_TEXTS[1] + " " + ORACLE_TEXTS[2]
     question = "Where does the fox jump?"
     # a single long text
-    oracle.enable_truncation(max_length, stride=stride, strategy="longest_first")
+    rust_oracle.enable_truncation(max_length, stride=stride, strategy="longest_first")
     ours = tok.encode(text, max_length=max_length, stride=stride, return_overflowing=True)
-    theirs = _flat(oracle.encode(text))
+    theirs = _flat(rust_oracle.encode(text))
     assert len(ours.overflowing) + 1 == len(theirs) > 2
     for o, t in zip([ours, *ours.overflowing], theirs):
         _same(o, t)
     # QA layout: question first, the context cut into windows (only_second)
-    oracle.enable_truncation(max_length + 10, stride=stride, strategy="only_second")
+    rust_oracle.enable_truncation(max_length + 10, stride=stride, strategy="only_second")
     ours = tok.encode(question, text, max_length=max_length + 10, stride=stride, truncation_strategy="only_second",
                       return_overflowing=True)
-    theirs = _flat(oracle.encode(question, text))
-    oracle.no_truncation()
+    theirs = _flat(rust_oracle.encode(question, text))
+    rust_oracle.no_truncation()
     assert len(ours.overflowing) + 1 == len(theirs) > 2
     for o, t in zip([ours, *ours.overflowing], theirs):
         _same(o, t)
 
 
 @pytest.mark.oracle
-def test_overflow_with_both_segments_cut(tok, oracle):
+def test_overflow_with_both_segments_cut(tok, rust_oracle):
     a, b = ORACLE_TEXTS[1], ORACLE_TEXTS[2]
-    oracle.enable_truncation(14, stride=1, strategy="longest_first")
-    theirs = _flat(oracle.encode(a, b))
-    oracle.no_truncation()
+    rust_oracle.enable_truncation(14, stride=1, strategy="longest_first")
+    theirs = _flat(rust_oracle.encode(a, b))
+    rust_oracle.no_truncation()
     ours = tok.encode(a, b, max_length=14, stride=1, return_overflowing=True)
     assert len(ours.overflowing) + 1 == len(theirs)
     for o, t in zip([ours, *ours.overflowing], theirs):
@@ -373,11 +361,11 @@ def test_overflow_with_both_segments_cut(tok, oracle):
 
 
 @pytest.mark.oracle
-def test_batch_padding_matches_oracle(tok, oracle):
+def test_batch_padding_matches_oracle(tok, rust_oracle):
     texts = ORACLE_TEXTS[:4]
-    oracle.enable_padding(pad_id=tok.pad_token_id, pad_token="[PAD]")
-    theirs = oracle.encode_batch(texts)
-    oracle.no_padding()
+    rust_oracle.enable_padding(pad_id=tok.pad_token_id, pad_token="[PAD]")
+    theirs = rust_oracle.encode_batch(texts)
+    rust_oracle.no_padding()
     ours = tok.encode_batch(texts, return_tensors=None)
     for o, t in zip(ours.encodings, theirs):
         _same(o, t)

@@ -35,26 +35,14 @@ def tok():
     return Tokenizer.from_pretrained()
 
 
-@pytest.fixture(scope="module")
-def rust(default_model_dir, transformers_mod):
-    from tokenizers import Tokenizer as RustTokenizer
-
-    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
-    assert len(fast) == 30522  # the real vocabulary, not the 5-token fallback of BertTokenizer(vocab_file=)
-    r = RustTokenizer.from_str(fast.backend_tokenizer.to_str())
-    r.no_truncation()
-    r.no_padding()
-    return r
-
-
-def compare(tok, rust, texts, pairs=None) -> int:
+def compare(tok, rust_oracle, texts, pairs=None) -> int:
     """Compare texts (and pairs) chunk by chunk; returns the number compared, asserts none differ."""
     mismatches = []
     for lo in range(0, len(texts), CHUNK):
         a = texts[lo : lo + CHUNK]
         b = pairs[lo : lo + CHUNK] if pairs is not None else None
         ours = tok.encode_batch(a, b, truncation=False, padding=False, return_tensors=None).encodings
-        theirs = rust.encode_batch(list(zip(a, b)) if b is not None else a)
+        theirs = rust_oracle.encode_batch(list(zip(a, b)) if b is not None else a)
         for i, (o, t) in enumerate(zip(ours, theirs)):
             if o.input_ids != t.ids or o.offsets != t.offsets or o.word_ids != t.word_ids:
                 mismatches.append((lo + i, a[i], o.tokens, t.tokens))
@@ -66,7 +54,7 @@ def compare(tok, rust, texts, pairs=None) -> int:
     return len(texts)
 
 
-def test_gutenberg_lines(tok, rust, shared_data):
+def test_gutenberg_lines(tok, rust_oracle, shared_data):
     books = sorted((shared_data / "pretrain_corpus" / "gutenberg").glob("*.txt"))
     assert len(books) == 102
     total = 0
@@ -74,7 +62,7 @@ def test_gutenberg_lines(tok, rust, shared_data):
         lines = book.read_text(encoding="utf-8").split("\n")
         if not FULL:
             lines = lines[:GUTENBERG_LINES_PER_BOOK]
-        total += compare(tok, rust, lines)
+        total += compare(tok, rust_oracle, lines)
     print(f"\ngutenberg: {total} lines identical ({'all lines' if FULL else 'first lines of each book'})")
 
 
@@ -83,15 +71,15 @@ def _tsv_column(path, column: int) -> list[str]:
     return [r.split("\t")[column] for r in rows if r]
 
 
-def test_sst2_sentences(tok, rust, shared_data):
+def test_sst2_sentences(tok, rust_oracle, shared_data):
     total = 0
     for split in ("train", "dev", "test"):
-        total += compare(tok, rust, _tsv_column(shared_data / "sst2" / f"{split}.tsv", 0))
+        total += compare(tok, rust_oracle, _tsv_column(shared_data / "sst2" / f"{split}.tsv", 0))
     assert total == 67349 + 872 + 1821
     print(f"\nsst2: {total} sentences identical")
 
 
-def test_conll_sentences(tok, rust, shared_data):
+def test_conll_sentences(tok, rust_oracle, shared_data):
     total = 0
     for split in ("train", "dev", "test"):
         sentences, words = [], []
@@ -104,25 +92,25 @@ def test_conll_sentences(tok, rust, shared_data):
                 words.append(line.split(" ")[0])
         if words:
             sentences.append(" ".join(words))
-        total += compare(tok, rust, sentences)
+        total += compare(tok, rust_oracle, sentences)
     assert total == 14041 + 3250 + 3453
     print(f"\nconll2003: {total} sentences identical")
 
 
-def test_squad_contexts_and_questions(tok, rust, shared_data):
+def test_squad_contexts_and_questions(tok, rust_oracle, shared_data):
     data = json.loads((shared_data / "squad_v1.1" / "dev-v1.1.json").read_text(encoding="utf-8"))["data"]
     contexts = [p["context"] for a in data for p in a["paragraphs"]]
     questions = [q["question"] for a in data for p in a["paragraphs"] for q in p["qas"]]
     assert (len(contexts), len(questions)) == (2067, 10570)
-    compare(tok, rust, contexts)
-    compare(tok, rust, questions)
+    compare(tok, rust_oracle, contexts)
+    compare(tok, rust_oracle, questions)
     print(f"\nsquad: {len(contexts)} contexts and {len(questions)} questions identical")
 
 
-def test_sentence_pairs(tok, rust, shared_data):
+def test_sentence_pairs(tok, rust_oracle, shared_data):
     total = 0
     for task, splits in (("mrpc", ("train", "dev", "test")), ("rte", ("train", "dev")), ("stsb", ("train", "dev"))):
         for split in splits:
             path = shared_data / task / f"{split}.tsv"
-            total += compare(tok, rust, _tsv_column(path, 0), _tsv_column(path, 1))
+            total += compare(tok, rust_oracle, _tsv_column(path, 0), _tsv_column(path, 1))
     print(f"\nsentence pairs (mrpc, rte, stsb): {total} pairs identical")
