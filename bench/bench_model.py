@@ -4,7 +4,13 @@ All contenders run the default model (all-MiniLM-L6-v2: 6 layers, hidden 384, 12
 heads) with the same weights, 2 threads, in one process, interleaved round-robin
 and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
 
-- bertkit fp32: BertModel, fused attention (scaled_dot_product_attention), inference_mode;
+- bertkit fp32: BertModel, fused attention (scaled_dot_product_attention), inference_mode,
+  matmuls on oneDNN (bertkit.linear; MKL, which torch uses by default, takes a slower
+  path on AMD CPUs);
+- bertkit fp32, packed weights: the same after `bertkit.linear.pack_weights(model)`
+  (weights kept in oneDNN's blocked layout, the analogue of building an ORT session);
+- bertkit fp32, MKL matmuls: the same model with `bertkit.linear.use_onednn(False)`,
+  i.e. torch's default matmul path, to show what the oneDNN route is worth;
 - bertkit bf16: the same model converted with .to(torch.bfloat16);
 - transformers eager / sdpa: BertModel with attn_implementation "eager" / "sdpa";
 - ONNX Runtime: transformers' BertModel exported with torch.onnx.export and fused by
@@ -82,10 +88,11 @@ def batches(tok, texts, size, sort, token_budget=None):
 # --- contenders -------------------------------------------------------------------
 
 
-def load_ours(dtype=torch.float32):
+def load_ours(dtype=torch.float32, packed=False):
     from bertkit import BertModel
+    from bertkit.linear import pack_weights
 
-    return BertModel.from_pretrained().to(dtype).eval()
+    return pack_weights(BertModel.from_pretrained().to(dtype).eval(), packed)
 
 
 def load_hf(impl: str):
@@ -127,8 +134,12 @@ def load_ort(workdir: Path):
     return ort.InferenceSession(str(fused), options, providers=["CPUExecutionProvider"])
 
 
-def torch_runner(model):
+def torch_runner(model, onednn=True):
+    """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do."""
+    import bertkit.linear
+
     def run(batch):
+        bertkit.linear.use_onednn(onednn)
         with torch.inference_mode():
             return model(**batch).last_hidden_state
     return run
@@ -141,6 +152,8 @@ def ort_runner(session):
 # name -> (workdir -> a function batch -> last_hidden_state)
 CONTENDERS = {
     "bertkit fp32": lambda d: torch_runner(load_ours()),
+    "bertkit fp32, packed weights": lambda d: torch_runner(load_ours(packed=True)),
+    "bertkit fp32, MKL matmuls": lambda d: torch_runner(load_ours(), onednn=False),
     "bertkit bf16": lambda d: torch_runner(load_ours(torch.bfloat16)),
     "transformers eager": lambda d: torch_runner(load_hf("eager")),
     "transformers sdpa": lambda d: torch_runner(load_hf("sdpa")),
@@ -250,6 +263,8 @@ def main(argv=None) -> int:
     sst = {
         "bertkit fp32 (sorted)": lambda: [runs["bertkit fp32"](b) for b in sorted_batches],
         "bertkit fp32 (sorted, <= 4096 tokens/batch)": lambda: [runs["bertkit fp32"](b) for b in budget_batches],
+        "bertkit fp32, packed weights (sorted, <= 4096 tokens/batch)":
+            lambda: [runs["bertkit fp32, packed weights"](b) for b in budget_batches],
         "bertkit bf16 (sorted, <= 4096 tokens/batch)": lambda: [runs["bertkit bf16"](b) for b in budget_batches],
         "transformers eager": lambda: [runs["transformers eager"](b) for b in padded_batches],
         "transformers sdpa": lambda: [runs["transformers sdpa"](b) for b in padded_batches],

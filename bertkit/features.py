@@ -232,9 +232,10 @@ def max_context_owner(spans: Sequence, n_tokens: int) -> list:
 def _load_dir(path: str | None):
     # cached: embedding many small inputs one call at a time should not reload the weights
     from bertkit.checkpoint import from_pretrained
+    from bertkit.linear import pack_weights
 
     model, tok = from_pretrained(path)
-    return model.eval(), tok
+    return pack_weights(model.eval()), tok  # loaded here for inference only
 
 
 def load_model(model=None):

@@ -65,7 +65,8 @@ def test_saved_default_model_matches_in_transformers(tmp_path, transformers_mod)
     with torch.no_grad():
         ref = hf(**enc)
         ours = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
-    torch.testing.assert_close(ours.last_hidden_state, ref.last_hidden_state, atol=1e-5, rtol=0)
+    real = enc["attention_mask"].bool()  # padding outputs differ by summation order (test_model)
+    torch.testing.assert_close(ours.last_hidden_state[real], ref.last_hidden_state[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.pooler_output, ref.pooler_output, atol=1e-5, rtol=0)
 
 

@@ -26,13 +26,14 @@ from bertkit.finetune.run import read_task_info
 def load(model_dir):
     """(model, tokenizer, task info) from a fine-tuned output directory."""
     from bertkit import heads
+    from bertkit.linear import pack_weights
     from bertkit.tokenizer import Tokenizer
 
     model_dir = Path(model_dir)
     info = read_task_info(model_dir)
     cls = {"ner": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}.get(
         info["task"], heads.BertForSequenceClassification)
-    model = cls.from_pretrained(model_dir).eval()
+    model = pack_weights(cls.from_pretrained(model_dir).eval())  # loaded here for inference only
     return model, Tokenizer.from_pretrained(model_dir), info
 
 
