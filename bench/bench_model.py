@@ -241,7 +241,11 @@ def main(argv=None) -> int:
                 "interleaved rounds; `ours/this` > 1 means bertkit (fp32) is faster. "
                 f"Load average when the run started: {load:.1f} (on {os.cpu_count()} cores; above ~2 other "
                 "jobs were competing for the CPU, which inflates every time and hurts torch's OpenMP "
-                "threads more than ONNX Runtime's pool).\n"]
+                "threads more than ONNX Runtime's pool). bertkit's float32 matmuls run on oneDNN "
+                "(`bertkit.linear`); torch's default, MKL, takes a slower code path on AMD processors, which is "
+                "what transformers and the `MKL matmuls` row get. `packed weights` is the model after "
+                "`bertkit.linear.pack_weights` (what `bertkit.embed` and `bertkit.predict` use). "
+                f"Command: `python bench/bench_model.py {' '.join(argv or sys.argv[1:])}`.\n"]
 
     big = fixed_batch(32)
     times = interleaved({n: (lambda r=r: r(big)) for n, r in runs.items()}, rounds=args.rounds)

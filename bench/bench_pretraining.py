@@ -5,7 +5,9 @@ on the same instances (prepared by `bertkit pretrain prepare` from a slice of
 the shared Gutenberg corpus, length 128, NSP pairs):
 
 - ours: `bertkit.heads.BertForPreTraining` + our collator; the MLM head projects
-  onto the 30,522-word vocabulary only at the masked positions (~15%);
+  onto the 30,522-word vocabulary only at the masked positions (~15%), and the
+  float32 matmuls run on oneDNN (`bertkit.linear`);
+- ours, MKL matmuls: the same with `bertkit.linear.use_onednn(False)`;
 - peer: `transformers.BertForPreTraining` + `DataCollatorForLanguageModeling`
   (15% masking, 80/10/10), which projects every position onto the vocabulary.
 
@@ -53,9 +55,10 @@ def load_batches(data: Path, batch_size: int, steps: int):
     return ds, batches, sum(len(x["input_ids"]) for batch in batches for x in batch)
 
 
-def make_ours(ds, batches, preset: str):
+def make_ours(ds, batches, preset: str, onednn: bool = True):
     import torch
 
+    import bertkit.linear
     from bertkit.config import BertConfig
     from bertkit.heads import BertForPreTraining
 
@@ -65,12 +68,18 @@ def make_ours(ds, batches, preset: str):
     collate, g = ds.collator(), torch.Generator().manual_seed(0)
 
     def train_steps():
+        bertkit.linear.use_onednn(onednn)
         for items in batches:
             model(**collate(items, g)).loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
     return train_steps
+
+
+def make_ours_mkl(ds, batches, preset: str):
+    """Ours with torch's default matmuls (MKL, as transformers gets): what oneDNN is worth."""
+    return make_ours(ds, batches, preset, onednn=False)
 
 
 def make_theirs(ds, batches, preset: str):
@@ -97,7 +106,7 @@ def make_theirs(ds, batches, preset: str):
     return train_steps
 
 
-MAKERS = {"bertkit": make_ours, "transformers": make_theirs}
+MAKERS = {"bertkit": make_ours, "bertkit, MKL matmuls": make_ours_mkl, "transformers": make_theirs}
 
 
 def peak_memory(data: Path, preset: str, batch_size: int, name: str) -> dict:
@@ -152,7 +161,9 @@ def main(argv=None) -> int:
             f"of `BertForPreTraining` (MLM + NSP), preset {args.preset}, batch {args.batch_size} x length <= 128, "
             f"the same instances for both; {args.rounds} interleaved rounds after 1 warm-up, median. "
             "transformers uses `DataCollatorForLanguageModeling`. Ours projects onto the vocabulary only at the "
-            "masked positions; padding is to the longest sequence of each batch for both.")
+            "masked positions and runs its float32 matmuls on oneDNN (`bertkit.linear`); the `MKL matmuls` row "
+            "is ours on torch's default matmuls, as transformers runs. Padding is to the longest sequence of "
+            f"each batch for both. Command: `python bench/bench_pretraining.py {' '.join(argv or sys.argv[1:])}`.")
     md = table("Pre-training step throughput (tokens/s, higher is better)", tokens, "tokens", times, "bertkit", note)
     md += ("\nPeak memory: a fresh process per contender builds its model and batches, then runs 3 steps.\n\n"
            "| contender | peak RSS MiB | growth during the 3 steps MiB |\n| --- | ---: | ---: |\n")

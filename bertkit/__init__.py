@@ -23,6 +23,7 @@ _LAZY = {
     # model (config, encoder, task heads, checkpoints)
     "BertConfig": "bertkit.config",
     "BertModel": "bertkit.modeling",
+    "pack_weights": "bertkit.linear",
     "BertForPreTraining": "bertkit.heads",
     "BertForMaskedLM": "bertkit.heads",
     "BertForNextSentencePrediction": "bertkit.heads",

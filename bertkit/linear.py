@@ -52,9 +52,9 @@ def _mkldnn_linear_available() -> bool:
 _AVAILABLE = _mkldnn_linear_available()
 
 
-def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none") -> torch.Tensor:
-    """oneDNN's x W^T + b on plain (strided) tensors; `post` "gelu" fuses the erf GELU."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, post, [], "none" if post == "gelu" else "")
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's x W^T + b (weight plain or packed)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def _weight_grad(x2: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
@@ -126,20 +126,14 @@ def _needs_grad(*tensors) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> torch.Tensor:
     """x W^T + b, as F.linear: x [..., in], weight [out, in], bias [out] -> [..., out].
-    `pack`: in inference, use the packed copy of `weight` (see pack_weights)."""
+    `pack`: in inference, use the packed copy of `weight` (see pack_weights). oneDNN can
+    also fuse the GELU into the call, but its erf GELU measured slower here than F.gelu."""
     if not _route(x, weight):
         return F.linear(x, weight, bias)
     x = x.contiguous()
     if _needs_grad(x, weight, bias):
         return _OneDNNLinear.apply(x, weight, bias)
     return _onednn(x, _packed_weight(weight) if pack else weight, bias)
-
-
-def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False):
-    """gelu(x W^T + b) with the erf GELU; in inference one fused oneDNN call."""
-    if _route(x, weight) and not _needs_grad(x, weight, bias):
-        return _onednn(x.contiguous(), _packed_weight(weight) if pack else weight, bias, post="gelu")
-    return F.gelu(linear(x, weight, bias))
 
 
 class Linear(nn.Linear):

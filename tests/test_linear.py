@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import bertkit.linear as L
-from bertkit.linear import Linear, linear, linear_gelu, pack_weights
+from bertkit.linear import Linear, linear, pack_weights
 
 pytestmark = pytest.mark.skipif(not L.onednn_enabled(), reason="this torch build has no oneDNN linear")
 
@@ -71,17 +71,6 @@ def test_non_contiguous_input():
     xt = x.t().contiguous().t()[::2]  # strided rows
     assert not xt.is_contiguous()
     torch.testing.assert_close(linear(xt, w, b), F.linear(xt, w, b), atol=1e-5, rtol=1e-5)
-
-
-def test_fused_gelu():
-    x, w, b = operands((3, 5, 16), 16, seed=6)
-    with torch.inference_mode():
-        for pack in (False, True):
-            torch.testing.assert_close(linear_gelu(x, w, b, pack), F.gelu(F.linear(x, w, b)), atol=1e-5, rtol=1e-5)
-    # with gradients the same functions fall back to separate ops and still differentiate
-    xs = x.clone().requires_grad_()
-    linear_gelu(xs, w, b).sum().backward()
-    assert xs.grad is not None and xs.grad.abs().sum() > 0
 
 
 def test_packed_weight_follows_in_place_updates():

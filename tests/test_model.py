@@ -14,6 +14,15 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
             intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
 
 
+@pytest.fixture(autouse=True)
+def fused_means_fused(monkeypatch):
+    """Small inputs take the explicit path for speed (modeling.SMALL_ATTENTION); the tests
+    below compare the two paths, so here "sdpa" always runs the fused kernel."""
+    import bertkit.modeling
+
+    monkeypatch.setattr(bertkit.modeling, "SMALL_ATTENTION", 0)
+
+
 def tiny_model(seed=0, **overrides):
     return BertModel(BertConfig(**{**TINY, **overrides}), generator=torch.Generator().manual_seed(seed)).eval()
 
@@ -121,6 +130,24 @@ def test_attentions_match_transformers(real_batch, oracle_model, default_model):
 
 
 # --- the two attention paths, padding, dropout ----------------------------------------------
+
+
+def test_small_inputs_take_the_explicit_path_with_the_same_result(monkeypatch):
+    import bertkit.modeling
+
+    model = tiny_model()
+    ids, mask, types = padded_batch()  # 4 x 13: 676 score cells per head
+    calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or real_sdpa(*a, **k))
+    with torch.no_grad():
+        fused = model(ids, mask, types).last_hidden_state
+        assert len(calls) == 2  # SMALL_ATTENTION is 0 in this module: the fused kernel ran
+        monkeypatch.setattr(bertkit.modeling, "SMALL_ATTENTION", 128 * 128)
+        small = model(ids, mask, types).last_hidden_state
+        assert len(calls) == 2  # now the explicit path did
+    torch.testing.assert_close(small, fused, atol=1e-6, rtol=0)
 
 
 def test_explicit_and_fused_paths_agree_with_padding():
