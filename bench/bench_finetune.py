@@ -75,6 +75,17 @@ def epoch_timer(transformers):
     return Timer()
 
 
+def train_theirs(transformers, args, tmp, model, train_ds, dev_ds, collator, compute_metrics):
+    """transformers' Trainer with evaluation every epoch: (epoch timer with evals, wall seconds)."""
+    timer = epoch_timer(transformers)
+    trainer = transformers.Trainer(model=model, args=training_args(transformers, args, tmp / "theirs"),
+                                   train_dataset=train_ds, eval_dataset=dev_ds, data_collator=collator,
+                                   compute_metrics=compute_metrics, callbacks=[timer])
+    t0 = time.perf_counter()
+    trainer.train()
+    return timer, time.perf_counter() - t0
+
+
 def copy_head(ours_head: torch.nn.Linear, theirs_head: torch.nn.Linear):
     with torch.no_grad():
         theirs_head.weight.copy_(ours_head.weight)
@@ -115,14 +126,8 @@ def bench_sst2(args, transformers, tmp):
     def compute_metrics(p):
         return {"accuracy": M.accuracy(list(p.predictions.argmax(-1)), list(p.label_ids))}
 
-    timer = epoch_timer(transformers)
-    trainer = transformers.Trainer(model=model, args=training_args(transformers, args, tmp / "theirs"),
-                                   train_dataset=train_ds, eval_dataset=dev_ds,
-                                   data_collator=transformers.DataCollatorWithPadding(tok),
-                                   compute_metrics=compute_metrics, callbacks=[timer])
-    t0 = time.perf_counter()
-    trainer.train()
-    theirs_wall = time.perf_counter() - t0
+    timer, theirs_wall = train_theirs(transformers, args, tmp, model, train_ds, dev_ds,
+                                      transformers.DataCollatorWithPadding(tok), compute_metrics)
     return {
         "task": f"SST-2 ({args.train} train / {len(dev_ex)} dev, max_length {args.max_length})",
         "metric": "accuracy",
@@ -178,14 +183,8 @@ def bench_conll(args, transformers, tmp):
         str(model_dir), num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id)
     ours_init = load_head(BertForTokenClassification, model_dir, args.seed, lambda s: None, num_labels=len(names))
     copy_head(ours_init.classifier, model.classifier)
-    timer = epoch_timer(transformers)
-    trainer = transformers.Trainer(model=model, args=training_args(transformers, args, tmp / "theirs"),
-                                   train_dataset=train_ds, eval_dataset=dev_ds,
-                                   data_collator=transformers.DataCollatorForTokenClassification(tok),
-                                   compute_metrics=compute_metrics, callbacks=[timer])
-    t0 = time.perf_counter()
-    trainer.train()
-    theirs_wall = time.perf_counter() - t0
+    timer, theirs_wall = train_theirs(transformers, args, tmp, model, train_ds, dev_ds,
+                                      transformers.DataCollatorForTokenClassification(tok), compute_metrics)
     return {
         "task": f"CoNLL-2003 NER ({args.train} train / {len(dev_s)} dev sentences, max_length {args.max_length})",
         "metric": "entity F1",
