@@ -90,8 +90,7 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def _route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
-        _enabled
-        and _AVAILABLE
+        onednn_enabled()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

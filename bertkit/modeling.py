@@ -174,8 +174,7 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
         attended, weights = self.attention(x, mask, explicit)  # [B, T, H], [B, N, T, T] or None
         x = self.attention_norm(x + self.dropout(attended))
-        inner = self.act(self.intermediate(x))  # [B, T, I]
-        ff = self.output(inner)  # [B, T, H]
+        ff = self.output(self.act(self.intermediate(x)))  # [B, T, I] -> [B, T, H]
         x = self.output_norm(x + self.dropout(ff))
         return x, weights
 
