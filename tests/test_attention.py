@@ -19,6 +19,7 @@ from bertkit.attention_view import (
     attention_map,
     find_token,
     load_bertviz,
+    offset_attention,
     save_bertviz,
     save_png,
     to_bertviz,
@@ -157,3 +158,77 @@ def test_cli_attention(tmp_path, capsys):
     assert main(["attention", "", "-o", str(page)]) == 2
     assert main(["attention", "x", "--layer", "6", "-o", str(page)]) == 2
     assert "layer 6 is out of range" in capsys.readouterr().err
+
+
+# --- offset_attention: the attention each head gives the previous / next token --------------
+
+
+def _uniform_over_real(mask: torch.Tensor, layers: int = 1, heads: int = 1) -> torch.Tensor:
+    """[L, B, N, T, T] attention spreading every row evenly over the real tokens."""
+    rows = mask.float()[:, None, None, :] / mask.sum(1).float()[:, None, None, None]  # [B, 1, 1, T]
+    B, T = mask.shape
+    return rows.expand(B, heads, T, T)[None].expand(layers, B, heads, T, T)
+
+
+def test_offset_attention_previous_token_head_scores_one():
+    T = 6
+    prev = torch.zeros(T, T)
+    prev[0, 0] = 1.0
+    prev[torch.arange(1, T), torch.arange(T - 1)] = 1.0  # each token looks at the one before it
+    w = torch.stack([prev, torch.eye(T)])[None, None]  # [L=1, B=1, N=2, T, T]: head 0 previous, head 1 itself
+    np.testing.assert_allclose(offset_attention(w, offset=-1), [[1.0, 0.0]])
+    np.testing.assert_allclose(offset_attention(w, offset=+1), [[0.0, 0.0]])
+
+
+def test_offset_attention_uniform_rows_give_one_over_length_and_skip_padding():
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    got = offset_attention(_uniform_over_real(mask, layers=2, heads=3), mask, offset=-1)
+    # queries with a real previous token: 3 in the first sequence (weight 1/4 each), 5 in the second (1/6)
+    expected = (3 * (1 / 4) + 5 * (1 / 6)) / 8
+    np.testing.assert_allclose(got, np.full((2, 3), expected), rtol=1e-6)
+
+
+def test_offset_attention_matches_a_loop_over_queries():
+    g = torch.Generator().manual_seed(3)
+    L, B, N, T = 2, 3, 2, 7
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[0, 5:] = 0
+    mask[2, 3:] = 0
+    w = torch.rand(L, B, N, T, T, generator=g).softmax(-1)
+    for offset in (-2, -1, 1, 3):
+        expected = np.zeros((L, N))
+        for layer in range(L):
+            for head in range(N):
+                vals = [w[layer, b, head, i, i + offset].item() for b in range(B) for i in range(T)
+                        if 0 <= i + offset < T and mask[b, i] and mask[b, i + offset]]
+                expected[layer, head] = np.mean(vals)
+        np.testing.assert_allclose(offset_attention(list(w), mask, offset), expected, rtol=1e-5)
+
+
+def test_offset_attention_finds_the_default_models_positional_heads():
+    """Clark et al. 2019: trained BERTs have heads that attend to the previous or next token;
+    a randomly initialised one spreads attention about evenly."""
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    model, tok = BertModel.from_pretrained().eval(), Tokenizer.from_pretrained()
+    texts = [SENTENCE, "The quick brown fox jumps over the lazy dog.", "It rained all day, so we stayed in."]
+    enc = tok.encode_batch(texts, padding=True, return_tensors="pt")
+    random = BertModel(model.config, generator=torch.Generator().manual_seed(0)).eval()
+    with torch.no_grad():
+        trained = model(enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True).attentions
+        untrained = random(enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True).attentions
+    assert offset_attention(trained, enc["attention_mask"], -1).max() > 0.9
+    assert offset_attention(trained, enc["attention_mask"], +1).max() > 0.5
+    uniform = (1 / enc["attention_mask"].sum(1).float()).mean().item()
+    assert offset_attention(untrained, enc["attention_mask"], -1).max() < 2 * uniform
+
+
+def test_offset_attention_rejects_bad_shapes():
+    w = torch.full((1, 1, 1, 4, 4), 0.25)
+    with pytest.raises(BertkitError, match="offset 4"):
+        offset_attention(w, offset=4)
+    with pytest.raises(BertkitError, match="attention_mask has shape"):
+        offset_attention(w, torch.ones(2, 4), offset=1)
+    with pytest.raises(BertkitError, match=r"L x \[B, N, T, T\]"):
+        offset_attention(w[0], offset=1)
