@@ -5,10 +5,12 @@ with the same training subset (the first N rows of SST-2 train), the same
 hyper-parameters, seeds and budget, and are scored on the full SST-2 dev set (872
 sentences) after the last epoch (no picking the best epoch on dev). The
 random-init model is the pre-trained model's config.json and vocabulary with
-freshly drawn weights (BERT's N(0, 0.02) initialisation, a new draw per seed),
-so the only difference is pre-training. Each model is run at every learning
+freshly drawn weights (a new draw per seed), so the only difference is
+pre-training. It is drawn at the standard deviation the pre-training run
+started from (the config's `initializer_range`) and at BERT's 0.02 when that
+differs, and the better of the two counts. Each model is run at every learning
 rate of a small grid and every seed, so neither side is judged at a learning
-rate that suits only the other.
+rate (or initial scale) that suits only the other.
 
     python bench/transfer_sst2.py --pretrained runs/l4h256 --out runs/transfer \
         --train-examples 4000 --epochs 4 --learning-rates 1e-4 3e-4 --seeds 1 2 3
@@ -30,9 +32,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from harness import SHARED_DATA, machine_line  # noqa: E402
 
 
-def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None) -> Path:
+def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None, std: float | None = None) -> Path:
     """The pre-trained model (seed None) or its architecture and vocabulary with fresh random
-    weights (BERT's N(0, 0.02), drawn from `seed`), with the fine-tuning dropout in config.json.
+    weights (N(0, std), drawn from `seed`), with the fine-tuning dropout in config.json.
     A pre-training run may have used dropout 0 (cheaper learning when under-trained); both
     fine-tuning runs get the same `dropout`."""
     import torch
@@ -43,6 +45,8 @@ def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None) ->
 
     config = BertConfig.from_json_file(pretrained / "config.json").replace(
         architectures=None, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    if std is not None:
+        config = config.replace(initializer_range=std)
     if seed is None:
         model = BertForPreTraining.from_pretrained(pretrained, hidden_dropout_prob=dropout,
                                                    attention_probs_dropout_prob=dropout)
@@ -107,15 +111,22 @@ def main(argv=None) -> int:
 
     import numpy as np
 
+    from bertkit.config import BertConfig
+
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = {"pre-trained": {}, "random init": {}}  # name -> lr -> [result per seed]
+    start_std = BertConfig.from_json_file(args.pretrained / "config.json").initializer_range
+    stds = sorted({start_std, 0.02})
+    randoms = {std: f"random init N(0, {std:g})" for std in stds}
+    runs = {"pre-trained": {}, **{name: {} for name in randoms.values()}}  # name -> lr -> [result per seed]
     for seed in args.seeds:
-        models = {"pre-trained": model_copy(args.pretrained, args.out / "pretrained_model", args.dropout, None),
-                  "random init": model_copy(args.pretrained, args.out / f"random_init_model_{seed}", args.dropout, seed)}
+        models = {"pre-trained": model_copy(args.pretrained, args.out / "pretrained_model", args.dropout, None)}
+        for std, name in randoms.items():
+            models[name] = model_copy(args.pretrained, args.out / f"random_init_std{std:g}_model_{seed}",
+                                      args.dropout, seed, std)
         for lr in args.learning_rates:
             for name, model_dir in models.items():
                 print(f"fine-tuning {name}, lr {lr:g}, seed {seed}", file=sys.stderr)
-                out = args.out / f"{name.replace(' ', '_')}_lr{lr:g}_seed{seed}"
+                out = args.out / f"{name.replace(' ', '_').replace(',', '')}_lr{lr:g}_seed{seed}"
                 runs[name].setdefault(lr, []).append(finetune_once(model_dir, out, args, lr, seed))
 
     def final(r):
@@ -127,8 +138,12 @@ def main(argv=None) -> int:
                       for lr, rs in by_lr.items()} for name, by_lr in runs.items()}
     (args.out / "transfer.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                         "results": summary}, indent=2))
-    best = {name: max(by_lr.items(), key=lambda kv: np.mean([final(r) for r in kv[1]])) for name, by_lr in runs.items()}
-    plot(best, args.out / "transfer.png")
+    def mean_final(lr_runs):
+        return np.mean([final(r) for r in lr_runs[1]])
+
+    best = {name: max(by_lr.items(), key=mean_final) for name, by_lr in runs.items()}
+    best_random = max(randoms.values(), key=lambda name: mean_final(best[name]))
+    plot({"pre-trained": best["pre-trained"], best_random: best[best_random]}, args.out / "transfer.png")
     if args.docs:
         shutil.copyfile(args.out / "transfer.png", ROOT / "docs" / "pretraining_transfer.png")
 
@@ -142,10 +157,10 @@ def main(argv=None) -> int:
             acc = [final(r) for r in rs]
             print(f"| {name} | {lr:g} | {np.mean(acc):.4f} ({min(acc):.4f}-{max(acc):.4f}) | "
                   f"{', '.join(f'{a:.4f}' for a in acc)} |")
-    (lr_p, rp), (lr_r, rr) = best["pre-trained"], best["random init"]
-    margin = np.mean([final(r) for r in rp]) - np.mean([final(r) for r in rr])
-    print(f"\neach at its best learning rate: pre-trained {np.mean([final(r) for r in rp]):.4f} (lr {lr_p:g}) vs "
-          f"random init {np.mean([final(r) for r in rr]):.4f} (lr {lr_r:g}): {margin * 100:+.1f} points")
+    lr_p, lr_r = best["pre-trained"][0], best[best_random][0]
+    margin = mean_final(best["pre-trained"]) - mean_final(best[best_random])
+    print(f"\neach at its best learning rate: pre-trained {mean_final(best['pre-trained']):.4f} (lr {lr_p:g}) vs "
+          f"the better {best_random} {mean_final(best[best_random]):.4f} (lr {lr_r:g}): {margin * 100:+.1f} points")
     return 0
 
 
