@@ -187,10 +187,11 @@ def peak_memory_child(name: str) -> None:
     print(json.dumps([loaded, status_kb("VmHWM")]))
 
 
-def peak_memory(names) -> dict:
+def peak_memory(names, extra=()) -> dict:
     out = {}
     for name in names:
-        res = subprocess.run([sys.executable, __file__, "--peak-memory-of", name], capture_output=True, text=True)
+        res = subprocess.run([sys.executable, __file__, "--peak-memory-of", name, *extra], capture_output=True,
+                             text=True)
         try:
             loaded, peak = json.loads(res.stdout.strip().splitlines()[-1])
             out[name] = (loaded / 1024, peak / 1024)
@@ -208,9 +209,15 @@ def main(argv=None) -> int:
     ap.add_argument("--latency-calls", type=int, default=10, help="1 x 128 forwards per timed call")
     ap.add_argument("--sst-rounds", type=int, default=3, help="rounds over the whole SST-2 dev set")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc's malloc as it is (default: bertkit.reuse_freed_memory() for the whole process)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
     ap.add_argument("--peak-memory-of", help=argparse.SUPPRESS)  # internal: the child process
     args = ap.parse_args(argv)
+    if not args.default_malloc:
+        from bertkit.allocator import reuse_freed_memory
+
+        reuse_freed_memory()  # process-wide: every torch contender (transformers too) gets it
     if args.peak_memory_of:
         peak_memory_child(args.peak_memory_of)
         return 0
@@ -245,6 +252,10 @@ def main(argv=None) -> int:
                 "(`bertkit.linear`); torch's default, MKL, takes a slower code path on AMD processors, which is "
                 "what transformers and the `MKL matmuls` row get. `packed weights` is the model after "
                 "`bertkit.linear.pack_weights` (what `bertkit.embed` and `bertkit.predict` use). "
+                + ("glibc's malloc as it comes. " if args.default_malloc else
+                   "The process runs with `bertkit.reuse_freed_memory()` (glibc keeps freed memory for the next "
+                   "allocation instead of returning it to the kernel; every torch contender, transformers "
+                   "included, gets it; ONNX Runtime has its own memory arena). ") +
                 f"Command: `python bench/bench_model.py {' '.join(argv or sys.argv[1:])}`.\n"]
 
     big = fixed_batch(32)
@@ -301,7 +312,7 @@ def main(argv=None) -> int:
     )
 
     if not args.no_memory:
-        mem = peak_memory(list(runs))
+        mem = peak_memory(list(runs), ["--default-malloc"] if args.default_malloc else [])
         lines = ["### Peak memory, one 32 x 128 forward (fresh process each)", "",
                  "ONNX Runtime's RSS after load includes the torch model it was exported from.", "",
                  "| contender | RSS after load (MiB) | peak RSS (MiB) | forward adds (MiB) |",

@@ -24,6 +24,7 @@ _LAZY = {
     "BertConfig": "bertkit.config",
     "BertModel": "bertkit.modeling",
     "pack_weights": "bertkit.linear",
+    "reuse_freed_memory": "bertkit.allocator",
     "BertForPreTraining": "bertkit.heads",
     "BertForMaskedLM": "bertkit.heads",
     "BertForNextSentencePrediction": "bertkit.heads",

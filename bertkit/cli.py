@@ -506,6 +506,10 @@ COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_fi
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None:  # the `bertkit` command owns its process: let big activations reuse freed memory
+        from bertkit.allocator import reuse_freed_memory
+
+        reuse_freed_memory()
     try:
         args.handler(args)
     except (BertkitError, FileNotFoundError, IsADirectoryError) as err:
