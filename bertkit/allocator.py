@@ -14,7 +14,10 @@ tcmalloc for the same reason.
 (mallopt) to take every block from the heap and to keep freed memory instead of
 returning it, so from the second batch on each activation lands in pages that
 are already mapped. Measured on the 2-core benchmark machine, 32 x 128 through
-the default model: ~330 ms instead of ~420 ms per batch (bench/bench_model.py).
+the default model with packed weights, in separate processes with and without
+it: ~315-385 ms instead of ~400-510 ms per batch. The 4 x 128 pre-training run
+of docs/pretraining.md went from ~16,800 tokens/s (its first 4,000 steps) to
+~23,700 (the 4,000 steps resumed with it).
 The price is that the process keeps its peak memory between batches rather than
 giving it back, which a server or a batch job wants anyway. It changes the whole
 process, so the library never does it behind a caller's back: the `bertkit`
