@@ -118,8 +118,9 @@ def main(argv=None) -> int:
     stds = sorted({start_std, 0.02})
     randoms = {std: f"random init N(0, {std:g})" for std in stds}
     runs = {"pre-trained": {}, **{name: {} for name in randoms.values()}}  # name -> lr -> [result per seed]
+    pretrained = model_copy(args.pretrained, args.out / "pretrained_model", args.dropout, None)  # one copy, every seed
     for seed in args.seeds:
-        models = {"pre-trained": model_copy(args.pretrained, args.out / "pretrained_model", args.dropout, None)}
+        models = {"pre-trained": pretrained}
         for std, name in randoms.items():
             models[name] = model_copy(args.pretrained, args.out / f"random_init_std{std:g}_model_{seed}",
                                       args.dropout, seed, std)
@@ -138,6 +139,7 @@ def main(argv=None) -> int:
                       for lr, rs in by_lr.items()} for name, by_lr in runs.items()}
     (args.out / "transfer.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                         "results": summary}, indent=2))
+
     def mean_final(lr_runs):
         return np.mean([final(r) for r in lr_runs[1]])
 
