@@ -28,7 +28,7 @@ config = BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=2, num_a
 model = BertModel(config).eval()
 ids = torch.randint(5, 1000, (32, 128))
 with torch.inference_mode():
-    for _ in range(2):  # the first forwards map the memory the later ones reuse
+    for _ in range(5):  # the first forwards map the memory the later ones reuse
         model(ids)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(3):
