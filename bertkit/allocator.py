@@ -12,8 +12,9 @@ tcmalloc for the same reason.
 
 `reuse_freed_memory()` gets the effect without a preload: it tells glibc
 (mallopt) to take every block from the heap and to keep freed memory instead of
-returning it, so from the second batch on each activation lands in pages that
-are already mapped. Measured on the 2-core benchmark machine, 32 x 128 through
+returning it, so from the second batch on the activations land in pages that
+are already mapped (most forwards take no page fault at all; now and then the
+heap still grows by a block or two). Measured on the 2-core benchmark machine, 32 x 128 through
 the default model with packed weights, in separate processes with and without
 it: ~315-385 ms instead of ~400-510 ms per batch. The 4 x 128 pre-training run
 of docs/pretraining.md went from ~16,800 tokens/s (its first 4,000 steps) to

@@ -1,13 +1,17 @@
-"""reuse_freed_memory: after it, a batched forward pass takes no new page faults.
+"""reuse_freed_memory: after it, a batched forward pass takes almost no new page faults.
 
 Measured with the kernel's own counter (getrusage minor faults) in fresh
 subprocesses, so the test process's allocator is left as it was. By default
 each forward of a 2-layer, hidden-384 model on 32 x 128 tokens gets its large
 activations (the [32, 128, 1536] feed-forward block is 25 MB) as fresh memory
 from the kernel, ~24,000 page faults of 4 KiB per forward; with the setting the
-memory freed by one forward serves the next, and there are none.
+memory freed by one forward serves the next: most forwards take none, and now
+and then the heap grows by a block or two (1,536-3,072 faults), a few percent of
+the default's total.
 """
 
+import json
+import statistics
 import subprocess
 import sys
 
@@ -16,7 +20,7 @@ import pytest
 from bertkit.allocator import _glibc
 
 PROBE = """
-import resource, sys, torch
+import json, resource, sys, torch
 if sys.argv[1] == "reuse":
     from bertkit.allocator import reuse_freed_memory
     assert reuse_freed_memory()
@@ -27,26 +31,29 @@ config = BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=2, num_a
                     intermediate_size=1536)
 model = BertModel(config).eval()
 ids = torch.randint(5, 1000, (32, 128))
+faults = []
 with torch.inference_mode():
-    for _ in range(5):  # the first forwards map the memory the later ones reuse
+    for _ in range(12):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         model(ids)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
-        model(ids)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 3)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps(faults[2:]))  # the first forwards map the memory the later ones reuse
 """
 
 
-def faults_per_forward(mode: str) -> float:
+def faults_per_forward(mode: str) -> list:
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip())
+    return json.loads(out.stdout.strip())
 
 
 @pytest.mark.skipif(_glibc() is None, reason="mallopt settings are glibc's")
 def test_a_forward_pass_reuses_freed_memory_instead_of_faulting_in_new_pages():
     block_pages = 32 * 128 * 1536 * 4 / 4096  # one feed-forward activation: 6,144 pages
-    assert faults_per_forward("default") > block_pages  # fresh memory for the big blocks, every forward
-    assert faults_per_forward("reuse") < 0.05 * block_pages
+    default, reuse = faults_per_forward("default"), faults_per_forward("reuse")
+    assert statistics.median(default) > block_pages  # fresh memory for the big blocks, every forward
+    # most forwards fault nothing; now and then the heap grows by a block or two (6-12 MB)
+    assert statistics.median(reuse) < 0.05 * block_pages
+    assert sum(reuse) < 0.1 * sum(default)
 
 
 def test_reuse_freed_memory_says_whether_it_applied():
