@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="fine-tuning seeds (and random-init draws)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout while fine-tuning, both models")
     p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--random-stds", type=float, nargs="+",
+                   help="initial scales of the random-init models (default: the config's initializer_range and 0.02)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--docs", action="store_true", help="copy the PNG to docs/pretraining_transfer.png")
     args = p.parse_args(argv)
@@ -115,7 +117,7 @@ def main(argv=None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     start_std = BertConfig.from_json_file(args.pretrained / "config.json").initializer_range
-    stds = sorted({start_std, 0.02})
+    stds = sorted(set(args.random_stds or (start_std, 0.02)))
     randoms = {std: f"random init N(0, {std:g})" for std in stds}
     runs = {"pre-trained": {}, **{name: {} for name in randoms.values()}}  # name -> lr -> [result per seed]
     pretrained = model_copy(args.pretrained, args.out / "pretrained_model", args.dropout, None)  # one copy, every seed
