@@ -174,9 +174,13 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
         attended, weights = self.attention(x, mask, explicit)  # [B, T, H], [B, N, T, T] or None
         x = self.attention_norm(x + self.dropout(attended))
-        ff = self.output(self.act(self.intermediate(x)))  # [B, T, I] -> [B, T, H]
-        x = self.output_norm(x + self.dropout(ff))
-        return x, weights
+        if self.training or self.act is not F.gelu:
+            ff = self.output(self.act(self.intermediate(x)))  # [B, T, I] -> [B, T, H]
+            return self.output_norm(x + self.dropout(ff)), weights
+        # inference (dropout is the identity): the same sums, with the GELU and the residual
+        # add done inside the two matmuls where bertkit.linear can (oneDNN post-ops)
+        ff = self.output(self.intermediate(x, gelu=True), residual=x)  # W2 gelu(W1 x) + x
+        return self.output_norm(ff), weights
 
 
 class BertEncoder(nn.Module):

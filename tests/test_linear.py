@@ -131,3 +131,38 @@ def test_packed_model_gives_the_same_outputs():
     assert all(m.packed is False for m in model.modules() if isinstance(m, Linear))
     torch.testing.assert_close(packed, plain, atol=1e-5, rtol=0)
     assert torch.equal(again, plain)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("x_shape,out", SHAPES[:2] + SHAPES[3:])
+def test_fused_gelu_and_residual_match_the_separate_ops(x_shape, out, pack):
+    """The post-op path (inference) against F.gelu / + residual after F.linear, and the
+    training path (separate ops) against the same, values and gradients."""
+    x, w, b = operands(x_shape, out, seed=9)
+    r = torch.randn(*x_shape[:-1], out, generator=torch.Generator().manual_seed(10))
+    ref_gelu, ref_res = F.gelu(F.linear(x, w, b)), F.linear(x, w, b) + r
+    with torch.inference_mode():
+        torch.testing.assert_close(linear(x, w, b, pack=pack, gelu=True), ref_gelu, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear(x, w, b, pack=pack, residual=r), ref_res, atol=1e-5, rtol=1e-5)
+    wg = w.clone().requires_grad_()
+    got = linear(x, wg, b, gelu=True)
+    got.sum().backward()
+    w_ref = w.clone().requires_grad_()
+    F.gelu(F.linear(x, w_ref, b)).sum().backward()
+    torch.testing.assert_close(got.detach(), ref_gelu, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wg.grad, w_ref.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_gelu_is_the_erf_form_not_tanh():
+    x, w, b = operands((16, 64), 128, seed=11)
+    with torch.inference_mode():
+        got = linear(x, w, b, gelu=True)
+        y = F.linear(x, w, b)
+    torch.testing.assert_close(got, F.gelu(y), atol=1e-6, rtol=1e-6)
+    assert (got - F.gelu(y, approximate="tanh")).abs().max() > 1e-5  # the two forms differ measurably here
+
+
+def test_fusing_both_is_refused():
+    x, w, b = operands((4, 8), 8)
+    with pytest.raises(ValueError, match="not both"):
+        linear(x, w, b, gelu=True, residual=torch.zeros(4, 8))
