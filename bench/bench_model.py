@@ -48,6 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
 
 THREADS = 2
+# seconds of quiet before each timing: ONNX Runtime's thread pool keeps spinning after a
+# run and took the CPU from whoever came next (measured at 1 x 4: bertkit 6.4 ms right
+# after ORT, 3.5-3.9 ms after a pause or in a block of its own; ORT itself 2.1-2.3 ms)
+SETTLE = 0.5
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -256,16 +260,18 @@ def main(argv=None) -> int:
                    "The process runs with `bertkit.reuse_freed_memory()` (glibc keeps freed memory for the next "
                    "allocation instead of returning it to the kernel; every torch contender, transformers "
                    "included, gets it; ONNX Runtime has its own memory arena). ") +
+                f"Each timing starts after {SETTLE} s of quiet (thread pools left spinning by the previous "
+                "contender, ONNX Runtime's especially, would otherwise take the CPU from the next). "
                 f"Command: `python bench/bench_model.py {' '.join(argv or sys.argv[1:])}`.\n"]
 
     big = fixed_batch(32)
-    times = interleaved({n: (lambda r=r: r(big)) for n, r in runs.items()}, rounds=args.rounds)
+    times = interleaved({n: (lambda r=r: r(big)) for n, r in runs.items()}, rounds=args.rounds, settle=SETTLE)
     sections.append(table("Fixed batch 32 x 128 (throughput)", 32, "seq", times, ours="bertkit fp32"))
 
     one = fixed_batch(1)
     calls = args.latency_calls
     times = interleaved({n: (lambda r=r: [r(one) for _ in range(calls)]) for n, r in runs.items()},
-                        rounds=args.rounds)
+                        rounds=args.rounds, settle=SETTLE)
     times = {n: [t / calls for t in ts] for n, ts in times.items()}
     sections.append(table("Batch 1 x 128 (latency: median s/call is one forward)", 1, "seq", times,
                           ours="bertkit fp32"))
@@ -288,7 +294,7 @@ def main(argv=None) -> int:
     if "ONNX Runtime (fused)" in runs:
         sst["ONNX Runtime (fused)"] = lambda: [runs["ONNX Runtime (fused)"](b) for b in padded_batches]
     # each pass is long and the models are warm by now: no discarded warm-up round
-    times = interleaved(sst, rounds=args.sst_rounds, warmup=0)
+    times = interleaved(sst, rounds=args.sst_rounds, warmup=0, settle=SETTLE)
     note = (f"{len(texts)} sentences, {tokens:,} real tokens; token slots computed: sorted "
             f"{cells(sorted_batches):,} ({len(sorted_batches)} batches), token budget "
             f"{cells(budget_batches):,} ({len(budget_batches)} batches), data order {cells(padded_batches):,}. "

@@ -48,15 +48,18 @@ def machine_line(*packages) -> str:
     return f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}; {libs}"
 
 
-def interleaved(contenders: dict, rounds: int = 5, warmup: int = 1) -> dict:
+def interleaved(contenders: dict, rounds: int = 5, warmup: int = 1, settle: float = 0.0) -> dict:
     """Time each zero-argument callable `rounds` times, round-robin.
 
     Returns name -> list of seconds. The first `warmup` rounds are discarded
-    (caches, lazy initialisation, allocator warm-up).
+    (caches, lazy initialisation, allocator warm-up). `settle`: seconds to sleep
+    before each timing, so that thread pools the previous contender left spinning
+    (ONNX Runtime's do, after each run) have gone idle and take no CPU from this one.
     """
     times = {name: [] for name in contenders}
     for r in range(warmup + rounds):
         for name, fn in contenders.items():
+            time.sleep(settle)
             t0 = time.perf_counter()
             fn()
             dt = time.perf_counter() - t0
