@@ -17,7 +17,9 @@ oneDNN route is taken only where it is the same computation: float32 on the CPU,
 outside autocast (which must see F.linear to cast it) and outside torch.compile
 (inductor packs its own weights). Everything else goes to F.linear unchanged.
 Training works too: the backward is written out below with the same kernel
-(grad_x = g W, grad_W = g^T x, grad_b = sum g). `use_onednn(False)` switches the
+(grad_x = g W, grad_W = g^T x, grad_b = sum g). In inference a GELU or a
+residual add that follows the matmul can ride in it as a oneDNN post-op
+(`linear(..., gelu=True)`, `linear(..., residual=r)`). `use_onednn(False)` switches the
 route off, for comparisons, and so does BERTKIT_ONEDNN=0 in the environment.
 """
 

@@ -30,7 +30,9 @@ Deviations from the reference code, all numerically neutral: the query, key and
 value projections are one [H, 3H] matrix (one matmul instead of three; the
 checkpoint table splits it), and the padding mask is built once per forward in
 the dtype the attention runs in, with that dtype's most negative finite value
-rather than -inf, so a fully padded row gives a uniform softmax, never NaN.
+rather than -inf, so a fully padded row gives a uniform softmax, never NaN. In
+inference the feed-forward GELU and its residual add are done inside the two
+matmuls (`bertkit.linear` post-ops; bit-identical to the separate operations).
 """
 
 from __future__ import annotations
