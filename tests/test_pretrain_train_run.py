@@ -16,7 +16,7 @@ from pretrain_support import TINY_MODEL, make_prepared_data, run_cli, tiny_confi
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.run_config import RunConfig
-from bertkit.pretraining.train import run
+from bertkit.pretraining.train import build_model, run
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +27,11 @@ def nsp_data(shared_data, tmp_path_factory):
     return make_prepared_data(shared_data, tmp), tiny_config_file(tmp)
 
 
-def tiny_run(data, config, out, schedule="linear", **kw) -> RunConfig:
+def tiny_run(data, config, out, schedule="linear", learning_rate=1e-3, **kw) -> RunConfig:
     cfg = RunConfig(data=str(data), output=str(out), config=str(config), max_steps=3, batch_size=8,
                     eval_every=3, eval_sequences=16, save_every=2, seed=5)
     cfg = dataclasses.replace(cfg, **kw)
-    cfg.optim.learning_rate, cfg.optim.schedule = 1e-3, schedule
+    cfg.optim.learning_rate, cfg.optim.schedule = learning_rate, schedule
     run(cfg, progress=False)
     return cfg
 
@@ -131,3 +131,52 @@ def test_a_diverging_run_stops_with_the_step_and_batch_named(nsp_data, tmp_path)
     assert error.startswith("bertkit: error: non-finite loss at step 2 ") and "training positions 4..7" in error
     assert sorted(train_losses(tmp_path / "nan")) == [1]  # nothing after the bad step was logged
     assert not (tmp_path / "nan" / "model.safetensors").exists()
+
+
+def test_init_from_continues_a_checkpoint_on_other_data(nsp_data, shared_data, tmp_path):
+    # continued (domain-adaptive) pre-training: an MLM + NSP run's weights go on with MLM alone
+    from bertkit.checkpoint import hf_state_dict
+    from bertkit.heads import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification
+
+    data, config = nsp_data
+    first = tmp_path / "first"
+    tiny_run(data, config, first, max_steps=40, eval_every=0, dropout=0.0, learning_rate=1e-2)
+    other = make_prepared_data(shared_data, tmp_path / "none", objective="none")
+
+    def continued(source, objective="none"):
+        cfg = RunConfig(data=str(other), output=str(tmp_path / "unused"), init_from=str(source), seed=9)
+        return build_model(cfg, 30522, objective)
+
+    model, start = continued(first), BertForPreTraining.from_pretrained(first)
+    assert isinstance(model, BertForMaskedLM) and model.training
+    ours, theirs = hf_state_dict(model), hf_state_dict(start)
+    assert ours.keys() < theirs.keys()  # everything but the NSP head
+    for key, value in ours.items():
+        assert torch.equal(value, theirs[key]), key
+
+    # the run starts where the checkpoint left off: its first loss is far below a fresh model's
+    run_cli("pretrain", "run", other, "--init-from", first, "--max-steps", 2, "--batch-size", 8, "--dropout", 0,
+            "--eval-every", 0, "--output", tmp_path / "second")
+    tiny_run(other, config, tmp_path / "fresh", max_steps=2, eval_every=0, dropout=0.0)
+    assert train_losses(tmp_path / "second")[1] < train_losses(tmp_path / "fresh")[1] - 1.0
+    assert json.loads((tmp_path / "second" / "run_config.json").read_text())["init_from"] == str(first)
+    assert json.loads((tmp_path / "second" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    # an MLM-only checkpoint may go on with a pair objective: only the NSP head starts fresh
+    pair = continued(tmp_path / "second", objective="nsp")
+    torch.testing.assert_close(pair.bert.embeddings.word_embeddings.weight,
+                               BertForMaskedLM.from_pretrained(tmp_path / "second").bert.embeddings.word_embeddings.weight)
+
+    # another vocabulary, or a checkpoint without the masked-LM head, is refused by name
+    (tmp_path / "vocab").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "vocab" / name).write_bytes((first / name).read_bytes())
+    words = (first / "vocab.txt").read_text().splitlines()
+    (tmp_path / "vocab" / "vocab.txt").write_text("\n".join([words[1], words[0], *words[2:]]) + "\n")
+    with pytest.raises(BertkitError, match="vocab.txt differs"):
+        continued(tmp_path / "vocab")
+    with pytest.warns(UserWarning, match="missing .*classifier"):
+        clf = BertForSequenceClassification.from_pretrained(first, strict=False, num_labels=2)
+    clf.save_pretrained(tmp_path / "clf")
+    (tmp_path / "clf" / "vocab.txt").write_text((first / "vocab.txt").read_text())
+    with pytest.raises(BertkitError, match="does not fit BertForMaskedLM: .*missing.*cls.predictions"):
+        continued(tmp_path / "clf")

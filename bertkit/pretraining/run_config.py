@@ -37,6 +37,7 @@ class RunConfig:
     data: str = field(metadata={"help": "a directory made by `bertkit pretrain prepare`", "positional": True})
     output: str = field(default="runs/pretrain", metadata={"help": "run directory: checkpoints, metrics, final model", "short": "-o"})
     config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large) or a config.json"})
+    init_from: str | None = field(default=None, metadata={"help": "continue pre-training a Hugging Face checkpoint (its config and weights replace --config; optimizer and schedule start fresh), e.g. on in-domain text"})
     max_steps: int = field(default=1000, metadata={"help": "optimizer updates to train for"})
     batch_size: int = field(default=32, metadata={"help": "sequences per micro-batch, per process"})
     grad_accum: int = field(default=1, metadata={"help": "micro-batches accumulated into one update"})
@@ -131,7 +132,7 @@ def add_arguments(parser) -> None:
         if kind == "bool":
             parser.add_argument(*flags, action="store_true", default=None, help=help_text)
         else:
-            convert = {"int": int, "float": float, "str": str, "float | None": float}[kind]
+            convert = {"int": int, "float": float, "str": str, "float | None": float, "str | None": str}[kind]
             choices = f.metadata.get("choices") or (SCHEDULES if f.name == "schedule" else None)
             parser.add_argument(*flags, type=convert, default=None, choices=choices, help=help_text)
 

@@ -290,23 +290,46 @@ def _short(x: float) -> str:
 
 
 def build_model(cfg: RunConfig, vocab_size: int, objective: str):
-    """A fresh BertForPreTraining (MLM + NSP/SOP) or BertForMaskedLM (objectives "none", "single")."""
+    """A fresh BertForPreTraining (MLM + NSP/SOP) or BertForMaskedLM (objectives "none", "single"),
+    or with --init-from one that starts from that checkpoint's weights."""
     from bertkit.config import PRESETS, BertConfig
     from bertkit.heads import BertForMaskedLM, BertForPreTraining
 
+    cls = BertForPreTraining if objective in ("nsp", "sop") else BertForMaskedLM
+    changes = {} if cfg.dropout is None else {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
+    g = torch.Generator().manual_seed(cfg.seed)  # the same initial weights on every rank
+    if cfg.init_from:
+        return continued_model(cls, cfg, changes, g)
     if cfg.config in PRESETS:
         config = BertConfig.preset(cfg.config)
     elif Path(cfg.config).is_file():
         config = BertConfig.from_json_file(cfg.config)
     else:
         raise BertkitError(f"--config {cfg.config!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file")
-    changes = {"vocab_size": vocab_size}
-    if cfg.dropout is not None:
-        changes.update(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
-    config = config.replace(**changes)
-    g = torch.Generator().manual_seed(cfg.seed)  # the same initial weights on every rank
-    cls = BertForPreTraining if objective in ("nsp", "sop") else BertForMaskedLM
-    return cls(config, generator=g)
+    return cls(config.replace(vocab_size=vocab_size, **changes), generator=g)
+
+
+def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generator):
+    """Continued pre-training (e.g. domain- or task-adaptive, Gururangan et al. 2020): `cls`
+    holding the weights of the checkpoint --init-from names. Its vocabulary must be the
+    prepared data's, token for token; only an NSP/SOP head it lacks (and the pooler
+    that feeds it: masked-LM checkpoints have none) may start fresh."""
+    import warnings
+
+    source = Path(cfg.init_from)
+    ours, theirs = source / "vocab.txt", Path(cfg.data) / "vocab.txt"
+    if not ours.is_file():
+        raise BertkitError(f"--init-from {source}: no vocab.txt there, so its vocabulary cannot be checked against the data's")
+    if ours.read_text(encoding="utf-8") != theirs.read_text(encoding="utf-8"):
+        raise BertkitError(f"--init-from {source}: its vocab.txt differs from {theirs}; prepare the data with --vocab {source}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the report is checked just below
+        model = cls.from_pretrained(source, strict=False, generator=generator, **changes)
+    report = model.load_report
+    fresh_head = [k for k in report.missing if k.startswith(("cls.seq_relationship.", "pooler."))]
+    if len(fresh_head) < len(report.missing) or report.unexpected or report.mismatched:
+        raise BertkitError(f"--init-from {source} does not fit {cls.__name__}: {report.describe()}")
+    return model.train()
 
 
 def build_optimizer(model, cfg: RunConfig):
