@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from pretrain_support import TINY_MODEL, make_prepared_data, run_cli, tiny_config_file, train_losses
+from pretrain_support import BOOKS, TINY_MODEL, make_prepared_data, run_cli, tiny_config_file, train_losses
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.run_config import RunConfig
@@ -180,3 +180,14 @@ def test_init_from_continues_a_checkpoint_on_other_data(nsp_data, shared_data, t
     (tmp_path / "clf" / "vocab.txt").write_text((first / "vocab.txt").read_text())
     with pytest.raises(BertkitError, match="does not fit BertForMaskedLM: .*missing.*cls.predictions"):
         continued(tmp_path / "clf")
+
+
+def test_a_corpus_of_one_document_runs_but_says_it_cannot_evaluate(shared_data, tmp_path):
+    from bertkit.pretraining.prepare import PrepareConfig, prepare
+
+    (tmp_path / "one.txt").write_text((shared_data / "pretrain_corpus" / "gutenberg" / BOOKS[0]).read_text()[:8000])
+    prepare([tmp_path / "one.txt"], tmp_path / "data", PrepareConfig(max_seq_length=32, objective="none",
+            dynamic_masking=True, dupe_factor=1, documents="file", workers=1), progress=False)
+    with pytest.warns(UserWarning, match="no held-out evaluation: .* needs at least two"):
+        tiny_run(tmp_path / "data", tiny_config_file(tmp_path), tmp_path / "run", max_steps=1)
+    assert not [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]

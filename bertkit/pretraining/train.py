@@ -38,6 +38,7 @@ import json
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -314,8 +315,6 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
     holding the weights of the checkpoint --init-from names. Its vocabulary must be the
     prepared data's, token for token; only an NSP/SOP head it lacks (and the pooler
     that feeds it: masked-LM checkpoints have none) may start fresh."""
-    import warnings
-
     source = Path(cfg.init_from)
     ours, theirs = source / "vocab.txt", Path(cfg.data) / "vocab.txt"
     if not ours.is_file():
@@ -518,6 +517,10 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
                 raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
         distributed.barrier(info)
         dataset, train_set, eval_set, collate, tokenizer = open_prepared(cfg, cfg.seed)
+        if cfg.eval_every and cfg.eval_sequences and not len(eval_set) and info.is_main:
+            warnings.warn(f"no held-out evaluation: {cfg.data} has no document that can be held out whole "
+                          "(evaluation holds out whole documents and needs at least two; separate documents "
+                          "with blank lines when preparing)", stacklevel=2)
         g_eval = torch.Generator().manual_seed(cfg.seed + 1)  # one fixed masking of the held-out slice
         eval_batches = [move(collate([eval_set[i] for i in range(s, min(s + cfg.batch_size, len(eval_set)))], g_eval),
                              info.device) for s in range(0, len(eval_set), cfg.batch_size)]
