@@ -40,16 +40,18 @@ def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None, st
     import torch
 
     from bertkit.config import BertConfig
-    from bertkit.heads import BertForPreTraining
+    from bertkit.heads import BertForMaskedLM, BertForPreTraining
     from bertkit.tokenizer import Tokenizer
 
-    config = BertConfig.from_json_file(pretrained / "config.json").replace(
+    saved = BertConfig.from_json_file(pretrained / "config.json")
+    config = saved.replace(
         architectures=None, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     if std is not None:
         config = config.replace(initializer_range=std)
     if seed is None:
-        model = BertForPreTraining.from_pretrained(pretrained, hidden_dropout_prob=dropout,
-                                                   attention_probs_dropout_prob=dropout)
+        # an MLM-only run (objective none, or continued with --init-from on MLM data) has no NSP head
+        cls = BertForMaskedLM if saved.architectures == ["BertForMaskedLM"] else BertForPreTraining
+        model = cls.from_pretrained(pretrained, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     else:
         model = BertForPreTraining(config, generator=torch.Generator().manual_seed(seed))
     model.save_pretrained(out, tokenizer=Tokenizer.from_pretrained(pretrained))
