@@ -41,6 +41,7 @@ def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None, st
 
     from bertkit.config import BertConfig
     from bertkit.heads import BertForMaskedLM, BertForPreTraining
+    from bertkit.modeling import BertModel
     from bertkit.tokenizer import Tokenizer
 
     saved = BertConfig.from_json_file(pretrained / "config.json")
@@ -49,8 +50,10 @@ def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None, st
     if std is not None:
         config = config.replace(initializer_range=std)
     if seed is None:
-        # an MLM-only run (objective none, or continued with --init-from on MLM data) has no NSP head
-        cls = BertForMaskedLM if saved.architectures == ["BertForMaskedLM"] else BertForPreTraining
+        # an MLM-only run (objective none, or continued with --init-from on MLM data) has no NSP
+        # head; a bare encoder (the default model) has no pre-training heads at all
+        cls = {"BertForMaskedLM": BertForMaskedLM, "BertModel": BertModel}.get((saved.architectures or [""])[0],
+                                                                               BertForPreTraining)
         model = cls.from_pretrained(pretrained, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     else:
         model = BertForPreTraining(config, generator=torch.Generator().manual_seed(seed))

@@ -316,11 +316,11 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
     prepared data's, token for token; only an NSP/SOP head it lacks (and the pooler
     that feeds it: masked-LM checkpoints have none) may start fresh."""
     source = Path(cfg.init_from)
-    ours, theirs = source / "vocab.txt", Path(cfg.data) / "vocab.txt"
-    if not ours.is_file():
+    model_vocab, data_vocab = source / "vocab.txt", Path(cfg.data) / "vocab.txt"
+    if not model_vocab.is_file():
         raise BertkitError(f"--init-from {source}: no vocab.txt there, so its vocabulary cannot be checked against the data's")
-    if ours.read_text(encoding="utf-8") != theirs.read_text(encoding="utf-8"):
-        raise BertkitError(f"--init-from {source}: its vocab.txt differs from {theirs}; prepare the data with --vocab {source}")
+    if model_vocab.read_text(encoding="utf-8") != data_vocab.read_text(encoding="utf-8"):
+        raise BertkitError(f"--init-from {source}: its vocab.txt differs from {data_vocab}; prepare the data with --vocab {source}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report is checked just below
         model = cls.from_pretrained(source, strict=False, generator=generator, **changes)
