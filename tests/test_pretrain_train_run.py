@@ -16,7 +16,7 @@ from pretrain_support import BOOKS, TINY_MODEL, make_prepared_data, run_cli, tin
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.run_config import RunConfig
-from bertkit.pretraining.train import build_model, run
+from bertkit.pretraining.train import build_model, held_out_split, run
 
 pytestmark = pytest.mark.slow
 
@@ -182,12 +182,31 @@ def test_init_from_continues_a_checkpoint_on_other_data(nsp_data, shared_data, t
         continued(tmp_path / "clf")
 
 
-def test_a_corpus_of_one_document_runs_but_says_it_cannot_evaluate(shared_data, tmp_path):
+def test_the_held_out_slice_shares_no_text_with_training(nsp_data, shared_data, tmp_path):
+    import numpy as np
+
     from bertkit.pretraining.prepare import PrepareConfig, prepare
 
+    def docs_of(data):
+        manifest = json.loads((data / "manifest.json").read_text())
+        return np.concatenate([np.load(data / e["path"] / "docs.npy") for e in manifest["shards"]])
+
+    # pairs: whole documents are held out, and no training pair touches one (as A or B)
+    data, _ = nsp_data
+    docs = docs_of(data)
+    train, held = held_out_split(data, len(docs), 16, seed=5)
+    assert len(held) == 16 and not set(train) & set(held)
+    assert not np.isin(docs[train], np.unique(docs[held, 0])).any()
+    # sequences packed across documents, the corpus read once: instances are held out
+    packed = make_prepared_data(shared_data, tmp_path / "once", objective="none")
+    n = len(docs_of(packed))
+    assert (docs_of(packed) == -1).all()  # no instance names a single document
+    train, held = held_out_split(packed, n, 16, seed=5)
+    assert len(held) == 16 and sorted([*train, *held]) == list(range(n))
+    # read twice, the same text is in two instances: nothing is held out, and the run says so
     (tmp_path / "one.txt").write_text((shared_data / "pretrain_corpus" / "gutenberg" / BOOKS[0]).read_text()[:8000])
-    prepare([tmp_path / "one.txt"], tmp_path / "data", PrepareConfig(max_seq_length=32, objective="none",
-            dynamic_masking=True, dupe_factor=1, documents="file", workers=1), progress=False)
-    with pytest.warns(UserWarning, match="no held-out evaluation: .* needs at least two"):
-        tiny_run(tmp_path / "data", tiny_config_file(tmp_path), tmp_path / "run", max_steps=1)
+    prepare([tmp_path / "one.txt"], tmp_path / "twice", PrepareConfig(max_seq_length=32, objective="none",
+            dynamic_masking=True, dupe_factor=2, documents="file", workers=1), progress=False)
+    with pytest.warns(UserWarning, match="no held-out evaluation: .* only with --dupe-factor 1"):
+        tiny_run(tmp_path / "twice", tiny_config_file(tmp_path), tmp_path / "run", max_steps=1)
     assert not [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]

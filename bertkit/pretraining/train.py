@@ -440,6 +440,11 @@ def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
     is instances whose segment A comes from them, and every instance touching
     one of them (as A or B) leaves the training set. Reads the instance shards'
     `docs.npy` ([n, 2] document of A and B, -1: none or several; see prepare).
+
+    Sequences packed across documents (objective "none") record no document. If
+    the corpus went into them once (dupe factor 1), every token is in exactly
+    one instance, so a seeded sample of instances is held out instead; with
+    more passes their text repeats elsewhere and nothing is held out.
     """
     import numpy as np
 
@@ -450,6 +455,10 @@ def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
     assert len(docs) == num_instances, "docs.npy does not match the dataset"
     doc_a = docs[:, 0]
     known, counts = np.unique(doc_a[doc_a >= 0], return_counts=True)
+    if not len(known) and manifest["dupe_factor"] == 1 and num_instances > 1:
+        held = np.zeros(num_instances, dtype=bool)
+        held[np.random.default_rng([seed, 17]).permutation(num_instances)[:min(n_eval, num_instances - 1)]] = True
+        return np.flatnonzero(~held), np.flatnonzero(held)
     count_of = dict(zip(known.tolist(), counts.tolist()))
     held, covered = [], 0
     for d in np.random.default_rng([seed, 17]).permutation(known).tolist():
@@ -519,8 +528,8 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         dataset, train_set, eval_set, collate, tokenizer = open_prepared(cfg, cfg.seed)
         if cfg.eval_every and cfg.eval_sequences and not len(eval_set) and info.is_main:
             warnings.warn(f"no held-out evaluation: {cfg.data} has no document that can be held out whole "
-                          "(evaluation holds out whole documents and needs at least two; separate documents "
-                          "with blank lines when preparing)", stacklevel=2)
+                          "(evaluation holds out whole documents and needs at least two; packed sequences "
+                          "only with --dupe-factor 1, where no text repeats)", stacklevel=2)
         g_eval = torch.Generator().manual_seed(cfg.seed + 1)  # one fixed masking of the held-out slice
         eval_batches = [move(collate([eval_set[i] for i in range(s, min(s + cfg.batch_size, len(eval_set)))], g_eval),
                              info.device) for s in range(0, len(eval_set), cfg.batch_size)]
