@@ -456,9 +456,9 @@ def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
     doc_a = docs[:, 0]
     known, counts = np.unique(doc_a[doc_a >= 0], return_counts=True)
     if not len(known) and manifest["dupe_factor"] == 1 and num_instances > 1:
-        held = np.zeros(num_instances, dtype=bool)
-        held[np.random.default_rng([seed, 17]).permutation(num_instances)[:min(n_eval, num_instances - 1)]] = True
-        return np.flatnonzero(~held), np.flatnonzero(held)
+        in_eval = np.zeros(num_instances, dtype=bool)
+        in_eval[np.random.default_rng([seed, 17]).permutation(num_instances)[:min(n_eval, num_instances - 1)]] = True
+        return np.flatnonzero(~in_eval), np.flatnonzero(in_eval)
     count_of = dict(zip(known.tolist(), counts.tolist()))
     held, covered = [], 0
     for d in np.random.default_rng([seed, 17]).permutation(known).tolist():
