@@ -158,6 +158,7 @@ def add_pretrain_run(psub):
         "`torchrun --nproc_per_node N` for data-parallel training.",
         epilog="examples:\n  bertkit pretrain run data/ --config tiny --max-steps 200 --output runs/tiny\n"
         "  bertkit pretrain run data/ --output runs/tiny --resume\n"
+        "  bertkit pretrain run indomain/ --init-from runs/tiny --output runs/adapted   # continued pre-training\n"
         "  torchrun --nproc_per_node 2 -m bertkit.cli pretrain run data/ --config mini --output runs/ddp",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
