@@ -537,6 +537,7 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         torch.manual_seed(cfg.seed + info.rank)  # dropout: a different stream per rank
         vocab_size, objective = dataset.vocab_size, dataset.objective
         model = build_model(cfg, vocab_size, objective).to(info.device)
+        model_cls, model_config = type(model), model.config  # a plain copy to save into under FSDP
         model = distributed.wrap(model, info, cfg.fsdp)
         if cfg.compile:
             model = torch.compile(model)
@@ -582,7 +583,7 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         if info.is_main:
             final = distributed.unwrap(model)
             if distributed.is_fsdp(model):  # gather the shards into a plain model to save it
-                final = build_model(cfg, vocab_size, objective)
+                final = model_cls(model_config)
                 final.load_state_dict(distributed.state_dicts(model, optimizer)[0])
             save_final(final, out, tokenizer)
             plot_curves(out / "metrics.jsonl", out / "curves.png")
