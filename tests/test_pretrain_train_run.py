@@ -16,7 +16,7 @@ from pretrain_support import BOOKS, TINY_MODEL, make_prepared_data, run_cli, tin
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.run_config import RunConfig
-from bertkit.pretraining.train import build_model, held_out_split, run
+from bertkit.pretraining.train import batch_metrics, build_model, held_out_split, run
 
 pytestmark = pytest.mark.slow
 
@@ -94,9 +94,42 @@ def test_mlm_only_lamb_bf16_cosine(shared_data, tmp_path):
     assert sorted(rows) == [1, 2, 3] and all(torch.isfinite(torch.tensor(v)) for v in rows.values())
     saved = json.loads((tmp_path / "bf16" / "config.json").read_text())
     assert saved["architectures"] == ["BertForMaskedLM"]  # no NSP head without a pair objective
+    # MLM accuracy is logged for an MLM-only model too (its head calls the logits `logits`)
+    logged = [json.loads(line) for line in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
+    for split in ("train", "eval"):
+        rows_of_split = [r for r in logged if r["split"] == split]
+        assert rows_of_split and all(0 <= r["mlm_acc"] <= 1 and "nsp_acc" not in r for r in rows_of_split), split
     # the first loss is computed before any update: bf16 autocast must agree with fp32 to bf16 precision
     tiny_run(data, config, tmp_path / "fp32", optimizer="lamb", schedule="cosine")
     assert rows[1] == pytest.approx(train_losses(tmp_path / "fp32")[1], rel=2e-2)
+
+
+def test_mlm_accuracy_counts_the_same_for_both_pre_training_heads():
+    # BertForMaskedLM and BertForPreTraining with the same encoder and MLM head must count the
+    # same correct predictions, and both must equal a count from the full [B, T, V] logits
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForMaskedLM, BertForPreTraining
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16)
+    both = BertForPreTraining(config, generator=torch.Generator().manual_seed(0)).eval()
+    mlm = BertForMaskedLM(config).eval()
+    mlm.load_state_dict(both.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 50, (4, 12), generator=g)
+    labels = torch.full_like(ids, -100)
+    masked = torch.rand(ids.shape, generator=g) < 0.4
+    labels[masked] = torch.randint(0, 50, (int(masked.sum()),), generator=g)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    with torch.no_grad():
+        full = mlm(input_ids=ids).logits  # [B, T, V], no labels: every position projected
+        expected = float((full[masked].argmax(-1) == labels[masked]).sum())
+        counts_mlm = batch_metrics(mlm(**batch), batch)
+        counts_both = batch_metrics(both(**batch, next_sentence_label=torch.zeros(4, dtype=torch.long)),
+                                    {**batch, "next_sentence_label": torch.zeros(4, dtype=torch.long)})
+    assert counts_mlm["mlm_total"] == counts_both["mlm_total"] == float(masked.sum())
+    assert counts_mlm["mlm_correct"] == counts_both["mlm_correct"] == expected
+    assert "nsp_total" not in counts_mlm and counts_both["nsp_total"] == 4
 
 
 def test_torch_compile_trains_like_eager(nsp_data, tmp_path, monkeypatch):

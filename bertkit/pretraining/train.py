@@ -122,7 +122,8 @@ def batch_metrics(out, batch: dict) -> dict:
     mask = batch.get("attention_mask", batch.get("input_ids"))
     m = {"tokens": float(mask.sum()) if "attention_mask" in batch else float(mask.numel() if mask is not None else 0)}
     labels = batch.get("labels")
-    logits = getattr(out, "prediction_logits", None)
+    # BertForPreTraining names its MLM logits prediction_logits; BertForMaskedLM (MLM alone) just logits
+    logits = out.prediction_logits if hasattr(out, "prediction_logits") else getattr(out, "logits", None)
     if labels is not None and logits is not None:
         masked = labels != -100
         target = labels[masked]
