@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pretrain_support import make_prepared_data, run_cli, tiny_config_file, train_losses
+from pretrain_support import TINY_MODEL, make_prepared_data, run_cli, tiny_config_file, train_losses
 
 from bertkit.pretraining.train import KILL_AT_STEP_ENV
 
@@ -49,6 +49,30 @@ def test_a_killed_run_resumes_exactly(shared_data, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # keep-last-2: the run ended with checkpoints 6 and 8
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-00000006.pt", "step-00000008.pt"]
+
+
+def test_a_continued_run_resumes_without_its_sources(shared_data, tmp_path):
+    # --init-from and --config only shape the model before the first checkpoint; a resumed run
+    # takes the architecture the checkpoint recorded, so neither has to exist any more
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForMaskedLM
+    from bertkit.tokenizer import Tokenizer
+
+    data = make_prepared_data(shared_data, tmp_path, objective="none")
+    source = tmp_path / "source"
+    config = BertConfig(**{**TINY_MODEL, "num_hidden_layers": 3})  # not the --config file's shape
+    BertForMaskedLM(config, generator=torch.Generator().manual_seed(3)).save_pretrained(
+        source, tokenizer=Tokenizer.from_pretrained(data))
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_cli("pretrain", "run", data, "--init-from", source, "-o", straight, *COMMON)
+    res = run_cli("pretrain", "run", data, "--init-from", source, "-o", killed, *COMMON,
+                  env={KILL_AT_STEP_ENV: "4"}, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+
+    source.rename(tmp_path / "moved")
+    run_cli("pretrain", "run", data, "-o", killed, "--resume")
+    assert train_losses(killed) == train_losses(straight)
+    assert BertConfig.from_json_file(killed / "config.json").num_hidden_layers == 3
 
 
 def test_resume_without_a_run_is_a_clear_error(tmp_path):

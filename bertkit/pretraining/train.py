@@ -291,15 +291,19 @@ def _short(x: float) -> str:
 # --- wiring: model, optimizer, data, checkpoints, files -------------------------------
 
 
-def build_model(cfg: RunConfig, vocab_size: int, objective: str):
+def build_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config: dict | None = None):
     """A fresh BertForPreTraining (MLM + NSP/SOP) or BertForMaskedLM (objectives "none", "single"),
-    or with --init-from one that starts from that checkpoint's weights."""
+    or with --init-from one that starts from that checkpoint's weights. On --resume, the
+    architecture the checkpoint recorded (`resumed_config`), whose weights then replace these:
+    neither the --config file nor the --init-from directory has to exist any more."""
     from bertkit.config import PRESETS, BertConfig
     from bertkit.heads import BertForMaskedLM, BertForPreTraining
 
     cls = BertForPreTraining if objective in ("nsp", "sop") else BertForMaskedLM
     changes = {} if cfg.dropout is None else {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
     g = torch.Generator().manual_seed(cfg.seed)  # the same initial weights on every rank
+    if resumed_config is not None:
+        return cls(BertConfig.from_dict(resumed_config).replace(**changes), generator=g)
     if cfg.init_from:
         return continued_model(cls, cfg, changes, g)
     if cfg.config in PRESETS:
@@ -537,7 +541,10 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
 
         torch.manual_seed(cfg.seed + info.rank)  # dropout: a different stream per rank
         vocab_size, objective = dataset.vocab_size, dataset.objective
-        model = build_model(cfg, vocab_size, objective).to(info.device)
+        state = resume_state(out, len(train_set), info.world_size) if cfg.resume else None
+        # the architecture the checkpoint recorded (None in checkpoints from before it did: the flags say)
+        resumed_config = state.get("model_config") if state else None
+        model = build_model(cfg, vocab_size, objective, resumed_config).to(info.device)
         model_cls, model_config = type(model), model.config  # a plain copy to save into under FSDP
         model = distributed.wrap(model, info, cfg.fsdp)
         if cfg.compile:
@@ -546,18 +553,7 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
 
         start_step, position = 0, 0
-        if cfg.resume:
-            path = latest_checkpoint(out)
-            if path is None:
-                raise BertkitError(f"--resume: no checkpoint in {out / CHECKPOINT_DIR}; start the run without --resume")
-            state = load_checkpoint(path)
-            if state["data"]["num_instances"] != len(train_set):
-                raise BertkitError(
-                    f"--resume: the data changed ({state['data']['num_instances']} training instances when "
-                    f"checkpointed, {len(train_set)} now); resume on the same prepared directory"
-                )
-            if len(state["rng"]) != info.world_size:
-                raise BertkitError(f"--resume: the run used {len(state['rng'])} processes, now {info.world_size}: use the same number")
+        if state is not None:
             distributed.load_state_dicts(model, optimizer, state["model"], state["optimizer"])
             if scaler is not None and state.get("scaler"):
                 scaler.load_state_dict(state["scaler"])
@@ -574,7 +570,8 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
             if info.is_main:
                 state = {"model": model_state, "optimizer": optim_state, "rng": rngs, "data": stream.state(),
                          "scheduler": {"schedule": cfg.optim.schedule, "step": step, "total_steps": cfg.max_steps},
-                         "scaler": scaler.state_dict() if scaler else None, "extra": {"run_config": cfg.to_dict()}}
+                         "scaler": scaler.state_dict() if scaler else None, "model_config": model_config.to_dict(),
+                         "extra": {"run_config": cfg.to_dict()}}
                 save_checkpoint(out, step, state, keep=cfg.keep_last)
             distributed.barrier(info)
 
@@ -594,6 +591,24 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         return out
     finally:
         distributed.teardown()
+
+
+def resume_state(out: Path, num_instances: int, world_size: int) -> dict:
+    """The latest checkpoint of the run in `out`, after checking it fits this data and world size."""
+    from bertkit.training_state import CHECKPOINT_DIR
+
+    path = latest_checkpoint(out)
+    if path is None:
+        raise BertkitError(f"--resume: no checkpoint in {out / CHECKPOINT_DIR}; start the run without --resume")
+    state = load_checkpoint(path)
+    if state["data"]["num_instances"] != num_instances:
+        raise BertkitError(
+            f"--resume: the data changed ({state['data']['num_instances']} training instances when "
+            f"checkpointed, {num_instances} now); resume on the same prepared directory"
+        )
+    if len(state["rng"]) != world_size:
+        raise BertkitError(f"--resume: the run used {len(state['rng'])} processes, now {world_size}: use the same number")
+    return state
 
 
 def save_final(model, out: Path, tokenizer) -> None:
