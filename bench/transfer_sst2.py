@@ -70,6 +70,7 @@ def finetune_once(model_dir: Path, out: Path, args, learning_rate: float, seed: 
     sst2 = SHARED_DATA / "sst2"
     return finetune("classify", train=str(sst2 / "train.tsv"), dev=str(sst2 / "dev.tsv"), output=str(out),
                     model=str(model_dir), max_length=args.max_length, max_train_examples=args.train_examples,
+                    pooling=args.pooling,
                     training=training, log=lambda *a: None)
 
 
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="fine-tuning seeds (and random-init draws)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout while fine-tuning, both models")
     p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
+                   help="what the classifier reads, both models: the pooled [CLS] vector or the mean of the tokens")
     p.add_argument("--random-stds", type=float, nargs="+",
                    help="initial scales of the random-init models (default: the config's initializer_range and 0.02)")
     p.add_argument("--quiet", action="store_true")
@@ -158,7 +161,8 @@ def main(argv=None) -> int:
 
     print(f"machine: {machine_line()}\n")
     print(f"SST-2: first {args.train_examples} training rows, full dev set (872); {args.epochs:g} epochs, "
-          f"batch {args.batch_size}, max_length {args.max_length}, dropout {args.dropout:g}, seeds {args.seeds}\n")
+          f"batch {args.batch_size}, max_length {args.max_length}, dropout {args.dropout:g}, classifier on {args.pooling}, "
+          f"seeds {args.seeds}\n")
     print("| model | learning rate | dev accuracy after the last epoch, mean (min-max) | per seed |")
     print("| --- | ---: | ---: | --- |")
     for name, by_lr in runs.items():

@@ -284,6 +284,9 @@ def add_finetune(sub):
             t.add_argument("--stride", type=int, default=0,
                            help="> 0: cut single texts longer than max-length into windows overlapping by this "
                            "many tokens and average their logits (default 0: truncate)")
+            t.add_argument("--pooling", choices=["cls", "mean"], default="cls",
+                           help="what the classifier reads: cls, BERT's pooled [CLS] vector (default), or mean, "
+                           "the average of the last layer's token vectors (for MLM-only pre-trained models)")
             _training_flags(t, 128)
         t.set_defaults(handler=run_finetune)
 
@@ -334,7 +337,7 @@ def run_finetune(args):
                              text_column=args.text_column, text_pair_column=args.text_pair_column,
                              label_column=args.label_column,
                              label_separator=getattr(args, "label_separator", ","),
-                             max_length=args.max_length, stride=args.stride,
+                             max_length=args.max_length, stride=args.stride, pooling=args.pooling,
                              max_train_examples=args.max_train_examples, max_dev_examples=args.max_dev_examples,
                              training=_train_config(args, metric=BEST_METRIC[task]))
         print(format_report(finetune_text(cfg)))

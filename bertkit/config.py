@@ -8,7 +8,11 @@ Google's "BERT miniatures" (tiny, mini, small, medium; Turc et al. 2019).
 Fine-tuned heads also carry their labels the way Hugging Face stores them:
 `num_labels`, `id2label` / `label2id` (JSON keys are strings there, ints here)
 and `problem_type` ("regression", "single_label_classification",
-"multi_label_classification").
+"multi_label_classification"). One setting is bertkit's own:
+`classifier_pooling`, the vector BertForSequenceClassification classifies,
+"cls" (BERT's pooler, the default) or "mean" (the average of the last layer's
+token vectors); transformers' BertForSequenceClassification knows only "cls",
+so it is written to config.json only when it is "mean".
 
 What we do not support (and say so when a config asks for it): decoders and
 cross-attention (`is_decoder`, `add_cross_attention`), relative position
@@ -26,6 +30,7 @@ from bertkit.errors import BertkitError
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+CLASSIFIER_POOLINGS = ("cls", "mean")
 
 # name -> (num_hidden_layers, hidden_size, num_attention_heads); intermediate is 4x hidden
 PRESETS = {
@@ -49,6 +54,9 @@ _HF_IGNORED = {
 
 
 _RUNTIME = ("attn_implementation", "gradient_checkpointing")
+# bertkit's own settings: written to config.json only when changed, so a stock checkpoint stays
+# as transformers writes it
+_OURS = (*_RUNTIME, "classifier_pooling")
 
 
 @dataclass
@@ -74,6 +82,7 @@ class BertConfig:
     label2id: dict[str, int] | None = None
     problem_type: str | None = None
     classifier_dropout: float | None = None  # None: use hidden_dropout_prob
+    classifier_pooling: str = "cls"  # "cls": tanh pooler on [CLS] (BERT); "mean": average of the token vectors
     # how to run
     attn_implementation: str = "sdpa"  # "sdpa" (fused, default) or "eager" (explicit)
     gradient_checkpointing: bool = False  # recompute each layer in backward to save memory
@@ -114,6 +123,10 @@ class BertConfig:
             raise BertkitError(f"BertConfig.hidden_act {self.hidden_act!r} is not supported; use one of {ACTIVATIONS}")
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             raise BertkitError(f"BertConfig.problem_type {self.problem_type!r} is unknown; use one of {PROBLEM_TYPES}")
+        if self.classifier_pooling not in CLASSIFIER_POOLINGS:
+            raise BertkitError(
+                f"BertConfig.classifier_pooling {self.classifier_pooling!r} is unknown; use one of {CLASSIFIER_POOLINGS}"
+            )
         if self.attn_implementation not in ("sdpa", "eager"):
             raise BertkitError(
                 f"BertConfig.attn_implementation {self.attn_implementation!r} is unknown; use 'sdpa' or 'eager'"
@@ -203,8 +216,8 @@ class BertConfig:
                 value = value or {l: i for i, l in enumerate(self.labels)}
             if f.name in ("architectures", "problem_type") and value is None:
                 continue
-            if f.name in _RUNTIME and value == f.default:
-                continue  # how to run, not what the model is: written only when changed
+            if f.name in _OURS and value == f.default:
+                continue
             out[f.name] = value
         out["position_embedding_type"] = "absolute"
         out.update(self.extra)

@@ -147,12 +147,6 @@ def combine_layers(hidden_states: Sequence[torch.Tensor], spec: LayerSpec) -> to
 # --- pooling -------------------------------------------------------------------
 
 
-def mean_pool(vectors: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Average over real tokens: [B, T, D], [B, T] -> [B, D] (sentence-transformers' mean)."""
-    mask = attention_mask.unsqueeze(-1).to(vectors.dtype)  # [B, T, 1]
-    return (vectors * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-
-
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     """Rows divided by their L2 norm (norms below 1e-12 are taken as 1e-12, as torch does)."""
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)

@@ -39,7 +39,7 @@ from torch import nn
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
 from bertkit.linear import Linear, linear
-from bertkit.modeling import BertModel, BertPreTrainedModel, activation, init_weights
+from bertkit.modeling import BertModel, BertPreTrainedModel, activation, init_weights, mean_pool
 
 IGNORE_INDEX = -100
 
@@ -211,6 +211,10 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
 class BertForSequenceClassification(BertPreTrainedModel):
     """A linear layer on the pooled [CLS] vector: sentence or pair classification/regression.
 
+    With config.classifier_pooling "mean" the layer reads the average of the last layer's
+    token vectors instead (no pooler): for encoders whose [CLS] vector was never trained
+    to summarise the sentence (MLM-only pre-training; see docs/pretraining.md).
+
     The loss follows config.problem_type, or when it is None: num_labels == 1 ->
     regression (MSE on float labels [B]); integer labels -> single-label cross-entropy;
     float labels [B, num_labels] -> multi-label (sigmoid + binary cross-entropy).
@@ -218,7 +222,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
 
     def __init__(self, config: BertConfig, generator: torch.Generator | None = None):
         super().__init__(config)
-        self.bert = BertModel(config, generator=generator)
+        self.bert = BertModel(config, add_pooling_layer=config.classifier_pooling == "cls", generator=generator)
         self.dropout = classifier_dropout(config)
         self.classifier = Linear(config.hidden_size, config.num_labels)
         init_weights(self.classifier, config.initializer_range, generator)
@@ -235,7 +239,8 @@ class BertForSequenceClassification(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 output_hidden_states=False, output_attentions=False):
         out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        logits = self.classifier(self.dropout(out.pooler_output))  # [B, num_labels]
+        pooled = out.pooler_output if self.bert.pooler is not None else mean_pool(out.last_hidden_state, attention_mask)
+        logits = self.classifier(self.dropout(pooled))  # [B, H] -> [B, num_labels]
         loss = None
         if labels is not None:
             B, K = logits.shape

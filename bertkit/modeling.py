@@ -220,6 +220,15 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(x[:, 0]))  # [B, T, H] -> [CLS] [B, H] -> [B, H]
 
 
+def mean_pool(vectors: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The other sentence vector: the average over real tokens, [B, T, D], [B, T] -> [B, D]
+    (sentence-transformers' mean; [CLS] and [SEP] count, padding does not)."""
+    if attention_mask is None:
+        return vectors.mean(dim=1)
+    mask = attention_mask.unsqueeze(-1).to(vectors.dtype)  # [B, T, 1]
+    return (vectors * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
 # --- initialisation and input checks ----------------------------------------------
 
 

@@ -201,6 +201,22 @@ def test_predict_api_and_cli(sentiment_run, tmp_path, capsys):
     assert len(lines) == 4 and lines[1].split("\t")[1] == "pos" and lines[2].split("\t")[1] == "neg"
 
 
+def test_mean_pooling_fine_tunes_and_predicts(tiny, sentiment_run, tmp_path):
+    import bertkit
+
+    d, _ = sentiment_run
+    cfg = TextTaskConfig(train=str(d / "train.tsv"), dev=str(d / "dev.tsv"), output=str(tmp_path / "mean"),
+                         model=str(tiny), max_length=32, training=fast(),
+                         pooling="mean")
+    final = finetune_text(cfg, log=lambda s: None)
+    assert final["dev"]["accuracy"] >= 0.9
+    assert json.loads((tmp_path / "mean" / "config.json").read_text())["classifier_pooling"] == "mean"
+    preds = bertkit.predict(tmp_path / "mean", ["the food was great .", "the movie was awful ."])
+    assert [p["label"] for p in preds] == ["pos", "neg"]
+    with pytest.raises(BertkitError, match="unknown pooling 'max'"):
+        finetune_text(TextTaskConfig(train=cfg.train, output=str(tmp_path / "x"), pooling="max"), log=lambda s: None)
+
+
 @pytest.mark.oracle
 def test_checkpoint_loads_in_transformers_with_same_logits(sentiment_run, transformers_mod):
     from bertkit.heads import BertForSequenceClassification
@@ -322,11 +338,13 @@ def test_cli_finetune_classify(tiny, tmp_path, capsys):
     d.write_text("review,y\n" + "".join(f'"{s}",{lab}\n' for s, lab in sentiment_rows(10, rng)))
     code = main(["finetune", "classify", "--train", str(t), "--dev", str(d), "--output", str(tmp_path / "o"),
                  "--model", str(tiny), "--text-column", "review", "--label-column", "y", "--epochs", "1",
-                 "--batch-size", "8", "--max-length", "24", "--no-progress", "--max-train-examples", "24"])
+                 "--batch-size", "8", "--max-length", "24", "--no-progress", "--max-train-examples", "24",
+                 "--pooling", "mean"])
     out = capsys.readouterr().out
     assert code == 0 and "confusion matrix" in out
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert metrics["train_examples"] == 24 and metrics["dev_examples"] == 10
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["classifier_pooling"] == "mean"
 
 
 def test_one_call_api(tiny, tmp_path):

@@ -207,3 +207,34 @@ def test_label_names_travel_with_the_config(tmp_path):
     loaded = bertkit.BertForTokenClassification.from_pretrained(tmp_path)
     assert loaded.config.labels == ["O", "B-PER", "I-PER"] and loaded.config.label2id["B-PER"] == 1
     assert loaded.classifier.out_features == 3
+
+
+def test_mean_pooling_classifies_the_average_of_the_real_tokens(tmp_path):
+    config = BertConfig(**HF_TINY, num_labels=3, classifier_pooling="mean")
+    model = bertkit.BertForSequenceClassification(config, generator=torch.Generator().manual_seed(0)).eval()
+    assert model.bert.pooler is None  # nothing reads it
+    ids, mask, types = batch()
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask, token_type_ids=types).logits
+        hidden = model.bert(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        # by hand, one row at a time: the average of the vectors of the row's real tokens
+        expected = torch.stack([model.classifier(hidden[b, mask[b].bool()].mean(0)) for b in range(B)])
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
+        # padding changes nothing: row 2 alone, without its padded tail, scores the same
+        n = int(mask[2].sum())
+        alone = model(ids[2:, :n], attention_mask=mask[2:, :n], token_type_ids=types[2:, :n]).logits
+        torch.testing.assert_close(alone, logits[2:], rtol=1e-5, atol=1e-6)
+
+    # the setting travels in config.json, which a [CLS] model's does not mention
+    model.save_pretrained(tmp_path / "mean")
+    assert BertConfig.from_pretrained(tmp_path / "mean").classifier_pooling == "mean"
+    bertkit.BertForSequenceClassification(BertConfig(**HF_TINY)).save_pretrained(tmp_path / "cls")
+    assert "classifier_pooling" not in (tmp_path / "cls" / "config.json").read_text()
+    with torch.no_grad():
+        again = bertkit.BertForSequenceClassification.from_pretrained(tmp_path / "mean").eval()
+        torch.testing.assert_close(again(ids, attention_mask=mask, token_type_ids=types).logits, logits)
+    # a [CLS] checkpoint (with its pooler) fine-tunes with mean pooling: the pooler is left unused
+    switched = bertkit.BertForSequenceClassification.from_pretrained(tmp_path / "cls", classifier_pooling="mean")
+    assert switched.bert.pooler is None and "pooler.dense.weight" in switched.load_report.unused
+    with pytest.raises(BertkitError, match="classifier_pooling 'max' is unknown"):
+        BertConfig(**HF_TINY, classifier_pooling="max")

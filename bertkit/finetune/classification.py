@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.config import CLASSIFIER_POOLINGS
 from bertkit.errors import BertkitError
 from bertkit.finetune import metrics as M
 from bertkit.finetune.data import TextExample, check_known_labels, label_names, read_text_examples
@@ -57,6 +58,7 @@ class TextTaskConfig:
     label_separator: str = ","  # multi_label: "spam,urgent"
     max_length: int = 128
     stride: int = 0  # > 0: windows over long single texts, overlapping by this many tokens
+    pooling: str = "cls"  # the vector the classifier reads: "cls" (BERT's pooler) or "mean" (of the tokens)
     max_train_examples: int | None = None
     max_dev_examples: int | None = None
     training: TrainConfig = field(default_factory=TrainConfig)
@@ -68,6 +70,8 @@ class TextTaskConfig:
             raise BertkitError("the pair task needs --text-pair-column (the second sentence's column)")
         if not 8 <= self.max_length <= 512:
             raise BertkitError(f"max_length must be in 8..512, got {self.max_length}")
+        if self.pooling not in CLASSIFIER_POOLINGS:
+            raise BertkitError(f"unknown pooling {self.pooling!r}: use one of {', '.join(CLASSIFIER_POOLINGS)}")
         if self.stride and not 0 < self.stride < self.max_length - 2:
             raise BertkitError(f"stride must be between 1 and max_length-3 ({self.max_length - 3}), got {self.stride}")
         return self
@@ -205,7 +209,7 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
     train_ex = read_split(cfg, cfg.train, cfg.max_train_examples, log)
     dev_ex = read_split(cfg, cfg.dev, cfg.max_dev_examples, log) if cfg.dev else None
     names = None
-    overrides = {"problem_type": PROBLEM_TYPES[cfg.task]}
+    overrides = {"problem_type": PROBLEM_TYPES[cfg.task], "classifier_pooling": cfg.pooling}
     if cfg.task == "regression":
         overrides["num_labels"] = 1
         label2id = None
