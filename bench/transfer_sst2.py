@@ -17,7 +17,10 @@ rate (or initial scale) that suits only the other.
 
 prints a markdown table and writes OUT/transfer.json and OUT/transfer.png
 (dev accuracy per epoch of each model at its best learning rate, mean over the
-seeds); `--docs` also copies the PNG to docs/pretraining_transfer.png.
+seeds); `--docs` also copies the PNG to docs/pretraining_transfer.png. With
+`--pooling mean` both models' classifier reads the mean of the token vectors
+instead of the pooled [CLS] vector (what an MLM-only model's tokens carry; see
+docs/pretraining.md).
 """
 
 import argparse
