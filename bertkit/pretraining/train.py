@@ -559,6 +559,7 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
                 scaler.load_state_dict(state["scaler"])
             restore_rng(state["rng"][info.rank])
             start_step, position = state["step"], state["data"]["position"]
+            del state  # the loaded copy of the weights and optimizer moments: not needed any more
         if info.is_main:  # on resume: the saved settings with the flags given on top
             cfg.save(out / "run_config.json")
         stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed, position)
