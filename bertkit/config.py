@@ -53,10 +53,9 @@ _HF_IGNORED = {
 }
 
 
-_RUNTIME = ("attn_implementation", "gradient_checkpointing")
-# bertkit's own settings: written to config.json only when changed, so a stock checkpoint stays
-# as transformers writes it
-_OURS = (*_RUNTIME, "classifier_pooling")
+# bertkit's own settings (how to run, and the classifier's pooling): written to config.json only
+# when changed, so a stock checkpoint stays as transformers writes it
+_OURS = ("attn_implementation", "gradient_checkpointing", "classifier_pooling")
 
 
 @dataclass
