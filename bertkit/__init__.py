@@ -23,7 +23,7 @@ _LAZY = {
     # model (config, encoder, task heads, checkpoints)
     "BertConfig": "bertkit.config",
     "BertModel": "bertkit.modeling",
-    "pack_weights": "bertkit.linear",
+    "accelerate": "bertkit.fast",
     "reuse_freed_memory": "bertkit.allocator",
     "BertForPreTraining": "bertkit.heads",
     "BertForMaskedLM": "bertkit.heads",
@@ -32,7 +32,7 @@ _LAZY = {
     "BertForTokenClassification": "bertkit.heads",
     "BertForQuestionAnswering": "bertkit.heads",
     "BertForMultipleChoice": "bertkit.heads",
-    "from_pretrained": "bertkit.checkpoint",
+    "from_pretrained": "bertkit.features",
     # fine-tuning: use a fine-tuned model (training: bertkit.finetune.finetune)
     "predict": "bertkit.finetune.predict",
     # pre-training data (made by `bertkit pretrain prepare` / bertkit.pretraining.prepare.prepare)

@@ -85,10 +85,11 @@ class AttentionMap:
 # --- computing the weights -----------------------------------------------------------
 
 
-def attention_map(text: str, pair: str | None = None, model=None) -> AttentionMap:
+def attention_map(text: str, pair: str | None = None, model=None, *, device=None, dtype=None) -> AttentionMap:
     """Run the model on `text` (and `pair`) and keep every layer's attention weights.
 
     model: None (the default model), a model directory or a (model, tokenizer) pair.
+    device: auto, cpu or cuda; dtype: float32 or bfloat16 (see bertkit.features.load_model).
     The text must fit in the model's positions (512): the page shows whole
     attention matrices, which windows of a longer text would not give.
     """
@@ -100,7 +101,7 @@ def attention_map(text: str, pair: str | None = None, model=None) -> AttentionMa
         raise BertkitError("cannot show attention for an empty text: give a sentence")
     if pair is not None and not pair.strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
-    net, tok = load_model(model)
+    net, tok = load_model(model, device, dtype)
     limit = int(getattr(net.config, "max_position_embeddings", 512))
     enc = tok.encode(text, pair, max_length=limit, truncation=False)  # no cut: checked below
     if len(enc.input_ids) > limit:
@@ -108,8 +109,9 @@ def attention_map(text: str, pair: str | None = None, model=None) -> AttentionMa
             f"the text has {len(enc.input_ids)} tokens but the model takes at most {limit}: "
             "attention is shown for one pass, so shorten the text"
         )
-    ids = torch.tensor([enc.input_ids])
-    types = torch.tensor([enc.token_type_ids])
+    device = next(net.parameters()).device
+    ids = torch.tensor([enc.input_ids], device=device)
+    types = torch.tensor([enc.token_type_ids], device=device)
     was_training = net.training
     net.eval()  # attention dropout off: rows must sum to 1
     try:
@@ -117,7 +119,7 @@ def attention_map(text: str, pair: str | None = None, model=None) -> AttentionMa
             out = net(ids, attention_mask=torch.ones_like(ids), token_type_ids=types, output_attentions=True)
     finally:
         net.train(was_training)
-    weights = torch.stack([a[0] for a in out.attentions]).float().numpy()  # [L, N, T, T]
+    weights = torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()  # [L, N, T, T]
     return AttentionMap(list(enc.tokens), weights, list(enc.token_type_ids), text, pair)
 
 

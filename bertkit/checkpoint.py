@@ -276,9 +276,7 @@ def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Genera
 
 def hf_state_dict(model) -> dict[str, torch.Tensor]:
     """Our parameters under their Hugging Face names (heads: encoder under `bert.`)."""
-    from bertkit.modeling import BertModel
-
-    prefix = "" if isinstance(model, BertModel) else "bert."
+    prefix = "bert." if hasattr(model, "bert") else ""  # a head holds its encoder as `bert`
     out = {}
     for full, rel, param in _our_params(model):
         keys = hf_keys(rel)
@@ -303,11 +301,3 @@ def save_pretrained(model, directory, tokenizer=None) -> None:
             raise BertkitError(f"cannot save a {type(tokenizer).__name__}: pass a bertkit Tokenizer")
         tokenizer.save_pretrained(directory)
 
-
-def from_pretrained(path=None):
-    """(BertModel, Tokenizer) from a model directory; None: the default model with its vocabulary."""
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
-
-    directory = resolve(path)
-    return BertModel.from_pretrained(directory), Tokenizer.from_pretrained(directory)

@@ -344,14 +344,28 @@ def run_finetune(args):
     print(f"saved the best epoch's model to {args.output}")
 
 
+def _device_flags(p) -> None:
+    """--device and --dtype, the same for every command that runs a model for inference."""
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model runs: auto (the GPU if torch sees one, else the CPU), cpu or cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="float32 (default) or bfloat16; bfloat16 pays off on a GPU or a CPU with native bf16 "
+                   "(avx512_bf16/amx_bf16); elsewhere it is emulated, slower, and a warning says so")
+
+
 def add_predict(sub):
     p = sub.add_parser(
         "predict",
-        help="run a fine-tuned model over a file, one prediction per input row",
+        help="run a fine-tuned model over a file, one prediction per input row (and score it if labelled)",
         description="Predict with a model saved by `bertkit finetune`. INPUT is a TSV/CSV/JSONL table "
         "with the columns the model was trained on (NER: also CoNLL or one sentence per line; "
-        "QA: SQuAD JSON or a table with question and context columns).",
-        epilog="example:\n  bertkit predict out/sst2 new.tsv --output preds.tsv",
+        "QA: SQuAD JSON or a table with question and context columns). Evaluate mode: when INPUT also "
+        "carries the answers (the label column, a CoNLL tag column, SQuAD answers) the predictions are "
+        "scored too: accuracy and F1 (classification), Pearson and Spearman (regression), micro F1 "
+        "(multi-label), entity F1 (NER), exact match and F1 (QA).",
+        epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
+        "  bertkit predict out/sst2 dev.tsv            # dev.tsv has a label column: predicts and reports accuracy\n"
+        "  bertkit predict out/ner conll/test.txt --device cuda",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model_dir", help="a fine-tuned output directory")
@@ -359,16 +373,24 @@ def add_predict(sub):
     p.add_argument("--output", "-o", help="where to write the predictions (default INPUT.predictions.tsv)")
     p.add_argument("--text-column", help="override the text column")
     p.add_argument("--text-pair-column", help="override the second-text column")
+    p.add_argument("--label-column", help="override the label column evaluate mode reads")
+    p.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
+                   help="score the predictions against the answers in INPUT (default: whenever INPUT has them; "
+                   "--evaluate: fail if it has none; --no-evaluate: only predict)")
     p.add_argument("--batch-size", type=int, default=32)
+    _device_flags(p)
     p.set_defaults(handler=run_predict)
 
 
 def run_predict(args):
-    from bertkit.finetune.predict import predict_file
+    from bertkit.finetune.predict import format_metrics, predict_file
 
-    out, n = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
-                          text_pair_column=args.text_pair_column, batch_size=args.batch_size)
-    print(f"wrote {n} predictions to {out}")
+    result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
+                          text_pair_column=args.text_pair_column, label_column=args.label_column,
+                          batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype)
+    print(f"wrote {result.count} predictions to {result.path}")
+    if result.metrics is not None:
+        print(f"evaluation on {args.input} ({result.count} examples): {format_metrics(result.metrics)}")
 
 
 def add_demo(sub):
@@ -427,6 +449,7 @@ def add_embed(sub):
     p.add_argument("--stride", type=int, help="window step for long texts (default: half a window)")
     p.add_argument("--truncate", action="store_true", help="cut long texts at --max-length instead of windowing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _device_flags(p)
     p.set_defaults(handler=run_embed)
 
 
@@ -439,6 +462,7 @@ def run_embed(args):
         texts, args.model, args.layers, pooling, args.normalize, combine=args.combine,
         word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
+        device=args.device, dtype=args.dtype,
     )
     n = write_vectors(rows, args.output, pooled=pooling in ("mean", "cls"))
     print(f"wrote {n} {'vectors' if pooling in ('mean', 'cls') else 'texts'} to {args.output}", file=sys.stderr)
@@ -466,6 +490,7 @@ def add_attention(sub):
     p.add_argument("--view", default="text", choices=["text", "head", "overview"], help="the PNG's view")
     p.add_argument("--bertviz", help="also write the tensors and tokens as JSON for bertviz")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
+    _device_flags(p)
     p.set_defaults(handler=run_attention)
 
 
@@ -479,7 +504,7 @@ def run_attention(args):
             head = int(args.head)
         except ValueError:
             raise BertkitError(f"--head must be a head number or 'mean', got {args.head!r}") from None
-    amap = attention_map(args.text, args.pair, args.model)
+    amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype)
     token = find_token(amap, args.token, args.occurrence) if args.token is not None else 0
     save_html(amap, args.output, token, args.layer, head)
     print(f"wrote {args.output}", file=sys.stderr)

@@ -44,7 +44,11 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from bertkit.checkpoint import resolve
 from bertkit.errors import BertkitError
+from bertkit.fast import accelerate, resolve_device, resolve_dtype
+from bertkit.modeling import BertModel
+from bertkit.tokenizer import Tokenizer
 
 # The layer strategies of the paper's Table 7, by the names our API uses.
 # Each maps the number of encoder layers L to (hidden_states indices, combine).
@@ -222,28 +226,46 @@ def max_context_owner(spans: Sequence, n_tokens: int) -> list:
 # --- the model and tokenizer -------------------------------------------------------
 
 
+def from_pretrained(path=None):
+    """(BertModel, Tokenizer) from a model directory; None: the default model with its vocabulary."""
+    directory = resolve(path)
+    return BertModel.from_pretrained(directory), Tokenizer.from_pretrained(directory)
+
+
 @functools.lru_cache(maxsize=2)
-def _load_dir(path: str | None):
+def _load_dir(path: str | None, device: torch.device, dtype: torch.dtype):
     # cached: embedding many small inputs one call at a time should not reload the weights
-    from bertkit.checkpoint import from_pretrained
-    from bertkit.linear import pack_weights
-
     model, tok = from_pretrained(path)
-    return pack_weights(model.eval()), tok  # loaded here for inference only
+    return accelerate(model.eval().to(device, dtype)), tok  # loaded here for inference only
 
 
-def load_model(model=None):
-    """(model, tokenizer) from None (the default model), a directory, or a loaded pair."""
+def load_model(model=None, device=None, dtype=None):
+    """(model, tokenizer) from None (the default model), a directory, or a loaded pair.
+
+    device: "auto" (the GPU if torch sees one), "cpu" or "cuda"; dtype: "float32" or
+    "bfloat16". None means auto / float32 for a model loaded here, and leaves a loaded
+    pair where it is; given, a loaded pair's model is moved there (in place).
+    """
     if model is None or isinstance(model, (str, Path)):
         if model is not None and not Path(model).is_dir():
             raise BertkitError(f"model directory {model} does not exist: pass a directory with config.json")
-        return _load_dir(None if model is None else str(Path(model).resolve()))
+        where = resolve_device(device)
+        return _load_dir(None if model is None else str(Path(model).resolve()), where, resolve_dtype(dtype, where))
     if isinstance(model, tuple) and len(model) == 2:
-        return model
+        net, tok = model
+        if device is not None or dtype is not None:
+            where = resolve_device(device) if device is not None else _device_of(net)
+            net.to(where, resolve_dtype(dtype, where) if dtype is not None else None)
+        return net, tok
     raise BertkitError(
         "model must be None (the default model), a model directory, or a (model, tokenizer) pair; "
         f"got {type(model).__name__}"
     )
+
+
+def _device_of(model) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def _max_positions(model) -> int:
@@ -383,13 +405,15 @@ def _run_batch(model, pieces: list, spec: LayerSpec, pad_id: int = 0) -> list:
         types[row, :n] = torch.tensor(p.token_type_ids)
         mask[row, :n] = 1
     need_all = spec.indices != (_num_layers(model),)
+    device = _device_of(model)
+    ids, types, mask = ids.to(device), types.to(device), mask.to(device)
     with torch.inference_mode():
         out = model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=need_all)
         if need_all:
             vectors = combine_layers(out.hidden_states, spec)
         else:
             vectors = out.last_hidden_state
-        vectors = vectors.float().numpy()
+        vectors = vectors.float().cpu().numpy()
     return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
 
 
@@ -431,6 +455,8 @@ def iter_embed(
     chunk_size: int = 1024,
     progress: bool = False,
     total: int | None = None,
+    device=None,
+    dtype=None,
 ) -> Iterator[np.ndarray]:
     """Yield one result per text, in input order, reading `texts` lazily.
 
@@ -438,7 +464,7 @@ def iter_embed(
     (texts, or windows of long texts) are sorted by length so each batch of
     `batch_size` carries little padding. See `embed` for the arguments.
     """
-    net, tok = load_model(model)
+    net, tok = load_model(model, device, dtype)
     pooling = _check_pooling(pooling)
     spec = resolve_layers(layers, _num_layers(net), combine)
     limit = _max_positions(net)
@@ -508,7 +534,8 @@ def embed(
     options:   pairs=, combine=, word_pooling=, batch_size=32, max_length=512
                (window size), stride=(max_length-2)//2 (window step),
                truncate=False (cut at max_length instead of windowing),
-               progress=False.
+               progress=False, device= auto | cpu | cuda, dtype= float32 |
+               bfloat16 (see `load_model`).
 
     Returns [N, D] for pooled vectors of a list, [D] for a single string;
     with pooling None or "words" a list of [T_i, D] / [W_i, D] arrays (one

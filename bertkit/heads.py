@@ -38,7 +38,6 @@ from torch import nn
 
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
-from bertkit.linear import Linear, linear
 from bertkit.modeling import BertModel, BertPreTrainedModel, activation, init_weights, mean_pool
 
 IGNORE_INDEX = -100
@@ -87,14 +86,14 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.transform = Linear(config.hidden_size, config.hidden_size)
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation(config.hidden_act)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         x = self.layer_norm(self.act(self.transform(x)))  # [..., H]
-        return linear(x, word_embeddings, self.bias)  # [..., H] x [V, H]^T -> [..., V]
+        return F.linear(x, word_embeddings, self.bias)  # [..., H] x [V, H]^T -> [..., V]
 
 
 def check_labels(labels: torch.Tensor, shape: tuple, name: str, num_classes: int | None = None) -> None:
@@ -143,7 +142,7 @@ class BertForPreTraining(BertPreTrainedModel):
         super().__init__(config)
         self.bert = BertModel(config, generator=generator)
         self.mlm = MaskedLMHead(config)
-        self.nsp = Linear(config.hidden_size, 2)  # pooled [CLS] -> is-next / random
+        self.nsp = nn.Linear(config.hidden_size, 2)  # pooled [CLS] -> is-next / random
         init_weights(nn.ModuleList([self.mlm, self.nsp]), config.initializer_range, generator)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
@@ -191,7 +190,7 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
     def __init__(self, config: BertConfig, generator: torch.Generator | None = None):
         super().__init__(config)
         self.bert = BertModel(config, generator=generator)
-        self.nsp = Linear(config.hidden_size, 2)
+        self.nsp = nn.Linear(config.hidden_size, 2)
         init_weights(self.nsp, config.initializer_range, generator)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
@@ -224,7 +223,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=config.classifier_pooling == "cls", generator=generator)
         self.dropout = classifier_dropout(config)
-        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         init_weights(self.classifier, config.initializer_range, generator)
 
     def problem_type(self, labels: torch.Tensor) -> str:
@@ -264,7 +263,7 @@ class BertForTokenClassification(BertPreTrainedModel):
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False, generator=generator)
         self.dropout = classifier_dropout(config)
-        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         init_weights(self.classifier, config.initializer_range, generator)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
@@ -285,7 +284,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
     def __init__(self, config: BertConfig, generator: torch.Generator | None = None):
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False, generator=generator)
-        self.qa_outputs = Linear(config.hidden_size, 2)  # [start, end] per token
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)  # [start, end] per token
         init_weights(self.qa_outputs, config.initializer_range, generator)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
@@ -314,7 +313,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         super().__init__(config)
         self.bert = BertModel(config, generator=generator)
         self.dropout = classifier_dropout(config)
-        self.classifier = Linear(config.hidden_size, 1)
+        self.classifier = nn.Linear(config.hidden_size, 1)
         init_weights(self.classifier, config.initializer_range, generator)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,

@@ -20,19 +20,20 @@ Attention has two paths with the same result: the explicit one computes the
 [B, N, T, T] weights (to return or draw them), the fused one calls
 `torch.nn.functional.scaled_dot_product_attention` (FlashAttention / memory
 efficient kernels where available) and never materialises them. The fused path
-is the default; `output_attentions=True` switches one call to the explicit path.
+is the default; `output_attentions=True` or `attn_implementation="eager"` takes
+the explicit one.
 
-Every dense layer is `bertkit.linear.Linear` (nn.Linear with the same parameters)
-whose matmul runs on oneDNN rather than MKL in float32 on the CPU: about twice as
-fast on this project's AMD machine, equal to float32 rounding (see that module).
+Every layer here is a plain PyTorch layer (`nn.Linear`, `nn.LayerNorm`,
+`nn.Embedding`). The CPU speed tricks (other matmul kernels, fused post-ops,
+packed weights, a shape rule for the attention path) are not in this file: they
+are applied by one explicit step, `bertkit.fast.accelerate(model)`, which keeps
+every parameter and state-dict name.
 
 Deviations from the reference code, all numerically neutral: the query, key and
 value projections are one [H, 3H] matrix (one matmul instead of three; the
 checkpoint table splits it), and the padding mask is built once per forward in
 the dtype the attention runs in, with that dtype's most negative finite value
-rather than -inf, so a fully padded row gives a uniform softmax, never NaN. In
-inference the feed-forward GELU and its residual add are done inside the two
-matmuls (`bertkit.linear` post-ops; bit-identical to the separate operations).
+rather than -inf, so a fully padded row gives a uniform softmax, never NaN.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertkit.config import BertConfig
+from bertkit import checkpoint as hf_checkpoint
 from bertkit.errors import BertkitError
-from bertkit.linear import Linear
 
 
 @dataclass
@@ -97,9 +98,6 @@ class BertEmbeddings(nn.Module):
 # --- attention ----------------------------------------------------------------
 
 
-SMALL_ATTENTION = 128 * 128  # B x T x T at or below which the explicit path is the faster one
-
-
 def additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """[B, T] with 1 = real token, 0 = padding -> [B, 1, 1, T] to add to the scores.
 
@@ -130,8 +128,8 @@ class BertSelfAttention(nn.Module):
         self.head_size = config.head_size  # D
         # query, key and value of all heads in one [H, 3H] projection: rows 0:H are the
         # queries, H:2H the keys, 2H:3H the values (the checkpoint table splits them)
-        self.qkv = Linear(config.hidden_size, 3 * config.hidden_size)
-        self.output = Linear(config.hidden_size, config.hidden_size)
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.output = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_prob = config.attention_probs_dropout_prob
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool):
@@ -167,8 +165,8 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertSelfAttention(config)
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.intermediate = Linear(config.hidden_size, config.intermediate_size)
-        self.output = Linear(config.intermediate_size, config.hidden_size)
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.act = activation(config.hidden_act)
@@ -176,13 +174,8 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
         attended, weights = self.attention(x, mask, explicit)  # [B, T, H], [B, N, T, T] or None
         x = self.attention_norm(x + self.dropout(attended))
-        if self.training or self.act is not F.gelu:
-            ff = self.output(self.act(self.intermediate(x)))  # [B, T, I] -> [B, T, H]
-            return self.output_norm(x + self.dropout(ff)), weights
-        # inference (dropout is the identity): the same sums, with the GELU and the residual
-        # add done inside the two matmuls where bertkit.linear can (oneDNN post-ops)
-        ff = self.output(self.intermediate(x, gelu=True), residual=x)  # W2 gelu(W1 x) + x
-        return self.output_norm(ff), weights
+        ff = self.output(self.act(self.intermediate(x)))  # [B, T, H] -> [B, T, I] -> [B, T, H]
+        return self.output_norm(x + self.dropout(ff)), weights
 
 
 class BertEncoder(nn.Module):
@@ -214,7 +207,7 @@ class BertPooler(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.dense(x[:, 0]))  # [B, T, H] -> [CLS] [B, H] -> [B, H]
@@ -311,15 +304,11 @@ class BertPreTrainedModel(nn.Module):
         strict=False initialises what is missing (with `generator`) and records what
         happened in `model.load_report`. See bertkit.checkpoint.
         """
-        from bertkit.checkpoint import load_pretrained
-
-        return load_pretrained(cls, path, strict=strict, generator=generator, **config_overrides)
+        return hf_checkpoint.load_pretrained(cls, path, strict=strict, generator=generator, **config_overrides)
 
     def save_pretrained(self, directory, tokenizer=None) -> None:
         """Write config.json + model.safetensors (+ the tokenizer's files) so transformers loads them."""
-        from bertkit.checkpoint import save_pretrained
-
-        save_pretrained(self, directory, tokenizer=tokenizer)
+        hf_checkpoint.save_pretrained(self, directory, tokenizer=tokenizer)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -357,11 +346,7 @@ class BertModel(BertPreTrainedModel):
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         x = self.embeddings(input_ids, token_type_ids)  # [B, T, H]
         mask = additive_mask(attention_mask, attention_dtype(x))  # [B, 1, 1, T] or None
-        B, T = input_ids.shape
-        # the fused kernel's set-up cost more than it saved on one short sequence (measured:
-        # ~2 ms of a ~15 ms forward at 1 x 128 on 2 cores, glibc malloc as it comes; with
-        # bertkit.reuse_freed_memory() the two paths are within noise); the results are the same
-        explicit = output_attentions or self.config.attn_implementation == "eager" or B * T * T <= SMALL_ATTENTION
+        explicit = output_attentions or self.config.attn_implementation == "eager"
         x, hidden_states, attentions = self.encoder(x, mask, explicit, output_hidden_states, output_attentions)
         return BertOutput(
             last_hidden_state=x,

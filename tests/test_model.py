@@ -14,15 +14,6 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
             intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
 
 
-@pytest.fixture(autouse=True)
-def fused_means_fused(monkeypatch):
-    """Small inputs take the explicit path for speed (modeling.SMALL_ATTENTION); the tests
-    below compare the two paths, so here "sdpa" always runs the fused kernel."""
-    import bertkit.modeling
-
-    monkeypatch.setattr(bertkit.modeling, "SMALL_ATTENTION", 0)
-
-
 def tiny_model(seed=0, **overrides):
     return BertModel(BertConfig(**{**TINY, **overrides}), generator=torch.Generator().manual_seed(seed)).eval()
 
@@ -72,21 +63,31 @@ def default_model():
     return BertModel.from_pretrained()
 
 
+@pytest.fixture(scope="module")
+def fast_default_model():
+    from bertkit.fast import accelerate
+
+    return accelerate(BertModel.from_pretrained())
+
+
 @pytest.mark.oracle
 @pytest.mark.data
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "f.linear"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_default_model_matches_transformers(real_batch, oracle_models, default_model, attn, onednn):
+def test_default_model_matches_transformers(real_batch, oracle_models, default_model, fast_default_model, attn,
+                                            onednn, monkeypatch):
     """Each of our paths against transformers' same path, every layer, within 1e-5 at the real
-    tokens. With F.linear (the kernels transformers uses) padding positions match too; with
-    the oneDNN matmuls (bertkit.linear, the default) padding outputs, which nothing reads,
-    differ by summation order (~1e-4) and only real tokens are compared. Against the other
-    attention path: real tokens only, as padding differs by summation order there too."""
-    import bertkit.linear
+    tokens. The plain model (nn.Linear: the kernels transformers uses) matches at padding
+    positions too; after bertkit.fast.accelerate (oneDNN matmuls) padding outputs, which
+    nothing reads, differ by summation order (~1e-4) and only real tokens are compared.
+    Against the other attention path: real tokens only, as padding differs by summation
+    order there too."""
+    import bertkit.fast
 
-    default_model.config.attn_implementation = attn
+    monkeypatch.setattr(bertkit.fast, "SMALL_ATTENTION", 0)  # "sdpa" runs the fused kernel at any size
+    model = fast_default_model if onednn else default_model
+    model.config.attn_implementation = attn
     other = {"sdpa": "eager", "eager": "sdpa"}[attn]
-    bertkit.linear.use_onednn(onednn)
     try:
         for batch in real_batch:
             real = batch["attention_mask"].bool()
@@ -95,18 +96,17 @@ def test_default_model_matches_transformers(real_batch, oracle_models, default_m
             with torch.no_grad():
                 ref = oracle_models[attn](**batch, output_hidden_states=True)
                 ref_other = oracle_models[other](**batch)
-                ours = default_model(**batch, output_hidden_states=True)
+                ours = model(**batch, output_hidden_states=True)
             torch.testing.assert_close(ours.last_hidden_state[where], ref.last_hidden_state[where], atol=1e-5, rtol=0)
             torch.testing.assert_close(ours.pooler_output, ref.pooler_output, atol=1e-5, rtol=0)
             torch.testing.assert_close(ours.last_hidden_state[real], ref_other.last_hidden_state[real], atol=1e-5, rtol=0)
             torch.testing.assert_close(ours.pooler_output, ref_other.pooler_output, atol=1e-5, rtol=0)
-            assert len(ours.hidden_states) == default_model.config.num_hidden_layers + 1
+            assert len(ours.hidden_states) == model.config.num_hidden_layers + 1
             for a, b in zip(ours.hidden_states, ref.hidden_states):
                 torch.testing.assert_close(a[where], b[where], atol=1e-5, rtol=0)
             assert ours.attentions is None
     finally:
-        default_model.config.attn_implementation = "sdpa"
-        bertkit.linear.use_onednn(True)
+        model.config.attn_implementation = "sdpa"
 
 
 @pytest.mark.oracle
@@ -132,22 +132,20 @@ def test_attentions_match_transformers(real_batch, oracle_model, default_model):
 # --- the two attention paths, padding, dropout ----------------------------------------------
 
 
-def test_small_inputs_take_the_explicit_path_with_the_same_result(monkeypatch):
-    import bertkit.modeling
-
+def test_the_plain_model_runs_the_fused_kernel_unless_weights_are_asked_for(monkeypatch):
+    """No shape threshold in the model: "sdpa" is the fused kernel at any size (the shape rule
+    that sends small inputs to the explicit path is bertkit.fast's, tested there)."""
     model = tiny_model()
-    ids, mask, types = padded_batch()  # 4 x 13: 676 score cells per head
+    ids, mask, types = padded_batch()  # 4 x 13: tiny
     calls = []
     real_sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **k: calls.append(1) or real_sdpa(*a, **k))
     with torch.no_grad():
-        fused = model(ids, mask, types).last_hidden_state
-        assert len(calls) == 2  # SMALL_ATTENTION is 0 in this module: the fused kernel ran
-        monkeypatch.setattr(bertkit.modeling, "SMALL_ATTENTION", 128 * 128)
-        small = model(ids, mask, types).last_hidden_state
-        assert len(calls) == 2  # now the explicit path did
-    torch.testing.assert_close(small, fused, atol=1e-6, rtol=0)
+        model(ids, mask, types)
+        assert len(calls) == 2  # one per layer
+        model(ids, mask, types, output_attentions=True)
+        assert len(calls) == 2  # the explicit path
 
 
 def test_explicit_and_fused_paths_agree_with_padding():

@@ -11,6 +11,15 @@ stride, columns). Prediction loads both and encodes new inputs the same way:
 
 A checkpoint without `bertkit_task.json` (e.g. one made by transformers) is
 read from its config.json `architectures`.
+
+Evaluate mode: when the input file carries the answers (a label column for the
+text tasks, a tag column in a CoNLL file, answers in SQuAD JSON), `predict_file`
+also scores the predictions with the task's metrics (`finetune.metrics`):
+accuracy and F1 for classification, Pearson and Spearman for regression, micro
+F1 for multi-label, entity F1 for NER, exact match and F1 for QA.
+
+The model runs on `device` (auto, cpu, cuda) in `dtype` (float32, bfloat16),
+after `bertkit.fast.accelerate` (inference only).
 """
 
 from __future__ import annotations
@@ -18,27 +27,35 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from typing import NamedTuple
+
+from bertkit import heads
 from bertkit.errors import BertkitError
-from bertkit.finetune.data import TextExample, read_conll, read_rows, ReadReport
+from bertkit.fast import accelerate, resolve_device, resolve_dtype
+from bertkit.finetune import metrics as M
+from bertkit.finetune.classification import score as score_text
+from bertkit.finetune.data import (TextExample, check_known_labels, read_conll, read_rows, read_squad,
+                                   read_text_examples, ReadReport)
 from bertkit.finetune.run import read_task_info
+from bertkit.tokenizer import Tokenizer
 
 
-def load(model_dir):
-    """(model, tokenizer, task info) from a fine-tuned output directory."""
-    from bertkit import heads
-    from bertkit.linear import pack_weights
-    from bertkit.tokenizer import Tokenizer
-
+def load(model_dir, device=None, dtype=None):
+    """(model, tokenizer, task info) from a fine-tuned output directory, on `device` in `dtype`
+    (None: auto, float32)."""
     model_dir = Path(model_dir)
     info = read_task_info(model_dir)
     cls = {"ner": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}.get(
         info["task"], heads.BertForSequenceClassification)
-    model = pack_weights(cls.from_pretrained(model_dir).eval())  # loaded here for inference only
-    return model, Tokenizer.from_pretrained(model_dir), info
+    where = resolve_device(device)
+    model = cls.from_pretrained(model_dir).eval().to(where, resolve_dtype(dtype, where))
+    return accelerate(model), Tokenizer.from_pretrained(model_dir), info  # loaded here for inference only
 
 
-def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None) -> list[dict]:
-    """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each."""
+def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
+            dtype=None) -> list[dict]:
+    """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
+    device: auto (None), cpu or cuda; dtype: float32 (None) or bfloat16."""
     if isinstance(texts, str):
         raise BertkitError("predict takes a list of texts; wrap a single text in a list")
     texts = list(texts)
@@ -46,7 +63,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None) 
         pairs = list(pairs)
         if len(pairs) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(pairs)} pairs; give one second text per text")
-    model, tok, info = loaded or load(model_dir)
+    model, tok, info = loaded or load(model_dir, device, dtype)
     task = info["task"]
     if task == "ner":
         from bertkit.finetune.ner import predict_words
@@ -112,15 +129,111 @@ def looks_like_conll(path) -> bool:
     return text.lstrip().startswith("-DOCSTART-") or len(blocks) > 1
 
 
+# --- evaluate mode: a labelled file ------------------------------------------
+
+TEXT_TASKS = {"classify": "classification", "pair": "classification", "regression": "regression",
+              "multi_label": "multi_label"}
+
+
+def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None):
+    """(texts, pairs, references) from a file that carries the answers, or None when it does not.
+
+    References: TextExamples (text tasks), gold tag lists (NER, in the file's scheme) or
+    QAExamples (QA), in the order of the texts.
+    """
+    path = Path(path)
+    task = info["task"]
+    if task == "qa":
+        if path.suffix.lower() != ".json":
+            return None
+        examples, _ = read_squad(path)
+        if not any(e.answers or e.is_impossible for e in examples):
+            return None
+        return [e.question for e in examples], [e.context for e in examples], examples
+    if task == "ner":
+        if path.suffix.lower() in (".tsv", ".csv", ".jsonl", ".json") or not _has_tag_column(path):
+            return None
+        sentences, _ = read_conll(path)
+        return [" ".join(s.words) for s in sentences], None, [s.tags for s in sentences]
+    lcol = label_column or info.get("label_column") or ("labels" if task == "multi_label" else "label")
+    if lcol not in _first_row(path):
+        return None
+    tcol = text_column or info.get("text_column") or "sentence"
+    pcol = text_pair_column or info.get("text_pair_column")
+    examples, report = read_text_examples(path, text_column=tcol, text_pair_column=pcol, label_column=lcol,
+                                          task=TEXT_TASKS.get(task, "classification"),
+                                          label_separator=info.get("label_separator", ","))
+    if report.skipped:
+        print(report.summary())
+    pairs = [e.text_pair for e in examples] if pcol else None
+    return [e.text for e in examples], pairs, examples
+
+
+def _first_row(path) -> dict:
+    for _, row in read_rows(path, ReadReport(str(path))):
+        return row
+    return {}
+
+
+def _has_tag_column(path) -> bool:
+    """A CoNLL file whose first token line has a second column (the tag) is labelled."""
+    if not looks_like_conll(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and not line.startswith("-DOCSTART-"):
+                return len(line.split()) >= 2
+    return False
+
+
+def score_predictions(preds: list[dict], references, info: dict, names=None) -> dict:
+    """The task's metrics for predictions against the references of `read_labelled`."""
+    task = info["task"]
+    if task == "ner":
+        return M.entity_scores([p["tags"] for p in preds], references)
+    if task == "qa":
+        refs = {e.id: [text for text, _ in e.answers] for e in references}
+        return M.squad_scores({e.id: p["answer"] for e, p in zip(references, preds)}, refs,
+                              v2=bool(info.get("version_2")))
+    kind = TEXT_TASKS.get(task, "classification")
+    if kind != "regression":
+        check_known_labels([e.label for e in references], {n: i for i, n in enumerate(names)}, "the input file")
+    return score_text(preds, references, kind, names)
+
+
+def format_metrics(metrics: dict) -> str:
+    """`name value` for every number of a metrics dict (nested reports left out)."""
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, (int, float)) and k != "support")
+
+
+class FileResult(NamedTuple):
+    path: Path  # the predictions TSV
+    count: int  # predictions written
+    metrics: dict | None  # evaluate mode's scores, None when the file carries no answers
+
+
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
-                 batch_size: int = 32) -> tuple[Path, int]:
-    """Write one prediction per input row as TSV (text, prediction, details)."""
-    loaded = load(model_dir)
+                 label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
+                 dtype=None) -> FileResult:
+    """Write one prediction per input row as TSV (text, prediction, details); with the answers in
+    the file (evaluate None: whenever they are there; True: required; False: never) also score them."""
+    loaded = load(model_dir, device, dtype)
     info = loaded[2]
-    texts, pairs = read_inputs(input_path, info, text_column, text_pair_column)
+    labelled = read_labelled(input_path, info, text_column, text_pair_column, label_column) if evaluate is not False else None
+    if evaluate and labelled is None:
+        raise BertkitError(f"{input_path} carries no answers to evaluate against ({_what_answers(info)}); "
+                           "drop --evaluate to only predict")
+    if labelled is not None:
+        texts, pairs, references = labelled
+    else:
+        texts, pairs = read_inputs(input_path, info, text_column, text_pair_column)
     if not texts:
         raise BertkitError(f"{input_path}: no inputs to predict")
     preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded)
+    scores = None
+    if labelled is not None:
+        names = loaded[0].config.labels if info["task"] != "regression" else None
+        scores = score_predictions(preds, references, info, names)
     out = Path(output_path) if output_path else Path(input_path).with_suffix(".predictions.tsv")
     with open(out, "w", encoding="utf-8") as f:
         f.write("text\tprediction\tdetails\n")
@@ -135,4 +248,13 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                 pred = p["label"] if "label" in p else ",".join(p["labels"])
                 details = " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
             f.write("\t".join(x.replace("\t", " ").replace("\n", " ") for x in (t, pred, details)) + "\n")
-    return out, len(preds)
+    return FileResult(out, len(preds), scores)
+
+
+def _what_answers(info: dict) -> str:
+    task = info["task"]
+    if task == "ner":
+        return "a CoNLL file with a tag column"
+    if task == "qa":
+        return "SQuAD JSON with answers"
+    return f"a {info.get('label_column') or 'label'!r} column"

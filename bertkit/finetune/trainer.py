@@ -147,9 +147,10 @@ def run_model(model, features: list[dict], batch_size: int = 64, outputs=("logit
         batch = collate([{"input_ids": features[i]["input_ids"],
                           **({"token_type_ids": features[i]["token_type_ids"]}
                              if "token_type_ids" in features[i] else {})} for i in idx])
-        out = model(**batch)
+        device = next(model.parameters()).device
+        out = model(**{k: v.to(device) for k, v in batch.items()})  # the model may sit on a GPU
         for name in outputs:
-            values = getattr(out, name).float().numpy()
+            values = getattr(out, name).float().cpu().numpy()
             for row, i in enumerate(idx):
                 v = values[row]
                 result[name][i] = v[: len(features[i]["input_ids"])] if per_token else v

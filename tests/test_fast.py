@@ -1,0 +1,393 @@
+"""bertkit.fast: the oneDNN route computes what F.linear computes, forward and backward;
+an accelerated model computes what the plain model computes; CPU features, devices, dtypes."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bertkit.fast as L
+from bertkit.fast import FastLinear as Linear, linear, pack_weights
+
+onednn = pytest.mark.skipif(not L.onednn_enabled(), reason="this torch build has no oneDNN linear")
+
+SHAPES = [((7, 16), 8), ((3, 5, 24), 40), ((2, 3, 4, 12), 5), ((1, 384), 1536)]
+
+
+def operands(x_shape, out, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*x_shape, generator=g)
+    w = torch.randn(out, x_shape[-1], generator=g) / x_shape[-1] ** 0.5
+    b = torch.randn(out, generator=g)
+    return x, w, b
+
+
+@onednn
+@pytest.mark.parametrize("x_shape,out", SHAPES)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_forward_matches_f_linear(x_shape, out, with_bias):
+    x, w, b = operands(x_shape, out)
+    b = b if with_bias else None
+    ref = F.linear(x, w, b)
+    for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+        with mode():
+            got = linear(x, w, b)
+        assert got.shape == ref.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@onednn
+@pytest.mark.parametrize("x_shape,out", SHAPES[:3])
+def test_backward_matches_f_linear(x_shape, out):
+    x, w, b = operands(x_shape, out, seed=1)
+    g = torch.randn(*x_shape[:-1], out, generator=torch.Generator().manual_seed(2))
+    grads = []
+    for fn in (F.linear, linear):
+        xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+        (fn(xs, ws, bs) * g).sum().backward()
+        grads.append((xs.grad, ws.grad, bs.grad))
+    for ours, ref in zip(grads[1], grads[0]):
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+@onednn
+def test_backward_both_weight_grad_layouts():
+    """grad_W is computed as g^T x or (x^T g)^T depending on which is narrower: check both."""
+    for inp, out in ((8, 40), (40, 8)):
+        x, w, b = operands((6, inp), out, seed=3)
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        linear(xs, ws, b).square().sum().backward()
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        F.linear(xr, wr, b).square().sum().backward()
+        torch.testing.assert_close(ws.grad, wr.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(xs.grad, xr.grad, atol=1e-5, rtol=1e-5)
+
+
+@onednn
+@pytest.mark.filterwarnings("ignore:Input #")
+def test_gradcheck_through_the_route():
+    """Finite differences in float32 (oneDNN has no float64): loose tolerance, real check."""
+    x, w, b = operands((4, 6), 3, seed=4)
+    x, w, b = (t.requires_grad_() for t in (x, w, b))
+    assert torch.autograd.gradcheck(linear, (x, w, b), eps=1e-2, atol=5e-3, rtol=5e-3)
+
+
+@onednn
+def test_non_contiguous_input():
+    x, w, b = operands((12, 16), 8, seed=5)
+    xt = x.t().contiguous().t()[::2]  # strided rows
+    assert not xt.is_contiguous()
+    torch.testing.assert_close(linear(xt, w, b), F.linear(xt, w, b), atol=1e-5, rtol=1e-5)
+
+
+@onednn
+def test_packed_weight_follows_in_place_updates():
+    """Inference keeps a packed copy of each weight; an optimizer step or load_state_dict
+    (in-place changes) must be seen by the next call, never the stale copy."""
+    layer = pack_weights(Linear(16, 8))
+    assert layer.packed
+    x = torch.randn(4, 16)
+    opt = torch.optim.AdamW(layer.parameters(), lr=0.1)
+    for _ in range(3):
+        with torch.inference_mode():
+            got = layer(x)
+        torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        layer(x).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    state = {k: torch.randn_like(v) for k, v in layer.state_dict().items()}
+    layer.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, state["weight"], state["bias"]), atol=1e-5, rtol=1e-5)
+
+
+@onednn
+def test_other_dtypes_and_autocast_take_f_linear():
+    x, w, b = operands((4, 8), 3, seed=7)
+    # float64: oneDNN has no double kernels; the result is F.linear's, bit for bit
+    assert torch.equal(linear(x.double(), w.double(), b.double()), F.linear(x.double(), w.double(), b.double()))
+    # autocast must see F.linear to cast it: the output is bfloat16 as transformers' would be
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert linear(x, w, b).dtype == torch.bfloat16
+
+
+@onednn
+def test_switch_off_gives_f_linear_exactly():
+    x, w, b = operands((5, 32), 64, seed=8)
+    L.use_onednn(False)
+    try:
+        assert not L.onednn_enabled()
+        assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+    finally:
+        L.use_onednn(True)
+
+
+@onednn
+def test_linear_module_is_nn_linear():
+    layer = Linear(4, 3)
+    assert isinstance(layer, torch.nn.Linear)
+    assert set(layer.state_dict()) == {"weight", "bias"}
+
+
+@onednn
+def test_packed_model_gives_the_same_outputs():
+    from bertkit import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    model = L.accelerate(BertModel(config, generator=torch.Generator().manual_seed(0)).eval(), training=True)
+    ids = torch.randint(0, 50, (3, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        plain = model(ids).last_hidden_state
+        packed = pack_weights(model)(ids).last_hidden_state
+        again = pack_weights(model, enabled=False)(ids).last_hidden_state
+    assert all(m.packed is False for m in model.modules() if isinstance(m, Linear))
+    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=0)
+    assert torch.equal(again, plain)
+
+
+@onednn
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("x_shape,out", SHAPES[:2] + SHAPES[3:])
+def test_fused_gelu_and_residual_match_the_separate_ops(x_shape, out, pack):
+    """The post-op path (inference) against F.gelu / + residual after F.linear, and the
+    training path (separate ops) against the same, values and gradients."""
+    x, w, b = operands(x_shape, out, seed=9)
+    r = torch.randn(*x_shape[:-1], out, generator=torch.Generator().manual_seed(10))
+    ref_gelu, ref_res = F.gelu(F.linear(x, w, b)), F.linear(x, w, b) + r
+    with torch.inference_mode():
+        torch.testing.assert_close(linear(x, w, b, pack=pack, gelu=True), ref_gelu, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear(x, w, b, pack=pack, residual=r), ref_res, atol=1e-5, rtol=1e-5)
+    wg = w.clone().requires_grad_()
+    got = linear(x, wg, b, gelu=True)
+    got.sum().backward()
+    w_ref = w.clone().requires_grad_()
+    F.gelu(F.linear(x, w_ref, b)).sum().backward()
+    torch.testing.assert_close(got.detach(), ref_gelu, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wg.grad, w_ref.grad, atol=1e-4, rtol=1e-4)
+
+
+@onednn
+def test_fused_gelu_is_the_erf_form_not_tanh():
+    x, w, b = operands((16, 64), 128, seed=11)
+    with torch.inference_mode():
+        got = linear(x, w, b, gelu=True)
+        y = F.linear(x, w, b)
+    torch.testing.assert_close(got, F.gelu(y), atol=1e-6, rtol=1e-6)
+    assert (got - F.gelu(y, approximate="tanh")).abs().max() > 1e-5  # the two forms differ measurably here
+
+
+@onednn
+def test_fusing_both_is_refused():
+    x, w, b = operands((4, 8), 8)
+    with pytest.raises(ValueError, match="not both"):
+        linear(x, w, b, gelu=True, residual=torch.zeros(4, 8))
+
+
+# --- accelerate: the same model, computed faster ----------------------------------------------
+
+from bertkit import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel  # noqa: E402
+from bertkit.errors import BertkitError  # noqa: E402
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+            max_position_embeddings=40, type_vocab_size=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def padded_batch(seed=0, B=4, T=13):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 99, (B, T), generator=g)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate([T, 9, 5, 1][:B]):
+        mask[b, :n] = 1
+    return ids * mask, mask, (torch.arange(T) >= T // 2).long().expand(B, T) * mask
+
+
+def twins(cls, attn, seed=0, **overrides):
+    """(plain, accelerated): the same weights, built twice from one seed."""
+    config = BertConfig(**{**TINY, **overrides}, attn_implementation=attn)
+    return (cls(config, generator=torch.Generator().manual_seed(seed)),
+            L.accelerate(cls(config, generator=torch.Generator().manual_seed(seed))))
+
+
+@pytest.mark.parametrize("small_rule", [True, False], ids=["shape-rule", "fused-kernel"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_accelerated_model_equals_the_plain_one(attn, small_rule, monkeypatch):
+    """Inference (packed weights, fused GELU/residual): every layer within 1e-5 at real tokens
+    (padding outputs, which nothing reads, differ by summation order)."""
+    if not small_rule:
+        monkeypatch.setattr(L, "SMALL_ATTENTION", 0)
+    plain, fast = twins(BertModel, attn)
+    plain.eval(), fast.eval()
+    ids, mask, types = padded_batch()
+    real = mask.bool()
+    for grad_mode in (torch.inference_mode, torch.no_grad):
+        with grad_mode():
+            a = plain(ids, mask, types, output_hidden_states=True)
+            b = fast(ids, mask, types, output_hidden_states=True)
+        for x, y in zip(a.hidden_states, b.hidden_states):
+            torch.testing.assert_close(y[real], x[real], atol=1e-5, rtol=0)
+        torch.testing.assert_close(b.pooler_output, a.pooler_output, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("small_rule", [True, False], ids=["shape-rule", "fused-kernel"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_accelerated_training_gives_the_plain_gradients(attn, small_rule, monkeypatch):
+    """training=True: the pre-training loss (MLM at the labelled positions + NSP) and every
+    parameter's gradient within 1e-5 of the plain model's (dropout 0 so both see one function)."""
+    if not small_rule:
+        monkeypatch.setattr(L, "SMALL_ATTENTION", 0)
+    config = BertConfig(**TINY, attn_implementation=attn)
+    plain = BertForPreTraining(config, generator=torch.Generator().manual_seed(1)).train()
+    fast = L.accelerate(BertForPreTraining(config, generator=torch.Generator().manual_seed(1)), training=True).train()
+    ids, mask, types = padded_batch(seed=1)
+    labels = torch.where((torch.arange(13) % 3 == 0) & mask.bool(), ids, torch.full_like(ids, -100))
+    nsp = torch.tensor([0, 1, 1, 0])
+    outs = [m(ids, mask, types, labels=labels, next_sentence_label=nsp) for m in (plain, fast)]
+    for out in outs:
+        out.loss.backward()
+    torch.testing.assert_close(outs[1].loss, outs[0].loss, atol=1e-5, rtol=0)
+    grads = [dict((n, p.grad) for n, p in m.named_parameters()) for m in (plain, fast)]
+    assert grads[0].keys() == grads[1].keys()
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_accelerate_keeps_parameters_names_and_checkpoints(tmp_path):
+    from safetensors.torch import load_file
+
+    plain, fast = twins(BertForSequenceClassification, "sdpa", num_labels=3)
+    before = {n: p for n, p in fast.named_parameters()}
+    opt = torch.optim.SGD(fast.parameters(), lr=0.1)  # built before: must still drive the model
+    assert L.accelerate(fast) is fast
+    assert {n: p for n, p in fast.named_parameters()} == before  # the same tensor objects
+    assert list(fast.state_dict()) == list(plain.state_dict())
+    assert isinstance(fast.classifier, L.FastLinear) and isinstance(fast.classifier, torch.nn.Linear)
+    assert type(fast).__name__ == "BertForSequenceClassification"
+    plain.save_pretrained(tmp_path / "plain")
+    fast.save_pretrained(tmp_path / "fast")
+    a, b = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "fast" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "plain" / "config.json").read_text() == (tmp_path / "fast" / "config.json").read_text()
+    ids, mask, types = padded_batch()
+    fast.train()
+    fast(ids, mask, types, labels=torch.tensor([0, 1, 2, 0])).loss.backward()
+    opt.step()
+    assert not torch.equal(fast.classifier.weight, plain.classifier.weight)  # the optimizer moved them
+
+
+def test_small_inputs_take_the_explicit_path_with_the_same_result(monkeypatch):
+    """Rule 4: at B x T x T <= SMALL_ATTENTION the accelerated model skips the fused kernel."""
+    _, model = twins(BertModel, "sdpa")
+    model.eval()
+    ids, mask, types = padded_batch()  # 4 x 13: 676 score cells per head
+    calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or real_sdpa(*a, **k))
+    with torch.no_grad():
+        small = model(ids, mask, types).last_hidden_state
+        assert len(calls) == 0  # the explicit path ran
+        monkeypatch.setattr(L, "SMALL_ATTENTION", 0)
+        fused = model(ids, mask, types).last_hidden_state
+        assert len(calls) == 2  # now the fused kernel did, once per layer
+    torch.testing.assert_close(small, fused, atol=1e-6, rtol=0)
+
+
+@onednn
+def test_inference_fuses_gelu_and_residual_into_the_matmuls(monkeypatch):
+    _, model = twins(BertModel, "sdpa")
+    post_ops = []
+    real = L._onednn
+    monkeypatch.setattr(L, "_onednn", lambda x, w, b, post_op="none", algorithm="": post_ops.append(post_op)
+                        or real(x, w, b, post_op, algorithm))
+    ids, mask, types = padded_batch()
+    with torch.inference_mode():
+        model.eval()(ids, mask, types)
+    assert post_ops.count("gelu") == 2  # one per layer
+    post_ops.clear()
+    model.train()(ids, mask, types)  # training: separate ops, oneDNN forward of every dense layer
+    assert "gelu" not in post_ops and len(post_ops) == 2 * 4 + 1
+
+
+def test_switched_off_accelerated_model_is_the_plain_model_exactly(monkeypatch):
+    """use_onednn(False) and the fused kernel at every size: the very same kernels as the plain model."""
+    monkeypatch.setattr(L, "SMALL_ATTENTION", 0)
+    plain, fast = twins(BertModel, "sdpa")
+    ids, mask, types = padded_batch()
+    L.use_onednn(False)
+    try:
+        with torch.inference_mode():
+            assert torch.equal(fast.eval()(ids, mask, types).last_hidden_state,
+                               plain.eval()(ids, mask, types).last_hidden_state)
+    finally:
+        L.use_onednn(True)
+
+
+def test_accelerate_refuses_what_is_not_a_model():
+    with pytest.raises(BertkitError, match="nn.Module"):
+        L.accelerate("model/")
+
+
+# --- the CPU, devices and dtypes ------------------------------------------------------------------
+
+
+def test_cpu_features_read_proc_cpuinfo():
+    cpu = L.cpu_features()
+    assert cpu.capability == torch.backends.cpu.get_cpu_capability()
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo here")
+    flags = set(next(line for line in text.splitlines() if line.startswith(("flags", "Features"))).split(":")[1].split())
+    assert set(cpu.flags) == flags & set(L.FLAGS)
+    assert cpu.native_bf16 == bool({"avx512_bf16", "amx_bf16"} & flags)
+    line = cpu.describe()
+    assert cpu.capability in line and ("bf16 native" if cpu.native_bf16 else "bf16 emulated") in line
+
+
+def fake_cpu(*flags):
+    return L.CpuFeatures("Test CPU", 2, "AVX2", tuple(flags), True)
+
+
+def test_bfloat16_warns_once_where_the_cpu_only_emulates_it(monkeypatch):
+    monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", "fma"))
+    monkeypatch.setattr(L, "_warned_bf16", False)
+    with pytest.warns(UserWarning, match="emulated.*use float32"):
+        assert L.resolve_dtype("bfloat16") == torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert L.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16  # once only
+        assert L.resolve_dtype(None) == torch.float32
+
+
+def test_bfloat16_is_quiet_where_the_cpu_has_it(monkeypatch):
+    for flag in ("avx512_bf16", "amx_bf16"):
+        monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", flag))
+        monkeypatch.setattr(L, "_warned_bf16", False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert L.resolve_dtype("bfloat16") == torch.bfloat16
+    with pytest.raises(BertkitError, match="use float32 or bfloat16"):
+        L.resolve_dtype("float16")
+
+
+def test_devices():
+    assert L.resolve_device("cpu") == torch.device("cpu")
+    assert L.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(BertkitError, match="use auto, cpu or cuda"):
+        L.resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(BertkitError, match="no CUDA GPU"):
+            L.resolve_device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_accelerated_model_on_cuda_matches_the_cpu():
+    plain, fast = twins(BertModel, "sdpa")
+    ids, mask, types = padded_batch()
+    fast = fast.eval().to("cuda")
+    with torch.inference_mode():
+        ref = plain.eval()(ids, mask, types).last_hidden_state
+        got = fast(ids.cuda(), mask.cuda(), types.cuda()).last_hidden_state.cpu()
+    real = mask.bool()
+    torch.testing.assert_close(got[real], ref[real], atol=1e-4, rtol=0)  # TF32 off by default: float32 sums
