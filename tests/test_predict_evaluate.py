@@ -1,0 +1,151 @@
+"""`bertkit predict` on a labelled file: the evaluate mode (issue 18 item 5).
+
+Each task's score is checked against a reference computed another way: by hand
+from the written predictions and the file's labels, and against the score the
+fine-tuning run itself reported for the same file with the same (best) model.
+"""
+
+import json
+import random
+import re
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bertkit.cli import main
+from bertkit.errors import BertkitError
+from bertkit.finetune.classification import TextTaskConfig, finetune_text
+from bertkit.finetune.ner import NerConfig, finetune_ner
+from bertkit.finetune.predict import predict, predict_file
+from bertkit.finetune.qa import QAConfig, finetune_qa
+from test_finetune import FILL, NEG, POS, fast, sentiment_run, tiny, write_tsv  # noqa: F401
+from test_finetune_ner import ner_file
+from test_finetune_qa import squad_file
+
+
+def reported(out: str) -> dict:
+    """The numbers of the CLI's `evaluation on ...: name value, ...` line."""
+    line = next(x for x in out.splitlines() if x.startswith("evaluation on "))
+    return {k: float(v) for k, v in re.findall(r"(\w+) (-?[\d.]+)(?:,|$)", line.split(": ", 1)[1])}
+
+
+def predicted_column(path) -> list[str]:
+    return [row.split("\t")[1] for row in path.read_text().splitlines()[1:]]
+
+
+def test_classification_reports_accuracy_and_f1(sentiment_run, tmp_path, capsys):  # noqa: F811
+    d, final = sentiment_run
+    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv")]) == 0
+    got = reported(capsys.readouterr().out)
+    gold = [r.split("\t")[1] for r in (d / "dev.tsv").read_text().splitlines()[1:]]
+    pred = predicted_column(tmp_path / "p.tsv")
+    assert len(pred) == len(gold) == 30
+    by_hand = sum(p == g for p, g in zip(pred, gold)) / len(gold)
+    assert got["accuracy"] == pytest.approx(by_hand, abs=1e-4)
+    assert got["accuracy"] == pytest.approx(final["dev"]["accuracy"], abs=1e-4)  # what fine-tuning said
+    tp = sum(p == g == "pos" for p, g in zip(pred, gold))
+    f1 = 2 * tp / (pred.count("pos") + gold.count("pos"))
+    assert got["f1"] == pytest.approx(f1, abs=1e-4) and "macro_f1" in got
+    # every label flipped: the accuracy becomes its complement (the labels are read, not ignored)
+    flipped = write_tsv(tmp_path / "flipped.tsv", ["sentence", "label"],
+                        [(r.split("\t")[0], {"pos": "neg", "neg": "pos"}[r.split("\t")[1]])
+                         for r in (d / "dev.tsv").read_text().splitlines()[1:]])
+    result = predict_file(d / "out", flipped, tmp_path / "p2.tsv")
+    assert result.count == 30 and result.metrics["accuracy"] == pytest.approx(1 - by_hand)
+
+
+def test_unlabelled_file_only_predicts_and_the_flags_choose(sentiment_run, tmp_path, capsys):  # noqa: F811
+    d, _ = sentiment_run
+    plain = write_tsv(tmp_path / "new.tsv", ["sentence"], [["this day was good ."], ["the food was bad ."]])
+    assert main(["predict", str(d / "out"), str(plain), "-o", str(tmp_path / "p.tsv")]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 2 predictions" in out and "evaluation" not in out
+    assert predict_file(d / "out", plain, tmp_path / "p.tsv").metrics is None
+    # --evaluate on a file without labels: one clear line, exit 2
+    assert main(["predict", str(d / "out"), str(plain), "-o", str(tmp_path / "p.tsv"), "--evaluate"]) == 2
+    err = capsys.readouterr().err
+    assert "carries no answers" in err and "'label' column" in err and len(err.strip().splitlines()) == 1
+    # --no-evaluate on a labelled file: predictions only
+    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--no-evaluate"]) == 0
+    assert "evaluation" not in capsys.readouterr().out
+    # a label the model never saw cannot be scored
+    odd = write_tsv(tmp_path / "odd.tsv", ["sentence", "label"], [["the food was bad .", "meh"]])
+    with pytest.raises(BertkitError, match="'meh'"):
+        predict_file(d / "out", odd, tmp_path / "p.tsv")
+
+
+def test_regression_reports_pearson_and_spearman(tiny, tmp_path, capsys):  # noqa: F811
+    rng = random.Random(1)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            w1, w2 = rng.choice(POS + NEG), rng.choice(POS + NEG)
+            out.append((f"{rng.choice(FILL)} was {w1} .", f"{rng.choice(FILL)} was {w2} .",
+                        2.5 * (w1 in POS) + 2.5 * (w2 in POS)))
+        return out
+
+    hdr = ["sentence1", "sentence2", "score"]
+    dev = write_tsv(tmp_path / "d.tsv", hdr, rows(30))
+    cfg = TextTaskConfig(train=str(write_tsv(tmp_path / "t.tsv", hdr, rows(80))), dev=str(dev),
+                         output=str(tmp_path / "o"), task="regression", model=str(tiny), text_column="sentence1",
+                         text_pair_column="sentence2", label_column="score", max_length=32,
+                         training=fast(epochs=6, metric="pearson"))
+    final = finetune_text(cfg, log=lambda s: None)
+    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv")]) == 0
+    got = reported(capsys.readouterr().out)
+    rows = [r.split("\t") for r in dev.read_text().splitlines()[1:]]
+    scores = [p["score"] for p in predict(tmp_path / "o", [r[0] for r in rows], pairs=[r[1] for r in rows])]
+    gold = [float(r[2]) for r in rows]
+    assert final["dev"]["pearson"] > 0.5
+    assert got["pearson"] == pytest.approx(stats.pearsonr(scores, gold)[0], abs=1e-4)
+    assert got["spearman"] == pytest.approx(stats.spearmanr(scores, gold)[0], abs=1e-4)
+    # what fine-tuning reported: its plain model's scores differ from the accelerated one's by float32
+    # rounding, which this weak regressor's closely spaced scores turn into ~3e-4 of correlation
+    assert got["pearson"] == pytest.approx(final["dev"]["pearson"], abs=2e-3)
+
+
+def test_ner_reports_entity_f1_on_a_conll_file(tiny, tmp_path, capsys):  # noqa: F811
+    rng = random.Random(0)
+    dev = ner_file(tmp_path / "dev.txt", 20, rng)
+    cfg = NerConfig(train=str(ner_file(tmp_path / "train.txt", 60, rng)), dev=str(dev), output=str(tmp_path / "o"),
+                    model=str(tiny), tag_scheme="iob1", max_length=32, stride=8, training=fast(epochs=2, metric="f1"))
+    final = finetune_ner(cfg, log=lambda s: None)
+    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv")]) == 0
+    got = reported(capsys.readouterr().out)
+    assert len(predicted_column(tmp_path / "p.tsv")) == 20
+    for name in ("f1", "precision", "recall"):
+        assert got[name] == pytest.approx(final["dev"][name], abs=1e-4), name
+    # entities by hand: (sentence, type, first, last) from the gold column and the written tags
+    def chunks(tag_lists):
+        out = set()
+        for s, tags in enumerate(tag_lists):
+            for i, t in enumerate(tags):
+                if t != "O" and (i == 0 or tags[i - 1] != t):  # this file's entities are one word or I-runs
+                    j = i
+                    while j + 1 < len(tags) and tags[j + 1] == t:
+                        j += 1
+                    out.add((s, t[2:], i, j))
+        return out
+
+    blocks = [b for b in dev.read_text().split("\n\n")[1:] if b.strip()]
+    gold = chunks([[line.split()[-1] for line in b.splitlines()] for b in blocks])
+    pred = chunks([p.split() for p in predicted_column(tmp_path / "p.tsv")])
+    f1 = 2 * len(gold & pred) / (len(gold) + len(pred)) if gold or pred else 0.0
+    assert got["f1"] == pytest.approx(f1, abs=1e-4)
+
+
+def test_qa_reports_exact_match_and_f1_on_squad_json(tiny, tmp_path, capsys):  # noqa: F811
+    rng = random.Random(0)
+    dev = squad_file(tmp_path / "dev.json", 20, rng)
+    cfg = QAConfig(train=str(squad_file(tmp_path / "train.json", 60, rng)), dev=str(dev), output=str(tmp_path / "o"),
+                   model=str(tiny), max_length=32, doc_stride=8, max_query_length=8, training=fast(epochs=2, metric="f1"))
+    final = finetune_qa(cfg, log=lambda s: None)
+    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv")]) == 0
+    got = reported(capsys.readouterr().out)
+    assert got["exact_match"] == pytest.approx(final["dev"]["exact_match"], abs=1e-4)
+    assert got["f1"] == pytest.approx(final["dev"]["f1"], abs=1e-4)
+    answers = [q["answers"][0]["text"] for p in json.loads(dev.read_text())["data"][0]["paragraphs"] for q in p["qas"]]
+    pred = predicted_column(tmp_path / "p.tsv")
+    assert got["exact_match"] == pytest.approx(100 * np.mean([p == a for p, a in zip(pred, answers)]), abs=1e-4)
