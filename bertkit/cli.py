@@ -401,8 +401,8 @@ def add_embed(sub):
         help="embed texts with a frozen BERT: sentence, token or word vectors",
         description="Read texts from INPUT (.txt: one per line; .jsonl: a 'text' field; .tsv: a column "
         "under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
-        "(.npy, .safetensors or .jsonl). Texts beyond the model's 512 positions are cut into overlapping "
-        "windows, each token keeping the vector from the window where it has the most context.",
+        "(.npy, .safetensors or .jsonl). Texts beyond the model's 512 positions are cut into windows that "
+        "share --stride tokens, each token keeping the vector from the window where it has the most context.",
         epilog="examples:\n  bertkit embed sentences.txt -o vectors.npy --normalize\n"
         "  bertkit embed sentences.txt -o tokens.safetensors --layers concat_last_four --pooling none\n"
         "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
@@ -424,7 +424,8 @@ def add_embed(sub):
     p.add_argument("--column", help="the .tsv column or .jsonl field holding the text")
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
     p.add_argument("--max-length", type=int, help="tokens per pass / window (default: the model's 512)")
-    p.add_argument("--stride", type=int, help="window step for long texts (default: half a window)")
+    p.add_argument("--stride", type=int,
+                   help="tokens shared by consecutive windows of a long text, the overlap (default: half a window)")
     p.add_argument("--truncate", action="store_true", help="cut long texts at --max-length instead of windowing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run_embed)

@@ -24,7 +24,7 @@ tests): longest_first gives each segment its share at once (the shorter keeps
 its length when it fits, else both get half and the longer one, or the second
 when they tie, the odd token), where the original `_truncate_seq_pair` pops one
 token at a time from the longer (ties: the first gets the odd token); with
-stride, overflowing windows advance by (window - stride) tokens.
+stride, overflowing windows share `stride` tokens (`bertkit.windows`).
 
 torch is imported only inside encode_batch(return_tensors="pt").
 """
@@ -40,6 +40,7 @@ from pathlib import Path
 from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.vocab import CLS, CONTINUATION, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab
+from bertkit.windows import spans
 from bertkit.wordpiece import wordpiece_spans
 
 MODEL_MAX_LENGTH = 512  # BERT's position embeddings
@@ -424,7 +425,7 @@ class Tokenizer:
         )
 
     def _windows(self, seg: _Segment, keep: int, stride: int) -> list[_Segment]:
-        """seg cut into windows of `keep` tokens advancing by keep - stride (the first is the kept part)."""
+        """seg cut into windows of `keep` tokens sharing `stride` (the first is the kept part)."""
         if keep >= len(seg):
             return [seg]
         if keep == 0:
@@ -432,19 +433,7 @@ class Tokenizer:
             # tokens cannot advance, so the text is dropped. (`tokenizers` returns
             # the whole text as one overflow, longer than max_length.)
             return [seg.window(0, 0)]
-        if stride >= keep:
-            raise BertkitError(
-                f"stride={stride} must be smaller than the {keep} tokens of a window "
-                "(max_length minus the special tokens and the other segment); lower stride or raise max_length"
-            )
-        out = []
-        start = 0
-        while True:
-            stop = min(start + keep, len(seg))
-            out.append(seg.window(start, stop))
-            if stop == len(seg):
-                return out
-            start += keep - stride
+        return [seg.window(a, b) for a, b in spans(len(seg), keep, stride)]
 
     def _truncate(self, a: _Segment, b: _Segment | None, max_length, strategy, stride):
         """Lists of windows for a and b; element 0 of each is the truncated segment."""

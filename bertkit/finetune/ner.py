@@ -18,7 +18,7 @@ Scores are conlleval's entity P/R/F1, the same for either scheme.
 
 Long sentences (more pieces than fit): overlapping windows, each word labelled
 and predicted in the window where it has the most context
-(`bertkit.finetune.windows`).
+(`bertkit.windows`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from bertkit.finetune import metrics as M
 from bertkit.finetune.data import TaggedSentence, check_known_labels, read_conll
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
 from bertkit.finetune.trainer import IGNORE_INDEX, TrainConfig, run_model, train
-from bertkit.finetune.windows import best_span, spans
+from bertkit.windows import best_span, spans
 
 SCHEMES = ("bio", "iob1")
 
