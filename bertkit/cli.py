@@ -4,7 +4,8 @@ Each command parses its arguments, calls one library function and prints the
 result. Imports happen inside the handlers so that `bertkit --help` and the
 tokenizer commands start without loading torch. A user mistake (BertkitError,
 a missing file) prints one line on stderr and exits with status 2, never a
-traceback.
+traceback; user files are opened through `bertkit.textfiles`, so a directory or
+a file that is not UTF-8 text gets that one line too.
 
 Sections below belong to one area each (tokenizer, model, pre-training,
 fine-tuning, features); add a command next to its siblings.
@@ -60,7 +61,7 @@ def add_vocab(sub):
         help="train a WordPiece vocabulary from raw text",
         description="Learn a WordPiece vocabulary (vocab.txt) from plain-text files or folders, streaming.",
     )
-    t.add_argument("corpus", nargs="+", help="text files or folders of .txt files")
+    t.add_argument("corpus", nargs="+", help="text files (.txt, .gz) or folders of them")
     t.add_argument("-o", "--output", required=True,
                    help="where to write vocab.txt (a file path, or a folder); tokenizer_config.json goes beside it")
     t.add_argument("--vocab-size", type=int, default=30522, help="target vocabulary size")
@@ -517,7 +518,7 @@ def main(argv=None) -> int:
         reuse_freed_memory()
     try:
         args.handler(args)
-    except (BertkitError, FileNotFoundError, IsADirectoryError) as err:
+    except (BertkitError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
         print(f"bertkit: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:

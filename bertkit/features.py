@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from bertkit.errors import BertkitError
+from bertkit.textfiles import existing_file, open_text
 from bertkit.windows import half_window, max_context_owner, spans
 
 # The layer strategies of the paper's Table 7, by the names our API uses.
@@ -589,47 +590,54 @@ def read_texts(path, column: str | None = None) -> tuple:
 
     .txt (or anything else): one text per non-empty line. .jsonl: the "text"
     field (or `column`) of each line. .tsv: the column named `column` (default
-    "sentence", else "text", else the first) under a header row.
+    "sentence", else "text", else the first) under a header row. The file must
+    be UTF-8 (`bertkit.textfiles`); a malformed line is an error naming it.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise BertkitError(f"input file {path} does not exist")
+    path = existing_file(path)
     suffix = path.suffix.lower()
     if suffix == ".tsv":
-        with path.open(encoding="utf-8") as f:
-            header = f.readline().rstrip("\n").split("\t")
+        with open_text(path) as f:
+            header = f.readline().rstrip("\r\n").split("\t")
         name = column or next((c for c in ("sentence", "text") if c in header), header[0])
         if name not in header:
             raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
         col = header.index(name)
 
         def lines():
-            with path.open(encoding="utf-8") as f:
+            with open_text(path) as f:
                 f.readline()
-                for line in f:
+                for number, line in enumerate(f, 2):
                     if line.strip():
-                        yield line.rstrip("\n").split("\t")[col]
+                        fields = line.rstrip("\r\n").split("\t")
+                        if col >= len(fields):
+                            raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
+                                               f"(the header has {len(header)})")
+                        yield fields[col]
 
     elif suffix == ".jsonl":
         key = column or "text"
 
         def lines():
-            with path.open(encoding="utf-8") as f:
+            with open_text(path) as f:
                 for number, line in enumerate(f, 1):
                     if not line.strip():
                         continue
-                    record = json.loads(line)
-                    if key not in record:
-                        raise BertkitError(f"{path} line {number} has no field {key!r}: set --column")
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise BertkitError(f"{path}:{number}: not a JSON object ({err.msg}); "
+                                           "JSONL needs one object per line") from None
+                    if not isinstance(record, dict) or key not in record:
+                        raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
                     yield record[key]
 
     else:
 
         def lines():
-            with path.open(encoding="utf-8") as f:
+            with open_text(path) as f:
                 for line in f:
                     if line.strip():
-                        yield line.rstrip("\n")
+                        yield line.rstrip("\r\n")
 
     count = sum(1 for _ in lines())
     return lines(), count

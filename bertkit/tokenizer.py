@@ -39,6 +39,7 @@ from pathlib import Path
 
 from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
+from bertkit.textfiles import read_text
 from bertkit.vocab import CLS, CONTINUATION, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab
 from bertkit.windows import spans
 from bertkit.wordpiece import wordpiece_spans
@@ -185,9 +186,11 @@ class Tokenizer:
         config_file = folder / "tokenizer_config.json"
         if config_file.is_file():
             try:
-                config = json.loads(config_file.read_text(encoding="utf-8"))
+                config = json.loads(read_text(config_file, "tokenizer config"))
             except json.JSONDecodeError as err:
                 raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
+            if not isinstance(config, dict):
+                raise BertkitError(f"{config_file} must hold a JSON object of settings, got {type(config).__name__}")
             settings = _settings_from_config(config)
         for key, value in overrides.items():
             if key not in ("lowercase", "strip_accents", "max_input_chars_per_word", "tokenize_chinese_chars"):

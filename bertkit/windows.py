@@ -76,5 +76,21 @@ def best_span(windows: list[tuple[int, int]], p: int) -> int:
 
 
 def max_context_owner(windows: list[tuple[int, int]], n: int) -> list[int]:
-    """For each position 0..n-1, the index of its max-context window (`best_span` of every position)."""
-    return [best_span(windows, p) for p in range(n)]
+    """For each position 0..n-1, the index of its max-context window (`best_span` of every position).
+
+    `windows` as `spans` makes them (starts and ends increasing), so only the
+    few windows around a position are scored: linear in n, not n x windows.
+    """
+    owner, first = [], 0
+    for p in range(n):
+        while windows[first][1] <= p:  # this window ends before p, and so do all earlier ones
+            first += 1
+        best, best_score = first, max_context_score(windows[first], p)
+        k = first + 1
+        while k < len(windows) and windows[k][0] <= p:
+            score = max_context_score(windows[k], p)
+            if score > best_score:
+                best, best_score = k, score
+            k += 1
+        owner.append(best)
+    return owner

@@ -54,6 +54,14 @@ def test_max_context_owner_by_hand():
     assert best_span([(0, 4), (2, 5)], 3) == 1  # min(3,0)=0 vs min(1,1)=1
 
 
+def test_max_context_owner_is_best_span_of_every_position():
+    for n in range(0, 40):
+        for size in range(1, 12):
+            for stride in range(size):
+                windows = spans(n, size, stride)
+                assert max_context_owner(windows, n) == [best_span(windows, p) for p in range(n)]
+
+
 @pytest.mark.parametrize("size", range(1, 21))
 def test_default_overlap_advances_by_half_a_window(size):
     # embed's default before stride meant the overlap: a step of max(1, size // 2)

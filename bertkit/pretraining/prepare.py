@@ -52,7 +52,7 @@ import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining import instances as inst_mod
-from bertkit.pretraining.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats, list_input_files
+from bertkit.pretraining.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab, mask_sequence
 from bertkit.pretraining.shards import (
     _atomic_dir,
@@ -65,6 +65,7 @@ from bertkit.pretraining.shards import (
     token_dtype,
     tokenize_file,
 )
+from bertkit.textfiles import corpus_files
 
 FORMAT_VERSION = 1
 BLOCK_TOKENS = 1_000_000  # corpus tokens per instance block (one unit of parallel work)
@@ -426,7 +427,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
 
     cfg = (cfg or PrepareConfig()).validate()
     t0 = time.perf_counter()
-    files = list_input_files(corpus)
+    files = corpus_files(corpus)
     out = Path(output)
     _check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -437,7 +438,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
 
     shards, stats, tok_settings = _tokenize_stage(files, out, tokenizer, cfg, progress)
     if stats.tokens == 0:
-        reasons = "; ".join(f"{SKIP_REASONS[k]}: {v}" for k, v in stats.skips.items()) or "the files are empty"
+        reasons = stats.describe_skips() or "the files are empty"
         raise BertkitError(f"the corpus has no text to train on ({len(files)} file(s); {reasons})")
     corpus_fp = {"inputs": [json.loads((s / "stats.json").read_text())["input"] for s in shards],
                  "settings": tok_settings}
