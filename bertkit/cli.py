@@ -86,10 +86,11 @@ def run_vocab_train(args):
 
 def run_vocab_check(args):
     from bertkit.tokenizer import Tokenizer
+    from bertkit.wordpiece import CONTINUATION
 
     tok = Tokenizer.from_pretrained(args.vocab)
     specials = ", ".join(f"{t}={i}" for t, i in zip(tok.all_special_tokens, tok.all_special_ids))
-    pieces = sum(t.startswith("##") for t in tok.ids_to_tokens)
+    pieces = sum(t.startswith(CONTINUATION) for t in tok.ids_to_tokens)
     print(f"ok: {len(tok)} tokens ({pieces} ## continuation pieces); lowercase={tok.lowercase}, "
           f"strip_accents={tok.strip_accents}, max_input_chars_per_word={tok.max_input_chars_per_word}; {specials}")
 

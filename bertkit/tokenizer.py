@@ -40,9 +40,9 @@ from pathlib import Path
 from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.textfiles import read_text
-from bertkit.vocab import CLS, CONTINUATION, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab
+from bertkit.vocab import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab
 from bertkit.windows import spans
-from bertkit.wordpiece import wordpiece_spans
+from bertkit.wordpiece import CONTINUATION, wordpiece_spans
 
 MODEL_MAX_LENGTH = 512  # BERT's position embeddings
 STRATEGIES = ("longest_first", "only_first", "only_second")

@@ -19,7 +19,6 @@ from bertkit.textfiles import read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
-CONTINUATION = "##"
 
 
 def validate_tokens(tokens: list[str], source: str = "vocabulary") -> None:

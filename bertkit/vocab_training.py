@@ -35,7 +35,8 @@ from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.pretraining.corpus import CorpusStats, read_lines
 from bertkit.textfiles import corpus_files
-from bertkit.vocab import CONTINUATION, SPECIAL_TOKENS, save_vocab
+from bertkit.vocab import SPECIAL_TOKENS, save_vocab
+from bertkit.wordpiece import CONTINUATION
 
 
 @dataclass

@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.heads import IGNORE_INDEX
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab, mask_sequence
@@ -342,7 +343,7 @@ def _static_masks(ids: np.ndarray, lengths: np.ndarray, mcfg: MaskingConfig, voc
         finally:
             torch.set_num_threads(threads)
         out[:] = masked.numpy()
-        chosen = labels.numpy() != -100
+        chosen = labels.numpy() != IGNORE_INDEX
         rows, cols = np.nonzero(chosen)  # row-major: positions ascending within a row
         slot = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
         mpos[rows, slot] = cols
@@ -597,7 +598,7 @@ def format_example(ds, index: int, tok) -> str:
         batch = collate([item])
         ids = batch["input_ids"][0].numpy()
         labels = batch["labels"][0].numpy()
-        positions = np.flatnonzero(labels != -100)
+        positions = np.flatnonzero(labels != IGNORE_INDEX)
         originals = labels[positions]
     lines.append("model input (masked):")
     lines.append(_wrap(" ".join(tok.convert_ids_to_tokens([int(t) for t in ids]))))
