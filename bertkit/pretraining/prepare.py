@@ -40,7 +40,6 @@ random permutation instead, a fresh one every epoch.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -67,6 +66,7 @@ from bertkit.pretraining.shards import (
     tokenize_file,
 )
 from bertkit.textfiles import corpus_files
+from bertkit.workers import run_jobs
 
 FORMAT_VERSION = 1
 BLOCK_TOKENS = 1_000_000  # corpus tokens per instance block (one unit of parallel work)
@@ -162,30 +162,6 @@ def _tokenize_job(job) -> tuple:
     return shard, tokenize_file(Path(path), Path(shard), _WORKER["tokenizer"], settings)
 
 
-def _pool(n: int, initializer, initargs, uses_torch: bool):
-    # A forked child deadlocks in its first torch op once the parent has run
-    # torch's intra-op thread pool (as any caller that trained or ran a model
-    # has), so workers that use torch start from a fresh forkserver process.
-    # Pure-Python workers (tokenising) fork: cheap, and the tokenizer need not pickle.
-    methods = mp.get_all_start_methods()
-    if uses_torch:
-        method = "forkserver" if "forkserver" in methods else "spawn"
-    else:
-        method = "fork" if "fork" in methods else "spawn"
-    return mp.get_context(method).Pool(n, initializer=initializer, initargs=initargs)
-
-
-def _run_jobs(fn, jobs: list, workers: int, initializer, initargs, uses_torch: bool = False):
-    """Run fn over jobs in order (in a pool when workers > 1), yielding results as they come."""
-    if workers <= 1 or len(jobs) <= 1:
-        initializer(*initargs)
-        for job in jobs:
-            yield fn(job)
-        return
-    with _pool(min(workers, len(jobs)), initializer, initargs, uses_torch) as pool:
-        yield from pool.imap(fn, jobs)
-
-
 def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progress: bool) -> tuple:
     from tqdm import tqdm
 
@@ -204,7 +180,7 @@ def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progr
             stats.merge(read_shard_stats(s))
     bar = tqdm(total=len(files), initial=len(files) - len(todo), unit="file", desc="tokenising",
                disable=not progress, dynamic_ncols=True)
-    for _, st in _run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,)):
+    for _, st in run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,)):
         stats.merge(st)
         bar.update(1)
         bar.set_postfix(tokens=f"{stats.tokens:,}")
@@ -387,7 +363,7 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
     bar = tqdm(total=len(units), initial=len(units) - len(todo), unit="block", desc="instances",
                disable=not progress, dynamic_ncols=True)
     initargs = (str(out / "corpus"), vocab, tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)
-    for job, meta in zip(todo, _run_jobs(_instance_job, todo, cfg.num_workers(), _init_instance_worker, initargs,
+    for job, meta in zip(todo, run_jobs(_instance_job, todo, cfg.num_workers(), _init_instance_worker, initargs,
                                                 uses_torch=True)):
         metas[job[4]] = meta
         bar.update(1)
