@@ -218,8 +218,10 @@ def plan_blocks(doc_offsets: np.ndarray, sent_offsets: np.ndarray, cfg: PrepareC
 
 def _init_instance_worker(corpus_dir: str, vocab: MaskVocab, cls_id: int, sep_id: int, pad_id: int) -> None:
     tokens, sents, docs = load_corpus(Path(corpus_dir))
+    # word_start is derived from `vocab` on first use; a run in this same process
+    # (workers=1) may have left the previous vocabulary's there
     _WORKER.update(tokens=tokens, sents=np.asarray(sents), docs=np.asarray(docs), vocab=vocab,
-                   cls=cls_id, sep=sep_id, pad=pad_id)
+                   cls=cls_id, sep=sep_id, pad=pad_id, word_start=None)
 
 
 def block_instances(p: int, b: int, doc_ids, cfg: PrepareConfig, tokens, sents, docs, word_start, rng) -> list:
