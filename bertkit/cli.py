@@ -4,7 +4,8 @@ Each command parses its arguments, calls one library function and prints the
 result. Imports happen inside the handlers so that `bertkit --help` and the
 tokenizer commands start without loading torch. A user mistake (BertkitError,
 a missing file) prints one line on stderr and exits with status 2, never a
-traceback.
+traceback; user files are opened through `bertkit.textfiles`, so a directory or
+a file that is not UTF-8 text gets that one line too.
 
 Sections below belong to one area each (tokenizer, model, pre-training,
 fine-tuning, features); add a command next to its siblings.
@@ -60,7 +61,7 @@ def add_vocab(sub):
         help="train a WordPiece vocabulary from raw text",
         description="Learn a WordPiece vocabulary (vocab.txt) from plain-text files or folders, streaming.",
     )
-    t.add_argument("corpus", nargs="+", help="text files or folders of .txt files")
+    t.add_argument("corpus", nargs="+", help="text files (.txt, .gz) or folders of them")
     t.add_argument("-o", "--output", required=True,
                    help="where to write vocab.txt (a file path, or a folder); tokenizer_config.json goes beside it")
     t.add_argument("--vocab-size", type=int, default=30522, help="target vocabulary size")
@@ -85,10 +86,11 @@ def run_vocab_train(args):
 
 def run_vocab_check(args):
     from bertkit.tokenizer import Tokenizer
+    from bertkit.wordpiece import CONTINUATION
 
     tok = Tokenizer.from_pretrained(args.vocab)
     specials = ", ".join(f"{t}={i}" for t, i in zip(tok.all_special_tokens, tok.all_special_ids))
-    pieces = sum(t.startswith("##") for t in tok.ids_to_tokens)
+    pieces = sum(t.startswith(CONTINUATION) for t in tok.ids_to_tokens)
     print(f"ok: {len(tok)} tokens ({pieces} ## continuation pieces); lowercase={tok.lowercase}, "
           f"strip_accents={tok.strip_accents}, max_input_chars_per_word={tok.max_input_chars_per_word}; {specials}")
 
@@ -423,8 +425,8 @@ def add_embed(sub):
         help="embed texts with a frozen BERT: sentence, token or word vectors",
         description="Read texts from INPUT (.txt: one per line; .jsonl: a 'text' field; .tsv: a column "
         "under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
-        "(.npy, .safetensors or .jsonl). Texts beyond the model's 512 positions are cut into overlapping "
-        "windows, each token keeping the vector from the window where it has the most context.",
+        "(.npy, .safetensors or .jsonl). Texts beyond the model's 512 positions are cut into windows that "
+        "share --stride tokens, each token keeping the vector from the window where it has the most context.",
         epilog="examples:\n  bertkit embed sentences.txt -o vectors.npy --normalize\n"
         "  bertkit embed sentences.txt -o tokens.safetensors --layers concat_last_four --pooling none\n"
         "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
@@ -446,7 +448,8 @@ def add_embed(sub):
     p.add_argument("--column", help="the .tsv column or .jsonl field holding the text")
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
     p.add_argument("--max-length", type=int, help="tokens per pass / window (default: the model's 512)")
-    p.add_argument("--stride", type=int, help="window step for long texts (default: half a window)")
+    p.add_argument("--stride", type=int,
+                   help="tokens shared by consecutive windows of a long text, the overlap (default: half a window)")
     p.add_argument("--truncate", action="store_true", help="cut long texts at --max-length instead of windowing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _device_flags(p)
@@ -548,7 +551,7 @@ def main(argv=None) -> int:
         warnings.formatwarning = _warning_line
     try:
         args.handler(args)
-    except (BertkitError, FileNotFoundError, IsADirectoryError) as err:
+    except (BertkitError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
         print(f"bertkit: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:

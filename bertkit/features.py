@@ -18,11 +18,12 @@ model's tuple of L+1 tensors [B, T, H]; index 0 is the embedding output, index L
 the last layer, negative indices count from the end as in Python.
 
 Inputs longer than the model's 512 positions are cut into overlapping windows
-and each token keeps the vector from the window where it has the most context
-on both sides: the "max context" rule of `run_squad.py` (score = min(left,
-right) + 0.01 * window length, first best window wins). For a sentence vector
-of a windowed text the [CLS] comes from the first window and the [SEP] from the
-last, so a text that fits in one window gives exactly the one-pass result.
+(`stride` tokens shared by consecutive windows, default half a window) and
+each token keeps the vector from the window where it has the most context on
+both sides: the "max context" rule of `run_squad.py` (`bertkit.windows`).
+For a sentence vector of a windowed text the [CLS] comes from the first window
+and the [SEP] from the last, so a text that fits in one window gives exactly
+the one-pass result.
 
 `iter_embed` streams: it reads texts lazily in chunks, sorts each chunk by
 length so that batches carry little padding, runs the batches, and yields the
@@ -48,7 +49,9 @@ from bertkit.checkpoint import resolve
 from bertkit.errors import BertkitError
 from bertkit.fast import accelerate, resolve_device, resolve_dtype
 from bertkit.modeling import BertModel
+from bertkit.textfiles import existing_file, open_text
 from bertkit.tokenizer import Tokenizer
+from bertkit.windows import half_window, max_context_owner, spans
 
 # The layer strategies of the paper's Table 7, by the names our API uses.
 # Each maps the number of encoder layers L to (hidden_states indices, combine).
@@ -181,48 +184,6 @@ def pool_words(token_vectors: np.ndarray, token_words: Sequence, n_words: int, h
     return out
 
 
-# --- long inputs: windows with max context -------------------------------------------
-
-
-def plan_windows(n_tokens: int, size: int, stride: int) -> list:
-    """(start, length) windows over n_tokens content tokens, run_squad.py style.
-
-    Consecutive windows start `stride` tokens apart (run_squad.py's doc_stride),
-    the last one ends at the last token.
-    """
-    if size < 1 or stride < 1:
-        raise BertkitError(f"window size ({size}) and stride ({stride}) must be positive")
-    if stride > size:
-        raise BertkitError(f"window stride {stride} exceeds the window size {size}: tokens would be skipped")
-    spans, start = [], 0
-    while True:
-        length = min(size, n_tokens - start)
-        spans.append((start, length))
-        if start + length >= n_tokens:
-            return spans
-        start += min(length, stride)
-
-
-def max_context_owner(spans: Sequence, n_tokens: int) -> list:
-    """For each token, the index of the window where it has the most context.
-
-    run_squad.py's _check_is_max_context: score = min(tokens to the left, tokens
-    to the right) + 0.01 * window length; the first window with the best score wins.
-    """
-    owner = []
-    for position in range(n_tokens):
-        best, best_score = None, None
-        for k, (start, length) in enumerate(spans):
-            end = start + length - 1
-            if not start <= position <= end:
-                continue
-            score = min(position - start, end - position) + 0.01 * length
-            if best_score is None or score > best_score:
-                best, best_score = k, score
-        owner.append(best)
-    return owner
-
-
 # --- the model and tokenizer -------------------------------------------------------
 
 
@@ -300,7 +261,7 @@ class _Item:
     type_ids: list
     token_words: list  # per token: input word index or None
     n_words: int
-    spans: list | None = None  # windows over the content tokens, None when it fits
+    windows: list | None = None  # (start, end) windows over the content tokens, None when it fits
 
 
 def _word_spans(words: Sequence[str]) -> tuple:
@@ -339,9 +300,9 @@ def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
     if isinstance(text, (list, tuple)):
         if not all(isinstance(w, str) for w in text):
             raise BertkitError("a pre-split text must be a list of strings (words)")
-        text, spans = _word_spans(text)
+        text, words = _word_spans(text)
     elif isinstance(text, str):
-        spans = None
+        words = None
     else:
         raise BertkitError(f"expected a string (or a list of words), got {type(text).__name__}")
     if not text.strip():
@@ -352,10 +313,10 @@ def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
     enc = tok.encode(text, pair, max_length=max_length, truncation=truncate)
     if len(enc.input_ids) <= 2:
         raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
-    if spans is None:
-        spans = _whitespace_spans(text)
-    token_words = _token_words(enc.offsets, enc.sequence_ids, spans)
-    item = _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(spans))
+    if words is None:
+        words = _whitespace_spans(text)
+    token_words = _token_words(enc.offsets, enc.sequence_ids, words)
+    item = _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words))
     return item
 
 
@@ -368,24 +329,20 @@ def _pieces(item_index: int, item: _Item, max_length: int, stride: int) -> list:
             "shorten them or pass truncate=True (--truncate)"
         )
     cls_id, content, sep_id = item.ids[0], item.ids[1:-1], item.ids[-1]
-    item.spans = plan_windows(len(content), max_length - 2, stride)
+    item.windows = spans(len(content), max_length - 2, stride)
     return [
-        _Piece(item_index, k, [cls_id, *content[s : s + n], sep_id], [0] * (n + 2))
-        for k, (s, n) in enumerate(item.spans)
+        _Piece(item_index, k, [cls_id, *content[s:e], sep_id], [0] * (e - s + 2))
+        for k, (s, e) in enumerate(item.windows)
     ]
 
 
 def _stitch(item: _Item, window_vectors: list) -> np.ndarray:
     """Token vectors of a windowed text: [CLS] from the first window, [SEP] from the last."""
-    if item.spans is None:
+    if item.windows is None:
         return window_vectors[0]
-    n = len(item.ids) - 2
-    owner = max_context_owner(item.spans, n)
     rows = [window_vectors[0][0]]
-    for position in range(n):
-        k = owner[position]
-        start = item.spans[k][0]
-        rows.append(window_vectors[k][1 + position - start])
+    for position, k in enumerate(max_context_owner(item.windows, len(item.ids) - 2)):
+        rows.append(window_vectors[k][1 + position - item.windows[k][0]])
     rows.append(window_vectors[-1][-1])
     return np.stack(rows)
 
@@ -471,7 +428,8 @@ def iter_embed(
     max_length = limit if max_length is None else max_length
     if not 3 <= max_length <= limit:
         raise BertkitError(f"max_length {max_length} must be between 3 and the model's {limit} positions")
-    stride = stride if stride is not None else max(1, (max_length - 2) // 2)
+    stride = half_window(max_length - 2) if stride is None else stride
+    spans(0, max_length - 2, stride)  # a bad stride is refused before any text is read
     if batch_size < 1:
         raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
     pad_id = getattr(tok, "pad_token_id", 0) or 0
@@ -492,7 +450,7 @@ def iter_embed(
             items = [_encode(tok, text, pair, max_length, truncate) for text, pair in chunk]
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, max_length, stride)]
             order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
-            results = [[None] * (len(it.spans) if it.spans else 1) for it in items]
+            results = [[None] * (len(it.windows) if it.windows else 1) for it in items]
             shown = 0
             for b in range(0, len(order), batch_size):
                 batch = [pieces[k] for k in order[b : b + batch_size]]
@@ -532,7 +490,8 @@ def embed(
                pieces pooled by `word_pooling=` mean | first) or None (per-token).
     normalize: L2-normalise each output vector.
     options:   pairs=, combine=, word_pooling=, batch_size=32, max_length=512
-               (window size), stride=(max_length-2)//2 (window step),
+               (window size), stride= tokens shared by consecutive windows
+               (default: half a window, (max_length-2) - (max_length-2)//2),
                truncate=False (cut at max_length instead of windowing),
                progress=False, device= auto | cpu | cuda, dtype= float32 |
                bfloat16 (see `load_model`).
@@ -658,47 +617,54 @@ def read_texts(path, column: str | None = None) -> tuple:
 
     .txt (or anything else): one text per non-empty line. .jsonl: the "text"
     field (or `column`) of each line. .tsv: the column named `column` (default
-    "sentence", else "text", else the first) under a header row.
+    "sentence", else "text", else the first) under a header row. The file must
+    be UTF-8 (`bertkit.textfiles`); a malformed line is an error naming it.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise BertkitError(f"input file {path} does not exist")
+    path = existing_file(path)
     suffix = path.suffix.lower()
     if suffix == ".tsv":
-        with path.open(encoding="utf-8") as f:
-            header = f.readline().rstrip("\n").split("\t")
+        with open_text(path) as f:
+            header = f.readline().rstrip("\r\n").split("\t")
         name = column or next((c for c in ("sentence", "text") if c in header), header[0])
         if name not in header:
             raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
         col = header.index(name)
 
         def lines():
-            with path.open(encoding="utf-8") as f:
+            with open_text(path) as f:
                 f.readline()
-                for line in f:
+                for number, line in enumerate(f, 2):
                     if line.strip():
-                        yield line.rstrip("\n").split("\t")[col]
+                        fields = line.rstrip("\r\n").split("\t")
+                        if col >= len(fields):
+                            raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
+                                               f"(the header has {len(header)})")
+                        yield fields[col]
 
     elif suffix == ".jsonl":
         key = column or "text"
 
         def lines():
-            with path.open(encoding="utf-8") as f:
+            with open_text(path) as f:
                 for number, line in enumerate(f, 1):
                     if not line.strip():
                         continue
-                    record = json.loads(line)
-                    if key not in record:
-                        raise BertkitError(f"{path} line {number} has no field {key!r}: set --column")
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise BertkitError(f"{path}:{number}: not a JSON object ({err.msg}); "
+                                           "JSONL needs one object per line") from None
+                    if not isinstance(record, dict) or key not in record:
+                        raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
                     yield record[key]
 
     else:
 
         def lines():
-            with path.open(encoding="utf-8") as f:
+            with open_text(path) as f:
                 for line in f:
                     if line.strip():
-                        yield line.rstrip("\n")
+                        yield line.rstrip("\r\n")
 
     count = sum(1 for _ in lines())
     return lines(), count

@@ -14,37 +14,40 @@ indices into the ORIGINAL text of the token's own segment, (0, 0) for [CLS],
 [SEP] and [PAD]. A BatchEncoding stacks B encodings into [B, T] tensors or
 arrays.
 
-Speed: words repeat, so each distinct run of text between safe boundaries
-(see basic_tokenizer.coarse_split_pattern) is normalised and cut into pieces
-once and cached; encode then costs one regex scan plus a dict lookup per word.
-encode_batch spreads large batches over worker processes.
+The layout, from the paper (section 3, Figure 2): [CLS] opens every input
+because its final vector is what a classifier reads; [SEP] closes each
+segment; token_type_ids (segment embeddings) say which tokens belong to A (0)
+and which to B (1), since a pair is one sequence to the model; attention_mask
+is 0 on [PAD], so padding changes no real token's vector.
+
+Speed (a word cache, worker processes for big batches, a paused garbage
+collector) lives in `tokenizer_speed`; this module is what is computed.
 
 Truncation follows the `tokenizers` library (the reference of the parity
 tests): longest_first gives each segment its share at once (the shorter keeps
 its length when it fits, else both get half and the longer one, or the second
 when they tie, the odd token), where the original `_truncate_seq_pair` pops one
 token at a time from the longer (ties: the first gets the odd token); with
-stride, overflowing windows advance by (window - stride) tokens.
+stride, overflowing windows share `stride` tokens (`bertkit.windows`).
 
 torch is imported only inside encode_batch(return_tensors="pt").
 """
 
-import gc
 import json
-import os
 import re
-import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
-from bertkit.vocab import CLS, CONTINUATION, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab
-from bertkit.wordpiece import wordpiece_spans
+from bertkit.textfiles import read_text
+from bertkit.tokenizer_speed import TokenizerWorkers, WordCache, choose_num_workers, gc_paused
+from bertkit.vocab import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab
+from bertkit.windows import spans
+from bertkit.wordpiece import CONTINUATION, wordpiece_spans
 
 MODEL_MAX_LENGTH = 512  # BERT's position embeddings
 STRATEGIES = ("longest_first", "only_first", "only_second")
-_CACHE_LIMIT = 2_000_000  # distinct words kept before the cache is reset
 
 
 @dataclass(slots=True)
@@ -153,8 +156,8 @@ class Tokenizer:
         self._special_re = re.compile("|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True)))
         self._max_piece_len = max(len(t[2:]) if t.startswith(CONTINUATION) else len(t) for t in tokens)
         self._pattern = coarse_split_pattern()
-        self._cache: dict = {}
-        self._pool = None
+        self._cache = WordCache()
+        self._workers = None
 
     # --- loading and saving ---------------------------------------------------
 
@@ -184,9 +187,11 @@ class Tokenizer:
         config_file = folder / "tokenizer_config.json"
         if config_file.is_file():
             try:
-                config = json.loads(config_file.read_text(encoding="utf-8"))
+                config = json.loads(read_text(config_file, "tokenizer config"))
             except json.JSONDecodeError as err:
                 raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
+            if not isinstance(config, dict):
+                raise BertkitError(f"{config_file} must hold a JSON object of settings, got {type(config).__name__}")
             settings = _settings_from_config(config)
         for key, value in overrides.items():
             if key not in ("lowercase", "strip_accents", "max_input_chars_per_word", "tokenize_chinese_chars"):
@@ -231,8 +236,8 @@ class Tokenizer:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_pool"] = None
-        state["_cache"] = {}
+        state["_workers"] = None
+        state["_cache"] = WordCache()
         state["_pattern"] = None
         return state
 
@@ -243,11 +248,13 @@ class Tokenizer:
     # --- tokens and ids ---------------------------------------------------------
 
     def _analyse(self, run: str):
-        """Pieces of one run between safe boundaries, cached.
+        """Pieces of one run of text between safe boundaries: (ids, starts, ends, word_ids, n_words).
 
-        Returns an int id when the run is one word that is one piece (the common
-        case), else a tuple (ids, starts, ends, word_ids, n_words) relative to
-        the run.
+        Character spans and word indices are relative to the run. The two stages
+        of google's FullTokenizer: basic_words (clean, lower-case, strip accents,
+        split punctuation and CJK) gives the words and where each character came
+        from; wordpiece_spans cuts each word greedily, longest piece first. A
+        word with no cover is one [UNK] over the whole word, as in the original.
         """
         ids, starts, ends, wids = [], [], [], []
         words = basic_words(run, self.lowercase, self.strip_accents, self.tokenize_chinese_chars)
@@ -265,19 +272,14 @@ class Tokenizer:
                 starts.append(origin[a])
                 ends.append(origin[b - 1] + 1)
                 wids.append(w)
-        if len(ids) == 1 and len(words) == 1 and starts[0] == 0 and ends[0] == len(run):
-            entry = ids[0]
-        else:
-            entry = (ids, starts, ends, wids, len(words))
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[run] = entry
-        return entry
+        return ids, starts, ends, wids, len(words)
 
     def _segment(self, text: str) -> _Segment:
         """Token ids, character spans and word ids of one text (no special tokens)."""
         ids, starts, ends, wids = [], [], [], []
         nw = 0
+        # Special tokens written in the text ("[MASK]") stay whole, as in
+        # BertTokenizerFast: the text is cut around them and each is one word.
         if "[" in text and self._special_re.search(text):
             pos = 0
             parts = []
@@ -288,6 +290,8 @@ class Tokenizer:
             parts.append((pos, len(text), None))
         else:
             parts = ((0, len(text), None),)
+        # Runs between safe boundaries never share a word, so each run's pieces
+        # (computed once by _analyse, then cached) are shifted to its position.
         cache = self._cache
         for lo, hi, special_id in parts:
             if special_id is not None:
@@ -301,7 +305,7 @@ class Tokenizer:
                 run = m.group()
                 entry = cache.get(run)
                 if entry is None:
-                    entry = self._analyse(run)
+                    entry = cache.add(run, self._analyse)
                 if entry.__class__ is int:
                     s, e = m.span()
                     ids.append(entry)
@@ -424,7 +428,7 @@ class Tokenizer:
         )
 
     def _windows(self, seg: _Segment, keep: int, stride: int) -> list[_Segment]:
-        """seg cut into windows of `keep` tokens advancing by keep - stride (the first is the kept part)."""
+        """seg cut into windows of `keep` tokens sharing `stride` (the first is the kept part)."""
         if keep >= len(seg):
             return [seg]
         if keep == 0:
@@ -432,19 +436,7 @@ class Tokenizer:
             # tokens cannot advance, so the text is dropped. (`tokenizers` returns
             # the whole text as one overflow, longer than max_length.)
             return [seg.window(0, 0)]
-        if stride >= keep:
-            raise BertkitError(
-                f"stride={stride} must be smaller than the {keep} tokens of a window "
-                "(max_length minus the special tokens and the other segment); lower stride or raise max_length"
-            )
-        out = []
-        start = 0
-        while True:
-            stop = min(start + keep, len(seg))
-            out.append(seg.window(start, stop))
-            if stop == len(seg):
-                return out
-            start += keep - stride
+        return [seg.window(a, b) for a, b in spans(len(seg), keep, stride)]
 
     def _truncate(self, a: _Segment, b: _Segment | None, max_length, strategy, stride):
         """Lists of windows for a and b; element 0 of each is the truncated segment."""
@@ -452,6 +444,8 @@ class Tokenizer:
         if n_a + n_b <= max_length:
             return [a], [b]
         to_remove = n_a + n_b - max_length
+        # longest_first cuts where there is most to spare, so a short question
+        # keeps all its tokens next to a long context (the usual pair).
         if strategy == "longest_first":
             if b is None:
                 return self._windows(a, max_length, stride), [None]
@@ -477,6 +471,7 @@ class Tokenizer:
 
     def _assemble(self, a, b, return_overflowing, *, max_length, truncation, strategy, padding, stride,
                   add_special_tokens) -> Encoding:
+        # the special tokens are never cut: truncation works on what is left
         n_special = (self.num_special_tokens(b is not None) if add_special_tokens else 0)
         budget = max_length - n_special
         if truncation:
@@ -492,7 +487,10 @@ class Tokenizer:
         return main
 
     def _build(self, a: _Segment, b: _Segment | None, add_special_tokens, padding, max_length) -> Encoding:
+        """[CLS] A [SEP] (B [SEP]) with its segment ids, mask, offsets and word ids."""
         cls_id, sep_id = self.cls_token_id, self.sep_token_id
+        # [CLS] and [SEP] come from no character of the text: offsets (0, 0),
+        # no word, no sequence, as in BertTokenizerFast
         if add_special_tokens:
             ids = [cls_id, *a.ids, sep_id]
             offsets = [(0, 0), *zip(a.starts, a.ends), (0, 0)]
@@ -518,8 +516,8 @@ class Tokenizer:
                 word_ids.append(None)
                 seq_ids.append(None)
                 special.append(1)
-            types += [1] * (len(ids) - len(types))
-        mask = [1] * len(ids)
+            types += [1] * (len(ids) - len(types))  # B and its closing [SEP] are segment 1
+        mask = [1] * len(ids)  # every real token is attended; only padding gets 0
         enc = Encoding(ids, types, mask, [], offsets, word_ids, seq_ids, special)
         if padding == "max_length":
             _pad(enc, max_length, self.pad_token_id)
@@ -570,16 +568,8 @@ class Tokenizer:
         )
         if opts["padding"] is False and return_tensors is not None and len(texts) > 1:
             raise BertkitError("return_tensors needs equal-length rows: use padding='longest' or 'max_length'")
-        # A batch allocates millions of small lists that all stay alive; CPython's
-        # cyclic GC would rescan them again and again (2-3x slower). None of them
-        # can form a cycle, so collection is paused for the call.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():  # see tokenizer_speed
             return self._encode_batch(texts, pairs, opts, return_overflowing, return_tensors, num_workers)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
 
     def _encode_batch(self, texts, pairs, opts, return_overflowing, return_tensors, num_workers) -> BatchEncoding:
         max_length = opts["max_length"]
@@ -615,78 +605,24 @@ class Tokenizer:
         return BatchEncoding(data, encodings)
 
     def _segments_many(self, texts: list[str], num_workers: int | None) -> list[_Segment]:
-        if num_workers is None:
-            # a pool pays off only for big batches (forking costs ~0.1 s), and a
-            # daemonic process (a DataLoader worker) may not start children
-            import multiprocessing as mp
-
-            big = sum(len(t) for t in texts) >= 2_000_000
-            num_workers = min(os.cpu_count() or 1, 8) if big and not mp.current_process().daemon else 1
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise BertkitError(f"num_workers must be a positive int, got {num_workers!r}")
+        """_segment of each text, in worker processes for big batches (tokenizer_speed)."""
+        num_workers = choose_num_workers(texts, num_workers)
         if num_workers == 1 or len(texts) < 2:
             return [self._segment(t) for t in texts]
-        return self._segments_in_workers(texts, num_workers)
-
-    def _segments_in_workers(self, texts: list[str], num_workers: int) -> list[_Segment]:
-        """Tokenize texts in `num_workers` processes (kept alive for later calls).
-
-        Workers are forked, so they start with this tokenizer and its word cache;
-        each gets contiguous chunks and returns plain lists (cheap to pickle).
-        """
-        import multiprocessing as mp
-
-        if self._pool is None or self._pool[0] != num_workers:
-            if self._pool is not None:
-                self._pool[1].terminate()
-            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-            pool = mp.get_context(method).Pool(num_workers, initializer=_worker_init, initargs=(self,))
-            # stop the workers when this tokenizer goes away or the interpreter exits
-            weakref.finalize(self, pool.terminate)
-            self._pool = (num_workers, pool)
-        pool = self._pool[1]
-        n_chunks = num_workers * 8
-        size = max(1, -(-len(texts) // n_chunks))
-        chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
-        out = []
-        for lengths, ids, starts, ends, wids in pool.map(_worker_segments, chunks):
-            ids, starts, ends, wids = ids.tolist(), starts.tolist(), ends.tolist(), wids.tolist()
-            pos = 0
-            for n in lengths:
-                out.append(_Segment(ids[pos : pos + n], starts[pos : pos + n], ends[pos : pos + n], wids[pos : pos + n]))
-                pos += n
-        return out
+        if self._workers is None or self._workers.n != num_workers:
+            self.close()
+            self._workers = TokenizerWorkers(self, num_workers)
+        return [_Segment(*parts) for parts in self._workers.segments(texts)]
 
     def close(self) -> None:
         """Stop the worker processes of encode_batch, if any (also done at exit)."""
-        if self._pool is not None:
-            self._pool[1].terminate()
-            self._pool = None
-
-
-_WORKER_TOKENIZER = None
-
-
-def _worker_init(tok: "Tokenizer") -> None:
-    global _WORKER_TOKENIZER
-    _WORKER_TOKENIZER = tok
-
-
-def _worker_segments(texts: list[str]):
-    """Segments of texts, packed as flat int arrays (pickling them is ~10x cheaper than lists)."""
-    from array import array
-
-    lengths, ids, starts, ends, wids = array("l"), array("l"), array("l"), array("l"), array("l")
-    for seg in map(_WORKER_TOKENIZER._segment, texts):
-        lengths.append(len(seg.ids))
-        ids.extend(seg.ids)
-        starts.extend(seg.starts)
-        ends.extend(seg.ends)
-        wids.extend(seg.word_ids)
-    return lengths, ids, starts, ends, wids
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
 
 def _pad(enc: Encoding, length: int, pad_id: int) -> None:
+    """Append [PAD] up to `length`: masked out (attention 0), segment 0, special, no offsets."""
     n = length - len(enc.input_ids)
     if n <= 0:
         return

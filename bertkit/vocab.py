@@ -15,10 +15,10 @@ duplicate silently; we refuse.
 from pathlib import Path
 
 from bertkit.errors import BertkitError
+from bertkit.textfiles import read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
-CONTINUATION = "##"
 
 
 def validate_tokens(tokens: list[str], source: str = "vocabulary") -> None:
@@ -53,10 +53,7 @@ def load_vocab(path) -> list[str]:
         path = path / "vocab.txt"
     if not path.is_file():
         raise BertkitError(f"vocabulary file not found: {path} (pass a vocab.txt or a model directory)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise BertkitError(f"{path} is not UTF-8 text ({err}); is it really a vocab.txt?") from None
+    text = read_text(path, "vocabulary file")
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
     # which can be tokens; a trailing newline does not add a token.
     lines = text.split("\n")

@@ -9,7 +9,8 @@ so the result is a vocabulary the greedy longest-match WordPiece tokenizer
 
 1. Stream the corpus line by line and count words, as the tokenizer's basic
    stage splits them (cleaning, lower-casing and accent stripping unless cased,
-   punctuation and CJK split). Only the word counts live in memory, so a corpus
+   punctuation and CJK split). Files and folders of .txt/.gz are found and read
+   as `pretrain prepare` reads them (`bertkit.textfiles`). Only the word counts live in memory, so a corpus
    larger than memory works; past `max_distinct_words` distinct words the
    words seen once are dropped (an approximation that only forgets the rarest).
 2. Alphabet: every character seen, both as a word start "c" and as a
@@ -32,7 +33,10 @@ from pathlib import Path
 
 from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
-from bertkit.vocab import CONTINUATION, SPECIAL_TOKENS, save_vocab
+from bertkit.pretraining.corpus import CorpusStats, read_lines
+from bertkit.textfiles import corpus_files
+from bertkit.vocab import SPECIAL_TOKENS, save_vocab
+from bertkit.wordpiece import CONTINUATION
 
 
 @dataclass
@@ -53,37 +57,23 @@ class VocabTrainingConfig:
             raise BertkitError(f"max_distinct_words must be an int >= 1000, got {self.max_distinct_words!r}")
 
 
-def corpus_files(paths) -> list[Path]:
-    """Text files named directly, or the .txt files inside folders (sorted, recursive)."""
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*.txt") if f.is_file())
-            if not found:
-                raise BertkitError(f"folder {p} holds no .txt files; pass text files or folders of them")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise BertkitError(f"corpus path not found: {p}")
-    return files
+def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None):
+    """Lines of the files, read lazily by the corpus reader (a corpus larger than memory is fine).
 
-
-def iter_lines(files, progress: bool = False):
-    """Lines of the files, read lazily (a corpus larger than memory is fine)."""
+    Binary files are skipped and invalid UTF-8 bytes replaced, as for
+    pre-training; `stats` counts both.
+    """
+    stats = CorpusStats() if stats is None else stats
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc="counting words")
     for f in files:
-        with open(f, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                yield line
-                if bar is not None:
-                    bar.update(len(line.encode("utf-8")))
+        for line in read_lines(f, stats):
+            yield line
+            if bar is not None:
+                bar.update(len(line.encode("utf-8")) + 1)
     if bar is not None:
         bar.close()
 
@@ -194,9 +184,18 @@ def train_vocab(lines, config: VocabTrainingConfig | None = None, progress: bool
     return learn_vocab(counts, config, progress)
 
 
-def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, progress: bool = False) -> list[str]:
-    """Train a vocabulary from text files and folders of .txt files, streaming."""
-    return train_vocab(iter_lines(corpus_files(paths), progress), config, progress)
+def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, progress: bool = False,
+                           stats: CorpusStats | None = None) -> list[str]:
+    """Train a vocabulary from text files and folders of .txt/.gz files, streaming; `stats` counts skips."""
+    config = config or VocabTrainingConfig()
+    config.validate()
+    stats = CorpusStats() if stats is None else stats
+    files = corpus_files(paths)
+    counts = count_words(iter_lines(files, progress, stats), config)
+    if not counts:
+        reasons = stats.describe_skips() or "the files hold no words"
+        raise BertkitError(f"the corpus has no words to learn a vocabulary from ({len(files)} file(s); {reasons})")
+    return learn_vocab(counts, config, progress)
 
 
 def train_vocab_cli(args) -> None:
@@ -207,7 +206,10 @@ def train_vocab_cli(args) -> None:
         lowercase=not args.cased,
     )
     config.validate()
-    tokens = train_vocab_from_files(args.corpus, config, progress=True)
+    stats = CorpusStats()
+    tokens = train_vocab_from_files(args.corpus, config, progress=True, stats=stats)
+    if stats.skips:
+        print(f"read {stats.files} file(s); {stats.describe_skips()}")
     out = Path(args.output)
     if out.is_dir() or out.suffix == "":
         out = out / "vocab.txt"

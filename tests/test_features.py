@@ -17,8 +17,6 @@ from bertkit.errors import BertkitError
 from bertkit.features import (
     embed,
     iter_embed,
-    max_context_owner,
-    plan_windows,
     pool_words,
     read_texts,
     resolve_layers,
@@ -162,23 +160,6 @@ def test_pool_words_by_hand():
 
 
 # --- long inputs ------------------------------------------------------------------------------
-
-
-def test_plan_windows_by_hand():
-    assert plan_windows(14, 8, 4) == [(0, 8), (4, 8), (8, 6)]
-    assert plan_windows(8, 8, 4) == [(0, 8)]
-    assert plan_windows(9, 8, 8) == [(0, 8), (8, 1)]
-    with pytest.raises(BertkitError, match="stride"):
-        plan_windows(20, 8, 9)
-
-
-def test_max_context_owner_by_hand():
-    # run_squad.py's rule worked out on paper for windows [0,8), [4,12), [8,14):
-    # position 5: min(5,2)=2 in the first vs min(1,6)=1 in the second -> first;
-    # position 6: min(6,1)=1 vs min(2,5)=2 -> second; position 10: min(6,1) vs min(2,3) -> third
-    assert max_context_owner([(0, 8), (4, 8), (8, 6)], 14) == [0] * 6 + [1] * 4 + [2] * 4
-    # a tie goes to the earlier window unless the later one is longer (0.01 * length)
-    assert max_context_owner([(0, 4), (2, 4)], 6) == [0, 0, 0, 1, 1, 1]
 
 
 def test_long_input_takes_each_token_from_its_max_context_window(tiny):

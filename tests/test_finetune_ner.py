@@ -14,7 +14,7 @@ import pytest
 from bertkit.errors import BertkitError
 from bertkit.finetune.data import TaggedSentence, read_conll
 from bertkit.finetune.ner import NerConfig, decode, finetune_ner, make_features, word_pieces
-from bertkit.finetune.windows import best_span, spans
+from bertkit.windows import best_span, spans
 from bertkit.tokenizer import Tokenizer
 from test_finetune import fast, tiny  # noqa: F401  (the tiny-model fixture)
 

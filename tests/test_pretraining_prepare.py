@@ -380,3 +380,19 @@ def test_static_masking_workers_after_torch_ran_in_parent(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) > 0
+
+
+def test_a_second_run_in_one_process_uses_its_own_vocabulary(tmp_path):
+    # workers=1 builds instances in this process: a first run with a 12-token
+    # vocabulary must not leave its word-start table to a run with the default one
+    (tmp_path / "c").mkdir()
+    # one-sentence documents longer than a sequence: pairs must cut inside a sentence, at a word start
+    docs = [" ".join(["the cat sat on the mat", "the dog sat on the mat"][d % 2] for _ in range(12)) for d in range(20)]
+    (tmp_path / "c" / "a.txt").write_text("\n\n".join(docs) + "\n")
+    small = tmp_path / "vocab.txt"
+    small.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "dog", "sat", "on",
+                                "mat", "."]) + "\n")
+    cfg = PrepareConfig(max_seq_length=32, objective="nsp", dupe_factor=1, workers=1, seed=0)
+    prepare([tmp_path / "c"], tmp_path / "small", cfg, vocab=small, progress=False)
+    prepare([tmp_path / "c"], tmp_path / "default", cfg, progress=False)
+    assert len(PretrainingDataset(tmp_path / "default")) > 0

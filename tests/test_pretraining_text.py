@@ -11,7 +11,8 @@ import pytest
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining import corpus as corpus_mod
-from bertkit.pretraining.corpus import CorpusStats, iter_documents, list_input_files
+from bertkit.pretraining.corpus import CorpusStats, iter_documents
+from bertkit.textfiles import corpus_files as list_input_files
 from bertkit.pretraining.sentences import split_sentences
 
 

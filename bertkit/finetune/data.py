@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
+from bertkit.textfiles import existing_file, open_text, read_text
 
 
 @dataclass
@@ -79,11 +80,9 @@ def table_format(path: Path) -> str:
 
 def read_rows(path, report: ReadReport):
     """Yield (line number, {column: value}) from a TSV/CSV/JSONL file with a header."""
-    path = Path(path)
-    if not path.is_file():
-        raise BertkitError(f"{path}: no such file")
+    path = existing_file(path)
     fmt = table_format(path)
-    with open(path, encoding="utf-8", newline="") as f:
+    with open_text(path, newline="") as f:
         if fmt == "jsonl":
             for n, line in enumerate(f, 1):
                 if not line.strip():
@@ -98,21 +97,25 @@ def read_rows(path, report: ReadReport):
                 yield n, row
             return
         if fmt == "csv":
+            csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long text is one long field
             reader = csv.reader(f)
         else:
             reader = (line.rstrip("\r\n").split("\t") for line in f)
-        header = next(reader, None)
-        if header is None or not any(h.strip() for h in header):
-            raise BertkitError(f"{path}: empty file or empty header row; the first line must name the columns")
-        header = [h.strip() for h in header]
-        for n, fields in enumerate(reader, 2):
-            if not any(x.strip() for x in fields):
-                report.skipped["empty lines"] += 1
-                continue
-            if len(fields) != len(header):
-                report.skipped[f"rows with {len(fields)} fields instead of {len(header)}"] += 1
-                continue
-            yield n, dict(zip(header, fields))
+        try:
+            header = next(reader, None)
+            if header is None or not any(h.strip() for h in header):
+                raise BertkitError(f"{path}: empty file or empty header row; the first line must name the columns")
+            header = [h.strip() for h in header]
+            for n, fields in enumerate(reader, 2):
+                if not any(x.strip() for x in fields):
+                    report.skipped["empty lines"] += 1
+                    continue
+                if len(fields) != len(header):
+                    report.skipped[f"rows with {len(fields)} fields instead of {len(header)}"] += 1
+                    continue
+                yield n, dict(zip(header, fields))
+        except csv.Error as err:
+            raise BertkitError(f"{path}:{reader.line_num}: not valid CSV ({err})") from None
 
 
 def _column(row: dict, name: str, path, n: int, flag: str):
@@ -210,9 +213,7 @@ def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: boo
     columns as the first token line: a line missing its tag is an error with
     its line number, never a shifted label.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise BertkitError(f"{path}: no such file")
+    path = existing_file(path)
     report = ReadReport(str(path))
     sentences, words, tags, start, width = [], [], [], 0, None
 
@@ -222,7 +223,7 @@ def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: boo
         words.clear()
         tags.clear()
 
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for n, line in enumerate(f, 1):
             cols = line.split()
             if not cols:
@@ -275,30 +276,41 @@ def parse_range(spec: str | None, n: int, what: str) -> range:
 
 def read_squad(path, *, articles: str | None = None, max_examples=None) -> tuple[list[QAExample], ReadReport]:
     """Questions from a SQuAD v1.1/v2.0 JSON file, optionally a slice of its articles."""
-    path = Path(path)
-    if not path.is_file():
-        raise BertkitError(f"{path}: no such file")
+    path = existing_file(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))["data"]
+        data = json.loads(read_text(path))["data"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise BertkitError(f"{path}: not SQuAD JSON ({err}); expected {{'data': [{{'paragraphs': ...}}]}}")
+    if not isinstance(data, list):
+        raise BertkitError(f"{path}: not SQuAD JSON ('data' is a {type(data).__name__}, not a list of articles)")
     report = ReadReport(str(path))
     out = []
     for i in parse_range(articles, len(data), "--articles"):
-        article = data[i]
-        for para in article["paragraphs"]:
-            for qa in para["qas"]:
-                answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
-                impossible = bool(qa.get("is_impossible", False))
-                if not answers and not impossible:
-                    report.skipped["questions without answers"] += 1
-                    continue
-                out.append(QAExample(qa["id"], qa["question"], para["context"], answers, impossible,
-                                     article.get("title", "")))
-                if max_examples is not None and len(out) >= max_examples:
-                    report.kept = len(out)
-                    return out, report
+        try:
+            done = _squad_article(data[i], out, report, max_examples)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise BertkitError(f"{path}: article {i} is not SQuAD JSON ({type(err).__name__}: {err}); expected "
+                               "{'paragraphs': [{'context', 'qas': [{'id', 'question', 'answers'}]}]}") from None
+        if done:
+            report.kept = len(out)
+            return out, report
     report.kept = len(out)
     if not out:
         raise BertkitError(f"{path}: no questions found in articles {articles or 'all'}")
     return out, report
+
+
+def _squad_article(article: dict, out: list, report: ReadReport, max_examples) -> bool:
+    """Append the questions of one article to `out`; True once `max_examples` are reached."""
+    for para in article["paragraphs"]:
+        for qa in para["qas"]:
+            answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
+            impossible = bool(qa.get("is_impossible", False))
+            if not answers and not impossible:
+                report.skipped["questions without answers"] += 1
+                continue
+            out.append(QAExample(qa["id"], qa["question"], para["context"], answers, impossible,
+                                 article.get("title", "")))
+            if max_examples is not None and len(out) >= max_examples:
+                return True
+    return False

@@ -18,7 +18,7 @@ Scores are conlleval's entity P/R/F1, the same for either scheme.
 
 Long sentences (more pieces than fit): overlapping windows, each word labelled
 and predicted in the window where it has the most context
-(`bertkit.finetune.windows`).
+(`bertkit.windows`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from bertkit.finetune import metrics as M
 from bertkit.finetune.data import TaggedSentence, check_known_labels, read_conll
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
 from bertkit.finetune.trainer import IGNORE_INDEX, TrainConfig, run_model, train
-from bertkit.finetune.windows import best_span, spans
+from bertkit.windows import max_context_owner, spans
 
 SCHEMES = ("bio", "iob1")
 
@@ -110,13 +110,13 @@ def make_features(tok, sentences: list[TaggedSentence], label2id: dict | None, m
             for w, p in enumerate(wp.first_piece):
                 if p is not None:
                     labels[p] = label2id[tags[w]]
-        owner = {p: best_span(windows, p) for p in wp.first_piece if p is not None}
+        owner = max_context_owner(windows, len(wp.ids))
         for k, (s, e) in enumerate(windows):
             f = {"input_ids": [tok.cls_token_id, *wp.ids[s:e], tok.sep_token_id],
                  "token_type_ids": [0] * (e - s + 2), "example_index": i, "window_start": s, "window": k}
             if labels is not None:
                 # a word is trained once, in its max-context window
-                f["labels"] = [IGNORE_INDEX] + [labels[p] if owner.get(p) == k else IGNORE_INDEX
+                f["labels"] = [IGNORE_INDEX] + [labels[p] if owner[p] == k else IGNORE_INDEX
                                                 for p in range(s, e)] + [IGNORE_INDEX]
             feats.append(f)
     return feats, all_pieces
@@ -131,13 +131,14 @@ def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces]
     out, empty = [], 0
     for i, wp in enumerate(pieces):
         windows = spans(len(wp.ids), max_length - 2, stride)
+        owner = max_context_owner(windows, len(wp.ids))
         tags = []
         for p in wp.first_piece:
             if p is None:
                 tags.append("O")
                 empty += 1
                 continue
-            k = best_span(windows, p)
+            k = owner[p]
             row = by_example[i][k][1 + p - windows[k][0]]
             tags.append(names[int(row.argmax())])
         out.append(tags)

@@ -37,6 +37,7 @@ from bertkit.finetune.classification import score as score_text
 from bertkit.finetune.data import (TextExample, check_known_labels, read_conll, read_rows, read_squad,
                                    read_text_examples, ReadReport)
 from bertkit.finetune.run import read_task_info
+from bertkit.textfiles import existing_file, read_text
 from bertkit.tokenizer import Tokenizer
 
 
@@ -91,13 +92,13 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
 
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tuple[list[str], list[str] | None]:
     """Texts (and pairs) from an input file, with the columns the model was trained on."""
-    path = Path(path)
+    path = existing_file(path)
     task = info["task"]
     if task == "ner" and path.suffix.lower() not in (".tsv", ".csv", ".jsonl", ".json"):
         if looks_like_conll(path):  # one token per line (first column), blank lines between sentences
             sentences, _ = read_conll(path, tagged=False)
             return [" ".join(s.words) for s in sentences], None
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").split("\n")]
+        lines = [line.strip() for line in read_text(path).split("\n")]
         return [line for line in lines if line], None  # one sentence per line, words split on whitespace
     if task == "qa" and path.suffix.lower() == ".json":
         from bertkit.finetune.data import read_squad
@@ -124,7 +125,7 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
 
 def looks_like_conll(path) -> bool:
     """CoNLL columns start with -DOCSTART- or have blank lines between sentences; else one sentence per line."""
-    text = Path(path).read_text(encoding="utf-8")
+    text = read_text(path)
     blocks = [b for b in text.strip().split("\n\n") if b.strip()]
     return text.lstrip().startswith("-DOCSTART-") or len(blocks) > 1
 

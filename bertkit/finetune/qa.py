@@ -11,7 +11,7 @@ BERT paper section 4.2 and google-research/bert `run_squad.py`:
 - decoding: per window the `n_best` highest start and end logits; a pair is a
   candidate if both lie in the context, end >= start, it is at most
   `max_answer_length` pieces long and the start has its maximum context in this
-  window (`bertkit.finetune.windows`); the best start+end score wins across
+  window (`bertkit.windows`); the best start+end score wins across
   windows; the answer is cut from the ORIGINAL context with the pieces'
   character offsets (run_squad.py's `get_final_text` realigns normalised
   tokens instead; offsets make that unnecessary);
@@ -39,7 +39,7 @@ from bertkit.finetune import metrics as M
 from bertkit.finetune.data import QAExample, read_squad
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
 from bertkit.finetune.trainer import TrainConfig, run_model, train
-from bertkit.finetune.windows import best_span, spans
+from bertkit.windows import max_context_owner, spans
 
 
 @dataclass
@@ -104,6 +104,7 @@ def make_features(tok, examples: list[QAExample], cfg: QAConfig, training: bool)
         ctx = tok.encode(ex.context, add_special_tokens=False, truncation=False)
         size = cfg.max_length - len(q) - 3
         windows = spans(len(ctx.input_ids), size, cfg.doc_stride)
+        owner = max_context_owner(windows, len(ctx.input_ids)) if not training else None
         target = None
         if training and not ex.is_impossible:
             text, start = ex.answers[0]
@@ -128,7 +129,7 @@ def make_features(tok, examples: list[QAExample], cfg: QAConfig, training: bool)
                     f["start_positions"] = f["end_positions"] = 0  # [CLS]: no (whole) answer in this window
             else:
                 f.update(context_first=first, offsets=ctx.offsets[s:e],
-                         max_context=[best_span(windows, p) == k for p in range(s, e)])
+                         max_context=[owner[p] == k for p in range(s, e)])
             feats.append(f)
     return feats, skipped
 

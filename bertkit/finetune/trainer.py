@@ -36,10 +36,10 @@ import torch
 from tqdm.auto import tqdm
 
 from bertkit.errors import BertkitError
+from bertkit.heads import IGNORE_INDEX
 from bertkit.optim import OptimConfig, build_optimizer, lr_at, set_lr, warmup_steps_for
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
-IGNORE_INDEX = -100  # label of positions the loss skips (transformers' convention)
 
 
 @dataclass

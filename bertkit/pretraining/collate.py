@@ -31,9 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bertkit.heads import IGNORE_INDEX
 from bertkit.pretraining.masking import MaskingConfig, MaskVocab, mask_sequence
-
-IGNORE_INDEX = -100  # the Hugging Face / PyTorch cross-entropy convention
 
 
 @dataclass

@@ -10,9 +10,9 @@ paragraphs. Two independent choices cover both:
 - `sentences`: "split" (the lines of a paragraph are joined and cut by
   `sentences.split_sentences`) or "line" (each line is already a sentence).
 
-Input: paths of files or folders (folders are searched recursively for `*.txt`
-and `*.gz`; a file named explicitly is read whatever its name); gzip is
-recognised by its magic bytes. Output: an iterator of documents, each a list of
+Input: the files `bertkit.textfiles.corpus_files` finds (folders are searched
+recursively for `*.txt` and `*.gz`; a file named explicitly is read whatever
+its name); gzip is recognised by its magic bytes. Output: an iterator of documents, each a list of
 sentence strings.
 
 Nothing is silently lost: every repair and skip is counted in a `CorpusStats`
@@ -32,6 +32,7 @@ from typing import Iterator
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.sentences import split_sentences
+from bertkit.textfiles import looks_binary
 
 DOCUMENT_MODES = ("blank-line", "file")
 SENTENCE_MODES = ("split", "line")
@@ -90,57 +91,19 @@ class CorpusStats:
             "skips": dict(sorted(self.skips.items())),
         }
 
+    def describe_skips(self) -> str:
+        """What was skipped or repaired, in one line ("" when nothing was)."""
+        return "; ".join(f"{SKIP_REASONS[k]}: {v}" for k, v in sorted(self.skips.items()))
+
     @classmethod
     def from_dict(cls, d: dict) -> "CorpusStats":
         return cls(d["files"], d["bytes"], d["documents"], d["sentences"], d["tokens"], dict(d["skips"]))
-
-
-def list_input_files(paths) -> list[Path]:
-    """Expand files and folders into a sorted, de-duplicated list of files to read."""
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(
-                f for f in p.rglob("*")
-                if f.is_file() and f.suffix in (".txt", ".gz") and not f.name.startswith(".")
-            )
-            if not found:
-                raise BertkitError(f"no .txt or .gz files in folder {p}; put the corpus in *.txt files or name the files")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise BertkitError(f"corpus path not found: {p}")
-    seen, out = set(), []
-    for f in files:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    if not out:
-        raise BertkitError("no corpus files given; pass text files or folders of .txt files")
-    return out
 
 
 def _open_binary(path: Path):
     with open(path, "rb") as f:
         magic = f.read(2)
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
-
-
-def _looks_binary(head: bytes) -> bool:
-    """NUL bytes, >10% control bytes, or >10% invalid UTF-8 in the first bytes (like `file`)."""
-    if not head:
-        return False
-    if b"\x00" in head:
-        return True
-    text_bytes = bytes(range(32, 127)) + b"\t\n\r\f\b" + bytes(range(128, 256))
-    if len(head.translate(None, text_bytes)) > 0.1 * len(head):
-        return True
-    decoded = head.decode("utf-8", errors="replace")
-    return decoded.count("\ufffd") > 0.1 * len(decoded)
 
 
 def _raw_lines(f, stats: CorpusStats) -> Iterator[bytes]:
@@ -178,7 +141,7 @@ def read_lines(path, stats: CorpusStats) -> Iterator[str]:
     try:
         with _open_binary(path) as f:
             head = f.peek(BINARY_SNIFF_BYTES)[:BINARY_SNIFF_BYTES] if hasattr(f, "peek") else b""
-            if _looks_binary(head):
+            if looks_binary(head):
                 stats.skip("binary_files")
                 return
             stats.files += 1

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.wordpiece import CONTINUATION
 
 MASKING_MODES = ("token", "whole-word", "ngram")
 
@@ -102,7 +103,7 @@ class MaskVocab:
         if "[MASK]" not in index:
             raise BertkitError("the vocabulary has no [MASK] token; masked-LM data needs one")
         specials = frozenset(index[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in index)
-        continuation = frozenset(i for i, t in enumerate(tokens) if t.startswith("##"))
+        continuation = frozenset(i for i, t in enumerate(tokens) if t.startswith(CONTINUATION))
         replace = np.array([i for i in range(len(tokens)) if i not in specials], dtype=np.int64)
         return cls(len(tokens), index["[MASK]"], specials, continuation, replace)
 

@@ -40,7 +40,6 @@ random permutation instead, a fresh one every epoch.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -51,8 +50,9 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.heads import IGNORE_INDEX
 from bertkit.pretraining import instances as inst_mod
-from bertkit.pretraining.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats, list_input_files
+from bertkit.pretraining.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab, mask_sequence
 from bertkit.pretraining.shards import (
     _atomic_dir,
@@ -65,6 +65,8 @@ from bertkit.pretraining.shards import (
     token_dtype,
     tokenize_file,
 )
+from bertkit.textfiles import corpus_files
+from bertkit.workers import run_jobs
 
 FORMAT_VERSION = 1
 BLOCK_TOKENS = 1_000_000  # corpus tokens per instance block (one unit of parallel work)
@@ -160,30 +162,6 @@ def _tokenize_job(job) -> tuple:
     return shard, tokenize_file(Path(path), Path(shard), _WORKER["tokenizer"], settings)
 
 
-def _pool(n: int, initializer, initargs, uses_torch: bool):
-    # A forked child deadlocks in its first torch op once the parent has run
-    # torch's intra-op thread pool (as any caller that trained or ran a model
-    # has), so workers that use torch start from a fresh forkserver process.
-    # Pure-Python workers (tokenising) fork: cheap, and the tokenizer need not pickle.
-    methods = mp.get_all_start_methods()
-    if uses_torch:
-        method = "forkserver" if "forkserver" in methods else "spawn"
-    else:
-        method = "fork" if "fork" in methods else "spawn"
-    return mp.get_context(method).Pool(n, initializer=initializer, initargs=initargs)
-
-
-def _run_jobs(fn, jobs: list, workers: int, initializer, initargs, uses_torch: bool = False):
-    """Run fn over jobs in order (in a pool when workers > 1), yielding results as they come."""
-    if workers <= 1 or len(jobs) <= 1:
-        initializer(*initargs)
-        for job in jobs:
-            yield fn(job)
-        return
-    with _pool(min(workers, len(jobs)), initializer, initargs, uses_torch) as pool:
-        yield from pool.imap(fn, jobs)
-
-
 def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progress: bool) -> tuple:
     from tqdm import tqdm
 
@@ -202,7 +180,7 @@ def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progr
             stats.merge(read_shard_stats(s))
     bar = tqdm(total=len(files), initial=len(files) - len(todo), unit="file", desc="tokenising",
                disable=not progress, dynamic_ncols=True)
-    for _, st in _run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,)):
+    for _, st in run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,)):
         stats.merge(st)
         bar.update(1)
         bar.set_postfix(tokens=f"{stats.tokens:,}")
@@ -240,8 +218,10 @@ def plan_blocks(doc_offsets: np.ndarray, sent_offsets: np.ndarray, cfg: PrepareC
 
 def _init_instance_worker(corpus_dir: str, vocab: MaskVocab, cls_id: int, sep_id: int, pad_id: int) -> None:
     tokens, sents, docs = load_corpus(Path(corpus_dir))
+    # word_start is derived from `vocab` on first use; a run in this same process
+    # (workers=1) may have left the previous vocabulary's there
     _WORKER.update(tokens=tokens, sents=np.asarray(sents), docs=np.asarray(docs), vocab=vocab,
-                   cls=cls_id, sep=sep_id, pad=pad_id)
+                   cls=cls_id, sep=sep_id, pad=pad_id, word_start=None)
 
 
 def block_instances(p: int, b: int, doc_ids, cfg: PrepareConfig, tokens, sents, docs, word_start, rng) -> list:
@@ -341,7 +321,7 @@ def _static_masks(ids: np.ndarray, lengths: np.ndarray, mcfg: MaskingConfig, voc
         finally:
             torch.set_num_threads(threads)
         out[:] = masked.numpy()
-        chosen = labels.numpy() != -100
+        chosen = labels.numpy() != IGNORE_INDEX
         rows, cols = np.nonzero(chosen)  # row-major: positions ascending within a row
         slot = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
         mpos[rows, slot] = cols
@@ -385,7 +365,7 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
     bar = tqdm(total=len(units), initial=len(units) - len(todo), unit="block", desc="instances",
                disable=not progress, dynamic_ncols=True)
     initargs = (str(out / "corpus"), vocab, tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)
-    for job, meta in zip(todo, _run_jobs(_instance_job, todo, cfg.num_workers(), _init_instance_worker, initargs,
+    for job, meta in zip(todo, run_jobs(_instance_job, todo, cfg.num_workers(), _init_instance_worker, initargs,
                                                 uses_torch=True)):
         metas[job[4]] = meta
         bar.update(1)
@@ -426,7 +406,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
 
     cfg = (cfg or PrepareConfig()).validate()
     t0 = time.perf_counter()
-    files = list_input_files(corpus)
+    files = corpus_files(corpus)
     out = Path(output)
     _check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -437,7 +417,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
 
     shards, stats, tok_settings = _tokenize_stage(files, out, tokenizer, cfg, progress)
     if stats.tokens == 0:
-        reasons = "; ".join(f"{SKIP_REASONS[k]}: {v}" for k, v in stats.skips.items()) or "the files are empty"
+        reasons = stats.describe_skips() or "the files are empty"
         raise BertkitError(f"the corpus has no text to train on ({len(files)} file(s); {reasons})")
     corpus_fp = {"inputs": [json.loads((s / "stats.json").read_text())["input"] for s in shards],
                  "settings": tok_settings}
@@ -596,7 +576,7 @@ def format_example(ds, index: int, tok) -> str:
         batch = collate([item])
         ids = batch["input_ids"][0].numpy()
         labels = batch["labels"][0].numpy()
-        positions = np.flatnonzero(labels != -100)
+        positions = np.flatnonzero(labels != IGNORE_INDEX)
         originals = labels[positions]
     lines.append("model input (masked):")
     lines.append(_wrap(" ".join(tok.convert_ids_to_tokens([int(t) for t in ids]))))

@@ -1,0 +1,151 @@
+"""User text files: finding them, opening them, and saying plainly when they are not text.
+
+Every command that reads a file a user wrote goes through here, so that a wrong
+file gets the same one-line answer everywhere (the CLI prints a BertkitError
+and exits with status 2): a missing path, a directory where a file belongs, or
+bytes that are not UTF-8, named by file and byte offset.
+
+Two kinds of input, two policies:
+
+- record files (what `embed`, `predict` and `finetune` read; vocab.txt;
+  tokenizer_config.json) hold one text, label or token per line, so every byte
+  counts: the file must be UTF-8, and the first byte that does not decode stops
+  the command (`open_text`, `read_text`). Guessing another encoding would
+  silently change labels and tokens.
+- corpora (`vocab train`, `pretrain prepare`): files and folders found by
+  `corpus_files` (.txt and .gz, recursively; a file named explicitly is read
+  whatever its name), decoded by `bertkit.pretraining.corpus.read_lines`, which
+  skips binary files and repairs stray invalid bytes, counting both for the
+  summary: a web crawl with one bad byte in ten gigabytes should not stop a
+  run. A corpus with no text left is an error.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+CORPUS_SUFFIXES = (".txt", ".gz")
+_SCAN_BLOCK = 1 << 20
+
+
+def existing_file(path, what: str = "input file") -> Path:
+    """`path` as a Path, or a BertkitError saying that it is missing or a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise BertkitError(f"{what} {path} is a directory; pass a file")
+    if not path.is_file():
+        raise BertkitError(f"{what} {path} does not exist")
+    return path
+
+
+def looks_binary(head: bytes) -> bool:
+    """NUL bytes, >10% control bytes, or >10% invalid UTF-8 in the first bytes (like `file`)."""
+    if not head:
+        return False
+    if b"\x00" in head:
+        return True
+    text_bytes = bytes(range(32, 127)) + b"\t\n\r\f\b" + bytes(range(128, 256))
+    if len(head.translate(None, text_bytes)) > 0.1 * len(head):
+        return True
+    decoded = head.decode("utf-8", errors="replace")
+    return decoded.count("\ufffd") > 0.1 * len(decoded)
+
+
+def first_invalid_utf8(path) -> tuple[int, str] | None:
+    """(byte offset, reason) of the first byte of `path` that is not UTF-8, or None if all decode."""
+    offset, pending = 0, b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(_SCAN_BLOCK)
+            data = pending + block
+            try:
+                data.decode("utf-8")
+                offset, pending = offset + len(data), b""
+            except UnicodeDecodeError as err:
+                # a character cut by the block boundary is completed by the next block
+                if block and err.reason == "unexpected end of data" and len(data) - err.start < 4:
+                    offset, pending = offset + err.start, data[err.start:]
+                else:
+                    return offset + err.start, err.reason
+            if not block:
+                return None
+
+
+def not_utf8(path) -> BertkitError | None:
+    """The one-line error for a file that is not UTF-8 text (None when it is)."""
+    found = first_invalid_utf8(path)
+    if found is None:
+        return None
+    offset, reason = found
+    with open(path, "rb") as f:
+        head = f.read(8192)
+        f.seek(offset)
+        bad = f.read(4)
+    kind = " (it looks like a binary file)" if looks_binary(head) else ""
+    return BertkitError(
+        f"{path} is not UTF-8 text{kind}: the bytes at offset {offset} ({bad.hex(' ')}) are not UTF-8 ({reason}); "
+        "pass a UTF-8 text file (convert one in another encoding, e.g. `iconv -f latin1 -t utf-8`)"
+    )
+
+
+@contextmanager
+def open_text(path, what: str = "input file", newline: str | None = None):
+    """Open a user's text file for reading as UTF-8; a byte that does not decode is a BertkitError.
+
+    The error is raised wherever the caller's reading hits the bad byte, and
+    names the file and the byte's offset in it (found by a rescan, since the
+    decoder only knows its position within a buffer).
+    """
+    path = existing_file(path, what)
+    try:
+        with open(path, encoding="utf-8", newline=newline) as f:
+            yield f
+    except UnicodeDecodeError:
+        err = not_utf8(path)
+        if err is None:  # not this file's bytes: someone else's decoding failed
+            raise
+        raise err from None
+
+
+def read_text(path, what: str = "input file") -> str:
+    """The whole of a user's UTF-8 text file (see `open_text`)."""
+    with open_text(path, what) as f:
+        return f.read()
+
+
+def corpus_files(paths) -> list[Path]:
+    """Files named directly and the .txt/.gz files inside folders (recursive): sorted, de-duplicated.
+
+    Hidden files (".name") inside folders are skipped; a file named explicitly
+    is read whatever its name.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(
+                f for f in p.rglob("*")
+                if f.is_file() and f.suffix in CORPUS_SUFFIXES and not f.name.startswith(".")
+            )
+            if not found:
+                raise BertkitError(
+                    f"folder {p} holds no .txt files (nor .gz); put the corpus in *.txt files or name the files"
+                )
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise BertkitError(f"corpus path not found: {p}")
+    seen, out = set(), []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    if not out:
+        raise BertkitError("no corpus files given; pass text files or folders of .txt files")
+    return out

@@ -1,0 +1,96 @@
+"""Sliding windows over a token sequence longer than the model's input, and max context.
+
+BERT reads at most 512 positions. google-research/bert `run_squad.py` covers a
+longer document with overlapping "doc spans"; a token then sits in several
+windows, and it is read (scored, labelled, embedded) only in the window where it
+has the most context on both sides (`_check_is_max_context`):
+
+    score(window, p) = min(p - start, end - 1 - p) + 0.01 * (end - start)
+
+The small length term breaks ties in favour of longer windows; on equal scores
+the earlier window wins. Everything in bertkit that windows a sequence uses
+this module: the tokenizer's overflow (`Tokenizer.encode(stride=,
+return_overflowing=True)`, hence long texts in classification), NER's long
+sentences, QA's contexts and `embed`'s long texts.
+
+`stride` means the OVERLAP everywhere: the number of tokens that consecutive
+windows share, as in Hugging Face tokenizers' and transformers' run_qa.py
+`stride`. Consecutive windows therefore start `size - stride` tokens apart
+(google's run_squad.py `doc_stride` is that step instead). The last window
+ends at the last token, so it may be shorter than `size`.
+
+Windows are half-open (start, end) spans of positions; n = 0 gives one empty
+window, so every sequence has at least one.
+"""
+
+from __future__ import annotations
+
+from bertkit.errors import BertkitError
+
+
+def spans(n: int, size: int, stride: int) -> list[tuple[int, int]]:
+    """[(start, end)) windows of at most `size` positions covering range(n), sharing `stride`.
+
+    spans(10, 4, 1) == [(0, 4), (3, 7), (6, 10)]: windows of 4 that repeat one
+    token of the previous window.
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise BertkitError(f"a window must hold at least one token, got {size!r} tokens; raise max_length")
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 0 <= stride < size:
+        raise BertkitError(
+            f"stride={stride} must be smaller than the {size} tokens of a window and not negative (stride is the "
+            "overlap of consecutive windows; a window holds max_length minus the special tokens and any other "
+            "text); lower the stride or raise max_length"
+        )
+    out, start = [], 0
+    while True:
+        end = min(start + size, n)
+        out.append((start, end))
+        if end >= n:
+            return out
+        start += size - stride
+
+
+def half_window(size: int) -> int:
+    """The default overlap: windows advance by half a window (size // 2), sharing the rest."""
+    return size - max(1, size // 2)
+
+
+def max_context_score(span: tuple[int, int], p: int) -> float:
+    """run_squad.py's score of position p in a window: context on the poorer side + 0.01 * length."""
+    start, end = span
+    return min(p - start, end - 1 - p) + 0.01 * (end - start)
+
+
+def best_span(windows: list[tuple[int, int]], p: int) -> int:
+    """Index of the window in which position p has the most context (the first on ties)."""
+    best, best_score = -1, None
+    for i, (s, e) in enumerate(windows):
+        if s <= p < e:
+            score = max_context_score((s, e), p)
+            if best_score is None or score > best_score:
+                best, best_score = i, score
+    if best < 0:
+        raise ValueError(f"position {p} lies in no window")  # our invariant: the spans cover everything
+    return best
+
+
+def max_context_owner(windows: list[tuple[int, int]], n: int) -> list[int]:
+    """For each position 0..n-1, the index of its max-context window (`best_span` of every position).
+
+    `windows` as `spans` makes them (starts and ends increasing), so only the
+    few windows around a position are scored: linear in n, not n x windows.
+    """
+    owner, first = [], 0
+    for p in range(n):
+        while windows[first][1] <= p:  # this window ends before p, and so do all earlier ones
+            first += 1
+        best, best_score = first, max_context_score(windows[first], p)
+        k = first + 1
+        while k < len(windows) and windows[k][0] <= p:
+            score = max_context_score(windows[k], p)
+            if score > best_score:
+                best, best_score = k, score
+            k += 1
+        owner.append(best)
+    return owner
