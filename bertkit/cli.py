@@ -293,7 +293,7 @@ def add_finetune(sub):
 
 def _train_config(args, **task_defaults):
     from bertkit.finetune.trainer import TrainConfig
-    from bertkit.optim import OptimConfig
+    from bertkit.training.optim import OptimConfig
 
     optim = {k: v for k, v in dict(
         learning_rate=args.learning_rate, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,

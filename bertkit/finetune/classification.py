@@ -69,11 +69,12 @@ class TextTaskConfig:
         if self.task == "pair" and not self.text_pair_column:
             raise BertkitError("the pair task needs --text-pair-column (the second sentence's column)")
         if not 8 <= self.max_length <= 512:
-            raise BertkitError(f"max_length must be in 8..512, got {self.max_length}")
+            raise BertkitError(f"--max-length must be in 8..512, got {self.max_length}")
         if self.pooling not in CLASSIFIER_POOLINGS:
             raise BertkitError(f"unknown pooling {self.pooling!r}: use one of {', '.join(CLASSIFIER_POOLINGS)}")
         if self.stride and not 0 < self.stride < self.max_length - 2:
-            raise BertkitError(f"stride must be between 1 and max_length-3 ({self.max_length - 3}), got {self.stride}")
+            raise BertkitError(f"--stride must be between 1 and --max-length - 3 ({self.max_length - 3}), got {self.stride}")
+        self.training.validate()
         return self
 
 
@@ -204,8 +205,7 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
 
     cfg.validate()
     tcfg = cfg.training
-    if tcfg.metric == "accuracy" and cfg.task not in ("classify", "pair"):
-        tcfg.metric = BEST_METRIC[cfg.task]
+    tcfg.metric = tcfg.metric or BEST_METRIC[cfg.task]
     train_ex = read_split(cfg, cfg.train, cfg.max_train_examples, log)
     dev_ex = read_split(cfg, cfg.dev, cfg.max_dev_examples, log) if cfg.dev else None
     names = None
@@ -230,29 +230,48 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
         log(f"{len(train_feats) - len(train_ex)} extra windows for texts longer than max_length={cfg.max_length}")
     dev_feats = make_features(tok, dev_ex, cfg.task, label2id, cfg.max_length, cfg.stride) if dev_ex else None
 
-    dev_preds = []  # per epoch, so the best epoch's predictions need no second pass
+    def decode_dev(m):
+        logits = run_model(m, dev_feats, tcfg.eval_batch_size, progress=tcfg.progress, desc="eval")["logits"]
+        return decode(pool_windows(logits, dev_feats, len(dev_ex)), cfg.task, names)
 
     def evaluate(m):
-        logits = run_model(m, dev_feats, tcfg.eval_batch_size, progress=tcfg.progress, desc="eval")["logits"]
-        dev_preds.append(decode(pool_windows(logits, dev_feats, len(dev_ex)), cfg.task, names))
-        return score(dev_preds[-1], dev_ex, cfg.task, names)
+        preds = decode_dev(m)
+        return score(preds, dev_ex, cfg.task, names), preds
 
     info = {"task": cfg.task, "max_length": cfg.max_length, "stride": cfg.stride,
             "text_column": cfg.text_column, "text_pair_column": cfg.text_pair_column,
             "label_column": cfg.label_column, "label_separator": cfg.label_separator,
             "config": _jsonable(asdict(cfg))}
     out = Path(cfg.output)
-    result = train(model, train_feats, tcfg, evaluate=evaluate if dev_ex else None,
+    baseline = trivial_baseline(cfg.task, train_ex, dev_ex, names, tcfg.metric) if dev_ex else None
+    result = train(model, train_feats, tcfg, evaluate=evaluate if dev_ex else None, baseline=baseline,
                    save=saver(out, tok, info), output_dir=out, pad_id=tok.pad_token_id, log=log)
+    if not result.is_main:
+        return {}
     final = {"task": cfg.task, "train_examples": len(train_ex), "train_seconds": round(result.seconds, 1),
              "epochs": result.history}
     if dev_ex:
-        preds = dev_preds[result.best["epoch"] - 1]
+        preds = result.best_predictions or decode_dev(model)  # a resumed run may lack them
         final["dev"] = score(preds, dev_ex, cfg.task, names, full=True)
         final["dev_examples"] = len(dev_ex)
         write_predictions(out / "dev_predictions.tsv", dev_ex, preds, cfg.task)
     write_json(out / "metrics.json", final)
     return final
+
+
+def trivial_baseline(task: str, train_ex, dev_ex, names, metric: str) -> tuple[float, str]:
+    """(the dev `metric` of a predictor that ignores its input, what it predicts)."""
+    if task == "regression":
+        if metric in ("pearson", "spearman"):
+            return 0.0, "a constant score: no correlation"
+        mean = float(np.mean([float(e.label) for e in train_ex]))
+        return score([{"score": mean}] * len(dev_ex), dev_ex, task, names)[metric], f"always the mean {mean:.3g}"
+    if task == "multi_label":
+        return score([{"labels": []}] * len(dev_ex), dev_ex, task, names)[metric], "no labels"
+    labels = [e.label for e in train_ex]
+    majority = max(names, key=labels.count)
+    pred = {"label": majority, "label_id": names.index(majority)}
+    return score([pred] * len(dev_ex), dev_ex, task, names)[metric], f"always the majority class {majority!r}"
 
 
 def _jsonable(d):

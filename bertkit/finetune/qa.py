@@ -59,11 +59,11 @@ class QAConfig:
     null_score_diff_threshold: float = 0.0
     max_train_examples: int | None = None
     max_dev_examples: int | None = None
-    training: TrainConfig = field(default_factory=lambda: TrainConfig(metric="f1"))
+    training: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> "QAConfig":
         if not 32 <= self.max_length <= 512:
-            raise BertkitError(f"max_length must be in 32..512, got {self.max_length}")
+            raise BertkitError(f"--max-length must be in 32..512, got {self.max_length}")
         if self.max_query_length + 3 + 8 > self.max_length:
             raise BertkitError(f"max_query_length ({self.max_query_length}) leaves no room for the context "
                                f"in max_length={self.max_length}; lower it")
@@ -71,7 +71,9 @@ class QAConfig:
             raise BertkitError(f"doc_stride ({self.doc_stride}) must be smaller than the context window "
                                f"(max_length - max_query_length - 3 = {self.max_length - self.max_query_length - 3})")
         if self.max_answer_length < 1 or self.n_best < 1:
-            raise BertkitError("max_answer_length and n_best must be >= 1")
+            raise BertkitError(f"--max-answer-length and --n-best must be >= 1, got {self.max_answer_length} "
+                               f"and {self.n_best}")
+        self.training.validate()
         return self
 
 
@@ -193,6 +195,7 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
 
     cfg.validate()
     tcfg = cfg.training
+    tcfg.metric = tcfg.metric or "f1"
     train_ex, rep = read_squad(cfg.train, articles=cfg.train_articles, max_examples=cfg.max_train_examples)
     log(rep.summary() + (f" (articles {cfg.train_articles})" if cfg.train_articles else ""))
     dev_ex = None
@@ -213,23 +216,25 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
     log(f"qa: {len(train_ex)} questions -> {len(feats)} windows (max_length {cfg.max_length}, "
         f"doc_stride {cfg.doc_stride})")
 
-    dev_preds = []  # per epoch, so the best epoch's predictions need no second pass
-
     def evaluate(m):
-        dev_preds.append(answer(m, tok, dev_ex, cfg, tcfg.progress))
-        return score(dev_ex, dev_preds[-1], cfg.version_2)
+        preds = answer(m, tok, dev_ex, cfg, tcfg.progress)
+        return score(dev_ex, preds, cfg.version_2), preds
 
     keys = ("max_length", "doc_stride", "max_query_length", "max_answer_length", "n_best", "version_2",
             "null_score_diff_threshold")
     info = {"task": "qa", **{k: getattr(cfg, k) for k in keys},
             "config": {k: v for k, v in asdict(cfg).items() if k != "training"}}
     out = Path(cfg.output)
+    empty = (score(dev_ex, [{"answer": ""}] * len(dev_ex), cfg.version_2)[tcfg.metric], "always the empty answer"
+             ) if dev_ex else None
     result = train(model, feats, tcfg, evaluate=evaluate if dev_ex else None, save=saver(out, tok, info),
-                   output_dir=out, pad_id=tok.pad_token_id, log=log)
+                   output_dir=out, pad_id=tok.pad_token_id, baseline=empty, log=log)
+    if not result.is_main:
+        return {}
     final = {"task": "qa", "train_questions": len(train_ex), "train_windows": len(feats),
              "train_skipped": dict(skipped), "train_seconds": round(result.seconds, 1), "epochs": result.history}
     if dev_ex:
-        preds = dev_preds[result.best["epoch"] - 1]
+        preds = result.best_predictions or answer(model, tok, dev_ex, cfg)  # a resumed run may lack them
         final["dev"] = score(dev_ex, preds, cfg.version_2)
         final["dev_questions"] = len(dev_ex)
         (out / "dev_predictions.json").write_text(

@@ -7,7 +7,7 @@ follow the published ones (google-research/bert `run_pretraining.py`,
 transformers `TrainingArguments`): `train_batch_size` there is our
 `batch_size * grad_accum * world_size`.
 
-The optimiser fields live in `bertkit.optim.OptimConfig` (shared with
+The optimiser fields live in `bertkit.training.optim.OptimConfig` (shared with
 fine-tuning); the pre-training defaults differ from the fine-tuning ones the
 way BERT's did: peak rate 1e-4, warm-up 1% of the steps, Adam epsilon 1e-6.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.optim import SCHEDULES, OptimConfig
+from bertkit.training.optim import SCHEDULES, OptimConfig
 
 OPTIMIZERS = ("adamw", "lamb")
 PRECISIONS = ("fp32", "bf16", "fp16")

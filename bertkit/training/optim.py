@@ -8,8 +8,8 @@ activations it is there to normalise), and a learning rate that rises linearly
 from 0 over the warm-up steps and then decays linearly to 0 at the last step.
 
 `lr_at(step, ...)` is a pure function of the step (as in nanoGPT's
-`get_lr`), so the fine-tuning loop and the pre-training loop set the rate
-themselves and a test can check the whole curve. Step numbering follows the
+`get_lr`), so the training loop (`bertkit.training.loop`) sets the rate
+itself and a test can check the whole curve. Step numbering follows the
 reference code and `transformers.get_linear_schedule_with_warmup`: the rate
 used for the update with index `step` (0-based) is `peak * step / warmup`
 during warm-up, so the very first update uses rate 0.
@@ -106,13 +106,18 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over `param_groups(model)`; the loop sets the rate with `set_lr`."""
+def build_optimizer(model: torch.nn.Module, config: OptimConfig, name: str = "adamw") -> torch.optim.Optimizer:
+    """AdamW (or LAMB, `name="lamb"`) over `param_groups(model)`; the loop sets the rate with `set_lr`."""
     import torch
 
     config.validate()
     groups = param_groups(model, config.weight_decay)
     kwargs = dict(lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
+    if name == "lamb":
+        from bertkit.training.lamb import Lamb
+
+        groups[1]["trust_ratio"] = False  # like the reference: no layer adaptation where there is no decay
+        return Lamb(groups, **kwargs)
     try:
         # the fused kernel (one pass over each parameter instead of a chain of foreach
         # ops) is ~5x faster on CPU (0.03 vs 0.18 s per step for MiniLM), same arithmetic
