@@ -21,19 +21,19 @@ Shapes: logits per example (num_labels,) or (1,) for regression.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from bertkit.config import CLASSIFIER_POOLINGS
 from bertkit.errors import BertkitError
 from bertkit.finetune import metrics as M
+from bertkit.finetune.config import TEXT_TASKS, TextTaskConfig
 from bertkit.finetune.data import TextExample, check_known_labels, label_names, read_text_examples
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
-from bertkit.finetune.trainer import TrainConfig, run_model, train
+from bertkit.finetune.trainer import run_model, train
 
-TASKS = ("classify", "pair", "regression", "multi_label")
+TASKS = TEXT_TASKS
 PROBLEM_TYPES = {
     "classify": "single_label_classification",
     "pair": "single_label_classification",
@@ -41,41 +41,6 @@ PROBLEM_TYPES = {
     "multi_label": "multi_label_classification",
 }
 BEST_METRIC = {"classify": "accuracy", "pair": "accuracy", "regression": "pearson", "multi_label": "micro_f1"}
-
-
-@dataclass
-class TextTaskConfig:
-    """A text classification/regression run; the CLI builds one of these."""
-
-    train: str
-    output: str
-    dev: str | None = None
-    task: str = "classify"
-    model: str | None = None  # None: the packaged default model
-    text_column: str = "sentence"
-    text_pair_column: str | None = None
-    label_column: str = "label"
-    label_separator: str = ","  # multi_label: "spam,urgent"
-    max_length: int = 128
-    stride: int = 0  # > 0: windows over long single texts, overlapping by this many tokens
-    pooling: str = "cls"  # the vector the classifier reads: "cls" (BERT's pooler) or "mean" (of the tokens)
-    max_train_examples: int | None = None
-    max_dev_examples: int | None = None
-    training: TrainConfig = field(default_factory=TrainConfig)
-
-    def validate(self) -> "TextTaskConfig":
-        if self.task not in TASKS:
-            raise BertkitError(f"unknown task {self.task!r}: choose one of {', '.join(TASKS)}")
-        if self.task == "pair" and not self.text_pair_column:
-            raise BertkitError("the pair task needs --text-pair-column (the second sentence's column)")
-        if not 8 <= self.max_length <= 512:
-            raise BertkitError(f"--max-length must be in 8..512, got {self.max_length}")
-        if self.pooling not in CLASSIFIER_POOLINGS:
-            raise BertkitError(f"unknown pooling {self.pooling!r}: use one of {', '.join(CLASSIFIER_POOLINGS)}")
-        if self.stride and not 0 < self.stride < self.max_length - 2:
-            raise BertkitError(f"--stride must be between 1 and --max-length - 3 ({self.max_length - 3}), got {self.stride}")
-        self.training.validate()
-        return self
 
 
 # --- features --------------------------------------------------------------
@@ -245,7 +210,7 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
     out = Path(cfg.output)
     baseline = trivial_baseline(cfg.task, train_ex, dev_ex, names, tcfg.metric) if dev_ex else None
     result = train(model, train_feats, tcfg, evaluate=evaluate if dev_ex else None, baseline=baseline,
-                   save=saver(out, tok, info), output_dir=out, pad_id=tok.pad_token_id, log=log)
+                   save=saver(out, tok, info), output_dir=out, pad_id=tok.pad_token_id, run_config=asdict(cfg), log=log)
     if not result.is_main:
         return {}
     final = {"task": cfg.task, "train_examples": len(train_ex), "train_seconds": round(result.seconds, 1),

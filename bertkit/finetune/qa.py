@@ -29,52 +29,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.finetune import metrics as M
+from bertkit.finetune.config import QAConfig, TrainConfig
 from bertkit.finetune.data import QAExample, read_squad
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
-from bertkit.finetune.trainer import TrainConfig, run_model, train
+from bertkit.finetune.trainer import run_model, train
 from bertkit.finetune.windows import best_span, spans
-
-
-@dataclass
-class QAConfig:
-    train: str
-    output: str
-    dev: str | None = None
-    model: str | None = None
-    train_articles: str | None = None  # "0:40": a slice of the file's articles
-    dev_articles: str | None = None
-    max_length: int = 384
-    doc_stride: int = 128  # tokens shared by consecutive context windows
-    max_query_length: int = 64
-    max_answer_length: int = 30
-    n_best: int = 20
-    version_2: bool = False
-    null_score_diff_threshold: float = 0.0
-    max_train_examples: int | None = None
-    max_dev_examples: int | None = None
-    training: TrainConfig = field(default_factory=TrainConfig)
-
-    def validate(self) -> "QAConfig":
-        if not 32 <= self.max_length <= 512:
-            raise BertkitError(f"--max-length must be in 32..512, got {self.max_length}")
-        if self.max_query_length + 3 + 8 > self.max_length:
-            raise BertkitError(f"max_query_length ({self.max_query_length}) leaves no room for the context "
-                               f"in max_length={self.max_length}; lower it")
-        if not 0 <= self.doc_stride < self.max_length - self.max_query_length - 3:
-            raise BertkitError(f"doc_stride ({self.doc_stride}) must be smaller than the context window "
-                               f"(max_length - max_query_length - 3 = {self.max_length - self.max_query_length - 3})")
-        if self.max_answer_length < 1 or self.n_best < 1:
-            raise BertkitError(f"--max-answer-length and --n-best must be >= 1, got {self.max_answer_length} "
-                               f"and {self.n_best}")
-        self.training.validate()
-        return self
 
 
 def locate_answer(context: str, text: str, start: int) -> int | None:
@@ -228,7 +194,7 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
     empty = (score(dev_ex, [{"answer": ""}] * len(dev_ex), cfg.version_2)[tcfg.metric], "always the empty answer"
              ) if dev_ex else None
     result = train(model, feats, tcfg, evaluate=evaluate if dev_ex else None, save=saver(out, tok, info),
-                   output_dir=out, pad_id=tok.pad_token_id, baseline=empty, log=log)
+                   output_dir=out, pad_id=tok.pad_token_id, baseline=empty, run_config=asdict(cfg), log=log)
     if not result.is_main:
         return {}
     final = {"task": "qa", "train_questions": len(train_ex), "train_windows": len(feats),

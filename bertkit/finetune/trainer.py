@@ -40,9 +40,8 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -50,54 +49,14 @@ from tqdm.auto import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.training import distributed
-from bertkit.training.loop import PRECISIONS, LoopConfig, move, prepare_model, train_loop
+from bertkit.finetune.config import TrainConfig
+from bertkit.training.loop import LoopConfig, move, prepare_model, train_loop
 from bertkit.training.metrics_log import MetricsLog, plot_curves
-from bertkit.training.optim import OptimConfig, build_optimizer
+from bertkit.training.optim import build_optimizer
 from bertkit.training.state import latest_checkpoint, restore_training_state, resume_state, save_training_state
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
 IGNORE_INDEX = -100  # label of positions the loss skips (transformers' convention)
-
-
-def _opt(default, help: str, **more):
-    return field(default=default, metadata={"help": help, **more})
-
-
-@dataclass
-class TrainConfig:
-    """Fine-tuning loop settings; defaults follow the BERT paper's fine-tuning recipe."""
-
-    epochs: float = _opt(3.0, "passes over the training set (BERT uses 2-4)")
-    batch_size: int = _opt(32, "training features per micro-batch and process")
-    grad_accum: int = _opt(1, "micro-batches accumulated into one update (its batch: batch size x this x processes)")
-    eval_batch_size: int = _opt(64, "features per forward pass when evaluating")
-    max_steps: int | None = _opt(None, "stop after this many updates")
-    seed: int = _opt(42, "seeds batch order, dropout and the new head")
-    group_by_length: bool = _opt(True, "batch features of similar length together (less padding)")
-    metric: str | None = _opt(None, "evaluation metric that picks the best epoch (default: the task's)")
-    greater_is_better: bool = _opt(True, "a higher --metric is better", cli=False)
-    precision: Literal["fp32", "bf16", "fp16"] = _opt("fp32", "fp32, bf16 (autocast, CPU or GPU) or fp16 (GPU)")
-    device: Literal["auto", "cpu", "cuda"] = _opt("auto", "where to train: auto picks a CUDA GPU when there is one")
-    save_every: int = _opt(0, "checkpoint for --resume every N updates (0: at the end of every epoch)")
-    keep_last: int = _opt(1, "checkpoints to keep")
-    resume: bool = _opt(False, "continue the run in --output from its last checkpoint")
-    progress: bool = _opt(True, "show progress bars")
-    optim: OptimConfig = field(default_factory=OptimConfig)
-
-    def validate(self) -> "TrainConfig":
-        if not self.epochs > 0:
-            raise BertkitError(f"--epochs must be > 0, got {self.epochs} (BERT uses 2-4)")
-        for name in ("batch_size", "grad_accum", "eval_batch_size", "keep_last"):
-            if getattr(self, name) < 1:
-                raise BertkitError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise BertkitError(f"--max-steps must be >= 1, got {self.max_steps}")
-        if self.save_every < 0:
-            raise BertkitError(f"--save-every must be >= 0 (0: every epoch), got {self.save_every}")
-        if self.precision not in PRECISIONS:
-            raise BertkitError(f"unknown --precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
-        self.optim.validate()
-        return self
 
 
 @dataclass
@@ -248,9 +207,11 @@ def _model_batch(batch: dict) -> dict:
 
 
 def train(model, train_features: list[dict], config: TrainConfig, *, evaluate=None, save=None,
-          output_dir=None, pad_id: int = 0, baseline: tuple[float, str] | None = None, log=print) -> TrainResult:
+          output_dir=None, pad_id: int = 0, baseline: tuple[float, str] | None = None, run_config: dict | None = None,
+          log=print) -> TrainResult:
     """Fine-tune `model` in place; returns the per-epoch history and the best epoch.
 
+    run_config: the task's whole config, written to OUTPUT/run_config.json for --resume.
     baseline: (value of config.metric, what it is) of a trivial predictor on the
     dev set; a best epoch no better than it gets a warning, and curves.png the line.
     """
@@ -261,12 +222,12 @@ def train(model, train_features: list[dict], config: TrainConfig, *, evaluate=No
         raise BertkitError("--resume needs the run's --output directory")
     info = distributed.setup(config.device)
     try:
-        return _train(model, train_features, config, info, evaluate, save, output_dir, pad_id, baseline, log)
+        return _train(model, train_features, config, info, evaluate, save, output_dir, pad_id, baseline, run_config, log)
     finally:
         distributed.teardown()
 
 
-def _train(model, features, config, info, evaluate, save, output_dir, pad_id, baseline, log) -> TrainResult:
+def _train(model, features, config, info, evaluate, save, output_dir, pad_id, baseline, run_config, log) -> TrainResult:
     t_start, metric = time.perf_counter(), config.metric or "accuracy"
     torch.manual_seed(config.seed + info.rank)  # dropout masks: a different stream per process
     stream = EpochBatches(features, config.batch_size, config.grad_accum * info.world_size, config.seed,
@@ -289,6 +250,8 @@ def _train(model, features, config, info, evaluate, save, output_dir, pad_id, ba
     log_file = None
     if out is not None and info.is_main:  # the run can start: only now does the output directory appear
         out.mkdir(parents=True, exist_ok=True)
+        if run_config is not None:
+            (out / "run_config.json").write_text(json.dumps(run_config, indent=2) + "\n")
         log_file = MetricsLog(out / "metrics.jsonl", keep_through_step=start_step if config.resume else None)
     clock = {"epoch_start": time.perf_counter()}
     kept = {"predictions": None}  # the best epoch's, when it ran in this process (not after a --resume)

@@ -2,8 +2,8 @@
 
 Evaluation must read text the model has not trained on. With dupe_factor > 1
 the same sentences appear in several instances, so a random slice of
-instances would leak; whole documents are held out instead (see
-`held_out_split`). At the start of a run the NSP/SOP label balance of both
+instances would leak; whole documents are held out instead, the ones prepare
+kept apart before it made any pair (see `held_out_split`). At the start of a run the NSP/SOP label balance of both
 parts is logged: a pair objective is only learnt from both labels.
 """
 
@@ -32,13 +32,16 @@ class Subset:
 
 
 def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
-    """(train_indices, eval_indices): whole documents held out, so eval text is never trained on.
+    """(train_indices, eval_indices): the documents prepare kept apart are never trained on.
 
-    With dupe_factor > 1 the same sentences appear in several instances, so a
-    slice of instances would leak into training; instead documents are drawn in
-    a seeded order until their instances reach `n_eval`; the held-out slice
-    is instances whose segment A comes from them, and every instance touching
-    one of them (as A or B) leaves the training set. Reads the instance shards'
+    prepare chose them before making any pair (`prepare.held_out_documents`)
+    and drew the "random next" segments of training documents only from other
+    training documents, so leaving out every instance that touches one of them
+    (as A or B) removes no pair of a training document: the training labels keep
+    the balance prepare wrote, however small the corpus. (A held-out document's
+    random next segment may come from a training document, as in the reference:
+    its pairs are only evaluated.) The held-out slice is the first `n_eval`
+    instances whose segment A comes from them. Reads the instance shards'
     `docs.npy` ([n, 2] document of A and B, -1: none or several; see prepare).
 
     Sequences packed across documents (objective "none") record no document. If
@@ -51,24 +54,15 @@ def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
     manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
     docs = _shard_arrays(data_dir, "docs")
     assert len(docs) == num_instances, "docs.npy does not match the dataset"
-    doc_a = docs[:, 0]
-    known, counts = np.unique(doc_a[doc_a >= 0], return_counts=True)
-    if not len(known) and manifest["dupe_factor"] == 1 and num_instances > 1:
+    if (docs[:, 0] < 0).all():
+        if manifest["dupe_factor"] != 1 or num_instances < 2:
+            return np.arange(num_instances), np.arange(0)
         in_eval = np.zeros(num_instances, dtype=bool)
         in_eval[np.random.default_rng([seed, 17]).permutation(num_instances)[:min(n_eval, num_instances - 1)]] = True
         return np.flatnonzero(~in_eval), np.flatnonzero(in_eval)
-    count_of = dict(zip(known.tolist(), counts.tolist()))
-    held, covered = [], 0
-    for d in np.random.default_rng([seed, 17]).permutation(known).tolist():
-        if covered >= n_eval or len(held) + 1 >= len(known):  # always leave a document to train on
-            break
-        held.append(d)
-        covered += count_of[d]
+    held = manifest.get("held_out_documents", [])  # none in data prepared before prepare chose them
     touches = np.isin(docs, held).any(axis=1)
-    # segment B of a "random next" pair comes from another document: keep those pairs
-    # (their A is held out), or the slice would hold only "is next" pairs
-    eval_idx = np.flatnonzero(np.isin(doc_a, held))[:n_eval]
-    return np.flatnonzero(~touches), eval_idx
+    return np.flatnonzero(~touches), np.flatnonzero(np.isin(docs[:, 0], held))[:n_eval]
 
 
 def open_prepared(cfg: RunConfig, seed: int):
@@ -100,8 +94,9 @@ def log_label_balance(train_set, eval_set, cfg, log=print) -> None:
     """Say what training and evaluation hold; warn when there is nothing to hold out."""
     if cfg.eval_every and cfg.eval_sequences and not len(eval_set):
         warnings.warn(f"no held-out evaluation: {cfg.data} is too small for a held-out set (evaluation holds "
-                      "out whole documents and needs at least two; packed sequences only with --dupe-factor 1, "
-                      "where no text repeats); give it more documents, or --eval-every 0", stacklevel=2)
+                      "out whole documents that prepare kept apart, and needs 3 or more; packed sequences only "
+                      "with --dupe-factor 1, where no text repeats); prepare more documents, or --eval-every 0",
+                      stacklevel=2)
     for name, part in (("training", train_set), ("held out", eval_set)):
         balance = label_balance(cfg.data, part)
         if balance:

@@ -192,33 +192,6 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
 # --- one run, end to end --------------------------------------------------------------
 
 
-def resolve_config(args) -> RunConfig:
-    """The run's settings: the flags, or on --resume the saved ones with the flags given on top."""
-    from bertkit.pretraining.run_config import from_args
-
-    cfg = from_args(args)
-    saved = Path(cfg.output) / "run_config.json"
-    if cfg.resume:
-        if not saved.is_file():
-            raise BertkitError(f"--resume: {saved} not found; start the run without --resume first")
-        given = {f for f in vars(args) if getattr(args, f, None) is not None}
-        base = RunConfig.load(saved)
-        for name, value in vars(cfg).items():
-            if name == "optim":
-                for k, v in vars(value).items():
-                    if k in given:
-                        setattr(base.optim, k, v)
-            elif name in given:
-                setattr(base, name, value)
-        base.resume = True
-        cfg = base
-    return cfg.validate()
-
-
-def run_from_args(args) -> None:
-    run(resolve_config(args))
-
-
 def run(cfg: RunConfig, progress: bool = True) -> Path:
     """Pre-train as `cfg` says; returns the output directory (a Hugging Face checkpoint)."""
     cfg.validate()

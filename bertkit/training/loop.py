@@ -47,7 +47,6 @@ from bertkit.training.optim import OptimConfig, lr_at, set_lr, warmup_steps_for
 # Test hook: kill this process with SIGKILL in the middle of the given step (after
 # its forward pass), the way an out-of-memory killer or a pre-empted node would.
 KILL_AT_STEP_ENV = "BERTKIT_KILL_AT_STEP"
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class NonFiniteLoss(BertkitError):
