@@ -1,35 +1,30 @@
 """Fine-tuning's side of the one training loop: labelled features in, the best epoch out.
 
 Fine-tuning (BERT paper section 4 and A.3) is a few epochs of AdamW over
-labelled features with the learning rate warmed up and decayed linearly. The
-updates themselves are `bertkit.training.loop` (accumulation, clipping, bf16,
-DDP, NaN stop, checkpoints, exact resume); this module says what fine-tuning
-adds around it. A *feature* is a dict holding `input_ids` and optionally
-`token_type_ids`, `labels`, `start_positions`, `end_positions` (anything
-else, such as `example_index`, is bookkeeping the task keeps for itself); the
-model is called as `model(**batch)` and must return an object with `.loss`.
+labelled features, the rate warmed up and decayed linearly. The updates are
+`bertkit.training.loop` (accumulation, clipping, bf16, DDP, NaN stop,
+checkpoints, exact resume); this module adds what is particular to it. A
+*feature* is a dict holding `input_ids` and optionally `token_type_ids`,
+`labels`, `start_positions`, `end_positions` (anything else, such as
+`example_index`, is the task's bookkeeping); the model is called as
+`model(**batch)` and must return an object with `.loss`.
 
-- dynamic padding: each micro-batch is padded only to its own longest feature;
-- batches of an epoch (`EpochBatches`): length-grouped as transformers'
-  `group_by_length` (shuffle, cut into mega-batches of 50 batches, sort each
-  by length, shuffle the batch order), drawn from a generator seeded by
-  (seed, epoch), so any batch of any epoch is found again on --resume. One
-  batch is one update: batch_size x grad_accum x processes features, split into
-  the micro-batches of each process and accumulation step. An epoch's last
-  batch is kept when it can give every micro-batch a feature (always, alone
-  and without accumulation), else left out;
-- the loss of an update is the mean over all its loss terms (examples; for
-  token labels every labelled token), so k micro-batches equal one batch of k;
-- evaluation after each epoch through a task callback `evaluate(model) ->
-  {metric: value}` (or `(scores, predictions)`: the best epoch's predictions
-  come back in the result, so they need no second pass), one `"split": "eval"` line per epoch in metrics.jsonl
-  beside the per-step training lines, and the best epoch (by `config.metric`)
-  saved through `save(model)` and restored at the end; the best epoch's
-  weights travel in the checkpoints, so they survive a --resume;
-- at the end, a warning when the best score is no better than the task's
-  trivial baseline (majority class, no entities, empty answer), and curves.png;
-- seeds: batch order from (seed, epoch); dropout draws from the global torch
-  generator, seeded here because `nn.Dropout` takes no generator.
+- batches (`EpochBatches`): length-grouped as transformers' `group_by_length`
+  (shuffle, cut into mega-batches of 50 batches, sort each by length, shuffle
+  the batch order), drawn from a generator seeded by (seed, epoch), so --resume
+  finds any batch again; each padded only to its own longest feature. One batch
+  is one update of batch_size x grad_accum x processes features, shared out
+  into the micro-batches; an epoch's short last batch is kept when it can give
+  every micro-batch a feature (always, alone and without accumulation);
+- the update's loss is the mean over all its loss terms (examples; for token
+  labels every labelled token), so k micro-batches equal one batch of k;
+- after each epoch a task callback `evaluate(model) -> scores` (or `(scores,
+  predictions)`, the best epoch's predictions come back in the result); the
+  best epoch (by `config.metric`) is saved through `save(model)`, travels in
+  the checkpoints, and is restored at the end;
+- metrics.jsonl (a line per step, one per epoch), curves.png, and a warning
+  when the best score is no better than the task's trivial baseline;
+- dropout draws from the global torch generator, seeded here per process.
 
 Shapes: B batch, T longest feature in the batch; input_ids (B, T) int64.
 """
@@ -295,6 +290,8 @@ def _train(model, features, config, info, evaluate, save, output_dir, pad_id, ba
         keep = {**run, "best_weights": run["best_weights"] if best is not None and best["step"] != step else None}
         save_training_state(out, step, model, optimizer, stream, info, scaler=scaler, keep=config.keep_last,
                             finetune=keep)
+        if step % per_epoch == 0:  # an epoch's train_seconds count no checkpoint writing
+            clock["epoch_start"] = time.perf_counter()
 
     loop = LoopConfig(max_steps=total, grad_accum=config.grad_accum, precision=config.precision,
                       eval_every=per_epoch, save_every=config.save_every or per_epoch, optim=config.optim,

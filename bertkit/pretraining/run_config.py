@@ -83,15 +83,5 @@ class RunConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        d = dict(d)
-        d["optim"] = OptimConfig(**d.get("optim", {}))
-        return cls(**d)
-
     def save(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path) -> "RunConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
