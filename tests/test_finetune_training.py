@@ -29,9 +29,9 @@ from bertkit.finetune.trainer import IGNORE_INDEX, EpochBatches, loss_terms, tra
 from bertkit.training.loop import KILL_AT_STEP_ENV, LoopConfig, train_loop
 from bertkit.training.optim import OptimConfig
 
-def fast(epochs=5, lr=5e-3, **kw):
+def fast(epochs=5, lr=5e-3, warmup_ratio=0.1, **kw):
     return TrainConfig(**{"batch_size": 8, "seed": 0, "progress": False, "device": "cpu", **kw}, epochs=epochs,
-                       optim=OptimConfig(learning_rate=lr, warmup_ratio=0.1))
+                       optim=OptimConfig(learning_rate=lr, warmup_ratio=warmup_ratio))
 
 
 # --- accumulation ---------------------------------------------------------------------
@@ -106,6 +106,15 @@ def test_train_with_accumulation_equals_the_full_batch():
         train(model, bag_features(), fast(epochs=2, lr=0.05, batch_size=batch_size, grad_accum=accum), log=lambda s: None)
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+
+
+def test_a_diverging_fine_tuning_run_stops_naming_step_and_batch(tmp_path):
+    from bertkit.training.loop import NonFiniteLoss
+
+    # AdamW moves every weight by about lr per step: lr 1e30 overflows the logits in step 2
+    with pytest.raises(NonFiniteLoss, match=r"at step 2 .*epoch 1, batch 2, part 1/1"):
+        train(Bag(), bag_features(), fast(lr=1e30, warmup_ratio=0), output_dir=tmp_path, log=lambda s: None)
+    assert sorted(train_losses(tmp_path)) == [1]  # nothing after the bad step was logged
 
 
 # --- precision and devices --------------------------------------------------------------
