@@ -230,6 +230,15 @@ def test_bad_arguments_fail_first_and_leave_nothing(tmp_path):
         assert "Traceback" not in res.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_device_this_machine_lacks_fails_first(tmp_path):
+    cases = [(("--precision", "fp16", "--device", "cpu"), "--precision fp16 needs a CUDA GPU")]
+    if not torch.cuda.is_available():
+        cases.append((("--device", "cuda"), "--device cuda was asked for but no CUDA GPU is visible"))
+    for args, message in cases:
+        res = run_cli("finetune", "ner", "--train", tmp_path / "missing.txt", "-o", tmp_path / "out", *args, check=False)
+        assert res.returncode == 2 and message in res.stderr and not (tmp_path / "out").exists()
+
+
 def test_a_pre_training_run_that_cannot_start_leaves_no_output(tmp_path):
     res = run_cli("pretrain", "run", tmp_path / "no-data", "--config", "huge", "-o", tmp_path / "out", check=False)
     assert res.returncode == 2 and "--config 'huge' is neither a preset" in res.stderr

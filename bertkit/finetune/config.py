@@ -63,6 +63,9 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise BertkitError(f"unknown --precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         self.optim.validate()
+        from bertkit.training.loop import check_device  # here: it needs torch, the settings do not
+
+        check_device(self.device, self.precision)
         return self
 
 

@@ -186,7 +186,8 @@ class EpochBatches:
         self.position += micro_batches
 
     def state(self) -> dict:
-        return {"position": self.position, "seed": self.seed, "num_instances": len(self.features)}
+        return {"position": self.position, "seed": self.seed, "num_instances": len(self.features),
+                "batch": [self.size // self.parts, self.parts]}
 
 
 def loss_terms(batch: dict) -> float:
@@ -233,6 +234,9 @@ def _train(model, features, config, info, evaluate, save, output_dir, pad_id, ba
     if out is not None and not config.resume and latest_checkpoint(out):
         raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
     state = resume_state(out, len(features), info.world_size) if config.resume else None
+    if state and state["data"]["batch"] != [config.batch_size, stream.parts]:
+        raise BertkitError(f"--resume: the run used --batch-size {state['data']['batch'][0]} and --grad-accum "
+                           f"{state['data']['batch'][1] // info.world_size}; resume with the same")
     model = prepare_model(model, info)
     optimizer = build_optimizer(model, config.optim)
     scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None

@@ -72,6 +72,9 @@ class RunConfig:
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise BertkitError(f"--dropout must be in [0, 1), got {self.dropout}")
         self.optim.validate()
+        from bertkit.training.loop import check_device  # here: it needs torch, the settings do not
+
+        check_device(self.device, self.precision)
         if not self.resume and not self.init_from:  # a resumed run takes the architecture its checkpoint recorded
             from bertkit.config import PRESETS
 

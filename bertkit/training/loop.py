@@ -88,6 +88,11 @@ def autocast_for(precision: str, device: str):
     return lambda: torch.autocast(device_type, dtype=dtype)
 
 
+def check_device(device: str, precision: str) -> None:
+    """Fail at once, before any loading, when this machine cannot give the device and precision asked for."""
+    autocast_for(precision, distributed.pick_device(device))
+
+
 def move(batch: dict, device: str) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
