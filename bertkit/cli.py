@@ -168,16 +168,11 @@ def add_pretrain_run(psub):
 
 
 def run_pretrain_run(args):
-    from pathlib import Path
-
     from bertkit.options import from_args
     from bertkit.pretraining.run_config import RunConfig
     from bertkit.pretraining.train import run
 
-    cfg = from_args(args, RunConfig)
-    if cfg.resume:  # the run's own settings, with the flags given on top
-        cfg = from_args(args, RunConfig, saved=Path(cfg.output) / "run_config.json")
-    run(cfg)
+    run(from_args(args, RunConfig))
 
 
 def add_pretrain_prepare(psub):
@@ -240,15 +235,10 @@ def add_finetune(sub):
 
 
 def run_finetune(args):
-    from pathlib import Path
-
     from bertkit.finetune import format_report, run_task, task_config
     from bertkit.options import from_args
 
-    cls, defaults = task_config(args.task)
-    cfg = from_args(args, cls, defaults)
-    if cfg.training.resume:  # the run's own settings, with the flags given on top
-        cfg = from_args(args, cls, saved=Path(cfg.output or ".") / "run_config.json")
+    cfg = from_args(args, *task_config(args.task))
     report = format_report(run_task(cfg))
     if report:  # not on the other processes of a torchrun
         print(report)

@@ -17,7 +17,7 @@ A dataclass field is one option, named after it (`max_seq_length` ->
 
 Every option defaults to None, meaning "not given", so `from_args` puts
 exactly the given flags on top of a base: the dataclass defaults, a command's
-own defaults (a dict), or a saved run's config for `--resume`.
+own defaults (a dict), or under `--resume` the config the run saved.
 """
 
 from __future__ import annotations
@@ -110,16 +110,15 @@ def add_options(parser, cls, base: dict | None = None, skip=()) -> None:
         parser.add_argument(*flags, dest=f.name, type=convert, default=None, choices=choices, help=help_text)
 
 
-def from_args(args, cls, base: dict | None = None, saved=None):
+RUN_CONFIG = "run_config.json"  # a run's settings, saved in its --output directory for --resume
+
+
+def from_args(args, cls, base: dict | None = None):
     """A `cls` from parsed arguments: the flags given, on top of `base` (a dict), on top of the defaults.
 
-    saved: a JSON file of an earlier run's config (`--resume`): it replaces
-    `base`, so the run goes on with its own settings and the flags given on top.
+    Under --resume the run's saved settings (OUTPUT/run_config.json) replace
+    `base`: the run goes on as it started, with the flags given on top.
     """
-    if saved is not None:
-        if not Path(saved).is_file():
-            raise BertkitError(f"--resume: {saved} not found; start the run without --resume first")
-        base = json.loads(Path(saved).read_text())
     given: dict = {}
     for path, f, _ in fields(cls):
         value = getattr(args, f.name, None)
@@ -128,6 +127,11 @@ def from_args(args, cls, base: dict | None = None, saved=None):
             for k in path[:-1]:
                 node = node.setdefault(k, {})
             node[path[-1]] = value
+    if getattr(args, "resume", None):
+        saved = Path(getattr(args, "output", None) or defaults(cls).get("output") or ".") / RUN_CONFIG
+        if not saved.is_file():
+            raise BertkitError(f"--resume: {saved} not found; start the run without --resume first")
+        base = json.loads(saved.read_text())
     return build(cls, _merge(_merge(defaults(cls), base or {}), given))
 
 

@@ -27,13 +27,15 @@ class Outer:
     bars: bool = field(default=True, metadata={"help": "show bars"})
     overlap: int = field(default=8, metadata={"help": "tokens shared", "flags": ["--stride", "--doc-stride"]})
     hidden: str = field(default="h", metadata={"cli": False})
+    output: str = field(default="out", metadata={"help": "where to"})
+    resume: bool = field(default=False, metadata={"help": "go on"})
     inner: Inner = field(default_factory=Inner)
 
 
-def parse(*argv, base=None, saved=None):
+def parse(*argv, base=None):
     p = argparse.ArgumentParser()
     add_options(p, Outer, base)
-    return from_args(p.parse_args([str(a) for a in argv]), Outer, base, saved=saved), p
+    return from_args(p.parse_args([str(a) for a in argv]), Outer, base), p
 
 
 def test_each_field_is_one_typed_option_and_comes_back():
@@ -56,9 +58,10 @@ def test_a_base_gives_defaults_and_given_flags_go_on_top(tmp_path):
     cfg, p = parse("--rate", 0.1, base=base)
     assert (cfg.count, cfg.inner.mode, cfg.inner.rate, cfg.source) == (7, "b", 0.1, None)
     assert "how many (default: 7)" in p.format_help()
-    saved = tmp_path / "run_config.json"
-    saved.write_text(json.dumps({"source": "old", "count": 9, "loud": True, "inner": {"rate": 0.9, "mode": "b"}}))
-    cfg, _ = parse("--count", 2, saved=saved)  # --resume: the saved run, the flags given on top
+    (tmp_path / "run_config.json").write_text(json.dumps({"source": "old", "count": 9, "loud": True,
+                                                          "inner": {"rate": 0.9, "mode": "b"}}))
+    cfg, _ = parse("--output", tmp_path, "--resume", "--count", 2, base=base)  # the saved run, the flags on top
     assert (cfg.source, cfg.count, cfg.loud, cfg.inner.rate, cfg.inner.mode) == ("old", 2, True, 0.9, "b")
+    assert cfg.resume and cfg.output == str(tmp_path)
     with pytest.raises(BertkitError, match="start the run without --resume"):
-        parse(saved=tmp_path / "none.json")
+        parse("--output", tmp_path / "none", "--resume")
