@@ -224,19 +224,21 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
     return final
 
 
-def trivial_baseline(task: str, train_ex, dev_ex, names, metric: str) -> tuple[float, str]:
-    """(the dev `metric` of a predictor that ignores its input, what it predicts)."""
+def trivial_baseline(task: str, train_ex, dev_ex, names, metric: str) -> tuple[float, str] | None:
+    """(the dev `metric` of a predictor that ignores its input, what it predicts), None for other metrics."""
     if task == "regression":
-        if metric in ("pearson", "spearman"):
-            return 0.0, "a constant score: no correlation"
         mean = float(np.mean([float(e.label) for e in train_ex]))
-        return score([{"score": mean}] * len(dev_ex), dev_ex, task, names)[metric], f"always the mean {mean:.3g}"
-    if task == "multi_label":
-        return score([{"labels": []}] * len(dev_ex), dev_ex, task, names)[metric], "no labels"
-    labels = [e.label for e in train_ex]
-    majority = max(names, key=labels.count)
-    pred = {"label": majority, "label_id": names.index(majority)}
-    return score([pred] * len(dev_ex), dev_ex, task, names)[metric], f"always the majority class {majority!r}"
+        pred, what = {"score": mean}, f"always the mean {mean:.3g}"
+    elif task == "multi_label":
+        pred, what = {"labels": []}, "no labels"
+    else:
+        labels = [e.label for e in train_ex]
+        majority = max(names, key=labels.count)
+        pred, what = {"label": majority, "label_id": names.index(majority)}, f"always the majority class {majority!r}"
+    if metric in ("pearson", "spearman"):  # undefined for a constant: no correlation
+        return 0.0, "a constant score"
+    value = score([pred] * len(dev_ex), dev_ex, task, names).get(metric)
+    return None if value is None else (value, what)
 
 
 def _jsonable(d):

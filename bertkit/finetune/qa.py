@@ -191,10 +191,10 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
     info = {"task": "qa", **{k: getattr(cfg, k) for k in keys},
             "config": {k: v for k, v in asdict(cfg).items() if k != "training"}}
     out = Path(cfg.output)
-    empty = (score(dev_ex, [{"answer": ""}] * len(dev_ex), cfg.version_2)[tcfg.metric], "always the empty answer"
-             ) if dev_ex else None
+    empty = score(dev_ex, [{"answer": ""}] * len(dev_ex), cfg.version_2).get(tcfg.metric) if dev_ex else None
     result = train(model, feats, tcfg, evaluate=evaluate if dev_ex else None, save=saver(out, tok, info),
-                   output_dir=out, pad_id=tok.pad_token_id, baseline=empty, run_config=asdict(cfg), log=log)
+                   output_dir=out, pad_id=tok.pad_token_id, run_config=asdict(cfg), log=log,
+                   baseline=None if empty is None else (empty, "always the empty answer"))
     if not result.is_main:
         return {}
     final = {"task": "qa", "train_questions": len(train_ex), "train_windows": len(feats),
