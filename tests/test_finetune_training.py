@@ -195,19 +195,24 @@ def test_a_killed_fine_tuning_run_resumes_exactly(task, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ddp_processes_equal_one_accumulating_two(task, tmp_path):
-    from bertkit.config import BertConfig
+@pytest.mark.parametrize("kind", ["classify", "ner"])
+def test_two_ddp_processes_equal_one_accumulating_two(task, tmp_path, kind):
+    from test_finetune_ner import ner_file
 
     d, model, train_p, dev_p = task
-    config = BertConfig.from_json_file(model / "config.json")
+    if kind == "ner":  # token labels: 4 or 6 per sentence, so the update is weighted by labelled tokens
+        rng = random.Random(0)
+        train_p, dev_p = ner_file(tmp_path / "train.txt", 40, rng), ner_file(tmp_path / "dev.txt", 10, rng)
     exact = tiny_model_dir(tmp_path / "no-dropout")  # dropout off: each process has its own stream
-    (exact / "config.json").write_text(json.dumps({**json.loads((exact / "config.json").read_text()),
-                                                   "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
-    assert config.hidden_dropout_prob > 0
-    common = ("--train", train_p, "--dev", dev_p, "--model", exact, "--max-length", 32, "--no-progress",
+    config = json.loads((exact / "config.json").read_text())
+    assert config["hidden_dropout_prob"] > 0
+    (exact / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0,
+                                                   "attention_probs_dropout_prob": 0.0}))
+    extra = ("--stride", 8) if kind == "ner" else ()
+    common = (kind, *extra, "--train", train_p, "--dev", dev_p, "--model", exact, "--max-length", 32, "--no-progress",
               "--max-steps", 5, "--batch-size", 4, "--learning-rate", 1e-3, "--seed", 5, "--device", "cpu")
-    run_cli("finetune", "classify", *common, "--grad-accum", 2, "-o", tmp_path / "single")
-    torchrun(2, "finetune", "classify", *common, "-o", tmp_path / "ddp")
+    run_cli("finetune", *common, "--grad-accum", 2, "-o", tmp_path / "single")
+    torchrun(2, "finetune", *common, "-o", tmp_path / "ddp")
     single, ddp = train_losses(tmp_path / "single"), train_losses(tmp_path / "ddp")
     assert sorted(ddp) == sorted(single) == [1, 2, 3, 4, 5]
     for step in single:
