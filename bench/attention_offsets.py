@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     from bertkit.attention_view import offset_attention
     from bertkit.heads import BertForPreTraining
     from bertkit.tokenizer import Tokenizer
-    from bertkit.training_state import checkpoint_paths, load_checkpoint
+    from bertkit.training.state import checkpoint_paths, load_checkpoint
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", type=Path, help="a finished pre-training run (its config.json, vocab.txt, checkpoints)")

@@ -40,7 +40,7 @@ from harness import SHARED_DATA, machine_line, report  # noqa: E402
 from bertkit.default_model import default_model_dir  # noqa: E402
 from bertkit.finetune import metrics as M  # noqa: E402
 from bertkit.finetune.trainer import TrainConfig  # noqa: E402
-from bertkit.optim import OptimConfig  # noqa: E402
+from bertkit.training.optim import OptimConfig  # noqa: E402
 
 
 def train_config(args, metric):
@@ -295,7 +295,7 @@ def bench_step(args, transformers, tmp):
     from harness import interleaved
 
     from bertkit.heads import BertForQuestionAnswering
-    from bertkit.optim import OptimConfig, build_optimizer
+    from bertkit.training.optim import OptimConfig, build_optimizer
 
     model_dir = default_model_dir()
     g = torch.Generator().manual_seed(0)

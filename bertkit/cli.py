@@ -149,7 +149,8 @@ def add_pretrain(sub):
 
 
 def add_pretrain_run(psub):
-    from bertkit.pretraining.run_config import add_arguments
+    from bertkit.options import add_options
+    from bertkit.pretraining.run_config import RunConfig
 
     p = psub.add_parser(
         "run",
@@ -164,14 +165,16 @@ def add_pretrain_run(psub):
         "  torchrun --nproc_per_node 2 -m bertkit.cli pretrain run data/ --config mini --output runs/ddp",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(p)
+    add_options(p, RunConfig)
     p.set_defaults(handler=run_pretrain_run)
 
 
 def run_pretrain_run(args):
-    from bertkit.pretraining.train import run_from_args
+    from bertkit.options import from_args
+    from bertkit.pretraining.run_config import RunConfig
+    from bertkit.pretraining.train import run
 
-    run_from_args(args)
+    run(from_args(args, RunConfig))
 
 
 def add_pretrain_prepare(psub):
@@ -204,42 +207,17 @@ PRETRAIN_COMMANDS = [add_pretrain_prepare, add_pretrain_run]
 
 # --- fine-tuning -----------------------------------------------------------
 
-FINETUNE_TASKS = {
-    # CLI task -> (library task, default text column, default pair column, default label column)
-    "classify": ("classify", "sentence", None, "label"),
-    "pair": ("pair", "sentence1", "sentence2", "label"),
-    "regression": ("regression", "sentence", None, "label"),
-    "multi-label": ("multi_label", "sentence", None, "labels"),
-    "ner": ("ner", None, None, None),
-    "qa": ("qa", None, None, None),
-}
-
-
-def _training_flags(p, max_length: int) -> None:
-    # default=None everywhere: the defaults live once, in TrainConfig/OptimConfig
-    g = p.add_argument_group("training (defaults: the BERT paper's fine-tuning recipe)")
-    g.add_argument("--model", help="pretrained model directory (default: the packaged all-MiniLM-L6-v2)")
-    g.add_argument("--epochs", type=float, help="passes over the training set (default 3)")
-    g.add_argument("--batch-size", type=int, help="training batch size (default 32)")
-    g.add_argument("--learning-rate", type=float, help="peak AdamW learning rate (default 5e-5)")
-    g.add_argument("--warmup-ratio", type=float, help="fraction of steps warming up (default 0.1)")
-    g.add_argument("--weight-decay", type=float, help="AdamW weight decay, not on biases/LayerNorm (default 0.01)")
-    g.add_argument("--schedule", choices=["linear", "cosine", "constant"], help="decay after warm-up (default linear)")
-    g.add_argument("--max-steps", type=int, help="stop after this many updates")
-    g.add_argument("--seed", type=int, help="seed for batch order, dropout and the new head (default 42)")
-    g.add_argument("--metric", help="evaluation metric that picks the best epoch")
-    g.add_argument("--max-length", type=int, default=max_length, help=f"tokens per input window (default {max_length})")
-    g.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
-    g.add_argument("--max-dev-examples", type=int, help="evaluate on the first N dev examples only")
-    g.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-
-
 def add_finetune(sub):
+    from bertkit.finetune import TASKS
+    from bertkit.options import add_options
+
     p = sub.add_parser(
         "finetune",
         help="fine-tune a pretrained model on labelled data (classify, pair, regression, multi-label, ner, qa)",
         description="Fine-tune BERT with a fresh task head; evaluates on --dev each epoch, keeps the best "
-        "epoch as a Hugging Face checkpoint in --output, with metrics.json and dev predictions.",
+        "epoch as a Hugging Face checkpoint in --output, with metrics.json, metrics.jsonl, curves.png and dev "
+        "predictions. Checkpoints let a killed run go on with --resume; launch under "
+        "`torchrun --nproc_per_node N` for data-parallel training.",
         epilog="examples:\n"
         "  bertkit finetune classify --train train.tsv --dev dev.tsv --output out/sst2\n"
         "  bertkit finetune pair --train mrpc/train.tsv --dev mrpc/dev.tsv --output out/mrpc\n"
@@ -247,103 +225,26 @@ def add_finetune(sub):
         "--text-pair-column sentence2 --label-column score --output out/stsb\n"
         "  bertkit finetune ner --train conll/train.txt --dev conll/dev.txt --tag-scheme iob1 --output out/ner\n"
         "  bertkit finetune qa --train dev-v1.1.json --train-articles 0:40 --dev dev-v1.1.json "
-        "--dev-articles 40:48 --output out/squad",
+        "--dev-articles 40:48 --output out/squad\n"
+        "  bertkit finetune classify --output out/sst2 --resume   # after a crash or a kill",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tsub = p.add_subparsers(dest="task", metavar="TASK", required=True)
-    for name, (_, text_col, pair_col, label_col) in FINETUNE_TASKS.items():
+    for name, (cls, defaults) in TASKS.items():
         t = tsub.add_parser(name, help=f"fine-tune for {name}")
-        t.add_argument("--train", required=True, help="training file")
-        t.add_argument("--dev", help="dev file, evaluated after each epoch")
-        t.add_argument("--output", "-o", required=True, help="output directory for the checkpoint and metrics")
-        if name == "ner":
-            t.add_argument("--test", help="a test file scored once with the best epoch's model")
-            t.add_argument("--tag-scheme", choices=["iob1", "bio"], default="bio",
-                           help="tags of the files: bio (IOB2) or iob1 (CoNLL-2003's own)")
-            t.add_argument("--stride", type=int, default=32,
-                           help="overlap of windows over sentences longer than max-length (default 32)")
-            _training_flags(t, 128)
-        elif name == "qa":
-            t.add_argument("--train-articles", help="START:END slice of the training file's articles")
-            t.add_argument("--dev-articles", help="START:END slice of the dev file's articles")
-            t.add_argument("--doc-stride", type=int, default=128,
-                           help="tokens shared by consecutive context windows (default 128)")
-            t.add_argument("--max-query-length", type=int, default=64, help="question tokens kept (default 64)")
-            t.add_argument("--max-answer-length", type=int, default=30, help="longest answer in tokens (default 30)")
-            t.add_argument("--n-best", type=int, default=20, help="start/end candidates per window (default 20)")
-            t.add_argument("--version-2-with-negative", action="store_true",
-                           help="SQuAD v2: questions may have no answer")
-            t.add_argument("--null-score-diff-threshold", type=float, default=0.0,
-                           help="v2: predict no answer when null score - best span score exceeds this")
-            _training_flags(t, 384)
-        else:
-            t.add_argument("--text-column", default=text_col, help=f"column with the text (default {text_col})")
-            t.add_argument("--text-pair-column", default=pair_col,
-                           help="column with the second text of a pair" + (f" (default {pair_col})" if pair_col else ""))
-            t.add_argument("--label-column", default=label_col, help=f"column with the label (default {label_col})")
-            if name == "multi-label":
-                t.add_argument("--label-separator", default=",", help="separator between labels (default ,)")
-            t.add_argument("--stride", type=int, default=0,
-                           help="> 0: cut single texts longer than max-length into windows overlapping by this "
-                           "many tokens and average their logits (default 0: truncate)")
-            t.add_argument("--pooling", choices=["cls", "mean"], default="cls",
-                           help="what the classifier reads: cls, BERT's pooled [CLS] vector (default), or mean, "
-                           "the average of the last layer's token vectors (for MLM-only pre-trained models)")
-            _training_flags(t, 128)
+        add_options(t, cls, defaults, skip=() if name == "multi-label" else ("label_separator",))
         t.set_defaults(handler=run_finetune)
 
 
-def _train_config(args, **task_defaults):
-    from bertkit.finetune.trainer import TrainConfig
-    from bertkit.optim import OptimConfig
-
-    optim = {k: v for k, v in dict(
-        learning_rate=args.learning_rate, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
-        schedule=args.schedule).items() if v is not None}
-    train = {k: v for k, v in dict(
-        epochs=args.epochs, batch_size=args.batch_size, max_steps=args.max_steps, seed=args.seed,
-        metric=args.metric).items() if v is not None}
-    for k, v in task_defaults.items():
-        train.setdefault(k, v)
-    return TrainConfig(optim=OptimConfig(**optim), progress=not args.no_progress, **train)
-
-
 def run_finetune(args):
-    task = FINETUNE_TASKS[args.task][0]
-    if task == "ner":
-        from bertkit.finetune.ner import NerConfig, finetune_ner, format_ner_report
+    from bertkit.finetune import format_report, run_task, task_config
+    from bertkit.options import from_args
 
-        cfg = NerConfig(train=args.train, dev=args.dev, test=args.test, output=args.output, model=args.model,
-                        tag_scheme=args.tag_scheme, max_length=args.max_length, stride=args.stride,
-                        max_train_examples=args.max_train_examples, max_dev_examples=args.max_dev_examples,
-                        training=_train_config(args, metric="f1"))
-        print(format_ner_report(finetune_ner(cfg)))
-    elif task == "qa":
-        from bertkit.finetune.qa import QAConfig, finetune_qa
-
-        cfg = QAConfig(train=args.train, dev=args.dev, output=args.output, model=args.model,
-                       train_articles=args.train_articles, dev_articles=args.dev_articles,
-                       max_length=args.max_length, doc_stride=args.doc_stride,
-                       max_query_length=args.max_query_length, max_answer_length=args.max_answer_length,
-                       n_best=args.n_best, version_2=args.version_2_with_negative,
-                       null_score_diff_threshold=args.null_score_diff_threshold,
-                       max_train_examples=args.max_train_examples, max_dev_examples=args.max_dev_examples,
-                       training=_train_config(args, metric="f1"))
-        final = finetune_qa(cfg)
-        if "dev" in final:
-            print(f"dev: exact match {final['dev']['exact_match']:.2f}, F1 {final['dev']['f1']:.2f}")
-    else:
-        from bertkit.finetune.classification import BEST_METRIC, TextTaskConfig, finetune_text, format_report
-
-        cfg = TextTaskConfig(train=args.train, dev=args.dev, output=args.output, task=task, model=args.model,
-                             text_column=args.text_column, text_pair_column=args.text_pair_column,
-                             label_column=args.label_column,
-                             label_separator=getattr(args, "label_separator", ","),
-                             max_length=args.max_length, stride=args.stride, pooling=args.pooling,
-                             max_train_examples=args.max_train_examples, max_dev_examples=args.max_dev_examples,
-                             training=_train_config(args, metric=BEST_METRIC[task]))
-        print(format_report(finetune_text(cfg)))
-    print(f"saved the best epoch's model to {args.output}")
+    cfg = from_args(args, *task_config(args.task))
+    report = format_report(run_task(cfg))
+    if report:  # not on the other processes of a torchrun
+        print(report)
+        print(f"saved the best epoch's model to {cfg.output}")
 
 
 def _device_flags(p) -> None:

@@ -73,7 +73,7 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
     from bertkit.finetune.classification import TextTaskConfig, finetune_text
     from bertkit.finetune.predict import predict
     from bertkit.finetune.trainer import TrainConfig
-    from bertkit.optim import OptimConfig
+    from bertkit.training.optim import OptimConfig
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)

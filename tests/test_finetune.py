@@ -19,7 +19,7 @@ from bertkit.cli import main
 from bertkit.errors import BertkitError
 from bertkit.finetune.classification import TextTaskConfig, finetune_text, make_features, pool_windows
 from bertkit.finetune.trainer import TrainConfig, collate, length_grouped_batches, train
-from bertkit.optim import OptimConfig
+from bertkit.training.optim import OptimConfig
 
 WORDS = ("the movie food day service was is very really quite a an and but it this that good great fine "
          "bad awful poor cheap slow fast new old paris london berlin john mary visited likes in to of "
@@ -135,6 +135,7 @@ def test_loop_keeps_and_restores_the_best_epoch(tmp_path):
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, snapshots[1][k], rtol=0, atol=0)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [x for x in lines if x["split"] == "eval"]  # beside one "train" line per step
     assert [x["epoch"] for x in lines] == [1, 2, 3] and lines[1]["accuracy"] == 0.9
 
 
@@ -182,7 +183,8 @@ def test_classifier_learns_and_reports(sentiment_run):
     out = d / "out"
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"} and config["architectures"] == ["BertForSequenceClassification"]
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in records if r["split"] == "eval"]) == 5  # one per epoch
     rows = (out / "dev_predictions.tsv").read_text().splitlines()
     assert len(rows) == 31 and rows[0].startswith("text\tgold\tpredicted")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.lamb import Lamb
+from bertkit.training.lamb import Lamb
 
 
 def lamb_reference(w, grads, lr, b1, b2, eps, wd, trust):

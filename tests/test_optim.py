@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.optim import OptimConfig, build_optimizer, lr_at, param_groups, warmup_steps_for
+from bertkit.training.optim import OptimConfig, build_optimizer, lr_at, param_groups, warmup_steps_for
 
 
 def test_linear_schedule_hand_points():

@@ -12,7 +12,9 @@ import torch
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.run_config import RunConfig
-from bertkit.pretraining.train import BatchStream, NonFiniteLoss, autocast_for, micro_batch_slot, train_loop
+from bertkit.training.optim import OptimConfig
+from bertkit.pretraining.train import BatchStream
+from bertkit.training.loop import LoopConfig, NonFiniteLoss, autocast_for, micro_batch_slot, train_loop
 
 
 # --- a toy model and data ----------------------------------------------------------
@@ -50,12 +52,7 @@ def stack(items, generator):
 
 
 def toy_cfg(**kw):
-    base = dict(data="unused", max_steps=6, batch_size=4, grad_accum=1, eval_every=0, save_every=1000)
-    base.update(kw)
-    cfg = RunConfig(**base)
-    cfg.optim.learning_rate = 0.05
-    cfg.optim.warmup_ratio = 0.0
-    return cfg.validate()
+    return LoopConfig(**{"max_steps": 6, **kw}, optim=OptimConfig(learning_rate=0.05, warmup_ratio=0.0))
 
 
 # --- the batch stream ----------------------------------------------------------------
@@ -97,7 +94,7 @@ def test_accumulating_two_half_batches_equals_one_full_batch():
         model = Toy()
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         stream = BatchStream(toy_instances(), batch_size, stack, seed=5)
-        recs = train_loop(model, opt, stream, toy_cfg(batch_size=batch_size, grad_accum=accum), progress=False)
+        recs = train_loop(model, opt, stream, toy_cfg(grad_accum=accum), progress=False)
         results.append(([r["loss"] for r in recs], torch.cat([p.detach().flatten() for p in model.parameters()])))
     (loss_a, w_a), (loss_b, w_b) = results
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
@@ -114,7 +111,7 @@ def test_a_nan_loss_stops_training_naming_step_and_batch():
     model = Toy()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with pytest.raises(NonFiniteLoss) as err:
-        train_loop(model, opt, stream, toy_cfg(max_steps=6, batch_size=2), progress=False)
+        train_loop(model, opt, stream, toy_cfg(max_steps=6), progress=False)
     msg = str(err.value)
     assert f"at step {step} " in msg
     assert f"positions {first}..{first + 1}" in msg and "loss nan" in msg

@@ -16,7 +16,8 @@ from pretrain_support import BOOKS, TINY_MODEL, make_prepared_data, run_cli, tin
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.run_config import RunConfig
-from bertkit.pretraining.train import batch_metrics, build_model, held_out_split, run
+from bertkit.pretraining.held_out import held_out_split
+from bertkit.pretraining.train import batch_metrics, build_model, run
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from pretrain_support import TINY_MODEL, make_prepared_data, run_cli, tiny_config_file, train_losses
 
-from bertkit.pretraining.train import KILL_AT_STEP_ENV
+from bertkit.training.loop import KILL_AT_STEP_ENV
 
 pytestmark = pytest.mark.slow
 

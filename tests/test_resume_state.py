@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import bertkit.training_state as ts
+import bertkit.training.state as ts
 from bertkit.errors import BertkitError
 
 

@@ -1,7 +1,8 @@
-"""Fine-tuning BERT on labelled data: one module per task around one training loop.
+"""Fine-tuning BERT on labelled data: one module per task around the one training loop.
 
+    config.py          the settings of a run (typed dataclasses; the CLI's options are built from them)
     data.py            reading TSV/CSV/JSONL tables, CoNLL columns, SQuAD JSON (counted skips)
-    trainer.py         the loop: AdamW + warm-up/decay, length-grouped dynamic batches, eval, best epoch
+    trainer.py         fine-tuning's side of bertkit.training.loop: batches per epoch, the best epoch
     classification.py  sentences and pairs -> labels, scores, label sets (GLUE-style)
     ner.py             words -> tags (CoNLL), labels on each word's first piece
     qa.py              question + context -> answer span (SQuAD), sliding windows, n-best
@@ -10,9 +11,31 @@
     run.py             loading a fresh head, saving checkpoints and results
 
 `finetune(task, train=..., output=..., dev=..., **options)` is the one-call
-Python API (the CLI's `bertkit finetune TASK`); `bertkit.predict` uses the result.
-Nothing here imports torch until a function runs.
+Python API and `run_task(config)` runs a built config (the CLI's `bertkit finetune
+TASK`); `bertkit.predict` uses the result. Nothing here imports torch until a
+function runs.
 """
+
+from bertkit.errors import BertkitError
+from bertkit.finetune.config import NerConfig, QAConfig, TextTaskConfig, TrainConfig
+
+# task name (as the CLI spells it) -> (its config class, the task's own defaults on top of the class's)
+TASKS = {
+    "classify": (TextTaskConfig, {"task": "classify"}),
+    "pair": (TextTaskConfig, {"task": "pair", "text_column": "sentence1", "text_pair_column": "sentence2"}),
+    "regression": (TextTaskConfig, {"task": "regression"}),
+    "multi-label": (TextTaskConfig, {"task": "multi_label", "label_column": "labels"}),
+    "ner": (NerConfig, {}),
+    "qa": (QAConfig, {}),
+}
+
+
+def task_config(task: str):
+    """(config class, defaults) of a task; `multi_label` and `multi-label` both name it."""
+    task = task.replace("_", "-")
+    if task not in TASKS:
+        raise BertkitError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    return TASKS[task]
 
 
 def finetune(task: str, *, train: str, output: str, dev: str | None = None, training=None, log=print, **options) -> dict:
@@ -22,25 +45,37 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
     the fields of the task's config (TextTaskConfig, NerConfig, QAConfig), e.g.
     model=, text_column=, max_length=; `training` a TrainConfig.
     """
-    from bertkit.errors import BertkitError
-    from bertkit.finetune.trainer import TrainConfig
+    cls, defaults = task_config(task)
+    return run_task(cls(**{**defaults, "train": train, "output": output, "dev": dev,
+                      "training": training or TrainConfig(), **options}), log=log)
 
-    training = training or TrainConfig()
-    if task == "ner":
-        from bertkit.finetune.ner import NerConfig, finetune_ner
 
-        if training.metric == "accuracy":
-            training.metric = "f1"
-        return finetune_ner(NerConfig(train=train, dev=dev, output=output, training=training, **options), log=log)
-    if task == "qa":
-        from bertkit.finetune.qa import QAConfig, finetune_qa
+def run_task(cfg, log=print) -> dict:
+    """Run a fine-tuning config: the one place that picks the task's code."""
+    if isinstance(cfg, NerConfig):
+        from bertkit.finetune.ner import finetune_ner
 
-        if training.metric == "accuracy":
-            training.metric = "f1"
-        return finetune_qa(QAConfig(train=train, dev=dev, output=output, training=training, **options), log=log)
-    from bertkit.finetune.classification import TASKS, TextTaskConfig, finetune_text
+        return finetune_ner(cfg, log=log)
+    if isinstance(cfg, QAConfig):
+        from bertkit.finetune.qa import finetune_qa
 
-    if task not in TASKS:
-        raise BertkitError(f"unknown task {task!r}: choose one of {', '.join(TASKS + ('ner', 'qa'))}")
-    return finetune_text(TextTaskConfig(train=train, dev=dev, output=output, task=task, training=training, **options),
-                         log=log)
+        return finetune_qa(cfg, log=log)
+    from bertkit.finetune.classification import finetune_text
+
+    return finetune_text(cfg, log=log)
+
+
+def format_report(final: dict) -> str:
+    """The readable summary of a run's final metrics, for any task ("" on a torchrun's other processes)."""
+    if not final:
+        return ""
+    if final.get("task") == "ner":
+        from bertkit.finetune.ner import format_ner_report
+
+        return format_ner_report(final)
+    if final.get("task") == "qa":
+        dev = final.get("dev")
+        return f"dev: exact match {dev['exact_match']:.2f}, F1 {dev['f1']:.2f}" if dev else "trained (no dev set)"
+    from bertkit.finetune.classification import format_report as text_report
+
+    return text_report(final)

@@ -21,19 +21,19 @@ Shapes: logits per example (num_labels,) or (1,) for regression.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from bertkit.config import CLASSIFIER_POOLINGS
 from bertkit.errors import BertkitError
 from bertkit.finetune import metrics as M
+from bertkit.finetune.config import TEXT_TASKS, TextTaskConfig
 from bertkit.finetune.data import TextExample, check_known_labels, label_names, read_text_examples
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
-from bertkit.finetune.trainer import TrainConfig, run_model, train
+from bertkit.finetune.trainer import run_model, train
 
-TASKS = ("classify", "pair", "regression", "multi_label")
+TASKS = TEXT_TASKS
 PROBLEM_TYPES = {
     "classify": "single_label_classification",
     "pair": "single_label_classification",
@@ -41,40 +41,6 @@ PROBLEM_TYPES = {
     "multi_label": "multi_label_classification",
 }
 BEST_METRIC = {"classify": "accuracy", "pair": "accuracy", "regression": "pearson", "multi_label": "micro_f1"}
-
-
-@dataclass
-class TextTaskConfig:
-    """A text classification/regression run; the CLI builds one of these."""
-
-    train: str
-    output: str
-    dev: str | None = None
-    task: str = "classify"
-    model: str | None = None  # None: the packaged default model
-    text_column: str = "sentence"
-    text_pair_column: str | None = None
-    label_column: str = "label"
-    label_separator: str = ","  # multi_label: "spam,urgent"
-    max_length: int = 128
-    stride: int = 0  # > 0: windows over long single texts, overlapping by this many tokens
-    pooling: str = "cls"  # the vector the classifier reads: "cls" (BERT's pooler) or "mean" (of the tokens)
-    max_train_examples: int | None = None
-    max_dev_examples: int | None = None
-    training: TrainConfig = field(default_factory=TrainConfig)
-
-    def validate(self) -> "TextTaskConfig":
-        if self.task not in TASKS:
-            raise BertkitError(f"unknown task {self.task!r}: choose one of {', '.join(TASKS)}")
-        if self.task == "pair" and not self.text_pair_column:
-            raise BertkitError("the pair task needs --text-pair-column (the second sentence's column)")
-        if not 8 <= self.max_length <= 512:
-            raise BertkitError(f"max_length must be in 8..512, got {self.max_length}")
-        if self.pooling not in CLASSIFIER_POOLINGS:
-            raise BertkitError(f"unknown pooling {self.pooling!r}: use one of {', '.join(CLASSIFIER_POOLINGS)}")
-        if self.stride and not 0 < self.stride < self.max_length - 2:
-            raise BertkitError(f"stride must be between 1 and max_length-3 ({self.max_length - 3}), got {self.stride}")
-        return self
 
 
 # --- features --------------------------------------------------------------
@@ -204,8 +170,7 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
 
     cfg.validate()
     tcfg = cfg.training
-    if tcfg.metric == "accuracy" and cfg.task not in ("classify", "pair"):
-        tcfg.metric = BEST_METRIC[cfg.task]
+    tcfg.metric = tcfg.metric or BEST_METRIC[cfg.task]
     train_ex = read_split(cfg, cfg.train, cfg.max_train_examples, log)
     dev_ex = read_split(cfg, cfg.dev, cfg.max_dev_examples, log) if cfg.dev else None
     names = None
@@ -230,29 +195,50 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
         log(f"{len(train_feats) - len(train_ex)} extra windows for texts longer than max_length={cfg.max_length}")
     dev_feats = make_features(tok, dev_ex, cfg.task, label2id, cfg.max_length, cfg.stride) if dev_ex else None
 
-    dev_preds = []  # per epoch, so the best epoch's predictions need no second pass
+    def decode_dev(m):
+        logits = run_model(m, dev_feats, tcfg.eval_batch_size, progress=tcfg.progress, desc="eval")["logits"]
+        return decode(pool_windows(logits, dev_feats, len(dev_ex)), cfg.task, names)
 
     def evaluate(m):
-        logits = run_model(m, dev_feats, tcfg.eval_batch_size, progress=tcfg.progress, desc="eval")["logits"]
-        dev_preds.append(decode(pool_windows(logits, dev_feats, len(dev_ex)), cfg.task, names))
-        return score(dev_preds[-1], dev_ex, cfg.task, names)
+        preds = decode_dev(m)
+        return score(preds, dev_ex, cfg.task, names), preds
 
     info = {"task": cfg.task, "max_length": cfg.max_length, "stride": cfg.stride,
             "text_column": cfg.text_column, "text_pair_column": cfg.text_pair_column,
             "label_column": cfg.label_column, "label_separator": cfg.label_separator,
             "config": _jsonable(asdict(cfg))}
     out = Path(cfg.output)
-    result = train(model, train_feats, tcfg, evaluate=evaluate if dev_ex else None,
-                   save=saver(out, tok, info), output_dir=out, pad_id=tok.pad_token_id, log=log)
+    baseline = trivial_baseline(cfg.task, train_ex, dev_ex, names, tcfg.metric) if dev_ex else None
+    result = train(model, train_feats, tcfg, evaluate=evaluate if dev_ex else None, baseline=baseline,
+                   save=saver(out, tok, info), output_dir=out, pad_id=tok.pad_token_id, run_config=asdict(cfg), log=log)
+    if not result.is_main:
+        return {}
     final = {"task": cfg.task, "train_examples": len(train_ex), "train_seconds": round(result.seconds, 1),
              "epochs": result.history}
     if dev_ex:
-        preds = dev_preds[result.best["epoch"] - 1]
+        preds = result.best_predictions or decode_dev(model)  # a resumed run may lack them
         final["dev"] = score(preds, dev_ex, cfg.task, names, full=True)
         final["dev_examples"] = len(dev_ex)
         write_predictions(out / "dev_predictions.tsv", dev_ex, preds, cfg.task)
     write_json(out / "metrics.json", final)
     return final
+
+
+def trivial_baseline(task: str, train_ex, dev_ex, names, metric: str) -> tuple[float, str] | None:
+    """(the dev `metric` of a predictor that ignores its input, what it predicts), None for other metrics."""
+    if task == "regression":
+        mean = float(np.mean([float(e.label) for e in train_ex]))
+        pred, what = {"score": mean}, f"always the mean {mean:.3g}"
+    elif task == "multi_label":
+        pred, what = {"labels": []}, "no labels"
+    else:
+        labels = [e.label for e in train_ex]
+        majority = max(names, key=labels.count)
+        pred, what = {"label": majority, "label_id": names.index(majority)}, f"always the majority class {majority!r}"
+    if metric in ("pearson", "spearman"):  # undefined for a constant: no correlation
+        return 0.0, "a constant score"
+    value = score([pred] * len(dev_ex), dev_ex, task, names).get(metric)
+    return None if value is None else (value, what)
 
 
 def _jsonable(d):

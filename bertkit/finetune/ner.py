@@ -24,46 +24,20 @@ and predicted in the window where it has the most context
 from __future__ import annotations
 
 import bisect
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.finetune import metrics as M
+from bertkit.finetune.config import TAG_SCHEMES, NerConfig
 from bertkit.finetune.data import TaggedSentence, check_known_labels, read_conll
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
-from bertkit.finetune.trainer import IGNORE_INDEX, TrainConfig, run_model, train
+from bertkit.finetune.trainer import IGNORE_INDEX, run_model, train
 from bertkit.windows import max_context_owner, spans
 
-SCHEMES = ("bio", "iob1")
-
-
-@dataclass
-class NerConfig:
-    train: str
-    output: str
-    dev: str | None = None
-    test: str | None = None  # scored once with the best epoch's model
-    model: str | None = None
-    tag_scheme: str = "bio"  # bio (IOB2) | iob1
-    max_length: int = 128
-    stride: int = 32  # tokens shared by consecutive windows of a long sentence
-    token_column: int = 0
-    tag_column: int = -1
-    max_train_examples: int | None = None  # sentences
-    max_dev_examples: int | None = None
-    training: TrainConfig = field(default_factory=lambda: TrainConfig(metric="f1"))
-
-    def validate(self) -> "NerConfig":
-        if self.tag_scheme not in SCHEMES:
-            raise BertkitError(f"unknown tag scheme {self.tag_scheme!r}: use bio (IOB2) or iob1")
-        if not 8 <= self.max_length <= 512:
-            raise BertkitError(f"max_length must be in 8..512, got {self.max_length}")
-        if not 0 <= self.stride < self.max_length - 2:
-            raise BertkitError(f"stride (window overlap) must be in 0..max_length-3 = {self.max_length - 3}, "
-                               f"got {self.stride}; lower --stride")
-        return self
+SCHEMES = TAG_SCHEMES
 
 
 @dataclass
@@ -182,6 +156,7 @@ def finetune_ner(cfg: NerConfig, log=print) -> dict:
 
     cfg.validate()
     tcfg = cfg.training
+    tcfg.metric = tcfg.metric or "f1"
 
     def read(path, limit):
         sents, report = read_conll(path, token_column=cfg.token_column, tag_column=cfg.tag_column)
@@ -211,27 +186,27 @@ def finetune_ner(cfg: NerConfig, log=print) -> dict:
     if len(feats) > len(train_s):
         log(f"{len(feats) - len(train_s)} extra windows for sentences longer than max_length={cfg.max_length}")
 
-    dev_results = []  # per epoch, so the best epoch's predictions need no second pass
-
     def evaluate(m):
-        dev_results.append(evaluate_sentences(m, tok, dev_s, names, cfg, tcfg.progress))
-        return {k: v for k, v in dev_results[-1][0].items() if k != "per_type"}
+        scores, pred = evaluate_sentences(m, tok, dev_s, names, cfg, tcfg.progress)
+        return {k: v for k, v in scores.items() if k != "per_type"}, (scores, pred)
 
     info = {"task": "ner", "max_length": cfg.max_length, "stride": cfg.stride, "tag_scheme": cfg.tag_scheme,
             "config": {k: v for k, v in asdict(cfg).items() if k != "training"}}
     out = Path(cfg.output)
     result = train(model, feats, tcfg, evaluate=evaluate if dev_s else None, save=saver(out, tok, info),
-                   output_dir=out, pad_id=tok.pad_token_id, log=log)
+                   output_dir=out, pad_id=tok.pad_token_id, baseline=(0.0, "no entities") if dev_s else None, run_config=asdict(cfg), log=log)
+    if not result.is_main:
+        return {}
     final = {"task": "ner", "train_sentences": len(train_s), "train_seconds": round(result.seconds, 1),
              "epochs": result.history}
     for split, path, sents in (("dev", cfg.dev, dev_s), ("test", cfg.test, None)):
         if path is None:
             continue
         sents = sents if sents is not None else read(path, None)
-        if split == "dev":
-            scores, pred = dev_results[result.best["epoch"] - 1]
-        else:
-            scores, pred = evaluate_sentences(model, tok, sents, names, cfg)
+        if split == "dev" and result.best_predictions:
+            scores, pred = result.best_predictions
+        else:  # the test split, or a resumed run's best epoch from before the restart
+            scores, pred = evaluate_sentences(model, tok, sents, names, cfg)  # the best epoch's weights
         final[split] = scores
         final[f"{split}_sentences"] = len(sents)
         write_conll(out / f"{split}_predictions.conll", sents, pred, cfg.tag_scheme)

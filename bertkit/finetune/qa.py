@@ -29,50 +29,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.finetune import metrics as M
+from bertkit.finetune.config import QAConfig, TrainConfig
 from bertkit.finetune.data import QAExample, read_squad
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
-from bertkit.finetune.trainer import TrainConfig, run_model, train
+from bertkit.finetune.trainer import run_model, train
 from bertkit.windows import max_context_owner, spans
-
-
-@dataclass
-class QAConfig:
-    train: str
-    output: str
-    dev: str | None = None
-    model: str | None = None
-    train_articles: str | None = None  # "0:40": a slice of the file's articles
-    dev_articles: str | None = None
-    max_length: int = 384
-    doc_stride: int = 128  # tokens shared by consecutive context windows
-    max_query_length: int = 64
-    max_answer_length: int = 30
-    n_best: int = 20
-    version_2: bool = False
-    null_score_diff_threshold: float = 0.0
-    max_train_examples: int | None = None
-    max_dev_examples: int | None = None
-    training: TrainConfig = field(default_factory=lambda: TrainConfig(metric="f1"))
-
-    def validate(self) -> "QAConfig":
-        if not 32 <= self.max_length <= 512:
-            raise BertkitError(f"max_length must be in 32..512, got {self.max_length}")
-        if self.max_query_length + 3 + 8 > self.max_length:
-            raise BertkitError(f"max_query_length ({self.max_query_length}) leaves no room for the context "
-                               f"in max_length={self.max_length}; lower it")
-        if not 0 <= self.doc_stride < self.max_length - self.max_query_length - 3:
-            raise BertkitError(f"doc_stride ({self.doc_stride}) must be smaller than the context window "
-                               f"(max_length - max_query_length - 3 = {self.max_length - self.max_query_length - 3})")
-        if self.max_answer_length < 1 or self.n_best < 1:
-            raise BertkitError("max_answer_length and n_best must be >= 1")
-        return self
 
 
 def locate_answer(context: str, text: str, start: int) -> int | None:
@@ -194,6 +162,7 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
 
     cfg.validate()
     tcfg = cfg.training
+    tcfg.metric = tcfg.metric or "f1"
     train_ex, rep = read_squad(cfg.train, articles=cfg.train_articles, max_examples=cfg.max_train_examples)
     log(rep.summary() + (f" (articles {cfg.train_articles})" if cfg.train_articles else ""))
     dev_ex = None
@@ -214,23 +183,25 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
     log(f"qa: {len(train_ex)} questions -> {len(feats)} windows (max_length {cfg.max_length}, "
         f"doc_stride {cfg.doc_stride})")
 
-    dev_preds = []  # per epoch, so the best epoch's predictions need no second pass
-
     def evaluate(m):
-        dev_preds.append(answer(m, tok, dev_ex, cfg, tcfg.progress))
-        return score(dev_ex, dev_preds[-1], cfg.version_2)
+        preds = answer(m, tok, dev_ex, cfg, tcfg.progress)
+        return score(dev_ex, preds, cfg.version_2), preds
 
     keys = ("max_length", "doc_stride", "max_query_length", "max_answer_length", "n_best", "version_2",
             "null_score_diff_threshold")
     info = {"task": "qa", **{k: getattr(cfg, k) for k in keys},
             "config": {k: v for k, v in asdict(cfg).items() if k != "training"}}
     out = Path(cfg.output)
+    empty = score(dev_ex, [{"answer": ""}] * len(dev_ex), cfg.version_2).get(tcfg.metric) if dev_ex else None
     result = train(model, feats, tcfg, evaluate=evaluate if dev_ex else None, save=saver(out, tok, info),
-                   output_dir=out, pad_id=tok.pad_token_id, log=log)
+                   output_dir=out, pad_id=tok.pad_token_id, run_config=asdict(cfg), log=log,
+                   baseline=None if empty is None else (empty, "always the empty answer"))
+    if not result.is_main:
+        return {}
     final = {"task": "qa", "train_questions": len(train_ex), "train_windows": len(feats),
              "train_skipped": dict(skipped), "train_seconds": round(result.seconds, 1), "epochs": result.history}
     if dev_ex:
-        preds = dev_preds[result.best["epoch"] - 1]
+        preds = result.best_predictions or answer(model, tok, dev_ex, cfg)  # a resumed run may lack them
         final["dev"] = score(dev_ex, preds, cfg.version_2)
         final["dev_questions"] = len(dev_ex)
         (out / "dev_predictions.json").write_text(

@@ -31,7 +31,11 @@ token at a time from a random end. Deviations, each marked where it happens:
 1. a new target length is drawn for every instance, not once per document (with
    book-sized documents, one draw per document makes the short fraction lumpy);
 2. the random document is drawn uniformly from the *other* documents (the
-   original retries ten times and may keep the same one);
+   original retries ten times and may keep the same one); for a training
+   document only from the training documents (`pool`: prepare chooses the
+   held-out documents before any pair is made), so held-out text never lands
+   in a training pair and the training labels keep their balance however few
+   documents there are;
 3. a chunk of a single sentence is split at a random word start instead of
    forcing a random next (NSP) or a random next even under SOP (ALBERT), so the
    NSP label is a fair coin and SOP pairs are always consecutive;
@@ -114,10 +118,11 @@ def _split_point(start: int, end: int, word_start, tokens, rng: random.Random) -
     return rng.choice(cuts)
 
 
-def _random_other_document(d: int, n_docs: int, rng: random.Random) -> int:
-    # Deviation 2: uniform over the other documents, never d itself.
-    r = rng.randrange(n_docs - 1)
-    return r + 1 if r >= d else r
+def _random_other_document(d: int, pool, rng: random.Random) -> int:
+    # Deviation 2: uniform over the other documents of d's pool (sorted ids holding d), never d itself.
+    r = rng.randrange(len(pool) - 1)
+    at = d if isinstance(pool, range) else int(np.searchsorted(pool, d))
+    return int(pool[r + 1 if r >= at else r])
 
 
 def pair_instances(
@@ -130,10 +135,16 @@ def pair_instances(
     short_seq_prob: float,
     rng: random.Random,
     word_start=None,
+    pool=None,
 ) -> list[Instance]:
-    """NSP or SOP instances from document d (create_instances_from_document)."""
+    """NSP or SOP instances from document d (create_instances_from_document).
+
+    pool: the documents a random next segment may come from (sorted ids, d
+    among them: the training documents); None: all of them.
+    """
     assert objective in ("nsp", "sop")
-    n_docs = len(doc_offsets) - 1
+    pool = range(len(doc_offsets) - 1) if pool is None else pool
+    n_docs = len(pool)
     max_num_tokens = max_seq_length - 3  # [CLS] A [SEP] B [SEP]
     s_first, s_end = int(doc_offsets[d]), int(doc_offsets[d + 1])
     instances: list[Instance] = []
@@ -164,7 +175,7 @@ def pair_instances(
                         i += 1
                         continue
             if is_random:
-                b_doc = _random_other_document(d, n_docs, rng)
+                b_doc = _random_other_document(d, pool, rng)
                 rs = rng.randint(int(doc_offsets[b_doc]), int(doc_offsets[b_doc + 1]) - 1)
                 target_b = target - (a[1] - a[0])
                 re_, b_len = rs, 0

@@ -44,7 +44,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +98,9 @@ class PrepareConfig:
     sentences: str = _opt("split", "split: join each paragraph's lines and cut sentences with the splitter; "
                           "line: every line is a sentence", SENTENCE_MODES)
     workers: int = _opt(0, "worker processes (0: one per core, at most 2)")
+    held_out: float = _opt(0.01, "fraction of documents kept apart for the run's held-out evaluation, chosen before "
+                           "pairs are made (at least one with 3 or more documents, none with fewer): a training "
+                           "document's random next segment never comes from them")
 
     def validate(self) -> "PrepareConfig":
         if self.objective not in inst_mod.OBJECTIVES:
@@ -113,6 +116,8 @@ class PrepareConfig:
             raise BertkitError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
         if self.dupe_factor is not None and self.dupe_factor < 1:
             raise BertkitError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
+        if not 0 <= self.held_out < 0.5:
+            raise BertkitError(f"--held-out must be in [0, 0.5), got {self.held_out}")
         if self.workers < 0:
             raise BertkitError(f"workers must be >= 0 (0: one per core), got {self.workers}")
         self.masking_config()
@@ -216,6 +221,15 @@ def plan_blocks(doc_offsets: np.ndarray, sent_offsets: np.ndarray, cfg: PrepareC
     return units
 
 
+def held_out_documents(n_docs: int, cfg: PrepareConfig) -> np.ndarray:
+    """The documents kept apart for evaluation (sorted ids): a seeded choice, made before any pair.
+
+    At least two documents stay for training, so that they can pair with each other.
+    """
+    k = min(n_docs - 2, max(1, round(n_docs * cfg.held_out))) if cfg.held_out > 0 and n_docs >= 3 else 0
+    return np.sort(np.random.default_rng([cfg.seed, 29]).permutation(n_docs)[:k])
+
+
 def _init_instance_worker(corpus_dir: str, vocab: MaskVocab, cls_id: int, sep_id: int, pad_id: int) -> None:
     tokens, sents, docs = load_corpus(Path(corpus_dir))
     # word_start is derived from `vocab` on first use; a run in this same process
@@ -227,10 +241,15 @@ def _init_instance_worker(corpus_dir: str, vocab: MaskVocab, cls_id: int, sep_id
 def block_instances(p: int, b: int, doc_ids, cfg: PrepareConfig, tokens, sents, docs, word_start, rng) -> list:
     """The Instance list of one block (documents doc_ids of pass p), and how many documents gave none."""
     if cfg.objective in ("nsp", "sop"):
+        # a training document's random next segment comes from another training document (a held-out
+        # one's from any document: its pairs are only evaluated, and keep both labels)
+        is_held = np.zeros(len(docs) - 1, dtype=bool)
+        is_held[held_out_documents(len(docs) - 1, cfg)] = True
+        training_docs = np.flatnonzero(~is_held) if is_held.any() else None
         out, unusable = [], 0
         for d in doc_ids:
             made = inst_mod.pair_instances(int(d), sents, docs, tokens, cfg.objective, cfg.max_seq_length,
-                                           cfg.short_seq_prob, rng, word_start)
+                                           cfg.short_seq_prob, rng, word_start, None if is_held[d] else training_docs)
             unusable += not made
             out.extend(made)
         return out, unusable
@@ -370,7 +389,7 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
         metas[job[4]] = meta
         bar.update(1)
     bar.close()
-    return [(f, metas[str(f)]) for f in folders]
+    return [(f, metas[str(f)]) for f in folders], held_out_documents(n_docs, cfg).tolist()
 
 
 def _read_meta(folder: Path):
@@ -427,7 +446,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
         consolidate(shards, out / "corpus", len(tokenizer))
         (out / "corpus" / "fingerprint.json").write_text(json.dumps(corpus_fp))
 
-    blocks = _instance_stage(out, cfg, vocab_info, tokenizer, corpus_fp, progress)
+    blocks, held_out = _instance_stage(out, cfg, vocab_info, tokenizer, corpus_fp, progress)
     summary = Summary(stats)
     for folder, meta in blocks:
         summary.instances += meta["instances"]
@@ -456,6 +475,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
         "mean_length": summary.mean_length,
         "masked_tokens": summary.masked_tokens,
         "label_ones": summary.label_ones,
+        "held_out_documents": held_out,
         "shards": summary.shards,
         "seconds": summary.seconds,
     }
@@ -499,28 +519,20 @@ def format_summary(summary: Summary, cfg: PrepareConfig) -> str:
 
 def add_arguments(parser) -> None:
     """`bertkit pretrain prepare` options: CORPUS..., -o, --vocab, then one flag per PrepareConfig field."""
+    from bertkit.options import add_options
+
     parser.add_argument("corpus", nargs="+", help="text files (.txt, .gz) or folders of them")
     parser.add_argument("-o", "--output", required=True, help="folder to write the prepared data into")
     parser.add_argument("--vocab", help="vocab.txt or model folder (default: the default model's)")
     parser.add_argument("--examples", type=int, default=1, help="decoded example instances to print (default: 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    for f in fields(PrepareConfig):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})")
-        if f.type == "bool":
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
-        else:
-            kind = {"int": int, "float": float, "str": str, "int | None": int}[f.type]
-            parser.add_argument(flag, type=kind, default=None, choices=f.metadata["choices"], help=help_text)
-
-
-def config_from_args(args) -> PrepareConfig:
-    given = {f.name: getattr(args, f.name) for f in fields(PrepareConfig) if getattr(args, f.name, None) is not None}
-    return PrepareConfig(**given)
+    add_options(parser, PrepareConfig)
 
 
 def prepare_from_args(args) -> Summary:
-    cfg = config_from_args(args)
+    from bertkit.options import from_args
+
+    cfg = from_args(args, PrepareConfig)
     summary = prepare(args.corpus, args.output, cfg, vocab=args.vocab, progress=not args.quiet)
     print(format_summary(summary, cfg))
     if args.examples > 0:

@@ -7,9 +7,9 @@ Each process then
 
   * builds the same model from the same seed (DDP also broadcasts rank 0's
     weights when it wraps the model, so they start identical anyway),
-  * reads its own micro-batches: the pre-training stream hands rank r the
+  * reads its own micro-batches: the batch stream hands rank r the
     micro-batches r, r + N, r + 2N, ... of the global order (see
-    `bertkit.pretraining.train.micro_batch_index`),
+    `bertkit.training.loop.micro_batch_slot`),
   * and lets DistributedDataParallel average the gradients across processes
     during backward (an all-reduce, overlapped with computation). With
     gradient accumulation the all-reduce is skipped (`no_sync`) on all but

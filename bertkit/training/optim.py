@@ -8,8 +8,8 @@ activations it is there to normalise), and a learning rate that rises linearly
 from 0 over the warm-up steps and then decays linearly to 0 at the last step.
 
 `lr_at(step, ...)` is a pure function of the step (as in nanoGPT's
-`get_lr`), so the fine-tuning loop and the pre-training loop set the rate
-themselves and a test can check the whole curve. Step numbering follows the
+`get_lr`), so the training loop (`bertkit.training.loop`) sets the rate
+itself and a test can check the whole curve. Step numbering follows the
 reference code and `transformers.get_linear_schedule_with_warmup`: the rate
 used for the update with index `step` (0-based) is `peak * step / warmup`
 during warm-up, so the very first update uses rate 0.
@@ -21,7 +21,7 @@ original TensorFlow code used 1e-6; both are settable.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bertkit.errors import BertkitError
@@ -36,22 +36,24 @@ SCHEDULES = ("linear", "cosine", "constant")
 class OptimConfig:
     """AdamW and schedule settings; the defaults are the BERT paper's fine-tuning ones."""
 
-    learning_rate: float = 5e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1  # fraction of all update steps spent warming up
-    schedule: str = "linear"  # linear | cosine | constant (after warm-up)
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    max_grad_norm: float = 1.0  # clip the global gradient norm; 0 disables
+    learning_rate: float = field(default=5e-5, metadata={"help": "peak learning rate, reached after warm-up"})
+    weight_decay: float = field(default=0.01, metadata={"help": "decoupled weight decay (not on biases and LayerNorm)"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of all updates spent warming up linearly from 0"})
+    schedule: str = field(default="linear", metadata={"help": "decay after warm-up", "choices": SCHEDULES})
+    adam_beta1: float = field(default=0.9, metadata={"help": "first-moment decay (AdamW and LAMB)"})
+    adam_beta2: float = field(default=0.999, metadata={"help": "second-moment decay (AdamW and LAMB)"})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "added to the second-moment root (AdamW and LAMB)"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this; 0 disables"})
 
     def validate(self) -> "OptimConfig":
         if self.learning_rate <= 0:
-            raise BertkitError(f"learning_rate must be > 0, got {self.learning_rate} (BERT uses 2e-5..5e-5)")
+            raise BertkitError(f"--learning-rate must be > 0, got {self.learning_rate} (BERT uses 2e-5..5e-5)")
         if not 0 <= self.warmup_ratio < 1:
-            raise BertkitError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio} (BERT uses 0.1)")
+            raise BertkitError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio} (BERT uses 0.1)")
         if self.weight_decay < 0:
-            raise BertkitError(f"weight_decay must be >= 0, got {self.weight_decay}")
+            raise BertkitError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm < 0:
+            raise BertkitError(f"--max-grad-norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
         if self.schedule not in SCHEDULES:
             raise BertkitError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         return self
@@ -106,13 +108,18 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over `param_groups(model)`; the loop sets the rate with `set_lr`."""
+def build_optimizer(model: torch.nn.Module, config: OptimConfig, name: str = "adamw") -> torch.optim.Optimizer:
+    """AdamW (or LAMB, `name="lamb"`) over `param_groups(model)`; the loop sets the rate with `set_lr`."""
     import torch
 
     config.validate()
     groups = param_groups(model, config.weight_decay)
     kwargs = dict(lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
+    if name == "lamb":
+        from bertkit.training.lamb import Lamb
+
+        groups[1]["trust_ratio"] = False  # like the reference: no layer adaptation where there is no decay
+        return Lamb(groups, **kwargs)
     try:
         # the fused kernel (one pass over each parameter instead of a chain of foreach
         # ops) is ~5x faster on CPU (0.03 vs 0.18 s per step for MiniLM), same arithmetic

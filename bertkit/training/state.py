@@ -7,15 +7,20 @@ continues the very same loss curve: same batches, same masks, same dropout.
 
     OUT/checkpoints/step-00000100.pt   one file per checkpoint, a dict:
         step         optimizer updates done so far (the schedule is a pure
-                     function of it, see bertkit.optim)
+                     function of it, see bertkit.training.optim)
         model        model.state_dict()
         optimizer    optimizer.state_dict()
         scheduler    the scheduler's state_dict (LambdaLR keeps its step there)
         rng          python `random`, numpy and torch generator states, one
                      entry per distributed rank (dropout differs per rank)
-        data         the batch stream's position (plain data, see
-                     bertkit.pretraining.train)
-        extra        anything else the caller wants back (the run config)
+        data         the batch stream's state: position, seed, number of
+                     instances (plain data, see bertkit.training.loop)
+        ...          anything else the caller wants back (the run config;
+                     fine-tuning's epoch history and best epoch)
+
+`save_training_state` gathers all of it from every rank (rank 0 writes);
+`resume_state` reads the latest back after checking it fits the data and the
+number of processes, and `restore_training_state` puts it in place.
 
 Atomicity: the file is written to `step-N.pt.tmp` in the same directory,
 flushed and fsync'ed, then renamed over its final name with os.replace (atomic
@@ -34,6 +39,7 @@ import numpy as np
 import torch
 
 from bertkit.errors import BertkitError
+from bertkit.training import distributed
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step-(\d+)\.pt$")
@@ -123,3 +129,43 @@ def load_checkpoint(path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # a truncated or foreign file: say which one
         raise BertkitError(f"cannot read checkpoint {path}: {err}; delete it to resume from the previous one") from err
+
+
+# --- a training run's state: gathered from every rank, saved by rank 0 -------------------
+
+
+def save_training_state(run_dir, step: int, model, optimizer, stream, info, *, scaler=None, keep: int = 3,
+                        **extra) -> None:
+    """Checkpoint `step` of a run (every rank calls it: it gathers RNG states and, under FSDP, shards)."""
+    model_state, optim_state = distributed.state_dicts(model, optimizer)  # a collective under FSDP
+    rngs = distributed.gather_objects(capture_rng(), info)
+    if info.is_main:
+        state = {"model": model_state, "optimizer": optim_state, "rng": rngs, "data": stream.state(),
+                 "scaler": scaler.state_dict() if scaler else None, **extra}
+        save_checkpoint(run_dir, step, state, keep=keep)
+    distributed.barrier(info)
+
+
+def resume_state(run_dir, num_instances: int, world_size: int) -> dict:
+    """The latest checkpoint of the run in `run_dir`, after checking it fits this data and world size."""
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        raise BertkitError(f"--resume: no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}; start the run without --resume")
+    state = load_checkpoint(path)
+    if state["data"]["num_instances"] != num_instances:
+        raise BertkitError(
+            f"--resume: the data changed ({state['data']['num_instances']} training instances when "
+            f"checkpointed, {num_instances} now); resume on the same data"
+        )
+    if len(state["rng"]) != world_size:
+        raise BertkitError(f"--resume: the run used {len(state['rng'])} processes, now {world_size}: use the same number")
+    return state
+
+
+def restore_training_state(state: dict, model, optimizer, info, scaler=None) -> tuple[int, int]:
+    """Put a checkpoint's weights, moments and RNG states in place; returns (step, stream position)."""
+    distributed.load_state_dicts(model, optimizer, state["model"], state["optimizer"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    restore_rng(state["rng"][info.rank])
+    return state["step"], state["data"]["position"]

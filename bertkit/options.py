@@ -1,0 +1,149 @@
+"""Typed config dataclasses <-> command-line options: every setting defined once.
+
+A dataclass field is one option, named after it (`max_seq_length` ->
+`--max-seq-length`):
+
+- type from the annotation: int, float, str, or `X | None`; choices from a
+  `Literal[...]` annotation or `metadata["choices"]`;
+- help from `metadata["help"]`, with the default appended;
+- booleans are flags: `--name` when the default is False, `--no-name` when True;
+- a field holding a dataclass (OptimConfig inside a training config, a
+  training config inside a task's) is flattened: its fields are options too;
+- metadata "flags" spells the option otherwise (the first is its name, the
+  rest aliases: `["--stride", "--doc-stride"]`), "short" adds one ("-o"),
+  "positional" makes it an argument, "required" says so in the help (the
+  config's `validate` checks it: on --resume the saved config may hold it),
+  `"cli": False` keeps it off the command line.
+
+Every option defaults to None, meaning "not given", so `from_args` puts
+exactly the given flags on top of a base: the dataclass defaults, a command's
+own defaults (a dict), or under `--resume` the config the run saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _leaf_type(hint):
+    """(converter, choices) of a field's annotation."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Literal:
+        return type(hint.__args__[0]), list(hint.__args__)
+    if args and typing.get_origin(hint) is not typing.Literal:  # X | None
+        return _leaf_type(args[0])
+    return hint, None
+
+
+def fields(cls, path: tuple = ()):
+    """(path, field, annotation) for every command-line setting of `cls`, nested ones flattened."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("cli", True):
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from fields(hints[f.name], path + (f.name,))
+        else:
+            yield path + (f.name,), f, hints[f.name]
+
+
+def defaults(cls) -> dict:
+    """The dataclass defaults as a nested dict (required fields left out)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def _merge(base: dict, more: dict) -> dict:
+    out = dict(base)
+    for k, v in more.items():
+        out[k] = _merge(out.get(k) or {}, v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _get(d: dict, path: tuple):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def add_options(parser, cls, base: dict | None = None, skip=()) -> None:
+    """One argparse option per setting of `cls` (see the module docstring); `base` gives shown defaults."""
+    shown = _merge(defaults(cls), base or {})
+    for path, f, hint in fields(cls):
+        if f.name in skip:
+            continue
+        convert, choices = _leaf_type(hint)
+        choices = f.metadata.get("choices") or choices
+        help_text = f.metadata.get("help", f.name.replace("_", " "))
+        if f.metadata.get("positional"):
+            parser.add_argument(f.name, help=help_text)
+            continue
+        default = _get(shown, path)
+        flags = list(f.metadata.get("flags", [_flag(f.name)])) + ([f.metadata["short"]] if "short" in f.metadata else [])
+        if convert is bool:
+            on = not default
+            flag = flags[0] if on else "--no-" + flags[0][2:]
+            parser.add_argument(flag, dest=f.name, action="store_true" if on else "store_false", default=None,
+                                help=help_text if on else f"turn off (on by default): {help_text}")
+            continue
+        if f.metadata.get("required"):
+            help_text += " (required)"
+        elif default is not None:
+            help_text += f" (default: {default})"
+        parser.add_argument(*flags, dest=f.name, type=convert, default=None, choices=choices, help=help_text)
+
+
+RUN_CONFIG = "run_config.json"  # a run's settings, saved in its --output directory for --resume
+
+
+def from_args(args, cls, base: dict | None = None):
+    """A `cls` from parsed arguments: the flags given, on top of `base` (a dict), on top of the defaults.
+
+    Under --resume the run's saved settings (OUTPUT/run_config.json) replace
+    `base`: the run goes on as it started, with the flags given on top.
+    """
+    given: dict = {}
+    for path, f, _ in fields(cls):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            node = given
+            for k in path[:-1]:
+                node = node.setdefault(k, {})
+            node[path[-1]] = value
+    if getattr(args, "resume", None):
+        saved = Path(getattr(args, "output", None) or defaults(cls).get("output") or ".") / RUN_CONFIG
+        if not saved.is_file():
+            raise BertkitError(f"--resume: {saved} not found; start the run without --resume first")
+        base = json.loads(saved.read_text())
+    return build(cls, _merge(_merge(defaults(cls), base or {}), given))
+
+
+def build(cls, values: dict):
+    """`cls(**values)` with nested dataclasses built too; a missing required setting names its flag."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            kwargs[f.name] = build(hints[f.name], values.get(f.name) or {})
+        elif f.name in values:
+            kwargs[f.name] = values[f.name]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise BertkitError(f"{f.metadata.get('flags', [_flag(f.name)])[0]} is required")
+    return cls(**kwargs)

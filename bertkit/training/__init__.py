@@ -1,0 +1,14 @@
+"""Training, the same for pre-training and every fine-tuning task.
+
+    loop.py          the one loop: accumulation, clipping, LR schedule, bf16/fp16, NaN stop,
+                     progress, metrics records, evaluation and checkpoint callbacks, exact resume
+    optim.py         AdamW parameter groups (no decay on biases/LayerNorm), LR schedules, LAMB choice
+    lamb.py          LAMB (You et al. 2019) for large batches
+    state.py         atomic checkpoints of the whole training state, RNG capture, resume checks
+    distributed.py   torchrun + DDP/FSDP: process group, wrapping, no_sync, reductions
+    metrics_log.py   metrics.jsonl and curves.png
+
+Nothing here imports torch until a module that needs it is imported.
+"""
+
+PRECISIONS = ("fp32", "bf16", "fp16")  # fp16 needs a CUDA GPU (GradScaler)

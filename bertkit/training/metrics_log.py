@@ -1,0 +1,91 @@
+"""A run's metrics on disk: metrics.jsonl as training goes, and curves.png at the end.
+
+metrics.jsonl holds one JSON object per line: `"split": "train"` records for
+logged steps (loss, lr, grad_norm, tokens_per_s and what the caller counts)
+and `"split": "eval"` records for evaluations (the caller's metrics). A
+resumed run first drops the lines the killed run wrote after its last
+checkpoint, so the file reads as one uninterrupted run.
+
+curves.png draws chosen keys against the step, one panel each: training
+values faint with a running mean on top, evaluations as dots, and reference
+lines (chance, a trivial baseline) where the caller gives them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, appended and flushed as training goes."""
+
+    def __init__(self, path: Path, keep_through_step: int | None = None):
+        self.path = Path(path)
+        if keep_through_step is None:
+            self.path.write_text("")
+        else:  # resuming: drop what the killed run logged after its last checkpoint
+            kept = [r for r in read_metrics(self.path) if r["step"] <= keep_through_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def __call__(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path) -> list:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _running_mean(values, window: int) -> list:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_curves(metrics_path, png_path, panels, references=None) -> None:
+    """One panel per (key, title) in `panels`, train and eval against step.
+
+    references: {key: [(value, label), ...]}, horizontal lines in that key's panel.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = read_metrics(metrics_path)
+    train = [r for r in recs if r["split"] == "train"]
+    evals = [r for r in recs if r["split"] == "eval"]
+    cols = 2 if len(panels) > 1 else 1
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.5 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.remove()
+    for ax, (key, title) in zip(axes.flat, panels):
+        pts = [(r["step"], r[key]) for r in train if key in r]
+        if pts:
+            steps, values = zip(*pts)
+            if key == "lr":
+                ax.plot(steps, values, linewidth=1, label="train")
+            else:  # one batch is noisy: the raw values faint, a running mean over ~2% of the run on top
+                ax.plot(steps, values, linewidth=0.5, alpha=0.3, color="tab:blue")
+                ax.plot(steps, _running_mean(values, max(1, len(values) // 50)), linewidth=1.2,
+                        color="tab:blue", label="train (running mean)")
+        pts = [(r["step"], r[key]) for r in evals if key in r]
+        if pts:
+            ax.plot(*zip(*pts), "o-", color="tab:orange", label="eval (held out)", markersize=3, linewidth=1)
+        for value, label in (references or {}).get(key, []):
+            ax.axhline(value, color="grey", linestyle="--", label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,282 @@
+"""Fine-tuning on the one training loop: what it gained from it, checked against plain references.
+
+- accumulation: k micro-batches of n give the weights one batch of k x n gives
+  (1e-6), also for token labels, whose loss is averaged over the labelled tokens
+  of the whole update (a control shows the per-micro-batch mean would differ);
+- a run killed with SIGKILL and resumed equals the uninterrupted run: the
+  same loss at every step, the same final metrics and weights (exact);
+- 2-process torchrun DDP equals one process accumulating 2 (1e-5);
+- bf16 autocast trains; `--device cuda` equals the CPU (skipped without a GPU);
+- a run that learns nothing says so; bad arguments fail before any loading
+  and leave no output directory behind.
+"""
+
+import json
+import random
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pretrain_support import run_cli
+from test_distributed import torchrun
+from test_finetune import Bag, bag_features, sentiment_rows, tiny_model_dir, write_tsv
+
+from bertkit.finetune.classification import TextTaskConfig, finetune_text
+from bertkit.finetune.config import TrainConfig
+from bertkit.finetune.trainer import IGNORE_INDEX, EpochBatches, loss_terms, train, warn_if_trivial
+from bertkit.training.loop import KILL_AT_STEP_ENV, LoopConfig, train_loop
+from bertkit.training.optim import OptimConfig
+
+def fast(epochs=5, lr=5e-3, warmup_ratio=0.1, **kw):
+    return TrainConfig(**{"batch_size": 8, "seed": 0, "progress": False, "device": "cpu", **kw}, epochs=epochs,
+                       optim=OptimConfig(learning_rate=lr, warmup_ratio=warmup_ratio))
+
+
+# --- accumulation ---------------------------------------------------------------------
+
+
+class Tagger(torch.nn.Module):
+    """Per-token classification: embedding -> 3 tags, cross-entropy over the labelled tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 5)
+        self.out = torch.nn.Linear(5, 3)
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels):
+        logits = self.out(self.emb(input_ids))
+
+        class O:
+            pass
+
+        o = O()
+        o.loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return o
+
+
+def tagged_features(n=24):
+    rng = random.Random(4)
+    feats = []
+    for _ in range(n):
+        ids = [rng.randrange(1, 20) for _ in range(rng.randint(2, 12))]
+        # a few labelled tokens or many: micro-batches differ in how many terms their loss averages
+        feats.append({"input_ids": ids, "labels": [rng.randrange(3) if rng.random() < 0.5 else IGNORE_INDEX
+                                                   for _ in ids[:-1]] + [rng.randrange(3)]})
+    return feats
+
+
+def one_update(batch_size, accum, weigh):
+    torch.manual_seed(0)
+    model = Tagger()
+    stream = EpochBatches(tagged_features(), batch_size, accum, seed=3, group_by_length=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    cfg = LoopConfig(max_steps=1, grad_accum=accum, optim=OptimConfig(learning_rate=0.5, warmup_ratio=0, max_grad_norm=0))
+    train_loop(model, opt, stream, cfg, weigh=weigh, progress=False)
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_accumulated_token_level_micro_batches_equal_one_batch():
+    whole = one_update(8, 1, loss_terms)
+    torch.testing.assert_close(one_update(4, 2, loss_terms), whole, rtol=0, atol=1e-6)
+    torch.testing.assert_close(one_update(2, 4, loss_terms), whole, rtol=0, atol=1e-6)
+    # control: a plain mean of the micro-batch means is another update
+    assert (one_update(4, 2, None) - whole).abs().max() > 1e-4
+
+
+def test_the_epoch_batches_are_split_not_redrawn():
+    feats = tagged_features(30)
+    whole, parts = EpochBatches(feats, 8, 1, seed=1), EpochBatches(feats, 4, 2, seed=1)
+    assert whole.steps_per_epoch == parts.steps_per_epoch == 4  # 30 = 3 x 8 + 6, and 6 fill both parts
+    for k in range(2 * whole.steps_per_epoch):  # two epochs: an update's micro-batches share out its batch
+        a = whole.micro_batch(k)[0]["input_ids"]
+        b, c = parts.micro_batch(2 * k)[0]["input_ids"], parts.micro_batch(2 * k + 1)[0]["input_ids"]
+        assert len(a) == len(b) + len(c)
+        assert whole.batches(k // 4)[k % 4] == parts.batches(k // 4)[k % 4]
+    assert sorted(i for b in whole.batches(0) for i in b) == list(range(30))
+    assert whole.batches(0) != whole.batches(1)  # reshuffled every epoch
+
+
+def test_train_with_accumulation_equals_the_full_batch():
+    results = []
+    for batch_size, accum in ((8, 1), (4, 2)):
+        torch.manual_seed(123)
+        model = Bag()
+        train(model, bag_features(), fast(epochs=2, lr=0.05, batch_size=batch_size, grad_accum=accum), log=lambda s: None)
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+
+
+def test_a_diverging_fine_tuning_run_stops_naming_step_and_batch(tmp_path):
+    from bertkit.training.loop import NonFiniteLoss
+
+    # AdamW moves every weight by about lr per step: lr 1e30 overflows the logits in step 2
+    with pytest.raises(NonFiniteLoss, match=r"at step 2 .*epoch 1, batch 2, part 1/1"):
+        train(Bag(), bag_features(), fast(lr=1e30, warmup_ratio=0), output_dir=tmp_path, log=lambda s: None)
+    assert sorted(train_losses(tmp_path)) == [1]  # nothing after the bad step was logged
+
+
+# --- precision and devices --------------------------------------------------------------
+
+
+def test_bf16_autocast_trains_close_to_fp32():
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(123)
+        r = train(Bag(), bag_features(), fast(epochs=4, lr=0.05, precision=precision), log=lambda s: None)
+        losses[precision] = [h["train_loss"] for h in r.history]
+    assert losses["bf16"][-1] < losses["bf16"][0]  # it learns
+    assert losses["bf16"] != losses["fp32"]  # autocast was on
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.05)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_trains_like_the_cpu():
+    weights = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(123)
+        model = Bag()
+        train(model, bag_features(), fast(epochs=2, lr=0.05, device=device), log=lambda s: None)
+        assert next(model.parameters()).device.type == device
+        weights[device] = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
+    torch.testing.assert_close(weights["cuda"], weights["cpu"], rtol=1e-4, atol=1e-5)
+
+
+# --- the CLI: resume, DDP, argument checks ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ft")
+    rng = random.Random(0)
+    train_p = write_tsv(d / "train.tsv", ["sentence", "label"], sentiment_rows(80, rng))
+    dev_p = write_tsv(d / "dev.tsv", ["sentence", "label"], sentiment_rows(30, rng))
+    return d, tiny_model_dir(d / "tiny"), train_p, dev_p
+
+
+def finetune_cli(task, out, *args, env=None, check=True):
+    d, model, train_p, dev_p = task
+    return run_cli("finetune", "classify", "--train", train_p, "--dev", dev_p, "--model", model, "--max-length", 32,
+                   "--no-progress", "--device", "cpu", "-o", out, *args, env=env, check=check)
+
+
+def train_losses(out) -> dict:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+
+def without_seconds(final: dict) -> dict:
+    drop = ("train_seconds", "eval_seconds")
+    return {k: ([{a: b for a, b in e.items() if a not in drop} for e in v] if k == "epochs" else v)
+            for k, v in final.items() if k not in drop}
+
+
+@pytest.mark.slow
+def test_a_killed_fine_tuning_run_resumes_exactly(task, tmp_path):
+    common = ("--epochs", 2, "--batch-size", 8, "--learning-rate", 5e-3, "--save-every", 3, "--seed", 0)
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    finetune_cli(task, straight, *common)
+    # 10 updates per epoch; killed during update 13 (in epoch 2), after the step-12 checkpoint
+    res = finetune_cli(task, killed, *common, env={KILL_AT_STEP_ENV: "12"}, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert sorted(train_losses(killed)) == list(range(1, 13))
+    assert [p.name for p in (killed / "checkpoints").iterdir()] == ["step-00000012.pt"]
+
+    run_cli("finetune", "classify", "-o", killed, "--resume")  # the saved settings, nothing repeated
+
+    assert train_losses(killed) == train_losses(straight)  # exact, step for step
+    a = json.loads((straight / "metrics.json").read_text())
+    b = json.loads((killed / "metrics.json").read_text())
+    assert without_seconds(b) == without_seconds(a)  # the same epochs, best epoch and dev report
+    wa, wb = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert (killed / "curves.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["classify", "ner"])
+def test_two_ddp_processes_equal_one_accumulating_two(task, tmp_path, kind):
+    from test_finetune_ner import ner_file
+
+    d, model, train_p, dev_p = task
+    if kind == "ner":  # token labels: 4 or 6 per sentence, so the update is weighted by labelled tokens
+        rng = random.Random(0)
+        train_p, dev_p = ner_file(tmp_path / "train.txt", 40, rng), ner_file(tmp_path / "dev.txt", 10, rng)
+    exact = tiny_model_dir(tmp_path / "no-dropout")  # dropout off: each process has its own stream
+    config = json.loads((exact / "config.json").read_text())
+    assert config["hidden_dropout_prob"] > 0
+    (exact / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0,
+                                                   "attention_probs_dropout_prob": 0.0}))
+    extra = ("--stride", 8) if kind == "ner" else ()
+    common = (kind, *extra, "--train", train_p, "--dev", dev_p, "--model", exact, "--max-length", 32, "--no-progress",
+              "--max-steps", 5, "--batch-size", 4, "--learning-rate", 1e-3, "--seed", 5, "--device", "cpu")
+    run_cli("finetune", *common, "--grad-accum", 2, "-o", tmp_path / "single")
+    torchrun(2, "finetune", *common, "-o", tmp_path / "ddp")
+    single, ddp = train_losses(tmp_path / "single"), train_losses(tmp_path / "ddp")
+    assert sorted(ddp) == sorted(single) == [1, 2, 3, 4, 5]
+    for step in single:
+        assert ddp[step] == pytest.approx(single[step], rel=1e-5), step
+    a, b = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "ddp" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_bad_arguments_fail_first_and_leave_nothing(tmp_path):
+    # no training file exists: the argument is what must be reported, before any loading
+    for flag, value, message in (("--batch-size", -4, "--batch-size must be >= 1, got -4"),
+                                 ("--epochs", 0, "--epochs must be > 0, got 0.0"),
+                                 ("--learning-rate", -1, "--learning-rate must be > 0, got -1.0"),
+                                 ("--grad-accum", 0, "--grad-accum must be >= 1, got 0")):
+        res = run_cli("finetune", "classify", "--train", tmp_path / "missing.tsv", "-o", tmp_path / "out",
+                      flag, value, check=False)
+        error = res.stderr.strip().splitlines()[-1]
+        assert res.returncode == 2 and error.startswith(f"bertkit: error: {message}"), res.stderr[-500:]
+        assert "Traceback" not in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_device_this_machine_lacks_fails_first(tmp_path):
+    cases = [(("--precision", "fp16", "--device", "cpu"), "--precision fp16 needs a CUDA GPU")]
+    if not torch.cuda.is_available():
+        cases.append((("--device", "cuda"), "--device cuda was asked for but no CUDA GPU is visible"))
+    for args, message in cases:
+        res = run_cli("finetune", "ner", "--train", tmp_path / "missing.txt", "-o", tmp_path / "out", *args, check=False)
+        assert res.returncode == 2 and message in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_pre_training_run_that_cannot_start_leaves_no_output(tmp_path):
+    res = run_cli("pretrain", "run", tmp_path / "no-data", "--config", "huge", "-o", tmp_path / "out", check=False)
+    assert res.returncode == 2 and "--config 'huge' is neither a preset" in res.stderr
+    res = run_cli("pretrain", "run", tmp_path / "no-data", "--batch-size", 0, "-o", tmp_path / "out", check=False)
+    assert res.returncode == 2 and "--batch-size must be >= 1, got 0" in res.stderr
+    res = run_cli("pretrain", "run", tmp_path / "no-data", "-o", tmp_path / "out", check=False)
+    assert res.returncode == 2 and "pretrain prepare" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --- a run that learns nothing ------------------------------------------------------------
+
+
+def test_trivial_baseline_check_by_hand():
+    said = []
+    assert warn_if_trivial({"accuracy": 0.8, "epoch": 1}, "accuracy", True, (0.8, "always 'neg'"), said.append)
+    assert "no better than the trivial baseline 0.8000 (always 'neg')" in said[0] and "--learning-rate" in said[0]
+    assert not warn_if_trivial({"accuracy": 0.81, "epoch": 1}, "accuracy", True, (0.8, "x"), said.append)
+    assert warn_if_trivial({"mse": 2.0, "epoch": 1}, "mse", False, (1.5, "always the mean"), said.append)
+    assert not warn_if_trivial(None, "f1", True, (0.0, "no entities"), said.append)
+
+
+def test_a_run_that_learns_nothing_is_reported(task, tmp_path):
+    d, model, train_p, _ = task
+    rng = random.Random(2)
+    rows = [r for r in sentiment_rows(60, rng) if r[1] == "neg"][:24] + [r for r in sentiment_rows(20, rng) if r[1] == "pos"][:6]
+    dev = write_tsv(tmp_path / "dev.tsv", ["sentence", "label"], rows)  # 80% neg: the majority class scores 0.8
+    said = []
+    cfg = TextTaskConfig(train=str(train_p), dev=str(dev), output=str(tmp_path / "out"), model=str(model),
+                         max_length=32, training=fast(epochs=1, lr=1e-9, max_steps=1))
+    final = finetune_text(cfg, log=said.append)
+    assert final["dev"]["accuracy"] <= 0.8
+    warning = [s for s in said if s.startswith("warning:")]
+    assert len(warning) == 1 and "always the majority class 'neg'" in warning[0]
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["split"] for r in records] == ["train", "eval"] and (tmp_path / "out" / "curves.png").is_file()

@@ -1,0 +1,67 @@
+"""The option builder: typed dataclasses -> argparse options -> the same dataclasses back."""
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.options import add_options, from_args
+
+
+@dataclass
+class Inner:
+    rate: float = field(default=0.5, metadata={"help": "a rate"})
+    mode: str = field(default="a", metadata={"help": "a mode", "choices": ("a", "b")})
+
+
+@dataclass
+class Outer:
+    source: str = field(default=None, metadata={"help": "where from", "required": True})
+    count: int = field(default=3, metadata={"help": "how many"})
+    limit: int | None = field(default=None, metadata={"help": "at most"})
+    kind: Literal["x", "y"] = field(default="x", metadata={"help": "which kind"})
+    loud: bool = field(default=False, metadata={"help": "say more"})
+    bars: bool = field(default=True, metadata={"help": "show bars"})
+    overlap: int = field(default=8, metadata={"help": "tokens shared", "flags": ["--stride", "--doc-stride"]})
+    hidden: str = field(default="h", metadata={"cli": False})
+    output: str = field(default="out", metadata={"help": "where to"})
+    resume: bool = field(default=False, metadata={"help": "go on"})
+    inner: Inner = field(default_factory=Inner)
+
+
+def parse(*argv, base=None):
+    p = argparse.ArgumentParser()
+    add_options(p, Outer, base)
+    return from_args(p.parse_args([str(a) for a in argv]), Outer, base), p
+
+
+def test_each_field_is_one_typed_option_and_comes_back():
+    cfg, p = parse("--source", "s", "--count", 5, "--kind", "y", "--loud", "--no-bars", "--doc-stride", 4,
+                   "--rate", 0.25, "--mode", "b")
+    assert cfg == Outer(source="s", count=5, kind="y", loud=True, bars=False, overlap=4, inner=Inner(0.25, "b"))
+    assert parse("--source", "s", "--stride", 6)[0].overlap == 6  # the first spelling and its alias
+    defaults, _ = parse("--source", "s")
+    assert defaults == Outer(source="s") and defaults.inner == Inner()
+    text = p.format_help()
+    assert "how many (default: 3)" in text and "where from (required)" in text and "--hidden" not in text
+    with pytest.raises(SystemExit):  # choices come from Literal and from metadata
+        parse("--source", "s", "--kind", "z")
+    with pytest.raises(SystemExit):
+        parse("--source", "s", "--mode", "c")
+
+
+def test_a_base_gives_defaults_and_given_flags_go_on_top(tmp_path):
+    base = {"count": 7, "inner": {"mode": "b"}}
+    cfg, p = parse("--rate", 0.1, base=base)
+    assert (cfg.count, cfg.inner.mode, cfg.inner.rate, cfg.source) == (7, "b", 0.1, None)
+    assert "how many (default: 7)" in p.format_help()
+    (tmp_path / "run_config.json").write_text(json.dumps({"source": "old", "count": 9, "loud": True,
+                                                          "inner": {"rate": 0.9, "mode": "b"}}))
+    cfg, _ = parse("--output", tmp_path, "--resume", "--count", 2, base=base)  # the saved run, the flags on top
+    assert (cfg.source, cfg.count, cfg.loud, cfg.inner.rate, cfg.inner.mode) == ("old", 2, True, 0.9, "b")
+    assert cfg.resume and cfg.output == str(tmp_path)
+    with pytest.raises(BertkitError, match="start the run without --resume"):
+        parse("--output", tmp_path / "none", "--resume")
