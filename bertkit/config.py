@@ -30,6 +30,9 @@ from bertkit.errors import BertkitError
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+# the label of positions every loss skips (PyTorch's cross-entropy default and transformers' convention):
+# padding, unmasked tokens in masked LM, word pieces after the first in NER
+IGNORE_INDEX = -100
 CLASSIFIER_POOLINGS = ("cls", "mean")
 
 # name -> (num_hidden_layers, hidden_size, num_attention_heads); intermediate is 4x hidden

@@ -36,11 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.config import BertConfig
+from bertkit.config import IGNORE_INDEX, BertConfig
 from bertkit.errors import BertkitError
 from bertkit.modeling import BertModel, BertPreTrainedModel, activation, init_weights, mean_pool
-
-IGNORE_INDEX = -100
 
 
 @dataclass

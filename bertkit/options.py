@@ -147,3 +147,12 @@ def build(cls, values: dict):
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise BertkitError(f"{f.metadata.get('flags', [_flag(f.name)])[0]} is required")
     return cls(**kwargs)
+
+
+def device_flags(p) -> None:
+    """--device and --dtype, the same for every command that runs a model for inference."""
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model runs: auto (the GPU if torch sees one, else the CPU), cpu or cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="float32 (default) or bfloat16; bfloat16 pays off on a GPU or a CPU with native bf16 "
+                   "(avx512_bf16/amx_bf16); elsewhere it is emulated, slower, and a warning says so")

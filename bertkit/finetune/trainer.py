@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertkit.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
 from bertkit.finetune.config import TrainConfig
-from bertkit.heads import IGNORE_INDEX
 from bertkit.training import distributed
 from bertkit.training.loop import LoopConfig, move, prepare_model, train_loop
 from bertkit.training.metrics_log import MetricsLog, plot_curves

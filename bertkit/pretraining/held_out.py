@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.pretraining.run_config import RunConfig
 
 
 class Subset:

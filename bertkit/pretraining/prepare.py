@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
-from bertkit.heads import IGNORE_INDEX
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab, mask_sequence

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
+from bertkit.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
-from bertkit.heads import IGNORE_INDEX
 from bertkit.pretraining.held_out import log_label_balance, open_prepared
 from bertkit.pretraining.run_config import RunConfig
 from bertkit.training import distributed

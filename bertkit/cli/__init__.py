@@ -1,0 +1,73 @@
+"""The `bertkit` command line: thin, typed commands over the library.
+
+Each command parses its arguments, calls one library function and prints the
+result. Imports happen inside the handlers so that `bertkit --help` and the
+tokenizer commands start without loading torch. A user mistake (BertkitError,
+a missing file) prints one line on stderr and exits with status 2, never a
+traceback; user files are opened through `bertkit.textfiles`, so a directory or
+a file that is not UTF-8 text gets that one line too.
+
+One module per area (`text`: tokenizer and vocabularies, `model`, `pretrain`,
+`finetune`: fine-tuning, prediction and the demo, `features`: embeddings and
+attention pictures); add a command next to its siblings and register its `add_*`
+function in COMMANDS below. Settings that have a config dataclass become options
+through `bertkit.options`, so each is defined once.
+"""
+
+import argparse
+import sys
+
+from bertkit.cli.features import add_attention, add_embed
+from bertkit.cli.finetune import add_demo, add_finetune, add_predict
+from bertkit.cli.model import add_model
+from bertkit.cli.pretrain import add_pretrain
+from bertkit.cli.text import add_tokenize, add_vocab
+from bertkit.errors import BertkitError
+
+EPILOG = """examples:
+  bertkit tokenize "Hello, how are you?" --pair "I am fine."
+  bertkit vocab train corpus/ -o vocab.txt --vocab-size 8000
+  bertkit vocab check vocab.txt
+  bertkit model info --class BertForSequenceClassification
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertkit",
+        description="BERT from scratch: tokenize, pre-train, fine-tune, embed and look inside.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_demo, add_pretrain]
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    return f"bertkit: warning: {message}\n"  # advice for a person, not a source location
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if argv is None:  # the `bertkit` command owns its process: let big activations reuse freed memory
+        import warnings
+
+        from bertkit.allocator import reuse_freed_memory
+
+        reuse_freed_memory()
+        warnings.formatwarning = _warning_line
+    try:
+        args.handler(args)
+    except (BertkitError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
+        print(f"bertkit: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return 0
+

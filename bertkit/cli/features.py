@@ -1,0 +1,107 @@
+"""Feature commands: `bertkit embed` (vectors) and `bertkit attention` (pictures)."""
+
+import argparse
+import sys
+
+from bertkit.errors import BertkitError
+from bertkit.options import device_flags
+
+
+def add_embed(sub):
+    p = sub.add_parser(
+        "embed",
+        help="embed texts with a frozen BERT: sentence, token or word vectors",
+        description="Read texts from INPUT (.txt: one per line; .jsonl: a 'text' field; .tsv: a column "
+        "under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
+        "(.npy, .safetensors or .jsonl). Texts beyond the model's 512 positions are cut into windows that "
+        "share --stride tokens, each token keeping the vector from the window where it has the most context.",
+        epilog="examples:\n  bertkit embed sentences.txt -o vectors.npy --normalize\n"
+        "  bertkit embed sentences.txt -o tokens.safetensors --layers concat_last_four --pooling none\n"
+        "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("input", help="a text file: .txt (one text per line), .jsonl or .tsv")
+    p.add_argument("-o", "--output", required=True, help="where to write: .npy, .safetensors or .jsonl")
+    p.add_argument("--model", help="a model directory (default: the embedded model)")
+    p.add_argument(
+        "--layers", default="last",
+        help="first, last, sum_all, second_to_last, sum_last_four, concat_last_four, or layer indices "
+        "like -1,-2 (0 = embedding output, -1 = last layer); default last",
+    )
+    p.add_argument("--combine", choices=["sum", "mean", "concat"], help="how to merge a list of layers (default concat)")
+    p.add_argument("--pooling", default="mean", choices=["mean", "cls", "words", "none"],
+                   help="one vector per text (mean, cls), per whitespace word (words) or per token (none)")
+    p.add_argument("--word-pooling", default="mean", choices=["mean", "first"], help="how pieces make a word vector")
+    p.add_argument("--normalize", action="store_true", help="L2-normalise every vector")
+    p.add_argument("--column", help="the .tsv column or .jsonl field holding the text")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--max-length", type=int, help="tokens per pass / window (default: the model's 512)")
+    p.add_argument("--stride", type=int,
+                   help="tokens shared by consecutive windows of a long text, the overlap (default: half a window)")
+    p.add_argument("--truncate", action="store_true", help="cut long texts at --max-length instead of windowing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    device_flags(p)
+    p.set_defaults(handler=run_embed)
+
+
+def run_embed(args):
+    from bertkit.features import iter_embed, read_texts, write_vectors
+
+    texts, count = read_texts(args.input, args.column)
+    pooling = None if args.pooling == "none" else args.pooling
+    rows = iter_embed(
+        texts, args.model, args.layers, pooling, args.normalize, combine=args.combine,
+        word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
+        stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
+        device=args.device, dtype=args.dtype,
+    )
+    n = write_vectors(rows, args.output, pooled=pooling in ("mean", "cls"))
+    print(f"wrote {n} {'vectors' if pooling in ('mean', 'cls') else 'texts'} to {args.output}", file=sys.stderr)
+
+
+def add_attention(sub):
+    p = sub.add_parser(
+        "attention",
+        help="show what each token attends to: an HTML page, a PNG, bertviz data",
+        description="Run the model on TEXT (and --pair) and write its attention weights per layer and head "
+        "as a self-contained HTML page (no network), optionally a PNG of one view and a bertviz JSON file.",
+        epilog="examples:\n  bertkit attention \"Bert notices the hat, but chooses not to engage Ernie since he "
+        "knows it'll lead to some ridiculous stuff.\" --token he -o page.html\n"
+        "  bertkit attention \"The cat sat.\" --pair \"It was tired.\" --png heads.png --view overview",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("text", help="the text to look at (at most 512 tokens)")
+    p.add_argument("--pair", help="a second segment (sentence B)")
+    p.add_argument("--token", help="the word whose attention to show (default: [CLS])")
+    p.add_argument("--occurrence", type=int, default=1, help="which occurrence of --token (default 1)")
+    p.add_argument("--layer", type=int, default=0, help="layer shown first, from 0 (default 0)")
+    p.add_argument("--head", default="0", help="head shown first, from 0, or 'mean' (default 0)")
+    p.add_argument("-o", "--output", default="attention.html", help="the HTML page (default attention.html)")
+    p.add_argument("--png", help="also render a PNG of one view")
+    p.add_argument("--view", default="text", choices=["text", "head", "overview"], help="the PNG's view")
+    p.add_argument("--bertviz", help="also write the tensors and tokens as JSON for bertviz")
+    p.add_argument("--model", help="a model directory (default: the embedded model)")
+    device_flags(p)
+    p.set_defaults(handler=run_attention)
+
+
+def run_attention(args):
+    from bertkit.attention_view import attention_map, find_token, save_bertviz, save_html, save_png
+
+    if args.head == "mean":
+        head = "mean"
+    else:
+        try:
+            head = int(args.head)
+        except ValueError:
+            raise BertkitError(f"--head must be a head number or 'mean', got {args.head!r}") from None
+    amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype)
+    token = find_token(amap, args.token, args.occurrence) if args.token is not None else 0
+    save_html(amap, args.output, token, args.layer, head)
+    print(f"wrote {args.output}", file=sys.stderr)
+    if args.png:
+        save_png(amap, args.png, args.view, token, args.layer, head)
+        print(f"wrote {args.png}", file=sys.stderr)
+    if args.bertviz:
+        save_bertviz(amap, args.bertviz)
+        print(f"wrote {args.bertviz}", file=sys.stderr)

@@ -1,0 +1,108 @@
+"""Fine-tuning commands: `bertkit finetune TASK` (options built from the task's config
+dataclass by `bertkit.options`), `bertkit predict` and `bertkit demo`."""
+
+import argparse
+
+from bertkit.options import device_flags
+
+
+def add_finetune(sub):
+    from bertkit.finetune import TASKS
+    from bertkit.options import add_options
+
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune a pretrained model on labelled data (classify, pair, regression, multi-label, ner, qa)",
+        description="Fine-tune BERT with a fresh task head; evaluates on --dev each epoch, keeps the best "
+        "epoch as a Hugging Face checkpoint in --output, with metrics.json, metrics.jsonl, curves.png and dev "
+        "predictions. Checkpoints let a killed run go on with --resume; launch under "
+        "`torchrun --nproc_per_node N` for data-parallel training.",
+        epilog="examples:\n"
+        "  bertkit finetune classify --train train.tsv --dev dev.tsv --output out/sst2\n"
+        "  bertkit finetune pair --train mrpc/train.tsv --dev mrpc/dev.tsv --output out/mrpc\n"
+        "  bertkit finetune regression --train stsb/train.tsv --dev stsb/dev.tsv --text-column sentence1 "
+        "--text-pair-column sentence2 --label-column score --output out/stsb\n"
+        "  bertkit finetune ner --train conll/train.txt --dev conll/dev.txt --tag-scheme iob1 --output out/ner\n"
+        "  bertkit finetune qa --train dev-v1.1.json --train-articles 0:40 --dev dev-v1.1.json "
+        "--dev-articles 40:48 --output out/squad\n"
+        "  bertkit finetune classify --output out/sst2 --resume   # after a crash or a kill",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tsub = p.add_subparsers(dest="task", metavar="TASK", required=True)
+    for name, (cls, defaults) in TASKS.items():
+        t = tsub.add_parser(name, help=f"fine-tune for {name}")
+        add_options(t, cls, defaults, skip=() if name == "multi-label" else ("label_separator",))
+        t.set_defaults(handler=run_finetune)
+
+
+def run_finetune(args):
+    from bertkit.finetune import format_report, run_task, task_config
+    from bertkit.options import from_args
+
+    cfg = from_args(args, *task_config(args.task))
+    report = format_report(run_task(cfg))
+    if report:  # not on the other processes of a torchrun
+        print(report)
+        print(f"saved the best epoch's model to {cfg.output}")
+
+
+def add_predict(sub):
+    p = sub.add_parser(
+        "predict",
+        help="run a fine-tuned model over a file, one prediction per input row (and score it if labelled)",
+        description="Predict with a model saved by `bertkit finetune`. INPUT is a TSV/CSV/JSONL table "
+        "with the columns the model was trained on (NER: also CoNLL or one sentence per line; "
+        "QA: SQuAD JSON or a table with question and context columns). Evaluate mode: when INPUT also "
+        "carries the answers (the label column, a CoNLL tag column, SQuAD answers) the predictions are "
+        "scored too: accuracy and F1 (classification), Pearson and Spearman (regression), micro F1 "
+        "(multi-label), entity F1 (NER), exact match and F1 (QA).",
+        epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
+        "  bertkit predict out/sst2 dev.tsv            # dev.tsv has a label column: predicts and reports accuracy\n"
+        "  bertkit predict out/ner conll/test.txt --device cuda",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model_dir", help="a fine-tuned output directory")
+    p.add_argument("input", help="input file")
+    p.add_argument("--output", "-o", help="where to write the predictions (default INPUT.predictions.tsv)")
+    p.add_argument("--text-column", help="override the text column")
+    p.add_argument("--text-pair-column", help="override the second-text column")
+    p.add_argument("--label-column", help="override the label column evaluate mode reads")
+    p.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
+                   help="score the predictions against the answers in INPUT (default: whenever INPUT has them; "
+                   "--evaluate: fail if it has none; --no-evaluate: only predict)")
+    p.add_argument("--batch-size", type=int, default=32)
+    device_flags(p)
+    p.set_defaults(handler=run_predict)
+
+
+def run_predict(args):
+    from bertkit.finetune.predict import format_metrics, predict_file
+
+    result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
+                          text_pair_column=args.text_pair_column, label_column=args.label_column,
+                          batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype)
+    print(f"wrote {result.count} predictions to {result.path}")
+    if result.metrics is not None:
+        print(f"evaluation on {args.input} ({result.count} examples): {format_metrics(result.metrics)}")
+
+
+def add_demo(sub):
+    p = sub.add_parser(
+        "demo",
+        help="transfer learning in one go: fine-tune the default model on a small sentiment set and use it",
+        description="Writes a small labelled sentiment set (made up by bertkit itself), fine-tunes the packaged "
+        "pretrained model on part of it, reports accuracy on the held-out part and classifies a few new "
+        "sentences. Takes a minute or two on 2 CPU cores.",
+    )
+    p.add_argument("--output", "-o", default="bertkit-demo", help="working directory (default ./bertkit-demo)")
+    p.add_argument("--epochs", type=float, default=None, help="passes over the training part (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", help="pretrained model directory (default: the packaged model)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.set_defaults(handler=run_demo)
+
+
+def run_demo(args):
+    from bertkit.demo import run_demo as demo
+
+    demo(args.output, model=args.model, epochs=args.epochs, seed=args.seed, progress=not args.no_progress)
