@@ -383,3 +383,16 @@ def test_cli_tokenize_json(tok, capsys):
     assert "hello" in capsys.readouterr().out
     assert main(["tokenize", "x", "--vocab", "/nonexistent/dir"]) == 2
     assert "no tokenizer at" in capsys.readouterr().err
+
+
+def test_the_tokenizer_commands_start_without_torch():
+    # the parser is built from every command's config dataclasses; none of them may pull in torch,
+    # so `bertkit --help` and `bertkit tokenize` start in a blink
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\nfrom bertkit.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    main(['tokenize', 'Hello'])\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
