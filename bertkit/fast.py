@@ -201,14 +201,14 @@ def onednn_enabled() -> bool:
 def _route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The shape rule of the oneDNN route (see the module docstring)."""
     return (
-        onednn_enabled()
+        not torch.compiler.is_compiling()  # first: dynamo need not trace the rest
+        and onednn_enabled()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.dim() >= 2
         and x.numel() > 0
         and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
     )
 
 
