@@ -177,7 +177,8 @@ def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype
         cpu = cpu_features()
         warnings.warn(
             f"bfloat16 on this CPU ({cpu.model}, {cpu.capability}) is emulated: it has no avx512_bf16 or amx_bf16, "
-            "so bfloat16 runs several times slower than float32 here; use float32 (--dtype float32)",
+            "so bfloat16 runs several times slower than float32 here; use float32 (--dtype float32; "
+            "--precision fp32 for training)",
             stacklevel=2,
         )
     return value

@@ -357,6 +357,21 @@ def test_bfloat16_warns_once_where_the_cpu_only_emulates_it(monkeypatch):
         assert L.resolve_dtype(None) == torch.float32
 
 
+def test_bf16_training_warns_where_the_cpu_only_emulates_it(monkeypatch):
+    from bertkit.training.loop import autocast_for
+
+    monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", "fma"))
+    monkeypatch.setattr(L, "_warned_bf16", False)
+    with pytest.warns(UserWarning, match="emulated.*--precision fp32"):
+        autocast_for("bf16", "cpu")
+    monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", "amx_bf16"))
+    monkeypatch.setattr(L, "_warned_bf16", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with autocast_for("bf16", "cpu")():
+            assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
 def test_bfloat16_is_quiet_where_the_cpu_has_it(monkeypatch):
     for flag in ("avx512_bf16", "amx_bf16"):
         monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", flag))

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.fast import accelerate
+from bertkit.fast import accelerate, resolve_dtype
 from bertkit.training import distributed
 from bertkit.training.optim import OptimConfig, lr_at, set_lr, warmup_steps_for
 
@@ -85,7 +85,8 @@ def autocast_for(precision: str, device: str):
         return contextlib.nullcontext
     if precision == "fp16" and device_type != "cuda":
         raise BertkitError("--precision fp16 needs a CUDA GPU (its GradScaler); on the CPU use --precision bf16")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    # bf16 on a CPU that only emulates it warns once (see bertkit.fast.resolve_dtype)
+    dtype = resolve_dtype(torch.bfloat16, torch.device(device_type)) if precision == "bf16" else torch.float16
     return lambda: torch.autocast(device_type, dtype=dtype)
 
 
