@@ -258,3 +258,22 @@ def test_load_refuses_a_generator_trained_apart(tmp_path):
         ElectraPretrainingModel.from_pretrained(tmp_path)
     with pytest.raises(BertkitError, match="share their embeddings"):
         ElectraPretrainingModel(config(), config(embedding_size=24))
+
+
+@pytest.mark.oracle
+def test_embed_reads_an_electra_directory_like_transformers(tmp_path, transformers_mod):
+    import bertkit
+    from bertkit.tokenizer import Tokenizer
+
+    words = ["the", "chef", "cooked", "ate", "a", "meal", ".", "good", "food"]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    disc = ElectraForPreTraining(config(vocab_size=len(vocab)), generator=torch.Generator().manual_seed(2))
+    disc.save_pretrained(tmp_path, tokenizer=Tokenizer(vocab))
+    texts = ["the chef cooked a meal .", "good food"]
+    ours = bertkit.embed(texts, model=str(tmp_path), pooling="mean")
+    hf = transformers_mod.ElectraModel.from_pretrained(str(tmp_path)).eval()
+    for text, row in zip(texts, ours):
+        ids = torch.tensor([[2, *(vocab.index(w) for w in text.split()), 3]])
+        with torch.no_grad():
+            ref = hf(input_ids=ids).last_hidden_state[0].mean(0)
+        torch.testing.assert_close(torch.from_numpy(row), ref, atol=1e-5, rtol=0)
