@@ -277,3 +277,16 @@ def test_embed_reads_an_electra_directory_like_transformers(tmp_path, transforme
         with torch.no_grad():
             ref = hf(input_ids=ids).last_hidden_state[0].mean(0)
         torch.testing.assert_close(torch.from_numpy(row), ref, atol=1e-5, rtol=0)
+
+
+def test_the_step_runs_on_cuda_with_a_cuda_generator():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    model, batch = pretraining_model().cuda(), {k: v.cuda() for k, v in masked_batch().items()}
+    out = model(**batch, rng=torch.Generator(device="cuda").manual_seed(0))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and model.generator.electra.encoder.layers[0].output.weight.grad is not None
+    again = model(**batch, rng=torch.Generator(device="cuda").manual_seed(0))
+    assert torch.equal(out.corrupted_ids, again.corrupted_ids)
+    with pytest.raises(BertkitError, match="torch.Generator\\(device='cuda'\\)"):
+        model(**batch, rng=torch.Generator().manual_seed(0))
