@@ -480,7 +480,9 @@ class ElectraPretrainingModel(nn.Module):
     discriminator goes on to fine-tuning.
 
     forward(input_ids, labels, attention_mask, token_type_ids, rng) -> ElectraPretrainingOutput.
-    `rng` draws the replacements (a torch.Generator on the model's device; None: torch's global one).
+    `rng` draws the replacements (a torch.Generator on the model's device; None: torch's global
+    generator of that device, which a training checkpoint's RNG state already covers, so a resumed
+    run draws the same replacements).
     """
 
     def __init__(self, config: ElectraConfig, generator_config: ElectraConfig | None = None, *,
@@ -496,9 +498,13 @@ class ElectraPretrainingModel(nn.Module):
         self.generator.electra.embeddings = self.discriminator.electra.embeddings
 
     def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None,
-                rng: torch.Generator | None = None) -> ElectraPretrainingOutput:
+                rng: torch.Generator | None = None, next_sentence_label=None) -> ElectraPretrainingOutput:
         if labels is None:
             raise BertkitError("ELECTRA pre-training needs labels: the original ids at the masked positions, -100 elsewhere")
+        if next_sentence_label is not None:
+            raise BertkitError(
+                "ELECTRA has no sentence-pair task: prepare the data with --objective none (single segments)"
+            )
         gen = self.generator(input_ids, attention_mask, token_type_ids, labels=labels)  # logits [M, V]
         sampled = sample_replacements(gen.logits, rng)  # [M]
         corrupted, replaced = corrupt(input_ids, labels, sampled)  # [B, T] each

@@ -290,3 +290,20 @@ def test_the_step_runs_on_cuda_with_a_cuda_generator():
     assert torch.equal(out.corrupted_ids, again.corrupted_ids)
     with pytest.raises(BertkitError, match="torch.Generator\\(device='cuda'\\)"):
         model(**batch, rng=torch.Generator().manual_seed(0))
+
+
+def test_sentence_pair_batches_are_refused_with_the_fix():
+    batch = masked_batch()
+    with pytest.raises(BertkitError, match="--objective none"):
+        pretraining_model()(**batch, next_sentence_label=torch.tensor([0, 1]))
+    with pytest.raises(BertkitError, match="needs labels"):
+        pretraining_model()(batch["input_ids"], None)
+
+
+def test_without_a_generator_the_global_rng_draws_so_checkpointed_rng_state_replays_it():
+    model, batch = pretraining_model(), masked_batch()
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    first = model(**batch).corrupted_ids
+    torch.set_rng_state(state)  # what a resumed run restores from its checkpoint
+    assert torch.equal(model(**batch).corrupted_ids, first)
