@@ -81,7 +81,11 @@ PRESETS = {
 
 @dataclass
 class ElectraConfig(BertConfig):
-    """BertConfig plus `embedding_size`; defaults are ELECTRA-Small's discriminator (as HF's)."""
+    """BertConfig plus `embedding_size`; defaults are ELECTRA-Small's discriminator (as HF's).
+
+    HF's `summary_*` keys (used by its multiple-choice head, not here) ride along in `extra`;
+    `classifier_pooling` does not apply: ELECTRA's classification head reads the first token.
+    """
 
     model_type: ClassVar[str] = "electra"  # the config.json model_type; picks the checkpoint layout
 
