@@ -1,4 +1,4 @@
-"""Hugging Face BERT checkpoints: load them into our classes and save ours in their format.
+"""Hugging Face BERT and ELECTRA checkpoints: load them into our classes and save ours in their format.
 
 A Hugging Face BERT directory holds `config.json`, the weights (`model.safetensors`,
 possibly sharded with `model.safetensors.index.json`, or the older pickle
@@ -80,21 +80,68 @@ IGNORED = {"embeddings.position_ids", "embeddings.token_type_ids",
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
+# ELECTRA (Clark et al. 2020; Hugging Face modeling_electra.py): the encoder rows of
+# TABLE, the projection from embedding_size to hidden_size, and ELECTRA's own heads
+ELECTRA_TABLE = [row for row in TABLE if row[0].startswith(("embeddings.", "encoder."))] + [
+    ("embeddings_project.{p}", "embeddings_project.{p}"),
+    ("discriminator_predictions.dense.{p}", "discriminator_predictions.dense.{p}"),
+    ("discriminator_predictions.dense_prediction.{p}", "discriminator_predictions.dense_prediction.{p}"),
+    ("generator_predictions.dense.{p}", "generator_predictions.dense.{p}"),
+    ("generator_predictions.layer_norm.{p}", "generator_predictions.LayerNorm.{p}"),
+    ("generator_predictions.bias", "generator_lm_head.bias"),  # the decoder weight is the tied embeddings
+    ("classifier.dense.{p}", "classifier.dense.{p}"),  # ElectraClassificationHead
+    ("classifier.out_proj.{p}", "classifier.out_proj.{p}"),
+    ("classifier.{p}", "classifier.{p}"),  # token classification: one linear layer
+    ("qa_outputs.{p}", "qa_outputs.{p}"),
+]
+
+
 def _compile(pattern: str) -> re.Pattern:
     regex = re.escape(pattern).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)")
     return re.compile(regex + "$")
 
 
-_COMPILED = [(_compile(ours), (hf,) if isinstance(hf, str) else hf) for ours, hf in TABLE]
+@dataclass(frozen=True)
+class Layout:
+    """One checkpoint family: its key table, the prefix head checkpoints put on the encoder,
+    which keys belong to the encoder and which to heads, and keys never needed."""
+
+    model_type: str
+    prefix: str
+    table: list
+    encoder_prefixes: tuple
+    head_prefixes: tuple
+    ignored: frozenset
+    compiled: list = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        rows = [(_compile(ours), (hf,) if isinstance(hf, str) else hf) for ours, hf in self.table]
+        object.__setattr__(self, "compiled", rows)
 
 
-def hf_keys(name: str) -> tuple[str, ...]:
-    """Our parameter name (without the heads' `bert.` prefix) -> its Hugging Face key(s)."""
-    for regex, targets in _COMPILED:
+BERT = Layout("bert", "bert.", TABLE, ENCODER_PREFIXES, HEAD_PREFIXES, frozenset(IGNORED))
+ELECTRA = Layout(
+    # "embeddings" covers embeddings.* and embeddings_project.*; ELECTRA has no pooler
+    "electra", "electra.", ELECTRA_TABLE, ("embeddings", "encoder."),
+    ("discriminator_predictions.", "generator_predictions.", "generator_lm_head.", "classifier.", "qa_outputs."),
+    frozenset({"embeddings.position_ids", "embeddings.token_type_ids", "generator_lm_head.weight"}),
+)
+LAYOUTS = {"bert": BERT, "electra": ELECTRA}
+
+
+def layout_of(model) -> Layout:
+    """The checkpoint layout of a model, from its config's model_type (BertConfig: "bert")."""
+    return LAYOUTS[getattr(model.config, "model_type", "bert")]
+
+
+def hf_keys(name: str, layout: Layout = BERT) -> tuple[str, ...]:
+    """Our parameter name (without the heads' `bert.`/`electra.` prefix) -> its Hugging Face key(s)."""
+    for regex, targets in layout.compiled:
         m = regex.match(name)
         if m:
             return tuple(t.format(**m.groupdict()) for t in targets)
-    raise AssertionError(f"no checkpoint name for parameter {name!r}: add it to checkpoint.TABLE")
+    table = "TABLE" if layout is BERT else "ELECTRA_TABLE"
+    raise AssertionError(f"no checkpoint name for parameter {name!r}: add it to checkpoint.{table}")
 
 
 @dataclass
@@ -175,13 +222,13 @@ def read_weights(directory) -> tuple[dict[str, torch.Tensor], Path]:
     return state, path
 
 
-def canonical(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def canonical(state: dict[str, torch.Tensor], layout: Layout = BERT) -> dict[str, torch.Tensor]:
     """HF keys as a bare BertModel names them: no `bert.` prefix, LayerNorm weight/bias
     (TF-converted checkpoints say gamma/beta), the MLM bias under cls.predictions.bias."""
     out = {}
     for key, value in state.items():
-        if key.startswith("bert."):
-            key = key[len("bert."):]
+        if key.startswith(layout.prefix):
+            key = key[len(layout.prefix):]
         key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)
         key = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key)
         out[key] = value
@@ -190,18 +237,19 @@ def canonical(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _our_params(model) -> list[tuple[str, str, torch.nn.Parameter]]:
+def _our_params(model, layout: Layout = BERT) -> list[tuple[str, str, torch.nn.Parameter]]:
     """(full name, name relative to the encoder, parameter) for every parameter of `model`."""
     out = []
     for name, param in model.named_parameters():
-        rel = name[len("bert."):] if name.startswith("bert.") else name
+        rel = name[len(layout.prefix):] if name.startswith(layout.prefix) else name
         out.append((name, rel, param))
     return out
 
 
 def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, source: str = "checkpoint") -> LoadReport:
-    """Copy a Hugging Face state dict into `model` through TABLE; returns the report."""
-    state = canonical(state)
+    """Copy a Hugging Face state dict into `model` through its layout's table; returns the report."""
+    layout = layout_of(model)
+    state = canonical(state, layout)
     config = model.config
     report = LoadReport(source=source)
 
@@ -214,8 +262,8 @@ def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, sourc
 
     used = set()
     with torch.no_grad():
-        for full, rel, param in _our_params(model):
-            keys = hf_keys(rel)
+        for full, rel, param in _our_params(model, layout):
+            keys = hf_keys(rel, layout)
             present = [k for k in keys if k in state]
             if len(present) < len(keys):
                 report.missing += [k for k in keys if k not in state]
@@ -226,7 +274,7 @@ def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, sourc
             if value.shape != param.shape:
                 found = " + ".join(str(tuple(t.shape)) for t in tensors)
                 msg = f"{keys[0]}: checkpoint shape {found}, the config needs {tuple(param.shape)}"
-                if keys[0].startswith(HEAD_PREFIXES):
+                if keys[0].startswith(layout.head_prefixes):
                     report.mismatched.append(msg)  # e.g. a classifier trained for another num_labels
                     continue
                 raise BertkitError(
@@ -236,9 +284,9 @@ def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, sourc
             param.copy_(value)
 
     for key in state:
-        if key in used or key in IGNORED:
+        if key in used or key in layout.ignored:
             continue
-        if key.startswith(ENCODER_PREFIXES[:2]) or not key.startswith(ENCODER_PREFIXES + HEAD_PREFIXES):
+        if key.startswith(layout.encoder_prefixes[:2]) or not key.startswith(layout.encoder_prefixes + layout.head_prefixes):
             report.unexpected.append(key)
         else:
             report.unused.append(key)  # the pooler or another task's head
@@ -266,7 +314,7 @@ def resolve(path) -> Path:
 def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Generator | None = None, **config_overrides):
     """`cls.from_pretrained`: build `cls` from the directory's config.json, then load its weights."""
     directory = resolve(path)
-    config = BertConfig.from_pretrained(directory)
+    config = getattr(cls, "config_class", BertConfig).from_pretrained(directory)
     if config_overrides:
         config = config.replace(**config_overrides)
     model = cls(config, generator=generator)
@@ -279,14 +327,15 @@ def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Genera
 
 
 def hf_state_dict(model) -> dict[str, torch.Tensor]:
-    """Our parameters under their Hugging Face names (heads: encoder under `bert.`)."""
-    prefix = "bert." if hasattr(model, "bert") else ""  # a head holds its encoder as `bert`
+    """Our parameters under their Hugging Face names (heads: encoder under `bert.` / `electra.`)."""
+    layout = layout_of(model)
+    prefix = layout.prefix if hasattr(model, layout.prefix[:-1]) else ""  # a head holds its encoder as `bert`
     out = {}
-    for full, rel, param in _our_params(model):
-        keys = hf_keys(rel)
+    for full, rel, param in _our_params(model, layout):
+        keys = hf_keys(rel, layout)
         chunks = param.detach().chunk(len(keys), dim=0) if len(keys) > 1 else (param.detach(),)
         for key, chunk in zip(keys, chunks):
-            out[(prefix if key.startswith(ENCODER_PREFIXES) else "") + key] = chunk.contiguous().clone()
+            out[(prefix if key.startswith(layout.encoder_prefixes) else "") + key] = chunk.contiguous().clone()
     return out
 
 

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from bertkit.checkpoint import resolve
+from bertkit.electra import class_for
 from bertkit.errors import BertkitError
 from bertkit.fast import accelerate, resolve_device, resolve_dtype
 from bertkit.modeling import BertModel
@@ -188,9 +189,11 @@ def pool_words(token_vectors: np.ndarray, token_words: Sequence, n_words: int, h
 
 
 def from_pretrained(path=None):
-    """(BertModel, Tokenizer) from a model directory; None: the default model with its vocabulary."""
+    """(BertModel, Tokenizer) from a model directory; None: the default model with its vocabulary.
+    An ELECTRA directory (e.g. a pre-training run's discriminator) gives an ElectraModel: the same
+    outputs (no pooler; [CLS] and mean pooling read the token vectors)."""
     directory = resolve(path)
-    return BertModel.from_pretrained(directory), Tokenizer.from_pretrained(directory)
+    return class_for(directory, BertModel).from_pretrained(directory), Tokenizer.from_pretrained(directory)
 
 
 @functools.lru_cache(maxsize=2)

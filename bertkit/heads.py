@@ -205,6 +205,19 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
 # --- fine-tuning heads -----------------------------------------------------------------
 
 
+def sequence_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    """The loss of a sequence classifier's logits [B, K] for one problem type (see below)."""
+    B, K = logits.shape
+    if kind == "regression":
+        check_labels(labels.reshape(-1), (B * K,), "labels (regression)")
+        return F.mse_loss(logits.reshape(-1), labels.reshape(-1).to(logits.dtype))
+    if kind == "single_label_classification":
+        check_labels(labels, (B,), "labels", K)
+        return F.cross_entropy(logits, labels)
+    check_labels(labels, (B, K), "labels (multi-label, 0/1 per class)")
+    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+
+
 class BertForSequenceClassification(BertPreTrainedModel):
     """A linear layer on the pooled [CLS] vector: sentence or pair classification/regression.
 
@@ -238,19 +251,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         pooled = out.pooler_output if self.bert.pooler is not None else mean_pool(out.last_hidden_state, attention_mask)
         logits = self.classifier(self.dropout(pooled))  # [B, H] -> [B, num_labels]
-        loss = None
-        if labels is not None:
-            B, K = logits.shape
-            kind = self.problem_type(labels)
-            if kind == "regression":
-                check_labels(labels.reshape(-1), (B * K,), "labels (regression)")
-                loss = F.mse_loss(logits.reshape(-1), labels.reshape(-1).to(logits.dtype))
-            elif kind == "single_label_classification":
-                check_labels(labels, (B,), "labels", K)
-                loss = F.cross_entropy(logits, labels)
-            else:
-                check_labels(labels, (B, K), "labels (multi-label, 0/1 per class)")
-                loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+        loss = None if labels is None else sequence_loss(logits, labels, self.problem_type(labels))
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 
@@ -276,6 +277,17 @@ class BertForTokenClassification(BertPreTrainedModel):
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 
+def span_loss(start_logits, end_logits, start_positions, end_positions) -> torch.Tensor:
+    """(CE start + CE end) / 2 over [B, T] scores; positions outside the window (the answer
+    truncated away) are clamped to T and ignored."""
+    B, T = start_logits.shape
+    check_labels(start_positions.reshape(-1), (B,), "start_positions")
+    check_labels(end_positions.reshape(-1), (B,), "end_positions")
+    start = start_positions.reshape(-1).clamp(0, T)
+    end = end_positions.reshape(-1).clamp(0, T)
+    return (F.cross_entropy(start_logits, start, ignore_index=T) + F.cross_entropy(end_logits, end, ignore_index=T)) / 2
+
+
 class BertForQuestionAnswering(BertPreTrainedModel):
     """Span extraction (SQuAD): a start score and an end score for every token."""
 
@@ -292,14 +304,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         start_logits, end_logits = logits.unbind(dim=-1)  # 2 x [B, T]
         loss = None
         if start_positions is not None and end_positions is not None:
-            B, T = start_logits.shape
-            check_labels(start_positions.reshape(-1), (B,), "start_positions")
-            check_labels(end_positions.reshape(-1), (B,), "end_positions")
-            # positions outside the window (answer truncated away) are clamped to T and ignored
-            start = start_positions.reshape(-1).clamp(0, T)
-            end = end_positions.reshape(-1).clamp(0, T)
-            loss = (F.cross_entropy(start_logits, start, ignore_index=T)
-                    + F.cross_entropy(end_logits, end, ignore_index=T)) / 2
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
         return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous(),
                                        out.hidden_states, out.attentions)
 

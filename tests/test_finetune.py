@@ -213,7 +213,8 @@ def test_mean_pooling_fine_tunes_and_predicts(tiny, sentiment_run, tmp_path):
     final = finetune_text(cfg, log=lambda s: None)
     assert final["dev"]["accuracy"] >= 0.9
     assert json.loads((tmp_path / "mean" / "config.json").read_text())["classifier_pooling"] == "mean"
-    preds = bertkit.predict(tmp_path / "mean", ["the food was great .", "the movie was awful ."])
+    from bertkit.finetune.predict import predict
+    preds = predict(tmp_path / "mean", ["the food was great .", "the movie was awful ."])
     assert [p["label"] for p in preds] == ["pos", "neg"]
     with pytest.raises(BertkitError, match="unknown pooling 'max'"):
         finetune_text(TextTaskConfig(train=cfg.train, output=str(tmp_path / "x"), pooling="max"), log=lambda s: None)
@@ -381,3 +382,30 @@ def test_demo_runs_end_to_end_on_a_tiny_model(tiny, tmp_path):
     assert 0.0 <= final["dev"]["accuracy"] <= 1.0 and final["dev_examples"] == 8
     assert len(final["new_sentences"]) == len(NEW_SENTENCES)
     assert any("held-out accuracy" in line for line in lines)
+
+
+def test_an_electra_discriminator_fine_tunes_and_predicts(tmp_path):
+    # `finetune --model` an ELECTRA pre-training output: the discriminator gets ELECTRA's
+    # classification head, learns the keyword task, and `bertkit.predict` loads it back
+    from bertkit.electra import ElectraConfig, ElectraForPreTraining, ElectraForSequenceClassification
+    from bertkit.finetune.predict import load
+    from bertkit.tokenizer import Tokenizer
+
+    src = tmp_path / "electra"
+    src.mkdir()
+    (src / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    config = ElectraConfig(vocab_size=len(VOCAB), embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=37, max_position_embeddings=64)
+    ElectraForPreTraining(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        src, tokenizer=Tokenizer.from_pretrained(src / "vocab.txt"))
+    rng = random.Random(5)
+    t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], sentiment_rows(64, rng))
+    d = write_tsv(tmp_path / "d.tsv", ["sentence", "label"], sentiment_rows(32, rng))
+    final = finetune_text(TextTaskConfig(train=str(t), dev=str(d), output=str(tmp_path / "o"), model=str(src),
+                                         max_length=24, training=fast(epochs=6)), log=lambda s: None)
+    assert final["dev"]["accuracy"] >= 0.9
+    model, _, _ = load(tmp_path / "o")
+    assert isinstance(model, ElectraForSequenceClassification)
+    from bertkit.finetune.predict import predict
+    preds = predict(tmp_path / "o", ["the movie was great", "the food was awful"])
+    assert [p["label"] for p in preds] == ["pos", "neg"]

@@ -1,7 +1,10 @@
-"""Pre-training commands: `bertkit pretrain prepare` and `bertkit pretrain run`; their
-options are built from `PrepareConfig` and `RunConfig` by `bertkit.options`."""
+"""Pre-training commands: `bertkit pretrain prepare` and `bertkit pretrain run` (their options
+are built from `PrepareConfig` and `RunConfig` by `bertkit.options`), and the two pre-training
+tasks made visible: `bertkit fill-mask` (masked LM) and `bertkit electra show` (replaced-token
+detection)."""
 
 import argparse
+import json
 
 
 def add_pretrain(sub):
@@ -67,3 +70,69 @@ def run_pretrain_prepare(args):
 
 
 PRETRAIN_COMMANDS = [add_pretrain_prepare, add_pretrain_run]
+
+
+# --- the pre-training tasks made visible ----------------------------------------
+
+def add_fill_mask(sub):
+    p = sub.add_parser(
+        "fill-mask",
+        help="show the words a masked-LM head predicts for each [MASK], with probabilities",
+        description="Run the MLM head of MODEL_DIR (a bertkit pre-training output, a Hugging Face "
+        "BertForMaskedLM/BertForPreTraining checkpoint, an ELECTRA generator or an ELECTRA pre-training "
+        "directory) on TEXT and print the top-k vocabulary entries for each [MASK].",
+        epilog='example: bertkit fill-mask runs/mlm "The man went to the [MASK] ."',
+    )
+    p.add_argument("model", metavar="MODEL_DIR", help="a model directory with an MLM head")
+    p.add_argument("text", help="text with one or more [MASK] tokens")
+    p.add_argument("--pair", help="a second segment (sentence B)")
+    p.add_argument("--top-k", type=int, default=5, help="candidates per [MASK] (default 5)")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    p.set_defaults(handler=run_fill_mask)
+
+
+def run_fill_mask(args):
+    from dataclasses import asdict
+
+    from bertkit.fill_mask import fill_mask, format_predictions
+
+    predictions = fill_mask(args.model, args.text, top_k=args.top_k, pair=args.pair)
+    if args.json:
+        print(json.dumps([[asdict(c) for c in candidates] for candidates in predictions], ensure_ascii=False))
+    else:
+        print(format_predictions(args.text, predictions))
+
+
+def add_electra(sub):
+    p = sub.add_parser("electra", help="look at an ELECTRA pre-training run's generator and discriminator")
+    esub = p.add_subparsers(dest="electra_command", metavar="COMMAND", required=True)
+    s = esub.add_parser(
+        "show",
+        help="the generator's replacements and the discriminator's probability of 'replaced' per token",
+        description="Mask some tokens of TEXT (its own [MASK]s, else --mask-prob of them, drawn with --seed), "
+        "let the generator fill them by sampling, and print for every token what the discriminator read "
+        "and its probability that the token was replaced. MODEL_DIR holds the discriminator and, in "
+        "generator/, the generator (the output of ELECTRA pre-training).",
+        epilog='examples:\n  bertkit electra show runs/electra "the chef cooked the meal"\n'
+        '  bertkit electra show runs/electra "the chef ate the meal" --mask-prob 0',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("model", metavar="MODEL_DIR", help="an ELECTRA pre-training output directory")
+    s.add_argument("text", help="the text to corrupt and judge")
+    s.add_argument("--mask-prob", type=float, default=0.15,
+                   help="fraction of tokens to mask when TEXT has no [MASK] (default 0.15; 0: judge TEXT as written)")
+    s.add_argument("--seed", type=int, default=0, help="draws the masked positions and the samples")
+    s.add_argument("--json", action="store_true", help="print the rows as JSON")
+    s.set_defaults(handler=run_electra_show)
+
+
+def run_electra_show(args):
+    from dataclasses import asdict
+
+    from bertkit.electra_view import format_rows, show
+
+    rows = show(args.model, args.text, mask_prob=args.mask_prob, seed=args.seed)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], ensure_ascii=False))
+    else:
+        print(format_rows(rows))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bertkit import heads
+from bertkit.electra import class_for
 from bertkit.errors import BertkitError
 from bertkit.fast import accelerate, resolve_device, resolve_dtype
 from bertkit.finetune import metrics as M
@@ -49,7 +50,7 @@ def load(model_dir, device=None, dtype=None):
     cls = {"ner": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}.get(
         info["task"], heads.BertForSequenceClassification)
     where = resolve_device(device)
-    model = cls.from_pretrained(model_dir).eval().to(where, resolve_dtype(dtype, where))
+    model = class_for(model_dir, cls).from_pretrained(model_dir).eval().to(where, resolve_dtype(dtype, where))
     return accelerate(model), Tokenizer.from_pretrained(model_dir), info  # loaded here for inference only
 
 

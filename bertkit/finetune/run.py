@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from bertkit.electra import class_for
 from bertkit.errors import BertkitError
 
 TASK_FILE = "bertkit_task.json"
@@ -29,6 +30,7 @@ TASK_FILE = "bertkit_task.json"
 def load_head(cls, model_path, seed: int, log=print, **config_overrides):
     """`cls` on the pretrained encoder at `model_path` with a fresh head drawn from `seed`."""
     generator = torch.Generator().manual_seed(seed)
+    cls = class_for(model_path, cls)  # an ELECTRA discriminator gets the ELECTRA form of the head
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report below says the same in one line
         model = cls.from_pretrained(model_path, strict=False, generator=generator, **config_overrides)

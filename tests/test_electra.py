@@ -1,0 +1,309 @@
+"""ELECTRA: parity with transformers both ways (odd tiny shapes, embedding_size != hidden_size),
+and the pre-training step's rules checked by hand: seeded sampling, replaced = "differs from the
+original", no loss on padding, no gradient into the generator from the discriminator's loss,
+embeddings shared before and after save/load."""
+
+import json
+
+import pytest
+import torch
+
+from bertkit import BertkitError
+from bertkit.electra import (GENERATOR_DIR, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining,
+                             ElectraForQuestionAnswering, ElectraForSequenceClassification,
+                             ElectraForTokenClassification, ElectraModel, ElectraPretrainingModel, class_for,
+                             corrupt, electra_metrics)
+from bertkit.heads import BertForSequenceClassification
+
+# odd sizes so that a swapped dimension fails: E=20 != H=36, 6 heads of 6, intermediate 37
+TINY = dict(vocab_size=99, embedding_size=20, hidden_size=36, num_hidden_layers=2, num_attention_heads=6,
+            intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
+CLASSES = (ElectraModel, ElectraForPreTraining, ElectraForMaskedLM, ElectraForSequenceClassification,
+           ElectraForTokenClassification, ElectraForQuestionAnswering)
+
+
+def config(**overrides):
+    return ElectraConfig(**{**TINY, **overrides})
+
+
+def inputs(shape=(2, 9)):
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, 99, shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.long)
+    mask[1, 6:] = 0
+    types = torch.zeros(shape, dtype=torch.long)
+    types[:, 4:] = 1
+    return ids * mask, mask, types * mask
+
+
+def hf_config(transformers_mod, **overrides):
+    return transformers_mod.ElectraConfig(**{**TINY, "hidden_dropout_prob": 0.0, **overrides})
+
+
+def labels_for(cls, B=2, T=9):
+    g = torch.Generator().manual_seed(3)
+    if cls is ElectraForPreTraining:
+        return dict(labels=torch.randint(0, 2, (B, T), generator=g))
+    if cls is ElectraForMaskedLM:
+        labels = torch.full((B, T), -100)
+        labels[:, [2, 5]] = torch.randint(0, 99, (B, 2), generator=g)
+        return dict(labels=labels)
+    if cls is ElectraForSequenceClassification:
+        return dict(labels=torch.tensor([0, 2]))
+    if cls is ElectraForTokenClassification:
+        return dict(labels=torch.randint(0, 3, (B, T), generator=g))
+    if cls is ElectraForQuestionAnswering:
+        return dict(start_positions=torch.tensor([1, 3]), end_positions=torch.tensor([4, 5]))
+    return {}
+
+
+def _compare(ours, hf, ids, mask, types, labels):
+    with torch.no_grad():
+        a = ours(ids, mask, types, **labels)
+        b = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels)
+    real = mask.bool()
+    if isinstance(ours, ElectraModel):
+        # padding rows differ by summation order only (as for BERT, test_model): compare real tokens
+        torch.testing.assert_close(a.last_hidden_state[real], b.last_hidden_state[real], atol=1e-5, rtol=0)
+        return
+    for name in ("logits", "start_logits", "end_logits"):
+        x, y = getattr(a, name, None), getattr(b, name, None)
+        if x is None:
+            continue
+        if isinstance(ours, ElectraForMaskedLM) and "labels" in labels:
+            y = y[labels["labels"] != -100]  # ours projects only the labelled positions
+        elif x.dim() >= 2 and x.shape[:2] == real.shape:
+            x, y = x[real], y[real]
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=0, msg=name)
+    if a.loss is not None:
+        torch.testing.assert_close(a.loss, b.loss, atol=1e-5, rtol=0)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_transformers_checkpoints_load_with_the_same_outputs(tmp_path, transformers_mod, cls):
+    torch.manual_seed(0)
+    hf = getattr(transformers_mod, cls.__name__)(hf_config(transformers_mod, num_labels=3 if cls is not ElectraForQuestionAnswering else 2)).eval()
+    with torch.no_grad():  # non-zero biases and LayerNorms, so a bias read from the wrong key shows
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    hf.save_pretrained(tmp_path)
+    ours = cls.from_pretrained(tmp_path)  # strict
+    assert not ours.load_report.problems, ours.load_report.describe()
+    ids, mask, types = inputs()
+    _compare(ours, hf, ids, mask, types, labels_for(cls))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_transformers_loads_what_we_save(tmp_path, transformers_mod, cls):
+    ours = cls(config(num_labels=3 if cls is not ElectraForQuestionAnswering else 2),
+               generator=torch.Generator().manual_seed(1)).eval()
+    ours.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "electra" and saved["embedding_size"] == 20 and saved["architectures"] == [cls.__name__]
+    hf, info = getattr(transformers_mod, cls.__name__).from_pretrained(str(tmp_path), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ids, mask, types = inputs()
+    _compare(ours, hf.eval(), ids, mask, types, labels_for(cls))
+
+
+@pytest.mark.oracle
+def test_equal_embedding_and_hidden_size_has_no_projection(tmp_path, transformers_mod):
+    hf = transformers_mod.ElectraForPreTraining(hf_config(transformers_mod, embedding_size=36)).eval()
+    hf.save_pretrained(tmp_path)
+    ours = ElectraForPreTraining.from_pretrained(tmp_path)
+    assert ours.electra.embeddings_project is None
+    ids, mask, types = inputs()
+    _compare(ours, hf, ids, mask, types, {})
+
+
+def test_a_discriminator_loads_for_fine_tuning_with_a_fresh_head(tmp_path):
+    disc = ElectraForPreTraining(config(), generator=torch.Generator().manual_seed(0))
+    disc.save_pretrained(tmp_path)
+    cls = class_for(tmp_path, BertForSequenceClassification)
+    assert cls is ElectraForSequenceClassification
+    with pytest.warns(UserWarning):
+        model = cls.from_pretrained(tmp_path, strict=False, num_labels=4)
+    report = model.load_report
+    assert sorted(report.missing) == ["classifier.dense.bias", "classifier.dense.weight",
+                                      "classifier.out_proj.bias", "classifier.out_proj.weight"]
+    assert report.unused and all(k.startswith("discriminator_predictions.") for k in report.unused)
+    torch.testing.assert_close(model.electra.encoder.layers[1].output.weight, disc.electra.encoder.layers[1].output.weight)
+    assert model(*inputs()).logits.shape == (2, 4)
+    with pytest.raises(BertkitError, match="does not match"):  # strict by default: the head is missing
+        ElectraForSequenceClassification.from_pretrained(tmp_path)
+
+
+def test_configs_say_which_family_they_are(tmp_path):
+    ElectraModel(config()).save_pretrained(tmp_path)
+    with pytest.raises(BertkitError, match="model_type 'electra'"):
+        BertForSequenceClassification.from_pretrained(tmp_path)
+    assert class_for(None, BertForSequenceClassification) is BertForSequenceClassification
+    with pytest.raises(BertkitError, match="embedding_size"):
+        config(embedding_size=0)
+
+
+def test_generator_config_is_a_quarter_with_the_head_size_kept():
+    base = ElectraConfig.preset("base")
+    gen = base.generator_config()
+    assert (gen.hidden_size, gen.num_attention_heads, gen.intermediate_size) == (192, 3, 768)
+    assert (gen.num_hidden_layers, gen.embedding_size, gen.vocab_size) == (12, 768, base.vocab_size)
+    assert base.generator_config(1.0).hidden_size == 768
+    with pytest.raises(BertkitError, match="fraction"):
+        base.generator_config(0.0)
+
+
+# --- the pre-training step ---------------------------------------------------------------------
+
+
+def pretraining_model(seed=0, **overrides):
+    c = config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **overrides)
+    return ElectraPretrainingModel(c, generator=torch.Generator().manual_seed(seed))
+
+
+def masked_batch():
+    """Two rows of 9, the second padded after 6; positions 2 and 5 masked (id 4 = [MASK])."""
+    ids, mask, types = inputs()
+    labels = torch.full_like(ids, -100)
+    labels[:, [2, 5]] = ids[:, [2, 5]]
+    masked = ids.clone()
+    masked[:, [2, 5]] = 4
+    return dict(input_ids=masked, labels=labels, attention_mask=mask, token_type_ids=types)
+
+
+def test_replaced_means_the_token_differs_from_the_original():
+    ids = torch.tensor([[10, 4, 12, 4, 14]])  # positions 1 and 3 masked; originals 11 and 13
+    labels = torch.tensor([[-100, 11, -100, 13, -100]])
+    corrupted, replaced = corrupt(ids, labels, torch.tensor([11, 50]))  # 11 = the original, 50 is not
+    assert corrupted.tolist() == [[10, 11, 12, 50, 14]]
+    assert replaced.tolist() == [[False, False, False, True, False]]
+
+
+def test_sampling_is_seeded_and_reproducible():
+    model, batch = pretraining_model(), masked_batch()
+    run = lambda seed: model(**batch, rng=torch.Generator().manual_seed(seed))  # noqa: E731
+    a, b, c = run(7), run(7), run(8)
+    assert torch.equal(a.corrupted_ids, b.corrupted_ids) and torch.equal(a.loss, b.loss)
+    others = [run(s).sampled for s in range(8, 14)]
+    assert any(not torch.equal(a.sampled, s) for s in others + [c.sampled])
+    # the labels the discriminator saw are exactly "differs from the original"
+    original = torch.where(batch["labels"] != -100, batch["labels"], batch["input_ids"])
+    assert torch.equal(a.replaced, a.corrupted_ids != original)
+    assert torch.equal(a.corrupted_ids[batch["labels"] == -100], batch["input_ids"][batch["labels"] == -100])
+
+
+def test_the_loss_is_mlm_plus_fifty_times_the_discriminator_loss_over_real_tokens():
+    model, batch = pretraining_model(), masked_batch()
+    out = model(**batch, rng=torch.Generator().manual_seed(0))
+    real = batch["attention_mask"].bool()
+    by_hand = torch.nn.functional.binary_cross_entropy_with_logits(out.disc_logits[real], out.replaced[real].float())
+    torch.testing.assert_close(out.disc_loss, by_hand)
+    torch.testing.assert_close(out.loss, out.mlm_loss + 50.0 * out.disc_loss)
+    # padding gets no loss: whatever the discriminator says at padded positions changes nothing
+    logits = out.disc_logits.detach().clone()
+    logits[~real] = 1e4
+    from bertkit.electra import discriminator_loss
+    torch.testing.assert_close(discriminator_loss(logits, out.replaced, batch["attention_mask"]), by_hand.detach())
+    counts = out.counts()
+    assert counts["disc_total"] == real.sum() == counts["tokens"] and counts["mlm_total"] == 4
+    rates = electra_metrics(counts)
+    assert rates["disc_acc"] == counts["disc_correct"] / 15 and 0 <= rates["sampled_original"] <= 1
+
+
+def test_the_discriminator_loss_sends_no_gradient_into_the_generator():
+    model, batch = pretraining_model(), masked_batch()
+    out = model(**batch, rng=torch.Generator().manual_seed(0))
+    out.disc_loss.backward()
+    shared = {id(p) for p in model.discriminator.electra.embeddings.parameters()}
+    generator_only = [(n, p) for n, p in model.generator.named_parameters() if id(p) not in shared]
+    assert generator_only and all(p.grad is None for _, p in generator_only), [n for n, p in generator_only if p.grad is not None]
+    assert model.discriminator.electra.embeddings.word_embeddings.weight.grad is not None  # shared: it learns
+    model.zero_grad()
+    model(**batch, rng=torch.Generator().manual_seed(0)).mlm_loss.backward()
+    assert all(p.grad is None for p in model.discriminator.discriminator_predictions.parameters())
+
+
+def test_embeddings_stay_shared_after_save_and_load(tmp_path):
+    model = pretraining_model()
+    assert model.generator.electra.embeddings is model.discriminator.electra.embeddings
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "config.json").is_file() and (tmp_path / GENERATOR_DIR / "config.json").is_file()
+    loaded = ElectraPretrainingModel.from_pretrained(tmp_path)
+    assert loaded.generator.electra.embeddings is loaded.discriminator.electra.embeddings
+    # 6 heads x 1/4 = 1.5 -> 2 heads of 6
+    assert loaded.generator.config.hidden_size == 12 and loaded.config.hidden_size == 36
+    batch = masked_batch()
+    a = model.eval()(**batch, rng=torch.Generator().manual_seed(3))
+    b = loaded(**batch, rng=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(a.loss, b.loss, atol=0, rtol=0)
+    # one optimizer step moves one tensor, seen by both networks
+    opt = torch.optim.SGD(loaded.parameters(), lr=0.1)
+    loaded.train()(**batch, rng=torch.Generator().manual_seed(3)).loss.backward()
+    opt.step()
+    assert torch.equal(loaded.generator.electra.embeddings.word_embeddings.weight,
+                       loaded.discriminator.electra.embeddings.word_embeddings.weight)
+    # a state-dict round trip (what resumable checkpoints hold) keeps them shared
+    fresh = pretraining_model(seed=9)
+    fresh.load_state_dict(loaded.state_dict())
+    assert fresh.generator.electra.embeddings is fresh.discriminator.electra.embeddings
+    torch.testing.assert_close(fresh.discriminator.electra.embeddings.word_embeddings.weight,
+                               loaded.discriminator.electra.embeddings.word_embeddings.weight, atol=0, rtol=0)
+
+
+def test_load_refuses_a_generator_trained_apart(tmp_path):
+    pretraining_model(seed=0).save_pretrained(tmp_path)
+    pretraining_model(seed=1).generator.save_pretrained(tmp_path / GENERATOR_DIR)
+    with pytest.raises(BertkitError, match="different embeddings"):
+        ElectraPretrainingModel.from_pretrained(tmp_path)
+    with pytest.raises(BertkitError, match="share their embeddings"):
+        ElectraPretrainingModel(config(), config(embedding_size=24))
+
+
+@pytest.mark.oracle
+def test_embed_reads_an_electra_directory_like_transformers(tmp_path, transformers_mod):
+    import bertkit
+    from bertkit.tokenizer import Tokenizer
+
+    words = ["the", "chef", "cooked", "ate", "a", "meal", ".", "good", "food"]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    disc = ElectraForPreTraining(config(vocab_size=len(vocab)), generator=torch.Generator().manual_seed(2))
+    disc.save_pretrained(tmp_path, tokenizer=Tokenizer(vocab))
+    texts = ["the chef cooked a meal .", "good food"]
+    ours = bertkit.embed(texts, model=str(tmp_path), pooling="mean")
+    hf = transformers_mod.ElectraModel.from_pretrained(str(tmp_path)).eval()
+    for text, row in zip(texts, ours):
+        ids = torch.tensor([[2, *(vocab.index(w) for w in text.split()), 3]])
+        with torch.no_grad():
+            ref = hf(input_ids=ids).last_hidden_state[0].mean(0)
+        torch.testing.assert_close(torch.from_numpy(row), ref, atol=1e-5, rtol=0)
+
+
+def test_the_step_runs_on_cuda_with_a_cuda_generator():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    model, batch = pretraining_model().cuda(), {k: v.cuda() for k, v in masked_batch().items()}
+    out = model(**batch, rng=torch.Generator(device="cuda").manual_seed(0))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and model.generator.electra.encoder.layers[0].output.weight.grad is not None
+    again = model(**batch, rng=torch.Generator(device="cuda").manual_seed(0))
+    assert torch.equal(out.corrupted_ids, again.corrupted_ids)
+    with pytest.raises(BertkitError, match="torch.Generator\\(device='cuda'\\)"):
+        model(**batch, rng=torch.Generator().manual_seed(0))
+
+
+def test_sentence_pair_batches_are_refused_with_the_fix():
+    batch = masked_batch()
+    with pytest.raises(BertkitError, match="--objective none"):
+        pretraining_model()(**batch, next_sentence_label=torch.tensor([0, 1]))
+    with pytest.raises(BertkitError, match="needs labels"):
+        pretraining_model()(batch["input_ids"], None)
+
+
+def test_without_a_generator_the_global_rng_draws_so_checkpointed_rng_state_replays_it():
+    model, batch = pretraining_model(), masked_batch()
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    first = model(**batch).corrupted_ids
+    torch.set_rng_state(state)  # what a resumed run restores from its checkpoint
+    assert torch.equal(model(**batch).corrupted_ids, first)

@@ -1,0 +1,159 @@
+"""fill-mask against transformers' fill-mask pipeline on the same random tiny weights (BERT MLM,
+BERT pre-training, ELECTRA generator, an ELECTRA pre-training directory), and `electra show`
+checked against the discriminator run by hand on what it reports."""
+
+import json
+
+import pytest
+import torch
+
+from bertkit import BertkitError
+from bertkit.cli import main
+from bertkit.electra import GENERATOR_DIR, ElectraConfig, ElectraPretrainingModel
+from bertkit.electra_view import show
+from bertkit.fill_mask import fill_mask
+from bertkit.tokenizer import Tokenizer
+
+WORDS = ["the", "man", "went", "to", "store", "park", "a", "dog", "ran", "##s", ".", ",", "cat", "sat", "on",
+         "mat", "chef", "cooked", "ate", "meal", "big", "small", "red", "house", "tree"]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+SHAPE = dict(vocab_size=len(VOCAB), hidden_size=24, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=37, max_position_embeddings=32, hidden_dropout_prob=0.0)
+ONE = "the man went to the [MASK] ."
+TWO = "the [MASK] sat on the [MASK] ."
+
+
+def _perturbed(model, scale=0.5):
+    """Random weights with sharp enough logits that the top-k order is not a tie."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model.eval()
+
+
+def _save(transformers_mod, model, directory):
+    model.save_pretrained(directory)
+    Tokenizer(VOCAB).save_pretrained(directory)
+    return directory
+
+
+def _pipeline_answers(transformers_mod, model, directory, text, k):
+    tok = transformers_mod.BertTokenizerFast.from_pretrained(str(directory))
+    fill = transformers_mod.pipeline("fill-mask", model=model, tokenizer=tok, top_k=k, device="cpu")
+    out = fill(text)
+    return out if isinstance(out[0], list) else [out]
+
+
+def _assert_same(ours, theirs):
+    assert len(ours) == len(theirs)
+    for mine, ref in zip(ours, theirs):
+        assert [c.id for c in mine] == [r["token"] for r in ref]
+        assert [c.token for c in mine] == [VOCAB[r["token"]] for r in ref]
+        for c, r in zip(mine, ref):
+            assert abs(c.probability - r["score"]) < 1e-5
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("kind", ["BertForMaskedLM", "BertForPreTraining", "ElectraForMaskedLM"])
+@pytest.mark.parametrize("text", [ONE, TWO])
+def test_same_predictions_as_the_transformers_pipeline(tmp_path, transformers_mod, kind, text):
+    if kind.startswith("Electra"):
+        config = transformers_mod.ElectraConfig(**SHAPE, embedding_size=12)
+    else:
+        config = transformers_mod.BertConfig(**SHAPE)
+    hf = _perturbed(getattr(transformers_mod, kind)(config))
+    directory = _save(transformers_mod, hf, tmp_path / "model")
+    if kind == "BertForPreTraining":
+        hf = transformers_mod.BertForMaskedLM.from_pretrained(str(directory)).eval()  # the pipeline's head
+    ours = fill_mask(str(directory), text, top_k=4)
+    _assert_same(ours, _pipeline_answers(transformers_mod, hf, directory, text, 4))
+    assert all(sum(c.probability for c in row) <= 1 + 1e-6 for row in ours)  # a top-k of one softmax
+    assert all(row[0].probability >= row[-1].probability for row in ours)
+
+
+def _electra_run(tmp_path, seed=0):
+    config = ElectraConfig(**SHAPE, embedding_size=12, attention_probs_dropout_prob=0.0)
+    model = _perturbed(ElectraPretrainingModel(config, generator=torch.Generator().manual_seed(seed)), 0.3)
+    model.save_pretrained(tmp_path / "electra", tokenizer=Tokenizer(VOCAB))
+    return model, tmp_path / "electra"
+
+
+@pytest.mark.oracle
+def test_an_electra_pretraining_directory_predicts_with_its_generator(tmp_path, transformers_mod):
+    _, directory = _electra_run(tmp_path)
+    hf = transformers_mod.ElectraForMaskedLM.from_pretrained(str(directory / GENERATOR_DIR)).eval()
+    _assert_same(fill_mask(str(directory), TWO, top_k=3),
+                 _pipeline_answers(transformers_mod, hf, directory / GENERATOR_DIR, TWO, 3))
+
+
+def test_checkpoints_without_an_mlm_head_say_so(tmp_path):
+    from bertkit.electra import ElectraForPreTraining
+    from bertkit.modeling import BertModel
+    from bertkit.config import BertConfig
+
+    BertModel(BertConfig(**SHAPE)).save_pretrained(tmp_path / "bert")
+    Tokenizer(VOCAB).save_pretrained(tmp_path / "bert")
+    with pytest.raises(BertkitError, match="no masked-LM head.*bare encoder"):
+        fill_mask(str(tmp_path / "bert"), ONE)
+    ElectraForPreTraining(ElectraConfig(**SHAPE, embedding_size=12)).save_pretrained(tmp_path / "disc")
+    with pytest.raises(BertkitError, match="ELECTRA discriminator"):
+        fill_mask(str(tmp_path / "disc"), ONE)
+    _, directory = _electra_run(tmp_path)
+    with pytest.raises(BertkitError, match=r"no \[MASK\]"):
+        fill_mask(str(directory), "the man went to the store .")
+
+
+def test_cli_fill_mask(tmp_path, capsys):
+    _, directory = _electra_run(tmp_path)
+    assert main(["fill-mask", str(directory), ONE, "--top-k", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ONE and out[1] == "[MASK]:" and len(out) == 5
+    assert main(["fill-mask", str(directory), TWO, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [len(r) for r in rows] == [5, 5] and rows == [[vars(c) for c in r] for r in fill_mask(str(directory), TWO)]
+    assert main(["fill-mask", str(tmp_path / "nowhere"), ONE]) == 2
+    assert "no model directory" in capsys.readouterr().err
+
+
+# --- electra show ------------------------------------------------------------------------------
+
+
+def _discriminator_by_hand(model, tokens):
+    ids = torch.tensor([[VOCAB.index(t) for t in tokens]])
+    with torch.no_grad():
+        return torch.sigmoid(model.discriminator(ids).logits)[0].tolist()
+
+
+def test_show_reports_what_the_discriminator_read(tmp_path):
+    model, directory = _electra_run(tmp_path)
+    text = "the chef cooked the big red meal on the mat ."
+    rows = show(str(directory), text, mask_prob=0.3, seed=1)
+    tokens = ["[CLS]", *text.split(), "[SEP]"]
+    assert [r.token for r in rows] == tokens
+    masked = [i for i, r in enumerate(rows) if r.masked]
+    assert len(masked) == 3 and 0 not in masked and len(rows) - 1 not in masked  # 30% of 10 words
+    for r in rows:
+        assert r.replaced == (r.shown != r.token) and (r.masked or r.shown == r.token)
+    expected = _discriminator_by_hand(model.eval(), [r.shown for r in rows])
+    assert max(abs(r.p_replaced - p) for r, p in zip(rows, expected)) < 1e-6
+    assert rows == show(str(directory), text, mask_prob=0.3, seed=1)  # seeded
+
+
+def test_show_uses_the_texts_own_masks_or_none(tmp_path):
+    model, directory = _electra_run(tmp_path)
+    rows = show(str(directory), "the [MASK] sat on the mat .")
+    assert [r.masked for r in rows] == [False, False, True, False, False, False, False, False, False]
+    as_written = show(str(directory), "the chef ate the meal .", mask_prob=0)
+    assert not any(r.masked or r.replaced for r in as_written)
+    expected = _discriminator_by_hand(model.eval(), [r.token for r in as_written])
+    assert max(abs(r.p_replaced - p) for r, p in zip(as_written, expected)) < 1e-6
+
+
+def test_cli_electra_show(tmp_path, capsys):
+    _, directory = _electra_run(tmp_path)
+    assert main(["electra", "show", str(directory), "the dog ran to the park .", "--seed", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["token", "discriminator", "read", "p(replaced)"] and len(out) == 1 + 9
+    assert main(["electra", "show", str(directory / GENERATOR_DIR), "the dog"]) == 2
+    assert "no generator/ subfolder" in capsys.readouterr().err
