@@ -502,13 +502,18 @@ class ElectraPretrainingModel(nn.Module):
         self.generator.electra.embeddings = self.discriminator.electra.embeddings
 
     def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None,
-                rng: torch.Generator | None = None, next_sentence_label=None) -> ElectraPretrainingOutput:
+                rng: torch.Generator | None = None, next_sentence_label=None,
+                sample_seed: torch.Tensor | None = None) -> ElectraPretrainingOutput:
         if labels is None:
             raise BertkitError("ELECTRA pre-training needs labels: the original ids at the masked positions, -100 elsewhere")
         if next_sentence_label is not None:
             raise BertkitError(
                 "ELECTRA has no sentence-pair task: prepare the data with --objective none (single segments)"
             )
+        if rng is None and sample_seed is not None:
+            # a seed that travels with the batch (see pretraining.train): the replacements are then a
+            # function of the batch alone, the same on any rank, in any process, after any resume
+            rng = torch.Generator(device=input_ids.device).manual_seed(int(sample_seed))
         gen = self.generator(input_ids, attention_mask, token_type_ids, labels=labels)  # logits [M, V]
         sampled = sample_replacements(gen.logits, rng)  # [M]
         corrupted, replaced = corrupt(input_ids, labels, sampled)  # [B, T] each

@@ -25,6 +25,7 @@ from bertkit.training import PRECISIONS
 from bertkit.training.optim import OptimConfig
 
 OPTIMIZERS = ("adamw", "lamb")
+METHODS = ("bert", "electra")
 
 
 def pretraining_optim() -> OptimConfig:
@@ -38,6 +39,9 @@ class RunConfig:
     data: str = field(metadata={"help": "a directory made by `bertkit pretrain prepare`", "positional": True})
     output: str = field(default="runs/pretrain", metadata={"help": "run directory: checkpoints, metrics, final model", "short": "-o"})
     config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large) or a config.json"})
+    method: str = field(default="bert", metadata={"help": "bert: masked LM (+ NSP/SOP if the data has pairs); electra: replaced-token detection, a generator 1/4 the size fills the masks and the model (the discriminator) spots the replaced tokens (data: --objective none)", "choices": METHODS})
+    generator_size: float = field(default=0.25, metadata={"help": "electra: the generator's size as a fraction of the discriminator's (heads, hidden and feed-forward)"})
+    disc_weight: float = field(default=50.0, metadata={"help": "electra: loss = generator MLM loss + this x discriminator loss"})
     init_from: str | None = field(default=None, metadata={"help": "continue pre-training a Hugging Face checkpoint (its config and weights replace --config; optimizer and schedule start fresh), e.g. on in-domain text"})
     max_steps: int = field(default=1000, metadata={"help": "optimizer updates to train for"})
     batch_size: int = field(default=32, metadata={"help": "sequences per micro-batch, per process"})
@@ -69,6 +73,12 @@ class RunConfig:
             raise BertkitError(f"unknown optimizer {self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
             raise BertkitError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.method not in METHODS:
+            raise BertkitError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
+        if not 0 < self.generator_size <= 1:
+            raise BertkitError(f"--generator-size is a fraction of the discriminator in (0, 1], got {self.generator_size}")
+        if self.disc_weight <= 0:
+            raise BertkitError(f"--disc-weight must be > 0, got {self.disc_weight}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise BertkitError(f"--dropout must be in [0, 1), got {self.dropout}")
         self.optim.validate()

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from bertkit.config import IGNORE_INDEX
+from bertkit.electra import electra_metrics
 from bertkit.errors import BertkitError
 from bertkit.pretraining.held_out import log_label_balance, open_prepared
 from bertkit.pretraining.run_config import RunConfig
@@ -84,11 +85,27 @@ class BatchStream:
         return {"position": self.position, "seed": self.seed, "num_instances": len(self.instances)}
 
 
+def with_sample_seed(collate):
+    """ELECTRA samples its replacements from a seed drawn from the batch's own generator (seeded
+    by its position), so they are a pure function of the batch, as its masks are: 2 DDP ranks
+    draw what one process accumulating 2 micro-batches draws, and a resumed run the same."""
+
+    def collate_seeded(instances, generator):
+        batch = collate(instances, generator)
+        batch["sample_seed"] = torch.randint(0, 2**62, (), generator=generator)
+        return batch
+
+    return collate_seeded
+
+
 # --- metrics from one forward pass -------------------------------------------------
 
 
 def batch_metrics(out, batch: dict) -> dict:
-    """Counts for MLM and NSP/SOP accuracy from one output (sums, so they add up)."""
+    """Counts for MLM and NSP/SOP accuracy from one output (sums, so they add up); an ELECTRA
+    step counts its generator and discriminator itself."""
+    if hasattr(out, "counts"):
+        return out.counts()
     m = {}
     labels = batch.get("labels")
     # BertForPreTraining names its MLM logits prediction_logits; BertForMaskedLM (MLM alone) just logits
@@ -109,6 +126,8 @@ def batch_metrics(out, batch: dict) -> dict:
 
 
 def accuracies(counts: dict) -> dict:
+    if "disc_total" in counts:
+        return electra_metrics(counts)
     out = {}
     if counts.get("mlm_total"):
         out["mlm_acc"] = counts["mlm_correct"] / counts["mlm_total"]
@@ -149,24 +168,54 @@ def build_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config:
     """A fresh BertForPreTraining (MLM + NSP/SOP) or BertForMaskedLM (objectives "none", "single"),
     or with --init-from one that starts from that checkpoint's weights. On --resume, the
     architecture the checkpoint recorded (`resumed_config`), whose weights then replace these:
-    neither the --config file nor the --init-from directory has to exist any more."""
-    from bertkit.config import PRESETS, BertConfig
+    neither the --config file nor the --init-from directory has to exist any more.
+    --method electra: an ElectraPretrainingModel whose discriminator has that shape."""
+    from bertkit.config import BertConfig
     from bertkit.heads import BertForMaskedLM, BertForPreTraining
 
-    cls = BertForPreTraining if objective in ("nsp", "sop") else BertForMaskedLM
     changes = {} if cfg.dropout is None else {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
     g = torch.Generator().manual_seed(cfg.seed)  # the same initial weights on every rank
+    if cfg.method == "electra":
+        return electra_model(cfg, vocab_size, objective, resumed_config, changes, g)
+    cls = BertForPreTraining if objective in ("nsp", "sop") else BertForMaskedLM
     if resumed_config is not None:
         return cls(BertConfig.from_dict(resumed_config).replace(**changes), generator=g)
     if cfg.init_from:
         return continued_model(cls, cfg, changes, g)
-    if cfg.config in PRESETS:
-        config = BertConfig.preset(cfg.config)
-    elif Path(cfg.config).is_file():
-        config = BertConfig.from_json_file(cfg.config)
+    return cls(preset_or_file(cfg.config).replace(vocab_size=vocab_size, **changes), generator=g)
+
+
+def preset_or_file(name: str):
+    from bertkit.config import PRESETS, BertConfig
+
+    if name in PRESETS:
+        return BertConfig.preset(name)
+    if Path(name).is_file():
+        return BertConfig.from_json_file(name)
+    raise BertkitError(f"--config {name!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file")
+
+
+def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config, changes: dict, g):
+    """ELECTRA (Clark et al. 2020): the discriminator in --config's shape (its embedding size the
+    hidden size unless a config.json says otherwise), the generator --generator-size of it,
+    sharing the embeddings. Single segments only: ELECTRA has no sentence-pair task."""
+    from bertkit.electra import ElectraConfig, ElectraPretrainingModel
+
+    if objective in ("nsp", "sop"):
+        raise BertkitError(f"--method electra reads single segments, but {cfg.data} holds {objective.upper()} pairs: "
+                           "prepare the data with --objective none")
+    if resumed_config is not None:
+        config = ElectraConfig.from_dict(resumed_config)
+    elif cfg.init_from:
+        return ElectraPretrainingModel.from_pretrained(cfg.init_from, disc_weight=cfg.disc_weight).train()
     else:
-        raise BertkitError(f"--config {cfg.config!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file")
-    return cls(config.replace(vocab_size=vocab_size, **changes), generator=g)
+        base = preset_or_file(cfg.config).to_dict()
+        base.pop("model_type", None)
+        base.setdefault("embedding_size", base["hidden_size"])
+        config = ElectraConfig.from_dict(base).replace(vocab_size=vocab_size)
+    config = config.replace(**changes)
+    return ElectraPretrainingModel(config, config.generator_config(cfg.generator_size), disc_weight=cfg.disc_weight,
+                                   generator=g)
 
 
 def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generator):
@@ -202,6 +251,8 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         if not cfg.resume and latest_checkpoint(out):
             raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
         dataset, train_set, eval_set, collate, tokenizer = open_prepared(cfg, cfg.seed)
+        if cfg.method == "electra":
+            collate = with_sample_seed(collate)
         if info.is_main:
             log_label_balance(train_set, eval_set, cfg)
         g_eval = torch.Generator().manual_seed(cfg.seed + 1)  # one fixed masking of the held-out slice
@@ -213,7 +264,7 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         # the architecture the checkpoint recorded (None in checkpoints from before it did: the flags say)
         resumed_config = state.get("model_config") if state else None
         model = build_model(cfg, dataset.vocab_size, dataset.objective, resumed_config)
-        model_cls, model_config = type(model), model.config  # a plain copy to save into under FSDP
+        model_config = model.config  # the architecture: recorded in checkpoints, rebuilt to gather FSDP shards
         model = prepare_model(model, info, fsdp=cfg.fsdp, compile=cfg.compile)
         optimizer = build_optimizer(model, cfg.optim, cfg.optimizer)
         scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
@@ -242,13 +293,13 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         if info.is_main:
             final = distributed.unwrap(model)
             if distributed.is_fsdp(model):  # gather the shards into a plain model to save it
-                final = model_cls(model_config)
+                final = build_model(cfg, dataset.vocab_size, dataset.objective, model_config.to_dict())
                 final.load_state_dict(distributed.state_dicts(model, optimizer)[0])
             save_final(final, out, tokenizer)
             evals = [r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "eval" and "mlm_baseline" in r]
             refs = {"nsp_acc": [(0.5, "chance")],
                     "mlm_acc": [(evals[-1]["mlm_baseline"], "most frequent token")] if evals else []}
-            plot_curves(out / "metrics.jsonl", out / "curves.png", PANELS, refs)
+            plot_curves(out / "metrics.jsonl", out / "curves.png", ELECTRA_PANELS if cfg.method == "electra" else PANELS, refs)
         elif distributed.is_fsdp(model):
             distributed.state_dicts(model, optimizer)  # take part in the gather
         distributed.barrier(info)
@@ -258,6 +309,9 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
 
 
 PANELS = (("loss", "loss"), ("mlm_acc", "MLM accuracy"), ("nsp_acc", "NSP / SOP accuracy"), ("lr", "learning rate"))
+ELECTRA_PANELS = (("loss", "loss (MLM + weight x discriminator)"), ("mlm_acc", "generator MLM accuracy"),
+                  ("disc_acc", "discriminator accuracy"), ("disc_precision", "precision on replaced tokens"),
+                  ("disc_recall", "recall on replaced tokens"), ("lr", "learning rate"))
 
 
 def save_final(model, out: Path, tokenizer) -> None:
