@@ -491,6 +491,34 @@ def run_attention(args):
         print(f"wrote {args.bertviz}", file=sys.stderr)
 
 
+# --- serving ---------------------------------------------------------------
+
+def add_serve(sub):
+    from bertkit.serve.settings import add_arguments
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP: embeddings (OpenAI and TEI APIs), predictions, reranking",
+        description="Serve MODEL_DIR (an encoder, or a `bertkit finetune` output; default: the embedded "
+        "all-MiniLM-L6-v2) on HTTP with dynamic batching: requests are queued (bounded), packed by token "
+        "budget and answered each with its own rows. Endpoints: POST /v1/embeddings /embed /predict /rerank, "
+        "GET /health /info /metrics. SIGTERM answers every accepted request, then exits 0.",
+        epilog="examples:\n  bertkit serve\n"
+        "  curl -s localhost:8080/embed -H 'Content-Type: application/json' -d '{\"inputs\": \"Hello!\"}'\n"
+        "  bertkit serve runs/sst2 --port 9000 --api-key s3cret --max-batch-tokens 8192",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(handler=run_serve)
+
+
+def run_serve(args):
+    from bertkit.serve.server import serve
+    from bertkit.serve.settings import from_args
+
+    serve(from_args(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertkit",
@@ -504,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_demo, add_pretrain]
+COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_demo, add_pretrain, add_serve]
 
 
 def main(argv=None) -> int:
