@@ -75,8 +75,6 @@ def task_of(model_dir: Path) -> str | None:
     from bertkit.finetune.run import TASK_FILE, read_task_info
 
     config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise BertkitError(f"{model_dir} is not a model directory: it has no config.json")
     try:
         if (model_dir / TASK_FILE).is_file():
             return read_task_info(model_dir)["task"]
@@ -93,16 +91,11 @@ def _one_line(err) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-def load_runner(model_dir, settings):
-    """The Encoder or TaskModel for `model_dir` (None: the default model); one clear error if it cannot load."""
-    from bertkit.default_model import default_model_dir
-
-    path = default_model_dir() if model_dir is None else Path(model_dir)
-    if not path.is_dir():
-        raise BertkitError(f"model directory {path} does not exist: pass a directory with config.json "
-                           "(an encoder or a `bertkit finetune` output), or none for the default model")
+def load_runner(settings):
+    """The Encoder or TaskModel for the settings' model directory; one clear error if it cannot load."""
+    path = settings.model_path()
     task = task_of(path)
-    name = settings.served_model_name or ("all-MiniLM-L6-v2" if model_dir is None else path.resolve().name)
+    name = settings.served_model_name or ("all-MiniLM-L6-v2" if settings.model is None else path.resolve().name)
     try:
         if task is None:
             from bertkit.features import load_model

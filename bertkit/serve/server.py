@@ -37,6 +37,7 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(settings, log=None) -> None:
     """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    settings.validate().model_path()  # a wrong directory is said at once, before torch loads
     try:
         import uvicorn
 
@@ -49,10 +50,9 @@ def serve(settings, log=None) -> None:
     from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 
-    settings.validate()
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    runner = load_runner(settings.model, settings)
+    runner = load_runner(settings)
     app = create_app(runner, settings, Metrics())
     sock = bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]

@@ -3,14 +3,16 @@
 Each field is defined once here (name, default, help); `add_arguments` turns the
 fields into argparse options (`max_batch_tokens` -> `--max-batch-tokens`) and
 `from_args` builds the config from the flags a user gave. `validate` checks what
-needs no model; `check_against_model` what needs its size (the input limit must
-fit the position table).
+needs no model, `model_path` that the model directory is there (before torch
+loads), `check_against_model` what needs the model's size (the input limit must
+fit its position table).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bertkit.errors import BertkitError
 
@@ -60,6 +62,18 @@ class ServeConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise BertkitError("--api-key is empty: give a key, or leave the flag out to serve without one")
         return self
+
+    def model_path(self) -> Path:
+        """The model directory (the default model's when none is given), checked before anything loads."""
+        from bertkit.default_model import default_model_dir
+
+        path = default_model_dir() if self.model is None else Path(self.model)
+        if not path.is_dir():
+            raise BertkitError(f"model directory {path} does not exist: pass a directory with config.json "
+                               "(an encoder or a `bertkit finetune` output), or none for the default model")
+        if not (path / "config.json").is_file():
+            raise BertkitError(f"{path} is not a model directory: it has no config.json")
+        return path
 
     def check_against_model(self, max_positions: int) -> int:
         """The input limit in tokens, which must fit the model's positions and the batch budget."""
