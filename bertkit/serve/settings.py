@@ -24,9 +24,9 @@ class ServeConfig:
         "(default: the embedded all-MiniLM-L6-v2)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind; 0.0.0.0 exposes the server to the network"})
     port: int = field(default=8080, metadata={"help": "TCP port; 0 picks a free one (printed at start-up)"})
-    max_batch_tokens: int = field(default=16384, metadata={
+    max_batch_tokens: int = field(default=2048, metadata={
         "help": "token budget of one forward pass: rows x longest row (padding counted)"})
-    max_batch_size: int = field(default=128, metadata={"help": "most rows (texts) in one forward pass"})
+    max_batch_size: int = field(default=64, metadata={"help": "most rows (texts) in one forward pass"})
     max_wait_ms: float = field(default=2.0, metadata={
         "help": "how long the batcher waits for more requests to fill a batch once one is there"})
     max_queue: int = field(default=512, metadata={
