@@ -492,3 +492,31 @@ def test_sigterm_answers_every_accepted_request_then_exits_0(servers):
     with pytest.raises(OSError):
         call(port, "GET", "/health", timeout=2)  # gone: nothing listens any more
     assert "stopped after answering every accepted request" in "".join(server.lines)
+
+
+def test_engine_fails_only_the_job_that_breaks_a_batch():
+    """A batch that raises is retried job by job: the culprit gets the error, its neighbours their answers."""
+    import asyncio
+
+    from bertkit.serve.batching import Engine
+
+    class Runner:
+        task = "predict"
+        calls = []
+
+        def run_jobs(self, jobs):
+            self.calls.append(len(jobs))
+            if any("bad" in job.items for job in jobs):
+                raise ValueError("bad input")
+            return [[x.upper() for x in job.items] for job in jobs]
+
+    async def scenario():
+        engine = Engine(Runner(), max_queue=8, max_batch_tokens=100, max_batch_size=100, max_wait_ms=300).start()
+        jobs = [engine.submit(items, len(items)) for items in (["a"], ["bad"], ["b", "c"])]
+        results = await asyncio.gather(*(job.future for job in jobs), return_exceptions=True)
+        engine.close()
+        return results, engine.depth
+
+    (first, broken, third), depth = asyncio.run(scenario())
+    assert first == ["A"] and third == ["B", "C"] and isinstance(broken, ValueError) and depth == 0
+    assert Runner.calls == [3, 1, 1, 1]  # one batch of three, then each alone
