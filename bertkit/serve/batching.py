@@ -168,12 +168,12 @@ class Engine:
                 for job in live:
                     self._answer([job])
                 return
-            live[0].settle(error=err)
             self._release(1)
+            live[0].settle(error=err)
             return
+        self._release(len(live))  # before the answers go out: a client that reads one sees the queue without it
         for job, answer in zip(live, answers):
             job.settle(answer)
-        self._release(len(live))
 
     def _release(self, n: int) -> None:
         if n:

@@ -32,7 +32,7 @@ class ServeConfig:
     max_queue: int = field(default=512, metadata={
         "help": "most requests accepted and not yet answered; beyond it a request gets 429 with Retry-After"})
     max_input_length: int | None = field(default=None, metadata={
-        "help": "most tokens per text, [CLS]/[SEP] included (default: the model's positions, 512); longer "
+        "help": "embeddings: most tokens per text, [CLS]/[SEP] included (default: the model's positions, 512); longer "
         "texts are refused (413) unless the request asks to truncate"})
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest request body; beyond it 413"})
     api_key: str | None = field(default=None, metadata={
