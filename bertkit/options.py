@@ -92,8 +92,9 @@ def add_options(parser, cls, base: dict | None = None, skip=()) -> None:
         convert, choices = _leaf_type(hint)
         choices = f.metadata.get("choices") or choices
         help_text = f.metadata.get("help", f.name.replace("_", " "))
-        if f.metadata.get("positional"):
-            parser.add_argument(f.name, help=help_text)
+        if f.metadata.get("positional"):  # optional where the field defaults to None
+            optional = {"nargs": "?", "default": None} if f.default is None else {}
+            parser.add_argument(f.name, help=help_text, metavar=f.metadata.get("metavar"), **optional)
             continue
         default = _get(shown, path)
         flags = list(f.metadata.get("flags", [_flag(f.name)])) + ([f.metadata["short"]] if "short" in f.metadata else [])

@@ -9,7 +9,7 @@ a file that is not UTF-8 text gets that one line too.
 
 One module per area (`text`: tokenizer and vocabularies, `model`, `pretrain`,
 `finetune`: fine-tuning, prediction and the demo, `features`: embeddings and
-attention pictures); add a command next to its siblings and register its `add_*`
+attention pictures, `serve`: the HTTP server); add a command next to its siblings and register its `add_*`
 function in COMMANDS below. Settings that have a config dataclass become options
 through `bertkit.options`, so each is defined once.
 """
@@ -21,6 +21,7 @@ from bertkit.cli.features import add_attention, add_embed
 from bertkit.cli.finetune import add_demo, add_finetune, add_predict
 from bertkit.cli.model import add_model
 from bertkit.cli.pretrain import add_electra, add_fill_mask, add_pretrain
+from bertkit.cli.serve import add_serve
 from bertkit.cli.text import add_tokenize, add_vocab
 from bertkit.errors import BertkitError
 
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_demo, add_pretrain,
-            add_fill_mask, add_electra]
+            add_fill_mask, add_electra, add_serve]
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:

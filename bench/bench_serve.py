@@ -1,0 +1,311 @@
+"""Serving under load: `bertkit serve` against Infinity, loopback only, bounded in count and time.
+
+Both servers hold the same weights (the default model, all-MiniLM-L6-v2, from
+its local directory) and get the same request mix: SST-2 dev sentences, 1 and
+16 per request, in the OpenAI embeddings shape (`POST /v1/embeddings` for us,
+`POST /embeddings` for Infinity), from closed-loop clients (each sends its next
+request when the previous answer is in) at concurrency 1, 8 and 64. Per level
+and mix: throughput (sentences/s), p50/p95/p99 latency, and failures (any
+answer but a 200 with one vector per sentence, or no answer), with ratios.
+Contenders alternate level by level (ours, peer, ours, peer) while both servers
+are up, as bench/harness.py does, because timing noise on a shared machine
+drifts over minutes.
+
+Infinity is run from its own virtual environment (it pins many packages):
+
+    python -m venv /work/venv-infinity
+    /work/venv-infinity/bin/pip install torch==2.13.0 "infinity-emb[server,torch]"
+    infinity_emb v2 --model-id <default model dir> --engine torch --device cpu
+
+`--soak N` then sends N requests to bertkit serve alone, one in five of them
+bad (malformed JSON, an empty list, an empty string, an over-long text) or
+abandoned (the client closes the socket before the answer), and samples the
+server's resident memory every N/20 requests: flat memory and zero lost good
+requests are the goal.
+
+    python bench/bench_serve.py [--per-client 10] [--levels 1 8 64] [--soak 20000] [--write]
+    python bench/bench_serve.py --per-client 2 --levels 1 8 --soak 500      # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, SHARED_DATA, machine_line, report  # noqa: E402
+
+INFINITY = Path(os.environ.get("INFINITY_VENV", "/work/venv-infinity")) / "bin" / "infinity_emb"
+
+
+def sst2_dev() -> list:
+    lines = (SHARED_DATA / "sst2" / "dev.tsv").read_text(encoding="utf-8").split("\n")[1:]
+    return [line.split("\t")[0] for line in lines if line.strip()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- the servers -------------------------------------------------------------------
+
+
+class Process:
+    def __init__(self, name, argv, port, path, env=None):
+        self.name, self.port, self.path = name, port, path
+        self.log = open(Path(tempfile.gettempdir()) / f"bench_serve_{name}.log", "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    def wait_ready(self, timeout=300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode}: see {self.log.name}")
+            try:
+                if post(self.port, self.path, {"input": ["warm up"], "model": MODEL_NAME})[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"{self.name} did not answer in {timeout} s: see {self.log.name}")
+
+    def rss_mb(self) -> float:
+        text = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", text).group(1)) / 1024
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        finally:
+            self.log.close()
+
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def start_bertkit(model_dir: Path, threads: int | None) -> Process:
+    port = free_port()
+    argv = [sys.executable, "-m", "bertkit.cli", "serve", str(model_dir), "--port", str(port),
+            "--served-model-name", MODEL_NAME]
+    if threads:
+        argv += ["--threads", str(threads)]
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return Process("bertkit", argv, port, "/v1/embeddings", env)
+
+
+def start_infinity(model_dir: Path) -> Process:
+    port = free_port()
+    argv = [str(INFINITY), "v2", "--model-id", str(model_dir), "--engine", "torch", "--device", "cpu",
+            "--port", str(port), "--served-model-name", MODEL_NAME, "--log-level", "warning"]
+    env = {"HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
+    return Process("infinity", argv, port, "/embeddings", env)
+
+
+# --- the clients --------------------------------------------------------------------
+
+
+def post(port, path, body, conn=None):
+    """(status, parsed JSON) on `conn` (a fresh connection when None)."""
+    own = conn is None
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        raw = response.read()
+        return response.status, (json.loads(raw) if raw[:1] in (b"{", b"[") else raw)
+    finally:
+        if own:
+            conn.close()
+
+
+def closed_loop(server: Process, payloads: list, concurrency: int, total: int) -> dict:
+    """`concurrency` clients, each with a keep-alive connection, until `total` requests are answered."""
+    counter = itertools.count()
+    latencies, failures, sentences = [], [0], [0]
+    lock = threading.Lock()
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        while (i := next(counter)) < total:
+            texts = payloads[i % len(payloads)]
+            t0 = time.perf_counter()
+            try:
+                status, body = post(server.port, server.path, {"input": texts, "model": MODEL_NAME}, conn)
+                ok = status == 200 and len(body["data"]) == len(texts)
+            except (OSError, http.client.HTTPException, ValueError):
+                ok = False
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+            dt = time.perf_counter() - t0
+            with lock:
+                if ok:
+                    latencies.append(dt)
+                    sentences[0] += len(texts)
+                else:
+                    failures[0] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    wall = time.perf_counter() - t0
+    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else [latencies[0]] * 99
+    return {"rate": sentences[0] / wall, "p50": q[49], "p95": q[94], "p99": q[98], "failed": failures[0],
+            "requests": total}
+
+
+# --- the soak -----------------------------------------------------------------------
+
+
+def soak(server: Process, sentences: list, total: int, concurrency: int = 8) -> dict:
+    """`total` requests, one in five bad or abandoned; resident memory sampled every total/20."""
+    counter = itertools.count()
+    lost, refused_ok, samples = [0], [0], []
+    lock = threading.Lock()
+    bad_bodies = [b'{"input": ["unclosed', {"input": [], "model": MODEL_NAME}, {"input": "", "model": MODEL_NAME},
+                  {"input": " ".join(["word"] * 600), "model": MODEL_NAME}]
+    step = max(1, total // 20)
+
+    def abandon(texts):
+        body = json.dumps({"input": texts, "model": MODEL_NAME}).encode()
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(b"POST %s HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                      % (server.path.encode(), len(body), body))
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        while (i := next(counter)) < total:
+            if i % step == 0:
+                with lock:
+                    samples.append((i, server.rss_mb()))
+            texts = sentences[(i * 16) % (len(sentences) - 16):][: 1 if i % 2 else 16]
+            kind = i % 10
+            try:
+                if kind == 3:
+                    abandon(texts)
+                    continue
+                if kind == 7:
+                    status, _ = post(server.port, server.path, bad_bodies[(i // 10) % len(bad_bodies)], conn)
+                    with lock:
+                        refused_ok[0] += 400 <= status < 500
+                    continue
+                status, body = post(server.port, server.path, {"input": texts, "model": MODEL_NAME}, conn)
+                good = status == 200 and len(body["data"]) == len(texts)
+            except (OSError, http.client.HTTPException, ValueError):
+                good = False
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+            if not good:
+                with lock:
+                    lost[0] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    samples.append((total, server.rss_mb()))
+    samples.sort()
+    return {"requests": total, "seconds": time.perf_counter() - t0, "lost": lost[0], "bad_refused": refused_ok[0],
+            "bad_sent": sum(1 for i in range(total) if i % 10 == 7), "rss": samples}
+
+
+# --- the report ---------------------------------------------------------------------
+
+
+def render(results: dict, levels, mixes, soaked, args) -> str:
+    load = os.getloadavg()
+    lines = ["### Serving: bertkit serve vs Infinity (OpenAI embeddings API, loopback)", "",
+             f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}. "
+             f"Default model, SST-2 dev sentences, closed-loop clients, {args.per_client} requests per client "
+             "per level. Ratios: throughput ours/peer (above 1 we are faster), p99 ours/peer (below 1 we are "
+             "faster).", "",
+             "| sentences/request | concurrency | contender | sentences/s | p50 ms | p95 ms | p99 ms | failed | "
+             "throughput ratio | p99 ratio |",
+             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for mix in mixes:
+        for level in levels:
+            ours = results[("bertkit", mix, level)]
+            for name in [n for n in ("bertkit", "infinity") if (n, mix, level) in results]:
+                r = results[(name, mix, level)]
+                ratio = (f"{ours['rate'] / r['rate']:.2f}x", f"{ours['p99'] / r['p99']:.2f}") if name != "bertkit" else ("", "")
+                lines.append(f"| {mix} | {level} | {name} | {r['rate']:,.0f} | {r['p50'] * 1e3:.1f} | "
+                             f"{r['p95'] * 1e3:.1f} | {r['p99'] * 1e3:.1f} | {r['failed']}/{r['requests']} | "
+                             f"{ratio[0]} | {ratio[1]} |")
+    if soaked:
+        rss = [mb for _, mb in soaked["rss"]]
+        settled = rss[len(rss) // 4:]  # after the allocator's first growth
+        lines += ["", f"Soak: {soaked['requests']:,} requests to bertkit serve in {soaked['seconds']:.0f} s from 8 "
+                  f"clients, one in ten bad ({soaked['bad_refused']}/{soaked['bad_sent']} refused with a 4xx) and one "
+                  f"in ten abandoned mid-request; good requests lost: {soaked['lost']}. Resident memory: "
+                  f"{rss[0]:.0f} MB at the start, {min(settled):.0f}-{max(settled):.0f} MB over the last three "
+                  f"quarters, {rss[-1]:.0f} MB at the end."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 8, 64], help="client concurrency levels")
+    ap.add_argument("--mixes", type=int, nargs="+", default=[1, 16], help="sentences per request")
+    ap.add_argument("--per-client", type=int, default=10, help="requests per client at each level")
+    ap.add_argument("--soak", type=int, default=0, help="requests in the soak (0: none); the goal's is 20000")
+    ap.add_argument("--threads", type=int, help="torch threads for bertkit serve (default: torch's)")
+    ap.add_argument("--no-infinity", action="store_true", help="bertkit serve alone")
+    ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    args = ap.parse_args(argv)
+
+    from bertkit.default_model import default_model_dir
+
+    model_dir = default_model_dir()
+    sentences = sst2_dev()
+    servers = {"bertkit": start_bertkit(model_dir, args.threads)}
+    if not args.no_infinity:
+        if not INFINITY.exists():
+            raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
+        servers["infinity"] = start_infinity(model_dir)
+    results, soaked = {}, None
+    try:
+        for server in servers.values():
+            server.wait_ready()
+        for mix in args.mixes:
+            payloads = [sentences[i: i + mix] for i in range(0, len(sentences) - mix + 1, mix)]
+            for level in args.levels:
+                for name, server in servers.items():  # alternate contenders level by level
+                    closed_loop(server, payloads, level, min(level, 8))  # a short warm-up at this concurrency
+                    results[(name, mix, level)] = r = closed_loop(server, payloads, level, level * args.per_client)
+                    print(f"{name:9s} {mix:2d}/request  c={level:<3d} {r['rate']:8.1f} sentences/s  "
+                          f"p50 {r['p50'] * 1e3:7.1f} ms  p99 {r['p99'] * 1e3:7.1f} ms  failed {r['failed']}",
+                          file=sys.stderr, flush=True)
+        if args.soak:
+            for name in [n for n in servers if n != "bertkit"]:
+                servers.pop(name).stop()  # the soak has the machine to itself
+            soaked = soak(servers["bertkit"], sentences, args.soak)
+    finally:
+        codes = {name: server.stop() for name, server in servers.items()}
+    if codes.get("bertkit", 0) != 0:
+        print(f"bertkit serve exited with {codes['bertkit']} on SIGTERM (expected 0)", file=sys.stderr)
+    report("serve", render(results, args.levels, args.mixes, soaked, args), args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""What the server runs: the model in a directory, turned into batch-level calls.
+
+A model directory holds one of two things, told apart the way `bertkit predict`
+does (`bertkit_task.json`, else config.json's `architectures`):
+
+- an encoder (`BertModel`, e.g. the default all-MiniLM-L6-v2): `Encoder` gives
+  sentence embeddings, the layer strategy and pooling of `bertkit.embed`
+  chosen at start-up;
+- a fine-tuned model: `TaskModel` answers through `bertkit.finetune.predict`
+  (labels and probabilities, scores, tags and entities, answers) and, for a
+  model trained on text pairs, reranks texts against a query.
+
+Both expose `encode` (checks one request's inputs and counts their tokens, on
+the event loop, so a bad request is refused before it reaches a batch) and
+`run_jobs` (answers a batch of requests at once, on the batcher thread).
+
+The Encoder's forward pass is `bertkit.features`' one (same padding, layer
+combination and pooling, float32 numpy, mean over every real token) run on rows
+that are already tokenised: `bertkit.embed` on the same texts gives the same
+vectors. Texts longer than the input limit are refused or truncated, never
+windowed: a server answers within one forward pass per text, as
+text-embeddings-inference does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertkit.errors import BertkitError
+from bertkit.serve.batching import plan_batches
+
+TASK_HEADS = ("BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering")
+
+
+class InputError(BertkitError):
+    """A request the server refuses; `status` is the HTTP code (422 unless said otherwise)."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Row:
+    """One text as the encoder takes it: token ids with [CLS]/[SEP], segment ids."""
+
+    input_ids: list
+    token_type_ids: list
+
+
+def check_text(text, where: str) -> str:
+    if not isinstance(text, str):
+        raise InputError(f"{where} must be a string, got {_json_type(text)}")
+    if not text.strip():
+        raise InputError(f"{where} is empty: every input needs at least one non-space character")
+    return text
+
+
+def _json_type(value) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+# --- loading ---------------------------------------------------------------------
+
+
+def task_of(model_dir: Path) -> str | None:
+    """The fine-tuned task of a directory, or None for a plain encoder."""
+    from bertkit.finetune.run import TASK_FILE, read_task_info
+
+    config_path = model_dir / "config.json"
+    try:
+        if (model_dir / TASK_FILE).is_file():
+            return read_task_info(model_dir)["task"]
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (ValueError, KeyError, TypeError) as err:
+        raise BertkitError(f"{model_dir} has a corrupt config.json or {TASK_FILE}: {_one_line(err)}") from None
+    architectures = (config.get("architectures") or ["BertModel"]) if isinstance(config, dict) else None
+    if not architectures:
+        raise BertkitError(f"{config_path} is not a JSON object: the model directory is corrupt")
+    return read_task_info(model_dir)["task"] if architectures[0] in TASK_HEADS else None
+
+
+def _one_line(err) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def load_runner(settings):
+    """The Encoder or TaskModel for the settings' model directory; one clear error if it cannot load."""
+    path = settings.model_path()
+    task = task_of(path)
+    name = settings.served_model_name or ("all-MiniLM-L6-v2" if settings.model is None else path.resolve().name)
+    try:
+        if task is None:
+            from bertkit.features import load_model
+
+            runner = Encoder(*load_model(str(path.resolve())), settings, name)
+        else:
+            from bertkit.finetune.predict import load
+
+            runner = TaskModel(path, load(path), settings, name)
+        runner.warm_up()
+    except BertkitError:
+        raise
+    except Exception as err:  # a corrupt file fails in torch, safetensors or json: say where, in one line
+        raise BertkitError(f"cannot load the model in {path}: {type(err).__name__}: {_one_line(err)}") from None
+    return runner
+
+
+# --- embeddings ---------------------------------------------------------------------
+
+
+class Encoder:
+    """Sentence embeddings from a frozen encoder, one padded forward pass per batch."""
+
+    task = "embed"
+
+    def __init__(self, model, tok, settings, name: str):
+        from bertkit.features import resolve_layers
+
+        self.model, self.tok, self.name = model.eval(), tok, name
+        self.layers = resolve_layers(settings.layers, model.config.num_hidden_layers, settings.combine)
+        self.pooling = settings.pooling
+        self.max_length = settings.check_against_model(model.config.max_position_embeddings)
+        self.max_batch_tokens, self.max_batch_size = settings.max_batch_tokens, settings.max_batch_size
+        self.dim = self.layers.dim(model.config.hidden_size)
+        self.pad_id = getattr(tok, "pad_token_id", 0) or 0
+        self.on_batch = None  # metrics hook: (rows, padded tokens, real tokens)
+
+    def info(self) -> dict:
+        return {"task": "embed", "dimensions": self.dim, "pooling": self.pooling,
+                "layers": list(self.layers.indices), "combine": self.layers.combine,
+                "endpoints": ["/v1/embeddings", "/embed"]}
+
+    def encode(self, texts: list, truncate: bool) -> list:
+        """Rows for a request's texts; over-long texts are cut (truncate) or refused with 413."""
+        rows = []
+        for i, text in enumerate(texts):
+            enc = self.tok.encode(text, max_length=self.max_length, truncation=truncate)
+            if len(enc.input_ids) > self.max_length:
+                raise InputError(
+                    f"input {i} has {len(enc.input_ids)} tokens, over the limit of {self.max_length} "
+                    "(--max-input-length): shorten it or send truncate=true", status=413)
+            if len(enc.input_ids) <= 2:
+                raise InputError(f"input {i} yields no tokens: it holds only characters BERT drops")
+            rows.append(Row(list(enc.input_ids), list(enc.token_type_ids)))
+        return rows
+
+    def run_jobs(self, jobs: list) -> list:
+        """Each job's [n_i, D] float32 vectors (not normalised); rows sorted by length across jobs."""
+        rows = [(j, k, row) for j, job in enumerate(jobs) for k, row in enumerate(job.items)]
+        out = [np.empty((len(job.items), self.dim), dtype=np.float32) for job in jobs]
+        for batch in plan_batches([len(r.input_ids) for _, _, r in rows], self.max_batch_tokens, self.max_batch_size):
+            vectors = self.forward([rows[i][2] for i in batch])
+            for i, vector in zip(batch, vectors):
+                out[rows[i][0]][rows[i][1]] = vector
+        return out
+
+    def forward(self, rows: list) -> list:
+        """One padded batch -> one pooled vector [D] per row (as bertkit.features pools)."""
+        from bertkit.features import combine_layers
+
+        width = max(len(r.input_ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # [B, T]
+        types = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, r in enumerate(rows):
+            n = len(r.input_ids)
+            ids[b, :n] = torch.tensor(r.input_ids)
+            types[b, :n] = torch.tensor(r.token_type_ids)
+            mask[b, :n] = 1
+        last_only = self.layers.indices == (self.model.config.num_hidden_layers,)
+        with torch.inference_mode():
+            out = self.model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=not last_only)
+            tokens = out.last_hidden_state if last_only else combine_layers(out.hidden_states, self.layers)
+            tokens = tokens.float().numpy()  # [B, T, D]
+        if self.on_batch is not None:
+            self.on_batch(len(rows), len(rows) * width, sum(len(r.input_ids) for r in rows))
+        pooled = []
+        for b, r in enumerate(rows):
+            real = tokens[b, : len(r.input_ids)]  # [T_b, D], padding dropped before pooling
+            pooled.append(real.mean(axis=0) if self.pooling == "mean" else real[0])
+        return pooled
+
+    def warm_up(self) -> None:
+        self.forward(self.encode(["warm up"], truncate=True))
+
+
+# --- fine-tuned models ----------------------------------------------------------------
+
+
+@dataclass
+class Query:
+    """One input of /predict or /rerank: a text and its second text (pair or QA context)."""
+
+    text: str
+    pair: str | None = None
+
+
+class TaskModel:
+    """A `bertkit finetune` model answering through `bertkit.finetune.predict`."""
+
+    def __init__(self, model_dir: Path, loaded, settings, name: str):
+        self.model_dir, self.loaded, self.name = model_dir, loaded, name
+        model, _, info = loaded
+        self.info_ = info
+        self.task = info["task"]
+        self.max_batch_size = settings.max_batch_size
+        self.pairs = self.task == "qa" or bool(info.get("text_pair_column"))
+        self.labels = model.config.labels if self.task not in ("regression", "qa") else None
+        self.dim = None
+        self.max_length = int(info.get("max_length", 512))
+        self.on_batch = None
+
+    def info(self) -> dict:
+        out = {"task": self.task, "labels": self.labels, "pairs": self.pairs,
+               "endpoints": ["/predict"] + (["/rerank"] if self.can_rerank() else [])}
+        if self.task == "ner":
+            out["tag_scheme"] = self.info_.get("tag_scheme")
+        return out
+
+    def can_rerank(self) -> bool:
+        """A pair model with one score: regression, or two labels (the second one's probability)."""
+        return self.pairs and self.task != "qa" and (self.task == "regression" or len(self.labels or ()) == 2)
+
+    def check(self, queries: list) -> list:
+        for i, q in enumerate(queries):
+            if self.pairs and q.pair is None:
+                what = "a context (pairs: [context, ...])" if self.task == "qa" else "a second text (pairs)"
+                raise InputError(f"this {self.task} model needs {what} for every input; input {i} has none")
+            if not self.pairs and q.pair is not None:
+                raise InputError(f"this {self.task} model takes single texts: leave out `pairs`")
+        return queries
+
+    def run_jobs(self, jobs: list) -> list:
+        """Each job's predictions: one `bertkit.predict` call over every job's inputs together."""
+        from bertkit.finetune.predict import predict
+
+        queries = [q for job in jobs for q in job.items]
+        texts = [q.text for q in queries]
+        pairs = [q.pair for q in queries] if self.pairs else None
+        preds = predict(self.model_dir, texts, pairs, batch_size=self.max_batch_size, loaded=self.loaded)
+        if self.on_batch is not None:
+            self.on_batch(len(queries), 0, 0)
+        if self.task == "ner":
+            preds = [with_entities(q.text, p) for q, p in zip(queries, preds)]
+        out, start = [], 0
+        for job in jobs:
+            out.append(preds[start : start + len(job.items)])
+            start += len(job.items)
+        return out
+
+    def rerank_score(self, prediction: dict) -> float:
+        if self.task == "regression":
+            return float(prediction["score"])
+        return float(prediction["probabilities"][self.labels[1]])
+
+    def warm_up(self) -> None:
+        from bertkit.finetune.predict import predict
+
+        predict(self.model_dir, ["warm up"], ["warm up"] if self.pairs else None, loaded=self.loaded)
+
+
+def with_entities(text: str, prediction: dict) -> dict:
+    """A NER prediction plus its entities with character offsets into `text`.
+
+    `bertkit.predict` splits the text on whitespace into words and tags each
+    word; an entity (conlleval's chunking of the tags) spans from its first
+    word's first character to its last word's end.
+    """
+    from bertkit.finetune.metrics import get_entities
+
+    spans, start = [], None
+    for i, ch in enumerate(text + " "):
+        if ch.isspace():
+            if start is not None:
+                spans.append((start, i))
+                start = None
+        elif start is None:
+            start = i
+    entities = []
+    for kind, first, last in get_entities(prediction["tags"]):
+        a, b = spans[first][0], spans[last][1]
+        entities.append({"type": kind, "text": text[a:b], "start": a, "end": b, "words": [first, last + 1]})
+    return {**prediction, "entities": entities}

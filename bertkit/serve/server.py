@@ -1,0 +1,72 @@
+"""Start-up and shutdown of `bertkit serve`: load, bind, serve with uvicorn, drain.
+
+Order matters for the user: the model is loaded (and run once) before the port
+is opened, so a missing or corrupt model directory fails with one line and
+status 2 rather than after clients were told to connect. The socket is bound
+here, not by uvicorn, so `--port 0` can print the port it got.
+
+Shutdown on SIGTERM or Ctrl+C is uvicorn's graceful one: stop accepting
+connections, let every request already received get its answer, then run the
+app's lifespan exit, which lets the batcher answer anything still queued.
+uvicorn then re-raises the signal it caught so that the default action (death
+by signal) happens; a drained server has done its job, so we absorb that
+re-raise and exit 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+
+from bertkit.errors import BertkitError
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as err:
+        raise BertkitError(f"cannot listen on {host}:{port}: {err.strerror or err}; pick another --port or --host") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(settings, log=None) -> None:
+    """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return."""
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    settings.validate().model_path()  # a wrong directory is said at once, before torch loads
+    try:
+        import uvicorn
+
+        from bertkit.serve.app import create_app
+    except ImportError as err:
+        raise BertkitError(f"bertkit serve needs the serve extra ({err.name} is missing): "
+                           "pip install 'bertkit[serve]'") from None
+    import torch
+
+    from bertkit.serve.metrics import Metrics
+    from bertkit.serve.runner import load_runner
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    runner = load_runner(settings)
+    app = create_app(runner, settings, Metrics())
+    sock = bind(settings.host, settings.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    what = f"{runner.dim}-dimensional embeddings" if runner.task == "embed" else f"a {runner.task} model"
+    log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
+        f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
+        f"queue {settings.max_queue}{', API key required' if settings.api_key else ''})")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5)
+    absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        for s, handler in absorbed.items():
+            signal.signal(s, handler)
+        sock.close()
+    log("bertkit serve: stopped after answering every accepted request")

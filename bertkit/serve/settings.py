@@ -1,0 +1,87 @@
+"""The server's settings: one typed dataclass, from which `bertkit serve`'s flags are built.
+
+Each field is defined once here (name, default, help); `bertkit.options` turns
+the fields into argparse options (`max_batch_tokens` -> `--max-batch-tokens`) and
+builds the config back from the flags a user gave. `validate` checks what
+needs no model, `model_path` that the model directory is there (before torch
+loads), `check_against_model` what needs the model's size (the input limit must
+fit its position table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+
+@dataclass
+class ServeConfig:
+    model: str | None = field(default=None, metadata={
+        "positional": True, "metavar": "MODEL_DIR", "help": "a model directory: an encoder (embeddings) or a `bertkit finetune` output "
+        "(default: the embedded all-MiniLM-L6-v2)"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind; 0.0.0.0 exposes the server to the network"})
+    port: int = field(default=8080, metadata={"help": "TCP port; 0 picks a free one (printed at start-up)"})
+    max_batch_tokens: int = field(default=2048, metadata={
+        "help": "token budget of one forward pass: rows x longest row (padding counted)"})
+    max_batch_size: int = field(default=64, metadata={"help": "most rows (texts) in one forward pass"})
+    max_wait_ms: float = field(default=2.0, metadata={
+        "help": "how long the batcher waits for more requests to fill a batch once one is there"})
+    max_queue: int = field(default=512, metadata={
+        "help": "most requests accepted and not yet answered; beyond it a request gets 429 with Retry-After"})
+    max_input_length: int | None = field(default=None, metadata={
+        "help": "embeddings: most tokens per text, [CLS]/[SEP] included (default: the model's positions, 512); longer "
+        "texts are refused (413) unless the request asks to truncate"})
+    max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest request body; beyond it 413"})
+    api_key: str | None = field(default=None, metadata={
+        "help": "require `Authorization: Bearer KEY` on every endpoint but /health"})
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads for the model (default: torch's)"})
+    layers: str = field(default="last", metadata={
+        "help": "embeddings: layer strategy (first, last, sum_all, second_to_last, sum_last_four, "
+        "concat_last_four) or layer indices like -1,-2"})
+    combine: str | None = field(default=None, metadata={
+        "choices": ["sum", "mean", "concat"], "help": "embeddings: how a list of layers is merged (default concat)"})
+    pooling: str = field(default="mean", metadata={
+        "choices": ["mean", "cls"], "help": "embeddings: one vector per text from the tokens' mean or [CLS]"})
+    served_model_name: str | None = field(default=None, metadata={
+        "help": "the name /info and /v1/embeddings report (default: the model directory's name)"})
+
+    def validate(self) -> "ServeConfig":
+        positive = ("max_batch_tokens", "max_batch_size", "max_queue", "max_body_bytes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise BertkitError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.max_wait_ms < 0:
+            raise BertkitError(f"--max-wait-ms cannot be negative, got {self.max_wait_ms}")
+        if not 0 <= self.port <= 65535:
+            raise BertkitError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.threads is not None and self.threads < 1:
+            raise BertkitError(f"--threads must be at least 1, got {self.threads}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise BertkitError("--api-key is empty: give a key, or leave the flag out to serve without one")
+        return self
+
+    def model_path(self) -> Path:
+        """The model directory (the default model's when none is given), checked before anything loads."""
+        from bertkit.default_model import default_model_dir
+
+        path = default_model_dir() if self.model is None else Path(self.model)
+        if not path.is_dir():
+            raise BertkitError(f"model directory {path} does not exist: pass a directory with config.json "
+                               "(an encoder or a `bertkit finetune` output), or none for the default model")
+        if not (path / "config.json").is_file():
+            raise BertkitError(f"{path} is not a model directory: it has no config.json")
+        return path
+
+    def check_against_model(self, max_positions: int) -> int:
+        """The input limit in tokens, which must fit the model's positions and the batch budget."""
+        limit = max_positions if self.max_input_length is None else self.max_input_length
+        if not 3 <= limit <= max_positions:
+            raise BertkitError(
+                f"--max-input-length {limit} must be between 3 and the model's {max_positions} positions")
+        if limit > self.max_batch_tokens:
+            raise BertkitError(
+                f"--max-batch-tokens {self.max_batch_tokens} is below --max-input-length {limit}: "
+                "one long text would never fit a batch; raise the budget")
+        return limit

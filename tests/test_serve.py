@@ -1,0 +1,529 @@
+"""`bertkit serve` end to end: the real server as a subprocess on 127.0.0.1, spoken to over HTTP.
+
+Servers start once per module, all at the same time (a start is mostly
+importing torch), on `--port 0`; each prints the port it got. The encoder is a
+tiny random BERT of odd shape (5 layers, hidden 32, 4 heads, intermediate 37)
+with the real uncased vocabulary, so a wrong layer or a swapped dimension shows;
+the fine-tuned models are untrained heads on the handmade-vocabulary tiny model
+of test_finetune, with bertkit_task.json written as `bertkit finetune` writes it.
+The reference for every answer is the library itself run in this process:
+`bertkit.embed` and `bertkit.predict` on the same directory and texts. The
+OpenAI round trip uses the default model and the official `openai` client.
+"""
+
+import base64
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.serve.batching import plan_batches
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+TEXTS = ["The cat sat on the mat.", "Hello!", "a much longer sentence about the weather, which was not nice "
+         "at all on that day in Paris", "bye", "Quiet."]
+
+
+# --- the server as a subprocess ------------------------------------------------------
+
+
+class Server:
+    """`bertkit serve ARGS --port 0` in a subprocess; `.port` waits until it answers /health."""
+
+    def __init__(self, *args):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen([sys.executable, "-m", "bertkit.cli", "serve", *map(str, args), "--port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self._port = None
+        self.lines = []
+        self.signalled = False
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            deadline = time.monotonic() + 90
+            while self._port is None:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"the server exited ({self.proc.wait()}): {''.join(self.lines)}")
+                self.lines.append(line)
+                found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+                self._port = int(found.group(1)) if found else None
+                assert time.monotonic() < deadline, "the server did not start in 90 s"
+            threading.Thread(target=self._drain_output, daemon=True).start()
+            while True:
+                try:
+                    if call(self._port, "GET", "/health")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, "the server did not answer /health in 90 s"
+                time.sleep(0.05)
+        return self._port
+
+    def _drain_output(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one during the drain would be a user insisting (and kill it)."""
+        if self.proc.poll() is None and not self.signalled:
+            self.proc.send_signal(signal.SIGTERM)
+            self.signalled = True
+
+    def stop(self, timeout=30) -> int:
+        self.terminate()
+        return self.proc.wait(timeout)
+
+
+def call(port, method, path, body=None, headers=None, timeout=60):
+    """(status, headers, JSON or text) of one request on a fresh connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        raw = response.read().decode()
+        kind = response.getheader("Content-Type", "")
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, json.loads(raw) if "json" in kind else raw
+    finally:
+        conn.close()
+
+
+def metric(port, name) -> float:
+    text = call(port, "GET", "/metrics", headers=AUTH)[2]
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+# --- models -----------------------------------------------------------------------------
+
+
+def encoder_dir(path):
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=5, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
+    return path
+
+
+def task_dir(path, tiny, head: str, info: dict, labels=None):
+    """An untrained task head on the tiny model, saved the way `bertkit finetune` saves its output."""
+    import bertkit
+    from bertkit.tokenizer import Tokenizer
+
+    overrides = {"id2label": dict(enumerate(labels))} if labels else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fresh head's weights are missing from the encoder: on purpose
+        model = getattr(bertkit, head).from_pretrained(tiny, strict=False, generator=torch.Generator().manual_seed(1),
+                                                       **overrides)
+    model.save_pretrained(path, tokenizer=Tokenizer.from_pretrained(tiny))
+    (path / "bertkit_task.json").write_text(json.dumps(info))
+    return path
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    from test_finetune import tiny_model_dir
+
+    root = tmp_path_factory.mktemp("serve")
+    tiny = tiny_model_dir(root / "tiny")
+    return {
+        "encoder": encoder_dir(root / "encoder"),
+        "pair": task_dir(root / "pair", tiny, "BertForSequenceClassification",
+                         {"task": "pair", "max_length": 32, "stride": 8, "text_column": "sentence1",
+                          "text_pair_column": "sentence2"}, ["no", "yes"]),
+        "ner": task_dir(root / "ner", tiny, "BertForTokenClassification",
+                        {"task": "ner", "max_length": 16, "stride": 4, "tag_scheme": "iob2"},
+                        ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]),
+        "qa": task_dir(root / "qa", tiny, "BertForQuestionAnswering",
+                       {"task": "qa", "max_length": 24, "doc_stride": 8, "max_query_length": 8,
+                        "max_answer_length": 6}),
+    }
+
+
+@pytest.fixture(scope="module")
+def servers(dirs):
+    """Every long-lived server of this module, started together; stopped (and checked) at the end."""
+    started = {
+        # --layers/--pooling are start-up choices; the input limit is small so 413 is cheap to reach
+        "main": Server(dirs["encoder"], "--api-key", KEY, "--layers", "sum_last_four", "--max-input-length", 24,
+                       "--max-body-bytes", 65536, "--threads", 1),
+        # a long batching window and a short queue: requests wait together, and a third one is refused
+        # test_sigterm_... (the last test) stops it
+        "window": Server(dirs["encoder"], "--layers", "sum_last_four", "--max-wait-ms", 1500, "--max-queue", 6,
+                         "--threads", 1),
+        "pair": Server(dirs["pair"], "--threads", 1),
+        "ner": Server(dirs["ner"], "--threads", 1),
+        "qa": Server(dirs["qa"], "--threads", 1),
+        "default": Server("--api-key", KEY, "--threads", 1),
+    }
+    yield started
+    for server in started.values():
+        server.terminate()
+    for name, server in started.items():
+        assert server.stop() == 0, f"{name} server: {''.join(server.lines)}"
+
+
+def post(port, path, body, headers=AUTH):
+    return call(port, "POST", path, body, headers)
+
+
+# --- embeddings --------------------------------------------------------------------------
+
+
+def test_embed_equals_bertkit_embed(servers, dirs):
+    import bertkit
+
+    port = servers["main"].port
+    status, _, vectors = post(port, "/embed", {"inputs": TEXTS, "normalize": False})
+    assert status == 200
+    expected = bertkit.embed(TEXTS, str(dirs["encoder"]), layers="sum_last_four")
+    np.testing.assert_allclose(np.array(vectors, dtype=np.float32), expected, atol=1e-6, rtol=0)
+    status, _, unit = post(port, "/embed", {"inputs": TEXTS[0]})  # normalize defaults to true, as in TEI
+    assert status == 200 and len(unit) == 1
+    np.testing.assert_allclose(unit[0], expected[0] / np.linalg.norm(expected[0]), atol=1e-6, rtol=0)
+
+
+def test_truncate_cuts_at_the_input_limit(servers, dirs):
+    import bertkit
+
+    long_text = " ".join(["weather"] * 40)
+    status, _, vectors = post(servers["main"].port, "/embed", {"inputs": [long_text], "truncate": True,
+                                                                "normalize": False})
+    assert status == 200
+    expected = bertkit.embed([long_text], str(dirs["encoder"]), layers="sum_last_four", truncate=True, max_length=24)
+    np.testing.assert_allclose(vectors, expected, atol=1e-6, rtol=0)
+
+
+def test_a_text_gets_the_same_vector_alone_and_in_a_crowded_batch(servers):
+    alone = {}
+    for text in TEXTS:  # one text per request on the main server (same model and layers, no batch window)
+        status, _, vectors = post(servers["main"].port, "/embed", {"inputs": [text]})
+        assert status == 200
+        alone[text] = vectors[0]
+    # two requests land in one 1.5 s batch window: their rows are sorted by length and packed together
+    port = servers["window"].port
+    crowd = [" ".join(["word"] * n) + " end" for n in range(1, 50, 3)]
+    results = {}
+    threads = [threading.Thread(target=lambda k, body: results.__setitem__(k, post(port, "/embed", body, {})),
+                                args=(k, {"inputs": crowd[k::2] + TEXTS})) for k in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    for k in range(2):
+        status, _, vectors = results[k]
+        assert status == 200
+        for text, vector in zip(TEXTS, vectors[-len(TEXTS):]):
+            np.testing.assert_allclose(vector, alone[text], atol=1e-6, rtol=0)
+
+
+def test_openai_client_round_trip_on_the_default_model(servers):
+    import bertkit
+
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{servers['default'].port}/v1", api_key=KEY)
+    response = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS)  # base64 on the wire
+    got = np.array([d.embedding for d in response.data], dtype=np.float32)
+    expected = bertkit.embed(TEXTS, normalize=True)
+    np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+    assert [d.index for d in response.data] == list(range(len(TEXTS)))
+    from bertkit.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained()
+    n_tokens = sum(len(tok.encode(t).input_ids) for t in TEXTS)
+    assert response.usage.prompt_tokens == response.usage.total_tokens == n_tokens
+    floats = client.embeddings.create(model="all-MiniLM-L6-v2", input="Hello!", encoding_format="float")
+    np.testing.assert_allclose(floats.data[0].embedding, expected[1], atol=1e-6, rtol=0)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=client.base_url, api_key="wrong").embeddings.create(model="m", input="x")
+
+
+def test_openai_shape_and_base64(servers, dirs):
+    import bertkit
+
+    port = servers["main"].port
+    status, _, body = post(port, "/v1/embeddings", {"input": TEXTS[:2], "model": "tiny", "encoding_format": "base64"})
+    assert status == 200 and body["object"] == "list" and body["model"] == "encoder"
+    got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in body["data"]])
+    expected = bertkit.embed(TEXTS[:2], str(dirs["encoder"]), layers="sum_last_four", normalize=True)
+    np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+    status, _, body = post(port, "/v1/embeddings", {"input": "", "model": "tiny"})
+    assert status == 422 and "empty" in body["error"]["message"] and body["error"]["code"] == 422
+
+
+# --- predictions and reranking -----------------------------------------------------------------
+
+
+def test_predict_pairs_equals_bertkit_predict(servers, dirs):
+    import bertkit
+
+    first, second = ["the movie was good .", "it was bad"], ["the food was great .", "this day was fine ."]
+    status, _, preds = post(servers["pair"].port, "/predict", {"inputs": first, "pairs": second}, {})
+    assert status == 200
+    expected = bertkit.predict(dirs["pair"], first, second)
+    assert [p["label"] for p in preds] == [p["label"] for p in expected]
+    for got, want in zip(preds, expected):
+        assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-6)
+    status, _, body = post(servers["pair"].port, "/predict", {"inputs": first}, {})
+    assert status == 422 and "pairs" in body["error"]
+
+
+def test_rerank_sorts_by_the_pair_score(servers, dirs):
+    import bertkit
+
+    query, texts = "the movie was good .", ["the food was great .", "it was bad", "paris in the day", "mary went"]
+    status, _, ranked = post(servers["pair"].port, "/rerank", {"query": query, "texts": texts, "return_text": True}, {})
+    assert status == 200
+    yes = [p["probabilities"]["yes"] for p in bertkit.predict(dirs["pair"], [query] * len(texts), texts)]
+    assert [r["index"] for r in ranked] == sorted(range(len(texts)), key=lambda i: -yes[i])
+    for r in ranked:
+        assert r["score"] == pytest.approx(yes[r["index"]], abs=1e-6) and r["text"] == texts[r["index"]]
+    status, _, body = post(servers["main"].port, "/rerank", {"query": "a", "texts": ["b"]})
+    assert status == 400 and "fine-tuned" in body["error"]
+
+
+def test_ner_entities_carry_character_offsets(servers, dirs):
+    import bertkit
+    from bertkit.finetune.metrics import get_entities
+
+    texts = ["john  visited paris and london in the day", "mary went to berlin . the city was new and old"]
+    status, _, preds = post(servers["ner"].port, "/predict", {"inputs": texts}, {})
+    assert status == 200
+    expected = bertkit.predict(dirs["ner"], texts)
+    n_entities = 0
+    for text, got, want in zip(texts, preds, expected):
+        assert got["tags"] == want["tags"] and got["words"] == want["words"]
+        spans = [m.span() for m in re.finditer(r"\S+", text)]
+        assert [(e["type"], e["words"][0], e["words"][1] - 1) for e in got["entities"]] == get_entities(want["tags"])
+        for e in got["entities"]:
+            assert (e["start"], e["end"]) == (spans[e["words"][0]][0], spans[e["words"][1] - 1][1])
+            assert e["text"] == text[e["start"]:e["end"]]
+            n_entities += 1
+    assert n_entities > 0  # the untrained head tags something: the offsets were really checked
+
+
+def test_qa_answers_long_contexts_with_offsets(servers, dirs):
+    import bertkit
+
+    questions = ["who went to paris ?", "where did mary go ?"]
+    contexts = ["john went to paris . " * 8, "mary went to berlin and then to london in the day ."]
+    status, _, preds = post(servers["qa"].port, "/predict", {"inputs": questions, "pairs": contexts}, {})
+    assert status == 200
+    expected = bertkit.predict(dirs["qa"], questions, contexts)
+    for got, want, context in zip(preds, expected, contexts):
+        assert (got["answer"], got["start"], got["end"]) == (want["answer"], want["start"], want["end"])
+        assert got["score"] == pytest.approx(want["score"], abs=1e-5)
+        assert got["answer"] == context[got["start"]:got["end"]]
+    status, _, body = post(servers["qa"].port, "/predict", {"inputs": questions}, {})
+    assert status == 422 and "context" in body["error"]
+
+
+# --- info, health, metrics --------------------------------------------------------------------
+
+
+def test_info_and_metrics(servers):
+    port = servers["main"].port
+    status, _, info = call(port, "GET", "/info", headers=AUTH)
+    assert status == 200
+    assert (info["task"], info["dimensions"], info["max_input_length"], info["layers"]) == ("embed", 32, 24, [2, 3, 4, 5])
+    assert info["batching"]["max_body_bytes"] == 65536 and info["auth"] is True
+    post(port, "/embed", {"inputs": ["one", "two", "three"]})
+    status, headers, text = call(port, "GET", "/metrics", headers=AUTH)
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert re.search(r'^bertkit_serve_requests_total\{endpoint="/embed",status="200"\} [1-9]', text, re.M)
+    assert metric(port, "bertkit_serve_batch_size_count") >= 1
+    assert metric(port, 'bertkit_serve_batch_size_bucket{le="+Inf"}') == metric(port, "bertkit_serve_batch_size_count")
+    assert "bertkit_serve_request_duration_seconds_bucket" in text and "bertkit_serve_queue_depth 0" in text
+    assert call(port, "GET", "/health")[2] == {"status": "ok"}  # no key needed
+
+
+# --- bad input and faults ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b'{"inputs": ["unclosed', 400, "not valid JSON"),
+    (b"\xff\xfe", 400, "not valid JSON"),
+    ([1, 2], 422, "JSON object"),
+    ({"inputs": 5}, 422, "string or a list"),
+    ({"inputs": ["ok", 7]}, 422, "`inputs[1]` must be a string"),
+    ({"inputs": []}, 422, "empty list"),
+    ({"inputs": ["fine", "   "]}, 422, "`inputs[1]` is empty"),
+    ({"inputs": ""}, 422, "empty"),
+    ({"text": "wrong field"}, 422, "`inputs` is required"),
+    ({"inputs": "x", "normalize": "yes"}, 422, "`normalize` must be true or false"),
+    ({"inputs": ["x", " ".join(["weather"] * 40)]}, 413, "limit of 24"),
+    ({"inputs": [[101, 102]]}, 422, "token ids"),
+])
+def test_bad_requests_get_clear_errors(servers, body, status, words):
+    got, _, answer = post(servers["main"].port, "/embed", body)
+    assert got == status and words in answer["error"], answer
+
+
+def test_openai_errors_name_the_limit(servers):
+    status, _, body = post(servers["main"].port, "/v1/embeddings", {"input": " ".join(["weather"] * 40), "model": "m"})
+    assert status == 413 and "limit of 24" in body["error"]["message"]
+    status, _, body = post(servers["main"].port, "/v1/embeddings", {"input": "x", "encoding_format": "int8"})
+    assert status == 422 and "encoding_format" in body["error"]["message"]
+
+
+def test_wrong_or_missing_api_key_is_401(servers):
+    port = servers["main"].port
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}):
+        status, h, body = post(port, "/embed", {"inputs": "x"}, headers)
+        assert status == 401 and "API key" in body["error"] and h["www-authenticate"] == "Bearer"
+
+
+def test_body_over_the_limit_is_413(servers):
+    port = servers["main"].port
+    big = json.dumps({"inputs": ["word " * 20] * 1000})
+    assert len(big) > 65536
+    status, _, body = post(port, "/embed", big)
+    assert status == 413 and "65536" in body["error"]
+    # no Content-Length (chunked): the limit holds while the body streams in
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/embed", body=iter([big[i:i + 8192].encode() for i in range(0, len(big), 8192)]),
+                 headers={**AUTH, "Content-Type": "application/json"}, encode_chunked=True)
+    response = conn.getresponse()
+    assert response.status == 413 and "65536" in json.loads(response.read())["error"]
+    conn.close()
+    assert post(port, "/embed", {"inputs": "still serving"})[0] == 200
+
+
+def test_queue_full_is_429_with_retry_after_never_a_hang(servers):
+    port = servers["window"].port
+    held = []
+    threads = [threading.Thread(target=lambda: held.append(post(port, "/embed", {"inputs": "wait"}, {})))
+               for _ in range(6)]
+    [t.start() for t in threads]
+    deadline = time.monotonic() + 10
+    while metric(port, "bertkit_serve_queue_depth") < 6:  # the window holds them for 1.5 s
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    start = time.monotonic()
+    status, headers, body = post(port, "/embed", {"inputs": "one too many"}, {})
+    assert status == 429 and headers["retry-after"] == "1" and "--max-queue 6" in body["error"]
+    assert time.monotonic() - start < 1.0  # refused at once, not after the window
+    [t.join() for t in threads]
+    assert [r[0] for r in held] == [200] * 6
+
+
+def test_client_that_disconnects_mid_request_does_not_hurt_the_others(servers):
+    port = servers["window"].port
+    before = metric(port, "bertkit_serve_client_disconnects_total")
+    other = []
+    neighbour = threading.Thread(target=lambda: other.append(post(port, "/embed", {"inputs": ["neighbour"]}, {})))
+    neighbour.start()
+    sock = socket.create_connection(("127.0.0.1", port))
+    body = json.dumps({"inputs": ["I will leave"]}).encode()
+    sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    time.sleep(0.3)  # inside the 1.5 s batch window: both requests are waiting for the same batch
+    sock.close()
+    neighbour.join()
+    assert other[0][0] == 200 and len(other[0][2]) == 1
+    deadline = time.monotonic() + 10
+    while metric(port, "bertkit_serve_client_disconnects_total") < before + 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    while metric(port, "bertkit_serve_queue_depth") > 0:  # the one that left is released, never answered
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert post(port, "/embed", {"inputs": "after"}, {})[0] == 200
+
+
+def test_missing_or_corrupt_model_fails_at_start_up_in_one_line(tmp_path, dirs):
+    def start(model):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run([sys.executable, "-m", "bertkit.cli", "serve", str(model), "--port", "0"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        return done.returncode, done.stdout + done.stderr
+
+    code, out = start(tmp_path / "nowhere")
+    assert code == 2 and out.count("\n") == 1 and "does not exist" in out
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for f in dirs["encoder"].iterdir():
+        (corrupt / f.name).write_bytes(f.read_bytes())
+    (corrupt / "model.safetensors").write_bytes(b"\x00" * 100)
+    code, out = start(corrupt)
+    assert code == 2 and out.count("\n") == 1 and "model.safetensors" in out and "Traceback" not in out
+
+
+# --- packing, by hand ---------------------------------------------------------------------------
+
+
+def test_plan_batches_by_hand():
+    # lengths sorted: 3 (i=1), 4 (i=3), 5 (i=0), 9 (i=2); budget 12 tokens: [3,4] costs 2x4=8, +5 -> 3x5=15 > 12
+    assert plan_batches([5, 3, 9, 4], max_tokens=12, max_rows=8) == [[1, 3], [0], [2]]
+    assert plan_batches([2, 2, 2, 2, 2], max_tokens=100, max_rows=2) == [[0, 1], [2, 3], [4]]
+    assert plan_batches([50], max_tokens=10, max_rows=4) == [[0]]  # too long alone: still answered
+    assert plan_batches([], max_tokens=10, max_rows=4) == []
+
+
+# --- shutdown (last: it stops the window server) ----------------------------------------------
+
+
+def test_sigterm_answers_every_accepted_request_then_exits_0(servers):
+    """Last in the module: it stops the window server."""
+    server = servers["window"]
+    port = server.port
+    results = []
+    threads = [threading.Thread(target=lambda i: results.append(post(port, "/embed", {"inputs": [f"text {i}"] * 3}, {})),
+                                args=(i,)) for i in range(6)]
+    [t.start() for t in threads]
+    deadline = time.monotonic() + 10
+    while metric(port, "bertkit_serve_queue_depth") < 6:  # all six accepted, held by the batch window
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    server.terminate()
+    [t.join(30) for t in threads]
+    assert server.proc.wait(30) == 0
+    assert sorted(r[0] for r in results) == [200] * 6 and all(len(r[2]) == 3 for r in results)
+    with pytest.raises(OSError):
+        call(port, "GET", "/health", timeout=2)  # gone: nothing listens any more
+    assert "stopped after answering every accepted request" in "".join(server.lines)
+
+
+def test_engine_fails_only_the_job_that_breaks_a_batch():
+    """A batch that raises is retried job by job: the culprit gets the error, its neighbours their answers."""
+    import asyncio
+
+    from bertkit.serve.batching import Engine
+
+    class Runner:
+        task = "predict"
+        calls = []
+
+        def run_jobs(self, jobs):
+            self.calls.append(len(jobs))
+            if any("bad" in job.items for job in jobs):
+                raise ValueError("bad input")
+            return [[x.upper() for x in job.items] for job in jobs]
+
+    async def scenario():
+        engine = Engine(Runner(), max_queue=8, max_batch_tokens=100, max_batch_size=100, max_wait_ms=300).start()
+        jobs = [engine.submit(items, len(items)) for items in (["a"], ["bad"], ["b", "c"])]
+        results = await asyncio.gather(*(job.future for job in jobs), return_exceptions=True)
+        engine.close()
+        return results, engine.depth
+
+    (first, broken, third), depth = asyncio.run(scenario())
+    assert first == ["A"] and third == ["B", "C"] and isinstance(broken, ValueError) and depth == 0
+    assert Runner.calls == [3, 1, 1, 1]  # one batch of three, then each alone
