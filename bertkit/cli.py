@@ -353,6 +353,13 @@ def _device_flags(p) -> None:
                    "(avx512_bf16/amx_bf16); elsewhere it is emulated, slower, and a warning says so")
 
 
+def _int8_flag(p) -> None:
+    """--int8 for the commands that run a model for inference on the CPU."""
+    p.add_argument("--int8", action="store_true",
+                   help="int8 dense layers (dynamic quantization, bertkit.quantize): faster on the CPU for a small "
+                   "accuracy cost; CPU and float32 only (see docs/deployment.md)")
+
+
 def add_predict(sub):
     p = sub.add_parser(
         "predict",
@@ -379,6 +386,7 @@ def add_predict(sub):
                    "--evaluate: fail if it has none; --no-evaluate: only predict)")
     p.add_argument("--batch-size", type=int, default=32)
     _device_flags(p)
+    _int8_flag(p)
     p.set_defaults(handler=run_predict)
 
 
@@ -387,7 +395,8 @@ def run_predict(args):
 
     result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
                           text_pair_column=args.text_pair_column, label_column=args.label_column,
-                          batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype)
+                          batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype,
+                          int8=args.int8)
     print(f"wrote {result.count} predictions to {result.path}")
     if result.metrics is not None:
         print(f"evaluation on {args.input} ({result.count} examples): {format_metrics(result.metrics)}")
@@ -450,6 +459,7 @@ def add_embed(sub):
     p.add_argument("--truncate", action="store_true", help="cut long texts at --max-length instead of windowing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _device_flags(p)
+    _int8_flag(p)
     p.set_defaults(handler=run_embed)
 
 
@@ -462,7 +472,7 @@ def run_embed(args):
         texts, args.model, args.layers, pooling, args.normalize, combine=args.combine,
         word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
-        device=args.device, dtype=args.dtype,
+        device=args.device, dtype=args.dtype, int8=args.int8,
     )
     n = write_vectors(rows, args.output, pooled=pooling in ("mean", "cls"))
     print(f"wrote {n} {'vectors' if pooling in ('mean', 'cls') else 'texts'} to {args.output}", file=sys.stderr)
@@ -516,6 +526,36 @@ def run_attention(args):
         print(f"wrote {args.bertviz}", file=sys.stderr)
 
 
+# --- deployment ------------------------------------------------------------
+
+def add_export(sub):
+    p = sub.add_parser("export", help="export a model for deployment (ONNX)")
+    esub = p.add_subparsers(dest="export_command", metavar="FORMAT", required=True)
+    o = esub.add_parser(
+        "onnx",
+        help="export the encoder or a fine-tuned head to ONNX, checked against ONNX Runtime",
+        description="Write OUT_DIR/model.onnx (inputs input_ids, attention_mask, token_type_ids; outputs "
+        "last_hidden_state and pooler_output for the encoder, logits for classification and tagging, "
+        "start_logits and end_logits for QA; dynamic batch and sequence axes) with config.json and the "
+        "tokenizer files beside it. ONNX Runtime's outputs are checked against bertkit's on real text "
+        "(max abs diff 1e-4). Needs the onnx extra: pip install 'bertkit[onnx]'.",
+        epilog="examples:\n  bertkit export onnx out/sst2 -o deploy/sst2\n"
+        "  bertkit export onnx default -o deploy/minilm      # the packaged default model",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    o.add_argument("model_dir", help="a model directory (a fine-tuned output or a checkpoint), or 'default'")
+    o.add_argument("-o", "--output", required=True, help="directory to write model.onnx and the tokenizer into")
+    o.add_argument("--opset", type=int, default=17, help="ONNX opset version (default 17, at least 14)")
+    o.set_defaults(handler=run_export_onnx)
+
+
+def run_export_onnx(args):
+    from bertkit.export import export_onnx
+
+    report = export_onnx(None if args.model_dir == "default" else args.model_dir, args.output, opset=args.opset)
+    print(report.describe())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertkit",
@@ -529,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_demo, add_pretrain]
+COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_export, add_demo, add_pretrain]
 
 
 def main(argv=None) -> int:
