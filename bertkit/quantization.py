@@ -213,6 +213,9 @@ def load_quantized(cls, directory) -> nn.Module:
     path = directory / QUANTIZED_WEIGHTS
     if not path.is_file():
         raise BertkitError(f"no int8 weights in {directory}: expected {QUANTIZED_WEIGHTS} (made by save_quantized)")
+    saved = architecture(directory)
+    if saved is not None and saved != cls.__name__:
+        raise BertkitError(f"{directory} holds an int8 {saved}, not a {cls.__name__}: load it as {saved}")
     state = _read(path)
     model = cls(BertConfig.from_pretrained(directory)).eval()
     for parent, attr, linear in _targets(model):
