@@ -4,13 +4,14 @@ All contenders run the default model (all-MiniLM-L6-v2: 6 layers, hidden 384, 12
 heads) with the same weights, 2 threads, in one process, interleaved round-robin
 and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
 
-- bertkit fp32: BertModel, fused attention (scaled_dot_product_attention), inference_mode,
-  matmuls on oneDNN (bertkit.linear; MKL, which torch uses by default, takes a slower
-  path on AMD CPUs);
-- bertkit fp32, packed weights: the same after `bertkit.linear.pack_weights(model)`
-  (weights kept in oneDNN's blocked layout, the analogue of building an ORT session);
-- bertkit fp32, MKL matmuls: the same model with `bertkit.linear.use_onednn(False)`,
+- bertkit fp32: BertModel after `bertkit.fast.accelerate(model)`, weights left unpacked,
+  inference_mode: matmuls on oneDNN (MKL, which torch uses by default, takes a slower
+  path on AMD CPUs), GELU and residual fused into them, the attention path by shape;
+- bertkit fp32, packed weights: `accelerate(model)` as it is, weights kept in oneDNN's
+  blocked layout (the analogue of building an ORT session; what embed and predict use);
+- bertkit fp32, MKL matmuls: the accelerated model with `bertkit.fast.use_onednn(False)`,
   i.e. torch's default matmul path, to show what the oneDNN route is worth;
+- bertkit fp32, plain model: BertModel as `bertkit.modeling` writes it, no accelerate step;
 - bertkit bf16: the same model converted with .to(torch.bfloat16);
 - transformers eager / sdpa: BertModel with attn_implementation "eager" / "sdpa";
 - ONNX Runtime: transformers' BertModel exported with torch.onnx.export and fused by
@@ -92,11 +93,12 @@ def batches(tok, texts, size, sort, token_budget=None):
 # --- contenders -------------------------------------------------------------------
 
 
-def load_ours(dtype=torch.float32, packed=False):
+def load_ours(dtype=torch.float32, packed=False, accelerated=True):
     from bertkit import BertModel
-    from bertkit.linear import pack_weights
+    from bertkit.fast import accelerate, pack_weights
 
-    return pack_weights(BertModel.from_pretrained().to(dtype).eval(), packed)
+    model = BertModel.from_pretrained().to(dtype).eval()
+    return pack_weights(accelerate(model), packed) if accelerated else model
 
 
 def load_hf(impl: str):
@@ -140,10 +142,10 @@ def load_ort(workdir: Path):
 
 def torch_runner(model, onednn=True):
     """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do."""
-    import bertkit.linear
+    import bertkit.fast
 
     def run(batch):
-        bertkit.linear.use_onednn(onednn)
+        bertkit.fast.use_onednn(onednn)
         with torch.inference_mode():
             return model(**batch).last_hidden_state
     return run
@@ -158,6 +160,7 @@ CONTENDERS = {
     "bertkit fp32": lambda d: torch_runner(load_ours()),
     "bertkit fp32, packed weights": lambda d: torch_runner(load_ours(packed=True)),
     "bertkit fp32, MKL matmuls": lambda d: torch_runner(load_ours(), onednn=False),
+    "bertkit fp32, plain model": lambda d: torch_runner(load_ours(accelerated=False)),
     "bertkit bf16": lambda d: torch_runner(load_ours(torch.bfloat16)),
     "transformers eager": lambda d: torch_runner(load_hf("eager")),
     "transformers sdpa": lambda d: torch_runner(load_hf("sdpa")),
@@ -226,6 +229,9 @@ def main(argv=None) -> int:
         peak_memory_child(args.peak_memory_of)
         return 0
     torch.set_num_threads(THREADS)
+    from bertkit.fast import cpu_features
+
+    print(cpu_features().describe())  # what the kernels were chosen by: say it with every number
 
     from bertkit.tokenizer import Tokenizer
 
@@ -252,10 +258,12 @@ def main(argv=None) -> int:
                 "interleaved rounds; `ours/this` > 1 means bertkit (fp32) is faster. "
                 f"Load average when the run started: {load:.1f} (on {os.cpu_count()} cores; above ~2 other "
                 "jobs were competing for the CPU, which inflates every time and hurts torch's OpenMP "
-                "threads more than ONNX Runtime's pool). bertkit's float32 matmuls run on oneDNN "
-                "(`bertkit.linear`); torch's default, MKL, takes a slower code path on AMD processors, which is "
-                "what transformers and the `MKL matmuls` row get. `packed weights` is the model after "
-                "`bertkit.linear.pack_weights` (what `bertkit.embed` and `bertkit.predict` use). "
+                "threads more than ONNX Runtime's pool). bertkit's rows are the model after "
+                "`bertkit.fast.accelerate` (float32 matmuls on oneDNN with the GELU and residual fused in, "
+                "the attention path by shape), weights unpacked unless the row says `packed weights` (what "
+                "`bertkit.embed` and `bertkit.predict` use); torch's default matmuls, MKL, take a slower code "
+                "path on AMD processors, which is what transformers and the `MKL matmuls` row get; `plain "
+                "model` is `bertkit.modeling` without the accelerate step. "
                 + ("glibc's malloc as it comes. " if args.default_malloc else
                    "The process runs with `bertkit.reuse_freed_memory()` (glibc keeps freed memory for the next "
                    "allocation instead of returning it to the kernel; every torch contender, transformers "

@@ -6,8 +6,9 @@ the shared Gutenberg corpus, length 128, NSP pairs):
 
 - ours: `bertkit.heads.BertForPreTraining` + our collator; the MLM head projects
   onto the 30,522-word vocabulary only at the masked positions (~15%), and the
-  float32 matmuls run on oneDNN (`bertkit.linear`);
-- ours, MKL matmuls: the same with `bertkit.linear.use_onednn(False)`;
+  model goes through `bertkit.fast.accelerate(model, training=True)`, so its float32 matmuls run
+  on oneDNN, forward and backward;
+- ours, MKL matmuls: the same with `bertkit.fast.use_onednn(False)`;
 - peer: `transformers.BertForPreTraining` + `DataCollatorForLanguageModeling`
   (15% masking, 80/10/10), which projects every position onto the vocabulary.
 
@@ -58,17 +59,18 @@ def load_batches(data: Path, batch_size: int, steps: int):
 def make_ours(ds, batches, preset: str, onednn: bool = True):
     import torch
 
-    import bertkit.linear
+    import bertkit.fast
     from bertkit.config import BertConfig
     from bertkit.heads import BertForPreTraining
 
     model = BertForPreTraining(BertConfig.preset(preset, vocab_size=ds.vocab_size),
                                generator=torch.Generator().manual_seed(0)).train()
+    bertkit.fast.accelerate(model, training=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     collate, g = ds.collator(), torch.Generator().manual_seed(0)
 
     def train_steps():
-        bertkit.linear.use_onednn(onednn)
+        bertkit.fast.use_onednn(onednn)
         for items in batches:
             model(**collate(items, g)).loss.backward()
             opt.step()
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
             f"of `BertForPreTraining` (MLM + NSP), preset {args.preset}, batch {args.batch_size} x length <= 128, "
             f"the same instances for both; {args.rounds} interleaved rounds after 1 warm-up, median. "
             "transformers uses `DataCollatorForLanguageModeling`. Ours projects onto the vocabulary only at the "
-            "masked positions and runs its float32 matmuls on oneDNN (`bertkit.linear`); the `MKL matmuls` row "
+            "masked positions and runs its float32 matmuls on oneDNN (`bertkit.fast.accelerate`); the `MKL matmuls` row "
             "is ours on torch's default matmuls, as transformers runs. Padding is to the longest sequence of "
             f"each batch for both. Command: `python bench/bench_pretraining.py {' '.join(argv or sys.argv[1:])}`.")
     md = table("Pre-training step throughput (tokens/s, higher is better)", tokens, "tokens", times, "bertkit", note)

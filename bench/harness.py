@@ -22,16 +22,6 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 SHARED_DATA = Path(os.environ.get("BERTKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def versions(*packages) -> dict:
     out = {"python": platform.python_version()}
     for name in ("bertkit", "torch", "numpy", *packages):
@@ -45,7 +35,9 @@ def versions(*packages) -> dict:
 def machine_line(*packages) -> str:
     v = versions(*packages)
     libs = ", ".join(f"{k} {val}" for k, val in v.items())
-    return f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}; {libs}"
+    from bertkit.fast import cpu_features  # the model, cores and instruction set the kernels were chosen by
+
+    return f"{cpu_features().describe()}; {platform.system()} {platform.machine()}; {libs}"
 
 
 def interleaved(contenders: dict, rounds: int = 5, warmup: int = 1, settle: float = 0.0) -> dict:

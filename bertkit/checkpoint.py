@@ -24,6 +24,11 @@ strict=True (the default) raises BertkitError listing missing / unexpected / mis
 keys; strict=False initialises them freshly, warns, and leaves the report in
 `model.load_report`. An encoder weight whose shape contradicts config.json, or a
 different number of layers, is always an error: no setting can make those load.
+
+Imports flow one way: `bertkit.modeling` imports this module (the model classes'
+`from_pretrained` / `save_pretrained` delegate here), and this module never imports
+the model classes: it builds the class it is given and reads any model through its
+config and named parameters (a head is the model that holds its encoder as `bert`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 import torch
 
 from bertkit.config import BertConfig
+from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
 
 # ours -> Hugging Face, relative to the encoder ({i}: layer index, {p}: weight or bias)
@@ -250,8 +256,6 @@ def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, sourc
 def resolve(path) -> Path:
     """A model directory: `path`, or the default model's when None."""
     if path is None:
-        from bertkit.default_model import default_model_dir
-
         return default_model_dir()
     path = Path(path)
     if not path.is_dir():

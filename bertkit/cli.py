@@ -572,13 +572,20 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_export, add_demo, add_pretrain]
 
 
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    return f"bertkit: warning: {message}\n"  # advice for a person, not a source location
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None:  # the `bertkit` command owns its process: let big activations reuse freed memory
+        import warnings
+
         from bertkit.allocator import reuse_freed_memory
 
         reuse_freed_memory()
+        warnings.formatwarning = _warning_line
     try:
         args.handler(args)
     except (BertkitError, FileNotFoundError, IsADirectoryError) as err:

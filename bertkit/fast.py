@@ -26,8 +26,9 @@ never what they are; it is chosen by what the CPU has, and stated here once:
    `.data` bypass the counter and are not. It costs one extra copy of the weights.
 4. Attention path by shape: at B x T x T <= SMALL_ATTENTION the fused SDPA
    kernel's set-up cost more than it saved (~2 ms of a ~15 ms forward at
-   1 x 128 on 2 cores, glibc malloc as it comes), so small inputs take the
-   explicit path; both give the same result.
+   1 x 128 on 2 cores, glibc malloc as it comes; with
+   bertkit.reuse_freed_memory() the two paths are within noise), so small
+   inputs take the explicit path; both give the same result.
 
 The shape rules, in one place: the oneDNN route (1-3) is taken only where it is
 the same computation as F.linear: float32 on the CPU, a torch build with oneDNN's

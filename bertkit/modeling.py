@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bertkit.config import BertConfig
 from bertkit import checkpoint as hf_checkpoint
+from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
 
 

@@ -267,3 +267,20 @@ def test_head_of_another_size_is_replaced_only_when_not_strict(tmp_path):
         model = bertkit.BertForSequenceClassification.from_pretrained(tmp_path, strict=False, num_labels=5)
     assert model.classifier.weight.shape == (5, 32) and model.config.num_labels == 5
     assert model.config.labels == [f"LABEL_{i}" for i in range(5)]  # the old 3 names no longer apply
+
+
+def test_imports_flow_one_way_from_modeling_to_checkpoint():
+    """checkpoint never imports the model classes, at import time or inside a function:
+    no cycle modeling <-> checkpoint, not even a lazy one."""
+    import ast
+    import subprocess
+    import sys
+
+    import bertkit.checkpoint
+
+    tree = ast.parse(open(bertkit.checkpoint.__file__, encoding="utf-8").read())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not imported & {"bertkit.modeling", "bertkit.heads", "bertkit.features"}, imported
+    code = "import sys, bertkit.checkpoint; print('bertkit.modeling' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import bertkit.fast as L
+from bertkit import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel
+from bertkit.errors import BertkitError
 from bertkit.fast import FastLinear as Linear, linear, pack_weights
 
 onednn = pytest.mark.skipif(not L.onednn_enabled(), reason="this torch build has no oneDNN linear")
@@ -132,8 +134,6 @@ def test_linear_module_is_nn_linear():
 
 @onednn
 def test_packed_model_gives_the_same_outputs():
-    from bertkit import BertConfig, BertModel
-
     config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
     model = L.accelerate(BertModel(config, generator=torch.Generator().manual_seed(0)).eval(), training=True)
     ids = torch.randint(0, 50, (3, 9), generator=torch.Generator().manual_seed(1))
@@ -185,9 +185,6 @@ def test_fusing_both_is_refused():
 
 
 # --- accelerate: the same model, computed faster ----------------------------------------------
-
-from bertkit import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel  # noqa: E402
-from bertkit.errors import BertkitError  # noqa: E402
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=40, type_vocab_size=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
