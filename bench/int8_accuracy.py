@@ -104,7 +104,7 @@ def sst2(args, work: Path) -> dict:
     cfg = TextTaskConfig(train=str(train), output=str(work / "sst2"), max_length=args.max_length,
                          training=_training(args))
     finetune_text(cfg, log=lambda s: None)
-    return {"metric": f"SST-2 dev accuracy (fine-tuned on {args.train_examples} rows, {args.epochs:g} epoch)",
+    return {"metric": f"SST-2 dev accuracy (fine-tuned on {args.train_examples} rows, {args.epochs:g} epochs)",
             **_score(work / "sst2", dev, "accuracy", work), "scale": 100.0}
 
 
@@ -119,7 +119,7 @@ def conll(args, work: Path) -> dict:
                     stride=16, training=training)
     finetune_ner(cfg, log=lambda s: None)
     return {"metric": f"CoNLL-2003 dev entity F1 (fine-tuned on {args.train_examples} sentences, "
-                      f"{args.epochs:g} epoch)", **_score(work / "conll", dev, "f1", work), "scale": 100.0}
+                      f"{args.epochs:g} epochs)", **_score(work / "conll", dev, "f1", work), "scale": 100.0}
 
 
 def main(argv=None) -> None:
