@@ -173,6 +173,10 @@ def test_embed_cli_int8_writes_the_library_vectors(tiny, tmp_path):  # noqa: F81
     assert main(["embed", str(src), "-o", str(tmp_path / "v.npy"), "--model", str(tiny), "--int8", "--quiet"]) == 0
     expected = bertkit.embed(["the movie was good .", "the film was bad"], str(tiny), int8=True)
     np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expected, atol=1e-6)
+    # a saved int8 encoder is a model directory embed reads as it is
+    save_quantized(quantize(BertModel.from_pretrained(tiny)), tmp_path / "int8", bertkit.Tokenizer.from_pretrained(tiny))
+    np.testing.assert_array_equal(bertkit.embed(["the movie was good .", "the film was bad"], str(tmp_path / "int8")),
+                                  expected)
 
 
 def test_predict_int8_keeps_the_labels_and_loads_a_saved_int8_model(sentiment_run, tmp_path, capsys):  # noqa: F811
