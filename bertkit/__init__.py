@@ -24,6 +24,7 @@ _LAZY = {
     "BertConfig": "bertkit.config",
     "BertModel": "bertkit.modeling",
     "accelerate": "bertkit.fast",
+    "quantize": "bertkit.quantization",
     "reuse_freed_memory": "bertkit.allocator",
     "BertForPreTraining": "bertkit.heads",
     "BertForMaskedLM": "bertkit.heads",

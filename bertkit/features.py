@@ -50,6 +50,7 @@ from bertkit.electra import class_for
 from bertkit.errors import BertkitError
 from bertkit.fast import accelerate, resolve_device, resolve_dtype
 from bertkit.modeling import BertModel
+from bertkit.quantization import has_quantized_weights, is_quantized, load_quantized, quantize
 from bertkit.textfiles import existing_file, open_text
 from bertkit.tokenizer import Tokenizer
 from bertkit.windows import half_window, max_context_owner, spans
@@ -193,33 +194,45 @@ def from_pretrained(path=None):
     An ELECTRA directory (e.g. a pre-training run's discriminator) gives an ElectraModel: the same
     outputs (no pooler; [CLS] and mean pooling read the token vectors)."""
     directory = resolve(path)
+    if has_quantized_weights(directory):  # saved by bertkit.quantization.save_quantized
+        return load_quantized(BertModel, directory), Tokenizer.from_pretrained(directory)
     return class_for(directory, BertModel).from_pretrained(directory), Tokenizer.from_pretrained(directory)
 
 
 @functools.lru_cache(maxsize=2)
-def _load_dir(path: str | None, device: torch.device, dtype: torch.dtype):
+def _load_dir(path: str | None, device: torch.device, dtype: torch.dtype, int8: bool = False):
     # cached: embedding many small inputs one call at a time should not reload the weights
     model, tok = from_pretrained(path)
-    return accelerate(model.eval().to(device, dtype)), tok  # loaded here for inference only
+    model = model.eval().to(device, dtype)
+    if int8 and not is_quantized(model):
+        model = quantize(model)  # before accelerate: see bertkit.quantization
+    return accelerate(model), tok  # loaded here for inference only
 
 
-def load_model(model=None, device=None, dtype=None):
+def load_model(model=None, device=None, dtype=None, int8: bool = False):
     """(model, tokenizer) from None (the default model), a directory, or a loaded pair.
 
     device: "auto" (the GPU if torch sees one), "cpu" or "cuda"; dtype: "float32" or
     "bfloat16". None means auto / float32 for a model loaded here, and leaves a loaded
     pair where it is; given, a loaded pair's model is moved there (in place).
+    int8: quantize the encoder's dense layers (`bertkit.quantization`; CPU and float32 only,
+    so device auto means the CPU); a loaded pair's model is quantized in place.
     """
+    if int8 and device in (None, "auto"):
+        device = "cpu"
     if model is None or isinstance(model, (str, Path)):
         if model is not None and not Path(model).is_dir():
             raise BertkitError(f"model directory {model} does not exist: pass a directory with config.json")
         where = resolve_device(device)
-        return _load_dir(None if model is None else str(Path(model).resolve()), where, resolve_dtype(dtype, where))
+        return _load_dir(None if model is None else str(Path(model).resolve()), where, resolve_dtype(dtype, where),
+                         int8)
     if isinstance(model, tuple) and len(model) == 2:
         net, tok = model
         if device is not None or dtype is not None:
             where = resolve_device(device) if device is not None else _device_of(net)
             net.to(where, resolve_dtype(dtype, where) if dtype is not None else None)
+        if int8 and not is_quantized(net):
+            net = accelerate(quantize(net))
         return net, tok
     raise BertkitError(
         "model must be None (the default model), a model directory, or a (model, tokenizer) pair; "
@@ -417,6 +430,7 @@ def iter_embed(
     total: int | None = None,
     device=None,
     dtype=None,
+    int8: bool = False,
 ) -> Iterator[np.ndarray]:
     """Yield one result per text, in input order, reading `texts` lazily.
 
@@ -424,7 +438,7 @@ def iter_embed(
     (texts, or windows of long texts) are sorted by length so each batch of
     `batch_size` carries little padding. See `embed` for the arguments.
     """
-    net, tok = load_model(model, device, dtype)
+    net, tok = load_model(model, device, dtype, int8)
     pooling = _check_pooling(pooling)
     spec = resolve_layers(layers, _num_layers(net), combine)
     limit = _max_positions(net)
@@ -497,7 +511,8 @@ def embed(
                (default: half a window, (max_length-2) - (max_length-2)//2),
                truncate=False (cut at max_length instead of windowing),
                progress=False, device= auto | cpu | cuda, dtype= float32 |
-               bfloat16 (see `load_model`).
+               bfloat16, int8=False (int8 dense layers, `bertkit.quantization`)
+               (see `load_model`).
 
     Returns [N, D] for pooled vectors of a list, [D] for a single string;
     with pooling None or "words" a list of [T_i, D] / [W_i, D] arrays (one

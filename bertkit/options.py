@@ -157,3 +157,10 @@ def device_flags(p) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="float32 (default) or bfloat16; bfloat16 pays off on a GPU or a CPU with native bf16 "
                    "(avx512_bf16/amx_bf16); elsewhere it is emulated, slower, and a warning says so")
+
+
+def int8_flag(p) -> None:
+    """--int8 for the commands that run a model for inference on the CPU."""
+    p.add_argument("--int8", action="store_true",
+                   help="int8 dense layers (dynamic quantization, bertkit.quantize): faster on the CPU for a small "
+                   "accuracy cost; CPU and float32 only (see docs/deployment.md)")

@@ -174,6 +174,7 @@ def servers(dirs):
         "ner": Server(dirs["ner"], "--threads", 1),
         "qa": Server(dirs["qa"], "--threads", 1),
         "default": Server("--api-key", KEY, "--threads", 1),
+        "int8": Server(dirs["encoder"], "--int8", "--threads", 1),
     }
     yield started
     for server in started.values():
@@ -200,6 +201,22 @@ def test_embed_equals_bertkit_embed(servers, dirs):
     status, _, unit = post(port, "/embed", {"inputs": TEXTS[0]})  # normalize defaults to true, as in TEI
     assert status == 200 and len(unit) == 1
     np.testing.assert_allclose(unit[0], expected[0] / np.linalg.norm(expected[0]), atol=1e-6, rtol=0)
+
+
+def test_int8_server_equals_bertkit_embed_int8(servers, dirs):
+    # one text per request, so each is its own batch: int8 quantizes activations per batch
+    import bertkit
+
+    port = servers["int8"].port
+    assert call(port, "GET", "/info")[2]["int8"] is True
+    for text in TEXTS[:3]:
+        status, _, vectors = post(port, "/embed", {"inputs": text, "normalize": False}, headers={})
+        assert status == 200
+        expected = bertkit.embed([text], str(dirs["encoder"]), int8=True)
+        np.testing.assert_allclose(np.array(vectors, dtype=np.float32), expected, atol=1e-5, rtol=0)
+        fp32 = bertkit.embed([text], str(dirs["encoder"]))[0]
+        cos = float(np.dot(vectors[0], fp32) / np.linalg.norm(vectors[0]) / np.linalg.norm(fp32))
+        assert cos > 0.9 and not np.allclose(vectors[0], fp32, atol=1e-6)  # int8 really ran, close to float32
 
 
 def test_truncate_cuts_at_the_input_limit(servers, dirs):

@@ -19,7 +19,7 @@ import sys
 
 from bertkit.cli.features import add_attention, add_embed
 from bertkit.cli.finetune import add_demo, add_finetune, add_predict
-from bertkit.cli.model import add_model
+from bertkit.cli.model import add_export, add_model
 from bertkit.cli.pretrain import add_electra, add_fill_mask, add_pretrain
 from bertkit.cli.serve import add_serve
 from bertkit.cli.text import add_tokenize, add_vocab
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_demo, add_pretrain,
+COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_export, add_demo, add_pretrain,
             add_fill_mask, add_electra, add_serve]
 
 

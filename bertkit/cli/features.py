@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from bertkit.errors import BertkitError
-from bertkit.options import device_flags
+from bertkit.options import device_flags, int8_flag
 
 
 def add_embed(sub):
@@ -41,6 +41,7 @@ def add_embed(sub):
     p.add_argument("--truncate", action="store_true", help="cut long texts at --max-length instead of windowing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     device_flags(p)
+    int8_flag(p)
     p.set_defaults(handler=run_embed)
 
 
@@ -53,7 +54,7 @@ def run_embed(args):
         texts, args.model, args.layers, pooling, args.normalize, combine=args.combine,
         word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
-        device=args.device, dtype=args.dtype,
+        device=args.device, dtype=args.dtype, int8=args.int8,
     )
     n = write_vectors(rows, args.output, pooled=pooling in ("mean", "cls"))
     print(f"wrote {n} {'vectors' if pooling in ('mean', 'cls') else 'texts'} to {args.output}", file=sys.stderr)

@@ -3,7 +3,7 @@ dataclass by `bertkit.options`), `bertkit predict` and `bertkit demo`."""
 
 import argparse
 
-from bertkit.options import device_flags
+from bertkit.options import device_flags, int8_flag
 
 
 def add_finetune(sub):
@@ -72,6 +72,7 @@ def add_predict(sub):
                    "--evaluate: fail if it has none; --no-evaluate: only predict)")
     p.add_argument("--batch-size", type=int, default=32)
     device_flags(p)
+    int8_flag(p)
     p.set_defaults(handler=run_predict)
 
 
@@ -80,7 +81,8 @@ def run_predict(args):
 
     result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
                           text_pair_column=args.text_pair_column, label_column=args.label_column,
-                          batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype)
+                          batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype,
+                          int8=args.int8)
     print(f"wrote {result.count} predictions to {result.path}")
     if result.metrics is not None:
         print(f"evaluation on {args.input} ({result.count} examples): {format_metrics(result.metrics)}")

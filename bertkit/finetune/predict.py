@@ -29,6 +29,8 @@ from pathlib import Path
 
 from typing import NamedTuple
 
+import torch
+
 from bertkit import heads
 from bertkit.electra import class_for
 from bertkit.errors import BertkitError
@@ -38,26 +40,37 @@ from bertkit.finetune.classification import score as score_text
 from bertkit.finetune.data import (TextExample, check_known_labels, read_conll, read_rows, read_squad,
                                    read_text_examples, ReadReport)
 from bertkit.finetune.run import read_task_info
+from bertkit.quantization import has_quantized_weights, is_quantized, load_quantized, quantize
 from bertkit.textfiles import existing_file, read_text
 from bertkit.tokenizer import Tokenizer
 
 
-def load(model_dir, device=None, dtype=None):
+def load(model_dir, device=None, dtype=None, int8: bool = False):
     """(model, tokenizer, task info) from a fine-tuned output directory, on `device` in `dtype`
-    (None: auto, float32)."""
+    (None: auto, float32); int8: the encoder's dense layers quantized (`bertkit.quantization`, CPU).
+    A directory saved by `bertkit.quantization.save_quantized` loads as int8 whatever `int8` says."""
     model_dir = Path(model_dir)
     info = read_task_info(model_dir)
     cls = {"ner": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}.get(
         info["task"], heads.BertForSequenceClassification)
+    if int8 and device in (None, "auto"):
+        device = "cpu"
     where = resolve_device(device)
-    model = class_for(model_dir, cls).from_pretrained(model_dir).eval().to(where, resolve_dtype(dtype, where))
+    if has_quantized_weights(model_dir):
+        if where.type != "cpu" or resolve_dtype(dtype, where) != torch.float32:
+            raise BertkitError(f"{model_dir} holds an int8 model: it runs on the CPU in float32 (--device cpu)")
+        model = load_quantized(cls, model_dir)
+    else:
+        model = class_for(model_dir, cls).from_pretrained(model_dir).eval().to(where, resolve_dtype(dtype, where))
+    if int8 and not is_quantized(model):
+        model = quantize(model)  # before accelerate: see bertkit.quantization
     return accelerate(model), Tokenizer.from_pretrained(model_dir), info  # loaded here for inference only
 
 
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
-            dtype=None) -> list[dict]:
+            dtype=None, int8: bool = False) -> list[dict]:
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
-    device: auto (None), cpu or cuda; dtype: float32 (None) or bfloat16."""
+    device: auto (None), cpu or cuda; dtype: float32 (None) or bfloat16; int8: int8 dense layers."""
     if isinstance(texts, str):
         raise BertkitError("predict takes a list of texts; wrap a single text in a list")
     texts = list(texts)
@@ -65,7 +78,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         pairs = list(pairs)
         if len(pairs) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(pairs)} pairs; give one second text per text")
-    model, tok, info = loaded or load(model_dir, device, dtype)
+    model, tok, info = loaded or load(model_dir, device, dtype, int8)
     task = info["task"]
     if task == "ner":
         from bertkit.finetune.ner import predict_words
@@ -216,10 +229,10 @@ class FileResult(NamedTuple):
 
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
                  label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
-                 dtype=None) -> FileResult:
+                 dtype=None, int8: bool = False) -> FileResult:
     """Write one prediction per input row as TSV (text, prediction, details); with the answers in
     the file (evaluate None: whenever they are there; True: required; False: never) also score them."""
-    loaded = load(model_dir, device, dtype)
+    loaded = load(model_dir, device, dtype, int8)
     info = loaded[2]
     labelled = read_labelled(input_path, info, text_column, text_pair_column, label_column) if evaluate is not False else None
     if evaluate and labelled is None:

@@ -264,6 +264,7 @@ def create_app(runner, settings, metrics) -> Starlette:
     async def info(request):
         body = {"model": runner.name, "version": __version__, **runner.info(),
                 "max_input_length": runner.max_length,
+                "int8": settings.int8,
                 "batching": {k: getattr(settings, k) for k in
                              ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes")},
                 "auth": settings.api_key is not None}

@@ -100,11 +100,11 @@ def load_runner(settings):
         if task is None:
             from bertkit.features import load_model
 
-            runner = Encoder(*load_model(str(path.resolve())), settings, name)
+            runner = Encoder(*load_model(str(path.resolve()), int8=settings.int8), settings, name)
         else:
             from bertkit.finetune.predict import load
 
-            runner = TaskModel(path, load(path), settings, name)
+            runner = TaskModel(path, load(path, int8=settings.int8), settings, name)
         runner.warm_up()
     except BertkitError:
         raise

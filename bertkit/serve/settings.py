@@ -44,6 +44,9 @@ class ServeConfig:
         "choices": ["sum", "mean", "concat"], "help": "embeddings: how a list of layers is merged (default concat)"})
     pooling: str = field(default="mean", metadata={
         "choices": ["mean", "cls"], "help": "embeddings: one vector per text from the tokens' mean or [CLS]"})
+    int8: bool = field(default=False, metadata={
+        "help": "int8 dense layers (bertkit.quantize; CPU): faster for a small accuracy cost. Activations are "
+        "quantized per batch, so a text's numbers then vary slightly with its batch (docs/deployment.md)"})
     served_model_name: str | None = field(default=None, metadata={
         "help": "the name /info and /v1/embeddings report (default: the model directory's name)"})
 

@@ -1,0 +1,255 @@
+"""int8 inference: dynamic quantization of the encoder's dense layers.
+
+Nearly all of BERT's arithmetic is the encoder's dense layers (per layer: the
+[H, 3H] query/key/value projection, the [H, H] attention output, the [H, I] and
+[I, H] feed-forward matrices). Dynamic quantization (Jacob et al. 2018; PyTorch's
+`torch.ao.nn.quantized.dynamic.Linear`, as in its BERT tutorial) stores each of
+those weights as int8 with one scale per output channel (symmetric: w ~= scale_o *
+q, q in [-127, 127]) and quantizes the activations at run time, one scale per
+call (per batch), so no calibration data is needed. The products run in PyTorch's
+quantized kernels (FBGEMM on x86, which needs AVX2; oneDNN/QNNPACK on ARM) and
+accumulate in int32; the output goes back to float32 before the bias.
+Activations are quantized to 7 bits (PyTorch's `reduce_range`, kept as it
+comes): FBGEMM's AVX2 kernels add pairs of uint8 x int8 products in int16, which
+could saturate with 8 bits. Measured on STS-B dev with the default model
+(Spearman of cosine, float32 0.8672): 7 bits 0.8645, full 8 bits 0.8654; the
+small gain is not worth a kernel that may saturate on some inputs.
+
+What stays float32, and why: the embeddings (a table look-up, no arithmetic to
+save), every LayerNorm, softmax and GELU (they run on float activations), and
+the small layers outside the encoder (the pooler and the task heads' classifiers:
+one [H, H] or [H, labels] product per sequence or token, negligible time, and the
+place where rounding would move a decision most directly).
+
+With `accelerate`: quantize the plain model, then accelerate it (that is what
+embed/predict do). The quantized layers are no nn.Linear, so accelerate leaves
+them alone and only its attention-path choice (rule 4 of `bertkit.fast`) and the
+float layers outside the encoder change; its fused feed-forward needs float
+FastLinear layers and falls back to the plain layer. Quantizing an accelerated
+model works too: its encoder FastLinear layers are replaced like nn.Linear ones.
+
+A quantized model is saved as a model directory (`save_quantized`): config.json,
+the tokenizer files, and `model.int8.safetensors` holding bertkit's own
+parameter names (not Hugging Face's: no other library reads this file). For a
+quantized layer `X`: `X.weight_int8` (int8 [out, in]), `X.weight_scale` (float64
+[out]), `X.weight_zero_point` (int64 [out], zeros) and `X.bias` (float32); every
+other parameter as float32. The file's metadata says
+`format: bertkit-int8-dynamic`. `load_quantized` rebuilds the exact same model
+(outputs identical to the one saved); a missing, extra or mis-shaped tensor, or a
+file of another format, is a BertkitError naming it.
+
+int8 runs on the CPU in float32 activations only; CUDA and bfloat16 are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertkit.config import BertConfig
+from bertkit.errors import BertkitError
+
+QUANTIZED_WEIGHTS = "model.int8.safetensors"
+FORMAT = "bertkit-int8-dynamic"
+VERSION = "1"
+
+
+def _quantized_linear_class():
+    # torch.ao.quantization warns that it will move to torchao; the dynamic Linear
+    # and its FBGEMM kernels are what this torch ships, so the warning is silenced here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch.ao.nn.quantized.dynamic import Linear
+    return Linear
+
+
+def _targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, layer) for every dense layer inside the encoder's layers."""
+    out = []
+    for name, module in model.named_modules():
+        if ".layers." not in f".{name}.":  # encoder.layers.<i>... (bert.encoder... in a head)
+            continue
+        for attr, child in module.named_children():
+            if isinstance(child, nn.Linear):
+                out.append((module, attr, child))
+    return out
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether `model` holds int8 dense layers (made by `quantize` or `load_quantized`)."""
+    qlinear = _quantized_linear_class()
+    return any(isinstance(m, qlinear) for m in model.modules())
+
+
+def _check_runnable(model: nn.Module) -> None:
+    engines = torch.backends.quantized.supported_engines
+    if not any(e in engines for e in ("x86", "fbgemm", "onednn", "qnnpack")):
+        raise BertkitError(f"this torch build has no int8 kernels (quantized engines: {engines}): run in float32")
+    for p in model.parameters():
+        if p.device.type != "cpu":
+            raise BertkitError(f"int8 runs on the CPU: the model is on {p.device}; pass device='cpu' (--device cpu)")
+        if p.dtype != torch.float32:
+            raise BertkitError(f"int8 quantizes a float32 model, got {p.dtype}: pass dtype='float32' (--dtype float32)")
+
+
+def _quantize_weight(weight: torch.Tensor) -> torch.Tensor:
+    """int8 per output channel, symmetric (the observer PyTorch's per-channel dynamic qconfig uses)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation notices of torch.ao and quantized tensor creation
+        from torch.ao.quantization import per_channel_dynamic_qconfig
+
+        observer = per_channel_dynamic_qconfig.weight()
+        observer(weight)
+        scales, zero_points = observer.calculate_qparams()
+        return torch.quantize_per_channel(weight, scales.double(), zero_points.long(), 0, torch.qint8)
+
+
+def _empty_layer(linear: nn.Linear) -> nn.Module:
+    qlinear = _quantized_linear_class()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return qlinear(linear.in_features, linear.out_features, bias_=linear.bias is not None, dtype=torch.qint8)
+
+
+def quantize(model: nn.Module) -> nn.Module:
+    """Replace the encoder's dense layers of `model` by int8 dynamic-quantized ones, in place;
+    returns the model (in eval mode: a quantized model is for inference only).
+
+    `model` must be a float32 bertkit model on the CPU. Embeddings, LayerNorm, the pooler
+    and the task heads stay float32 (see the module docstring). Calling it again is harmless.
+    """
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise BertkitError(f"quantize takes a bertkit model (BertModel or a head), got {type(model).__name__}")
+    _check_runnable(model)
+    for parent, attr, linear in _targets(model):
+        layer = _empty_layer(linear)
+        with torch.no_grad():
+            bias = None if linear.bias is None else linear.bias.detach().float().clone()
+            layer.set_weight_bias(_quantize_weight(linear.weight.detach().float()), bias)
+        setattr(parent, attr, layer)
+    return model.eval()
+
+
+# --- saving and loading -----------------------------------------------------------------
+
+
+def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state to save: float parameters/buffers by name, and each int8 layer as four tensors."""
+    qlinear = _quantized_linear_class()
+    out = {}
+    quantized = {name: m for name, m in model.named_modules() if isinstance(m, qlinear)}
+    for name, module in quantized.items():
+        weight = module.weight()
+        out[f"{name}.weight_int8"] = weight.int_repr().contiguous()
+        out[f"{name}.weight_scale"] = weight.q_per_channel_scales().double().contiguous()
+        out[f"{name}.weight_zero_point"] = weight.q_per_channel_zero_points().long().contiguous()
+        if module.bias() is not None:
+            out[f"{name}.bias"] = module.bias().detach().contiguous().clone()
+    out.update({k: v.detach().contiguous().clone() for k, v in _float_state(model).items()})
+    return out
+
+
+def _float_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without the int8 layers' own entries (packed weights, scale, zero point)."""
+    qlinear = _quantized_linear_class()
+    quantized = [name + "." for name, m in model.named_modules() if isinstance(m, qlinear)]
+    return {k: v for k, v in model.state_dict().items() if not any(k.startswith(q) for q in quantized)}
+
+
+def save_quantized(model: nn.Module, directory, tokenizer=None) -> None:
+    """Write a quantized `model` to `directory`: config.json, model.int8.safetensors and,
+    with a tokenizer, its files (see the module docstring for the format)."""
+    from safetensors.torch import save_file
+
+    if not is_quantized(model):
+        raise BertkitError("save_quantized takes a model made by quantize(); save a float model with save_pretrained")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.replace(architectures=[type(model).__name__]).to_json_file(directory / "config.json")
+    save_file(_tensors(model), str(directory / QUANTIZED_WEIGHTS), metadata={"format": FORMAT, "version": VERSION})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+
+
+def has_quantized_weights(directory) -> bool:
+    """Whether `directory` holds an int8 model saved by `save_quantized`."""
+    return directory is not None and (Path(directory) / QUANTIZED_WEIGHTS).is_file()
+
+
+def _read(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise BertkitError(f"{path} is not a bertkit int8 model (format {meta.get('format')!r}, "
+                                   f"expected {FORMAT!r}): save it with bertkit.quantization.save_quantized")
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except BertkitError:
+        raise
+    except Exception as err:  # the Rust reader raises its own error type on bad headers/sizes
+        raise BertkitError(f"{path} is not a readable safetensors file ({err}); it is probably truncated or "
+                           "corrupt: save the quantized model again") from None
+
+
+def _take(state: dict, key: str, shape: tuple, dtype: torch.dtype, path: Path) -> torch.Tensor:
+    if key not in state:
+        raise BertkitError(f"{path} lacks {key}: it does not match config.json (or is incomplete)")
+    tensor = state.pop(key)
+    if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+        raise BertkitError(f"{path}: {key} is {tensor.dtype} {list(tensor.shape)}, the model in config.json needs "
+                           f"{dtype} {list(shape)}")
+    return tensor
+
+
+def load_quantized(cls, directory) -> nn.Module:
+    """The int8 model saved in `directory` by `save_quantized`, as an instance of `cls`."""
+    directory = Path(directory)
+    path = directory / QUANTIZED_WEIGHTS
+    if not path.is_file():
+        raise BertkitError(f"no int8 weights in {directory}: expected {QUANTIZED_WEIGHTS} (made by save_quantized)")
+    saved = architecture(directory)
+    if saved is not None and saved != cls.__name__:
+        raise BertkitError(f"{directory} holds an int8 {saved}, not a {cls.__name__}: load it as {saved}")
+    state = _read(path)
+    model = cls(BertConfig.from_pretrained(directory)).eval()
+    for parent, attr, linear in _targets(model):
+        name = next(n for n, m in model.named_modules() if m is linear)
+        out_f, in_f = linear.out_features, linear.in_features
+        q = _take(state, f"{name}.weight_int8", (out_f, in_f), torch.int8, path)
+        scale = _take(state, f"{name}.weight_scale", (out_f,), torch.float64, path)
+        zero = _take(state, f"{name}.weight_zero_point", (out_f,), torch.int64, path)
+        bias = _take(state, f"{name}.bias", (out_f,), torch.float32, path) if linear.bias is not None else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            weight = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
+        layer = _empty_layer(linear)
+        layer.set_weight_bias(weight, bias)
+        setattr(parent, attr, layer)
+    floats = _float_state(model)
+    missing = sorted(set(floats) - set(state))
+    extra = sorted(set(state) - set(floats))
+    if missing or extra:
+        raise BertkitError(f"{path} does not match {cls.__name__} of config.json: "
+                           f"missing {missing[:5]}, unexpected {extra[:5]}")
+    for key, value in floats.items():
+        if state[key].shape != value.shape:
+            raise BertkitError(f"{path}: {key} has shape {list(state[key].shape)}, config.json needs {list(value.shape)}")
+    with torch.no_grad():  # state_dict() tensors share storage with the parameters
+        for key, value in floats.items():
+            value.copy_(state[key])
+    return model
+
+
+def architecture(directory) -> str | None:
+    """The class named in a model directory's config.json `architectures`, if any."""
+    try:
+        names = json.loads((Path(directory) / "config.json").read_text()).get("architectures") or []
+    except (OSError, json.JSONDecodeError):
+        return None
+    return names[0] if names else None

@@ -1,0 +1,121 @@
+"""ONNX export (bertkit.export, `bertkit export onnx`): each head type exports, loads
+in ONNX Runtime with Hugging Face's input/output names and dynamic axes, and matches
+bertkit within 1e-4 on inputs of other shapes than the trace's; what cannot be
+exported fails with a BertkitError that names it."""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
+                     BertForTokenClassification, BertModel)
+from bertkit.cli import main
+from bertkit.errors import BertkitError
+from bertkit.export import INPUTS, check_exportable, export_onnx
+from bertkit.fast import accelerate
+from bertkit.quantization import quantize, save_quantized
+from bertkit.tokenizer import Tokenizer
+from conftest import need
+from test_finetune import tiny  # noqa: F401
+
+try:
+    import onnxruntime as ort
+except ImportError:  # the dev extra installs it: skipped locally, a failure in CI
+    ort = None
+
+
+@pytest.fixture(autouse=True)
+def _onnx_installed():
+    need(ort is not None, "onnxruntime (the onnx / dev extra) is not installed")
+
+OUTPUTS = {
+    BertModel: ("last_hidden_state", "pooler_output"),
+    BertForSequenceClassification: ("logits",),
+    BertForTokenClassification: ("logits",),
+    BertForQuestionAnswering: ("start_logits", "end_logits"),
+}
+
+
+def head_dir(tiny, cls, path):  # noqa: F811
+    """The tiny checkpoint as `cls` with a freshly drawn 3-label head, saved like a fine-tuned model."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the new head's weights are missing from the checkpoint, on purpose
+        kw = {} if cls in (BertModel, BertForQuestionAnswering) else {"num_labels": 3}
+        model = cls.from_pretrained(tiny, strict=False, generator=torch.Generator().manual_seed(1), **kw)
+    model.save_pretrained(path, tokenizer=Tokenizer.from_pretrained(tiny))
+    return path, model.eval()
+
+
+def odd_batch(seed=0):
+    """5 rows of 13 tokens (the trace used other shapes), two of them padded, both segments."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 30, (5, 13), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    mask[4, 3:] = 0
+    types = torch.zeros_like(ids)
+    types[:, 7:] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+@pytest.mark.parametrize("cls", list(OUTPUTS))
+def test_each_head_exports_loads_in_onnx_runtime_and_matches(cls, tiny, tmp_path):  # noqa: F811
+    src, model = head_dir(tiny, cls, tmp_path / "model")
+    report = export_onnx(src, tmp_path / "onnx")
+    assert report.outputs == OUTPUTS[cls] and report.max_abs_diff <= 1e-4
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        assert (tmp_path / "onnx" / name).is_file()
+
+    session = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == list(INPUTS)
+    assert [o.name for o in session.get_outputs()] == list(OUTPUTS[cls])
+    assert all(i.shape == ["batch", "sequence"] for i in session.get_inputs())  # dynamic axes
+    for seed in (0, 1):
+        batch = odd_batch(seed)
+        got = session.run(None, {k: v.numpy() for k, v in batch.items()})
+        with torch.no_grad():
+            out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                        token_type_ids=batch["token_type_ids"])
+        for name, value in zip(OUTPUTS[cls], got):
+            expected = getattr(out, name).numpy()
+            assert value.shape == expected.shape
+            np.testing.assert_allclose(value, expected, rtol=0, atol=1e-4)
+
+
+def test_a_head_without_onnx_signature_fails_naming_it(tiny, tmp_path):  # noqa: F811
+    src, _ = head_dir(tiny, BertForMaskedLM, tmp_path / "mlm")
+    with pytest.raises(BertkitError, match="cannot export BertForMaskedLM"):
+        export_onnx(src, tmp_path / "onnx")
+
+
+def test_an_int8_model_fails_naming_the_way_to_int8_onnx(tiny, tmp_path):  # noqa: F811
+    save_quantized(quantize(BertModel.from_pretrained(tiny)), tmp_path / "int8", Tokenizer.from_pretrained(tiny))
+    with pytest.raises(BertkitError, match="int8.*quantize_dynamic"):
+        export_onnx(tmp_path / "int8", tmp_path / "onnx")
+    with pytest.raises(BertkitError, match="int8"):
+        check_exportable(quantize(BertModel.from_pretrained(tiny)))
+    with pytest.raises(BertkitError, match="accelerated"):
+        check_exportable(accelerate(BertModel.from_pretrained(tiny)))
+
+
+def test_an_opset_without_attention_fails_naming_the_operator(tiny, tmp_path):  # noqa: F811
+    with pytest.raises(BertkitError, match="opset 13.*scaled_dot_product_attention"):
+        export_onnx(tiny, tmp_path / "onnx", opset=13)
+
+
+def test_missing_onnx_packages_name_the_extra(tiny, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setitem(sys.modules, "onnx", None)  # None in sys.modules: importing it raises ImportError
+    with pytest.raises(BertkitError, match=r"bertkit\[onnx\]"):
+        export_onnx(tiny, tmp_path / "onnx")
+
+
+def test_cli_export_onnx(tiny, tmp_path, capsys):  # noqa: F811
+    assert main(["export", "onnx", str(tiny), "-o", str(tmp_path / "onnx")]) == 0
+    assert "ONNX Runtime matches bertkit" in capsys.readouterr().out
+    assert (tmp_path / "onnx" / "model.onnx").is_file()
+    assert main(["export", "onnx", str(tiny), "-o", str(tmp_path / "x"), "--opset", "11"]) == 2
+    assert "opset 11" in capsys.readouterr().err

@@ -1,0 +1,200 @@
+"""int8 inference (bertkit.quantization): which layers become int8, how close the
+outputs stay, the saved format, and `int8=True` / `--int8` on embed and predict.
+
+Tolerances, measured: on the tiny model (hidden 32, intermediate 37, 2 layers,
+outputs up to ~3.5) int8 differs from float32 by <= 1e-3 (max abs, three seeds);
+on the default model (all-MiniLM-L6-v2) sentence vectors of real text keep a
+cosine of 0.94-0.98 with the float32 ones (STS-B dev Spearman loses 0.003:
+bench/int8_accuracy.py).
+"""
+
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import bertkit
+from bertkit import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
+                     BertModel)
+from bertkit.cli import main
+from bertkit.errors import BertkitError
+from bertkit.fast import accelerate
+from bertkit.finetune.predict import predict
+from bertkit.quantization import QUANTIZED_WEIGHTS, is_quantized, load_quantized, quantize, save_quantized
+from test_finetune import sentiment_run, tiny  # noqa: F401
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+CONFIG = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                    max_position_embeddings=64)
+HEADS = (BertModel, BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering)
+REAL_TEXTS = ["The cat sat on the mat.", "A man is playing a guitar on stage.",
+              "Stocks fell sharply after the quarterly report.", "I love this movie!"]
+
+
+def tiny_model(cls=BertModel, seed=0):
+    return cls(CONFIG, generator=torch.Generator().manual_seed(seed)).eval()
+
+
+def inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 99, (3, 11), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # one padded row
+    types = torch.zeros_like(ids)
+    types[:, 6:] = 1
+    return ids, mask, types
+
+
+def first_output(model, seed=0):
+    ids, mask, types = inputs(seed)
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, token_type_ids=types)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else (
+        out.logits if hasattr(out, "logits") else out.start_logits)
+
+
+@pytest.mark.parametrize("cls", HEADS)
+def test_encoder_dense_layers_become_int8_and_the_rest_stays_float(cls):
+    model = quantize(tiny_model(cls))
+    layers = model.bert.encoder.layers if hasattr(model, "bert") else model.encoder.layers
+    for layer in layers:
+        for dense in (layer.attention.qkv, layer.attention.output, layer.intermediate, layer.output):
+            assert isinstance(dense, DynamicInt8Linear)
+            assert dense.weight().dtype == torch.qint8
+            assert dense.weight().qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+        for norm in (layer.attention_norm, layer.output_norm):
+            assert norm.weight.dtype == torch.float32
+    int8 = sum(isinstance(m, DynamicInt8Linear) for m in model.modules())
+    assert int8 == 4 * CONFIG.num_hidden_layers  # nothing outside the encoder's layers
+    for m in model.modules():  # embeddings, pooler and head classifiers: float
+        if isinstance(m, (torch.nn.Embedding, torch.nn.Linear, torch.nn.LayerNorm)):
+            assert m.weight.dtype == torch.float32
+    assert is_quantized(model) and not is_quantized(tiny_model(cls))
+
+
+def test_int8_weights_are_per_output_channel_roundings_of_the_float_ones():
+    model = tiny_model()
+    weight = model.encoder.layers[0].intermediate.weight.detach().clone()  # [37, 32]
+    q = quantize(model).encoder.layers[0].intermediate.weight()
+    scales = q.q_per_channel_scales().float()
+    # symmetric per row: the largest |w| of each row maps to ~127.5 steps
+    torch.testing.assert_close(scales, weight.abs().amax(dim=1) / 127.5, rtol=1e-5, atol=1e-8)
+    assert torch.all(q.q_per_channel_zero_points() == 0)
+    error = (q.dequantize() - weight).abs()
+    assert torch.all(error <= scales[:, None] / 2 + 1e-7)  # round to nearest step
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_outputs_stay_close_to_float32(seed):
+    model = tiny_model(seed=seed)
+    ref = first_output(model, seed)
+    got = first_output(quantize(model), seed)
+    diff = (got - ref).abs().max().item()
+    assert 0 < diff < 3e-3  # quantized (not identical), measured <= 1e-3
+    assert torch.nn.functional.cosine_similarity(got, ref, dim=-1).min() > 0.9999
+
+
+def test_accelerate_after_quantize_and_quantize_after_accelerate_agree():
+    plain = first_output(quantize(tiny_model()))
+    # what embed/predict do: quantize, then accelerate (only the attention-path choice changes)
+    torch.testing.assert_close(first_output(accelerate(quantize(tiny_model()))), plain, rtol=0, atol=1e-5)
+    # an accelerated model's FastLinear layers are quantized like nn.Linear ones
+    torch.testing.assert_close(first_output(quantize(accelerate(tiny_model()))), plain, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [BertModel, BertForSequenceClassification, BertForQuestionAnswering])
+def test_save_and_load_give_identical_outputs(cls, tmp_path):
+    model = quantize(tiny_model(cls))
+    save_quantized(model, tmp_path)
+    assert (tmp_path / QUANTIZED_WEIGHTS).is_file() and not (tmp_path / "model.safetensors").exists()
+    loaded = load_quantized(cls, tmp_path)
+    assert is_quantized(loaded)
+    assert torch.equal(first_output(loaded), first_output(model))
+
+
+def test_corrupt_mismatched_or_foreign_files_fail_with_a_named_error(tmp_path):
+    model = quantize(tiny_model())
+    save_quantized(model, tmp_path / "ok")
+    # truncated
+    shutil.copytree(tmp_path / "ok", tmp_path / "cut")
+    data = (tmp_path / "cut" / QUANTIZED_WEIGHTS).read_bytes()
+    (tmp_path / "cut" / QUANTIZED_WEIGHTS).write_bytes(data[: len(data) // 2])
+    with pytest.raises(BertkitError, match="corrupt"):
+        load_quantized(BertModel, tmp_path / "cut")
+    # config.json says another size: the first tensor that disagrees is named
+    shutil.copytree(tmp_path / "ok", tmp_path / "other")
+    CONFIG.replace(intermediate_size=40).to_json_file(tmp_path / "other" / "config.json")
+    with pytest.raises(BertkitError, match=r"intermediate\.weight_int8"):
+        load_quantized(BertModel, tmp_path / "other")
+    # a head's file read as another class
+    with pytest.raises(BertkitError, match="holds an int8 BertForSequenceClassification, not a BertForToken"):
+        save_quantized(quantize(tiny_model(BertForSequenceClassification)), tmp_path / "cls")
+        load_quantized(BertForTokenClassification, tmp_path / "cls")
+    # a float safetensors file under the int8 name
+    from safetensors.torch import save_file
+
+    (tmp_path / "foreign").mkdir()
+    shutil.copy(tmp_path / "ok" / "config.json", tmp_path / "foreign")
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "foreign" / QUANTIZED_WEIGHTS))
+    with pytest.raises(BertkitError, match="not a bertkit int8 model"):
+        load_quantized(BertModel, tmp_path / "foreign")
+    with pytest.raises(BertkitError, match="quantize"):
+        save_quantized(tiny_model(), tmp_path / "float")
+
+
+def test_quantize_refuses_what_int8_cannot_run():
+    with pytest.raises(BertkitError, match="float32"):
+        quantize(tiny_model().to(torch.bfloat16))
+    with pytest.raises(BertkitError, match="bertkit model"):
+        quantize(torch.nn.Linear(3, 3))
+
+
+# --- embed and predict with int8 ---------------------------------------------------------
+
+
+def test_embed_int8_stays_close_to_float32_on_real_text(default_model_dir):
+    float32 = bertkit.embed(REAL_TEXTS, normalize=True)
+    int8 = bertkit.embed(REAL_TEXTS, normalize=True, int8=True)
+    cosine = (float32 * int8).sum(axis=1)
+    assert np.all(cosine > 0.9) and np.all(cosine < 0.9999)  # measured 0.94-0.98: quantized, and close
+    # a loaded (model, tokenizer) pair is quantized the same way
+    pair = bertkit.from_pretrained(default_model_dir)
+    np.testing.assert_allclose(bertkit.embed(REAL_TEXTS, pair, normalize=True, int8=True), int8, atol=1e-5)
+
+
+def test_embed_cli_int8_writes_the_library_vectors(tiny, tmp_path):  # noqa: F811
+    src = tmp_path / "in.txt"
+    src.write_text("the movie was good .\nthe film was bad\n")
+    assert main(["embed", str(src), "-o", str(tmp_path / "v.npy"), "--model", str(tiny), "--int8", "--quiet"]) == 0
+    expected = bertkit.embed(["the movie was good .", "the film was bad"], str(tiny), int8=True)
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expected, atol=1e-6)
+    # a saved int8 encoder is a model directory embed reads as it is
+    save_quantized(quantize(BertModel.from_pretrained(tiny)), tmp_path / "int8", bertkit.Tokenizer.from_pretrained(tiny))
+    np.testing.assert_array_equal(bertkit.embed(["the movie was good .", "the film was bad"], str(tmp_path / "int8")),
+                                  expected)
+
+
+def test_predict_int8_keeps_the_labels_and_loads_a_saved_int8_model(sentiment_run, tmp_path, capsys):  # noqa: F811
+    d, _ = sentiment_run
+    texts = [line.split("\t")[0] for line in (d / "dev.tsv").read_text().splitlines()[1:]]
+    float32 = predict(d / "out", texts)
+    int8 = predict(d / "out", texts, int8=True)
+    agree = np.mean([a["label"] == b["label"] for a, b in zip(float32, int8)])
+    assert agree >= 0.9
+    gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(float32, int8) for k in a["probabilities"])
+    assert 0 < gap < 0.1
+    # saved int8, with the task file beside it, predicts exactly what int8=True does
+    from bertkit.finetune.predict import load
+
+    model, tok, _ = load(d / "out", int8=True)
+    save_quantized(model, tmp_path / "int8", tok)
+    shutil.copy(d / "out" / "bertkit_task.json", tmp_path / "int8")
+    assert predict(tmp_path / "int8", texts) == int8
+    # the CLI flag: evaluate mode on the labelled dev file
+    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--int8"]) == 0
+    assert "accuracy" in capsys.readouterr().out
