@@ -61,7 +61,7 @@ from bertkit.checkpoint import read_weights, load_state, save_pretrained as save
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
 from bertkit.heads import (IGNORE_INDEX, BertForSequenceClassification, HeadOutput, QuestionAnsweringOutput,
-                           check_labels, classifier_dropout, masked_lm, sequence_loss, span_loss)
+                           check_labels, classifier_dropout, masked_lm, sequence_loss, span_loss, token_loss)
 from bertkit.modeling import (BertEmbeddings, BertEncoder, BertOutput, BertPreTrainedModel, activation,
                               additive_mask, attention_dtype, check_inputs, init_weights)
 
@@ -346,11 +346,7 @@ class ElectraForTokenClassification(ElectraPreTrainedModel):
                 output_hidden_states=False, output_attentions=False) -> HeadOutput:
         out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, num_labels]
-        loss = None
-        if labels is not None:
-            K = logits.shape[-1]
-            check_labels(labels, logits.shape[:2], "labels (per token)", K)
-            loss = F.cross_entropy(logits.reshape(-1, K), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        loss = None if labels is None else token_loss(logits, labels)
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 

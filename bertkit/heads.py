@@ -269,12 +269,16 @@ class BertForTokenClassification(BertPreTrainedModel):
                 output_hidden_states=False, output_attentions=False):
         out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, num_labels]
-        loss = None
-        if labels is not None:
-            K = logits.shape[-1]
-            check_labels(labels, logits.shape[:2], "labels (per token)", K)
-            loss = F.cross_entropy(logits.reshape(-1, K), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        loss = None if labels is None else token_loss(logits, labels)
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over [B, T, K] per-token scores; IGNORE_INDEX labels (padding, word pieces
+    after a word's first) count nothing."""
+    K = logits.shape[-1]
+    check_labels(labels, logits.shape[:2], "labels (per token)", K)
+    return F.cross_entropy(logits.reshape(-1, K), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
 def span_loss(start_logits, end_logits, start_positions, end_positions) -> torch.Tensor:
