@@ -1,12 +1,15 @@
 """reuse_freed_memory: after it, a batched forward pass takes almost no new page faults.
 
 Measured with the kernel's own counter (getrusage minor faults) in fresh
-subprocesses, so the test process's allocator is left as it was. By default
-each forward of a 2-layer, hidden-384 model on 32 x 128 tokens gets its large
-activations (the [32, 128, 1536] feed-forward block is 25 MB) as fresh memory
-from the kernel, ~24,000 page faults of 4 KiB per forward; with the setting the
-memory freed by one forward serves the next: most forwards take none, and now
-and then the heap grows by a block or two (1,536-3,072 faults), a few percent of
+subprocesses, so the test process's allocator is left as it was. The shape is
+chosen so that the default is not a matter of luck: glibc raises its mmap
+threshold when a mapped block is freed, but never above 32 MB, so a block
+smaller than that (32 x 128 x 1536 floats, 25 MB) is sometimes reused by
+default and sometimes not, run to run. The [48, 128, 1536] feed-forward block
+is 38 MB, above that ceiling: by default every forward maps it afresh and the
+kernel zero-fills it, tens of thousands of page faults of 4 KiB per forward.
+With the setting the memory freed by one forward serves the next: most forwards
+take none, and now and then the heap grows by a block or two, a few percent of
 the default's total.
 """
 
@@ -27,13 +30,13 @@ if sys.argv[1] == "reuse":
 from bertkit.config import BertConfig
 from bertkit.modeling import BertModel
 torch.set_num_threads(1)
-config = BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=2, num_attention_heads=12,
+config = BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=1, num_attention_heads=12,
                     intermediate_size=1536)
 model = BertModel(config).eval()
-ids = torch.randint(5, 1000, (32, 128))
+ids = torch.randint(5, 1000, (48, 128))
 faults = []
 with torch.inference_mode():
-    for _ in range(12):
+    for _ in range(10):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         model(ids)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -48,7 +51,7 @@ def faults_per_forward(mode: str) -> list:
 
 @pytest.mark.skipif(_glibc() is None, reason="mallopt settings are glibc's")
 def test_a_forward_pass_reuses_freed_memory_instead_of_faulting_in_new_pages():
-    block_pages = 32 * 128 * 1536 * 4 / 4096  # one feed-forward activation: 6,144 pages
+    block_pages = 48 * 128 * 1536 * 4 / 4096  # one feed-forward activation: 9,216 pages (38 MB)
     default, reuse = faults_per_forward("default"), faults_per_forward("reuse")
     assert statistics.median(default) > block_pages  # fresh memory for the big blocks, every forward
     # most forwards fault nothing; now and then the heap grows by a block or two (6-12 MB)
