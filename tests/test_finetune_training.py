@@ -194,6 +194,26 @@ def test_a_killed_fine_tuning_run_resumes_exactly(task, tmp_path):
     assert (killed / "curves.png").stat().st_size > 0
 
 
+def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, tmp_path):
+    common = ("--epochs", 1, "--batch-size", 16, "--seed", 0)
+    done = tmp_path / "done"
+    res = finetune_cli(task, done, *common)
+    assert "deleted the resume checkpoint" in res.stdout
+    assert not (done / "checkpoints").exists() and (done / "model.safetensors").is_file()
+    # finished is still a run: neither overwritten nor resumable
+    again = finetune_cli(task, done, *common, check=False)
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    more = run_cli("finetune", "classify", "-o", done, "--resume", "--epochs", 2, check=False)
+    assert more.returncode == 2 and "finished and deleted its checkpoint" in more.stderr
+
+    kept = tmp_path / "kept"
+    finetune_cli(task, kept, *common, "--keep-checkpoint")
+    assert [p.name for p in (kept / "checkpoints").iterdir()] == ["step-00000005.pt"]  # 80 rows / 16
+    run_cli("finetune", "classify", "-o", kept, "--resume", "--epochs", 2)  # a second epoch on top
+    assert sorted(train_losses(kept)) == list(range(1, 11))
+    assert [p.name for p in (kept / "checkpoints").iterdir()] == ["step-00000010.pt"]  # still kept: a saved setting
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["classify", "ner"])
 def test_two_ddp_processes_equal_one_accumulating_two(task, tmp_path, kind):

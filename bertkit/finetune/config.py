@@ -45,7 +45,10 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = _opt("fp32", "fp32, bf16 (autocast, CPU or GPU) or fp16 (GPU)")
     device: Literal["auto", "cpu", "cuda"] = _opt("auto", "where to train: auto picks a CUDA GPU when there is one")
     save_every: int = _opt(0, "checkpoint for --resume every N updates (0: at the end of every epoch)")
-    keep_last: int = _opt(1, "checkpoints to keep")
+    keep_last: int = _opt(1, "checkpoints to keep while the run trains")
+    keep_checkpoint: bool = _opt(False, "keep the last checkpoint (weights, Adam moments, best epoch: ~3x the model) "
+                                        "after the run finishes, to --resume it later with more --epochs; by default "
+                                        "a finished run deletes it and keeps the model")
     resume: bool = _opt(False, "continue the run in --output from its last checkpoint")
     progress: bool = _opt(True, "show progress bars")
     optim: OptimConfig = field(default_factory=OptimConfig)

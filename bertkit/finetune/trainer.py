@@ -49,7 +49,14 @@ from bertkit.training import distributed
 from bertkit.training.loop import LoopConfig, move, prepare_model, train_loop
 from bertkit.training.metrics_log import MetricsLog, plot_curves
 from bertkit.training.optim import build_optimizer
-from bertkit.training.state import latest_checkpoint, restore_training_state, resume_state, save_training_state
+from bertkit.training.state import (
+    CHECKPOINT_DIR,
+    checkpoint_paths,
+    latest_checkpoint,
+    restore_training_state,
+    resume_state,
+    save_training_state,
+)
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
 
@@ -231,8 +238,13 @@ def _train(model, features, config, info, evaluate, save, output_dir, pad_id, ba
     per_epoch = stream.steps_per_epoch
     total = min(math.ceil(per_epoch * config.epochs), config.max_steps or math.inf)
     out = Path(output_dir) if output_dir is not None else None
-    if out is not None and not config.resume and latest_checkpoint(out):
+    # a finished run has deleted its checkpoint but not its metrics: it is a run all the same
+    if out is not None and not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").is_file()):
         raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
+    if config.resume and latest_checkpoint(out) is None and (out / "metrics.jsonl").is_file():
+        raise BertkitError(f"--resume: the run in {out} finished and deleted its checkpoint (a run started with "
+                           "--keep-checkpoint keeps it); fine-tune again into another --output, --model being "
+                           "this run's model to continue from its weights")
     state = resume_state(out, len(features), info.world_size) if config.resume else None
     if state and state["data"]["batch"] != [config.batch_size, stream.parts]:
         raise BertkitError(f"--resume: the run used --batch-size {state['data']['batch'][0]} and --grad-accum "
@@ -308,11 +320,26 @@ def _train(model, features, config, info, evaluate, save, output_dir, pad_id, ba
         distributed.unwrap(model).load_state_dict(run["best_weights"])  # end on the best epoch, as saved
     if info.is_main:
         warn_if_trivial(best, metric, config.greater_is_better, baseline, log)
+        if out is not None and not config.keep_checkpoint:
+            _delete_checkpoints(out, log)
         if out is not None:
             refs = {metric: [(baseline[0], f"trivial baseline ({baseline[1]})")]} if baseline else {}
             plot_curves(out / "metrics.jsonl", out / "curves.png",
                         (("loss", "training loss"), ("lr", "learning rate"), (metric, f"dev {metric} per epoch")), refs)
     return TrainResult(history, best, time.perf_counter() - t_start, info.is_main, kept["predictions"])
+
+
+def _delete_checkpoints(out: Path, log) -> None:
+    """A finished run needs no resume point: the model is saved, the checkpoint is ~3x its size."""
+    paths = checkpoint_paths(out)
+    size = sum(p.stat().st_size for p in paths)
+    for p in paths:
+        p.unlink()
+    if (out / CHECKPOINT_DIR).is_dir() and not any((out / CHECKPOINT_DIR).iterdir()):
+        (out / CHECKPOINT_DIR).rmdir()
+    if paths:
+        log(f"deleted the resume checkpoint ({size / 2**20:.0f} MB): the run is finished "
+            "(--keep-checkpoint keeps it)")
 
 
 def _weights(model) -> dict:
