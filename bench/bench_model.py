@@ -18,7 +18,8 @@ and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
   onnxruntime.transformers.optimizer (Attention, SkipLayerNorm, BiasGelu kernels),
   the usual "CPU speed anchor";
 - bertkit int8: the encoder's dense layers dynamically quantized (`bertkit.quantize`: int8
-  weights per output channel, FBGEMM kernels), then accelerated, as `embed --int8` runs it;
+  weights per output channel, FBGEMM kernels, the encoder layers' lean int8 forward), then
+  accelerated, as `embed --int8` runs it;
 - ONNX Runtime int8: the fused graph above through `onnxruntime.quantization.quantize_dynamic`
   (int8 weights per output channel), the usual int8 deployment of an ONNX model.
 
