@@ -24,8 +24,8 @@ place where rounding would move a decision most directly).
 The encoder layers become `QuantizedBertLayer`s: the same layer with its
 inference forward written out in 15 tensor operations (int8 products called on
 the packed weights directly, the fused attention kernel, no sub-module calls).
-The sums are BertLayer's, bit for bit; what it removes is Python around them,
-which at batch 1 was a fifth of the int8 forward (see the class).
+The sums are BertLayer's on its fused attention path, bit for bit; what it
+removes is Python around them (see the class).
 
 With `accelerate`: quantize the plain model, then accelerate it (that is what
 embed/predict do). The quantized layers are no nn.Linear and the encoder layers
@@ -160,10 +160,12 @@ class QuantizedBertLayer(BertLayer):
 
     Same sums as BertLayer.forward on the fused attention path (bit for bit: the test compares
     them), in 15 tensor operations and no sub-module calls. Why: an int8 forward at batch 1 is
-    short, and the Python around each operation is not; measured at 1 x 128 on one AVX2 core,
-    the module calls, dropout identities and attribute look-ups of the plain layers cost about
-    a fifth of the int8 forward, and that part does not shrink with more threads. Attention
-    weights (`explicit`) and training take the plain forward.
+    short and the Python around each operation is not, and that part does not shrink with more
+    threads. Measured at 1 x 128 on one AVX2 core (CPU time, same process): 32.1 ms with the
+    plain layers (explicit attention for small inputs, `bertkit.fast` rule 4), 30.5 ms with
+    the fused attention kernel, 29.0 ms with this forward; this forward with the explicit
+    attention path 30.9 ms, so it keeps the fused kernel at every size. Attention weights
+    (`explicit`) and training take the plain forward.
     """
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
