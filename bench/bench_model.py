@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
 
-THREADS = 2
+THREADS = 2  # --threads changes it (for a machine where only one core is free)
 # seconds of quiet before each timing: ONNX Runtime's thread pool keeps spinning after a
 # run and took the CPU from whoever came next (measured at 1 x 4: bertkit 6.4 ms right
 # after ORT, 3.5-3.9 ms after a pause or in a block of its own; ORT itself 2.1-2.3 ms)
@@ -247,6 +247,7 @@ def peak_memory(names, extra=()) -> dict:
 
 
 def main(argv=None) -> int:
+    global THREADS  # the loaders read it
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--latency-calls", type=int, default=10, help="1 x 128 forwards per timed call")
@@ -254,11 +255,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
     ap.add_argument("--default-malloc", action="store_true",
                     help="leave glibc's malloc as it is (default: bertkit.reuse_freed_memory() for the whole process)")
+    ap.add_argument("--threads", type=int, default=THREADS, help="threads for every contender (default 2)")
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=list(CONTENDERS),
                     help="time only these contenders (bertkit fp32, the ratios' base, always runs)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
     ap.add_argument("--peak-memory-of", help=argparse.SUPPRESS)  # internal: the child process
     args = ap.parse_args(argv)
+    THREADS = args.threads
     if not args.default_malloc:
         from bertkit.allocator import reuse_freed_memory
 
@@ -383,7 +386,7 @@ def main(argv=None) -> int:
                         + " ".join(lines) + " Task scores: bench/int8_accuracy.py (docs/deployment.md).\n")
 
     if not args.no_memory:
-        mem = peak_memory(list(runs), ["--default-malloc"] if args.default_malloc else [])
+        mem = peak_memory(list(runs), ["--threads", str(THREADS)] + (["--default-malloc"] if args.default_malloc else []))
         lines = ["### Peak memory, one 32 x 128 forward (fresh process each)", "",
                  "ONNX Runtime's RSS after load includes the torch model it was exported from.", "",
                  "| contender | RSS after load (MiB) | peak RSS (MiB) | forward adds (MiB) |",
