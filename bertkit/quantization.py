@@ -161,10 +161,9 @@ class QuantizedBertLayer(BertLayer):
     Same sums as BertLayer.forward on the fused attention path (bit for bit: the test compares
     them), in 15 tensor operations and no sub-module calls. Why: an int8 forward at batch 1 is
     short and the Python around each operation is not, and that part does not shrink with more
-    threads. Measured at 1 x 128 on one AVX2 core (CPU time, same process): 32.1 ms with the
-    plain layers (explicit attention for small inputs, `bertkit.fast` rule 4), 30.5 ms with
-    the fused attention kernel, 29.0 ms with this forward; this forward with the explicit
-    attention path 30.9 ms, so it keeps the fused kernel at every size. Attention weights
+    threads. It keeps the fused attention kernel at every size: with int8 matmuls the explicit
+    path's small-input advantage (`bertkit.fast` rule 4) turned into a loss (the measurements
+    are in docs/deployment.md, "Where the batch-1 int8 time goes"). Attention weights
     (`explicit`) and training take the plain forward.
     """
 
