@@ -79,7 +79,7 @@ def _conll_slice(src: Path, dst: Path, n: int | None) -> Path:
 
 def _training(args):
     from bertkit.finetune.trainer import TrainConfig
-    from bertkit.optim import OptimConfig
+    from bertkit.training.optim import OptimConfig
 
     return TrainConfig(epochs=args.epochs, batch_size=32, seed=0, progress=False,
                        optim=OptimConfig(learning_rate=args.learning_rate, warmup_ratio=0.1))

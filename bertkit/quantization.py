@@ -21,12 +21,18 @@ the small layers outside the encoder (the pooler and the task heads' classifiers
 one [H, H] or [H, labels] product per sequence or token, negligible time, and the
 place where rounding would move a decision most directly).
 
+The encoder layers become `QuantizedBertLayer`s: the same layer with its
+inference forward written out in 15 tensor operations (int8 products called on
+the packed weights directly, the fused attention kernel, no sub-module calls).
+The sums are BertLayer's on its fused attention path, bit for bit; what it
+removes is Python around them (see the class).
+
 With `accelerate`: quantize the plain model, then accelerate it (that is what
-embed/predict do). The quantized layers are no nn.Linear, so accelerate leaves
-them alone and only its attention-path choice (rule 4 of `bertkit.fast`) and the
-float layers outside the encoder change; its fused feed-forward needs float
-FastLinear layers and falls back to the plain layer. Quantizing an accelerated
-model works too: its encoder FastLinear layers are replaced like nn.Linear ones.
+embed/predict do). The quantized layers are no nn.Linear and the encoder layers
+are already QuantizedBertLayers, so accelerate changes only the float layers
+outside the encoder (the pooler, the heads). Quantizing an accelerated model
+works too: its encoder FastLinear layers are replaced like nn.Linear ones and
+its FusedBertLayers become QuantizedBertLayers.
 
 A quantized model is saved as a model directory (`save_quantized`): config.json,
 the tokenizer files, and `model.int8.safetensors` holding bertkit's own
@@ -48,10 +54,12 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
+from bertkit.modeling import BertLayer
 
 QUANTIZED_WEIGHTS = "model.int8.safetensors"
 FORMAT = "bertkit-int8-dynamic"
@@ -131,7 +139,58 @@ def quantize(model: nn.Module) -> nn.Module:
             bias = None if linear.bias is None else linear.bias.detach().float().clone()
             layer.set_weight_bias(_quantize_weight(linear.weight.detach().float()), bias)
         setattr(parent, attr, layer)
-    return model.eval()
+    return lean_layers(model).eval()
+
+
+# --- the int8 encoder layer: one lean forward ------------------------------------------------
+
+
+def _int8(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x W^T + b of a dynamic int8 Linear: what its forward computes (activations quantized to
+    7 bits, `reduce_range`), called directly on the packed weight."""
+    return torch.ops.quantized.linear_dynamic(x, layer._packed_params._packed_params, True)
+
+
+def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+class QuantizedBertLayer(BertLayer):
+    """A BertLayer whose four dense layers are int8, with the inference forward written out.
+
+    Same sums as BertLayer.forward on the fused attention path (bit for bit: the test compares
+    them), in 15 tensor operations and no sub-module calls. Why: an int8 forward at batch 1 is
+    short and the Python around each operation is not, and that part does not shrink with more
+    threads. It keeps the fused attention kernel at every size: with int8 matmuls the explicit
+    path's small-input advantage (`bertkit.fast` rule 4) turned into a loss (the measurements
+    are in docs/deployment.md, "Where the batch-1 int8 time goes"). Attention weights
+    (`explicit`) and training take the plain forward.
+    """
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
+        if explicit or self.training:
+            return super().forward(x, mask, explicit)
+        B, T, H = x.shape
+        attention = self.attention
+        N, D = attention.num_heads, attention.head_size
+        qkv = _int8(attention.qkv, x).view(B, T, 3, N, D)  # [B, T, 3H] -> [B, T, 3, N, D]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, N, T, D]
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, N, T, D]
+        context = context.transpose(1, 2).reshape(B, T, H)  # heads concatenated: [B, T, H]
+        x = _norm(self.attention_norm, x + _int8(attention.output, context))
+        ff = _int8(self.output, self.act(_int8(self.intermediate, x)))  # [B, T, I] -> [B, T, H]
+        return _norm(self.output_norm, x + ff), None
+
+
+def lean_layers(model: nn.Module) -> nn.Module:
+    """Give every encoder layer of `model` whose dense layers are all int8 the lean forward
+    (in place: the class changes, no parameter does); returns the model."""
+    qlinear = _quantized_linear_class()
+    for m in model.modules():
+        if isinstance(m, BertLayer) and all(isinstance(d, qlinear) for d in (
+                m.attention.qkv, m.attention.output, m.intermediate, m.output)):
+            m.__class__ = QuantizedBertLayer
+    return model
 
 
 # --- saving and loading -----------------------------------------------------------------
@@ -231,6 +290,7 @@ def load_quantized(cls, directory) -> nn.Module:
         layer = _empty_layer(linear)
         layer.set_weight_bias(weight, bias)
         setattr(parent, attr, layer)
+    lean_layers(model)
     floats = _float_state(model)
     missing = sorted(set(floats) - set(state))
     extra = sorted(set(state) - set(floats))

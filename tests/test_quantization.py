@@ -22,7 +22,9 @@ from bertkit.cli import main
 from bertkit.errors import BertkitError
 from bertkit.fast import accelerate
 from bertkit.finetune.predict import predict
-from bertkit.quantization import QUANTIZED_WEIGHTS, is_quantized, load_quantized, quantize, save_quantized
+from bertkit.modeling import BertLayer
+from bertkit.quantization import (QUANTIZED_WEIGHTS, QuantizedBertLayer, is_quantized, load_quantized, quantize,
+                                   save_quantized)
 from test_finetune import sentiment_run, tiny  # noqa: F401
 
 with warnings.catch_warnings():
@@ -107,6 +109,40 @@ def test_accelerate_after_quantize_and_quantize_after_accelerate_agree():
     torch.testing.assert_close(first_output(quantize(accelerate(tiny_model()))), plain, rtol=0, atol=1e-5)
 
 
+def layers_of(model):
+    return model.bert.encoder.layers if hasattr(model, "bert") else model.encoder.layers
+
+
+@pytest.mark.parametrize("cls", HEADS)
+def test_the_lean_int8_layer_computes_what_the_plain_layer_computes(cls):
+    model = quantize(tiny_model(cls))
+    assert all(type(layer) is QuantizedBertLayer for layer in layers_of(model))
+    lean = first_output(model)
+    for layer in layers_of(model):
+        layer.__class__ = BertLayer  # the plain forward on the same int8 dense layers (fused attention)
+    plain = first_output(model)
+    assert torch.equal(lean, plain)  # same operations in the same order: bit for bit
+
+
+def test_the_lean_int8_layer_hands_attention_weights_to_the_plain_forward():
+    model = quantize(tiny_model())
+    ids, mask, types = inputs()
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, token_type_ids=types, output_attentions=True)
+        fused = model(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    assert len(out.attentions) == CONFIG.num_hidden_layers
+    assert out.attentions[0].shape == (3, CONFIG.num_attention_heads, 11, 11)
+    torch.testing.assert_close(out.attentions[0].sum(-1), torch.ones(3, CONFIG.num_attention_heads, 11))
+    assert torch.all(out.attentions[0][1, :, :, 7:] == 0)  # the padded row's padding gets no weight
+    torch.testing.assert_close(out.last_hidden_state, fused, rtol=0, atol=1e-5)  # explicit vs fused attention
+
+
+def test_the_lean_layer_survives_accelerate_and_follows_a_later_quantize():
+    assert all(type(layer) is QuantizedBertLayer for layer in layers_of(accelerate(quantize(tiny_model()))))
+    assert all(type(layer) is QuantizedBertLayer for layer in layers_of(quantize(accelerate(tiny_model()))))
+    assert not any(type(layer) is QuantizedBertLayer for layer in layers_of(accelerate(tiny_model())))
+
+
 @pytest.mark.parametrize("cls", [BertModel, BertForSequenceClassification, BertForQuestionAnswering])
 def test_save_and_load_give_identical_outputs(cls, tmp_path):
     model = quantize(tiny_model(cls))
@@ -114,6 +150,7 @@ def test_save_and_load_give_identical_outputs(cls, tmp_path):
     assert (tmp_path / QUANTIZED_WEIGHTS).is_file() and not (tmp_path / "model.safetensors").exists()
     loaded = load_quantized(cls, tmp_path)
     assert is_quantized(loaded)
+    assert all(type(layer) is QuantizedBertLayer for layer in layers_of(loaded))
     assert torch.equal(first_output(loaded), first_output(model))
 
 
