@@ -130,7 +130,6 @@ def main(argv=None):
     import torch
 
     from bertkit.electra import ElectraConfig
-    from bertkit.fast import cpu_features
 
     config = ElectraConfig(num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
                            intermediate_size=4 * args.hidden, embedding_size=args.embedding_size)
@@ -146,8 +145,7 @@ def main(argv=None):
     note = (f"ELECTRA step (generator + sampling + discriminator, forward + backward + AdamW), fp32, "
             f"discriminator {args.layers} layers x hidden {args.hidden} (embedding {args.embedding_size}), "
             f"generator hidden {gen.hidden_size} / {gen.num_attention_heads} heads, batch {args.batch_size} x "
-            f"{args.seq_len}, {torch.get_num_threads()} threads. {machine_line('transformers')}. "
-            f"{cpu_features().describe()}")
+            f"{args.seq_len}, {torch.get_num_threads()} threads. {machine_line('transformers')}.")
     report("electra", table("ELECTRA pre-training step", tokens, "tokens", times, "bertkit", note), args.write)
 
 

@@ -3,7 +3,7 @@
 The same checks BERT's pre-training has: a run writes an ELECTRA pre-training directory
 (the discriminator at the top, the generator in generator/) with ELECTRA's metrics and
 curves; a run killed with SIGKILL and resumed gives the very same losses step for step;
-2 DDP processes equal one process accumulating 2 micro-batches. The replacements are
+2 DDP (or FSDP) processes equal one process accumulating 2 micro-batches. The replacements are
 sampled from a seed carried by each batch (drawn from its position-seeded generator),
 which is what makes the last two hold.
 """
@@ -74,17 +74,31 @@ def test_a_killed_electra_run_resumes_exactly(setup):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_two_electra_ranks_match_one_process_accumulating_two(setup):
+@pytest.fixture(scope="module")
+def single(setup):
     data, config, tmp = setup
-    args = ("--max-steps", 4, "--dropout", 0, "--eval-every", 0, "--save-every", 100, *COMMON)
-    single, ddp = tmp / "single", tmp / "ddp"
-    run_cli("pretrain", "run", data, "--config", config, "-o", single, "--grad-accum", 2, *args)
-    torchrun(2, "pretrain", "run", data, "--config", config, "-o", ddp, *args)
-    expected, got = train_losses(single), train_losses(ddp)
+    run_cli("pretrain", "run", data, "--config", config, "-o", tmp / "single", "--grad-accum", 2, *DIST_ARGS)
+    return tmp / "single"
+
+
+DIST_ARGS = ("--max-steps", 4, "--dropout", 0, "--eval-every", 0, "--save-every", 100, *COMMON)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_two_electra_ranks_match_one_process_accumulating_two(setup, single, engine):
+    """DDP, and FSDP, whose shards are gathered into both networks' final checkpoints: the
+    embeddings the two share must come out of the gather once and equal in both files."""
+    data, config, tmp = setup
+    out = tmp / engine
+    torchrun(2, "pretrain", "run", data, "--config", config, "-o", out, *DIST_ARGS,
+             *(["--fsdp"] if engine == "fsdp" else []))
+    expected, got = train_losses(single), train_losses(out)
     assert sorted(got) == [1, 2, 3, 4]
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=1e-5), step
-    a, b = load_file(single / "model.safetensors"), load_file(ddp / "model.safetensors")
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=k)
+    for sub in ("", "generator"):
+        a, b = load_file(single / sub / "model.safetensors"), load_file(out / sub / "model.safetensors")
+        assert a.keys() == b.keys(), sub
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=f"{sub}/{k}")
     assert expected[4] < expected[1]

@@ -91,8 +91,8 @@ def teardown() -> None:
 def wrap(model: torch.nn.Module, info: DistInfo, fsdp: bool = False) -> torch.nn.Module:
     """DDP (default) or FSDP around `model`; the model itself when alone.
 
-    With FSDP each encoder layer is its own shard unit (gathered only while
-    it computes), then the whole model.
+    With FSDP each encoder layer (of every encoder: ELECTRA has two) is its
+    own shard unit (gathered only while it computes), then the whole model.
     """
     if fsdp and not info.enabled:
         raise BertkitError("--fsdp needs several processes: launch with torchrun --nproc_per_node N")
@@ -110,11 +110,10 @@ def wrap(model: torch.nn.Module, info: DistInfo, fsdp: bool = False) -> torch.nn
 
 
 def _encoder_layers(model):
-    # the transformer blocks: any ModuleList of identical modules (bert.encoder.layer)
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
-            return list(module)
-    return []
+    # the transformer blocks: the entries of every ModuleList (bert.encoder.layer; ELECTRA's
+    # generator and discriminator each have one). The embeddings the two share stay in the
+    # root unit, so they are one sharded tensor however many modules own them.
+    return [layer for module in model.modules() if isinstance(module, torch.nn.ModuleList) for layer in module]
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
