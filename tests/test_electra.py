@@ -307,3 +307,31 @@ def test_without_a_generator_the_global_rng_draws_so_checkpointed_rng_state_repl
     first = model(**batch).corrupted_ids
     torch.set_rng_state(state)  # what a resumed run restores from its checkpoint
     assert torch.equal(model(**batch).corrupted_ids, first)
+
+
+def test_the_discriminator_learns_to_spot_replacements_it_can_see():
+    # text uses ids 5-29 only, replacements come from 5-59: a replaced 30-59 gives itself away by
+    # its identity alone (30 of the 55 draws), so training must leave the base rate ("never
+    # replaced") behind within a hundred steps. Replacements that only context can expose
+    # need far longer (docs/pretraining.md, ELECTRA against BERT-MLM).
+    from bertkit.electra import discriminator_loss
+
+    torch.manual_seed(0)
+    B, T = 32, 32
+    model = ElectraForPreTraining(config(vocab_size=60, max_position_embeddings=T, hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(120):
+        ids = torch.randint(5, 30, (B, T), generator=g)
+        masked = torch.rand(B, T, generator=g) < 0.15
+        corrupted = torch.where(masked, torch.randint(5, 60, (B, T), generator=g), ids)
+        replaced = corrupted != ids
+        logits = model(corrupted, torch.ones_like(ids)).logits
+        loss = discriminator_loss(logits, replaced, torch.ones_like(ids))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    found = ((logits > 0) & replaced).sum() / replaced.sum()
+    assert ((logits > 0) == replaced).float().mean() > 1 - replaced.float().mean() + 0.04
+    assert 0.4 < found < 0.7  # about 30/55 of the replacements are visible by identity
