@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.serve.batching import plan_batches
+from bertkit.serve.batching import plan_batches, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key"
@@ -494,6 +494,36 @@ def test_plan_batches_by_hand():
     assert plan_batches([], max_tokens=10, max_rows=4) == []
 
 
+def test_plan_batches_cuts_where_the_lengths_jump():
+    # ten texts of 3 tokens and two of 50: cut only at the budget, one pass of 12 x 50 = 600 padded tokens;
+    # two passes cost 2 x 32 (overhead) + 10 x 3 + 2 x 50 = 194
+    assert plan_batches([3] * 10 + [50] * 2, max_tokens=1000, max_rows=64) == [list(range(10)), [10, 11]]
+    # even lengths: one pass (a cut would cost an overhead and save no padding)
+    assert plan_batches([7, 8, 8, 7], max_tokens=1000, max_rows=64) == [[0, 3, 1, 2]]
+    # a pass costs rows x longest: [4, 4, 5] x 5 = 15 padded tokens and 1 pass beats [4, 4] + [5] (8 + 5 + 32)
+    assert plan_batches([5, 4, 4], max_tokens=100, max_rows=8, overhead=32) == [[1, 2, 0]]
+    assert plan_batches([5, 4, 4], max_tokens=100, max_rows=8, overhead=0) == [[1, 2], [0]]
+
+
+def test_plan_batches_pads_little_and_respects_the_budgets():
+    import random
+
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 55) for _ in range(300)]
+    batches = plan_batches(lengths, max_tokens=2048, max_rows=64)
+    assert sorted(i for b in batches for i in b) == list(range(300))  # every row exactly once
+    assert all(len(b) <= 64 and len(b) * max(lengths[i] for i in b) <= 2048 for b in batches)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert padded < 1.06 * sum(lengths)  # cut only at the budget, the same rows carry 15% padding
+
+
+def test_spread_halves_the_largest_passes_for_idle_workers():
+    assert spread([[0, 1, 2, 3, 4]], 2) == [[0, 1, 2], [3, 4]]
+    assert spread([[0], [1, 2, 3, 4]], 3) == [[0], [1, 2], [3, 4]]
+    assert spread([[0], [1]], 4) == [[0], [1]]  # single rows cannot be split
+    assert spread([[0, 1], [2, 3]], 1) == [[0, 1], [2, 3]]  # enough passes already
+
+
 # --- shutdown (last: it stops the window server) ----------------------------------------------
 
 
@@ -536,7 +566,7 @@ def test_engine_fails_only_the_job_that_breaks_a_batch():
 
     async def scenario():
         engine = Engine(Runner(), max_queue=8, max_batch_tokens=100, max_batch_size=100, max_wait_ms=300).start()
-        jobs = [engine.submit(items, len(items)) for items in (["a"], ["bad"], ["b", "c"])]
+        jobs = [engine.submit(items, [1] * len(items)) for items in (["a"], ["bad"], ["b", "c"])]
         results = await asyncio.gather(*(job.future for job in jobs), return_exceptions=True)
         engine.close()
         return results, engine.depth

@@ -15,6 +15,8 @@ re-raise and exit 0.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import signal
 import socket
 import sys
@@ -34,6 +36,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity, as taskset sets it), else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def serve(settings, log=None) -> None:
     """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -47,11 +57,18 @@ def serve(settings, log=None) -> None:
                            "pip install 'bertkit[serve]'") from None
     import torch
 
+    from bertkit.fast import resolve_device, use_onednn
     from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    # oneDNN keeps a prepared kernel (and weights laid out for it) per input shape, in caches of
+    # ~1,000 entries: a server sees a new (rows x length) shape every few passes, and its memory
+    # grew by hundreds of MB over a few thousand requests (docs/serving.md). torch's own matmul keeps
+    # nothing per shape and, one thread per worker, is as fast here.
+    use_onednn(False)
+    workers, threads = settings.parallelism(cpu_cores(), resolve_device(None).type == "cuda")
+    settings = dataclasses.replace(settings, workers=workers, threads=threads)
+    torch.set_num_threads(threads)  # process-wide: each worker's passes use this many threads
     runner = load_runner(settings)
     app = create_app(runner, settings, Metrics())
     sock = bind(settings.host, settings.port)
@@ -60,7 +77,8 @@ def serve(settings, log=None) -> None:
     what = f"{runner.dim}-dimensional embeddings" if runner.task == "embed" else f"a {runner.task} model"
     log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
         f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
-        f"queue {settings.max_queue}{', API key required' if settings.api_key else ''})")
+        f"queue {settings.max_queue}, {workers} worker(s) x {threads} thread(s)"
+        f"{', API key required' if settings.api_key else ''})")
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5)
     absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
