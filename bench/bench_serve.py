@@ -109,7 +109,7 @@ class Process:
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 
-def start_bertkit(model_dir: Path, threads: int | None) -> Process:
+def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = None) -> Process:
     port = free_port()
     argv = [sys.executable, "-m", "bertkit.cli", "serve", str(model_dir), "--port", str(port),
             "--served-model-name", MODEL_NAME]
@@ -117,6 +117,8 @@ def start_bertkit(model_dir: Path, threads: int | None) -> Process:
         argv = os.environ["BENCH_SERVE_ARGV"].split() + argv[3:]
     if threads:
         argv += ["--threads", str(threads)]
+    if workers:
+        argv += ["--workers", str(workers)]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return Process("bertkit", argv, port, "/v1/embeddings", env)
 
@@ -325,7 +327,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mixes", type=int, nargs="+", default=[1, 16], help="sentences per request")
     ap.add_argument("--per-client", type=int, default=10, help="requests per client at each level")
     ap.add_argument("--soak", type=int, default=0, help="requests in the soak (0: none); the goal's is 20000")
-    ap.add_argument("--threads", type=int, help="torch threads for bertkit serve (default: torch's)")
+    ap.add_argument("--threads", type=int, help="torch threads per worker for bertkit serve (default: its own)")
+    ap.add_argument("--workers", type=int, help="workers for bertkit serve (default: its own, one per core)")
     ap.add_argument("--no-infinity", action="store_true", help="bertkit serve alone")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = ap.parse_args(argv)
@@ -334,7 +337,7 @@ def main(argv=None) -> int:
 
     model_dir = default_model_dir()
     sentences = sst2_dev()
-    servers = {"bertkit": start_bertkit(model_dir, args.threads)}
+    servers = {"bertkit": start_bertkit(model_dir, args.threads, args.workers)}
     if not args.no_infinity and args.levels:
         if not INFINITY.exists():
             raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")

@@ -44,9 +44,30 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+KERNEL_CACHE_ENTRIES = 16
+
+
+def bound_kernel_caches() -> None:
+    """Keep oneDNN's per-shape kernel caches small; effective only before torch is first imported.
+
+    oneDNN (under `bertkit.fast`'s dense layers) prepares a kernel for each input
+    shape and keeps it, with buffers laid out for it, in two caches of ~1,000
+    entries (its primitive cache and PyTorch's ideep LRU cache, read from these
+    environment variables when the library starts). A server sees a new
+    (rows x length) shape every few passes: its memory grew from ~390 to ~960 MB
+    over 3,000 requests and was still growing. With 16 entries it stays flat,
+    and a pass's speed did not change measurably (docs/serving.md). A value
+    already in the environment is kept. The `bertkit serve` command calls this
+    before anything imports torch.
+    """
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
+
+
 def serve(settings, log=None) -> None:
     """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    bound_kernel_caches()
     settings.validate().model_path()  # a wrong directory is said at once, before torch loads
     try:
         import uvicorn
@@ -57,15 +78,10 @@ def serve(settings, log=None) -> None:
                            "pip install 'bertkit[serve]'") from None
     import torch
 
-    from bertkit.fast import resolve_device, use_onednn
+    from bertkit.fast import resolve_device
     from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 
-    # oneDNN keeps a prepared kernel (and weights laid out for it) per input shape, in caches of
-    # ~1,000 entries: a server sees a new (rows x length) shape every few passes, and its memory
-    # grew by hundreds of MB over a few thousand requests (docs/serving.md). torch's own matmul keeps
-    # nothing per shape and, one thread per worker, is as fast here.
-    use_onednn(False)
     workers, threads = settings.parallelism(cpu_cores(), resolve_device(None).type == "cuda")
     settings = dataclasses.replace(settings, workers=workers, threads=threads)
     torch.set_num_threads(threads)  # process-wide: each worker's passes use this many threads
