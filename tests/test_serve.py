@@ -574,3 +574,44 @@ def test_engine_fails_only_the_job_that_breaks_a_batch():
     (first, broken, third), depth = asyncio.run(scenario())
     assert first == ["A"] and third == ["B", "C"] and isinstance(broken, ValueError) and depth == 0
     assert Runner.calls == [3, 1, 1, 1]  # one batch of three, then each alone
+
+
+def test_parallelism_defaults_to_one_single_threaded_worker_per_core():
+    from bertkit.serve.settings import ServeConfig
+
+    assert ServeConfig().parallelism(2, gpu=False) == (2, 1)
+    assert ServeConfig(threads=2).parallelism(4, gpu=False) == (2, 2)
+    assert ServeConfig(workers=1).parallelism(2, gpu=False) == (1, 2)  # the classic layout: matmuls split
+    assert ServeConfig(workers=3, threads=1).parallelism(2, gpu=False) == (3, 1)
+    assert ServeConfig().parallelism(8, gpu=True) == (1, 8)
+
+
+def test_engine_spreads_one_request_over_idle_workers_and_keeps_its_order():
+    """Two workers, one request of four texts: two passes run at the same time; the answer is in order."""
+    import asyncio
+
+    from bertkit.serve.batching import Engine
+
+    class Runner:
+        task = "embed"
+        passes, running, most = [], [0], [0]
+
+        def run_jobs(self, parts):
+            self.running[0] += 1
+            self.most[0] = max(self.most[0], self.running[0])
+            time.sleep(0.2)  # both workers are inside a pass at once
+            self.running[0] -= 1
+            self.passes.append([p.items for p in parts])
+            return [[x * 10 for x in p.items] for p in parts]
+
+    async def scenario():
+        engine = Engine(Runner(), max_queue=8, max_batch_tokens=100, max_batch_size=100, max_wait_ms=0,
+                        workers=2).start()
+        job = engine.submit([4, 1, 3, 2], [4, 1, 3, 2])  # costs = lengths: sorted 1, 2 | 3, 4
+        result = await job.future
+        engine.close()
+        return result, engine.depth
+
+    result, depth = asyncio.run(scenario())
+    assert result == [40, 10, 30, 20] and depth == 0
+    assert sorted(Runner.passes) == [[[1, 2]], [[4, 3]]] and Runner.most[0] == 2
