@@ -17,14 +17,19 @@ Infinity is run from its own virtual environment (it pins many packages):
     /work/venv-infinity/bin/pip install torch==2.13.0 "infinity-emb[server,torch]"
     infinity_emb v2 --model-id <default model dir> --engine torch --device cpu
 
-`--soak N` then sends N requests to bertkit serve alone, one in five of them
-bad (malformed JSON, an empty list, an empty string, an over-long text) or
-abandoned (the client closes the socket before the answer), and samples the
-server's resident memory every N/20 requests: flat memory and zero lost good
-requests are the goal.
+`--soak N` then sends N requests to bertkit serve alone (1 to 6 sentences,
+every 50th with a ~300-word text, so passes take many shapes), one in ten bad
+(malformed JSON, an empty list, an empty string, a wrong type, an over-long
+text: each must get a 4xx) and one in ten abandoned (the client closes the
+socket before the answer), and samples the server's resident memory every
+second. Flat: the last quarter's mean RSS (by time) at most 3% above the
+second quarter's (the first quarter is the warm-up). Zero lost good requests
+and a queue depth of 0 afterwards are the other goals. `--levels` with no
+value runs the soak alone.
 
     python bench/bench_serve.py [--per-client 10] [--levels 1 8 64] [--soak 20000] [--write]
     python bench/bench_serve.py --per-client 2 --levels 1 8 --soak 500      # a smoke run
+    python bench/bench_serve.py --levels --soak 20000                         # the soak alone
 """
 
 from __future__ import annotations
