@@ -17,14 +17,19 @@ Infinity is run from its own virtual environment (it pins many packages):
     /work/venv-infinity/bin/pip install torch==2.13.0 "infinity-emb[server,torch]"
     infinity_emb v2 --model-id <default model dir> --engine torch --device cpu
 
-`--soak N` then sends N requests to bertkit serve alone, one in five of them
-bad (malformed JSON, an empty list, an empty string, an over-long text) or
-abandoned (the client closes the socket before the answer), and samples the
-server's resident memory every N/20 requests: flat memory and zero lost good
-requests are the goal.
+`--soak N` then sends N requests to bertkit serve alone (1 to 6 sentences,
+every 50th with a ~300-word text, so passes take many shapes), one in ten bad
+(malformed JSON, an empty list, an empty string, a wrong type, an over-long
+text: each must get a 4xx) and one in ten abandoned (the client closes the
+socket before the answer), and samples the server's resident memory every
+second. Flat: the last quarter's mean RSS (by time) at most 3% above the
+second quarter's (the first quarter is the warm-up). Zero lost good requests
+and a queue depth of 0 afterwards are the other goals. `--levels` with no
+value runs the soak alone.
 
     python bench/bench_serve.py [--per-client 10] [--levels 1 8 64] [--soak 20000] [--write]
     python bench/bench_serve.py --per-client 2 --levels 1 8 --soak 500      # a smoke run
+    python bench/bench_serve.py --levels --soak 20000                         # the soak alone
 """
 
 from __future__ import annotations
@@ -84,6 +89,15 @@ class Process:
             time.sleep(0.5)
         raise SystemExit(f"{self.name} did not answer in {timeout} s: see {self.log.name}")
 
+    def metric(self, name: str) -> float:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
     def rss_mb(self) -> float:
         text = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+)", text).group(1)) / 1024
@@ -100,12 +114,16 @@ class Process:
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 
-def start_bertkit(model_dir: Path, threads: int | None) -> Process:
+def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = None) -> Process:
     port = free_port()
     argv = [sys.executable, "-m", "bertkit.cli", "serve", str(model_dir), "--port", str(port),
             "--served-model-name", MODEL_NAME]
+    if os.environ.get("BENCH_SERVE_ARGV"):  # dev: another launcher (e.g. without the allocator setting)
+        argv = os.environ["BENCH_SERVE_ARGV"].split() + argv[3:]
     if threads:
         argv += ["--threads", str(threads)]
+    if workers:
+        argv += ["--workers", str(workers)]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return Process("bertkit", argv, port, "/v1/embeddings", env)
 
@@ -175,15 +193,44 @@ def closed_loop(server: Process, payloads: list, concurrency: int, total: int) -
 
 # --- the soak -----------------------------------------------------------------------
 
+FLAT_WITHIN = 0.03  # memory is flat when the last quarter's mean RSS is at most 3% above the second quarter's
 
-def soak(server: Process, sentences: list, total: int, concurrency: int = 8) -> dict:
-    """`total` requests, one in five bad or abandoned; resident memory sampled every total/20."""
+
+def soak_texts(sentences: list, i: int) -> list:
+    """Request i's texts: 1 to 6 SST-2 sentences (most requests one), every 50th with a ~300-word text,
+    so the passes take many shapes (rows x longest row) and, now and then, a large one."""
+    n = (1, 1, 2, 1, 1, 3, 1, 6)[i % 8]
+    start = (i * 7919) % (len(sentences) - n)
+    texts = sentences[start: start + n]
+    if i % 50 == 0:
+        words, k = [], start
+        while len(words) < 300:
+            words += sentences[k % len(sentences)].split()
+            k += 1
+        texts = texts + [" ".join(words[:300])]
+    return texts
+
+
+def soak(server: Process, sentences: list, total: int, concurrency: int = 8, every_s: float = 1.0) -> dict:
+    """`total` requests from `concurrency` clients: one in ten bad, one in ten abandoned mid-request.
+
+    Bad: malformed JSON, an empty list, an empty string, a wrong type, a text over the 512-token
+    limit (each must get a 4xx). Abandoned: the client sends a request and closes the socket
+    without reading the answer. Resident memory is sampled every `every_s` seconds.
+    """
     counter = itertools.count()
-    lost, refused_ok, samples = [0], [0], []
+    lost, refused_ok, bad_sent, answered = [0], [0], [0], [0]
     lock = threading.Lock()
     bad_bodies = [b'{"input": ["unclosed', {"input": [], "model": MODEL_NAME}, {"input": "", "model": MODEL_NAME},
-                  {"input": " ".join(["word"] * 600), "model": MODEL_NAME}]
-    step = max(1, total // 20)
+                  {"input": 5, "model": MODEL_NAME}, {"input": " ".join(["word"] * 600), "model": MODEL_NAME}]
+    samples, done = [], threading.Event()
+
+    def sample():
+        t0 = time.perf_counter()
+        while not done.is_set():
+            samples.append((time.perf_counter() - t0, server.rss_mb()))
+            done.wait(every_s)
+        samples.append((time.perf_counter() - t0, server.rss_mb()))
 
     def abandon(texts):
         body = json.dumps({"input": texts, "model": MODEL_NAME}).encode()
@@ -194,10 +241,7 @@ def soak(server: Process, sentences: list, total: int, concurrency: int = 8) -> 
     def client():
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
         while (i := next(counter)) < total:
-            if i % step == 0:
-                with lock:
-                    samples.append((i, server.rss_mb()))
-            texts = sentences[(i * 16) % (len(sentences) - 16):][: 1 if i % 2 else 16]
+            texts = soak_texts(sentences, i)
             kind = i % 10
             try:
                 if kind == 3:
@@ -206,6 +250,7 @@ def soak(server: Process, sentences: list, total: int, concurrency: int = 8) -> 
                 if kind == 7:
                     status, _ = post(server.port, server.path, bad_bodies[(i // 10) % len(bad_bodies)], conn)
                     with lock:
+                        bad_sent[0] += 1
                         refused_ok[0] += 400 <= status < 500
                     continue
                 status, body = post(server.port, server.path, {"input": texts, "model": MODEL_NAME}, conn)
@@ -214,19 +259,32 @@ def soak(server: Process, sentences: list, total: int, concurrency: int = 8) -> 
                 good = False
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
-            if not good:
-                with lock:
-                    lost[0] += 1
+            with lock:
+                answered[0] += good
+                lost[0] += not good
         conn.close()
 
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     t0 = time.perf_counter()
     [t.start() for t in threads]
     [t.join() for t in threads]
-    samples.append((total, server.rss_mb()))
-    samples.sort()
-    return {"requests": total, "seconds": time.perf_counter() - t0, "lost": lost[0], "bad_refused": refused_ok[0],
-            "bad_sent": sum(1 for i in range(total) if i % 10 == 7), "rss": samples}
+    seconds = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    depth = server.metric("bertkit_serve_queue_depth")  # every abandoned request released
+    return {"requests": total, "seconds": seconds, "lost": lost[0], "answered": answered[0],
+            "bad_refused": refused_ok[0], "bad_sent": bad_sent[0], "rss": samples, "depth_after": depth}
+
+
+def flatness(samples: list) -> tuple:
+    """(second quarter's mean RSS, last quarter's mean RSS, growth between them), quarters of the soak's time."""
+    end = samples[-1][0]
+    q2 = [mb for t, mb in samples if end / 4 <= t < end / 2]
+    q4 = [mb for t, mb in samples if t >= 3 * end / 4]
+    a, b = statistics.mean(q2), statistics.mean(q4)
+    return a, b, b / a - 1
 
 
 # --- the report ---------------------------------------------------------------------
@@ -235,14 +293,15 @@ def soak(server: Process, sentences: list, total: int, concurrency: int = 8) -> 
 def render(results: dict, levels, mixes, soaked, args) -> str:
     load = os.getloadavg()
     lines = ["### Serving: bertkit serve vs Infinity (OpenAI embeddings API, loopback)", "",
-             f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}. "
-             f"Default model, SST-2 dev sentences, closed-loop clients, {args.per_client} requests per client "
-             "per level. Ratios: throughput ours/peer (above 1 we are faster), p99 ours/peer (below 1 we are "
-             "faster).", "",
-             "| sentences/request | concurrency | contender | sentences/s | p50 ms | p95 ms | p99 ms | failed | "
-             "throughput ratio | p99 ratio |",
-             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for mix in mixes:
+             f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}."]
+    if results:
+        lines += ["", f"Default model, SST-2 dev sentences, closed-loop clients, {args.per_client} requests per client "
+                  "per level. Ratios: throughput ours/peer (above 1 we are faster), p99 ours/peer (below 1 we are "
+                  "faster).", "",
+                  "| sentences/request | concurrency | contender | sentences/s | p50 ms | p95 ms | p99 ms | failed | "
+                  "throughput ratio | p99 ratio |",
+                  "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for mix in mixes if results else []:
         for level in levels:
             ours = results[("bertkit", mix, level)]
             for name in [n for n in ("bertkit", "infinity") if (n, mix, level) in results]:
@@ -253,22 +312,28 @@ def render(results: dict, levels, mixes, soaked, args) -> str:
                              f"{ratio[0]} | {ratio[1]} |")
     if soaked:
         rss = [mb for _, mb in soaked["rss"]]
-        settled = rss[len(rss) // 4:]  # after the allocator's first growth
+        q2, q4, growth = flatness(soaked["rss"])
+        verdict = "flat" if growth <= FLAT_WITHIN else "NOT flat"
         lines += ["", f"Soak: {soaked['requests']:,} requests to bertkit serve in {soaked['seconds']:.0f} s from 8 "
-                  f"clients, one in ten bad ({soaked['bad_refused']}/{soaked['bad_sent']} refused with a 4xx) and one "
-                  f"in ten abandoned mid-request; good requests lost: {soaked['lost']}. Resident memory: "
-                  f"{rss[0]:.0f} MB at the start, {min(settled):.0f}-{max(settled):.0f} MB over the last three "
-                  f"quarters, {rss[-1]:.0f} MB at the end."]
+                  f"clients (1 to 6 sentences each, every 50th with a ~300-word text), one in ten bad "
+                  f"({soaked['bad_refused']}/{soaked['bad_sent']} refused with a 4xx) and one in ten abandoned "
+                  f"mid-request; good requests answered {soaked['answered']:,}, lost {soaked['lost']}; queue depth "
+                  f"after: {soaked['depth_after']:.0f}. Resident memory, sampled every second: {rss[0]:.0f} MB at "
+                  f"the start, peak {max(rss):.0f} MB, mean {q2:.0f} MB over the second quarter of the time and "
+                  f"{q4:.0f} MB over the last ({growth:+.1%}): {verdict} (flat: at most {FLAT_WITHIN:.0%} growth "
+                  f"between the two), {rss[-1]:.0f} MB at the end."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--levels", type=int, nargs="+", default=[1, 8, 64], help="client concurrency levels")
+    ap.add_argument("--levels", type=int, nargs="*", default=[1, 8, 64],
+                    help="client concurrency levels (none: only the soak)")
     ap.add_argument("--mixes", type=int, nargs="+", default=[1, 16], help="sentences per request")
     ap.add_argument("--per-client", type=int, default=10, help="requests per client at each level")
     ap.add_argument("--soak", type=int, default=0, help="requests in the soak (0: none); the goal's is 20000")
-    ap.add_argument("--threads", type=int, help="torch threads for bertkit serve (default: torch's)")
+    ap.add_argument("--threads", type=int, help="torch threads per worker for bertkit serve (default: its own)")
+    ap.add_argument("--workers", type=int, help="workers for bertkit serve (default: its own, one per core)")
     ap.add_argument("--no-infinity", action="store_true", help="bertkit serve alone")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = ap.parse_args(argv)
@@ -277,8 +342,8 @@ def main(argv=None) -> int:
 
     model_dir = default_model_dir()
     sentences = sst2_dev()
-    servers = {"bertkit": start_bertkit(model_dir, args.threads)}
-    if not args.no_infinity:
+    servers = {"bertkit": start_bertkit(model_dir, args.threads, args.workers)}
+    if not args.no_infinity and args.levels:
         if not INFINITY.exists():
             raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
         servers["infinity"] = start_infinity(model_dir)
@@ -286,7 +351,7 @@ def main(argv=None) -> int:
     try:
         for server in servers.values():
             server.wait_ready()
-        for mix in args.mixes:
+        for mix in args.mixes if args.levels else []:
             payloads = [sentences[i: i + mix] for i in range(0, len(sentences) - mix + 1, mix)]
             for level in args.levels:
                 for name, server in servers.items():  # alternate contenders level by level
@@ -299,6 +364,9 @@ def main(argv=None) -> int:
             for name in [n for n in servers if n != "bertkit"]:
                 servers.pop(name).stop()  # the soak has the machine to itself
             soaked = soak(servers["bertkit"], sentences, args.soak)
+            q2, q4, growth = flatness(soaked["rss"])
+            print(f"soak: {soaked['seconds']:.0f} s, lost {soaked['lost']}, RSS {q2:.0f} -> {q4:.0f} MB ({growth:+.1%})",
+                  file=sys.stderr, flush=True)
     finally:
         codes = {name: server.stop() for name, server in servers.items()}
     if codes.get("bertkit", 0) != 0:

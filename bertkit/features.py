@@ -366,8 +366,12 @@ def _stitch(item: _Item, window_vectors: list) -> np.ndarray:
 # --- the forward pass ---------------------------------------------------------------------
 
 
-def _run_batch(model, pieces: list, spec: LayerSpec, pad_id: int = 0) -> list:
-    """Run one padded batch and return each piece's token vectors [T_i, D] (float32 numpy)."""
+def run_batch(model, pieces: list, spec: LayerSpec, pad_id: int = 0) -> list:
+    """Run one padded batch and return each piece's token vectors [T_i, D] (float32 numpy).
+
+    `pieces` are anything with `input_ids` and `token_type_ids` lists ([CLS]/[SEP]
+    included): the windows of `iter_embed`, or the rows `bertkit serve` batches.
+    """
     width = max(len(p.input_ids) for p in pieces)
     ids = torch.full((len(pieces), width), pad_id, dtype=torch.long)
     types = torch.zeros((len(pieces), width), dtype=torch.long)
@@ -390,11 +394,15 @@ def _run_batch(model, pieces: list, spec: LayerSpec, pad_id: int = 0) -> list:
     return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
 
 
+def pool_sentence(tokens: np.ndarray, pooling: str) -> np.ndarray:
+    """A text's sentence vector [D] from its token vectors [T, D] (real tokens only, no padding):
+    their mean ("mean", sentence-transformers' pooling) or the [CLS] vector ("cls")."""
+    return tokens.mean(axis=0) if pooling == "mean" else tokens[0]
+
+
 def _finish(item: _Item, tokens: np.ndarray, pooling, normalize: bool, word_pooling: str):
-    if pooling == "mean":
-        out = tokens.mean(axis=0)  # every stitched position is a real token
-    elif pooling == "cls":
-        out = tokens[0]
+    if pooling in ("mean", "cls"):
+        out = pool_sentence(tokens, pooling)  # every stitched position is a real token
     elif pooling == "words":
         out = pool_words(tokens, item.token_words, item.n_words, word_pooling)
     else:
@@ -471,7 +479,7 @@ def iter_embed(
             shown = 0
             for b in range(0, len(order), batch_size):
                 batch = [pieces[k] for k in order[b : b + batch_size]]
-                for piece, vectors in zip(batch, _run_batch(net, batch, spec, pad_id)):
+                for piece, vectors in zip(batch, run_batch(net, batch, spec, pad_id)):
                     results[piece.item][piece.window] = vectors
                 if bar is not None:  # texts of the chunk, in proportion to the rows done
                     done = len(chunk) * min(b + batch_size, len(order)) // len(order)

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.serve.batching import plan_batches
+from bertkit.serve.batching import plan_batches, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key"
@@ -494,6 +494,36 @@ def test_plan_batches_by_hand():
     assert plan_batches([], max_tokens=10, max_rows=4) == []
 
 
+def test_plan_batches_cuts_where_the_lengths_jump():
+    # ten texts of 3 tokens and two of 50: cut only at the budget, one pass of 12 x 50 = 600 padded tokens;
+    # two passes cost 2 x 32 (overhead) + 10 x 3 + 2 x 50 = 194
+    assert plan_batches([3] * 10 + [50] * 2, max_tokens=1000, max_rows=64) == [list(range(10)), [10, 11]]
+    # even lengths: one pass (a cut would cost an overhead and save no padding)
+    assert plan_batches([7, 8, 8, 7], max_tokens=1000, max_rows=64) == [[0, 3, 1, 2]]
+    # a pass costs rows x longest: [4, 4, 5] x 5 = 15 padded tokens and 1 pass beats [4, 4] + [5] (8 + 5 + 32)
+    assert plan_batches([5, 4, 4], max_tokens=100, max_rows=8, overhead=32) == [[1, 2, 0]]
+    assert plan_batches([5, 4, 4], max_tokens=100, max_rows=8, overhead=0) == [[1, 2], [0]]
+
+
+def test_plan_batches_pads_little_and_respects_the_budgets():
+    import random
+
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 55) for _ in range(300)]
+    batches = plan_batches(lengths, max_tokens=2048, max_rows=64)
+    assert sorted(i for b in batches for i in b) == list(range(300))  # every row exactly once
+    assert all(len(b) <= 64 and len(b) * max(lengths[i] for i in b) <= 2048 for b in batches)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert padded < 1.06 * sum(lengths)  # cut only at the budget, the same rows carry 15% padding
+
+
+def test_spread_halves_the_largest_passes_for_idle_workers():
+    assert spread([[0, 1, 2, 3, 4]], 2) == [[0, 1, 2], [3, 4]]
+    assert spread([[0], [1, 2, 3, 4]], 3) == [[0], [1, 2], [3, 4]]
+    assert spread([[0], [1]], 4) == [[0], [1]]  # single rows cannot be split
+    assert spread([[0, 1], [2, 3]], 1) == [[0, 1], [2, 3]]  # enough passes already
+
+
 # --- shutdown (last: it stops the window server) ----------------------------------------------
 
 
@@ -536,7 +566,7 @@ def test_engine_fails_only_the_job_that_breaks_a_batch():
 
     async def scenario():
         engine = Engine(Runner(), max_queue=8, max_batch_tokens=100, max_batch_size=100, max_wait_ms=300).start()
-        jobs = [engine.submit(items, len(items)) for items in (["a"], ["bad"], ["b", "c"])]
+        jobs = [engine.submit(items, [1] * len(items)) for items in (["a"], ["bad"], ["b", "c"])]
         results = await asyncio.gather(*(job.future for job in jobs), return_exceptions=True)
         engine.close()
         return results, engine.depth
@@ -544,3 +574,44 @@ def test_engine_fails_only_the_job_that_breaks_a_batch():
     (first, broken, third), depth = asyncio.run(scenario())
     assert first == ["A"] and third == ["B", "C"] and isinstance(broken, ValueError) and depth == 0
     assert Runner.calls == [3, 1, 1, 1]  # one batch of three, then each alone
+
+
+def test_parallelism_defaults_to_one_single_threaded_worker_per_core():
+    from bertkit.serve.settings import ServeConfig
+
+    assert ServeConfig().parallelism(2, gpu=False) == (2, 1)
+    assert ServeConfig(threads=2).parallelism(4, gpu=False) == (2, 2)
+    assert ServeConfig(workers=1).parallelism(2, gpu=False) == (1, 2)  # the classic layout: matmuls split
+    assert ServeConfig(workers=3, threads=1).parallelism(2, gpu=False) == (3, 1)
+    assert ServeConfig().parallelism(8, gpu=True) == (1, 8)
+
+
+def test_engine_spreads_one_request_over_idle_workers_and_keeps_its_order():
+    """Two workers, one request of four texts: two passes run at the same time; the answer is in order."""
+    import asyncio
+
+    from bertkit.serve.batching import Engine
+
+    class Runner:
+        task = "embed"
+        passes, running, most = [], [0], [0]
+
+        def run_jobs(self, parts):
+            self.running[0] += 1
+            self.most[0] = max(self.most[0], self.running[0])
+            time.sleep(0.2)  # both workers are inside a pass at once
+            self.running[0] -= 1
+            self.passes.append([p.items for p in parts])
+            return [[x * 10 for x in p.items] for p in parts]
+
+    async def scenario():
+        engine = Engine(Runner(), max_queue=8, max_batch_tokens=100, max_batch_size=100, max_wait_ms=0,
+                        workers=2).start()
+        job = engine.submit([4, 1, 3, 2], [4, 1, 3, 2])  # costs = lengths: sorted 1, 2 | 3, 4
+        result = await job.future
+        engine.close()
+        return result, engine.depth
+
+    result, depth = asyncio.run(scenario())
+    assert result == [40, 10, 30, 20] and depth == 0
+    assert sorted(Runner.passes) == [[[1, 2]], [[4, 3]]] and Runner.most[0] == 2

@@ -2,11 +2,11 @@
 
     settings.py  ServeConfig, the one definition of every server setting (and its CLI flag)
     runner.py    the model in a directory as batch-level calls: Encoder (embeddings), TaskModel (predict)
-    batching.py  the bounded queue, the batcher thread and token-budget packing
+    batching.py  the bounded queue, the gatherer, the workers, and passes cut by token budget and padding
     app.py       the Starlette routes: OpenAI /v1/embeddings, TEI /embed, /predict, /rerank, /health,
                  /info, /metrics
     metrics.py   Prometheus text-format counters, gauge and histograms
-    server.py    start-up (load, bind) and graceful shutdown with uvicorn
+    server.py    start-up (kernel caches, threads, load, bind) and graceful shutdown with uvicorn
 
-Needs the `serve` extra (Starlette, uvicorn); nothing here is imported by `import bertkit`.
+Needs the `serve` extra (Starlette, uvicorn, orjson); nothing here is imported by `import bertkit`.
 """

@@ -20,6 +20,10 @@ Endpoints (JSON in, JSON out):
 Every request is checked before it is queued (JSON, types, empty inputs, the
 token limit), so a bad request costs no model time and never reaches a batch.
 Errors elsewhere are {"error": message, "error_type": kind}, TEI's shape.
+Answers are written by orjson, which takes float32 numpy vectors as they are
+and prints each number in the fewest digits that read back to the same
+float32 (a third of the bytes of Python's float repr, and ~20x faster than
+`json` on a list of floats).
 The JSON body is read by Starlette; the size limit is enforced on the
 Content-Length header and again while the body streams in, so an oversized
 body is refused without being held in memory.
@@ -36,9 +40,10 @@ import logging
 import time
 
 import numpy as np
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from bertkit import __version__
@@ -50,6 +55,15 @@ log = logging.getLogger("bertkit.serve")
 KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
          413: "too_large", 422: "validation", 429: "overloaded", 500: "backend", 503: "unavailable"}
 RETRY_AFTER_S = 1
+
+
+class JSONResponse(Response):
+    """A JSON answer written by orjson; numpy arrays and scalars are written as they are."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 class ApiError(Exception):
@@ -138,7 +152,7 @@ def create_app(runner, settings, metrics) -> Starlette:
     """The Starlette app serving `runner` with `settings` (a ServeConfig); the engine lives in its lifespan."""
     engine = Engine(runner, max_queue=settings.max_queue, max_batch_tokens=settings.max_batch_tokens,
                     max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-                    on_depth=metrics.set_in_flight)
+                    workers=settings.workers or 1, on_depth=metrics.set_in_flight)
     runner.on_batch = metrics.batch_done
     is_encoder = isinstance(runner, Encoder)
 
@@ -161,10 +175,10 @@ def create_app(runner, settings, metrics) -> Starlette:
             raise ApiError(400, f"/rerank needs a model fine-tuned on text pairs with one score (regression, "
                                 f"or two labels); this server holds a {runner.task} model")
 
-    async def run(request, items: list, cost: int):
+    async def run(request, items: list, costs: list):
         """Queue a job and await its answer, watching for the client leaving meanwhile."""
         try:
-            job = engine.submit(items, cost)
+            job = engine.submit(items, costs)
         except QueueFull as err:
             raise ApiError(429, f"the server is busy: {err}; retry after {RETRY_AFTER_S} s",
                            {"Retry-After": str(RETRY_AFTER_S)}) from None
@@ -214,10 +228,11 @@ def create_app(runner, settings, metrics) -> Starlette:
         if "model" in data and not isinstance(data["model"], (str, type(None))):
             raise InputError("`model` must be a string")
         rows = runner.encode(texts, truncate=False)
-        tokens = sum(len(r.input_ids) for r in rows)
-        vectors = normalized(await run(request, rows, tokens))
+        costs = [len(r.input_ids) for r in rows]
+        tokens = sum(costs)
+        vectors = normalized(await run(request, rows, costs))
         items = [{"object": "embedding", "index": i,
-                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()}
+                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v}
                  for i, v in enumerate(vectors)]
         body = {"object": "list", "data": items, "model": runner.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
@@ -229,10 +244,10 @@ def create_app(runner, settings, metrics) -> Starlette:
         texts = texts_field(data, "inputs")
         normalize = flag_field(data, "normalize", True)
         rows = runner.encode(texts, truncate=flag_field(data, "truncate", False))
-        vectors = await run(request, rows, sum(len(r.input_ids) for r in rows))
+        vectors = await run(request, rows, [len(r.input_ids) for r in rows])
         if normalize:
             vectors = normalized(vectors)
-        return JSONResponse([v.tolist() for v in vectors]), len(texts)
+        return JSONResponse(vectors), len(texts)
 
     async def predict(request):
         need("task", "/predict")
@@ -242,7 +257,7 @@ def create_app(runner, settings, metrics) -> Starlette:
         if pairs is not None and len(pairs) != len(texts):
             raise InputError(f"{len(texts)} inputs but {len(pairs)} pairs: give one pair per input")
         queries = runner.check([Query(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)])
-        preds = await run(request, queries, len(queries))
+        preds = await run(request, queries, [1] * len(queries))
         return JSONResponse(_plain(preds)), len(texts)
 
     async def rerank(request):
@@ -252,7 +267,7 @@ def create_app(runner, settings, metrics) -> Starlette:
         query = check_text(data.get("query"), "`query`")
         texts = texts_field(data, "texts")
         return_text = flag_field(data, "return_text", False)
-        preds = await run(request, [Query(query, t) for t in texts], len(texts))
+        preds = await run(request, [Query(query, t) for t in texts], [1] * len(texts))
         scores = [runner.rerank_score(p) for p in preds]
         ranked = sorted(range(len(texts)), key=lambda i: -scores[i])
         out = [{"index": i, "score": scores[i], **({"text": texts[i]} if return_text else {})} for i in ranked]
@@ -266,7 +281,8 @@ def create_app(runner, settings, metrics) -> Starlette:
                 "max_input_length": runner.max_length,
                 "int8": settings.int8,
                 "batching": {k: getattr(settings, k) for k in
-                             ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes")},
+                             ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes",
+                              "workers", "threads")},
                 "auth": settings.api_key is not None}
         return JSONResponse(body), 0
 

@@ -12,11 +12,13 @@ does (`bertkit_task.json`, else config.json's `architectures`):
 
 Both expose `encode` (checks one request's inputs and counts their tokens, on
 the event loop, so a bad request is refused before it reaches a batch) and
-`run_jobs` (answers a batch of requests at once, on the batcher thread).
+`run_jobs` (answers a pass over parts of requests at once, on a worker thread;
+see `bertkit.serve.batching`).
 
-The Encoder's forward pass is `bertkit.features`' one (same padding, layer
-combination and pooling, float32 numpy, mean over every real token) run on rows
-that are already tokenised: `bertkit.embed` on the same texts gives the same
+The Encoder's forward pass and pooling are `bertkit.features`' own
+(`run_batch`, `pool_sentence`: same padding, layer combination and pooling,
+float32 numpy, mean over every real token) run on rows that are already
+tokenised: `bertkit.embed` on the same texts gives the same
 vectors. Texts longer than the input limit are refused or truncated, never
 windowed: a server answers within one forward pass per text, as
 text-embeddings-inference does.
@@ -29,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from bertkit.errors import BertkitError
 from bertkit.serve.batching import plan_batches
@@ -163,30 +164,14 @@ class Encoder:
         return out
 
     def forward(self, rows: list) -> list:
-        """One padded batch -> one pooled vector [D] per row (as bertkit.features pools)."""
-        from bertkit.features import combine_layers
+        """One padded batch -> one pooled vector [D] per row: `bertkit.features`' forward and pooling."""
+        from bertkit.features import pool_sentence, run_batch
 
-        width = max(len(r.input_ids) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # [B, T]
-        types = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, r in enumerate(rows):
-            n = len(r.input_ids)
-            ids[b, :n] = torch.tensor(r.input_ids)
-            types[b, :n] = torch.tensor(r.token_type_ids)
-            mask[b, :n] = 1
-        last_only = self.layers.indices == (self.model.config.num_hidden_layers,)
-        with torch.inference_mode():
-            out = self.model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=not last_only)
-            tokens = out.last_hidden_state if last_only else combine_layers(out.hidden_states, self.layers)
-            tokens = tokens.float().numpy()  # [B, T, D]
+        tokens = run_batch(self.model, rows, self.layers, self.pad_id)  # [T_b, D] per row, padding dropped
         if self.on_batch is not None:
+            width = max(len(r.input_ids) for r in rows)
             self.on_batch(len(rows), len(rows) * width, sum(len(r.input_ids) for r in rows))
-        pooled = []
-        for b, r in enumerate(rows):
-            real = tokens[b, : len(r.input_ids)]  # [T_b, D], padding dropped before pooling
-            pooled.append(real.mean(axis=0) if self.pooling == "mean" else real[0])
-        return pooled
+        return [pool_sentence(t, self.pooling) for t in tokens]
 
     def warm_up(self) -> None:
         self.forward(self.encode(["warm up"], truncate=True))

@@ -15,6 +15,8 @@ re-raise and exit 0.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import signal
 import socket
 import sys
@@ -34,9 +36,38 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity, as taskset sets it), else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+KERNEL_CACHE_ENTRIES = 16
+
+
+def bound_kernel_caches() -> None:
+    """Keep oneDNN's per-shape kernel caches small; effective only before torch is first imported.
+
+    oneDNN (under `bertkit.fast`'s dense layers) prepares a kernel for each input
+    shape and keeps it, with buffers laid out for it, in two caches of ~1,000
+    entries (its primitive cache and PyTorch's ideep LRU cache, read from these
+    environment variables when the library starts). A server sees a new
+    (rows x length) shape every few passes: its memory grew from ~390 to ~960 MB
+    over 3,000 requests and was still growing. With 16 entries it stays flat,
+    and a pass's speed did not change measurably (docs/serving.md). A value
+    already in the environment is kept. The `bertkit serve` command calls this
+    before anything imports torch.
+    """
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
+
+
 def serve(settings, log=None) -> None:
     """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    bound_kernel_caches()
     settings.validate().model_path()  # a wrong directory is said at once, before torch loads
     try:
         import uvicorn
@@ -47,11 +78,13 @@ def serve(settings, log=None) -> None:
                            "pip install 'bertkit[serve]'") from None
     import torch
 
+    from bertkit.fast import resolve_device
     from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    workers, threads = settings.parallelism(cpu_cores(), resolve_device(None).type == "cuda")
+    settings = dataclasses.replace(settings, workers=workers, threads=threads)
+    torch.set_num_threads(threads)  # process-wide: each worker's passes use this many threads
     runner = load_runner(settings)
     app = create_app(runner, settings, Metrics())
     sock = bind(settings.host, settings.port)
@@ -60,7 +93,8 @@ def serve(settings, log=None) -> None:
     what = f"{runner.dim}-dimensional embeddings" if runner.task == "embed" else f"a {runner.task} model"
     log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
         f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
-        f"queue {settings.max_queue}{', API key required' if settings.api_key else ''})")
+        f"queue {settings.max_queue}, {workers} worker(s) x {threads} thread(s)"
+        f"{', API key required' if settings.api_key else ''})")
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5)
     absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -36,7 +36,12 @@ class ServeConfig:
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest request body; beyond it 413"})
     api_key: str | None = field(default=None, metadata={
         "help": "require `Authorization: Bearer KEY` on every endpoint but /health"})
-    threads: int | None = field(default=None, metadata={"help": "torch CPU threads for the model (default: torch's)"})
+    workers: int | None = field(default=None, metadata={
+        "help": "forward passes run at once, each on its own thread (default: on a CPU, the cores divided by "
+        "--threads; on a GPU, 1)"})
+    threads: int | None = field(default=None, metadata={
+        "help": "torch CPU threads per worker (default: 1 with the default workers, else the cores divided "
+        "among the workers)"})
     layers: str = field(default="last", metadata={
         "help": "embeddings: layer strategy (first, last, sum_all, second_to_last, sum_last_four, "
         "concat_last_four) or layer indices like -1,-2"})
@@ -59,11 +64,26 @@ class ServeConfig:
             raise BertkitError(f"--max-wait-ms cannot be negative, got {self.max_wait_ms}")
         if not 0 <= self.port <= 65535:
             raise BertkitError(f"--port must be between 0 and 65535, got {self.port}")
-        if self.threads is not None and self.threads < 1:
-            raise BertkitError(f"--threads must be at least 1, got {self.threads}")
+        for name in ("threads", "workers"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise BertkitError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key.strip():
             raise BertkitError("--api-key is empty: give a key, or leave the flag out to serve without one")
         return self
+
+    def parallelism(self, cores: int, gpu: bool) -> tuple:
+        """(workers, torch threads per worker) on `cores` CPU cores, or on a GPU.
+
+        On a CPU the default is one single-threaded worker per core: passes run side by
+        side instead of each matmul being split across threads (bertkit.serve.batching).
+        A GPU runs one pass at a time.
+        """
+        if gpu:
+            return self.workers or 1, self.threads or max(1, cores)
+        if self.workers is None:
+            threads = self.threads or 1
+            return max(1, cores // threads), threads
+        return self.workers, self.threads or max(1, cores // self.workers)
 
     def model_path(self) -> Path:
         """The model directory (the default model's when none is given), checked before anything loads."""
