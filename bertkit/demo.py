@@ -15,6 +15,7 @@ That is the point of transfer learning (BERT paper, section 5).
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -77,6 +78,11 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
+    previous = out / "model"
+    if (out / "heldout.tsv").is_file() and (previous / "metrics.jsonl").is_file():
+        # an earlier demo's model: running the demo again means running it again, not resuming
+        shutil.rmtree(previous)
+        log(f"0. removed the previous demo's model in {previous}/")
     rng = random.Random(seed)
     train_rows = make_examples(TRAIN_WORDS, TRAIN_FRAMES, rng, train_per_label)
     held_rows = make_examples(HELD_OUT_WORDS, HELD_OUT_FRAMES, rng, heldout_per_label)
