@@ -289,7 +289,8 @@ def _word_spans(words: Sequence[str]) -> tuple:
     return " ".join(words), spans
 
 
-def _whitespace_spans(text: str) -> list:
+def whitespace_spans(text: str) -> list:
+    """(start, end) character span of each whitespace-separated word of `text` (the words of str.split())."""
     spans, start = [], None
     for i, ch in enumerate(text + " "):
         if ch.isspace():
@@ -330,7 +331,7 @@ def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
     if len(enc.input_ids) <= 2:
         raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
     if words is None:
-        words = _whitespace_spans(text)
+        words = whitespace_spans(text)
     token_words = _token_words(enc.offsets, enc.sequence_ids, words)
     item = _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words))
     return item

@@ -259,16 +259,10 @@ def with_entities(text: str, prediction: dict) -> dict:
     word; an entity (conlleval's chunking of the tags) spans from its first
     word's first character to its last word's end.
     """
+    from bertkit.features import whitespace_spans
     from bertkit.finetune.metrics import get_entities
 
-    spans, start = [], None
-    for i, ch in enumerate(text + " "):
-        if ch.isspace():
-            if start is not None:
-                spans.append((start, i))
-                start = None
-        elif start is None:
-            start = i
+    spans = whitespace_spans(text)
     entities = []
     for kind, first, last in get_entities(prediction["tags"]):
         a, b = spans[first][0], spans[last][1]
