@@ -154,6 +154,15 @@ def post(port, path, body, conn=None):
             conn.close()
 
 
+def run_clients(client, concurrency: int) -> float:
+    """Run `concurrency` threads of `client` at once; the wall-clock seconds until the last is done."""
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    return time.perf_counter() - t0
+
+
 def closed_loop(server: Process, payloads: list, concurrency: int, total: int) -> dict:
     """`concurrency` clients, each with a keep-alive connection, until `total` requests are answered."""
     counter = itertools.count()
@@ -181,11 +190,7 @@ def closed_loop(server: Process, payloads: list, concurrency: int, total: int) -
                     failures[0] += 1
         conn.close()
 
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    t0 = time.perf_counter()
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    wall = time.perf_counter() - t0
+    wall = run_clients(client, concurrency)
     q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else [latencies[0]] * 99
     return {"rate": sentences[0] / wall, "p50": q[49], "p95": q[94], "p99": q[98], "failed": failures[0],
             "requests": total}
@@ -266,11 +271,7 @@ def soak(server: Process, sentences: list, total: int, concurrency: int = 8, eve
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    t0 = time.perf_counter()
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    seconds = time.perf_counter() - t0
+    seconds = run_clients(client, concurrency)
     done.set()
     sampler.join()
     depth = server.metric("bertkit_serve_queue_depth")  # every abandoned request released
