@@ -17,14 +17,15 @@ import json
 import sys
 from pathlib import Path
 
+from bertkit.training.metrics_log import read_metrics
+
 PANELS = (("mlm_acc", "held-out MLM accuracy\n(ELECTRA: its generator's)"),
           ("disc_acc", "held-out discriminator accuracy"),
           ("disc_recall", "held-out recall on replaced tokens"))
 
 
 def eval_records(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["split"] == "eval"]
+    return [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "eval"]
 
 
 def method_of(run: Path) -> str:
