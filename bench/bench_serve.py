@@ -288,10 +288,62 @@ def flatness(samples: list) -> tuple:
     return a, b, b / a - 1
 
 
+# --- the forward ceiling -----------------------------------------------------------
+
+
+def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> None:
+    """Print {"rate": sentences/s, ...} of the server's own forward, with no HTTP, queue or JSON around it.
+
+    The same settings, runner and pass planner as `bertkit serve` (its defaults: one single-threaded
+    worker per core, 2048-token passes), fed the whole SST-2 dev set sorted at once, so that the
+    passes are as even as any gather can make them: what the model itself can do on this machine,
+    an upper bound for any server of it that computes every sentence."""
+    from bertkit.serve.server import bound_kernel_caches, cpu_cores
+
+    bound_kernel_caches()  # as `bertkit serve` does, before torch is imported
+    import torch
+
+    from bertkit.serve.batching import plan_batches
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    settings = ServeConfig(workers=workers, threads=threads)
+    workers, threads = settings.parallelism(cpu_cores(), gpu=False)
+    torch.set_num_threads(threads)
+    runner = load_runner(ServeConfig(workers=workers, threads=threads))
+    rows = runner.encode(sst2_dev(), truncate=True)
+    passes = [[rows[i] for i in b] for b in plan_batches([len(r.input_ids) for r in rows],
+                                                          settings.max_batch_tokens, settings.max_batch_size)]
+    work = itertools.cycle(passes)
+    lock, done, stop = threading.Lock(), [0], time.perf_counter() + seconds
+
+    def worker():
+        while time.perf_counter() < stop:
+            with lock:
+                batch = next(work)
+            runner.forward(batch)
+            with lock:
+                done[0] += len(batch)
+
+    t0 = time.perf_counter()
+    run = [threading.Thread(target=worker) for _ in range(workers)]
+    [t.start() for t in run]
+    [t.join() for t in run]
+    print(json.dumps({"rate": done[0] / (time.perf_counter() - t0), "workers": workers, "threads": threads}))
+
+
+def forward_ceiling(workers: int | None, threads: int | None, seconds: float = 30.0) -> dict:
+    """`ceiling_child` in a fresh process (the servers idle meanwhile)."""
+    argv = [sys.executable, __file__, "--ceiling-of", str(workers or 0), str(threads or 0), str(seconds)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 # --- the report ---------------------------------------------------------------------
 
 
-def render(results: dict, levels, mixes, soaked, args) -> str:
+def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
     load = os.getloadavg()
     lines = ["### Serving: bertkit serve vs Infinity (OpenAI embeddings API, loopback)", "",
              f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}."]
@@ -311,6 +363,22 @@ def render(results: dict, levels, mixes, soaked, args) -> str:
                 lines.append(f"| {mix} | {level} | {name} | {r['rate']:,.0f} | {r['p50'] * 1e3:.1f} | "
                              f"{r['p95'] * 1e3:.1f} | {r['p99'] * 1e3:.1f} | {r['failed']}/{r['requests']} | "
                              f"{ratio[0]} | {ratio[1]} |")
+    if ceilings:
+        rate = statistics.mean(c["rate"] for c in ceilings)
+        top = max(levels)
+        lines += ["", f"Forward ceiling: bertkit's own passes on this machine, without the server (the same runner, "
+                  f"{ceilings[0]['workers']} worker(s) x {ceilings[0]['threads']} thread(s), 2048-token passes of the "
+                  "whole SST-2 dev set sorted at once, no HTTP, queue or JSON), measured before and after the levels: "
+                  + " and ".join(f"{c['rate']:,.0f}" for c in ceilings) + " sentences/s."]
+        for mix in mixes:
+            ours, peer = results.get(("bertkit", mix, top)), results.get(("infinity", mix, top))
+            if ours:
+                line = (f"At concurrency {top} with {mix} sentence(s) per request, bertkit serve ran at "
+                        f"{ours['rate'] / rate:.0%} of it")
+                if peer:
+                    line += (f"; 1.5x Infinity's rate ({1.5 * peer['rate']:,.0f} sentences/s) would be "
+                             f"{1.5 * peer['rate'] / rate:.0%} of it")
+                lines.append(line + ".")
     if soaked:
         rss = [mb for _, mb in soaked["rss"]]
         q2, q4, growth = flatness(soaked["rss"])
@@ -336,8 +404,15 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, help="torch threads per worker for bertkit serve (default: its own)")
     ap.add_argument("--workers", type=int, help="workers for bertkit serve (default: its own, one per core)")
     ap.add_argument("--no-infinity", action="store_true", help="bertkit serve alone")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip the forward ceiling (bertkit's passes without the server, before and after the levels)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--ceiling-of", nargs=3, type=float, help=argparse.SUPPRESS)  # internal: the child process
     args = ap.parse_args(argv)
+    if args.ceiling_of:
+        workers, threads, seconds = args.ceiling_of
+        ceiling_child(int(workers) or None, int(threads) or None, seconds)
+        return 0
 
     from bertkit.default_model import default_model_dir
 
@@ -348,10 +423,14 @@ def main(argv=None) -> int:
         if not INFINITY.exists():
             raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
         servers["infinity"] = start_infinity(model_dir)
-    results, soaked = {}, None
+    results, soaked, ceilings = {}, None, []
+    measure_ceiling = args.levels and not args.no_ceiling
     try:
         for server in servers.values():
             server.wait_ready()
+        if measure_ceiling:
+            ceilings.append(forward_ceiling(args.workers, args.threads))
+            print(f"forward ceiling: {ceilings[-1]['rate']:.1f} sentences/s", file=sys.stderr, flush=True)
         for mix in args.mixes if args.levels else []:
             payloads = [sentences[i: i + mix] for i in range(0, len(sentences) - mix + 1, mix)]
             for level in args.levels:
@@ -361,6 +440,9 @@ def main(argv=None) -> int:
                     print(f"{name:9s} {mix:2d}/request  c={level:<3d} {r['rate']:8.1f} sentences/s  "
                           f"p50 {r['p50'] * 1e3:7.1f} ms  p99 {r['p99'] * 1e3:7.1f} ms  failed {r['failed']}",
                           file=sys.stderr, flush=True)
+        if measure_ceiling:
+            ceilings.append(forward_ceiling(args.workers, args.threads))
+            print(f"forward ceiling: {ceilings[-1]['rate']:.1f} sentences/s", file=sys.stderr, flush=True)
         if args.soak:
             for name in [n for n in servers if n != "bertkit"]:
                 servers.pop(name).stop()  # the soak has the machine to itself
@@ -372,7 +454,7 @@ def main(argv=None) -> int:
         codes = {name: server.stop() for name, server in servers.items()}
     if codes.get("bertkit", 0) != 0:
         print(f"bertkit serve exited with {codes['bertkit']} on SIGTERM (expected 0)", file=sys.stderr)
-    report("serve", render(results, args.levels, args.mixes, soaked, args), args.write)
+    report("serve", render(results, args.levels, args.mixes, soaked, args, ceilings), args.write)
     return 0
 
 

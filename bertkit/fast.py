@@ -13,11 +13,16 @@ never what they are; it is chosen by what the CPU has, and stated here once:
    MKL ~120 GFLOP/s, oneDNN ~230-300 GFLOP/s. Same sums, other blocking: results
    agree to float32 rounding. Training works too: the backward is written out
    with the same kernel (grad_x = g W, grad_W = g^T x, grad_b = sum g).
-2. Fused post-ops (inference): the feed-forward GELU and the residual add that
-   follow a matmul ride in it as oneDNN post-ops, applied while the output is
-   still in cache (bit-identical to the separate operations; [128, 384] x
-   [384, 1536] 600 vs 657 us with the GELU, [128, 1536] x [1536, 384] 580 vs
-   611 us with the add).
+2. Fused post-ops (inference), where the CPU has AVX-512: the feed-forward GELU
+   and the residual add that follow a matmul ride in it as oneDNN post-ops,
+   applied while the output is still in cache (the same values as the separate
+   operations; on an AVX-512 machine [128, 384] x [384, 1536] took 600 vs
+   657 us with the GELU, [128, 1536] x [1536, 384] 580 vs 611 us with the add).
+   On AVX2 alone the fused GELU is the slower way: on a 2-core AMD EPYC (AVX2)
+   the GELU post-op cost 35-45% of the matmul, the separate F.gelu 10%
+   (1 thread, [2048, 384] x [384, 1536]: 47 ms fused, 36 ms apart, 33 ms with no
+   GELU; 2 threads at [128, 384]: 1.35 vs 1.12 ms), and the fused add saved
+   nothing. So the post-ops are fused only with avx512f (`fuse_post_ops()`).
 3. Packed weights (inference): each weight is kept in oneDNN's own blocked
    layout instead of being re-blocked in every call: ~15% faster at batch 1,
    ~5% at 32 x 128. The packed copy is keyed by the weight tensor, its storage
@@ -199,6 +204,14 @@ def onednn_enabled() -> bool:
     return _enabled and cpu_features().onednn
 
 
+_fuse = None  # None: by the CPU (rule 2); True/False: forced, for tests and comparisons
+
+
+def fuse_post_ops() -> bool:
+    """Whether inference fuses the GELU and residual add into the matmul (rule 2): with AVX-512."""
+    return _fuse if _fuse is not None else "avx512f" in cpu_features().flags
+
+
 def _route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The shape rule of the oneDNN route (see the module docstring)."""
     return (
@@ -270,7 +283,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x W^T + b, as F.linear: x [..., in], weight [out, in], bias [out] -> [..., out].
     `pack`: in inference, use the packed copy of `weight`. `gelu`: then the exact (erf)
     GELU; `residual` [..., out]: then + residual (one or the other). Both ride in the
-    matmul as oneDNN post-ops in inference, and are separate operations elsewhere."""
+    matmul as oneDNN post-ops in inference where `fuse_post_ops()` (AVX-512), and are
+    separate operations elsewhere."""
     if gelu and residual is not None:
         raise ValueError("linear: fuse the GELU or the residual, not both")
     if not _route(x, weight):
@@ -279,11 +293,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         y = _OneDNNLinear.apply(x.contiguous(), weight, bias)
     else:
         x, w = x.contiguous(), _packed_weight(weight) if pack else weight
-        if gelu:
+        if not fuse_post_ops():
+            y = _onednn(x, w, bias)
+        elif gelu:
             return _onednn(x, w, bias, "gelu", "none")  # algorithm "none": erf, not the tanh form
-        if residual is not None:
+        elif residual is not None:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), w, bias, "add")
-        return _onednn(x, w, bias)
+        else:
+            return _onednn(x, w, bias)
     if gelu:
         return F.gelu(y)
     return y if residual is None else y + residual
@@ -310,8 +327,9 @@ class FastSelfAttention(BertSelfAttention):
 
 
 class FusedBertLayer(BertLayer):
-    """In inference, the feed-forward's GELU and residual add inside its two matmuls (rule 2);
-    in training, or with another activation, the plain layer."""
+    """In inference, the feed-forward's GELU and residual add handed to its two matmuls, which
+    fuse them where the CPU gains by it (rule 2); in training, or with another activation, the
+    plain layer."""
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
         if self.training or self.act is not F.gelu or not isinstance(self.output, FastLinear):

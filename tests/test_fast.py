@@ -1,6 +1,7 @@
 """bertkit.fast: the oneDNN route computes what F.linear computes, forward and backward;
 an accelerated model computes what the plain model computes; CPU features, devices, dtypes."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -147,11 +148,14 @@ def test_packed_model_gives_the_same_outputs():
 
 
 @onednn
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("pack", [False, True])
 @pytest.mark.parametrize("x_shape,out", SHAPES[:2] + SHAPES[3:])
-def test_fused_gelu_and_residual_match_the_separate_ops(x_shape, out, pack):
-    """The post-op path (inference) against F.gelu / + residual after F.linear, and the
-    training path (separate ops) against the same, values and gradients."""
+def test_fused_gelu_and_residual_match_the_separate_ops(x_shape, out, pack, fuse, monkeypatch):
+    """The post-op path (inference; fused in the matmul or, as on AVX2, after it) against
+    F.gelu / + residual after F.linear, and the training path (separate ops) against the
+    same, values and gradients."""
+    monkeypatch.setattr(L, "_fuse", fuse)
     x, w, b = operands(x_shape, out, seed=9)
     r = torch.randn(*x_shape[:-1], out, generator=torch.Generator().manual_seed(10))
     ref_gelu, ref_res = F.gelu(F.linear(x, w, b)), F.linear(x, w, b) + r
@@ -168,7 +172,9 @@ def test_fused_gelu_and_residual_match_the_separate_ops(x_shape, out, pack):
 
 
 @onednn
-def test_fused_gelu_is_the_erf_form_not_tanh():
+@pytest.mark.parametrize("fuse", [True, False])
+def test_fused_gelu_is_the_erf_form_not_tanh(fuse, monkeypatch):
+    monkeypatch.setattr(L, "_fuse", fuse)
     x, w, b = operands((16, 64), 128, seed=11)
     with torch.inference_mode():
         got = linear(x, w, b, gelu=True)
@@ -290,8 +296,20 @@ def test_small_inputs_take_the_explicit_path_with_the_same_result(monkeypatch):
     torch.testing.assert_close(small, fused, atol=1e-6, rtol=0)
 
 
+def test_post_ops_are_fused_only_where_the_cpu_has_avx512(monkeypatch):
+    real = L.cpu_features()
+    monkeypatch.setattr(L, "cpu_features", lambda: dataclasses.replace(real, flags=("avx2", "fma")))
+    assert not L.fuse_post_ops()
+    monkeypatch.setattr(L, "cpu_features", lambda: dataclasses.replace(real, flags=("avx2", "fma", "avx512f")))
+    assert L.fuse_post_ops()
+    monkeypatch.setattr(L, "_fuse", False)
+    assert not L.fuse_post_ops()
+
+
 @onednn
-def test_inference_fuses_gelu_and_residual_into_the_matmuls(monkeypatch):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_inference_fuses_gelu_and_residual_into_the_matmuls(fuse, monkeypatch):
+    monkeypatch.setattr(L, "_fuse", fuse)
     _, model = twins(BertModel, "sdpa")
     post_ops = []
     real = L._onednn
@@ -300,7 +318,7 @@ def test_inference_fuses_gelu_and_residual_into_the_matmuls(monkeypatch):
     ids, mask, types = padded_batch()
     with torch.inference_mode():
         model.eval()(ids, mask, types)
-    assert post_ops.count("gelu") == 2  # one per layer
+    assert post_ops.count("gelu") == (2 if fuse else 0)  # one per layer where fused
     post_ops.clear()
     model.train()(ids, mask, types)  # training: separate ops, oneDNN forward of every dense layer
     assert "gelu" not in post_ops and len(post_ops) == 2 * 4 + 1
