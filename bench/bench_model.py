@@ -5,10 +5,13 @@ heads) with the same weights, 2 threads, in one process, interleaved round-robin
 and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
 
 - bertkit fp32: BertModel after `bertkit.fast.accelerate(model)`, weights left unpacked,
-  inference_mode: matmuls on oneDNN (MKL, which torch uses by default, takes a slower
-  path on AMD CPUs), GELU and residual fused into them, the attention path by shape;
+  inference_mode: matmuls on oneDNN (MKL, which torch uses by default, took a slower
+  path on some AMD CPUs), GELU and residual fused into them where the CPU has AVX-512,
+  the attention path by shape;
 - bertkit fp32, packed weights: `accelerate(model)` as it is, weights kept in oneDNN's
   blocked layout (the analogue of building an ORT session; what embed and predict use);
+- bertkit fp32, packed weights, post-ops fused / apart: the same with the GELU and the
+  residual add forced into the oneDNN matmul or after it, whatever the CPU (`fast` rule 2);
 - bertkit fp32, MKL matmuls: the accelerated model with `bertkit.fast.use_onednn(False)`,
   i.e. torch's default matmul path, to show what the oneDNN route is worth;
 - bertkit fp32, plain model: BertModel as `bertkit.modeling` writes it, no accelerate step;
@@ -174,12 +177,14 @@ def load_ort_int8(workdir: Path):
     return ort.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"])
 
 
-def torch_runner(model, onednn=True):
-    """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do."""
+def torch_runner(model, onednn=True, fuse=None):
+    """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do.
+    `fuse` True/False: force the GELU/residual post-ops into the matmuls or not (None: the CPU's rule)."""
     import bertkit.fast
 
     def run(batch):
         bertkit.fast.use_onednn(onednn)
+        bertkit.fast._fuse = fuse
         with torch.inference_mode():
             return model(**batch).last_hidden_state
     return run
@@ -193,6 +198,8 @@ def ort_runner(session):
 CONTENDERS = {
     "bertkit fp32": lambda d: torch_runner(load_ours()),
     "bertkit fp32, packed weights": lambda d: torch_runner(load_ours(packed=True)),
+    "bertkit fp32, packed weights, post-ops fused": lambda d: torch_runner(load_ours(packed=True), fuse=True),
+    "bertkit fp32, packed weights, post-ops apart": lambda d: torch_runner(load_ours(packed=True), fuse=False),
     "bertkit fp32, MKL matmuls": lambda d: torch_runner(load_ours(), onednn=False),
     "bertkit fp32, plain model": lambda d: torch_runner(load_ours(accelerated=False)),
     "bertkit bf16": lambda d: torch_runner(load_ours(torch.bfloat16)),
@@ -337,6 +344,10 @@ def main(argv=None) -> int:
         "bertkit fp32 (sorted)": ("bertkit fp32", sorted_batches),
         "bertkit fp32 (sorted, <= 4096 tokens/batch)": ("bertkit fp32", budget_batches),
         "bertkit fp32, packed weights (sorted, <= 4096 tokens/batch)": ("bertkit fp32, packed weights", budget_batches),
+        "bertkit fp32, packed, post-ops fused (sorted, <= 4096 tokens/batch)":
+            ("bertkit fp32, packed weights, post-ops fused", budget_batches),
+        "bertkit fp32, packed, post-ops apart (sorted, <= 4096 tokens/batch)":
+            ("bertkit fp32, packed weights, post-ops apart", budget_batches),
         "bertkit bf16 (sorted, <= 4096 tokens/batch)": ("bertkit bf16", budget_batches),
         "transformers eager": ("transformers eager", padded_batches),
         "transformers sdpa": ("transformers sdpa", padded_batches),

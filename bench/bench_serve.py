@@ -343,13 +343,21 @@ def forward_ceiling(workers: int | None, threads: int | None, seconds: float = 3
 # --- the report ---------------------------------------------------------------------
 
 
+def median_run(runs: list) -> dict:
+    """Field by field, the median of repeated measurements of one level."""
+    return {key: statistics.median(r[key] for r in runs) for key in ("rate", "p50", "p95", "p99")} | {
+        "failed": sum(r["failed"] for r in runs), "requests": sum(r["requests"] for r in runs)}
+
+
 def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
+    repeats = {key: runs for key, runs in results.items()}
+    results = {key: median_run(runs) for key, runs in results.items()}
     load = os.getloadavg()
     lines = ["### Serving: bertkit serve vs Infinity (OpenAI embeddings API, loopback)", "",
              f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}."]
     if results:
         lines += ["", f"Default model, SST-2 dev sentences, closed-loop clients, {args.per_client} requests per client "
-                  "per level. Ratios: throughput ours/peer (above 1 we are faster), p99 ours/peer (below 1 we are "
+                  f"per level{f', each level measured {args.repeat} times (medians)' if args.repeat > 1 else ''}. Ratios: throughput ours/peer (above 1 we are faster), p99 ours/peer (below 1 we are "
                   "faster).", "",
                   "| sentences/request | concurrency | contender | sentences/s | p50 ms | p95 ms | p99 ms | failed | "
                   "throughput ratio | p99 ratio |",
@@ -363,6 +371,12 @@ def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
                 lines.append(f"| {mix} | {level} | {name} | {r['rate']:,.0f} | {r['p50'] * 1e3:.1f} | "
                              f"{r['p95'] * 1e3:.1f} | {r['p99'] * 1e3:.1f} | {r['failed']}/{r['requests']} | "
                              f"{ratio[0]} | {ratio[1]} |")
+    if args.repeat > 1 and any(n != "bertkit" for n, _, _ in results):
+        lines += ["", "Ratios of each repetition (throughput, p99), in the order measured:"]
+        for mix, level in itertools.product(mixes, levels):
+            pairs = zip(repeats[("bertkit", mix, level)], repeats.get(("infinity", mix, level), []))
+            lines.append(f"- {mix} sentence(s) per request, concurrency {level}: " + ", ".join(
+                f"{a['rate'] / b['rate']:.2f}x / {a['p99'] / b['p99']:.2f}" for a, b in pairs))
     if ceilings:
         rate = statistics.mean(c["rate"] for c in ceilings)
         top = max(levels)
@@ -400,6 +414,8 @@ def main(argv=None) -> int:
                     help="client concurrency levels (none: only the soak)")
     ap.add_argument("--mixes", type=int, nargs="+", default=[1, 16], help="sentences per request")
     ap.add_argument("--per-client", type=int, default=10, help="requests per client at each level")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure each level this many times, contenders alternating; the table gives medians")
     ap.add_argument("--soak", type=int, default=0, help="requests in the soak (0: none); the goal's is 20000")
     ap.add_argument("--threads", type=int, help="torch threads per worker for bertkit serve (default: its own)")
     ap.add_argument("--workers", type=int, help="workers for bertkit serve (default: its own, one per core)")
@@ -433,10 +449,11 @@ def main(argv=None) -> int:
             print(f"forward ceiling: {ceilings[-1]['rate']:.1f} sentences/s", file=sys.stderr, flush=True)
         for mix in args.mixes if args.levels else []:
             payloads = [sentences[i: i + mix] for i in range(0, len(sentences) - mix + 1, mix)]
-            for level in args.levels:
+            for level, _ in itertools.product(args.levels, range(args.repeat)):
                 for name, server in servers.items():  # alternate contenders level by level
                     closed_loop(server, payloads, level, min(level, 8))  # a short warm-up at this concurrency
-                    results[(name, mix, level)] = r = closed_loop(server, payloads, level, level * args.per_client)
+                    r = closed_loop(server, payloads, level, level * args.per_client)
+                    results.setdefault((name, mix, level), []).append(r)
                     print(f"{name:9s} {mix:2d}/request  c={level:<3d} {r['rate']:8.1f} sentences/s  "
                           f"p50 {r['p50'] * 1e3:7.1f} ms  p99 {r['p99'] * 1e3:7.1f} ms  failed {r['failed']}",
                           file=sys.stderr, flush=True)

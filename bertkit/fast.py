@@ -10,8 +10,11 @@ never what they are; it is chosen by what the CPU has, and stated here once:
    to Intel MKL, which takes its slower AVX2 code path on AMD processors; oneDNN,
    which PyTorch also ships ("mkldnn"), picks its kernels by instruction set
    alone. Measured on a 2-core AMD EPYC (Zen 5, AVX2), [4096, 384] x [384, 1536]:
-   MKL ~120 GFLOP/s, oneDNN ~230-300 GFLOP/s. Same sums, other blocking: results
-   agree to float32 rounding. Training works too: the backward is written out
+   MKL ~120 GFLOP/s, oneDNN ~230-300 GFLOP/s. Not on every AMD machine: on another
+   2-core EPYC (AVX2, model hidden by its VM) the two were within 10-20% either way,
+   MKL ahead on large batches on one thread (SST-2 dev passes: 5-11% less time), oneDNN
+   ahead at 1 x 128 on two threads (6-22%); oneDNN stays the route. Same sums, other
+   blocking: results agree to float32 rounding. Training works too: the backward is written out
    with the same kernel (grad_x = g W, grad_W = g^T x, grad_b = sum g).
 2. Fused post-ops (inference), where the CPU has AVX-512: the feed-forward GELU
    and the residual add that follow a matmul ride in it as oneDNN post-ops,
