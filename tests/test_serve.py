@@ -615,3 +615,35 @@ def test_engine_spreads_one_request_over_idle_workers_and_keeps_its_order():
     result, depth = asyncio.run(scenario())
     assert result == [40, 10, 30, 20] and depth == 0
     assert sorted(Runner.passes) == [[[1, 2]], [[4, 3]]] and Runner.most[0] == 2
+
+
+def test_a_free_worker_takes_its_fair_share_of_the_requests_not_all_that_wait():
+    """Two workers: one busy with request A, seven more arrive. The free worker takes four of
+    the eight requests in the server (its share), oldest first; the other three wait for the
+    next free worker. Without the share it would take all seven and leave uneven passes."""
+    import asyncio
+
+    from bertkit.serve.batching import Engine
+
+    class Runner:
+        task = "embed"
+        passes = []
+
+        def run_jobs(self, parts):
+            self.passes.append([p.items[0] for p in parts])
+            time.sleep(0.3)
+            return [p.items for p in parts]
+
+    async def scenario():
+        engine = Engine(Runner(), max_queue=16, max_batch_tokens=1000, max_batch_size=100, max_wait_ms=100,
+                        workers=2).start()
+        first = engine.submit(["A"], [1])
+        await asyncio.sleep(0.15)  # A's pass has started on one worker
+        rest = [engine.submit([f"r{i}"], [1]) for i in range(7)]
+        results = await asyncio.gather(first.future, *(job.future for job in rest))
+        engine.close()
+        return results, engine.depth
+
+    results, depth = asyncio.run(scenario())
+    assert results == [["A"]] + [[f"r{i}"] for i in range(7)] and depth == 0
+    assert [sorted(p) for p in Runner.passes] == [["A"], ["r0", "r1", "r2", "r3"], ["r4", "r5", "r6"]]
