@@ -11,8 +11,8 @@ future for its answer).
 - Gathering: once a worker is free, the gatherer thread takes the oldest job,
   then every job already waiting, and waits up to `max_wait_ms` for more,
   until it holds `GATHER_PASSES` passes' budget (`max_batch_tokens` tokens
-  each) per free worker, or the free workers' fair share of the requests in
-  the server (accepted / workers each). While every worker is busy, requests
+  each) per free worker, or, while other workers are busy, the free workers'
+  fair share of the requests in the server (accepted / workers each). While every worker is busy, requests
   wait in the queue, so a loaded server gathers many texts (and can sort them
   into even passes) while an idle one answers at once. The fair share keeps
   the workers' passes even. Without it, closed-loop clients split into
@@ -230,10 +230,11 @@ class Engine:
             first = self._queue.get()
             if first is _STOP:
                 break
+            with self._lock:  # again: workers may have freed up while the queue was empty
+                free = self.workers - self._outstanding
             jobs, cost = [first], sum(first.costs)
-            share = -(-self._accepted * free // self.workers)  # ceil: the free workers' share of the requests
             deadline = time.perf_counter() + self.max_wait
-            while cost < self.budget * free * GATHER_PASSES and len(jobs) < share:
+            while cost < self.budget * free * GATHER_PASSES and len(jobs) < self._share(free):
                 wait = deadline - time.perf_counter()
                 try:
                     job = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
@@ -247,6 +248,13 @@ class Engine:
             self._dispatch(jobs, free)
         for _ in range(self.workers):
             self._passes.put(_STOP)
+
+    def _share(self, free: int) -> float:
+        """How many requests `free` workers may gather while the others are busy: their share of
+        every request accepted so far (arrivals during the wait count); no limit when all are free."""
+        if free >= self.workers:
+            return float("inf")
+        return -(-self._accepted * free // self.workers)  # ceil
 
     def _dispatch(self, jobs: list, free: int) -> None:
         live = [j for j in jobs if not j.left]
