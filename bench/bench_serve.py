@@ -310,7 +310,7 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     settings = ServeConfig(workers=workers, threads=threads)
     workers, threads = settings.parallelism(cpu_cores(), gpu=False)
     torch.set_num_threads(threads)
-    runner = load_runner(ServeConfig(workers=workers, threads=threads))
+    runner = load_runner(settings)
     rows = runner.encode(sst2_dev(), truncate=True)
     passes = [[rows[i] for i in b] for b in plan_batches([len(r.input_ids) for r in rows],
                                                           settings.max_batch_tokens, settings.max_batch_size)]
@@ -350,8 +350,7 @@ def median_run(runs: list) -> dict:
 
 
 def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
-    repeats = {key: runs for key, runs in results.items()}
-    results = {key: median_run(runs) for key, runs in results.items()}
+    repeats, results = results, {key: median_run(runs) for key, runs in results.items()}
     load = os.getloadavg()
     lines = ["### Serving: bertkit serve vs Infinity (OpenAI embeddings API, loopback)", "",
              f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}."]

@@ -296,14 +296,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         y = _OneDNNLinear.apply(x.contiguous(), weight, bias)
     else:
         x, w = x.contiguous(), _packed_weight(weight) if pack else weight
-        if not fuse_post_ops():
-            y = _onednn(x, w, bias)
-        elif gelu:
+        if gelu and fuse_post_ops():
             return _onednn(x, w, bias, "gelu", "none")  # algorithm "none": erf, not the tanh form
-        elif residual is not None:
+        if residual is not None and fuse_post_ops():
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), w, bias, "add")
-        else:
-            return _onednn(x, w, bias)
+        y = _onednn(x, w, bias)
     if gelu:
         return F.gelu(y)
     return y if residual is None else y + residual

@@ -12,9 +12,10 @@ future for its answer).
   then every job already waiting, and waits up to `max_wait_ms` for more,
   until it holds `GATHER_PASSES` passes' budget (`max_batch_tokens` tokens
   each) per free worker, or, while other workers are busy, the free workers'
-  fair share of the requests in the server (accepted / workers each). While every worker is busy, requests
-  wait in the queue, so a loaded server gathers many texts (and can sort them
-  into even passes) while an idle one answers at once. The fair share keeps
+  fair share of the requests in the server (accepted / workers each). While
+  every worker is busy, requests wait in the queue, so a loaded server gathers
+  many texts (and can sort them into even passes) while an idle one answers at
+  once. The fair share keeps
   the workers' passes even. Without it, closed-loop clients split into
   uneven groups that persist: a worker that frees up takes everything
   waiting, namely the clients its own last pass answered. With 64 clients
@@ -226,11 +227,10 @@ class Engine:
             with self._free:
                 while self._outstanding >= self.workers:  # every worker busy: let requests pile up
                     self._free.wait()
-                free = self.workers - self._outstanding
             first = self._queue.get()
             if first is _STOP:
                 break
-            with self._lock:  # again: workers may have freed up while the queue was empty
+            with self._lock:  # counted now: more workers may have freed up while the queue was empty
                 free = self.workers - self._outstanding
             jobs, cost = [first], sum(first.costs)
             deadline = time.perf_counter() + self.max_wait
