@@ -6,8 +6,8 @@ and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
 
 - bertkit fp32: BertModel after `bertkit.fast.accelerate(model)`, weights left unpacked,
   inference_mode: matmuls on oneDNN (MKL, which torch uses by default, took a slower
-  path on some AMD CPUs), GELU and residual fused into them where the CPU has AVX-512,
-  the attention path by shape;
+  path on some AMD CPUs; `--threads 1` on a CPU without AVX-512 runs MKL, `fast` rule 1),
+  GELU and residual fused into them where the CPU has AVX-512, the attention path by shape;
 - bertkit fp32, packed weights: `accelerate(model)` as it is, weights kept in oneDNN's
   blocked layout (the analogue of building an ORT session; what embed and predict use);
 - bertkit fp32, packed weights, post-ops fused / apart: the same with the GELU and the
@@ -177,9 +177,11 @@ def load_ort_int8(workdir: Path):
     return ort.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"])
 
 
-def torch_runner(model, onednn=True, fuse=None):
-    """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do.
-    `fuse` True/False: force the GELU/residual post-ops into the matmuls or not (None: the CPU's rule)."""
+def torch_runner(model, onednn=None, fuse=None):
+    """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do; True: to
+    oneDNN; None: as `bertkit.fast` rule 1 picks (oneDNN, except MKL on one thread of a CPU without
+    AVX-512). `fuse` True/False: force the GELU/residual post-ops into the matmuls or not (None:
+    the CPU's rule)."""
     import bertkit.fast
 
     def run(batch):

@@ -303,6 +303,7 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     bound_kernel_caches()  # as `bertkit serve` does, before torch is imported
     import torch
 
+    from bertkit.fast import matmul_kernel
     from bertkit.serve.batching import plan_batches
     from bertkit.serve.runner import load_runner
     from bertkit.serve.settings import ServeConfig
@@ -329,7 +330,8 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     run = [threading.Thread(target=worker) for _ in range(workers)]
     [t.start() for t in run]
     [t.join() for t in run]
-    print(json.dumps({"rate": done[0] / (time.perf_counter() - t0), "workers": workers, "threads": threads}))
+    print(json.dumps({"rate": done[0] / (time.perf_counter() - t0), "workers": workers, "threads": threads,
+                      "kernel": matmul_kernel()}))
 
 
 def forward_ceiling(workers: int | None, threads: int | None, seconds: float = 30.0) -> dict:
@@ -380,7 +382,8 @@ def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
         rate = statistics.mean(c["rate"] for c in ceilings)
         top = max(levels)
         lines += ["", f"Forward ceiling: bertkit's own passes on this machine, without the server (the same runner, "
-                  f"{ceilings[0]['workers']} worker(s) x {ceilings[0]['threads']} thread(s), 2048-token passes of the "
+                  f"{ceilings[0]['workers']} worker(s) x {ceilings[0]['threads']} thread(s), float32 matmuls on "
+                  f"{ceilings[0].get('kernel', '?')}, 2048-token passes of the "
                   "whole SST-2 dev set sorted at once, no HTTP, queue or JSON), measured before and after the levels: "
                   + " and ".join(f"{c['rate']:,.0f}" for c in ceilings) + " sentences/s."]
         for mix in mixes:

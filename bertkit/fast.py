@@ -4,18 +4,24 @@
 the paper draws the model. Everything below changes how those sums are computed,
 never what they are; it is chosen by what the CPU has, and stated here once:
 
-1. Dense layers on oneDNN. Nearly all of BERT's arithmetic is y = x W^T + b (the
-   Q/K/V and output projections, the two feed-forward matrices, the MLM decoder),
-   so its speed is the model's speed. PyTorch's x86 build sends float32 matmuls
-   to Intel MKL, which takes its slower AVX2 code path on AMD processors; oneDNN,
-   which PyTorch also ships ("mkldnn"), picks its kernels by instruction set
-   alone. Measured on a 2-core AMD EPYC (Zen 5, AVX2), [4096, 384] x [384, 1536]:
-   MKL ~120 GFLOP/s, oneDNN ~230-300 GFLOP/s. Not on every AMD machine: on another
-   2-core EPYC (AVX2, model hidden by its VM) the two were within 10-20% either way,
-   MKL ahead on large batches on one thread (SST-2 dev passes: 5-11% less time), oneDNN
-   ahead at 1 x 128 on two threads (6-22%); oneDNN stays the route. Same sums, other
-   blocking: results agree to float32 rounding. Training works too: the backward is written out
-   with the same kernel (grad_x = g W, grad_W = g^T x, grad_b = sum g).
+1. Dense layers on oneDNN, or MKL where that measured faster. Nearly all of
+   BERT's arithmetic is y = x W^T + b (the Q/K/V and output projections, the two
+   feed-forward matrices, the MLM decoder), so its speed is the model's speed.
+   PyTorch's x86 build sends float32 matmuls to Intel MKL, which takes its AVX2
+   code path on AMD processors whatever they have; oneDNN, which PyTorch also ships
+   ("mkldnn"), picks its kernels by instruction set alone. On a 2-core AMD EPYC
+   (Zen 5), [4096, 384] x [384, 1536]: MKL ~120 GFLOP/s, oneDNN ~230-300 GFLOP/s.
+   Where both run AVX2 it is closer: on a 2-core EPYC without AVX-512 (Zen 3),
+   on one thread MKL took 0-12% less time than oneDNN on each of BERT's four
+   dense shapes at 64 and 512 rows (4-14% over the four together, 32 to 1536
+   rows), and the server's two single-threaded passes side by side ran 7-13%
+   more sentences per second on MKL (medians of alternated blocks); on two
+   threads oneDNN took 10-34% less time at 32-64 rows and was level beyond. So
+   inference runs MKL on one thread of a CPU without AVX-512, and oneDNN
+   everywhere else (`onednn_for_inference()`). Training always runs oneDNN:
+   its backward is written out with the same kernel (grad_x = g W,
+   grad_W = g^T x, grad_b = sum g). Same sums, other blocking: results agree
+   to float32 rounding.
 2. Fused post-ops (inference), where the CPU has AVX-512: the feed-forward GELU
    and the residual add that follow a matmul ride in it as oneDNN post-ops,
    applied while the output is still in cache (the same values as the separate
@@ -50,7 +56,9 @@ MaskedLMHead -> FastMaskedLMHead): subclasses that add no parameter, so the
 parameters stay the same objects (an optimizer built before keeps working) and
 state-dict names and checkpoints are unchanged. `use_onednn(False)` (or
 BERTKIT_ONEDNN=0 in the environment) switches the oneDNN route off, for
-comparisons: F.linear then runs everywhere.
+comparisons: F.linear then runs everywhere; `use_onednn(True)` (BERTKIT_ONEDNN=1)
+takes oneDNN for inference too, whatever rule 1 says; `use_onednn(None)` (the
+default, BERTKIT_ONEDNN=auto) goes back to the rule.
 
 `cpu_features()` reads what the CPU has (`/proc/cpuinfo` flags, torch's CPU
 capability) for these choices, for the bfloat16 advice of `resolve_dtype`, and
@@ -194,17 +202,33 @@ def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype
 
 # --- the dense layer -----------------------------------------------------------------------
 
-_enabled = os.environ.get("BERTKIT_ONEDNN", "1") != "0"
+# None: inference's kernel by the CPU and thread count (rule 1); True/False: oneDNN always / never
+_enabled = {"0": False, "1": True}.get(os.environ.get("BERTKIT_ONEDNN", "auto"))
 
 
-def use_onednn(enabled: bool = True) -> None:
-    """Route float32 CPU matmuls of accelerated models through oneDNN (default) or all to F.linear."""
+def use_onednn(enabled: bool | None = True) -> None:
+    """Route float32 CPU matmuls of accelerated models: True, through oneDNN; False, all to
+    F.linear (MKL); None, inference by the CPU and thread count (rule 1; the default)."""
     global _enabled
-    _enabled = bool(enabled)
+    _enabled = None if enabled is None else bool(enabled)
 
 
 def onednn_enabled() -> bool:
-    return _enabled and cpu_features().onednn
+    """Whether the oneDNN route is open (training takes it; inference as `onednn_for_inference` says)."""
+    return _enabled is not False and cpu_features().onednn
+
+
+def onednn_for_inference() -> bool:
+    """Whether inference's float32 CPU matmuls go to oneDNN rather than MKL (rule 1): as forced
+    by `use_onednn`, else oneDNN except on one thread of a CPU without AVX-512."""
+    if _enabled is not None:
+        return _enabled
+    return "avx512f" in cpu_features().flags or torch.get_num_threads() > 1
+
+
+def matmul_kernel() -> str:
+    """"oneDNN" or "MKL": what inference's float32 CPU matmuls run on here, now (for logs)."""
+    return "oneDNN" if onednn_enabled() and onednn_for_inference() else "MKL"
 
 
 _fuse = None  # None: by the CPU (rule 2); True/False: forced, for tests and comparisons
@@ -294,6 +318,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         y = F.linear(x, weight, bias)
     elif _needs_grad(x, weight, bias, residual):
         y = _OneDNNLinear.apply(x.contiguous(), weight, bias)
+    elif not onednn_for_inference():
+        y = F.linear(x, weight, bias)
     else:
         x, w = x.contiguous(), _packed_weight(weight) if pack else weight
         if gelu and fuse_post_ops():

@@ -18,6 +18,13 @@ onednn = pytest.mark.skipif(not L.onednn_enabled(), reason="this torch build has
 SHAPES = [((7, 16), 8), ((3, 5, 24), 40), ((2, 3, 4, 12), 5), ((1, 384), 1536)]
 
 
+@pytest.fixture(autouse=True)
+def onednn_for_inference(monkeypatch):
+    """These tests are about the oneDNN route: inference takes it whichever kernel won the race
+    on this machine (the race has its own tests below)."""
+    monkeypatch.setattr(L, "_enabled", True)
+
+
 def operands(x_shape, out, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(*x_shape, generator=g)
@@ -123,7 +130,7 @@ def test_switch_off_gives_f_linear_exactly():
         assert not L.onednn_enabled()
         assert torch.equal(linear(x, w, b), F.linear(x, w, b))
     finally:
-        L.use_onednn(True)
+        L.use_onednn(None)
 
 
 @onednn
@@ -335,7 +342,45 @@ def test_switched_off_accelerated_model_is_the_plain_model_exactly(monkeypatch):
             assert torch.equal(fast.eval()(ids, mask, types).last_hidden_state,
                                plain.eval()(ids, mask, types).last_hidden_state)
     finally:
-        L.use_onednn(True)
+        L.use_onednn(None)
+
+
+def test_inference_runs_mkl_only_on_one_thread_of_a_cpu_without_avx512(monkeypatch):
+    monkeypatch.setattr(L, "_enabled", None)
+    real, threads = L.cpu_features(), torch.get_num_threads()
+    try:
+        for flags, n, onednn in [(("avx2", "fma"), 1, False), (("avx2", "fma"), 2, True),
+                                 (("avx2", "fma", "avx512f"), 1, True), (("avx2", "fma", "avx512f"), 2, True)]:
+            monkeypatch.setattr(L, "cpu_features", lambda flags=flags: dataclasses.replace(real, flags=flags))
+            torch.set_num_threads(n)
+            assert L.onednn_for_inference() == onednn, (flags, n)
+    finally:
+        torch.set_num_threads(threads)
+    L.use_onednn(True)  # forced either way
+    assert L.onednn_for_inference()
+    L.use_onednn(False)
+    assert not L.onednn_enabled() and L.matmul_kernel() == "MKL"
+
+
+@onednn
+@pytest.mark.parametrize("kernel", ["oneDNN", "MKL"])
+def test_inference_and_training_take_their_kernels(kernel, monkeypatch):
+    monkeypatch.setattr(L, "onednn_for_inference", lambda: kernel == "oneDNN")
+    assert L.matmul_kernel() == kernel
+    calls = []
+    real = L._onednn
+    monkeypatch.setattr(L, "_onednn", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x, w, b = operands((6, 32), 48, seed=3)
+    with torch.no_grad():
+        y = linear(x, w, b, pack=True)
+        assert len(calls) == (1 if kernel == "oneDNN" else 0)
+        if kernel == "MKL":
+            assert torch.equal(y, F.linear(x, w, b))
+        else:
+            torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    calls.clear()  # training takes oneDNN whichever runs inference: its backward is written with it
+    linear(x, w.clone().requires_grad_(), b).sum().backward()
+    assert len(calls) == 2  # the forward and the weight's gradient
 
 
 def test_accelerate_refuses_what_is_not_a_model():

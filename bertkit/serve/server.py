@@ -78,11 +78,12 @@ def serve(settings, log=None) -> None:
                            "pip install 'bertkit[serve]'") from None
     import torch
 
-    from bertkit.fast import resolve_device
+    from bertkit.fast import matmul_kernel, resolve_device
     from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 
-    workers, threads = settings.parallelism(cpu_cores(), resolve_device(None).type == "cuda")
+    gpu = resolve_device(None).type == "cuda"
+    workers, threads = settings.parallelism(cpu_cores(), gpu)
     settings = dataclasses.replace(settings, workers=workers, threads=threads)
     torch.set_num_threads(threads)  # process-wide: each worker's passes use this many threads
     runner = load_runner(settings)
@@ -94,6 +95,7 @@ def serve(settings, log=None) -> None:
     log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
         f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
         f"queue {settings.max_queue}, {workers} worker(s) x {threads} thread(s)"
+        f"{'' if gpu else ', float32 matmuls on ' + matmul_kernel()}"
         f"{', API key required' if settings.api_key else ''})")
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5)
     absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}

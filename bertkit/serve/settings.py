@@ -26,8 +26,9 @@ class ServeConfig:
     max_batch_tokens: int = field(default=2048, metadata={
         "help": "token budget of one forward pass: rows x longest row (padding counted)"})
     max_batch_size: int = field(default=64, metadata={"help": "most rows (texts) in one forward pass"})
-    max_wait_ms: float = field(default=2.0, metadata={
-        "help": "how long the batcher waits for more requests to fill a batch once one is there"})
+    max_wait_ms: float = field(default=0.0, metadata={
+        "help": "how long a free worker waits for more requests to fill a batch once one is there (default 0: it "
+        "starts at once with what is waiting; a busy server batches anyway, as requests pile up meanwhile)"})
     max_queue: int = field(default=512, metadata={
         "help": "most requests accepted and not yet answered; beyond it a request gets 429 with Retry-After"})
     max_input_length: int | None = field(default=None, metadata={
