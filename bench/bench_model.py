@@ -279,9 +279,10 @@ def main(argv=None) -> int:
         peak_memory_child(args.peak_memory_of)
         return 0
     torch.set_num_threads(THREADS)
-    from bertkit.fast import cpu_features
+    from bertkit.fast import cpu_features, fuse_post_ops, matmul_kernel
 
     print(cpu_features().describe())  # what the kernels were chosen by: say it with every number
+    kernel, fused = matmul_kernel(), "fused into" if fuse_post_ops() else "apart from"  # before any runner forces one
 
     from bertkit.tokenizer import Tokenizer
 
@@ -311,8 +312,9 @@ def main(argv=None) -> int:
                 f"Load average when the run started: {load:.1f} (on {os.cpu_count()} cores; above ~2 other "
                 "jobs were competing for the CPU, which inflates every time and hurts torch's OpenMP "
                 "threads more than ONNX Runtime's pool). bertkit's rows are the model after "
-                "`bertkit.fast.accelerate` (float32 matmuls on oneDNN with the GELU and residual fused in, "
-                "the attention path by shape), weights unpacked unless the row says `packed weights` (what "
+                f"`bertkit.fast.accelerate` (float32 matmuls here on {kernel}, the GELU and residual "
+                f"{fused} the matmuls, the attention path by shape: `bertkit.fast`'s rules for this CPU and "
+                "thread count), weights unpacked unless the row says `packed weights` (what "
                 "`bertkit.embed` and `bertkit.predict` use); torch's default matmuls, MKL, take a slower code "
                 "path on AMD processors, which is what transformers and the `MKL matmuls` row get; `plain "
                 "model` is `bertkit.modeling` without the accelerate step. "
