@@ -20,8 +20,8 @@ SHAPES = [((7, 16), 8), ((3, 5, 24), 40), ((2, 3, 4, 12), 5), ((1, 384), 1536)]
 
 @pytest.fixture(autouse=True)
 def onednn_for_inference(monkeypatch):
-    """These tests are about the oneDNN route: inference takes it whichever kernel won the race
-    on this machine (the race has its own tests below)."""
+    """These tests are about the oneDNN route: inference takes it whatever rule 1 picks for this
+    CPU and thread count (the rule has its own tests below)."""
     monkeypatch.setattr(L, "_enabled", True)
 
 
