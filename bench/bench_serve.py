@@ -442,13 +442,16 @@ def main(argv=None) -> int:
             raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
         servers["infinity"] = start_infinity(model_dir)
     results, soaked, ceilings = {}, None, []
-    measure_ceiling = args.levels and not args.no_ceiling
+
+    def measure_ceiling():  # before and after the levels: the machine's speed drifts meanwhile
+        if args.levels and not args.no_ceiling:
+            ceilings.append(forward_ceiling(args.workers, args.threads))
+            print(f"forward ceiling: {ceilings[-1]['rate']:.1f} sentences/s", file=sys.stderr, flush=True)
+
     try:
         for server in servers.values():
             server.wait_ready()
-        if measure_ceiling:
-            ceilings.append(forward_ceiling(args.workers, args.threads))
-            print(f"forward ceiling: {ceilings[-1]['rate']:.1f} sentences/s", file=sys.stderr, flush=True)
+        measure_ceiling()
         for mix in args.mixes if args.levels else []:
             payloads = [sentences[i: i + mix] for i in range(0, len(sentences) - mix + 1, mix)]
             for level, _ in itertools.product(args.levels, range(args.repeat)):
@@ -459,9 +462,7 @@ def main(argv=None) -> int:
                     print(f"{name:9s} {mix:2d}/request  c={level:<3d} {r['rate']:8.1f} sentences/s  "
                           f"p50 {r['p50'] * 1e3:7.1f} ms  p99 {r['p99'] * 1e3:7.1f} ms  failed {r['failed']}",
                           file=sys.stderr, flush=True)
-        if measure_ceiling:
-            ceilings.append(forward_ceiling(args.workers, args.threads))
-            print(f"forward ceiling: {ceilings[-1]['rate']:.1f} sentences/s", file=sys.stderr, flush=True)
+        measure_ceiling()
         if args.soak:
             for name in [n for n in servers if n != "bertkit"]:
                 servers.pop(name).stop()  # the soak has the machine to itself

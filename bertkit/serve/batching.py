@@ -17,12 +17,11 @@ future for its answer).
   many texts (and can sort them into even passes) while an idle one answers at
   once; so `max_wait_ms` is 0 by default (a 2 ms window cost single requests at
   concurrency 1 10-20% of their median latency and did nothing measurable at
-  concurrency 8 or 64). The fair share keeps
-  the workers' passes even. Without it, closed-loop clients split into
-  uneven groups that persist: a worker that frees up takes everything
-  waiting, namely the clients its own last pass answered. With 64 clients
-  the groups settled at sizes like 50 and 14, and the 50 always waited for
-  the long pass.
+  concurrency 8 or 64). The fair share keeps the workers' passes even. Without
+  it, closed-loop clients split into uneven groups that persist: a worker that
+  frees up takes everything waiting, namely the clients its own last pass
+  answered. With 64 clients the groups settled at sizes like 50 and 14, and the
+  50 always waited for the long pass.
 - Packing (`plan_batches`): the inputs of the gathered jobs are sorted by
   length and cut into forward passes of at most `max_batch_tokens` padded
   tokens (rows x longest row) and `max_batch_size` rows, the cut points chosen
