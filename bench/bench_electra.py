@@ -4,7 +4,7 @@ One step = generator forward (MLM loss) + sampling the replacements from its sof
 (no gradient) + discriminator forward on the corrupted text (binary loss over real
 tokens) + backward of MLM + 50 x discriminator loss + AdamW, on the same batches:
 
-- ours: `bertkit.electra.ElectraPretrainingModel` after `bertkit.fast.accelerate(model,
+- ours: `bertkit.electra_pretraining.ElectraPretrainingModel` after `bertkit.fast.accelerate(model,
   training=True)`; the generator projects onto the vocabulary only at the masked positions;
 - ours, plain: the same model without `accelerate` (plain PyTorch layers);
 - peer: `transformers.ElectraForMaskedLM` (generator) + `ElectraForPreTraining`
@@ -55,7 +55,7 @@ def make_batches(steps: int, batch_size: int, seq_len: int, vocab_size: int, see
 def make_ours(config, batches, fast: bool):
     import torch
 
-    from bertkit.electra import ElectraPretrainingModel
+    from bertkit.electra_pretraining import ElectraPretrainingModel
     from bertkit.fast import accelerate
 
     model = ElectraPretrainingModel(config, generator=torch.Generator().manual_seed(0)).train()

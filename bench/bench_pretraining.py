@@ -7,19 +7,22 @@ the shared Gutenberg corpus, length 128, NSP pairs):
 - ours: `bertkit.heads.BertForPreTraining` + our collator; the MLM head projects
   onto the 30,522-word vocabulary only at the masked positions (~15%), and the
   model goes through `bertkit.fast.accelerate(model, training=True)`, so its float32 matmuls run
-  on oneDNN, forward and backward;
-- ours, MKL matmuls: the same with `bertkit.fast.use_onednn(False)`;
+  where `bertkit.fast` rule 2 says (MKL on Intel CPUs, oneDNN elsewhere), forward and backward;
+- ours, oneDNN / MKL matmuls: the same with `bertkit.fast.use_onednn(True / False)`, either kernel
+  forced, to measure the rule;
 - peer: `transformers.BertForPreTraining` + `DataCollatorForLanguageModeling`
   (15% masking, 80/10/10), which projects every position onto the vocabulary.
 
 Both models have the same config (default: 4 layers, hidden 256, 4 heads,
-intermediate 1024; the "mini" preset), dropout on, fp32, and the same batches;
+intermediate 1024; the "mini" preset), dropout on, the same batches, and the same
+precision: fp32, or with `--precision bf16` the forward and loss under
+torch.autocast(bfloat16) for both (ours through `bertkit.training.loop.autocast_for`);
 times are interleaved in one process (bench/harness.py) and reported as
 tokens/s of real (non-padding) tokens. Peak memory is measured in a fresh child
 process per contender (peak RSS after a few steps, minus the RSS before the
 first step).
 
-    python bench/bench_pretraining.py [--write] [--rounds 3] [--batch-size 32]
+    python bench/bench_pretraining.py [--write] [--rounds 3] [--batch-size 32] [--precision bf16] [--no-memory]
 """
 
 import argparse
@@ -56,10 +59,14 @@ def load_batches(data: Path, batch_size: int, steps: int):
     return ds, batches, sum(len(x["input_ids"]) for batch in batches for x in batch)
 
 
-def make_ours(ds, batches, preset: str, onednn: bool = True):
+PRECISION = "fp32"  # --precision sets it
+
+
+def make_ours(ds, batches, preset: str, onednn: bool | None = None):
     import torch
 
     import bertkit.fast
+    from bertkit.training.loop import autocast_for
     from bertkit.config import BertConfig
     from bertkit.heads import BertForPreTraining
 
@@ -68,19 +75,27 @@ def make_ours(ds, batches, preset: str, onednn: bool = True):
     bertkit.fast.accelerate(model, training=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     collate, g = ds.collator(), torch.Generator().manual_seed(0)
+    autocast = autocast_for(PRECISION, "cpu")
 
     def train_steps():
         bertkit.fast.use_onednn(onednn)
         for items in batches:
-            model(**collate(items, g)).loss.backward()
+            with autocast():
+                loss = model(**collate(items, g)).loss
+            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
     return train_steps
 
 
+def make_ours_onednn(ds, batches, preset: str):
+    """Ours with every float32 matmul on oneDNN, whatever rule 2 says."""
+    return make_ours(ds, batches, preset, onednn=True)
+
+
 def make_ours_mkl(ds, batches, preset: str):
-    """Ours with torch's default matmuls (MKL, as transformers gets): what oneDNN is worth."""
+    """Ours with torch's default matmuls (MKL, as transformers gets)."""
     return make_ours(ds, batches, preset, onednn=False)
 
 
@@ -101,20 +116,23 @@ def make_theirs(ds, batches, preset: str):
             batch = collate([{"input_ids": x["input_ids"].tolist(), "token_type_ids": x["token_type_ids"].tolist()}
                              for x in items])
             batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items])
-            model(**batch).loss.backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
+                loss = model(**batch).loss
+            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
     return train_steps
 
 
-MAKERS = {"bertkit": make_ours, "bertkit, MKL matmuls": make_ours_mkl, "transformers": make_theirs}
+MAKERS = {"bertkit": make_ours, "bertkit, oneDNN matmuls": make_ours_onednn, "bertkit, MKL matmuls": make_ours_mkl,
+          "transformers": make_theirs}
 
 
 def peak_memory(data: Path, preset: str, batch_size: int, name: str) -> dict:
     """Peak RSS of a fresh process running 3 steps of one contender (MiB)."""
     res = subprocess.run([sys.executable, __file__, "--memory-child", name, "--data", str(data),
-                          "--preset", preset, "--batch-size", str(batch_size)],
+                          "--preset", preset, "--batch-size", str(batch_size), "--precision", PRECISION],
                          capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -143,35 +161,48 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=2, help="training steps per timed call")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: forward and loss under bfloat16 autocast, for both (a CPU with native bf16)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    global PRECISION
+    PRECISION = args.precision
     if args.memory_child:
         memory_child(args)
         return 0
 
+    import os
+
     import torch
 
+    from bertkit.fast import onednn_for_training
+
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or prepared_data(Path(tmp))
         ds, batches, tokens = load_batches(data, args.batch_size, args.steps)
         fns = {name: make(ds, batches, args.preset) for name, make in MAKERS.items()}
         times = interleaved(fns, rounds=args.rounds, warmup=1)
-        mem = {name: peak_memory(data, args.preset, args.batch_size, name) for name in fns}
+        mem = {} if args.no_memory else {name: peak_memory(data, args.preset, args.batch_size, name) for name in fns}
 
     note = (f"Machine: {machine_line('transformers')}; torch threads {torch.get_num_threads()}.\n\n"
             f"One call = {args.steps} training steps (collate with dynamic 15% masking, forward, backward, AdamW) "
             f"of `BertForPreTraining` (MLM + NSP), preset {args.preset}, batch {args.batch_size} x length <= 128, "
             f"the same instances for both; {args.rounds} interleaved rounds after 1 warm-up, median. "
             "transformers uses `DataCollatorForLanguageModeling`. Ours projects onto the vocabulary only at the "
-            "masked positions and runs its float32 matmuls on oneDNN (`bertkit.fast.accelerate`); the `MKL matmuls` row "
-            "is ours on torch's default matmuls, as transformers runs. Padding is to the longest sequence of "
+            f"masked positions; precision {args.precision}; its float32 matmuls run on "
+            f"{'oneDNN' if onednn_for_training() else 'MKL'} here (`bertkit.fast` rule 2); the `oneDNN` / `MKL matmuls` "
+            "rows force either kernel (MKL is what transformers runs; under bf16 autocast both rows take F.linear). "
+            f"Load average at the start: {load:.1f}. Padding is to the longest sequence of "
             f"each batch for both. Command: `python bench/bench_pretraining.py {' '.join(argv or sys.argv[1:])}`.")
     md = table("Pre-training step throughput (tokens/s, higher is better)", tokens, "tokens", times, "bertkit", note)
-    md += ("\nPeak memory: a fresh process per contender builds its model and batches, then runs 3 steps.\n\n"
-           "| contender | peak RSS MiB | growth during the 3 steps MiB |\n| --- | ---: | ---: |\n")
+    if mem:
+        md += ("\nPeak memory: a fresh process per contender builds its model and batches, then runs 3 steps.\n\n"
+               "| contender | peak RSS MiB | growth during the 3 steps MiB |\n| --- | ---: | ---: |\n")
     for name, m in mem.items():
         md += f"| {name} | {m['peak']:,.0f} | {m['peak'] - m['before']:,.0f} |\n"
-    report("pretraining", md, args.write)
+    report("pretraining" if args.precision == "fp32" else f"pretraining-{args.precision}", md, args.write)
     return 0
 
 

@@ -298,7 +298,8 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     worker per core, 2048-token passes), fed the whole SST-2 dev set sorted at once, so that the
     passes are as even as any gather can make them: what the model itself can do on this machine,
     an upper bound for any server of it that computes every sentence."""
-    from bertkit.serve.server import bound_kernel_caches, cpu_cores
+    from bertkit.devices import cores
+    from bertkit.serve.server import bound_kernel_caches
 
     bound_kernel_caches()  # as `bertkit serve` does, before torch is imported
     import torch
@@ -309,7 +310,7 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     from bertkit.serve.settings import ServeConfig
 
     settings = ServeConfig(workers=workers, threads=threads)
-    workers, threads = settings.parallelism(cpu_cores(), gpu=False)
+    workers, threads = settings.parallelism(cores(), gpu=False)
     torch.set_num_threads(threads)
     runner = load_runner(settings)
     rows = runner.encode(sst2_dev(), truncate=True)

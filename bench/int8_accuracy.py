@@ -131,7 +131,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-length", type=int, default=64)
     args = p.parse_args(argv)
 
-    from bertkit.fast import cpu_features
+    from bertkit.devices import cpu_features
 
     print(machine_line("onnxruntime"))
     print(cpu_features().describe())

@@ -86,7 +86,7 @@ def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None, st
     import torch
 
     from bertkit.config import BertConfig
-    from bertkit.electra import model_type
+    from bertkit.checkpoint import model_type
     from bertkit.heads import BertForMaskedLM, BertForPreTraining
     from bertkit.modeling import BertModel
     from bertkit.tokenizer import Tokenizer

@@ -20,6 +20,7 @@ _LAZY = {
     # features and attention pictures
     "embed": "bertkit.features",
     "attention_map": "bertkit.attention_view",
+    "trace": "bertkit.tracing",
     # model (config, encoder, task heads, checkpoints)
     "BertConfig": "bertkit.config",
     "BertModel": "bertkit.modeling",
@@ -33,7 +34,8 @@ _LAZY = {
     "BertForTokenClassification": "bertkit.heads",
     "BertForQuestionAnswering": "bertkit.heads",
     "BertForMultipleChoice": "bertkit.heads",
-    "from_pretrained": "bertkit.features",
+    # one way in for inference: a model directory -> the ready model and what it is
+    "load": "bertkit.loading",
     # fine-tuning: use a fine-tuned model (training: bertkit.finetune.finetune)
     "predict": "bertkit.finetune.predict",
     # pre-training data (made by `bertkit pretrain prepare` / bertkit.pretraining.prepare.prepare)

@@ -11,8 +11,9 @@ tokens, padding masked to zero. `attention_map()` runs the model once with
 
 and this module shows them in three ways:
 
-- `attention_html`: one self-contained HTML page (inline CSS/JS, the weights
-  embedded as base64 float32, nothing fetched from the network) with the text
+- `attention_html`: one self-contained HTML page (inline CSS/JS from the
+  template `bertkit/templates/attention.html`, the weights embedded as base64
+  float32, nothing fetched from the network) with the text
   coloured by the attention the chosen token gives every other token, layer and
   head selectors (or the mean over heads), and the head-by-layer overview of
   small heatmaps in the manner of bertviz's model view (Vig 2019) and Clark et
@@ -34,6 +35,7 @@ import base64
 import html
 import json
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -89,19 +91,20 @@ def attention_map(text: str, pair: str | None = None, model=None, *, device=None
     """Run the model on `text` (and `pair`) and keep every layer's attention weights.
 
     model: None (the default model), a model directory or a (model, tokenizer) pair.
-    device: auto, cpu or cuda; dtype: float32 or bfloat16 (see bertkit.features.load_model).
+    device: auto, cpu or cuda; dtype: auto, float32 or bfloat16 (see bertkit.loading.load).
     The text must fit in the model's positions (512): the page shows whole
     attention matrices, which windows of a longer text would not give.
     """
     import torch
 
-    from bertkit.features import load_model
+    from bertkit.features import encoder
 
     if not isinstance(text, str) or not text.strip():
         raise BertkitError("cannot show attention for an empty text: give a sentence")
     if pair is not None and not pair.strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
-    net, tok = load_model(model, device, dtype)
+    loaded = encoder(model, device, dtype)
+    net, tok = loaded.model, loaded.tokenizer
     limit = int(getattr(net.config, "max_position_embeddings", 512))
     enc = tok.encode(text, pair, max_length=limit, truncation=False)  # no cut: checked below
     if len(enc.input_ids) > limit:
@@ -225,173 +228,13 @@ def load_bertviz(path) -> dict:
 
 # --- the HTML page -------------------------------------------------------------------------
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
-<title>Attention: __TITLE__</title>
-<style>
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.2em; }
-.controls { margin: 0.8em 0; }
-.controls label { margin-right: 1.2em; }
-#text { line-height: 2.2em; font-size: 1.1em; max-width: 60em; }
-.tok { padding: 0.15em 0.25em; margin: 0 0.1em; border-radius: 3px; cursor: pointer; border: 1px solid transparent; }
-.tok.piece { margin-left: -0.1em; }
-.tok.special { color: #777; font-size: 0.85em; }
-.tok.source { border: 2px solid #d33; }
-.seg-b { border-bottom: 2px dotted #888; }
-#info { color: #555; margin: 0.5em 0 1em 0; }
-#overview { border-collapse: collapse; }
-#overview td { padding: 2px; }
-#overview th { font-weight: normal; font-size: 0.8em; color: #555; }
-#overview canvas { border: 2px solid #eee; cursor: pointer; image-rendering: pixelated; }
-#overview canvas.current { border-color: #d33; }
-</style>
-</head>
-<body>
-<h1>Attention in BERT</h1>
-<div class="controls">
-<label>Layer <select id="layer"></select></label>
-<label>Head <select id="head"></select></label>
-<label>Token <select id="token"></select></label>
-</div>
-<div id="info"></div>
-<div id="text"></div>
-<h2 style="font-size:1em">All heads (rows: layers, columns: heads). Click one to show it above.</h2>
-<table id="overview"></table>
-<script id="attention-data" type="application/json">__DATA__</script>
-<script>
-(function () {
-  "use strict";
-  var data = JSON.parse(document.getElementById("attention-data").textContent);
-  var raw = atob(data.weights);
-  var bytes = new Uint8Array(raw.length);
-  for (var i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
-  var W = new Float32Array(bytes.buffer);  // [L, N, T, T], row-major, little-endian
-  var L = data.layers, N = data.heads, T = data.tokens.length;
-  var state = { layer: data.layer, head: data.head, token: data.token };
+# The page (bertkit/templates/attention.html, package data) is plain HTML, CSS and JavaScript with two
+# placeholders: __TITLE__ (the text, HTML-escaped) and __DATA__ (the JSON below, inside a <script> element).
+PAGE_TEMPLATE = "templates/attention.html"
 
-  function at(l, h, i, j) { return W[((l * N + h) * T + i) * T + j]; }
-  function row(l, h, i) {
-    var out = [];
-    for (var j = 0; j < T; j++) {
-      if (h === "mean") {
-        var s = 0;
-        for (var k = 0; k < N; k++) s += at(l, k, i, j);
-        out.push(s / N);
-      } else {
-        out.push(at(l, h, i, j));
-      }
-    }
-    return out;
-  }
-  function fill(select, values, labels) {
-    values.forEach(function (v, k) {
-      var o = document.createElement("option");
-      o.value = String(v); o.textContent = labels[k]; select.appendChild(o);
-    });
-  }
-  var layerSel = document.getElementById("layer"), headSel = document.getElementById("head");
-  var tokenSel = document.getElementById("token");
-  var ls = [], hs = ["mean"], hl = ["mean of heads"], ts = [], tl = [];
-  for (var l = 0; l < L; l++) ls.push(l);
-  for (var h = 0; h < N; h++) { hs.push(h); hl.push(String(h)); }
-  for (var t = 0; t < T; t++) { ts.push(t); tl.push(t + ": " + data.tokens[t]); }
-  fill(layerSel, ls, ls.map(String));
-  fill(headSel, hs, hl);
-  fill(tokenSel, ts, tl);
 
-  var text = document.getElementById("text"), spans = [];
-  data.tokens.forEach(function (tok, j) {
-    var s = document.createElement("span");
-    var special = tok === "[CLS]" || tok === "[SEP]" || tok === "[PAD]";
-    s.className = "tok" + (tok.indexOf("##") === 0 ? " piece" : "") + (special ? " special" : "") +
-      (data.segment_b_start !== null && j >= data.segment_b_start ? " seg-b" : "");
-    s.textContent = tok;
-    s.dataset.index = String(j);
-    s.addEventListener("click", function () { set({ token: j }); });
-    text.appendChild(s); text.appendChild(document.createTextNode(" "));
-    spans.push(s);
-  });
-
-  var table = document.getElementById("overview"), canvases = [];
-  var head = document.createElement("tr");
-  head.appendChild(document.createElement("th"));
-  for (var hh = 0; hh < N; hh++) {
-    var th = document.createElement("th"); th.textContent = "head " + hh; head.appendChild(th);
-  }
-  table.appendChild(head);
-  var scale = Math.max(1, Math.floor(64 / T));
-  for (var ll = 0; ll < L; ll++) {
-    var tr = document.createElement("tr");
-    var rh = document.createElement("th"); rh.textContent = "layer " + ll; tr.appendChild(rh);
-    canvases.push([]);
-    for (var h2 = 0; h2 < N; h2++) {
-      var td = document.createElement("td"), c = document.createElement("canvas");
-      c.width = T; c.height = T;
-      c.style.width = (T * scale) + "px"; c.style.height = (T * scale) + "px";
-      c.title = "layer " + ll + ", head " + h2;
-      paint(c, ll, h2);
-      (function (lv, hv) { c.addEventListener("click", function () { set({ layer: lv, head: hv }); }); })(ll, h2);
-      td.appendChild(c); tr.appendChild(td); canvases[ll].push(c);
-    }
-    table.appendChild(tr);
-  }
-  function paint(canvas, l, h) {
-    var ctx = canvas.getContext("2d"), img = ctx.createImageData(T, T);
-    for (var i = 0; i < T; i++) {
-      for (var j = 0; j < T; j++) {
-        var v = Math.sqrt(at(l, h, i, j)), p = 4 * (i * T + j);  // sqrt: faint weights stay visible
-        img.data[p] = 255 - Math.round(200 * v); img.data[p + 1] = 255 - Math.round(230 * v);
-        img.data[p + 2] = 255 - Math.round(60 * v); img.data[p + 3] = 255;
-      }
-    }
-    ctx.putImageData(img, 0, 0);
-  }
-
-  function render() {
-    layerSel.value = String(state.layer); headSel.value = String(state.head);
-    tokenSel.value = String(state.token);
-    var r = row(state.layer, state.head, state.token), top = Math.max.apply(null, r);
-    spans.forEach(function (s, j) {
-      s.dataset.weight = r[j].toPrecision(9);
-      var a = top > 0 ? r[j] / top : 0;
-      s.style.background = "rgba(220, 60, 40, " + a.toFixed(3) + ")";
-      s.style.color = a > 0.6 ? "white" : "";
-      s.title = "attention " + r[j].toFixed(4);
-      s.classList.toggle("source", j === state.token);
-    });
-    canvases.forEach(function (rowc, l) {
-      rowc.forEach(function (c, h) { c.classList.toggle("current", l === state.layer && h === state.head); });
-    });
-    document.getElementById("info").textContent = "Attention from \\u201c" + data.tokens[state.token] +
-      "\\u201d (token " + state.token + ") in layer " + state.layer + ", " +
-      (state.head === "mean" ? "mean of the " + N + " heads" : "head " + state.head) +
-      ": darker means more attention; the row sums to 1.";
-  }
-  function set(change) {
-    Object.keys(change).forEach(function (k) { state[k] = change[k]; });
-    render();
-  }
-  layerSel.addEventListener("change", function () { set({ layer: Number(layerSel.value) }); });
-  headSel.addEventListener("change", function () {
-    set({ head: headSel.value === "mean" ? "mean" : Number(headSel.value) });
-  });
-  tokenSel.addEventListener("change", function () { set({ token: Number(tokenSel.value) }); });
-  // For scripts and tests: read what is shown, or switch views.
-  window.bertkitAttention = {
-    state: function () { return { layer: state.layer, head: state.head, token: state.token }; },
-    shown: function () { return spans.map(function (s) { return Number(s.dataset.weight); }); },
-    set: set, layers: L, heads: N, tokens: data.tokens
-  };
-  render();
-})();
-</script>
-</body>
-</html>
-"""
+def page_template() -> str:
+    return resources.files("bertkit").joinpath(PAGE_TEMPLATE).read_text(encoding="utf-8")
 
 
 def attention_html(amap: AttentionMap, token: int = 0, layer: int = 0, head=0) -> str:
@@ -413,7 +256,7 @@ def attention_html(amap: AttentionMap, token: int = 0, layer: int = 0, head=0) -
     # "</" inside the JSON would end the <script> element early.
     payload = json.dumps(data).replace("</", "<\\/")
     title = html.escape(amap.text[:60] + ("..." if len(amap.text) > 60 else ""))
-    return _PAGE.replace("__TITLE__", title).replace("__DATA__", payload)
+    return page_template().replace("__TITLE__", title).replace("__DATA__", payload)
 
 
 def save_html(amap: AttentionMap, path, token: int = 0, layer: int = 0, head=0) -> Path:

@@ -301,6 +301,71 @@ def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, sourc
     return report
 
 
+# --- what a model directory holds ------------------------------------------------------------
+
+INT8_WEIGHTS = "model.int8.safetensors"  # an int8 model saved by bertkit.quantization.save_quantized
+TASK_FILE = "bertkit_task.json"  # how a `bertkit finetune` model encodes its inputs (task, columns, max_length)
+GENERATOR_DIR = "generator"  # the generator's subfolder in an ELECTRA pre-training output directory
+TASK_HEADS = {"BertForSequenceClassification": "classify", "BertForTokenClassification": "ner",
+              "BertForQuestionAnswering": "qa"}  # architectures of fine-tuned models, and their default task
+
+
+def read_config(directory) -> dict:
+    """config.json of a model directory as a dict; a BertkitError naming the file when it is unreadable."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise BertkitError(f"{directory} is not a model directory: it has no config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BertkitError(f"{path} is not readable JSON ({' '.join(str(err).split())}): the model directory "
+                           "is corrupt") from None
+    if not isinstance(config, dict):
+        raise BertkitError(f"{path} is not a JSON object: the model directory is corrupt")
+    return config
+
+
+def model_type(directory) -> str:
+    """The model_type config.json names: "bert" (also when it names none) or "electra"."""
+    return read_config(directory).get("model_type", "bert")
+
+
+def architecture(directory) -> str:
+    """The class config.json's `architectures` names ("BertModel" when it names none)."""
+    names = read_config(directory).get("architectures") or ["BertModel"]
+    return str(names[0])
+
+
+def has_int8_weights(directory) -> bool:
+    """Whether `directory` holds an int8 model saved by `bertkit.quantization.save_quantized`."""
+    return directory is not None and (Path(directory) / INT8_WEIGHTS).is_file()
+
+
+def task_info(directory) -> dict | None:
+    """A fine-tuned model's task description (bertkit_task.json, or inferred from config.json's
+    architectures for a Hugging Face head checkpoint); None for a bare encoder."""
+    directory = Path(directory)
+    path = directory / TASK_FILE
+    if path.is_file():
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+            info["task"]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+            raise BertkitError(f"{path} is corrupt ({type(err).__name__}: {' '.join(str(err).split())}): "
+                               "fine-tune the model again, or remove the file to use it as a plain checkpoint") from None
+        return info
+    config = read_config(directory)
+    task = TASK_HEADS.get(architecture(directory))
+    if task is None:
+        return None
+    if task == "classify":
+        n = config.get("num_labels", len(config.get("id2label") or {}) or 2)
+        problem = config.get("problem_type")
+        task = "regression" if problem == "regression" or n == 1 else (
+            "multi_label" if problem == "multi_label_classification" else "classify")
+    return {"task": task, "max_length": 384 if task == "qa" else 512}
+
+
 def resolve(path) -> Path:
     """A model directory: `path`, or the default model's when None."""
     if path is None:

@@ -11,7 +11,7 @@ having been replaced. Which tokens are masked:
         view of the text as written (write your own substitution and see if it is caught).
 
 MODEL_DIR is an ELECTRA pre-training directory: the discriminator at its top, the
-generator in generator/ (bertkit.electra.ElectraPretrainingModel.save_pretrained).
+generator in generator/ (bertkit.electra_pretraining.ElectraPretrainingModel.save_pretrained).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from bertkit.checkpoint import resolve
-from bertkit.electra import ElectraPretrainingModel
+from bertkit.electra_pretraining import ElectraPretrainingModel
 from bertkit.errors import BertkitError
 from bertkit.config import IGNORE_INDEX
+from bertkit.loading import load as load_model
 from bertkit.tokenizer import Tokenizer
 
 
@@ -38,9 +38,10 @@ class TokenRow:
     p_replaced: float  # the discriminator's probability of "replaced"
 
 
-def load(model_dir) -> tuple[ElectraPretrainingModel, Tokenizer]:
-    directory = resolve(model_dir)
-    return ElectraPretrainingModel.from_pretrained(directory), Tokenizer.from_pretrained(directory)
+def load(model_dir, *, device=None, dtype=None) -> tuple[ElectraPretrainingModel, Tokenizer]:
+    """(generator + discriminator, tokenizer) of a pre-training directory, by `bertkit.loading`."""
+    loaded = load_model(model_dir, head="electra", device=device, dtype=dtype)
+    return loaded.model, loaded.tokenizer
 
 
 def choose_masked(ids: list[int], special: list[int], mask_id: int, mask_prob: float, seed: int) -> list[int]:

@@ -40,7 +40,6 @@ imported only inside these functions.
 from __future__ import annotations
 
 import importlib
-import json
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -51,19 +50,19 @@ import torch
 from torch import nn
 
 from bertkit import heads
-from bertkit.checkpoint import resolve
+from bertkit.checkpoint import architecture, has_int8_weights, resolve
 from bertkit.errors import BertkitError
-from bertkit.modeling import BertModel
-from bertkit.quantization import has_quantized_weights, is_quantized
+from bertkit.loading import load
+from bertkit.quantization import is_quantized
 from bertkit.tokenizer import Tokenizer
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-# class name -> (class, output names in the order the graph returns them)
+# class name -> output names in the order the graph returns them
 SIGNATURES = {
-    "BertModel": (BertModel, ("last_hidden_state", "pooler_output")),
-    "BertForSequenceClassification": (heads.BertForSequenceClassification, ("logits",)),
-    "BertForTokenClassification": (heads.BertForTokenClassification, ("logits",)),
-    "BertForQuestionAnswering": (heads.BertForQuestionAnswering, ("start_logits", "end_logits")),
+    "BertModel": ("last_hidden_state", "pooler_output"),
+    "BertForSequenceClassification": ("logits",),
+    "BertForTokenClassification": ("logits",),
+    "BertForQuestionAnswering": ("start_logits", "end_logits"),
 }
 # copied beside model.onnx when the model directory has them
 SIDE_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
@@ -114,27 +113,22 @@ def _require(module: str):
         raise BertkitError(f"ONNX export needs the {module} package: pip install 'bertkit[onnx]'") from None
 
 
-def _architecture(directory: Path) -> str:
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    return (config.get("architectures") or ["BertModel"])[0]
-
-
 def load_exportable(model_dir) -> tuple[nn.Module, tuple[str, ...], Tokenizer]:
-    """(float32 model, its output names, tokenizer) from a model directory, or a BertkitError
+    """(plain float32 model, its output names, tokenizer) from a model directory, or a BertkitError
     saying why it cannot be exported."""
     directory = resolve(model_dir)
-    if has_quantized_weights(directory):
+    if has_int8_weights(directory):
         raise BertkitError(f"{directory} holds an int8 bertkit model, which has no ONNX form here: export the "
                            "float model, then quantize the ONNX file (onnxruntime.quantization.quantize_dynamic)")
-    arch = _architecture(directory)
+    arch = architecture(directory)
     if arch not in SIGNATURES:
         raise BertkitError(f"cannot export {arch} to ONNX: supported are {', '.join(SIGNATURES)} "
                            "(the encoder and the fine-tuned heads)")
-    cls, outputs = SIGNATURES[arch]
-    model = cls.from_pretrained(directory).float().eval()
-    if arch == "BertModel" and model.pooler is None:
+    loaded = load(directory, head="saved", device="cpu", dtype="float32", fast=False)
+    outputs = SIGNATURES[arch]
+    if arch == "BertModel" and loaded.model.pooler is None:
         outputs = ("last_hidden_state",)
-    return model, outputs, Tokenizer.from_pretrained(directory)
+    return loaded.model, outputs, loaded.tokenizer
 
 
 def check_exportable(model: nn.Module) -> None:

@@ -1,34 +1,34 @@
-"""Feature extraction: contextual vectors from a frozen BERT.
+"""Feature extraction: contextual vectors from a frozen BERT, over texts of any length.
 
 The feature-based approach of the BERT paper (Devlin et al. 2019, section 5.3,
 Table 7) feeds the activations of a pre-trained, *frozen* encoder to a task
-model instead of fine-tuning it. Which activations matters: the paper compares
-the embedding output, single hidden layers and sums/concatenations of the last
-four, and google-research/bert's `extract_features.py` writes any layer list
-(default -1,-2,-3,-4). This module turns one forward pass into
+model instead of fine-tuning it. This module runs the encoder over texts and
+hands its outputs to `bertkit.pooling`, which turns one forward pass into
 
-- token vectors   [T, D]  per text, from a *layer strategy* (see `STRATEGIES`),
+- token vectors   [T, D]  per text, from a layer strategy,
 - word vectors    [W, D]  the word pieces of each input word pooled together,
-- sentence vectors [D]    [CLS] or the attention-masked mean (sentence-transformers'
-                          pooling), optionally L2-normalised.
+- sentence vectors [D]    [CLS] or the attention-masked mean, optionally L2-normalised.
 
-Legend: B batch, T tokens (with [CLS]/[SEP]), H hidden size, L encoder layers,
-D output size (H, or k*H for a concatenation of k layers). `hidden_states` is the
-model's tuple of L+1 tensors [B, T, H]; index 0 is the embedding output, index L
-the last layer, negative indices count from the end as in Python.
+Sentence embeddings follow the model's sentence-transformers layout when it has
+one (`bertkit.sentence_layout`, read by `bertkit.loading`): its pooling, its
+normalisation and its `max_seq_length`, the length it was trained at (256 for the
+default all-MiniLM-L6-v2), at which a longer text is truncated unless windows are
+asked for (`truncate=False`). An explicit argument overrides the layout.
 
-Inputs longer than the model's 512 positions are cut into overlapping windows
-(`stride` tokens shared by consecutive windows, default half a window) and
-each token keeps the vector from the window where it has the most context on
-both sides: the "max context" rule of `run_squad.py` (`bertkit.windows`).
-For a sentence vector of a windowed text the [CLS] comes from the first window
-and the [SEP] from the last, so a text that fits in one window gives exactly
-the one-pass result.
+Inputs longer than the window (the model's 512 positions, or `max_length`) are
+cut into overlapping windows (`stride` tokens shared by consecutive windows,
+default half a window) and each token keeps the vector from the window where it
+has the most context on both sides: the "max context" rule of `run_squad.py`
+(`bertkit.windows`). For a sentence vector of a windowed text the [CLS] comes from
+the first window and the [SEP] from the last, so a text that fits in one window
+gives exactly the one-pass result.
 
 `iter_embed` streams: it reads texts lazily in chunks, sorts each chunk by
 length so that batches carry little padding, runs the batches, and yields the
-results back in input order; the writers (.npy, .safetensors, .jsonl) consume
-that stream without holding every vector in memory.
+results back in input order; `bertkit.vector_files` writes that stream without
+holding every vector in memory.
+
+Legend: as in `bertkit.pooling` (B batch, T tokens, H hidden, L layers, D output size).
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -45,213 +43,40 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from bertkit.checkpoint import resolve
-from bertkit.electra import class_for
 from bertkit.errors import BertkitError
-from bertkit.fast import accelerate, resolve_device, resolve_dtype
-from bertkit.modeling import BertModel
-from bertkit.quantization import has_quantized_weights, is_quantized, load_quantized, quantize
-from bertkit.textfiles import existing_file, open_text
-from bertkit.tokenizer import Tokenizer
+from bertkit.loading import Loaded, load
+from bertkit.pooling import (POOLINGS, SENTENCE_POOLINGS, LayerSpec, combine_layers, l2_normalize, pool_sentence,
+                             pool_words, resolve_layers)
 from bertkit.windows import half_window, max_context_owner, spans
 
-# The layer strategies of the paper's Table 7, by the names our API uses.
-# Each maps the number of encoder layers L to (hidden_states indices, combine).
-STRATEGIES = {
-    "first": lambda L: ((0,), "sum"),  # the embedding output ("First Layer")
-    "last": lambda L: ((L,), "sum"),
-    # "Sum All 12 Layers" in the paper sums the encoder layers, not the embeddings.
-    "sum_all": lambda L: (tuple(range(1, L + 1)), "sum"),
-    "second_to_last": lambda L: ((L - 1,), "sum"),
-    "sum_last_four": lambda L: (tuple(range(L - 3, L + 1)), "sum"),
-    # extract_features.py's order: -1, -2, -3, -4 (the last layer first).
-    "concat_last_four": lambda L: (tuple(range(L, L - 4, -1)), "concat"),
-}
-COMBINES = ("sum", "mean", "concat")
-POOLINGS = ("mean", "cls", "words", None)
-# Paper Table 7, dev F1 on CoNLL-2003 with BERT-Base features and a BiLSTM tagger.
-PAPER_NER_F1 = {
-    "first": 91.0,
-    "last": 94.9,
-    "sum_all": 95.5,
-    "second_to_last": 95.6,
-    "sum_last_four": 95.9,
-    "concat_last_four": 96.1,
-}
 
-
-# --- layer strategies --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """Which hidden states to take (0 = embeddings .. L = last) and how to merge them."""
-
-    indices: tuple
-    combine: str = "sum"
-
-    def dim(self, hidden_size: int) -> int:
-        return hidden_size * len(self.indices) if self.combine == "concat" else hidden_size
-
-
-def resolve_layers(layers, num_layers: int, combine: str | None = None) -> LayerSpec:
-    """Turn a strategy name, an index or a list of indices into a LayerSpec.
-
-    Indices run over the L+1 hidden states: 0 is the embedding output, L the
-    last layer, -1 also the last. A list is combined with `combine` (default
-    "concat", as extract_features.py writes every requested layer).
-    """
-    n_states = num_layers + 1
-    if isinstance(layers, str):
-        text = layers.strip()
-        if text in STRATEGIES:
-            indices, default_combine = STRATEGIES[text](num_layers)
-            if combine is not None and combine != default_combine:
-                raise BertkitError(
-                    f"layer strategy {text!r} already fixes how layers are combined ({default_combine}); "
-                    "pass a list of layer indices to choose --combine yourself"
-                )
-            if min(indices) < 0:
-                raise BertkitError(f"layer strategy {text!r} needs at least 4 layers; this model has {num_layers}")
-            return LayerSpec(tuple(indices), default_combine)
-        try:
-            layers = [int(part) for part in text.split(",")]
-        except ValueError:
-            raise BertkitError(
-                f"unknown layer strategy {layers!r}: use one of {', '.join(STRATEGIES)} "
-                "or a comma-separated list of layer indices such as -1,-2"
-            ) from None
-    if isinstance(layers, (int, np.integer)):
-        layers = [int(layers)]
-    layers = list(layers)
-    if not layers:
-        raise BertkitError("the layer list is empty: give at least one layer index")
-    out = []
-    for index in layers:
-        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
-            raise BertkitError(f"layer index {index!r} is not an integer")
-        if not -n_states <= index < n_states:
-            raise BertkitError(
-                f"layer index {index} is out of range: this model has {num_layers} layers, so indices run "
-                f"from 0 (the embedding output) to {num_layers} (the last layer), or -{n_states}..-1"
-            )
-        out.append(int(index) % n_states)
-    combine = combine or "concat"
-    if combine not in COMBINES:
-        raise BertkitError(f"unknown combine {combine!r}: use one of {', '.join(COMBINES)}")
-    return LayerSpec(tuple(out), combine)
-
-
-def combine_layers(hidden_states: Sequence[torch.Tensor], spec: LayerSpec) -> torch.Tensor:
-    """The strategy's vectors: L+1 tensors [B, T, H] -> [B, T, D]."""
-    picked = [hidden_states[i] for i in spec.indices]
-    if len(picked) == 1:
-        return picked[0]
-    if spec.combine == "concat":
-        return torch.cat(picked, dim=-1)  # [B, T, k*H]
-    total = torch.stack(picked, dim=0).sum(dim=0)  # [B, T, H]
-    return total / len(picked) if spec.combine == "mean" else total
-
-
-# --- pooling -------------------------------------------------------------------
-
-
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
-    """Rows divided by their L2 norm (norms below 1e-12 are taken as 1e-12, as torch does)."""
-    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
-
-
-def pool_words(token_vectors: np.ndarray, token_words: Sequence, n_words: int, how: str = "mean") -> np.ndarray:
-    """Pool word pieces into word vectors: [T, D] -> [W, D].
-
-    `token_words[t]` is the index of the input word token t belongs to, or None
-    for [CLS]/[SEP]/pieces outside every word. `how` is "mean" (all pieces) or
-    "first" (the first piece, as the paper's NER tagger uses). A word that yields
-    no piece at all (say, only control characters) gets a zero vector.
-    """
-    if how not in ("mean", "first"):
-        raise BertkitError(f"unknown word pooling {how!r}: use 'mean' or 'first'")
-    out = np.zeros((n_words, token_vectors.shape[-1]), dtype=token_vectors.dtype)
-    counts = np.zeros(n_words, dtype=np.int64)
-    for t, w in enumerate(token_words):
-        if w is None:
-            continue
-        if how == "first" and counts[w]:
-            continue
-        out[w] += token_vectors[t]
-        counts[w] += 1
-    if how == "mean":
-        out /= np.maximum(counts, 1)[:, None]
-    return out
-
-
-# --- the model and tokenizer -------------------------------------------------------
-
-
-def from_pretrained(path=None):
-    """(BertModel, Tokenizer) from a model directory; None: the default model with its vocabulary.
-    An ELECTRA directory (e.g. a pre-training run's discriminator) gives an ElectraModel: the same
-    outputs (no pooler; [CLS] and mean pooling read the token vectors)."""
-    directory = resolve(path)
-    if has_quantized_weights(directory):  # saved by bertkit.quantization.save_quantized
-        return load_quantized(BertModel, directory), Tokenizer.from_pretrained(directory)
-    return class_for(directory, BertModel).from_pretrained(directory), Tokenizer.from_pretrained(directory)
+# --- the encoder ------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=2)
-def _load_dir(path: str | None, device: torch.device, dtype: torch.dtype, int8: bool = False):
-    # cached: embedding many small inputs one call at a time should not reload the weights
-    model, tok = from_pretrained(path)
-    model = model.eval().to(device, dtype)
-    if int8 and not is_quantized(model):
-        model = quantize(model)  # before accelerate: see bertkit.quantization
-    return accelerate(model), tok  # loaded here for inference only
+def _load_cached(directory, device, dtype, int8: bool) -> Loaded:
+    # embedding many small inputs one call at a time should not reload the weights
+    return load(directory, head="encoder", device=device, dtype=dtype, int8=int8)
 
 
-def load_model(model=None, device=None, dtype=None, int8: bool = False):
-    """(model, tokenizer) from None (the default model), a directory, or a loaded pair.
-
-    device: "auto" (the GPU if torch sees one), "cpu" or "cuda"; dtype: "float32" or
-    "bfloat16". None means auto / float32 for a model loaded here, and leaves a loaded
-    pair where it is; given, a loaded pair's model is moved there (in place).
-    int8: quantize the encoder's dense layers (`bertkit.quantization`; CPU and float32 only,
-    so device auto means the CPU); a loaded pair's model is quantized in place.
-    """
-    if int8 and device in (None, "auto"):
-        device = "cpu"
+def encoder(model=None, device=None, dtype=None, int8: bool = False) -> Loaded:
+    """The encoder to embed with: None (the default model) or a model directory, loaded by
+    `bertkit.loading` (and kept for the next call); a `Loaded`; or a (model, tokenizer) pair,
+    placed and quantized in place where asked (`bertkit.loading.load`)."""
     if model is None or isinstance(model, (str, Path)):
-        if model is not None and not Path(model).is_dir():
-            raise BertkitError(f"model directory {model} does not exist: pass a directory with config.json")
-        where = resolve_device(device)
-        return _load_dir(None if model is None else str(Path(model).resolve()), where, resolve_dtype(dtype, where),
-                         int8)
+        key = None if model is None else str(Path(model).resolve()) if Path(model).is_dir() else str(model)
+        return _load_cached(key, device, dtype, int8)
+    if isinstance(model, Loaded):
+        return model
     if isinstance(model, tuple) and len(model) == 2:
-        net, tok = model
-        if device is not None or dtype is not None:
-            where = resolve_device(device) if device is not None else _device_of(net)
-            net.to(where, resolve_dtype(dtype, where) if dtype is not None else None)
-        if int8 and not is_quantized(net):
-            net = accelerate(quantize(net))
-        return net, tok
-    raise BertkitError(
-        "model must be None (the default model), a model directory, or a (model, tokenizer) pair; "
-        f"got {type(model).__name__}"
-    )
+        return load(model, device=device, dtype=dtype, int8=int8)
+    raise BertkitError("model must be None (the default model), a model directory, or a (model, tokenizer) pair; "
+                       f"got {type(model).__name__}")
 
 
 def _device_of(model) -> torch.device:
     param = next(model.parameters(), None)
     return param.device if param is not None else torch.device("cpu")
-
-
-def _max_positions(model) -> int:
-    config = getattr(model, "config", None)
-    return int(getattr(config, "max_position_embeddings", 512))
-
-
-def _num_layers(model) -> int:
-    return int(model.config.num_hidden_layers)
 
 
 # --- encoding texts into pieces the model can take --------------------------------------
@@ -382,7 +207,7 @@ def run_batch(model, pieces: list, spec: LayerSpec, pad_id: int = 0) -> list:
         ids[row, :n] = torch.tensor(p.input_ids)
         types[row, :n] = torch.tensor(p.token_type_ids)
         mask[row, :n] = 1
-    need_all = spec.indices != (_num_layers(model),)
+    need_all = spec.indices != (model.config.num_hidden_layers,)
     device = _device_of(model)
     ids, types, mask = ids.to(device), types.to(device), mask.to(device)
     with torch.inference_mode():
@@ -395,14 +220,8 @@ def run_batch(model, pieces: list, spec: LayerSpec, pad_id: int = 0) -> list:
     return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
 
 
-def pool_sentence(tokens: np.ndarray, pooling: str) -> np.ndarray:
-    """A text's sentence vector [D] from its token vectors [T, D] (real tokens only, no padding):
-    their mean ("mean", sentence-transformers' pooling) or the [CLS] vector ("cls")."""
-    return tokens.mean(axis=0) if pooling == "mean" else tokens[0]
-
-
 def _finish(item: _Item, tokens: np.ndarray, pooling, normalize: bool, word_pooling: str):
-    if pooling in ("mean", "cls"):
+    if pooling in SENTENCE_POOLINGS:
         out = pool_sentence(tokens, pooling)  # every stitched position is a real token
     elif pooling == "words":
         out = pool_words(tokens, item.token_words, item.n_words, word_pooling)
@@ -412,20 +231,48 @@ def _finish(item: _Item, tokens: np.ndarray, pooling, normalize: bool, word_pool
     return l2_normalize(out) if normalize else out
 
 
-def _check_pooling(pooling):
+def _check_pooling(pooling, loaded: Loaded | None = None):
+    """The pooling asked for; "auto": the model's own (its sentence-transformers layout, else mean)."""
     if pooling in ("none", "tokens"):
         pooling = None
+    if pooling == "auto":
+        pooling = loaded.pooling if loaded is not None else "mean"
     if pooling not in POOLINGS:
-        raise BertkitError(f"unknown pooling {pooling!r}: use mean, cls, words or none (per-token vectors)")
+        raise BertkitError(f"unknown pooling {pooling!r}: use auto, mean, cls, max, words or none (per-token vectors)")
     return pooling
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How texts are cut for the encoder: the window length, the overlap, and whether a longer
+    text is truncated instead of windowed."""
+
+    max_length: int
+    stride: int
+    truncate: bool
+
+
+def input_shape(loaded: Loaded, sentence: bool, max_length: int | None = None, stride: int | None = None,
+                truncate: bool | None = None) -> Shape:
+    """The window for `loaded`'s encoder. Sentence vectors of a model with a sentence-transformers
+    layout are made at its max_seq_length and truncated there, unless asked otherwise; everything
+    else windows over the model's positions. Explicit arguments win."""
+    limit = loaded.max_positions
+    from_layout = sentence and max_length is None and loaded.layout is not None and loaded.layout.max_seq_length
+    length = loaded.max_length if from_layout else (limit if max_length is None else max_length)
+    if not 3 <= length <= limit:
+        raise BertkitError(f"max_length {length} must be between 3 and the model's {limit} positions")
+    stride = half_window(length - 2) if stride is None else stride
+    spans(0, length - 2, stride)  # a bad stride is refused before any text is read
+    return Shape(length, stride, bool(from_layout) if truncate is None else bool(truncate))
 
 
 def iter_embed(
     texts: Iterable,
     model=None,
     layers="last",
-    pooling="mean",
-    normalize: bool = False,
+    pooling="auto",
+    normalize: bool | None = None,
     *,
     pairs: Iterable | None = None,
     combine: str | None = None,
@@ -433,7 +280,7 @@ def iter_embed(
     batch_size: int = 32,
     max_length: int | None = None,
     stride: int | None = None,
-    truncate: bool = False,
+    truncate: bool | None = None,
     chunk_size: int = 1024,
     progress: bool = False,
     total: int | None = None,
@@ -447,15 +294,14 @@ def iter_embed(
     (texts, or windows of long texts) are sorted by length so each batch of
     `batch_size` carries little padding. See `embed` for the arguments.
     """
-    net, tok = load_model(model, device, dtype, int8)
-    pooling = _check_pooling(pooling)
-    spec = resolve_layers(layers, _num_layers(net), combine)
-    limit = _max_positions(net)
-    max_length = limit if max_length is None else max_length
-    if not 3 <= max_length <= limit:
-        raise BertkitError(f"max_length {max_length} must be between 3 and the model's {limit} positions")
-    stride = half_window(max_length - 2) if stride is None else stride
-    spans(0, max_length - 2, stride)  # a bad stride is refused before any text is read
+    loaded = encoder(model, device, dtype, int8)
+    net, tok = loaded.model, loaded.tokenizer
+    pooling = _check_pooling(pooling, loaded)
+    sentence = pooling in SENTENCE_POOLINGS
+    normalize = (loaded.normalize and sentence) if normalize is None else bool(normalize)
+    spec = resolve_layers(layers, net.config.num_hidden_layers, combine)
+    shape = input_shape(loaded, sentence, max_length, stride, truncate)
+    max_length, stride, truncate = shape.max_length, shape.stride, shape.truncate
     if batch_size < 1:
         raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
     pad_id = getattr(tok, "pad_token_id", 0) or 0
@@ -498,30 +344,35 @@ def embed(
     texts,
     model=None,
     layers="last",
-    pooling="mean",
-    normalize: bool = False,
+    pooling="auto",
+    normalize: bool | None = None,
     **options,
 ):
     """Embed texts with a frozen BERT; a numpy float32 array, one row per text.
 
     texts:     a string, a list of strings, or a list of pre-split word lists
                (word vectors then align to those words).
-    model:     None (the default model), a model directory, or a (model, tokenizer) pair.
+    model:     None (the default model), a model directory, a `bertkit.loading.Loaded`,
+               or a (model, tokenizer) pair.
     layers:    a strategy name (first, last, sum_all, second_to_last,
                sum_last_four, concat_last_four), a layer index, or a list of
                indices (0 = embeddings .. L = last, -1 = last) merged by
                `combine=` sum | mean | concat (default concat).
-    pooling:   "mean" (masked mean over the tokens, [CLS]/[SEP] included, as
-               sentence-transformers), "cls", "words" (one vector per input word,
+    pooling:   "auto" (the model's sentence-transformers layout, else mean), "mean"
+               (masked mean over the tokens, [CLS]/[SEP] included, as
+               sentence-transformers), "cls", "max", "words" (one vector per input word,
                pieces pooled by `word_pooling=` mean | first) or None (per-token).
-    normalize: L2-normalise each output vector.
-    options:   pairs=, combine=, word_pooling=, batch_size=32, max_length=512
-               (window size), stride= tokens shared by consecutive windows
+    normalize: L2-normalise each output vector (None: as the model's layout says for
+               sentence vectors, else no).
+    options:   pairs=, combine=, word_pooling=, batch_size=32, max_length= (window size;
+               default: for sentence vectors the layout's max_seq_length, else the
+               model's 512 positions), stride= tokens shared by consecutive windows
                (default: half a window, (max_length-2) - (max_length-2)//2),
-               truncate=False (cut at max_length instead of windowing),
-               progress=False, device= auto | cpu | cuda, dtype= float32 |
-               bfloat16, int8=False (int8 dense layers, `bertkit.quantization`)
-               (see `load_model`).
+               truncate= (cut at max_length instead of windowing; default: True
+               at the layout's length, else False), progress=False,
+               device= auto | cpu | cuda, dtype= float32 | bfloat16 | auto,
+               int8=False (int8 dense layers, `bertkit.quantization`); see
+               `bertkit.loading.load`.
 
     Returns [N, D] for pooled vectors of a list, [D] for a single string;
     with pooling None or "words" a list of [T_i, D] / [W_i, D] arrays (one
@@ -540,158 +391,7 @@ def embed(
         raise BertkitError(f"{len(texts)} texts but {len(options['pairs'])} pairs: give one pair per text")
     options.setdefault("total", len(texts))
     rows = list(iter_embed(texts, model, layers, pooling, normalize, **options))
-    pooled = _check_pooling(pooling) in ("mean", "cls")
+    pooled = _check_pooling(pooling) in SENTENCE_POOLINGS if pooling != "auto" else True
     if single:
         return rows[0]
     return np.stack(rows) if pooled else rows
-
-
-# --- writers --------------------------------------------------------------------------------
-
-
-def _safetensors_header(tensors: dict) -> bytes:
-    """The JSON header of a .safetensors file; tensors: name -> (dtype, shape, nbytes), in data order."""
-    header, offset = {}, 0
-    for name, (dtype, shape, nbytes) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the format asks for 8-byte alignment of the data
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequence | None = None) -> int:
-    """Stream results into `path` by its suffix; returns the number of rows written.
-
-    .npy          pooled vectors only: one [N, D] float32 array.
-    .safetensors  pooled: tensor "embeddings" [N, D]; per-token/word: "vectors"
-                  [sum T_i, D] with "offsets" [N+1] (rows of text i are
-                  offsets[i]:offsets[i+1]).
-    .jsonl        one JSON object per text: {"index", "embedding"} or {"index", "vectors"}
-                  (plus "text" when `texts` is given).
-
-    The .npy and .safetensors writers spool rows to a temporary file first, so
-    memory stays flat however many texts stream through.
-    """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".npy", ".safetensors", ".jsonl"):
-        raise BertkitError(f"unknown output format {path.name!r}: use a .npy, .safetensors or .jsonl file name")
-    if suffix == ".npy" and not pooled:
-        raise BertkitError(
-            "per-token and per-word vectors have a different length for each text and do not fit one .npy "
-            "array: write them to .safetensors or .jsonl, or choose --pooling mean/cls"
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".jsonl":
-        n = 0
-        with path.open("w", encoding="utf-8") as out:
-            for i, row in enumerate(rows):
-                record = {"index": i}
-                if texts is not None:
-                    record["text"] = texts[i]
-                record["embedding" if pooled else "vectors"] = np.round(row.astype(np.float64), 7).tolist()
-                out.write(json.dumps(record) + "\n")
-                n += 1
-        return n
-
-    spool = path.with_name(path.name + ".part")
-    lengths, dim = [], None
-    try:
-        with spool.open("wb") as raw:
-            for row in rows:
-                row = np.ascontiguousarray(row, dtype="<f4")
-                dim = row.shape[-1]
-                lengths.append(1 if row.ndim == 1 else row.shape[0])
-                raw.write(row.tobytes())
-        if dim is None:
-            raise BertkitError("nothing to write: the input holds no texts")
-        total = sum(lengths)
-        with path.open("wb") as out, spool.open("rb") as raw:
-            if suffix == ".npy":
-                np.lib.format.write_array_header_1_0(
-                    out, {"descr": "<f4", "fortran_order": False, "shape": (total, dim)}
-                )
-                _copy(raw, out)
-            else:
-                offsets = np.concatenate([[0], np.cumsum(lengths)]).astype("<i8")
-                if pooled:
-                    tensors = {"embeddings": ("F32", (total, dim), total * dim * 4)}
-                else:
-                    tensors = {
-                        "vectors": ("F32", (total, dim), total * dim * 4),
-                        "offsets": ("I64", (len(offsets),), offsets.nbytes),
-                    }
-                out.write(_safetensors_header(tensors))
-                _copy(raw, out)
-                if not pooled:
-                    out.write(offsets.tobytes())
-    finally:
-        spool.unlink(missing_ok=True)
-    return len(lengths)
-
-
-def _copy(src, dst, block: int = 1 << 22) -> None:
-    while True:
-        data = src.read(block)
-        if not data:
-            return
-        dst.write(data)
-
-
-def read_texts(path, column: str | None = None) -> tuple:
-    """(an iterator over the texts of a file, how many there are), without loading them all.
-
-    .txt (or anything else): one text per non-empty line. .jsonl: the "text"
-    field (or `column`) of each line. .tsv: the column named `column` (default
-    "sentence", else "text", else the first) under a header row. The file must
-    be UTF-8 (`bertkit.textfiles`); a malformed line is an error naming it.
-    """
-    path = existing_file(path)
-    suffix = path.suffix.lower()
-    if suffix == ".tsv":
-        with open_text(path) as f:
-            header = f.readline().rstrip("\r\n").split("\t")
-        name = column or next((c for c in ("sentence", "text") if c in header), header[0])
-        if name not in header:
-            raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
-        col = header.index(name)
-
-        def lines():
-            with open_text(path) as f:
-                f.readline()
-                for number, line in enumerate(f, 2):
-                    if line.strip():
-                        fields = line.rstrip("\r\n").split("\t")
-                        if col >= len(fields):
-                            raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
-                                               f"(the header has {len(header)})")
-                        yield fields[col]
-
-    elif suffix == ".jsonl":
-        key = column or "text"
-
-        def lines():
-            with open_text(path) as f:
-                for number, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise BertkitError(f"{path}:{number}: not a JSON object ({err.msg}); "
-                                           "JSONL needs one object per line") from None
-                    if not isinstance(record, dict) or key not in record:
-                        raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
-                    yield record[key]
-
-    else:
-
-        def lines():
-            with open_text(path) as f:
-                for line in f:
-                    if line.strip():
-                        yield line.rstrip("\r\n")
-
-    count = sum(1 for _ in lines())
-    return lines(), count

@@ -19,17 +19,12 @@ each independently of the others' predictions (as the pipeline does).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from bertkit.checkpoint import resolve
-from bertkit.electra import GENERATOR_DIR, ElectraForMaskedLM, model_type
 from bertkit.errors import BertkitError
-from bertkit.heads import BertForMaskedLM
-from bertkit.tokenizer import Tokenizer
+from bertkit.loading import load
 from bertkit.vocab import MASK
 
 
@@ -42,35 +37,12 @@ class Prediction:
     probability: float
 
 
-def mlm_directory(model_dir) -> tuple[Path, type]:
-    """(directory holding the MLM weights, class to load them into) for a model directory."""
-    directory = resolve(model_dir)
-    if model_type(directory) != "electra":
-        return directory, BertForMaskedLM
-    if (directory / GENERATOR_DIR / "config.json").is_file():
-        return directory / GENERATOR_DIR, ElectraForMaskedLM  # a pre-training run: its generator
-    return directory, ElectraForMaskedLM
-
-
-def load_mlm(model_dir=None):
-    """(masked-LM model in eval mode, tokenizer) from a model directory (None: the default model)."""
-    directory, cls = mlm_directory(model_dir)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the report is checked below, with a message for this use
-        model = cls.from_pretrained(directory, strict=False)
-    report = model.load_report
-    if report.missing:
-        what = ("an ELECTRA discriminator or fine-tuned model: point it at the generator (ElectraForMaskedLM)"
-                if cls is ElectraForMaskedLM else "a bare encoder or a fine-tuned model")
-        raise BertkitError(
-            f"{directory} has no masked-LM head (missing {', '.join(report.missing[:3])}"
-            f"{', ...' if len(report.missing) > 3 else ''}); it looks like {what}. fill-mask needs a "
-            "pre-training checkpoint: BertForMaskedLM / BertForPreTraining or an ELECTRA generator"
-        )
-    if report.unexpected or report.mismatched:
-        raise BertkitError(f"{directory} does not load as {cls.__name__}: {report.describe()}")
-    tok_dir = directory if (directory / "vocab.txt").is_file() else directory.parent
-    return model.eval(), Tokenizer.from_pretrained(tok_dir)
+def load_mlm(model_dir=None, *, device=None, dtype=None):
+    """(masked-LM model in eval mode, tokenizer) from a model directory (None: the default model,
+    which has no MLM head: an error says so); an ELECTRA pre-training run gives its generator.
+    Loaded by `bertkit.loading` (head "mlm")."""
+    loaded = load(model_dir, head="mlm", device=device, dtype=dtype)
+    return loaded.model, loaded.tokenizer
 
 
 @torch.no_grad()

@@ -24,10 +24,12 @@ is the default; `output_attentions=True` or `attn_implementation="eager"` takes
 the explicit one.
 
 Every layer here is a plain PyTorch layer (`nn.Linear`, `nn.LayerNorm`,
-`nn.Embedding`). The CPU speed tricks (other matmul kernels, fused post-ops,
-packed weights, a shape rule for the attention path) are not in this file: they
-are applied by one explicit step, `bertkit.fast.accelerate(model)`, which keeps
-every parameter and state-dict name.
+`nn.Embedding`), and the encoder layer's forward is written once, below. Other
+ways of computing its dense ops (`bertkit.fast.accelerate`: other matmul
+kernels, packed weights; `bertkit.quantize`: int8 products) replace the dense
+modules under the layer, never the layer; `dense()` is where a replacement
+that can apply the GELU or the residual add inside its own kernel is handed
+them. Every parameter and state-dict name stays.
 
 Deviations from the reference code, all numerically neutral: the query, key and
 value projections are one [H, 3H] matrix (one matmul instead of three; the
@@ -154,11 +156,34 @@ class BertSelfAttention(nn.Module):
 # --- layer, encoder, pooler -----------------------------------------------------
 
 
+def dense(linear: nn.Module, x: torch.Tensor, act=None, dropout: nn.Dropout | None = None,
+          residual: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + dropout(act(linear(x))), the parts that are given: a dense op and what follows it.
+
+    A plain nn.Linear computes W x + b alone and the rest follows here, one operation
+    each (a forward hook on it sees W x + b: bertkit.tracing reads it). A dense module
+    that can apply the activation or the residual add inside its own kernel says so with
+    `post_ops = True` (bertkit.fast's FastLinear, bertkit.quantization's Int8Linear) and
+    is handed them, whenever dropout is idle (inference, or a rate of 0): the same sums.
+    """
+    if getattr(linear, "post_ops", False) and (dropout is None or not dropout.training or dropout.p == 0):
+        return linear(x, act=act, residual=residual)
+    y = linear(x)
+    if act is not None:
+        y = act(y)
+    if dropout is not None:
+        y = dropout(y)
+    return y if residual is None else residual + y
+
+
 class BertLayer(nn.Module):
     """One Transformer encoder layer, post-LayerNorm as in BERT:
 
     x = LayerNorm(x + Dropout(SelfAttention(x)))
     x = LayerNorm(x + Dropout(W2 gelu(W1 x)))      W1: H -> I, W2: I -> H
+
+    The one forward of every kind of layer: plain, accelerated and int8 differ only in
+    their dense modules (see `dense`).
     """
 
     def __init__(self, config: BertConfig):
@@ -174,8 +199,9 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
         attended, weights = self.attention(x, mask, explicit)  # [B, T, H], [B, N, T, T] or None
         x = self.attention_norm(x + self.dropout(attended))
-        ff = self.output(self.act(self.intermediate(x)))  # [B, T, H] -> [B, T, I] -> [B, T, H]
-        return self.output_norm(x + self.dropout(ff)), weights
+        h = dense(self.intermediate, x, act=self.act)  # gelu(W1 x + b1): [B, T, H] -> [B, T, I]
+        x = dense(self.output, h, dropout=self.dropout, residual=x)  # x + Dropout(W2 h + b2): [B, T, H]
+        return self.output_norm(x), weights
 
 
 class BertEncoder(nn.Module):

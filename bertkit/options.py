@@ -6,13 +6,16 @@ A dataclass field is one option, named after it (`max_seq_length` ->
 - type from the annotation: int, float, str, or `X | None`; choices from a
   `Literal[...]` annotation or `metadata["choices"]`;
 - help from `metadata["help"]`, with the default appended;
-- booleans are flags: `--name` when the default is False, `--no-name` when True;
+- booleans are flags: `--name` when the default is False, `--no-name` when True,
+  both when None (not given: decided later, e.g. by the model);
 - a field holding a dataclass (OptimConfig inside a training config, a
   training config inside a task's) is flattened: its fields are options too;
 - metadata "flags" spells the option otherwise (the first is its name, the
-  rest aliases: `["--stride", "--doc-stride"]`), "short" adds one ("-o"),
-  "positional" makes it an argument, "required" says so in the help (the
-  config's `validate` checks it: on --resume the saved config may hold it),
+  rest aliases: `["--stride", "--doc-stride"]`; a boolean's aliases spell the
+  flag that turns its default around), "short" adds one ("-o"),
+  "positional" makes it an argument (`list[str]`: one or more), "required"
+  says so in the help (the config's `validate` checks it: on --resume the
+  saved config may hold it),
   `"cli": False` keeps it off the command line.
 
 Every option defaults to None, meaning "not given", so `from_args` puts
@@ -22,6 +25,7 @@ own defaults (a dict), or under `--resume` the config the run saved.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import typing
@@ -92,17 +96,22 @@ def add_options(parser, cls, base: dict | None = None, skip=()) -> None:
         convert, choices = _leaf_type(hint)
         choices = f.metadata.get("choices") or choices
         help_text = f.metadata.get("help", f.name.replace("_", " "))
-        if f.metadata.get("positional"):  # optional where the field defaults to None
-            optional = {"nargs": "?", "default": None} if f.default is None else {}
-            parser.add_argument(f.name, help=help_text, metavar=f.metadata.get("metavar"), **optional)
+        if f.metadata.get("positional"):  # optional where the field defaults to None; a list takes one or more
+            many = typing.get_origin(hint) is list
+            nargs = {"nargs": "+"} if many else {"nargs": "?", "default": None} if f.default is None else {}
+            parser.add_argument(f.name, help=help_text, metavar=f.metadata.get("metavar"), **nargs)
             continue
         default = _get(shown, path)
         flags = list(f.metadata.get("flags", [_flag(f.name)])) + ([f.metadata["short"]] if "short" in f.metadata else [])
-        if convert is bool:
+        if convert is bool and default is None:  # three states: --name, --no-name, or not given (decided later)
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)
+            continue
+        if convert is bool:  # the flag that turns the default around; further "flags" are its aliases
             on = not default
             flag = flags[0] if on else "--no-" + flags[0][2:]
-            parser.add_argument(flag, dest=f.name, action="store_true" if on else "store_false", default=None,
-                                help=help_text if on else f"turn off (on by default): {help_text}")
+            parser.add_argument(flag, *flags[1:], dest=f.name, action="store_true" if on else "store_false",
+                                default=None, help=help_text if on else f"turn off (on by default): {help_text}")
             continue
         if f.metadata.get("required"):
             help_text += " (required)"
@@ -150,17 +159,44 @@ def build(cls, values: dict):
     return cls(**kwargs)
 
 
+# --- option groups several commands share ---------------------------------------------
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # --dtype: auto is bf16 where native (bertkit.devices.auto_dtype)
+COMBINES = ("sum", "mean", "concat")  # how a list of layers is merged (bertkit.pooling.combine_layers)
+SENTENCE_POOLINGS = ("mean", "cls", "max")  # one vector per text from its tokens (bertkit.pooling.pool_sentence)
+
+
+@dataclasses.dataclass
+class EmbedOptions:
+    """What `bertkit embed` and `bertkit serve` take from the encoder (`bertkit.pooling`), defined once."""
+
+    layers: str = dataclasses.field(default="last", metadata={
+        "help": "layer strategy: first, last, sum_all, second_to_last, sum_last_four, concat_last_four, or layer "
+        "indices like -1,-2 (0 = embedding output, -1 = last layer; on the command line write --layers=-1,-2)"})
+    combine: str | None = dataclasses.field(default=None, metadata={
+        "choices": list(COMBINES), "help": "how a list of layers is merged (default concat)"})
+    pooling: str | None = dataclasses.field(default=None, metadata={
+        "choices": [*SENTENCE_POOLINGS, "words", "none"],
+        "help": "one vector per text from the tokens' mean, maximum or [CLS] (default: the model's "
+        "sentence-transformers layout, else mean); embed also writes one per whitespace word (words) or per token "
+        "(none)"})
+    normalize: bool | None = dataclasses.field(default=None, metadata={
+        "help": "L2-normalise every vector (default: as the model's sentence-transformers layout says, else no; "
+        "the server's /embed: yes, as text-embeddings-inference)"})
+
+
 def device_flags(p) -> None:
     """--device and --dtype, the same for every command that runs a model for inference."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where the model runs: auto (the GPU if torch sees one, else the CPU), cpu or cuda")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="float32 (default) or bfloat16; bfloat16 pays off on a GPU or a CPU with native bf16 "
-                   "(avx512_bf16/amx_bf16); elsewhere it is emulated, slower, and a warning says so")
+    p.add_argument("--dtype", default="auto", choices=list(DTYPE_CHOICES),
+                   help="the precision: auto (default: bfloat16 where the device multiplies it natively, a CPU with "
+                   "amx_bf16/avx512_bf16 or a GPU that supports it; float32 elsewhere), float32 (exact), or "
+                   "bfloat16 (on a CPU without native bf16 it is emulated, slower, and a warning says so)")
 
 
 def int8_flag(p) -> None:
     """--int8 for the commands that run a model for inference on the CPU."""
     p.add_argument("--int8", action="store_true",
                    help="int8 dense layers (dynamic quantization, bertkit.quantize): faster on the CPU for a small "
-                   "accuracy cost; CPU and float32 only (see docs/deployment.md)")
+                   "accuracy cost; CPU, float32 activations (see docs/deployment.md)")

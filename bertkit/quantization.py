@@ -21,18 +21,10 @@ the small layers outside the encoder (the pooler and the task heads' classifiers
 one [H, H] or [H, labels] product per sequence or token, negligible time, and the
 place where rounding would move a decision most directly).
 
-The encoder layers become `QuantizedBertLayer`s: the same layer with its
-inference forward written out in 15 tensor operations (int8 products called on
-the packed weights directly, the fused attention kernel, no sub-module calls).
-The sums are BertLayer's on its fused attention path, bit for bit; what it
-removes is Python around them (see the class).
-
-With `accelerate`: quantize the plain model, then accelerate it (that is what
-embed/predict do). The quantized layers are no nn.Linear and the encoder layers
-are already QuantizedBertLayers, so accelerate changes only the float layers
-outside the encoder (the pooler, the heads). Quantizing an accelerated model
-works too: its encoder FastLinear layers are replaced like nn.Linear ones and
-its FusedBertLayers become QuantizedBertLayers.
+Only the dense modules change (each becomes an `Int8Linear`); the encoder layer and
+its forward are BertLayer's, as for float32. So `quantize` and `bertkit.fast.accelerate`
+compose in either order: accelerate swaps the float nn.Linear layers that are left
+(the pooler, the heads), quantize replaces the encoder's (float or accelerated) ones.
 
 A quantized model is saved as a model directory (`save_quantized`): config.json,
 the tokenizer files, and `model.int8.safetensors` holding bertkit's own
@@ -54,25 +46,52 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
-from bertkit.modeling import BertLayer
+from bertkit.fast import int8_per_token
 
 QUANTIZED_WEIGHTS = "model.int8.safetensors"
 FORMAT = "bertkit-int8-dynamic"
 VERSION = "1"
 
 
-def _quantized_linear_class():
-    # torch.ao.quantization warns that it will move to torchao; the dynamic Linear
-    # and its FBGEMM kernels are what this torch ships, so the warning is silenced here.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from torch.ao.nn.quantized.dynamic import Linear
-    return Linear
+with warnings.catch_warnings():
+    # torch.ao.quantization warns that it will move to torchao; the dynamic Linear and its
+    # FBGEMM kernels are what this torch ships, so the warning is silenced here.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+
+class Int8Linear(DynamicLinear):
+    """x W^T + b with W int8, one scale per output channel: PyTorch's dynamic int8 Linear (its
+    packed weight, state and saved form) with the activations quantized as `bertkit.fast`'s
+    int8 rule says for this CPU:
+
+    - per token (a CPU with VNNI or AMX): each row of x gets its own scale, s_t = max|x_t| / 127,
+      q = round(x / s_t) in [-127, 127]; torch._int_mm multiplies q by the int8 weight into
+      int32 (exact; oneDNN's VNNI/AMX kernels), and y = acc * s_t * s_w + b;
+    - per call (elsewhere): FBGEMM's `quantized::linear_dynamic`, one 7-bit scale per call.
+    """
+
+    _mm = None  # (packed params it was made from, int8 weight [in, out], weight scales / 127 [out], bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packed = self._packed_params._packed_params
+        if not int8_per_token() or x.numel() == 0:
+            return torch.ops.quantized.linear_dynamic(x, packed, True)
+        if self._mm is None or self._mm[0] is not packed:  # after quantize, load or set_weight_bias
+            weight, bias = self._weight_bias()  # unpacking costs more than the product: once
+            self._mm = (packed, weight.int_repr().t(), weight.q_per_channel_scales().float() / 127.0, bias)
+        _, w, w_scale, bias = self._mm
+        x2 = x.reshape(-1, x.shape[-1])  # [..., in] -> [M, in]
+        amax = x2.abs().amax(-1, keepdim=True).clamp_(min=1e-12)  # [M, 1]
+        q = (x2 * (127.0 / amax)).round_().to(torch.int8)  # [M, in], each row's largest |x| -> 127
+        y = torch._int_mm(q, w).float().mul_(amax * w_scale)  # [M, out]: acc * s_t * s_w
+        if bias is not None:
+            y.add_(bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def _targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -89,8 +108,7 @@ def _targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 
 def is_quantized(model: nn.Module) -> bool:
     """Whether `model` holds int8 dense layers (made by `quantize` or `load_quantized`)."""
-    qlinear = _quantized_linear_class()
-    return any(isinstance(m, qlinear) for m in model.modules())
+    return any(isinstance(m, DynamicLinear) for m in model.modules())
 
 
 def _check_runnable(model: nn.Module) -> None:
@@ -116,11 +134,10 @@ def _quantize_weight(weight: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_channel(weight, scales.double(), zero_points.long(), 0, torch.qint8)
 
 
-def _empty_layer(linear: nn.Linear) -> nn.Module:
-    qlinear = _quantized_linear_class()
+def _empty_layer(linear: nn.Linear) -> Int8Linear:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return qlinear(linear.in_features, linear.out_features, bias_=linear.bias is not None, dtype=torch.qint8)
+        return Int8Linear(linear.in_features, linear.out_features, bias_=linear.bias is not None, dtype=torch.qint8)
 
 
 def quantize(model: nn.Module) -> nn.Module:
@@ -139,58 +156,7 @@ def quantize(model: nn.Module) -> nn.Module:
             bias = None if linear.bias is None else linear.bias.detach().float().clone()
             layer.set_weight_bias(_quantize_weight(linear.weight.detach().float()), bias)
         setattr(parent, attr, layer)
-    return lean_layers(model).eval()
-
-
-# --- the int8 encoder layer: one lean forward ------------------------------------------------
-
-
-def _int8(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """x W^T + b of a dynamic int8 Linear: what its forward computes (activations quantized to
-    7 bits, `reduce_range`), called directly on the packed weight."""
-    return torch.ops.quantized.linear_dynamic(x, layer._packed_params._packed_params, True)
-
-
-def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-
-
-class QuantizedBertLayer(BertLayer):
-    """A BertLayer whose four dense layers are int8, with the inference forward written out.
-
-    Same sums as BertLayer.forward on the fused attention path (bit for bit: the test compares
-    them), in 15 tensor operations and no sub-module calls. Why: an int8 forward at batch 1 is
-    short and the Python around each operation is not, and that part does not shrink with more
-    threads. It keeps the fused attention kernel at every size: with int8 matmuls the explicit
-    path's small-input advantage (`bertkit.fast` rule 4) turned into a loss (the measurements
-    are in docs/deployment.md, "Where the batch-1 int8 time goes"). Attention weights
-    (`explicit`) and training take the plain forward.
-    """
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
-        if explicit or self.training:
-            return super().forward(x, mask, explicit)
-        B, T, H = x.shape
-        attention = self.attention
-        N, D = attention.num_heads, attention.head_size
-        qkv = _int8(attention.qkv, x).view(B, T, 3, N, D)  # [B, T, 3H] -> [B, T, 3, N, D]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, N, T, D]
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, N, T, D]
-        context = context.transpose(1, 2).reshape(B, T, H)  # heads concatenated: [B, T, H]
-        x = _norm(self.attention_norm, x + _int8(attention.output, context))
-        ff = _int8(self.output, self.act(_int8(self.intermediate, x)))  # [B, T, I] -> [B, T, H]
-        return _norm(self.output_norm, x + ff), None
-
-
-def lean_layers(model: nn.Module) -> nn.Module:
-    """Give every encoder layer of `model` whose dense layers are all int8 the lean forward
-    (in place: the class changes, no parameter does); returns the model."""
-    qlinear = _quantized_linear_class()
-    for m in model.modules():
-        if isinstance(m, BertLayer) and all(isinstance(d, qlinear) for d in (
-                m.attention.qkv, m.attention.output, m.intermediate, m.output)):
-            m.__class__ = QuantizedBertLayer
-    return model
+    return model.eval()
 
 
 # --- saving and loading -----------------------------------------------------------------
@@ -198,9 +164,8 @@ def lean_layers(model: nn.Module) -> nn.Module:
 
 def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state to save: float parameters/buffers by name, and each int8 layer as four tensors."""
-    qlinear = _quantized_linear_class()
     out = {}
-    quantized = {name: m for name, m in model.named_modules() if isinstance(m, qlinear)}
+    quantized = {name: m for name, m in model.named_modules() if isinstance(m, DynamicLinear)}
     for name, module in quantized.items():
         weight = module.weight()
         out[f"{name}.weight_int8"] = weight.int_repr().contiguous()
@@ -214,8 +179,7 @@ def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _float_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state dict without the int8 layers' own entries (packed weights, scale, zero point)."""
-    qlinear = _quantized_linear_class()
-    quantized = [name + "." for name, m in model.named_modules() if isinstance(m, qlinear)]
+    quantized = [name + "." for name, m in model.named_modules() if isinstance(m, DynamicLinear)]
     return {k: v for k, v in model.state_dict().items() if not any(k.startswith(q) for q in quantized)}
 
 
@@ -290,7 +254,6 @@ def load_quantized(cls, directory) -> nn.Module:
         layer = _empty_layer(linear)
         layer.set_weight_bias(weight, bias)
         setattr(parent, attr, layer)
-    lean_layers(model)
     floats = _float_state(model)
     missing = sorted(set(floats) - set(state))
     extra = sorted(set(state) - set(floats))

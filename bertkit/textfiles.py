@@ -17,11 +17,14 @@ Two kinds of input, two policies:
   whatever its name), decoded by `bertkit.pretraining.corpus.read_lines`, which
   skips binary files and repairs stray invalid bytes, counting both for the
   summary: a web crawl with one bad byte in ten gigabytes should not stop a
-  run. A corpus with no text left is an error.
+  run. A corpus with no text left is an error, and so is a file where most
+  lines do not decode: it is in another encoding, which `--encoding` names
+  (`check_encoding`, `wrong_encoding`).
 """
 
 from __future__ import annotations
 
+import codecs
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,17 +44,45 @@ def existing_file(path, what: str = "input file") -> Path:
     return path
 
 
-def looks_binary(head: bytes) -> bool:
-    """NUL bytes, >10% control bytes, or >10% invalid UTF-8 in the first bytes (like `file`)."""
-    if not head:
-        return False
+def binary_bytes(head: bytes) -> bool:
+    """NUL bytes or >10% control bytes in the first bytes: binary in any ASCII-based encoding."""
     if b"\x00" in head:
         return True
     text_bytes = bytes(range(32, 127)) + b"\t\n\r\f\b" + bytes(range(128, 256))
-    if len(head.translate(None, text_bytes)) > 0.1 * len(head):
+    return len(head.translate(None, text_bytes)) > 0.1 * len(head)
+
+
+def looks_binary(head: bytes) -> bool:
+    """`binary_bytes`, or >10% invalid UTF-8 in the first bytes (like `file`)."""
+    if not head:
+        return False
+    if binary_bytes(head):
         return True
     decoded = head.decode("utf-8", errors="replace")
     return decoded.count("\ufffd") > 0.1 * len(decoded)
+
+
+def check_encoding(name: str) -> str:
+    """`name` if it is a text encoding a corpus can be read in line by line, else a BertkitError."""
+    try:
+        codec = codecs.lookup(name)
+        newline = "\n".encode(codec.name)
+    except (LookupError, TypeError):  # TypeError: a bytes-to-bytes codec (base64, zlib), not a text encoding
+        raise BertkitError(f"unknown --encoding {name!r}: name a text encoding, e.g. utf-8, latin-1, cp1252") from None
+    if newline != b"\n":
+        raise BertkitError(f"--encoding {name}: corpora are read line by line, and in {codec.name} a newline is "
+                           "not the byte 0x0A; convert the files to UTF-8 (iconv -t utf-8)")
+    return name
+
+
+def wrong_encoding(path, encoding: str, bad: int, lines: int, line: int, sample: bytes) -> BertkitError:
+    """The one-line error for a corpus file most of whose lines do not decode in `encoding`."""
+    fix = ("pass its encoding, e.g. --encoding latin-1 (or cp1252, as Windows writes Western European text)"
+           if codecs.lookup(encoding).name == "utf-8" else "pass the encoding it is written in with --encoding")
+    return BertkitError(
+        f"{path} is not {encoding} text: {bad:,} of its {lines:,} lines do not decode (line {line}: bytes "
+        f"{sample.hex(' ')}); {fix}, or convert it to UTF-8 (iconv -f latin1 -t utf-8)"
+    )
 
 
 def first_invalid_utf8(path) -> tuple[int, str] | None:

@@ -42,7 +42,8 @@ from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.textfiles import read_text
 from bertkit.tokenizer_speed import TokenizerWorkers, WordCache, choose_num_workers, gc_paused
-from bertkit.vocab import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab
+from bertkit.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab,
+                           vocab_from_tokenizer_json)
 from bertkit.windows import spans
 from bertkit.wordpiece import CONTINUATION, wordpiece_spans
 
@@ -163,7 +164,8 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, path=None, **overrides) -> "Tokenizer":
-        """Load from a model directory (vocab.txt + tokenizer_config.json) or a vocab.txt.
+        """Load from a model directory (vocab.txt, or a tokenizer.json's WordPiece vocabulary, +
+        tokenizer_config.json) or a vocab.txt.
 
         None: the default model's vocabulary. Settings come from
         tokenizer_config.json (HF keys: do_lower_case, strip_accents,
@@ -181,7 +183,9 @@ class Tokenizer:
             folder, vocab_file = path.parent, path
         else:
             raise BertkitError(f"no tokenizer at {path}: pass a model directory holding vocab.txt, or a vocab.txt")
-        if not vocab_file.is_file():
+        if not vocab_file.is_file() and (folder / "tokenizer.json").is_file():
+            vocab_file = vocab_from_tokenizer_json(folder / "tokenizer.json")
+        elif not vocab_file.is_file():
             raise BertkitError(f"{folder} has no vocab.txt; pass a model directory or a vocab.txt file")
         settings = {}
         config_file = folder / "tokenizer_config.json"

@@ -64,6 +64,30 @@ def load_vocab(path) -> list[str]:
     return tokens
 
 
+def vocab_from_tokenizer_json(path) -> list[str]:
+    """The WordPiece vocabulary inside a Hugging Face tokenizer.json (token -> id in `model.vocab`),
+    as a list of tokens (index = id), validated: the folders sentence-transformers 6 saves carry
+    only this file, no vocab.txt."""
+    import json
+
+    path = Path(path)
+    try:
+        model = json.loads(read_text(path, "tokenizer file"))["model"]
+        vocab = model["vocab"]
+        kind = model.get("type")
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise BertkitError(f"{path} is not a Hugging Face tokenizer.json with a vocabulary ({err})") from None
+    if kind != "WordPiece" or not isinstance(vocab, dict):
+        raise BertkitError(f"{path} holds a {kind} tokenizer, not WordPiece: BERT needs a WordPiece vocabulary")
+    tokens = [None] * len(vocab)
+    for token, i in vocab.items():
+        if not isinstance(i, int) or not 0 <= i < len(tokens) or tokens[i] is not None:
+            raise BertkitError(f"{path}: the vocabulary's ids are not 0..{len(vocab) - 1}, each once (token {token!r})")
+        tokens[i] = token
+    validate_tokens(tokens, str(path))
+    return tokens
+
+
 def save_vocab(tokens: list[str], path) -> Path:
     """Write tokens to vocab.txt (one per line, id order); returns the file path."""
     validate_tokens(list(tokens), "vocabulary to save")

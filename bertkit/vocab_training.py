@@ -10,7 +10,8 @@ so the result is a vocabulary the greedy longest-match WordPiece tokenizer
 1. Stream the corpus line by line and count words, as the tokenizer's basic
    stage splits them (cleaning, lower-casing and accent stripping unless cased,
    punctuation and CJK split). Files and folders of .txt/.gz are found and read
-   as `pretrain prepare` reads them (`bertkit.textfiles`). Only the word counts live in memory, so a corpus
+   as `pretrain prepare` reads them (`bertkit.textfiles`; UTF-8 unless the
+   `encoding` setting names another). Only the word counts live in memory, so a corpus
    larger than memory works; past `max_distinct_words` distinct words the
    words seen once are dropped (an approximation that only forgets the rarest).
 2. Alphabet: every character seen, both as a word start "c" and as a
@@ -28,25 +29,35 @@ pieces in the order they were learned. The vocabulary is larger than
 import heapq
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.pretraining.corpus import CorpusStats, read_lines
-from bertkit.textfiles import corpus_files
+from bertkit.textfiles import check_encoding, corpus_files
 from bertkit.vocab import SPECIAL_TOKENS, save_vocab
 from bertkit.wordpiece import CONTINUATION
 
 
+def _opt(default, help, **more):
+    return field(default=default, metadata={"help": help, **more})
+
+
 @dataclass
 class VocabTrainingConfig:
-    vocab_size: int = 30522
-    min_frequency: int = 2
-    lowercase: bool = True
-    strip_accents: bool | None = None  # None: follows lowercase
-    tokenize_chinese_chars: bool = True
-    max_distinct_words: int = 5_000_000
+    """What `bertkit vocab train` learns and how it reads the corpus (one option each, `bertkit.options`)."""
+
+    vocab_size: int = _opt(30522, "target vocabulary size (BERT's English vocabularies have 30,522)")
+    min_frequency: int = _opt(2, "stop merging when the most frequent pair is seen fewer times")
+    # a flag turns a True default off: --no-lowercase, or its older spelling --cased
+    lowercase: bool = _opt(True, "lower-case the text (and strip accents, unless --strip-accents says otherwise)",
+                           flags=["--lowercase", "--cased"])
+    strip_accents: bool | None = _opt(None, "strip accents (default: when lower-casing, as BERT's uncased models)")
+    tokenize_chinese_chars: bool = _opt(True, "split CJK characters into words of their own")
+    max_distinct_words: int = _opt(5_000_000, "distinct words kept in memory; past it the words seen once are "
+                                   "forgotten (bounds memory on a huge corpus)")
+    encoding: str = _opt("utf-8", "the text encoding of the corpus files, e.g. latin-1 or cp1252")
 
     def validate(self) -> None:
         if not isinstance(self.vocab_size, int) or self.vocab_size < len(SPECIAL_TOKENS) + 1:
@@ -55,13 +66,15 @@ class VocabTrainingConfig:
             raise BertkitError(f"min_frequency must be a positive int, got {self.min_frequency!r}")
         if not isinstance(self.max_distinct_words, int) or self.max_distinct_words < 1000:
             raise BertkitError(f"max_distinct_words must be an int >= 1000, got {self.max_distinct_words!r}")
+        check_encoding(self.encoding)
 
 
-def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None):
+def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, encoding: str = "utf-8"):
     """Lines of the files, read lazily by the corpus reader (a corpus larger than memory is fine).
 
-    Binary files are skipped and invalid UTF-8 bytes replaced, as for
-    pre-training; `stats` counts both.
+    Binary files are skipped and stray undecodable bytes replaced, as for
+    pre-training; `stats` counts both. A file most of whose lines do not decode
+    in `encoding` is an error that names it and --encoding.
     """
     stats = CorpusStats() if stats is None else stats
     bar = None
@@ -69,13 +82,15 @@ def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None):
         from tqdm import tqdm
 
         bar = tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc="counting words")
-    for f in files:
-        for line in read_lines(f, stats):
-            yield line
-            if bar is not None:
-                bar.update(len(line.encode("utf-8")) + 1)
-    if bar is not None:
-        bar.close()
+    try:
+        for f in files:
+            for line in read_lines(f, stats, encoding):
+                yield line
+                if bar is not None:
+                    bar.update(len(line.encode(encoding, errors="replace")) + 1)
+    finally:  # also on an error: the bar ends its line before the error's line is printed
+        if bar is not None:
+            bar.close()
 
 
 def count_words(lines, config: VocabTrainingConfig) -> Counter:
@@ -191,26 +206,17 @@ def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, pro
     config.validate()
     stats = CorpusStats() if stats is None else stats
     files = corpus_files(paths)
-    counts = count_words(iter_lines(files, progress, stats), config)
+    counts = count_words(iter_lines(files, progress, stats, config.encoding), config)
     if not counts:
         reasons = stats.describe_skips() or "the files hold no words"
         raise BertkitError(f"the corpus has no words to learn a vocabulary from ({len(files)} file(s); {reasons})")
     return learn_vocab(counts, config, progress)
 
 
-def train_vocab_cli(args) -> None:
-    """`bertkit vocab train CORPUS... -o vocab.txt`: also writes tokenizer_config.json beside it."""
-    config = VocabTrainingConfig(
-        vocab_size=args.vocab_size,
-        min_frequency=args.min_frequency,
-        lowercase=not args.cased,
-    )
-    config.validate()
-    stats = CorpusStats()
-    tokens = train_vocab_from_files(args.corpus, config, progress=True, stats=stats)
-    if stats.skips:
-        print(f"read {stats.files} file(s); {stats.describe_skips()}")
-    out = Path(args.output)
+def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig) -> Path:
+    """Write vocab.txt (at `output`, a file path or a folder) and, beside it, the tokenizer_config.json
+    that tells the tokenizer how the vocabulary was made (casing, accents); returns vocab.txt's path."""
+    out = Path(output)
     if out.is_dir() or out.suffix == "":
         out = out / "vocab.txt"
     path = save_vocab(tokens, out)
@@ -222,4 +228,4 @@ def train_vocab_cli(args) -> None:
         "model_max_length": 512,
     }
     (path.parent / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {len(tokens)} tokens to {path} (and its casing to {path.parent / 'tokenizer_config.json'})")
+    return path

@@ -215,8 +215,9 @@ def test_model_page_from_the_cli(browser, tmp_path):
 
     text = "Bert notices the hat, but chooses not to engage Ernie since he knows it'll lead to some ridiculous stuff."
     page_file = tmp_path / "he.html"
-    assert main(["attention", text, "--token", "he", "-o", str(page_file)]) == 0
-    amap = attention_map(text)
+    # float32 both ways: the page must show the very weights (1e-7), and --dtype auto is bfloat16 on some CPUs
+    assert main(["attention", text, "--token", "he", "-o", str(page_file), "--dtype", "float32"]) == 0
+    amap = attention_map(text, dtype="float32")
     page = Page(browser)
     page.open(page_file.as_uri())
     assert page.eval("bertkitAttention.state()") == {"layer": 0, "head": 0, "token": 13}

@@ -54,7 +54,8 @@ def test_transformers_loads_what_we_save(tmp_path, transformers_mod, cls):
 def test_saved_default_model_matches_in_transformers(tmp_path, transformers_mod):
     from bertkit.tokenizer import Tokenizer
 
-    model, tok = bertkit.from_pretrained()
+    loaded = bertkit.load(head="encoder")
+    model, tok = loaded.model, loaded.tokenizer
     assert isinstance(model, BertModel) and isinstance(tok, Tokenizer)
     model.save_pretrained(tmp_path, tokenizer=tok)
     assert (tmp_path / "vocab.txt").read_text() == (bertkit.default_model.default_model_dir() / "vocab.txt").read_text()

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import bertkit
-import bertkit.fast
+import bertkit.devices
+import bertkit.devices as D
+from bertkit.errors import BertkitError
 from bertkit.cli import main
 from test_finetune import sentiment_run, tiny  # noqa: F401
 
@@ -24,9 +26,9 @@ def cosines(a, b):
 
 
 def test_embed_in_bfloat16_on_the_cpu_is_close_and_says_so(monkeypatch):
-    monkeypatch.setattr(bertkit.fast, "_warned_bf16", False)
+    monkeypatch.setattr(bertkit.devices, "_warned_bf16", False)
     ref = bertkit.embed(TEXTS, device="cpu", dtype="float32")
-    if bertkit.fast.cpu_features().native_bf16:
+    if bertkit.devices.cpu_features().native_bf16:
         got = bertkit.embed(TEXTS, device="cpu", dtype="bfloat16")
     else:
         with pytest.warns(UserWarning, match="emulated"):
@@ -37,7 +39,7 @@ def test_embed_in_bfloat16_on_the_cpu_is_close_and_says_so(monkeypatch):
 
 
 def test_cli_device_and_dtype_flags(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(bertkit.fast, "_warned_bf16", True)  # the warning has its own test
+    monkeypatch.setattr(bertkit.devices, "_warned_bf16", True)  # the warning has its own test
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n")
     assert main(["embed", str(src), "-o", str(tmp_path / "v.npy"), "--device", "cpu", "--dtype", "bfloat16",
@@ -56,7 +58,7 @@ def test_cli_device_and_dtype_flags(tmp_path, capsys, monkeypatch):
 
 
 def test_predict_device_and_dtype(sentiment_run, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(bertkit.fast, "_warned_bf16", True)
+    monkeypatch.setattr(bertkit.devices, "_warned_bf16", True)
     d, _ = sentiment_run
     texts = ["the food was great .", "the movie was awful .", "this day was fine ."]
     ref = bertkit.predict(d / "out", texts, device="cpu")
@@ -67,14 +69,12 @@ def test_predict_device_and_dtype(sentiment_run, monkeypatch):  # noqa: F811
 
 
 def test_a_loaded_model_moves_only_when_asked():
-    from bertkit.features import from_pretrained, load_model
-
-    model, tok = from_pretrained()
-    net, _ = load_model((model, tok))
-    assert net is model and model.embeddings.word_embeddings.weight.dtype == torch.float32
+    loaded = bertkit.load(head="encoder")
+    model, tok = loaded.model, loaded.tokenizer
+    assert bertkit.load((model, tok)).model is model and model.embeddings.word_embeddings.weight.dtype == torch.float32
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # bf16 advice: not the point here
-        load_model((model, tok), device="cpu", dtype="bfloat16")
+        assert bertkit.load((model, tok), device="cpu", dtype="bfloat16").dtype == torch.bfloat16
     assert model.embeddings.word_embeddings.weight.dtype == torch.bfloat16
 
 
@@ -99,3 +99,96 @@ def test_predict_and_attention_on_cuda(sentiment_run):  # noqa: F811
         assert a["probabilities"]["pos"] == pytest.approx(b["probabilities"]["pos"], abs=1e-4)
     on_gpu, on_cpu = (attention_map("The cat sat on the mat.", device=dev).weights for dev in ("cuda", "cpu"))
     np.testing.assert_allclose(on_gpu, on_cpu, atol=1e-4)
+
+
+# --- the CPU, devices and dtypes: bertkit.devices ---------------------------------------------------
+
+
+def test_cpu_features_read_proc_cpuinfo():
+    cpu = D.cpu_features()
+    assert cpu.capability == torch.backends.cpu.get_cpu_capability()
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo here")
+    flags = set(next(line for line in text.splitlines() if line.startswith(("flags", "Features"))).split(":")[1].split())
+    assert set(cpu.flags) == flags & set(D.FLAGS)
+    assert cpu.native_bf16 == bool({"avx512_bf16", "amx_bf16"} & flags)
+    line = cpu.describe()
+    assert cpu.capability in line and ("bf16 native" if cpu.native_bf16 else "bf16 emulated") in line
+
+
+def fake_cpu(*flags):
+    return D.CpuFeatures("Test CPU", "GenuineIntel", 2, "AVX2", tuple(flags), True)
+
+
+def test_bfloat16_warns_once_where_the_cpu_only_emulates_it(monkeypatch):
+    monkeypatch.setattr(D, "cpu_features", lambda: fake_cpu("avx2", "fma"))
+    monkeypatch.setattr(D, "_warned_bf16", False)
+    with pytest.warns(UserWarning, match="emulated.*use float32"):
+        assert D.resolve_dtype("bfloat16") == torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert D.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16  # once only
+        assert D.resolve_dtype(None) == torch.float32
+
+
+def test_bf16_training_warns_where_the_cpu_only_emulates_it(monkeypatch):
+    from bertkit.training.loop import autocast_for
+
+    monkeypatch.setattr(D, "cpu_features", lambda: fake_cpu("avx2", "fma"))
+    monkeypatch.setattr(D, "_warned_bf16", False)
+    with pytest.warns(UserWarning, match="emulated.*--precision fp32"):
+        autocast_for("bf16", "cpu")
+    monkeypatch.setattr(D, "cpu_features", lambda: fake_cpu("avx2", "amx_bf16"))
+    monkeypatch.setattr(D, "_warned_bf16", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with autocast_for("bf16", "cpu")():
+            assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_bfloat16_is_quiet_where_the_cpu_has_it(monkeypatch):
+    for flag in ("avx512_bf16", "amx_bf16"):
+        monkeypatch.setattr(D, "cpu_features", lambda: fake_cpu("avx2", flag))
+        monkeypatch.setattr(D, "_warned_bf16", False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert D.resolve_dtype("bfloat16") == torch.bfloat16
+    with pytest.raises(BertkitError, match="use auto, float32 or bfloat16"):
+        D.resolve_dtype("float16")
+
+
+def test_devices():
+    assert D.resolve_device("cpu") == torch.device("cpu")
+    assert D.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(BertkitError, match="use auto, cpu or cuda"):
+        D.resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(BertkitError, match="no CUDA GPU"):
+            D.resolve_device("cuda")
+
+
+
+
+def test_auto_precision_follows_the_cpu_flags(monkeypatch):
+    """The rule: bf16 where the CPU multiplies it natively (AMX, AVX512-BF16), float32 where it is emulated."""
+    for flags, expected in ((("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8"), torch.bfloat16),
+                            (("avx2", "avx512f", "avx512_bf16"), torch.bfloat16),
+                            (("avx2", "fma"), torch.float32)):
+        monkeypatch.setattr(D, "cpu_features", lambda flags=flags: fake_cpu(*flags))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # auto never picks an emulated precision, so never warns
+            assert D.resolve_dtype("auto", torch.device("cpu")) == expected
+            assert D.resolve_dtype("auto") == expected
+        assert D.resolve_dtype(None) == torch.float32  # the Python API's default stays exact
+
+
+def test_auto_precision_on_this_machine_is_faithful():
+    """auto on this CPU gives vectors within cosine 0.999 of float32 (bf16 where native, else float32 itself)."""
+    texts = TEXTS + ["The bank of the river was muddy after the rain.", "She deposited the cheque at the bank."]
+    ref = bertkit.embed(texts, device="cpu", dtype="float32")
+    got = bertkit.embed(texts, device="cpu", dtype="auto")
+    assert cosines(got, ref).min() > 0.999
+    if not D.cpu_features().native_bf16:
+        np.testing.assert_array_equal(got, ref)  # auto is float32 here: exact

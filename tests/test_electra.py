@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from bertkit import BertkitError
-from bertkit.electra import (GENERATOR_DIR, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining,
-                             ElectraForQuestionAnswering, ElectraForSequenceClassification,
-                             ElectraForTokenClassification, ElectraModel, ElectraPretrainingModel, class_for,
-                             corrupt, electra_metrics)
+from bertkit.checkpoint import GENERATOR_DIR
+from bertkit.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, ElectraForQuestionAnswering,
+                             ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel)
+from bertkit.electra_pretraining import ElectraPretrainingModel, corrupt, electra_metrics
+from bertkit.loading import class_for
 from bertkit.heads import BertForSequenceClassification
 
 # odd sizes so that a swapped dimension fails: E=20 != H=36, 6 heads of 6, intermediate 37

@@ -219,13 +219,10 @@ def twins(cls, attn, seed=0, **overrides):
             L.accelerate(cls(config, generator=torch.Generator().manual_seed(seed))))
 
 
-@pytest.mark.parametrize("small_rule", [True, False], ids=["shape-rule", "fused-kernel"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_accelerated_model_equals_the_plain_one(attn, small_rule, monkeypatch):
+def test_accelerated_model_equals_the_plain_one(attn):
     """Inference (packed weights, fused GELU/residual): every layer within 1e-5 at real tokens
     (padding outputs, which nothing reads, differ by summation order)."""
-    if not small_rule:
-        monkeypatch.setattr(L, "SMALL_ATTENTION", 0)
     plain, fast = twins(BertModel, attn)
     plain.eval(), fast.eval()
     ids, mask, types = padded_batch()
@@ -239,13 +236,10 @@ def test_accelerated_model_equals_the_plain_one(attn, small_rule, monkeypatch):
         torch.testing.assert_close(b.pooler_output, a.pooler_output, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("small_rule", [True, False], ids=["shape-rule", "fused-kernel"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_accelerated_training_gives_the_plain_gradients(attn, small_rule, monkeypatch):
+def test_accelerated_training_gives_the_plain_gradients(attn):
     """training=True: the pre-training loss (MLM at the labelled positions + NSP) and every
     parameter's gradient within 1e-5 of the plain model's (dropout 0 so both see one function)."""
-    if not small_rule:
-        monkeypatch.setattr(L, "SMALL_ATTENTION", 0)
     config = BertConfig(**TINY, attn_implementation=attn)
     plain = BertForPreTraining(config, generator=torch.Generator().manual_seed(1)).train()
     fast = L.accelerate(BertForPreTraining(config, generator=torch.Generator().manual_seed(1)), training=True).train()
@@ -285,24 +279,6 @@ def test_accelerate_keeps_parameters_names_and_checkpoints(tmp_path):
     assert not torch.equal(fast.classifier.weight, plain.classifier.weight)  # the optimizer moved them
 
 
-def test_small_inputs_take_the_explicit_path_with_the_same_result(monkeypatch):
-    """Rule 4: at B x T x T <= SMALL_ATTENTION the accelerated model skips the fused kernel."""
-    _, model = twins(BertModel, "sdpa")
-    model.eval()
-    ids, mask, types = padded_batch()  # 4 x 13: 676 score cells per head
-    calls = []
-    real_sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **k: calls.append(1) or real_sdpa(*a, **k))
-    with torch.no_grad():
-        small = model(ids, mask, types).last_hidden_state
-        assert len(calls) == 0  # the explicit path ran
-        monkeypatch.setattr(L, "SMALL_ATTENTION", 0)
-        fused = model(ids, mask, types).last_hidden_state
-        assert len(calls) == 2  # now the fused kernel did, once per layer
-    torch.testing.assert_close(small, fused, atol=1e-6, rtol=0)
-
-
 def test_post_ops_are_fused_only_where_the_cpu_has_avx512(monkeypatch):
     real = L.cpu_features()
     monkeypatch.setattr(L, "cpu_features", lambda: dataclasses.replace(real, flags=("avx2", "fma")))
@@ -332,8 +308,7 @@ def test_inference_fuses_gelu_and_residual_into_the_matmuls(fuse, monkeypatch):
 
 
 def test_switched_off_accelerated_model_is_the_plain_model_exactly(monkeypatch):
-    """use_onednn(False) and the fused kernel at every size: the very same kernels as the plain model."""
-    monkeypatch.setattr(L, "SMALL_ATTENTION", 0)
+    """use_onednn(False): the very same kernels as the plain model."""
     plain, fast = twins(BertModel, "sdpa")
     ids, mask, types = padded_batch()
     L.use_onednn(False)
@@ -383,77 +358,32 @@ def test_inference_and_training_take_their_kernels(kernel, monkeypatch):
     assert len(calls) == 2  # the forward and the weight's gradient
 
 
+@onednn
+@pytest.mark.parametrize("vendor,onednn_trains", [("GenuineIntel", False), ("AuthenticAMD", True), ("", True)])
+def test_training_runs_mkl_on_intel_and_onednn_elsewhere(vendor, onednn_trains, monkeypatch):
+    """Rule 2, with the vendor mocked: the gradients are F.linear's either way."""
+    monkeypatch.setattr(L, "_enabled", None)
+    real = L.cpu_features()
+    monkeypatch.setattr(L, "cpu_features", lambda: dataclasses.replace(real, vendor=vendor))
+    assert L.onednn_for_training() is onednn_trains
+    calls = []
+    real_onednn = L._onednn
+    monkeypatch.setattr(L, "_onednn", lambda *a, **k: calls.append(1) or real_onednn(*a, **k))
+    x, w, b = operands((6, 32), 48, seed=12)
+    ours, ref = w.clone().requires_grad_(), w.clone().requires_grad_()
+    linear(x, ours, b).square().sum().backward()
+    F.linear(x, ref, b).square().sum().backward()
+    assert len(calls) == (2 if onednn_trains else 0)  # the forward and the weight's gradient
+    torch.testing.assert_close(ours.grad, ref.grad, atol=1e-4, rtol=1e-5)
+    L.use_onednn(True)  # forced either way
+    assert L.onednn_for_training()
+    L.use_onednn(False)
+    assert not L.onednn_for_training()
+
+
 def test_accelerate_refuses_what_is_not_a_model():
     with pytest.raises(BertkitError, match="nn.Module"):
         L.accelerate("model/")
-
-
-# --- the CPU, devices and dtypes ------------------------------------------------------------------
-
-
-def test_cpu_features_read_proc_cpuinfo():
-    cpu = L.cpu_features()
-    assert cpu.capability == torch.backends.cpu.get_cpu_capability()
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        pytest.skip("no /proc/cpuinfo here")
-    flags = set(next(line for line in text.splitlines() if line.startswith(("flags", "Features"))).split(":")[1].split())
-    assert set(cpu.flags) == flags & set(L.FLAGS)
-    assert cpu.native_bf16 == bool({"avx512_bf16", "amx_bf16"} & flags)
-    line = cpu.describe()
-    assert cpu.capability in line and ("bf16 native" if cpu.native_bf16 else "bf16 emulated") in line
-
-
-def fake_cpu(*flags):
-    return L.CpuFeatures("Test CPU", 2, "AVX2", tuple(flags), True)
-
-
-def test_bfloat16_warns_once_where_the_cpu_only_emulates_it(monkeypatch):
-    monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", "fma"))
-    monkeypatch.setattr(L, "_warned_bf16", False)
-    with pytest.warns(UserWarning, match="emulated.*use float32"):
-        assert L.resolve_dtype("bfloat16") == torch.bfloat16
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert L.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16  # once only
-        assert L.resolve_dtype(None) == torch.float32
-
-
-def test_bf16_training_warns_where_the_cpu_only_emulates_it(monkeypatch):
-    from bertkit.training.loop import autocast_for
-
-    monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", "fma"))
-    monkeypatch.setattr(L, "_warned_bf16", False)
-    with pytest.warns(UserWarning, match="emulated.*--precision fp32"):
-        autocast_for("bf16", "cpu")
-    monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", "amx_bf16"))
-    monkeypatch.setattr(L, "_warned_bf16", False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with autocast_for("bf16", "cpu")():
-            assert torch.get_autocast_dtype("cpu") == torch.bfloat16
-
-
-def test_bfloat16_is_quiet_where_the_cpu_has_it(monkeypatch):
-    for flag in ("avx512_bf16", "amx_bf16"):
-        monkeypatch.setattr(L, "cpu_features", lambda: fake_cpu("avx2", flag))
-        monkeypatch.setattr(L, "_warned_bf16", False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert L.resolve_dtype("bfloat16") == torch.bfloat16
-    with pytest.raises(BertkitError, match="use float32 or bfloat16"):
-        L.resolve_dtype("float16")
-
-
-def test_devices():
-    assert L.resolve_device("cpu") == torch.device("cpu")
-    assert L.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    with pytest.raises(BertkitError, match="use auto, cpu or cuda"):
-        L.resolve_device("tpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(BertkitError, match="no CUDA GPU"):
-            L.resolve_device("cuda")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -4,7 +4,7 @@ Most tests use a tiny random model of odd shape (5 layers, hidden 32, 4 heads,
 intermediate 37) with the real uncased vocabulary, so a swapped dimension or a
 wrong layer shows up. Every expected value is computed here directly from the
 model's hidden states, with the layer lists written out by hand from the
-paper's Table 7 (not taken from bertkit.features.STRATEGIES).
+paper's Table 7 (not taken from bertkit.pooling.STRATEGIES).
 """
 
 import json
@@ -14,14 +14,9 @@ import pytest
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.features import (
-    embed,
-    iter_embed,
-    pool_words,
-    read_texts,
-    resolve_layers,
-    write_vectors,
-)
+from bertkit.features import embed, iter_embed
+from bertkit.pooling import pool_words, resolve_layers
+from bertkit.vector_files import read_texts, write_vectors
 
 L = 5  # layers of the tiny model
 
@@ -199,6 +194,13 @@ def test_beyond_512_tokens_is_windowed_with_the_default_model():
 # --- errors -----------------------------------------------------------------------------------
 
 
+def test_max_pooling_and_the_default_without_a_layout(tiny):
+    h, _ = hidden_states(tiny, TEXT)
+    np.testing.assert_allclose(embed(TEXT, tiny, pooling="max"), h[5].max(axis=0), atol=1e-5)
+    # a model with no sentence-transformers layout: the tokens' mean, not normalised
+    np.testing.assert_allclose(embed(TEXT, tiny), h[5].mean(axis=0), atol=1e-5)
+
+
 def test_bad_input_gets_clear_errors(tiny):
     with pytest.raises(BertkitError, match="empty text"):
         embed("", tiny)
@@ -213,7 +215,7 @@ def test_bad_input_gets_clear_errors(tiny):
     with pytest.raises(BertkitError, match="unknown layer strategy 'sum_last_five'"):
         embed("hi", tiny, layers="sum_last_five")
     with pytest.raises(BertkitError, match="unknown pooling"):
-        embed("hi", tiny, pooling="max")
+        embed("hi", tiny, pooling="median")
     with pytest.raises(BertkitError, match="already fixes"):
         embed("hi", tiny, layers="sum_all", combine="concat")
     with pytest.raises(BertkitError, match="pairs are not windowed"):
@@ -283,9 +285,13 @@ def test_cli_embed(tiny, tmp_path, capsys):
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
     out = tmp_path / "out.npy"
     assert main(["embed", str(tmp_path / "in.txt"), "-o", str(out), "--model", str(model_dir),
-                 "--layers", "concat_last_four", "--pooling", "cls", "--normalize", "--quiet"]) == 0
+                 "--layers", "concat_last_four", "--pooling", "cls", "--normalize", "--quiet", "--dtype", "float32"]) == 0
     expected = embed(texts, tiny, layers="concat_last_four", pooling="cls", normalize=True)
-    np.testing.assert_allclose(np.load(out), expected, atol=1e-5)
+    np.testing.assert_allclose(np.load(out), expected, atol=1e-5)  # --dtype float32 is exact
+    # the default precision, auto: bf16 where this CPU has it natively, within cosine 0.999 of float32
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(out), "--model", str(model_dir),
+                 "--layers", "concat_last_four", "--pooling", "cls", "--normalize", "--quiet"]) == 0
+    assert (np.load(out) * expected).sum(axis=1).min() > 0.999
     assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "w.jsonl"), "--model", str(model_dir),
                  "--layers=-1,-2", "--combine", "sum", "--pooling", "words", "--quiet"]) == 0
     rows = [json.loads(x)["vectors"] for x in (tmp_path / "w.jsonl").read_text().splitlines()]

@@ -55,16 +55,22 @@ def test_mean_pooled_normalised_equals_transformers(hf, sentences):
 
 
 def test_equals_sentence_transformers(sentences, default_model_dir):
+    """With no options, embed follows the model's sentence-transformers layout: mean pooling, normalised,
+    cut at its max_seq_length (256), so a text longer than that gives sentence-transformers' vector too."""
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
-        pytest.skip("sentence-transformers is not installed (an optional second oracle)")
+        need(False, "sentence-transformers (the oracle, dev extra) is not installed")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     st = SentenceTransformer(str(default_model_dir), device="cpu")
-    expected = st.encode(sentences, batch_size=4, convert_to_numpy=True)
-    # the published pipeline truncates at 256 tokens; these sentences are all shorter
-    assert max(len(st.tokenizer(s)["input_ids"]) for s in sentences) < 256
-    np.testing.assert_allclose(embed(sentences, normalize=True), expected, rtol=0, atol=1e-5)
+    long_text = " ".join(sentences * 20)
+    texts = [*sentences, long_text]
+    assert len(st.tokenizer(long_text)["input_ids"]) > 400 and st.max_seq_length == 256
+    expected = st.encode(texts, batch_size=4, convert_to_numpy=True)
+    np.testing.assert_allclose(embed(texts), expected, rtol=0, atol=1e-5)
+    # asking for windows embeds the whole long text instead: another vector
+    windowed = embed([long_text], truncate=False)[0]
+    assert float(windowed @ expected[-1]) < 0.9999
 
 
 def test_strategies_equal_transformers_hidden_states(hf, sentences):
@@ -80,4 +86,4 @@ def test_strategies_equal_transformers_hidden_states(hf, sentences):
     np.testing.assert_allclose(embed(text, layers="sum_all", pooling=None), sum(h[1:]), atol=1e-4)
     np.testing.assert_allclose(embed(text, layers="concat_last_four", pooling=None),
                                np.concatenate([h[6], h[5], h[4], h[3]], -1), atol=1e-5)
-    np.testing.assert_allclose(embed(text, layers="second_to_last", pooling="cls"), h[5][0], atol=1e-5)
+    np.testing.assert_allclose(embed(text, layers="second_to_last", pooling="cls", normalize=False), h[5][0], atol=1e-5)

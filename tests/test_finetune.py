@@ -198,7 +198,7 @@ def test_predict_api_and_cli(sentiment_run, tmp_path, capsys):
     assert set(preds[0]["probabilities"]) == {"neg", "pos"}
     assert sum(preds[0]["probabilities"].values()) == pytest.approx(1.0)
     inp = write_tsv(tmp_path / "new.tsv", ["sentence"], [["this day was good ."], ["the service was poor ."], ["it was fine"]])
-    assert main(["predict", str(d / "out"), str(inp), "--output", str(tmp_path / "p.tsv")]) == 0
+    assert main(["predict", str(d / "out"), str(inp), "--output", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     lines = (tmp_path / "p.tsv").read_text().splitlines()
     assert len(lines) == 4 and lines[1].split("\t")[1] == "pos" and lines[2].split("\t")[1] == "neg"
 
@@ -408,7 +408,7 @@ def test_an_electra_discriminator_fine_tunes_and_predicts(tmp_path):
     final = finetune_text(TextTaskConfig(train=str(t), dev=str(d), output=str(tmp_path / "o"), model=str(src),
                                          max_length=24, training=fast(epochs=6)), log=lambda s: None)
     assert final["dev"]["accuracy"] >= 0.9
-    model, _, _ = load(tmp_path / "o")
+    model = load(tmp_path / "o").model
     assert isinstance(model, ElectraForSequenceClassification)
     from bertkit.finetune.predict import predict
     preds = predict(tmp_path / "o", ["the movie was great", "the food was awful"])

@@ -126,11 +126,11 @@ def test_ner_end_to_end_iob1(tiny, tmp_path):  # noqa: F811
     from bertkit.cli import main
 
     (tmp_path / "new.txt").write_text("john visited berlin .\nthe city of paris was old\n")
-    assert main(["predict", str(tmp_path / "o"), str(tmp_path / "new.txt"), "-o", str(tmp_path / "p.tsv")]) == 0
+    assert main(["predict", str(tmp_path / "o"), str(tmp_path / "new.txt"), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     rows = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]]
     assert rows[0][:2] == ["john visited berlin .", "I-PER O I-LOC O"] and len(rows) == 2
     # the dev file itself (CoNLL columns) gives one row per sentence
-    assert main(["predict", str(tmp_path / "o"), cfg.dev, "-o", str(tmp_path / "p2.tsv")]) == 0
+    assert main(["predict", str(tmp_path / "o"), cfg.dev, "-o", str(tmp_path / "p2.tsv"), "--dtype", "float32"]) == 0
     assert len((tmp_path / "p2.tsv").read_text().splitlines()) == 21
 
 

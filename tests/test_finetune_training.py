@@ -194,10 +194,19 @@ def test_a_killed_fine_tuning_run_resumes_exactly(task, tmp_path):
     assert (killed / "curves.png").stat().st_size > 0
 
 
-def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, tmp_path):
-    common = ("--epochs", 1, "--batch-size", 16, "--seed", 0)
-    done = tmp_path / "done"
-    res = finetune_cli(task, done, *common)
+ONE_EPOCH = ("--epochs", 1, "--batch-size", 16, "--seed", 0)  # 80 rows / 16: 5 updates, one checkpoint at the end
+
+
+@pytest.fixture(scope="module")
+def one_epoch(task, tmp_path_factory):
+    """A finished one-epoch run (ONE_EPOCH) and what it printed."""
+    done = tmp_path_factory.mktemp("one_epoch") / "done"
+    return done, finetune_cli(task, done, *ONE_EPOCH)
+
+
+def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, one_epoch, tmp_path):
+    common = ONE_EPOCH
+    done, res = one_epoch
     assert "deleted the resume checkpoint" in res.stdout
     assert not (done / "checkpoints").exists() and (done / "model.safetensors").is_file()
     # finished is still a run: neither overwritten nor resumable
@@ -212,6 +221,24 @@ def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, tmp
     run_cli("finetune", "classify", "-o", kept, "--resume", "--epochs", 2)  # a second epoch on top
     assert sorted(train_losses(kept)) == list(range(1, 11))
     assert [p.name for p in (kept / "checkpoints").iterdir()] == ["step-00000010.pt"]  # still kept: a saved setting
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(task, one_epoch, tmp_path):
+    # killed during update 3 of 5: the epoch's checkpoint was never written and nothing is finished
+    killed = tmp_path / "killed"
+    res = finetune_cli(task, killed, *ONE_EPOCH, env={KILL_AT_STEP_ENV: "2"}, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert sorted(train_losses(killed)) == [1, 2]
+    assert not (killed / "checkpoints").exists() and not (killed / "model.safetensors").exists()
+
+    res = run_cli("finetune", "classify", "-o", killed, "--resume")  # no "finished and deleted" error
+    assert "stopped before its first checkpoint" in res.stdout and "from the beginning" in res.stdout
+    assert "--save-every" in res.stdout
+
+    done = one_epoch[0]
+    assert train_losses(killed) == train_losses(done)  # the whole run again, exactly, nothing kept twice
+    wa, wb = load_file(done / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 @pytest.mark.slow

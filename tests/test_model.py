@@ -84,7 +84,6 @@ def test_default_model_matches_transformers(real_batch, oracle_models, default_m
     order there too."""
     import bertkit.fast
 
-    monkeypatch.setattr(bertkit.fast, "SMALL_ATTENTION", 0)  # "sdpa" runs the fused kernel at any size
     monkeypatch.setattr(bertkit.fast, "_enabled", True)  # oneDNN, whichever kernel won the race here
     model = fast_default_model if onednn else default_model
     model.config.attn_implementation = attn

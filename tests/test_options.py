@@ -65,3 +65,20 @@ def test_a_base_gives_defaults_and_given_flags_go_on_top(tmp_path):
     assert cfg.resume and cfg.output == str(tmp_path)
     with pytest.raises(BertkitError, match="start the run without --resume"):
         parse("--output", tmp_path / "none", "--resume")
+
+
+@dataclass
+class Files:
+    inputs: list[str] = field(metadata={"help": "the inputs", "positional": True})
+    # a True default is turned off by --no-lower, or by its alias --cased
+    lower: bool = field(default=True, metadata={"help": "lower-case", "flags": ["--lower", "--cased"]})
+
+
+def test_a_list_argument_and_the_alias_of_a_boolean_flag():
+    p = argparse.ArgumentParser()
+    add_options(p, Files)
+    assert from_args(p.parse_args(["a", "b"]), Files) == Files(["a", "b"], True)
+    assert from_args(p.parse_args(["a", "--cased"]), Files) == Files(["a"], False)
+    assert from_args(p.parse_args(["a", "--no-lower"]), Files) == Files(["a"], False)
+    with pytest.raises(SystemExit):  # one or more
+        p.parse_args([])

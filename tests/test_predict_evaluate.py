@@ -36,7 +36,7 @@ def predicted_column(path) -> list[str]:
 
 def test_classification_reports_accuracy_and_f1(sentiment_run, tmp_path, capsys):  # noqa: F811
     d, final = sentiment_run
-    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv")]) == 0
+    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     got = reported(capsys.readouterr().out)
     gold = [r.split("\t")[1] for r in (d / "dev.tsv").read_text().splitlines()[1:]]
     pred = predicted_column(tmp_path / "p.tsv")
@@ -58,7 +58,7 @@ def test_classification_reports_accuracy_and_f1(sentiment_run, tmp_path, capsys)
 def test_unlabelled_file_only_predicts_and_the_flags_choose(sentiment_run, tmp_path, capsys):  # noqa: F811
     d, _ = sentiment_run
     plain = write_tsv(tmp_path / "new.tsv", ["sentence"], [["this day was good ."], ["the food was bad ."]])
-    assert main(["predict", str(d / "out"), str(plain), "-o", str(tmp_path / "p.tsv")]) == 0
+    assert main(["predict", str(d / "out"), str(plain), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "wrote 2 predictions" in out and "evaluation" not in out
     assert predict_file(d / "out", plain, tmp_path / "p.tsv").metrics is None
@@ -93,7 +93,7 @@ def test_regression_reports_pearson_and_spearman(tiny, tmp_path, capsys):  # noq
                          text_pair_column="sentence2", label_column="score", max_length=32,
                          training=fast(epochs=6, metric="pearson"))
     final = finetune_text(cfg, log=lambda s: None)
-    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv")]) == 0
+    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     got = reported(capsys.readouterr().out)
     rows = [r.split("\t") for r in dev.read_text().splitlines()[1:]]
     scores = [p["score"] for p in predict(tmp_path / "o", [r[0] for r in rows], pairs=[r[1] for r in rows])]
@@ -112,7 +112,7 @@ def test_ner_reports_entity_f1_on_a_conll_file(tiny, tmp_path, capsys):  # noqa:
     cfg = NerConfig(train=str(ner_file(tmp_path / "train.txt", 60, rng)), dev=str(dev), output=str(tmp_path / "o"),
                     model=str(tiny), tag_scheme="iob1", max_length=32, stride=8, training=fast(epochs=2, metric="f1"))
     final = finetune_ner(cfg, log=lambda s: None)
-    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv")]) == 0
+    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     got = reported(capsys.readouterr().out)
     assert len(predicted_column(tmp_path / "p.tsv")) == 20
     for name in ("f1", "precision", "recall"):
@@ -142,7 +142,7 @@ def test_qa_reports_exact_match_and_f1_on_squad_json(tiny, tmp_path, capsys):  #
     cfg = QAConfig(train=str(squad_file(tmp_path / "train.json", 60, rng)), dev=str(dev), output=str(tmp_path / "o"),
                    model=str(tiny), max_length=32, doc_stride=8, max_query_length=8, training=fast(epochs=2, metric="f1"))
     final = finetune_qa(cfg, log=lambda s: None)
-    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv")]) == 0
+    assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     got = reported(capsys.readouterr().out)
     assert got["exact_match"] == pytest.approx(final["dev"]["exact_match"], abs=1e-4)
     assert got["f1"] == pytest.approx(final["dev"]["f1"], abs=1e-4)

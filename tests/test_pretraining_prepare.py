@@ -309,7 +309,8 @@ def test_bad_inputs_are_counted_not_fatal(tmp_path, capsys):
     corpus.mkdir()
     good = " ".join(f"This is sentence number {i} of the good file." for i in range(60))
     (corpus / "good.txt").write_text(good + "\n\n" + good.replace("good", "second") + "\n")
-    (corpus / "garbage.txt").write_bytes(bytes(random.Random(0).randrange(256) for _ in range(20000)))
+    rng = random.Random(0)  # one generator: random bytes, NULs among them (not 20,000 copies of one byte)
+    (corpus / "garbage.txt").write_bytes(bytes(rng.randrange(256) for _ in range(20000)))
     (corpus / "latin1.txt").write_bytes("Caf\u00e9 au lait. Tr\u00e8s bien.\n\nAnother document here.\n".encode("latin-1"))
     (corpus / "huge.txt").write_text(("word " * 300_000) + "\n")  # one 1.5 MB line
     (corpus / "short.txt").write_text("Hi\n\n\x07\x08\n\n.\n")  # a fragment, control characters only, a dot
@@ -396,3 +397,28 @@ def test_a_second_run_in_one_process_uses_its_own_vocabulary(tmp_path):
     prepare([tmp_path / "c"], tmp_path / "small", cfg, vocab=small, progress=False)
     prepare([tmp_path / "c"], tmp_path / "default", cfg, progress=False)
     assert len(PretrainingDataset(tmp_path / "default")) > 0
+
+
+def test_a_latin1_corpus_stops_with_the_fix_and_reads_with_encoding(tmp_path, capsys):
+    from bertkit.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab
+
+    sentences = ["Le café était chaud ce matin.", "Nous avons parlé de la forêt.", "Où est la clé de l'école ?",
+                 "Un été à la mer, déjà fini.", "Ça suffit pour aujourd'hui, à demain."]
+    docs = ["\n".join(sentences[d:] + sentences[:d]) for d in range(5)]  # every line has an accent
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "livre.txt").write_bytes("\n\n".join(docs).encode("latin-1") + b"\n")
+    cased = VocabTrainingConfig(lowercase=False, min_frequency=1, vocab_size=200)
+    vocab = save_trained_vocab(train_vocab(sentences, cased), tmp_path / "vocab", cased)
+    out = tmp_path / "out"
+    argv = ["pretrain", "prepare", str(tmp_path / "c"), "-o", str(out), "--vocab", str(vocab), "--quiet",
+            "--examples", "0", "--dupe-factor", "1", "--max-seq-length", "32", "--objective", "sop"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "livre.txt is not utf-8 text: 25 of its 25 lines" in err
+    assert "--encoding latin-1" in err and not (out / "manifest.json").exists()
+
+    assert main(argv + ["--encoding", "latin-1"]) == 0
+    ds = PretrainingDataset(out)
+    assert ds.manifest["config"]["encoding"] == "latin-1" and ds.manifest["corpus"]["skips"] == {}
+    text = ds.tokenizer().decode([int(t) for t in ds.corpus_tokens()])
+    assert "café" in text and "forêt" in text and "Ça" in text and "[UNK]" not in text

@@ -25,12 +25,18 @@ COMMON = ("--max-steps", 8, "--batch-size", 8, "--save-every", 3, "--keep-last",
           "--eval-sequences", 32, "--seed", 7, "--learning-rate", 1e-3)
 
 
-def test_a_killed_run_resumes_exactly(shared_data, tmp_path):
-    data = make_prepared_data(shared_data, tmp_path)
-    config = tiny_config_file(tmp_path)
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
+@pytest.fixture(scope="module")
+def straight_run(shared_data, tmp_path_factory):
+    """(data, --config file, a finished uninterrupted run with COMMON)."""
+    tmp = tmp_path_factory.mktemp("resume")
+    data, config = make_prepared_data(shared_data, tmp), tiny_config_file(tmp)
+    run_cli("pretrain", "run", data, "--config", config, "-o", tmp / "straight", *COMMON)
+    return data, config, tmp / "straight"
 
-    run_cli("pretrain", "run", data, "--config", config, "-o", straight, *COMMON)
+
+def test_a_killed_run_resumes_exactly(straight_run, tmp_path):
+    data, config, straight = straight_run
+    killed = tmp_path / "killed"
 
     # step index 4 = the 5th update: checkpoints exist for step 3, step 4 is logged but not saved
     res = run_cli("pretrain", "run", data, "--config", config, "-o", killed, *COMMON,
@@ -49,6 +55,23 @@ def test_a_killed_run_resumes_exactly(shared_data, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # keep-last-2: the run ended with checkpoints 6 and 8
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-00000006.pt", "step-00000008.pt"]
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(straight_run, tmp_path):
+    data, config, straight = straight_run
+    killed = tmp_path / "killed"
+    # step index 1 = the 2nd update, before the first checkpoint (step 3)
+    res = run_cli("pretrain", "run", data, "--config", config, "-o", killed, *COMMON,
+                  env={KILL_AT_STEP_ENV: "1"}, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert sorted(train_losses(killed)) == [1] and not (killed / "checkpoints").exists()
+
+    res = run_cli("pretrain", "run", data, "-o", killed, "--resume")  # not "no checkpoint" any more
+    assert "stopped before its first checkpoint" in res.stdout and "from the beginning" in res.stdout
+    assert "every 3 steps" in res.stdout and "--save-every" in res.stdout
+    assert train_losses(killed) == train_losses(straight)  # all 8 steps again, exactly
+    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_continued_run_resumes_without_its_sources(shared_data, tmp_path):

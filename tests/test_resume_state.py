@@ -1,5 +1,6 @@
 """Checkpoint files: atomic writes, keep-last-K, RNG round trips."""
 
+import pickle
 import random
 
 import numpy as np
@@ -58,3 +59,53 @@ def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
     ts.restore_rng(ts.load_checkpoint(ts.latest_checkpoint(tmp_path))["rng"][0])
     got = (random.random(), np.random.rand(), torch.rand(3))
     assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
+
+
+class Payload:
+    """What a hostile checkpoint would hold: unpickling it creates the file `marker`."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_never_run(tmp_path):
+    marker = tmp_path / "payload_ran"
+    path = tmp_path / "run" / "checkpoints" / "step-00000001.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"model": {"w": torch.ones(2)}, "rng": [Payload(marker)]}, path)
+    with pytest.raises(BertkitError, match=r"refusing to read checkpoint .*step-00000001\.pt.*io\.open"):
+        ts.load_checkpoint(path)
+    with pytest.raises(BertkitError, match="step-00000001.pt"):  # the way --resume reads it
+        ts.resume_state(tmp_path / "run", num_instances=1, world_size=1)
+    assert not marker.exists()
+    # a plain pickle stream (no torch zip) is refused too
+    raw = path.with_name("step-00000002.pt")
+    raw.write_bytes(pickle.dumps({"rng": Payload(marker)}, protocol=2))
+    with pytest.raises(BertkitError, match="step-00000002.pt"):
+        ts.load_checkpoint(raw)
+    assert not marker.exists()
+    # the control: the payload is live, loading as before (weights_only=False) runs it
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+def test_a_training_state_reads_back_with_weights_only(tmp_path):
+    # what the loops save: RNG states, optimizer moments, numpy numbers in a fine-tuning history
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    history = [{"epoch": 1, "accuracy": np.float64(0.75), "counts": np.array([3, 1])}]
+    ts.save_checkpoint(tmp_path, 4, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                     "rng": [ts.capture_rng()], "finetune": {"history": history}})
+    state = torch.load(ts.latest_checkpoint(tmp_path), weights_only=True)  # no error: nothing but plain data
+    assert state["step"] == 4 and state["finetune"]["history"][0]["accuracy"] == 0.75
+    assert type(state["finetune"]["history"][0]["accuracy"]) is float
+    assert torch.equal(state["finetune"]["history"][0]["counts"], torch.tensor([3, 1]))
+    assert all(torch.equal(a, b) for a, b in zip(state["model"].values(), model.state_dict().values()))
+    assert state["optimizer"]["param_groups"] == optimizer.state_dict()["param_groups"]
+    with pytest.raises(TypeError, match=r"state\['odd'\] is a set"):
+        ts.save_checkpoint(tmp_path, 5, {"odd": {1, 2}})

@@ -164,15 +164,17 @@ def servers(dirs):
     """Every long-lived server of this module, started together; stopped (and checked) at the end."""
     started = {
         # --layers/--pooling are start-up choices; the input limit is small so 413 is cheap to reach
+        # --dtype float32: their answers are compared with the library's float32 ones to 1e-6
         "main": Server(dirs["encoder"], "--api-key", KEY, "--layers", "sum_last_four", "--max-input-length", 24,
-                       "--max-body-bytes", 65536, "--threads", 1),
+                       "--max-body-bytes", 65536, "--threads", 1, "--dtype", "float32"),
         # a long batching window and a short queue: requests wait together, and a third one is refused
         # test_sigterm_... (the last test) stops it
         "window": Server(dirs["encoder"], "--layers", "sum_last_four", "--max-wait-ms", 1500, "--max-queue", 6,
-                         "--threads", 1),
-        "pair": Server(dirs["pair"], "--threads", 1),
-        "ner": Server(dirs["ner"], "--threads", 1),
-        "qa": Server(dirs["qa"], "--threads", 1),
+                         "--threads", 1, "--dtype", "float32"),
+        "pair": Server(dirs["pair"], "--threads", 1, "--dtype", "float32"),
+        "ner": Server(dirs["ner"], "--threads", 1, "--dtype", "float32"),
+        "qa": Server(dirs["qa"], "--threads", 1, "--dtype", "float32"),
+        # the default model with the default precision (auto: bf16 where this CPU has it natively)
         "default": Server("--api-key", KEY, "--threads", 1),
         "int8": Server(dirs["encoder"], "--int8", "--threads", 1),
     }
@@ -223,11 +225,11 @@ def test_truncate_cuts_at_the_input_limit(servers, dirs):
     import bertkit
 
     long_text = " ".join(["weather"] * 40)
-    status, _, vectors = post(servers["main"].port, "/embed", {"inputs": [long_text], "truncate": True,
-                                                                "normalize": False})
-    assert status == 200
     expected = bertkit.embed([long_text], str(dirs["encoder"]), layers="sum_last_four", truncate=True, max_length=24)
-    np.testing.assert_allclose(vectors, expected, atol=1e-6, rtol=0)
+    for flags in ({"truncate": True}, {}):  # truncating is the default, as in TEI
+        status, _, vectors = post(servers["main"].port, "/embed", {"inputs": [long_text], "normalize": False, **flags})
+        assert status == 200
+        np.testing.assert_allclose(vectors, expected, atol=1e-6, rtol=0)
 
 
 def test_a_text_gets_the_same_vector_alone_and_in_a_crowded_batch(servers):
@@ -251,15 +253,30 @@ def test_a_text_gets_the_same_vector_alone_and_in_a_crowded_batch(servers):
             np.testing.assert_allclose(vector, alone[text], atol=1e-6, rtol=0)
 
 
+def close_to(got, expected, native_bf16: bool) -> None:
+    """The default server's answers: float32's to 1e-6, or within cosine 0.999 of them in bf16."""
+    if native_bf16:
+        got = np.asarray(got, dtype=np.float32)
+        assert (got * expected).sum(-1).min() > 0.999 and not np.allclose(got, expected, atol=1e-6)
+    else:
+        np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
 def test_openai_client_round_trip_on_the_default_model(servers):
     import bertkit
+    from bertkit.devices import cpu_features
 
     openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{servers['default'].port}/v1", api_key=KEY)
+    port = servers["default"].port
+    native = cpu_features().native_bf16
+    info = call(port, "GET", "/info", headers=AUTH)[2]
+    assert info["precision"] == ("bfloat16" if native else "float32")  # --dtype auto, the default
+    assert f'precision="{info["precision"]}"' in call(port, "GET", "/metrics", headers=AUTH)[2]
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
     response = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS)  # base64 on the wire
     got = np.array([d.embedding for d in response.data], dtype=np.float32)
     expected = bertkit.embed(TEXTS, normalize=True)
-    np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+    close_to(got, expected, native)
     assert [d.index for d in response.data] == list(range(len(TEXTS)))
     from bertkit.tokenizer import Tokenizer
 
@@ -267,7 +284,12 @@ def test_openai_client_round_trip_on_the_default_model(servers):
     n_tokens = sum(len(tok.encode(t).input_ids) for t in TEXTS)
     assert response.usage.prompt_tokens == response.usage.total_tokens == n_tokens
     floats = client.embeddings.create(model="all-MiniLM-L6-v2", input="Hello!", encoding_format="float")
-    np.testing.assert_allclose(floats.data[0].embedding, expected[1], atol=1e-6, rtol=0)
+    close_to([floats.data[0].embedding], expected[1:2], native)
+    # the model's sentence-transformers layout says 256 tokens: a longer text is embedded as its first 256
+    long_text = " ".join(TEXTS * 40)
+    cut = client.embeddings.create(model="all-MiniLM-L6-v2", input=long_text, encoding_format="float")
+    close_to([cut.data[0].embedding], bertkit.embed([long_text]), native)
+    assert cut.usage.prompt_tokens == 256 and info["max_input_length"] == 256
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=client.base_url, api_key="wrong").embeddings.create(model="m", input="x")
 
@@ -385,7 +407,7 @@ def test_info_and_metrics(servers):
     ({"inputs": ""}, 422, "empty"),
     ({"text": "wrong field"}, 422, "`inputs` is required"),
     ({"inputs": "x", "normalize": "yes"}, 422, "`normalize` must be true or false"),
-    ({"inputs": ["x", " ".join(["weather"] * 40)]}, 413, "limit of 24"),
+    ({"inputs": ["x", " ".join(["weather"] * 40)], "truncate": False}, 413, "limit of 24"),
     ({"inputs": [[101, 102]]}, 422, "token ids"),
 ])
 def test_bad_requests_get_clear_errors(servers, body, status, words):
@@ -394,7 +416,8 @@ def test_bad_requests_get_clear_errors(servers, body, status, words):
 
 
 def test_openai_errors_name_the_limit(servers):
-    status, _, body = post(servers["main"].port, "/v1/embeddings", {"input": " ".join(["weather"] * 40), "model": "m"})
+    status, _, body = post(servers["main"].port, "/v1/embeddings", {"input": " ".join(["weather"] * 40), "model": "m",
+                                                                     "truncate": False})
     assert status == 413 and "limit of 24" in body["error"]["message"]
     status, _, body = post(servers["main"].port, "/v1/embeddings", {"input": "x", "encoding_format": "int8"})
     assert status == 422 and "encoding_format" in body["error"]["message"]
@@ -420,6 +443,22 @@ def test_body_over_the_limit_is_413(servers):
     response = conn.getresponse()
     assert response.status == 413 and "65536" in json.loads(response.read())["error"]
     conn.close()
+    assert post(port, "/embed", {"inputs": "still serving"})[0] == 200
+
+
+def test_a_client_that_writes_its_whole_body_first_reads_the_413(servers):
+    # urllib sends all 16 MB before reading: the server must read and drop what it refused
+    # (a lingering close), or closing on unread bytes resets the connection and the answer is lost
+    import urllib.error
+    import urllib.request
+
+    port = servers["main"].port
+    for headers, status, words in ((AUTH, 413, "65536"), ({}, 401, "API key")):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/embed", data=b"[" * (16 * 1024 * 1024),
+                                         headers={**headers, "Content-Type": "application/json"}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == status and words in json.loads(refused.value.read())["error"]
     assert post(port, "/embed", {"inputs": "still serving"})[0] == 200
 
 

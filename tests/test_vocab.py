@@ -93,3 +93,21 @@ def test_cli_vocab_check(tmp_path, capsys):
     _write(tmp_path, GOOD + ["cat"])
     assert main(["vocab", "check", str(tmp_path)]) == 2
     assert "token 'cat' appears twice" in capsys.readouterr().err
+
+
+@pytest.mark.oracle
+def test_a_folder_with_only_tokenizer_json_loads_its_wordpiece_vocabulary(tmp_path, default_model_dir,
+                                                                          transformers_mod):
+    """sentence-transformers 6 saves tokenizer.json and no vocab.txt: the vocabulary is read from it."""
+    hf = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    hf.save_pretrained(str(tmp_path))
+    (tmp_path / "vocab.txt").unlink()
+    assert (tmp_path / "tokenizer.json").is_file()
+    ours = Tokenizer.from_pretrained(tmp_path)
+    reference = Tokenizer.from_pretrained(default_model_dir)
+    assert ours.ids_to_tokens == reference.ids_to_tokens and ours.lowercase == reference.lowercase
+    text = "Sentence embeddings, unaffable Ödön and 東京 in one line."
+    assert ours.encode(text).input_ids == hf(text)["input_ids"]
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}}}')
+    with pytest.raises(BertkitError, match="BPE tokenizer, not WordPiece"):
+        Tokenizer.from_pretrained(tmp_path)

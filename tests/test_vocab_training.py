@@ -92,6 +92,58 @@ def test_cli_vocab_train(tmp_path, capsys):
     assert "corpus path not found" in capsys.readouterr().err
 
 
+# every line has an accent, 4% of the bytes: below the binary-file threshold, as in real French prose
+FRENCH = ["Le café était chaud ce matin, et nous avons parlé de la ville.",
+          "Où est la clé de la maison ? Elle est sur la table, dit-il.",
+          "Un été à la mer : la fenêtre ouverte, le vent et le sable.",
+          "Ça suffit pour aujourd'hui, nous reprendrons demain soir."]
+
+
+def test_cli_vocab_train_reads_a_latin1_corpus_with_encoding(tmp_path, capsys):
+    from bertkit.cli import main
+
+    corpus = tmp_path / "fr.txt"
+    corpus.write_bytes(("\n".join(FRENCH * 5) + "\n").encode("latin-1"))  # every line has an accent
+    out = tmp_path / "tok"
+    # without --encoding: stops, naming the file and the fix, and writes nothing
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--cased", "--vocab-size", "80"]) == 2
+    [err] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # one line (and tqdm's)
+    assert str(corpus) in err and "20 of its 20 lines" in err and "--encoding latin-1" in err
+    assert not out.exists()
+
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--cased", "--vocab-size", "80",
+                 "--encoding", "latin-1"]) == 0
+    assert "repaired" not in capsys.readouterr().out
+    vocab = load_vocab(out / "vocab.txt")
+    assert {"é", "à", "Ç", "##é", "##ê"} <= set(vocab)  # accents kept, not replaced by U+FFFD
+    assert "\ufffd" not in vocab
+    assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is False
+    tok = Tokenizer.from_pretrained(out)
+    assert "".join(t.removeprefix("##") for t in tok.tokenize("été")) == "été"
+    # the same text in cp1252 (where it equals latin-1 but for the typographic quotes)
+    (tmp_path / "w.txt").write_bytes("Le café « très » chaud\n".encode("cp1252") * 3)
+    assert main(["vocab", "train", str(tmp_path / "w.txt"), "-o", str(tmp_path / "w"), "--cased",
+                 "--encoding", "cp1252", "--min-frequency", "1"]) == 0
+    assert {"é", "«", "»"} <= set(load_vocab(tmp_path / "w" / "vocab.txt"))
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--encoding", "klingon"]) == 2
+    assert "unknown --encoding 'klingon'" in capsys.readouterr().err
+
+
+def test_stray_bad_bytes_are_repaired_and_counted_not_fatal(tmp_path):
+    from bertkit.pretraining.corpus import CorpusStats
+
+    corpus = tmp_path / "crawl.txt"
+    # two bad lines in five: a damaged UTF-8 file, not another encoding
+    corpus.write_bytes("Le café.\nLa clé.\n".encode() * 2 + b"caf\xe9 noir\n" + "Le thé.\n".encode()
+                       + b"\xff\n")
+    stats = CorpusStats()
+    vocab = train_vocab_from_files([corpus], VocabTrainingConfig(lowercase=False, min_frequency=1), stats=stats)
+    assert stats.skips == {"invalid_utf8_lines": 2} and "é" in vocab
+    with pytest.raises(BertkitError, match=r"crawl\.txt is not utf-8 text: 6 of its 11 lines"):
+        corpus.write_bytes(corpus.read_bytes() + b"caf\xe9\n" * 4)  # now most lines fail
+        train_vocab_from_files([corpus], VocabTrainingConfig())
+
+
 # --- real data: held-out quality and cased parity -------------------------------------
 
 

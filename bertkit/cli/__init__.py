@@ -17,10 +17,12 @@ through `bertkit.options`, so each is defined once.
 import argparse
 import sys
 
+from bertkit.cli.evaluate import add_evaluate, add_mine
 from bertkit.cli.features import add_attention, add_embed
 from bertkit.cli.finetune import add_demo, add_finetune, add_predict
 from bertkit.cli.model import add_export, add_model
 from bertkit.cli.pretrain import add_electra, add_fill_mask, add_pretrain
+from bertkit.cli.search import add_index, add_search
 from bertkit.cli.serve import add_serve
 from bertkit.cli.text import add_tokenize, add_vocab
 from bertkit.errors import BertkitError
@@ -47,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_export, add_demo, add_pretrain,
-            add_fill_mask, add_electra, add_serve]
+            add_fill_mask, add_electra, add_serve, add_evaluate, add_mine, add_index, add_search]
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:

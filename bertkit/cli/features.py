@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from bertkit.errors import BertkitError
-from bertkit.options import device_flags, int8_flag
+from bertkit.options import SENTENCE_POOLINGS, EmbedOptions, add_options, device_flags, from_args, int8_flag
 
 
 def add_embed(sub):
@@ -13,8 +13,12 @@ def add_embed(sub):
         help="embed texts with a frozen BERT: sentence, token or word vectors",
         description="Read texts from INPUT (.txt: one per line; .jsonl: a 'text' field; .tsv: a column "
         "under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
-        "(.npy, .safetensors or .jsonl). Texts beyond the model's 512 positions are cut into windows that "
-        "share --stride tokens, each token keeping the vector from the window where it has the most context.",
+        "(.npy, .safetensors or .jsonl). Sentence vectors follow the model's sentence-transformers layout when "
+        "it has one (its pooling, normalisation and max_seq_length: the default model is mean-pooled, "
+        "normalised and cut at 256 tokens); any option given overrides it. Texts beyond the window (the "
+        "model's 512 positions, or --max-length) are cut into windows that share --stride tokens, each token "
+        "keeping the vector from the window where it has the most context (--no-truncate asks for windows at "
+        "the layout's length too).",
         epilog="examples:\n  bertkit embed sentences.txt -o vectors.npy --normalize\n"
         "  bertkit embed sentences.txt -o tokens.safetensors --layers concat_last_four --pooling none\n"
         "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
@@ -23,22 +27,17 @@ def add_embed(sub):
     p.add_argument("input", help="a text file: .txt (one text per line), .jsonl or .tsv")
     p.add_argument("-o", "--output", required=True, help="where to write: .npy, .safetensors or .jsonl")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
-    p.add_argument(
-        "--layers", default="last",
-        help="first, last, sum_all, second_to_last, sum_last_four, concat_last_four, or layer indices "
-        "like -1,-2 (0 = embedding output, -1 = last layer); default last",
-    )
-    p.add_argument("--combine", choices=["sum", "mean", "concat"], help="how to merge a list of layers (default concat)")
-    p.add_argument("--pooling", default="mean", choices=["mean", "cls", "words", "none"],
-                   help="one vector per text (mean, cls), per whitespace word (words) or per token (none)")
+    add_options(p, EmbedOptions)
     p.add_argument("--word-pooling", default="mean", choices=["mean", "first"], help="how pieces make a word vector")
-    p.add_argument("--normalize", action="store_true", help="L2-normalise every vector")
     p.add_argument("--column", help="the .tsv column or .jsonl field holding the text")
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
-    p.add_argument("--max-length", type=int, help="tokens per pass / window (default: the model's 512)")
+    p.add_argument("--max-length", type=int, help="tokens per pass / window (default: for sentence vectors the "
+                   "model's sentence-transformers max_seq_length, else its 512 positions)")
     p.add_argument("--stride", type=int,
                    help="tokens shared by consecutive windows of a long text, the overlap (default: half a window)")
-    p.add_argument("--truncate", action="store_true", help="cut long texts at --max-length instead of windowing")
+    p.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None,
+                   help="cut long texts at the window instead of windowing them (default: cut at the layout's "
+                   "max_seq_length for sentence vectors, else window)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     device_flags(p)
     int8_flag(p)
@@ -46,18 +45,21 @@ def add_embed(sub):
 
 
 def run_embed(args):
-    from bertkit.features import iter_embed, read_texts, write_vectors
+    from bertkit.features import encoder, iter_embed
+    from bertkit.vector_files import read_texts, write_vectors
 
+    options = from_args(args, EmbedOptions)
     texts, count = read_texts(args.input, args.column)
-    pooling = None if args.pooling == "none" else args.pooling
+    loaded = encoder(args.model, args.device, args.dtype, args.int8)
+    pooling = {None: loaded.pooling, "none": None}.get(options.pooling, options.pooling)
     rows = iter_embed(
-        texts, args.model, args.layers, pooling, args.normalize, combine=args.combine,
+        texts, loaded, options.layers, pooling, options.normalize, combine=options.combine,
         word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
-        device=args.device, dtype=args.dtype, int8=args.int8,
     )
-    n = write_vectors(rows, args.output, pooled=pooling in ("mean", "cls"))
-    print(f"wrote {n} {'vectors' if pooling in ('mean', 'cls') else 'texts'} to {args.output}", file=sys.stderr)
+    pooled = pooling in SENTENCE_POOLINGS
+    n = write_vectors(rows, args.output, pooled=pooled)
+    print(f"wrote {n} {'vectors' if pooled else 'texts'} to {args.output} ({loaded.precision})", file=sys.stderr)
 
 
 def add_attention(sub):

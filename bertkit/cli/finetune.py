@@ -6,13 +6,21 @@ import argparse
 from bertkit.options import device_flags, int8_flag
 
 
+TASK_HELP = {
+    "embed": "train sentence embeddings (multiple-negatives ranking, cached/GradCache, CoSENT, Matryoshka) on pairs, "
+    "triplets, scored pairs or a BEIR folder; saves the sentence-transformers layout (docs/embeddings.md). With "
+    "in-batch negatives --grad-accum is not a bigger batch; --loss cached-mnrl is.",
+}
+
+
 def add_finetune(sub):
     from bertkit.finetune import TASKS
     from bertkit.options import add_options
 
     p = sub.add_parser(
         "finetune",
-        help="fine-tune a pretrained model on labelled data (classify, pair, regression, multi-label, ner, qa)",
+        help="fine-tune a pretrained model on labelled data (classify, pair, regression, multi-label, ner, qa) "
+        "or train sentence embeddings (embed)",
         description="Fine-tune BERT with a fresh task head; evaluates on --dev each epoch, keeps the best "
         "epoch as a Hugging Face checkpoint in --output, with metrics.json, metrics.jsonl, curves.png and dev "
         "predictions. Checkpoints let a killed run go on with --resume; launch under "
@@ -25,12 +33,14 @@ def add_finetune(sub):
         "  bertkit finetune ner --train conll/train.txt --dev conll/dev.txt --tag-scheme iob1 --output out/ner\n"
         "  bertkit finetune qa --train dev-v1.1.json --train-articles 0:40 --dev dev-v1.1.json "
         "--dev-articles 40:48 --output out/squad\n"
+        "  bertkit finetune embed --train scifact/ --dev scifact/ --dev-split test --output out/emb\n"
         "  bertkit finetune classify --output out/sst2 --resume   # after a crash or a kill",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tsub = p.add_subparsers(dest="task", metavar="TASK", required=True)
     for name, (cls, defaults) in TASKS.items():
-        t = tsub.add_parser(name, help=f"fine-tune for {name}")
+        t = tsub.add_parser(name, help=TASK_HELP.get(name, f"fine-tune for {name}"),
+                            description=TASK_HELP.get(name))
         add_options(t, cls, defaults, skip=() if name == "multi-label" else ("label_separator",))
         t.set_defaults(handler=run_finetune)
 

@@ -1,10 +1,25 @@
 """Pre-training commands: `bertkit pretrain prepare` and `bertkit pretrain run` (their options
-are built from `PrepareConfig` and `RunConfig` by `bertkit.options`), and the two pre-training
+are built from `PrepareFiles` + `PrepareConfig` and from `RunConfig` by `bertkit.options`), and the two pre-training
 tasks made visible: `bertkit fill-mask` (masked LM) and `bertkit electra show` (replaced-token
 detection)."""
 
 import argparse
 import json
+from dataclasses import dataclass, field
+
+from bertkit.options import device_flags
+
+
+@dataclass
+class PrepareFiles:
+    """`bertkit pretrain prepare`'s input, output and printing; its settings are `PrepareConfig`'s."""
+
+    corpus: list[str] = field(metadata={"help": "text files (.txt, .gz) or folders of them", "positional": True})
+    output: str = field(metadata={"help": "folder to write the prepared data into", "short": "-o", "required": True})
+    vocab: str | None = field(default=None, metadata={"help": "vocab.txt or model folder (default: the default "
+                                                              "model's)"})
+    examples: int = field(default=1, metadata={"help": "decoded example instances to print"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bar"})
 
 
 def add_pretrain(sub):
@@ -44,7 +59,8 @@ def run_pretrain_run(args):
 
 
 def add_pretrain_prepare(psub):
-    from bertkit.pretraining.prepare import add_arguments
+    from bertkit.options import add_options
+    from bertkit.pretraining.prepare import PrepareConfig
 
     p = psub.add_parser(
         "prepare",
@@ -56,17 +72,32 @@ def add_pretrain_prepare(psub):
         "instances, mean length, what was skipped) and a decoded example. Re-running resumes.",
         epilog="examples:\n  bertkit pretrain prepare books/ -o data/ --documents file\n"
         "  bertkit pretrain prepare wiki.txt.gz -o data/ --objective sop --masking ngram --dynamic-masking\n"
-        "  bertkit pretrain prepare corpus/ -o data/ --vocab my_vocab.txt --max-seq-length 512 --dupe-factor 5",
+        "  bertkit pretrain prepare corpus/ -o data/ --vocab my_vocab.txt --max-seq-length 512 --dupe-factor 5\n"
+        "  bertkit pretrain prepare livres/ -o data/ --vocab fr/ --encoding latin-1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(p)
+    add_options(p, PrepareFiles)
+    add_options(p, PrepareConfig)
     p.set_defaults(handler=run_pretrain_prepare)
 
 
 def run_pretrain_prepare(args):
-    from bertkit.pretraining.prepare import prepare_from_args
+    """Prepare, then print the summary and a few decoded instances."""
+    from bertkit.options import from_args
+    from bertkit.pretraining.dataset import PretrainingDataset
+    from bertkit.pretraining.prepare import PrepareConfig, format_example, format_summary, prepare
 
-    prepare_from_args(args)
+    files, cfg = from_args(args, PrepareFiles), from_args(args, PrepareConfig)
+    summary = prepare(files.corpus, files.output, cfg, vocab=files.vocab, progress=not files.quiet)
+    print(format_summary(summary, cfg))
+    if files.examples > 0:
+        ds = PretrainingDataset(files.output, seed=cfg.seed)
+        tok = ds.tokenizer()
+        for i in range(min(files.examples, len(ds))):
+            print()
+            print(format_example(ds, ds.index_at(i), tok))
+    print(f"\nwrote {files.output} (read it with bertkit.pretraining.dataset.PretrainingDataset, "
+          f"or `bertkit pretrain run {files.output}`)")
 
 
 PRETRAIN_COMMANDS = [add_pretrain_prepare, add_pretrain_run]
@@ -88,15 +119,17 @@ def add_fill_mask(sub):
     p.add_argument("--pair", help="a second segment (sentence B)")
     p.add_argument("--top-k", type=int, default=5, help="candidates per [MASK] (default 5)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    device_flags(p)
     p.set_defaults(handler=run_fill_mask)
 
 
 def run_fill_mask(args):
     from dataclasses import asdict
 
-    from bertkit.fill_mask import fill_mask, format_predictions
+    from bertkit.fill_mask import fill_mask, format_predictions, load_mlm
 
-    predictions = fill_mask(args.model, args.text, top_k=args.top_k, pair=args.pair)
+    model = load_mlm(args.model, device=args.device, dtype=args.dtype)
+    predictions = fill_mask(model, args.text, top_k=args.top_k, pair=args.pair)
     if args.json:
         print(json.dumps([[asdict(c) for c in candidates] for candidates in predictions], ensure_ascii=False))
     else:

@@ -1,6 +1,22 @@
-"""Tokenizer commands: `bertkit tokenize`, `bertkit vocab train|check`."""
+"""Tokenizer commands: `bertkit tokenize`, `bertkit vocab train|check`.
 
+`vocab train`'s options come from two dataclasses through `bertkit.options`:
+`VocabTrainFiles` (what to read, where to write) and the library's
+`VocabTrainingConfig` (what to learn, the corpus encoding).
+"""
+
+import argparse
 import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class VocabTrainFiles:
+    """`bertkit vocab train`'s input and output; what it learns is `VocabTrainingConfig`'s."""
+
+    corpus: list[str] = field(metadata={"help": "text files (.txt, .gz) or folders of them", "positional": True})
+    output: str = field(metadata={"help": "where to write vocab.txt (a file path, or a folder); "
+                                          "tokenizer_config.json goes beside it", "short": "-o", "required": True})
 
 
 def add_tokenize(sub):
@@ -30,19 +46,21 @@ def run_tokenize(args):
 
 
 def add_vocab(sub):
+    from bertkit.options import add_options
+    from bertkit.vocab_training import VocabTrainingConfig
+
     p = sub.add_parser("vocab", help="train or inspect WordPiece vocabularies")
     vsub = p.add_subparsers(dest="vocab_command", metavar="COMMAND", required=True)
     t = vsub.add_parser(
         "train",
         help="train a WordPiece vocabulary from raw text",
         description="Learn a WordPiece vocabulary (vocab.txt) from plain-text files or folders, streaming.",
+        epilog="examples:\n  bertkit vocab train corpus/ -o vocab.txt --vocab-size 8000\n"
+        "  bertkit vocab train books_fr/ -o fr/ --cased --encoding latin-1   # keeps case and accents",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    t.add_argument("corpus", nargs="+", help="text files (.txt, .gz) or folders of them")
-    t.add_argument("-o", "--output", required=True,
-                   help="where to write vocab.txt (a file path, or a folder); tokenizer_config.json goes beside it")
-    t.add_argument("--vocab-size", type=int, default=30522, help="target vocabulary size")
-    t.add_argument("--min-frequency", type=int, default=2, help="ignore merges seen fewer times")
-    t.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
+    add_options(t, VocabTrainFiles)
+    add_options(t, VocabTrainingConfig)
     t.set_defaults(handler=run_vocab_train)
     c = vsub.add_parser(
         "check",
@@ -55,9 +73,17 @@ def add_vocab(sub):
 
 
 def run_vocab_train(args):
-    from bertkit.vocab_training import train_vocab_cli
+    from bertkit.options import from_args
+    from bertkit.pretraining.corpus import CorpusStats
+    from bertkit.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files
 
-    train_vocab_cli(args)
+    files, config = from_args(args, VocabTrainFiles), from_args(args, VocabTrainingConfig)
+    stats = CorpusStats()
+    tokens = train_vocab_from_files(files.corpus, config, progress=True, stats=stats)
+    if stats.skips:
+        print(f"read {stats.files} file(s); {stats.describe_skips()}")
+    path = save_trained_vocab(tokens, files.output, config)
+    print(f"wrote {len(tokens)} tokens to {path} (and its casing to {path.parent / 'tokenizer_config.json'})")
 
 
 def run_vocab_check(args):

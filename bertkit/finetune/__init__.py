@@ -6,6 +6,8 @@
     classification.py  sentences and pairs -> labels, scores, label sets (GLUE-style)
     ner.py             words -> tags (CoNLL), labels on each word's first piece
     qa.py              question + context -> answer span (SQuAD), sliding windows, n-best
+    embedding.py       sentence embeddings: pairs / triplets / scored pairs -> an encoder whose cosines rank
+    embedding_losses.py  multiple-negatives ranking, its cached form (GradCache), CoSENT, Matryoshka
     metrics.py         accuracy/F1, Pearson/Spearman, conlleval entity F1, SQuAD EM/F1
     predict.py         using a fine-tuned output directory
     run.py             loading a fresh head, saving checkpoints and results
@@ -17,7 +19,7 @@ function runs.
 """
 
 from bertkit.errors import BertkitError
-from bertkit.finetune.config import NerConfig, QAConfig, TextTaskConfig, TrainConfig
+from bertkit.finetune.config import EmbedConfig, NerConfig, QAConfig, TextTaskConfig, TrainConfig
 
 # task name (as the CLI spells it) -> (its config class, the task's own defaults on top of the class's)
 TASKS = {
@@ -27,6 +29,8 @@ TASKS = {
     "multi-label": (TextTaskConfig, {"task": "multi_label", "label_column": "labels"}),
     "ner": (NerConfig, {}),
     "qa": (QAConfig, {}),
+    # the issue's reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
+    "embed": (EmbedConfig, {"training": {"epochs": 1.0, "optim": {"learning_rate": 2e-5}}}),
 }
 
 
@@ -41,8 +45,8 @@ def task_config(task: str):
 def finetune(task: str, *, train: str, output: str, dev: str | None = None, training=None, log=print, **options) -> dict:
     """Fine-tune for `task` and return the final metrics (also in OUTPUT/metrics.json).
 
-    task: classify | pair | regression | multi_label | ner | qa; `options` are
-    the fields of the task's config (TextTaskConfig, NerConfig, QAConfig), e.g.
+    task: classify | pair | regression | multi_label | ner | qa | embed; `options` are
+    the fields of the task's config (TextTaskConfig, NerConfig, QAConfig, EmbedConfig), e.g.
     model=, text_column=, max_length=; `training` a TrainConfig.
     """
     cls, defaults = task_config(task)
@@ -60,6 +64,10 @@ def run_task(cfg, log=print) -> dict:
         from bertkit.finetune.qa import finetune_qa
 
         return finetune_qa(cfg, log=log)
+    if isinstance(cfg, EmbedConfig):
+        from bertkit.finetune.embedding import finetune_embed
+
+        return finetune_embed(cfg, log=log)
     from bertkit.finetune.classification import finetune_text
 
     return finetune_text(cfg, log=log)
@@ -76,6 +84,10 @@ def format_report(final: dict) -> str:
     if final.get("task") == "qa":
         dev = final.get("dev")
         return f"dev: exact match {dev['exact_match']:.2f}, F1 {dev['f1']:.2f}" if dev else "trained (no dev set)"
+    if final.get("task") == "embed":
+        from bertkit.finetune.embedding import format_report as embed_report
+
+        return embed_report(final)
     from bertkit.finetune.classification import format_report as text_report
 
     return text_report(final)

@@ -171,3 +171,53 @@ class QAConfig(TaskConfig):
             raise BertkitError(f"--max-answer-length and --n-best must be >= 1, got {self.max_answer_length} "
                                f"and {self.n_best}")
         return self
+
+
+EMBED_LOSSES = ("mnrl", "cached-mnrl", "cosent")
+
+
+@dataclass
+class EmbedConfig(TaskConfig):
+    """Sentence embeddings, contrastive (Sentence-BERT; bertkit.finetune.embedding)."""
+
+    train: str = _opt(None, "pairs (anchor, positive[, negative...] columns), scored pairs (sentence1, sentence2, "
+                            "score) as TSV/CSV/JSONL, or a BEIR folder (its --train-split qrels become pairs)",
+                      required=True)
+    train_split: str = _opt("train", "qrels split of a BEIR --train folder")
+    dev: str | None = _opt(None, "evaluated after each epoch, the best epoch kept: a BEIR folder (retrieval, "
+                                 "nDCG@10) or scored pairs (STS, Spearman)")
+    dev_split: str = _opt("dev", "qrels split of a BEIR --dev folder")
+    max_length: int | None = _opt(None, "tokens per text (default: the model's sentence-transformers "
+                                        "max_seq_length, else 256)")
+    pooling: Literal["mean", "cls"] | None = _opt(None, "sentence vector: mean of the token vectors or [CLS] "
+                                                        "(default: the model's sentence-transformers pooling, else mean)")
+    normalize: bool = _opt(True, "save the model as giving unit-length vectors (a 2_Normalize module)")
+    loss: Literal["mnrl", "cached-mnrl", "cosent"] | None = _opt(
+        None, "mnrl: multiple-negatives ranking, in-batch negatives plus any negative columns; cached-mnrl: the "
+              "same loss embedded in chunks of --mini-batch-size (GradCache), so --batch-size can be 512+ in the "
+              "memory of one chunk; cosent: scored pairs (default: cosent for scored pairs, else mnrl). With "
+              "in-batch negatives --grad-accum is NOT a bigger batch (each micro-batch is scored only against "
+              "itself): for more negatives raise --batch-size with --loss cached-mnrl")
+    mini_batch_size: int = _opt(32, "cached-mnrl: texts embedded at a time (memory, not the result)")
+    scale: float = _opt(20.0, "similarity scale of the losses (1 / temperature)")
+    matryoshka_dims: str | None = _opt(None, "comma-separated leading dimensions to train too (e.g. 384,256,128,64): "
+                                             "Matryoshka, for vectors stored truncated")
+    matryoshka_weights: str | None = _opt(None, "comma-separated weight of each --matryoshka-dims (default 1 each)")
+
+    def validate(self) -> "EmbedConfig":
+        for name in ("train", "output"):
+            if not getattr(self, name):
+                raise BertkitError(f"--{name} is required")
+        if self.max_length is not None and not 8 <= self.max_length <= 512:
+            raise BertkitError(f"--max-length must be in 8..512, got {self.max_length}")
+        if self.loss is not None and self.loss not in EMBED_LOSSES:
+            raise BertkitError(f"unknown --loss {self.loss!r}: choose one of {', '.join(EMBED_LOSSES)}")
+        if self.pooling not in (None, "mean", "cls"):
+            raise BertkitError(f"unknown --pooling {self.pooling!r}: use mean or cls")
+        if self.mini_batch_size < 1 or not self.scale > 0:
+            raise BertkitError(f"--mini-batch-size must be >= 1 and --scale > 0, got {self.mini_batch_size} "
+                               f"and {self.scale}")
+        if self.matryoshka_weights and not self.matryoshka_dims:
+            raise BertkitError("--matryoshka-weights needs --matryoshka-dims")
+        self.training.validate()
+        return self

@@ -31,13 +31,11 @@ import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.finetune import metrics as M
-from bertkit.finetune.config import TAG_SCHEMES, NerConfig
+from bertkit.finetune.config import NerConfig
 from bertkit.finetune.data import TaggedSentence, check_known_labels, read_conll
 from bertkit.finetune.run import load_head, load_tokenizer, saver, write_json
 from bertkit.finetune.trainer import IGNORE_INDEX, run_model, train
 from bertkit.windows import max_context_owner, spans
-
-SCHEMES = TAG_SCHEMES
 
 
 @dataclass

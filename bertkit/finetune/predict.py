@@ -18,8 +18,8 @@ also scores the predictions with the task's metrics (`finetune.metrics`):
 accuracy and F1 for classification, Pearson and Spearman for regression, micro
 F1 for multi-label, entity F1 for NER, exact match and F1 for QA.
 
-The model runs on `device` (auto, cpu, cuda) in `dtype` (float32, bfloat16),
-after `bertkit.fast.accelerate` (inference only).
+The model is loaded by `bertkit.loading` on `device` (auto, cpu, cuda) in `dtype`
+(float32, bfloat16, auto), int8 if asked.
 """
 
 from __future__ import annotations
@@ -29,42 +29,20 @@ from pathlib import Path
 
 from typing import NamedTuple
 
-import torch
-
-from bertkit import heads
-from bertkit.electra import class_for
 from bertkit.errors import BertkitError
-from bertkit.fast import accelerate, resolve_device, resolve_dtype
 from bertkit.finetune import metrics as M
 from bertkit.finetune.classification import score as score_text
 from bertkit.finetune.data import (TextExample, check_known_labels, read_conll, read_rows, read_squad,
                                    read_text_examples, ReadReport)
-from bertkit.finetune.run import read_task_info
-from bertkit.quantization import has_quantized_weights, is_quantized, load_quantized, quantize
+from bertkit.loading import Loaded, load as load_model
 from bertkit.textfiles import existing_file, read_text
-from bertkit.tokenizer import Tokenizer
 
 
-def load(model_dir, device=None, dtype=None, int8: bool = False):
-    """(model, tokenizer, task info) from a fine-tuned output directory, on `device` in `dtype`
-    (None: auto, float32); int8: the encoder's dense layers quantized (`bertkit.quantization`, CPU).
+def load(model_dir, device=None, dtype=None, int8: bool = False) -> Loaded:
+    """A fine-tuned output directory loaded for prediction (`bertkit.loading.load`, head "task"):
+    on `device` in `dtype` (None: auto, float32); int8: the encoder's dense layers quantized (CPU).
     A directory saved by `bertkit.quantization.save_quantized` loads as int8 whatever `int8` says."""
-    model_dir = Path(model_dir)
-    info = read_task_info(model_dir)
-    cls = {"ner": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}.get(
-        info["task"], heads.BertForSequenceClassification)
-    if int8 and device in (None, "auto"):
-        device = "cpu"
-    where = resolve_device(device)
-    if has_quantized_weights(model_dir):
-        if where.type != "cpu" or resolve_dtype(dtype, where) != torch.float32:
-            raise BertkitError(f"{model_dir} holds an int8 model: it runs on the CPU in float32 (--device cpu)")
-        model = load_quantized(cls, model_dir)
-    else:
-        model = class_for(model_dir, cls).from_pretrained(model_dir).eval().to(where, resolve_dtype(dtype, where))
-    if int8 and not is_quantized(model):
-        model = quantize(model)  # before accelerate: see bertkit.quantization
-    return accelerate(model), Tokenizer.from_pretrained(model_dir), info  # loaded here for inference only
+    return load_model(model_dir, head="task", device=device, dtype=dtype, int8=int8)
 
 
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
@@ -78,7 +56,8 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         pairs = list(pairs)
         if len(pairs) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(pairs)} pairs; give one second text per text")
-    model, tok, info = loaded or load(model_dir, device, dtype, int8)
+    loaded = loaded or load(model_dir, device, dtype, int8)
+    model, tok, info = loaded.model, loaded.tokenizer, loaded.info
     task = info["task"]
     if task == "ner":
         from bertkit.finetune.ner import predict_words
@@ -233,7 +212,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     """Write one prediction per input row as TSV (text, prediction, details); with the answers in
     the file (evaluate None: whenever they are there; True: required; False: never) also score them."""
     loaded = load(model_dir, device, dtype, int8)
-    info = loaded[2]
+    info = loaded.info
     labelled = read_labelled(input_path, info, text_column, text_pair_column, label_column) if evaluate is not False else None
     if evaluate and labelled is None:
         raise BertkitError(f"{input_path} carries no answers to evaluate against ({_what_answers(info)}); "
@@ -247,7 +226,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded)
     scores = None
     if labelled is not None:
-        names = loaded[0].config.labels if info["task"] != "regression" else None
+        names = loaded.config.labels if info["task"] != "regression" else None
         scores = score_predictions(preds, references, info, names)
     out = Path(output_path) if output_path else Path(input_path).with_suffix(".predictions.tsv")
     with open(out, "w", encoding="utf-8") as f:

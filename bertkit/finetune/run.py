@@ -21,10 +21,8 @@ from pathlib import Path
 
 import torch
 
-from bertkit.electra import class_for
-from bertkit.errors import BertkitError
-
-TASK_FILE = "bertkit_task.json"
+from bertkit.checkpoint import TASK_FILE
+from bertkit.loading import class_for
 
 
 def load_head(cls, model_path, seed: int, log=print, **config_overrides):
@@ -61,27 +59,3 @@ def write_json(path, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def read_task_info(model_dir) -> dict:
-    """The saved task description, or one inferred from config.json's architectures."""
-    model_dir = Path(model_dir)
-    path = model_dir / TASK_FILE
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise BertkitError(f"{model_dir} is not a model directory (no config.json); pass a fine-tuned output dir")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    arch = (config.get("architectures") or ["BertModel"])[0]
-    if arch == "BertForSequenceClassification":
-        problem = config.get("problem_type")
-        n = config.get("num_labels", len(config.get("id2label") or {}) or 2)
-        task = "regression" if problem == "regression" or n == 1 else (
-            "multi_label" if problem == "multi_label_classification" else "classify")
-        return {"task": task, "max_length": 512}
-    if arch == "BertForTokenClassification":
-        return {"task": "ner", "max_length": 512}
-    if arch == "BertForQuestionAnswering":
-        return {"task": "qa", "max_length": 384}
-    raise BertkitError(f"{model_dir} holds a {arch}, not a fine-tuned task model; fine-tune it first")

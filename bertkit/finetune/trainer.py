@@ -209,12 +209,14 @@ def _model_batch(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
 
 
-def train(model, train_features: list[dict], config: TrainConfig, *, evaluate=None, save=None,
+def train(model, train_features: list, config: TrainConfig, *, evaluate=None, save=None,
           output_dir=None, pad_id: int = 0, baseline: tuple[float, str] | None = None, run_config: dict | None = None,
-          log=print) -> TrainResult:
+          log=print, batches=None) -> TrainResult:
     """Fine-tune `model` in place; returns the per-epoch history and the best epoch.
 
     run_config: the task's whole config, written to OUTPUT/run_config.json for --resume.
+    batches(parts) -> a batch stream over `train_features` with `parts` micro-batches per update, the
+    way `EpochBatches` is one (the default): for a task whose batches are drawn otherwise.
     baseline: (value of config.metric, what it is) of a trivial predictor on the
     dev set; a best epoch no better than it gets a warning, and curves.png the line.
     """
@@ -225,27 +227,33 @@ def train(model, train_features: list[dict], config: TrainConfig, *, evaluate=No
         raise BertkitError("--resume needs the run's --output directory")
     info = distributed.setup(config.device)
     try:
-        return _train(model, train_features, config, info, evaluate, save, output_dir, pad_id, baseline, run_config, log)
+        return _train(model, train_features, config, info, evaluate, save, output_dir, pad_id, baseline, run_config,
+                      log, batches)
     finally:
         distributed.teardown()
 
 
-def _train(model, features, config, info, evaluate, save, output_dir, pad_id, baseline, run_config, log) -> TrainResult:
+def _train(model, features, config, info, evaluate, save, output_dir, pad_id, baseline, run_config, log,
+           batches) -> TrainResult:
     t_start, metric = time.perf_counter(), config.metric or "accuracy"
     torch.manual_seed(config.seed + info.rank)  # dropout masks: a different stream per process
-    stream = EpochBatches(features, config.batch_size, config.grad_accum * info.world_size, config.seed,
-                          config.group_by_length, pad_id)
+    parts = config.grad_accum * info.world_size
+    stream = batches(parts) if batches else EpochBatches(features, config.batch_size, parts, config.seed,
+                                                         config.group_by_length, pad_id)
     per_epoch = stream.steps_per_epoch
     total = min(math.ceil(per_epoch * config.epochs), config.max_steps or math.inf)
     out = Path(output_dir) if output_dir is not None else None
     # a finished run has deleted its checkpoint but not its metrics: it is a run all the same
     if out is not None and not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").is_file()):
         raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
-    if config.resume and latest_checkpoint(out) is None and (out / "metrics.jsonl").is_file():
+    # finished: the model is saved and the checkpoint deleted (a run killed before its first checkpoint
+    # has no model yet: resume_state starts it again from the beginning)
+    if config.resume and latest_checkpoint(out) is None and (out / "model.safetensors").is_file():
         raise BertkitError(f"--resume: the run in {out} finished and deleted its checkpoint (a run started with "
                            "--keep-checkpoint keeps it); fine-tune again into another --output, --model being "
                            "this run's model to continue from its weights")
-    state = resume_state(out, len(features), info.world_size) if config.resume else None
+    state = resume_state(out, len(features), info.world_size, config.save_every,
+                         log if info.is_main else (lambda line: None)) if config.resume else None
     if state and state["data"]["batch"] != [config.batch_size, stream.parts]:
         raise BertkitError(f"--resume: the run used --batch-size {state['data']['batch'][0]} and --grad-accum "
                            f"{state['data']['batch'][1] // info.world_size}; resume with the same")

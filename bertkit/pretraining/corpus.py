@@ -18,6 +18,12 @@ sentence strings.
 Nothing is silently lost: every repair and skip is counted in a `CorpusStats`
 (binary files, lines with NUL bytes, invalid UTF-8, over-long lines,
 paragraphs or documents that were cut), and the prepare summary prints them.
+
+Encoding: files are UTF-8 unless `encoding` says otherwise (latin-1, cp1252,
+...; any codec in which a newline is the byte 0x0A). A stray bad byte is
+repaired (U+FFFD) and counted, but a file where most lines do not decode is in
+another encoding, not damaged: it stops the command with one line naming the
+file and `--encoding`, rather than losing every accented letter to repairs.
 Memory stays bounded whatever the input: lines are read at most
 `MAX_LINE_BYTES` at a time, paragraphs and documents are flushed at a cap.
 """
@@ -32,7 +38,7 @@ from typing import Iterator
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.sentences import split_sentences
-from bertkit.textfiles import looks_binary
+from bertkit.textfiles import binary_bytes, wrong_encoding
 
 DOCUMENT_MODES = ("blank-line", "file")
 SENTENCE_MODES = ("split", "line")
@@ -47,7 +53,8 @@ SKIP_REASONS = {
     "binary_files": "files skipped: binary (NUL bytes or mostly non-text bytes)",
     "unreadable_files": "files skipped: unreadable (I/O error or corrupt gzip, read up to the error)",
     "binary_lines": "lines dropped: contained NUL bytes (binary garbage)",
-    "invalid_utf8_lines": "lines repaired: invalid UTF-8 bytes replaced (and then dropped by the tokenizer)",
+    "invalid_utf8_lines": "lines repaired: invalid UTF-8 bytes (or invalid in the --encoding) replaced, then "
+                          "dropped by the tokenizer",
     "long_lines_cut": "over-long lines cut at a space into pieces of at most 1 MiB",
     "long_paragraphs_cut": "over-long paragraphs split and flushed in parts",
     "long_documents_cut": f"documents of more than {MAX_DOCUMENT_SENTENCES:,} sentences cut into several",
@@ -135,32 +142,47 @@ def _raw_lines(f, stats: CorpusStats) -> Iterator[bytes]:
         carry = line[cut:]
 
 
-def read_lines(path, stats: CorpusStats) -> Iterator[str]:
-    """Decoded text lines of one file (without the newline); binary files yield nothing."""
+def read_lines(path, stats: CorpusStats, encoding: str = "utf-8") -> Iterator[str]:
+    """Decoded text lines of one file (without the newline); binary files yield nothing.
+
+    Lines that do not decode are repaired and counted; when they are most of the
+    file's lines, the file is in another encoding and the end of it raises a
+    BertkitError that says so (see the module docstring).
+    """
     path = Path(path)
+    lines = bad = 0
+    first_bad = None  # (line number, the bytes that did not decode)
     try:
         with _open_binary(path) as f:
             head = f.peek(BINARY_SNIFF_BYTES)[:BINARY_SNIFF_BYTES] if hasattr(f, "peek") else b""
-            if looks_binary(head):
+            # bytes that only fail to decode are text in another encoding: counted line by line below
+            if binary_bytes(head):
                 stats.skip("binary_files")
                 return
             stats.files += 1
-            for raw in _raw_lines(f, stats):
+            for number, raw in enumerate(_raw_lines(f, stats), 1):
                 stats.bytes += len(raw)
                 if b"\x00" in raw:
                     stats.skip("binary_lines")
                     continue
                 try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError:
+                    line = raw.decode(encoding)
+                except UnicodeDecodeError as err:
                     stats.skip("invalid_utf8_lines")
-                    line = raw.decode("utf-8", errors="replace")
+                    bad += 1
+                    first_bad = first_bad or (number, raw[err.start:err.start + 4])
+                    line = raw.decode(encoding, errors="replace")
+                lines += bool(line.strip())
                 yield line.rstrip("\r\n")
     except (OSError, EOFError, zlib.error):
         stats.skip("unreadable_files")
+        return
+    if bad * 2 > lines:
+        raise wrong_encoding(path, encoding, bad, lines, *first_bad)
 
 
-def iter_documents(path, stats: CorpusStats, documents: str = "blank-line", sentences: str = "split") -> Iterator[list[str]]:
+def iter_documents(path, stats: CorpusStats, documents: str = "blank-line", sentences: str = "split",
+                   encoding: str = "utf-8") -> Iterator[list[str]]:
     """Documents (lists of sentence strings) of one file; see the module docstring."""
     if documents not in DOCUMENT_MODES:
         raise BertkitError(f"unknown document mode {documents!r}; choose one of {', '.join(DOCUMENT_MODES)}")
@@ -187,7 +209,7 @@ def iter_documents(path, stats: CorpusStats, documents: str = "blank-line", sent
             doc.extend(sents[:-1])
             para, para_chars = [sents[-1]], len(sents[-1])
 
-    for line in read_lines(path, stats):
+    for line in read_lines(path, stats, encoding):
         stripped = line.strip()
         if not stripped:
             flush_paragraph(final=True)

@@ -65,7 +65,7 @@ from bertkit.pretraining.shards import (
     token_dtype,
     tokenize_file,
 )
-from bertkit.textfiles import corpus_files
+from bertkit.textfiles import check_encoding, corpus_files
 from bertkit.workers import run_jobs
 
 FORMAT_VERSION = 1
@@ -97,6 +97,7 @@ class PrepareConfig:
                           "of the file (books: blank lines then only end paragraphs)", DOCUMENT_MODES)
     sentences: str = _opt("split", "split: join each paragraph's lines and cut sentences with the splitter; "
                           "line: every line is a sentence", SENTENCE_MODES)
+    encoding: str = _opt("utf-8", "the text encoding of the corpus files, e.g. latin-1 or cp1252")
     workers: int = _opt(0, "worker processes (0: one per core, at most 2)")
     held_out: float = _opt(0.01, "fraction of documents kept apart for the run's held-out evaluation, chosen before "
                            "pairs are made (at least one with 3 or more documents, none with fewer): a training "
@@ -120,6 +121,7 @@ class PrepareConfig:
             raise BertkitError(f"--held-out must be in [0, 0.5), got {self.held_out}")
         if self.workers < 0:
             raise BertkitError(f"workers must be >= 0 (0: one per core), got {self.workers}")
+        check_encoding(self.encoding)
         self.masking_config()
         return self
 
@@ -170,7 +172,8 @@ def _tokenize_job(job) -> tuple:
 def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progress: bool) -> tuple:
     from tqdm import tqdm
 
-    settings = {"documents": cfg.documents, "sentences": cfg.sentences, "vocab_size": len(tokenizer)}
+    settings = {"documents": cfg.documents, "sentences": cfg.sentences, "encoding": cfg.encoding,
+                "vocab_size": len(tokenizer)}
     root = out / "tokens"
     root.mkdir(parents=True, exist_ok=True)
     shards = [root / f"{i:05d}" for i in range(len(files))]
@@ -514,38 +517,7 @@ def format_summary(summary: Summary, cfg: PrepareConfig) -> str:
     return "\n".join(lines)
 
 
-# --- command line -------------------------------------------------------------------------
-
-
-def add_arguments(parser) -> None:
-    """`bertkit pretrain prepare` options: CORPUS..., -o, --vocab, then one flag per PrepareConfig field."""
-    from bertkit.options import add_options
-
-    parser.add_argument("corpus", nargs="+", help="text files (.txt, .gz) or folders of them")
-    parser.add_argument("-o", "--output", required=True, help="folder to write the prepared data into")
-    parser.add_argument("--vocab", help="vocab.txt or model folder (default: the default model's)")
-    parser.add_argument("--examples", type=int, default=1, help="decoded example instances to print (default: 1)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_options(parser, PrepareConfig)
-
-
-def prepare_from_args(args) -> Summary:
-    from bertkit.options import from_args
-
-    cfg = from_args(args, PrepareConfig)
-    summary = prepare(args.corpus, args.output, cfg, vocab=args.vocab, progress=not args.quiet)
-    print(format_summary(summary, cfg))
-    if args.examples > 0:
-        from bertkit.pretraining.dataset import PretrainingDataset
-
-        ds = PretrainingDataset(args.output, seed=cfg.seed)
-        tok = ds.tokenizer()
-        for i in range(min(args.examples, len(ds))):
-            print()
-            print(format_example(ds, ds.index_at(i), tok))
-    print(f"\nwrote {args.output} (read it with bertkit.pretraining.dataset.PretrainingDataset, "
-          f"or `bertkit pretrain run {args.output}`)")
-    return summary
+# --- what the command prints ---------------------------------------------------------------
 
 
 def _wrap(text: str, width: int = 100, indent: str = "    ") -> str:

@@ -77,7 +77,7 @@ def shard_is_complete(shard: Path, identity: dict, settings: dict) -> bool:
 def tokenize_file(path: Path, shard: Path, tokenizer, settings: dict) -> CorpusStats:
     """Tokenise one input file into the shard folder `shard` (see the module docstring).
 
-    settings: {"documents": ..., "sentences": ...} (the corpus modes), kept in
+    settings: {"documents": ..., "sentences": ..., "encoding": ...} (the corpus modes), kept in
     stats.json so that a re-run with other settings does not reuse the shard.
     """
     stats = CorpusStats()
@@ -85,7 +85,8 @@ def tokenize_file(path: Path, shard: Path, tokenizer, settings: dict) -> CorpusS
     sent_lens = array("q")
     doc_lens = array("q")
     to_ids, tokenize = tokenizer.convert_tokens_to_ids, tokenizer.tokenize
-    for doc in iter_documents(path, stats, settings["documents"], settings["sentences"]):
+    documents = iter_documents(path, stats, settings["documents"], settings["sentences"], settings["encoding"])
+    for doc in documents:
         n_sent = 0
         for sentence in doc:
             ids = to_ids(tokenize(sentence))

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bertkit.config import IGNORE_INDEX
-from bertkit.electra import electra_metrics
+from bertkit.electra_pretraining import electra_metrics
 from bertkit.errors import BertkitError
 from bertkit.pretraining.held_out import log_label_balance, open_prepared
 from bertkit.pretraining.run_config import RunConfig
@@ -199,7 +199,8 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
     """ELECTRA (Clark et al. 2020): the discriminator in --config's shape (its embedding size the
     hidden size unless a config.json says otherwise), the generator --generator-size of it,
     sharing the embeddings. Single segments only: ELECTRA has no sentence-pair task."""
-    from bertkit.electra import ElectraConfig, ElectraPretrainingModel
+    from bertkit.electra import ElectraConfig
+    from bertkit.electra_pretraining import ElectraPretrainingModel
 
     if objective in ("nsp", "sop"):
         raise BertkitError(f"--method electra reads single segments, but {cfg.data} holds {objective.upper()} pairs: "
@@ -260,7 +261,8 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
                              info.device) for s in range(0, len(eval_set), cfg.batch_size)]
 
         torch.manual_seed(cfg.seed + info.rank)  # dropout: a different stream per rank
-        state = resume_state(out, len(train_set), info.world_size) if cfg.resume else None
+        say = print if info.is_main else (lambda line: None)
+        state = resume_state(out, len(train_set), info.world_size, cfg.save_every, say) if cfg.resume else None
         # the architecture the checkpoint recorded (None in checkpoints from before it did: the flags say)
         resumed_config = state.get("model_config") if state else None
         model = build_model(cfg, dataset.vocab_size, dataset.objective, resumed_config)

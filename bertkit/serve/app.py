@@ -8,7 +8,11 @@ Endpoints (JSON in, JSON out):
                          "usage": {"prompt_tokens", "total_tokens"}}; vectors L2-normalised,
                          as OpenAI's are; errors as {"error": {"message", "type", "code"}}
     POST /embed          text-embeddings-inference's shape: {"inputs": str | [str],
-                         "normalize": true, "truncate": false} -> [[float, ...], ...]
+                         "normalize": true, "truncate": true} -> [[float, ...], ...]
+
+A text longer than the input limit (the model's sentence-transformers max_seq_length,
+or --max-input-length) is truncated there, as TEI does by default; a request that sets
+"truncate": false gets 413 naming the limit instead (on either embeddings route).
     POST /predict        a fine-tuned model: {"inputs": str | [str], "pairs": str | [str]}
                          (pairs: second texts, or QA contexts) -> one prediction per input
     POST /rerank         a pair model: {"query", "texts": [str], "return_text": false}
@@ -26,7 +30,15 @@ float32 (a third of the bytes of Python's float repr, and ~20x faster than
 `json` on a list of floats).
 The JSON body is read by Starlette; the size limit is enforced on the
 Content-Length header and again while the body streams in, so an oversized
-body is refused without being held in memory.
+body is refused without being held in memory. What is left of a refused body
+is read and dropped (up to LINGER_BYTES, nginx's "lingering close"), so that a
+client that writes its whole body before reading (Python's urllib) reads the
+413 instead of a connection reset.
+
+Each route is a named handler, `handler(request) -> (response, inputs
+counted)`, that finds the model, settings, batching engine and metrics in
+`request.app.state.service` (a `Service`); `endpoint` wraps every handler the
+same way: the API key, errors as JSON, the request metrics.
 """
 
 from __future__ import annotations
@@ -38,15 +50,18 @@ import hmac
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bertkit import __version__
+from bertkit.pooling import l2_normalize
 from bertkit.serve.batching import Engine, QueueFull
 from bertkit.serve.runner import Encoder, InputError, Query, check_text
 
@@ -55,6 +70,9 @@ log = logging.getLogger("bertkit.serve")
 KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
          413: "too_large", 422: "validation", 429: "overloaded", 500: "backend", 503: "unavailable"}
 RETRY_AFTER_S = 1
+# a refused body is read and dropped up to this much, for this long, before the answer (`discard_body`)
+LINGER_BYTES = 64 * 1024 * 1024
+LINGER_S = 30.0  # nginx's lingering_time
 
 
 class JSONResponse(Response):
@@ -74,6 +92,25 @@ class ApiError(Exception):
 
 class ClientLeft(Exception):
     """The client closed the connection before its answer was ready."""
+
+
+@dataclass
+class Service:
+    """What the handlers share, kept in `app.state.service`: the model, the settings (a ServeConfig),
+    the batching engine and the metrics."""
+
+    runner: object
+    settings: object
+    metrics: object
+    engine: Engine
+
+    @property
+    def is_encoder(self) -> bool:
+        return isinstance(self.runner, Encoder)
+
+
+def service(request) -> Service:
+    return request.app.state.service
 
 
 def error_response(status: int, message: str, openai: bool, headers: dict | None = None) -> JSONResponse:
@@ -104,7 +141,7 @@ async def read_json(request, limit: int):
     if length is not None and length.isdigit() and int(length) > limit:
         raise ApiError(413, f"the request body has {length} bytes, over the limit of {limit} (--max-body-bytes)")
     body = bytearray()
-    async for chunk in request.stream():
+    async for chunk in body_chunks(request):
         body += chunk
         if len(body) > limit:
             raise ApiError(413, f"the request body is over the limit of {limit} bytes (--max-body-bytes)")
@@ -115,6 +152,42 @@ async def read_json(request, limit: int):
     if not isinstance(data, dict):
         raise ApiError(422, "the request body must be a JSON object")
     return data
+
+
+async def body_chunks(request):
+    """The request body's chunks as they arrive; `request.state.body_read` says when the last one came."""
+    while not getattr(request.state, "body_read", False):
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        request.state.body_read = not message.get("more_body", False)
+        if message.get("body"):
+            yield message["body"]
+
+
+async def discard_body(request) -> None:
+    """Read and drop what is left of a refused request's body: at most LINGER_BYTES, for LINGER_S.
+
+    Closing a connection whose received bytes were never read makes the kernel
+    send a reset, which destroys the answer in flight; a client that writes its
+    whole body before reading (urllib, many simple clients) then sees "connection
+    reset" instead of our 413 or 401. Reading the rest first, as nginx's lingering
+    close does, lets it read the answer. A body declared larger than the bound is
+    not read at all: it would be reset anyway.
+    """
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > LINGER_BYTES:
+        return
+
+    async def drain() -> None:
+        seen = 0
+        async for chunk in body_chunks(request):  # nothing left: no iteration at all
+            seen += len(chunk)
+            if seen > LINGER_BYTES:
+                return
+
+    with contextlib.suppress(asyncio.TimeoutError, ClientDisconnect):
+        await asyncio.wait_for(drain(), LINGER_S)
 
 
 def texts_field(data: dict, name: str, required: bool = True) -> list | None:
@@ -145,7 +218,197 @@ def flag_field(data: dict, name: str, default: bool) -> bool:
     return value
 
 
-# --- the app ----------------------------------------------------------------------
+# --- what every route shares ---------------------------------------------------------
+
+
+def check_key(request, settings) -> None:
+    if settings.api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+        raise ApiError(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
+                       {"WWW-Authenticate": "Bearer"})
+
+
+def need(svc: Service, kind: str, path: str) -> None:
+    """Refuse a route the loaded model cannot answer (an encoder's routes, a fine-tuned model's, reranking)."""
+    runner = svc.runner
+    if kind == "embed" and not svc.is_encoder:
+        raise ApiError(400, f"{path} needs an encoder model; this server holds a fine-tuned "
+                            f"{runner.task} model: use /predict")
+    if kind == "task" and svc.is_encoder:
+        raise ApiError(400, f"{path} needs a fine-tuned model; this server holds an encoder: "
+                            "use /embed or /v1/embeddings")
+    if kind == "rerank" and not runner.can_rerank():
+        raise ApiError(400, f"/rerank needs a model fine-tuned on text pairs with one score (regression, "
+                            f"or two labels); this server holds a {runner.task} model")
+
+
+async def run(request, items: list, costs: list):
+    """Queue a job and await its answer, watching for the client leaving meanwhile."""
+    svc = service(request)
+    try:
+        job = svc.engine.submit(items, costs)
+    except QueueFull as err:
+        raise ApiError(429, f"the server is busy: {err}; retry after {RETRY_AFTER_S} s",
+                       {"Retry-After": str(RETRY_AFTER_S)}) from None
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not job.future.done():
+        job.left = True  # the batcher skips it if its batch has not started
+        job.future.cancel()
+        svc.metrics.disconnected()
+        raise ClientLeft()
+    return job.future.result()  # the job's own error, if its batch failed on it
+
+
+def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
+    """The route for `handler`: the API key checked, every error answered as JSON, the request counted."""
+
+    async def wrapped(request):
+        svc = service(request)
+        start, n_inputs = time.perf_counter(), 0
+        try:
+            if keyed:
+                check_key(request, svc.settings)
+            response, n_inputs = await handler(request)
+        except ApiError as err:
+            await discard_body(request)
+            response = error_response(err.status, err.message, openai, err.headers)
+        except InputError as err:
+            await discard_body(request)
+            response = error_response(err.status, str(err), openai)
+        except ClientLeft:
+            response = Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        except Exception as err:  # a bug, not the client's fault: log it, answer 500, keep serving
+            log.exception("error while answering %s", name)
+            response = error_response(500, f"internal error: {type(err).__name__}: {err}", openai)
+        svc.metrics.request_done(name, response.status_code, time.perf_counter() - start, n_inputs)
+        return response
+
+    return wrapped
+
+
+# --- the routes ---------------------------------------------------------------------
+
+
+async def openai_embeddings(request):
+    svc = service(request)
+    runner = svc.runner
+    need(svc, "embed", "/v1/embeddings")
+    data = await read_json(request, svc.settings.max_body_bytes)
+    texts = texts_field(data, "input")
+    fmt = data.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise InputError(f"`encoding_format` must be \"float\" or \"base64\", got {json.dumps(fmt)}")
+    dims = data.get("dimensions")
+    if dims is not None and dims != runner.dim:
+        raise InputError(f"`dimensions` {json.dumps(dims)} is not available: this model gives {runner.dim}")
+    if "model" in data and not isinstance(data["model"], (str, type(None))):
+        raise InputError("`model` must be a string")
+    rows = runner.encode(texts, truncate=flag_field(data, "truncate", True))
+    costs = [len(r.input_ids) for r in rows]
+    tokens = sum(costs)
+    vectors = normalized(await run(request, rows, costs))
+    items = [{"object": "embedding", "index": i,
+              "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v}
+             for i, v in enumerate(vectors)]
+    body = {"object": "list", "data": items, "model": runner.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return JSONResponse(body), len(texts)
+
+
+async def tei_embed(request):
+    svc = service(request)
+    need(svc, "embed", "/embed")
+    data = await read_json(request, svc.settings.max_body_bytes)
+    texts = texts_field(data, "inputs")
+    normalize = flag_field(data, "normalize", svc.runner.normalize)
+    rows = svc.runner.encode(texts, truncate=flag_field(data, "truncate", True))
+    vectors = await run(request, rows, [len(r.input_ids) for r in rows])
+    if normalize:
+        vectors = normalized(vectors)
+    return JSONResponse(vectors), len(texts)
+
+
+async def predict(request):
+    svc = service(request)
+    need(svc, "task", "/predict")
+    data = await read_json(request, svc.settings.max_body_bytes)
+    texts = texts_field(data, "inputs")
+    pairs = texts_field(data, "pairs", required=False)
+    if pairs is not None and len(pairs) != len(texts):
+        raise InputError(f"{len(texts)} inputs but {len(pairs)} pairs: give one pair per input")
+    queries = svc.runner.check([Query(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)])
+    preds = await run(request, queries, [1] * len(queries))
+    return JSONResponse(_plain(preds)), len(texts)
+
+
+async def rerank(request):
+    svc = service(request)
+    need(svc, "task", "/rerank")
+    need(svc, "rerank", "/rerank")
+    data = await read_json(request, svc.settings.max_body_bytes)
+    query = check_text(data.get("query"), "`query`")
+    texts = texts_field(data, "texts")
+    return_text = flag_field(data, "return_text", False)
+    preds = await run(request, [Query(query, t) for t in texts], [1] * len(texts))
+    scores = [svc.runner.rerank_score(p) for p in preds]
+    ranked = sorted(range(len(texts)), key=lambda i: -scores[i])
+    out = [{"index": i, "score": scores[i], **({"text": texts[i]} if return_text else {})} for i in ranked]
+    return JSONResponse(out), len(texts)
+
+
+async def health(request):
+    return JSONResponse({"status": "ok"}), 0
+
+
+async def info(request):
+    svc = service(request)
+    runner, settings = svc.runner, svc.settings
+    body = {"model": runner.name, "version": __version__, **runner.info(),
+            "max_input_length": runner.max_length,
+            "precision": runner.precision,
+            "int8": settings.int8,
+            "batching": {k: getattr(settings, k) for k in
+                         ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes",
+                          "workers", "threads")},
+            "auth": settings.api_key is not None}
+    return JSONResponse(body), 0
+
+
+async def metrics_text(request):
+    return Response(service(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"), 0
+
+
+async def not_found(request, exc: HTTPException):
+    return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                          request.url.path.startswith("/v1/"))
+
+
+# (path, handler, method, options of `endpoint`)
+ROUTES = [
+    ("/v1/embeddings", openai_embeddings, "POST", {"openai": True}),
+    ("/embed", tei_embed, "POST", {}),
+    ("/predict", predict, "POST", {}),
+    ("/rerank", rerank, "POST", {}),
+    ("/health", health, "GET", {"keyed": False}),
+    ("/info", info, "GET", {}),
+    ("/metrics", metrics_text, "GET", {}),
+]
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    engine = app.state.service.engine
+    engine.start()
+    try:
+        yield
+    finally:  # uvicorn has answered every open request by now; the engine drains what is left
+        await asyncio.get_running_loop().run_in_executor(None, engine.close)
 
 
 def create_app(runner, settings, metrics) -> Starlette:
@@ -154,169 +417,15 @@ def create_app(runner, settings, metrics) -> Starlette:
                     max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
                     workers=settings.workers or 1, on_depth=metrics.set_in_flight)
     runner.on_batch = metrics.batch_done
-    is_encoder = isinstance(runner, Encoder)
-
-    def check_key(request) -> None:
-        if settings.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
-            raise ApiError(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
-                           {"WWW-Authenticate": "Bearer"})
-
-    def need(kind: str, path: str) -> None:
-        if kind == "embed" and not is_encoder:
-            raise ApiError(400, f"{path} needs an encoder model; this server holds a fine-tuned "
-                                f"{runner.task} model: use /predict")
-        if kind == "task" and is_encoder:
-            raise ApiError(400, f"{path} needs a fine-tuned model; this server holds an encoder: "
-                                "use /embed or /v1/embeddings")
-        if kind == "rerank" and not runner.can_rerank():
-            raise ApiError(400, f"/rerank needs a model fine-tuned on text pairs with one score (regression, "
-                                f"or two labels); this server holds a {runner.task} model")
-
-    async def run(request, items: list, costs: list):
-        """Queue a job and await its answer, watching for the client leaving meanwhile."""
-        try:
-            job = engine.submit(items, costs)
-        except QueueFull as err:
-            raise ApiError(429, f"the server is busy: {err}; retry after {RETRY_AFTER_S} s",
-                           {"Retry-After": str(RETRY_AFTER_S)}) from None
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not job.future.done():
-            job.left = True  # the batcher skips it if its batch has not started
-            job.future.cancel()
-            metrics.disconnected()
-            raise ClientLeft()
-        return job.future.result()  # the job's own error, if its batch failed on it
-
-    def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
-        async def wrapped(request):
-            start, n_inputs = time.perf_counter(), 0
-            try:
-                if keyed:
-                    check_key(request)
-                response, n_inputs = await handler(request)
-            except ApiError as err:
-                response = error_response(err.status, err.message, openai, err.headers)
-            except InputError as err:
-                response = error_response(err.status, str(err), openai)
-            except ClientLeft:
-                response = Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-            except Exception as err:  # a bug, not the client's fault: log it, answer 500, keep serving
-                log.exception("error while answering %s", name)
-                response = error_response(500, f"internal error: {type(err).__name__}: {err}", openai)
-            metrics.request_done(name, response.status_code, time.perf_counter() - start, n_inputs)
-            return response
-
-        return wrapped
-
-    async def openai_embeddings(request):
-        need("embed", "/v1/embeddings")
-        data = await read_json(request, settings.max_body_bytes)
-        texts = texts_field(data, "input")
-        fmt = data.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise InputError(f"`encoding_format` must be \"float\" or \"base64\", got {json.dumps(fmt)}")
-        dims = data.get("dimensions")
-        if dims is not None and dims != runner.dim:
-            raise InputError(f"`dimensions` {json.dumps(dims)} is not available: this model gives {runner.dim}")
-        if "model" in data and not isinstance(data["model"], (str, type(None))):
-            raise InputError("`model` must be a string")
-        rows = runner.encode(texts, truncate=False)
-        costs = [len(r.input_ids) for r in rows]
-        tokens = sum(costs)
-        vectors = normalized(await run(request, rows, costs))
-        items = [{"object": "embedding", "index": i,
-                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v}
-                 for i, v in enumerate(vectors)]
-        body = {"object": "list", "data": items, "model": runner.name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return JSONResponse(body), len(texts)
-
-    async def tei_embed(request):
-        need("embed", "/embed")
-        data = await read_json(request, settings.max_body_bytes)
-        texts = texts_field(data, "inputs")
-        normalize = flag_field(data, "normalize", True)
-        rows = runner.encode(texts, truncate=flag_field(data, "truncate", False))
-        vectors = await run(request, rows, [len(r.input_ids) for r in rows])
-        if normalize:
-            vectors = normalized(vectors)
-        return JSONResponse(vectors), len(texts)
-
-    async def predict(request):
-        need("task", "/predict")
-        data = await read_json(request, settings.max_body_bytes)
-        texts = texts_field(data, "inputs")
-        pairs = texts_field(data, "pairs", required=False)
-        if pairs is not None and len(pairs) != len(texts):
-            raise InputError(f"{len(texts)} inputs but {len(pairs)} pairs: give one pair per input")
-        queries = runner.check([Query(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)])
-        preds = await run(request, queries, [1] * len(queries))
-        return JSONResponse(_plain(preds)), len(texts)
-
-    async def rerank(request):
-        need("task", "/rerank")
-        need("rerank", "/rerank")
-        data = await read_json(request, settings.max_body_bytes)
-        query = check_text(data.get("query"), "`query`")
-        texts = texts_field(data, "texts")
-        return_text = flag_field(data, "return_text", False)
-        preds = await run(request, [Query(query, t) for t in texts], [1] * len(texts))
-        scores = [runner.rerank_score(p) for p in preds]
-        ranked = sorted(range(len(texts)), key=lambda i: -scores[i])
-        out = [{"index": i, "score": scores[i], **({"text": texts[i]} if return_text else {})} for i in ranked]
-        return JSONResponse(out), len(texts)
-
-    async def health(request):
-        return JSONResponse({"status": "ok"}), 0
-
-    async def info(request):
-        body = {"model": runner.name, "version": __version__, **runner.info(),
-                "max_input_length": runner.max_length,
-                "int8": settings.int8,
-                "batching": {k: getattr(settings, k) for k in
-                             ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes",
-                              "workers", "threads")},
-                "auth": settings.api_key is not None}
-        return JSONResponse(body), 0
-
-    async def metrics_text(request):
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"), 0
-
-    async def not_found(request, exc: HTTPException):
-        return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                              request.url.path.startswith("/v1/"))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        engine.start()
-        try:
-            yield
-        finally:  # uvicorn has answered every open request by now; the engine drains what is left
-            await asyncio.get_running_loop().run_in_executor(None, engine.close)
-
-    routes = [
-        Route("/v1/embeddings", endpoint("/v1/embeddings", openai_embeddings, openai=True), methods=["POST"]),
-        Route("/embed", endpoint("/embed", tei_embed), methods=["POST"]),
-        Route("/predict", endpoint("/predict", predict), methods=["POST"]),
-        Route("/rerank", endpoint("/rerank", rerank), methods=["POST"]),
-        Route("/health", endpoint("/health", health, keyed=False), methods=["GET"]),
-        Route("/info", endpoint("/info", info), methods=["GET"]),
-        Route("/metrics", endpoint("/metrics", metrics_text), methods=["GET"]),
-    ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    routes = [Route(path, endpoint(path, handler, **options), methods=[method])
+              for path, handler, method, options in ROUTES]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app.state.service = Service(runner, settings, metrics, engine)
+    return app
 
 
 def normalized(vectors) -> list:
     """Each vector divided by its L2 norm, one at a time as bertkit.embed does (bit-identical to it)."""
-    from bertkit.features import l2_normalize
-
     return [l2_normalize(v) for v in vectors]
 
 

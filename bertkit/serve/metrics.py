@@ -56,7 +56,8 @@ class Metrics:
 
     PREFIX = "bertkit_serve"
 
-    def __init__(self):
+    def __init__(self, model: dict | None = None):
+        self.model = model or {}  # labels of the served model: name, task, precision
         self._lock = threading.Lock()
         self.requests = {}  # (endpoint, status) -> count
         self.inputs = {}  # endpoint -> texts answered
@@ -93,8 +94,12 @@ class Metrics:
     def render(self) -> str:
         p = self.PREFIX
         with self._lock:
-            lines = [f"# HELP {p}_requests_total HTTP requests answered, by endpoint and status code.",
-                     f"# TYPE {p}_requests_total counter"]
+            lines = []
+            if self.model:
+                lines += [f"# HELP {p}_model_info The served model: its name, task and the precision of its passes.",
+                          f"# TYPE {p}_model_info gauge", f"{p}_model_info{_labels(self.model)} 1"]
+            lines += [f"# HELP {p}_requests_total HTTP requests answered, by endpoint and status code.",
+                      f"# TYPE {p}_requests_total counter"]
             lines += [f"{p}_requests_total{_labels({'endpoint': e, 'status': s})} {n}"
                       for (e, s), n in sorted(self.requests.items())]
             lines += [f"# HELP {p}_inputs_total Texts answered with status 200, by endpoint.",

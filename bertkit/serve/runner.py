@@ -26,16 +26,15 @@ text-embeddings-inference does.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.features import run_batch, whitespace_spans
+from bertkit.loading import Loaded, load
+from bertkit.pooling import pool_sentence, resolve_layers
 from bertkit.serve.batching import plan_batches
-
-TASK_HEADS = ("BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering")
 
 
 class InputError(BertkitError):
@@ -71,41 +70,18 @@ def _json_type(value) -> str:
 # --- loading ---------------------------------------------------------------------
 
 
-def task_of(model_dir: Path) -> str | None:
-    """The fine-tuned task of a directory, or None for a plain encoder."""
-    from bertkit.finetune.run import TASK_FILE, read_task_info
-
-    config_path = model_dir / "config.json"
-    try:
-        if (model_dir / TASK_FILE).is_file():
-            return read_task_info(model_dir)["task"]
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (ValueError, KeyError, TypeError) as err:
-        raise BertkitError(f"{model_dir} has a corrupt config.json or {TASK_FILE}: {_one_line(err)}") from None
-    architectures = (config.get("architectures") or ["BertModel"]) if isinstance(config, dict) else None
-    if not architectures:
-        raise BertkitError(f"{config_path} is not a JSON object: the model directory is corrupt")
-    return read_task_info(model_dir)["task"] if architectures[0] in TASK_HEADS else None
-
-
 def _one_line(err) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
 def load_runner(settings):
-    """The Encoder or TaskModel for the settings' model directory; one clear error if it cannot load."""
+    """The Encoder or TaskModel for the settings' model directory (`bertkit.loading`, in the
+    precision --dtype chooses); one clear error if it cannot load."""
     path = settings.model_path()
-    task = task_of(path)
     name = settings.served_model_name or ("all-MiniLM-L6-v2" if settings.model is None else path.resolve().name)
     try:
-        if task is None:
-            from bertkit.features import load_model
-
-            runner = Encoder(*load_model(str(path.resolve()), int8=settings.int8), settings, name)
-        else:
-            from bertkit.finetune.predict import load
-
-            runner = TaskModel(path, load(path, int8=settings.int8), settings, name)
+        loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8)
+        runner = Encoder(loaded, settings, name) if loaded.task == "embed" else TaskModel(loaded, settings, name)
         runner.warm_up()
     except BertkitError:
         raise
@@ -122,20 +98,21 @@ class Encoder:
 
     task = "embed"
 
-    def __init__(self, model, tok, settings, name: str):
-        from bertkit.features import resolve_layers
-
-        self.model, self.tok, self.name = model.eval(), tok, name
-        self.layers = resolve_layers(settings.layers, model.config.num_hidden_layers, settings.combine)
-        self.pooling = settings.pooling
-        self.max_length = settings.check_against_model(model.config.max_position_embeddings)
+    def __init__(self, loaded: Loaded, settings, name: str):
+        model, options = loaded.model, settings.embedding
+        self.model, self.tok, self.name, self.precision = model.eval(), loaded.tokenizer, name, loaded.precision
+        self.layers = resolve_layers(options.layers, model.config.num_hidden_layers, options.combine)
+        self.pooling = options.pooling or loaded.pooling
+        self.normalize = True if options.normalize is None else options.normalize  # /embed's default: TEI's
+        self.max_length = settings.check_against_model(loaded.max_positions, loaded.max_length)
+        tok = loaded.tokenizer
         self.max_batch_tokens, self.max_batch_size = settings.max_batch_tokens, settings.max_batch_size
         self.dim = self.layers.dim(model.config.hidden_size)
         self.pad_id = getattr(tok, "pad_token_id", 0) or 0
         self.on_batch = None  # metrics hook: (rows, padded tokens, real tokens)
 
     def info(self) -> dict:
-        return {"task": "embed", "dimensions": self.dim, "pooling": self.pooling,
+        return {"task": "embed", "dimensions": self.dim, "pooling": self.pooling, "normalize": self.normalize,
                 "layers": list(self.layers.indices), "combine": self.layers.combine,
                 "endpoints": ["/v1/embeddings", "/embed"]}
 
@@ -147,7 +124,7 @@ class Encoder:
             if len(enc.input_ids) > self.max_length:
                 raise InputError(
                     f"input {i} has {len(enc.input_ids)} tokens, over the limit of {self.max_length} "
-                    "(--max-input-length): shorten it or send truncate=true", status=413)
+                    "(--max-input-length): shorten it, or leave truncate at true", status=413)
             if len(enc.input_ids) <= 2:
                 raise InputError(f"input {i} yields no tokens: it holds only characters BERT drops")
             rows.append(Row(list(enc.input_ids), list(enc.token_type_ids)))
@@ -165,8 +142,6 @@ class Encoder:
 
     def forward(self, rows: list) -> list:
         """One padded batch -> one pooled vector [D] per row: `bertkit.features`' forward and pooling."""
-        from bertkit.features import pool_sentence, run_batch
-
         tokens = run_batch(self.model, rows, self.layers, self.pad_id)  # [T_b, D] per row, padding dropped
         if self.on_batch is not None:
             width = max(len(r.input_ids) for r in rows)
@@ -191,9 +166,9 @@ class Query:
 class TaskModel:
     """A `bertkit finetune` model answering through `bertkit.finetune.predict`."""
 
-    def __init__(self, model_dir: Path, loaded, settings, name: str):
-        self.model_dir, self.loaded, self.name = model_dir, loaded, name
-        model, _, info = loaded
+    def __init__(self, loaded: Loaded, settings, name: str):
+        self.model_dir, self.loaded, self.name, self.precision = loaded.directory, loaded, name, loaded.precision
+        model, info = loaded.model, loaded.info
         self.info_ = info
         self.task = info["task"]
         self.max_batch_size = settings.max_batch_size
@@ -259,7 +234,6 @@ def with_entities(text: str, prediction: dict) -> dict:
     word; an entity (conlleval's chunking of the tags) spans from its first
     word's first character to its last word's end.
     """
-    from bertkit.features import whitespace_spans
     from bertkit.finetune.metrics import get_entities
 
     spans = whitespace_spans(text)

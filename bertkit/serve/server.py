@@ -36,14 +36,6 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def cpu_cores() -> int:
-    """The cores this process may run on (its affinity, as taskset sets it), else all of them."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 KERNEL_CACHE_ENTRIES = 16
 
 
@@ -78,16 +70,18 @@ def serve(settings, log=None) -> None:
                            "pip install 'bertkit[serve]'") from None
     import torch
 
-    from bertkit.fast import matmul_kernel, resolve_device
+    from bertkit.devices import cores, resolve_device
+    from bertkit.fast import matmul_kernel
     from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 
     gpu = resolve_device(None).type == "cuda"
-    workers, threads = settings.parallelism(cpu_cores(), gpu)
+    workers, threads = settings.parallelism(cores(), gpu)
     settings = dataclasses.replace(settings, workers=workers, threads=threads)
     torch.set_num_threads(threads)  # process-wide: each worker's passes use this many threads
     runner = load_runner(settings)
-    app = create_app(runner, settings, Metrics())
+    app = create_app(runner, settings, Metrics({"model": runner.name, "task": runner.task,
+                                                "precision": runner.precision}))
     sock = bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -95,7 +89,7 @@ def serve(settings, log=None) -> None:
     log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
         f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
         f"queue {settings.max_queue}, {workers} worker(s) x {threads} thread(s)"
-        f"{'' if gpu else ', float32 matmuls on ' + matmul_kernel()}"
+        f", {runner.precision}{' matmuls on ' + matmul_kernel() if runner.precision == 'float32' and not gpu else ''}"
         f"{', API key required' if settings.api_key else ''})")
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5)
     absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
+from bertkit.options import DTYPE_CHOICES, SENTENCE_POOLINGS, EmbedOptions
 
 
 @dataclass
@@ -32,8 +33,9 @@ class ServeConfig:
     max_queue: int = field(default=512, metadata={
         "help": "most requests accepted and not yet answered; beyond it a request gets 429 with Retry-After"})
     max_input_length: int | None = field(default=None, metadata={
-        "help": "embeddings: most tokens per text, [CLS]/[SEP] included (default: the model's positions, 512); longer "
-        "texts are refused (413) unless the request asks to truncate"})
+        "help": "embeddings: most tokens per text, [CLS]/[SEP] included (default: the model's sentence-transformers "
+        "max_seq_length, else its positions, 512); longer texts are truncated there, or refused (413) when the "
+        "request sets truncate: false"})
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest request body; beyond it 413"})
     api_key: str | None = field(default=None, metadata={
         "help": "require `Authorization: Bearer KEY` on every endpoint but /health"})
@@ -43,13 +45,10 @@ class ServeConfig:
     threads: int | None = field(default=None, metadata={
         "help": "torch CPU threads per worker (default: 1 with the default workers, else the cores divided "
         "among the workers)"})
-    layers: str = field(default="last", metadata={
-        "help": "embeddings: layer strategy (first, last, sum_all, second_to_last, sum_last_four, "
-        "concat_last_four) or layer indices like -1,-2"})
-    combine: str | None = field(default=None, metadata={
-        "choices": ["sum", "mean", "concat"], "help": "embeddings: how a list of layers is merged (default concat)"})
-    pooling: str = field(default="mean", metadata={
-        "choices": ["mean", "cls"], "help": "embeddings: one vector per text from the tokens' mean or [CLS]"})
+    embedding: EmbedOptions = field(default_factory=EmbedOptions)  # --layers, --combine, --pooling, --normalize
+    dtype: str = field(default="auto", metadata={
+        "choices": list(DTYPE_CHOICES), "help": "the precision of the forward passes: auto (bfloat16 where the CPU or "
+        "GPU multiplies it natively, else float32), float32 or bfloat16; embeddings are answered as float32"})
     int8: bool = field(default=False, metadata={
         "help": "int8 dense layers (bertkit.quantize; CPU): faster for a small accuracy cost. Activations are "
         "quantized per batch, so a text's numbers then vary slightly with its batch (docs/deployment.md)"})
@@ -68,6 +67,9 @@ class ServeConfig:
         for name in ("threads", "workers"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.embedding.pooling not in (None, *SENTENCE_POOLINGS):
+            raise BertkitError(f"--pooling {self.embedding.pooling} gives no sentence vector: the server answers one "
+                               f"vector per text ({', '.join(SENTENCE_POOLINGS)})")
         if self.api_key is not None and not self.api_key.strip():
             raise BertkitError("--api-key is empty: give a key, or leave the flag out to serve without one")
         return self
@@ -98,9 +100,10 @@ class ServeConfig:
             raise BertkitError(f"{path} is not a model directory: it has no config.json")
         return path
 
-    def check_against_model(self, max_positions: int) -> int:
-        """The input limit in tokens, which must fit the model's positions and the batch budget."""
-        limit = max_positions if self.max_input_length is None else self.max_input_length
+    def check_against_model(self, max_positions: int, made_for: int | None = None) -> int:
+        """The input limit in tokens, which must fit the model's positions and the batch budget:
+        --max-input-length, else the length the model was made for (`made_for`), else its positions."""
+        limit = self.max_input_length or made_for or max_positions
         if not 3 <= limit <= max_positions:
             raise BertkitError(
                 f"--max-input-length {limit} must be between 3 and the model's {max_positions} positions")

@@ -163,13 +163,6 @@ def sum_over_ranks(values: dict, info: DistInfo) -> dict:
     return {k: t[i].item() for i, k in enumerate(keys)}
 
 
-def mean_over_ranks(values: dict, info: DistInfo) -> dict:
-    """Average a dict of floats over all ranks (for logging); identity when alone."""
-    if not info.enabled or not values:
-        return values
-    return {k: v / info.world_size for k, v in sum_over_ranks(values, info).items()}
-
-
 def gather_objects(obj, info: DistInfo) -> list:
     """Every rank's `obj`, in rank order (e.g. the RNG states for a checkpoint)."""
     if not info.enabled:
@@ -207,3 +200,45 @@ def load_state_dicts(model, optimizer, model_state: dict, optim_state: dict) -> 
         return
     unwrap(model).load_state_dict(model_state)
     optimizer.load_state_dict(optim_state)
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """all_gather whose backward sends each process the gradient of its own rows, summed over processes."""
+
+    @staticmethod
+    def forward(ctx, tensor, sizes: list):
+        rank = dist.get_rank()
+        ctx.rows = (sum(sizes[:rank]), sizes[rank])
+        padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))  # all_gather needs equal shapes
+        padded[: tensor.shape[0]] = tensor
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded.contiguous())
+        return torch.cat([p[:n] for p, n in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)  # every process's loss reaches these rows
+        start, n = ctx.rows
+        return grad[start:start + n], None
+
+
+def gather_with_grad(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(every process's `tensor` stacked in rank order [sum of rows, ...], the offset of this process's rows).
+
+    For losses that score against the whole global batch (in-batch negatives,
+    `bertkit.finetune.embedding`): unlike `dist.all_gather`, the result keeps the
+    gradient. Process r's rows receive the sum over processes of d(loss_s)/d(rows),
+    so with DDP's average of the parameter gradients, W processes with B rows each
+    compute the update of one process holding all W x B (the all-gather of
+    Chen et al. 2020, SimCLR, and of sentence-transformers' `all_gather_with_grad`).
+    Processes may hold different numbers of rows (an epoch's short last batch).
+    Alone (no process group) it returns `tensor` and 0.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return tensor, 0
+    size = torch.tensor([tensor.shape[0]], device=tensor.device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    sizes = [int(s) for s in sizes]
+    return _GatherWithGrad.apply(tensor, sizes), sum(sizes[: dist.get_rank()])

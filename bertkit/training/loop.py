@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.fast import accelerate, resolve_dtype
+from bertkit.devices import resolve_dtype
+from bertkit.fast import accelerate
 from bertkit.training import distributed
 from bertkit.training.optim import OptimConfig, lr_at, set_lr, warmup_steps_for
 
@@ -85,7 +86,7 @@ def autocast_for(precision: str, device: str):
         return contextlib.nullcontext
     if precision == "fp16" and device_type != "cuda":
         raise BertkitError("--precision fp16 needs a CUDA GPU (its GradScaler); on the CPU use --precision bf16")
-    # bf16 on a CPU that only emulates it warns once (see bertkit.fast.resolve_dtype)
+    # bf16 on a CPU that only emulates it warns once (see bertkit.devices.resolve_dtype)
     dtype = resolve_dtype(torch.bfloat16, torch.device(device_type)) if precision == "bf16" else torch.float16
     return lambda: torch.autocast(device_type, dtype=dtype)
 

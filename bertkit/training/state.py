@@ -11,8 +11,9 @@ continues the very same loss curve: same batches, same masks, same dropout.
         model        model.state_dict()
         optimizer    optimizer.state_dict()
         scheduler    the scheduler's state_dict (LambdaLR keeps its step there)
-        rng          python `random`, numpy and torch generator states, one
-                     entry per distributed rank (dropout differs per rank)
+        rng          python `random`, numpy and torch generator states as
+                     tensors and numbers, one entry per distributed rank
+                     (dropout differs per rank)
         data         the batch stream's state: position, seed, number of
                      instances (plain data, see bertkit.training.loop)
         ...          anything else the caller wants back (the run config;
@@ -20,7 +21,15 @@ continues the very same loss curve: same batches, same masks, same dropout.
 
 `save_training_state` gathers all of it from every rank (rank 0 writes);
 `resume_state` reads the latest back after checking it fits the data and the
-number of processes, and `restore_training_state` puts it in place.
+number of processes, and `restore_training_state` puts it in place. A run
+stopped before its first checkpoint has nothing to resume: `resume_state`
+says so and the run starts again from the beginning, its settings as saved.
+
+No pickled objects: a checkpoint holds only tensors, numbers, strings, None,
+lists, tuples and dicts (`plain_data` turns numpy values into those before
+writing), and is read with `torch.load(weights_only=True)`. A file that holds
+anything else, which unpickling could turn into running code (a run folder
+copied from elsewhere), is refused with its name, never executed.
 
 Atomicity: the file is written to `step-N.pt.tmp` in the same directory,
 flushed and fsync'ed, then renamed over its final name with os.replace (atomic
@@ -33,12 +42,14 @@ checkpoints are kept.
 import os
 import random
 import re
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from bertkit.errors import BertkitError
+from bertkit.options import RUN_CONFIG  # written when a run starts, before its first step
 from bertkit.training import distributed
 
 CHECKPOINT_DIR = "checkpoints"
@@ -46,21 +57,47 @@ _NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
 def capture_rng() -> dict:
-    """The states of every generator a training step may draw from."""
+    """The states of every generator a training step may draw from, as tensors and numbers."""
+    version, mt, gauss_next = random.getstate()  # Mersenne Twister: 624 words and a position
+    numpy = np.random.get_state(legacy=False)
     return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": {"version": version, "state": torch.tensor(mt, dtype=torch.int64), "gauss_next": gauss_next},
+        "numpy": {"key": torch.from_numpy(numpy["state"]["key"].astype(np.int64)), "pos": numpy["state"]["pos"],
+                  "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]},
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
 
 
 def restore_rng(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
+    np.random.set_state({"bit_generator": "MT19937", "state": {"key": npy["key"].numpy().astype(np.uint32),
+                                                               "pos": npy["pos"]},
+                         "has_gauss": npy["has_gauss"], "gauss": npy["gauss"]})
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def plain_data(obj, where: str = "state"):
+    """`obj` as what `torch.load(weights_only=True)` reads back: numpy arrays become tensors, numpy
+    scalars Python numbers; tensors, numbers, strings, None, lists, tuples and dicts stay. Anything
+    else is a bug of the caller (a checkpoint must never need unpickling code), named by its path."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj))
+    if isinstance(obj, np.generic):  # before float: numpy's float64 is a float subclass
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor, torch.dtype, torch.device, torch.Size)):
+        return obj
+    if type(obj) in (list, tuple):
+        return type(obj)(plain_data(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    if type(obj) in (dict, OrderedDict):
+        out = type(obj)((k, plain_data(v, f"{where}[{k!r}]")) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):  # a module state_dict's per-module versions
+            out._metadata = obj._metadata
+        return out
+    raise TypeError(f"{where} is a {type(obj).__name__}: a checkpoint holds only tensors and plain data")
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -113,22 +150,39 @@ def save_checkpoint(run_dir, step: int, state: dict, keep: int = 3) -> Path:
     if keep < 1:
         raise BertkitError(f"keep must be >= 1 checkpoint, got {keep}")
     path = Path(run_dir) / CHECKPOINT_DIR / f"step-{step:08d}.pt"
-    atomic_save({**state, "step": step}, path)
+    atomic_save(plain_data({**state, "step": step}), path)
     for old in checkpoint_paths(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
 
 
 def load_checkpoint(path) -> dict:
-    """Read a checkpoint dict back (on the CPU)."""
+    """Read a checkpoint dict back (on the CPU), unpickling nothing but tensors and plain data."""
     path = Path(path)
     if not path.is_file():
         raise BertkitError(f"no checkpoint at {path}: pass a run directory that has {CHECKPOINT_DIR}/step-*.pt")
     try:
-        # our own files, holding RNG states (numpy arrays, tuples): not weights_only
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # a truncated or foreign file: say which one
-        raise BertkitError(f"cannot read checkpoint {path}: {err}; delete it to resume from the previous one") from err
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        unsafe = _pickled_objects(path)
+        if unsafe:
+            raise BertkitError(
+                f"refusing to read checkpoint {path}: besides tensors and plain data it holds Python objects "
+                f"({', '.join(unsafe[:3])}{', ...' if len(unsafe) > 3 else ''}) whose unpickling could run any code; "
+                "bertkit's checkpoints hold none (an older bertkit's did): start the run again without --resume, "
+                "or delete the file to resume from the previous checkpoint"
+            ) from None
+        # a truncated or foreign file: say which one, in one line
+        raise BertkitError(f"cannot read checkpoint {path} ({type(err).__name__}: it is truncated or not a "
+                           "checkpoint); delete it to resume from the previous one") from None
+
+
+def _pickled_objects(path: Path) -> list:
+    """The classes and functions a torch.save file would import to unpickle (read, never run)."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a torch.save zip archive at all
+        return []
 
 
 # --- a training run's state: gathered from every rank, saved by rank 0 -------------------
@@ -146,11 +200,22 @@ def save_training_state(run_dir, step: int, model, optimizer, stream, info, *, s
     distributed.barrier(info)
 
 
-def resume_state(run_dir, num_instances: int, world_size: int) -> dict:
-    """The latest checkpoint of the run in `run_dir`, after checking it fits this data and world size."""
+def resume_state(run_dir, num_instances: int, world_size: int, save_every: int | None = None,
+                 log=print) -> dict | None:
+    """The latest checkpoint of the run in `run_dir`, after checking it fits this data and world size.
+
+    None when the run started (it wrote run_config.json or metrics.jsonl) but stopped before its
+    first checkpoint: there is nothing to resume, so it starts again from the beginning, and says so.
+    """
     path = latest_checkpoint(run_dir)
     if path is None:
-        raise BertkitError(f"--resume: no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}; start the run without --resume")
+        if not any((Path(run_dir) / name).is_file() for name in (RUN_CONFIG, "metrics.jsonl")):
+            raise BertkitError(f"--resume: no run in {run_dir} (no {RUN_CONFIG}, no {CHECKPOINT_DIR}/step-*.pt); "
+                               "start the run without --resume")
+        sooner = f"every {save_every} steps" if save_every else "at the end of every epoch"
+        log(f"--resume: the run in {run_dir} stopped before its first checkpoint (written {sooner}), so there "
+            "is nothing to resume: starting it again from the beginning (--save-every N checkpoints every N steps)")
+        return None
     state = load_checkpoint(path)
     if state["data"]["num_instances"] != num_instances:
         raise BertkitError(

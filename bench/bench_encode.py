@@ -1,0 +1,84 @@
+"""Corpus encoding for retrieval evaluation: bertkit against sentence-transformers' `encode`.
+
+The work `bertkit evaluate retrieval` spends its time on: SciFact abstracts (title
+and text joined, a sample of --docs of the 5,183, fixed seed) embedded with the
+default model at its 256-token max_seq_length, mean pooled, L2-normalised, batch
+32. Both sides sort the texts by length before batching (sentence-transformers'
+`encode` does too), so the ratio measures the encoder and the pipeline around it.
+
+- ours: `bertkit.retrieval.encoding.encode` (what evaluation runs), float32 and bf16;
+- peer: `SentenceTransformer(default model).encode(texts, batch_size=32,
+  normalize_embeddings=True)`, float32, and the same model cast to bf16
+  (`model.to(torch.bfloat16)`) where the CPU multiplies bf16 natively.
+
+One process, interleaved rounds (bench/harness.py), median; ratios ours/peer in
+texts per second. The vectors are compared too (max |difference|).
+
+    python bench/bench_encode.py [--docs 256] [--rounds 3] [--dtypes float32,bfloat16] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
+
+
+def scifact_texts(n: int, seed: int = 0) -> list[str]:
+    rows = (SHARED_DATA / "retrieval" / "scifact" / "corpus.jsonl").read_text(encoding="utf-8").split("\n")
+    docs = [json.loads(r) for r in rows if r.strip()]
+    sample = random.Random(seed).sample(docs, min(n, len(docs)))
+    return [f"{d.get('title', '')} {d['text']}".strip() for d in sample]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=256, help="abstracts sampled from SciFact's corpus")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
+    args = ap.parse_args(argv)
+
+    from sentence_transformers import SentenceTransformer
+
+    from bertkit.default_model import default_model_dir
+    from bertkit.retrieval.encoding import encode, load_encoder
+
+    texts = scifact_texts(args.docs)
+    sections = []
+    for dtype in args.dtypes.split(","):
+        loaded, settings = load_encoder(None, dtype=dtype)
+        peer = SentenceTransformer(str(default_model_dir()), device="cpu")
+        if dtype == "bfloat16":
+            peer = peer.to(torch.bfloat16)
+
+        def ours():
+            return encode(texts, loaded, settings)
+
+        def theirs():
+            return peer.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+
+        diff = float(np.abs(ours() - np.asarray(theirs(), dtype=np.float32)).max())  # also the warm-up
+        times = interleaved({"ours": ours, "sentence-transformers encode": theirs}, rounds=args.rounds, warmup=0)
+        tokens = sum(min(len(ids), 256) for ids in peer.tokenizer(texts)["input_ids"])
+        note = (f"{len(texts)} SciFact abstracts (title + text, {tokens:,} tokens at max length "
+                f"{settings.max_length}), default model, {dtype}, batch 32, both length-sorted; median of "
+                f"{args.rounds} interleaved rounds. Max |difference| of the unit vectors: {diff:.1e}.  \n"
+                f"Command: `python bench/bench_encode.py --docs {args.docs} --rounds {args.rounds} "
+                f"--dtypes {dtype}`.  \nMachine: {machine_line('sentence-transformers')}")
+        sections.append(table(f"Corpus encoding for evaluation, {dtype}", len(texts), "texts", times, "ours", note))
+        print(sections[-1], flush=True)
+    report("encode", "\n\n".join(sections), args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Embedding-model commands: `bertkit evaluate retrieval|sts` (figures) and `bertkit mine` (hard negatives)."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bertkit.options import DTYPE_CHOICES, add_options, from_args
+from bertkit.retrieval.config import MiningOptions
+
+MEASURE_LABELS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
+
+
+def _model_flags(p) -> None:
+    p.add_argument("--model", help="a model directory (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--max-length", type=int, help="tokens per text; longer texts are truncated (default: the "
+                   "model's sentence-transformers max_seq_length, 256 for the default model, else its positions)")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_CHOICES),
+                   help="the precision (default float32, so the figures compare with published ones; auto: "
+                   "bfloat16 where the CPU has it natively)")
+
+
+def add_evaluate(sub):
+    p = sub.add_parser("evaluate", help="measure an embedding model: retrieval on a BEIR set, or STS correlation",
+                       description="Figures of a sentence-embedding model, computed as sentence-transformers, "
+                       "BEIR and MTEB compute them (see docs/embeddings.md).")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
+    r = kinds.add_parser(
+        "retrieval", help="nDCG@10, MRR@10, MAP@100, Recall@10/100 on a BEIR-layout folder",
+        description="Embed the corpus (title and text joined) and the split's queries, rank the corpus for each "
+        "query by exact cosine similarity, and score the ranking against the qrels as trec_eval does. DIR holds "
+        "corpus.jsonl, queries.jsonl and qrels/<split>.tsv (the BEIR layout). --bm25 adds a BM25 baseline "
+        "(bm25s: Lucene idf, k1 1.5, b 0.75, English stop words, no stemming) to the same table.",
+        epilog="examples:\n  bertkit evaluate retrieval data/scifact --split test --output scifact.json\n"
+        "  bertkit evaluate retrieval data/scifact --model runs/embed --bm25",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("directory", metavar="DIR", help="a BEIR folder: corpus.jsonl, queries.jsonl, qrels/")
+    r.add_argument("--split", default="test", help="which qrels/<split>.tsv to evaluate (default test)")
+    _model_flags(r)
+    r.add_argument("--bm25", action="store_true", help="also rank with BM25 (needs: pip install 'bertkit[search]')")
+    r.add_argument("--output", help="write the figures as JSON here")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(handler=run_evaluate_retrieval)
+    s = kinds.add_parser(
+        "sts", help="Spearman and Pearson correlation of cosine similarity with gold scores",
+        description="Embed both sentences of each pair and correlate their cosine similarity with the gold "
+        "score (the STS benchmark's figure). FILE is a TSV whose header names sentence1, sentence2 and score.",
+        epilog="examples:\n  bertkit evaluate sts stsb/dev.tsv --output sts.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("file", metavar="FILE", help="a TSV with columns sentence1, sentence2, score")
+    _model_flags(s)
+    s.add_argument("--output", help="write the figures as JSON here")
+    s.set_defaults(handler=run_evaluate_sts)
+
+
+def _write(result: dict, output) -> None:
+    if output:
+        Path(output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+def _table(result: dict) -> str:
+    rows = [("model", result)] + ([("BM25", result["bm25"])] if "bm25" in result else [])
+    lines = ["| ranker | " + " | ".join(MEASURE_LABELS) + " |", "|---" * (len(MEASURE_LABELS) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(f"{figures[m]:.4f}" for m in MEASURE_LABELS) + " |" for name, figures in rows]
+    return "\n".join(lines)
+
+
+def run_evaluate_retrieval(args):
+    from bertkit.retrieval.evaluation import evaluate_retrieval
+
+    result = evaluate_retrieval(args.model, args.directory, args.split, batch_size=args.batch_size,
+                                max_length=args.max_length, dtype=args.dtype, bm25=args.bm25,
+                                progress=not args.quiet)
+    _write(result, args.output)
+    print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents; "
+          f"{result['model']} ({result['precision']}, max length {result['max_length']}, {result['pooling']} pooling)")
+    print(_table(result))
+
+
+def run_evaluate_sts(args):
+    from bertkit.retrieval.evaluation import evaluate_sts
+
+    result = evaluate_sts(args.model, args.file, batch_size=args.batch_size, max_length=args.max_length,
+                          dtype=args.dtype)
+    _write(result, args.output)
+    print(f"spearman {result['spearman']:.4f}  pearson {result['pearson']:.4f}  ({result['pairs']} pairs; "
+          f"{result['model']}, {result['precision']}, max length {result['max_length']})")
+
+
+def add_mine(sub):
+    p = sub.add_parser(
+        "mine", help="hard negatives for contrastive training: triplets from a BEIR folder or a pairs file",
+        description="Embed the candidate passages and the queries, rank the passages for each query by cosine, "
+        "and keep as negatives the best-ranked ones that are not positives and score clearly below the "
+        "positive (default: at most 95% of the positive's cosine, NV-Retriever's TopK-PercPos rule; the options "
+        "are sentence-transformers' mine_hard_negatives'). SOURCE is a BEIR folder (--split's queries and qrels, "
+        "the corpus as candidates) or a TSV/JSONL with columns anchor, positive (the positives are the "
+        "candidates). Writes anchor, positive, negative_1..n, the columns `bertkit finetune embed` reads.",
+        epilog="examples:\n  bertkit mine data/scifact --split train -o scifact_triplets.tsv --num-negatives 3\n"
+        "  bertkit mine pairs.tsv -o triplets.jsonl --relative-margin 0.1 --range-min 2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", metavar="SOURCE", help="a BEIR folder, or a .tsv/.jsonl of anchor, positive pairs")
+    p.add_argument("-o", "--output", required=True, help="where to write the rows: .tsv or .jsonl")
+    p.add_argument("--split", default="train", help="a BEIR folder's qrels split to mine for (default train)")
+    _model_flags(p)
+    add_options(p, MiningOptions)
+    p.add_argument("--report", help="also write the counts (queries, rows, skipped candidates) as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=run_mine)
+
+
+def run_mine(args):
+    from bertkit.retrieval.mining import check_output, mine_hard_negatives, write_rows
+
+    options = from_args(args, MiningOptions)
+    check_output(args.output)
+    rows, report = mine_hard_negatives(args.source, args.model, split=args.split, options=options,
+                                       batch_size=args.batch_size, max_length=args.max_length, dtype=args.dtype,
+                                       progress=not args.quiet)
+    write_rows(rows, args.output)
+    _write(report, args.report)
+    skipped = ", ".join(f"{n} {rule}" for rule, n in report["skipped"].items() if n)
+    print(f"wrote {report['rows']} rows ({options.num_negatives} negatives each) for "
+          f"{report['queries'] - report['queries_without_enough_negatives']} of {report['queries']} queries to "
+          f"{args.output}; candidates skipped: {skipped or 'none'}; mean cosine positive "
+          f"{report['mean_positive_cosine']:.3f}, negative {report['mean_negative_cosine']:.3f}", file=sys.stderr)

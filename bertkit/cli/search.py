@@ -1,0 +1,194 @@
+"""Search commands: `bertkit index` (a corpus -> an index folder) and `bertkit search` (queries -> answers)."""
+
+import argparse
+import json
+import sys
+
+from bertkit.options import device_flags
+
+SHOWN_CHARS = 200  # of a passage, in the plain-text answer
+
+
+def add_index(sub):
+    p = sub.add_parser(
+        "index", help="cut a corpus into passages, embed them and write a searchable index folder",
+        description="Read CORPUS (a BEIR corpus.jsonl or its folder, a TSV whose header names id, text and "
+        "optionally title, or a folder of .txt files), cut each document (title and text joined by a space) into "
+        "passages of at most --passage-tokens tokens sharing --overlap word pieces, embed them length-sorted and "
+        "write INDEX: vectors.safetensors (unit float32 vectors), passages.jsonl (id, doc_id, title, start, end, "
+        "text) and index.json (the model, its weights' SHA-256, pooling, max length). Work is saved in parts: "
+        "after a crash or kill, the same command with --resume continues where it stopped, and the index is "
+        "the same as an uninterrupted run's. See docs/search.md.",
+        epilog="examples:\n  bertkit index data/scifact -o scifact.index\n"
+        "  bertkit index notes/ -o notes.index --passage-tokens 128 --overlap 16\n"
+        "  bertkit index data/scifact -o scifact.index --resume\n"
+        "  bertkit index export scifact.index --qdrant qdrant_data/ --collection scifact   (or --qdrant "
+        "http://host:6333)\n\nbertkit index export INDEX --qdrant PATH|URL --collection NAME writes an index's "
+        "vectors, passages and model into a new Qdrant collection (local mode: a folder; a URL: a server), which "
+        "bertkit search --qdrant searches.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("corpus", metavar="CORPUS", help="corpus.jsonl, a BEIR folder, a .tsv (id, title, text) or a "
+                   "folder of .txt files; or the word export (then INDEX follows)")
+    p.add_argument("exported", nargs="?", metavar="INDEX", help="after export: the index folder to export")
+    p.add_argument("-o", "--output", metavar="INDEX", help="the index folder to write (new or empty; required)")
+    p.add_argument("--qdrant", metavar="PATH|URL", help="export: a Qdrant local-mode folder, or a server's URL")
+    p.add_argument("--collection", help="export: the new collection's name")
+    p.add_argument("--model", help="an embedding model directory (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--passage-tokens", type=int, help="tokens per passage, [CLS] and [SEP] included (default: the "
+                   "model's max length: its sentence-transformers max_seq_length, 256 for the default model)")
+    p.add_argument("--overlap", type=int, help="word pieces shared by consecutive passages of a document "
+                   "(default: half a passage)")
+    p.add_argument("--batch-size", type=int, default=32, help="passages per forward pass (default 32)")
+    p.add_argument("--part-size", type=int, default=1024, help="passages per saved part: what a kill can lose "
+                   "(default 1024)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted build of INDEX")
+    p.add_argument("--ann", choices=["hnsw"], help="also build an approximate index: hnsw, a FAISS HNSW graph for "
+                   "corpora where exact search is too slow (needs: pip install 'bertkit[search]'); its recall@10 "
+                   "against exact search is measured and printed")
+    p.add_argument("--ann-m", type=int, default=32, help="HNSW: links per vector (default 32)")
+    p.add_argument("--ef-construction", type=int, default=200, help="HNSW: candidates kept while building "
+                   "(default 200)")
+    p.add_argument("--ef-search", type=int, default=128, help="HNSW: candidates kept while searching, recorded "
+                   "as the index's default (default 128)")
+    device_flags(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=run_index)
+
+
+def run_index(args):
+    from bertkit.errors import BertkitError
+    from bertkit.retrieval.index import build_index
+
+    if args.corpus == "export" and args.exported is not None:
+        return run_export(args)
+    if args.exported is not None or args.qdrant or args.collection:
+        raise BertkitError("to export an index: bertkit index export INDEX --qdrant PATH|URL --collection NAME")
+    if not args.output:
+        raise BertkitError("-o/--output INDEX is required: the folder to write the index to")
+    info = build_index(args.corpus, args.output, args.model, passage_tokens=args.passage_tokens,
+                       overlap=args.overlap, batch_size=args.batch_size, part_size=args.part_size,
+                       device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
+                       ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search)
+    skipped = info["documents_without_tokens"]
+    print(f"{args.output}: {info['passages']} passages of {info['documents']} documents "
+          f"({info['passage_tokens']} tokens, overlap {info['overlap']}), {info['dim']} dimensions, "
+          f"{info['model']['directory']} ({info['model']['precision']}, {info['model']['pooling']} pooling)"
+          + (f"; {skipped} documents without any token left out" if skipped else ""))
+    if args.ann:
+        ann = info["ann"]
+        print(f"{ann['kind']} (M {ann['m']}, efConstruction {ann['ef_construction']}, efSearch {ann['ef_search']}): "
+              f"recall@10 {ann['recall@10']:.4f} against exact search on {ann['held_out']} held-out passages as "
+              "queries (each one's own row left out)")
+
+
+def run_export(args):
+    from bertkit.errors import BertkitError
+    from bertkit.retrieval.index import open_index
+    from bertkit.retrieval.qdrant import export
+
+    if not args.qdrant or not args.collection:
+        raise BertkitError("bertkit index export INDEX needs --qdrant PATH|URL and --collection NAME")
+    n = export(open_index(args.exported), args.qdrant, args.collection, progress=not args.quiet)
+    print(f"{args.exported}: {n} passages written to collection {args.collection!r} in {args.qdrant}")
+
+
+def add_search(sub):
+    p = sub.add_parser(
+        "search", help="the best documents of an index for a query, by exact cosine similarity",
+        description="Embed each query with the model that made INDEX (another model is refused), score every "
+        "passage by cosine similarity (exact: blocked matrix products over the memory-mapped vectors, bounded "
+        "memory) and print the k best documents, each with its best passage (a document scores its best "
+        "passage's score). --rerank re-scores the best --rerank-top documents with a cross-encoder fine-tuned "
+        "by bertkit finetune regression, or pair with two labels. --json prints, per query, a best-first list "
+        "of {\"id\", \"doc_id\", \"score\", \"text\"}.",
+        epilog="examples:\n  bertkit search scifact.index \"vitamin D prevents fractures\" -k 5\n"
+        "  bertkit search scifact.index --queries claims.txt --json > answers.json\n"
+        "  bertkit search scifact.index \"statins and dementia\" --rerank runs/cross-encoder --rerank-top 50\n"
+        "  bertkit search --qdrant qdrant_data/ --collection scifact \"vitamin D prevents fractures\"",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("index", nargs="?", metavar="INDEX", help="an index folder written by bertkit index (none with "
+                   "--qdrant)")
+    p.add_argument("query", nargs="?", metavar="QUERY", help="the query (or --queries FILE)")
+    p.add_argument("--qdrant", metavar="PATH|URL", help="search a Qdrant collection written by bertkit index export "
+                   "instead of an index folder (with --collection)")
+    p.add_argument("--collection", help="with --qdrant: the collection")
+    p.add_argument("--queries", metavar="FILE", help="a text file of queries, one per line")
+    p.add_argument("-k", type=int, default=10, help="documents per query (default 10)")
+    p.add_argument("--model", help="the query encoder; must be the model that made INDEX (default: that model)")
+    p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder directory re-scoring the best documents")
+    p.add_argument("--rerank-top", type=int, default=50, help="documents the cross-encoder re-scores (default 50)")
+    p.add_argument("--json", action="store_true", help="print JSON: per query a best-first list of hits")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--ann", action="store_true", help="search the HNSW graph built by bertkit index --ann hnsw "
+                   "(approximate, faster on millions of vectors) instead of every vector")
+    p.add_argument("--ef-search", type=int, help="with --ann: candidates the graph walk keeps (default: the "
+                   "index's, 128); more is slower and finds more")
+    p.add_argument("--block-size", type=int, default=16384, help="vectors scored per block of the exact scan: "
+                   "memory grows with it, about 64 x block x 36 bytes (default 16384: 38 MiB)")
+    device_flags(p)
+    p.set_defaults(handler=run_search)
+
+
+def _queries(args) -> list[str]:
+    from bertkit.errors import BertkitError
+    from bertkit.textfiles import existing_file, open_text
+
+    if (args.query is None) == (args.queries is None):
+        raise BertkitError("give one QUERY or --queries FILE (one query per line)")
+    if args.query is not None:
+        return [args.query]
+    with open_text(existing_file(args.queries, "queries file"), "queries file") as f:
+        queries = [line.strip() for line in f if line.strip()]
+    if not queries:
+        raise BertkitError(f"{args.queries} holds no query: write one per line")
+    return queries
+
+
+def _print_plain(queries, answers) -> None:
+    for query, hits in zip(queries, answers):
+        print(f"query: {query}")
+        for rank, hit in enumerate(hits, 1):
+            text = " ".join(hit.text.split())
+            text = text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+            print(f"{rank:3d}. {hit.score:.4f}  {hit.doc_id}  [{hit.id}]  {text}")
+        print()
+
+
+def run_search(args):
+    from bertkit.errors import BertkitError
+    from bertkit.finetune.rerank import rerank, reranker
+    from bertkit.retrieval.index import open_index
+    from bertkit.retrieval.qdrant import search as search_qdrant
+    from bertkit.retrieval.search import search
+
+    if args.k < 1:
+        raise BertkitError(f"-k must be at least 1, got {args.k}")
+    if args.qdrant:  # no INDEX: the one positional is the query
+        if args.query is not None or not args.collection:
+            raise BertkitError("with --qdrant PATH|URL give --collection NAME and no INDEX: bertkit search --qdrant "
+                               "PATH --collection NAME QUERY")
+        if args.ann:
+            raise BertkitError("--ann walks an index folder's HNSW graph; a Qdrant collection is searched by Qdrant")
+        args.index, args.query = None, args.index
+    elif args.index is None:
+        raise BertkitError("give an INDEX folder (or --qdrant PATH|URL --collection NAME)")
+    queries = _queries(args)
+    cross = reranker(args.rerank, args.device, args.dtype) if args.rerank else None  # refused before any search
+    depth = args.k if cross is None else max(args.k, args.rerank_top)
+    if args.qdrant:
+        answers = search_qdrant(args.qdrant, args.collection, queries, depth, model=args.model, device=args.device,
+                                dtype=args.dtype, batch_size=args.batch_size)
+    else:
+        answers = search(open_index(args.index), queries, depth, model=args.model, device=args.device,
+                         dtype=args.dtype, batch_size=args.batch_size, block_size=args.block_size, ann=args.ann,
+                         ef_search=args.ef_search)
+    if cross is not None:
+        answers = [rerank(cross, q, hits, args.rerank_top, args.batch_size) for q, hits in zip(queries, answers)]
+    answers = [hits[: args.k] for hits in answers]
+    if args.json:
+        json.dump([[h.to_dict() for h in hits] for hits in answers], sys.stdout, ensure_ascii=False)
+        print()
+    else:
+        _print_plain(queries, answers)

@@ -1,0 +1,109 @@
+"""Approximate search: an HNSW graph (FAISS) built next to an index's exact vectors.
+
+Exact search reads every vector for every query; past a few million vectors a
+query takes too long on one core. HNSW (Malkov and Yashunin 2018, "Efficient
+and robust approximate nearest neighbor search using Hierarchical Navigable
+Small World graphs") links each vector to `M` near neighbours on a few layers
+and answers by a greedy walk that keeps the `ef_search` best candidates: a
+query touches thousands of vectors instead of all of them, and may miss some
+of the true top-k. FAISS's `IndexHNSWFlat` with the inner product (our rows are
+unit length, so it is the cosine) is the implementation; its parameters are
+the factory string's (`HNSW32`, efConstruction, efSearch).
+
+The graph is `INDEX/hnsw.faiss`; the exact vectors stay beside it, so the
+recall can always be measured: `recall_at_10` takes `held_out` passages (a
+seeded sample) as queries, drops each query's own row from both answers
+(leave-one-out: a passage finds itself trivially), and counts how many of the
+exact top 10 the graph also returns. Unlike the exact scan, the graph holds
+every vector in memory (N x D x 4 bytes plus about N x M x 8 for the links).
+
+FAISS is optional (`pip install 'bertkit[search]'`) and imported only here,
+when an ANN index is built or searched.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import BertkitError
+from bertkit.retrieval.exact import top_k
+
+HNSW_FILE = "hnsw.faiss"
+KINDS = ("hnsw",)
+HELD_OUT = 200  # passages taken as queries to measure the recall: the mean's standard error <= 0.035
+
+
+def faiss_module():
+    """The faiss package, or one line saying how to install it."""
+    try:
+        import faiss
+    except ImportError:
+        raise BertkitError("--ann hnsw needs FAISS: pip install 'bertkit[search]' (faiss-cpu)") from None
+    return faiss
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise BertkitError(f"unknown --ann {kind!r}: use {', '.join(KINDS)}")
+
+
+def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int = 200,
+               block_size: int = 16384) -> None:
+    """An HNSW graph over unit rows `vectors` [N, D] (a memory map is read a block at a time),
+    written to `path` through a temporary file."""
+    faiss = faiss_module()
+    graph = faiss.IndexHNSWFlat(vectors.shape[1], m, faiss.METRIC_INNER_PRODUCT)
+    graph.hnsw.efConstruction = ef_construction
+    for start in range(0, len(vectors), block_size):
+        graph.add(np.ascontiguousarray(vectors[start : start + block_size], dtype=np.float32))
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    faiss.write_index(graph, str(tmp))
+    os.replace(tmp, path)
+
+
+def read_hnsw(path):
+    path = Path(path)
+    if not path.is_file():
+        raise BertkitError(f"{path.parent} has no ANN index ({path.name}): build it with bertkit index ... --ann hnsw, "
+                           "or search without --ann")
+    return faiss_module().read_index(str(path))
+
+
+def ann_top_k(graph, queries: np.ndarray, k: int, ef_search: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cosines [Q, k], rows [Q, k]) from the graph, best first; rows of -1 where it found fewer."""
+    queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+    queries = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)  # as exact.top_k
+    graph.hnsw.efSearch = max(ef_search, k)  # the walk must keep at least k candidates
+    scores, rows = graph.search(np.ascontiguousarray(queries), k)
+    return scores, rows.astype(np.int64)
+
+
+def build_measured(vectors: np.ndarray, path, *, m: int, ef_construction: int, ef_search: int) -> dict:
+    """Build the graph at `path` and measure it: what index.json records under "ann"."""
+    build_hnsw(vectors, path, m=m, ef_construction=ef_construction)
+    return {"kind": "hnsw", "m": m, "ef_construction": ef_construction, "ef_search": ef_search,
+            "held_out": min(HELD_OUT, len(vectors)),
+            "recall@10": recall_at_10(read_hnsw(path), vectors, ef_search=ef_search)}
+
+
+def recall_at_10(graph, vectors: np.ndarray, *, held_out: int = HELD_OUT, ef_search: int = 128, seed: int = 0) -> float:
+    """Mean share of the exact top 10 that the graph returns, over `held_out` passages as queries,
+    each query's own row left out of both answers."""
+    n = len(vectors)
+    if n < 2:
+        return 1.0
+    rows = np.sort(np.random.default_rng(seed).choice(n, size=min(held_out, n), replace=False))
+    queries = np.asarray(vectors[rows], dtype=np.float32)
+    k = min(10, n - 1)
+    _, exact = top_k(queries, vectors, k + 1, normalized=True)
+    _, approx = ann_top_k(graph, queries, k + 1, ef_search)
+    found = []
+    for own, e, a in zip(rows, exact, approx):
+        e = [r for r in e if r != own][:k]
+        a = [r for r in a if r != own and r >= 0][:k]
+        found.append(len(set(e) & set(a)) / k)
+    return float(np.mean(found))

@@ -1,0 +1,72 @@
+"""How retrieval embeds texts: one vector per text, as the model was trained to make it.
+
+Evaluation, mining and the index embed queries and passages the way
+sentence-transformers' `encode` does for the same model folder, so that figures
+compare with sentence-transformers' and MTEB's:
+
+- pooling and max length from the model's sentence-transformers layout
+  (`bertkit.sentence_layout`: the default all-MiniLM-L6-v2 says mean pooling,
+  256 tokens); a model without a layout: mean pooling, its full positions;
+- a text longer than that is truncated, not windowed (what the model was
+  trained on, and what MTEB's figures use);
+- vectors L2-normalised, so a dot product is the cosine;
+- float32 unless asked otherwise;
+- the whole list sorted by length before batching, then embedded in chunks:
+  a 5,000-abstract corpus pads each batch to nearly its own length, and memory
+  holds one chunk's token vectors, not the corpus's.
+
+`model` is None (the default model), a model directory, a `bertkit.loading.Loaded`
+or a (model, tokenizer) pair, as `bertkit.embed` takes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertkit.errors import BertkitError
+from bertkit.features import encoder, iter_embed
+from bertkit.loading import Loaded
+
+
+@dataclass(frozen=True)
+class EncodingSettings:
+    """What the vectors were made with; recorded next to every figure."""
+
+    model: str  # the model directory, or "(model in memory)" for a loaded pair
+    pooling: str
+    max_length: int
+    dtype: str  # "float32", "bfloat16" or "int8"
+
+
+def load_encoder(model, max_length: int | None = None, dtype: str = "float32") -> tuple[Loaded, EncodingSettings]:
+    """The encoder (loaded once, through `bertkit.features.encoder`) and the settings it embeds with:
+    its layout's pooling and max length, `max_length` overriding the latter."""
+    if dtype not in ("float32", "bfloat16"):
+        raise BertkitError(f"dtype {dtype!r}: use float32 (comparable with published figures) or bfloat16")
+    loaded = encoder(model, dtype=dtype)
+    length = loaded.max_length if max_length is None else max_length
+    name = str(loaded.directory.resolve()) if loaded.directory is not None else "(model in memory)"
+    return loaded, EncodingSettings(name, loaded.pooling, length, loaded.precision)
+
+
+def encode(texts: list[str], loaded: Loaded, settings: EncodingSettings, *, batch_size: int = 32,
+           chunk_size: int = 1024, progress: bool = False) -> np.ndarray:
+    """Unit-length sentence vectors [N, D] float32, in the order of `texts`.
+
+    The texts go to the encoder longest-character-count last (the whole list, as
+    sentence-transformers' `encode` sorts it), `chunk_size` at a time, each chunk
+    sorted again by tokens; only a chunk's token vectors are held at once."""
+    if not texts:
+        raise BertkitError("no texts to embed")
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    rows = iter_embed((texts[i] for i in order), loaded, pooling=settings.pooling, normalize=True,
+                      max_length=settings.max_length, truncate=True, batch_size=batch_size, chunk_size=chunk_size,
+                      progress=progress, total=len(texts))
+    out = None
+    for i, vector in zip(order, rows):
+        if out is None:
+            out = np.empty((len(texts), len(vector)), dtype=np.float32)
+        out[i] = vector
+    return out

@@ -1,0 +1,129 @@
+"""Evaluating an embedding model: retrieval on a BEIR set, and semantic similarity (STS).
+
+Retrieval (BEIR, Thakur et al. 2021; MTEB's retrieval tasks): embed the corpus
+(title and text joined) and the split's queries (`bertkit.retrieval.encoding`),
+rank the corpus for each query by exact cosine (`bertkit.retrieval.exact`, top
+100), and score the ranking against the qrels with trec_eval's rules
+(`bertkit.retrieval.metrics`): nDCG@10, MRR@10, MAP@100, Recall@10, Recall@100.
+With `bm25=True` the same split is also ranked by BM25 (`bertkit.retrieval.bm25`)
+and its figures are reported under "bm25", for the same table.
+
+STS (SemEval STS benchmark; sentence-transformers' `EmbeddingSimilarityEvaluator`):
+the cosine of each pair's two sentence vectors, correlated with the gold scores:
+Spearman (the figure papers report) and Pearson.
+
+Both run in float32 unless asked otherwise, and the result records the model,
+precision, max length (and split), so a figure says what it measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+
+import numpy as np
+
+from bertkit.errors import BertkitError
+from bertkit.finetune.metrics import pearson, spearman
+from bertkit.retrieval.beir import document_text, load_beir
+from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
+from bertkit.retrieval.encoding import encode, load_encoder
+from bertkit.retrieval.exact import top_k
+from bertkit.retrieval.metrics import DEFAULT_MEASURES, evaluate_run
+from bertkit.textfiles import existing_file, open_text
+
+STS_COLUMNS = ("sentence1", "sentence2", "score")
+RUN_DEPTH = 100  # documents retrieved per query: enough for every measure's cut-off
+
+
+def dense_run(query_vectors: np.ndarray, query_ids: list, doc_vectors: np.ndarray, doc_ids: list,
+              k: int = RUN_DEPTH) -> dict[str, dict[str, float]]:
+    """query id -> {doc id: cosine} of each query's `k` nearest documents (a run for `metrics`)."""
+    scores, rows = top_k(query_vectors, doc_vectors, k=k, normalized=True)
+    return {q: {doc_ids[r]: float(s) for r, s in zip(rows[i], scores[i])} for i, q in enumerate(query_ids)}
+
+
+def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch_size: int = 32,
+                       max_length: int | None = None, dtype: str = "float32", bm25: bool = False,
+                       measures=DEFAULT_MEASURES, progress: bool = True) -> dict:
+    """Retrieval figures of `model` on a BEIR folder's `split` (see the module docstring).
+
+    Returns {"ndcg@10": ..., "mrr@10", "map@100", "recall@10", "recall@100", "model", "precision",
+    "max_length", "split", "dataset", "queries", "documents", "encode_seconds"} and, with bm25=True,
+    "bm25": {the same measures, "k1", "b"}.
+    """
+    if directory is None:
+        raise BertkitError("evaluate_retrieval needs a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
+    data = load_beir(directory, split)  # read and checked before the model loads
+    if bm25:
+        require_bm25s()  # a missing package is said before the corpus is embedded, not after
+    loaded, settings = load_encoder(model, max_length, dtype)
+    doc_ids, query_ids = list(data.corpus), list(data.queries)
+    started = time.perf_counter()
+    doc_vectors = encode([document_text(data.corpus[d]) for d in doc_ids], loaded, settings,
+                         batch_size=batch_size, progress=progress)
+    query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size)
+    seconds = time.perf_counter() - started
+    run = dense_run(query_vectors, query_ids, doc_vectors, doc_ids)
+    result = {**evaluate_run(data.qrels, run, measures), "model": settings.model, "precision": settings.dtype,
+              "max_length": settings.max_length, "pooling": settings.pooling, "split": split,
+              "dataset": str(data.directory), "queries": len(query_ids), "documents": len(doc_ids),
+              "encode_seconds": round(seconds, 2)}
+    if bm25:
+        documents = {d: document_text(data.corpus[d]) for d in doc_ids}
+        lexical_run = bm25_run(documents, data.queries, RUN_DEPTH, progress=progress)
+        result["bm25"] = {**evaluate_run(data.qrels, lexical_run, measures), "k1": K1, "b": B,
+                          "stopwords": STOPWORDS, "stemmer": None}
+    return result
+
+
+def read_sts(path) -> list[tuple[str, str, float]]:
+    """(sentence1, sentence2, score) rows of a TSV with those columns in its header (no quoting)."""
+    with open_text(existing_file(path, "STS file"), "STS file") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = next(reader, None)
+        if not header:
+            raise BertkitError(f"{path} is empty: an STS file has a header sentence1, sentence2, score")
+        missing = [c for c in STS_COLUMNS if c not in header]
+        if missing:
+            raise BertkitError(f"{path} has no {', '.join(missing)} column (header: {' '.join(header)}): "
+                               f"the header must name {', '.join(STS_COLUMNS)}")
+        where = [header.index(c) for c in STS_COLUMNS]
+        rows = []
+        for number, cells in enumerate(reader, 2):
+            if not cells or cells == [""]:
+                continue
+            if len(cells) < len(header):
+                raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {len(header)}")
+            first, second, score = (cells[i] for i in where)
+            try:
+                rows.append((first, second, float(score)))
+            except ValueError:
+                raise BertkitError(f"{path} line {number}: score {score!r} is not a number")
+    if len(rows) < 2:
+        raise BertkitError(f"{path} has {len(rows)} scored pair(s): a correlation needs at least 2")
+    return rows
+
+
+def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_length: int | None = None,
+                 dtype: str = "float32", progress: bool = False) -> dict:
+    """Spearman and Pearson correlation of cosine similarity with the gold scores.
+
+    pairs_or_path: a TSV path (columns sentence1, sentence2, score) or a list of
+    (sentence1, sentence2, score). Returns {"spearman", "pearson", "pairs", "model",
+    "precision", "max_length"}.
+    """
+    if pairs_or_path is None:
+        raise BertkitError("evaluate_sts needs scored pairs: a TSV path or a list of (sentence1, sentence2, score)")
+    pairs = read_sts(pairs_or_path) if not isinstance(pairs_or_path, (list, tuple)) else list(pairs_or_path)
+    if len(pairs) < 2:
+        raise BertkitError(f"{len(pairs)} scored pair(s): a correlation needs at least 2")
+    loaded, settings = load_encoder(model, max_length, dtype)
+    sentences = list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))  # each sentence embedded once
+    row = {s: i for i, s in enumerate(sentences)}
+    vectors = encode(sentences, loaded, settings, batch_size=batch_size, progress=progress)
+    cosine = [float(vectors[row[a]] @ vectors[row[b]]) for a, b, _ in pairs]
+    gold = [float(score) for _, _, score in pairs]
+    return {"spearman": spearman(cosine, gold), "pearson": pearson(cosine, gold), "pairs": len(pairs),
+            "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
+            "pooling": settings.pooling}

@@ -1,0 +1,329 @@
+"""The index on disk: a corpus's passages, their vectors, and the model that made them.
+
+`bertkit index CORPUS -o INDEX/` cuts the documents into passages
+(`bertkit.retrieval.passages`), embeds them and writes one folder:
+
+    index.json            {"format": 1, "model": {directory, fingerprint, pooling, normalize, max_length,
+                           precision}, "passage_tokens", "overlap", "passages": N, "documents", "dim": D,
+                           "max_passages_per_document", "corpus"}
+    passages.jsonl        one {"id", "doc_id", "title", "start", "end", "text"} per passage, row order
+    hnsw.faiss            with --ann hnsw: a FAISS HNSW graph of the vectors (`bertkit.retrieval.ann`)
+    vectors.safetensors   "vectors"        F32 [N, D]   unit rows (cosine = dot product)
+                          "document"       I64 [N]      the document number of each row (0.. documents-1)
+                          "passage_offset" I64 [N+1]    byte offset of row i's line in passages.jsonl
+
+Every tensor is read back through `np.memmap` at its data offset (`open_index`),
+so an index larger than RAM is searched a block at a time
+(`bertkit.retrieval.exact.top_k`) and one passage is read by seeking to its line.
+
+The model is named by its resolved directory and the SHA-256 of its weights
+files (`fingerprint`): a query embedded by another model, or by the same
+directory after its weights changed, lands in another vector space, so
+`check_model` refuses it in one line naming both.
+
+Resumable building. Passages are encoded in a fixed order (by token count, then
+row: length-sorted batches carry little padding) and in fixed parts of
+`part_size` rows; each finished part is written as `parts/part-NNNNN.npy`
+through a temporary file and `os.replace`, so a part is on disk whole or not at
+all. `build.json` records the plan (model, settings, a hash of the passages).
+Killed at any point (SIGKILL included) and started again with `resume=True`,
+the build checks that the plan is the same, skips the parts on disk and encodes
+the rest; the batches are the same as in an uninterrupted run, so the finished
+index is byte for byte the same. `index.json` is written last: a folder
+without it is not an index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from bertkit.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
+from bertkit.errors import BertkitError
+from bertkit.features import encoder
+from bertkit.loading import Loaded
+from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
+from bertkit.retrieval.encoding import EncodingSettings, encode
+from bertkit.retrieval.passages import Passage, cut_all, default_overlap, read_documents
+
+FORMAT = 1
+INDEX_JSON, BUILD_JSON = "index.json", "build.json"
+PASSAGES, VECTORS, PARTS = "passages.jsonl", "vectors.safetensors", "parts"
+_DTYPES = {"F32": np.float32, "I64": np.int64}
+
+
+# --- the model that made the vectors -----------------------------------------------------------
+
+def fingerprint(directory) -> str:
+    """SHA-256 of a model directory's weights files (the first of model.safetensors, its shards'
+    index, pytorch_model.bin, model.int8.safetensors that exists; a sharded checkpoint's shards too)."""
+    directory = Path(directory)
+    names = [n for n in (*WEIGHT_FILES, INT8_WEIGHTS) if (directory / n).is_file()]
+    if not names:
+        raise BertkitError(f"{directory} holds no weights file ({', '.join(WEIGHT_FILES)})")
+    files = [directory / names[0]]
+    if names[0].endswith(".index.json"):  # sharded: the shards it names, in name order
+        shards = json.loads(files[0].read_text())["weight_map"].values()
+        files += [directory / s for s in sorted(set(shards))]
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def model_record(loaded: Loaded) -> dict:
+    """What index.json says about the model: enough to embed a query the same way and to recognise it."""
+    if loaded.directory is None:
+        raise BertkitError("an index needs a model directory (its fingerprint is recorded), not a model in memory")
+    return {"directory": str(loaded.directory.resolve()), "fingerprint": fingerprint(loaded.directory),
+            "pooling": loaded.pooling, "normalize": True, "max_length": loaded.max_length,
+            "precision": loaded.precision}
+
+
+def check_model(info: dict, loaded: Loaded) -> None:
+    """Refuse a model other than the one that made the index (other weights, or other pooling)."""
+    made = info["model"]
+    now = model_record(loaded)
+    if now["fingerprint"] != made["fingerprint"] or now["pooling"] != made["pooling"]:
+        same_dir = now["directory"] == made["directory"]
+        what = " (its weights changed since)" if same_dir else ""
+        raise BertkitError(
+            f"this index was made by {made['directory']} (weights {made['fingerprint'][:12]}, {made['pooling']} "
+            f"pooling), not {now['directory']}{what} (weights {now['fingerprint'][:12]}, {now['pooling']} pooling): "
+            "search it with the model that made it, or build the index again with this one"
+        )
+
+
+# --- files -------------------------------------------------------------------------------------
+
+def _replace_atomically(path: Path, write) -> None:
+    """write(f) into a temporary file beside `path`, then rename it over `path`: whole or absent."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    _replace_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
+
+
+def _safetensors_header(tensors: dict) -> bytes:
+    """8-byte little-endian length + JSON header; tensors: name -> (dtype, shape), in data order."""
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        nbytes = int(np.prod(shape)) * np.dtype(_DTYPES[dtype]).itemsize
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format aligns the data to 8 bytes
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def map_safetensors(path) -> dict[str, np.memmap]:
+    """Every tensor of a .safetensors file as a read-only memory map (nothing is read until used)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        if entry["dtype"] not in _DTYPES:
+            raise BertkitError(f"{path}: tensor {name} is {entry['dtype']}; an index holds F32 and I64 only")
+        out[name] = np.memmap(path, dtype=_DTYPES[entry["dtype"]], mode="r", offset=8 + length + begin, shape=shape)
+    return out
+
+
+def _passage_lines(passages: list[Passage]) -> list[bytes]:
+    return [json.dumps(p.to_dict(), ensure_ascii=False).encode() + b"\n" for p in passages]
+
+
+# --- building ----------------------------------------------------------------------------------
+
+def _prepare_folder(out: Path, resume: bool) -> None:
+    if (out / INDEX_JSON).is_file():
+        raise BertkitError(f"{out} already holds a finished index: choose another folder or remove it")
+    unfinished = (out / BUILD_JSON).is_file()
+    if resume and not unfinished:
+        raise BertkitError(f"--resume: {out} holds no unfinished index; start without --resume")
+    if not resume and unfinished:
+        raise BertkitError(f"{out} holds an unfinished index: add --resume to continue it, or remove the folder")
+    if not resume and out.exists() and any(out.iterdir()):
+        raise BertkitError(f"{out} is not empty: write the index to a new or empty folder")
+
+
+def _check_plan(out: Path, plan: dict) -> None:
+    saved = json.loads((out / BUILD_JSON).read_text())
+    for key in plan:
+        if saved.get(key) != plan[key]:
+            raise BertkitError(f"--resume: {key} was {saved.get(key)!r} in the interrupted run and is {plan[key]!r} "
+                               "now: resume with the same corpus, model and settings, or start in a new folder")
+
+
+def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int, loaded: Loaded,
+                  settings: EncodingSettings, batch_size: int, progress: bool) -> None:
+    """Encode every part missing from OUT/parts (rows `order[p*part_size:(p+1)*part_size]`)."""
+    parts = range(0, len(order), part_size)
+    done = sum(min(part_size, len(order) - s) for s in parts if _part_path(out, s // part_size).is_file())
+    with tqdm(total=len(order), initial=done, disable=not progress, desc="encoding passages", unit="passage") as bar:
+        for start in parts:
+            path = _part_path(out, start // part_size)
+            if path.is_file():
+                continue
+            rows = order[start : start + part_size]
+            vectors = []
+            for b in range(0, len(rows), batch_size):
+                batch = [texts[i] for i in rows[b : b + batch_size]]
+                vectors.append(encode(batch, loaded, settings, batch_size=batch_size))
+                bar.update(len(batch))
+            block = np.concatenate(vectors).astype(np.float32, copy=False)  # [rows, D]
+            _replace_atomically(path, lambda f: np.save(f, block))
+
+
+def _part_path(out: Path, number: int) -> Path:
+    return out / PARTS / f"part-{number:05d}.npy"
+
+
+def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray, lines: list[bytes]) -> int:
+    """Write vectors.safetensors from the parts, rows back in passage order; returns D."""
+    n = len(order)
+    dim = np.load(_part_path(out, 0), mmap_mode="r").shape[1]
+    header = _safetensors_header({"vectors": ("F32", (n, dim)), "document": ("I64", (n,)),
+                                  "passage_offset": ("I64", (n + 1,))})
+    offsets = np.concatenate([[0], np.cumsum([len(line) for line in lines])]).astype(np.int64)
+
+    def write(f):
+        f.write(header)
+        f.truncate(len(header) + n * dim * 4 + (2 * n + 1) * 8)
+        f.flush()
+        vectors = np.memmap(f.name, dtype=np.float32, mode="r+", offset=len(header), shape=(n, dim))
+        for start in range(0, n, part_size):
+            vectors[order[start : start + part_size]] = np.load(_part_path(out, start // part_size))
+        vectors.flush()
+        del vectors
+        f.seek(len(header) + n * dim * 4)
+        f.write(document.astype("<i8").tobytes())
+        f.write(offsets.astype("<i8").tobytes())
+
+    _replace_atomically(out / VECTORS, write)
+    return dim
+
+
+def build_index(corpus, output, model=None, *, passage_tokens: int | None = None, overlap: int | None = None,
+                batch_size: int = 32, part_size: int = 1024, device=None, dtype=None, resume: bool = False,
+                progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
+                ef_search: int = 128) -> dict:
+    """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
+    index folder `output` (see the module docstring); returns index.json's contents.
+
+    passage_tokens: tokens per passage with [CLS] and [SEP] (default: the model's max length, its
+    sentence-transformers max_seq_length); overlap: word pieces shared by consecutive passages of a
+    document (default: half a window). resume: continue an interrupted build of `output`.
+    ann: "hnsw" also builds a FAISS HNSW graph (`bertkit.retrieval.ann`: M `ann_m`, `ef_construction`;
+    searched with `ef_search`) and records its leave-one-out recall@10 against exact search.
+    """
+    for name, value in (("batch size", batch_size), ("part size", part_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BertkitError(f"the {name} must be at least 1, got {value!r}")
+    if ann is not None:
+        check_kind(ann)
+        faiss_module()  # a missing FAISS is refused before the encoding, not after
+    out = Path(output)
+    _prepare_folder(out, resume)
+    loaded = encoder(model, device, dtype)
+    record = model_record(loaded)
+    passage_tokens = loaded.max_length if passage_tokens is None else passage_tokens
+    if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:
+        raise BertkitError(f"--passage-tokens {passage_tokens} is more than the model's {loaded.max_positions} "
+                           "positions")
+    overlap = default_overlap(passage_tokens) if overlap is None and isinstance(passage_tokens, int) else overlap
+    docs = read_documents(corpus)
+    passages, lengths, empty = cut_all(docs, loaded.tokenizer, passage_tokens, overlap)
+    if not passages:
+        raise BertkitError(f"corpus {corpus}: no document has any token (only characters BERT drops)")
+    lines = _passage_lines(passages)
+    plan = {"format": FORMAT, "corpus": str(Path(corpus).resolve()), "model": record,
+            "passage_tokens": passage_tokens, "overlap": overlap, "part_size": part_size, "batch_size": batch_size,
+            "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
+            "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search}}
+    (out / PARTS).mkdir(parents=True, exist_ok=True)  # only now: a corpus refused above leaves nothing behind
+    if resume:
+        _check_plan(out, plan)
+    else:
+        _replace_atomically(out / PASSAGES, lambda f: f.writelines(lines))
+        _write_json(out / BUILD_JSON, plan)
+    order = sorted(range(len(passages)), key=lambda i: (lengths[i], i))
+    settings = EncodingSettings(record["directory"], loaded.pooling, passage_tokens, loaded.precision)
+    _encode_parts(out, [p.text for p in passages], order, part_size, loaded, settings, batch_size, progress)
+    numbers = {d: i for i, d in enumerate(dict.fromkeys(p.doc_id for p in passages))}
+    document = np.array([numbers[p.doc_id] for p in passages], dtype=np.int64)
+    dim = _assemble(out, order, part_size, document, lines)
+    info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": overlap,
+            "passages": len(passages), "documents": len(numbers), "documents_without_tokens": empty, "dim": dim,
+            "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
+    if ann is not None:
+        info["ann"] = build_measured(map_safetensors(out / VECTORS)["vectors"], out / HNSW_FILE, m=ann_m,
+                                     ef_construction=ef_construction, ef_search=ef_search)
+    _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
+    shutil.rmtree(out / PARTS)
+    (out / BUILD_JSON).unlink()
+    return info
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+@dataclass
+class Index:
+    """An index folder, memory-mapped: vectors [N, D] float32 unit rows, document [N], offsets [N+1]."""
+
+    directory: Path
+    info: dict
+    vectors: np.ndarray
+    document: np.ndarray
+    passage_offset: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def passages(self, rows) -> list[dict]:
+        """The passages.jsonl records of `rows`, read by seeking to each line."""
+        out = []
+        with open(self.directory / PASSAGES, "rb") as f:
+            for row in rows:
+                a, b = int(self.passage_offset[row]), int(self.passage_offset[row + 1])
+                f.seek(a)
+                out.append(json.loads(f.read(b - a)))
+        return out
+
+
+def open_index(directory) -> Index:
+    """An index folder written by `build_index`, its tensors memory-mapped."""
+    directory = Path(directory)
+    path = directory / INDEX_JSON
+    if not path.is_file():
+        unfinished = (directory / BUILD_JSON).is_file()
+        raise BertkitError(f"{directory} is not an index (no {INDEX_JSON})"
+                           + (": its build was interrupted; finish it with bertkit index ... --resume" if unfinished
+                              else ": build one with bertkit index CORPUS -o INDEX"))
+    info = json.loads(path.read_text())
+    if info.get("format") != FORMAT:
+        raise BertkitError(f"{directory} is an index of format {info.get('format')}; this bertkit reads format "
+                           f"{FORMAT}: build it again")
+    tensors = map_safetensors(directory / VECTORS)
+    return Index(directory, info, tensors["vectors"], tensors["document"], tensors["passage_offset"])

@@ -1,0 +1,196 @@
+"""Hard-negative mining: for each query, passages the model ranks high that are not its answer.
+
+Contrastive training learns most from negatives that are hard: close to the
+query in the current model's space but not relevant (Karpukhin et al. 2020, DPR;
+Xiong et al. 2021, ANCE). Mining them: embed the corpus and the queries with a
+model (`bertkit.retrieval.encoding`), rank the corpus for each query by exact
+cosine (`bertkit.retrieval.exact`), and walk down the ranking keeping
+
+- no positive (a passage the query judges relevant), and no passage whose text
+  equals a positive's or the query's (a duplicate under another id);
+- not the `range_min` best remaining candidates, when asked (rank skipping);
+- no candidate scored too close to the positive: the danger of the hardest
+  negatives is that many are *unlabelled positives* (Qu et al. 2021, RocketQA;
+  Moreira et al. 2024, NV-Retriever). The default rule is NV-Retriever's
+  "TopK-PercPos" at 95%, which its ablation found best: keep a candidate only if
+
+      score <= s_pos - |s_pos| * relative_margin        (relative_margin = 0.05)
+
+  with s_pos the query's *lowest* positive score when it has several (the safe
+  side). `absolute_margin` m keeps score <= s_pos - m instead (or as well), and
+  `max_score` drops any candidate above a fixed cosine. These are the rules and
+  names of sentence-transformers' `mine_hard_negatives` (`range_min`,
+  `range_max`, `absolute_margin`, `relative_margin`, `max_score`,
+  `num_negatives`, sampling "top"), so a recipe carries over;
+- until `num_negatives` are found among the `range_max` best candidates. A query
+  that cannot fill its negatives is left out (sentence-transformers does the same
+  for its n-tuple output) and counted in the report.
+
+Output: one row per (query, positive) pair, `anchor, positive, negative_1 ..
+negative_n`, as TSV (tabs and newlines inside a text become spaces) or JSONL:
+the columns `bertkit finetune embed` reads.
+
+Input: a BEIR folder (the split's queries, positives from its qrels, the corpus
+as candidates) or a pairs file (columns anchor, positive; the positives, deduplicated,
+are the candidates).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.errors import BertkitError
+from bertkit.finetune.data import ReadReport, read_rows
+from bertkit.retrieval.beir import document_text, load_beir
+from bertkit.retrieval.config import MiningOptions
+from bertkit.retrieval.encoding import encode, load_encoder
+from bertkit.retrieval.exact import top_k
+
+
+@dataclass
+class MiningTask:
+    """Queries, candidate passages and which candidates answer which query."""
+
+    queries: list[str]
+    passages: list[str]
+    positives: list[list[int]]  # per query: rows of `passages` it judges relevant (at least one)
+
+
+def task_from_beir(directory, split: str = "train") -> MiningTask:
+    data = load_beir(directory, split)
+    doc_ids = list(data.corpus)
+    row = {d: i for i, d in enumerate(doc_ids)}
+    queries, positives = [], []
+    for query, judged in data.qrels.items():
+        relevant = [row[d] for d, score in judged.items() if score > 0]
+        if relevant:
+            queries.append(data.queries[query])
+            positives.append(relevant)
+    if not queries:
+        raise BertkitError(f"{directory}/qrels/{split}.tsv judges no passage relevant: nothing to mine for")
+    return MiningTask(queries, [document_text(data.corpus[d]) for d in doc_ids], positives)
+
+
+def task_from_pairs(path) -> MiningTask:
+    """Queries and positives from a pairs file (anchor, positive); a query's positives are all its rows'."""
+    report = ReadReport(str(path))
+    passages: dict[str, int] = {}
+    by_query: dict[str, list[int]] = {}
+    for number, cells in read_rows(path, report):
+        if "anchor" not in cells or "positive" not in cells:
+            raise BertkitError(f"{path} has no anchor/positive columns (it has {', '.join(cells)}): "
+                               "mine reads pairs with a header anchor, positive, or a BEIR folder")
+        anchor, positive = str(cells["anchor"] or ""), str(cells["positive"] or "")
+        if anchor.strip() and positive.strip():
+            by_query.setdefault(anchor, []).append(passages.setdefault(positive, len(passages)))
+    if not by_query:
+        raise BertkitError(f"{path} has no (anchor, positive) rows to mine for")
+    return MiningTask(list(by_query), list(passages), [sorted(set(p)) for p in by_query.values()])
+
+
+def select_negatives(scores: np.ndarray, rows: np.ndarray, task: MiningTask, options: MiningOptions,
+                     positive_scores: list[np.ndarray]) -> tuple[list[list[int] | None], dict]:
+    """Apply the rules to each query's ranked candidates ([Q, K] scores and rows, best first).
+
+    Returns per query its negatives' rows (None when it could not fill them) and counts of
+    the candidates each rule removed."""
+    skipped = {"positive": 0, "duplicate text": 0, "range_min": 0, "relative_margin": 0, "absolute_margin": 0,
+               "max_score": 0}
+    chosen: list[list[int] | None] = []
+    for q, (q_scores, q_rows) in enumerate(zip(scores, rows)):
+        positives = set(task.positives[q])
+        same_text = {task.passages[p] for p in positives} | {task.queries[q]}
+        floor = float(positive_scores[q].min())  # the hardest positive decides the margin
+        negatives, passed = [], 0
+        for score, candidate in zip(q_scores.tolist(), q_rows.tolist()):
+            if candidate in positives:
+                skipped["positive"] += 1
+            elif task.passages[candidate] in same_text:
+                skipped["duplicate text"] += 1
+            elif passed < options.range_min:
+                passed += 1
+                skipped["range_min"] += 1
+            elif options.relative_margin is not None and score > floor - abs(floor) * options.relative_margin:
+                skipped["relative_margin"] += 1
+            elif options.absolute_margin is not None and score > floor - options.absolute_margin:
+                skipped["absolute_margin"] += 1
+            elif options.max_score is not None and score > options.max_score:
+                skipped["max_score"] += 1
+            else:
+                negatives.append(candidate)
+                if len(negatives) == options.num_negatives:
+                    break
+        chosen.append(negatives if len(negatives) == options.num_negatives else None)
+    return chosen, skipped
+
+
+def mine_hard_negatives(source, model=None, *, split: str = "train", options: MiningOptions = MiningOptions(),
+                        batch_size: int = 32, max_length: int | None = None, dtype: str = "float32",
+                        progress: bool = False) -> tuple[list[tuple[str, ...]], dict]:
+    """(rows, report): rows (anchor, positive, negative_1..n), one per (query, positive) pair.
+
+    source: a BEIR folder (queries of `split`) or a pairs file. The report gives the counts:
+    queries, rows, queries left out, candidates skipped by each rule, and the mean
+    positive and negative cosine."""
+    options.validate()
+    source = Path(source)
+    task = task_from_beir(source, split) if source.is_dir() else task_from_pairs(source)
+    loaded, settings = load_encoder(model, max_length, dtype)
+    passage_vectors = encode(task.passages, loaded, settings, batch_size=batch_size, progress=progress)
+    query_vectors = encode(task.queries, loaded, settings, batch_size=batch_size)
+    depth = options.range_max + max(len(p) for p in task.positives)  # positives may take places in the ranking
+    scores, rows = top_k(query_vectors, passage_vectors, k=depth, normalized=True)
+    positive_scores = [passage_vectors[p] @ query_vectors[q] for q, p in enumerate(task.positives)]
+    chosen, skipped = select_negatives(scores, rows, task, options, positive_scores)
+    out, neg_scores = [], []
+    for q, negatives in enumerate(chosen):
+        if negatives is None:
+            continue
+        neg_scores += [float(passage_vectors[n] @ query_vectors[q]) for n in negatives]
+        for p in task.positives[q]:
+            out.append((task.queries[q], task.passages[p], *(task.passages[n] for n in negatives)))
+    report = {"queries": len(task.queries), "passages": len(task.passages), "rows": len(out),
+              "queries_without_enough_negatives": sum(c is None for c in chosen), "skipped": skipped,
+              "mean_positive_cosine": float(np.mean(np.concatenate(positive_scores))),
+              "mean_negative_cosine": float(np.mean(neg_scores)) if neg_scores else None,
+              "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
+              "options": options.__dict__}
+    if not out:
+        raise BertkitError(f"no query found {options.num_negatives} negatives within the top {options.range_max} "
+                           "candidates: lower --num-negatives or the margins, or raise --range-max")
+    return out, report
+
+
+def _one_cell(text: str) -> str:
+    return text.replace("\t", " ").replace("\r", " ").replace("\n", " ")
+
+
+def check_output(path) -> Path:
+    """The output path, refused before any work when it is neither .tsv nor .jsonl."""
+    path = Path(path)
+    if path.suffix not in (".tsv", ".jsonl"):
+        raise BertkitError(f"cannot write {path}: name the output .tsv or .jsonl")
+    return path
+
+
+def columns(num_negatives: int) -> list[str]:
+    return ["anchor", "positive", *(f"negative_{i}" for i in range(1, num_negatives + 1))]
+
+
+def write_rows(rows: list[tuple[str, ...]], path) -> None:
+    """Write mined rows as .jsonl (exact texts) or .tsv (a header; tabs and newlines become spaces)."""
+    path = check_output(path)
+    names = columns(len(rows[0]) - 2)
+    if path.suffix == ".jsonl":
+        with open(path, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(dict(zip(names, row)), ensure_ascii=False) + "\n")
+    else:
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write("\t".join(names) + "\n")
+            for row in rows:
+                f.write("\t".join(_one_cell(text) for text in row) + "\n")

@@ -1,0 +1,169 @@
+"""Passages: a corpus of documents cut into pieces an encoder reads whole.
+
+A bi-encoder reads at most its `max_seq_length` tokens (256 for the default
+all-MiniLM-L6-v2) and drops the rest, so a long document is cut into
+overlapping passages by tokens (`bertkit.windows.spans`: windows of
+`passage_tokens - 2` word pieces, [CLS] and [SEP] taking the other two, sharing
+`overlap` pieces; default: half a window, `bertkit.windows.half_window`), and a
+document is later scored by its best passage (the "MaxP" of Dai and Callan
+2019, what dense retrievers over long documents do).
+
+A document's text is its title and text joined by one space
+(`bertkit.retrieval.beir.document_text`); a passage keeps its document's id and
+title and its character span in that text, so `text == document[start:end]`:
+
+    Passage(id="4983#1", doc_id="4983", title="...", start=812, end=1990, text=...)
+
+The span runs from the first character of the window's first piece to the last
+character of its last piece. A window that begins inside a word (on a `##`
+piece) begins its text there; the encoder re-tokenises the passage text, which
+can differ from the window by a piece at the edges, and truncates at the
+passage length.
+
+Corpora (`read_documents`): a BEIR `corpus.jsonl` (or the folder holding it),
+a TSV whose header names `id` (or `_id`), `text` and optionally `title`, or a
+folder of .txt files (the id is the file's path under the folder without
+`.txt`, no title).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+from bertkit.errors import BertkitError
+from bertkit.retrieval.beir import _read_jsonl, document_text, read_corpus  # _read_jsonl: see read_corpus_file
+from bertkit.textfiles import existing_file, open_text, read_text
+from bertkit.windows import half_window, spans
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A window of a document: `text` is `document_text(doc)[start:end]`."""
+
+    id: str  # "<doc_id>#<k>": the k-th passage of its document
+    doc_id: str
+    title: str
+    start: int
+    end: int
+    text: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- reading a corpus -----------------------------------------------------------------------
+
+def _read_tsv(path: Path) -> list[Document]:
+    with open_text(path, "corpus") as f:
+        header = f.readline().rstrip("\r\n").split("\t")
+        key = next((c for c in ("id", "_id") if c in header), None)
+        if key is None or "text" not in header:
+            missing = ", ".join(c for c, ok in (("id", key), ("text", "text" in header)) if not ok)
+            raise BertkitError(f"{path} has no {missing} column (header: {' '.join(header) or 'empty'}): a corpus "
+                               "TSV needs a header naming id, text and optionally title")
+        where = {c: header.index(c) for c in (key, "text", "title") if c in header}
+        docs = []
+        for number, line in enumerate(f, 2):
+            if not line.strip():
+                continue
+            cells = line.rstrip("\r\n").split("\t")
+            if len(cells) < len(header):
+                raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {len(header)}")
+            title = cells[where["title"]] if "title" in where else ""
+            docs.append(Document(cells[where[key]], title, cells[where["text"]]))
+    return docs
+
+
+def _read_folder(folder: Path) -> list[Document]:
+    files = sorted(p for p in folder.rglob("*.txt") if p.is_file())
+    return [Document(p.relative_to(folder).with_suffix("").as_posix(), "", read_text(p, "corpus file"))
+            for p in files]
+
+
+def read_documents(path) -> list[Document]:
+    """The documents of a corpus (see the module docstring), in file order; ids must be unique."""
+    path = Path(path)
+    if path.is_dir() and (path / "corpus.jsonl").is_file():
+        docs = [Document(i, d["title"], d["text"]) for i, d in read_corpus(path).items()]
+    elif path.is_dir():
+        docs = _read_folder(path)
+        if not docs:
+            raise BertkitError(f"{path} holds no corpus.jsonl and no .txt files: pass a BEIR folder, a corpus.jsonl, "
+                               "a TSV (id, title, text) or a folder of .txt files")
+    elif path.suffix.lower() == ".jsonl":
+        existing_file(path, "corpus")
+        docs = [Document(i, d["title"], d["text"]) for i, d in read_corpus_file(path).items()]
+    elif path.suffix.lower() == ".tsv":
+        docs = _read_tsv(existing_file(path, "corpus"))
+    else:
+        existing_file(path, "corpus")
+        raise BertkitError(f"corpus {path}: use a BEIR corpus.jsonl (or its folder), a .tsv with id, title, text "
+                           "columns, or a folder of .txt files")
+    if not docs:
+        raise BertkitError(f"corpus {path} holds no documents")
+    seen = set()
+    for d in docs:
+        if d.id in seen:
+            raise BertkitError(f"corpus {path}: document id {d.id!r} appears twice; ids must be unique")
+        seen.add(d.id)
+    return docs
+
+
+def read_corpus_file(path: Path) -> dict[str, dict]:
+    """A BEIR corpus under any file name, with beir's checks (its read_corpus takes only the folder)."""
+    if path.name == "corpus.jsonl":
+        return read_corpus(path.parent)
+    rows = _read_jsonl(path, ("_id", "text"), "corpus")
+    return {str(r["_id"]): {"title": str(r.get("title") or ""), "text": str(r["text"])} for r in rows}
+
+
+# --- cutting --------------------------------------------------------------------------------
+
+def default_overlap(passage_tokens: int) -> int:
+    """Half a window of word pieces (`bertkit.windows.half_window`)."""
+    return half_window(passage_tokens - 2)
+
+
+def cut(doc: Document, tokenizer, passage_tokens: int, overlap: int) -> tuple[list[Passage], list[int]]:
+    """A document's passages (windows of `passage_tokens - 2` pieces sharing `overlap`) and the word
+    pieces of each; ([], []) when the text has no tokens (only characters BERT drops)."""
+    text = document_text({"title": doc.title, "text": doc.text})
+    if not text.strip():
+        return [], []
+    offsets = tokenizer.encode(text, truncation=False, add_special_tokens=False).offsets  # [T] (start, end)
+    if not offsets:
+        return [], []
+    passages, pieces = [], []
+    for k, (s, e) in enumerate(spans(len(offsets), passage_tokens - 2, overlap)):
+        start, end = offsets[s][0], offsets[e - 1][1]
+        passages.append(Passage(f"{doc.id}#{k}", doc.id, doc.title, start, end, text[start:end]))
+        pieces.append(e - s)
+    return passages, pieces
+
+
+def cut_all(docs: Iterable[Document], tokenizer, passage_tokens: int,
+            overlap: int) -> tuple[list[Passage], list[int], int]:
+    """(every document's passages in document order, the word pieces of each, how many documents
+    had no tokens)."""
+    if isinstance(passage_tokens, bool) or not isinstance(passage_tokens, int) or passage_tokens < 3:
+        raise BertkitError(f"--passage-tokens {passage_tokens}: a passage needs at least 3 tokens ([CLS], one "
+                           "word piece, [SEP])")
+    if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < passage_tokens - 2:
+        raise BertkitError(f"--overlap {overlap}: passages share 0 to {passage_tokens - 3} word pieces (fewer than "
+                           f"the {passage_tokens - 2} of a passage of {passage_tokens} tokens)")
+    passages, pieces, empty = [], [], 0
+    for doc in docs:
+        more, counts = cut(doc, tokenizer, passage_tokens, overlap)
+        empty += not more
+        passages.extend(more)
+        pieces.extend(counts)
+    return passages, pieces, empty

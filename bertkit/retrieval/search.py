@@ -1,0 +1,146 @@
+"""Searching an index: the best documents for a query, each with its best passage.
+
+A query is embedded by the model that made the index (`bertkit.retrieval.index`
+records it and refuses another), the way the passages were: the same pooling,
+unit length, truncated at the model's max length. Exact cosine top-k then scans
+the memory-mapped vectors in blocks (`bertkit.retrieval.exact.top_k`): memory
+stays about `query_block x block_size x 36` bytes for the scores and their
+merge (`QUERY_BLOCK`) plus `block_size x D x 4` for one block of vectors,
+whatever the number N of passages.
+
+A document scores its best passage's score (MaxP). Ranking documents by that is
+ranking passages and keeping each document's first: the top
+`k x max_passages_per_document` passages always hold k documents (or all of
+them), so one scan gives the exact answer.
+
+With `ann=True` the HNSW graph built beside the vectors (`bertkit.retrieval.ann`)
+gives the passages instead: faster on millions of vectors, and approximate.
+
+Reranking the answers with a cross-encoder is `bertkit.finetune.rerank` (it
+runs a fine-tuned model, a layer above retrieval).
+
+An answer is, per query, a best-first list of hits:
+
+    {"id": "4983#0", "doc_id": "4983", "score": 0.8123, "text": "..."}   (`Hit.to_dict`; a Hit also
+                                                                        has the title and the span)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertkit.errors import BertkitError
+from bertkit.features import encoder
+from bertkit.loading import Loaded
+from bertkit.retrieval.ann import HNSW_FILE, ann_top_k, read_hnsw
+from bertkit.retrieval.encoding import EncodingSettings, encode
+from bertkit.retrieval.exact import top_k
+from bertkit.retrieval.index import Index, check_model
+
+DEFAULT_BLOCK = 16384  # vectors per block of the scan: 16384 x 384 x 4 bytes = 24 MiB
+# queries scored together: the score tile and exact.top_k's merge buffers take about
+# query_block x block_size x 36 bytes (float32 scores, int64 ids, their concatenations and
+# argpartition's output), 38 MiB here, beside the block; each further query block reads the vectors again
+QUERY_BLOCK = 64
+
+
+@dataclass
+class Hit:
+    """One document in an answer, by its best passage."""
+
+    id: str  # the passage
+    doc_id: str
+    score: float
+    text: str
+    title: str
+    start: int
+    end: int
+
+    def to_dict(self) -> dict:
+        """The answer's shape: what `bertkit search --json` prints per hit (and a /search route would)."""
+        return {"id": self.id, "doc_id": self.doc_id, "score": self.score, "text": self.text}
+
+
+def check_k(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise BertkitError(f"k must be at least 1, got {k!r}")
+
+
+def query_encoder(info: dict, model=None, device=None, dtype=None) -> Loaded:
+    """The model that made an index (`info`: its index.json; model None: the directory it names),
+    checked against it."""
+    loaded = encoder(info["model"]["directory"] if model is None else model, device, dtype)
+    check_model(info, loaded)
+    return loaded
+
+
+def embed_queries(info: dict, loaded: Loaded, queries: list[str], batch_size: int = 32) -> np.ndarray:
+    """Unit query vectors [Q, D], made as the index's passages were (`info`: its index.json)."""
+    if not queries or any(not isinstance(q, str) or not q.strip() for q in queries):
+        raise BertkitError("every query needs some text")
+    made = info["model"]
+    settings = EncodingSettings(made["directory"], made["pooling"], made["max_length"], loaded.precision)
+    return encode(list(queries), loaded, settings, batch_size=batch_size)
+
+
+def best_documents(index: Index, query_vectors: np.ndarray, k: int = 10, *, block_size: int = DEFAULT_BLOCK,
+                   query_block: int = QUERY_BLOCK, ann: bool = False,
+                   ef_search: int | None = None) -> tuple[list[list[int]], list[list[float]]]:
+    """Per query, the rows of the best passages of the k best documents and their scores, best first.
+
+    ann: walk the index's HNSW graph (`bertkit.retrieval.ann`, keeping `ef_search` candidates;
+    default: as the index was built) instead of the exact scan."""
+    check_k(k)
+    depth = min(len(index), k * int(index.info["max_passages_per_document"]))
+    if ann:
+        graph = read_hnsw(index.directory / HNSW_FILE)
+        ef = ef_search if ef_search is not None else index.info.get("ann", {}).get("ef_search", 128)
+        scores, rows = ann_top_k(graph, query_vectors, depth, ef)
+    else:
+        scores, rows = top_k(query_vectors, index.vectors, depth, block_size=block_size, query_block=query_block,
+                             normalized=True)
+    out_rows, out_scores = [], []
+    for q_scores, q_rows in zip(scores, rows):
+        found = [(int(r), float(s)) for r, s in zip(q_rows, q_scores) if r >= 0]  # -1: the graph found fewer
+        kept = first_per_document(found, lambda item: int(index.document[item[0]]), k)
+        out_rows.append([r for r, _ in kept])
+        out_scores.append([s for _, s in kept])
+    return out_rows, out_scores
+
+
+def first_per_document(ranked: list, document_of, k: int) -> list:
+    """The first item of each document in a best-first list, up to k documents: the documents
+    ranked by their best passage."""
+    seen, kept = set(), []
+    for item in ranked:
+        doc = document_of(item)
+        if doc not in seen:
+            seen.add(doc)
+            kept.append(item)
+            if len(kept) == k:
+                break
+    return kept
+
+
+def _hits(index: Index, rows: list[int], scores: list[float]) -> list[Hit]:
+    return [Hit(p["id"], p["doc_id"], s, p["text"], p["title"], p["start"], p["end"])
+            for p, s in zip(index.passages(rows), scores)]
+
+
+def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=None, dtype=None,
+           batch_size: int = 32, block_size: int = DEFAULT_BLOCK, ann: bool = False,
+           ef_search: int | None = None) -> list[list[Hit]]:
+    """For each query, the k best documents of `index` with their best passages, best first.
+
+    model: the query encoder (None: the one that made the index; another is refused).
+    ann: search the HNSW graph built with the index instead of every vector (see `best_documents`).
+    """
+    check_k(k)
+    if isinstance(queries, str):
+        queries = [queries]
+    loaded = query_encoder(index.info, model, device, dtype)
+    vectors = embed_queries(index.info, loaded, list(queries), batch_size)
+    rows, scores = best_documents(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search)
+    return [_hits(index, r, s) for r, s in zip(rows, scores)]

@@ -1,0 +1,199 @@
+"""The sentence-transformers layout: how a model folder says what its sentence vector is.
+
+sentence-transformers (Reimers & Gurevych 2019; `SentenceTransformer.save`) stores an
+embedding model as the Hugging Face encoder plus a list of modules run after it,
+each in its own folder with its own config:
+
+    modules.json                   [{"idx": 0, "name": "0", "path": "",           "type": "...Transformer"},
+                                    {"idx": 1, "name": "1", "path": "1_Pooling",   "type": "...Pooling"},
+                                    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "...Normalize"}]
+    sentence_bert_config.json      {"max_seq_length": 256, "do_lower_case": false}
+    1_Pooling/config.json          {"word_embedding_dimension": 384, "pooling_mode_mean_tokens": true, ...}
+    2_Normalize/                   present when the vectors are L2-normalised
+    config_sentence_transformers.json   {"similarity_fn_name": "cosine", ...}
+
+`read_layout(directory)` turns that into a `SentenceLayout` (None for a plain
+Hugging Face folder) so that bertkit embeds a model the way it was trained:
+its pooling, normalisation and `max_seq_length` (a CLS-pooled model embedded
+with mean pooling is silently wrong; all-MiniLM-L6-v2 was trained at 256
+tokens). `write_layout` writes the same files, so sentence-transformers, TEI and
+Infinity load what `bertkit finetune embed` saves as an embedding model.
+
+Both spellings are read: the one sentence-transformers 2.x-4.x writes (above,
+one boolean per pooling mode; module types `sentence_transformers.models.X`)
+and the one 5.x/6.x writes (`{"pooling_mode": "mean"}`, module types under
+`sentence_transformers.base...` / `.sentence_transformer.modules...`, and
+`max_seq_length` kept as the tokenizer's `model_max_length`). We write the
+older one: every version of sentence-transformers and the servers read it.
+
+Our addition: `"matryoshka_dims"` in config_sentence_transformers.json, the
+leading dimensions a Matryoshka loss trained (sentence-transformers ignores the key).
+
+No torch here: plain JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+MODULES_FILE = "modules.json"
+SENTENCE_CONFIG = "sentence_bert_config.json"
+ST_CONFIG = "config_sentence_transformers.json"
+POOLING_DIR, NORMALIZE_DIR = "1_Pooling", "2_Normalize"
+
+# sentence-transformers' pooling modes: the 5.x+ name <- the 2.x-4.x boolean key
+POOLING_MODES = {
+    "cls": "pooling_mode_cls_token",
+    "mean": "pooling_mode_mean_tokens",
+    "max": "pooling_mode_max_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}
+# the modules a BERT sentence embedder is made of; anything else (Dense, a Router...) changes
+# the vector in a way bertkit does not reproduce, so reading it is an error, never a silent skip
+KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+@dataclass
+class SentenceLayout:
+    """What a sentence-transformers folder says about its sentence vector."""
+
+    pooling: str  # a key of POOLING_MODES: "mean", "cls", ...
+    normalize: bool  # a Normalize module follows the pooling: unit-length vectors
+    max_seq_length: int | None  # tokens the model embeds (and was trained) at; None: not recorded
+    dimensions: list[int] | None = None  # Matryoshka dimensions, largest first, if recorded
+    do_lower_case: bool | None = None  # sentence_bert_config.json's flag, if present
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BertkitError(f"{path} is not readable JSON ({err}); re-save the model or delete the file") from None
+
+
+def _module_kind(entry, path: Path) -> str:
+    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+        raise BertkitError(f"{path}: each entry needs a \"type\" (e.g. sentence_transformers.models.Pooling)")
+    kind = entry["type"].rsplit(".", 1)[-1]
+    if kind not in KNOWN_MODULES:
+        raise BertkitError(f"{path}: module {entry['type']} ({entry.get('path', '')}) is not supported: bertkit "
+                           f"embeds with {' + '.join(KNOWN_MODULES)} only; use sentence-transformers for this model")
+    return kind
+
+
+def _pooling(config: dict, path: Path) -> str:
+    if isinstance(config.get("pooling_mode"), str):  # sentence-transformers 5.x+
+        mode = config["pooling_mode"]
+        if mode not in POOLING_MODES:
+            raise BertkitError(f"{path}: unknown pooling_mode {mode!r}; expected one of {', '.join(POOLING_MODES)}")
+        return mode
+    modes = [mode for mode, key in POOLING_MODES.items() if config.get(key)]
+    if len(modes) != 1:
+        raise BertkitError(f"{path}: {'no pooling mode is' if not modes else 'several pooling modes are'} set "
+                           f"({', '.join(modes) or 'none'}); bertkit reads a model with exactly one")
+    return modes[0]
+
+
+def _max_seq_length(directory: Path, sentence_config: dict) -> int | None:
+    value = sentence_config.get("max_seq_length")
+    if value is None:  # 5.x+ keep it as the tokenizer's limit
+        tok_path = directory / "tokenizer_config.json"
+        value = _read_json(tok_path).get("model_max_length") if tok_path.is_file() else None
+        if not isinstance(value, int) or value > 1_000_000:  # transformers writes ~1e30 for "no limit"
+            return None
+    if not isinstance(value, int) or value < 1:
+        raise BertkitError(f"{directory / SENTENCE_CONFIG}: max_seq_length must be a positive integer, got {value!r}")
+    return value
+
+
+def read_layout(directory) -> SentenceLayout | None:
+    """The sentence-transformers layout of a model folder, or None when it has none.
+
+    A folder with neither modules.json nor sentence_bert_config.json is a plain
+    Hugging Face model: None, and the caller keeps its defaults. A folder with
+    sentence_bert_config.json only (no modules.json) is read as sentence-transformers
+    itself reads it when it has no module list: mean pooling, not normalised.
+    """
+    directory = Path(directory)
+    modules_path, sentence_path = directory / MODULES_FILE, directory / SENTENCE_CONFIG
+    if not modules_path.is_file() and not sentence_path.is_file():
+        return None
+    sentence_config = _read_json(sentence_path) if sentence_path.is_file() else {}
+    if not isinstance(sentence_config, dict):
+        raise BertkitError(f"{sentence_path}: expected a JSON object such as {{\"max_seq_length\": 256}}")
+    pooling, normalize = "mean", False
+    if modules_path.is_file():
+        modules = _read_json(modules_path)
+        if not isinstance(modules, list):
+            raise BertkitError(f"{modules_path}: expected a JSON list of modules")
+        pooling_seen = False
+        for entry in sorted(modules, key=lambda e: e.get("idx", 0) if isinstance(e, dict) else 0):
+            kind = _module_kind(entry, modules_path)
+            if kind == "Pooling":
+                config_path = directory / entry.get("path", POOLING_DIR) / "config.json"
+                if not config_path.is_file():
+                    raise BertkitError(f"{config_path} is missing: {modules_path} names a pooling module there")
+                config = _read_json(config_path)
+                if not isinstance(config, dict):
+                    raise BertkitError(f"{config_path}: expected a JSON object")
+                pooling, pooling_seen = _pooling(config, config_path), True
+            elif kind == "Normalize":
+                normalize = True
+        if not pooling_seen:
+            raise BertkitError(f"{modules_path} has no Pooling module: bertkit needs one to make a sentence vector")
+    st_path = directory / ST_CONFIG
+    st_config = _read_json(st_path) if st_path.is_file() else {}
+    dims = st_config.get("matryoshka_dims") if isinstance(st_config, dict) else None
+    if dims is not None and not (isinstance(dims, list) and all(isinstance(d, int) and d > 0 for d in dims)):
+        raise BertkitError(f"{st_path}: matryoshka_dims must be a list of positive integers, got {dims!r}")
+    lower = sentence_config.get("do_lower_case")
+    return SentenceLayout(pooling=pooling, normalize=normalize,
+                          max_seq_length=_max_seq_length(directory, sentence_config),
+                          dimensions=sorted(dims, reverse=True) if dims else None,
+                          do_lower_case=lower if isinstance(lower, bool) else None)
+
+
+def write_layout(directory, *, pooling: str, normalize: bool, max_seq_length: int | None, hidden_size: int,
+                 dimensions: list[int] | None = None) -> None:
+    """Write the sentence-transformers files beside a saved Hugging Face encoder in `directory`.
+
+    pooling: "mean" or "cls" (the two bertkit embeds with); normalize: add the
+    Normalize module; dimensions: Matryoshka dimensions to record.
+    """
+    if pooling not in ("mean", "cls"):
+        raise BertkitError(f"pooling {pooling!r} cannot be written: bertkit trains and embeds with mean or cls")
+    if dimensions and any(not 0 < d <= hidden_size for d in dimensions):
+        raise BertkitError(f"Matryoshka dimensions {dimensions} must each be in 1..{hidden_size} (the hidden size)")
+    directory = Path(directory)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": POOLING_DIR, "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": "sentence_transformers.models.Normalize"})
+    pooling_config = {"word_embedding_dimension": hidden_size,
+                      **{key: mode == pooling for mode, key in POOLING_MODES.items()}, "include_prompt": True}
+    st_config = {"model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
+                 "similarity_fn_name": "cosine", **({"matryoshka_dims": sorted(dimensions, reverse=True)}
+                                                    if dimensions else {})}
+    sentence_config = {"max_seq_length": max_seq_length, "do_lower_case": False} if max_seq_length else {
+        "do_lower_case": False}
+    _write_json(directory / MODULES_FILE, modules)
+    _write_json(directory / SENTENCE_CONFIG, sentence_config)
+    _write_json(directory / POOLING_DIR / "config.json", pooling_config)
+    _write_json(directory / ST_CONFIG, st_config)
+    if normalize:
+        (directory / NORMALIZE_DIR).mkdir(parents=True, exist_ok=True)  # the module has no settings
+    elif (directory / NORMALIZE_DIR).is_dir():  # re-saving over a normalised model
+        for f in (directory / NORMALIZE_DIR).iterdir():
+            f.unlink()
+        (directory / NORMALIZE_DIR).rmdir()
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,95 @@
+"""`bertkit evaluate retrieval|sts` and `bertkit mine` end to end, with a tiny model on small slices."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from conftest import need
+from test_retrieval_beir import scifact_slice
+from bertkit.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("tiny")
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder(shared_data, tmp_path_factory):
+    return scifact_slice(shared_data, tmp_path_factory.mktemp("sf"), n_queries=6, n_extra=10)
+
+
+def test_evaluate_retrieval_writes_the_figures(folder, tiny_dir, tmp_path, capsys):
+    from bertkit.retrieval.evaluation import evaluate_retrieval
+
+    out = tmp_path / "m.json"
+    assert main(["evaluate", "retrieval", str(folder), "--model", str(tiny_dir), "--output", str(out),
+                 "--quiet"]) == 0
+    figures = json.loads(out.read_text())
+    for key in ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100"):
+        assert 0.0 <= figures[key] <= 1.0
+    assert figures["precision"] == "float32" and figures["split"] == "test" and figures["max_length"] == 64
+    assert figures["model"] == str(tiny_dir.resolve()) and figures["queries"] == 6
+    api = evaluate_retrieval(str(tiny_dir), folder, "test", progress=False)
+    assert figures["ndcg@10"] == pytest.approx(api["ndcg@10"], abs=1e-9)  # the command is the function
+    printed = capsys.readouterr().out
+    assert "| model |" in printed and f"{figures['ndcg@10']:.4f}" in printed
+
+
+def test_evaluate_retrieval_with_bm25(folder, tiny_dir, capsys):
+    need(importlib.util.find_spec("bm25s") is not None, "bm25s (the search extra) is not installed")
+    assert main(["evaluate", "retrieval", str(folder), "--model", str(tiny_dir), "--bm25", "--quiet"]) == 0
+    assert "| BM25 |" in capsys.readouterr().out
+
+
+def test_evaluate_sts(shared_data, tiny_dir, tmp_path):
+    sts = tmp_path / "sts.tsv"
+    lines = (shared_data / "stsb" / "dev.tsv").read_text(encoding="utf-8").split("\n")
+    sts.write_text("\n".join(lines[:21]) + "\n", encoding="utf-8")
+    out = tmp_path / "sts.json"
+    assert main(["evaluate", "sts", str(sts), "--model", str(tiny_dir), "--output", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert -1 <= figures["spearman"] <= 1 and -1 <= figures["pearson"] <= 1 and figures["pairs"] == 20
+
+
+def test_mine_writes_triplets_the_trainer_reads(folder, tiny_dir, tmp_path, capsys):
+    out, report = tmp_path / "triplets.tsv", tmp_path / "report.json"
+    assert main(["mine", str(folder), "--split", "train", "--model", str(tiny_dir), "-o", str(out),
+                 "--num-negatives", "2", "--relative-margin", "0.02", "--report", str(report), "--quiet"]) == 0
+    lines = out.read_text(encoding="utf-8").rstrip("\n").split("\n")
+    assert lines[0].split("\t") == ["anchor", "positive", "negative_1", "negative_2"]
+    assert all(len(line.split("\t")) == 4 for line in lines)
+    counts = json.loads(report.read_text())
+    assert counts["rows"] == len(lines) - 1 and counts["options"]["relative_margin"] == 0.02
+    assert "wrote" in capsys.readouterr().err
+    try:
+        from bertkit.finetune.embedding import read_examples
+    except ImportError:
+        return  # the trainer's reader is another module's; checked where it exists
+    examples = read_examples(out, log=lambda *_: None)
+    assert examples.columns == ("anchor", "positive", "negative_1", "negative_2")
+    assert len(examples.rows) == len(lines) - 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["evaluate", "retrieval", "no/such/folder"], "BEIR folder no/such/folder does not exist"),
+    (["evaluate", "retrieval", "{folder}", "--split", "dev"], "no qrels for split 'dev'"),
+    (["evaluate", "sts", "no_such.tsv"], "no_such.tsv"),
+    (["mine", "{folder}", "-o", "out.csv"], ".tsv or .jsonl"),
+    (["mine", "{folder}", "-o", "out.tsv", "--num-negatives", "9", "--range-max", "5"], "range_max"),
+])
+def test_user_mistakes_print_one_line(folder, tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert main([a.replace("{folder}", str(folder)) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bertkit: error:") and message in err and "\n" not in err

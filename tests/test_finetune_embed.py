@@ -1,0 +1,221 @@
+"""`bertkit finetune embed` end to end on a tiny model and small slices of the shared data.
+
+- triplets (SNLI) with an STS dev set, scored pairs (STS-B) with CoSENT, and a
+  BEIR folder (a slice of SciFact) with retrieval dev evaluation: each trains
+  through the one loop and saves a model in the sentence-transformers layout,
+  with metrics.jsonl, curves.png and the best epoch's figures;
+- the cached loss is a bigger batch (the same losses and weights as the plain
+  loss on the whole batch), accumulation is not (with in-batch negatives);
+- a run killed with SIGKILL and resumed equals the uninterrupted one (exact);
+- bad input is one clear error.
+"""
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pretrain_support import run_cli
+from test_finetune import tiny_model_dir
+
+from bertkit.errors import BertkitError
+from bertkit.finetune import finetune
+from bertkit.finetune.config import TrainConfig
+from bertkit.sentence_layout import read_layout
+from bertkit.training.loop import KILL_AT_STEP_ENV
+from bertkit.training.optim import OptimConfig
+
+
+def head(src: Path, dst: Path, rows: int) -> Path:
+    dst.write_text("".join(src.read_text(encoding="utf-8").splitlines(keepends=True)[: rows + 1]), encoding="utf-8")
+    return dst
+
+
+def beir_slice(src: Path, dst: Path, train_queries=16, dev_queries=8, extra_docs=24) -> Path:
+    """A small BEIR folder cut from SciFact: some train and test claims, their abstracts and a few others."""
+    def qrels(split):
+        return [line.split("\t") for line in (src / "qrels" / f"{split}.tsv").read_text().splitlines()[1:]]
+
+    train, test = qrels("train"), qrels("test")
+    tq = list(dict.fromkeys(r[0] for r in train))[:train_queries]
+    dq = list(dict.fromkeys(r[0] for r in test))[:dev_queries]
+    train, test = [r for r in train if r[0] in tq], [r for r in test if r[0] in dq]
+    wanted = {r[1] for r in train + test}
+    docs, extra = [], 0
+    for line in (src / "corpus.jsonl").read_text().splitlines():
+        doc = json.loads(line)
+        if doc["_id"] in wanted or extra < extra_docs:
+            extra += doc["_id"] not in wanted
+            docs.append(line)
+    (dst / "qrels").mkdir(parents=True)
+    (dst / "corpus.jsonl").write_text("\n".join(docs) + "\n")
+    queries = [q for q in (src / "queries.jsonl").read_text().splitlines() if json.loads(q)["_id"] in set(tq + dq)]
+    (dst / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    for name, rows in (("train", train), ("dev", test)):
+        lines = "".join("\t".join(r) + "\n" for r in rows)
+        (dst / "qrels" / f"{name}.tsv").write_text("query-id\tcorpus-id\tscore\n" + lines)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def data(shared_data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("embed_data")
+    tiny = tiny_model_dir(d / "tiny", seed=3)
+    exact = tiny_model_dir(d / "exact", seed=3)  # dropout off: runs compare to the last digit
+    config = json.loads((exact / "config.json").read_text())
+    (exact / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0,
+                                                   "attention_probs_dropout_prob": 0.0}))
+    return {
+        "tiny": tiny, "exact": exact,
+        "triplets": head(shared_data / "pairs" / "snli_devtest" / "triplets.tsv", d / "triplets.tsv", 48),
+        "sts_train": head(shared_data / "stsb" / "train.tsv", d / "sts_train.tsv", 40),
+        "sts_dev": head(shared_data / "stsb" / "dev.tsv", d / "sts_dev.tsv", 30),
+        "beir": beir_slice(shared_data / "retrieval" / "scifact", d / "scifact"),
+    }
+
+
+def fast(**kw):
+    optim = OptimConfig(learning_rate=kw.pop("lr", 1e-3), warmup_ratio=0.1)
+    return TrainConfig(**{"epochs": 2, "batch_size": 8, "seed": 0, "progress": False, "device": "cpu", **kw},
+                       optim=optim)
+
+
+def run(data, out, model="tiny", train="triplets", training=None, **options):
+    return finetune("embed", train=str(data[train]), output=str(out), model=str(data[model]),
+                    training=training or fast(), log=lambda s: None, **{"max_length": 32, **options})
+
+
+def records(out, split):
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
+
+
+def test_triplets_with_an_sts_dev_set_train_and_save_an_embedding_model(data, tmp_path):
+    out = tmp_path / "out"
+    final = run(data, out, dev=str(data["sts_dev"]), matryoshka_dims="32,16")
+    assert final["loss"] == "mnrl" and final["train_examples"] == 48
+    assert [e["epoch"] for e in final["epochs"]] == [1, 2] and "spearman" in final["dev"]
+    losses = [r["loss"] for r in records(out, "train")]
+    assert len(losses) == 12  # 48 triplets, batches of 8, 2 epochs
+    assert sum(losses[-4:]) < sum(losses[:4])  # it learns (lr 1e-3 on a tiny model)
+    assert [r["step"] for r in records(out, "eval")] == [6, 12]
+    layout = read_layout(out)
+    assert (layout.pooling, layout.normalize, layout.max_seq_length, layout.dimensions) == ("mean", True, 32, [32, 16])
+    assert (out / "curves.png").stat().st_size > 0 and (out / "model.safetensors").is_file()
+    assert json.loads((out / "metrics.json").read_text())["best_epoch"] == final["best_epoch"]
+
+
+def test_scored_pairs_train_with_cosent(data, tmp_path):
+    final = run(data, tmp_path / "out", train="sts_train", pooling="cls", normalize=False,
+                training=fast(epochs=1, precision="bf16"))
+    assert final["loss"] == "cosent" and final["pooling"] == "cls"
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records(tmp_path / "out", "train"))
+    layout = read_layout(tmp_path / "out")
+    assert (layout.pooling, layout.normalize) == ("cls", False)
+
+
+def test_a_beir_folder_trains_on_its_qrels_and_evaluates_retrieval(data, tmp_path):
+    out = tmp_path / "out"
+    final = run(data, out, train="beir", dev=str(data["beir"]), dev_split="dev", training=fast(epochs=1))
+    pairs = sum(1 for _ in (data["beir"] / "qrels" / "train.tsv").open()) - 1
+    assert final["train_examples"] == pairs
+    for key in ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100"):
+        assert 0.0 <= final["dev"][key] <= 1.0
+    assert records(out, "eval")[0]["ndcg@10"] == final["dev"]["ndcg@10"]
+
+
+def test_the_cached_loss_is_a_bigger_batch_and_accumulation_is_not(data, tmp_path):
+    plain = run(data, tmp_path / "plain", model="exact", training=fast(epochs=1))
+    cached = run(data, tmp_path / "cached", model="exact", loss="cached-mnrl", mini_batch_size=3,
+                 training=fast(epochs=1))
+    accumulated = run(data, tmp_path / "accum", model="exact", training=fast(epochs=1, batch_size=4, grad_accum=2))
+    a, b = records(tmp_path / "plain", "train"), records(tmp_path / "cached", "train")
+    assert len(a) == len(b) == 6
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5)
+    wa, wb = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "cached" / "model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-5, msg=k)
+    # the same rows per update, but each micro-batch of 4 scores only against itself: an easier task
+    c = records(tmp_path / "accum", "train")
+    assert c[0]["loss"] < a[0]["loss"] - 0.1
+    assert plain["loss"] == "mnrl" and cached["loss"] == "cached-mnrl" and accumulated["train_examples"] == 48
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_exactly(data, tmp_path):
+    common = ("finetune", "embed", "--train", data["triplets"], "--dev", data["sts_dev"], "--model", data["tiny"],
+              "--max-length", 32, "--batch-size", 8, "--epochs", 2, "--save-every", 4, "--learning-rate", 1e-3,
+              "--seed", 0, "--no-progress", "--device", "cpu")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_cli(*common, "-o", straight)
+    res = run_cli(*common, "-o", killed, env={KILL_AT_STEP_ENV: "9"}, check=False)  # in update 10, after step 8
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    run_cli("finetune", "embed", "-o", killed, "--resume")
+
+    def losses(out):
+        return {r["step"]: r["loss"] for r in records(out, "train")}
+
+    assert losses(killed) == losses(straight)  # exact, step for step
+    wa, wb = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert read_layout(killed) == read_layout(straight)
+
+
+def test_help_says_what_accumulation_means_here():
+    res = run_cli("finetune", "embed", "--help")
+    text = " ".join(res.stdout.split())
+    assert "--grad-accum is NOT a bigger batch" in text and "--mini-batch-size" in text
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("content,options,message", [
+    ("query\tpassage\na\tb\n", {}, "neither pairs"),
+    ("", {}, "empty file"),
+    ("anchor\tpositive\n\t\n", {}, "no usable rows"),
+    ("anchor\tpositive\na\tb\nc\td\n", {"loss": "cosent"}, "use --loss mnrl"),
+    ("sentence1\tsentence2\tscore\na\tb\t1\nc\td\t2\n", {"loss": "mnrl"}, "use --loss cosent"),
+    ("sentence1\tsentence2\tscore\na\tb\thigh\n", {}, "score 'high' is not a number"),
+    ("anchor\tpositive\na\tb\nc\td\n", {"matryoshka_dims": "64,16"}, "exceeds the model's 32"),
+    ("anchor\tpositive\na\tb\nc\td\n", {"matryoshka_dims": "32,x"}, "comma-separated list"),
+])
+def test_bad_input_is_one_clear_error(data, tmp_path, content, options, message):
+    path = write(tmp_path / "train.tsv", content)
+    with pytest.raises(BertkitError, match=message):
+        finetune("embed", train=str(path), output=str(tmp_path / "out"), model=str(data["tiny"]),
+                 training=fast(), log=lambda s: None, **options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_that_is_not_beir_is_refused(data, tmp_path):
+    with pytest.raises(BertkitError, match="not a BEIR one"):
+        finetune("embed", train=str(tmp_path), output=str(tmp_path / "out"), model=str(data["tiny"]),
+                 training=fast(), log=lambda s: None)
+
+
+def test_same_seed_same_run(data, tmp_path):
+    a = run(data, tmp_path / "a", training=fast(epochs=1))
+    b = run(data, tmp_path / "b", training=fast(epochs=1))
+    losses = [[r["loss"] for r in records(tmp_path / run, "train")] for run in ("a", "b")]
+    assert losses[0] == losses[1]
+    assert a["train_examples"] == b["train_examples"]
+
+
+def test_jsonl_rows_with_negative_columns_and_groups(tmp_path):
+    from bertkit.finetune.embedding import read_examples
+
+    rows = [{"anchor": "a", "positive": "b", "negative_1": "c", "negative_2": "d", "group_id": 7},
+            {"anchor": "e", "positive": "", "negative_1": "g", "negative_2": "h", "group_id": 8}]
+    path = write(tmp_path / "t.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    got = read_examples(path, log=lambda s: None)
+    assert got.rows == [("a", "b", "c", "d")] and got.columns == ("anchor", "positive", "negative_1", "negative_2")
+    assert got.groups == ["7"] and got.scores is None  # the row with an empty text is skipped (and counted)
+    bad = write(tmp_path / "bad.jsonl", json.dumps({"anchor": "a", "positive": "b", "negative": ["c", "d"]}) + "\n")
+    with pytest.raises(BertkitError, match="must hold one text"):
+        read_examples(bad, log=lambda s: None)

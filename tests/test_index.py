@@ -1,0 +1,222 @@
+"""The index: passages cut by tokens with their spans, the files on disk, resuming after SIGKILL, the model check.
+
+A tiny random model (2 layers, hidden 32, 4 heads, intermediate 37, 64 positions) with the real
+uncased vocabulary, and a few SciFact abstracts cut into passages of 32 tokens, so every document
+gives several overlapping passages.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import bertkit
+from bertkit.cli import main
+from bertkit.errors import BertkitError
+from bertkit.retrieval.beir import document_text
+from bertkit.retrieval.index import build_index, open_index
+from bertkit.retrieval.passages import Document, cut_all, read_documents
+from bertkit.tokenizer import Tokenizer
+
+TOKENS, OVERLAP = 32, 6
+
+
+def make_tiny(path, seed=0):
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    BertModel(config, generator=torch.Generator().manual_seed(seed)).save_pretrained(
+        path, tokenizer=Tokenizer.from_pretrained())
+    return path
+
+
+def scifact_corpus(shared_data, path, n=12, first=0):
+    """The first n abstracts of SciFact's corpus.jsonl, copied line by line."""
+    lines = (shared_data / "retrieval" / "scifact" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join(lines[first : first + n]) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory):
+    return scifact_corpus(shared_data, tmp_path_factory.mktemp("corpus") / "corpus.jsonl")
+
+
+@pytest.fixture(scope="module")
+def built(tiny, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("built") / "index"
+    info = build_index(corpus, out, str(tiny), passage_tokens=TOKENS, overlap=OVERLAP, batch_size=64,
+                       part_size=40, dtype="float32", progress=False)
+    return out, info
+
+
+# --- passages ----------------------------------------------------------------------------------
+
+def test_passage_spans_map_back_into_the_document_text():
+    tok = Tokenizer.from_pretrained()
+    long = " ".join(f"word{i} unaffable, (interleukin-{i})" for i in range(60))
+    docs = [Document("a", "A title", long), Document("b", "", "short text"), Document("c", "", "\u0000 \u0001")]
+    passages, pieces, empty = cut_all(docs, tok, TOKENS, OVERLAP)
+    assert empty == 1  # "c": only characters BERT drops
+    by_doc = {}
+    for p, n in zip(passages, pieces):
+        by_doc.setdefault(p.doc_id, []).append((p, n))
+    for doc in docs:
+        text = document_text({"title": doc.title, "text": doc.text})
+        got = by_doc.get(doc.id, [])
+        for k, (p, n) in enumerate(got):
+            assert p.text == text[p.start : p.end] and p.id == f"{doc.id}#{k}" and p.title == doc.title
+            assert 1 <= n <= TOKENS - 2
+        if not got:
+            continue
+        offsets = tok.encode(text, truncation=False, add_special_tokens=False).offsets
+        # the passages cover every token: the first starts at the first, the last ends at the last
+        assert got[0][0].start == offsets[0][0] and got[-1][0].end == offsets[-1][1]
+        starts = [o[0] for o in offsets]
+        for (p, n), (q, _) in zip(got, got[1:]):
+            first, nxt = starts.index(p.start), starts.index(q.start)
+            assert n == TOKENS - 2 and nxt - first == TOKENS - 2 - OVERLAP  # windows step by size - overlap
+    assert len(by_doc["a"]) > 5 and len(by_doc["b"]) == 1 and by_doc["b"][0][0].text == "short text"
+
+
+def test_a_document_of_dropped_characters_has_no_passage():
+    tok = Tokenizer.from_pretrained()
+    passages, _, empty = cut_all([Document("x", "", "\u0000\u0001"), Document("y", "", "fine")], tok, 8, 2)
+    assert empty == 1 and [p.doc_id for p in passages] == ["y"]
+
+
+def test_corpus_formats_read_the_same_documents(tmp_path):
+    rows = [("d1", "First", "alpha beta"), ("d2", "", "gamma")]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in rows))
+    (tmp_path / "c.tsv").write_text("id\ttitle\ttext\n" + "".join(f"{i}\t{t}\t{x}\n" for i, t, x in rows))
+    folder = tmp_path / "txt"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "d1.txt").write_text("alpha beta")
+    (folder / "sub" / "d2.txt").write_text("gamma")
+    want = [Document(i, t, x) for i, t, x in rows]
+    assert read_documents(tmp_path / "c.jsonl") == want
+    assert read_documents(tmp_path / "c.tsv") == want
+    assert read_documents(folder) == [Document("d1", "", "alpha beta"), Document("sub/d2", "", "gamma")]
+
+
+def test_bad_corpora_are_one_line_errors(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "notext.tsv").write_text("id\ttitle\nd1\tx\n")
+    (tmp_path / "header.tsv").write_text("id\ttext\n")
+    (tmp_path / "twice.tsv").write_text("id\ttext\nd1\ta\nd1\tb\n")
+    (tmp_path / "c.csv").write_text("id,text\n")
+    (tmp_path / "none").mkdir()
+    for name, match in [("empty.jsonl", "empty"), ("notext.tsv", "no text column"), ("header.tsv", "no documents"),
+                        ("twice.tsv", "appears twice"), ("c.csv", "use a BEIR corpus.jsonl"),
+                        ("none", "no corpus.jsonl and no .txt"), ("missing.tsv", "does not exist")]:
+        with pytest.raises(BertkitError, match=match) as err:
+            read_documents(tmp_path / name)
+        assert "\n" not in str(err.value)
+    with pytest.raises(BertkitError, match="--overlap 30"):
+        cut_all([Document("a", "", "x")], Tokenizer.from_pretrained(), TOKENS, 30)
+    with pytest.raises(BertkitError, match="at least 3 tokens"):
+        cut_all([Document("a", "", "x")], Tokenizer.from_pretrained(), 2, 0)
+
+
+# --- the files ---------------------------------------------------------------------------------
+
+def test_the_index_holds_each_passage_vector_and_the_model(built, tiny, corpus):
+    out, info = built
+    index = open_index(out)
+    lines = (out / "passages.jsonl").read_text(encoding="utf-8").splitlines()
+    passages = [json.loads(line) for line in lines]
+    docs = read_documents(corpus)
+    assert info["passages"] == len(passages) == len(index) > 2 * len(docs)
+    assert info["documents"] == len(docs) and info["dim"] == 32 and not (out / "parts").exists()
+    assert index.passages([3, 0]) == [passages[3], passages[0]]
+    text_of = {d.id: document_text({"title": d.title, "text": d.text}) for d in docs}
+    assert all(p["text"] == text_of[p["doc_id"]][p["start"] : p["end"]] for p in passages)
+    doc_numbers = {d.id: i for i, d in enumerate(docs)}
+    assert index.document.tolist() == [doc_numbers[p["doc_id"]] for p in passages]
+    assert info["max_passages_per_document"] == max(np.bincount(index.document))
+    # every row is its own passage's vector, as bertkit.embed makes it on its own (the rows were encoded
+    # length-sorted in parts and put back in passage order)
+    expect = bertkit.embed([p["text"] for p in passages], str(tiny), pooling="mean", normalize=True,
+                           max_length=TOKENS, truncate=True, dtype="float32")
+    np.testing.assert_allclose(np.asarray(index.vectors), expect, atol=2e-6)
+    np.testing.assert_allclose(np.linalg.norm(index.vectors, axis=1), 1, atol=1e-6)
+    model = info["model"]
+    assert model["directory"] == str(tiny.resolve()) and model["pooling"] == "mean" and model["normalize"]
+    assert model["fingerprint"] == hashlib.sha256((tiny / "model.safetensors").read_bytes()).hexdigest()
+    assert model["precision"] == "float32" and json.loads((out / "index.json").read_text())["format"] == 1
+    from safetensors.numpy import load_file  # the safetensors library reads our file
+
+    np.testing.assert_array_equal(load_file(str(out / "vectors.safetensors"))["vectors"], index.vectors)
+
+
+def test_building_into_a_used_folder_is_refused(built, tiny, corpus, tmp_path):
+    out, _ = built
+    with pytest.raises(BertkitError, match="already holds a finished index"):
+        build_index(corpus, out, str(tiny), progress=False)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("mine")
+    with pytest.raises(BertkitError, match="not empty"):
+        build_index(corpus, tmp_path / "other", str(tiny), progress=False)
+    with pytest.raises(BertkitError, match="holds no unfinished index"):
+        build_index(corpus, tmp_path / "new", str(tiny), resume=True, progress=False)
+    with pytest.raises(BertkitError, match="more than the model's 64 positions"):
+        build_index(corpus, tmp_path / "long", str(tiny), passage_tokens=128, progress=False)
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["index", str(tmp_path / "empty.jsonl"), "-o", str(tmp_path / "e"), "--model", str(tiny)]) == 2
+    assert not (tmp_path / "e").exists()  # a refused corpus leaves no half-made folder behind
+
+
+# --- resuming after SIGKILL ----------------------------------------------------------------------
+
+KILLED_AT_THIRD_PART = textwrap.dedent("""
+    import os, signal, sys
+    real_replace, parts = os.replace, []
+
+    def replace(src, dst):
+        # the third part is written to its temporary file; die before it is renamed into place
+        if str(dst).endswith(".npy"):
+            parts.append(dst)
+            if len(parts) == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real_replace(src, dst)
+
+    os.replace = replace
+    from bertkit.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_killed_with_sigkill_and_resumed_equals_an_uninterrupted_build(built, tiny, corpus, tmp_path):
+    whole, info = built
+    out = tmp_path / "index"
+    args = ["index", str(corpus), "-o", str(out), "--model", str(tiny), "--passage-tokens", str(TOKENS),
+            "--overlap", str(OVERLAP), "--batch-size", "64", "--part-size", "40", "--dtype", "float32", "--quiet"]
+    child = subprocess.run([sys.executable, "-c", KILLED_AT_THIRD_PART, *args], capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == -9, child.stderr  # killed by SIGKILL, mid-way
+    parts = sorted(p.name for p in (out / "parts").iterdir())
+    assert parts == ["part-00000.npy", "part-00001.npy", "part-00002.npy.tmp"]
+    assert not (out / "index.json").exists() and info["passages"] > 3 * 40  # parts were left to do
+    with pytest.raises(BertkitError, match="unfinished index: add --resume"):
+        build_index(corpus, out, str(tiny), passage_tokens=TOKENS, overlap=OVERLAP, progress=False)
+    with pytest.raises(BertkitError, match="passage_tokens was 32 in the interrupted run and is 24"):
+        build_index(corpus, out, str(tiny), passage_tokens=24, resume=True, dtype="float32", progress=False)
+    with pytest.raises(BertkitError, match="not an index .*interrupted"):
+        open_index(out)
+    assert main([*args, "--resume"]) == 0
+    for name in ("index.json", "passages.jsonl", "vectors.safetensors"):
+        assert (out / name).read_bytes() == (whole / name).read_bytes(), name
+    assert sorted(os.listdir(out)) == ["index.json", "passages.jsonl", "vectors.safetensors"]

@@ -1,0 +1,105 @@
+"""The BEIR reader on a slice of SciFact, and its one-line errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.retrieval.beir import document_text, load_beir, training_pairs
+
+
+def scifact_slice(shared_data: Path, out: Path, n_queries: int = 12, n_extra: int = 30) -> Path:
+    """A small BEIR folder: the first `n_queries` test and train claims, the abstracts they cite,
+    and `n_extra` other abstracts as distractors (files copied line by line, unchanged)."""
+    src = shared_data / "retrieval" / "scifact"
+    (out / "qrels").mkdir(parents=True)
+    keep_docs, keep_queries = set(), set()
+    for split in ("test", "train"):
+        lines = (src / "qrels" / f"{split}.tsv").read_text(encoding="utf-8").split("\n")
+        rows = [line for line in lines[1:] if line.strip()]
+        queries = list(dict.fromkeys(r.split("\t")[0] for r in rows))[:n_queries]
+        rows = [r for r in rows if r.split("\t")[0] in queries]
+        keep_queries |= set(queries)
+        keep_docs |= {r.split("\t")[1] for r in rows}
+        (out / "qrels" / f"{split}.tsv").write_text("\n".join([lines[0], *rows]) + "\n", encoding="utf-8")
+    corpus_lines = (src / "corpus.jsonl").read_text(encoding="utf-8").split("\n")
+    extra = 0
+    with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for line in corpus_lines:
+            if not line.strip():
+                continue
+            doc = json.loads(line)["_id"]
+            if doc in keep_docs or extra < n_extra:
+                extra += doc not in keep_docs
+                f.write(line + "\n")
+    with open(out / "queries.jsonl", "w", encoding="utf-8") as f:
+        for line in (src / "queries.jsonl").read_text(encoding="utf-8").split("\n"):
+            if line.strip() and json.loads(line)["_id"] in keep_queries:
+                f.write(line + "\n")
+    return out
+
+
+def test_full_scifact_counts(shared_data):
+    """The counts SOURCES.md gives (equal to BEIR's and MTEB's)."""
+    test = load_beir(shared_data / "retrieval" / "scifact", "test")
+    assert len(test.corpus) == 5183
+    assert len(test.queries) == 300 and sum(len(d) for d in test.qrels.values()) == 339
+    assert len(training_pairs(shared_data / "retrieval" / "scifact")) == 919
+
+
+def test_slice_reads_back(shared_data, tmp_path):
+    folder = scifact_slice(shared_data, tmp_path / "sf")
+    data = load_beir(folder, "test")
+    assert len(data.queries) == 12 and set(data.queries) == set(data.qrels)
+    first = json.loads((folder / "corpus.jsonl").read_text(encoding="utf-8").split("\n")[0])
+    assert document_text(data.corpus[first["_id"]]) == f"{first['title']} {first['text']}"
+    pairs = training_pairs(folder, "train")
+    assert all(isinstance(q, str) and isinstance(p, str) for q, p in pairs)
+    q, p = pairs[0]
+    assert q in set(load_beir(folder, "train").queries.values()) and p in {document_text(d) for d in data.corpus.values()}
+
+
+def test_document_text_without_title():
+    assert document_text({"title": "", "text": "Only text."}) == "Only text."
+    assert document_text({"title": "T", "text": "x"}) == "T x"
+
+
+def write_beir(root: Path, corpus: str, queries: str, qrels: str) -> Path:
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    (root / "corpus.jsonl").write_text(corpus, encoding="utf-8")
+    (root / "queries.jsonl").write_text(queries, encoding="utf-8")
+    (root / "qrels" / "test.tsv").write_text(qrels, encoding="utf-8")
+    return root
+
+
+GOOD_CORPUS = '{"_id": "d1", "title": "A", "text": "alpha"}\n{"_id": "d2", "text": "beta"}\n'
+GOOD_QUERIES = '{"_id": "q1", "text": "what is alpha"}\n'
+GOOD_QRELS = "query-id\tcorpus-id\tscore\nq1\td1\t1\n"
+
+
+@pytest.mark.parametrize("corpus, queries, qrels, message", [
+    ("", GOOD_QUERIES, GOOD_QRELS, "corpus.jsonl is empty"),
+    ('{"_id": "d1", "title": "A"}\n', GOOD_QUERIES, GOOD_QRELS, "no 'text' field"),
+    ('{"id": "d1", "text": "x"}\n', GOOD_QUERIES, GOOD_QRELS, "no '_id' field"),
+    ("not json\n", GOOD_QUERIES, GOOD_QRELS, "line 1 is not JSON"),
+    (GOOD_CORPUS, GOOD_QUERIES, "query-id\tdoc\tscore\nq1\td1\t1\n", "no corpus-id column"),
+    (GOOD_CORPUS, GOOD_QUERIES, "", "test.tsv is empty"),
+    (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td9\t1\n", "corpus id 'd9'.*not in corpus.jsonl"),
+    (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq7\td1\t1\n", "query id 'q7' is not in queries.jsonl"),
+    (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\thigh\n", "not a number"),
+])
+def test_one_line_errors(tmp_path, corpus, queries, qrels, message):
+    folder = write_beir(tmp_path, corpus, queries, qrels)
+    with pytest.raises(BertkitError, match=message) as err:
+        load_beir(folder, "test")
+    assert "\n" not in str(err.value)
+
+
+def test_missing_split_names_the_ones_there(tmp_path):
+    folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, GOOD_QRELS)
+    with pytest.raises(BertkitError, match="split 'dev'.*this folder has test"):
+        load_beir(folder, "dev")
+    write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t0\n")
+    with pytest.raises(BertkitError, match="judges no passage relevant"):
+        training_pairs(folder, "test")

@@ -1,0 +1,151 @@
+"""Retrieval and STS evaluation: sentence-transformers' evaluators on the same files (the default
+model on small slices), and the whole pipeline against numpy + pytrec_eval (a tiny model)."""
+
+import importlib.util
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import need
+from test_retrieval_beir import scifact_slice
+from bertkit.errors import BertkitError
+from bertkit.retrieval.beir import document_text, load_beir
+from bertkit.retrieval.bm25 import bm25_run
+from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts, read_sts
+from bertkit.retrieval.metrics import DEFAULT_MEASURES, evaluate_run
+
+
+def oracle(module: str):
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        need(False, f"{module} (an oracle, dev extra) is not installed")
+
+
+@pytest.fixture(scope="module")
+def sentence_transformers():
+    return oracle("sentence_transformers")
+
+
+@pytest.fixture(scope="module")
+def st_model(sentence_transformers, default_model_dir):
+    return sentence_transformers.SentenceTransformer(str(default_model_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def small_scifact(shared_data, tmp_path_factory):
+    return scifact_slice(shared_data, tmp_path_factory.mktemp("scifact"), n_queries=8, n_extra=15)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("tiny")
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
+    return path
+
+
+def test_default_model_equals_sentence_transformers_evaluator(small_scifact, st_model):
+    from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+
+    data = load_beir(small_scifact, "test")
+    relevant = {q: {d for d, s in docs.items() if s > 0} for q, docs in data.qrels.items()}
+    corpus = {d: document_text(doc) for d, doc in data.corpus.items()}
+    evaluator = InformationRetrievalEvaluator(data.queries, corpus, relevant, mrr_at_k=[10], ndcg_at_k=[10],
+                                              map_at_k=[100], precision_recall_at_k=[10, 100], write_csv=False)
+    theirs = evaluator(st_model)
+    ours = evaluate_retrieval(None, small_scifact, "test", progress=False)
+    assert st_model.max_seq_length == ours["max_length"] == 256
+    assert ours["precision"] == "float32" and ours["split"] == "test" and ours["pooling"] == "mean"
+    for measure in DEFAULT_MEASURES:
+        assert ours[measure] == pytest.approx(theirs[f"cosine_{measure}"], abs=1e-6), measure
+
+
+def test_default_model_sts_equals_sentence_transformers(shared_data, st_model):
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
+    pairs = read_sts(shared_data / "stsb" / "dev.tsv")[:24]
+    theirs = EmbeddingSimilarityEvaluator([a for a, _, _ in pairs], [b for _, b, _ in pairs],
+                                          [s / 5 for _, _, s in pairs], write_csv=False)(st_model)
+    ours = evaluate_sts(None, pairs)
+    assert ours["spearman"] == pytest.approx(theirs["spearman_cosine"], abs=1e-6)
+    assert ours["pearson"] == pytest.approx(theirs["pearson_cosine"], abs=1e-6)
+    assert ours["pairs"] == 24 and ours["max_length"] == 256 and ours["precision"] == "float32"
+
+
+def test_pipeline_equals_numpy_and_pytrec_eval(small_scifact, tiny_dir):
+    """Our top-k and metrics against a brute-force numpy ranking scored by pytrec_eval, on the
+    tiny model's vectors (made by bertkit.embed with the same settings)."""
+    import bertkit
+
+    pytrec_eval = oracle("pytrec_eval")
+    data = load_beir(small_scifact, "test")
+    ours = evaluate_retrieval(str(tiny_dir), small_scifact, "test", progress=False)
+    assert ours["max_length"] == 64  # no layout: the model's positions
+    doc_ids = list(data.corpus)
+    docs = bertkit.embed([document_text(data.corpus[d]) for d in doc_ids], str(tiny_dir), pooling="mean",
+                         normalize=True, truncate=True, max_length=64)
+    queries = bertkit.embed(list(data.queries.values()), str(tiny_dir), pooling="mean", normalize=True,
+                            truncate=True, max_length=64)
+    cosine = queries.astype(np.float64) @ docs.astype(np.float64).T
+    run = {q: {doc_ids[j]: float(cosine[i, j]) for j in np.argsort(-cosine[i])[:100]}
+           for i, q in enumerate(data.queries)}
+    trec = pytrec_eval.RelevanceEvaluator(data.qrels, {"ndcg_cut.10", "map_cut.100", "recall.10,100"}).evaluate(run)
+    mean = {name: np.mean([t[name] for t in trec.values()]) for name in next(iter(trec.values()))}
+    assert ours["ndcg@10"] == pytest.approx(mean["ndcg_cut_10"], abs=1e-6)
+    assert ours["map@100"] == pytest.approx(mean["map_cut_100"], abs=1e-6)
+    assert ours["recall@10"] == pytest.approx(mean["recall_10"], abs=1e-6)
+    assert ours["recall@100"] == pytest.approx(mean["recall_100"], abs=1e-6)
+
+
+def test_a_loaded_pair_and_the_bm25_baseline(small_scifact, tiny_dir):
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    need(importlib.util.find_spec("bm25s") is not None, "bm25s (the search extra) is not installed")
+    model = BertModel.from_pretrained(tiny_dir).train()
+    result = evaluate_retrieval((model, Tokenizer.from_pretrained(tiny_dir)), small_scifact, "test",
+                                max_length=32, bm25=True, progress=False)
+    assert model.training  # evaluation leaves a model being trained in training mode
+    assert result["model"] == "(model in memory)" and result["max_length"] == 32
+    data = load_beir(small_scifact, "test")
+    run = bm25_run({d: document_text(doc) for d, doc in data.corpus.items()}, data.queries)
+    assert result["bm25"]["ndcg@10"] == pytest.approx(evaluate_run(data.qrels, run)["ndcg@10"])
+    assert result["bm25"]["ndcg@10"] > 0.5  # the slice's claims share words with their abstracts
+
+
+def test_bm25_ranks_the_document_with_the_rare_words_first():
+    need(importlib.util.find_spec("bm25s") is not None, "bm25s (the search extra) is not installed")
+    docs = {"a": "the cat sat on the mat", "b": "photosynthesis in chloroplasts of plant cells",
+            "c": "the dog sat on the log"}
+    run = bm25_run(docs, {"q": "where does photosynthesis happen in plants"}, k=3)
+    assert max(run["q"], key=run["q"].get) == "b"
+
+
+def test_bm25_without_the_package_names_the_extra(monkeypatch, small_scifact):
+    monkeypatch.setitem(sys.modules, "bm25s", None)
+    with pytest.raises(BertkitError, match=r"pip install 'bertkit\[search\]'"):
+        bm25_run({"a": "x"}, {"q": "x"})
+    with pytest.raises(BertkitError, match=r"bertkit\[search\]"):  # said before any model is loaded
+        evaluate_retrieval("no/such/model", small_scifact, "test", bm25=True)
+
+
+def test_sts_file_errors(tmp_path):
+    path = tmp_path / "sts.tsv"
+    path.write_text("sentence1\tsentence2\tlabel\na\tb\t1\n", encoding="utf-8")
+    with pytest.raises(BertkitError, match="no score column"):
+        read_sts(path)
+    path.write_text("sentence1\tsentence2\tscore\na\tb\t1\n", encoding="utf-8")
+    with pytest.raises(BertkitError, match="at least 2"):
+        read_sts(path)
+    path.write_text("", encoding="utf-8")
+    with pytest.raises(BertkitError, match="empty"):
+        read_sts(path)

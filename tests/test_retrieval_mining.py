@@ -1,0 +1,116 @@
+"""Hard-negative mining: each rule on handmade rankings, then a tiny model on a SciFact slice."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from test_retrieval_beir import scifact_slice
+from bertkit.errors import BertkitError
+from bertkit.retrieval.config import MiningOptions
+from bertkit.retrieval.mining import (MiningTask, columns, mine_hard_negatives, select_negatives,
+                                      write_rows)
+
+# one query; passages 0..6; passage 0 is the positive (cosine 0.80); passage 5 repeats its text
+TASK = MiningTask(["the query"], ["pos", "n1", "n2", "n3", "n4", "pos", "the query"], [[0]])
+RANKED_ROWS = np.array([[1, 0, 5, 6, 2, 3, 4]])
+RANKED_SCORES = np.array([[0.90, 0.80, 0.80, 0.79, 0.77, 0.70, 0.50]])
+POSITIVE = [np.array([0.80])]
+
+
+def pick(**options):
+    chosen, skipped = select_negatives(RANKED_SCORES, RANKED_ROWS, TASK, MiningOptions(**options), POSITIVE)
+    return chosen[0], skipped
+
+
+def test_positives_and_duplicate_texts_are_never_negatives():
+    negatives, skipped = pick(num_negatives=3, relative_margin=None)
+    assert negatives == [1, 2, 3]
+    assert skipped["positive"] == 1 and skipped["duplicate text"] == 2  # passage 5 = a positive's text, 6 = the query
+
+
+def test_relative_margin_keeps_only_candidates_clearly_below_the_positive():
+    # 0.80 - 0.05 * 0.80 = 0.76: 0.90 and 0.77 are too close (likely unlabelled positives)
+    negatives, skipped = pick(num_negatives=2, relative_margin=0.05)
+    assert negatives == [3, 4] and skipped["relative_margin"] == 2
+
+
+def test_absolute_margin_max_score_and_range_min():
+    assert pick(num_negatives=1, relative_margin=None, absolute_margin=0.05)[0] == [3]  # <= 0.75
+    assert pick(num_negatives=1, relative_margin=None, max_score=0.78)[0] == [2]
+    assert pick(num_negatives=2, relative_margin=None, range_min=1)[0] == [2, 3]
+
+
+def test_a_query_that_cannot_fill_its_negatives_is_left_out():
+    assert pick(num_negatives=3, relative_margin=0.05)[0] is None
+    assert pick(num_negatives=2, relative_margin=0.5)[0] is None  # threshold 0.40: every candidate is above it
+
+
+def test_the_hardest_positive_sets_the_margin():
+    task = MiningTask(["q"], ["p1", "p2", "n1", "n2"], [[0, 1]])
+    chosen, _ = select_negatives(np.array([[0.9, 0.7, 0.68, 0.6]]), np.array([[0, 2, 1, 3]]), task,
+                                 MiningOptions(num_negatives=1), [np.array([0.9, 0.68])])
+    assert chosen == [[3]]  # 0.70 > 0.68 - 0.034: too close to the weaker positive
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(BertkitError, match="range_max"):
+        MiningOptions(num_negatives=5, range_max=4).validate()
+    with pytest.raises(BertkitError, match="at least 1"):
+        MiningOptions(num_negatives=0).validate()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("tiny")
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
+    return path
+
+
+def test_mining_a_scifact_slice_with_a_tiny_model(shared_data, tmp_path, tiny_dir):
+    import bertkit
+    from bertkit.retrieval.beir import document_text, load_beir
+
+    folder = scifact_slice(shared_data, tmp_path / "sf", n_queries=10, n_extra=25)
+    options = MiningOptions(num_negatives=2, relative_margin=0.01)
+    rows, report = mine_hard_negatives(folder, str(tiny_dir), split="train", options=options)
+    data = load_beir(folder, "train")
+    text_of = {d: document_text(doc) for d, doc in data.corpus.items()}
+    query_of = {text: q for q, text in data.queries.items()}
+    assert report["rows"] == len(rows) > 0 and all(len(r) == 4 for r in rows)
+    assert report["rows"] <= sum(len(d) for d in data.qrels.values())
+    texts = list(dict.fromkeys([*text_of.values(), *data.queries.values()]))
+    vectors = bertkit.embed(texts, str(tiny_dir), pooling="mean", normalize=True, truncate=True, max_length=64)
+    vector = dict(zip(texts, vectors)).__getitem__
+
+    for anchor, positive, *negatives in rows[:4]:
+        relevant = {text_of[d] for d, s in data.qrels[query_of[anchor]].items() if s > 0}
+        assert positive in relevant and not set(negatives) & relevant
+        q = vector(anchor)
+        floor = min(float(q @ vector(p)) for p in relevant)
+        cosines = [float(q @ vector(n)) for n in negatives]
+        assert cosines == sorted(cosines, reverse=True)
+        assert all(c <= floor - abs(floor) * 0.01 + 1e-6 for c in cosines)
+        # nothing eligible was passed over: every other passage scoring above the last negative is excluded
+        for text in set(text_of.values()) - relevant - set(negatives):
+            score = float(q @ vector(text))
+            assert score <= cosines[-1] + 1e-6 or score > floor - abs(floor) * 0.01 - 1e-6
+
+
+def test_written_rows_read_back(tmp_path):
+    rows = [("a query", "its\tpassage", "neg one", "neg\ntwo")]
+    write_rows(rows, tmp_path / "t.jsonl")
+    assert json.loads((tmp_path / "t.jsonl").read_text(encoding="utf-8")) == dict(zip(columns(2), rows[0]))
+    write_rows(rows, tmp_path / "t.tsv")
+    lines = (tmp_path / "t.tsv").read_text(encoding="utf-8").split("\n")
+    assert lines[0].split("\t") == ["anchor", "positive", "negative_1", "negative_2"]
+    assert lines[1].split("\t") == ["a query", "its passage", "neg one", "neg two"]
+    with pytest.raises(BertkitError, match=".tsv or .jsonl"):
+        write_rows(rows, tmp_path / "t.csv")

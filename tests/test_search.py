@@ -1,0 +1,293 @@
+"""Searching an index: exact document top-k against brute-force numpy, bounded memory over a memory map,
+the model check, reranking with a cross-encoder, and the commands end to end."""
+
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
+
+from bertkit.cli import main
+from bertkit.errors import BertkitError
+from bertkit.finetune.rerank import pair_scores, rerank, reranker
+from bertkit.retrieval.index import FORMAT, build_index, open_index
+from bertkit.retrieval.search import best_documents, embed_queries, query_encoder, search
+
+
+def write_index(path, vectors, document):
+    """An index folder written without bertkit's writer (the safetensors library's own), for search alone."""
+    from safetensors.numpy import save_file
+
+    path.mkdir(parents=True)
+    lines = [(json.dumps({"id": f"p{i}", "doc_id": f"d{d}", "title": "", "start": 0, "end": 1, "text": f"t{i}"})
+              + "\n").encode() for i, d in enumerate(document)]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in lines])]).astype(np.int64)
+    (path / "passages.jsonl").write_bytes(b"".join(lines))
+    save_file({"vectors": vectors.astype(np.float32), "document": np.asarray(document, dtype=np.int64),
+               "passage_offset": offsets}, str(path / "vectors.safetensors"))
+    info = {"format": FORMAT, "model": {}, "passages": len(vectors), "dim": vectors.shape[1],
+            "max_passages_per_document": int(np.bincount(document).max())}
+    (path / "index.json").write_text(json.dumps(info))
+    return open_index(path)
+
+
+def unit(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def brute_force(queries, vectors, document, k):
+    """Per query: (doc numbers, scores) of the k best documents, a document scored by its best passage."""
+    scores = unit(queries) @ vectors.T  # [Q, N]
+    out = []
+    for row in scores:
+        best = {}
+        for i, s in enumerate(row):
+            if document[i] not in best or s > row[best[document[i]]]:
+                best[document[i]] = i
+        ranked = sorted(best.items(), key=lambda item: -row[item[1]])[:k]
+        out.append(([d for d, _ in ranked], [float(row[i]) for _, i in ranked], [i for _, i in ranked]))
+    return out
+
+
+def test_exact_search_equals_brute_force_over_many_blocks(tmp_path):
+    rng = np.random.default_rng(0)
+    n, dim = 3000, 24
+    document = np.sort(rng.integers(0, 700, n))  # documents of 0 to ~12 passages, as an index stores them
+    document = np.unique(document, return_inverse=True)[1]
+    vectors = unit(rng.standard_normal((n, dim)))
+    index = write_index(tmp_path / "ix", vectors, document)
+    queries = rng.standard_normal((7, dim)).astype(np.float32)
+    for k in (1, 10, 40):
+        rows, scores = best_documents(index, queries, k, block_size=256)  # 12 blocks
+        for got_rows, got_scores, (docs, want_scores, want_rows) in zip(rows, scores, brute_force(
+                queries, vectors, document, k)):
+            assert [int(document[r]) for r in got_rows] == docs and got_rows == want_rows
+            np.testing.assert_allclose(got_scores, want_scores, atol=1e-6)
+    # k above the number of documents: every document once
+    rows, _ = best_documents(index, queries[:1], 10_000, block_size=512)
+    assert sorted(int(document[r]) for r in rows[0]) == list(range(document.max() + 1))
+
+
+def test_search_over_a_memory_map_stays_far_below_the_index_size(tmp_path):
+    rng = np.random.default_rng(1)
+    n, dim, block = 60_000, 64, 1024
+    index = write_index(tmp_path / "big", unit(rng.standard_normal((n, dim))), np.arange(n) // 3)
+    assert isinstance(index.vectors, np.memmap)
+    queries = rng.standard_normal((4, dim)).astype(np.float32)
+    tracemalloc.start()
+    rows, _ = best_documents(index, queries, 10, block_size=block)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # exact.top_k's bound: one block [block, dim] float32 and the score tile [4, block + depth], not the
+    # 15.4 MB matrix; numpy reports its buffers to tracemalloc
+    assert peak < 4 * block * dim * 4 < n * dim * 4 / 10
+    want = brute_force(queries, np.asarray(index.vectors), np.asarray(index.document), 10)
+    assert rows == [w[2] for w in want]
+
+
+def test_bad_k_is_refused(tmp_path):
+    index = write_index(tmp_path / "ix", unit(np.eye(3, 4) + 0.1), np.array([0, 0, 1]))
+    for k in (0, -1, True):
+        with pytest.raises(BertkitError, match="k must be at least 1"):
+            best_documents(index, np.ones((1, 4), np.float32), k)
+
+
+# --- a real index ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def built(tiny, shared_data, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("search")
+    corpus = scifact_corpus(shared_data, folder / "corpus.jsonl", n=10, first=20)
+    build_index(corpus, folder / "index", str(tiny), passage_tokens=TOKENS, overlap=OVERLAP, batch_size=64,
+                part_size=64, dtype="float32", progress=False)
+    return folder / "index"
+
+
+QUERIES = ["vitamin D deficiency and bone fractures", "gene expression in stem cells"]
+
+
+def test_search_ranks_documents_by_their_best_passage(built, tiny):
+    index = open_index(built)
+    hits = search(index, QUERIES, k=4, dtype="float32")
+    loaded = query_encoder(index.info, dtype="float32")
+    queries = embed_queries(index.info, loaded, QUERIES)
+    want = brute_force(queries, np.asarray(index.vectors), np.asarray(index.document), 4)
+    for got, (_, scores, rows) in zip(hits, want):
+        passages = index.passages(rows)
+        assert [h.id for h in got] == [p["id"] for p in passages] and len({h.doc_id for h in got}) == 4
+        np.testing.assert_allclose([h.score for h in got], scores, atol=1e-6)
+        assert [h.text for h in got] == [p["text"] for p in passages]
+
+
+def test_another_model_is_refused_naming_both(built, tiny, tmp_path):
+    other = make_tiny(tmp_path / "other", seed=1)
+    with pytest.raises(BertkitError) as err:
+        search(open_index(built), QUERIES, model=str(other), dtype="float32")
+    message = str(err.value)
+    assert str(tiny.resolve()) in message and str(other.resolve()) in message and "\n" not in message
+    # the same directory with other weights: refused too
+    moved = tmp_path / "moved"
+    make_tiny(moved, seed=0)
+    info = json.loads((built / "index.json").read_text())
+    info["model"]["directory"] = str(moved.resolve())
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("passages.jsonl", "vectors.safetensors"):
+        (copy / name).write_bytes((built / name).read_bytes())
+    (copy / "index.json").write_text(json.dumps(info))
+    assert search(open_index(copy), QUERIES[:1], k=1, dtype="float32")  # same weights, another folder: fine
+    make_tiny(moved, seed=2)
+    with pytest.raises(BertkitError, match="its weights changed since"):
+        search(open_index(copy), QUERIES[:1], dtype="float32")
+
+
+def cross_encoder(path, task, num_labels):
+    """A random cross-encoder saved as `bertkit finetune regression|pair` saves one."""
+    from bertkit.config import BertConfig
+    from bertkit.heads import BertForSequenceClassification
+    from bertkit.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, num_labels=num_labels)
+    if task == "regression":
+        config.problem_type = "regression"
+    torch.manual_seed(3)
+    BertForSequenceClassification(config).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
+    (path / "bertkit_task.json").write_text(json.dumps(
+        {"task": task, "text_column": "sentence1", "text_pair_column": "sentence2", "max_length": 64}))
+    return path
+
+
+@pytest.mark.parametrize("task,labels", [("regression", 1), ("pair", 2)])
+def test_rerank_orders_the_top_by_the_cross_encoders_score(built, tmp_path, task, labels):
+    from bertkit.finetune.predict import predict
+
+    model = cross_encoder(tmp_path / task, task, labels)
+    first = search(open_index(built), QUERIES[:1], k=6, dtype="float32")[0]
+    loaded = reranker(str(model), dtype="float32")
+    got = rerank(loaded, QUERIES[0], first, top=4)
+    preds = predict(model, [QUERIES[0]] * 4, pairs=[h.text for h in first[:4]], dtype="float32")
+    scores = [p["score"] if task == "regression" else list(p["probabilities"].values())[1] for p in preds]
+    order = np.argsort(-np.array(scores), kind="stable")
+    assert [h.id for h in got[:4]] == [first[i].id for i in order] and got[4:] == first[4:]
+    np.testing.assert_allclose([h.score for h in got[:4]], np.array(scores)[order], atol=1e-6)
+    assert pair_scores(loaded, QUERIES[0], [first[0].text]) == pytest.approx([scores[0]], abs=1e-6)
+
+
+def test_rerank_refuses_a_model_that_is_no_cross_encoder(built, tmp_path, tiny):
+    three = cross_encoder(tmp_path / "three", "pair", 3)
+    with pytest.raises(BertkitError, match="pair model with 3 labels: --rerank needs a cross-encoder"):
+        reranker(str(three))
+    with pytest.raises(BertkitError, match="not a fine-tuned task model"):
+        reranker(str(tiny))
+
+
+def test_cli_index_and_search_end_to_end(tiny, shared_data, tmp_path, capsys):
+    corpus = scifact_corpus(shared_data, tmp_path / "corpus.jsonl", n=6, first=40)
+    out = tmp_path / "index"
+    assert main(["index", str(corpus), "-o", str(out), "--model", str(tiny), "--passage-tokens", "48",
+                 "--dtype", "float32", "--quiet"]) == 0
+    assert f"{out}: " in capsys.readouterr().out
+    assert main(["search", str(out), QUERIES[0], "-k", "3", "--json", "--dtype", "float32"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    want = search(open_index(out), QUERIES[:1], k=3, dtype="float32")
+    assert answer == [[h.to_dict() for h in want[0]]]
+    assert set(answer[0][0]) == {"id", "doc_id", "score", "text"}
+    (tmp_path / "q.txt").write_text(f"{QUERIES[0]}\n\n{QUERIES[1]}\n")
+    assert main(["search", str(out), "--queries", str(tmp_path / "q.txt"), "-k", "2", "--dtype", "float32"]) == 0
+    plain = capsys.readouterr().out
+    assert plain.count("query: ") == 2 and f"  {want[0][0].doc_id}  [{want[0][0].id}]" in plain
+    model = cross_encoder(tmp_path / "cross", "regression", 1)
+    assert main(["search", str(out), QUERIES[0], "-k", "2", "--rerank", str(model), "--rerank-top", "3",
+                 "--json", "--dtype", "float32"]) == 0
+    reranked = json.loads(capsys.readouterr().out)[0]
+    assert len(reranked) == 2 and {h["doc_id"] for h in reranked} <= {h.doc_id for h in search(
+        open_index(out), QUERIES[:1], k=3, dtype="float32")[0]}
+    for argv, message in [(["search", str(out), "q", "-k", "0"], "-k must be at least 1"),
+                          (["search", str(out)], "give one QUERY or --queries FILE"),
+                          (["search", str(tmp_path), "q"], "is not an index"),
+                          (["search", str(out), "q", "--model", str(tmp_path / "cross")], "this index was made by")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+# --- approximate search: FAISS HNSW --------------------------------------------------------------
+
+def test_hnsw_recall_is_measured_against_exact_search(tmp_path):
+    from bertkit.retrieval.ann import build_hnsw, read_hnsw, recall_at_10
+
+    rng = np.random.default_rng(2)
+    centres = rng.standard_normal((30, 24))
+    vectors = unit(centres[rng.integers(0, 30, 1500)] + 0.3 * rng.standard_normal((1500, 24)))
+    index = write_index(tmp_path / "ix", vectors, np.arange(1500))
+    build_hnsw(index.vectors, tmp_path / "ix" / "hnsw.faiss", m=16, ef_construction=100, block_size=700)
+    graph = read_hnsw(tmp_path / "ix" / "hnsw.faiss")
+    assert graph.ntotal == 1500
+    assert recall_at_10(graph, index.vectors, ef_search=1500) == 1.0  # a walk that keeps everything is exact
+    build_hnsw(index.vectors, tmp_path / "poor.faiss", m=2, ef_construction=2)
+    poor = recall_at_10(read_hnsw(tmp_path / "poor.faiss"), index.vectors, ef_search=1)
+    assert poor < 0.9  # a graph of 2 links walked greedily misses neighbours, and the measure sees it
+    queries = rng.standard_normal((5, 24)).astype(np.float32)
+    exact_rows, exact_scores = best_documents(index, queries, 10)
+    ann_rows, ann_scores = best_documents(index, queries, 10, ann=True, ef_search=1500)
+    assert ann_rows == exact_rows
+    np.testing.assert_allclose(ann_scores, exact_scores, atol=1e-5)
+
+
+def test_cli_ann_index_and_search(tiny, shared_data, tmp_path, capsys):
+    corpus = scifact_corpus(shared_data, tmp_path / "corpus.jsonl", n=6, first=60)
+    out = tmp_path / "index"
+    assert main(["index", str(corpus), "-o", str(out), "--model", str(tiny), "--passage-tokens", "48", "--ann",
+                 "hnsw", "--dtype", "float32", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    info = json.loads((out / "index.json").read_text())
+    assert f"recall@10 {info['ann']['recall@10']:.4f} against exact search" in printed
+    assert info["ann"]["recall@10"] == 1.0  # ~60 vectors and a walk of 128 candidates: every one is seen
+    for flags in ([], ["--ann"]):
+        assert main(["search", str(out), QUERIES[1], "-k", "4", "--json", "--dtype", "float32", *flags]) == 0
+    exact, approx = (json.loads(x) for x in capsys.readouterr().out.strip().split("\n"))
+    assert [h["id"] for h in approx[0]] == [h["id"] for h in exact[0]]
+    np.testing.assert_allclose([h["score"] for h in approx[0]], [h["score"] for h in exact[0]], atol=1e-5)
+
+
+def test_ann_without_faiss_is_one_line_before_any_encoding(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "faiss", None)  # import faiss -> ImportError
+    (tmp_path / "c.tsv").write_text("id\ttext\nd1\tsome text\n")
+    assert main(["index", str(tmp_path / "c.tsv"), "-o", str(tmp_path / "ix"), "--model", str(tiny),
+                 "--ann", "hnsw"]) == 2
+    assert "pip install 'bertkit[search]'" in capsys.readouterr().err and not (tmp_path / "ix").exists()
+
+
+# --- Qdrant ------------------------------------------------------------------------------------
+
+def test_a_qdrant_collection_answers_as_the_exact_search(built, tiny, tmp_path, capsys):
+    where = str(tmp_path / "qdrant")
+    assert main(["index", "export", str(built), "--qdrant", where, "--collection", "sci", "--quiet"]) == 0
+    assert f"{len(open_index(built))} passages written" in capsys.readouterr().out
+    exact = search(open_index(built), QUERIES, k=10, dtype="float32")
+    assert main(["search", "--qdrant", where, "--collection", "sci", QUERIES[0], "-k", "10", "--json",
+                 "--dtype", "float32"]) == 0
+    answer = json.loads(capsys.readouterr().out)[0]
+    assert [h["id"] for h in answer] == [h.id for h in exact[0]] and len(answer) == 10
+    np.testing.assert_allclose([h["score"] for h in answer], [h.score for h in exact[0]], atol=1e-5)
+    from bertkit.retrieval.qdrant import search as search_qdrant
+
+    both = search_qdrant(where, "sci", QUERIES, k=5, dtype="float32")
+    assert [[h.id for h in hits] for hits in both] == [[h.id for h in hits[:5]] for hits in exact]
+    assert [h.text for h in both[1]] == [h.text for h in exact[1][:5]]
+    for argv, message in [(["index", "export", str(built), "--qdrant", where, "--collection", "sci"], "already exists"),
+                          (["search", "--qdrant", where, "--collection", "nope", "q"], "no collection 'nope'"),
+                          (["search", "--qdrant", where, "--collection", "sci", "q", "--model",
+                            str(make_tiny(tmp_path / "other", seed=1))], "this index was made by"),
+                          (["index", "export", str(built), "--qdrant", where], "needs --qdrant PATH|URL and --collection")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err

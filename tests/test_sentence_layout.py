@@ -1,0 +1,159 @@
+"""The sentence-transformers layout both ways, with sentence-transformers as the oracle.
+
+- a folder bertkit writes (tiny odd-shaped BERT + `write_layout`) is loaded by
+  sentence-transformers as it is, and its vectors equal bertkit's (1e-6): pooling,
+  normalisation and the max_seq_length truncation all carried by the files;
+- a CLS-pooled, normalised folder that sentence-transformers 6 saves (its newer
+  spelling: `pooling_mode`, max length in tokenizer_config.json) is read by
+  `read_layout`, and bertkit's vectors made with what it read equal
+  sentence-transformers' own;
+- the packaged default model (the older spelling) reads as mean, normalised, 256;
+- broken or unsupported folders are one clear error naming the file.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import need
+from test_finetune import WORDS, tiny_model_dir
+
+from bertkit.errors import BertkitError
+from bertkit.features import embed
+from bertkit.modeling import BertModel
+from bertkit.sentence_layout import SentenceLayout, read_layout, write_layout
+from bertkit.tokenizer import Tokenizer
+
+TEXTS = ["the movie was good", "john visited paris and london", "who went to the city ?",
+         " ".join(WORDS[:40])]  # longer than the max_seq_length below: truncation must agree
+
+
+@pytest.fixture(scope="module")
+def st():
+    try:
+        import sentence_transformers
+    except ImportError:
+        need(False, "sentence-transformers (the oracle, dev extra) is not installed")
+    return sentence_transformers
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny_layout"), seed=7)
+
+
+def ours(path, layout: SentenceLayout, vocab_dir=None):
+    model = (BertModel.from_pretrained(path), Tokenizer.from_pretrained(vocab_dir or path))
+    return embed(TEXTS, model=model, pooling=layout.pooling, normalize=layout.normalize,
+                 max_length=layout.max_seq_length, truncate=True)
+
+
+@pytest.mark.parametrize("pooling,normalize", [("mean", True), ("cls", False)])
+def test_sentence_transformers_loads_what_we_write_and_gives_our_vectors(st, tiny, tmp_path, pooling, normalize):
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "model"
+    shutil.copytree(tiny, out)
+    write_layout(out, pooling=pooling, normalize=normalize, max_seq_length=12, hidden_size=32, dimensions=[16, 32, 8])
+    layout = read_layout(out)
+    assert layout == SentenceLayout(pooling, normalize, 12, [32, 16, 8], False)
+
+    model = SentenceTransformer(str(out), device="cpu")
+    assert model.max_seq_length == 12 and len(model) == (3 if normalize else 2)
+    theirs = model.encode(TEXTS, convert_to_numpy=True)
+    mine = ours(out, layout)
+    np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-6)
+    assert np.allclose(np.linalg.norm(mine, axis=1), 1.0) == normalize
+    # the layout matters: the other pooling, or no truncation, gives other vectors
+    other = SentenceLayout("cls" if pooling == "mean" else "mean", normalize, 12)
+    assert not np.allclose(ours(out, other), theirs, atol=1e-3)
+    assert not np.allclose(ours(out, SentenceLayout(pooling, normalize, 60))[-1], theirs[-1], atol=1e-3)
+
+
+def test_we_read_a_cls_folder_sentence_transformers_saved(st, tiny, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    word = Transformer(str(tiny), max_seq_length=10)
+    SentenceTransformer(modules=[word, Pooling(32, "cls"), Normalize()], device="cpu").save(str(tmp_path / "st"))
+    layout = read_layout(tmp_path / "st")
+    assert (layout.pooling, layout.normalize, layout.max_seq_length) == ("cls", True, 10)
+
+    theirs = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    # sentence-transformers 6 saves tokenizer.json without vocab.txt: the vocabulary is the tiny model's
+    np.testing.assert_allclose(ours(tmp_path / "st", layout, vocab_dir=tiny), theirs, rtol=0, atol=1e-6)
+
+
+def test_the_default_model_reads_as_mean_normalised_256(default_model_dir):
+    assert read_layout(default_model_dir) == SentenceLayout("mean", True, 256, None, False)
+
+
+def test_a_plain_hugging_face_folder_has_no_layout(tiny):
+    assert read_layout(tiny) is None
+
+
+def test_writing_twice_drops_a_stale_normalize_module(tiny, tmp_path):
+    out = tmp_path / "m"
+    shutil.copytree(tiny, out)
+    write_layout(out, pooling="mean", normalize=True, max_seq_length=64, hidden_size=32)
+    write_layout(out, pooling="mean", normalize=False, max_seq_length=64, hidden_size=32)
+    assert read_layout(out).normalize is False and not (out / "2_Normalize").exists()
+
+
+def write(path, name, data):
+    (path / name).parent.mkdir(parents=True, exist_ok=True)
+    (path / name).write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+           {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+
+
+@pytest.mark.parametrize("files,message", [
+    ({"modules.json": "[{not json"}, "modules.json is not readable JSON"),
+    ({"modules.json": MODULES + [{"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"}],
+      "1_Pooling/config.json": {"pooling_mode": "mean"}},
+     "sentence_transformers.models.Dense (2_Dense) is not supported"),
+    ({"modules.json": MODULES}, "1_Pooling/config.json is missing"),
+    ({"modules.json": MODULES, "1_Pooling/config.json": {"pooling_mode_mean_tokens": True,
+                                                         "pooling_mode_max_tokens": True}}, "several pooling modes"),
+    ({"modules.json": MODULES, "1_Pooling/config.json": {"pooling_mode": "median"}}, "unknown pooling_mode 'median'"),
+    ({"modules.json": MODULES, "1_Pooling/config.json": {"pooling_mode": "cls"},
+      "sentence_bert_config.json": {"max_seq_length": "long"}}, "max_seq_length must be a positive integer"),
+    ({"modules.json": MODULES, "1_Pooling/config.json": {"pooling_mode": "cls"},
+      "config_sentence_transformers.json": {"matryoshka_dims": [64, "all"]}}, "matryoshka_dims must be"),
+])
+def test_broken_layouts_are_one_clear_error(tmp_path, files, message):
+    for name, data in files.items():
+        write(tmp_path, name, data)
+    with pytest.raises(BertkitError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_layout(tmp_path)
+
+
+def test_sentence_config_alone_means_mean_pooling(tmp_path):
+    write(tmp_path, "sentence_bert_config.json", {"max_seq_length": 128, "do_lower_case": True})
+    assert read_layout(tmp_path) == SentenceLayout("mean", False, 128, None, True)
+
+
+def test_write_refuses_what_bertkit_cannot_embed(tmp_path):
+    with pytest.raises(BertkitError, match="mean or cls"):
+        write_layout(tmp_path, pooling="max", normalize=False, max_seq_length=None, hidden_size=32)
+    with pytest.raises(BertkitError, match="1..32"):
+        write_layout(tmp_path, pooling="mean", normalize=False, max_seq_length=None, hidden_size=32, dimensions=[64])
+
+
+def test_no_torch_needed():
+    import subprocess
+    import sys
+
+    code = ("import sys, bertkit.sentence_layout; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "bertkit.sentence_layout imported torch"
+
+
+def test_vectors_differ_between_models(tiny, tmp_path):
+    # a control for the parity tests: two different random models do not agree to 1e-6 by accident
+    other = tiny_model_dir(tmp_path / "other", seed=8)
+    layout = SentenceLayout("mean", True, 12)
+    assert not np.allclose(ours(tiny, layout), ours(other, layout), atol=1e-3)
