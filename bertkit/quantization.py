@@ -5,15 +5,17 @@ Nearly all of BERT's arithmetic is the encoder's dense layers (per layer: the
 [I, H] feed-forward matrices). Dynamic quantization (Jacob et al. 2018; PyTorch's
 `torch.ao.nn.quantized.dynamic.Linear`, as in its BERT tutorial) stores each of
 those weights as int8 with one scale per output channel (symmetric: w ~= scale_o *
-q, q in [-127, 127]) and quantizes the activations at run time, one scale per
-call (per batch), so no calibration data is needed. The products run in PyTorch's
-quantized kernels (FBGEMM on x86, which needs AVX2; oneDNN/QNNPACK on ARM) and
-accumulate in int32; the output goes back to float32 before the bias.
-Activations are quantized to 7 bits (PyTorch's `reduce_range`, kept as it
-comes): FBGEMM's AVX2 kernels add pairs of uint8 x int8 products in int16, which
-could saturate with 8 bits. Measured on STS-B dev with the default model
-(Spearman of cosine, float32 0.8672): 7 bits 0.8645, full 8 bits 0.8654; the
-small gain is not worth a kernel that may saturate on some inputs.
+q, q in [-127, 127]) and quantizes the activations at run time, so no calibration
+data is needed; the products accumulate in int32 and go back to float32 before the bias.
+
+How the activations are quantized is `bertkit.fast` rule 5, by the CPU:
+- per token, 8 bits, where the CPU has VNNI or AMX (torch._int_mm on oneDNN's kernels).
+  One scale per call let the batch's largest token set the step for all the others:
+  the feed-forward down-projection (GELU's outliers) and the attention output lost
+  most, down to a minimum per-token cosine of 0.82 to float32 on SST-2 dev; per token
+  it is 0.98 (ONNX Runtime int8: 0.95; docs/deployment.md has the table per layer);
+- per call, 7 bits (PyTorch's `reduce_range`), elsewhere: FBGEMM's kernels, whose AVX2
+  code adds pairs of uint8 x int8 products in int16, which could saturate with 8 bits.
 
 What stays float32, and why: the embeddings (a table look-up, no arithmetic to
 save), every LayerNorm, softmax and GELU (they run on float activations), and

@@ -20,11 +20,16 @@ Two kinds of input, two policies:
   run. A corpus with no text left is an error, and so is a file where most
   lines do not decode: it is in another encoding, which `--encoding` names
   (`check_encoding`, `wrong_encoding`).
+
+Record files come as plain text (one record per line), JSONL (`json_objects`: one JSON
+object per line, the line named when it is not one) or TSV with a header; `read_texts`
+streams the texts of any of the three without loading the file (what `bertkit embed` reads).
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -145,6 +150,77 @@ def read_text(path, what: str = "input file") -> str:
     """The whole of a user's UTF-8 text file (see `open_text`)."""
     with open_text(path, what) as f:
         return f.read()
+
+
+def json_objects(lines, path, on_blank=None):
+    """(line number, object) for each line of a JSONL text, numbered from 1: one JSON object per
+    line, blank lines skipped (`on_blank()` is called for each); any other line is a BertkitError
+    naming the file and line."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            if on_blank is not None:
+                on_blank()
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise BertkitError(f"{path}:{number}: line {number} is not JSON ({err.msg}): JSONL needs one JSON "
+                               "object per line") from None
+        if not isinstance(row, dict):
+            raise BertkitError(f"{path}:{number}: a JSON {type(row).__name__}, not an object: JSONL needs one "
+                               "JSON object per line")
+        yield number, row
+
+
+def read_texts(path, column: str | None = None) -> tuple:
+    """(an iterator over the texts of a file, how many there are), without loading them all.
+
+    .txt (or anything else): one text per non-empty line. .jsonl: the "text"
+    field (or `column`) of each line. .tsv: the column named `column` (default
+    "sentence", else "text", else the first) under a header row. The file must
+    be UTF-8 (`bertkit.textfiles`); a malformed line is an error naming it.
+    """
+    path = existing_file(path)
+    suffix = path.suffix.lower()
+    if suffix == ".tsv":
+        with open_text(path) as f:
+            header = f.readline().rstrip("\r\n").split("\t")
+        name = column or next((c for c in ("sentence", "text") if c in header), header[0])
+        if name not in header:
+            raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
+        col = header.index(name)
+
+        def lines():
+            with open_text(path) as f:
+                f.readline()
+                for number, line in enumerate(f, 2):
+                    if line.strip():
+                        fields = line.rstrip("\r\n").split("\t")
+                        if col >= len(fields):
+                            raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
+                                               f"(the header has {len(header)})")
+                        yield fields[col]
+
+    elif suffix == ".jsonl":
+        key = column or "text"
+
+        def lines():
+            with open_text(path) as f:
+                for number, record in json_objects(f, path):
+                    if key not in record:
+                        raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
+                    yield record[key]
+
+    else:
+
+        def lines():
+            with open_text(path) as f:
+                for line in f:
+                    if line.strip():
+                        yield line.rstrip("\r\n")
+
+    count = sum(1 for _ in lines())
+    return lines(), count
 
 
 def corpus_files(paths) -> list[Path]:

@@ -53,8 +53,7 @@ import torch
 
 from bertkit.checkpoint import resolve
 from bertkit.errors import BertkitError
-from bertkit.modeling import BertModel
-from bertkit.tokenizer import Tokenizer
+from bertkit.loading import load as load_model
 
 # the submodules of one encoder layer whose inputs and outputs are traced
 LAYER_PARTS = ("attention.qkv", "attention.output", "attention_norm", "intermediate", "output", "output_norm")
@@ -133,8 +132,10 @@ TENSORS = (
 
 @functools.lru_cache(maxsize=2)
 def _load(directory: str):
-    # cached: a reader traces many layers and heads of the same model one call at a time
-    return BertModel.from_pretrained(directory).float().eval(), Tokenizer.from_pretrained(directory)
+    # cached: a reader traces many layers and heads of the same model one call at a time; the plain
+    # layers (fast=False): a hook on an accelerated dense layer would not see W x + b alone
+    loaded = load_model(directory, head="encoder", device="cpu", dtype="float32", fast=False)
+    return loaded.model, loaded.tokenizer
 
 
 def load(model=None):

@@ -1,8 +1,7 @@
-"""The files of `bertkit embed`: texts in, vectors out, streamed in bounded memory.
+"""The files `bertkit embed` writes: vectors out, streamed in bounded memory.
 
-`read_texts` iterates over a .txt (one text per line), .jsonl (a field) or .tsv
-(a column under a header) file without loading it; the writers consume the
-stream of results `bertkit.features.iter_embed` yields, so a corpus of any size
+The writers consume the stream of results `bertkit.features.iter_embed` yields
+(from texts `bertkit.textfiles.read_texts` streams), so a corpus of any size
 embeds in flat memory:
 
     .npy          pooled vectors: one [N, D] float32 array
@@ -24,71 +23,17 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.textfiles import existing_file, open_text
 
 
-def read_texts(path, column: str | None = None) -> tuple:
-    """(an iterator over the texts of a file, how many there are), without loading them all.
-
-    .txt (or anything else): one text per non-empty line. .jsonl: the "text"
-    field (or `column`) of each line. .tsv: the column named `column` (default
-    "sentence", else "text", else the first) under a header row. The file must
-    be UTF-8 (`bertkit.textfiles`); a malformed line is an error naming it.
-    """
-    path = existing_file(path)
-    suffix = path.suffix.lower()
-    if suffix == ".tsv":
-        with open_text(path) as f:
-            header = f.readline().rstrip("\r\n").split("\t")
-        name = column or next((c for c in ("sentence", "text") if c in header), header[0])
-        if name not in header:
-            raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
-        col = header.index(name)
-
-        def lines():
-            with open_text(path) as f:
-                f.readline()
-                for number, line in enumerate(f, 2):
-                    if line.strip():
-                        fields = line.rstrip("\r\n").split("\t")
-                        if col >= len(fields):
-                            raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
-                                               f"(the header has {len(header)})")
-                        yield fields[col]
-
-    elif suffix == ".jsonl":
-        key = column or "text"
-
-        def lines():
-            with open_text(path) as f:
-                for number, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise BertkitError(f"{path}:{number}: not a JSON object ({err.msg}); "
-                                           "JSONL needs one object per line") from None
-                    if not isinstance(record, dict) or key not in record:
-                        raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
-                    yield record[key]
-
-    else:
-
-        def lines():
-            with open_text(path) as f:
-                for line in f:
-                    if line.strip():
-                        yield line.rstrip("\r\n")
-
-    count = sum(1 for _ in lines())
-    return lines(), count
+SAFETENSORS_DTYPES = {"F32": "<f4", "I64": "<i8"}  # the safetensors names of the dtypes written here
 
 
-def _safetensors_header(tensors: dict) -> bytes:
-    """The JSON header of a .safetensors file; tensors: name -> (dtype, shape, nbytes), in data order."""
+def safetensors_header(tensors: dict) -> bytes:
+    """The 8-byte length and JSON header of a .safetensors file, to be followed by the tensors' raw
+    bytes in the same order; tensors: name -> (dtype, shape), dtype a key of SAFETENSORS_DTYPES."""
     header, offset = {}, 0
-    for name, (dtype, shape, nbytes) in tensors.items():
+    for name, (dtype, shape) in tensors.items():
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -152,13 +97,10 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
             else:
                 offsets = np.concatenate([[0], np.cumsum(lengths)]).astype("<i8")
                 if pooled:
-                    tensors = {"embeddings": ("F32", (total, dim), total * dim * 4)}
+                    tensors = {"embeddings": ("F32", (total, dim))}
                 else:
-                    tensors = {
-                        "vectors": ("F32", (total, dim), total * dim * 4),
-                        "offsets": ("I64", (len(offsets),), offsets.nbytes),
-                    }
-                out.write(_safetensors_header(tensors))
+                    tensors = {"vectors": ("F32", (total, dim)), "offsets": ("I64", (len(offsets),))}
+                out.write(safetensors_header(tensors))
                 _copy(raw, out)
                 if not pooled:
                     out.write(offsets.tobytes())

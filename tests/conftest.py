@@ -59,3 +59,20 @@ def rust_oracle(default_model_dir, transformers_mod):
     rust.no_truncation()
     rust.no_padding()
     return rust
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny random encoder (2 layers, hidden 32, 4 heads, intermediate 37) saved with the default
+    vocabulary: a model directory for the commands' end-to-end tests."""
+    import torch
+
+    from bertkit.config import BertConfig
+    from bertkit.modeling import BertModel
+    from bertkit.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("tiny")
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
+    return path

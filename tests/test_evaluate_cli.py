@@ -4,24 +4,10 @@ import importlib.util
 import json
 
 import pytest
-import torch
 
 from conftest import need
 from test_retrieval_beir import scifact_slice
 from bertkit.cli import main
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
-
-    path = tmp_path_factory.mktemp("tiny")
-    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                        max_position_embeddings=64)
-    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ import torch
 from bertkit.errors import BertkitError
 from bertkit.features import embed, iter_embed
 from bertkit.pooling import pool_words, resolve_layers
-from bertkit.vector_files import read_texts, write_vectors
+from bertkit.textfiles import read_texts
+from bertkit.vector_files import write_vectors
 
 L = 5  # layers of the tiny model
 

@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import need
 from test_retrieval_beir import scifact_slice
@@ -38,19 +37,6 @@ def st_model(sentence_transformers, default_model_dir):
 @pytest.fixture(scope="module")
 def small_scifact(shared_data, tmp_path_factory):
     return scifact_slice(shared_data, tmp_path_factory.mktemp("scifact"), n_queries=8, n_extra=15)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
-
-    path = tmp_path_factory.mktemp("tiny")
-    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                        max_position_embeddings=64)
-    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
-    return path
 
 
 def test_default_model_equals_sentence_transformers_evaluator(small_scifact, st_model):

@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from test_retrieval_beir import scifact_slice
 from bertkit.errors import BertkitError
@@ -59,19 +58,6 @@ def test_bad_options_are_refused():
         MiningOptions(num_negatives=5, range_max=4).validate()
     with pytest.raises(BertkitError, match="at least 1"):
         MiningOptions(num_negatives=0).validate()
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
-
-    path = tmp_path_factory.mktemp("tiny")
-    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                        max_position_embeddings=64)
-    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(path, tokenizer=Tokenizer.from_pretrained())
-    return path
 
 
 def test_mining_a_scifact_slice_with_a_tiny_model(shared_data, tmp_path, tiny_dir):

@@ -46,7 +46,8 @@ def add_embed(sub):
 
 def run_embed(args):
     from bertkit.features import encoder, iter_embed
-    from bertkit.vector_files import read_texts, write_vectors
+    from bertkit.textfiles import read_texts
+    from bertkit.vector_files import write_vectors
 
     options = from_args(args, EmbedOptions)
     texts, count = read_texts(args.input, args.column)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.textfiles import existing_file, open_text, read_text
+from bertkit.textfiles import existing_file, json_objects, open_text, read_text
 
 
 @dataclass
@@ -84,17 +84,10 @@ def read_rows(path, report: ReadReport):
     fmt = table_format(path)
     with open_text(path, newline="") as f:
         if fmt == "jsonl":
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    report.skipped["empty lines"] += 1
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise BertkitError(f"{path}:{n}: not a JSON object ({err.msg}); JSONL needs one object per line")
-                if not isinstance(row, dict):
-                    raise BertkitError(f"{path}:{n}: expected a JSON object per line, got {type(row).__name__}")
-                yield n, row
+            def blank():
+                report.skipped["empty lines"] += 1
+
+            yield from json_objects(f, path, blank)
             return
         if fmt == "csv":
             csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long text is one long field

@@ -35,13 +35,18 @@ def reranker(model, device=None, dtype=None) -> Loaded:
     return loaded
 
 
+def score(prediction: dict, loaded: Loaded) -> float:
+    """A cross-encoder's score of one pair, from its prediction: a regression model's score, or the
+    probability of its second label."""
+    if loaded.info["task"] == "regression":
+        return float(prediction["score"])
+    return float(prediction["probabilities"][loaded.config.labels[1]])
+
+
 def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int = 32) -> list[float]:
     """The cross-encoder's score of each (query, passage)."""
     preds = predict(None, [query] * len(passages), pairs=passages, batch_size=batch_size, loaded=loaded)
-    if loaded.info["task"] == "regression":
-        return [float(p["score"]) for p in preds]
-    second = loaded.config.labels[1]
-    return [float(p["probabilities"][second]) for p in preds]
+    return [score(p, loaded) for p in preds]
 
 
 def rerank(loaded: Loaded, query: str, hits: list[Hit], top: int = 50, batch_size: int = 32) -> list[Hit]:

@@ -6,5 +6,12 @@
 - `encoding`: embedding queries and passages as the model was trained to (its layout);
 - `bm25`: the lexical baseline (the optional `bm25s` package);
 - `evaluation`: retrieval and STS figures of a model;
-- `mining`: hard negatives for contrastive training.
+- `mining`: hard negatives for contrastive training;
+- `passages`: documents cut into token windows that keep their character spans;
+- `index`: the index folder (memory-mapped vectors, the model's fingerprint, a resumable build);
+- `search`: exact document top-k by best passage;
+- `ann`: FAISS HNSW beside the exact vectors, with its measured recall;
+- `qdrant`: export to, and search from, a Qdrant collection.
+
+The cross-encoder that reranks search results is a fine-tuned model: `bertkit.finetune.rerank`.
 """

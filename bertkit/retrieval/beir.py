@@ -23,12 +23,11 @@ file, a qrels id absent from the corpus or the queries.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.textfiles import existing_file, open_text
+from bertkit.textfiles import existing_file, json_objects, open_text
 
 QRELS_COLUMNS = ("query-id", "corpus-id", "score")
 
@@ -57,15 +56,7 @@ def document_text(doc: dict) -> str:
 def _read_jsonl(path: Path, fields: tuple, what: str) -> list[dict]:
     rows = []
     with open_text(existing_file(path, what), what) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise BertkitError(f"{path} line {number} is not JSON ({err.msg}): write one JSON object per line")
-            if not isinstance(row, dict):
-                raise BertkitError(f"{path} line {number} is not a JSON object: write one object per line")
+        for number, row in json_objects(f, path):
             for field in fields:
                 if field not in row:
                     raise BertkitError(
@@ -77,9 +68,11 @@ def _read_jsonl(path: Path, fields: tuple, what: str) -> list[dict]:
     return rows
 
 
-def read_corpus(directory) -> dict[str, dict]:
-    """doc id -> {"title", "text"} from `directory`/corpus.jsonl (title optional, as in BEIR)."""
-    rows = _read_jsonl(Path(directory) / "corpus.jsonl", ("_id", "text"), "corpus")
+def read_corpus(source) -> dict[str, dict]:
+    """doc id -> {"title", "text"} from a BEIR folder's corpus.jsonl, or a corpus file of that layout
+    under any name (title optional, as in BEIR)."""
+    path = Path(source)
+    rows = _read_jsonl(path / "corpus.jsonl" if path.is_dir() else path, ("_id", "text"), "corpus")
     return {str(r["_id"]): {"title": str(r.get("title") or ""), "text": str(r["text"])} for r in rows}
 
 

@@ -53,11 +53,11 @@ from bertkit.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.passages import Passage, cut_all, default_overlap, read_documents
+from bertkit.vector_files import SAFETENSORS_DTYPES, safetensors_header
 
 FORMAT = 1
 INDEX_JSON, BUILD_JSON = "index.json", "build.json"
 PASSAGES, VECTORS, PARTS = "passages.jsonl", "vectors.safetensors", "parts"
-_DTYPES = {"F32": np.float32, "I64": np.int64}
 
 
 # --- the model that made the vectors -----------------------------------------------------------
@@ -120,18 +120,6 @@ def _write_json(path: Path, data: dict) -> None:
     _replace_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
 
 
-def _safetensors_header(tensors: dict) -> bytes:
-    """8-byte little-endian length + JSON header; tensors: name -> (dtype, shape), in data order."""
-    header, offset = {}, 0
-    for name, (dtype, shape) in tensors.items():
-        nbytes = int(np.prod(shape)) * np.dtype(_DTYPES[dtype]).itemsize
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the format aligns the data to 8 bytes
-    return struct.pack("<Q", len(raw)) + raw
-
-
 def map_safetensors(path) -> dict[str, np.memmap]:
     """Every tensor of a .safetensors file as a read-only memory map (nothing is read until used)."""
     path = Path(path)
@@ -144,9 +132,9 @@ def map_safetensors(path) -> dict[str, np.memmap]:
             continue
         begin, end = entry["data_offsets"]
         shape = tuple(entry["shape"])
-        if entry["dtype"] not in _DTYPES:
+        if entry["dtype"] not in SAFETENSORS_DTYPES:
             raise BertkitError(f"{path}: tensor {name} is {entry['dtype']}; an index holds F32 and I64 only")
-        out[name] = np.memmap(path, dtype=_DTYPES[entry["dtype"]], mode="r", offset=8 + length + begin, shape=shape)
+        out[name] = np.memmap(path, dtype=SAFETENSORS_DTYPES[entry["dtype"]], mode="r", offset=8 + length + begin, shape=shape)
     return out
 
 
@@ -204,7 +192,7 @@ def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray,
     """Write vectors.safetensors from the parts, rows back in passage order; returns D."""
     n = len(order)
     dim = np.load(_part_path(out, 0), mmap_mode="r").shape[1]
-    header = _safetensors_header({"vectors": ("F32", (n, dim)), "document": ("I64", (n,)),
+    header = safetensors_header({"vectors": ("F32", (n, dim)), "document": ("I64", (n,)),
                                   "passage_offset": ("I64", (n + 1,))})
     offsets = np.concatenate([[0], np.cumsum([len(line) for line in lines])]).astype(np.int64)
 

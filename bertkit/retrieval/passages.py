@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterable
 
 from bertkit.errors import BertkitError
-from bertkit.retrieval.beir import _read_jsonl, document_text, read_corpus  # _read_jsonl: see read_corpus_file
+from bertkit.retrieval.beir import document_text, read_corpus
 from bertkit.textfiles import existing_file, open_text, read_text
 from bertkit.windows import half_window, spans
 
@@ -92,16 +92,14 @@ def _read_folder(folder: Path) -> list[Document]:
 def read_documents(path) -> list[Document]:
     """The documents of a corpus (see the module docstring), in file order; ids must be unique."""
     path = Path(path)
-    if path.is_dir() and (path / "corpus.jsonl").is_file():
+    if (path.is_dir() and (path / "corpus.jsonl").is_file()) or (path.suffix.lower() == ".jsonl"
+                                                                  and existing_file(path, "corpus")):
         docs = [Document(i, d["title"], d["text"]) for i, d in read_corpus(path).items()]
     elif path.is_dir():
         docs = _read_folder(path)
         if not docs:
             raise BertkitError(f"{path} holds no corpus.jsonl and no .txt files: pass a BEIR folder, a corpus.jsonl, "
                                "a TSV (id, title, text) or a folder of .txt files")
-    elif path.suffix.lower() == ".jsonl":
-        existing_file(path, "corpus")
-        docs = [Document(i, d["title"], d["text"]) for i, d in read_corpus_file(path).items()]
     elif path.suffix.lower() == ".tsv":
         docs = _read_tsv(existing_file(path, "corpus"))
     else:
@@ -116,14 +114,6 @@ def read_documents(path) -> list[Document]:
             raise BertkitError(f"corpus {path}: document id {d.id!r} appears twice; ids must be unique")
         seen.add(d.id)
     return docs
-
-
-def read_corpus_file(path: Path) -> dict[str, dict]:
-    """A BEIR corpus under any file name, with beir's checks (its read_corpus takes only the folder)."""
-    if path.name == "corpus.jsonl":
-        return read_corpus(path.parent)
-    rows = _read_jsonl(path, ("_id", "text"), "corpus")
-    return {str(r["_id"]): {"title": str(r.get("title") or ""), "text": str(r["text"])} for r in rows}
 
 
 # --- cutting --------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.features import run_batch, whitespace_spans
+from bertkit.finetune.rerank import score
 from bertkit.loading import Loaded, load
 from bertkit.pooling import pool_sentence, resolve_layers
 from bertkit.serve.batching import plan_batches
@@ -217,9 +218,7 @@ class TaskModel:
         return out
 
     def rerank_score(self, prediction: dict) -> float:
-        if self.task == "regression":
-            return float(prediction["score"])
-        return float(prediction["probabilities"][self.labels[1]])
+        return score(prediction, self.loaded)
 
     def warm_up(self) -> None:
         from bertkit.finetune.predict import predict
