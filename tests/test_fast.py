@@ -1,8 +1,8 @@
 """bertkit.fast: the oneDNN route computes what F.linear computes, forward and backward;
-an accelerated model computes what the plain model computes; CPU features, devices, dtypes."""
+an accelerated model computes what the plain model computes; each CPU rule with the CPU's flags
+or vendor mocked."""
 
 import dataclasses
-import warnings
 
 import pytest
 import torch

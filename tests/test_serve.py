@@ -307,6 +307,48 @@ def test_openai_shape_and_base64(servers, dirs):
     assert status == 422 and "empty" in body["error"]["message"] and body["error"]["code"] == 422
 
 
+def test_dimensions_need_matryoshka_dimensions_in_the_model(servers):
+    port = servers["main"].port
+    for path, field in (("/v1/embeddings", "input"), ("/embed", "inputs")):
+        status, _, body = post(port, path, {field: "x", "dimensions": 16})
+        message = body["error"]["message"] if path.startswith("/v1") else body["error"]
+        assert status == 422 and "gives 32 and records no Matryoshka dimensions" in message, body
+        assert post(port, path, {field: "x", "dimensions": 32})[0] == 200  # the full size is always fine
+    status, _, body = post(port, "/search", {"query": "x"})  # no --index: no /search
+    assert status == 400 and "--index INDEX" in body["error"]
+
+
+# --- tokens ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("server", ["main", "pair"])
+def test_tokenize_answers_as_tei_from_the_models_tokenizer(servers, dirs, server):
+    from bertkit.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(dirs["encoder" if server == "main" else "pair"])
+    texts = ["Naïve café-goers, unaffable!", "The cat sat."]
+    for special in (True, False):
+        status, _, answer = post(servers[server].port, "/tokenize", {"inputs": texts, "add_special_tokens": special})
+        assert status == 200 and len(answer) == 2
+        for text, tokens in zip(texts, answer):
+            enc = tok.encode(text, truncation=False, add_special_tokens=special)
+            assert [t["id"] for t in tokens] == enc.input_ids
+            assert [t["special"] for t in tokens] == [bool(m) for m in enc.special_tokens_mask]
+            for t, token in zip(tokens, enc.tokens):
+                if t["special"]:
+                    assert t["text"] == token and t["start"] is None and t["stop"] is None
+                else:  # TEI's offsets: UTF-8 bytes of the input
+                    assert text.encode()[t["start"] : t["stop"]].decode() == t["text"]
+    status, _, answer = post(servers[server].port, "/tokenize", {"inputs": "naïve x"})
+    if server == "main":  # the real uncased vocabulary, checked by hand: "ï" takes two bytes
+        assert answer == [[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
+                           {"id": tok.vocab["naive"], "text": "naïve", "special": False, "start": 0, "stop": 6},
+                           {"id": tok.vocab["x"], "text": "x", "special": False, "start": 7, "stop": 8},
+                           {"id": 102, "text": "[SEP]", "special": True, "start": None, "stop": None}]]
+    status, _, body = post(servers[server].port, "/tokenize", {"inputs": "x", "add_special_tokens": 1})
+    assert status == 422 and "`add_special_tokens` must be true or false" in body["error"]
+
+
 # --- predictions and reranking -----------------------------------------------------------------
 
 

@@ -31,15 +31,24 @@ def add_evaluate(sub):
         description="Embed the corpus (title and text joined) and the split's queries, rank the corpus for each "
         "query by exact cosine similarity, and score the ranking against the qrels as trec_eval does. DIR holds "
         "corpus.jsonl, queries.jsonl and qrels/<split>.tsv (the BEIR layout). --bm25 adds a BM25 baseline "
-        "(bm25s: Lucene idf, k1 1.5, b 0.75, English stop words, no stemming) to the same table.",
+        "(bm25s: Lucene idf, k1 1.5, b 0.75, English stop words, no stemming) to the same table. --index "
+        "evaluates through an index of DIR's corpus (bertkit index) as bertkit search and bertkit serve's /search "
+        "answer: passages, a document scored by its best passage, --ann's graph, --rerank's cross-encoder.",
         epilog="examples:\n  bertkit evaluate retrieval data/scifact --split test --output scifact.json\n"
-        "  bertkit evaluate retrieval data/scifact --model runs/embed --bm25",
+        "  bertkit evaluate retrieval data/scifact --model runs/embed --bm25\n"
+        "  bertkit evaluate retrieval data/scifact --index scifact.index --rerank runs/cross --rerank-top 100",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("directory", metavar="DIR", help="a BEIR folder: corpus.jsonl, queries.jsonl, qrels/")
     r.add_argument("--split", default="test", help="which qrels/<split>.tsv to evaluate (default test)")
     _model_flags(r)
     r.add_argument("--bm25", action="store_true", help="also rank with BM25 (needs: pip install 'bertkit[search]')")
+    r.add_argument("--index", metavar="INDEX", help="rank through this index of DIR's corpus (bertkit index), as "
+                   "bertkit search does; the model is the index's")
+    r.add_argument("--ann", action="store_true", help="with --index: through its HNSW graph (bertkit index --ann)")
+    r.add_argument("--rerank", metavar="MODEL", help="with --index: a cross-encoder re-scoring each answer's best "
+                   "--rerank-top documents (bertkit finetune regression, or pair with two labels)")
+    r.add_argument("--rerank-top", type=int, default=50, help="documents the cross-encoder re-scores (default 50)")
     r.add_argument("--output", help="write the figures as JSON here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(handler=run_evaluate_retrieval)
@@ -62,21 +71,36 @@ def _write(result: dict, output) -> None:
 
 
 def _table(result: dict) -> str:
-    rows = [("model", result)] + ([("BM25", result["bm25"])] if "bm25" in result else [])
+    rows = [("model" if "index" not in result else "index" + (" + rerank" if result["index"]["rerank"] else ""),
+             result)] + ([("BM25", result["bm25"])] if "bm25" in result else [])
     lines = ["| ranker | " + " | ".join(MEASURE_LABELS) + " |", "|---" * (len(MEASURE_LABELS) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{figures[m]:.4f}" for m in MEASURE_LABELS) + " |" for name, figures in rows]
     return "\n".join(lines)
 
 
 def run_evaluate_retrieval(args):
+    from functools import partial
+
+    from bertkit.errors import BertkitError
+    from bertkit.finetune.rerank import rerank, reranker
     from bertkit.retrieval.evaluation import evaluate_retrieval
 
+    if args.index is None and (args.rerank or args.ann):
+        raise BertkitError(f"--{'rerank' if args.rerank else 'ann'} needs --index INDEX: it re-orders an index's answers")
+    if args.rerank_top < 1:
+        raise BertkitError(f"--rerank-top must be at least 1, got {args.rerank_top}")
+    cross = reranker(args.rerank, dtype=args.dtype) if args.rerank else None  # refused before any search
     result = evaluate_retrieval(args.model, args.directory, args.split, batch_size=args.batch_size,
                                 max_length=args.max_length, dtype=args.dtype, bm25=args.bm25,
-                                progress=not args.quiet)
+                                progress=not args.quiet, index=args.index, ann=args.ann,
+                                rerank=None if cross is None else partial(rerank, cross, top=args.rerank_top,
+                                                                        batch_size=args.batch_size),
+                                rerank_top=args.rerank_top, rerank_model=args.rerank)
     _write(result, args.output)
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents; "
-          f"{result['model']} ({result['precision']}, max length {result['max_length']}, {result['pooling']} pooling)")
+          f"{result['model']} ({result['precision']}, max length {result['max_length']}, {result['pooling']} pooling)"
+          + (f"; through {args.index}{' (HNSW)' if args.ann else ''}" if args.index else "")
+          + (f", top {args.rerank_top} reranked by {args.rerank}" if args.rerank else ""))
     print(_table(result))
 
 

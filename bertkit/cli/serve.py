@@ -12,11 +12,12 @@ def add_serve(sub):
         help="serve a model over HTTP: embeddings (OpenAI and TEI APIs), predictions, reranking",
         description="Serve MODEL_DIR (an encoder, or a `bertkit finetune` output; default: the embedded "
         "all-MiniLM-L6-v2) on HTTP with dynamic batching: requests are queued (bounded), packed by token "
-        "budget and answered each with its own rows. Endpoints: POST /v1/embeddings /embed /predict /rerank, "
-        "GET /health /info /metrics. SIGTERM answers every accepted request, then exits 0.",
+        "budget and answered each with its own rows. Endpoints: POST /v1/embeddings /embed /predict /rerank "
+        "/tokenize, /search with --index, GET /health /info /metrics. SIGTERM answers every accepted request, then exits 0.",
         epilog="examples:\n  bertkit serve\n"
         "  curl -s localhost:8080/embed -H 'Content-Type: application/json' -d '{\"inputs\": \"Hello!\"}'\n"
-        "  bertkit serve runs/sst2 --port 9000 --api-key s3cret --max-batch-tokens 8192",
+        "  bertkit serve runs/sst2 --port 9000 --api-key s3cret --max-batch-tokens 8192\n"
+        "  bertkit serve --index scifact.index --rerank runs/cross-encoder",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p, ServeConfig)

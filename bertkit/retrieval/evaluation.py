@@ -8,6 +8,15 @@ rank the corpus for each query by exact cosine (`bertkit.retrieval.exact`, top
 With `bm25=True` the same split is also ranked by BM25 (`bertkit.retrieval.bm25`)
 and its figures are reported under "bm25", for the same table.
 
+Through an index (`index=`: a folder written by `bertkit index` from the same
+corpus): the queries are answered as `bertkit search` and the server's /search
+answer them (`bertkit.retrieval.search`: passages, a document scored by its best
+passage, the HNSW graph with `ann=True`), and `rerank`, a function (query, hits)
+-> hits such as `bertkit.finetune.rerank.rerank` bound to a cross-encoder (the
+layer above hands it in), re-orders each answer. The run keeps the cosine scores;
+a reranked answer mixes cross-encoder and cosine scores, so its run scores each
+document by its place instead (depth - rank): trec_eval then ranks as served.
+
 STS (SemEval STS benchmark; sentence-transformers' `EmbeddingSimilarityEvaluator`):
 the cosine of each pair's two sentence vectors, correlated with the gold scores:
 Spearman (the figure papers report) and Pearson.
@@ -22,6 +31,7 @@ import csv
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.finetune.metrics import pearson, spearman
@@ -29,7 +39,9 @@ from bertkit.retrieval.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
 from bertkit.retrieval.encoding import encode, load_encoder
 from bertkit.retrieval.exact import top_k
+from bertkit.retrieval.index import open_index
 from bertkit.retrieval.metrics import DEFAULT_MEASURES, evaluate_run
+from bertkit.retrieval.search import search
 from bertkit.textfiles import existing_file, open_text
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
@@ -43,20 +55,73 @@ def dense_run(query_vectors: np.ndarray, query_ids: list, doc_vectors: np.ndarra
     return {q: {doc_ids[r]: float(s) for r, s in zip(rows[i], scores[i])} for i, q in enumerate(query_ids)}
 
 
+def served_run(query_ids: list, answers: list, ranked: bool = False) -> dict[str, dict[str, float]]:
+    """query id -> {doc id: score} of search answers (per query, best-first Hits); ranked: score each
+    document by its place (depth - rank) instead of its own score (see the module docstring)."""
+    return {q: {h.doc_id: float(len(hits) - rank) if ranked else float(h.score) for rank, h in enumerate(hits)}
+            for q, hits in zip(query_ids, answers)}
+
+
 def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch_size: int = 32,
                        max_length: int | None = None, dtype: str = "float32", bm25: bool = False,
-                       measures=DEFAULT_MEASURES, progress: bool = True) -> dict:
+                       measures=DEFAULT_MEASURES, progress: bool = True, index=None, ann: bool = False,
+                       rerank=None, rerank_top: int = 50, rerank_model: str | None = None) -> dict:
     """Retrieval figures of `model` on a BEIR folder's `split` (see the module docstring).
 
     Returns {"ndcg@10": ..., "mrr@10", "map@100", "recall@10", "recall@100", "model", "precision",
     "max_length", "split", "dataset", "queries", "documents", "encode_seconds"} and, with bm25=True,
     "bm25": {the same measures, "k1", "b"}.
+    index: an index folder of the corpus, searched as served (the model: the index's; `max_length`
+    does not apply); ann: through its HNSW graph; rerank: (query, hits) -> hits re-scoring the best
+    `rerank_top` (the cross-encoder `rerank_model`, for the record). The result then also has "index"
+    and "search_seconds".
     """
     if directory is None:
         raise BertkitError("evaluate_retrieval needs a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
     data = load_beir(directory, split)  # read and checked before the model loads
     if bm25:
         require_bm25s()  # a missing package is said before the corpus is embedded, not after
+    if index is not None:
+        if max_length is not None:
+            raise BertkitError("--max-length does not apply with --index: queries are cut where the index's "
+                               "passages were")
+        result = _evaluate_index(open_index(index), data, model, batch_size, dtype, measures, progress, ann,
+                                 rerank, rerank_top, rerank_model)
+    else:
+        result = _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress)
+    result["split"] = split
+    if bm25:
+        documents = {d: document_text(data.corpus[d]) for d in data.corpus}
+        lexical_run = bm25_run(documents, data.queries, RUN_DEPTH, progress=progress)
+        result["bm25"] = {**evaluate_run(data.qrels, lexical_run, measures), "k1": K1, "b": B,
+                          "stopwords": STOPWORDS, "stemmer": None}
+    return result
+
+
+def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, ann, rerank, rerank_top,
+                    rerank_model) -> dict:
+    query_ids = list(data.queries)
+    texts = [data.queries[q] for q in query_ids]
+    depth = RUN_DEPTH if rerank is None else max(RUN_DEPTH, rerank_top)
+    started = time.perf_counter()
+    answers = search(index, texts, depth, model=model, dtype=dtype, batch_size=batch_size, ann=ann)
+    if rerank is not None:
+        answers = [rerank(q, hits) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank", unit="query",
+                                                       disable=not progress)]
+    seconds = time.perf_counter() - started
+    run = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=rerank is not None)
+    made = index.info["model"]
+    return {**evaluate_run(data.qrels, run, measures), "model": made["directory"], "precision": dtype,
+            "max_length": made["max_length"], "pooling": made["pooling"], "dataset": str(data.directory),
+            "queries": len(query_ids), "documents": len(data.corpus),
+            "index": {"directory": str(index.directory), "passages": index.info["passages"],
+                      "documents": index.info["documents"], "passage_tokens": index.info["passage_tokens"],
+                      "precision": made["precision"], "ann": ann,
+                      "rerank": None if rerank is None else {"model": rerank_model, "top": rerank_top}},
+            "search_seconds": round(seconds, 2)}
+
+
+def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress) -> dict:
     loaded, settings = load_encoder(model, max_length, dtype)
     doc_ids, query_ids = list(data.corpus), list(data.queries)
     started = time.perf_counter()
@@ -65,16 +130,10 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size)
     seconds = time.perf_counter() - started
     run = dense_run(query_vectors, query_ids, doc_vectors, doc_ids)
-    result = {**evaluate_run(data.qrels, run, measures), "model": settings.model, "precision": settings.dtype,
-              "max_length": settings.max_length, "pooling": settings.pooling, "split": split,
-              "dataset": str(data.directory), "queries": len(query_ids), "documents": len(doc_ids),
-              "encode_seconds": round(seconds, 2)}
-    if bm25:
-        documents = {d: document_text(data.corpus[d]) for d in doc_ids}
-        lexical_run = bm25_run(documents, data.queries, RUN_DEPTH, progress=progress)
-        result["bm25"] = {**evaluate_run(data.qrels, lexical_run, measures), "k1": K1, "b": B,
-                          "stopwords": STOPWORDS, "stemmer": None}
-    return result
+    return {**evaluate_run(data.qrels, run, measures), "model": settings.model, "precision": settings.dtype,
+            "max_length": settings.max_length, "pooling": settings.pooling,
+            "dataset": str(data.directory), "queries": len(query_ids), "documents": len(doc_ids),
+            "encode_seconds": round(seconds, 2)}
 
 
 def read_sts(path) -> list[tuple[str, str, float]]:

@@ -142,5 +142,12 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
         queries = [queries]
     loaded = query_encoder(index.info, model, device, dtype)
     vectors = embed_queries(index.info, loaded, list(queries), batch_size)
-    rows, scores = best_documents(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search)
+    return search_vectors(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search)
+
+
+def search_vectors(index: Index, query_vectors: np.ndarray, k: int = 10, *, block_size: int = DEFAULT_BLOCK,
+                   ann: bool = False, ef_search: int | None = None) -> list[list[Hit]]:
+    """`search` for queries already embedded (unit vectors [Q, D], as `embed_queries` makes them):
+    what a server calls once its own batching has embedded the queries."""
+    rows, scores = best_documents(index, query_vectors, k, block_size=block_size, ann=ann, ef_search=ef_search)
     return [_hits(index, r, s) for r, s in zip(rows, scores)]

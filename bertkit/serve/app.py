@@ -9,6 +9,15 @@ Endpoints (JSON in, JSON out):
                          as OpenAI's are; errors as {"error": {"message", "type", "code"}}
     POST /embed          text-embeddings-inference's shape: {"inputs": str | [str],
                          "normalize": true, "truncate": true} -> [[float, ...], ...]
+                         Both take "dimensions" for a Matryoshka-trained model (its layout's
+                         matryoshka_dims): the leading ones, renormalised (/embed: if normalize)
+    POST /tokenize       TEI's: {"inputs": str | [str], "add_special_tokens": true} -> per input
+                         [{"id", "text", "special", "start", "stop"}] (UTF-8 byte offsets, null
+                         for special tokens)
+    POST /search         with --index: {"query": str | [str], "k": 10, "rerank": false} -> per query
+                         a best-first [{"id", "doc_id", "score", "text"}], `bertkit search --json`'s
+                         answer; the query vectors are batched with the embeddings, the
+                         scans of the index across requests (`ScanQueue`)
 
 A text longer than the input limit (the model's sentence-transformers max_seq_length,
 or --max-input-length) is truncated there, as TEI does by default; a request that sets
@@ -61,15 +70,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bertkit import __version__
-from bertkit.pooling import l2_normalize
 from bertkit.serve.batching import Engine, QueueFull
-from bertkit.serve.runner import Encoder, InputError, Query, check_text
+from bertkit.serve.runner import Encoder, InputError, Query, check_text, leading, load_searcher, token_list
 
 log = logging.getLogger("bertkit.serve")
 
 KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
          413: "too_large", 422: "validation", 429: "overloaded", 500: "backend", 503: "unavailable"}
 RETRY_AFTER_S = 1
+MAX_K = 1000  # /search: documents per query
 # a refused body is read and dropped up to this much, for this long, before the answer (`discard_body`)
 LINGER_BYTES = 64 * 1024 * 1024
 LINGER_S = 30.0  # nginx's lingering_time
@@ -103,6 +112,8 @@ class Service:
     settings: object
     metrics: object
     engine: Engine
+    searcher: object = None  # a runner.Searcher with --index
+    scans: object = None  # its ScanQueue
 
     @property
     def is_encoder(self) -> bool:
@@ -304,15 +315,13 @@ async def openai_embeddings(request):
     fmt = data.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise InputError(f"`encoding_format` must be \"float\" or \"base64\", got {json.dumps(fmt)}")
-    dims = data.get("dimensions")
-    if dims is not None and dims != runner.dim:
-        raise InputError(f"`dimensions` {json.dumps(dims)} is not available: this model gives {runner.dim}")
+    dims = runner.check_dimensions(data.get("dimensions"))
     if "model" in data and not isinstance(data["model"], (str, type(None))):
         raise InputError("`model` must be a string")
     rows = runner.encode(texts, truncate=flag_field(data, "truncate", True))
     costs = [len(r.input_ids) for r in rows]
     tokens = sum(costs)
-    vectors = normalized(await run(request, rows, costs))
+    vectors = leading(await run(request, rows, costs), dims, normalize=True)
     items = [{"object": "embedding", "index": i,
               "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v}
              for i, v in enumerate(vectors)]
@@ -327,11 +336,90 @@ async def tei_embed(request):
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "inputs")
     normalize = flag_field(data, "normalize", svc.runner.normalize)
+    dims = svc.runner.check_dimensions(data.get("dimensions"))
     rows = svc.runner.encode(texts, truncate=flag_field(data, "truncate", True))
     vectors = await run(request, rows, [len(r.input_ids) for r in rows])
-    if normalize:
-        vectors = normalized(vectors)
-    return JSONResponse(vectors), len(texts)
+    return JSONResponse(leading(vectors, dims, normalize)), len(texts)
+
+
+async def tokenize(request):
+    svc = service(request)
+    data = await read_json(request, svc.settings.max_body_bytes)
+    texts = texts_field(data, "inputs")
+    special = flag_field(data, "add_special_tokens", True)
+    return JSONResponse([token_list(svc.runner.tok, t, special) for t in texts]), len(texts)
+
+
+class ScanQueue:
+    """/search's scans of the index, gathered across requests.
+
+    A scan reads every vector of the index once whatever the number of queries
+    (8 ms for 1 query and for 8 on SciFact's 11,212 x 384, memory-bound), so
+    while one scan runs on its thread, the queries that arrive wait and go
+    together into the next: the gathering of `bertkit.serve.batching` without a
+    window (an idle server scans at once). Each request then takes its own rows.
+    """
+
+    def __init__(self, searcher):
+        self.searcher = searcher
+        self.waiting = []  # (vectors [Q, D], depth, future)
+        self.busy = False
+
+    async def scan(self, vectors: np.ndarray, depth: int) -> list:
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((vectors, depth, future))
+        if not self.busy:
+            self.busy = True
+            asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting, []
+                vectors = np.concatenate([v for v, _, _ in batch])
+                depths = [depth for v, depth, _ in batch for _ in range(len(v))]
+                try:
+                    answers = await asyncio.to_thread(self.searcher.scan, vectors, depths)
+                except Exception as err:  # every request of the scan gets the error (answered as a 500)
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(err)
+                    continue
+                start = 0
+                for v, _, future in batch:
+                    if not future.done():  # not cancelled
+                        future.set_result(answers[start : start + len(v)])
+                    start += len(v)
+        finally:
+            self.busy = False
+
+
+def k_field(data: dict) -> int:
+    k = data.get("k", 10)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise InputError(f"`k` must be a whole number from 1 to {MAX_K}, got {json.dumps(k)}")
+    return k
+
+
+async def search(request):
+    svc = service(request)
+    searcher = svc.searcher
+    if searcher is None:
+        raise ApiError(400, "/search needs an index: start the server with --index INDEX (a folder written by "
+                            "bertkit index with this model)")
+    data = await read_json(request, svc.settings.max_body_bytes)
+    queries = texts_field(data, "query")
+    k = k_field(data)
+    rerank_them = flag_field(data, "rerank", False)
+    if rerank_them and searcher.cross is None:
+        raise InputError("`rerank`: true needs a cross-encoder: start the server with --rerank MODEL")
+    rows = svc.runner.encode(queries, truncate=True, max_length=searcher.max_length)
+    vectors = np.stack(leading(await run(request, rows, [len(r.input_ids) for r in rows]), None, normalize=True))
+    answers = await svc.scans.scan(vectors, searcher.depth(k, rerank_them))
+    if rerank_them:  # off the event loop: torch releases the GIL
+        answers = await asyncio.to_thread(searcher.rerank, queries, answers)
+    return JSONResponse([[h.to_dict() for h in hits[:k]] for hits in answers]), len(queries)
 
 
 async def predict(request):
@@ -377,6 +465,9 @@ async def info(request):
                          ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes",
                           "workers", "threads")},
             "auth": settings.api_key is not None}
+    if svc.searcher is not None:
+        body["index"] = svc.searcher.info()
+        body["endpoints"] = [*body["endpoints"], "/search"]
     return JSONResponse(body), 0
 
 
@@ -395,6 +486,8 @@ ROUTES = [
     ("/embed", tei_embed, "POST", {}),
     ("/predict", predict, "POST", {}),
     ("/rerank", rerank, "POST", {}),
+    ("/tokenize", tokenize, "POST", {}),
+    ("/search", search, "POST", {}),
     ("/health", health, "GET", {"keyed": False}),
     ("/info", info, "GET", {}),
     ("/metrics", metrics_text, "GET", {}),
@@ -413,6 +506,7 @@ async def lifespan(app):
 
 def create_app(runner, settings, metrics) -> Starlette:
     """The Starlette app serving `runner` with `settings` (a ServeConfig); the engine lives in its lifespan."""
+    searcher = load_searcher(settings, runner)  # before the port opens: a wrong index is one line at start-up
     engine = Engine(runner, max_queue=settings.max_queue, max_batch_tokens=settings.max_batch_tokens,
                     max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
                     workers=settings.workers or 1, on_depth=metrics.set_in_flight)
@@ -420,13 +514,9 @@ def create_app(runner, settings, metrics) -> Starlette:
     routes = [Route(path, endpoint(path, handler, **options), methods=[method])
               for path, handler, method, options in ROUTES]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
-    app.state.service = Service(runner, settings, metrics, engine)
+    app.state.service = Service(runner, settings, metrics, engine, searcher,
+                                None if searcher is None else ScanQueue(searcher))
     return app
-
-
-def normalized(vectors) -> list:
-    """Each vector divided by its L2 norm, one at a time as bertkit.embed does (bit-identical to it)."""
-    return [l2_normalize(v) for v in vectors]
 
 
 async def _disconnected(request) -> None:

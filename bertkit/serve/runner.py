@@ -15,6 +15,16 @@ the event loop, so a bad request is refused before it reaches a batch) and
 `run_jobs` (answers a pass over parts of requests at once, on a worker thread;
 see `bertkit.serve.batching`).
 
+Beside the Encoder, `--index` loads a `Searcher` for /search: the index folder
+(`bertkit.retrieval.index`, checked against the served model the way `bertkit
+search` checks it) and, with `--rerank`, a cross-encoder
+(`bertkit.finetune.rerank`). Query vectors are Encoder rows like any others, so
+they share the embeddings' batches; the scan and the reranking are the library's
+own (`bertkit.retrieval.search.search_vectors`, `bertkit.finetune.rerank.rerank`).
+
+`token_list` answers /tokenize: text-embeddings-inference's shape, whose start
+and stop are UTF-8 byte offsets (its tokenizer is Rust's).
+
 The Encoder's forward pass and pooling are `bertkit.features`' own
 (`run_batch`, `pool_sentence`: same padding, layer combination and pooling,
 float32 numpy, mean over every real token) run on rows that are already
@@ -26,15 +36,18 @@ text-embeddings-inference does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.features import run_batch, whitespace_spans
-from bertkit.finetune.rerank import score
+from bertkit.finetune.rerank import rerank, reranker, score
 from bertkit.loading import Loaded, load
-from bertkit.pooling import pool_sentence, resolve_layers
+from bertkit.pooling import l2_normalize, pool_sentence, resolve_layers
+from bertkit.retrieval.index import Index, check_model, open_index
+from bertkit.retrieval.search import search_vectors
 from bertkit.serve.batching import plan_batches
 
 
@@ -102,6 +115,7 @@ class Encoder:
     def __init__(self, loaded: Loaded, settings, name: str):
         model, options = loaded.model, settings.embedding
         self.model, self.tok, self.name, self.precision = model.eval(), loaded.tokenizer, name, loaded.precision
+        self.loaded = loaded
         self.layers = resolve_layers(options.layers, model.config.num_hidden_layers, options.combine)
         self.pooling = options.pooling or loaded.pooling
         self.normalize = True if options.normalize is None else options.normalize  # /embed's default: TEI's
@@ -109,22 +123,43 @@ class Encoder:
         tok = loaded.tokenizer
         self.max_batch_tokens, self.max_batch_size = settings.max_batch_tokens, settings.max_batch_size
         self.dim = self.layers.dim(model.config.hidden_size)
+        # the leading dimensions a Matryoshka loss trained (sentence_layout's matryoshka_dims), largest first
+        self.matryoshka = [d for d in (loaded.layout.dimensions or []) if d < self.dim] \
+            if loaded.layout is not None and options.layers == "last" and options.combine is None else []
         self.pad_id = getattr(tok, "pad_token_id", 0) or 0
         self.on_batch = None  # metrics hook: (rows, padded tokens, real tokens)
 
     def info(self) -> dict:
-        return {"task": "embed", "dimensions": self.dim, "pooling": self.pooling, "normalize": self.normalize,
+        return {"task": "embed", "dimensions": self.dim, "matryoshka_dimensions": self.matryoshka,
+                "pooling": self.pooling, "normalize": self.normalize,
                 "layers": list(self.layers.indices), "combine": self.layers.combine,
-                "endpoints": ["/v1/embeddings", "/embed"]}
+                "endpoints": ["/v1/embeddings", "/embed", "/tokenize"]}
 
-    def encode(self, texts: list, truncate: bool) -> list:
-        """Rows for a request's texts; over-long texts are cut (truncate) or refused with 413."""
+    def check_dimensions(self, dims) -> int | None:
+        """A request's `dimensions`: None, the full size, or one of the Matryoshka dimensions."""
+        if dims is None or (dims == self.dim and not isinstance(dims, bool)):
+            return None
+        if isinstance(dims, bool) or not isinstance(dims, int):
+            raise InputError(f"`dimensions` must be a whole number, got {_json_type(dims)}")
+        if not self.matryoshka:
+            raise InputError(f"`dimensions` {dims} is not available: this model gives {self.dim} and records no "
+                             "Matryoshka dimensions (matryoshka_dims in config_sentence_transformers.json, written "
+                             "by bertkit finetune embed with a Matryoshka loss)")
+        if dims not in self.matryoshka:
+            shown = ", ".join(map(str, [self.dim, *self.matryoshka]))
+            raise InputError(f"`dimensions` {dims} is not available: this model was trained for {shown}")
+        return dims
+
+    def encode(self, texts: list, truncate: bool, max_length: int | None = None) -> list:
+        """Rows for a request's texts; over-long texts are cut (truncate) or refused with 413.
+        max_length: another limit than the server's (an index's queries are cut where its passages were)."""
+        limit = max_length or self.max_length
         rows = []
         for i, text in enumerate(texts):
-            enc = self.tok.encode(text, max_length=self.max_length, truncation=truncate)
-            if len(enc.input_ids) > self.max_length:
+            enc = self.tok.encode(text, max_length=limit, truncation=truncate)
+            if len(enc.input_ids) > limit:
                 raise InputError(
-                    f"input {i} has {len(enc.input_ids)} tokens, over the limit of {self.max_length} "
+                    f"input {i} has {len(enc.input_ids)} tokens, over the limit of {limit} "
                     "(--max-input-length): shorten it, or leave truncate at true", status=413)
             if len(enc.input_ids) <= 2:
                 raise InputError(f"input {i} yields no tokens: it holds only characters BERT drops")
@@ -153,6 +188,87 @@ class Encoder:
         self.forward(self.encode(["warm up"], truncate=True))
 
 
+def leading(vectors: list, dims: int | None, normalize: bool) -> list:
+    """Each vector cut to its leading `dims` (None: whole), then L2-normalised if asked: Matryoshka's
+    truncate-then-renormalise (Kusupati et al. 2022; sentence-transformers' truncate_dim)."""
+    cut = vectors if dims is None else [v[:dims] for v in vectors]
+    return [l2_normalize(v) for v in cut] if normalize else cut
+
+
+# --- tokens -------------------------------------------------------------------------
+
+
+def token_list(tok, text: str, add_special_tokens: bool) -> list:
+    """/tokenize's answer for one text, as text-embeddings-inference gives it: per token its id, its text
+    (the input's own characters; a special token's name), whether it is special, and its start and stop
+    as UTF-8 byte offsets into the text (null for special tokens). Not truncated."""
+    enc = tok.encode(text, truncation=False, add_special_tokens=add_special_tokens)
+    byte_at = [0]  # byte offset of each character, and of the end
+    for ch in text:
+        byte_at.append(byte_at[-1] + len(ch.encode("utf-8", "surrogatepass")))
+    special = enc.special_tokens_mask or [0] * len(enc.input_ids)
+    out = []
+    for token_id, token, (a, b), is_special in zip(enc.input_ids, enc.tokens, enc.offsets, special):
+        if is_special:
+            out.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+        else:
+            out.append({"id": token_id, "text": text[a:b], "special": False, "start": byte_at[a], "stop": byte_at[b]})
+    return out
+
+
+# --- search -------------------------------------------------------------------------
+
+
+@dataclass
+class Searcher:
+    """What /search needs beside the Encoder: the index, the query length its passages were cut at,
+    and the --rerank cross-encoder (one pass at a time, outside the embeddings' batching)."""
+
+    index: Index
+    max_length: int
+    cross: Loaded | None = None
+    rerank_top: int = 50
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def info(self) -> dict:
+        made = self.index.info
+        return {"directory": str(self.index.directory), "passages": made["passages"], "documents": made["documents"],
+                "rerank": None if self.cross is None else str(self.cross.directory), "rerank_top": self.rerank_top}
+
+    def depth(self, k: int, rerank_them: bool) -> int:
+        """Documents to find for an answer of k: the cross-encoder re-scores the best rerank_top."""
+        return max(k, self.rerank_top) if rerank_them else k
+
+    def scan(self, vectors: np.ndarray, depths: list) -> list:
+        """Per query vector [Q, D], its best `depths[i]` documents (Hits): one scan of the index for all
+        of them (the deepest answer's prefixes are the shallower ones: documents rank by best passage)."""
+        answers = search_vectors(self.index, vectors, max(depths))
+        return [hits[:depth] for hits, depth in zip(answers, depths)]
+
+    def rerank(self, queries: list, answers: list) -> list:
+        """Each answer's best rerank_top re-scored by the cross-encoder, as `bertkit search --rerank` does."""
+        with self.lock:
+            return [rerank(self.cross, q, hits, self.rerank_top) for q, hits in zip(queries, answers)]
+
+
+def load_searcher(settings, runner) -> Searcher | None:
+    """The --index folder (and --rerank model) for `runner`; refused at start-up, in one line, when the
+    index was made by another model or pooling."""
+    if settings.index is None:
+        return None
+    if not isinstance(runner, Encoder):
+        raise BertkitError(f"--index needs the encoder that made the index; {settings.model} is a fine-tuned "
+                           f"{runner.task} model")
+    index = open_index(settings.index)
+    check_model(index.info, runner.loaded)
+    made = index.info["model"]
+    if runner.pooling != made["pooling"]:
+        raise BertkitError(f"--pooling {runner.pooling}: the index {settings.index} was made with {made['pooling']} "
+                           "pooling; leave out --pooling, or build the index with this pooling")
+    cross = reranker(settings.rerank, dtype=settings.dtype) if settings.rerank else None
+    return Searcher(index, int(made["max_length"]), cross, settings.rerank_top)
+
+
 # --- fine-tuned models ----------------------------------------------------------------
 
 
@@ -169,6 +285,7 @@ class TaskModel:
 
     def __init__(self, loaded: Loaded, settings, name: str):
         self.model_dir, self.loaded, self.name, self.precision = loaded.directory, loaded, name, loaded.precision
+        self.tok = loaded.tokenizer
         model, info = loaded.model, loaded.info
         self.info_ = info
         self.task = info["task"]
@@ -181,7 +298,7 @@ class TaskModel:
 
     def info(self) -> dict:
         out = {"task": self.task, "labels": self.labels, "pairs": self.pairs,
-               "endpoints": ["/predict"] + (["/rerank"] if self.can_rerank() else [])}
+               "endpoints": ["/predict"] + (["/rerank"] if self.can_rerank() else []) + ["/tokenize"]}
         if self.task == "ner":
             out["tag_scheme"] = self.info_.get("tag_scheme")
         return out

@@ -86,6 +86,7 @@ def serve(settings, log=None) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     what = f"{runner.dim}-dimensional embeddings" if runner.task == "embed" else f"a {runner.task} model"
+    what += f", /search over {settings.index}" if settings.index else ""
     log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
         f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
         f"queue {settings.max_queue}, {workers} worker(s) x {threads} thread(s)"

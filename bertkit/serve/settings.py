@@ -54,6 +54,13 @@ class ServeConfig:
         "quantized per batch, so a text's numbers then vary slightly with its batch (docs/deployment.md)"})
     served_model_name: str | None = field(default=None, metadata={
         "help": "the name /info and /v1/embeddings report (default: the model directory's name)"})
+    index: str | None = field(default=None, metadata={
+        "help": "an index folder written by `bertkit index` with this model: adds POST /search "
+        "(the query vectors are batched with the embeddings traffic; an index made by another model is refused)"})
+    rerank: str | None = field(default=None, metadata={
+        "help": "with --index: a cross-encoder (`bertkit finetune regression`, or pair with two "
+        "labels) that re-scores a /search answer's best --rerank-top documents when the request sets rerank: true"})
+    rerank_top: int = field(default=50, metadata={"help": "documents the --rerank cross-encoder re-scores per query"})
 
     def validate(self) -> "ServeConfig":
         positive = ("max_batch_tokens", "max_batch_size", "max_queue", "max_body_bytes")
@@ -70,6 +77,14 @@ class ServeConfig:
         if self.embedding.pooling not in (None, *SENTENCE_POOLINGS):
             raise BertkitError(f"--pooling {self.embedding.pooling} gives no sentence vector: the server answers one "
                                f"vector per text ({', '.join(SENTENCE_POOLINGS)})")
+        if self.rerank_top < 1:
+            raise BertkitError(f"--rerank-top must be at least 1, got {self.rerank_top}")
+        if self.rerank is not None and self.index is None:
+            raise BertkitError("--rerank re-scores /search answers: give --index INDEX too")
+        if self.index is not None and (self.embedding.layers != "last" or self.embedding.combine is not None):
+            raise BertkitError(f"--index: the index's vectors come from the last layer; leave out --layers "
+                               f"{self.embedding.layers}{' and --combine' if self.embedding.combine else ''} "
+                               "(queries must be embedded as the passages were)")
         if self.api_key is not None and not self.api_key.strip():
             raise BertkitError("--api-key is empty: give a key, or leave the flag out to serve without one")
         return self

@@ -1,0 +1,75 @@
+"""`bertkit evaluate retrieval DIR --index INDEX [--rerank MODEL --rerank-top N]`: the figures of an index as it
+serves, equal to those computed by hand from `bertkit search --json` answers scored with `evaluate_run`."""
+
+import json
+
+import pytest
+from test_index import OVERLAP, TOKENS
+from test_retrieval_beir import scifact_slice
+from test_search import cross_encoder
+
+from bertkit.cli import main
+from bertkit.retrieval.beir import load_beir
+from bertkit.retrieval.index import build_index
+from bertkit.retrieval.metrics import evaluate_run
+
+MEASURES = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
+
+
+@pytest.fixture(scope="module")
+def setup(shared_data, tiny_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("evaluate_index")
+    folder = scifact_slice(shared_data, root / "sf", n_queries=6, n_extra=10)
+    build_index(folder / "corpus.jsonl", root / "index", str(tiny_dir), passage_tokens=TOKENS, overlap=OVERLAP,
+                batch_size=64, dtype="float32", progress=False)
+    return {"root": root, "folder": folder, "index": root / "index", "cross": cross_encoder(root / "cross", "pair", 2)}
+
+
+def by_hand(setup, capsys, *flags, ranked=False):
+    """The split's queries through `bertkit search --json` (100 documents each), scored by evaluate_run."""
+    data = load_beir(setup["folder"], "test")
+    ids = list(data.queries)
+    (setup["root"] / "q.txt").write_text("\n".join(data.queries[q] for q in ids) + "\n")
+    assert main(["search", str(setup["index"]), "--queries", str(setup["root"] / "q.txt"), "-k", "100", "--json",
+                 "--dtype", "float32", *flags]) == 0
+    answers = json.loads(capsys.readouterr().out)
+    # a reranked answer mixes cross-encoder and cosine scores: its run scores documents by their place
+    run = {q: {h["doc_id"]: float(len(hits) - rank) if ranked else h["score"] for rank, h in enumerate(hits)}
+           for q, hits in zip(ids, answers)}
+    return evaluate_run(data.qrels, run)
+
+
+@pytest.mark.parametrize("rerank", [False, True])
+def test_index_figures_equal_bertkit_search_scored_by_hand(setup, capsys, rerank):
+    out = setup["root"] / f"figures_{rerank}.json"
+    flags = ["--rerank", str(setup["cross"]), "--rerank-top", "5"] if rerank else []
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--dtype", "float32",
+                 "--output", str(out), "--quiet", *flags]) == 0
+    printed = capsys.readouterr().out
+    assert f"through {setup['index']}" in printed and ("index + rerank" in printed) == rerank
+    got = json.loads(out.read_text())
+    want = by_hand(setup, capsys, *flags, ranked=rerank)
+    assert {m: got[m] for m in MEASURES} == pytest.approx(want, abs=1e-9)
+    assert got["index"]["documents"] == got["documents"]  # the index holds every document of the corpus
+    assert got["index"]["rerank"] == ({"model": str(setup["cross"]), "top": 5} if rerank else None)
+
+
+def test_reranking_changes_the_figures_only_through_the_top(setup, capsys):
+    plain = by_hand(setup, capsys)
+    top1 = by_hand(setup, capsys, "--rerank", str(setup["cross"]), "--rerank-top", "1", ranked=True)
+    assert top1 == pytest.approx(plain)  # one document re-scored alone: nothing moves
+    top5 = by_hand(setup, capsys, "--rerank", str(setup["cross"]), "--rerank-top", "5", ranked=True)
+    assert top5["mrr@10"] != pytest.approx(plain["mrr@10"])  # the (random) cross-encoder re-orders the top 5
+    assert top5["recall@100"] == pytest.approx(plain["recall@100"])  # ... and only re-orders it
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rerank", "{cross}"], "--rerank needs --index INDEX"),
+    (["--index", "{index}", "--max-length", "16"], "--max-length does not apply with --index"),
+    (["--index", "{index}", "--rerank", "{cross}", "--rerank-top", "0"], "--rerank-top must be at least 1"),
+])
+def test_bad_index_options_are_one_line(setup, capsys, argv, message):
+    argv = [a.format(cross=setup["cross"], index=setup["index"]) for a in argv]
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

@@ -1,0 +1,217 @@
+"""`bertkit serve --index`: POST /search answers as `bertkit search --json` does, batched with the embeddings;
+and the text-embeddings-inference extras on the same server: Matryoshka `dimensions` and /tokenize.
+
+One real server process (test_serve's `Server`) on a tiny odd-shaped encoder (hidden 32) that carries a
+sentence-transformers layout with Matryoshka dimensions 32, 16, 8, an index of ten SciFact abstracts built
+with it, and a random cross-encoder for `rerank`. The reference for every answer is the library run in this
+process: `bertkit search --json` (the CLI) on the same index, `bertkit.embed`, the tokenizer. A second
+process, started beside it, must refuse an index made by another model before it opens a port.
+"""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
+from test_search import cross_encoder
+from test_serve import Server, call, metric
+
+from bertkit.cli import main
+from bertkit.retrieval.index import build_index
+from bertkit.sentence_layout import write_layout
+
+QUERIES = ["vitamin D deficiency and bone fractures", "gene expression in stem cells",
+           # past the server's --max-input-length 24 and the index's 48: cut at 48, as bertkit search cuts it
+           " ".join(["chronic inflammation of the airways in children with asthma"] * 8)]
+WINDOW_MS = 200  # the batching window: an /embed and a /search sent together share one pass
+
+
+@pytest.fixture(scope="module")
+def made(shared_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve_search")
+    tiny = make_tiny(root / "tiny")
+    write_layout(tiny, pooling="mean", normalize=True, max_seq_length=48, hidden_size=32, dimensions=[32, 16, 8])
+    corpus = scifact_corpus(shared_data, root / "corpus.jsonl", n=10, first=20)
+    build_index(corpus, root / "index", str(tiny), passage_tokens=TOKENS, overlap=OVERLAP, batch_size=64,
+                dtype="float32", progress=False)
+    return {"root": root, "tiny": tiny, "index": root / "index", "cross": cross_encoder(root / "cross", "regression", 1),
+            "other": make_tiny(root / "other", seed=1)}
+
+
+@pytest.fixture(scope="module")
+def servers(made):
+    started = {
+        "search": Server(made["tiny"], "--index", made["index"], "--rerank", made["cross"], "--rerank-top", 4,
+                         "--max-input-length", 24, "--max-wait-ms", WINDOW_MS, "--workers", 1, "--threads", 1,
+                         "--dtype", "float32"),
+        "refused": Server(made["other"], "--index", made["index"], "--threads", 1),
+    }
+    yield started
+    if started["refused"].proc.poll() is None:  # it should have exited at start-up; never leave it behind
+        started["refused"].proc.kill()
+    assert started["search"].stop() == 0, "".join(started["search"].lines)
+
+
+def cli_search(made, capsys, queries, *flags):
+    (made["root"] / "queries.txt").write_text("\n".join(queries) + "\n")
+    assert main(["search", str(made["index"]), "--queries", str(made["root"] / "queries.txt"), "--json",
+                 "--dtype", "float32", *map(str, flags)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def assert_same_answers(got, want):
+    assert len(got) == len(want)
+    for hits, expected in zip(got, want):
+        assert [(h["id"], h["doc_id"], h["text"]) for h in hits] == [(h["id"], h["doc_id"], h["text"]) for h in expected]
+        np.testing.assert_allclose([h["score"] for h in hits], [h["score"] for h in expected], atol=1e-6, rtol=0)
+
+
+def test_search_answers_as_bertkit_search_json(servers, made, capsys):
+    port = servers["search"].port
+    status, _, answer = call(port, "POST", "/search", {"query": QUERIES, "k": 3})
+    assert status == 200
+    want = cli_search(made, capsys, QUERIES, "-k", 3)
+    assert_same_answers(answer, want)
+    assert all(set(h) == {"id", "doc_id", "score", "text"} and len(hits) == 3 for hits in answer for h in hits)
+    status, _, one = call(port, "POST", "/search", {"query": QUERIES[0]})  # a string; k defaults to 10 (all 10 docs)
+    assert status == 200
+    assert_same_answers(one, cli_search(made, capsys, QUERIES[:1]))
+    assert len(one[0]) == 10
+
+
+def test_rerank_answers_as_bertkit_search_rerank(servers, made, capsys):
+    status, _, answer = call(servers["search"].port, "POST", "/search", {"query": QUERIES[:2], "k": 3, "rerank": True})
+    assert status == 200
+    assert_same_answers(answer, cli_search(made, capsys, QUERIES[:2], "-k", 3, "--rerank", made["cross"],
+                                           "--rerank-top", 4))
+    plain = cli_search(made, capsys, QUERIES[:2], "-k", 3)
+    assert [h["id"] for h in answer[0]] != [h["id"] for h in plain[0]] or \
+        [h["score"] for h in answer[0]] != pytest.approx([h["score"] for h in plain[0]])  # the cross-encoder ran
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"query": "x", "k": 0}, "`k` must be a whole number from 1 to 1000, got 0"),
+    ({"query": "x", "k": "3"}, "`k` must be a whole number"),
+    ({"query": "x", "k": True}, "`k` must be a whole number"),
+    ({"query": "x", "k": 1001}, "from 1 to 1000"),
+    ({"query": "  "}, "`query` is empty"),
+    ({"query": []}, "`query` is an empty list"),
+    ({"query": ["fine", ""]}, "`query[1]` is empty"),
+    ({"k": 3}, "`query` is required"),
+    ({"query": "x", "rerank": "yes"}, "`rerank` must be true or false"),
+])
+def test_bad_search_requests_get_one_clear_error(servers, body, words):
+    status, _, answer = call(servers["search"].port, "POST", "/search", body)
+    assert status == 422 and words in answer["error"], answer
+
+
+def test_queries_share_the_embeddings_batches_and_are_counted(servers):
+    port = servers["search"].port
+    rows_before, passes_before = metric(port, "bertkit_serve_batch_size_sum"), metric(port, "bertkit_serve_batch_size_count")
+    answers = {}
+
+    def send(path, body):
+        answers[path] = call(port, "POST", path, body)[0]
+
+    threads = [threading.Thread(target=send, args=("/search", {"query": "bone density", "k": 2})),
+               threading.Thread(target=send, args=("/embed", {"inputs": "bone density"}))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == {"/search": 200, "/embed": 200}
+    # both texts in one forward pass of the Encoder: the query rode with the embeddings traffic
+    assert metric(port, "bertkit_serve_batch_size_count") - passes_before == 1
+    assert metric(port, "bertkit_serve_batch_size_sum") - rows_before == 2
+    assert metric(port, 'bertkit_serve_requests_total{endpoint="/search",status="200"}') >= 1
+    assert metric(port, 'bertkit_serve_inputs_total{endpoint="/search"}') >= 1
+    status, _, info = call(port, "GET", "/info")
+    assert "/search" in info["endpoints"] and info["index"]["documents"] == 10 and info["index"]["rerank_top"] == 4
+
+
+def test_concurrent_searches_get_their_own_answers(servers, made, capsys):
+    """Requests arriving together share embedding passes and index scans; each keeps its own queries and k."""
+    port = servers["search"].port
+    requests = [({"query": QUERIES[i % 3], "k": 1 + i % 4}) for i in range(8)] + [{"query": QUERIES[:2], "k": 5}]
+    answers = [None] * len(requests)
+
+    def send(i):
+        answers[i] = call(port, "POST", "/search", requests[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for request, (status, _, answer) in zip(requests, answers):
+        queries = request["query"] if isinstance(request["query"], list) else [request["query"]]
+        assert status == 200
+        assert_same_answers(answer, cli_search(made, capsys, queries, "-k", request["k"]))
+
+
+def test_an_index_of_another_model_is_refused_at_start_up_in_one_line(servers, made):
+    server = servers["refused"]
+    assert server.proc.wait(90) == 2
+    out = server.proc.stdout.read().strip()
+    assert "\n" not in out and "this index was made by" in out, out
+    assert str(made["tiny"].resolve()) in out and str(made["other"].resolve()) in out
+
+
+def test_rerank_without_a_cross_encoder_is_422_naming_the_flag(made):
+    from starlette.testclient import TestClient
+
+    from bertkit.serve.app import create_app
+    from bertkit.serve.metrics import Metrics
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    settings = ServeConfig(model=str(made["tiny"]), index=str(made["index"]), workers=1, threads=1,
+                           dtype="float32").validate()
+    with TestClient(create_app(load_runner(settings), settings, Metrics())) as client:
+        response = client.post("/search", json={"query": "x", "rerank": True})
+        assert response.status_code == 422 and "--rerank MODEL" in response.json()["error"]
+        assert client.post("/search", json={"query": "x", "k": 2}).status_code == 200
+
+
+# --- Matryoshka dimensions ---------------------------------------------------------------------
+
+
+def test_dimensions_truncate_then_renormalise(servers, made):
+    import bertkit
+
+    port = servers["search"].port
+    texts = ["The cat sat on the mat.", "Quiet."]
+    full = bertkit.embed(texts, str(made["tiny"]), normalize=False, dtype="float32")
+    for dims in (16, 8):
+        want = full[:, :dims] / np.linalg.norm(full[:, :dims], axis=1, keepdims=True)
+        status, _, vectors = call(port, "POST", "/embed", {"inputs": texts, "dimensions": dims})
+        assert status == 200
+        np.testing.assert_allclose(vectors, want, atol=1e-6, rtol=0)
+        status, _, body = call(port, "POST", "/v1/embeddings", {"input": texts, "dimensions": dims})
+        assert status == 200
+        np.testing.assert_allclose([d["embedding"] for d in body["data"]], want, atol=1e-6, rtol=0)
+    status, _, raw = call(port, "POST", "/embed", {"inputs": texts, "dimensions": 16, "normalize": False})
+    np.testing.assert_allclose(raw, full[:, :16], atol=1e-6, rtol=0)  # cut, not renormalised
+    status, _, body = call(port, "POST", "/v1/embeddings", {"input": texts, "dimensions": 32})
+    assert status == 200 and len(body["data"][0]["embedding"]) == 32
+    for dims, words in ((12, "trained for 32, 16, 8"), (64, "trained for 32, 16, 8"), ("16", "whole number")):
+        status, _, body = call(port, "POST", "/embed", {"inputs": texts, "dimensions": dims})
+        assert status == 422 and words in body["error"], body
+    assert call(port, "GET", "/info")[2]["matryoshka_dimensions"] == [16, 8]
+
+
+@pytest.mark.parametrize("flags, words", [
+    ({"rerank": "runs/cross"}, "--rerank re-scores /search answers: give --index INDEX too"),
+    ({"index": "ix", "rerank_top": 0}, "--rerank-top must be at least 1"),
+    ({"index": "ix", "embedding": {"layers": "sum_last_four"}}, "leave out --layers sum_last_four"),
+])
+def test_search_settings_are_checked_before_anything_loads(flags, words):
+    from bertkit.errors import BertkitError
+    from bertkit.options import EmbedOptions
+    from bertkit.serve.settings import ServeConfig
+
+    if "embedding" in flags:
+        flags = {**flags, "embedding": EmbedOptions(**flags["embedding"])}
+    with pytest.raises(BertkitError, match=words):
+        ServeConfig(**flags).validate()
