@@ -43,18 +43,17 @@ int8 runs on the CPU in float32 activations only; CUDA and bfloat16 are refused.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from bertkit.checkpoint import INT8_WEIGHTS, architecture
 from bertkit.config import BertConfig
 from bertkit.errors import BertkitError
 from bertkit.fast import int8_per_token
 
-QUANTIZED_WEIGHTS = "model.int8.safetensors"
 FORMAT = "bertkit-int8-dynamic"
 VERSION = "1"
 
@@ -195,14 +194,9 @@ def save_quantized(model: nn.Module, directory, tokenizer=None) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.config.replace(architectures=[type(model).__name__]).to_json_file(directory / "config.json")
-    save_file(_tensors(model), str(directory / QUANTIZED_WEIGHTS), metadata={"format": FORMAT, "version": VERSION})
+    save_file(_tensors(model), str(directory / INT8_WEIGHTS), metadata={"format": FORMAT, "version": VERSION})
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
-
-
-def has_quantized_weights(directory) -> bool:
-    """Whether `directory` holds an int8 model saved by `save_quantized`."""
-    return directory is not None and (Path(directory) / QUANTIZED_WEIGHTS).is_file()
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
@@ -235,9 +229,9 @@ def _take(state: dict, key: str, shape: tuple, dtype: torch.dtype, path: Path) -
 def load_quantized(cls, directory) -> nn.Module:
     """The int8 model saved in `directory` by `save_quantized`, as an instance of `cls`."""
     directory = Path(directory)
-    path = directory / QUANTIZED_WEIGHTS
+    path = directory / INT8_WEIGHTS
     if not path.is_file():
-        raise BertkitError(f"no int8 weights in {directory}: expected {QUANTIZED_WEIGHTS} (made by save_quantized)")
+        raise BertkitError(f"no int8 weights in {directory}: expected {INT8_WEIGHTS} (made by save_quantized)")
     saved = architecture(directory)
     if saved is not None and saved != cls.__name__:
         raise BertkitError(f"{directory} holds an int8 {saved}, not a {cls.__name__}: load it as {saved}")
@@ -269,12 +263,3 @@ def load_quantized(cls, directory) -> nn.Module:
         for key, value in floats.items():
             value.copy_(state[key])
     return model
-
-
-def architecture(directory) -> str | None:
-    """The class named in a model directory's config.json `architectures`, if any."""
-    try:
-        names = json.loads((Path(directory) / "config.json").read_text()).get("architectures") or []
-    except (OSError, json.JSONDecodeError):
-        return None
-    return names[0] if names else None

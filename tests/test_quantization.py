@@ -24,7 +24,8 @@ from bertkit.errors import BertkitError
 from bertkit.fast import accelerate
 from bertkit.finetune.predict import predict
 from bertkit.modeling import BertLayer
-from bertkit.quantization import QUANTIZED_WEIGHTS, Int8Linear, is_quantized, load_quantized, quantize, save_quantized
+from bertkit.checkpoint import INT8_WEIGHTS
+from bertkit.quantization import Int8Linear, is_quantized, load_quantized, quantize, save_quantized
 from test_finetune import sentiment_run, tiny  # noqa: F401
 
 with warnings.catch_warnings():
@@ -218,7 +219,7 @@ def test_quantize_and_accelerate_compose_in_either_order():
 def test_save_and_load_give_identical_outputs(cls, tmp_path):
     model = quantize(tiny_model(cls))
     save_quantized(model, tmp_path)
-    assert (tmp_path / QUANTIZED_WEIGHTS).is_file() and not (tmp_path / "model.safetensors").exists()
+    assert (tmp_path / INT8_WEIGHTS).is_file() and not (tmp_path / "model.safetensors").exists()
     loaded = load_quantized(cls, tmp_path)
     assert is_quantized(loaded)
     assert all(type(d) is Int8Linear for d in dense_modules(loaded))
@@ -230,8 +231,8 @@ def test_corrupt_mismatched_or_foreign_files_fail_with_a_named_error(tmp_path):
     save_quantized(model, tmp_path / "ok")
     # truncated
     shutil.copytree(tmp_path / "ok", tmp_path / "cut")
-    data = (tmp_path / "cut" / QUANTIZED_WEIGHTS).read_bytes()
-    (tmp_path / "cut" / QUANTIZED_WEIGHTS).write_bytes(data[: len(data) // 2])
+    data = (tmp_path / "cut" / INT8_WEIGHTS).read_bytes()
+    (tmp_path / "cut" / INT8_WEIGHTS).write_bytes(data[: len(data) // 2])
     with pytest.raises(BertkitError, match="corrupt"):
         load_quantized(BertModel, tmp_path / "cut")
     # config.json says another size: the first tensor that disagrees is named
@@ -248,7 +249,7 @@ def test_corrupt_mismatched_or_foreign_files_fail_with_a_named_error(tmp_path):
 
     (tmp_path / "foreign").mkdir()
     shutil.copy(tmp_path / "ok" / "config.json", tmp_path / "foreign")
-    save_file({"x": torch.zeros(2)}, str(tmp_path / "foreign" / QUANTIZED_WEIGHTS))
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "foreign" / INT8_WEIGHTS))
     with pytest.raises(BertkitError, match="not a bertkit int8 model"):
         load_quantized(BertModel, tmp_path / "foreign")
     with pytest.raises(BertkitError, match="quantize"):
