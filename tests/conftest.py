@@ -4,6 +4,7 @@ Data and oracle tests skip on a developer machine without them, but fail in CI
 (CI=true): there they must run, never silently skip.
 """
 
+import importlib
 import os
 from pathlib import Path
 
@@ -35,13 +36,27 @@ def default_model_dir() -> Path:
     return find()
 
 
+def oracle(module: str, name: str):
+    """An oracle library of the dev extra: skipped locally, a failure in CI, when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        need(False, f"{name} (the oracle, dev extra) is not installed")
+
+
 @pytest.fixture(scope="session")
 def transformers_mod():
-    try:
-        import transformers
-    except ImportError:
-        need(False, "transformers (the oracle, dev extra) is not installed")
-    return transformers
+    return oracle("transformers", "transformers")
+
+
+@pytest.fixture(scope="session")
+def st():
+    return oracle("sentence_transformers", "sentence-transformers")
+
+
+@pytest.fixture(scope="session")
+def pytrec_eval():
+    return oracle("pytrec_eval", "pytrec_eval (pytrec-eval-terrier)")
 
 
 @pytest.fixture(scope="module")

@@ -12,22 +12,12 @@ import random
 
 import pytest
 import torch
-from conftest import need
 from test_finetune import WORDS, tiny_model_dir
 
 from bertkit.finetune.embedding import SentenceEmbedder, no_duplicate_batches
 from bertkit.finetune.embedding_losses import cosent, matryoshka, multiple_negatives_ranking
 from bertkit.modeling import BertModel
 from bertkit.tokenizer import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def st():
-    try:
-        import sentence_transformers
-    except ImportError:
-        need(False, "sentence-transformers (the oracle, dev extra) is not installed")
-    return sentence_transformers
 
 
 def leaves(*shapes, seed=0):

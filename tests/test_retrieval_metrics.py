@@ -5,22 +5,12 @@ import random
 
 import pytest
 
-from conftest import need
 from bertkit.errors import BertkitError
 from bertkit.retrieval.metrics import evaluate_run, ndcg_at_k, per_query, ranking
 
 # ours -> pytrec_eval's measure name (MRR@k: recip_rank, cut below by hand)
 TREC = {"ndcg@10": "ndcg_cut_10", "ndcg@3": "ndcg_cut_3", "map@100": "map_cut_100", "map@5": "map_cut_5",
         "recall@10": "recall_10", "recall@100": "recall_100", "precision@5": "P_5"}
-
-
-@pytest.fixture(scope="module")
-def pytrec_eval():
-    try:
-        import pytrec_eval
-    except ImportError:
-        need(False, "pytrec_eval (the oracle, dev extra) is not installed")
-    return pytrec_eval
 
 
 def random_case(seed: int, n_queries: int = 60, pool: int = 220):

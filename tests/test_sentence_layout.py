@@ -16,7 +16,6 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import need
 from test_finetune import WORDS, tiny_model_dir
 
 from bertkit.errors import BertkitError
@@ -27,15 +26,6 @@ from bertkit.tokenizer import Tokenizer
 
 TEXTS = ["the movie was good", "john visited paris and london", "who went to the city ?",
          " ".join(WORDS[:40])]  # longer than the max_seq_length below: truncation must agree
-
-
-@pytest.fixture(scope="module")
-def st():
-    try:
-        import sentence_transformers
-    except ImportError:
-        need(False, "sentence-transformers (the oracle, dev extra) is not installed")
-    return sentence_transformers
 
 
 @pytest.fixture(scope="module")
