@@ -128,10 +128,10 @@ def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = No
     return Process("bertkit", argv, port, "/v1/embeddings", env)
 
 
-def start_infinity(model_dir: Path) -> Process:
+def start_infinity(model_dir: Path, dtype: str = "float32") -> Process:
     port = free_port()
     argv = [str(INFINITY), "v2", "--model-id", str(model_dir), "--engine", "torch", "--device", "cpu",
-            "--port", str(port), "--served-model-name", MODEL_NAME, "--log-level", "warning"]
+            "--port", str(port), "--served-model-name", MODEL_NAME, "--log-level", "warning", "--dtype", dtype]
     env = {"HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
     return Process("infinity", argv, port, "/embeddings", env)
 
@@ -332,7 +332,7 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     [t.start() for t in run]
     [t.join() for t in run]
     print(json.dumps({"rate": done[0] / (time.perf_counter() - t0), "workers": workers, "threads": threads,
-                      "kernel": matmul_kernel()}))
+                      "kernel": f"float32 on {matmul_kernel()}" if runner.precision == "float32" else runner.precision}))
 
 
 def forward_ceiling(workers: int | None, threads: int | None, seconds: float = 30.0) -> dict:
@@ -356,7 +356,9 @@ def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
     repeats, results = results, {key: median_run(runs) for key, runs in results.items()}
     load = os.getloadavg()
     lines = ["### Serving: bertkit serve vs Infinity (OpenAI embeddings API, loopback)", "",
-             f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}."]
+             f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}. "
+             f"bertkit serve in its default precision (--dtype auto: bf16 where native), Infinity with "
+             f"--dtype {args.infinity_dtype}."]
     if results:
         lines += ["", f"Default model, SST-2 dev sentences, closed-loop clients, {args.per_client} requests per client "
                   f"per level{f', each level measured {args.repeat} times (medians)' if args.repeat > 1 else ''}. Ratios: throughput ours/peer (above 1 we are faster), p99 ours/peer (below 1 we are "
@@ -383,7 +385,7 @@ def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
         rate = statistics.mean(c["rate"] for c in ceilings)
         top = max(levels)
         lines += ["", f"Forward ceiling: bertkit's own passes on this machine, without the server (the same runner, "
-                  f"{ceilings[0]['workers']} worker(s) x {ceilings[0]['threads']} thread(s), float32 matmuls on "
+                  f"{ceilings[0]['workers']} worker(s) x {ceilings[0]['threads']} thread(s), matmuls in "
                   f"{ceilings[0].get('kernel', '?')}, 2048-token passes of the "
                   "whole SST-2 dev set sorted at once, no HTTP, queue or JSON), measured before and after the levels: "
                   + " and ".join(f"{c['rate']:,.0f}" for c in ceilings) + " sentences/s."]
@@ -423,6 +425,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, help="torch threads per worker for bertkit serve (default: its own)")
     ap.add_argument("--workers", type=int, help="workers for bertkit serve (default: its own, one per core)")
     ap.add_argument("--no-infinity", action="store_true", help="bertkit serve alone")
+    ap.add_argument("--infinity-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="Infinity's --dtype (bertkit serve runs its own default, --dtype auto: bf16 where native)")
     ap.add_argument("--no-ceiling", action="store_true",
                     help="skip the forward ceiling (bertkit's passes without the server, before and after the levels)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
@@ -441,7 +445,7 @@ def main(argv=None) -> int:
     if not args.no_infinity and args.levels:
         if not INFINITY.exists():
             raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
-        servers["infinity"] = start_infinity(model_dir)
+        servers["infinity"] = start_infinity(model_dir, args.infinity_dtype)
     results, soaked, ceilings = {}, None, []
 
     def measure_ceiling():  # before and after the levels: the machine's speed drifts meanwhile
