@@ -3,8 +3,9 @@
     settings.py  ServeConfig, the one definition of every server setting (and its CLI flag)
     runner.py    the model in a directory as batch-level calls: Encoder (embeddings), TaskModel (predict)
     batching.py  the bounded queue, the gatherer, the workers, and passes cut by token budget and padding
-    app.py       the Starlette routes: OpenAI /v1/embeddings, TEI /embed, /predict, /rerank, /health,
-                 /info, /metrics
+    scans.py     /search's scans of the index, gathered across requests
+    app.py       the Starlette routes: OpenAI /v1/embeddings, TEI /embed and /tokenize, /predict, /rerank,
+                 /search (with --index), /health, /info, /metrics
     metrics.py   Prometheus text-format counters, gauge and histograms
     server.py    start-up (kernel caches, threads, load, bind) and graceful shutdown with uvicorn
 

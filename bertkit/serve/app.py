@@ -17,7 +17,7 @@ Endpoints (JSON in, JSON out):
     POST /search         with --index: {"query": str | [str], "k": 10, "rerank": false} -> per query
                          a best-first [{"id", "doc_id", "score", "text"}], `bertkit search --json`'s
                          answer; the query vectors are batched with the embeddings, the
-                         scans of the index across requests (`ScanQueue`)
+                         scans of the index across requests (`bertkit.serve.scans`)
 
 A text longer than the input limit (the model's sentence-transformers max_seq_length,
 or --max-input-length) is truncated there, as TEI does by default; a request that sets
@@ -71,6 +71,7 @@ from starlette.routing import Route
 
 from bertkit import __version__
 from bertkit.serve.batching import Engine, QueueFull
+from bertkit.serve.scans import ScanQueue
 from bertkit.serve.runner import Encoder, InputError, Query, check_text, leading, load_searcher, token_list
 
 log = logging.getLogger("bertkit.serve")
@@ -348,51 +349,6 @@ async def tokenize(request):
     texts = texts_field(data, "inputs")
     special = flag_field(data, "add_special_tokens", True)
     return JSONResponse([token_list(svc.runner.tok, t, special) for t in texts]), len(texts)
-
-
-class ScanQueue:
-    """/search's scans of the index, gathered across requests.
-
-    A scan reads every vector of the index once whatever the number of queries
-    (8 ms for 1 query and for 8 on SciFact's 11,212 x 384, memory-bound), so
-    while one scan runs on its thread, the queries that arrive wait and go
-    together into the next: the gathering of `bertkit.serve.batching` without a
-    window (an idle server scans at once). Each request then takes its own rows.
-    """
-
-    def __init__(self, searcher):
-        self.searcher = searcher
-        self.waiting = []  # (vectors [Q, D], depth, future)
-        self.busy = False
-
-    async def scan(self, vectors: np.ndarray, depth: int) -> list:
-        future = asyncio.get_running_loop().create_future()
-        self.waiting.append((vectors, depth, future))
-        if not self.busy:
-            self.busy = True
-            asyncio.ensure_future(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        try:
-            while self.waiting:
-                batch, self.waiting = self.waiting, []
-                vectors = np.concatenate([v for v, _, _ in batch])
-                depths = [depth for v, depth, _ in batch for _ in range(len(v))]
-                try:
-                    answers = await asyncio.to_thread(self.searcher.scan, vectors, depths)
-                except Exception as err:  # every request of the scan gets the error (answered as a 500)
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(err)
-                    continue
-                start = 0
-                for v, _, future in batch:
-                    if not future.done():  # not cancelled
-                        future.set_result(answers[start : start + len(v)])
-                    start += len(v)
-        finally:
-            self.busy = False
 
 
 def k_field(data: dict) -> int:

@@ -1,0 +1,57 @@
+"""Scans of the search index, gathered across requests (the /search route of `bertkit serve`).
+
+A scan reads every vector of the index once whatever the number of queries, so the
+queries that arrive while one scan runs wait and go together into the next one: the
+gathering of `bertkit.serve.batching`, without a window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+
+class ScanQueue:
+    """/search's scans of the index, gathered across requests.
+
+    A scan reads every vector of the index once whatever the number of queries
+    (8 ms for 1 query and for 8 on SciFact's 11,212 x 384, memory-bound), so
+    while one scan runs on its thread, the queries that arrive wait and go
+    together into the next: the gathering of `bertkit.serve.batching` without a
+    window (an idle server scans at once). Each request then takes its own rows.
+    """
+
+    def __init__(self, searcher):
+        self.searcher = searcher
+        self.waiting = []  # (vectors [Q, D], depth, future)
+        self.busy = False
+
+    async def scan(self, vectors: np.ndarray, depth: int) -> list:
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((vectors, depth, future))
+        if not self.busy:
+            self.busy = True
+            asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting, []
+                vectors = np.concatenate([v for v, _, _ in batch])
+                depths = [depth for v, depth, _ in batch for _ in range(len(v))]
+                try:
+                    answers = await asyncio.to_thread(self.searcher.scan, vectors, depths)
+                except Exception as err:  # every request of the scan gets the error (answered as a 500)
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(err)
+                    continue
+                start = 0
+                for v, _, future in batch:
+                    if not future.done():  # not cancelled
+                        future.set_result(answers[start : start + len(v)])
+                    start += len(v)
+        finally:
+            self.busy = False
