@@ -152,6 +152,18 @@ def read_text(path, what: str = "input file") -> str:
         return f.read()
 
 
+def tsv_rows(lines, path, width: int, first: int = 2):
+    """(line number, cells) for each non-blank line of a TSV text, numbered from `first` (2: after
+    a header); a line with fewer than `width` cells (the header's) is a BertkitError naming it."""
+    for number, line in enumerate(lines, first):
+        if not line.strip():
+            continue
+        cells = line.rstrip("\r\n").split("\t")
+        if len(cells) < width:
+            raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {width}")
+        yield number, cells
+
+
 def json_objects(lines, path, on_blank=None):
     """(line number, object) for each line of a JSONL text, numbered from 1: one JSON object per
     line, blank lines skipped (`on_blank()` is called for each); any other line is a BertkitError

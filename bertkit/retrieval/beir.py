@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.textfiles import existing_file, json_objects, open_text
+from bertkit.textfiles import existing_file, json_objects, open_text, tsv_rows
 
 QRELS_COLUMNS = ("query-id", "corpus-id", "score")
 
@@ -105,12 +105,7 @@ def read_qrels(path) -> dict[str, dict[str, int]]:
             )
         where = [header.index(c) for c in QRELS_COLUMNS]
         qrels: dict[str, dict[str, int]] = {}
-        for number, line in enumerate(f, 2):
-            if not line.strip():
-                continue
-            cells = line.rstrip("\n").split("\t")
-            if len(cells) < len(header):
-                raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {len(header)}")
+        for number, cells in tsv_rows(f, path, len(header)):
             query, doc, score = (cells[i] for i in where)
             try:
                 qrels.setdefault(query, {})[doc] = int(float(score))

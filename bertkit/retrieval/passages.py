@@ -34,7 +34,7 @@ from typing import Iterable
 
 from bertkit.errors import BertkitError
 from bertkit.retrieval.beir import document_text, read_corpus
-from bertkit.textfiles import existing_file, open_text, read_text
+from bertkit.textfiles import existing_file, open_text, read_text, tsv_rows
 from bertkit.windows import half_window, spans
 
 
@@ -72,12 +72,7 @@ def _read_tsv(path: Path) -> list[Document]:
                                "TSV needs a header naming id, text and optionally title")
         where = {c: header.index(c) for c in (key, "text", "title") if c in header}
         docs = []
-        for number, line in enumerate(f, 2):
-            if not line.strip():
-                continue
-            cells = line.rstrip("\r\n").split("\t")
-            if len(cells) < len(header):
-                raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {len(header)}")
+        for _, cells in tsv_rows(f, path, len(header)):
             title = cells[where["title"]] if "title" in where else ""
             docs.append(Document(cells[where[key]], title, cells[where["text"]]))
     return docs
