@@ -49,6 +49,9 @@ def add_evaluate(sub):
     r.add_argument("--rerank", metavar="MODEL", help="with --index: a cross-encoder re-scoring each answer's best "
                    "--rerank-top documents (bertkit finetune regression, or pair with two labels)")
     r.add_argument("--rerank-top", type=int, default=50, help="documents the cross-encoder re-scores (default 50)")
+    r.add_argument("--dimensions", type=int, nargs="+", metavar="D",
+                   help="also score the vectors cut to these leading dimensions and renormalised (Matryoshka: "
+                   "e.g. --dimensions 64 128); one encoding serves them all")
     r.add_argument("--output", help="write the figures as JSON here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(handler=run_evaluate_retrieval)
@@ -72,7 +75,8 @@ def _write(result: dict, output) -> None:
 
 def _table(result: dict) -> str:
     rows = [("model" if "index" not in result else "index" + (" + rerank" if result["index"]["rerank"] else ""),
-             result)] + ([("BM25", result["bm25"])] if "bm25" in result else [])
+             result)] + [(f"model, {d} dimensions", figures) for d, figures in result.get("dimensions", {}).items()]
+    rows += [("BM25", result["bm25"])] if "bm25" in result else []
     lines = ["| ranker | " + " | ".join(MEASURE_LABELS) + " |", "|---" * (len(MEASURE_LABELS) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{figures[m]:.4f}" for m in MEASURE_LABELS) + " |" for name, figures in rows]
     return "\n".join(lines)
@@ -95,7 +99,7 @@ def run_evaluate_retrieval(args):
                                 progress=not args.quiet, index=args.index, ann=args.ann,
                                 rerank=None if cross is None else partial(rerank, cross, top=args.rerank_top,
                                                                         batch_size=args.batch_size),
-                                rerank_top=args.rerank_top, rerank_model=args.rerank)
+                                rerank_top=args.rerank_top, rerank_model=args.rerank, dimensions=args.dimensions)
     _write(result, args.output)
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents; "
           f"{result['model']} ({result['precision']}, max length {result['max_length']}, {result['pooling']} pooling)"

@@ -65,7 +65,8 @@ def served_run(query_ids: list, answers: list, ranked: bool = False) -> dict[str
 def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch_size: int = 32,
                        max_length: int | None = None, dtype: str = "float32", bm25: bool = False,
                        measures=DEFAULT_MEASURES, progress: bool = True, index=None, ann: bool = False,
-                       rerank=None, rerank_top: int = 50, rerank_model: str | None = None) -> dict:
+                       rerank=None, rerank_top: int = 50, rerank_model: str | None = None,
+                       dimensions=None) -> dict:
     """Retrieval figures of `model` on a BEIR folder's `split` (see the module docstring).
 
     Returns {"ndcg@10": ..., "mrr@10", "map@100", "recall@10", "recall@100", "model", "precision",
@@ -75,10 +76,17 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     does not apply); ann: through its HNSW graph; rerank: (query, hits) -> hits re-scoring the best
     `rerank_top` (the cross-encoder `rerank_model`, for the record). The result then also has "index"
     and "search_seconds".
+    dimensions: also score the vectors cut to each of these leading dimensions and renormalised
+    (Matryoshka's truncate-then-renormalise), under "dimensions": {"64": {measures}, ...}; one encoding
+    serves them all.
     """
     if directory is None:
         raise BertkitError("evaluate_retrieval needs a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
     data = load_beir(directory, split)  # read and checked before the model loads
+    dimensions = sorted(set(dimensions or ()))
+    if dimensions and (index is not None or min(dimensions) < 1):
+        raise BertkitError("dimensions need the model's own vectors (not --index) and must be positive, got "
+                           f"{dimensions}")
     if bm25:
         require_bm25s()  # a missing package is said before the corpus is embedded, not after
     if index is not None:
@@ -88,7 +96,7 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
         result = _evaluate_index(open_index(index), data, model, batch_size, dtype, measures, progress, ann,
                                  rerank, rerank_top, rerank_model)
     else:
-        result = _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress)
+        result = _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions)
     result["split"] = split
     if bm25:
         documents = {d: document_text(data.corpus[d]) for d in data.corpus}
@@ -121,7 +129,7 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
             "search_seconds": round(seconds, 2)}
 
 
-def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress) -> dict:
+def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions=()) -> dict:
     loaded, settings = load_encoder(model, max_length, dtype)
     doc_ids, query_ids = list(data.corpus), list(data.queries)
     started = time.perf_counter()
@@ -130,10 +138,24 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size)
     seconds = time.perf_counter() - started
     run = dense_run(query_vectors, query_ids, doc_vectors, doc_ids)
-    return {**evaluate_run(data.qrels, run, measures), "model": settings.model, "precision": settings.dtype,
-            "max_length": settings.max_length, "pooling": settings.pooling,
-            "dataset": str(data.directory), "queries": len(query_ids), "documents": len(doc_ids),
-            "encode_seconds": round(seconds, 2)}
+    result = {**evaluate_run(data.qrels, run, measures), "model": settings.model, "precision": settings.dtype,
+              "max_length": settings.max_length, "pooling": settings.pooling,
+              "dataset": str(data.directory), "queries": len(query_ids), "documents": len(doc_ids),
+              "encode_seconds": round(seconds, 2)}
+    if dimensions:
+        if dimensions[-1] > doc_vectors.shape[1]:
+            raise BertkitError(f"dimension {dimensions[-1]} is more than the model's {doc_vectors.shape[1]}")
+        result["dimensions"] = {
+            str(d): evaluate_run(data.qrels, dense_run(leading_normalized(query_vectors, d), query_ids,
+                                                       leading_normalized(doc_vectors, d), doc_ids), measures)
+            for d in dimensions}
+    return result
+
+
+def leading_normalized(vectors: np.ndarray, dims: int) -> np.ndarray:
+    """Rows cut to their leading `dims` and scaled to unit length (Matryoshka's truncate-then-renormalise)."""
+    cut = np.ascontiguousarray(vectors[:, :dims], dtype=np.float32)
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
 
 
 def read_sts(path) -> list[tuple[str, str, float]]:
