@@ -19,11 +19,21 @@ The new classifier head starts from the same weights in both (ours, copied
 into theirs); batch order and dropout masks still differ (each library
 draws them its own way), so the metrics agree within noise, not exactly.
 
+--precision bf16 trains both in bf16 autocast (torch.autocast on the CPU, float32
+weights and optimizer state): ours `TrainConfig(precision="bf16")`, as `bertkit
+finetune --precision bf16`; theirs `TrainingArguments(bf16=True)`, which autocasts
+through accelerate; --task step wraps both steps in the same autocast. Evaluation
+differs: ours scores in float32, the Trainer under autocast (accelerate wraps the
+model's forward), so the metrics may differ by that too; the times count training only.
+On a CPU without native bf16 (AVX2 only) autocast emulates it: slow for both.
+
     python bench/bench_finetune.py --task sst2 --train 1000 --epochs 2 [--write]
     python bench/bench_finetune.py --task conll --train 1000 --epochs 2 [--write]
+    python bench/bench_finetune.py --task squad --train 1000 --epochs 1 --max-length 256 --precision bf16 [--write]
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -45,7 +55,7 @@ from bertkit.training.optim import OptimConfig  # noqa: E402
 
 def train_config(args, metric):
     return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=64, seed=args.seed,
-                       metric=metric, progress=False,
+                       metric=metric, progress=False, precision=args.precision,
                        optim=OptimConfig(learning_rate=args.learning_rate, warmup_ratio=0.1, weight_decay=0.01))
 
 
@@ -55,7 +65,7 @@ def training_args(transformers, args, out, eval_strategy="epoch"):
         learning_rate=args.learning_rate, num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01,
         lr_scheduler_type="linear", seed=args.seed, train_sampling_strategy="group_by_length",
         eval_strategy=eval_strategy, save_strategy="no", logging_strategy="no", report_to="none",
-        disable_tqdm=True, use_cpu=True, dataloader_num_workers=0)
+        disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, bf16=args.precision == "bf16")
 
 
 def epoch_timer(transformers):
@@ -311,9 +321,14 @@ def bench_step(args, transformers, tmp):
     hf_args = training_args(transformers, args, tmp / "theirs", "no")
     opt_theirs = transformers.Trainer(model=theirs, args=hf_args).create_optimizer()
 
+    autocast = ((lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.precision == "bf16"
+                else contextlib.nullcontext)
+
     def step(model, opt):
         def run():
-            model(**batch).loss.backward()
+            with autocast():  # the forward only, as both training loops do
+                loss = model(**batch).loss
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -322,15 +337,22 @@ def bench_step(args, transformers, tmp):
     times = interleaved({"bertkit": step(ours, opt_ours), "transformers": step(theirs, opt_theirs)},
                         rounds=args.rounds, warmup=1)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"task": f"one QA training step, batch {B} x {T} tokens (interleaved, {args.rounds} rounds)",
+    return {"task": f"one QA training step, batch {B} x {T} tokens, {args.precision} "
+                    f"(interleaved, {args.rounds} rounds)",
             "metric": "-", "ours": (float("nan"), [med["bertkit"]], 0.0),
             "theirs": (float("nan"), [med["transformers"]], 0.0)}
 
 
+def precision_suffix(args) -> str:
+    """The bf16 runs get their own title and docs section, next to the float32 ones."""
+    return "" if args.precision == "fp32" else f", {args.precision}"
+
+
 def markdown(results, args) -> str:
-    lines = [f"### Fine-tuning ({args.task}): bertkit vs transformers.Trainer", "",
+    lines = [f"### Fine-tuning ({args.task}{precision_suffix(args)}): bertkit vs transformers.Trainer", "",
              f"Machine: {machine_line('transformers')}.",
              f"Settings: {args.epochs:g} epochs, batch {args.batch_size}, learning rate {args.learning_rate:g}, "
+             f"precision {args.precision}{' (bf16 autocast, both)' if args.precision == 'bf16' else ''}, "
              f"warm-up 10%, linear decay, weight decay 0.01, seed {args.seed}, length-grouped batches. "
              "Time per epoch counts the training batches only (median over epochs); ratio = their time / ours "
              "(above 1.0: we are faster). Command: "
@@ -360,6 +382,8 @@ def main():
     p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="training precision of both: fp32, or bf16 autocast (float32 weights)")
     p.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = p.parse_args()
     import transformers
@@ -371,7 +395,8 @@ def main():
             if args.task in (name, "all"):
                 results.append(fn(args, transformers, Path(tmp) / name))
                 print(results[-1], file=sys.stderr)
-    report(f"finetune-{args.task}", markdown(results, args), args.write)
+    section = f"finetune-{args.task}" + ("" if args.precision == "fp32" else f"-{args.precision}")
+    report(section, markdown(results, args), args.write)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,23 @@ second quarter's (the first quarter is the warm-up). Zero lost good requests
 and a queue depth of 0 afterwards are the other goals. `--levels` with no
 value runs the soak alone.
 
+`--search INDEX` (an index folder written by `bertkit index` with the default
+model) starts bertkit serve with `--index INDEX` and measures `POST /search`:
+one query per request (SciFact's test claims: the queries its qrels/test.tsv
+judges), `k` = `--search-k`, from closed-loop clients at each level:
+queries/s, p50/p95/p99 latency, failures (any answer but a 200 with, per
+query, min(k, documents) hits, best first, each a distinct document with its
+passage). There is no peer: Infinity has no search route. The soak then sends
+two requests in ten to /search (1 to 3 claims, k from 1 to 100), and its bad
+and abandoned requests alternate between the routes. `--mixes` with no value
+leaves the embeddings levels out (and Infinity unstarted). With --write, the
+/search table and the soak go to their own section of docs/benchmarks.md
+(`serve_search`), the embeddings table to `serve`.
+
     python bench/bench_serve.py [--per-client 10] [--levels 1 8 64] [--soak 20000] [--write]
     python bench/bench_serve.py --per-client 2 --levels 1 8 --soak 500      # a smoke run
     python bench/bench_serve.py --levels --soak 20000                         # the soak alone
+    python bench/bench_serve.py --search scifact.index --mixes --per-client 100 --repeat 3 --soak 20000
 """
 
 from __future__ import annotations
@@ -53,12 +67,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, SHARED_DATA, machine_line, report  # noqa: E402
 
+from bertkit.retrieval.beir import qrels_path, read_qrels, read_queries  # noqa: E402  (no torch: the ceiling child imports it later)
+
 INFINITY = Path(os.environ.get("INFINITY_VENV", "/work/venv-infinity")) / "bin" / "infinity_emb"
 
 
 def sst2_dev() -> list:
     lines = (SHARED_DATA / "sst2" / "dev.tsv").read_text(encoding="utf-8").split("\n")[1:]
     return [line.split("\t")[0] for line in lines if line.strip()]
+
+
+def scifact_claims() -> list:
+    """SciFact's test claims: the queries of queries.jsonl that qrels/test.tsv judges (300), in file order."""
+    folder = SHARED_DATA / "retrieval" / "scifact"
+    judged = read_qrels(qrels_path(folder, "test"))
+    return [text for qid, text in read_queries(folder).items() if qid in judged]
+
+
+def index_documents(index: Path) -> int:
+    """Documents an answer can hold: the index's documents that have passages (index.json)."""
+    made = json.loads((index / "index.json").read_text())
+    return made["documents"] - made.get("documents_without_tokens", 0)
 
 
 def free_port() -> int:
@@ -89,14 +118,24 @@ class Process:
             time.sleep(0.5)
         raise SystemExit(f"{self.name} did not answer in {timeout} s: see {self.log.name}")
 
-    def metric(self, name: str) -> float:
+    def metric(self, name: str, default: float | None = None) -> float:
+        """An unlabelled value of /metrics; `default` when the server does not report it (None: an error)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
             conn.request("GET", "/metrics")
             text = conn.getresponse().read().decode()
         finally:
             conn.close()
-        return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+        found = re.search(rf"^{name} (\S+)$", text, re.M)
+        if found is None and default is None:
+            raise SystemExit(f"{self.name}'s /metrics has no {name}")
+        return default if found is None else float(found.group(1))
+
+    def scans(self) -> tuple:
+        """(queries, scans) of the search index so far: the server's bertkit_serve_scan_queries histogram,
+        (0, 0) where it does not report it."""
+        return (self.metric("bertkit_serve_scan_queries_sum", 0.0),
+                self.metric("bertkit_serve_scan_queries_count", 0.0))
 
     def rss_mb(self) -> float:
         text = Path(f"/proc/{self.proc.pid}/status").read_text()
@@ -114,7 +153,7 @@ class Process:
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 
-def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = None) -> Process:
+def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = None, index: Path | None = None) -> Process:
     port = free_port()
     argv = [sys.executable, "-m", "bertkit.cli", "serve", str(model_dir), "--port", str(port),
             "--served-model-name", MODEL_NAME]
@@ -124,6 +163,8 @@ def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = No
         argv += ["--threads", str(threads)]
     if workers:
         argv += ["--workers", str(workers)]
+    if index:
+        argv += ["--index", str(index)]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return Process("bertkit", argv, port, "/v1/embeddings", env)
 
@@ -163,8 +204,35 @@ def run_clients(client, concurrency: int) -> float:
     return time.perf_counter() - t0
 
 
-def closed_loop(server: Process, payloads: list, concurrency: int, total: int) -> dict:
-    """`concurrency` clients, each with a keep-alive connection, until `total` requests are answered."""
+def ask_embeddings(server: Process, conn, texts: list) -> bool:
+    """One embeddings request (OpenAI shape); good when it is a 200 with one vector per text."""
+    status, body = post(server.port, server.path, {"input": texts, "model": MODEL_NAME}, conn)
+    return status == 200 and len(body["data"]) == len(texts)
+
+
+def search_answer_ok(body, queries: int, hits: int) -> bool:
+    """/search's answer to `queries` queries: a list per query of `hits` hits, best first (scores not
+    increasing), each a distinct document with a passage id and its text."""
+    return isinstance(body, list) and len(body) == queries and all(
+        len(answer) == hits and len({h["doc_id"] for h in answer}) == hits
+        and all(h["id"] and h["text"] and isinstance(h["score"], float) for h in answer)
+        and all(a["score"] >= b["score"] for a, b in zip(answer, answer[1:]))
+        for answer in body)
+
+
+def asker_search(k: int, documents: int):
+    """One /search request of `k` (documents: how many the index can answer) for closed_loop and the soak."""
+    def ask(server: Process, conn, queries: list, k: int = k) -> bool:
+        status, body = post(server.port, "/search", {"query": queries, "k": k}, conn)
+        return status == 200 and search_answer_ok(body, len(queries), min(k, documents))
+    return ask
+
+
+def closed_loop(server: Process, payloads: list, concurrency: int, total: int, ask=ask_embeddings) -> dict:
+    """`concurrency` clients, each with a keep-alive connection, until `total` requests are answered.
+
+    A payload is one request's texts (`ask` sends it: embeddings by default, or /search); the rate
+    is texts (sentences, or queries) per second."""
     counter = itertools.count()
     latencies, failures, sentences = [], [0], [0]
     lock = threading.Lock()
@@ -175,9 +243,8 @@ def closed_loop(server: Process, payloads: list, concurrency: int, total: int) -
             texts = payloads[i % len(payloads)]
             t0 = time.perf_counter()
             try:
-                status, body = post(server.port, server.path, {"input": texts, "model": MODEL_NAME}, conn)
-                ok = status == 200 and len(body["data"]) == len(texts)
-            except (OSError, http.client.HTTPException, ValueError):
+                ok = ask(server, conn, texts)
+            except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
                 ok = False
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
@@ -216,18 +283,42 @@ def soak_texts(sentences: list, i: int) -> list:
     return texts
 
 
-def soak(server: Process, sentences: list, total: int, concurrency: int = 8, every_s: float = 1.0) -> dict:
+def soak_search(claims: list, i: int) -> tuple:
+    """Request i's /search: 1 to 3 SciFact claims and a k from 1 to 100, so the scans and the query
+    passes vary too."""
+    j = i // 5  # kinds 1 and 5 of one ten differ
+    n = (1, 1, 2, 1, 3)[j % 5]
+    start = (i * 7919) % (len(claims) - n)
+    return claims[start: start + n], (10, 1, 100, 10, 25, 50)[j % 6]
+
+
+SEARCH_BAD = [b'{"query": "unclosed', {"query": []}, {"query": ""}, {"k": 10}, {"query": "x", "k": 0},
+              {"query": "x", "k": 1001}, {"query": "x", "k": 2.5}, {"query": "x", "rerank": "yes"},
+              {"query": "x", "rerank": True}]  # the last: the server has no --rerank model
+
+
+def soak(server: Process, sentences: list, total: int, concurrency: int = 8, every_s: float = 1.0,
+         search=None) -> dict:
     """`total` requests from `concurrency` clients: one in ten bad, one in ten abandoned mid-request.
 
-    Bad: malformed JSON, an empty list, an empty string, a wrong type, a text over the 512-token
-    limit (each must get a 4xx). Abandoned: the client sends a request and closes the socket
-    without reading the answer. Resident memory is sampled every `every_s` seconds.
+    Bad: malformed JSON, an empty list, an empty string, a wrong type, a text over the input limit
+    with "truncate": false (each must get a 4xx). Abandoned: the client sends a request and closes
+    the socket without reading the answer. Resident memory is sampled every `every_s` seconds.
+    `search`: (claims, ask) from `asker_search`, for a server with --index: then two in ten are
+    /search requests (`soak_search`), and the bad and abandoned ones alternate between
+    the embeddings route and /search (`SEARCH_BAD`).
     """
     counter = itertools.count()
     lost, refused_ok, bad_sent, answered = [0], [0], [0], [0]
+    searched, search_queries = [0], [0]
     lock = threading.Lock()
     bad_bodies = [b'{"input": ["unclosed', {"input": [], "model": MODEL_NAME}, {"input": "", "model": MODEL_NAME},
-                  {"input": 5, "model": MODEL_NAME}, {"input": " ".join(["word"] * 600), "model": MODEL_NAME}]
+                  {"input": 5, "model": MODEL_NAME},
+                  # over the limit: served texts are cut there by default (as TEI does), refused with "truncate": false
+                  {"input": " ".join(["word"] * 600), "model": MODEL_NAME, "truncate": False}]
+    bad = [(server.path, b) for b in bad_bodies]
+    if search:
+        bad = [r for pair in itertools.zip_longest(bad, [("/search", b) for b in SEARCH_BAD]) for r in pair if r]
     samples, done = [], threading.Event()
 
     def sample():
@@ -237,11 +328,11 @@ def soak(server: Process, sentences: list, total: int, concurrency: int = 8, eve
             done.wait(every_s)
         samples.append((time.perf_counter() - t0, server.rss_mb()))
 
-    def abandon(texts):
-        body = json.dumps({"input": texts, "model": MODEL_NAME}).encode()
+    def abandon(path, request):
+        body = json.dumps(request).encode()
         with socket.create_connection(("127.0.0.1", server.port)) as s:
             s.sendall(b"POST %s HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                      % (server.path.encode(), len(body), body))
+                      % (path.encode(), len(body), body))
 
     def client():
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
@@ -250,17 +341,28 @@ def soak(server: Process, sentences: list, total: int, concurrency: int = 8, eve
             kind = i % 10
             try:
                 if kind == 3:
-                    abandon(texts)
+                    if search and (i // 10) % 2:
+                        queries, k = soak_search(search[0], i)
+                        abandon("/search", {"query": queries, "k": k})
+                    else:
+                        abandon(server.path, {"input": texts, "model": MODEL_NAME})
                     continue
                 if kind == 7:
-                    status, _ = post(server.port, server.path, bad_bodies[(i // 10) % len(bad_bodies)], conn)
+                    path, body = bad[(i // 10) % len(bad)]
+                    status, _ = post(server.port, path, body, conn)
                     with lock:
                         bad_sent[0] += 1
                         refused_ok[0] += 400 <= status < 500
                     continue
-                status, body = post(server.port, server.path, {"input": texts, "model": MODEL_NAME}, conn)
-                good = status == 200 and len(body["data"]) == len(texts)
-            except (OSError, http.client.HTTPException, ValueError):
+                if search and kind in (1, 5):
+                    queries, k = soak_search(search[0], i)
+                    good = search[1](server, conn, queries, k)
+                    with lock:
+                        searched[0] += good
+                        search_queries[0] += good * len(queries)
+                else:
+                    good = ask_embeddings(server, conn, texts)
+            except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
                 good = False
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
@@ -276,7 +378,9 @@ def soak(server: Process, sentences: list, total: int, concurrency: int = 8, eve
     sampler.join()
     depth = server.metric("bertkit_serve_queue_depth")  # every abandoned request released
     return {"requests": total, "seconds": seconds, "lost": lost[0], "answered": answered[0],
-            "bad_refused": refused_ok[0], "bad_sent": bad_sent[0], "rss": samples, "depth_after": depth}
+            "bad_refused": refused_ok[0], "bad_sent": bad_sent[0], "rss": samples, "depth_after": depth,
+            "with_search": bool(search), "searched": searched[0], "search_queries": search_queries[0],
+            "concurrency": concurrency}
 
 
 def flatness(samples: list) -> tuple:
@@ -357,7 +461,8 @@ def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
     load = os.getloadavg()
     lines = ["### Serving: bertkit serve vs Infinity (OpenAI embeddings API, loopback)", "",
              f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}. "
-             f"bertkit serve in its default precision (--dtype auto: bf16 where native), Infinity with "
+             f"bertkit serve in its default precision (--dtype auto: bf16 where native)"
+             f"{f' with --index {args.search.name} loaded' if args.search else ''}, Infinity with "
              f"--dtype {args.infinity_dtype}."]
     if results:
         lines += ["", f"Default model, SST-2 dev sentences, closed-loop clients, {args.per_client} requests per client "
@@ -399,17 +504,63 @@ def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
                              f"{1.5 * peer['rate'] / rate:.0%} of it")
                 lines.append(line + ".")
     if soaked:
-        rss = [mb for _, mb in soaked["rss"]]
-        q2, q4, growth = flatness(soaked["rss"])
-        verdict = "flat" if growth <= FLAT_WITHIN else "NOT flat"
-        lines += ["", f"Soak: {soaked['requests']:,} requests to bertkit serve in {soaked['seconds']:.0f} s from 8 "
-                  f"clients (1 to 6 sentences each, every 50th with a ~300-word text), one in ten bad "
-                  f"({soaked['bad_refused']}/{soaked['bad_sent']} refused with a 4xx) and one in ten abandoned "
-                  f"mid-request; good requests answered {soaked['answered']:,}, lost {soaked['lost']}; queue depth "
-                  f"after: {soaked['depth_after']:.0f}. Resident memory, sampled every second: {rss[0]:.0f} MB at "
-                  f"the start, peak {max(rss):.0f} MB, mean {q2:.0f} MB over the second quarter of the time and "
-                  f"{q4:.0f} MB over the last ({growth:+.1%}): {verdict} (flat: at most {FLAT_WITHIN:.0%} growth "
-                  f"between the two), {rss[-1]:.0f} MB at the end."]
+        lines += ["", soak_line(soaked)]
+    return "\n".join(lines) + "\n"
+
+
+def soak_line(soaked: dict) -> str:
+    rss = [mb for _, mb in soaked["rss"]]
+    q2, q4, growth = flatness(soaked["rss"])
+    verdict = "flat" if growth <= FLAT_WITHIN else "NOT flat"
+    if soaked["with_search"]:
+        mix = ("two in ten /search requests of 1 to 3 SciFact claims with k from 1 to 100, the others 1 to 6 "
+               "sentences to /v1/embeddings, every 50th with a ~300-word text), one in ten bad")
+        halves = " (half of the bad and of the abandoned ones to /search)"
+        searched = (f", {soaked['searched']:,} of them /search ({soaked['search_queries']:,} queries, each "
+                    "answered in full, best first)")
+    else:
+        mix, halves, searched = "1 to 6 sentences each, every 50th with a ~300-word text), one in ten bad", "", ""
+    return (f"Soak: {soaked['requests']:,} requests to bertkit serve in {soaked['seconds']:.0f} s from "
+            f"{soaked['concurrency']} clients ({mix} ({soaked['bad_refused']}/{soaked['bad_sent']} refused with a 4xx) "
+            f"and one in ten abandoned mid-request{halves}; good requests answered {soaked['answered']:,}{searched}, lost "
+            f"{soaked['lost']}; queue depth after: {soaked['depth_after']:.0f}. Resident memory, sampled every "
+            f"second: {rss[0]:.0f} MB at the start, peak {max(rss):.0f} MB, mean {q2:.0f} MB over the second "
+            f"quarter of the time and {q4:.0f} MB over the last ({growth:+.1%}): {verdict} (flat: at most "
+            f"{FLAT_WITHIN:.0%} growth between the two), {rss[-1]:.0f} MB at the end.")
+
+
+def render_search(results: dict, levels, soaked, args, documents: int, claims: int) -> str:
+    """The /search section: queries/s and latency per level (medians of the repetitions), then the soak."""
+    load = os.getloadavg()
+    made = json.loads((Path(args.search) / "index.json").read_text())
+    lines = ["### Serving: POST /search (bertkit serve --index, loopback)", "",
+             f"{machine_line()}; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}. "
+             f"bertkit serve in its default precision (--dtype auto: bf16 where native) and its default workers, "
+             f"with --index {Path(args.search).name}: {made['passages']:,} passages of {documents:,} documents, "
+             f"{made['dim']} dimensions, vectors made in {made['model']['precision']}."]
+    if results:
+        repeats, results = results, {key: median_run(runs) for key, runs in results.items()}
+        per_scan = {level: [r["per_scan"] for r in runs if r.get("per_scan")] for level, runs in repeats.items()}
+        gathered = all(per_scan.values())
+        lines += ["", f"One query per request (SciFact's {claims} test claims in turn), k = {args.search_k}, closed-loop "
+                  f"clients, {args.per_client} requests per client per level"
+                  f"{f', each level measured {args.repeat} times (medians)' if args.repeat > 1 else ''}. Failed: any "
+                  f"answer but a 200 with {min(args.search_k, documents)} hits, best first, each a distinct document "
+                  "with its passage." + (" Queries per scan: how many queries one read of the index served "
+                                         "(the server's bertkit_serve_scan_queries, over the level)." if gathered else ""),
+                  "", "| concurrency | queries/s | p50 ms | p95 ms | p99 ms | failed |" + (" queries per scan |" if gathered else ""),
+                  "| ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gathered else "")]
+        for level in levels:
+            r = results[level]
+            lines.append(f"| {level} | {r['rate']:,.1f} | {r['p50'] * 1e3:.1f} | {r['p95'] * 1e3:.1f} | "
+                         f"{r['p99'] * 1e3:.1f} | {r['failed']}/{r['requests']} |"
+                         + (f" {statistics.median(per_scan[level]):.1f} |" if gathered else ""))
+        if args.repeat > 1:
+            lines += ["", "Each repetition (queries/s, p99 ms), in the order measured:"]
+            lines += [f"- concurrency {level}: " + ", ".join(f"{r['rate']:,.1f} / {r['p99'] * 1e3:.0f}"
+                                                            for r in repeats[level]) for level in levels]
+    if soaked:
+        lines += ["", soak_line(soaked)]
     return "\n".join(lines) + "\n"
 
 
@@ -417,7 +568,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", type=int, nargs="*", default=[1, 8, 64],
                     help="client concurrency levels (none: only the soak)")
-    ap.add_argument("--mixes", type=int, nargs="+", default=[1, 16], help="sentences per request")
+    ap.add_argument("--mixes", type=int, nargs="*", default=[1, 16],
+                    help="sentences per request (none: no embeddings levels, e.g. with --search)")
     ap.add_argument("--per-client", type=int, default=10, help="requests per client at each level")
     ap.add_argument("--repeat", type=int, default=1,
                     help="measure each level this many times, contenders alternating; the table gives medians")
@@ -429,6 +581,10 @@ def main(argv=None) -> int:
                     help="Infinity's --dtype (bertkit serve runs its own default, --dtype auto: bf16 where native)")
     ap.add_argument("--no-ceiling", action="store_true",
                     help="skip the forward ceiling (bertkit's passes without the server, before and after the levels)")
+    ap.add_argument("--search", type=Path, metavar="INDEX",
+                    help="an index folder of `bertkit index` (default model): serve it with --index and measure "
+                    "POST /search at each level, one SciFact claim per request; the soak mixes /search in")
+    ap.add_argument("--search-k", type=int, default=10, help="k of each /search request at the levels")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     ap.add_argument("--ceiling-of", nargs=3, type=float, help=argparse.SUPPRESS)  # internal: the child process
     args = ap.parse_args(argv)
@@ -441,15 +597,20 @@ def main(argv=None) -> int:
 
     model_dir = default_model_dir()
     sentences = sst2_dev()
-    servers = {"bertkit": start_bertkit(model_dir, args.threads, args.workers)}
-    if not args.no_infinity and args.levels:
+    if args.search and not (args.search / "index.json").is_file():
+        raise SystemExit(f"--search {args.search}: no index.json there; build one with `bertkit index CORPUS -o INDEX`")
+    claims = scifact_claims() if args.search else []
+    documents = index_documents(args.search) if args.search else 0
+    ask_search = asker_search(args.search_k, documents) if args.search else None
+    servers = {"bertkit": start_bertkit(model_dir, args.threads, args.workers, args.search)}
+    if not args.no_infinity and args.levels and args.mixes:
         if not INFINITY.exists():
             raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
         servers["infinity"] = start_infinity(model_dir, args.infinity_dtype)
-    results, soaked, ceilings = {}, None, []
+    results, searches, soaked, ceilings = {}, {}, None, []
 
     def measure_ceiling():  # before and after the levels: the machine's speed drifts meanwhile
-        if args.levels and not args.no_ceiling:
+        if args.levels and args.mixes and not args.no_ceiling:
             ceilings.append(forward_ceiling(args.workers, args.threads))
             print(f"forward ceiling: {ceilings[-1]['rate']:.1f} sentences/s", file=sys.stderr, flush=True)
 
@@ -468,10 +629,25 @@ def main(argv=None) -> int:
                           f"p50 {r['p50'] * 1e3:7.1f} ms  p99 {r['p99'] * 1e3:7.1f} ms  failed {r['failed']}",
                           file=sys.stderr, flush=True)
         measure_ceiling()
+        if args.search and args.levels:
+            for name in [n for n in servers if n != "bertkit"]:
+                servers.pop(name).stop()  # /search has no peer: bertkit alone on the machine
+            payloads = [[claim] for claim in claims]  # one query per request
+            for level, _ in itertools.product(args.levels, range(args.repeat)):
+                closed_loop(servers["bertkit"], payloads, level, min(level, 8), ask_search)  # warm-up
+                before = servers["bertkit"].scans()
+                r = closed_loop(servers["bertkit"], payloads, level, level * args.per_client, ask_search)
+                queries, scans = (b - a for a, b in zip(before, servers["bertkit"].scans()))
+                r["per_scan"] = queries / scans if scans else None  # how many queries each read of the index served
+                searches.setdefault(level, []).append(r)
+                print(f"/search   k={args.search_k:<3d}     c={level:<3d} {r['rate']:8.1f} queries/s    "
+                      f"p50 {r['p50'] * 1e3:7.1f} ms  p99 {r['p99'] * 1e3:7.1f} ms  failed {r['failed']}"
+                      + (f"  {r['per_scan']:.1f} queries/scan" if r["per_scan"] else ""), file=sys.stderr, flush=True)
         if args.soak:
             for name in [n for n in servers if n != "bertkit"]:
                 servers.pop(name).stop()  # the soak has the machine to itself
-            soaked = soak(servers["bertkit"], sentences, args.soak)
+            soaked = soak(servers["bertkit"], sentences, args.soak,
+                          search=(claims, ask_search) if args.search else None)
             q2, q4, growth = flatness(soaked["rss"])
             print(f"soak: {soaked['seconds']:.0f} s, lost {soaked['lost']}, RSS {q2:.0f} -> {q4:.0f} MB ({growth:+.1%})",
                   file=sys.stderr, flush=True)
@@ -479,7 +655,11 @@ def main(argv=None) -> int:
         codes = {name: server.stop() for name, server in servers.items()}
     if codes.get("bertkit", 0) != 0:
         print(f"bertkit serve exited with {codes['bertkit']} on SIGTERM (expected 0)", file=sys.stderr)
-    report("serve", render(results, args.levels, args.mixes, soaked, args, ceilings), args.write)
+    if results or not args.search:
+        report("serve", render(results, args.levels, args.mixes, None if args.search else soaked, args, ceilings),
+               args.write)
+    if args.search:
+        report("serve_search", render_search(searches, args.levels, soaked, args, documents, len(claims)), args.write)
     return 0
 
 

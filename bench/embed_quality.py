@@ -8,7 +8,7 @@ batch 32, lr 2e-5, linear schedule with 10% warm-up, no weight decay, no duplica
 max length 256, float32). Every model, theirs too, is then scored by the same evaluator
 (`bertkit evaluate retrieval`, float32, the test split; it reproduces sentence-transformers' and MTEB's
 figure for the frozen model), so the table compares training, not evaluation. With --matryoshka, one
-more bertkit run per seed trains with the Matryoshka loss (384, 256, 128, 64) and the plain and
+more bertkit run (seed 1 unless --matryoshka-seeds) trains with the Matryoshka loss (384, 256, 128, 64) and the plain and
 Matryoshka models are scored at 64 and 128 dimensions.
 
 Each cell runs in its own process and leaves OUT/<cell>/result.json: a killed run starts again where
@@ -185,7 +185,8 @@ def main():
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--kinds", nargs="+", default=["mnrl", "hard"], choices=["mnrl", "hard"])
     p.add_argument("--libs", nargs="+", default=["bertkit", "st"], choices=["bertkit", "st"])
-    p.add_argument("--matryoshka", action="store_true", help="also a Matryoshka-trained bertkit model per seed")
+    p.add_argument("--matryoshka", action="store_true", help="also a Matryoshka-trained bertkit model")
+    p.add_argument("--matryoshka-seeds", type=int, nargs="+", default=[1], help="its seeds (default 1)")
     p.add_argument("--max-length", type=int, default=256)
     args = p.parse_args()
     out, data = Path(args.out), Path(args.data)
@@ -194,8 +195,9 @@ def main():
     print(machine_line(), flush=True)
     files = training_files(data, out, env)
     results = [cell_result(out, "bertkit", "frozen", 0, files, data, env, args)]
-    for kind in args.kinds + (["matryoshka"] if args.matryoshka else []):
-        for seed in args.seeds:
+    # seed by seed, so that a run cut short still leaves every row with the same seeds
+    for seed in args.seeds:
+        for kind in args.kinds + (["matryoshka"] if args.matryoshka and seed in args.matryoshka_seeds else []):
             for lib in (["bertkit"] if kind == "matryoshka" else args.libs):
                 results.append(cell_result(out, lib, kind, seed, files, data, env, args))
     text = table(results, args.seeds)

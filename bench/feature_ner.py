@@ -35,7 +35,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, SHARED_DATA, machine_line  # noqa: E402
 
-from bertkit.features import PAPER_NER_F1, STRATEGIES, combine_layers, embed, load_model, resolve_layers  # noqa: E402
+from bertkit.features import embed, encoder  # noqa: E402
+from bertkit.pooling import PAPER_NER_F1, STRATEGIES, combine_layers, resolve_layers  # noqa: E402
 from bertkit.finetune.data import read_conll  # noqa: E402
 from bertkit.finetune.metrics import entity_scores, iob1_to_iob2  # noqa: E402
 
@@ -44,7 +45,7 @@ DOC = ROOT / "docs" / "features.md"
 
 def all_layer_features(sentences, model, batch_size: int) -> list:
     """Per sentence an array [W, L+1, H] float16: every layer's vector of each word's first piece."""
-    net, _ = model
+    net = model.model
     L, H = net.config.num_hidden_layers, net.config.hidden_size
     words = [s.words for s in sentences]
     rows = embed(words, model, layers=list(range(L + 1)), combine="concat", pooling="words",
@@ -137,8 +138,8 @@ def main(argv=None) -> int:
     data = SHARED_DATA / "conll2003"
     train, _ = read_conll(data / "train.txt", max_sentences=args.train_sentences)
     dev, _ = read_conll(data / "dev.txt", max_sentences=args.dev_sentences)
-    model = load_model(args.model)
-    num_layers = model[0].config.num_hidden_layers
+    model = encoder(args.model)
+    num_layers = model.model.config.num_hidden_layers
     t0 = time.perf_counter()
     cache = Path(args.cache) if args.cache else None
     from_cache = cache is not None and cache.is_file()

@@ -41,7 +41,6 @@ from pathlib import Path
 
 import torch
 
-from bertkit.config import BertConfig
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
 
@@ -366,10 +365,30 @@ def task_info(directory) -> dict | None:
     return {"task": task, "max_length": 384 if task == "qa" else 512}
 
 
+@dataclass(frozen=True)
+class Saved:
+    """What a model directory holds, read from its small files (no weights)."""
+
+    directory: Path
+    model_type: str  # "bert" or "electra"
+    architecture: str  # the class config.json names
+    task: dict | None  # a fine-tuned model's task description; None for a bare encoder
+    int8_weights: bool  # an int8 model saved by bertkit.quantization.save_quantized
+
+
+def describe(path) -> Saved:
+    """`path` (None: the default model) as a `Saved`: every reader above, once."""
+    directory = resolve(path)
+    return Saved(directory, model_type(directory), architecture(directory), task_info(directory),
+                 has_int8_weights(directory))
+
+
 def resolve(path) -> Path:
     """A model directory: `path`, or the default model's when None."""
     if path is None:
         return default_model_dir()
+    if not isinstance(path, (str, Path)):
+        raise BertkitError(f"model must be None (the default model) or a model directory, got {type(path).__name__}")
     path = Path(path)
     if not path.is_dir():
         raise BertkitError(f"no model directory at {path}: it should hold config.json and model.safetensors")
@@ -379,7 +398,7 @@ def resolve(path) -> Path:
 def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Generator | None = None, **config_overrides):
     """`cls.from_pretrained`: build `cls` from the directory's config.json, then load its weights."""
     directory = resolve(path)
-    config = getattr(cls, "config_class", BertConfig).from_pretrained(directory)
+    config = cls.config_class.from_pretrained(directory)
     if config_overrides:
         config = config.replace(**config_overrides)
     model = cls(config, generator=generator)

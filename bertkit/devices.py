@@ -7,7 +7,8 @@ first line are read off it, so the machine is described in one place.
 
 `resolve_device` and `resolve_dtype` turn what a user writes (`--device auto`,
 `--dtype auto`, a torch.device, None) into a torch device and dtype, with the
-errors a user can act on. The precision rule, "auto": bfloat16 where the device
+errors a user can act on; `placement` applies both once, for the loader, before a
+model is built, with int8's rule (the CPU, float32 activations). The precision rule, "auto": bfloat16 where the device
 multiplies it natively (a CPU with AMX or AVX512-BF16, a GPU that supports it),
 float32 elsewhere, because an AVX2-only CPU emulates bfloat16 at several times the
 cost of float32. The commands that run a model for inference default to "auto";
@@ -163,3 +164,20 @@ def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype
 def dtype_name(dtype: torch.dtype) -> str:
     """"float32" / "bfloat16": how logs, /info and result files name a precision."""
     return {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def placement(device=None, dtype=None, int8: bool = False, on: torch.device | None = None,
+              what: str = "int8") -> tuple[torch.device, torch.dtype]:
+    """(device, dtype) a model runs in, decided once before it is built. int8 runs on the CPU in
+    float32 activations, so there device "auto" means the CPU and dtype "auto" float32, and
+    anything else is refused (`what` names the int8 in the message). `on`: the device a model in
+    memory is already on, kept unless `device` says otherwise."""
+    if not int8:
+        where = on if device is None and on is not None else resolve_device(device)
+        return where, resolve_dtype(dtype, where)
+    where = resolve_device("cpu" if device in (None, "auto") else device)
+    chosen = torch.float32 if dtype in (None, "auto") else resolve_dtype(dtype, where)
+    if where.type != "cpu" or chosen != torch.float32:
+        raise BertkitError(f"{what}: int8 runs on the CPU in float32 activations (--device cpu, --dtype float32 "
+                           "or auto)")
+    return where, chosen

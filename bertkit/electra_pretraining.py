@@ -24,9 +24,8 @@ import torch
 from torch import nn
 
 from bertkit.checkpoint import GENERATOR_DIR, load_state, read_weights, save_pretrained as save_checkpoint
-from bertkit.electra import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, discriminator_loss
+from bertkit.electra import IGNORE_INDEX, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, discriminator_loss
 from bertkit.errors import BertkitError
-from bertkit.heads import IGNORE_INDEX
 
 
 @dataclass

@@ -26,7 +26,11 @@ gives exactly the one-pass result.
 `iter_embed` streams: it reads texts lazily in chunks, sorts each chunk by
 length so that batches carry little padding, runs the batches, and yields the
 results back in input order; `bertkit.vector_files` writes that stream without
-holding every vector in memory.
+holding every vector in memory. For each chunk, in this order: the texts become
+token ids (`_encode`), long ones are cut into windows (`bertkit.windows`: the
+windows and, at once, each token's max-context window), the windows run through
+the encoder in batches (`run_batch`, the layer strategy applied there) and are put
+back together per text, and each text is pooled (`bertkit.pooling.pool`).
 
 Legend: as in `bertkit.pooling` (B batch, T tokens, H hidden, L layers, D output size).
 """
@@ -34,7 +38,6 @@ Legend: as in `bertkit.pooling` (B batch, T tokens, H hidden, L layers, D output
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,33 +48,38 @@ import torch
 
 from bertkit.errors import BertkitError
 from bertkit.loading import Loaded, load
-from bertkit.pooling import (POOLINGS, SENTENCE_POOLINGS, LayerSpec, combine_layers, l2_normalize, pool_sentence,
-                             pool_words, resolve_layers)
-from bertkit.windows import half_window, max_context_owner, spans
+from bertkit.pooling import POOLINGS, SENTENCE_POOLINGS, LayerSpec, combine_layers, pool, resolve_layers
+from bertkit.windows import Shape, max_context_owner, shape, spans
 
 
 # --- the encoder ------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=2)
-def _load_cached(directory, device, dtype, int8: bool) -> Loaded:
-    # embedding many small inputs one call at a time should not reload the weights
-    return load(directory, head="encoder", device=device, dtype=dtype, int8=int8)
+_LOADED: dict = {}  # (directory, device, dtype, int8) -> Loaded: the last two directories loaded
 
 
 def encoder(model=None, device=None, dtype=None, int8: bool = False) -> Loaded:
     """The encoder to embed with: None (the default model) or a model directory, loaded by
-    `bertkit.loading` (and kept for the next call); a `Loaded`; or a (model, tokenizer) pair,
-    placed and quantized in place where asked (`bertkit.loading.load`)."""
-    if model is None or isinstance(model, (str, Path)):
-        key = None if model is None else str(Path(model).resolve()) if Path(model).is_dir() else str(model)
-        return _load_cached(key, device, dtype, int8)
+    `bertkit.loading` (and kept for the next call: embedding many small inputs one call at a time
+    should not reload the weights); a `Loaded`; or a (model, tokenizer) pair, placed and quantized
+    in place where asked (`bertkit.loading.load`)."""
     if isinstance(model, Loaded):
         return model
-    if isinstance(model, tuple) and len(model) == 2:
-        return load(model, device=device, dtype=dtype, int8=int8)
-    raise BertkitError("model must be None (the default model), a model directory, or a (model, tokenizer) pair; "
-                       f"got {type(model).__name__}")
+    if not (model is None or isinstance(model, (str, Path)) or (isinstance(model, tuple) and len(model) == 2)):
+        raise BertkitError("model must be None (the default model), a model directory, or a (model, tokenizer) "
+                           f"pair; got {type(model).__name__}")
+    key = None
+    if not isinstance(model, tuple):
+        key = (None if model is None else str(Path(model).resolve()) if Path(model).is_dir() else str(model),
+               device, dtype, int8)
+    if key not in _LOADED:
+        loaded = load(model if key is None else key[0], head="encoder", device=device, dtype=dtype, int8=int8)
+        if key is None:
+            return loaded
+        while len(_LOADED) >= 2:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = loaded
+    return _LOADED[key]
 
 
 def _device_of(model) -> torch.device:
@@ -103,6 +111,7 @@ class _Item:
     token_words: list  # per token: input word index or None
     n_words: int
     windows: list | None = None  # (start, end) windows over the content tokens, None when it fits
+    owners: list | None = None  # per content token: the window it has the most context in
 
 
 def _word_spans(words: Sequence[str]) -> tuple:
@@ -172,6 +181,7 @@ def _pieces(item_index: int, item: _Item, max_length: int, stride: int) -> list:
         )
     cls_id, content, sep_id = item.ids[0], item.ids[1:-1], item.ids[-1]
     item.windows = spans(len(content), max_length - 2, stride)
+    item.owners = max_context_owner(item.windows, len(content))
     return [
         _Piece(item_index, k, [cls_id, *content[s:e], sep_id], [0] * (e - s + 2))
         for k, (s, e) in enumerate(item.windows)
@@ -183,7 +193,7 @@ def _stitch(item: _Item, window_vectors: list) -> np.ndarray:
     if item.windows is None:
         return window_vectors[0]
     rows = [window_vectors[0][0]]
-    for position, k in enumerate(max_context_owner(item.windows, len(item.ids) - 2)):
+    for position, k in enumerate(item.owners):
         rows.append(window_vectors[k][1 + position - item.windows[k][0]])
     rows.append(window_vectors[-1][-1])
     return np.stack(rows)
@@ -220,51 +230,23 @@ def run_batch(model, pieces: list, spec: LayerSpec, pad_id: int = 0) -> list:
     return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
 
 
-def _finish(item: _Item, tokens: np.ndarray, pooling, normalize: bool, word_pooling: str):
-    if pooling in SENTENCE_POOLINGS:
-        out = pool_sentence(tokens, pooling)  # every stitched position is a real token
-    elif pooling == "words":
-        out = pool_words(tokens, item.token_words, item.n_words, word_pooling)
-    else:
-        out = tokens
-    out = np.ascontiguousarray(out, dtype=np.float32)
-    return l2_normalize(out) if normalize else out
-
-
-def _check_pooling(pooling, loaded: Loaded | None = None):
-    """The pooling asked for; "auto": the model's own (its sentence-transformers layout, else mean)."""
+def _check_pooling(pooling):
+    """The pooling asked for ("none"/"tokens": None); "auto" stays: the model's own (its
+    sentence-transformers layout, else mean)."""
     if pooling in ("none", "tokens"):
         pooling = None
-    if pooling == "auto":
-        pooling = loaded.pooling if loaded is not None else "mean"
-    if pooling not in POOLINGS:
+    if pooling != "auto" and pooling not in POOLINGS:
         raise BertkitError(f"unknown pooling {pooling!r}: use auto, mean, cls, max, words or none (per-token vectors)")
     return pooling
 
 
-@dataclass(frozen=True)
-class Shape:
-    """How texts are cut for the encoder: the window length, the overlap, and whether a longer
-    text is truncated instead of windowed."""
-
-    max_length: int
-    stride: int
-    truncate: bool
-
-
 def input_shape(loaded: Loaded, sentence: bool, max_length: int | None = None, stride: int | None = None,
                 truncate: bool | None = None) -> Shape:
-    """The window for `loaded`'s encoder. Sentence vectors of a model with a sentence-transformers
-    layout are made at its max_seq_length and truncated there, unless asked otherwise; everything
-    else windows over the model's positions. Explicit arguments win."""
-    limit = loaded.max_positions
-    from_layout = sentence and max_length is None and loaded.layout is not None and loaded.layout.max_seq_length
-    length = loaded.max_length if from_layout else (limit if max_length is None else max_length)
-    if not 3 <= length <= limit:
-        raise BertkitError(f"max_length {length} must be between 3 and the model's {limit} positions")
-    stride = half_window(length - 2) if stride is None else stride
-    spans(0, length - 2, stride)  # a bad stride is refused before any text is read
-    return Shape(length, stride, bool(from_layout) if truncate is None else bool(truncate))
+    """The window for `loaded`'s encoder (`bertkit.windows.shape`). Sentence vectors of a model with a
+    sentence-transformers layout are made at its max_seq_length and truncated there, unless asked
+    otherwise; everything else windows over the model's positions. Explicit arguments win."""
+    preset = loaded.layout.max_seq_length if sentence and loaded.layout is not None else None
+    return shape(loaded.max_positions, preset, max_length, stride, truncate)
 
 
 def iter_embed(
@@ -294,16 +276,17 @@ def iter_embed(
     (texts, or windows of long texts) are sorted by length so each batch of
     `batch_size` carries little padding. See `embed` for the arguments.
     """
+    pooling = _check_pooling(pooling)  # "auto": the model's own, known once it is loaded
+    if batch_size < 1:
+        raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
     loaded = encoder(model, device, dtype, int8)
     net, tok = loaded.model, loaded.tokenizer
-    pooling = _check_pooling(pooling, loaded)
+    pooling = loaded.pooling if pooling == "auto" else pooling
     sentence = pooling in SENTENCE_POOLINGS
     normalize = (loaded.normalize and sentence) if normalize is None else bool(normalize)
     spec = resolve_layers(layers, net.config.num_hidden_layers, combine)
-    shape = input_shape(loaded, sentence, max_length, stride, truncate)
-    max_length, stride, truncate = shape.max_length, shape.stride, shape.truncate
-    if batch_size < 1:
-        raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
+    preset = loaded.layout.max_seq_length if sentence and loaded.layout is not None else None
+    cut = shape(loaded.max_positions, preset, max_length, stride, truncate)  # as input_shape(loaded, ...)
     pad_id = getattr(tok, "pad_token_id", 0) or 0
 
     was_training = net.training
@@ -319,25 +302,32 @@ def iter_embed(
             chunk = list(itertools.islice(source, chunk_size))
             if not chunk:
                 break
-            items = [_encode(tok, text, pair, max_length, truncate) for text, pair in chunk]
-            pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, max_length, stride)]
-            order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
-            results = [[None] * (len(it.windows) if it.windows else 1) for it in items]
-            shown = 0
-            for b in range(0, len(order), batch_size):
-                batch = [pieces[k] for k in order[b : b + batch_size]]
-                for piece, vectors in zip(batch, run_batch(net, batch, spec, pad_id)):
-                    results[piece.item][piece.window] = vectors
-                if bar is not None:  # texts of the chunk, in proportion to the rows done
-                    done = len(chunk) * min(b + batch_size, len(order)) // len(order)
-                    bar.update(done - shown)
-                    shown = done
-            for item, windows in zip(items, results):
-                yield _finish(item, _stitch(item, windows), pooling, normalize, word_pooling)
+            items = [_encode(tok, text, pair, cut.max_length, cut.truncate) for text, pair in chunk]
+            pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
+            tokens = _run_chunk(net, items, pieces, spec, pad_id, batch_size, bar)
+            for item, vectors in zip(items, tokens):
+                yield pool(vectors, pooling, normalize, item.token_words, item.n_words, word_pooling)
     finally:
         net.train(was_training)
         if bar is not None:
             bar.close()
+
+
+def _run_chunk(net, items: list, pieces: list, spec: LayerSpec, pad_id: int, batch_size: int, bar) -> list:
+    """Each item's token vectors [T, D]: the pieces run in batches of similar length (little
+    padding), then each text's windows put back together (`_stitch`)."""
+    order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
+    results = [[None] * (len(it.windows) if it.windows else 1) for it in items]
+    shown = 0
+    for b in range(0, len(order), batch_size):
+        batch = [pieces[k] for k in order[b : b + batch_size]]
+        for piece, vectors in zip(batch, run_batch(net, batch, spec, pad_id)):
+            results[piece.item][piece.window] = vectors
+        if bar is not None:  # texts of the chunk, in proportion to the rows done
+            done = len(items) * min(b + batch_size, len(order)) // len(order)
+            bar.update(done - shown)
+            shown = done
+    return [_stitch(item, windows) for item, windows in zip(items, results)]
 
 
 def embed(

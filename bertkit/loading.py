@@ -21,15 +21,19 @@ sentence-transformers modules). `head` says what the caller wants:
 An ELECTRA directory loads into the ELECTRA form of the class asked for
 (`class_for`): the same task, the ELECTRA heads and checkpoint names.
 
-Then, in this order: the device and dtype (`bertkit.devices`: "auto" is bf16 where
-the device multiplies it natively); int8 dense layers (`bertkit.quantization`;
-CPU and float32 activations, so device "auto" means the CPU and dtype "auto"
-float32); the CPU fast path (`bertkit.fast.accelerate`); eval mode. A model loaded
-here is for inference only.
+`load` is one chain, each step once and in this order: what the directory holds
+(`bertkit.checkpoint.describe`: its small files, no weights); the class `head` asks
+for; where and in what it runs (`bertkit.devices.placement`: "auto" is bf16 where
+the device multiplies it natively; int8 means the CPU and float32 activations),
+decided before any weight is read, so a wrong choice costs no load; the weights;
+the dense layers it runs (`bertkit.quantization.dense_ops`: int8 where asked, then
+the CPU fast path); the sentence layout and the vocabulary. A model loaded here is
+in eval mode, for inference only.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,16 +41,14 @@ import torch
 from torch import nn
 
 from bertkit import electra, heads
-from bertkit.checkpoint import (GENERATOR_DIR, architecture, has_int8_weights, model_type, resolve,
-                                task_info)
-from bertkit.devices import dtype_name, resolve_device, resolve_dtype
+from bertkit.checkpoint import GENERATOR_DIR, Saved, describe, model_type
+from bertkit.devices import dtype_name, placement
 from bertkit.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
                              ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
 from bertkit.electra_pretraining import ElectraPretrainingModel
 from bertkit.errors import BertkitError
-from bertkit.fast import accelerate
 from bertkit.modeling import BertModel
-from bertkit.quantization import is_quantized, load_quantized, quantize
+from bertkit.quantization import dense_ops, is_quantized, load_quantized
 from bertkit.sentence_layout import SentenceLayout, read_layout
 from bertkit.tokenizer import Tokenizer
 
@@ -72,7 +74,13 @@ def class_for(model_dir, cls):
     """The class to load `model_dir` into for a task that asks for the BERT class `cls`:
     `cls` itself for a BERT directory, its ELECTRA form for an ELECTRA one (e.g. a pre-training
     run's discriminator under BertForSequenceClassification -> ElectraForSequenceClassification)."""
-    if model_dir is None or issubclass(cls, ElectraPreTrainedModel) or model_type(model_dir) != "electra":
+    if model_dir is None or model_type(model_dir) != "electra":
+        return cls
+    return _electra_form(model_dir, cls)
+
+
+def _electra_form(model_dir, cls):
+    if issubclass(cls, ElectraPreTrainedModel):
         return cls
     if cls.__name__ not in _ELECTRA_FORM:
         raise BertkitError(
@@ -132,91 +140,82 @@ def _check_head(head: str) -> None:
         raise BertkitError(f"unknown head {head!r}: use one of {', '.join(HEADS)}")
 
 
-def _directory(model) -> Path:
-    if model is not None and not isinstance(model, (str, Path)):
-        raise BertkitError(f"model must be None (the default model) or a model directory, got {type(model).__name__}")
-    return resolve(model)  # None: the default model; a missing directory is one line from here
+@dataclass(frozen=True)
+class _Plan:
+    """What `load` builds, decided before any weight is read: from a directory's small files, or
+    from a (model, tokenizer) pair already in memory."""
+
+    cls: type | None  # the class to build (None: the model is in memory)
+    weights: Path | None  # the folder holding its config.json and weights (an ELECTRA generator: generator/)
+    vocab: Path | None  # the folder holding its vocabulary
+    task: str
+    info: dict
+    int8_weights: bool  # saved by bertkit.quantization.save_quantized (or quantized in memory)
+    model: nn.Module | None = None  # a model in memory, its tokenizer and the device it is on
+    tokenizer: Tokenizer | None = None
+    on: torch.device | None = None
 
 
-def _mlm(directory: Path) -> tuple[nn.Module, Path]:
-    """The masked-LM model of a directory (an ELECTRA pre-training run: its generator), and where
-    its vocabulary is; a BertkitError when the directory has no MLM head."""
-    import warnings
-
-    cls, where = heads.BertForMaskedLM, directory
-    if model_type(directory) == "electra":
-        cls = ElectraForMaskedLM
-        if (directory / GENERATOR_DIR / "config.json").is_file():
-            where = directory / GENERATOR_DIR
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the report is checked below, with a message for this use
-        model = cls.from_pretrained(where, strict=False)
-    report = model.load_report
-    if report.missing:
-        what = ("an ELECTRA discriminator or fine-tuned model: point it at the generator (ElectraForMaskedLM)"
-                if cls is ElectraForMaskedLM else "a bare encoder or a fine-tuned model")
-        raise BertkitError(
-            f"{where} has no masked-LM head (missing {', '.join(report.missing[:3])}"
-            f"{', ...' if len(report.missing) > 3 else ''}); it looks like {what}. fill-mask needs a "
-            "pre-training checkpoint: BertForMaskedLM / BertForPreTraining or an ELECTRA generator"
-        )
-    if report.unexpected or report.mismatched:
-        raise BertkitError(f"{where} does not load as {cls.__name__}: {report.describe()}")
-    return model, where if (where / "vocab.txt").is_file() else directory
+def _held(net: nn.Module, tok) -> _Plan:
+    """A (model, tokenizer) pair in memory: nothing to build; where it is, and whether it is int8."""
+    param = next(net.parameters(), None)
+    on = param.device if param is not None else torch.device("cpu")
+    return _Plan(None, None, None, "embed", {}, is_quantized(net), net, tok, on)
 
 
-def _saved_class(directory: Path):
-    name = architecture(directory)
-    if name not in CLASSES:
-        raise BertkitError(f"{directory} holds a {name}, which bertkit has no class for "
-                           f"(it loads {', '.join(CLASSES)})")
-    return CLASSES[name]
-
-
-def _build(directory: Path, head: str, info: dict | None) -> tuple[nn.Module, str, Path]:
-    """(float model, task, tokenizer directory) for `head`, before device, dtype and int8."""
+def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
+    """The class `head` asks for in the directory `saved` describes."""
+    directory, info, int8_weights = saved.directory, saved.task, saved.int8_weights
     if head == "mlm":
-        model, vocab = _mlm(directory)
-        return model, "mlm", vocab
+        cls, where = heads.BertForMaskedLM, directory
+        if saved.model_type == "electra":
+            cls = ElectraForMaskedLM  # a pre-training run's generator, in its subfolder
+            where = directory / GENERATOR_DIR if (directory / GENERATOR_DIR / "config.json").is_file() else directory
+        return _Plan(cls, where, where if (where / "vocab.txt").is_file() else directory, "mlm", {}, False)
     if head == "electra":
-        return ElectraPretrainingModel.from_pretrained(directory), "electra", directory
+        return _Plan(ElectraPretrainingModel, directory, directory, "electra", {}, False)
     if head == "saved":
-        return _saved_class(directory).from_pretrained(directory), (info or {}).get("task", "embed"), directory
+        if int8 or int8_weights:
+            raise BertkitError(f"{directory} holds an int8 bertkit model, which has no plain float form to save "
+                               "or export: use the float model it was quantized from")
+        if saved.architecture not in CLASSES:
+            raise BertkitError(f"{directory} holds a {saved.architecture}, which bertkit has no class for "
+                               f"(it loads {', '.join(CLASSES)})")
+        return _Plan(CLASSES[saved.architecture], directory, directory, (info or {}).get("task", "embed"),
+                     info or {}, False)
     if head == "task" and info is None:
-        raise BertkitError(f"{directory} holds a {architecture(directory)}, not a fine-tuned task model; "
+        raise BertkitError(f"{directory} holds a {saved.architecture}, not a fine-tuned task model; "
                            "fine-tune it first (bertkit finetune TASK)")
     if head == "encoder" or info is None:
         cls, task = BertModel, "embed"
     else:
         cls, task = _TASK_CLASS.get(info["task"], heads.BertForSequenceClassification), info["task"]
-    if has_int8_weights(directory):  # saved by bertkit.quantization.save_quantized
-        return load_quantized(cls, directory), task, directory
-    return class_for(directory, cls).from_pretrained(directory), task, directory
+    if saved.model_type == "electra" and not int8_weights:
+        cls = _electra_form(directory, cls)
+    return _Plan(cls, directory, directory, task, info or {}, int8_weights)
 
 
-def _placement(int8_weights: bool, device, dtype, int8: bool, where) -> tuple[torch.device, torch.dtype, bool]:
-    """Where the model runs and in what. int8 (asked for, or saved so) means the CPU and float32
-    activations; `where`: the device a model in memory is already on (None: load it)."""
-    int8 = int8 or int8_weights
-    if not int8:
-        where = resolve_device(device) if device is not None or where is None else where
-        return where, resolve_dtype(dtype, where), False
-    where = resolve_device("cpu" if device in (None, "auto") else device)
-    chosen = torch.float32 if dtype in (None, "auto") else resolve_dtype(dtype, where)
-    if where.type != "cpu" or chosen != torch.float32:
-        what = "an int8 model" if int8_weights else "int8"
-        raise BertkitError(f"{what}: int8 runs on the CPU in float32 activations (--device cpu, --dtype float32 "
-                           "or auto)")
-    return where, chosen, True
-
-
-def _ready(net: nn.Module, where: torch.device, dtype: torch.dtype | None, int8: bool, fast: bool) -> nn.Module:
-    """The model on its device in its dtype (None: as it is), int8 if asked, the fast path applied."""
-    if not is_quantized(net):
-        net = net.to(where, dtype)
-    if int8 and not is_quantized(net):
-        net = quantize(net)  # before accelerate: see bertkit.quantization
-    return accelerate(net) if fast else net
+def _build(plan: _Plan) -> nn.Module:
+    """The model of `plan` in eval mode, before device, dtype and int8."""
+    if plan.int8_weights:
+        return load_quantized(plan.cls, plan.weights)
+    if plan.task != "mlm":
+        return plan.cls.from_pretrained(plan.weights).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the report is checked here, with a message for fill-mask
+        model = plan.cls.from_pretrained(plan.weights, strict=False)
+    report = model.load_report
+    if report.missing:
+        what = ("an ELECTRA discriminator or fine-tuned model: point it at the generator (ElectraForMaskedLM)"
+                if plan.cls is ElectraForMaskedLM else "a bare encoder or a fine-tuned model")
+        raise BertkitError(
+            f"{plan.weights} has no masked-LM head (missing {', '.join(report.missing[:3])}"
+            f"{', ...' if len(report.missing) > 3 else ''}); it looks like {what}. fill-mask needs a "
+            "pre-training checkpoint: BertForMaskedLM / BertForPreTraining or an ELECTRA generator"
+        )
+    if report.unexpected or report.mismatched:
+        raise BertkitError(f"{plan.weights} does not load as {plan.cls.__name__}: {report.describe()}")
+    return model.eval()
 
 
 def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool = False,
@@ -229,24 +228,24 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     dtype: float32 (None), bfloat16 or auto (bf16 where the device has it natively).
     int8: quantize the encoder's dense layers (CPU). fast: apply the CPU fast path
     (False keeps the plain layers, e.g. for tracing into ONNX).
+
+    The steps run in this order, each once: what the directory holds (its small files), where
+    and in what the model runs, the weights, then int8 and the fast path, the layout and the
+    vocabulary.
     """
     _check_head(head)
-    if isinstance(model, tuple) and len(model) == 2:
-        net, tok = model
-        param = next(net.parameters(), None)
-        on = param.device if param is not None else torch.device("cpu")
-        where, chosen, int8 = _placement(is_quantized(net), device, dtype, int8, on)
-        net = _ready(net, where, chosen if dtype is not None else None, int8, fast=int8 and not is_quantized(net))
-        dtype_now = next(net.parameters()).dtype if param is not None else chosen
-        return Loaded(net, tok, None, "embed", {}, None, where, dtype_now, int8)
-    directory = _directory(model)
-    info = task_info(directory) if head not in ("mlm", "electra") else None
-    int8_weights = head not in ("mlm", "electra", "saved") and has_int8_weights(directory)
-    if head == "saved" and (int8 or has_int8_weights(directory)):
-        raise BertkitError(f"{directory} holds an int8 bertkit model, which has no plain float form to save "
-                           "or export: use the float model it was quantized from")
-    where, chosen, int8 = _placement(int8_weights, device, dtype, int8, None)
-    net, task, vocab = _build(directory, head, info)
-    net = _ready(net.eval(), where, chosen, int8, fast)  # loaded here for inference only
-    layout = read_layout(directory) if task == "embed" else None
-    return Loaded(net, Tokenizer.from_pretrained(vocab), directory, task, info or {}, layout, where, chosen, int8)
+    held = isinstance(model, tuple) and len(model) == 2
+    saved = None if held else describe(model)  # the directory's small files; None: the default model
+    plan = _plan(saved, head, int8) if not held else _held(*model)
+    quantize_now = int8 and not plan.int8_weights
+    int8 = int8 or plan.int8_weights
+    where, chosen = placement(device, dtype, int8, on=plan.on, what="an int8 model" if plan.int8_weights else "int8")
+    net = plan.model if held else _build(plan)
+    if not plan.int8_weights:
+        net = net.to(where, None if held and dtype is None else chosen)
+    # a model in memory keeps its layers, unless it is quantized here
+    net = dense_ops(net, quantize_now, fast if not held else quantize_now)
+    layout = None if held or plan.task != "embed" else read_layout(saved.directory)
+    tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab)
+    dtype_now = next((p.dtype for p in net.parameters()), chosen)
+    return Loaded(net, tok, None if held else saved.directory, plan.task, plan.info, layout, where, dtype_now, int8)

@@ -315,6 +315,8 @@ def attention_dtype(x: torch.Tensor) -> torch.dtype:
 class BertPreTrainedModel(nn.Module):
     """What BertModel and every head share: the config, loading and saving in HF format."""
 
+    config_class = BertConfig  # what from_pretrained reads config.json as (ELECTRA's classes: ElectraConfig)
+
     def __init__(self, config: BertConfig):
         super().__init__()
         if not isinstance(config, BertConfig):

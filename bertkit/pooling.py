@@ -12,6 +12,9 @@ Three poolings, each a small function over numpy or torch arrays:
 - across tokens, one vector per text (`pool_sentence`: the attention-masked mean,
   sentence-transformers' pooling, or the [CLS] vector), optionally L2-normalised.
 
+`pool` is the last step of `bertkit.features.iter_embed` for one text: the sentence
+vector, the word vectors or the tokens, normalised or not.
+
 The settings `bertkit embed` and `bertkit serve` share (layer strategy, how layers
 combine, sentence pooling, normalisation) are defined once, `bertkit.options.EmbedOptions`.
 Pooling and normalisation default to what the model's sentence-transformers layout
@@ -171,3 +174,18 @@ def pool_sentence(tokens: np.ndarray, pooling: str) -> np.ndarray:
     if pooling == "mean":
         return tokens.mean(axis=0)
     return tokens.max(axis=0) if pooling == "max" else tokens[0]
+
+
+def pool(tokens: np.ndarray, pooling, normalize: bool, token_words: Sequence = (), n_words: int = 0,
+         word_pooling: str = "mean") -> np.ndarray:
+    """One text's output from its token vectors [T, D], float32: a sentence vector [D] (a sentence
+    pooling), word vectors [W, D] ("words", with the text's `token_words` and `n_words`) or the
+    tokens themselves (None); each vector L2-normalised when `normalize`."""
+    if pooling in SENTENCE_POOLINGS:
+        out = pool_sentence(tokens, pooling)
+    elif pooling == "words":
+        out = pool_words(tokens, token_words, n_words, word_pooling)
+    else:
+        out = tokens
+    out = np.ascontiguousarray(out, dtype=np.float32)
+    return l2_normalize(out) if normalize else out

@@ -27,6 +27,7 @@ Only the dense modules change (each becomes an `Int8Linear`); the encoder layer 
 its forward are BertLayer's, as for float32. So `quantize` and `bertkit.fast.accelerate`
 compose in either order: accelerate swaps the float nn.Linear layers that are left
 (the pooler, the heads), quantize replaces the encoder's (float or accelerated) ones.
+`dense_ops` is the one step the loader takes: int8 where asked, then the fast path.
 
 A quantized model is saved as a model directory (`save_quantized`): config.json,
 the tokenizer files, and `model.int8.safetensors` holding bertkit's own
@@ -49,10 +50,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertkit.checkpoint import INT8_WEIGHTS, architecture
-from bertkit.config import BertConfig
+from bertkit.checkpoint import INT8_WEIGHTS
 from bertkit.errors import BertkitError
-from bertkit.fast import int8_per_token
+from bertkit.fast import accelerate, int8_per_token
 
 FORMAT = "bertkit-int8-dynamic"
 VERSION = "1"
@@ -160,6 +160,15 @@ def quantize(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
+def dense_ops(model: nn.Module, int8: bool, fast: bool) -> nn.Module:
+    """The dense layers an inference model runs, swapped below its layers in one step: the
+    encoder's int8 (`quantize`, where asked and not done yet), then the CPU fast path
+    (`bertkit.fast.accelerate`) on the float layers left, when `fast`."""
+    if int8 and not is_quantized(model):
+        model = quantize(model)
+    return accelerate(model) if fast else model
+
+
 # --- saving and loading -----------------------------------------------------------------
 
 
@@ -232,11 +241,12 @@ def load_quantized(cls, directory) -> nn.Module:
     path = directory / INT8_WEIGHTS
     if not path.is_file():
         raise BertkitError(f"no int8 weights in {directory}: expected {INT8_WEIGHTS} (made by save_quantized)")
-    saved = architecture(directory)
-    if saved is not None and saved != cls.__name__:
+    config = cls.config_class.from_pretrained(directory)  # as checkpoint.load_pretrained
+    saved = (config.architectures or ["BertModel"])[0]
+    if saved != cls.__name__:
         raise BertkitError(f"{directory} holds an int8 {saved}, not a {cls.__name__}: load it as {saved}")
     state = _read(path)
-    model = cls(BertConfig.from_pretrained(directory)).eval()
+    model = cls(config).eval()
     for parent, attr, linear in _targets(model):
         name = next(n for n, m in model.named_modules() if m is linear)
         out_f, in_f = linear.out_features, linear.in_features

@@ -20,10 +20,14 @@ windows share, as in Hugging Face tokenizers' and transformers' run_qa.py
 ends at the last token, so it may be shorter than `size`.
 
 Windows are half-open (start, end) spans of positions; n = 0 gives one empty
-window, so every sequence has at least one.
+window, so every sequence has at least one. `shape` decides a text's window once,
+before any text is read: its length, the overlap, and whether a longer text is
+truncated instead.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from bertkit.errors import BertkitError
 
@@ -54,6 +58,31 @@ def spans(n: int, size: int, stride: int) -> list[tuple[int, int]]:
 def half_window(size: int) -> int:
     """The default overlap: windows advance by half a window (size // 2), sharing the rest."""
     return size - max(1, size // 2)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How texts are cut for an encoder: the window length (special tokens included), the overlap,
+    and whether a longer text is truncated instead of windowed."""
+
+    max_length: int
+    stride: int
+    truncate: bool
+
+
+def shape(positions: int, preset: int | None = None, max_length: int | None = None, stride: int | None = None,
+          truncate: bool | None = None) -> Shape:
+    """The window for a model of `positions` positions. `preset`: the length its texts are made
+    at when none is asked (a sentence embedding model's max_seq_length), where a longer text is
+    truncated unless asked otherwise; without one, windows span the positions. Explicit arguments
+    win; a bad length or stride is refused here, before any text is read."""
+    from_preset = max_length is None and bool(preset)
+    length = min(preset, positions) if from_preset else (positions if max_length is None else max_length)
+    if not 3 <= length <= positions:
+        raise BertkitError(f"max_length {length} must be between 3 and the model's {positions} positions")
+    stride = half_window(length - 2) if stride is None else stride
+    spans(0, length - 2, stride)
+    return Shape(length, stride, from_preset if truncate is None else bool(truncate))
 
 
 def max_context_score(span: tuple[int, int], p: int) -> float:

@@ -285,3 +285,19 @@ def test_imports_flow_one_way_from_modeling_to_checkpoint():
     assert not imported & {"bertkit.modeling", "bertkit.heads", "bertkit.features"}, imported
     code = "import sys, bertkit.checkpoint; print('bertkit.modeling' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_describe_reads_what_a_directory_holds(tmp_path, default_model_dir):
+    from bertkit.checkpoint import describe
+
+    saved = describe(None)  # the default model: a bare sentence-transformers encoder
+    assert (saved.directory, saved.model_type, saved.task, saved.int8_weights) == (default_model_dir, "bert", None, False)
+    head = bertkit.BertForSequenceClassification(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                                            intermediate_size=37, num_labels=3))
+    head.save_pretrained(tmp_path / "cls")
+    saved = describe(tmp_path / "cls")
+    assert (saved.architecture, saved.task["task"]) == ("BertForSequenceClassification", "classify")
+    with pytest.raises(BertkitError, match="no model directory at"):
+        describe(tmp_path / "absent")
+    with pytest.raises(BertkitError, match="model must be None .* or a model directory, got int"):
+        describe(3)

@@ -192,3 +192,14 @@ def test_auto_precision_on_this_machine_is_faithful():
     assert cosines(got, ref).min() > 0.999
     if not D.cpu_features().native_bf16:
         np.testing.assert_array_equal(got, ref)  # auto is float32 here: exact
+
+
+def test_placement_is_decided_once_with_int8s_rule():
+    cpu = torch.device("cpu")
+    # int8 means the CPU in float32 activations: "auto" resolves to them, anything else is refused by name
+    assert D.placement("auto", "auto", int8=True) == (cpu, torch.float32)
+    with pytest.raises(BertkitError, match="an int8 model: int8 runs on the CPU in float32"):
+        D.placement("cpu", "bfloat16", int8=True, what="an int8 model")
+    # a model already in memory stays where it is unless a device is named
+    assert D.placement(None, None, on=torch.device("meta")) == (torch.device("meta"), torch.float32)
+    assert D.placement("cpu", "float32", on=torch.device("meta")) == (cpu, torch.float32)

@@ -149,6 +149,32 @@ def test_layers_import_only_downwards():
     assert wrong == []
 
 
+# Issue 25 counted 135 import edges among 33 units (4.09 per unit) before the inference side was
+# reorganised; after it, `python tests/test_imports.py` printed 41 units and 156 edges (3.80 per unit).
+MAX_EDGES_PER_UNIT = 3.9
+
+
+def test_units_import_fewer_units_than_before_the_inference_rework():
+    modules, edges, _ = graph()
+    units = {unit(m) for m in modules}
+    n_edges = sum(len(v) for v in unit_edges(edges).values())
+    assert n_edges / len(units) <= MAX_EDGES_PER_UNIT, figures()
+
+
+def test_the_loader_is_a_chain_over_the_model_files():
+    """bertkit.loading reads a directory through checkpoint, places it through devices, swaps its dense
+    layers through quantization (int8, then the fast path: one call) and reads the layout and the
+    vocabulary; it never reaches up to what uses it, nor around quantization to the fast path."""
+    _, edges, _ = graph()
+    allowed = {"bertkit.checkpoint", "bertkit.devices", "bertkit.electra", "bertkit.electra_pretraining",
+               "bertkit.errors", "bertkit.heads", "bertkit.modeling", "bertkit.quantization", "bertkit.sentence_layout",
+               "bertkit.tokenizer"}
+    assert set(edges["bertkit.loading"]) <= allowed
+    # features runs the encoder over windows; it hands the vectors to pooling and the cuts to windows
+    assert set(edges["bertkit.features"]) <= {"bertkit.errors", "bertkit.loading", "bertkit.pooling",
+                                              "bertkit.windows"}
+
+
 def test_the_library_never_imports_the_oracles():
     _, _, oracles = graph()
     assert oracles == {}

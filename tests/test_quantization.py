@@ -309,3 +309,23 @@ def test_predict_int8_keeps_the_labels_and_loads_a_saved_int8_model(sentiment_ru
     # the CLI flag: evaluate mode on the labelled dev file
     assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--int8"]) == 0
     assert "accuracy" in capsys.readouterr().out
+
+
+def test_dense_ops_is_quantize_then_accelerate_in_one_step():
+    from bertkit.fast import FastLinear
+    from bertkit.quantization import dense_ops
+
+    ids, mask, types = inputs()
+
+    def run(model):
+        with torch.inference_mode():
+            return model(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+
+    expected = run(accelerate(quantize(tiny_model())))
+    model = dense_ops(tiny_model(), int8=True, fast=True)
+    torch.testing.assert_close(run(model), expected, rtol=0, atol=0)
+    assert isinstance(model.pooler.dense, FastLinear) and is_quantized(model)
+    again = dense_ops(model, int8=True, fast=True)  # already int8: nothing is quantized twice
+    torch.testing.assert_close(run(again), expected, rtol=0, atol=0)
+    plain = dense_ops(tiny_model(), int8=False, fast=False)
+    assert not is_quantized(plain) and type(plain.pooler.dense) is torch.nn.Linear

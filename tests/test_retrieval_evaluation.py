@@ -55,6 +55,29 @@ def test_default_model_equals_sentence_transformers_evaluator(small_scifact, st_
         assert ours[measure] == pytest.approx(theirs[f"cosine_{measure}"], abs=1e-6), measure
 
 
+def test_leading_dimensions_equal_sentence_transformers_truncate_dim(small_scifact, st_model):
+    """--dimensions: the vectors cut to their leading d and renormalised, scored as sentence-transformers'
+    evaluator scores them with truncate_dim=d; the whole width gives the main figures again."""
+    from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+
+    data = load_beir(small_scifact, "test")
+    relevant = {q: {d for d, s in docs.items() if s > 0} for q, docs in data.qrels.items()}
+    corpus = {d: document_text(doc) for d, doc in data.corpus.items()}
+    ours = evaluate_retrieval(None, small_scifact, "test", progress=False, dimensions=[384, 32, 64])
+    assert list(ours["dimensions"]) == ["32", "64", "384"]
+    for measure in DEFAULT_MEASURES:
+        assert ours["dimensions"]["384"][measure] == pytest.approx(ours[measure], abs=1e-9)
+    for d in (32, 64):
+        theirs = InformationRetrievalEvaluator(data.queries, corpus, relevant, mrr_at_k=[10], ndcg_at_k=[10],
+                                               map_at_k=[100], precision_recall_at_k=[10, 100], write_csv=False,
+                                               truncate_dim=d)(st_model)
+        for measure in DEFAULT_MEASURES:
+            assert ours["dimensions"][str(d)][measure] == pytest.approx(theirs[f"cosine_{measure}"], abs=1e-6)
+    assert ours["dimensions"]["32"]["ndcg@10"] != ours["ndcg@10"]  # the cut is really applied
+    with pytest.raises(BertkitError, match="more than the model's 384"):
+        evaluate_retrieval(None, small_scifact, "test", progress=False, dimensions=[512])
+
+
 def test_default_model_sts_equals_sentence_transformers(shared_data, st_model):
     from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 

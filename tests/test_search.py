@@ -87,6 +87,22 @@ def test_search_over_a_memory_map_stays_far_below_the_index_size(tmp_path):
     assert rows == [w[2] for w in want]
 
 
+def test_exact_top_k_keeps_the_lowest_rows_among_many_ties_whatever_the_blocks():
+    from bertkit.retrieval.exact import top_k
+
+    rng = np.random.default_rng(3)
+    vectors = rng.integers(0, 2, (2000, 6)).astype(np.float32)
+    queries = np.zeros((9, 6), np.float32)
+    for q in queries:
+        q[rng.choice(6, 4, replace=False)] = 0.5  # unit length exactly: every score a multiple of 0.5, ties everywhere
+    scores = queries @ vectors.T
+    want = np.lexsort((np.broadcast_to(np.arange(2000), scores.shape), -scores), axis=1)[:, :25]
+    for block, query_block in [(1, 9), (7, 2), (64, 4), (2000, 9), (4096, 1)]:
+        got_scores, got = top_k(queries, vectors, 25, block_size=block, query_block=query_block, normalized=True)
+        assert np.array_equal(got, want), (block, query_block)
+        assert np.array_equal(got_scores, np.take_along_axis(scores, want, axis=1))
+
+
 def test_bad_k_is_refused(tmp_path):
     index = write_index(tmp_path / "ix", unit(np.eye(3, 4) + 0.1), np.array([0, 0, 1]))
     for k in (0, -1, True):
@@ -283,6 +299,13 @@ def test_a_qdrant_collection_answers_as_the_exact_search(built, tiny, tmp_path, 
     both = search_qdrant(where, "sci", QUERIES, k=5, dtype="float32")
     assert [[h.id for h in hits] for hits in both] == [[h.id for h in hits[:5]] for hits in exact]
     assert [h.text for h in both[1]] == [h.text for h in exact[1][:5]]
+    from bertkit.retrieval.qdrant import search_vectors as qdrant_vectors
+
+    info = open_index(built).info
+    vectors = embed_queries(info, query_encoder(info, dtype="float32"), QUERIES)
+    given = qdrant_vectors(where, "sci", vectors, k=10)  # queries embedded beforehand, as a server has them
+    assert [[h.id for h in hits] for hits in given] == [[h.id for h in hits] for hits in exact]
+    np.testing.assert_allclose([h.score for h in given[1]], [h.score for h in exact[1]], atol=1e-5)
     for argv, message in [(["index", "export", str(built), "--qdrant", where, "--collection", "sci"], "already exists"),
                           (["search", "--qdrant", where, "--collection", "nope", "q"], "no collection 'nope'"),
                           (["search", "--qdrant", where, "--collection", "sci", "q", "--model",

@@ -102,3 +102,18 @@ def test_embed_stride_is_the_overlap(tiny):
         np.testing.assert_allclose(got[1 + p], outs[k][1 + p - windows[k][0]], atol=1e-5)
     with pytest.raises(BertkitError, match="stride=8 must be smaller"):
         embed(text, tiny, max_length=10, stride=8)
+
+
+def test_shape_by_hand():
+    from bertkit.windows import Shape, shape
+
+    # a sentence model's preset length (max_seq_length 256 of 512 positions) truncates there
+    assert shape(512, 256) == Shape(256, half_window(254), True)
+    # an explicit length windows, with the overlap asked or half a window; a preset beyond the positions is capped
+    assert shape(512, 256, max_length=130, stride=16) == Shape(130, 16, False)
+    assert shape(512) == Shape(512, 255, False) and shape(64, 4096) == Shape(64, 31, True)
+    assert shape(512, 256, truncate=False).truncate is False
+    with pytest.raises(BertkitError, match="between 3 and the model's 512"):
+        shape(512, max_length=600)
+    with pytest.raises(BertkitError, match="stride=128 must be smaller than the 126 tokens"):
+        shape(512, max_length=128, stride=128)

@@ -50,8 +50,8 @@ def run_embed(args):
     from bertkit.vector_files import write_vectors
 
     options = from_args(args, EmbedOptions)
-    texts, count = read_texts(args.input, args.column)
     loaded = encoder(args.model, args.device, args.dtype, args.int8)
+    texts, count = read_texts(args.input, args.column)
     pooling = {None: loaded.pooling, "none": None}.get(options.pooling, options.pooling)
     rows = iter_embed(
         texts, loaded, options.layers, pooling, options.normalize, combine=options.combine,

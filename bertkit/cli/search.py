@@ -18,10 +18,13 @@ def add_index(sub):
         "write INDEX: vectors.safetensors (unit float32 vectors), passages.jsonl (id, doc_id, title, start, end, "
         "text) and index.json (the model, its weights' SHA-256, pooling, max length). Work is saved in parts: "
         "after a crash or kill, the same command with --resume continues where it stopped, and the index is "
-        "the same as an uninterrupted run's. See docs/search.md.",
+        "the same as an uninterrupted run's. Under torchrun (--nproc_per_node N, one or more nodes) each rank "
+        "encodes its share of the parts into INDEX (across nodes: a shared filesystem) and rank 0 writes the "
+        "index, the one a single process writes. See docs/search.md.",
         epilog="examples:\n  bertkit index data/scifact -o scifact.index\n"
         "  bertkit index notes/ -o notes.index --passage-tokens 128 --overlap 16\n"
         "  bertkit index data/scifact -o scifact.index --resume\n"
+        "  torchrun --nproc_per_node 4 -m bertkit.cli index data/scifact -o scifact.index --part-size 256\n"
         "  bertkit index export scifact.index --qdrant qdrant_data/ --collection scifact   (or --qdrant "
         "http://host:6333)\n\nbertkit index export INDEX --qdrant PATH|URL --collection NAME writes an index's "
         "vectors, passages and model into a new Qdrant collection (local mode: a folder; a URL: a server), which "
@@ -40,8 +43,8 @@ def add_index(sub):
     p.add_argument("--overlap", type=int, help="word pieces shared by consecutive passages of a document "
                    "(default: half a passage)")
     p.add_argument("--batch-size", type=int, default=32, help="passages per forward pass (default 32)")
-    p.add_argument("--part-size", type=int, default=1024, help="passages per saved part: what a kill can lose "
-                   "(default 1024)")
+    p.add_argument("--part-size", type=int, default=1024, help="passages per saved part: what a kill can lose, "
+                   "and what torchrun ranks are dealt (default 1024)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted build of INDEX")
     p.add_argument("--ann", choices=["hnsw"], help="also build an approximate index: hnsw, a FAISS HNSW graph for "
                    "corpora where exact search is too slow (needs: pip install 'bertkit[search]'); its recall@10 "
@@ -70,6 +73,8 @@ def run_index(args):
                        overlap=args.overlap, batch_size=args.batch_size, part_size=args.part_size,
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
                        ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search)
+    if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
+        return
     skipped = info["documents_without_tokens"]
     print(f"{args.output}: {info['passages']} passages of {info['documents']} documents "
           f"({info['passage_tokens']} tokens, overlap {info['overlap']}), {info['dim']} dimensions, "

@@ -35,7 +35,7 @@ class Subset:
 def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
     """(train_indices, eval_indices): the documents prepare kept apart are never trained on.
 
-    prepare chose them before making any pair (`prepare.held_out_documents`)
+    prepare chose them before making any pair (`bertkit.pretraining.blocks.held_out_documents`)
     and drew the "random next" segments of training documents only from other
     training documents, so leaving out every instance that touches one of them
     (as A or B) removes no pair of a training document: the training labels keep

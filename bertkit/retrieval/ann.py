@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.retrieval.exact import top_k
@@ -51,14 +52,16 @@ def check_kind(kind: str) -> None:
 
 
 def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int = 200,
-               block_size: int = 16384) -> None:
+               block_size: int = 16384, progress: bool = False) -> None:
     """An HNSW graph over unit rows `vectors` [N, D] (a memory map is read a block at a time),
     written to `path` through a temporary file."""
     faiss = faiss_module()
     graph = faiss.IndexHNSWFlat(vectors.shape[1], m, faiss.METRIC_INNER_PRODUCT)
     graph.hnsw.efConstruction = ef_construction
-    for start in range(0, len(vectors), block_size):
-        graph.add(np.ascontiguousarray(vectors[start : start + block_size], dtype=np.float32))
+    with tqdm(total=len(vectors), disable=not progress, desc="building HNSW", unit="vector") as bar:
+        for start in range(0, len(vectors), block_size):
+            graph.add(np.ascontiguousarray(vectors[start : start + block_size], dtype=np.float32))
+            bar.update(min(block_size, len(vectors) - start))
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     faiss.write_index(graph, str(tmp))

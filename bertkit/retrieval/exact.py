@@ -11,9 +11,11 @@ It is the brute force of sentence-transformers' `semantic_search` and of FAISS's
 `IndexFlatIP`, done as blocked matrix products: the corpus is read `block_size`
 rows at a time (a memory map pages in only that block), each block is normalised
 on the fly and multiplied with a block of queries, and a running top-k per query
-is merged with the block's best k. Peak memory is about
+is merged with the block's best k (taken from the score tile alone: the merge is of
+2k columns). Peak memory is about
 
-    query_block x block_size x 4 bytes (the score tile) + block_size x D x 4 (the block)
+    query_block x block_size x 13 bytes (the score tile, argpartition's int64 output, the tie
+    check's booleans) + block_size x D x 4 (the block, when it has to be normalised)
 
 whatever N is. Equal scores are ordered by row, lowest first, so the answer does
 not depend on the block size.
@@ -35,7 +37,8 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
 def _best(scores: np.ndarray, indices: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k best columns of each row, by score descending then index ascending. [R, C] -> [R, k]."""
     if scores.shape[1] > k:
-        keep = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        cut = scores.shape[1] - k
+        keep = np.argpartition(scores, cut, axis=1)[:, cut:]  # the k largest, unordered (no negated copy)
         # argpartition cuts a tie at the k-th score anywhere; where one straddles the cut,
         # rank those rows fully so the lowest indices win
         kth = np.take_along_axis(scores, keep, axis=1).min(axis=1, keepdims=True)
@@ -78,8 +81,11 @@ def top_k(queries, vectors, k: int = 10, *, block_size: int = 16384, query_block
             if not normalized:
                 block = _unit_rows(block)
             tile = q @ block.T  # [Qb, B]
-            ids = np.broadcast_to(np.arange(start, start + len(block), dtype=np.int64), tile.shape)
-            best_s, best_i = _best(np.concatenate([best_s, tile], axis=1),
-                                   np.concatenate([best_i, ids], axis=1), k)
+            ids = np.broadcast_to(np.arange(start, start + len(block), dtype=np.int64), tile.shape)  # a view
+            # the block's own k best first, then a merge of 2k columns: the top k of a union is the
+            # top k of the parts' top k, and the whole tile is neither copied nor given int64 ids
+            tile_s, tile_i = _best(tile, ids, k)  # [Qb, k]
+            best_s, best_i = _best(np.concatenate([best_s, tile_s], axis=1),
+                                   np.concatenate([best_i, tile_i], axis=1), k)
         all_scores[q0 : q0 + len(q)], all_indices[q0 : q0 + len(q)] = best_s, best_i
     return all_scores, all_indices

@@ -31,15 +31,35 @@ the build checks that the plan is the same, skips the parts on disk and encodes
 the rest; the batches are the same as in an uninterrupted run, so the finished
 index is byte for byte the same. `index.json` is written last: a folder
 without it is not an index.
+
+Past one machine: `torchrun --nproc_per_node N [--nnodes M ...] -m bertkit.cli
+index CORPUS -o INDEX/` (torch.distributed's env:// rendezvous: RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR/PORT; gloo on CPUs, NCCL on GPUs, one GPU per rank,
+`bertkit.training.distributed`). Every rank reads the corpus and cuts the same
+passages (cheap and deterministic) and so knows the same parts; the parts are
+dealt to the ranks from the longest down, back and forth (`distributed.deal`:
+ranks 0..N-1, then N-1..0, then again), so that each rank gets about the same
+work. Rank 0 prepares the folder (passages.jsonl, build.json; a refusal, such
+as a used folder or a changed plan, is raised on every rank); then each rank
+encodes and writes its own parts; after a barrier rank 0 assembles
+vectors.safetensors and index.json, which are the files one process writes (the
+vectors within float rounding: another thread count may sum in another order). INDEX must be one folder that every rank sees: on one
+machine any folder, across machines a shared filesystem (NFS, Lustre, a
+mounted bucket). The parts are named by number, not by rank, so `resume=True`
+keeps every finished part, whichever rank wrote it, and may be run with another
+number of ranks, or alone. Only rank 0 shows a progress bar (its share); each
+rank logs its encoding rate (logger `bertkit.retrieval.index`, INFO).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +73,14 @@ from bertkit.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.passages import Passage, cut_all, default_overlap, read_documents
+from bertkit.training import distributed
 from bertkit.vector_files import SAFETENSORS_DTYPES, safetensors_header
 
 FORMAT = 1
 INDEX_JSON, BUILD_JSON = "index.json", "build.json"
 PASSAGES, VECTORS, PARTS = "passages.jsonl", "vectors.safetensors", "parts"
+
+log = logging.getLogger(__name__)
 
 
 # --- the model that made the vectors -----------------------------------------------------------
@@ -164,16 +187,45 @@ def _check_plan(out: Path, plan: dict) -> None:
                                "now: resume with the same corpus, model and settings, or start in a new folder")
 
 
+def _start(out: Path, resume: bool, plan: dict, lines: list[bytes]) -> None:
+    """The folder's parts/, and passages.jsonl with build.json (or, resuming, the check that the plan is the same)."""
+    (out / PARTS).mkdir(parents=True, exist_ok=True)
+    if resume:
+        _check_plan(out, plan)
+    else:
+        _replace_atomically(out / PASSAGES, lambda f: f.writelines(lines))
+        _write_json(out / BUILD_JSON, plan)
+
+
+def _on_rank_0(rank: distributed.DistInfo, step) -> None:  # step() -> None
+    """step() on rank 0 alone, the other ranks waiting; a BertkitError it raises is raised on every rank
+    (one line each), so that no rank is left waiting for one that quit."""
+    if not rank.enabled:
+        return step()
+    error = None
+    if rank.is_main:
+        try:
+            step()
+        except BertkitError as e:
+            error = str(e)
+    error = distributed.broadcast_object(error, rank)
+    if error is not None:
+        raise BertkitError(error)
+
+
 def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int, loaded: Loaded,
-                  settings: EncodingSettings, batch_size: int, progress: bool) -> None:
-    """Encode every part missing from OUT/parts (rows `order[p*part_size:(p+1)*part_size]`)."""
-    parts = range(0, len(order), part_size)
-    done = sum(min(part_size, len(order) - s) for s in parts if _part_path(out, s // part_size).is_file())
-    with tqdm(total=len(order), initial=done, disable=not progress, desc="encoding passages", unit="passage") as bar:
-        for start in parts:
-            path = _part_path(out, start // part_size)
-            if path.is_file():
-                continue
+                  settings: EncodingSettings, batch_size: int, progress: bool,
+                  rank: distributed.DistInfo) -> None:
+    """Encode this rank's parts missing from OUT/parts (part p: rows `order[p*part_size:(p+1)*part_size]`)."""
+    starts = list(range(0, len(order), part_size))
+    mine = [starts[p] for p in distributed.deal(len(starts), rank)]
+    todo = [s for s in mine if not _part_path(out, s // part_size).is_file()]
+    size = {s: len(order[s : s + part_size]) for s in mine}
+    desc = "encoding passages" + (f" (rank 0's share of {rank.world_size} ranks)" if rank.enabled else "")
+    t0, encoded = time.perf_counter(), 0
+    with tqdm(total=sum(size.values()), initial=sum(size.values()) - sum(size[s] for s in todo),
+              disable=not (progress and rank.is_main), desc=desc, unit="passage") as bar:
+        for start in todo:
             rows = order[start : start + part_size]
             vectors = []
             for b in range(0, len(rows), batch_size):
@@ -181,7 +233,21 @@ def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int,
                 vectors.append(encode(batch, loaded, settings, batch_size=batch_size))
                 bar.update(len(batch))
             block = np.concatenate(vectors).astype(np.float32, copy=False)  # [rows, D]
-            _replace_atomically(path, lambda f: np.save(f, block))
+            _replace_atomically(_part_path(out, start // part_size), lambda f: np.save(f, block))
+            encoded += len(rows)
+    seconds = time.perf_counter() - t0
+    log.info("rank %d of %d: encoded %d passages (%d parts) in %.3f s, %.2f passages/s; %d of its parts were on "
+             "disk already", rank.rank, rank.world_size, encoded, len(todo), seconds,
+             encoded / seconds if seconds else 0.0, len(mine) - len(todo))
+
+
+def _sees(rank: distributed.DistInfo, paths: list[Path]) -> None:
+    """Refuse to go on when files that other ranks wrote are not there for this one to read."""
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise BertkitError(f"rank {rank.rank} does not see {missing[0]}" + (f" and {len(missing) - 1} more"
+                           if len(missing) > 1 else "") + ", which another rank wrote: across machines the index "
+                           "folder must be on a filesystem every node shares")
 
 
 def _part_path(out: Path, number: int) -> Path:
@@ -216,9 +282,13 @@ def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray,
 def build_index(corpus, output, model=None, *, passage_tokens: int | None = None, overlap: int | None = None,
                 batch_size: int = 32, part_size: int = 1024, device=None, dtype=None, resume: bool = False,
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
-                ef_search: int = 128) -> dict:
+                ef_search: int = 128) -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
+
+    Under torchrun every rank calls it and encodes its share of the parts (the module docstring,
+    "Past one machine"); rank 0 writes the index and returns index.json's contents, the other
+    ranks return None once their parts are written.
 
     passage_tokens: tokens per passage with [CLS] and [SEP] (default: the model's max length, its
     sentence-transformers max_seq_length); overlap: word pieces shared by consecutive passages of a
@@ -233,45 +303,48 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         check_kind(ann)
         faiss_module()  # a missing FAISS is refused before the encoding, not after
     out = Path(output)
-    _prepare_folder(out, resume)
-    loaded = encoder(model, device, dtype)
-    record = model_record(loaded)
-    passage_tokens = loaded.max_length if passage_tokens is None else passage_tokens
-    if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:
-        raise BertkitError(f"--passage-tokens {passage_tokens} is more than the model's {loaded.max_positions} "
-                           "positions")
-    overlap = default_overlap(passage_tokens) if overlap is None and isinstance(passage_tokens, int) else overlap
-    docs = read_documents(corpus)
-    passages, lengths, empty = cut_all(docs, loaded.tokenizer, passage_tokens, overlap)
-    if not passages:
-        raise BertkitError(f"corpus {corpus}: no document has any token (only characters BERT drops)")
-    lines = _passage_lines(passages)
-    plan = {"format": FORMAT, "corpus": str(Path(corpus).resolve()), "model": record,
-            "passage_tokens": passage_tokens, "overlap": overlap, "part_size": part_size, "batch_size": batch_size,
-            "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
-            "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search}}
-    (out / PARTS).mkdir(parents=True, exist_ok=True)  # only now: a corpus refused above leaves nothing behind
-    if resume:
-        _check_plan(out, plan)
-    else:
-        _replace_atomically(out / PASSAGES, lambda f: f.writelines(lines))
-        _write_json(out / BUILD_JSON, plan)
-    order = sorted(range(len(passages)), key=lambda i: (lengths[i], i))
-    settings = EncodingSettings(record["directory"], loaded.pooling, passage_tokens, loaded.precision)
-    _encode_parts(out, [p.text for p in passages], order, part_size, loaded, settings, batch_size, progress)
-    numbers = {d: i for i, d in enumerate(dict.fromkeys(p.doc_id for p in passages))}
-    document = np.array([numbers[p.doc_id] for p in passages], dtype=np.int64)
-    dim = _assemble(out, order, part_size, document, lines)
-    info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": overlap,
-            "passages": len(passages), "documents": len(numbers), "documents_without_tokens": empty, "dim": dim,
-            "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
-    if ann is not None:
-        info["ann"] = build_measured(map_safetensors(out / VECTORS)["vectors"], out / HNSW_FILE, m=ann_m,
-                                     ef_construction=ef_construction, ef_search=ef_search)
-    _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
-    shutil.rmtree(out / PARTS)
-    (out / BUILD_JSON).unlink()
-    return info
+    with distributed.process_group(device or "auto") as rank:
+        _on_rank_0(rank, lambda: _prepare_folder(out, resume))
+        # a rank's own device (cuda:LOCAL_RANK on GPUs); alone, the caller's choice as given
+        loaded = encoder(model, rank.device if rank.enabled else device, dtype)
+        record = model_record(loaded)
+        passage_tokens = loaded.max_length if passage_tokens is None else passage_tokens
+        if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:
+            raise BertkitError(f"--passage-tokens {passage_tokens} is more than the model's {loaded.max_positions} "
+                               "positions")
+        overlap = default_overlap(passage_tokens) if overlap is None and isinstance(passage_tokens, int) else overlap
+        docs = read_documents(corpus)
+        passages, lengths, empty = cut_all(docs, loaded.tokenizer, passage_tokens, overlap)
+        if not passages:
+            raise BertkitError(f"corpus {corpus}: no document has any token (only characters BERT drops)")
+        lines = _passage_lines(passages)
+        plan = {"format": FORMAT, "corpus": str(Path(corpus).resolve()), "model": record,
+                "passage_tokens": passage_tokens, "overlap": overlap, "part_size": part_size, "batch_size": batch_size,
+                "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
+                "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search}}
+        # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist
+        _on_rank_0(rank, lambda: _start(out, resume, plan, lines))
+        _sees(rank, [out / BUILD_JSON])
+        order = sorted(range(len(passages)), key=lambda i: (lengths[i], i))
+        settings = EncodingSettings(record["directory"], loaded.pooling, passage_tokens, loaded.precision)
+        _encode_parts(out, [p.text for p in passages], order, part_size, loaded, settings, batch_size, progress, rank)
+        distributed.barrier(rank)  # every part is on disk
+        if not rank.is_main:
+            return None
+        _sees(rank, [_part_path(out, start // part_size) for start in range(0, len(order), part_size)])
+        numbers = {d: i for i, d in enumerate(dict.fromkeys(p.doc_id for p in passages))}
+        document = np.array([numbers[p.doc_id] for p in passages], dtype=np.int64)
+        dim = _assemble(out, order, part_size, document, lines)
+        info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": overlap,
+                "passages": len(passages), "documents": len(numbers), "documents_without_tokens": empty, "dim": dim,
+                "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
+        if ann is not None:
+            info["ann"] = build_measured(map_safetensors(out / VECTORS)["vectors"], out / HNSW_FILE, m=ann_m,
+                                         ef_construction=ef_construction, ef_search=ef_search)
+        _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
+        shutil.rmtree(out / PARTS)
+        (out / BUILD_JSON).unlink()
+        return info
 
 
 # --- reading -----------------------------------------------------------------------------------

@@ -73,22 +73,44 @@ def search(location: str, collection: str, queries: list[str], k: int = 10, *, m
     check_k(k)
     client = connect(location)
     try:
-        if not client.collection_exists(collection):
-            raise BertkitError(f"no collection {collection!r} in {location}: export one with bertkit index export "
-                               f"INDEX --qdrant {location} --collection {collection}")
-        info = (client.get_collection(collection).config.metadata or {}).get(METADATA_KEY)
-        if info is None:
-            raise BertkitError(f"collection {collection!r} was not written by bertkit index export: it does not say "
-                               "which model made its vectors")
+        info = _collection_info(client, location, collection)
         loaded = query_encoder(info, model, device, dtype)
         vectors = embed_queries(info, loaded, list(queries), batch_size)
-        depth = k * int(info["max_passages_per_document"])
-        answers = []
-        for vector in vectors:
-            points = client.query_points(collection, query=vector.tolist(), limit=depth, with_payload=True).points
-            kept = first_per_document(points, lambda point: point.payload["document"], k)
-            answers.append([Hit(p.payload["id"], p.payload["doc_id"], float(p.score), p.payload["text"],
-                                p.payload["title"], p.payload["start"], p.payload["end"]) for p in kept])
-        return answers
+        return _answers(client, collection, info, vectors, k)
     finally:
         client.close()
+
+
+def search_vectors(location: str, collection: str, query_vectors, k: int = 10) -> list[list[Hit]]:
+    """`search` for queries already embedded (unit vectors [Q, D], by the model that made the
+    collection: nothing here can check that), as `bertkit.retrieval.search.search_vectors`."""
+    check_k(k)
+    client = connect(location)
+    try:
+        return _answers(client, collection, _collection_info(client, location, collection), query_vectors, k)
+    finally:
+        client.close()
+
+
+def _collection_info(client, location: str, collection: str) -> dict:
+    """The index.json that `export` kept in the collection's metadata."""
+    if not client.collection_exists(collection):
+        raise BertkitError(f"no collection {collection!r} in {location}: export one with bertkit index export "
+                           f"INDEX --qdrant {location} --collection {collection}")
+    info = (client.get_collection(collection).config.metadata or {}).get(METADATA_KEY)
+    if info is None:
+        raise BertkitError(f"collection {collection!r} was not written by bertkit index export: it does not say "
+                           "which model made its vectors")
+    return info
+
+
+def _answers(client, collection: str, info: dict, vectors, k: int) -> list[list[Hit]]:
+    depth = k * int(info["max_passages_per_document"])
+    answers = []
+    for vector in vectors:
+        points = client.query_points(collection, query=[float(x) for x in vector], limit=depth,
+                                     with_payload=True).points
+        kept = first_per_document(points, lambda point: point.payload["document"], k)
+        answers.append([Hit(p.payload["id"], p.payload["doc_id"], float(p.score), p.payload["text"],
+                            p.payload["title"], p.payload["start"], p.payload["end"]) for p in kept])
+    return answers

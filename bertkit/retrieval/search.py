@@ -4,7 +4,7 @@ A query is embedded by the model that made the index (`bertkit.retrieval.index`
 records it and refuses another), the way the passages were: the same pooling,
 unit length, truncated at the model's max length. Exact cosine top-k then scans
 the memory-mapped vectors in blocks (`bertkit.retrieval.exact.top_k`): memory
-stays about `query_block x block_size x 36` bytes for the scores and their
+stays about `query_block x block_size x 13` bytes for the scores and their
 merge (`QUERY_BLOCK`) plus `block_size x D x 4` for one block of vectors,
 whatever the number N of passages.
 
@@ -41,8 +41,8 @@ from bertkit.retrieval.index import Index, check_model
 
 DEFAULT_BLOCK = 16384  # vectors per block of the scan: 16384 x 384 x 4 bytes = 24 MiB
 # queries scored together: the score tile and exact.top_k's merge buffers take about
-# query_block x block_size x 36 bytes (float32 scores, int64 ids, their concatenations and
-# argpartition's output), 38 MiB here, beside the block; each further query block reads the vectors again
+# query_block x block_size x 13 bytes (float32 scores, argpartition's int64 output, the boolean tie
+# check), 13 MiB here, beside the block; each further query block reads the vectors again
 QUERY_BLOCK = 64
 
 

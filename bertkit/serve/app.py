@@ -471,7 +471,7 @@ def create_app(runner, settings, metrics) -> Starlette:
               for path, handler, method, options in ROUTES]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
     app.state.service = Service(runner, settings, metrics, engine, searcher,
-                                None if searcher is None else ScanQueue(searcher))
+                                None if searcher is None else ScanQueue(searcher, metrics.scan_done))
     return app
 
 

@@ -65,6 +65,8 @@ class Metrics:
         self.batch_rows = Histogram(SIZE_BUCKETS)
         self.batch_tokens = Histogram(TOKEN_BUCKETS)
         self.padding_tokens = 0
+        self.scan_queries = Histogram(SIZE_BUCKETS)  # /search: queries per gathered scan of the index
+        self.scan_seconds = Histogram(LATENCY_BUCKETS)
         self.disconnects = 0
         self.in_flight = 0  # accepted, not yet answered (the admission queue)
 
@@ -82,6 +84,11 @@ class Metrics:
             self.batch_rows.observe(rows)
             self.batch_tokens.observe(padded_tokens)
             self.padding_tokens += padded_tokens - real_tokens
+
+    def scan_done(self, queries: int, seconds: float) -> None:
+        with self._lock:
+            self.scan_queries.observe(queries)
+            self.scan_seconds.observe(seconds)
 
     def disconnected(self) -> None:
         with self._lock:
@@ -117,6 +124,13 @@ class Metrics:
             lines += [f"# HELP {p}_batch_tokens Padded tokens (rows x longest row) per forward pass.",
                       f"# TYPE {p}_batch_tokens histogram"]
             lines += self.batch_tokens.lines(f"{p}_batch_tokens", {})
+            if self.scan_queries.count:  # only a server with --index scans
+                lines += [f"# HELP {p}_scan_queries Queries per scan of the search index (gathered across requests).",
+                          f"# TYPE {p}_scan_queries histogram"]
+                lines += self.scan_queries.lines(f"{p}_scan_queries", {})
+                lines += [f"# HELP {p}_scan_seconds Time of one scan of the search index.",
+                          f"# TYPE {p}_scan_seconds histogram"]
+                lines += self.scan_seconds.lines(f"{p}_scan_seconds", {})
             lines += [f"# HELP {p}_request_duration_seconds Time from the request's arrival to its answer (200s).",
                       f"# TYPE {p}_request_duration_seconds histogram"]
             for endpoint, hist in sorted(self.latency.items()):

@@ -8,6 +8,7 @@ gathering of `bertkit.serve.batching`, without a window.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 
@@ -22,8 +23,9 @@ class ScanQueue:
     window (an idle server scans at once). Each request then takes its own rows.
     """
 
-    def __init__(self, searcher):
+    def __init__(self, searcher, on_scan=None):
         self.searcher = searcher
+        self.on_scan = on_scan  # (queries, seconds) after each scan: the metrics
         self.waiting = []  # (vectors [Q, D], depth, future)
         self.busy = False
 
@@ -41,6 +43,7 @@ class ScanQueue:
                 batch, self.waiting = self.waiting, []
                 vectors = np.concatenate([v for v, _, _ in batch])
                 depths = [depth for v, depth, _ in batch for _ in range(len(v))]
+                t0 = time.perf_counter()
                 try:
                     answers = await asyncio.to_thread(self.searcher.scan, vectors, depths)
                 except Exception as err:  # every request of the scan gets the error (answered as a 500)
@@ -48,6 +51,8 @@ class ScanQueue:
                         if not future.done():
                             future.set_exception(err)
                     continue
+                if self.on_scan is not None:
+                    self.on_scan(len(vectors), time.perf_counter() - t0)
                 start = 0
                 for v, _, future in batch:
                     if not future.done():  # not cancelled

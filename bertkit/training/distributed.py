@@ -21,6 +21,11 @@ batch B compute the same update as 1 process accumulating N micro-batches of B
 big for one device: parameters, gradients and optimizer state are sharded
 across ranks and gathered layer by layer. No communication here is our own:
 everything goes through torch.distributed.
+
+Commands that are not training runs join the same way: `bertkit index` under
+torchrun (`process_group` for the length of the build, `deal` to share the
+length-sorted parts among the ranks, `broadcast_object` to stop every rank
+when rank 0 refuses).
 """
 
 from __future__ import annotations
@@ -86,6 +91,37 @@ def setup(device: str = "auto") -> DistInfo:
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(device: str = "auto"):
+    """`setup()` for the length of a `with` block, for a command that is not a training run
+    (`bertkit index`): the group is left afterwards if this block joined it; one that was
+    already there (a caller's own torchrun program) stays."""
+    joined = launched_by_torchrun() and not dist.is_initialized()
+    info = setup(device)
+    try:
+        yield info
+    finally:
+        if joined:
+            teardown()
+
+
+def deal(n: int, info: DistInfo) -> list[int]:
+    """This rank's items among 0..n-1 when item i costs no more than item i+1 (length-sorted
+    parts), in increasing order. The items are dealt like cards from the dearest down, back and
+    forth: the dearest W to ranks 0..W-1, the next W to ranks W-1..0, then again, so what a rank
+    gains in one round it gives back in the next, and an uneven last round deals the cheapest
+    items. With costs rising evenly the ranks' totals differ by at most W-1 steps of cost, and
+    with any rising costs by at most the dearest item's cost (tests/test_index_distributed.py);
+    round-robin (0..W-1, 0..W-1, ...) hands rank W-1 the dearest item of every round. Alone:
+    every item."""
+    W = info.world_size
+
+    def owner(j: int) -> int:  # j: the item's place counted from the dearest
+        return j % W if (j // W) % 2 == 0 else W - 1 - j % W
+
+    return [i for i in range(n) if owner(n - 1 - i) == info.rank]
 
 
 def wrap(model: torch.nn.Module, info: DistInfo, fsdp: bool = False) -> torch.nn.Module:
@@ -170,6 +206,15 @@ def gather_objects(obj, info: DistInfo) -> list:
     out = [None] * info.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+def broadcast_object(obj, info: DistInfo, src: int = 0):
+    """Rank `src`'s `obj` (picklable) on every rank; a barrier too. Alone: `obj`."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
 
 
 def barrier(info: DistInfo) -> None:
