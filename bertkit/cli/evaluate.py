@@ -52,7 +52,7 @@ def add_evaluate(sub):
     r.add_argument("--dimensions", type=int, nargs="+", metavar="D",
                    help="also score the vectors cut to these leading dimensions and renormalised (Matryoshka: "
                    "e.g. --dimensions 64 128); one encoding serves them all")
-    r.add_argument("--output", help="write the figures as JSON here")
+    r.add_argument("--output", "-o", help="write the figures as JSON here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(handler=run_evaluate_retrieval)
     s = kinds.add_parser(
@@ -64,7 +64,7 @@ def add_evaluate(sub):
     )
     s.add_argument("file", metavar="FILE", help="a TSV with columns sentence1, sentence2, score")
     _model_flags(s)
-    s.add_argument("--output", help="write the figures as JSON here")
+    s.add_argument("--output", "-o", help="write the figures as JSON here")
     s.set_defaults(handler=run_evaluate_sts)
 
 
