@@ -47,7 +47,8 @@ client that writes its whole body before reading (Python's urllib) reads the
 Each route is a named handler, `handler(request) -> (response, inputs
 counted)`, that finds the model, settings, batching engine and metrics in
 `request.app.state.service` (a `Service`); `endpoint` wraps every handler the
-same way: the API key, errors as JSON, the request metrics.
+same way: the API key, errors as JSON, the request metrics. Reading a body and checking the
+fields that several routes share live in `bertkit.serve.requests`.
 """
 
 from __future__ import annotations
@@ -55,17 +56,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hmac
 import json
 import logging
 import time
 from dataclasses import dataclass
 
 import numpy as np
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -73,35 +71,11 @@ from bertkit import __version__
 from bertkit.serve.batching import Engine, QueueFull
 from bertkit.serve.scans import ScanQueue
 from bertkit.serve.runner import Encoder, InputError, Query, check_text, leading, load_searcher, token_list
+from bertkit.serve.requests import (RETRY_AFTER_S, ApiError, ClientLeft, JSONResponse, plain,
+                                     check_key, discard_body, error_response, flag_field, k_field, read_json,
+                                     texts_field)
 
 log = logging.getLogger("bertkit.serve")
-
-KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
-         413: "too_large", 422: "validation", 429: "overloaded", 500: "backend", 503: "unavailable"}
-RETRY_AFTER_S = 1
-MAX_K = 1000  # /search: documents per query
-# a refused body is read and dropped up to this much, for this long, before the answer (`discard_body`)
-LINGER_BYTES = 64 * 1024 * 1024
-LINGER_S = 30.0  # nginx's lingering_time
-
-
-class JSONResponse(Response):
-    """A JSON answer written by orjson; numpy arrays and scalars are written as they are."""
-
-    media_type = "application/json"
-
-    def render(self, content) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-
-
-class ClientLeft(Exception):
-    """The client closed the connection before its answer was ready."""
 
 
 @dataclass
@@ -125,121 +99,7 @@ def service(request) -> Service:
     return request.app.state.service
 
 
-def error_response(status: int, message: str, openai: bool, headers: dict | None = None) -> JSONResponse:
-    kind = KINDS.get(status, "error")
-    body = {"error": {"message": message, "type": kind, "code": status}} if openai else \
-        {"error": message, "error_type": kind}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _plain(value):
-    """numpy scalars and arrays -> JSON-able Python values."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-# --- request parsing -------------------------------------------------------------
-
-
-async def read_json(request, limit: int):
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise ApiError(413, f"the request body has {length} bytes, over the limit of {limit} (--max-body-bytes)")
-    body = bytearray()
-    async for chunk in body_chunks(request):
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the request body is over the limit of {limit} bytes (--max-body-bytes)")
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as err:
-        raise ApiError(400, f"the request body is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise ApiError(422, "the request body must be a JSON object")
-    return data
-
-
-async def body_chunks(request):
-    """The request body's chunks as they arrive; `request.state.body_read` says when the last one came."""
-    while not getattr(request.state, "body_read", False):
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        request.state.body_read = not message.get("more_body", False)
-        if message.get("body"):
-            yield message["body"]
-
-
-async def discard_body(request) -> None:
-    """Read and drop what is left of a refused request's body: at most LINGER_BYTES, for LINGER_S.
-
-    Closing a connection whose received bytes were never read makes the kernel
-    send a reset, which destroys the answer in flight; a client that writes its
-    whole body before reading (urllib, many simple clients) then sees "connection
-    reset" instead of our 413 or 401. Reading the rest first, as nginx's lingering
-    close does, lets it read the answer. A body declared larger than the bound is
-    not read at all: it would be reset anyway.
-    """
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > LINGER_BYTES:
-        return
-
-    async def drain() -> None:
-        seen = 0
-        async for chunk in body_chunks(request):  # nothing left: no iteration at all
-            seen += len(chunk)
-            if seen > LINGER_BYTES:
-                return
-
-    with contextlib.suppress(asyncio.TimeoutError, ClientDisconnect):
-        await asyncio.wait_for(drain(), LINGER_S)
-
-
-def texts_field(data: dict, name: str, required: bool = True) -> list | None:
-    """A string or a non-empty list of strings, as a list."""
-    if name not in data or data[name] is None:
-        if required:
-            raise InputError(f"`{name}` is required: a string or a list of strings")
-        return None
-    value = data[name]
-    if isinstance(value, str):
-        return [check_text(value, f"`{name}`")]
-    if not isinstance(value, list):
-        raise InputError(f"`{name}` must be a string or a list of strings, got {type(value).__name__}")
-    if not value:
-        raise InputError(f"`{name}` is an empty list: send at least one text")
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in value) or \
-            all(isinstance(v, list) for v in value):
-        raise InputError(f"`{name}` holds token ids: this server takes text (its tokenizer is the model's own)")
-    return [check_text(v, f"`{name}[{i}]`") for i, v in enumerate(value)]
-
-
-def flag_field(data: dict, name: str, default: bool) -> bool:
-    value = data.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InputError(f"`{name}` must be true or false, got {json.dumps(value)}")
-    return value
-
-
 # --- what every route shares ---------------------------------------------------------
-
-
-def check_key(request, settings) -> None:
-    if settings.api_key is None:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
-        raise ApiError(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
-                       {"WWW-Authenticate": "Bearer"})
 
 
 def need(svc: Service, kind: str, path: str) -> None:
@@ -351,13 +211,6 @@ async def tokenize(request):
     return JSONResponse([token_list(svc.runner.tok, t, special) for t in texts]), len(texts)
 
 
-def k_field(data: dict) -> int:
-    k = data.get("k", 10)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-        raise InputError(f"`k` must be a whole number from 1 to {MAX_K}, got {json.dumps(k)}")
-    return k
-
-
 async def search(request):
     svc = service(request)
     searcher = svc.searcher
@@ -388,7 +241,7 @@ async def predict(request):
         raise InputError(f"{len(texts)} inputs but {len(pairs)} pairs: give one pair per input")
     queries = svc.runner.check([Query(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)])
     preds = await run(request, queries, [1] * len(queries))
-    return JSONResponse(_plain(preds)), len(texts)
+    return JSONResponse(plain(preds)), len(texts)
 
 
 async def rerank(request):

@@ -1,0 +1,170 @@
+"""Reading and answering requests: what every route of the HTTP API shares below its handlers.
+
+A request is checked before it is queued (`bertkit.serve.app`'s module docstring): the body is read
+with its size limit enforced on the Content-Length header and again while it streams in
+(`read_json`), and what is left of a refused body is read and dropped up to LINGER_BYTES for
+LINGER_S (nginx's "lingering close", `discard_body`), so that a client that writes its whole body
+before reading sees the 413 instead of a connection reset. The fields shared by several routes
+(`texts_field`, `flag_field`, `k_field`) refuse a wrong type or an empty list with one message
+naming the field. Errors are answered in TEI's shape ({"error", "error_type"}) or OpenAI's
+({"error": {"message", "type", "code"}}), and answers are written by orjson (`JSONResponse`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+
+import numpy as np
+import orjson
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from bertkit.serve.runner import InputError, check_text
+
+KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
+         413: "too_large", 422: "validation", 429: "overloaded", 500: "backend", 503: "unavailable"}
+RETRY_AFTER_S = 1
+MAX_K = 1000  # /search: documents per query
+# a refused body is read and dropped up to this much, for this long, before the answer (`discard_body`)
+LINGER_BYTES = 64 * 1024 * 1024
+LINGER_S = 30.0  # nginx's lingering_time
+
+
+class JSONResponse(Response):
+    """A JSON answer written by orjson; numpy arrays and scalars are written as they are."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+class ClientLeft(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+def error_response(status: int, message: str, openai: bool, headers: dict | None = None) -> JSONResponse:
+    kind = KINDS.get(status, "error")
+    body = {"error": {"message": message, "type": kind, "code": status}} if openai else \
+        {"error": message, "error_type": kind}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def plain(value):
+    """numpy scalars and arrays -> JSON-able Python values."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+async def read_json(request, limit: int):
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the request body has {length} bytes, over the limit of {limit} (--max-body-bytes)")
+    body = bytearray()
+    async for chunk in body_chunks(request):
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit} bytes (--max-body-bytes)")
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ApiError(400, f"the request body is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ApiError(422, "the request body must be a JSON object")
+    return data
+
+
+async def body_chunks(request):
+    """The request body's chunks as they arrive; `request.state.body_read` says when the last one came."""
+    while not getattr(request.state, "body_read", False):
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        request.state.body_read = not message.get("more_body", False)
+        if message.get("body"):
+            yield message["body"]
+
+
+async def discard_body(request) -> None:
+    """Read and drop what is left of a refused request's body: at most LINGER_BYTES, for LINGER_S.
+
+    Closing a connection whose received bytes were never read makes the kernel
+    send a reset, which destroys the answer in flight; a client that writes its
+    whole body before reading (urllib, many simple clients) then sees "connection
+    reset" instead of our 413 or 401. Reading the rest first, as nginx's lingering
+    close does, lets it read the answer. A body declared larger than the bound is
+    not read at all: it would be reset anyway.
+    """
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > LINGER_BYTES:
+        return
+
+    async def drain() -> None:
+        seen = 0
+        async for chunk in body_chunks(request):  # nothing left: no iteration at all
+            seen += len(chunk)
+            if seen > LINGER_BYTES:
+                return
+
+    with contextlib.suppress(asyncio.TimeoutError, ClientDisconnect):
+        await asyncio.wait_for(drain(), LINGER_S)
+
+
+def texts_field(data: dict, name: str, required: bool = True) -> list | None:
+    """A string or a non-empty list of strings, as a list."""
+    if name not in data or data[name] is None:
+        if required:
+            raise InputError(f"`{name}` is required: a string or a list of strings")
+        return None
+    value = data[name]
+    if isinstance(value, str):
+        return [check_text(value, f"`{name}`")]
+    if not isinstance(value, list):
+        raise InputError(f"`{name}` must be a string or a list of strings, got {type(value).__name__}")
+    if not value:
+        raise InputError(f"`{name}` is an empty list: send at least one text")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value) or \
+            all(isinstance(v, list) for v in value):
+        raise InputError(f"`{name}` holds token ids: this server takes text (its tokenizer is the model's own)")
+    return [check_text(v, f"`{name}[{i}]`") for i, v in enumerate(value)]
+
+
+def flag_field(data: dict, name: str, default: bool) -> bool:
+    value = data.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InputError(f"`{name}` must be true or false, got {json.dumps(value)}")
+    return value
+
+
+def check_key(request, settings) -> None:
+    if settings.api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+        raise ApiError(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
+                       {"WWW-Authenticate": "Bearer"})
+
+
+def k_field(data: dict) -> int:
+    k = data.get("k", 10)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise InputError(f"`k` must be a whole number from 1 to {MAX_K}, got {json.dumps(k)}")
+    return k
