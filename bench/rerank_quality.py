@@ -20,8 +20,8 @@ load average): a rerun skips what exists, and a killed training continues with -
 the split's qrels, in a folder of links next to the real corpus) to check the whole path quickly.
 
     python bench/rerank_quality.py --work /tmp/rq_tiny --train-rows 40 --test-queries 10
-    OMP_NUM_THREADS=1 python bench/rerank_quality.py --work /tmp/rq --mined /work/eq/mined.tsv \\
-        --index /tmp/h28/scifact.index --dtype bfloat16
+    OMP_NUM_THREADS=1 python bench/rerank_quality.py --work rq --dtype bfloat16   # mines and indexes first
+    python bench/rerank_quality.py --work rq --mined mined.tsv --index scifact.index   # reuse them
 """
 
 from __future__ import annotations
@@ -149,10 +149,10 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, required=True, help="every step's output; a rerun skips what exists")
     p.add_argument("--data", type=Path, default=SHARED_DATA / "retrieval" / "scifact", help="a BEIR folder")
-    p.add_argument("--mined", type=Path, default=Path("/work/eq/mined.tsv"),
-                   help="bertkit mine's triplets of the train split (copied into --work)")
-    p.add_argument("--index", type=Path, default=Path("/tmp/h28/scifact.index"),
-                   help="bertkit index of --data's corpus")
+    p.add_argument("--mined", type=Path, help="bertkit mine's triplets of the train split (copied into --work; "
+                   "default: mined into --work with --num-negatives 3, float32)")
+    p.add_argument("--index", type=Path, help="bertkit index of --data's corpus (default: built into --work, "
+                   "float32)")
     p.add_argument("--split", default="test", help="the qrels split evaluated (default test)")
     p.add_argument("--train-rows", type=int, help="only the first N mined rows (a quick check)")
     p.add_argument("--test-queries", type=int, help="only the first N queries of --split (a quick check)")
@@ -172,8 +172,16 @@ def main(argv=None):
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}; load average {os.getloadavg()}")
 
     mined = args.work / "mined.tsv"
-    if not mined.is_file():
+    if not mined.is_file() and args.mined is not None:
         shutil.copyfile(args.mined, mined)
+    elif not mined.is_file():
+        run_logged(CLI + ["mine", str(args.data), "--split", "train", "-o", str(mined), "--num-negatives", "3",
+                          "--dtype", "float32", "--quiet"], args.work / "mine.log")
+    if args.index is None:
+        args.index = args.work / "index"
+        if not (args.index / "index.json").is_file():
+            run_logged(CLI + ["index", str(args.data), "-o", str(args.index), "--dtype", "float32"]
+                       + (["--resume"] if args.index.exists() else []), args.work / "index.log")
     pairs, counts_file = args.work / "pairs.jsonl", args.work / "pairs.json"
     if not counts_file.is_file():
         counts = write_pairs(read_triplets(mined, args.train_rows), pairs)
