@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.finetune.metrics import pearson, spearman
+from bertkit.pooling import l2_normalize
 from bertkit.retrieval.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
 from bertkit.retrieval.encoding import encode, load_encoder
@@ -131,6 +132,9 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
 
 def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions=()) -> dict:
     loaded, settings = load_encoder(model, max_length, dtype)
+    width = loaded.model.config.hidden_size
+    if dimensions and dimensions[-1] > width:  # said before the corpus is embedded
+        raise BertkitError(f"dimension {dimensions[-1]} is more than the model's {width}")
     doc_ids, query_ids = list(data.corpus), list(data.queries)
     started = time.perf_counter()
     doc_vectors = encode([document_text(data.corpus[d]) for d in doc_ids], loaded, settings,
@@ -143,19 +147,12 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
               "dataset": str(data.directory), "queries": len(query_ids), "documents": len(doc_ids),
               "encode_seconds": round(seconds, 2)}
     if dimensions:
-        if dimensions[-1] > doc_vectors.shape[1]:
-            raise BertkitError(f"dimension {dimensions[-1]} is more than the model's {doc_vectors.shape[1]}")
         result["dimensions"] = {
-            str(d): evaluate_run(data.qrels, dense_run(leading_normalized(query_vectors, d), query_ids,
-                                                       leading_normalized(doc_vectors, d), doc_ids), measures)
+            # Matryoshka's truncate-then-renormalise
+            str(d): evaluate_run(data.qrels, dense_run(l2_normalize(query_vectors[:, :d]), query_ids,
+                                                       l2_normalize(doc_vectors[:, :d]), doc_ids), measures)
             for d in dimensions}
     return result
-
-
-def leading_normalized(vectors: np.ndarray, dims: int) -> np.ndarray:
-    """Rows cut to their leading `dims` and scaled to unit length (Matryoshka's truncate-then-renormalise)."""
-    cut = np.ascontiguousarray(vectors[:, :dims], dtype=np.float32)
-    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
 
 
 def read_sts(path) -> list[tuple[str, str, float]]:
