@@ -27,6 +27,11 @@ import torch
 
 from bertkit.errors import BertkitError
 
+with warnings.catch_warnings():
+    # torch.ao.quantization warns that it will move to torchao; its dynamic int8 Linear is what this torch ships
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
 # the /proc/cpuinfo flags that decide a kernel here: vector width, bf16 and int8 dot products
 FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 
@@ -181,3 +186,16 @@ def placement(device=None, dtype=None, int8: bool = False, on: torch.device | No
         raise BertkitError(f"{what}: int8 runs on the CPU in float32 activations (--device cpu, --dtype float32 "
                            "or auto)")
     return where, chosen
+
+
+def holds_int8(model: torch.nn.Module) -> bool:
+    """Whether `model` holds int8 dense layers (torch's dynamic int8 Linear, which
+    `bertkit.quantization` makes): such a model runs on the CPU in float32 activations."""
+    return any(isinstance(m, DynamicLinear) for m in model.modules())
+
+
+def in_memory(model: torch.nn.Module) -> tuple[torch.device, bool]:
+    """Where a model in memory is (its parameters' device; the CPU for one without any) and whether it
+    holds int8 dense layers: what `placement` keeps unless told otherwise."""
+    param = next(model.parameters(), None)
+    return (param.device if param is not None else torch.device("cpu")), holds_int8(model)

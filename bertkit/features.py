@@ -48,8 +48,8 @@ import torch
 
 from bertkit.errors import BertkitError
 from bertkit.loading import Loaded, load
-from bertkit.pooling import POOLINGS, SENTENCE_POOLINGS, LayerSpec, combine_layers, pool, resolve_layers
-from bertkit.windows import Shape, max_context_owner, shape, spans
+from bertkit.pooling import POOLINGS, SENTENCE_POOLINGS, combine_layers, pool, resolve_layers
+from bertkit.windows import max_context_owner, shape, spans
 
 
 # --- the encoder ------------------------------------------------------------------------------
@@ -202,12 +202,14 @@ def _stitch(item: _Item, window_vectors: list) -> np.ndarray:
 # --- the forward pass ---------------------------------------------------------------------
 
 
-def run_batch(model, pieces: list, spec: LayerSpec, pad_id: int = 0) -> list:
-    """Run one padded batch and return each piece's token vectors [T_i, D] (float32 numpy).
+def run_batch(model, pieces: list, layers="last", pad_id: int = 0, combine: str | None = None) -> list:
+    """Run one padded batch and return each piece's token vectors [T_i, D] (float32 numpy), from the
+    layer strategy `layers` (a name, indices with `combine`, or a LayerSpec: `bertkit.pooling`).
 
     `pieces` are anything with `input_ids` and `token_type_ids` lists ([CLS]/[SEP]
     included): the windows of `iter_embed`, or the rows `bertkit serve` batches.
     """
+    spec = resolve_layers(layers, model.config.num_hidden_layers, combine)
     width = max(len(p.input_ids) for p in pieces)
     ids = torch.full((len(pieces), width), pad_id, dtype=torch.long)
     types = torch.zeros((len(pieces), width), dtype=torch.long)
@@ -240,18 +242,9 @@ def _check_pooling(pooling):
     return pooling
 
 
-def input_shape(loaded: Loaded, sentence: bool, max_length: int | None = None, stride: int | None = None,
-                truncate: bool | None = None) -> Shape:
-    """The window for `loaded`'s encoder (`bertkit.windows.shape`). Sentence vectors of a model with a
-    sentence-transformers layout are made at its max_seq_length and truncated there, unless asked
-    otherwise; everything else windows over the model's positions. Explicit arguments win."""
-    preset = loaded.layout.max_seq_length if sentence and loaded.layout is not None else None
-    return shape(loaded.max_positions, preset, max_length, stride, truncate)
-
-
 def iter_embed(
     texts: Iterable,
-    model=None,
+    loaded: Loaded,
     layers="last",
     pooling="auto",
     normalize: bool | None = None,
@@ -266,27 +259,27 @@ def iter_embed(
     chunk_size: int = 1024,
     progress: bool = False,
     total: int | None = None,
-    device=None,
-    dtype=None,
-    int8: bool = False,
 ) -> Iterator[np.ndarray]:
-    """Yield one result per text, in input order, reading `texts` lazily.
+    """Yield one result per text, in input order, reading `texts` lazily, with the encoder `loaded`
+    (`encoder(...)` or `bertkit.loading.load(...)`).
 
     Texts are taken `chunk_size` at a time; within a chunk the forward-pass rows
     (texts, or windows of long texts) are sorted by length so each batch of
     `batch_size` carries little padding. See `embed` for the arguments.
     """
-    pooling = _check_pooling(pooling)  # "auto": the model's own, known once it is loaded
+    if not isinstance(loaded, Loaded):
+        raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.features.encoder(model)), got "
+                           f"{type(loaded).__name__}")
+    pooling = _check_pooling(pooling)
     if batch_size < 1:
         raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
-    loaded = encoder(model, device, dtype, int8)
     net, tok = loaded.model, loaded.tokenizer
     pooling = loaded.pooling if pooling == "auto" else pooling
     sentence = pooling in SENTENCE_POOLINGS
     normalize = (loaded.normalize and sentence) if normalize is None else bool(normalize)
-    spec = resolve_layers(layers, net.config.num_hidden_layers, combine)
+    # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length
     preset = loaded.layout.max_seq_length if sentence and loaded.layout is not None else None
-    cut = shape(loaded.max_positions, preset, max_length, stride, truncate)  # as input_shape(loaded, ...)
+    cut = shape(loaded.max_positions, preset, max_length, stride, truncate)
     pad_id = getattr(tok, "pad_token_id", 0) or 0
 
     was_training = net.training
@@ -304,7 +297,7 @@ def iter_embed(
                 break
             items = [_encode(tok, text, pair, cut.max_length, cut.truncate) for text, pair in chunk]
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
-            tokens = _run_chunk(net, items, pieces, spec, pad_id, batch_size, bar)
+            tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
             for item, vectors in zip(items, tokens):
                 yield pool(vectors, pooling, normalize, item.token_words, item.n_words, word_pooling)
     finally:
@@ -313,7 +306,7 @@ def iter_embed(
             bar.close()
 
 
-def _run_chunk(net, items: list, pieces: list, spec: LayerSpec, pad_id: int, batch_size: int, bar) -> list:
+def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar) -> list:
     """Each item's token vectors [T, D]: the pieces run in batches of similar length (little
     padding), then each text's windows put back together (`_stitch`)."""
     order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
@@ -321,7 +314,7 @@ def _run_chunk(net, items: list, pieces: list, spec: LayerSpec, pad_id: int, bat
     shown = 0
     for b in range(0, len(order), batch_size):
         batch = [pieces[k] for k in order[b : b + batch_size]]
-        for piece, vectors in zip(batch, run_batch(net, batch, spec, pad_id)):
+        for piece, vectors in zip(batch, run_batch(net, batch, layers, pad_id, combine)):
             results[piece.item][piece.window] = vectors
         if bar is not None:  # texts of the chunk, in proportion to the rows done
             done = len(items) * min(b + batch_size, len(order)) // len(order)
@@ -380,7 +373,8 @@ def embed(
     if options.get("pairs") is not None and len(options["pairs"]) != len(texts):
         raise BertkitError(f"{len(texts)} texts but {len(options['pairs'])} pairs: give one pair per text")
     options.setdefault("total", len(texts))
-    rows = list(iter_embed(texts, model, layers, pooling, normalize, **options))
+    loaded = encoder(model, options.pop("device", None), options.pop("dtype", None), options.pop("int8", False))
+    rows = list(iter_embed(texts, loaded, layers, pooling, normalize, **options))
     pooled = _check_pooling(pooling) in SENTENCE_POOLINGS if pooling != "auto" else True
     if single:
         return rows[0]

@@ -42,13 +42,13 @@ from torch import nn
 
 from bertkit import electra, heads
 from bertkit.checkpoint import GENERATOR_DIR, Saved, describe, model_type
-from bertkit.devices import dtype_name, placement
+from bertkit.devices import dtype_name, in_memory, placement
 from bertkit.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
                              ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
 from bertkit.electra_pretraining import ElectraPretrainingModel
 from bertkit.errors import BertkitError
 from bertkit.modeling import BertModel
-from bertkit.quantization import dense_ops, is_quantized, load_quantized
+from bertkit.quantization import dense_ops, load_quantized
 from bertkit.sentence_layout import SentenceLayout, read_layout
 from bertkit.tokenizer import Tokenizer
 
@@ -151,16 +151,14 @@ class _Plan:
     task: str
     info: dict
     int8_weights: bool  # saved by bertkit.quantization.save_quantized (or quantized in memory)
-    model: nn.Module | None = None  # a model in memory, its tokenizer and the device it is on
+    model: nn.Module | None = None  # a model in memory and its tokenizer
     tokenizer: Tokenizer | None = None
-    on: torch.device | None = None
 
 
 def _held(net: nn.Module, tok) -> _Plan:
-    """A (model, tokenizer) pair in memory: nothing to build; where it is, and whether it is int8."""
-    param = next(net.parameters(), None)
-    on = param.device if param is not None else torch.device("cpu")
-    return _Plan(None, None, None, "embed", {}, is_quantized(net), net, tok, on)
+    """A (model, tokenizer) pair in memory: nothing to build (where it is, and whether it is int8, are
+    read from the model when it is placed)."""
+    return _Plan(None, None, None, "embed", {}, False, net, tok)
 
 
 def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
@@ -195,14 +193,25 @@ def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
     return _Plan(cls, directory, directory, task, info or {}, int8_weights)
 
 
-def _build(plan: _Plan) -> nn.Module:
-    """The model of `plan` in eval mode, before device, dtype and int8."""
-    if plan.int8_weights:
-        return load_quantized(plan.cls, plan.weights)
+def _build(plan: _Plan, device, dtype, int8: bool) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
+    """The model of `plan` in eval mode on its device and in its dtype, that device and dtype, and
+    whether its weights are int8. Where and in what it runs is decided first
+    (`bertkit.devices.placement`), before any weight is read, so a wrong choice costs no load; a model
+    in memory is moved and cast only where `device` or `dtype` ask for it."""
+    held = plan.model is not None
+    on, int8_weights = in_memory(plan.model) if held else (None, plan.int8_weights)
+    where, chosen = placement(device, dtype, int8 or int8_weights, on=on,
+                              what="an int8 model" if int8_weights else "int8")
+    if held:
+        return (plan.model if int8_weights else plan.model.to(where, None if dtype is None else chosen),
+                where, chosen, int8_weights)
+    if int8_weights:
+        return load_quantized(plan.cls, plan.weights), where, chosen, True
     if plan.task != "mlm":
-        return plan.cls.from_pretrained(plan.weights).eval()
+        return plan.cls.from_pretrained(plan.weights).eval().to(where, chosen), where, chosen, False
+    # a masked-LM head must be all there: the report is checked here, with a message for fill-mask
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the report is checked here, with a message for fill-mask
+        warnings.simplefilter("ignore")
         model = plan.cls.from_pretrained(plan.weights, strict=False)
     report = model.load_report
     if report.missing:
@@ -215,7 +224,7 @@ def _build(plan: _Plan) -> nn.Module:
         )
     if report.unexpected or report.mismatched:
         raise BertkitError(f"{plan.weights} does not load as {plan.cls.__name__}: {report.describe()}")
-    return model.eval()
+    return model.eval().to(where, chosen), where, chosen, False
 
 
 def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool = False,
@@ -236,16 +245,13 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     _check_head(head)
     held = isinstance(model, tuple) and len(model) == 2
     saved = None if held else describe(model)  # the directory's small files; None: the default model
-    plan = _plan(saved, head, int8) if not held else _held(*model)
-    quantize_now = int8 and not plan.int8_weights
-    int8 = int8 or plan.int8_weights
-    where, chosen = placement(device, dtype, int8, on=plan.on, what="an int8 model" if plan.int8_weights else "int8")
-    net = plan.model if held else _build(plan)
-    if not plan.int8_weights:
-        net = net.to(where, None if held and dtype is None else chosen)
+    plan = _held(*model) if held else _plan(saved, head, int8)
+    net, where, chosen, int8_weights = _build(plan, device, dtype, int8)
+    quantize_now = int8 and not int8_weights
     # a model in memory keeps its layers, unless it is quantized here
     net = dense_ops(net, quantize_now, fast if not held else quantize_now)
     layout = None if held or plan.task != "embed" else read_layout(saved.directory)
     tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab)
     dtype_now = next((p.dtype for p in net.parameters()), chosen)
-    return Loaded(net, tok, None if held else saved.directory, plan.task, plan.info, layout, where, dtype_now, int8)
+    return Loaded(net, tok, None if held else saved.directory, plan.task, plan.info, layout, where, dtype_now,
+                  int8 or int8_weights)

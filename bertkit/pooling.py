@@ -76,12 +76,14 @@ class LayerSpec:
 
 
 def resolve_layers(layers, num_layers: int, combine: str | None = None) -> LayerSpec:
-    """Turn a strategy name, an index or a list of indices into a LayerSpec.
+    """Turn a strategy name, an index or a list of indices into a LayerSpec (a LayerSpec is kept).
 
     Indices run over the L+1 hidden states: 0 is the embedding output, L the
     last layer, -1 also the last. A list is combined with `combine` (default
     "concat", as extract_features.py writes every requested layer).
     """
+    if isinstance(layers, LayerSpec):
+        return layers
     n_states = num_layers + 1
     if isinstance(layers, str):
         text = layers.strip()

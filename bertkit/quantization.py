@@ -51,18 +51,12 @@ import torch
 from torch import nn
 
 from bertkit.checkpoint import INT8_WEIGHTS
+from bertkit.devices import DynamicLinear, holds_int8
 from bertkit.errors import BertkitError
 from bertkit.fast import accelerate, int8_per_token
 
 FORMAT = "bertkit-int8-dynamic"
 VERSION = "1"
-
-
-with warnings.catch_warnings():
-    # torch.ao.quantization warns that it will move to torchao; the dynamic Linear and its
-    # FBGEMM kernels are what this torch ships, so the warning is silenced here.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 
 class Int8Linear(DynamicLinear):
@@ -105,11 +99,6 @@ def _targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
             if isinstance(child, nn.Linear):
                 out.append((module, attr, child))
     return out
-
-
-def is_quantized(model: nn.Module) -> bool:
-    """Whether `model` holds int8 dense layers (made by `quantize` or `load_quantized`)."""
-    return any(isinstance(m, DynamicLinear) for m in model.modules())
 
 
 def _check_runnable(model: nn.Module) -> None:
@@ -162,9 +151,9 @@ def quantize(model: nn.Module) -> nn.Module:
 
 def dense_ops(model: nn.Module, int8: bool, fast: bool) -> nn.Module:
     """The dense layers an inference model runs, swapped below its layers in one step: the
-    encoder's int8 (`quantize`, where asked and not done yet), then the CPU fast path
-    (`bertkit.fast.accelerate`) on the float layers left, when `fast`."""
-    if int8 and not is_quantized(model):
+    encoder's int8 (`quantize`, where asked; layers already int8 stay as they are), then the CPU
+    fast path (`bertkit.fast.accelerate`) on the float layers left, when `fast`."""
+    if int8:
         model = quantize(model)
     return accelerate(model) if fast else model
 
@@ -198,7 +187,7 @@ def save_quantized(model: nn.Module, directory, tokenizer=None) -> None:
     with a tokenizer, its files (see the module docstring for the format)."""
     from safetensors.torch import save_file
 
-    if not is_quantized(model):
+    if not holds_int8(model):
         raise BertkitError("save_quantized takes a model made by quantize(); save a float model with save_pretrained")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

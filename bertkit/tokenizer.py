@@ -42,12 +42,20 @@ from bertkit.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.textfiles import read_text
 from bertkit.tokenizer_speed import TokenizerWorkers, WordCache, choose_num_workers, gc_paused
-from bertkit.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab,
-                           vocab_from_tokenizer_json)
+from bertkit.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab, tokens_from_text,
+                           tokens_from_tokenizer_json)
 from bertkit.windows import spans
 from bertkit.wordpiece import CONTINUATION, wordpiece_spans
 
 MODEL_MAX_LENGTH = 512  # BERT's position embeddings
+
+# a Hugging Face tokenizer_config.json key -> our constructor's argument and its type
+_CONFIG_KEYS = {
+    "do_lower_case": ("lowercase", bool),
+    "strip_accents": ("strip_accents", bool),
+    "tokenize_chinese_chars": ("tokenize_chinese_chars", bool),
+    "max_input_chars_per_word": ("max_input_chars_per_word", int),
+}
 STRATEGIES = ("longest_first", "only_first", "only_second")
 
 
@@ -183,20 +191,22 @@ class Tokenizer:
             folder, vocab_file = path.parent, path
         else:
             raise BertkitError(f"no tokenizer at {path}: pass a model directory holding vocab.txt, or a vocab.txt")
-        if not vocab_file.is_file() and (folder / "tokenizer.json").is_file():
-            vocab_file = vocab_from_tokenizer_json(folder / "tokenizer.json")
+        hf_json = not vocab_file.is_file() and (folder / "tokenizer.json").is_file()
+        if hf_json:
+            vocab_file = folder / "tokenizer.json"
         elif not vocab_file.is_file():
             raise BertkitError(f"{folder} has no vocab.txt; pass a model directory or a vocab.txt file")
-        settings = {}
         config_file = folder / "tokenizer_config.json"
-        if config_file.is_file():
-            try:
-                config = json.loads(read_text(config_file, "tokenizer config"))
-            except json.JSONDecodeError as err:
-                raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
-            if not isinstance(config, dict):
-                raise BertkitError(f"{config_file} must hold a JSON object of settings, got {type(config).__name__}")
-            settings = _settings_from_config(config)
+        config_text = read_text(config_file, "tokenizer config") if config_file.is_file() else "{}"
+        text = read_text(vocab_file, "tokenizer file" if hf_json else "vocabulary file")
+        tokens = (tokens_from_tokenizer_json if hf_json else tokens_from_text)(text, str(vocab_file))
+        try:
+            config = json.loads(config_text)
+        except json.JSONDecodeError as err:
+            raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
+        if not isinstance(config, dict):
+            raise BertkitError(f"{config_file} must hold a JSON object of settings, got {type(config).__name__}")
+        settings = {name: kind(config[key]) for key, (name, kind) in _CONFIG_KEYS.items() if config.get(key) is not None}
         for key, value in overrides.items():
             if key not in ("lowercase", "strip_accents", "max_input_chars_per_word", "tokenize_chinese_chars"):
                 raise BertkitError(f"unknown tokenizer setting {key!r}")
@@ -206,7 +216,7 @@ class Tokenizer:
                     f"lowercase={value} was asked; a vocabulary only works with the casing it was built for"
                 )
             settings[key] = value
-        return cls(vocab_file, **settings)
+        return cls(tokens, **settings)
 
     def save_pretrained(self, directory) -> Path:
         """Write vocab.txt and tokenizer_config.json (Hugging Face keys) into `directory`."""
@@ -652,20 +662,6 @@ def _as_int_list(ids, what: str) -> list[int]:
         if isinstance(i, bool) or not isinstance(i, int):
             raise BertkitError(f"{what} must hold ints, found {i!r} ({type(i).__name__})")
     return list(ids)
-
-
-def _settings_from_config(config: dict) -> dict:
-    """Our constructor arguments from a Hugging Face tokenizer_config.json."""
-    out = {}
-    if "do_lower_case" in config:
-        out["lowercase"] = bool(config["do_lower_case"])
-    if config.get("strip_accents") is not None:
-        out["strip_accents"] = bool(config["strip_accents"])
-    if "tokenize_chinese_chars" in config:
-        out["tokenize_chinese_chars"] = bool(config["tokenize_chinese_chars"])
-    if "max_input_chars_per_word" in config:
-        out["max_input_chars_per_word"] = int(config["max_input_chars_per_word"])
-    return out
 
 
 def _check_casing(tokens: list[str], lowercase: bool) -> None:

@@ -12,6 +12,7 @@ checkpoint that uses it. Deviation from the original: it keeps the *last*
 duplicate silently; we refuse.
 """
 
+import json
 from pathlib import Path
 
 from bertkit.errors import BertkitError
@@ -53,38 +54,39 @@ def load_vocab(path) -> list[str]:
         path = path / "vocab.txt"
     if not path.is_file():
         raise BertkitError(f"vocabulary file not found: {path} (pass a vocab.txt or a model directory)")
-    text = read_text(path, "vocabulary file")
+    return tokens_from_text(read_text(path, "vocabulary file"), str(path))
+
+
+def tokens_from_text(text: str, source: str) -> list[str]:
+    """The tokens of a vocab.txt's text (index = id), validated; `source` names the file in errors."""
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
     # which can be tokens; a trailing newline does not add a token.
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     tokens = [line[:-1] if line.endswith("\r") else line for line in lines]
-    validate_tokens(tokens, str(path))
+    validate_tokens(tokens, source)
     return tokens
 
 
-def vocab_from_tokenizer_json(path) -> list[str]:
-    """The WordPiece vocabulary inside a Hugging Face tokenizer.json (token -> id in `model.vocab`),
-    as a list of tokens (index = id), validated: the folders sentence-transformers 6 saves carry
-    only this file, no vocab.txt."""
-    import json
-
-    path = Path(path)
+def tokens_from_tokenizer_json(text: str, source: str) -> list[str]:
+    """The WordPiece vocabulary inside a Hugging Face tokenizer.json's text (token -> id in
+    `model.vocab`), as a list of tokens (index = id), validated: the folders sentence-transformers 6
+    saves carry only this file, no vocab.txt. `source` names the file in errors."""
     try:
-        model = json.loads(read_text(path, "tokenizer file"))["model"]
+        model = json.loads(text)["model"]
         vocab = model["vocab"]
         kind = model.get("type")
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise BertkitError(f"{path} is not a Hugging Face tokenizer.json with a vocabulary ({err})") from None
+        raise BertkitError(f"{source} is not a Hugging Face tokenizer.json with a vocabulary ({err})") from None
     if kind != "WordPiece" or not isinstance(vocab, dict):
-        raise BertkitError(f"{path} holds a {kind} tokenizer, not WordPiece: BERT needs a WordPiece vocabulary")
+        raise BertkitError(f"{source} holds a {kind} tokenizer, not WordPiece: BERT needs a WordPiece vocabulary")
     tokens = [None] * len(vocab)
     for token, i in vocab.items():
         if not isinstance(i, int) or not 0 <= i < len(tokens) or tokens[i] is not None:
-            raise BertkitError(f"{path}: the vocabulary's ids are not 0..{len(vocab) - 1}, each once (token {token!r})")
+            raise BertkitError(f"{source}: the vocabulary's ids are not 0..{len(vocab) - 1}, each once (token {token!r})")
         tokens[i] = token
-    validate_tokens(tokens, str(path))
+    validate_tokens(tokens, source)
     return tokens
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.features import embed, iter_embed
+from bertkit.features import embed, encoder, iter_embed
 from bertkit.pooling import pool_words, resolve_layers
 from bertkit.textfiles import read_texts
 from bertkit.vector_files import write_vectors
@@ -111,7 +111,7 @@ def test_streaming_reads_lazily_and_keeps_order(tiny):
             pulled.append(t)
             yield t
 
-    stream = iter_embed(source(), tiny, chunk_size=4, batch_size=3)
+    stream = iter_embed(source(), encoder(tiny), chunk_size=4, batch_size=3)
     first = next(stream)
     assert len(pulled) == 4  # only the first chunk was read
     rest = list(stream)

@@ -25,7 +25,8 @@ from bertkit.fast import accelerate
 from bertkit.finetune.predict import predict
 from bertkit.modeling import BertLayer
 from bertkit.checkpoint import INT8_WEIGHTS
-from bertkit.quantization import Int8Linear, is_quantized, load_quantized, quantize, save_quantized
+from bertkit.devices import holds_int8
+from bertkit.quantization import Int8Linear, load_quantized, quantize, save_quantized
 from test_finetune import sentiment_run, tiny  # noqa: F401
 
 with warnings.catch_warnings():
@@ -77,7 +78,7 @@ def test_encoder_dense_layers_become_int8_and_the_rest_stays_float(cls):
     for m in model.modules():  # embeddings, pooler and head classifiers: float
         if isinstance(m, (torch.nn.Embedding, torch.nn.Linear, torch.nn.LayerNorm)):
             assert m.weight.dtype == torch.float32
-    assert is_quantized(model) and not is_quantized(tiny_model(cls))
+    assert holds_int8(model) and not holds_int8(tiny_model(cls))
 
 
 def test_int8_weights_are_per_output_channel_roundings_of_the_float_ones():
@@ -221,7 +222,7 @@ def test_save_and_load_give_identical_outputs(cls, tmp_path):
     save_quantized(model, tmp_path)
     assert (tmp_path / INT8_WEIGHTS).is_file() and not (tmp_path / "model.safetensors").exists()
     loaded = load_quantized(cls, tmp_path)
-    assert is_quantized(loaded)
+    assert holds_int8(loaded)
     assert all(type(d) is Int8Linear for d in dense_modules(loaded))
     assert torch.equal(first_output(loaded), first_output(model))
 
@@ -324,8 +325,8 @@ def test_dense_ops_is_quantize_then_accelerate_in_one_step():
     expected = run(accelerate(quantize(tiny_model())))
     model = dense_ops(tiny_model(), int8=True, fast=True)
     torch.testing.assert_close(run(model), expected, rtol=0, atol=0)
-    assert isinstance(model.pooler.dense, FastLinear) and is_quantized(model)
+    assert isinstance(model.pooler.dense, FastLinear) and holds_int8(model)
     again = dense_ops(model, int8=True, fast=True)  # already int8: nothing is quantized twice
     torch.testing.assert_close(run(again), expected, rtol=0, atol=0)
     plain = dense_ops(tiny_model(), int8=False, fast=False)
-    assert not is_quantized(plain) and type(plain.pooler.dense) is torch.nn.Linear
+    assert not holds_int8(plain) and type(plain.pooler.dense) is torch.nn.Linear

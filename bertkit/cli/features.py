@@ -45,12 +45,13 @@ def add_embed(sub):
 
 
 def run_embed(args):
-    from bertkit.features import encoder, iter_embed
+    from bertkit.features import iter_embed
+    from bertkit.loading import load
     from bertkit.textfiles import read_texts
     from bertkit.vector_files import write_vectors
 
     options = from_args(args, EmbedOptions)
-    loaded = encoder(args.model, args.device, args.dtype, args.int8)
+    loaded = load(args.model, head="encoder", device=args.device, dtype=args.dtype, int8=args.int8)
     texts, count = read_texts(args.input, args.column)
     pooling = {None: loaded.pooling, "none": None}.get(options.pooling, options.pooling)
     rows = iter_embed(
