@@ -258,6 +258,22 @@ def test_hnsw_recall_is_measured_against_exact_search(tmp_path):
     np.testing.assert_allclose(ann_scores, exact_scores, atol=1e-5)
 
 
+def test_a_graph_is_read_once_and_again_when_its_file_changes(tmp_path):
+    from bertkit.retrieval.ann import ann_top_k, build_hnsw, read_hnsw
+
+    rng = np.random.default_rng(3)
+    first, second = unit(rng.standard_normal((200, 16))), unit(rng.standard_normal((300, 16)))
+    path = tmp_path / "hnsw.faiss"
+    build_hnsw(first, path, m=8, ef_construction=40)
+    graph = read_hnsw(path)
+    assert read_hnsw(path) is graph  # query after query: the graph in memory
+    ann_top_k(graph, first[:3], 5, ef_search=7)
+    assert graph.hnsw.efSearch != 7  # efSearch goes with the call, the shared graph is not changed
+    build_hnsw(second, path, m=8, ef_construction=40)  # rebuilt in place: the new file is read
+    again = read_hnsw(path)
+    assert again is not graph and again.ntotal == 300
+
+
 def test_cli_ann_index_and_search(tiny, shared_data, tmp_path, capsys):
     corpus = scifact_corpus(shared_data, tmp_path / "corpus.jsonl", n=6, first=60)
     out = tmp_path / "index"

@@ -23,6 +23,7 @@ when an ANN index is built or searched.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -69,25 +70,36 @@ def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int =
 
 
 def read_hnsw(path):
+    """The graph at `path`, read once and kept while the file is unchanged (the last one read: a graph
+    is the size of its vectors), so that a caller searching query after query does not read it again."""
     path = Path(path)
     if not path.is_file():
         raise BertkitError(f"{path.parent} has no ANN index ({path.name}): build it with bertkit index ... --ann hnsw, "
                            "or search without --ann")
-    return faiss_module().read_index(str(path))
+    stat = path.stat()
+    return _read_graph(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_graph(path: str, mtime_ns: int, size: int):
+    return faiss_module().read_index(path)
 
 
 def ann_top_k(graph, queries: np.ndarray, k: int, ef_search: int) -> tuple[np.ndarray, np.ndarray]:
     """(cosines [Q, k], rows [Q, k]) from the graph, best first; rows of -1 where it found fewer."""
     queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
     queries = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)  # as exact.top_k
-    graph.hnsw.efSearch = max(ef_search, k)  # the walk must keep at least k candidates
-    scores, rows = graph.search(np.ascontiguousarray(queries), k)
+    # the walk must keep at least k candidates; passed per call, so a graph shared by callers is not changed
+    params = faiss_module().SearchParametersHNSW(efSearch=max(ef_search, k))
+    scores, rows = graph.search(np.ascontiguousarray(queries), k, params=params)
     return scores, rows.astype(np.int64)
 
 
-def build_measured(vectors: np.ndarray, path, *, m: int, ef_construction: int, ef_search: int) -> dict:
-    """Build the graph at `path` and measure it: what index.json records under "ann"."""
-    build_hnsw(vectors, path, m=m, ef_construction=ef_construction)
+def build_measured(vectors: np.ndarray, path, *, m: int, ef_construction: int, ef_search: int,
+                   progress: bool = False) -> dict:
+    """Build the graph at `path` (with a progress bar if asked) and measure it: what index.json records
+    under "ann"."""
+    build_hnsw(vectors, path, m=m, ef_construction=ef_construction, progress=progress)
     return {"kind": "hnsw", "m": m, "ef_construction": ef_construction, "ef_search": ef_search,
             "held_out": min(HELD_OUT, len(vectors)),
             "recall@10": recall_at_10(read_hnsw(path), vectors, ef_search=ef_search)}

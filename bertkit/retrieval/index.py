@@ -340,7 +340,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
         if ann is not None:
             info["ann"] = build_measured(map_safetensors(out / VECTORS)["vectors"], out / HNSW_FILE, m=ann_m,
-                                         ef_construction=ef_construction, ef_search=ef_search)
+                                         ef_construction=ef_construction, ef_search=ef_search, progress=progress)
         _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
         shutil.rmtree(out / PARTS)
         (out / BUILD_JSON).unlink()
