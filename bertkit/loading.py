@@ -150,7 +150,7 @@ class _Plan:
     vocab: Path | None  # the folder holding its vocabulary
     task: str
     info: dict
-    int8_weights: bool  # saved by bertkit.quantization.save_quantized (or quantized in memory)
+    int8_weights: bool  # saved by bertkit.quantization.save_quantized (a model in memory is asked in _build)
     model: nn.Module | None = None  # a model in memory and its tokenizer
     tokenizer: Tokenizer | None = None
 
