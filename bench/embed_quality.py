@@ -15,7 +15,12 @@ Each cell runs in its own process and leaves OUT/<cell>/result.json: a killed ru
 it stopped. The table (mean and sample standard deviation over the seeds) is printed and written to
 OUT/table.md.
 
+With --update-parity N, only the update itself is compared: one batch of 32 mined triplets with no
+text twice, the default model with dropout off, N updates by each trainer; the losses, gradient norms
+and trained weights of the two are printed side by side.
+
     python bench/embed_quality.py --out /tmp/eq --seeds 1 2 3 --matryoshka
+    python bench/embed_quality.py --out /tmp/eq --update-parity 4
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,24 +43,25 @@ import csv, json, sys, time
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-from sentence_transformers.training_args import BatchSamplers
+from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 train, out, seed, model_dir, max_length = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+epochs, logging_steps = (int(sys.argv[6]), int(sys.argv[7])) if len(sys.argv) > 7 else (1, 10)
 with open(train, encoding="utf-8", newline="") as f:
     rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 columns = {name: [r[i] for r in rows[1:]] for i, name in enumerate(rows[0])}
 model = SentenceTransformer(model_dir, device="cpu")
 model.max_seq_length = max_length
 args = SentenceTransformerTrainingArguments(
-    output_dir=out + "/trainer", num_train_epochs=1, per_device_train_batch_size=32, learning_rate=2e-5,
+    output_dir=out + "/trainer", num_train_epochs=epochs, per_device_train_batch_size=32, learning_rate=2e-5,
     warmup_ratio=0.1, weight_decay=0.0, lr_scheduler_type="linear", batch_sampler=BatchSamplers.NO_DUPLICATES,
-    seed=seed, save_strategy="no", report_to="none", use_cpu=True, logging_steps=10, disable_tqdm=True)
+    seed=seed, save_strategy="no", report_to="none", use_cpu=True, logging_steps=logging_steps, disable_tqdm=True)
 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict(columns),
                                      loss=MultipleNegativesRankingLoss(model))
 started = time.perf_counter()
 trainer.train()
 seconds = time.perf_counter() - started
 model.save(out + "/model")
-json.dump({"train_seconds": seconds}, open(out + "/train.json", "w"))
+json.dump({"train_seconds": seconds, "log": trainer.state.log_history}, open(out + "/train.json", "w"))
 """
 
 
@@ -140,6 +147,52 @@ def cell_result(out: Path, lib: str, kind: str, seed: int, files: dict, data: Pa
     return result
 
 
+def update_parity(out: Path, hard: Path, env: dict, updates: int, max_length: int) -> None:
+    """--update-parity N: the training update itself, against sentence-transformers' trainer. One batch
+    of 32 mined triplets with no text twice (both no-duplicate samplers take it whole; the loss does
+    not depend on the order of its rows), the default model with dropout off, N epochs of one update
+    each, the table's other settings: the two logs' losses and gradient norms, and how far apart the
+    trained weights are (against how far the updates moved them)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from bertkit.default_model import default_model_dir
+
+    cell = out / f"update-parity-{updates}"
+    model = cell / "model-without-dropout"
+    if not model.exists():
+        shutil.copytree(default_model_dir(), model)
+        config = json.loads((model / "config.json").read_text())
+        config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        (model / "config.json").write_text(json.dumps(config, indent=2))
+    with open(hard, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    batch, seen = [], set()
+    for row in rows:
+        if not seen & set(row):
+            batch.append(row)
+            seen |= set(row)
+    write_tsv(cell / "batch.tsv", ["anchor", "positive", "negative"], batch[:32])
+    run([sys.executable, "-c", THEIRS, str(cell / "batch.tsv"), str(cell / "st"), "1", str(model), str(max_length),
+         str(updates), "1"], cell / "st.log", env)
+    run([sys.executable, "-m", "bertkit.cli", "finetune", "embed", "--train", str(cell / "batch.tsv"), "--output",
+         str(cell / "bertkit"), "--model", str(model), "--batch-size", "32", "--learning-rate", "2e-5",
+         "--warmup-ratio", "0.1", "--weight-decay", "0", "--max-length", str(max_length), "--seed", "1", "--epochs",
+         str(updates), "--precision", "fp32", "--no-progress"], cell / "bertkit.log", env)
+    theirs = [r for r in json.loads((cell / "st" / "train.json").read_text())["log"] if "loss" in r]
+    ours = [json.loads(line) for line in (cell / "bertkit" / "metrics.jsonl").read_text().splitlines()]
+    ours = [r for r in ours if r["split"] == "train"]
+    print("update | bertkit loss | sentence-transformers loss | bertkit grad norm | sentence-transformers grad norm")
+    for i, (a, b) in enumerate(zip(ours, theirs), 1):
+        print(f"{i} | {a['loss']:.6f} | {float(b['loss']):.6f} | {a['grad_norm']:.4f} | {float(b['grad_norm']):.4f}")
+    start = load_file(model / "model.safetensors")
+    a, b = load_file(cell / "bertkit" / "model.safetensors"), load_file(cell / "st" / "model" / "model.safetensors")
+    moved = max((a[k] - start[k]).abs().max().item() for k in a)
+    gap = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"largest weight update {moved:.2e}; largest difference between the two trained models {gap:.2e} "
+          f"({len(batch[:32])} triplets, {updates} updates, torch {torch.__version__})")
+
+
 def spread(values: list) -> str:
     if len(values) == 1:
         return f"{values[0]:.4f}"
@@ -188,12 +241,17 @@ def main():
     p.add_argument("--matryoshka", action="store_true", help="also a Matryoshka-trained bertkit model")
     p.add_argument("--matryoshka-seeds", type=int, nargs="+", default=[1], help="its seeds (default 1)")
     p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--update-parity", type=int, metavar="N",
+                   help="only compare N training updates on one batch with sentence-transformers' (dropout off)")
     args = p.parse_args()
     out, data = Path(args.out), Path(args.data)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     print(machine_line(), flush=True)
     files = training_files(data, out, env)
+    if args.update_parity:
+        update_parity(out, files["hard"], env, args.update_parity, args.max_length)
+        return
     results = [cell_result(out, "bertkit", "frozen", 0, files, data, env, args)]
     # seed by seed, so that a run cut short still leaves every row with the same seeds
     for seed in args.seeds:

@@ -7,6 +7,8 @@
 - the cached loss is a bigger batch (the same losses and weights as the plain
   loss on the whole batch), accumulation is not (with in-batch negatives);
 - a run killed with SIGKILL and resumed equals the uninterrupted one (exact);
+- one batch, dropout off: the losses and the trained weights equal sentence-transformers'
+  trainer's (the whole update: loss, clipping, AdamW, the schedule);
 - bad input is one clear error.
 """
 
@@ -18,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import oracle
 from pretrain_support import run_cli
 from test_finetune import tiny_model_dir
 
@@ -219,3 +222,56 @@ def test_jsonl_rows_with_negative_columns_and_groups(tmp_path):
     bad = write(tmp_path / "bad.jsonl", json.dumps({"anchor": "a", "positive": "b", "negative": ["c", "d"]}) + "\n")
     with pytest.raises(BertkitError, match="must hold one text"):
         read_examples(bad, log=lambda s: None)
+
+
+def test_training_steps_equal_sentence_transformers_trainer(data, st, tmp_path):
+    """The whole update (loss, backward, clipping, AdamW, the warm-up and linear schedule) against
+    sentence-transformers' own trainer: one batch with no text twice (so both no-duplicate samplers
+    take it whole, and the loss does not depend on the order of its rows), dropout off, three epochs
+    of one update each. The losses and the trained weights must agree; what then still differs
+    between two real runs is the order of the batches and the dropout masks, which the seed draws."""
+    oracle("datasets", "datasets")
+    oracle("accelerate", "accelerate")
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
+
+    rows, seen = [], set()
+    for line in data["triplets"].read_text(encoding="utf-8").splitlines()[1:]:
+        texts = line.split("\t")
+        if not seen & set(texts):
+            rows.append(texts)
+            seen |= set(texts)
+    rows = rows[:8]
+    batch = tmp_path / "batch.tsv"
+    batch.write_text("anchor\tpositive\tnegative\n" + "".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+
+    training = TrainConfig(epochs=3, batch_size=8, seed=1, progress=False, device="cpu",
+                           optim=OptimConfig(learning_rate=5e-4, warmup_ratio=0.1, weight_decay=0.0))
+    finetune("embed", train=str(batch), output=str(tmp_path / "ours"), model=str(data["exact"]), training=training,
+             log=lambda s: None, max_length=32)
+
+    model = SentenceTransformer(str(data["exact"]), device="cpu")  # no layout: mean pooling, as ours
+    model.max_seq_length = 32
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "trainer"), num_train_epochs=3, per_device_train_batch_size=8, learning_rate=5e-4,
+        warmup_ratio=0.1, weight_decay=0.0, lr_scheduler_type="linear", batch_sampler=BatchSamplers.NO_DUPLICATES,
+        seed=1, save_strategy="no", report_to="none", use_cpu=True, logging_steps=1, disable_tqdm=True)
+    columns = {name: [r[i] for r in rows] for i, name in enumerate(("anchor", "positive", "negative"))}
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict(columns),
+                                         loss=MultipleNegativesRankingLoss(model))
+    trainer.train()
+
+    theirs = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    ours = [r["loss"] for r in records(tmp_path / "ours", "train")]
+    assert len(ours) == len(theirs) == 3
+    assert ours == pytest.approx(theirs, abs=1e-4)  # the trainer logs its loss rounded
+    assert ours[2] < ours[1] < ours[0] + 1e-6  # it learned: the first update is at lr 0 (warm-up)
+    trained = load_file(tmp_path / "ours" / "model.safetensors")
+    start = load_file(data["exact"] / "model.safetensors")
+    peer = {k: v.detach() for k, v in model[0].auto_model.state_dict().items()}
+    moved = max((trained[k] - start[k]).abs().max().item() for k in trained)
+    gap = max((trained[k] - peer[k]).abs().max().item() for k in trained)
+    print(f"largest update {moved:.2e}, largest difference from the peer {gap:.2e}")
+    assert moved > 1e-4 and gap < 1e-5, (moved, gap)
