@@ -15,7 +15,10 @@ and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
 - bertkit fp32, MKL matmuls: the accelerated model with `bertkit.fast.use_onednn(False)`,
   i.e. torch's default matmul path, to show what the oneDNN route is worth;
 - bertkit fp32, plain model: BertModel as `bertkit.modeling` writes it, no accelerate step;
-- bertkit bf16: the same model converted with .to(torch.bfloat16);
+- bertkit bf16: the same model converted with .to(torch.bfloat16) (where the CPU multiplies
+  bfloat16 natively its matmuls take the oneDNN route with packed weights: `fast` rule 6);
+- bertkit bf16, F.linear: the same with `bertkit.fast.use_onednn(False)`, every matmul on
+  F.linear as before rule 6 (weights re-blocked at every call, GELU and add apart);
 - bertkit auto: the precision `--dtype auto` picks on this CPU (`bertkit.devices.auto_dtype`:
   bfloat16 where the CPU multiplies it natively, float32 elsewhere), named in the row;
 - transformers eager / sdpa: BertModel with attn_implementation "eager" / "sdpa";
@@ -23,7 +26,7 @@ and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
   onnxruntime.transformers.optimizer (Attention, SkipLayerNorm, BiasGelu kernels),
   the usual "CPU speed anchor";
 - bertkit int8: the encoder's dense layers quantized (`bertkit.quantize`: int8 weights per
-  output channel; activations per token on torch._int_mm where the CPU has VNNI or AMX,
+  output channel; activations per token on oneDNN's int8 matmul where the CPU has VNNI or AMX,
   else per call on FBGEMM: `bertkit.fast` rule 5), then accelerated, as `embed --int8` runs it;
 - bertkit int8, per call: the same with FBGEMM's one-scale-per-call kernel forced, whatever the CPU;
 - ONNX Runtime int8: the fused graph above through `onnxruntime.quantization.quantize_dynamic`
@@ -221,6 +224,7 @@ CONTENDERS = {
     "bertkit fp32, MKL matmuls": lambda d: torch_runner(load_ours(), onednn=False),
     "bertkit fp32, plain model": lambda d: torch_runner(load_ours(accelerated=False)),
     "bertkit bf16": lambda d: torch_runner(load_ours(torch.bfloat16)),
+    "bertkit bf16, F.linear": lambda d: torch_runner(load_ours(torch.bfloat16, packed=True), onednn=False),
     auto_name(): lambda d: torch_runner(load_ours_auto()),
     "transformers eager": lambda d: torch_runner(load_hf("eager")),
     "transformers sdpa": lambda d: torch_runner(load_hf("sdpa")),
@@ -278,7 +282,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--latency-calls", type=int, default=10, help="1 x 128 forwards per timed call")
-    ap.add_argument("--sst-rounds", type=int, default=3, help="rounds over the whole SST-2 dev set")
+    ap.add_argument("--sst-rounds", type=int, default=3,
+                    help="rounds over the whole SST-2 dev set (0: no timing there; the accuracy table still runs)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
     ap.add_argument("--default-malloc", action="store_true",
                     help="leave glibc's malloc as it is (default: bertkit.reuse_freed_memory() for the whole process)")
@@ -372,6 +377,7 @@ def main(argv=None) -> int:
         "bertkit fp32, packed, post-ops apart (sorted, <= 4096 tokens/batch)":
             ("bertkit fp32, packed weights, post-ops apart", budget_batches),
         "bertkit bf16 (sorted, <= 4096 tokens/batch)": ("bertkit bf16", budget_batches),
+        "bertkit bf16, F.linear (sorted, <= 4096 tokens/batch)": ("bertkit bf16, F.linear", budget_batches),
         f"{auto_name()} (sorted, <= 4096 tokens/batch)": (auto_name(), budget_batches),
         "transformers eager": ("transformers eager", padded_batches),
         "transformers sdpa": ("transformers sdpa", padded_batches),
@@ -382,14 +388,15 @@ def main(argv=None) -> int:
         "ONNX Runtime int8": ("ONNX Runtime int8", padded_batches),
     }
     sst = {row: (lambda r=runs[name], bs=bs: [r(b) for b in bs]) for row, (name, bs) in passes.items() if name in runs}
-    # each pass is long and the models are warm by now: no discarded warm-up round
-    times = interleaved(sst, rounds=args.sst_rounds, warmup=0, settle=SETTLE)
-    note = (f"{len(texts)} sentences, {tokens:,} real tokens; token slots computed: sorted "
-            f"{cells(sorted_batches):,} ({len(sorted_batches)} batches), token budget "
-            f"{cells(budget_batches):,} ({len(budget_batches)} batches), data order {cells(padded_batches):,}. "
-            "Peers other than the `sorted` row take batches of 32 in data order, padded to the longest.")
-    sections.append(table("SST-2 dev, whole set, batches of 32", len(texts), "sentences", times,
-                          ours="bertkit fp32 (sorted)", note=note))
+    if args.sst_rounds > 0:
+        # each pass is long and the models are warm by now: no discarded warm-up round
+        times = interleaved(sst, rounds=args.sst_rounds, warmup=0, settle=SETTLE)
+        note = (f"{len(texts)} sentences, {tokens:,} real tokens; token slots computed: sorted "
+                f"{cells(sorted_batches):,} ({len(sorted_batches)} batches), token budget "
+                f"{cells(budget_batches):,} ({len(budget_batches)} batches), data order {cells(padded_batches):,}. "
+                "Peers other than the `sorted` row take batches of 32 in data order, padded to the longest.")
+        sections.append(table("SST-2 dev, whole set, batches of 32", len(texts), "sentences", times,
+                              ours="bertkit fp32 (sorted)", note=note))
 
     # the price of each lower precision, on the same real tokens: against bertkit fp32
     lines = ["### Accuracy against float32 (SST-2 dev tokens)", "",

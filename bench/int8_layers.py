@@ -13,7 +13,7 @@ bench_model.py feed them), with the default model:
 
 Both for each way of quantizing the activations (`bertkit.fast` rule 5): "per call"
 (FBGEMM's dynamic int8, one 7-bit scale per call, the kernel where the CPU has no
-VNNI) and "per token" (one 8-bit scale per token on torch._int_mm, where it has).
+VNNI) and "per token" (one 8-bit scale per token on oneDNN's int8 matmul, where it has).
 
     python bench/int8_layers.py [--every 1] [--write]
 """
@@ -35,7 +35,7 @@ from harness import machine_line, report  # noqa: E402
 PRODUCTS = ("attention.qkv", "attention.output", "intermediate", "output")
 LABELS = {"attention.qkv": "Q/K/V", "attention.output": "attention output", "intermediate": "FFN up (W1)",
           "output": "FFN down (W2, after GELU)"}
-MODES = {"per call, 7 bits (FBGEMM)": False, "per token, 8 bits (torch._int_mm)": True}
+MODES = {"per call, 7 bits (FBGEMM)": False, "per token, 8 bits (oneDNN int8 matmul)": True}
 
 
 def token_cosines(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -23,21 +23,30 @@ the timings behind them, with the CPU each was taken on, are in docs/benchmarks.
 4. Packed weights in inference: oneDNN's blocked copy of each weight saves the
    re-blocking of every call; the copy follows every in-place change of the weight
    (its version counter), not writes through `.data` (`pack_weights()`).
-5. int8 activations quantized per token where the CPU has VNNI or AMX: torch._int_mm
-   multiplies int8 into int32 there, and one scale per token keeps a large token from
-   flattening the rest of its batch (`int8_per_token()`, used by bertkit.quantization).
+5. int8 activations quantized per token where the CPU has VNNI or AMX: oneDNN's int8
+   matmul multiplies int8 into int32 there, and one scale per token keeps a large token
+   from flattening the rest of its batch (`int8_per_token()`, used by bertkit.quantization).
+6. bfloat16 inference on the oneDNN route too (packed weights, GELU and residual add as
+   post-ops) where the CPU multiplies bfloat16 natively (AMX, AVX512-BF16): F.linear in
+   bfloat16 also runs oneDNN there, but re-blocks the weight at every call and leaves the
+   GELU and the add to separate bfloat16 passes. bfloat16 training stays on F.linear.
+7. Rows padded to a few sizes where oneDNN's kernel caches are bounded (`bertkit serve`,
+   BERTKIT_ROW_BUCKETS=1): oneDNN prepares (compiles) a kernel per input shape, and a
+   server's batches come in a new shape every few passes; padded to `row_bucket`'s 40
+   sizes, every pass finds its kernels in the cache (`bucket_rows()`).
 
 Precision ("auto" = bfloat16 where the CPU multiplies it natively): see
 `bertkit.devices.auto_dtype`.
 
-Where the oneDNN route applies at all: float32 on the CPU, a torch build with
-oneDNN's linear kernels, outside autocast (which must see F.linear to cast it) and
-outside torch.compile (inductor packs its own weights). Everything else (bfloat16,
-CUDA, float64) goes to F.linear unchanged, so an accelerated model runs anywhere;
-results agree with F.linear's to float32 rounding. `use_onednn(False)` (or
-BERTKIT_ONEDNN=0) sends every matmul to F.linear, `use_onednn(True)`
-(BERTKIT_ONEDNN=1) every one to oneDNN, `use_onednn(None)` (the default) follows
-rules 1 and 2.
+Where the oneDNN route applies at all: float32 on the CPU (and bfloat16 inference,
+rule 6), a torch build with oneDNN's linear kernels, outside autocast (which must see
+F.linear to cast it) and outside torch.compile (inductor packs its own weights).
+Everything else (CUDA, float64, bfloat16 elsewhere) goes to F.linear unchanged, so an
+accelerated model runs anywhere; results agree with F.linear's to float32 rounding
+(bfloat16: to its rounding of the output; the post-ops then run before it, in float32).
+`use_onednn(False)` (or BERTKIT_ONEDNN=0) sends every matmul to F.linear,
+`use_onednn(True)` (BERTKIT_ONEDNN=1) every one to oneDNN, `use_onednn(None)` (the
+default) follows rules 1 and 2.
 """
 
 from __future__ import annotations
@@ -103,23 +112,50 @@ def fuse_post_ops() -> bool:
 
 _per_token = None  # None: by the CPU (rule 5); True/False: forced, for tests and comparisons
 
+_buckets = os.environ.get("BERTKIT_ROW_BUCKETS") == "1"  # rule 7: off unless the server asks
+
+
+def bucket_rows(enabled: bool = True) -> None:
+    """Pad the rows of inference's oneDNN products to `row_bucket` sizes (rule 7), or not."""
+    global _buckets
+    _buckets = bool(enabled)
+
+
+def row_bucket(rows: int) -> int:
+    """The rows a product of `rows` rows is padded to under rule 7: a multiple of 16 up to 128,
+    then 8 sizes per doubling (at most 1/8 more rows): 40 sizes up to 2,048 rows."""
+    if rows <= 128:
+        return -(-rows // 16) * 16
+    step = 1 << ((rows - 1).bit_length() - 4)
+    return -(-rows // step) * step
+
+
+def _padded(t: torch.Tensor, rows: int, padded: int) -> torch.Tensor:
+    """t [..., k] as [padded, k]: its rows, then rows of zeros."""
+    out = t.new_empty((padded, t.shape[-1]))
+    out[:rows] = t.reshape(rows, t.shape[-1])
+    out[rows:].zero_()
+    return out
+
 
 def int8_per_token() -> bool:
-    """Whether int8 products quantize activations per token on torch._int_mm (rule 5): where the
-    CPU multiplies int8 into int32 in one instruction (VNNI, AMX)."""
+    """Whether int8 products quantize activations per token on oneDNN's int8 matmul (rule 5):
+    where the CPU multiplies int8 into int32 in one instruction (VNNI, AMX) and torch has oneDNN."""
     if _per_token is not None:
         return _per_token
-    return any(f in cpu_features().flags for f in ("amx_int8", "avx512_vnni", "avx_vnni"))
+    cpu = cpu_features()
+    return cpu.onednn and any(f in cpu.flags for f in ("amx_int8", "avx512_vnni", "avx_vnni"))
 
 
 def _route(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The shape rule of the oneDNN route (see the module docstring)."""
+    """The shape rule of the oneDNN route (see the module docstring): float32, or bfloat16 where
+    the CPU multiplies it natively (rule 6; the caller keeps bfloat16 to inference)."""
     return (
         not torch.compiler.is_compiling()  # first: dynamo need not trace the rest
         and onednn_enabled()
         and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
+        and x.dtype == weight.dtype
+        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and cpu_features().native_bf16))
         and x.dim() >= 2
         and x.numel() > 0
         and not torch.is_autocast_enabled("cpu")
@@ -190,9 +226,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not _route(x, weight):
         y = F.linear(x, weight, bias)
     elif _needs_grad(x, weight, bias, residual):
-        y = _OneDNNLinear.apply(x.contiguous(), weight, bias) if onednn_for_training() else F.linear(x, weight, bias)
+        oned = onednn_for_training() and x.dtype == torch.float32  # bfloat16 trains on F.linear (rule 6)
+        y = _OneDNNLinear.apply(x.contiguous(), weight, bias) if oned else F.linear(x, weight, bias)
     elif not onednn_for_inference():
         y = F.linear(x, weight, bias)
+    elif _buckets and row_bucket(rows := x.numel() // x.shape[-1]) != rows:  # rule 7: the rows of a cached kernel
+        padded = row_bucket(rows)
+        y = linear(_padded(x, rows, padded), weight, bias, pack, gelu,
+                   None if residual is None else _padded(residual, rows, padded))
+        return y[:rows].view(*x.shape[:-1], y.shape[-1])
     else:
         x, w = x.contiguous(), _packed_weight(weight) if pack else weight
         if gelu and fuse_post_ops():

@@ -9,7 +9,7 @@ q, q in [-127, 127]) and quantizes the activations at run time, so no calibratio
 data is needed; the products accumulate in int32 and go back to float32 before the bias.
 
 How the activations are quantized is `bertkit.fast` rule 5, by the CPU:
-- per token, 8 bits, where the CPU has VNNI or AMX (torch._int_mm on oneDNN's kernels).
+- per token, 8 bits, where the CPU has VNNI or AMX (oneDNN's int8 matmul, `onednn::qlinear_pointwise`).
   One scale per call let the batch's largest token set the step for all the others:
   the feed-forward down-projection (GELU's outliers) and the attention output lost
   most, down to a minimum per-token cosine of 0.82 to float32 on SST-2 dev; per token
@@ -65,12 +65,15 @@ class Int8Linear(DynamicLinear):
     int8 rule says for this CPU:
 
     - per token (a CPU with VNNI or AMX): each row of x gets its own scale, s_t = max|x_t| / 127,
-      q = round(x / s_t) in [-127, 127]; torch._int_mm multiplies q by the int8 weight into
-      int32 (exact; oneDNN's VNNI/AMX kernels), and y = acc * s_t * s_w + b;
+      q = round(x / s_t) in [-127, 127]; oneDNN's int8 matmul (`onednn::qlinear_pointwise`, its
+      VNNI/AMX kernels) multiplies q by the int8 weight, exactly in int32, and scales by s_w
+      on the way out (float32), and y = that * s_t + b;
     - per call (elsewhere): FBGEMM's `quantized::linear_dynamic`, one 7-bit scale per call.
     """
 
-    _mm = None  # (packed params it was made from, int8 weight [in, out], weight scales / 127 [out], bias)
+    # (packed params it was made from, oneDNN's packed int8 weight, weight scales [out],
+    #  weight zero points [out] (zeros: symmetric), bias)
+    _mm = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed = self._packed_params._packed_params
@@ -78,14 +81,18 @@ class Int8Linear(DynamicLinear):
             return torch.ops.quantized.linear_dynamic(x, packed, True)
         if self._mm is None or self._mm[0] is not packed:  # after quantize, load or set_weight_bias
             weight, bias = self._weight_bias()  # unpacking costs more than the product: once
-            self._mm = (packed, weight.int_repr().t(), weight.q_per_channel_scales().float() / 127.0, bias)
-        _, w, w_scale, bias = self._mm
+            q_weight = weight.int_repr()  # [out, in]
+            self._mm = (packed, torch.ops.onednn.qlinear_prepack(q_weight, None),
+                        weight.q_per_channel_scales().float(), torch.zeros(len(q_weight), dtype=torch.long), bias)
+        _, w, w_scale, w_zero, bias = self._mm
         x2 = x.reshape(-1, x.shape[-1])  # [..., in] -> [M, in]
-        # max |x| per row from two reductions: no [M, in] copy for abs()
-        amax = torch.maximum(x2.amax(-1, keepdim=True), x2.amin(-1, keepdim=True).neg_()).clamp_(min=1e-12)  # [M, 1]
-        q = (x2 * (127.0 / amax)).round_().to(torch.int8)  # [M, in], each row's largest |x| -> 127
-        y = torch._int_mm(q, w).float().mul_(amax)  # [M, out]: acc * s_t
-        y = y.mul_(w_scale) if bias is None else torch.addcmul(bias, y, w_scale, out=y)  # * s_w (+ b)
+        # few element-wise passes: at batch 1 each is an OpenMP region, and they cost as much as the product
+        s = x2.abs().amax(-1, keepdim=True).clamp_(min=1e-12).div_(127.0)  # [M, 1]: s_t
+        q = torch.div(x2, s).round_().to(torch.int8)  # [M, in], each row's largest |x| -> 127
+        # acc * s_w in the kernel's epilogue (activation scale 1, zero point 0), float32 out: [M, out]
+        y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, w, w_scale, w_zero, None, 1.0, 0, torch.float32,
+                                               "none", [], "")
+        y = y.mul_(s) if bias is None else torch.addcmul(bias, y, s, out=y)  # * s_t (+ b)
         return y.view(*x.shape[:-1], y.shape[-1])
 
 

@@ -178,6 +178,34 @@ def test_fused_gelu_and_residual_match_the_separate_ops(x_shape, out, pack, fuse
     torch.testing.assert_close(wg.grad, w_ref.grad, atol=1e-4, rtol=1e-4)
 
 
+def test_row_buckets_are_few_and_close_above():
+    """Rule 7's sizes: never fewer rows, at most 1/8 more past 128 (a multiple of 16 below), the same
+    size again for a padded count, and 40 sizes for every count up to 2,048 rows."""
+    sizes = [L.row_bucket(rows) for rows in range(1, 5000)]
+    assert all(rows <= size <= max(-(-rows // 16) * 16, rows * 9 / 8) for rows, size in enumerate(sizes, 1))
+    assert all(L.row_bucket(size) == size for size in sizes)
+    assert sizes == sorted(sizes) and len(set(sizes[:2048])) == 40
+
+
+@onednn
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("x_shape", [(3, 5, 24), (1, 9, 24), (2, 70, 24), (131, 24)])
+def test_padded_rows_change_no_row(x_shape, fuse, monkeypatch):
+    """With rule 7 on, a product whose rows are not a bucket size runs padded with zero rows and
+    gives back its own rows: the values of the unpadded product (plain, GELU and residual post-ops,
+    packed weights), in the input's shape."""
+    monkeypatch.setattr(L, "_fuse", fuse)
+    x, w, b = operands(x_shape, 40, seed=11)
+    r = torch.randn(*x_shape[:-1], 40, generator=torch.Generator().manual_seed(12))
+    with torch.inference_mode():
+        plain = [linear(x, w, b), linear(x, w, b, pack=True, gelu=True), linear(x, w, None, residual=r)]
+        monkeypatch.setattr(L, "_buckets", True)
+        padded = [linear(x, w, b), linear(x, w, b, pack=True, gelu=True), linear(x, w, None, residual=r)]
+    for got, want in zip(padded, plain):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 @onednn
 @pytest.mark.parametrize("fuse", [True, False])
 def test_fused_gelu_is_the_erf_form_not_tanh(fuse, monkeypatch):

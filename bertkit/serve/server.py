@@ -36,24 +36,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-KERNEL_CACHE_ENTRIES = 16
+KERNEL_CACHE_ENTRIES = 256
 
 
 def bound_kernel_caches() -> None:
-    """Keep oneDNN's per-shape kernel caches small; effective only before torch is first imported.
+    """Keep oneDNN's per-shape kernel caches bounded, and every pass in a shape they hold; effective
+    only before torch is first imported.
 
-    oneDNN (under `bertkit.fast`'s dense layers) prepares a kernel for each input
-    shape and keeps it, with buffers laid out for it, in two caches of ~1,000
-    entries (its primitive cache and PyTorch's ideep LRU cache, read from these
-    environment variables when the library starts). A server sees a new
-    (rows x length) shape every few passes: its memory grew from ~390 to ~960 MB
-    over 3,000 requests and was still growing. With 16 entries it stays flat,
-    and a pass's speed did not change measurably (docs/serving.md). A value
-    already in the environment is kept. The `bertkit serve` command calls this
-    before anything imports torch.
+    oneDNN (under `bertkit.fast`'s dense layers) prepares (compiles) a kernel for each input
+    shape and keeps it, with buffers laid out for it, in two caches of ~1,000 entries (its
+    primitive cache and PyTorch's ideep LRU cache, read from these environment variables when
+    the library starts). A server sees a new (rows x length) shape every few passes: unbounded,
+    its memory grew from ~390 to ~960 MB over 3,000 requests and was still growing; bounded
+    alone, nearly every pass paid for new kernels (with bf16 on AMX a third of the forward's
+    time). So the caches hold 256 entries and the rows of every product are padded to one of
+    40 sizes (`bertkit.fast` rule 7, BERTKIT_ROW_BUCKETS): the kernels of every shape stay
+    cached and memory stays flat (docs/serving.md). A value already in the environment is
+    kept. The `bertkit serve` command calls this before anything imports torch.
     """
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
+    os.environ.setdefault("BERTKIT_ROW_BUCKETS", "1")
 
 
 def serve(settings, log=None) -> None:
