@@ -49,13 +49,20 @@ from bertkit.wordpiece import CONTINUATION, wordpiece_spans
 
 MODEL_MAX_LENGTH = 512  # BERT's position embeddings
 
-# a Hugging Face tokenizer_config.json key -> our constructor's argument and its type
+
+def _flag_or_unset(value) -> bool | None:
+    return None if value is None else bool(value)
+
+
+# a Hugging Face tokenizer_config.json key -> our constructor's argument and its type (a null
+# strip_accents is unset: it follows the casing; a null do_lower_case is false, as in transformers)
 _CONFIG_KEYS = {
     "do_lower_case": ("lowercase", bool),
-    "strip_accents": ("strip_accents", bool),
+    "strip_accents": ("strip_accents", _flag_or_unset),
     "tokenize_chinese_chars": ("tokenize_chinese_chars", bool),
     "max_input_chars_per_word": ("max_input_chars_per_word", int),
 }
+
 STRATEGIES = ("longest_first", "only_first", "only_second")
 
 
@@ -206,7 +213,7 @@ class Tokenizer:
             raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
         if not isinstance(config, dict):
             raise BertkitError(f"{config_file} must hold a JSON object of settings, got {type(config).__name__}")
-        settings = {name: kind(config[key]) for key, (name, kind) in _CONFIG_KEYS.items() if config.get(key) is not None}
+        settings = {name: kind(config[key]) for key, (name, kind) in _CONFIG_KEYS.items() if key in config}
         for key, value in overrides.items():
             if key not in ("lowercase", "strip_accents", "max_input_chars_per_word", "tokenize_chinese_chars"):
                 raise BertkitError(f"unknown tokenizer setting {key!r}")

@@ -109,6 +109,18 @@ def test_max_input_chars_per_word_setting(tmp_path):
     assert Tokenizer.from_pretrained(tmp_path).tokenize("aaaa aaa") == ["[UNK]", "a", "##a", "##a"]
 
 
+def test_null_settings_in_tokenizer_config(tmp_path):
+    """A null do_lower_case is false (as transformers reads it); a null strip_accents is unset: it
+    follows the casing."""
+    (tmp_path / "vocab.txt").write_text("\n".join(SPECIALS + ["Ab", "ab", "é"]) + "\n")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": None, "strip_accents": None}))
+    cased = Tokenizer.from_pretrained(tmp_path)
+    assert not cased.lowercase and not cased.strip_accents
+    assert cased.tokenize("Ab é") == ["Ab", "é"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "strip_accents": None}))
+    assert Tokenizer.from_pretrained(tmp_path).strip_accents  # follows lowercase=True
+
+
 # --- encoding layout ------------------------------------------------------------------
 
 
