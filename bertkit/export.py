@@ -51,6 +51,7 @@ from torch import nn
 
 from bertkit import heads
 from bertkit.checkpoint import architecture, has_int8_weights, resolve
+from bertkit.devices import holds_int8
 from bertkit.errors import BertkitError
 from bertkit.loading import load
 from bertkit.tokenizer import Tokenizer
@@ -132,8 +133,7 @@ def load_exportable(model_dir) -> tuple[nn.Module, tuple[str, ...], Tokenizer]:
 
 def check_exportable(model: nn.Module) -> None:
     """BertkitError for a model whose modules have no ONNX form (int8 layers, accelerated kernels)."""
-    # by the modules' origin, as below: int8 layers are torch's dynamic quantized Linear (bertkit.quantization)
-    if any(type(m).__module__.startswith(("bertkit.quantization", "torch.ao.nn.quantized")) for m in model.modules()):
+    if holds_int8(model):
         raise BertkitError("an int8 model (bertkit.quantize) cannot be exported: export the float model, then "
                            "quantize the ONNX file (onnxruntime.quantization.quantize_dynamic)")
     fast = sorted({type(m).__name__ for m in model.modules() if type(m).__module__ == "bertkit.fast"})
