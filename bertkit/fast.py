@@ -230,12 +230,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         y = _OneDNNLinear.apply(x.contiguous(), weight, bias) if oned else F.linear(x, weight, bias)
     elif not onednn_for_inference():
         y = F.linear(x, weight, bias)
-    elif _buckets and row_bucket(rows := x.numel() // x.shape[-1]) != rows:  # rule 7: the rows of a cached kernel
-        padded = row_bucket(rows)
-        y = linear(_padded(x, rows, padded), weight, bias, pack, gelu,
-                   None if residual is None else _padded(residual, rows, padded))
-        return y[:rows].view(*x.shape[:-1], y.shape[-1])
     else:
+        rows = x.numel() // x.shape[-1]
+        padded = row_bucket(rows) if _buckets else rows
+        if padded != rows:  # rule 7: run in the rows of a cached kernel, give back its own
+            y = linear(_padded(x, rows, padded), weight, bias, pack, gelu,
+                       None if residual is None else _padded(residual, rows, padded))
+            return y[:rows].view(*x.shape[:-1], y.shape[-1])
         x, w = x.contiguous(), _packed_weight(weight) if pack else weight
         if gelu and fuse_post_ops():
             return _onednn(x, w, bias, "gelu", "none")  # algorithm "none": erf, not the tanh form
