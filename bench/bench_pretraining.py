@@ -13,6 +13,10 @@ the shared Gutenberg corpus, length 128, NSP pairs):
 - peer: `transformers.BertForPreTraining` + `DataCollatorForLanguageModeling`
   (15% masking, 80/10/10), which projects every position onto the vocabulary.
 
+Both take the same optimizer, torch's fused AdamW: what each trainer runs by default
+(`bertkit.training.optim.build_optimizer`; transformers' Trainer, `optim="adamw_torch_fused"`
+since torch 2.8). Until 2026-11-25 20:00 UTC both took torch's default (foreach) AdamW.
+
 Both models have the same config (default: 4 layers, hidden 256, 4 heads,
 intermediate 1024; the "mini" preset), dropout on, the same batches, and the same
 precision: fp32, or with `--precision bf16` the forward and loss under
@@ -73,7 +77,7 @@ def make_ours(ds, batches, preset: str, onednn: bool | None = None):
     model = BertForPreTraining(BertConfig.preset(preset, vocab_size=ds.vocab_size),
                                generator=torch.Generator().manual_seed(0)).train()
     bertkit.fast.accelerate(model, training=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     collate, g = ds.collator(), torch.Generator().manual_seed(0)
     autocast = autocast_for(PRECISION, "cpu")
 
@@ -107,7 +111,7 @@ def make_theirs(ds, batches, preset: str):
 
     config = BertConfig.preset(preset, vocab_size=ds.vocab_size).to_dict()
     model = transformers.BertForPreTraining(transformers.BertConfig(**config)).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     tok = transformers.BertTokenizerFast(vocab_file=str(ds.directory / "vocab.txt"), do_lower_case=True)
     collate = transformers.DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.15)
 

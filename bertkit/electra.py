@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.config import BertConfig
+from bertkit.dropout import Dropout
 from bertkit.errors import BertkitError
 from bertkit.heads import (IGNORE_INDEX, BertForSequenceClassification, HeadOutput, QuestionAnsweringOutput,
                            check_labels, classifier_dropout, masked_lm, sequence_loss, span_loss, token_loss)
@@ -144,7 +145,7 @@ class ElectraEmbeddings(BertEmbeddings):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
         self.layer_norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
 
 class ElectraPreTrainedModel(BertPreTrainedModel):

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.config import IGNORE_INDEX, BertConfig
+from bertkit.cross_entropy import cross_entropy
+from bertkit.dropout import Dropout
 from bertkit.errors import BertkitError
 from bertkit.modeling import BertModel, BertPreTrainedModel, activation, init_weights, mean_pool
 
@@ -117,12 +119,12 @@ def masked_lm(head: MaskedLMHead, word_embeddings, sequence_output, labels):
     logits = head(sequence_output[selected], word_embeddings)  # [M, H] -> [M, V]
     if logits.shape[0] == 0:
         return logits, logits.sum()  # nothing to predict: loss 0, still attached to the graph
-    return logits, F.cross_entropy(logits, labels[selected])
+    return logits, cross_entropy(logits, labels[selected])  # F.cross_entropy's loss, in cache-sized blocks
 
 
-def classifier_dropout(config: BertConfig) -> nn.Dropout:
+def classifier_dropout(config: BertConfig) -> Dropout:
     p = config.classifier_dropout
-    return nn.Dropout(config.hidden_dropout_prob if p is None else p)
+    return Dropout(config.hidden_dropout_prob if p is None else p)
 
 
 def _encode(model, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions):

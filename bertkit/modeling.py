@@ -16,12 +16,15 @@ Shape legend used in every comment below:
     input_ids [B, T] (int) -> embeddings [B, T, H] -> L x layer [B, T, H]
         -> last_hidden_state [B, T, H], pooler_output [B, H] (tanh dense on [CLS])
 
-Attention has two paths with the same result: the explicit one computes the
+Attention has three paths with the same result: the explicit one computes the
 [B, N, T, T] weights (to return or draw them), the fused one calls
 `torch.nn.functional.scaled_dot_product_attention` (FlashAttention / memory
-efficient kernels where available) and never materialises them. The fused path
-is the default; `output_attentions=True` or `attn_implementation="eager"` takes
-the explicit one.
+efficient kernels where available) and never materialises them, and in training
+on the CPU, where no fused kernel drops attention weights, `bertkit.chunked_attention`
+goes through a few sequences at a time and recomputes them in backward. The fused
+path is the default; `output_attentions=True` or `attn_implementation="eager"`
+takes the explicit one. Dropout draws its masks with `bertkit.dropout` (torch's
+arithmetic, a cheaper draw).
 
 Every layer here is a plain PyTorch layer (`nn.Linear`, `nn.LayerNorm`,
 `nn.Embedding`), and the encoder layer's forward is written once, below. Other
@@ -49,7 +52,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertkit import checkpoint as hf_checkpoint
+from bertkit import chunked_attention
 from bertkit.config import BertConfig
+from bertkit.dropout import Dropout, dropout
 from bertkit.errors import BertkitError
 
 
@@ -84,7 +89,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -139,16 +144,19 @@ class BertSelfAttention(nn.Module):
         N, D = self.num_heads, self.head_size
         qkv = self.qkv(x).view(B, T, 3, N, D)  # [B, T, 3H] -> [B, T, 3, N, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, N, T, D]
-        dropout = self.dropout_prob if self.training else 0.0
-        if explicit:
+        rate = self.dropout_prob if self.training else 0.0
+        if rate and not explicit and x.device.type == "cpu":  # torch's CPU kernels cannot drop weights
+            weights = None
+            context = chunked_attention.attention(q, k, v, mask, rate)  # [B, N, T, D], the sums below
+        elif explicit:
             scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # [B, N, T, T]: query x key
             if mask is not None:
                 scores = scores + mask  # padding keys get the dtype's min -> weight 0
             weights = scores.softmax(dim=-1)  # [B, N, T, T], each row sums to 1
-            context = F.dropout(weights, dropout, self.training) @ v  # [B, N, T, D]
+            context = dropout(weights, rate) @ v  # [B, N, T, D]
         else:
             weights = None
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # [B, N, T, D]
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=rate)  # [B, N, T, D]
         context = context.transpose(1, 2).reshape(B, T, H)  # [B, T, N, D] -> [B, T, H]: heads concatenated
         return self.output(context), weights
 
@@ -193,7 +201,7 @@ class BertLayer(nn.Module):
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.act = activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):

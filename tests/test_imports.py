@@ -41,9 +41,9 @@ LAYERS = [
     ["bertkit.checkpoint", "bertkit.devices", "bertkit.pooling", "bertkit.vector_files",
      "bertkit.finetune.metrics", "bertkit.finetune.data"],
     ["bertkit.tokenizer", "bertkit.config", "bertkit.sentence_layout"],
-    ["bertkit.tokenizer_speed", "bertkit.basic_tokenizer", "bertkit.wordpiece", "bertkit.vocab", "bertkit.windows",
+    ["bertkit.chunked_attention", "bertkit.tokenizer_speed", "bertkit.basic_tokenizer", "bertkit.wordpiece", "bertkit.vocab", "bertkit.windows",
      "bertkit.default_model"],
-    ["bertkit.workers", "bertkit.textfiles", "bertkit.options"],
+    ["bertkit.workers", "bertkit.textfiles", "bertkit.options", "bertkit.dropout", "bertkit.cross_entropy"],
     ["bertkit.errors"],
 ]
 ORACLES = ("transformers", "tokenizers", "sentence_transformers", "pytrec_eval")
