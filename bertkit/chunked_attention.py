@@ -23,10 +23,11 @@ those of the plain computation (bertkit.modeling's explicit path):
     dV = P^T dC     dP = dC v^T     dW = dP * keep / (1 - p)
     dS = W * (dW - rowsum(dW * W))   dq = dS k / sqrt(D)   dk = dS^T q / sqrt(D)
 
-(the 1 / sqrt(D) is applied to q and the 1 / (1 - p) to v, once, before the chunks:
-P v = (W * keep) (v / (1 - p))), and the mask is drawn in
-chunk order from the same generator as one `bertkit.dropout.keep_mask` of the whole
-[B, N, T, T] (when a chunk's size is even).
+(the 1 / sqrt(D) is applied to q and the 1 / (1 - p) to v, once, before the
+chunks: P v = (W * keep) (v / (1 - p))), and the mask is drawn in chunk order from
+the same generator as one `bertkit.dropout.keep_mask` of the whole [B, N, T, T]
+(when a chunk's size is even). Chunking is the CPU's remedy: on a GPU, torch's
+fused kernels drop inside and this module is not used.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class BertSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, N, D)  # [B, T, 3H] -> [B, T, 3, N, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, N, T, D]
         rate = self.dropout_prob if self.training else 0.0
-        if rate and not explicit and x.device.type == "cpu":  # torch's CPU kernels cannot drop weights
+        if 0 < rate < 1 and not explicit and x.device.type == "cpu":  # torch's CPU kernels cannot drop weights
             weights = None
             context = chunked_attention.attention(q, k, v, mask, rate)  # [B, N, T, D], the sums below
         elif explicit:
