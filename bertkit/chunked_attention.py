@@ -61,11 +61,13 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, mask, p):
         B, N, T, D = q.shape
         rows = rows_per_chunk(q.shape)
-        # once, before the chunks (and contiguous, so that every chunk's products read them in place):
-        # q scaled by 1 / sqrt(D), v by dropout's 1 / (1 - p); the weights are then only multiplied by 0 or 1
-        q, k, v = q.mul(1.0 / math.sqrt(D)), k.contiguous(), v.mul(1.0 / (1.0 - p))
+        # once, before the chunks: q scaled by 1 / sqrt(D), v by dropout's 1 / (1 - p); the weights are
+        # then only multiplied by 0 or 1. Each is a copy (k too), so that what backward keeps is not a view
+        # holding the projections' whole [B, T, 3H] output; the copies keep that output's layout, which
+        # the chunks' products take as it is.
+        q, k, v = q.mul(1.0 / math.sqrt(D)), k.clone(), v.mul(1.0 / (1.0 - p))
         keep = torch.empty((B, N, T, T), dtype=torch.bool, device=q.device)
-        out = torch.empty((B, N, T, D), dtype=torch.promote_types(q.dtype, v.dtype), device=q.device)
+        out = torch.empty((B, N, T, D), dtype=q.dtype, device=q.device)
         for b in range(0, B, rows):
             c = slice(b, b + rows)
             kept = _weights(q[c], k[c], None if mask is None else mask[c])  # W, then W * keep
@@ -81,7 +83,7 @@ class _Attention(torch.autograd.Function):
         q, k, v, mask, keep = ctx.saved_tensors  # q scaled by 1 / sqrt(D), v by 1 / (1 - p)
         B, N, T, D = q.shape
         rows = rows_per_chunk(q.shape)
-        dq, dk, dv = (torch.empty((B, N, T, D), dtype=t.dtype, device=t.device) for t in (q, k, v))
+        dq, dk, dv = (torch.empty((B, N, T, D), dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
         for b in range(0, B, rows):
             c = slice(b, b + rows)
             w = _weights(q[c], k[c], None if mask is None else mask[c])  # recomputed: W

@@ -36,10 +36,10 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target):
         M, V = logits.shape
-        dtype = _sum_dtype(logits)
+        dtype, step = _sum_dtype(logits), _rows(V)
         lse = torch.empty(M, dtype=dtype, device=logits.device)
-        for r in range(0, M, _rows(V)):
-            lse[r:r + _rows(V)] = torch.logsumexp(logits[r:r + _rows(V)].to(dtype), dim=-1)
+        for r in range(0, M, step):
+            lse[r:r + step] = torch.logsumexp(logits[r:r + step].to(dtype), dim=-1)
         picked = logits.gather(1, target[:, None])[:, 0].to(dtype)  # each row's score of its target
         ctx.save_for_backward(logits, target, lse)
         return (lse - picked).mean()
@@ -49,9 +49,9 @@ class _CrossEntropy(torch.autograd.Function):
         logits, target, lse = ctx.saved_tensors
         M, V = logits.shape
         out = torch.empty_like(logits)
-        scale = grad.to(lse.dtype) / M
-        for r in range(0, M, _rows(V)):
-            rows = slice(r, r + _rows(V))
+        scale, step = grad.to(lse.dtype) / M, _rows(V)
+        for r in range(0, M, step):
+            rows = slice(r, r + step)
             p = logits[rows].to(lse.dtype, copy=True).sub_(lse[rows, None]).exp_()  # softmax of the rows
             p[torch.arange(p.shape[0], device=p.device), target[rows]] -= 1  # minus onehot(target)
             out[rows] = p.mul_(scale)
