@@ -30,7 +30,13 @@ and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
   else per call on FBGEMM: `bertkit.fast` rule 5), then accelerated, as `embed --int8` runs it;
 - bertkit int8, per call: the same with FBGEMM's one-scale-per-call kernel forced, whatever the CPU;
 - ONNX Runtime int8: the fused graph above through `onnxruntime.quantization.quantize_dynamic`
-  (int8 weights per output channel), the usual int8 deployment of an ONNX model.
+  (int8 weights per output channel), the usual int8 deployment of an ONNX model;
+- bertkit bf16 / fp32, ops only (a bound): the same kernels as `bertkit auto` / `bertkit fp32,
+  packed weights`, on the same packed weights, called one after another from one function
+  (`ops_only`: no modules, no checks, no route decisions between them); its output equals the
+  model's (checked when it is built), so the difference is what Python costs between the
+  kernels. It copies the route of a CPU with AVX-512 and native bfloat16 (post-ops fused, rules 3
+  and 6); elsewhere it is not the model's work, and the check says so.
 
 Workloads: a fixed 32 x 128 batch (throughput), a 1 x 128 batch (latency), and the
 whole SST-2 dev set (872 real sentences): bertkit sorts the sentences by length so a
@@ -38,7 +44,9 @@ batch carries almost no padding (batches of 32, or as many as fit in 32 x 128 to
 slots); the peers take batches of 32 in data order padded to the longest in the batch
 (what `tokenizer(..., padding=True)` gives). "transformers sdpa, sorted" shows how
 much of the gain is the sorting alone.
-Tokenization is done once, outside the timing. The bfloat16 accuracy cost is
+Tokenization is done once, outside the timing. Every contender computes the token vectors
+(last_hidden_state) and not the pooler, as embedding does (`pool=False`; transformers' model is
+loaded without its pooler; the ONNX graphs output last_hidden_state alone). The bfloat16 accuracy cost is
 measured against fp32 on the SST-2 sentences, and peak memory of one 32 x 128
 forward in a fresh process per contender (peak RSS minus RSS after loading).
 
@@ -120,7 +128,8 @@ def load_hf(impl: str):
 
     from bertkit.default_model import default_model_dir
 
-    return transformers.BertModel.from_pretrained(str(default_model_dir()), attn_implementation=impl).eval()
+    return transformers.BertModel.from_pretrained(str(default_model_dir()), attn_implementation=impl,
+                                                  add_pooling_layer=False).eval()
 
 
 def load_ort(workdir: Path):
@@ -137,13 +146,13 @@ def load_ort(workdir: Path):
 
         def forward(self, input_ids, attention_mask, token_type_ids):
             out = self.m(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            return out.last_hidden_state, out.pooler_output
+            return out.last_hidden_state
 
     example = tuple(fixed_batch(2, 16).values())
     raw, fused = workdir / "bert.onnx", workdir / "bert_fused.onnx"
     # eval(): export restores the wrapper's mode recursively afterwards, so it must be eval already
     torch.onnx.export(Wrapper(hf).eval(), example, str(raw), input_names=list(INPUTS),
-                      output_names=["last_hidden_state", "pooler_output"], opset_version=17, dynamo=False,
+                      output_names=["last_hidden_state"], opset_version=17, dynamo=False,
                       dynamic_axes={k: {0: "batch", 1: "seq"} for k in INPUTS})
     opt = optimize_model(str(raw), model_type="bert", num_heads=hf.config.num_attention_heads,
                          hidden_size=hf.config.hidden_size)
@@ -195,19 +204,61 @@ def auto_name() -> str:
     return f"bertkit auto ({dtype_name(resolve_dtype('auto'))})"
 
 
+def ops_only(model):
+    """A batch -> last_hidden_state function that calls the accelerated `model`'s kernels directly
+    (embedding sums, LayerNorm, packed oneDNN products with their GELU/add post-ops, SDPA), as
+    bertkit.modeling + bertkit.fast run them on this CPU, with nothing in between."""
+    import torch.nn.functional as F
+
+    from bertkit.fast import _packed_weight
+    from bertkit.modeling import additive_mask
+
+    cfg, emb = model.config, model.embeddings
+    H, N, eps = cfg.hidden_size, cfg.num_attention_heads, cfg.layer_norm_eps
+    linear, binary = torch.ops.mkldnn._linear_pointwise, torch.ops.mkldnn._linear_pointwise.binary
+    layers = [(_packed_weight(l.attention.qkv.weight), l.attention.qkv.bias, _packed_weight(l.attention.output.weight),
+               l.attention.output.bias, l.attention_norm.weight, l.attention_norm.bias,
+               _packed_weight(l.intermediate.weight), l.intermediate.bias, _packed_weight(l.output.weight),
+               l.output.bias, l.output_norm.weight, l.output_norm.bias) for l in model.encoder.layers]
+
+    def run(batch):
+        ids, types = batch["input_ids"], batch["token_type_ids"]
+        B, T = ids.shape
+        with torch.inference_mode():
+            mask = additive_mask(batch["attention_mask"], emb.word_embeddings.weight.dtype)
+            x = emb.word_embeddings.weight[ids] + emb.token_type_embeddings.weight[types] + emb.position_embeddings.weight[:T]
+            x = F.layer_norm(x, (H,), emb.layer_norm.weight, emb.layer_norm.bias, eps).view(B * T, H)
+            for wqkv, bqkv, wo, bo, n1w, n1b, wi, bi, wd, bd, n2w, n2b in layers:
+                q, k, v = linear(x, wqkv, bqkv, "none", [], "").view(B, T, 3, N, H // N).permute(2, 0, 3, 1, 4).unbind(0)
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B * T, H)
+                x = F.layer_norm(binary(context, x, wo, bo, "add"), (H,), n1w, n1b, eps)
+                x = F.layer_norm(binary(linear(x, wi, bi, "gelu", [], "none"), x, wd, bd, "add"), (H,), n2w, n2b, eps)
+            return x.view(B, T, H)
+
+    probe = fixed_batch(2, 16)
+    with torch.inference_mode():
+        gap = (run(probe).float() - model(**probe).last_hidden_state.float()).abs().max().item()
+    assert gap <= 1e-5, f"ops_only differs from the model it copies by {gap}: the bound would not be the same work"
+    return run
+
+
 def torch_runner(model, onednn=None, fuse=None, per_token=None):
     """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do; True: to
     oneDNN; None: as `bertkit.fast` rule 1 picks (oneDNN, except MKL on one thread of a CPU without
     AVX-512). `fuse` True/False: force the GELU/residual post-ops into the matmuls or not (None:
     the CPU's rule). `per_token` True/False: force int8's activation rule (None: the CPU's)."""
+    import inspect
+
     import bertkit.fast
+
+    extra = {"pool": False} if "pool" in inspect.signature(model.forward).parameters else {}  # bertkit's models
 
     def run(batch):
         bertkit.fast.use_onednn(onednn)
         bertkit.fast._fuse = fuse
         bertkit.fast._per_token = per_token
         with torch.inference_mode():
-            return model(**batch).last_hidden_state
+            return model(**batch, **extra).last_hidden_state
     return run
 
 
@@ -232,6 +283,8 @@ CONTENDERS = {
     "bertkit int8": lambda d: torch_runner(load_ours_int8()),
     "bertkit int8, per call": lambda d: torch_runner(load_ours_int8(), per_token=False),
     "ONNX Runtime int8": lambda d: ort_runner(load_ort_int8(d)),
+    "bertkit fp32, ops only (a bound)": lambda d: ops_only(load_ours(packed=True)),
+    "bertkit bf16, ops only (a bound)": lambda d: ops_only(load_ours(torch.bfloat16, packed=True)),
 }
 
 

@@ -175,7 +175,7 @@ class ElectraModel(ElectraPreTrainedModel):
         init_weights(self, config.initializer_range, generator)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
-                output_attentions=False) -> BertOutput:
+                output_attentions=False, pool: bool = True) -> BertOutput:
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         x = self.embeddings(input_ids, token_type_ids)  # [B, T, E]
         if self.embeddings_project is not None:

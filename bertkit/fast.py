@@ -52,11 +52,11 @@ default) follows rules 1 and 2.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 from bertkit.devices import cpu_features
 from bertkit.errors import BertkitError
@@ -149,13 +149,17 @@ def int8_per_token() -> bool:
 
 def _route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The shape rule of the oneDNN route (see the module docstring): float32, or bfloat16 where
-    the CPU multiplies it natively (rule 6; the caller keeps bfloat16 to inference)."""
+    the CPU multiplies it natively (rule 6; the caller keeps bfloat16 to inference). Asked before
+    every product: each test is one call (a Python call between two kernels costs microseconds,
+    a batch-1 layer's products tens of them)."""
+    if torch.compiler.is_compiling():  # first: dynamo need not trace the rest
+        return False
+    dtype = x.dtype
     return (
-        not torch.compiler.is_compiling()  # first: dynamo need not trace the rest
+        dtype is weight.dtype  # torch's dtypes are singletons
+        and (dtype is torch.float32 or (dtype is torch.bfloat16 and cpu_features().native_bf16))
+        and x.is_cpu
         and onednn_enabled()
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype
-        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and cpu_features().native_bf16))
         and x.dim() >= 2
         and x.numel() > 0
         and not torch.is_autocast_enabled("cpu")
@@ -198,16 +202,22 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-_packed = WeakIdKeyDictionary()  # weight -> (version, data pointer, packed copy); see point 3 above
+# id(weight) -> (weak reference to the weight, its version, data pointer, packed copy); see point
+# 4 above. A plain dict keyed by id, its entry dropped when the weight is freed: looked up on every
+# product, it costs a third of a WeakIdKeyDictionary's lookup.
+_packed: dict[int, tuple] = {}
 
 
 def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    entry = _packed.get(weight)
-    if entry is None or entry[0] != weight._version or entry[1] != weight.data_ptr():
+    entry = _packed.get(id(weight))
+    if entry is None or entry[0]() is not weight or entry[1] != weight._version or entry[2] != weight.data_ptr():
+        key = id(weight)
         with torch.no_grad():
-            entry = (weight._version, weight.data_ptr(), torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
-        _packed[weight] = entry
-    return entry[2]
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        entry = (weakref.ref(weight, lambda _, key=key: _packed.pop(key, None)), weight._version, weight.data_ptr(),
+                 packed)
+        _packed[key] = entry
+    return entry[3]
 
 
 def _needs_grad(*tensors) -> bool:
@@ -231,12 +241,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     elif not onednn_for_inference():
         y = F.linear(x, weight, bias)
     else:
-        rows = x.numel() // x.shape[-1]
-        padded = row_bucket(rows) if _buckets else rows
-        if padded != rows:  # rule 7: run in the rows of a cached kernel, give back its own
-            y = linear(_padded(x, rows, padded), weight, bias, pack, gelu,
-                       None if residual is None else _padded(residual, rows, padded))
-            return y[:rows].view(*x.shape[:-1], y.shape[-1])
+        if _buckets:
+            rows = x.numel() // x.shape[-1]
+            padded = row_bucket(rows)
+            if padded != rows:  # rule 7: run in the rows of a cached kernel, give back its own
+                y = linear(_padded(x, rows, padded), weight, bias, pack, gelu,
+                           None if residual is None else _padded(residual, rows, padded))
+                return y[:rows].view(*x.shape[:-1], y.shape[-1])
         x, w = x.contiguous(), _packed_weight(weight) if pack else weight
         if gelu and fuse_post_ops():
             return _onednn(x, w, bias, "gelu", "none")  # algorithm "none": erf, not the tanh form
@@ -253,16 +264,50 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 class FastLinear(nn.Linear):
     """nn.Linear whose forward is `linear` above: same parameters, names and init. It takes the
-    GELU and the residual add that follow it in the encoder layer (`bertkit.modeling.dense`)."""
+    GELU and the residual add that follow it in the encoder layer (`bertkit.modeling.dense`).
+
+    In packed inference it remembers the route `linear` took (`_plan`) and, while everything that
+    route was chosen by still holds (dtype, weight version, the switches, no gradient, autocast or
+    compiler), calls the kernel directly: at batch 1 the decisions cost a tenth of the product."""
 
     packed = False  # set by pack_weights()
     post_ops = True  # bertkit.modeling.dense hands it the activation and the residual
+    _plan = None  # (dtype, weight version, data pointer, switches, post-ops fused, packed weight)
 
     def forward(self, x: torch.Tensor, act=None, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if act is None or (act is F.gelu and residual is None):
-            return linear(x, self.weight, self.bias, pack=self.packed, gelu=act is F.gelu, residual=residual)
-        y = act(linear(x, self.weight, self.bias, pack=self.packed))  # another activation: apart
-        return y if residual is None else residual + y
+        gelu = act is F.gelu
+        if act is not None and (not gelu or residual is not None):  # another activation, or both: apart
+            y = act(linear(x, self.weight, self.bias, pack=self.packed))
+            return y if residual is None else residual + y
+        plan, w = self._plan, self.weight
+        if (plan is not None and plan[0] is x.dtype and plan[1] == w._version and plan[2] == w.data_ptr()
+                and plan[3] == (_enabled, _fuse, _buckets, cpu_features) and (plan[4] or not (gelu or residual is not None))
+                and x.numel() > 0 and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+                and not torch.compiler.is_compiling()):
+            x = x.contiguous()
+            if gelu:
+                return _onednn(x, plan[5], self.bias, "gelu", "none")
+            if residual is not None:
+                return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), plan[5], self.bias, "add")
+            return _onednn(x, plan[5], self.bias)
+        y = linear(x, w, self.bias, pack=self.packed, gelu=gelu, residual=residual)
+        self._plan = self._plan_for(x)
+        return y
+
+    def __getstate__(self):
+        # the plan holds oneDNN's packed copy, which can be neither copied nor pickled: a copy plans anew
+        state = super().__getstate__()
+        state.pop("_plan", None)
+        return state
+
+    def _plan_for(self, x: torch.Tensor):
+        """The plan of the route `linear` just took, if it was packed oneDNN inference; else None."""
+        if not (self.packed and not torch.is_grad_enabled() and _route(x, self.weight) and onednn_for_inference()
+                and not _buckets):
+            return None
+        w = self.weight
+        return (x.dtype, w._version, w.data_ptr(), (_enabled, _fuse, _buckets, cpu_features), fuse_post_ops(),
+                _packed_weight(w))
 
 
 class FastMaskedLMHead(MaskedLMHead):

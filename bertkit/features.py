@@ -38,6 +38,8 @@ Legend: as in `bertkit.pooling` (B batch, T tokens, H hidden, L layers, D output
 from __future__ import annotations
 
 import bisect
+import functools
+import inspect
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +204,12 @@ def _stitch(item: _Item, window_vectors: list) -> np.ndarray:
 # --- the forward pass ---------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_pool(cls: type) -> bool:
+    """Whether the encoder class's forward takes `pool` (bertkit's do; a model held in memory may not)."""
+    return "pool" in inspect.signature(cls.forward).parameters
+
+
 def run_batch(model, pieces: list, layers="last", pad_id: int = 0, combine: str | None = None) -> list:
     """Run one padded batch and return each piece's token vectors [T_i, D] (float32 numpy), from the
     layer strategy `layers` (a name, indices with `combine`, or a LayerSpec: `bertkit.pooling`).
@@ -223,7 +231,8 @@ def run_batch(model, pieces: list, layers="last", pad_id: int = 0, combine: str 
     device = _device_of(model)
     ids, types, mask = ids.to(device), types.to(device), mask.to(device)
     with torch.inference_mode():
-        out = model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=need_all)
+        skip_pooler = {"pool": False} if _takes_pool(type(model)) else {}  # bertkit's encoders: no pooler to run
+        out = model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=need_all, **skip_pooler)
         if need_all:
             vectors = combine_layers(out.hidden_states, spec)
         else:

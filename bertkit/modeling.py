@@ -102,6 +102,29 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.layer_norm(x))
 
 
+# --- a dense op and what follows it ---------------------------------------------
+
+
+def dense(linear: nn.Module, x: torch.Tensor, act=None, dropout: nn.Dropout | None = None,
+          residual: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + dropout(act(linear(x))), the parts that are given: a dense op and what follows it.
+
+    A plain nn.Linear computes W x + b alone and the rest follows here, one operation
+    each (a forward hook on it sees W x + b: bertkit.tracing reads it). A dense module
+    that can apply the activation or the residual add inside its own kernel says so with
+    `post_ops = True` (bertkit.fast's FastLinear) and is handed them, whenever dropout is
+    idle (inference, or a rate of 0): the same sums.
+    """
+    if getattr(linear, "post_ops", False) and (dropout is None or not dropout.training or dropout.p == 0):
+        return linear(x, act=act, residual=residual)
+    y = linear(x)
+    if act is not None:
+        y = act(y)
+    if dropout is not None:
+        y = dropout(y)
+    return y if residual is None else residual + y
+
+
 # --- attention ----------------------------------------------------------------
 
 
@@ -139,7 +162,10 @@ class BertSelfAttention(nn.Module):
         self.output = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_prob = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool,
+                hidden_dropout: nn.Dropout | None = None, residual: torch.Tensor | None = None):
+        """The output projection of the heads' outputs, [B, T, H], then `hidden_dropout` and + `residual`
+        where given (`dense`: in one kernel where the projection can), and the weights or None."""
         B, T, H = x.shape
         N, D = self.num_heads, self.head_size
         qkv = self.qkv(x).view(B, T, 3, N, D)  # [B, T, 3H] -> [B, T, 3, N, D]
@@ -158,30 +184,10 @@ class BertSelfAttention(nn.Module):
             weights = None
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=rate)  # [B, N, T, D]
         context = context.transpose(1, 2).reshape(B, T, H)  # [B, T, N, D] -> [B, T, H]: heads concatenated
-        return self.output(context), weights
+        return dense(self.output, context, dropout=hidden_dropout, residual=residual), weights
 
 
 # --- layer, encoder, pooler -----------------------------------------------------
-
-
-def dense(linear: nn.Module, x: torch.Tensor, act=None, dropout: nn.Dropout | None = None,
-          residual: torch.Tensor | None = None) -> torch.Tensor:
-    """residual + dropout(act(linear(x))), the parts that are given: a dense op and what follows it.
-
-    A plain nn.Linear computes W x + b alone and the rest follows here, one operation
-    each (a forward hook on it sees W x + b: bertkit.tracing reads it). A dense module
-    that can apply the activation or the residual add inside its own kernel says so with
-    `post_ops = True` (bertkit.fast's FastLinear, bertkit.quantization's Int8Linear) and
-    is handed them, whenever dropout is idle (inference, or a rate of 0): the same sums.
-    """
-    if getattr(linear, "post_ops", False) and (dropout is None or not dropout.training or dropout.p == 0):
-        return linear(x, act=act, residual=residual)
-    y = linear(x)
-    if act is not None:
-        y = act(y)
-    if dropout is not None:
-        y = dropout(y)
-    return y if residual is None else residual + y
 
 
 class BertLayer(nn.Module):
@@ -205,8 +211,9 @@ class BertLayer(nn.Module):
         self.act = activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool = False):
-        attended, weights = self.attention(x, mask, explicit)  # [B, T, H], [B, N, T, T] or None
-        x = self.attention_norm(x + self.dropout(attended))
+        # x + Dropout(SelfAttention(x)): [B, T, H]; the weights [B, N, T, T] or None
+        x, weights = self.attention(x, mask, explicit, hidden_dropout=self.dropout, residual=x)
+        x = self.attention_norm(x)
         h = dense(self.intermediate, x, act=self.act)  # gelu(W1 x + b1): [B, T, H] -> [B, T, I]
         x = dense(self.output, h, dropout=self.dropout, residual=x)  # x + Dropout(W2 h + b2): [B, T, H]
         return self.output_norm(x), weights
@@ -291,7 +298,7 @@ def check_inputs(config: BertConfig, input_ids, attention_mask, token_type_ids) 
             f"sequence length {T} exceeds max_position_embeddings={config.max_position_embeddings}: "
             f"truncate the input (tokenizer max_length <= {config.max_position_embeddings})"
         )
-    lo, hi = int(input_ids.min()), int(input_ids.max())
+    lo, hi = map(int, torch.aminmax(input_ids))  # one pass for both ends
     if lo < 0 or hi >= config.vocab_size:
         bad = lo if lo < 0 else hi
         raise BertkitError(
@@ -303,7 +310,7 @@ def check_inputs(config: BertConfig, input_ids, attention_mask, token_type_ids) 
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise BertkitError(f"{name} has shape {shape} but input_ids has {tuple(input_ids.shape)}: they must match")
     if token_type_ids is not None:
-        lo, hi = int(token_type_ids.min()), int(token_type_ids.max())
+        lo, hi = map(int, torch.aminmax(token_type_ids))
         if lo < 0 or hi >= config.type_vocab_size:
             raise BertkitError(
                 f"token_type_ids must be in [0, {config.type_vocab_size}) (segment A/B), found {lo if lo < 0 else hi}"
@@ -361,7 +368,8 @@ class BertModel(BertPreTrainedModel):
     """The bare encoder: embeddings -> L layers -> (pooler).
 
     forward(input_ids [B, T], attention_mask [B, T] (1 real / 0 pad), token_type_ids [B, T])
-    -> BertOutput. Dropout is active only in train().
+    -> BertOutput. Dropout is active only in train(). `pool=False` skips the pooler
+    (pooler_output None) for callers that read the token vectors only, as embedding does.
     """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True, generator: torch.Generator | None = None):
@@ -378,6 +386,7 @@ class BertModel(BertPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        pool: bool = True,
     ) -> BertOutput:
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         x = self.embeddings(input_ids, token_type_ids)  # [B, T, H]
@@ -386,7 +395,7 @@ class BertModel(BertPreTrainedModel):
         x, hidden_states, attentions = self.encoder(x, mask, explicit, output_hidden_states, output_attentions)
         return BertOutput(
             last_hidden_state=x,
-            pooler_output=self.pooler(x) if self.pooler is not None else None,
+            pooler_output=self.pooler(x) if pool and self.pooler is not None else None,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )

@@ -113,6 +113,78 @@ def test_packed_weight_follows_in_place_updates():
 
 
 @onednn
+def test_packed_layer_replays_its_route_only_while_the_route_holds(monkeypatch):
+    """FastLinear remembers the route of its last packed inference call and calls the kernel
+    directly next time; every change the route was chosen by sends it back through `linear`:
+    a weight changed in place or replaced through .data, a switch (oneDNN off, post-ops apart),
+    another dtype, a gradient, autocast. Each answer is F.linear's (with the GELU / the add)."""
+    calls = []
+    real = L.linear
+    monkeypatch.setattr(L, "linear", lambda *a, **k: calls.append(1) or real(*a, **k))
+    layer = pack_weights(Linear(16, 8))
+    x, r = torch.randn(2, 3, 16), torch.randn(2, 3, 8)
+
+    def check(act=None, residual=None, expect_linear=True):
+        calls.clear()
+        with torch.inference_mode():
+            got = layer(x, act=act, residual=residual)
+        want = F.linear(x, layer.weight, layer.bias)
+        want = F.gelu(want) if act is F.gelu else want if residual is None else want + residual
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert len(calls) == (1 if expect_linear else 0)
+
+    check()  # the first call decides the route
+    check(expect_linear=False)  # replayed
+    check(act=F.gelu, expect_linear=False)  # the same kernel with its GELU post-op
+    check(residual=r, expect_linear=False)
+    with torch.no_grad():
+        layer.weight.add_(1.0)  # in place: a new version
+    check()
+    check(expect_linear=False)
+    layer.weight.data = torch.randn(8, 16)  # through .data: a new pointer, the same version
+    check()
+    monkeypatch.setattr(L, "_fuse", False)  # post-ops apart: a new route
+    check(act=F.gelu)
+    monkeypatch.setattr(L, "_fuse", None)
+    L.use_onednn(False)
+    try:
+        check()  # F.linear now, and again: nothing is replayed while oneDNN is off
+        check()
+    finally:
+        L.use_onednn(True)
+    check()
+    check(expect_linear=False)
+    calls.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
+        assert layer(x).dtype == torch.bfloat16 and len(calls) == 1  # autocast must see F.linear
+    xd = x.double()
+    with torch.inference_mode():
+        assert layer.double()(xd).dtype == torch.float64  # another dtype: F.linear's, no stale plan
+    layer.float()
+    g = layer(x.requires_grad_()).sum()  # a gradient: the autograd route
+    g.backward()
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+@onednn
+def test_a_model_that_has_run_can_be_copied_and_saved(tmp_path):
+    """The remembered route holds oneDNN's packed weight, which torch can neither deep-copy nor
+    pickle: copies and saved models leave it behind, plan anew and answer the same."""
+    import copy
+
+    model = L.accelerate(BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                              num_attention_heads=2, intermediate_size=64)).eval())
+    ids = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        before = model(ids).last_hidden_state
+    assert model.encoder.layers[0].attention.qkv._plan is not None  # the route was remembered
+    torch.save(model, tmp_path / "model.pt")
+    for other in (copy.deepcopy(model), torch.load(tmp_path / "model.pt", weights_only=False)):
+        with torch.inference_mode():
+            assert torch.equal(other(ids).last_hidden_state, before)
+
+
+@onednn
 def test_other_dtypes_and_autocast_take_f_linear():
     x, w, b = operands((4, 8), 3, seed=7)
     # float64: oneDNN has no double kernels; the result is F.linear's, bit for bit

@@ -218,6 +218,20 @@ def test_token_type_default_is_segment_a():
                                    model(ids, mask, torch.zeros_like(ids)).last_hidden_state, atol=0, rtol=0)
 
 
+def test_pool_false_skips_only_the_pooler():
+    """pool=False (what embedding passes) leaves the token vectors exactly as they were and
+    computes no pooler output; the pooler's output is tanh(W h_[CLS] + b) otherwise."""
+    model = tiny_model()
+    ids, mask, types = padded_batch()
+    with torch.no_grad():
+        full = model(ids, mask, types)
+        tokens = model(ids, mask, types, pool=False)
+        pooled = torch.tanh(model.pooler.dense(full.last_hidden_state[:, 0]))
+    assert tokens.pooler_output is None
+    assert torch.equal(tokens.last_hidden_state, full.last_hidden_state)
+    torch.testing.assert_close(full.pooler_output, pooled, atol=0, rtol=0)
+
+
 # --- gradients, training, checkpointing ---------------------------------------------------
 
 
