@@ -226,10 +226,12 @@ def ops_only(model):
         B, T = ids.shape
         with torch.inference_mode():
             mask = additive_mask(batch["attention_mask"], emb.word_embeddings.weight.dtype)
-            x = emb.word_embeddings.weight[ids] + emb.token_type_embeddings.weight[types] + emb.position_embeddings.weight[:T]
+            x = (emb.word_embeddings.weight[ids] + emb.token_type_embeddings.weight[types]
+                 + emb.position_embeddings.weight[:T])
             x = F.layer_norm(x, (H,), emb.layer_norm.weight, emb.layer_norm.bias, eps).view(B * T, H)
             for wqkv, bqkv, wo, bo, n1w, n1b, wi, bi, wd, bd, n2w, n2b in layers:
-                q, k, v = linear(x, wqkv, bqkv, "none", [], "").view(B, T, 3, N, H // N).permute(2, 0, 3, 1, 4).unbind(0)
+                qkv = linear(x, wqkv, bqkv, "none", [], "").view(B, T, 3, N, H // N)
+                q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
                 context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B * T, H)
                 x = F.layer_norm(binary(context, x, wo, bo, "add"), (H,), n1w, n1b, eps)
                 x = F.layer_norm(binary(linear(x, wi, bi, "gelu", [], "none"), x, wd, bd, "add"), (H,), n2w, n2b, eps)

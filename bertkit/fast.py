@@ -268,7 +268,7 @@ class FastLinear(nn.Linear):
 
     In packed inference it remembers the route `linear` took (`_plan`) and, while everything that
     route was chosen by still holds (dtype, weight version, the switches, no gradient, autocast or
-    compiler), calls the kernel directly: at batch 1 the decisions cost a tenth of the product."""
+    compiler), calls the kernel directly: at batch 1 the decisions cost about a tenth of a product."""
 
     packed = False  # set by pack_weights()
     post_ops = True  # bertkit.modeling.dense hands it the activation and the residual
@@ -280,10 +280,11 @@ class FastLinear(nn.Linear):
             y = act(linear(x, self.weight, self.bias, pack=self.packed))
             return y if residual is None else residual + y
         plan, w = self._plan, self.weight
+        post = gelu or residual is not None
         if (plan is not None and plan[0] is x.dtype and plan[1] == w._version and plan[2] == w.data_ptr()
-                and plan[3] == (_enabled, _fuse, _buckets, cpu_features) and (plan[4] or not (gelu or residual is not None))
-                and x.numel() > 0 and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-                and not torch.compiler.is_compiling()):
+                and plan[3] == (_enabled, _fuse, _buckets, cpu_features) and (plan[4] or not post)
+                and x.dim() > 1 and x.numel() > 0 and not torch.is_grad_enabled()
+                and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()):
             x = x.contiguous()
             if gelu:
                 return _onednn(x, plan[5], self.bias, "gelu", "none")
