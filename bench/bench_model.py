@@ -249,11 +249,10 @@ def torch_runner(model, onednn=None, fuse=None, per_token=None):
     oneDNN; None: as `bertkit.fast` rule 1 picks (oneDNN, except MKL on one thread of a CPU without
     AVX-512). `fuse` True/False: force the GELU/residual post-ops into the matmuls or not (None:
     the CPU's rule). `per_token` True/False: force int8's activation rule (None: the CPU's)."""
-    import inspect
-
     import bertkit.fast
+    from bertkit.features import _takes_pool
 
-    extra = {"pool": False} if "pool" in inspect.signature(model.forward).parameters else {}  # bertkit's models
+    extra = {"pool": False} if _takes_pool(type(model)) else {}  # bertkit's models: no pooler, as embedding
 
     def run(batch):
         bertkit.fast.use_onednn(onednn)

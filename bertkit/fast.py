@@ -150,8 +150,8 @@ def int8_per_token() -> bool:
 def _route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The shape rule of the oneDNN route (see the module docstring): float32, or bfloat16 where
     the CPU multiplies it natively (rule 6; the caller keeps bfloat16 to inference). Asked before
-    every product: each test is one call (a Python call between two kernels costs microseconds,
-    a batch-1 layer's products tens of them)."""
+    every product that FastLinear does not replay: each test is one call (a Python call between
+    two kernels costs microseconds, a batch-1 layer's products tens of them)."""
     if torch.compiler.is_compiling():  # first: dynamo need not trace the rest
         return False
     dtype = x.dtype
@@ -170,6 +170,17 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             post_op: str = "none", algorithm: str = "") -> torch.Tensor:
     """oneDNN's x W^T + b (weight plain or packed), then the eltwise `post_op` if any."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, post_op, [], algorithm)
+
+
+def _with_post_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """oneDNN's x W^T + b with the GELU or the residual add, whichever is given, as its post-op."""
+    x = x.contiguous()
+    if gelu:
+        return _onednn(x, weight, bias, "gelu", "none")  # algorithm "none": erf, not the tanh form
+    if residual is not None:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), weight, bias, "add")
+    return _onednn(x, weight, bias)
 
 
 def _weight_grad(x2: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
@@ -248,12 +259,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 y = linear(_padded(x, rows, padded), weight, bias, pack, gelu,
                            None if residual is None else _padded(residual, rows, padded))
                 return y[:rows].view(*x.shape[:-1], y.shape[-1])
-        x, w = x.contiguous(), _packed_weight(weight) if pack else weight
-        if gelu and fuse_post_ops():
-            return _onednn(x, w, bias, "gelu", "none")  # algorithm "none": erf, not the tanh form
-        if residual is not None and fuse_post_ops():
-            return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), w, bias, "add")
-        y = _onednn(x, w, bias)
+        w = _packed_weight(weight) if pack else weight
+        if not (gelu or residual is not None) or fuse_post_ops():
+            return _with_post_op(x, w, bias, gelu, residual)
+        y = _onednn(x.contiguous(), w, bias)
     if gelu:
         return F.gelu(y)
     return y if residual is None else y + residual
@@ -285,12 +294,7 @@ class FastLinear(nn.Linear):
                 and plan[3] == (_enabled, _fuse, _buckets, cpu_features) and (plan[4] or not post)
                 and x.dim() > 1 and x.numel() > 0 and not torch.is_grad_enabled()
                 and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()):
-            x = x.contiguous()
-            if gelu:
-                return _onednn(x, plan[5], self.bias, "gelu", "none")
-            if residual is not None:
-                return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), plan[5], self.bias, "add")
-            return _onednn(x, plan[5], self.bias)
+            return _with_post_op(x, plan[5], self.bias, gelu, residual)
         y = linear(x, w, self.bias, pack=self.packed, gelu=gelu, residual=residual)
         self._plan = self._plan_for(x)
         return y
@@ -303,8 +307,9 @@ class FastLinear(nn.Linear):
 
     def _plan_for(self, x: torch.Tensor):
         """The plan of the route `linear` just took, if it was packed oneDNN inference; else None."""
-        if not (self.packed and not torch.is_grad_enabled() and _route(x, self.weight) and onednn_for_inference()
-                and not _buckets):
+        # the cheap tests first: this runs after every call the plan did not take (training, buckets)
+        if not (self.packed and not _buckets and not torch.is_grad_enabled() and _route(x, self.weight)
+                and onednn_for_inference()):
             return None
         w = self.weight
         return (x.dtype, w._version, w.data_ptr(), (_enabled, _fuse, _buckets, cpu_features), fuse_post_ops(),
