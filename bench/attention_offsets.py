@@ -3,7 +3,7 @@
 For each checkpoint of a `bertkit pretrain run` (and the final model), runs the
 first sentences of SST-2 dev through the encoder and prints, per layer, the
 largest share of attention any head gives the previous and the next token
-(`bertkit.attention_view.offset_attention`). Uniform attention gives 1/length;
+(`bertkit.explain.attention_view.offset_attention`). Uniform attention gives 1/length;
 a run still on the plateau stays there, and the plateau ends when such heads
 appear (docs/pretraining.md).
 
@@ -23,9 +23,9 @@ from harness import SHARED_DATA  # noqa: E402
 def main(argv=None) -> int:
     import torch
 
-    from bertkit.attention_view import offset_attention
-    from bertkit.heads import BertForPreTraining
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.explain.attention_view import offset_attention
+    from bertkit.model.heads import BertForPreTraining
+    from bertkit.text.tokenizer import Tokenizer
     from bertkit.training.state import checkpoint_paths, load_checkpoint
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

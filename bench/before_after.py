@@ -78,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import bertkit
-    from bertkit.features import encoder
+    from bertkit.embeddings.features import encoder
 
     tmp = tempfile.TemporaryDirectory()
     extract(args.rev, Path(tmp.name))

@@ -4,7 +4,7 @@ One step = generator forward (MLM loss) + sampling the replacements from its sof
 (no gradient) + discriminator forward on the corrupted text (binary loss over real
 tokens) + backward of MLM + 50 x discriminator loss + AdamW, on the same batches:
 
-- ours: `bertkit.electra_pretraining.ElectraPretrainingModel` after `bertkit.fast.accelerate(model,
+- ours: `bertkit.model.electra_pretraining.ElectraPretrainingModel` after `bertkit.runtime.fast.accelerate(model,
   training=True)`; the generator projects onto the vocabulary only at the masked positions;
 - ours, plain: the same model without `accelerate` (plain PyTorch layers);
 - peer: `transformers.ElectraForMaskedLM` (generator) + `ElectraForPreTraining`
@@ -55,8 +55,8 @@ def make_batches(steps: int, batch_size: int, seq_len: int, vocab_size: int, see
 def make_ours(config, batches, fast: bool):
     import torch
 
-    from bertkit.electra_pretraining import ElectraPretrainingModel
-    from bertkit.fast import accelerate
+    from bertkit.model.electra_pretraining import ElectraPretrainingModel
+    from bertkit.runtime.fast import accelerate
 
     model = ElectraPretrainingModel(config, generator=torch.Generator().manual_seed(0)).train()
     if fast:
@@ -129,7 +129,7 @@ def main(argv=None):
 
     import torch
 
-    from bertkit.electra import ElectraConfig
+    from bertkit.model.electra import ElectraConfig
 
     config = ElectraConfig(num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
                            intermediate_size=4 * args.hidden, embedding_size=args.embedding_size)

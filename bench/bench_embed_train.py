@@ -34,11 +34,11 @@ import torch  # noqa: E402
 from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
 
 from bertkit.default_model import default_model_dir  # noqa: E402
-from bertkit.finetune.embedding import (EmbeddingBatches, EmbeddingExamples, SentenceEmbedder,  # noqa: E402
+from bertkit.tasks.embedding import (EmbeddingBatches, EmbeddingExamples, SentenceEmbedder,  # noqa: E402
                                         tokenize_rows)
-from bertkit.modeling import BertModel  # noqa: E402
-from bertkit.retrieval.beir import training_pairs  # noqa: E402
-from bertkit.tokenizer import Tokenizer  # noqa: E402
+from bertkit.model.modeling import BertModel  # noqa: E402
+from bertkit.data.beir import training_pairs  # noqa: E402
+from bertkit.text.tokenizer import Tokenizer  # noqa: E402
 from bertkit.training.distributed import DistInfo  # noqa: E402
 from bertkit.training.loop import autocast_for, prepare_model  # noqa: E402
 from bertkit.training.optim import OptimConfig, build_optimizer  # noqa: E402

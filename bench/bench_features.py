@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     import transformers
 
     from bertkit.default_model import default_model_dir
-    from bertkit.features import embed, encoder
+    from bertkit.embeddings.features import embed, encoder
 
     texts = sst2_dev()
     bs = args.batch_size

@@ -9,7 +9,7 @@ first piece of each word via the fast tokenizer's word_ids,
 DataCollatorForTokenClassification) for CoNLL-2003, run_qa.py
 (prepare_train_features with stride and offsets, n-best post-processing) for
 SQuAD v1.1 split by article. Both are scored with the
-same metric code (bertkit.finetune.metrics: accuracy; conlleval entity F1 on
+same metric code (bertkit.metrics.tasks: accuracy; conlleval entity F1 on
 IOB2 tags, where run_ner.py would call seqeval, which is not installed here;
 the official SQuAD F1).
 
@@ -48,8 +48,8 @@ import torch  # noqa: E402
 from harness import SHARED_DATA, machine_line, report  # noqa: E402
 
 from bertkit.default_model import default_model_dir  # noqa: E402
-from bertkit.finetune import metrics as M  # noqa: E402
-from bertkit.finetune.trainer import TrainConfig  # noqa: E402
+from bertkit.metrics import tasks as M  # noqa: E402
+from bertkit.tasks.trainer import TrainConfig  # noqa: E402
 from bertkit.training.optim import OptimConfig  # noqa: E402
 
 
@@ -105,10 +105,10 @@ def copy_head(ours_head: torch.nn.Linear, theirs_head: torch.nn.Linear):
 # --- SST-2 -------------------------------------------------------------------
 
 def bench_sst2(args, transformers, tmp):
-    from bertkit.finetune.classification import TextTaskConfig, finetune_text
-    from bertkit.finetune.data import read_text_examples
-    from bertkit.finetune.run import load_head
-    from bertkit.heads import BertForSequenceClassification
+    from bertkit.tasks.classification import TextTaskConfig, finetune_text
+    from bertkit.data.tables import read_text_examples
+    from bertkit.tasks.run import load_head
+    from bertkit.model.heads import BertForSequenceClassification
 
     data = SHARED_DATA / "sst2"
     model_dir = default_model_dir()
@@ -149,10 +149,10 @@ def bench_sst2(args, transformers, tmp):
 # --- CoNLL-2003 ----------------------------------------------------------------
 
 def bench_conll(args, transformers, tmp):
-    from bertkit.finetune.data import read_conll
-    from bertkit.finetune.ner import NerConfig, finetune_ner
-    from bertkit.finetune.run import load_head
-    from bertkit.heads import BertForTokenClassification
+    from bertkit.data.tables import read_conll
+    from bertkit.tasks.ner import NerConfig, finetune_ner
+    from bertkit.tasks.run import load_head
+    from bertkit.model.heads import BertForTokenClassification
 
     data = SHARED_DATA / "conll2003"
     model_dir = default_model_dir()
@@ -206,10 +206,10 @@ def bench_conll(args, transformers, tmp):
 # --- SQuAD v1.1 (article split of the dev file) ---------------------------------
 
 def bench_squad(args, transformers, tmp):
-    from bertkit.finetune.data import read_squad
-    from bertkit.finetune.qa import QAConfig, finetune_qa
-    from bertkit.finetune.run import load_head
-    from bertkit.heads import BertForQuestionAnswering
+    from bertkit.data.tables import read_squad
+    from bertkit.tasks.qa import QAConfig, finetune_qa
+    from bertkit.tasks.run import load_head
+    from bertkit.model.heads import BertForQuestionAnswering
 
     path = SHARED_DATA / "squad_v1.1" / "dev-v1.1.json"
     model_dir = default_model_dir()
@@ -304,7 +304,7 @@ def bench_step(args, transformers, tmp):
     """
     from harness import interleaved
 
-    from bertkit.heads import BertForQuestionAnswering
+    from bertkit.model.heads import BertForQuestionAnswering
     from bertkit.training.optim import OptimConfig, build_optimizer
 
     model_dir = default_model_dir()

@@ -4,7 +4,7 @@ All contenders run the default model (all-MiniLM-L6-v2: 6 layers, hidden 384, 12
 heads) with the same weights, 2 threads, in one process, interleaved round-robin
 and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
 
-- bertkit fp32: BertModel after `bertkit.fast.accelerate(model)`, weights left unpacked,
+- bertkit fp32: BertModel after `bertkit.runtime.fast.accelerate(model)`, weights left unpacked,
   inference_mode: matmuls on oneDNN (MKL, which torch uses by default, took a slower
   path on some AMD CPUs; `--threads 1` on a CPU without AVX-512 runs MKL, `fast` rule 1),
   GELU and residual fused into them where the CPU has AVX-512;
@@ -12,14 +12,14 @@ and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
   blocked layout (the analogue of building an ORT session; what embed and predict use);
 - bertkit fp32, packed weights, post-ops fused / apart: the same with the GELU and the
   residual add forced into the oneDNN matmul or after it, whatever the CPU (`fast` rule 2);
-- bertkit fp32, MKL matmuls: the accelerated model with `bertkit.fast.use_onednn(False)`,
+- bertkit fp32, MKL matmuls: the accelerated model with `bertkit.runtime.fast.use_onednn(False)`,
   i.e. torch's default matmul path, to show what the oneDNN route is worth;
-- bertkit fp32, plain model: BertModel as `bertkit.modeling` writes it, no accelerate step;
+- bertkit fp32, plain model: BertModel as `bertkit.model.modeling` writes it, no accelerate step;
 - bertkit bf16: the same model converted with .to(torch.bfloat16) (where the CPU multiplies
   bfloat16 natively its matmuls take the oneDNN route with packed weights: `fast` rule 6);
-- bertkit bf16, F.linear: the same with `bertkit.fast.use_onednn(False)`, every matmul on
+- bertkit bf16, F.linear: the same with `bertkit.runtime.fast.use_onednn(False)`, every matmul on
   F.linear as before rule 6 (weights re-blocked at every call, GELU and add apart);
-- bertkit auto: the precision `--dtype auto` picks on this CPU (`bertkit.devices.auto_dtype`:
+- bertkit auto: the precision `--dtype auto` picks on this CPU (`bertkit.runtime.devices.auto_dtype`:
   bfloat16 where the CPU multiplies it natively, float32 elsewhere), named in the row;
 - transformers eager / sdpa: BertModel with attn_implementation "eager" / "sdpa";
 - ONNX Runtime: transformers' BertModel exported with torch.onnx.export and fused by
@@ -27,7 +27,7 @@ and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
   the usual "CPU speed anchor";
 - bertkit int8: the encoder's dense layers quantized (`bertkit.quantize`: int8 weights per
   output channel; activations per token on oneDNN's int8 matmul where the CPU has VNNI or AMX,
-  else per call on FBGEMM: `bertkit.fast` rule 5), then accelerated, as `embed --int8` runs it;
+  else per call on FBGEMM: `bertkit.runtime.fast` rule 5), then accelerated, as `embed --int8` runs it;
 - bertkit int8, per call: the same with FBGEMM's one-scale-per-call kernel forced, whatever the CPU;
 - ONNX Runtime int8: the fused graph above through `onnxruntime.quantization.quantize_dynamic`
   (int8 weights per output channel), the usual int8 deployment of an ONNX model;
@@ -117,7 +117,7 @@ def batches(tok, texts, size, sort, token_budget=None):
 
 def load_ours(dtype=torch.float32, packed=False, accelerated=True):
     from bertkit import BertModel
-    from bertkit.fast import accelerate, pack_weights
+    from bertkit.runtime.fast import accelerate, pack_weights
 
     model = BertModel.from_pretrained().to(dtype).eval()
     return pack_weights(accelerate(model), packed) if accelerated else model
@@ -166,8 +166,8 @@ def load_ort(workdir: Path):
 def load_ours_int8():
     """bertkit's int8: the plain model quantized (`bertkit.quantize`), then accelerated, as embed/predict do."""
     from bertkit import BertModel
-    from bertkit.fast import accelerate
-    from bertkit.quantization import quantize
+    from bertkit.runtime.fast import accelerate
+    from bertkit.runtime.quantization import quantize
 
     return accelerate(quantize(BertModel.from_pretrained().eval()))
 
@@ -193,13 +193,13 @@ def load_ort_int8(workdir: Path):
 
 
 def load_ours_auto():
-    from bertkit.devices import resolve_dtype
+    from bertkit.runtime.devices import resolve_dtype
 
     return load_ours(resolve_dtype("auto"), packed=True)
 
 
 def auto_name() -> str:
-    from bertkit.devices import dtype_name, resolve_dtype
+    from bertkit.runtime.devices import dtype_name, resolve_dtype
 
     return f"bertkit auto ({dtype_name(resolve_dtype('auto'))})"
 
@@ -207,11 +207,11 @@ def auto_name() -> str:
 def ops_only(model):
     """A batch -> last_hidden_state function that calls the accelerated `model`'s kernels directly
     (embedding sums, LayerNorm, packed oneDNN products with their GELU/add post-ops, SDPA), as
-    bertkit.modeling + bertkit.fast run them on this CPU, with nothing in between."""
+    bertkit.model.modeling + bertkit.runtime.fast run them on this CPU, with nothing in between."""
     import torch.nn.functional as F
 
-    from bertkit.fast import _packed_weight
-    from bertkit.modeling import additive_mask
+    from bertkit.runtime.fast import _packed_weight
+    from bertkit.model.modeling import additive_mask
 
     cfg, emb = model.config, model.embeddings
     H, N, eps = cfg.hidden_size, cfg.num_attention_heads, cfg.layer_norm_eps
@@ -246,18 +246,18 @@ def ops_only(model):
 
 def torch_runner(model, onednn=None, fuse=None, per_token=None):
     """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do; True: to
-    oneDNN; None: as `bertkit.fast` rule 1 picks (oneDNN, except MKL on one thread of a CPU without
+    oneDNN; None: as `bertkit.runtime.fast` rule 1 picks (oneDNN, except MKL on one thread of a CPU without
     AVX-512). `fuse` True/False: force the GELU/residual post-ops into the matmuls or not (None:
     the CPU's rule). `per_token` True/False: force int8's activation rule (None: the CPU's)."""
-    import bertkit.fast
-    from bertkit.features import _takes_pool
+    import bertkit.runtime.fast
+    from bertkit.embeddings.features import _takes_pool
 
     extra = {"pool": False} if _takes_pool(type(model)) else {}  # bertkit's models: no pooler, as embedding
 
     def run(batch):
-        bertkit.fast.use_onednn(onednn)
-        bertkit.fast._fuse = fuse
-        bertkit.fast._per_token = per_token
+        bertkit.runtime.fast.use_onednn(onednn)
+        bertkit.runtime.fast._fuse = fuse
+        bertkit.runtime.fast._per_token = per_token
         with torch.inference_mode():
             return model(**batch, **extra).last_hidden_state
     return run
@@ -349,20 +349,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     THREADS = args.threads
     if not args.default_malloc:
-        from bertkit.allocator import reuse_freed_memory
+        from bertkit.runtime.allocator import reuse_freed_memory
 
         reuse_freed_memory()  # process-wide: every torch contender (transformers too) gets it
     if args.peak_memory_of:
         peak_memory_child(args.peak_memory_of)
         return 0
     torch.set_num_threads(THREADS)
-    from bertkit.devices import cpu_features
-    from bertkit.fast import fuse_post_ops, matmul_kernel
+    from bertkit.runtime.devices import cpu_features
+    from bertkit.runtime.fast import fuse_post_ops, matmul_kernel
 
     print(cpu_features().describe())  # what the kernels were chosen by: say it with every number
     kernel, fused = matmul_kernel(), "fused into" if fuse_post_ops() else "apart from"  # before any runner forces one
 
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained()
     texts = sst2_dev()
@@ -390,12 +390,12 @@ def main(argv=None) -> int:
                 f"Load average when the run started: {load:.1f} (on {os.cpu_count()} cores; above ~2 other "
                 "jobs were competing for the CPU, which inflates every time and hurts torch's OpenMP "
                 "threads more than ONNX Runtime's pool). bertkit's rows are the model after "
-                f"`bertkit.fast.accelerate` (float32 matmuls here on {kernel}, the GELU and residual "
-                f"{fused} the matmuls: `bertkit.fast`'s rules for this CPU and "
+                f"`bertkit.runtime.fast.accelerate` (float32 matmuls here on {kernel}, the GELU and residual "
+                f"{fused} the matmuls: `bertkit.runtime.fast`'s rules for this CPU and "
                 "thread count), weights unpacked unless the row says `packed weights` (what "
                 "`bertkit.embed` and `bertkit.predict` use); torch's default matmuls, MKL, take a slower code "
                 "path on AMD processors, which is what transformers and the `MKL matmuls` row get; `plain "
-                "model` is `bertkit.modeling` without the accelerate step. "
+                "model` is `bertkit.model.modeling` without the accelerate step. "
                 + ("glibc's malloc as it comes. " if args.default_malloc else
                    "The process runs with `bertkit.reuse_freed_memory()` (glibc keeps freed memory for the next "
                    "allocation instead of returning it to the kernel; every torch contender, transformers "

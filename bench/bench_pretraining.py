@@ -4,11 +4,11 @@ One training step = collate (dynamic masking) + forward + backward + AdamW step,
 on the same instances (prepared by `bertkit pretrain prepare` from a slice of
 the shared Gutenberg corpus, length 128, NSP pairs):
 
-- ours: `bertkit.heads.BertForPreTraining` + our collator; the MLM head projects
+- ours: `bertkit.model.heads.BertForPreTraining` + our collator; the MLM head projects
   onto the 30,522-word vocabulary only at the masked positions (~15%), and the
-  model goes through `bertkit.fast.accelerate(model, training=True)`, so its float32 matmuls run
-  where `bertkit.fast` rule 2 says (MKL on Intel CPUs, oneDNN elsewhere), forward and backward;
-- ours, oneDNN / MKL matmuls: the same with `bertkit.fast.use_onednn(True / False)`, either kernel
+  model goes through `bertkit.runtime.fast.accelerate(model, training=True)`, so its float32 matmuls run
+  where `bertkit.runtime.fast` rule 2 says (MKL on Intel CPUs, oneDNN elsewhere), forward and backward;
+- ours, oneDNN / MKL matmuls: the same with `bertkit.runtime.fast.use_onednn(True / False)`, either kernel
   forced, to measure the rule;
 - peer: `transformers.BertForPreTraining` + `DataCollatorForLanguageModeling`
   (15% masking, 80/10/10), which projects every position onto the vocabulary.
@@ -69,20 +69,20 @@ PRECISION = "fp32"  # --precision sets it
 def make_ours(ds, batches, preset: str, onednn: bool | None = None):
     import torch
 
-    import bertkit.fast
+    import bertkit.runtime.fast
     from bertkit.training.loop import autocast_for
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForPreTraining
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForPreTraining
 
     model = BertForPreTraining(BertConfig.preset(preset, vocab_size=ds.vocab_size),
                                generator=torch.Generator().manual_seed(0)).train()
-    bertkit.fast.accelerate(model, training=True)
+    bertkit.runtime.fast.accelerate(model, training=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     collate, g = ds.collator(), torch.Generator().manual_seed(0)
     autocast = autocast_for(PRECISION, "cpu")
 
     def train_steps():
-        bertkit.fast.use_onednn(onednn)
+        bertkit.runtime.fast.use_onednn(onednn)
         for items in batches:
             with autocast():
                 loss = model(**collate(items, g)).loss
@@ -107,7 +107,7 @@ def make_theirs(ds, batches, preset: str):
     import torch
     import transformers
 
-    from bertkit.config import BertConfig
+    from bertkit.model.config import BertConfig
 
     config = BertConfig.preset(preset, vocab_size=ds.vocab_size).to_dict()
     model = transformers.BertForPreTraining(transformers.BertConfig(**config)).train()
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from bertkit.fast import onednn_for_training
+    from bertkit.runtime.fast import onednn_for_training
 
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
             f"the same instances for both; {args.rounds} interleaved rounds after 1 warm-up, median. "
             "transformers uses `DataCollatorForLanguageModeling`. Ours projects onto the vocabulary only at the "
             f"masked positions; precision {args.precision}; its float32 matmuls run on "
-            f"{'oneDNN' if onednn_for_training() else 'MKL'} here (`bertkit.fast` rule 2); the `oneDNN` / `MKL matmuls` "
+            f"{'oneDNN' if onednn_for_training() else 'MKL'} here (`bertkit.runtime.fast` rule 2); the `oneDNN` / `MKL matmuls` "
             "rows force either kernel (MKL is what transformers runs; under bf16 autocast both rows take F.linear). "
             f"Load average at the start: {load:.1f}. Padding is to the longest sequence of "
             f"each batch for both. Command: `python bench/bench_pretraining.py {' '.join(argv or sys.argv[1:])}`.")

@@ -67,7 +67,7 @@ from bertkit.retrieval.encoding import encode, load_encoder  # noqa: E402
 from bertkit.retrieval.index import FORMAT, INDEX_JSON, PASSAGES, VECTORS, open_index  # noqa: E402
 from bertkit.retrieval.qdrant import export, search_vectors  # noqa: E402  (qdrant-client: imported when used)
 from bertkit.retrieval.search import best_documents  # noqa: E402
-from bertkit.vector_files import safetensors_header  # noqa: E402
+from bertkit.data.vector_files import safetensors_header  # noqa: E402
 
 DIM = 384
 BLOCK = 65536  # rows drawn per seeded block

@@ -67,7 +67,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, SHARED_DATA, machine_line, report  # noqa: E402
 
-from bertkit.retrieval.beir import qrels_path, read_qrels, read_queries  # noqa: E402  (no torch: the ceiling child imports it later)
+from bertkit.data.beir import qrels_path, read_qrels, read_queries  # noqa: E402  (no torch: the ceiling child imports it later)
 
 INFINITY = Path(os.environ.get("INFINITY_VENV", "/work/venv-infinity")) / "bin" / "infinity_emb"
 
@@ -402,13 +402,13 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     worker per core, 2048-token passes), fed the whole SST-2 dev set sorted at once, so that the
     passes are as even as any gather can make them: what the model itself can do on this machine,
     an upper bound for any server of it that computes every sentence."""
-    from bertkit.devices import cores
+    from bertkit.runtime.devices import cores
     from bertkit.serve.server import bound_kernel_caches
 
     bound_kernel_caches()  # as `bertkit serve` does, before torch is imported
     import torch
 
-    from bertkit.fast import matmul_kernel
+    from bertkit.runtime.fast import matmul_kernel
     from bertkit.serve.batching import plan_batches
     from bertkit.serve.runner import load_runner
     from bertkit.serve.settings import ServeConfig

@@ -48,7 +48,7 @@ def main() -> None:
     from tokenizers import BertWordPieceTokenizer
 
     from bertkit.default_model import default_model_dir
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     model_dir = default_model_dir()
     lines = sample_lines(args.mb)

@@ -76,7 +76,7 @@ def write_tsv(path: Path, header: list, rows) -> None:
 def training_files(data: Path, out: Path, env: dict) -> dict:
     """pairs.tsv (every positive judgment of the train split) and hard.tsv (the mined triplets, the
     hardest negative kept): the same files for both libraries."""
-    from bertkit.retrieval.beir import training_pairs
+    from bertkit.data.beir import training_pairs
 
     pairs = out / "pairs.tsv"
     if not pairs.exists():

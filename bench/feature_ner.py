@@ -10,11 +10,11 @@ small tagger on them, once per layer strategy. The paper (BERT-Base, a 2-layer
 
 Here: the default model (all-MiniLM-L6-v2: 6 layers, hidden 384), each sentence
 on its own (no document context), the hidden states of all L+1 layers computed
-once by `bertkit.features.embed` and reused for every strategy, the same small
+once by `bertkit.embeddings.features.embed` and reused for every strategy, the same small
 tagger for each (a 2-layer MLP per word over standardised features, fixed
 seed; the BiLSTM of the paper was too slow for this shared 2-core machine),
 trained on a subset of the training sentences, scored on the full dev set with
-conlleval's entity-level F1 (bertkit.finetune.metrics). Tags are converted to
+conlleval's entity-level F1 (bertkit.metrics.tasks). Tags are converted to
 IOB2 for training; chunks are the same either way.
 
     python bench/feature_ner.py                 # print the table
@@ -35,10 +35,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, SHARED_DATA, machine_line  # noqa: E402
 
-from bertkit.features import embed, encoder  # noqa: E402
-from bertkit.pooling import PAPER_NER_F1, STRATEGIES, combine_layers, resolve_layers  # noqa: E402
-from bertkit.finetune.data import read_conll  # noqa: E402
-from bertkit.finetune.metrics import entity_scores, iob1_to_iob2  # noqa: E402
+from bertkit.embeddings.features import embed, encoder  # noqa: E402
+from bertkit.embeddings.pooling import PAPER_NER_F1, STRATEGIES, combine_layers, resolve_layers  # noqa: E402
+from bertkit.data.tables import read_conll  # noqa: E402
+from bertkit.metrics.tasks import entity_scores, iob1_to_iob2  # noqa: E402
 
 DOC = ROOT / "docs" / "features.md"
 

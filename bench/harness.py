@@ -35,7 +35,7 @@ def versions(*packages) -> dict:
 def machine_line(*packages) -> str:
     v = versions(*packages)
     libs = ", ".join(f"{k} {val}" for k, val in v.items())
-    from bertkit.devices import cpu_features  # the model, cores and instruction set the kernels were chosen by
+    from bertkit.runtime.devices import cpu_features  # the model, cores and instruction set the kernels were chosen by
 
     return f"{cpu_features().describe()}; {platform.system()} {platform.machine()}; {libs}"
 

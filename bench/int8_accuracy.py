@@ -105,7 +105,7 @@ def _squad_slice(src: Path, dst: Path, articles: str, n: int | None) -> tuple[Pa
 
 
 def _training(args):
-    from bertkit.finetune.trainer import TrainConfig
+    from bertkit.tasks.trainer import TrainConfig
     from bertkit.training.optim import OptimConfig
 
     return TrainConfig(epochs=args.epochs, batch_size=32, seed=0, progress=False,
@@ -114,7 +114,7 @@ def _training(args):
 
 def _score(model_dir: Path, dev: Path, work: Path) -> dict:
     """{precision: the task's metrics dict} of the same fine-tuned model on `dev`."""
-    from bertkit.finetune.predict import predict_file
+    from bertkit.tasks.predict import predict_file
 
     return {name: predict_file(model_dir, dev, work / f"{name}.tsv", evaluate=True, device="cpu", **how).metrics
             for name, how in PRECISIONS.items()}
@@ -127,7 +127,7 @@ def _rows(scores: dict, metrics: dict, scale: float) -> list[dict]:
 
 
 def sst2(args, work: Path) -> list[dict]:
-    from bertkit.finetune.classification import TextTaskConfig, finetune_text
+    from bertkit.tasks.classification import TextTaskConfig, finetune_text
 
     train = _slice(SHARED_DATA / "sst2" / "train.tsv", work / "sst2_train.tsv", args.train_examples)
     dev = _slice(SHARED_DATA / "sst2" / "dev.tsv", work / "sst2_dev.tsv", args.dev_examples)
@@ -139,7 +139,7 @@ def sst2(args, work: Path) -> list[dict]:
 
 
 def conll(args, work: Path) -> list[dict]:
-    from bertkit.finetune.ner import NerConfig, finetune_ner
+    from bertkit.tasks.ner import NerConfig, finetune_ner
 
     train = _conll_slice(SHARED_DATA / "conll2003" / "train.txt", work / "conll_train.txt", args.train_examples)
     dev = _conll_slice(SHARED_DATA / "conll2003" / "dev.txt", work / "conll_dev.txt", args.dev_examples)
@@ -153,8 +153,8 @@ def conll(args, work: Path) -> list[dict]:
 
 
 def squad(args, work: Path) -> list[dict]:
-    from bertkit.finetune.config import QAConfig
-    from bertkit.finetune.qa import finetune_qa
+    from bertkit.tasks.config import QAConfig
+    from bertkit.tasks.qa import finetune_qa
 
     max_length = args.max_length or 256
     dev, n_dev = _squad_slice(SQUAD, work / "squad_dev.json", SQUAD_DEV_ARTICLES, args.dev_examples)
@@ -181,7 +181,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-length", type=int, default=None, help="default: 64, SQuAD 256")
     args = p.parse_args(argv)
 
-    from bertkit.devices import cpu_features
+    from bertkit.runtime.devices import cpu_features
 
     print(machine_line("onnxruntime"))
     print(cpu_features().describe())

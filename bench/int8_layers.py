@@ -11,7 +11,7 @@ bench_model.py feed them), with the default model:
 - end to end: the int8 model's hidden state after every layer against float32's,
   minimum per-token cosine.
 
-Both for each way of quantizing the activations (`bertkit.fast` rule 5): "per call"
+Both for each way of quantizing the activations (`bertkit.runtime.fast` rule 5): "per call"
 (FBGEMM's dynamic int8, one 7-bit scale per call, the kernel where the CPU has no
 VNNI) and "per token" (one 8-bit scale per token on oneDNN's int8 matmul, where it has).
 
@@ -87,20 +87,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    import bertkit.fast
+    import bertkit.runtime.fast
     from bertkit import BertModel
-    from bertkit.quantization import quantize
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.runtime.quantization import quantize
+    from bertkit.text.tokenizer import Tokenizer
 
     data = batches(Tokenizer.from_pretrained(), sst2_dev(), 32, sort=True)[::args.every]
     float_model = BertModel.from_pretrained().eval()
     int8_model = quantize(BertModel.from_pretrained().eval())
     products, layers = {}, {}
     for mode, per_token in MODES.items():
-        bertkit.fast._per_token = per_token
+        bertkit.runtime.fast._per_token = per_token
         products[mode] = per_product(float_model, int8_model, data)
         layers[mode] = end_to_end(float_model, int8_model, data)
-    bertkit.fast._per_token = None
+    bertkit.runtime.fast._per_token = None
 
     tokens = sum(int(b["attention_mask"].sum()) for b in data)
     lines = [f"Machine: {machine_line()}. Load average at the end: {os.getloadavg()[0]:.1f}. "

@@ -8,7 +8,7 @@ through bertkit's own commands, each in its own process, as a user runs them:
    mined hard negative (label 0), written as JSONL with columns query, passage, label;
 2. the cross-encoder: `bertkit finetune pair` on those pairs from the default model
    (all-MiniLM-L6-v2: no pretrained cross-encoder ships), its two labels read as a relevance
-   probability by `bertkit.finetune.rerank`;
+   probability by `bertkit.tasks.rerank`;
 3. `bertkit evaluate retrieval DIR --index INDEX` on the test split: the bi-encoder alone, with
    `--rerank CROSS --rerank-top N` for each N, and the bi-encoder with `--bm25` (whose BM25 row is
    the lexical baseline); one markdown table of nDCG@10, MRR@10, MAP@100, Recall@10, Recall@100 and

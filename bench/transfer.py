@@ -1,6 +1,6 @@
 """Transfer learning shown: fine-tune pre-trained models and the same architecture from random init.
 
-Every model goes through bertkit's fine-tuning loop (`bertkit.finetune.finetune`)
+Every model goes through bertkit's fine-tuning loop (`bertkit.tasks.finetune`)
 with the same training subset (the first N rows of the task's train file), the
 same hyper-parameters, seeds and budget, and is scored on the task's full dev set
 after the last epoch (no picking the best epoch on dev). Tasks:
@@ -62,9 +62,9 @@ SHAPE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"
 def electra_as_bert(model_dir: Path, dropout: float):
     """An ELECTRA discriminator as a BertModel (no pooler) with the same weights: with
     embedding_size == hidden_size the two encoders have the same parameters under the same names."""
-    from bertkit.config import BertConfig
-    from bertkit.electra import ElectraModel
-    from bertkit.modeling import BertModel
+    from bertkit.model.config import BertConfig
+    from bertkit.model.electra import ElectraModel
+    from bertkit.model.modeling import BertModel
 
     electra = ElectraModel.from_pretrained(model_dir, strict=False)  # the replaced-token head is not needed
     values = electra.config.to_dict()
@@ -85,11 +85,11 @@ def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None, st
     fine-tuning runs get the same `dropout`."""
     import torch
 
-    from bertkit.config import BertConfig
-    from bertkit.checkpoint import model_type
-    from bertkit.heads import BertForMaskedLM, BertForPreTraining
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.config import BertConfig
+    from bertkit.model.checkpoint import model_type
+    from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
 
     if seed is None and model_type(pretrained) == "electra":
         model = electra_as_bert(pretrained, dropout)
@@ -112,7 +112,7 @@ def model_copy(pretrained: Path, out: Path, dropout: float, seed: int | None, st
 
 def bert_config(model_dir: Path):
     """The BERT encoder config of a BERT or ELECTRA (embedding size = hidden size) directory."""
-    from bertkit.config import BertConfig
+    from bertkit.model.config import BertConfig
 
     values = json.loads((model_dir / "config.json").read_text())
     for key in ("model_type", "embedding_size", "summary_type", "summary_use_proj", "summary_activation",
@@ -122,8 +122,8 @@ def bert_config(model_dir: Path):
 
 
 def finetune_once(model_dir: Path, out: Path, args, learning_rate: float, seed: int) -> dict:
-    from bertkit.finetune import finetune
-    from bertkit.finetune.trainer import TrainConfig
+    from bertkit.tasks import finetune
+    from bertkit.tasks.trainer import TrainConfig
 
     task, folder, columns, _, _, _ = TASKS[args.task]
     training = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, seed=seed, progress=not args.quiet)

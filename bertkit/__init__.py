@@ -16,28 +16,28 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported lazily, see __getattr__)
 _LAZY = {
-    "Tokenizer": "bertkit.tokenizer",
+    "Tokenizer": "bertkit.text.tokenizer",
     # features and attention pictures
-    "embed": "bertkit.features",
-    "attention_map": "bertkit.attention_view",
-    "trace": "bertkit.tracing",
+    "embed": "bertkit.embeddings.features",
+    "attention_map": "bertkit.explain.attention_view",
+    "trace": "bertkit.explain.tracing",
     # model (config, encoder, task heads, checkpoints)
-    "BertConfig": "bertkit.config",
-    "BertModel": "bertkit.modeling",
-    "accelerate": "bertkit.fast",
-    "quantize": "bertkit.quantization",
-    "reuse_freed_memory": "bertkit.allocator",
-    "BertForPreTraining": "bertkit.heads",
-    "BertForMaskedLM": "bertkit.heads",
-    "BertForNextSentencePrediction": "bertkit.heads",
-    "BertForSequenceClassification": "bertkit.heads",
-    "BertForTokenClassification": "bertkit.heads",
-    "BertForQuestionAnswering": "bertkit.heads",
-    "BertForMultipleChoice": "bertkit.heads",
+    "BertConfig": "bertkit.model.config",
+    "BertModel": "bertkit.model.modeling",
+    "accelerate": "bertkit.runtime.fast",
+    "quantize": "bertkit.runtime.quantization",
+    "reuse_freed_memory": "bertkit.runtime.allocator",
+    "BertForPreTraining": "bertkit.model.heads",
+    "BertForMaskedLM": "bertkit.model.heads",
+    "BertForNextSentencePrediction": "bertkit.model.heads",
+    "BertForSequenceClassification": "bertkit.model.heads",
+    "BertForTokenClassification": "bertkit.model.heads",
+    "BertForQuestionAnswering": "bertkit.model.heads",
+    "BertForMultipleChoice": "bertkit.model.heads",
     # one way in for inference: a model directory -> the ready model and what it is
-    "load": "bertkit.loading",
-    # fine-tuning: use a fine-tuned model (training: bertkit.finetune.finetune)
-    "predict": "bertkit.finetune.predict",
+    "load": "bertkit.runtime.loading",
+    # fine-tuning: use a fine-tuned model (training: bertkit.tasks.finetune)
+    "predict": "bertkit.tasks.predict",
     # pre-training data (made by `bertkit pretrain prepare` / bertkit.pretraining.prepare.prepare)
     "PretrainingDataset": "bertkit.pretraining.dataset",
 }

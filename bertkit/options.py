@@ -161,14 +161,14 @@ def build(cls, values: dict):
 
 # --- option groups several commands share ---------------------------------------------
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # --dtype: auto is bf16 where native (bertkit.devices.auto_dtype)
-COMBINES = ("sum", "mean", "concat")  # how a list of layers is merged (bertkit.pooling.combine_layers)
-SENTENCE_POOLINGS = ("mean", "cls", "max")  # one vector per text from its tokens (bertkit.pooling.pool_sentence)
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # --dtype: auto is bf16 where native (bertkit.runtime.devices.auto_dtype)
+COMBINES = ("sum", "mean", "concat")  # how a list of layers is merged (bertkit.embeddings.pooling.combine_layers)
+SENTENCE_POOLINGS = ("mean", "cls", "max")  # one vector per text from its tokens (bertkit.embeddings.pooling.pool_sentence)
 
 
 @dataclasses.dataclass
 class EmbedOptions:
-    """What `bertkit embed` and `bertkit serve` take from the encoder (`bertkit.pooling`), defined once."""
+    """What `bertkit embed` and `bertkit serve` take from the encoder (`bertkit.embeddings.pooling`), defined once."""
 
     layers: str = dataclasses.field(default="last", metadata={
         "help": "layer strategy: first, last, sum_all, second_to_last, sum_last_four, concat_last_four, or layer "

@@ -82,9 +82,9 @@ def tiny_dir(tmp_path_factory):
     vocabulary: a model directory for the commands' end-to-end tests."""
     import torch
 
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.config import BertConfig
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
 
     path = tmp_path_factory.mktemp("tiny")
     config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,

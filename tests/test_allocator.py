@@ -20,15 +20,15 @@ import sys
 
 import pytest
 
-from bertkit.allocator import _glibc
+from bertkit.runtime.allocator import _glibc
 
 PROBE = """
 import json, resource, sys, torch
 if sys.argv[1] == "reuse":
-    from bertkit.allocator import reuse_freed_memory
+    from bertkit.runtime.allocator import reuse_freed_memory
     assert reuse_freed_memory()
-from bertkit.config import BertConfig
-from bertkit.modeling import BertModel
+from bertkit.model.config import BertConfig
+from bertkit.model.modeling import BertModel
 torch.set_num_threads(1)
 config = BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=1, num_attention_heads=12,
                     intermediate_size=1536)
@@ -60,6 +60,6 @@ def test_a_forward_pass_reuses_freed_memory_instead_of_faulting_in_new_pages():
 
 
 def test_reuse_freed_memory_says_whether_it_applied():
-    code = "from bertkit.allocator import reuse_freed_memory; print(reuse_freed_memory())"
+    code = "from bertkit.runtime.allocator import reuse_freed_memory; print(reuse_freed_memory())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(_glibc() is not None)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.attention_view import (
+from bertkit.explain.attention_view import (
     AttentionMap,
     attention_html,
     attention_map,
@@ -36,9 +36,9 @@ def amap():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.config import BertConfig
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
 
     config = BertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
                         max_position_embeddings=64)
@@ -208,8 +208,8 @@ def test_offset_attention_matches_a_loop_over_queries():
 def test_offset_attention_finds_the_default_models_positional_heads():
     """Clark et al. 2019: trained BERTs have heads that attend to the previous or next token;
     a randomly initialised one spreads attention about evenly."""
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
 
     model, tok = BertModel.from_pretrained().eval(), Tokenizer.from_pretrained()
     texts = [SENTENCE, "The quick brown fox jumps over the lazy dog.", "It rained all day, so we stayed in."]

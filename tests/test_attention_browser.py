@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from bertkit.attention_view import AttentionMap, save_html
+from bertkit.explain.attention_view import AttentionMap, save_html
 from conftest import need
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -210,7 +210,7 @@ def test_page_survives_markup_in_tokens(browser, tmp_path):
 
 def test_model_page_from_the_cli(browser, tmp_path):
     """The issue's example end to end: `bertkit attention ... --token he`, opened and switched."""
-    from bertkit.attention_view import attention_map
+    from bertkit.explain.attention_view import attention_map
     from bertkit.cli import main
 
     text = "Bert notices the hat, but chooses not to engage Ernie since he knows it'll lead to some ridiculous stuff."

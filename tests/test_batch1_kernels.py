@@ -1,4 +1,4 @@
-"""The kernels behind batch-1 latency: bfloat16 inference on the oneDNN route (`bertkit.fast`
+"""The kernels behind batch-1 latency: bfloat16 inference on the oneDNN route (`bertkit.runtime.fast`
 rule 6) and int8 per token on oneDNN's int8 matmul (rule 5).
 
 The rule tests mock the CPU's flags; the numeric tests run oneDNN's bfloat16 kernels and so
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bertkit.fast as L
+import bertkit.runtime.fast as L
 from bertkit import BertConfig, BertModel
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,

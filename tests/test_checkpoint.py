@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 import bertkit
 from bertkit import BertConfig, BertkitError, BertModel
-from bertkit.checkpoint import TABLE, hf_keys, read_weights
-from bertkit.heads import HEADS
+from bertkit.model.checkpoint import TABLE, hf_keys, read_weights
+from bertkit.model.heads import HEADS
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
@@ -52,7 +52,7 @@ def test_transformers_loads_what_we_save(tmp_path, transformers_mod, cls):
 
 @pytest.mark.oracle
 def test_saved_default_model_matches_in_transformers(tmp_path, transformers_mod):
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     loaded = bertkit.load(head="encoder")
     model, tok = loaded.model, loaded.tokenizer
@@ -135,7 +135,7 @@ def test_bare_encoder_loads_from_a_head_checkpoint(tmp_path):
 
 
 def _hf_state(model):
-    from bertkit.checkpoint import hf_state_dict
+    from bertkit.model.checkpoint import hf_state_dict
 
     return hf_state_dict(model)
 
@@ -277,18 +277,18 @@ def test_imports_flow_one_way_from_modeling_to_checkpoint():
     import subprocess
     import sys
 
-    import bertkit.checkpoint
+    import bertkit.model.checkpoint
 
-    tree = ast.parse(open(bertkit.checkpoint.__file__, encoding="utf-8").read())
+    tree = ast.parse(open(bertkit.model.checkpoint.__file__, encoding="utf-8").read())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not imported & {"bertkit.modeling", "bertkit.heads", "bertkit.features"}, imported
-    code = "import sys, bertkit.checkpoint; print('bertkit.modeling' in sys.modules)"
+    assert not imported & {"bertkit.model.modeling", "bertkit.model.heads", "bertkit.embeddings.features"}, imported
+    code = "import sys, bertkit.model.checkpoint; print('bertkit.model.modeling' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
 def test_describe_reads_what_a_directory_holds(tmp_path, default_model_dir):
-    from bertkit.checkpoint import describe
+    from bertkit.model.checkpoint import describe
 
     saved = describe(None)  # the default model: a bare sentence-transformers encoder
     assert (saved.directory, saved.model_type, saved.task, saved.int8_weights) == (default_model_dir, "bert", None, False)

@@ -7,7 +7,7 @@ must return 0 (the input was usable) or 2 with exactly one `bertkit: error:`
 line, within a time limit, never a traceback. Files that are not UTF-8 must be
 named with the byte offset of the first bad byte, except for corpora (`vocab
 train`, `pretrain prepare`), which skip binary files and repair stray bytes,
-counting both (see bertkit.textfiles). Most calls run `bertkit.cli.main`
+counting both (see bertkit.data.textfiles). Most calls run `bertkit.cli.main`
 in-process on a tiny model; a few run as real processes to show stderr.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from test_finetune import VOCAB, sentiment_rows, tiny_model_dir, write_tsv
 
 from bertkit.cli import main
-from bertkit.textfiles import first_invalid_utf8
+from bertkit.data.textfiles import first_invalid_utf8
 
 LIMIT_S = 60  # per call: the 1 MB inputs take a few seconds; a hang would take forever
 KINDS = ("random", "empty", "directory", "latin1", "megaline", "truncated")

@@ -1,10 +1,10 @@
-"""bertkit.cross_entropy against torch's F.cross_entropy: loss and gradient, in blocks of rows."""
+"""bertkit.model.cross_entropy against torch's F.cross_entropy: loss and gradient, in blocks of rows."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from bertkit import cross_entropy as ce
+from bertkit.model import cross_entropy as ce
 
 
 def case(dtype, M=37, V=301):

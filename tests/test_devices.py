@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import bertkit
-import bertkit.devices
-import bertkit.devices as D
+import bertkit.runtime.devices
+import bertkit.runtime.devices as D
 from bertkit.errors import BertkitError
 from bertkit.cli import main
 from test_finetune import sentiment_run, tiny  # noqa: F401
@@ -26,9 +26,9 @@ def cosines(a, b):
 
 
 def test_embed_in_bfloat16_on_the_cpu_is_close_and_says_so(monkeypatch):
-    monkeypatch.setattr(bertkit.devices, "_warned_bf16", False)
+    monkeypatch.setattr(bertkit.runtime.devices, "_warned_bf16", False)
     ref = bertkit.embed(TEXTS, device="cpu", dtype="float32")
-    if bertkit.devices.cpu_features().native_bf16:
+    if bertkit.runtime.devices.cpu_features().native_bf16:
         got = bertkit.embed(TEXTS, device="cpu", dtype="bfloat16")
     else:
         with pytest.warns(UserWarning, match="emulated"):
@@ -39,7 +39,7 @@ def test_embed_in_bfloat16_on_the_cpu_is_close_and_says_so(monkeypatch):
 
 
 def test_cli_device_and_dtype_flags(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(bertkit.devices, "_warned_bf16", True)  # the warning has its own test
+    monkeypatch.setattr(bertkit.runtime.devices, "_warned_bf16", True)  # the warning has its own test
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n")
     assert main(["embed", str(src), "-o", str(tmp_path / "v.npy"), "--device", "cpu", "--dtype", "bfloat16",
@@ -58,7 +58,7 @@ def test_cli_device_and_dtype_flags(tmp_path, capsys, monkeypatch):
 
 
 def test_predict_device_and_dtype(sentiment_run, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(bertkit.devices, "_warned_bf16", True)
+    monkeypatch.setattr(bertkit.runtime.devices, "_warned_bf16", True)
     d, _ = sentiment_run
     texts = ["the food was great .", "the movie was awful .", "this day was fine ."]
     ref = bertkit.predict(d / "out", texts, device="cpu")
@@ -89,7 +89,7 @@ def test_embed_on_cuda_matches_the_cpu():
 
 @cuda
 def test_predict_and_attention_on_cuda(sentiment_run):  # noqa: F811
-    from bertkit.attention_view import attention_map
+    from bertkit.explain.attention_view import attention_map
 
     d, _ = sentiment_run
     texts = ["the food was great .", "the movie was awful ."]
@@ -101,7 +101,7 @@ def test_predict_and_attention_on_cuda(sentiment_run):  # noqa: F811
     np.testing.assert_allclose(on_gpu, on_cpu, atol=1e-4)
 
 
-# --- the CPU, devices and dtypes: bertkit.devices ---------------------------------------------------
+# --- the CPU, devices and dtypes: bertkit.runtime.devices ---------------------------------------------------
 
 
 def test_cpu_features_read_proc_cpuinfo():

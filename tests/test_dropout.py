@@ -1,8 +1,8 @@
 """Dropout and attention with dropout, held to their definitions.
 
-bertkit.dropout draws its mask from 32-bit integers instead of torch's bernoulli_:
+bertkit.model.dropout draws its mask from 32-bit integers instead of torch's bernoulli_:
 the mask must still be Bernoulli (rate, independence between neighbours and between
-the two halves of a draw), seeded, and the arithmetic torch's. bertkit.chunked_attention
+the two halves of a draw), seeded, and the arithmetic torch's. bertkit.model.chunked_attention
 must give the plain computation's output and gradients with the same mask, and its
 backward must be the derivative of its forward (a numerical gradient check).
 """
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertkit import chunked_attention
-from bertkit.config import BertConfig
-from bertkit.dropout import Dropout, dropout, keep_mask
-from bertkit.modeling import BertModel, BertSelfAttention, additive_mask
+from bertkit.model import chunked_attention
+from bertkit.model.config import BertConfig
+from bertkit.model.dropout import Dropout, dropout, keep_mask
+from bertkit.model.modeling import BertModel, BertSelfAttention, additive_mask
 
 N = 2_000_000
 
@@ -73,7 +73,7 @@ def test_dropout_off_and_edges():
 
 
 def plain_attention(q, k, v, mask, p):
-    """The explicit computation with bertkit.dropout's mask of the whole [B, N, T, T]."""
+    """The explicit computation with bertkit.model.dropout's mask of the whole [B, N, T, T]."""
     w = ((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]) + mask).softmax(-1)
     return dropout(w, p) @ v
 

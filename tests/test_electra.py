@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from bertkit import BertkitError
-from bertkit.checkpoint import GENERATOR_DIR
-from bertkit.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, ElectraForQuestionAnswering,
+from bertkit.model.checkpoint import GENERATOR_DIR
+from bertkit.model.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, ElectraForQuestionAnswering,
                              ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel)
-from bertkit.electra_pretraining import ElectraPretrainingModel, corrupt, electra_metrics
-from bertkit.loading import class_for
-from bertkit.heads import BertForSequenceClassification
+from bertkit.model.electra_pretraining import ElectraPretrainingModel, corrupt, electra_metrics
+from bertkit.runtime.loading import class_for
+from bertkit.model.heads import BertForSequenceClassification
 
 # odd sizes so that a swapped dimension fails: E=20 != H=36, 6 heads of 6, intermediate 37
 TINY = dict(vocab_size=99, embedding_size=20, hidden_size=36, num_hidden_layers=2, num_attention_heads=6,
@@ -204,7 +204,7 @@ def test_the_loss_is_mlm_plus_fifty_times_the_discriminator_loss_over_real_token
     # padding gets no loss: whatever the discriminator says at padded positions changes nothing
     logits = out.disc_logits.detach().clone()
     logits[~real] = 1e4
-    from bertkit.electra import discriminator_loss
+    from bertkit.model.electra import discriminator_loss
     torch.testing.assert_close(discriminator_loss(logits, out.replaced, batch["attention_mask"]), by_hand.detach())
     counts = out.counts()
     assert counts["disc_total"] == real.sum() == counts["tokens"] and counts["mlm_total"] == 4
@@ -264,7 +264,7 @@ def test_load_refuses_a_generator_trained_apart(tmp_path):
 @pytest.mark.oracle
 def test_embed_reads_an_electra_directory_like_transformers(tmp_path, transformers_mod):
     import bertkit
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     words = ["the", "chef", "cooked", "ate", "a", "meal", ".", "good", "food"]
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
@@ -315,7 +315,7 @@ def test_the_discriminator_learns_to_spot_replacements_it_can_see():
     # its identity alone (30 of the 55 draws), so training must leave the base rate ("never
     # replaced") behind within a hundred steps. Replacements that only context can expose
     # need far longer (docs/pretraining.md, ELECTRA against BERT-MLM).
-    from bertkit.electra import discriminator_loss
+    from bertkit.model.electra import discriminator_loss
 
     torch.manual_seed(0)
     B, T = 32, 32

@@ -27,9 +27,9 @@ from test_distributed import torchrun
 from test_embedding_losses import columns_batch, sentences
 from test_finetune import tiny_model_dir
 
-from bertkit.finetune.embedding import SentenceEmbedder
-from bertkit.modeling import BertModel
-from bertkit.tokenizer import Tokenizer
+from bertkit.tasks.embedding import SentenceEmbedder
+from bertkit.model.modeling import BertModel
+from bertkit.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 from test_finetune import WORDS, tiny_model_dir
 
-from bertkit.finetune.embedding import SentenceEmbedder, no_duplicate_batches
-from bertkit.finetune.embedding_losses import cosent, matryoshka, multiple_negatives_ranking
-from bertkit.modeling import BertModel
-from bertkit.tokenizer import Tokenizer
+from bertkit.tasks.embedding import SentenceEmbedder, no_duplicate_batches
+from bertkit.embeddings.losses import cosent, matryoshka, multiple_negatives_ranking
+from bertkit.model.modeling import BertModel
+from bertkit.text.tokenizer import Tokenizer
 
 
 def leaves(*shapes, seed=0):

@@ -59,7 +59,7 @@ def test_mine_writes_triplets_the_trainer_reads(folder, tiny_dir, tmp_path, caps
     assert counts["rows"] == len(lines) - 1 and counts["options"]["relative_margin"] == 0.02
     assert "wrote" in capsys.readouterr().err
     try:
-        from bertkit.finetune.embedding import read_examples
+        from bertkit.tasks.embedding import read_examples
     except ImportError:
         return  # the trainer's reader is another module's; checked where it exists
     examples = read_examples(out, log=lambda *_: None)

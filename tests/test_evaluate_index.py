@@ -9,9 +9,9 @@ from test_retrieval_beir import scifact_slice
 from test_search import cross_encoder
 
 from bertkit.cli import main
-from bertkit.retrieval.beir import load_beir
+from bertkit.data.beir import load_beir
 from bertkit.retrieval.index import build_index
-from bertkit.retrieval.metrics import evaluate_run
+from bertkit.metrics.retrieval import evaluate_run
 
 MEASURES = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
 

@@ -1,4 +1,4 @@
-"""ONNX export (bertkit.export, `bertkit export onnx`): each head type exports, loads
+"""ONNX export (bertkit.runtime.export, `bertkit export onnx`): each head type exports, loads
 in ONNX Runtime with Hugging Face's input/output names and dynamic axes, and matches
 bertkit within 1e-4 on inputs of other shapes than the trace's; what cannot be
 exported fails with a BertkitError that names it."""
@@ -13,10 +13,10 @@ from bertkit import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceC
                      BertForTokenClassification, BertModel)
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.export import INPUTS, check_exportable, export_onnx
-from bertkit.fast import accelerate
-from bertkit.quantization import quantize, save_quantized
-from bertkit.tokenizer import Tokenizer
+from bertkit.runtime.export import INPUTS, check_exportable, export_onnx
+from bertkit.runtime.fast import accelerate
+from bertkit.runtime.quantization import quantize, save_quantized
+from bertkit.text.tokenizer import Tokenizer
 from conftest import need
 from test_finetune import tiny  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""bertkit.fast: the oneDNN route computes what F.linear computes, forward and backward;
+"""bertkit.runtime.fast: the oneDNN route computes what F.linear computes, forward and backward;
 an accelerated model computes what the plain model computes; each CPU rule with the CPU's flags
 or vendor mocked."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bertkit.fast as L
+import bertkit.runtime.fast as L
 from bertkit import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel
 from bertkit.errors import BertkitError
-from bertkit.fast import FastLinear as Linear, linear, pack_weights
+from bertkit.runtime.fast import FastLinear as Linear, linear, pack_weights
 
 onednn = pytest.mark.skipif(not L.onednn_enabled(), reason="this torch build has no oneDNN linear")
 

@@ -4,7 +4,7 @@ Most tests use a tiny random model of odd shape (5 layers, hidden 32, 4 heads,
 intermediate 37) with the real uncased vocabulary, so a swapped dimension or a
 wrong layer shows up. Every expected value is computed here directly from the
 model's hidden states, with the layer lists written out by hand from the
-paper's Table 7 (not taken from bertkit.pooling.STRATEGIES).
+paper's Table 7 (not taken from bertkit.embeddings.pooling.STRATEGIES).
 """
 
 import json
@@ -14,19 +14,19 @@ import pytest
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.features import embed, encoder, iter_embed
-from bertkit.pooling import pool_words, resolve_layers
-from bertkit.textfiles import read_texts
-from bertkit.vector_files import write_vectors
+from bertkit.embeddings.features import embed, encoder, iter_embed
+from bertkit.embeddings.pooling import pool_words, resolve_layers
+from bertkit.data.textfiles import read_texts
+from bertkit.data.vector_files import write_vectors
 
 L = 5  # layers of the tiny model
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.config import BertConfig
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
 
     config = BertConfig(hidden_size=32, num_hidden_layers=L, num_attention_heads=4, intermediate_size=37,
                         max_position_embeddings=64)
@@ -276,7 +276,7 @@ def test_read_texts_formats(tmp_path):
 
 
 def test_cli_embed(tiny, tmp_path, capsys):
-    from bertkit.checkpoint import save_pretrained
+    from bertkit.model.checkpoint import save_pretrained
     from bertkit.cli import main
 
     model, tok = tiny

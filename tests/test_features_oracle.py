@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from bertkit.features import embed
+from bertkit.embeddings.features import embed
 from conftest import need
 
 pytestmark = pytest.mark.oracle

@@ -9,12 +9,12 @@ import torch
 
 from bertkit import BertkitError
 from bertkit.cli import main
-from bertkit.checkpoint import GENERATOR_DIR
-from bertkit.electra import ElectraConfig
-from bertkit.electra_pretraining import ElectraPretrainingModel
-from bertkit.electra_view import show
-from bertkit.fill_mask import fill_mask
-from bertkit.tokenizer import Tokenizer
+from bertkit.model.checkpoint import GENERATOR_DIR
+from bertkit.model.electra import ElectraConfig
+from bertkit.model.electra_pretraining import ElectraPretrainingModel
+from bertkit.explain.electra_view import show
+from bertkit.explain.fill_mask import fill_mask
+from bertkit.text.tokenizer import Tokenizer
 
 WORDS = ["the", "man", "went", "to", "store", "park", "a", "dog", "ran", "##s", ".", ",", "cat", "sat", "on",
          "mat", "chef", "cooked", "ate", "meal", "big", "small", "red", "house", "tree"]
@@ -90,9 +90,9 @@ def test_an_electra_pretraining_directory_predicts_with_its_generator(tmp_path, 
 
 
 def test_checkpoints_without_an_mlm_head_say_so(tmp_path):
-    from bertkit.electra import ElectraForPreTraining
-    from bertkit.modeling import BertModel
-    from bertkit.config import BertConfig
+    from bertkit.model.electra import ElectraForPreTraining
+    from bertkit.model.modeling import BertModel
+    from bertkit.model.config import BertConfig
 
     BertModel(BertConfig(**SHAPE)).save_pretrained(tmp_path / "bert")
     Tokenizer(VOCAB).save_pretrained(tmp_path / "bert")

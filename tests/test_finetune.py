@@ -17,8 +17,8 @@ import torch
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.finetune.classification import TextTaskConfig, finetune_text, make_features, pool_windows
-from bertkit.finetune.trainer import TrainConfig, collate, length_grouped_batches, train
+from bertkit.tasks.classification import TextTaskConfig, finetune_text, make_features, pool_windows
+from bertkit.tasks.trainer import TrainConfig, collate, length_grouped_batches, train
 from bertkit.training.optim import OptimConfig
 
 WORDS = ("the movie food day service was is very really quite a an and but it this that good great fine "
@@ -30,9 +30,9 @@ POS, NEG, FILL = ["good", "great", "fine"], ["bad", "awful", "poor"], ["the movi
 
 def tiny_model_dir(path, seed=0):
     """A random tiny BERT checkpoint with the handmade vocabulary, written like a pretrained one."""
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.config import BertConfig
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
@@ -213,7 +213,7 @@ def test_mean_pooling_fine_tunes_and_predicts(tiny, sentiment_run, tmp_path):
     final = finetune_text(cfg, log=lambda s: None)
     assert final["dev"]["accuracy"] >= 0.9
     assert json.loads((tmp_path / "mean" / "config.json").read_text())["classifier_pooling"] == "mean"
-    from bertkit.finetune.predict import predict
+    from bertkit.tasks.predict import predict
     preds = predict(tmp_path / "mean", ["the food was great .", "the movie was awful ."])
     assert [p["label"] for p in preds] == ["pos", "neg"]
     with pytest.raises(BertkitError, match="unknown pooling 'max'"):
@@ -222,8 +222,8 @@ def test_mean_pooling_fine_tunes_and_predicts(tiny, sentiment_run, tmp_path):
 
 @pytest.mark.oracle
 def test_checkpoint_loads_in_transformers_with_same_logits(sentiment_run, transformers_mod):
-    from bertkit.heads import BertForSequenceClassification
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.text.tokenizer import Tokenizer
 
     d, _ = sentiment_run
     theirs = transformers_mod.BertForSequenceClassification.from_pretrained(d / "out").eval()
@@ -236,8 +236,8 @@ def test_checkpoint_loads_in_transformers_with_same_logits(sentiment_run, transf
 
 
 def test_same_seed_same_fresh_head(tiny):
-    from bertkit.finetune.run import load_head
-    from bertkit.heads import BertForSequenceClassification
+    from bertkit.tasks.run import load_head
+    from bertkit.model.heads import BertForSequenceClassification
 
     a, b, c = (load_head(BertForSequenceClassification, tiny, seed, lambda s: None, num_labels=3) for seed in (7, 7, 8))
     torch.testing.assert_close(a.classifier.weight, b.classifier.weight, rtol=0, atol=0)
@@ -267,7 +267,7 @@ def test_pair_regression_learns(tiny, tmp_path):
     config = json.loads((tmp_path / "o" / "config.json").read_text())
     assert config["num_labels"] == 1 or len(config.get("id2label", {"0": 0})) == 1
     assert config["problem_type"] == "regression"
-    from bertkit.finetune.predict import predict
+    from bertkit.tasks.predict import predict
 
     out = predict(tmp_path / "o", ["the food was good ."], pairs=["the movie was great ."])
     assert isinstance(out[0]["score"], float)
@@ -299,8 +299,8 @@ def test_multi_label_from_jsonl(tiny, tmp_path):
 # --- long inputs ---------------------------------------------------------------
 
 def test_long_texts_become_windows_and_pool(tiny):
-    from bertkit.finetune.data import TextExample
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.data.tables import TextExample
+    from bertkit.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(tiny)
     long_text = " ".join(["the movie was good ."] * 12)  # 60 tokens
@@ -351,7 +351,7 @@ def test_cli_finetune_classify(tiny, tmp_path, capsys):
 
 
 def test_one_call_api(tiny, tmp_path):
-    from bertkit.finetune import finetune
+    from bertkit.tasks import finetune
 
     t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], sentiment_rows(16, random.Random(4)))
     final = finetune("classify", train=str(t), output=str(tmp_path / "o"), model=str(tiny), max_length=24,
@@ -362,7 +362,7 @@ def test_one_call_api(tiny, tmp_path):
 
 
 def test_demo_held_out_words_never_seen_in_training():
-    from bertkit.demo import HELD_OUT_FRAMES, HELD_OUT_WORDS, TRAIN_FRAMES, TRAIN_WORDS, make_examples
+    from bertkit.cli.demo import HELD_OUT_FRAMES, HELD_OUT_WORDS, TRAIN_FRAMES, TRAIN_WORDS, make_examples
 
     train_rows = make_examples(TRAIN_WORDS, TRAIN_FRAMES, random.Random(0), 80)
     held = make_examples(HELD_OUT_WORDS, HELD_OUT_FRAMES, random.Random(1), 50)
@@ -374,7 +374,7 @@ def test_demo_held_out_words_never_seen_in_training():
 
 
 def test_demo_runs_end_to_end_on_a_tiny_model(tiny, tmp_path):
-    from bertkit.demo import NEW_SENTENCES, run_demo
+    from bertkit.cli.demo import NEW_SENTENCES, run_demo
 
     lines = []
     final = run_demo(tmp_path / "demo", model=str(tiny), epochs=1, progress=False, train_per_label=8,
@@ -391,9 +391,9 @@ def test_demo_runs_end_to_end_on_a_tiny_model(tiny, tmp_path):
 def test_an_electra_discriminator_fine_tunes_and_predicts(tmp_path):
     # `finetune --model` an ELECTRA pre-training output: the discriminator gets ELECTRA's
     # classification head, learns the keyword task, and `bertkit.predict` loads it back
-    from bertkit.electra import ElectraConfig, ElectraForPreTraining, ElectraForSequenceClassification
-    from bertkit.finetune.predict import load
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.electra import ElectraConfig, ElectraForPreTraining, ElectraForSequenceClassification
+    from bertkit.tasks.predict import load
+    from bertkit.text.tokenizer import Tokenizer
 
     src = tmp_path / "electra"
     src.mkdir()
@@ -410,6 +410,6 @@ def test_an_electra_discriminator_fine_tunes_and_predicts(tmp_path):
     assert final["dev"]["accuracy"] >= 0.9
     model = load(tmp_path / "o").model
     assert isinstance(model, ElectraForSequenceClassification)
-    from bertkit.finetune.predict import predict
+    from bertkit.tasks.predict import predict
     preds = predict(tmp_path / "o", ["the movie was great", "the food was awful"])
     assert [p["label"] for p in preds] == ["pos", "neg"]

@@ -25,9 +25,9 @@ from pretrain_support import run_cli
 from test_finetune import tiny_model_dir
 
 from bertkit.errors import BertkitError
-from bertkit.finetune import finetune
-from bertkit.finetune.config import TrainConfig
-from bertkit.sentence_layout import read_layout
+from bertkit.tasks import finetune
+from bertkit.tasks.config import TrainConfig
+from bertkit.model.sentence_layout import read_layout
 from bertkit.training.loop import KILL_AT_STEP_ENV
 from bertkit.training.optim import OptimConfig
 
@@ -211,7 +211,7 @@ def test_same_seed_same_run(data, tmp_path):
 
 
 def test_jsonl_rows_with_negative_columns_and_groups(tmp_path):
-    from bertkit.finetune.embedding import read_examples
+    from bertkit.tasks.embedding import read_examples
 
     rows = [{"anchor": "a", "positive": "b", "negative_1": "c", "negative_2": "d", "group_id": 7},
             {"anchor": "e", "positive": "", "negative_1": "g", "negative_2": "h", "group_id": 8}]

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.finetune.data import TaggedSentence, read_conll
-from bertkit.finetune.ner import NerConfig, decode, finetune_ner, make_features, word_pieces
-from bertkit.windows import best_span, spans
-from bertkit.tokenizer import Tokenizer
+from bertkit.data.tables import TaggedSentence, read_conll
+from bertkit.tasks.ner import NerConfig, decode, finetune_ner, make_features, word_pieces
+from bertkit.text.windows import best_span, spans
+from bertkit.text.tokenizer import Tokenizer
 from test_finetune import fast, tiny  # noqa: F401  (the tiny-model fixture)
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.finetune.data import QAExample, read_squad
-from bertkit.finetune.qa import QAConfig, best_answers, char_to_pieces, finetune_qa, locate_answer, make_features
-from bertkit.tokenizer import Tokenizer
+from bertkit.data.tables import QAExample, read_squad
+from bertkit.tasks.qa import QAConfig, best_answers, char_to_pieces, finetune_qa, locate_answer, make_features
+from bertkit.text.tokenizer import Tokenizer
 from test_finetune import fast, tiny  # noqa: F401
 
 

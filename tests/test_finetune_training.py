@@ -23,9 +23,9 @@ from pretrain_support import run_cli
 from test_distributed import torchrun
 from test_finetune import Bag, bag_features, sentiment_rows, tiny_model_dir, write_tsv
 
-from bertkit.finetune.classification import TextTaskConfig, finetune_text
-from bertkit.finetune.config import TrainConfig
-from bertkit.finetune.trainer import IGNORE_INDEX, EpochBatches, loss_terms, train, warn_if_trivial
+from bertkit.tasks.classification import TextTaskConfig, finetune_text
+from bertkit.tasks.config import TrainConfig
+from bertkit.tasks.trainer import IGNORE_INDEX, EpochBatches, loss_terms, train, warn_if_trivial
 from bertkit.training.loop import KILL_AT_STEP_ENV, LoopConfig, train_loop
 from bertkit.training.optim import OptimConfig
 

@@ -6,7 +6,7 @@ import torch
 
 import bertkit
 from bertkit import BertConfig, BertkitError
-from bertkit.heads import HEADS
+from bertkit.model.heads import HEADS
 
 HF_TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)

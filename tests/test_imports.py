@@ -4,11 +4,10 @@ acyclic contracts, written out here so that a failure names the import that brok
 Every `import bertkit...` / `from bertkit... import` in the package counts, at module level or
 inside a function: an import moved into a function to dodge a cycle is still a cycle.
 
-    python tests/test_imports.py        prints the figures: modules, units, import edges, cycles
+    python tests/test_imports.py        prints the figures: rooms, import edges, floors, cycles
 
-A *unit* is a top-level module or sub-package (`bertkit.features`, `bertkit.serve`), except where
-LAYERS names a module inside a package on its own (`bertkit.finetune.metrics`, which retrieval's
-evaluation shares with fine-tuning).
+A *unit* (a room) is a package (`bertkit.text`, `bertkit.serve`) or a top-level module
+(`bertkit.errors`). The layering is by packages: the tree is the architecture's diagram.
 """
 
 from __future__ import annotations
@@ -23,27 +22,18 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bertkit"
 
-# Highest first: a unit imports units of lower layers only, never one of its own layer or above.
+# The packages, highest first: a package imports packages of lower floors only, never one of its own
+# floor or above. Inside a package, modules may import each other (acyclically).
 LAYERS = [
-    ["bertkit.cli"],
-    ["bertkit.serve", "bertkit.demo"],
-    ["bertkit.finetune", "bertkit.vocab_training"],
-    ["bertkit.retrieval", "bertkit.pretraining"],
-    ["bertkit.training"],
-    ["bertkit.attention_view", "bertkit.fill_mask", "bertkit.electra_view", "bertkit.export", "bertkit.tracing"],
-    ["bertkit.features"],
-    ["bertkit.loading"],
-    ["bertkit.quantization", "bertkit.electra_pretraining"],
-    ["bertkit.fast", "bertkit.allocator"],
-    ["bertkit.electra"],
-    ["bertkit.heads"],
-    ["bertkit.modeling"],
-    ["bertkit.checkpoint", "bertkit.devices", "bertkit.pooling", "bertkit.vector_files",
-     "bertkit.finetune.metrics", "bertkit.finetune.data"],
-    ["bertkit.tokenizer", "bertkit.config", "bertkit.sentence_layout"],
-    ["bertkit.chunked_attention", "bertkit.tokenizer_speed", "bertkit.basic_tokenizer", "bertkit.wordpiece", "bertkit.vocab", "bertkit.windows",
-     "bertkit.default_model"],
-    ["bertkit.workers", "bertkit.textfiles", "bertkit.options", "bertkit.dropout", "bertkit.cross_entropy"],
+    ["bertkit.cli"],                                  # the commands
+    ["bertkit.serve"],                                # HTTP serving
+    ["bertkit.tasks"],                                # fine-tuning tasks: train, predict, rerank, embed
+    ["bertkit.retrieval", "bertkit.pretraining"],     # index/search/evaluate; pre-training data and runs
+    ["bertkit.explain"],                              # tracing, attention pictures, fill-mask
+    ["bertkit.embeddings", "bertkit.training"],       # pooling/features/losses; the training loop
+    ["bertkit.runtime"],                              # devices, fast path, int8, the loader, export
+    ["bertkit.model", "bertkit.text"],                # the encoder and heads; the tokenizer's stages
+    ["bertkit.data", "bertkit.metrics", "bertkit.options", "bertkit.default_model"],
     ["bertkit.errors"],
 ]
 ORACLES = ("transformers", "tokenizers", "sentence_transformers", "pytrec_eval")
@@ -83,8 +73,8 @@ def graph() -> tuple[set[str], dict[str, dict[str, int]], dict[str, list]]:
 
 
 def unit(module: str) -> str:
-    named = [u for layer in LAYERS for u in layer if module == u or module.startswith(u + ".")]
-    return max(named, key=len) if named else ".".join(module.split(".")[:2])
+    """The package (or top-level module) a module belongs to: `bertkit.text.tokenizer` -> `bertkit.text`."""
+    return ".".join(module.split(".")[:2])
 
 
 def cycles(nodes, edges) -> list[list[str]]:
@@ -149,30 +139,44 @@ def test_layers_import_only_downwards():
     assert wrong == []
 
 
-# Issue 25 counted 135 import edges among 33 units (4.09 per unit) before the inference side was
-# reorganised; after it, `python tests/test_imports.py` printed 41 units and 156 edges (3.80 per unit).
-MAX_EDGES_PER_UNIT = 3.9
+# Before the house was rebuilt (issue 36): 354 import edges among 102 modules (3.47 per module) in
+# 13 floors; the move into packages keeps the module edges per module at or below that, in fewer floors.
+MAX_EDGES_PER_MODULE = 354 / 102
+MAX_FLOORS = 10
 
 
-def test_units_import_fewer_units_than_before_the_inference_rework():
+def floors(nodes, between) -> dict[str, int]:
+    """Each unit's floor: 0 for a unit that imports no other, else one above the highest it imports."""
+    memo = {}
+
+    def floor(u):
+        if u not in memo:
+            memo[u] = 1 + max((floor(v) for v in between.get(u, ())), default=-1)
+        return memo[u]
+
+    return {u: floor(u) for u in nodes}
+
+
+def test_modules_import_no_more_than_before_the_house_and_in_fewer_floors():
     modules, edges, _ = graph()
+    n_edges = sum(len(v) for v in edges.values())
+    assert n_edges / len(modules) <= MAX_EDGES_PER_MODULE, figures()
     units = {unit(m) for m in modules}
-    n_edges = sum(len(v) for v in unit_edges(edges).values())
-    assert n_edges / len(units) <= MAX_EDGES_PER_UNIT, figures()
+    assert max(floors(units, unit_edges(edges)).values()) + 1 <= MAX_FLOORS, figures()
 
 
 def test_the_loader_is_a_chain_over_the_model_files():
-    """bertkit.loading reads a directory through checkpoint, places it through devices, swaps its dense
+    """bertkit.runtime.loading reads a directory through checkpoint, places it through devices, swaps its dense
     layers through quantization (int8, then the fast path: one call) and reads the layout and the
     vocabulary; it never reaches up to what uses it, nor around quantization to the fast path."""
     _, edges, _ = graph()
-    allowed = {"bertkit.checkpoint", "bertkit.devices", "bertkit.electra", "bertkit.electra_pretraining",
-               "bertkit.errors", "bertkit.heads", "bertkit.modeling", "bertkit.quantization", "bertkit.sentence_layout",
-               "bertkit.tokenizer"}
-    assert set(edges["bertkit.loading"]) <= allowed
+    allowed = {"bertkit.model.checkpoint", "bertkit.runtime.devices", "bertkit.model.electra", "bertkit.model.electra_pretraining",
+               "bertkit.errors", "bertkit.model.heads", "bertkit.model.modeling", "bertkit.runtime.quantization", "bertkit.model.sentence_layout",
+               "bertkit.text.tokenizer"}
+    assert set(edges["bertkit.runtime.loading"]) <= allowed
     # features runs the encoder over windows; it hands the vectors to pooling and the cuts to windows
-    assert set(edges["bertkit.features"]) <= {"bertkit.errors", "bertkit.loading", "bertkit.pooling",
-                                              "bertkit.windows"}
+    assert set(edges["bertkit.embeddings.features"]) <= {"bertkit.errors", "bertkit.runtime.loading", "bertkit.embeddings.pooling",
+                                              "bertkit.text.windows"}
 
 
 def test_the_library_never_imports_the_oracles():
@@ -182,11 +186,11 @@ def test_the_library_never_imports_the_oracles():
 
 @pytest.mark.parametrize("reader", [".from_pretrained(", "load_quantized(", '"architectures"'])
 def test_model_directories_are_read_in_one_place(reader):
-    """Inference loads through bertkit.loading; the directory's format is read by bertkit.checkpoint
-    (config.json's fields by bertkit.config, the int8 file by bertkit.quantization). Training builds its models itself (the pre-training
+    """Inference loads through bertkit.runtime.loading; the directory's format is read by bertkit.model.checkpoint
+    (config.json's fields by bertkit.model.config, the int8 file by bertkit.runtime.quantization). Training builds its models itself (the pre-training
     and fine-tuning runs), and a class's own `from_pretrained` is where it is defined."""
-    allowed = {"bertkit/loading.py", "bertkit/checkpoint.py", "bertkit/quantization.py", "bertkit/config.py",
-               "bertkit/pretraining/train.py", "bertkit/finetune/run.py", "bertkit/electra_pretraining.py",
+    allowed = {"bertkit/runtime/loading.py", "bertkit/model/checkpoint.py", "bertkit/runtime/quantization.py", "bertkit/model/config.py",
+               "bertkit/pretraining/train.py", "bertkit/tasks/run.py", "bertkit/model/electra_pretraining.py",
                "bertkit/cli/model.py"}
     found = set()
     for path in PACKAGE.rglob("*.py"):
@@ -206,9 +210,14 @@ def figures() -> str:
     units = {unit(m) for m in modules}
     between = unit_edges(edges)
     n_unit_edges = sum(len(v) for v in between.values())
-    return (f"{len(modules)} modules, {sum(len(v) for v in edges.values())} import edges between modules; "
-            f"{len(units)} units, {n_unit_edges} import edges between units ({n_unit_edges / len(units):.2f} per "
-            f"unit); module cycles {cycles(modules, edges)}, unit cycles {cycles(units, between)}")
+    n_edges = sum(len(v) for v in edges.values())
+    by_floor = collections.defaultdict(list)
+    for u, f in floors(units, between).items():
+        by_floor[f].append(u.removeprefix("bertkit."))
+    plan = "\n".join(f"  floor {f}: {', '.join(sorted(by_floor[f]))}" for f in sorted(by_floor, reverse=True))
+    return (f"{len(modules)} modules, {n_edges} import edges between modules ({n_edges / len(modules):.2f} per "
+            f"module); {len(units)} rooms, {n_unit_edges} import edges between rooms; {len(by_floor)} floors; "
+            f"module cycles {cycles(modules, edges)}, room cycles {cycles(units, between)}\n{plan}")
 
 
 if __name__ == "__main__":

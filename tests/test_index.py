@@ -19,17 +19,17 @@ import torch
 import bertkit
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.retrieval.beir import document_text
+from bertkit.data.beir import document_text
 from bertkit.retrieval.index import build_index, open_index
 from bertkit.retrieval.passages import Document, cut_all, read_documents
-from bertkit.tokenizer import Tokenizer
+from bertkit.text.tokenizer import Tokenizer
 
 TOKENS, OVERLAP = 32, 6
 
 
 def make_tiny(path, seed=0):
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
+    from bertkit.model.config import BertConfig
+    from bertkit.model.modeling import BertModel
 
     config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                         max_position_embeddings=64)

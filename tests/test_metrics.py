@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.finetune.metrics import (
+from bertkit.metrics.tasks import (
     accuracy,
     confusion_matrix,
     entity_scores,

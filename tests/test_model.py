@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertkit import BertConfig, BertkitError, BertModel
-from bertkit.modeling import additive_mask
+from bertkit.model.modeling import additive_mask
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
@@ -36,7 +36,7 @@ def padded_batch(seed=0, B=4, T=13, vocab=99):
 
 @pytest.fixture(scope="module")
 def real_batch(shared_data, default_model_dir):
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     header, *rows = (shared_data / "mrpc" / "dev.tsv").read_text(encoding="utf-8").split("\n")
     pairs = [dict(zip(header.split("\t"), r.split("\t"))) for r in rows[:6]]
@@ -65,7 +65,7 @@ def default_model():
 
 @pytest.fixture(scope="module")
 def fast_default_model():
-    from bertkit.fast import accelerate
+    from bertkit.runtime.fast import accelerate
 
     return accelerate(BertModel.from_pretrained())
 
@@ -78,13 +78,13 @@ def test_default_model_matches_transformers(real_batch, oracle_models, default_m
                                             onednn, monkeypatch):
     """Each of our paths against transformers' same path, every layer, within 1e-5 at the real
     tokens. The plain model (nn.Linear: the kernels transformers uses) matches at padding
-    positions too; after bertkit.fast.accelerate (oneDNN matmuls) padding outputs, which
+    positions too; after bertkit.runtime.fast.accelerate (oneDNN matmuls) padding outputs, which
     nothing reads, differ by summation order (~1e-4) and only real tokens are compared.
     Against the other attention path: real tokens only, as padding differs by summation
     order there too."""
-    import bertkit.fast
+    import bertkit.runtime.fast
 
-    monkeypatch.setattr(bertkit.fast, "_enabled", True)  # oneDNN, whichever kernel won the race here
+    monkeypatch.setattr(bertkit.runtime.fast, "_enabled", True)  # oneDNN, whichever kernel won the race here
     model = fast_default_model if onednn else default_model
     model.config.attn_implementation = attn
     other = {"sdpa": "eager", "eager": "sdpa"}[attn]
@@ -134,7 +134,7 @@ def test_attentions_match_transformers(real_batch, oracle_model, default_model):
 
 def test_the_plain_model_runs_the_fused_kernel_unless_weights_are_asked_for(monkeypatch):
     """No shape threshold in the model: "sdpa" is the fused kernel at any size (the shape rule
-    that sends small inputs to the explicit path is bertkit.fast's, tested there)."""
+    that sends small inputs to the explicit path is bertkit.runtime.fast's, tested there)."""
     model = tiny_model()
     ids, mask, types = padded_batch()  # 4 x 13: tiny
     calls = []
@@ -296,7 +296,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inference_stays_close(default_model, dtype):
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained()
     batch = tok.encode_batch(["The quick brown fox jumps over the lazy dog.", "Short one."], return_tensors="pt")

@@ -63,7 +63,7 @@ def test_the_cli_leaves_a_hugging_face_checkpoint_with_its_vocab(nsp_data, tmp_p
 
 @pytest.mark.oracle
 def test_transformers_loads_the_result_and_agrees(nsp_data, tmp_path, transformers_mod):
-    from bertkit.heads import BertForPreTraining, BertForSequenceClassification
+    from bertkit.model.heads import BertForPreTraining, BertForSequenceClassification
     from bertkit.pretraining.dataset import PretrainingDataset
 
     data, config = nsp_data
@@ -108,8 +108,8 @@ def test_mlm_only_lamb_bf16_cosine(shared_data, tmp_path):
 def test_mlm_accuracy_counts_the_same_for_both_pre_training_heads():
     # BertForMaskedLM and BertForPreTraining with the same encoder and MLM head must count the
     # same correct predictions, and both must equal a count from the full [B, T, V] logits
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForMaskedLM, BertForPreTraining
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=16)
@@ -169,8 +169,8 @@ def test_a_diverging_run_stops_with_the_step_and_batch_named(nsp_data, tmp_path)
 
 def test_init_from_continues_a_checkpoint_on_other_data(nsp_data, shared_data, tmp_path):
     # continued (domain-adaptive) pre-training: an MLM + NSP run's weights go on with MLM alone
-    from bertkit.checkpoint import hf_state_dict
-    from bertkit.heads import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification
+    from bertkit.model.checkpoint import hf_state_dict
+    from bertkit.model.heads import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification
 
     data, config = nsp_data
     first = tmp_path / "first"

@@ -278,7 +278,7 @@ def test_dynamic_word_masking_is_reproducible_from_the_generator(masking):
 @pytest.mark.oracle
 def test_padding_matches_transformers(transformers_mod, default_model_dir):
     """Our padded input_ids / attention_mask equal DataCollatorForLanguageModeling's (mlm=False pads only)."""
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(default_model_dir)
     hf_tok = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))

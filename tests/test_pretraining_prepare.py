@@ -400,7 +400,7 @@ def test_a_second_run_in_one_process_uses_its_own_vocabulary(tmp_path):
 
 
 def test_a_latin1_corpus_stops_with_the_fix_and_reads_with_encoding(tmp_path, capsys):
-    from bertkit.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab
+    from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab
 
     sentences = ["Le café était chaud ce matin.", "Nous avons parlé de la forêt.", "Où est la clé de l'école ?",
                  "Un été à la mer, déjà fini.", "Ça suffit pour aujourd'hui, à demain."]

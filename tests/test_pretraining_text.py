@@ -10,10 +10,10 @@ import gzip
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.pretraining import corpus as corpus_mod
-from bertkit.pretraining.corpus import CorpusStats, iter_documents
-from bertkit.textfiles import corpus_files as list_input_files
-from bertkit.pretraining.sentences import split_sentences
+from bertkit.data import corpus as corpus_mod
+from bertkit.data.corpus import CorpusStats, iter_documents
+from bertkit.data.textfiles import corpus_files as list_input_files
+from bertkit.data.sentences import split_sentences
 
 
 # --- sentence splitter -------------------------------------------------------------------

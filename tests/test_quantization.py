@@ -1,4 +1,4 @@
-"""int8 inference (bertkit.quantization): which layers become int8, how close the
+"""int8 inference (bertkit.runtime.quantization): which layers become int8, how close the
 outputs stay, the saved format, and `int8=True` / `--int8` on embed and predict.
 
 Tolerances, measured: on the tiny model (hidden 32, intermediate 37, 2 layers,
@@ -16,17 +16,17 @@ import pytest
 import torch
 
 import bertkit
-import bertkit.fast
+import bertkit.runtime.fast
 from bertkit import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
                      BertModel)
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.fast import accelerate
-from bertkit.finetune.predict import predict
-from bertkit.modeling import BertLayer
-from bertkit.checkpoint import INT8_WEIGHTS
-from bertkit.devices import holds_int8
-from bertkit.quantization import Int8Linear, load_quantized, quantize, save_quantized
+from bertkit.runtime.fast import accelerate
+from bertkit.tasks.predict import predict
+from bertkit.model.modeling import BertLayer
+from bertkit.model.checkpoint import INT8_WEIGHTS
+from bertkit.runtime.devices import holds_int8
+from bertkit.runtime.quantization import Int8Linear, load_quantized, quantize, save_quantized
 from test_finetune import sentiment_run, tiny  # noqa: F401
 
 with warnings.catch_warnings():
@@ -122,8 +122,8 @@ def dense_modules(model):
 
 @pytest.fixture
 def per_token(request, monkeypatch):
-    """Force the activation rule (bertkit.fast rule 5) to `request.param`, whatever this CPU has."""
-    monkeypatch.setattr(bertkit.fast, "_per_token", request.param)
+    """Force the activation rule (bertkit.runtime.fast rule 5) to `request.param`, whatever this CPU has."""
+    monkeypatch.setattr(bertkit.runtime.fast, "_per_token", request.param)
     return request.param
 
 
@@ -163,14 +163,14 @@ def test_per_token_int8_is_the_integer_arithmetic_done_by_hand(per_token):
 def test_activation_rule_by_the_cpu(monkeypatch):
     import dataclasses
 
-    real = bertkit.fast.cpu_features()
-    monkeypatch.setattr(bertkit.fast, "_per_token", None)
+    real = bertkit.runtime.fast.cpu_features()
+    monkeypatch.setattr(bertkit.runtime.fast, "_per_token", None)
     for flags, expected in ((("avx2", "fma", "avx512f", "avx512_vnni", "amx_int8"), True),  # AMX Xeon
                             (("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"), True),  # Zen 4
                             (("avx2", "fma", "avx_vnni"), True),  # Alder Lake
                             (("avx2", "fma", "avx512f"), False), (("avx2", "fma"), False)):
-        monkeypatch.setattr(bertkit.fast, "cpu_features", lambda flags=flags: dataclasses.replace(real, flags=flags))
-        assert bertkit.fast.int8_per_token() is expected, flags
+        monkeypatch.setattr(bertkit.runtime.fast, "cpu_features", lambda flags=flags: dataclasses.replace(real, flags=flags))
+        assert bertkit.runtime.fast.int8_per_token() is expected, flags
 
 
 FLOOR_TEXTS = REAL_TEXTS + ["it 's a charming and often affecting journey . ", "unflinchingly bleak and desperate ",
@@ -184,7 +184,7 @@ def test_per_token_int8_keeps_every_token_of_the_default_model(default_model_dir
     text set (one padded batch). Measured: per token 0.991, per call (7 bits) 0.914 on these
     texts; on the SST-2 dev set 0.982 and 0.821 against ONNX Runtime int8's 0.95
     (bench/int8_layers.py, bench/bench_model.py). The floor is ONNX Runtime's."""
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     batch = Tokenizer.from_pretrained(default_model_dir).encode_batch(FLOOR_TEXTS, return_tensors="pt")
     batch = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -300,7 +300,7 @@ def test_predict_int8_keeps_the_labels_and_loads_a_saved_int8_model(sentiment_ru
     gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(float32, int8) for k in a["probabilities"])
     assert 0 < gap < 0.1
     # saved int8, with the task file beside it, predicts exactly what int8=True does
-    from bertkit.finetune.predict import load
+    from bertkit.tasks.predict import load
 
     loaded = load(d / "out", int8=True)
     model, tok = loaded.model, loaded.tokenizer
@@ -313,8 +313,8 @@ def test_predict_int8_keeps_the_labels_and_loads_a_saved_int8_model(sentiment_ru
 
 
 def test_dense_ops_is_quantize_then_accelerate_in_one_step():
-    from bertkit.fast import FastLinear
-    from bertkit.quantization import dense_ops
+    from bertkit.runtime.fast import FastLinear
+    from bertkit.runtime.quantization import dense_ops
 
     ids, mask, types = inputs()
 

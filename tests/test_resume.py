@@ -77,9 +77,9 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(straigh
 def test_a_continued_run_resumes_without_its_sources(shared_data, tmp_path):
     # --init-from and --config only shape the model before the first checkpoint; a resumed run
     # takes the architecture the checkpoint recorded, so neither has to exist any more
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForMaskedLM
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForMaskedLM
+    from bertkit.text.tokenizer import Tokenizer
 
     data = make_prepared_data(shared_data, tmp_path, objective="none")
     source = tmp_path / "source"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.retrieval.beir import document_text, load_beir, training_pairs
+from bertkit.data.beir import document_text, load_beir, training_pairs
 
 
 def scifact_slice(shared_data: Path, out: Path, n_queries: int = 12, n_extra: int = 30) -> Path:

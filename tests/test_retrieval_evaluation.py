@@ -11,10 +11,10 @@ import pytest
 from conftest import need
 from test_retrieval_beir import scifact_slice
 from bertkit.errors import BertkitError
-from bertkit.retrieval.beir import document_text, load_beir
+from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import bm25_run
 from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts, read_sts
-from bertkit.retrieval.metrics import DEFAULT_MEASURES, evaluate_run
+from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run
 
 
 def oracle(module: str):
@@ -116,8 +116,8 @@ def test_pipeline_equals_numpy_and_pytrec_eval(small_scifact, tiny_dir):
 
 
 def test_a_loaded_pair_and_the_bm25_baseline(small_scifact, tiny_dir):
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
 
     need(importlib.util.find_spec("bm25s") is not None, "bm25s (the search extra) is not installed")
     model = BertModel.from_pretrained(tiny_dir).train()

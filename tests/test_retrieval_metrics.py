@@ -6,7 +6,7 @@ import random
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.retrieval.metrics import evaluate_run, ndcg_at_k, per_query, ranking
+from bertkit.metrics.retrieval import evaluate_run, ndcg_at_k, per_query, ranking
 
 # ours -> pytrec_eval's measure name (MRR@k: recip_rank, cut below by hand)
 TREC = {"ndcg@10": "ndcg_cut_10", "ndcg@3": "ndcg_cut_3", "map@100": "map_cut_100", "map@5": "map_cut_5",

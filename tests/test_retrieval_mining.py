@@ -62,7 +62,7 @@ def test_bad_options_are_refused():
 
 def test_mining_a_scifact_slice_with_a_tiny_model(shared_data, tmp_path, tiny_dir):
     import bertkit
-    from bertkit.retrieval.beir import document_text, load_beir
+    from bertkit.data.beir import document_text, load_beir
 
     folder = scifact_slice(shared_data, tmp_path / "sf", n_queries=10, n_extra=25)
     options = MiningOptions(num_negatives=2, relative_margin=0.01)

@@ -11,7 +11,7 @@ from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.finetune.rerank import pair_scores, rerank, reranker
+from bertkit.tasks.rerank import pair_scores, rerank, reranker
 from bertkit.retrieval.index import FORMAT, build_index, open_index
 from bertkit.retrieval.search import best_documents, embed_queries, query_encoder, search
 
@@ -166,9 +166,9 @@ def test_another_model_is_refused_naming_both(built, tiny, tmp_path):
 
 def cross_encoder(path, task, num_labels):
     """A random cross-encoder saved as `bertkit finetune regression|pair` saves one."""
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForSequenceClassification
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.text.tokenizer import Tokenizer
 
     config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                         max_position_embeddings=64, num_labels=num_labels)
@@ -183,7 +183,7 @@ def cross_encoder(path, task, num_labels):
 
 @pytest.mark.parametrize("task,labels", [("regression", 1), ("pair", 2)])
 def test_rerank_orders_the_top_by_the_cross_encoders_score(built, tmp_path, task, labels):
-    from bertkit.finetune.predict import predict
+    from bertkit.tasks.predict import predict
 
     model = cross_encoder(tmp_path / task, task, labels)
     first = search(open_index(built), QUERIES[:1], k=6, dtype="float32")[0]

@@ -19,10 +19,10 @@ import pytest
 from test_finetune import WORDS, tiny_model_dir
 
 from bertkit.errors import BertkitError
-from bertkit.features import embed
-from bertkit.modeling import BertModel
-from bertkit.sentence_layout import SentenceLayout, read_layout, write_layout
-from bertkit.tokenizer import Tokenizer
+from bertkit.embeddings.features import embed
+from bertkit.model.modeling import BertModel
+from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
+from bertkit.text.tokenizer import Tokenizer
 
 TEXTS = ["the movie was good", "john visited paris and london", "who went to the city ?",
          " ".join(WORDS[:40])]  # longer than the max_seq_length below: truncation must agree
@@ -137,9 +137,9 @@ def test_no_torch_needed():
     import subprocess
     import sys
 
-    code = ("import sys, bertkit.sentence_layout; "
+    code = ("import sys, bertkit.model.sentence_layout; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "bertkit.sentence_layout imported torch"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "bertkit.model.sentence_layout imported torch"
 
 
 def test_vectors_differ_between_models(tiny, tmp_path):

@@ -114,9 +114,9 @@ def metric(port, name) -> float:
 
 
 def encoder_dir(path):
-    from bertkit.config import BertConfig
-    from bertkit.modeling import BertModel
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.model.config import BertConfig
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
 
     config = BertConfig(hidden_size=32, num_hidden_layers=5, num_attention_heads=4, intermediate_size=37,
                         max_position_embeddings=64)
@@ -127,7 +127,7 @@ def encoder_dir(path):
 def task_dir(path, tiny, head: str, info: dict, labels=None):
     """An untrained task head on the tiny model, saved the way `bertkit finetune` saves its output."""
     import bertkit
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     overrides = {"id2label": dict(enumerate(labels))} if labels else {}
     with warnings.catch_warnings():
@@ -264,7 +264,7 @@ def close_to(got, expected, native_bf16: bool) -> None:
 
 def test_openai_client_round_trip_on_the_default_model(servers):
     import bertkit
-    from bertkit.devices import cpu_features
+    from bertkit.runtime.devices import cpu_features
 
     openai = pytest.importorskip("openai")
     port = servers["default"].port
@@ -278,7 +278,7 @@ def test_openai_client_round_trip_on_the_default_model(servers):
     expected = bertkit.embed(TEXTS, normalize=True)
     close_to(got, expected, native)
     assert [d.index for d in response.data] == list(range(len(TEXTS)))
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained()
     n_tokens = sum(len(tok.encode(t).input_ids) for t in TEXTS)
@@ -323,7 +323,7 @@ def test_dimensions_need_matryoshka_dimensions_in_the_model(servers):
 
 @pytest.mark.parametrize("server", ["main", "pair"])
 def test_tokenize_answers_as_tei_from_the_models_tokenizer(servers, dirs, server):
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(dirs["encoder" if server == "main" else "pair"])
     texts = ["Naïve café-goers, unaffable!", "The cat sat."]
@@ -382,7 +382,7 @@ def test_rerank_sorts_by_the_pair_score(servers, dirs):
 
 def test_ner_entities_carry_character_offsets(servers, dirs):
     import bertkit
-    from bertkit.finetune.metrics import get_entities
+    from bertkit.metrics.tasks import get_entities
 
     texts = ["john  visited paris and london in the day", "mary went to berlin . the city was new and old"]
     status, _, preds = post(servers["ner"].port, "/predict", {"inputs": texts}, {})

@@ -19,7 +19,7 @@ from test_serve import Server, call, metric
 
 from bertkit.cli import main
 from bertkit.retrieval.index import build_index
-from bertkit.sentence_layout import write_layout
+from bertkit.model.sentence_layout import write_layout
 
 QUERIES = ["vitamin D deficiency and bone fractures", "gene expression in stem cells",
            # past the server's --max-input-length 24 and the index's 48: cut at 48, as bertkit search cuts it

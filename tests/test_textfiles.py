@@ -1,12 +1,12 @@
-"""User text files (bertkit.textfiles): the one corpus finder, strict UTF-8 with byte offsets."""
+"""User text files (bertkit.data.textfiles): the one corpus finder, strict UTF-8 with byte offsets."""
 
 import gzip
 
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.textfiles import corpus_files, existing_file, first_invalid_utf8, read_text
-from bertkit.vocab_training import VocabTrainingConfig, train_vocab_from_files
+from bertkit.data.textfiles import corpus_files, existing_file, first_invalid_utf8, read_text
+from bertkit.text.vocab_training import VocabTrainingConfig, train_vocab_from_files
 
 
 def test_first_invalid_utf8_finds_the_byte(tmp_path):

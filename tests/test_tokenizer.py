@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from bertkit.basic_tokenizer import basic_words, is_control, is_punctuation, is_whitespace
+from bertkit.text.basic_tokenizer import basic_words, is_control, is_punctuation, is_whitespace
 from bertkit.errors import BertkitError
-from bertkit.tokenizer import Tokenizer, format_encoding
-from bertkit.wordpiece import wordpiece
+from bertkit.text.tokenizer import Tokenizer, format_encoding
+from bertkit.text.wordpiece import wordpiece
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # the vocabulary of the original tokenization_test.py (plus the two specials it lacks)

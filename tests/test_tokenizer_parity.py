@@ -21,7 +21,7 @@ import os
 
 import pytest
 
-from bertkit.tokenizer import Tokenizer
+from bertkit.text.tokenizer import Tokenizer
 
 pytestmark = [pytest.mark.oracle, pytest.mark.data]
 

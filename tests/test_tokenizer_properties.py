@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bertkit.basic_tokenizer import basic_words
-from bertkit.tokenizer import Tokenizer
-from bertkit.wordpiece import wordpiece_spans
+from bertkit.text.basic_tokenizer import basic_words
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.wordpiece import wordpiece_spans
 
 # Any code point except surrogates (not valid in str->UTF-8); bias towards the
 # interesting ones: ASCII, Latin-1 accents, combining marks, CJK, controls.

@@ -1,13 +1,13 @@
-"""The tokenizer's speed measures (bertkit.tokenizer_speed) change no output."""
+"""The tokenizer's speed measures (bertkit.text.tokenizer_speed) change no output."""
 
 import gc
 import pickle
 
 import pytest
 
-from bertkit import tokenizer_speed
-from bertkit.tokenizer import Tokenizer
-from bertkit.tokenizer_speed import WordCache, gc_paused
+from bertkit.text import tokenizer_speed
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.tokenizer_speed import WordCache, gc_paused
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "hello", ",", "world"]
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from bertkit import BertkitError
-from bertkit.config import BertConfig
-from bertkit.modeling import BertModel
-from bertkit.tokenizer import Tokenizer
-from bertkit.tracing import TENSORS, trace
+from bertkit.model.config import BertConfig
+from bertkit.model.modeling import BertModel
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.explain.tracing import TENSORS, trace
 
 WORDS = ["the", "bank", "of", "river", "money", "flooded", "lent", "me", "some", "##s", ".", ","]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
@@ -114,7 +114,7 @@ def test_tiny_model_is_left_as_it_was(tiny):
 
 
 def test_default_model_layer_by_hand(default_model_dir):
-    from bertkit.tracing import load
+    from bertkit.explain.tracing import load
 
     t = trace("The bank of the river flooded after the storm.", layer=4, head=7)
     model, _ = load(None)

@@ -3,8 +3,8 @@
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.tokenizer import Tokenizer
-from bertkit.vocab import SPECIAL_TOKENS, load_vocab, save_vocab
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.vocab import SPECIAL_TOKENS, load_vocab, save_vocab
 
 GOOD = list(SPECIAL_TOKENS) + ["the", "##s", "cat"]
 

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.tokenizer import Tokenizer
-from bertkit.vocab import SPECIAL_TOKENS, load_vocab
-from bertkit.vocab_training import VocabTrainingConfig, count_words, learn_vocab, train_vocab, train_vocab_from_files
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.vocab import SPECIAL_TOKENS, load_vocab
+from bertkit.text.vocab_training import VocabTrainingConfig, count_words, learn_vocab, train_vocab, train_vocab_from_files
 
 TRAIN_BOOKS = slice(0, None, 17)  # 6 of the 102 books, spread over the authors
 HELD_OUT_BOOKS = slice(8, None, 17)  # 6 other books
@@ -130,7 +130,7 @@ def test_cli_vocab_train_reads_a_latin1_corpus_with_encoding(tmp_path, capsys):
 
 
 def test_stray_bad_bytes_are_repaired_and_counted_not_fatal(tmp_path):
-    from bertkit.pretraining.corpus import CorpusStats
+    from bertkit.data.corpus import CorpusStats
 
     corpus = tmp_path / "crawl.txt"
     # two bad lines in five: a damaged UTF-8 file, not another encoding

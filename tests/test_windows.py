@@ -1,4 +1,4 @@
-"""Sliding windows and the max-context rule (bertkit.windows), checked by hand.
+"""Sliding windows and the max-context rule (bertkit.text.windows), checked by hand.
 
 `stride` is the overlap everywhere: the windows of the tokenizer's overflow,
 of embed, NER and QA all come from `spans`, and the expected windows below are
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.config import BertConfig
+from bertkit.model.config import BertConfig
 from bertkit.errors import BertkitError
-from bertkit.features import embed
-from bertkit.modeling import BertModel
-from bertkit.tokenizer import Tokenizer
-from bertkit.windows import best_span, half_window, max_context_owner, spans
+from bertkit.embeddings.features import embed
+from bertkit.model.modeling import BertModel
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.windows import best_span, half_window, max_context_owner, spans
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_embed_stride_is_the_overlap(tiny):
 
 
 def test_shape_by_hand():
-    from bertkit.windows import Shape, shape
+    from bertkit.text.windows import Shape, shape
 
     # a sentence model's preset length (max_seq_length 256 of 512 positions) truncates there
     assert shape(512, 256) == Shape(256, half_window(254), True)

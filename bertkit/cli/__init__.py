@@ -4,7 +4,7 @@ Each command parses its arguments, calls one library function and prints the
 result. Imports happen inside the handlers so that `bertkit --help` and the
 tokenizer commands start without loading torch. A user mistake (BertkitError,
 a missing file) prints one line on stderr and exits with status 2, never a
-traceback; user files are opened through `bertkit.textfiles`, so a directory or
+traceback; user files are opened through `bertkit.data.textfiles`, so a directory or
 a file that is not UTF-8 text gets that one line too.
 
 One module per area (`text`: tokenizer and vocabularies, `model`, `pretrain`,
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     if argv is None:  # the `bertkit` command owns its process: let big activations reuse freed memory
         import warnings
 
-        from bertkit.allocator import reuse_freed_memory
+        from bertkit.runtime.allocator import reuse_freed_memory
 
         reuse_freed_memory()
         warnings.formatwarning = _warning_line

@@ -86,7 +86,7 @@ def run_evaluate_retrieval(args):
     from functools import partial
 
     from bertkit.errors import BertkitError
-    from bertkit.finetune.rerank import rerank, reranker
+    from bertkit.tasks.rerank import rerank, reranker
     from bertkit.retrieval.evaluation import evaluate_retrieval
 
     if args.index is None and (args.rerank or args.ann):

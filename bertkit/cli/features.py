@@ -45,10 +45,10 @@ def add_embed(sub):
 
 
 def run_embed(args):
-    from bertkit.features import iter_embed
-    from bertkit.loading import load
-    from bertkit.textfiles import read_texts
-    from bertkit.vector_files import write_vectors
+    from bertkit.embeddings.features import iter_embed
+    from bertkit.runtime.loading import load
+    from bertkit.data.textfiles import read_texts
+    from bertkit.data.vector_files import write_vectors
 
     options = from_args(args, EmbedOptions)
     loaded = load(args.model, head="encoder", device=args.device, dtype=args.dtype, int8=args.int8)
@@ -91,7 +91,7 @@ def add_attention(sub):
 
 
 def run_attention(args):
-    from bertkit.attention_view import attention_map, find_token, save_bertviz, save_html, save_png
+    from bertkit.explain.attention_view import attention_map, find_token, save_bertviz, save_html, save_png
 
     if args.head == "mean":
         head = "mean"

@@ -14,7 +14,7 @@ TASK_HELP = {
 
 
 def add_finetune(sub):
-    from bertkit.finetune import TASKS
+    from bertkit.tasks import TASKS
     from bertkit.options import add_options
 
     p = sub.add_parser(
@@ -46,7 +46,7 @@ def add_finetune(sub):
 
 
 def run_finetune(args):
-    from bertkit.finetune import format_report, run_task, task_config
+    from bertkit.tasks import format_report, run_task, task_config
     from bertkit.options import from_args
 
     cfg = from_args(args, *task_config(args.task))
@@ -87,7 +87,7 @@ def add_predict(sub):
 
 
 def run_predict(args):
-    from bertkit.finetune.predict import format_metrics, predict_file
+    from bertkit.tasks.predict import format_metrics, predict_file
 
     result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
                           text_pair_column=args.text_pair_column, label_column=args.label_column,
@@ -115,6 +115,6 @@ def add_demo(sub):
 
 
 def run_demo(args):
-    from bertkit.demo import run_demo as demo
+    from bertkit.cli.demo import run_demo as demo
 
     demo(args.output, model=args.model, epochs=args.epochs, seed=args.seed, progress=not args.no_progress)

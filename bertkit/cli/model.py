@@ -69,7 +69,7 @@ def add_export(sub):
 
 
 def run_export_onnx(args):
-    from bertkit.export import export_onnx
+    from bertkit.runtime.export import export_onnx
 
     report = export_onnx(None if args.model_dir == "default" else args.model_dir, args.output, opset=args.opset)
     print(report.describe())

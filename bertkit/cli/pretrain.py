@@ -126,7 +126,7 @@ def add_fill_mask(sub):
 def run_fill_mask(args):
     from dataclasses import asdict
 
-    from bertkit.fill_mask import fill_mask, format_predictions, load_mlm
+    from bertkit.explain.fill_mask import fill_mask, format_predictions, load_mlm
 
     model = load_mlm(args.model, device=args.device, dtype=args.dtype)
     predictions = fill_mask(model, args.text, top_k=args.top_k, pair=args.pair)
@@ -162,7 +162,7 @@ def add_electra(sub):
 def run_electra_show(args):
     from dataclasses import asdict
 
-    from bertkit.electra_view import format_rows, show
+    from bertkit.explain.electra_view import format_rows, show
 
     rows = show(args.model, args.text, mask_prob=args.mask_prob, seed=args.seed)
     if args.json:

@@ -138,7 +138,7 @@ def add_search(sub):
 
 def _queries(args) -> list[str]:
     from bertkit.errors import BertkitError
-    from bertkit.textfiles import existing_file, open_text
+    from bertkit.data.textfiles import existing_file, open_text
 
     if (args.query is None) == (args.queries is None):
         raise BertkitError("give one QUERY or --queries FILE (one query per line)")
@@ -163,7 +163,7 @@ def _print_plain(queries, answers) -> None:
 
 def run_search(args):
     from bertkit.errors import BertkitError
-    from bertkit.finetune.rerank import rerank, reranker
+    from bertkit.tasks.rerank import rerank, reranker
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import search as search_qdrant
     from bertkit.retrieval.search import search

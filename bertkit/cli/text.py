@@ -35,7 +35,7 @@ def add_tokenize(sub):
 
 
 def run_tokenize(args):
-    from bertkit.tokenizer import Tokenizer, format_encoding
+    from bertkit.text.tokenizer import Tokenizer, format_encoding
 
     tok = Tokenizer.from_pretrained(args.vocab)
     enc = tok.encode(args.text, args.pair, max_length=args.max_length)
@@ -47,7 +47,7 @@ def run_tokenize(args):
 
 def add_vocab(sub):
     from bertkit.options import add_options
-    from bertkit.vocab_training import VocabTrainingConfig
+    from bertkit.text.vocab_training import VocabTrainingConfig
 
     p = sub.add_parser("vocab", help="train or inspect WordPiece vocabularies")
     vsub = p.add_subparsers(dest="vocab_command", metavar="COMMAND", required=True)
@@ -74,8 +74,8 @@ def add_vocab(sub):
 
 def run_vocab_train(args):
     from bertkit.options import from_args
-    from bertkit.pretraining.corpus import CorpusStats
-    from bertkit.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files
+    from bertkit.data.corpus import CorpusStats
+    from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files
 
     files, config = from_args(args, VocabTrainFiles), from_args(args, VocabTrainingConfig)
     stats = CorpusStats()
@@ -87,8 +87,8 @@ def run_vocab_train(args):
 
 
 def run_vocab_check(args):
-    from bertkit.tokenizer import Tokenizer
-    from bertkit.wordpiece import CONTINUATION
+    from bertkit.text.tokenizer import Tokenizer
+    from bertkit.text.wordpiece import CONTINUATION
 
     tok = Tokenizer.from_pretrained(args.vocab)
     specials = ", ".join(f"{t}={i}" for t, i in zip(tok.all_special_tokens, tok.all_special_ids))

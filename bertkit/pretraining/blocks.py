@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.config import IGNORE_INDEX
+from bertkit.model.config import IGNORE_INDEX
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.masking import MaskingConfig, MaskVocab, mask_sequence
 from bertkit.pretraining.shards import _atomic_dir, _publish, load_corpus, token_dtype

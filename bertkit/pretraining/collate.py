@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bertkit.config import IGNORE_INDEX
+from bertkit.model.config import IGNORE_INDEX
 from bertkit.pretraining.masking import MaskingConfig, MaskVocab, mask_sequence
 
 

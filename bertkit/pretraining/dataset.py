@@ -74,7 +74,7 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
 
     def tokenizer(self):
         """The tokenizer the data was prepared with (saved in the folder)."""
-        from bertkit.tokenizer import Tokenizer
+        from bertkit.text.tokenizer import Tokenizer
 
         return Tokenizer.from_pretrained(self.directory)
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.wordpiece import CONTINUATION
+from bertkit.text.wordpiece import CONTINUATION
 
 MASKING_MODES = ("token", "whole-word", "ngram")
 

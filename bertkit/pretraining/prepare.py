@@ -48,11 +48,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.config import IGNORE_INDEX
+from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.blocks import held_out_documents, init_block_worker, plan_blocks, write_block
-from bertkit.pretraining.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats
+from bertkit.data.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab
 from bertkit.pretraining.shards import (
     consolidate,
@@ -62,8 +62,8 @@ from bertkit.pretraining.shards import (
     shard_is_complete,
     tokenize_file,
 )
-from bertkit.textfiles import check_encoding, corpus_files
-from bertkit.workers import run_jobs
+from bertkit.data.textfiles import check_encoding, corpus_files
+from bertkit.text.workers import run_jobs
 
 FORMAT_VERSION = 1
 
@@ -271,7 +271,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
     vocab: a vocab.txt or model folder (None: the default model's). Re-running
     with the same arguments reuses finished work; the result is identical.
     """
-    from bertkit.tokenizer import Tokenizer
+    from bertkit.text.tokenizer import Tokenizer
 
     cfg = (cfg or PrepareConfig()).validate()
     t0 = time.perf_counter()

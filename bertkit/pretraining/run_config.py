@@ -86,7 +86,7 @@ class RunConfig:
 
         check_device(self.device, self.precision)
         if not self.resume and not self.init_from:  # a resumed run takes the architecture its checkpoint recorded
-            from bertkit.config import PRESETS
+            from bertkit.model.config import PRESETS
 
             if self.config not in PRESETS and not Path(self.config).is_file():
                 raise BertkitError(f"--config {self.config!r} is neither a preset ({', '.join(PRESETS)}) "

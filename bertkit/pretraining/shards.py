@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.pretraining.corpus import CorpusStats, iter_documents
+from bertkit.data.corpus import CorpusStats, iter_documents
 
 SHARD_FILES = ("tokens.npy", "sentences.npy", "documents.npy", "stats.json")
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from bertkit.config import IGNORE_INDEX
-from bertkit.electra_pretraining import electra_metrics
+from bertkit.model.config import IGNORE_INDEX
+from bertkit.model.electra_pretraining import electra_metrics
 from bertkit.errors import BertkitError
 from bertkit.pretraining.held_out import log_label_balance, open_prepared
 from bertkit.pretraining.run_config import RunConfig
@@ -170,8 +170,8 @@ def build_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config:
     architecture the checkpoint recorded (`resumed_config`), whose weights then replace these:
     neither the --config file nor the --init-from directory has to exist any more.
     --method electra: an ElectraPretrainingModel whose discriminator has that shape."""
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForMaskedLM, BertForPreTraining
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
 
     changes = {} if cfg.dropout is None else {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
     g = torch.Generator().manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -186,7 +186,7 @@ def build_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config:
 
 
 def preset_or_file(name: str):
-    from bertkit.config import PRESETS, BertConfig
+    from bertkit.model.config import PRESETS, BertConfig
 
     if name in PRESETS:
         return BertConfig.preset(name)
@@ -199,8 +199,8 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
     """ELECTRA (Clark et al. 2020): the discriminator in --config's shape (its embedding size the
     hidden size unless a config.json says otherwise), the generator --generator-size of it,
     sharing the embeddings. Single segments only: ELECTRA has no sentence-pair task."""
-    from bertkit.electra import ElectraConfig
-    from bertkit.electra_pretraining import ElectraPretrainingModel
+    from bertkit.model.electra import ElectraConfig
+    from bertkit.model.electra_pretraining import ElectraPretrainingModel
 
     if objective in ("nsp", "sop"):
         raise BertkitError(f"--method electra reads single segments, but {cfg.data} holds {objective.upper()} pairs: "

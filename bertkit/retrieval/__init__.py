@@ -13,5 +13,5 @@
 - `ann`: FAISS HNSW beside the exact vectors, with its measured recall;
 - `qdrant`: export to, and search from, a Qdrant collection.
 
-The cross-encoder that reranks search results is a fine-tuned model: `bertkit.finetune.rerank`.
+The cross-encoder that reranks search results is a fine-tuned model: `bertkit.tasks.rerank`.
 """

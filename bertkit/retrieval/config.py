@@ -1,5 +1,5 @@
 """The settings of the retrieval commands, as typed dataclasses (`bertkit.options` builds their
-flags from them). Kept apart from the code that embeds and ranks, like `bertkit.finetune.config`,
+flags from them). Kept apart from the code that embeds and ranks, like `bertkit.tasks.config`,
 so that building the command line loads no model code (torch)."""
 
 from __future__ import annotations

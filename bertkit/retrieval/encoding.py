@@ -5,7 +5,7 @@ sentence-transformers' `encode` does for the same model folder, so that figures
 compare with sentence-transformers' and MTEB's:
 
 - pooling and max length from the model's sentence-transformers layout
-  (`bertkit.sentence_layout`: the default all-MiniLM-L6-v2 says mean pooling,
+  (`bertkit.model.sentence_layout`: the default all-MiniLM-L6-v2 says mean pooling,
   256 tokens); a model without a layout: mean pooling, its full positions;
 - a text longer than that is truncated, not windowed (what the model was
   trained on, and what MTEB's figures use);
@@ -15,7 +15,7 @@ compare with sentence-transformers' and MTEB's:
   a 5,000-abstract corpus pads each batch to nearly its own length, and memory
   holds one chunk's token vectors, not the corpus's.
 
-`model` is None (the default model), a model directory, a `bertkit.loading.Loaded`
+`model` is None (the default model), a model directory, a `bertkit.runtime.loading.Loaded`
 or a (model, tokenizer) pair, as `bertkit.embed` takes it.
 """
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.features import encoder, iter_embed
-from bertkit.loading import Loaded
+from bertkit.embeddings.features import encoder, iter_embed
+from bertkit.runtime.loading import Loaded
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class EncodingSettings:
 
 
 def load_encoder(model, max_length: int | None = None, dtype: str = "float32") -> tuple[Loaded, EncodingSettings]:
-    """The encoder (loaded once, through `bertkit.features.encoder`) and the settings it embeds with:
+    """The encoder (loaded once, through `bertkit.embeddings.features.encoder`) and the settings it embeds with:
     its layout's pooling and max length, `max_length` overriding the latter."""
     if dtype not in ("float32", "bfloat16"):
         raise BertkitError(f"dtype {dtype!r}: use float32 (comparable with published figures) or bfloat16")

@@ -4,7 +4,7 @@ Retrieval (BEIR, Thakur et al. 2021; MTEB's retrieval tasks): embed the corpus
 (title and text joined) and the split's queries (`bertkit.retrieval.encoding`),
 rank the corpus for each query by exact cosine (`bertkit.retrieval.exact`, top
 100), and score the ranking against the qrels with trec_eval's rules
-(`bertkit.retrieval.metrics`): nDCG@10, MRR@10, MAP@100, Recall@10, Recall@100.
+(`bertkit.metrics.retrieval`): nDCG@10, MRR@10, MAP@100, Recall@10, Recall@100.
 With `bm25=True` the same split is also ranked by BM25 (`bertkit.retrieval.bm25`)
 and its figures are reported under "bm25", for the same table.
 
@@ -12,7 +12,7 @@ Through an index (`index=`: a folder written by `bertkit index` from the same
 corpus): the queries are answered as `bertkit search` and the server's /search
 answer them (`bertkit.retrieval.search`: passages, a document scored by its best
 passage, the HNSW graph with `ann=True`), and `rerank`, a function (query, hits)
--> hits such as `bertkit.finetune.rerank.rerank` bound to a cross-encoder (the
+-> hits such as `bertkit.tasks.rerank.rerank` bound to a cross-encoder (the
 layer above hands it in), re-orders each answer. The run keeps the cosine scores;
 a reranked answer mixes cross-encoder and cosine scores, so its run scores each
 document by its place instead (depth - rank): trec_eval then ranks as served.
@@ -34,16 +34,16 @@ import numpy as np
 from tqdm import tqdm
 
 from bertkit.errors import BertkitError
-from bertkit.finetune.metrics import pearson, spearman
-from bertkit.pooling import l2_normalize
-from bertkit.retrieval.beir import document_text, load_beir
+from bertkit.metrics.tasks import pearson, spearman
+from bertkit.embeddings.pooling import l2_normalize
+from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
 from bertkit.retrieval.encoding import encode, load_encoder
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.index import open_index
-from bertkit.retrieval.metrics import DEFAULT_MEASURES, evaluate_run
+from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run
 from bertkit.retrieval.search import search
-from bertkit.textfiles import existing_file, open_text
+from bertkit.data.textfiles import existing_file, open_text
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
 RUN_DEPTH = 100  # documents retrieved per query: enough for every measure's cut-off

@@ -66,15 +66,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
+from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
 from bertkit.errors import BertkitError
-from bertkit.features import encoder
-from bertkit.loading import Loaded
+from bertkit.embeddings.features import encoder
+from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.passages import Passage, cut_all, default_overlap, read_documents
 from bertkit.training import distributed
-from bertkit.vector_files import SAFETENSORS_DTYPES, safetensors_header
+from bertkit.data.vector_files import SAFETENSORS_DTYPES, safetensors_header
 
 FORMAT = 1
 INDEX_JSON, BUILD_JSON = "index.json", "build.json"

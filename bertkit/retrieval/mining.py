@@ -44,8 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.finetune.data import ReadReport, read_rows
-from bertkit.retrieval.beir import document_text, load_beir
+from bertkit.data.tables import ReadReport, read_rows
+from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.config import MiningOptions
 from bertkit.retrieval.encoding import encode, load_encoder
 from bertkit.retrieval.exact import top_k

@@ -2,14 +2,14 @@
 
 A bi-encoder reads at most its `max_seq_length` tokens (256 for the default
 all-MiniLM-L6-v2) and drops the rest, so a long document is cut into
-overlapping passages by tokens (`bertkit.windows.spans`: windows of
+overlapping passages by tokens (`bertkit.text.windows.spans`: windows of
 `passage_tokens - 2` word pieces, [CLS] and [SEP] taking the other two, sharing
-`overlap` pieces; default: half a window, `bertkit.windows.half_window`), and a
+`overlap` pieces; default: half a window, `bertkit.text.windows.half_window`), and a
 document is later scored by its best passage (the "MaxP" of Dai and Callan
 2019, what dense retrievers over long documents do).
 
 A document's text is its title and text joined by one space
-(`bertkit.retrieval.beir.document_text`); a passage keeps its document's id and
+(`bertkit.data.beir.document_text`); a passage keeps its document's id and
 title and its character span in that text, so `text == document[start:end]`:
 
     Passage(id="4983#1", doc_id="4983", title="...", start=812, end=1990, text=...)
@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Iterable
 
 from bertkit.errors import BertkitError
-from bertkit.retrieval.beir import document_text, read_corpus
-from bertkit.textfiles import existing_file, open_text, read_text, tsv_rows
-from bertkit.windows import half_window, spans
+from bertkit.data.beir import document_text, read_corpus
+from bertkit.data.textfiles import existing_file, open_text, read_text, tsv_rows
+from bertkit.text.windows import half_window, spans
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def read_documents(path) -> list[Document]:
 # --- cutting --------------------------------------------------------------------------------
 
 def default_overlap(passage_tokens: int) -> int:
-    """Half a window of word pieces (`bertkit.windows.half_window`)."""
+    """Half a window of word pieces (`bertkit.text.windows.half_window`)."""
     return half_window(passage_tokens - 2)
 
 

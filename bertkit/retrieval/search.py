@@ -16,7 +16,7 @@ them), so one scan gives the exact answer.
 With `ann=True` the HNSW graph built beside the vectors (`bertkit.retrieval.ann`)
 gives the passages instead: faster on millions of vectors, and approximate.
 
-Reranking the answers with a cross-encoder is `bertkit.finetune.rerank` (it
+Reranking the answers with a cross-encoder is `bertkit.tasks.rerank` (it
 runs a fine-tuned model, a layer above retrieval).
 
 An answer is, per query, a best-first list of hits:
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.features import encoder
-from bertkit.loading import Loaded
+from bertkit.embeddings.features import encoder
+from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, ann_top_k, read_hnsw
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.exact import top_k

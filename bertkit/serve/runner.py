@@ -6,7 +6,7 @@ does (`bertkit_task.json`, else config.json's `architectures`):
 - an encoder (`BertModel`, e.g. the default all-MiniLM-L6-v2): `Encoder` gives
   sentence embeddings, the layer strategy and pooling of `bertkit.embed`
   chosen at start-up;
-- a fine-tuned model: `TaskModel` answers through `bertkit.finetune.predict`
+- a fine-tuned model: `TaskModel` answers through `bertkit.tasks.predict`
   (labels and probabilities, scores, tags and entities, answers) and, for a
   model trained on text pairs, reranks texts against a query.
 
@@ -18,14 +18,14 @@ see `bertkit.serve.batching`).
 Beside the Encoder, `--index` loads a `Searcher` for /search: the index folder
 (`bertkit.retrieval.index`, checked against the served model the way `bertkit
 search` checks it) and, with `--rerank`, a cross-encoder
-(`bertkit.finetune.rerank`). Query vectors are Encoder rows like any others, so
+(`bertkit.tasks.rerank`). Query vectors are Encoder rows like any others, so
 they share the embeddings' batches; the scan and the reranking are the library's
-own (`bertkit.retrieval.search.search_vectors`, `bertkit.finetune.rerank.rerank`).
+own (`bertkit.retrieval.search.search_vectors`, `bertkit.tasks.rerank.rerank`).
 
 `token_list` answers /tokenize: text-embeddings-inference's shape, whose start
 and stop are UTF-8 byte offsets (its tokenizer is Rust's).
 
-The Encoder's forward pass and pooling are `bertkit.features`' own
+The Encoder's forward pass and pooling are `bertkit.embeddings.features`' own
 (`run_batch`, `pool_sentence`: same padding, layer combination and pooling,
 float32 numpy, mean over every real token) run on rows that are already
 tokenised: `bertkit.embed` on the same texts gives the same
@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.features import run_batch, whitespace_spans
-from bertkit.finetune.rerank import rerank, reranker, score
-from bertkit.loading import Loaded, load
-from bertkit.pooling import l2_normalize, pool_sentence, resolve_layers
+from bertkit.embeddings.features import run_batch, whitespace_spans
+from bertkit.tasks.rerank import rerank, reranker, score
+from bertkit.runtime.loading import Loaded, load
+from bertkit.embeddings.pooling import l2_normalize, pool_sentence, resolve_layers
 from bertkit.retrieval.index import Index, check_model, open_index
 from bertkit.retrieval.search import search_vectors
 from bertkit.serve.batching import plan_batches
@@ -89,7 +89,7 @@ def _one_line(err) -> str:
 
 
 def load_runner(settings):
-    """The Encoder or TaskModel for the settings' model directory (`bertkit.loading`, in the
+    """The Encoder or TaskModel for the settings' model directory (`bertkit.runtime.loading`, in the
     precision --dtype chooses); one clear error if it cannot load."""
     path = settings.model_path()
     name = settings.served_model_name or ("all-MiniLM-L6-v2" if settings.model is None else path.resolve().name)
@@ -177,7 +177,7 @@ class Encoder:
         return out
 
     def forward(self, rows: list) -> list:
-        """One padded batch -> one pooled vector [D] per row: `bertkit.features`' forward and pooling."""
+        """One padded batch -> one pooled vector [D] per row: `bertkit.embeddings.features`' forward and pooling."""
         tokens = run_batch(self.model, rows, self.layers, self.pad_id)  # [T_b, D] per row, padding dropped
         if self.on_batch is not None:
             width = max(len(r.input_ids) for r in rows)
@@ -281,7 +281,7 @@ class Query:
 
 
 class TaskModel:
-    """A `bertkit finetune` model answering through `bertkit.finetune.predict`."""
+    """A `bertkit finetune` model answering through `bertkit.tasks.predict`."""
 
     def __init__(self, loaded: Loaded, settings, name: str):
         self.model_dir, self.loaded, self.name, self.precision = loaded.directory, loaded, name, loaded.precision
@@ -318,7 +318,7 @@ class TaskModel:
 
     def run_jobs(self, jobs: list) -> list:
         """Each job's predictions: one `bertkit.predict` call over every job's inputs together."""
-        from bertkit.finetune.predict import predict
+        from bertkit.tasks.predict import predict
 
         queries = [q for job in jobs for q in job.items]
         texts = [q.text for q in queries]
@@ -338,7 +338,7 @@ class TaskModel:
         return score(prediction, self.loaded)
 
     def warm_up(self) -> None:
-        from bertkit.finetune.predict import predict
+        from bertkit.tasks.predict import predict
 
         predict(self.model_dir, ["warm up"], ["warm up"] if self.pairs else None, loaded=self.loaded)
 
@@ -350,7 +350,7 @@ def with_entities(text: str, prediction: dict) -> dict:
     word; an entity (conlleval's chunking of the tags) spans from its first
     word's first character to its last word's end.
     """
-    from bertkit.finetune.metrics import get_entities
+    from bertkit.metrics.tasks import get_entities
 
     spans = whitespace_spans(text)
     entities = []

@@ -43,14 +43,14 @@ def bound_kernel_caches() -> None:
     """Keep oneDNN's per-shape kernel caches bounded, and every pass in a shape they hold; effective
     only before torch is first imported.
 
-    oneDNN (under `bertkit.fast`'s dense layers) prepares (compiles) a kernel for each input
+    oneDNN (under `bertkit.runtime.fast`'s dense layers) prepares (compiles) a kernel for each input
     shape and keeps it, with buffers laid out for it, in two caches of ~1,000 entries (its
     primitive cache and PyTorch's ideep LRU cache, read from these environment variables when
     the library starts). A server sees a new (rows x length) shape every few passes: unbounded,
     its memory grew from ~390 to ~960 MB over 3,000 requests and was still growing; bounded
     alone, nearly every pass paid for new kernels (with bf16 on AMX a third of the forward's
     time). So the caches hold 256 entries and the rows of every product are padded to one of
-    40 sizes (`bertkit.fast` rule 7, BERTKIT_ROW_BUCKETS): the kernels of every shape stay
+    40 sizes (`bertkit.runtime.fast` rule 7, BERTKIT_ROW_BUCKETS): the kernels of every shape stay
     cached and memory stays flat (docs/serving.md). A value already in the environment is
     kept. The `bertkit serve` command calls this before anything imports torch.
     """
@@ -73,8 +73,8 @@ def serve(settings, log=None) -> None:
                            "pip install 'bertkit[serve]'") from None
     import torch
 
-    from bertkit.devices import cores, resolve_device
-    from bertkit.fast import matmul_kernel
+    from bertkit.runtime.devices import cores, resolve_device
+    from bertkit.runtime.fast import matmul_kernel
     from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 

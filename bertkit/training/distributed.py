@@ -272,7 +272,7 @@ def gather_with_grad(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(every process's `tensor` stacked in rank order [sum of rows, ...], the offset of this process's rows).
 
     For losses that score against the whole global batch (in-batch negatives,
-    `bertkit.finetune.embedding`): unlike `dist.all_gather`, the result keeps the
+    `bertkit.tasks.embedding`): unlike `dist.all_gather`, the result keeps the
     gradient. Process r's rows receive the sum over processes of d(loss_s)/d(rows),
     so with DDP's average of the parameter gradients, W processes with B rows each
     compute the update of one process holding all W x B (the all-gather of

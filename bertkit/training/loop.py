@@ -3,7 +3,7 @@
 It knows two things only: a model whose output has a `.loss`, and a *batch
 stream* that hands out the micro-batch of any position (`micro_batch(slot)
 -> (batch dict, description)`, `advance(n)`, `state()`; see
-`bertkit.pretraining.train.BatchStream` and `bertkit.finetune.trainer.EpochBatches`).
+`bertkit.pretraining.train.BatchStream` and `bertkit.tasks.trainer.EpochBatches`).
 Which model, which data and what "evaluation" means is the caller's business,
 passed in as callbacks.
 
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.devices import resolve_dtype
-from bertkit.fast import accelerate
+from bertkit.runtime.devices import resolve_dtype
+from bertkit.runtime.fast import accelerate
 from bertkit.training import distributed
 from bertkit.training.optim import OptimConfig, lr_at, set_lr, warmup_steps_for
 
@@ -86,7 +86,7 @@ def autocast_for(precision: str, device: str):
         return contextlib.nullcontext
     if precision == "fp16" and device_type != "cuda":
         raise BertkitError("--precision fp16 needs a CUDA GPU (its GradScaler); on the CPU use --precision bf16")
-    # bf16 on a CPU that only emulates it warns once (see bertkit.devices.resolve_dtype)
+    # bf16 on a CPU that only emulates it warns once (see bertkit.runtime.devices.resolve_dtype)
     dtype = resolve_dtype(torch.bfloat16, torch.device(device_type)) if precision == "bf16" else torch.float16
     return lambda: torch.autocast(device_type, dtype=dtype)
 
@@ -103,7 +103,7 @@ def move(batch: dict, device: str) -> dict:
 def prepare_model(model: torch.nn.Module, info: distributed.DistInfo, *, fsdp: bool = False,
                   compile: bool = False) -> torch.nn.Module:
     """The one place a freshly built model is made ready to train: the CPU fast path
-    (`bertkit.fast.accelerate`, exact gradients), device, DDP/FSDP, torch.compile."""
+    (`bertkit.runtime.fast.accelerate`, exact gradients), device, DDP/FSDP, torch.compile."""
     model = distributed.wrap(accelerate(model.to(info.device), training=True), info, fsdp)
     return torch.compile(model) if compile else model
 

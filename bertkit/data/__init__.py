@@ -1,0 +1,1 @@
+"""The files bertkit reads and writes: text files and their encodings, labelled tables (TSV/CSV/JSONL, CoNLL, SQuAD), raw-text corpora split into documents and sentences, BEIR retrieval folders, vector files. No torch here."""

@@ -1,0 +1,150 @@
+"""The BEIR layout: a corpus, its queries and graded relevance judgments (qrels).
+
+BEIR (Thakur et al. 2021, beir-cellar/beir `datasets/data_loader.py`) stores a
+retrieval set as one folder; MTEB's retrieval tasks read the same files:
+
+    corpus.jsonl          {"_id": "4983", "title": "...", "text": "..."}   one per line
+    queries.jsonl         {"_id": "1", "text": "...", "metadata": {...}}   one per line
+    qrels/<split>.tsv     query-id <TAB> corpus-id <TAB> score             header row first
+
+A score is a graded relevance (0 = judged not relevant, 1, 2, ... more relevant),
+as trec_eval reads qrels. `load_beir` keeps the queries that the split judges, as
+BEIR's `GenericDataLoader` does, and `training_pairs` turns a split's positive
+judgments into (query, passage) pairs for contrastive training.
+
+A document's text is its title and text joined by one space (`document_text`):
+what sentence-transformers' BEIR examples and MTEB's `RetrievalEvaluator` embed,
+so our figures compare with theirs.
+
+Every mistake in the files is one BertkitError naming the file, the line and the fix:
+a line that is not JSON, a missing `_id` or `text`, a missing qrels column, an empty
+file, a qrels id absent from the corpus or the queries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+from bertkit.data.textfiles import existing_file, json_objects, open_text, tsv_rows
+
+QRELS_COLUMNS = ("query-id", "corpus-id", "score")
+
+
+@dataclass
+class BeirSplit:
+    """One split of a BEIR folder.
+
+    corpus:  doc id -> {"title": str, "text": str} (every document of the folder)
+    queries: query id -> text (only the queries this split judges)
+    qrels:   query id -> {doc id: graded relevance}
+    """
+
+    corpus: dict[str, dict]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    directory: Path
+    split: str
+
+
+def document_text(doc: dict) -> str:
+    """A document as one string: title and text joined by a space (sentence-transformers, MTEB)."""
+    return f"{doc.get('title', '')} {doc['text']}".strip()
+
+
+def _read_jsonl(path: Path, fields: tuple, what: str) -> list[dict]:
+    rows = []
+    with open_text(existing_file(path, what), what) as f:
+        for number, row in json_objects(f, path):
+            for field in fields:
+                if field not in row:
+                    raise BertkitError(
+                        f"{path} line {number} has no {field!r} field: each line needs {', '.join(fields)}"
+                    )
+            rows.append(row)
+    if not rows:
+        raise BertkitError(f"{path} is empty: a BEIR {what} has one JSON object per line")
+    return rows
+
+
+def read_corpus(source) -> dict[str, dict]:
+    """doc id -> {"title", "text"} from a BEIR folder's corpus.jsonl, or a corpus file of that layout
+    under any name (title optional, as in BEIR)."""
+    path = Path(source)
+    rows = _read_jsonl(path / "corpus.jsonl" if path.is_dir() else path, ("_id", "text"), "corpus")
+    return {str(r["_id"]): {"title": str(r.get("title") or ""), "text": str(r["text"])} for r in rows}
+
+
+def read_queries(directory) -> dict[str, str]:
+    """query id -> text from `directory`/queries.jsonl."""
+    rows = _read_jsonl(Path(directory) / "queries.jsonl", ("_id", "text"), "queries file")
+    return {str(r["_id"]): str(r["text"]) for r in rows}
+
+
+def qrels_path(directory, split: str) -> Path:
+    path = Path(directory) / "qrels" / f"{split}.tsv"
+    if not path.is_file():
+        found = sorted(p.stem for p in (Path(directory) / "qrels").glob("*.tsv"))
+        have = f"this folder has {', '.join(found)}" if found else "this folder has no qrels/*.tsv"
+        raise BertkitError(f"no qrels for split {split!r} ({path} is missing): {have}")
+    return path
+
+
+def read_qrels(path) -> dict[str, dict[str, int]]:
+    """query id -> {doc id: graded relevance} from a qrels TSV with a header row."""
+    with open_text(existing_file(path, "qrels file"), "qrels file") as f:
+        header = f.readline().rstrip("\n").split("\t")
+        if header == [""]:
+            raise BertkitError(f"{path} is empty: a qrels file has a header {' '.join(QRELS_COLUMNS)} and one row each")
+        missing = [c for c in QRELS_COLUMNS if c not in header]
+        if missing:
+            raise BertkitError(
+                f"{path} has no {', '.join(missing)} column (header: {' '.join(header)}): "
+                f"the header must name {', '.join(QRELS_COLUMNS)}"
+            )
+        where = [header.index(c) for c in QRELS_COLUMNS]
+        qrels: dict[str, dict[str, int]] = {}
+        for number, cells in tsv_rows(f, path, len(header)):
+            query, doc, score = (cells[i] for i in where)
+            try:
+                qrels.setdefault(query, {})[doc] = int(float(score))
+            except ValueError:
+                raise BertkitError(f"{path} line {number}: score {score!r} is not a number (graded relevance 0, 1, 2...)")
+    if not qrels:
+        raise BertkitError(f"{path} has a header but no judgments")
+    return qrels
+
+
+def _check_ids(qrels: dict, corpus: dict, queries: dict, path: Path) -> None:
+    for query, docs in qrels.items():
+        if query not in queries:
+            raise BertkitError(f"{path}: query id {query!r} is not in queries.jsonl: fix the qrels or the queries")
+        for doc in docs:
+            if doc not in corpus:
+                raise BertkitError(f"{path}: corpus id {doc!r} (query {query!r}) is not in corpus.jsonl: "
+                                   "fix the qrels or the corpus")
+
+
+def load_beir(directory, split: str = "test") -> BeirSplit:
+    """Read a BEIR folder's corpus, queries and the qrels of `split` (checked against each other)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise BertkitError(f"BEIR folder {directory} does not exist: pass a folder with corpus.jsonl, "
+                           "queries.jsonl and qrels/<split>.tsv")
+    path = qrels_path(directory, split)
+    corpus, queries, qrels = read_corpus(directory), read_queries(directory), read_qrels(path)
+    _check_ids(qrels, corpus, queries, path)
+    return BeirSplit(corpus, {q: queries[q] for q in qrels}, qrels, directory, split)
+
+
+def training_pairs(directory, split: str = "train") -> list[tuple[str, str]]:
+    """(query, relevant passage) pairs from a split's positive judgments (score > 0), in qrels order.
+
+    A query judging several passages relevant gives one pair for each."""
+    data = load_beir(directory, split)
+    pairs = [(data.queries[q], document_text(data.corpus[d])) for q, docs in data.qrels.items()
+             for d, score in docs.items() if score > 0]
+    if not pairs:
+        raise BertkitError(f"{data.directory}/qrels/{split}.tsv judges no passage relevant (every score is 0)")
+    return pairs

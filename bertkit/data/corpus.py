@@ -1,0 +1,232 @@
+"""The raw corpus: files and folders of plain text read into documents of sentences.
+
+google-research/bert `create_pretraining_data.py` reads "one sentence per line,
+blank lines between documents"; books and web text rather come as hard-wrapped
+paragraphs. Two independent choices cover both:
+
+- `documents`: "blank-line" (the original format: a blank line ends a document)
+  or "file" (each file is one document, e.g. one book; blank lines only end
+  paragraphs);
+- `sentences`: "split" (the lines of a paragraph are joined and cut by
+  `sentences.split_sentences`) or "line" (each line is already a sentence).
+
+Input: the files `bertkit.data.textfiles.corpus_files` finds (folders are searched
+recursively for `*.txt` and `*.gz`; a file named explicitly is read whatever
+its name); gzip is recognised by its magic bytes. Output: an iterator of documents, each a list of
+sentence strings.
+
+Nothing is silently lost: every repair and skip is counted in a `CorpusStats`
+(binary files, lines with NUL bytes, invalid UTF-8, over-long lines,
+paragraphs or documents that were cut), and the prepare summary prints them.
+
+Encoding: files are UTF-8 unless `encoding` says otherwise (latin-1, cp1252,
+...; any codec in which a newline is the byte 0x0A). A stray bad byte is
+repaired (U+FFFD) and counted, but a file where most lines do not decode is in
+another encoding, not damaged: it stops the command with one line naming the
+file and `--encoding`, rather than losing every accented letter to repairs.
+Memory stays bounded whatever the input: lines are read at most
+`MAX_LINE_BYTES` at a time, paragraphs and documents are flushed at a cap.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from bertkit.errors import BertkitError
+from bertkit.data.sentences import split_sentences
+from bertkit.data.textfiles import binary_bytes, wrong_encoding
+
+DOCUMENT_MODES = ("blank-line", "file")
+SENTENCE_MODES = ("split", "line")
+
+MAX_LINE_BYTES = 1 << 20  # a longer line is cut at a space into pieces of at most this
+MAX_PARAGRAPH_CHARS = 1 << 20  # a longer paragraph is split and flushed in parts
+MAX_DOCUMENT_SENTENCES = 200_000  # a longer document is cut into several
+BINARY_SNIFF_BYTES = 8192
+
+# reason -> what the summary says about it
+SKIP_REASONS = {
+    "binary_files": "files skipped: binary (NUL bytes or mostly non-text bytes)",
+    "unreadable_files": "files skipped: unreadable (I/O error or corrupt gzip, read up to the error)",
+    "binary_lines": "lines dropped: contained NUL bytes (binary garbage)",
+    "invalid_utf8_lines": "lines repaired: invalid UTF-8 bytes (or invalid in the --encoding) replaced, then "
+                          "dropped by the tokenizer",
+    "long_lines_cut": "over-long lines cut at a space into pieces of at most 1 MiB",
+    "long_paragraphs_cut": "over-long paragraphs split and flushed in parts",
+    "long_documents_cut": f"documents of more than {MAX_DOCUMENT_SENTENCES:,} sentences cut into several",
+    "empty_sentences": "sentences dropped: no tokens after tokenisation (only control characters)",
+    "empty_documents": "documents dropped: no sentence with a token",
+    "unusable_documents": "documents that gave no instance (too short for the objective)",
+}
+
+
+@dataclass
+class CorpusStats:
+    """Counts from reading (and later tokenising) a corpus; `skips` maps a SKIP_REASONS key to a count."""
+
+    files: int = 0
+    bytes: int = 0
+    documents: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    skips: dict = field(default_factory=dict)
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        assert reason in SKIP_REASONS, reason
+        self.skips[reason] = self.skips.get(reason, 0) + n
+
+    def merge(self, other: "CorpusStats") -> None:
+        self.files += other.files
+        self.bytes += other.bytes
+        self.documents += other.documents
+        self.sentences += other.sentences
+        self.tokens += other.tokens
+        for k, v in other.skips.items():
+            self.skip(k, v)
+
+    def to_dict(self) -> dict:
+        return {
+            "files": self.files,
+            "bytes": self.bytes,
+            "documents": self.documents,
+            "sentences": self.sentences,
+            "tokens": self.tokens,
+            "skips": dict(sorted(self.skips.items())),
+        }
+
+    def describe_skips(self) -> str:
+        """What was skipped or repaired, in one line ("" when nothing was)."""
+        return "; ".join(f"{SKIP_REASONS[k]}: {v}" for k, v in sorted(self.skips.items()))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CorpusStats":
+        return cls(d["files"], d["bytes"], d["documents"], d["sentences"], d["tokens"], dict(d["skips"]))
+
+
+def _open_binary(path: Path):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def _raw_lines(f, stats: CorpusStats) -> Iterator[bytes]:
+    """Lines of a binary stream, each at most MAX_LINE_BYTES (cut at a space, counted)."""
+    carry = b""
+    while True:
+        want = MAX_LINE_BYTES - len(carry)
+        chunk = f.readline(want)
+        if not chunk and not carry:
+            return
+        line = carry + chunk
+        carry = b""
+        if line.endswith(b"\n") or len(chunk) < want:  # a whole line, or the file's last one
+            yield line
+            continue
+        # The line goes on: cut at the last space so no word is split, or else
+        # before the last character, which may be incomplete UTF-8.
+        stats.skip("long_lines_cut")
+        cut = line.rfind(b" ")
+        if cut > 0:
+            yield line[:cut] + b"\n"
+            carry = line[cut + 1:]
+            continue
+        cut = len(line) - 1
+        while cut > 0 and (line[cut] & 0xC0) == 0x80:
+            cut -= 1
+        cut = cut or len(line)
+        yield line[:cut] + b"\n"
+        carry = line[cut:]
+
+
+def read_lines(path, stats: CorpusStats, encoding: str = "utf-8") -> Iterator[str]:
+    """Decoded text lines of one file (without the newline); binary files yield nothing.
+
+    Lines that do not decode are repaired and counted; when they are most of the
+    file's lines, the file is in another encoding and the end of it raises a
+    BertkitError that says so (see the module docstring).
+    """
+    path = Path(path)
+    lines = bad = 0
+    first_bad = None  # (line number, the bytes that did not decode)
+    try:
+        with _open_binary(path) as f:
+            head = f.peek(BINARY_SNIFF_BYTES)[:BINARY_SNIFF_BYTES] if hasattr(f, "peek") else b""
+            # bytes that only fail to decode are text in another encoding: counted line by line below
+            if binary_bytes(head):
+                stats.skip("binary_files")
+                return
+            stats.files += 1
+            for number, raw in enumerate(_raw_lines(f, stats), 1):
+                stats.bytes += len(raw)
+                if b"\x00" in raw:
+                    stats.skip("binary_lines")
+                    continue
+                try:
+                    line = raw.decode(encoding)
+                except UnicodeDecodeError as err:
+                    stats.skip("invalid_utf8_lines")
+                    bad += 1
+                    first_bad = first_bad or (number, raw[err.start:err.start + 4])
+                    line = raw.decode(encoding, errors="replace")
+                lines += bool(line.strip())
+                yield line.rstrip("\r\n")
+    except (OSError, EOFError, zlib.error):
+        stats.skip("unreadable_files")
+        return
+    if bad * 2 > lines:
+        raise wrong_encoding(path, encoding, bad, lines, *first_bad)
+
+
+def iter_documents(path, stats: CorpusStats, documents: str = "blank-line", sentences: str = "split",
+                   encoding: str = "utf-8") -> Iterator[list[str]]:
+    """Documents (lists of sentence strings) of one file; see the module docstring."""
+    if documents not in DOCUMENT_MODES:
+        raise BertkitError(f"unknown document mode {documents!r}; choose one of {', '.join(DOCUMENT_MODES)}")
+    if sentences not in SENTENCE_MODES:
+        raise BertkitError(f"unknown sentence mode {sentences!r}; choose one of {', '.join(SENTENCE_MODES)}")
+    doc: list[str] = []
+    para: list[str] = []
+    para_chars = 0
+
+    def flush_paragraph(final: bool) -> None:
+        nonlocal para, para_chars
+        if not para:
+            return
+        if sentences == "line":
+            doc.extend(para)
+            para, para_chars = [], 0
+            return
+        sents = split_sentences(" ".join(para))
+        if final or len(sents) < 2:
+            doc.extend(sents)
+            para, para_chars = [], 0
+        else:
+            # A huge paragraph flushed early: keep its unfinished last sentence.
+            doc.extend(sents[:-1])
+            para, para_chars = [sents[-1]], len(sents[-1])
+
+    for line in read_lines(path, stats, encoding):
+        stripped = line.strip()
+        if not stripped:
+            flush_paragraph(final=True)
+            if documents == "blank-line" and doc:
+                yield doc
+                doc = []
+            continue
+        para.append(stripped)
+        para_chars += len(stripped)
+        if sentences == "line" or para_chars > MAX_PARAGRAPH_CHARS:
+            if sentences == "split":
+                stats.skip("long_paragraphs_cut")
+            flush_paragraph(final=False)
+        if len(doc) >= MAX_DOCUMENT_SENTENCES:
+            stats.skip("long_documents_cut")
+            yield doc
+            doc = []
+    flush_paragraph(final=True)
+    if doc:
+        yield doc

@@ -1,0 +1,309 @@
+"""Reading labelled examples: TSV/CSV/JSONL tables, CoNLL columns, SQuAD JSON.
+
+Tables have a header row (JSONL: one object per line) and the caller names
+the columns (`text_column`, `text_pair_column`, `label_column`). TSV is read
+with no quoting, the GLUE convention: a field never holds a tab or newline
+but may hold a literal `"`. CSV uses standard quoting.
+
+Rows that cannot be used (an empty line, an empty text, a missing label, a
+TSV line with the wrong number of fields) are skipped and *counted by
+reason*; the caller prints the counts, so nothing is dropped silently. A
+missing column, an unparsable score, an unknown label in the dev set or a
+CoNLL line without its tag is an error instead, because no count would make
+the result right.
+
+Outputs are plain dataclasses: `TextExample`, `TaggedSentence`, `QAExample`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+from bertkit.data.textfiles import existing_file, json_objects, open_text, read_text
+
+
+@dataclass
+class TextExample:
+    text: str
+    text_pair: str | None = None
+    label: object = None  # str class name, float score, list[str] (multi-label) or None
+    row: int = 0  # 1-based line number in the source file
+
+
+@dataclass
+class TaggedSentence:
+    words: list[str]
+    tags: list[str] | None
+    line: int = 0  # line number of the first word
+
+
+@dataclass
+class QAExample:
+    id: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]]  # (text, character start in context)
+    is_impossible: bool = False
+    title: str = ""
+
+
+@dataclass
+class ReadReport:
+    """What a reader kept and what it skipped, by reason."""
+
+    path: str
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        if not self.skipped:
+            return f"{self.path}: {self.kept} examples"
+        why = ", ".join(f"{n} {reason}" for reason, n in self.skipped.most_common())
+        return f"{self.path}: {self.kept} examples, skipped {sum(self.skipped.values())} ({why})"
+
+
+def table_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".tsv", ".txt"):
+        return "tsv"
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    raise BertkitError(f"{path}: unknown table format {suffix!r}; use a .tsv, .csv or .jsonl file")
+
+
+def read_rows(path, report: ReadReport):
+    """Yield (line number, {column: value}) from a TSV/CSV/JSONL file with a header."""
+    path = existing_file(path)
+    fmt = table_format(path)
+    with open_text(path, newline="") as f:
+        if fmt == "jsonl":
+            def blank():
+                report.skipped["empty lines"] += 1
+
+            yield from json_objects(f, path, blank)
+            return
+        if fmt == "csv":
+            csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long text is one long field
+            reader = csv.reader(f)
+        else:
+            reader = (line.rstrip("\r\n").split("\t") for line in f)
+        try:
+            header = next(reader, None)
+            if header is None or not any(h.strip() for h in header):
+                raise BertkitError(f"{path}: empty file or empty header row; the first line must name the columns")
+            header = [h.strip() for h in header]
+            for n, fields in enumerate(reader, 2):
+                if not any(x.strip() for x in fields):
+                    report.skipped["empty lines"] += 1
+                    continue
+                if len(fields) != len(header):
+                    report.skipped[f"rows with {len(fields)} fields instead of {len(header)}"] += 1
+                    continue
+                yield n, dict(zip(header, fields))
+        except csv.Error as err:
+            raise BertkitError(f"{path}:{reader.line_num}: not valid CSV ({err})") from None
+
+
+def _column(row: dict, name: str, path, n: int, flag: str):
+    if name not in row:
+        cols = ", ".join(map(repr, row))
+        raise BertkitError(f"{path}:{n}: no column {name!r} (columns: {cols}); pass {flag} to name the right one")
+    return row[name]
+
+
+def read_text_examples(
+    path,
+    *,
+    text_column: str = "sentence",
+    text_pair_column: str | None = None,
+    label_column: str | None = "label",
+    task: str = "classification",  # classification | regression | multi_label
+    label_separator: str = ",",
+    max_examples: int | None = None,
+) -> tuple[list[TextExample], ReadReport]:
+    """Examples from a table; `label_column=None` reads unlabelled input (prediction)."""
+    report = ReadReport(str(path))
+    out = []
+    for n, row in read_rows(path, report):
+        text = _column(row, text_column, path, n, "--text-column")
+        pair = _column(row, text_pair_column, path, n, "--text-pair-column") if text_pair_column else None
+        text = "" if text is None else str(text)
+        if not text.strip() or (text_pair_column and (pair is None or not str(pair).strip())):
+            report.skipped["empty texts"] += 1
+            continue
+        label = None
+        if label_column:
+            raw = _column(row, label_column, path, n, "--label-column")
+            if raw is None or (isinstance(raw, str) and not raw.strip()):
+                report.skipped["missing labels"] += 1
+                continue
+            label = parse_label(raw, task, label_separator, f"{path}:{n}")
+        out.append(TextExample(text, None if pair is None else str(pair), label, n))
+        if max_examples is not None and len(out) >= max_examples:
+            break
+    report.kept = len(out)
+    if not out:
+        raise BertkitError(f"{report.summary()}: no usable rows; check the file and the column names")
+    return out, report
+
+
+def parse_label(raw, task: str, separator: str, where: str):
+    if task == "regression":
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise BertkitError(f"{where}: score {raw!r} is not a number; regression needs numeric labels")
+    if task == "multi_label":
+        parts = raw if isinstance(raw, list) else str(raw).split(separator)
+        return sorted({str(p).strip() for p in parts if str(p).strip()})
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    return str(raw).strip()
+
+
+def label_names(labels) -> list[str]:
+    """The label vocabulary, sorted; numbers sort numerically ('2' before '10')."""
+    names = set()
+    for lab in labels:
+        names.update(lab if isinstance(lab, list) else [lab])
+
+    def key(name):
+        try:
+            return (0, float(name), name)
+        except ValueError:
+            return (1, 0.0, name)
+
+    return sorted(names, key=key)
+
+
+def check_known_labels(labels, label2id: dict, where: str) -> None:
+    """Unknown labels (e.g. in the dev set) are an error: they could never be predicted."""
+    seen = set()
+    for lab in labels:
+        seen.update(lab if isinstance(lab, list) else [lab])
+    unknown = sorted(seen - set(label2id))
+    if unknown:
+        raise BertkitError(
+            f"{where}: labels {unknown[:10]} do not occur in the training labels {sorted(label2id)}; "
+            "fix the labels or add training examples for them"
+        )
+
+
+# --- CoNLL -----------------------------------------------------------------
+
+def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: bool = True, max_sentences=None):
+    """Sentences from a CoNLL column file: one token per line, blank line between sentences.
+
+    `-DOCSTART-` lines are document separators and are dropped. Every token
+    line must have at least two columns when `tagged`, and the same number of
+    columns as the first token line: a line missing its tag is an error with
+    its line number, never a shifted label.
+    """
+    path = existing_file(path)
+    report = ReadReport(str(path))
+    sentences, words, tags, start, width = [], [], [], 0, None
+
+    def flush():
+        if words:
+            sentences.append(TaggedSentence(list(words), list(tags) if tagged else None, start))
+        words.clear()
+        tags.clear()
+
+    with open_text(path) as f:
+        for n, line in enumerate(f, 1):
+            cols = line.split()
+            if not cols:
+                flush()
+                continue
+            if cols[0] == "-DOCSTART-":
+                flush()
+                report.skipped["-DOCSTART- lines"] += 1
+                continue
+            if tagged:
+                if len(cols) < 2:
+                    raise BertkitError(
+                        f"{path}:{n}: {line.strip()!r} has {len(cols)} column; a tagged CoNLL line needs "
+                        "'token ... TAG' separated by spaces"
+                    )
+                width = width or len(cols)
+                if len(cols) != width:
+                    raise BertkitError(
+                        f"{path}:{n}: {len(cols)} columns where earlier lines have {width}; "
+                        "tokens and tags are misaligned on this line"
+                    )
+            if not words:
+                start = n
+            words.append(cols[token_column])
+            if tagged:
+                tags.append(cols[tag_column])
+            if max_sentences is not None and len(sentences) >= max_sentences:
+                break
+    flush()
+    if max_sentences is not None:
+        sentences = sentences[:max_sentences]
+    report.kept = len(sentences)
+    if not sentences:
+        raise BertkitError(f"{path}: no sentences found; expected one 'token ... TAG' per line")
+    return sentences, report
+
+
+# --- SQuAD -----------------------------------------------------------------
+
+def parse_range(spec: str | None, n: int, what: str) -> range:
+    """'A:B' (Python slice of article indices) -> range; None -> all."""
+    if not spec:
+        return range(n)
+    try:
+        a, b = spec.split(":")
+        return range(n)[slice(int(a) if a else None, int(b) if b else None)]
+    except ValueError:
+        raise BertkitError(f"{what} {spec!r} is not START:END (e.g. 0:40)")
+
+
+def read_squad(path, *, articles: str | None = None, max_examples=None) -> tuple[list[QAExample], ReadReport]:
+    """Questions from a SQuAD v1.1/v2.0 JSON file, optionally a slice of its articles."""
+    path = existing_file(path)
+    try:
+        data = json.loads(read_text(path))["data"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise BertkitError(f"{path}: not SQuAD JSON ({err}); expected {{'data': [{{'paragraphs': ...}}]}}")
+    if not isinstance(data, list):
+        raise BertkitError(f"{path}: not SQuAD JSON ('data' is a {type(data).__name__}, not a list of articles)")
+    report = ReadReport(str(path))
+    out = []
+    for i in parse_range(articles, len(data), "--articles"):
+        try:
+            done = _squad_article(data[i], out, report, max_examples)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise BertkitError(f"{path}: article {i} is not SQuAD JSON ({type(err).__name__}: {err}); expected "
+                               "{'paragraphs': [{'context', 'qas': [{'id', 'question', 'answers'}]}]}") from None
+        if done:
+            report.kept = len(out)
+            return out, report
+    report.kept = len(out)
+    if not out:
+        raise BertkitError(f"{path}: no questions found in articles {articles or 'all'}")
+    return out, report
+
+
+def _squad_article(article: dict, out: list, report: ReadReport, max_examples) -> bool:
+    """Append the questions of one article to `out`; True once `max_examples` are reached."""
+    for para in article["paragraphs"]:
+        for qa in para["qas"]:
+            answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
+            impossible = bool(qa.get("is_impossible", False))
+            if not answers and not impossible:
+                report.skipped["questions without answers"] += 1
+                continue
+            out.append(QAExample(qa["id"], qa["question"], para["context"], answers, impossible,
+                                 article.get("title", "")))
+            if max_examples is not None and len(out) >= max_examples:
+                return True
+    return False

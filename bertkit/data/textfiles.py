@@ -1,0 +1,270 @@
+"""User text files: finding them, opening them, and saying plainly when they are not text.
+
+Every command that reads a file a user wrote goes through here, so that a wrong
+file gets the same one-line answer everywhere (the CLI prints a BertkitError
+and exits with status 2): a missing path, a directory where a file belongs, or
+bytes that are not UTF-8, named by file and byte offset.
+
+Two kinds of input, two policies:
+
+- record files (what `embed`, `predict` and `finetune` read; vocab.txt;
+  tokenizer_config.json) hold one text, label or token per line, so every byte
+  counts: the file must be UTF-8, and the first byte that does not decode stops
+  the command (`open_text`, `read_text`). Guessing another encoding would
+  silently change labels and tokens.
+- corpora (`vocab train`, `pretrain prepare`): files and folders found by
+  `corpus_files` (.txt and .gz, recursively; a file named explicitly is read
+  whatever its name), decoded by `bertkit.data.corpus.read_lines`, which
+  skips binary files and repairs stray invalid bytes, counting both for the
+  summary: a web crawl with one bad byte in ten gigabytes should not stop a
+  run. A corpus with no text left is an error, and so is a file where most
+  lines do not decode: it is in another encoding, which `--encoding` names
+  (`check_encoding`, `wrong_encoding`).
+
+Record files come as plain text (one record per line), JSONL (`json_objects`: one JSON
+object per line, the line named when it is not one) or TSV with a header; `read_texts`
+streams the texts of any of the three without loading the file (what `bertkit embed` reads).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+
+CORPUS_SUFFIXES = (".txt", ".gz")
+_SCAN_BLOCK = 1 << 20
+
+
+def existing_file(path, what: str = "input file") -> Path:
+    """`path` as a Path, or a BertkitError saying that it is missing or a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise BertkitError(f"{what} {path} is a directory; pass a file")
+    if not path.is_file():
+        raise BertkitError(f"{what} {path} does not exist")
+    return path
+
+
+def binary_bytes(head: bytes) -> bool:
+    """NUL bytes or >10% control bytes in the first bytes: binary in any ASCII-based encoding."""
+    if b"\x00" in head:
+        return True
+    text_bytes = bytes(range(32, 127)) + b"\t\n\r\f\b" + bytes(range(128, 256))
+    return len(head.translate(None, text_bytes)) > 0.1 * len(head)
+
+
+def looks_binary(head: bytes) -> bool:
+    """`binary_bytes`, or >10% invalid UTF-8 in the first bytes (like `file`)."""
+    if not head:
+        return False
+    if binary_bytes(head):
+        return True
+    decoded = head.decode("utf-8", errors="replace")
+    return decoded.count("\ufffd") > 0.1 * len(decoded)
+
+
+def check_encoding(name: str) -> str:
+    """`name` if it is a text encoding a corpus can be read in line by line, else a BertkitError."""
+    try:
+        codec = codecs.lookup(name)
+        newline = "\n".encode(codec.name)
+    except (LookupError, TypeError):  # TypeError: a bytes-to-bytes codec (base64, zlib), not a text encoding
+        raise BertkitError(f"unknown --encoding {name!r}: name a text encoding, e.g. utf-8, latin-1, cp1252") from None
+    if newline != b"\n":
+        raise BertkitError(f"--encoding {name}: corpora are read line by line, and in {codec.name} a newline is "
+                           "not the byte 0x0A; convert the files to UTF-8 (iconv -t utf-8)")
+    return name
+
+
+def wrong_encoding(path, encoding: str, bad: int, lines: int, line: int, sample: bytes) -> BertkitError:
+    """The one-line error for a corpus file most of whose lines do not decode in `encoding`."""
+    fix = ("pass its encoding, e.g. --encoding latin-1 (or cp1252, as Windows writes Western European text)"
+           if codecs.lookup(encoding).name == "utf-8" else "pass the encoding it is written in with --encoding")
+    return BertkitError(
+        f"{path} is not {encoding} text: {bad:,} of its {lines:,} lines do not decode (line {line}: bytes "
+        f"{sample.hex(' ')}); {fix}, or convert it to UTF-8 (iconv -f latin1 -t utf-8)"
+    )
+
+
+def first_invalid_utf8(path) -> tuple[int, str] | None:
+    """(byte offset, reason) of the first byte of `path` that is not UTF-8, or None if all decode."""
+    offset, pending = 0, b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(_SCAN_BLOCK)
+            data = pending + block
+            try:
+                data.decode("utf-8")
+                offset, pending = offset + len(data), b""
+            except UnicodeDecodeError as err:
+                # a character cut by the block boundary is completed by the next block
+                if block and err.reason == "unexpected end of data" and len(data) - err.start < 4:
+                    offset, pending = offset + err.start, data[err.start:]
+                else:
+                    return offset + err.start, err.reason
+            if not block:
+                return None
+
+
+def not_utf8(path) -> BertkitError | None:
+    """The one-line error for a file that is not UTF-8 text (None when it is)."""
+    found = first_invalid_utf8(path)
+    if found is None:
+        return None
+    offset, reason = found
+    with open(path, "rb") as f:
+        head = f.read(8192)
+        f.seek(offset)
+        bad = f.read(4)
+    kind = " (it looks like a binary file)" if looks_binary(head) else ""
+    return BertkitError(
+        f"{path} is not UTF-8 text{kind}: the bytes at offset {offset} ({bad.hex(' ')}) are not UTF-8 ({reason}); "
+        "pass a UTF-8 text file (convert one in another encoding, e.g. `iconv -f latin1 -t utf-8`)"
+    )
+
+
+@contextmanager
+def open_text(path, what: str = "input file", newline: str | None = None):
+    """Open a user's text file for reading as UTF-8; a byte that does not decode is a BertkitError.
+
+    The error is raised wherever the caller's reading hits the bad byte, and
+    names the file and the byte's offset in it (found by a rescan, since the
+    decoder only knows its position within a buffer).
+    """
+    path = existing_file(path, what)
+    try:
+        with open(path, encoding="utf-8", newline=newline) as f:
+            yield f
+    except UnicodeDecodeError:
+        err = not_utf8(path)
+        if err is None:  # not this file's bytes: someone else's decoding failed
+            raise
+        raise err from None
+
+
+def read_text(path, what: str = "input file") -> str:
+    """The whole of a user's UTF-8 text file (see `open_text`)."""
+    with open_text(path, what) as f:
+        return f.read()
+
+
+def tsv_rows(lines, path, width: int, first: int = 2):
+    """(line number, cells) for each non-blank line of a TSV text, numbered from `first` (2: after
+    a header); a line with fewer than `width` cells (the header's) is a BertkitError naming it."""
+    for number, line in enumerate(lines, first):
+        if not line.strip():
+            continue
+        cells = line.rstrip("\r\n").split("\t")
+        if len(cells) < width:
+            raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {width}")
+        yield number, cells
+
+
+def json_objects(lines, path, on_blank=None):
+    """(line number, object) for each line of a JSONL text, numbered from 1: one JSON object per
+    line, blank lines skipped (`on_blank()` is called for each); any other line is a BertkitError
+    naming the file and line."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            if on_blank is not None:
+                on_blank()
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise BertkitError(f"{path}:{number}: line {number} is not JSON ({err.msg}): JSONL needs one JSON "
+                               "object per line") from None
+        if not isinstance(row, dict):
+            raise BertkitError(f"{path}:{number}: a JSON {type(row).__name__}, not an object: JSONL needs one "
+                               "JSON object per line")
+        yield number, row
+
+
+def read_texts(path, column: str | None = None) -> tuple:
+    """(an iterator over the texts of a file, how many there are), without loading them all.
+
+    .txt (or anything else): one text per non-empty line. .jsonl: the "text"
+    field (or `column`) of each line. .tsv: the column named `column` (default
+    "sentence", else "text", else the first) under a header row. The file must
+    be UTF-8 (`bertkit.data.textfiles`); a malformed line is an error naming it.
+    """
+    path = existing_file(path)
+    suffix = path.suffix.lower()
+    if suffix == ".tsv":
+        with open_text(path) as f:
+            header = f.readline().rstrip("\r\n").split("\t")
+        name = column or next((c for c in ("sentence", "text") if c in header), header[0])
+        if name not in header:
+            raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
+        col = header.index(name)
+
+        def lines():
+            with open_text(path) as f:
+                f.readline()
+                for number, line in enumerate(f, 2):
+                    if line.strip():
+                        fields = line.rstrip("\r\n").split("\t")
+                        if col >= len(fields):
+                            raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
+                                               f"(the header has {len(header)})")
+                        yield fields[col]
+
+    elif suffix == ".jsonl":
+        key = column or "text"
+
+        def lines():
+            with open_text(path) as f:
+                for number, record in json_objects(f, path):
+                    if key not in record:
+                        raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
+                    yield record[key]
+
+    else:
+
+        def lines():
+            with open_text(path) as f:
+                for line in f:
+                    if line.strip():
+                        yield line.rstrip("\r\n")
+
+    count = sum(1 for _ in lines())
+    return lines(), count
+
+
+def corpus_files(paths) -> list[Path]:
+    """Files named directly and the .txt/.gz files inside folders (recursive): sorted, de-duplicated.
+
+    Hidden files (".name") inside folders are skipped; a file named explicitly
+    is read whatever its name.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(
+                f for f in p.rglob("*")
+                if f.is_file() and f.suffix in CORPUS_SUFFIXES and not f.name.startswith(".")
+            )
+            if not found:
+                raise BertkitError(
+                    f"folder {p} holds no .txt files (nor .gz); put the corpus in *.txt files or name the files"
+                )
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise BertkitError(f"corpus path not found: {p}")
+    seen, out = set(), []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    if not out:
+        raise BertkitError("no corpus files given; pass text files or folders of .txt files")
+    return out

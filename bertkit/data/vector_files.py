@@ -1,0 +1,117 @@
+"""The files `bertkit embed` writes: vectors out, streamed in bounded memory.
+
+The writers consume the stream of results `bertkit.embeddings.features.iter_embed` yields
+(from texts `bertkit.data.textfiles.read_texts` streams), so a corpus of any size
+embeds in flat memory:
+
+    .npy          pooled vectors: one [N, D] float32 array
+    .safetensors  pooled: "embeddings" [N, D]; per token or word: "vectors" [sum T_i, D]
+                  with "offsets" [N+1] (rows of text i are offsets[i]:offsets[i+1])
+    .jsonl        one JSON object per text
+
+The .npy and .safetensors writers spool rows to a temporary file and write the
+header (which needs the row count) at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from bertkit.errors import BertkitError
+
+
+SAFETENSORS_DTYPES = {"F32": "<f4", "I64": "<i8"}  # the safetensors names of the dtypes written here
+
+
+def safetensors_header(tensors: dict) -> bytes:
+    """The 8-byte length and JSON header of a .safetensors file, to be followed by the tensors' raw
+    bytes in the same order; tensors: name -> (dtype, shape), dtype a key of SAFETENSORS_DTYPES."""
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format asks for 8-byte alignment of the data
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequence | None = None) -> int:
+    """Stream results into `path` by its suffix; returns the number of rows written.
+
+    .npy          pooled vectors only: one [N, D] float32 array.
+    .safetensors  pooled: tensor "embeddings" [N, D]; per-token/word: "vectors"
+                  [sum T_i, D] with "offsets" [N+1] (rows of text i are
+                  offsets[i]:offsets[i+1]).
+    .jsonl        one JSON object per text: {"index", "embedding"} or {"index", "vectors"}
+                  (plus "text" when `texts` is given).
+
+    The .npy and .safetensors writers spool rows to a temporary file first, so
+    memory stays flat however many texts stream through.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".npy", ".safetensors", ".jsonl"):
+        raise BertkitError(f"unknown output format {path.name!r}: use a .npy, .safetensors or .jsonl file name")
+    if suffix == ".npy" and not pooled:
+        raise BertkitError(
+            "per-token and per-word vectors have a different length for each text and do not fit one .npy "
+            "array: write them to .safetensors or .jsonl, or choose --pooling mean/cls"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".jsonl":
+        n = 0
+        with path.open("w", encoding="utf-8") as out:
+            for i, row in enumerate(rows):
+                record = {"index": i}
+                if texts is not None:
+                    record["text"] = texts[i]
+                record["embedding" if pooled else "vectors"] = np.round(row.astype(np.float64), 7).tolist()
+                out.write(json.dumps(record) + "\n")
+                n += 1
+        return n
+
+    spool = path.with_name(path.name + ".part")
+    lengths, dim = [], None
+    try:
+        with spool.open("wb") as raw:
+            for row in rows:
+                row = np.ascontiguousarray(row, dtype="<f4")
+                dim = row.shape[-1]
+                lengths.append(1 if row.ndim == 1 else row.shape[0])
+                raw.write(row.tobytes())
+        if dim is None:
+            raise BertkitError("nothing to write: the input holds no texts")
+        total = sum(lengths)
+        with path.open("wb") as out, spool.open("rb") as raw:
+            if suffix == ".npy":
+                np.lib.format.write_array_header_1_0(
+                    out, {"descr": "<f4", "fortran_order": False, "shape": (total, dim)}
+                )
+                _copy(raw, out)
+            else:
+                offsets = np.concatenate([[0], np.cumsum(lengths)]).astype("<i8")
+                if pooled:
+                    tensors = {"embeddings": ("F32", (total, dim))}
+                else:
+                    tensors = {"vectors": ("F32", (total, dim)), "offsets": ("I64", (len(offsets),))}
+                out.write(safetensors_header(tensors))
+                _copy(raw, out)
+                if not pooled:
+                    out.write(offsets.tobytes())
+    finally:
+        spool.unlink(missing_ok=True)
+    return len(lengths)
+
+
+def _copy(src, dst, block: int = 1 << 22) -> None:
+    while True:
+        data = src.read(block)
+        if not data:
+            return
+        dst.write(data)

@@ -1,0 +1,1 @@
+"""Vectors out of the encoder: pooling and the layer strategies (`pooling`), encoding texts into features and sentence embeddings (`features`), and the contrastive losses sentence embeddings are trained with (`losses`)."""

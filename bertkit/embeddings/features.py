@@ -1,0 +1,390 @@
+"""Feature extraction: contextual vectors from a frozen BERT, over texts of any length.
+
+The feature-based approach of the BERT paper (Devlin et al. 2019, section 5.3,
+Table 7) feeds the activations of a pre-trained, *frozen* encoder to a task
+model instead of fine-tuning it. This module runs the encoder over texts and
+hands its outputs to `bertkit.embeddings.pooling`, which turns one forward pass into
+
+- token vectors   [T, D]  per text, from a layer strategy,
+- word vectors    [W, D]  the word pieces of each input word pooled together,
+- sentence vectors [D]    [CLS] or the attention-masked mean, optionally L2-normalised.
+
+Sentence embeddings follow the model's sentence-transformers layout when it has
+one (`bertkit.model.sentence_layout`, read by `bertkit.runtime.loading`): its pooling, its
+normalisation and its `max_seq_length`, the length it was trained at (256 for the
+default all-MiniLM-L6-v2), at which a longer text is truncated unless windows are
+asked for (`truncate=False`). An explicit argument overrides the layout.
+
+Inputs longer than the window (the model's 512 positions, or `max_length`) are
+cut into overlapping windows (`stride` tokens shared by consecutive windows,
+default half a window) and each token keeps the vector from the window where it
+has the most context on both sides: the "max context" rule of `run_squad.py`
+(`bertkit.text.windows`). For a sentence vector of a windowed text the [CLS] comes from
+the first window and the [SEP] from the last, so a text that fits in one window
+gives exactly the one-pass result.
+
+`iter_embed` streams: it reads texts lazily in chunks, sorts each chunk by
+length so that batches carry little padding, runs the batches, and yields the
+results back in input order; `bertkit.data.vector_files` writes that stream without
+holding every vector in memory. For each chunk, in this order: the texts become
+token ids (`_encode`), long ones are cut into windows (`bertkit.text.windows`: the
+windows and, at once, each token's max-context window), the windows run through
+the encoder in batches (`run_batch`, the layer strategy applied there) and are put
+back together per text, and each text is pooled (`bertkit.embeddings.pooling.pool`).
+
+Legend: as in `bertkit.embeddings.pooling` (B batch, T tokens, H hidden, L layers, D output size).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import inspect
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from bertkit.errors import BertkitError
+from bertkit.runtime.loading import Loaded, load
+from bertkit.embeddings.pooling import POOLINGS, SENTENCE_POOLINGS, combine_layers, pool, resolve_layers
+from bertkit.text.windows import max_context_owner, shape, spans
+
+
+# --- the encoder ------------------------------------------------------------------------------
+
+
+_LOADED: dict = {}  # (directory, device, dtype, int8) -> Loaded: the last two directories loaded
+
+
+def encoder(model=None, device=None, dtype=None, int8: bool = False) -> Loaded:
+    """The encoder to embed with: None (the default model) or a model directory, loaded by
+    `bertkit.runtime.loading` (and kept for the next call: embedding many small inputs one call at a time
+    should not reload the weights); a `Loaded`; or a (model, tokenizer) pair, placed and quantized
+    in place where asked (`bertkit.runtime.loading.load`)."""
+    if isinstance(model, Loaded):
+        return model
+    if not (model is None or isinstance(model, (str, Path)) or (isinstance(model, tuple) and len(model) == 2)):
+        raise BertkitError("model must be None (the default model), a model directory, or a (model, tokenizer) "
+                           f"pair; got {type(model).__name__}")
+    key = None
+    if not isinstance(model, tuple):
+        key = (None if model is None else str(Path(model).resolve()) if Path(model).is_dir() else str(model),
+               device, dtype, int8)
+    if key not in _LOADED:
+        loaded = load(model if key is None else key[0], head="encoder", device=device, dtype=dtype, int8=int8)
+        if key is None:
+            return loaded
+        while len(_LOADED) >= 2:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = loaded
+    return _LOADED[key]
+
+
+def _device_of(model) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+# --- encoding texts into pieces the model can take --------------------------------------
+
+
+@dataclass
+class _Piece:
+    """One forward-pass row: a whole text, or one window of a long text."""
+
+    item: int  # index of the text in its chunk
+    window: int  # index of the window within the text (0 for a short text)
+    input_ids: list
+    token_type_ids: list
+
+
+@dataclass
+class _Item:
+    """A text as the model sees it, before windowing."""
+
+    text: str
+    pair: str | None
+    ids: list  # full id sequence with specials, possibly longer than max_length
+    type_ids: list
+    token_words: list  # per token: input word index or None
+    n_words: int
+    windows: list | None = None  # (start, end) windows over the content tokens, None when it fits
+    owners: list | None = None  # per content token: the window it has the most context in
+
+
+def _word_spans(words: Sequence[str]) -> tuple:
+    """Join pre-split words with single spaces; return the text and each word's char span."""
+    spans, pos = [], 0
+    for w in words:
+        spans.append((pos, pos + len(w)))
+        pos += len(w) + 1
+    return " ".join(words), spans
+
+
+def whitespace_spans(text: str) -> list:
+    """(start, end) character span of each whitespace-separated word of `text` (the words of str.split())."""
+    spans, start = [], None
+    for i, ch in enumerate(text + " "):
+        if ch.isspace():
+            if start is not None:
+                spans.append((start, i))
+                start = None
+        elif start is None:
+            start = i
+    return spans
+
+
+def _token_words(offsets, sequence_ids, spans) -> list:
+    """Map each token of the first segment to the input word whose char span holds its first char."""
+    starts = [a for a, _ in spans]
+    out = []
+    for (start, end), seq in zip(offsets, sequence_ids):
+        k = bisect.bisect_right(starts, start) - 1
+        inside = seq == 0 and end > start and k >= 0 and start < spans[k][1]
+        out.append(k if inside else None)
+    return out
+
+
+def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
+    if isinstance(text, (list, tuple)):
+        if not all(isinstance(w, str) for w in text):
+            raise BertkitError("a pre-split text must be a list of strings (words)")
+        text, words = _word_spans(text)
+    elif isinstance(text, str):
+        words = None
+    else:
+        raise BertkitError(f"expected a string (or a list of words), got {type(text).__name__}")
+    if not text.strip():
+        raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
+    if pair is not None and not str(pair).strip():
+        raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
+    # without truncation the tokenizer returns the whole text, however long; _pieces windows it
+    enc = tok.encode(text, pair, max_length=max_length, truncation=truncate)
+    if len(enc.input_ids) <= 2:
+        raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
+    if words is None:
+        words = whitespace_spans(text)
+    token_words = _token_words(enc.offsets, enc.sequence_ids, words)
+    item = _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words))
+    return item
+
+
+def _pieces(item_index: int, item: _Item, max_length: int, stride: int) -> list:
+    if len(item.ids) <= max_length:
+        return [_Piece(item_index, 0, item.ids, item.type_ids)]
+    if item.pair is not None:
+        raise BertkitError(
+            f"a text pair of {len(item.ids)} tokens exceeds {max_length}: pairs are not windowed; "
+            "shorten them or pass truncate=True (--truncate)"
+        )
+    cls_id, content, sep_id = item.ids[0], item.ids[1:-1], item.ids[-1]
+    item.windows = spans(len(content), max_length - 2, stride)
+    item.owners = max_context_owner(item.windows, len(content))
+    return [
+        _Piece(item_index, k, [cls_id, *content[s:e], sep_id], [0] * (e - s + 2))
+        for k, (s, e) in enumerate(item.windows)
+    ]
+
+
+def _stitch(item: _Item, window_vectors: list) -> np.ndarray:
+    """Token vectors of a windowed text: [CLS] from the first window, [SEP] from the last."""
+    if item.windows is None:
+        return window_vectors[0]
+    rows = [window_vectors[0][0]]
+    for position, k in enumerate(item.owners):
+        rows.append(window_vectors[k][1 + position - item.windows[k][0]])
+    rows.append(window_vectors[-1][-1])
+    return np.stack(rows)
+
+
+# --- the forward pass ---------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_pool(cls: type) -> bool:
+    """Whether the encoder class's forward takes `pool` (bertkit's do; a model held in memory may not)."""
+    return "pool" in inspect.signature(cls.forward).parameters
+
+
+def run_batch(model, pieces: list, layers="last", pad_id: int = 0, combine: str | None = None) -> list:
+    """Run one padded batch and return each piece's token vectors [T_i, D] (float32 numpy), from the
+    layer strategy `layers` (a name, indices with `combine`, or a LayerSpec: `bertkit.embeddings.pooling`).
+
+    `pieces` are anything with `input_ids` and `token_type_ids` lists ([CLS]/[SEP]
+    included): the windows of `iter_embed`, or the rows `bertkit serve` batches.
+    """
+    spec = resolve_layers(layers, model.config.num_hidden_layers, combine)
+    width = max(len(p.input_ids) for p in pieces)
+    ids = torch.full((len(pieces), width), pad_id, dtype=torch.long)
+    types = torch.zeros((len(pieces), width), dtype=torch.long)
+    mask = torch.zeros((len(pieces), width), dtype=torch.long)
+    for row, p in enumerate(pieces):
+        n = len(p.input_ids)
+        ids[row, :n] = torch.tensor(p.input_ids)
+        types[row, :n] = torch.tensor(p.token_type_ids)
+        mask[row, :n] = 1
+    need_all = spec.indices != (model.config.num_hidden_layers,)
+    device = _device_of(model)
+    ids, types, mask = ids.to(device), types.to(device), mask.to(device)
+    with torch.inference_mode():
+        skip_pooler = {"pool": False} if _takes_pool(type(model)) else {}  # bertkit's encoders: no pooler to run
+        out = model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=need_all, **skip_pooler)
+        if need_all:
+            vectors = combine_layers(out.hidden_states, spec)
+        else:
+            vectors = out.last_hidden_state
+        vectors = vectors.float().cpu().numpy()
+    return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
+
+
+def _check_pooling(pooling):
+    """The pooling asked for ("none"/"tokens": None); "auto" stays: the model's own (its
+    sentence-transformers layout, else mean)."""
+    if pooling in ("none", "tokens"):
+        pooling = None
+    if pooling != "auto" and pooling not in POOLINGS:
+        raise BertkitError(f"unknown pooling {pooling!r}: use auto, mean, cls, max, words or none (per-token vectors)")
+    return pooling
+
+
+def iter_embed(
+    texts: Iterable,
+    loaded: Loaded,
+    layers="last",
+    pooling="auto",
+    normalize: bool | None = None,
+    *,
+    pairs: Iterable | None = None,
+    combine: str | None = None,
+    word_pooling: str = "mean",
+    batch_size: int = 32,
+    max_length: int | None = None,
+    stride: int | None = None,
+    truncate: bool | None = None,
+    chunk_size: int = 1024,
+    progress: bool = False,
+    total: int | None = None,
+) -> Iterator[np.ndarray]:
+    """Yield one result per text, in input order, reading `texts` lazily, with the encoder `loaded`
+    (`encoder(...)` or `bertkit.runtime.loading.load(...)`).
+
+    Texts are taken `chunk_size` at a time; within a chunk the forward-pass rows
+    (texts, or windows of long texts) are sorted by length so each batch of
+    `batch_size` carries little padding. See `embed` for the arguments.
+    """
+    if not isinstance(loaded, Loaded):
+        raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.encoder(model)), got "
+                           f"{type(loaded).__name__}")
+    pooling = _check_pooling(pooling)
+    if batch_size < 1:
+        raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
+    net, tok = loaded.model, loaded.tokenizer
+    pooling = loaded.pooling if pooling == "auto" else pooling
+    sentence = pooling in SENTENCE_POOLINGS
+    normalize = (loaded.normalize and sentence) if normalize is None else bool(normalize)
+    # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length
+    preset = loaded.layout.max_seq_length if sentence and loaded.layout is not None else None
+    cut = shape(loaded.max_positions, preset, max_length, stride, truncate)
+    pad_id = getattr(tok, "pad_token_id", 0) or 0
+
+    was_training = net.training
+    net.eval()  # dropout off: features are deterministic
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="text", desc="embed")
+    source = zip(texts, pairs) if pairs is not None else ((t, None) for t in texts)
+    try:
+        while True:
+            chunk = list(itertools.islice(source, chunk_size))
+            if not chunk:
+                break
+            items = [_encode(tok, text, pair, cut.max_length, cut.truncate) for text, pair in chunk]
+            pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
+            tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
+            for item, vectors in zip(items, tokens):
+                yield pool(vectors, pooling, normalize, item.token_words, item.n_words, word_pooling)
+    finally:
+        net.train(was_training)
+        if bar is not None:
+            bar.close()
+
+
+def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar) -> list:
+    """Each item's token vectors [T, D]: the pieces run in batches of similar length (little
+    padding), then each text's windows put back together (`_stitch`)."""
+    order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
+    results = [[None] * (len(it.windows) if it.windows else 1) for it in items]
+    shown = 0
+    for b in range(0, len(order), batch_size):
+        batch = [pieces[k] for k in order[b : b + batch_size]]
+        for piece, vectors in zip(batch, run_batch(net, batch, layers, pad_id, combine)):
+            results[piece.item][piece.window] = vectors
+        if bar is not None:  # texts of the chunk, in proportion to the rows done
+            done = len(items) * min(b + batch_size, len(order)) // len(order)
+            bar.update(done - shown)
+            shown = done
+    return [_stitch(item, windows) for item, windows in zip(items, results)]
+
+
+def embed(
+    texts,
+    model=None,
+    layers="last",
+    pooling="auto",
+    normalize: bool | None = None,
+    **options,
+):
+    """Embed texts with a frozen BERT; a numpy float32 array, one row per text.
+
+    texts:     a string, a list of strings, or a list of pre-split word lists
+               (word vectors then align to those words).
+    model:     None (the default model), a model directory, a `bertkit.runtime.loading.Loaded`,
+               or a (model, tokenizer) pair.
+    layers:    a strategy name (first, last, sum_all, second_to_last,
+               sum_last_four, concat_last_four), a layer index, or a list of
+               indices (0 = embeddings .. L = last, -1 = last) merged by
+               `combine=` sum | mean | concat (default concat).
+    pooling:   "auto" (the model's sentence-transformers layout, else mean), "mean"
+               (masked mean over the tokens, [CLS]/[SEP] included, as
+               sentence-transformers), "cls", "max", "words" (one vector per input word,
+               pieces pooled by `word_pooling=` mean | first) or None (per-token).
+    normalize: L2-normalise each output vector (None: as the model's layout says for
+               sentence vectors, else no).
+    options:   pairs=, combine=, word_pooling=, batch_size=32, max_length= (window size;
+               default: for sentence vectors the layout's max_seq_length, else the
+               model's 512 positions), stride= tokens shared by consecutive windows
+               (default: half a window, (max_length-2) - (max_length-2)//2),
+               truncate= (cut at max_length instead of windowing; default: True
+               at the layout's length, else False), progress=False,
+               device= auto | cpu | cuda, dtype= float32 | bfloat16 | auto,
+               int8=False (int8 dense layers, `bertkit.runtime.quantization`); see
+               `bertkit.runtime.loading.load`.
+
+    Returns [N, D] for pooled vectors of a list, [D] for a single string;
+    with pooling None or "words" a list of [T_i, D] / [W_i, D] arrays (one
+    array for a single string).
+    """
+    single = isinstance(texts, str)
+    if single:
+        texts = [texts]
+        if options.get("pairs") is not None and isinstance(options["pairs"], str):
+            options["pairs"] = [options["pairs"]]
+    elif not isinstance(texts, (list, tuple)):
+        texts = list(texts)
+    if len(texts) == 0:
+        raise BertkitError("no texts to embed: pass a string or a non-empty list of strings")
+    if options.get("pairs") is not None and len(options["pairs"]) != len(texts):
+        raise BertkitError(f"{len(texts)} texts but {len(options['pairs'])} pairs: give one pair per text")
+    options.setdefault("total", len(texts))
+    loaded = encoder(model, options.pop("device", None), options.pop("dtype", None), options.pop("int8", False))
+    rows = list(iter_embed(texts, loaded, layers, pooling, normalize, **options))
+    pooled = _check_pooling(pooling) in SENTENCE_POOLINGS if pooling != "auto" else True
+    if single:
+        return rows[0]
+    return np.stack(rows) if pooled else rows

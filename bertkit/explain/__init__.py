@@ -1,0 +1,1 @@
+"""Looking inside a model: every intermediate tensor of one forward pass (`tracing`), attention pictures (`attention_view`), what the MLM head predicts (`fill_mask`), and ELECTRA's replacements (`electra_view`)."""

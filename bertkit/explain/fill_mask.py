@@ -1,0 +1,81 @@
+"""Fill-mask: what a masked-LM head predicts for each [MASK], the pre-training task made visible.
+
+BERT's first pre-training task (Devlin et al. 2019, section 3.1, "Masked LM") asks
+the model to recover masked words from both sides' context; ELECTRA's generator
+(Clark et al. 2020) is trained on the same task. Given a text with one or more
+[MASK] tokens, this module runs the model's MLM head and returns, for each [MASK]
+in order, the top-k vocabulary entries with their probabilities (softmax over the
+whole vocabulary at that position, as transformers' `pipeline("fill-mask")`).
+
+Which checkpoints have an MLM head:
+    a BERT directory with `cls.predictions.*` (BertForMaskedLM, BertForPreTraining, the
+        output of `bertkit pretrain run`)                  -> BertForMaskedLM
+    an ELECTRA generator (ElectraForMaskedLM)               -> ElectraForMaskedLM
+    an ELECTRA pre-training directory (generator in generator/) -> its generator
+A directory without one (a bare encoder, a fine-tuned classifier, an ELECTRA
+discriminator) is an error that says so. All [MASK]s are predicted in one pass,
+each independently of the others' predictions (as the pipeline does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bertkit.errors import BertkitError
+from bertkit.runtime.loading import load
+from bertkit.text.vocab import MASK
+
+
+@dataclass
+class Prediction:
+    """One candidate for one [MASK]."""
+
+    token: str  # the vocabulary entry ("##s" for a word piece)
+    id: int
+    probability: float
+
+
+def load_mlm(model_dir=None, *, device=None, dtype=None):
+    """(masked-LM model in eval mode, tokenizer) from a model directory (None: the default model,
+    which has no MLM head: an error says so); an ELECTRA pre-training run gives its generator.
+    Loaded by `bertkit.runtime.loading` (head "mlm")."""
+    loaded = load(model_dir, head="mlm", device=device, dtype=dtype)
+    return loaded.model, loaded.tokenizer
+
+
+@torch.no_grad()
+def fill_mask(model, text: str, top_k: int = 5, pair: str | None = None) -> list[list[Prediction]]:
+    """For each [MASK] in `text` (and `pair`), the top_k predictions, most probable first.
+
+    model: a model directory, None (the default model, which has no MLM head: an error),
+    or a (masked-LM model, Tokenizer) pair as `load_mlm` returns.
+    """
+    net, tok = model if isinstance(model, tuple) else load_mlm(model)
+    if not isinstance(top_k, int) or top_k < 1:
+        raise BertkitError(f"top_k must be a positive integer, got {top_k!r}")
+    enc = tok.encode(text, pair, max_length=min(net.config.max_position_embeddings, 512))
+    positions = [i for i, t in enumerate(enc.input_ids) if t == tok.mask_token_id]
+    if not positions:
+        raise BertkitError(f"no {MASK} in the text: write {MASK} where a word should be predicted")
+    device = next(net.parameters()).device
+    ids = torch.tensor([enc.input_ids], device=device)
+    types = torch.tensor([enc.token_type_ids], device=device)
+    logits = net(ids, token_type_ids=types).logits[0, positions].float()  # [K masks, V]
+    probs = logits.softmax(dim=-1)
+    top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+    tokens = tok.convert_ids_to_tokens
+    return [
+        [Prediction(token, int(i), float(p)) for token, i, p in zip(tokens(row_ids.tolist()), row_ids, row_p)]
+        for row_ids, row_p in zip(top.indices, top.values)
+    ]
+
+
+def format_predictions(text: str, predictions: list[list[Prediction]]) -> str:
+    """The text, then one block per [MASK]: rank, probability, token."""
+    lines = [text]
+    for k, candidates in enumerate(predictions, start=1):
+        lines.append(f"{MASK} #{k}:" if len(predictions) > 1 else f"{MASK}:")
+        lines += [f"  {r}. {c.probability:7.4f}  {c.token}" for r, c in enumerate(candidates, start=1)]
+    return "\n".join(lines)

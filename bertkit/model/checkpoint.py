@@ -1,0 +1,440 @@
+"""Hugging Face BERT and ELECTRA checkpoints: load them into our classes and save ours in their format.
+
+A Hugging Face BERT directory holds `config.json`, the weights (`model.safetensors`,
+possibly sharded with `model.safetensors.index.json`, or the older pickle
+`pytorch_model.bin`, which we read only with `torch.load(weights_only=True)`, so a
+malicious pickle cannot run code) and the tokenizer files (`vocab.txt`, ...).
+
+Compatibility lives in one place: TABLE below maps each of our parameter names to
+the Hugging Face key(s) it is stored under. The encoder's keys carry a `bert.`
+prefix in head checkpoints (`bert.encoder.layer.3...`) and none in a bare
+`BertModel` checkpoint; we strip it on reading and add it back on writing heads.
+Our fused query/key/value matrix [3H, H] is three HF keys, concatenated in that
+order. The masked-LM decoder is tied to the word embeddings, so its weight is
+never read or written (transformers re-ties it on load).
+
+Loading sorts every checkpoint key into one of:
+  loaded      matched one of our parameters (shapes checked against the config);
+  missing     a parameter of ours the checkpoint lacks (e.g. a task head never trained);
+  unused      a BERT weight this class has no place for: another task's head, or the
+              pooler for heads that do not read it (transformers ignores these too);
+  unexpected  a key that is no BERT weight at all;
+  mismatched  a head weight whose shape disagrees with the config (e.g. num_labels).
+strict=True (the default) raises BertkitError listing missing / unexpected / mismatched
+keys; strict=False initialises them freshly, warns, and leaves the report in
+`model.load_report`. An encoder weight whose shape contradicts config.json, or a
+different number of layers, is always an error: no setting can make those load.
+
+Imports flow one way: `bertkit.model.modeling` imports this module (the model classes'
+`from_pretrained` / `save_pretrained` delegate here), and this module never imports
+the model classes: it builds the class it is given and reads any model through its
+config and named parameters (a head is the model that holds its encoder as `bert`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from bertkit.default_model import default_model_dir
+from bertkit.errors import BertkitError
+
+# ours -> Hugging Face, relative to the encoder ({i}: layer index, {p}: weight or bias)
+TABLE = [
+    ("embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
+    ("embeddings.position_embeddings.weight", "embeddings.position_embeddings.weight"),
+    ("embeddings.token_type_embeddings.weight", "embeddings.token_type_embeddings.weight"),
+    ("embeddings.layer_norm.{p}", "embeddings.LayerNorm.{p}"),
+    ("encoder.layers.{i}.attention.qkv.{p}", (
+        "encoder.layer.{i}.attention.self.query.{p}",
+        "encoder.layer.{i}.attention.self.key.{p}",
+        "encoder.layer.{i}.attention.self.value.{p}",
+    )),
+    ("encoder.layers.{i}.attention.output.{p}", "encoder.layer.{i}.attention.output.dense.{p}"),
+    ("encoder.layers.{i}.attention_norm.{p}", "encoder.layer.{i}.attention.output.LayerNorm.{p}"),
+    ("encoder.layers.{i}.intermediate.{p}", "encoder.layer.{i}.intermediate.dense.{p}"),
+    ("encoder.layers.{i}.output.{p}", "encoder.layer.{i}.output.dense.{p}"),
+    ("encoder.layers.{i}.output_norm.{p}", "encoder.layer.{i}.output.LayerNorm.{p}"),
+    ("pooler.dense.{p}", "pooler.dense.{p}"),
+    # task heads (bertkit.model.heads), not under the encoder
+    ("mlm.transform.{p}", "cls.predictions.transform.dense.{p}"),
+    ("mlm.layer_norm.{p}", "cls.predictions.transform.LayerNorm.{p}"),
+    ("mlm.bias", "cls.predictions.bias"),
+    ("nsp.{p}", "cls.seq_relationship.{p}"),
+    ("classifier.{p}", "classifier.{p}"),
+    ("qa_outputs.{p}", "qa_outputs.{p}"),
+]
+
+ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
+# present in some checkpoints, never needed: buffers and the tied decoder
+IGNORED = {"embeddings.position_ids", "embeddings.token_type_ids",
+           "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+# ELECTRA (Clark et al. 2020; Hugging Face modeling_electra.py): the encoder rows of
+# TABLE, the projection from embedding_size to hidden_size, and ELECTRA's own heads
+ELECTRA_TABLE = [row for row in TABLE if row[0].startswith(("embeddings.", "encoder."))] + [
+    ("embeddings_project.{p}", "embeddings_project.{p}"),
+    ("discriminator_predictions.dense.{p}", "discriminator_predictions.dense.{p}"),
+    ("discriminator_predictions.dense_prediction.{p}", "discriminator_predictions.dense_prediction.{p}"),
+    ("generator_predictions.dense.{p}", "generator_predictions.dense.{p}"),
+    ("generator_predictions.layer_norm.{p}", "generator_predictions.LayerNorm.{p}"),
+    ("generator_predictions.bias", "generator_lm_head.bias"),  # the decoder weight is the tied embeddings
+    ("classifier.dense.{p}", "classifier.dense.{p}"),  # ElectraClassificationHead
+    ("classifier.out_proj.{p}", "classifier.out_proj.{p}"),
+    ("classifier.{p}", "classifier.{p}"),  # token classification: one linear layer
+    ("qa_outputs.{p}", "qa_outputs.{p}"),
+]
+
+
+def _compile(pattern: str) -> re.Pattern:
+    regex = re.escape(pattern).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)")
+    return re.compile(regex + "$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One checkpoint family: its key table, the prefix head checkpoints put on the encoder,
+    which keys belong to the encoder and which to heads, and keys never needed."""
+
+    model_type: str
+    prefix: str
+    table: list
+    encoder_prefixes: tuple
+    head_prefixes: tuple
+    ignored: frozenset
+    compiled: list = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        rows = [(_compile(ours), (hf,) if isinstance(hf, str) else hf) for ours, hf in self.table]
+        object.__setattr__(self, "compiled", rows)
+
+
+BERT = Layout("bert", "bert.", TABLE, ENCODER_PREFIXES, HEAD_PREFIXES, frozenset(IGNORED))
+ELECTRA = Layout(
+    # "embeddings" covers embeddings.* and embeddings_project.*; ELECTRA has no pooler
+    "electra", "electra.", ELECTRA_TABLE, ("embeddings", "encoder."),
+    ("discriminator_predictions.", "generator_predictions.", "generator_lm_head.", "classifier.", "qa_outputs."),
+    frozenset({"embeddings.position_ids", "embeddings.token_type_ids", "generator_lm_head.weight"}),
+)
+LAYOUTS = {"bert": BERT, "electra": ELECTRA}
+
+
+def layout_of(model) -> Layout:
+    """The checkpoint layout of a model, from its config's model_type (BertConfig: "bert")."""
+    return LAYOUTS[getattr(model.config, "model_type", "bert")]
+
+
+def hf_keys(name: str, layout: Layout = BERT) -> tuple[str, ...]:
+    """Our parameter name (without the heads' `bert.`/`electra.` prefix) -> its Hugging Face key(s)."""
+    for regex, targets in layout.compiled:
+        m = regex.match(name)
+        if m:
+            return tuple(t.format(**m.groupdict()) for t in targets)
+    table = "TABLE" if layout is BERT else "ELECTRA_TABLE"
+    raise AssertionError(f"no checkpoint name for parameter {name!r}: add it to checkpoint.{table}")
+
+
+@dataclass
+class LoadReport:
+    """What happened to each checkpoint key (see the module docstring)."""
+
+    source: str
+    missing: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+
+    @property
+    def problems(self) -> bool:
+        return bool(self.missing or self.unexpected or self.mismatched)
+
+    def describe(self) -> str:
+        parts = []
+        for name in ("missing", "unexpected", "mismatched", "unused"):
+            keys = getattr(self, name)
+            if keys:
+                parts.append(f"{name} ({len(keys)}): {', '.join(keys)}")
+        return "; ".join(parts) or "all weights matched"
+
+
+# --- reading -------------------------------------------------------------------
+
+
+def _read_safetensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as err:  # the Rust reader raises its own error type on bad headers/sizes
+        raise BertkitError(
+            f"{path} is not a readable safetensors file ({err}); it is probably truncated or corrupt: "
+            "copy or save it again"
+        ) from None
+
+
+def _read_pickle(path: Path) -> dict:
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise BertkitError(
+            f"could not read {path} safely ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+            "only plain tensor checkpoints load (weights_only=True): convert it to model.safetensors"
+        ) from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    return state
+
+
+def read_weights(directory) -> tuple[dict[str, torch.Tensor], Path]:
+    """The raw state dict of a checkpoint directory (or of one weights file) and the file read."""
+    path = Path(directory)
+    if path.is_dir():
+        found = [path / name for name in WEIGHT_FILES if (path / name).is_file()]
+        if not found:
+            raise BertkitError(f"no weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
+        path = found[0]
+    elif not path.is_file():
+        raise BertkitError(f"no checkpoint at {path}: pass a model directory with config.json and weights")
+    if path.name.endswith(".index.json"):
+        try:
+            weight_map = json.loads(path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise BertkitError(f"{path} is not a valid shard index ({err})") from None
+        state = {}
+        for shard in sorted(set(weight_map.values())):
+            state.update(_read_safetensors(path.parent / shard))
+    elif path.suffix == ".safetensors":
+        state = _read_safetensors(path)
+    else:
+        state = _read_pickle(path)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise BertkitError(f"{path} does not hold a flat name -> tensor state dict")
+    return state, path
+
+
+def canonical(state: dict[str, torch.Tensor], layout: Layout = BERT) -> dict[str, torch.Tensor]:
+    """HF keys as a bare BertModel names them: no `bert.` prefix, LayerNorm weight/bias
+    (TF-converted checkpoints say gamma/beta), the MLM bias under cls.predictions.bias."""
+    out = {}
+    for key, value in state.items():
+        if key.startswith(layout.prefix):
+            key = key[len(layout.prefix):]
+        key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)
+        key = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key)
+        out[key] = value
+    if "cls.predictions.bias" not in out and "cls.predictions.decoder.bias" in out:
+        out["cls.predictions.bias"] = out.pop("cls.predictions.decoder.bias")
+    return out
+
+
+def _our_params(model, layout: Layout = BERT) -> list[tuple[str, str, torch.nn.Parameter]]:
+    """(full name, name relative to the encoder, parameter) for every parameter of `model`."""
+    out = []
+    for name, param in model.named_parameters():
+        rel = name[len(layout.prefix):] if name.startswith(layout.prefix) else name
+        out.append((name, rel, param))
+    return out
+
+
+def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, source: str = "checkpoint") -> LoadReport:
+    """Copy a Hugging Face state dict into `model` through its layout's table; returns the report."""
+    layout = layout_of(model)
+    state = canonical(state, layout)
+    config = model.config
+    report = LoadReport(source=source)
+
+    layers = {int(m.group(1)) for k in state if (m := re.match(r"encoder\.layer\.(\d+)\.", k))}
+    if layers and max(layers) + 1 != config.num_hidden_layers:
+        raise BertkitError(
+            f"{source} has {max(layers) + 1} encoder layers but the config says num_hidden_layers="
+            f"{config.num_hidden_layers}: the config does not match the weights"
+        )
+
+    used = set()
+    with torch.no_grad():
+        for full, rel, param in _our_params(model, layout):
+            keys = hf_keys(rel, layout)
+            present = [k for k in keys if k in state]
+            if len(present) < len(keys):
+                report.missing += [k for k in keys if k not in state]
+                continue
+            tensors = [state[k] for k in keys]
+            value = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+            used.update(keys)
+            if value.shape != param.shape:
+                found = " + ".join(str(tuple(t.shape)) for t in tensors)
+                msg = f"{keys[0]}: checkpoint shape {found}, the config needs {tuple(param.shape)}"
+                if keys[0].startswith(layout.head_prefixes):
+                    report.mismatched.append(msg)  # e.g. a classifier trained for another num_labels
+                    continue
+                raise BertkitError(
+                    f"{source} contradicts its config: {msg}; check vocab_size, hidden_size, "
+                    "intermediate_size, max_position_embeddings and type_vocab_size in config.json"
+                )
+            param.copy_(value)
+
+    for key in state:
+        if key in used or key in layout.ignored:
+            continue
+        if key.startswith(layout.encoder_prefixes[:2]) or not key.startswith(layout.encoder_prefixes + layout.head_prefixes):
+            report.unexpected.append(key)
+        else:
+            report.unused.append(key)  # the pooler or another task's head
+
+    if report.problems:
+        if strict:
+            raise BertkitError(
+                f"{type(model).__name__} does not match {source}: {report.describe()}. "
+                "Pass strict=False to initialise the missing weights freshly (e.g. a new task head)."
+            )
+        warnings.warn(f"{type(model).__name__} from {source}: {report.describe()}", stacklevel=4)
+    return report
+
+
+# --- what a model directory holds ------------------------------------------------------------
+
+INT8_WEIGHTS = "model.int8.safetensors"  # an int8 model saved by bertkit.runtime.quantization.save_quantized
+TASK_FILE = "bertkit_task.json"  # how a `bertkit finetune` model encodes its inputs (task, columns, max_length)
+GENERATOR_DIR = "generator"  # the generator's subfolder in an ELECTRA pre-training output directory
+TASK_HEADS = {"BertForSequenceClassification": "classify", "BertForTokenClassification": "ner",
+              "BertForQuestionAnswering": "qa"}  # architectures of fine-tuned models, and their default task
+
+
+def read_config(directory) -> dict:
+    """config.json of a model directory as a dict; a BertkitError naming the file when it is unreadable."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise BertkitError(f"{directory} is not a model directory: it has no config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BertkitError(f"{path} is not readable JSON ({' '.join(str(err).split())}): the model directory "
+                           "is corrupt") from None
+    if not isinstance(config, dict):
+        raise BertkitError(f"{path} is not a JSON object: the model directory is corrupt")
+    return config
+
+
+def model_type(directory) -> str:
+    """The model_type config.json names: "bert" (also when it names none) or "electra"."""
+    return read_config(directory).get("model_type", "bert")
+
+
+def architecture(directory) -> str:
+    """The class config.json's `architectures` names ("BertModel" when it names none)."""
+    names = read_config(directory).get("architectures") or ["BertModel"]
+    return str(names[0])
+
+
+def has_int8_weights(directory) -> bool:
+    """Whether `directory` holds an int8 model saved by `bertkit.runtime.quantization.save_quantized`."""
+    return directory is not None and (Path(directory) / INT8_WEIGHTS).is_file()
+
+
+def task_info(directory) -> dict | None:
+    """A fine-tuned model's task description (bertkit_task.json, or inferred from config.json's
+    architectures for a Hugging Face head checkpoint); None for a bare encoder."""
+    directory = Path(directory)
+    path = directory / TASK_FILE
+    if path.is_file():
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+            info["task"]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+            raise BertkitError(f"{path} is corrupt ({type(err).__name__}: {' '.join(str(err).split())}): "
+                               "fine-tune the model again, or remove the file to use it as a plain checkpoint") from None
+        return info
+    config = read_config(directory)
+    task = TASK_HEADS.get(architecture(directory))
+    if task is None:
+        return None
+    if task == "classify":
+        n = config.get("num_labels", len(config.get("id2label") or {}) or 2)
+        problem = config.get("problem_type")
+        task = "regression" if problem == "regression" or n == 1 else (
+            "multi_label" if problem == "multi_label_classification" else "classify")
+    return {"task": task, "max_length": 384 if task == "qa" else 512}
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a model directory holds, read from its small files (no weights)."""
+
+    directory: Path
+    model_type: str  # "bert" or "electra"
+    architecture: str  # the class config.json names
+    task: dict | None  # a fine-tuned model's task description; None for a bare encoder
+    int8_weights: bool  # an int8 model saved by bertkit.runtime.quantization.save_quantized
+
+
+def describe(path) -> Saved:
+    """`path` (None: the default model) as a `Saved`: every reader above, once."""
+    directory = resolve(path)
+    return Saved(directory, model_type(directory), architecture(directory), task_info(directory),
+                 has_int8_weights(directory))
+
+
+def resolve(path) -> Path:
+    """A model directory: `path`, or the default model's when None."""
+    if path is None:
+        return default_model_dir()
+    if not isinstance(path, (str, Path)):
+        raise BertkitError(f"model must be None (the default model) or a model directory, got {type(path).__name__}")
+    path = Path(path)
+    if not path.is_dir():
+        raise BertkitError(f"no model directory at {path}: it should hold config.json and model.safetensors")
+    return path
+
+
+def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Generator | None = None, **config_overrides):
+    """`cls.from_pretrained`: build `cls` from the directory's config.json, then load its weights."""
+    directory = resolve(path)
+    config = cls.config_class.from_pretrained(directory)
+    if config_overrides:
+        config = config.replace(**config_overrides)
+    model = cls(config, generator=generator)
+    state, weights_path = read_weights(directory)
+    model.load_report = load_state(model, state, strict=strict, source=str(weights_path))
+    return model.eval()  # like transformers: loaded models start in inference mode (dropout off)
+
+
+# --- writing -------------------------------------------------------------------
+
+
+def hf_state_dict(model) -> dict[str, torch.Tensor]:
+    """Our parameters under their Hugging Face names (heads: encoder under `bert.` / `electra.`)."""
+    layout = layout_of(model)
+    prefix = layout.prefix if hasattr(model, layout.prefix[:-1]) else ""  # a head holds its encoder as `bert`
+    out = {}
+    for full, rel, param in _our_params(model, layout):
+        keys = hf_keys(rel, layout)
+        chunks = param.detach().chunk(len(keys), dim=0) if len(keys) > 1 else (param.detach(),)
+        for key, chunk in zip(keys, chunks):
+            out[(prefix if key.startswith(layout.encoder_prefixes) else "") + key] = chunk.contiguous().clone()
+    return out
+
+
+def save_pretrained(model, directory, tokenizer=None) -> None:
+    """Write `directory` the way transformers does: config.json, model.safetensors and,
+    with a tokenizer, its vocab.txt / tokenizer_config.json."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = model.config.replace(architectures=[type(model).__name__])
+    config.to_json_file(directory / "config.json")
+    save_file(hf_state_dict(model), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        if not hasattr(tokenizer, "save_pretrained"):
+            raise BertkitError(f"cannot save a {type(tokenizer).__name__}: pass a bertkit Tokenizer")
+        tokenizer.save_pretrained(directory)
+

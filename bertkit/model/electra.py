@@ -1,0 +1,361 @@
+"""ELECTRA: pre-training by replaced-token detection.
+
+Clark et al. 2020, "ELECTRA: Pre-training Text Encoders as Discriminators Rather
+Than Generators" (section 2, figure 2). A small masked-LM *generator* fills the
+masked positions with words sampled from its softmax ("plausible substitutions");
+the *discriminator*, the model that goes on to fine-tuning, reads the corrupted
+text and says for every token whether it was replaced. It learns from all real
+tokens, not only the 15% that were masked.
+
+    input_ids [B, T] (with [MASK]), labels [B, T] (the original id where masked, -100 elsewhere)
+      -> generator -> MLM logits [M, V] at the M masked positions, mlm_loss
+      -> sample M ids from softmax (no gradient) -> corrupted_ids [B, T]
+      -> replaced [B, T] = corrupted_ids != original ids (a sample equal to the original is "original")
+      -> discriminator -> one logit per token [B, T], binary cross-entropy over real tokens
+      loss = mlm_loss + disc_weight * disc_loss                       (disc_weight 50, paper table 7)
+
+Both networks are BERT encoders (the layers of `bertkit.model.modeling`, reused), with
+two changes of ELECTRA's published models: embeddings are `embedding_size` wide and
+projected to `hidden_size` by `embeddings_project` where the two differ, and the
+generator is smaller (hidden, heads and feed-forward a fraction of the
+discriminator's, 1/4 by default: paper section 3.2). The two share one embedding
+module (token, position and segment embeddings with their LayerNorm), as in the
+original code; the generator's MLM decoder is tied to those word embeddings.
+
+The model classes and their Hugging Face names (checkpoint keys in
+bertkit.model.checkpoint.ELECTRA_TABLE):
+
+    ElectraModel                       the bare encoder; BertOutput without pooler
+    ElectraForPreTraining              the discriminator: logits [B, T] (> 0: replaced)
+    ElectraForMaskedLM                 the generator: logits [B, T, V] / [M, V] with labels
+    ElectraForSequenceClassification   ElectraClassificationHead on the first token
+    ElectraForTokenClassification      a linear layer on every token
+    ElectraForQuestionAnswering        start/end logits [B, T]
+    (ElectraPretrainingModel, generator + discriminator, is in bertkit.model.electra_pretraining)
+
+A pre-training output directory holds the discriminator (ElectraForPreTraining, the
+model fine-tuning and features load) at its top and the generator
+(ElectraForMaskedLM) in `generator/`: both are ordinary Hugging Face directories.
+
+Deviations from the paper's code: the generator keeps the discriminator's head size
+(64 in every published shape) and scales the number of heads, so hidden_size =
+heads x head size may round (ELECTRA-Base at 1/4: 3 heads, hidden 192); its feed-
+forward keeps the discriminator's ratio to hidden. Replacements are sampled with
+torch.multinomial from a float32 softmax instead of by the Gumbel trick (the same
+distribution). Which positions are masked and how (80/10/10 or all [MASK]) is the
+masking code's business: every labelled position is sampled and replaced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit.model.config import BertConfig
+from bertkit.model.dropout import Dropout
+from bertkit.errors import BertkitError
+from bertkit.model.heads import (IGNORE_INDEX, BertForSequenceClassification, HeadOutput, QuestionAnsweringOutput,
+                           check_labels, classifier_dropout, masked_lm, sequence_loss, span_loss, token_loss)
+from bertkit.model.modeling import (BertEmbeddings, BertEncoder, BertOutput, BertPreTrainedModel, activation,
+                              additive_mask, attention_dtype, check_inputs, init_weights)
+
+# name -> (num_hidden_layers, hidden_size, num_attention_heads, embedding_size); intermediate 4x hidden
+# (the discriminators of the paper's table 6 / the released google/electra-*-discriminator)
+PRESETS = {
+    "small": (12, 256, 4, 128),
+    "base": (12, 768, 12, 768),
+    "large": (24, 1024, 16, 1024),
+}
+
+
+# --- config -------------------------------------------------------------------------
+
+
+@dataclass
+class ElectraConfig(BertConfig):
+    """BertConfig plus `embedding_size`; defaults are ELECTRA-Small's discriminator (as HF's).
+
+    HF's `summary_*` keys (used by its multiple-choice head, not here) ride along in `extra`;
+    `classifier_pooling` does not apply: ELECTRA's classification head reads the first token.
+    """
+
+    model_type: ClassVar[str] = "electra"  # the config.json model_type; picks the checkpoint layout
+
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    intermediate_size: int = 1024
+    embedding_size: int = 128
+
+    def validate(self) -> None:
+        super().validate()
+        E = self.embedding_size
+        if isinstance(E, bool) or not isinstance(E, int) or E < 1:
+            raise BertkitError(f"ElectraConfig.embedding_size must be a positive integer, got {E!r}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ElectraConfig":
+        """A discriminator shape of the paper: small, base, large (any field can be overridden)."""
+        if name not in PRESETS:
+            raise BertkitError(f"unknown ElectraConfig preset {name!r}; choose one of {list(PRESETS)}")
+        layers, hidden, heads, embedding = PRESETS[name]
+        values = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      intermediate_size=4 * hidden, embedding_size=embedding)
+        return cls(**{**values, **overrides})
+
+    def generator_config(self, size: float = 0.25) -> "ElectraConfig":
+        """The generator for this discriminator: `size` of its heads (head size kept, at least one),
+        hidden = heads x head size, the feed-forward in the same ratio; layers and embeddings equal."""
+        if not (0.0 < size <= 1.0):
+            raise BertkitError(f"the generator size is a fraction of the discriminator's in (0, 1], got {size!r}")
+        heads = max(1, round(self.num_attention_heads * size))
+        hidden = heads * self.head_size
+        intermediate = max(1, round(self.intermediate_size * hidden / self.hidden_size))
+        return self.replace(hidden_size=hidden, num_attention_heads=heads, intermediate_size=intermediate,
+                            architectures=None)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ElectraConfig":
+        values = dict(values)
+        kind = values.pop("model_type", "electra")
+        if kind != "electra":
+            raise BertkitError(
+                f"this config is for model_type {kind!r}, not 'electra': load it with the BERT classes "
+                "(bertkit.BertModel, BertForMaskedLM, ...)"
+            )
+        return super().from_dict(values)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "model_type": "electra"}
+
+
+# --- the encoder ----------------------------------------------------------------------
+
+
+class ElectraEmbeddings(BertEmbeddings):
+    """BERT's embeddings (same forward) at width E = embedding_size instead of H."""
+
+    def __init__(self, config: ElectraConfig):
+        nn.Module.__init__(self)
+        E = config.embedding_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, E)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
+        self.layer_norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+
+
+class ElectraPreTrainedModel(BertPreTrainedModel):
+    """What every ELECTRA class shares: an ElectraConfig and loading/saving in HF's ELECTRA format."""
+
+    config_class = ElectraConfig  # what checkpoint.load_pretrained reads config.json as
+
+    def __init__(self, config: ElectraConfig):
+        if not isinstance(config, ElectraConfig):
+            raise BertkitError(f"expected an ElectraConfig, got {type(config).__name__}; try ElectraConfig.preset('small')")
+        super().__init__(config)
+
+
+class ElectraModel(ElectraPreTrainedModel):
+    """embeddings [B, T, E] -> (embeddings_project, where E != H) [B, T, H] -> L BERT layers.
+
+    forward takes BertModel's arguments and returns a BertOutput with pooler_output None
+    (ELECTRA has no pooler; its heads read the first token or every token).
+    """
+
+    def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
+        super().__init__(config)
+        self.embeddings = ElectraEmbeddings(config)
+        project = config.embedding_size != config.hidden_size
+        self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size) if project else None
+        self.encoder = BertEncoder(config)
+        init_weights(self, config.initializer_range, generator)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
+                output_attentions=False, pool: bool = True) -> BertOutput:
+        check_inputs(self.config, input_ids, attention_mask, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids)  # [B, T, E]
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)  # [B, T, E] -> [B, T, H]
+        mask = additive_mask(attention_mask, attention_dtype(x))  # [B, 1, 1, T] or None
+        explicit = output_attentions or self.config.attn_implementation == "eager"
+        x, hidden_states, attentions = self.encoder(x, mask, explicit, output_hidden_states, output_attentions)
+        return BertOutput(
+            last_hidden_state=x,
+            pooler_output=None,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+
+def _encode(model, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions):
+    return model.electra(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                         output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
+
+# --- heads ---------------------------------------------------------------------------------
+
+
+class DiscriminatorHead(nn.Module):
+    """Replaced or original, per token: dense H -> H, the config's activation, dense H -> 1
+    (HF ElectraDiscriminatorPredictions)."""
+
+    def __init__(self, config: ElectraConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense_prediction(self.act(self.dense(x))).squeeze(-1)  # [B, T, H] -> [B, T]
+
+
+class GeneratorHead(nn.Module):
+    """The generator's MLM head: dense H -> E, GELU (always, as in HF), LayerNorm(E), then the
+    word embeddings [V, E] transposed (tied) plus a bias per vocabulary entry
+    (HF ElectraGeneratorPredictions + generator_lm_head)."""
+
+    def __init__(self, config: ElectraConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.embedding_size)
+        self.layer_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        x = self.layer_norm(F.gelu(self.dense(x)))  # [..., H] -> [..., E]
+        return F.linear(x, word_embeddings, self.bias)  # [..., E] x [V, E]^T -> [..., V]
+
+
+class ClassificationHead(nn.Module):
+    """HF ElectraClassificationHead: the first token's vector, dropout, dense H -> H, GELU (not
+    BERT's tanh pooler), dropout, out_proj H -> num_labels."""
+
+    def __init__(self, config: ElectraConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = classifier_dropout(config)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.dense(self.dropout(x[:, 0])))  # [B, T, H] -> [B, H]
+        return self.out_proj(self.dropout(x))  # [B, num_labels]
+
+
+@dataclass
+class DiscriminatorOutput:
+    """ElectraForPreTraining: one logit per token (> 0: replaced); loss with labels."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor  # [B, T]
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+def discriminator_loss(logits: torch.Tensor, replaced: torch.Tensor, attention_mask: torch.Tensor | None):
+    """Mean binary cross-entropy over the real tokens (padding gets no loss), [B, T] -> []."""
+    if attention_mask is None:
+        return F.binary_cross_entropy_with_logits(logits, replaced.to(logits.dtype))
+    real = attention_mask.bool()
+    return F.binary_cross_entropy_with_logits(logits[real], replaced[real].to(logits.dtype))
+
+
+class ElectraForPreTraining(ElectraPreTrainedModel):
+    """The discriminator: for every token, was it replaced? labels [B, T]: 1 replaced, 0 original."""
+
+    def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
+        super().__init__(config)
+        self.electra = ElectraModel(config, generator=generator)
+        self.discriminator_predictions = DiscriminatorHead(config)
+        init_weights(self.discriminator_predictions, config.initializer_range, generator)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> DiscriminatorOutput:
+        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        logits = self.discriminator_predictions(out.last_hidden_state)  # [B, T]
+        loss = None
+        if labels is not None:
+            check_labels(labels, logits.shape, "labels (1 replaced / 0 original per token)", 2)
+            loss = discriminator_loss(logits, labels, attention_mask)
+        return DiscriminatorOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class ElectraForMaskedLM(ElectraPreTrainedModel):
+    """The generator: BERT's masked LM at ELECTRA's shapes. With labels, logits only at the
+    labelled positions ([M, V], as bertkit.model.heads.masked_lm); without, [B, T, V]."""
+
+    def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
+        super().__init__(config)
+        self.electra = ElectraModel(config, generator=generator)
+        self.generator_predictions = GeneratorHead(config)
+        init_weights(self.generator_predictions, config.initializer_range, generator)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> HeadOutput:
+        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        words = self.electra.embeddings.word_embeddings.weight  # [V, E]
+        logits, loss = masked_lm(self.generator_predictions, words, out.last_hidden_state, labels)
+        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class ElectraForSequenceClassification(ElectraPreTrainedModel):
+    """ElectraClassificationHead on the first token; the loss as BertForSequenceClassification's."""
+
+    def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
+        super().__init__(config)
+        self.electra = ElectraModel(config, generator=generator)
+        self.classifier = ClassificationHead(config)
+        init_weights(self.classifier, config.initializer_range, generator)
+
+    problem_type = BertForSequenceClassification.problem_type  # the same rule: config, then the labels
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> HeadOutput:
+        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        logits = self.classifier(out.last_hidden_state)  # [B, num_labels]
+        loss = None if labels is None else sequence_loss(logits, labels, self.problem_type(labels))
+        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class ElectraForTokenClassification(ElectraPreTrainedModel):
+    """A linear layer on every token's final vector (tagging), as BertForTokenClassification."""
+
+    def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
+        super().__init__(config)
+        self.electra = ElectraModel(config, generator=generator)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range, generator)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> HeadOutput:
+        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, num_labels]
+        loss = None if labels is None else token_loss(logits, labels)
+        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class ElectraForQuestionAnswering(ElectraPreTrainedModel):
+    """Span extraction: BertForQuestionAnswering's head and loss on the ELECTRA encoder."""
+
+    def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
+        super().__init__(config)
+        self.electra = ElectraModel(config, generator=generator)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        init_weights(self.qa_outputs, config.initializer_range, generator)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
+                end_positions=None, output_hidden_states=False, output_attentions=False) -> QuestionAnsweringOutput:
+        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(dim=-1)  # 2 x [B, T]
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+        return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous(),
+                                       out.hidden_states, out.attentions)
+
+
+HEADS = (ElectraForPreTraining, ElectraForMaskedLM, ElectraForSequenceClassification,
+         ElectraForTokenClassification, ElectraForQuestionAnswering)

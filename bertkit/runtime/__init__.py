@@ -1,0 +1,1 @@
+"""Running a saved model: the device and precision (`devices`), the CPU fast path (`fast`, one explicit step), int8 (`quantization`), the allocator (`allocator`), the one loader (`loading`: a folder -> the ready model and what it is) and ONNX export (`export`)."""

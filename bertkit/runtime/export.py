@@ -1,0 +1,205 @@
+"""ONNX export: a bertkit model directory as an ONNX graph for ONNX Runtime and friends.
+
+`export_onnx(model_dir, out_dir)` writes `out_dir/model.onnx` with the inputs and
+outputs named as Hugging Face's exports (`optimum`, `transformers.onnx`) name them,
+so code written for those runs it unchanged:
+
+    inputs   input_ids, attention_mask, token_type_ids     int64 [batch, sequence]
+    BertModel                       last_hidden_state [batch, sequence, H],
+                                    pooler_output [batch, H] (when it has a pooler)
+    BertForSequenceClassification   logits [batch, labels]
+    BertForTokenClassification      logits [batch, sequence, labels]
+    BertForQuestionAnswering        start_logits, end_logits [batch, sequence]
+
+batch and sequence are dynamic axes (sequence up to max_position_embeddings).
+config.json, the tokenizer files and bertkit_task.json (a fine-tuned model's
+task) are copied beside it, so the directory is a complete model for
+`tokenizer + onnxruntime`.
+
+The graph is traced from the plain float32 model (not `accelerate`d: its oneDNN
+kernels are no ONNX operators) with PyTorch's TorchScript exporter
+(`torch.onnx.export(dynamo=False)`): the torch.export-based one refuses the
+model's input checks, which read values of the inputs (token ids against the
+vocabulary). The trace runs on a padded batch so the attention-mask path is the
+one recorded; on fully unpadded input the graph adds a zero mask where bertkit
+skips it, the same result. Attention is exported as the fused SDPA operator's
+ONNX decomposition (opset 14 or later).
+
+Checked on export: ONNX Runtime runs the file on real text (a batch of
+sentences of different lengths, and sentence pairs) and every output must match
+bertkit's within `atol` (1e-4); otherwise BertkitError with the difference. What
+cannot be exported fails with a BertkitError naming it: an int8 model (export the
+float model and quantize the ONNX file with ONNX Runtime's `quantize_dynamic`),
+a head with no ONNX signature here (pre-training, masked LM, NSP, multiple
+choice), or an operator the exporter has no ONNX form for at the chosen opset.
+
+`onnx` and `onnxruntime` are optional (`pip install 'bertkit[onnx]'`); they are
+imported only inside these functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertkit.model import heads
+from bertkit.model.checkpoint import architecture, has_int8_weights, resolve
+from bertkit.runtime.devices import holds_int8
+from bertkit.errors import BertkitError
+from bertkit.runtime.loading import load
+from bertkit.text.tokenizer import Tokenizer
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# class name -> output names in the order the graph returns them
+SIGNATURES = {
+    "BertModel": ("last_hidden_state", "pooler_output"),
+    "BertForSequenceClassification": ("logits",),
+    "BertForTokenClassification": ("logits",),
+    "BertForQuestionAnswering": ("start_logits", "end_logits"),
+}
+# copied beside model.onnx when the model directory has them
+SIDE_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
+              "bertkit_task.json")
+DEFAULT_OPSET = 17
+MIN_OPSET = 14  # scaled_dot_product_attention has an ONNX form from opset 14
+
+# real text for the check: lengths differ, so the batch is padded and the mask matters
+CHECK_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "ONNX Runtime runs the exported graph; bertkit runs the PyTorch model.",
+    "Short one.",
+)
+CHECK_PAIRS = ("Where does the fox jump?", "Who runs the graph?", "How long is it?")
+
+
+@dataclass
+class ExportReport:
+    """What `export_onnx` wrote and how closely ONNX Runtime matched bertkit."""
+
+    path: Path  # the .onnx file
+    architecture: str
+    outputs: tuple[str, ...]
+    max_abs_diff: float  # over every output of the check batches
+
+    def describe(self) -> str:
+        return (f"wrote {self.path} ({self.architecture}: {', '.join(INPUTS)} -> {', '.join(self.outputs)}); "
+                f"ONNX Runtime matches bertkit within {self.max_abs_diff:.1e} on real text")
+
+
+class _Graph(nn.Module):
+    """The model with the three named inputs and a tuple of named outputs, as the graph has them."""
+
+    def __init__(self, model: nn.Module, outputs: tuple[str, ...]):
+        super().__init__()
+        self.model = model
+        self.outputs = outputs
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return tuple(getattr(out, name) for name in self.outputs)
+
+
+def _require(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise BertkitError(f"ONNX export needs the {module} package: pip install 'bertkit[onnx]'") from None
+
+
+def load_exportable(model_dir) -> tuple[nn.Module, tuple[str, ...], Tokenizer]:
+    """(plain float32 model, its output names, tokenizer) from a model directory, or a BertkitError
+    saying why it cannot be exported."""
+    directory = resolve(model_dir)
+    if has_int8_weights(directory):
+        raise BertkitError(f"{directory} holds an int8 bertkit model, which has no ONNX form here: export the "
+                           "float model, then quantize the ONNX file (onnxruntime.quantization.quantize_dynamic)")
+    arch = architecture(directory)
+    if arch not in SIGNATURES:
+        raise BertkitError(f"cannot export {arch} to ONNX: supported are {', '.join(SIGNATURES)} "
+                           "(the encoder and the fine-tuned heads)")
+    loaded = load(directory, head="saved", device="cpu", dtype="float32", fast=False)
+    outputs = SIGNATURES[arch]
+    if arch == "BertModel" and loaded.model.pooler is None:
+        outputs = ("last_hidden_state",)
+    return loaded.model, outputs, loaded.tokenizer
+
+
+def check_exportable(model: nn.Module) -> None:
+    """BertkitError for a model whose modules have no ONNX form (int8 layers, accelerated kernels)."""
+    if holds_int8(model):
+        raise BertkitError("an int8 model (bertkit.quantize) cannot be exported: export the float model, then "
+                           "quantize the ONNX file (onnxruntime.quantization.quantize_dynamic)")
+    fast = sorted({type(m).__name__ for m in model.modules() if type(m).__module__ == "bertkit.runtime.fast"})
+    if fast:
+        raise BertkitError(f"the model was accelerated ({', '.join(fast)}: oneDNN kernels, no ONNX operators): "
+                           "export a freshly loaded model")
+
+
+def _batch(tok: Tokenizer, pairs: bool, max_length: int) -> dict[str, torch.Tensor]:
+    enc = tok.encode_batch(list(CHECK_TEXTS), list(CHECK_PAIRS) if pairs else None, max_length=max_length)
+    return {name: enc[name].long() for name in INPUTS}
+
+
+def _export(graph: _Graph, example: dict, path: Path, opset: int) -> None:
+    names = graph.outputs
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS}
+    for name in names:  # pooler_output and sequence logits are [batch, ...]; the rest [batch, sequence, ...]
+        per_sequence = name == "pooler_output" or (name == "logits" and isinstance(
+            graph.model, heads.BertForSequenceClassification))
+        axes[name] = {0: "batch"} if per_sequence else {0: "batch", 1: "sequence"}
+    args = tuple(example[name] for name in INPUTS)
+    try:
+        with warnings.catch_warnings():
+            # the TorchScript exporter warns that it is legacy, and the tracer about the input
+            # checks (Python ints read from tensors): both expected, see the module docstring
+            warnings.simplefilter("ignore")
+            torch.onnx.export(graph, args, str(path), input_names=list(INPUTS), output_names=list(names),
+                              dynamic_axes=axes, opset_version=opset, dynamo=False, do_constant_folding=True)
+    except Exception as err:  # the exporter's own error types; the first line names the operator
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise BertkitError(f"ONNX export failed at opset {opset}: {first}") from None
+
+
+def _compare(session, model: nn.Module, example: dict, names: tuple[str, ...]) -> float:
+    feed = {name: example[name].numpy() for name in INPUTS}
+    got = session.run(list(names), feed)
+    with torch.no_grad():
+        out = model(example["input_ids"], attention_mask=example["attention_mask"],
+                    token_type_ids=example["token_type_ids"])
+    return max(float(np.abs(g - getattr(out, n).numpy()).max()) for g, n in zip(got, names))
+
+
+def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float = 1e-4) -> ExportReport:
+    """Export the model in `model_dir` (None: the default model) to `out_dir/model.onnx`, copy its
+    config and tokenizer files beside it, and check ONNX Runtime against bertkit (see the module
+    docstring). Returns the report; raises BertkitError on what cannot be exported or does not match."""
+    _require("onnx")
+    ort = _require("onnxruntime")
+    if opset < MIN_OPSET:
+        raise BertkitError(f"opset {opset} has no ONNX form for attention (scaled_dot_product_attention): "
+                           f"use --opset {MIN_OPSET} or later (default {DEFAULT_OPSET})")
+    directory = resolve(model_dir)
+    model, names, tok = load_exportable(directory)
+    check_exportable(model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "model.onnx"
+    limit = model.config.max_position_embeddings
+    _export(_Graph(model, names).eval(), _batch(tok, pairs=False, max_length=limit), path, opset)
+    for name in SIDE_FILES:
+        if (directory / name).is_file() and directory.resolve() != out.resolve():
+            shutil.copyfile(directory / name, out / name)
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    diff = max(_compare(session, model, _batch(tok, pairs, limit), names) for pairs in (False, True))
+    if not diff <= atol:
+        raise BertkitError(f"{path}: ONNX Runtime differs from bertkit by {diff:.2e} (> {atol:g}) on real text; "
+                           "the export is not faithful: report it with the model's config.json")
+    return ExportReport(path=path, architecture=type(model).__name__, outputs=names, max_abs_diff=diff)

@@ -1,0 +1,257 @@
+"""One way in for inference: a model directory (or the default model) -> the ready model.
+
+Every command that runs a model without training it (embed, predict, attention,
+fill-mask, electra show, export, serve, evaluate, mine) loads it here:
+
+    load(model, head=..., device=..., dtype=..., int8=...)
+        -> Loaded(model, tokenizer, directory, task, info, layout, device, dtype, int8)
+
+What the directory holds decides the class; the readers live beside the format
+they read (`bertkit.model.checkpoint`: config.json's model_type and architectures,
+bertkit_task.json, the int8 weights file; `bertkit.model.sentence_layout`: the
+sentence-transformers modules). `head` says what the caller wants:
+
+    "auto"        the fine-tuned task model when the directory is one, else the encoder
+    "encoder"     the encoder alone (BertModel; ElectraModel for an ELECTRA directory)
+    "task"        the fine-tuned head (classification, NER, QA); an error for a bare encoder
+    "mlm"         the masked-LM head (fill-mask; a pre-training run's ELECTRA generator)
+    "electra"     generator and discriminator together (`bertkit electra show`)
+    "saved"       the class config.json names, float32, plain (export traces it)
+
+An ELECTRA directory loads into the ELECTRA form of the class asked for
+(`class_for`): the same task, the ELECTRA heads and checkpoint names.
+
+`load` is one chain, each step once and in this order: what the directory holds
+(`bertkit.model.checkpoint.describe`: its small files, no weights); the class `head` asks
+for; where and in what it runs (`bertkit.runtime.devices.placement`: "auto" is bf16 where
+the device multiplies it natively; int8 means the CPU and float32 activations),
+decided before any weight is read, so a wrong choice costs no load; the weights;
+the dense layers it runs (`bertkit.runtime.quantization.dense_ops`: int8 where asked, then
+the CPU fast path); the sentence layout and the vocabulary. A model loaded here is
+in eval mode, for inference only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertkit.model import electra, heads
+from bertkit.model.checkpoint import GENERATOR_DIR, Saved, describe, model_type
+from bertkit.runtime.devices import dtype_name, in_memory, placement
+from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
+                             ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
+from bertkit.model.electra_pretraining import ElectraPretrainingModel
+from bertkit.errors import BertkitError
+from bertkit.model.modeling import BertModel
+from bertkit.runtime.quantization import dense_ops, load_quantized
+from bertkit.model.sentence_layout import SentenceLayout, read_layout
+from bertkit.text.tokenizer import Tokenizer
+
+HEADS = ("auto", "encoder", "task", "mlm", "electra", "saved")
+
+# the classes a config.json `architectures` may name
+CLASSES = {cls.__name__: cls for cls in (BertModel, *heads.HEADS, ElectraModel, *electra.HEADS)}
+
+# a BERT class -> its ELECTRA form, for an ELECTRA directory
+_ELECTRA_FORM = {
+    "BertModel": ElectraModel,
+    "BertForMaskedLM": ElectraForMaskedLM,
+    "BertForSequenceClassification": ElectraForSequenceClassification,
+    "BertForTokenClassification": ElectraForTokenClassification,
+    "BertForQuestionAnswering": ElectraForQuestionAnswering,
+}
+
+# a fine-tuned task -> the head class that answers it
+_TASK_CLASS = {"ner": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}
+
+
+def class_for(model_dir, cls):
+    """The class to load `model_dir` into for a task that asks for the BERT class `cls`:
+    `cls` itself for a BERT directory, its ELECTRA form for an ELECTRA one (e.g. a pre-training
+    run's discriminator under BertForSequenceClassification -> ElectraForSequenceClassification)."""
+    if model_dir is None or model_type(model_dir) != "electra":
+        return cls
+    return _electra_form(model_dir, cls)
+
+
+def _electra_form(model_dir, cls):
+    if issubclass(cls, ElectraPreTrainedModel):
+        return cls
+    if cls.__name__ not in _ELECTRA_FORM:
+        raise BertkitError(
+            f"{model_dir} is an ELECTRA model; {cls.__name__} has no ELECTRA form here "
+            f"(there are: {', '.join(c.__name__ for c in _ELECTRA_FORM.values())})"
+        )
+    return _ELECTRA_FORM[cls.__name__]
+
+
+@dataclass
+class Loaded:
+    """A model ready for inference and what it is."""
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    directory: Path | None  # None: a (model, tokenizer) pair handed over in memory
+    task: str  # "embed" for an encoder; a fine-tuned task ("classify", "ner", "qa", ...); "mlm"; "electra"
+    info: dict  # the fine-tuned task's description (bertkit_task.json); {} otherwise
+    layout: SentenceLayout | None  # the sentence-transformers layout, when the directory has one
+    device: torch.device
+    dtype: torch.dtype
+    int8: bool
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def max_positions(self) -> int:
+        return int(self.config.max_position_embeddings)
+
+    @property
+    def max_length(self) -> int:
+        """Tokens per input the model was made for: the layout's max_seq_length (the length a sentence
+        embedding model was trained at), a task's max_length, else the model's positions."""
+        length = (self.layout.max_seq_length if self.layout is not None else None) or self.info.get("max_length")
+        return min(int(length), self.max_positions) if length else self.max_positions
+
+    @property
+    def pooling(self) -> str:
+        """How the tokens become one sentence vector: the layout's pooling, else the tokens' mean."""
+        return self.layout.pooling if self.layout is not None and self.layout.pooling else "mean"
+
+    @property
+    def normalize(self) -> bool:
+        """Whether sentence vectors are L2-normalised: as the layout says, else not."""
+        return bool(self.layout is not None and self.layout.normalize)
+
+    @property
+    def precision(self) -> str:
+        """"int8", "float32" or "bfloat16": what the dense layers compute in."""
+        return "int8" if self.int8 else dtype_name(self.dtype)
+
+
+def _check_head(head: str) -> None:
+    if head not in HEADS:
+        raise BertkitError(f"unknown head {head!r}: use one of {', '.join(HEADS)}")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What `load` builds, decided before any weight is read: from a directory's small files, or
+    from a (model, tokenizer) pair already in memory."""
+
+    cls: type | None  # the class to build (None: the model is in memory)
+    weights: Path | None  # the folder holding its config.json and weights (an ELECTRA generator: generator/)
+    vocab: Path | None  # the folder holding its vocabulary
+    task: str
+    info: dict
+    int8_weights: bool  # saved by bertkit.runtime.quantization.save_quantized (a model in memory is asked in _build)
+    model: nn.Module | None = None  # a model in memory and its tokenizer
+    tokenizer: Tokenizer | None = None
+
+
+def _held(net: nn.Module, tok) -> _Plan:
+    """A (model, tokenizer) pair in memory: nothing to build (where it is, and whether it is int8, are
+    read from the model when it is placed)."""
+    return _Plan(None, None, None, "embed", {}, False, net, tok)
+
+
+def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
+    """The class `head` asks for in the directory `saved` describes."""
+    directory, info, int8_weights = saved.directory, saved.task, saved.int8_weights
+    if head == "mlm":
+        cls, where = heads.BertForMaskedLM, directory
+        if saved.model_type == "electra":
+            cls = ElectraForMaskedLM  # a pre-training run's generator, in its subfolder
+            where = directory / GENERATOR_DIR if (directory / GENERATOR_DIR / "config.json").is_file() else directory
+        return _Plan(cls, where, where if (where / "vocab.txt").is_file() else directory, "mlm", {}, False)
+    if head == "electra":
+        return _Plan(ElectraPretrainingModel, directory, directory, "electra", {}, False)
+    if head == "saved":
+        if int8 or int8_weights:
+            raise BertkitError(f"{directory} holds an int8 bertkit model, which has no plain float form to save "
+                               "or export: use the float model it was quantized from")
+        if saved.architecture not in CLASSES:
+            raise BertkitError(f"{directory} holds a {saved.architecture}, which bertkit has no class for "
+                               f"(it loads {', '.join(CLASSES)})")
+        return _Plan(CLASSES[saved.architecture], directory, directory, (info or {}).get("task", "embed"),
+                     info or {}, False)
+    if head == "task" and info is None:
+        raise BertkitError(f"{directory} holds a {saved.architecture}, not a fine-tuned task model; "
+                           "fine-tune it first (bertkit finetune TASK)")
+    if head == "encoder" or info is None:
+        cls, task = BertModel, "embed"
+    else:
+        cls, task = _TASK_CLASS.get(info["task"], heads.BertForSequenceClassification), info["task"]
+    if saved.model_type == "electra" and not int8_weights:
+        cls = _electra_form(directory, cls)
+    return _Plan(cls, directory, directory, task, info or {}, int8_weights)
+
+
+def _build(plan: _Plan, device, dtype, int8: bool) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
+    """The model of `plan` in eval mode on its device and in its dtype, that device and dtype, and
+    whether its weights are int8. Where and in what it runs is decided first
+    (`bertkit.runtime.devices.placement`), before any weight is read, so a wrong choice costs no load; a model
+    in memory is moved and cast only where `device` or `dtype` ask for it."""
+    held = plan.model is not None
+    on, int8_weights = in_memory(plan.model) if held else (None, plan.int8_weights)
+    where, chosen = placement(device, dtype, int8 or int8_weights, on=on,
+                              what="an int8 model" if int8_weights else "int8")
+    if held:
+        return (plan.model if int8_weights else plan.model.to(where, None if dtype is None else chosen),
+                where, chosen, int8_weights)
+    if int8_weights:
+        return load_quantized(plan.cls, plan.weights), where, chosen, True
+    if plan.task != "mlm":
+        return plan.cls.from_pretrained(plan.weights).eval().to(where, chosen), where, chosen, False
+    # a masked-LM head must be all there: the report is checked here, with a message for fill-mask
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = plan.cls.from_pretrained(plan.weights, strict=False)
+    report = model.load_report
+    if report.missing:
+        what = ("an ELECTRA discriminator or fine-tuned model: point it at the generator (ElectraForMaskedLM)"
+                if plan.cls is ElectraForMaskedLM else "a bare encoder or a fine-tuned model")
+        raise BertkitError(
+            f"{plan.weights} has no masked-LM head (missing {', '.join(report.missing[:3])}"
+            f"{', ...' if len(report.missing) > 3 else ''}); it looks like {what}. fill-mask needs a "
+            "pre-training checkpoint: BertForMaskedLM / BertForPreTraining or an ELECTRA generator"
+        )
+    if report.unexpected or report.mismatched:
+        raise BertkitError(f"{plan.weights} does not load as {plan.cls.__name__}: {report.describe()}")
+    return model.eval().to(where, chosen), where, chosen, False
+
+
+def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool = False,
+         fast: bool = True) -> Loaded:
+    """The model in `model`, ready for inference: a directory (None: the default model), or a
+    (model, tokenizer) pair already in memory, which is moved, cast and quantized in place only
+    where `device`, `dtype` or `int8` ask for it (an encoder with no layout: nothing was read).
+
+    head: what to load (see the module docstring). device: auto (None), cpu or cuda.
+    dtype: float32 (None), bfloat16 or auto (bf16 where the device has it natively).
+    int8: quantize the encoder's dense layers (CPU). fast: apply the CPU fast path
+    (False keeps the plain layers, e.g. for tracing into ONNX).
+
+    The steps run in this order, each once: what the directory holds (its small files), where
+    and in what the model runs, the weights, then int8 and the fast path, the layout and the
+    vocabulary.
+    """
+    _check_head(head)
+    held = isinstance(model, tuple) and len(model) == 2
+    saved = None if held else describe(model)  # the directory's small files; None: the default model
+    plan = _held(*model) if held else _plan(saved, head, int8)
+    net, where, chosen, int8_weights = _build(plan, device, dtype, int8)
+    quantize_now = int8 and not int8_weights
+    # a model in memory keeps its layers, unless it is quantized here
+    net = dense_ops(net, quantize_now, fast if not held else quantize_now)
+    layout = None if held or plan.task != "embed" else read_layout(saved.directory)
+    tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab)
+    dtype_now = next((p.dtype for p in net.parameters()), chosen)
+    return Loaded(net, tok, None if held else saved.directory, plan.task, plan.info, layout, where, dtype_now,
+                  int8 or int8_weights)

@@ -1,0 +1,223 @@
+"""The settings of a fine-tuning run, defined once: typed dataclasses, no torch.
+
+`bertkit finetune TASK` builds its options from these fields
+(`bertkit.options`), the run writes them to OUTPUT/run_config.json, and
+`--resume` reads them back with the flags given on top. `stride` is always the
+OVERLAP: the tokens consecutive windows of one long input share.
+
+    TrainConfig      the loop: epochs, batches, accumulation, precision, device, checkpoints, AdamW
+    TextTaskConfig   classify | pair | regression | multi_label (bertkit.tasks.classification)
+    NerConfig        words -> tags (bertkit.tasks.ner)
+    QAConfig         question + context -> answer span (bertkit.tasks.qa)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bertkit.model.config import CLASSIFIER_POOLINGS
+from bertkit.errors import BertkitError
+from bertkit.training import PRECISIONS
+from bertkit.training.optim import OptimConfig
+
+TEXT_TASKS = ("classify", "pair", "regression", "multi_label")
+TAG_SCHEMES = ("bio", "iob1")
+
+
+def _opt(default, help: str, **more):
+    return field(default=default, metadata={"help": help, **more})
+
+
+@dataclass
+class TrainConfig:
+    """Fine-tuning loop settings; defaults follow the BERT paper's fine-tuning recipe."""
+
+    epochs: float = _opt(3.0, "passes over the training set (BERT uses 2-4)")
+    batch_size: int = _opt(32, "training features per micro-batch and process")
+    grad_accum: int = _opt(1, "micro-batches accumulated into one update (its batch: batch size x this x processes)")
+    eval_batch_size: int = _opt(64, "features per forward pass when evaluating")
+    max_steps: int | None = _opt(None, "stop after this many updates")
+    seed: int = _opt(42, "seeds batch order, dropout and the new head")
+    group_by_length: bool = _opt(True, "batch features of similar length together (less padding)")
+    metric: str | None = _opt(None, "evaluation metric that picks the best epoch (default: the task's)")
+    greater_is_better: bool = _opt(True, "a higher --metric is better", cli=False)
+    precision: Literal["fp32", "bf16", "fp16"] = _opt("fp32", "fp32, bf16 (autocast, CPU or GPU) or fp16 (GPU)")
+    device: Literal["auto", "cpu", "cuda"] = _opt("auto", "where to train: auto picks a CUDA GPU when there is one")
+    save_every: int = _opt(0, "checkpoint for --resume every N updates (0: at the end of every epoch)")
+    keep_last: int = _opt(1, "checkpoints to keep while the run trains")
+    keep_checkpoint: bool = _opt(False, "keep the last checkpoint (weights, Adam moments, best epoch: ~3x the model) "
+                                        "after the run finishes, to --resume it later with more --epochs; by default "
+                                        "a finished run deletes it and keeps the model")
+    resume: bool = _opt(False, "continue the run in --output from its last checkpoint")
+    progress: bool = _opt(True, "show progress bars")
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def validate(self) -> "TrainConfig":
+        if not self.epochs > 0:
+            raise BertkitError(f"--epochs must be > 0, got {self.epochs} (BERT uses 2-4)")
+        for name in ("batch_size", "grad_accum", "eval_batch_size", "keep_last"):
+            if getattr(self, name) < 1:
+                raise BertkitError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise BertkitError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if self.save_every < 0:
+            raise BertkitError(f"--save-every must be >= 0 (0: every epoch), got {self.save_every}")
+        if self.precision not in PRECISIONS:
+            raise BertkitError(f"unknown --precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        self.optim.validate()
+        from bertkit.training.loop import check_device  # here: it needs torch, the settings do not
+
+        check_device(self.device, self.precision)
+        return self
+
+
+@dataclass
+class TaskConfig:
+    """What every task reads and writes; `training` the loop settings."""
+
+    train: str = _opt(None, "training file", required=True)
+    output: str = _opt(None, "output directory for the checkpoint and metrics", short="-o", required=True)
+    dev: str | None = _opt(None, "dev file, evaluated after each epoch")
+    model: str | None = _opt(None, "pretrained model directory (default: the packaged all-MiniLM-L6-v2)")
+    max_length: int = _opt(128, "tokens per input window")
+    max_train_examples: int | None = _opt(None, "use only the first N training examples")
+    max_dev_examples: int | None = _opt(None, "evaluate on the first N dev examples only")
+    training: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self, low: int = 8):
+        for name in ("train", "output"):
+            if not getattr(self, name):
+                raise BertkitError(f"--{name} is required")
+        if not low <= self.max_length <= 512:
+            raise BertkitError(f"--max-length must be in {low}..512, got {self.max_length}")
+        self.training.validate()
+        return self
+
+
+@dataclass
+class TextTaskConfig(TaskConfig):
+    """A text classification/regression run (BERT section 4.1, GLUE)."""
+
+    task: str = _opt("classify", "which text task", cli=False)
+    text_column: str = _opt("sentence", "column with the text")
+    text_pair_column: str | None = _opt(None, "column with the second text of a pair")
+    label_column: str = _opt("label", "column with the label")
+    label_separator: str = _opt(",", "separator between labels (multi-label)")
+    stride: int = _opt(0, "> 0: cut single texts longer than --max-length into windows overlapping by this many "
+                          "tokens (the overlap) and average their logits (default 0: truncate)")
+    pooling: str = _opt("cls", "what the classifier reads: cls, BERT's pooled [CLS] vector, or mean, the average "
+                               "of the last layer's token vectors (for MLM-only pre-trained models)",
+                        choices=CLASSIFIER_POOLINGS)
+
+    def validate(self) -> "TextTaskConfig":
+        super().validate()
+        if self.task not in TEXT_TASKS:
+            raise BertkitError(f"unknown task {self.task!r}: choose one of {', '.join(TEXT_TASKS)}")
+        if self.task == "pair" and not self.text_pair_column:
+            raise BertkitError("the pair task needs --text-pair-column (the second sentence's column)")
+        if self.pooling not in CLASSIFIER_POOLINGS:
+            raise BertkitError(f"unknown pooling {self.pooling!r}: use one of {', '.join(CLASSIFIER_POOLINGS)}")
+        if self.stride and not 0 < self.stride < self.max_length - 2:
+            raise BertkitError(f"--stride (window overlap) must be between 1 and --max-length - 3 "
+                               f"({self.max_length - 3}), got {self.stride}")
+        return self
+
+
+@dataclass
+class NerConfig(TaskConfig):
+    """Token classification, CoNLL style (BERT section 5.3)."""
+
+    test: str | None = _opt(None, "a test file scored once with the best epoch's model")
+    tag_scheme: str = _opt("bio", "tags of the files: bio (IOB2) or iob1 (CoNLL-2003's own)", choices=TAG_SCHEMES)
+    stride: int = _opt(32, "overlap (tokens shared) of windows over sentences longer than --max-length")
+    token_column: int = _opt(0, "CoNLL column of the words")
+    tag_column: int = _opt(-1, "CoNLL column of the tags")
+
+    def validate(self) -> "NerConfig":
+        super().validate()
+        if self.tag_scheme not in TAG_SCHEMES:
+            raise BertkitError(f"unknown --tag-scheme {self.tag_scheme!r}: use bio (IOB2) or iob1")
+        if not 0 <= self.stride < self.max_length - 2:
+            raise BertkitError(f"--stride (window overlap) must be in 0..max_length-3 = {self.max_length - 3}, "
+                               f"got {self.stride}; lower --stride")
+        return self
+
+
+@dataclass
+class QAConfig(TaskConfig):
+    """Extractive question answering, SQuAD (BERT section 4.2)."""
+
+    max_length: int = _opt(384, "tokens per window: question + context + 3 special tokens")
+    train_articles: str | None = _opt(None, "START:END slice of the training file's articles")
+    dev_articles: str | None = _opt(None, "START:END slice of the dev file's articles")
+    doc_stride: int = _opt(128, "overlap (tokens shared) of consecutive context windows",
+                           flags=["--stride", "--doc-stride"])
+    max_query_length: int = _opt(64, "question tokens kept")
+    max_answer_length: int = _opt(30, "longest answer in tokens")
+    n_best: int = _opt(20, "start/end candidates per window")
+    version_2: bool = _opt(False, "SQuAD v2: questions may have no answer", flags=["--version-2-with-negative"])
+    null_score_diff_threshold: float = _opt(0.0, "v2: predict no answer when null score - best span score exceeds this")
+
+    def validate(self) -> "QAConfig":
+        super().validate(low=32)
+        if self.max_query_length + 3 + 8 > self.max_length:
+            raise BertkitError(f"--max-query-length ({self.max_query_length}) leaves no room for the context "
+                               f"in --max-length {self.max_length}; lower it")
+        if not 0 <= self.doc_stride < self.max_length - self.max_query_length - 3:
+            raise BertkitError(f"--stride ({self.doc_stride}, the window overlap) must be smaller than the context "
+                               f"window (max_length - max_query_length - 3 = {self.max_length - self.max_query_length - 3})")
+        if self.max_answer_length < 1 or self.n_best < 1:
+            raise BertkitError(f"--max-answer-length and --n-best must be >= 1, got {self.max_answer_length} "
+                               f"and {self.n_best}")
+        return self
+
+
+EMBED_LOSSES = ("mnrl", "cached-mnrl", "cosent")
+
+
+@dataclass
+class EmbedConfig(TaskConfig):
+    """Sentence embeddings, contrastive (Sentence-BERT; bertkit.tasks.embedding)."""
+
+    train: str = _opt(None, "pairs (anchor, positive[, negative...] columns), scored pairs (sentence1, sentence2, "
+                            "score) as TSV/CSV/JSONL, or a BEIR folder (its --train-split qrels become pairs)",
+                      required=True)
+    train_split: str = _opt("train", "qrels split of a BEIR --train folder")
+    dev: str | None = _opt(None, "evaluated after each epoch, the best epoch kept: a BEIR folder (retrieval, "
+                                 "nDCG@10) or scored pairs (STS, Spearman)")
+    dev_split: str = _opt("dev", "qrels split of a BEIR --dev folder")
+    max_length: int | None = _opt(None, "tokens per text (default: the model's sentence-transformers "
+                                        "max_seq_length, else 256)")
+    pooling: Literal["mean", "cls"] | None = _opt(None, "sentence vector: mean of the token vectors or [CLS] "
+                                                        "(default: the model's sentence-transformers pooling, else mean)")
+    normalize: bool = _opt(True, "save the model as giving unit-length vectors (a 2_Normalize module)")
+    loss: Literal["mnrl", "cached-mnrl", "cosent"] | None = _opt(
+        None, "mnrl: multiple-negatives ranking, in-batch negatives plus any negative columns; cached-mnrl: the "
+              "same loss embedded in chunks of --mini-batch-size (GradCache), so --batch-size can be 512+ in the "
+              "memory of one chunk; cosent: scored pairs (default: cosent for scored pairs, else mnrl). With "
+              "in-batch negatives --grad-accum is NOT a bigger batch (each micro-batch is scored only against "
+              "itself): for more negatives raise --batch-size with --loss cached-mnrl")
+    mini_batch_size: int = _opt(32, "cached-mnrl: texts embedded at a time (memory, not the result)")
+    scale: float = _opt(20.0, "similarity scale of the losses (1 / temperature)")
+    matryoshka_dims: str | None = _opt(None, "comma-separated leading dimensions to train too (e.g. 384,256,128,64): "
+                                             "Matryoshka, for vectors stored truncated")
+    matryoshka_weights: str | None = _opt(None, "comma-separated weight of each --matryoshka-dims (default 1 each)")
+
+    def validate(self) -> "EmbedConfig":
+        for name in ("train", "output"):
+            if not getattr(self, name):
+                raise BertkitError(f"--{name} is required")
+        if self.max_length is not None and not 8 <= self.max_length <= 512:
+            raise BertkitError(f"--max-length must be in 8..512, got {self.max_length}")
+        if self.loss is not None and self.loss not in EMBED_LOSSES:
+            raise BertkitError(f"unknown --loss {self.loss!r}: choose one of {', '.join(EMBED_LOSSES)}")
+        if self.pooling not in (None, "mean", "cls"):
+            raise BertkitError(f"unknown --pooling {self.pooling!r}: use mean or cls")
+        if self.mini_batch_size < 1 or not self.scale > 0:
+            raise BertkitError(f"--mini-batch-size must be >= 1 and --scale > 0, got {self.mini_batch_size} "
+                               f"and {self.scale}")
+        if self.matryoshka_weights and not self.matryoshka_dims:
+            raise BertkitError("--matryoshka-weights needs --matryoshka-dims")
+        self.training.validate()
+        return self

@@ -1,0 +1,438 @@
+"""Sentence embeddings: fine-tune an encoder so that the cosine of two texts' vectors says how related they are.
+
+Sentence-BERT (Reimers & Gurevych 2019) with the losses of
+`bertkit.embeddings.losses`: the encoder and a pooling (the mean of the
+last layer's token vectors, or [CLS]) make one vector per text; the loss
+compares the vectors of a batch. Training goes through the one training loop
+(`bertkit.tasks.trainer.train` around `bertkit.training.loop`: accumulation,
+bf16, checkpoints and exact resume, DDP, metrics.jsonl, curves.png).
+
+Data (`read_examples`), one example per row:
+
+    pairs / n-tuples   columns anchor, positive [, negative | negative_1, negative_2, ...]
+                       (+ an optional group_id: rows of one group are never in one batch)
+    scored pairs       columns sentence1, sentence2, score           (CoSENT)
+    a BEIR folder      its qrels/<split>.tsv turned into (query, relevant passage) pairs
+
+from TSV (header row, no quoting), CSV or JSONL.
+
+Batches (`no_duplicate_batches`): with in-batch negatives every other text of a
+batch is scored as a wrong answer, so a text twice in one batch (a claim with
+two relevant abstracts, two captions of one picture) would be a false negative.
+Batches are drawn so that no text, and no group, appears twice in one.
+
+The batch a model sees: the texts of B examples with C columns tokenised and
+stacked column by column, input_ids [C*B, T] (anchors, then positives, then
+each negatives column); `SentenceEmbedder.forward` pools each column (padded
+to its own longest text), then scores. With `loss="cached-mnrl"` the columns
+are embedded in chunks of `mini_batch_size` (GradCache): the batch can be as
+big as the task wants at the memory of one chunk. Under torchrun the
+candidates of every process are gathered (with gradients) so each anchor is
+scored against the whole global batch: W processes x B = one process x W*B.
+
+Saved: the encoder in Hugging Face format and the sentence-transformers layout
+(`bertkit.model.sentence_layout`): pooling, normalisation, max_seq_length and any
+Matryoshka dimensions, so sentence-transformers and bertkit both embed it as
+it was trained.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertkit.model.checkpoint import resolve
+from bertkit.errors import BertkitError
+from bertkit.tasks.config import EmbedConfig
+from bertkit.data.tables import ReadReport, read_rows
+from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
+from bertkit.tasks.run import load_head, load_tokenizer, write_json
+from bertkit.tasks.trainer import train
+from bertkit.runtime.loading import load as load_model
+from bertkit.model.modeling import BertModel, mean_pool
+from bertkit.data.beir import qrels_path, training_pairs
+from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts
+from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
+from bertkit.training.distributed import gather_with_grad
+
+NEGATIVE = re.compile(r"^negative(_?\d+)?$")
+GROUP_COLUMN = "group_id"
+
+
+# --- data -------------------------------------------------------------------------
+
+
+@dataclass
+class EmbeddingExamples:
+    """Training or dev examples: the texts of each row, column by column."""
+
+    rows: list[tuple[str, ...]]  # (anchor, positive, negatives...) or (sentence1, sentence2)
+    columns: tuple[str, ...]
+    scores: list[float] | None = None  # scored pairs only
+    groups: list[str] | None = None  # rows sharing a group never share a batch
+    source: str = ""
+
+    @property
+    def scored(self) -> bool:
+        return self.scores is not None
+
+
+def is_beir_folder(path) -> bool:
+    path = Path(path)
+    return path.is_dir() and (path / "corpus.jsonl").is_file()
+
+
+def read_examples(path, *, split: str = "train", max_examples: int | None = None, log=print) -> EmbeddingExamples:
+    """Examples from a pairs/triplets/scored-pairs table or a BEIR folder (its `split` qrels)."""
+    if Path(path).is_dir():
+        if not is_beir_folder(path):
+            raise BertkitError(f"{path} is a folder but not a BEIR one (no corpus.jsonl); pass a TSV/JSONL of pairs "
+                               "or a folder with corpus.jsonl, queries.jsonl and qrels/")
+        pairs = training_pairs(path, split)[:max_examples]
+        log(f"{path} ({split}): {len(pairs)} (query, relevant passage) pairs")
+        return EmbeddingExamples([tuple(p) for p in pairs], ("anchor", "positive"), source=f"{path}:{split}")
+    report = ReadReport(str(path))
+    rows, scores, groups, columns = [], [], [], None
+    for n, row in read_rows(path, report):
+        if columns is None:
+            columns = _columns(row, path)
+        if any(isinstance(row.get(c), (list, dict)) for c in columns):
+            raise BertkitError(f"{path}:{n}: each of {', '.join(columns)} must hold one text; write several "
+                               "negatives as columns negative_1, negative_2, ...")
+        texts = tuple("" if row.get(c) is None else str(row[c]) for c in columns)
+        if not all(t.strip() for t in texts):
+            report.skipped["rows with an empty text"] += 1
+            continue
+        if columns[0] == "sentence1":
+            try:
+                scores.append(float(row["score"]))
+            except (TypeError, ValueError):
+                raise BertkitError(f"{path}:{n}: score {row['score']!r} is not a number") from None
+        if GROUP_COLUMN in row:
+            groups.append(str(row[GROUP_COLUMN]))
+        rows.append(texts)
+        if max_examples is not None and len(rows) >= max_examples:
+            break
+    report.kept = len(rows)
+    if not rows:
+        raise BertkitError(f"{report.summary()}: no usable rows; the file needs a header and at least one row")
+    log(report.summary())
+    return EmbeddingExamples(rows, columns, scores if columns[0] == "sentence1" else None,
+                             groups if len(groups) == len(rows) else None, str(path))
+
+
+def _columns(row: dict, path) -> tuple[str, ...]:
+    names = list(row)
+    if "anchor" in row and "positive" in row:
+        return ("anchor", "positive", *[c for c in names if NEGATIVE.match(c)])
+    if all(c in row for c in ("sentence1", "sentence2", "score")):
+        return ("sentence1", "sentence2")
+    raise BertkitError(f"{path}: columns {', '.join(map(repr, names))} are neither pairs (anchor, positive "
+                       "[, negative...]) nor scored pairs (sentence1, sentence2, score); rename the header")
+
+
+# --- batches without duplicates ------------------------------------------------------------
+
+
+def no_duplicate_batches(keys: list[frozenset], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Row batches of `batch_size` in a random order where no two rows share a key (a text or a group).
+
+    sentence-transformers' NoDuplicatesBatchSampler: walk the shuffled rows, put
+    each into the batch being filled unless one of its keys is already there;
+    a row that does not fit waits, in order, for the next batch. Every row is in
+    exactly one batch; the last batches may be short (rows that clash with all
+    others left at the end).
+    """
+    order = list(range(len(keys)))
+    rng.shuffle(order)
+    waiting, batches = deque(order), []
+    while waiting:
+        batch, seen, passed = [], set(), deque()
+        while waiting and len(batch) < batch_size:
+            i = waiting.popleft()
+            if seen.isdisjoint(keys[i]):
+                batch.append(i)
+                seen |= keys[i]
+            else:
+                passed.append(i)
+        passed.extend(waiting)
+        waiting = passed
+        batches.append(batch)
+    return batches
+
+
+class EmbeddingBatches:
+    """The loop's batch stream over embedding examples: seekable micro-batches, epoch after epoch.
+
+    One update's batch holds batch_size x parts examples (no duplicate text in
+    it); micro-batch p of the update takes its p-th share. `ids[r][c]` are the
+    tokens of row r's column c, tokenised once.
+    """
+
+    def __init__(self, examples: EmbeddingExamples, ids: list[list[list[int]]], batch_size: int, parts: int,
+                 seed: int, pad_id: int = 0, position: int = 0):
+        self.examples, self.ids, self.parts, self.seed, self.pad_id = examples, ids, parts, seed, pad_id
+        self.size, self.position = batch_size * parts, position
+        groups = examples.groups or [None] * len(examples.rows)
+        # scored pairs score no text against another pair's: duplicates do no harm there
+        self._cache = (None, None)
+        self.keys = [frozenset() if examples.scored else frozenset(row) | ({("group", g)} if g is not None else set())
+                     for row, g in zip(examples.rows, groups)]
+        n = len(examples.rows)
+        # as many updates as rows without duplicates would fill; a short last batch counts when it can give
+        # every micro-batch a row (fine-tuning's rule, `EpochBatches`)
+        self.steps_per_epoch = n // self.size + (n % self.size >= parts)
+        if self.steps_per_epoch == 0:
+            raise BertkitError(f"{n} training examples cannot fill one micro-batch per accumulation "
+                               f"step and process ({parts}); lower --grad-accum or use fewer processes")
+        self._cache = (None, None)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """Each update's row indices in `epoch` (0-based): a pure function of (seed, epoch).
+
+        The sampler may leave rows that clash with every batch for a few extra, short
+        batches at the end; past `steps_per_epoch` they sit this epoch out (a
+        different, random few each epoch), so every epoch has the same number of updates.
+        """
+        if self._cache[0] != epoch:
+            rng = random.Random(self.seed * 1_000_003 + epoch)
+            drawn = [b for b in no_duplicate_batches(self.keys, self.size, rng) if len(b) >= self.parts]
+            if len(drawn) < self.steps_per_epoch:
+                raise BertkitError(f"the training rows repeat the same texts too often to make {self.steps_per_epoch} "
+                                   f"batches of {self.size} without duplicates; lower --batch-size")
+            self._cache = (epoch, drawn[: self.steps_per_epoch])
+        return self._cache[1]
+
+    def micro_batch(self, slot: int) -> tuple[dict, str]:
+        update, part = divmod(self.position + slot, self.parts)
+        epoch, k = divmod(update, self.steps_per_epoch)
+        rows = [int(i) for i in np.array_split(self.batches(epoch)[k], self.parts)[part]]
+        where = (f"epoch {epoch + 1}, batch {k + 1}, part {part + 1}/{self.parts} "
+                 f"(rows {rows[:4]}{'...' if len(rows) > 4 else ''})")
+        return self.collate(rows), where
+
+    def collate(self, rows: list[int]) -> dict:
+        """input_ids / attention_mask / token_type_ids [C*B, T], column by column; labels [B] for scored pairs."""
+        seqs = [self.ids[r][c] for c in range(len(self.examples.columns)) for r in rows]
+        T = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), T), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.tensor(s)
+            mask[i, :len(s)] = 1
+        batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        if self.examples.scored:
+            batch["labels"] = torch.tensor([self.examples.scores[r] for r in rows], dtype=torch.float32)
+        return batch
+
+    def advance(self, micro_batches: int) -> None:
+        self.position += micro_batches
+
+    def state(self) -> dict:
+        return {"position": self.position, "seed": self.seed, "num_instances": len(self.examples.rows),
+                "batch": [self.size // self.parts, self.parts]}
+
+
+def tokenize_rows(tok, examples: EmbeddingExamples, max_length: int) -> list[list[list[int]]]:
+    """Token ids of every text, each distinct text tokenised once: ids[row][column]."""
+    distinct = list(dict.fromkeys(t for row in examples.rows for t in row))
+    enc = tok.encode_batch(distinct, max_length=max_length, padding=False, return_tensors=None)
+    where = {t: list(e.input_ids) for t, e in zip(distinct, enc.encodings)}
+    return [[where[t] for t in row] for row in examples.rows]
+
+
+# --- the model ------------------------------------------------------------------------
+
+
+@dataclass
+class EmbeddingOutput:
+    loss: torch.Tensor
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """[B, T, H] token vectors -> [B, H] sentence vectors: masked mean or [CLS]."""
+    return mean_pool(hidden, attention_mask) if pooling == "mean" else hidden[:, 0]
+
+
+class SentenceEmbedder(nn.Module):
+    """An encoder, a pooling and a loss: the model the training loop calls as model(**batch).loss.
+
+    loss: "mnrl" | "cached-mnrl" | "cosent"; columns: texts per example (C);
+    dims: Matryoshka dimensions (None: the full vector only).
+    """
+
+    def __init__(self, encoder: BertModel, pooling: str = "mean", loss: str = "mnrl", columns: int = 2,
+                 scale: float = 20.0, mini_batch_size: int = 32, dims=None, weights=None):
+        super().__init__()
+        self.encoder, self.pooling, self.kind, self.columns = encoder, pooling, loss, columns
+        self.mini_batch_size = mini_batch_size
+        base = cosent if loss == "cosent" else multiple_negatives_ranking
+        self.loss_fn = matryoshka(base, dims, weights) if dims else base
+        self.scale = scale
+        if getattr(encoder, "pooler", None) is not None:  # saved, never read by a sentence vector: frozen
+            encoder.pooler.requires_grad_(False)  # (DDP would stop on a parameter that never gets a gradient)
+
+    def embed(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        """[m, T] tokens -> [m, H] sentence vectors, each row padded only to the rows' longest."""
+        T = int(attention_mask.sum(dim=1).max())
+        input_ids, attention_mask = input_ids[:, :T], attention_mask[:, :T]
+        token_type_ids = None if token_type_ids is None else token_type_ids[:, :T]
+        hidden = self.encoder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+        return pool(hidden, attention_mask, self.pooling)
+
+    def score(self, embeddings: torch.Tensor, labels=None) -> torch.Tensor:
+        """The loss of [C*B, H] embeddings (column by column), candidates gathered over processes."""
+        C = self.columns
+        B = embeddings.shape[0] // C
+        columns = embeddings.float().reshape(C, B, -1)  # [C, B, H]
+        if self.kind == "cosent":
+            everything, _ = gather_with_grad(columns.transpose(0, 1).reshape(B, -1))  # [N, C*H] all processes
+            both = everything.reshape(everything.shape[0], C, -1)
+            labels_all, _ = gather_with_grad(labels[:, None])
+            return self.loss_fn(both[:, 0], both[:, 1], labels_all[:, 0], scale=self.scale)
+        candidates, first = gather_with_grad(columns[1:].transpose(0, 1).reshape(B, -1))  # [N, (C-1)*H]
+        candidates = candidates.reshape(candidates.shape[0], C - 1, -1).transpose(0, 1)  # [C-1, N, H]
+        return self.loss_fn(columns[0], candidates, scale=self.scale, first=first)
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None, labels=None) -> EmbeddingOutput:
+        rows = input_ids.shape[0]
+        if rows % self.columns:
+            raise BertkitError(f"a batch of {rows} texts is not {self.columns} columns of equal length")
+        B = rows // self.columns
+        if self.kind == "cached-mnrl":
+            step = self.mini_batch_size
+            chunks = [(c * B + s, min(c * B + s + step, (c + 1) * B)) for c in range(self.columns)
+                      for s in range(0, B, step)]  # never across columns: each is padded to its own longest
+            sizes, _ = gather_with_grad(torch.tensor([[float(B)]], device=input_ids.device))  # [W, 1] rows per process
+            loss = cached(lambda ab: self.embed(input_ids[ab[0]:ab[1]], attention_mask[ab[0]:ab[1]],
+                                                None if token_type_ids is None else token_type_ids[ab[0]:ab[1]]),
+                          chunks, lambda e: self.score(e, labels), list(self.parameters()), input_ids.device,
+                          weight=B * sizes.shape[0] / float(sizes.sum()))
+            return EmbeddingOutput(loss)
+        parts = [self.embed(input_ids[c * B:(c + 1) * B], attention_mask[c * B:(c + 1) * B],
+                            None if token_type_ids is None else token_type_ids[c * B:(c + 1) * B])
+                 for c in range(self.columns)]
+        return EmbeddingOutput(self.score(torch.cat(parts), labels))
+
+
+# --- the run --------------------------------------------------------------------------
+
+
+def model_defaults(model_dir) -> tuple[str, int | None]:
+    """(pooling, max_seq_length) the model's sentence-transformers layout records; mean and None without one."""
+    layout = read_layout(resolve(model_dir))
+    if layout is None:
+        return "mean", None
+    if layout.pooling not in ("mean", "cls"):
+        raise BertkitError(f"{model_dir}: its sentence-transformers pooling is {layout.pooling!r}; bertkit trains "
+                           "with mean or cls: pass --pooling mean or --pooling cls")
+    return layout.pooling, layout.max_seq_length
+
+
+def parse_dims(text: str | None, what: str) -> list | None:
+    if not text:
+        return None
+    try:
+        return [float(x) if what == "weights" else int(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError:
+        raise BertkitError(f"--matryoshka-{what} must be a comma-separated list of numbers, got {text!r}") from None
+
+
+def dev_evaluator(cfg: EmbedConfig, tok, log):
+    """(evaluate(model) -> scores, the metric that picks the best epoch) for the dev set: retrieval
+    on a BEIR folder (nDCG@10), STS on scored pairs (Spearman); (None, None) without one."""
+    if not cfg.dev:
+        return None, None
+    tcfg = cfg.training
+
+    def loaded(m):  # the model in training, embedding as it will be saved
+        layout = SentenceLayout(m.pooling, cfg.normalize, cfg.max_length)
+        return replace(load_model((m.encoder, tok)), layout=layout)
+
+    def figures(scores: dict) -> dict:
+        return {k: v for k, v in scores.items() if isinstance(v, float) and not k.endswith("seconds")}
+
+    if is_beir_folder(cfg.dev):
+        qrels_path(cfg.dev, cfg.dev_split)  # a missing split fails now, not after the first epoch
+        return (lambda m: figures(evaluate_retrieval(loaded(m), cfg.dev, split=cfg.dev_split, max_length=cfg.max_length,
+                                                     batch_size=tcfg.eval_batch_size, progress=tcfg.progress)),
+                "ndcg@10")
+    dev = read_examples(cfg.dev, max_examples=cfg.max_dev_examples, log=log)
+    if not dev.scored:
+        raise BertkitError(f"--dev {cfg.dev}: evaluation needs a BEIR folder (retrieval) or scored pairs "
+                           "(sentence1, sentence2, score: STS)")
+    pairs = [(a, b, s) for (a, b), s in zip(dev.rows, dev.scores)]
+    return (lambda m: figures(evaluate_sts(loaded(m), pairs, max_length=cfg.max_length,
+                                           batch_size=tcfg.eval_batch_size))), "spearman"
+
+
+def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
+    """Train sentence embeddings on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
+    cfg.validate()
+    tcfg = cfg.training
+    pooling, layout_length = model_defaults(cfg.model)
+    cfg.pooling = cfg.pooling or pooling
+    cfg.max_length = cfg.max_length or layout_length or 256
+    examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
+    loss = cfg.loss or ("cosent" if examples.scored else "mnrl")
+    if (loss == "cosent") != examples.scored:
+        needs = "scored pairs (sentence1, sentence2, score)" if loss == "cosent" else "pairs (anchor, positive...)"
+        raise BertkitError(f"--loss {loss} needs {needs}, but {cfg.train} holds "
+                           f"{'scored pairs' if examples.scored else 'pairs'}; "
+                           f"use --loss {'cosent' if examples.scored else 'mnrl'}")
+    cfg.loss = loss
+    dims, weights = parse_dims(cfg.matryoshka_dims, "dims"), parse_dims(cfg.matryoshka_weights, "weights")
+    tok = load_tokenizer(cfg.model)
+    torch.manual_seed(tcfg.seed)
+    encoder = load_head(BertModel, cfg.model, tcfg.seed, log)  # an ELECTRA folder: its ElectraModel
+    if dims and max(dims) > encoder.config.hidden_size:
+        raise BertkitError(f"--matryoshka-dims {dims}: the largest exceeds the model's {encoder.config.hidden_size} "
+                           "dimensions")
+    model = SentenceEmbedder(encoder, cfg.pooling, loss, len(examples.columns), cfg.scale, cfg.mini_batch_size,
+                             dims, weights)
+    log(f"embedding task: {len(examples.rows)} examples x {len(examples.columns)} texts "
+        f"({', '.join(examples.columns)}), loss {loss}{f' (Matryoshka {dims})' if dims else ''}, "
+        f"pooling {cfg.pooling}, max length {cfg.max_length}")
+    ids = tokenize_rows(tok, examples, cfg.max_length)
+    evaluate, metric = dev_evaluator(cfg, tok, log)
+    tcfg.metric = tcfg.metric or metric
+    out = Path(cfg.output)
+
+    def save(m):
+        m.encoder.save_pretrained(out, tokenizer=tok)
+        write_layout(out, pooling=cfg.pooling, normalize=cfg.normalize, max_seq_length=cfg.max_length,
+                     hidden_size=m.encoder.config.hidden_size, dimensions=dims)
+
+    def batches(parts):
+        return EmbeddingBatches(examples, ids, tcfg.batch_size, parts, tcfg.seed, tok.pad_token_id)
+
+    result = train(model, ids, tcfg, evaluate=evaluate, save=save, output_dir=out, pad_id=tok.pad_token_id,
+                   run_config=asdict(cfg), log=log, batches=batches)
+    if not result.is_main:
+        return {}
+    final = {"task": "embed", "loss": loss, "pooling": cfg.pooling, "max_length": cfg.max_length,
+             "train_examples": len(examples.rows), "train_seconds": round(result.seconds, 1),
+             "epochs": result.history}
+    if result.best is not None:
+        final["dev"] = {k: v for k, v in result.best.items() if k not in ("epoch", "step", "train_loss")}
+        final["best_epoch"] = result.best["epoch"]
+    write_json(out / "metrics.json", final)
+    return final
+
+
+def format_report(final: dict) -> str:
+    dev = final.get("dev")
+    head = (f"trained on {final['train_examples']} examples ({final['loss']}, {final['pooling']} pooling) "
+            f"in {final['train_seconds']} s")
+    if not dev:
+        return head + " (no dev set)"
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in dev.items() if isinstance(v, float) and not k.endswith("seconds"))
+    return f"{head}\ndev (best epoch {final['best_epoch']}): {shown}"
+

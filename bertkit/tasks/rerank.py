@@ -1,0 +1,61 @@
+"""Reranking: a cross-encoder re-scores what the bi-encoder index found.
+
+A bi-encoder embeds the query and each passage apart, so the index can be
+searched fast; a cross-encoder reads (query, passage) together, which is
+slower and more accurate, so it re-scores only the best `top` documents of the
+first stage (the "retrieve and rerank" of Nogueira and Cho 2019,
+sentence-transformers' `CrossEncoder` examples).
+
+The cross-encoder is a model fine-tuned by `bertkit finetune regression` or
+`bertkit finetune pair` (two labels) on text pairs, run by
+`bertkit.tasks.predict` and scored as `bertkit serve`'s /rerank scores it:
+a regression model's score, or the probability of its second label. The
+reranked hits come first, best first, with the cross-encoder's score; ties keep
+the first stage's order; the hits below `top` follow as they were.
+"""
+
+from __future__ import annotations
+
+from bertkit.errors import BertkitError
+from bertkit.tasks.predict import predict
+from bertkit.runtime.loading import Loaded, load
+from bertkit.retrieval.search import Hit
+
+
+def reranker(model, device=None, dtype=None) -> Loaded:
+    """A cross-encoder: a model fine-tuned on text pairs with one score (regression, or two labels)."""
+    loaded = load(model, head="task", device=device, dtype=dtype)
+    task, pairs = loaded.info["task"], bool(loaded.info.get("text_pair_column"))
+    labels = loaded.config.labels if task != "regression" else None
+    if not pairs or task not in ("pair", "regression") or (task == "pair" and len(labels or ()) != 2):
+        kind = f"a {task} model" + ("" if pairs else " of single texts") + (
+            f" with {len(labels)} labels" if task == "pair" else "")
+        raise BertkitError(f"{model} is {kind}: --rerank needs a cross-encoder trained on (query, passage) pairs by "
+                           "bertkit finetune regression, or bertkit finetune pair with two labels")
+    return loaded
+
+
+def score(prediction: dict, loaded: Loaded) -> float:
+    """A cross-encoder's score of one pair, from its prediction: a regression model's score, or the
+    probability of its second label."""
+    if loaded.info["task"] == "regression":
+        return float(prediction["score"])
+    return float(prediction["probabilities"][loaded.config.labels[1]])
+
+
+def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int = 32) -> list[float]:
+    """The cross-encoder's score of each (query, passage)."""
+    preds = predict(None, [query] * len(passages), pairs=passages, batch_size=batch_size, loaded=loaded)
+    return [score(p, loaded) for p in preds]
+
+
+def rerank(loaded: Loaded, query: str, hits: list[Hit], top: int = 50, batch_size: int = 32) -> list[Hit]:
+    """`hits` with the first `top` re-scored by the cross-encoder and sorted (see the module docstring)."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise BertkitError(f"--rerank-top must be at least 1, got {top!r}")
+    head, tail = hits[:top], hits[top:]
+    if not head:
+        return hits
+    scores = pair_scores(loaded, query, [h.text for h in head], batch_size)
+    order = sorted(range(len(head)), key=lambda i: -scores[i])  # stable: ties keep the first stage's order
+    return [Hit(**{**vars(head[i]), "score": scores[i]}) for i in order] + tail

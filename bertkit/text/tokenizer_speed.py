@@ -1,0 +1,119 @@
+"""How the tokenizer is made fast, kept apart from what it computes (tokenizer.py).
+
+Three measures, none of which changes an output: the parity tests against the
+`tokenizers` library and the property tests run with all of them on.
+
+1. A word cache (`WordCache`). Words repeat (a few thousand make up most of any
+   text), and cleaning, lower-casing, accent stripping and the WordPiece search
+   cost far more than a dict lookup. So each distinct run of text between safe
+   boundaries (see basic_tokenizer.coarse_split_pattern) is analysed once;
+   encoding is then one regex scan plus a lookup per run. A run that is one word
+   of one piece (the common case) is stored as the bare id. The cache is
+   emptied at CACHE_LIMIT distinct runs, to bound memory on endless streams.
+2. Worker processes for big batches (`TokenizerWorkers`): encode_batch of 2M+
+   characters spreads the texts over up to 8 forked processes (bertkit.text.workers),
+   which start with the tokenizer and its warm cache. Each worker takes
+   contiguous chunks and returns flat int arrays, about ten times cheaper to
+   pickle than lists. The pool stays alive for later calls and stops when its
+   tokenizer is collected, at exit, or on `Tokenizer.close()`.
+3. A paused garbage collector (`gc_paused`): a batch allocates millions of small
+   lists that all stay alive; CPython's cyclic collector would rescan them again
+   and again (2-3x slower). None of them can form a cycle.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+from array import array
+from contextlib import contextmanager
+
+from bertkit.errors import BertkitError
+from bertkit.text.workers import can_start_workers, start_pool
+
+CACHE_LIMIT = 2_000_000  # distinct runs kept before the cache is emptied
+BIG_BATCH_CHARS = 2_000_000  # below this, forking (~0.1 s) costs more than it saves
+MAX_WORKERS = 8
+
+
+class WordCache(dict):
+    """run of text -> an int id (one word, one piece, spanning the run) or (ids, starts, ends, word_ids, n_words).
+
+    Reading is plain `dict.get` (the hot path); `add` analyses a new run.
+    """
+
+    def add(self, run: str, analyse):
+        ids, starts, ends, wids, n_words = entry = analyse(run)
+        if len(ids) == 1 and n_words == 1 and starts[0] == 0 and ends[0] == len(run):
+            entry = ids[0]
+        if len(self) >= CACHE_LIMIT:
+            self.clear()
+        self[run] = entry
+        return entry
+
+
+@contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector for the block (restored as it was)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def choose_num_workers(texts: list[str], num_workers: int | None) -> int:
+    """The processes to use: None picks all cores (up to 8) for a big batch, else 1."""
+    if num_workers is None:
+        big = sum(len(t) for t in texts) >= BIG_BATCH_CHARS
+        return min(os.cpu_count() or 1, MAX_WORKERS) if big and can_start_workers() else 1
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise BertkitError(f"num_workers must be a positive int, got {num_workers!r}")
+    return num_workers
+
+
+class TokenizerWorkers:
+    """A pool of `n` forked processes that cut texts into segments with one tokenizer."""
+
+    def __init__(self, tokenizer, n: int):
+        self.n = n
+        self.pool = start_pool(n, initializer=_worker_init, initargs=(tokenizer,))
+        # stop the workers when the tokenizer goes away or the interpreter exits
+        weakref.finalize(tokenizer, self.pool.terminate)
+
+    def segments(self, texts: list[str]):
+        """Yield (ids, starts, ends, word_ids) per text, in order."""
+        size = max(1, -(-len(texts) // (self.n * 8)))  # 8 chunks per worker balance uneven texts
+        chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
+        for lengths, ids, starts, ends, wids in self.pool.map(_worker_segments, chunks):
+            ids, starts, ends, wids = ids.tolist(), starts.tolist(), ends.tolist(), wids.tolist()
+            pos = 0
+            for n in lengths:
+                yield ids[pos : pos + n], starts[pos : pos + n], ends[pos : pos + n], wids[pos : pos + n]
+                pos += n
+
+    def close(self) -> None:
+        self.pool.terminate()
+
+
+_WORKER_TOKENIZER = None
+
+
+def _worker_init(tok) -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tok
+
+
+def _worker_segments(texts: list[str]):
+    """Segments of texts, packed as flat int arrays."""
+    lengths, ids, starts, ends, wids = array("l"), array("l"), array("l"), array("l"), array("l")
+    for seg in map(_WORKER_TOKENIZER._segment, texts):
+        lengths.append(len(seg.ids))
+        ids.extend(seg.ids)
+        starts.extend(seg.starts)
+        ends.extend(seg.ends)
+        wids.extend(seg.word_ids)
+    return lengths, ids, starts, ends, wids

@@ -1,0 +1,101 @@
+"""The WordPiece vocabulary: `vocab.txt`, one token per line, id = line number.
+
+This is the file format of google-research/bert (`tokenization.load_vocab`) and
+of every Hugging Face BERT checkpoint: line i (0-based) holds the token with id
+i; a word-internal piece carries the `##` continuation prefix. Five special
+tokens must be present: [PAD] [UNK] [CLS] [SEP] [MASK] (bert-base-uncased puts
+them at 0, 100, 101, 102, 103; a trained vocabulary puts them first).
+
+We load strictly: a missing special token, a duplicate line or an empty line is
+an error naming the line, because a silently shifted id table breaks every
+checkpoint that uses it. Deviation from the original: it keeps the *last*
+duplicate silently; we refuse.
+"""
+
+import json
+from pathlib import Path
+
+from bertkit.errors import BertkitError
+from bertkit.data.textfiles import read_text
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+
+
+def validate_tokens(tokens: list[str], source: str = "vocabulary") -> None:
+    """Check a token list: non-empty entries, no duplicates, all special tokens present."""
+    seen: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        if not isinstance(tok, str):
+            raise BertkitError(f"{source}: entry {i} is {type(tok).__name__}, expected a string token")
+        if tok == "" or tok.strip() != tok:
+            raise BertkitError(
+                f"{source}: line {i + 1} is empty or has surrounding whitespace ({tok!r}); "
+                "vocab.txt needs exactly one token per line"
+            )
+        if tok in seen:
+            raise BertkitError(
+                f"{source}: token {tok!r} appears twice (lines {seen[tok] + 1} and {i + 1}); "
+                "ids are line numbers, so every token must be unique"
+            )
+        seen[tok] = i
+    missing = [t for t in SPECIAL_TOKENS if t not in seen]
+    if missing:
+        raise BertkitError(
+            f"{source}: missing special token(s) {', '.join(missing)}; a BERT vocabulary needs "
+            f"all of {' '.join(SPECIAL_TOKENS)}"
+        )
+
+
+def load_vocab(path) -> list[str]:
+    """Read vocab.txt into a list of tokens (index = id), validated."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "vocab.txt"
+    if not path.is_file():
+        raise BertkitError(f"vocabulary file not found: {path} (pass a vocab.txt or a model directory)")
+    return tokens_from_text(read_text(path, "vocabulary file"), str(path))
+
+
+def tokens_from_text(text: str, source: str) -> list[str]:
+    """The tokens of a vocab.txt's text (index = id), validated; `source` names the file in errors."""
+    # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
+    # which can be tokens; a trailing newline does not add a token.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    tokens = [line[:-1] if line.endswith("\r") else line for line in lines]
+    validate_tokens(tokens, source)
+    return tokens
+
+
+def tokens_from_tokenizer_json(text: str, source: str) -> list[str]:
+    """The WordPiece vocabulary inside a Hugging Face tokenizer.json's text (token -> id in
+    `model.vocab`), as a list of tokens (index = id), validated: the folders sentence-transformers 6
+    saves carry only this file, no vocab.txt. `source` names the file in errors."""
+    try:
+        model = json.loads(text)["model"]
+        vocab = model["vocab"]
+        kind = model.get("type")
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise BertkitError(f"{source} is not a Hugging Face tokenizer.json with a vocabulary ({err})") from None
+    if kind != "WordPiece" or not isinstance(vocab, dict):
+        raise BertkitError(f"{source} holds a {kind} tokenizer, not WordPiece: BERT needs a WordPiece vocabulary")
+    tokens = [None] * len(vocab)
+    for token, i in vocab.items():
+        if not isinstance(i, int) or not 0 <= i < len(tokens) or tokens[i] is not None:
+            raise BertkitError(f"{source}: the vocabulary's ids are not 0..{len(vocab) - 1}, each once (token {token!r})")
+        tokens[i] = token
+    validate_tokens(tokens, source)
+    return tokens
+
+
+def save_vocab(tokens: list[str], path) -> Path:
+    """Write tokens to vocab.txt (one per line, id order); returns the file path."""
+    validate_tokens(list(tokens), "vocabulary to save")
+    path = Path(path)
+    if path.is_dir():
+        path = path / "vocab.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    return path

@@ -1,0 +1,231 @@
+"""Train a WordPiece vocabulary (vocab.txt) from raw text.
+
+BERT's own vocabulary-building code was never released (the paper cites the
+WordPiece model of Wu et al. 2016). We follow what Hugging Face `tokenizers`'
+WordPieceTrainer does: byte-pair-encoding style merges over the characters of
+each word, where a piece that does not start a word carries the `##` prefix,
+so the result is a vocabulary the greedy longest-match WordPiece tokenizer
+(wordpiece.py) reads directly.
+
+1. Stream the corpus line by line and count words, as the tokenizer's basic
+   stage splits them (cleaning, lower-casing and accent stripping unless cased,
+   punctuation and CJK split). Files and folders of .txt/.gz are found and read
+   as `pretrain prepare` reads them (`bertkit.data.textfiles`; UTF-8 unless the
+   `encoding` setting names another). Only the word counts live in memory, so a corpus
+   larger than memory works; past `max_distinct_words` distinct words the
+   words seen once are dropped (an approximation that only forgets the rarest).
+2. Alphabet: every character seen, both as a word start "c" and as a
+   continuation "##c", so every word made of seen characters has a cover.
+3. Repeat: merge the most frequent adjacent pair of pieces (ties: the pair
+   that sorts first, so training is deterministic) into a new piece, as long as
+   the pair occurs at least `min_frequency` times and the vocabulary is below
+   `vocab_size`.
+
+Output order: [PAD] [UNK] [CLS] [SEP] [MASK], the alphabet, then the merged
+pieces in the order they were learned. The vocabulary is larger than
+`vocab_size` only when the alphabet alone does not fit.
+"""
+
+import heapq
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
+from bertkit.errors import BertkitError
+from bertkit.data.corpus import CorpusStats, read_lines
+from bertkit.data.textfiles import check_encoding, corpus_files
+from bertkit.text.vocab import SPECIAL_TOKENS, save_vocab
+from bertkit.text.wordpiece import CONTINUATION
+
+
+def _opt(default, help, **more):
+    return field(default=default, metadata={"help": help, **more})
+
+
+@dataclass
+class VocabTrainingConfig:
+    """What `bertkit vocab train` learns and how it reads the corpus (one option each, `bertkit.options`)."""
+
+    vocab_size: int = _opt(30522, "target vocabulary size (BERT's English vocabularies have 30,522)")
+    min_frequency: int = _opt(2, "stop merging when the most frequent pair is seen fewer times")
+    # a flag turns a True default off: --no-lowercase, or its older spelling --cased
+    lowercase: bool = _opt(True, "lower-case the text (and strip accents, unless --strip-accents says otherwise)",
+                           flags=["--lowercase", "--cased"])
+    strip_accents: bool | None = _opt(None, "strip accents (default: when lower-casing, as BERT's uncased models)")
+    tokenize_chinese_chars: bool = _opt(True, "split CJK characters into words of their own")
+    max_distinct_words: int = _opt(5_000_000, "distinct words kept in memory; past it the words seen once are "
+                                   "forgotten (bounds memory on a huge corpus)")
+    encoding: str = _opt("utf-8", "the text encoding of the corpus files, e.g. latin-1 or cp1252")
+
+    def validate(self) -> None:
+        if not isinstance(self.vocab_size, int) or self.vocab_size < len(SPECIAL_TOKENS) + 1:
+            raise BertkitError(f"vocab_size must be an int > {len(SPECIAL_TOKENS)}, got {self.vocab_size!r}")
+        if not isinstance(self.min_frequency, int) or self.min_frequency < 1:
+            raise BertkitError(f"min_frequency must be a positive int, got {self.min_frequency!r}")
+        if not isinstance(self.max_distinct_words, int) or self.max_distinct_words < 1000:
+            raise BertkitError(f"max_distinct_words must be an int >= 1000, got {self.max_distinct_words!r}")
+        check_encoding(self.encoding)
+
+
+def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, encoding: str = "utf-8"):
+    """Lines of the files, read lazily by the corpus reader (a corpus larger than memory is fine).
+
+    Binary files are skipped and stray undecodable bytes replaced, as for
+    pre-training; `stats` counts both. A file most of whose lines do not decode
+    in `encoding` is an error that names it and --encoding.
+    """
+    stats = CorpusStats() if stats is None else stats
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc="counting words")
+    try:
+        for f in files:
+            for line in read_lines(f, stats, encoding):
+                yield line
+                if bar is not None:
+                    bar.update(len(line.encode(encoding, errors="replace")) + 1)
+    finally:  # also on an error: the bar ends its line before the error's line is printed
+        if bar is not None:
+            bar.close()
+
+
+def count_words(lines, config: VocabTrainingConfig) -> Counter:
+    """Counts of normalised words, as the tokenizer's basic stage produces them."""
+    pattern = coarse_split_pattern()
+    runs: Counter = Counter()
+    for line in lines:
+        if not isinstance(line, str):
+            raise BertkitError(f"corpus lines must be str, got {type(line).__name__}")
+        runs.update(pattern.findall(line))
+        if len(runs) > config.max_distinct_words:
+            # keep memory bounded: forget the words seen once so far
+            runs = Counter({w: c for w, c in runs.items() if c > 1})
+    # runs are raw text between safe boundaries; normalise each distinct one once
+    words: Counter = Counter()
+    for run, c in runs.items():
+        for word, _ in basic_words(run, config.lowercase, config.strip_accents, config.tokenize_chinese_chars):
+            words[word] += c
+    return words
+
+
+def _join(a: str, b: str) -> str:
+    return a + b[len(CONTINUATION):]
+
+
+def learn_vocab(word_counts: dict, config: VocabTrainingConfig, progress: bool = False) -> list[str]:
+    """The vocabulary (list of tokens, id order) learned from word counts."""
+    config.validate()
+    # deterministic order of words, whatever order the counts came in
+    items = sorted(word_counts.items())
+    words = [[w[0]] + [CONTINUATION + c for c in w[1:]] for w, _ in items]
+    counts = [c for _, c in items]
+
+    alphabet = sorted({c for w, _ in items for c in w})
+    tokens = list(SPECIAL_TOKENS)
+    tokens += [c for c in alphabet if c not in SPECIAL_TOKENS]
+    tokens += [CONTINUATION + c for c in alphabet]
+    known = set(tokens)
+
+    pair_counts: dict = {}
+    where: dict = {}
+    for i, syms in enumerate(words):
+        for pair in zip(syms, syms[1:]):
+            pair_counts[pair] = pair_counts.get(pair, 0) + counts[i]
+            where.setdefault(pair, set()).add(i)
+    heap = [(-c, p) for p, c in pair_counts.items()]
+    heapq.heapify(heap)
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=max(0, config.vocab_size - len(tokens)), desc="merging pieces")
+    while len(tokens) < config.vocab_size and heap:
+        neg, pair = heapq.heappop(heap)
+        if pair_counts.get(pair, 0) != -neg:
+            continue  # stale heap entry: the count changed since it was pushed
+        if -neg < config.min_frequency:
+            break
+        new = _join(*pair)
+        if new not in known:
+            known.add(new)
+            tokens.append(new)
+            if bar is not None:
+                bar.update(1)
+        changed = set()
+        for i in sorted(where.pop(pair, ())):
+            syms, c = words[i], counts[i]
+            for p in zip(syms, syms[1:]):
+                pair_counts[p] -= c
+                changed.add(p)
+            merged, j = [], 0
+            while j < len(syms):
+                if j + 1 < len(syms) and syms[j] == pair[0] and syms[j + 1] == pair[1]:
+                    merged.append(new)
+                    j += 2
+                else:
+                    merged.append(syms[j])
+                    j += 1
+            words[i] = merged
+            for p in zip(merged, merged[1:]):
+                pair_counts[p] = pair_counts.get(p, 0) + c
+                where.setdefault(p, set()).add(i)
+                changed.add(p)
+        for p in changed:
+            n = pair_counts.get(p, 0)
+            if n > 0:
+                heapq.heappush(heap, (-n, p))
+            else:
+                pair_counts.pop(p, None)
+                where.pop(p, None)
+    if bar is not None:
+        bar.close()
+    return tokens
+
+
+def train_vocab(lines, config: VocabTrainingConfig | None = None, progress: bool = False) -> list[str]:
+    """Train a vocabulary from an iterable of text lines (read lazily)."""
+    config = config or VocabTrainingConfig()
+    config.validate()
+    if isinstance(lines, (str, bytes)):
+        raise BertkitError("train_vocab takes an iterable of lines, not one str; use train_vocab_from_files for paths")
+    counts = count_words(lines, config)
+    if not counts:
+        raise BertkitError("the corpus has no words: nothing to learn a vocabulary from")
+    return learn_vocab(counts, config, progress)
+
+
+def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, progress: bool = False,
+                           stats: CorpusStats | None = None) -> list[str]:
+    """Train a vocabulary from text files and folders of .txt/.gz files, streaming; `stats` counts skips."""
+    config = config or VocabTrainingConfig()
+    config.validate()
+    stats = CorpusStats() if stats is None else stats
+    files = corpus_files(paths)
+    counts = count_words(iter_lines(files, progress, stats, config.encoding), config)
+    if not counts:
+        reasons = stats.describe_skips() or "the files hold no words"
+        raise BertkitError(f"the corpus has no words to learn a vocabulary from ({len(files)} file(s); {reasons})")
+    return learn_vocab(counts, config, progress)
+
+
+def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig) -> Path:
+    """Write vocab.txt (at `output`, a file path or a folder) and, beside it, the tokenizer_config.json
+    that tells the tokenizer how the vocabulary was made (casing, accents); returns vocab.txt's path."""
+    out = Path(output)
+    if out.is_dir() or out.suffix == "":
+        out = out / "vocab.txt"
+    path = save_vocab(tokens, out)
+    settings = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": config.lowercase,
+        "strip_accents": config.strip_accents,
+        "tokenize_chinese_chars": config.tokenize_chinese_chars,
+        "model_max_length": 512,
+    }
+    (path.parent / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    return path
