@@ -161,7 +161,10 @@ def test_cached_loss_equals_the_full_batch_with_any_chunk_size(tiny):
             if q.grad is None:
                 assert p.grad is None, name  # the frozen pooler
                 continue
-            torch.testing.assert_close(p.grad * 2, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+            # float32 sums in another order: the tolerance is relative to the gradient's scale (a
+            # token-type row sums every token's gradient; 1.7e-6 apart on a tensor of 10 on AMD Zen 4)
+            atol = 1e-6 * max(1.0, q.grad.abs().max().item())
+            torch.testing.assert_close(p.grad * 2, q.grad, rtol=1e-5, atol=atol, msg=name)
 
 
 def test_cached_loss_replays_dropout(tiny):
