@@ -78,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import bertkit
-    from bertkit.embeddings.features import encoder
+    from bertkit.embeddings.features import load_encoder
 
     tmp = tempfile.TemporaryDirectory()
     extract(args.rev, Path(tmp.name))
@@ -90,7 +90,7 @@ def main() -> None:
     sections = [f"Machine: {machine_line()}; before = `{args.rev}`, after = the working tree."]
     for int8 in (False, True):
         name = "int8" if int8 else "float32"
-        after = encoder(None, "cpu", "float32", int8)
+        after = load_encoder(None, "cpu", "float32", int8)
         before_model, before_tok = load_before(None, "cpu", "float32", int8)
         for rows, length in ((32, 128), (1, 128)):
             inputs = batch(after.tokenizer, texts, rows, length)

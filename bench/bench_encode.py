@@ -105,12 +105,12 @@ def main(argv=None) -> int:
     from sentence_transformers import SentenceTransformer
 
     from bertkit.default_model import default_model_dir
-    from bertkit.retrieval.encoding import encode, load_encoder
+    from bertkit.retrieval.encoding import encode, encoder_and_settings
 
     texts = scifact_texts(args.docs)
     sections = []
     for dtype in args.dtypes.split(","):
-        loaded, settings = load_encoder(None, dtype=dtype)
+        loaded, settings = encoder_and_settings(None, dtype=dtype)
         peer = SentenceTransformer(str(default_model_dir()), device="cpu")
         if dtype == "bfloat16":
             peer = peer.to(torch.bfloat16)

@@ -44,12 +44,12 @@ def main(argv=None) -> int:
     import transformers
 
     from bertkit.default_model import default_model_dir
-    from bertkit.embeddings.features import embed, encoder
+    from bertkit.embeddings.features import embed, load_encoder
 
     texts = sst2_dev()
     bs = args.batch_size
     model_dir = str(default_model_dir())
-    ours_model = encoder(None)
+    ours_model = load_encoder(None)
     hf_model = transformers.BertModel.from_pretrained(model_dir).eval()
     hf_tok = transformers.BertTokenizerFast.from_pretrained(model_dir)
     pipe = transformers.pipeline("feature-extraction", model=hf_model, tokenizer=hf_tok, device="cpu")

@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import SHARED_DATA, machine_line, report  # noqa: E402
 
 from bertkit.retrieval.ann import ann_top_k, build_hnsw, read_hnsw  # noqa: E402  (faiss: imported when used)
-from bertkit.retrieval.encoding import encode, load_encoder  # noqa: E402
+from bertkit.retrieval.encoding import encode, encoder_and_settings  # noqa: E402
 from bertkit.retrieval.index import FORMAT, INDEX_JSON, PASSAGES, VECTORS, open_index  # noqa: E402
 from bertkit.retrieval.qdrant import export, search_vectors  # noqa: E402  (qdrant-client: imported when used)
 from bertkit.retrieval.search import best_documents  # noqa: E402
@@ -133,7 +133,7 @@ def real_vectors(work: Path, real: int, queries: int, dtype: str) -> dict:
     path = work / f"real-{real}-{queries}-{dtype}.npz"
     if not path.is_file():
         sentences = gutenberg_sentences(queries + real)
-        loaded, settings = load_encoder(None, dtype=dtype)
+        loaded, settings = encoder_and_settings(None, dtype=dtype)
         t0 = time.perf_counter()
         vectors = encode(sentences, loaded, settings, batch_size=64, progress=True)
         seconds = time.perf_counter() - t0

@@ -35,8 +35,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, SHARED_DATA, machine_line  # noqa: E402
 
-from bertkit.embeddings.features import embed, encoder  # noqa: E402
-from bertkit.embeddings.pooling import PAPER_NER_F1, STRATEGIES, combine_layers, resolve_layers  # noqa: E402
+from bertkit.embeddings.features import embed, load_encoder  # noqa: E402
+from bertkit.embeddings.pooling import combine_layers  # noqa: E402
+from bertkit.embeddings.settings import PAPER_NER_F1, STRATEGIES, resolve_layers  # noqa: E402
 from bertkit.data.tables import read_conll  # noqa: E402
 from bertkit.metrics.tasks import entity_scores, iob1_to_iob2  # noqa: E402
 
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
     data = SHARED_DATA / "conll2003"
     train, _ = read_conll(data / "train.txt", max_sentences=args.train_sentences)
     dev, _ = read_conll(data / "dev.txt", max_sentences=args.dev_sentences)
-    model = encoder(args.model)
+    model = load_encoder(args.model)
     num_layers = model.model.config.num_hidden_layers
     t0 = time.perf_counter()
     cache = Path(args.cache) if args.cache else None

@@ -162,27 +162,6 @@ def build(cls, values: dict):
 # --- option groups several commands share ---------------------------------------------
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # --dtype: auto is bf16 where native (bertkit.runtime.devices.auto_dtype)
-COMBINES = ("sum", "mean", "concat")  # how a list of layers is merged (bertkit.embeddings.pooling.combine_layers)
-SENTENCE_POOLINGS = ("mean", "cls", "max")  # one vector per text from its tokens (bertkit.embeddings.pooling.pool_sentence)
-
-
-@dataclasses.dataclass
-class EmbedOptions:
-    """What `bertkit embed` and `bertkit serve` take from the encoder (`bertkit.embeddings.pooling`), defined once."""
-
-    layers: str = dataclasses.field(default="last", metadata={
-        "help": "layer strategy: first, last, sum_all, second_to_last, sum_last_four, concat_last_four, or layer "
-        "indices like -1,-2 (0 = embedding output, -1 = last layer; on the command line write --layers=-1,-2)"})
-    combine: str | None = dataclasses.field(default=None, metadata={
-        "choices": list(COMBINES), "help": "how a list of layers is merged (default concat)"})
-    pooling: str | None = dataclasses.field(default=None, metadata={
-        "choices": [*SENTENCE_POOLINGS, "words", "none"],
-        "help": "one vector per text from the tokens' mean, maximum or [CLS] (default: the model's "
-        "sentence-transformers layout, else mean); embed also writes one per whitespace word (words) or per token "
-        "(none)"})
-    normalize: bool | None = dataclasses.field(default=None, metadata={
-        "help": "L2-normalise every vector (default: as the model's sentence-transformers layout says, else no; "
-        "the server's /embed: yes, as text-embeddings-inference)"})
 
 
 def device_flags(p) -> None:

@@ -4,7 +4,7 @@ Most tests use a tiny random model of odd shape (5 layers, hidden 32, 4 heads,
 intermediate 37) with the real uncased vocabulary, so a swapped dimension or a
 wrong layer shows up. Every expected value is computed here directly from the
 model's hidden states, with the layer lists written out by hand from the
-paper's Table 7 (not taken from bertkit.embeddings.pooling.STRATEGIES).
+paper's Table 7 (not taken from bertkit.embeddings.settings.STRATEGIES).
 """
 
 import json
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.features import embed, encoder, iter_embed
-from bertkit.embeddings.pooling import pool_words, resolve_layers
+from bertkit.embeddings.features import embed, iter_embed, load_encoder
+from bertkit.embeddings.pooling import pool_words
+from bertkit.embeddings.settings import resolve_layers
 from bertkit.data.textfiles import read_texts
 from bertkit.data.vector_files import write_vectors
 
@@ -111,7 +112,7 @@ def test_streaming_reads_lazily_and_keeps_order(tiny):
             pulled.append(t)
             yield t
 
-    stream = iter_embed(source(), encoder(tiny), chunk_size=4, batch_size=3)
+    stream = iter_embed(source(), load_encoder(tiny), chunk_size=4, batch_size=3)
     first = next(stream)
     assert len(pulled) == 4  # only the first chunk was read
     rest = list(stream)
@@ -148,11 +149,13 @@ def test_words_split_by_punctuation_stay_one_input_word(tiny):
 
 
 def test_pool_words_by_hand():
-    vectors = np.arange(12, dtype=np.float32).reshape(6, 2)
+    vectors = torch.arange(12, dtype=torch.float32).reshape(6, 2)
     token_words = [None, 0, 1, 1, 1, None]
     np.testing.assert_array_equal(pool_words(vectors, token_words, 3),
                                   [[2, 3], [6, 7], [0, 0]])  # word 2 has no piece: zeros
     np.testing.assert_array_equal(pool_words(vectors, token_words, 3, "first"), [[2, 3], [4, 5], [0, 0]])
+    # pieces out of order (a pair's second segment maps to no word): the first piece is the earliest token
+    np.testing.assert_array_equal(pool_words(vectors, [1, 0, 1, None, 0, None], 2, "first"), [[2, 3], [0, 1]])
 
 
 # --- long inputs ------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def test_the_loader_is_a_chain_over_the_model_files():
     assert set(edges["bertkit.runtime.loading"]) <= allowed
     # features runs the encoder over windows; it hands the vectors to pooling and the cuts to windows
     assert set(edges["bertkit.embeddings.features"]) <= {"bertkit.errors", "bertkit.runtime.loading", "bertkit.embeddings.pooling",
-                                              "bertkit.text.windows"}
+                                              "bertkit.embeddings.settings", "bertkit.text.windows"}
 
 
 def test_the_library_never_imports_the_oracles():

@@ -39,7 +39,7 @@ def ours(path, layout: SentenceLayout, vocab_dir=None):
                  max_length=layout.max_seq_length, truncate=True)
 
 
-@pytest.mark.parametrize("pooling,normalize", [("mean", True), ("cls", False)])
+@pytest.mark.parametrize("pooling,normalize", [("mean", True), ("cls", False), ("max", False)])
 def test_sentence_transformers_loads_what_we_write_and_gives_our_vectors(st, tiny, tmp_path, pooling, normalize):
     from sentence_transformers import SentenceTransformer
 
@@ -56,7 +56,7 @@ def test_sentence_transformers_loads_what_we_write_and_gives_our_vectors(st, tin
     np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-6)
     assert np.allclose(np.linalg.norm(mine, axis=1), 1.0) == normalize
     # the layout matters: the other pooling, or no truncation, gives other vectors
-    other = SentenceLayout("cls" if pooling == "mean" else "mean", normalize, 12)
+    other = SentenceLayout("cls" if pooling != "cls" else "mean", normalize, 12)
     assert not np.allclose(ours(out, other), theirs, atol=1e-3)
     assert not np.allclose(ours(out, SentenceLayout(pooling, normalize, 60))[-1], theirs[-1], atol=1e-3)
 
@@ -127,8 +127,8 @@ def test_sentence_config_alone_means_mean_pooling(tmp_path):
 
 
 def test_write_refuses_what_bertkit_cannot_embed(tmp_path):
-    with pytest.raises(BertkitError, match="mean or cls"):
-        write_layout(tmp_path, pooling="max", normalize=False, max_seq_length=None, hidden_size=32)
+    with pytest.raises(BertkitError, match="mean, cls, max"):
+        write_layout(tmp_path, pooling="weightedmean", normalize=False, max_seq_length=None, hidden_size=32)
     with pytest.raises(BertkitError, match="1..32"):
         write_layout(tmp_path, pooling="mean", normalize=False, max_seq_length=None, hidden_size=32, dimensions=[64])
 

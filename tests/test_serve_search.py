@@ -121,7 +121,7 @@ def test_queries_share_the_embeddings_batches_and_are_counted(servers):
     for t in threads:
         t.join()
     assert answers == {"/search": 200, "/embed": 200}
-    # both texts in one forward pass of the Encoder: the query rode with the embeddings traffic
+    # both texts in one forward pass of the EmbeddingModel: the query rode with the embeddings traffic
     assert metric(port, "bertkit_serve_batch_size_count") - passes_before == 1
     assert metric(port, "bertkit_serve_batch_size_sum") - rows_before == 2
     assert metric(port, 'bertkit_serve_requests_total{endpoint="/search",status="200"}') >= 1
@@ -208,7 +208,7 @@ def test_dimensions_truncate_then_renormalise(servers, made):
 ])
 def test_search_settings_are_checked_before_anything_loads(flags, words):
     from bertkit.errors import BertkitError
-    from bertkit.options import EmbedOptions
+    from bertkit.embeddings.settings import EmbedOptions
     from bertkit.serve.settings import ServeConfig
 
     if "embedding" in flags:

@@ -4,7 +4,8 @@ import argparse
 import sys
 
 from bertkit.errors import BertkitError
-from bertkit.options import SENTENCE_POOLINGS, EmbedOptions, add_options, device_flags, from_args, int8_flag
+from bertkit.embeddings.settings import EmbedOptions
+from bertkit.options import add_options, device_flags, from_args, int8_flag
 
 
 def add_embed(sub):
@@ -46,6 +47,7 @@ def add_embed(sub):
 
 def run_embed(args):
     from bertkit.embeddings.features import iter_embed
+    from bertkit.embeddings.settings import resolve_output
     from bertkit.runtime.loading import load
     from bertkit.data.textfiles import read_texts
     from bertkit.data.vector_files import write_vectors
@@ -53,15 +55,14 @@ def run_embed(args):
     options = from_args(args, EmbedOptions)
     loaded = load(args.model, head="encoder", device=args.device, dtype=args.dtype, int8=args.int8)
     texts, count = read_texts(args.input, args.column)
-    pooling = {None: loaded.pooling, "none": None}.get(options.pooling, options.pooling)
+    output = resolve_output(loaded.layout, options.pooling, options.normalize)
     rows = iter_embed(
-        texts, loaded, options.layers, pooling, options.normalize, combine=options.combine,
+        texts, loaded, options.layers, output.pooling, output.normalize, combine=options.combine,
         word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
     )
-    pooled = pooling in SENTENCE_POOLINGS
-    n = write_vectors(rows, args.output, pooled=pooled)
-    print(f"wrote {n} {'vectors' if pooled else 'texts'} to {args.output} ({loaded.precision})", file=sys.stderr)
+    n = write_vectors(rows, args.output, pooled=output.sentence)
+    print(f"wrote {n} {'vectors' if output.sentence else 'texts'} to {args.output} ({loaded.precision})", file=sys.stderr)
 
 
 def add_attention(sub):

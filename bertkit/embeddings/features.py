@@ -3,7 +3,7 @@
 The feature-based approach of the BERT paper (Devlin et al. 2019, section 5.3,
 Table 7) feeds the activations of a pre-trained, *frozen* encoder to a task
 model instead of fine-tuning it. This module runs the encoder over texts and
-hands its outputs to `bertkit.embeddings.pooling`, which turns one forward pass into
+hands its outputs to `bertkit.embeddings.pooling` (torch), which turns one forward pass into
 
 - token vectors   [T, D]  per text, from a layer strategy,
 - word vectors    [W, D]  the word pieces of each input word pooled together,
@@ -13,7 +13,8 @@ Sentence embeddings follow the model's sentence-transformers layout when it has
 one (`bertkit.model.sentence_layout`, read by `bertkit.runtime.loading`): its pooling, its
 normalisation and its `max_seq_length`, the length it was trained at (256 for the
 default all-MiniLM-L6-v2), at which a longer text is truncated unless windows are
-asked for (`truncate=False`). An explicit argument overrides the layout.
+asked for (`truncate=False`). An explicit argument overrides the layout; the choice is made
+once, by `bertkit.embeddings.settings.resolve_output`.
 
 Inputs longer than the window (the model's 512 positions, or `max_length`) are
 cut into overlapping windows (`stride` tokens shared by consecutive windows,
@@ -50,7 +51,8 @@ import torch
 
 from bertkit.errors import BertkitError
 from bertkit.runtime.loading import Loaded, load
-from bertkit.embeddings.pooling import POOLINGS, SENTENCE_POOLINGS, combine_layers, pool, resolve_layers
+from bertkit.embeddings.pooling import combine_layers, pool
+from bertkit.embeddings.settings import AUTO, resolve_layers, resolve_output
 from bertkit.text.windows import max_context_owner, shape, spans
 
 
@@ -60,7 +62,7 @@ from bertkit.text.windows import max_context_owner, shape, spans
 _LOADED: dict = {}  # (directory, device, dtype, int8) -> Loaded: the last two directories loaded
 
 
-def encoder(model=None, device=None, dtype=None, int8: bool = False) -> Loaded:
+def load_encoder(model=None, device=None, dtype=None, int8: bool = False) -> Loaded:
     """The encoder to embed with: None (the default model) or a model directory, loaded by
     `bertkit.runtime.loading` (and kept for the next call: embedding many small inputs one call at a time
     should not reload the weights); a `Loaded`; or a (model, tokenizer) pair, placed and quantized
@@ -190,15 +192,15 @@ def _pieces(item_index: int, item: _Item, max_length: int, stride: int) -> list:
     ]
 
 
-def _stitch(item: _Item, window_vectors: list) -> np.ndarray:
-    """Token vectors of a windowed text: [CLS] from the first window, [SEP] from the last."""
+def _stitch(item: _Item, window_vectors: list) -> torch.Tensor:
+    """Token vectors [T, D] of a windowed text: [CLS] from the first window, [SEP] from the last."""
     if item.windows is None:
         return window_vectors[0]
     rows = [window_vectors[0][0]]
     for position, k in enumerate(item.owners):
         rows.append(window_vectors[k][1 + position - item.windows[k][0]])
     rows.append(window_vectors[-1][-1])
-    return np.stack(rows)
+    return torch.stack(rows)
 
 
 # --- the forward pass ---------------------------------------------------------------------
@@ -211,8 +213,8 @@ def _takes_pool(cls: type) -> bool:
 
 
 def run_batch(model, pieces: list, layers="last", pad_id: int = 0, combine: str | None = None) -> list:
-    """Run one padded batch and return each piece's token vectors [T_i, D] (float32 numpy), from the
-    layer strategy `layers` (a name, indices with `combine`, or a LayerSpec: `bertkit.embeddings.pooling`).
+    """Run one padded batch and return each piece's token vectors [T_i, D] (float32, on the CPU), from
+    the layer strategy `layers` (a name, indices with `combine`, or a LayerSpec: `bertkit.embeddings.settings`).
 
     `pieces` are anything with `input_ids` and `token_type_ids` lists ([CLS]/[SEP]
     included): the windows of `iter_embed`, or the rows `bertkit serve` batches.
@@ -237,25 +239,15 @@ def run_batch(model, pieces: list, layers="last", pad_id: int = 0, combine: str 
             vectors = combine_layers(out.hidden_states, spec)
         else:
             vectors = out.last_hidden_state
-        vectors = vectors.float().cpu().numpy()
+        vectors = vectors.float().cpu()
     return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
-
-
-def _check_pooling(pooling):
-    """The pooling asked for ("none"/"tokens": None); "auto" stays: the model's own (its
-    sentence-transformers layout, else mean)."""
-    if pooling in ("none", "tokens"):
-        pooling = None
-    if pooling != "auto" and pooling not in POOLINGS:
-        raise BertkitError(f"unknown pooling {pooling!r}: use auto, mean, cls, max, words or none (per-token vectors)")
-    return pooling
 
 
 def iter_embed(
     texts: Iterable,
     loaded: Loaded,
     layers="last",
-    pooling="auto",
+    pooling=AUTO,
     normalize: bool | None = None,
     *,
     pairs: Iterable | None = None,
@@ -270,25 +262,21 @@ def iter_embed(
     total: int | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield one result per text, in input order, reading `texts` lazily, with the encoder `loaded`
-    (`encoder(...)` or `bertkit.runtime.loading.load(...)`).
+    (`load_encoder(...)` or `bertkit.runtime.loading.load(...)`).
 
     Texts are taken `chunk_size` at a time; within a chunk the forward-pass rows
     (texts, or windows of long texts) are sorted by length so each batch of
     `batch_size` carries little padding. See `embed` for the arguments.
     """
     if not isinstance(loaded, Loaded):
-        raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.encoder(model)), got "
-                           f"{type(loaded).__name__}")
-    pooling = _check_pooling(pooling)
+        raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.load_encoder(model)), "
+                           f"got {type(loaded).__name__}")
+    output = resolve_output(loaded.layout, pooling, normalize)
     if batch_size < 1:
         raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
     net, tok = loaded.model, loaded.tokenizer
-    pooling = loaded.pooling if pooling == "auto" else pooling
-    sentence = pooling in SENTENCE_POOLINGS
-    normalize = (loaded.normalize and sentence) if normalize is None else bool(normalize)
     # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length
-    preset = loaded.layout.max_seq_length if sentence and loaded.layout is not None else None
-    cut = shape(loaded.max_positions, preset, max_length, stride, truncate)
+    cut = shape(loaded.max_positions, output.length, max_length, stride, truncate)
     pad_id = getattr(tok, "pad_token_id", 0) or 0
 
     was_training = net.training
@@ -308,7 +296,7 @@ def iter_embed(
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
             tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
             for item, vectors in zip(items, tokens):
-                yield pool(vectors, pooling, normalize, item.token_words, item.n_words, word_pooling)
+                yield pool(vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling)
     finally:
         net.train(was_training)
         if bar is not None:
@@ -336,7 +324,7 @@ def embed(
     texts,
     model=None,
     layers="last",
-    pooling="auto",
+    pooling=AUTO,
     normalize: bool | None = None,
     **options,
 ):
@@ -382,9 +370,8 @@ def embed(
     if options.get("pairs") is not None and len(options["pairs"]) != len(texts):
         raise BertkitError(f"{len(texts)} texts but {len(options['pairs'])} pairs: give one pair per text")
     options.setdefault("total", len(texts))
-    loaded = encoder(model, options.pop("device", None), options.pop("dtype", None), options.pop("int8", False))
+    loaded = load_encoder(model, options.pop("device", None), options.pop("dtype", None), options.pop("int8", False))
     rows = list(iter_embed(texts, loaded, layers, pooling, normalize, **options))
-    pooled = _check_pooling(pooling) in SENTENCE_POOLINGS if pooling != "auto" else True
     if single:
         return rows[0]
-    return np.stack(rows) if pooled else rows
+    return np.stack(rows) if rows[0].ndim == 1 else rows  # sentence vectors [D] stack; tokens and words do not

@@ -97,13 +97,13 @@ def attention_map(text: str, pair: str | None = None, model=None, *, device=None
     """
     import torch
 
-    from bertkit.embeddings.features import encoder
+    from bertkit.embeddings.features import load_encoder
 
     if not isinstance(text, str) or not text.strip():
         raise BertkitError("cannot show attention for an empty text: give a sentence")
     if pair is not None and not pair.strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
-    loaded = encoder(model, device, dtype)
+    loaded = load_encoder(model, device, dtype)
     net, tok = loaded.model, loaded.tokenizer
     limit = int(getattr(net.config, "max_position_embeddings", 512))
     enc = tok.encode(text, pair, max_length=limit, truncation=False)  # no cut: checked below

@@ -40,7 +40,8 @@ from bertkit.model.config import IGNORE_INDEX, BertConfig
 from bertkit.model.cross_entropy import cross_entropy
 from bertkit.model.dropout import Dropout
 from bertkit.errors import BertkitError
-from bertkit.model.modeling import BertModel, BertPreTrainedModel, activation, init_weights, mean_pool
+from bertkit.model.modeling import (BertModel, BertPreTrainedModel, activation, init_weights,
+                                    pool_sentence)
 
 
 @dataclass
@@ -251,7 +252,8 @@ class BertForSequenceClassification(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 output_hidden_states=False, output_attentions=False):
         out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        pooled = out.pooler_output if self.bert.pooler is not None else mean_pool(out.last_hidden_state, attention_mask)
+        hidden = out.last_hidden_state
+        pooled = out.pooler_output if self.bert.pooler is not None else pool_sentence(hidden, attention_mask)
         logits = self.classifier(self.dropout(pooled))  # [B, H] -> [B, num_labels]
         loss = None if labels is None else sequence_loss(logits, labels, self.problem_type(labels))
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)

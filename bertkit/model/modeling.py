@@ -55,6 +55,7 @@ from bertkit.model import checkpoint as hf_checkpoint
 from bertkit.model import chunked_attention
 from bertkit.model.config import BertConfig
 from bertkit.model.dropout import Dropout, dropout
+from bertkit.model.sentence_layout import SENTENCE_POOLINGS
 from bertkit.errors import BertkitError
 
 
@@ -254,11 +255,23 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(x[:, 0]))  # [B, T, H] -> [CLS] [B, H] -> [B, H]
 
 
-def mean_pool(vectors: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """The other sentence vector: the average over real tokens, [B, T, D], [B, T] -> [B, D]
-    (sentence-transformers' mean; [CLS] and [SEP] count, padding does not)."""
+def pool_sentence(vectors: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str = "mean") -> torch.Tensor:
+    """One vector per text from its token vectors, [B, T, D], [B, T] -> [B, D]: sentence-transformers'
+    Pooling module, the one implementation bertkit trains, embeds and classifies with.
+
+    "mean": the average over real tokens ([CLS] and [SEP] count, padding does not); "max": their
+    element-wise maximum (padding never wins); "cls": the [CLS] vector. attention_mask None: every
+    position is a real token.
+    """
+    if pooling not in SENTENCE_POOLINGS:
+        raise BertkitError(f"unknown sentence pooling {pooling!r}: use one of {', '.join(SENTENCE_POOLINGS)}")
+    if pooling == "cls":
+        return vectors[:, 0]
     if attention_mask is None:
-        return vectors.mean(dim=1)
+        return vectors.mean(dim=1) if pooling == "mean" else vectors.amax(dim=1)
+    if pooling == "max":  # padding filled with the lowest value, as sentence-transformers fills it with -1e9
+        padding = attention_mask.unsqueeze(-1) == 0  # [B, T, 1]
+        return vectors.masked_fill(padding, torch.finfo(vectors.dtype).min).amax(dim=1)
     mask = attention_mask.unsqueeze(-1).to(vectors.dtype)  # [B, T, 1]
     return (vectors * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
 

@@ -54,6 +54,8 @@ POOLING_MODES = {
     "weightedmean": "pooling_mode_weightedmean_tokens",
     "lasttoken": "pooling_mode_lasttoken",
 }
+# the modes bertkit computes (`bertkit.model.modeling.pool_sentence`), trains with and writes
+SENTENCE_POOLINGS = ("mean", "cls", "max")
 # the modules a BERT sentence embedder is made of; anything else (Dense, a Router...) changes
 # the vector in a way bertkit does not reproduce, so reading it is an error, never a silent skip
 KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
@@ -163,11 +165,12 @@ def write_layout(directory, *, pooling: str, normalize: bool, max_seq_length: in
                  dimensions: list[int] | None = None) -> None:
     """Write the sentence-transformers files beside a saved Hugging Face encoder in `directory`.
 
-    pooling: "mean" or "cls" (the two bertkit embeds with); normalize: add the
+    pooling: one of SENTENCE_POOLINGS (mean, cls, max: those bertkit embeds with); normalize: add the
     Normalize module; dimensions: Matryoshka dimensions to record.
     """
-    if pooling not in ("mean", "cls"):
-        raise BertkitError(f"pooling {pooling!r} cannot be written: bertkit trains and embeds with mean or cls")
+    if pooling not in SENTENCE_POOLINGS:
+        raise BertkitError(f"pooling {pooling!r} cannot be written: bertkit trains and embeds with "
+                           f"{', '.join(SENTENCE_POOLINGS)}")
     if dimensions and any(not 0 < d <= hidden_size for d in dimensions):
         raise BertkitError(f"Matryoshka dimensions {dimensions} must each be in 1..{hidden_size} (the hidden size)")
     directory = Path(directory)

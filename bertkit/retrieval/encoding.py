@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.features import encoder, iter_embed
+from bertkit.embeddings.features import iter_embed, load_encoder
+from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
 
 
@@ -40,15 +41,16 @@ class EncodingSettings:
     dtype: str  # "float32", "bfloat16" or "int8"
 
 
-def load_encoder(model, max_length: int | None = None, dtype: str = "float32") -> tuple[Loaded, EncodingSettings]:
-    """The encoder (loaded once, through `bertkit.embeddings.features.encoder`) and the settings it embeds with:
-    its layout's pooling and max length, `max_length` overriding the latter."""
+def encoder_and_settings(model, max_length: int | None = None,
+                         dtype: str = "float32") -> tuple[Loaded, EncodingSettings]:
+    """The encoder (loaded once, through `bertkit.embeddings.features.load_encoder`) and the settings it embeds
+    with: its layout's pooling and max length, `max_length` overriding the latter."""
     if dtype not in ("float32", "bfloat16"):
         raise BertkitError(f"dtype {dtype!r}: use float32 (comparable with published figures) or bfloat16")
-    loaded = encoder(model, dtype=dtype)
+    loaded = load_encoder(model, dtype=dtype)
     length = loaded.max_length if max_length is None else max_length
     name = str(loaded.directory.resolve()) if loaded.directory is not None else "(model in memory)"
-    return loaded, EncodingSettings(name, loaded.pooling, length, loaded.precision)
+    return loaded, EncodingSettings(name, resolve_output(loaded.layout).pooling, length, loaded.precision)
 
 
 def encode(texts: list[str], loaded: Loaded, settings: EncodingSettings, *, batch_size: int = 32,

@@ -38,7 +38,7 @@ from bertkit.metrics.tasks import pearson, spearman
 from bertkit.embeddings.pooling import l2_normalize
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
-from bertkit.retrieval.encoding import encode, load_encoder
+from bertkit.retrieval.encoding import encode, encoder_and_settings
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.index import open_index
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run
@@ -131,7 +131,7 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
 
 
 def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions=()) -> dict:
-    loaded, settings = load_encoder(model, max_length, dtype)
+    loaded, settings = encoder_and_settings(model, max_length, dtype)
     width = loaded.model.config.hidden_size
     if dimensions and dimensions[-1] > width:  # said before the corpus is embedded
         raise BertkitError(f"dimension {dimensions[-1]} is more than the model's {width}")
@@ -196,7 +196,7 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     pairs = read_sts(pairs_or_path) if not isinstance(pairs_or_path, (list, tuple)) else list(pairs_or_path)
     if len(pairs) < 2:
         raise BertkitError(f"{len(pairs)} scored pair(s): a correlation needs at least 2")
-    loaded, settings = load_encoder(model, max_length, dtype)
+    loaded, settings = encoder_and_settings(model, max_length, dtype)
     sentences = list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))  # each sentence embedded once
     row = {s: i for i, s in enumerate(sentences)}
     vectors = encode(sentences, loaded, settings, batch_size=batch_size, progress=progress)

@@ -68,7 +68,8 @@ from tqdm import tqdm
 
 from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
 from bertkit.errors import BertkitError
-from bertkit.embeddings.features import encoder
+from bertkit.embeddings.features import load_encoder
+from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.encoding import EncodingSettings, encode
@@ -109,7 +110,7 @@ def model_record(loaded: Loaded) -> dict:
     if loaded.directory is None:
         raise BertkitError("an index needs a model directory (its fingerprint is recorded), not a model in memory")
     return {"directory": str(loaded.directory.resolve()), "fingerprint": fingerprint(loaded.directory),
-            "pooling": loaded.pooling, "normalize": True, "max_length": loaded.max_length,
+            "pooling": resolve_output(loaded.layout).pooling, "normalize": True, "max_length": loaded.max_length,
             "precision": loaded.precision}
 
 
@@ -306,7 +307,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     with distributed.process_group(device or "auto") as rank:
         _on_rank_0(rank, lambda: _prepare_folder(out, resume))
         # a rank's own device (cuda:LOCAL_RANK on GPUs); alone, the caller's choice as given
-        loaded = encoder(model, rank.device if rank.enabled else device, dtype)
+        loaded = load_encoder(model, rank.device if rank.enabled else device, dtype)
         record = model_record(loaded)
         passage_tokens = loaded.max_length if passage_tokens is None else passage_tokens
         if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:
@@ -326,7 +327,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         _on_rank_0(rank, lambda: _start(out, resume, plan, lines))
         _sees(rank, [out / BUILD_JSON])
         order = sorted(range(len(passages)), key=lambda i: (lengths[i], i))
-        settings = EncodingSettings(record["directory"], loaded.pooling, passage_tokens, loaded.precision)
+        settings = EncodingSettings(record["directory"], record["pooling"], passage_tokens, loaded.precision)
         _encode_parts(out, [p.text for p in passages], order, part_size, loaded, settings, batch_size, progress, rank)
         distributed.barrier(rank)  # every part is on disk
         if not rank.is_main:

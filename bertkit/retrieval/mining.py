@@ -47,7 +47,7 @@ from bertkit.errors import BertkitError
 from bertkit.data.tables import ReadReport, read_rows
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.config import MiningOptions
-from bertkit.retrieval.encoding import encode, load_encoder
+from bertkit.retrieval.encoding import encode, encoder_and_settings
 from bertkit.retrieval.exact import top_k
 
 
@@ -139,7 +139,7 @@ def mine_hard_negatives(source, model=None, *, split: str = "train", options: Mi
     options.validate()
     source = Path(source)
     task = task_from_beir(source, split) if source.is_dir() else task_from_pairs(source)
-    loaded, settings = load_encoder(model, max_length, dtype)
+    loaded, settings = encoder_and_settings(model, max_length, dtype)
     passage_vectors = encode(task.passages, loaded, settings, batch_size=batch_size, progress=progress)
     query_vectors = encode(task.queries, loaded, settings, batch_size=batch_size)
     depth = options.range_max + max(len(p) for p in task.positives)  # positives may take places in the ranking

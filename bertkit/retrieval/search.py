@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.features import encoder
+from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, ann_top_k, read_hnsw
 from bertkit.retrieval.encoding import EncodingSettings, encode
@@ -71,7 +71,7 @@ def check_k(k) -> None:
 def query_encoder(info: dict, model=None, device=None, dtype=None) -> Loaded:
     """The model that made an index (`info`: its index.json; model None: the directory it names),
     checked against it."""
-    loaded = encoder(info["model"]["directory"] if model is None else model, device, dtype)
+    loaded = load_encoder(info["model"]["directory"] if model is None else model, device, dtype)
     check_model(info, loaded)
     return loaded
 

@@ -99,7 +99,8 @@ class Loaded:
     directory: Path | None  # None: a (model, tokenizer) pair handed over in memory
     task: str  # "embed" for an encoder; a fine-tuned task ("classify", "ner", "qa", ...); "mlm"; "electra"
     info: dict  # the fine-tuned task's description (bertkit_task.json); {} otherwise
-    layout: SentenceLayout | None  # the sentence-transformers layout, when the directory has one
+    layout: SentenceLayout | None  # the sentence-transformers layout, when the directory has one (what it means for
+    # a sentence vector, with the caller's choices on top: bertkit.embeddings.settings.resolve_output)
     device: torch.device
     dtype: torch.dtype
     int8: bool
@@ -118,16 +119,6 @@ class Loaded:
         embedding model was trained at), a task's max_length, else the model's positions."""
         length = (self.layout.max_seq_length if self.layout is not None else None) or self.info.get("max_length")
         return min(int(length), self.max_positions) if length else self.max_positions
-
-    @property
-    def pooling(self) -> str:
-        """How the tokens become one sentence vector: the layout's pooling, else the tokens' mean."""
-        return self.layout.pooling if self.layout is not None and self.layout.pooling else "mean"
-
-    @property
-    def normalize(self) -> bool:
-        """Whether sentence vectors are L2-normalised: as the layout says, else not."""
-        return bool(self.layout is not None and self.layout.normalize)
 
     @property
     def precision(self) -> str:

@@ -1,7 +1,7 @@
 """`bertkit serve`: a model behind HTTP, with dynamic batching.
 
     settings.py  ServeConfig, the one definition of every server setting (and its CLI flag)
-    runner.py    the model in a directory as batch-level calls: Encoder (embeddings), TaskModel (predict)
+    runner.py    the model in a directory as batch-level calls: EmbeddingModel (embeddings), TaskModel (predict)
     batching.py  the bounded queue, the gatherer, the workers, and passes cut by token budget and padding
     scans.py     /search's scans of the index, gathered across requests
     app.py       the Starlette routes: OpenAI /v1/embeddings, TEI /embed and /tokenize, /predict, /rerank,

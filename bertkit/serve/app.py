@@ -70,7 +70,7 @@ from starlette.routing import Route
 from bertkit import __version__
 from bertkit.serve.batching import Engine, QueueFull
 from bertkit.serve.scans import ScanQueue
-from bertkit.serve.runner import Encoder, InputError, Query, check_text, leading, load_searcher, token_list
+from bertkit.serve.runner import EmbeddingModel, InputError, Query, check_text, leading, load_searcher, token_list
 from bertkit.serve.requests import (RETRY_AFTER_S, ApiError, ClientLeft, JSONResponse, plain,
                                      check_key, discard_body, error_response, flag_field, k_field, read_json,
                                      texts_field)
@@ -92,7 +92,7 @@ class Service:
 
     @property
     def is_encoder(self) -> bool:
-        return isinstance(self.runner, Encoder)
+        return isinstance(self.runner, EmbeddingModel)
 
 
 def service(request) -> Service:

@@ -3,7 +3,7 @@
 A model directory holds one of two things, told apart the way `bertkit predict`
 does (`bertkit_task.json`, else config.json's `architectures`):
 
-- an encoder (`BertModel`, e.g. the default all-MiniLM-L6-v2): `Encoder` gives
+- an encoder (`BertModel`, e.g. the default all-MiniLM-L6-v2): `EmbeddingModel` gives
   sentence embeddings, the layer strategy and pooling of `bertkit.embed`
   chosen at start-up;
 - a fine-tuned model: `TaskModel` answers through `bertkit.tasks.predict`
@@ -15,19 +15,19 @@ the event loop, so a bad request is refused before it reaches a batch) and
 `run_jobs` (answers a pass over parts of requests at once, on a worker thread;
 see `bertkit.serve.batching`).
 
-Beside the Encoder, `--index` loads a `Searcher` for /search: the index folder
+Beside the EmbeddingModel, `--index` loads a `Searcher` for /search: the index folder
 (`bertkit.retrieval.index`, checked against the served model the way `bertkit
 search` checks it) and, with `--rerank`, a cross-encoder
-(`bertkit.tasks.rerank`). Query vectors are Encoder rows like any others, so
+(`bertkit.tasks.rerank`). Query vectors are EmbeddingModel rows like any others, so
 they share the embeddings' batches; the scan and the reranking are the library's
 own (`bertkit.retrieval.search.search_vectors`, `bertkit.tasks.rerank.rerank`).
 
 `token_list` answers /tokenize: text-embeddings-inference's shape, whose start
 and stop are UTF-8 byte offsets (its tokenizer is Rust's).
 
-The Encoder's forward pass and pooling are `bertkit.embeddings.features`' own
-(`run_batch`, `pool_sentence`: same padding, layer combination and pooling,
-float32 numpy, mean over every real token) run on rows that are already
+The EmbeddingModel's forward pass and pooling are `bertkit.embed`'s own
+(`bertkit.embeddings.features.run_batch`, `bertkit.embeddings.pooling.pool`: same padding, layer
+combination and pooling, `resolve_output`'s defaults but /embed's normalisation) run on rows that are already
 tokenised: `bertkit.embed` on the same texts gives the same
 vectors. Texts longer than the input limit are refused or truncated, never
 windowed: a server answers within one forward pass per text, as
@@ -45,7 +45,8 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.features import run_batch, whitespace_spans
 from bertkit.tasks.rerank import rerank, reranker, score
 from bertkit.runtime.loading import Loaded, load
-from bertkit.embeddings.pooling import l2_normalize, pool_sentence, resolve_layers
+from bertkit.embeddings.pooling import l2_normalize, pool
+from bertkit.embeddings.settings import resolve_layers, resolve_output
 from bertkit.retrieval.index import Index, check_model, open_index
 from bertkit.retrieval.search import search_vectors
 from bertkit.serve.batching import plan_batches
@@ -89,13 +90,13 @@ def _one_line(err) -> str:
 
 
 def load_runner(settings):
-    """The Encoder or TaskModel for the settings' model directory (`bertkit.runtime.loading`, in the
+    """The EmbeddingModel or TaskModel for the settings' model directory (`bertkit.runtime.loading`, in the
     precision --dtype chooses); one clear error if it cannot load."""
     path = settings.model_path()
     name = settings.served_model_name or ("all-MiniLM-L6-v2" if settings.model is None else path.resolve().name)
     try:
         loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8)
-        runner = Encoder(loaded, settings, name) if loaded.task == "embed" else TaskModel(loaded, settings, name)
+        runner = EmbeddingModel(loaded, settings, name) if loaded.task == "embed" else TaskModel(loaded, settings, name)
         runner.warm_up()
     except BertkitError:
         raise
@@ -107,7 +108,7 @@ def load_runner(settings):
 # --- embeddings ---------------------------------------------------------------------
 
 
-class Encoder:
+class EmbeddingModel:
     """Sentence embeddings from a frozen encoder, one padded forward pass per batch."""
 
     task = "embed"
@@ -117,8 +118,9 @@ class Encoder:
         self.model, self.tok, self.name, self.precision = model.eval(), loaded.tokenizer, name, loaded.precision
         self.loaded = loaded
         self.layers = resolve_layers(options.layers, model.config.num_hidden_layers, options.combine)
-        self.pooling = options.pooling or loaded.pooling
-        self.normalize = True if options.normalize is None else options.normalize  # /embed's default: TEI's
+        # /embed normalises unless told not to (text-embeddings-inference's default), whatever the layout says
+        output = resolve_output(loaded.layout, options.pooling, True if options.normalize is None else options.normalize)
+        self.pooling, self.normalize = output.pooling, output.normalize
         self.max_length = settings.check_against_model(loaded.max_positions, loaded.max_length)
         tok = loaded.tokenizer
         self.max_batch_tokens, self.max_batch_size = settings.max_batch_tokens, settings.max_batch_size
@@ -182,7 +184,7 @@ class Encoder:
         if self.on_batch is not None:
             width = max(len(r.input_ids) for r in rows)
             self.on_batch(len(rows), len(rows) * width, sum(len(r.input_ids) for r in rows))
-        return [pool_sentence(t, self.pooling) for t in tokens]
+        return [pool(t, self.pooling, normalize=False) for t in tokens]
 
     def warm_up(self) -> None:
         self.forward(self.encode(["warm up"], truncate=True))
@@ -221,7 +223,7 @@ def token_list(tok, text: str, add_special_tokens: bool) -> list:
 
 @dataclass
 class Searcher:
-    """What /search needs beside the Encoder: the index, the query length its passages were cut at,
+    """What /search needs beside the EmbeddingModel: the index, the query length its passages were cut at,
     and the --rerank cross-encoder (one pass at a time, outside the embeddings' batching)."""
 
     index: Index
@@ -256,7 +258,7 @@ def load_searcher(settings, runner) -> Searcher | None:
     index was made by another model or pooling."""
     if settings.index is None:
         return None
-    if not isinstance(runner, Encoder):
+    if not isinstance(runner, EmbeddingModel):
         raise BertkitError(f"--index needs the encoder that made the index; {settings.model} is a fine-tuned "
                            f"{runner.task} model")
     index = open_index(settings.index)

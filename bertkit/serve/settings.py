@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.options import DTYPE_CHOICES, SENTENCE_POOLINGS, EmbedOptions
+from bertkit.embeddings.settings import AUTO, EmbedOptions
+from bertkit.model.sentence_layout import SENTENCE_POOLINGS
+from bertkit.options import DTYPE_CHOICES
 
 
 @dataclass
@@ -74,8 +76,9 @@ class ServeConfig:
         for name in ("threads", "workers"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.embedding.pooling not in (None, *SENTENCE_POOLINGS):
-            raise BertkitError(f"--pooling {self.embedding.pooling} gives no sentence vector: the server answers one "
+        if self.embedding.pooling not in (AUTO, *SENTENCE_POOLINGS):
+            shown = self.embedding.pooling or "none"
+            raise BertkitError(f"--pooling {shown} gives no sentence vector: the server answers one "
                                f"vector per text ({', '.join(SENTENCE_POOLINGS)})")
         if self.rerank_top < 1:
             raise BertkitError(f"--rerank-top must be at least 1, got {self.rerank_top}")

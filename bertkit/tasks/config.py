@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bertkit.embeddings.settings import AUTO
 from bertkit.model.config import CLASSIFIER_POOLINGS
+from bertkit.model.sentence_layout import SENTENCE_POOLINGS
 from bertkit.errors import BertkitError
 from bertkit.training import PRECISIONS
 from bertkit.training.optim import OptimConfig
@@ -189,8 +191,9 @@ class EmbedConfig(TaskConfig):
     dev_split: str = _opt("dev", "qrels split of a BEIR --dev folder")
     max_length: int | None = _opt(None, "tokens per text (default: the model's sentence-transformers "
                                         "max_seq_length, else 256)")
-    pooling: Literal["mean", "cls"] | None = _opt(None, "sentence vector: mean of the token vectors or [CLS] "
-                                                        "(default: the model's sentence-transformers pooling, else mean)")
+    pooling: Literal["auto", "mean", "cls", "max"] = _opt("auto", "sentence vector: the token vectors' mean, their "
+                                                          "maximum or [CLS] (auto: the model's sentence-transformers "
+                                                          "pooling, else mean)")
     normalize: bool = _opt(True, "save the model as giving unit-length vectors (a 2_Normalize module)")
     loss: Literal["mnrl", "cached-mnrl", "cosent"] | None = _opt(
         None, "mnrl: multiple-negatives ranking, in-batch negatives plus any negative columns; cached-mnrl: the "
@@ -212,8 +215,8 @@ class EmbedConfig(TaskConfig):
             raise BertkitError(f"--max-length must be in 8..512, got {self.max_length}")
         if self.loss is not None and self.loss not in EMBED_LOSSES:
             raise BertkitError(f"unknown --loss {self.loss!r}: choose one of {', '.join(EMBED_LOSSES)}")
-        if self.pooling not in (None, "mean", "cls"):
-            raise BertkitError(f"unknown --pooling {self.pooling!r}: use mean or cls")
+        if self.pooling not in (AUTO, *SENTENCE_POOLINGS):
+            raise BertkitError(f"unknown --pooling {self.pooling!r}: use {AUTO}, {', '.join(SENTENCE_POOLINGS)}")
         if self.mini_batch_size < 1 or not self.scale > 0:
             raise BertkitError(f"--mini-batch-size must be >= 1 and --scale > 0, got {self.mini_batch_size} "
                                f"and {self.scale}")

@@ -1,8 +1,9 @@
 """Sentence embeddings: fine-tune an encoder so that the cosine of two texts' vectors says how related they are.
 
 Sentence-BERT (Reimers & Gurevych 2019) with the losses of
-`bertkit.embeddings.losses`: the encoder and a pooling (the mean of the
-last layer's token vectors, or [CLS]) make one vector per text; the loss
+`bertkit.embeddings.losses`: the encoder and a pooling (the mean of the last
+layer's token vectors, their maximum, or [CLS]: `bertkit.model.modeling.pool_sentence`,
+the pooling `bertkit embed` uses) make one vector per text; the loss
 compares the vectors of a batch. Training goes through the one training loop
 (`bertkit.tasks.trainer.train` around `bertkit.training.loop`: accumulation,
 bf16, checkpoints and exact resume, DDP, metrics.jsonl, curves.png).
@@ -56,7 +57,8 @@ from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negat
 from bertkit.tasks.run import load_head, load_tokenizer, write_json
 from bertkit.tasks.trainer import train
 from bertkit.runtime.loading import load as load_model
-from bertkit.model.modeling import BertModel, mean_pool
+from bertkit.model.modeling import BertModel, pool_sentence
+from bertkit.embeddings.settings import resolve_output
 from bertkit.data.beir import qrels_path, training_pairs
 from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts
 from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
@@ -256,11 +258,6 @@ class EmbeddingOutput:
     loss: torch.Tensor
 
 
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """[B, T, H] token vectors -> [B, H] sentence vectors: masked mean or [CLS]."""
-    return mean_pool(hidden, attention_mask) if pooling == "mean" else hidden[:, 0]
-
-
 class SentenceEmbedder(nn.Module):
     """An encoder, a pooling and a loss: the model the training loop calls as model(**batch).loss.
 
@@ -285,7 +282,7 @@ class SentenceEmbedder(nn.Module):
         input_ids, attention_mask = input_ids[:, :T], attention_mask[:, :T]
         token_type_ids = None if token_type_ids is None else token_type_ids[:, :T]
         hidden = self.encoder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
-        return pool(hidden, attention_mask, self.pooling)
+        return pool_sentence(hidden, attention_mask, self.pooling)  # [m, T, H] -> [m, H]
 
     def score(self, embeddings: torch.Tensor, labels=None) -> torch.Tensor:
         """The loss of [C*B, H] embeddings (column by column), candidates gathered over processes."""
@@ -323,17 +320,6 @@ class SentenceEmbedder(nn.Module):
 
 
 # --- the run --------------------------------------------------------------------------
-
-
-def model_defaults(model_dir) -> tuple[str, int | None]:
-    """(pooling, max_seq_length) the model's sentence-transformers layout records; mean and None without one."""
-    layout = read_layout(resolve(model_dir))
-    if layout is None:
-        return "mean", None
-    if layout.pooling not in ("mean", "cls"):
-        raise BertkitError(f"{model_dir}: its sentence-transformers pooling is {layout.pooling!r}; bertkit trains "
-                           "with mean or cls: pass --pooling mean or --pooling cls")
-    return layout.pooling, layout.max_seq_length
 
 
 def parse_dims(text: str | None, what: str) -> list | None:
@@ -377,9 +363,9 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
     """Train sentence embeddings on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
     cfg.validate()
     tcfg = cfg.training
-    pooling, layout_length = model_defaults(cfg.model)
-    cfg.pooling = cfg.pooling or pooling
-    cfg.max_length = cfg.max_length or layout_length or 256
+    output = resolve_output(read_layout(resolve(cfg.model)), cfg.pooling)  # "auto": the model's own, else mean
+    cfg.pooling = output.pooling
+    cfg.max_length = cfg.max_length or output.length or 256
     examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
     loss = cfg.loss or ("cosent" if examples.scored else "mnrl")
     if (loss == "cosent") != examples.scored:
