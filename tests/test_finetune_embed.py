@@ -16,6 +16,7 @@ import json
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -24,6 +25,7 @@ from conftest import oracle
 from pretrain_support import run_cli
 from test_finetune import tiny_model_dir
 
+from bertkit.embeddings.features import embed
 from bertkit.errors import BertkitError
 from bertkit.tasks import finetune
 from bertkit.tasks.config import TrainConfig
@@ -108,6 +110,17 @@ def test_triplets_with_an_sts_dev_set_train_and_save_an_embedding_model(data, tm
     assert (layout.pooling, layout.normalize, layout.max_seq_length, layout.dimensions) == ("mean", True, 32, [32, 16])
     assert (out / "curves.png").stat().st_size > 0 and (out / "model.safetensors").is_file()
     assert json.loads((out / "metrics.json").read_text())["best_epoch"] == final["best_epoch"]
+
+
+def test_a_max_pooled_model_trains_and_embeds_as_it_was_trained(data, st, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "out"
+    final = run(data, out, pooling="max", normalize=False, training=fast(epochs=1))
+    assert final["pooling"] == "max" and read_layout(out).pooling == "max"
+    texts = ["a man plays a guitar", "two dogs run on the beach", "the cat sleeps"]
+    theirs = SentenceTransformer(str(out), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(embed(texts, str(out), dtype="float32"), theirs, rtol=0, atol=1e-6)
 
 
 def test_scored_pairs_train_with_cosent(data, tmp_path):
@@ -224,12 +237,14 @@ def test_jsonl_rows_with_negative_columns_and_groups(tmp_path):
         read_examples(bad, log=lambda s: None)
 
 
-def test_training_steps_equal_sentence_transformers_trainer(data, st, tmp_path):
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_training_steps_equal_sentence_transformers_trainer(data, st, tmp_path, pooling):
     """The whole update (loss, backward, clipping, AdamW, the warm-up and linear schedule) against
     sentence-transformers' own trainer: one batch with no text twice (so both no-duplicate samplers
     take it whole, and the loss does not depend on the order of its rows), dropout off, three epochs
     of one update each. The losses and the trained weights must agree; what then still differs
-    between two real runs is the order of the batches and the dropout masks, which the seed draws."""
+    between two real runs is the order of the batches and the dropout masks, which the seed draws.
+    Max pooling too: its gradient reaches only the winning token of each dimension."""
     oracle("datasets", "datasets")
     oracle("accelerate", "accelerate")
     from datasets import Dataset
@@ -250,10 +265,13 @@ def test_training_steps_equal_sentence_transformers_trainer(data, st, tmp_path):
     training = TrainConfig(epochs=3, batch_size=8, seed=1, progress=False, device="cpu",
                            optim=OptimConfig(learning_rate=5e-4, warmup_ratio=0.1, weight_decay=0.0))
     finetune("embed", train=str(batch), output=str(tmp_path / "ours"), model=str(data["exact"]), training=training,
-             log=lambda s: None, max_length=32)
+             log=lambda s: None, max_length=32, pooling=pooling)
 
-    model = SentenceTransformer(str(data["exact"]), device="cpu")  # no layout: mean pooling, as ours
-    model.max_seq_length = 32
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    word = Transformer(str(data["exact"]), max_seq_length=32)
+    hidden = json.loads((data["exact"] / "config.json").read_text())["hidden_size"]
+    model = SentenceTransformer(modules=[word, Pooling(hidden, pooling)], device="cpu")
     args = SentenceTransformerTrainingArguments(
         output_dir=str(tmp_path / "trainer"), num_train_epochs=3, per_device_train_batch_size=8, learning_rate=5e-4,
         warmup_ratio=0.1, weight_decay=0.0, lr_scheduler_type="linear", batch_sampler=BatchSamplers.NO_DUPLICATES,
