@@ -392,7 +392,7 @@ def test_an_electra_discriminator_fine_tunes_and_predicts(tmp_path):
     # `finetune --model` an ELECTRA pre-training output: the discriminator gets ELECTRA's
     # classification head, learns the keyword task, and `bertkit.predict` loads it back
     from bertkit.model.electra import ElectraConfig, ElectraForPreTraining, ElectraForSequenceClassification
-    from bertkit.tasks.predict import load
+    from bertkit.tasks.predict import load_task_model
     from bertkit.text.tokenizer import Tokenizer
 
     src = tmp_path / "electra"
@@ -408,7 +408,7 @@ def test_an_electra_discriminator_fine_tunes_and_predicts(tmp_path):
     final = finetune_text(TextTaskConfig(train=str(t), dev=str(d), output=str(tmp_path / "o"), model=str(src),
                                          max_length=24, training=fast(epochs=6)), log=lambda s: None)
     assert final["dev"]["accuracy"] >= 0.9
-    model = load(tmp_path / "o").model
+    model = load_task_model(tmp_path / "o").model
     assert isinstance(model, ElectraForSequenceClassification)
     from bertkit.tasks.predict import predict
     preds = predict(tmp_path / "o", ["the movie was great", "the food was awful"])

@@ -125,7 +125,7 @@ def test_bad_corpora_are_one_line_errors(tmp_path):
         with pytest.raises(BertkitError, match=match) as err:
             read_documents(tmp_path / name)
         assert "\n" not in str(err.value)
-    with pytest.raises(BertkitError, match="--overlap 30"):
+    with pytest.raises(BertkitError, match="--stride 30"):
         cut_all([Document("a", "", "x")], Tokenizer.from_pretrained(), TOKENS, 30)
     with pytest.raises(BertkitError, match="at least 3 tokens"):
         cut_all([Document("a", "", "x")], Tokenizer.from_pretrained(), 2, 0)
@@ -203,7 +203,7 @@ def test_killed_with_sigkill_and_resumed_equals_an_uninterrupted_build(built, ti
     whole, info = built
     out = tmp_path / "index"
     args = ["index", str(corpus), "-o", str(out), "--model", str(tiny), "--passage-tokens", str(TOKENS),
-            "--overlap", str(OVERLAP), "--batch-size", "64", "--part-size", "40", "--dtype", "float32", "--quiet"]
+            "--stride", str(OVERLAP), "--batch-size", "64", "--part-size", "40", "--dtype", "float32", "--quiet"]
     child = subprocess.run([sys.executable, "-c", KILLED_AT_THIRD_PART, *args], capture_output=True, text=True,
                            timeout=300)
     assert child.returncode == -9, child.stderr  # killed by SIGKILL, mid-way

@@ -300,9 +300,9 @@ def test_predict_int8_keeps_the_labels_and_loads_a_saved_int8_model(sentiment_ru
     gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(float32, int8) for k in a["probabilities"])
     assert 0 < gap < 0.1
     # saved int8, with the task file beside it, predicts exactly what int8=True does
-    from bertkit.tasks.predict import load
+    from bertkit.tasks.predict import load_task_model
 
-    loaded = load(d / "out", int8=True)
+    loaded = load_task_model(d / "out", int8=True)
     model, tok = loaded.model, loaded.tokenizer
     save_quantized(model, tmp_path / "int8", tok)
     shutil.copy(d / "out" / "bertkit_task.json", tmp_path / "int8")

@@ -114,10 +114,10 @@ def test_tiny_model_is_left_as_it_was(tiny):
 
 
 def test_default_model_layer_by_hand(default_model_dir):
-    from bertkit.explain.tracing import load
+    from bertkit.explain.tracing import load_plain_encoder
 
     t = trace("The bank of the river flooded after the storm.", layer=4, head=7)
-    model, _ = load(None)
+    model, _ = load_plain_encoder(None)
     assert model.config.hidden_size == 384 and t.weights.shape[0] == 12
     check_embeddings(t, model)
     by_hand = recompute_layer(t, model.encoder.layers[4])

@@ -117,3 +117,13 @@ def test_shape_by_hand():
         shape(512, max_length=600)
     with pytest.raises(BertkitError, match="stride=128 must be smaller than the 126 tokens"):
         shape(512, max_length=128, stride=128)
+
+
+def test_the_commands_name_the_overlap_stride():
+    """`bertkit index` and `bertkit embed` take the overlap as --stride; index's old --overlap still works."""
+    from bertkit.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["embed", "in.txt", "-o", "v.npy", "--stride", "5"]).stride == 5
+    assert parser.parse_args(["index", "corpus", "-o", "ix", "--stride", "5"]).stride == 5
+    assert parser.parse_args(["index", "corpus", "-o", "ix", "--overlap", "7"]).stride == 7

@@ -14,7 +14,7 @@ def add_index(sub):
         "index", help="cut a corpus into passages, embed them and write a searchable index folder",
         description="Read CORPUS (a BEIR corpus.jsonl or its folder, a TSV whose header names id, text and "
         "optionally title, or a folder of .txt files), cut each document (title and text joined by a space) into "
-        "passages of at most --passage-tokens tokens sharing --overlap word pieces, embed them length-sorted and "
+        "passages of at most --passage-tokens tokens sharing --stride word pieces, embed them length-sorted and "
         "write INDEX: vectors.safetensors (unit float32 vectors), passages.jsonl (id, doc_id, title, start, end, "
         "text) and index.json (the model, its weights' SHA-256, pooling, max length). Work is saved in parts: "
         "after a crash or kill, the same command with --resume continues where it stopped, and the index is "
@@ -22,7 +22,7 @@ def add_index(sub):
         "encodes its share of the parts into INDEX (across nodes: a shared filesystem) and rank 0 writes the "
         "index, the one a single process writes. See docs/search.md.",
         epilog="examples:\n  bertkit index data/scifact -o scifact.index\n"
-        "  bertkit index notes/ -o notes.index --passage-tokens 128 --overlap 16\n"
+        "  bertkit index notes/ -o notes.index --passage-tokens 128 --stride 16\n"
         "  bertkit index data/scifact -o scifact.index --resume\n"
         "  torchrun --nproc_per_node 4 -m bertkit.cli index data/scifact -o scifact.index --part-size 256\n"
         "  bertkit index export scifact.index --qdrant qdrant_data/ --collection scifact   (or --qdrant "
@@ -40,8 +40,10 @@ def add_index(sub):
     p.add_argument("--model", help="an embedding model directory (default: the embedded all-MiniLM-L6-v2)")
     p.add_argument("--passage-tokens", type=int, help="tokens per passage, [CLS] and [SEP] included (default: the "
                    "model's max length: its sentence-transformers max_seq_length, 256 for the default model)")
-    p.add_argument("--overlap", type=int, help="word pieces shared by consecutive passages of a document "
-                   "(default: half a passage)")
+    p.add_argument("--stride", type=int, help="word pieces shared by consecutive passages of a document, the "
+                   "overlap, as embed's and finetune's --stride (default: half a passage; --overlap, its old name, "
+                   "still works)")
+    p.add_argument("--overlap", dest="stride", type=int, help=argparse.SUPPRESS)  # the old name of --stride
     p.add_argument("--batch-size", type=int, default=32, help="passages per forward pass (default 32)")
     p.add_argument("--part-size", type=int, default=1024, help="passages per saved part: what a kill can lose, "
                    "and what torchrun ranks are dealt (default 1024)")
@@ -70,14 +72,14 @@ def run_index(args):
     if not args.output:
         raise BertkitError("-o/--output INDEX is required: the folder to write the index to")
     info = build_index(args.corpus, args.output, args.model, passage_tokens=args.passage_tokens,
-                       overlap=args.overlap, batch_size=args.batch_size, part_size=args.part_size,
+                       stride=args.stride, batch_size=args.batch_size, part_size=args.part_size,
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
                        ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search)
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]
     print(f"{args.output}: {info['passages']} passages of {info['documents']} documents "
-          f"({info['passage_tokens']} tokens, overlap {info['overlap']}), {info['dim']} dimensions, "
+          f"({info['passage_tokens']} tokens, sharing {info['overlap']}), {info['dim']} dimensions, "
           f"{info['model']['directory']} ({info['model']['precision']}, {info['model']['pooling']} pooling)"
           + (f"; {skipped} documents without any token left out" if skipped else ""))
     if args.ann:

@@ -53,7 +53,7 @@ import torch
 
 from bertkit.model.checkpoint import resolve
 from bertkit.errors import BertkitError
-from bertkit.runtime.loading import load as load_model
+from bertkit.runtime.loading import load
 
 # the submodules of one encoder layer whose inputs and outputs are traced
 LAYER_PARTS = ("attention.qkv", "attention.output", "attention_norm", "intermediate", "output", "output_norm")
@@ -134,12 +134,12 @@ TENSORS = (
 def _load(directory: str):
     # cached: a reader traces many layers and heads of the same model one call at a time; the plain
     # layers (fast=False): a hook on an accelerated dense layer would not see W x + b alone
-    loaded = load_model(directory, head="encoder", device="cpu", dtype="float32", fast=False)
+    loaded = load(directory, head="encoder", device="cpu", dtype="float32", fast=False)
     return loaded.model, loaded.tokenizer
 
 
-def load(model=None):
-    """(BertModel, Tokenizer): None = the default model, a directory, or a (model, tokenizer) pair.
+def load_plain_encoder(model=None):
+    """The encoder to trace, with its plain layers on the CPU in float32: (BertModel, Tokenizer): None = the default model, a directory, or a (model, tokenizer) pair.
     A task model (BertForSequenceClassification, ...) is traced through its encoder, `.bert`."""
     if model is None or isinstance(model, (str, Path)):
         return _load(str(resolve(model).resolve()))
@@ -176,7 +176,7 @@ def trace(text: str, layer: int = 0, head: int = 0, *, pair: str | None = None, 
     (model, tokenizer) pair; it runs in eval mode (dropout off) and is left as it was.
     The text must fit in the model's positions: one pass, no windows.
     """
-    net, tok = load(model)
+    net, tok = load_plain_encoder(model)
     config = net.config
     _check(text, pair, layer, head, config)
     layer = layer % config.num_hidden_layers

@@ -4,7 +4,7 @@
 (`bertkit.retrieval.passages`), embeds them and writes one folder:
 
     index.json            {"format": 1, "model": {directory, fingerprint, pooling, normalize, max_length,
-                           precision}, "passage_tokens", "overlap", "passages": N, "documents", "dim": D,
+                           precision}, "passage_tokens", "overlap" (the stride), "passages": N, "documents", "dim": D,
                            "max_passages_per_document", "corpus"}
     passages.jsonl        one {"id", "doc_id", "title", "start", "end", "text"} per passage, row order
     hnsw.faiss            with --ann hnsw: a FAISS HNSW graph of the vectors (`bertkit.retrieval.ann`)
@@ -73,7 +73,7 @@ from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.encoding import EncodingSettings, encode
-from bertkit.retrieval.passages import Passage, cut_all, default_overlap, read_documents
+from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
 from bertkit.data.vector_files import SAFETENSORS_DTYPES, safetensors_header
 
@@ -280,10 +280,10 @@ def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray,
     return dim
 
 
-def build_index(corpus, output, model=None, *, passage_tokens: int | None = None, overlap: int | None = None,
+def build_index(corpus, output, model=None, *, passage_tokens: int | None = None, stride: int | None = None,
                 batch_size: int = 32, part_size: int = 1024, device=None, dtype=None, resume: bool = False,
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
-                ef_search: int = 128) -> dict | None:
+                ef_search: int = 128, overlap: int | None = None) -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
 
@@ -292,8 +292,8 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     ranks return None once their parts are written.
 
     passage_tokens: tokens per passage with [CLS] and [SEP] (default: the model's max length, its
-    sentence-transformers max_seq_length); overlap: word pieces shared by consecutive passages of a
-    document (default: half a window). resume: continue an interrupted build of `output`.
+    sentence-transformers max_seq_length); stride: word pieces shared by consecutive passages of a
+    document, the overlap (default: half a window; `overlap`, its old name, still works). resume: continue an interrupted build of `output`.
     ann: "hnsw" also builds a FAISS HNSW graph (`bertkit.retrieval.ann`: M `ann_m`, `ef_construction`;
     searched with `ef_search`) and records its leave-one-out recall@10 against exact search.
     """
@@ -313,14 +313,15 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:
             raise BertkitError(f"--passage-tokens {passage_tokens} is more than the model's {loaded.max_positions} "
                                "positions")
-        overlap = default_overlap(passage_tokens) if overlap is None and isinstance(passage_tokens, int) else overlap
+        stride = overlap if stride is None else stride
+        stride = default_stride(passage_tokens) if stride is None and isinstance(passage_tokens, int) else stride
         docs = read_documents(corpus)
-        passages, lengths, empty = cut_all(docs, loaded.tokenizer, passage_tokens, overlap)
+        passages, lengths, empty = cut_all(docs, loaded.tokenizer, passage_tokens, stride)
         if not passages:
             raise BertkitError(f"corpus {corpus}: no document has any token (only characters BERT drops)")
         lines = _passage_lines(passages)
         plan = {"format": FORMAT, "corpus": str(Path(corpus).resolve()), "model": record,
-                "passage_tokens": passage_tokens, "overlap": overlap, "part_size": part_size, "batch_size": batch_size,
+                "passage_tokens": passage_tokens, "overlap": stride, "part_size": part_size, "batch_size": batch_size,
                 "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
                 "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search}}
         # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist
@@ -336,7 +337,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         numbers = {d: i for i, d in enumerate(dict.fromkeys(p.doc_id for p in passages))}
         document = np.array([numbers[p.doc_id] for p in passages], dtype=np.int64)
         dim = _assemble(out, order, part_size, document, lines)
-        info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": overlap,
+        info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": stride,
                 "passages": len(passages), "documents": len(numbers), "documents_without_tokens": empty, "dim": dim,
                 "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
         if ann is not None:

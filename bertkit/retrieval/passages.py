@@ -4,7 +4,8 @@ A bi-encoder reads at most its `max_seq_length` tokens (256 for the default
 all-MiniLM-L6-v2) and drops the rest, so a long document is cut into
 overlapping passages by tokens (`bertkit.text.windows.spans`: windows of
 `passage_tokens - 2` word pieces, [CLS] and [SEP] taking the other two, sharing
-`overlap` pieces; default: half a window, `bertkit.text.windows.half_window`), and a
+`stride` pieces, the overlap, as everywhere in bertkit; default: half a window,
+`bertkit.text.windows.half_window`), and a
 document is later scored by its best passage (the "MaxP" of Dai and Callan
 2019, what dense retrievers over long documents do).
 
@@ -113,13 +114,13 @@ def read_documents(path) -> list[Document]:
 
 # --- cutting --------------------------------------------------------------------------------
 
-def default_overlap(passage_tokens: int) -> int:
+def default_stride(passage_tokens: int) -> int:
     """Half a window of word pieces (`bertkit.text.windows.half_window`)."""
     return half_window(passage_tokens - 2)
 
 
-def cut(doc: Document, tokenizer, passage_tokens: int, overlap: int) -> tuple[list[Passage], list[int]]:
-    """A document's passages (windows of `passage_tokens - 2` pieces sharing `overlap`) and the word
+def cut(doc: Document, tokenizer, passage_tokens: int, stride: int) -> tuple[list[Passage], list[int]]:
+    """A document's passages (windows of `passage_tokens - 2` pieces sharing `stride`) and the word
     pieces of each; ([], []) when the text has no tokens (only characters BERT drops)."""
     text = document_text({"title": doc.title, "text": doc.text})
     if not text.strip():
@@ -128,7 +129,7 @@ def cut(doc: Document, tokenizer, passage_tokens: int, overlap: int) -> tuple[li
     if not offsets:
         return [], []
     passages, pieces = [], []
-    for k, (s, e) in enumerate(spans(len(offsets), passage_tokens - 2, overlap)):
+    for k, (s, e) in enumerate(spans(len(offsets), passage_tokens - 2, stride)):
         start, end = offsets[s][0], offsets[e - 1][1]
         passages.append(Passage(f"{doc.id}#{k}", doc.id, doc.title, start, end, text[start:end]))
         pieces.append(e - s)
@@ -136,18 +137,18 @@ def cut(doc: Document, tokenizer, passage_tokens: int, overlap: int) -> tuple[li
 
 
 def cut_all(docs: Iterable[Document], tokenizer, passage_tokens: int,
-            overlap: int) -> tuple[list[Passage], list[int], int]:
+            stride: int) -> tuple[list[Passage], list[int], int]:
     """(every document's passages in document order, the word pieces of each, how many documents
     had no tokens)."""
     if isinstance(passage_tokens, bool) or not isinstance(passage_tokens, int) or passage_tokens < 3:
         raise BertkitError(f"--passage-tokens {passage_tokens}: a passage needs at least 3 tokens ([CLS], one "
                            "word piece, [SEP])")
-    if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < passage_tokens - 2:
-        raise BertkitError(f"--overlap {overlap}: passages share 0 to {passage_tokens - 3} word pieces (fewer than "
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 0 <= stride < passage_tokens - 2:
+        raise BertkitError(f"--stride {stride}: consecutive passages share 0 to {passage_tokens - 3} word pieces (fewer than "
                            f"the {passage_tokens - 2} of a passage of {passage_tokens} tokens)")
     passages, pieces, empty = [], [], 0
     for doc in docs:
-        more, counts = cut(doc, tokenizer, passage_tokens, overlap)
+        more, counts = cut(doc, tokenizer, passage_tokens, stride)
         empty += not more
         passages.extend(more)
         pieces.extend(counts)

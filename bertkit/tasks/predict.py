@@ -34,15 +34,15 @@ from bertkit.metrics import tasks as M
 from bertkit.tasks.classification import score as score_text
 from bertkit.data.tables import (TextExample, check_known_labels, read_conll, read_rows, read_squad,
                                    read_text_examples, ReadReport)
-from bertkit.runtime.loading import Loaded, load as load_model
+from bertkit.runtime.loading import Loaded, load
 from bertkit.data.textfiles import existing_file, read_text
 
 
-def load(model_dir, device=None, dtype=None, int8: bool = False) -> Loaded:
+def load_task_model(model_dir, device=None, dtype=None, int8: bool = False) -> Loaded:
     """A fine-tuned output directory loaded for prediction (`bertkit.runtime.loading.load`, head "task"):
     on `device` in `dtype` (None: auto, float32); int8: the encoder's dense layers quantized (CPU).
     A directory saved by `bertkit.runtime.quantization.save_quantized` loads as int8 whatever `int8` says."""
-    return load_model(model_dir, head="task", device=device, dtype=dtype, int8=int8)
+    return load(model_dir, head="task", device=device, dtype=dtype, int8=int8)
 
 
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
@@ -56,7 +56,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         pairs = list(pairs)
         if len(pairs) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(pairs)} pairs; give one second text per text")
-    loaded = loaded or load(model_dir, device, dtype, int8)
+    loaded = loaded or load_task_model(model_dir, device, dtype, int8)
     model, tok, info = loaded.model, loaded.tokenizer, loaded.info
     task = info["task"]
     if task == "ner":
@@ -211,7 +211,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                  dtype=None, int8: bool = False) -> FileResult:
     """Write one prediction per input row as TSV (text, prediction, details); with the answers in
     the file (evaluate None: whenever they are there; True: required; False: never) also score them."""
-    loaded = load(model_dir, device, dtype, int8)
+    loaded = load_task_model(model_dir, device, dtype, int8)
     info = loaded.info
     labelled = read_labelled(input_path, info, text_column, text_pair_column, label_column) if evaluate is not False else None
     if evaluate and labelled is None:
