@@ -149,3 +149,55 @@ def test_qa_reports_exact_match_and_f1_on_squad_json(tiny, tmp_path, capsys):  #
     answers = [q["answers"][0]["text"] for p in json.loads(dev.read_text())["data"][0]["paragraphs"] for q in p["qas"]]
     pred = predicted_column(tmp_path / "p.tsv")
     assert got["exact_match"] == pytest.approx(100 * np.mean([p == a for p, a in zip(pred, answers)]), abs=1e-4)
+
+
+# --- what a newcomer meets (issue 41 items 1, 5, 9) ----------------------------------------------
+
+def test_without_output_predictions_go_to_the_current_directory_never_over_a_file(sentiment_run, tmp_path,  # noqa: F811
+                                                                                    monkeypatch, capsys):
+    d, _ = sentiment_run
+    data = tmp_path / "data"
+    data.mkdir()
+    plain = write_tsv(data / "new.tsv", ["sentence"], [["this day was good ."], ["the food was bad ."]])
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    (work / "new.predictions.tsv").write_text("mine\n")  # a file of the user's own: kept
+    for expected in ("new.predictions-2.tsv", "new.predictions-3.tsv"):
+        assert main(["predict", str(d / "out"), str(plain), "--dtype", "float32"]) == 0
+        out = capsys.readouterr().out
+        assert f"wrote 2 predictions to {expected}" in out and "--output" in out
+        assert len((work / expected).read_text().splitlines()) == 3
+    assert sorted(p.name for p in data.iterdir()) == ["new.tsv"]  # nothing written next to the input
+    assert (work / "new.predictions.tsv").read_text() == "mine\n"
+    # --output -: the predictions on standard output, the message on standard error
+    assert main(["predict", str(d / "out"), str(plain), "-o", "-", "--dtype", "float32"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0] == "text\tprediction\tdetails" and len(captured.out.splitlines()) == 3
+    assert "wrote 2 predictions to standard output" in captured.err
+
+
+def test_a_txt_file_is_one_sentence_per_line(sentiment_run, tmp_path, capsys):  # noqa: F811
+    d, _ = sentiment_run
+    sentences = ["this day was good .", "the food was bad .", "it was very good ."]
+    txt = tmp_path / "sentences.txt"
+    txt.write_text("\n".join(sentences) + "\n\n")
+    assert main(["predict", str(d / "out"), str(txt), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
+    assert "wrote 3 predictions" in capsys.readouterr().out
+    rows = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == sentences
+    assert [r[1] for r in rows] == [p["label"] for p in predict(d / "out", sentences)]
+    # a .txt whose first line names the column is still a table
+    table = write_tsv(tmp_path / "table.txt", ["sentence"], [[s] for s in sentences])
+    assert main(["predict", str(d / "out"), str(table), "-o", str(tmp_path / "q.tsv"), "--dtype", "float32"]) == 0
+    assert [r.split("\t")[0] for r in (tmp_path / "q.tsv").read_text().splitlines()[1:]] == sentences
+
+
+def test_evaluate_mode_says_the_precision(sentiment_run, tmp_path, capsys):  # noqa: F811
+    d, final = sentiment_run
+    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
+    assert "computed in float32)" in line
+    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--dtype", "bfloat16"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
+    assert "computed in bfloat16; finetune scored in float32, which --dtype float32 reproduces" in line

@@ -102,10 +102,19 @@ def run_evaluate_retrieval(args):
                                 rerank_top=args.rerank_top, rerank_model=args.rerank, dimensions=args.dimensions)
     _write(result, args.output)
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents; "
-          f"{result['model']} ({result['precision']}, max length {result['max_length']}, {result['pooling']} pooling)"
+          f"{result['model']} ({_precision(result)}, max length {result['max_length']}, {result['pooling']} pooling)"
           + (f"; through {args.index}{' (HNSW)' if args.ann else ''}" if args.index else "")
           + (f", top {args.rerank_top} reranked by {args.rerank}" if args.rerank else ""))
     print(_table(result))
+
+
+def _precision(result: dict) -> str:
+    """The precision a figure was computed in; through an index, the passages' (made when it was built)
+    and the queries' (now) each."""
+    index = result.get("index")
+    if index is None:
+        return result["precision"]
+    return f"queries in {result['precision']}, the index's passages in {index['precision']}"
 
 
 def run_evaluate_sts(args):

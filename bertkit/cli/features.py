@@ -62,7 +62,9 @@ def run_embed(args):
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
     )
     n = write_vectors(rows, args.output, pooled=output.sentence)
-    print(f"wrote {n} {'vectors' if output.sentence else 'texts'} to {args.output} ({loaded.precision})", file=sys.stderr)
+    # the file always holds float32 numbers; the model's precision is what they were computed in
+    print(f"wrote {n} {'vectors' if output.sentence else 'texts'} to {args.output} (float32 values, computed in "
+          f"{loaded.precision})", file=sys.stderr)
 
 
 def add_attention(sub):

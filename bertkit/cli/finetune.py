@@ -2,9 +2,14 @@
 dataclass by `bertkit.options`), `bertkit predict` and `bertkit demo`."""
 
 import argparse
+import sys
 
 from bertkit.options import device_flags, int8_flag
 
+
+# finetune scores its dev set in float32 (unless --precision): a figure in another precision may differ a little
+PRECISION_NOTE = {"bfloat16": "; finetune scored in float32, which --dtype float32 reproduces",
+                  "int8": "; finetune scored in float32, which predict without --int8 reproduces"}
 
 TASK_HELP = {
     "embed": "train sentence embeddings (multiple-negatives ranking, cached/GradCache, CoSENT, Matryoshka) on pairs, "
@@ -73,7 +78,8 @@ def add_predict(sub):
     )
     p.add_argument("model_dir", help="a fine-tuned output directory")
     p.add_argument("input", help="input file")
-    p.add_argument("--output", "-o", help="where to write the predictions (default INPUT.predictions.tsv)")
+    p.add_argument("--output", "-o", help="where to write the predictions ('-': standard output; default: "
+                   "INPUT's name + .predictions.tsv in the current directory, never over an existing file)")
     p.add_argument("--text-column", help="override the text column")
     p.add_argument("--text-pair-column", help="override the second-text column")
     p.add_argument("--label-column", help="override the label column evaluate mode reads")
@@ -93,9 +99,14 @@ def run_predict(args):
                           text_pair_column=args.text_pair_column, label_column=args.label_column,
                           batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype,
                           int8=args.int8)
-    print(f"wrote {result.count} predictions to {result.path}")
+    to_stdout = str(result.path) == "-"
+    stream = sys.stderr if to_stdout else sys.stdout  # with --output - the predictions own standard output
+    where = "standard output" if to_stdout else result.path
+    print(f"wrote {result.count} predictions to {where}" + ("" if args.output else " (--output names another file)"),
+          file=stream)
     if result.metrics is not None:
-        print(f"evaluation on {args.input} ({result.count} examples): {format_metrics(result.metrics)}")
+        print(f"evaluation on {args.input} ({result.count} examples, computed in {result.precision}"
+              f"{PRECISION_NOTE.get(result.precision, '')}): {format_metrics(result.metrics)}", file=stream)
 
 
 def add_demo(sub):

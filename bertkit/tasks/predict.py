@@ -25,6 +25,8 @@ The model is loaded by `bertkit.runtime.loading` on `device` (auto, cpu, cuda) i
 from __future__ import annotations
 
 import json
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from typing import NamedTuple
@@ -35,7 +37,7 @@ from bertkit.tasks.classification import score as score_text
 from bertkit.data.tables import (TextExample, check_known_labels, read_conll, read_rows, read_squad,
                                    read_text_examples, ReadReport)
 from bertkit.runtime.loading import Loaded, load
-from bertkit.data.textfiles import existing_file, read_text
+from bertkit.data.textfiles import existing_file, open_text, read_text
 
 
 def load_task_model(model_dir, device=None, dtype=None, int8: bool = False) -> Loaded:
@@ -102,6 +104,8 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
     pcol = text_pair_column or info.get("text_pair_column")
     if task == "qa":
         tcol, pcol = text_column or "question", text_pair_column or "context"
+    if not pcol and one_per_line(path, tcol):
+        return [line.strip() for line in read_text(path).split("\n") if line.strip()], None
     report = ReadReport(str(path))
     texts, pairs = [], []
     for n, row in read_rows(path, report):
@@ -114,6 +118,16 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
     if report.skipped:
         print(report.summary())
     return texts, (pairs if pcol else None)
+
+
+def one_per_line(path: Path, column: str) -> bool:
+    """A .txt file whose first line is not a header naming `column` holds one text per line, as
+    `bertkit embed` reads it (a .txt with such a header is a TSV table)."""
+    if path.suffix.lower() != ".txt":
+        return False
+    with open_text(path) as f:
+        first = f.readline()
+    return column not in [cell.strip() for cell in first.rstrip("\r\n").split("\t")]
 
 
 def looks_like_conll(path) -> bool:
@@ -201,16 +215,41 @@ def format_metrics(metrics: dict) -> str:
 
 
 class FileResult(NamedTuple):
-    path: Path  # the predictions TSV
+    path: Path | str  # the predictions TSV ("-": standard output)
     count: int  # predictions written
     metrics: dict | None  # evaluate mode's scores, None when the file carries no answers
+    precision: str = "float32"  # what the model computed in (`Loaded.precision`)
+
+
+def default_output(input_path, folder=".") -> Path:
+    """Where predictions go when no output is named: INPUT's name with .predictions.tsv, in `folder`
+    (the current directory), never next to the input (a data folder is the user's) and never over an
+    existing file: dev.predictions.tsv, else dev.predictions-2.tsv, -3, ..."""
+    stem = Path(input_path).with_suffix("").name
+    out = Path(folder) / f"{stem}.predictions.tsv"
+    n = 2
+    while out.exists():
+        out = Path(folder) / f"{stem}.predictions-{n}.tsv"
+        n += 1
+    return out
+
+
+@contextmanager
+def _output(path):
+    """The predictions' file, or standard output for "-"."""
+    if str(path) == "-":
+        yield sys.stdout
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        yield f
 
 
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
                  label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
                  dtype=None, int8: bool = False) -> FileResult:
-    """Write one prediction per input row as TSV (text, prediction, details); with the answers in
-    the file (evaluate None: whenever they are there; True: required; False: never) also score them."""
+    """Write one prediction per input row as TSV (text, prediction, details) to `output_path` ("-":
+    standard output; None: `default_output`, in the current directory); with the answers in the file
+    (evaluate None: whenever they are there; True: required; False: never) also score them."""
     loaded = load_task_model(model_dir, device, dtype, int8)
     info = loaded.info
     labelled = read_labelled(input_path, info, text_column, text_pair_column, label_column) if evaluate is not False else None
@@ -228,8 +267,9 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     if labelled is not None:
         names = loaded.config.labels if info["task"] != "regression" else None
         scores = score_predictions(preds, references, info, names)
-    out = Path(output_path) if output_path else Path(input_path).with_suffix(".predictions.tsv")
-    with open(out, "w", encoding="utf-8") as f:
+    out = default_output(input_path) if output_path is None else output_path
+    out = out if str(out) == "-" else Path(out)
+    with _output(out) as f:
         f.write("text\tprediction\tdetails\n")
         for t, p in zip(texts, preds):
             if "tags" in p:
@@ -242,7 +282,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                 pred = p["label"] if "label" in p else ",".join(p["labels"])
                 details = " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
             f.write("\t".join(x.replace("\t", " ").replace("\n", " ") for x in (t, pred, details)) + "\n")
-    return FileResult(out, len(preds), scores)
+    return FileResult(out, len(preds), scores, loaded.precision)
 
 
 def _what_answers(info: dict) -> str:
