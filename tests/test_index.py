@@ -82,14 +82,33 @@ def test_passage_spans_map_back_into_the_document_text():
             assert 1 <= n <= TOKENS - 2
         if not got:
             continue
-        offsets = tok.encode(text, truncation=False, add_special_tokens=False).offsets
+        encoded = tok.encode(text, truncation=False, add_special_tokens=False)
+        offsets = encoded.offsets
         # the passages cover every token: the first starts at the first, the last ends at the last
         assert got[0][0].start == offsets[0][0] and got[-1][0].end == offsets[-1][1]
         starts = [o[0] for o in offsets]
-        for (p, n), (q, _) in zip(got, got[1:]):
-            first, nxt = starts.index(p.start), starts.index(q.start)
-            assert n == TOKENS - 2 and nxt - first == TOKENS - 2 - OVERLAP  # windows step by size - overlap
+        ends = [o[1] for o in offsets]
+        step = TOKENS - 2 - OVERLAP
+        for k, ((p, n), (q, _)) in enumerate(zip(got, got[1:])):
+            first, nxt, last = starts.index(p.start), starts.index(q.start), ends.index(p.end)
+            # windows step by size - overlap; one that would begin inside a word begins at the next word
+            window = (k + 1) * step
+            assert last == k * step + TOKENS - 3 and window <= nxt < window + OVERLAP
+            assert not encoded.tokens[nxt].startswith("##")
+            assert all(t.startswith("##") for t in encoded.tokens[window:nxt]) and n == last - first + 1
     assert len(by_doc["a"]) > 5 and len(by_doc["b"]) == 1 and by_doc["b"][0][0].text == "short text"
+
+
+def test_no_passage_starts_inside_a_word(shared_data, tmp_path):
+    """On real abstracts (SciFact), every later passage begins where a word begins: the character
+    before it is not a letter or digit, or the first character is not (punctuation)."""
+    tok = Tokenizer.from_pretrained()
+    docs = read_documents(scifact_corpus(shared_data, tmp_path / "c.jsonl", n=60))
+    passages, _, _ = cut_all(docs, tok, TOKENS, OVERLAP)
+    texts = {d.id: document_text({"title": d.title, "text": d.text}) for d in docs}
+    later = [p for p in passages if not p.id.endswith("#0")]
+    inside = [p for p in later if texts[p.doc_id][p.start - 1].isalnum() and p.text[0].isalnum()]
+    assert len(later) > 300 and inside == []
 
 
 def test_a_document_of_dropped_characters_has_no_passage():

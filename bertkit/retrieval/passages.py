@@ -17,9 +17,11 @@ title and its character span in that text, so `text == document[start:end]`:
 
 The span runs from the first character of the window's first piece to the last
 character of its last piece. A window that begins inside a word (on a `##`
-piece) begins its text there; the encoder re-tokenises the passage text, which
-can differ from the window by a piece at the edges, and truncates at the
-passage length.
+piece) begins at the next word instead (`word_start`), so no passage, and no
+snippet shown from it, starts mid-word ("ate to reduce the risk"); the pieces
+skipped are the previous window's last ones, which it shares when `stride`
+covers them. The encoder re-tokenises the passage text, which can differ from
+the window by a piece at the end, and truncates at the passage length.
 
 Corpora (`read_documents`): a BEIR `corpus.jsonl` (or the folder holding it),
 a TSV whose header names `id` (or `_id`), `text` and optionally `title`, or a
@@ -125,15 +127,26 @@ def cut(doc: Document, tokenizer, passage_tokens: int, stride: int) -> tuple[lis
     text = document_text({"title": doc.title, "text": doc.text})
     if not text.strip():
         return [], []
-    offsets = tokenizer.encode(text, truncation=False, add_special_tokens=False).offsets  # [T] (start, end)
+    encoded = tokenizer.encode(text, truncation=False, add_special_tokens=False)
+    offsets = encoded.offsets  # [T] (start, end)
     if not offsets:
         return [], []
     passages, pieces = [], []
     for k, (s, e) in enumerate(spans(len(offsets), passage_tokens - 2, stride)):
+        s = word_start(encoded.tokens, s, e)
         start, end = offsets[s][0], offsets[e - 1][1]
         passages.append(Passage(f"{doc.id}#{k}", doc.id, doc.title, start, end, text[start:end]))
         pieces.append(e - s)
     return passages, pieces
+
+
+def word_start(tokens: list[str], s: int, e: int) -> int:
+    """The first piece in tokens[s:e] that begins a word (not a `##` continuation); `s` when the window
+    lies inside one long word."""
+    for i in range(s, e):
+        if not tokens[i].startswith("##"):
+            return i
+    return s
 
 
 def cut_all(docs: Iterable[Document], tokenizer, passage_tokens: int,
