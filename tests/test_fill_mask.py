@@ -116,6 +116,13 @@ def test_cli_fill_mask(tmp_path, capsys):
     assert [len(r) for r in rows] == [5, 5] and rows == [[vars(c) for c in r] for r in fill_mask(str(directory), TWO)]
     assert main(["fill-mask", str(tmp_path / "nowhere"), ONE]) == 2
     assert "no model directory" in capsys.readouterr().err
+    # a sentence alone (the README's habit of a default model): one line naming the missing MLM head
+    assert main(["fill-mask", "The man went to the [MASK] ."]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "default model" in err and "has none" in err
+    assert 'bertkit fill-mask runs/mlm "The man went to the [MASK] ."' in err
+    assert main(["fill-mask", str(directory)]) == 2  # a model folder alone: the text is what is missing
+    assert f"give the text after the model folder: bertkit fill-mask {directory}" in capsys.readouterr().err
 
 
 # --- electra show ------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ detection)."""
 import argparse
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from bertkit.errors import BertkitError
 from bertkit.options import device_flags
 
 
@@ -114,8 +116,9 @@ def add_fill_mask(sub):
         "directory) on TEXT and print the top-k vocabulary entries for each [MASK].",
         epilog='example: bertkit fill-mask runs/mlm "The man went to the [MASK] ."',
     )
-    p.add_argument("model", metavar="MODEL_DIR", help="a model directory with an MLM head")
-    p.add_argument("text", help="text with one or more [MASK] tokens")
+    p.add_argument("model", metavar="MODEL_DIR", help="a model directory with an MLM head (the default model has none)")
+    # optional so that a sentence given alone gets an answer about the model, not "text is required"
+    p.add_argument("text", nargs="?", help="text with one or more [MASK] tokens")
     p.add_argument("--pair", help="a second segment (sentence B)")
     p.add_argument("--top-k", type=int, default=5, help="candidates per [MASK] (default 5)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
@@ -128,12 +131,25 @@ def run_fill_mask(args):
 
     from bertkit.explain.fill_mask import fill_mask, format_predictions, load_mlm
 
+    if args.text is None:
+        raise BertkitError(_one_argument(args.model))
     model = load_mlm(args.model, device=args.device, dtype=args.dtype)
     predictions = fill_mask(model, args.text, top_k=args.top_k, pair=args.pair)
     if args.json:
         print(json.dumps([[asdict(c) for c in candidates] for candidates in predictions], ensure_ascii=False))
     else:
         print(format_predictions(args.text, predictions))
+
+
+def _one_argument(given: str) -> str:
+    """What to say when fill-mask gets one argument: a model folder without its text, or a text without
+    a model (there is no default: the packaged model is a sentence encoder without a masked-LM head)."""
+    if Path(given).is_dir():
+        return f'give the text after the model folder: bertkit fill-mask {given} "The man went to the [MASK] ."'
+    return ("fill-mask needs a model with a masked-LM head before the text, and the default model "
+            "(all-MiniLM-L6-v2, a sentence encoder) has none: pass a `bertkit pretrain run` output, an ELECTRA "
+            "pre-training run or a BertForMaskedLM / BertForPreTraining folder (e.g. bert-base-uncased), as in "
+            f"bertkit fill-mask runs/mlm {json.dumps(given, ensure_ascii=False)}")
 
 
 def add_electra(sub):
