@@ -315,8 +315,14 @@ def test_bad_inputs_are_counted_not_fatal(tmp_path, capsys):
     (corpus / "huge.txt").write_text(("word " * 300_000) + "\n")  # one 1.5 MB line
     (corpus / "short.txt").write_text("Hi\n\n\x07\x08\n\n.\n")  # a fragment, control characters only, a dot
     (corpus / "empty.txt").write_text("")
-    code = main(["pretrain", "prepare", str(corpus), "-o", str(tmp_path / "out"), "--quiet", "--dupe-factor", "1",
-                 "--examples", "0"])
+    args = ["pretrain", "prepare", str(corpus), "-o", str(tmp_path / "out"), "--quiet", "--dupe-factor", "1",
+            "--examples", "0"]
+    # latin1.txt's first line does not decode: by default that stops the command, as for every user file
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{corpus / 'latin1.txt'} line 1 is not utf-8 text (bytes e9 20 61 75)" in err
+    assert "--encoding latin-1" in err and "--encoding-errors replace" in err
+    code = main(args + ["--encoding-errors", "replace"])  # asked for: repaired and counted
     out = capsys.readouterr().out
     assert code == 0
     ds = PretrainingDataset(tmp_path / "out")
@@ -414,8 +420,11 @@ def test_a_latin1_corpus_stops_with_the_fix_and_reads_with_encoding(tmp_path, ca
             "--examples", "0", "--dupe-factor", "1", "--max-seq-length", "32", "--objective", "sop"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "livre.txt is not utf-8 text: 25 of its 25 lines" in err
+    assert err.count("\n") == 1 and "livre.txt line 1 is not utf-8 text (bytes e9 20 e9 74)" in err
     assert "--encoding latin-1" in err and not (out / "manifest.json").exists()
+    # repairs asked for, but every line needs one: another encoding, not damage, still stops
+    assert main(argv + ["--encoding-errors", "replace"]) == 2
+    assert "livre.txt is not utf-8 text: 25 of its 25 lines" in capsys.readouterr().err
 
     assert main(argv + ["--encoding", "latin-1"]) == 0
     ds = PretrainingDataset(out)

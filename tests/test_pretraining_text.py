@@ -119,7 +119,11 @@ def test_invalid_utf8_and_nul_lines_are_counted(tmp_path):
     f = tmp_path / "mixed.txt"
     # 700 clean lines first: a NUL in the sniffed head would (rightly) make it a binary file
     f.write_bytes(b"Good line here.\n" * 700 + b"Bad \xff\xfe bytes here.\nNUL \x00 line.\nLast line.\n")
-    docs, stats = _docs(f, documents="file", sentences="line")
+    # the one rule for user text: a line that does not decode stops the reading, naming it and the fixes
+    with pytest.raises(BertkitError, match=r"mixed\.txt line 701 is not utf-8 text \(bytes ff fe 20 62\): .*"
+                       r"--encoding latin-1.*--encoding-errors replace"):
+        _docs(f, documents="file", sentences="line")
+    docs, stats = _docs(f, documents="file", sentences="line", errors="replace")  # asked for: repaired, counted
     sentences = docs[0]
     assert sentences[-2:] == ["Bad \ufffd\ufffd bytes here.", "Last line."]
     assert stats.skips == {"invalid_utf8_lines": 1, "binary_lines": 1}

@@ -108,7 +108,7 @@ def test_cli_vocab_train_reads_a_latin1_corpus_with_encoding(tmp_path, capsys):
     # without --encoding: stops, naming the file and the fix, and writes nothing
     assert main(["vocab", "train", str(corpus), "-o", str(out), "--cased", "--vocab-size", "80"]) == 2
     [err] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # one line (and tqdm's)
-    assert str(corpus) in err and "20 of its 20 lines" in err and "--encoding latin-1" in err
+    assert f"{corpus} line 1 is not utf-8 text" in err and "--encoding latin-1" in err
     assert not out.exists()
 
     assert main(["vocab", "train", str(corpus), "-o", str(out), "--cased", "--vocab-size", "80",
@@ -136,12 +136,15 @@ def test_stray_bad_bytes_are_repaired_and_counted_not_fatal(tmp_path):
     # two bad lines in five: a damaged UTF-8 file, not another encoding
     corpus.write_bytes("Le café.\nLa clé.\n".encode() * 2 + b"caf\xe9 noir\n" + "Le thé.\n".encode()
                        + b"\xff\n")
+    with pytest.raises(BertkitError, match=r"crawl\.txt line 5 is not utf-8 text \(bytes e9 20 6e 6f\)"):
+        train_vocab_from_files([corpus], VocabTrainingConfig(lowercase=False, min_frequency=1))  # the default rule
     stats = CorpusStats()
-    vocab = train_vocab_from_files([corpus], VocabTrainingConfig(lowercase=False, min_frequency=1), stats=stats)
+    repair = VocabTrainingConfig(lowercase=False, min_frequency=1, encoding_errors="replace")
+    vocab = train_vocab_from_files([corpus], repair, stats=stats)
     assert stats.skips == {"invalid_utf8_lines": 2} and "é" in vocab
     with pytest.raises(BertkitError, match=r"crawl\.txt is not utf-8 text: 6 of its 11 lines"):
         corpus.write_bytes(corpus.read_bytes() + b"caf\xe9\n" * 4)  # now most lines fail
-        train_vocab_from_files([corpus], VocabTrainingConfig())
+        train_vocab_from_files([corpus], VocabTrainingConfig(encoding_errors="replace"))
 
 
 # --- real data: held-out quality and cased parity -------------------------------------

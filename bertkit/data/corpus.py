@@ -20,10 +20,14 @@ Nothing is silently lost: every repair and skip is counted in a `CorpusStats`
 paragraphs or documents that were cut), and the prepare summary prints them.
 
 Encoding: files are UTF-8 unless `encoding` says otherwise (latin-1, cp1252,
-...; any codec in which a newline is the byte 0x0A). A stray bad byte is
-repaired (U+FFFD) and counted, but a file where most lines do not decode is in
-another encoding, not damaged: it stops the command with one line naming the
-file and `--encoding`, rather than losing every accented letter to repairs.
+...; any codec in which a newline is the byte 0x0A). The rule is the one every
+user file follows (`bertkit.data.textfiles`): a line that does not decode stops
+the command with one line naming the file, the line, the bytes and the fixes
+(`not_decodable`): `--encoding` for a file in another encoding, or
+`--encoding-errors replace` (`errors="replace"`) for a crawl with stray bad
+bytes, which are then repaired (U+FFFD) and counted; even so, a file where
+most lines do not decode is in another encoding, not damaged, and stops the
+command rather than losing every accented letter to repairs.
 Memory stays bounded whatever the input: lines are read at most
 `MAX_LINE_BYTES` at a time, paragraphs and documents are flushed at a cap.
 """
@@ -38,9 +42,10 @@ from typing import Iterator
 
 from bertkit.errors import BertkitError
 from bertkit.data.sentences import split_sentences
-from bertkit.data.textfiles import binary_bytes, wrong_encoding
+from bertkit.data.textfiles import binary_bytes, not_decodable, wrong_encoding
 
 DOCUMENT_MODES = ("blank-line", "file")
+ENCODING_ERRORS = ("strict", "replace")  # what a line that does not decode does: stop the command, or get repaired
 SENTENCE_MODES = ("split", "line")
 
 MAX_LINE_BYTES = 1 << 20  # a longer line is cut at a space into pieces of at most this
@@ -142,13 +147,16 @@ def _raw_lines(f, stats: CorpusStats) -> Iterator[bytes]:
         carry = line[cut:]
 
 
-def read_lines(path, stats: CorpusStats, encoding: str = "utf-8") -> Iterator[str]:
+def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = "strict") -> Iterator[str]:
     """Decoded text lines of one file (without the newline); binary files yield nothing.
 
-    Lines that do not decode are repaired and counted; when they are most of the
-    file's lines, the file is in another encoding and the end of it raises a
-    BertkitError that says so (see the module docstring).
+    A line that does not decode is a BertkitError naming the file, the line and the fixes
+    (errors "strict"), or is repaired and counted (errors "replace"); when such lines are most
+    of the file's, the file is in another encoding and the end of it raises a BertkitError that
+    says so (see the module docstring).
     """
+    if errors not in ENCODING_ERRORS:
+        raise BertkitError(f"unknown --encoding-errors {errors!r}: choose one of {', '.join(ENCODING_ERRORS)}")
     path = Path(path)
     lines = bad = 0
     first_bad = None  # (line number, the bytes that did not decode)
@@ -168,6 +176,8 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8") -> Iterator[st
                 try:
                     line = raw.decode(encoding)
                 except UnicodeDecodeError as err:
+                    if errors == "strict":
+                        raise not_decodable(path, encoding, number, raw[err.start:err.start + 4]) from None
                     stats.skip("invalid_utf8_lines")
                     bad += 1
                     first_bad = first_bad or (number, raw[err.start:err.start + 4])
@@ -182,7 +192,7 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8") -> Iterator[st
 
 
 def iter_documents(path, stats: CorpusStats, documents: str = "blank-line", sentences: str = "split",
-                   encoding: str = "utf-8") -> Iterator[list[str]]:
+                   encoding: str = "utf-8", errors: str = "strict") -> Iterator[list[str]]:
     """Documents (lists of sentence strings) of one file; see the module docstring."""
     if documents not in DOCUMENT_MODES:
         raise BertkitError(f"unknown document mode {documents!r}; choose one of {', '.join(DOCUMENT_MODES)}")
@@ -209,7 +219,7 @@ def iter_documents(path, stats: CorpusStats, documents: str = "blank-line", sent
             doc.extend(sents[:-1])
             para, para_chars = [sents[-1]], len(sents[-1])
 
-    for line in read_lines(path, stats, encoding):
+    for line in read_lines(path, stats, encoding, errors):
         stripped = line.strip()
         if not stripped:
             flush_paragraph(final=True)

@@ -16,10 +16,13 @@ Two kinds of input, two policies:
   `corpus_files` (.txt and .gz, recursively; a file named explicitly is read
   whatever its name), decoded by `bertkit.data.corpus.read_lines`, which
   skips binary files and repairs stray invalid bytes, counting both for the
-  summary: a web crawl with one bad byte in ten gigabytes should not stop a
-  run. A corpus with no text left is an error, and so is a file where most
-  lines do not decode: it is in another encoding, which `--encoding` names
-  (`check_encoding`, `wrong_encoding`).
+  summary. A line that does not decode stops them as it stops the record
+  readers, naming the file, the line and the fixes (`not_decodable`):
+  `--encoding` for a file in another encoding, or `--encoding-errors replace`
+  to repair stray bytes (a web crawl with one bad byte in ten gigabytes), which
+  are then counted. A corpus with no text left is an error, and so, even with
+  repairs, is a file where most lines do not decode: it is in another encoding,
+  which `--encoding` names (`check_encoding`, `wrong_encoding`).
 
 Record files come as plain text (one record per line), JSONL (`json_objects`: one JSON
 object per line, the line named when it is not one) or TSV with a header; `read_texts`
@@ -87,6 +90,15 @@ def wrong_encoding(path, encoding: str, bad: int, lines: int, line: int, sample:
     return BertkitError(
         f"{path} is not {encoding} text: {bad:,} of its {lines:,} lines do not decode (line {line}: bytes "
         f"{sample.hex(' ')}); {fix}, or convert it to UTF-8 (iconv -f latin1 -t utf-8)"
+    )
+
+
+def not_decodable(path, encoding: str, line: int, sample: bytes) -> BertkitError:
+    """The one-line error for a corpus line that does not decode in `encoding` (the strict rule)."""
+    other = "e.g. --encoding latin-1 (or cp1252)" if codecs.lookup(encoding).name == "utf-8" else "with --encoding"
+    return BertkitError(
+        f"{path} line {line} is not {encoding} text (bytes {sample.hex(' ')}): if the file is in another encoding, "
+        f"name it, {other}; to repair stray bad bytes and go on, pass --encoding-errors replace (they are counted)"
     )
 
 

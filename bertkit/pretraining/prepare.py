@@ -52,7 +52,7 @@ from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.blocks import held_out_documents, init_block_worker, plan_blocks, write_block
-from bertkit.data.corpus import DOCUMENT_MODES, SENTENCE_MODES, SKIP_REASONS, CorpusStats
+from bertkit.data.corpus import DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab
 from bertkit.pretraining.shards import (
     consolidate,
@@ -94,6 +94,8 @@ class PrepareConfig:
     sentences: str = _opt("split", "split: join each paragraph's lines and cut sentences with the splitter; "
                           "line: every line is a sentence", SENTENCE_MODES)
     encoding: str = _opt("utf-8", "the text encoding of the corpus files, e.g. latin-1 or cp1252")
+    encoding_errors: str = _opt("strict", "a line that does not decode: strict (stop, naming it) or replace "
+                                "(repair its bad bytes, counted in the summary)", ENCODING_ERRORS)
     workers: int = _opt(0, "worker processes (0: one per core, at most 2)")
     held_out: float = _opt(0.01, "fraction of documents kept apart for the run's held-out evaluation, chosen before "
                            "pairs are made (at least one with 3 or more documents, none with fewer): a training "
@@ -118,6 +120,9 @@ class PrepareConfig:
         if self.workers < 0:
             raise BertkitError(f"workers must be >= 0 (0: one per core), got {self.workers}")
         check_encoding(self.encoding)
+        if self.encoding_errors not in ENCODING_ERRORS:
+            raise BertkitError(f"unknown --encoding-errors {self.encoding_errors!r}: choose one of "
+                               f"{', '.join(ENCODING_ERRORS)}")
         self.masking_config()
         return self
 
@@ -169,7 +174,7 @@ def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progr
     from tqdm import tqdm
 
     settings = {"documents": cfg.documents, "sentences": cfg.sentences, "encoding": cfg.encoding,
-                "vocab_size": len(tokenizer)}
+                "encoding_errors": cfg.encoding_errors, "vocab_size": len(tokenizer)}
     root = out / "tokens"
     root.mkdir(parents=True, exist_ok=True)
     shards = [root / f"{i:05d}" for i in range(len(files))]

@@ -85,7 +85,8 @@ def tokenize_file(path: Path, shard: Path, tokenizer, settings: dict) -> CorpusS
     sent_lens = array("q")
     doc_lens = array("q")
     to_ids, tokenize = tokenizer.convert_tokens_to_ids, tokenizer.tokenize
-    documents = iter_documents(path, stats, settings["documents"], settings["sentences"], settings["encoding"])
+    documents = iter_documents(path, stats, settings["documents"], settings["sentences"], settings["encoding"],
+                               settings.get("encoding_errors", "strict"))
     for doc in documents:
         n_sent = 0
         for sentence in doc:

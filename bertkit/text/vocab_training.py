@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
-from bertkit.data.corpus import CorpusStats, read_lines
+from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, read_lines
 from bertkit.data.textfiles import check_encoding, corpus_files
 from bertkit.text.vocab import SPECIAL_TOKENS, save_vocab
 from bertkit.text.wordpiece import CONTINUATION
@@ -58,6 +58,8 @@ class VocabTrainingConfig:
     max_distinct_words: int = _opt(5_000_000, "distinct words kept in memory; past it the words seen once are "
                                    "forgotten (bounds memory on a huge corpus)")
     encoding: str = _opt("utf-8", "the text encoding of the corpus files, e.g. latin-1 or cp1252")
+    encoding_errors: str = _opt("strict", "a line that does not decode: strict (stop, naming it) or replace "
+                                "(repair its bad bytes, counted)", choices=ENCODING_ERRORS)
 
     def validate(self) -> None:
         if not isinstance(self.vocab_size, int) or self.vocab_size < len(SPECIAL_TOKENS) + 1:
@@ -67,14 +69,18 @@ class VocabTrainingConfig:
         if not isinstance(self.max_distinct_words, int) or self.max_distinct_words < 1000:
             raise BertkitError(f"max_distinct_words must be an int >= 1000, got {self.max_distinct_words!r}")
         check_encoding(self.encoding)
+        if self.encoding_errors not in ENCODING_ERRORS:
+            raise BertkitError(f"unknown --encoding-errors {self.encoding_errors!r}: choose one of "
+                               f"{', '.join(ENCODING_ERRORS)}")
 
 
-def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, encoding: str = "utf-8"):
+def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, encoding: str = "utf-8",
+               errors: str = "strict"):
     """Lines of the files, read lazily by the corpus reader (a corpus larger than memory is fine).
 
-    Binary files are skipped and stray undecodable bytes replaced, as for
-    pre-training; `stats` counts both. A file most of whose lines do not decode
-    in `encoding` is an error that names it and --encoding.
+    Binary files are skipped (counted in `stats`); a line that does not decode in `encoding` stops
+    with an error naming it and the fixes, or with errors "replace" is repaired and counted, as
+    for pre-training (`bertkit.data.corpus.read_lines`).
     """
     stats = CorpusStats() if stats is None else stats
     bar = None
@@ -84,7 +90,7 @@ def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, 
         bar = tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc="counting words")
     try:
         for f in files:
-            for line in read_lines(f, stats, encoding):
+            for line in read_lines(f, stats, encoding, errors):
                 yield line
                 if bar is not None:
                     bar.update(len(line.encode(encoding, errors="replace")) + 1)
@@ -206,7 +212,7 @@ def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, pro
     config.validate()
     stats = CorpusStats() if stats is None else stats
     files = corpus_files(paths)
-    counts = count_words(iter_lines(files, progress, stats, config.encoding), config)
+    counts = count_words(iter_lines(files, progress, stats, config.encoding, config.encoding_errors), config)
     if not counts:
         reasons = stats.describe_skips() or "the files hold no words"
         raise BertkitError(f"the corpus has no words to learn a vocabulary from ({len(files)} file(s); {reasons})")
