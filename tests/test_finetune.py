@@ -413,3 +413,39 @@ def test_an_electra_discriminator_fine_tunes_and_predicts(tmp_path):
     from bertkit.tasks.predict import predict
     preds = predict(tmp_path / "o", ["the movie was great", "the food was awful"])
     assert [p["label"] for p in preds] == ["pos", "neg"]
+
+
+def test_a_tie_goes_to_the_lower_held_out_loss_then_to_the_later_epoch():
+    from bertkit.tasks.trainer import better
+
+    first = {"epoch": 1, "accuracy": 1.0, "held_out_loss": 0.52}
+    assert better(first, None, "accuracy").startswith("the first epoch")
+    confident = {"epoch": 2, "accuracy": 1.0, "held_out_loss": 0.08}
+    assert better(confident, first, "accuracy") == "accuracy tied with epoch 1 (1.0000), lower held-out loss " \
+                                                   "(0.0800 against 0.5200)"
+    assert better(first | {"epoch": 3, "held_out_loss": 0.6}, first, "accuracy") == ""  # a tie, less sure: kept
+    assert better({"epoch": 3, "accuracy": 0.9, "held_out_loss": 0.01}, first, "accuracy") == ""  # worse metric
+    assert better({"epoch": 3, "accuracy": 0.5}, {"epoch": 2, "accuracy": 0.5}, "accuracy").endswith("later epoch")
+    # lower is better (a loss or an error as the metric)
+    assert better({"epoch": 2, "mse": 0.4}, {"epoch": 1, "mse": 0.5}, "mse", greater_is_better=False)
+    assert not better({"epoch": 2, "mse": 0.6}, {"epoch": 1, "mse": 0.5}, "mse", greater_is_better=False)
+
+
+def test_held_out_loss_is_the_heads_loss(sentiment_run):
+    """The held-out loss the tie-break reads equals torch's cross-entropy of the saved model's logits."""
+    from bertkit.data.tables import TextExample
+    from bertkit.runtime.loading import load as load_model
+
+    d, final = sentiment_run
+    rows = [r.split("\t") for r in (d / "dev.tsv").read_text().splitlines()[1:]]
+    loaded = load_model(d / "out", head="task")
+    names = loaded.config.labels
+    examples = [TextExample(text, None, label) for text, label in rows]
+    feats = make_features(loaded.tokenizer, examples, "classify", {n: i for i, n in enumerate(names)}, 32, 0)
+    batch = collate([{"input_ids": f["input_ids"], "token_type_ids": f["token_type_ids"]} for f in feats])
+    with torch.no_grad():
+        logits = loaded.model(**batch).logits.float()
+    gold = torch.tensor([names.index(label) for _, label in rows])
+    assert final["dev"]["held_out_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, gold)),
+                                                          abs=1e-4)
+    assert final["saved"]["epoch"] in [e["epoch"] for e in final["epochs"]] and final["saved"]["because"]

@@ -100,3 +100,72 @@ def test_written_rows_read_back(tmp_path):
     assert lines[1].split("\t") == ["a query", "its passage", "neg one", "neg two"]
     with pytest.raises(BertkitError, match=".tsv or .jsonl"):
         write_rows(rows, tmp_path / "t.csv")
+
+
+def coco_slice(shared_data, path, n_pairs=400):
+    """The first `n_pairs` rows of the COCO caption pairs (anchor, positive, group_id: the picture)."""
+    lines = (shared_data / "pairs" / "coco_captions" / "pairs_all.tsv").read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join(lines[: n_pairs + 1]) + "\n", encoding="utf-8")
+    return path
+
+
+def test_mining_keeps_groups_and_takes_no_negative_from_the_anchors_group(shared_data, tmp_path, tiny_dir):
+    """COCO captions: a caption of the anchor's own picture is never a negative, and group_id is written.
+    The picture of each caption is read from the source file (captions_val2017.tsv), not from the pairs."""
+    from bertkit.cli import main
+
+    pairs = coco_slice(shared_data, tmp_path / "coco.tsv")
+    picture = {}
+    for line in (shared_data / "pairs" / "coco_captions" / "captions_val2017.tsv").read_text().splitlines()[1:]:
+        image, _, caption = line.split("\t")
+        picture.setdefault(caption, image)
+    out = tmp_path / "triplets.tsv"
+    # a margin of 0: with a random tiny model, captions of one picture are no closer than others, so the
+    # group rule is what keeps them out
+    assert main(["mine", str(pairs), "-o", str(out), "--model", str(tiny_dir), "--num-negatives", "3",
+                 "--relative-margin", "0", "--range-max", "40", "--dtype", "float32", "--quiet"]) == 0
+    header, *rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    negatives = ["negative_1", "negative_2", "negative_3"]
+    assert header == ["anchor", "positive", *negatives, "group_id", *(f"{n}_group" for n in negatives)]
+    assert len(rows) >= 100  # the queries that found 3 negatives below their positive's cosine
+    for anchor, positive, *rest in rows:
+        texts, (group, *groups) = rest[:3], rest[3:]
+        assert picture[anchor] == picture[positive] == group
+        assert all(picture[n] != group for n in texts)
+        assert [picture[n] for n in texts] == groups  # each negative's picture, written for finetune embed
+    # the same without group_id: the rule is off and the column is not written
+    plain = tmp_path / "plain.tsv"
+    plain.write_text("".join("\t".join(line.split("\t")[:2]) + "\n" for line in pairs.read_text().splitlines()))
+    rows_plain, report = mine_hard_negatives(plain, str(tiny_dir), options=MiningOptions(
+        num_negatives=3, relative_margin=0, range_max=40))
+    assert not report["groups"] and all(len(r) == 5 for r in rows_plain)
+    same = sum(picture[n] == picture[a] for a, _, *negs in rows_plain for n in negs)
+    assert same > 0  # what the rule prevents: without groups, some negatives are the picture's own captions
+
+
+def test_embed_batches_hold_no_two_texts_of_one_picture(shared_data, tmp_path, tiny_dir):
+    """`finetune embed` on mined COCO rows: in every batch, no candidate (another row's positive or any
+    negative) belongs to an anchor's picture, so no in-batch negative is a caption of the same picture."""
+    from bertkit.tasks.embedding import EmbeddingBatches, read_examples
+
+    rows, report = mine_hard_negatives(coco_slice(shared_data, tmp_path / "coco.tsv"), str(tiny_dir),
+                                       options=MiningOptions(num_negatives=1, relative_margin=0, range_max=40))
+    write_rows(rows, tmp_path / "mined.tsv", groups=report["groups"])
+    picture = {}
+    for line in (shared_data / "pairs" / "coco_captions" / "captions_val2017.tsv").read_text().splitlines()[1:]:
+        image, _, caption = line.split("\t")
+        picture.setdefault(caption, image)
+    examples = read_examples(tmp_path / "mined.tsv", log=lambda line: None)
+    assert examples.groups is not None and examples.columns == ("anchor", "positive", "negative_1")
+    ids = [[[1, 2]] * 3 for _ in examples.rows]  # the sampler reads texts and groups, not tokens
+    stream = EmbeddingBatches(examples, ids, batch_size=16, parts=1, seed=0)
+    seen = 0
+    for epoch in range(2):
+        for batch in stream.batches(epoch):
+            for i in batch:
+                anchor_picture = picture[examples.rows[i][0]]
+                for j in batch:
+                    candidates = examples.rows[j][1:] if j != i else examples.rows[j][2:]
+                    assert all(picture[c] != anchor_picture for c in candidates)
+            seen += len(batch)
+    assert seen >= 0.7 * 2 * len(examples.rows)  # rows that clash with every batch sit an epoch out

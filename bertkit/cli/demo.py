@@ -106,7 +106,9 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
     log(f"3. held-out accuracy: {acc:.1%} on {final['dev_examples']} sentences "
         f"(chance: 50%), after {secs:.0f} s; model saved to {out / 'model'}")
     for epoch in final["epochs"]:
-        log(f"     epoch {epoch['epoch']}: train loss {epoch['train_loss']:.3f}, held-out accuracy {epoch['accuracy']:.1%}")
+        log(f"     epoch {epoch['epoch']}: train loss {epoch['train_loss']:.3f}, held-out accuracy "
+            f"{epoch['accuracy']:.1%}, held-out loss {epoch['held_out_loss']:.3f}")
+    log(f"     kept epoch {final['saved']['epoch']}: {final['saved']['because']}")
 
     log("4. classifying new sentences:")
     preds = predict(out / "model", NEW_SENTENCES)

@@ -135,7 +135,8 @@ def add_mine(sub):
         "positive (default: at most 95% of the positive's cosine, NV-Retriever's TopK-PercPos rule; the options "
         "are sentence-transformers' mine_hard_negatives'). SOURCE is a BEIR folder (--split's queries and qrels, "
         "the corpus as candidates) or a TSV/JSONL with columns anchor, positive (the positives are the "
-        "candidates). Writes anchor, positive, negative_1..n, the columns `bertkit finetune embed` reads.",
+        "candidates; a group_id column, e.g. the picture of a caption, keeps each anchor's negatives out of its own "
+        "group). Writes anchor, positive, negative_1..n (and group_id), the columns `bertkit finetune embed` reads.",
         epilog="examples:\n  bertkit mine data/scifact --split train -o scifact_triplets.tsv --num-negatives 3\n"
         "  bertkit mine pairs.tsv -o triplets.jsonl --relative-margin 0.1 --range-min 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -158,10 +159,11 @@ def run_mine(args):
     rows, report = mine_hard_negatives(args.source, args.model, split=args.split, options=options,
                                        batch_size=args.batch_size, max_length=args.max_length, dtype=args.dtype,
                                        progress=not args.quiet)
-    write_rows(rows, args.output)
+    write_rows(rows, args.output, groups=report["groups"])
     _write(report, args.report)
     skipped = ", ".join(f"{n} {rule}" for rule, n in report["skipped"].items() if n)
     print(f"wrote {report['rows']} rows ({options.num_negatives} negatives each) for "
           f"{report['queries'] - report['queries_without_enough_negatives']} of {report['queries']} queries to "
           f"{args.output}; candidates skipped: {skipped or 'none'}; mean cosine positive "
-          f"{report['mean_positive_cosine']:.3f}, negative {report['mean_negative_cosine']:.3f}", file=sys.stderr)
+          f"{report['mean_positive_cosine']:.3f}, negative {report['mean_negative_cosine']:.3f}"
+          + ("; group_id kept (no negative from the anchor's group)" if report["groups"] else ""), file=sys.stderr)

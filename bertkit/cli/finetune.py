@@ -55,10 +55,13 @@ def run_finetune(args):
     from bertkit.options import from_args
 
     cfg = from_args(args, *task_config(args.task))
-    report = format_report(run_task(cfg))
+    final = run_task(cfg)
+    report = format_report(final)
     if report:  # not on the other processes of a torchrun
         print(report)
-        print(f"saved the best epoch's model to {cfg.output}")
+        saved = final.get("saved")
+        print(f"saved epoch {saved['epoch']}'s model to {cfg.output}: {saved['because']}" if saved
+              else f"saved the best epoch's model to {cfg.output}")
 
 
 def add_predict(sub):

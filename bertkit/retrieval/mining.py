@@ -8,6 +8,9 @@ cosine (`bertkit.retrieval.exact`), and walk down the ranking keeping
 
 - no positive (a passage the query judges relevant), and no passage whose text
   equals a positive's or the query's (a duplicate under another id);
+- no passage of the query's own group, when the pairs file has a `group_id`
+  column (captions of one picture, answers to one question): another caption of
+  the same picture is a positive nobody wrote down, not a negative;
 - not the `range_min` best remaining candidates, when asked (rank skipping);
 - no candidate scored too close to the positive: the danger of the hardest
   negatives is that many are *unlabelled positives* (Qu et al. 2021, RocketQA;
@@ -27,8 +30,11 @@ cosine (`bertkit.retrieval.exact`), and walk down the ranking keeping
   for its n-tuple output) and counted in the report.
 
 Output: one row per (query, positive) pair, `anchor, positive, negative_1 ..
-negative_n`, as TSV (tabs and newlines inside a text become spaces) or JSONL:
-the columns `bertkit finetune embed` reads.
+negative_n` and, from a pairs file with groups, the pair's `group_id` and each
+negative's groups (`negative_1_group` ..., comma-separated where one text is in
+several), as TSV (tabs and newlines inside a text become spaces) or JSONL: the
+columns `bertkit finetune embed` reads (it keeps rows that share a group, or
+whose texts do, out of one batch).
 
 Input: a BEIR folder (the split's queries, positives from its qrels, the corpus
 as candidates) or a pairs file (columns anchor, positive; the positives, deduplicated,
@@ -50,6 +56,8 @@ from bertkit.retrieval.config import MiningOptions
 from bertkit.retrieval.encoding import encode, encoder_and_settings
 from bertkit.retrieval.exact import top_k
 
+GROUP_COLUMN = "group_id"  # the pairs files' group column, as `bertkit finetune embed` reads it
+
 
 @dataclass
 class MiningTask:
@@ -58,6 +66,13 @@ class MiningTask:
     queries: list[str]
     passages: list[str]
     positives: list[list[int]]  # per query: rows of `passages` it judges relevant (at least one)
+    query_groups: list[frozenset] | None = None  # per query: the group_id of its rows (pairs files with groups)
+    passage_groups: list[frozenset] | None = None  # per passage: the group_id of the rows it is a positive in
+    pair_groups: dict | None = None  # (query, passage) -> the group_id of that pair's row
+
+    def same_group(self, query: int, passage: int) -> bool:
+        """Whether `passage` belongs to one of the query's groups (never a negative then)."""
+        return self.query_groups is not None and not self.query_groups[query].isdisjoint(self.passage_groups[passage])
 
 
 def task_from_beir(directory, split: str = "train") -> MiningTask:
@@ -80,6 +95,7 @@ def task_from_pairs(path) -> MiningTask:
     report = ReadReport(str(path))
     passages: dict[str, int] = {}
     by_query: dict[str, list[int]] = {}
+    groups: dict[tuple[str, str], str] = {}  # (anchor, positive) -> group_id, when the file has the column
     for number, cells in read_rows(path, report):
         if "anchor" not in cells or "positive" not in cells:
             raise BertkitError(f"{path} has no anchor/positive columns (it has {', '.join(cells)}): "
@@ -87,9 +103,26 @@ def task_from_pairs(path) -> MiningTask:
         anchor, positive = str(cells["anchor"] or ""), str(cells["positive"] or "")
         if anchor.strip() and positive.strip():
             by_query.setdefault(anchor, []).append(passages.setdefault(positive, len(passages)))
+            if cells.get(GROUP_COLUMN) is not None and str(cells[GROUP_COLUMN]).strip():
+                groups[anchor, positive] = str(cells[GROUP_COLUMN]).strip()
     if not by_query:
         raise BertkitError(f"{path} has no (anchor, positive) rows to mine for")
-    return MiningTask(list(by_query), list(passages), [sorted(set(p)) for p in by_query.values()])
+    task = MiningTask(list(by_query), list(passages), [sorted(set(p)) for p in by_query.values()])
+    return with_groups(task, groups) if groups else task
+
+
+def with_groups(task: MiningTask, groups: dict[tuple[str, str], str]) -> MiningTask:
+    """`task` with the groups of its queries and passages from the (anchor, positive) -> group_id of the
+    rows: a text's groups are those of every row it is the anchor or the positive of."""
+    of_text: dict[str, set] = {}
+    for (anchor, positive), group in groups.items():
+        of_text.setdefault(anchor, set()).add(group)
+        of_text.setdefault(positive, set()).add(group)
+    pair_groups = {(q, p): groups[task.queries[q], task.passages[p]]
+                   for q, ps in enumerate(task.positives) for p in ps if (task.queries[q], task.passages[p]) in groups}
+    return MiningTask(task.queries, task.passages, task.positives,
+                      [frozenset(of_text.get(t, ())) for t in task.queries],
+                      [frozenset(of_text.get(t, ())) for t in task.passages], pair_groups)
 
 
 def select_negatives(scores: np.ndarray, rows: np.ndarray, task: MiningTask, options: MiningOptions,
@@ -98,8 +131,8 @@ def select_negatives(scores: np.ndarray, rows: np.ndarray, task: MiningTask, opt
 
     Returns per query its negatives' rows (None when it could not fill them) and counts of
     the candidates each rule removed."""
-    skipped = {"positive": 0, "duplicate text": 0, "range_min": 0, "relative_margin": 0, "absolute_margin": 0,
-               "max_score": 0}
+    skipped = {"positive": 0, "duplicate text": 0, "same group": 0, "range_min": 0, "relative_margin": 0,
+               "absolute_margin": 0, "max_score": 0}
     chosen: list[list[int] | None] = []
     for q, (q_scores, q_rows) in enumerate(zip(scores, rows)):
         positives = set(task.positives[q])
@@ -111,6 +144,8 @@ def select_negatives(scores: np.ndarray, rows: np.ndarray, task: MiningTask, opt
                 skipped["positive"] += 1
             elif task.passages[candidate] in same_text:
                 skipped["duplicate text"] += 1
+            elif task.same_group(q, candidate):
+                skipped["same group"] += 1
             elif passed < options.range_min:
                 passed += 1
                 skipped["range_min"] += 1
@@ -131,7 +166,8 @@ def select_negatives(scores: np.ndarray, rows: np.ndarray, task: MiningTask, opt
 def mine_hard_negatives(source, model=None, *, split: str = "train", options: MiningOptions = MiningOptions(),
                         batch_size: int = 32, max_length: int | None = None, dtype: str = "float32",
                         progress: bool = False) -> tuple[list[tuple[str, ...]], dict]:
-    """(rows, report): rows (anchor, positive, negative_1..n), one per (query, positive) pair.
+    """(rows, report): rows (anchor, positive, negative_1..n[, group_id, negative_1_group..n]), one per
+    (query, positive) pair; the groups ("" where none) when the pairs file has a group_id column.
 
     source: a BEIR folder (queries of `split`) or a pairs file. The report gives the counts:
     queries, rows, queries left out, candidates skipped by each rule, and the mean
@@ -152,13 +188,15 @@ def mine_hard_negatives(source, model=None, *, split: str = "train", options: Mi
             continue
         neg_scores += [float(passage_vectors[n] @ query_vectors[q]) for n in negatives]
         for p in task.positives[q]:
-            out.append((task.queries[q], task.passages[p], *(task.passages[n] for n in negatives)))
+            groups = () if task.pair_groups is None else (
+                task.pair_groups.get((q, p), ""), *(",".join(sorted(task.passage_groups[n])) for n in negatives))
+            out.append((task.queries[q], task.passages[p], *(task.passages[n] for n in negatives), *groups))
     report = {"queries": len(task.queries), "passages": len(task.passages), "rows": len(out),
               "queries_without_enough_negatives": sum(c is None for c in chosen), "skipped": skipped,
               "mean_positive_cosine": float(np.mean(np.concatenate(positive_scores))),
               "mean_negative_cosine": float(np.mean(neg_scores)) if neg_scores else None,
               "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
-              "options": options.__dict__}
+              "options": options.__dict__, "groups": task.pair_groups is not None}
     if not out:
         raise BertkitError(f"no query found {options.num_negatives} negatives within the top {options.range_max} "
                            "candidates: lower --num-negatives or the margins, or raise --range-max")
@@ -177,14 +215,16 @@ def check_output(path) -> Path:
     return path
 
 
-def columns(num_negatives: int) -> list[str]:
-    return ["anchor", "positive", *(f"negative_{i}" for i in range(1, num_negatives + 1))]
+def columns(num_negatives: int, groups: bool = False) -> list[str]:
+    negatives = [f"negative_{i}" for i in range(1, num_negatives + 1)]
+    return ["anchor", "positive", *negatives, *([GROUP_COLUMN, *(f"{n}_group" for n in negatives)] if groups else [])]
 
 
-def write_rows(rows: list[tuple[str, ...]], path) -> None:
-    """Write mined rows as .jsonl (exact texts) or .tsv (a header; tabs and newlines become spaces)."""
+def write_rows(rows: list[tuple[str, ...]], path, groups: bool = False) -> None:
+    """Write mined rows as .jsonl (exact texts) or .tsv (a header; tabs and newlines become spaces);
+    `groups`: each row ends with its group_id and its negatives' groups."""
     path = check_output(path)
-    names = columns(len(rows[0]) - 2)
+    names = columns((len(rows[0]) - 3) // 2 if groups else len(rows[0]) - 2, groups)
     if path.suffix == ".jsonl":
         with open(path, "w", encoding="utf-8") as f:
             for row in rows:

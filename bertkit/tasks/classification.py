@@ -108,19 +108,36 @@ def decode(logits: np.ndarray, task: str, names: list[str] | None) -> list[dict]
              "probabilities": {names[j]: float(p[j]) for j in range(len(names))}} for p in probs]
 
 
+def held_out_loss(preds: list[dict], examples: list[TextExample], task: str, names: list[str] | None) -> float:
+    """The loss the head trains with, on held-out examples: cross-entropy of the gold label's
+    probability (classification), binary cross-entropy per label (multi-label), or the squared
+    error (regression). What breaks a tie in the task metric (`bertkit.tasks.trainer.better`)."""
+    if task == "regression":
+        return float(np.mean([(p["score"] - float(ex.label)) ** 2 for p, ex in zip(preds, examples)]))
+    tiny = 1e-12  # a probability rounded to 0 or 1 in float32 costs a large, finite loss
+    if task == "multi_label":
+        losses = [-np.log(max(q, tiny)) if name in ex.label else -np.log(max(1.0 - q, tiny))
+                  for p, ex in zip(preds, examples) for name, q in p["probabilities"].items()]
+        return float(np.mean(losses))
+    return float(np.mean([-np.log(max(p["probabilities"][ex.label], tiny)) for p, ex in zip(preds, examples)]))
+
+
 def score(preds: list[dict], examples: list[TextExample], task: str, names: list[str] | None, full=False) -> dict:
-    """The task's metrics; `full` adds the per-label report and the confusion matrix."""
+    """The task's metrics and its `held_out_loss`; `full` adds the per-label report and the confusion matrix."""
+    # a constant predictor (the trivial baseline) gives no probabilities, so no loss
+    scored = task == "regression" or all("probabilities" in p for p in preds)
+    loss = {"held_out_loss": held_out_loss(preds, examples, task, names)} if scored else {}
     if task == "regression":
         x = [p["score"] for p in preds]
         y = [float(ex.label) for ex in examples]
         return {"pearson": M.pearson(x, y), "spearman": M.spearman(x, y),
-                "mse": float(np.mean((np.array(x) - np.array(y)) ** 2))}
+                "mse": float(np.mean((np.array(x) - np.array(y)) ** 2)), **loss}
     if task == "multi_label":
-        return M.multilabel_scores([p["labels"] for p in preds], [ex.label for ex in examples])
+        return {**M.multilabel_scores([p["labels"] for p in preds], [ex.label for ex in examples]), **loss}
     label2id = {n: i for i, n in enumerate(names)}
     p = [q["label_id"] for q in preds]
     y = [label2id[ex.label] for ex in examples]
-    out = {"accuracy": M.accuracy(p, y)}
+    out = {"accuracy": M.accuracy(p, y), **loss}
     report = M.per_label_report(p, y, names)
     out["macro_f1"] = report.pop("macro_f1")
     if len(names) == 2:
@@ -215,6 +232,8 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
         return {}
     final = {"task": cfg.task, "train_examples": len(train_ex), "train_seconds": round(result.seconds, 1),
              "epochs": result.history}
+    if result.best is not None:  # which epoch the saved model is, and why (`bertkit.tasks.trainer.better`)
+        final["saved"] = {"epoch": result.best["epoch"], "because": result.best["saved_because"]}
     if dev_ex:
         preds = result.best_predictions or decode_dev(model)  # a resumed run may lack them
         final["dev"] = score(preds, dev_ex, cfg.task, names, full=True)

@@ -61,11 +61,11 @@ from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
 from bertkit.data.beir import qrels_path, training_pairs
 from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts
+from bertkit.retrieval.mining import GROUP_COLUMN
 from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
 from bertkit.training.distributed import gather_with_grad
 
 NEGATIVE = re.compile(r"^negative(_?\d+)?$")
-GROUP_COLUMN = "group_id"
 
 
 # --- data -------------------------------------------------------------------------
@@ -79,6 +79,7 @@ class EmbeddingExamples:
     columns: tuple[str, ...]
     scores: list[float] | None = None  # scored pairs only
     groups: list[str] | None = None  # rows sharing a group never share a batch
+    negative_groups: dict | None = None  # negative text -> its groups (`bertkit mine`'s negative_N_group)
     source: str = ""
 
     @property
@@ -101,7 +102,7 @@ def read_examples(path, *, split: str = "train", max_examples: int | None = None
         log(f"{path} ({split}): {len(pairs)} (query, relevant passage) pairs")
         return EmbeddingExamples([tuple(p) for p in pairs], ("anchor", "positive"), source=f"{path}:{split}")
     report = ReadReport(str(path))
-    rows, scores, groups, columns = [], [], [], None
+    rows, scores, groups, columns, negative_groups = [], [], [], None, {}
     for n, row in read_rows(path, report):
         if columns is None:
             columns = _columns(row, path)
@@ -119,6 +120,9 @@ def read_examples(path, *, split: str = "train", max_examples: int | None = None
                 raise BertkitError(f"{path}:{n}: score {row['score']!r} is not a number") from None
         if GROUP_COLUMN in row:
             groups.append(str(row[GROUP_COLUMN]))
+        for column, text in zip(columns[2:], texts[2:]):
+            if row.get(f"{column}_group"):
+                negative_groups.setdefault(text, set()).update(str(row[f"{column}_group"]).split(","))
         rows.append(texts)
         if max_examples is not None and len(rows) >= max_examples:
             break
@@ -127,7 +131,7 @@ def read_examples(path, *, split: str = "train", max_examples: int | None = None
         raise BertkitError(f"{report.summary()}: no usable rows; the file needs a header and at least one row")
     log(report.summary())
     return EmbeddingExamples(rows, columns, scores if columns[0] == "sentence1" else None,
-                             groups if len(groups) == len(rows) else None, str(path))
+                             groups if len(groups) == len(rows) else None, negative_groups or None, str(path))
 
 
 def _columns(row: dict, path) -> tuple[str, ...]:
@@ -170,6 +174,30 @@ def no_duplicate_batches(keys: list[frozenset], batch_size: int, rng: random.Ran
     return batches
 
 
+def row_keys(examples: EmbeddingExamples) -> list[frozenset]:
+    """What two rows of one batch may not share: a text, or a group.
+
+    A row's groups are its own group_id and the groups of every text in it: those of the grouped
+    rows that name it as their anchor or positive, and those `bertkit mine` wrote for a negative
+    (negative_N_group). A mined negative is a caption of another picture, and a row of that
+    picture must not share its batch, where that caption would be a negative of its anchor too.
+    Scored pairs score no text against another pair's: duplicates do no harm there.
+    """
+    if examples.scored:
+        return [frozenset()] * len(examples.rows)
+    groups = examples.groups or [None] * len(examples.rows)
+    of_text: dict[str, set] = {text: set(g) for text, g in (examples.negative_groups or {}).items()}
+    for row, group in zip(examples.rows, groups):
+        if group is not None and group != "":
+            for text in row[:2]:
+                of_text.setdefault(text, set()).add(group)
+    keys = []
+    for row, group in zip(examples.rows, groups):
+        own = {group} if group is not None and group != "" else set()
+        keys.append(frozenset(row) | {("group", g) for text in row for g in of_text.get(text, own) | own})
+    return keys
+
+
 class EmbeddingBatches:
     """The loop's batch stream over embedding examples: seekable micro-batches, epoch after epoch.
 
@@ -182,11 +210,8 @@ class EmbeddingBatches:
                  seed: int, pad_id: int = 0, position: int = 0):
         self.examples, self.ids, self.parts, self.seed, self.pad_id = examples, ids, parts, seed, pad_id
         self.size, self.position = batch_size * parts, position
-        groups = examples.groups or [None] * len(examples.rows)
-        # scored pairs score no text against another pair's: duplicates do no harm there
         self._cache = (None, None)
-        self.keys = [frozenset() if examples.scored else frozenset(row) | ({("group", g)} if g is not None else set())
-                     for row, g in zip(examples.rows, groups)]
+        self.keys = row_keys(examples)
         n = len(examples.rows)
         # as many updates as rows without duplicates would fill; a short last batch counts when it can give
         # every micro-batch a row (fine-tuning's rule, `EpochBatches`)

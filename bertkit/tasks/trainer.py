@@ -20,8 +20,10 @@ checkpoints, exact resume); this module adds what is particular to it. A
   labels every labelled token), so k micro-batches equal one batch of k;
 - after each epoch a task callback `evaluate(model) -> scores` (or `(scores,
   predictions)`, the best epoch's predictions come back in the result); the
-  best epoch (by `config.metric`) is saved through `save(model)`, travels in
-  the checkpoints, and is restored at the end;
+  best epoch (by `config.metric`; a tie goes to the lower held-out loss, else
+  to the later epoch: `better`, whose reason the record keeps as "saved_because")
+  is saved through `save(model)`, travels in the checkpoints, and is restored
+  at the end;
 - metrics.jsonl (a line per step, one per epoch), curves.png, and a warning
   when the best score is no better than the task's trivial baseline;
 - dropout draws from the global torch generator, seeded here per process.
@@ -296,8 +298,9 @@ def _train(model, features, config, info, evaluate, save, output_dir, pad_id, ba
             value, best = rec.get(metric), run["best"]
             if value is None:
                 raise BertkitError(f"metric {metric!r} not among the evaluation results {sorted(rec)}")
-            if best is None or (value > best[metric] if config.greater_is_better else value < best[metric]):
-                run["best"], run["best_weights"], kept["predictions"] = dict(rec), _weights(m), predictions
+            why = better(rec, best, metric, config.greater_is_better)
+            if why:
+                run["best"], run["best_weights"], kept["predictions"] = {**rec, "saved_because": why}, _weights(m), predictions
                 if save is not None and info.is_main:
                     save(m)
         elif save is not None and info.is_main:
@@ -352,6 +355,27 @@ def _delete_checkpoints(out: Path, log) -> None:
 
 def _weights(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def better(new: dict, best: dict | None, metric: str, greater_is_better: bool = True) -> str:
+    """Why epoch record `new` beats `best` (the best so far), or "" when it does not.
+
+    A higher `metric` (lower, when not `greater_is_better`) wins. A tie, common on a small dev set
+    where every epoch scores 100%, goes to the lower "held_out_loss" when both records have one
+    (the more confident of two equally right models), else to the later epoch (more training).
+    """
+    value = new[metric]
+    if best is None:
+        return f"the first epoch evaluated ({metric} {value:.4f})"
+    old = best[metric]
+    if value != old:
+        wins = value > old if greater_is_better else value < old
+        return f"the best {metric} ({value:.4f}, against {old:.4f} in epoch {best['epoch']})" if wins else ""
+    tie = f"{metric} tied with epoch {best['epoch']} ({value:.4f})"
+    if "held_out_loss" in new and "held_out_loss" in best:
+        loss, before = new["held_out_loss"], best["held_out_loss"]
+        return f"{tie}, lower held-out loss ({loss:.4f} against {before:.4f})" if loss < before else ""
+    return f"{tie}, the later epoch"
 
 
 def warn_if_trivial(best: dict | None, metric: str, greater_is_better: bool, baseline, log=print) -> bool:
