@@ -293,3 +293,18 @@ def test_training_steps_equal_sentence_transformers_trainer(data, st, tmp_path, 
     gap = max((trained[k] - peer[k]).abs().max().item() for k in trained)
     print(f"largest update {moved:.2e}, largest difference from the peer {gap:.2e}")
     assert moved > 1e-4 and gap < 1e-5, (moved, gap)
+
+
+def test_the_score_before_training_is_reported(data, tmp_path):
+    """finetune embed measures the dev set before its first update: the untouched model's Spearman,
+    as `evaluate sts` gives it for the starting folder, and the report shows the change."""
+    from bertkit.retrieval.evaluation import evaluate_sts
+    from bertkit.tasks import format_report
+
+    final = run(data, tmp_path / "out", dev=str(data["sts_dev"]), training=fast(epochs=1))
+    start = evaluate_sts(str(data["tiny"]), str(data["sts_dev"]), max_length=32)
+    assert final["dev_before_training"]["spearman"] == pytest.approx(start["spearman"], abs=1e-4)
+    after = final["dev"]["spearman"]
+    line = format_report(final).splitlines()[-1]
+    assert line == (f"dev spearman before training {start['spearman']:.4f}, after {after:.4f} "
+                    f"({after - final['dev_before_training']['spearman']:+.4f})")

@@ -15,6 +15,7 @@ through `bertkit.options`, so each is defined once.
 """
 
 import argparse
+import os
 import sys
 
 from bertkit.cli.evaluate import add_evaluate, add_mine
@@ -52,14 +53,40 @@ COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_fi
             add_fill_mask, add_electra, add_serve, add_evaluate, add_mine, add_index, add_search]
 
 
+# What the `bertkit` command decides for its own process, before torch loads (its OpenMP runtime
+# reads the environment once, when it starts). A value the user set is kept.
+#   OMP_WAIT_POLICY=PASSIVE: a thread that finishes its share of a parallel region sleeps instead of
+#   spinning for the next one. Spinning costs nothing on an idle machine and everything beside another
+#   busy process: the spinning threads take the cores the working ones need, and pre-training many
+#   short regions per step ran 12-18x slower beside one other job (docs/benchmarks.md, "Beside another
+#   job", bench/bench_contention.py).
+PROCESS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# A progress bar redrawn into a log file is a new line every 0.1 s: when stderr is not a terminal,
+# tqdm (>= 4.66 reads TQDM_* defaults) redraws at most every 30 s.
+NOT_A_TERMINAL = {"TQDM_MININTERVAL": "30"}
+
+
+def process_settings(environ=None, terminal: bool | None = None) -> dict:
+    """Set PROCESS (and NOT_A_TERMINAL, when stderr is not a terminal) in `environ` (default
+    os.environ) where the user has not; returns what it set. Call it before torch is imported."""
+    environ = os.environ if environ is None else environ
+    terminal = sys.stderr.isatty() if terminal is None else terminal
+    wanted = {**PROCESS, **({} if terminal else NOT_A_TERMINAL)}
+    made = {key: value for key, value in wanted.items() if key not in environ}
+    environ.update(made)
+    return made
+
+
 def _warning_line(message, category, filename, lineno, line=None) -> str:
     return f"bertkit: warning: {message}\n"  # advice for a person, not a source location
 
 
 def main(argv=None) -> int:
+    if argv is None:  # the `bertkit` command owns its process: settings torch reads when it loads
+        process_settings()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if argv is None:  # the `bertkit` command owns its process: let big activations reuse freed memory
+    if argv is None:  # ... and big activations reuse freed memory
         import warnings
 
         from bertkit.runtime.allocator import reuse_freed_memory

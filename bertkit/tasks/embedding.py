@@ -424,13 +424,19 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
     def batches(parts):
         return EmbeddingBatches(examples, ids, tcfg.batch_size, parts, tcfg.seed, tok.pad_token_id)
 
+    # the starting point, so a gain (or a loss) from training is visible; a resumed run measured it before
+    before = evaluate(model) if evaluate is not None and not tcfg.resume else None
+    if before is not None:
+        log(f"dev before training: {tcfg.metric} {before[tcfg.metric]:.4f}")
     result = train(model, ids, tcfg, evaluate=evaluate, save=save, output_dir=out, pad_id=tok.pad_token_id,
                    run_config=asdict(cfg), log=log, batches=batches)
     if not result.is_main:
         return {}
     final = {"task": "embed", "loss": loss, "pooling": cfg.pooling, "max_length": cfg.max_length,
              "train_examples": len(examples.rows), "train_seconds": round(result.seconds, 1),
-             "epochs": result.history}
+             "epochs": result.history, "metric": tcfg.metric}
+    if before is not None:
+        final["dev_before_training"] = before
     if result.best is not None:
         final["dev"] = {k: v for k, v in result.best.items() if k not in ("epoch", "step", "train_loss")}
         final["best_epoch"] = result.best["epoch"]
@@ -445,5 +451,10 @@ def format_report(final: dict) -> str:
     if not dev:
         return head + " (no dev set)"
     shown = ", ".join(f"{k} {v:.4f}" for k, v in dev.items() if isinstance(v, float) and not k.endswith("seconds"))
-    return f"{head}\ndev (best epoch {final['best_epoch']}): {shown}"
+    lines = [head, f"dev (best epoch {final['best_epoch']}): {shown}"]
+    before, metric = final.get("dev_before_training"), final.get("metric")
+    if before is not None and metric in before and metric in dev:
+        lines.append(f"dev {metric} before training {before[metric]:.4f}, after {dev[metric]:.4f} "
+                     f"({dev[metric] - before[metric]:+.4f})")
+    return "\n".join(lines)
 

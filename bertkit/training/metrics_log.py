@@ -7,8 +7,10 @@ resumed run first drops the lines the killed run wrote after its last
 checkpoint, so the file reads as one uninterrupted run.
 
 curves.png draws chosen keys against the step, one panel each: training
-values faint with a running mean on top, evaluations as dots, and reference
-lines (chance, a trivial baseline) where the caller gives them.
+values faint with a running mean on top (`train_series`; a short run, where the
+mean would span one step, draws the per-step values alone and says so),
+evaluations as dots, and reference lines (chance, a trivial baseline) where the
+caller gives them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,20 @@ def read_metrics(path) -> list:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_series(values) -> list[tuple[list, str]]:
+    """The training lines of a panel, (values, legend label), faint first: one batch is noisy, so the
+    per-step values and a running mean over ~2% of the run (`RUN_FRACTION`); a run too short for a
+    window of 2 steps or more gets the per-step values alone, labelled as what they are."""
+    values = list(values)
+    window = len(values) // RUN_FRACTION
+    if window < 2:
+        return [(values, "train (per step)")]
+    return [(values, "train (per step)"), (_running_mean(values, window), f"train (running mean of {window} steps)")]
+
+
+RUN_FRACTION = 50  # the running mean spans 1/50 of the logged steps
 
 
 def _running_mean(values, window: int) -> list:
@@ -72,10 +88,12 @@ def plot_curves(metrics_path, png_path, panels, references=None) -> None:
             steps, values = zip(*pts)
             if key == "lr":
                 ax.plot(steps, values, linewidth=1, label="train")
-            else:  # one batch is noisy: the raw values faint, a running mean over ~2% of the run on top
-                ax.plot(steps, values, linewidth=0.5, alpha=0.3, color="tab:blue")
-                ax.plot(steps, _running_mean(values, max(1, len(values) // 50)), linewidth=1.2,
-                        color="tab:blue", label="train (running mean)")
+            else:
+                lines = train_series(values)
+                for k, (ys, label) in enumerate(lines):
+                    faint = k < len(lines) - 1  # the per-step values under a running mean
+                    ax.plot(steps, ys, linewidth=0.5 if faint else 1.2, alpha=0.3 if faint else 1.0,
+                            color="tab:blue", label=label)
         pts = [(r["step"], r[key]) for r in evals if key in r]
         if pts:
             ax.plot(*zip(*pts), "o-", color="tab:orange", label="eval (held out)", markersize=3, linewidth=1)
