@@ -40,8 +40,8 @@ def tiny_run(data, config, out, schedule="linear", learning_rate=1e-3, **kw) -> 
 def test_the_cli_leaves_a_hugging_face_checkpoint_with_its_vocab(nsp_data, tmp_path):
     data, config = nsp_data
     out = tmp_path / "run"
-    run_cli("pretrain", "run", data, "--config", config, "--max-steps", 3, "--batch-size", 8, "--output", out,
-            "--eval-every", 3, "--eval-sequences", 16)
+    res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 3, "--batch-size", 8, "--output", out,
+                  "--eval-every", 3, "--eval-sequences", 16)
     for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", "metrics.jsonl",
                  "run_config.json"):
         assert (out / name).is_file(), name
@@ -56,6 +56,14 @@ def test_the_cli_leaves_a_hugging_face_checkpoint_with_its_vocab(nsp_data, tmp_p
     assert {"loss", "mlm_acc", "nsp_acc", "lr", "tokens_per_s"} <= train[0].keys()
     evals = [r for r in rows if r["split"] == "eval"]
     assert evals and 0 < evals[-1]["mlm_baseline"] < 1
+    # the run's last words: where the model went and its held-out figures (issue 41 item 10)
+    last = evals[-1]
+    assert res.stdout.strip().splitlines()[-1] == (
+        f"saved the model to {out}/ (model.safetensors, config.json, vocab.txt; curves in curves.png); held out "
+        f"at step 3: loss {last['loss']:.4f}, mlm_acc {last['mlm_acc']:.4f}, nsp_acc {last['nsp_acc']:.4f}, "
+        f"mlm_baseline {last['mlm_baseline']:.4f}")
+    # stderr is a pipe, not a terminal: the bar is drawn when it starts and ends, not at every step
+    assert res.stderr.count("pretrain:") <= 2, res.stderr
     # a second run into the same directory must not silently overwrite it
     res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 1, "--output", out, check=False)
     assert res.returncode == 2 and "--resume" in res.stderr

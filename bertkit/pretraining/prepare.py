@@ -191,8 +191,8 @@ def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progr
                disable=not progress, dynamic_ncols=True)
     for _, st in run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,)):
         stats.merge(st)
+        bar.set_postfix(tokens=f"{stats.tokens:,}", refresh=False)  # drawn by update(), at its pace
         bar.update(1)
-        bar.set_postfix(tokens=f"{stats.tokens:,}")
     bar.close()
     return shards, stats, settings
 

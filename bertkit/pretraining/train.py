@@ -302,6 +302,7 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
             refs = {"nsp_acc": [(0.5, "chance")],
                     "mlm_acc": [(evals[-1]["mlm_baseline"], "most frequent token")] if evals else []}
             plot_curves(out / "metrics.jsonl", out / "curves.png", ELECTRA_PANELS if cfg.method == "electra" else PANELS, refs)
+            say(final_summary(out))
         elif distributed.is_fsdp(model):
             distributed.state_dicts(model, optimizer)  # take part in the gather
         distributed.barrier(info)
@@ -314,6 +315,21 @@ PANELS = (("loss", "loss"), ("mlm_acc", "MLM accuracy"), ("nsp_acc", "NSP / SOP 
 ELECTRA_PANELS = (("loss", "loss (MLM + weight x discriminator)"), ("mlm_acc", "generator MLM accuracy"),
                   ("disc_acc", "discriminator accuracy"), ("disc_precision", "precision on replaced tokens"),
                   ("disc_recall", "recall on replaced tokens"), ("lr", "learning rate"))
+
+
+def final_summary(out: Path) -> str:
+    """Where the run put its model and the last held-out figures (from metrics.jsonl): a run's last words."""
+    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "eval"]
+    where = f"saved the model to {out}/ (model.safetensors, config.json, vocab.txt; curves in curves.png)"
+    if not evals:
+        return f"{where}; no held-out evaluation ran (--eval-every, or a held-out set from prepare)"
+    last = evals[-1]
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if isinstance(v, float) and k in HELD_OUT_FIGURES)
+    return f"{where}; held out at step {last['step']}: {shown}"
+
+
+HELD_OUT_FIGURES = ("loss", "mlm_loss", "mlm_acc", "mlm_baseline", "nsp_acc", "disc_acc", "disc_precision",
+                    "disc_recall")
 
 
 def save_final(model, out: Path, tokenizer) -> None:

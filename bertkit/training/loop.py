@@ -192,7 +192,8 @@ def train_loop(model, optimizer, stream, cfg: LoopConfig, *, info=None, start_st
                    "lr": lr, "grad_norm": float(norm), "tokens_per_s": sums["tokens"] / dt}
             records.append(rec)
             if info.is_main:
-                bar.set_postfix({k: _short(v) for k, v in rec.items() if k not in ("split", "step", "grad_norm")})
+                bar.set_postfix({k: _short(v) for k, v in rec.items() if k not in ("split", "step", "grad_norm")},
+                                refresh=False)  # drawn by update(), at its pace (mininterval)
             if on_record:
                 on_record(rec)
         if evaluate and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps):
