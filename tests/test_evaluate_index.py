@@ -73,3 +73,14 @@ def test_bad_index_options_are_one_line(setup, capsys, argv, message):
     assert main(["evaluate", "retrieval", str(setup["folder"]), "--quiet", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_the_printed_precision_is_the_queries_and_the_passages(setup, tiny_dir, capsys):
+    """An index built in bfloat16 and queried in float32: the line says both (it said "float32")."""
+    index = setup["root"] / "index_bf16"
+    build_index(setup["folder"] / "corpus.jsonl", index, str(tiny_dir), passage_tokens=TOKENS, overlap=OVERLAP,
+                batch_size=64, dtype="bfloat16", progress=False)
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(index), "--dtype", "float32",
+                 "--quiet"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "(queries in float32, the index's passages in bfloat16, max length" in first

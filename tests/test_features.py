@@ -18,6 +18,7 @@ from bertkit.embeddings.features import embed, iter_embed, load_encoder
 from bertkit.embeddings.pooling import pool_words
 from bertkit.embeddings.settings import resolve_layers
 from bertkit.data.textfiles import read_texts
+from bertkit.runtime.devices import auto_dtype, dtype_name
 from bertkit.data.vector_files import write_vectors
 
 L = 5  # layers of the tiny model
@@ -296,6 +297,9 @@ def test_cli_embed(tiny, tmp_path, capsys):
     assert main(["embed", str(tmp_path / "in.txt"), "-o", str(out), "--model", str(model_dir),
                  "--layers", "concat_last_four", "--pooling", "cls", "--normalize", "--quiet"]) == 0
     assert (np.load(out) * expected).sum(axis=1).min() > 0.999
+    assert np.load(out).dtype == np.float32  # what the file holds, whatever computed it: the message says both
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"wrote 3 vectors to {out} (float32 values, computed in " \
+                                              f"{dtype_name(auto_dtype())})"
     assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "w.jsonl"), "--model", str(model_dir),
                  "--layers=-1,-2", "--combine", "sum", "--pooling", "words", "--quiet"]) == 0
     rows = [json.loads(x)["vectors"] for x in (tmp_path / "w.jsonl").read_text().splitlines()]
