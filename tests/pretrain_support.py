@@ -37,14 +37,20 @@ def tiny_config_file(tmp: Path) -> Path:
     return path
 
 
+KILLED_RUN = Path(__file__).resolve().parent / "killed_run.py"
+
+
 def bertkit_cmd(*args) -> list:
     return [sys.executable, "-m", "bertkit.cli", *map(str, args)]
 
 
-def run_cli(*args, env=None, check=True, timeout=240) -> subprocess.CompletedProcess:
-    """`bertkit ARGS` in a fresh process (same thread count as this one, for exact comparisons)."""
+def run_cli(*args, env=None, check=True, timeout=240, kill_at_step=None) -> subprocess.CompletedProcess:
+    """`bertkit ARGS` in a fresh process (same thread count as this one, for exact comparisons);
+    with `kill_at_step` the process SIGKILLs itself in that update (from 0), see killed_run.py."""
     full_env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), **(env or {})}
-    res = subprocess.run(bertkit_cmd(*args), env=full_env, capture_output=True, text=True, timeout=timeout)
+    cmd = bertkit_cmd(*args) if kill_at_step is None else [sys.executable, str(KILLED_RUN), str(kill_at_step),
+                                                           *map(str, args)]
+    res = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and res.returncode != 0:
         raise AssertionError(f"bertkit {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stderr[-3000:]}")
     return res

@@ -18,7 +18,6 @@ from safetensors.torch import load_file
 from pretrain_support import make_prepared_data, run_cli, tiny_config_file, train_losses
 from test_distributed import torchrun
 
-from bertkit.training.loop import KILL_AT_STEP_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +64,7 @@ def test_a_killed_electra_run_resumes_exactly(setup):
     straight, killed = tmp / "straight", tmp / "killed"
     run_cli("pretrain", "run", data, "--config", config, "-o", straight, *args)
     res = run_cli("pretrain", "run", data, "--config", config, "-o", killed, *args,
-                  env={KILL_AT_STEP_ENV: "4"}, check=False)
+                  kill_at_step=4, check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     run_cli("pretrain", "run", data, "-o", killed, "--resume")
     assert train_losses(killed) == train_losses(straight)  # exact, step for step

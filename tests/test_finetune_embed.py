@@ -30,7 +30,6 @@ from bertkit.errors import BertkitError
 from bertkit.tasks import finetune
 from bertkit.tasks.config import TrainConfig
 from bertkit.model.sentence_layout import read_layout
-from bertkit.training.loop import KILL_AT_STEP_ENV
 from bertkit.training.optim import OptimConfig
 
 
@@ -167,7 +166,7 @@ def test_a_killed_run_resumes_exactly(data, tmp_path):
               "--seed", 0, "--no-progress", "--device", "cpu")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run_cli(*common, "-o", straight)
-    res = run_cli(*common, "-o", killed, env={KILL_AT_STEP_ENV: "9"}, check=False)  # in update 10, after step 8
+    res = run_cli(*common, "-o", killed, kill_at_step=9, check=False)  # in update 10, after step 8
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     run_cli("finetune", "embed", "-o", killed, "--resume")
 

@@ -26,7 +26,7 @@ from test_finetune import Bag, bag_features, sentiment_rows, tiny_model_dir, wri
 from bertkit.tasks.classification import TextTaskConfig, finetune_text
 from bertkit.tasks.config import TrainConfig
 from bertkit.tasks.trainer import IGNORE_INDEX, EpochBatches, loss_terms, train, warn_if_trivial
-from bertkit.training.loop import KILL_AT_STEP_ENV, LoopConfig, train_loop
+from bertkit.training.loop import LoopConfig, train_loop
 from bertkit.training.optim import OptimConfig
 
 def fast(epochs=5, lr=5e-3, warmup_ratio=0.1, **kw):
@@ -155,10 +155,10 @@ def task(tmp_path_factory):
     return d, tiny_model_dir(d / "tiny"), train_p, dev_p
 
 
-def finetune_cli(task, out, *args, env=None, check=True):
+def finetune_cli(task, out, *args, check=True, kill_at_step=None):
     d, model, train_p, dev_p = task
     return run_cli("finetune", "classify", "--train", train_p, "--dev", dev_p, "--model", model, "--max-length", 32,
-                   "--no-progress", "--device", "cpu", "-o", out, *args, env=env, check=check)
+                   "--no-progress", "--device", "cpu", "-o", out, *args, check=check, kill_at_step=kill_at_step)
 
 
 def train_losses(out) -> dict:
@@ -178,7 +178,7 @@ def test_a_killed_fine_tuning_run_resumes_exactly(task, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     finetune_cli(task, straight, *common)
     # 10 updates per epoch; killed during update 13 (in epoch 2), after the step-12 checkpoint
-    res = finetune_cli(task, killed, *common, env={KILL_AT_STEP_ENV: "12"}, check=False)
+    res = finetune_cli(task, killed, *common, kill_at_step=12, check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     assert sorted(train_losses(killed)) == list(range(1, 13))
     assert [p.name for p in (killed / "checkpoints").iterdir()] == ["step-00000012.pt"]
@@ -226,7 +226,7 @@ def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, one
 def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(task, one_epoch, tmp_path):
     # killed during update 3 of 5: the epoch's checkpoint was never written and nothing is finished
     killed = tmp_path / "killed"
-    res = finetune_cli(task, killed, *ONE_EPOCH, env={KILL_AT_STEP_ENV: "2"}, check=False)
+    res = finetune_cli(task, killed, *ONE_EPOCH, kill_at_step=2, check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     assert sorted(train_losses(killed)) == [1, 2]
     assert not (killed / "checkpoints").exists() and not (killed / "model.safetensors").exists()

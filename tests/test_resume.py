@@ -17,7 +17,6 @@ from safetensors.torch import load_file
 
 from pretrain_support import TINY_MODEL, make_prepared_data, run_cli, tiny_config_file, train_losses
 
-from bertkit.training.loop import KILL_AT_STEP_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +39,7 @@ def test_a_killed_run_resumes_exactly(straight_run, tmp_path):
 
     # step index 4 = the 5th update: checkpoints exist for step 3, step 4 is logged but not saved
     res = run_cli("pretrain", "run", data, "--config", config, "-o", killed, *COMMON,
-                  env={KILL_AT_STEP_ENV: "4"}, check=False)
+                  kill_at_step=4, check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     assert sorted(train_losses(killed)) == [1, 2, 3, 4]
     assert [p.name for p in (killed / "checkpoints").iterdir()] == ["step-00000003.pt"]
@@ -62,7 +61,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(straigh
     killed = tmp_path / "killed"
     # step index 1 = the 2nd update, before the first checkpoint (step 3)
     res = run_cli("pretrain", "run", data, "--config", config, "-o", killed, *COMMON,
-                  env={KILL_AT_STEP_ENV: "1"}, check=False)
+                  kill_at_step=1, check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     assert sorted(train_losses(killed)) == [1] and not (killed / "checkpoints").exists()
 
@@ -89,7 +88,7 @@ def test_a_continued_run_resumes_without_its_sources(shared_data, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run_cli("pretrain", "run", data, "--init-from", source, "-o", straight, *COMMON)
     res = run_cli("pretrain", "run", data, "--init-from", source, "-o", killed, *COMMON,
-                  env={KILL_AT_STEP_ENV: "4"}, check=False)
+                  kill_at_step=4, check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
 
     source.rename(tmp_path / "moved")

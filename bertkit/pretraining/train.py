@@ -32,11 +32,9 @@ from bertkit.model.electra_pretraining import electra_metrics
 from bertkit.errors import BertkitError
 from bertkit.pretraining.held_out import log_label_balance, open_prepared
 from bertkit.pretraining.run_config import RunConfig
-from bertkit.training import distributed
-from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move, prepare_model, train_loop
-from bertkit.training.metrics_log import MetricsLog, plot_curves, read_metrics
-from bertkit.training.optim import build_optimizer
-from bertkit.training.state import latest_checkpoint, restore_training_state, resume_state, save_training_state
+from bertkit.training import harness
+from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
+from bertkit.training.metrics_log import read_metrics
 
 
 # --- the stream of batches ---------------------------------------------------------
@@ -246,11 +244,8 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
 def run(cfg: RunConfig, progress: bool = True) -> Path:
     """Pre-train as `cfg` says; returns the output directory (a Hugging Face checkpoint)."""
     cfg.validate()
-    info = distributed.setup(cfg.device)
-    try:
-        out = Path(cfg.output)
-        if not cfg.resume and latest_checkpoint(out):
-            raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
+    out = Path(cfg.output)
+    with harness.processes(cfg.device) as info:
         dataset, train_set, eval_set, collate, tokenizer = open_prepared(cfg, cfg.seed)
         if cfg.method == "electra":
             collate = with_sample_seed(collate)
@@ -260,55 +255,38 @@ def run(cfg: RunConfig, progress: bool = True) -> Path:
         eval_batches = [move(collate([eval_set[i] for i in range(s, min(s + cfg.batch_size, len(eval_set)))], g_eval),
                              info.device) for s in range(0, len(eval_set), cfg.batch_size)]
 
-        torch.manual_seed(cfg.seed + info.rank)  # dropout: a different stream per rank
-        say = print if info.is_main else (lambda line: None)
-        state = resume_state(out, len(train_set), info.world_size, cfg.save_every, say) if cfg.resume else None
-        # the architecture the checkpoint recorded (None in checkpoints from before it did: the flags say)
-        resumed_config = state.get("model_config") if state else None
-        model = build_model(cfg, dataset.vocab_size, dataset.objective, resumed_config)
-        model_config = model.config  # the architecture: recorded in checkpoints, rebuilt to gather FSDP shards
-        model = prepare_model(model, info, fsdp=cfg.fsdp, compile=cfg.compile)
-        optimizer = build_optimizer(model, cfg.optim, cfg.optimizer)
-        scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
-        start_step, position = restore_training_state(state, model, optimizer, info, scaler) if state else (0, 0)
-        del state  # the loaded copy of the weights and optimizer moments: not needed any more
-        if info.is_main:  # the run can start: only now does OUTPUT appear
-            out.mkdir(parents=True, exist_ok=True)
-            cfg.save(out / "run_config.json")  # on resume: the saved settings with the flags given on top
-        distributed.barrier(info)
-        stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed, position)
-        log = MetricsLog(out / "metrics.jsonl", keep_through_step=start_step if cfg.resume else None) if info.is_main else None
+        def build(extras: dict | None):
+            # the architecture the checkpoint recorded (None in checkpoints from before it did: the flags say)
+            return build_model(cfg, dataset.vocab_size, dataset.objective, extras.get("model_config") if extras else None)
 
-        def checkpoint(step: int) -> None:
-            save_training_state(out, step, model, optimizer, stream, info, scaler=scaler, keep=cfg.keep_last,
-                                scheduler={"schedule": cfg.optim.schedule, "step": step, "total_steps": cfg.max_steps},
-                                model_config=model_config.to_dict(), extra={"run_config": cfg.to_dict()})
-
-        autocast = autocast_for(cfg.precision, info.device)
         loop = LoopConfig(max_steps=cfg.max_steps, grad_accum=cfg.grad_accum, precision=cfg.precision,
                           log_every=cfg.log_every, eval_every=cfg.eval_every, save_every=cfg.save_every,
                           optim=cfg.optim, desc="pretrain")
-        train_loop(model, optimizer, stream, loop, info=info, start_step=start_step, scaler=scaler,
-                   evaluate=(lambda m, step: evaluate(m, eval_batches, autocast)) if eval_batches else None,
-                   count=batch_metrics, rates=accuracies, on_record=log, on_checkpoint=checkpoint, progress=progress)
-
-        if info.is_main:
-            final = distributed.unwrap(model)
-            if distributed.is_fsdp(model):  # gather the shards into a plain model to save it
-                final = build_model(cfg, dataset.vocab_size, dataset.objective, model_config.to_dict())
-                final.load_state_dict(distributed.state_dicts(model, optimizer)[0])
+        settings = harness.RunSettings(out, loop, cfg.seed, resume=cfg.resume, keep_last=cfg.keep_last,
+                                       optimizer=cfg.optimizer, fsdp=cfg.fsdp, compile=cfg.compile, progress=progress,
+                                       run_config=cfg.to_dict())
+        stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed)
+        job = harness.start(settings, info, stream, build)
+        model_config = job.config.to_dict()  # recorded in checkpoints, rebuilt to gather FSDP shards
+        autocast = autocast_for(cfg.precision, info.device)
+        harness.train(job, harness.Hooks(
+            evaluate=(lambda m, step: evaluate(m, eval_batches, autocast)) if eval_batches else None,
+            count=batch_metrics, rates=accuracies,
+            extras=lambda step: {"scheduler": {"schedule": cfg.optim.schedule, "step": step, "total_steps": cfg.max_steps},
+                                 "model_config": model_config, "extra": {"run_config": cfg.to_dict()}}))
+        final = harness.final_model(job, lambda: build({"model_config": model_config}))
+        if final is not None:
             save_final(final, out, tokenizer)
-            evals = [r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "eval" and "mlm_baseline" in r]
-            refs = {"nsp_acc": [(0.5, "chance")],
-                    "mlm_acc": [(evals[-1]["mlm_baseline"], "most frequent token")] if evals else []}
-            plot_curves(out / "metrics.jsonl", out / "curves.png", ELECTRA_PANELS if cfg.method == "electra" else PANELS, refs)
-            say(final_summary(out))
-        elif distributed.is_fsdp(model):
-            distributed.state_dicts(model, optimizer)  # take part in the gather
-        distributed.barrier(info)
-        return out
-    finally:
-        distributed.teardown()
+        harness.finish(job, ELECTRA_PANELS if cfg.method == "electra" else PANELS, references(out))
+        if info.is_main:
+            print(final_summary(out))
+    return out
+
+
+def references(out: Path) -> dict:
+    """The curves' reference lines: chance for NSP/SOP, the most frequent masked token for MLM."""
+    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "eval" and "mlm_baseline" in r]
+    return {"nsp_acc": [(0.5, "chance")], "mlm_acc": [(evals[-1]["mlm_baseline"], "most frequent token")] if evals else []}
 
 
 PANELS = (("loss", "loss"), ("mlm_acc", "MLM accuracy"), ("nsp_acc", "NSP / SOP accuracy"), ("lr", "learning rate"))

@@ -37,7 +37,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,18 +47,8 @@ from tqdm.auto import tqdm
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
 from bertkit.tasks.config import TrainConfig
-from bertkit.training import distributed
-from bertkit.training.loop import LoopConfig, move, prepare_model, train_loop
-from bertkit.training.metrics_log import MetricsLog, plot_curves
-from bertkit.training.optim import build_optimizer
-from bertkit.training.state import (
-    CHECKPOINT_DIR,
-    checkpoint_paths,
-    latest_checkpoint,
-    restore_training_state,
-    resume_state,
-    save_training_state,
-)
+from bertkit.training import distributed, harness
+from bertkit.training.loop import LoopConfig, move
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
 
@@ -227,130 +217,106 @@ def train(model, train_features: list, config: TrainConfig, *, evaluate=None, sa
         raise BertkitError("no training features: the training file produced no usable examples")
     if config.resume and output_dir is None:
         raise BertkitError("--resume needs the run's --output directory")
-    info = distributed.setup(config.device)
-    try:
-        return _train(model, train_features, config, info, evaluate, save, output_dir, pad_id, baseline, run_config,
-                      log, batches)
-    finally:
-        distributed.teardown()
-
-
-def _train(model, features, config, info, evaluate, save, output_dir, pad_id, baseline, run_config, log,
-           batches) -> TrainResult:
     t_start, metric = time.perf_counter(), config.metric or "accuracy"
-    torch.manual_seed(config.seed + info.rank)  # dropout masks: a different stream per process
-    parts = config.grad_accum * info.world_size
-    stream = batches(parts) if batches else EpochBatches(features, config.batch_size, parts, config.seed,
-                                                         config.group_by_length, pad_id)
-    per_epoch = stream.steps_per_epoch
-    total = min(math.ceil(per_epoch * config.epochs), config.max_steps or math.inf)
-    out = Path(output_dir) if output_dir is not None else None
-    # a finished run has deleted its checkpoint but not its metrics: it is a run all the same
-    if out is not None and not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").is_file()):
-        raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
-    # finished: the model is saved and the checkpoint deleted (a run killed before its first checkpoint
-    # has no model yet: resume_state starts it again from the beginning)
-    if config.resume and latest_checkpoint(out) is None and (out / "model.safetensors").is_file():
-        raise BertkitError(f"--resume: the run in {out} finished and deleted its checkpoint (a run started with "
-                           "--keep-checkpoint keeps it); fine-tune again into another --output, --model being "
-                           "this run's model to continue from its weights")
-    state = resume_state(out, len(features), info.world_size, config.save_every,
-                         log if info.is_main else (lambda line: None)) if config.resume else None
-    if state and state["data"]["batch"] != [config.batch_size, stream.parts]:
-        raise BertkitError(f"--resume: the run used --batch-size {state['data']['batch'][0]} and --grad-accum "
-                           f"{state['data']['batch'][1] // info.world_size}; resume with the same")
-    model = prepare_model(model, info)
-    optimizer = build_optimizer(model, config.optim)
-    scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
-    start_step, stream.position = restore_training_state(state, model, optimizer, info, scaler) if state else (0, 0)
-    # what fine-tuning adds to the checkpoint: the epochs so far and the best one's weights
-    run = state["finetune"] if state else {"history": [], "best": None, "epoch_losses": [], "best_weights": None}
-    if run["best"] is not None and run["best_weights"] is None:  # the best epoch is the checkpointed one
-        run["best_weights"] = _weights(model)
-    del state
-    log_file = None
-    if out is not None and info.is_main:  # the run can start: only now does the output directory appear
-        out.mkdir(parents=True, exist_ok=True)
-        if run_config is not None:
-            (out / "run_config.json").write_text(json.dumps(run_config, indent=2) + "\n")
-        log_file = MetricsLog(out / "metrics.jsonl", keep_through_step=start_step if config.resume else None)
-    clock = {"epoch_start": time.perf_counter()}
-    kept = {"predictions": None}  # the best epoch's, when it ran in this process (not after a --resume)
+    with harness.processes(config.device) as info:
+        parts = config.grad_accum * info.world_size
+        stream = batches(parts) if batches else EpochBatches(train_features, config.batch_size, parts, config.seed,
+                                                             config.group_by_length, pad_id)
+        per_epoch = stream.steps_per_epoch
+        loop = LoopConfig(max_steps=min(math.ceil(per_epoch * config.epochs), config.max_steps or math.inf),
+                          grad_accum=config.grad_accum, precision=config.precision, eval_every=per_epoch,
+                          save_every=config.save_every or per_epoch, optim=config.optim, desc="finetune")
+        settings = harness.RunSettings(None if output_dir is None else Path(output_dir), loop, config.seed,
+                                       resume=config.resume, keep_last=config.keep_last,
+                                       keep_checkpoints=config.keep_checkpoint, progress=config.progress,
+                                       run_config=run_config, epoch_steps=per_epoch)
+        job = harness.start(settings, info, stream, lambda extras: model, log)
+        epochs = Epochs(per_epoch, metric, config.greater_is_better, evaluate, save, info.is_main, log)
+        epochs.resume(job.extras, distributed.unwrap(job.model))
+        harness.train(job, harness.Hooks(evaluate=epochs.end, weigh=loss_terms, on_record=epochs.record,
+                                         extras=epochs.saved, after_checkpoint=epochs.checkpointed))
+        history, best = epochs.history, epochs.best
+        if best is not None and best["epoch"] != history[-1]["epoch"]:
+            distributed.unwrap(job.model).load_state_dict(epochs.best_weights)  # end on the best epoch, as saved
+        if info.is_main:
+            warn_if_trivial(best, metric, config.greater_is_better, baseline, log)
+        refs = {metric: [(baseline[0], f"trivial baseline ({baseline[1]})")]} if baseline else {}
+        harness.finish(job, (("loss", "training loss"), ("lr", "learning rate"), (metric, f"dev {metric} per epoch")),
+                       refs)
+    return TrainResult(history, best, time.perf_counter() - t_start, info.is_main, epochs.predictions)
 
-    def on_record(rec: dict) -> None:
+
+@dataclass
+class Epochs:
+    """Fine-tuning's bookkeeping across epochs, kept in the checkpoints: the history, the best epoch
+    (by `metric`) and its weights, the losses of the epoch under way. Its methods are the hooks it
+    gives the run (`bertkit.training.harness.Hooks`)."""
+
+    per_epoch: int
+    metric: str
+    greater_is_better: bool
+    evaluate: object  # evaluate(model) -> scores | (scores, predictions), or None
+    save: object  # save(model), on the main process, for the best epoch (every epoch without evaluate)
+    is_main: bool
+    log: object
+    history: list = field(default_factory=list)
+    best: dict | None = None
+    epoch_losses: list = field(default_factory=list)
+    best_weights: dict | None = None
+    predictions: object = None  # the best epoch's, when it ran in this process (not after a --resume)
+    started: float = field(default_factory=time.perf_counter)
+
+    def resume(self, extras: dict | None, model) -> None:
+        """Take up the epochs a resumed checkpoint recorded."""
+        if extras is None:
+            return
+        kept = extras["finetune"]
+        self.history, self.best, self.epoch_losses = kept["history"], kept["best"], kept["epoch_losses"]
+        self.best_weights = kept["best_weights"]
+        if self.best is not None and self.best_weights is None:  # the best epoch is the checkpointed one
+            self.best_weights = _weights(model)
+
+    def record(self, rec: dict) -> None:
         if rec["split"] == "train":
-            run["epoch_losses"].append(rec["loss"])
-        if log_file:
-            log_file(rec)
+            self.epoch_losses.append(rec["loss"])
 
-    def end_of_epoch(m, step: int) -> dict:
-        m = distributed.unwrap(m)
-        rec = {"epoch": math.ceil(step / per_epoch), "step": step,
-               "train_loss": float(np.mean(run["epoch_losses"])) if run["epoch_losses"] else float("nan"),
-               "train_seconds": round(time.perf_counter() - clock["epoch_start"], 2)}
-        run["epoch_losses"] = []
-        if evaluate is not None:
+    def end(self, model, step: int) -> dict:
+        """The end of an epoch: its record, the dev scores, the best epoch kept (and saved)."""
+        m = distributed.unwrap(model)
+        rec = {"epoch": math.ceil(step / self.per_epoch), "step": step,
+               "train_loss": float(np.mean(self.epoch_losses)) if self.epoch_losses else float("nan"),
+               "train_seconds": round(time.perf_counter() - self.started, 2)}
+        self.epoch_losses = []
+        if self.evaluate is not None:
             t1 = time.perf_counter()
-            scores = evaluate(m)
+            scores = self.evaluate(m)
             scores, predictions = scores if isinstance(scores, tuple) else (scores, None)
             rec.update(scores)
             rec["eval_seconds"] = round(time.perf_counter() - t1, 2)
-            value, best = rec.get(metric), run["best"]
-            if value is None:
-                raise BertkitError(f"metric {metric!r} not among the evaluation results {sorted(rec)}")
-            why = better(rec, best, metric, config.greater_is_better)
+            if rec.get(self.metric) is None:
+                raise BertkitError(f"metric {self.metric!r} not among the evaluation results {sorted(rec)}")
+            why = better(rec, self.best, self.metric, self.greater_is_better)
             if why:
-                run["best"], run["best_weights"], kept["predictions"] = {**rec, "saved_because": why}, _weights(m), predictions
-                if save is not None and info.is_main:
-                    save(m)
-        elif save is not None and info.is_main:
-            save(m)
-        run["history"].append(rec)
-        if info.is_main:
-            log(json.dumps(rec))
-        clock["epoch_start"] = time.perf_counter()
+                self.best, self.best_weights, self.predictions = {**rec, "saved_because": why}, _weights(m), predictions
+                if self.save is not None and self.is_main:
+                    self.save(m)
+        elif self.save is not None and self.is_main:
+            self.save(m)
+        self.history.append(rec)
+        if self.is_main:
+            self.log(json.dumps(rec))
+        self.started = time.perf_counter()
         return rec
 
-    def checkpoint(step: int) -> None:
-        best = run["best"]
-        # the best epoch's weights go in only when they are not the checkpoint's own
-        keep = {**run, "best_weights": run["best_weights"] if best is not None and best["step"] != step else None}
-        save_training_state(out, step, model, optimizer, stream, info, scaler=scaler, keep=config.keep_last,
-                            finetune=keep)
-        if step % per_epoch == 0:  # an epoch's train_seconds count no checkpoint writing
-            clock["epoch_start"] = time.perf_counter()
+    def saved(self, step: int) -> dict:
+        """What a checkpoint holds of the epochs: the best epoch's weights only when they are not its own."""
+        best = self.best
+        return {"finetune": {"history": self.history, "best": best, "epoch_losses": self.epoch_losses,
+                             "best_weights": self.best_weights if best is not None and best["step"] != step else None}}
 
-    loop = LoopConfig(max_steps=total, grad_accum=config.grad_accum, precision=config.precision,
-                      eval_every=per_epoch, save_every=config.save_every or per_epoch, optim=config.optim,
-                      desc="finetune")
-    train_loop(model, optimizer, stream, loop, info=info, start_step=start_step, evaluate=end_of_epoch,
-               weigh=loss_terms, scaler=scaler, on_record=on_record, progress=config.progress,
-               on_checkpoint=checkpoint if out is not None else None)
-    history, best = run["history"], run["best"]
-    if best is not None and best["epoch"] != history[-1]["epoch"]:
-        distributed.unwrap(model).load_state_dict(run["best_weights"])  # end on the best epoch, as saved
-    if info.is_main:
-        warn_if_trivial(best, metric, config.greater_is_better, baseline, log)
-        if out is not None and not config.keep_checkpoint:
-            _delete_checkpoints(out, log)
-        if out is not None:
-            refs = {metric: [(baseline[0], f"trivial baseline ({baseline[1]})")]} if baseline else {}
-            plot_curves(out / "metrics.jsonl", out / "curves.png",
-                        (("loss", "training loss"), ("lr", "learning rate"), (metric, f"dev {metric} per epoch")), refs)
-    return TrainResult(history, best, time.perf_counter() - t_start, info.is_main, kept["predictions"])
-
-
-def _delete_checkpoints(out: Path, log) -> None:
-    """A finished run needs no resume point: the model is saved, the checkpoint is ~3x its size."""
-    paths = checkpoint_paths(out)
-    size = sum(p.stat().st_size for p in paths)
-    for p in paths:
-        p.unlink()
-    if (out / CHECKPOINT_DIR).is_dir() and not any((out / CHECKPOINT_DIR).iterdir()):
-        (out / CHECKPOINT_DIR).rmdir()
-    if paths:
-        log(f"deleted the resume checkpoint ({size / 2**20:.0f} MB): the run is finished "
-            "(--keep-checkpoint keeps it)")
+    def checkpointed(self, step: int) -> None:
+        if step % self.per_epoch == 0:  # an epoch's train_seconds count no checkpoint writing
+            self.started = time.perf_counter()
 
 
 def _weights(model) -> dict:

@@ -33,8 +33,6 @@ the stream position; a resumed run draws the very same batches and dropout.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -45,11 +43,6 @@ from bertkit.runtime.devices import resolve_dtype
 from bertkit.runtime.fast import accelerate
 from bertkit.training import distributed
 from bertkit.training.optim import OptimConfig, lr_at, set_lr, warmup_steps_for
-
-# Test hook: kill this process with SIGKILL in the middle of the given step (after
-# its forward pass), the way an out-of-memory killer or a pre-empted node would.
-KILL_AT_STEP_ENV = "BERTKIT_KILL_AT_STEP"
-
 
 class NonFiniteLoss(BertkitError):
     """The loss or the gradients became NaN/inf: training stops instead of going on silently."""
@@ -126,7 +119,6 @@ def train_loop(model, optimizer, stream, cfg: LoopConfig, *, info=None, start_st
     info = info or distributed.DistInfo()
     autocast = autocast_for(cfg.precision, info.device)
     warmup = warmup_steps_for(cfg.max_steps, cfg.optim.warmup_ratio)
-    kill_at = int(os.environ.get(KILL_AT_STEP_ENV, -1))
     A, W = cfg.grad_accum, info.world_size
     records = []
     bar = tqdm(total=cfg.max_steps, initial=start_step, desc=cfg.desc, unit="step",
@@ -150,8 +142,6 @@ def train_loop(model, optimizer, stream, cfg: LoopConfig, *, info=None, start_st
                 with autocast():
                     out = model(**batch)
                 loss = out.loss.float()
-                if step == kill_at and a == A - 1:
-                    os.kill(os.getpid(), signal.SIGKILL)
                 if not torch.isfinite(loss):
                     bad.append(f"micro-batch {a} ({where}): loss {loss.item()}")
                 scaled = loss * (share * W)

@@ -1,0 +1,43 @@
+"""Run a `bertkit` command and SIGKILL it in the middle of a training step, the way an out-of-memory
+killer or a pre-empted node would: how the exact-resume tests stop a real process mid-run.
+
+    python tests/killed_run.py STEP ARGS...     # `bertkit ARGS...`, killed in update STEP (from 0)
+
+The process kills itself right after the forward pass of update STEP's last micro-batch, before its
+backward: the updates before it are done and logged, and the checkpoints they wrote are on disk.
+Every run trains through `bertkit.training.harness.train`, which calls the loop as
+`harness.train_loop`; this wraps that one call to hook the model's training-mode forward passes
+(evaluation runs in eval mode and is not counted). The library itself holds no test switch.
+"""
+
+import os
+import signal
+import sys
+
+from bertkit.training import harness
+
+
+def killing_loop(kill_at: int, loop):
+    def train_loop(model, optimizer, stream, cfg, *, start_step: int = 0, **kwargs):
+        calls = {"n": 0}
+        last = (kill_at - start_step + 1) * cfg.grad_accum  # the forward of update kill_at's last micro-batch
+
+        def count(module, args, output):
+            if module.training:
+                calls["n"] += 1
+                if calls["n"] == last:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        if kill_at >= start_step:
+            model.register_forward_hook(count)
+        return loop(model, optimizer, stream, cfg, start_step=start_step, **kwargs)
+
+    return train_loop
+
+
+if __name__ == "__main__":
+    kill_at, sys.argv = int(sys.argv[1]), ["bertkit", *sys.argv[2:]]
+    harness.train_loop = killing_loop(kill_at, harness.train_loop)
+    from bertkit.cli import main
+
+    sys.exit(main())  # as `python -m bertkit.cli` runs it
