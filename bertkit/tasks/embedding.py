@@ -5,8 +5,9 @@ Sentence-BERT (Reimers & Gurevych 2019) with the losses of
 layer's token vectors, their maximum, or [CLS]: `bertkit.model.modeling.pool_sentence`,
 the pooling `bertkit embed` uses) make one vector per text; the loss
 compares the vectors of a batch. Training goes through the one training loop
-(`bertkit.tasks.trainer.train` around `bertkit.training.loop`: accumulation,
-bf16, checkpoints and exact resume, DDP, metrics.jsonl, curves.png).
+(`bertkit.tasks.trainer.train`, a run of `bertkit.training.harness` around
+`bertkit.training.loop`: accumulation, bf16, checkpoints and exact resume, DDP,
+metrics.jsonl, curves.png).
 
 Data (`read_examples`), one example per row:
 

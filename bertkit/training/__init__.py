@@ -2,6 +2,8 @@
 
     loop.py          the one loop: accumulation, clipping, LR schedule, bf16/fp16, NaN stop,
                      progress, metrics records, evaluation and checkpoint callbacks, exact resume
+    harness.py       one run around the loop, written once: output folder, resume, seed, model, optimizer,
+                     run_config.json, metrics.jsonl, checkpoints, curves.png (its docstring: one run)
     optim.py         AdamW parameter groups (no decay on biases/LayerNorm), LR schedules, LAMB choice
     lamb.py          LAMB (You et al. 2019) for large batches
     state.py         atomic checkpoints of the whole training state, RNG capture, resume checks

@@ -5,7 +5,8 @@ stream* that hands out the micro-batch of any position (`micro_batch(slot)
 -> (batch dict, description)`, `advance(n)`, `state()`; see
 `bertkit.pretraining.train.BatchStream` and `bertkit.tasks.trainer.EpochBatches`).
 Which model, which data and what "evaluation" means is the caller's business,
-passed in as callbacks.
+passed in as callbacks; the steps around the loop (resume, checkpoints, the
+metrics file) are `bertkit.training.harness`, its one caller.
 
 One update (step s) on rank r of W, accumulating A micro-batches:
 
