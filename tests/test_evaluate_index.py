@@ -46,7 +46,8 @@ def test_index_figures_equal_bertkit_search_scored_by_hand(setup, capsys, rerank
     assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--dtype", "float32",
                  "--output", str(out), "--quiet", *flags]) == 0
     printed = capsys.readouterr().out
-    assert f"through {setup['index']}" in printed and ("index + rerank" in printed) == rerank
+    assert f"through {setup['index']}" in printed and ("index, hybrid" in printed)
+    assert ("+ rerank" in printed) == rerank
     got = json.loads(out.read_text())
     want = by_hand(setup, capsys, *flags, ranked=rerank)
     assert {m: got[m] for m in MEASURES} == pytest.approx(want, abs=1e-9)
@@ -63,7 +64,45 @@ def test_reranking_changes_the_figures_only_through_the_top(setup, capsys):
     assert top5["recall@100"] == pytest.approx(plain["recall@100"])  # ... and only re-orders it
 
 
+def test_mode_all_prints_the_three_searches_as_served(setup, capsys):
+    out = setup["root"] / "modes.json"
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--dtype", "float32",
+                 "--mode", "all", "--fusion", "rrf", "--rrf-k", "5", "--output", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "| index, dense |" in printed and "| index, lexical |" in printed
+    assert "| index, hybrid (rrf, alpha 0.5, k 5) |" in printed
+    got = json.loads(out.read_text())
+    for mode, flags in (("dense", []), ("lexical", []), ("hybrid", ["--fusion", "rrf", "--rrf-k", "5"])):
+        want = by_hand(setup, capsys, "--mode", mode, *flags, ranked=mode == "hybrid")
+        assert {m: got["modes"][mode][m] for m in MEASURES} == pytest.approx(want, abs=1e-9), mode
+    assert {m: got[m] for m in MEASURES} == {m: got["modes"]["hybrid"][m] for m in MEASURES}
+
+
+def test_tune_writes_the_pick_into_the_index_and_search_uses_it(setup, capsys, tmp_path):
+    import shutil
+
+    index = tmp_path / "index"
+    shutil.copytree(setup["index"], index)
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(index), "--dtype", "float32",
+                 "--tune", "test", "--quiet", "--output", str(tmp_path / "t.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "tuned on split test" in printed and f"written into {index}/index.json" in printed
+    tuning = json.loads((tmp_path / "t.json").read_text())["tuning"]
+    fusion = json.loads((index / "index.json").read_text())["fusion"]
+    best = max(tuning["table"], key=lambda r: (r["smoothed"], r["ndcg@10"]))
+    assert (fusion["fusion"], fusion["alpha"], fusion["tuned_on"]) == (best["fusion"], best["alpha"], "test")
+    # search and evaluate read it as their default
+    from bertkit.retrieval.index import open_index
+    from bertkit.retrieval.search import fusion_options
+
+    assert fusion_options(open_index(index).info).fusion == best["fusion"]
+    assert fusion_options(open_index(index).info).alpha == best["alpha"]
+    assert fusion_options(open_index(index).info, {"alpha": 0.25}).alpha == 0.25  # a flag given wins
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--index", "{index}", "--mode", "sparse"], "unknown mode 'sparse'"),
+    (["--index", "{index}", "--alpha", "-0.5"], "must be between 0 and 1"),
     (["--rerank", "{cross}"], "--rerank needs --index INDEX"),
     (["--index", "{index}", "--max-length", "16"], "--max-length does not apply with --index"),
     (["--index", "{index}", "--rerank", "{cross}", "--rerank-top", "0"], "--rerank-top must be at least 1"),

@@ -236,6 +236,7 @@ def test_killed_with_sigkill_and_resumed_equals_an_uninterrupted_build(built, ti
     with pytest.raises(BertkitError, match="not an index .*interrupted"):
         open_index(out)
     assert main([*args, "--resume"]) == 0
-    for name in ("index.json", "passages.jsonl", "vectors.safetensors"):
+    lexical = [f"lexical/{name}" for name in sorted(os.listdir(whole / "lexical"))]  # BM25, written after the parts
+    for name in ("index.json", "passages.jsonl", "vectors.safetensors", *lexical):
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name
-    assert sorted(os.listdir(out)) == ["index.json", "passages.jsonl", "vectors.safetensors"]
+    assert sorted(os.listdir(out)) == ["index.json", "lexical", "passages.jsonl", "vectors.safetensors"]

@@ -2,6 +2,7 @@
 the model check, reranking with a cross-encoder, and the commands end to end."""
 
 import json
+import shutil
 import tracemalloc
 
 import numpy as np
@@ -131,7 +132,7 @@ QUERIES = ["vitamin D deficiency and bone fractures", "gene expression in stem c
 
 def test_search_ranks_documents_by_their_best_passage(built, tiny):
     index = open_index(built)
-    hits = search(index, QUERIES, k=4, dtype="float32")
+    hits = search(index, QUERIES, k=4, dtype="float32", fusion={"mode": "dense"})
     loaded = query_encoder(index.info, dtype="float32")
     queries = embed_queries(index.info, loaded, QUERIES)
     want = brute_force(queries, np.asarray(index.vectors), np.asarray(index.document), 4)
@@ -157,6 +158,7 @@ def test_another_model_is_refused_naming_both(built, tiny, tmp_path):
     copy.mkdir()
     for name in ("passages.jsonl", "vectors.safetensors"):
         (copy / name).write_bytes((built / name).read_bytes())
+    shutil.copytree(built / "lexical", copy / "lexical")
     (copy / "index.json").write_text(json.dumps(info))
     assert search(open_index(copy), QUERIES[:1], k=1, dtype="float32")  # same weights, another folder: fine
     make_tiny(moved, seed=2)
@@ -304,9 +306,9 @@ def test_a_qdrant_collection_answers_as_the_exact_search(built, tiny, tmp_path, 
     where = str(tmp_path / "qdrant")
     assert main(["index", "export", str(built), "--qdrant", where, "--collection", "sci", "--quiet"]) == 0
     assert f"{len(open_index(built))} passages written" in capsys.readouterr().out
-    exact = search(open_index(built), QUERIES, k=10, dtype="float32")
+    exact = search(open_index(built), QUERIES, k=10, dtype="float32", fusion={"mode": "dense"})
     assert main(["search", "--qdrant", where, "--collection", "sci", QUERIES[0], "-k", "10", "--json",
-                 "--dtype", "float32"]) == 0
+                 "--dtype", "float32", "--mode", "dense"]) == 0
     answer = json.loads(capsys.readouterr().out)[0]
     assert [h["id"] for h in answer] == [h.id for h in exact[0]] and len(answer) == 10
     np.testing.assert_allclose([h["score"] for h in answer], [h.score for h in exact[0]], atol=1e-5)

@@ -1,12 +1,13 @@
 """Embedding-model commands: `bertkit evaluate retrieval|sts` (figures) and `bertkit mine` (hard negatives)."""
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from bertkit.options import DTYPE_CHOICES, add_options, from_args
-from bertkit.retrieval.config import MiningOptions
+from bertkit.retrieval.config import FusionOptions, MiningOptions
 
 MEASURE_LABELS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
 
@@ -52,6 +53,12 @@ def add_evaluate(sub):
     r.add_argument("--dimensions", type=int, nargs="+", metavar="D",
                    help="also score the vectors cut to these leading dimensions and renormalised (Matryoshka: "
                    "e.g. --dimensions 64 128); one encoding serves them all")
+    r.add_argument("--mode", help="dense, lexical, hybrid, or all (the three in one table); default: as bertkit "
+                   "search (with --index: hybrid when it has a lexical part; without: dense, the model alone)")
+    add_options(r, FusionOptions, skip=("mode",))
+    r.add_argument("--tune", metavar="SPLIT", help="choose hybrid's fusion and weight on this split's judged "
+                   "queries (never the split you report) before scoring --split; with --index, written into its "
+                   "index.json so that bertkit search and serve use them")
     r.add_argument("--output", "-o", help="write the figures as JSON here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(handler=run_evaluate_retrieval)
@@ -73,9 +80,24 @@ def _write(result: dict, output) -> None:
         Path(output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
 
+def _label(fusion: dict) -> str:
+    if fusion["mode"] != "hybrid":
+        return fusion["mode"]
+    return f"hybrid ({fusion['fusion']}, alpha {fusion['alpha']}" + (
+        f", k {fusion['rrf_k']:g})" if fusion["fusion"] == "rrf" else ")")
+
+
+def _name(result: dict, mode: str) -> str:
+    base = "model" if "index" not in result else "index"
+    mode = _label(result.get("modes", {}).get(mode, result).get("fusion", {"mode": mode}))
+    reranked = "index" in result and result["index"]["rerank"] and mode.startswith(result["mode"])
+    return f"{base}, {mode}" + (" + rerank" if reranked else "")
+
+
 def _table(result: dict) -> str:
-    rows = [("model" if "index" not in result else "index" + (" + rerank" if result["index"]["rerank"] else ""),
-             result)] + [(f"model, {d} dimensions", figures) for d, figures in result.get("dimensions", {}).items()]
+    modes = result.get("modes") or {result.get("mode", "dense"): result}
+    rows = [(_name(result, m), figures) for m, figures in modes.items()]
+    rows += [(f"model, {d} dimensions", figures) for d, figures in result.get("dimensions", {}).items()]
     rows += [("BM25", result["bm25"])] if "bm25" in result else []
     lines = ["| ranker | " + " | ".join(MEASURE_LABELS) + " |", "|---" * (len(MEASURE_LABELS) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{figures[m]:.4f}" for m in MEASURE_LABELS) + " |" for name, figures in rows]
@@ -99,12 +121,20 @@ def run_evaluate_retrieval(args):
                                 progress=not args.quiet, index=args.index, ann=args.ann,
                                 rerank=None if cross is None else partial(rerank, cross, top=args.rerank_top,
                                                                         batch_size=args.batch_size),
-                                rerank_top=args.rerank_top, rerank_model=args.rerank, dimensions=args.dimensions)
+                                rerank_top=args.rerank_top, rerank_model=args.rerank, dimensions=args.dimensions,
+                                mode=args.mode, fusion={f.name: getattr(args, f.name)
+                                                        for f in dataclasses.fields(FusionOptions) if f.name != "mode"},
+                                tune=args.tune)
     _write(result, args.output)
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents; "
           f"{result['model']} ({_precision(result)}, max length {result['max_length']}, {result['pooling']} pooling)"
           + (f"; through {args.index}{' (HNSW)' if args.ann else ''}" if args.index else "")
           + (f", top {args.rerank_top} reranked by {args.rerank}" if args.rerank else ""))
+    if "tuning" in result:
+        tuning = result["tuning"]
+        print(f"tuned on split {tuning['split']}: {_label(tuning['pick'])} "
+              f"(the best nDCG@10 averaged with its alpha neighbours, of {len(tuning['table'])} settings)"
+              + (f"; written into {args.index}/index.json" if args.index else ""))
     print(_table(result))
 
 

@@ -1,10 +1,12 @@
 """Search commands: `bertkit index` (a corpus -> an index folder) and `bertkit search` (queries -> answers)."""
 
 import argparse
+import dataclasses
 import json
 import sys
 
-from bertkit.options import device_flags
+from bertkit.options import add_options, device_flags
+from bertkit.retrieval.config import FusionOptions, LexicalOptions
 
 SHOWN_CHARS = 200  # of a passage, in the plain-text answer
 
@@ -56,6 +58,9 @@ def add_index(sub):
                    "(default 200)")
     p.add_argument("--ef-search", type=int, default=128, help="HNSW: candidates kept while searching, recorded "
                    "as the index's default (default 128)")
+    p.add_argument("--no-lexical", action="store_true", help="leave out the lexical part (BM25 over the same "
+                   "passages, stemmed, which hybrid and lexical search need; built by default)")
+    add_options(p, LexicalOptions)
     device_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run_index)
@@ -71,10 +76,15 @@ def run_index(args):
         raise BertkitError("to export an index: bertkit index export INDEX --qdrant PATH|URL --collection NAME")
     if not args.output:
         raise BertkitError("-o/--output INDEX is required: the folder to write the index to")
+    # the flags given (on --resume too: build.json, not run_config.json, holds a resumed index's plan)
+    lexical = None if args.no_lexical else LexicalOptions(**{f.name: getattr(args, f.name) for f in
+                                                            dataclasses.fields(LexicalOptions)
+                                                            if getattr(args, f.name, None) is not None})
     info = build_index(args.corpus, args.output, args.model, passage_tokens=args.passage_tokens,
                        stride=args.stride, batch_size=args.batch_size, part_size=args.part_size,
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
-                       ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search)
+                       ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search,
+                       lexical=lexical)
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]
@@ -82,6 +92,10 @@ def run_index(args):
           f"({info['passage_tokens']} tokens, sharing {info['overlap']}), {info['dim']} dimensions, "
           f"{info['model']['directory']} ({info['model']['precision']}, {info['model']['pooling']} pooling)"
           + (f"; {skipped} documents without any token left out" if skipped else ""))
+    if info.get("lexical"):
+        made = info["lexical"]
+        print(f"lexical: BM25 (Lucene idf, k1 {made['k1']}, b {made['b']}, stop words {made['stopwords']}, stemmer "
+              f"{made['stemmer']}) over the same passages, {made['vocabulary']} terms")
     if args.ann:
         ann = info["ann"]
         print(f"{ann['kind']} (M {ann['m']}, efConstruction {ann['ef_construction']}, efSearch {ann['ef_search']}): "
@@ -134,6 +148,7 @@ def add_search(sub):
                    "index's, 128); more is slower and finds more")
     p.add_argument("--block-size", type=int, default=16384, help="vectors scored per block of the exact scan: "
                    "memory grows with it, about 64 x block x 36 bytes (default 16384: 38 MiB)")
+    add_options(p, FusionOptions, {"mode": None})
     device_flags(p)
     p.set_defaults(handler=run_search)
 
@@ -168,7 +183,7 @@ def run_search(args):
     from bertkit.tasks.rerank import rerank, reranker
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import search as search_qdrant
-    from bertkit.retrieval.search import search
+    from bertkit.retrieval.search import fusion_options, search
 
     if args.k < 1:
         raise BertkitError(f"-k must be at least 1, got {args.k}")
@@ -182,15 +197,22 @@ def run_search(args):
     elif args.index is None:
         raise BertkitError("give an INDEX folder (or --qdrant PATH|URL --collection NAME)")
     queries = _queries(args)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(FusionOptions)}
+    index = None if args.qdrant else open_index(args.index)
+    if index is not None:
+        fusion = fusion_options(index.info, given)
+    else:  # Qdrant's own fusion by default: rrf, equal weights (bertkit.retrieval.qdrant)
+        fusion = FusionOptions(**{"fusion": "rrf", "alpha": 0.5, **{n: v for n, v in given.items() if v is not None}})
+        fusion.validate()
     cross = reranker(args.rerank, args.device, args.dtype) if args.rerank else None  # refused before any search
     depth = args.k if cross is None else max(args.k, args.rerank_top)
     if args.qdrant:
         answers = search_qdrant(args.qdrant, args.collection, queries, depth, model=args.model, device=args.device,
-                                dtype=args.dtype, batch_size=args.batch_size)
+                                dtype=args.dtype, batch_size=args.batch_size, fusion=fusion)
     else:
-        answers = search(open_index(args.index), queries, depth, model=args.model, device=args.device,
-                         dtype=args.dtype, batch_size=args.batch_size, block_size=args.block_size, ann=args.ann,
-                         ef_search=args.ef_search)
+        answers = search(index, queries, depth, model=args.model, device=args.device, dtype=args.dtype,
+                         batch_size=args.batch_size, block_size=args.block_size, ann=args.ann,
+                         ef_search=args.ef_search, fusion=fusion)
     if cross is not None:
         answers = [rerank(cross, q, hits, args.rerank_top, args.batch_size) for q, hits in zip(queries, answers)]
     answers = [hits[: args.k] for hits in answers]

@@ -34,3 +34,56 @@ class MiningOptions:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise BertkitError(f"{name} must be >= 0, got {value}")
+
+
+MODES = ("hybrid", "dense", "lexical")
+FUSIONS = ("rrf", "dbsf", "minmax")
+
+
+@dataclass(frozen=True)
+class LexicalOptions:
+    """The BM25 part of an index (`bertkit.retrieval.lexical`): bm25s with Lucene's idf."""
+
+    k1: float = field(default=1.5, metadata={"flags": ["--bm25-k1"], "help": "BM25's term-frequency saturation"})
+    b: float = field(default=0.75, metadata={"flags": ["--bm25-b"], "help": "BM25's length normalisation, 0 to 1"})
+    stopwords: str = field(default="en", metadata={"cli": False})
+    stemmer: str | None = field(default="english", metadata={"cli": False})
+
+    def validate(self) -> None:
+        if not self.k1 >= 0:
+            raise BertkitError(f"--bm25-k1 must be >= 0, got {self.k1}")
+        if not 0 <= self.b <= 1:
+            raise BertkitError(f"--bm25-b must be between 0 and 1, got {self.b}")
+
+
+# The defaults, chosen once on SciFact's train split (docs/search.md, "Choosing the fusion"): never on its
+# test split, and from the flat region of the table rather than its best cell.
+DEFAULT_FUSION, DEFAULT_ALPHA, DEFAULT_RRF_K, DEFAULT_DEPTH = "minmax", 0.5, 60.0, 100
+
+
+@dataclass(frozen=True)
+class FusionOptions:
+    """How a search ranks: the dense run, the lexical run, or both fused (`bertkit.retrieval.fusion`)."""
+
+    mode: str | None = field(default=None, metadata={
+        "help": "hybrid, dense or lexical (default: hybrid when the index has a lexical part, else dense)"})
+    fusion: str = field(default=DEFAULT_FUSION, metadata={
+        "help": "how hybrid fuses the two runs: rrf (reciprocal ranks), dbsf (scores scaled by mean +- 3 std) or "
+        "minmax (scores scaled to 0..1)"})
+    alpha: float = field(default=DEFAULT_ALPHA, metadata={
+        "help": "hybrid: the dense run's share of the fused score, 0 to 1 (the lexical run has 1 - alpha)"})
+    rrf_k: float = field(default=DEFAULT_RRF_K, metadata={"help": "rrf: the constant k in 1 / (k + rank)"})
+    depth: int = field(default=DEFAULT_DEPTH, metadata={
+        "flags": ["--fusion-depth"], "help": "hybrid: documents taken from each run before fusing"})
+
+    def validate(self) -> None:
+        if self.mode is not None and self.mode not in MODES:
+            raise BertkitError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.fusion not in FUSIONS:
+            raise BertkitError(f"unknown fusion {self.fusion!r}: choose one of {', '.join(FUSIONS)}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 <= self.alpha <= 1:
+            raise BertkitError(f"alpha (the dense run's share) must be between 0 and 1, got {self.alpha!r}")
+        if not self.rrf_k >= 0:
+            raise BertkitError(f"rrf_k must be >= 0, got {self.rrf_k!r}")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
+            raise BertkitError(f"the fusion depth must be at least 1, got {self.depth!r}")

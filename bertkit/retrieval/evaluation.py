@@ -28,6 +28,7 @@ precision, max length (and split), so a figure says what it measured.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import time
 
 import numpy as np
@@ -40,9 +41,12 @@ from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
 from bertkit.retrieval.encoding import encode, encoder_and_settings
 from bertkit.retrieval.exact import top_k
-from bertkit.retrieval.index import open_index
+from bertkit.retrieval.config import FusionOptions, LexicalOptions
+from bertkit.retrieval.index import document_ids, open_index, write_fusion
+from bertkit.retrieval.lexical import options_of
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run
-from bertkit.retrieval.search import search
+from bertkit.retrieval.search import embed_queries, fusion_options, query_encoder, ranked_runs, search_vectors
+from bertkit.retrieval.tuning import fused_run, record, tune
 from bertkit.data.textfiles import existing_file, open_text
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
@@ -67,7 +71,8 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
                        max_length: int | None = None, dtype: str = "float32", bm25: bool = False,
                        measures=DEFAULT_MEASURES, progress: bool = True, index=None, ann: bool = False,
                        rerank=None, rerank_top: int = 50, rerank_model: str | None = None,
-                       dimensions=None) -> dict:
+                       dimensions=None, mode: str | None = None, fusion: dict | None = None,
+                       tune: str | None = None) -> dict:
     """Retrieval figures of `model` on a BEIR folder's `split` (see the module docstring).
 
     Returns {"ndcg@10": ..., "mrr@10", "map@100", "recall@10", "recall@100", "model", "precision",
@@ -77,6 +82,12 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     does not apply); ann: through its HNSW graph; rerank: (query, hits) -> hits re-scoring the best
     `rerank_top` (the cross-encoder `rerank_model`, for the record). The result then also has "index"
     and "search_seconds".
+    mode: "dense", "lexical", "hybrid" (the figures of that search; with an index, default as `bertkit
+    search`: hybrid when it has a lexical part; without, dense) or "all" (each under "modes", the top
+    level hybrid's); fusion: hybrid's settings given (`FusionOptions` names). Without an index, lexical
+    is BM25 over whole documents (stemmed, as an index's) and dense the model over documents truncated.
+    tune: a split whose judged queries choose hybrid's fusion (`bertkit.retrieval.tuning`) before
+    `split` is scored; with an index, the choice is written into its index.json. The table: "tuning".
     dimensions: also score the vectors cut to each of these leading dimensions and renormalised
     (Matryoshka's truncate-then-renormalise), under "dimensions": {"64": {measures}, ...}; one encoding
     serves them all.
@@ -84,20 +95,27 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     if directory is None:
         raise BertkitError("evaluate_retrieval needs a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
     data = load_beir(directory, split)  # read and checked before the model loads
+    tuning_data = load_beir(directory, tune) if tune is not None else None
     dimensions = sorted(set(dimensions or ()))
     if dimensions and (index is not None or min(dimensions) < 1):
         raise BertkitError("dimensions need the model's own vectors (not --index) and must be positive, got "
                            f"{dimensions}")
-    if bm25:
+    if mode is not None and mode != "all":
+        FusionOptions(mode=mode).validate()  # an unknown mode, or fusion setting, said before anything loads
+    fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
+    if bm25 or mode not in (None, "dense") or tune:
         require_bm25s()  # a missing package is said before the corpus is embedded, not after
     if index is not None:
         if max_length is not None:
             raise BertkitError("--max-length does not apply with --index: queries are cut where the index's "
                                "passages were")
         result = _evaluate_index(open_index(index), data, model, batch_size, dtype, measures, progress, ann,
-                                 rerank, rerank_top, rerank_model)
+                                 rerank, rerank_top, rerank_model, mode, fusion, tuning_data)
     else:
-        result = _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions)
+        if rerank is not None or ann:
+            raise BertkitError("reranking and --ann need --index INDEX")
+        result = _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions,
+                                 mode, fusion, tuning_data)
     result["split"] = split
     if bm25:
         documents = {d: document_text(data.corpus[d]) for d in data.corpus}
@@ -107,42 +125,117 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     return result
 
 
+def _index_modes(info: dict, mode: str | None) -> list[str]:
+    if mode == "all":
+        options_of(info)  # refused in one line when the index has no lexical part
+        return ["dense", "lexical", "hybrid"]
+    return [mode or ("hybrid" if info.get("lexical") else "dense")]
+
+
 def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, ann, rerank, rerank_top,
-                    rerank_model) -> dict:
+                    rerank_model, mode=None, fusion=None, tuning_data=None) -> dict:
     query_ids = list(data.queries)
     texts = [data.queries[q] for q in query_ids]
     depth = RUN_DEPTH if rerank is None else max(RUN_DEPTH, rerank_top)
-    started = time.perf_counter()
-    answers = search(index, texts, depth, model=model, dtype=dtype, batch_size=batch_size, ann=ann)
-    if rerank is not None:
-        answers = [rerank(q, hits) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank", unit="query",
-                                                       disable=not progress)]
+    modes = _index_modes(index.info, mode)
+    loaded = query_encoder(index.info, model, None, dtype)
+    tuned = None
+    if tuning_data is not None:
+        options = fusion_options(index.info, {**(fusion or {}), "mode": "hybrid"})
+        tuned = tune_on(tuning_data, lambda queries: index_runs(index, loaded, queries, options.depth, ann,
+                                                                 batch_size), options.depth)
+        write_fusion(index.directory, record(tuned[0], tuning_data.split, tuned[1]))
+        index.info["fusion"] = record(tuned[0], tuning_data.split, tuned[1])
+    figures, started = {}, time.perf_counter()
+    for m in modes:
+        options = fusion_options(index.info, {**(fusion or {}), "mode": m})
+        vectors = embed_queries(index.info, loaded, texts, batch_size) if m != "lexical" else None
+        answers = search_vectors(index, vectors, depth, ann=ann, queries=texts, fusion=options)
+        if rerank is not None and m == modes[-1]:
+            answers = [rerank(q, hits) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank", unit="query",
+                                                           disable=not progress)]
+        # a fused or reranked answer is scored in the order served (its scores tie, or mix two scales)
+        run = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=rerank is not None or m == "hybrid")
+        figures[m] = {**evaluate_run(data.qrels, run, measures), "fusion": _described(options)}
     seconds = time.perf_counter() - started
-    run = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=rerank is not None)
     made = index.info["model"]
-    return {**evaluate_run(data.qrels, run, measures), "model": made["directory"], "precision": dtype,
-            "max_length": made["max_length"], "pooling": made["pooling"], "dataset": str(data.directory),
-            "queries": len(query_ids), "documents": len(data.corpus),
-            "index": {"directory": str(index.directory), "passages": index.info["passages"],
-                      "documents": index.info["documents"], "passage_tokens": index.info["passage_tokens"],
-                      "precision": made["precision"], "ann": ann,
-                      "rerank": None if rerank is None else {"model": rerank_model, "top": rerank_top}},
-            "search_seconds": round(seconds, 2)}
+    result = {**figures[modes[-1]], "model": made["directory"], "precision": dtype, "mode": modes[-1],
+              "max_length": made["max_length"], "pooling": made["pooling"], "dataset": str(data.directory),
+              "queries": len(query_ids), "documents": len(data.corpus),
+              "index": {"directory": str(index.directory), "passages": index.info["passages"],
+                        "documents": index.info["documents"], "passage_tokens": index.info["passage_tokens"],
+                        "precision": made["precision"], "ann": ann, "lexical": index.info.get("lexical"),
+                        "rerank": None if rerank is None else {"model": rerank_model, "top": rerank_top}},
+              "search_seconds": round(seconds, 2)}
+    return _with_modes(result, figures, tuned)
 
 
-def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions=()) -> dict:
+def _described(options) -> dict:
+    return {"mode": options.mode, **({} if options.mode != "hybrid" else {
+        "fusion": options.fusion, "alpha": options.alpha, "depth": options.depth,
+        **({"rrf_k": options.rrf_k} if options.fusion == "rrf" else {})})}
+
+
+def _with_modes(result: dict, figures: dict, tuned) -> dict:
+    if len(figures) > 1:
+        result["modes"] = figures
+    if tuned is not None:
+        result["tuning"] = {"split": tuned[2], "pick": _described(tuned[0]), "table": tuned[1]}
+    return result
+
+
+def tune_on(data, runs_of, depth: int):
+    """(the pick, the table, the split) of `bertkit.retrieval.tuning.tune` on `data`'s judged queries;
+    runs_of(queries dict) -> (dense, lexical) runs as (doc id, score) lists."""
+    judged = {q: text for q, text in data.queries.items()}
+    dense, lexical = runs_of(judged)
+    pick, table = tune(data.qrels, list(judged), dense, lexical, depth)
+    return pick, table, data.split
+
+
+def index_runs(index, loaded, queries: dict, depth: int, ann: bool, batch_size: int):
+    """(dense, lexical): per query, best-first (doc id, score) of its `depth` best documents in the index."""
+    texts = list(queries.values())
+    vectors = embed_queries(index.info, loaded, texts, batch_size)
+    dense, lexical = ranked_runs(index, vectors, texts, depth, "hybrid", ann=ann)
+    doc_ids = document_ids(index)
+    return ([[(doc_ids[int(index.document[r])], s) for r, s in run] for run in runs] for runs in (dense, lexical))
+
+
+def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions=(), mode=None,
+                    fusion=None, tuning_data=None) -> dict:
     loaded, settings = encoder_and_settings(model, max_length, dtype)
     width = loaded.model.config.hidden_size
     if dimensions and dimensions[-1] > width:  # said before the corpus is embedded
         raise BertkitError(f"dimension {dimensions[-1]} is more than the model's {width}")
     doc_ids, query_ids = list(data.corpus), list(data.queries)
+    texts = {d: document_text(data.corpus[d]) for d in doc_ids}
     started = time.perf_counter()
-    doc_vectors = encode([document_text(data.corpus[d]) for d in doc_ids], loaded, settings,
-                         batch_size=batch_size, progress=progress)
+    doc_vectors = encode([texts[d] for d in doc_ids], loaded, settings, batch_size=batch_size, progress=progress)
     query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size)
     seconds = time.perf_counter() - started
+    options = fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
+
+    def runs_of(queries: dict):  # (dense, lexical): per query, best-first (doc id, score)
+        vectors = query_vectors if queries is data.queries else encode(list(queries.values()), loaded, settings,
+                                                                       batch_size=batch_size)
+        dense = dense_run(vectors, list(queries), doc_vectors, doc_ids, k=max(RUN_DEPTH, options.depth))
+        lexical = bm25_run(texts, queries, max(RUN_DEPTH, options.depth), stemmer=LexicalOptions().stemmer)
+        return ([sorted(run[q].items(), key=lambda item: -item[1]) for q in queries] for run in (dense, lexical))
+
+    tuned = tune_on(tuning_data, runs_of, options.depth) if tuning_data is not None else None
+    options = tuned[0] if tuned is not None else options
+    modes = ["dense", "lexical", "hybrid"] if mode == "all" else [mode or "dense"]
+    figures = {}
+    if modes != ["dense"]:
+        dense, lexical = runs_of(data.queries)
+        runs = {"dense": dict(zip(query_ids, map(dict, dense))), "lexical": dict(zip(query_ids, map(dict, lexical))),
+                "hybrid": fused_run(query_ids, dense, lexical, options, RUN_DEPTH)}
+        figures = {m: {**evaluate_run(data.qrels, runs[m], measures),
+                       "fusion": _described(dataclasses.replace(options, mode=m))} for m in modes}
     run = dense_run(query_vectors, query_ids, doc_vectors, doc_ids)
-    result = {**evaluate_run(data.qrels, run, measures), "model": settings.model, "precision": settings.dtype,
+    main = figures[modes[-1]] if figures else evaluate_run(data.qrels, run, measures)
+    result = {**main, "model": settings.model, "precision": settings.dtype, "mode": modes[-1],
               "max_length": settings.max_length, "pooling": settings.pooling,
               "dataset": str(data.directory), "queries": len(query_ids), "documents": len(doc_ids),
               "encode_seconds": round(seconds, 2)}
@@ -152,7 +245,7 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
             str(d): evaluate_run(data.qrels, dense_run(l2_normalize(query_vectors[:, :d]), query_ids,
                                                        l2_normalize(doc_vectors[:, :d]), doc_ids), measures)
             for d in dimensions}
-    return result
+    return _with_modes(result, figures, tuned)
 
 
 def read_sts(path) -> list[tuple[str, str, float]]:

@@ -53,6 +53,7 @@ rank logs its encoding rate (logger `bertkit.retrieval.index`, INFO).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -60,7 +61,7 @@ import os
 import shutil
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +73,9 @@ from bertkit.embeddings.features import load_encoder
 from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
+from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
+from bertkit.retrieval.lexical import build_lexical, options_of, read_lexical, stem_function
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
 from bertkit.data.vector_files import SAFETENSORS_DTYPES, safetensors_header
@@ -283,7 +286,8 @@ def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray,
 def build_index(corpus, output, model=None, *, passage_tokens: int | None = None, stride: int | None = None,
                 batch_size: int = 32, part_size: int = 1024, device=None, dtype=None, resume: bool = False,
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
-                ef_search: int = 128, overlap: int | None = None) -> dict | None:
+                ef_search: int = 128, overlap: int | None = None,
+                lexical: LexicalOptions | None = LexicalOptions()) -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
 
@@ -296,6 +300,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     document, the overlap (default: half a window; `overlap`, its old name, still works). resume: continue an interrupted build of `output`.
     ann: "hnsw" also builds a FAISS HNSW graph (`bertkit.retrieval.ann`: M `ann_m`, `ef_construction`;
     searched with `ef_search`) and records its leave-one-out recall@10 against exact search.
+    lexical: the BM25 part's settings (`bertkit.retrieval.lexical`); None leaves it out (--no-lexical).
     """
     for name, value in (("batch size", batch_size), ("part size", part_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -303,6 +308,9 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     if ann is not None:
         check_kind(ann)
         faiss_module()  # a missing FAISS is refused before the encoding, not after
+    if lexical is not None:
+        lexical.validate()
+        stem_function(lexical.stemmer)  # as is a missing bm25s or PyStemmer
     out = Path(output)
     with distributed.process_group(device or "auto") as rank:
         _on_rank_0(rank, lambda: _prepare_folder(out, resume))
@@ -323,7 +331,8 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         plan = {"format": FORMAT, "corpus": str(Path(corpus).resolve()), "model": record,
                 "passage_tokens": passage_tokens, "overlap": stride, "part_size": part_size, "batch_size": batch_size,
                 "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
-                "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search}}
+                "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search},
+                "lexical": lexical and dataclasses.asdict(lexical)}
         # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist
         _on_rank_0(rank, lambda: _start(out, resume, plan, lines))
         _sees(rank, [out / BUILD_JSON])
@@ -340,6 +349,8 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": stride,
                 "passages": len(passages), "documents": len(numbers), "documents_without_tokens": empty, "dim": dim,
                 "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
+        if lexical is not None:
+            info["lexical"] = build_lexical(out, [p.text for p in passages], lexical, progress=progress)
         if ann is not None:
             info["ann"] = build_measured(map_safetensors(out / VECTORS)["vectors"], out / HNSW_FILE, m=ann_m,
                                          ef_construction=ef_construction, ef_search=ef_search, progress=progress)
@@ -360,6 +371,15 @@ class Index:
     vectors: np.ndarray
     document: np.ndarray
     passage_offset: np.ndarray
+    lexical_part: object = field(default=None, repr=False)  # the bm25s retriever, read when first asked for
+
+    def lexical(self):
+        """The BM25 part (`bertkit.retrieval.lexical`), memory-mapped on first use; refused in one line when
+        the index was built without it."""
+        if self.lexical_part is None:
+            options_of(self.info)
+            self.lexical_part = read_lexical(self.directory)
+        return self.lexical_part
 
     def __len__(self) -> int:
         return len(self.vectors)
@@ -373,6 +393,23 @@ class Index:
                 f.seek(a)
                 out.append(json.loads(f.read(b - a)))
         return out
+
+
+def document_ids(index: Index) -> list[str]:
+    """The document ids by document number (`index.document`'s values), read from passages.jsonl."""
+    ids: dict[str, None] = {}
+    with open(index.directory / PASSAGES, "rb") as f:
+        for line in f:
+            ids.setdefault(json.loads(line)["doc_id"])
+    return list(ids)
+
+
+def write_fusion(directory, fusion: dict) -> None:
+    """Record in index.json how hybrid search of this index fuses (`bertkit.retrieval.tuning.record`), written
+    atomically: search and serve read it as their default."""
+    path = Path(directory) / INDEX_JSON
+    info = json.loads(path.read_text())
+    _write_json(path, {**info, "fusion": fusion})
 
 
 def open_index(directory) -> Index:

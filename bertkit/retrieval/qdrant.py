@@ -13,18 +13,41 @@ answers as the exact search when Qdrant's search is exact, which its local mode
 (a folder on disk, in-process, what the tests use) is; a server (`http://...`)
 searches its own HNSW graph, approximate.
 
+Hybrid (an index with a lexical part): each point also carries the named sparse
+vector "bm25", its passage's BM25 weights as the index stores them (the column
+of the bm25s score matrix: idf(t) x the saturated term frequency, k1 and b
+applied), indexed by the term's column; the vocabulary (term -> column) and the
+lexical settings go into the collection's metadata. A query's sparse vector is
+its terms' counts, so Qdrant's sparse dot product is the BM25 score bertkit
+computes (no IDF modifier: the weights hold it). `search` then asks Qdrant's
+Query API for both runs as prefetches and fuses them there: "rrf" is Qdrant's
+RRF with its k' = k + 1 (its formula 1 / (k' + rank - 1), see
+`bertkit.retrieval.fusion`), "dbsf" Qdrant's DBSF; Qdrant weighs the runs
+equally (its RRF weights divide the rank, not the score), so alpha must be 0.5,
+and it has no min-max fusion. Qdrant fuses passages and bertkit documents (each
+by its best passage): the answers are the same where a document is one passage
+(the test), and may differ in order where documents have several.
+
 qdrant-client is optional (`pip install 'bertkit[search]'`) and imported only here.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 from tqdm import tqdm
 
 from bertkit.errors import BertkitError
+from bertkit.retrieval.config import FusionOptions
 from bertkit.retrieval.index import Index
-from bertkit.retrieval.search import Hit, check_k, embed_queries, first_per_document, query_encoder
+from bertkit.retrieval.lexical import options_of, tokenize
+from bertkit.retrieval.documents import first_per_document
+from bertkit.retrieval.search import Hit, check_k, embed_queries, query_encoder
 
 METADATA_KEY = "bertkit_index"  # the collection's metadata entry holding index.json
+VOCABULARY_KEY = "bertkit_vocabulary"  # with a lexical part: term -> sparse index
+SPARSE = "bm25"  # the sparse vector's name
 
 
 def _qdrant():
@@ -45,40 +68,122 @@ def connect(location: str):
 
 
 def export(index: Index, location: str, collection: str, *, batch_size: int = 1024, progress: bool = True) -> int:
-    """Write every passage of `index` into a new collection; returns the number of points."""
+    """Write every passage of `index` into a new collection (with its BM25 weights as sparse vectors when
+    the index has a lexical part); returns the number of points."""
     _, models = _qdrant()
     client = connect(location)
     try:
         if client.collection_exists(collection):
             raise BertkitError(f"collection {collection!r} already exists in {location}: choose another name, or "
                                "delete it first")
+        lexical = index.lexical() if index.info.get("lexical") else None
+        metadata = {METADATA_KEY: index.info} | ({} if lexical is None else {VOCABULARY_KEY: lexical.vocab_dict})
         client.create_collection(collection, vectors_config=models.VectorParams(
-            size=int(index.info["dim"]), distance=models.Distance.COSINE), metadata={METADATA_KEY: index.info})
+            size=int(index.info["dim"]), distance=models.Distance.COSINE), metadata=metadata,
+            sparse_vectors_config=None if lexical is None else {SPARSE: models.SparseVectorParams()})
+        rows_terms = None if lexical is None else passage_terms(lexical.scores)
         n = len(index)
         with tqdm(total=n, disable=not progress, desc="exporting", unit="passage") as bar:
             for start in range(0, n, batch_size):
                 rows = range(start, min(start + batch_size, n))
                 payloads = [{**p, "document": int(index.document[r])} for r, p in zip(rows, index.passages(rows))]
-                client.upsert(collection, points=models.Batch(
-                    ids=list(rows), vectors=index.vectors[start : rows.stop].tolist(), payloads=payloads))
+                dense = index.vectors[start : rows.stop].tolist()
+                if rows_terms is None:
+                    points = models.Batch(ids=list(rows), vectors=dense, payloads=payloads)
+                else:
+                    points = [models.PointStruct(id=r, payload=payload, vector={"": vector, SPARSE: models.SparseVector(
+                        indices=rows_terms[0][r].tolist(), values=rows_terms[1][r].tolist())})
+                        for r, vector, payload in zip(rows, dense, payloads)]
+                client.upsert(collection, points=points)
                 bar.update(len(rows))
         return n
     finally:
         client.close()
 
 
+def passage_terms(scores: dict) -> tuple[list, list]:
+    """Per passage row, its terms' columns and BM25 weights, from bm25s' CSC score matrix (a column per
+    term, holding the passage rows that have it): the matrix read by rows."""
+    data, rows, indptr = np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"])
+    terms = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))  # the column of each stored weight
+    order = np.argsort(rows, kind="stable")  # by passage, terms ascending within it
+    starts = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=scores["num_docs"]))])
+    return ([terms[order[a:b]] for a, b in zip(starts[:-1], starts[1:])],
+            [data[order[a:b]] for a, b in zip(starts[:-1], starts[1:])])
+
+
 def search(location: str, collection: str, queries: list[str], k: int = 10, *, model=None, device=None,
-           dtype=None, batch_size: int = 32) -> list[list[Hit]]:
-    """For each query, the k best documents of the collection with their best passages, best first."""
+           dtype=None, batch_size: int = 32, fusion: FusionOptions | None = None) -> list[list[Hit]]:
+    """For each query, the k best documents of the collection with their best passages, best first.
+    fusion: the mode (default dense) and, for hybrid, Qdrant's fusion (see the module docstring)."""
     check_k(k)
+    fusion = fusion or FusionOptions(mode="dense")
     client = connect(location)
     try:
         info = _collection_info(client, location, collection)
-        loaded = query_encoder(info, model, device, dtype)
-        vectors = embed_queries(info, loaded, list(queries), batch_size)
-        return _answers(client, collection, info, vectors, k)
+        if fusion.mode is None:  # as for an index: hybrid when it has a lexical part
+            fusion = dataclasses.replace(fusion, mode="hybrid" if info.get("lexical") else "dense")
+        if fusion.mode != "dense":
+            check_fusion(info, fusion)
+        vectors = None
+        if fusion.mode != "lexical":
+            loaded = query_encoder(info, model, device, dtype)
+            vectors = embed_queries(info, loaded, list(queries), batch_size)
+        if fusion.mode == "dense":
+            return _answers(client, collection, info, vectors, k)
+        return _fused_answers(client, collection, info, vectors, list(queries), k, fusion)
     finally:
         client.close()
+
+
+def check_fusion(info: dict, fusion: FusionOptions) -> None:
+    """Refuse, in one line, what Qdrant's fusion cannot do as bertkit does."""
+    options_of(info)  # a collection of an index without a lexical part has no sparse vectors
+    if fusion.mode == "hybrid" and (fusion.fusion == "minmax" or fusion.alpha != 0.5
+                                    or (fusion.fusion == "rrf" and fusion.rrf_k != int(fusion.rrf_k))):
+        raise BertkitError(f"--qdrant fuses by Qdrant's rrf (a whole k) or dbsf with equal weights (alpha 0.5), not "
+                           f"{fusion.fusion} with alpha {fusion.alpha}, k {fusion.rrf_k:g}: e.g. --fusion rrf "
+                           "--alpha 0.5")
+
+
+def _sparse_queries(client, collection: str, info: dict, queries: list[str], models) -> list:
+    """Each query's terms (their counts) as a sparse vector over the collection's vocabulary."""
+    vocabulary = client.get_collection(collection).config.metadata[VOCABULARY_KEY]
+    out = []
+    for tokens in tokenize(queries, options_of(info), ids=False):
+        counts: dict[int, int] = {}
+        for token in tokens:
+            if token in vocabulary:
+                counts[vocabulary[token]] = counts.get(vocabulary[token], 0) + 1
+        out.append(models.SparseVector(indices=list(counts), values=[float(c) for c in counts.values()]))
+    return out
+
+
+def _fused_answers(client, collection: str, info: dict, vectors, queries: list[str], k: int,
+                   fusion: FusionOptions) -> list[list[Hit]]:
+    _, models = _qdrant()
+    per_document = int(info["max_passages_per_document"])
+    depth = max(k, fusion.depth) * per_document
+    fused_by = (models.RrfQuery(rrf=models.Rrf(k=int(fusion.rrf_k) + 1)) if fusion.fusion == "rrf"
+                else models.FusionQuery(fusion=models.Fusion.DBSF))
+    answers = []
+    for i, sparse in enumerate(_sparse_queries(client, collection, info, queries, models)):
+        if fusion.mode == "lexical":
+            points = client.query_points(collection, query=sparse, using=SPARSE, limit=k * per_document,
+                                         with_payload=True).points
+            points = [p for p in points if p.score > 0]
+        else:
+            prefetch = [models.Prefetch(query=[float(x) for x in vectors[i]], limit=depth),
+                        models.Prefetch(query=sparse, using=SPARSE, limit=depth)]
+            points = client.query_points(collection, prefetch=prefetch, query=fused_by, limit=depth,
+                                         with_payload=True).points
+        answers.append(_hits(first_per_document(points, lambda point: point.payload["document"], k)))
+    return answers
+
+
+def _hits(points) -> list[Hit]:
+    return [Hit(p.payload["id"], p.payload["doc_id"], float(p.score), p.payload["text"], p.payload["title"],
+                p.payload["start"], p.payload["end"]) for p in points]
 
 
 def search_vectors(location: str, collection: str, query_vectors, k: int = 10) -> list[list[Hit]]:
@@ -110,7 +215,5 @@ def _answers(client, collection: str, info: dict, vectors, k: int) -> list[list[
     for vector in vectors:
         points = client.query_points(collection, query=[float(x) for x in vector], limit=depth,
                                      with_payload=True).points
-        kept = first_per_document(points, lambda point: point.payload["document"], k)
-        answers.append([Hit(p.payload["id"], p.payload["doc_id"], float(p.score), p.payload["text"],
-                            p.payload["title"], p.payload["start"], p.payload["end"]) for p in kept])
+        answers.append(_hits(first_per_document(points, lambda point: point.payload["document"], k)))
     return answers

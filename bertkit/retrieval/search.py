@@ -27,6 +27,7 @@ An answer is, per query, a best-first list of hits:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,9 +36,13 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, ann_top_k, read_hnsw
+from bertkit.retrieval.config import FusionOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
+from bertkit.retrieval.documents import first_per_document
 from bertkit.retrieval.exact import top_k
+from bertkit.retrieval.fusion import fuse, hybrid_weights
 from bertkit.retrieval.index import Index, check_model
+from bertkit.retrieval.lexical import lexical_documents, options_of
 
 DEFAULT_BLOCK = 16384  # vectors per block of the scan: 16384 x 384 x 4 bytes = 24 MiB
 # queries scored together: the score tile and exact.top_k's merge buffers take about
@@ -110,44 +115,85 @@ def best_documents(index: Index, query_vectors: np.ndarray, k: int = 10, *, bloc
     return out_rows, out_scores
 
 
-def first_per_document(ranked: list, document_of, k: int) -> list:
-    """The first item of each document in a best-first list, up to k documents: the documents
-    ranked by their best passage."""
-    seen, kept = set(), []
-    for item in ranked:
-        doc = document_of(item)
-        if doc not in seen:
-            seen.add(doc)
-            kept.append(item)
-            if len(kept) == k:
-                break
-    return kept
-
-
 def _hits(index: Index, rows: list[int], scores: list[float]) -> list[Hit]:
     return [Hit(p["id"], p["doc_id"], s, p["text"], p["title"], p["start"], p["end"])
             for p, s in zip(index.passages(rows), scores)]
 
 
+def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
+    """The settings a search of this index runs with: the defaults, under the index's own (index.json's
+    "fusion", written by `bertkit evaluate retrieval --tune`), under `given`; the mode resolved (hybrid
+    when the index has a lexical part, else dense) and checked against what the index holds."""
+    values = {**dataclasses.asdict(FusionOptions()), **(info.get("fusion") or {}),
+              **{name: v for name, v in (given or {}).items() if v is not None}}
+    options = FusionOptions(**{f.name: values[f.name] for f in dataclasses.fields(FusionOptions)})
+    options.validate()
+    if options.mode is None:
+        return dataclasses.replace(options, mode="hybrid" if info.get("lexical") else "dense")
+    if options.mode != "dense" and not info.get("lexical"):
+        options_of(info)  # the one-line refusal: the index has no lexical part
+    return options
+
+
 def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=None, dtype=None,
            batch_size: int = 32, block_size: int = DEFAULT_BLOCK, ann: bool = False,
-           ef_search: int | None = None) -> list[list[Hit]]:
+           ef_search: int | None = None, fusion: FusionOptions | dict | None = None) -> list[list[Hit]]:
     """For each query, the k best documents of `index` with their best passages, best first.
 
     model: the query encoder (None: the one that made the index; another is refused).
     ann: search the HNSW graph built with the index instead of every vector (see `best_documents`).
+    fusion: the mode (hybrid, dense, lexical) and how hybrid fuses (`FusionOptions`, or a dict of the
+    settings given: the rest as `fusion_options` says).
     """
     check_k(k)
     if isinstance(queries, str):
         queries = [queries]
-    loaded = query_encoder(index.info, model, device, dtype)
-    vectors = embed_queries(index.info, loaded, list(queries), batch_size)
-    return search_vectors(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search)
+    options = fusion if isinstance(fusion, FusionOptions) else fusion_options(index.info, fusion)
+    vectors = None
+    if options.mode != "lexical":
+        loaded = query_encoder(index.info, model, device, dtype)
+        vectors = embed_queries(index.info, loaded, list(queries), batch_size)
+    return search_vectors(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search,
+                          queries=list(queries), fusion=options)
 
 
-def search_vectors(index: Index, query_vectors: np.ndarray, k: int = 10, *, block_size: int = DEFAULT_BLOCK,
-                   ann: bool = False, ef_search: int | None = None) -> list[list[Hit]]:
+def search_vectors(index: Index, query_vectors: np.ndarray | None, k: int = 10, *, block_size: int = DEFAULT_BLOCK,
+                   ann: bool = False, ef_search: int | None = None, queries: list[str] | None = None,
+                   fusion: FusionOptions | None = None) -> list[list[Hit]]:
     """`search` for queries already embedded (unit vectors [Q, D], as `embed_queries` makes them):
-    what a server calls once its own batching has embedded the queries."""
-    rows, scores = best_documents(index, query_vectors, k, block_size=block_size, ann=ann, ef_search=ef_search)
-    return [_hits(index, r, s) for r, s in zip(rows, scores)]
+    what a server calls once its own batching has embedded the queries. Lexical and hybrid need the
+    query texts too (`queries`); fusion None: dense (the vectors alone)."""
+    options = fusion or FusionOptions(mode="dense")
+    dense, lexical = ranked_runs(index, query_vectors, queries, max(k, options.depth) if options.mode == "hybrid"
+                                 else k, options.mode, block_size=block_size, ann=ann, ef_search=ef_search)
+    if options.mode != "hybrid":
+        return [_hits(index, [r for r, _ in run], [s for _, s in run]) for run in (dense or lexical)]
+    answers = []
+    for dense_run, lexical_run in zip(dense, lexical):
+        row_of = {int(index.document[r]): r for r, _ in lexical_run + dense_run}  # the dense run's passage first
+        fused = fuse([_by_document(index, dense_run), _by_document(index, lexical_run)],
+                     hybrid_weights(options.alpha), options.fusion, options.rrf_k)[:k]
+        answers.append(_hits(index, [row_of[d] for d, _ in fused], [s for _, s in fused]))
+    return answers
+
+
+def _by_document(index: Index, run: list) -> list:
+    return [(int(index.document[r]), s) for r, s in run]
+
+
+def ranked_runs(index: Index, query_vectors: np.ndarray | None, queries: list[str] | None, k: int, mode: str, *,
+                block_size: int = DEFAULT_BLOCK, ann: bool = False, ef_search: int | None = None):
+    """(dense, lexical): per query, a best-first list of (row of a document's best passage, score) for its
+    k best documents, from the vectors and from BM25; None for a run the mode does not need."""
+    dense = lexical = None
+    if mode != "lexical":
+        if query_vectors is None:
+            raise BertkitError(f"--mode {mode} needs the query vectors")
+        rows, scores = best_documents(index, query_vectors, k, block_size=block_size, ann=ann, ef_search=ef_search)
+        dense = [list(zip(r, s)) for r, s in zip(rows, scores)]
+    if mode != "dense":
+        if queries is None:
+            raise BertkitError(f"--mode {mode} needs the query texts")
+        rows, scores = lexical_documents(index.lexical(), index.info, index.document, queries, k)
+        lexical = [list(zip(r, s)) for r, s in zip(rows, scores)]
+    return dense, lexical

@@ -14,7 +14,8 @@ Endpoints (JSON in, JSON out):
     POST /tokenize       TEI's: {"inputs": str | [str], "add_special_tokens": true} -> per input
                          [{"id", "text", "special", "start", "stop"}] (UTF-8 byte offsets, null
                          for special tokens)
-    POST /search         with --index: {"query": str | [str], "k": 10, "rerank": false} -> per query
+    POST /search         with --index: {"query": str | [str], "k": 10, "rerank": false, "mode": the index's
+                         default (hybrid when it has a lexical part) | "dense" | "lexical"} -> per query
                          a best-first [{"id", "doc_id", "score", "text"}], `bertkit search --json`'s
                          answer; the query vectors are batched with the embeddings, the
                          scans of the index across requests (`bertkit.serve.scans`)
@@ -221,11 +222,15 @@ async def search(request):
     queries = texts_field(data, "query")
     k = k_field(data)
     rerank_them = flag_field(data, "rerank", False)
+    mode = searcher.mode(data.get("mode"))
     if rerank_them and searcher.cross is None:
         raise InputError("`rerank`: true needs a cross-encoder: start the server with --rerank MODEL")
-    rows = svc.runner.encode(queries, truncate=True, max_length=searcher.max_length)
-    vectors = np.stack(leading(await run(request, rows, [len(r.input_ids) for r in rows]), None, normalize=True))
-    answers = await svc.scans.scan(vectors, searcher.depth(k, rerank_them))
+    if mode == "lexical":  # BM25 alone: no query vector to make (the rows are placeholders the scan ignores)
+        vectors = np.zeros((len(queries), int(searcher.index.info["dim"])), np.float32)
+    else:
+        rows = svc.runner.encode(queries, truncate=True, max_length=searcher.max_length)
+        vectors = np.stack(leading(await run(request, rows, [len(r.input_ids) for r in rows]), None, normalize=True))
+    answers = await svc.scans.scan(vectors, searcher.depth(k, rerank_them), queries, mode)
     if rerank_them:  # off the event loop: torch releases the GIL
         answers = await asyncio.to_thread(searcher.rerank, queries, answers)
     return JSONResponse([[h.to_dict() for h in hits[:k]] for hits in answers]), len(queries)

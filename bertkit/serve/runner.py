@@ -36,6 +36,7 @@ text-embeddings-inference does.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 
@@ -48,7 +49,8 @@ from bertkit.runtime.loading import Loaded, load
 from bertkit.embeddings.pooling import l2_normalize, pool
 from bertkit.embeddings.settings import resolve_layers, resolve_output
 from bertkit.retrieval.index import Index, check_model, open_index
-from bertkit.retrieval.search import search_vectors
+from bertkit.retrieval.config import MODES, FusionOptions
+from bertkit.retrieval.search import fusion_options, search_vectors
 from bertkit.serve.batching import plan_batches
 
 
@@ -224,6 +226,7 @@ def token_list(tok, text: str, add_special_tokens: bool) -> list:
 @dataclass
 class Searcher:
     """What /search needs beside the EmbeddingModel: the index, the query length its passages were cut at,
+    how it ranks by default (`fusion`: the mode and hybrid's fusion, as `bertkit search` resolves them),
     and the --rerank cross-encoder (one pass at a time, outside the embeddings' batching)."""
 
     index: Index
@@ -231,21 +234,43 @@ class Searcher:
     cross: Loaded | None = None
     rerank_top: int = 50
     lock: threading.Lock = field(default_factory=threading.Lock)
+    fusion: FusionOptions = field(default_factory=lambda: FusionOptions(mode="dense"))
 
     def info(self) -> dict:
         made = self.index.info
         return {"directory": str(self.index.directory), "passages": made["passages"], "documents": made["documents"],
-                "rerank": None if self.cross is None else str(self.cross.directory), "rerank_top": self.rerank_top}
+                "rerank": None if self.cross is None else str(self.cross.directory), "rerank_top": self.rerank_top,
+                "mode": self.fusion.mode, "modes": ["dense", "lexical", "hybrid"] if made.get("lexical") else ["dense"]}
 
     def depth(self, k: int, rerank_them: bool) -> int:
         """Documents to find for an answer of k: the cross-encoder re-scores the best rerank_top."""
         return max(k, self.rerank_top) if rerank_them else k
 
-    def scan(self, vectors: np.ndarray, depths: list) -> list:
-        """Per query vector [Q, D], its best `depths[i]` documents (Hits): one scan of the index for all
-        of them (the deepest answer's prefixes are the shallower ones: documents rank by best passage)."""
-        answers = search_vectors(self.index, vectors, max(depths))
-        return [hits[:depth] for hits, depth in zip(answers, depths)]
+    def mode(self, asked: str | None) -> str:
+        """The mode a request asked for (None: the server's), checked against the index."""
+        if asked is None:
+            return self.fusion.mode
+        if asked not in MODES:
+            raise InputError(f"`mode` must be one of {', '.join(MODES)}, got {asked!r}")
+        if asked != "dense" and not self.index.info.get("lexical"):
+            raise InputError(f"`mode` {asked!r} needs the index's lexical part, and {self.index.directory} was built "
+                             "with --no-lexical: ask for \"dense\"")
+        return asked
+
+    def scan(self, vectors: np.ndarray, depths: list, queries: list | None = None, modes: list | None = None) -> list:
+        """Per query vector [Q, D] (and text, and mode: default dense), its best `depths[i]` documents (Hits):
+        one scan of the index for all the queries of a mode (the deepest answer's prefixes are the shallower
+        ones: documents rank by best passage, and fusion takes at least its own depth from each run)."""
+        modes = modes or ["dense"] * len(depths)
+        answers = [None] * len(depths)
+        for mode in dict.fromkeys(modes):
+            rows = [i for i, m in enumerate(modes) if m == mode]
+            found = search_vectors(self.index, vectors[rows], max(depths[i] for i in rows),
+                                   queries=None if queries is None else [queries[i] for i in rows],
+                                   fusion=dataclasses.replace(self.fusion, mode=mode))
+            for i, hits in zip(rows, found):
+                answers[i] = hits[: depths[i]]
+        return answers
 
     def rerank(self, queries: list, answers: list) -> list:
         """Each answer's best rerank_top re-scored by the cross-encoder, as `bertkit search --rerank` does."""
@@ -268,7 +293,7 @@ def load_searcher(settings, runner) -> Searcher | None:
         raise BertkitError(f"--pooling {runner.pooling}: the index {settings.index} was made with {made['pooling']} "
                            "pooling; leave out --pooling, or build the index with this pooling")
     cross = reranker(settings.rerank, dtype=settings.dtype) if settings.rerank else None
-    return Searcher(index, int(made["max_length"]), cross, settings.rerank_top)
+    return Searcher(index, int(made["max_length"]), cross, settings.rerank_top, fusion=fusion_options(index.info))
 
 
 # --- fine-tuned models ----------------------------------------------------------------

@@ -26,12 +26,12 @@ class ScanQueue:
     def __init__(self, searcher, on_scan=None):
         self.searcher = searcher
         self.on_scan = on_scan  # (queries, seconds) after each scan: the metrics
-        self.waiting = []  # (vectors [Q, D], depth, future)
+        self.waiting = []  # (vectors [Q, D], depth, future, texts, mode)
         self.busy = False
 
-    async def scan(self, vectors: np.ndarray, depth: int) -> list:
+    async def scan(self, vectors: np.ndarray, depth: int, texts: list | None = None, mode: str = "dense") -> list:
         future = asyncio.get_running_loop().create_future()
-        self.waiting.append((vectors, depth, future))
+        self.waiting.append((vectors, depth, future, texts or [None] * len(vectors), mode))
         if not self.busy:
             self.busy = True
             asyncio.ensure_future(self._drain())
@@ -41,20 +41,22 @@ class ScanQueue:
         try:
             while self.waiting:
                 batch, self.waiting = self.waiting, []
-                vectors = np.concatenate([v for v, _, _ in batch])
-                depths = [depth for v, depth, _ in batch for _ in range(len(v))]
+                vectors = np.concatenate([v for v, *_ in batch])
+                depths = [depth for v, depth, *_ in batch for _ in range(len(v))]
+                texts = [t for *_, ts, _ in batch for t in ts]
+                modes = [mode for v, *_, mode in batch for _ in range(len(v))]
                 t0 = time.perf_counter()
                 try:
-                    answers = await asyncio.to_thread(self.searcher.scan, vectors, depths)
+                    answers = await asyncio.to_thread(self.searcher.scan, vectors, depths, texts, modes)
                 except Exception as err:  # every request of the scan gets the error (answered as a 500)
-                    for _, _, future in batch:
+                    for _, _, future, *_ in batch:
                         if not future.done():
                             future.set_exception(err)
                     continue
                 if self.on_scan is not None:
                     self.on_scan(len(vectors), time.perf_counter() - t0)
                 start = 0
-                for v, _, future in batch:
+                for v, _, future, *_ in batch:
                     if not future.done():  # not cancelled
                         future.set_result(answers[start : start + len(v)])
                     start += len(v)

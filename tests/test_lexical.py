@@ -1,0 +1,181 @@
+"""The lexical part of an index and hybrid search: BM25 over the passages as bm25s scores them on its own,
+a build killed mid-way and resumed writes the same files, the modes and their one-line refusals."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
+
+from bertkit.cli import main
+from bertkit.errors import BertkitError
+from bertkit.retrieval.config import LexicalOptions
+from bertkit.retrieval.fusion import fuse, hybrid_weights
+from bertkit.retrieval.index import build_index, open_index
+from bertkit.retrieval.search import fusion_options, search
+
+pytest.importorskip("bm25s")
+Stemmer = pytest.importorskip("Stemmer")
+
+QUERIES = ["vitamin D deficiency and bone fractures", "gene expression in stem cells", "the of and"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory):
+    return scifact_corpus(shared_data, tmp_path_factory.mktemp("corpus") / "corpus.jsonl", n=14)
+
+
+def _args(corpus, out, tiny):
+    return ["index", str(corpus), "-o", str(out), "--model", str(tiny), "--passage-tokens", str(TOKENS),
+            "--overlap", str(OVERLAP), "--batch-size", "64", "--part-size", "40", "--dtype", "float32", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def built(tiny, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lexical") / "index"
+    assert main(_args(corpus, out, tiny)) == 0
+    return out
+
+
+def _reference(passages, query):
+    """bm25s on its own over the passages (Lucene idf, k1 1.5, b 0.75, English stop words, Porter 2 stems):
+    each document's best passage score, best first."""
+    import bm25s
+
+    stem = Stemmer.Stemmer("english").stemWords
+    retriever = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+    retriever.index(bm25s.tokenize([p["text"] for p in passages], stopwords="en", stemmer=stem,
+                                   show_progress=False), show_progress=False)
+    tokens = bm25s.tokenize([query], stopwords="en", stemmer=stem, return_ids=False, show_progress=False)[0]
+    ids = retriever.get_tokens_ids(tokens)
+    scores = retriever.get_scores_from_ids(ids) if ids else np.zeros(len(passages))
+    best = {}
+    for p, s in zip(passages, scores):
+        if s > 0 and s > best.get(p["doc_id"], (0, None))[0]:
+            best[p["doc_id"]] = (float(s), p["id"])
+    return sorted(best.items(), key=lambda item: -item[1][0])
+
+
+def test_lexical_search_scores_the_best_passage_as_bm25s_does(built):
+    index = open_index(built)
+    passages = [json.loads(line) for line in (built / "passages.jsonl").read_text(encoding="utf-8").splitlines()]
+    made = index.info["lexical"]
+    assert (made["k1"], made["b"], made["stopwords"], made["stemmer"], made["method"]) == (1.5, 0.75, "en",
+                                                                                          "english", "lucene")
+    answers = search(index, QUERIES, k=5, fusion={"mode": "lexical"})
+    for query, hits in zip(QUERIES, answers):
+        want = _reference(passages, query)[:5]
+        assert [h.doc_id for h in hits] == [d for d, _ in want], query
+        assert [h.id for h in hits] == [p for _, (_, p) in want]
+        np.testing.assert_allclose([h.score for h in hits], [s for _, (s, _) in want], rtol=1e-6)
+    assert answers[2] == []  # only stop words: no document shares a token with the query
+    # stemming: the stem of "fractures" is looked up, and found in the passages that say "fracture"
+    fractures = search(index, ["fractures"], k=3, fusion={"mode": "lexical"})[0]
+    assert fractures == [] or all("fractur" in h.text.lower() for h in fractures)
+
+
+def test_nothing_read_back_is_unpickled(built, monkeypatch):
+    calls = []
+    real = np.load
+
+    def load(*args, **kwargs):
+        calls.append(kwargs.get("allow_pickle", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(np, "load", load)
+    search(open_index(built), QUERIES[:1], k=2, fusion={"mode": "lexical"})
+    assert calls and not any(calls)
+    assert sorted(os.listdir(built / "lexical")) == ["data.csc.index.npy", "indices.csc.index.npy",
+                                                     "indptr.csc.index.npy", "params.index.json", "vocab.index.json"]
+
+
+def test_hybrid_fuses_the_dense_and_lexical_answers(built):
+    index = open_index(built)
+    assert fusion_options(index.info).mode == "hybrid"  # the default when the index has a lexical part
+    for fusion, alpha in (("rrf", 0.5), ("minmax", 0.3), ("dbsf", 0.8)):
+        settings = {"fusion": fusion, "alpha": alpha, "rrf_k": 2.0, "depth": 8}
+        hybrid = search(index, QUERIES[:2], k=5, dtype="float32", fusion=settings)
+        dense = search(index, QUERIES[:2], k=8, dtype="float32", fusion={"mode": "dense"})
+        lexical = search(index, QUERIES[:2], k=8, fusion={"mode": "lexical"})
+        for h, d, l in zip(hybrid, dense, lexical):
+            want = fuse([[(x.doc_id, x.score) for x in d], [(x.doc_id, x.score) for x in l]],
+                        hybrid_weights(alpha), fusion, 2.0)[:5]
+            assert [x.doc_id for x in h] == [doc for doc, _ in want]
+            np.testing.assert_allclose([x.score for x in h], [s for _, s in want], rtol=1e-6)
+            passage = {x.doc_id: x.id for x in l} | {x.doc_id: x.id for x in d}  # the dense run's passage first
+            assert [x.id for x in h] == [passage[x.doc_id] for x in h]
+
+
+KILLED_AT_THE_LEXICAL_RENAME = textwrap.dedent("""
+    import os, signal, sys
+    real_replace = os.replace
+
+    def replace(src, dst):
+        # the lexical part is written whole into lexical.tmp/; die before it is renamed into place
+        if str(dst).endswith("lexical"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_replace(src, dst)
+
+    os.replace = replace
+    from bertkit.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_killed_while_writing_the_lexical_part_and_resumed_equals_an_uninterrupted_build(built, tiny, corpus,
+                                                                                         tmp_path):
+    out = tmp_path / "index"
+    child = subprocess.run([sys.executable, "-c", KILLED_AT_THE_LEXICAL_RENAME, *_args(corpus, out, tiny)],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == -9, child.stderr
+    assert (out / "lexical.tmp" / "vocab.index.json").is_file() and not (out / "lexical").exists()
+    assert not (out / "index.json").exists()
+    with pytest.raises(BertkitError, match="--resume: lexical was .* in the interrupted run"):  # another k1
+        build_index(corpus, out, str(tiny), passage_tokens=TOKENS, overlap=OVERLAP, batch_size=64, part_size=40,
+                    dtype="float32", resume=True, progress=False, lexical=LexicalOptions(k1=1.2))
+    assert main([*_args(corpus, out, tiny), "--resume"]) == 0
+    assert sorted(os.listdir(out)) == sorted(os.listdir(built)) == ["index.json", "lexical", "passages.jsonl",
+                                                                    "vectors.safetensors"]
+    for name in ("index.json", "passages.jsonl", "vectors.safetensors", *(f"lexical/{n}" for n in
+                                                                          os.listdir(built / "lexical"))):
+        assert (out / name).read_bytes() == (built / name).read_bytes(), name
+
+
+def test_an_index_without_a_lexical_part(tiny, corpus, tmp_path, capsys):
+    out = tmp_path / "dense"
+    assert main([*_args(corpus, out, tiny), "--no-lexical"]) == 0
+    index = open_index(out)
+    assert "lexical" not in index.info and not (out / "lexical").exists()
+    assert fusion_options(index.info).mode == "dense"  # the default without a lexical part
+    capsys.readouterr()
+    for mode in ("lexical", "hybrid"):
+        assert main(["search", str(out), "a query", "--mode", mode]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "has no lexical part" in err and "--mode dense" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--mode", "sparse"], "unknown mode 'sparse': choose one of hybrid, dense, lexical"),
+    (["--alpha", "1.5"], "alpha (the dense run's share) must be between 0 and 1, got 1.5"),
+    (["--fusion", "sum"], "unknown fusion 'sum'"),
+    (["--rrf-k", "-2"], "rrf_k must be >= 0"),
+])
+def test_bad_search_settings_are_one_line(built, capsys, flags, words):
+    assert main(["search", str(built), "a query", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err
+
+
+def test_bad_bm25_settings_are_refused_before_encoding(tiny, corpus, tmp_path, capsys):
+    assert main([*_args(corpus, tmp_path / "x", tiny), "--bm25-b", "1.5"]) == 2
+    assert "--bm25-b must be between 0 and 1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
