@@ -69,7 +69,8 @@ class FusionOptions:
         "help": "hybrid, dense or lexical (default: hybrid when the index has a lexical part, else dense)"})
     fusion: str = field(default=DEFAULT_FUSION, metadata={
         "help": "how hybrid fuses the two runs: rrf (reciprocal ranks), dbsf (scores scaled by mean +- 3 std) or "
-        "minmax (scores scaled to 0..1)"})
+        "minmax (scores scaled to 0..1); an index's own fusion, written by evaluate retrieval --tune, replaces "
+        "these defaults"})
     alpha: float = field(default=DEFAULT_ALPHA, metadata={
         "help": "hybrid: the dense run's share of the fused score, 0 to 1 (the lexical run has 1 - alpha)"})
     rrf_k: float = field(default=DEFAULT_RRF_K, metadata={"help": "rrf: the constant k in 1 / (k + rank)"})
