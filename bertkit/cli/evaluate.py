@@ -89,6 +89,8 @@ def _label(fusion: dict) -> str:
 
 def _name(result: dict, mode: str) -> str:
     base = "model" if "index" not in result else "index"
+    if base == "model" and mode == "dense" and "modes" not in result:
+        return base
     mode = _label(result.get("modes", {}).get(mode, result).get("fusion", {"mode": mode}))
     reranked = "index" in result and result["index"]["rerank"] and mode.startswith(result["mode"])
     return f"{base}, {mode}" + (" + rerank" if reranked else "")
