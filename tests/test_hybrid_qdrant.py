@@ -76,11 +76,11 @@ def test_qdrant_sparse_vectors_score_as_the_lexical_part(exported):
 
 def test_what_qdrant_cannot_fuse_is_one_line(exported, capsys):
     argv = ["search", "--qdrant", str(exported / "qdrant"), "--collection", "t", "a query"]
-    for flags in (["--fusion", "minmax"], ["--alpha", "0.7"], ["--rrf-k", "2.5"]):
+    for flags in (["--fusion", "minmax"], ["--alpha", "0.7"], ["--fusion", "rrf", "--rrf-k", "2.5"]):
         assert main([*argv, *flags]) == 2
         err = capsys.readouterr().err.strip()
         assert "--qdrant fuses by Qdrant's rrf" in err and "\n" not in err
-    assert main([*argv, "--json", "-k", "3"]) == 0  # the default: hybrid, Qdrant's RRF
+    assert main([*argv, "--json", "-k", "3"]) == 0  # the default: hybrid, DBSF, equal weights
     assert len(json.loads(capsys.readouterr().out)[0]) == 3
     with pytest.raises(BertkitError, match="unknown mode"):
         FusionOptions(mode="both").validate()

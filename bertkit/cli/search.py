@@ -201,8 +201,8 @@ def run_search(args):
     index = None if args.qdrant else open_index(args.index)
     if index is not None:
         fusion = fusion_options(index.info, given)
-    else:  # Qdrant's own fusion by default: rrf, equal weights (bertkit.retrieval.qdrant)
-        fusion = FusionOptions(**{"fusion": "rrf", "alpha": 0.5, **{n: v for n, v in given.items() if v is not None}})
+    else:  # the defaults (dbsf, equal weights: what Qdrant's fusion computes too), or the flags given
+        fusion = FusionOptions(**{n: v for n, v in given.items() if v is not None})
         fusion.validate()
     cross = reranker(args.rerank, args.device, args.dtype) if args.rerank else None  # refused before any search
     depth = args.k if cross is None else max(args.k, args.rerank_top)

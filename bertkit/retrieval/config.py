@@ -58,7 +58,7 @@ class LexicalOptions:
 
 # The defaults, chosen once on SciFact's train split (docs/search.md, "Choosing the fusion"): never on its
 # test split, and from the flat region of the table rather than its best cell (bertkit.retrieval.tuning).
-DEFAULT_FUSION, DEFAULT_ALPHA, DEFAULT_RRF_K, DEFAULT_DEPTH = "minmax", 0.5, 60.0, 100
+DEFAULT_FUSION, DEFAULT_ALPHA, DEFAULT_RRF_K, DEFAULT_DEPTH = "dbsf", 0.5, 60.0, 100
 
 
 @dataclass(frozen=True)
