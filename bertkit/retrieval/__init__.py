@@ -9,7 +9,11 @@
 - `mining`: hard negatives for contrastive training;
 - `passages`: documents cut into token windows that keep their character spans;
 - `index`: the index folder (memory-mapped vectors, the model's fingerprint, a resumable build);
-- `search`: exact document top-k by best passage;
+- `lexical`: the BM25 part of an index (stemmed, over the same passages);
+- `documents`: documents ranked by their best passage (MaxP);
+- `search`: exact document top-k by best passage, dense, lexical or hybrid;
+- `fusion`, `tuning`: fusing the dense and lexical runs (rrf, dbsf, minmax), and choosing how on a judged split;
+- `compact`: int8 and binary codes of the vectors, searched with rescoring;
 - `ann`: FAISS HNSW beside the exact vectors, with its measured recall;
 - `qdrant`: export to, and search from, a Qdrant collection.
 
