@@ -18,11 +18,16 @@ so our figures compare with theirs.
 
 Every mistake in the files is one BertkitError naming the file, the line and the fix:
 a line that is not JSON, a missing `_id` or `text`, a missing qrels column, an empty
-file, a qrels id absent from the corpus or the queries.
+file, a qrels id absent from the corpus or the queries. Ids are checked before they
+are trusted (`_by_id`): a null `_id` or `text` (which `str` would turn into "None"), an
+`_id` that is neither a string nor a whole number, and an id seen twice, with both line
+numbers (`7` and `"7"` count as the same id: both are read as "7"). `dedupe=True` keeps
+the first line of each id instead and warns how many it dropped.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,33 +58,61 @@ def document_text(doc: dict) -> str:
     return f"{doc.get('title', '')} {doc['text']}".strip()
 
 
-def _read_jsonl(path: Path, fields: tuple, what: str) -> list[dict]:
+def _read_jsonl(path: Path, fields: tuple, what: str) -> list[tuple[int, dict]]:
+    """(line number, object) per line; each object has `fields`, none of them null."""
     rows = []
     with open_text(existing_file(path, what), what) as f:
         for number, row in json_objects(f, path):
             for field in fields:
-                if field not in row:
-                    raise BertkitError(
-                        f"{path} line {number} has no {field!r} field: each line needs {', '.join(fields)}"
-                    )
-            rows.append(row)
+                if row.get(field) is None:
+                    state = "null" if field in row else "no"
+                    raise BertkitError(f"{path} line {number} has {state} {field!r} field: each line needs "
+                                       f"{', '.join(fields)}, none of them null")
+            rows.append((number, row))
     if not rows:
         raise BertkitError(f"{path} is empty: a BEIR {what} has one JSON object per line")
     return rows
 
 
-def read_corpus(source) -> dict[str, dict]:
+def _by_id(rows: list[tuple[int, dict]], path: Path, dedupe: bool) -> dict[str, dict]:
+    """id -> row, each id once: a repeated id is refused with both line numbers, or (dedupe) dropped."""
+    first: dict[str, tuple[int, object]] = {}
+    out, dropped = {}, 0
+    for number, row in rows:
+        raw = row["_id"]
+        if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+            raise BertkitError(f"{path} line {number}: _id {raw!r} is not a string or a whole number")
+        key = str(raw)
+        if key in first:
+            if dedupe:
+                dropped += 1
+                continue
+            seen_line, seen_raw = first[key]
+            how = "" if type(seen_raw) is type(raw) else f" ({seen_raw!r} and {raw!r} read as the same id)"
+            raise BertkitError(f"{path}: _id {key!r} appears on line {seen_line} and again on line {number}{how}: "
+                               "ids must be unique; fix the file, or pass --dedupe to keep the first of each")
+        first[key] = (number, raw)
+        out[key] = row
+    if dropped:
+        warnings.warn(f"{path}: {dropped} line(s) repeat an earlier _id and were dropped (--dedupe keeps the first)",
+                      stacklevel=3)
+    return out
+
+
+def read_corpus(source, dedupe: bool = False) -> dict[str, dict]:
     """doc id -> {"title", "text"} from a BEIR folder's corpus.jsonl, or a corpus file of that layout
-    under any name (title optional, as in BEIR)."""
+    under any name (title optional, as in BEIR). A repeated id is an error; `dedupe` keeps the first."""
     path = Path(source)
-    rows = _read_jsonl(path / "corpus.jsonl" if path.is_dir() else path, ("_id", "text"), "corpus")
-    return {str(r["_id"]): {"title": str(r.get("title") or ""), "text": str(r["text"])} for r in rows}
+    path = path / "corpus.jsonl" if path.is_dir() else path
+    rows = _by_id(_read_jsonl(path, ("_id", "text"), "corpus"), path, dedupe)
+    return {i: {"title": str(r.get("title") or ""), "text": str(r["text"])} for i, r in rows.items()}
 
 
-def read_queries(directory) -> dict[str, str]:
+def read_queries(directory, dedupe: bool = False) -> dict[str, str]:
     """query id -> text from `directory`/queries.jsonl."""
-    rows = _read_jsonl(Path(directory) / "queries.jsonl", ("_id", "text"), "queries file")
-    return {str(r["_id"]): str(r["text"]) for r in rows}
+    path = Path(directory) / "queries.jsonl"
+    rows = _by_id(_read_jsonl(path, ("_id", "text"), "queries file"), path, dedupe)
+    return {i: str(r["text"]) for i, r in rows.items()}
 
 
 def qrels_path(directory, split: str) -> Path:

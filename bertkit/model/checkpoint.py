@@ -43,6 +43,7 @@ import torch
 
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
+from bertkit.model.weights_check import check_config, header_shapes, shard_files
 
 # ours -> Hugging Face, relative to the encoder ({i}: layer index, {p}: weight or bias)
 TABLE = [
@@ -194,24 +195,26 @@ def _read_pickle(path: Path) -> dict:
     return state
 
 
-def read_weights(directory) -> tuple[dict[str, torch.Tensor], Path]:
-    """The raw state dict of a checkpoint directory (or of one weights file) and the file read."""
+def weights_file(directory) -> Path:
+    """The weights file of a checkpoint directory (the first of WEIGHT_FILES there), or `directory` if a file."""
     path = Path(directory)
     if path.is_dir():
         found = [path / name for name in WEIGHT_FILES if (path / name).is_file()]
         if not found:
             raise BertkitError(f"no weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
-        path = found[0]
-    elif not path.is_file():
+        return found[0]
+    if not path.is_file():
         raise BertkitError(f"no checkpoint at {path}: pass a model directory with config.json and weights")
+    return path
+
+
+def read_weights(directory) -> tuple[dict[str, torch.Tensor], Path]:
+    """The raw state dict of a checkpoint directory (or of one weights file) and the file read."""
+    path = weights_file(directory)
     if path.name.endswith(".index.json"):
-        try:
-            weight_map = json.loads(path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise BertkitError(f"{path} is not a valid shard index ({err})") from None
         state = {}
-        for shard in sorted(set(weight_map.values())):
-            state.update(_read_safetensors(path.parent / shard))
+        for shard in shard_files(path):  # each inside the folder
+            state.update(_read_safetensors(shard))
     elif path.suffix == ".safetensors":
         state = _read_safetensors(path)
     else:
@@ -332,7 +335,10 @@ def model_type(directory) -> str:
 def architecture(directory) -> str:
     """The class config.json's `architectures` names ("BertModel" when it names none)."""
     names = read_config(directory).get("architectures") or ["BertModel"]
-    return str(names[0])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise BertkitError(f"{Path(directory) / 'config.json'}: architectures must be a list of class names such as "
+                           f"[\"BertModel\"], got {json.dumps(names)[:60]}")
+    return names[0]
 
 
 def has_int8_weights(directory) -> bool:
@@ -401,6 +407,10 @@ def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Genera
     config = cls.config_class.from_pretrained(directory)
     if config_overrides:
         config = config.replace(**config_overrides)
+    weights = weights_file(directory)
+    shapes = header_shapes(weights)  # the header alone: the config is checked before a layer is allocated
+    if shapes is not None:
+        check_config(config, shapes, weights)
     model = cls(config, generator=generator)
     state, weights_path = read_weights(directory)
     model.load_report = load_state(model, state, strict=strict, source=str(weights_path))

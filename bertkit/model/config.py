@@ -14,6 +14,13 @@ and `problem_type` ("regression", "single_label_classification",
 token vectors); transformers' BertForSequenceClassification knows only "cls",
 so it is written to config.json only when it is "mean".
 
+A config.json is checked before anything is built from it (`from_dict`, `validate`): each
+known key must have its field's JSON type (`layer_norm_eps: "1e-12"` is refused naming the
+key, not a TypeError later), the sizes must lie in SIZE_LIMITS (ranges far beyond any
+published encoder: a `num_hidden_layers` of 10^6 would build layers until memory runs
+out), and the whole must stay under MAX_PARAMETERS. A model folder's config is also checked
+against its weights' shapes before allocation (`bertkit.model.weights_check`).
+
 What we do not support (and say so when a config asks for it): decoders and
 cross-attention (`is_decoder`, `add_cross_attention`), relative position
 embeddings (`position_embedding_type` other than "absolute").
@@ -23,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +53,13 @@ PRESETS = {
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
 }
+
+# the largest size each field may take: far past any published encoder (BERT-large: 24 layers, hidden 1024,
+# 512 positions; multilingual vocabularies ~250k), small enough that a typo cannot ask for terabytes
+SIZE_LIMITS = {"vocab_size": 1 << 24, "hidden_size": 1 << 16, "num_hidden_layers": 1024, "num_attention_heads": 1 << 12,
+               "intermediate_size": 1 << 18, "max_position_embeddings": 1 << 20, "type_vocab_size": 1 << 16,
+               "num_labels": 1 << 20, "embedding_size": 1 << 16}
+MAX_PARAMETERS = 20_000_000_000  # 80 GB of float32 weights
 
 # Keys Hugging Face writes that mean nothing for an encoder-only BERT: read and dropped.
 _HF_IGNORED = {
@@ -92,6 +108,7 @@ class BertConfig:
     extra: dict = field(default_factory=dict)  # unknown config.json keys, kept for the round trip
 
     def __post_init__(self):
+        check_types(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         if self.id2label is None and self.label2id is not None:
             self.id2label = {int(v): k for k, v in self.label2id.items()}
         if self.id2label is not None:
@@ -112,6 +129,13 @@ class BertConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BertkitError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        for name, most in SIZE_LIMITS.items():
+            if getattr(self, name, 0) > most:
+                raise BertkitError(f"{type(self).__name__}.{name} is {getattr(self, name)}, over the limit of {most}: "
+                                   "the config is probably corrupt (check config.json)")
+        if self.parameters() > MAX_PARAMETERS:
+            raise BertkitError(f"{type(self).__name__} describes {self.parameters():,} parameters, over the limit of "
+                               f"{MAX_PARAMETERS:,}: check the sizes in config.json")
         if self.hidden_size % self.num_attention_heads:
             raise BertkitError(
                 f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by "
@@ -139,6 +163,13 @@ class BertConfig:
             raise BertkitError("BertConfig.layer_norm_eps and initializer_range must be positive")
         if self.id2label is not None and sorted(self.id2label) != list(range(len(self.id2label))):
             raise BertkitError(f"BertConfig.id2label must map 0..num_labels-1, got keys {sorted(self.id2label)}")
+
+    def parameters(self) -> int:
+        """About how many weights the encoder has (embeddings and layers; heads are small beside them)."""
+        h, i = self.hidden_size, self.intermediate_size
+        e = getattr(self, "embedding_size", h)
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * e + e * h
+        return embeddings + self.num_hidden_layers * (4 * h * h + 2 * h * i)
 
     @property
     def head_size(self) -> int:
@@ -250,3 +281,56 @@ class BertConfig:
             path = default_model_dir()
         path = Path(path)
         return cls.from_json_file(path / "config.json" if path.is_dir() else path)
+
+
+def _json_kind(value) -> str:
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _fits(value, hint) -> bool:
+    """Whether a JSON value has the type a field's annotation asks for (int is not bool; int fits float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_fits(v, args[1]) for v in value.values())
+    return isinstance(value, hint)
+
+
+def check_types(cls, values: dict) -> None:
+    """Refuse, naming the key, a config value whose JSON type is not its field's (before any arithmetic on it);
+    id2label's keys must be whole numbers ("0", "1", ...), as transformers writes them."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in values or f.name == "extra":
+            continue
+        value, hint = values[f.name], hints[f.name]
+        if f.name == "id2label" and isinstance(value, dict):
+            bad = [k for k in value if isinstance(k, bool) or not (isinstance(k, int) or str(k).strip().lstrip("-").isdigit())]
+            if bad:
+                raise BertkitError(f"config id2label has the key {bad[0]!r}: its keys must be label ids 0, 1, 2...")
+            hint = dict[str, str]
+        if f.name == "label2id":
+            hint = dict[str, int] | None
+        if not _fits(value, hint):
+            raise BertkitError(f"config {f.name} must be {_type_words(hint)}, got {json.dumps(value)[:60]} "
+                               f"({_json_kind(value)}): fix config.json")
+
+
+def _type_words(hint) -> str:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+    words = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+    if base in words:
+        return words[base]
+    origin = typing.get_origin(base)
+    return {list: "a list of strings", dict: "an object"}.get(origin, getattr(base, "__name__", str(base)))

@@ -26,6 +26,9 @@ and the one 5.x/6.x writes (`{"pooling_mode": "mean"}`, module types under
 `max_seq_length` kept as the tokenizer's `model_max_length`). We write the
 older one: every version of sentence-transformers and the servers read it.
 
+A module's path must stay inside the folder (`bertkit.data.confined`), and a module's `idx`
+must be a whole number: each is refused in one line naming modules.json.
+
 Our addition: `"matryoshka_dims"` in config_sentence_transformers.json, the
 leading dimensions a Matryoshka loss trained (sentence-transformers ignores the key).
 
@@ -38,6 +41,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.data.confined import inside
 from bertkit.errors import BertkitError
 
 MODULES_FILE = "modules.json"
@@ -82,6 +86,9 @@ def _read_json(path: Path):
 def _module_kind(entry, path: Path) -> str:
     if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
         raise BertkitError(f"{path}: each entry needs a \"type\" (e.g. sentence_transformers.models.Pooling)")
+    idx = entry.get("idx", 0)
+    if isinstance(idx, bool) or not isinstance(idx, int):
+        raise BertkitError(f"{path}: module {entry['type']} has idx {idx!r}; idx must be a whole number (0, 1, 2...)")
     kind = entry["type"].rsplit(".", 1)[-1]
     if kind not in KNOWN_MODULES:
         raise BertkitError(f"{path}: module {entry['type']} ({entry.get('path', '')}) is not supported: bertkit "
@@ -135,10 +142,10 @@ def read_layout(directory) -> SentenceLayout | None:
         if not isinstance(modules, list):
             raise BertkitError(f"{modules_path}: expected a JSON list of modules")
         pooling_seen = False
-        for entry in sorted(modules, key=lambda e: e.get("idx", 0) if isinstance(e, dict) else 0):
-            kind = _module_kind(entry, modules_path)
+        kinds = [_module_kind(entry, modules_path) for entry in modules]  # each entry checked before sorting
+        for kind, entry in sorted(zip(kinds, modules), key=lambda ke: ke[1].get("idx", 0)):
             if kind == "Pooling":
-                config_path = directory / entry.get("path", POOLING_DIR) / "config.json"
+                config_path = inside(directory, entry.get("path", POOLING_DIR), modules_path) / "config.json"
                 if not config_path.is_file():
                     raise BertkitError(f"{config_path} is missing: {modules_path} names a pooling module there")
                 config = _read_json(config_path)

@@ -287,7 +287,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 batch_size: int = 32, part_size: int = 1024, device=None, dtype=None, resume: bool = False,
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
                 ef_search: int = 128, overlap: int | None = None,
-                lexical: LexicalOptions | None = LexicalOptions()) -> dict | None:
+                lexical: LexicalOptions | None = LexicalOptions(), dedupe: bool = False) -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
 
@@ -301,6 +301,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     ann: "hnsw" also builds a FAISS HNSW graph (`bertkit.retrieval.ann`: M `ann_m`, `ef_construction`;
     searched with `ef_search`) and records its leave-one-out recall@10 against exact search.
     lexical: the BM25 part's settings (`bertkit.retrieval.lexical`); None leaves it out (--no-lexical).
+    dedupe: keep the first document of a repeated id (else a repeated id is an error).
     """
     for name, value in (("batch size", batch_size), ("part size", part_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -323,7 +324,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                                "positions")
         stride = overlap if stride is None else stride
         stride = default_stride(passage_tokens) if stride is None and isinstance(passage_tokens, int) else stride
-        docs = read_documents(corpus)
+        docs = read_documents(corpus, dedupe)
         passages, lengths, empty = cut_all(docs, loaded.tokenizer, passage_tokens, stride)
         if not passages:
             raise BertkitError(f"corpus {corpus}: no document has any token (only characters BERT drops)")

@@ -31,6 +31,7 @@ folder of .txt files (the id is the file's path under the folder without
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -87,12 +88,13 @@ def _read_folder(folder: Path) -> list[Document]:
             for p in files]
 
 
-def read_documents(path) -> list[Document]:
-    """The documents of a corpus (see the module docstring), in file order; ids must be unique."""
+def read_documents(path, dedupe: bool = False) -> list[Document]:
+    """The documents of a corpus (see the module docstring), in file order; ids must be unique
+    (`dedupe`: the first document of each id is kept, the others dropped with a warning)."""
     path = Path(path)
     if (path.is_dir() and (path / "corpus.jsonl").is_file()) or (path.suffix.lower() == ".jsonl"
                                                                   and existing_file(path, "corpus")):
-        docs = [Document(i, d["title"], d["text"]) for i, d in read_corpus(path).items()]
+        docs = [Document(i, d["title"], d["text"]) for i, d in read_corpus(path, dedupe).items()]
     elif path.is_dir():
         docs = _read_folder(path)
         if not docs:
@@ -106,12 +108,18 @@ def read_documents(path) -> list[Document]:
                            "columns, or a folder of .txt files")
     if not docs:
         raise BertkitError(f"corpus {path} holds no documents")
-    seen = set()
+    seen, unique = set(), []
     for d in docs:
-        if d.id in seen:
-            raise BertkitError(f"corpus {path}: document id {d.id!r} appears twice; ids must be unique")
-        seen.add(d.id)
-    return docs
+        if d.id in seen and not dedupe:
+            raise BertkitError(f"corpus {path}: document id {d.id!r} appears twice; ids must be unique (or pass "
+                               "--dedupe to keep the first of each)")
+        if d.id not in seen:
+            seen.add(d.id)
+            unique.append(d)
+    if len(unique) < len(docs):
+        warnings.warn(f"corpus {path}: {len(docs) - len(unique)} document(s) repeat an earlier id and were dropped "
+                      "(--dedupe keeps the first)", stacklevel=2)
+    return unique
 
 
 # --- cutting --------------------------------------------------------------------------------

@@ -27,7 +27,9 @@ for; where and in what it runs (`bertkit.runtime.devices.placement`: "auto" is b
 the device multiplies it natively; int8 means the CPU and float32 activations),
 decided before any weight is read, so a wrong choice costs no load; the weights;
 the dense layers it runs (`bertkit.runtime.quantization.dense_ops`: int8 where asked, then
-the CPU fast path); the sentence layout and the vocabulary. A model loaded here is
+the CPU fast path); the sentence layout and the vocabulary (refused when it holds more tokens
+than the model has embedding rows). Before any layer is allocated, config.json is checked
+(types, ranges) and compared with the weights header's shapes (`bertkit.model.weights_check`). A model loaded here is
 in eval mode, for inference only.
 """
 
@@ -218,6 +220,15 @@ def _build(plan: _Plan, device, dtype, int8: bool) -> tuple[nn.Module, torch.dev
     return model.eval().to(where, chosen), where, chosen, False
 
 
+def check_vocabulary(tok, config, directory) -> None:
+    """Refuse a vocab.txt with more tokens than the model's embedding rows: those ids would index past
+    the table (an IndexError on the first text that uses them, a 500 in a server)."""
+    if len(tok) > config.vocab_size:
+        raise BertkitError(f"{Path(directory) / 'vocab.txt'} has {len(tok)} tokens but config.json's vocab_size is "
+                           f"{config.vocab_size}: the vocabulary does not belong to these weights; use the model's own "
+                           "vocab.txt")
+
+
 def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool = False,
          fast: bool = True) -> Loaded:
     """The model in `model`, ready for inference: a directory (None: the default model), or a
@@ -243,6 +254,8 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     net = dense_ops(net, quantize_now, fast if not held else quantize_now)
     layout = None if held or plan.task != "embed" else read_layout(saved.directory)
     tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab)
+    if not held:
+        check_vocabulary(tok, net.config, plan.vocab)
     dtype_now = next((p.dtype for p in net.parameters()), chosen)
     return Loaded(net, tok, None if held else saved.directory, plan.task, plan.info, layout, where, dtype_now,
                   int8 or int8_weights)
