@@ -413,7 +413,7 @@ def test_transformers_reads_our_config(tmp_path, transformers_mod):
     ('{"model_type": "roberta"}', "model_type 'roberta'"),
     ('{"is_decoder": true}', "decoder"),
     ('{"position_embedding_type": "relative_key"}', "relative_key"),
-    ('{"hidden_size": "big"}', "hidden_size must be a positive integer"),
+    ('{"hidden_size": "big"}', 'hidden_size must be a whole number, got "big"'),
 ])
 def test_bad_config_json(tmp_path, text, words):
     (tmp_path / "config.json").write_text(text)

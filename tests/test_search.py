@@ -28,7 +28,9 @@ def write_index(path, vectors, document):
     (path / "passages.jsonl").write_bytes(b"".join(lines))
     save_file({"vectors": vectors.astype(np.float32), "document": np.asarray(document, dtype=np.int64),
                "passage_offset": offsets}, str(path / "vectors.safetensors"))
-    info = {"format": FORMAT, "model": {}, "passages": len(vectors), "dim": vectors.shape[1],
+    model = {"directory": "", "fingerprint": "", "pooling": "mean", "max_length": 8}  # no model embeds here
+    info = {"format": FORMAT, "model": model, "passages": len(vectors), "documents": int(document.max()) + 1,
+            "dim": vectors.shape[1],
             "max_passages_per_document": int(np.bincount(document).max())}
     (path / "index.json").write_text(json.dumps(info))
     return open_index(path)

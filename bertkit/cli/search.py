@@ -50,6 +50,7 @@ def add_index(sub):
     p.add_argument("--part-size", type=int, default=1024, help="passages per saved part: what a kill can lose, "
                    "and what torchrun ranks are dealt (default 1024)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted build of INDEX")
+    p.add_argument("--overwrite", action="store_true", help="replace the index (finished or not) already in INDEX")
     p.add_argument("--dedupe", action="store_true", help="keep the first document of an id that repeats (and say "
                    "how many were dropped); without it a repeated id is an error naming its lines")
     p.add_argument("--ann", choices=["hnsw"], help="also build an approximate index: hnsw, a FAISS HNSW graph for "
@@ -86,7 +87,7 @@ def run_index(args):
                        stride=args.stride, batch_size=args.batch_size, part_size=args.part_size,
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
                        ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search,
-                       lexical=lexical, dedupe=args.dedupe)
+                       lexical=lexical, dedupe=args.dedupe, overwrite=args.overwrite)
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]

@@ -1,6 +1,7 @@
 """`bertkit serve`: a model behind HTTP (see `bertkit.serve`); its options come from `ServeConfig`."""
 
 import argparse
+import os
 
 from bertkit.options import add_options, from_args
 from bertkit.serve.settings import ServeConfig
@@ -16,7 +17,8 @@ def add_serve(sub):
         "/tokenize, /search with --index, GET /health /info /metrics. SIGTERM answers every accepted request, then exits 0.",
         epilog="examples:\n  bertkit serve\n"
         "  curl -s localhost:8080/embed -H 'Content-Type: application/json' -d '{\"inputs\": \"Hello!\"}'\n"
-        "  bertkit serve runs/sst2 --port 9000 --api-key s3cret --max-batch-tokens 8192\n"
+        "  BERTKIT_API_KEY=s3cret bertkit serve runs/sst2 --port 9000 --max-batch-tokens 8192\n"
+        "  bertkit serve --api-key-file /run/secrets/bertkit_key --max-client-batch-size 64\n"
         "  bertkit serve --index scifact.index --rerank runs/cross-encoder",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -27,4 +29,4 @@ def add_serve(sub):
 def run_serve(args):
     from bertkit.serve.server import serve
 
-    serve(from_args(args, ServeConfig).validate())
+    serve(from_args(args, ServeConfig).with_api_key(dict(os.environ)).validate())

@@ -42,7 +42,7 @@ def read_header(path, fix: str = "copy or save the file again") -> dict[str, Ten
     path = Path(path)
 
     def bad(what: str) -> BertkitError:
-        return BertkitError(f"{path} is not a whole safetensors file ({what}): {fix}")
+        return BertkitError(f"{path} is truncated or corrupt ({what}): {fix}")
 
     size = path.stat().st_size
     with open(path, "rb") as f:

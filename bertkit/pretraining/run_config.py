@@ -58,6 +58,8 @@ class RunConfig:
     eval_sequences: int = field(default=256, metadata={"help": "sequences held out from training for evaluation"})
     log_every: int = field(default=1, metadata={"help": "write a metrics line every N steps"})
     resume: bool = field(default=False, metadata={"help": "continue from OUTPUT's last checkpoint"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace what OUTPUT already holds (a model or a run); without it such a folder is refused"})
     device: str = field(default="auto", metadata={"help": "where to train: auto picks a CUDA GPU when there is one", "choices": ("auto", "cpu", "cuda")})
     optim: OptimConfig = field(default_factory=pretraining_optim)
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from bertkit.data.lock import first_process, folder_lock
+from bertkit.data.outputs import check_output, clear_output
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.model.electra_pretraining import electra_metrics
 from bertkit.errors import BertkitError
@@ -242,8 +244,20 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
 
 
 def run(cfg: RunConfig, progress: bool = True) -> Path:
-    """Pre-train as `cfg` says; returns the output directory (a Hugging Face checkpoint)."""
+    """Pre-train as `cfg` says; returns the output directory (a Hugging Face checkpoint). OUTPUT is checked
+    first (`bertkit.data.outputs`: a model or run there only with --overwrite or --resume; not --data or
+    --init-from) and locked while the run writes it (`bertkit.data.lock`; torchrun: by rank 0)."""
     cfg.validate()
+    check_output(cfg.output, overwrite=cfg.overwrite, resume=cfg.resume, sources=[cfg.data, cfg.init_from])
+    if not first_process():
+        return _run(cfg, progress)
+    with folder_lock(cfg.output, "bertkit pretrain run"):
+        if cfg.overwrite and not cfg.resume:
+            clear_output(cfg.output)
+        return _run(cfg, progress)
+
+
+def _run(cfg: RunConfig, progress: bool) -> Path:
     out = Path(cfg.output)
     with harness.processes(cfg.device) as info:
         dataset, train_set, eval_set, collate, tokenizer = open_prepared(cfg, cfg.seed)

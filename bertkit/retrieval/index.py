@@ -53,6 +53,7 @@ rank logs its encoding rate (logger `bertkit.retrieval.index`, INFO).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -67,6 +68,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
 from bertkit.errors import BertkitError
 from bertkit.embeddings.features import load_encoder
@@ -75,6 +77,7 @@ from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
+from bertkit.retrieval.index_check import check_files, check_values, read_info
 from bertkit.retrieval.lexical import build_lexical, options_of, read_lexical, stem_function
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
@@ -171,16 +174,31 @@ def _passage_lines(passages: list[Passage]) -> list[bytes]:
 
 # --- building ----------------------------------------------------------------------------------
 
-def _prepare_folder(out: Path, resume: bool) -> None:
+def _prepare_folder(out: Path, resume: bool, overwrite: bool = False) -> None:
+    if overwrite and not resume and ((out / INDEX_JSON).is_file() or (out / BUILD_JSON).is_file()):
+        _empty(out)  # an index's folder holds only what a build wrote (it started empty)
     if (out / INDEX_JSON).is_file():
-        raise BertkitError(f"{out} already holds a finished index: choose another folder or remove it")
+        raise BertkitError(f"{out} already holds a finished index: pass --overwrite to replace it, or choose "
+                           "another folder")
     unfinished = (out / BUILD_JSON).is_file()
     if resume and not unfinished:
         raise BertkitError(f"--resume: {out} holds no unfinished index; start without --resume")
     if not resume and unfinished:
-        raise BertkitError(f"{out} holds an unfinished index: add --resume to continue it, or remove the folder")
-    if not resume and out.exists() and any(out.iterdir()):
+        raise BertkitError(f"{out} holds an unfinished index: add --resume to continue it, or --overwrite to "
+                           "start again")
+    if not resume and out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise BertkitError(f"{out} is not empty: write the index to a new or empty folder")
+
+
+def _empty(out: Path) -> None:
+    """Remove everything in `out` but its lock file."""
+    for path in out.iterdir():
+        if path.name == LOCK_FILE:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _check_plan(out: Path, plan: dict) -> None:
@@ -287,7 +305,8 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 batch_size: int = 32, part_size: int = 1024, device=None, dtype=None, resume: bool = False,
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
                 ef_search: int = 128, overlap: int | None = None,
-                lexical: LexicalOptions | None = LexicalOptions(), dedupe: bool = False) -> dict | None:
+                lexical: LexicalOptions | None = LexicalOptions(), dedupe: bool = False,
+                overwrite: bool = False) -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
 
@@ -301,7 +320,9 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     ann: "hnsw" also builds a FAISS HNSW graph (`bertkit.retrieval.ann`: M `ann_m`, `ef_construction`;
     searched with `ef_search`) and records its leave-one-out recall@10 against exact search.
     lexical: the BM25 part's settings (`bertkit.retrieval.lexical`); None leaves it out (--no-lexical).
-    dedupe: keep the first document of a repeated id (else a repeated id is an error).
+    dedupe: keep the first document of a repeated id (else a repeated id is an error). overwrite: replace
+    an index (finished or not) already in `output`. The folder is locked while it is written
+    (`bertkit.data.lock`): a second build into it is refused at once.
     """
     for name, value in (("batch size", batch_size), ("part size", part_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -313,8 +334,10 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         lexical.validate()
         stem_function(lexical.stemmer)  # as is a missing bm25s or PyStemmer
     out = Path(output)
-    with distributed.process_group(device or "auto") as rank:
-        _on_rank_0(rank, lambda: _prepare_folder(out, resume))
+    # one writer per folder (bertkit.data.lock); under torchrun rank 0 holds it for every rank
+    lock = folder_lock(out, "bertkit index") if first_process() else contextlib.nullcontext()
+    with lock, distributed.process_group(device or "auto") as rank:
+        _on_rank_0(rank, lambda: _prepare_folder(out, resume, overwrite))
         # a rank's own device (cuda:LOCAL_RANK on GPUs); alone, the caller's choice as given
         loaded = load_encoder(model, rank.device if rank.enabled else device, dtype)
         record = model_record(loaded)
@@ -414,7 +437,8 @@ def write_fusion(directory, fusion: dict) -> None:
 
 
 def open_index(directory) -> Index:
-    """An index folder written by `build_index`, its tensors memory-mapped."""
+    """An index folder written by `build_index`, its tensors memory-mapped, checked first
+    (`bertkit.retrieval.index_check`: counts, shapes, whole files, finite vectors)."""
     directory = Path(directory)
     path = directory / INDEX_JSON
     if not path.is_file():
@@ -422,9 +446,11 @@ def open_index(directory) -> Index:
         raise BertkitError(f"{directory} is not an index (no {INDEX_JSON})"
                            + (": its build was interrupted; finish it with bertkit index ... --resume" if unfinished
                               else ": build one with bertkit index CORPUS -o INDEX"))
-    info = json.loads(path.read_text())
+    info = read_info(path)
     if info.get("format") != FORMAT:
         raise BertkitError(f"{directory} is an index of format {info.get('format')}; this bertkit reads format "
                            f"{FORMAT}: build it again")
+    check_files(directory, info, VECTORS, PASSAGES)  # before mapping: a truncated file is named, not an mmap error
     tensors = map_safetensors(directory / VECTORS)
+    check_values(directory, info, tensors, PASSAGES)
     return Index(directory, info, tensors["vectors"], tensors["document"], tensors["passage_offset"])

@@ -65,11 +65,13 @@ from dataclasses import dataclass
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bertkit import __version__
 from bertkit.serve.batching import Engine, QueueFull
+from bertkit.serve.limits import check_answer, check_inputs, check_search, check_tokens
 from bertkit.serve.scans import ScanQueue
 from bertkit.serve.runner import EmbeddingModel, InputError, Query, check_text, leading, load_searcher, token_list
 from bertkit.serve.requests import (RETRY_AFTER_S, ApiError, ClientLeft, JSONResponse, plain,
@@ -148,6 +150,7 @@ def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
             if keyed:
                 check_key(request, svc.settings)
             response, n_inputs = await handler(request)
+            check_answer(len(response.body), svc.settings.max_answer_bytes)
         except ApiError as err:
             await discard_body(request)
             response = error_response(err.status, err.message, openai, err.headers)
@@ -156,6 +159,9 @@ def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
             response = error_response(err.status, str(err), openai)
         except ClientLeft:
             response = Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        except ClientDisconnect:  # gone while sending its body: the client's doing, one line, no traceback
+            log.warning("%s: the client closed the connection before its request body was read", name)
+            response = Response(status_code=499)
         except Exception as err:  # a bug, not the client's fault: log it, answer 500, keep serving
             log.exception("error while answering %s", name)
             response = error_response(500, f"internal error: {type(err).__name__}: {err}", openai)
@@ -163,6 +169,17 @@ def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
         return response
 
     return wrapped
+
+
+async def encode(svc: Service, texts: list, field: str | None, **options) -> list:
+    """The runner's rows for a request's texts (`field`: their name, for the inputs limit; None: counted
+    already), tokenised off the event loop (work that grows with the input must not hold up /health and the
+    other requests), within the request limits."""
+    if field is not None:
+        check_inputs(len(texts), svc.settings.max_client_batch_size, field)
+    rows = await asyncio.to_thread(svc.runner.encode, texts, **options)
+    check_tokens(rows, svc.settings.max_request_tokens)
+    return rows
 
 
 # --- the routes ---------------------------------------------------------------------
@@ -180,7 +197,7 @@ async def openai_embeddings(request):
     dims = runner.check_dimensions(data.get("dimensions"))
     if "model" in data and not isinstance(data["model"], (str, type(None))):
         raise InputError("`model` must be a string")
-    rows = runner.encode(texts, truncate=flag_field(data, "truncate", True))
+    rows = await encode(svc, texts, "input", truncate=flag_field(data, "truncate", True))
     costs = [len(r.input_ids) for r in rows]
     tokens = sum(costs)
     vectors = leading(await run(request, rows, costs), dims, normalize=True)
@@ -199,7 +216,7 @@ async def tei_embed(request):
     texts = texts_field(data, "inputs")
     normalize = flag_field(data, "normalize", svc.runner.normalize)
     dims = svc.runner.check_dimensions(data.get("dimensions"))
-    rows = svc.runner.encode(texts, truncate=flag_field(data, "truncate", True))
+    rows = await encode(svc, texts, "inputs", truncate=flag_field(data, "truncate", True))
     vectors = await run(request, rows, [len(r.input_ids) for r in rows])
     return JSONResponse(leading(vectors, dims, normalize)), len(texts)
 
@@ -208,8 +225,19 @@ async def tokenize(request):
     svc = service(request)
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "inputs")
+    check_inputs(len(texts), svc.settings.max_client_batch_size, "inputs")
     special = flag_field(data, "add_special_tokens", True)
-    return JSONResponse([token_list(svc.runner.tok, t, special) for t in texts]), len(texts)
+    answer = await asyncio.to_thread(token_lists, svc.runner.tok, texts, special, svc.settings.max_request_tokens)
+    return JSONResponse(answer), len(texts)
+
+
+def token_lists(tok, texts: list, special: bool, most: int) -> list:
+    """/tokenize's answer, text by text while the request's tokens stay within `most` (refused once over it)."""
+    out = []
+    for text in texts:
+        out.append(token_list(tok, text, special, most))
+        most -= len(out[-1])
+    return out
 
 
 async def search(request):
@@ -221,6 +249,7 @@ async def search(request):
     data = await read_json(request, svc.settings.max_body_bytes)
     queries = texts_field(data, "query")
     k = k_field(data)
+    check_search(len(queries), k, svc.settings)
     rerank_them = flag_field(data, "rerank", False)
     mode = searcher.mode(data.get("mode"))
     if rerank_them and searcher.cross is None:
@@ -228,7 +257,7 @@ async def search(request):
     if mode == "lexical":  # BM25 alone: no query vector to make (the rows are placeholders the scan ignores)
         vectors = np.zeros((len(queries), int(searcher.index.info["dim"])), np.float32)
     else:
-        rows = svc.runner.encode(queries, truncate=True, max_length=searcher.max_length)
+        rows = await encode(svc, queries, None, truncate=True, max_length=searcher.max_length)
         vectors = np.stack(leading(await run(request, rows, [len(r.input_ids) for r in rows]), None, normalize=True))
     answers = await svc.scans.scan(vectors, searcher.depth(k, rerank_them), queries, mode)
     if rerank_them:  # off the event loop: torch releases the GIL
@@ -241,6 +270,7 @@ async def predict(request):
     need(svc, "task", "/predict")
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "inputs")
+    check_inputs(len(texts), svc.settings.max_client_batch_size, "inputs")
     pairs = texts_field(data, "pairs", required=False)
     if pairs is not None and len(pairs) != len(texts):
         raise InputError(f"{len(texts)} inputs but {len(pairs)} pairs: give one pair per input")
@@ -256,6 +286,7 @@ async def rerank(request):
     data = await read_json(request, svc.settings.max_body_bytes)
     query = check_text(data.get("query"), "`query`")
     texts = texts_field(data, "texts")
+    check_inputs(len(texts), svc.settings.max_client_batch_size, "texts")
     return_text = flag_field(data, "return_text", False)
     preds = await run(request, [Query(query, t) for t in texts], [1] * len(texts))
     scores = [svc.runner.rerank_score(p) for p in preds]

@@ -22,6 +22,7 @@ import orjson
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from bertkit.serve.limits import json_depth
 from bertkit.serve.runner import InputError, check_text
 
 KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
@@ -73,21 +74,45 @@ def plain(value):
 
 
 async def read_json(request, limit: int):
+    """The request's JSON object: Content-Type application/json (415), at most `limit` bytes (413), sent within
+    --body-timeout-s (408), nested at most --max-json-depth (400); parsed off the event loop."""
+    settings = request.app.state.service.settings
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(415, f"the request's Content-Type is {kind or 'missing'}: send the body as application/json")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise ApiError(413, f"the request body has {length} bytes, over the limit of {limit} (--max-body-bytes)")
+    try:
+        body = await asyncio.wait_for(_read_body(request, limit), settings.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s "
+                            "(--body-timeout-s)") from None
+    data = await asyncio.to_thread(_parse, bytes(body), settings.max_json_depth)
+    if not isinstance(data, dict):
+        raise ApiError(422, "the request body must be a JSON object")
+    return data
+
+
+async def _read_body(request, limit: int) -> bytearray:
     body = bytearray()
     async for chunk in body_chunks(request):
         body += chunk
         if len(body) > limit:
             raise ApiError(413, f"the request body is over the limit of {limit} bytes (--max-body-bytes)")
+    return body
+
+
+def _parse(body: bytes, max_depth: int):
+    """JSON text -> Python values; its nesting is measured first, since the parser recurses once per level."""
+    depth = json_depth(body)
+    if depth > max_depth:
+        raise ApiError(400, f"the JSON body nests {depth} levels deep, over the limit of {max_depth} "
+                            "(--max-json-depth)")
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as err:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise ApiError(400, f"the request body is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise ApiError(422, "the request body must be a JSON object")
-    return data
 
 
 async def body_chunks(request):

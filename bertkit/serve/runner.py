@@ -75,6 +75,11 @@ def check_text(text, where: str) -> str:
         raise InputError(f"{where} must be a string, got {_json_type(text)}")
     if not text.strip():
         raise InputError(f"{where} is empty: every input needs at least one non-space character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # JSON lets "\ud800" through; no tokenizer or answer can hold it
+        raise InputError(f"{where} holds a lone surrogate ({text[err.start]!r} at character {err.start}), which is "
+                         "not a character: send valid Unicode text") from None
     return text
 
 
@@ -202,11 +207,15 @@ def leading(vectors: list, dims: int | None, normalize: bool) -> list:
 # --- tokens -------------------------------------------------------------------------
 
 
-def token_list(tok, text: str, add_special_tokens: bool) -> list:
+def token_list(tok, text: str, add_special_tokens: bool, most: int | None = None) -> list:
     """/tokenize's answer for one text, as text-embeddings-inference gives it: per token its id, its text
     (the input's own characters; a special token's name), whether it is special, and its start and stop
-    as UTF-8 byte offsets into the text (null for special tokens). Not truncated."""
+    as UTF-8 byte offsets into the text (null for special tokens). Not truncated: more than `most` tokens
+    is refused (413) before the answer is built."""
     enc = tok.encode(text, truncation=False, add_special_tokens=add_special_tokens)
+    if most is not None and len(enc.input_ids) > most:
+        raise InputError(f"the inputs hold more than {most} tokens, the limit per request (--max-request-tokens): "
+                         "send fewer or shorter texts per request", status=413)
     byte_at = [0]  # byte offset of each character, and of the end
     for ch in text:
         byte_at.append(byte_at[-1] + len(ch.encode("utf-8", "surrogatepass")))

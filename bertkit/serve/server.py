@@ -22,6 +22,7 @@ import socket
 import sys
 
 from bertkit.errors import BertkitError
+from bertkit.serve.connections import with_header_deadline
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -66,6 +67,7 @@ def serve(settings, log=None) -> None:
     settings.validate().model_path()  # a wrong directory is said at once, before torch loads
     try:
         import uvicorn
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
         from bertkit.serve.app import create_app
     except ImportError as err:
@@ -95,7 +97,9 @@ def serve(settings, log=None) -> None:
         f"queue {settings.max_queue}, {workers} worker(s) x {threads} thread(s)"
         f", {runner.precision}{' matmuls on ' + matmul_kernel() if runner.precision == 'float32' and not gpu else ''}"
         f"{', API key required' if settings.api_key else ''})")
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            timeout_keep_alive=settings.keep_alive_s, limit_concurrency=settings.max_connections,
+                            http=with_header_deadline(AutoHTTPProtocol, settings.header_timeout_s))
     absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -5,11 +5,13 @@ the fields into argparse options (`max_batch_tokens` -> `--max-batch-tokens`) an
 builds the config back from the flags a user gave. `validate` checks what
 needs no model, `model_path` that the model directory is there (before torch
 loads), `check_against_model` what needs the model's size (the input limit must
-fit its position table).
+fit its position table). `with_api_key` reads the key from the flag, a file or the
+environment (BERTKIT_API_KEY), read when the command starts and passed down as a value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import AUTO, EmbedOptions
 from bertkit.model.sentence_layout import SENTENCE_POOLINGS
 from bertkit.options import DTYPE_CHOICES
+
+API_KEY_ENV = "BERTKIT_API_KEY"  # the API key, when neither --api-key nor --api-key-file is given
 
 
 @dataclass
@@ -39,8 +43,31 @@ class ServeConfig:
         "max_seq_length, else its positions, 512); longer texts are truncated there, or refused (413) when the "
         "request sets truncate: false"})
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest request body; beyond it 413"})
+    # what one request may ask for (bertkit.serve.limits; docs/serving.md compares them with TEI's and OpenAI's)
+    max_client_batch_size: int = field(default=32, metadata={
+        "help": "most inputs (texts, queries, pairs) in one request, as TEI's flag of that name; beyond it 413"})
+    max_request_tokens: int = field(default=16384, metadata={
+        "help": "most tokens of one request's inputs together, after truncation (embeddings, /tokenize, /search); "
+        "beyond it 413"})
+    max_search_queries: int = field(default=32, metadata={"help": "most queries in one /search request; beyond it 413"})
+    max_search_hits: int = field(default=10000, metadata={
+        "help": "most documents one /search request may ask for (k x queries); beyond it 413"})
+    max_answer_bytes: int = field(default=16 * 1024 * 1024, metadata={
+        "help": "largest JSON answer; beyond it 413 (a safety net behind the limits above)"})
+    max_json_depth: int = field(default=32, metadata={"help": "deepest nesting of a JSON body; beyond it 400"})
+    max_connections: int = field(default=1024, metadata={
+        "help": "most open connections and requests in progress (uvicorn's --limit-concurrency); beyond it 503"})
+    header_timeout_s: float = field(default=10.0, metadata={
+        "help": "seconds a new connection has to send its request's headers before it is closed"})
+    body_timeout_s: float = field(default=30.0, metadata={
+        "help": "seconds a request has to send its whole body; beyond it 408"})
+    keep_alive_s: float = field(default=5.0, metadata={
+        "help": "seconds an idle keep-alive connection stays open (uvicorn's --timeout-keep-alive)"})
     api_key: str | None = field(default=None, metadata={
-        "help": "require `Authorization: Bearer KEY` on every endpoint but /health"})
+        "help": "require `Authorization: Bearer KEY` on every endpoint but /health; on the command line it is "
+        "visible to other users (ps): prefer --api-key-file or the BERTKIT_API_KEY environment variable"})
+    api_key_file: str | None = field(default=None, metadata={
+        "help": "read the API key from the first line of this file (instead of --api-key)"})
     workers: int | None = field(default=None, metadata={
         "help": "forward passes run at once, each on its own thread (default: on a CPU, the cores divided by "
         "--threads; on a GPU, 1)"})
@@ -65,10 +92,15 @@ class ServeConfig:
     rerank_top: int = field(default=50, metadata={"help": "documents the --rerank cross-encoder re-scores per query"})
 
     def validate(self) -> "ServeConfig":
-        positive = ("max_batch_tokens", "max_batch_size", "max_queue", "max_body_bytes")
+        positive = ("max_batch_tokens", "max_batch_size", "max_queue", "max_body_bytes", "max_client_batch_size",
+                    "max_request_tokens", "max_search_queries", "max_search_hits", "max_answer_bytes",
+                    "max_json_depth", "max_connections")
         for name in positive:
             if getattr(self, name) < 1:
                 raise BertkitError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise BertkitError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.max_wait_ms < 0:
             raise BertkitError(f"--max-wait-ms cannot be negative, got {self.max_wait_ms}")
         if not 0 <= self.port <= 65535:
@@ -91,6 +123,24 @@ class ServeConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise BertkitError("--api-key is empty: give a key, or leave the flag out to serve without one")
         return self
+
+    def with_api_key(self, environ: dict) -> "ServeConfig":
+        """The settings with `api_key` read from where it was given: --api-key, else --api-key-file (its first
+        line), else the environment variable API_KEY_ENV in `environ`; None: no key."""
+        if self.api_key is not None and self.api_key_file is not None:
+            raise BertkitError("give the API key once: --api-key or --api-key-file, not both")
+        key = self.api_key
+        if self.api_key_file is not None:
+            path = Path(self.api_key_file)
+            if not path.is_file():
+                raise BertkitError(f"--api-key-file {path} does not exist: write the key on its first line")
+            lines = path.read_text(encoding="utf-8").splitlines()
+            key = lines[0].strip() if lines else ""
+            if not key:
+                raise BertkitError(f"--api-key-file {path} is empty: write the key on its first line")
+        elif key is None and environ.get(API_KEY_ENV, "").strip():
+            key = environ[API_KEY_ENV].strip()
+        return dataclasses.replace(self, api_key=key, api_key_file=None)
 
     def parallelism(self, cores: int, gpu: bool) -> tuple:
         """(workers, torch threads per worker) on `cores` CPU cores, or on a GPU.

@@ -18,6 +18,8 @@ TASK`); `bertkit.predict` uses the result. Nothing here imports torch until a
 function runs.
 """
 
+from bertkit.data.lock import first_process, folder_lock
+from bertkit.data.outputs import check_output, clear_output
 from bertkit.errors import BertkitError
 from bertkit.tasks.config import EmbedConfig, NerConfig, QAConfig, TextTaskConfig, TrainConfig
 
@@ -55,7 +57,22 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
 
 
 def run_task(cfg, log=print) -> dict:
-    """Run a fine-tuning config: the one place that picks the task's code."""
+    """Run a fine-tuning config: the one place that picks the task's code. The output folder is checked
+    first (`bertkit.data.outputs`: not the model's own folder; a model or run there only with --overwrite
+    or --resume) and locked while the run writes it (`bertkit.data.lock`)."""
+    training = cfg.training
+    check_output(cfg.output, overwrite=training.overwrite, resume=training.resume, sources=[cfg.model])
+    if not first_process():
+        return _run_task(cfg, log)
+    with folder_lock(cfg.output, f"bertkit finetune {type(cfg).__name__}"):
+        if training.overwrite and not training.resume:
+            removed = clear_output(cfg.output)
+            if removed:
+                log(f"--overwrite: removed {', '.join(removed)} from {cfg.output}")
+        return _run_task(cfg, log)
+
+
+def _run_task(cfg, log) -> dict:
     if isinstance(cfg, NerConfig):
         from bertkit.tasks.ner import finetune_ner
 

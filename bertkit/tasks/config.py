@@ -52,6 +52,8 @@ class TrainConfig:
                                         "after the run finishes, to --resume it later with more --epochs; by default "
                                         "a finished run deletes it and keeps the model")
     resume: bool = _opt(False, "continue the run in --output from its last checkpoint")
+    overwrite: bool = _opt(False, "replace what --output already holds (a model or a run); without it such a "
+                           "folder is refused")
     progress: bool = _opt(True, "show progress bars")
     optim: OptimConfig = field(default_factory=OptimConfig)
 

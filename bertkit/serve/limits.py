@@ -1,0 +1,84 @@
+"""The server's limits on one request: what a small body may ask for is bounded before any work.
+
+A request body is at most --max-body-bytes, but what it asks for can be far larger: 3,000
+queries at k=1000 in a 45 KB body made a 627 MB answer; 400,000 one-word inputs kept the
+event loop busy for seconds. Each limit below is a setting (`bertkit.serve.settings`), checked
+as early as its quantity is known, and answered with one message naming the setting:
+
+    --max-json-depth          nesting of the JSON body, scanned before parsing       400
+                              (a parser recurses once per level; orjson crashes at ~10^6)
+    --body-timeout-s          the whole body must arrive within it                   408
+    Content-Type              application/json only (a browser form cannot send it   415
+                              cross-site without asking first)
+    --max-client-batch-size   inputs (texts, queries, pairs) per request: TEI's name  413
+                              and default (32); OpenAI's API allows 2,048
+    --max-request-tokens      tokens of one request's inputs, after truncation       413
+    --max-search-queries      queries per /search request                            413
+    --max-search-hits         k x queries per /search request (documents answered)   413
+    --max-answer-bytes        the JSON answer; a safety net behind the limits above  413
+
+Body, content type and depth are checked by `bertkit.serve.requests.read_json`; the rest here.
+The depth scan (`json_depth`) runs in numpy over the raw bytes: brackets count only outside
+strings, and a quote counts only when an even number of backslashes precedes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bertkit.serve.runner import InputError
+
+STEP = np.zeros(256, np.int8)  # byte -> +1 opens a level, -1 closes one
+STEP[list(b"[{")], STEP[list(b"]}")] = 1, -1
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply the JSON text `body` nests arrays and objects ({"a": [1]} is 2); for valid JSON.
+
+    Only the few quotes, backslashes and brackets are looked at one by one: a backslash run of odd
+    length escapes the byte after it, and a bracket is inside a string when an odd number of real
+    quotes precede it."""
+    b = np.frombuffer(body, np.uint8)
+    slashes = np.flatnonzero(b == ord("\\"))
+    escaped = np.zeros(0, np.int64)
+    if len(slashes):
+        starts = np.flatnonzero(np.diff(slashes, prepend=-2) != 1)  # each run of consecutive backslashes
+        ends = np.append(starts[1:], len(slashes))
+        odd = (ends - starts) % 2 == 1
+        escaped = slashes[ends[odd] - 1] + 1
+    quotes = np.flatnonzero(b == ord('"'))
+    quotes = quotes[~np.isin(quotes, escaped)]
+    steps = STEP[b]
+    where = np.flatnonzero(steps)
+    outside = np.searchsorted(quotes, where) % 2 == 0
+    levels = np.cumsum(steps[where[outside]].astype(np.int64))
+    return int(max(0, levels.max())) if len(levels) else 0
+
+
+def check_inputs(n: int, most: int, field: str) -> None:
+    if n > most:
+        raise InputError(f"`{field}` holds {n} inputs, over the limit of {most} per request "
+                         "(--max-client-batch-size): send them in several requests", status=413)
+
+
+def check_tokens(rows: list, most: int) -> None:
+    total = sum(len(r.input_ids) for r in rows)
+    if total > most:
+        raise InputError(f"the inputs hold {total} tokens, over the limit of {most} per request "
+                         "(--max-request-tokens): send fewer or shorter texts per request", status=413)
+
+
+def check_search(n_queries: int, k: int, settings) -> None:
+    if n_queries > settings.max_search_queries:
+        raise InputError(f"`query` holds {n_queries} queries, over the limit of {settings.max_search_queries} per "
+                         "request (--max-search-queries): send them in several requests", status=413)
+    if n_queries * k > settings.max_search_hits:
+        raise InputError(f"{n_queries} queries x k {k} = {n_queries * k} documents, over the limit of "
+                         f"{settings.max_search_hits} per request (--max-search-hits): lower k or send fewer "
+                         "queries", status=413)
+
+
+def check_answer(size: int, most: int) -> None:
+    if size > most:
+        raise InputError(f"the answer would be {size} bytes, over the limit of {most} (--max-answer-bytes): "
+                         "ask for fewer inputs or results per request", status=413)

@@ -1,0 +1,191 @@
+"""Output folders (issue 38, items 3 and 4): no silent overwrite, one writer at a time.
+
+finetune into a folder that holds a model is refused in one line and the folder is left byte for
+byte as it was; --overwrite replaces it and leaves no stale file of the old model (its modules.json);
+`--model X -o X` is refused even with --overwrite. The lock (`bertkit.data.lock`) is tested with
+real processes: a holder process makes `bertkit index`, `finetune` and `pretrain run` refuse the
+folder naming its pid; killed with SIGKILL it leaves a stale lock that the next writer takes over;
+and the issue's race, two `bertkit index` runs into one folder, ends with one refused in one line and
+the other's index whole (its own passages and vectors).
+"""
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_finetune import sentiment_rows, tiny_model_dir, write_tsv
+from test_index import make_tiny, scifact_corpus
+
+from bertkit.cli import main
+from bertkit.data.lock import LOCK_FILE, folder_lock
+from bertkit.data.outputs import check_output
+from bertkit.errors import BertkitError
+from bertkit.model.sentence_layout import write_layout
+from bertkit.retrieval.index import open_index
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bertkit(*args, wait=True):
+    command = [sys.executable, "-m", "bertkit.cli", *map(str, args)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if not wait:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    return done.returncode, done.stderr
+
+
+def digest(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("outputs")
+    tiny = tiny_model_dir(root / "tiny")
+    train = write_tsv(root / "train.tsv", ["sentence", "label"], sentiment_rows(16, random.Random(0)))
+    return {"root": root, "tiny": tiny, "train": train}
+
+
+def finetune(made, out, *flags):
+    return main(["finetune", "classify", "--train", str(made["train"]), "--model", str(made["tiny"]), "-o", str(out),
+                 "--epochs", "1", "--batch-size", "8", "--max-length", "16", "--no-progress", *flags])
+
+
+# --- item 3: no silent overwrite -------------------------------------------------------------------
+
+def test_finetune_into_a_model_folder_is_refused_and_overwrite_replaces_it_whole(made, tmp_path, capsys):
+    existing = tmp_path / "existing"
+    import shutil
+
+    shutil.copytree(made["tiny"], existing)
+    write_layout(existing, pooling="cls", normalize=True, max_seq_length=16, hidden_size=32)  # a sentence model
+    before = digest(existing)
+    assert finetune(made, existing) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds a model (config.json, model.safetensors" in err and \
+        "--overwrite" in err, err
+    assert digest(existing) == before  # nothing touched
+    assert finetune(made, existing, "--overwrite") == 0
+    assert not (existing / "modules.json").exists() and not (existing / "1_Pooling").exists()
+    assert (existing / "bertkit_task.json").is_file() and digest(existing)["model.safetensors"] != \
+        before["model.safetensors"]
+    assert not (existing / LOCK_FILE).exists()
+
+
+def test_model_and_output_the_same_folder_is_refused(made, capsys):
+    before = digest(made["tiny"])
+    for flags in ([], ["--overwrite"]):
+        assert finetune(made, made["tiny"], *flags) == 2
+        assert "is the folder the model is read from" in capsys.readouterr().err
+    assert digest(made["tiny"]) == before
+    with pytest.raises(BertkitError, match="is the folder the model is read from"):
+        check_output(Path(made["tiny"]) / ".." / made["tiny"].name, overwrite=True, sources=[made["tiny"]])
+
+
+def test_a_run_folder_needs_resume_or_overwrite(made, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    assert finetune(made, run) == 2
+    assert "already holds a run (metrics.jsonl): pass --overwrite to replace it, --resume to continue its run" in \
+        capsys.readouterr().err
+
+
+# --- item 4: one writer per folder, with real processes -----------------------------------------------
+
+HOLD = ("import sys, time\nfrom bertkit.data.lock import folder_lock\nwith folder_lock(sys.argv[1], 'the holder'):\n"
+        "    print('locked', flush=True)\n    time.sleep(120)\n")
+
+
+def holder(folder):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def corpora(shared_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("race")
+    return {"model": make_tiny(root / "tiny"),
+            "a": scifact_corpus(shared_data, root / "a.jsonl", n=40, first=0),
+            "b": scifact_corpus(shared_data, root / "b.jsonl", n=3, first=100)}
+
+
+def test_a_held_folder_is_refused_by_index_finetune_and_pretrain(made, corpora, tmp_path):
+    folder = tmp_path / "held"
+    proc = holder(folder)
+    try:
+        for args in (["index", corpora["b"], "-o", folder, "--model", corpora["model"], "--quiet"],
+                     ["finetune", "classify", "--train", made["train"], "--model", made["tiny"], "-o", folder,
+                      "--epochs", "1", "--no-progress"],
+                     ["pretrain", "run", tmp_path / "data", "-o", folder, "--config", "tiny"]):
+            status, err = bertkit(*args)
+            assert status == 2 and err.count("\n") == 1, err
+            assert f"is being written by process {proc.pid} (the holder, since" in err, err
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (folder / LOCK_FILE).is_file()  # SIGKILL: the file stays, its flock is gone with the process
+    status, err = bertkit("index", corpora["b"], "-o", folder, "--model", corpora["model"], "--quiet",
+                          "--passage-tokens", 32)
+    assert status == 0, err
+    assert f"took over a stale lock of process {proc.pid} (the holder" in err
+    assert open_index(folder).info["documents"] == 3 and not (folder / LOCK_FILE).exists()
+
+
+def test_two_index_runs_into_one_folder_one_is_refused_the_other_is_whole(corpora, tmp_path):
+    folder = tmp_path / "race"
+    first = bertkit("index", corpora["a"], "-o", folder, "--model", corpora["model"], "--quiet",
+                    "--passage-tokens", 32, wait=False)
+    deadline = time.monotonic() + 60
+    while not (folder / LOCK_FILE).is_file():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.01)
+    first.send_signal(signal.SIGSTOP)  # caught mid-build, however fast this machine is
+    try:
+        status, err = bertkit("index", corpora["b"], "-o", folder, "--model", corpora["model"], "--quiet",
+                              "--passage-tokens", 32)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, first_err = first.communicate(timeout=300)
+    assert first.returncode == 0, first_err
+    assert status == 2 and err.count("\n") == 1 and f"is being written by process {first.pid}" in err, err
+    status, err = bertkit("index", corpora["b"], "-o", folder, "--model", corpora["model"], "--quiet")
+    assert status == 2 and "already holds a finished index: pass --overwrite" in err, err
+    index = open_index(folder)  # whole: every check of index_check passes
+    assert index.info["documents"] == 40
+    ids = {p["doc_id"] for p in index.passages(range(len(index)))}
+    import json
+
+    assert ids == {json.loads(line)["_id"] for line in corpora["a"].read_text().splitlines()}
+
+
+def test_lock_in_process_is_exclusive_and_released(tmp_path):
+    folder = tmp_path / "new"
+    with folder_lock(folder, "first"):
+        assert (folder / LOCK_FILE).read_text().startswith(f"{os.getpid()} first, since ")
+        with pytest.raises(BertkitError, match=f"is being written by process {os.getpid()} \\(first"):
+            with folder_lock(folder, "second"):
+                pass
+    assert not folder.exists()  # created for the lock, left empty: removed
+    with folder_lock(folder, "again"):
+        (folder / "kept").write_text("x")
+    assert (folder / "kept").is_file() and not (folder / LOCK_FILE).exists()
+
+
+def test_sigterm_to_a_holder_releases_the_lock(tmp_path):
+    folder = tmp_path / "t"
+    proc = holder(folder)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait()
+    with folder_lock(folder, "next"):
+        pass
