@@ -236,3 +236,22 @@ def test_search_and_serve_say_a_damaged_index_in_one_line(index, tiny, tmp_path)
     status, err = cli("serve", tiny, "--index", damaged, "--port", "0")
     assert status == 2 and err.strip().splitlines()[-1].startswith("bertkit: error:") and "is truncated" in err, err
     assert "Traceback" not in err
+
+
+# --- item 10: a float label column is a hint for regression -------------------------------------------
+
+def test_fractional_labels_warn_that_regression_fits(tmp_path):
+    from test_finetune import tiny_model_dir, write_tsv
+
+    from bertkit.data.tables import looks_like_scores
+    from bertkit.tasks import finetune
+    from bertkit.tasks.config import TrainConfig
+
+    assert looks_like_scores(["0.5", "1", "3.25"]) and not looks_like_scores(["0", "1", "2"])
+    assert not looks_like_scores(["neg", "0.5"])
+    rows = [(f"the movie was {w}", score) for w, score in [("good", 4.5), ("bad", 0.25), ("fine", 2.0)] * 4]
+    train = write_tsv(tmp_path / "scores.tsv", ["sentence", "label"], rows)
+    with pytest.warns(UserWarning, match=r"numbers with fractions \(0.25, 2.0, 4.5\): each distinct value becomes one "
+                                         r"of 3 classes; for a score, use bertkit finetune regression"):
+        finetune("classify", train=str(train), output=str(tmp_path / "out"), model=str(tiny_model_dir(tmp_path / "m")),
+                 max_length=16, log=lambda line: None, training=TrainConfig(epochs=1, batch_size=8, progress=False))

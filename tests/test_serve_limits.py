@@ -220,7 +220,10 @@ def test_a_body_that_never_ends_is_408(servers):
     sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
                  + KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n{\"inputs\": ")
     t0 = time.monotonic()
-    answer = sock.recv(4096)
+    answer = chunk = sock.recv(4096)
+    while chunk and b"}" not in answer:  # headers and body may come in two reads
+        chunk = sock.recv(4096)
+        answer += chunk
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout-s" in answer, answer
     assert 1.5 < time.monotonic() - t0 < 6
@@ -256,7 +259,10 @@ def test_half_sent_headers_are_closed_after_the_header_timeout(servers):
     # a keep-alive connection must send its next request's headers in time too
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    answer = b""
+    while not answer.endswith(b'{"status":"ok"}'):  # the whole first answer: headers and body
+        answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 200")
     sock.sendall(b"GET /health HTTP/1.1\r\n")
     _all_closed_by_the_server([sock], HEADER_TIMEOUT_S + 5)
 
@@ -278,18 +284,28 @@ def test_beyond_the_connection_limit_is_503(servers):
 
 
 def test_300_half_sent_connections_at_ulimit_256_do_not_starve_the_server(servers):
-    """The issue's attack: at `ulimit -n 256`, 300 connections that never finish their headers; the header
-    timeout frees the descriptors, so /health is answered within it (and is not refused afterwards)."""
+    """The issue's attack: at `ulimit -n 256`, 300 connections that never finish their headers. While the
+    descriptors are used up, a new connection is accepted and closed at once (libuv's answer to EMFILE, under
+    uvloop); the header timeout frees them, so a client that retries is answered within it, and after it
+    /health is answered at once."""
     server = servers["tight"]
     port = server.port
     resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE, (256, 256))
     socks = _half_sent(port, 300)  # the kernel queues what the server cannot accept yet
     t0 = time.perf_counter()
-    assert call(port, "GET", "/health", timeout=HEADER_TIMEOUT_S * 4)[0] == 200
+    while True:
+        try:
+            if call(port, "GET", "/health", timeout=HEADER_TIMEOUT_S * 4)[0] == 200:
+                break
+        except (ConnectionError, OSError):
+            pass
+        assert time.perf_counter() - t0 < HEADER_TIMEOUT_S * 3, "starved past the header timeout"
+        time.sleep(0.1)
     waited = time.perf_counter() - t0
-    assert waited < HEADER_TIMEOUT_S * 3, waited
     for sock in socks:
         sock.close()
+    print(f"/health answered {waited:.2f} s after 300 half-sent connections at ulimit -n 256")
+    time.sleep(0.5)
     t0 = time.perf_counter()
     assert call(port, "GET", "/health")[0] == 200 and time.perf_counter() - t0 < 1.0
 

@@ -183,6 +183,16 @@ def label_names(labels) -> list[str]:
     return sorted(names, key=key)
 
 
+def looks_like_scores(names: list[str]) -> bool:
+    """Whether label names are numbers with fractions (0.25, 3.5): scores, which a classifier would make
+    into one class per distinct value."""
+    try:
+        values = [float(n) for n in names]
+    except ValueError:
+        return False
+    return any(v != int(v) for v in values if v == v and abs(v) != float("inf"))
+
+
 def check_known_labels(labels, label2id: dict, where: str) -> None:
     """Unknown labels (e.g. in the dev set) are an error: they could never be predicted."""
     seen = set()

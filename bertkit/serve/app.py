@@ -152,7 +152,8 @@ def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
             response, n_inputs = await handler(request)
             check_answer(len(response.body), svc.settings.max_answer_bytes)
         except ApiError as err:
-            await discard_body(request)
+            if err.status != 408:  # a body that timed out is not coming: nothing to drain
+                await discard_body(request)
             response = error_response(err.status, err.message, openai, err.headers)
         except InputError as err:
             await discard_body(request)

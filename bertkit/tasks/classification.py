@@ -21,6 +21,7 @@ Shapes: logits per example (num_labels,) or (1,) for regression.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import numpy as np
 from bertkit.errors import BertkitError
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import TEXT_TASKS, TextTaskConfig
-from bertkit.data.tables import TextExample, check_known_labels, label_names, read_text_examples
+from bertkit.data.tables import TextExample, check_known_labels, label_names, looks_like_scores, read_text_examples
 from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
 from bertkit.tasks.trainer import run_model, train
 
@@ -199,6 +200,10 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
         names = label_names(e.label for e in train_ex)
         if len(names) < 2 and cfg.task != "multi_label":
             raise BertkitError(f"{cfg.train}: only one label ({names}) in the training data; a classifier needs two or more")
+        if cfg.task != "multi_label" and looks_like_scores(names):
+            warnings.warn(f"{cfg.train}: the labels are numbers with fractions ({', '.join(names[:4])}"
+                          f"{', ...' if len(names) > 4 else ''}): each distinct value becomes one of {len(names)} "
+                          "classes; for a score, use bertkit finetune regression", stacklevel=2)
         label2id = {n: i for i, n in enumerate(names)}
         if dev_ex:
             check_known_labels((e.label for e in dev_ex), label2id, f"{cfg.dev}")
