@@ -13,7 +13,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
