@@ -74,7 +74,8 @@ def setup(tmp_path_factory):
 def _commands(root, tiny, models):
     """name -> (input suffix, argv with {} where the file goes)."""
     out = str(root / "out")
-    train = ["-o", out, "--model", str(tiny), "--max-steps", "1", "--max-length", "48", "--no-progress"]
+    # --overwrite: every case writes the same folder, over the model the case before left there
+    train = ["-o", out, "--overwrite", "--model", str(tiny), "--max-steps", "1", "--max-length", "48", "--no-progress"]
     return {
         "tokenize": (".txt", ["tokenize", "hello", "--vocab", "{}"]),
         "vocab-check": (".txt", ["vocab", "check", "{}"]),

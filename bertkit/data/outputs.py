@@ -24,12 +24,12 @@ from pathlib import Path
 from bertkit.data.lock import LOCK_FILE
 from bertkit.errors import BertkitError
 
-HOLDS = {
+HOLDS = {  # a run's folder holds its model too: it is named a run (and --resume offered)
+    "a run": ("run_config.json", "metrics.jsonl", "checkpoints"),
+    "an index": ("index.json", "build.json"),
     "a model": ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "model.int8.safetensors", "modules.json", "sentence_bert_config.json",
                 "config_sentence_transformers.json", "bertkit_task.json"),
-    "a run": ("run_config.json", "metrics.jsonl", "checkpoints"),
-    "an index": ("index.json", "build.json"),
 }
 # what --overwrite removes beside HOLDS' names: the rest of what a model, run or index writes
 ALSO_WRITTEN = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json", "1_Pooling",
