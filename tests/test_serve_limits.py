@@ -80,6 +80,7 @@ def refused_while_healthy(server, path, body, status, says, headers=AUTH):
     before = rss(server)
     answer = []
     sender = threading.Thread(target=lambda: answer.append(post(port, path, body, headers)))
+    started = time.perf_counter()
     sender.start()
     slowest = 0.0
     while sender.is_alive():
@@ -88,11 +89,15 @@ def refused_while_healthy(server, path, body, status, says, headers=AUTH):
         slowest = max(slowest, time.perf_counter() - t0)
         time.sleep(0.02)
     sender.join()
+    took = time.perf_counter() - started
     got, _, data = answer[0]
     message = data["error"] if isinstance(data["error"], str) else data["error"]["message"]
     assert got == status and says in message, (got, data)
     assert slowest < 1.0, f"/health took {slowest:.3f} s during the request"
     after = rss(server)
+    size = len(body if isinstance(body, str) else json.dumps(body))
+    print(f"\n{path} ({size} bytes): {got} in {took:.2f} s, slowest /health {slowest:.3f} s, "
+          f"RSS {before / 1024:.0f} -> {after / 1024:.0f} MB: {message}")
     assert after <= 1.10 * before, f"RSS {before} KiB -> {after} KiB"
     assert post(port, "/embed", {"inputs": ["still serving"]})[0] == 200
     return message, slowest
