@@ -74,3 +74,32 @@ def test_bad_kinds_are_one_line():
         encode(np.ones((1, 8), np.float32), "int4")
     with pytest.raises(BertkitError, match="oversampling must be at least 1"):
         compact_top_k(np.ones((1, 8), np.float32), np.zeros((3, 1), np.uint8), "binary", 2, oversampling=0)
+
+
+@pytest.mark.parametrize("kind", ["int8", "binary"])
+def test_an_index_with_codes_answers_as_the_float_scan(shared_data, tmp_path, kind):
+    from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
+
+    from bertkit.cli import main
+    from bertkit.retrieval.index import open_index
+    from bertkit.retrieval.search import search
+
+    tiny = make_tiny(tmp_path / "tiny")
+    corpus = scifact_corpus(shared_data, tmp_path / "corpus.jsonl", n=8)
+    assert main(["index", str(corpus), "-o", str(tmp_path / "ix"), "--model", str(tiny), "--passage-tokens",
+                 str(TOKENS), "--overlap", str(OVERLAP), "--dtype", "float32", "--vectors", kind, "--no-lexical",
+                 "--quiet"]) == 0
+    index = open_index(tmp_path / "ix")
+    assert index.info["vectors"]["kind"] == kind
+    vectors = np.asarray(index.vectors)
+    ranges = int8_ranges(vectors) if kind == "int8" else None
+    np.testing.assert_array_equal(index.codes, encode(vectors, kind, ranges))  # the codes written are compact's
+    queries = ["vitamin D and bone fractures", "stem cells", "tumour growth in mice"]
+    # 4 documents x the most passages per document x oversampling 4 candidates cover every row here: the
+    # rescored answer is the float scan's
+    assert 4 * index.info["max_passages_per_document"] * 4 >= len(index)
+    coded = search(index, queries, k=4, dtype="float32", fusion={"mode": "dense"})
+    index.codes = None
+    plain = search(index, queries, k=4, dtype="float32", fusion={"mode": "dense"})
+    assert [[h.id for h in a] for a in coded] == [[h.id for h in a] for a in plain]
+    np.testing.assert_allclose([h.score for a in coded for h in a], [h.score for a in plain for h in a], rtol=1e-6)

@@ -61,6 +61,9 @@ def add_index(sub):
                    "(default 200)")
     p.add_argument("--ef-search", type=int, default=128, help="HNSW: candidates kept while searching, recorded "
                    "as the index's default (default 128)")
+    p.add_argument("--vectors", choices=["float32", "int8", "binary"], default="float32", help="also write compact "
+                   "codes of the vectors that exact search scans (int8: 1/4 of the bytes, binary: 1/32), rescoring "
+                   "its candidates against the float rows (default float32: no codes)")
     p.add_argument("--no-lexical", action="store_true", help="leave out the lexical part (BM25 over the same "
                    "passages, stemmed, which hybrid and lexical search need; built by default)")
     add_options(p, LexicalOptions)
@@ -87,7 +90,8 @@ def run_index(args):
                        stride=args.stride, batch_size=args.batch_size, part_size=args.part_size,
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
                        ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search,
-                       lexical=lexical, dedupe=args.dedupe, overwrite=args.overwrite)
+                       lexical=lexical, dedupe=args.dedupe, overwrite=args.overwrite,
+                       vectors=args.vectors)
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]

@@ -25,7 +25,8 @@ import numpy as np
 from bertkit.errors import BertkitError
 
 
-SAFETENSORS_DTYPES = {"F32": "<f4", "I64": "<i8"}  # the safetensors names of the dtypes written here
+# the safetensors names of the dtypes written here (I8, U8: an index's compact vector codes)
+SAFETENSORS_DTYPES = {"F32": "<f4", "I64": "<i8", "I8": "|i1", "U8": "|u1"}
 
 
 def safetensors_header(tensors: dict) -> bytes:

@@ -74,6 +74,7 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.features import load_encoder
 from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
+from bertkit.retrieval import compact
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
@@ -86,6 +87,7 @@ from bertkit.data.vector_files import SAFETENSORS_DTYPES, safetensors_header
 FORMAT = 1
 INDEX_JSON, BUILD_JSON = "index.json", "build.json"
 PASSAGES, VECTORS, PARTS = "passages.jsonl", "vectors.safetensors", "parts"
+CODES = "codes.safetensors"  # with --vectors int8|binary
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +165,8 @@ def map_safetensors(path) -> dict[str, np.memmap]:
         begin, end = entry["data_offsets"]
         shape = tuple(entry["shape"])
         if entry["dtype"] not in SAFETENSORS_DTYPES:
-            raise BertkitError(f"{path}: tensor {name} is {entry['dtype']}; an index holds F32 and I64 only")
+            raise BertkitError(f"{path}: tensor {name} is {entry['dtype']}; an index holds "
+                               f"{', '.join(SAFETENSORS_DTYPES)} only")
         out[name] = np.memmap(path, dtype=SAFETENSORS_DTYPES[entry["dtype"]], mode="r", offset=8 + length + begin, shape=shape)
     return out
 
@@ -306,7 +309,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
                 ef_search: int = 128, overlap: int | None = None,
                 lexical: LexicalOptions | None = LexicalOptions(), dedupe: bool = False,
-                overwrite: bool = False) -> dict | None:
+                overwrite: bool = False, vectors: str = "float32") -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
 
@@ -323,7 +326,11 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     dedupe: keep the first document of a repeated id (else a repeated id is an error). overwrite: replace
     an index (finished or not) already in `output`. The folder is locked while it is written
     (`bertkit.data.lock`): a second build into it is refused at once.
+    vectors: "int8" or "binary" also writes the vectors' compact codes (`bertkit.retrieval.compact`), which the
+    exact search then scans, rescoring its candidates against the float rows (kept, read for them only).
     """
+    if vectors not in compact.KINDS:
+        raise BertkitError(f"unknown --vectors {vectors!r}: choose one of {', '.join(compact.KINDS)}")
     for name, value in (("batch size", batch_size), ("part size", part_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BertkitError(f"the {name} must be at least 1, got {value!r}")
@@ -356,7 +363,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 "passage_tokens": passage_tokens, "overlap": stride, "part_size": part_size, "batch_size": batch_size,
                 "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
                 "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search},
-                "lexical": lexical and dataclasses.asdict(lexical)}
+                "lexical": lexical and dataclasses.asdict(lexical), "vectors": vectors}
         # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist
         _on_rank_0(rank, lambda: _start(out, resume, plan, lines))
         _sees(rank, [out / BUILD_JSON])
@@ -373,6 +380,8 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": stride,
                 "passages": len(passages), "documents": len(numbers), "documents_without_tokens": empty, "dim": dim,
                 "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
+        if vectors != "float32":
+            info["vectors"] = _write_codes(out, vectors)
         if lexical is not None:
             info["lexical"] = build_lexical(out, [p.text for p in passages], lexical, progress=progress)
         if ann is not None:
@@ -396,6 +405,8 @@ class Index:
     document: np.ndarray
     passage_offset: np.ndarray
     lexical_part: object = field(default=None, repr=False)  # the bm25s retriever, read when first asked for
+    codes: np.ndarray | None = None  # with --vectors int8|binary: [N, D] int8 or [N, D/8] uint8 (compact.py)
+    ranges: np.ndarray | None = None  # int8: [2, D] the corpus's per-dimension lowest and highest
 
     def lexical(self):
         """The BM25 part (`bertkit.retrieval.lexical`), memory-mapped on first use; refused in one line when
@@ -453,4 +464,29 @@ def open_index(directory) -> Index:
     check_files(directory, info, VECTORS, PASSAGES)  # before mapping: a truncated file is named, not an mmap error
     tensors = map_safetensors(directory / VECTORS)
     check_values(directory, info, tensors, PASSAGES)
-    return Index(directory, info, tensors["vectors"], tensors["document"], tensors["passage_offset"])
+    codes = map_safetensors(directory / CODES) if (info.get("vectors") or {}).get("kind", "float32") != "float32" else {}
+    return Index(directory, info, tensors["vectors"], tensors["document"], tensors["passage_offset"],
+                 codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]))
+
+
+
+def _write_codes(out: Path, kind: str, block: int = 65536) -> dict:
+    """OUT/codes.safetensors: the compact codes of the index's vectors ("codes", and int8's "ranges"),
+    coded a block at a time from the memory-mapped float rows; returns index.json's "vectors"."""
+    vectors = map_safetensors(out / VECTORS)["vectors"]
+    n, dim = vectors.shape
+    ranges = compact.int8_ranges(vectors, block) if kind == "int8" else None
+    shape = (n, dim) if kind == "int8" else (n, (dim + 7) // 8)
+    tensors = {"codes": ("I8" if kind == "int8" else "U8", shape)} | ({"ranges": ("F32", (2, dim))} if kind == "int8"
+                                                                       else {})
+    header = safetensors_header(tensors)
+
+    def write(f):
+        f.write(header)
+        for start in range(0, n, block):
+            f.write(compact.encode(np.asarray(vectors[start : start + block]), kind, ranges).tobytes())
+        if ranges is not None:
+            f.write(ranges.astype("<f4").tobytes())
+
+    _replace_atomically(out / CODES, write)
+    return {"kind": kind, "oversampling": compact.DEFAULT_OVERSAMPLING, "bytes_per_vector": int(np.prod(shape[1:]))}

@@ -36,6 +36,7 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, ann_top_k, read_hnsw
+from bertkit.retrieval.compact import compact_top_k
 from bertkit.retrieval.config import FusionOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.documents import first_per_document
@@ -103,6 +104,10 @@ def best_documents(index: Index, query_vectors: np.ndarray, k: int = 10, *, bloc
         graph = read_hnsw(index.directory / HNSW_FILE)
         ef = ef_search if ef_search is not None else index.info.get("ann", {}).get("ef_search", 128)
         scores, rows = ann_top_k(graph, query_vectors, depth, ef)
+    elif index.codes is not None:  # --vectors int8|binary: candidates by the codes, rescored on the float rows
+        scores, rows = compact_top_k(query_vectors, index.codes, index.info["vectors"]["kind"], depth,
+                                     ranges=index.ranges, oversampling=int(index.info["vectors"]["oversampling"]),
+                                     block_size=block_size, float_vectors=index.vectors)
     else:
         scores, rows = top_k(query_vectors, index.vectors, depth, block_size=block_size, query_block=query_block,
                              normalized=True)
