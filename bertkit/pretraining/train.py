@@ -1,11 +1,12 @@
 """Pre-training: masked LM (+ next-sentence or sentence-order) on prepared shards.
 
 Devlin et al. 2019, section 3.1 and appendix A.2; google-research/bert
-`run_pretraining.py`. The loop is the one every training run uses
-(`bertkit.training.loop`); this module wires pre-training into it: the
-model (fresh, from --init-from, or as a resumed checkpoint recorded it), the
-seekable stream of masked micro-batches, MLM and NSP/SOP accuracy, and the
-evaluation on held-out documents (`bertkit.pretraining.held_out`).
+`run_pretraining.py`. The run is the one every training run takes
+(`bertkit.training.harness` around `bertkit.training.loop`); this module
+hands it what pre-training is: the model (fresh, from --init-from, or as a
+resumed checkpoint recorded it), the seekable stream of masked micro-batches,
+MLM and NSP/SOP accuracy, and the evaluation on held-out documents
+(`bertkit.pretraining.held_out`).
 
 The batch stream: position p of the endless training order is instance
 perm_e[p % n] of epoch e = p // n, with a fresh permutation per epoch drawn

@@ -1,9 +1,10 @@
-"""Fine-tuning's side of the one training loop: labelled features in, the best epoch out.
+"""Fine-tuning's side of the one run harness: labelled features in, the best epoch out.
 
 Fine-tuning (BERT paper section 4 and A.3) is a few epochs of AdamW over
-labelled features, the rate warmed up and decayed linearly. The updates are
-`bertkit.training.loop` (accumulation, clipping, bf16, DDP, NaN stop,
-checkpoints, exact resume); this module adds what is particular to it. A
+labelled features, the rate warmed up and decayed linearly. The run is
+`bertkit.training.harness` around `bertkit.training.loop` (accumulation,
+clipping, bf16, DDP, NaN stop, checkpoints, exact resume); this module adds
+what is particular to it: the batches, and the epochs (`Epochs`). A
 *feature* is a dict holding `input_ids` and optionally `token_type_ids`,
 `labels`, `start_positions`, `end_positions` (anything else, such as
 `example_index`, is the task's bookkeeping); the model is called as
