@@ -23,14 +23,16 @@ module (token, position and segment embeddings with their LayerNorm), as in the
 original code; the generator's MLM decoder is tied to those word embeddings.
 
 The model classes and their Hugging Face names (checkpoint keys in
-bertkit.model.checkpoint.ELECTRA_TABLE):
+bertkit.model.checkpoint.ELECTRA_TABLE). ELECTRA's encoder is a BertModel (one forward)
+that embeds differently and has no pooler; its heads are BERT's, with ELECTRA's modules where
+the published models have their own:
 
-    ElectraModel                       the bare encoder; BertOutput without pooler
+    ElectraModel                       BertModel: embeddings [B, T, E] -> projection -> layers; no pooler
     ElectraForPreTraining              the discriminator: logits [B, T] (> 0: replaced)
-    ElectraForMaskedLM                 the generator: logits [B, T, V] / [M, V] with labels
-    ElectraForSequenceClassification   ElectraClassificationHead on the first token
-    ElectraForTokenClassification      a linear layer on every token
-    ElectraForQuestionAnswering        start/end logits [B, T]
+    ElectraForMaskedLM                 BertForMaskedLM with GeneratorHead: logits [B, T, V] / [M, V] with labels
+    ElectraForSequenceClassification   BertForSequenceClassification with ElectraClassificationHead on the first token
+    ElectraForTokenClassification      BertForTokenClassification: a linear layer on every token
+    ElectraForQuestionAnswering        BertForQuestionAnswering: start/end logits [B, T]
     (ElectraPretrainingModel, generator + discriminator, is in bertkit.model.electra_pretraining)
 
 A pre-training output directory holds the discriminator (ElectraForPreTraining, the
@@ -58,10 +60,10 @@ from torch import nn
 from bertkit.model.config import BertConfig
 from bertkit.model.dropout import Dropout
 from bertkit.errors import BertkitError
-from bertkit.model.heads import (IGNORE_INDEX, BertForSequenceClassification, HeadOutput, QuestionAnsweringOutput,
-                           check_labels, classifier_dropout, masked_lm, sequence_loss, span_loss, token_loss)
-from bertkit.model.modeling import (BertEmbeddings, BertEncoder, BertOutput, BertPreTrainedModel, activation,
-                              additive_mask, attention_dtype, check_inputs, init_weights)
+from bertkit.model.heads import (IGNORE_INDEX, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
+                                 BertForTokenClassification, encode, check_labels, classifier_dropout)
+from bertkit.model.modeling import (BertEmbeddings, BertEncoder, BertModel, BertPreTrainedModel, activation,
+                                    init_weights)
 
 # name -> (num_hidden_layers, hidden_size, num_attention_heads, embedding_size); intermediate 4x hidden
 # (the discriminators of the paper's table 6 / the released google/electra-*-discriminator)
@@ -149,9 +151,11 @@ class ElectraEmbeddings(BertEmbeddings):
 
 
 class ElectraPreTrainedModel(BertPreTrainedModel):
-    """What every ELECTRA class shares: an ElectraConfig and loading/saving in HF's ELECTRA format."""
+    """What every ELECTRA class shares: an ElectraConfig, the encoder under `electra`, and
+    loading/saving in HF's ELECTRA format."""
 
     config_class = ElectraConfig  # what checkpoint.load_pretrained reads config.json as
+    base_model_prefix = "electra"
 
     def __init__(self, config: ElectraConfig):
         if not isinstance(config, ElectraConfig):
@@ -159,41 +163,26 @@ class ElectraPreTrainedModel(BertPreTrainedModel):
         super().__init__(config)
 
 
-class ElectraModel(ElectraPreTrainedModel):
+class ElectraModel(BertModel, ElectraPreTrainedModel):
     """embeddings [B, T, E] -> (embeddings_project, where E != H) [B, T, H] -> L BERT layers.
 
-    forward takes BertModel's arguments and returns a BertOutput with pooler_output None
-    (ELECTRA has no pooler; its heads read the first token or every token).
+    BertModel with ELECTRA's embeddings and no pooler: its forward (BertModel's) takes the same
+    arguments and returns a BertOutput with pooler_output None (ELECTRA's heads read the first
+    token or every token).
     """
 
     def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
-        super().__init__(config)
+        ElectraPreTrainedModel.__init__(self, config)
         self.embeddings = ElectraEmbeddings(config)
         project = config.embedding_size != config.hidden_size
         self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size) if project else None
         self.encoder = BertEncoder(config)
+        self.pooler = None
         init_weights(self, config.initializer_range, generator)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
-                output_attentions=False, pool: bool = True) -> BertOutput:
-        check_inputs(self.config, input_ids, attention_mask, token_type_ids)
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         x = self.embeddings(input_ids, token_type_ids)  # [B, T, E]
-        if self.embeddings_project is not None:
-            x = self.embeddings_project(x)  # [B, T, E] -> [B, T, H]
-        mask = additive_mask(attention_mask, attention_dtype(x))  # [B, 1, 1, T] or None
-        explicit = output_attentions or self.config.attn_implementation == "eager"
-        x, hidden_states, attentions = self.encoder(x, mask, explicit, output_hidden_states, output_attentions)
-        return BertOutput(
-            last_hidden_state=x,
-            pooler_output=None,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
-
-
-def _encode(model, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions):
-    return model.electra(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                         output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        return x if self.embeddings_project is None else self.embeddings_project(x)  # [B, T, E] -> [B, T, H]
 
 
 # --- heads ---------------------------------------------------------------------------------
@@ -273,7 +262,7 @@ class ElectraForPreTraining(ElectraPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 output_hidden_states=False, output_attentions=False) -> DiscriminatorOutput:
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        out = encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         logits = self.discriminator_predictions(out.last_hidden_state)  # [B, T]
         loss = None
         if labels is not None:
@@ -282,79 +271,59 @@ class ElectraForPreTraining(ElectraPreTrainedModel):
         return DiscriminatorOutput(loss, logits, out.hidden_states, out.attentions)
 
 
-class ElectraForMaskedLM(ElectraPreTrainedModel):
-    """The generator: BERT's masked LM at ELECTRA's shapes. With labels, logits only at the
-    labelled positions ([M, V], as bertkit.model.heads.masked_lm); without, [B, T, V]."""
+# The generator and the fine-tuning heads are BERT's (their forward, losses and outputs) on the
+# ELECTRA encoder; each builds its modules under HF ELECTRA's names (bertkit.model.checkpoint).
+
+
+class ElectraForMaskedLM(BertForMaskedLM, ElectraPreTrainedModel):
+    """The generator: BertForMaskedLM with ELECTRA's head (GeneratorHead: H -> E, decoder tied to the
+    [V, E] word embeddings). With labels, logits only at the labelled positions ([M, V]); without, [B, T, V]."""
 
     def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
-        super().__init__(config)
+        ElectraPreTrainedModel.__init__(self, config)
         self.electra = ElectraModel(config, generator=generator)
         self.generator_predictions = GeneratorHead(config)
         init_weights(self.generator_predictions, config.initializer_range, generator)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                output_hidden_states=False, output_attentions=False) -> HeadOutput:
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        words = self.electra.embeddings.word_embeddings.weight  # [V, E]
-        logits, loss = masked_lm(self.generator_predictions, words, out.last_hidden_state, labels)
-        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+    @property
+    def mlm(self) -> GeneratorHead:
+        """The head BertForMaskedLM.forward calls, under HF ELECTRA's name."""
+        return self.generator_predictions
 
 
-class ElectraForSequenceClassification(ElectraPreTrainedModel):
-    """ElectraClassificationHead on the first token; the loss as BertForSequenceClassification's."""
+class ElectraForSequenceClassification(BertForSequenceClassification, ElectraPreTrainedModel):
+    """BertForSequenceClassification (its loss and problem types) with ElectraClassificationHead on
+    the first token instead of the pooler."""
 
     def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
-        super().__init__(config)
+        ElectraPreTrainedModel.__init__(self, config)
         self.electra = ElectraModel(config, generator=generator)
         self.classifier = ClassificationHead(config)
         init_weights(self.classifier, config.initializer_range, generator)
 
-    problem_type = BertForSequenceClassification.problem_type  # the same rule: config, then the labels
-
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                output_hidden_states=False, output_attentions=False) -> HeadOutput:
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        logits = self.classifier(out.last_hidden_state)  # [B, num_labels]
-        loss = None if labels is None else sequence_loss(logits, labels, self.problem_type(labels))
-        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+    def scores(self, out, attention_mask) -> torch.Tensor:
+        return self.classifier(out.last_hidden_state)  # [B, T, H] -> [B, num_labels]
 
 
-class ElectraForTokenClassification(ElectraPreTrainedModel):
-    """A linear layer on every token's final vector (tagging), as BertForTokenClassification."""
+class ElectraForTokenClassification(BertForTokenClassification, ElectraPreTrainedModel):
+    """BertForTokenClassification on the ELECTRA encoder: a linear layer on every token's final vector."""
 
     def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
-        super().__init__(config)
+        ElectraPreTrainedModel.__init__(self, config)
         self.electra = ElectraModel(config, generator=generator)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         init_weights(self.classifier, config.initializer_range, generator)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                output_hidden_states=False, output_attentions=False) -> HeadOutput:
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, num_labels]
-        loss = None if labels is None else token_loss(logits, labels)
-        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
-
-class ElectraForQuestionAnswering(ElectraPreTrainedModel):
-    """Span extraction: BertForQuestionAnswering's head and loss on the ELECTRA encoder."""
+class ElectraForQuestionAnswering(BertForQuestionAnswering, ElectraPreTrainedModel):
+    """BertForQuestionAnswering on the ELECTRA encoder: start/end logits [B, T]."""
 
     def __init__(self, config: ElectraConfig, generator: torch.Generator | None = None):
-        super().__init__(config)
+        ElectraPreTrainedModel.__init__(self, config)
         self.electra = ElectraModel(config, generator=generator)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         init_weights(self.qa_outputs, config.initializer_range, generator)
-
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
-                end_positions=None, output_hidden_states=False, output_attentions=False) -> QuestionAnsweringOutput:
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(dim=-1)  # 2 x [B, T]
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous(),
-                                       out.hidden_states, out.attentions)
 
 
 HEADS = (ElectraForPreTraining, ElectraForMaskedLM, ElectraForSequenceClassification,

@@ -128,8 +128,9 @@ def classifier_dropout(config: BertConfig) -> Dropout:
     return Dropout(config.hidden_dropout_prob if p is None else p)
 
 
-def _encode(model, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions):
-    return model.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+def encode(model, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions):
+    """The encoder's forward in a head (`model.bert`, or ELECTRA's `model.electra`)."""
+    return model.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                       output_hidden_states=output_hidden_states, output_attentions=output_attentions)
 
 
@@ -148,8 +149,8 @@ class BertForPreTraining(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 next_sentence_label=None, output_hidden_states=False, output_attentions=False):
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        words = self.bert.embeddings.word_embeddings.weight
+        out = encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        words = self.base_model.embeddings.word_embeddings.weight
         prediction_logits, mlm_loss = masked_lm(self.mlm, words, out.last_hidden_state, labels)
         nsp_logits = self.nsp(out.pooler_output)  # [B, 2]
         nsp_loss = None
@@ -179,8 +180,8 @@ class BertForMaskedLM(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 output_hidden_states=False, output_attentions=False):
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        words = self.bert.embeddings.word_embeddings.weight
+        out = encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        words = self.base_model.embeddings.word_embeddings.weight  # [V, H] (ELECTRA: [V, E])
         logits, loss = masked_lm(self.mlm, words, out.last_hidden_state, labels)
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
@@ -196,7 +197,7 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 output_hidden_states=False, output_attentions=False):
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        out = encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         logits = self.nsp(out.pooler_output)  # [B, 2]
         loss = None
         if labels is not None:
@@ -249,12 +250,16 @@ class BertForSequenceClassification(BertPreTrainedModel):
             return "single_label_classification"
         return "multi_label_classification"
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                output_hidden_states=False, output_attentions=False):
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+    def scores(self, out, attention_mask) -> torch.Tensor:
+        """The classifier on the pooled [CLS] vector (or the tokens' mean): [B, num_labels]."""
         hidden = out.last_hidden_state
         pooled = out.pooler_output if self.bert.pooler is not None else pool_sentence(hidden, attention_mask)
-        logits = self.classifier(self.dropout(pooled))  # [B, H] -> [B, num_labels]
+        return self.classifier(self.dropout(pooled))  # [B, H] -> [B, num_labels]
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False):
+        out = encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        logits = self.scores(out, attention_mask)  # [B, num_labels]
         loss = None if labels is None else sequence_loss(logits, labels, self.problem_type(labels))
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
@@ -271,7 +276,7 @@ class BertForTokenClassification(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 output_hidden_states=False, output_attentions=False):
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        out = encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, num_labels]
         loss = None if labels is None else token_loss(logits, labels)
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
@@ -307,7 +312,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None, output_hidden_states=False, output_attentions=False):
-        out = _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        out = encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         logits = self.qa_outputs(out.last_hidden_state)  # [B, T, 2]
         start_logits, end_logits = logits.unbind(dim=-1)  # 2 x [B, T]
         loss = None
@@ -335,7 +340,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         B, C, T = input_ids.shape
         flat = [x.reshape(B * C, T) if isinstance(x, torch.Tensor) and x.shape == input_ids.shape else x
                 for x in (input_ids, attention_mask, token_type_ids)]  # [B, C, T] -> [B*C, T]
-        out = _encode(self, *flat, output_hidden_states, output_attentions)
+        out = encode(self, *flat, output_hidden_states, output_attentions)
         logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)  # [B*C, 1] -> [B, C]
         loss = None
         if labels is not None:

@@ -344,6 +344,7 @@ class BertPreTrainedModel(nn.Module):
     """What BertModel and every head share: the config, loading and saving in HF format."""
 
     config_class = BertConfig  # what from_pretrained reads config.json as (ELECTRA's classes: ElectraConfig)
+    base_model_prefix = "bert"  # the encoder's attribute in a head (ELECTRA's: "electra"), as in transformers
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -365,6 +366,11 @@ class BertPreTrainedModel(nn.Module):
     def save_pretrained(self, directory, tokenizer=None) -> None:
         """Write config.json + model.safetensors (+ the tokenizer's files) so transformers loads them."""
         hf_checkpoint.save_pretrained(self, directory, tokenizer=tokenizer)
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The encoder of a head (its `bert` or `electra`); a bare encoder itself."""
+        return getattr(self, self.base_model_prefix, self)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -402,7 +408,7 @@ class BertModel(BertPreTrainedModel):
         pool: bool = True,
     ) -> BertOutput:
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
-        x = self.embeddings(input_ids, token_type_ids)  # [B, T, H]
+        x = self.embed(input_ids, token_type_ids)  # [B, T, H]
         mask = additive_mask(attention_mask, attention_dtype(x))  # [B, 1, 1, T] or None
         explicit = output_attentions or self.config.attn_implementation == "eager"
         x, hidden_states, attentions = self.encoder(x, mask, explicit, output_hidden_states, output_attentions)
@@ -412,3 +418,7 @@ class BertModel(BertPreTrainedModel):
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
+
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        """The vectors the first layer reads, [B, T, H] (ELECTRA's: its narrower embeddings projected)."""
+        return self.embeddings(input_ids, token_type_ids)
