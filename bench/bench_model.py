@@ -12,12 +12,12 @@ and repeated (bench/harness.py); the tables give medians and ratios ours/peer.
   blocked layout (the analogue of building an ORT session; what embed and predict use);
 - bertkit fp32, packed weights, post-ops fused / apart: the same with the GELU and the
   residual add forced into the oneDNN matmul or after it, whatever the CPU (`fast` rule 2);
-- bertkit fp32, MKL matmuls: the accelerated model with `bertkit.runtime.fast.use_onednn(False)`,
+- bertkit fp32, MKL matmuls: the model accelerated with `bertkit.runtime.fast.decide(onednn=False)`,
   i.e. torch's default matmul path, to show what the oneDNN route is worth;
 - bertkit fp32, plain model: BertModel as `bertkit.model.modeling` writes it, no accelerate step;
 - bertkit bf16: the same model converted with .to(torch.bfloat16) (where the CPU multiplies
   bfloat16 natively its matmuls take the oneDNN route with packed weights: `fast` rule 6);
-- bertkit bf16, F.linear: the same with `bertkit.runtime.fast.use_onednn(False)`, every matmul on
+- bertkit bf16, F.linear: the same with `decide(onednn=False)`, every matmul on
   F.linear as before rule 6 (weights re-blocked at every call, GELU and add apart);
 - bertkit auto: the precision `--dtype auto` picks on this CPU (`bertkit.runtime.devices.auto_dtype`:
   bfloat16 where the CPU multiplies it natively, float32 elsewhere), named in the row;
@@ -115,12 +115,20 @@ def batches(tok, texts, size, sort, token_budget=None):
 # --- contenders -------------------------------------------------------------------
 
 
-def load_ours(dtype=torch.float32, packed=False, accelerated=True):
+def speed(**forced):
+    """`bertkit.runtime.fast.decide(**forced)`: this CPU's settings, with `onednn`, `fuse` or `per_token`
+    forced where a contender says (None: as the CPU's rule says)."""
+    from bertkit.runtime.fast import decide
+
+    return decide(**forced)
+
+
+def load_ours(dtype=torch.float32, packed=False, accelerated=True, **forced):
     from bertkit import BertModel
     from bertkit.runtime.fast import accelerate, pack_weights
 
     model = BertModel.from_pretrained().to(dtype).eval()
-    return pack_weights(accelerate(model), packed) if accelerated else model
+    return pack_weights(accelerate(model, speed(**forced)), packed) if accelerated else model
 
 
 def load_hf(impl: str):
@@ -163,13 +171,14 @@ def load_ort(workdir: Path):
     return ort.InferenceSession(str(fused), options, providers=["CPUExecutionProvider"])
 
 
-def load_ours_int8():
+def load_ours_int8(**forced):
     """bertkit's int8: the plain model quantized (`bertkit.quantize`), then accelerated, as embed/predict do."""
     from bertkit import BertModel
     from bertkit.runtime.fast import accelerate
     from bertkit.runtime.quantization import quantize
 
-    return accelerate(quantize(BertModel.from_pretrained().eval()))
+    settings = speed(**forced)
+    return accelerate(quantize(BertModel.from_pretrained().eval(), settings), settings)
 
 
 def load_ort_int8(workdir: Path):
@@ -210,15 +219,15 @@ def ops_only(model):
     bertkit.model.modeling + bertkit.runtime.fast run them on this CPU, with nothing in between."""
     import torch.nn.functional as F
 
-    from bertkit.runtime.fast import _packed_weight
+    from bertkit.runtime.fast import pack
     from bertkit.model.modeling import additive_mask
 
     cfg, emb = model.config, model.embeddings
     H, N, eps = cfg.hidden_size, cfg.num_attention_heads, cfg.layer_norm_eps
     linear, binary = torch.ops.mkldnn._linear_pointwise, torch.ops.mkldnn._linear_pointwise.binary
-    layers = [(_packed_weight(l.attention.qkv.weight), l.attention.qkv.bias, _packed_weight(l.attention.output.weight),
+    layers = [(pack(l.attention.qkv.weight), l.attention.qkv.bias, pack(l.attention.output.weight),
                l.attention.output.bias, l.attention_norm.weight, l.attention_norm.bias,
-               _packed_weight(l.intermediate.weight), l.intermediate.bias, _packed_weight(l.output.weight),
+               pack(l.intermediate.weight), l.intermediate.bias, pack(l.output.weight),
                l.output.bias, l.output_norm.weight, l.output_norm.bias) for l in model.encoder.layers]
 
     def run(batch):
@@ -244,20 +253,16 @@ def ops_only(model):
     return run
 
 
-def torch_runner(model, onednn=None, fuse=None, per_token=None):
-    """`onednn` False: bertkit's matmuls go to MKL through F.linear, as transformers' do; True: to
-    oneDNN; None: as `bertkit.runtime.fast` rule 1 picks (oneDNN, except MKL on one thread of a CPU without
-    AVX-512). `fuse` True/False: force the GELU/residual post-ops into the matmuls or not (None:
-    the CPU's rule). `per_token` True/False: force int8's activation rule (None: the CPU's)."""
-    import bertkit.runtime.fast
+def torch_runner(model):
+    """A batch -> last_hidden_state function of a torch model. bertkit's models run on the settings
+    they were accelerated with (`load_ours(onednn=False)`: bertkit's matmuls go to MKL through
+    F.linear, as transformers' do; True: to oneDNN; None: as `bertkit.runtime.fast` rule 1 picks;
+    `fuse`, `per_token`: rules 3 and 5 forced, or the CPU's)."""
     from bertkit.embeddings.features import _takes_pool
 
     extra = {"pool": False} if _takes_pool(type(model)) else {}  # bertkit's models: no pooler, as embedding
 
     def run(batch):
-        bertkit.runtime.fast.use_onednn(onednn)
-        bertkit.runtime.fast._fuse = fuse
-        bertkit.runtime.fast._per_token = per_token
         with torch.inference_mode():
             return model(**batch, **extra).last_hidden_state
     return run
@@ -271,18 +276,18 @@ def ort_runner(session):
 CONTENDERS = {
     "bertkit fp32": lambda d: torch_runner(load_ours()),
     "bertkit fp32, packed weights": lambda d: torch_runner(load_ours(packed=True)),
-    "bertkit fp32, packed weights, post-ops fused": lambda d: torch_runner(load_ours(packed=True), fuse=True),
-    "bertkit fp32, packed weights, post-ops apart": lambda d: torch_runner(load_ours(packed=True), fuse=False),
-    "bertkit fp32, MKL matmuls": lambda d: torch_runner(load_ours(), onednn=False),
+    "bertkit fp32, packed weights, post-ops fused": lambda d: torch_runner(load_ours(packed=True, fuse=True)),
+    "bertkit fp32, packed weights, post-ops apart": lambda d: torch_runner(load_ours(packed=True, fuse=False)),
+    "bertkit fp32, MKL matmuls": lambda d: torch_runner(load_ours(onednn=False)),
     "bertkit fp32, plain model": lambda d: torch_runner(load_ours(accelerated=False)),
     "bertkit bf16": lambda d: torch_runner(load_ours(torch.bfloat16)),
-    "bertkit bf16, F.linear": lambda d: torch_runner(load_ours(torch.bfloat16, packed=True), onednn=False),
+    "bertkit bf16, F.linear": lambda d: torch_runner(load_ours(torch.bfloat16, packed=True, onednn=False)),
     auto_name(): lambda d: torch_runner(load_ours_auto()),
     "transformers eager": lambda d: torch_runner(load_hf("eager")),
     "transformers sdpa": lambda d: torch_runner(load_hf("sdpa")),
     "ONNX Runtime (fused)": lambda d: ort_runner(load_ort(d)),
     "bertkit int8": lambda d: torch_runner(load_ours_int8()),
-    "bertkit int8, per call": lambda d: torch_runner(load_ours_int8(), per_token=False),
+    "bertkit int8, per call": lambda d: torch_runner(load_ours_int8(per_token=False)),
     "ONNX Runtime int8": lambda d: ort_runner(load_ort_int8(d)),
     "bertkit fp32, ops only (a bound)": lambda d: ops_only(load_ours(packed=True)),
     "bertkit bf16, ops only (a bound)": lambda d: ops_only(load_ours(torch.bfloat16, packed=True)),
@@ -357,10 +362,11 @@ def main(argv=None) -> int:
         return 0
     torch.set_num_threads(THREADS)
     from bertkit.runtime.devices import cpu_features
-    from bertkit.runtime.fast import fuse_post_ops, matmul_kernel
+    from bertkit.runtime.fast import decide
 
     print(cpu_features().describe())  # what the kernels were chosen by: say it with every number
-    kernel, fused = matmul_kernel(), "fused into" if fuse_post_ops() else "apart from"  # before any runner forces one
+    rules = decide()  # this CPU's, at THREADS threads
+    kernel, fused = rules.matmul_kernel, "fused into" if rules.fuse_post_ops else "apart from"
 
     from bertkit.text.tokenizer import Tokenizer
 

@@ -8,7 +8,7 @@ the shared Gutenberg corpus, length 128, NSP pairs):
   onto the 30,522-word vocabulary only at the masked positions (~15%), and the
   model goes through `bertkit.runtime.fast.accelerate(model, training=True)`, so its float32 matmuls run
   where `bertkit.runtime.fast` rule 2 says (MKL on Intel CPUs, oneDNN elsewhere), forward and backward;
-- ours, oneDNN / MKL matmuls: the same with `bertkit.runtime.fast.use_onednn(True / False)`, either kernel
+- ours, oneDNN / MKL matmuls: accelerated with `bertkit.runtime.fast.decide(onednn=True / False)`, either kernel
   forced, to measure the rule;
 - peer: `transformers.BertForPreTraining` + `DataCollatorForLanguageModeling`
   (15% masking, 80/10/10), which projects every position onto the vocabulary.
@@ -76,13 +76,12 @@ def make_ours(ds, batches, preset: str, onednn: bool | None = None):
 
     model = BertForPreTraining(BertConfig.preset(preset, vocab_size=ds.vocab_size),
                                generator=torch.Generator().manual_seed(0)).train()
-    bertkit.runtime.fast.accelerate(model, training=True)
+    bertkit.runtime.fast.accelerate(model, bertkit.runtime.fast.decide(onednn=onednn), training=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     collate, g = ds.collator(), torch.Generator().manual_seed(0)
     autocast = autocast_for(PRECISION, "cpu")
 
     def train_steps():
-        bertkit.runtime.fast.use_onednn(onednn)
         for items in batches:
             with autocast():
                 loss = model(**collate(items, g)).loss
@@ -180,7 +179,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from bertkit.runtime.fast import onednn_for_training
+    from bertkit.runtime.fast import decide
 
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,7 +195,7 @@ def main(argv=None) -> int:
             f"the same instances for both; {args.rounds} interleaved rounds after 1 warm-up, median. "
             "transformers uses `DataCollatorForLanguageModeling`. Ours projects onto the vocabulary only at the "
             f"masked positions; precision {args.precision}; its float32 matmuls run on "
-            f"{'oneDNN' if onednn_for_training() else 'MKL'} here (`bertkit.runtime.fast` rule 2); the `oneDNN` / `MKL matmuls` "
+            f"{'oneDNN' if decide().onednn_training else 'MKL'} here (`bertkit.runtime.fast` rule 2); the `oneDNN` / `MKL matmuls` "
             "rows force either kernel (MKL is what transformers runs; under bf16 autocast both rows take F.linear). "
             f"Load average at the start: {load:.1f}. Padding is to the longest sequence of "
             f"each batch for both. Command: `python bench/bench_pretraining.py {' '.join(argv or sys.argv[1:])}`.")

@@ -403,12 +403,11 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     passes are as even as any gather can make them: what the model itself can do on this machine,
     an upper bound for any server of it that computes every sentence."""
     from bertkit.runtime.devices import cores
-    from bertkit.serve.server import bound_kernel_caches
+    from bertkit.serve.server import bound_kernel_caches, speed
 
     bound_kernel_caches()  # as `bertkit serve` does, before torch is imported
     import torch
 
-    from bertkit.runtime.fast import matmul_kernel
     from bertkit.serve.batching import plan_batches
     from bertkit.serve.runner import load_runner
     from bertkit.serve.settings import ServeConfig
@@ -416,7 +415,7 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     settings = ServeConfig(workers=workers, threads=threads)
     workers, threads = settings.parallelism(cores(), gpu=False)
     torch.set_num_threads(threads)
-    runner = load_runner(settings)
+    runner = load_runner(settings, speed())  # the server's settings: rule 7's row buckets on
     rows = runner.encode(sst2_dev(), truncate=True)
     passes = [[rows[i] for i in b] for b in plan_batches([len(r.input_ids) for r in rows],
                                                           settings.max_batch_tokens, settings.max_batch_size)]
@@ -436,7 +435,7 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     [t.start() for t in run]
     [t.join() for t in run]
     print(json.dumps({"rate": done[0] / (time.perf_counter() - t0), "workers": workers, "threads": threads,
-                      "kernel": f"float32 on {matmul_kernel()}" if runner.precision == "float32" else runner.precision}))
+                      "kernel": f"float32 on {runner.speed.matmul_kernel}" if runner.precision == "float32" else runner.precision}))
 
 
 def forward_ceiling(workers: int | None, threads: int | None, seconds: float = 30.0) -> dict:

@@ -87,9 +87,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    import bertkit.runtime.fast
     from bertkit import BertModel
-    from bertkit.runtime.quantization import quantize
+    from bertkit.runtime.fast import decide
+    from bertkit.runtime.quantization import Int8Linear, quantize
     from bertkit.text.tokenizer import Tokenizer
 
     data = batches(Tokenizer.from_pretrained(), sst2_dev(), 32, sort=True)[::args.every]
@@ -97,10 +97,11 @@ def main(argv=None) -> int:
     int8_model = quantize(BertModel.from_pretrained().eval())
     products, layers = {}, {}
     for mode, per_token in MODES.items():
-        bertkit.runtime.fast._per_token = per_token
+        for m in int8_model.modules():
+            if isinstance(m, Int8Linear):
+                m.per_token = decide(per_token=per_token).int8_per_token
         products[mode] = per_product(float_model, int8_model, data)
         layers[mode] = end_to_end(float_model, int8_model, data)
-    bertkit.runtime.fast._per_token = None
 
     tokens = sum(int(b["attention_mask"].sum()) for b in data)
     lines = [f"Machine: {machine_line()}. Load average at the end: {os.getloadavg()[0]:.1f}. "

@@ -12,19 +12,20 @@ import torch.nn.functional as F
 
 import bertkit.runtime.fast as L
 from bertkit import BertConfig, BertModel
+from bertkit.runtime.devices import cpu_features
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=40, type_vocab_size=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 NATIVE = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
 EMULATED = ("avx2", "fma", "avx512f")
 
-native_bf16 = pytest.mark.skipif(not (L.onednn_enabled() and L.cpu_features().native_bf16),
+native_bf16 = pytest.mark.skipif(not (cpu_features().onednn and cpu_features().native_bf16),
                                  reason="needs oneDNN and a CPU with native bfloat16 (AMX or AVX512-BF16)")
 
 
-def with_flags(monkeypatch, flags):
-    real = L.cpu_features()
-    monkeypatch.setattr(L, "cpu_features", lambda: dataclasses.replace(real, flags=flags, onednn=True))
+def with_flags(flags, **forced):
+    """The settings `decide` makes for this CPU with `flags` (and oneDNN's kernels)."""
+    return L.decide(dataclasses.replace(cpu_features(), flags=flags, onednn=True), **forced)
 
 
 def operands(x_shape, out, dtype=torch.bfloat16, seed=0):
@@ -41,53 +42,44 @@ def record_onednn(monkeypatch):
     calls = []
     monkeypatch.setattr(L, "_onednn", lambda x, w, b, post_op="none", algorithm="": calls.append(post_op)
                         or F.linear(x, w, b))
-    monkeypatch.setattr(L, "_packed_weight", lambda w: w)
-    monkeypatch.setattr(L, "_fuse", False)
     return calls
 
 
 @pytest.mark.parametrize("flags,routed", [(NATIVE, True), (EMULATED, False)])
 def test_bfloat16_inference_takes_the_onednn_route_only_where_native(flags, routed, monkeypatch):
-    with_flags(monkeypatch, flags)
-    monkeypatch.setattr(L, "_enabled", None)  # rule 1 as for this CPU: oneDNN with AVX-512
+    speed = with_flags(flags, fuse=False)  # rule 1 as for such a CPU: oneDNN with AVX-512
+    assert speed.onednn_bf16 is routed
     calls = record_onednn(monkeypatch)
     x, w, b = operands((5, 16), 8)
     with torch.inference_mode():
-        linear = L.linear(x, w, b, pack=True)
+        linear = L.linear(x, w, b, speed)
     assert len(calls) == (1 if routed else 0)
     assert linear.dtype == torch.bfloat16
-    L.use_onednn(False)  # switched off: F.linear for every dtype
-    try:
-        calls.clear()
-        with torch.inference_mode():
-            L.linear(x, w, b, pack=True)
-        assert calls == []
-    finally:
-        L.use_onednn(None)
+    calls.clear()  # switched off: F.linear for every dtype
+    with torch.inference_mode():
+        L.linear(x, w, b, with_flags(flags, onednn=False))
+    assert calls == []
 
 
 def test_bfloat16_training_and_autocast_stay_on_f_linear(monkeypatch):
-    with_flags(monkeypatch, NATIVE)
-    monkeypatch.setattr(L, "_enabled", True)  # oneDNN forced: even then bfloat16 trains on F.linear
+    speed = with_flags(NATIVE, onednn=True, fuse=False)  # oneDNN forced: even then bfloat16 trains on F.linear
     calls = record_onednn(monkeypatch)
     x, w, b = operands((5, 16), 8)
     w.requires_grad_()
-    y = L.linear(x, w, b)
+    y = L.linear(x, w, b, speed)
     y.float().sum().backward()
     assert calls == [] and w.grad is not None and w.grad.dtype == torch.bfloat16
     assert torch.equal(y, F.linear(x, w, b))
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-        L.linear(x.float(), w.detach().float(), b.float())
+        L.linear(x.float(), w.detach().float(), b.float(), speed)
     assert calls == []
 
 
-def test_int8_per_token_needs_onednn(monkeypatch):
-    real = L.cpu_features()
-    monkeypatch.setattr(L, "_per_token", None)
+def test_int8_per_token_needs_onednn():
+    real = cpu_features()
     for onednn, expected in ((True, True), (False, False)):
-        monkeypatch.setattr(L, "cpu_features", lambda onednn=onednn: dataclasses.replace(
-            real, flags=("avx2", "fma", "avx512f", "avx512_vnni", "amx_int8"), onednn=onednn))
-        assert L.int8_per_token() is expected
+        cpu = dataclasses.replace(real, flags=("avx2", "fma", "avx512f", "avx512_vnni", "amx_int8"), onednn=onednn)
+        assert L.decide(cpu).int8_per_token is expected
 
 
 # --- numbers: oneDNN's bfloat16 kernels (a CPU with native bfloat16) --------------------------
@@ -96,11 +88,10 @@ def test_int8_per_token_needs_onednn(monkeypatch):
 @native_bf16
 @pytest.mark.parametrize("x_shape,out", [((7, 16), 8), ((3, 5, 24), 40), ((1, 384), 1536)])
 @pytest.mark.parametrize("post", ["none", "gelu", "residual"])
-def test_bfloat16_route_rounds_the_float32_result_once(x_shape, out, post, monkeypatch):
+def test_bfloat16_route_rounds_the_float32_result_once(x_shape, out, post):
     """Packed oneDNN bfloat16, post-op fused: within one bfloat16 rounding (2^-8 relative) of the
     float32 computation on the same bfloat16 operands."""
-    monkeypatch.setattr(L, "_enabled", True)
-    monkeypatch.setattr(L, "_fuse", True)
+    speed = L.decide(onednn=True, fuse=True)
     x, w, b = operands(x_shape, out, seed=1)
     residual = torch.randn(*x_shape[:-1], out, generator=torch.Generator().manual_seed(2)).bfloat16()
     ref = F.linear(x.float(), w.float(), b.float())
@@ -109,17 +100,17 @@ def test_bfloat16_route_rounds_the_float32_result_once(x_shape, out, post, monke
     if post == "residual":
         ref = ref + residual.float()
     with torch.inference_mode():
-        got = L.linear(x, w, b, pack=True, gelu=post == "gelu", residual=residual if post == "residual" else None)
+        got = L.linear(x, w, b, speed, lambda: L.pack(w), gelu=post == "gelu",
+                       residual=residual if post == "residual" else None)
     assert got.dtype == torch.bfloat16 and got.shape == ref.shape
     torch.testing.assert_close(got.float(), ref, rtol=2 ** -8, atol=1e-3)
 
 
 @native_bf16
-def test_bfloat16_model_on_the_route_keeps_every_token(monkeypatch):
+def test_bfloat16_model_on_the_route_keeps_every_token():
     """A bfloat16 model on the oneDNN route against the same model in float32, and against bfloat16
     on F.linear (the route before rule 6): every real token within cosine 0.999 of float32, and
     no farther from it than F.linear's bfloat16."""
-    monkeypatch.setattr(L, "_enabled", None)
     config = BertConfig(**TINY)
     fp32 = BertModel(config, generator=torch.Generator().manual_seed(0)).eval()
     bf16 = L.accelerate(BertModel(config, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).eval())
@@ -131,11 +122,7 @@ def test_bfloat16_model_on_the_route_keeps_every_token(monkeypatch):
     with torch.inference_mode():
         ref = fp32(ids, mask).last_hidden_state[real]
         routed = bf16(ids, mask).last_hidden_state[real].float()
-        L.use_onednn(False)
-        try:
-            plain = bf16(ids, mask).last_hidden_state[real].float()
-        finally:
-            L.use_onednn(None)
+        plain = L.accelerate(bf16, L.decide(onednn=False))(ids, mask).last_hidden_state[real].float()
     cos_routed = F.cosine_similarity(routed, ref, dim=-1)
     cos_plain = F.cosine_similarity(plain, ref, dim=-1)
     assert cos_routed.min() >= 0.999, cos_routed.min()

@@ -1,6 +1,6 @@
 """bertkit.runtime.fast: the oneDNN route computes what F.linear computes, forward and backward;
-an accelerated model computes what the plain model computes; each CPU rule with the CPU's flags
-or vendor mocked."""
+an accelerated model computes what the plain model computes; each CPU rule (`decide`) with the
+CPU's flags or vendor mocked; the settings live on the model, not in the process."""
 
 import dataclasses
 
@@ -11,18 +11,27 @@ import torch.nn.functional as F
 import bertkit.runtime.fast as L
 from bertkit import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel
 from bertkit.errors import BertkitError
-from bertkit.runtime.fast import FastLinear as Linear, linear, pack_weights
+from bertkit.runtime.devices import cpu_features
+from bertkit.runtime.fast import FastLinear, pack_weights
 
-onednn = pytest.mark.skipif(not L.onednn_enabled(), reason="this torch build has no oneDNN linear")
+onednn = pytest.mark.skipif(not cpu_features().onednn, reason="this torch build has no oneDNN linear")
 
 SHAPES = [((7, 16), 8), ((3, 5, 24), 40), ((2, 3, 4, 12), 5), ((1, 384), 1536)]
 
 
-@pytest.fixture(autouse=True)
-def onednn_for_inference(monkeypatch):
+def on(**forced):
     """These tests are about the oneDNN route: inference takes it whatever rule 1 picks for this
     CPU and thread count (the rule has its own tests below)."""
-    monkeypatch.setattr(L, "_enabled", True)
+    return L.decide(**{"onednn": True, **forced})
+
+
+def linear(x, w, b=None, speed=None, packed=False, **post):
+    """fast.linear on `speed` (default: the oneDNN route); packed=True: on a packed copy of w."""
+    return L.linear(x, w, b, speed or on(), (lambda: L.pack(w)) if packed else None, **post)
+
+
+def Linear(*shape, **forced):
+    return FastLinear(*shape, speed=on(**forced))
 
 
 def operands(x_shape, out, seed=0):
@@ -116,8 +125,8 @@ def test_packed_weight_follows_in_place_updates():
 def test_packed_layer_replays_its_route_only_while_the_route_holds(monkeypatch):
     """FastLinear remembers the route of its last packed inference call and calls the kernel
     directly next time; every change the route was chosen by sends it back through `linear`:
-    a weight changed in place or replaced through .data, a switch (oneDNN off, post-ops apart),
-    another dtype, a gradient, autocast. Each answer is F.linear's (with the GELU / the add)."""
+    a weight changed in place or replaced through .data, new settings (oneDNN off, post-ops
+    apart), another dtype, a gradient, autocast. Each answer is F.linear's (with the GELU / the add)."""
     calls = []
     real = L.linear
     monkeypatch.setattr(L, "linear", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -143,15 +152,13 @@ def test_packed_layer_replays_its_route_only_while_the_route_holds(monkeypatch):
     check(expect_linear=False)
     layer.weight.data = torch.randn(8, 16)  # through .data: a new pointer, the same version
     check()
-    monkeypatch.setattr(L, "_fuse", False)  # post-ops apart: a new route
+    layer.use(on(fuse=False))  # post-ops apart: new settings, a new route
     check(act=F.gelu)
-    monkeypatch.setattr(L, "_fuse", None)
-    L.use_onednn(False)
-    try:
-        check()  # F.linear now, and again: nothing is replayed while oneDNN is off
-        check()
-    finally:
-        L.use_onednn(True)
+    check(act=F.gelu, expect_linear=False)  # replayed, the GELU still apart
+    layer.use(L.decide(onednn=False))
+    check()  # F.linear now, and again: nothing is replayed while oneDNN is off
+    check()
+    layer.use(on())
     check()
     check(expect_linear=False)
     calls.clear()
@@ -173,7 +180,7 @@ def test_a_model_that_has_run_can_be_copied_and_saved(tmp_path):
     import copy
 
     model = L.accelerate(BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
-                                              num_attention_heads=2, intermediate_size=64)).eval())
+                                              num_attention_heads=2, intermediate_size=64)).eval(), on())
     ids = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         before = model(ids).last_hidden_state
@@ -197,12 +204,11 @@ def test_other_dtypes_and_autocast_take_f_linear():
 @onednn
 def test_switch_off_gives_f_linear_exactly():
     x, w, b = operands((5, 32), 64, seed=8)
-    L.use_onednn(False)
-    try:
-        assert not L.onednn_enabled()
-        assert torch.equal(linear(x, w, b), F.linear(x, w, b))
-    finally:
-        L.use_onednn(None)
+    off = L.decide(onednn=False)
+    assert not off.onednn_inference and not off.onednn_training and not off.onednn_bf16
+    assert torch.equal(linear(x, w, b, off), F.linear(x, w, b))
+    wg = w.clone().requires_grad_()
+    assert torch.equal(linear(x, wg, b, off), F.linear(x, w, b))
 
 
 @onednn
@@ -215,13 +221,13 @@ def test_linear_module_is_nn_linear():
 @onednn
 def test_packed_model_gives_the_same_outputs():
     config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    model = L.accelerate(BertModel(config, generator=torch.Generator().manual_seed(0)).eval(), training=True)
+    model = L.accelerate(BertModel(config, generator=torch.Generator().manual_seed(0)).eval(), on(), training=True)
     ids = torch.randint(0, 50, (3, 9), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         plain = model(ids).last_hidden_state
         packed = pack_weights(model)(ids).last_hidden_state
         again = pack_weights(model, enabled=False)(ids).last_hidden_state
-    assert all(m.packed is False for m in model.modules() if isinstance(m, Linear))
+    assert all(m.packed is False for m in model.modules() if isinstance(m, FastLinear))
     torch.testing.assert_close(packed, plain, atol=1e-5, rtol=0)
     assert torch.equal(again, plain)
 
@@ -230,19 +236,19 @@ def test_packed_model_gives_the_same_outputs():
 @pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("pack", [False, True])
 @pytest.mark.parametrize("x_shape,out", SHAPES[:2] + SHAPES[3:])
-def test_fused_gelu_and_residual_match_the_separate_ops(x_shape, out, pack, fuse, monkeypatch):
+def test_fused_gelu_and_residual_match_the_separate_ops(x_shape, out, pack, fuse):
     """The post-op path (inference; fused in the matmul or, as on AVX2, after it) against
     F.gelu / + residual after F.linear, and the training path (separate ops) against the
     same, values and gradients."""
-    monkeypatch.setattr(L, "_fuse", fuse)
+    speed = on(fuse=fuse)
     x, w, b = operands(x_shape, out, seed=9)
     r = torch.randn(*x_shape[:-1], out, generator=torch.Generator().manual_seed(10))
     ref_gelu, ref_res = F.gelu(F.linear(x, w, b)), F.linear(x, w, b) + r
     with torch.inference_mode():
-        torch.testing.assert_close(linear(x, w, b, pack=pack, gelu=True), ref_gelu, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(linear(x, w, b, pack=pack, residual=r), ref_res, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear(x, w, b, speed, pack, gelu=True), ref_gelu, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear(x, w, b, speed, pack, residual=r), ref_res, atol=1e-5, rtol=1e-5)
     wg = w.clone().requires_grad_()
-    got = linear(x, wg, b, gelu=True)
+    got = linear(x, wg, b, speed, gelu=True)
     got.sum().backward()
     w_ref = w.clone().requires_grad_()
     F.gelu(F.linear(x, w_ref, b)).sum().backward()
@@ -262,17 +268,18 @@ def test_row_buckets_are_few_and_close_above():
 @onednn
 @pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("x_shape", [(3, 5, 24), (1, 9, 24), (2, 70, 24), (131, 24)])
-def test_padded_rows_change_no_row(x_shape, fuse, monkeypatch):
+def test_padded_rows_change_no_row(x_shape, fuse):
     """With rule 7 on, a product whose rows are not a bucket size runs padded with zero rows and
     gives back its own rows: the values of the unpadded product (plain, GELU and residual post-ops,
     packed weights), in the input's shape."""
-    monkeypatch.setattr(L, "_fuse", fuse)
     x, w, b = operands(x_shape, 40, seed=11)
     r = torch.randn(*x_shape[:-1], 40, generator=torch.Generator().manual_seed(12))
     with torch.inference_mode():
-        plain = [linear(x, w, b), linear(x, w, b, pack=True, gelu=True), linear(x, w, None, residual=r)]
-        monkeypatch.setattr(L, "_buckets", True)
-        padded = [linear(x, w, b), linear(x, w, b, pack=True, gelu=True), linear(x, w, None, residual=r)]
+        out = {}
+        for buckets in (False, True):
+            s = on(fuse=fuse, row_buckets=buckets)
+            out[buckets] = [linear(x, w, b, s), linear(x, w, b, s, True, gelu=True), linear(x, w, None, s, residual=r)]
+        plain, padded = out[False], out[True]
     for got, want in zip(padded, plain):
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
@@ -280,11 +287,10 @@ def test_padded_rows_change_no_row(x_shape, fuse, monkeypatch):
 
 @onednn
 @pytest.mark.parametrize("fuse", [True, False])
-def test_fused_gelu_is_the_erf_form_not_tanh(fuse, monkeypatch):
-    monkeypatch.setattr(L, "_fuse", fuse)
+def test_fused_gelu_is_the_erf_form_not_tanh(fuse):
     x, w, b = operands((16, 64), 128, seed=11)
     with torch.inference_mode():
-        got = linear(x, w, b, gelu=True)
+        got = linear(x, w, b, on(fuse=fuse), gelu=True)
         y = F.linear(x, w, b)
     torch.testing.assert_close(got, F.gelu(y), atol=1e-6, rtol=1e-6)
     assert (got - F.gelu(y, approximate="tanh")).abs().max() > 1e-5  # the two forms differ measurably here
@@ -312,11 +318,11 @@ def padded_batch(seed=0, B=4, T=13):
     return ids * mask, mask, (torch.arange(T) >= T // 2).long().expand(B, T) * mask
 
 
-def twins(cls, attn, seed=0, **overrides):
-    """(plain, accelerated): the same weights, built twice from one seed."""
+def twins(cls, attn, seed=0, speed=None, **overrides):
+    """(plain, accelerated on `speed`, default the oneDNN route): the same weights, built twice from one seed."""
     config = BertConfig(**{**TINY, **overrides}, attn_implementation=attn)
     return (cls(config, generator=torch.Generator().manual_seed(seed)),
-            L.accelerate(cls(config, generator=torch.Generator().manual_seed(seed))))
+            L.accelerate(cls(config, generator=torch.Generator().manual_seed(seed)), speed or on()))
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -342,7 +348,7 @@ def test_accelerated_training_gives_the_plain_gradients(attn):
     parameter's gradient within 1e-5 of the plain model's (dropout 0 so both see one function)."""
     config = BertConfig(**TINY, attn_implementation=attn)
     plain = BertForPreTraining(config, generator=torch.Generator().manual_seed(1)).train()
-    fast = L.accelerate(BertForPreTraining(config, generator=torch.Generator().manual_seed(1)), training=True).train()
+    fast = L.accelerate(BertForPreTraining(config, generator=torch.Generator().manual_seed(1)), on(), training=True).train()
     ids, mask, types = padded_batch(seed=1)
     labels = torch.where((torch.arange(13) % 3 == 0) & mask.bool(), ids, torch.full_like(ids, -100))
     nsp = torch.tensor([0, 1, 1, 0])
@@ -379,21 +385,17 @@ def test_accelerate_keeps_parameters_names_and_checkpoints(tmp_path):
     assert not torch.equal(fast.classifier.weight, plain.classifier.weight)  # the optimizer moved them
 
 
-def test_post_ops_are_fused_only_where_the_cpu_has_avx512(monkeypatch):
-    real = L.cpu_features()
-    monkeypatch.setattr(L, "cpu_features", lambda: dataclasses.replace(real, flags=("avx2", "fma")))
-    assert not L.fuse_post_ops()
-    monkeypatch.setattr(L, "cpu_features", lambda: dataclasses.replace(real, flags=("avx2", "fma", "avx512f")))
-    assert L.fuse_post_ops()
-    monkeypatch.setattr(L, "_fuse", False)
-    assert not L.fuse_post_ops()
+def test_post_ops_are_fused_only_where_the_cpu_has_avx512():
+    real = cpu_features()
+    assert not L.decide(dataclasses.replace(real, flags=("avx2", "fma"))).fuse_post_ops
+    assert L.decide(dataclasses.replace(real, flags=("avx2", "fma", "avx512f"))).fuse_post_ops
+    assert not L.decide(dataclasses.replace(real, flags=("avx2", "fma", "avx512f")), fuse=False).fuse_post_ops
 
 
 @onednn
 @pytest.mark.parametrize("fuse", [True, False])
 def test_inference_fuses_gelu_and_residual_into_the_matmuls(fuse, monkeypatch):
-    monkeypatch.setattr(L, "_fuse", fuse)
-    _, model = twins(BertModel, "sdpa")
+    _, model = twins(BertModel, "sdpa", speed=on(fuse=fuse))
     post_ops = []
     real = L._onednn
     monkeypatch.setattr(L, "_onednn", lambda x, w, b, post_op="none", algorithm="": post_ops.append(post_op)
@@ -407,54 +409,45 @@ def test_inference_fuses_gelu_and_residual_into_the_matmuls(fuse, monkeypatch):
     assert "gelu" not in post_ops and len(post_ops) == 2 * 4 + 1
 
 
-def test_switched_off_accelerated_model_is_the_plain_model_exactly(monkeypatch):
-    """use_onednn(False): the very same kernels as the plain model."""
-    plain, fast = twins(BertModel, "sdpa")
+def test_switched_off_accelerated_model_is_the_plain_model_exactly():
+    """decide(onednn=False): the very same kernels as the plain model."""
+    plain, fast = twins(BertModel, "sdpa", speed=L.decide(onednn=False))
     ids, mask, types = padded_batch()
-    L.use_onednn(False)
-    try:
-        with torch.inference_mode():
-            assert torch.equal(fast.eval()(ids, mask, types).last_hidden_state,
-                               plain.eval()(ids, mask, types).last_hidden_state)
-    finally:
-        L.use_onednn(None)
+    with torch.inference_mode():
+        assert torch.equal(fast.eval()(ids, mask, types).last_hidden_state,
+                           plain.eval()(ids, mask, types).last_hidden_state)
 
 
-def test_inference_runs_mkl_only_on_one_thread_of_a_cpu_without_avx512(monkeypatch):
-    monkeypatch.setattr(L, "_enabled", None)
-    real, threads = L.cpu_features(), torch.get_num_threads()
-    try:
-        for flags, n, onednn in [(("avx2", "fma"), 1, False), (("avx2", "fma"), 2, True),
-                                 (("avx2", "fma", "avx512f"), 1, True), (("avx2", "fma", "avx512f"), 2, True)]:
-            monkeypatch.setattr(L, "cpu_features", lambda flags=flags: dataclasses.replace(real, flags=flags))
-            torch.set_num_threads(n)
-            assert L.onednn_for_inference() == onednn, (flags, n)
-    finally:
-        torch.set_num_threads(threads)
-    L.use_onednn(True)  # forced either way
-    assert L.onednn_for_inference()
-    L.use_onednn(False)
-    assert not L.onednn_enabled() and L.matmul_kernel() == "MKL"
+def test_inference_runs_mkl_only_on_one_thread_of_a_cpu_without_avx512():
+    real = dataclasses.replace(cpu_features(), onednn=True)
+    for flags, n, onednn in [(("avx2", "fma"), 1, False), (("avx2", "fma"), 2, True),
+                             (("avx2", "fma", "avx512f"), 1, True), (("avx2", "fma", "avx512f"), 2, True)]:
+        speed = L.decide(dataclasses.replace(real, flags=flags), threads=n)
+        assert speed.onednn_inference == onednn and speed.matmul_kernel == ("oneDNN" if onednn else "MKL"), (flags, n)
+    avx2 = dataclasses.replace(real, flags=("avx2", "fma"))
+    assert L.decide(avx2, onednn=True, threads=1).onednn_inference  # forced either way
+    assert not L.decide(real, onednn=False).onednn_inference and L.decide(real, onednn=False).matmul_kernel == "MKL"
+    assert not L.decide(dataclasses.replace(real, onednn=False), onednn=True).onednn_inference  # no kernels, no route
 
 
 @onednn
 @pytest.mark.parametrize("kernel", ["oneDNN", "MKL"])
 def test_inference_and_training_take_their_kernels(kernel, monkeypatch):
-    monkeypatch.setattr(L, "onednn_for_inference", lambda: kernel == "oneDNN")
-    assert L.matmul_kernel() == kernel
+    speed = dataclasses.replace(on(), onednn_inference=kernel == "oneDNN")
+    assert speed.matmul_kernel == kernel
     calls = []
     real = L._onednn
     monkeypatch.setattr(L, "_onednn", lambda *a, **k: calls.append(1) or real(*a, **k))
     x, w, b = operands((6, 32), 48, seed=3)
     with torch.no_grad():
-        y = linear(x, w, b, pack=True)
+        y = linear(x, w, b, speed, packed=True)
         assert len(calls) == (1 if kernel == "oneDNN" else 0)
         if kernel == "MKL":
             assert torch.equal(y, F.linear(x, w, b))
         else:
             torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
     calls.clear()  # training takes oneDNN whichever runs inference: its backward is written with it
-    linear(x, w.clone().requires_grad_(), b).sum().backward()
+    linear(x, w.clone().requires_grad_(), b, speed).sum().backward()
     assert len(calls) == 2  # the forward and the weight's gradient
 
 
@@ -462,28 +455,50 @@ def test_inference_and_training_take_their_kernels(kernel, monkeypatch):
 @pytest.mark.parametrize("vendor,onednn_trains", [("GenuineIntel", False), ("AuthenticAMD", True), ("", True)])
 def test_training_runs_mkl_on_intel_and_onednn_elsewhere(vendor, onednn_trains, monkeypatch):
     """Rule 2, with the vendor mocked: the gradients are F.linear's either way."""
-    monkeypatch.setattr(L, "_enabled", None)
-    real = L.cpu_features()
-    monkeypatch.setattr(L, "cpu_features", lambda: dataclasses.replace(real, vendor=vendor))
-    assert L.onednn_for_training() is onednn_trains
+    cpu = dataclasses.replace(cpu_features(), vendor=vendor)
+    speed = L.decide(cpu)
+    assert speed.onednn_training is onednn_trains
     calls = []
     real_onednn = L._onednn
     monkeypatch.setattr(L, "_onednn", lambda *a, **k: calls.append(1) or real_onednn(*a, **k))
     x, w, b = operands((6, 32), 48, seed=12)
     ours, ref = w.clone().requires_grad_(), w.clone().requires_grad_()
-    linear(x, ours, b).square().sum().backward()
+    linear(x, ours, b, speed).square().sum().backward()
     F.linear(x, ref, b).square().sum().backward()
     assert len(calls) == (2 if onednn_trains else 0)  # the forward and the weight's gradient
     torch.testing.assert_close(ours.grad, ref.grad, atol=1e-4, rtol=1e-5)
-    L.use_onednn(True)  # forced either way
-    assert L.onednn_for_training()
-    L.use_onednn(False)
-    assert not L.onednn_for_training()
+    assert L.decide(cpu, onednn=True).onednn_training  # forced either way
+    assert not L.decide(cpu, onednn=False).onednn_training
 
 
 def test_accelerate_refuses_what_is_not_a_model():
     with pytest.raises(BertkitError, match="nn.Module"):
         L.accelerate("model/")
+    with pytest.raises(BertkitError, match="SpeedSettings"):
+        L.accelerate(BertModel(BertConfig(**TINY)), {"onednn": False})
+
+
+@onednn
+def test_settings_belong_to_the_model_not_the_process(monkeypatch):
+    """Two models in one process on different settings each run their own kernels (no global switch
+    between them), accelerating again hands the modules the new settings, and the default is this CPU's."""
+    calls = []
+    real = L._onednn
+    monkeypatch.setattr(L, "_onednn", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain, routed = twins(BertModel, "sdpa")
+    _, mkl = twins(BertModel, "sdpa", speed=L.decide(onednn=False))
+    ids, mask, types = padded_batch()
+    with torch.inference_mode():
+        ref = plain.eval()(ids, mask, types).last_hidden_state
+        for model, kernels in ((routed, True), (mkl, False), (routed, True)):
+            calls.clear()
+            model.eval()(ids, mask, types)
+            assert bool(calls) is kernels
+        assert torch.equal(mkl(ids, mask, types).last_hidden_state, ref)
+        L.accelerate(routed, L.decide(onednn=False))  # again, on other settings: the modules take them
+        assert torch.equal(routed(ids, mask, types).last_hidden_state, ref)
+    assert all(m.speed == L.decide() for m in L.accelerate(BertModel(BertConfig(**TINY))).modules()
+               if isinstance(m, FastLinear))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -65,9 +65,9 @@ def default_model():
 
 @pytest.fixture(scope="module")
 def fast_default_model():
-    from bertkit.runtime.fast import accelerate
+    from bertkit.runtime.fast import accelerate, decide
 
-    return accelerate(BertModel.from_pretrained())
+    return accelerate(BertModel.from_pretrained(), decide(onednn=True))  # oneDNN, whichever kernel won the race here
 
 
 @pytest.mark.oracle
@@ -75,16 +75,13 @@ def fast_default_model():
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "f.linear"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_default_model_matches_transformers(real_batch, oracle_models, default_model, fast_default_model, attn,
-                                            onednn, monkeypatch):
+                                            onednn):
     """Each of our paths against transformers' same path, every layer, within 1e-5 at the real
     tokens. The plain model (nn.Linear: the kernels transformers uses) matches at padding
     positions too; after bertkit.runtime.fast.accelerate (oneDNN matmuls) padding outputs, which
     nothing reads, differ by summation order (~1e-4) and only real tokens are compared.
     Against the other attention path: real tokens only, as padding differs by summation
     order there too."""
-    import bertkit.runtime.fast
-
-    monkeypatch.setattr(bertkit.runtime.fast, "_enabled", True)  # oneDNN, whichever kernel won the race here
     model = fast_default_model if onednn else default_model
     model.config.attn_implementation = attn
     other = {"sdpa": "eager", "eager": "sdpa"}[attn]

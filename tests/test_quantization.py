@@ -16,12 +16,11 @@ import pytest
 import torch
 
 import bertkit
-import bertkit.runtime.fast
 from bertkit import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
                      BertModel)
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.runtime.fast import accelerate
+from bertkit.runtime.fast import accelerate, decide
 from bertkit.tasks.predict import predict
 from bertkit.model.modeling import BertLayer
 from bertkit.model.checkpoint import INT8_WEIGHTS
@@ -121,10 +120,10 @@ def dense_modules(model):
 
 
 @pytest.fixture
-def per_token(request, monkeypatch):
-    """Force the activation rule (bertkit.runtime.fast rule 5) to `request.param`, whatever this CPU has."""
-    monkeypatch.setattr(bertkit.runtime.fast, "_per_token", request.param)
-    return request.param
+def per_token(request):
+    """Settings with the activation rule (bertkit.runtime.fast rule 5) forced to `request.param`,
+    whatever this CPU has."""
+    return decide(per_token=request.param)
 
 
 @pytest.mark.parametrize("per_token", [False], indirect=True)
@@ -132,9 +131,9 @@ def per_token(request, monkeypatch):
 def test_per_call_int8_is_pytorchs_dynamic_int8_linear(cls, per_token):
     """One layer forward (BertLayer's) whatever the dense modules are: with one activation scale
     per call, ours against PyTorch's own dynamic int8 Linear on the same packed weights, bit for bit."""
-    model = quantize(tiny_model(cls))
+    model = quantize(tiny_model(cls), per_token)
     assert all(type(layer) is BertLayer for layer in layers_of(model))
-    assert all(type(d) is Int8Linear for d in dense_modules(model))
+    assert all(type(d) is Int8Linear and not d.per_token for d in dense_modules(model))
     ours = first_output(model)
     for d in dense_modules(model):
         d.__class__ = DynamicInt8Linear  # PyTorch's forward, called by modeling.dense as a plain module
@@ -146,7 +145,8 @@ def test_per_token_int8_is_the_integer_arithmetic_done_by_hand(per_token):
     """q_t = round(127 x_t / max|x_t|) per token, int8 q_t . int8 w_o exact, times s_t s_o, plus b:
     recomputed in float64 (exact for these integers) and compared; a token's result does not
     depend on the other tokens of its batch."""
-    layer = quantize(tiny_model()).encoder.layers[0].intermediate  # [37, 32]
+    layer = quantize(tiny_model(), per_token).encoder.layers[0].intermediate  # [37, 32]
+    assert layer.per_token
     x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(3)) * torch.tensor([0.1, 1, 30])[:, None, None][:2]
     w = layer.weight()
     amax = x.abs().amax(-1, keepdim=True).double()
@@ -160,17 +160,17 @@ def test_per_token_int8_is_the_integer_arithmetic_done_by_hand(per_token):
         assert torch.equal(layer(x[1:, 2:3]), got[1:, 2:3])  # alone or among others: the same numbers
 
 
-def test_activation_rule_by_the_cpu(monkeypatch):
+def test_activation_rule_by_the_cpu():
     import dataclasses
 
-    real = bertkit.runtime.fast.cpu_features()
-    monkeypatch.setattr(bertkit.runtime.fast, "_per_token", None)
+    from bertkit.runtime.devices import cpu_features
+
+    real = dataclasses.replace(cpu_features(), onednn=True)
     for flags, expected in ((("avx2", "fma", "avx512f", "avx512_vnni", "amx_int8"), True),  # AMX Xeon
                             (("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"), True),  # Zen 4
                             (("avx2", "fma", "avx_vnni"), True),  # Alder Lake
                             (("avx2", "fma", "avx512f"), False), (("avx2", "fma"), False)):
-        monkeypatch.setattr(bertkit.runtime.fast, "cpu_features", lambda flags=flags: dataclasses.replace(real, flags=flags))
-        assert bertkit.runtime.fast.int8_per_token() is expected, flags
+        assert decide(dataclasses.replace(real, flags=flags)).int8_per_token is expected, flags
 
 
 FLOOR_TEXTS = REAL_TEXTS + ["it 's a charming and often affecting journey . ", "unflinchingly bleak and desperate ",
@@ -192,7 +192,7 @@ def test_per_token_int8_keeps_every_token_of_the_default_model(default_model_dir
     assert not real.all()
     with torch.no_grad():
         ref = BertModel.from_pretrained(default_model_dir).eval()(**batch).last_hidden_state
-        got = quantize(BertModel.from_pretrained(default_model_dir).eval())(**batch).last_hidden_state
+        got = quantize(BertModel.from_pretrained(default_model_dir).eval(), per_token)(**batch).last_hidden_state
     cosine = torch.nn.functional.cosine_similarity(got[real], ref[real], dim=-1)
     assert 0.95 <= cosine.min() and cosine.mean() < 0.99999  # faithful, and quantized
 
@@ -330,3 +330,8 @@ def test_dense_ops_is_quantize_then_accelerate_in_one_step():
     torch.testing.assert_close(run(again), expected, rtol=0, atol=0)
     plain = dense_ops(tiny_model(), int8=False, fast=False)
     assert not holds_int8(plain) and type(plain.pooler.dense) is torch.nn.Linear
+    # one value of settings reaches both kinds of layer: per call int8, dense layers on F.linear
+    settings = decide(onednn=False, per_token=False)
+    forced = dense_ops(tiny_model(), int8=True, fast=True, settings=settings)
+    assert forced.pooler.dense.speed is settings and not any(d.per_token for d in dense_modules(forced))
+    torch.testing.assert_close(run(forced), run(accelerate(quantize(tiny_model(), settings), settings)), rtol=0, atol=0)

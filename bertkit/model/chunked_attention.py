@@ -7,8 +7,8 @@ drops inside them, and the plain computation keeps the scores, the weights, the
 dropout mask and the dropped weights of every layer for the backward pass. At 32
 sequences of 256 tokens that is 100 MB each, per layer, written and read again from
 main memory (and, with glibc's default malloc, zero-filled by the kernel page by
-page at every allocation); it made a float32 training step of the default model
-1.8x slower than the same step without attention dropout.
+page at every allocation), the main part of what attention dropout added to a training
+step (docs/benchmarks.md, "Numbers that left the docstrings").
 
 This is FlashAttention's remedy at the grain of whole sequences: the forward pass
 goes through a few sequences at a time (about 2^20 weights, a few MB that stay in

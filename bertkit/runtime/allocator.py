@@ -1,4 +1,4 @@
-"""Keep freed memory for reuse: the CPU allocator setting worth ~20% of a batched forward.
+"""Keep freed memory for reuse: the CPU allocator setting that saves the page faults of every batch.
 
 A forward pass allocates and frees the same large activations over and over: the
 feed-forward's [B, T, 4H] float32 block is 25 MB at 32 x 128 for the default
@@ -14,11 +14,9 @@ tcmalloc for the same reason.
 (mallopt) to take every block from the heap and to keep freed memory instead of
 returning it, so from the second batch on the activations land in pages that
 are already mapped (most forwards take no page fault at all; now and then the
-heap still grows by a block or two). Measured on the 2-core benchmark machine, 32 x 128 through
-the default model with packed weights, in separate processes with and without
-it: ~315-385 ms instead of ~400-510 ms per batch. The 4 x 128 pre-training run
-of docs/pretraining.md went from ~16,800 tokens/s (its first 4,000 steps) to
-~23,700 (the 4,000 steps resumed with it).
+heap still grows by a block or two). What it saved, a batched forward and a
+pre-training run with and without it, is in docs/benchmarks.md ("Numbers that left the
+docstrings").
 The price is that the process keeps its peak memory between batches rather than
 giving it back, which a server or a batch job wants anyway. It changes the whole
 process, so the library never does it behind a caller's back: the `bertkit`

@@ -1,4 +1,4 @@
-"""The CPU fast path, applied by one explicit step: `accelerate(model)`.
+"""The CPU fast path, applied by one explicit step: `accelerate(model, settings)`.
 
 `bertkit.model.modeling` and `bertkit.model.heads` are written with plain PyTorch layers, as
 the paper draws the model. `accelerate` changes how their dense ops are computed,
@@ -14,26 +14,28 @@ the timings behind them, with the CPU each was taken on, are in docs/benchmarks.
 
 1. Inference matmuls on oneDNN, except MKL on one thread of a CPU without AVX-512:
    MKL takes its AVX2 path on AMD CPUs whatever they have, oneDNN picks kernels by
-   instruction set (`onednn_for_inference()`).
+   instruction set (`SpeedSettings.onednn_inference`).
 2. Training matmuls on MKL on Intel CPUs, oneDNN elsewhere: MKL is Intel's own
-   library and trained fastest on an Intel Xeon, oneDNN on AMD (`onednn_for_training()`;
+   library and trained fastest on an Intel Xeon, oneDNN on AMD (`SpeedSettings.onednn_training`;
    the oneDNN backward is written out with the same kernel, grad_x = g W, grad_W = g^T x).
 3. GELU and residual add fused into the matmul as oneDNN post-ops only with AVX-512:
-   on AVX2 the fused GELU is slower than a separate one (`fuse_post_ops()`).
+   on AVX2 the fused GELU is slower than a separate one (`SpeedSettings.fuse_post_ops`).
 4. Packed weights in inference: oneDNN's blocked copy of each weight saves the
    re-blocking of every call; the copy follows every in-place change of the weight
-   (its version counter), not writes through `.data` (`pack_weights()`).
+   (its version counter) and every new tensor set through `.data` (`pack_weights()`; each
+   FastLinear keeps its own copy).
 5. int8 activations quantized per token where the CPU has VNNI or AMX: oneDNN's int8
    matmul multiplies int8 into int32 there, and one scale per token keeps a large token
-   from flattening the rest of its batch (`int8_per_token()`, used by bertkit.runtime.quantization).
+   from flattening the rest of its batch (`SpeedSettings.int8_per_token`, used by bertkit.runtime.quantization).
 6. bfloat16 inference on the oneDNN route too (packed weights, GELU and residual add as
    post-ops) where the CPU multiplies bfloat16 natively (AMX, AVX512-BF16): F.linear in
    bfloat16 also runs oneDNN there, but re-blocks the weight at every call and leaves the
-   GELU and the add to separate bfloat16 passes. bfloat16 training stays on F.linear.
-7. Rows padded to a few sizes where oneDNN's kernel caches are bounded (`bertkit serve`,
-   BERTKIT_ROW_BUCKETS=1): oneDNN prepares (compiles) a kernel per input shape, and a
+   GELU and the add to separate bfloat16 passes. bfloat16 training stays on F.linear
+   (`SpeedSettings.onednn_bf16`).
+7. Rows padded to a few sizes where oneDNN's kernel caches are bounded (`bertkit serve`):
+   oneDNN prepares (compiles) a kernel per input shape, and a
    server's batches come in a new shape every few passes; padded to `row_bucket`'s 40
-   sizes, every pass finds its kernels in the cache (`bucket_rows()`).
+   sizes, every pass finds its kernels in the cache (`SpeedSettings.row_buckets`).
 
 Precision ("auto" = bfloat16 where the CPU multiplies it natively): see
 `bertkit.runtime.devices.auto_dtype`.
@@ -44,81 +46,73 @@ F.linear to cast it) and outside torch.compile (inductor packs its own weights).
 Everything else (CUDA, float64, bfloat16 elsewhere) goes to F.linear unchanged, so an
 accelerated model runs anywhere; results agree with F.linear's to float32 rounding
 (bfloat16: to its rounding of the output; the post-ops then run before it, in float32).
-`use_onednn(False)` (or BERTKIT_ONEDNN=0) sends every matmul to F.linear,
-`use_onednn(True)` (BERTKIT_ONEDNN=1) every one to oneDNN, `use_onednn(None)` (the
-default) follows rules 1 and 2.
+
+The rules are one value, `SpeedSettings`, decided once by `decide()` from the CPU's features
+and what a caller forces (`decide(onednn=False)`: every matmul on F.linear; `onednn=True`:
+every one on oneDNN; `row_buckets=True`: rule 7, as `bertkit serve` asks), handed to
+`accelerate(model, settings)` and kept by every module it swaps: nothing here is a
+process-wide switch, and two models in one process may run under different settings.
+Only the command line reads the environment (`bertkit serve`: BERTKIT_ONEDNN=1/0).
 """
 
 from __future__ import annotations
 
-import os
-import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.runtime.devices import cpu_features
 from bertkit.errors import BertkitError
 from bertkit.model.heads import MaskedLMHead
+from bertkit.runtime.devices import CpuFeatures, cpu_features
+
+
+# --- the settings: the rules as one value ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpeedSettings:
+    """What the fast path does on this machine, one field per rule (module docstring); made by
+    `decide()`, handed to `accelerate`, kept by every swapped module."""
+
+    onednn_inference: bool  # rule 1: inference's float32 matmuls on oneDNN (else F.linear: MKL)
+    onednn_training: bool  # rule 2: training's float32 matmuls on oneDNN (else F.linear)
+    fuse_post_ops: bool  # rule 3: the GELU and the residual add as oneDNN post-ops
+    int8_per_token: bool  # rule 5: int8 activations per token on oneDNN's int8 matmul
+    onednn_bf16: bool  # rule 6: bfloat16 inference on the oneDNN route too
+    row_buckets: bool = False  # rule 7: rows padded to `row_bucket` sizes (a server)
+
+    @property
+    def matmul_kernel(self) -> str:
+        """"oneDNN" or "MKL": what inference's float32 CPU matmuls run on (for logs)."""
+        return "oneDNN" if self.onednn_inference else "MKL"
+
+
+def decide(cpu: CpuFeatures | None = None, *, onednn: bool | None = None, fuse: bool | None = None,
+           per_token: bool | None = None, row_buckets: bool = False, threads: int | None = None) -> SpeedSettings:
+    """The settings for `cpu` (None: this one) running on `threads` torch threads (None: now).
+
+    onednn: None follows rules 1 and 2; True sends every float32 matmul to oneDNN, False every one
+    to F.linear (MKL). fuse, per_token: None as rules 3 and 5 say, or forced (tests, comparisons).
+    Nothing takes oneDNN where this torch build lacks its kernels."""
+    cpu = cpu_features() if cpu is None else cpu
+    threads = torch.get_num_threads() if threads is None else threads
+    avx512 = "avx512f" in cpu.flags
+    inference = cpu.onednn and (avx512 or threads > 1 if onednn is None else onednn)
+    training = cpu.onednn and (cpu.vendor != "GenuineIntel" if onednn is None else onednn)
+    vnni = any(f in cpu.flags for f in ("amx_int8", "avx512_vnni", "avx_vnni"))
+    return SpeedSettings(
+        onednn_inference=inference,
+        onednn_training=training,
+        fuse_post_ops=avx512 if fuse is None else fuse,
+        int8_per_token=cpu.onednn and vnni if per_token is None else per_token,
+        onednn_bf16=inference and cpu.native_bf16,
+        row_buckets=row_buckets,
+    )
 
 
 # --- the dense layer -----------------------------------------------------------------------
-
-# None: the kernels of rules 1 and 2; True/False: oneDNN always / never
-_enabled = {"0": False, "1": True}.get(os.environ.get("BERTKIT_ONEDNN", "auto"))
-
-
-def use_onednn(enabled: bool | None = True) -> None:
-    """Route float32 CPU matmuls of accelerated models: True, through oneDNN; False, all to
-    F.linear (MKL); None, as rules 1 (inference) and 2 (training) say (the default)."""
-    global _enabled
-    _enabled = None if enabled is None else bool(enabled)
-
-
-def onednn_enabled() -> bool:
-    """Whether the oneDNN route is open (then `onednn_for_inference` / `onednn_for_training` decide)."""
-    return _enabled is not False and cpu_features().onednn
-
-
-def onednn_for_inference() -> bool:
-    """Whether inference's float32 CPU matmuls go to oneDNN rather than MKL (rule 1): as forced
-    by `use_onednn`, else oneDNN except on one thread of a CPU without AVX-512."""
-    if _enabled is not None:
-        return _enabled
-    return "avx512f" in cpu_features().flags or torch.get_num_threads() > 1
-
-
-def onednn_for_training() -> bool:
-    """Whether training's float32 CPU matmuls (those that need a gradient) go to oneDNN rather
-    than MKL (rule 2): as forced by `use_onednn`, else oneDNN except on an Intel CPU."""
-    if _enabled is not None:
-        return _enabled
-    return cpu_features().vendor != "GenuineIntel"
-
-
-def matmul_kernel() -> str:
-    """"oneDNN" or "MKL": what inference's float32 CPU matmuls run on here, now (for logs)."""
-    return "oneDNN" if onednn_enabled() and onednn_for_inference() else "MKL"
-
-
-_fuse = None  # None: by the CPU (rule 3); True/False: forced, for tests and comparisons
-
-
-def fuse_post_ops() -> bool:
-    """Whether inference fuses the GELU and residual add into the matmul (rule 3): with AVX-512."""
-    return _fuse if _fuse is not None else "avx512f" in cpu_features().flags
-
-
-_per_token = None  # None: by the CPU (rule 5); True/False: forced, for tests and comparisons
-
-_buckets = os.environ.get("BERTKIT_ROW_BUCKETS") == "1"  # rule 7: off unless the server asks
-
-
-def bucket_rows(enabled: bool = True) -> None:
-    """Pad the rows of inference's oneDNN products to `row_bucket` sizes (rule 7), or not."""
-    global _buckets
-    _buckets = bool(enabled)
 
 
 def row_bucket(rows: int) -> int:
@@ -138,28 +132,18 @@ def _padded(t: torch.Tensor, rows: int, padded: int) -> torch.Tensor:
     return out
 
 
-def int8_per_token() -> bool:
-    """Whether int8 products quantize activations per token on oneDNN's int8 matmul (rule 5):
-    where the CPU multiplies int8 into int32 in one instruction (VNNI, AMX) and torch has oneDNN."""
-    if _per_token is not None:
-        return _per_token
-    cpu = cpu_features()
-    return cpu.onednn and any(f in cpu.flags for f in ("amx_int8", "avx512_vnni", "avx_vnni"))
-
-
-def _route(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _route(x: torch.Tensor, weight: torch.Tensor, speed: SpeedSettings) -> bool:
     """The shape rule of the oneDNN route (see the module docstring): float32, or bfloat16 where
-    the CPU multiplies it natively (rule 6; the caller keeps bfloat16 to inference). Asked before
-    every product that FastLinear does not replay: each test is one call (a Python call between
-    two kernels costs microseconds, a batch-1 layer's products tens of them)."""
+    `speed` says (rule 6; the caller keeps bfloat16 to inference). Asked before every product that
+    FastLinear does not replay: each test is one call (a Python call between two kernels costs
+    microseconds, a batch-1 layer's products tens of them)."""
     if torch.compiler.is_compiling():  # first: dynamo need not trace the rest
         return False
     dtype = x.dtype
     return (
         dtype is weight.dtype  # torch's dtypes are singletons
-        and (dtype is torch.float32 or (dtype is torch.bfloat16 and cpu_features().native_bf16))
+        and (dtype is torch.float32 or (dtype is torch.bfloat16 and speed.onednn_bf16))
         and x.is_cpu
-        and onednn_enabled()
         and x.dim() >= 2
         and x.numel() > 0
         and not torch.is_autocast_enabled("cpu")
@@ -173,9 +157,13 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def _with_post_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False,
-                  residual: torch.Tensor | None = None) -> torch.Tensor:
-    """oneDNN's x W^T + b with the GELU or the residual add, whichever is given, as its post-op."""
+                  residual: torch.Tensor | None = None, fuse: bool = True) -> torch.Tensor:
+    """oneDNN's x W^T + b, then the GELU or the residual add, whichever is given: as its post-op
+    where `fuse` (rule 3), else as a separate operation."""
     x = x.contiguous()
+    if not fuse and (gelu or residual is not None):
+        y = _onednn(x, weight, bias)
+        return F.gelu(y) if gelu else y + residual
     if gelu:
         return _onednn(x, weight, bias, "gelu", "none")  # algorithm "none": erf, not the tanh form
     if residual is not None:
@@ -213,56 +201,42 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-# id(weight) -> (weak reference to the weight, its version, data pointer, packed copy); see point
-# 4 above. A plain dict keyed by id, its entry dropped when the weight is freed: looked up on every
-# product, it costs a third of a WeakIdKeyDictionary's lookup.
-_packed: dict[int, tuple] = {}
-
-
-def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    entry = _packed.get(id(weight))
-    if entry is None or entry[0]() is not weight or entry[1] != weight._version or entry[2] != weight.data_ptr():
-        key = id(weight)
-        with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        entry = (weakref.ref(weight, lambda _, key=key: _packed.pop(key, None)), weight._version, weight.data_ptr(),
-                 packed)
-        _packed[key] = entry
-    return entry[3]
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked copy of `weight` [out, in] for its inference product (rule 4)."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False,
-           gelu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T + b, as F.linear: x [..., in], weight [out, in], bias [out] -> [..., out].
-    `pack`: in inference, use the packed copy of `weight`. `gelu`: then the exact (erf)
-    GELU; `residual` [..., out]: then + residual (one or the other). Both ride in the
-    matmul as oneDNN post-ops in inference where `fuse_post_ops()` (AVX-512), and are
-    separate operations elsewhere."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, speed: SpeedSettings,
+           packed=None, gelu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T + b, as F.linear: x [..., in], weight [out, in], bias [out] -> [..., out], on the
+    kernels `speed` chooses. `packed`: in inference, a function giving the packed copy of
+    `weight` (FastLinear keeps one). `gelu`: then the exact (erf) GELU; `residual` [..., out]:
+    then + residual (one or the other). Both ride in the matmul as oneDNN post-ops in
+    inference where `speed.fuse_post_ops` (AVX-512), and are separate operations elsewhere."""
     if gelu and residual is not None:
         raise ValueError("linear: fuse the GELU or the residual, not both")
-    if not _route(x, weight):
+    if not _route(x, weight, speed):
         y = F.linear(x, weight, bias)
     elif _needs_grad(x, weight, bias, residual):
-        oned = onednn_for_training() and x.dtype == torch.float32  # bfloat16 trains on F.linear (rule 6)
+        oned = speed.onednn_training and x.dtype == torch.float32  # bfloat16 trains on F.linear (rule 6)
         y = _OneDNNLinear.apply(x.contiguous(), weight, bias) if oned else F.linear(x, weight, bias)
-    elif not onednn_for_inference():
+    elif not speed.onednn_inference:
         y = F.linear(x, weight, bias)
     else:
-        if _buckets:
+        if speed.row_buckets:
             rows = x.numel() // x.shape[-1]
             padded = row_bucket(rows)
             if padded != rows:  # rule 7: run in the rows of a cached kernel, give back its own
-                y = linear(_padded(x, rows, padded), weight, bias, pack, gelu,
+                y = linear(_padded(x, rows, padded), weight, bias, speed, packed, gelu,
                            None if residual is None else _padded(residual, rows, padded))
                 return y[:rows].view(*x.shape[:-1], y.shape[-1])
-        w = _packed_weight(weight) if pack else weight
-        if not (gelu or residual is not None) or fuse_post_ops():
-            return _with_post_op(x, w, bias, gelu, residual)
-        y = _onednn(x.contiguous(), w, bias)
+        w = weight if packed is None else packed()
+        return _with_post_op(x, w, bias, gelu, residual, speed.fuse_post_ops)
     if gelu:
         return F.gelu(y)
     return y if residual is None else y + residual
@@ -272,56 +246,79 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class FastLinear(nn.Linear):
-    """nn.Linear whose forward is `linear` above: same parameters, names and init. It takes the
-    GELU and the residual add that follow it in the encoder layer (`bertkit.model.modeling.dense`).
+    """nn.Linear whose forward is `linear` above, on its `speed` settings: same parameters, names
+    and init. It takes the GELU and the residual add that follow it in the encoder layer
+    (`bertkit.model.modeling.dense`).
 
-    In packed inference it remembers the route `linear` took (`_plan`) and, while everything that
-    route was chosen by still holds (dtype, weight version, the switches, no gradient, autocast or
-    compiler), calls the kernel directly: at batch 1 the decisions cost about a tenth of a product."""
+    In packed inference it keeps oneDNN's packed copy of its weight and remembers the route
+    `linear` took (`_plan`): while what that route was chosen by still holds (dtype, weight
+    version and storage, no gradient, autocast or compiler), it calls the kernel directly: at
+    batch 1 the decisions cost about a tenth of a product. `use(speed)` changes the settings and
+    forgets the route."""
 
     packed = False  # set by pack_weights()
     post_ops = True  # bertkit.model.modeling.dense hands it the activation and the residual
-    _plan = None  # (dtype, weight version, data pointer, switches, post-ops fused, packed weight)
+    _packed = None  # (weight version, data pointer, oneDNN's packed copy)
+    _plan = None  # (dtype, weight version, data pointer, packed copy): the route last taken
+
+    def __init__(self, *args, speed: SpeedSettings | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.use(decide() if speed is None else speed)
+
+    def use(self, speed: SpeedSettings) -> None:
+        self.speed, self._plan = speed, None
 
     def forward(self, x: torch.Tensor, act=None, residual: torch.Tensor | None = None) -> torch.Tensor:
         gelu = act is F.gelu
         if act is not None and (not gelu or residual is not None):  # another activation, or both: apart
-            y = act(linear(x, self.weight, self.bias, pack=self.packed))
+            y = act(linear(x, self.weight, self.bias, self.speed, self._pack_for_call()))
             return y if residual is None else residual + y
         plan, w = self._plan, self.weight
-        post = gelu or residual is not None
         if (plan is not None and plan[0] is x.dtype and plan[1] == w._version and plan[2] == w.data_ptr()
-                and plan[3] == (_enabled, _fuse, _buckets, cpu_features) and (plan[4] or not post)
                 and x.dim() > 1 and x.numel() > 0 and not torch.is_grad_enabled()
                 and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()):
-            return _with_post_op(x, plan[5], self.bias, gelu, residual)
-        y = linear(x, w, self.bias, pack=self.packed, gelu=gelu, residual=residual)
+            return _with_post_op(x, plan[3], self.bias, gelu, residual, self.speed.fuse_post_ops)
+        y = linear(x, w, self.bias, self.speed, self._pack_for_call(), gelu, residual)
         self._plan = self._plan_for(x)
         return y
 
+    def packed_weight(self) -> torch.Tensor:
+        """oneDNN's packed copy of the weight, made again after any in-place change (its version)
+        or a new tensor set through .data (its pointer)."""
+        w, entry = self.weight, self._packed
+        if entry is None or entry[0] != w._version or entry[1] != w.data_ptr():
+            entry = self._packed = (w._version, w.data_ptr(), pack(w))
+        return entry[2]
+
+    def _pack_for_call(self):
+        return self.packed_weight if self.packed else None
+
     def __getstate__(self):
-        # the plan holds oneDNN's packed copy, which can be neither copied nor pickled: a copy plans anew
+        # oneDNN's packed copy can be neither copied nor pickled: a copy packs and plans anew
         state = super().__getstate__()
         state.pop("_plan", None)
+        state.pop("_packed", None)
         return state
 
     def _plan_for(self, x: torch.Tensor):
         """The plan of the route `linear` just took, if it was packed oneDNN inference; else None."""
+        speed = self.speed
         # the cheap tests first: this runs after every call the plan did not take (training, buckets)
-        if not (self.packed and not _buckets and not torch.is_grad_enabled() and _route(x, self.weight)
-                and onednn_for_inference()):
+        if not (self.packed and not speed.row_buckets and not torch.is_grad_enabled()
+                and speed.onednn_inference and _route(x, self.weight, speed)):
             return None
         w = self.weight
-        return (x.dtype, w._version, w.data_ptr(), (_enabled, _fuse, _buckets, cpu_features), fuse_post_ops(),
-                _packed_weight(w))
+        return x.dtype, w._version, w.data_ptr(), self.packed_weight()
 
 
 class FastMaskedLMHead(MaskedLMHead):
     """The MLM head with its decoder (the largest matmul, [., H] x [H, V]) on the fast route."""
 
+    speed: SpeedSettings  # set by accelerate
+
     def forward(self, x: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         x = self.layer_norm(self.act(self.transform(x)))  # [..., H]
-        return linear(x, word_embeddings, self.bias)  # [..., V]
+        return linear(x, word_embeddings, self.bias, self.speed)  # [..., V]
 
 
 _SWAPS = {nn.Linear: FastLinear, MaskedLMHead: FastMaskedLMHead}
@@ -332,22 +329,32 @@ def pack_weights(model: nn.Module, enabled: bool = True) -> nn.Module:
     for m in model.modules():
         if isinstance(m, FastLinear):
             m.packed = enabled
+            m._plan = None
     return model
 
 
-def accelerate(model: nn.Module, *, training: bool = False) -> nn.Module:
-    """Apply the CPU fast path to `model` in place and return it (see the module docstring).
+def accelerate(model: nn.Module, settings: SpeedSettings | None = None, *, training: bool = False) -> nn.Module:
+    """Apply the CPU fast path to `model` in place and return it (see the module docstring),
+    on `settings` (None: `decide()`, the rules for this CPU).
 
     The outputs equal the plain model's to float32 rounding (1e-5), and so do the
     gradients: training=True keeps autograd exact (the oneDNN backward, or MKL's) and leaves the
     weights unpacked, since an optimizer changes them every step; training=False (for
     models used for inference: embed, predict, attention) also packs the weights.
-    Calling it again is harmless.
+    Calling it again is harmless (and hands the swapped modules the new settings).
     """
     if not isinstance(model, nn.Module):
         raise BertkitError(f"accelerate takes a torch model (nn.Module), got {type(model).__name__}")
+    if settings is not None and not isinstance(settings, SpeedSettings):
+        raise BertkitError(f"accelerate's settings must be a SpeedSettings (bertkit.runtime.fast.decide()), "
+                           f"got {type(settings).__name__}")
+    settings = decide() if settings is None else settings
     for m in model.modules():
         fast = _SWAPS.get(type(m))
         if fast is not None:
             m.__class__ = fast  # same object, same parameters: only the forward changes
+        if isinstance(m, FastLinear):
+            m.use(settings)
+        elif isinstance(m, FastMaskedLMHead):
+            m.speed = settings
     return pack_weights(model, enabled=not training)

@@ -50,6 +50,7 @@ from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnsweri
 from bertkit.model.electra_pretraining import ElectraPretrainingModel
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import BertModel
+from bertkit.runtime.fast import SpeedSettings, decide
 from bertkit.runtime.quantization import dense_ops, load_quantized
 from bertkit.model.sentence_layout import SentenceLayout, read_layout
 from bertkit.text.tokenizer import Tokenizer
@@ -186,7 +187,7 @@ def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
     return _Plan(cls, directory, directory, task, info or {}, int8_weights)
 
 
-def _build(plan: _Plan, device, dtype, int8: bool) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
+def _build(plan: _Plan, device, dtype, int8: bool, speed: SpeedSettings) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
     """The model of `plan` in eval mode on its device and in its dtype, that device and dtype, and
     whether its weights are int8. Where and in what it runs is decided first
     (`bertkit.runtime.devices.placement`), before any weight is read, so a wrong choice costs no load; a model
@@ -199,7 +200,7 @@ def _build(plan: _Plan, device, dtype, int8: bool) -> tuple[nn.Module, torch.dev
         return (plan.model if int8_weights else plan.model.to(where, None if dtype is None else chosen),
                 where, chosen, int8_weights)
     if int8_weights:
-        return load_quantized(plan.cls, plan.weights), where, chosen, True
+        return load_quantized(plan.cls, plan.weights, speed), where, chosen, True
     if plan.task != "mlm":
         return plan.cls.from_pretrained(plan.weights).eval().to(where, chosen), where, chosen, False
     # a masked-LM head must be all there: the report is checked here, with a message for fill-mask
@@ -230,15 +231,16 @@ def check_vocabulary(tok, config, directory) -> None:
 
 
 def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool = False,
-         fast: bool = True) -> Loaded:
+         fast: bool | SpeedSettings = True) -> Loaded:
     """The model in `model`, ready for inference: a directory (None: the default model), or a
     (model, tokenizer) pair already in memory, which is moved, cast and quantized in place only
     where `device`, `dtype` or `int8` ask for it (an encoder with no layout: nothing was read).
 
     head: what to load (see the module docstring). device: auto (None), cpu or cuda.
     dtype: float32 (None), bfloat16 or auto (bf16 where the device has it natively).
-    int8: quantize the encoder's dense layers (CPU). fast: apply the CPU fast path
-    (False keeps the plain layers, e.g. for tracing into ONNX).
+    int8: quantize the encoder's dense layers (CPU). fast: apply the CPU fast path, on the
+    settings given (`bertkit.runtime.fast.SpeedSettings`) or, with True, those `decide()` makes for
+    this CPU (False keeps the plain layers, e.g. for tracing into ONNX).
 
     The steps run in this order, each once: what the directory holds (its small files), where
     and in what the model runs, the weights, then int8 and the fast path, the layout and the
@@ -248,10 +250,11 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     held = isinstance(model, tuple) and len(model) == 2
     saved = None if held else describe(model)  # the directory's small files; None: the default model
     plan = _held(*model) if held else _plan(saved, head, int8)
-    net, where, chosen, int8_weights = _build(plan, device, dtype, int8)
+    speed = fast if isinstance(fast, SpeedSettings) else decide()
+    net, where, chosen, int8_weights = _build(plan, device, dtype, int8, speed)
     quantize_now = int8 and not int8_weights
     # a model in memory keeps its layers, unless it is quantized here
-    net = dense_ops(net, quantize_now, fast if not held else quantize_now)
+    net = dense_ops(net, quantize_now, bool(fast) if not held else quantize_now, speed)
     layout = None if held or plan.task != "embed" else read_layout(saved.directory)
     tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab)
     if not held:

@@ -53,7 +53,7 @@ from torch import nn
 from bertkit.model.checkpoint import INT8_WEIGHTS
 from bertkit.runtime.devices import DynamicLinear, holds_int8
 from bertkit.errors import BertkitError
-from bertkit.runtime.fast import accelerate, int8_per_token
+from bertkit.runtime.fast import SpeedSettings, accelerate, decide
 
 FORMAT = "bertkit-int8-dynamic"
 VERSION = "1"
@@ -61,8 +61,8 @@ VERSION = "1"
 
 class Int8Linear(DynamicLinear):
     """x W^T + b with W int8, one scale per output channel: PyTorch's dynamic int8 Linear (its
-    packed weight, state and saved form) with the activations quantized as `bertkit.runtime.fast`'s
-    int8 rule says for this CPU:
+    packed weight, state and saved form) with the activations quantized as `per_token` says
+    (`bertkit.runtime.fast` rule 5, `SpeedSettings.int8_per_token`, set by quantize / load_quantized):
 
     - per token (a CPU with VNNI or AMX): each row of x gets its own scale, s_t = max|x_t| / 127,
       q = round(x / s_t) in [-127, 127]; oneDNN's int8 matmul (`onednn::qlinear_pointwise`, its
@@ -74,10 +74,11 @@ class Int8Linear(DynamicLinear):
     # (packed params it was made from, oneDNN's packed int8 weight, weight scales [out],
     #  weight zero points [out] (zeros: symmetric), bias)
     _mm = None
+    per_token = False  # set by quantize / load_quantized from their SpeedSettings
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed = self._packed_params._packed_params
-        if not int8_per_token() or x.numel() == 0:
+        if not self.per_token or x.numel() == 0:
             return torch.ops.quantized.linear_dynamic(x, packed, True)
         if self._mm is None or self._mm[0] is not packed:  # after quantize, load or set_weight_bias
             weight, bias = self._weight_bias()  # unpacking costs more than the product: once
@@ -131,15 +132,18 @@ def _quantize_weight(weight: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_channel(weight, scales.double(), zero_points.long(), 0, torch.qint8)
 
 
-def _empty_layer(linear: nn.Linear) -> Int8Linear:
+def _empty_layer(linear: nn.Linear, settings: SpeedSettings) -> Int8Linear:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return Int8Linear(linear.in_features, linear.out_features, bias_=linear.bias is not None, dtype=torch.qint8)
+        layer = Int8Linear(linear.in_features, linear.out_features, bias_=linear.bias is not None, dtype=torch.qint8)
+    layer.per_token = settings.int8_per_token
+    return layer
 
 
-def quantize(model: nn.Module) -> nn.Module:
+def quantize(model: nn.Module, settings: SpeedSettings | None = None) -> nn.Module:
     """Replace the encoder's dense layers of `model` by int8 dynamic-quantized ones, in place;
-    returns the model (in eval mode: a quantized model is for inference only).
+    returns the model (in eval mode: a quantized model is for inference only). `settings`
+    (None: `bertkit.runtime.fast.decide()`) says how activations are quantized (rule 5).
 
     `model` must be a float32 bertkit model on the CPU. Embeddings, LayerNorm, the pooler
     and the task heads stay float32 (see the module docstring). Calling it again is harmless.
@@ -147,8 +151,9 @@ def quantize(model: nn.Module) -> nn.Module:
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise BertkitError(f"quantize takes a bertkit model (BertModel or a head), got {type(model).__name__}")
     _check_runnable(model)
+    settings = decide() if settings is None else settings
     for parent, attr, linear in _targets(model):
-        layer = _empty_layer(linear)
+        layer = _empty_layer(linear, settings)
         with torch.no_grad():
             bias = None if linear.bias is None else linear.bias.detach().float().clone()
             layer.set_weight_bias(_quantize_weight(linear.weight.detach().float()), bias)
@@ -156,13 +161,15 @@ def quantize(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
-def dense_ops(model: nn.Module, int8: bool, fast: bool) -> nn.Module:
+def dense_ops(model: nn.Module, int8: bool, fast: bool, settings: SpeedSettings | None = None) -> nn.Module:
     """The dense layers an inference model runs, swapped below its layers in one step: the
     encoder's int8 (`quantize`, where asked; layers already int8 stay as they are), then the CPU
-    fast path (`bertkit.runtime.fast.accelerate`) on the float layers left, when `fast`."""
+    fast path (`bertkit.runtime.fast.accelerate`) on the float layers left, when `fast`; both on
+    `settings` (None: `bertkit.runtime.fast.decide()`)."""
+    settings = decide() if settings is None else settings
     if int8:
-        model = quantize(model)
-    return accelerate(model) if fast else model
+        model = quantize(model, settings)
+    return accelerate(model, settings) if fast else model
 
 
 # --- saving and loading -----------------------------------------------------------------
@@ -231,8 +238,9 @@ def _take(state: dict, key: str, shape: tuple, dtype: torch.dtype, path: Path) -
     return tensor
 
 
-def load_quantized(cls, directory) -> nn.Module:
-    """The int8 model saved in `directory` by `save_quantized`, as an instance of `cls`."""
+def load_quantized(cls, directory, settings: SpeedSettings | None = None) -> nn.Module:
+    """The int8 model saved in `directory` by `save_quantized`, as an instance of `cls`, its
+    activations quantized as `settings` say (None: `bertkit.runtime.fast.decide()`)."""
     directory = Path(directory)
     path = directory / INT8_WEIGHTS
     if not path.is_file():
@@ -242,6 +250,7 @@ def load_quantized(cls, directory) -> nn.Module:
     if saved != cls.__name__:
         raise BertkitError(f"{directory} holds an int8 {saved}, not a {cls.__name__}: load it as {saved}")
     state = _read(path)
+    settings = decide() if settings is None else settings
     model = cls(config).eval()
     for parent, attr, linear in _targets(model):
         name = next(n for n, m in model.named_modules() if m is linear)
@@ -253,7 +262,7 @@ def load_quantized(cls, directory) -> nn.Module:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             weight = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
-        layer = _empty_layer(linear)
+        layer = _empty_layer(linear, settings)
         layer.set_weight_bias(weight, bias)
         setattr(parent, attr, layer)
     floats = _float_state(model)

@@ -45,6 +45,7 @@ import numpy as np
 from bertkit.errors import BertkitError
 from bertkit.embeddings.features import run_batch, whitespace_spans
 from bertkit.tasks.rerank import rerank, reranker, score
+from bertkit.runtime.fast import SpeedSettings, decide
 from bertkit.runtime.loading import Loaded, load
 from bertkit.embeddings.pooling import l2_normalize, pool
 from bertkit.embeddings.settings import resolve_layers, resolve_output
@@ -96,14 +97,17 @@ def _one_line(err) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-def load_runner(settings):
+def load_runner(settings, speed: SpeedSettings | None = None):
     """The EmbeddingModel or TaskModel for the settings' model directory (`bertkit.runtime.loading`, in the
-    precision --dtype chooses); one clear error if it cannot load."""
+    precision --dtype chooses, on the fast-path settings `speed`; None: `decide()`'s for this CPU);
+    one clear error if it cannot load."""
     path = settings.model_path()
     name = settings.served_model_name or ("all-MiniLM-L6-v2" if settings.model is None else path.resolve().name)
     try:
-        loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8)
+        speed = decide() if speed is None else speed
+        loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8, fast=speed)
         runner = EmbeddingModel(loaded, settings, name) if loaded.task == "embed" else TaskModel(loaded, settings, name)
+        runner.speed = speed  # the --rerank cross-encoder runs on them too
         runner.warm_up()
     except BertkitError:
         raise
@@ -301,7 +305,7 @@ def load_searcher(settings, runner) -> Searcher | None:
     if runner.pooling != made["pooling"]:
         raise BertkitError(f"--pooling {runner.pooling}: the index {settings.index} was made with {made['pooling']} "
                            "pooling; leave out --pooling, or build the index with this pooling")
-    cross = reranker(settings.rerank, dtype=settings.dtype) if settings.rerank else None
+    cross = reranker(settings.rerank, dtype=settings.dtype, fast=runner.speed) if settings.rerank else None
     return Searcher(index, int(made["max_length"]), cross, settings.rerank_top, fusion=fusion_options(index.info))
 
 

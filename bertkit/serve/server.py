@@ -41,27 +41,33 @@ KERNEL_CACHE_ENTRIES = 256
 
 
 def bound_kernel_caches() -> None:
-    """Keep oneDNN's per-shape kernel caches bounded, and every pass in a shape they hold; effective
-    only before torch is first imported.
+    """Keep oneDNN's per-shape kernel caches bounded; effective only before torch is first imported.
 
     oneDNN (under `bertkit.runtime.fast`'s dense layers) prepares (compiles) a kernel for each input
-    shape and keeps it, with buffers laid out for it, in two caches of ~1,000 entries (its
-    primitive cache and PyTorch's ideep LRU cache, read from these environment variables when
-    the library starts). A server sees a new (rows x length) shape every few passes: unbounded,
-    its memory grew from ~390 to ~960 MB over 3,000 requests and was still growing; bounded
-    alone, nearly every pass paid for new kernels (with bf16 on AMX a third of the forward's
-    time). So the caches hold 256 entries and the rows of every product are padded to one of
-    40 sizes (`bertkit.runtime.fast` rule 7, BERTKIT_ROW_BUCKETS): the kernels of every shape stay
-    cached and memory stays flat (docs/serving.md). A value already in the environment is
-    kept. The `bertkit serve` command calls this before anything imports torch.
+    shape and keeps it, with buffers laid out for it, in two caches (its primitive cache and
+    PyTorch's ideep LRU cache, whose sizes the libraries read from these environment variables
+    when they start). A server sees a new (rows x length) shape every few passes: unbounded, its
+    memory keeps growing; bounded alone, nearly every pass pays for new kernels. So the caches
+    hold 256 entries and the server's rows are padded to one of 40 sizes (`speed`): the kernels
+    of every shape stay cached and memory stays flat (docs/serving.md has the measurements). A
+    value already in the environment is kept. `bertkit serve` calls this before anything imports torch.
     """
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
-    os.environ.setdefault("BERTKIT_ROW_BUCKETS", "1")
 
 
-def serve(settings, log=None) -> None:
-    """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return."""
+def speed(onednn: bool | None = None):
+    """The fast-path settings a server runs on (`bertkit.runtime.fast.SpeedSettings`): this CPU's,
+    at the torch threads set now, with rule 7 (row buckets) on; `onednn` forces the matmul kernel
+    either way (the command line's BERTKIT_ONEDNN)."""
+    from bertkit.runtime.fast import decide
+
+    return decide(onednn=onednn, row_buckets=True)
+
+
+def serve(settings, log=None, onednn: bool | None = None) -> None:
+    """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return.
+    onednn: None, the kernels this CPU's rules pick; True/False, oneDNN / MKL for every matmul."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     bound_kernel_caches()
     settings.validate().model_path()  # a wrong directory is said at once, before torch loads
@@ -76,7 +82,6 @@ def serve(settings, log=None) -> None:
     import torch
 
     from bertkit.runtime.devices import cores, resolve_device
-    from bertkit.runtime.fast import matmul_kernel
     from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 
@@ -84,7 +89,7 @@ def serve(settings, log=None) -> None:
     workers, threads = settings.parallelism(cores(), gpu)
     settings = dataclasses.replace(settings, workers=workers, threads=threads)
     torch.set_num_threads(threads)  # process-wide: each worker's passes use this many threads
-    runner = load_runner(settings)
+    runner = load_runner(settings, speed(onednn))  # after the threads are set: rule 1 reads them
     app = create_app(runner, settings, Metrics({"model": runner.name, "task": runner.task,
                                                 "precision": runner.precision}))
     sock = bind(settings.host, settings.port)
@@ -95,7 +100,7 @@ def serve(settings, log=None) -> None:
     log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
         f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
         f"queue {settings.max_queue}, {workers} worker(s) x {threads} thread(s)"
-        f", {runner.precision}{' matmuls on ' + matmul_kernel() if runner.precision == 'float32' and not gpu else ''}"
+        f", {runner.precision}{' matmuls on ' + runner.speed.matmul_kernel if runner.precision == 'float32' and not gpu else ''}"
         f"{', API key required' if settings.api_key else ''})")
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_keep_alive=settings.keep_alive_s, limit_concurrency=settings.max_connections,

@@ -22,9 +22,10 @@ from bertkit.runtime.loading import Loaded, load
 from bertkit.retrieval.search import Hit
 
 
-def reranker(model, device=None, dtype=None) -> Loaded:
-    """A cross-encoder: a model fine-tuned on text pairs with one score (regression, or two labels)."""
-    loaded = load(model, head="task", device=device, dtype=dtype)
+def reranker(model, device=None, dtype=None, fast=True) -> Loaded:
+    """A cross-encoder: a model fine-tuned on text pairs with one score (regression, or two labels);
+    `fast` as `bertkit.runtime.loading.load` takes it (a server passes its SpeedSettings)."""
+    loaded = load(model, head="task", device=device, dtype=dtype, fast=fast)
     task, pairs = loaded.info["task"], bool(loaded.info.get("text_pair_column"))
     labels = loaded.config.labels if task != "regression" else None
     if not pairs or task not in ("pair", "regression") or (task == "pair" and len(labels or ()) != 2):

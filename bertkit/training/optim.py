@@ -121,8 +121,8 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig, name: str = "ad
         groups[1]["trust_ratio"] = False  # like the reference: no layer adaptation where there is no decay
         return Lamb(groups, **kwargs)
     try:
-        # the fused kernel (one pass over each parameter instead of a chain of foreach
-        # ops) is ~5x faster on CPU (0.03 vs 0.18 s per step for MiniLM), same arithmetic
+        # the fused kernel: one pass over each parameter instead of a chain of foreach ops,
+        # the same arithmetic (its time: docs/benchmarks.md, "Numbers that left the docstrings")
         return torch.optim.AdamW(groups, fused=True, **kwargs)
     except (RuntimeError, TypeError, ValueError):  # older torch or a device without the fused kernel
         return torch.optim.AdamW(groups, **kwargs)
