@@ -9,16 +9,20 @@ the same inputs (`harness.interleaved`), so the ratio is not a comparison across
     1 x 128    one sequence (the batch-1 latency)
     SST-2 dev  `embed` over the 872 dev sentences (tokenizing, length-sorted batches, pooling)
 
-each in float32 and in int8 (the encoder's dense layers quantized). Ratios are after/before in
-throughput: above 1.0 the change is faster.
+each in float32, bfloat16 and int8 (the encoder's dense layers quantized), or the precisions
+--precisions names. Both sides load through their public `load` (`bertkit.load`, head
+"encoder") and embed through `bertkit.embed`, so `--rev` must be a commit that has them (the
+package layout of "The house, step 1" or later). Ratios are after/before in throughput: above
+1.0 the change is faster.
 
-    python bench/before_after.py --rev e6859f2 --rounds 5 [--write]
+    python bench/before_after.py --rev main --rounds 3 --sst-rounds 3 [--precisions float32 bfloat16] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import re
 import subprocess
 import sys
@@ -30,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, SHARED_DATA, interleaved, machine_line, table, write_section  # noqa: E402
 
 IMPORT = re.compile(r"\b(from|import) bertkit\b")
+PRECISIONS = {"float32": ("float32", False), "bfloat16": ("bfloat16", False), "int8": ("float32", True)}  # dtype, int8
 
 
 def extract(rev: str, into: Path) -> None:
@@ -70,41 +75,43 @@ def forward(model, inputs):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rev", default="e6859f2", help="the commit to compare with (default: main before the "
-                    "one-loader round)")
+    ap.add_argument("--rev", default="main", help="the commit to compare with (default: main)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sst-rounds", type=int, default=2)
+    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
     args = ap.parse_args()
 
     import bertkit
-    from bertkit.embeddings.features import load_encoder
 
     tmp = tempfile.TemporaryDirectory()
-    extract(args.rev, Path(tmp.name))
+    rev = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    extract(rev, Path(tmp.name))
     sys.path.insert(0, tmp.name)
     import bertkit_before
-    from bertkit_before.features import load_model as load_before
 
     texts = sst2_dev()
-    sections = [f"Machine: {machine_line()}; before = `{args.rev}`, after = the working tree."]
-    for int8 in (False, True):
-        name = "int8" if int8 else "float32"
-        after = load_encoder(None, "cpu", "float32", int8)
-        before_model, before_tok = load_before(None, "cpu", "float32", int8)
+    sections = [f"Machine: {machine_line()}; before = `{args.rev}` ({rev}), after = the working tree; "
+                f"load average at the start: {os.getloadavg()[0]:.1f}."]
+    for name in args.precisions:
+        dtype, int8 = PRECISIONS[name]
+        after = bertkit.load(None, head="encoder", device="cpu", dtype=dtype, int8=int8)
+        before = bertkit_before.load(None, head="encoder", device="cpu", dtype=dtype, int8=int8)
         for rows, length in ((32, 128), (1, 128)):
             inputs = batch(after.tokenizer, texts, rows, length)
-            times = interleaved({"after": forward(after.model, inputs), "before": forward(before_model, inputs)},
+            times = interleaved({"after": forward(after.model, inputs), "before": forward(before.model, inputs)},
                                 rounds=args.rounds)
             sections.append(table(f"{name}, {rows} x {length}", rows, "seq", times, "after"))
         options = dict(layers="last", pooling="mean", normalize=True, batch_size=32, int8=int8, device="cpu",
-                       dtype="float32")
+                       dtype=dtype, truncate=False, max_length=512)
         times = interleaved({
-            "after": lambda: bertkit.embed(texts, None, truncate=False, max_length=512, **options),
+            "after": lambda: bertkit.embed(texts, None, **options),
             "before": lambda: bertkit_before.embed(texts, None, **options),
         }, rounds=args.sst_rounds)
         sections.append(table(f"{name}, SST-2 dev embed ({len(texts)} sentences)", len(texts), "sent", times,
                               "after"))
+    sections.append(f"Load average at the end: {os.getloadavg()[0]:.1f}.")
     text = "\n\n".join(sections)
     print(text)
     if args.write:

@@ -564,6 +564,32 @@ def test_missing_or_corrupt_model_fails_at_start_up_in_one_line(tmp_path, dirs):
     assert code == 2 and out.count("\n") == 1 and "model.safetensors" in out and "Traceback" not in out
 
 
+def test_the_server_hands_its_speed_settings_to_the_model(dirs, monkeypatch):
+    """The server's fast-path settings are one value passed down: rule 7's row buckets reach every
+    dense layer it runs (no environment variable written for it), and BERTKIT_ONEDNN is read by
+    the command line, which passes it on."""
+    from bertkit.cli import main
+    from bertkit.runtime.fast import FastLinear
+    from bertkit.serve import server
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    settings = ServeConfig(model=str(dirs["pair"]), threads=1, dtype="float32").validate()
+    speed = server.speed()
+    runner = load_runner(settings, speed)
+    layers = [m for m in runner.loaded.model.modules() if isinstance(m, FastLinear)]
+    assert speed.row_buckets and runner.speed is speed and layers and all(m.speed is speed for m in layers)
+    assert not load_runner(settings).speed.row_buckets  # the library's default: this CPU's rules alone
+    assert "BERTKIT_ROW_BUCKETS" not in os.environ
+    assert server.speed(onednn=False).matmul_kernel == "MKL"
+    seen = []
+    monkeypatch.setattr(server, "serve", lambda settings, onednn=None: seen.append(onednn))
+    for value, expected in (("0", False), ("1", True), ("", None)):
+        monkeypatch.setenv("BERTKIT_ONEDNN", value)
+        main(["serve", str(dirs["pair"])])
+        assert seen[-1] is expected
+
+
 # --- packing, by hand ---------------------------------------------------------------------------
 
 

@@ -50,7 +50,6 @@ from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnsweri
 from bertkit.model.electra_pretraining import ElectraPretrainingModel
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import BertModel
-from bertkit.runtime.fast import SpeedSettings, decide
 from bertkit.runtime.quantization import dense_ops, load_quantized
 from bertkit.model.sentence_layout import SentenceLayout, read_layout
 from bertkit.text.tokenizer import Tokenizer
@@ -187,7 +186,7 @@ def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
     return _Plan(cls, directory, directory, task, info or {}, int8_weights)
 
 
-def _build(plan: _Plan, device, dtype, int8: bool, speed: SpeedSettings) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
+def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
     """The model of `plan` in eval mode on its device and in its dtype, that device and dtype, and
     whether its weights are int8. Where and in what it runs is decided first
     (`bertkit.runtime.devices.placement`), before any weight is read, so a wrong choice costs no load; a model
@@ -231,7 +230,7 @@ def check_vocabulary(tok, config, directory) -> None:
 
 
 def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool = False,
-         fast: bool | SpeedSettings = True) -> Loaded:
+         fast=True) -> Loaded:
     """The model in `model`, ready for inference: a directory (None: the default model), or a
     (model, tokenizer) pair already in memory, which is moved, cast and quantized in place only
     where `device`, `dtype` or `int8` ask for it (an encoder with no layout: nothing was read).
@@ -250,11 +249,11 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     held = isinstance(model, tuple) and len(model) == 2
     saved = None if held else describe(model)  # the directory's small files; None: the default model
     plan = _held(*model) if held else _plan(saved, head, int8)
-    speed = fast if isinstance(fast, SpeedSettings) else decide()
+    speed = None if isinstance(fast, bool) else fast  # None: quantization and the fast path decide() them
     net, where, chosen, int8_weights = _build(plan, device, dtype, int8, speed)
     quantize_now = int8 and not int8_weights
     # a model in memory keeps its layers, unless it is quantized here
-    net = dense_ops(net, quantize_now, bool(fast) if not held else quantize_now, speed)
+    net = dense_ops(net, quantize_now, fast is not False if not held else quantize_now, speed)
     layout = None if held or plan.task != "embed" else read_layout(saved.directory)
     tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab)
     if not held:
