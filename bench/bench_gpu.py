@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def sentences(limit: int = 4096) -> list[str]:
     text = " ".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md")))
     text = re.sub(r"[`|#*\[\]()<>]", " ", text)
-    out = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if 40 <= len(s.strip()) <= 600]
+    out = [" ".join(s.split()) for s in re.split(r"(?<=[.!?])\s+", text) if 40 <= len(s.strip()) <= 600]
     return (out * (limit // max(1, len(out)) + 1))[:limit]
 
 
@@ -138,10 +138,10 @@ def embedding_checks(report: dict) -> None:
 
 def run(cmd: list[str], report: dict, name: str, out: Path) -> None:
     start = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     report[f"{name} seconds"] = round(time.perf_counter() - start, 1)
     report[f"{name} exit"] = res.returncode
-    (out / f"{name}.log").write_text(res.stdout[-20000:] + "\n" + res.stderr[-20000:])
+    (out / (re.sub(r"[^A-Za-z0-9]+", "_", name)[:60] + ".log")).write_text(res.stdout[-20000:] + "\n" + res.stderr[-20000:])
     tail = (res.stdout + res.stderr).strip().splitlines()[-3:]
     report[f"{name} tail"] = tail
 
@@ -168,12 +168,15 @@ def training_checks(report: dict, out: Path) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--only", nargs="*", choices=["encoder", "embeddings", "training"], help="run these checks only")
     args = ap.parse_args()
     out = Path(args.out)
     report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               **{p: metadata.version(p) for p in ("transformers", "sentence-transformers")}}
     for name, check in (("encoder", lambda: encoder_checks(report)), ("embeddings", lambda: embedding_checks(report)),
                         ("training", lambda: training_checks(report, out))):
+        if args.only and name not in args.only:
+            continue
         try:
             check()
         except Exception as e:  # report and go on: one failed check must not hide the others

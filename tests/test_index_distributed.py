@@ -26,7 +26,7 @@ from test_distributed import free_port
 from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
 
 PART = 16
-FILES = ("index.json", "passages.jsonl", "vectors.safetensors")
+FILES = ("index.json", "lexical", "passages.jsonl", "vectors.safetensors")  # lexical/: the BM25 part
 
 # bertkit.cli that prints "rank R wrote part-P" for every part it renames into place, and whose rank 1
 # dies by SIGKILL when its KILL_RANK1_AT-th part is in its temporary file, before the rename
@@ -79,6 +79,10 @@ def assert_same_index(got, want):
     np.testing.assert_array_equal(a["passage_offset"], b["passage_offset"])
     np.testing.assert_allclose(a["vectors"], b["vectors"], atol=1e-5, rtol=0)
     assert sorted(os.listdir(got)) == sorted(FILES)  # no parts, no build.json left behind
+    lexical = sorted(os.listdir(want / "lexical"))
+    assert sorted(os.listdir(got / "lexical")) == lexical and lexical  # the BM25 part, built once over all passages
+    for name in lexical:
+        assert (got / "lexical" / name).read_bytes() == (want / "lexical" / name).read_bytes(), name
 
 
 def test_parts_are_dealt_back_and_forth_so_rising_costs_balance():

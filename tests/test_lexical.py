@@ -179,3 +179,27 @@ def test_bad_bm25_settings_are_refused_before_encoding(tiny, corpus, tmp_path, c
     assert main([*_args(corpus, tmp_path / "x", tiny), "--bm25-b", "1.5"]) == 2
     assert "--bm25-b must be between 0 and 1" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_the_lexical_part_is_the_same_bytes_whatever_the_string_hashing(tmp_path):
+    """bm25s numbers its vocabulary through a set (Python's string hashing, seeded per process): the part is
+    written with the words numbered in sorted order, so two processes write the same files."""
+    code = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from bertkit.retrieval.config import LexicalOptions
+        from bertkit.retrieval.lexical import build_lexical
+        texts = ["the quick brown fox jumps over dogs", "a lazy dog sleeps all day", "quick dogs and foxes run",
+                 "stemming keeps running and runs together"]
+        build_lexical(Path(sys.argv[1]), texts, LexicalOptions())
+    """)
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        out.mkdir()
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        outs.append(out / "lexical")
+    names = sorted(os.listdir(outs[0]))
+    assert names == sorted(os.listdir(outs[1])) and "vocab.index.json" in names
+    for name in names:
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name

@@ -16,7 +16,7 @@ class HeldSearcher:
     def __init__(self):
         self.release, self.started, self.calls = threading.Event(), threading.Event(), []
 
-    def scan(self, vectors, depths):
+    def scan(self, vectors, depths, queries=None, modes=None):  # as serve.runner's searcher: texts and modes too
         self.calls.append(len(vectors))
         self.started.set()
         self.release.wait(10)

@@ -49,6 +49,15 @@ def tokenize(texts: list[str], options: LexicalOptions, *, ids: bool, progress: 
                           stemmer=stem_function(options.stemmer), return_ids=ids, show_progress=progress)
 
 
+def in_sorted_order(tokenized):
+    """The same tokens with the vocabulary numbered in sorted order. bm25s numbers words through a set, so
+    its ids follow Python's string hashing, which differs between processes: without this, two builds of
+    one corpus (one process, or several ranks) rank alike but write different bytes."""
+    order = {word: i for i, word in enumerate(sorted(tokenized.vocab))}
+    new_id = {old: order[word] for word, old in tokenized.vocab.items()}
+    return type(tokenized)(ids=[[new_id[i] for i in doc] for doc in tokenized.ids], vocab=order)
+
+
 def record(options: LexicalOptions, vocabulary: int) -> dict:
     """What index.json says about the lexical part."""
     return {**dataclasses.asdict(options), "method": "lucene", "token_pattern": TOKEN_PATTERN,
@@ -64,7 +73,7 @@ def build_lexical(out: Path, texts: list[str], options: LexicalOptions, progress
         bm25s = require_bm25s()
         shutil.rmtree(tmp, ignore_errors=True)  # a kill's leftover
         retriever = bm25s.BM25(k1=options.k1, b=options.b, method="lucene")
-        retriever.index(tokenize(texts, options, ids=True, progress=progress), show_progress=progress)
+        retriever.index(in_sorted_order(tokenize(texts, options, ids=True, progress=progress)), show_progress=progress)
         retriever.save(str(tmp), allow_pickle=False)
         for path in tmp.iterdir():
             with open(path, "rb+") as f:
