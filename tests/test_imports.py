@@ -220,8 +220,6 @@ def figures() -> str:
             f"module cycles {cycles(modules, edges)}, room cycles {cycles(units, between)}\n{plan}")
 
 
-if __name__ == "__main__":
-    print(figures())
 
 
 def test_the_command_line_builds_without_loading_torch():
@@ -234,3 +232,121 @@ def test_the_command_line_builds_without_loading_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout.strip()
     assert out == "[]"
+
+
+# --- imports at the top of each module --------------------------------------------------------------
+
+EXTRA = "an optional extra (pip install 'bertkit[search]', [serve] or [onnx]): imported where it is used"
+START_UP = ("start-up: `bertkit --help` and the torch-free commands build their parser without torch; a command "
+            "imports what it runs when it runs")
+TORCH_FREE = "start-up: the command line builds its options from this module without torch"
+PLOTS = ("plotting only: matplotlib takes a second to import and its backend is chosen (Agg) just before pyplot, "
+         "never as a side effect of importing bertkit")
+
+# Imports stand at the top of a module, where a reader sees what it needs. These are the exceptions, all of
+# them, in one place: importing module -> (what it imports inside a function, why). Any other import inside a
+# function fails the test below; an exception that is gone fails the one after it.
+LATE_IMPORTS = {
+    # the commands: each imports the library it runs inside its handler
+    "bertkit.cli.demo": ({"bertkit.tasks.classification", "bertkit.tasks.predict", "bertkit.tasks.trainer"}, START_UP),
+    "bertkit.cli.evaluate": ({"bertkit.retrieval.evaluation", "bertkit.retrieval.mining", "bertkit.tasks.rerank"},
+                             START_UP),
+    "bertkit.cli.features": ({"bertkit.embeddings.features", "bertkit.explain.attention_view",
+                              "bertkit.runtime.loading"}, START_UP),
+    "bertkit.cli.finetune": ({"bertkit.tasks.predict"}, START_UP),
+    "bertkit.cli.model": ({"bertkit.runtime.export"}, START_UP),
+    "bertkit.cli.pretrain": ({"bertkit.explain.electra_view", "bertkit.explain.fill_mask", "bertkit.pretraining.dataset",
+                              "bertkit.pretraining.train"}, START_UP),
+    "bertkit.cli.search": ({"bertkit.retrieval.index", "bertkit.retrieval.qdrant", "bertkit.retrieval.search",
+                            "bertkit.tasks.rerank"}, START_UP),
+    # torch-free modules the parser is built from: a config dataclass beside what needs torch
+    "bertkit.tasks": ({"bertkit.tasks.classification", "bertkit.tasks.embedding", "bertkit.tasks.ner",
+                       "bertkit.tasks.qa"}, TORCH_FREE),
+    "bertkit.tasks.config": ({"bertkit.training.loop"}, TORCH_FREE),
+    "bertkit.pretraining.run_config": ({"bertkit.training.loop"}, TORCH_FREE),
+    "bertkit.training.optim": ({"torch", "bertkit.training.lamb"}, TORCH_FREE),
+    "bertkit.pretraining.blocks": ({"torch", "bertkit.pretraining.collate"},
+                                   TORCH_FREE + " (through pretraining.prepare); only static masks need torch"),
+    "bertkit.text.tokenizer": ({"torch", "numpy"}, "the tokenizer needs neither: only return_tensors='pt' / 'np' "
+                                                   "asks for them"),
+    # optional extras
+    "bertkit.retrieval.ann": ({"faiss"}, EXTRA),
+    "bertkit.retrieval.bm25": ({"bm25s", "Stemmer"}, EXTRA),
+    "bertkit.retrieval.qdrant": ({"qdrant_client"}, EXTRA),
+    "bertkit.serve.server": ({"uvicorn", "uvicorn.protocols.http.auto", "bertkit.serve.app", "torch", "bertkit.runtime.devices",
+                              "bertkit.runtime.fast", "bertkit.serve.runner"},
+                             EXTRA + "; torch and what loads it come after the kernel-cache environment variables "
+                             "that torch reads when it loads (bound_kernel_caches)"),
+    # heavy and rarely needed
+    "bertkit.training.distributed": ({"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"},
+                                     "FSDP's modules are slow to import; only a sharded run needs them"),
+    "bertkit.training.metrics_log": ({"matplotlib", "matplotlib.pyplot"}, PLOTS),
+    "bertkit.explain.attention_view": ({"matplotlib", "matplotlib.pyplot"}, PLOTS),
+}
+
+
+def late_imports() -> dict[tuple[str, str], list[int]]:
+    """(module, what it imports) -> lines, for every import statement inside a function of bertkit/."""
+    found = collections.defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) else []
+                for name in names:
+                    found[(module_name(path), name)].add(node.lineno)
+    return {key: sorted(lines) for key, lines in found.items()}
+
+
+def test_imports_stand_at_the_top_of_each_module_but_the_listed_exceptions():
+    listed = {(module, name) for module, (names, _) in LATE_IMPORTS.items() for name in names}
+    unlisted = [f"{module} (line {', '.join(map(str, lines))}) imports {name} inside a function"
+                for (module, name), lines in sorted(late_imports().items()) if (module, name) not in listed]
+    assert unlisted == [], "move these imports to the top of their module, or list the reason in LATE_IMPORTS"
+
+
+def test_every_listed_late_import_is_still_there():
+    found = set(late_imports())
+    gone = [f"{module}: {name}" for module, (names, _) in LATE_IMPORTS.items() for name in sorted(names)
+            if (module, name) not in found]
+    assert gone == [], "drop these rows from LATE_IMPORTS: the imports are at the top now, or gone"
+
+
+def test_every_module_imports():
+    """A smoke test of the moved imports: every module of bertkit/ imports (an optional extra may be missing:
+    its import stands inside a function)."""
+    import importlib
+
+    for module in sorted(module_name(p) for p in PACKAGE.rglob("*.py")):
+        if module != "bertkit.cli.__main__":  # it runs the command
+            importlib.import_module(module)
+
+
+# --- sizes ---------------------------------------------------------------------------------------------
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60  # the project's standard (README, STYLE.md)
+
+
+def oversized() -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and functions over MAX_FUNCTION_LINES (nested ones counted on
+    their own too), largest first."""
+    rows = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        name = str(path.relative_to(PACKAGE.parent))
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            rows.append((len(text.splitlines()), f"module {name}"))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    rows.append((size, f"function {name}:{node.lineno} {node.name}"))
+    return [f"{size} lines: {what}" for size, what in sorted(rows, reverse=True)]
+
+
+if __name__ == "__main__":
+    print(figures())
+    print("over the size limits (modules 500 lines, functions 60):", *oversized(), sep="\n  ")

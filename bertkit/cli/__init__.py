@@ -17,6 +17,7 @@ through `bertkit.options`, so each is defined once.
 import argparse
 import os
 import sys
+import warnings
 
 from bertkit.cli.evaluate import add_evaluate, add_mine
 from bertkit.cli.features import add_attention, add_embed
@@ -27,6 +28,7 @@ from bertkit.cli.search import add_index, add_search
 from bertkit.cli.serve import add_serve
 from bertkit.cli.text import add_tokenize, add_vocab
 from bertkit.errors import BertkitError
+from bertkit.runtime.allocator import reuse_freed_memory
 
 EPILOG = """examples:
   bertkit tokenize "Hello, how are you?" --pair "I am fine."
@@ -87,9 +89,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None:  # ... and big activations reuse freed memory
-        import warnings
 
-        from bertkit.runtime.allocator import reuse_freed_memory
 
         reuse_freed_memory()
         warnings.formatwarning = _warning_line

@@ -19,6 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
+from bertkit.training.optim import OptimConfig
+
 THINGS = ["movie", "restaurant", "hotel", "concert", "book", "service", "meal", "phone", "game", "trip",
           "play", "coffee"]
 TRAIN_WORDS = {
@@ -74,7 +76,6 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
     from bertkit.tasks.classification import TextTaskConfig, finetune_text
     from bertkit.tasks.predict import predict
     from bertkit.tasks.trainer import TrainConfig
-    from bertkit.training.optim import OptimConfig
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,9 +5,11 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from functools import partial
 
 from bertkit.options import DTYPE_CHOICES, add_options, from_args
 from bertkit.retrieval.config import FusionOptions, MiningOptions
+from bertkit.errors import BertkitError
 
 MEASURE_LABELS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
 
@@ -107,9 +109,6 @@ def _table(result: dict) -> str:
 
 
 def run_evaluate_retrieval(args):
-    from functools import partial
-
-    from bertkit.errors import BertkitError
     from bertkit.tasks.rerank import rerank, reranker
     from bertkit.retrieval.evaluation import evaluate_retrieval
 

@@ -4,8 +4,10 @@ import argparse
 import sys
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.settings import EmbedOptions
+from bertkit.embeddings.settings import EmbedOptions, resolve_output
 from bertkit.options import add_options, device_flags, from_args, int8_flag
+from bertkit.data.textfiles import read_texts
+from bertkit.data.vector_files import write_vectors
 
 
 def add_embed(sub):
@@ -47,10 +49,7 @@ def add_embed(sub):
 
 def run_embed(args):
     from bertkit.embeddings.features import iter_embed
-    from bertkit.embeddings.settings import resolve_output
     from bertkit.runtime.loading import load
-    from bertkit.data.textfiles import read_texts
-    from bertkit.data.vector_files import write_vectors
 
     options = from_args(args, EmbedOptions)
     loaded = load(args.model, head="encoder", device=args.device, dtype=args.dtype, int8=args.int8)

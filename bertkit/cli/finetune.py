@@ -4,7 +4,9 @@ dataclass by `bertkit.options`), `bertkit predict` and `bertkit demo`."""
 import argparse
 import sys
 
-from bertkit.options import device_flags, int8_flag
+from bertkit.options import add_options, device_flags, from_args, int8_flag
+from bertkit.cli.demo import run_demo as demo
+from bertkit.tasks import TASKS, format_report, run_task, task_config
 
 
 # finetune scores its dev set in float32 (unless --precision): a figure in another precision may differ a little
@@ -19,9 +21,6 @@ TASK_HELP = {
 
 
 def add_finetune(sub):
-    from bertkit.tasks import TASKS
-    from bertkit.options import add_options
-
     p = sub.add_parser(
         "finetune",
         help="fine-tune a pretrained model on labelled data (classify, pair, regression, multi-label, ner, qa) "
@@ -51,9 +50,6 @@ def add_finetune(sub):
 
 
 def run_finetune(args):
-    from bertkit.tasks import format_report, run_task, task_config
-    from bertkit.options import from_args
-
     cfg = from_args(args, *task_config(args.task))
     final = run_task(cfg)
     report = format_report(final)
@@ -129,6 +125,4 @@ def add_demo(sub):
 
 
 def run_demo(args):
-    from bertkit.cli.demo import run_demo as demo
-
     demo(args.output, model=args.model, epochs=args.epochs, seed=args.seed, progress=not args.no_progress)

@@ -3,6 +3,9 @@
 
 import argparse
 import json
+import warnings
+
+import bertkit
 
 
 HEAD_CHOICES = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForNextSentencePrediction",
@@ -26,10 +29,6 @@ def add_model(sub):
 
 
 def run_model_info(args):
-    import warnings
-
-    import bertkit
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report below says it all
         model = getattr(bertkit, args.cls).from_pretrained(args.path, strict=False)

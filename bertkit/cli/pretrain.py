@@ -5,11 +5,13 @@ detection)."""
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.options import device_flags
+from bertkit.options import add_options, device_flags, from_args
+from bertkit.pretraining.prepare import PrepareConfig, format_example, format_summary, prepare
+from bertkit.pretraining.run_config import RunConfig
 
 
 @dataclass
@@ -32,9 +34,6 @@ def add_pretrain(sub):
 
 
 def add_pretrain_run(psub):
-    from bertkit.options import add_options
-    from bertkit.pretraining.run_config import RunConfig
-
     p = psub.add_parser(
         "run",
         help="pre-train (MLM + NSP/SOP, or MLM alone) on prepared shards",
@@ -53,17 +52,12 @@ def add_pretrain_run(psub):
 
 
 def run_pretrain_run(args):
-    from bertkit.options import from_args
-    from bertkit.pretraining.run_config import RunConfig
     from bertkit.pretraining.train import run
 
     run(from_args(args, RunConfig))
 
 
 def add_pretrain_prepare(psub):
-    from bertkit.options import add_options
-    from bertkit.pretraining.prepare import PrepareConfig
-
     p = psub.add_parser(
         "prepare",
         help="tokenise a text corpus into masked pre-training instances (NSP/SOP/none)",
@@ -85,9 +79,7 @@ def add_pretrain_prepare(psub):
 
 def run_pretrain_prepare(args):
     """Prepare, then print the summary and a few decoded instances."""
-    from bertkit.options import from_args
     from bertkit.pretraining.dataset import PretrainingDataset
-    from bertkit.pretraining.prepare import PrepareConfig, format_example, format_summary, prepare
 
     files, cfg = from_args(args, PrepareFiles), from_args(args, PrepareConfig)
     summary = prepare(files.corpus, files.output, cfg, vocab=files.vocab, progress=not files.quiet)
@@ -127,8 +119,6 @@ def add_fill_mask(sub):
 
 
 def run_fill_mask(args):
-    from dataclasses import asdict
-
     from bertkit.explain.fill_mask import fill_mask, format_predictions, load_mlm
 
     if args.text is None:
@@ -176,8 +166,6 @@ def add_electra(sub):
 
 
 def run_electra_show(args):
-    from dataclasses import asdict
-
     from bertkit.explain.electra_view import format_rows, show
 
     rows = show(args.model, args.text, mask_prob=args.mask_prob, seed=args.seed)

@@ -7,6 +7,8 @@ import sys
 
 from bertkit.options import add_options, device_flags
 from bertkit.retrieval.config import FusionOptions, LexicalOptions
+from bertkit.data.textfiles import existing_file, open_text
+from bertkit.errors import BertkitError
 
 SHOWN_CHARS = 200  # of a passage, in the plain-text answer
 
@@ -73,7 +75,6 @@ def add_index(sub):
 
 
 def run_index(args):
-    from bertkit.errors import BertkitError
     from bertkit.retrieval.index import build_index
 
     if args.corpus == "export" and args.exported is not None:
@@ -111,7 +112,6 @@ def run_index(args):
 
 
 def run_export(args):
-    from bertkit.errors import BertkitError
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import export
 
@@ -161,9 +161,6 @@ def add_search(sub):
 
 
 def _queries(args) -> list[str]:
-    from bertkit.errors import BertkitError
-    from bertkit.data.textfiles import existing_file, open_text
-
     if (args.query is None) == (args.queries is None):
         raise BertkitError("give one QUERY or --queries FILE (one query per line)")
     if args.query is not None:
@@ -186,7 +183,6 @@ def _print_plain(queries, answers) -> None:
 
 
 def run_search(args):
-    from bertkit.errors import BertkitError
     from bertkit.tasks.rerank import rerank, reranker
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import search as search_qdrant

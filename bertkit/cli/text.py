@@ -9,6 +9,12 @@ import argparse
 import json
 from dataclasses import dataclass, field
 
+from bertkit.data.corpus import CorpusStats
+from bertkit.options import add_options, from_args
+from bertkit.text.tokenizer import Tokenizer, format_encoding
+from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files
+from bertkit.text.wordpiece import CONTINUATION
+
 
 @dataclass
 class VocabTrainFiles:
@@ -35,8 +41,6 @@ def add_tokenize(sub):
 
 
 def run_tokenize(args):
-    from bertkit.text.tokenizer import Tokenizer, format_encoding
-
     tok = Tokenizer.from_pretrained(args.vocab)
     enc = tok.encode(args.text, args.pair, max_length=args.max_length)
     if args.json:
@@ -46,9 +50,6 @@ def run_tokenize(args):
 
 
 def add_vocab(sub):
-    from bertkit.options import add_options
-    from bertkit.text.vocab_training import VocabTrainingConfig
-
     p = sub.add_parser("vocab", help="train or inspect WordPiece vocabularies")
     vsub = p.add_subparsers(dest="vocab_command", metavar="COMMAND", required=True)
     t = vsub.add_parser(
@@ -73,10 +74,6 @@ def add_vocab(sub):
 
 
 def run_vocab_train(args):
-    from bertkit.options import from_args
-    from bertkit.data.corpus import CorpusStats
-    from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files
-
     files, config = from_args(args, VocabTrainFiles), from_args(args, VocabTrainingConfig)
     stats = CorpusStats()
     tokens = train_vocab_from_files(files.corpus, config, progress=True, stats=stats)
@@ -87,9 +84,6 @@ def run_vocab_train(args):
 
 
 def run_vocab_check(args):
-    from bertkit.text.tokenizer import Tokenizer
-    from bertkit.text.wordpiece import CONTINUATION
-
     tok = Tokenizer.from_pretrained(args.vocab)
     specials = ", ".join(f"{t}={i}" for t, i in zip(tok.all_special_tokens, tok.all_special_ids))
     pieces = sum(t.startswith(CONTINUATION) for t in tok.ids_to_tokens)

@@ -48,6 +48,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.runtime.loading import Loaded, load
@@ -283,8 +284,6 @@ def iter_embed(
     net.eval()  # dropout off: features are deterministic
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=total, unit="text", desc="embed")
     source = zip(texts, pairs) if pairs is not None else ((t, None) for t in texts)
     try:

@@ -39,8 +39,10 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from bertkit.errors import BertkitError
+from bertkit.embeddings.features import load_encoder
 
 
 @dataclass
@@ -95,10 +97,6 @@ def attention_map(text: str, pair: str | None = None, model=None, *, device=None
     The text must fit in the model's positions (512): the page shows whole
     attention matrices, which windows of a longer text would not give.
     """
-    import torch
-
-    from bertkit.embeddings.features import load_encoder
-
     if not isinstance(text, str) or not text.strip():
         raise BertkitError("cannot show attention for an empty text: give a sentence")
     if pair is not None and not pair.strip():
@@ -137,8 +135,6 @@ def offset_attention(attentions, attention_mask=None, offset: int = -1) -> np.nd
     a model still on masked-LM's early plateau has none (uniform attention over n
     tokens gives 1/n), which makes this the plateau's simplest gauge.
     """
-    import torch
-
     w = torch.stack(list(attentions)) if isinstance(attentions, (list, tuple)) else torch.as_tensor(attentions)
     if w.dim() != 5 or w.shape[-1] != w.shape[-2]:
         raise BertkitError(f"attentions must be L x [B, N, T, T] (or [L, B, N, T, T]), got shape {tuple(w.shape)}")
@@ -196,8 +192,6 @@ def to_bertviz(amap: AttentionMap) -> dict:
     attention: tuple of L torch tensors [1, N, T, T] (what a Hugging Face model
     returns with output_attentions=True); tokens; sentence_b_start.
     """
-    import torch
-
     attn = tuple(torch.from_numpy(np.ascontiguousarray(layer))[None] for layer in amap.weights)
     return {"attention": attn, "tokens": list(amap.tokens), "sentence_b_start": amap.sentence_b_start}
 
@@ -219,8 +213,6 @@ def save_bertviz(amap: AttentionMap, path) -> Path:
 
 def load_bertviz(path) -> dict:
     """The keyword arguments saved by `save_bertviz`, with torch tensors again."""
-    import torch
-
     record = json.loads(Path(path).read_text())
     record["attention"] = tuple(torch.tensor(layer, dtype=torch.float32) for layer in record["attention"])
     return record

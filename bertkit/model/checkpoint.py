@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
@@ -171,8 +172,6 @@ class LoadReport:
 
 
 def _read_safetensors(path: Path) -> dict:
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(path))
     except Exception as err:  # the Rust reader raises its own error type on bad headers/sizes
@@ -436,8 +435,6 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
 def save_pretrained(model, directory, tokenizer=None) -> None:
     """Write `directory` the way transformers does: config.json, model.safetensors and,
     with a tokenizer, its vocab.txt / tokenizer_config.json."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config.replace(architectures=[type(model).__name__])

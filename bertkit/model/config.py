@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
+from bertkit.default_model import default_model_dir
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -276,8 +277,6 @@ class BertConfig:
     def from_pretrained(cls, path=None) -> "BertConfig":
         """The config.json of a model directory (None: the default model)."""
         if path is None:
-            from bertkit.default_model import default_model_dir
-
             path = default_model_dir()
         path = Path(path)
         return cls.from_json_file(path / "config.json" if path.is_dir() else path)

@@ -26,6 +26,9 @@ import numpy as np
 import torch
 
 from bertkit.errors import BertkitError
+from bertkit.pretraining.collate import PretrainingCollator
+from bertkit.pretraining.masking import MaskVocab, MaskingConfig
+from bertkit.text.tokenizer import Tokenizer
 
 _ARRAYS = ("input_ids", "lengths", "type_a", "labels", "spans", "sources", "docs")
 
@@ -74,15 +77,10 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
 
     def tokenizer(self):
         """The tokenizer the data was prepared with (saved in the folder)."""
-        from bertkit.text.tokenizer import Tokenizer
-
         return Tokenizer.from_pretrained(self.directory)
 
     def collator(self, return_masked_positions: bool = False, seed: int | None = None):
         """The collator for this data: stored masks (static) or the prepared masking settings (dynamic)."""
-        from bertkit.pretraining.collate import PretrainingCollator
-        from bertkit.pretraining.masking import MaskingConfig, MaskVocab
-
         tok = self.tokenizer()
         masking = None
         if not self.static_masking:

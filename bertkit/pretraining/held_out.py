@@ -17,6 +17,7 @@ import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.run_config import RunConfig
+from bertkit.pretraining.dataset import PretrainingDataset
 
 
 class Subset:
@@ -68,8 +69,6 @@ def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
 
 def open_prepared(cfg: RunConfig, seed: int):
     """The prepared data: (dataset, train Subset, eval Subset, collate, tokenizer)."""
-    from bertkit.pretraining.dataset import PretrainingDataset
-
     if not Path(cfg.data).is_dir():
         raise BertkitError(f"no prepared data at {cfg.data}: make it with `bertkit pretrain prepare CORPUS -o {cfg.data}`")
     ds = PretrainingDataset(cfg.data, seed=seed)

@@ -45,8 +45,10 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+import textwrap
 
 import numpy as np
+from tqdm import tqdm
 
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
@@ -64,6 +66,7 @@ from bertkit.pretraining.shards import (
 )
 from bertkit.data.textfiles import check_encoding, corpus_files
 from bertkit.text.workers import run_jobs
+from bertkit.text.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
 
@@ -171,8 +174,6 @@ def _tokenize_job(job) -> tuple:
 
 
 def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progress: bool) -> tuple:
-    from tqdm import tqdm
-
     settings = {"documents": cfg.documents, "sentences": cfg.sentences, "encoding": cfg.encoding,
                 "encoding_errors": cfg.encoding_errors, "vocab_size": len(tokenizer)}
     root = out / "tokens"
@@ -210,8 +211,6 @@ def _remove_extra(root: Path, keep: int) -> None:
 
 
 def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, corpus_fp: dict, progress: bool):
-    from tqdm import tqdm
-
     tokens, sents, docs = load_corpus(out / "corpus")
     n_docs = len(docs) - 1
     if cfg.objective == "nsp" and n_docs < 2:
@@ -276,8 +275,6 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
     vocab: a vocab.txt or model folder (None: the default model's). Re-running
     with the same arguments reuses finished work; the result is identical.
     """
-    from bertkit.text.tokenizer import Tokenizer
-
     cfg = (cfg or PrepareConfig()).validate()
     t0 = time.perf_counter()
     files = corpus_files(corpus)
@@ -373,8 +370,6 @@ def format_summary(summary: Summary, cfg: PrepareConfig) -> str:
 
 
 def _wrap(text: str, width: int = 100, indent: str = "    ") -> str:
-    import textwrap
-
     return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from bertkit.errors import BertkitError
 from bertkit.training import PRECISIONS
 from bertkit.training.optim import OptimConfig
+from bertkit.model.config import PRESETS
 
 OPTIMIZERS = ("adamw", "lamb")
 METHODS = ("bert", "electra")
@@ -88,7 +89,6 @@ class RunConfig:
 
         check_device(self.device, self.precision)
         if not self.resume and not self.init_from:  # a resumed run takes the architecture its checkpoint recorded
-            from bertkit.model.config import PRESETS
 
             if self.config not in PRESETS and not Path(self.config).is_file():
                 raise BertkitError(f"--config {self.config!r} is neither a preset ({', '.join(PRESETS)}) "

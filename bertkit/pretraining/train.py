@@ -30,14 +30,16 @@ import torch
 
 from bertkit.data.lock import first_process, folder_lock
 from bertkit.data.outputs import check_output, clear_output
-from bertkit.model.config import IGNORE_INDEX
-from bertkit.model.electra_pretraining import electra_metrics
+from bertkit.model.config import BertConfig, IGNORE_INDEX, PRESETS
+from bertkit.model.electra_pretraining import ElectraPretrainingModel, electra_metrics
 from bertkit.errors import BertkitError
 from bertkit.pretraining.held_out import log_label_balance, open_prepared
 from bertkit.pretraining.run_config import RunConfig
 from bertkit.training import harness
 from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
 from bertkit.training.metrics_log import read_metrics
+from bertkit.model.electra import ElectraConfig
+from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
 
 
 # --- the stream of batches ---------------------------------------------------------
@@ -171,9 +173,6 @@ def build_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config:
     architecture the checkpoint recorded (`resumed_config`), whose weights then replace these:
     neither the --config file nor the --init-from directory has to exist any more.
     --method electra: an ElectraPretrainingModel whose discriminator has that shape."""
-    from bertkit.model.config import BertConfig
-    from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
-
     changes = {} if cfg.dropout is None else {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
     g = torch.Generator().manual_seed(cfg.seed)  # the same initial weights on every rank
     if cfg.method == "electra":
@@ -187,8 +186,6 @@ def build_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config:
 
 
 def preset_or_file(name: str):
-    from bertkit.model.config import PRESETS, BertConfig
-
     if name in PRESETS:
         return BertConfig.preset(name)
     if Path(name).is_file():
@@ -200,9 +197,6 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
     """ELECTRA (Clark et al. 2020): the discriminator in --config's shape (its embedding size the
     hidden size unless a config.json says otherwise), the generator --generator-size of it,
     sharing the embeddings. Single segments only: ELECTRA has no sentence-pair task."""
-    from bertkit.model.electra import ElectraConfig
-    from bertkit.model.electra_pretraining import ElectraPretrainingModel
-
     if objective in ("nsp", "sop"):
         raise BertkitError(f"--method electra reads single segments, but {cfg.data} holds {objective.upper()} pairs: "
                            "prepare the data with --objective none")

@@ -49,6 +49,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch.ao.quantization import per_channel_dynamic_qconfig
 
 from bertkit.model.checkpoint import INT8_WEIGHTS
 from bertkit.runtime.devices import DynamicLinear, holds_int8
@@ -124,7 +127,6 @@ def _quantize_weight(weight: torch.Tensor) -> torch.Tensor:
     """int8 per output channel, symmetric (the observer PyTorch's per-channel dynamic qconfig uses)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecation notices of torch.ao and quantized tensor creation
-        from torch.ao.quantization import per_channel_dynamic_qconfig
 
         observer = per_channel_dynamic_qconfig.weight()
         observer(weight)
@@ -199,8 +201,6 @@ def _float_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def save_quantized(model: nn.Module, directory, tokenizer=None) -> None:
     """Write a quantized `model` to `directory`: config.json, model.int8.safetensors and,
     with a tokenizer, its files (see the module docstring for the format)."""
-    from safetensors.torch import save_file
-
     if not holds_int8(model):
         raise BertkitError("save_quantized takes a model made by quantize(); save a float model with save_pretrained")
     directory = Path(directory)
@@ -212,8 +212,6 @@ def save_quantized(model: nn.Module, directory, tokenizer=None) -> None:
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}

@@ -53,6 +53,8 @@ from bertkit.retrieval.index import Index, check_model, open_index
 from bertkit.retrieval.config import MODES, FusionOptions
 from bertkit.retrieval.search import fusion_options, search_vectors
 from bertkit.serve.batching import plan_batches
+from bertkit.metrics.tasks import get_entities
+from bertkit.tasks.predict import predict
 
 
 class InputError(BertkitError):
@@ -358,8 +360,6 @@ class TaskModel:
 
     def run_jobs(self, jobs: list) -> list:
         """Each job's predictions: one `bertkit.predict` call over every job's inputs together."""
-        from bertkit.tasks.predict import predict
-
         queries = [q for job in jobs for q in job.items]
         texts = [q.text for q in queries]
         pairs = [q.pair for q in queries] if self.pairs else None
@@ -378,8 +378,6 @@ class TaskModel:
         return score(prediction, self.loaded)
 
     def warm_up(self) -> None:
-        from bertkit.tasks.predict import predict
-
         predict(self.model_dir, ["warm up"], ["warm up"] if self.pairs else None, loaded=self.loaded)
 
 
@@ -390,8 +388,6 @@ def with_entities(text: str, prediction: dict) -> dict:
     word; an entity (conlleval's chunking of the tags) spans from its first
     word's first character to its last word's end.
     """
-    from bertkit.metrics.tasks import get_entities
-
     spans = whitespace_spans(text)
     entities = []
     for kind, first, last in get_entities(prediction["tags"]):

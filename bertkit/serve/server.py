@@ -23,6 +23,7 @@ import sys
 
 from bertkit.errors import BertkitError
 from bertkit.serve.connections import with_header_deadline
+from bertkit.serve.metrics import Metrics
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -82,7 +83,6 @@ def serve(settings, log=None, onednn: bool | None = None) -> None:
     import torch
 
     from bertkit.runtime.devices import cores, resolve_device
-    from bertkit.serve.metrics import Metrics
     from bertkit.serve.runner import load_runner
 
     gpu = resolve_device(None).type == "cuda"

@@ -19,6 +19,7 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import AUTO, EmbedOptions
 from bertkit.model.sentence_layout import SENTENCE_POOLINGS
 from bertkit.options import DTYPE_CHOICES
+from bertkit.default_model import default_model_dir
 
 API_KEY_ENV = "BERTKIT_API_KEY"  # the API key, when neither --api-key nor --api-key-file is given
 
@@ -158,8 +159,6 @@ class ServeConfig:
 
     def model_path(self) -> Path:
         """The model directory (the default model's when none is given), checked before anything loads."""
-        from bertkit.default_model import default_model_dir
-
         path = default_model_dir() if self.model is None else Path(self.model)
         if not path.is_dir():
             raise BertkitError(f"model directory {path} does not exist: pass a directory with config.json "

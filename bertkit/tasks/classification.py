@@ -33,6 +33,7 @@ from bertkit.tasks.config import TEXT_TASKS, TextTaskConfig
 from bertkit.data.tables import TextExample, check_known_labels, label_names, looks_like_scores, read_text_examples
 from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
 from bertkit.tasks.trainer import run_model, train
+from bertkit.model.heads import BertForSequenceClassification
 
 TASKS = TEXT_TASKS
 PROBLEM_TYPES = {
@@ -184,8 +185,6 @@ def write_predictions(path, examples, preds, task) -> None:
 
 def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
     """Fine-tune on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
-    from bertkit.model.heads import BertForSequenceClassification
-
     cfg.validate()
     tcfg = cfg.training
     tcfg.metric = tcfg.metric or BEST_METRIC[cfg.task]

@@ -36,6 +36,7 @@ from bertkit.data.tables import TaggedSentence, check_known_labels, read_conll
 from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
 from bertkit.tasks.trainer import IGNORE_INDEX, run_model, train
 from bertkit.text.windows import max_context_owner, spans
+from bertkit.model.heads import BertForTokenClassification
 
 
 @dataclass
@@ -150,8 +151,6 @@ def write_conll(path, sentences, pred, scheme: str) -> None:
 
 
 def finetune_ner(cfg: NerConfig, log=print) -> dict:
-    from bertkit.model.heads import BertForTokenClassification
-
     cfg.validate()
     tcfg = cfg.training
     tcfg.metric = tcfg.metric or "f1"

@@ -33,11 +33,13 @@ from typing import NamedTuple
 
 from bertkit.errors import BertkitError
 from bertkit.metrics import tasks as M
-from bertkit.tasks.classification import score as score_text
-from bertkit.data.tables import (TextExample, check_known_labels, read_conll, read_rows, read_squad,
-                                   read_text_examples, ReadReport)
+from bertkit.tasks.classification import predict_examples, score as score_text
+from bertkit.data.tables import (ReadReport, TextExample, check_known_labels, read_conll, read_rows, read_squad,
+                                 read_text_examples)
 from bertkit.runtime.loading import Loaded, load
 from bertkit.data.textfiles import existing_file, open_text, read_text
+from bertkit.tasks.ner import predict_words
+from bertkit.tasks.qa import predict_answers
 
 
 def load_task_model(model_dir, device=None, dtype=None, int8: bool = False) -> Loaded:
@@ -62,18 +64,13 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     model, tok, info = loaded.model, loaded.tokenizer, loaded.info
     task = info["task"]
     if task == "ner":
-        from bertkit.tasks.ner import predict_words
-
         sentences = [t.split() for t in texts]
         tags = predict_words(model, tok, sentences, info, batch_size)
         return [{"words": w, "tags": t} for w, t in zip(sentences, tags)]
     if task == "qa":
-        from bertkit.tasks.qa import predict_answers
-
         if pairs is None:
             raise BertkitError("a QA model needs contexts: pass pairs=[context, ...] (one per question)")
         return predict_answers(model, tok, texts, pairs, info, batch_size)
-    from bertkit.tasks.classification import predict_examples
 
     if info.get("text_pair_column") and pairs is None:
         raise BertkitError("this model was trained on sentence pairs: pass pairs=[second text, ...]")
@@ -96,8 +93,6 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
         lines = [line.strip() for line in read_text(path).split("\n")]
         return [line for line in lines if line], None  # one sentence per line, words split on whitespace
     if task == "qa" and path.suffix.lower() == ".json":
-        from bertkit.data.tables import read_squad
-
         examples, _ = read_squad(path)
         return [e.question for e in examples], [e.context for e in examples]
     tcol = text_column or (info.get("text_column") or "sentence")

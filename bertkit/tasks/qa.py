@@ -41,6 +41,7 @@ from bertkit.data.tables import QAExample, read_squad
 from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
 from bertkit.tasks.trainer import run_model, train
 from bertkit.text.windows import max_context_owner, spans
+from bertkit.model.heads import BertForQuestionAnswering
 
 
 def locate_answer(context: str, text: str, start: int) -> int | None:
@@ -158,8 +159,6 @@ def score(examples, preds, version_2: bool) -> dict:
 
 
 def finetune_qa(cfg: QAConfig, log=print) -> dict:
-    from bertkit.model.heads import BertForQuestionAnswering
-
     cfg.validate()
     tcfg = cfg.training
     tcfg.metric = tcfg.metric or "f1"

@@ -23,6 +23,7 @@ import torch
 
 from bertkit.model.checkpoint import TASK_FILE
 from bertkit.runtime.loading import class_for
+from bertkit.text.tokenizer import Tokenizer
 
 
 def load_head(cls, model_path, seed: int, log=print, **config_overrides):
@@ -39,8 +40,6 @@ def load_head(cls, model_path, seed: int, log=print, **config_overrides):
 
 
 def load_tokenizer(model_path):
-    from bertkit.text.tokenizer import Tokenizer
-
     return Tokenizer.from_pretrained(model_path)
 
 

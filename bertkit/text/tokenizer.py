@@ -46,6 +46,7 @@ from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_v
                            tokens_from_tokenizer_json)
 from bertkit.text.windows import spans
 from bertkit.text.wordpiece import CONTINUATION, wordpiece_spans
+from bertkit.default_model import default_model_dir
 
 MODEL_MAX_LENGTH = 512  # BERT's position embeddings
 
@@ -188,8 +189,6 @@ class Tokenizer:
         names as the constructor) may not contradict the stored casing.
         """
         if path is None:
-            from bertkit.default_model import default_model_dir
-
             path = default_model_dir()
         path = Path(path)
         if path.is_dir():

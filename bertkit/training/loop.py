@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from tqdm import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.runtime.devices import resolve_dtype
@@ -115,8 +116,6 @@ def train_loop(model, optimizer, stream, cfg: LoopConfig, *, info=None, start_st
     them; on_record(record) receives every record (the same on every rank); on_checkpoint(step)
     is called every cfg.save_every steps and at the end.
     """
-    from tqdm import tqdm
-
     info = info or distributed.DistInfo()
     autocast = autocast_for(cfg.precision, info.device)
     warmup = warmup_steps_for(cfg.max_steps, cfg.optim.warmup_ratio)
