@@ -17,8 +17,10 @@ import torch
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.tasks.classification import TextTaskConfig, finetune_text, make_features, pool_windows
-from bertkit.tasks.trainer import TrainConfig, collate, length_grouped_batches, train
+from bertkit.tasks.batching import collate
+from bertkit.tasks.classification import TextTaskConfig, finetune_text
+from bertkit.tasks.text_inference import make_features, pool_windows
+from bertkit.tasks.trainer import TrainConfig, length_grouped_batches, train
 from bertkit.training.optim import OptimConfig
 
 WORDS = ("the movie food day service was is very really quite a an and but it this that good great fine "
@@ -306,7 +308,7 @@ def test_long_texts_become_windows_and_pool(tiny):
     long_text = " ".join(["the movie was good ."] * 12)  # 60 tokens
     n_tokens = len(tok.encode(long_text, truncation=False, add_special_tokens=False).input_ids)
     feats = make_features(tok, [TextExample(long_text, None, "pos"), TextExample("it was bad", None, "neg")],
-                          "classify", {"neg": 0, "pos": 1}, max_length=16, stride=4)
+                          "single_label_classification", {"neg": 0, "pos": 1}, max_length=16, stride=4)
     windows = [f for f in feats if f["example_index"] == 0]
     # windows of 14 text tokens advancing by 10 cover the text exactly once over
     assert len(windows) == 1 + -(-(n_tokens - 14) // 10)

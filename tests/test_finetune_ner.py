@@ -13,7 +13,8 @@ import pytest
 
 from bertkit.errors import BertkitError
 from bertkit.data.tables import TaggedSentence, read_conll
-from bertkit.tasks.ner import NerConfig, decode, finetune_ner, make_features, word_pieces
+from bertkit.tasks.ner import NerConfig, finetune_ner
+from bertkit.tasks.ner_inference import decode, make_features, word_pieces
 from bertkit.text.windows import best_span, spans
 from bertkit.text.tokenizer import Tokenizer
 from test_finetune import fast, tiny  # noqa: F401  (the tiny-model fixture)

@@ -13,7 +13,8 @@ import pytest
 
 from bertkit.errors import BertkitError
 from bertkit.data.tables import QAExample, read_squad
-from bertkit.tasks.qa import QAConfig, best_answers, char_to_pieces, finetune_qa, locate_answer, make_features
+from bertkit.tasks.qa import QAConfig, finetune_qa
+from bertkit.tasks.qa_inference import best_answers, char_to_pieces, locate_answer, make_features
 from bertkit.text.tokenizer import Tokenizer
 from test_finetune import fast, tiny  # noqa: F401
 

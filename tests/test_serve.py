@@ -662,7 +662,7 @@ def test_engine_fails_only_the_job_that_breaks_a_batch():
     from bertkit.serve.batching import Engine
 
     class Runner:
-        task = "predict"
+        budget_in_tokens = False
         calls = []
 
         def run_jobs(self, jobs):
@@ -700,7 +700,7 @@ def test_engine_spreads_one_request_over_idle_workers_and_keeps_its_order():
     from bertkit.serve.batching import Engine
 
     class Runner:
-        task = "embed"
+        budget_in_tokens = True
         passes, running, most = [], [0], [0]
 
         def run_jobs(self, parts):
@@ -733,7 +733,7 @@ def test_a_free_worker_takes_its_fair_share_of_the_requests_not_all_that_wait():
     from bertkit.serve.batching import Engine
 
     class Runner:
-        task = "embed"
+        budget_in_tokens = True
         passes = []
 
         def run_jobs(self, parts):

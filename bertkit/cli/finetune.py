@@ -6,18 +6,13 @@ import sys
 
 from bertkit.options import add_options, device_flags, from_args, int8_flag
 from bertkit.cli.demo import run_demo as demo
-from bertkit.tasks import TASKS, format_report, run_task, task_config
+from bertkit.tasks import format_report, run_task, task_config
+from bertkit.tasks.registry import TASKS
 
 
 # finetune scores its dev set in float32 (unless --precision): a figure in another precision may differ a little
 PRECISION_NOTE = {"bfloat16": "; finetune scored in float32, which --dtype float32 reproduces",
                   "int8": "; finetune scored in float32, which predict without --int8 reproduces"}
-
-TASK_HELP = {
-    "embed": "train sentence embeddings (multiple-negatives ranking, cached/GradCache, CoSENT, Matryoshka) on pairs, "
-    "triplets, scored pairs or a BEIR folder; saves the sentence-transformers layout (docs/embeddings.md). With "
-    "in-batch negatives --grad-accum is not a bigger batch; --loss cached-mnrl is.",
-}
 
 
 def add_finetune(sub):
@@ -42,10 +37,9 @@ def add_finetune(sub):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tsub = p.add_subparsers(dest="task", metavar="TASK", required=True)
-    for name, (cls, defaults) in TASKS.items():
-        t = tsub.add_parser(name, help=TASK_HELP.get(name, f"fine-tune for {name}"),
-                            description=TASK_HELP.get(name))
-        add_options(t, cls, defaults, skip=() if name == "multi-label" else ("label_separator",))
+    for task in TASKS.values():  # one command per task record
+        t = tsub.add_parser(task.cli_name, help=task.help or f"fine-tune for {task.cli_name}", description=task.help)
+        add_options(t, task.config, task.defaults, skip=task.hidden)
         t.set_defaults(handler=run_finetune)
 
 

@@ -124,7 +124,7 @@ def read_text_examples(
     text_column: str = "sentence",
     text_pair_column: str | None = None,
     label_column: str | None = "label",
-    task: str = "classification",  # classification | regression | multi_label
+    problem_type: str = "single_label_classification",  # BertConfig.problem_type: what a label is
     label_separator: str = ",",
     max_examples: int | None = None,
 ) -> tuple[list[TextExample], ReadReport]:
@@ -144,7 +144,7 @@ def read_text_examples(
             if raw is None or (isinstance(raw, str) and not raw.strip()):
                 report.skipped["missing labels"] += 1
                 continue
-            label = parse_label(raw, task, label_separator, f"{path}:{n}")
+            label = parse_label(raw, problem_type, label_separator, f"{path}:{n}")
         out.append(TextExample(text, None if pair is None else str(pair), label, n))
         if max_examples is not None and len(out) >= max_examples:
             break
@@ -154,13 +154,31 @@ def read_text_examples(
     return out, report
 
 
-def parse_label(raw, task: str, separator: str, where: str):
-    if task == "regression":
+def read_text_columns(path, text_column: str, pair_column: str | None = None):
+    """(texts, pairs or None, ReadReport) from a table's text column (and second-text column): the
+    inputs of a fine-tuned model, unlabelled; a missing column is a one-line error naming the flag."""
+    path = existing_file(path)
+    report = ReadReport(str(path))
+    texts, pairs = [], []
+    for n, row in read_rows(path, report):
+        if text_column not in row or (pair_column and pair_column not in row):
+            missing = text_column if text_column not in row else pair_column
+            raise BertkitError(f"{path}:{n}: no column {missing!r} (columns: {', '.join(row)}); "
+                               "pass --text-column/--text-pair-column")
+        texts.append(str(row[text_column]))
+        if pair_column:
+            pairs.append(str(row[pair_column]))
+    return texts, (pairs if pair_column else None), report
+
+
+def parse_label(raw, problem_type: str, separator: str, where: str):
+    """One label as the problem type reads it: a score (regression), a set of names (multi-label), a name."""
+    if problem_type == "regression":
         try:
             return float(raw)
         except (TypeError, ValueError):
             raise BertkitError(f"{where}: score {raw!r} is not a number; regression needs numeric labels")
-    if task == "multi_label":
+    if problem_type == "multi_label_classification":
         parts = raw if isinstance(raw, list) else str(raw).split(separator)
         return sorted({str(p).strip() for p in parts if str(p).strip()})
     if isinstance(raw, float) and raw.is_integer():

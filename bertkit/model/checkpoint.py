@@ -307,8 +307,16 @@ def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, sourc
 INT8_WEIGHTS = "model.int8.safetensors"  # an int8 model saved by bertkit.runtime.quantization.save_quantized
 TASK_FILE = "bertkit_task.json"  # how a `bertkit finetune` model encodes its inputs (task, columns, max_length)
 GENERATOR_DIR = "generator"  # the generator's subfolder in an ELECTRA pre-training output directory
-TASK_HEADS = {"BertForSequenceClassification": "classify", "BertForTokenClassification": "ner",
-              "BertForQuestionAnswering": "qa"}  # architectures of fine-tuned models, and their default task
+# A Hugging Face head checkpoint without bertkit_task.json: the task its config.json's architectures (and, for
+# the sequence classifier, problem_type) name, as bertkit.tasks.registry spells it, and the input length it is
+# read at (run_squad.py's 384 for QA, BERT's 512 otherwise). ELECTRA heads are not read as tasks.
+HF_TASKS = {
+    "BertForSequenceClassification": {"single_label_classification": "classify", "regression": "regression",
+                                      "multi_label_classification": "multi_label"},
+    "BertForTokenClassification": "ner",
+    "BertForQuestionAnswering": "qa",
+}
+HF_MAX_LENGTH = {"BertForQuestionAnswering": 384}
 
 
 def read_config(directory) -> dict:
@@ -358,16 +366,13 @@ def task_info(directory) -> dict | None:
             raise BertkitError(f"{path} is corrupt ({type(err).__name__}: {' '.join(str(err).split())}): "
                                "fine-tune the model again, or remove the file to use it as a plain checkpoint") from None
         return info
-    config = read_config(directory)
-    task = TASK_HEADS.get(architecture(directory))
-    if task is None:
-        return None
-    if task == "classify":
+    config, head = read_config(directory), architecture(directory)
+    task = HF_TASKS.get(head)
+    if isinstance(task, dict):  # the sequence classifier: one output is a score; else by its problem type
         n = config.get("num_labels", len(config.get("id2label") or {}) or 2)
-        problem = config.get("problem_type")
-        task = "regression" if problem == "regression" or n == 1 else (
-            "multi_label" if problem == "multi_label_classification" else "classify")
-    return {"task": task, "max_length": 384 if task == "qa" else 512}
+        problem = "regression" if n == 1 else config.get("problem_type")
+        task = task.get(problem) or task["single_label_classification"]
+    return None if task is None else {"task": task, "max_length": HF_MAX_LENGTH.get(head, 512)}
 
 
 @dataclass(frozen=True)

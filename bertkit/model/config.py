@@ -40,6 +40,7 @@ from bertkit.default_model import default_model_dir
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+REGRESSION, SINGLE_LABEL, MULTI_LABEL = PROBLEM_TYPES
 # the label of positions every loss skips (PyTorch's cross-entropy default and transformers' convention):
 # padding, unmasked tokens in masked LM, word pieces after the first in NER
 IGNORE_INDEX = -100

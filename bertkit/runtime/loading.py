@@ -68,9 +68,6 @@ _ELECTRA_FORM = {
     "BertForQuestionAnswering": ElectraForQuestionAnswering,
 }
 
-# a fine-tuned task -> the head class that answers it
-_TASK_CLASS = {"ner": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}
-
 
 def class_for(model_dir, cls):
     """The class to load `model_dir` into for a task that asks for the BERT class `cls`:
@@ -110,6 +107,11 @@ class Loaded:
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def fine_tuned(self) -> bool:
+        """Whether it is a fine-tuned task model (bertkit_task.json, or a Hugging Face head checkpoint)."""
+        return bool(self.info)
 
     @property
     def max_positions(self) -> int:
@@ -179,11 +181,20 @@ def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
                            "fine-tune it first (bertkit finetune TASK)")
     if head == "encoder" or info is None:
         cls, task = BertModel, "embed"
-    else:
-        cls, task = _TASK_CLASS.get(info["task"], heads.BertForSequenceClassification), info["task"]
+    else:  # a fine-tuned model: the head class its config.json names (what the directory holds decides)
+        cls, task = _task_head(saved), info["task"]
     if saved.model_type == "electra" and not int8_weights:
         cls = _electra_form(directory, cls)
     return _Plan(cls, directory, directory, task, info or {}, int8_weights)
+
+
+def _task_head(saved: Saved) -> type:
+    """The head class of a fine-tuned model: the one config.json's `architectures` names."""
+    cls = CLASSES.get(saved.architecture)
+    if cls is None or cls in (BertModel, ElectraModel):
+        raise BertkitError(f"{saved.directory} describes a fine-tuned {saved.task['task']} model but holds a "
+                           f"{saved.architecture}, not a task head: fine-tune it again (bertkit finetune TASK)")
+    return cls
 
 
 def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
@@ -254,7 +265,7 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     quantize_now = int8 and not int8_weights
     # a model in memory keeps its layers, unless it is quantized here
     net = dense_ops(net, quantize_now, fast is not False if not held else quantize_now, speed)
-    layout = None if held or plan.task != "embed" else read_layout(saved.directory)
+    layout = read_layout(saved.directory) if not held and plan.cls in (BertModel, ElectraModel) else None  # an encoder's
     tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab)
     if not held:
         check_vocabulary(tok, net.config, plan.vocab)

@@ -105,18 +105,20 @@ def service(request) -> Service:
 # --- what every route shares ---------------------------------------------------------
 
 
-def need(svc: Service, kind: str, path: str) -> None:
-    """Refuse a route the loaded model cannot answer (an encoder's routes, a fine-tuned model's, reranking)."""
+def need(svc: Service, path: str) -> None:
+    """Refuse a route the loaded model does not answer (its task record's routes: an encoder's, a fine-tuned
+    model's, /rerank for a cross-encoder)."""
     runner = svc.runner
-    if kind == "embed" and not svc.is_encoder:
-        raise ApiError(400, f"{path} needs an encoder model; this server holds a fine-tuned "
-                            f"{runner.task} model: use /predict")
-    if kind == "task" and svc.is_encoder:
+    if path in runner.routes:
+        return
+    if svc.is_encoder:
         raise ApiError(400, f"{path} needs a fine-tuned model; this server holds an encoder: "
                             "use /embed or /v1/embeddings")
-    if kind == "rerank" and not runner.can_rerank():
+    if "/predict" in runner.routes and path == "/rerank":
         raise ApiError(400, f"/rerank needs a model fine-tuned on text pairs with one score (regression, "
                             f"or two labels); this server holds a {runner.task} model")
+    raise ApiError(400, f"{path} needs an encoder model; this server holds a fine-tuned "
+                        f"{runner.task} model: use /predict")
 
 
 async def run(request, items: list, costs: list):
@@ -189,7 +191,7 @@ async def encode(svc: Service, texts: list, field: str | None, **options) -> lis
 async def openai_embeddings(request):
     svc = service(request)
     runner = svc.runner
-    need(svc, "embed", "/v1/embeddings")
+    need(svc, "/v1/embeddings")
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "input")
     fmt = data.get("encoding_format") or "float"
@@ -212,7 +214,7 @@ async def openai_embeddings(request):
 
 async def tei_embed(request):
     svc = service(request)
-    need(svc, "embed", "/embed")
+    need(svc, "/embed")
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "inputs")
     normalize = flag_field(data, "normalize", svc.runner.normalize)
@@ -268,7 +270,7 @@ async def search(request):
 
 async def predict(request):
     svc = service(request)
-    need(svc, "task", "/predict")
+    need(svc, "/predict")
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "inputs")
     check_inputs(len(texts), svc.settings.max_client_batch_size, "inputs")
@@ -282,8 +284,7 @@ async def predict(request):
 
 async def rerank(request):
     svc = service(request)
-    need(svc, "task", "/rerank")
-    need(svc, "rerank", "/rerank")
+    need(svc, "/rerank")
     data = await read_json(request, svc.settings.max_body_bytes)
     query = check_text(data.get("query"), "`query`")
     texts = texts_field(data, "texts")

@@ -173,7 +173,7 @@ class Engine:
                  max_wait_ms: float, workers: int = 1, on_depth=None):
         self.runner = runner
         self.max_queue = max_queue
-        self.budget = max_batch_tokens if runner.task == "embed" else max_batch_size
+        self.budget = max_batch_tokens if runner.budget_in_tokens else max_batch_size
         self.max_rows = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.workers = workers

@@ -44,6 +44,8 @@ import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.embeddings.features import run_batch, whitespace_spans
+from bertkit.tasks.predict import predict, task_of
+from bertkit.tasks.registry import TASKS
 from bertkit.tasks.rerank import rerank, reranker, score
 from bertkit.runtime.fast import SpeedSettings, decide
 from bertkit.runtime.loading import Loaded, load
@@ -108,7 +110,7 @@ def load_runner(settings, speed: SpeedSettings | None = None):
     try:
         speed = decide() if speed is None else speed
         loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8, fast=speed)
-        runner = EmbeddingModel(loaded, settings, name) if loaded.task == "embed" else TaskModel(loaded, settings, name)
+        runner = TaskModel(loaded, settings, name) if loaded.fine_tuned else EmbeddingModel(loaded, settings, name)
         runner.speed = speed  # the --rerank cross-encoder runs on them too
         runner.warm_up()
     except BertkitError:
@@ -124,7 +126,9 @@ def load_runner(settings, speed: SpeedSettings | None = None):
 class EmbeddingModel:
     """Sentence embeddings from a frozen encoder, one padded forward pass per batch."""
 
-    task = "embed"
+    record = TASKS["embed"]  # the sentence encoder's record: its routes
+    task, routes = record.name, record.routes
+    budget_in_tokens = True  # a pass is cut by its tokens (max_batch_tokens)
 
     def __init__(self, loaded: Loaded, settings, name: str):
         model, options = loaded.model, settings.embedding
@@ -145,10 +149,10 @@ class EmbeddingModel:
         self.on_batch = None  # metrics hook: (rows, padded tokens, real tokens)
 
     def info(self) -> dict:
-        return {"task": "embed", "dimensions": self.dim, "matryoshka_dimensions": self.matryoshka,
+        return {"task": self.task, "dimensions": self.dim, "matryoshka_dimensions": self.matryoshka,
                 "pooling": self.pooling, "normalize": self.normalize,
                 "layers": list(self.layers.indices), "combine": self.layers.combine,
-                "endpoints": ["/v1/embeddings", "/embed", "/tokenize"]}
+                "endpoints": list(self.routes)}
 
     def check_dimensions(self, dims) -> int | None:
         """A request's `dimensions`: None, the full size, or one of the Matryoshka dimensions."""
@@ -325,35 +329,37 @@ class Query:
 class TaskModel:
     """A `bertkit finetune` model answering through `bertkit.tasks.predict`."""
 
+    budget_in_tokens = False  # a pass is cut by its inputs (max_batch_size): predict batches them itself
+
     def __init__(self, loaded: Loaded, settings, name: str):
         self.model_dir, self.loaded, self.name, self.precision = loaded.directory, loaded, name, loaded.precision
         self.tok = loaded.tokenizer
-        model, info = loaded.model, loaded.info
-        self.info_ = info
-        self.task = info["task"]
+        info = loaded.info
+        self.info_, self.record = info, task_of(loaded)  # the task's record: pairs, labels, routes, reranking
+        self.task = self.record.name
         self.max_batch_size = settings.max_batch_size
-        self.pairs = self.task == "qa" or bool(info.get("text_pair_column"))
-        self.labels = model.config.labels if self.task not in ("regression", "qa") else None
+        self.pairs = self.record.takes_pairs(info)
+        self.labels = self.record.labels(loaded.config)
+        self.routes = self.record.served_routes(info, self.labels)
         self.dim = None
         self.max_length = int(info.get("max_length", 512))
         self.on_batch = None
 
     def info(self) -> dict:
-        out = {"task": self.task, "labels": self.labels, "pairs": self.pairs,
-               "endpoints": ["/predict"] + (["/rerank"] if self.can_rerank() else []) + ["/tokenize"]}
-        if self.task == "ner":
+        out = {"task": self.task, "labels": self.labels, "pairs": self.pairs, "endpoints": list(self.routes)}
+        if self.record.entities:
             out["tag_scheme"] = self.info_.get("tag_scheme")
         return out
 
     def can_rerank(self) -> bool:
-        """A pair model with one score: regression, or two labels (the second one's probability)."""
-        return self.pairs and self.task != "qa" and (self.task == "regression" or len(self.labels or ()) == 2)
+        """A pair model with one score: its task record's `can_rerank`, as `bertkit search --rerank` asks."""
+        return self.record.can_rerank(self.info_, self.labels)
 
     def check(self, queries: list) -> list:
         for i, q in enumerate(queries):
             if self.pairs and q.pair is None:
-                what = "a context (pairs: [context, ...])" if self.task == "qa" else "a second text (pairs)"
-                raise InputError(f"this {self.task} model needs {what} for every input; input {i} has none")
+                raise InputError(f"this {self.task} model needs {self.record.second} (pairs: [...]) for every input; "
+                                 f"input {i} has none")
             if not self.pairs and q.pair is not None:
                 raise InputError(f"this {self.task} model takes single texts: leave out `pairs`")
         return queries
@@ -366,7 +372,7 @@ class TaskModel:
         preds = predict(self.model_dir, texts, pairs, batch_size=self.max_batch_size, loaded=self.loaded)
         if self.on_batch is not None:
             self.on_batch(len(queries), 0, 0)
-        if self.task == "ner":
+        if self.record.entities:
             preds = [with_entities(q.text, p) for q, p in zip(queries, preds)]
         out, start = [], 0
         for job in jobs:

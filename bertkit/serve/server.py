@@ -95,7 +95,7 @@ def serve(settings, log=None, onednn: bool | None = None) -> None:
     sock = bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    what = f"{runner.dim}-dimensional embeddings" if runner.task == "embed" else f"a {runner.task} model"
+    what = f"a {runner.task} model" if runner.dim is None else f"{runner.dim}-dimensional embeddings"
     what += f", /search over {settings.index}" if settings.index else ""
     log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
         f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "

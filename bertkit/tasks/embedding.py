@@ -443,19 +443,3 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
         final["best_epoch"] = result.best["epoch"]
     write_json(out / "metrics.json", final)
     return final
-
-
-def format_report(final: dict) -> str:
-    dev = final.get("dev")
-    head = (f"trained on {final['train_examples']} examples ({final['loss']}, {final['pooling']} pooling) "
-            f"in {final['train_seconds']} s")
-    if not dev:
-        return head + " (no dev set)"
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in dev.items() if isinstance(v, float) and not k.endswith("seconds"))
-    lines = [head, f"dev (best epoch {final['best_epoch']}): {shown}"]
-    before, metric = final.get("dev_before_training"), final.get("metric")
-    if before is not None and metric in before and metric in dev:
-        lines.append(f"dev {metric} before training {before[metric]:.4f}, after {dev[metric]:.4f} "
-                     f"({dev[metric] - before[metric]:+.4f})")
-    return "\n".join(lines)
-

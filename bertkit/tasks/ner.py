@@ -19,115 +19,25 @@ Scores are conlleval's entity P/R/F1, the same for either scheme.
 Long sentences (more pieces than fit): overlapping windows, each word labelled
 and predicted in the window where it has the most context
 (`bertkit.text.windows`).
+
+This module trains; the features and the decoding, all that using a NER model
+needs, are `bertkit.tasks.ner_inference`.
 """
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-
-import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import NerConfig
-from bertkit.data.tables import TaggedSentence, check_known_labels, read_conll
+from bertkit.data.tables import check_known_labels, read_conll
 from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
-from bertkit.tasks.trainer import IGNORE_INDEX, run_model, train
-from bertkit.text.windows import max_context_owner, spans
+from bertkit.tasks.batching import run_model
+from bertkit.tasks.ner_inference import decode, make_features, to_training_tags
+from bertkit.tasks.trainer import train
 from bertkit.model.heads import BertForTokenClassification
-
-
-@dataclass
-class WordPieces:
-    """A sentence's pieces: ids, the word each piece belongs to, each word's first piece."""
-
-    ids: list[int]
-    piece_word: list[int]
-    first_piece: list[int | None]  # per word; None when the word produced no piece
-
-
-def word_pieces(tok, words: list[str]) -> WordPieces:
-    text = " ".join(words)
-    starts, pos = [], 0
-    for w in words:
-        starts.append(pos)
-        pos += len(w) + 1
-    enc = tok.encode(text, add_special_tokens=False, truncation=False)
-    piece_word = [bisect.bisect_right(starts, s) - 1 for s, _ in enc.offsets]
-    first: list[int | None] = [None] * len(words)
-    for p, w in enumerate(piece_word):
-        if first[w] is None:
-            first[w] = p
-    return WordPieces(list(enc.input_ids), piece_word, first)
-
-
-def to_training_tags(tags: list[str], scheme: str) -> list[str]:
-    return M.iob1_to_iob2(tags) if scheme == "iob1" else list(tags)
-
-
-def make_features(tok, sentences: list[TaggedSentence], label2id: dict | None, max_length: int, stride: int,
-                  scheme: str = "bio"):
-    """(features, pieces per sentence): one feature per window, labels on first pieces."""
-    feats, all_pieces = [], []
-    size = max_length - 2
-    for i, sent in enumerate(sentences):
-        wp = word_pieces(tok, sent.words)
-        all_pieces.append(wp)
-        windows = spans(len(wp.ids), size, stride)
-        labels = None
-        if label2id is not None and sent.tags is not None:
-            tags = to_training_tags(sent.tags, scheme)
-            labels = [IGNORE_INDEX] * len(wp.ids)
-            for w, p in enumerate(wp.first_piece):
-                if p is not None:
-                    labels[p] = label2id[tags[w]]
-        owner = max_context_owner(windows, len(wp.ids))
-        for k, (s, e) in enumerate(windows):
-            f = {"input_ids": [tok.cls_token_id, *wp.ids[s:e], tok.sep_token_id],
-                 "token_type_ids": [0] * (e - s + 2), "example_index": i, "window_start": s, "window": k}
-            if labels is not None:
-                # a word is trained once, in its max-context window
-                f["labels"] = [IGNORE_INDEX] + [labels[p] if owner[p] == k else IGNORE_INDEX
-                                                for p in range(s, e)] + [IGNORE_INDEX]
-            feats.append(f)
-    return feats, all_pieces
-
-
-def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces], names: list[str],
-           max_length: int, stride: int) -> tuple[list[list[str]], int]:
-    """IOB2 tags per word from per-token logits; also how many words had no piece (tagged O)."""
-    by_example: dict[int, dict[int, np.ndarray]] = {}
-    for v, f in zip(logits, feats):
-        by_example.setdefault(f["example_index"], {})[f["window"]] = v
-    out, empty = [], 0
-    for i, wp in enumerate(pieces):
-        windows = spans(len(wp.ids), max_length - 2, stride)
-        owner = max_context_owner(windows, len(wp.ids))
-        tags = []
-        for p in wp.first_piece:
-            if p is None:
-                tags.append("O")
-                empty += 1
-                continue
-            k = owner[p]
-            row = by_example[i][k][1 + p - windows[k][0]]
-            tags.append(names[int(row.argmax())])
-        out.append(tags)
-    return out, empty
-
-
-def predict_words(model, tok, sentences: list[list[str]], info: dict, batch_size: int = 32) -> list[list[str]]:
-    """Tags for whitespace-split sentences, in the scheme the model was trained with."""
-    sents = [TaggedSentence(list(s), None) for s in sentences]
-    ml, st = info.get("max_length", 128), info.get("stride", 32)
-    feats, pieces = make_features(tok, sents, None, ml, st)
-    logits = run_model(model, feats, batch_size, per_token=True)["logits"]
-    tags, _ = decode(logits, feats, pieces, model.config.labels, ml, st)
-    if info.get("tag_scheme") == "iob1":
-        tags = [M.iob2_to_iob1(t) for t in tags]
-    return tags
 
 
 def evaluate_sentences(model, tok, sentences, names, cfg: NerConfig, progress=False):
@@ -209,17 +119,3 @@ def finetune_ner(cfg: NerConfig, log=print) -> dict:
         write_conll(out / f"{split}_predictions.conll", sents, pred, cfg.tag_scheme)
     write_json(out / "metrics.json", final)
     return final
-
-
-def format_ner_report(final: dict) -> str:
-    lines = []
-    for split in ("dev", "test"):
-        if split not in final:
-            continue
-        s = final[split]
-        lines.append(f"{split} ({final[split + '_sentences']} sentences): entity precision {s['precision']:.4f}, "
-                     f"recall {s['recall']:.4f}, F1 {s['f1']:.4f}")
-        for typ, r in s["per_type"].items():
-            lines.append(f"  {typ:>8}: precision {r['precision']:.3f} recall {r['recall']:.3f} f1 {r['f1']:.3f} "
-                         f"({r['support']} entities)")
-    return "\n".join(lines) or f"trained on {final['train_sentences']} sentences (no dev set)"

@@ -6,42 +6,46 @@ slower and more accurate, so it re-scores only the best `top` documents of the
 first stage (the "retrieve and rerank" of Nogueira and Cho 2019,
 sentence-transformers' `CrossEncoder` examples).
 
-The cross-encoder is a model fine-tuned by `bertkit finetune regression` or
-`bertkit finetune pair` (two labels) on text pairs, run by
-`bertkit.tasks.predict` and scored as `bertkit serve`'s /rerank scores it:
-a regression model's score, or the probability of its second label. The
-reranked hits come first, best first, with the cross-encoder's score; ties keep
-the first stage's order; the hits below `top` follow as they were.
+The cross-encoder is a model fine-tuned on text pairs with one score: `bertkit
+finetune regression`, or `bertkit finetune pair` (or `classify
+--text-pair-column`) with two labels. Whether a model is one, and how its
+prediction becomes a score (a regression's score, or the probability of its
+second label), is its task's record's (`bertkit.tasks.registry`: `can_rerank`,
+`pair_score`), which `bertkit serve`'s /rerank asks too. It is run by
+`bertkit.tasks.predict`. The reranked hits come first, best first, with the
+cross-encoder's score; ties keep the first stage's order; the hits below `top`
+follow as they were.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bertkit.errors import BertkitError
-from bertkit.tasks.predict import predict
-from bertkit.runtime.loading import Loaded, load
 from bertkit.retrieval.search import Hit
+from bertkit.runtime.loading import Loaded, load
+from bertkit.tasks.predict import predict, task_of
 
 
 def reranker(model, device=None, dtype=None, fast=True) -> Loaded:
     """A cross-encoder: a model fine-tuned on text pairs with one score (regression, or two labels);
     `fast` as `bertkit.runtime.loading.load` takes it (a server passes its SpeedSettings)."""
     loaded = load(model, head="task", device=device, dtype=dtype, fast=fast)
-    task, pairs = loaded.info["task"], bool(loaded.info.get("text_pair_column"))
-    labels = loaded.config.labels if task != "regression" else None
-    if not pairs or task not in ("pair", "regression") or (task == "pair" and len(labels or ()) != 2):
-        kind = f"a {task} model" + ("" if pairs else " of single texts") + (
-            f" with {len(labels)} labels" if task == "pair" else "")
+    task, info = task_of(loaded), loaded.info
+    labels = task.labels(loaded.config)
+    if not task.can_rerank(info, labels):
+        kind = f"a {task.name} model" + ("" if task.takes_pairs(info) else " of single texts") + (
+            f" with {len(labels)} labels" if labels is not None and task.pair_score is not None else "")
         raise BertkitError(f"{model} is {kind}: --rerank needs a cross-encoder trained on (query, passage) pairs by "
-                           "bertkit finetune regression, or bertkit finetune pair with two labels")
+                           "bertkit finetune regression, or bertkit finetune pair (or classify --text-pair-column) "
+                           "with two labels")
     return loaded
 
 
 def score(prediction: dict, loaded: Loaded) -> float:
-    """A cross-encoder's score of one pair, from its prediction: a regression model's score, or the
-    probability of its second label."""
-    if loaded.info["task"] == "regression":
-        return float(prediction["score"])
-    return float(prediction["probabilities"][loaded.config.labels[1]])
+    """A cross-encoder's score of one pair, from its prediction (its task's `pair_score`)."""
+    task = task_of(loaded)
+    return task.pair_score(prediction, task.labels(loaded.config))
 
 
 def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int = 32) -> list[float]:
@@ -59,4 +63,4 @@ def rerank(loaded: Loaded, query: str, hits: list[Hit], top: int = 50, batch_siz
         return hits
     scores = pair_scores(loaded, query, [h.text for h in head], batch_size)
     order = sorted(range(len(head)), key=lambda i: -scores[i])  # stable: ties keep the first stage's order
-    return [Hit(**{**vars(head[i]), "score": scores[i]}) for i in order] + tail
+    return [replace(head[i], score=scores[i]) for i in order] + tail

@@ -42,14 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-from tqdm.auto import tqdm
 
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
+from bertkit.tasks.batching import collate
 from bertkit.tasks.config import TrainConfig
 from bertkit.training import distributed, harness
-from bertkit.training.loop import LoopConfig, move
+from bertkit.training.loop import LoopConfig
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
 
@@ -80,70 +79,6 @@ def shuffled_batches(n: int, batch_size: int, rng: random.Random) -> list[list[i
     order = list(range(n))
     rng.shuffle(order)
     return [order[k:k + batch_size] for k in range(0, n, batch_size)]
-
-
-def collate(features: list[dict], pad_id: int = 0) -> dict:
-    """Pad a list of features to the batch's longest and stack them into tensors.
-
-    input_ids pad with `pad_id`, token_type_ids with 0, attention_mask is 1
-    on real tokens; token-level labels (lists) pad with -100; scalar labels
-    become int64 (class ids) or float32 (scores, multi-hot vectors).
-    """
-    T = max(len(f["input_ids"]) for f in features)
-    batch = {}
-    ids = torch.full((len(features), T), pad_id, dtype=torch.long)
-    types = torch.zeros((len(features), T), dtype=torch.long)
-    mask = torch.zeros((len(features), T), dtype=torch.long)
-    for i, f in enumerate(features):
-        n = len(f["input_ids"])
-        ids[i, :n] = torch.tensor(f["input_ids"])
-        if "token_type_ids" in f:
-            types[i, :n] = torch.tensor(f["token_type_ids"])
-        mask[i, :n] = 1
-    batch.update(input_ids=ids, token_type_ids=types, attention_mask=mask)
-    for key in ("labels", "start_positions", "end_positions"):
-        if key not in features[0]:
-            continue
-        values = [f[key] for f in features]
-        first = values[0]
-        if isinstance(first, list) and isinstance(first[0], int):  # token labels
-            lab = torch.full((len(features), T), IGNORE_INDEX, dtype=torch.long)
-            for i, v in enumerate(values):
-                lab[i, : len(v)] = torch.tensor(v)
-            batch[key] = lab
-        elif isinstance(first, float) or (isinstance(first, list) and isinstance(first[0], float)):
-            batch[key] = torch.tensor(values, dtype=torch.float32)
-        else:
-            batch[key] = torch.tensor(values, dtype=torch.long)
-    return batch
-
-
-@torch.inference_mode()
-def run_model(model, features: list[dict], batch_size: int = 64, outputs=("logits",), per_token=False,
-              progress=False, desc="predict") -> dict[str, list[np.ndarray]]:
-    """Forward all features without labels; {output name: one array per feature, input order}.
-
-    Features are run longest-first so batches pad little. `per_token` cuts
-    each (T, ...) output back to its feature's own length.
-    """
-    was_training = model.training
-    model.eval()
-    order = sorted(range(len(features)), key=lambda i: -len(features[i]["input_ids"]))
-    result = {name: [None] * len(features) for name in outputs}
-    batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-    device = next(model.parameters()).device
-    for idx in tqdm(batches, desc=desc, disable=not progress, leave=False):
-        batch = collate([{"input_ids": features[i]["input_ids"],
-                          **({"token_type_ids": features[i]["token_type_ids"]}
-                             if "token_type_ids" in features[i] else {})} for i in idx])
-        out = model(**move(batch, device))
-        for name in outputs:
-            values = getattr(out, name).float().cpu().numpy()
-            for row, i in enumerate(idx):
-                v = values[row]
-                result[name][i] = v[: len(features[i]["input_ids"])] if per_token else v
-    model.train(was_training)
-    return result
 
 
 class EpochBatches:

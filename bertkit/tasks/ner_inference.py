@@ -1,0 +1,168 @@
+"""Using a NER model: words -> features with labels on first pieces, per-token logits -> tags.
+
+What `bertkit.tasks.ner` trains (BertForTokenClassification, BERT section 5.3,
+CoNLL-2003) is read back here. A word's label sits on its *first* piece, the
+other pieces get -100 (ignored by the loss), and a word's prediction is read
+from its first piece. Words are re-joined with single spaces and each piece is
+mapped to the word holding its first character through the tokenizer's offsets
+(the tokenizer's own splitting, e.g. of "U.S.", may cut finer than the words).
+
+Long sentences (more pieces than fit): overlapping windows, each word labelled
+and predicted in the window where it has the most context (`bertkit.text.windows`).
+Tags are IOB2 inside; an IOB1 model's predictions are converted back.
+
+No torch here: `predict` gets `run(features)`, the model run over features
+(`bertkit.tasks.batching.run_model`), so using a model needs no training code.
+Shapes: logits per window feature (T, num_labels).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.data.tables import TaggedSentence, read_conll
+from bertkit.data.textfiles import read_text
+from bertkit.metrics import tasks as M
+from bertkit.model.config import IGNORE_INDEX
+from bertkit.tasks.text_inference import read_columns
+from bertkit.text.windows import max_context_owner, spans
+
+TABLES = (".tsv", ".csv", ".jsonl", ".json")  # inputs read as a table; anything else is CoNLL or lines
+
+
+@dataclass
+class WordPieces:
+    """A sentence's pieces: ids, the word each piece belongs to, each word's first piece."""
+
+    ids: list[int]
+    piece_word: list[int]
+    first_piece: list[int | None]  # per word; None when the word produced no piece
+
+
+def word_pieces(tok, words: list[str]) -> WordPieces:
+    text = " ".join(words)
+    starts, pos = [], 0
+    for w in words:
+        starts.append(pos)
+        pos += len(w) + 1
+    enc = tok.encode(text, add_special_tokens=False, truncation=False)
+    piece_word = [bisect.bisect_right(starts, s) - 1 for s, _ in enc.offsets]
+    first: list[int | None] = [None] * len(words)
+    for p, w in enumerate(piece_word):
+        if first[w] is None:
+            first[w] = p
+    return WordPieces(list(enc.input_ids), piece_word, first)
+
+
+def to_training_tags(tags: list[str], scheme: str) -> list[str]:
+    return M.iob1_to_iob2(tags) if scheme == "iob1" else list(tags)
+
+
+def make_features(tok, sentences: list[TaggedSentence], label2id: dict | None, max_length: int, stride: int,
+                  scheme: str = "bio"):
+    """(features, pieces per sentence): one feature per window, labels on first pieces."""
+    feats, all_pieces = [], []
+    size = max_length - 2
+    for i, sent in enumerate(sentences):
+        wp = word_pieces(tok, sent.words)
+        all_pieces.append(wp)
+        windows = spans(len(wp.ids), size, stride)
+        labels = None
+        if label2id is not None and sent.tags is not None:
+            tags = to_training_tags(sent.tags, scheme)
+            labels = [IGNORE_INDEX] * len(wp.ids)
+            for w, p in enumerate(wp.first_piece):
+                if p is not None:
+                    labels[p] = label2id[tags[w]]
+        owner = max_context_owner(windows, len(wp.ids))
+        for k, (s, e) in enumerate(windows):
+            f = {"input_ids": [tok.cls_token_id, *wp.ids[s:e], tok.sep_token_id],
+                 "token_type_ids": [0] * (e - s + 2), "example_index": i, "window_start": s, "window": k}
+            if labels is not None:
+                # a word is trained once, in its max-context window
+                f["labels"] = [IGNORE_INDEX] + [labels[p] if owner[p] == k else IGNORE_INDEX
+                                                for p in range(s, e)] + [IGNORE_INDEX]
+            feats.append(f)
+    return feats, all_pieces
+
+
+def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces], names: list[str],
+           max_length: int, stride: int) -> tuple[list[list[str]], int]:
+    """IOB2 tags per word from per-token logits; also how many words had no piece (tagged O)."""
+    by_example: dict[int, dict[int, np.ndarray]] = {}
+    for v, f in zip(logits, feats):
+        by_example.setdefault(f["example_index"], {})[f["window"]] = v
+    out, empty = [], 0
+    for i, wp in enumerate(pieces):
+        windows = spans(len(wp.ids), max_length - 2, stride)
+        owner = max_context_owner(windows, len(wp.ids))
+        tags = []
+        for p in wp.first_piece:
+            if p is None:
+                tags.append("O")
+                empty += 1
+                continue
+            k = owner[p]
+            row = by_example[i][k][1 + p - windows[k][0]]
+            tags.append(names[int(row.argmax())])
+        out.append(tags)
+    return out, empty
+
+
+def predict(run, tok, texts: list[str], pairs, info: dict, names: list[str]) -> list[dict]:
+    """Each text split on whitespace into words -> {"words", "tags"}, in the scheme the model was trained with."""
+    sentences = [t.split() for t in texts]
+    ml, st = info.get("max_length", 128), info.get("stride", 32)
+    feats, pieces = make_features(tok, [TaggedSentence(list(s), None) for s in sentences], None, ml, st)
+    tags, _ = decode(run(feats, per_token=True)["logits"], feats, pieces, names, ml, st)
+    if info.get("tag_scheme") == "iob1":
+        tags = [M.iob2_to_iob1(t) for t in tags]
+    return [{"words": w, "tags": t} for w, t in zip(sentences, tags)]
+
+
+def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=None) -> dict:
+    """conlleval's entity precision, recall and F1 against the file's tags."""
+    return M.entity_scores([p["tags"] for p in preds], gold)
+
+
+# --- files -----------------------------------------------------------------
+
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tuple[list[str], None]:
+    """Sentences from CoNLL columns (first column), one sentence per line, or a table's text column."""
+    if Path(path).suffix.lower() in TABLES:
+        return read_columns(path, text_column or info.get("text_column") or "sentence", None)
+    if looks_like_conll(path):  # one token per line (first column), blank lines between sentences
+        sentences, _ = read_conll(path, tagged=False)
+        return [" ".join(s.words) for s in sentences], None
+    lines = [line.strip() for line in read_text(path).split("\n")]
+    return [line for line in lines if line], None  # one sentence per line, words split on whitespace
+
+
+def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None):
+    """(sentences, None, gold tags in the file's scheme) from a CoNLL file with a tag column, else None."""
+    if Path(path).suffix.lower() in TABLES or not _has_tag_column(path):
+        return None
+    sentences, _ = read_conll(path)
+    return [" ".join(s.words) for s in sentences], None, [s.tags for s in sentences]
+
+
+def looks_like_conll(path) -> bool:
+    """CoNLL columns start with -DOCSTART- or have blank lines between sentences; else one sentence per line."""
+    text = read_text(path)
+    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
+    return text.lstrip().startswith("-DOCSTART-") or len(blocks) > 1
+
+
+def _has_tag_column(path) -> bool:
+    """A CoNLL file whose first token line has a second column (the tag) is labelled."""
+    if not looks_like_conll(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and not line.startswith("-DOCSTART-"):
+                return len(line.split()) >= 2
+    return False

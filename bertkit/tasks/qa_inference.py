@@ -1,0 +1,178 @@
+"""Using an extractive QA model: question + context -> windows, start/end logits -> the answer span.
+
+What `bertkit.tasks.qa` trains (BertForQuestionAnswering, BERT section 4.2,
+google-research/bert `run_squad.py`) is read back here:
+- input `[CLS] question [SEP] context-window [SEP]`, the question cut to
+  `max_query_length` pieces, segment 0 for the question and 1 for the context;
+- a context longer than fits is covered by overlapping windows (doc stride;
+  here the overlap, as in transformers' run_qa.py and our tokenizer);
+- training labels are the answer's first and last piece in the window; a
+  window that does not contain the whole answer (and, with SQuAD v2, an
+  unanswerable question) points both at [CLS], position 0;
+- decoding: per window the `n_best` highest start and end logits; a pair is a
+  candidate if both lie in the context, end >= start, it is at most
+  `max_answer_length` pieces long and the start has its maximum context in this
+  window (`bertkit.text.windows`); the best start+end score wins across
+  windows; the answer is cut from the ORIGINAL context with the pieces'
+  character offsets (run_squad.py's `get_final_text` realigns normalised
+  tokens instead; offsets make that unnecessary);
+- SQuAD v2 (`version_2`): the no-answer score is the smallest [CLS] start+end
+  over the windows; predict "" when it beats the best span by more than
+  `null_score_diff_threshold`.
+
+Answers whose `answer_start` does not point at their text are looked up in the
+context (nearest occurrence) and counted; those never found are skipped and counted.
+
+No torch here: `predict` gets `run(features)`, the model run over features
+(`bertkit.tasks.batching.run_model`), so using a model needs no training code.
+Shapes: start/end logits per window feature (T,).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.data.tables import QAExample, read_squad
+from bertkit.metrics import tasks as M
+from bertkit.tasks.config import QAConfig
+from bertkit.tasks.text_inference import read_columns
+from bertkit.text.windows import max_context_owner, spans
+
+# what a QA model's bertkit_task.json keeps of its QAConfig, to encode and decode as it was trained
+SETTINGS = ("max_length", "doc_stride", "max_query_length", "max_answer_length", "n_best", "version_2",
+            "null_score_diff_threshold")
+
+
+def locate_answer(context: str, text: str, start: int) -> int | None:
+    """The answer's character start: `start` if it points at `text`, else the nearest occurrence, else None."""
+    if context[start:start + len(text)] == text:
+        return start
+    hits, i = [], context.find(text)
+    while i >= 0 and text:
+        hits.append(i)
+        i = context.find(text, i + 1)
+    return min(hits, key=lambda h: abs(h - start)) if hits else None
+
+
+def char_to_pieces(offsets, start: int, end: int) -> tuple[int, int] | None:
+    """First and last piece overlapping the character span [start, end)."""
+    inside = [i for i, (s, e) in enumerate(offsets) if s < end and e > start]
+    return (inside[0], inside[-1]) if inside else None
+
+
+def question_ids(tok, question: str, max_query_length: int) -> list[int]:
+    return list(tok.encode(question, add_special_tokens=False, truncation=False).input_ids[:max_query_length])
+
+
+def make_features(tok, examples: list[QAExample], cfg: QAConfig, training: bool):
+    """(features, skip counts). Eval features carry offsets and max-context flags for decoding."""
+    feats, skipped = [], Counter()
+    for i, ex in enumerate(examples):
+        q = question_ids(tok, ex.question, cfg.max_query_length)
+        ctx = tok.encode(ex.context, add_special_tokens=False, truncation=False)
+        size = cfg.max_length - len(q) - 3
+        windows = spans(len(ctx.input_ids), size, cfg.doc_stride)
+        owner = max_context_owner(windows, len(ctx.input_ids)) if not training else None
+        target = None
+        if training and not ex.is_impossible:
+            text, start = ex.answers[0]
+            found = locate_answer(ex.context, text, start)
+            if found is None:
+                skipped["answers not found in their context"] += 1
+                continue
+            if found != start:
+                skipped["answer_start fixed to the text's nearest occurrence (kept)"] += 1
+            target = char_to_pieces(ctx.offsets, found, found + len(text))
+            if target is None:
+                skipped["answers covering no token"] += 1
+                continue
+        first = len(q) + 2  # position of the window's first context piece
+        for k, (s, e) in enumerate(windows):
+            ids = [tok.cls_token_id, *q, tok.sep_token_id, *ctx.input_ids[s:e], tok.sep_token_id]
+            f = {"input_ids": ids, "token_type_ids": [0] * first + [1] * (e - s + 1), "example_index": i}
+            if training:
+                if target is not None and s <= target[0] and target[1] < e:
+                    f["start_positions"], f["end_positions"] = first + target[0] - s, first + target[1] - s
+                else:
+                    f["start_positions"] = f["end_positions"] = 0  # [CLS]: no (whole) answer in this window
+            else:
+                f.update(context_first=first, offsets=ctx.offsets[s:e],
+                         max_context=[owner[p] == k for p in range(s, e)])
+            feats.append(f)
+    return feats, skipped
+
+
+def best_answers(examples: list[QAExample], feats: list[dict], start_logits, end_logits, cfg: QAConfig) -> list[dict]:
+    """The n-best decoding of run_squad.py; one {"answer", "start", "end", "score"} per example."""
+    per_example: dict[int, list[int]] = {}
+    for j, f in enumerate(feats):
+        per_example.setdefault(f["example_index"], []).append(j)
+    out = []
+    for i, ex in enumerate(examples):
+        best, null_score = None, None
+        for j in per_example.get(i, []):
+            f, s_log, e_log = feats[j], start_logits[j], end_logits[j]
+            null = float(s_log[0] + e_log[0])
+            null_score = null if null_score is None else min(null_score, null)
+            first, n_ctx = f["context_first"], len(f["offsets"])
+            starts = np.argsort(-s_log)[: cfg.n_best]
+            ends = np.argsort(-e_log)[: cfg.n_best]
+            for si in starts:
+                a = si - first
+                if not 0 <= a < n_ctx or not f["max_context"][a]:
+                    continue
+                for ei in ends:
+                    b = ei - first
+                    if not 0 <= b < n_ctx or b < a or b - a + 1 > cfg.max_answer_length:
+                        continue
+                    score = float(s_log[si] + e_log[ei])
+                    if best is None or score > best[0]:
+                        best = (score, f["offsets"][a][0], f["offsets"][b][1])
+        if best is None or (cfg.version_2 and null_score - best[0] > cfg.null_score_diff_threshold):
+            out.append({"answer": "", "start": -1, "end": -1, "score": null_score if null_score is not None else 0.0})
+        else:
+            score, s, e = best
+            out.append({"answer": ex.context[s:e], "start": s, "end": e, "score": score})
+    return out
+
+
+def predict(run, tok, questions: list[str], contexts: list[str], info: dict, names=None) -> list[dict]:
+    """Each question's answer in its context: {"answer", "start", "end", "score"} (character offsets)."""
+    cfg = QAConfig(train="", output="", **{k: info[k] for k in SETTINGS if k in info})
+    examples = [QAExample(str(n), q, c, []) for n, (q, c) in enumerate(zip(questions, contexts))]
+    feats, _ = make_features(tok, examples, cfg, training=False)
+    out = run(feats, outputs=("start_logits", "end_logits"), per_token=True)
+    return best_answers(examples, feats, out["start_logits"], out["end_logits"], cfg)
+
+
+def score(examples, preds, version_2: bool) -> dict:
+    refs = {ex.id: [t for t, _ in ex.answers] for ex in examples}
+    return M.squad_scores({ex.id: p["answer"] for ex, p in zip(examples, preds)}, refs, v2=version_2)
+
+
+def score_answers(preds: list[dict], examples: list[QAExample], info: dict, names=None) -> dict:
+    """SQuAD's exact match and F1 (v2 scoring when the model was trained for unanswerable questions)."""
+    return score(examples, preds, bool(info.get("version_2")))
+
+
+# --- files -----------------------------------------------------------------
+
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tuple[list[str], list[str]]:
+    """Questions and contexts from SQuAD JSON, or a table's question and context columns."""
+    if Path(path).suffix.lower() == ".json":
+        examples, _ = read_squad(path)
+        return [e.question for e in examples], [e.context for e in examples]
+    return read_columns(path, text_column or "question", text_pair_column or "context")
+
+
+def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None):
+    """(questions, contexts, QAExamples) from SQuAD JSON with answers, else None."""
+    if Path(path).suffix.lower() != ".json":
+        return None
+    examples, _ = read_squad(path)
+    if not any(e.answers or e.is_impossible for e in examples):
+        return None
+    return [e.question for e in examples], [e.context for e in examples], examples

@@ -1,0 +1,166 @@
+"""A fine-tuning task, defined once: one record per task, looked up by name in one table.
+
+A task is what `bertkit finetune TASK` trains and what `bertkit predict`,
+`bertkit serve`, `search --rerank` and evaluate mode use afterwards. Everything
+that differs between tasks is a field of its record, so a task's name is
+compared nowhere else (tests/test_tasks_registry.py checks that):
+
+    name, command      how bertkit_task.json / the command line spell it ("multi_label" / "multi-label")
+    config, defaults   its settings (bertkit.tasks.config) and the task's own defaults over the class's
+    run                its training run, "module:function" (imported when a run starts: it needs torch)
+    head, problem_type the class it fine-tunes (config.json's architectures) and, for the sequence
+                       classifier, what a label is (BertConfig.problem_type: the loss and the decoding)
+    metric             the dev metric that picks the best epoch
+    predict            (run, tokenizer, texts, pairs, info, labels) -> one dict per input; `run(features)`
+                       is the model run over features (bertkit.tasks.batching), so no training code is needed
+    read_inputs, read_labelled, score, answers
+                       a file's inputs; its inputs with the answers (evaluate mode); their metrics; what
+                       the answers look like (for messages)
+    report             the run's final metrics -> the lines `bertkit finetune` prints
+    routes, pair_score the server routes that answer it; how a prediction of one (query, text) pair becomes
+                       a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
+
+The "embed" record is the sentence encoder: it trains with `bertkit finetune
+embed` and is served on the embedding routes; it is not predicted through here
+(`bertkit.embed`). Nothing here imports torch, so the command line builds its
+options from this table without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+from bertkit.errors import BertkitError
+from bertkit.model.config import MULTI_LABEL, REGRESSION, SINGLE_LABEL
+from bertkit.tasks import ner_inference as ner, qa_inference as qa, reports, text_inference as text
+from bertkit.tasks.config import EmbedConfig, NerConfig, QAConfig, TextTaskConfig
+
+
+@dataclass(frozen=True)
+class Task:
+    """One fine-tuning task (see the module docstring for the fields)."""
+
+    name: str
+    config: type
+    run: str
+    report: Callable[[dict], str]
+    head: str
+    metric: str | None = None
+    command: str | None = None  # None: the name
+    defaults: dict = field(default_factory=dict)
+    help: str | None = None  # the command's description (None: "fine-tune for NAME")
+    hidden: tuple = ()  # config fields this task's command does not offer
+    problem_type: str | None = None
+    predict: Callable | None = None
+    read_inputs: Callable | None = None
+    read_labelled: Callable | None = None
+    score: Callable | None = None
+    answers: str = ""  # {label}: the label column
+    pairs: bool = False  # inputs always come in pairs (pair: two sentences; qa: question, context)
+    second: str = "a second text"  # the pair's second text, in messages
+    labelled: bool = True  # predictions name the labels of config.json (id2label)
+    entities: bool = False  # predictions are tags whose entities the server spells out with offsets
+    routes: tuple = ("/predict", "/tokenize")
+    pair_score: Callable | None = None
+
+    @property
+    def cli_name(self) -> str:
+        return self.command or self.name
+
+    def takes_pairs(self, info: dict) -> bool:
+        """Whether a model of this task reads (text, second text): always, or as it was trained."""
+        return self.pairs or bool(info.get("text_pair_column"))
+
+    def labels(self, config) -> list | None:
+        """The label names its predictions use (config.json's id2label), None when they name none."""
+        return config.labels if self.labelled else None
+
+    def can_rerank(self, info: dict, labels) -> bool:
+        """A cross-encoder: trained on (query, text) pairs, one score per pair: a regression's score,
+        or the probability of the second of two labels. `bertkit search --rerank`, `bertkit evaluate
+        --rerank` and the server's /rerank all ask this."""
+        return (self.pair_score is not None and self.takes_pairs(info)
+                and (not self.labelled or len(labels or ()) == 2))
+
+    def served_routes(self, info: dict, labels) -> list:
+        """The server routes a model of this task answers."""
+        rerank = ["/rerank"] if self.can_rerank(info, labels) else []
+        return [self.routes[0], *rerank, *self.routes[1:]]
+
+    def check(self, cfg) -> None:
+        """A run's settings fit this task (the text tasks' run asks): its config class, and the second-text
+        column a pair task needs."""
+        if not isinstance(cfg, self.config):
+            raise BertkitError(f"the {self.cli_name} task takes a {self.config.__name__}, got a {type(cfg).__name__}")
+        if self.pairs and not getattr(cfg, "text_pair_column", True):
+            raise BertkitError(f"the {self.cli_name} task needs --text-pair-column (the second sentence's column)")
+
+    def train(self, cfg, log=print) -> dict:
+        """Run the task's training on `cfg` (its module is imported now: it needs torch)."""
+        module, function = self.run.split(":")
+        return getattr(importlib.import_module(module), function)(cfg, log=log)
+
+
+def _second_label(prediction: dict, labels: list) -> float:
+    return float(prediction["probabilities"][labels[1]])
+
+
+def _score(prediction: dict, labels) -> float:
+    return float(prediction["score"])
+
+
+def _text(name: str, problem_type: str, metric: str, **more) -> Task:
+    """A task of BertForSequenceClassification (bertkit.tasks.classification, bertkit.tasks.text_inference): the
+    text tasks share their functions, told apart by the problem type."""
+    return Task(name, TextTaskConfig, "bertkit.tasks.classification:finetune_text", reports.text_report,
+                "BertForSequenceClassification", metric, problem_type=problem_type,
+                defaults={"task": name, **more.pop("defaults", {})},
+                predict=partial(text.predict, problem_type=problem_type), read_inputs=text.read_inputs,
+                read_labelled=partial(text.read_labelled, problem_type=problem_type),
+                score=partial(text.score_answers, problem_type=problem_type), answers="a {label!r} column", **more)
+
+
+TASKS = {t.name: t for t in (
+    _text("classify", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_second_label),
+    _text("pair", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_second_label, pairs=True,
+          defaults={"text_column": "sentence1", "text_pair_column": "sentence2"}),
+    _text("regression", REGRESSION, "pearson", hidden=("label_separator",), labelled=False, pair_score=_score),
+    _text("multi_label", MULTI_LABEL, "micro_f1", command="multi-label", defaults={"label_column": "labels"}),
+    Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
+         "f1", predict=ner.predict, read_inputs=ner.read_inputs, read_labelled=ner.read_labelled,
+         score=ner.score_answers, answers="a CoNLL file with a tag column", entities=True),
+    Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering", "f1",
+         predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled, score=qa.score_answers,
+         answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False),
+    # the issue's reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
+    Task("embed", EmbedConfig, "bertkit.tasks.embedding:finetune_embed", reports.embed_report, "BertModel",
+         defaults={"training": {"epochs": 1.0, "optim": {"learning_rate": 2e-5}}},
+         help="train sentence embeddings (multiple-negatives ranking, cached/GradCache, CoSENT, Matryoshka) on "
+              "pairs, triplets, scored pairs or a BEIR folder; saves the sentence-transformers layout "
+              "(docs/embeddings.md). With in-batch negatives --grad-accum is not a bigger batch; --loss "
+              "cached-mnrl is.",
+         labelled=False, routes=("/v1/embeddings", "/embed", "/tokenize")),
+)}
+_BY_COMMAND = {t.cli_name: t for t in TASKS.values()}
+
+
+def task_named(name: str) -> Task:
+    """The record of a task, by the name bertkit_task.json or the command line gives it."""
+    task = TASKS.get(name) or _BY_COMMAND.get(name)
+    if task is None:
+        raise BertkitError(f"unknown task {name!r}: choose one of {', '.join(_BY_COMMAND)}")
+    return task
+
+
+def task_for(cfg) -> Task:
+    """The record of a run's settings: a TextTaskConfig names its task, the other configs are one task's."""
+    named = getattr(cfg, "task", None)
+    if named is not None:
+        return task_named(named)
+    for task in TASKS.values():
+        if type(cfg) is task.config:
+            return task
+    raise BertkitError(f"{type(cfg).__name__} is the settings of no fine-tuning task")

@@ -1,0 +1,63 @@
+"""The readable summary of a fine-tuning run, one function per kind of task.
+
+Each takes the run's final metrics (what OUTPUT/metrics.json holds) and gives
+the lines `bertkit finetune` prints at the end; the task's record
+(`bertkit.tasks.registry`) names its own. Plain formatting: no torch.
+"""
+
+
+def text_report(final: dict) -> str:
+    """classify, pair, regression, multi-label: the metrics, per-label scores and the confusion matrix."""
+    dev = final.get("dev")
+    if not dev:
+        return f"trained on {final['train_examples']} examples in {final['train_seconds']} s (no dev set)"
+    lines = [f"dev ({final['dev_examples']} examples): " + ", ".join(
+        f"{k} {v:.4f}" for k, v in dev.items() if isinstance(v, float))]
+    if "per_label" in dev:
+        lines.append(f"{'label':>16} {'precision':>9} {'recall':>7} {'f1':>7} {'support':>7}")
+        for name, r in dev["per_label"].items():
+            lines.append(f"{name:>16} {r['precision']:9.3f} {r['recall']:7.3f} {r['f1']:7.3f} {r['support']:7d}")
+        cm = dev["confusion_matrix"]
+        w = max(8, *(len(n) for n in cm["labels"])) + 1
+        lines.append("confusion matrix (rows: gold, columns: predicted)")
+        lines.append(" " * w + "".join(f"{n:>{w}}" for n in cm["labels"]))
+        for n, row in zip(cm["labels"], cm["rows_gold_columns_predicted"]):
+            lines.append(f"{n:>{w}}" + "".join(f"{c:>{w}}" for c in row))
+    return "\n".join(lines)
+
+
+def ner_report(final: dict) -> str:
+    """NER: entity precision, recall and F1 on dev (and test), and per entity type."""
+    lines = []
+    for split in ("dev", "test"):
+        if split not in final:
+            continue
+        s = final[split]
+        lines.append(f"{split} ({final[split + '_sentences']} sentences): entity precision {s['precision']:.4f}, "
+                     f"recall {s['recall']:.4f}, F1 {s['f1']:.4f}")
+        for typ, r in s["per_type"].items():
+            lines.append(f"  {typ:>8}: precision {r['precision']:.3f} recall {r['recall']:.3f} f1 {r['f1']:.3f} "
+                         f"({r['support']} entities)")
+    return "\n".join(lines) or f"trained on {final['train_sentences']} sentences (no dev set)"
+
+
+def qa_report(final: dict) -> str:
+    """QA: SQuAD's exact match and F1 on dev."""
+    dev = final.get("dev")
+    return f"dev: exact match {dev['exact_match']:.2f}, F1 {dev['f1']:.2f}" if dev else "trained (no dev set)"
+
+
+def embed_report(final: dict) -> str:
+    """Sentence embeddings: the loss and pooling, the best epoch's dev scores and the change training made."""
+    dev = final.get("dev")
+    head = (f"trained on {final['train_examples']} examples ({final['loss']}, {final['pooling']} pooling) "
+            f"in {final['train_seconds']} s")
+    if not dev:
+        return head + " (no dev set)"
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in dev.items() if isinstance(v, float) and not k.endswith("seconds"))
+    lines = [head, f"dev (best epoch {final['best_epoch']}): {shown}"]
+    before, metric = final.get("dev_before_training"), final.get("metric")
+    if before is not None and metric in before and metric in dev:
+        lines.append(f"dev {metric} before training {before[metric]:.4f}, after {dev[metric]:.4f} "
+                     f"({dev[metric] - before[metric]:+.4f})")
+    return "\n".join(lines)

@@ -1,0 +1,213 @@
+"""Using a text classification or regression model: texts -> features, logits -> predictions, scores.
+
+What `bertkit.tasks.classification` trains (classify, pair, regression,
+multi-label: BertForSequenceClassification, BERT section 4.1) is read back
+here: the input `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`, one vector of
+logits per input, and what they mean follows the head's problem type
+(`BertConfig.problem_type`):
+
+    single_label_classification  softmax -> {"label", "label_id", "probabilities"}
+    regression                   the one output -> {"score"}
+    multi_label_classification   a sigmoid per label, > 0.5 -> {"labels", "probabilities"}
+
+Long inputs: with `stride > 0` a single text longer than `max_length` is cut
+into windows overlapping by `stride` tokens (google-research/bert run_squad.py's
+way of covering long documents) and the windows' logits are averaged into one
+prediction; pairs are always truncated (longest first).
+
+No torch here: `predict` gets `run(features)`, the model run over features
+(`bertkit.tasks.batching.run_model`), so using a model needs no training code.
+Shapes: logits per example (num_labels,), (1,) for regression.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.data.tables import (ReadReport, TextExample, check_known_labels, read_rows, read_text_columns,
+                                 read_text_examples)
+from bertkit.data.textfiles import existing_file, open_text, read_text
+from bertkit.metrics import tasks as M
+from bertkit.model.config import MULTI_LABEL, REGRESSION
+
+
+# --- features --------------------------------------------------------------
+
+def encode_text(tok, text: str, pair: str | None, max_length: int, stride: int) -> list:
+    """The Encodings of one example: one, or several windows when stride > 0."""
+    if pair is not None:
+        return [tok.encode(text, pair, max_length=max_length, truncation_strategy="longest_first")]
+    enc = tok.encode(text, max_length=max_length, stride=stride, return_overflowing=stride > 0)
+    return [enc, *enc.overflowing] if stride > 0 else [enc]
+
+
+def label_value(label, problem_type: str, label2id: dict | None):
+    if problem_type == REGRESSION:
+        return float(label)
+    if problem_type == MULTI_LABEL:
+        vec = [0.0] * len(label2id)
+        for name in label:
+            vec[label2id[name]] = 1.0
+        return vec
+    return label2id[label]
+
+
+def make_features(tok, examples: list[TextExample], problem_type: str, label2id, max_length: int,
+                  stride: int) -> list[dict]:
+    """One feature dict per window; `example_index` ties windows to their example."""
+    feats = []
+    for i, ex in enumerate(examples):
+        for enc in encode_text(tok, ex.text, ex.text_pair, max_length, stride):
+            f = {"input_ids": enc.input_ids, "token_type_ids": enc.token_type_ids, "example_index": i}
+            if ex.label is not None:
+                f["labels"] = label_value(ex.label, problem_type, label2id)
+            feats.append(f)
+    return feats
+
+
+# --- predictions -----------------------------------------------------------
+
+def pool_windows(logits: list[np.ndarray], features: list[dict], n_examples: int) -> np.ndarray:
+    """Average the logits of each example's windows: (n_examples, num_labels)."""
+    sums = np.zeros((n_examples, logits[0].shape[-1]), dtype=np.float64)
+    counts = np.zeros(n_examples)
+    for v, f in zip(logits, features):
+        sums[f["example_index"]] += v
+        counts[f["example_index"]] += 1
+    return (sums / counts[:, None]).astype(np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def decode(logits: np.ndarray, problem_type: str, names: list[str] | None) -> list[dict]:
+    """Per-example predictions from pooled logits: label + probabilities, or a score."""
+    if problem_type == REGRESSION:
+        return [{"score": float(v[0])} for v in logits]
+    if problem_type == MULTI_LABEL:
+        probs = sigmoid(logits)
+        return [{"labels": [names[j] for j in np.flatnonzero(p > 0.5)],
+                 "probabilities": {names[j]: float(p[j]) for j in range(len(names))}} for p in probs]
+    probs = softmax(logits)
+    return [{"label": names[int(p.argmax())], "label_id": int(p.argmax()),
+             "probabilities": {names[j]: float(p[j]) for j in range(len(names))}} for p in probs]
+
+
+def predict(run, tok, texts: list[str], pairs: list[str] | None, info: dict, names: list[str] | None, *,
+            problem_type: str) -> list[dict]:
+    """One prediction per text (and pair), the inputs encoded as the model was trained (bertkit_task.json)."""
+    examples = [TextExample(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)]
+    feats = make_features(tok, examples, problem_type, None, info.get("max_length", 512), info.get("stride", 0))
+    return decode(pool_windows(run(feats)["logits"], feats, len(examples)), problem_type, names)
+
+
+# --- scores ----------------------------------------------------------------
+
+def held_out_loss(preds: list[dict], examples: list[TextExample], problem_type: str, names: list[str] | None) -> float:
+    """The loss the head trains with, on held-out examples: cross-entropy of the gold label's
+    probability (classification), binary cross-entropy per label (multi-label), or the squared
+    error (regression). What breaks a tie in the task metric (`bertkit.tasks.trainer.better`)."""
+    if problem_type == REGRESSION:
+        return float(np.mean([(p["score"] - float(ex.label)) ** 2 for p, ex in zip(preds, examples)]))
+    tiny = 1e-12  # a probability rounded to 0 or 1 in float32 costs a large, finite loss
+    if problem_type == MULTI_LABEL:
+        losses = [-np.log(max(q, tiny)) if name in ex.label else -np.log(max(1.0 - q, tiny))
+                  for p, ex in zip(preds, examples) for name, q in p["probabilities"].items()]
+        return float(np.mean(losses))
+    return float(np.mean([-np.log(max(p["probabilities"][ex.label], tiny)) for p, ex in zip(preds, examples)]))
+
+
+def score(preds: list[dict], examples: list[TextExample], problem_type: str, names: list[str] | None,
+          full=False) -> dict:
+    """The problem type's metrics and its `held_out_loss`; `full` adds the per-label report and the
+    confusion matrix."""
+    # a constant predictor (the trivial baseline) gives no probabilities, so no loss
+    scored = problem_type == REGRESSION or all("probabilities" in p for p in preds)
+    loss = {"held_out_loss": held_out_loss(preds, examples, problem_type, names)} if scored else {}
+    if problem_type == REGRESSION:
+        x = [p["score"] for p in preds]
+        y = [float(ex.label) for ex in examples]
+        return {"pearson": M.pearson(x, y), "spearman": M.spearman(x, y),
+                "mse": float(np.mean((np.array(x) - np.array(y)) ** 2)), **loss}
+    if problem_type == MULTI_LABEL:
+        return {**M.multilabel_scores([p["labels"] for p in preds], [ex.label for ex in examples]), **loss}
+    label2id = {n: i for i, n in enumerate(names)}
+    p = [q["label_id"] for q in preds]
+    y = [label2id[ex.label] for ex in examples]
+    out = {"accuracy": M.accuracy(p, y), **loss}
+    report = M.per_label_report(p, y, names)
+    out["macro_f1"] = report.pop("macro_f1")
+    if len(names) == 2:
+        out["f1"] = M.f1_binary(p, y, positive=1)  # of the second label (GLUE: 1 = paraphrase)
+    if full:
+        out["per_label"] = report
+        out["confusion_matrix"] = {"labels": names, "rows_gold_columns_predicted": M.confusion_matrix(p, y, len(names))}
+    return out
+
+
+def score_answers(preds: list[dict], examples: list[TextExample], info: dict, names: list[str] | None, *,
+                  problem_type: str) -> dict:
+    """Evaluate mode's metrics against the labels `read_labelled` found (unknown labels refused)."""
+    if problem_type != REGRESSION:
+        check_known_labels([e.label for e in examples], {n: i for i, n in enumerate(names)}, "the input file")
+    return score(preds, examples, problem_type, names)
+
+
+# --- files -----------------------------------------------------------------
+
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tuple[list[str], list[str] | None]:
+    """Texts (and pairs) from a table, in the columns the model was trained on unless given; a .txt file
+    without a header naming the text column is one text per line."""
+    tcol = text_column or info.get("text_column") or "sentence"
+    pcol = text_pair_column or info.get("text_pair_column")
+    if not pcol and one_per_line(existing_file(path), tcol):
+        return [line.strip() for line in read_text(path).split("\n") if line.strip()], None
+    return read_columns(path, tcol, pcol)
+
+
+def one_per_line(path: Path, column: str) -> bool:
+    """A .txt file whose first line is not a header naming `column` holds one text per line, as
+    `bertkit embed` reads it (a .txt with such a header is a TSV table)."""
+    if path.suffix.lower() != ".txt":
+        return False
+    with open_text(path) as f:
+        first = f.readline()
+    return column not in [cell.strip() for cell in first.rstrip("\r\n").split("\t")]
+
+
+def read_columns(path, text_column: str, pair_column: str | None) -> tuple[list[str], list[str] | None]:
+    texts, pairs, report = read_text_columns(path, text_column, pair_column)
+    if report.skipped:
+        print(report.summary())
+    return texts, pairs
+
+
+def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
+                  problem_type: str):
+    """(texts, pairs, TextExamples) from a table with a label column, or None when it has none."""
+    lcol = (label_column or info.get("label_column")
+            or ("labels" if problem_type == MULTI_LABEL else "label"))
+    if lcol not in _first_row(path):
+        return None
+    tcol = text_column or info.get("text_column") or "sentence"
+    pcol = text_pair_column or info.get("text_pair_column")
+    examples, report = read_text_examples(path, text_column=tcol, text_pair_column=pcol, label_column=lcol,
+                                          problem_type=problem_type, label_separator=info.get("label_separator", ","))
+    if report.skipped:
+        print(report.summary())
+    pairs = [e.text_pair for e in examples] if pcol else None
+    return [e.text for e in examples], pairs, examples
+
+
+def _first_row(path) -> dict:
+    for _, row in read_rows(path, ReadReport(str(path))):
+        return row
+    return {}
