@@ -154,9 +154,10 @@ def read_text_examples(
     return out, report
 
 
-def read_text_columns(path, text_column: str, pair_column: str | None = None):
-    """(texts, pairs or None, ReadReport) from a table's text column (and second-text column): the
-    inputs of a fine-tuned model, unlabelled; a missing column is a one-line error naming the flag."""
+def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print):
+    """(texts, pairs or None) from a table's text column (and second-text column): the inputs of a
+    fine-tuned model, unlabelled; a missing column is a one-line error naming the flag; skipped rows
+    are counted in one line to `log`."""
     path = existing_file(path)
     report = ReadReport(str(path))
     texts, pairs = [], []
@@ -168,7 +169,9 @@ def read_text_columns(path, text_column: str, pair_column: str | None = None):
         texts.append(str(row[text_column]))
         if pair_column:
             pairs.append(str(row[pair_column]))
-    return texts, (pairs if pair_column else None), report
+    if report.skipped:
+        log(report.summary())
+    return texts, (pairs if pair_column else None)
 
 
 def parse_label(raw, problem_type: str, separator: str, where: str):

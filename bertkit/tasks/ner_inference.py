@@ -24,11 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import TaggedSentence, read_conll
+from bertkit.data.tables import TaggedSentence, read_conll, read_text_columns
 from bertkit.data.textfiles import read_text
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
-from bertkit.tasks.text_inference import read_columns
 from bertkit.text.windows import max_context_owner, spans
 
 TABLES = (".tsv", ".csv", ".jsonl", ".json")  # inputs read as a table; anything else is CoNLL or lines
@@ -134,7 +133,7 @@ def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=No
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tuple[list[str], None]:
     """Sentences from CoNLL columns (first column), one sentence per line, or a table's text column."""
     if Path(path).suffix.lower() in TABLES:
-        return read_columns(path, text_column or info.get("text_column") or "sentence", None)
+        return read_text_columns(path, text_column or info.get("text_column") or "sentence")
     if looks_like_conll(path):  # one token per line (first column), blank lines between sentences
         sentences, _ = read_conll(path, tagged=False)
         return [" ".join(s.words) for s in sentences], None

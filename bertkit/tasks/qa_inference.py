@@ -35,10 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import QAExample, read_squad
+from bertkit.data.tables import QAExample, read_squad, read_text_columns
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import QAConfig
-from bertkit.tasks.text_inference import read_columns
 from bertkit.text.windows import max_context_owner, spans
 
 # what a QA model's bertkit_task.json keeps of its QAConfig, to encode and decode as it was trained
@@ -165,7 +164,7 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
     if Path(path).suffix.lower() == ".json":
         examples, _ = read_squad(path)
         return [e.question for e in examples], [e.context for e in examples]
-    return read_columns(path, text_column or "question", text_pair_column or "context")
+    return read_text_columns(path, text_column or "question", text_pair_column or "context")
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None):

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bertkit.errors import BertkitError
-from bertkit.retrieval.search import Hit
 from bertkit.runtime.loading import Loaded, load
 from bertkit.tasks.predict import predict, task_of
 
@@ -54,8 +53,9 @@ def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int
     return [score(p, loaded) for p in preds]
 
 
-def rerank(loaded: Loaded, query: str, hits: list[Hit], top: int = 50, batch_size: int = 32) -> list[Hit]:
-    """`hits` with the first `top` re-scored by the cross-encoder and sorted (see the module docstring)."""
+def rerank(loaded: Loaded, query: str, hits: list, top: int = 50, batch_size: int = 32) -> list:
+    """`hits` (`bertkit.retrieval.search.Hit`s) with the first `top` re-scored by the cross-encoder and
+    sorted (see the module docstring)."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise BertkitError(f"--rerank-top must be at least 1, got {top!r}")
     head, tail = hits[:top], hits[top:]

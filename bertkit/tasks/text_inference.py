@@ -170,7 +170,7 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
     pcol = text_pair_column or info.get("text_pair_column")
     if not pcol and one_per_line(existing_file(path), tcol):
         return [line.strip() for line in read_text(path).split("\n") if line.strip()], None
-    return read_columns(path, tcol, pcol)
+    return read_text_columns(path, tcol, pcol)
 
 
 def one_per_line(path: Path, column: str) -> bool:
@@ -181,13 +181,6 @@ def one_per_line(path: Path, column: str) -> bool:
     with open_text(path) as f:
         first = f.readline()
     return column not in [cell.strip() for cell in first.rstrip("\r\n").split("\t")]
-
-
-def read_columns(path, text_column: str, pair_column: str | None) -> tuple[list[str], list[str] | None]:
-    texts, pairs, report = read_text_columns(path, text_column, pair_column)
-    if report.skipped:
-        print(report.summary())
-    return texts, pairs
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
