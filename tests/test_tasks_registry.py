@@ -194,7 +194,7 @@ def _saved(path: Path, task: str, labels, pairs: bool) -> Path:
     record = TASKS[task]
     info = {"task": task, **({"text_column": "s1", "text_pair_column": "s2"} if pairs and task != "qa" else {})}
     head = "BertForQuestionAnswering" if task == "qa" else record.head
-    return task_dir(path, head, info, labels if labels else ([0] if task == "regression" else None),
+    return task_dir(path, head, info, labels if labels else (["score"] if task == "regression" else None),
                     record.problem_type)
 
 
