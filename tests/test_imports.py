@@ -260,8 +260,8 @@ LATE_IMPORTS = {
     "bertkit.cli.search": ({"bertkit.retrieval.index", "bertkit.retrieval.qdrant", "bertkit.retrieval.search",
                             "bertkit.tasks.rerank"}, START_UP),
     # torch-free modules the parser is built from: a config dataclass beside what needs torch
-    "bertkit.tasks": ({"bertkit.tasks.classification", "bertkit.tasks.embedding", "bertkit.tasks.ner",
-                       "bertkit.tasks.qa"}, TORCH_FREE),
+    # (bertkit.tasks.registry names each task's training run as "module:function", imported by Task.train
+    # when a run starts, for the same reason: the command line builds its options from the records)
     "bertkit.tasks.config": ({"bertkit.training.loop"}, TORCH_FREE),
     "bertkit.pretraining.run_config": ({"bertkit.training.loop"}, TORCH_FREE),
     "bertkit.training.optim": ({"torch", "bertkit.training.lamb"}, TORCH_FREE),
