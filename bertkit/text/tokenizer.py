@@ -41,7 +41,7 @@ from pathlib import Path
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.data.textfiles import read_text
-from bertkit.text.tokenizer_speed import TokenizerWorkers, WordCache, choose_num_workers, gc_paused
+from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, choose_num_workers, gc_paused, token_ids
 from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, load_vocab, save_vocab, tokens_from_text,
                            tokens_from_tokenizer_json)
 from bertkit.text.windows import spans
@@ -174,6 +174,7 @@ class Tokenizer:
         self._max_piece_len = max(len(t[2:]) if t.startswith(CONTINUATION) else len(t) for t in tokens)
         self._pattern = coarse_split_pattern()
         self._cache = WordCache()
+        self._ids_cache = IdsCache()
         self._workers = None
 
     # --- loading and saving ---------------------------------------------------
@@ -258,6 +259,7 @@ class Tokenizer:
         state = self.__dict__.copy()
         state["_workers"] = None
         state["_cache"] = WordCache()
+        state["_ids_cache"] = IdsCache()
         state["_pattern"] = None
         return state
 
@@ -348,6 +350,14 @@ class Tokenizer:
         _check_text(text, "text")
         itos = self.ids_to_tokens
         return [itos[i] for i in self._segment(text).ids]
+
+    def ids_batch(self, texts) -> tuple[list[int], list[int]]:
+        """The ids of each text without [CLS]/[SEP], concatenated, and each text's count: what a
+        static embedding table averages (`bertkit.text.tokenizer_speed.token_ids`, the fast path)."""
+        texts = texts if isinstance(texts, list) else list(texts)
+        for i, text in enumerate(texts):
+            _check_text(text, f"text {i}")
+        return token_ids(self, texts)
 
     def convert_tokens_to_ids(self, tokens) -> list[int]:
         """Ids of tokens; a token not in the vocabulary maps to [UNK]'s id."""
