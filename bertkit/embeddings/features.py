@@ -54,6 +54,7 @@ from bertkit.errors import BertkitError
 from bertkit.runtime.loading import Loaded, load
 from bertkit.embeddings.pooling import combine_layers, pool
 from bertkit.embeddings.settings import AUTO, resolve_layers, resolve_output
+from bertkit.embeddings.static import check_static_options, iter_static
 from bertkit.text.windows import max_context_owner, shape, spans
 
 
@@ -275,6 +276,11 @@ def iter_embed(
     output = resolve_output(loaded.layout, pooling, normalize)
     if batch_size < 1:
         raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
+    if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
+        check_static_options(pooling, layers, pairs)
+        yield from _static_rows(texts, loaded, normalize, max_length if truncate is not False else None,
+                                chunk_size, progress, total)
+        return
     net, tok = loaded.model, loaded.tokenizer
     # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length
     cut = shape(loaded.max_positions, output.length, max_length, stride, truncate)
@@ -298,6 +304,20 @@ def iter_embed(
                 yield pool(vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling)
     finally:
         net.train(was_training)
+        if bar is not None:
+            bar.close()
+
+
+def _static_rows(texts, loaded: Loaded, normalize, max_length, chunk_size: int, progress: bool, total):
+    """A static model's vectors (`bertkit.embeddings.static`), with the progress bar iter_embed shows."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="text", desc="embed")
+    try:
+        yield from iter_static(texts, loaded, normalize, max_length=max_length, chunk_size=chunk_size, bar=bar)
+    finally:
         if bar is not None:
             bar.close()
 

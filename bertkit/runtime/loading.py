@@ -18,6 +18,11 @@ sentence-transformers modules). `head` says what the caller wants:
     "electra"     generator and discriminator together (`bertkit electra show`)
     "saved"       the class config.json names, float32, plain (export traces it)
 
+A static model folder (`bertkit.model.static`: a sentence-transformers StaticEmbedding or a
+model2vec folder) loads as task "static": the table, float32 (a lookup gains nothing from
+bf16), its tokenizer from the folder's tokenizer.json (`bertkit.text.tokenizer_json`), and a
+layout saying mean pooling and whether it normalises; only heads auto and encoder ask for it.
+
 An ELECTRA directory loads into the ELECTRA form of the class asked for
 (`class_for`): the same task, the ELECTRA heads and checkpoint names.
 
@@ -52,7 +57,9 @@ from bertkit.errors import BertkitError
 from bertkit.model.modeling import BertModel
 from bertkit.runtime.quantization import dense_ops, load_quantized
 from bertkit.model.sentence_layout import SentenceLayout, read_layout
+from bertkit.model.static import is_static, read_static
 from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.tokenizer_json import read_tokenizer_json
 
 HEADS = ("auto", "encoder", "task", "mlm", "electra", "saved")
 
@@ -96,7 +103,7 @@ class Loaded:
     model: nn.Module
     tokenizer: Tokenizer
     directory: Path | None  # None: a (model, tokenizer) pair handed over in memory
-    task: str  # "embed" for an encoder; a fine-tuned task ("classify", "ner", "qa", ...); "mlm"; "electra"
+    task: str  # "embed" for an encoder; a fine-tuned task ("classify", "ner", "qa", ...); "mlm"; "electra"; "static"
     info: dict  # the fine-tuned task's description (bertkit_task.json); {} otherwise
     layout: SentenceLayout | None  # the sentence-transformers layout, when the directory has one (what it means for
     # a sentence vector, with the caller's choices on top: bertkit.embeddings.settings.resolve_output)
@@ -258,6 +265,8 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     """
     _check_head(head)
     held = isinstance(model, tuple) and len(model) == 2
+    if isinstance(model, (str, Path)) and is_static(model):
+        return _load_static(Path(model), head, device, int8)
     saved = None if held else describe(model)  # the directory's small files; None: the default model
     plan = _held(*model) if held else _plan(saved, head, int8)
     speed = None if isinstance(fast, bool) else fast  # None: quantization and the fast path decide() them
@@ -272,3 +281,27 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     dtype_now = next((p.dtype for p in net.parameters()), chosen)
     return Loaded(net, tok, None if held else saved.directory, plan.task, plan.info, layout, where, dtype_now,
                   int8 or int8_weights)
+
+
+def _load_static(directory: Path, head: str, device, int8: bool) -> Loaded:
+    """A static model folder (see the module docstring), on `device`, float32."""
+    if head not in ("auto", "encoder"):
+        raise BertkitError(f"{directory} holds a static embedding model (a table, no transformer): it embeds "
+                           f"texts only, it has no {head} head")
+    if int8:
+        raise BertkitError(f"{directory} holds a static embedding model: it has no dense layers to run in int8")
+    where, _ = placement(device, None, False)
+    static = read_static(directory)
+    tok = read_tokenizer_json(static.tokenizer_dir)
+    config = static.model.config
+    beyond = [t for t in tok.ids_to_tokens[config.vocab_size:] if t not in tok.all_special_tokens]
+    if beyond:
+        raise BertkitError(f"{directory}: the table has {config.vocab_size} rows but the tokenizer has "
+                           f"{len(tok)} tokens ({beyond[0]!r} has no row): the folder is inconsistent")
+    # model2vec's encoder drops [UNK] before averaging; special tokens its vocabulary lacks (added by
+    # read_tokenizer_json after the last id) have no row: a text that writes one out ("[MASK]") skips it
+    unk = (tok.unk_token_id,) if static.layout == "model2vec" else ()
+    config.skip_ids = unk + tuple(i for i in tok.all_special_ids if i >= config.vocab_size)
+    layout = SentenceLayout("mean", config.normalize, None)
+    return Loaded(static.model.eval().to(where), tok, directory, "static", {"layout": static.layout}, layout, where,
+                  torch.float32, False)

@@ -69,10 +69,14 @@ def tokens_from_text(text: str, source: str) -> list[str]:
     return tokens
 
 
-def tokens_from_tokenizer_json(text: str, source: str) -> list[str]:
+def tokens_from_tokenizer_json(text: str, source: str, complete: bool = False) -> list[str]:
     """The WordPiece vocabulary inside a Hugging Face tokenizer.json's text (token -> id in
     `model.vocab`), as a list of tokens (index = id), validated: the folders sentence-transformers 6
-    saves carry only this file, no vocab.txt. `source` names the file in errors."""
+    saves carry only this file, no vocab.txt. `source` names the file in errors.
+
+    complete: special tokens the file lacks are appended after its last id (model2vec drops [CLS],
+    [SEP] and [MASK] from a static model's vocabulary: it never adds them), so the ids it has keep
+    their meaning."""
     try:
         model = json.loads(text)["model"]
         vocab = model["vocab"]
@@ -86,6 +90,8 @@ def tokens_from_tokenizer_json(text: str, source: str) -> list[str]:
         if not isinstance(i, int) or not 0 <= i < len(tokens) or tokens[i] is not None:
             raise BertkitError(f"{source}: the vocabulary's ids are not 0..{len(vocab) - 1}, each once (token {token!r})")
         tokens[i] = token
+    if complete:
+        tokens += [t for t in SPECIAL_TOKENS if t not in vocab]
     validate_tokens(tokens, source)
     return tokens
 

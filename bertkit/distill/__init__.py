@@ -1,0 +1,1 @@
+"""Distillation: a sentence model made smaller (a static table, fewer layers)."""

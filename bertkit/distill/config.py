@@ -1,0 +1,36 @@
+"""The settings of `bertkit distill`: typed dataclasses, the command-line options built from them.
+
+No torch here: `bertkit --help` builds every option without loading it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bertkit.errors import BertkitError
+
+
+@dataclass(frozen=True)
+class StaticDistillConfig:
+    """`bertkit distill static`: Model2Vec's recipe (see bertkit.distill.static)."""
+
+    dim: int = field(default=256, metadata={"help": "dimensions kept by PCA (at most the model's width)"})
+    corpus: list[str] | None = field(default=None, metadata={
+        "help": "text files (one text per line, or .tsv/.jsonl): token frequencies for the weights, and its "
+        "frequent whole words added to the vocabulary"})
+    sif_coefficient: float = field(default=1e-4, metadata={
+        "help": "SIF weight a / (a + p(token)); p from the corpus, else Zipf's law over the vocabulary order"})
+    max_words: int = field(default=10000, metadata={"help": "with --corpus: at most this many whole words added"})
+    min_count: int = field(default=5, metadata={"help": "with --corpus: a word is added when seen this often"})
+    batch_size: int = field(default=512, metadata={"help": "tokens per forward pass"})
+    dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
+        "help": "the teacher's precision while distilling"})
+
+    def validate(self) -> None:
+        if self.dim < 1:
+            raise BertkitError(f"--dim must be at least 1, got {self.dim}")
+        if not 0 < self.sif_coefficient < 1:
+            raise BertkitError(f"--sif-coefficient must be in (0, 1), got {self.sif_coefficient}")
+        if self.max_words < 0 or self.min_count < 1 or self.batch_size < 1:
+            raise BertkitError("--max-words must be >= 0, --min-count and --batch-size >= 1")

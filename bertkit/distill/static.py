@@ -1,0 +1,206 @@
+"""Distil a sentence model into a static table: Model2Vec's recipe (Tulkens & van Dongen 2024).
+
+    every vocabulary token t:   [CLS] t [SEP] --the model, its own pooling--> v_t [H]
+    the table [V, H]            --PCA to --dim--> [V, D] (centred, eigenvectors of the covariance)
+    each row                    x  a / (a + p(t))   (SIF: Arora et al. 2017)
+
+p(t) is Zipf's law over the vocabulary's order (p ~ 1 / (rank + 1): BERT's WordPiece
+vocabulary lists frequent pieces first), as model2vec's `compute_weights` estimates it, or
+with `--corpus` the token's frequency in that corpus, SIF's own estimate. With `--corpus`
+its frequent whole words that WordPiece cuts into pieces are added to the vocabulary and
+go through the model whole (model2vec's `vocabulary`): WordPiece's longest-match-first
+then reads them as one token, so "unaffable" gets its own vector instead of the mean of
+un, ##aff, ##able.
+
+As model2vec does, the [unusedN] tokens and [CLS]/[SEP]/[MASK] (which a static model
+never sees: it adds no special tokens) take no part; their rows are zeros. Deviation:
+model2vec removes them from the vocabulary (its ids shift); we keep every id, so the
+teacher's tokenizer is the static model's, and a folder written here keeps the
+teacher's vocabulary with the added words after it. The table is saved as a
+sentence-transformers StaticEmbedding folder with a Normalize module (model2vec
+normalises too), which `SentenceTransformer(OUT)` loads and `bertkit.runtime.loading`
+runs (`bertkit.embeddings.static`). PCA follows model2vec's `_pca_fit_transform`
+(eigh of the covariance in float64, each component's sign set so its largest
+projection is positive); a test checks both steps against model2vec's functions.
+
+Shapes: V vocabulary (+ added words), H the model's width, D = --dim <= H.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertkit.data.textfiles import read_texts
+from bertkit.distill.config import StaticDistillConfig
+from bertkit.embeddings.features import run_batch
+from bertkit.embeddings.pooling import pool_sentence
+from bertkit.errors import BertkitError
+from bertkit.model.static import StaticEmbedding, save_static
+from bertkit.runtime.loading import load
+from bertkit.text.basic_tokenizer import basic_words
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.tokenizer_json import write_tokenizer_json
+from bertkit.text.vocab import CLS, MASK, SEP
+
+UNUSED = re.compile(r"\[unused\d+\]")
+NOT_DISTILLED = (CLS, SEP, MASK)  # a static model adds no special tokens; [PAD] and [UNK] stay, as in model2vec
+
+
+def pca(table: np.ndarray, dim: int) -> np.ndarray:
+    """[V, H] -> [V, dim]: the centred rows projected on the covariance's top `dim` eigenvectors, each
+    component's sign chosen so that its largest absolute projection is positive (model2vec's rule)."""
+    x = table.astype(np.float64)
+    x = x - x.mean(axis=0)
+    values, vectors = np.linalg.eigh(x.T @ x / (len(x) - 1))
+    components = vectors[:, ::-1][:, :dim]  # [H, dim], largest eigenvalue first
+    scores = x @ components
+    biggest = np.argmax(np.abs(scores), axis=0)
+    return (scores * np.sign(scores[biggest, np.arange(dim)])).astype(np.float32)
+
+
+def zipf_probabilities(n: int) -> np.ndarray:
+    """p(rank) proportional to 1 / (rank + 2) for ranks 0..n-1 (model2vec's estimate)."""
+    inv = 1.0 / np.arange(2, n + 2)
+    return inv / inv.sum()
+
+
+def sif_weights(probabilities: np.ndarray, a: float) -> np.ndarray:
+    """a / (a + p): frequent tokens count less in the mean (SIF)."""
+    return a / (a + probabilities)
+
+
+def corpus_texts(files) -> list[str]:
+    """Every text of the --corpus files; an error when there is none."""
+    texts = []
+    for name in files:
+        lines, _ = read_texts(name)
+        texts.extend(t for t in lines if t.strip())
+    if not texts:
+        raise BertkitError(f"the corpus ({', '.join(map(str, files))}) holds no text: give files with one text per "
+                           "line (or .tsv/.jsonl)")
+    return texts
+
+
+def frequent_words(tok: Tokenizer, texts: list, max_words: int, min_count: int) -> list[str]:
+    """The corpus's words (as the basic tokenizer cuts and normalises them) that WordPiece splits into
+    several pieces, seen at least `min_count` times, most frequent first, at most `max_words`."""
+    chunks = collections.Counter(c for text in texts for c in text.split())
+    words = collections.Counter()
+    for chunk, n in chunks.items():
+        for word, _ in basic_words(chunk, tok.lowercase, tok.strip_accents, tok.tokenize_chinese_chars):
+            words[word] += n
+    ranked = [w for w, n in words.most_common() if n >= min_count and w not in tok.vocab
+              and len(w) <= tok.max_input_chars_per_word and len(tok.tokenize(w)) > 1]
+    return ranked[:max_words]
+
+
+def token_inputs(tok: Tokenizer, n_vocab: int, words: list) -> list[list[int]]:
+    """What the model reads for each row: [CLS] t [SEP] for a vocabulary token, [CLS] its pieces [SEP]
+    for an added word."""
+    rows = [[tok.cls_token_id, i, tok.sep_token_id] for i in range(n_vocab)]
+    return rows + [[tok.cls_token_id, *tok.ids_batch([w])[0], tok.sep_token_id] for w in words]
+
+
+class _Row:
+    __slots__ = ("input_ids", "token_type_ids")
+
+    def __init__(self, ids):
+        self.input_ids, self.token_type_ids = ids, [0] * len(ids)
+
+
+def teacher_vectors(loaded, inputs: list, batch_size: int, progress: bool) -> np.ndarray:
+    """[len(inputs), H]: each input through the model, pooled as the model pools (its layout)."""
+    out = np.zeros((len(inputs), loaded.config.hidden_size), dtype=np.float32)
+    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(inputs), unit="token", desc="distil")
+    pad = loaded.tokenizer.pad_token_id
+    for b in range(0, len(order), batch_size):
+        batch = order[b : b + batch_size]
+        vectors = run_batch(loaded.model, [_Row(inputs[i]) for i in batch], "last", pad)
+        for i, tokens in zip(batch, vectors):
+            out[i] = pool_sentence(tokens, loaded.pooling)
+        if bar is not None:
+            bar.update(len(batch))
+    if bar is not None:
+        bar.close()
+    return out
+
+
+def _probabilities(tok: Tokenizer, keep: np.ndarray, texts: list | None) -> np.ndarray:
+    """p(t) for the kept rows: the corpus's token frequencies, else Zipf over the vocabulary order."""
+    p = np.zeros(len(tok), dtype=np.float64)
+    if texts is None:
+        p[keep] = zipf_probabilities(int(keep.sum()))
+        return p
+    ids, _ = tok.ids_batch(texts)
+    counts = np.bincount(np.asarray(ids, dtype=np.int64), minlength=len(tok)).astype(np.float64)
+    return counts / max(counts.sum(), 1.0)
+
+
+def _check_output(output) -> Path:
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise BertkitError(f"{output} already exists and is not an empty folder: choose a new -o folder")
+    return output
+
+
+def _save(model: StaticEmbedding, tok: Tokenizer, output: Path) -> None:
+    """Write the folder next to `output`, then move it into place: a killed run leaves no half folder."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        write_tokenizer_json(tok, save_static(model, work))
+        if output.is_dir():
+            output.rmdir()
+        os.replace(work, output)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def distill_static(model=None, output=None, config: StaticDistillConfig = StaticDistillConfig(), *,
+                   progress: bool = True) -> dict:
+    """Distil `model` (None: the default model; a model folder) into a static model saved at `output`
+    (a sentence-transformers StaticEmbedding folder). Returns what was done: rows, words added, seconds."""
+    config.validate()
+    output = _check_output(output)
+    texts = corpus_texts(config.corpus) if config.corpus else None
+    start = time.perf_counter()
+    loaded = load(model, head="encoder", dtype=config.dtype)
+    if loaded.task != "embed":
+        raise BertkitError(f"{model} is not a transformer encoder (a {loaded.task} model): distil from a sentence model")
+    width = loaded.config.hidden_size
+    if config.dim > width:
+        raise BertkitError(f"--dim {config.dim} is above the model's width ({width}): PCA keeps at most {width}")
+    tok = loaded.tokenizer
+    words = frequent_words(tok, texts, config.max_words, config.min_count) if texts else []
+    n_vocab = len(tok)
+    student_tok = Tokenizer(tok.ids_to_tokens + words, lowercase=tok.lowercase, strip_accents=tok.strip_accents,
+                            tokenize_chinese_chars=tok.tokenize_chinese_chars,
+                            max_input_chars_per_word=tok.max_input_chars_per_word)
+    keep = np.array([not (UNUSED.fullmatch(t) or t in NOT_DISTILLED) for t in student_tok.ids_to_tokens])
+    inputs = token_inputs(tok, n_vocab, words)
+    kept = np.flatnonzero(keep)
+    vectors = teacher_vectors(loaded, [inputs[i] for i in kept], config.batch_size, progress)
+    if config.dim > len(kept) - 1:
+        raise BertkitError(f"--dim {config.dim} needs more than {len(kept)} distilled tokens")
+    table = np.zeros((len(student_tok), config.dim), dtype=np.float32)
+    weights = sif_weights(_probabilities(student_tok, keep, texts), config.sif_coefficient)
+    table[kept] = pca(vectors, config.dim) * weights[kept, None].astype(np.float32)
+    static = StaticEmbedding(torch.from_numpy(table), normalize=True)
+    _save(static, student_tok, output)
+    return {"rows": len(table), "distilled": int(len(kept)), "words_added": len(words), "dim": config.dim,
+            "seconds": round(time.perf_counter() - start, 1), "output": str(output)}

@@ -1,0 +1,95 @@
+"""Sentence vectors from a static model: the tokenizer's ids, then one table lookup and a mean.
+
+A static model (`bertkit.model.static`: a table [V, D] distilled from a sentence model or
+trained contrastively) has no transformer, so embedding a text is
+
+    texts --Tokenizer.ids_batch--> ids [N], lengths [B] --EmbeddingBag(mean)--> [B, D] (--L2--> [B, D])
+
+exactly what sentence-transformers' `StaticEmbedding` computes (its tokenizer's ids without
+special tokens, `EmbeddingBag` over offsets, then the Normalize module when the folder has
+one): `SentenceTransformer(folder).encode` gives these vectors (a test checks it). At this
+speed the tokenizer is the whole cost, so it runs its ids-only path
+(`bertkit.text.tokenizer_speed.token_ids`), with no character offsets, word ids or padding.
+
+`bertkit.embeddings.features.iter_embed` hands a static model's texts here, so `bertkit.embed`,
+`bertkit embed`, retrieval (evaluate, index, search, mine) run it unchanged; the server
+calls `static_vectors` on the ids it has checked.
+
+Legend: B texts, N token ids of all texts together, D the table's width.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from bertkit.errors import BertkitError
+from bertkit.embeddings.pooling import l2_normalize
+
+
+def _bags(ids: list, lengths: list, skip_ids: tuple, max_length: int | None):
+    """ids [N] and offsets [B] as tensors: each text cut at `max_length` tokens, then `skip_ids`
+    dropped (the order of model2vec, whose tokenizer truncates before [UNK] is removed)."""
+    if max_length is not None and lengths and max(lengths) > max_length:
+        cut, pos = [], 0
+        for n in lengths:
+            cut += ids[pos : pos + min(n, max_length)]
+            pos += n
+        ids, lengths = cut, [min(n, max_length) for n in lengths]
+    flat = torch.tensor(ids, dtype=torch.long)
+    sizes = torch.tensor(lengths, dtype=torch.long)
+    if skip_ids:
+        bag = torch.repeat_interleave(torch.arange(len(lengths)), sizes)  # [N] the text each id belongs to
+        keep = ~torch.isin(flat, torch.tensor(skip_ids, dtype=torch.long))
+        flat, sizes = flat[keep], torch.bincount(bag[keep], minlength=len(lengths))
+    offsets = torch.zeros(len(lengths), dtype=torch.long)
+    offsets[1:] = torch.cumsum(sizes, 0)[:-1]
+    return flat, offsets
+
+
+def static_vectors(model, ids: list, lengths: list, max_length: int | None = None) -> np.ndarray:
+    """The mean table row of each text [B, D] float32, not normalised: `ids` are all texts' ids
+    concatenated, `lengths` each text's count (`Tokenizer.ids_batch`)."""
+    flat, offsets = _bags(ids, lengths, model.config.skip_ids, max_length)
+    device = model.embedding.weight.device
+    with torch.inference_mode():
+        return model(flat.to(device), offsets.to(device)).float().cpu().numpy()
+
+
+def check_static_options(pooling, layers, pairs) -> None:
+    """A static model has one vector per token and averages them: the options it cannot honour."""
+    if pooling not in ("auto", "mean"):
+        raise BertkitError(f"pooling {pooling!r}: a static model averages its tokens' vectors (pooling mean); "
+                           "it has no [CLS], layers or per-token context to pool otherwise")
+    if layers not in ("last", -1):
+        raise BertkitError(f"layers {layers!r}: a static model has no layers (its table is the one vector per token)")
+    if pairs is not None:
+        raise BertkitError("a static model embeds single texts, not pairs")
+
+
+def iter_static(texts: Iterable, loaded, normalize: bool | None = None, *, max_length: int | None = None,
+                chunk_size: int = 1024, bar=None) -> Iterator[np.ndarray]:
+    """One vector [D] per text, in order, `chunk_size` texts tokenised and averaged at a time.
+    normalize: None follows the folder (a Normalize module, model2vec's normalize)."""
+    model, tok = loaded.model, loaded.tokenizer
+    normalize = model.config.normalize if normalize is None else bool(normalize)
+    texts = iter(texts)
+    while True:
+        chunk = list(itertools.islice(texts, chunk_size))
+        if not chunk:
+            return
+        for i, text in enumerate(chunk):
+            if not isinstance(text, str):
+                raise BertkitError(f"a static model embeds strings, got {type(text).__name__}")
+            if not text.strip():
+                raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
+        ids, lengths = tok.ids_batch(chunk)
+        vectors = static_vectors(model, ids, lengths, max_length)
+        if normalize:
+            vectors = l2_normalize(vectors)
+        if bar is not None:
+            bar.update(len(chunk))
+        yield from vectors

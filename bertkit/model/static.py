@@ -1,0 +1,188 @@
+"""A static embedding model: one vector per vocabulary token, a text's vector their mean.
+
+The pre-BERT picture (word2vec, GloVe: "stick" has one vector whatever the sentence),
+made from a sentence model by distillation (Model2Vec: Tulkens & van Dongen 2024) or by
+contrastive training (sentence-transformers' `StaticEmbedding`, Aarsen 2025). At run
+time there is no transformer: the text's WordPiece ids, without [CLS]/[SEP], index a
+table [V, D] and the rows are averaged, `torch.nn.EmbeddingBag(mode="mean")`:
+
+    ids [N] (all texts' ids, concatenated), offsets [B] (where each text starts)
+        -> table[ids] averaged per text -> [B, D]   (a text with no token: zeros)
+
+then L2-normalised when the folder says so (a Normalize module; model2vec's
+`normalize`). Two folder layouts are read:
+
+    sentence-transformers   modules.json naming a StaticEmbedding module; its folder holds
+                            model.safetensors {"embedding.weight": [V, D]} and tokenizer.json
+                            (sentence-transformers 6 puts it at the root, path "";
+                            earlier versions in 0_StaticEmbedding/); a Normalize module may follow
+    model2vec               config.json {"model_type": "model2vec", "normalize": ...},
+                            model.safetensors {"embeddings": [V', D], optional "mapping" [V]
+                            (token -> row) and "weights" [V] (a factor per token)}, tokenizer.json
+
+A model2vec table is folded to one row per token id (row = embeddings[mapping[id]] *
+weights[id]), as sentence-transformers' `StaticEmbedding._fold_model2vec_weights` does,
+and model2vec's encoder drops [UNK] before averaging (`StaticModel.tokenize`), so
+`skip_ids` holds it for such a folder. model2vec also writes a modules.json (for
+sentence-transformers, which keeps [UNK]); its config.json decides: model2vec's reading. Deviation: model2vec cuts a text at 512 tokens by
+default; we average every token, as sentence-transformers does.
+
+`save_static` writes the sentence-transformers layout (0_StaticEmbedding/, the subfolder
+every version since 3 reads); the tokenizer.json beside the weights is the caller's to
+write (`bertkit.text.tokenizer_json`: this module knows no tokenizer). No tokenizer here:
+the loader (`bertkit.runtime.loading`) builds it from `Static.tokenizer_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertkit.errors import BertkitError
+from bertkit.model.checkpoint import read_weights
+from bertkit.model.sentence_layout import MODULES_FILE, ST_CONFIG
+
+STATIC_DIR, NORMALIZE_DIR = "0_StaticEmbedding", "1_Normalize"
+WEIGHT_KEY = "embedding.weight"  # sentence-transformers' StaticEmbedding state dict
+MODEL2VEC_KEYS = ("embeddings", "mapping", "weights")
+# the positions a static model takes: no limit (sentence-transformers says math.inf)
+NO_LIMIT = 1_000_000
+
+
+@dataclass
+class StaticConfig:
+    """What the rest of bertkit asks a model's config: sizes, and no layers or positions to limit."""
+
+    vocab_size: int
+    hidden_size: int
+    normalize: bool = False
+    skip_ids: tuple = ()  # token ids dropped before averaging (model2vec drops [UNK])
+    num_hidden_layers: int = 0
+    max_position_embeddings: int = NO_LIMIT
+
+
+class StaticEmbedding(nn.Module):
+    """The table [V, D] and its mean over each text's ids (see the module docstring)."""
+
+    def __init__(self, weight: torch.Tensor, normalize: bool = False, skip_ids=()):
+        super().__init__()
+        if weight.dim() != 2:
+            raise BertkitError(f"a static embedding table must be [vocabulary, dimensions], got {list(weight.shape)}")
+        self.embedding = nn.EmbeddingBag.from_pretrained(weight.float(), freeze=False, mode="mean")
+        self.config = StaticConfig(weight.shape[0], weight.shape[1], bool(normalize), tuple(skip_ids))
+
+    def forward(self, input_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """input_ids [N] and offsets [B] -> the mean vector of each text [B, D] (not normalised)."""
+        return self.embedding(input_ids, offsets)
+
+
+@dataclass(frozen=True)
+class Static:
+    """A static model folder, read: the model and the folder holding its tokenizer.json."""
+
+    model: StaticEmbedding
+    tokenizer_dir: Path
+    layout: str  # "sentence-transformers" or "model2vec"
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BertkitError(f"{path} ({what}) is not readable JSON ({err})") from None
+
+
+def _st_modules(directory: Path) -> list | None:
+    """The module list of a sentence-transformers folder whose first module is a StaticEmbedding, else None."""
+    path = directory / MODULES_FILE
+    if not path.is_file():
+        return None
+    modules = _read_json(path, "the sentence-transformers modules")
+    if not isinstance(modules, list) or not modules or not all(isinstance(m, dict) for m in modules):
+        return None
+    modules = sorted(modules, key=lambda m: m.get("idx", 0))
+    return modules if str(modules[0].get("type", "")).endswith("StaticEmbedding") else None
+
+
+def _model2vec_config(directory: Path) -> dict | None:
+    path = directory / "config.json"
+    if not path.is_file():
+        return None
+    config = _read_json(path, "the model config")
+    return config if isinstance(config, dict) and config.get("model_type") == "model2vec" else None
+
+
+def is_static(directory) -> bool:
+    """Whether `directory` holds a static model in either layout (its small files only)."""
+    directory = Path(directory)
+    return directory.is_dir() and (_st_modules(directory) is not None or _model2vec_config(directory) is not None)
+
+
+def fold_model2vec(state: dict, source: Path) -> torch.Tensor:
+    """One row per token id from model2vec's tensors: embeddings[mapping[id]] * weights[id]."""
+    if "embeddings" not in state:
+        raise BertkitError(f"{source} holds {', '.join(sorted(state))}; a static model's weights are "
+                           f"{WEIGHT_KEY!r} (sentence-transformers) or 'embeddings' (model2vec)")
+    table = state["embeddings"].float()
+    if "mapping" in state:
+        table = table[state["mapping"].long()]
+    if "weights" in state:
+        table = table * state["weights"].float()[:, None]
+    return table.contiguous()
+
+
+def _table(folder: Path) -> torch.Tensor:
+    state, source = read_weights(folder)
+    return state[WEIGHT_KEY].float() if WEIGHT_KEY in state else fold_model2vec(state, source)
+
+
+def _read_st(directory: Path, modules: list) -> Static:
+    folder = directory / modules[0].get("path", "")
+    normalize = False
+    for module in modules[1:]:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if kind != "Normalize":
+            raise BertkitError(f"{directory / MODULES_FILE}: module {kind} after the StaticEmbedding is not "
+                               "supported: bertkit runs a static table with an optional Normalize only")
+        normalize = True
+    return Static(StaticEmbedding(_table(folder), normalize), folder, "sentence-transformers")
+
+
+def read_static(directory) -> Static:
+    """The static model in `directory` (either layout). For a model2vec folder the caller sets
+    `config.skip_ids` to [UNK]'s id, which it finds in the tokenizer."""
+    directory = Path(directory)
+    config = _model2vec_config(directory)  # first: model2vec also writes a modules.json, for sentence-transformers
+    if config is not None:
+        return Static(StaticEmbedding(_table(directory), bool(config.get("normalize", True))), directory, "model2vec")
+    modules = _st_modules(directory)
+    if modules is None:
+        raise BertkitError(f"{directory} holds no static model: expected modules.json naming a StaticEmbedding "
+                           "(sentence-transformers) or config.json with model_type model2vec")
+    return _read_st(directory, modules)
+
+
+def save_static(model: StaticEmbedding, directory) -> Path:
+    """Write `model` as a sentence-transformers StaticEmbedding folder (modules.json, 0_StaticEmbedding/
+    model.safetensors, 1_Normalize/ when it normalises); returns the module folder, where the caller
+    writes tokenizer.json."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    folder = directory / STATIC_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({WEIGHT_KEY: model.embedding.weight.detach().float().cpu().contiguous()}, str(folder / "model.safetensors"))
+    modules = [{"idx": 0, "name": "0", "path": STATIC_DIR, "type": "sentence_transformers.models.StaticEmbedding"}]
+    if model.config.normalize:
+        modules.append({"idx": 1, "name": "1", "path": NORMALIZE_DIR, "type": "sentence_transformers.models.Normalize"})
+        (directory / NORMALIZE_DIR).mkdir(exist_ok=True)
+        (directory / NORMALIZE_DIR / "config.json").write_text("{}\n", encoding="utf-8")
+    st_config = {"model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
+                 "similarity_fn_name": "cosine"}
+    for name, data in ((MODULES_FILE, modules), (ST_CONFIG, st_config)):
+        (directory / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return folder

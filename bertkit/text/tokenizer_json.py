@@ -1,0 +1,115 @@
+"""A BERT WordPiece tokenizer as a Hugging Face `tokenizer.json`, both ways.
+
+The Rust `tokenizers` library (and through it sentence-transformers' `StaticEmbedding`
+and model2vec) reads a tokenizer from one JSON file describing its pipeline, the
+stages our Tokenizer runs (`bertkit.text.tokenizer`):
+
+    normalizer      BertNormalizer {clean_text, handle_chinese_chars, strip_accents, lowercase}
+    pre_tokenizer   BertPreTokenizer (whitespace and punctuation)
+    model           WordPiece {vocab: token -> id, unk_token, continuing_subword_prefix "##",
+                               max_input_chars_per_word}
+    post_processor  TemplateProcessing: [CLS] $A [SEP] ($B:1 [SEP]:1)
+    decoder         WordPiece {prefix "##", cleanup}
+    added_tokens    the special tokens, matched whole before normalisation
+
+`write_tokenizer_json` writes that file from our vocabulary and settings (the layout
+`BertTokenizerFast.save_pretrained` gives); `read_tokenizer_json` builds our Tokenizer
+from one, its settings taken from the normalizer and model (a folder with only this
+file, as sentence-transformers and model2vec save static models, has no
+tokenizer_config.json). Only BERT's pipeline is read; another (a BPE, a
+Metaspace pre-tokenizer) is an error naming what was found.
+
+Deviation: strip_accents null means "follow lowercase", in both libraries; we write it out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bertkit.data.textfiles import read_text
+from bertkit.errors import BertkitError
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.vocab import CLS, SEP, SPECIAL_TOKENS, UNK, tokens_from_tokenizer_json
+from bertkit.text.wordpiece import CONTINUATION
+
+TOKENIZER_JSON = "tokenizer.json"
+
+
+def _added(tok: Tokenizer) -> list[dict]:
+    return [{"id": tok.vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True} for t in sorted(SPECIAL_TOKENS, key=tok.vocab.get)]
+
+
+def _post_processor(tok: Tokenizer) -> dict:
+    def special(name, type_id):
+        return {"SpecialToken": {"id": name, "type_id": type_id}}
+
+    def sequence(name, type_id):
+        return {"Sequence": {"id": name, "type_id": type_id}}
+
+    return {"type": "TemplateProcessing",
+            "single": [special(CLS, 0), sequence("A", 0), special(SEP, 0)],
+            "pair": [special(CLS, 0), sequence("A", 0), special(SEP, 0), sequence("B", 1), special(SEP, 1)],
+            "special_tokens": {t: {"id": t, "ids": [tok.vocab[t]], "tokens": [t]} for t in (CLS, SEP)}}
+
+
+def tokenizer_json(tok: Tokenizer) -> dict:
+    """The tokenizer.json object of `tok` (see the module docstring)."""
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": _added(tok),
+        "normalizer": {"type": "BertNormalizer", "clean_text": True,
+                       "handle_chinese_chars": tok.tokenize_chinese_chars,
+                       "strip_accents": tok.strip_accents, "lowercase": tok.lowercase},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": _post_processor(tok),
+        "decoder": {"type": "WordPiece", "prefix": CONTINUATION, "cleanup": True},
+        "model": {"type": "WordPiece", "unk_token": UNK, "continuing_subword_prefix": CONTINUATION,
+                  "max_input_chars_per_word": tok.max_input_chars_per_word,
+                  "vocab": {t: i for i, t in enumerate(tok.ids_to_tokens)}},
+    }
+
+
+def write_tokenizer_json(tok: Tokenizer, directory) -> Path:
+    """Write `directory`/tokenizer.json for `tok`; returns the file's path."""
+    path = Path(directory) / TOKENIZER_JSON
+    path.write_text(json.dumps(tokenizer_json(tok), ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _settings(data: dict, source: str) -> dict:
+    """Our Tokenizer's settings from the file's normalizer and model; an error for another pipeline."""
+    norm, pre, model = data.get("normalizer") or {}, data.get("pre_tokenizer") or {}, data.get("model") or {}
+    if norm.get("type") != "BertNormalizer" or pre.get("type") != "BertPreTokenizer":
+        raise BertkitError(f"{source} has a {norm.get('type')} normalizer and a {pre.get('type')} pre-tokenizer; "
+                           "bertkit reads BERT's (BertNormalizer, BertPreTokenizer) only")
+    if model.get("continuing_subword_prefix", CONTINUATION) != CONTINUATION or model.get("unk_token", UNK) != UNK:
+        raise BertkitError(f"{source}: a WordPiece model with prefix {model.get('continuing_subword_prefix')!r} and "
+                           f"unknown token {model.get('unk_token')!r}; bertkit reads '##' and '[UNK]'")
+    strip = norm.get("strip_accents")
+    return {"lowercase": bool(norm.get("lowercase", True)),
+            "strip_accents": None if strip is None else bool(strip),
+            "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True)),
+            "max_input_chars_per_word": int(model.get("max_input_chars_per_word", 100))}
+
+
+def read_tokenizer_json(path) -> Tokenizer:
+    """Our Tokenizer from a tokenizer.json (or the folder holding one). Special tokens the
+    vocabulary lacks are added after its last id (`tokens_from_tokenizer_json(complete=True)`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / TOKENIZER_JSON
+    if not path.is_file():
+        raise BertkitError(f"no {TOKENIZER_JSON} at {path}: a static model's folder holds its tokenizer there")
+    text = read_text(path, "tokenizer file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BertkitError(f"{path} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise BertkitError(f"{path} must hold a JSON object (a Hugging Face tokenizer.json)")
+    tokens = tokens_from_tokenizer_json(text, str(path), complete=True)
+    return Tokenizer(tokens, **_settings(data, str(path)))
