@@ -117,7 +117,10 @@ def add_options(parser, cls, base: dict | None = None, skip=()) -> None:
             help_text += " (required)"
         elif default is not None:
             help_text += f" (default: {default})"
-        parser.add_argument(*flags, dest=f.name, type=convert, default=None, choices=choices, help=help_text)
+        # `list[str] | None`: the flag takes one or more values
+        many = any(typing.get_origin(h) is list for h in (hint, *typing.get_args(hint)))
+        parser.add_argument(*flags, dest=f.name, type=convert, nargs="+" if many else None, default=None,
+                            choices=choices, help=help_text)
 
 
 RUN_CONFIG = "run_config.json"  # a run's settings, saved in its --output directory for --resume

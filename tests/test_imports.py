@@ -27,6 +27,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "bertkit"
 LAYERS = [
     ["bertkit.cli"],                                  # the commands
     ["bertkit.serve"],                                # HTTP serving
+    ["bertkit.distill"],                              # smaller models from a sentence model: static, fewer layers
     ["bertkit.tasks"],                                # fine-tuning tasks: train, predict, rerank, embed
     ["bertkit.retrieval", "bertkit.pretraining"],     # index/search/evaluate; pre-training data and runs
     ["bertkit.explain"],                              # tracing, attention pictures, fill-mask
@@ -172,11 +173,13 @@ def test_the_loader_is_a_chain_over_the_model_files():
     _, edges, _ = graph()
     allowed = {"bertkit.model.checkpoint", "bertkit.runtime.devices", "bertkit.model.electra", "bertkit.model.electra_pretraining",
                "bertkit.errors", "bertkit.model.heads", "bertkit.model.modeling", "bertkit.runtime.quantization", "bertkit.model.sentence_layout",
-               "bertkit.text.tokenizer"}
+               "bertkit.text.tokenizer", "bertkit.model.static", "bertkit.text.tokenizer_json"}
     assert set(edges["bertkit.runtime.loading"]) <= allowed
     # features runs the encoder over windows; it hands the vectors to pooling and the cuts to windows
+    # and a static model's texts to static
     assert set(edges["bertkit.embeddings.features"]) <= {"bertkit.errors", "bertkit.runtime.loading", "bertkit.embeddings.pooling",
-                                              "bertkit.embeddings.settings", "bertkit.text.windows"}
+                                              "bertkit.embeddings.settings", "bertkit.text.windows",
+                                              "bertkit.embeddings.static"}
 
 
 def test_the_library_never_imports_the_oracles():

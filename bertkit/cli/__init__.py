@@ -19,6 +19,7 @@ import os
 import sys
 import warnings
 
+from bertkit.cli.distill import add_distill
 from bertkit.cli.evaluate import add_evaluate, add_mine
 from bertkit.cli.features import add_attention, add_embed
 from bertkit.cli.finetune import add_demo, add_finetune, add_predict
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_finetune, add_predict, add_export, add_demo, add_pretrain,
-            add_fill_mask, add_electra, add_serve, add_evaluate, add_mine, add_index, add_search]
+            add_fill_mask, add_electra, add_serve, add_evaluate, add_mine, add_index, add_search,
+            add_distill]
 
 
 # What the `bertkit` command decides for its own process, before torch loads (its OpenMP runtime

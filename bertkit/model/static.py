@@ -72,7 +72,9 @@ class StaticEmbedding(nn.Module):
         super().__init__()
         if weight.dim() != 2:
             raise BertkitError(f"a static embedding table must be [vocabulary, dimensions], got {list(weight.shape)}")
-        self.embedding = nn.EmbeddingBag.from_pretrained(weight.float(), freeze=False, mode="mean")
+        # EmbeddingBag's _weight takes the table as it is (no random init to overwrite)
+        self.embedding = nn.EmbeddingBag(weight.shape[0], weight.shape[1], mode="mean",
+                                         _weight=weight.detach().float().clone())
         self.config = StaticConfig(weight.shape[0], weight.shape[1], bool(normalize), tuple(skip_ids))
 
     def forward(self, input_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -122,6 +124,13 @@ def is_static(directory) -> bool:
     return directory.is_dir() and (_st_modules(directory) is not None or _model2vec_config(directory) is not None)
 
 
+def weights_folder(directory) -> Path:
+    """The folder holding a static model's model.safetensors (a StaticEmbedding module's path; else the folder)."""
+    directory = Path(directory)
+    modules = None if _model2vec_config(directory) is not None else _st_modules(directory)
+    return directory / modules[0].get("path", "") if modules else directory
+
+
 def fold_model2vec(state: dict, source: Path) -> torch.Tensor:
     """One row per token id from model2vec's tensors: embeddings[mapping[id]] * weights[id]."""
     if "embeddings" not in state:
@@ -141,7 +150,7 @@ def _table(folder: Path) -> torch.Tensor:
 
 
 def _read_st(directory: Path, modules: list) -> Static:
-    folder = directory / modules[0].get("path", "")
+    folder = weights_folder(directory)
     normalize = False
     for module in modules[1:]:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]

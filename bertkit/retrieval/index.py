@@ -70,6 +70,7 @@ from tqdm import tqdm
 
 from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
+from bertkit.model.static import is_static, weights_folder
 from bertkit.errors import BertkitError
 from bertkit.embeddings.features import load_encoder
 from bertkit.embeddings.settings import resolve_output
@@ -96,8 +97,9 @@ log = logging.getLogger(__name__)
 
 def fingerprint(directory) -> str:
     """SHA-256 of a model directory's weights files (the first of model.safetensors, its shards'
-    index, pytorch_model.bin, model.int8.safetensors that exists; a sharded checkpoint's shards too)."""
-    directory = Path(directory)
+    index, pytorch_model.bin, model.int8.safetensors that exists; a sharded checkpoint's shards too;
+    a static model's table, in its module folder)."""
+    directory = weights_folder(directory) if is_static(directory) else Path(directory)
     names = [n for n in (*WEIGHT_FILES, INT8_WEIGHTS) if (directory / n).is_file()]
     if not names:
         raise BertkitError(f"{directory} holds no weights file ({', '.join(WEIGHT_FILES)})")

@@ -46,6 +46,7 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.features import run_batch, whitespace_spans
 from bertkit.tasks.predict import predict, task_of
 from bertkit.tasks.registry import TASKS
+from bertkit.embeddings.static import check_static_options, static_vectors
 from bertkit.tasks.rerank import rerank, reranker, score
 from bertkit.runtime.fast import SpeedSettings, decide
 from bertkit.runtime.loading import Loaded, load
@@ -110,7 +111,10 @@ def load_runner(settings, speed: SpeedSettings | None = None):
     try:
         speed = decide() if speed is None else speed
         loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8, fast=speed)
-        runner = TaskModel(loaded, settings, name) if loaded.fine_tuned else EmbeddingModel(loaded, settings, name)
+        if loaded.fine_tuned:
+            runner = TaskModel(loaded, settings, name)
+        else:
+            runner = (StaticEncoder if loaded.task == "static" else EmbeddingModel)(loaded, settings, name)
         runner.speed = speed  # the --rerank cross-encoder runs on them too
         runner.warm_up()
     except BertkitError:
@@ -138,7 +142,9 @@ class EmbeddingModel:
         # /embed normalises unless told not to (text-embeddings-inference's default), whatever the layout says
         output = resolve_output(loaded.layout, options.pooling, True if options.normalize is None else options.normalize)
         self.pooling, self.normalize = output.pooling, output.normalize
-        self.max_length = settings.check_against_model(loaded.max_positions, loaded.max_length)
+        # a static model has no positions to fit: its texts are limited by the batch budget only
+        made_for = settings.max_batch_tokens if loaded.task == "static" else loaded.max_length
+        self.max_length = settings.check_against_model(loaded.max_positions, made_for)
         tok = loaded.tokenizer
         self.max_batch_tokens, self.max_batch_size = settings.max_batch_tokens, settings.max_batch_size
         self.dim = self.layers.dim(model.config.hidden_size)
@@ -205,6 +211,37 @@ class EmbeddingModel:
 
     def warm_up(self) -> None:
         self.forward(self.encode(["warm up"], truncate=True))
+
+
+class StaticEncoder(EmbeddingModel):
+    """Sentence embeddings from a static model (`bertkit.embeddings.static`): the ids without [CLS]/[SEP]
+    and their table rows' mean, the vectors `bertkit.embed` gives; batched and answered as the EmbeddingModel's."""
+
+    def __init__(self, loaded: Loaded, settings, name: str):
+        options = settings.embedding
+        check_static_options(options.pooling or "auto", options.layers, None)
+        super().__init__(loaded, settings, name)
+
+    def encode(self, texts: list, truncate: bool, max_length: int | None = None) -> list:
+        limit = max_length or self.max_length
+        ids, lengths = self.tok.ids_batch(texts)
+        rows, pos = [], 0
+        for i, n in enumerate(lengths):
+            if n > limit and not truncate:
+                raise InputError(f"input {i} has {n} tokens, over the limit of {limit} (--max-input-length): "
+                                 "shorten it, or leave truncate at true", status=413)
+            if n == 0:
+                raise InputError(f"input {i} yields no tokens: it holds only characters BERT drops")
+            rows.append(Row(ids[pos : pos + min(n, limit)], []))
+            pos += n
+        return rows
+
+    def forward(self, rows: list) -> list:
+        """One batch -> one mean vector [D] per row (not normalised)."""
+        lengths = [len(r.input_ids) for r in rows]
+        if self.on_batch is not None:
+            self.on_batch(len(rows), sum(lengths), sum(lengths))
+        return list(static_vectors(self.model, [i for r in rows for i in r.input_ids], lengths))
 
 
 def leading(vectors: list, dims: int | None, normalize: bool) -> list:

@@ -163,7 +163,8 @@ class ServeConfig:
         if not path.is_dir():
             raise BertkitError(f"model directory {path} does not exist: pass a directory with config.json "
                                "(an encoder or a `bertkit finetune` output), or none for the default model")
-        if not (path / "config.json").is_file():
+        # a sentence-transformers static model has modules.json and no config.json (the loader tells them apart)
+        if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
             raise BertkitError(f"{path} is not a model directory: it has no config.json")
         return path
 

@@ -1,0 +1,236 @@
+"""Static embedding models: the folders sentence-transformers and model2vec write and read, the
+ids-only tokenizer path, and `bertkit distill static` (Model2Vec's recipe).
+
+Oracles: the Rust `tokenizers` library reads the tokenizer.json we write; sentence-transformers'
+StaticEmbedding and model2vec's StaticModel encode the same folders (1e-6); model2vec's own PCA
+and Zipf weights check the distillation's steps.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import oracle
+
+import bertkit
+from bertkit.cli import main
+from bertkit.distill.config import StaticDistillConfig
+from bertkit.distill.static import distill_static, pca, sif_weights, teacher_vectors, zipf_probabilities
+from bertkit.errors import BertkitError
+from bertkit.model.static import StaticEmbedding, save_static
+from bertkit.runtime.loading import load
+from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.tokenizer_json import read_tokenizer_json, write_tokenizer_json
+
+TEXTS = ["A man with a hard hat is dancing.", "Hello, World! naïve café", "unaffable 東京 zzqxj", "the",
+         "tab\tnew\nline\u2028sep\x0bvt [MASK] x\u00a0y", "!!!"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.from_pretrained()
+
+
+def table(rows: int, dim: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def ours(tok, tmp_path_factory):
+    """A random static model saved by bertkit, normalised."""
+    path = tmp_path_factory.mktemp("ours")
+    write_tokenizer_json(tok, save_static(StaticEmbedding(table(len(tok)), normalize=True), path))
+    return path
+
+
+# --- the tokenizer ------------------------------------------------------------------------
+
+
+def test_ids_batch_is_the_segments_ids_on_real_text(tok, shared_data):
+    lines = (shared_data / "stsb" / "dev.tsv").read_text(encoding="utf-8").split("\n")[1:300]
+    docs = [json.loads(line)["text"] for line in
+            (shared_data / "retrieval" / "scifact" / "corpus.jsonl").read_text(encoding="utf-8").split("\n")[:200]]
+    texts = [t for line in lines if line for t in line.split("\t")[:2]] + docs + TEXTS
+    ids, lengths = tok.ids_batch(texts)
+    want = [tok._segment(t).ids for t in texts]
+    assert lengths == [len(w) for w in want]
+    assert ids == [i for w in want for i in w]
+
+
+def test_written_tokenizer_json_reads_in_the_rust_library_with_the_same_ids(tok, tmp_path):
+    tokenizers = oracle("tokenizers", "tokenizers")
+    rust = tokenizers.Tokenizer.from_file(str(write_tokenizer_json(tok, tmp_path)))
+    for text in TEXTS:
+        assert rust.encode(text, add_special_tokens=False).ids == tok.ids_batch([text])[0]
+        assert rust.encode(text).ids == tok.encode(text).input_ids
+    back = read_tokenizer_json(tmp_path)
+    assert back.ids_to_tokens == tok.ids_to_tokens and back.lowercase and back.strip_accents
+
+
+def test_a_tokenizer_json_of_another_kind_is_one_clear_error(tmp_path):
+    (tmp_path / "tokenizer.json").write_text(json.dumps(
+        {"normalizer": None, "pre_tokenizer": {"type": "Metaspace"},
+         "model": {"type": "WordPiece", "vocab": {t: i for i, t in enumerate(["[PAD]", "[UNK]", "a"])}}}))
+    with pytest.raises(BertkitError, match="BertNormalizer, BertPreTokenizer"):
+        read_tokenizer_json(tmp_path)
+
+
+# --- folders: ours in sentence-transformers, theirs in bertkit ---------------------------------
+
+
+def test_our_static_folder_loads_in_sentence_transformers_with_the_same_vectors(st, ours):
+    theirs = st.SentenceTransformer(str(ours), device="cpu").encode(TEXTS)
+    mine = bertkit.embed(TEXTS, ours)
+    assert np.abs(mine - theirs).max() < 1e-6
+    assert np.allclose(np.linalg.norm(mine, axis=1), 1, atol=1e-6)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_folder_sentence_transformers_wrote_loads_with_the_same_vectors(st, default_model_dir, tmp_path, normalize):
+    tokenizers = oracle("tokenizers", "tokenizers")
+    from sentence_transformers.sentence_transformer.modules import Normalize, StaticEmbedding as STStatic
+
+    rust = tokenizers.Tokenizer.from_file(str(default_model_dir / "tokenizer.json"))
+    modules = [STStatic(rust, embedding_weights=table(rust.get_vocab_size(), 7, seed=1))]
+    model = st.SentenceTransformer(modules=modules + ([Normalize()] if normalize else []), device="cpu")
+    model.save(str(tmp_path))
+    mine = bertkit.embed(TEXTS, tmp_path)
+    assert np.abs(mine - model.encode(TEXTS)).max() < 1e-6
+    assert load(tmp_path).normalize is normalize
+
+
+def test_a_folder_model2vec_wrote_loads_with_model2vecs_vectors(tok, tmp_path):
+    model2vec = oracle("model2vec", "model2vec")
+    tokenizers = oracle("tokenizers", "tokenizers")
+    write_tokenizer_json(tok, tmp_path)
+    rust = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    vectors = table(len(tok), 9, seed=2).numpy()
+    theirs = model2vec.StaticModel(vectors=vectors, tokenizer=rust, normalize=True)
+    theirs.save_pretrained(str(tmp_path / "m2v"))
+    texts = [t for t in TEXTS if "[MASK]" not in t]  # model2vec's vocabulary keeps [MASK]; see the next test
+    mine = bertkit.embed(texts, tmp_path / "m2v")
+    assert np.abs(mine - theirs.encode(texts)).max() < 1e-6  # "zzqxj" is [UNK]: model2vec drops it, so do we
+
+
+def test_a_model2vec_vocabulary_without_cls_sep_mask_gets_them_after_its_last_id(tmp_path):
+    words = ["[PAD]", "[UNK]", "the", "cat", "##s"]
+    tok = Tokenizer(words + ["[CLS]", "[SEP]", "[MASK]"])
+    data = {"normalizer": {"type": "BertNormalizer", "lowercase": True}, "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "model": {"type": "WordPiece", "vocab": {t: i for i, t in enumerate(words)}}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    back = read_tokenizer_json(tmp_path)
+    assert back.ids_to_tokens == tok.ids_to_tokens
+    assert back.ids_batch(["the cats"]) == ([2, 3, 4], [3])
+
+
+# --- running a static model ---------------------------------------------------------------------
+
+
+def test_the_loader_reads_a_static_folder_and_refuses_what_it_cannot_do(ours):
+    loaded = load(ours)
+    assert loaded.task == "static" and loaded.dtype == torch.float32 and loaded.pooling == "mean"
+    with pytest.raises(BertkitError, match="no task head"):
+        load(ours, head="task")
+    with pytest.raises(BertkitError, match="int8"):
+        load(ours, int8=True)
+    with pytest.raises(BertkitError, match="pooling 'cls'"):
+        bertkit.embed(TEXTS, ours, pooling="cls")
+
+
+def test_the_mean_is_over_the_ids_without_special_tokens(tok, ours):
+    weight = load(ours).model.embedding.weight.detach().numpy()
+    ids = tok.encode("Hello, world!").input_ids[1:-1]
+    want = weight[ids].mean(axis=0)
+    got = bertkit.embed("Hello, world!", ours, normalize=False)
+    assert np.abs(got - want).max() < 1e-6
+
+
+def test_max_length_cuts_the_ids(tok, ours):
+    weight = load(ours).model.embedding.weight.detach().numpy()
+    ids = tok.ids_batch(["the cat sat on the mat"])[0][:3]
+    got = bertkit.embed(["the cat sat on the mat"], ours, normalize=False, max_length=3, truncate=True)
+    assert np.abs(got[0] - weight[ids].mean(axis=0)).max() < 1e-6
+
+
+def test_cli_embed_and_evaluate_run_a_static_model(ours, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS[:4]) + "\n")
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(ours)]) == 0
+    assert np.abs(np.load(tmp_path / "v.npy") - bertkit.embed(TEXTS[:4], ours)).max() < 1e-6
+    (tmp_path / "sts.tsv").write_text("sentence1\tsentence2\tscore\na cat\ta cat\t5\na dog\tthe sea\t0\n"
+                                      "a man runs\ta man walks\t3\n")
+    assert main(["evaluate", "sts", str(tmp_path / "sts.tsv"), "--model", str(ours)]) == 0
+    assert "spearman" in capsys.readouterr().out
+
+
+# --- distillation --------------------------------------------------------------------------------
+
+
+def test_pca_and_zipf_weights_are_model2vecs():
+    oracle("model2vec", "model2vec")
+    from model2vec.distill.inference import apply_pca, compute_weights
+
+    x = np.random.default_rng(0).normal(size=(60, 16)).astype(np.float32) * np.arange(1, 17)
+    assert np.abs(pca(x, 5) - apply_pca(x.copy(), 5)).max() < 1e-4
+    want = compute_weights(40, 1e-4)
+    assert np.abs(sif_weights(zipf_probabilities(40), 1e-4) - want).max() < 1e-12
+
+
+def test_the_teachers_token_vector_is_the_model_embedding_the_token(tiny_dir):
+    loaded = load(tiny_dir, head="encoder")
+    tok = loaded.tokenizer
+    got = teacher_vectors(loaded, [[tok.cls_token_id, tok.vocab["hello"], tok.sep_token_id]], 4, False)[0]
+    assert np.abs(got - bertkit.embed("hello", tiny_dir)).max() < 1e-5
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_dir, tmp_path_factory):
+    base = tmp_path_factory.mktemp("distilled")
+    (base / "corpus.txt").write_text("the unaffable cat\n" * 6 + "a dog\n")
+    config = StaticDistillConfig(dim=8, corpus=[str(base / "corpus.txt")], min_count=5)
+    report = distill_static(tiny_dir, base / "out", config, progress=False)
+    return base / "out", report
+
+
+def test_distill_static_writes_a_folder_sentence_transformers_reads_the_same(st, distilled):
+    out, report = distilled
+    assert report["dim"] == 8 and report["words_added"] == 1  # "unaffable": three pieces, seen 6 times
+    texts = TEXTS + ["the unaffable cat"]
+    assert np.abs(bertkit.embed(texts, out) - st.SentenceTransformer(str(out), device="cpu").encode(texts)).max() < 1e-6
+
+
+def test_distill_static_adds_corpus_words_whole_and_zeroes_unused_rows(distilled):
+    out, _ = distilled
+    loaded = load(out)
+    tok, weight = loaded.tokenizer, loaded.model.embedding.weight.detach()
+    assert tok.ids_batch(["unaffable"])[0] == [tok.vocab["unaffable"]] == [len(tok) - 1]
+    assert torch.count_nonzero(weight[tok.vocab["[unused5]"]]) == 0 and torch.count_nonzero(weight[tok.cls_token_id]) == 0
+    assert torch.count_nonzero(weight[tok.vocab["cat"]]) == 8
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--dim", "33"], "above the model's width (32)"),
+    (["--corpus", "EMPTY"], "holds no text"),
+    (["--dim", "0"], "--dim must be at least 1"),
+])
+def test_distill_static_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, words):
+    (tmp_path / "empty.txt").write_text("\n \n")
+    args = [str(tmp_path / "empty.txt") if a == "EMPTY" else a for a in args]
+    assert main(["distill", "static", str(tiny_dir), "-o", str(tmp_path / "out"), "--quiet", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err
+
+
+def test_serve_answers_a_static_model_with_bertkits_vectors(ours):
+    from test_serve import AUTH, KEY, Server, call
+
+    server = Server(ours, "--api-key", KEY)
+    try:
+        status, _, body = call(server.port, "POST", "/embed", {"inputs": TEXTS[:4]}, AUTH)
+        assert status == 200
+        assert np.abs(np.array(body) - bertkit.embed(TEXTS[:4], ours)).max() < 1e-6
+        status, _, body = call(server.port, "POST", "/v1/embeddings", {"input": TEXTS[0]}, AUTH)
+        assert status == 200 and len(body["data"][0]["embedding"]) == 12
+    finally:
+        server.terminate()
+        server.proc.wait(30)
