@@ -234,3 +234,50 @@ def test_serve_answers_a_static_model_with_bertkits_vectors(ours):
     finally:
         server.terminate()
         server.proc.wait(30)
+
+
+# --- finetune embed --static ---------------------------------------------------------------------
+
+PAIRS = [("a cat sat on the mat", "the cat is sitting"), ("dogs run in the park", "a dog running outside"),
+         ("the stock market fell", "shares dropped today"), ("a red car", "an automobile painted red")]
+
+
+def static_run(tmp_path, model, **options):
+    from bertkit.tasks import finetune
+    from bertkit.tasks.config import TrainConfig
+    from bertkit.training.optim import OptimConfig
+
+    (tmp_path / "pairs.tsv").write_text("anchor\tpositive\n" + "".join(f"{a}\t{p}\n" for a, p in PAIRS))
+    training = TrainConfig(epochs=2, batch_size=4, seed=0, progress=False, device="cpu",
+                           optim=OptimConfig(learning_rate=0.1, warmup_ratio=0.0, weight_decay=0.0))
+    finetune("embed", train=str(tmp_path / "pairs.tsv"), output=str(tmp_path / "out"), model=str(model),
+             training=training, log=lambda s: None, static=True, **options)
+    return [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_static_training_starts_from_the_table_with_the_hand_computed_loss(ours, tok, tmp_path):
+    before = load(ours).model.embedding.weight.detach().clone()
+    log = [r for r in static_run(tmp_path, ours) if r["split"] == "train"]
+
+    def mean(text):
+        return before[tok.ids_batch([text])[0]].mean(dim=0)
+
+    a = torch.nn.functional.normalize(torch.stack([mean(x) for x, _ in PAIRS]), dim=1)
+    p = torch.nn.functional.normalize(torch.stack([mean(y) for _, y in PAIRS]), dim=1)
+    want = torch.nn.functional.cross_entropy(20.0 * a @ p.T, torch.arange(len(PAIRS)))
+    assert abs(log[0]["loss"] - float(want)) < 1e-5
+    assert log[1]["loss"] < log[0]["loss"]
+    after = load(tmp_path / "out").model.embedding.weight.detach()
+    seen = sorted({i for x, y in PAIRS for i in tok.ids_batch([x, y])[0]})
+    unseen = torch.ones(len(tok), dtype=torch.bool)
+    unseen[seen] = False
+    assert torch.equal(after[unseen], before[unseen])  # a row moves only when its token is in a batch
+    assert not torch.equal(after[seen], before[seen])
+
+
+def test_static_training_from_scratch_saves_a_folder_sentence_transformers_reads(st, tiny_dir, tmp_path):
+    static_run(tmp_path, tiny_dir, static_dim=6)
+    out = tmp_path / "out"
+    assert load(out).model.config.hidden_size == 6
+    texts = [x for x, _ in PAIRS]
+    assert np.abs(bertkit.embed(texts, out) - st.SentenceTransformer(str(out), device="cpu").encode(texts)).max() < 1e-6

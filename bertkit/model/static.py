@@ -81,6 +81,15 @@ class StaticEmbedding(nn.Module):
         """input_ids [N] and offsets [B] -> the mean vector of each text [B, D] (not normalised)."""
         return self.embedding(input_ids, offsets)
 
+    def embed_padded(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """A padded batch [B, T] (ids without [CLS]/[SEP], mask 1 on real ids) -> [B, D]: the same mean,
+        for training code that batches as it does for an encoder."""
+        real = attention_mask.bool()
+        sizes = real.sum(dim=1)
+        offsets = torch.zeros_like(sizes)
+        offsets[1:] = torch.cumsum(sizes, 0)[:-1]
+        return self.embedding(input_ids[real], offsets)
+
 
 @dataclass(frozen=True)
 class Static:

@@ -57,7 +57,7 @@ from bertkit.errors import BertkitError
 from bertkit.model.modeling import BertModel
 from bertkit.runtime.quantization import dense_ops, load_quantized
 from bertkit.model.sentence_layout import SentenceLayout, read_layout
-from bertkit.model.static import is_static, read_static
+from bertkit.model.static import StaticEmbedding, is_static, read_static
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.tokenizer_json import read_tokenizer_json
 
@@ -160,7 +160,7 @@ class _Plan:
 def _held(net: nn.Module, tok) -> _Plan:
     """A (model, tokenizer) pair in memory: nothing to build (where it is, and whether it is int8, are
     read from the model when it is placed)."""
-    return _Plan(None, None, None, "embed", {}, False, net, tok)
+    return _Plan(None, None, None, "static" if isinstance(net, StaticEmbedding) else "embed", {}, False, net, tok)
 
 
 def _plan(saved: Saved, head: str, int8: bool) -> _Plan:

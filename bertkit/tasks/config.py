@@ -203,6 +203,10 @@ class EmbedConfig(TaskConfig):
     matryoshka_dims: str | None = _opt(None, "comma-separated leading dimensions to train too (e.g. 384,256,128,64): "
                                              "Matryoshka, for vectors stored truncated")
     matryoshka_weights: str | None = _opt(None, "comma-separated weight of each --matryoshka-dims (default 1 each)")
+    static: bool = _opt(False, "train a static embedding table (no transformer; sentence-transformers' static recipe): "
+                               "MODEL's table when it is a static folder (bertkit distill static), else a new random "
+                               "one over MODEL's vocabulary, --static-dim wide")
+    static_dim: int = _opt(256, "--static without a static MODEL: the new table's width")
 
     def validate(self) -> "EmbedConfig":
         for name in ("train", "output"):
@@ -219,5 +223,7 @@ class EmbedConfig(TaskConfig):
                                f"and {self.scale}")
         if self.matryoshka_weights and not self.matryoshka_dims:
             raise BertkitError("--matryoshka-weights needs --matryoshka-dims")
+        if self.static and (self.static_dim < 1 or self.pooling == "cls"):
+            raise BertkitError("--static averages its tokens (no --pooling cls) and needs --static-dim >= 1")
         self.training.validate()
         return self

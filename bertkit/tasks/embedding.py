@@ -64,6 +64,8 @@ from bertkit.data.beir import qrels_path, training_pairs
 from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts
 from bertkit.retrieval.mining import GROUP_COLUMN
 from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
+from bertkit.model.static import StaticEmbedding
+from bertkit.tasks.static_embed import save_static_model, static_rows, static_start
 from bertkit.training.distributed import gather_with_grad
 
 NEGATIVE = re.compile(r"^negative(_?\d+)?$")
@@ -304,6 +306,8 @@ class SentenceEmbedder(nn.Module):
 
     def embed(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         """[m, T] tokens -> [m, H] sentence vectors, each row padded only to the rows' longest."""
+        if isinstance(self.encoder, StaticEmbedding):  # a table: the mean of the rows, no forward pass
+            return self.encoder.embed_padded(input_ids, attention_mask)
         T = int(attention_mask.sum(dim=1).max())
         input_ids, attention_mask = input_ids[:, :T], attention_mask[:, :T]
         token_type_ids = None if token_type_ids is None else token_type_ids[:, :T]
@@ -389,7 +393,8 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
     """Train sentence embeddings on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
     cfg.validate()
     tcfg = cfg.training
-    output = resolve_output(read_layout(resolve(cfg.model)), cfg.pooling)  # "auto": the model's own, else mean
+    # "auto": the model's own pooling, else mean; a static table has no layout to read (it averages)
+    output = resolve_output(None if cfg.static else read_layout(resolve(cfg.model)), cfg.pooling)
     cfg.pooling = output.pooling
     cfg.max_length = cfg.max_length or output.length or 256
     examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
@@ -401,9 +406,12 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
                            f"use --loss {'cosent' if examples.scored else 'mnrl'}")
     cfg.loss = loss
     dims, weights = parse_dims(cfg.matryoshka_dims, "dims"), parse_dims(cfg.matryoshka_weights, "weights")
-    tok = load_tokenizer(cfg.model)
     torch.manual_seed(tcfg.seed)
-    encoder = load_head(BertModel, cfg.model, tcfg.seed, log)  # an ELECTRA folder: its ElectraModel
+    if cfg.static:  # bertkit.tasks.static_embed
+        encoder, tok = static_start(cfg, log)
+    else:
+        tok = load_tokenizer(cfg.model)
+        encoder = load_head(BertModel, cfg.model, tcfg.seed, log)  # an ELECTRA folder: its ElectraModel
     if dims and max(dims) > encoder.config.hidden_size:
         raise BertkitError(f"--matryoshka-dims {dims}: the largest exceeds the model's {encoder.config.hidden_size} "
                            "dimensions")
@@ -412,12 +420,14 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
     log(f"embedding task: {len(examples.rows)} examples x {len(examples.columns)} texts "
         f"({', '.join(examples.columns)}), loss {loss}{f' (Matryoshka {dims})' if dims else ''}, "
         f"pooling {cfg.pooling}, max length {cfg.max_length}")
-    ids = tokenize_rows(tok, examples, cfg.max_length)
+    ids = (static_rows if cfg.static else tokenize_rows)(tok, examples, cfg.max_length)
     evaluate, metric = dev_evaluator(cfg, tok, log)
     tcfg.metric = tcfg.metric or metric
     out = Path(cfg.output)
 
     def save(m):
+        if cfg.static:
+            return save_static_model(m.encoder, tok, out)
         m.encoder.save_pretrained(out, tokenizer=tok)
         write_layout(out, pooling=cfg.pooling, normalize=cfg.normalize, max_seq_length=cfg.max_length,
                      hidden_size=m.encoder.config.hidden_size, dimensions=dims)
