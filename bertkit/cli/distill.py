@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from bertkit.distill.config import StaticDistillConfig
+from bertkit.distill.config import LayersDistillConfig, StaticDistillConfig
 from bertkit.options import add_options, from_args
 
 
@@ -27,9 +27,36 @@ def add_distill(sub):
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(handler=run_static)
 
+    lay = kinds.add_parser(
+        "layers",
+        help="a student with --keep of the teacher's layers, trained to give its sentence vectors (MSE)",
+        description="Build a student from --keep evenly spaced layers of MODEL (its embeddings, pooler and "
+        "sentence-transformers layout copied) and train it through the training loop to match MODEL's sentence "
+        "vectors on the --data sentences (the teacher runs once). Saved in the teacher's layout: every command "
+        "takes the output as a model. --resume continues a killed run.",
+        epilog="examples:\n  bertkit distill layers --keep 3 --data sentences.txt -o student/\n"
+        "  bertkit distill layers runs/emb --keep 2 --data s.txt -o student/ --epochs 2 --precision bf16",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lay.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model folder (default: the default model)")
+    add_options(lay, LayersDistillConfig, LAYERS_DEFAULTS)
+    lay.set_defaults(handler=run_layers)
+
+
+# the command's own defaults (sentence-transformers' layer-reduction example: one pass, a higher rate)
+LAYERS_DEFAULTS = {"training": {"epochs": 1.0, "optim": {"learning_rate": 1e-4}}}
+
 
 def run_static(args):
     from bertkit.distill.static import distill_static
 
     report = distill_static(args.model, args.output, from_args(args, StaticDistillConfig), progress=not args.quiet)
     print(json.dumps(report), file=sys.stderr)
+
+
+def run_layers(args):
+    from bertkit.distill.layers import distill_layers
+
+    config = from_args(args, LayersDistillConfig, LAYERS_DEFAULTS)
+    report = distill_layers(args.model, config.output, config)
+    print(json.dumps({k: v for k, v in report.items() if k != "epochs"}), file=sys.stderr)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bertkit.errors import BertkitError
+from bertkit.tasks.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -34,3 +35,23 @@ class StaticDistillConfig:
             raise BertkitError(f"--sif-coefficient must be in (0, 1), got {self.sif_coefficient}")
         if self.max_words < 0 or self.min_count < 1 or self.batch_size < 1:
             raise BertkitError("--max-words must be >= 0, --min-count and --batch-size >= 1")
+
+
+@dataclass
+class LayersDistillConfig:
+    """`bertkit distill layers`: a student of --keep evenly spaced teacher layers (see bertkit.distill.layers)."""
+
+    keep: int | None = field(default=None, metadata={"help": "teacher layers the student keeps", "required": True})
+    data: str | None = field(default=None, metadata={
+        "help": "the sentences to match the teacher on: one per line (or .tsv/.jsonl)", "required": True})
+    output: str | None = field(default=None, metadata={"help": "the student's folder", "short": "-o",
+                                                        "required": True})
+    training: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> "LayersDistillConfig":
+        if self.keep is None or self.data is None or self.output is None:
+            raise BertkitError("--keep, --data and -o/--output are required")
+        if self.keep < 1:
+            raise BertkitError(f"--keep {self.keep}: keep at least 1 layer")
+        self.training.validate()
+        return self
