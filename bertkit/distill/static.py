@@ -42,8 +42,8 @@ import torch
 from bertkit.data.textfiles import read_texts
 from bertkit.distill.config import StaticDistillConfig
 from bertkit.embeddings.features import run_batch
-from bertkit.embeddings.pooling import pool_sentence
 from bertkit.errors import BertkitError
+from bertkit.model.modeling import pool_sentence
 from bertkit.model.static import StaticEmbedding, save_static
 from bertkit.runtime.loading import load
 from bertkit.text.basic_tokenizer import basic_words
@@ -131,7 +131,7 @@ def teacher_vectors(loaded, inputs: list, batch_size: int, progress: bool) -> np
         batch = order[b : b + batch_size]
         vectors = run_batch(loaded.model, [_Row(inputs[i]) for i in batch], "last", pad)
         for i, tokens in zip(batch, vectors):
-            out[i] = pool_sentence(tokens, loaded.pooling)
+            out[i] = pool_sentence(tokens[None], None, loaded.pooling)[0].numpy()  # [T, H] -> [H]
         if bar is not None:
             bar.update(len(batch))
     if bar is not None:

@@ -223,7 +223,7 @@ class EmbedConfig(TaskConfig):
                                f"and {self.scale}")
         if self.matryoshka_weights and not self.matryoshka_dims:
             raise BertkitError("--matryoshka-weights needs --matryoshka-dims")
-        if self.static and (self.static_dim < 1 or self.pooling == "cls"):
-            raise BertkitError("--static averages its tokens (no --pooling cls) and needs --static-dim >= 1")
+        if self.static and (self.static_dim < 1 or self.pooling not in (AUTO, "mean")):
+            raise BertkitError("--static averages its tokens (--pooling mean) and needs --static-dim >= 1")
         self.training.validate()
         return self
