@@ -100,7 +100,7 @@ def test_a_short_run_starts_at_the_hand_computed_loss_and_saves_the_teachers_lay
     first = [r for r in records if r["split"] == "train"][0]
     assert abs(first["loss"] - float(want)) < 1e-5
     saved = load(tmp_path / "student")
-    assert saved.model.config.num_hidden_layers == 1 and saved.pooling == teacher.pooling
+    assert saved.model.config.num_hidden_layers == 1 and saved.layout.pooling == teacher.layout.pooling
 
 
 @pytest.mark.parametrize("args, words", [

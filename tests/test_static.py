@@ -97,7 +97,7 @@ def test_a_folder_sentence_transformers_wrote_loads_with_the_same_vectors(st, de
     model.save(str(tmp_path))
     mine = bertkit.embed(TEXTS, tmp_path)
     assert np.abs(mine - model.encode(TEXTS)).max() < 1e-6
-    assert load(tmp_path).normalize is normalize
+    assert load(tmp_path).layout.normalize is normalize
 
 
 def test_a_folder_model2vec_wrote_loads_with_model2vecs_vectors(tok, tmp_path):
@@ -129,7 +129,7 @@ def test_a_model2vec_vocabulary_without_cls_sep_mask_gets_them_after_its_last_id
 
 def test_the_loader_reads_a_static_folder_and_refuses_what_it_cannot_do(ours):
     loaded = load(ours)
-    assert loaded.task == "static" and loaded.dtype == torch.float32 and loaded.pooling == "mean"
+    assert loaded.task == "static" and loaded.dtype == torch.float32 and loaded.layout.pooling == "mean"
     with pytest.raises(BertkitError, match="no task head"):
         load(ours, head="task")
     with pytest.raises(BertkitError, match="int8"):

@@ -25,6 +25,7 @@ Shapes: B sentences, H hidden, C classes.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -37,10 +38,9 @@ from torch import nn
 from bertkit.data.textfiles import read_texts
 from bertkit.distill.config import LayersDistillConfig
 from bertkit.errors import BertkitError
-from bertkit.model.modeling import mean_pool
+from bertkit.model.modeling import pool_sentence
 from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.loading import load
-from bertkit.tasks.run import write_json
 from bertkit.tasks.trainer import train
 
 LAYER_KEY = re.compile(r"^(.*encoder\.layers\.)(\d+)(\..*)$")  # our names (bertkit.model.modeling)
@@ -109,7 +109,7 @@ class SentenceStudent(nn.Module):
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, labels=None) -> StudentOutput:
         hidden = self.encoder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
-        vectors = mean_pool(hidden, attention_mask) if self.pooling == "mean" else hidden[:, 0]
+        vectors = pool_sentence(hidden, attention_mask, self.pooling)
         return StudentOutput(vector_loss(vectors, labels))
 
 
@@ -117,7 +117,7 @@ def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, 
     """The teacher's sentence vectors [N, H] (not normalised), cut at `max_length` tokens as the student sees them."""
     from bertkit.embeddings.features import iter_embed
 
-    rows = iter_embed(texts, loaded, pooling=loaded.pooling, normalize=False, max_length=max_length, truncate=True,
+    rows = iter_embed(texts, loaded, normalize=False, max_length=max_length, truncate=True,
                       batch_size=batch_size, progress=progress, total=len(texts))
     return np.stack(list(rows)).astype(np.float32)
 
@@ -143,8 +143,9 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print) -> dic
         raise BertkitError("the teacher has a single layer: there is nothing to drop")
     student, layers = student_from(teacher.model, config.keep)
     length = teacher.max_length
+    pooling = teacher.layout.pooling if teacher.layout is not None else "mean"  # as embed pools it
     log(f"teacher: {teacher.model.config.num_hidden_layers} layers; student: layers {layers} of it; "
-        f"{len(texts)} sentences, {teacher.pooling} pooling, max length {length}")
+        f"{len(texts)} sentences, {pooling} pooling, max length {length}")
     targets = teacher_targets(teacher, texts, length, progress=config.training.progress)
     tok = teacher.tokenizer
     enc = tok.encode_batch(texts, max_length=length, padding=False, return_tensors=None)
@@ -158,10 +159,10 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print) -> dic
             write_layout(out, pooling=m.pooling, normalize=layout.normalize, max_seq_length=layout.max_seq_length,
                          hidden_size=m.encoder.config.hidden_size, dimensions=layout.dimensions)
 
-    result = train(SentenceStudent(student, teacher.pooling), features, config.training, save=save, output_dir=out,
+    result = train(SentenceStudent(student, pooling), features, config.training, save=save, output_dir=out,
                    pad_id=tok.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)}, log=log)
     final = {"layers": layers, "sentences": len(texts), "train_seconds": round(result.seconds, 1),
              "epochs": result.history}
     if result.is_main:
-        write_json(out / "distill.json", final)
+        (out / "distill.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
     return final

@@ -47,12 +47,10 @@ from bertkit.model.modeling import pool_sentence
 from bertkit.model.static import StaticEmbedding, save_static
 from bertkit.runtime.loading import load
 from bertkit.text.basic_tokenizer import basic_words
-from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.tokenizer_json import write_tokenizer_json
-from bertkit.text.vocab import CLS, MASK, SEP
 
 UNUSED = re.compile(r"\[unused\d+\]")
-NOT_DISTILLED = (CLS, SEP, MASK)  # a static model adds no special tokens; [PAD] and [UNK] stay, as in model2vec
+NOT_DISTILLED = ("[CLS]", "[SEP]", "[MASK]")  # a static model adds none of them; [PAD] and [UNK] stay, as in model2vec
 
 
 def pca(table: np.ndarray, dim: int) -> np.ndarray:
@@ -90,7 +88,7 @@ def corpus_texts(files) -> list[str]:
     return texts
 
 
-def frequent_words(tok: Tokenizer, texts: list, max_words: int, min_count: int) -> list[str]:
+def frequent_words(tok, texts: list, max_words: int, min_count: int) -> list[str]:
     """The corpus's words (as the basic tokenizer cuts and normalises them) that WordPiece splits into
     several pieces, seen at least `min_count` times, most frequent first, at most `max_words`."""
     chunks = collections.Counter(c for text in texts for c in text.split())
@@ -103,7 +101,7 @@ def frequent_words(tok: Tokenizer, texts: list, max_words: int, min_count: int) 
     return ranked[:max_words]
 
 
-def token_inputs(tok: Tokenizer, n_vocab: int, words: list) -> list[list[int]]:
+def token_inputs(tok, n_vocab: int, words: list) -> list[list[int]]:
     """What the model reads for each row: [CLS] t [SEP] for a vocabulary token, [CLS] its pieces [SEP]
     for an added word."""
     rows = [[tok.cls_token_id, i, tok.sep_token_id] for i in range(n_vocab)]
@@ -127,11 +125,12 @@ def teacher_vectors(loaded, inputs: list, batch_size: int, progress: bool) -> np
 
         bar = tqdm(total=len(inputs), unit="token", desc="distil")
     pad = loaded.tokenizer.pad_token_id
+    pooling = loaded.layout.pooling if loaded.layout is not None else "mean"  # the model's own, as embed pools
     for b in range(0, len(order), batch_size):
         batch = order[b : b + batch_size]
         vectors = run_batch(loaded.model, [_Row(inputs[i]) for i in batch], "last", pad)
         for i, tokens in zip(batch, vectors):
-            out[i] = pool_sentence(tokens[None], None, loaded.pooling)[0].numpy()  # [T, H] -> [H]
+            out[i] = pool_sentence(tokens[None], None, pooling)[0].numpy()  # [T, H] -> [H]
         if bar is not None:
             bar.update(len(batch))
     if bar is not None:
@@ -139,7 +138,7 @@ def teacher_vectors(loaded, inputs: list, batch_size: int, progress: bool) -> np
     return out
 
 
-def _probabilities(tok: Tokenizer, keep: np.ndarray, texts: list | None) -> np.ndarray:
+def _probabilities(tok, keep: np.ndarray, texts: list | None) -> np.ndarray:
     """p(t) for the kept rows: the corpus's token frequencies, else Zipf over the vocabulary order."""
     p = np.zeros(len(tok), dtype=np.float64)
     if texts is None:
@@ -157,7 +156,7 @@ def _check_output(output) -> Path:
     return output
 
 
-def _save(model: StaticEmbedding, tok: Tokenizer, output: Path) -> None:
+def _save(model: StaticEmbedding, tok, output: Path) -> None:
     """Write the folder next to `output`, then move it into place: a killed run leaves no half folder."""
     output.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
@@ -188,7 +187,7 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     tok = loaded.tokenizer
     words = frequent_words(tok, texts, config.max_words, config.min_count) if texts else []
     n_vocab = len(tok)
-    student_tok = Tokenizer(tok.ids_to_tokens + words, lowercase=tok.lowercase, strip_accents=tok.strip_accents,
+    student_tok = type(tok)(tok.ids_to_tokens + words, lowercase=tok.lowercase, strip_accents=tok.strip_accents,
                             tokenize_chinese_chars=tok.tokenize_chinese_chars,
                             max_input_chars_per_word=tok.max_input_chars_per_word)
     keep = np.array([not (UNUSED.fullmatch(t) or t in NOT_DISTILLED) for t in student_tok.ids_to_tokens])

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.pooling import l2_normalize
 
 
 def _bags(ids: list, lengths: list, skip_ids: tuple, max_length: int | None):
@@ -88,8 +87,8 @@ def iter_static(texts: Iterable, loaded, normalize: bool | None = None, *, max_l
                 raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
         ids, lengths = tok.ids_batch(chunk)
         vectors = static_vectors(model, ids, lengths, max_length)
-        if normalize:
-            vectors = l2_normalize(vectors)
+        if normalize:  # as torch's F.normalize (sentence-transformers' Normalize): norms below 1e-12 taken as 1e-12
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         if bar is not None:
             bar.update(len(chunk))
         yield from vectors

@@ -64,7 +64,6 @@ from bertkit.data.beir import qrels_path, training_pairs
 from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts
 from bertkit.retrieval.mining import GROUP_COLUMN
 from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
-from bertkit.model.static import StaticEmbedding
 from bertkit.tasks.static_embed import save_static_model, static_rows, static_start
 from bertkit.training.distributed import gather_with_grad
 
@@ -306,7 +305,7 @@ class SentenceEmbedder(nn.Module):
 
     def embed(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         """[m, T] tokens -> [m, H] sentence vectors, each row padded only to the rows' longest."""
-        if isinstance(self.encoder, StaticEmbedding):  # a table: the mean of the rows, no forward pass
+        if hasattr(self.encoder, "embed_padded"):  # a static table (bertkit.model.static): the rows' mean, no forward
             return self.encoder.embed_padded(input_ids, attention_mask)
         T = int(attention_mask.sum(dim=1).max())
         input_ids, attention_mask = input_ids[:, :T], attention_mask[:, :T]

@@ -27,13 +27,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bertkit.data.textfiles import read_text
 from bertkit.errors import BertkitError
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.vocab import CLS, SEP, SPECIAL_TOKENS, UNK, tokens_from_tokenizer_json
-from bertkit.text.wordpiece import CONTINUATION
 
 TOKENIZER_JSON = "tokenizer.json"
+CONTINUATION = "##"  # WordPiece's prefix of a word-internal piece (bertkit.text.wordpiece)
 
 
 def _added(tok: Tokenizer) -> list[dict]:
@@ -104,10 +103,10 @@ def read_tokenizer_json(path) -> Tokenizer:
         path = path / TOKENIZER_JSON
     if not path.is_file():
         raise BertkitError(f"no {TOKENIZER_JSON} at {path}: a static model's folder holds its tokenizer there")
-    text = read_text(path, "tokenizer file")
     try:
+        text = path.read_text(encoding="utf-8")
         data = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BertkitError(f"{path} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise BertkitError(f"{path} must hold a JSON object (a Hugging Face tokenizer.json)")
