@@ -37,7 +37,7 @@ from bertkit.data.beir import document_text, load_beir  # noqa: E402
 from bertkit.default_model import default_model_dir  # noqa: E402
 from bertkit.distill.config import StaticDistillConfig  # noqa: E402
 from bertkit.distill.static import distill_static  # noqa: E402
-from bertkit.embeddings.features import encoder  # noqa: E402
+from bertkit.embeddings.features import load_encoder as encoder  # noqa: E402
 from bertkit.metrics.retrieval import evaluate_run  # noqa: E402
 from bertkit.metrics.tasks import spearman  # noqa: E402
 from bertkit.retrieval.evaluation import dense_run, read_sts  # noqa: E402

@@ -23,7 +23,7 @@ from harness import SHARED_DATA, interleaved, machine_line  # noqa: E402
 
 import bertkit  # noqa: E402
 from bertkit.data.beir import document_text, read_corpus  # noqa: E402
-from bertkit.embeddings.features import encoder  # noqa: E402
+from bertkit.embeddings.features import load_encoder as encoder  # noqa: E402
 from bertkit.retrieval.evaluation import read_sts  # noqa: E402
 
 

@@ -16,6 +16,7 @@ from bertkit.errors import BertkitError
 from bertkit.model.config import BertConfig
 from bertkit.model.heads import BertForSequenceClassification
 from bertkit.model.modeling import BertModel
+from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.loading import load
 from bertkit.tasks.config import TrainConfig
 from bertkit.training.optim import OptimConfig
@@ -87,6 +88,7 @@ def test_a_short_run_starts_at_the_hand_computed_loss_and_saves_the_teachers_lay
     conf = json.loads((exact / "config.json").read_text())
     (exact / "config.json").write_text(json.dumps({**conf, "hidden_dropout_prob": 0.0,
                                                    "attention_probs_dropout_prob": 0.0}))
+    write_layout(exact, pooling="mean", normalize=True, max_seq_length=16, hidden_size=32)  # the student keeps it
     tiny_dir = exact
     cfg = config(tmp_path)
     report = distill_layers(tiny_dir, cfg.output, cfg, log=lambda s: None)
@@ -100,7 +102,7 @@ def test_a_short_run_starts_at_the_hand_computed_loss_and_saves_the_teachers_lay
     first = [r for r in records if r["split"] == "train"][0]
     assert abs(first["loss"] - float(want)) < 1e-5
     saved = load(tmp_path / "student")
-    assert saved.model.config.num_hidden_layers == 1 and saved.layout.pooling == teacher.layout.pooling
+    assert saved.model.config.num_hidden_layers == 1 and saved.layout == teacher.layout
 
 
 @pytest.mark.parametrize("args, words", [
