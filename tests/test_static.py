@@ -281,3 +281,14 @@ def test_static_training_from_scratch_saves_a_folder_sentence_transformers_reads
     assert load(out).model.config.hidden_size == 6
     texts = [x for x, _ in PAIRS]
     assert np.abs(bertkit.embed(texts, out) - st.SentenceTransformer(str(out), device="cpu").encode(texts)).max() < 1e-6
+
+
+def test_index_and_search_run_a_static_model(ours, tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("The cat sat on the mat.\n")
+    (docs / "b.txt").write_text("Quantum computers use qubits.\n")
+    assert main(["index", str(docs), "-o", str(tmp_path / "i"), "--model", str(ours)]) == 0
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "i"), "The cat sat on the mat.", "-k", "1"]) == 0
+    assert "[a#0]" in capsys.readouterr().out

@@ -70,7 +70,6 @@ from tqdm import tqdm
 
 from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
-from bertkit.model.static import is_static, weights_folder
 from bertkit.errors import BertkitError
 from bertkit.embeddings.features import load_encoder
 from bertkit.embeddings.settings import resolve_output
@@ -97,9 +96,9 @@ log = logging.getLogger(__name__)
 
 def fingerprint(directory) -> str:
     """SHA-256 of a model directory's weights files (the first of model.safetensors, its shards'
-    index, pytorch_model.bin, model.int8.safetensors that exists; a sharded checkpoint's shards too;
-    a static model's table, in its module folder)."""
-    directory = weights_folder(directory) if is_static(directory) else Path(directory)
+    index, pytorch_model.bin, model.int8.safetensors that exists; a sharded checkpoint's shards too).
+    A static model's table sits in its module folder, which the loader records (info["weights_dir"])."""
+    directory = Path(directory)
     names = [n for n in (*WEIGHT_FILES, INT8_WEIGHTS) if (directory / n).is_file()]
     if not names:
         raise BertkitError(f"{directory} holds no weights file ({', '.join(WEIGHT_FILES)})")
@@ -119,7 +118,8 @@ def model_record(loaded: Loaded) -> dict:
     """What index.json says about the model: enough to embed a query the same way and to recognise it."""
     if loaded.directory is None:
         raise BertkitError("an index needs a model directory (its fingerprint is recorded), not a model in memory")
-    return {"directory": str(loaded.directory.resolve()), "fingerprint": fingerprint(loaded.directory),
+    weights = loaded.info.get("weights_dir", loaded.directory)  # a static model's table: its module folder
+    return {"directory": str(loaded.directory.resolve()), "fingerprint": fingerprint(weights),
             "pooling": resolve_output(loaded.layout).pooling, "normalize": True, "max_length": loaded.max_length,
             "precision": loaded.precision}
 

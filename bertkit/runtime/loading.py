@@ -57,7 +57,7 @@ from bertkit.errors import BertkitError
 from bertkit.model.modeling import BertModel
 from bertkit.runtime.quantization import dense_ops, load_quantized
 from bertkit.model.sentence_layout import SentenceLayout, read_layout
-from bertkit.model.static import StaticEmbedding, is_static, read_static
+from bertkit.model.static import StaticEmbedding, is_static, read_static, weights_folder
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.tokenizer_json import read_tokenizer_json
 
@@ -303,5 +303,5 @@ def _load_static(directory: Path, head: str, device, int8: bool) -> Loaded:
     unk = (tok.unk_token_id,) if static.layout == "model2vec" else ()
     config.skip_ids = unk + tuple(i for i in tok.all_special_ids if i >= config.vocab_size)
     layout = SentenceLayout("mean", config.normalize, None)
-    return Loaded(static.model.eval().to(where), tok, directory, "static", {"layout": static.layout}, layout, where,
-                  torch.float32, False)
+    info = {"layout": static.layout, "weights_dir": weights_folder(directory)}  # the index fingerprints the table
+    return Loaded(static.model.eval().to(where), tok, directory, "static", info, layout, where, torch.float32, False)

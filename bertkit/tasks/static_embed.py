@@ -23,12 +23,11 @@ import torch
 
 from bertkit.model.static import StaticEmbedding, is_static, read_static, save_static
 from bertkit.tasks.run import load_tokenizer
-from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.tokenizer_json import read_tokenizer_json, write_tokenizer_json
 
 
-def static_start(cfg, log=print) -> tuple[StaticEmbedding, Tokenizer]:
-    """The table to train and its tokenizer (see the module docstring)."""
+def static_start(cfg, log=print) -> tuple:
+    """(the StaticEmbedding to train, its Tokenizer) (see the module docstring)."""
     if cfg.model is not None and is_static(cfg.model):
         static = read_static(cfg.model)
         tok = read_tokenizer_json(static.tokenizer_dir)
@@ -45,7 +44,7 @@ def static_start(cfg, log=print) -> tuple[StaticEmbedding, Tokenizer]:
     return model, tok
 
 
-def static_rows(tok: Tokenizer, examples, max_length: int) -> list[list[list[int]]]:
+def static_rows(tok, examples, max_length: int) -> list[list[list[int]]]:
     """The ids of every text (no special tokens, at most max_length), each distinct text once: ids[row][column]."""
     rows = examples.rows
     distinct = list(dict.fromkeys(t for row in rows for t in row))
@@ -57,5 +56,5 @@ def static_rows(tok: Tokenizer, examples, max_length: int) -> list[list[list[int
     return [[where[t] for t in row] for row in rows]
 
 
-def save_static_model(model: StaticEmbedding, tok: Tokenizer, out) -> None:
+def save_static_model(model: StaticEmbedding, tok, out) -> None:
     write_tokenizer_json(tok, save_static(model, out))
