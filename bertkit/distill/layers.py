@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.data.textfiles import read_texts
+from bertkit.embeddings.features import iter_embed
 from bertkit.distill.config import LayersDistillConfig
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import pool_sentence
@@ -115,8 +116,6 @@ class SentenceStudent(nn.Module):
 
 def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, progress: bool = False) -> np.ndarray:
     """The teacher's sentence vectors [N, H] (not normalised), cut at `max_length` tokens as the student sees them."""
-    from bertkit.embeddings.features import iter_embed
-
     rows = iter_embed(texts, loaded, normalize=False, max_length=max_length, truncate=True,
                       batch_size=batch_size, progress=progress, total=len(texts))
     return np.stack(list(rows)).astype(np.float32)

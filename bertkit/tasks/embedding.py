@@ -407,7 +407,7 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
     dims, weights = parse_dims(cfg.matryoshka_dims, "dims"), parse_dims(cfg.matryoshka_weights, "weights")
     torch.manual_seed(tcfg.seed)
     if cfg.static:  # bertkit.tasks.static_embed
-        encoder, tok = static_start(cfg, log)
+        encoder, tok = static_start(cfg, load_tokenizer, log)
     else:
         tok = load_tokenizer(cfg.model)
         encoder = load_head(BertModel, cfg.model, tcfg.seed, log)  # an ELECTRA folder: its ElectraModel

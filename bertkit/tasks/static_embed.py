@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 
 from bertkit.model.static import StaticEmbedding, is_static, read_static, save_static
-from bertkit.tasks.run import load_tokenizer
 from bertkit.text.tokenizer_json import read_tokenizer_json, write_tokenizer_json
 
 
-def static_start(cfg, log=print) -> tuple:
-    """(the StaticEmbedding to train, its Tokenizer) (see the module docstring)."""
+def static_start(cfg, load_tokenizer, log=print) -> tuple:
+    """(the StaticEmbedding to train, its Tokenizer) (see the module docstring); `load_tokenizer(model)`
+    reads a transformer folder's vocabulary (the task's own reader)."""
     if cfg.model is not None and is_static(cfg.model):
         static = read_static(cfg.model)
         tok = read_tokenizer_json(static.tokenizer_dir)
