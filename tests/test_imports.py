@@ -257,6 +257,7 @@ LATE_IMPORTS = {
     "bertkit.cli.features": ({"bertkit.embeddings.features", "bertkit.explain.attention_view",
                               "bertkit.runtime.loading"}, START_UP),
     "bertkit.cli.finetune": ({"bertkit.tasks.predict"}, START_UP),
+    "bertkit.cli.distill": ({"bertkit.distill.layers", "bertkit.distill.static"}, START_UP),
     "bertkit.cli.model": ({"bertkit.runtime.export"}, START_UP),
     "bertkit.cli.pretrain": ({"bertkit.explain.electra_view", "bertkit.explain.fill_mask", "bertkit.pretraining.dataset",
                               "bertkit.pretraining.train"}, START_UP),

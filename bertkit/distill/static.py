@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from bertkit.data.textfiles import read_texts
 from bertkit.distill.config import StaticDistillConfig
@@ -121,8 +122,6 @@ def teacher_vectors(loaded, inputs: list, batch_size: int, progress: bool) -> np
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(inputs), unit="token", desc="distil")
     pad = loaded.tokenizer.pad_token_id
     pooling = loaded.layout.pooling if loaded.layout is not None else "mean"  # the model's own, as embed pools

@@ -312,8 +312,6 @@ def _static_rows(texts, loaded: Loaded, normalize, max_length, chunk_size: int, 
     """A static model's vectors (`bertkit.embeddings.static`), with the progress bar iter_embed shows."""
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=total, unit="text", desc="embed")
     try:
         yield from iter_static(texts, loaded, normalize, max_length=max_length, chunk_size=chunk_size, bar=bar)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from bertkit.errors import BertkitError
@@ -188,8 +189,6 @@ def save_static(model: StaticEmbedding, directory) -> Path:
     """Write `model` as a sentence-transformers StaticEmbedding folder (modules.json, 0_StaticEmbedding/
     model.safetensors, 1_Normalize/ when it normalises); returns the module folder, where the caller
     writes tokenizer.json."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     folder = directory / STATIC_DIR
     folder.mkdir(parents=True, exist_ok=True)

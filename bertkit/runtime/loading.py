@@ -118,7 +118,7 @@ class Loaded:
     @property
     def fine_tuned(self) -> bool:
         """Whether it is a fine-tuned task model (bertkit_task.json, or a Hugging Face head checkpoint)."""
-        return bool(self.info)
+        return bool(self.info) and self.task != "static"  # a static model's info says where its table is
 
     @property
     def max_positions(self) -> int:
