@@ -4,8 +4,8 @@ import argparse
 import os
 
 from bertkit.options import add_options, from_args
+from bertkit.serve import server
 from bertkit.serve.settings import ServeConfig
-from bertkit.serve.server import serve
 
 
 def add_serve(sub):
@@ -30,4 +30,4 @@ def add_serve(sub):
 def run_serve(args):
     # BERTKIT_ONEDNN=1/0 forces oneDNN / MKL for every matmul: read here, at the command line, only
     onednn = {"1": True, "0": False}.get(os.environ.get("BERTKIT_ONEDNN", ""))
-    serve(from_args(args, ServeConfig).with_api_key(dict(os.environ)).validate(), onednn=onednn)
+    server.serve(from_args(args, ServeConfig).with_api_key(dict(os.environ)).validate(), onednn=onednn)
