@@ -17,6 +17,7 @@ from bertkit.explain.attention_view import (
     AttentionMap,
     attention_html,
     attention_map,
+    find_heads,
     find_token,
     load_bertviz,
     offset_attention,
@@ -158,6 +159,77 @@ def test_cli_attention(tmp_path, capsys):
     assert main(["attention", "", "-o", str(page)]) == 2
     assert main(["attention", "x", "--layer", "6", "-o", str(page)]) == 2
     assert "layer 6 is out of range" in capsys.readouterr().err
+
+
+# --- find_heads: where a token looks, over all layers and heads --------------------------
+
+
+def _weight_by_hand(layer: int, token: str, target: str) -> tuple:
+    """softmax(Q K^T / sqrt(D)) of every head of `layer`, recomputed from bertkit.trace's queries and keys
+    (not from the attention weights find_heads reads): the weight `token` gives `target`, [N], and the tokens."""
+    from bertkit import trace
+
+    t = trace(SENTENCE, layer=layer)
+    i, j = t.tokens.index(token), t.tokens.index(target)
+    scores = (t.query @ t.key.transpose(1, 2))[:, i, :]  # [N, T]: what token i scores against every token
+    return torch.softmax(scores / t.head_size ** 0.5, dim=-1)[:, j], t.num_heads
+
+
+def test_find_heads_ranks_every_head_by_the_weight_recomputed_from_queries_and_keys():
+    hits = find_heads(SENTENCE, "he", "bert")
+    by_hand = torch.stack([_weight_by_hand(layer, "he", "bert")[0] for layer in range(6)])  # [L, N]
+    assert len(hits) == by_hand.numel() == 6 * 12
+    assert [h.weight for h in hits] == sorted((h.weight for h in hits), reverse=True)
+    for hit in hits:
+        assert hit.attended == "bert"
+        assert hit.weight == pytest.approx(float(by_hand[hit.layer, hit.head]), abs=1e-5)
+    best = divmod(int(by_hand.argmax()), by_hand.shape[1])
+    assert (hits[0].layer, hits[0].head) == best  # the issue's coreference head: layer 3, head 1 from 0
+    assert hits[0].weight > 0.5  # more than half of "he" goes to "bert" in that one head
+
+
+def test_find_heads_without_target_gives_each_heads_favourite(amap):
+    hits = find_heads(SENTENCE, "it", top=5)
+    it = find_token(amap, "it")
+    assert len(hits) == 5
+    for hit in hits:
+        row = amap.weights[hit.layer, hit.head, it]
+        assert hit.weight == pytest.approx(float(row.max())) and hit.attended == amap.tokens[int(row.argmax())]
+    assert hits[0].weight == pytest.approx(float(amap.weights[:, :, it].max(axis=-1).max()))
+    with pytest.raises(BertkitError, match="occurs nowhere"):
+        find_heads(SENTENCE, "he", "zebra")
+
+
+# --- a masked-LM folder (no pooler) traces and draws ----------------------------------------
+
+
+def test_masked_lm_folder_without_pooler_traces_and_draws(tmp_path, capsys):
+    from bertkit import trace
+    from bertkit.cli import main
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForMaskedLM
+    from bertkit.text.tokenizer import Tokenizer
+    from safetensors.torch import load_file
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "."]
+    config = BertConfig(vocab_size=len(vocab), hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
+                        intermediate_size=13, max_position_embeddings=16)
+    mlm = BertForMaskedLM(config, generator=torch.Generator().manual_seed(0)).eval()
+    mlm.save_pretrained(tmp_path, tokenizer=Tokenizer(vocab))
+    assert not any("pooler" in k for k in load_file(tmp_path / "model.safetensors"))  # the defect's folder
+    ids = torch.tensor([[2, 5, 6, 7, 8, 5, 9, 10, 3]])
+    with torch.no_grad():
+        own = mlm(ids, output_hidden_states=True, output_attentions=True)
+    t = trace("the cat sat on the mat.", layer=1, model=tmp_path)
+    assert t.token_ids == ids[0].tolist()
+    torch.testing.assert_close(t.hidden_states, torch.stack(own.hidden_states)[:, 0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(t.weights, own.attentions[1][0], atol=1e-6, rtol=0)
+    amap = attention_map("the cat sat on the mat.", model=tmp_path)
+    np.testing.assert_allclose(amap.weights, torch.stack(own.attentions)[:, 0].numpy(), atol=1e-6)
+    page = tmp_path / "page.html"
+    assert main(["attention", "the cat sat on the mat.", "--token", "cat", "--model", str(tmp_path),
+                 "-o", str(page)]) == 0
+    assert page.is_file() and "Traceback" not in capsys.readouterr().err
 
 
 # --- offset_attention: the attention each head gives the previous / next token --------------

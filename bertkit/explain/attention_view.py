@@ -37,6 +37,7 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -169,6 +170,38 @@ def find_token(amap: AttentionMap, word: str, occurrence: int = 1) -> int:
         where = f"only {len(hits)} times" if hits else "nowhere"
         raise BertkitError(f"the token {word!r} occurs {where} in the text; its tokens are: {shown}")
     return hits[occurrence - 1]
+
+
+class HeadHit(NamedTuple):
+    """One head's answer to "where does this token look?" (layer and head from 0)."""
+
+    layer: int
+    head: int
+    weight: float  # the attention the token gives `attended` in this head
+    attended: str  # the token attended to (the first piece of a word)
+
+
+def rank_heads(amap: AttentionMap, token: int, target: int | None = None) -> list:
+    """Every (layer, head) ranked by the attention token `token` gives: to the token at index `target`,
+    or, with target None, to the token each head sends it to most. [HeadHit], largest weight first."""
+    rows = amap.weights[:, :, token, :]  # [L, N, T]: what `token` gives every token, per layer and head
+    picked = np.argmax(rows, axis=-1) if target is None else np.full(rows.shape[:2], target)
+    hits = [HeadHit(l, h, float(rows[l, h, picked[l, h]]), amap.tokens[picked[l, h]])
+            for l in range(amap.num_layers) for h in range(amap.num_heads)]
+    return sorted(hits, key=lambda hit: (-hit.weight, hit.layer, hit.head))
+
+
+def find_heads(text: str, token: str, target: str | None = None, model=None, *, occurrence: int = 1,
+               top: int | None = None) -> list:
+    """Search all layers and heads for where the word `token` of `text` attends: the heads ranked by the
+    weight it gives the word `target` (None: whatever each head sends it to most), largest first, the
+    first `top` of them (None: all L x N). Words are found as `find_token` finds them (first piece,
+    `occurrence`-th time); model as in `attention_map`. Clark et al. 2019 found heads this way (e.g. a
+    coreference head that sends a pronoun to its antecedent)."""
+    amap = attention_map(text, model=model)
+    where = find_token(amap, token, occurrence)
+    hits = rank_heads(amap, where, None if target is None else find_token(amap, target))
+    return hits if top is None else hits[:top]
 
 
 def _words(tokens: list) -> list:

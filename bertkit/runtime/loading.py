@@ -218,6 +218,8 @@ def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, to
                 where, chosen, int8_weights)
     if int8_weights:
         return load_quantized(plan.cls, plan.weights, speed), where, chosen, True
+    if plan.cls is BertModel:
+        return _encoder(plan.weights).to(where, chosen), where, chosen, False
     if plan.task != "mlm":
         return plan.cls.from_pretrained(plan.weights).eval().to(where, chosen), where, chosen, False
     # a masked-LM head must be all there: the report is checked here, with a message for fill-mask
@@ -236,6 +238,22 @@ def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, to
     if report.unexpected or report.mismatched:
         raise BertkitError(f"{plan.weights} does not load as {plan.cls.__name__}: {report.describe()}")
     return model.eval().to(where, chosen), where, chosen, False
+
+
+def _encoder(directory) -> BertModel:
+    """The encoder of `directory`, with its pooler when the checkpoint has one. A masked-LM checkpoint
+    (BertForMaskedLM, like transformers') saves no pooler: the encoder loads without it (pooler_output
+    None) rather than with a random one; any other missing or unexpected weight is still refused."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = BertModel.from_pretrained(directory, strict=False)
+    report = model.load_report
+    if report.missing and all(key.startswith("pooler.") for key in report.missing):
+        model.pooler = None
+        report.missing = []
+    if report.problems:
+        raise BertkitError(f"BertModel does not match {report.source}: {report.describe()}")
+    return model.eval()
 
 
 def check_vocabulary(tok, config, directory) -> None:
