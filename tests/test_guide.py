@@ -256,6 +256,9 @@ def test_guide_runs_and_prints_what_it_shows(default_model_dir, tmp_path):
 if __name__ == "__main__":
     if "--update" not in sys.argv[1:]:
         raise SystemExit("usage: python tests/test_guide.py --update   (the test itself runs under pytest)")
+    import torch
+
+    torch.set_num_threads(1)  # as the test runs it: the training blocks' last digits depend on the thread count
     for path in PAGES:
         with tempfile.TemporaryDirectory() as tmp:
             blocks, problems, page = run_page(path, Path(tmp), update=True)
