@@ -249,7 +249,11 @@ PLOTS = ("plotting only: matplotlib takes a second to import and its backend is 
 # Imports stand at the top of a module, where a reader sees what it needs. These are the exceptions, all of
 # them, in one place: importing module -> (what it imports inside a function, why). Any other import inside a
 # function fails the test below; an exception that is gone fails the one after it.
+TQDM = ("tqdm reads its TQDM_* defaults once, when imported: a module the command line loads to build its parser "
+        "imports it after the command's process settings (TQDM_MININTERVAL off a terminal)")
 LATE_IMPORTS = {
+    "bertkit.text.vocab_training": ({"tqdm"}, TQDM),
+    "bertkit.pretraining.prepare": ({"tqdm"}, TQDM),
     # the commands: each imports the library it runs inside its handler
     "bertkit.cli.demo": ({"bertkit.tasks.classification", "bertkit.tasks.predict", "bertkit.tasks.trainer"}, START_UP),
     "bertkit.cli.evaluate": ({"bertkit.retrieval.evaluation", "bertkit.retrieval.mining", "bertkit.tasks.rerank"},
@@ -354,3 +358,14 @@ def oversized() -> list[str]:
 if __name__ == "__main__":
     print(figures())
     print("over the size limits (modules 500 lines, functions 60):", *oversized(), sep="\n  ")
+
+
+def test_the_command_line_loads_no_tqdm_before_its_process_settings():
+    """`bertkit` sets TQDM_MININTERVAL (off a terminal) in main(); tqdm reads it when imported, so importing the
+    command line must not import tqdm (else every bar redraws each 0.1 s into a log)."""
+    import subprocess
+
+    code = "import sys, bertkit.cli; print('tqdm' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout.strip()
+    assert out == "False False"

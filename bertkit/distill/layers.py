@@ -135,7 +135,7 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print) -> dic
     config.validate()
     texts = _texts(config.data)
     teacher = load(model, head="encoder", fast=False)  # float32, plain layers: the targets and the weights to copy
-    if teacher.task != "embed":
+    if teacher.fine_tuned or teacher.task == "static":
         raise BertkitError(f"{model} is a {teacher.task} model: distill layers trains sentence models (MSE on their "
                            "vectors); logits distillation of fine-tuned classifiers is not built yet")
     if teacher.model.config.num_hidden_layers < 2:

@@ -178,7 +178,7 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     texts = corpus_texts(config.corpus) if config.corpus else None
     start = time.perf_counter()
     loaded = load(model, head="encoder", dtype=config.dtype)
-    if loaded.task != "embed":
+    if loaded.fine_tuned or loaded.task == "static":
         raise BertkitError(f"{model} is not a transformer encoder (a {loaded.task} model): distil from a sentence model")
     width = loaded.config.hidden_size
     if config.dim > width:

@@ -116,6 +116,8 @@ def _st_modules(directory: Path) -> list | None:
     modules = _read_json(path, "the sentence-transformers modules")
     if not isinstance(modules, list) or not modules or not all(isinstance(m, dict) for m in modules):
         return None
+    if not all(isinstance(m.get("idx", 0), int) and not isinstance(m.get("idx", 0), bool) for m in modules):
+        return None  # not ours to judge: the layout's reader refuses a bad idx, naming the module
     modules = sorted(modules, key=lambda m: m.get("idx", 0))
     return modules if str(modules[0].get("type", "")).endswith("StaticEmbedding") else None
 

@@ -48,7 +48,6 @@ from pathlib import Path
 import textwrap
 
 import numpy as np
-from tqdm import tqdm
 
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
@@ -188,6 +187,7 @@ def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progr
     for s in shards:
         if str(s) not in pending:
             stats.merge(read_shard_stats(s))
+    from tqdm import tqdm  # late: tqdm reads its TQDM_* defaults when imported, after the command's settings
     bar = tqdm(total=len(files), initial=len(files) - len(todo), unit="file", desc="tokenising",
                disable=not progress, dynamic_ncols=True)
     for _, st in run_jobs(_tokenize_job, todo, cfg.num_workers(), _init_tokenize_worker, (tokenizer,)):
@@ -235,6 +235,7 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
             metas[str(folder)] = meta
         else:
             todo.append((p, b, doc_ids, cfg, str(folder), fingerprint))
+    from tqdm import tqdm  # late: tqdm reads its TQDM_* defaults when imported, after the command's settings
     bar = tqdm(total=len(units), initial=len(units) - len(todo), unit="block", desc="instances",
                disable=not progress, dynamic_ncols=True)
     initargs = (str(out / "corpus"), vocab, tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)

@@ -32,7 +32,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
 
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
@@ -87,6 +86,7 @@ def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, 
     stats = CorpusStats() if stats is None else stats
     bar = None
     if progress:
+        from tqdm import tqdm  # late: tqdm reads its TQDM_* defaults when imported, after the command's settings
         bar = tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc="counting words")
     try:
         for f in files:
@@ -147,6 +147,7 @@ def learn_vocab(word_counts: dict, config: VocabTrainingConfig, progress: bool =
 
     bar = None
     if progress:
+        from tqdm import tqdm  # late: tqdm reads its TQDM_* defaults when imported, after the command's settings
         bar = tqdm(total=max(0, config.vocab_size - len(tokens)), desc="merging pieces")
     while len(tokens) < config.vocab_size and heap:
         neg, pair = heapq.heappop(heap)
