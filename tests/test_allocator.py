@@ -56,7 +56,9 @@ def test_a_forward_pass_reuses_freed_memory_instead_of_faulting_in_new_pages():
     assert statistics.median(default) > block_pages  # fresh memory for the big blocks, every forward
     # most forwards fault nothing; now and then the heap grows by a block or two (6-12 MB)
     assert statistics.median(reuse) < 0.05 * block_pages
-    assert sum(reuse) < 0.1 * sum(default)
+    # the heap may grow by a whole block once in the eight forwards (seen in a CI run on AMD Zen 4: 9,216
+    # pages against the default's 89,865); the default faults in about a block every forward
+    assert sum(reuse) < 0.25 * sum(default)
 
 
 def test_reuse_freed_memory_says_whether_it_applied():
