@@ -1,8 +1,10 @@
 """`bertkit distill layers`: the student starts as the teacher's chosen layers, the losses are the
-formulas written out by hand, and bad input is one clear line."""
+formulas written out by hand (sentence vectors; a fine-tuned model's logits), short runs start at the
+loss computed outside the loop and save the teacher's layout, and bad input is one clear line."""
 
 import json
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +13,9 @@ import torch
 import bertkit
 from bertkit.cli import main
 from bertkit.distill.config import LayersDistillConfig
-from bertkit.distill.layers import distill_layers, kept_layers, soft_label_loss, student_from, vector_loss
+from bertkit.distill.layers import distill_layers, vector_loss
+from bertkit.distill.logits import soft_loss
+from bertkit.distill.student import kept_layers, student_from
 from bertkit.errors import BertkitError
 from bertkit.model.config import BertConfig
 from bertkit.model.heads import BertForSequenceClassification
@@ -66,20 +70,28 @@ def test_the_losses_are_the_formulas_by_hand():
     g = torch.Generator().manual_seed(0)
     s, t = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
     assert abs(float(vector_loss(s, t)) - float(((s - t) ** 2).sum() / 24)) < 1e-6
-    T, alpha = 2.0, 0.3
-    labels = torch.tensor([0, 5, 2, -100])
+    T = 2.0
     p_t, p_s = torch.softmax(t / T, dim=-1), torch.softmax(s / T, dim=-1)
     kl = float((p_t * (p_t.log() - p_s.log())).sum() / 4) * T * T
-    ce = float(-torch.log_softmax(s, dim=-1)[[0, 1, 2], [0, 5, 2]].mean())
-    assert abs(float(soft_label_loss(s, t, T)) - kl) < 1e-5
-    assert abs(float(soft_label_loss(s, t, T, labels, alpha)) - (alpha * kl + (1 - alpha) * ce)) < 1e-5
+    assert abs(float(soft_loss(s, t, T)) - kl) < 1e-5
+    # per token: only the real tokens' rows, each a distribution over the classes
+    s3, t3 = s.reshape(2, 2, 6), t.reshape(2, 2, 6)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    kl3 = float((p_t * (p_t.log() - p_s.log())).sum(-1)[:3].mean()) * T * T
+    assert abs(float(soft_loss(s3, t3, T, mask=mask)) - kl3) < 1e-5
+    # multi-label: a Bernoulli per label; regression: the squared difference, no temperature
+    q_t, q_s = torch.sigmoid(t / T), torch.sigmoid(s / T)
+    bern = (q_t * (q_t / q_s).log() + (1 - q_t) * ((1 - q_t) / (1 - q_s)).log()).mean() * T * T
+    assert abs(float(soft_loss(s, t, T, "multi_label_classification")) - float(bern)) < 1e-5
+    assert abs(float(soft_loss(s[:, :1], t[:, :1], T, "regression")) - float(((s[:, 0] - t[:, 0]) ** 2).mean())) < 1e-6
 
 
-def config(tmp_path, keep=1, **training):
+def config(tmp_path, keep=1, teacher_cache=None, **training):
     (tmp_path / "s.txt").write_text("\n".join(SENTENCES) + "\n")
     opts = {"epochs": 2, "batch_size": 6, "seed": 0, "progress": False, "device": "cpu", **training}
     return LayersDistillConfig(keep=keep, data=str(tmp_path / "s.txt"), output=str(tmp_path / "student"),
-                               training=TrainConfig(**opts, optim=OptimConfig(learning_rate=1e-3)))
+                               training=TrainConfig(**opts, optim=OptimConfig(learning_rate=1e-3)),
+                               teacher_cache=teacher_cache)
 
 
 def test_a_short_run_starts_at_the_hand_computed_loss_and_saves_the_teachers_layout(tiny_dir, tmp_path):
@@ -105,6 +117,25 @@ def test_a_short_run_starts_at_the_hand_computed_loss_and_saves_the_teachers_lay
     assert saved.model.config.num_hidden_layers == 1 and saved.layout == teacher.layout
 
 
+def test_the_teachers_vectors_are_cached_and_reused(tiny_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    cache = tmp_path / "cache" / "teacher.safetensors"
+    cfg = config(tmp_path, teacher_cache=str(cache))
+    lines = []
+    distill_layers(tiny_dir, cfg.output, cfg, log=lines.append)
+    want = bertkit.embed(SENTENCES, tiny_dir, pooling="mean", normalize=False)
+    assert np.allclose(load_file(cache)["vectors"].numpy(), want, atol=1e-6)
+    assert not any("read from" in x for x in lines)
+    lines.clear()
+    distill_layers(tiny_dir, tmp_path / "again", cfg, log=lines.append)
+    assert any(f"teacher vectors read from {cache}" in x for x in lines)
+    (tmp_path / "s.txt").write_text("\n".join(SENTENCES[:3]) + "\n")  # other data: computed again
+    lines.clear()
+    distill_layers(tiny_dir, tmp_path / "other", cfg, log=lines.append)
+    assert any("computing them again" in x for x in lines) and load_file(cache)["vectors"].shape[0] == 3
+
+
 @pytest.mark.parametrize("args, words", [
     (["--keep", "0"], "keep at least 1 layer"),
     (["--keep", "3"], "the teacher has 2 layers; keep 1 to 2"),
@@ -116,5 +147,117 @@ def test_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, words):
     data = ["--data", str(tmp_path / "s.txt")] if "--data" not in args else []
     args = [str(tmp_path / "empty.txt") if a == "EMPTY" else a for a in args]
     assert main(["distill", "layers", str(tiny_dir), "-o", str(tmp_path / "o"), *data, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err
+
+
+# --- a fine-tuned teacher: its logits ---------------------------------------------------------------
+
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def fine_tuned(tiny_dir, path, cls, info, **config):
+    """A tiny 'fine-tuned' model (tiny_dir's encoder, a random head, dropout off), saved as `bertkit finetune`
+    saves one: config.json with the label names, and bertkit_task.json."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the new head's missing weights
+        model = cls.from_pretrained(tiny_dir, strict=False, generator=torch.Generator().manual_seed(3), **NO_DROPOUT,
+                                    **config)
+    model.save_pretrained(path, tokenizer=load(tiny_dir).tokenizer)
+    (path / "bertkit_task.json").write_text(json.dumps(info))
+    return path
+
+
+def logits_config(tmp_path, data, keep=1, **more):
+    opts = {"epochs": 1, "batch_size": 6, "seed": 0, "progress": False, "device": "cpu"}
+    return LayersDistillConfig(keep=keep, data=str(data), output=str(tmp_path / "student"),
+                               training=TrainConfig(**opts, optim=OptimConfig(learning_rate=1e-3)), **more)
+
+
+def first_loss(out) -> float:
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["split"] == "train"][0]["loss"]
+
+
+def padded(tok, texts, pairs=None):
+    enc = [tok.encode(t, pairs[i] if pairs else None) for i, t in enumerate(texts)]
+    T = max(len(e.input_ids) for e in enc)
+    ids = torch.tensor([e.input_ids + [0] * (T - len(e.input_ids)) for e in enc])
+    types = torch.tensor([e.token_type_ids + [0] * (T - len(e.input_ids)) for e in enc])
+    return ids, (ids != 0).long(), types
+
+
+def test_a_classifier_student_learns_the_teachers_logits_and_labels(tiny_dir, tmp_path):
+    info = {"task": "classify", "max_length": 32, "stride": 0, "text_column": "sentence", "label_column": "label"}
+    teacher_dir = fine_tuned(tiny_dir, tmp_path / "teacher", BertForSequenceClassification, info, num_labels=2,
+                             id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1},
+                             problem_type="single_label_classification")
+    labels = [0, 1, 0, 1, 1, 0]
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(
+        f"{s}\t{['neg', 'pos'][y]}\n" for s, y in zip(SENTENCES, labels)))
+    cfg = logits_config(tmp_path, tmp_path / "train.tsv", temperature=3.0, soft_weight=0.3)
+    report = distill_layers(teacher_dir, cfg.output, cfg, log=lambda s: None)
+    assert report["layers"] == [1] and report["labelled"]
+    # step 1 runs at learning rate 0: its loss is the untrained student's, by hand
+    teacher = load(teacher_dir, fast=False)
+    student, _ = student_from(teacher.model, 1)
+    ids, mask, types = padded(teacher.tokenizer, SENTENCES)
+    with torch.no_grad():
+        zt = teacher.model(ids, attention_mask=mask, token_type_ids=types).logits
+        zs = student.eval()(ids, attention_mask=mask, token_type_ids=types).logits
+    T = 3.0
+    p_t, p_s = torch.softmax(zt / T, -1), torch.softmax(zs / T, -1)
+    kl = float((p_t * (p_t.log() - p_s.log())).sum(-1).mean()) * T * T
+    ce = float(-torch.log_softmax(zs, -1)[range(6), labels].mean())
+    assert abs(first_loss(tmp_path / "student") - (0.3 * kl + 0.7 * ce)) < 1e-5
+    # the teacher's layout: bertkit_task.json and the labels, so predict takes the student as it is
+    saved = load(tmp_path / "student")
+    assert saved.info == info and saved.config.labels == ["neg", "pos"] and saved.config.num_hidden_layers == 1
+    assert {p["label"] for p in bertkit.predict(tmp_path / "student", SENTENCES)} <= {"neg", "pos"}
+
+
+def test_a_token_classifier_student_learns_every_real_tokens_logits(tiny_dir, tmp_path):
+    from bertkit.model.heads import BertForTokenClassification
+
+    names = ["O", "B-PER", "I-PER"]
+    info = {"task": "ner", "max_length": 32, "stride": 8, "tag_scheme": "bio"}
+    teacher_dir = fine_tuned(tiny_dir, tmp_path / "teacher", BertForTokenClassification, info, num_labels=3,
+                             id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    (tmp_path / "s.txt").write_text("\n".join(SENTENCES) + "\n")  # unlabelled: one sentence per line
+    cfg = logits_config(tmp_path, tmp_path / "s.txt", temperature=2.0)
+    assert not distill_layers(teacher_dir, cfg.output, cfg, log=lambda s: None)["labelled"]
+    teacher = load(teacher_dir, fast=False)
+    student, _ = student_from(teacher.model, 1)
+    ids, mask, types = padded(teacher.tokenizer, SENTENCES)
+    with torch.no_grad():
+        zt = teacher.model(ids, attention_mask=mask).logits / 2
+        zs = student.eval()(ids, attention_mask=mask).logits / 2
+    kl = (torch.softmax(zt, -1) * (torch.log_softmax(zt, -1) - torch.log_softmax(zs, -1))).sum(-1)  # [B, T]
+    want = float(kl[mask.bool()].mean()) * 4
+    assert abs(first_loss(tmp_path / "student") - want) < 1e-5
+    tags = bertkit.predict(tmp_path / "student", SENTENCES[:2])
+    assert [len(p["tags"]) for p in tags] == [6, 6] and {t for p in tags for t in p["tags"]} <= set(names)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("qa", "is a qa model: distill layers trains sentence models and classifiers"),
+    ("unknown label", "labels ['maybe'] do not occur in the training labels"),
+    ("empty", "holds no inputs"),
+    ("temperature", "--temperature must be > 0"),
+])
+def test_bad_input_for_a_fine_tuned_teacher_is_one_line(tiny_dir, tmp_path, capsys, case, words):
+    from bertkit.model.heads import BertForQuestionAnswering
+
+    info = {"task": "classify", "max_length": 32, "text_column": "sentence", "label_column": "label"}
+    if case == "qa":
+        teacher = fine_tuned(tiny_dir, tmp_path / "t", BertForQuestionAnswering, {"task": "qa", "max_length": 32})
+    else:
+        teacher = fine_tuned(tiny_dir, tmp_path / "t", BertForSequenceClassification, info, num_labels=2,
+                             id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    rows = {"unknown label": "a b\tmaybe\n", "empty": ""}.get(case, "a b\tpos\n")
+    (tmp_path / "d.tsv").write_text("sentence\tlabel\n" + rows)
+    extra = ["--temperature", "0"] if case == "temperature" else []
+    assert main(["distill", "layers", str(teacher), "--keep", "1", "--data", str(tmp_path / "d.tsv"),
+                 "-o", str(tmp_path / "o"), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err

@@ -21,7 +21,7 @@ def add_distill(sub):
         "  bertkit distill static runs/emb -o static/ --dim 128 --corpus notes.txt",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model folder (default: the default model)")
+    s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
     s.add_argument("-o", "--output", required=True, help="the folder to write (new, or empty)")
     add_options(s, StaticDistillConfig)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -29,16 +29,20 @@ def add_distill(sub):
 
     lay = kinds.add_parser(
         "layers",
-        help="a student with --keep of the teacher's layers, trained to give its sentence vectors (MSE)",
-        description="Build a student from --keep evenly spaced layers of MODEL (its embeddings, pooler and "
-        "sentence-transformers layout copied) and train it through the training loop to match MODEL's sentence "
-        "vectors on the --data sentences (the teacher runs once). Saved in the teacher's layout: every command "
-        "takes the output as a model. --resume continues a killed run.",
+        help="a student with --keep of the teacher's layers, trained to give its sentence vectors (MSE) or, "
+        "for a fine-tuned model, its logits (KL at a temperature)",
+        description="Build a student from --keep evenly spaced layers of MODEL (its embeddings, pooler, task head "
+        "and sentence-transformers layout copied) and train it through the training loop to match MODEL on --data "
+        "(the teacher runs once): a sentence model's sentence vectors (MSE); a fine-tuned model's logits "
+        "(DistilBERT's soft loss at --temperature, plus the labels' loss when --data is the table it was trained "
+        "on). Saved in the teacher's layout: every command takes the output as a model. --resume continues a "
+        "killed run.",
         epilog="examples:\n  bertkit distill layers --keep 3 --data sentences.txt -o student/\n"
-        "  bertkit distill layers runs/emb --keep 2 --data s.txt -o student/ --epochs 2 --precision bf16",
+        "  bertkit distill layers runs/emb --keep 2 --data s.txt -o student/ --epochs 2 --precision bf16\n"
+        "  bertkit distill layers runs/sst2 --keep 3 --data sst2/train.tsv -o sst2-3/ --epochs 3",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    lay.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model folder (default: the default model)")
+    lay.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
     add_options(lay, LayersDistillConfig, LAYERS_DEFAULTS)
     lay.set_defaults(handler=run_layers)
 

@@ -43,9 +43,20 @@ class LayersDistillConfig:
 
     keep: int | None = field(default=None, metadata={"help": "teacher layers the student keeps", "required": True})
     data: str | None = field(default=None, metadata={
-        "help": "the sentences to match the teacher on: one per line (or .tsv/.jsonl)", "required": True})
+        "help": "what to match the teacher on: a sentence model's sentences, one per line (or .tsv/.jsonl); a "
+        "fine-tuned model's inputs, read as `bertkit predict` reads them (the table it was trained on: its "
+        "labels join the loss)", "required": True})
     output: str | None = field(default=None, metadata={"help": "the student's folder", "short": "-o",
                                                         "required": True})
+    temperature: float = field(default=2.0, metadata={
+        "help": "a fine-tuned model: both logits divided by this before the KL (DistilBERT's soft loss, x T^2)"})
+    soft_weight: float = field(default=0.5, metadata={
+        "help": "a fine-tuned model, data with labels: the soft loss's share; the labels' loss gets the rest"})
+    teacher_dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
+        "help": "a sentence model: the precision its target vectors are computed in (auto: bf16 where native)"})
+    teacher_cache: str | None = field(default=None, metadata={
+        "help": "a sentence model: a .safetensors file for its target vectors, read when it holds those of this "
+        "data and teacher, else written (a rerun or --resume then skips the teacher)"})
     training: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> "LayersDistillConfig":
@@ -53,5 +64,9 @@ class LayersDistillConfig:
             raise BertkitError("--keep, --data and -o/--output are required")
         if self.keep < 1:
             raise BertkitError(f"--keep {self.keep}: keep at least 1 layer")
+        if not self.temperature > 0:
+            raise BertkitError(f"--temperature must be > 0, got {self.temperature} (DistilBERT: 2)")
+        if not 0 <= self.soft_weight <= 1:
+            raise BertkitError(f"--soft-weight must be in [0, 1], got {self.soft_weight}")
         self.training.validate()
         return self

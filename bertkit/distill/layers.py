@@ -5,95 +5,50 @@ trains it on the teacher's soft outputs; sentence-transformers' layer-drop disti
 (`examples/.../distillation/model_distillation_layer_reduction.py`) keeps N evenly spaced
 layers of a sentence model and trains them to give the teacher's sentence vectors (MSE).
 
-    student = the teacher's embeddings, layers kept_layers(L, N), pooler (and head): a copy
+    student = the teacher's embeddings, N of its layers, pooler (and head): a copy (bertkit.distill.student)
     sentence model:  loss = mean_i ||pool(student(x_i)) - pool(teacher(x_i))||^2 / H    (MSE)
-    classifier:      loss = a * T^2 * KL(softmax(z_t / T) || softmax(z_s / T)) + (1 - a) * CE(z_s, y)
-                     (Hinton et al. 2015: T^2 keeps the soft gradients' scale; the CE term
-                     only where the data has labels)
+    fine-tuned model: its logits, DistilBERT's soft loss plus the labels' (bertkit.distill.logits)
 
-The teacher runs once, in float32, over the data before training: its vectors (or logits)
-are the batches' `labels`, so each epoch costs only the student. Training goes through
-the one loop (`bertkit.tasks.trainer.train` around `bertkit.training.loop`: resume, bf16,
-torchrun); the student is saved in the teacher's layout (config.json with N layers, the
-sentence-transformers files), so every command takes it unchanged.
-
-Layers kept: `round_half_up(i * (L - 1) / (N - 1))` for i in 0..N-1, the first and the last
-always (6 -> 3: 0, 3, 5; 12 -> 4: 0, 4, 7, 11); N = 1 keeps the last.
+The teacher runs once over the data before training, in float32 (or --teacher-dtype): its
+vectors are the batches' `labels`, so each epoch costs only the student; --teacher-cache keeps
+them in a safetensors file (keyed by the texts, the teacher, the length and the precision), so a
+rerun or a --resume skips the teacher. Training goes through the one loop
+(`bertkit.tasks.trainer.train` around `bertkit.training.loop`: resume, bf16, torchrun); the
+student is saved in the teacher's layout (config.json with N layers, the sentence-transformers
+files), so every command takes it unchanged.
 
 Shapes: B sentences, H hidden, C classes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
-from dataclasses import asdict, dataclass, replace
+import os
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from bertkit.data.textfiles import read_texts
 from bertkit.embeddings.features import iter_embed
 from bertkit.distill.config import LayersDistillConfig
+from bertkit.distill.logits import distill_logits
+from bertkit.distill.student import StudentOutput, student_from
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import pool_sentence
 from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.loading import load
 from bertkit.tasks.trainer import train
 
-LAYER_KEY = re.compile(r"^(.*encoder\.layers\.)(\d+)(\..*)$")  # our names (bertkit.model.modeling)
-
-
-def kept_layers(total: int, keep: int) -> list[int]:
-    """The teacher layers (0-based) the student starts from: `keep` evenly spaced, first and last included."""
-    if not isinstance(keep, int) or not 1 <= keep <= total:
-        raise BertkitError(f"--keep {keep}: the teacher has {total} layers; keep 1 to {total}")
-    if keep == 1:
-        return [total - 1]
-    return [int(i * (total - 1) / (keep - 1) + 0.5) for i in range(keep)]
-
-
-def student_from(teacher: nn.Module, keep: int) -> tuple[nn.Module, list[int]]:
-    """A copy of `teacher` (a BertModel or a model with a `.bert` encoder and a head) with only the kept
-    layers, renumbered 0..N-1; every other weight (embeddings, pooler, head) copied. Returns it and the layers."""
-    layers = kept_layers(teacher.config.num_hidden_layers, keep)
-    config = replace(teacher.config, num_hidden_layers=keep)
-    student = type(teacher)(config)
-    where = {old: new for new, old in enumerate(layers)}
-    state = {}
-    for key, value in teacher.state_dict().items():
-        m = LAYER_KEY.match(key)
-        if m is None:
-            state[key] = value
-        elif int(m.group(2)) in where:
-            state[f"{m.group(1)}{where[int(m.group(2))]}{m.group(3)}"] = value
-    student.load_state_dict(state, strict=True)
-    return student, layers
-
-
 def vector_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     """MSE between sentence vectors [B, H] (the mean over B and H)."""
     return F.mse_loss(student.float(), teacher.float())
-
-
-def soft_label_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 2.0,
-                    labels: torch.Tensor | None = None, alpha: float = 0.5) -> torch.Tensor:
-    """DistilBERT's soft loss on logits [B, C]: T^2 KL(teacher || student) at temperature T, mixed with the
-    labels' cross-entropy (weight 1 - alpha) where `labels` [B] are given (-100: no label)."""
-    t = temperature
-    soft = F.kl_div(F.log_softmax(student.float() / t, dim=-1), F.log_softmax(teacher.float() / t, dim=-1),
-                    reduction="batchmean", log_target=True) * t * t
-    if labels is None or not bool((labels != -100).any()):
-        return soft
-    return alpha * soft + (1 - alpha) * F.cross_entropy(student.float(), labels, ignore_index=-100)
-
-
-@dataclass
-class StudentOutput:
-    loss: torch.Tensor
 
 
 class SentenceStudent(nn.Module):
@@ -121,6 +76,29 @@ def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, 
     return np.stack(list(rows)).astype(np.float32)
 
 
+def cached_targets(teacher, texts: list, max_length: int, config: LayersDistillConfig, log=print) -> np.ndarray:
+    """`teacher_targets` in `config.teacher_dtype`, read from `config.teacher_cache` when that file holds
+    them for these texts, teacher, length and precision (else computed and written there, atomically)."""
+    what = json.dumps([str(teacher.directory), max_length, config.teacher_dtype, len(texts)])
+    key = hashlib.sha256("\n".join([what, *texts]).encode("utf-8")).hexdigest()
+    cache = Path(config.teacher_cache) if config.teacher_cache else None
+    if cache is not None and cache.is_file():
+        with safe_open(str(cache), framework="pt") as f:
+            if (f.metadata() or {}).get("key") == key:
+                log(f"teacher vectors read from {cache}")
+                return f.get_tensor("vectors").numpy()
+        log(f"{cache} holds the vectors of other data or another teacher: computing them again")
+    runner = teacher if config.teacher_dtype == "float32" else load(teacher.directory, head="encoder",
+                                                                    dtype=config.teacher_dtype)
+    vectors = teacher_targets(runner, texts, max_length, progress=config.training.progress)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        part = cache.with_name(cache.name + ".part")
+        save_file({"vectors": torch.from_numpy(vectors)}, str(part), metadata={"key": key, "about": what})
+        os.replace(part, cache)
+    return vectors
+
+
 def _texts(path) -> list[str]:
     lines, _ = read_texts(path)
     texts = [t for t in lines if t.strip()]
@@ -129,23 +107,16 @@ def _texts(path) -> list[str]:
     return texts
 
 
-def distill_layers(model, output, config: LayersDistillConfig, log=print) -> dict:
-    """Train a `config.keep`-layer student of the sentence model `model` (None: the default model) on the
-    sentences of `config.data` (MSE on the sentence vectors); saved at `output` in the teacher's layout."""
-    config.validate()
+def distill_sentences(teacher, output, config: LayersDistillConfig, log=print) -> dict:
+    """Train a `config.keep`-layer student of the sentence model `teacher` (loaded, float32) on its sentence
+    vectors over the sentences of `config.data` (MSE); saved at `output` in the teacher's layout."""
     texts = _texts(config.data)
-    teacher = load(model, head="encoder", fast=False)  # float32, plain layers: the targets and the weights to copy
-    if teacher.fine_tuned or teacher.task == "static":
-        raise BertkitError(f"{model} is a {teacher.task} model: distill layers trains sentence models (MSE on their "
-                           "vectors); logits distillation of fine-tuned classifiers is not built yet")
-    if teacher.model.config.num_hidden_layers < 2:
-        raise BertkitError("the teacher has a single layer: there is nothing to drop")
     student, layers = student_from(teacher.model, config.keep)
     length = teacher.max_length
     pooling = teacher.layout.pooling if teacher.layout is not None else "mean"  # as embed pools it
     log(f"teacher: {teacher.model.config.num_hidden_layers} layers; student: layers {layers} of it; "
         f"{len(texts)} sentences, {pooling} pooling, max length {length}")
-    targets = teacher_targets(teacher, texts, length, progress=config.training.progress)
+    targets = cached_targets(teacher, texts, length, config, log)
     tok = teacher.tokenizer
     enc = tok.encode_batch(texts, max_length=length, padding=False, return_tensors=None)
     features = [{"input_ids": list(e.input_ids), "labels": targets[i].tolist()} for i, e in enumerate(enc.encodings)]
@@ -160,8 +131,19 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print) -> dic
 
     result = train(SentenceStudent(student, pooling), features, config.training, save=save, output_dir=out,
                    pad_id=tok.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)}, log=log)
-    final = {"layers": layers, "sentences": len(texts), "train_seconds": round(result.seconds, 1),
-             "epochs": result.history}
-    if result.is_main:
-        (out / "distill.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+    return {"layers": layers, "sentences": len(texts), "train_seconds": round(result.seconds, 1),
+            "epochs": result.history, "is_main": result.is_main}
+
+
+def distill_layers(model, output, config: LayersDistillConfig, log=print) -> dict:
+    """Train a `config.keep`-layer student of `model` (None: the default model) on `config.data`: a sentence
+    model's sentence vectors (MSE), a fine-tuned model's logits (`bertkit.distill.logits`); saved at `output`
+    in the teacher's layout, with distill.json (the layers kept, the epochs)."""
+    config.validate()
+    teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy and the targets
+    if teacher.task == "static":
+        raise BertkitError(f"{model} is a static model (a table, no layers): distill layers needs a transformer")
+    final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log)
+    if final.pop("is_main"):
+        (Path(output) / "distill.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
     return final

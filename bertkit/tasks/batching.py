@@ -1,7 +1,7 @@
 """Features in padded batches: `collate` (training and inference) and `run_model` (inference).
 
 A *feature* is a dict holding `input_ids` and optionally `token_type_ids`,
-`labels`, `start_positions`, `end_positions` (anything else, such as
+`labels`, `start_positions`, `end_positions`, `teacher_logits` (anything else, such as
 `example_index`, is the task's bookkeeping). `collate` pads a list of them to
 its longest and stacks them; `run_model` runs a model over features without
 labels, longest first so batches pad little, and hands back its outputs per
@@ -52,7 +52,19 @@ def collate(features: list[dict], pad_id: int = 0) -> dict:
             batch[key] = torch.tensor(values, dtype=torch.float32)
         else:
             batch[key] = torch.tensor(values, dtype=torch.long)
+    if "teacher_logits" in features[0]:  # layer distillation's soft targets: [C] per feature, or [T, C] per token
+        batch["teacher_logits"] = padded_rows([np.asarray(f["teacher_logits"], dtype=np.float32) for f in features], T)
     return batch
+
+
+def padded_rows(rows: list[np.ndarray], T: int) -> torch.Tensor:
+    """Arrays of one shape [C] stacked to [B, C]; arrays [t_i, C] zero-padded to [B, T, C]."""
+    if rows[0].ndim == 1:
+        return torch.from_numpy(np.stack(rows))
+    out = torch.zeros((len(rows), T, rows[0].shape[-1]), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.from_numpy(r)
+    return out
 
 
 @torch.inference_mode()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import TaggedSentence, read_conll, read_text_columns
+from bertkit.data.tables import TaggedSentence, check_known_labels, read_conll, read_text_columns
 from bertkit.data.textfiles import read_text
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
@@ -87,6 +87,21 @@ def make_features(tok, sentences: list[TaggedSentence], label2id: dict | None, m
                                                 for p in range(s, e)] + [IGNORE_INDEX]
             feats.append(f)
     return feats, all_pieces
+
+
+def training_features(tok, texts: list[str], pairs, answers: list[list[str]] | None, info: dict,
+                      names: list[str]) -> list[dict]:
+    """Features to train a model of this task on (layer distillation's data), encoded as it was trained
+    (bertkit_task.json): each text split on whitespace into words, with the tags of `answers` (the file's
+    scheme) on first pieces where the file had them."""
+    scheme = info.get("tag_scheme", "bio")
+    label2id = None
+    if answers is not None:
+        label2id = {n: i for i, n in enumerate(names)}
+        check_known_labels((t for tags in answers for t in to_training_tags(tags, scheme)), label2id, "the data")
+    sentences = [TaggedSentence(t.split(), None if answers is None else answers[i]) for i, t in enumerate(texts)]
+    feats, _ = make_features(tok, sentences, label2id, info.get("max_length", 128), info.get("stride", 32), scheme)
+    return feats
 
 
 def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces], names: list[str],

@@ -71,6 +71,13 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     return task.predict(run, loaded.tokenizer, texts, pairs, loaded.info, task.labels(loaded.config))
 
 
+def feature_logits(loaded: Loaded, features: list[dict], batch_size: int = 64, progress: bool = False) -> list:
+    """The model's logits for each of its task's features: [C] per input, or [t, C] per token (t: the
+    feature's own length) for a token classifier."""
+    out = run_model(loaded.model, features, batch_size, progress=progress, desc="teacher")["logits"]
+    return [z if z.ndim == 1 else z[: len(f["input_ids"])] for z, f in zip(out, features)]
+
+
 def format_metrics(metrics: dict) -> str:
     """`name value` for every number of a metrics dict (nested reports left out)."""
     return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, (int, float)) and k != "support")

@@ -17,6 +17,9 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        a file's inputs; its inputs with the answers (evaluate mode); their metrics; what
                        the answers look like (for messages)
     report             the run's final metrics -> the lines `bertkit finetune` prints
+    features           (tokenizer, texts, pairs, answers, info, labels) -> training features encoded as the
+                       model was trained, with the labels where `answers` (read_labelled's) are given: what
+                       `bertkit distill layers` trains a fine-tuned model's student on (None: not offered)
     routes, pair_score the server routes that answer it; how a prediction of one (query, text) pair becomes
                        a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
 
@@ -65,6 +68,7 @@ class Task:
     entities: bool = False  # predictions are tags whose entities the server spells out with offsets
     routes: tuple = ("/predict", "/tokenize")
     pair_score: Callable | None = None
+    features: Callable | None = None
 
     @property
     def cli_name(self) -> str:
@@ -120,7 +124,8 @@ def _text(name: str, problem_type: str, metric: str, **more) -> Task:
                 defaults={"task": name, **more.pop("defaults", {})},
                 predict=partial(text.predict, problem_type=problem_type), read_inputs=text.read_inputs,
                 read_labelled=partial(text.read_labelled, problem_type=problem_type),
-                score=partial(text.score_answers, problem_type=problem_type), answers="a {label!r} column", **more)
+                score=partial(text.score_answers, problem_type=problem_type), answers="a {label!r} column",
+                features=partial(text.training_features, problem_type=problem_type), **more)
 
 
 TASKS = {t.name: t for t in (
@@ -131,7 +136,8 @@ TASKS = {t.name: t for t in (
     _text("multi_label", MULTI_LABEL, "micro_f1", command="multi-label", defaults={"label_column": "labels"}),
     Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
          "f1", predict=ner.predict, read_inputs=ner.read_inputs, read_labelled=ner.read_labelled,
-         score=ner.score_answers, answers="a CoNLL file with a tag column", entities=True),
+         score=ner.score_answers, answers="a CoNLL file with a tag column", entities=True,
+         features=ner.training_features),
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering", "f1",
          predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled, score=qa.score_answers,
          answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False),

@@ -67,6 +67,18 @@ def make_features(tok, examples: list[TextExample], problem_type: str, label2id,
     return feats
 
 
+def training_features(tok, texts: list[str], pairs: list[str] | None, answers: list[TextExample] | None,
+                      info: dict, names: list[str] | None, *, problem_type: str) -> list[dict]:
+    """Features to train a model of this task on (layer distillation's data), encoded as it was trained
+    (bertkit_task.json): each input's window(s), with the labels of `answers` where the file had them."""
+    examples = answers or [TextExample(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)]
+    label2id = None
+    if answers and problem_type != REGRESSION:
+        label2id = {n: i for i, n in enumerate(names)}
+        check_known_labels((e.label for e in answers), label2id, "the data")
+    return make_features(tok, examples, problem_type, label2id, info.get("max_length", 512), info.get("stride", 0))
+
+
 # --- predictions -----------------------------------------------------------
 
 def pool_windows(logits: list[np.ndarray], features: list[dict], n_examples: int) -> np.ndarray:

@@ -6,7 +6,7 @@ labelled features, the rate warmed up and decayed linearly. The run is
 clipping, bf16, DDP, NaN stop, checkpoints, exact resume); this module adds
 what is particular to it: the batches, and the epochs (`Epochs`). A
 *feature* is a dict holding `input_ids` and optionally `token_type_ids`,
-`labels`, `start_positions`, `end_positions` (anything else, such as
+`labels`, `start_positions`, `end_positions`, `teacher_logits` (anything else, such as
 `example_index`, is the task's bookkeeping); the model is called as
 `model(**batch)` and must return an object with `.loss`.
 
@@ -50,7 +50,8 @@ from bertkit.tasks.config import TrainConfig
 from bertkit.training import distributed, harness
 from bertkit.training.loop import LoopConfig
 
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions",
+                "teacher_logits")
 
 
 @dataclass
