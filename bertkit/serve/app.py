@@ -181,8 +181,13 @@ async def encode(svc: Service, texts: list, field: str | None, **options) -> lis
     if field is not None:
         check_inputs(len(texts), svc.settings.max_client_batch_size, field)
     rows = await asyncio.to_thread(svc.runner.encode, texts, **options)
-    check_tokens(rows, svc.settings.max_request_tokens)
+    check_tokens(sum(len(r.input_ids) for r in rows), svc.settings.max_request_tokens)
     return rows
+
+
+async def check_pair_tokens(svc: Service, queries: list) -> None:
+    """/predict and /rerank: the tokens the model will read, counted off the event loop, within the limit."""
+    check_tokens(await asyncio.to_thread(svc.runner.count_tokens, queries), svc.settings.max_request_tokens)
 
 
 # --- the routes ---------------------------------------------------------------------
@@ -278,6 +283,7 @@ async def predict(request):
     if pairs is not None and len(pairs) != len(texts):
         raise InputError(f"{len(texts)} inputs but {len(pairs)} pairs: give one pair per input")
     queries = svc.runner.check([Query(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)])
+    await check_pair_tokens(svc, queries)
     preds = await run(request, queries, [1] * len(queries))
     return JSONResponse(plain(preds)), len(texts)
 
@@ -290,7 +296,9 @@ async def rerank(request):
     texts = texts_field(data, "texts")
     check_inputs(len(texts), svc.settings.max_client_batch_size, "texts")
     return_text = flag_field(data, "return_text", False)
-    preds = await run(request, [Query(query, t) for t in texts], [1] * len(texts))
+    queries = [Query(query, t) for t in texts]
+    await check_pair_tokens(svc, queries)
+    preds = await run(request, queries, [1] * len(texts))
     scores = [svc.runner.rerank_score(p) for p in preds]
     ranked = sorted(range(len(texts)), key=lambda i: -scores[i])
     out = [{"index": i, "score": scores[i], **({"text": texts[i]} if return_text else {})} for i in ranked]

@@ -13,6 +13,7 @@ as early as its quantity is known, and answered with one message naming the sett
     --max-client-batch-size   inputs (texts, queries, pairs) per request: TEI's name  413
                               and default (32); OpenAI's API allows 2,048
     --max-request-tokens      tokens of one request's inputs, after truncation       413
+                              (/predict, /rerank: as the model reads them, windows whole)
     --max-search-queries      queries per /search request                            413
     --max-search-hits         k x queries per /search request (documents answered)   413
     --max-answer-bytes        the JSON answer; a safety net behind the limits above  413
@@ -61,8 +62,7 @@ def check_inputs(n: int, most: int, field: str) -> None:
                          "(--max-client-batch-size): send them in several requests", status=413)
 
 
-def check_tokens(rows: list, most: int) -> None:
-    total = sum(len(r.input_ids) for r in rows)
+def check_tokens(total: int, most: int) -> None:
     if total > most:
         raise InputError(f"the inputs hold {total} tokens, over the limit of {most} per request "
                          "(--max-request-tokens): send fewer or shorter texts per request", status=413)

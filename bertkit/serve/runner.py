@@ -401,6 +401,22 @@ class TaskModel:
                 raise InputError(f"this {self.task} model takes single texts: leave out `pairs`")
         return queries
 
+    def count_tokens(self, queries: list) -> int:
+        """The tokens the model reads for these inputs (--max-request-tokens counts them): per input its text's
+        and its pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts
+        them, or all of them when it reads a long input in windows (QA's contexts, NER's sentences, a single
+        text when the model was trained with --stride; the windows' overlap is not counted)."""
+        _, lengths = self.tok.ids_batch([q.text for q in queries])
+        paired = [q.pair for q in queries if q.pair is not None]
+        pair_lengths = iter(self.tok.ids_batch(paired)[1] if paired else [])
+        windows_single = bool(self.info_.get("stride"))
+        total = 0
+        for q, n in zip(queries, lengths):
+            n += 2 if q.pair is None else 3 + next(pair_lengths)
+            whole = self.record.windows or (q.pair is None and windows_single)
+            total += n if whole else min(n, self.max_length)
+        return total
+
     def run_jobs(self, jobs: list) -> list:
         """Each job's predictions: one `bertkit.predict` call over every job's inputs together."""
         queries = [q for job in jobs for q in job.items]

@@ -22,7 +22,7 @@ import socket
 import sys
 
 from bertkit.errors import BertkitError
-from bertkit.serve.connections import with_header_deadline
+from bertkit.serve.connections import capacity, descriptors_in_use, guarded
 from bertkit.serve.metrics import Metrics
 
 
@@ -97,14 +97,16 @@ def serve(settings, log=None, onednn: bool | None = None) -> None:
     shown = f"[{host}]" if ":" in host else host
     what = f"a {runner.task} model" if runner.dim is None else f"{runner.dim}-dimensional embeddings"
     what += f", /search over {settings.index}" if settings.index else ""
+    held = descriptors_in_use()  # the model's, the index's, the socket's: connections get what is left
     log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
         f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
-        f"queue {settings.max_queue}, {workers} worker(s) x {threads} thread(s)"
+        f"queue {settings.max_queue}, {capacity(settings.max_connections, held)} connections, "
+        f"{workers} worker(s) x {threads} thread(s)"
         f", {runner.precision}{' matmuls on ' + runner.speed.matmul_kernel if runner.precision == 'float32' and not gpu else ''}"
         f"{', API key required' if settings.api_key else ''})")
+    http = guarded(AutoHTTPProtocol, settings.header_timeout_s, settings.max_connections, held, log)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=settings.keep_alive_s, limit_concurrency=settings.max_connections,
-                            http=with_header_deadline(AutoHTTPProtocol, settings.header_timeout_s))
+                            timeout_keep_alive=settings.keep_alive_s, http=http)
     absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         uvicorn.Server(config).run(sockets=[sock])

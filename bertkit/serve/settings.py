@@ -48,8 +48,8 @@ class ServeConfig:
     max_client_batch_size: int = field(default=32, metadata={
         "help": "most inputs (texts, queries, pairs) in one request, as TEI's flag of that name; beyond it 413"})
     max_request_tokens: int = field(default=16384, metadata={
-        "help": "most tokens of one request's inputs together, after truncation (embeddings, /tokenize, /search); "
-        "beyond it 413"})
+        "help": "most tokens of one request's inputs together, after truncation (embeddings, /tokenize, /search; "
+        "/predict and /rerank: as the model reads them, a windowed input whole); beyond it 413"})
     max_search_queries: int = field(default=32, metadata={"help": "most queries in one /search request; beyond it 413"})
     max_search_hits: int = field(default=10000, metadata={
         "help": "most documents one /search request may ask for (k x queries); beyond it 413"})
@@ -57,7 +57,9 @@ class ServeConfig:
         "help": "largest JSON answer; beyond it 413 (a safety net behind the limits above)"})
     max_json_depth: int = field(default=32, metadata={"help": "deepest nesting of a JSON body; beyond it 400"})
     max_connections: int = field(default=1024, metadata={
-        "help": "most open connections and requests in progress (uvicorn's --limit-concurrency); beyond it 503"})
+        "help": "most open connections (fewer when the descriptor limit, ulimit -n, leaves less room): a new one "
+        "beyond it closes the connection that has waited longest for a request's headers, or, when every one is "
+        "in the middle of a request, gets 503"})
     header_timeout_s: float = field(default=10.0, metadata={
         "help": "seconds a new connection has to send its request's headers before it is closed"})
     body_timeout_s: float = field(default=30.0, metadata={

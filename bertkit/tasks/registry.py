@@ -66,6 +66,8 @@ class Task:
     second: str = "a second text"  # the pair's second text, in messages
     labelled: bool = True  # predictions name the labels of config.json (id2label)
     entities: bool = False  # predictions are tags whose entities the server spells out with offsets
+    windows: bool = False  # a long input is read whole, in overlapping windows (else cut at max_length, or
+    # for the text tasks windowed when trained with --stride: `bertkit.tasks.text_inference`)
     routes: tuple = ("/predict", "/tokenize")
     pair_score: Callable | None = None
     features: Callable | None = None
@@ -136,11 +138,11 @@ TASKS = {t.name: t for t in (
     _text("multi_label", MULTI_LABEL, "micro_f1", command="multi-label", defaults={"label_column": "labels"}),
     Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
          "f1", predict=ner.predict, read_inputs=ner.read_inputs, read_labelled=ner.read_labelled,
-         score=ner.score_answers, answers="a CoNLL file with a tag column", entities=True,
+         score=ner.score_answers, answers="a CoNLL file with a tag column", entities=True, windows=True,
          features=ner.training_features),
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering", "f1",
          predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled, score=qa.score_answers,
-         answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False),
+         answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False, windows=True),
     # the reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
     Task("embed", EmbedConfig, "bertkit.tasks.embedding:finetune_embed", reports.embed_report, "BertModel",
          defaults={"training": {"epochs": 1.0, "optim": {"learning_rate": 2e-5}}},
