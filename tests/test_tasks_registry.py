@@ -25,20 +25,20 @@ from bertkit.tasks import format_report, task_config
 from bertkit.tasks.registry import TASKS, task_for, task_named
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bertkit"
-NAMES = {"classify", "pair", "regression", "multi_label", "multi-label", "ner", "qa", "embed"}
+NAMES = {"classify", "pair", "regression", "multi_label", "multi-label", "ner", "qa", "embed", "rerank"}
 
 
 # --- every name resolves ---------------------------------------------------------------
 
 
 def test_every_task_resolves_by_its_name_and_its_command():
-    assert set(TASKS) == {"classify", "pair", "regression", "multi_label", "ner", "qa", "embed"}
+    assert set(TASKS) == {"classify", "pair", "regression", "multi_label", "ner", "qa", "embed", "rerank"}
     for name, task in TASKS.items():
         assert task.name == name and task_named(name) is task and task_named(task.cli_name) is task
         assert task_config(task.cli_name) == (task.config, task.defaults)
     assert task_named("multi-label") is task_named("multi_label")
     with pytest.raises(BertkitError, match="unknown task 'summarize': choose one of classify, pair, regression, "
-                                           "multi-label, ner, qa, embed"):
+                                           "multi-label, ner, qa, embed, rerank"):
         task_named("summarize")
 
 
@@ -49,6 +49,9 @@ def test_a_runs_settings_find_their_task():
     assert task_for(EmbedConfig()) is TASKS["embed"]
     for name in ("classify", "pair", "regression", "multi_label"):
         assert task_for(TextTaskConfig(task=name)) is TASKS[name]
+    from bertkit.tasks.config import RerankConfig
+
+    assert task_for(RerankConfig()) is TASKS["rerank"]
     with pytest.raises(BertkitError, match="unknown task 'ner2'"):
         task_for(TextTaskConfig(task="ner2"))
     with pytest.raises(BertkitError, match="the pair task needs --text-pair-column"):
@@ -99,6 +102,15 @@ def test_every_task_formats_its_report():
     assert format_report(runs["ner"]) == "trained on 3 sentences (no dev set)"
     assert format_report(runs["qa"]) == "dev: exact match 50.00, F1 62.50"
     assert format_report(runs["embed"]) == "trained on 5 examples (mnrl, mean pooling) in 2.0 s (no dev set)"
+    rerank = {"task": "rerank", "train_examples": 3, "train_seconds": 1.5,
+              "pairs": {"queries": 1, "positives": 1, "hard_negatives": 1, "random_negatives": 1}}
+    assert format_report(rerank) == ("trained on 3 pairs (1 queries, 1 positives, 1 hard negatives, 1 random "
+                                     "negatives) in 1.5 s (no --dev: no retrieval figures recorded)")
+    figures = {"dataset": "sf", "split": "test", "queries": 2, "rerank_top": 50, "first_stage": "idx (hybrid)",
+               "before": {"ndcg@10": 0.7}, "after": {"ndcg@10": 0.43}}
+    lines = format_report({**rerank, "retrieval": figures}).splitlines()
+    assert lines[1] == ("sf split test (2 queries), top 50 of idx (hybrid): nDCG@10 0.7000 before reranking, "
+                        "0.4300 after (-0.2700)") and lines[2].startswith("warning: this reranker lowers nDCG@10")
     assert format_report({}) == ""
 
 
@@ -187,6 +199,8 @@ MODELS = [
     ("multi_label", ["x", "y"], True, False),  # two independent sigmoids: no one score
     ("ner", ["O", "B-PER", "I-PER"], False, False),
     ("qa", None, True, False),
+    ("rerank", ["relevant"], True, True),  # bertkit finetune rerank: one logit, its sigmoid
+    ("multi_label", ["relevant"], True, False),  # the same head, not trained as a reranker
 ]
 
 
@@ -216,5 +230,5 @@ def test_search_and_the_server_agree_on_which_models_rerank(tmp_path, task, labe
         return
     cross = reranker(str(model))
     [pred] = predict(None, ["a query"], ["a passage"], loaded=cross)
-    reference = pred["score"] if task == "regression" else pred["probabilities"][labels[1]]
+    reference = pred["score"] if task == "regression" else pred["probabilities"][labels[-1]]
     assert score(pred, cross) == served.rerank_score(pred) == pytest.approx(reference)

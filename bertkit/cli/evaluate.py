@@ -101,6 +101,8 @@ def _name(result: dict, mode: str) -> str:
 def _table(result: dict) -> str:
     modes = result.get("modes") or {result.get("mode", "dense"): result}
     rows = [(_name(result, m), figures) for m, figures in modes.items()]
+    if "before_rerank" in result:  # the reranked search's first stage alone, just above it
+        rows.insert(len(rows) - 1, (_name(result, result["mode"]).removesuffix(" + rerank"), result["before_rerank"]))
     rows += [(f"model, {d} dimensions", figures) for d, figures in result.get("dimensions", {}).items()]
     rows += [("BM25", result["bm25"])] if "bm25" in result else []
     lines = ["| ranker | " + " | ".join(MEASURE_LABELS) + " |", "|---" * (len(MEASURE_LABELS) + 1) + "|"]
@@ -137,6 +139,10 @@ def run_evaluate_retrieval(args):
               f"(the best nDCG@10 averaged with its alpha neighbours, of {len(tuning['table'])} settings)"
               + (f"; written into {args.index}/index.json" if args.index else ""))
     print(_table(result))
+    if "before_rerank" in result:
+        before, after = result["before_rerank"]["ndcg@10"], result["ndcg@10"]
+        print(f"reranking the top {args.rerank_top}: nDCG@10 {before:.4f} before, {after:.4f} after "
+              f"({after - before:+.4f})")
 
 
 def _precision(result: dict) -> str:

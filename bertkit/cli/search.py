@@ -183,7 +183,7 @@ def _print_plain(queries, answers) -> None:
 
 
 def run_search(args):
-    from bertkit.tasks.rerank import rerank, reranker
+    from bertkit.tasks.rerank import recorded_effect, rerank, reranker
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import search as search_qdrant
     from bertkit.retrieval.search import fusion_options, search
@@ -208,6 +208,9 @@ def run_search(args):
         fusion = FusionOptions(**{n: v for n, v in given.items() if v is not None})
         fusion.validate()
     cross = reranker(args.rerank, args.device, args.dtype) if args.rerank else None  # refused before any search
+    effect = recorded_effect(args.rerank) if args.rerank else None
+    if effect:
+        print(effect, file=sys.stderr)
     depth = args.k if cross is None else max(args.k, args.rerank_top)
     if args.qdrant:
         answers = search_qdrant(args.qdrant, args.collection, queries, depth, model=args.model, device=args.device,

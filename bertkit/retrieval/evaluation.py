@@ -13,7 +13,8 @@ corpus): the queries are answered as `bertkit search` and the server's /search
 answer them (`bertkit.retrieval.search`: passages, a document scored by its best
 passage, the HNSW graph with `ann=True`), and `rerank`, a function (query, hits)
 -> hits such as `bertkit.tasks.rerank.rerank` bound to a cross-encoder (the
-layer above hands it in), re-orders each answer. The run keeps the cosine scores;
+layer above hands it in), re-orders each answer; the figures of the same answers
+before reranking come back beside, under "before_rerank". The run keeps the cosine scores;
 a reranked answer mixes cross-encoder and cosine scores, so its run scores each
 document by its place instead (depth - rank): trec_eval then ranks as served.
 
@@ -152,6 +153,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
         vectors = embed_queries(index.info, loaded, texts, batch_size) if m != "lexical" else None
         answers = search_vectors(index, vectors, depth, ann=ann, queries=texts, fusion=options)
         if rerank is not None and m == modes[-1]:
+            first = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=m == "hybrid")
+            before = {**evaluate_run(data.qrels, first, measures), "fusion": _described(options)}
             answers = [rerank(q, hits) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank", unit="query",
                                                            disable=not progress)]
         # a fused or reranked answer is scored in the order served (its scores tie, or mix two scales)
@@ -167,6 +170,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
                         "precision": made["precision"], "ann": ann, "lexical": index.info.get("lexical"),
                         "rerank": None if rerank is None else {"model": rerank_model, "top": rerank_top}},
               "search_seconds": round(seconds, 2)}
+    if rerank is not None:  # the same first stage's figures before its answers were reranked
+        result["before_rerank"] = before
     return _with_modes(result, figures, tuned)
 
 

@@ -39,11 +39,20 @@ whose texts do, out of one batch).
 Input: a BEIR folder (the split's queries, positives from its qrels, the corpus
 as candidates) or a pairs file (columns anchor, positive; the positives, deduplicated,
 are the candidates).
+
+A cross-encoder reranker trains on labelled pairs instead (`reranker_pairs`, for
+`bertkit finetune rerank`; sentence-transformers' recipe): per query its
+positives (label 1), its first `hard` negatives by the rules above (a query
+whose candidates cannot supply them all gets none, and is counted) and `random`
+passages drawn by a seeded `random.Random` from the rest of the corpus (0),
+never a positive nor a passage with a positive's text; or a table of query,
+passage, label rows as it is.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +172,21 @@ def select_negatives(scores: np.ndarray, rows: np.ndarray, task: MiningTask, opt
     return chosen, skipped
 
 
+def mine(task: MiningTask, model=None, options: MiningOptions = MiningOptions(), *, batch_size: int = 32,
+         max_length: int | None = None, dtype: str = "float32", progress: bool = False):
+    """Each query's negatives by the rules (`select_negatives`) over the model's exact cosine ranking of
+    `task.passages`: (chosen, skipped, the encoder's settings, each query's positive scores, (query
+    vectors, passage vectors))."""
+    loaded, settings = encoder_and_settings(model, max_length, dtype)
+    passage_vectors = encode(task.passages, loaded, settings, batch_size=batch_size, progress=progress)
+    query_vectors = encode(task.queries, loaded, settings, batch_size=batch_size)
+    depth = options.range_max + max(len(p) for p in task.positives)  # positives may take places in the ranking
+    scores, rows = top_k(query_vectors, passage_vectors, k=min(depth, len(task.passages)), normalized=True)
+    positive_scores = [passage_vectors[p] @ query_vectors[q] for q, p in enumerate(task.positives)]
+    chosen, skipped = select_negatives(scores, rows, task, options, positive_scores)
+    return chosen, skipped, settings, positive_scores, (query_vectors, passage_vectors)
+
+
 def mine_hard_negatives(source, model=None, *, split: str = "train", options: MiningOptions = MiningOptions(),
                         batch_size: int = 32, max_length: int | None = None, dtype: str = "float32",
                         progress: bool = False) -> tuple[list[tuple[str, ...]], dict]:
@@ -175,13 +199,8 @@ def mine_hard_negatives(source, model=None, *, split: str = "train", options: Mi
     options.validate()
     source = Path(source)
     task = task_from_beir(source, split) if source.is_dir() else task_from_pairs(source)
-    loaded, settings = encoder_and_settings(model, max_length, dtype)
-    passage_vectors = encode(task.passages, loaded, settings, batch_size=batch_size, progress=progress)
-    query_vectors = encode(task.queries, loaded, settings, batch_size=batch_size)
-    depth = options.range_max + max(len(p) for p in task.positives)  # positives may take places in the ranking
-    scores, rows = top_k(query_vectors, passage_vectors, k=depth, normalized=True)
-    positive_scores = [passage_vectors[p] @ query_vectors[q] for q, p in enumerate(task.positives)]
-    chosen, skipped = select_negatives(scores, rows, task, options, positive_scores)
+    mined = mine(task, model, options, batch_size=batch_size, max_length=max_length, dtype=dtype, progress=progress)
+    chosen, skipped, settings, positive_scores, (query_vectors, passage_vectors) = mined
     out, neg_scores = [], []
     for q, negatives in enumerate(chosen):
         if negatives is None:
@@ -234,3 +253,80 @@ def write_rows(rows: list[tuple[str, ...]], path, groups: bool = False) -> None:
             f.write("\t".join(names) + "\n")
             for row in rows:
                 f.write("\t".join(_one_cell(text) for text in row) + "\n")
+
+
+# --- labelled pairs for a cross-encoder ---------------------------------------------------
+
+PAIR_COLUMNS = ("query", "passage", "label")  # a reranker's training table
+
+
+def training_pairs(task: MiningTask, hard: list, random_negatives: int, rng: random.Random):
+    """(query, passage, label) rows: per query its positives (1), its hard negatives `hard[q]` (rows of
+    task.passages, or None: none) and `random_negatives` passages drawn by `rng` from the others (0),
+    never a positive or a passage with a positive's text; and the counts."""
+    pairs, counts = [], {"queries": len(task.queries), "positives": 0, "hard_negatives": 0, "random_negatives": 0,
+                         "queries_without_hard_negatives": 0}
+    for q, query in enumerate(task.queries):
+        positives = set(task.positives[q])
+        same = {task.passages[p] for p in positives}
+        negatives = list(hard[q] or ())
+        counts["queries_without_hard_negatives"] += hard[q] is None
+        taken = positives | set(negatives)
+        pool = [i for i in range(len(task.passages)) if i not in taken and task.passages[i] not in same]
+        drawn = rng.sample(pool, min(random_negatives, len(pool)))
+        pairs += [(query, task.passages[p], 1.0) for p in sorted(positives)]
+        pairs += [(query, task.passages[n], 0.0) for n in negatives + drawn]
+        counts["positives"] += len(positives)
+        counts["hard_negatives"] += len(negatives)
+        counts["random_negatives"] += len(drawn)
+    return pairs, counts
+
+
+def reranker_pairs(source, split: str = "train", *, hard: int = 5, random_negatives: int = 2, range_max: int = 50,
+                   relative_margin: float | None = 0.05, model=None, seed: int = 42, batch_size: int = 32,
+                   progress: bool = False, log=print):
+    """(pairs, counts): a reranker's (query, passage, label) training rows from a BEIR folder's `split`
+    (positives, mined and random negatives; see the module docstring) or a table of such rows."""
+    if not Path(source).is_dir():
+        pairs, counts = table_pairs(source)
+    else:
+        task = task_from_beir(source, split)
+        chosen = [[] for _ in task.queries]
+        if hard:
+            options = MiningOptions(num_negatives=hard, range_max=min(range_max, len(task.passages)),
+                                    relative_margin=relative_margin)
+            log(f"mining {hard} hard negatives per query among the top {options.range_max} of "
+                f"{len(task.passages)} passages ({model or 'the default model'})")
+            chosen = mine(task, model, options, batch_size=batch_size, progress=progress)[0]
+        pairs, counts = training_pairs(task, chosen, random_negatives, random.Random(seed))
+    positives = sum(label >= 0.5 for _, _, label in pairs)
+    if not 0 < positives < len(pairs):
+        raise BertkitError(f"{source}: {positives} of {len(pairs)} training pairs are relevant: a reranker needs "
+                           "relevant and irrelevant pairs both")
+    return pairs, counts
+
+
+def table_pairs(path) -> tuple[list, dict]:
+    """(query, passage, label) rows of a TSV/CSV/JSONL table with those columns; a label is 0..1."""
+    pairs, report = [], ReadReport(str(path))
+    for number, cells in read_rows(path, report):
+        missing = [c for c in PAIR_COLUMNS if c not in cells]
+        if missing:
+            raise BertkitError(f"{path} has no {', '.join(missing)} column (it has {', '.join(cells)}): a reranker's "
+                               "table has query, passage, label columns; or pass a BEIR folder")
+        query, passage = str(cells["query"] or "").strip(), str(cells["passage"] or "").strip()
+        if not query or not passage:
+            raise BertkitError(f"{path} line {number}: the {'query' if not query else 'passage'} is empty: every "
+                               "row needs a query and a passage")
+        try:
+            label = float(cells["label"])
+        except (TypeError, ValueError):
+            label = -1.0
+        if not 0.0 <= label <= 1.0:
+            raise BertkitError(f"{path} line {number}: label {cells['label']!r} is not 1 (relevant), 0 (not) or a "
+                               "probability in between")
+        pairs.append((str(cells["query"]), str(cells["passage"]), label))
+    if not pairs:
+        raise BertkitError(f"{path} has no (query, passage, label) rows")
+    relevant = sum(label >= 0.5 for _, _, label in pairs)
+    return pairs, {"queries": len({q for q, _, _ in pairs}), "positives": relevant, "negatives": len(pairs) - relevant}

@@ -37,6 +37,7 @@ text-embeddings-inference does.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -47,7 +48,7 @@ from bertkit.embeddings.features import run_batch, whitespace_spans
 from bertkit.tasks.predict import predict, task_of
 from bertkit.tasks.registry import TASKS
 from bertkit.embeddings.static import check_static_options, static_vectors
-from bertkit.tasks.rerank import rerank, reranker, score
+from bertkit.tasks.rerank import recorded_effect, rerank, reranker, score
 from bertkit.runtime.fast import SpeedSettings, decide
 from bertkit.runtime.loading import Loaded, load
 from bertkit.embeddings.pooling import l2_normalize, pool
@@ -349,6 +350,9 @@ def load_searcher(settings, runner) -> Searcher | None:
         raise BertkitError(f"--pooling {runner.pooling}: the index {settings.index} was made with {made['pooling']} "
                            "pooling; leave out --pooling, or build the index with this pooling")
     cross = reranker(settings.rerank, dtype=settings.dtype, fast=runner.speed) if settings.rerank else None
+    effect = recorded_effect(settings.rerank) if settings.rerank else None
+    if effect:  # at start-up, beside the server's own lines: what the reranker's recorded figures say
+        print(effect, file=sys.stderr, flush=True)
     return Searcher(index, int(made["max_length"]), cross, settings.rerank_top, fusion=fusion_options(index.info))
 
 

@@ -9,6 +9,8 @@
     ner.py             training words -> tags (CoNLL), labels on each word's first piece
     qa.py              training question + context -> answer span (SQuAD)
     embedding.py       sentence embeddings: pairs / triplets / scored pairs -> an encoder whose cosines rank
+    cross_encoder.py   a reranker: mined hard and random negatives -> one logit per (query, passage), and the
+                       retrieval figures it was evaluated with
     text_inference.py, ner_inference.py, qa_inference.py
                        what using each kind of model needs: features, decoding, metrics, input files (no torch)
     predict.py         using a fine-tuned output directory (`bertkit predict`, evaluate mode)
@@ -37,8 +39,8 @@ def task_config(task: str):
 def finetune(task: str, *, train: str, output: str, dev: str | None = None, training=None, log=print, **options) -> dict:
     """Fine-tune for `task` and return the final metrics (also in OUTPUT/metrics.json).
 
-    task: classify | pair | regression | multi_label | ner | qa | embed; `options` are
-    the fields of the task's config (TextTaskConfig, NerConfig, QAConfig, EmbedConfig), e.g.
+    task: classify | pair | regression | multi_label | ner | qa | embed | rerank; `options` are
+    the fields of the task's config (TextTaskConfig, NerConfig, QAConfig, EmbedConfig, RerankConfig), e.g.
     model=, text_column=, max_length=; `training` a TrainConfig.
     """
     cls, defaults = task_config(task)

@@ -20,6 +20,15 @@ Each task's record (`bertkit.tasks.registry`) gives its head's problem type,
 which decides what a label is, the loss and the decoding; the features, the
 decoding and the metrics, all that using the model needs, are
 `bertkit.tasks.text_inference`. Shapes: logits per example (num_labels,) or (1,) for regression.
+
+A reranker (`bertkit finetune rerank`, run by `bertkit.tasks.cross_encoder`) is the
+pair classifier with one logit, "relevant", trained by `train_pair_scorer` with
+binary cross-entropy whose positives weigh `pos_weight` (sentence-transformers'
+`BinaryCrossEntropyLoss`), x the logit, y the label (0/1 or a probability):
+
+    loss = mean over pairs of -( w * y * log sigmoid(x) + (1 - y) * log(1 - sigmoid(x)) )
+
+It is saved as a multi-label head of that one label, so it is read back as its sigmoid.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION
@@ -39,7 +50,9 @@ from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
 from bertkit.tasks.text_inference import decode, make_features, pool_windows, score
 from bertkit.tasks.trainer import train
-from bertkit.model.heads import BertForSequenceClassification
+from bertkit.model.heads import BertForSequenceClassification, HeadOutput
+
+RELEVANT = "relevant"  # a reranker's one label
 
 # --- the run ---------------------------------------------------------------
 
@@ -153,3 +166,46 @@ def trivial_baseline(problem_type: str, train_ex, dev_ex, names, metric: str) ->
 def _jsonable(d):
     return {k: (_jsonable(v) if isinstance(v, dict) else v) for k, v in d.items()
             if v is None or isinstance(v, (str, int, float, bool, dict, list))}
+
+
+# --- a pair scorer: one logit, binary cross-entropy ------------------------------------------
+
+def binary_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, pos_weight: float | None = None) -> torch.Tensor:
+    """The mean of -(w y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))) over pairs (the module docstring)."""
+    weight = None if pos_weight is None else torch.tensor(float(pos_weight), device=logits.device)
+    return F.binary_cross_entropy_with_logits(logits.reshape(-1).float(), labels.reshape(-1).float(),
+                                              pos_weight=weight)
+
+
+class WeightedPairs(torch.nn.Module):
+    """The one-logit sequence classifier with the loss above (positives weighted): what the loop trains."""
+
+    def __init__(self, model: BertForSequenceClassification, pos_weight: float | None):
+        super().__init__()
+        self.model, self.pos_weight = model, pos_weight
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        loss = None if labels is None else binary_cross_entropy(out.logits, labels, self.pos_weight)
+        return HeadOutput(loss, out.logits)
+
+
+def pair_features(tok, pairs: list, max_length: int) -> list[dict]:
+    """One feature per (query, passage, label): [CLS] query [SEP] passage [SEP], the longer cut first."""
+    out = []
+    for query, passage, label in pairs:
+        enc = tok.encode(query, passage, max_length=max_length, truncation_strategy="longest_first")
+        out.append({"input_ids": enc.input_ids, "token_type_ids": enc.token_type_ids, "labels": [float(label)]})
+    return out
+
+
+def train_pair_scorer(cfg, pairs: list, pos_weight: float, info: dict, log=print):
+    """A one-logit head on cfg.model trained on (query, passage, label) `pairs` through the one run harness
+    and saved in cfg.output with `info` as its bertkit_task.json; the trainer's result."""
+    tok = load_tokenizer(cfg.model)
+    head = load_head(BertForSequenceClassification, cfg.model, cfg.training.seed, log, problem_type=MULTI_LABEL,
+                     num_labels=1, id2label={0: RELEVANT}, label2id={RELEVANT: 0})
+    save = saver(Path(cfg.output), tok, info)
+    return train(WeightedPairs(head, pos_weight), pair_features(tok, pairs, cfg.max_length), cfg.training,
+                 save=lambda m: save(m.model), output_dir=Path(cfg.output), pad_id=tok.pad_token_id,
+                 run_config=_jsonable(asdict(cfg)), log=log)

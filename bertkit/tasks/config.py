@@ -9,11 +9,14 @@ OVERLAP: the tokens consecutive windows of one long input share.
     TextTaskConfig   classify | pair | regression | multi_label (bertkit.tasks.classification)
     NerConfig        words -> tags (bertkit.tasks.ner)
     QAConfig         question + context -> answer span (bertkit.tasks.qa)
+    EmbedConfig      sentence embeddings (bertkit.tasks.embedding)
+    RerankConfig     a cross-encoder reranker from a BEIR folder or labelled pairs (bertkit.tasks.cross_encoder)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from bertkit.embeddings.settings import AUTO
@@ -226,4 +229,51 @@ class EmbedConfig(TaskConfig):
         if self.static and (self.static_dim < 1 or self.pooling not in (AUTO, "mean")):
             raise BertkitError("--static averages its tokens (--pooling mean) and needs --static-dim >= 1")
         self.training.validate()
+        return self
+
+
+@dataclass
+class RerankConfig(TaskConfig):
+    """A cross-encoder reranker: (query, passage) -> one relevance logit, binary cross-entropy (bertkit.tasks.cross_encoder)."""
+
+    train: str = _opt(None, "a BEIR folder (its --train-split qrels give the positives; hard negatives are mined from its "
+                            "corpus, random negatives drawn from it) or a table (TSV/CSV/JSONL) of query, passage, label "
+                            "rows (label 1 relevant, 0 not, or a probability in between)", required=True)
+    train_split: str = _opt("train", "qrels split of a BEIR --train folder")
+    max_length: int = _opt(256, "tokens of query + passage (the longer is cut first)")
+    hard_negatives: int = _opt(5, "per query: passages the mining model ranks high that are not its positives")
+    random_negatives: int = _opt(2, "per query: passages drawn at random (seeded by --seed) from the rest of the corpus")
+    range_max: int = _opt(50, "hard negatives are looked for among the mining model's best N candidates")
+    relative_margin: float = _opt(0.05, "a hard negative scores at most (1 - this) x the query's lowest positive "
+                                        "cosine (NV-Retriever's guard against unlabelled positives; 0: below it)")
+    mining_model: str | None = _opt(None, "the bi-encoder that ranks the corpus for hard negatives (default: the "
+                                          "packaged all-MiniLM-L6-v2)")
+    pos_weight: float | None = _opt(None, "weight of a positive pair in the loss (default: negatives per positive in "
+                                          "the training pairs, as sentence-transformers' hard-negative recipe)")
+    dev: str | None = _opt(None, "a BEIR folder the trained model is evaluated on, reranking --index's answers: nDCG@10 "
+                                 "before and after go into OUTPUT/retrieval.json")
+    dev_split: str = _opt("dev", "qrels split of the --dev folder (never the split you report, if you tune on it)")
+    index: str | None = _opt(None, "the first stage for --dev: an index of its corpus (bertkit index), searched as "
+                                   "bertkit search does (its default mode)")
+    rerank_top: int = _opt(50, "documents of each first-stage answer the model re-scores in the --dev evaluation")
+
+    def validate(self) -> "RerankConfig":
+        super().validate()
+        if self.hard_negatives < 0 or self.random_negatives < 0 or self.hard_negatives + self.random_negatives < 1:
+            raise BertkitError(f"--hard-negatives and --random-negatives must be >= 0 and give at least one negative, "
+                               f"got {self.hard_negatives} and {self.random_negatives}")
+        if self.range_max < max(1, self.hard_negatives):
+            raise BertkitError(f"--range-max ({self.range_max}) must be at least --hard-negatives ({self.hard_negatives})")
+        if self.pos_weight is not None and not self.pos_weight > 0:
+            raise BertkitError(f"--pos-weight must be > 0, got {self.pos_weight}")
+        if self.rerank_top < 1:
+            raise BertkitError(f"--rerank-top must be at least 1, got {self.rerank_top}")
+        if self.dev and not self.index:
+            raise BertkitError("--dev needs --index INDEX: an index of the dev corpus (bertkit index), the first stage "
+                               "whose answers the model reranks")
+        if self.index and not self.dev:
+            raise BertkitError("--index is the first stage of the --dev evaluation: give --dev DIR too")
+        if self.index and not (Path(self.index) / "index.json").is_file():
+            raise BertkitError(f"--index {self.index} is not an index folder (no index.json): build one of the --dev "
+                               "corpus with bertkit index")
         return self

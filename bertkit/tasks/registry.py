@@ -22,6 +22,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        `bertkit distill layers` trains a fine-tuned model's student on (None: not offered)
     routes, pair_score the server routes that answer it; how a prediction of one (query, text) pair becomes
                        a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
+    rerank_labels      how many labels a labelled cross-encoder has: two for a pair classifier (the second's
+                       probability), one for a reranker (its sigmoid)
 
 The "embed" record is the sentence encoder: it trains with `bertkit finetune
 embed` and is served on the embedding routes; it is not predicted through here
@@ -39,7 +41,7 @@ from typing import Callable
 from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION, SINGLE_LABEL
 from bertkit.tasks import ner_inference as ner, qa_inference as qa, reports, text_inference as text
-from bertkit.tasks.config import EmbedConfig, NerConfig, QAConfig, TextTaskConfig
+from bertkit.tasks.config import EmbedConfig, NerConfig, QAConfig, RerankConfig, TextTaskConfig
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Task:
     routes: tuple = ("/predict", "/tokenize")
     pair_score: Callable | None = None
     features: Callable | None = None
+    rerank_labels: int = 2  # the labels a labelled cross-encoder of this task has (its score: the last one's)
 
     @property
     def cli_name(self) -> str:
@@ -86,10 +89,10 @@ class Task:
 
     def can_rerank(self, info: dict, labels) -> bool:
         """A cross-encoder: trained on (query, text) pairs, one score per pair: a regression's score,
-        or the probability of the second of two labels. `bertkit search --rerank`, `bertkit evaluate
-        --rerank` and the server's /rerank all ask this."""
+        or the probability of the second of two labels (of a reranker's one label). `bertkit search
+        --rerank`, `bertkit evaluate --rerank` and the server's /rerank all ask this."""
         return (self.pair_score is not None and self.takes_pairs(info)
-                and (not self.labelled or len(labels or ()) == 2))
+                and (not self.labelled or len(labels or ()) == self.rerank_labels))
 
     def served_routes(self, info: dict, labels) -> list:
         """The server routes a model of this task answers."""
@@ -110,20 +113,20 @@ class Task:
         return getattr(importlib.import_module(module), function)(cfg, log=log)
 
 
-def _second_label(prediction: dict, labels: list) -> float:
-    return float(prediction["probabilities"][labels[1]])
+def _last_label(prediction: dict, labels: list) -> float:
+    return float(prediction["probabilities"][labels[-1]])
 
 
 def _score(prediction: dict, labels) -> float:
     return float(prediction["score"])
 
 
-def _text(name: str, problem_type: str, metric: str, **more) -> Task:
+def _text(name: str, problem_type: str, metric: str, config=TextTaskConfig,
+          run: str = "bertkit.tasks.classification:finetune_text", report=reports.text_report, **more) -> Task:
     """A task of BertForSequenceClassification (bertkit.tasks.classification, bertkit.tasks.text_inference): the
     text tasks share their functions, told apart by the problem type."""
-    return Task(name, TextTaskConfig, "bertkit.tasks.classification:finetune_text", reports.text_report,
-                "BertForSequenceClassification", metric, problem_type=problem_type,
-                defaults={"task": name, **more.pop("defaults", {})},
+    return Task(name, config, run, report, "BertForSequenceClassification", metric, problem_type=problem_type,
+                defaults={**({"task": name} if config is TextTaskConfig else {}), **more.pop("defaults", {})},
                 predict=partial(text.predict, problem_type=problem_type), read_inputs=text.read_inputs,
                 read_labelled=partial(text.read_labelled, problem_type=problem_type),
                 score=partial(text.score_answers, problem_type=problem_type), answers="a {label!r} column",
@@ -131,8 +134,8 @@ def _text(name: str, problem_type: str, metric: str, **more) -> Task:
 
 
 TASKS = {t.name: t for t in (
-    _text("classify", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_second_label),
-    _text("pair", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_second_label, pairs=True,
+    _text("classify", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_last_label),
+    _text("pair", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_last_label, pairs=True,
           defaults={"text_column": "sentence1", "text_pair_column": "sentence2"}),
     _text("regression", REGRESSION, "pearson", hidden=("label_separator",), labelled=False, pair_score=_score),
     _text("multi_label", MULTI_LABEL, "micro_f1", command="multi-label", defaults={"label_column": "labels"}),
@@ -151,6 +154,16 @@ TASKS = {t.name: t for t in (
               "(docs/embeddings.md). With in-batch negatives --grad-accum is not a bigger batch; --loss "
               "cached-mnrl is.",
          labelled=False, routes=("/v1/embeddings", "/embed", "/tokenize")),
+    # one logit per (query, passage), binary cross-entropy: a multi-label head of one label, read as its sigmoid;
+    # sentence-transformers' reranker recipe: 1 epoch at 2e-5
+    _text("rerank", MULTI_LABEL, "ndcg@10", config=RerankConfig, run="bertkit.tasks.cross_encoder:finetune_rerank",
+          report=reports.rerank_report, pairs=True, second="a passage", pair_score=_last_label, rerank_labels=1,
+          hidden=("max_dev_examples",),
+          defaults={"training": {"epochs": 1.0, "batch_size": 16, "optim": {"learning_rate": 2e-5}}},
+          help="train a cross-encoder reranker (one logit, binary cross-entropy) on a BEIR folder's queries with "
+               "mined hard and random negatives, or on (query, passage, label) rows; --dev --index records nDCG@10 "
+               "before and after reranking in OUTPUT/retrieval.json, which search/serve --rerank read "
+               "(docs/search.md)"),
 )}
 _BY_COMMAND = {t.cli_name: t for t in TASKS.values()}
 

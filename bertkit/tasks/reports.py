@@ -61,3 +61,23 @@ def embed_report(final: dict) -> str:
         lines.append(f"dev {metric} before training {before[metric]:.4f}, after {dev[metric]:.4f} "
                      f"({dev[metric] - before[metric]:+.4f})")
     return "\n".join(lines)
+
+
+def rerank_report(final: dict) -> str:
+    """A reranker: its training pairs and, evaluated on --dev, nDCG@10 before and after reranking."""
+    lines = [f"trained on {final['train_examples']} pairs ({json_counts(final['pairs'])}) in {final['train_seconds']} s"]
+    figures = final.get("retrieval")
+    if not figures:
+        return lines[0] + " (no --dev: no retrieval figures recorded)"
+    before, after = figures["before"]["ndcg@10"], figures["after"]["ndcg@10"]
+    lines.append(f"{figures['dataset']} split {figures['split']} ({figures['queries']} queries), top "
+                 f"{figures['rerank_top']} of {figures['first_stage']}: nDCG@10 {before:.4f} before reranking, "
+                 f"{after:.4f} after ({after - before:+.4f})")
+    if after < before:
+        lines.append("warning: this reranker lowers nDCG@10 on the dev split; search --rerank and serve --rerank "
+                     "will say so when they load it")
+    return "\n".join(lines)
+
+
+def json_counts(counts: dict) -> str:
+    return ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items())

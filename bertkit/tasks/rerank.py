@@ -7,6 +7,7 @@ first stage (the "retrieve and rerank" of Nogueira and Cho 2019,
 sentence-transformers' `CrossEncoder` examples).
 
 The cross-encoder is a model fine-tuned on text pairs with one score: `bertkit
+finetune rerank` (one logit, binary cross-entropy; its probability), `bertkit
 finetune regression`, or `bertkit finetune pair` (or `classify
 --text-pair-column`) with two labels. Whether a model is one, and how its
 prediction becomes a score (a regression's score, or the probability of its
@@ -15,15 +16,26 @@ second label), is its task's record's (`bertkit.tasks.registry`: `can_rerank`,
 `bertkit.tasks.predict`. The reranked hits come first, best first, with the
 cross-encoder's score; ties keep the first stage's order; the hits below `top`
 follow as they were.
+
+A reranker pays only when it ranks better than the first stage: `bertkit
+finetune rerank --dev` records the figures it was evaluated with in
+OUTPUT/retrieval.json (nDCG@10 of the first stage alone and reranked), and
+`recorded_effect` turns them into the one line `search --rerank` and `serve
+--rerank` say at start-up: a warning when the model lowered nDCG@10, a note
+when it has no figures, nothing when it helped.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from bertkit.errors import BertkitError
 from bertkit.runtime.loading import Loaded, load
 from bertkit.tasks.predict import predict, task_of
+
+FIGURES_FILE = "retrieval.json"  # in a reranker's folder: the retrieval figures it was evaluated with
 
 
 def reranker(model, device=None, dtype=None, fast=True) -> Loaded:
@@ -64,3 +76,22 @@ def rerank(loaded: Loaded, query: str, hits: list, top: int = 50, batch_size: in
     scores = pair_scores(loaded, query, [h.text for h in head], batch_size)
     order = sorted(range(len(head)), key=lambda i: -scores[i])  # stable: ties keep the first stage's order
     return [replace(head[i], score=scores[i]) for i in order] + tail
+
+
+def recorded_effect(model) -> str | None:
+    """The start-up line about the figures `model` (a reranker's folder) was evaluated with: a warning
+    when reranking lowered nDCG@10, a note when there are none, None when it did not lower it."""
+    path = Path(model) / FIGURES_FILE
+    if not path.is_file():
+        return (f"note: {model} has no recorded retrieval figures (no {FIGURES_FILE}; bertkit finetune rerank --dev "
+                "records them): whether it helps this search is unmeasured")
+    try:
+        figures = json.loads(path.read_text(encoding="utf-8"))
+        before, after = float(figures["before"]["ndcg@10"]), float(figures["after"]["ndcg@10"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"note: {path} is unreadable ({type(err).__name__}: {err}): the reranker's effect is unknown"
+    if after >= before:
+        return None
+    return (f"warning: {model} lowered nDCG@10 from {before:.4f} to {after:.4f} when it was evaluated "
+            f"({figures.get('dataset')} split {figures.get('split')}, top {figures.get('rerank_top')} of "
+            f"{figures.get('first_stage')}): reranking with it may make this search worse")
