@@ -8,13 +8,10 @@ import random
 
 import pytest
 import torch
-from test_evaluate_index import by_hand
-from test_index import OVERLAP, TOKENS
-from test_retrieval_beir import scifact_slice
+from test_evaluate_index import by_hand, setup  # noqa: F401 (setup: the fixture, shared)
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.retrieval.index import build_index
 from bertkit.retrieval.mining import MiningTask, reranker_pairs, training_pairs
 from bertkit.tasks.classification import binary_cross_entropy
 from bertkit.tasks.rerank import FIGURES_FILE, pair_scores, recorded_effect, reranker
@@ -56,21 +53,18 @@ def test_a_small_corpus_gives_what_random_negatives_it_has():
 
 
 @pytest.fixture(scope="module")
-def setup(shared_data, tiny_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rerank_training")
-    folder = scifact_slice(shared_data, root / "sf", n_queries=6, n_extra=10)
-    build_index(folder / "corpus.jsonl", root / "index", str(tiny_dir), passage_tokens=TOKENS, overlap=OVERLAP,
-                batch_size=64, dtype="float32", progress=False)
-    return {"root": root, "folder": folder, "index": root / "index", "tiny": tiny_dir}
+def ctx(setup, tiny_dir):
+    """test_evaluate_index's SciFact slice (train and test qrels) and its index by the tiny model."""
+    return {**setup, "tiny": tiny_dir}
 
 
-def test_mined_hard_negatives_are_never_positives(setup):
+def test_mined_hard_negatives_are_never_positives(ctx):
     from bertkit.retrieval.mining import task_from_beir
 
-    task = task_from_beir(setup["folder"], "train")
+    task = task_from_beir(ctx["folder"], "train")
     # no margin: a random tiny model's cosines all lie within 5% of the positive's
-    pairs, counts = reranker_pairs(setup["folder"], "train", hard=2, random_negatives=1, range_max=20,
-                                   relative_margin=None, model=str(setup["tiny"]), seed=1, log=lambda line: None)
+    pairs, counts = reranker_pairs(ctx["folder"], "train", hard=2, random_negatives=1, range_max=20,
+                                   relative_margin=None, model=str(ctx["tiny"]), seed=1, log=lambda line: None)
     positives = {task.queries[q]: {task.passages[p] for p in ps} for q, ps in enumerate(task.positives)}
     assert counts["positives"] == sum(len(p) for p in task.positives)
     assert counts["hard_negatives"] == 2 * (len(task.queries) - counts["queries_without_hard_negatives"]) > 0
@@ -98,27 +92,27 @@ def test_binary_cross_entropy_against_a_hand_computed_value():
 
 # --- end to end --------------------------------------------------------------------------------
 
-def _finetune(setup, out, *more):
-    return main(["finetune", "rerank", "--train", str(setup["folder"]), "--output", str(out), "--model",
-                 str(setup["tiny"]), "--mining-model", str(setup["tiny"]), "--max-length", "64", "--hard-negatives",
+def _finetune(ctx, out, *more):
+    return main(["finetune", "rerank", "--train", str(ctx["folder"]), "--output", str(out), "--model",
+                 str(ctx["tiny"]), "--mining-model", str(ctx["tiny"]), "--max-length", "64", "--hard-negatives",
                  "2", "--random-negatives", "1", "--range-max", "20", "--batch-size", "8", "--learning-rate", "1e-3",
                  "--seed", "3", "--no-progress", *more])
 
 
 @pytest.fixture(scope="module")
-def trained(setup):
-    out = setup["root"] / "cross"
-    assert _finetune(setup, out, "--dev", str(setup["folder"]), "--dev-split", "test", "--index",
-                     str(setup["index"])) == 0
+def trained(ctx):
+    out = ctx["root"] / "trained_cross"
+    assert _finetune(ctx, out, "--dev", str(ctx["folder"]), "--dev-split", "test", "--index",
+                     str(ctx["index"])) == 0
     return out
 
 
-def test_finetune_rerank_records_the_figures_it_was_evaluated_with(setup, trained, capsys):
+def test_finetune_rerank_records_the_figures_it_was_evaluated_with(ctx, trained, capsys):
     figures = json.loads((trained / FIGURES_FILE).read_text())
-    assert figures["split"] == "test" and figures["rerank_top"] == 50 and str(setup["index"]) in figures["first_stage"]
+    assert figures["split"] == "test" and figures["rerank_top"] == 50 and str(ctx["index"]) in figures["first_stage"]
     # the figures are those of evaluate retrieval through the index, without and with the reranker
-    plain = by_hand(setup, capsys, "--mode", figures["fusion"]["mode"], ranked=figures["fusion"]["mode"] == "hybrid")
-    reranked = by_hand(setup, capsys, "--rerank", str(trained), "--rerank-top", "50", ranked=True)
+    plain = by_hand(ctx, capsys, "--mode", figures["fusion"]["mode"], ranked=figures["fusion"]["mode"] == "hybrid")
+    reranked = by_hand(ctx, capsys, "--rerank", str(trained), "--rerank-top", "50", ranked=True)
     assert figures["before"] == pytest.approx(plain, abs=1e-9)
     assert figures["after"] == pytest.approx(reranked, abs=1e-9)
     metrics = json.loads((trained / "metrics.json").read_text())
@@ -138,9 +132,9 @@ def test_the_saved_model_is_a_one_label_cross_encoder(trained, st):
     assert all(0.0 < s < 1.0 for s in ours)
 
 
-def test_evaluate_rerank_prints_before_and_after(setup, trained, capsys):
-    out = setup["root"] / "eval.json"
-    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--rerank",
+def test_evaluate_rerank_prints_before_and_after(ctx, trained, capsys):
+    out = ctx["root"] / "eval.json"
+    assert main(["evaluate", "retrieval", str(ctx["folder"]), "--index", str(ctx["index"]), "--rerank",
                  str(trained), "--rerank-top", "50", "--quiet", "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     got = json.loads(out.read_text())
@@ -149,7 +143,7 @@ def test_evaluate_rerank_prints_before_and_after(setup, trained, capsys):
     before, after = got["before_rerank"]["ndcg@10"], got["ndcg@10"]
     assert f"| {before:.4f} |" in rows[0] and f"| {after:.4f} |" in rows[1]
     assert f"nDCG@10 {before:.4f} before, {after:.4f} after" in printed
-    assert {m: got["before_rerank"][m] for m in MEASURES} == pytest.approx(by_hand(setup, capsys, ranked=True),
+    assert {m: got["before_rerank"][m] for m in MEASURES} == pytest.approx(by_hand(ctx, capsys, ranked=True),
                                                                            abs=1e-9)
 
 
@@ -177,24 +171,24 @@ def test_recorded_effect_warns_only_when_reranking_lowered_ndcg(trained, tmp_pat
 
 @pytest.mark.parametrize("before, after, said", [(0.7, 0.43, "lowered nDCG@10"), (0.4, 0.6, None),
                                                  (None, None, "no recorded retrieval figures")])
-def test_search_rerank_says_so_at_start_up(setup, trained, tmp_path, capsys, before, after, said):
+def test_search_rerank_says_so_at_start_up(ctx, trained, tmp_path, capsys, before, after, said):
     if before is None:
         model = _with_figures(trained, tmp_path, 0.5, 0.5)
         (model / FIGURES_FILE).unlink()
     else:
         model = _with_figures(trained, tmp_path, before, after)
-    assert main(["search", str(setup["index"]), "vitamin D", "-k", "2", "--rerank", str(model), "--json"]) == 0
+    assert main(["search", str(ctx["index"]), "vitamin D", "-k", "2", "--rerank", str(model), "--json"]) == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if str(model) in line]
     assert (said is None and lines == []) or (len(lines) == 1 and said in lines[0]), err
 
 
-def test_serve_rerank_says_so_at_start_up(setup, trained, tmp_path, capsys):
+def test_serve_rerank_says_so_at_start_up(ctx, trained, tmp_path, capsys):
     from bertkit.serve.runner import load_runner, load_searcher
     from bertkit.serve.settings import ServeConfig
 
     model = _with_figures(trained, tmp_path, 0.7, 0.43)
-    settings = ServeConfig(model=str(setup["tiny"]), index=str(setup["index"]), rerank=str(model))
+    settings = ServeConfig(model=str(ctx["tiny"]), index=str(ctx["index"]), rerank=str(model))
     load_searcher(settings, load_runner(settings))
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if "lowered nDCG@10" in line] != []
@@ -202,11 +196,11 @@ def test_serve_rerank_says_so_at_start_up(setup, trained, tmp_path, capsys):
 
 # --- bad input, one line each ------------------------------------------------------------------
 
-def _folder_without(setup, tmp_path, what):
+def _folder_without(ctx, tmp_path, what):
     import shutil
 
     folder = tmp_path / what
-    shutil.copytree(setup["folder"], folder)
+    shutil.copytree(ctx["folder"], folder)
     if what == "train_qrels":
         (folder / "qrels" / "train.tsv").unlink()
     else:  # a judged corpus id that the corpus does not have
@@ -223,40 +217,40 @@ def _folder_without(setup, tmp_path, what):
     ("dev_without_index", "--dev needs --index INDEX"),
     ("bad_label", "line 2: label '2' is not 1 (relevant), 0 (not)"),
 ])
-def test_bad_input_is_one_line(setup, tmp_path, capsys, case, message):
-    train, more = setup["folder"], []
+def test_bad_input_is_one_line(ctx, tmp_path, capsys, case, message):
+    train, more = ctx["folder"], []
     if case in ("train_qrels", "unknown_doc"):
-        train = _folder_without(setup, tmp_path, case)
+        train = _folder_without(ctx, tmp_path, case)
     elif case in ("empty_passage", "bad_label"):
         train = tmp_path / "pairs.tsv"
         rows = ["query\tpassage\tlabel", "a claim\ta passage\t" + ("2" if case == "bad_label" else "1"),
                 "a claim\t \t0"]
         train.write_text("\n".join(rows) + "\n")
     elif case == "rerank_top":
-        more = ["--dev", str(setup["folder"]), "--index", str(setup["index"]), "--rerank-top", "0"]
+        more = ["--dev", str(ctx["folder"]), "--index", str(ctx["index"]), "--rerank-top", "0"]
     else:
-        more = ["--dev", str(setup["folder"])]
+        more = ["--dev", str(ctx["folder"])]
     assert main(["finetune", "rerank", "--train", str(train), "--output", str(tmp_path / "out"), "--model",
-                 str(setup["tiny"]), "--mining-model", str(setup["tiny"]), "--no-progress", *more]) == 2
+                 str(ctx["tiny"]), "--mining-model", str(ctx["tiny"]), "--no-progress", *more]) == 2
     err = capsys.readouterr().err
     assert message in err and err.strip().count("\n") == 0, err
     assert not (tmp_path / "out").exists()
 
 
-def test_evaluate_rerank_top_zero_is_one_line(setup, trained, capsys):
-    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--rerank",
+def test_evaluate_rerank_top_zero_is_one_line(ctx, trained, capsys):
+    assert main(["evaluate", "retrieval", str(ctx["folder"]), "--index", str(ctx["index"]), "--rerank",
                  str(trained), "--rerank-top", "0", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "--rerank-top must be at least 1" in err and err.count("\n") == 1
 
 
-def test_a_table_of_pairs_trains_without_dev(setup, tmp_path, capsys):
+def test_a_table_of_pairs_trains_without_dev(ctx, tmp_path, capsys):
     train = tmp_path / "pairs.jsonl"
     rows = [{"query": f"claim {i}", "passage": f"passage {i} {'relevant' if i % 2 else 'other'}", "label": i % 2}
             for i in range(8)]
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "table_cross"
-    assert main(["finetune", "rerank", "--train", str(train), "--output", str(out), "--model", str(setup["tiny"]),
+    assert main(["finetune", "rerank", "--train", str(train), "--output", str(out), "--model", str(ctx["tiny"]),
                  "--max-length", "32", "--batch-size", "4", "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "trained on 8 pairs" in printed and "no retrieval figures recorded" in printed
