@@ -46,7 +46,6 @@ import numpy as np
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
 from bertkit.tasks.batching import collate
-from bertkit.tasks.config import TrainConfig
 from bertkit.training import distributed, harness
 from bertkit.training.loop import LoopConfig
 
@@ -138,11 +137,13 @@ def _model_batch(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
 
 
-def train(model, train_features: list, config: TrainConfig, *, evaluate=None, save=None,
+def train(model, train_features: list, config, *, evaluate=None, save=None,
           output_dir=None, pad_id: int = 0, baseline: tuple[float, str] | None = None, run_config: dict | None = None,
           log=print, batches=None) -> TrainResult:
     """Fine-tune `model` in place; returns the per-epoch history and the best epoch.
 
+    config: the loop's settings, a `bertkit.tasks.config.TrainConfig` (named, not imported: the task's
+    run hands it in, so the trainer needs nothing else of the settings module).
     run_config: the task's whole config, written to OUTPUT/run_config.json for --resume.
     batches(parts) -> a batch stream over `train_features` with `parts` micro-batches per update, the
     way `EpochBatches` is one (the default): for a task whose batches are drawn otherwise.
