@@ -275,7 +275,7 @@ LATE_IMPORTS = {
     "bertkit.training.optim": ({"torch", "bertkit.training.lamb"}, TORCH_FREE),
     "bertkit.pretraining.blocks": ({"torch", "bertkit.pretraining.collate"},
                                    TORCH_FREE + " (through pretraining.prepare); only static masks need torch"),
-    "bertkit.text.tokenizer": ({"torch", "numpy"}, "the tokenizer needs neither: only return_tensors='pt' / 'np' "
+    "bertkit.text.encoding": ({"torch", "numpy"}, "the tokenizer needs neither: only return_tensors='pt' / 'np' "
                                                    "asks for them"),
     # optional extras
     "bertkit.retrieval.ann": ({"faiss"}, EXTRA),

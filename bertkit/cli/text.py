@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from bertkit.data.corpus import CorpusStats
 from bertkit.options import add_options, from_args
-from bertkit.text.tokenizer import Tokenizer, format_encoding
+from bertkit.text.encoding import format_encoding
+from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files
 from bertkit.text.wordpiece import CONTINUATION
 

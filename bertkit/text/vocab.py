@@ -105,3 +105,27 @@ def save_vocab(tokens: list[str], path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
     return path
+
+
+def check_casing(tokens: list[str], lowercase: bool) -> None:
+    """Refuse an obvious cased/uncased mismatch between vocabulary and settings.
+
+    Judged only on vocabularies of 1000+ tokens (handmade test vocabularies are
+    too small to tell): a lower-casing tokenizer can never produce a token with
+    capitals, so a vocabulary with many of them is cased; a cased vocabulary of
+    English-like text always has some capitalised words.
+    """
+    words = [t for t in tokens if t.isalpha()]
+    if len(tokens) < 1000 or len(words) < 500:
+        return
+    upper = sum(1 for t in words if t != t.lower())
+    if lowercase and upper > 0.05 * len(words):
+        raise BertkitError(
+            f"casing mismatch: lowercase=True but the vocabulary looks cased ({upper} of {len(words)} words "
+            "have capitals, which lower-cased text can never match); pass lowercase=False"
+        )
+    if not lowercase and upper == 0:
+        raise BertkitError(
+            "casing mismatch: lowercase=False but the vocabulary has no capitalised words (it looks uncased); "
+            "pass lowercase=True"
+        )
