@@ -15,6 +15,7 @@ header (which needs the row count) at the end.
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 from pathlib import Path
@@ -66,48 +67,56 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".jsonl":
-        n = 0
-        with path.open("w", encoding="utf-8") as out:
-            for i, row in enumerate(rows):
-                record = {"index": i}
-                if texts is not None:
-                    record["text"] = texts[i]
-                record["embedding" if pooled else "vectors"] = np.round(row.astype(np.float64), 7).tolist()
-                out.write(json.dumps(record) + "\n")
-                n += 1
-        return n
-
+        return _write_jsonl(rows, path, pooled, texts)
     spool = path.with_name(path.name + ".part")
-    lengths, dim = [], None
     try:
-        with spool.open("wb") as raw:
-            for row in rows:
-                row = np.ascontiguousarray(row, dtype="<f4")
-                dim = row.shape[-1]
-                lengths.append(1 if row.ndim == 1 else row.shape[0])
-                raw.write(row.tobytes())
-        if dim is None:
-            raise BertkitError("nothing to write: the input holds no texts")
-        total = sum(lengths)
+        lengths, dim = _spool(rows, spool)
         with path.open("wb") as out, spool.open("rb") as raw:
-            if suffix == ".npy":
-                np.lib.format.write_array_header_1_0(
-                    out, {"descr": "<f4", "fortran_order": False, "shape": (total, dim)}
-                )
-                _copy(raw, out)
-            else:
-                offsets = np.concatenate([[0], np.cumsum(lengths)]).astype("<i8")
-                if pooled:
-                    tensors = {"embeddings": ("F32", (total, dim))}
-                else:
-                    tensors = {"vectors": ("F32", (total, dim)), "offsets": ("I64", (len(offsets),))}
-                out.write(safetensors_header(tensors))
-                _copy(raw, out)
-                if not pooled:
-                    out.write(offsets.tobytes())
+            out.write(_header(suffix, pooled, sum(lengths), dim, len(lengths)))
+            _copy(raw, out)
+            if suffix == ".safetensors" and not pooled:
+                out.write(np.concatenate([[0], np.cumsum(lengths)]).astype("<i8").tobytes())  # offsets [N+1]
     finally:
         spool.unlink(missing_ok=True)
     return len(lengths)
+
+
+def _write_jsonl(rows, path: Path, pooled: bool, texts) -> int:
+    n = 0
+    with path.open("w", encoding="utf-8") as out:
+        for i, row in enumerate(rows):
+            record = {"index": i}
+            if texts is not None:
+                record["text"] = texts[i]
+            record["embedding" if pooled else "vectors"] = np.round(row.astype(np.float64), 7).tolist()
+            out.write(json.dumps(record) + "\n")
+            n += 1
+    return n
+
+
+def _spool(rows, spool: Path) -> tuple[list[int], int]:
+    """The rows' float32 bytes into `spool`; returns each result's row count and the width D."""
+    lengths, dim = [], None
+    with spool.open("wb") as raw:
+        for row in rows:
+            row = np.ascontiguousarray(row, dtype="<f4")
+            dim = row.shape[-1]
+            lengths.append(1 if row.ndim == 1 else row.shape[0])
+            raw.write(row.tobytes())
+    if dim is None:
+        raise BertkitError("nothing to write: the input holds no texts")
+    return lengths, dim
+
+
+def _header(suffix: str, pooled: bool, total: int, dim: int, n: int) -> bytes:
+    """The header of a [total, D] float32 .npy, or of a .safetensors (pooled, or vectors with n+1 offsets)."""
+    if suffix == ".npy":
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (total, dim)})
+        return header.getvalue()
+    if pooled:
+        return safetensors_header({"embeddings": ("F32", (total, dim))})
+    return safetensors_header({"vectors": ("F32", (total, dim)), "offsets": ("I64", (n + 1,))})
 
 
 def _copy(src, dst, block: int = 1 << 22) -> None:

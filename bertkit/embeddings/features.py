@@ -288,15 +288,10 @@ def iter_embed(
 
     was_training = net.training
     net.eval()  # dropout off: features are deterministic
-    bar = None
-    if progress:
-        bar = tqdm(total=total, unit="text", desc="embed")
+    bar = tqdm(total=total, unit="text", desc="embed") if progress else None
     source = zip(texts, pairs) if pairs is not None else ((t, None) for t in texts)
     try:
-        while True:
-            chunk = list(itertools.islice(source, chunk_size))
-            if not chunk:
-                break
+        for chunk in _chunks(source, chunk_size):
             items = [_encode(tok, text, pair, cut.max_length, cut.truncate) for text, pair in chunk]
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
             tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
@@ -306,6 +301,12 @@ def iter_embed(
         net.train(was_training)
         if bar is not None:
             bar.close()
+
+
+def _chunks(source: Iterator, size: int) -> Iterator[list]:
+    """Lists of `size` items taken from `source` as they are needed (the last may be shorter)."""
+    while chunk := list(itertools.islice(source, size)):
+        yield chunk
 
 
 def _static_rows(texts, loaded: Loaded, normalize, max_length, chunk_size: int, progress: bool, total):

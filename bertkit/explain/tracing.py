@@ -166,37 +166,19 @@ def _check(text, pair, layer, head, config) -> None:
         raise BertkitError(f"head {head!r} is out of range: each layer has {N} heads, numbered 0..{N - 1}")
 
 
-@torch.no_grad()
-def trace(text: str, layer: int = 0, head: int = 0, *, pair: str | None = None, model=None) -> Trace:
-    """Run `model` once on `text` (and `pair`) and return the named tensors of `layer`.
-
-    layer: 0..L-1 (negative counts from the end); head: 0..N-1, the head the
-    shortcuts q, k, v, head_scores and head_weights read. model: None (the
-    default model, all-MiniLM-L6-v2, float32), a model directory, or a
-    (model, tokenizer) pair; it runs in eval mode (dropout off) and is left as it was.
-    The text must fit in the model's positions: one pass, no windows.
-    """
-    net, tok = load_plain_encoder(model)
-    config = net.config
-    _check(text, pair, layer, head, config)
-    layer = layer % config.num_hidden_layers
+def _encode(tok, text: str, pair: str | None, config):
+    """The one encoding of text (and pair), refused when it does not fit the model's positions (no windows)."""
     enc = tok.encode(text, pair, max_length=config.max_position_embeddings, truncation=False)
-    T = len(enc.input_ids)
-    if T > config.max_position_embeddings:
+    if len(enc.input_ids) > config.max_position_embeddings:
         raise BertkitError(
-            f"the text has {T} tokens but the model takes at most {config.max_position_embeddings}: shorten it"
+            f"the text has {len(enc.input_ids)} tokens but the model takes at most {config.max_position_embeddings}: "
+            "shorten it"
         )
-    device = next(net.parameters()).device
-    ids = torch.tensor([enc.input_ids], device=device)  # [1, T]
-    types = torch.tensor([enc.token_type_ids], device=device)
+    return enc
 
-    seen: dict[str, tuple] = {}  # part -> (input, output) of its last call
 
-    def keep(name):
-        def hook(module, args, output):
-            seen[name] = (args[0].detach(), output.detach())
-        return hook
-
+def _traced_parts(net, layer: int) -> dict:
+    """{name: submodule} whose input and output trace keeps: the embeddings' LayerNorm and LAYER_PARTS of `layer`."""
     block = net.encoder.layers[layer]
     parts = {"embeddings.layer_norm": net.embeddings.layer_norm}
     parts.update({name: block.get_submodule(name) for name in LAYER_PARTS})
@@ -207,6 +189,19 @@ def trace(text: str, layer: int = 0, head: int = 0, *, pair: str | None = None, 
             f"{', '.join(fused)} of layer {layer} fuse what follows them (an accelerated or int8 model): "
             "trace the plain model, e.g. model=None or BertModel.from_pretrained(directory)"
         )
+    return parts
+
+
+def _run_hooked(net, layer: int, ids, types):
+    """One eval-mode forward with hooks on the traced parts: ({part: (input, output)}, the model's output)."""
+    parts = _traced_parts(net, layer)
+    seen: dict[str, tuple] = {}  # part -> (input, output) of its last call
+
+    def keep(name):
+        def hook(module, args, output):
+            seen[name] = (args[0].detach(), output.detach())
+        return hook
+
     handles = [module.register_forward_hook(keep(name)) for name, module in parts.items()]
     was_training = net.training
     net.eval()
@@ -222,49 +217,62 @@ def trace(text: str, layer: int = 0, head: int = 0, *, pair: str | None = None, 
             f"layer {layer} ran without calling {', '.join(missing)}: trace reads those submodules, "
             "so trace the plain model (not a compiled or fused copy)"
         )
+    return seen, out
 
-    def plain(t):  # [1, ...] -> [...] float32 on the CPU
-        return t[0].float().cpu()
 
-    N, D = config.num_attention_heads, config.head_size
+def _plain(t: torch.Tensor) -> torch.Tensor:  # [1, ...] -> [...] float32 on the CPU
+    return t[0].float().cpu()
+
+
+@torch.no_grad()
+def trace(text: str, layer: int = 0, head: int = 0, *, pair: str | None = None, model=None) -> Trace:
+    """Run `model` once on `text` (and `pair`) and return the named tensors of `layer`.
+
+    layer: 0..L-1 (negative counts from the end); head: 0..N-1, the head the
+    shortcuts q, k, v, head_scores and head_weights read. model: None (the
+    default model, all-MiniLM-L6-v2, float32), a model directory, or a
+    (model, tokenizer) pair; it runs in eval mode (dropout off) and is left as it was.
+    The text must fit in the model's positions: one pass, no windows.
+    """
+    net, tok = load_plain_encoder(model)
+    config = net.config
+    _check(text, pair, layer, head, config)
+    layer = layer % config.num_hidden_layers
+    enc = _encode(tok, text, pair, config)
+    device = next(net.parameters()).device
+    ids = torch.tensor([enc.input_ids], device=device)  # [1, T]
+    types = torch.tensor([enc.token_type_ids], device=device)
+    seen, out = _run_hooked(net, layer, ids, types)
+    T, N, D = len(enc.input_ids), config.num_attention_heads, config.head_size
     emb = net.embeddings
-    qkv = plain(seen["attention.qkv"][1]).view(T, 3, N, D).permute(1, 2, 0, 3)  # [T, 3H] -> [3, N, T, D]
+    qkv = _plain(seen["attention.qkv"][1]).view(T, 3, N, D).permute(1, 2, 0, 3)  # [T, 3H] -> [3, N, T, D]
     query, key, value = qkv.unbind(0)  # 3 x [N, T, D]
     scores = query @ key.transpose(-1, -2)  # [N, T, T]: query x key
-    context = plain(seen["attention.output"][0])  # [T, H]: the heads' outputs side by side
+    context = _plain(seen["attention.output"][0])  # [T, H]: the heads' outputs side by side
     return Trace(
-        text=text,
-        pair=pair,
-        tokens=list(enc.tokens),
-        token_ids=list(enc.input_ids),
-        token_type_ids=list(enc.token_type_ids),
-        layer=layer,
-        head=head,
-        num_heads=N,
-        head_size=D,
+        text=text, pair=pair, tokens=list(enc.tokens), token_ids=list(enc.input_ids),
+        token_type_ids=list(enc.token_type_ids), layer=layer, head=head, num_heads=N, head_size=D,
         token_embeddings=emb.word_embeddings.weight[ids[0]].float().cpu(),
         position_embeddings=emb.position_embeddings.weight[:T].float().cpu(),
         segment_embeddings=emb.token_type_embeddings.weight[types[0]].float().cpu(),
-        embedding_sum=plain(seen["embeddings.layer_norm"][0]),
-        embedding_output=plain(seen["embeddings.layer_norm"][1]),
-        layer_input=plain(out.hidden_states[layer]),
-        query=query,
-        key=key,
-        value=value,
+        embedding_sum=_plain(seen["embeddings.layer_norm"][0]),
+        embedding_output=_plain(seen["embeddings.layer_norm"][1]),
+        layer_input=_plain(out.hidden_states[layer]),
+        query=query, key=key, value=value,
         scores=scores,
         scaled_scores=scores / math.sqrt(D),
-        weights=plain(out.attentions[layer]),
+        weights=_plain(out.attentions[layer]),
         head_context=context.view(T, N, D).transpose(0, 1),  # [T, H] -> [N, T, D]
         context=context,
-        attention_output=plain(seen["attention.output"][1]),
-        attention_residual=plain(seen["attention_norm"][0]),
-        attention_norm=plain(seen["attention_norm"][1]),
-        intermediate=plain(seen["intermediate"][1]),
-        activated=plain(seen["output"][0]),
-        ffn_output=plain(seen["output"][1]),
-        ffn_residual=plain(seen["output_norm"][0]),
-        layer_output=plain(seen["output_norm"][1]),
-        hidden_states=torch.stack([plain(h) for h in out.hidden_states]),
+        attention_output=_plain(seen["attention.output"][1]),
+        attention_residual=_plain(seen["attention_norm"][0]),
+        attention_norm=_plain(seen["attention_norm"][1]),
+        intermediate=_plain(seen["intermediate"][1]),
+        activated=_plain(seen["output"][0]),
+        ffn_output=_plain(seen["output"][1]),
+        ffn_residual=_plain(seen["output_norm"][0]),
+        layer_output=_plain(seen["output_norm"][1]),
+        hidden_states=torch.stack([_plain(h) for h in out.hidden_states]),
     )
 
 

@@ -125,6 +125,31 @@ def _random_other_document(d: int, pool, rng: random.Random) -> int:
     return int(pool[r + 1 if r >= at else r])
 
 
+def _random_next(d: int, pool, sent_offsets, doc_offsets, target_b: int, rng: random.Random) -> tuple[list[int], int]:
+    """A random next segment: sentences of another document from a random one on, until target_b tokens.
+    Returns its token span [start, end) and its document."""
+    b_doc = _random_other_document(d, pool, rng)
+    rs = rng.randint(int(doc_offsets[b_doc]), int(doc_offsets[b_doc + 1]) - 1)
+    re_, b_len = rs, 0
+    while re_ < int(doc_offsets[b_doc + 1]):
+        b_len += int(sent_offsets[re_ + 1] - sent_offsets[re_])
+        re_ += 1
+        if b_len >= target_b:
+            break
+    return [int(sent_offsets[rs]), int(sent_offsets[re_])], b_doc
+
+
+def _instance(a: list[int], b: list[int], docs: tuple[int, int], is_random: bool, objective: str,
+              max_num_tokens: int, rng: random.Random) -> Instance:
+    """The pair (a, b) truncated to max_num_tokens and labelled: NSP 1 = random next; SOP 1 = swapped, half the time."""
+    sources = [tuple(a), tuple(b)]
+    truncate_pair(a, b, max_num_tokens, rng)
+    label = 1 if is_random else 0
+    if objective == "sop" and rng.random() < 0.5:
+        a, b, sources, label = b, a, sources[::-1], 1
+    return Instance([tuple(a), tuple(b)], [0, 1], list(docs), label, sources)
+
+
 def pair_instances(
     d: int,
     sent_offsets: np.ndarray,
@@ -175,24 +200,10 @@ def pair_instances(
                         i += 1
                         continue
             if is_random:
-                b_doc = _random_other_document(d, pool, rng)
-                rs = rng.randint(int(doc_offsets[b_doc]), int(doc_offsets[b_doc + 1]) - 1)
-                target_b = target - (a[1] - a[0])
-                re_, b_len = rs, 0
-                while re_ < int(doc_offsets[b_doc + 1]):
-                    b_len += int(sent_offsets[re_ + 1] - sent_offsets[re_])
-                    re_ += 1
-                    if b_len >= target_b:
-                        break
-                b = [int(sent_offsets[rs]), int(sent_offsets[re_])]
+                b, b_doc = _random_next(d, pool, sent_offsets, doc_offsets, target - (a[1] - a[0]), rng)
                 # The chunk's unused sentences are "put back" for the next instance.
                 i = a_end - 1
-            sources = [tuple(a), tuple(b)]
-            truncate_pair(a, b, max_num_tokens, rng)
-            label = 1 if is_random else 0
-            if objective == "sop" and rng.random() < 0.5:
-                a, b, sources, label = b, a, sources[::-1], 1
-            instances.append(Instance([tuple(a), tuple(b)], [0, 1], [d, b_doc], label, sources))
+            instances.append(_instance(a, b, (d, b_doc), is_random, objective, max_num_tokens, rng))
             target = _target_length(max_num_tokens, short_seq_prob, rng)  # deviation 1
             chunk_start, chunk_len = i + 1, 0
         i += 1

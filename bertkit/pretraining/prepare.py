@@ -291,15 +291,31 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
     if stats.tokens == 0:
         reasons = stats.describe_skips() or "the files are empty"
         raise BertkitError(f"the corpus has no text to train on ({len(files)} file(s); {reasons})")
+    corpus_fp = _corpus_stage(shards, out, tok_settings, len(tokenizer))
+    blocks, held_out = _instance_stage(out, cfg, vocab_info, tokenizer, corpus_fp, progress)
+    summary = _summarise(stats, blocks, out)
+    if summary.instances == 0:
+        raise BertkitError("no training instance could be made: the documents are too short for the objective "
+                           f"{cfg.objective!r} (try --objective none or more text)")
+    summary.seconds = time.perf_counter() - t0
+    _write_manifest(out, cfg, tokenizer, files, summary, held_out)
+    return summary
+
+
+def _corpus_stage(shards: list, out: Path, tok_settings: dict, vocab_size: int) -> dict:
+    """The tokenized shards consolidated into out/corpus, unless it already holds them; returns their fingerprint."""
     corpus_fp = {"inputs": [json.loads((s / "stats.json").read_text())["input"] for s in shards],
                  "settings": tok_settings}
     marker = out / "corpus" / "corpus.json"
     fp_file = out / "corpus" / "fingerprint.json"
     if not (marker.is_file() and fp_file.is_file() and json.loads(fp_file.read_text()) == corpus_fp):
-        consolidate(shards, out / "corpus", len(tokenizer))
+        consolidate(shards, out / "corpus", vocab_size)
         (out / "corpus" / "fingerprint.json").write_text(json.dumps(corpus_fp))
+    return corpus_fp
 
-    blocks, held_out = _instance_stage(out, cfg, vocab_info, tokenizer, corpus_fp, progress)
+
+def _summarise(stats, blocks: list, out: Path) -> Summary:
+    """The run's summary: the corpus statistics and the instance blocks' counts (documents too short are skips)."""
     summary = Summary(stats)
     for folder, meta in blocks:
         summary.instances += meta["instances"]
@@ -310,10 +326,11 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
             stats.skip("unusable_documents", meta["unusable_documents"])
         if meta["instances"]:
             summary.shards.append({"path": str(folder.relative_to(out)), "instances": meta["instances"]})
-    if summary.instances == 0:
-        raise BertkitError("no training instance could be made: the documents are too short for the objective "
-                           f"{cfg.objective!r} (try --objective none or more text)")
-    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _write_manifest(out: Path, cfg: PrepareConfig, tokenizer, files: list, summary: Summary, held_out: list) -> None:
+    """manifest.json, written last and atomically: its presence says the folder is complete."""
     manifest = {
         "format": FORMAT_VERSION,
         "config": asdict(cfg),
@@ -322,7 +339,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
         "special_ids": {"pad": tokenizer.pad_token_id, "cls": tokenizer.cls_token_id,
                         "sep": tokenizer.sep_token_id, "mask": tokenizer.mask_token_id},
         "inputs": [str(f) for f in files],
-        "corpus": stats.to_dict(),
+        "corpus": summary.corpus.to_dict(),
         "instances": summary.instances,
         "instance_tokens": summary.instance_tokens,
         "mean_length": summary.mean_length,
@@ -335,7 +352,6 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
     tmp = out / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / "manifest.json")
-    return summary
 
 
 def format_summary(summary: Summary, cfg: PrepareConfig) -> str:

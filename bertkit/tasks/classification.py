@@ -80,6 +80,27 @@ def write_predictions(path, examples, preds, problem_type: str) -> None:
             f.write("\t".join(x.replace("\t", " ").replace("\n", " ") for x in row) + "\n")
 
 
+def _labels(cfg: TextTaskConfig, kind: str, train_ex, dev_ex) -> tuple[dict, list | None, dict | None]:
+    """The head's settings from the training labels (classes in sorted order; one output for regression):
+    (config overrides, label names, label -> id); a dev label unseen in training is refused."""
+    overrides = {"problem_type": kind, "classifier_pooling": cfg.pooling}
+    if kind == REGRESSION:
+        overrides["num_labels"] = 1
+        return overrides, None, None
+    names = label_names(e.label for e in train_ex)
+    if len(names) < 2 and kind != MULTI_LABEL:
+        raise BertkitError(f"{cfg.train}: only one label ({names}) in the training data; a classifier needs two or more")
+    if kind != MULTI_LABEL and looks_like_scores(names):
+        warnings.warn(f"{cfg.train}: the labels are numbers with fractions ({', '.join(names[:4])}"
+                      f"{', ...' if len(names) > 4 else ''}): each distinct value becomes one of {len(names)} "
+                      "classes; for a score, use bertkit finetune regression", stacklevel=3)
+    label2id = {n: i for i, n in enumerate(names)}
+    if dev_ex:
+        check_known_labels((e.label for e in dev_ex), label2id, f"{cfg.dev}")
+    overrides.update(num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id)
+    return overrides, names, label2id
+
+
 def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
     """Fine-tune on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
     cfg.validate()
@@ -89,23 +110,7 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
     tcfg.metric = tcfg.metric or task.metric
     train_ex = read_split(cfg, cfg.train, cfg.max_train_examples, log)
     dev_ex = read_split(cfg, cfg.dev, cfg.max_dev_examples, log) if cfg.dev else None
-    names = None
-    overrides = {"problem_type": kind, "classifier_pooling": cfg.pooling}
-    if kind == REGRESSION:
-        overrides["num_labels"] = 1
-        label2id = None
-    else:
-        names = label_names(e.label for e in train_ex)
-        if len(names) < 2 and kind != MULTI_LABEL:
-            raise BertkitError(f"{cfg.train}: only one label ({names}) in the training data; a classifier needs two or more")
-        if kind != MULTI_LABEL and looks_like_scores(names):
-            warnings.warn(f"{cfg.train}: the labels are numbers with fractions ({', '.join(names[:4])}"
-                          f"{', ...' if len(names) > 4 else ''}): each distinct value becomes one of {len(names)} "
-                          "classes; for a score, use bertkit finetune regression", stacklevel=2)
-        label2id = {n: i for i, n in enumerate(names)}
-        if dev_ex:
-            check_known_labels((e.label for e in dev_ex), label2id, f"{cfg.dev}")
-        overrides.update(num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id)
+    overrides, names, label2id = _labels(cfg, kind, train_ex, dev_ex)
     log(f"task {cfg.task}: {len(train_ex)} training examples" + (f", labels {names}" if names else ""))
 
     tok = load_tokenizer(cfg.model)

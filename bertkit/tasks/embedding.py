@@ -392,18 +392,8 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
     """Train sentence embeddings on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
     cfg.validate()
     tcfg = cfg.training
-    # "auto": the model's own pooling, else mean; a static table has no layout to read (it averages)
-    output = resolve_output(None if cfg.static else read_layout(resolve(cfg.model)), cfg.pooling)
-    cfg.pooling = output.pooling
-    cfg.max_length = cfg.max_length or output.length or 256
-    examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
-    loss = cfg.loss or ("cosent" if examples.scored else "mnrl")
-    if (loss == "cosent") != examples.scored:
-        needs = "scored pairs (sentence1, sentence2, score)" if loss == "cosent" else "pairs (anchor, positive...)"
-        raise BertkitError(f"--loss {loss} needs {needs}, but {cfg.train} holds "
-                           f"{'scored pairs' if examples.scored else 'pairs'}; "
-                           f"use --loss {'cosent' if examples.scored else 'mnrl'}")
-    cfg.loss = loss
+    examples = _settle(cfg, log)
+    loss = cfg.loss
     dims, weights = parse_dims(cfg.matryoshka_dims, "dims"), parse_dims(cfg.matryoshka_weights, "weights")
     torch.manual_seed(tcfg.seed)
     if cfg.static:  # bertkit.tasks.static_embed
@@ -442,13 +432,37 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
                    run_config=asdict(cfg), log=log, batches=batches)
     if not result.is_main:
         return {}
-    final = {"task": "embed", "loss": loss, "pooling": cfg.pooling, "max_length": cfg.max_length,
-             "train_examples": len(examples.rows), "train_seconds": round(result.seconds, 1),
-             "epochs": result.history, "metric": tcfg.metric}
+    final = _report(cfg, len(examples.rows), result, before)
+    write_json(out / "metrics.json", final)
+    return final
+
+
+def _settle(cfg: EmbedConfig, log) -> EmbeddingExamples:
+    """Read the training examples and settle what "auto" left open, in cfg: pooling and max length (the
+    model's layout, else mean and 256) and the loss (CoSENT for scored pairs, else MNRL)."""
+    # "auto": the model's own pooling, else mean; a static table has no layout to read (it averages)
+    output = resolve_output(None if cfg.static else read_layout(resolve(cfg.model)), cfg.pooling)
+    cfg.pooling = output.pooling
+    cfg.max_length = cfg.max_length or output.length or 256
+    examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
+    loss = cfg.loss or ("cosent" if examples.scored else "mnrl")
+    if (loss == "cosent") != examples.scored:
+        needs = "scored pairs (sentence1, sentence2, score)" if loss == "cosent" else "pairs (anchor, positive...)"
+        raise BertkitError(f"--loss {loss} needs {needs}, but {cfg.train} holds "
+                           f"{'scored pairs' if examples.scored else 'pairs'}; "
+                           f"use --loss {'cosent' if examples.scored else 'mnrl'}")
+    cfg.loss = loss
+    return examples
+
+
+def _report(cfg: EmbedConfig, n_examples: int, result, before: dict | None) -> dict:
+    """metrics.json of the run: its settings, the epochs, the dev figures before training and of the kept epoch."""
+    final = {"task": "embed", "loss": cfg.loss, "pooling": cfg.pooling, "max_length": cfg.max_length,
+             "train_examples": n_examples, "train_seconds": round(result.seconds, 1),
+             "epochs": result.history, "metric": cfg.training.metric}
     if before is not None:
         final["dev_before_training"] = before
     if result.best is not None:
         final["dev"] = {k: v for k, v in result.best.items() if k not in ("epoch", "step", "train_loss")}
         final["best_epoch"] = result.best["epoch"]
-    write_json(out / "metrics.json", final)
     return final

@@ -122,6 +122,41 @@ def _join(a: str, b: str) -> str:
     return a + b[len(CONTINUATION):]
 
 
+def _merge(syms: list[str], pair: tuple[str, str], new: str) -> list[str]:
+    """syms with every occurrence of `pair` (left to right, not overlapping) replaced by `new`."""
+    merged, j = [], 0
+    while j < len(syms):
+        if j + 1 < len(syms) and syms[j] == pair[0] and syms[j + 1] == pair[1]:
+            merged.append(new)
+            j += 2
+        else:
+            merged.append(syms[j])
+            j += 1
+    return merged
+
+
+def _merge_everywhere(pair, new: str, words: list, counts: list, pair_counts: dict, where: dict, heap: list) -> None:
+    """Merge `pair` into `new` in every word holding it; update the pair counts, their words and the heap."""
+    changed = set()
+    for i in sorted(where.pop(pair, ())):
+        syms, c = words[i], counts[i]
+        for p in zip(syms, syms[1:]):
+            pair_counts[p] -= c
+            changed.add(p)
+        merged = words[i] = _merge(syms, pair, new)
+        for p in zip(merged, merged[1:]):
+            pair_counts[p] = pair_counts.get(p, 0) + c
+            where.setdefault(p, set()).add(i)
+            changed.add(p)
+    for p in changed:
+        n = pair_counts.get(p, 0)
+        if n > 0:
+            heapq.heappush(heap, (-n, p))
+        else:
+            pair_counts.pop(p, None)
+            where.pop(p, None)
+
+
 def learn_vocab(word_counts: dict, config: VocabTrainingConfig, progress: bool = False) -> list[str]:
     """The vocabulary (list of tokens, id order) learned from word counts."""
     config.validate()
@@ -161,32 +196,7 @@ def learn_vocab(word_counts: dict, config: VocabTrainingConfig, progress: bool =
             tokens.append(new)
             if bar is not None:
                 bar.update(1)
-        changed = set()
-        for i in sorted(where.pop(pair, ())):
-            syms, c = words[i], counts[i]
-            for p in zip(syms, syms[1:]):
-                pair_counts[p] -= c
-                changed.add(p)
-            merged, j = [], 0
-            while j < len(syms):
-                if j + 1 < len(syms) and syms[j] == pair[0] and syms[j + 1] == pair[1]:
-                    merged.append(new)
-                    j += 2
-                else:
-                    merged.append(syms[j])
-                    j += 1
-            words[i] = merged
-            for p in zip(merged, merged[1:]):
-                pair_counts[p] = pair_counts.get(p, 0) + c
-                where.setdefault(p, set()).add(i)
-                changed.add(p)
-        for p in changed:
-            n = pair_counts.get(p, 0)
-            if n > 0:
-                heapq.heappush(heap, (-n, p))
-            else:
-                pair_counts.pop(p, None)
-                where.pop(p, None)
+        _merge_everywhere(pair, new, words, counts, pair_counts, where, heap)
     if bar is not None:
         bar.close()
     return tokens

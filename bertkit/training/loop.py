@@ -131,71 +131,95 @@ def train_loop(model, optimizer, stream, cfg: LoopConfig, *, info=None, start_st
         set_lr(optimizer, lr)
         # slots count from the stream's position, which advances by W * A micro-batches per step
         micro = [stream.micro_batch(micro_batch_slot(0, a, info.rank, W, A)) for a in range(A)]
-        weights = [weigh(b) if weigh else 1.0 for b, _ in micro]
-        total = distributed.sum_over_ranks({"w": sum(weights)}, info)["w"] if weigh else float(A * W)
-        counts, loss_sum, bad, tokens = {}, 0.0, [], 0.0
-        for a, (batch, where) in enumerate(micro):
-            batch = move(batch, info.device)
-            share = weights[a] / total  # of the whole update, over all ranks
-            # DDP reads no_sync at forward time, FSDP at backward time: wrap both
-            with distributed.no_sync(model, skip=a < A - 1):
-                with autocast():
-                    out = model(**batch)
-                loss = out.loss.float()
-                if not torch.isfinite(loss):
-                    bad.append(f"micro-batch {a} ({where}): loss {loss.item()}")
-                scaled = loss * (share * W)
-                (scaler.scale(scaled) if scaler else scaled).backward()
-            loss_sum += loss.item() * share
-            tokens += _tokens(batch)
-            if count:
-                add_counts(counts, count(out, batch))
-        if scaler:
-            scaler.unscale_(optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm or float("inf"))
-        # every rank must agree to stop, or the others would wait forever in the next all-reduce
-        flags = distributed.sum_over_ranks({"bad": float(len(bad))}, info)
-        if flags["bad"] or (not torch.isfinite(norm) and scaler is None):
-            if bad:
-                detail = "; ".join(bad)
-            elif not torch.isfinite(norm):
-                detail = f"the loss was finite but the gradient norm is {float(norm)}"
-            else:
-                detail = "the loss of another rank was not finite"
+        sums, bad = _accumulate(model, micro, info, autocast, scaler, weigh, count)
+        try:
+            norm = _update(model, optimizer, scaler, cfg.optim.max_grad_norm, bad, info, step)
+        except NonFiniteLoss:
             bar.close()
-            raise NonFiniteLoss(
-                f"non-finite loss at step {step + 1} on rank {info.rank}: {detail}. "
-                "Lower --learning-rate, keep --max-grad-norm on, or use --precision fp32"
-            )
-        if scaler:
-            scaler.step(optimizer)  # skipped (and the scale lowered) when fp16 gradients overflowed
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            raise
         stream.advance(A * W)
         dt = time.perf_counter() - t0
-
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps:
-            sums = distributed.sum_over_ranks({**counts, "tokens": tokens, "loss": loss_sum}, info)
-            rec = {"split": "train", "step": step + 1, "loss": sums.pop("loss"), **(rates(sums) if rates else {}),
-                   "lr": lr, "grad_norm": float(norm), "tokens_per_s": sums["tokens"] / dt}
+        done, last = step + 1, step + 1 == cfg.max_steps
+        if done % cfg.log_every == 0 or last:
+            rec = _train_record(sums, info, rates, done, lr, norm, dt)
             records.append(rec)
             if info.is_main:
                 bar.set_postfix({k: _short(v) for k, v in rec.items() if k not in ("split", "step", "grad_norm")},
                                 refresh=False)  # drawn by update(), at its pace (mininterval)
             if on_record:
                 on_record(rec)
-        if evaluate and cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps):
-            rec = {"split": "eval", "step": step + 1, **evaluate(model, step + 1)}
+        if evaluate and cfg.eval_every and (done % cfg.eval_every == 0 or last):
+            rec = {"split": "eval", "step": done, **evaluate(model, done)}
             model.train()
             if on_record:
                 on_record(rec)
-        if on_checkpoint and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.max_steps):
-            on_checkpoint(step + 1)
+        if on_checkpoint and ((cfg.save_every and done % cfg.save_every == 0) or last):
+            on_checkpoint(done)
         bar.update(1)
     bar.close()
     return records
+
+
+def _accumulate(model, micro: list, info, autocast, scaler, weigh, count) -> tuple[dict, list]:
+    """Forward and backward of this rank's micro-batches, each loss scaled by its share of the whole update.
+
+    Returns this rank's sums (count's, "tokens", "loss" as its share of the update's mean) and a
+    line per micro-batch whose loss was not finite."""
+    A, W = len(micro), info.world_size
+    weights = [weigh(b) if weigh else 1.0 for b, _ in micro]
+    total = distributed.sum_over_ranks({"w": sum(weights)}, info)["w"] if weigh else float(A * W)
+    counts, loss_sum, bad, tokens = {}, 0.0, [], 0.0
+    for a, (batch, where) in enumerate(micro):
+        batch = move(batch, info.device)
+        share = weights[a] / total  # of the whole update, over all ranks
+        # DDP reads no_sync at forward time, FSDP at backward time: wrap both
+        with distributed.no_sync(model, skip=a < A - 1):
+            with autocast():
+                out = model(**batch)
+            loss = out.loss.float()
+            if not torch.isfinite(loss):
+                bad.append(f"micro-batch {a} ({where}): loss {loss.item()}")
+            scaled = loss * (share * W)
+            (scaler.scale(scaled) if scaler else scaled).backward()
+        loss_sum += loss.item() * share
+        tokens += _tokens(batch)
+        if count:
+            add_counts(counts, count(out, batch))
+    return {**counts, "tokens": tokens, "loss": loss_sum}, bad
+
+
+def _update(model, optimizer, scaler, max_grad_norm, bad: list, info, step: int) -> torch.Tensor:
+    """Clip the global gradient norm, stop on a non-finite loss or norm (on every rank), step. Returns the norm."""
+    if scaler:
+        scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+    # every rank must agree to stop, or the others would wait forever in the next all-reduce
+    flags = distributed.sum_over_ranks({"bad": float(len(bad))}, info)
+    if flags["bad"] or (not torch.isfinite(norm) and scaler is None):
+        if bad:
+            detail = "; ".join(bad)
+        elif not torch.isfinite(norm):
+            detail = f"the loss was finite but the gradient norm is {float(norm)}"
+        else:
+            detail = "the loss of another rank was not finite"
+        raise NonFiniteLoss(
+            f"non-finite loss at step {step + 1} on rank {info.rank}: {detail}. "
+            "Lower --learning-rate, keep --max-grad-norm on, or use --precision fp32"
+        )
+    if scaler:
+        scaler.step(optimizer)  # skipped (and the scale lowered) when fp16 gradients overflowed
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def _train_record(sums: dict, info, rates, step: int, lr: float, norm, dt: float) -> dict:
+    """The "train" record of an update: its sums over the ranks, the rates made of them, lr, norm, tokens/s."""
+    sums = distributed.sum_over_ranks(sums, info)
+    return {"split": "train", "step": step, "loss": sums.pop("loss"), **(rates(sums) if rates else {}),
+            "lr": lr, "grad_norm": float(norm), "tokens_per_s": sums["tokens"] / dt}
 
 
 def _tokens(batch: dict) -> float:
