@@ -77,7 +77,7 @@ def test_bad_kinds_are_one_line():
 
 
 @pytest.mark.parametrize("kind", ["int8", "binary"])
-def test_an_index_with_codes_answers_as_the_float_scan(shared_data, tmp_path, kind):
+def test_an_index_with_codes_and_float_rows_answers_as_the_float_scan(shared_data, tmp_path, kind):
     from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
 
     from bertkit.cli import main
@@ -87,8 +87,8 @@ def test_an_index_with_codes_answers_as_the_float_scan(shared_data, tmp_path, ki
     tiny = make_tiny(tmp_path / "tiny")
     corpus = scifact_corpus(shared_data, tmp_path / "corpus.jsonl", n=8)
     assert main(["index", str(corpus), "-o", str(tmp_path / "ix"), "--model", str(tiny), "--passage-tokens",
-                 str(TOKENS), "--overlap", str(OVERLAP), "--dtype", "float32", "--vectors", kind, "--no-lexical",
-                 "--quiet"]) == 0
+                 str(TOKENS), "--overlap", str(OVERLAP), "--dtype", "float32", "--vectors", kind, "--keep-float",
+                 "--no-lexical", "--quiet"]) == 0
     index = open_index(tmp_path / "ix")
     assert index.info["vectors"]["kind"] == kind
     vectors = np.asarray(index.vectors)

@@ -63,9 +63,11 @@ def add_index(sub):
                    "(default 200)")
     p.add_argument("--ef-search", type=int, default=128, help="HNSW: candidates kept while searching, recorded "
                    "as the index's default (default 128)")
-    p.add_argument("--vectors", choices=["float32", "int8", "binary"], default="float32", help="also write compact "
-                   "codes of the vectors that exact search scans (int8: 1/4 of the bytes, binary: 1/32), rescoring "
-                   "its candidates against the float rows (default float32: no codes)")
+    p.add_argument("--vectors", choices=["float32", "int8", "binary"], default="float32", help="store the vectors "
+                   "as compact codes that exact search scans, rescoring its candidates against the decoded codes "
+                   "(int8: 1/4 of the bytes, binary: 1/32; default float32: the float rows alone)")
+    p.add_argument("--keep-float", action="store_true", help="with --vectors int8|binary: keep the float rows too, "
+                   "and rescore the candidates against them (more bytes on disk, float32's ranking)")
     p.add_argument("--no-lexical", action="store_true", help="leave out the lexical part (BM25 over the same "
                    "passages, stemmed, which hybrid and lexical search need; built by default)")
     add_options(p, LexicalOptions)
@@ -92,7 +94,7 @@ def run_index(args):
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
                        ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search,
                        lexical=lexical, dedupe=args.dedupe, overwrite=args.overwrite,
-                       vectors=args.vectors)
+                       vectors=args.vectors, keep_float=args.keep_float)
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]
@@ -100,6 +102,10 @@ def run_index(args):
           f"({info['passage_tokens']} tokens, sharing {info['overlap']}), {info['dim']} dimensions, "
           f"{info['model']['directory']} ({info['model']['precision']}, {info['model']['pooling']} pooling)"
           + (f"; {skipped} documents without any token left out" if skipped else ""))
+    if info.get("vectors"):
+        made = info["vectors"]
+        print(f"vectors: {made['kind']} codes, {made['bytes_per_vector']} bytes each"
+              + (", and the float rows (--keep-float)" if "float32" in made["stored"] else ", the float rows not kept"))
     if info.get("lexical"):
         made = info["lexical"]
         print(f"lexical: BM25 (Lucene idf, k1 {made['k1']}, b {made['b']}, stop words {made['stopwords']}, stemmer "

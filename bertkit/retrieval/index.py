@@ -8,7 +8,9 @@
                            "max_passages_per_document", "corpus"}
     passages.jsonl        one {"id", "doc_id", "title", "start", "end", "text"} per passage, row order
     hnsw.faiss            with --ann hnsw: a FAISS HNSW graph of the vectors (`bertkit.retrieval.ann`)
-    vectors.safetensors   "vectors"        F32 [N, D]   unit rows (cosine = dot product)
+    codes.safetensors     with --vectors int8|binary: the compact codes (`bertkit.retrieval.codes_file`)
+    vectors.safetensors   "vectors"        F32 [N, D]   unit rows (cosine = dot product); with --vectors
+                                                        int8|binary only if --keep-float
                           "document"       I64 [N]      the document number of each row (0.. documents-1)
                           "passage_offset" I64 [N+1]    byte offset of row i's line in passages.jsonl
 
@@ -74,11 +76,11 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.features import load_encoder
 from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
-from bertkit.retrieval import compact
+from bertkit.retrieval import codes_file, compact
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
-from bertkit.retrieval.index_check import check_files, check_values, read_info
+from bertkit.retrieval.index_check import check_codes, check_files, check_values, read_info
 from bertkit.retrieval.lexical import build_lexical, options_of, read_lexical, stem_function
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
@@ -87,7 +89,6 @@ from bertkit.data.vector_files import SAFETENSORS_DTYPES, safetensors_header
 FORMAT = 1
 INDEX_JSON, BUILD_JSON = "index.json", "build.json"
 PASSAGES, VECTORS, PARTS = "passages.jsonl", "vectors.safetensors", "parts"
-CODES = "codes.safetensors"  # with --vectors int8|binary
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
                 ef_search: int = 128, overlap: int | None = None,
                 lexical: LexicalOptions | None = LexicalOptions(), dedupe: bool = False,
-                overwrite: bool = False, vectors: str = "float32") -> dict | None:
+                overwrite: bool = False, vectors: str = "float32", keep_float: bool = False) -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
 
@@ -328,11 +329,14 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     dedupe: keep the first document of a repeated id (else a repeated id is an error). overwrite: replace
     an index (finished or not) already in `output`. The folder is locked while it is written
     (`bertkit.data.lock`): a second build into it is refused at once.
-    vectors: "int8" or "binary" also writes the vectors' compact codes (`bertkit.retrieval.compact`), which the
-    exact search then scans, rescoring its candidates against the float rows (kept, read for them only).
+    vectors: "int8" or "binary" stores the vectors' compact codes (`bertkit.retrieval.codes_file`), which the
+    exact search scans, rescoring its candidates against the decoded codes; keep_float also keeps the float
+    rows, which the rescoring then reads for the candidates only.
     """
     if vectors not in compact.KINDS:
         raise BertkitError(f"unknown --vectors {vectors!r}: choose one of {', '.join(compact.KINDS)}")
+    if keep_float and vectors == "float32":
+        raise BertkitError("--keep-float keeps the float rows beside compact codes: add --vectors int8 or binary")
     for name, value in (("batch size", batch_size), ("part size", part_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BertkitError(f"the {name} must be at least 1, got {value!r}")
@@ -365,7 +369,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 "passage_tokens": passage_tokens, "overlap": stride, "part_size": part_size, "batch_size": batch_size,
                 "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
                 "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search},
-                "lexical": lexical and dataclasses.asdict(lexical), "vectors": vectors}
+                "lexical": lexical and dataclasses.asdict(lexical), "vectors": vectors, "keep_float": keep_float}
         # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist
         _on_rank_0(rank, lambda: _start(out, resume, plan, lines))
         _sees(rank, [out / BUILD_JSON])
@@ -382,13 +386,13 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": stride,
                 "passages": len(passages), "documents": len(numbers), "documents_without_tokens": empty, "dim": dim,
                 "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
-        if vectors != "float32":
-            info["vectors"] = _write_codes(out, vectors)
         if lexical is not None:
             info["lexical"] = build_lexical(out, [p.text for p in passages], lexical, progress=progress)
         if ann is not None:
             info["ann"] = build_measured(map_safetensors(out / VECTORS)["vectors"], out / HNSW_FILE, m=ann_m,
                                          ef_construction=ef_construction, ef_search=ef_search, progress=progress)
+        if vectors != "float32":  # after the steps that read the float rows, which a codes-only index drops
+            info["vectors"] = _store_codes(out, vectors, keep_float)
         _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
         shutil.rmtree(out / PARTS)
         (out / BUILD_JSON).unlink()
@@ -399,11 +403,12 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
 
 @dataclass
 class Index:
-    """An index folder, memory-mapped: vectors [N, D] float32 unit rows, document [N], offsets [N+1]."""
+    """An index folder, memory-mapped: vectors [N, D] float32 unit rows (None when it stores only codes),
+    document [N], offsets [N+1]."""
 
     directory: Path
     info: dict
-    vectors: np.ndarray
+    vectors: np.ndarray | None
     document: np.ndarray
     passage_offset: np.ndarray
     lexical_part: object = field(default=None, repr=False)  # the bm25s retriever, read when first asked for
@@ -419,7 +424,15 @@ class Index:
         return self.lexical_part
 
     def __len__(self) -> int:
-        return len(self.vectors)
+        return len(self.document)
+
+    def float_rows(self, needs: str) -> np.ndarray:
+        """The float rows [N, D], or one line saying that `needs` needs them and this index stores codes only."""
+        if self.vectors is None:
+            kind = codes_file.kind_of(self.info)
+            raise BertkitError(f"{needs} needs the float vectors, and {self.directory} stores only its {kind} codes "
+                               f"(built with --vectors {kind}): build it again with --vectors {kind} --keep-float")
+        return self.vectors
 
     def passages(self, rows) -> list[dict]:
         """The passages.jsonl records of `rows`, read by seeking to each line."""
@@ -463,32 +476,25 @@ def open_index(directory) -> Index:
     if info.get("format") != FORMAT:
         raise BertkitError(f"{directory} is an index of format {info.get('format')}; this bertkit reads format "
                            f"{FORMAT}: build it again")
-    check_files(directory, info, VECTORS, PASSAGES)  # before mapping: a truncated file is named, not an mmap error
+    # before mapping: a truncated file is named, not an mmap error
+    check_files(directory, info, VECTORS, PASSAGES, codes_file.has_float_rows(info))
     tensors = map_safetensors(directory / VECTORS)
-    check_values(directory, info, tensors, PASSAGES)
-    codes = map_safetensors(directory / CODES) if (info.get("vectors") or {}).get("kind", "float32") != "float32" else {}
-    return Index(directory, info, tensors["vectors"], tensors["document"], tensors["passage_offset"],
+    codes, kind = {}, codes_file.kind_of(info)
+    if kind != "float32":
+        check_codes(directory, info, codes_file.CODES, kind,
+                    codes_file.codes_shape(kind, info["passages"], info["dim"]))
+        codes = map_safetensors(directory / codes_file.CODES)
+    check_values(directory, info, tensors, PASSAGES, codes)
+    return Index(directory, info, tensors.get("vectors"), tensors["document"], tensors["passage_offset"],
                  codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]))
 
 
-
-def _write_codes(out: Path, kind: str, block: int = 65536) -> dict:
-    """OUT/codes.safetensors: the compact codes of the index's vectors ("codes", and int8's "ranges"),
-    coded a block at a time from the memory-mapped float rows; returns index.json's "vectors"."""
-    vectors = map_safetensors(out / VECTORS)["vectors"]
-    n, dim = vectors.shape
-    ranges = compact.int8_ranges(vectors, block) if kind == "int8" else None
-    shape = (n, dim) if kind == "int8" else (n, (dim + 7) // 8)
-    tensors = {"codes": ("I8" if kind == "int8" else "U8", shape)} | ({"ranges": ("F32", (2, dim))} if kind == "int8"
-                                                                       else {})
-    header = safetensors_header(tensors)
-
-    def write(f):
-        f.write(header)
-        for start in range(0, n, block):
-            f.write(compact.encode(np.asarray(vectors[start : start + block]), kind, ranges).tobytes())
-        if ranges is not None:
-            f.write(ranges.astype("<f4").tobytes())
-
-    _replace_atomically(out / CODES, write)
-    return {"kind": kind, "oversampling": compact.DEFAULT_OVERSAMPLING, "bytes_per_vector": int(np.prod(shape[1:]))}
+def _store_codes(out: Path, kind: str, keep_float: bool) -> dict:
+    """OUT/codes.safetensors from the float rows, which are then dropped unless `keep_float`
+    (`bertkit.retrieval.codes_file`); returns index.json's "vectors"."""
+    tensors = map_safetensors(out / VECTORS)
+    _replace_atomically(out / codes_file.CODES, codes_file.codes_writer(tensors["vectors"], kind))
+    if not keep_float:
+        _replace_atomically(out / VECTORS, codes_file.without_float_writer(tensors["document"],
+                                                                           tensors["passage_offset"]))
+    return codes_file.record(kind, keep_float, tensors["vectors"].shape[1])

@@ -8,7 +8,11 @@ wrong results quietly. Each check names the file and the fix in one line:
     index.json            JSON object; format; passages N, documents, dim D whole numbers >= 1;
                           the model record (directory, fingerprint, pooling, max_length)
     vectors.safetensors   a whole file (`bertkit.data.safetensors_header`: every tensor's bytes
-                          inside it); vectors F32 [N, D], document I64 [N], passage_offset I64 [N+1]
+                          inside it); vectors F32 [N, D] (unless index.json says the index stores
+                          only compact codes), document I64 [N], passage_offset I64 [N+1]
+    codes.safetensors     with --vectors int8|binary (`bertkit.retrieval.codes_file`): a whole file;
+                          codes I8 [N, D] or U8 [N, ceil(D/8)] as index.json's kind says; int8's
+                          ranges F32 [2, D], finite, lowest <= highest
     passages.jsonl        exactly passage_offset[N] bytes; offsets increasing from 0
     values                document numbers in 0..documents-1; every vector finite (read once,
                           a block of rows at a time: bounded memory)
@@ -50,27 +54,47 @@ def read_info(path: Path) -> dict:
     return info
 
 
-def check_files(directory: Path, info: dict, vectors: str, passages: str) -> None:
-    """The vectors file is whole and has the shapes index.json says; passages.jsonl is there."""
+def check_files(directory: Path, info: dict, vectors: str, passages: str, float_rows: bool = True) -> None:
+    """The vectors file is whole and has the shapes index.json says (the float rows unless `float_rows` is
+    False: an index of compact codes alone); passages.jsonl is there."""
     path = directory / vectors
     if not path.is_file():
         raise BertkitError(f"{path} is missing: the index is incomplete; {REBUILD}")
-    header = read_header(path, f"the index is corrupt; {REBUILD}")
     n, dim = info["passages"], info["dim"]
-    want = {"vectors": ("F32", (n, dim)), "document": ("I64", (n,)), "passage_offset": ("I64", (n + 1,))}
-    for name, (dtype, shape) in want.items():
-        entry = header.get(name)
-        if entry is None or entry.dtype != dtype or entry.shape != shape:
-            found = "no such tensor" if entry is None else f"{entry.dtype} {list(entry.shape)}"
-            raise BertkitError(f"{path}: {name} should be {dtype} {list(shape)} for the {n} passages of "
-                               f"{directory / 'index.json'}, found {found}: the files disagree; {REBUILD}")
+    want = {"document": ("I64", (n,)), "passage_offset": ("I64", (n + 1,))}
+    _check_tensors(directory, path, ({"vectors": ("F32", (n, dim))} if float_rows else {}) | want)
     if not (directory / passages).is_file():
         raise BertkitError(f"{directory / passages} is missing: the index is incomplete; {REBUILD}")
 
 
-def check_values(directory: Path, info: dict, tensors: dict, passages: str) -> None:
-    """Offsets against passages.jsonl, document numbers in range, every vector finite."""
-    offsets, document, vectors = tensors["passage_offset"], tensors["document"], tensors["vectors"]
+def check_codes(directory: Path, info: dict, codes: str, kind: str, shape: tuple) -> None:
+    """The codes file is whole and holds codes of `kind` (index.json's) and `shape` (its counts say)."""
+    path = directory / codes
+    if kind not in ("int8", "binary"):
+        raise BertkitError(f"{directory / 'index.json'}: vectors kind {kind!r} is not float32, int8 or binary: the "
+                           f"index is corrupt; {REBUILD}")
+    if not path.is_file():
+        raise BertkitError(f"{path} is missing (index.json says the index has {kind} codes): the index is "
+                           f"incomplete; {REBUILD}")
+    want = {"codes": ("I8" if kind == "int8" else "U8", shape)}
+    _check_tensors(directory, path, want | ({"ranges": ("F32", (2, info["dim"]))} if kind == "int8" else {}))
+
+
+def _check_tensors(directory: Path, path: Path, want: dict) -> None:
+    """Each tensor of `want` (name -> (dtype, shape)) is in the whole file `path` with that dtype and shape."""
+    header = read_header(path, f"the index is corrupt; {REBUILD}")
+    for name, (dtype, shape) in want.items():
+        entry = header.get(name)
+        if entry is None or entry.dtype != dtype or entry.shape != tuple(shape):
+            found = "no such tensor" if entry is None else f"{entry.dtype} {list(entry.shape)}"
+            raise BertkitError(f"{path}: {name} should be {dtype} {list(shape)}, as {directory / 'index.json'} says, "
+                               f"found {found}: the files disagree; {REBUILD}")
+
+
+def check_values(directory: Path, info: dict, tensors: dict, passages: str, codes: dict | None = None) -> None:
+    """Offsets against passages.jsonl, document numbers in range, every vector finite, int8's calibration
+    ranges finite and ordered (`codes`: the codes file's tensors)."""
+    offsets, document = tensors["passage_offset"], tensors["document"]
     size = (directory / passages).stat().st_size
     if offsets[0] != 0 or offsets[-1] != size or np.any(np.diff(offsets) <= 0):
         raise BertkitError(f"{directory / passages} has {size} bytes, not the {int(offsets[-1])} its passage "
@@ -78,6 +102,11 @@ def check_values(directory: Path, info: dict, tensors: dict, passages: str) -> N
     if len(document) and (document.min() < 0 or document.max() >= info["documents"]):
         raise BertkitError(f"{directory}: a passage's document number is outside 0..{info['documents'] - 1}: "
                            f"the index is corrupt; {REBUILD}")
+    ranges = (codes or {}).get("ranges")
+    if ranges is not None and not (np.isfinite(ranges).all() and np.all(ranges[0] <= ranges[1])):
+        raise BertkitError(f"{directory}: the int8 calibration ranges are not finite or not lowest <= highest: the "
+                           f"index is corrupt; {REBUILD}")
+    vectors = tensors.get("vectors", np.empty((0, 1), np.float32))
     for start in range(0, len(vectors), SCAN_ROWS):
         block = np.asarray(vectors[start:start + SCAN_ROWS])
         if not np.isfinite(block).all():

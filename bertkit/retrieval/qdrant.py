@@ -1,7 +1,8 @@
 """An index in Qdrant: for a corpus that one machine cannot serve, on an engine that shards it.
 
 `export` writes an index's vectors into a Qdrant collection (cosine distance),
-one point per passage: the point id is the passage's row, the payload its
+one point per passage (an index that stores only compact codes, `bertkit index
+--vectors int8|binary`: the vectors its codes stand for, what its own search rescores with): the point id is the passage's row, the payload its
 record (`id`, `doc_id`, `title`, `start`, `end`, `text`) and its document
 number; the collection's metadata keeps the index's index.json, so a query is
 embedded by the model that made the vectors and another model is refused, as
@@ -39,6 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bertkit.errors import BertkitError
+from bertkit.retrieval.codes_file import rows_or_decoded
 from bertkit.retrieval.config import FusionOptions
 from bertkit.retrieval.index import Index
 from bertkit.retrieval.lexical import options_of, tokenize
@@ -87,7 +89,7 @@ def export(index: Index, location: str, collection: str, *, batch_size: int = 10
             for start in range(0, n, batch_size):
                 rows = range(start, min(start + batch_size, n))
                 payloads = [{**p, "document": int(index.document[r])} for r, p in zip(rows, index.passages(rows))]
-                dense = index.vectors[start : rows.stop].tolist()
+                dense = rows_or_decoded(index, start, rows.stop).tolist()
                 if rows_terms is None:
                     points = models.Batch(ids=list(rows), vectors=dense, payloads=payloads)
                 else:

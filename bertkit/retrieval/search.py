@@ -105,6 +105,7 @@ def best_documents(index: Index, query_vectors: np.ndarray, k: int = 10, *, bloc
         ef = ef_search if ef_search is not None else index.info.get("ann", {}).get("ef_search", 128)
         scores, rows = ann_top_k(graph, query_vectors, depth, ef)
     elif index.codes is not None:  # --vectors int8|binary: candidates by the codes, rescored on the float rows
+        # when the index kept them (--keep-float), else on the decoded codes
         scores, rows = compact_top_k(query_vectors, index.codes, index.info["vectors"]["kind"], depth,
                                      ranges=index.ranges, oversampling=int(index.info["vectors"]["oversampling"]),
                                      block_size=block_size, float_vectors=index.vectors)
