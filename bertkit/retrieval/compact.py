@@ -66,14 +66,43 @@ def _step(ranges: np.ndarray) -> np.ndarray:
 
 
 def _code_scores(query_codes: np.ndarray, block: np.ndarray, kind: str) -> np.ndarray:
-    """[Q, B] higher is better: the integer dot product, or minus the Hamming distance."""
+    """[Q, B] int64, higher is better: the integer dot product, or minus the Hamming distance.
+
+    int8: the product is taken in float32 through BLAS, where it is exact: |sum| <= D x 128 x 128 < 2^24
+    for D < 1024, float32's exact integers (numpy's integer matrix product has no BLAS kernel; wider
+    vectors take it). binary: XOR and popcount (`np.bitwise_count`), on 64-bit words when a row's bytes allow."""
     if kind == "int8":
-        return query_codes.astype(np.int32) @ block.astype(np.int32).T
-    out = np.empty((len(query_codes), len(block)), np.int32)
-    for i in range(0, len(query_codes), 8):  # 8 queries at a time: the XOR tile is 8 x B x D/8 bytes
-        tile = query_codes[i : i + 8, None, :] ^ block[None, :, :]
-        out[i : i + 8] = -np.bitwise_count(tile).sum(-1, dtype=np.int32)
+        exact_in = np.float32 if query_codes.shape[1] * 128 * 128 < 1 << 24 else np.int64
+        return (query_codes.astype(exact_in) @ block.astype(exact_in).T).astype(np.int64)
+    if block.shape[1] % 8 == 0:  # 8 bytes at a time: 8 times fewer XORs and popcounts
+        query_codes, block = query_codes.view(np.uint64), np.ascontiguousarray(block).view(np.uint64)
+    out = np.empty((len(query_codes), len(block)), np.int64)
+    for i, q in enumerate(query_codes):  # one query at a time: the XOR tile is B x D/8 bytes
+        out[i] = -np.bitwise_count(block ^ q).sum(1, dtype=np.int64)
     return out
+
+
+def _keep_best(keys: np.ndarray, rows: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `depth` largest keys of each row of `keys` [Q, C] (unordered) and their `rows`."""
+    if keys.shape[1] <= depth:
+        return keys, rows
+    keep = np.argpartition(keys, keys.shape[1] - depth, axis=1)[:, -depth:]
+    return np.take_along_axis(keys, keep, 1), np.take_along_axis(rows, keep, 1)
+
+
+def _candidates(query_codes: np.ndarray, codes: np.ndarray, kind: str, depth: int, block_size: int) -> np.ndarray:
+    """[Q, depth] the rows of the best code scores, a block of `block_size` rows at a time. Equal scores go to
+    the lower row (the key is score x 2^32 - row: unique), so the candidates do not depend on the block size."""
+    best_keys = np.empty((len(query_codes), 0), np.int64)
+    best_rows = np.empty((len(query_codes), 0), np.int64)
+    for start in range(0, len(codes), block_size):
+        block = np.asarray(codes[start : start + block_size])
+        rows = np.arange(start, start + len(block), dtype=np.int64)
+        keys = (_code_scores(query_codes, block, kind) << 32) - rows
+        keys, found = _keep_best(keys, np.broadcast_to(rows, keys.shape), depth)  # the block's best, then a merge
+        best_keys, best_rows = _keep_best(np.concatenate([best_keys, keys], 1), np.concatenate([best_rows, found], 1),
+                                          depth)
+    return best_rows
 
 
 def compact_top_k(queries: np.ndarray, codes: np.ndarray, kind: str, k: int, *, ranges: np.ndarray | None = None,
@@ -87,18 +116,8 @@ def compact_top_k(queries: np.ndarray, codes: np.ndarray, kind: str, k: int, *, 
     if oversampling < 1:
         raise BertkitError(f"oversampling must be at least 1, got {oversampling}")
     queries = np.asarray(queries, np.float32)
-    dim, n = queries.shape[1], len(codes)
-    depth = min(n, k * oversampling)
-    query_codes = encode(queries, kind, ranges)
-    best_scores = np.full((len(queries), 0), np.iinfo(np.int32).min, np.int64)
-    best_rows = np.zeros((len(queries), 0), np.int64)
-    for start in range(0, n, block_size):  # keep the `depth` best code scores seen so far
-        scores = _code_scores(query_codes, np.asarray(codes[start : start + block_size]), kind).astype(np.int64)
-        scores = np.concatenate([best_scores, scores], axis=1)
-        rows = np.concatenate([best_rows, np.broadcast_to(np.arange(start, start + scores.shape[1] - best_rows.shape[1]),
-                                                          (len(queries), scores.shape[1] - best_rows.shape[1]))], axis=1)
-        keep = np.argsort(-scores, axis=1, kind="stable")[:, :depth]
-        best_scores, best_rows = np.take_along_axis(scores, keep, 1), np.take_along_axis(rows, keep, 1)
+    dim = queries.shape[1]
+    best_rows = _candidates(encode(queries, kind, ranges), codes, kind, min(len(codes), k * oversampling), block_size)
     out_scores, out_rows = [], []
     for q, rows in zip(queries, best_rows):  # rescoring: the float query against the decoded candidates
         ordered = np.sort(rows)
