@@ -46,6 +46,18 @@ def test_pairs_hold_the_positives_the_hard_negatives_and_seeded_random_ones():
     assert again == pairs and other != pairs  # drawn with the seed, and only by it
 
 
+def test_first_stage_negatives_skip_positives_and_their_texts():
+    task = _task()
+    task.passage_ids = [f"d{i}" for i in range(len(task.passages))]
+    ranked = [["d0", "d12", "d5", "d6", "d7"], ["d1", "d9", "d2"], ["d3", "d4"]]
+    from bertkit.retrieval.mining import first_stage_negatives
+
+    # q0: d0 is its positive and d12 has its text; q1 and q2 have one negative each, not two
+    assert first_stage_negatives(task, ranked, 2, 4) == [[5, 6], None, None]
+    assert first_stage_negatives(task, ranked, 2, 3) == [None, None, None]  # q0's d6 is past the range
+    assert first_stage_negatives(task, ranked, 1, 5) == [[5], [9], [4]]
+
+
 def test_a_small_corpus_gives_what_random_negatives_it_has():
     task = MiningTask(["q"], ["a", "b", "c"], [[0]])
     pairs, counts = training_pairs(task, [[1]], 5, random.Random(0))
@@ -103,7 +115,7 @@ def _finetune(ctx, out, *more):
 def trained(ctx):
     out = ctx["root"] / "trained_cross"
     assert _finetune(ctx, out, "--dev", str(ctx["folder"]), "--dev-split", "test", "--index",
-                     str(ctx["index"])) == 0
+                     str(ctx["index"]), "--mining-index", str(ctx["index"])) == 0
     return out
 
 
@@ -117,6 +129,8 @@ def test_finetune_rerank_records_the_figures_it_was_evaluated_with(ctx, trained,
     assert figures["after"] == pytest.approx(reranked, abs=1e-9)
     metrics = json.loads((trained / "metrics.json").read_text())
     assert metrics["task"] == "rerank" and metrics["retrieval"] == figures
+    assert metrics["pairs"]["hard_negatives"] == 2 * (metrics["pairs"]["queries"]
+                                                      - metrics["pairs"]["queries_without_hard_negatives"]) > 0
     assert metrics["train_examples"] == sum(metrics["pairs"][k] for k in ("positives", "hard_negatives",
                                                                              "random_negatives"))
 

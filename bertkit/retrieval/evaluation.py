@@ -126,6 +126,17 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     return result
 
 
+def index_answers(index, queries: list[str], depth: int, batch_size: int = 32, dtype: str = "float32") -> list:
+    """Per query, the doc ids of its `depth` best documents in the index folder `index`, best first, searched
+    as `bertkit search` does (its default mode): a first stage's candidates, for mining."""
+    opened = open_index(index)
+    loaded = query_encoder(opened.info, None, None, dtype)
+    options = fusion_options(opened.info)
+    vectors = embed_queries(opened.info, loaded, queries, batch_size) if options.mode != "lexical" else None
+    answers = search_vectors(opened, vectors, depth, queries=queries, fusion=options)
+    return [[h.doc_id for h in hits] for hits in answers]
+
+
 def _index_modes(info: dict, mode: str | None) -> list[str]:
     if mode == "all":
         options_of(info)  # refused in one line when the index has no lexical part

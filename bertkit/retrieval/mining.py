@@ -78,6 +78,7 @@ class MiningTask:
     query_groups: list[frozenset] | None = None  # per query: the group_id of its rows (pairs files with groups)
     passage_groups: list[frozenset] | None = None  # per passage: the group_id of the rows it is a positive in
     pair_groups: dict | None = None  # (query, passage) -> the group_id of that pair's row
+    passage_ids: list | None = None  # per passage: its corpus id (a BEIR folder's)
 
     def same_group(self, query: int, passage: int) -> bool:
         """Whether `passage` belongs to one of the query's groups (never a negative then)."""
@@ -96,7 +97,7 @@ def task_from_beir(directory, split: str = "train") -> MiningTask:
             positives.append(relevant)
     if not queries:
         raise BertkitError(f"{directory}/qrels/{split}.tsv judges no passage relevant: nothing to mine for")
-    return MiningTask(queries, [document_text(data.corpus[d]) for d in doc_ids], positives)
+    return MiningTask(queries, [document_text(data.corpus[d]) for d in doc_ids], positives, passage_ids=doc_ids)
 
 
 def task_from_pairs(path) -> MiningTask:
@@ -283,16 +284,22 @@ def training_pairs(task: MiningTask, hard: list, random_negatives: int, rng: ran
 
 
 def reranker_pairs(source, split: str = "train", *, hard: int = 5, random_negatives: int = 2, range_max: int = 50,
-                   relative_margin: float | None = 0.05, model=None, seed: int = 42, batch_size: int = 32,
-                   progress: bool = False, log=print):
+                   relative_margin: float | None = 0.05, model=None, first_stage=None, seed: int = 42,
+                   batch_size: int = 32, progress: bool = False, log=print):
     """(pairs, counts): a reranker's (query, passage, label) training rows from a BEIR folder's `split`
-    (positives, mined and random negatives; see the module docstring) or a table of such rows."""
+    (positives, mined and random negatives; see the module docstring) or a table of such rows.
+    first_stage(queries) -> per query the corpus ids of its best documents, best first (an index's search):
+    the hard negatives are then its first `hard` that are neither positives nor a positive's text (fused
+    scores are no cosine: the margin rules do not apply); without it `model` ranks the corpus by cosine."""
     if not Path(source).is_dir():
         pairs, counts = table_pairs(source)
     else:
         task = task_from_beir(source, split)
         chosen = [[] for _ in task.queries]
-        if hard:
+        if hard and first_stage is not None:
+            log(f"mining {hard} hard negatives per query among the first stage's top {range_max}")
+            chosen = first_stage_negatives(task, first_stage(task.queries), hard, range_max)
+        elif hard:
             options = MiningOptions(num_negatives=hard, range_max=min(range_max, len(task.passages)),
                                     relative_margin=relative_margin)
             log(f"mining {hard} hard negatives per query among the top {options.range_max} of "
@@ -304,6 +311,19 @@ def reranker_pairs(source, split: str = "train", *, hard: int = 5, random_negati
         raise BertkitError(f"{source}: {positives} of {len(pairs)} training pairs are relevant: a reranker needs "
                            "relevant and irrelevant pairs both")
     return pairs, counts
+
+
+def first_stage_negatives(task: MiningTask, ranked: list, hard: int, range_max: int) -> list:
+    """Per query, the rows of its first `hard` documents among `ranked`'s top `range_max` (corpus ids, best
+    first) that are neither positives nor a positive's text; None when fewer are there."""
+    row = {d: i for i, d in enumerate(task.passage_ids)}
+    chosen = []
+    for q, ids in enumerate(ranked):
+        same = {task.passages[p] for p in task.positives[q]}
+        found = [row[d] for d in ids[:range_max]
+                 if row[d] not in task.positives[q] and task.passages[row[d]] not in same][:hard]
+        chosen.append(found if len(found) == hard else None)
+    return chosen
 
 
 def table_pairs(path) -> tuple[list, dict]:

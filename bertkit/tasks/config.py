@@ -248,6 +248,10 @@ class RerankConfig(TaskConfig):
                                         "cosine (NV-Retriever's guard against unlabelled positives; 0: below it)")
     mining_model: str | None = _opt(None, "the bi-encoder that ranks the corpus for hard negatives (default: the "
                                           "packaged all-MiniLM-L6-v2)")
+    mining_index: str | None = _opt(None, "an index of the --train corpus (bertkit index): hard negatives are the "
+                                          "documents it answers first (searched as bertkit search does, hybrid by "
+                                          "default: the first stage a reranker re-orders), not --mining-model's cosine "
+                                          "ranking of the whole corpus")
     pos_weight: float | None = _opt(None, "weight of a positive pair in the loss (default: negatives per positive in "
                                           "the training pairs, as sentence-transformers' hard-negative recipe)")
     dev: str | None = _opt(None, "a BEIR folder the trained model is evaluated on, reranking --index's answers: nDCG@10 "
@@ -273,7 +277,8 @@ class RerankConfig(TaskConfig):
                                "whose answers the model reranks")
         if self.index and not self.dev:
             raise BertkitError("--index is the first stage of the --dev evaluation: give --dev DIR too")
-        if self.index and not (Path(self.index) / "index.json").is_file():
-            raise BertkitError(f"--index {self.index} is not an index folder (no index.json): build one of the --dev "
-                               "corpus with bertkit index")
+        for flag, index in (("--index", self.index), ("--mining-index", self.mining_index)):
+            if index and not (Path(index) / "index.json").is_file():
+                raise BertkitError(f"{flag} {index} is not an index folder (no index.json): build one of the corpus "
+                                   "with bertkit index")
         return self

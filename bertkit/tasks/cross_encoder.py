@@ -5,7 +5,9 @@ MARCO (its CrossEncoder training overview and hard-negative examples): start
 from a pretrained encoder (the default model) with a fresh one-logit head; pair
 every training query with each of its positives (label 1), with passages the
 retriever ranks high that are not positives (mined hard negatives) and with
-passages drawn at random (label 0) (`bertkit.retrieval.mining.reranker_pairs`);
+passages drawn at random (label 0) (`bertkit.retrieval.mining.reranker_pairs`; with
+`--mining-index` the hard negatives are an index's first answers, the first stage
+the reranker will re-order, as the recipe advises: mine with your retriever);
 train with binary cross-entropy on the logit, positives weighted by the number
 of negatives per positive (the recipe's `pos_weight`), one epoch at 2e-5
 (`bertkit.tasks.classification.train_pair_scorer`, through the one run harness).
@@ -27,7 +29,7 @@ from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
-from bertkit.retrieval.evaluation import evaluate_retrieval
+from bertkit.retrieval.evaluation import evaluate_retrieval, index_answers
 from bertkit.retrieval.mining import reranker_pairs
 from bertkit.tasks.classification import train_pair_scorer
 from bertkit.tasks.rerank import FIGURES_FILE, rerank, reranker
@@ -39,7 +41,9 @@ def finetune_rerank(cfg, log=print) -> dict:
     tcfg, started = cfg.training, time.perf_counter()
     pairs, counts = reranker_pairs(cfg.train, cfg.train_split, hard=cfg.hard_negatives,
                                    random_negatives=cfg.random_negatives, range_max=cfg.range_max,
-                                   relative_margin=cfg.relative_margin,
+                                   relative_margin=cfg.relative_margin, first_stage=None if not cfg.mining_index
+                                   else partial(index_answers, cfg.mining_index, depth=cfg.range_max,
+                                                batch_size=tcfg.eval_batch_size),
                                    model=cfg.mining_model, seed=tcfg.seed, batch_size=tcfg.eval_batch_size,
                                    progress=tcfg.progress, log=log)
     pairs = pairs[: cfg.max_train_examples] if cfg.max_train_examples else pairs
