@@ -69,7 +69,7 @@ def finetune_rerank(cfg, log=print) -> dict:
 def record_figures(cfg, log=print) -> dict:
     """The saved model reranking cfg.index's answers to cfg.dev's queries: the figures before and after,
     written atomically to OUTPUT/retrieval.json."""
-    cross = reranker(cfg.output, dtype="float32")
+    cross = reranker(cfg.output, dtype=cfg.rerank_dtype)
     result = evaluate_retrieval(None, cfg.dev, cfg.dev_split, batch_size=cfg.training.eval_batch_size,
                                 index=cfg.index, progress=cfg.training.progress, rerank_top=cfg.rerank_top,
                                 rerank=partial(rerank, cross, top=cfg.rerank_top,
@@ -80,7 +80,8 @@ def record_figures(cfg, log=print) -> dict:
     stage = fusion["mode"] if fusion["mode"] != "hybrid" else f"hybrid {fusion['fusion']} alpha {fusion['alpha']}"
     figures = {"dataset": result["dataset"], "split": cfg.dev_split, "queries": result["queries"],
                "documents": result["documents"], "rerank_top": cfg.rerank_top,
-               "first_stage": f"{cfg.index} ({stage}, {result['model']})", "fusion": fusion, "precision": "float32",
+               "first_stage": f"{cfg.index} ({stage}, {result['model']})", "fusion": fusion,
+               "precision": {"queries": "float32", "reranker": cfg.rerank_dtype},
                "before": {m: result["before_rerank"][m] for m in measures}, "after": {m: result[m] for m in measures}}
     path = Path(cfg.output) / FIGURES_FILE
     tmp = path.with_name(path.name + ".tmp")
