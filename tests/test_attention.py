@@ -152,7 +152,12 @@ def test_cli_attention(tmp_path, capsys):
     assert page.is_file() and png.is_file() and bv.is_file()
     data = json.loads(re.search(r'application/json">(.*?)</script>', page.read_text(), re.S).group(1))
     assert (data["token"], data["layer"], data["head"]) == (13, 3, "mean")
-    capsys.readouterr()
+    # stdout names the three tokens "he" attends to most, from the weights the page holds
+    row = np.frombuffer(base64.b64decode(data["weights"]), dtype=np.float32).reshape(
+        data["layers"], data["heads"], len(data["tokens"]), -1)[3, :, 13].mean(0)
+    top = np.argsort(-row)[:3]
+    expected = ", ".join(f"{data['tokens'][j]} {row[j]:.2f}" for j in top)
+    assert capsys.readouterr().out == f"'he' (token 13), layer 3, head mean: attends most to {expected}\n"
     assert main(["attention", SENTENCE, "--token", "zebra", "-o", str(page)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bertkit: error: the token 'zebra' occurs nowhere") and "Traceback" not in err

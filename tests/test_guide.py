@@ -283,3 +283,24 @@ def test_figure_projection():
     xy = figures.pca_2d(points)
     distances = lambda a: np.linalg.norm(a[:, None] - a[None], axis=-1)  # noqa: E731
     assert xy.shape == (10, 2) and np.allclose(distances(xy), distances(points), atol=1e-9)
+
+
+def test_figure_parameter_counts():
+    """docs/make_guide_figures.py's layer-block counts add up to the model's parameters, on a tiny odd model."""
+    import importlib.util
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.modeling import BertModel
+
+    spec = importlib.util.spec_from_file_location("make_guide_figures", ROOT / "docs" / "make_guide_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    H, I, V, P = 12, 20, 50, 16
+    model = BertModel(BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=3, num_attention_heads=3,
+                                 intermediate_size=I, max_position_embeddings=P))
+    n = figures.parameter_counts(model)
+    assert n["attention: Q, K, V"] == 3 * (H * H + H) and n["attention: output W_O"] == H * H + H
+    assert n["feed-forward W1 (H -> I)"] == H * I + I and n["feed-forward W2 (I -> H)"] == I * H + H
+    parts = [v for k, v in n.items() if k.startswith(("attention", "LayerNorm", "feed-forward"))]
+    assert sum(parts) == n["one layer"]
+    assert n["layers"] * n["one layer"] + n["embeddings"] + n["pooler"] == n["model"] == model.num_parameters()

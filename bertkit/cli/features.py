@@ -93,7 +93,8 @@ def add_attention(sub):
 
 
 def run_attention(args):
-    from bertkit.explain.attention_view import attention_map, find_token, save_bertviz, save_html, save_png
+    from bertkit.explain.attention_view import (attention_map, find_token, most_attended, save_bertviz, save_html,
+                                                save_png)
 
     if args.head == "mean":
         head = "mean"
@@ -105,6 +106,8 @@ def run_attention(args):
     amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype)
     token = find_token(amap, args.token, args.occurrence) if args.token is not None else 0
     save_html(amap, args.output, token, args.layer, head)
+    top = ", ".join(f"{t} {w:.2f}" for _, t, w in most_attended(amap, token, args.layer, head))
+    print(f"{amap.tokens[token]!r} (token {token}), layer {args.layer}, head {head}: attends most to {top}")
     print(f"wrote {args.output}", file=sys.stderr)
     if args.png:
         save_png(amap, args.png, args.view, token, args.layer, head)

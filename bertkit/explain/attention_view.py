@@ -204,6 +204,14 @@ def find_heads(text: str, token: str, target: str | None = None, model=None, *, 
     return hits if top is None else hits[:top]
 
 
+def most_attended(amap: AttentionMap, token: int, layer: int, head, k: int = 3) -> list:
+    """The k tokens `token` gives the most attention in one layer and head (or "mean"):
+    [(index, token, weight)], largest weight first."""
+    row = amap.row(layer, head, token)
+    order = np.argsort(-row, kind="stable")[:k]
+    return [(int(j), amap.tokens[j], float(row[j])) for j in order]
+
+
 def _words(tokens: list) -> list:
     """(index of first piece, word) for words rebuilt from ## continuation pieces."""
     words = []
