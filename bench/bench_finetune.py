@@ -49,7 +49,7 @@ from harness import SHARED_DATA, machine_line, report  # noqa: E402
 
 from bertkit.default_model import default_model_dir  # noqa: E402
 from bertkit.metrics import tasks as M  # noqa: E402
-from bertkit.tasks.trainer import TrainConfig  # noqa: E402
+from bertkit.tasks.config import TrainConfig  # noqa: E402
 from bertkit.training.optim import OptimConfig  # noqa: E402
 
 

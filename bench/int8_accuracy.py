@@ -105,7 +105,7 @@ def _squad_slice(src: Path, dst: Path, articles: str, n: int | None) -> tuple[Pa
 
 
 def _training(args):
-    from bertkit.tasks.trainer import TrainConfig
+    from bertkit.tasks.config import TrainConfig
     from bertkit.training.optim import OptimConfig
 
     return TrainConfig(epochs=args.epochs, batch_size=32, seed=0, progress=False,

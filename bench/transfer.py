@@ -123,7 +123,7 @@ def bert_config(model_dir: Path):
 
 def finetune_once(model_dir: Path, out: Path, args, learning_rate: float, seed: int) -> dict:
     from bertkit.tasks import finetune
-    from bertkit.tasks.trainer import TrainConfig
+    from bertkit.tasks.config import TrainConfig
 
     task, folder, columns, _, _, _ = TASKS[args.task]
     training = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, seed=seed, progress=not args.quiet)

@@ -20,7 +20,8 @@ from bertkit.errors import BertkitError
 from bertkit.tasks.batching import collate
 from bertkit.tasks.classification import TextTaskConfig, finetune_text
 from bertkit.tasks.text_inference import make_features, pool_windows
-from bertkit.tasks.trainer import TrainConfig, length_grouped_batches, train
+from bertkit.tasks.config import TrainConfig
+from bertkit.tasks.trainer import length_grouped_batches, train
 from bertkit.training.optim import OptimConfig
 
 WORDS = ("the movie food day service was is very really quite a an and but it this that good great fine "

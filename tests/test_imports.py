@@ -255,7 +255,7 @@ LATE_IMPORTS = {
     "bertkit.text.vocab_training": ({"tqdm"}, TQDM),
     "bertkit.pretraining.prepare": ({"tqdm"}, TQDM),
     # the commands: each imports the library it runs inside its handler
-    "bertkit.cli.demo": ({"bertkit.tasks.classification", "bertkit.tasks.predict", "bertkit.tasks.trainer"}, START_UP),
+    "bertkit.cli.demo": ({"bertkit.tasks.classification", "bertkit.tasks.predict", "bertkit.tasks.config"}, START_UP),
     "bertkit.cli.evaluate": ({"bertkit.retrieval.evaluation", "bertkit.retrieval.mining", "bertkit.tasks.rerank"},
                              START_UP),
     "bertkit.cli.features": ({"bertkit.embeddings.features", "bertkit.explain.attention_view",

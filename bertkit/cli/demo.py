@@ -75,7 +75,7 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
     """Write the data, fine-tune, evaluate, classify; returns the final metrics."""
     from bertkit.tasks.classification import TextTaskConfig, finetune_text
     from bertkit.tasks.predict import predict
-    from bertkit.tasks.trainer import TrainConfig
+    from bertkit.tasks.config import TrainConfig
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
