@@ -100,10 +100,11 @@ def free_port() -> int:
 
 
 class Process:
-    def __init__(self, name, argv, port, path, env=None):
+    def __init__(self, name, argv, port, path, env=None, cwd=None):
         self.name, self.port, self.path = name, port, path
         self.log = open(Path(tempfile.gettempdir()) / f"bench_serve_{name}.log", "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     cwd=cwd)
 
     def wait_ready(self, timeout=300) -> None:
         deadline = time.monotonic() + timeout
@@ -153,7 +154,9 @@ class Process:
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 
-def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = None, index: Path | None = None) -> Process:
+def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = None, index: Path | None = None,
+                  name: str = "bertkit", tree: Path = ROOT) -> Process:
+    """`bertkit serve` of the source tree `tree` (another checkout: an earlier commit, for a before/after)."""
     port = free_port()
     argv = [sys.executable, "-m", "bertkit.cli", "serve", str(model_dir), "--port", str(port),
             "--served-model-name", MODEL_NAME]
@@ -165,8 +168,18 @@ def start_bertkit(model_dir: Path, threads: int | None, workers: int | None = No
         argv += ["--workers", str(workers)]
     if index:
         argv += ["--index", str(index)]
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return Process("bertkit", argv, port, "/v1/embeddings", env)
+    env = {"PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+    return Process(name, argv, port, "/v1/embeddings", env, cwd=tree)  # `python -m` puts the cwd first on the path
+
+
+def other_contender(spec: str) -> tuple:
+    """--also NAME=tree:PATH (bertkit serve of another source tree) or NAME=model:DIR (another model folder)
+    -> (name, tree, model folder or None)."""
+    name, _, what = spec.partition("=")
+    kind, _, path = what.partition(":")
+    if not name or kind not in ("tree", "model") or not Path(path).is_dir():
+        raise SystemExit(f"--also {spec}: give NAME=tree:PATH or NAME=model:DIR, an existing folder")
+    return (name, Path(path), None) if kind == "tree" else (name, ROOT, Path(path))
 
 
 def start_infinity(model_dir: Path, dtype: str = "float32") -> Process:
@@ -220,10 +233,12 @@ def search_answer_ok(body, queries: int, hits: int) -> bool:
         for answer in body)
 
 
-def asker_search(k: int, documents: int):
-    """One /search request of `k` (documents: how many the index can answer) for closed_loop and the soak."""
+def asker_search(k: int, documents: int, mode: str | None = None):
+    """One /search request of `k` (documents: how many the index can answer; mode: hybrid, dense or lexical,
+    None: the server's default) for closed_loop and the soak."""
     def ask(server: Process, conn, queries: list, k: int = k) -> bool:
-        status, body = post(server.port, "/search", {"query": queries, "k": k}, conn)
+        status, body = post(server.port, "/search", {"query": queries, "k": k, **({"mode": mode} if mode else {})},
+                            conn)
         return status == 200 and search_answer_ok(body, len(queries), min(k, documents))
     return ask
 
@@ -470,15 +485,27 @@ def render(results: dict, levels, mixes, soaked, args, ceilings=()) -> str:
                   "| sentences/request | concurrency | contender | sentences/s | p50 ms | p95 ms | p99 ms | failed | "
                   "throughput ratio | p99 ratio |",
                   "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    names = list(dict.fromkeys(n for n, _, _ in results))  # bertkit first, then as started
     for mix in mixes if results else []:
         for level in levels:
             ours = results[("bertkit", mix, level)]
-            for name in [n for n in ("bertkit", "infinity") if (n, mix, level) in results]:
+            for name in [n for n in names if (n, mix, level) in results]:
                 r = results[(name, mix, level)]
                 ratio = (f"{ours['rate'] / r['rate']:.2f}x", f"{ours['p99'] / r['p99']:.2f}") if name != "bertkit" else ("", "")
                 lines.append(f"| {mix} | {level} | {name} | {r['rate']:,.0f} | {r['p50'] * 1e3:.1f} | "
                              f"{r['p95'] * 1e3:.1f} | {r['p99'] * 1e3:.1f} | {r['failed']}/{r['requests']} | "
                              f"{ratio[0]} | {ratio[1]} |")
+    others = [n for n in names if n not in ("bertkit", "infinity")]
+    if others:
+        lines += ["", "Other contenders (`--also`): " + ", ".join(f"{n} = {spec.partition('=')[2]}" for n, spec in
+                                                                 zip(others, args.also))
+                  + "; on their rows the ratios are bertkit's over theirs, measured in the same alternation."]
+        if "infinity" in names:
+            lines.append("Each against Infinity (throughput, p99), so that a before/after is a ratio of ratios:")
+            lines += [f"- {name}: " + ", ".join(
+                f"{mix}/request c={level} {results[(name, mix, level)]['rate'] / results[('infinity', mix, level)]['rate']:.2f}x"
+                f" / {results[(name, mix, level)]['p99'] / results[('infinity', mix, level)]['p99']:.2f}"
+                for mix, level in itertools.product(mixes, levels)) for name in names if name != "infinity"]
     if args.repeat > 1 and any(n != "bertkit" for n, _, _ in results):
         lines += ["", "Ratios of each repetition (throughput, p99), in the order measured:"]
         for mix, level in itertools.product(mixes, levels):
@@ -539,25 +566,32 @@ def render_search(results: dict, levels, soaked, args, documents: int, claims: i
              f"{made['dim']} dimensions, vectors made in {made['model']['precision']}."]
     if results:
         repeats, results = results, {key: median_run(runs) for key, runs in results.items()}
-        per_scan = {level: [r["per_scan"] for r in runs if r.get("per_scan")] for level, runs in repeats.items()}
+        per_scan = {key: [r["per_scan"] for r in runs if r.get("per_scan")] for key, runs in repeats.items()}
         gathered = all(per_scan.values())
+        modes = list(dict.fromkeys(mode for mode, _ in results))
+        vs_dense = "dense" in modes and len(modes) > 1
         lines += ["", f"One query per request (SciFact's {claims} test claims in turn), k = {args.search_k}, closed-loop "
                   f"clients, {args.per_client} requests per client per level"
                   f"{f', each level measured {args.repeat} times (medians)' if args.repeat > 1 else ''}. Failed: any "
                   f"answer but a 200 with {min(args.search_k, documents)} hits, best first, each a distinct document "
                   "with its passage." + (" Queries per scan: how many queries one read of the index served "
                                          "(the server's bertkit_serve_scan_queries, over the level)." if gathered else ""),
-                  "", "| concurrency | queries/s | p50 ms | p95 ms | p99 ms | failed |" + (" queries per scan |" if gathered else ""),
-                  "| ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gathered else "")]
-        for level in levels:
-            r = results[level]
-            lines.append(f"| {level} | {r['rate']:,.1f} | {r['p50'] * 1e3:.1f} | {r['p95'] * 1e3:.1f} | "
-                         f"{r['p99'] * 1e3:.1f} | {r['failed']}/{r['requests']} |"
-                         + (f" {statistics.median(per_scan[level]):.1f} |" if gathered else ""))
+                  "", "| concurrency | mode | queries/s | p50 ms | p95 ms | p99 ms | failed |"
+                  + (" queries per scan |" if gathered else "") + (" throughput / dense's |" if vs_dense else ""),
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gathered else "")
+                  + (" ---: |" if vs_dense else "")]
+        for level, mode in itertools.product(levels, modes):
+            r = results[(mode, level)]
+            ratio = f" {r['rate'] / results[('dense', level)]['rate']:.2f}x |" if vs_dense else ""
+            lines.append(f"| {level} | {mode or made.get('fusion', {}).get('mode', 'default')} | {r['rate']:,.1f} | "
+                         f"{r['p50'] * 1e3:.1f} | {r['p95'] * 1e3:.1f} | {r['p99'] * 1e3:.1f} | "
+                         f"{r['failed']}/{r['requests']} |"
+                         + (f" {statistics.median(per_scan[(mode, level)]):.1f} |" if gathered else "") + ratio)
         if args.repeat > 1:
             lines += ["", "Each repetition (queries/s, p99 ms), in the order measured:"]
-            lines += [f"- concurrency {level}: " + ", ".join(f"{r['rate']:,.1f} / {r['p99'] * 1e3:.0f}"
-                                                            for r in repeats[level]) for level in levels]
+            lines += [f"- concurrency {level}, {mode or 'default'}: " + ", ".join(
+                f"{r['rate']:,.1f} / {r['p99'] * 1e3:.0f}" for r in repeats[(mode, level)])
+                for level, mode in itertools.product(levels, modes)]
     if soaked:
         lines += ["", soak_line(soaked)]
     return "\n".join(lines) + "\n"
@@ -584,6 +618,13 @@ def main(argv=None) -> int:
                     help="an index folder of `bertkit index` (default model): serve it with --index and measure "
                     "POST /search at each level, one SciFact claim per request; the soak mixes /search in")
     ap.add_argument("--search-k", type=int, default=10, help="k of each /search request at the levels")
+    ap.add_argument("--search-modes", nargs="+", choices=["hybrid", "dense", "lexical"],
+                    help="with --search: measure each of these modes at every level, alternating (default: the "
+                    "index's own mode only)")
+    ap.add_argument("--model", type=Path, help="the model folder bertkit serve runs (default: the default model)")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=tree:PATH|NAME=model:DIR",
+                    help="another bertkit serve contender in the same alternation: the source tree PATH (an earlier "
+                    "commit's checkout) with the same model, or this tree with the model folder DIR; repeatable")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     ap.add_argument("--ceiling-of", nargs=3, type=float, help=argparse.SUPPRESS)  # internal: the child process
     args = ap.parse_args(argv)
@@ -594,7 +635,7 @@ def main(argv=None) -> int:
 
     from bertkit.default_model import default_model_dir
 
-    model_dir = default_model_dir()
+    model_dir = args.model or default_model_dir()
     sentences = sst2_dev()
     if args.search and not (args.search / "index.json").is_file():
         raise SystemExit(f"--search {args.search}: no index.json there; build one with `bertkit index CORPUS -o INDEX`")
@@ -602,6 +643,8 @@ def main(argv=None) -> int:
     documents = index_documents(args.search) if args.search else 0
     ask_search = asker_search(args.search_k, documents) if args.search else None
     servers = {"bertkit": start_bertkit(model_dir, args.threads, args.workers, args.search)}
+    for name, tree, model in map(other_contender, args.also):
+        servers[name] = start_bertkit(model or model_dir, args.threads, args.workers, None, name, tree)
     if not args.no_infinity and args.levels and args.mixes:
         if not INFINITY.exists():
             raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
@@ -632,15 +675,17 @@ def main(argv=None) -> int:
             for name in [n for n in servers if n != "bertkit"]:
                 servers.pop(name).stop()  # /search has no peer: bertkit alone on the machine
             payloads = [[claim] for claim in claims]  # one query per request
-            for level, _ in itertools.product(args.levels, range(args.repeat)):
-                closed_loop(servers["bertkit"], payloads, level, min(level, 8), ask_search)  # warm-up
+            modes = args.search_modes or [None]
+            for level, _, mode in itertools.product(args.levels, range(args.repeat), modes):  # modes alternate
+                ask = asker_search(args.search_k, documents, mode)
+                closed_loop(servers["bertkit"], payloads, level, min(level, 8), ask)  # warm-up
                 before = servers["bertkit"].scans()
-                r = closed_loop(servers["bertkit"], payloads, level, level * args.per_client, ask_search)
+                r = closed_loop(servers["bertkit"], payloads, level, level * args.per_client, ask)
                 queries, scans = (b - a for a, b in zip(before, servers["bertkit"].scans()))
                 r["per_scan"] = queries / scans if scans else None  # how many queries each read of the index served
-                searches.setdefault(level, []).append(r)
-                print(f"/search   k={args.search_k:<3d}     c={level:<3d} {r['rate']:8.1f} queries/s    "
-                      f"p50 {r['p50'] * 1e3:7.1f} ms  p99 {r['p99'] * 1e3:7.1f} ms  failed {r['failed']}"
+                searches.setdefault((mode, level), []).append(r)
+                print(f"/search   k={args.search_k:<3d} {mode or 'default':7s} c={level:<3d} {r['rate']:8.1f} queries/s"
+                      f"    p50 {r['p50'] * 1e3:7.1f} ms  p99 {r['p99'] * 1e3:7.1f} ms  failed {r['failed']}"
                       + (f"  {r['per_scan']:.1f} queries/scan" if r["per_scan"] else ""), file=sys.stderr, flush=True)
         if args.soak:
             for name in [n for n in servers if n != "bertkit"]:

@@ -73,6 +73,30 @@ def test_exact_search_equals_brute_force_over_many_blocks(tmp_path):
     assert sorted(int(document[r]) for r in rows[0]) == list(range(document.max() + 1))
 
 
+def test_a_document_whose_passages_fill_the_first_look_is_searched_to_the_full_depth(tmp_path):
+    """best_documents looks SHALLOW x k passages deep first; when one document's 60 passages all beat every
+    other passage, that look holds one document, and the query is searched again to the full depth: still
+    the brute force's k documents. A query elsewhere is answered by the first look alone (same answer)."""
+    from bertkit.retrieval.search import SHALLOW
+
+    rng = np.random.default_rng(1)
+    dim, crowded = 16, 60
+    toward = unit(rng.standard_normal((1, dim)))
+    near = unit(toward + 0.05 * rng.standard_normal((crowded, dim)))  # document 0's passages, all close
+    far = unit(rng.standard_normal((400, dim)) - 3 * toward)  # the others point away
+    vectors = np.concatenate([near, far]).astype(np.float32)
+    document = np.concatenate([np.zeros(crowded, np.int64), 1 + np.arange(400) // 2])
+    index = write_index(tmp_path / "ix", vectors, document)
+    queries = np.concatenate([toward, rng.standard_normal((3, dim))]).astype(np.float32)
+    k = 10
+    assert SHALLOW * k < crowded  # the first look holds document 0 alone
+    rows, scores = best_documents(index, queries, k)
+    for got_rows, got_scores, (docs, want_scores, want_rows) in zip(rows, scores, brute_force(
+            queries, vectors, document, k)):
+        assert got_rows == want_rows and [int(document[r]) for r in got_rows] == docs
+        np.testing.assert_allclose(got_scores, want_scores, atol=1e-6)
+
+
 def test_search_over_a_memory_map_stays_far_below_the_index_size(tmp_path):
     rng = np.random.default_rng(1)
     n, dim, block = 60_000, 64, 1024

@@ -26,6 +26,15 @@ def first_per_document(ranked: list, document_of, k: int) -> list:
     return kept
 
 
+def first_of_each(rows: np.ndarray, document: np.ndarray, k: int) -> np.ndarray:
+    """`first_per_document` on arrays: the positions in `rows` (passage rows, best first) of each document's
+    first row, in order, up to k documents. One gather and one sort in numpy instead of a Python loop over
+    the candidates (a hybrid search looks at 1,500 per query)."""
+    _, first = np.unique(document[rows], return_index=True)
+    first.sort()
+    return first[:k]
+
+
 def best_first(scores: np.ndarray, depth: int, document: np.ndarray, k: int) -> tuple[list[int], list[float]]:
     """The rows of the best passages of the k best documents by `scores` [N] (passages scoring 0 or less
     left out) and their scores, best first; equal scores in row order. document [N]: each row's document."""
@@ -34,5 +43,5 @@ def best_first(scores: np.ndarray, depth: int, document: np.ndarray, k: int) -> 
         threshold = np.partition(scores[rows], len(rows) - depth)[len(rows) - depth]
         rows = rows[scores[rows] >= threshold]
     rows = rows[np.lexsort((rows, -scores[rows]))]
-    kept = first_per_document([(int(r), float(scores[r])) for r in rows], lambda item: int(document[item[0]]), k)
-    return [r for r, _ in kept], [s for _, s in kept]
+    kept = rows[first_of_each(rows, document, k)]
+    return kept.tolist(), scores[kept].tolist()
