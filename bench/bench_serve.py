@@ -14,8 +14,16 @@ drifts over minutes.
 Infinity is run from its own virtual environment (it pins many packages):
 
     python -m venv /work/venv-infinity
-    /work/venv-infinity/bin/pip install torch==2.13.0 "infinity-emb[server,torch]"
+    /work/venv-infinity/bin/pip install --dry-run torch==2.13.0 "infinity-emb[server,torch]==0.0.78"  # first:
+    /work/venv-infinity/bin/pip install torch==2.13.0 "infinity-emb[server,torch]==0.0.78"  # torch +cpu, no nvidia-*
     infinity_emb v2 --model-id <default model dir> --engine torch --device cpu
+
+`--also NAME=tree:PATH` adds another bertkit serve to the same alternation, started from the source
+tree PATH (a checkout of an earlier commit: `git worktree add --detach /tmp/before COMMIT`), so that
+a before/after is measured in one run and, with Infinity there too, as a ratio of ratios;
+`--also NAME=model:DIR` adds this tree's server with another model folder (a static model beside the
+default one). `--search-modes hybrid dense lexical` measures /search in each mode at every level,
+alternating, with each mode's throughput over dense's.
 
 `--soak N` then sends N requests to bertkit serve alone (1 to 6 sentences,
 every 50th with a ~300-word text, so passes take many shapes), one in ten bad
@@ -44,6 +52,8 @@ leaves the embeddings levels out (and Infinity unstarted). With --write, the
     python bench/bench_serve.py --per-client 2 --levels 1 8 --soak 500      # a smoke run
     python bench/bench_serve.py --levels --soak 20000                         # the soak alone
     python bench/bench_serve.py --search scifact.index --mixes --per-client 100 --repeat 3 --soak 20000
+    python bench/bench_serve.py --infinity-dtype bfloat16 --also before=tree:/tmp/before --also static=model:static
+    python bench/bench_serve.py --search scifact.index --mixes --repeat 3 --search-modes hybrid dense lexical
 """
 
 from __future__ import annotations
