@@ -479,3 +479,38 @@ def test_the_demo_keeps_a_confident_epoch_and_its_new_sentences_are_confident(tm
     rows = [r.split("\t") for r in (tmp_path / "demo" / "model" / "dev_predictions.tsv").read_text().splitlines()[1:]]
     held_out = np.mean([max(float(kv.split("=")[1]) for kv in r[3].split()) for r in rows])  # its confidence
     assert len(rows) == 40 and np.mean(new) >= 0.75 and abs(np.mean(new) - held_out) < 0.1, (new, held_out)
+
+
+def test_the_environment_reaches_accelerate_through_a_command(tiny, tmp_path, monkeypatch, capsys):
+    """BERTKIT_ONEDNN is read by the command line only (`bertkit.cli.main`) and its settings are handed
+    down to `accelerate`: for inference (`bertkit embed`) and for training (`bertkit finetune`), not only
+    for `bertkit serve`. 0 sends every float32 matmul to MKL, 1 to oneDNN (where torch has its kernels)."""
+    from bertkit.cli import main
+    from bertkit.runtime import fast, quantization
+    from bertkit.training import loop
+
+    seen = []
+
+    def recording(real):
+        def accelerate(model, settings=None, **kw):
+            seen.append((settings, kw.get("training", False)))
+            return real(model, settings, **kw)
+        return accelerate
+
+    monkeypatch.setattr(quantization, "accelerate", recording(quantization.accelerate))  # the loader's
+    monkeypatch.setattr(loop, "accelerate", recording(loop.accelerate))  # the training run's
+    (tmp_path / "in.txt").write_text("the movie was good .\nthe food was awful .\n")
+    t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], sentiment_rows(8, random.Random(0)))
+    for value in ("0", "1"):
+        forced = value == "1" and fast.cpu_features().onednn  # oneDNN only where this torch has its kernels
+        monkeypatch.setenv("BERTKIT_ONEDNN", value)
+        seen.clear()
+        assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(tiny),
+                     "--quiet", "--dtype", "float32"]) == 0
+        assert main(["finetune", "classify", "--train", str(t), "--output", str(tmp_path / f"o{value}"),
+                     "--model", str(tiny), "--epochs", "1", "--batch-size", "8", "--no-progress"]) == 0
+        assert [training for _, training in seen] == [False, True]  # the embedding model, then the one trained
+        for settings, _ in seen:
+            assert isinstance(settings, fast.SpeedSettings), seen  # decided by the command, not left to None
+            assert settings.onednn_inference is forced and settings.onednn_training is forced, (value, settings)
+    capsys.readouterr()

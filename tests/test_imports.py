@@ -277,6 +277,8 @@ LATE_IMPORTS = {
                                    TORCH_FREE + " (through pretraining.prepare); only static masks need torch"),
     "bertkit.text.encoding": ({"torch", "numpy"}, "the tokenizer needs neither: only return_tensors='pt' / 'np' "
                                                    "asks for them"),
+    "bertkit.cli": ({"bertkit.runtime.fast"}, "the fast path's settings are made only for a command that runs a "
+                                              "model: the others start without torch"),
     # optional extras
     "bertkit.retrieval.ann": ({"faiss"}, EXTRA),
     "bertkit.retrieval.bm25": ({"bm25s", "Stemmer"}, EXTRA),

@@ -81,6 +81,20 @@ def process_settings(environ=None, terminal: bool | None = None) -> dict:
     return made
 
 
+# What the environment may say about the fast path (`bertkit.runtime.fast.decide`), read here and
+# nowhere in the library: BERTKIT_ONEDNN=1 sends every float32 matmul to oneDNN, 0 every one to MKL
+# (torch's F.linear); unset, the CPU's own rules decide.
+ONEDNN = {"1": True, "0": False}
+
+
+def speed_settings(onednn: bool | None):
+    """The fast-path settings of a command that runs a model (`bertkit.runtime.fast.SpeedSettings`):
+    decided once, here, from this CPU and what the environment forces; handed down to `accelerate`."""
+    from bertkit.runtime.fast import decide  # late: torch loads only for a command that runs a model
+
+    return decide(onednn=onednn)
+
+
 def _warning_line(message, category, filename, lineno, line=None) -> str:
     return f"bertkit: warning: {message}\n"  # advice for a person, not a source location
 
@@ -95,6 +109,11 @@ def main(argv=None) -> int:
 
         reuse_freed_memory()
         warnings.formatwarning = _warning_line
+    # the environment's choice for the fast path, read once for every command (a server decides its
+    # settings itself from it, after setting its threads); a command that runs a model gets them made
+    args.onednn = ONEDNN.get(os.environ.get("BERTKIT_ONEDNN", ""))
+    if getattr(args, "runs_model", False):
+        args.speed = speed_settings(args.onednn)
     try:
         args.handler(args)
     except (BertkitError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:

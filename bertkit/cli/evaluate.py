@@ -74,7 +74,7 @@ def add_evaluate(sub):
     s.add_argument("file", metavar="FILE", help="a TSV with columns sentence1, sentence2, score")
     _model_flags(s)
     s.add_argument("--output", "-o", help="write the figures as JSON here")
-    s.set_defaults(handler=run_evaluate_sts)
+    s.set_defaults(handler=run_evaluate_sts, runs_model=True)
 
 
 def _write(result: dict, output) -> None:
@@ -158,7 +158,7 @@ def run_evaluate_sts(args):
     from bertkit.retrieval.evaluation import evaluate_sts
 
     result = evaluate_sts(args.model, args.file, batch_size=args.batch_size, max_length=args.max_length,
-                          dtype=args.dtype)
+                          dtype=args.dtype, fast=args.speed)
     _write(result, args.output)
     print(f"spearman {result['spearman']:.4f}  pearson {result['pearson']:.4f}  ({result['pairs']} pairs; "
           f"{result['model']}, {result['precision']}, max length {result['max_length']})")
@@ -185,7 +185,7 @@ def add_mine(sub):
     add_options(p, MiningOptions)
     p.add_argument("--report", help="also write the counts (queries, rows, skipped candidates) as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(handler=run_mine)
+    p.set_defaults(handler=run_mine, runs_model=True)
 
 
 def run_mine(args):
@@ -195,7 +195,7 @@ def run_mine(args):
     check_output(args.output)
     rows, report = mine_hard_negatives(args.source, args.model, split=args.split, options=options,
                                        batch_size=args.batch_size, max_length=args.max_length, dtype=args.dtype,
-                                       progress=not args.quiet)
+                                       progress=not args.quiet, fast=args.speed)
     write_rows(rows, args.output, groups=report["groups"])
     _write(report, args.report)
     skipped = ", ".join(f"{n} {rule}" for rule, n in report["skipped"].items() if n)

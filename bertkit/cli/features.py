@@ -44,7 +44,7 @@ def add_embed(sub):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     device_flags(p)
     int8_flag(p)
-    p.set_defaults(handler=run_embed)
+    p.set_defaults(handler=run_embed, runs_model=True)
 
 
 def run_embed(args):
@@ -52,7 +52,7 @@ def run_embed(args):
     from bertkit.runtime.loading import load
 
     options = from_args(args, EmbedOptions)
-    loaded = load(args.model, head="encoder", device=args.device, dtype=args.dtype, int8=args.int8)
+    loaded = load(args.model, head="encoder", device=args.device, dtype=args.dtype, int8=args.int8, fast=args.speed)
     texts, count = read_texts(args.input, args.column)
     output = resolve_output(loaded.layout, options.pooling, options.normalize)
     rows = iter_embed(

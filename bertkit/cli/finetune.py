@@ -40,12 +40,12 @@ def add_finetune(sub):
     for task in TASKS.values():  # one command per task record
         t = tsub.add_parser(task.cli_name, help=task.help or f"fine-tune for {task.cli_name}", description=task.help)
         add_options(t, task.config, task.defaults, skip=task.hidden)
-        t.set_defaults(handler=run_finetune)
+        t.set_defaults(handler=run_finetune, runs_model=True)
 
 
 def run_finetune(args):
     cfg = from_args(args, *task_config(args.task))
-    final = run_task(cfg)
+    final = run_task(cfg, speed=args.speed)
     report = format_report(final)
     if report:  # not on the other processes of a torchrun
         print(report)
@@ -82,7 +82,7 @@ def add_predict(sub):
     p.add_argument("--batch-size", type=int, default=32)
     device_flags(p)
     int8_flag(p)
-    p.set_defaults(handler=run_predict)
+    p.set_defaults(handler=run_predict, runs_model=True)
 
 
 def run_predict(args):
@@ -91,7 +91,7 @@ def run_predict(args):
     result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
                           text_pair_column=args.text_pair_column, label_column=args.label_column,
                           batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype,
-                          int8=args.int8)
+                          int8=args.int8, fast=args.speed)
     to_stdout = str(result.path) == "-"
     stream = sys.stderr if to_stdout else sys.stdout  # with --output - the predictions own standard output
     where = "standard output" if to_stdout else result.path

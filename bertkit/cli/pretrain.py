@@ -48,13 +48,13 @@ def add_pretrain_run(psub):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p, RunConfig)
-    p.set_defaults(handler=run_pretrain_run)
+    p.set_defaults(handler=run_pretrain_run, runs_model=True)
 
 
 def run_pretrain_run(args):
     from bertkit.pretraining.train import run
 
-    run(from_args(args, RunConfig))
+    run(from_args(args, RunConfig), speed=args.speed)
 
 
 def add_pretrain_prepare(psub):

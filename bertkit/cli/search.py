@@ -73,7 +73,7 @@ def add_index(sub):
     add_options(p, LexicalOptions)
     device_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(handler=run_index)
+    p.set_defaults(handler=run_index, runs_model=True)
 
 
 def run_index(args):
@@ -94,7 +94,7 @@ def run_index(args):
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
                        ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search,
                        lexical=lexical, dedupe=args.dedupe, overwrite=args.overwrite,
-                       vectors=args.vectors, keep_float=args.keep_float)
+                       vectors=args.vectors, keep_float=args.keep_float, fast=args.speed)
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]
@@ -163,7 +163,7 @@ def add_search(sub):
                    "memory grows with it, about 64 x block x 36 bytes (default 16384: 38 MiB)")
     add_options(p, FusionOptions, {"mode": None})
     device_flags(p)
-    p.set_defaults(handler=run_search)
+    p.set_defaults(handler=run_search, runs_model=True)
 
 
 def _queries(args) -> list[str]:
@@ -213,7 +213,7 @@ def run_search(args):
     else:  # the defaults (dbsf, equal weights: what Qdrant's fusion computes too), or the flags given
         fusion = FusionOptions(**{n: v for n, v in given.items() if v is not None})
         fusion.validate()
-    cross = reranker(args.rerank, args.device, args.dtype) if args.rerank else None  # refused before any search
+    cross = reranker(args.rerank, args.device, args.dtype, args.speed) if args.rerank else None  # refused before any search
     effect = recorded_effect(args.rerank) if args.rerank else None
     if effect:
         print(effect, file=sys.stderr)
@@ -224,7 +224,7 @@ def run_search(args):
     else:
         answers = search(index, queries, depth, model=args.model, device=args.device, dtype=args.dtype,
                          batch_size=args.batch_size, block_size=args.block_size, ann=args.ann,
-                         ef_search=args.ef_search, fusion=fusion)
+                         ef_search=args.ef_search, fusion=fusion, fast=args.speed)
     if cross is not None:
         answers = [rerank(cross, q, hits, args.rerank_top, args.batch_size) for q, hits in zip(queries, answers)]
     answers = [hits[: args.k] for hits in answers]

@@ -28,6 +28,6 @@ def add_serve(sub):
 
 
 def run_serve(args):
-    # BERTKIT_ONEDNN=1/0 forces oneDNN / MKL for every matmul: read here, at the command line, only
-    onednn = {"1": True, "0": False}.get(os.environ.get("BERTKIT_ONEDNN", ""))
-    server.serve(from_args(args, ServeConfig).with_api_key(dict(os.environ)).validate(), onednn=onednn)
+    # BERTKIT_ONEDNN, read by the command line (`bertkit.cli.main`): the server decides its settings from
+    # it once its threads are set
+    server.serve(from_args(args, ServeConfig).with_api_key(dict(os.environ)).validate(), onednn=args.onednn)

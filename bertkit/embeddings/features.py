@@ -61,14 +61,14 @@ from bertkit.text.windows import max_context_owner, shape, spans
 # --- the encoder ------------------------------------------------------------------------------
 
 
-_LOADED: dict = {}  # (directory, device, dtype, int8) -> Loaded: the last two directories loaded
+_LOADED: dict = {}  # (directory, device, dtype, int8, fast) -> Loaded: the last two directories loaded
 
 
-def load_encoder(model=None, device=None, dtype=None, int8: bool = False) -> Loaded:
+def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=True) -> Loaded:
     """The encoder to embed with: None (the default model) or a model directory, loaded by
     `bertkit.runtime.loading` (and kept for the next call: embedding many small inputs one call at a time
     should not reload the weights); a `Loaded`; or a (model, tokenizer) pair, placed and quantized
-    in place where asked (`bertkit.runtime.loading.load`)."""
+    in place where asked (`bertkit.runtime.loading.load`, which takes `fast`: the fast path's settings)."""
     if isinstance(model, Loaded):
         return model
     if not (model is None or isinstance(model, (str, Path)) or (isinstance(model, tuple) and len(model) == 2)):
@@ -77,9 +77,10 @@ def load_encoder(model=None, device=None, dtype=None, int8: bool = False) -> Loa
     key = None
     if not isinstance(model, tuple):
         key = (None if model is None else str(Path(model).resolve()) if Path(model).is_dir() else str(model),
-               device, dtype, int8)
+               device, dtype, int8, fast)
     if key not in _LOADED:
-        loaded = load(model if key is None else key[0], head="encoder", device=device, dtype=dtype, int8=int8)
+        loaded = load(model if key is None else key[0], head="encoder", device=device, dtype=dtype, int8=int8,
+                      fast=fast)
         if key is None:
             return loaded
         while len(_LOADED) >= 2:

@@ -238,7 +238,7 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
 # --- one run, end to end --------------------------------------------------------------
 
 
-def run(cfg: RunConfig, progress: bool = True) -> Path:
+def run(cfg: RunConfig, progress: bool = True, speed=None) -> Path:
     """Pre-train as `cfg` says; returns the output directory (a Hugging Face checkpoint). OUTPUT is checked
     first (`bertkit.data.outputs`: a model or run there only with --overwrite or --resume; not --data or
     --init-from) and locked while the run writes it (`bertkit.data.lock`; torchrun: by rank 0)."""
@@ -273,7 +273,7 @@ def _run(cfg: RunConfig, progress: bool) -> Path:
                           optim=cfg.optim, desc="pretrain")
         settings = harness.RunSettings(out, loop, cfg.seed, resume=cfg.resume, keep_last=cfg.keep_last,
                                        optimizer=cfg.optimizer, fsdp=cfg.fsdp, compile=cfg.compile, progress=progress,
-                                       run_config=cfg.to_dict())
+                                       run_config=cfg.to_dict(), speed=speed)
         stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed)
         job = harness.start(settings, info, stream, build)
         model_config = job.config.to_dict()  # recorded in checkpoints, rebuilt to gather FSDP shards

@@ -42,12 +42,13 @@ class EncodingSettings:
 
 
 def encoder_and_settings(model, max_length: int | None = None,
-                         dtype: str = "float32") -> tuple[Loaded, EncodingSettings]:
+                         dtype: str = "float32", fast=True) -> tuple[Loaded, EncodingSettings]:
     """The encoder (loaded once, through `bertkit.embeddings.features.load_encoder`) and the settings it embeds
-    with: its layout's pooling and max length, `max_length` overriding the latter."""
+    with: its layout's pooling and max length, `max_length` overriding the latter; `fast`: the fast path's
+    settings (`bertkit.runtime.loading.load`)."""
     if dtype not in ("float32", "bfloat16"):
         raise BertkitError(f"dtype {dtype!r}: use float32 (comparable with published figures) or bfloat16")
-    loaded = load_encoder(model, dtype=dtype)
+    loaded = load_encoder(model, dtype=dtype, fast=fast)
     length = loaded.max_length if max_length is None else max_length
     name = str(loaded.directory.resolve()) if loaded.directory is not None else "(model in memory)"
     return loaded, EncodingSettings(name, resolve_output(loaded.layout).pooling, length, loaded.precision)

@@ -293,8 +293,9 @@ def read_sts(path) -> list[tuple[str, str, float]]:
 
 
 def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_length: int | None = None,
-                 dtype: str = "float32", progress: bool = False) -> dict:
-    """Spearman and Pearson correlation of cosine similarity with the gold scores.
+                 dtype: str = "float32", progress: bool = False, fast=True) -> dict:
+    """Spearman and Pearson correlation of cosine similarity with the gold scores (`fast`: the encoder's
+    fast-path settings).
 
     pairs_or_path: a TSV path (columns sentence1, sentence2, score) or a list of
     (sentence1, sentence2, score). Returns {"spearman", "pearson", "pairs", "model",
@@ -305,7 +306,7 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     pairs = read_sts(pairs_or_path) if not isinstance(pairs_or_path, (list, tuple)) else list(pairs_or_path)
     if len(pairs) < 2:
         raise BertkitError(f"{len(pairs)} scored pair(s): a correlation needs at least 2")
-    loaded, settings = encoder_and_settings(model, max_length, dtype)
+    loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
     sentences = list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))  # each sentence embedded once
     row = {s: i for i, s in enumerate(sentences)}
     vectors = encode(sentences, loaded, settings, batch_size=batch_size, progress=progress)

@@ -312,7 +312,8 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
                 ef_search: int = 128, overlap: int | None = None,
                 lexical: LexicalOptions | None = LexicalOptions(), dedupe: bool = False,
-                overwrite: bool = False, vectors: str = "float32", keep_float: bool = False) -> dict | None:
+                overwrite: bool = False, vectors: str = "float32", keep_float: bool = False,
+                fast=True) -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
 
@@ -332,6 +333,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     vectors: "int8" or "binary" stores the vectors' compact codes (`bertkit.retrieval.codes_file`), which the
     exact search scans, rescoring its candidates against the decoded codes; keep_float also keeps the float
     rows, which the rescoring then reads for the candidates only.
+    fast: the fast path's settings for the encoder, as `bertkit.runtime.loading.load` takes them.
     """
     if vectors not in compact.KINDS:
         raise BertkitError(f"unknown --vectors {vectors!r}: choose one of {', '.join(compact.KINDS)}")
@@ -352,7 +354,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     with lock, distributed.process_group(device or "auto") as rank:
         _on_rank_0(rank, lambda: _prepare_folder(out, resume, overwrite))
         # a rank's own device (cuda:LOCAL_RANK on GPUs); alone, the caller's choice as given
-        loaded = load_encoder(model, rank.device if rank.enabled else device, dtype)
+        loaded = load_encoder(model, rank.device if rank.enabled else device, dtype, fast=fast)
         record = model_record(loaded)
         passage_tokens = loaded.max_length if passage_tokens is None else passage_tokens
         if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:

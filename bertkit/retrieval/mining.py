@@ -174,11 +174,11 @@ def select_negatives(scores: np.ndarray, rows: np.ndarray, task: MiningTask, opt
 
 
 def mine(task: MiningTask, model=None, options: MiningOptions = MiningOptions(), *, batch_size: int = 32,
-         max_length: int | None = None, dtype: str = "float32", progress: bool = False):
+         max_length: int | None = None, dtype: str = "float32", progress: bool = False, fast=True):
     """Each query's negatives by the rules (`select_negatives`) over the model's exact cosine ranking of
     `task.passages`: (chosen, skipped, the encoder's settings, each query's positive scores, (query
-    vectors, passage vectors))."""
-    loaded, settings = encoder_and_settings(model, max_length, dtype)
+    vectors, passage vectors)). fast: the encoder's fast-path settings."""
+    loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
     passage_vectors = encode(task.passages, loaded, settings, batch_size=batch_size, progress=progress)
     query_vectors = encode(task.queries, loaded, settings, batch_size=batch_size)
     depth = options.range_max + max(len(p) for p in task.positives)  # positives may take places in the ranking
@@ -190,7 +190,7 @@ def mine(task: MiningTask, model=None, options: MiningOptions = MiningOptions(),
 
 def mine_hard_negatives(source, model=None, *, split: str = "train", options: MiningOptions = MiningOptions(),
                         batch_size: int = 32, max_length: int | None = None, dtype: str = "float32",
-                        progress: bool = False) -> tuple[list[tuple[str, ...]], dict]:
+                        progress: bool = False, fast=True) -> tuple[list[tuple[str, ...]], dict]:
     """(rows, report): rows (anchor, positive, negative_1..n[, group_id, negative_1_group..n]), one per
     (query, positive) pair; the groups ("" where none) when the pairs file has a group_id column.
 
@@ -200,7 +200,8 @@ def mine_hard_negatives(source, model=None, *, split: str = "train", options: Mi
     options.validate()
     source = Path(source)
     task = task_from_beir(source, split) if source.is_dir() else task_from_pairs(source)
-    mined = mine(task, model, options, batch_size=batch_size, max_length=max_length, dtype=dtype, progress=progress)
+    mined = mine(task, model, options, batch_size=batch_size, max_length=max_length, dtype=dtype, progress=progress,
+                 fast=fast)
     chosen, skipped, settings, positive_scores, (query_vectors, passage_vectors) = mined
     out, neg_scores = [], []
     for q, negatives in enumerate(chosen):

@@ -75,10 +75,10 @@ def check_k(k) -> None:
         raise BertkitError(f"k must be at least 1, got {k!r}")
 
 
-def query_encoder(info: dict, model=None, device=None, dtype=None) -> Loaded:
+def query_encoder(info: dict, model=None, device=None, dtype=None, fast=True) -> Loaded:
     """The model that made an index (`info`: its index.json; model None: the directory it names),
-    checked against it."""
-    loaded = load_encoder(info["model"]["directory"] if model is None else model, device, dtype)
+    checked against it; `fast`: the fast path's settings (`bertkit.runtime.loading.load`)."""
+    loaded = load_encoder(info["model"]["directory"] if model is None else model, device, dtype, fast=fast)
     check_model(info, loaded)
     return loaded
 
@@ -169,13 +169,13 @@ def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
 
 def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=None, dtype=None,
            batch_size: int = 32, block_size: int = DEFAULT_BLOCK, ann: bool = False,
-           ef_search: int | None = None, fusion: FusionOptions | dict | None = None) -> list[list[Hit]]:
+           ef_search: int | None = None, fusion: FusionOptions | dict | None = None, fast=True) -> list[list[Hit]]:
     """For each query, the k best documents of `index` with their best passages, best first.
 
     model: the query encoder (None: the one that made the index; another is refused).
     ann: search the HNSW graph built with the index instead of every vector (see `best_documents`).
     fusion: the mode (hybrid, dense, lexical) and how hybrid fuses (`FusionOptions`, or a dict of the
-    settings given: the rest as `fusion_options` says).
+    settings given: the rest as `fusion_options` says). fast: the query encoder's fast-path settings.
     """
     check_k(k)
     if isinstance(queries, str):
@@ -183,7 +183,7 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
     options = fusion if isinstance(fusion, FusionOptions) else fusion_options(index.info, fusion)
     vectors = None
     if options.mode != "lexical":
-        loaded = query_encoder(index.info, model, device, dtype)
+        loaded = query_encoder(index.info, model, device, dtype, fast)
         vectors = embed_queries(index.info, loaded, list(queries), batch_size)
     return search_vectors(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search,
                           queries=list(queries), fusion=options)

@@ -48,20 +48,20 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
                       "training": training or TrainConfig(), **options}), log=log)
 
 
-def run_task(cfg, log=print) -> dict:
+def run_task(cfg, log=print, speed=None) -> dict:
     """Run a fine-tuning config: its task's record picks the code. The output folder is checked
     first (`bertkit.data.outputs`: not the model's own folder; a model or run there only with --overwrite
     or --resume) and locked while the run writes it (`bertkit.data.lock`)."""
     training, task = cfg.training, task_for(cfg)
     check_output(cfg.output, overwrite=training.overwrite, resume=training.resume, sources=[cfg.model])
     if not first_process():
-        return task.train(cfg, log=log)
+        return task.train(cfg, log=log, speed=speed)
     with folder_lock(cfg.output, f"bertkit finetune {type(cfg).__name__}"):
         if training.overwrite and not training.resume:
             removed = clear_output(cfg.output)
             if removed:
                 log(f"--overwrite: removed {', '.join(removed)} from {cfg.output}")
-        return task.train(cfg, log=log)
+        return task.train(cfg, log=log, speed=speed)
 
 
 def format_report(final: dict) -> str:

@@ -101,7 +101,7 @@ def _labels(cfg: TextTaskConfig, kind: str, train_ex, dev_ex) -> tuple[dict, lis
     return overrides, names, label2id
 
 
-def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
+def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
     """Fine-tune on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
     cfg.validate()
     task = task_for(cfg)
@@ -135,7 +135,8 @@ def finetune_text(cfg: TextTaskConfig, log=print) -> dict:
     out = Path(cfg.output)
     baseline = trivial_baseline(kind, train_ex, dev_ex, names, tcfg.metric) if dev_ex else None
     result = train(model, train_feats, tcfg, evaluate=evaluate if dev_ex else None, baseline=baseline,
-                   save=saver(out, tok, info), output_dir=out, pad_id=tok.pad_token_id, run_config=asdict(cfg), log=log)
+                   save=saver(out, tok, info), output_dir=out, pad_id=tok.pad_token_id, run_config=asdict(cfg), log=log,
+                   speed=speed)
     if not result.is_main:
         return {}
     final = {"task": cfg.task, "train_examples": len(train_ex), "train_seconds": round(result.seconds, 1),
@@ -204,7 +205,7 @@ def pair_features(tok, pairs: list, max_length: int) -> list[dict]:
     return out
 
 
-def train_pair_scorer(cfg, pairs: list, pos_weight: float, info: dict, log=print):
+def train_pair_scorer(cfg, pairs: list, pos_weight: float, info: dict, log=print, speed=None):
     """A one-logit head on cfg.model trained on (query, passage, label) `pairs` through the one run harness
     and saved in cfg.output with `info` as its bertkit_task.json; the trainer's result."""
     tok = load_tokenizer(cfg.model)
@@ -213,4 +214,4 @@ def train_pair_scorer(cfg, pairs: list, pos_weight: float, info: dict, log=print
     save = saver(Path(cfg.output), tok, info)
     return train(WeightedPairs(head, pos_weight), pair_features(tok, pairs, cfg.max_length), cfg.training,
                  save=lambda m: save(m.model), output_dir=Path(cfg.output), pad_id=tok.pad_token_id,
-                 run_config=_jsonable(asdict(cfg)), log=log)
+                 run_config=_jsonable(asdict(cfg)), log=log, speed=speed)

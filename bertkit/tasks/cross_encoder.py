@@ -35,7 +35,7 @@ from bertkit.tasks.classification import train_pair_scorer
 from bertkit.tasks.rerank import FIGURES_FILE, rerank, reranker
 
 
-def finetune_rerank(cfg, log=print) -> dict:
+def finetune_rerank(cfg, log=print, speed=None) -> dict:
     """Train the reranker on cfg.train (a RerankConfig), save it in cfg.output, evaluate it on cfg.dev."""
     cfg.validate()
     tcfg, started = cfg.training, time.perf_counter()
@@ -54,7 +54,7 @@ def finetune_rerank(cfg, log=print) -> dict:
     info = {"task": "rerank", "max_length": cfg.max_length, "stride": 0, "text_column": "query",
             "text_pair_column": "passage", "label_column": "label",
             "config": json.loads(json.dumps(asdict(cfg), default=str))}
-    result = train_pair_scorer(cfg, pairs, pos_weight, info, log)
+    result = train_pair_scorer(cfg, pairs, pos_weight, info, log, speed)
     if not result.is_main:
         return {}
     final = {"task": "rerank", "train_examples": len(pairs), "pairs": counts, "pos_weight": pos_weight,

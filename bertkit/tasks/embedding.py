@@ -388,7 +388,7 @@ def dev_evaluator(cfg: EmbedConfig, tok, log):
                                            batch_size=tcfg.eval_batch_size))), "spearman"
 
 
-def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
+def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     """Train sentence embeddings on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
     cfg.validate()
     tcfg = cfg.training
@@ -429,7 +429,7 @@ def finetune_embed(cfg: EmbedConfig, log=print) -> dict:
     if before is not None:
         log(f"dev before training: {tcfg.metric} {before[tcfg.metric]:.4f}")
     result = train(model, ids, tcfg, evaluate=evaluate, save=save, output_dir=out, pad_id=tok.pad_token_id,
-                   run_config=asdict(cfg), log=log, batches=batches)
+                   run_config=asdict(cfg), log=log, batches=batches, speed=speed)
     if not result.is_main:
         return {}
     final = _report(cfg, len(examples.rows), result, before)

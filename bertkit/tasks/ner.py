@@ -60,7 +60,7 @@ def write_conll(path, sentences, pred, scheme: str) -> None:
             f.write("\n")
 
 
-def finetune_ner(cfg: NerConfig, log=print) -> dict:
+def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
     cfg.validate()
     tcfg = cfg.training
     tcfg.metric = tcfg.metric or "f1"
@@ -101,7 +101,8 @@ def finetune_ner(cfg: NerConfig, log=print) -> dict:
             "config": {k: v for k, v in asdict(cfg).items() if k != "training"}}
     out = Path(cfg.output)
     result = train(model, feats, tcfg, evaluate=evaluate if dev_s else None, save=saver(out, tok, info),
-                   output_dir=out, pad_id=tok.pad_token_id, baseline=(0.0, "no entities") if dev_s else None, run_config=asdict(cfg), log=log)
+                   output_dir=out, pad_id=tok.pad_token_id, baseline=(0.0, "no entities") if dev_s else None, run_config=asdict(cfg), log=log,
+                   speed=speed)
     if not result.is_main:
         return {}
     final = {"task": "ner", "train_sentences": len(train_s), "train_seconds": round(result.seconds, 1),

@@ -39,11 +39,11 @@ from bertkit.tasks.batching import run_model
 from bertkit.tasks.registry import Task, task_named
 
 
-def load_task_model(model_dir, device=None, dtype=None, int8: bool = False) -> Loaded:
+def load_task_model(model_dir, device=None, dtype=None, int8: bool = False, fast=True) -> Loaded:
     """A fine-tuned output directory loaded for prediction (`bertkit.runtime.loading.load`, head "task"):
     on `device` in `dtype` (None: auto, float32); int8: the encoder's dense layers quantized (CPU).
     A directory saved by `bertkit.runtime.quantization.save_quantized` loads as int8 whatever `int8` says."""
-    return load(model_dir, head="task", device=device, dtype=dtype, int8=int8)
+    return load(model_dir, head="task", device=device, dtype=dtype, int8=int8, fast=fast)
 
 
 def task_of(loaded: Loaded) -> Task:
@@ -115,11 +115,12 @@ def _output(path):
 
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
                  label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
-                 dtype=None, int8: bool = False) -> FileResult:
+                 dtype=None, int8: bool = False, fast=True) -> FileResult:
     """Write one prediction per input row as TSV (text, prediction, details) to `output_path` ("-":
     standard output; None: `default_output`, in the current directory); with the answers in the file
-    (evaluate None: whenever they are there; True: required; False: never) also score them."""
-    loaded = load_task_model(model_dir, device, dtype, int8)
+    (evaluate None: whenever they are there; True: required; False: never) also score them. fast: the
+    fast path's settings, as `bertkit.runtime.loading.load` takes them."""
+    loaded = load_task_model(model_dir, device, dtype, int8, fast)
     info, task = loaded.info, task_of(loaded)
     existing_file(input_path)
     columns = (text_column, text_pair_column)

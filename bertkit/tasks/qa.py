@@ -32,7 +32,7 @@ def answer(model, tok, examples, cfg: QAConfig, progress=False) -> list[dict]:
     return best_answers(examples, feats, out["start_logits"], out["end_logits"], cfg)
 
 
-def finetune_qa(cfg: QAConfig, log=print) -> dict:
+def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
     cfg.validate()
     tcfg = cfg.training
     tcfg.metric = tcfg.metric or "f1"
@@ -66,7 +66,7 @@ def finetune_qa(cfg: QAConfig, log=print) -> dict:
     empty = score(dev_ex, [{"answer": ""}] * len(dev_ex), cfg.version_2).get(tcfg.metric) if dev_ex else None
     result = train(model, feats, tcfg, evaluate=evaluate if dev_ex else None, save=saver(out, tok, info),
                    output_dir=out, pad_id=tok.pad_token_id, run_config=asdict(cfg), log=log,
-                   baseline=None if empty is None else (empty, "always the empty answer"))
+                   baseline=None if empty is None else (empty, "always the empty answer"), speed=speed)
     if not result.is_main:
         return {}
     final = {"task": "qa", "train_questions": len(train_ex), "train_windows": len(feats),

@@ -107,10 +107,11 @@ class Task:
         if self.pairs and not getattr(cfg, "text_pair_column", True):
             raise BertkitError(f"the {self.cli_name} task needs --text-pair-column (the second sentence's column)")
 
-    def train(self, cfg, log=print) -> dict:
-        """Run the task's training on `cfg` (its module is imported now: it needs torch)."""
+    def train(self, cfg, log=print, speed=None) -> dict:
+        """Run the task's training on `cfg` (its module is imported now: it needs torch), on the fast-path
+        settings `speed` (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s)."""
         module, function = self.run.split(":")
-        return getattr(importlib.import_module(module), function)(cfg, log=log)
+        return getattr(importlib.import_module(module), function)(cfg, log=log, speed=speed)
 
 
 def _last_label(prediction: dict, labels: list) -> float:

@@ -139,7 +139,7 @@ def _model_batch(batch: dict) -> dict:
 
 def train(model, train_features: list, config, *, evaluate=None, save=None,
           output_dir=None, pad_id: int = 0, baseline: tuple[float, str] | None = None, run_config: dict | None = None,
-          log=print, batches=None) -> TrainResult:
+          log=print, batches=None, speed=None) -> TrainResult:
     """Fine-tune `model` in place; returns the per-epoch history and the best epoch.
 
     config: the loop's settings, a `bertkit.tasks.config.TrainConfig` (named, not imported: the task's
@@ -149,6 +149,7 @@ def train(model, train_features: list, config, *, evaluate=None, save=None,
     way `EpochBatches` is one (the default): for a task whose batches are drawn otherwise.
     baseline: (value of config.metric, what it is) of a trivial predictor on the
     dev set; a best epoch no better than it gets a warning, and curves.png the line.
+    speed: the fast path's settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s).
     """
     config.validate()
     if not train_features:
@@ -167,7 +168,7 @@ def train(model, train_features: list, config, *, evaluate=None, save=None,
         settings = harness.RunSettings(None if output_dir is None else Path(output_dir), loop, config.seed,
                                        resume=config.resume, keep_last=config.keep_last,
                                        keep_checkpoints=config.keep_checkpoint, progress=config.progress,
-                                       run_config=run_config, epoch_steps=per_epoch)
+                                       run_config=run_config, epoch_steps=per_epoch, speed=speed)
         job = harness.start(settings, info, stream, lambda extras: model, log)
         epochs = Epochs(per_epoch, metric, config.greater_is_better, evaluate, save, info.is_main, log)
         epochs.resume(job.extras, distributed.unwrap(job.model))

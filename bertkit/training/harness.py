@@ -76,6 +76,7 @@ class RunSettings:
     progress: bool = True
     run_config: dict | None = None  # written to OUTPUT/run_config.json, for --resume
     epoch_steps: int = 0  # updates per epoch, for a run counted in epochs (0: counted in steps)
+    speed: object = None  # the fast path's SpeedSettings (the command decided them); None: decide()'s
 
 
 @dataclass
@@ -124,7 +125,7 @@ def start(settings: RunSettings, info: distributed.DistInfo, stream, build: Call
     state = read_state(settings, info, stream, log) if settings.resume else None
     extras = {k: v for k, v in state.items() if k not in TRAINING_STATE} if state else None
     built = build(extras)
-    model = prepare_model(built, info, fsdp=settings.fsdp, compile=settings.compile)
+    model = prepare_model(built, info, fsdp=settings.fsdp, compile=settings.compile, speed=settings.speed)
     optimizer = build_optimizer(model, settings.loop.optim, settings.optimizer)
     scaler = torch.amp.GradScaler("cuda") if settings.loop.precision == "fp16" else None
     start_step, stream.position = restore_training_state(state, model, optimizer, info, scaler) if state else (0, 0)

@@ -96,10 +96,11 @@ def move(batch: dict, device: str) -> dict:
 
 
 def prepare_model(model: torch.nn.Module, info: distributed.DistInfo, *, fsdp: bool = False,
-                  compile: bool = False) -> torch.nn.Module:
+                  compile: bool = False, speed=None) -> torch.nn.Module:
     """The one place a freshly built model is made ready to train: the CPU fast path
-    (`bertkit.runtime.fast.accelerate`, exact gradients), device, DDP/FSDP, torch.compile."""
-    model = distributed.wrap(accelerate(model.to(info.device), training=True), info, fsdp)
+    (`bertkit.runtime.fast.accelerate` on the settings `speed`, None: `decide()`'s; exact gradients),
+    device, DDP/FSDP, torch.compile."""
+    model = distributed.wrap(accelerate(model.to(info.device), speed, training=True), info, fsdp)
     return torch.compile(model) if compile else model
 
 
