@@ -71,8 +71,9 @@ def write_tsv(path: Path, rows) -> None:
 
 
 def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, progress: bool = True,
-             train_per_label: int = 80, heldout_per_label: int = 50, log=print) -> dict:
-    """Write the data, fine-tune, evaluate, classify; returns the final metrics."""
+             train_per_label: int = 80, heldout_per_label: int = 50, log=print, speed=None) -> dict:
+    """Write the data, fine-tune, evaluate, classify; returns the final metrics (`speed`: the fast
+    path's settings, None: `decide()`'s)."""
     from bertkit.tasks.classification import TextTaskConfig, finetune_text
     from bertkit.tasks.predict import predict
     from bertkit.tasks.config import TrainConfig
@@ -101,7 +102,7 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
                            optim=OptimConfig(learning_rate=1e-4))
     cfg = TextTaskConfig(train=str(out / "train.tsv"), dev=str(out / "heldout.tsv"), output=str(out / "model"),
                          model=model, max_length=64, training=training)
-    final = finetune_text(cfg, log=lambda msg: None)
+    final = finetune_text(cfg, log=lambda msg: None, speed=speed)
     secs = time.perf_counter() - t0
     acc = final["dev"]["accuracy"]
     log(f"3. held-out accuracy: {acc:.1%} on {final['dev_examples']} sentences "
@@ -112,7 +113,7 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
     log(f"     kept epoch {final['saved']['epoch']}: {final['saved']['because']}")
 
     log("4. classifying new sentences:")
-    preds = predict(out / "model", NEW_SENTENCES)
+    preds = predict(out / "model", NEW_SENTENCES, fast=True if speed is None else speed)
     for text, p in zip(NEW_SENTENCES, preds):
         log(f"     {p['label']:>8} ({p['probabilities'][p['label']]:.0%})  {text}")
     final["new_sentences"] = [{"text": t, **p} for t, p in zip(NEW_SENTENCES, preds)]

@@ -25,7 +25,7 @@ def add_distill(sub):
     s.add_argument("-o", "--output", required=True, help="the folder to write (new, or empty)")
     add_options(s, StaticDistillConfig)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(handler=run_static)
+    s.set_defaults(handler=run_static, runs_model=True)
 
     lay = kinds.add_parser(
         "layers",
@@ -44,7 +44,7 @@ def add_distill(sub):
     )
     lay.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
     add_options(lay, LayersDistillConfig, LAYERS_DEFAULTS)
-    lay.set_defaults(handler=run_layers)
+    lay.set_defaults(handler=run_layers, runs_model=True)
 
 
 # the command's own defaults (sentence-transformers' layer-reduction example: one pass, a higher rate)
@@ -54,7 +54,8 @@ LAYERS_DEFAULTS = {"training": {"epochs": 1.0, "optim": {"learning_rate": 1e-4}}
 def run_static(args):
     from bertkit.distill.static import distill_static
 
-    report = distill_static(args.model, args.output, from_args(args, StaticDistillConfig), progress=not args.quiet)
+    report = distill_static(args.model, args.output, from_args(args, StaticDistillConfig), progress=not args.quiet,
+                            fast=args.speed)
     print(json.dumps(report), file=sys.stderr)
 
 
@@ -62,5 +63,5 @@ def run_layers(args):
     from bertkit.distill.layers import distill_layers
 
     config = from_args(args, LayersDistillConfig, LAYERS_DEFAULTS)
-    report = distill_layers(args.model, config.output, config)
+    report = distill_layers(args.model, config.output, config, speed=args.speed)
     print(json.dumps({k: v for k, v in report.items() if k != "epochs"}), file=sys.stderr)

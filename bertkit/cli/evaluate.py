@@ -63,7 +63,7 @@ def add_evaluate(sub):
                    "index.json so that bertkit search and serve use them")
     r.add_argument("--output", "-o", help="write the figures as JSON here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.set_defaults(handler=run_evaluate_retrieval)
+    r.set_defaults(handler=run_evaluate_retrieval, runs_model=True)
     s = kinds.add_parser(
         "sts", help="Spearman and Pearson correlation of cosine similarity with gold scores",
         description="Embed both sentences of each pair and correlate their cosine similarity with the gold "
@@ -118,7 +118,7 @@ def run_evaluate_retrieval(args):
         raise BertkitError(f"--{'rerank' if args.rerank else 'ann'} needs --index INDEX: it re-orders an index's answers")
     if args.rerank_top < 1:
         raise BertkitError(f"--rerank-top must be at least 1, got {args.rerank_top}")
-    cross = reranker(args.rerank, dtype=args.dtype) if args.rerank else None  # refused before any search
+    cross = reranker(args.rerank, dtype=args.dtype, fast=args.speed) if args.rerank else None  # refused before any search
     result = evaluate_retrieval(args.model, args.directory, args.split, batch_size=args.batch_size,
                                 max_length=args.max_length, dtype=args.dtype, bm25=args.bm25,
                                 progress=not args.quiet, index=args.index, ann=args.ann,
@@ -127,7 +127,7 @@ def run_evaluate_retrieval(args):
                                 rerank_top=args.rerank_top, rerank_model=args.rerank, dimensions=args.dimensions,
                                 mode=args.mode, fusion={f.name: getattr(args, f.name)
                                                         for f in dataclasses.fields(FusionOptions) if f.name != "mode"},
-                                tune=args.tune)
+                                tune=args.tune, fast=args.speed)
     _write(result, args.output)
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents; "
           f"{result['model']} ({_precision(result)}, max length {result['max_length']}, {result['pooling']} pooling)"

@@ -115,8 +115,9 @@ def add_demo(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", help="pretrained model directory (default: the packaged model)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    p.set_defaults(handler=run_demo)
+    p.set_defaults(handler=run_demo, runs_model=True)
 
 
 def run_demo(args):
-    demo(args.output, model=args.model, epochs=args.epochs, seed=args.seed, progress=not args.no_progress)
+    demo(args.output, model=args.model, epochs=args.epochs, seed=args.seed, progress=not args.no_progress,
+         speed=args.speed)

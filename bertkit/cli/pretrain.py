@@ -115,7 +115,7 @@ def add_fill_mask(sub):
     p.add_argument("--top-k", type=int, default=5, help="candidates per [MASK] (default 5)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     device_flags(p)
-    p.set_defaults(handler=run_fill_mask)
+    p.set_defaults(handler=run_fill_mask, runs_model=True)
 
 
 def run_fill_mask(args):
@@ -123,7 +123,7 @@ def run_fill_mask(args):
 
     if args.text is None:
         raise BertkitError(_one_argument(args.model))
-    model = load_mlm(args.model, device=args.device, dtype=args.dtype)
+    model = load_mlm(args.model, device=args.device, dtype=args.dtype, fast=args.speed)
     predictions = fill_mask(model, args.text, top_k=args.top_k, pair=args.pair)
     if args.json:
         print(json.dumps([[asdict(c) for c in candidates] for candidates in predictions], ensure_ascii=False))

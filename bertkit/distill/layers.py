@@ -107,7 +107,7 @@ def _texts(path) -> list[str]:
     return texts
 
 
-def distill_sentences(teacher, output, config: LayersDistillConfig, log=print) -> dict:
+def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, speed=None) -> dict:
     """Train a `config.keep`-layer student of the sentence model `teacher` (loaded, float32) on its sentence
     vectors over the sentences of `config.data` (MSE); saved at `output` in the teacher's layout."""
     texts = _texts(config.data)
@@ -130,20 +130,22 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print) -
                          hidden_size=m.encoder.config.hidden_size, dimensions=layout.dimensions)
 
     result = train(SentenceStudent(student, pooling), features, config.training, save=save, output_dir=out,
-                   pad_id=tok.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)}, log=log)
+                   pad_id=tok.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)}, log=log,
+                   speed=speed)
     return {"layers": layers, "sentences": len(texts), "train_seconds": round(result.seconds, 1),
             "epochs": result.history, "is_main": result.is_main}
 
 
-def distill_layers(model, output, config: LayersDistillConfig, log=print) -> dict:
+def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=None) -> dict:
     """Train a `config.keep`-layer student of `model` (None: the default model) on `config.data`: a sentence
     model's sentence vectors (MSE), a fine-tuned model's logits (`bertkit.distill.logits`); saved at `output`
-    in the teacher's layout, with distill.json (the layers kept, the epochs)."""
+    in the teacher's layout, with distill.json (the layers kept, the epochs). speed: the student's fast-path
+    settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s)."""
     config.validate()
     teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy and the targets
     if teacher.task == "static":
         raise BertkitError(f"{model} is a static model (a table, no layers): distill layers needs a transformer")
-    final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log)
+    final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
     if final.pop("is_main"):
         (Path(output) / "distill.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
     return final

@@ -99,7 +99,7 @@ def task_features(teacher, path) -> list[dict]:
     return task.features(teacher.tokenizer, texts, pairs, references, teacher.info, task.labels(teacher.config))
 
 
-def distill_logits(teacher, output, config, log=print) -> dict:
+def distill_logits(teacher, output, config, log=print, speed=None) -> dict:
     """Train a `config.keep`-layer student of the fine-tuned model `teacher` (loaded, float32) on its
     logits over `config.data`; saved at `output` in the teacher's layout."""
     features = task_features(teacher, config.data)
@@ -116,6 +116,6 @@ def distill_logits(teacher, output, config, log=print) -> dict:
     wrapped = LogitStudent(student, kind, config.temperature, config.soft_weight if labelled else 1.0)
     result = train(wrapped, features, tcfg, save=lambda m: save_task(m.model), output_dir=Path(output),
                    pad_id=teacher.tokenizer.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)},
-                   log=log)
+                   log=log, speed=speed)
     return {"layers": layers, "features": len(features), "labelled": labelled, "train_seconds": round(result.seconds, 1),
             "epochs": result.history, "is_main": result.is_main}

@@ -170,14 +170,15 @@ def _save(model: StaticEmbedding, tok, output: Path) -> None:
 
 
 def distill_static(model=None, output=None, config: StaticDistillConfig = StaticDistillConfig(), *,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, fast=True) -> dict:
     """Distil `model` (None: the default model; a model folder) into a static model saved at `output`
-    (a sentence-transformers StaticEmbedding folder). Returns what was done: rows, words added, seconds."""
+    (a sentence-transformers StaticEmbedding folder). Returns what was done: rows, words added, seconds.
+    fast: the encoder's fast-path settings (`bertkit.runtime.loading.load`)."""
     config.validate()
     output = _check_output(output)
     texts = corpus_texts(config.corpus) if config.corpus else None
     start = time.perf_counter()
-    loaded = load(model, head="encoder", dtype=config.dtype)
+    loaded = load(model, head="encoder", dtype=config.dtype, fast=fast)
     if loaded.fine_tuned or loaded.task == "static":
         raise BertkitError(f"{model} is not a transformer encoder (a {loaded.task} model): distil from a sentence model")
     width = loaded.config.hidden_size

@@ -37,11 +37,11 @@ class Prediction:
     probability: float
 
 
-def load_mlm(model_dir=None, *, device=None, dtype=None):
+def load_mlm(model_dir=None, *, device=None, dtype=None, fast=True):
     """(masked-LM model in eval mode, tokenizer) from a model directory (None: the default model,
     which has no MLM head: an error says so); an ELECTRA pre-training run gives its generator.
-    Loaded by `bertkit.runtime.loading` (head "mlm")."""
-    loaded = load(model_dir, head="mlm", device=device, dtype=dtype)
+    Loaded by `bertkit.runtime.loading` (head "mlm"; `fast`: the fast path's settings)."""
+    loaded = load(model_dir, head="mlm", device=device, dtype=dtype, fast=fast)
     return loaded.model, loaded.tokenizer
 
 

@@ -245,14 +245,14 @@ def run(cfg: RunConfig, progress: bool = True, speed=None) -> Path:
     cfg.validate()
     check_output(cfg.output, overwrite=cfg.overwrite, resume=cfg.resume, sources=[cfg.data, cfg.init_from])
     if not first_process():
-        return _run(cfg, progress)
+        return _run(cfg, progress, speed)
     with folder_lock(cfg.output, "bertkit pretrain run"):
         if cfg.overwrite and not cfg.resume:
             clear_output(cfg.output)
-        return _run(cfg, progress)
+        return _run(cfg, progress, speed)
 
 
-def _run(cfg: RunConfig, progress: bool) -> Path:
+def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
     out = Path(cfg.output)
     with harness.processes(cfg.device) as info:
         dataset, train_set, eval_set, collate, tokenizer = open_prepared(cfg, cfg.seed)

@@ -73,7 +73,7 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
                        measures=DEFAULT_MEASURES, progress: bool = True, index=None, ann: bool = False,
                        rerank=None, rerank_top: int = 50, rerank_model: str | None = None,
                        dimensions=None, mode: str | None = None, fusion: dict | None = None,
-                       tune: str | None = None) -> dict:
+                       tune: str | None = None, fast=True) -> dict:
     """Retrieval figures of `model` on a BEIR folder's `split` (see the module docstring).
 
     Returns {"ndcg@10": ..., "mrr@10", "map@100", "recall@10", "recall@100", "model", "precision",
@@ -87,6 +87,7 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     search`: hybrid when it has a lexical part; without, dense) or "all" (each under "modes", the top
     level hybrid's); fusion: hybrid's settings given (`FusionOptions` names). Without an index, lexical
     is BM25 over whole documents (stemmed, as an index's) and dense the model over documents truncated.
+    fast: the encoder's fast-path settings (`bertkit.runtime.loading.load`).
     tune: a split whose judged queries choose hybrid's fusion (`bertkit.retrieval.tuning`) before
     `split` is scored; with an index, the choice is written into its index.json. The table: "tuning".
     dimensions: also score the vectors cut to each of these leading dimensions and renormalised
@@ -111,12 +112,12 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
             raise BertkitError("--max-length does not apply with --index: queries are cut where the index's "
                                "passages were")
         result = _evaluate_index(open_index(index), data, model, batch_size, dtype, measures, progress, ann,
-                                 rerank, rerank_top, rerank_model, mode, fusion, tuning_data)
+                                 rerank, rerank_top, rerank_model, mode, fusion, tuning_data, fast=fast)
     else:
         if rerank is not None or ann:
             raise BertkitError("reranking and --ann need --index INDEX")
         result = _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions,
-                                 mode, fusion, tuning_data)
+                                 mode, fusion, tuning_data, fast=fast)
     result["split"] = split
     if bm25:
         documents = {d: document_text(data.corpus[d]) for d in data.corpus}
@@ -145,12 +146,12 @@ def _index_modes(info: dict, mode: str | None) -> list[str]:
 
 
 def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, ann, rerank, rerank_top,
-                    rerank_model, mode=None, fusion=None, tuning_data=None) -> dict:
+                    rerank_model, mode=None, fusion=None, tuning_data=None, fast=True) -> dict:
     query_ids = list(data.queries)
     texts = [data.queries[q] for q in query_ids]
     depth = RUN_DEPTH if rerank is None else max(RUN_DEPTH, rerank_top)
     modes = _index_modes(index.info, mode)
-    loaded = query_encoder(index.info, model, None, dtype)
+    loaded = query_encoder(index.info, model, None, dtype, fast)
     tuned = None
     if tuning_data is not None:
         options = fusion_options(index.info, {**(fusion or {}), "mode": "hybrid"})
@@ -219,8 +220,8 @@ def index_runs(index, loaded, queries: dict, depth: int, ann: bool, batch_size: 
 
 
 def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progress, dimensions=(), mode=None,
-                    fusion=None, tuning_data=None) -> dict:
-    loaded, settings = encoder_and_settings(model, max_length, dtype)
+                    fusion=None, tuning_data=None, fast=True) -> dict:
+    loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
     width = loaded.model.config.hidden_size
     if dimensions and dimensions[-1] > width:  # said before the corpus is embedded
         raise BertkitError(f"dimension {dimensions[-1]} is more than the model's {width}")

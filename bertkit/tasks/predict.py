@@ -52,9 +52,10 @@ def task_of(loaded: Loaded) -> Task:
 
 
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
-            dtype=None, int8: bool = False) -> list[dict]:
+            dtype=None, int8: bool = False, fast=True) -> list[dict]:
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
-    device: auto (None), cpu or cuda; dtype: float32 (None) or bfloat16; int8: int8 dense layers."""
+    device: auto (None), cpu or cuda; dtype: float32 (None) or bfloat16; int8: int8 dense layers;
+    fast: the fast path's settings (`bertkit.runtime.loading.load`)."""
     if isinstance(texts, str):
         raise BertkitError("predict takes a list of texts; wrap a single text in a list")
     texts = list(texts)
@@ -62,7 +63,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         pairs = list(pairs)
         if len(pairs) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(pairs)} pairs; give one second text per text")
-    loaded = loaded or load_task_model(model_dir, device, dtype, int8)
+    loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)
     task = task_of(loaded)
     if task.takes_pairs(loaded.info) and pairs is None:
         raise BertkitError(f"this {task.cli_name} model reads {task.second} with each text: pass pairs=[...] "
