@@ -55,6 +55,15 @@ def add_index(sub):
     p.add_argument("--overwrite", action="store_true", help="replace the index (finished or not) already in INDEX")
     p.add_argument("--dedupe", action="store_true", help="keep the first document of an id that repeats (and say "
                    "how many were dropped); without it a repeated id is an error naming its lines")
+    _add_search_structures(p)
+    add_options(p, LexicalOptions)
+    device_flags(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=run_index, runs_model=True)
+
+
+def _add_search_structures(p) -> None:
+    """index's options for what is built beside the float vectors: HNSW, compact codes, the lexical part."""
     p.add_argument("--ann", choices=["hnsw"], help="also build an approximate index: hnsw, a FAISS HNSW graph for "
                    "corpora where exact search is too slow (needs: pip install 'bertkit[search]'); its recall@10 "
                    "against exact search is measured and printed")
@@ -70,10 +79,6 @@ def add_index(sub):
                    "and rescore the candidates against them (more bytes on disk, float32's ranking)")
     p.add_argument("--no-lexical", action="store_true", help="leave out the lexical part (BM25 over the same "
                    "passages, stemmed, which hybrid and lexical search need; built by default)")
-    add_options(p, LexicalOptions)
-    device_flags(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(handler=run_index, runs_model=True)
 
 
 def run_index(args):

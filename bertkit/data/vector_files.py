@@ -43,6 +43,25 @@ def safetensors_header(tensors: dict) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+def map_safetensors(path) -> dict[str, np.memmap]:
+    """Every tensor of a .safetensors file as a read-only memory map (nothing is read until used)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        if entry["dtype"] not in SAFETENSORS_DTYPES:
+            raise BertkitError(f"{path}: tensor {name} is {entry['dtype']}; this reader maps "
+                               f"{', '.join(SAFETENSORS_DTYPES)} only")
+        out[name] = np.memmap(path, dtype=SAFETENSORS_DTYPES[entry["dtype"]], mode="r", offset=8 + length + begin, shape=shape)
+    return out
+
+
 def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequence | None = None) -> int:
     """Stream results into `path` by its suffix; returns the number of rows written.
 

@@ -62,7 +62,6 @@ import json
 import logging
 import os
 import shutil
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +83,7 @@ from bertkit.retrieval.index_check import check_codes, check_files, check_values
 from bertkit.retrieval.lexical import build_lexical, options_of, read_lexical, stem_function
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
-from bertkit.data.vector_files import SAFETENSORS_DTYPES, safetensors_header
+from bertkit.data.vector_files import map_safetensors, safetensors_header
 
 FORMAT = 1
 INDEX_JSON, BUILD_JSON = "index.json", "build.json"
@@ -153,25 +152,6 @@ def _replace_atomically(path: Path, write) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     _replace_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
-
-
-def map_safetensors(path) -> dict[str, np.memmap]:
-    """Every tensor of a .safetensors file as a read-only memory map (nothing is read until used)."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        shape = tuple(entry["shape"])
-        if entry["dtype"] not in SAFETENSORS_DTYPES:
-            raise BertkitError(f"{path}: tensor {name} is {entry['dtype']}; an index holds "
-                               f"{', '.join(SAFETENSORS_DTYPES)} only")
-        out[name] = np.memmap(path, dtype=SAFETENSORS_DTYPES[entry["dtype"]], mode="r", offset=8 + length + begin, shape=shape)
-    return out
 
 
 def _passage_lines(passages: list[Passage]) -> list[bytes]:
@@ -335,19 +315,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     rows, which the rescoring then reads for the candidates only.
     fast: the fast path's settings for the encoder, as `bertkit.runtime.loading.load` takes them.
     """
-    if vectors not in compact.KINDS:
-        raise BertkitError(f"unknown --vectors {vectors!r}: choose one of {', '.join(compact.KINDS)}")
-    if keep_float and vectors == "float32":
-        raise BertkitError("--keep-float keeps the float rows beside compact codes: add --vectors int8 or binary")
-    for name, value in (("batch size", batch_size), ("part size", part_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BertkitError(f"the {name} must be at least 1, got {value!r}")
-    if ann is not None:
-        check_kind(ann)
-        faiss_module()  # a missing FAISS is refused before the encoding, not after
-    if lexical is not None:
-        lexical.validate()
-        stem_function(lexical.stemmer)  # as is a missing bm25s or PyStemmer
+    _check_options(vectors, keep_float, batch_size, part_size, ann, lexical)
     out = Path(output)
     # one writer per folder (bertkit.data.lock); under torchrun rank 0 holds it for every rank
     lock = folder_lock(out, "bertkit index") if first_process() else contextlib.nullcontext()
@@ -356,14 +324,8 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         # a rank's own device (cuda:LOCAL_RANK on GPUs); alone, the caller's choice as given
         loaded = load_encoder(model, rank.device if rank.enabled else device, dtype, fast=fast)
         record = model_record(loaded)
-        passage_tokens = loaded.max_length if passage_tokens is None else passage_tokens
-        if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:
-            raise BertkitError(f"--passage-tokens {passage_tokens} is more than the model's {loaded.max_positions} "
-                               "positions")
-        stride = overlap if stride is None else stride
-        stride = default_stride(passage_tokens) if stride is None and isinstance(passage_tokens, int) else stride
-        docs = read_documents(corpus, dedupe)
-        passages, lengths, empty = cut_all(docs, loaded.tokenizer, passage_tokens, stride)
+        passage_tokens, stride = _passage_shape(loaded, passage_tokens, overlap if stride is None else stride)
+        passages, lengths, empty = cut_all(read_documents(corpus, dedupe), loaded.tokenizer, passage_tokens, stride)
         if not passages:
             raise BertkitError(f"corpus {corpus}: no document has any token (only characters BERT drops)")
         lines = _passage_lines(passages)
@@ -382,23 +344,59 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         if not rank.is_main:
             return None
         _sees(rank, [_part_path(out, start // part_size) for start in range(0, len(order), part_size)])
-        numbers = {d: i for i, d in enumerate(dict.fromkeys(p.doc_id for p in passages))}
-        document = np.array([numbers[p.doc_id] for p in passages], dtype=np.int64)
-        dim = _assemble(out, order, part_size, document, lines)
-        info = {"format": FORMAT, "model": record, "passage_tokens": passage_tokens, "overlap": stride,
-                "passages": len(passages), "documents": len(numbers), "documents_without_tokens": empty, "dim": dim,
-                "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
-        if lexical is not None:
-            info["lexical"] = build_lexical(out, [p.text for p in passages], lexical, progress=progress)
-        if ann is not None:
-            info["ann"] = build_measured(map_safetensors(out / VECTORS)["vectors"], out / HNSW_FILE, m=ann_m,
-                                         ef_construction=ef_construction, ef_search=ef_search, progress=progress)
-        if vectors != "float32":  # after the steps that read the float rows, which a codes-only index drops
-            info["vectors"] = _store_codes(out, vectors, keep_float)
-        _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
-        shutil.rmtree(out / PARTS)
-        (out / BUILD_JSON).unlink()
-        return info
+        return _finish(out, plan, passages, order, lines, empty, lexical, progress)
+
+
+def _passage_shape(loaded: Loaded, passage_tokens, stride) -> tuple:
+    """Tokens per passage (None: the model's max length), checked against its positions, and the overlap
+    (None: half a window)."""
+    passage_tokens = loaded.max_length if passage_tokens is None else passage_tokens
+    if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:
+        raise BertkitError(f"--passage-tokens {passage_tokens} is more than the model's {loaded.max_positions} positions")
+    return passage_tokens, default_stride(passage_tokens) if stride is None and isinstance(passage_tokens, int) else stride
+
+
+def _check_options(vectors: str, keep_float: bool, batch_size, part_size, ann, lexical) -> None:
+    """build_index's settings checked before anything is read, a missing optional package included."""
+    if vectors not in compact.KINDS:
+        raise BertkitError(f"unknown --vectors {vectors!r}: choose one of {', '.join(compact.KINDS)}")
+    if keep_float and vectors == "float32":
+        raise BertkitError("--keep-float keeps the float rows beside compact codes: add --vectors int8 or binary")
+    for name, value in (("batch size", batch_size), ("part size", part_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BertkitError(f"the {name} must be at least 1, got {value!r}")
+    if ann is not None:
+        check_kind(ann)
+        faiss_module()  # a missing FAISS is refused before the encoding, not after
+    if lexical is not None:
+        lexical.validate()
+        stem_function(lexical.stemmer)  # as is a missing bm25s or PyStemmer
+
+
+def _finish(out: Path, plan: dict, passages: list, order: list[int], lines: list[bytes], empty: int, lexical,
+            progress: bool) -> dict:
+    """Rank 0, every part on disk: vectors.safetensors, the parts the plan asks for (BM25, HNSW, codes), and
+    index.json last; returns it."""
+    numbers = {d: i for i, d in enumerate(dict.fromkeys(p.doc_id for p in passages))}
+    document = np.array([numbers[p.doc_id] for p in passages], dtype=np.int64)
+    dim = _assemble(out, order, plan["part_size"], document, lines)
+    info = {"format": FORMAT, "model": plan["model"], "passage_tokens": plan["passage_tokens"],
+            "overlap": plan["overlap"], "passages": len(passages), "documents": len(numbers),
+            "documents_without_tokens": empty, "dim": dim,
+            "max_passages_per_document": int(np.bincount(document).max()), "corpus": plan["corpus"]}
+    if lexical is not None:
+        info["lexical"] = build_lexical(out, [p.text for p in passages], lexical, progress=progress)
+    if plan["ann"]:
+        ann = plan["ann"]
+        info["ann"] = build_measured(map_safetensors(out / VECTORS)["vectors"], out / HNSW_FILE, m=ann["m"],
+                                     ef_construction=ann["ef_construction"], ef_search=ann["ef_search"],
+                                     progress=progress)
+    if plan["vectors"] != "float32":  # after the steps that read the float rows, which a codes-only index drops
+        info["vectors"] = _store_codes(out, plan["vectors"], plan["keep_float"])
+    _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
+    shutil.rmtree(out / PARTS)
+    (out / BUILD_JSON).unlink()
+    return info
 
 
 # --- reading -----------------------------------------------------------------------------------
