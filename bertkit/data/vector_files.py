@@ -10,7 +10,8 @@ embeds in flat memory:
     .jsonl        one JSON object per text
 
 The .npy and .safetensors writers spool rows to a temporary file and write the
-header (which needs the row count) at the end.
+header (which needs the row count) at the end. `map_safetensors` reads such a file
+back as memory maps (an index's vectors and codes, `bertkit.retrieval.index`).
 """
 
 from __future__ import annotations
