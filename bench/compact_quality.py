@@ -5,12 +5,22 @@
 The index's float32 passage vectors are coded (`bertkit.retrieval.compact`), the split's queries embedded by
 the index's model, the passages ranked by the codes and rescored with the float query (k x oversampling
 candidates), documents by their best passage; the figures are bertkit.metrics.retrieval's.
-Also a synthetic size/speed run: `--synthetic N` unit vectors of the index's dimension.
+Size and speed: `--scale N` (1M in docs/search.md) makes N vectors from the index's float rows (row i is
+row i mod R plus Gaussian noise of norm about `--sigma`, normalised; seeded), writes them as float32 (.npy)
+and as int8 and binary codes (codes.safetensors as `bertkit index --vectors` writes them), memory-maps them
+and times the split's real queries: float32 exact (`exact.top_k`) and each kind of codes + rescoring
+against the decoded codes (`compact.compact_top_k`, k 10, the last `--oversampling`), all queries in one call
+and `--single` one per call; peak anonymous memory sampled every 10 ms:
+
+    OMP_NUM_THREADS=1 python bench/compact_quality.py --index scifact.index --data data/scifact --scale 1000000
 """
 
 import argparse
 import json
+import os
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -19,7 +29,8 @@ from bertkit.metrics.retrieval import evaluate_run
 from bertkit.retrieval.compact import compact_top_k, encode, int8_ranges
 from bertkit.retrieval.documents import first_per_document
 from bertkit.retrieval.exact import top_k
-from bertkit.retrieval.index import document_ids, open_index
+from bertkit.retrieval.codes_file import codes_writer
+from bertkit.retrieval.index import document_ids, map_safetensors, open_index
 from bertkit.retrieval.search import embed_queries, query_encoder
 
 
@@ -55,27 +66,71 @@ def quality(args):
         print(f"| {name} | {figures['ndcg@10']:.4f} | {figures['ndcg@10'] / base:.4f} | {figures['recall@100']:.4f} |")
 
 
-def speed(args):
-    rng = np.random.default_rng(0)
-    n, d = args.synthetic, 384
-    vectors = np.empty((n, d), np.float32)
-    for start in range(0, n, 100_000):
-        part = rng.standard_normal((min(100_000, n - start), d)).astype(np.float32)
-        vectors[start : start + len(part)] = part / np.linalg.norm(part, axis=1, keepdims=True)
-    queries = vectors[rng.integers(0, n, args.queries)] + 0.1 * rng.standard_normal((args.queries, d)).astype(np.float32)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    ranges = int8_ranges(vectors)
-    results = {}
-    for kind in ("float32", "int8", "binary"):
-        codes = vectors if kind == "float32" else encode(vectors, kind, ranges)
-        t0 = time.perf_counter()
-        if kind == "float32":
-            top_k(queries, codes, 10, normalized=True)
-        else:
-            compact_top_k(queries, codes, kind, 10, ranges=ranges, oversampling=4)
-        seconds = time.perf_counter() - t0
-        results[kind] = {"bytes": int(codes.nbytes), "queries_per_s": args.queries / seconds}
-    print(json.dumps({"n": n, "dim": d, "queries": args.queries, **results}, indent=1))
+def _sample_anon(peak: list, stop: threading.Event) -> None:
+    """peak[0]: the largest RssAnon (MiB) seen, every 10 ms: what the process allocated, memory maps not counted."""
+    while not stop.wait(0.01):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                peak[0] = max(peak[0], int(line.split()[1]) / 1024)
+
+
+def _timed(run, queries, single):
+    """(queries/s batched, queries/s one query per call over the first `single` queries, the batched answer)."""
+    t0 = time.perf_counter()
+    answer = run(queries)
+    batched = len(queries) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for q in queries[:single]:
+        run(q[None])
+    return batched, single / (time.perf_counter() - t0), answer
+
+
+def scale(args):
+    """N vectors: the index's float rows, row i = normalise(row[i mod R] + e), e ~ N(0, sigma^2 / D) per
+    dimension (seeded by block), written as float32 and as each kind of codes; the split's real queries."""
+    index = open_index(args.index)
+    base = np.asarray(index.float_rows("bench/compact_quality.py --scale"), np.float32)
+    data = load_beir(args.data, args.split)
+    queries = embed_queries(index.info, query_encoder(index.info, dtype="float32"), list(data.queries.values()))
+    n, d, work = args.scale, base.shape[1], Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    vectors = np.lib.format.open_memmap(work / "vectors.npy", "w+", np.float32, (n, d))
+    for start in range(0, n, 65536):
+        rows = np.arange(start, min(n, start + 65536))
+        noise = np.random.default_rng([1, start]).standard_normal((len(rows), d)).astype(np.float32)
+        part = base[rows % len(base)] + noise * (args.sigma / d**0.5)
+        vectors[start : start + len(rows)] = part / np.linalg.norm(part, axis=1, keepdims=True)
+    vectors.flush()
+    files = {"float32": work / "vectors.npy"}
+    for kind in ("int8", "binary"):
+        files[kind] = work / f"codes_{kind}.safetensors"
+        with open(files[kind], "wb") as f:
+            codes_writer(vectors, kind)(f)
+    del vectors
+    flat = np.load(work / "vectors.npy", mmap_mode="r")
+    runs = {"float32": lambda q: top_k(q, flat, 10, normalized=True, query_block=64)}
+    for kind in ("int8", "binary"):
+        tensors = map_safetensors(files[kind])
+        runs[kind] = (lambda t, kind: lambda q: compact_top_k(q, t["codes"], kind, 10, ranges=t.get("ranges"),
+                                                              oversampling=args.oversampling[-1]))(tensors, kind)
+    results, exact = {}, None
+    for kind, run in runs.items():
+        peak, stop = [0.0], threading.Event()
+        sampler = threading.Thread(target=_sample_anon, args=(peak, stop), daemon=True)
+        sampler.start()
+        load = os.getloadavg()[0]
+        batched, single, (_, rows) = _timed(run, queries, args.single)
+        stop.set()
+        sampler.join()
+        exact = rows if exact is None else exact
+        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows.tolist(), exact.tolist())])
+        results[kind] = {"bytes_on_disk": files[kind].stat().st_size, "queries_per_s_batched": round(batched, 2),
+                         "queries_per_s_single": round(single, 2), "recall@10_vs_float32": round(float(recall), 4),
+                         "peak_rss_anon_mib": round(peak[0]), "load_1min": load}
+        print(kind, json.dumps(results[kind]), flush=True)
+    print(json.dumps({"n": n, "dim": d, "queries": len(queries), "single": args.single, "sigma": args.sigma,
+                      "oversampling": args.oversampling[-1], "numpy": np.__version__,
+                      "threads": os.environ.get("OMP_NUM_THREADS"), **results}, indent=1))
 
 
 if __name__ == "__main__":
@@ -84,10 +139,12 @@ if __name__ == "__main__":
     p.add_argument("--data")
     p.add_argument("--split", default="test")
     p.add_argument("--oversampling", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--synthetic", type=int, help="also time N synthetic unit vectors (size and queries/s)")
-    p.add_argument("--queries", type=int, default=64)
+    p.add_argument("--scale", type=int, help="also time N vectors made from the index's (size and queries/s)")
+    p.add_argument("--work", default="/tmp/compact_scale", help="--scale: the folder of the N vectors' files")
+    p.add_argument("--sigma", type=float, default=0.3, help="--scale: the noise added to each repeated vector")
+    p.add_argument("--single", type=int, default=20, help="--scale: queries timed one per call")
     args = p.parse_args()
-    if args.index:
+    if args.scale:
+        scale(args)
+    elif args.index:
         quality(args)
-    if args.synthetic:
-        speed(args)
