@@ -89,7 +89,7 @@ def add_attention(sub):
     p.add_argument("--bertviz", help="also write the tensors and tokens as JSON for bertviz")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
     device_flags(p)
-    p.set_defaults(handler=run_attention)
+    p.set_defaults(handler=run_attention, runs_model=True)
 
 
 def run_attention(args):
@@ -103,7 +103,7 @@ def run_attention(args):
             head = int(args.head)
         except ValueError:
             raise BertkitError(f"--head must be a head number or 'mean', got {args.head!r}") from None
-    amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype)
+    amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype, fast=args.speed)
     token = find_token(amap, args.token, args.occurrence) if args.token is not None else 0
     save_html(amap, args.output, token, args.layer, head)
     top = ", ".join(f"{t} {w:.2f}" for _, t, w in most_attended(amap, token, args.layer, head))

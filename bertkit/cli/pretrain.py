@@ -162,13 +162,13 @@ def add_electra(sub):
                    help="fraction of tokens to mask when TEXT has no [MASK] (default 0.15; 0: judge TEXT as written)")
     s.add_argument("--seed", type=int, default=0, help="draws the masked positions and the samples")
     s.add_argument("--json", action="store_true", help="print the rows as JSON")
-    s.set_defaults(handler=run_electra_show)
+    s.set_defaults(handler=run_electra_show, runs_model=True)
 
 
 def run_electra_show(args):
     from bertkit.explain.electra_view import format_rows, show
 
-    rows = show(args.model, args.text, mask_prob=args.mask_prob, seed=args.seed)
+    rows = show(args.model, args.text, mask_prob=args.mask_prob, seed=args.seed, fast=args.speed)
     if args.json:
         print(json.dumps([asdict(r) for r in rows], ensure_ascii=False))
     else:

@@ -225,7 +225,7 @@ def run_search(args):
     depth = args.k if cross is None else max(args.k, args.rerank_top)
     if args.qdrant:
         answers = search_qdrant(args.qdrant, args.collection, queries, depth, model=args.model, device=args.device,
-                                dtype=args.dtype, batch_size=args.batch_size, fusion=fusion)
+                                dtype=args.dtype, batch_size=args.batch_size, fusion=fusion, fast=args.speed)
     else:
         answers = search(index, queries, depth, model=args.model, device=args.device, dtype=args.dtype,
                          batch_size=args.batch_size, block_size=args.block_size, ann=args.ann,

@@ -90,11 +90,13 @@ class AttentionMap:
 # --- computing the weights -----------------------------------------------------------
 
 
-def attention_map(text: str, pair: str | None = None, model=None, *, device=None, dtype=None) -> AttentionMap:
+def attention_map(text: str, pair: str | None = None, model=None, *, device=None, dtype=None,
+                  fast=True) -> AttentionMap:
     """Run the model on `text` (and `pair`) and keep every layer's attention weights.
 
     model: None (the default model), a model directory or a (model, tokenizer) pair.
-    device: auto, cpu or cuda; dtype: auto, float32 or bfloat16 (see bertkit.runtime.loading.load).
+    device: auto, cpu or cuda; dtype: auto, float32 or bfloat16; fast: the fast path's settings (see
+    bertkit.runtime.loading.load).
     The text must fit in the model's positions (512): the page shows whole
     attention matrices, which windows of a longer text would not give.
     """
@@ -102,7 +104,7 @@ def attention_map(text: str, pair: str | None = None, model=None, *, device=None
         raise BertkitError("cannot show attention for an empty text: give a sentence")
     if pair is not None and not pair.strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
-    loaded = load_encoder(model, device, dtype)
+    loaded = load_encoder(model, device, dtype, fast=fast)
     net, tok = loaded.model, loaded.tokenizer
     limit = int(getattr(net.config, "max_position_embeddings", 512))
     enc = tok.encode(text, pair, max_length=limit, truncation=False)  # no cut: checked below

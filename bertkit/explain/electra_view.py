@@ -38,9 +38,9 @@ class TokenRow:
     p_replaced: float  # the discriminator's probability of "replaced"
 
 
-def load_electra(model_dir, *, device=None, dtype=None) -> tuple[ElectraPretrainingModel, Tokenizer]:
+def load_electra(model_dir, *, device=None, dtype=None, fast=True) -> tuple[ElectraPretrainingModel, Tokenizer]:
     """(generator + discriminator, tokenizer) of a pre-training directory, by `bertkit.runtime.loading`."""
-    loaded = load(model_dir, head="electra", device=device, dtype=dtype)
+    loaded = load(model_dir, head="electra", device=device, dtype=dtype, fast=fast)
     return loaded.model, loaded.tokenizer
 
 
@@ -60,9 +60,10 @@ def choose_masked(ids: list[int], special: list[int], mask_id: int, mask_prob: f
 
 
 @torch.no_grad()
-def show(model, text: str, mask_prob: float = 0.15, seed: int = 0) -> list[TokenRow]:
-    """One row per token. model: an ELECTRA pre-training directory or a (model, tokenizer) pair."""
-    net, tok = model if isinstance(model, tuple) else load_electra(model)
+def show(model, text: str, mask_prob: float = 0.15, seed: int = 0, fast=True) -> list[TokenRow]:
+    """One row per token. model: an ELECTRA pre-training directory or a (model, tokenizer) pair; fast: the
+    fast path's settings for a directory (`bertkit.runtime.loading.load`)."""
+    net, tok = model if isinstance(model, tuple) else load_electra(model, fast=fast)
     net.eval()
     enc = tok.encode(text, max_length=min(net.config.max_position_embeddings, 512))
     ids = torch.tensor([enc.input_ids])  # [1, T]

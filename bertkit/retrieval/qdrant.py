@@ -115,9 +115,10 @@ def passage_terms(scores: dict) -> tuple[list, list]:
 
 
 def search(location: str, collection: str, queries: list[str], k: int = 10, *, model=None, device=None,
-           dtype=None, batch_size: int = 32, fusion: FusionOptions | None = None) -> list[list[Hit]]:
+           dtype=None, batch_size: int = 32, fusion: FusionOptions | None = None, fast=True) -> list[list[Hit]]:
     """For each query, the k best documents of the collection with their best passages, best first.
-    fusion: the mode (default dense) and, for hybrid, Qdrant's fusion (see the module docstring)."""
+    fusion: the mode (default dense) and, for hybrid, Qdrant's fusion (see the module docstring); fast: the
+    query encoder's fast-path settings."""
     check_k(k)
     fusion = fusion or FusionOptions(mode="dense")
     client = connect(location)
@@ -129,7 +130,7 @@ def search(location: str, collection: str, queries: list[str], k: int = 10, *, m
             check_fusion(info, fusion)
         vectors = None
         if fusion.mode != "lexical":
-            loaded = query_encoder(info, model, device, dtype)
+            loaded = query_encoder(info, model, device, dtype, fast)
             vectors = embed_queries(info, loaded, list(queries), batch_size)
         if fusion.mode == "dense":
             return _answers(client, collection, info, vectors, k)
