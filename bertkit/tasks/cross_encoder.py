@@ -80,7 +80,7 @@ def record_figures(cfg, log=print) -> dict:
     stage = fusion["mode"] if fusion["mode"] != "hybrid" else f"hybrid {fusion['fusion']} alpha {fusion['alpha']}"
     figures = {"dataset": result["dataset"], "split": cfg.dev_split, "queries": result["queries"],
                "documents": result["documents"], "rerank_top": cfg.rerank_top,
-               "first_stage": f"{cfg.index} ({stage}, {result['model']})", "fusion": fusion,
+               "first_stage": f"{cfg.index} ({stage})", "first_stage_model": result["model"], "fusion": fusion,
                "precision": {"queries": "float32", "reranker": cfg.rerank_dtype},
                "before": {m: result["before_rerank"][m] for m in measures}, "after": {m: result[m] for m in measures}}
     path = Path(cfg.output) / FIGURES_FILE
