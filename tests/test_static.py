@@ -21,10 +21,11 @@ from bertkit.errors import BertkitError
 from bertkit.model.static import StaticEmbedding, save_static
 from bertkit.runtime.loading import load
 from bertkit.text.tokenizer import Tokenizer
-from bertkit.text.tokenizer_json import read_tokenizer_json, write_tokenizer_json
+from bertkit.text.tokenizer_json import read_tokenizer_json, truncation_length, write_tokenizer_json
 
-TEXTS = ["A man with a hard hat is dancing.", "Hello, World! naïve café", "unaffable 東京 zzqxj", "the",
+TEXTS = ["A man with a hard hat is dancing.", "Hello, World! naïve café", "unaffable 東京 zzqxj 🦄", "the",
          "tab\tnew\nline\u2028sep\x0bvt [MASK] x\u00a0y", "!!!"]
+LONG = " ".join(f"w{i} zzqxj word{i % 7}" for i in range(150)) + " " + " ".join(TEXTS[:3] * 40)  # ~1,500 tokens
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +96,16 @@ def test_a_folder_sentence_transformers_wrote_loads_with_the_same_vectors(st, de
     modules = [STStatic(rust, embedding_weights=table(rust.get_vocab_size(), 7, seed=1))]
     model = st.SentenceTransformer(modules=modules + ([Normalize()] if normalize else []), device="cpu")
     model.save(str(tmp_path))
-    mine = bertkit.embed(TEXTS, tmp_path)
-    assert np.abs(mine - model.encode(TEXTS)).max() < 1e-6
+    mine = bertkit.embed(TEXTS + [LONG], tmp_path)  # LONG cut where the tokenizer.json's truncation says
+    assert np.abs(mine - model.encode(TEXTS + [LONG])).max() < 1e-6
     assert load(tmp_path).layout.normalize is normalize
+    assert load(tmp_path).model.config.max_length == truncation_length(default_model_dir) == 128
+    rust.no_truncation()  # and a tokenizer that cuts nothing: every token of LONG counts
+    model = st.SentenceTransformer(modules=[STStatic(rust, embedding_weights=table(rust.get_vocab_size(), 7, seed=1))],
+                                   device="cpu")
+    model.save(str(tmp_path / "uncut"))
+    assert load(tmp_path / "uncut").model.config.max_length is None
+    assert np.abs(bertkit.embed([LONG], tmp_path / "uncut", normalize=False) - model.encode([LONG])).max() < 1e-6
 
 
 def test_a_folder_model2vec_wrote_loads_with_model2vecs_vectors(tok, tmp_path):
@@ -108,9 +116,11 @@ def test_a_folder_model2vec_wrote_loads_with_model2vecs_vectors(tok, tmp_path):
     vectors = table(len(tok), 9, seed=2).numpy()
     theirs = model2vec.StaticModel(vectors=vectors, tokenizer=rust, normalize=True)
     theirs.save_pretrained(str(tmp_path / "m2v"))
-    texts = [t for t in TEXTS if "[MASK]" not in t]  # model2vec's vocabulary keeps [MASK]; see the next test
+    texts = [t for t in TEXTS if "[MASK]" not in t] + [LONG]  # model2vec keeps [MASK]; see the next test
     mine = bertkit.embed(texts, tmp_path / "m2v")
-    assert np.abs(mine - theirs.encode(texts)).max() < 1e-6  # "zzqxj" is [UNK]: model2vec drops it, so do we
+    assert np.abs(mine - theirs.encode(texts)).max() < 1e-6  # "🦄" is [UNK]: model2vec drops it, so do we
+    assert np.abs(mine[-1] - theirs.encode([LONG], max_length=None)[0]).max() > 1e-3  # LONG cut at its 512
+    assert load(tmp_path / "m2v").model.config.max_length == 512
 
 
 def test_a_model2vec_vocabulary_without_cls_sep_mask_gets_them_after_its_last_id(tmp_path):
@@ -195,8 +205,19 @@ def distilled(tiny_dir, tmp_path_factory):
 def test_distill_static_writes_a_folder_sentence_transformers_reads_the_same(st, distilled):
     out, report = distilled
     assert report["dim"] == 8 and report["words_added"] == 1  # "unaffable": three pieces, seen 6 times
-    texts = TEXTS + ["the unaffable cat"]
+    texts = TEXTS + ["the unaffable cat", LONG]
     assert np.abs(bertkit.embed(texts, out) - st.SentenceTransformer(str(out), device="cpu").encode(texts)).max() < 1e-6
+    assert truncation_length(out / "0_StaticEmbedding") == 512 == load(out).max_length  # where both cut LONG
+
+
+def test_distill_static_zeroes_unk_so_a_text_points_where_its_known_tokens_do(distilled):
+    out, _ = distilled
+    loaded = load(out)
+    tok, weight = loaded.tokenizer, loaded.model.embedding.weight.detach().numpy()
+    ids = tok.ids_batch(["unaffable 東京 zzqxj 🦄"])[0]
+    assert tok.unk_token_id in ids and not weight[tok.unk_token_id].any()
+    known = weight[[i for i in ids if i != tok.unk_token_id]].mean(axis=0)  # model2vec's mean: [UNK] dropped
+    assert np.abs(bertkit.embed("unaffable 東京 zzqxj 🦄", out) - known / np.linalg.norm(known)).max() < 1e-6
 
 
 def test_distill_static_adds_corpus_words_whole_and_zeroes_unused_rows(distilled):
@@ -278,8 +299,8 @@ def test_static_training_starts_from_the_table_with_the_hand_computed_loss(ours,
 def test_static_training_from_scratch_saves_a_folder_sentence_transformers_reads(st, tiny_dir, tmp_path):
     static_run(tmp_path, tiny_dir, static_dim=6)
     out = tmp_path / "out"
-    assert load(out).model.config.hidden_size == 6
-    texts = [x for x, _ in PAIRS]
+    assert load(out).model.config.hidden_size == 6 and load(out).model.config.max_length == 512
+    texts = [x for x, _ in PAIRS] + [LONG]
     assert np.abs(bertkit.embed(texts, out) - st.SentenceTransformer(str(out), device="cpu").encode(texts)).max() < 1e-6
 
 

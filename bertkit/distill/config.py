@@ -25,6 +25,9 @@ class StaticDistillConfig:
     max_words: int = field(default=10000, metadata={"help": "with --corpus: at most this many whole words added"})
     min_count: int = field(default=5, metadata={"help": "with --corpus: a word is added when seen this often"})
     batch_size: int = field(default=512, metadata={"help": "tokens per forward pass"})
+    max_length: int = field(default=512, metadata={
+        "help": "tokens a text is cut at when the static model embeds it (model2vec's default; written as "
+        "tokenizer.json's truncation, which sentence-transformers follows); 0: never cut"})
     dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
         "help": "the teacher's precision while distilling"})
 
@@ -33,8 +36,8 @@ class StaticDistillConfig:
             raise BertkitError(f"--dim must be at least 1, got {self.dim}")
         if not 0 < self.sif_coefficient < 1:
             raise BertkitError(f"--sif-coefficient must be in (0, 1), got {self.sif_coefficient}")
-        if self.max_words < 0 or self.min_count < 1 or self.batch_size < 1:
-            raise BertkitError("--max-words must be >= 0, --min-count and --batch-size >= 1")
+        if self.max_words < 0 or self.min_count < 1 or self.batch_size < 1 or self.max_length < 0:
+            raise BertkitError("--max-words and --max-length must be >= 0, --min-count and --batch-size >= 1")
 
 
 @dataclass

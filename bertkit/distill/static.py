@@ -13,7 +13,12 @@ then reads them as one token, so "unaffable" gets its own vector instead of the 
 un, ##aff, ##able.
 
 As model2vec does, the [unusedN] tokens and [CLS]/[SEP]/[MASK] (which a static model
-never sees: it adds no special tokens) take no part; their rows are zeros. Deviation:
+never sees: it adds no special tokens) take no part; their rows are zeros. So does [UNK]:
+an unknown piece's vector is noise, and model2vec drops it from a text's mean; a zero row
+leaves the mean's direction as if it were dropped, so the normalised vectors agree with
+model2vec's reading and sentence-transformers' alike (which keeps every id). A text is cut at
+--max-length tokens (512, model2vec's default), written as tokenizer.json's truncation, where
+sentence-transformers' tokenizer cuts too (`bertkit.model.static`). Deviation:
 model2vec removes them from the vocabulary (its ids shift); we keep every id, so the
 teacher's tokenizer is the static model's, and a folder written here keeps the
 teacher's vocabulary with the added words after it. The table is saved as a
@@ -51,7 +56,7 @@ from bertkit.text.basic_tokenizer import basic_words
 from bertkit.text.tokenizer_json import write_tokenizer_json
 
 UNUSED = re.compile(r"\[unused\d+\]")
-NOT_DISTILLED = ("[CLS]", "[SEP]", "[MASK]")  # a static model adds none of them; [PAD] and [UNK] stay, as in model2vec
+NOT_DISTILLED = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")  # a static model adds none of the first three; [UNK]: below
 
 
 def pca(table: np.ndarray, dim: int) -> np.ndarray:
@@ -160,7 +165,7 @@ def _save(model: StaticEmbedding, tok, output: Path) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        write_tokenizer_json(tok, save_static(model, work))
+        write_tokenizer_json(tok, save_static(model, work), model.config.max_length)
         if output.is_dir():
             output.rmdir()
         os.replace(work, output)
@@ -200,6 +205,7 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     weights = sif_weights(_probabilities(student_tok, keep, texts), config.sif_coefficient)
     table[kept] = pca(vectors, config.dim) * weights[kept, None].astype(np.float32)
     static = StaticEmbedding(torch.from_numpy(table), normalize=True)
+    static.config.max_length = config.max_length or None
     _save(static, student_tok, output)
     return {"rows": len(table), "distilled": int(len(kept)), "words_added": len(words), "dim": config.dim,
             "seconds": round(time.perf_counter() - start, 1), "output": str(output)}

@@ -51,8 +51,10 @@ def _bags(ids: list, lengths: list, skip_ids: tuple, max_length: int | None):
 
 def static_vectors(model, ids: list, lengths: list, max_length: int | None = None) -> np.ndarray:
     """The mean table row of each text [B, D] float32, not normalised: `ids` are all texts' ids
-    concatenated, `lengths` each text's count (`Tokenizer.ids_batch`)."""
-    flat, offsets = _bags(ids, lengths, model.config.skip_ids, max_length)
+    concatenated, `lengths` each text's count (`Tokenizer.ids_batch`), each cut at `max_length`
+    tokens (None: where the model cuts, `config.max_length`)."""
+    limit = model.config.max_length if max_length is None else max_length
+    flat, offsets = _bags(ids, lengths, model.config.skip_ids, limit)
     device = model.embedding.weight.device
     with torch.inference_mode():
         return model(flat.to(device), offsets.to(device)).float().cpu().numpy()

@@ -24,8 +24,12 @@ A model2vec table is folded to one row per token id (row = embeddings[mapping[id
 weights[id]), as sentence-transformers' `StaticEmbedding._fold_model2vec_weights` does,
 and model2vec's encoder drops [UNK] before averaging (`StaticModel.tokenize`), so
 `skip_ids` holds it for such a folder. model2vec also writes a modules.json (for
-sentence-transformers, which keeps [UNK]); its config.json decides: model2vec's reading. Deviation: model2vec cuts a text at 512 tokens by
-default; we average every token, as sentence-transformers does.
+sentence-transformers, which keeps [UNK]); its config.json decides: model2vec's reading.
+
+A text is cut at `config.max_length` tokens (before [UNK] is dropped, as model2vec's tokenizer
+cuts first): a model2vec folder's config.json max_length (512, model2vec's default, when it
+names none); for a sentence-transformers folder the loader reads its tokenizer.json's
+truncation, where sentence-transformers' Rust tokenizer cuts (`bertkit distill static` writes 512).
 
 `save_static` writes the sentence-transformers layout (0_StaticEmbedding/, the subfolder
 every version since 3 reads); the tokenizer.json beside the weights is the caller's to
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -52,6 +57,7 @@ WEIGHT_KEY = "embedding.weight"  # sentence-transformers' StaticEmbedding state 
 MODEL2VEC_KEYS = ("embeddings", "mapping", "weights")
 # the positions a static model takes: no limit (sentence-transformers says math.inf)
 NO_LIMIT = 1_000_000
+DEFAULT_MAX_LENGTH = 512  # model2vec's default cut (its config.json naming none); bertkit writes it too
 
 
 @dataclass
@@ -62,6 +68,7 @@ class StaticConfig:
     hidden_size: int
     normalize: bool = False
     skip_ids: tuple = ()  # token ids dropped before averaging (model2vec drops [UNK])
+    max_length: int | None = None  # tokens a text is cut at (the folder's; None: none)
     num_hidden_layers: int = 0
     max_position_embeddings: int = NO_LIMIT
 
@@ -123,11 +130,22 @@ def _st_modules(directory: Path) -> list | None:
 
 
 def _model2vec_config(directory: Path) -> dict | None:
+    """model2vec's config.json, when `directory` is a model2vec folder: model_type "model2vec", or no
+    model_type beside model2vec's "embeddings" tensor at the root (model2vec writes none for a model
+    built in memory, `StaticModel(vectors, tokenizer).save_pretrained`)."""
     path = directory / "config.json"
     if not path.is_file():
         return None
     config = _read_json(path, "the model config")
-    return config if isinstance(config, dict) and config.get("model_type") == "model2vec" else None
+    if not isinstance(config, dict):
+        return None
+    if config.get("model_type") == "model2vec":
+        return config
+    weights = directory / "model.safetensors"
+    if "model_type" in config or not weights.is_file():
+        return None
+    with safe_open(str(weights), framework="pt") as f:
+        return config if "embeddings" in f.keys() else None
 
 
 def is_static(directory) -> bool:
@@ -179,7 +197,13 @@ def read_static(directory) -> Static:
     directory = Path(directory)
     config = _model2vec_config(directory)  # first: model2vec also writes a modules.json, for sentence-transformers
     if config is not None:
-        return Static(StaticEmbedding(_table(directory), bool(config.get("normalize", True))), directory, "model2vec")
+        model = StaticEmbedding(_table(directory), bool(config.get("normalize", True)))
+        model.config.max_length = config.get("max_length", DEFAULT_MAX_LENGTH)
+        if model.config.max_length is not None and (not isinstance(model.config.max_length, int)
+                                                    or model.config.max_length < 1):
+            raise BertkitError(f"{directory}/config.json: max_length must be a positive integer or null, "
+                               f"got {model.config.max_length!r}")
+        return Static(model, directory, "model2vec")
     modules = _st_modules(directory)
     if modules is None:
         raise BertkitError(f"{directory} holds no static model: expected modules.json naming a StaticEmbedding "

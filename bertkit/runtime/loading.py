@@ -59,7 +59,7 @@ from bertkit.runtime.quantization import dense_ops, load_quantized
 from bertkit.model.sentence_layout import SentenceLayout, read_layout
 from bertkit.model.static import StaticEmbedding, is_static, read_static, weights_folder
 from bertkit.text.tokenizer import Tokenizer
-from bertkit.text.tokenizer_json import read_tokenizer_json
+from bertkit.text.tokenizer_json import read_tokenizer_json, truncation_length
 
 HEADS = ("auto", "encoder", "task", "mlm", "electra", "saved")
 
@@ -320,6 +320,8 @@ def _load_static(directory: Path, head: str, device, int8: bool) -> Loaded:
     # read_tokenizer_json after the last id) have no row: a text that writes one out ("[MASK]") skips it
     unk = (tok.unk_token_id,) if static.layout == "model2vec" else ()
     config.skip_ids = unk + tuple(i for i in tok.all_special_ids if i >= config.vocab_size)
-    layout = SentenceLayout("mean", config.normalize, None)
+    if static.layout != "model2vec":  # sentence-transformers cuts where its Rust tokenizer does
+        config.max_length = truncation_length(static.tokenizer_dir)
+    layout = SentenceLayout("mean", config.normalize, config.max_length)
     info = {"layout": static.layout, "weights_dir": weights_folder(directory)}  # the index fingerprints the table
     return Loaded(static.model.eval().to(where), tok, directory, "static", info, layout, where, torch.float32, False)

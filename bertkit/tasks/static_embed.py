@@ -14,15 +14,16 @@ ranking, Matryoshka) through the same loop; only the start and the tokens differ
 
 The recipe trains with a large learning rate (2e-1 with batch 2048 in the blog post): a row
 moves only when its token is in the batch. Saved as a sentence-transformers StaticEmbedding
-folder, as `bertkit distill static` writes it.
+folder, as `bertkit distill static` writes it, cutting texts where its start did (a new table:
+at 512 tokens, model2vec's default and `distill static`'s).
 """
 
 from __future__ import annotations
 
 import torch
 
-from bertkit.model.static import StaticEmbedding, is_static, read_static, save_static
-from bertkit.text.tokenizer_json import read_tokenizer_json, write_tokenizer_json
+from bertkit.model.static import DEFAULT_MAX_LENGTH, StaticEmbedding, is_static, read_static, save_static
+from bertkit.text.tokenizer_json import read_tokenizer_json, truncation_length, write_tokenizer_json
 
 
 def static_start(cfg, load_tokenizer, log=print) -> tuple:
@@ -33,12 +34,15 @@ def static_start(cfg, load_tokenizer, log=print) -> tuple:
         tok = read_tokenizer_json(static.tokenizer_dir)
         log(f"static table: {static.model.config.vocab_size} x {static.model.config.hidden_size} from {cfg.model}")
         model = static.model
+        if static.layout != "model2vec":  # where sentence-transformers cuts (model2vec's: read_static)
+            model.config.max_length = truncation_length(static.tokenizer_dir)
     else:
         tok = load_tokenizer(cfg.model)
         weight = torch.randn(len(tok), cfg.static_dim, generator=torch.Generator().manual_seed(cfg.training.seed))
         log(f"static table: {len(tok)} x {cfg.static_dim}, random (from scratch), vocabulary of "
             f"{cfg.model or 'the default model'}")
         model = StaticEmbedding(weight)
+        model.config.max_length = DEFAULT_MAX_LENGTH
     model.config.normalize = bool(cfg.normalize)
     model.train()
     return model, tok
@@ -57,4 +61,4 @@ def static_rows(tok, examples, max_length: int) -> list[list[list[int]]]:
 
 
 def save_static_model(model: StaticEmbedding, tok, out) -> None:
-    write_tokenizer_json(tok, save_static(model, out))
+    write_tokenizer_json(tok, save_static(model, out), model.config.max_length)

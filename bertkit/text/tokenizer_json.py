@@ -19,6 +19,11 @@ file, as sentence-transformers and model2vec save static models, has no
 tokenizer_config.json). Only BERT's pipeline is read; another (a BPE, a
 Metaspace pre-tokenizer) is an error naming what was found.
 
+The file's `truncation` (null, or {max_length, ...}) is where the Rust tokenizer cuts every
+text; sentence-transformers' StaticEmbedding tokenizes through it, so for a static model it is
+the model's length limit: `write_tokenizer_json(max_length=...)` sets it, `truncation_length`
+reads it.
+
 Deviation: strip_accents null means "follow lowercase", in both libraries; we write it out.
 """
 
@@ -53,11 +58,13 @@ def _post_processor(tok: Tokenizer) -> dict:
             "special_tokens": {t: {"id": t, "ids": [tok.vocab[t]], "tokens": [t]} for t in (CLS, SEP)}}
 
 
-def tokenizer_json(tok: Tokenizer) -> dict:
-    """The tokenizer.json object of `tok` (see the module docstring)."""
+def tokenizer_json(tok: Tokenizer, max_length: int | None = None) -> dict:
+    """The tokenizer.json object of `tok` (see the module docstring); texts cut at `max_length` tokens if given."""
+    cut = None if max_length is None else {"direction": "Right", "max_length": int(max_length),
+                                           "strategy": "LongestFirst", "stride": 0}
     return {
         "version": "1.0",
-        "truncation": None,
+        "truncation": cut,
         "padding": None,
         "added_tokens": _added(tok),
         "normalizer": {"type": "BertNormalizer", "clean_text": True,
@@ -72,11 +79,24 @@ def tokenizer_json(tok: Tokenizer) -> dict:
     }
 
 
-def write_tokenizer_json(tok: Tokenizer, directory) -> Path:
-    """Write `directory`/tokenizer.json for `tok`; returns the file's path."""
+def write_tokenizer_json(tok: Tokenizer, directory, max_length: int | None = None) -> Path:
+    """Write `directory`/tokenizer.json for `tok` (cutting texts at `max_length` tokens if given); returns its path."""
     path = Path(directory) / TOKENIZER_JSON
-    path.write_text(json.dumps(tokenizer_json(tok), ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(tokenizer_json(tok, max_length), ensure_ascii=False) + "\n", encoding="utf-8")
     return path
+
+
+def truncation_length(path) -> int | None:
+    """Where the tokenizer.json at `path` (or in the folder `path`) cuts a text: its truncation's
+    max_length, None when it cuts nothing."""
+    path = Path(path)
+    data = _read(path / TOKENIZER_JSON if path.is_dir() else path)[0]
+    cut = data.get("truncation")
+    if cut is None:
+        return None
+    if not isinstance(cut, dict) or not isinstance(cut.get("max_length"), int) or cut["max_length"] < 1:
+        raise BertkitError(f"{path}: truncation must be null or hold a positive max_length, got {cut!r}")
+    return cut["max_length"]
 
 
 def _settings(data: dict, source: str) -> dict:
@@ -95,10 +115,8 @@ def _settings(data: dict, source: str) -> dict:
             "max_input_chars_per_word": int(model.get("max_input_chars_per_word", 100))}
 
 
-def read_tokenizer_json(path) -> Tokenizer:
-    """Our Tokenizer from a tokenizer.json (or the folder holding one). Special tokens the
-    vocabulary lacks are added after its last id (`tokens_from_tokenizer_json(complete=True)`)."""
-    path = Path(path)
+def _read(path: Path) -> tuple[dict, str]:
+    """The tokenizer.json at `path` (a file or the folder holding one): (its object, its text)."""
     if path.is_dir():
         path = path / TOKENIZER_JSON
     if not path.is_file():
@@ -110,5 +128,14 @@ def read_tokenizer_json(path) -> Tokenizer:
         raise BertkitError(f"{path} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise BertkitError(f"{path} must hold a JSON object (a Hugging Face tokenizer.json)")
-    tokens = tokens_from_tokenizer_json(text, str(path), complete=True)
-    return Tokenizer(tokens, **_settings(data, str(path)))
+    return data, text
+
+
+def read_tokenizer_json(path) -> Tokenizer:
+    """Our Tokenizer from a tokenizer.json (or the folder holding one). Special tokens the
+    vocabulary lacks are added after its last id (`tokens_from_tokenizer_json(complete=True)`)."""
+    path = Path(path)
+    data, text = _read(path)
+    source = str(path / TOKENIZER_JSON if path.is_dir() else path)
+    tokens = tokens_from_tokenizer_json(text, source, complete=True)
+    return Tokenizer(tokens, **_settings(data, source))

@@ -1,0 +1,75 @@
+"""The unlabelled sentences `distill layers` trains a sentence model's student on (docs/distill.md).
+
+    python bench/layers_sentences.py OUT.txt [--total 60000] [--seed 0]
+
+From the shared data, as the issue lists them: COCO captions, SNLI sentences (premises and
+hypotheses), SST-2 train sentences, STS-B train sentences, SciFact abstracts' first sentences.
+Each source's distinct sentences are shuffled (seeded) and cut to its share of --total (the five
+sources in equal shares; a source with fewer sentences gives them all and the rest is shared
+out), then all are shuffled together: one sentence per line. None of STS-B dev or SciFact's test
+queries is among them (the evaluations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import SHARED_DATA  # noqa: E402
+
+
+def column(path: Path, name: str) -> list[str]:
+    lines = path.read_text(encoding="utf-8").split("\n")
+    at = lines[0].split("\t").index(name)
+    return [row.split("\t")[at] for row in lines[1:] if row.strip()]
+
+
+def first_sentence(text: str) -> str:
+    cut = text.find(". ")
+    return text if cut < 0 else text[: cut + 1]
+
+
+def sources() -> dict[str, list[str]]:
+    snli = SHARED_DATA / "pairs" / "snli_devtest" / "original"
+    stsb = SHARED_DATA / "stsb" / "train.tsv"
+    scifact = SHARED_DATA / "retrieval" / "scifact" / "corpus.jsonl"
+    return {
+        "captions": column(SHARED_DATA / "pairs" / "coco_captions" / "captions_val2017.tsv", "caption"),
+        "nli": [s for f in ("s1.dev", "s2.dev", "s1.test", "s2.test") for s in
+                (snli / f).read_text(encoding="utf-8").split("\n")],
+        "sst2": column(SHARED_DATA / "sst2" / "train.tsv", "sentence"),
+        "stsb": column(stsb, "sentence1") + column(stsb, "sentence2"),
+        "scifact": [first_sentence(json.loads(x)["text"]) for x in scifact.read_text(encoding="utf-8").split("\n")
+                    if x.strip()],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--total", type=int, default=60000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    pools = {}
+    for name, texts in sources().items():
+        distinct = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
+        rng.shuffle(distinct)
+        pools[name] = distinct
+    taken, left = {}, args.total
+    for name in sorted(pools, key=lambda n: len(pools[n])):  # the smallest first; the rest share what it leaves
+        share = left // (len(pools) - len(taken))
+        taken[name] = pools[name][:share]
+        left -= len(taken[name])
+    out = [t for texts in taken.values() for t in texts]
+    rng.shuffle(out)
+    Path(args.out).write_text("\n".join(out) + "\n", encoding="utf-8")
+    print(json.dumps({"sentences": len(out), "per_source": {k: len(v) for k, v in taken.items()}}))
+
+
+if __name__ == "__main__":
+    main()
