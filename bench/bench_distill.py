@@ -1,11 +1,12 @@
 """Static models against model2vec and the default model, in one process (docs/distill.md).
 
-    python bench/bench_distill.py [--out DIR] [--rounds 3] [--docs 1000] [--skip-distill]
+    python bench/bench_distill.py [--out DIR] [--rounds 3] [--docs 1000] [--skip-distill | --only-ours]
 
 1. Distillation time: `bertkit distill static` (float32 teacher) and model2vec's `distill` of the same
    local default-model folder (pca_dims 256, its defaults), one after the other.
-2. Quality, each model embedding the same texts: STS-B dev Spearman of the cosine and SciFact test
-   nDCG@10 (bertkit.metrics), for bertkit's static folder (through `bertkit.embed`), model2vec's
+2. Quality, each model embedding the same texts: STS-B dev Spearman of the cosine, SciFact test
+   nDCG@10 and, held out (nothing was tuned on it), SQuAD v1.1 dev as retrieval (question -> its
+   paragraph among the 2,067) nDCG@10 (bertkit.metrics), for bertkit's static folder (through `bertkit.embed`), model2vec's
    (its own `StaticModel.encode`), and, when --static-trained is given, a trained static folder.
    The default model's figures (0.645 / STS-B from `bertkit evaluate`) are measured too unless
    --skip-teacher-quality.
@@ -49,6 +50,30 @@ def load() -> tuple:
     return pairs, sentences, load_beir(SHARED_DATA / "retrieval" / "scifact", "test")
 
 
+def squad_retrieval() -> tuple[dict, dict, dict]:
+    """SQuAD v1.1 dev as retrieval, a set nothing here was tuned on: each question's relevant document is
+    the paragraph it was asked about, among all 2,067 dev paragraphs. (corpus, queries, qrels)."""
+    data = json.loads((SHARED_DATA / "squad_v1.1" / "dev-v1.1.json").read_text(encoding="utf-8"))["data"]
+    corpus, queries, qrels = {}, {}, {}
+    for article in data:
+        for paragraph in article["paragraphs"]:
+            doc = f"p{len(corpus)}"
+            corpus[doc] = paragraph["context"]
+            for qa in paragraph["qas"]:
+                queries[qa["id"]] = qa["question"]
+                qrels[qa["id"]] = {doc: 1}
+    return corpus, queries, qrels
+
+
+def squad_quality(encode, squad) -> float:
+    """SQuAD dev retrieval nDCG@10 of `encode(texts) -> [N, D]`."""
+    corpus, queries, qrels = squad
+    docs = unit(encode(list(corpus.values())))
+    vectors = unit(encode(list(queries.values())))
+    run = dense_run(vectors, list(queries), docs, list(corpus))
+    return round(evaluate_run(qrels, run, ("ndcg@10",))["ndcg@10"], 4)
+
+
 def unit(v: np.ndarray) -> np.ndarray:
     return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
 
@@ -71,6 +96,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--docs", type=int, default=1000, help="SciFact documents timed (the first N)")
     ap.add_argument("--skip-distill", action="store_true", help="reuse OUT/bertkit and OUT/model2vec")
+    ap.add_argument("--only-ours", action="store_true", help="distil bertkit's folder again, reuse OUT/model2vec")
     ap.add_argument("--skip-teacher-quality", action="store_true")
     ap.add_argument("--static-trained", default=None, help="also score this static folder (finetune embed --static)")
     args = ap.parse_args()
@@ -85,26 +111,29 @@ def main():
         t = time.perf_counter()
         distill_static(str(teacher), out / "bertkit", StaticDistillConfig(), progress=False)
         report["distill_seconds_bertkit"] = round(time.perf_counter() - t, 1)
-        t = time.perf_counter()
-        m2v_distill(str(teacher), pca_dims=256).save_pretrained(str(out / "model2vec"))
-        report["distill_seconds_model2vec"] = round(time.perf_counter() - t, 1)
+        if not args.only_ours:
+            t = time.perf_counter()
+            m2v_distill(str(teacher), pca_dims=256).save_pretrained(str(out / "model2vec"))
+            report["distill_seconds_model2vec"] = round(time.perf_counter() - t, 1)
         report["load_after_distill"] = os.getloadavg()
     m2v = StaticModel.from_pretrained(str(out / "model2vec"))
     ours = encoder(str(out / "bertkit"))
     pairs, sentences, scifact = load()
 
-    report["quality"] = {
-        "bertkit static": quality(lambda t: bertkit.embed(t, ours), pairs, sentences, scifact),
-        "model2vec": quality(lambda t: m2v.encode(t), pairs, sentences, scifact),
-    }
+    squad = squad_retrieval()
+    encoders = {"bertkit static": lambda t: bertkit.embed(t, ours), "model2vec": lambda t: m2v.encode(t)}
     if args.static_trained:
         trained = encoder(args.static_trained)
-        report["quality"]["bertkit static, trained"] = quality(lambda t: bertkit.embed(t, trained), pairs,
-                                                                sentences, scifact)
+        encoders["bertkit static, trained"] = lambda t: bertkit.embed(t, trained)
+    report["quality"] = {}
+    for name, encode in encoders.items():
+        report["quality"][name] = {**quality(encode, pairs, sentences, scifact),
+                                   "squad_dev_ndcg@10": squad_quality(encode, squad)}
     teacher_loaded = encoder(None, dtype="auto")
     if not args.skip_teacher_quality:
-        report["quality"]["default model (bf16)"] = quality(
-            lambda t: bertkit.embed(t, teacher_loaded, batch_size=64), pairs, sentences, scifact)
+        encode = lambda t: bertkit.embed(t, teacher_loaded, batch_size=64)  # noqa: E731
+        report["quality"]["default model (bf16)"] = {**quality(encode, pairs, sentences, scifact),
+                                                     "squad_dev_ndcg@10": squad_quality(encode, squad)}
     report["load_after_quality"] = os.getloadavg()
 
     docs = [document_text(scifact.corpus[d]) for d in list(scifact.corpus)[: args.docs]]
