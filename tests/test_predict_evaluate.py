@@ -201,3 +201,22 @@ def test_evaluate_mode_says_the_precision(sentiment_run, tmp_path, capsys):  # n
     assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--dtype", "bfloat16"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
     assert "computed in bfloat16; finetune scored in float32, which --dtype float32 reproduces" in line
+
+
+def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):
+    from bertkit.tasks.text_inference import make_features, single_ids
+    from bertkit.data.tables import TextExample
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained()
+    rows = (shared_data / "sst2" / "dev.tsv").read_text(encoding="utf-8").split("\n")[1:]
+    texts = [r.split("\t")[0] for r in rows if r.strip()]
+    texts += ["", "  ", "Hello, World! naïve café 🦄", "tab\tnew\nline\u2028sep\x0bvt [MASK] x\u00a0y",
+              " ".join(texts[:20])]  # the last one longer than 32 tokens: cut as encode cuts it
+    for length in (32, 128):
+        assert single_ids(tok, texts, length) == [tok.encode(t, max_length=length).input_ids for t in texts]
+    # pairs and windows (a stride) still go through encode
+    feats = make_features(tok, [TextExample(texts[0], texts[1]), TextExample(texts[-1], None)], "x", None, 32, 0)
+    want = tok.encode(texts[0], texts[1], max_length=32, truncation_strategy="longest_first")
+    assert feats[0]["input_ids"] == want.input_ids and feats[0]["token_type_ids"] == want.token_type_ids
+    assert feats[1]["token_type_ids"] == [0] * 32

@@ -54,13 +54,34 @@ def label_value(label, problem_type: str, label2id: dict | None):
     return label2id[label]
 
 
+def single_ids(tok, texts: list[str], max_length: int) -> list[list[int]]:
+    """`[CLS] text [SEP]` ids of single texts cut at `max_length`, as `encode` gives them, through the
+    tokenizer's ids-only batch path (`Tokenizer.ids_batch`: no offsets or word ids, which a text
+    task's features do not use)."""
+    ids, lengths = tok.ids_batch(texts)
+    out, pos, room = [], 0, max_length - 2
+    for n in lengths:
+        out.append([tok.cls_token_id, *ids[pos : pos + min(n, room)], tok.sep_token_id])
+        pos += n
+    return out
+
+
+def _windows(tok, examples: list[TextExample], max_length: int, stride: int) -> list[list[tuple]]:
+    """Each example's windows as (input_ids, token_type_ids); single texts without a stride in one batch."""
+    single = [i for i, ex in enumerate(examples) if ex.text_pair is None] if stride == 0 else []
+    fast = dict(zip(single, single_ids(tok, [examples[i].text for i in single], max_length))) if single else {}
+    return [[(fast[i], [0] * len(fast[i]))] if i in fast else
+            [(e.input_ids, e.token_type_ids) for e in encode_text(tok, ex.text, ex.text_pair, max_length, stride)]
+            for i, ex in enumerate(examples)]
+
+
 def make_features(tok, examples: list[TextExample], problem_type: str, label2id, max_length: int,
                   stride: int) -> list[dict]:
     """One feature dict per window; `example_index` ties windows to their example."""
     feats = []
-    for i, ex in enumerate(examples):
-        for enc in encode_text(tok, ex.text, ex.text_pair, max_length, stride):
-            f = {"input_ids": enc.input_ids, "token_type_ids": enc.token_type_ids, "example_index": i}
+    for i, (ex, windows) in enumerate(zip(examples, _windows(tok, examples, max_length, stride))):
+        for input_ids, token_type_ids in windows:
+            f = {"input_ids": input_ids, "token_type_ids": token_type_ids, "example_index": i}
             if ex.label is not None:
                 f["labels"] = label_value(ex.label, problem_type, label2id)
             feats.append(f)
