@@ -52,11 +52,7 @@ def static_rows(tok, examples, max_length: int) -> list[list[list[int]]]:
     """The ids of every text (no special tokens, at most max_length), each distinct text once: ids[row][column]."""
     rows = examples.rows
     distinct = list(dict.fromkeys(t for row in rows for t in row))
-    ids, lengths = tok.ids_batch(distinct)
-    where, pos = {}, 0
-    for text, n in zip(distinct, lengths):
-        where[text] = ids[pos : pos + min(n, max_length)]
-        pos += n
+    where = dict(zip(distinct, tok.ids_lists(distinct, max_length)))
     return [[where[t] for t in row] for row in rows]
 
 

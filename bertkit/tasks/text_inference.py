@@ -58,12 +58,7 @@ def single_ids(tok, texts: list[str], max_length: int) -> list[list[int]]:
     """`[CLS] text [SEP]` ids of single texts cut at `max_length`, as `encode` gives them, through the
     tokenizer's ids-only batch path (`Tokenizer.ids_batch`: no offsets or word ids, which a text
     task's features do not use)."""
-    ids, lengths = tok.ids_batch(texts)
-    out, pos, room = [], 0, max_length - 2
-    for n in lengths:
-        out.append([tok.cls_token_id, *ids[pos : pos + min(n, room)], tok.sep_token_id])
-        pos += n
-    return out
+    return [[tok.cls_token_id, *ids, tok.sep_token_id] for ids in tok.ids_lists(texts, max_length - 2)]
 
 
 def _windows(tok, examples: list[TextExample], max_length: int, stride: int) -> list[list[tuple]]:

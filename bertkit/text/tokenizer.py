@@ -278,6 +278,15 @@ class Tokenizer:
             _check_text(text, f"text {i}")
         return token_ids(self, texts)
 
+    def ids_lists(self, texts, max_length: int | None = None) -> list:
+        """`ids_batch` split per text: each text's ids without [CLS]/[SEP], cut at `max_length` when given."""
+        ids, lengths = self.ids_batch(texts)
+        out, pos = [], 0
+        for n in lengths:
+            out.append(ids[pos : pos + (n if max_length is None else min(n, max_length))])
+            pos += n
+        return out
+
     def convert_tokens_to_ids(self, tokens) -> list[int]:
         """Ids of tokens; a token not in the vocabulary maps to [UNK]'s id."""
         if isinstance(tokens, str):
