@@ -60,6 +60,10 @@ class LayersDistillConfig:
     teacher_cache: str | None = field(default=None, metadata={
         "help": "a sentence model: a .safetensors file for its target vectors, read when it holds those of this "
         "data and teacher, else written (a rerun or --resume then skips the teacher)"})
+    holdout: int = field(default=0, metadata={
+        "help": "a sentence model: this many sentences (a seeded draw) kept out of training; after each epoch the "
+        "student's MSE to the teacher's vectors on them picks the epoch saved (--metric holdout_cosine: the "
+        "mean cosine); 0: no held-out set, the last epoch is saved"})
     training: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> "LayersDistillConfig":
@@ -71,5 +75,7 @@ class LayersDistillConfig:
             raise BertkitError(f"--temperature must be > 0, got {self.temperature} (DistilBERT: 2)")
         if not 0 <= self.soft_weight <= 1:
             raise BertkitError(f"--soft-weight must be in [0, 1], got {self.soft_weight}")
+        if self.holdout < 0:
+            raise BertkitError(f"--holdout must be >= 0 (0: no held-out sentences), got {self.holdout}")
         self.training.validate()
         return self

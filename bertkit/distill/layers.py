@@ -9,6 +9,11 @@ layers of a sentence model and trains them to give the teacher's sentence vector
     sentence model:  loss = mean_i ||pool(student(x_i)) - pool(teacher(x_i))||^2 / H    (MSE)
     fine-tuned model: its logits, DistilBERT's soft loss plus the labels' (bertkit.distill.logits)
 
+With --holdout N, N sentences (a draw seeded by --seed) are kept out of training; after each
+epoch the student embeds them and its MSE (and mean cosine) to the teacher's vectors there picks
+the epoch that is saved, as a dev set picks a fine-tuned model's epoch: the number of epochs is
+chosen by the distillation loss on unseen sentences, never by a downstream benchmark.
+
 The teacher runs once over the data before training, in float32 (or --teacher-dtype): its
 vectors are the batches' `labels`, so each epoch costs only the student; --teacher-cache keeps
 them in a safetensors file (keyed by the texts, the teacher, the length and the precision), so a
@@ -25,7 +30,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict
+import random
+from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +52,9 @@ from bertkit.model.modeling import pool_sentence
 from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.loading import load
 from bertkit.tasks.trainer import train
+
+HOLDOUT_METRICS = {"holdout_mse": False, "holdout_cosine": True}  # metric -> greater is better
+
 
 def vector_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     """MSE between sentence vectors [B, H] (the mean over B and H)."""
@@ -67,6 +77,23 @@ class SentenceStudent(nn.Module):
         hidden = self.encoder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
         vectors = pool_sentence(hidden, attention_mask, self.pooling)
         return StudentOutput(vector_loss(vectors, labels))
+
+
+def holdout_split(n: int, holdout: int, seed: int) -> tuple[list[int], list[int]]:
+    """Indices (training, held out) of n sentences: `holdout` of them drawn with `seed`, both in file order."""
+    if holdout >= n:
+        raise BertkitError(f"--holdout {holdout} leaves no sentence to train on ({n} in --data): hold out fewer")
+    held = set(random.Random(seed).sample(range(n), holdout))
+    return [i for i in range(n) if i not in held], sorted(held)
+
+
+def holdout_scores(model: SentenceStudent, teacher, texts: list, targets: np.ndarray, max_length: int) -> dict:
+    """The student's distance to the teacher on held-out sentences, embedded as `teacher_targets` embeds
+    them (the teacher's tokenizer, layout and length): the training loss (MSE over N and H) and the mean
+    cosine of each sentence's two vectors. targets [N, H], one row per text."""
+    got = teacher_targets(replace(teacher, model=model.encoder), texts, max_length)
+    cos = (got * targets).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(targets, axis=1) + 1e-12)
+    return {"holdout_mse": float(((got - targets) ** 2).mean()), "holdout_cosine": float(cos.mean())}
 
 
 def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, progress: bool = False) -> np.ndarray:
@@ -119,7 +146,18 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
     targets = cached_targets(teacher, texts, length, config, log)
     tok = teacher.tokenizer
     enc = tok.encode_batch(texts, max_length=length, padding=False, return_tensors=None)
-    features = [{"input_ids": list(e.input_ids), "labels": targets[i].tolist()} for i, e in enumerate(enc.encodings)]
+    ids = [list(e.input_ids) for e in enc.encodings]
+    kept, held = holdout_split(len(texts), config.holdout, config.training.seed)
+    features = [{"input_ids": ids[i], "labels": targets[i].tolist()} for i in kept]
+    training, evaluate = config.training, None
+    if held:
+        metric = training.metric or "holdout_mse"
+        if metric not in HOLDOUT_METRICS:
+            raise BertkitError(f"--metric {metric!r}: with --holdout choose one of {', '.join(HOLDOUT_METRICS)}")
+        training = replace(training, metric=metric, greater_is_better=HOLDOUT_METRICS[metric])
+        evaluate = partial(holdout_scores, teacher=teacher, texts=[texts[i] for i in held], targets=targets[held],
+                           max_length=length)
+        log(f"{len(held)} sentences held out: the epoch with the best {metric} on them is saved")
     out = Path(output)
     layout = teacher.layout
 
@@ -129,11 +167,12 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
             write_layout(out, pooling=m.pooling, normalize=layout.normalize, max_seq_length=layout.max_seq_length,
                          hidden_size=m.encoder.config.hidden_size, dimensions=layout.dimensions)
 
-    result = train(SentenceStudent(student, pooling), features, config.training, save=save, output_dir=out,
+    result = train(SentenceStudent(student, pooling), features, training, evaluate=evaluate, save=save, output_dir=out,
                    pad_id=tok.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)}, log=log,
                    speed=speed)
-    return {"layers": layers, "sentences": len(texts), "train_seconds": round(result.seconds, 1),
-            "epochs": result.history, "is_main": result.is_main}
+    best = {"best_epoch": result.best["epoch"]} if result.best else {}
+    return {"layers": layers, "sentences": len(kept), "held_out": len(held), **best,
+            "train_seconds": round(result.seconds, 1), "epochs": result.history, "is_main": result.is_main}
 
 
 def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=None) -> dict:
@@ -145,6 +184,9 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
     teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy and the targets
     if teacher.task == "static":
         raise BertkitError(f"{model} is a static model (a table, no layers): distill layers needs a transformer")
+    if teacher.fine_tuned and config.holdout:
+        raise BertkitError("--holdout is for a sentence model's sentences; a fine-tuned teacher's student is "
+                           "trained on its table: leave --holdout out")
     final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
     if final.pop("is_main"):
         (Path(output) / "distill.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
