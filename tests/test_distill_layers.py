@@ -3,12 +3,15 @@ formulas written out by hand (sentence vectors; a fine-tuned model's logits), sh
 loss computed outside the loop and save the teacher's layout, and bad input is one clear line."""
 
 import json
+import random
 import shutil
+import signal
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import bertkit
 from bertkit.cli import main
@@ -24,6 +27,7 @@ from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.loading import load
 from bertkit.tasks.config import TrainConfig
 from bertkit.training.optim import OptimConfig
+from pretrain_support import run_cli, train_losses
 
 SENTENCES = ["the cat sat on the mat", "a dog runs in the park", "stocks fell sharply today",
              "she plays the violin", "rain is expected tomorrow", "he cooked pasta for dinner"]
@@ -136,10 +140,54 @@ def test_the_teachers_vectors_are_cached_and_reused(tiny_dir, tmp_path):
     assert any("computing them again" in x for x in lines) and load_file(cache)["vectors"].shape[0] == 3
 
 
+HELD = "\n".join(SENTENCES + ["the sun sets over the hills", "a child reads a book quietly"]) + "\n"
+
+
+def held_out_run(tiny_dir, out, *more, kill_at_step=None, check=True):
+    """`distill layers --holdout 3` on 8 sentences (5 trained, batch 2: 3 updates an epoch, 3 epochs)."""
+    data = out.parent / "held.txt"
+    data.write_text(HELD)
+    return run_cli("distill", "layers", tiny_dir, "--keep", "1", "--data", data, "-o", out, "--holdout", 3,
+                   "--epochs", 3, "--batch-size", 2, "--learning-rate", 3e-3, "--seed", 0, "--no-progress",
+                   "--device", "cpu", *more, kill_at_step=kill_at_step, check=check)
+
+
+@pytest.mark.slow
+def test_held_out_sentences_pick_the_epoch_saved_and_a_killed_run_resumes_exactly(tiny_dir, tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    held_out_run(tiny_dir, straight)
+    report = json.loads((straight / "distill.json").read_text())
+    scores = {e["epoch"]: e["holdout_mse"] for e in report["epochs"]}
+    assert report["sentences"] == 5 and report["held_out"] == 3 and sorted(scores) == [1, 2, 3]
+    assert report["best_epoch"] == min(scores, key=scores.get)
+    # the saved student is the best epoch's: its MSE and cosine to the teacher on the held-out three, by hand
+    held = [HELD.splitlines()[i] for i in sorted(random.Random(0).sample(range(8), 3))]
+    s = bertkit.embed(held, straight, pooling="mean", normalize=False)
+    t = bertkit.embed(held, tiny_dir, pooling="mean", normalize=False)
+    best = report["epochs"][report["best_epoch"] - 1]
+    assert abs(float(((s - t) ** 2).mean()) - best["holdout_mse"]) < 1e-6
+    cos = (s * t).sum(1) / np.linalg.norm(s, axis=1) / np.linalg.norm(t, axis=1)
+    assert abs(float(cos.mean()) - best["holdout_cosine"]) < 1e-6
+    # killed in update 5 (epoch 2), after the epoch-1 checkpoint; --resume ends where the straight run did
+    res = held_out_run(tiny_dir, killed, kill_at_step=4, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    held_out_run(tiny_dir, killed, "--resume")
+    assert train_losses(killed) == train_losses(straight)
+    drop = ("train_seconds", "eval_seconds")
+    a, b = (json.loads((d / "distill.json").read_text()) for d in (straight, killed))
+    assert [{k: v for k, v in e.items() if k not in drop} for e in b["epochs"]] == \
+        [{k: v for k, v in e.items() if k not in drop} for e in a["epochs"]] and b["best_epoch"] == a["best_epoch"]
+    wa, wb = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 @pytest.mark.parametrize("args, words", [
     (["--keep", "0"], "keep at least 1 layer"),
     (["--keep", "3"], "the teacher has 2 layers; keep 1 to 2"),
     (["--keep", "1", "--data", "EMPTY"], "holds no text"),
+    (["--keep", "1", "--holdout", "1"], "--holdout 1 leaves no sentence to train on (1 in --data)"),
+    (["--keep", "1", "--holdout", "-1"], "--holdout must be >= 0"),
+    (["--keep", "1", "--holdout", "1", "--metric", "accuracy"], "with --holdout choose one of holdout_mse"),
 ])
 def test_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, words):
     (tmp_path / "s.txt").write_text("a b\n")

@@ -11,6 +11,8 @@ from typing import Literal
 from bertkit.errors import BertkitError
 from bertkit.tasks.config import TrainConfig
 
+HOLDOUT_METRICS = {"holdout_mse": False, "holdout_cosine": True}  # what picks the epoch (--holdout): higher better?
+
 
 @dataclass(frozen=True)
 class StaticDistillConfig:
@@ -77,5 +79,8 @@ class LayersDistillConfig:
             raise BertkitError(f"--soft-weight must be in [0, 1], got {self.soft_weight}")
         if self.holdout < 0:
             raise BertkitError(f"--holdout must be >= 0 (0: no held-out sentences), got {self.holdout}")
+        if self.holdout and self.training.metric not in (None, *HOLDOUT_METRICS):
+            raise BertkitError(f"--metric {self.training.metric!r}: with --holdout choose one of "
+                               f"{', '.join(HOLDOUT_METRICS)}")
         self.training.validate()
         return self

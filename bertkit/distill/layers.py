@@ -44,7 +44,7 @@ from torch import nn
 
 from bertkit.data.textfiles import read_texts
 from bertkit.embeddings.features import iter_embed
-from bertkit.distill.config import LayersDistillConfig
+from bertkit.distill.config import HOLDOUT_METRICS, LayersDistillConfig
 from bertkit.distill.logits import distill_logits
 from bertkit.distill.student import StudentOutput, student_from
 from bertkit.errors import BertkitError
@@ -52,8 +52,6 @@ from bertkit.model.modeling import pool_sentence
 from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.loading import load
 from bertkit.tasks.trainer import train
-
-HOLDOUT_METRICS = {"holdout_mse": False, "holdout_cosine": True}  # metric -> greater is better
 
 
 def vector_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
@@ -138,6 +136,7 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
     """Train a `config.keep`-layer student of the sentence model `teacher` (loaded, float32) on its sentence
     vectors over the sentences of `config.data` (MSE); saved at `output` in the teacher's layout."""
     texts = _texts(config.data)
+    kept, held = holdout_split(len(texts), config.holdout, config.training.seed)
     student, layers = student_from(teacher.model, config.keep)
     length = teacher.max_length
     pooling = teacher.layout.pooling if teacher.layout is not None else "mean"  # as embed pools it
@@ -147,13 +146,10 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
     tok = teacher.tokenizer
     enc = tok.encode_batch(texts, max_length=length, padding=False, return_tensors=None)
     ids = [list(e.input_ids) for e in enc.encodings]
-    kept, held = holdout_split(len(texts), config.holdout, config.training.seed)
     features = [{"input_ids": ids[i], "labels": targets[i].tolist()} for i in kept]
     training, evaluate = config.training, None
     if held:
         metric = training.metric or "holdout_mse"
-        if metric not in HOLDOUT_METRICS:
-            raise BertkitError(f"--metric {metric!r}: with --holdout choose one of {', '.join(HOLDOUT_METRICS)}")
         training = replace(training, metric=metric, greater_is_better=HOLDOUT_METRICS[metric])
         evaluate = partial(holdout_scores, teacher=teacher, texts=[texts[i] for i in held], targets=targets[held],
                            max_length=length)
