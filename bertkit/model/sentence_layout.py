@@ -26,7 +26,7 @@ and the one 5.x/6.x writes (`{"pooling_mode": "mean"}`, module types under
 `max_seq_length` kept as the tokenizer's `model_max_length`). We write the
 older one: every version of sentence-transformers and the servers read it.
 
-A module's path must stay inside the folder (`bertkit.data.confined`), and a module's `idx`
+A module's path must stay inside the folder (`bertkit.model.confined`), and a module's `idx`
 must be a whole number: each is refused in one line naming modules.json.
 
 Our addition: `"matryoshka_dims"` in config_sentence_transformers.json, the
@@ -41,7 +41,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertkit.data.confined import inside
+from bertkit.model.confined import inside
 from bertkit.errors import BertkitError
 
 MODULES_FILE = "modules.json"

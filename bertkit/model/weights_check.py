@@ -16,7 +16,7 @@ out before any shape is compared. The shapes are in the safetensors header
 
 Keys are matched with any prefix a head checkpoint puts on its encoder (`bert.`,
 `electra.`); a sharded checkpoint's shards (its `weight_map`) must lie inside the
-folder (`bertkit.data.confined`). A pickled pytorch_model.bin has no header: its
+folder (`bertkit.model.confined`). A pickled pytorch_model.bin has no header: its
 shapes are checked after loading (`bertkit.model.checkpoint.load_state`).
 """
 
@@ -26,7 +26,7 @@ import json
 import re
 from pathlib import Path
 
-from bertkit.data.confined import inside
+from bertkit.model.confined import inside
 from bertkit.data.safetensors_header import read_header
 from bertkit.errors import BertkitError
 
