@@ -79,7 +79,7 @@ from bertkit.retrieval import codes_file, compact
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
-from bertkit.retrieval.index_check import check_codes, check_files, check_values, read_info
+from bertkit.retrieval.index_check import check_files, check_values, read_info
 from bertkit.retrieval.lexical import build_lexical, options_of, read_lexical, stem_function
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
@@ -476,14 +476,13 @@ def open_index(directory) -> Index:
     if info.get("format") != FORMAT:
         raise BertkitError(f"{directory} is an index of format {info.get('format')}; this bertkit reads format "
                            f"{FORMAT}: build it again")
-    # before mapping: a truncated file is named, not an mmap error
-    check_files(directory, info, VECTORS, PASSAGES, codes_file.has_float_rows(info))
+    kind = codes_file.kind_of(info)
+    coded = None if kind == "float32" else (codes_file.CODES, kind,
+                                            codes_file.codes_shape(kind, info["passages"], info["dim"]))
+    # every file's header before mapping: a truncated file is named, not an mmap error
+    check_files(directory, info, VECTORS, PASSAGES, codes_file.has_float_rows(info), coded)
     tensors = map_safetensors(directory / VECTORS)
-    codes, kind = {}, codes_file.kind_of(info)
-    if kind != "float32":
-        check_codes(directory, info, codes_file.CODES, kind,
-                    codes_file.codes_shape(kind, info["passages"], info["dim"]))
-        codes = map_safetensors(directory / codes_file.CODES)
+    codes = {} if coded is None else map_safetensors(directory / codes_file.CODES)
     check_values(directory, info, tensors, PASSAGES, codes)
     return Index(directory, info, tensors.get("vectors"), tensors["document"], tensors["passage_offset"],
                  codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]))

@@ -54,21 +54,27 @@ def read_info(path: Path) -> dict:
     return info
 
 
-def check_files(directory: Path, info: dict, vectors: str, passages: str, float_rows: bool = True) -> None:
-    """The vectors file is whole and has the shapes index.json says (the float rows unless `float_rows` is
-    False: an index of compact codes alone); passages.jsonl is there."""
+def check_files(directory: Path, info: dict, vectors: str, passages: str, float_rows: bool = True,
+                codes: tuple[str, str, tuple] | None = None) -> None:
+    """The files are there and whole, with the tensors index.json says: the vectors file (the float rows
+    unless `float_rows` is False: an index of compact codes alone), passages.jsonl, and with `codes`
+    (file name, kind, shape) the codes file. Every presence and kind is checked before any header is read."""
     path = directory / vectors
     if not path.is_file():
         raise BertkitError(f"{path} is missing: the index is incomplete; {REBUILD}")
     n, dim = info["passages"], info["dim"]
     want = {"document": ("I64", (n,)), "passage_offset": ("I64", (n + 1,))}
-    _check_tensors(directory, path, ({"vectors": ("F32", (n, dim))} if float_rows else {}) | want)
+    files = [(path, ({"vectors": ("F32", (n, dim))} if float_rows else {}) | want)]
     if not (directory / passages).is_file():
         raise BertkitError(f"{directory / passages} is missing: the index is incomplete; {REBUILD}")
+    if codes is not None:
+        files.append(_codes_file(directory, info, *codes))
+    for path, want in files:
+        _check_tensors(directory, path, want)
 
 
-def check_codes(directory: Path, info: dict, codes: str, kind: str, shape: tuple) -> None:
-    """The codes file is whole and holds codes of `kind` (index.json's) and `shape` (its counts say)."""
+def _codes_file(directory: Path, info: dict, codes: str, kind: str, shape: tuple) -> tuple[Path, dict]:
+    """The codes file and the tensors it must hold: codes of `kind` (index.json's) and `shape` (its counts say)."""
     path = directory / codes
     if kind not in ("int8", "binary"):
         raise BertkitError(f"{directory / 'index.json'}: vectors kind {kind!r} is not float32, int8 or binary: the "
@@ -77,7 +83,7 @@ def check_codes(directory: Path, info: dict, codes: str, kind: str, shape: tuple
         raise BertkitError(f"{path} is missing (index.json says the index has {kind} codes): the index is "
                            f"incomplete; {REBUILD}")
     want = {"codes": ("I8" if kind == "int8" else "U8", shape)}
-    _check_tensors(directory, path, want | ({"ranges": ("F32", (2, info["dim"]))} if kind == "int8" else {}))
+    return path, want | ({"ranges": ("F32", (2, info["dim"]))} if kind == "int8" else {})
 
 
 def _check_tensors(directory: Path, path: Path, want: dict) -> None:
