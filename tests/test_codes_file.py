@@ -32,8 +32,9 @@ def made(shared_data, tiny_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("codes_file")
     folder = scifact_slice(shared_data, root / "sf", n_queries=4, n_extra=6)
     common = dict(passage_tokens=TOKENS, overlap=OVERLAP, batch_size=64, dtype="float32", progress=False)
-    for name, kind, keep in (("float", "float32", False), ("binary", "binary", False), ("int8", "int8", True)):
-        build_index(folder / "corpus.jsonl", root / name, str(tiny_dir), vectors=kind, keep_float=keep, **common)
+    for name, kind, rows in (("float", "float32", None), ("binary", "binary", None), ("int8", "int8", "float32"),
+                             ("binary_int8", "binary", "int8")):
+        build_index(folder / "corpus.jsonl", root / name, str(tiny_dir), vectors=kind, rescore_with=rows, **common)
     return {"root": root, "folder": folder, "tiny": tiny_dir, "common": common}
 
 
@@ -52,7 +53,7 @@ def test_a_codes_only_index_holds_compact_codes_and_no_float_rows(made):
     n, dim = vectors.shape
     on_disk = sum(p.stat().st_size for p in (made["root"] / "binary").glob("*.safetensors"))
     assert on_disk < n * (dim // 8 + 16) + 1024  # the codes and the row tables (16 bytes a row), headers
-    with pytest.raises(BertkitError, match="stores only its binary codes .*--vectors binary --keep-float"):
+    with pytest.raises(BertkitError, match="stores only binary codes .*--vectors binary --keep-float"):
         binary.float_rows("this step")
 
 
@@ -138,8 +139,8 @@ def test_a_codes_only_build_resumes_to_the_same_bytes(made, monkeypatch, tmp_pat
         build_index(corpus, tmp_path / "ix", tiny, vectors="binary", **common)
     monkeypatch.setattr(index_module, "_write_json", real)
     assert "vectors" not in read_header(tmp_path / "ix" / "vectors.safetensors")
-    with pytest.raises(BertkitError, match="keep_float was False in the interrupted run and is True"):
-        build_index(corpus, tmp_path / "ix", tiny, vectors="binary", keep_float=True, resume=True, **common)
+    with pytest.raises(BertkitError, match="rescore_with was None in the interrupted run and is 'float32'"):
+        build_index(corpus, tmp_path / "ix", tiny, vectors="binary", rescore_with="float32", resume=True, **common)
     build_index(corpus, tmp_path / "ix", tiny, vectors="binary", resume=True, **common)
     for name in ("index.json", "codes.safetensors", "vectors.safetensors", "passages.jsonl"):
         assert (tmp_path / "ix" / name).read_bytes() == (made["root"] / "binary" / name).read_bytes(), name

@@ -45,7 +45,7 @@ def test_rescoring_every_row_is_brute_force_over_the_decoded_vectors(kind):
     np.testing.assert_array_equal(rows, want)
     np.testing.assert_allclose(scores, np.take_along_axis(brute, want, 1), rtol=1e-5)
     # rescored with the original float rows instead: every row a candidate gives the exact float search
-    scores, rows = compact_top_k(queries, codes, kind, 10, ranges=ranges, oversampling=30, float_vectors=corpus)
+    scores, rows = compact_top_k(queries, codes, kind, 10, ranges=ranges, oversampling=30, rescore_rows=corpus)
     exact = queries @ corpus.T
     np.testing.assert_array_equal(rows, np.argsort(-exact, axis=1, kind="stable")[:, :10])
     np.testing.assert_allclose(scores, np.sort(exact, axis=1)[:, ::-1][:, :10], rtol=1e-5)

@@ -75,8 +75,13 @@ def _add_search_structures(p) -> None:
     p.add_argument("--vectors", choices=["float32", "int8", "binary"], default="float32", help="store the vectors "
                    "as compact codes that exact search scans, rescoring its candidates against the decoded codes "
                    "(int8: 1/4 of the bytes, binary: 1/32; default float32: the float rows alone)")
+    p.add_argument("--rescore-with", choices=["int8", "float32"], help="rows kept beside the codes to rescore the "
+                   "candidates against, read for the candidates only (default: the decoded codes). int8, with "
+                   "--vectors binary: 1/32 of float32's bytes scanned, 1/32 + 1/4 stored (sentence-transformers' "
+                   "binary index + int8 rescoring); float32: the float rows (as --keep-float)")
     p.add_argument("--keep-float", action="store_true", help="with --vectors int8|binary: keep the float rows too, "
-                   "and rescore the candidates against them (more bytes on disk, float32's ranking)")
+                   "and rescore the candidates against them (more bytes on disk, float32's ranking); the same as "
+                   "--rescore-with float32")
     p.add_argument("--no-lexical", action="store_true", help="leave out the lexical part (BM25 over the same "
                    "passages, stemmed, which hybrid and lexical search need; built by default)")
 
@@ -99,7 +104,7 @@ def run_index(args):
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
                        ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search,
                        lexical=lexical, dedupe=args.dedupe, overwrite=args.overwrite,
-                       vectors=args.vectors, keep_float=args.keep_float, fast=args.speed)
+                       vectors=args.vectors, rescore_with=_rescore_with(args), fast=args.speed)
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]
@@ -109,8 +114,10 @@ def run_index(args):
           + (f"; {skipped} documents without any token left out" if skipped else ""))
     if info.get("vectors"):
         made = info["vectors"]
-        print(f"vectors: {made['kind']} codes, {made['bytes_per_vector']} bytes each"
-              + (", and the float rows (--keep-float)" if "float32" in made["stored"] else ", the float rows not kept"))
+        kept = {"float32": "the float rows", "int8": "int8 rows"}
+        print(f"vectors: {made['kind']} codes, {made['bytes_per_vector']} bytes each scanned"
+              + "".join(f", and {kept[k]} to rescore the candidates ({made['bytes_stored_per_vector']} bytes a vector "
+                        "stored)" for k in made["stored"][1:]) + ("" if made["stored"][1:] else ", the float rows not kept"))
     if info.get("lexical"):
         made = info["lexical"]
         print(f"lexical: BM25 (Lucene idf, k1 {made['k1']}, b {made['b']}, stop words {made['stopwords']}, stemmer "
@@ -120,6 +127,14 @@ def run_index(args):
         print(f"{ann['kind']} (M {ann['m']}, efConstruction {ann['ef_construction']}, efSearch {ann['ef_search']}): "
               f"recall@10 {ann['recall@10']:.4f} against exact search on {ann['held_out']} held-out passages as "
               "queries (each one's own row left out)")
+
+
+def _rescore_with(args) -> str | None:
+    """--rescore-with, with --keep-float its other name for float32."""
+    if args.keep_float and args.rescore_with not in (None, "float32"):
+        raise BertkitError(f"--keep-float is --rescore-with float32: give one of them, not --rescore-with "
+                           f"{args.rescore_with} too")
+    return "float32" if args.keep_float else args.rescore_with
 
 
 def run_export(args):

@@ -18,6 +18,13 @@ dot product with each candidate's decoded vector (int8: the middle of its step,
 lo + (code + 128.5) x step; binary: -1 / +1 per bit), and the best k of those are returned.
 Blocked over the rows, so memory stays about `block x D` whatever N.
 
+Rescoring rows (`rescore_rows=`): other rows of the same passages that the candidates are
+rescored against instead of the decoded codes, read for the candidates only (a memory map:
+k x oversampling rows per query). float32: the original vectors, Qdrant's binary quantization
+with `rescore` (its original vectors on disk); int8 codes: sentence-transformers' published
+pipeline (the "Embedding Quantization" post and its demo: a binary index searched in memory,
+the candidates rescored with the float query against int8 embeddings kept on disk).
+
 Shapes: queries [Q, D] float32 unit rows; codes [N, D] int8 or [N, D/8] uint8;
 ranges [2, D] float32 (lo, hi).
 """
@@ -107,10 +114,10 @@ def _candidates(query_codes: np.ndarray, codes: np.ndarray, kind: str, depth: in
 
 def compact_top_k(queries: np.ndarray, codes: np.ndarray, kind: str, k: int, *, ranges: np.ndarray | None = None,
                   oversampling: int = DEFAULT_OVERSAMPLING, block_size: int = 16384,
-                  float_vectors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  rescore_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(scores [Q, k], rows [Q, k]) best first: candidates by the codes, rescored with the float queries.
-    float_vectors: [N, D] the original vectors (a memory map: only the candidates' rows are read) to rescore
-    against instead of the decoded codes, as Qdrant rescores its binary quantization."""
+    rescore_rows: [N, D] float32 vectors or int8 codes (decoded with `ranges`) to rescore the candidates against
+    instead of the decoded `codes` (see the module docstring); only the candidates' rows are read."""
     if kind not in ("int8", "binary"):
         raise BertkitError(f"compact search needs int8 or binary codes, not {kind!r}")
     if oversampling < 1:
@@ -119,12 +126,18 @@ def compact_top_k(queries: np.ndarray, codes: np.ndarray, kind: str, k: int, *, 
     dim = queries.shape[1]
     best_rows = _candidates(encode(queries, kind, ranges), codes, kind, min(len(codes), k * oversampling), block_size)
     out_scores, out_rows = [], []
-    for q, rows in zip(queries, best_rows):  # rescoring: the float query against the decoded candidates
-        ordered = np.sort(rows)
-        candidates = (decode(np.asarray(codes[ordered]), kind, ranges, dim) if float_vectors is None
-                      else np.asarray(float_vectors[ordered], np.float32))
-        rescored = candidates @ q
+    for q, rows in zip(queries, best_rows):  # rescoring: the float query against the candidates' vectors
+        ordered = np.sort(rows)  # ascending rows: a forward walk through the memory map
+        rescored = _candidate_vectors(codes, kind, ranges, dim, ordered, rescore_rows) @ q
         order = np.argsort(-rescored, kind="stable")[:k]
         out_scores.append(rescored[order])
         out_rows.append(ordered[order])
     return np.stack(out_scores), np.stack(out_rows)
+
+
+def _candidate_vectors(codes, kind: str, ranges, dim: int, rows: np.ndarray, rescore_rows) -> np.ndarray:
+    """[C, D] float32: the decoded codes of `rows`, or their rescoring rows (int8 ones decoded)."""
+    if rescore_rows is None:
+        return decode(np.asarray(codes[rows]), kind, ranges, dim)
+    found = np.asarray(rescore_rows[rows])
+    return decode(found, "int8", ranges, dim) if found.dtype == np.int8 else found.astype(np.float32, copy=False)

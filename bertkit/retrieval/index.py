@@ -8,7 +8,7 @@
                            "max_passages_per_document", "corpus"}
     passages.jsonl        one {"id", "doc_id", "title", "start", "end", "text"} per passage, row order
     hnsw.faiss            with --ann hnsw: a FAISS HNSW graph of the vectors (`bertkit.retrieval.ann`)
-    codes.safetensors     with --vectors int8|binary: the compact codes (`bertkit.retrieval.codes_file`)
+    codes.safetensors     with --vectors int8|binary: the codes (and rows to rescore: `retrieval.codes_file`)
     vectors.safetensors   "vectors"        F32 [N, D]   unit rows (cosine = dot product); with --vectors
                                                         int8|binary only if --keep-float
                           "document"       I64 [N]      the document number of each row (0.. documents-1)
@@ -75,7 +75,7 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.features import load_encoder
 from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
-from bertkit.retrieval import codes_file, compact
+from bertkit.retrieval import codes_file
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
 from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
@@ -292,7 +292,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 progress: bool = True, ann: str | None = None, ann_m: int = 32, ef_construction: int = 200,
                 ef_search: int = 128, overlap: int | None = None,
                 lexical: LexicalOptions | None = LexicalOptions(), dedupe: bool = False,
-                overwrite: bool = False, vectors: str = "float32", keep_float: bool = False,
+                overwrite: bool = False, vectors: str = "float32", rescore_with: str | None = None,
                 fast=True) -> dict | None:
     """Cut `corpus` into passages, embed them with `model` (None: the default model) and write the
     index folder `output` (see the module docstring); returns index.json's contents.
@@ -311,11 +311,12 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     an index (finished or not) already in `output`. The folder is locked while it is written
     (`bertkit.data.lock`): a second build into it is refused at once.
     vectors: "int8" or "binary" stores the vectors' compact codes (`bertkit.retrieval.codes_file`), which the
-    exact search scans, rescoring its candidates against the decoded codes; keep_float also keeps the float
-    rows, which the rescoring then reads for the candidates only.
+    exact search scans, rescoring its candidates against the decoded codes, or against the rows of
+    rescore_with ("float32": the float rows kept, --keep-float; "int8", binary only: int8 rows), read for
+    the candidates only.
     fast: the fast path's settings for the encoder, as `bertkit.runtime.loading.load` takes them.
     """
-    _check_options(vectors, keep_float, batch_size, part_size, ann, lexical)
+    _check_options(vectors, rescore_with, batch_size, part_size, ann, lexical)
     out = Path(output)
     # one writer per folder (bertkit.data.lock); under torchrun rank 0 holds it for every rank
     lock = folder_lock(out, "bertkit index") if first_process() else contextlib.nullcontext()
@@ -333,7 +334,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 "passage_tokens": passage_tokens, "overlap": stride, "part_size": part_size, "batch_size": batch_size,
                 "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
                 "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search},
-                "lexical": lexical and dataclasses.asdict(lexical), "vectors": vectors, "keep_float": keep_float}
+                "lexical": lexical and dataclasses.asdict(lexical), "vectors": vectors, "rescore_with": rescore_with}
         # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist
         _on_rank_0(rank, lambda: _start(out, resume, plan, lines))
         _sees(rank, [out / BUILD_JSON])
@@ -356,12 +357,9 @@ def _passage_shape(loaded: Loaded, passage_tokens, stride) -> tuple:
     return passage_tokens, default_stride(passage_tokens) if stride is None and isinstance(passage_tokens, int) else stride
 
 
-def _check_options(vectors: str, keep_float: bool, batch_size, part_size, ann, lexical) -> None:
+def _check_options(vectors: str, rescore_with: str | None, batch_size, part_size, ann, lexical) -> None:
     """build_index's settings checked before anything is read, a missing optional package included."""
-    if vectors not in compact.KINDS:
-        raise BertkitError(f"unknown --vectors {vectors!r}: choose one of {', '.join(compact.KINDS)}")
-    if keep_float and vectors == "float32":
-        raise BertkitError("--keep-float keeps the float rows beside compact codes: add --vectors int8 or binary")
+    codes_file.check_choice(vectors, rescore_with)
     for name, value in (("batch size", batch_size), ("part size", part_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BertkitError(f"the {name} must be at least 1, got {value!r}")
@@ -392,7 +390,7 @@ def _finish(out: Path, plan: dict, passages: list, order: list[int], lines: list
                                      ef_construction=ann["ef_construction"], ef_search=ann["ef_search"],
                                      progress=progress)
     if plan["vectors"] != "float32":  # after the steps that read the float rows, which a codes-only index drops
-        info["vectors"] = _store_codes(out, plan["vectors"], plan["keep_float"])
+        info["vectors"] = _store_codes(out, plan["vectors"], plan["rescore_with"])
     _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
     shutil.rmtree(out / PARTS)
     (out / BUILD_JSON).unlink()
@@ -413,7 +411,8 @@ class Index:
     passage_offset: np.ndarray
     lexical_part: object = field(default=None, repr=False)  # the bm25s retriever, read when first asked for
     codes: np.ndarray | None = None  # with --vectors int8|binary: [N, D] int8 or [N, D/8] uint8 (compact.py)
-    ranges: np.ndarray | None = None  # int8: [2, D] the corpus's per-dimension lowest and highest
+    ranges: np.ndarray | None = None  # int8 codes or rows: [2, D] the corpus's per-dimension lowest and highest
+    rescore: np.ndarray | None = None  # binary --rescore-with int8: [N, D] int8 rows, read for candidates only
 
     def lexical(self):
         """The BM25 part (`bertkit.retrieval.lexical`), memory-mapped on first use; refused in one line when
@@ -429,8 +428,8 @@ class Index:
     def float_rows(self, needs: str) -> np.ndarray:
         """The float rows [N, D], or one line saying that `needs` needs them and this index stores codes only."""
         if self.vectors is None:
-            kind = codes_file.kind_of(self.info)
-            raise BertkitError(f"{needs} needs the float vectors, and {self.directory} stores only its {kind} codes "
+            kind, stored = codes_file.kind_of(self.info), " and ".join(self.info["vectors"]["stored"])
+            raise BertkitError(f"{needs} needs the float vectors, and {self.directory} stores only {stored} codes "
                                f"(built with --vectors {kind}): build it again with --vectors {kind} --keep-float")
         return self.vectors
 
@@ -477,23 +476,24 @@ def open_index(directory) -> Index:
         raise BertkitError(f"{directory} is an index of format {info.get('format')}; this bertkit reads format "
                            f"{FORMAT}: build it again")
     kind = codes_file.kind_of(info)
-    coded = None if kind == "float32" else (codes_file.CODES, kind,
-                                            codes_file.codes_shape(kind, info["passages"], info["dim"]))
+    coded = None if kind == "float32" else (codes_file.CODES, kind, codes_file.codes_tensors(
+        kind, info["passages"], info["dim"], codes_file.has_int8_rows(info)))
     # every file's header before mapping: a truncated file is named, not an mmap error
     check_files(directory, info, VECTORS, PASSAGES, codes_file.has_float_rows(info), coded)
     tensors = map_safetensors(directory / VECTORS)
     codes = {} if coded is None else map_safetensors(directory / codes_file.CODES)
     check_values(directory, info, tensors, PASSAGES, codes)
     return Index(directory, info, tensors.get("vectors"), tensors["document"], tensors["passage_offset"],
-                 codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]))
+                 codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]),
+                 rescore=codes.get("rescore"))
 
 
-def _store_codes(out: Path, kind: str, keep_float: bool) -> dict:
-    """OUT/codes.safetensors from the float rows, which are then dropped unless `keep_float`
-    (`bertkit.retrieval.codes_file`); returns index.json's "vectors"."""
+def _store_codes(out: Path, kind: str, rescore_with: str | None) -> dict:
+    """OUT/codes.safetensors from the float rows (and int8 rows when `rescore_with` is "int8"), which are then
+    dropped unless `rescore_with` is "float32" (`bertkit.retrieval.codes_file`); returns index.json's "vectors"."""
     tensors = map_safetensors(out / VECTORS)
-    _replace_atomically(out / codes_file.CODES, codes_file.codes_writer(tensors["vectors"], kind))
-    if not keep_float:
+    _replace_atomically(out / codes_file.CODES, codes_file.codes_writer(tensors["vectors"], kind, rescore_with))
+    if rescore_with != "float32":
         _replace_atomically(out / VECTORS, codes_file.without_float_writer(tensors["document"],
                                                                            tensors["passage_offset"]))
-    return codes_file.record(kind, keep_float, tensors["vectors"].shape[1])
+    return codes_file.record(kind, rescore_with, tensors["vectors"].shape[1])

@@ -11,8 +11,9 @@ wrong results quietly. Each check names the file and the fix in one line:
                           inside it); vectors F32 [N, D] (unless index.json says the index stores
                           only compact codes), document I64 [N], passage_offset I64 [N+1]
     codes.safetensors     with --vectors int8|binary (`bertkit.retrieval.codes_file`): a whole file;
-                          codes I8 [N, D] or U8 [N, ceil(D/8)] as index.json's kind says; int8's
-                          ranges F32 [2, D], finite, lowest <= highest
+                          codes I8 [N, D] or U8 [N, ceil(D/8)] as index.json's kind says; binary's
+                          int8 rows I8 [N, D] when its "stored" names int8 (--rescore-with int8);
+                          int8's ranges F32 [2, D], finite, lowest <= highest
     passages.jsonl        exactly passage_offset[N] bytes; offsets increasing from 0
     values                document numbers in 0..documents-1; every vector finite (read once,
                           a block of rows at a time: bounded memory)
@@ -55,10 +56,11 @@ def read_info(path: Path) -> dict:
 
 
 def check_files(directory: Path, info: dict, vectors: str, passages: str, float_rows: bool = True,
-                codes: tuple[str, str, tuple] | None = None) -> None:
+                codes: tuple[str, str, dict] | None = None) -> None:
     """The files are there and whole, with the tensors index.json says: the vectors file (the float rows
     unless `float_rows` is False: an index of compact codes alone), passages.jsonl, and with `codes`
-    (file name, kind, shape) the codes file. Every presence and kind is checked before any header is read."""
+    (file name, kind, its tensors: `bertkit.retrieval.codes_file.codes_tensors`) the codes file. Every
+    presence and kind is checked before any header is read."""
     path = directory / vectors
     if not path.is_file():
         raise BertkitError(f"{path} is missing: the index is incomplete; {REBUILD}")
@@ -68,13 +70,14 @@ def check_files(directory: Path, info: dict, vectors: str, passages: str, float_
     if not (directory / passages).is_file():
         raise BertkitError(f"{directory / passages} is missing: the index is incomplete; {REBUILD}")
     if codes is not None:
-        files.append(_codes_file(directory, info, *codes))
+        files.append(_codes_file(directory, *codes))
     for path, want in files:
         _check_tensors(directory, path, want)
 
 
-def _codes_file(directory: Path, info: dict, codes: str, kind: str, shape: tuple) -> tuple[Path, dict]:
-    """The codes file and the tensors it must hold: codes of `kind` (index.json's) and `shape` (its counts say)."""
+def _codes_file(directory: Path, codes: str, kind: str, want: dict) -> tuple[Path, dict]:
+    """The codes file and the tensors it must hold, `want` (name -> (dtype, shape)): the codes of `kind`
+    (index.json's), the rows and ranges its "vectors" record names, of the shapes its counts say."""
     path = directory / codes
     if kind not in ("int8", "binary"):
         raise BertkitError(f"{directory / 'index.json'}: vectors kind {kind!r} is not float32, int8 or binary: the "
@@ -82,8 +85,7 @@ def _codes_file(directory: Path, info: dict, codes: str, kind: str, shape: tuple
     if not path.is_file():
         raise BertkitError(f"{path} is missing (index.json says the index has {kind} codes): the index is "
                            f"incomplete; {REBUILD}")
-    want = {"codes": ("I8" if kind == "int8" else "U8", shape)}
-    return path, want | ({"ranges": ("F32", (2, info["dim"]))} if kind == "int8" else {})
+    return path, want
 
 
 def _check_tensors(directory: Path, path: Path, want: dict) -> None:

@@ -139,10 +139,11 @@ def _passages(index: Index, query_vectors: np.ndarray, depth: int, block_size: i
         ef = ef_search if ef_search is not None else index.info.get("ann", {}).get("ef_search", 128)
         return ann_top_k(graph, query_vectors, depth, ef)
     if index.codes is not None:  # --vectors int8|binary: candidates by the codes, rescored on the float rows
-        # when the index kept them (--keep-float), else on the decoded codes
+        # when the index kept them (--keep-float), its int8 rows (--rescore-with int8), else the decoded codes
         return compact_top_k(query_vectors, index.codes, index.info["vectors"]["kind"], depth,
                              ranges=index.ranges, oversampling=int(index.info["vectors"]["oversampling"]),
-                             block_size=block_size, float_vectors=index.vectors)
+                             block_size=block_size,
+                             rescore_rows=index.vectors if index.vectors is not None else index.rescore)
     return top_k(query_vectors, index.vectors, depth, block_size=block_size, query_block=query_block,
                  normalized=True)
 
