@@ -1,15 +1,21 @@
 """Compact vectors on a real index: nDCG@10 of int8 and binary codes with rescoring against float32.
 
-    python bench/compact_quality.py --index scifact.index --data data/scifact --split test
+    python bench/compact_quality.py --index scifact.index --data data/scifact --split test --documents 100 10
 
-The index's float32 passage vectors are coded (`bertkit.retrieval.compact`), the split's queries embedded by
-the index's model, the passages ranked by the codes and rescored with the float query (k x oversampling
-candidates), documents by their best passage; the figures are bertkit.metrics.retrieval's.
+The index's float32 passage vectors are coded (`bertkit.retrieval.compact`, as `bertkit index --vectors`
+codes them), the split's queries embedded by the index's model, the passages ranked by the codes and
+rescored with the float query (`--documents` x the most passages per document x oversampling candidates,
+as a search for that many documents asks), documents by their best passage; the figures are
+bertkit.metrics.retrieval's. Rescoring against: the decoded codes (codes only), the int8 rows (binary
+--rescore-with int8: sentence-transformers' binary index + int8 rescoring), the float rows (--keep-float).
+`--copy DIR` also writes DIR/binary_int8.index, a copy of the index stored as `bertkit index --vectors binary
+--rescore-with int8` stores it (codes.safetensors, no float rows), for `bertkit evaluate retrieval --index`.
 Size and speed: `--scale N` (1M in docs/search.md) makes N vectors from the index's float rows (row i is
 row i mod R plus Gaussian noise of norm about `--sigma`, normalised; seeded), writes them as float32 (.npy)
 and as int8 and binary codes (codes.safetensors as `bertkit index --vectors` writes them), memory-maps them
 and times the split's real queries: float32 exact (`exact.top_k`) and each kind of codes + rescoring
-against the decoded codes (`compact.compact_top_k`, k 10, the last `--oversampling`), all queries in one call
+against the decoded codes or, binary+int8, its int8 rows (`compact.compact_top_k`, k 10, the last
+`--oversampling`), all queries in one call
 and `--single` one per call; peak anonymous memory sampled every 10 ms:
 
     OMP_NUM_THREADS=1 python bench/compact_quality.py --index scifact.index --data data/scifact --scale 1000000
@@ -18,6 +24,7 @@ and `--single` one per call; peak anonymous memory sampled every 10 ms:
 import argparse
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -30,7 +37,7 @@ from bertkit.retrieval.compact import compact_top_k, encode, int8_ranges
 from bertkit.retrieval.documents import first_per_document
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.codes_file import codes_writer
-from bertkit.retrieval.index import document_ids, map_safetensors, open_index
+from bertkit.retrieval.index import _store_codes, document_ids, map_safetensors, open_index
 from bertkit.retrieval.search import embed_queries, query_encoder
 
 
@@ -49,21 +56,43 @@ def quality(args):
     ids = list(data.queries)
     loaded = query_encoder(index.info, dtype="float32")
     queries = embed_queries(index.info, loaded, [data.queries[q] for q in ids])
-    depth = 100 * int(index.info["max_passages_per_document"])
-    vectors = np.asarray(index.vectors)
+    vectors = np.asarray(index.float_rows("bench/compact_quality.py"), np.float32)
     ranges = int8_ranges(vectors)
-    rows = {"float32": top_k(queries, vectors, depth, normalized=True)}
-    for kind in ("int8", "binary"):
-        codes = encode(vectors, kind, ranges)
-        for over in args.oversampling:
-            rows[f"{kind} x{over}"] = compact_top_k(queries, codes, kind, depth, ranges=ranges, oversampling=over)
-            rows[f"{kind} x{over}, float rescoring"] = compact_top_k(queries, codes, kind, depth, ranges=ranges,
-                                                                     oversampling=over, float_vectors=index.vectors)
-    base = None
-    for name, (scores, found) in rows.items():
-        figures = evaluate_run(data.qrels, doc_run(index, ids, scores, found))
-        base = base or figures["ndcg@10"]
-        print(f"| {name} | {figures['ndcg@10']:.4f} | {figures['ndcg@10'] / base:.4f} | {figures['recall@100']:.4f} |")
+    codes = {kind: encode(vectors, kind, ranges) for kind in ("int8", "binary")}
+    against = {"codes only": None, "int8 rows": codes["int8"], "float rows": vectors}
+    print(f"{len(vectors)} passages, {len(ids)} queries; | vectors, rescored against | documents | candidates "
+          "(of the passages) | nDCG@10 | of float32 | Recall@10 |")
+    for documents in args.documents:
+        depth = documents * int(index.info["max_passages_per_document"])
+        base = _row(index, data.qrels, ids, "float32 (exact)", documents, depth, top_k(queries, vectors, depth,
+                                                                                        normalized=True))
+        for kind, rows_to in (("int8", "codes only"), ("binary", "codes only"), ("binary", "int8 rows"),
+                              ("binary", "float rows")):
+            for over in args.oversampling:
+                found = compact_top_k(queries, codes[kind], kind, depth, ranges=ranges, oversampling=over,
+                                      rescore_rows=against[rows_to])
+                _row(index, data.qrels, ids, f"{kind} x{over}, {rows_to}", documents, depth * over, found, base)
+    if args.copy:
+        print("copy:", binary_int8_copy(args.index, Path(args.copy) / "binary_int8.index"))
+
+
+def _row(index, qrels, ids, name, documents, candidates, found, base=None) -> float:
+    figures = evaluate_run(qrels, doc_run(index, ids, *found, k=documents))
+    share = min(candidates, len(index)) / len(index)
+    print(f"| {name} | {documents} | {min(candidates, len(index))} ({share:.1%}) | {figures['ndcg@10']:.4f} | "
+          f"{figures['ndcg@10'] / (base or figures['ndcg@10']):.4f} | {figures['recall@10']:.4f} |", flush=True)
+    return figures["ndcg@10"]
+
+
+def binary_int8_copy(source, out: Path) -> dict:
+    """OUT: the index at `source` copied, then stored as `bertkit index --vectors binary --rescore-with int8`
+    finishes a build (`index._store_codes`: the codes file written, the float rows dropped); its "vectors"."""
+    shutil.copytree(source, out)
+    info = json.loads((out / "index.json").read_text())
+    info["vectors"] = _store_codes(out, "binary", "int8")
+    (out / "index.json").write_text(json.dumps(info, indent=1))
+    open_index(out)  # the copy passes the checks a search makes
+    return info["vectors"]
 
 
 def _sample_anon(peak: list, stop: threading.Event) -> None:
@@ -102,17 +131,20 @@ def scale(args):
         vectors[start : start + len(rows)] = part / np.linalg.norm(part, axis=1, keepdims=True)
     vectors.flush()
     files = {"float32": work / "vectors.npy"}
-    for kind in ("int8", "binary"):
-        files[kind] = work / f"codes_{kind}.safetensors"
-        with open(files[kind], "wb") as f:
-            codes_writer(vectors, kind)(f)
+    for name, kind, rows_to in (("int8", "int8", None), ("binary", "binary", None), ("binary+int8", "binary", "int8")):
+        files[name] = work / f"codes_{name.replace('+', '_')}.safetensors"
+        with open(files[name], "wb") as f:
+            codes_writer(vectors, kind, rows_to)(f)
     del vectors
     flat = np.load(work / "vectors.npy", mmap_mode="r")
     runs = {"float32": lambda q: top_k(q, flat, 10, normalized=True, query_block=64)}
-    for kind in ("int8", "binary"):
-        tensors = map_safetensors(files[kind])
-        runs[kind] = (lambda t, kind: lambda q: compact_top_k(q, t["codes"], kind, 10, ranges=t.get("ranges"),
-                                                              oversampling=args.oversampling[-1]))(tensors, kind)
+    scanned = {"float32": flat.nbytes}
+    for name in ("int8", "binary", "binary+int8"):
+        t = map_safetensors(files[name])
+        scanned[name] = t["codes"].nbytes
+        runs[name] = (lambda t, kind: lambda q: compact_top_k(q, t["codes"], kind, 10, ranges=t.get("ranges"),
+                                                              oversampling=args.oversampling[-1],
+                                                              rescore_rows=t.get("rescore")))(t, name.split("+")[0])
     results, exact = {}, None
     for kind, run in runs.items():
         peak, stop = [0.0], threading.Event()
@@ -124,7 +156,8 @@ def scale(args):
         sampler.join()
         exact = rows if exact is None else exact
         recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows.tolist(), exact.tolist())])
-        results[kind] = {"bytes_on_disk": files[kind].stat().st_size, "queries_per_s_batched": round(batched, 2),
+        results[kind] = {"bytes_on_disk": files[kind].stat().st_size, "bytes_scanned": scanned[kind],
+                         "queries_per_s_batched": round(batched, 2),
                          "queries_per_s_single": round(single, 2), "recall@10_vs_float32": round(float(recall), 4),
                          "peak_rss_anon_mib": round(peak[0]), "load_1min": load}
         print(kind, json.dumps(results[kind]), flush=True)
@@ -139,6 +172,9 @@ if __name__ == "__main__":
     p.add_argument("--data")
     p.add_argument("--split", default="test")
     p.add_argument("--oversampling", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--documents", type=int, nargs="+", default=[100, 10], help="documents asked for (a hybrid "
+                   "search or evaluate asks 100; search -k 10 asks 10): the candidates are fewer")
+    p.add_argument("--copy", help="also write FOLDER/binary_int8.index (see above)")
     p.add_argument("--scale", type=int, help="also time N vectors made from the index's (size and queries/s)")
     p.add_argument("--work", default="/tmp/compact_scale", help="--scale: the folder of the N vectors' files")
     p.add_argument("--sigma", type=float, default=0.3, help="--scale: the noise added to each repeated vector")

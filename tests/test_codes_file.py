@@ -1,6 +1,8 @@
-"""An index that stores only compact codes (`bertkit index --vectors int8|binary`, without --keep-float): the
-codes written are compact's codes of the float index's vectors, the float rows are gone, and search, hybrid,
-evaluate --index, serve --index, the Qdrant export and --resume work with it; a damaged codes file is one line."""
+"""An index that stores only compact codes (`bertkit index --vectors int8|binary`, without --keep-float), or
+binary codes and int8 rows to rescore with (`--vectors binary --rescore-with int8`): the codes written are
+compact's codes of the float index's vectors, the int8 rows sentence-transformers' quantize_embeddings of
+them, the float rows are gone, and search, hybrid, evaluate --index, serve --index, the Qdrant export and
+--resume work with it; a damaged codes file is one line."""
 
 import importlib.util
 import json
@@ -20,6 +22,7 @@ from bertkit.cli import main
 from bertkit.data.safetensors_header import read_header
 from bertkit.errors import BertkitError
 from bertkit.retrieval import index as index_module
+from bertkit.retrieval.codes_file import rows_or_decoded
 from bertkit.retrieval.compact import decode, encode, int8_ranges
 from bertkit.retrieval.index import build_index, open_index
 from bertkit.retrieval.search import search
@@ -57,6 +60,42 @@ def test_a_codes_only_index_holds_compact_codes_and_no_float_rows(made):
         binary.float_rows("this step")
 
 
+def test_binary_codes_with_int8_rows_are_sentence_transformers_quantized_embeddings(made):
+    need(importlib.util.find_spec("sentence_transformers") is not None, "sentence-transformers (the oracle)")
+    from sentence_transformers.util import quantize_embeddings
+
+    plain, index = open_index(made["root"] / "float"), open_index(made["root"] / "binary_int8")
+    vectors = np.asarray(plain.vectors)
+    n, dim = vectors.shape
+    assert index.info["vectors"] == {"kind": "binary", "stored": ["binary", "int8"], "oversampling": 4,
+                                     "bytes_per_vector": dim // 8, "bytes_stored_per_vector": dim // 8 + dim}
+    assert index.vectors is None and set(read_header(made["root"] / "binary_int8" / "vectors.safetensors")) == {
+        "document", "passage_offset"}
+    ranges = np.stack([vectors.min(0), vectors.max(0)])  # calibrated on the corpus
+    np.testing.assert_array_equal(index.ranges, ranges)
+    np.testing.assert_array_equal(index.codes, quantize_embeddings(vectors, "ubinary"))
+    np.testing.assert_array_equal(index.rescore, quantize_embeddings(vectors, "int8", ranges=ranges))
+    on_disk = (made["root"] / "binary_int8" / "codes.safetensors").stat().st_size
+    assert n * (dim // 8 + dim) + 2 * dim * 4 <= on_disk < n * (dim // 8 + dim) + 2 * dim * 4 + 512
+    # what the Qdrant export writes for it: the int8 rows decoded, the vectors its search rescores against
+    np.testing.assert_allclose(rows_or_decoded(index, 0, n), decode(np.asarray(index.rescore), "int8", ranges, dim))
+
+
+def test_binary_codes_rescored_against_int8_rows_search_as_brute_force(made):
+    index = open_index(made["root"] / "binary_int8")
+    k = 4  # every row a candidate (see below): the answer is brute force over the decoded int8 rows
+    assert k * index.info["max_passages_per_document"] * 4 >= len(index)
+    got = search(index, QUERIES, k=k, dtype="float32", fusion={"mode": "dense"})
+    from bertkit.retrieval.search import embed_queries, query_encoder
+
+    queries = embed_queries(index.info, query_encoder(index.info, dtype="float32"), QUERIES)
+    ranges = index.ranges
+    middle = ranges[0] + (np.asarray(index.rescore, np.float32) + 128.5) * (ranges[1] - ranges[0]) / 255
+    for hits, (_, scores, rows) in zip(got, brute_force(queries, middle, np.asarray(index.document), k)):
+        assert [h.id for h in hits] == [p["id"] for p in index.passages(rows)]
+        np.testing.assert_allclose([h.score for h in hits], scores, rtol=1e-5)
+
+
 def test_codes_only_search_scans_the_decoded_codes_and_keep_float_the_float_rows(made):
     plain, binary, int8 = (open_index(made["root"] / n) for n in ("float", "binary", "int8"))
     k = 4  # 4 documents x the most passages per document x oversampling 4 candidates: every row here
@@ -80,8 +119,9 @@ def test_codes_only_search_scans_the_decoded_codes_and_keep_float_the_float_rows
     assert all(len(a) == k for a in search(binary, QUERIES, k=k, dtype="float32"))
 
 
-def test_evaluate_and_serve_through_a_codes_only_index(made, capsys):
-    setup = {"root": made["root"], "folder": made["folder"], "index": made["root"] / "binary"}
+@pytest.mark.parametrize("name", ["binary", "binary_int8"])
+def test_evaluate_and_serve_through_a_codes_only_index(made, capsys, name):
+    setup = {"root": made["root"], "folder": made["folder"], "index": made["root"] / name}
     out = made["root"] / "figures.json"
     assert main(["evaluate", "retrieval", str(made["folder"]), "--index", str(setup["index"]), "--dtype", "float32",
                  "--mode", "dense", "--output", str(out), "--quiet"]) == 0
@@ -125,7 +165,8 @@ def test_a_codes_only_index_exports_to_qdrant_its_decoded_codes(made, capsys):
             h["doc_id"] for h, s in zip(want, scores) if scores.count(s) == 1]
 
 
-def test_a_codes_only_build_resumes_to_the_same_bytes(made, monkeypatch, tmp_path):
+@pytest.mark.parametrize("name, rows", [("binary", None), ("binary_int8", "int8")])
+def test_a_codes_only_build_resumes_to_the_same_bytes(made, monkeypatch, tmp_path, name, rows):
     corpus, tiny, common = made["folder"] / "corpus.jsonl", str(made["tiny"]), made["common"]
     real = index_module._write_json
 
@@ -136,14 +177,14 @@ def test_a_codes_only_build_resumes_to_the_same_bytes(made, monkeypatch, tmp_pat
 
     monkeypatch.setattr(index_module, "_write_json", fail_at_index_json)
     with pytest.raises(KeyboardInterrupt):
-        build_index(corpus, tmp_path / "ix", tiny, vectors="binary", **common)
+        build_index(corpus, tmp_path / "ix", tiny, vectors="binary", rescore_with=rows, **common)
     monkeypatch.setattr(index_module, "_write_json", real)
     assert "vectors" not in read_header(tmp_path / "ix" / "vectors.safetensors")
-    with pytest.raises(BertkitError, match="rescore_with was None in the interrupted run and is 'float32'"):
+    with pytest.raises(BertkitError, match=f"rescore_with was {rows!r} in the interrupted run and is 'float32'"):
         build_index(corpus, tmp_path / "ix", tiny, vectors="binary", rescore_with="float32", resume=True, **common)
-    build_index(corpus, tmp_path / "ix", tiny, vectors="binary", resume=True, **common)
-    for name in ("index.json", "codes.safetensors", "vectors.safetensors", "passages.jsonl"):
-        assert (tmp_path / "ix" / name).read_bytes() == (made["root"] / "binary" / name).read_bytes(), name
+    build_index(corpus, tmp_path / "ix", tiny, vectors="binary", rescore_with=rows, resume=True, **common)
+    for file in ("index.json", "codes.safetensors", "vectors.safetensors", "passages.jsonl"):
+        assert (tmp_path / "ix" / file).read_bytes() == (made["root"] / name / file).read_bytes(), file
 
 
 def _nan_range(folder):
@@ -151,6 +192,10 @@ def _nan_range(folder):
     with open(folder / "codes.safetensors", "r+b") as f:
         f.seek(entry.begin + 4 * 3)
         f.write(np.array([np.nan], dtype="<f4").tobytes())
+
+
+def _truncate_codes(folder):
+    _truncate(folder / "codes.safetensors", lambda n: n - 2 * 32 * 4 - 7)  # into the int8 rows, past the ranges
 
 
 def _claim(**vectors):
@@ -170,6 +215,11 @@ DAMAGES = {
     "a NaN range": ("int8", _nan_range, "int8 calibration ranges are not finite"),
     "ranges missing": ("int8", lambda f: shutil.copy(f.parent / "binary_codes", f / "codes.safetensors"),
                        "codes should be I8"),
+    "int8 rows missing": ("binary_int8", lambda f: shutil.copy(f.parent / "binary_codes", f / "codes.safetensors"),
+                          "rescore should be I8 \\[\\d+, 32\\], .* found no such tensor"),
+    "int8 rows claimed": ("binary", _claim(stored=["binary", "int8"]), "rescore should be I8 .* no such tensor"),
+    "int8 rows cut short": ("binary_int8", _truncate_codes, "is truncated"),
+    "a NaN range beside int8 rows": ("binary_int8", _nan_range, "int8 calibration ranges are not finite"),
 }
 
 
@@ -182,6 +232,15 @@ def test_a_damaged_codes_file_is_one_line(made, tmp_path, damage):
     assert "bertkit index CORPUS -o INDEX" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_keep_float_without_codes_is_one_line(made, tmp_path):
-    status, err = cli("index", made["folder"], "-o", tmp_path / "ix", "--keep-float")
-    assert status == 2 and err.count("\n") == 1 and "--keep-float keeps the float rows beside compact codes" in err
+@pytest.mark.parametrize("flags, says", [
+    (["--keep-float"], "--keep-float keeps the float rows beside compact codes: add --vectors int8 or binary"),
+    (["--vectors", "int8", "--rescore-with", "int8"], "--rescore-with int8 keeps int8 rows beside binary codes, "
+     "and --vectors int8 has none to rescore: use --vectors binary --rescore-with int8"),
+    (["--rescore-with", "int8"], "and --vectors float32 has none to rescore"),
+    (["--vectors", "binary", "--keep-float", "--rescore-with", "int8"],
+     "--keep-float is --rescore-with float32: give one of them, not --rescore-with int8 too"),
+])
+def test_rows_to_rescore_without_codes_to_rescore_are_one_line(made, tmp_path, flags, says):
+    status, err = cli("index", made["folder"], "-o", tmp_path / "ix", *flags)
+    assert status == 2 and err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "ix").exists()

@@ -1,5 +1,8 @@
 """Compact vectors: int8 codes equal sentence-transformers' quantize_embeddings, binary codes its ubinary,
-and search by codes + rescoring equals brute force over the decoded vectors when every row is a candidate."""
+search by codes + rescoring equals brute force over the decoded vectors when every row is a candidate, and
+binary codes rescored against int8 rows (sentence-transformers' binary index + int8 rescoring) equal Hamming
+candidates and the float query's dot products with their decoded int8 rows, computed by hand, reading only
+the candidates' rows."""
 
 import importlib.util
 
@@ -51,6 +54,43 @@ def test_rescoring_every_row_is_brute_force_over_the_decoded_vectors(kind):
     np.testing.assert_allclose(scores, np.sort(exact, axis=1)[:, ::-1][:, :10], rtol=1e-5)
 
 
+class Recorded:
+    """Rows whose reads are recorded: what a memory map would page in."""
+
+    def __init__(self, rows):
+        self.rows, self.read = rows, []
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, key):
+        self.read.append(np.asarray(key))
+        return self.rows[key]
+
+
+def test_binary_candidates_rescored_against_int8_rows_as_computed_by_hand():
+    need(importlib.util.find_spec("sentence_transformers") is not None, "sentence-transformers (the oracle)")
+    from sentence_transformers.util import quantize_embeddings
+
+    rng = np.random.default_rng(3)
+    n, d, k, over = 400, 40, 5, 3
+    corpus, queries = unit(rng, n, d), unit(rng, 7, d)
+    ranges = np.stack([corpus.min(0), corpus.max(0)])
+    int8_rows = Recorded(quantize_embeddings(corpus, "int8", ranges=ranges))
+    scores, rows = compact_top_k(queries, quantize_embeddings(corpus, "ubinary"), "binary", k, ranges=ranges,
+                                 oversampling=over, block_size=64, rescore_rows=int8_rows)
+    middle = ranges[0] + (int8_rows.rows.astype(np.float32) + 128.5) * (ranges[1] - ranges[0]) / 255
+    assert len(int8_rows.read) == len(queries)  # one read per query, of its candidates' rows alone
+    for q, got_scores, got_rows, read in zip(queries, scores, rows, int8_rows.read):
+        differing = ((corpus > 0) != (q > 0)).sum(1)  # Hamming distance of the sign bits
+        candidates = np.sort(np.lexsort((np.arange(n), differing))[: k * over])  # fewest, ties to the lower row
+        np.testing.assert_array_equal(np.sort(read), candidates)
+        rescored = middle[candidates] @ q  # the float query against the decoded int8 rows
+        best = np.argsort(-rescored, kind="stable")[:k]
+        np.testing.assert_array_equal(got_rows, candidates[best])
+        np.testing.assert_allclose(got_scores, rescored[best], rtol=1e-5)
+
+
 def test_codes_find_the_float_neighbours_with_oversampling():
     """A property, not a figure: on clustered vectors the int8 top 10 is nearly the float one, binary's less."""
     rng = np.random.default_rng(2)
@@ -76,8 +116,8 @@ def test_bad_kinds_are_one_line():
         compact_top_k(np.ones((1, 8), np.float32), np.zeros((3, 1), np.uint8), "binary", 2, oversampling=0)
 
 
-@pytest.mark.parametrize("kind", ["int8", "binary"])
-def test_an_index_with_codes_and_float_rows_answers_as_the_float_scan(shared_data, tmp_path, kind):
+@pytest.mark.parametrize("kind, flags", [("int8", ["--keep-float"]), ("binary", ["--rescore-with", "float32"])])
+def test_an_index_with_codes_and_float_rows_answers_as_the_float_scan(shared_data, tmp_path, kind, flags):
     from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
 
     from bertkit.cli import main
@@ -87,7 +127,7 @@ def test_an_index_with_codes_and_float_rows_answers_as_the_float_scan(shared_dat
     tiny = make_tiny(tmp_path / "tiny")
     corpus = scifact_corpus(shared_data, tmp_path / "corpus.jsonl", n=8)
     assert main(["index", str(corpus), "-o", str(tmp_path / "ix"), "--model", str(tiny), "--passage-tokens",
-                 str(TOKENS), "--overlap", str(OVERLAP), "--dtype", "float32", "--vectors", kind, "--keep-float",
+                 str(TOKENS), "--overlap", str(OVERLAP), "--dtype", "float32", "--vectors", kind, *flags,
                  "--no-lexical", "--quiet"]) == 0
     index = open_index(tmp_path / "ix")
     assert index.info["vectors"]["kind"] == kind
