@@ -103,3 +103,9 @@ def evaluate_run(qrels: dict, run: dict, measures=DEFAULT_MEASURES) -> dict[str,
         raise BertkitError("no judged queries to evaluate: the qrels are empty")
     scores = per_query(qrels, run, measures)
     return {name: sum(s[name] for s in scores.values()) / len(scores) for name in measures}
+
+
+def evaluate_runs(qrels: dict, runs: dict, measures=DEFAULT_MEASURES) -> dict[str, dict[str, float]]:
+    """name -> `evaluate_run` of each named run against the same judgements: an evaluation hands every
+    run it made (one per search mode, before and after reranking, per Matryoshka width) over at once."""
+    return {name: evaluate_run(qrels, run, measures) for name, run in runs.items()}

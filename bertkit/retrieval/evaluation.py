@@ -45,13 +45,14 @@ from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.config import FusionOptions, LexicalOptions
 from bertkit.retrieval.index import document_ids, open_index, write_fusion
 from bertkit.retrieval.lexical import options_of
-from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run
+from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run, evaluate_runs
 from bertkit.retrieval.search import embed_queries, fusion_options, query_encoder, ranked_runs, search_vectors
 from bertkit.retrieval.tuning import fused_run, record, tune
 from bertkit.data.textfiles import existing_file, open_text
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
 RUN_DEPTH = 100  # documents retrieved per query: enough for every measure's cut-off
+BEFORE_RERANK = "before rerank"  # the run of the reranked mode's first stage
 
 
 def dense_run(query_vectors: np.ndarray, query_ids: list, doc_vectors: np.ndarray, doc_ids: list,
@@ -155,24 +156,25 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     tuned = None
     if tuning_data is not None:
         options = fusion_options(index.info, {**(fusion or {}), "mode": "hybrid"})
-        tuned = tune_on(tuning_data, lambda queries: index_runs(index, loaded, queries, options.depth, ann,
-                                                                 batch_size), options.depth)
+        dense, lexical = index_runs(index, loaded, tuning_data.queries, options.depth, ann, batch_size)
+        tuned = tune_on(tuning_data, dense, lexical, options.depth)
         write_fusion(index.directory, record(tuned[0], tuning_data.split, tuned[1]))
         index.info["fusion"] = record(tuned[0], tuning_data.split, tuned[1])
-    figures, started = {}, time.perf_counter()
+    runs, fusions, started = {}, {}, time.perf_counter()
     for m in modes:
         options = fusion_options(index.info, {**(fusion or {}), "mode": m})
+        fusions[m] = _described(options)
         vectors = embed_queries(index.info, loaded, texts, batch_size) if m != "lexical" else None
         answers = search_vectors(index, vectors, depth, ann=ann, queries=texts, fusion=options)
         if rerank is not None and m == modes[-1]:
-            first = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=m == "hybrid")
-            before = {**evaluate_run(data.qrels, first, measures), "fusion": _described(options)}
+            runs[BEFORE_RERANK] = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=m == "hybrid")
             answers = [rerank(q, hits) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank", unit="query",
                                                            disable=not progress)]
         # a fused or reranked answer is scored in the order served (its scores tie, or mix two scales)
-        run = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=rerank is not None or m == "hybrid")
-        figures[m] = {**evaluate_run(data.qrels, run, measures), "fusion": _described(options)}
+        runs[m] = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=rerank is not None or m == "hybrid")
     seconds = time.perf_counter() - started
+    scored = evaluate_runs(data.qrels, runs, measures)  # every run judged at once
+    figures = {m: {**scored[m], "fusion": fusions[m]} for m in modes}
     made = index.info["model"]
     result = {**figures[modes[-1]], "model": made["directory"], "precision": dtype, "mode": modes[-1],
               "max_length": made["max_length"], "pooling": made["pooling"], "dataset": str(data.directory),
@@ -183,7 +185,7 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
                         "rerank": None if rerank is None else {"model": rerank_model, "top": rerank_top}},
               "search_seconds": round(seconds, 2)}
     if rerank is not None:  # the same first stage's figures before its answers were reranked
-        result["before_rerank"] = before
+        result["before_rerank"] = {**scored[BEFORE_RERANK], "fusion": fusions[modes[-1]]}
     return _with_modes(result, figures, tuned)
 
 
@@ -201,12 +203,10 @@ def _with_modes(result: dict, figures: dict, tuned) -> dict:
     return result
 
 
-def tune_on(data, runs_of, depth: int):
-    """(the pick, the table, the split) of `bertkit.retrieval.tuning.tune` on `data`'s judged queries;
-    runs_of(queries dict) -> (dense, lexical) runs as (doc id, score) lists."""
-    judged = {q: text for q, text in data.queries.items()}
-    dense, lexical = runs_of(judged)
-    pick, table = tune(data.qrels, list(judged), dense, lexical, depth)
+def tune_on(data, dense: list, lexical: list, depth: int):
+    """(the pick, the table, the split) of `bertkit.retrieval.tuning.tune` on `data`'s judged queries, from
+    their (dense, lexical) runs: per query in `data.queries`' order, best-first (doc id, score) lists."""
+    pick, table = tune(data.qrels, list(data.queries), dense, lexical, depth)
     return pick, table, data.split
 
 
@@ -240,28 +240,31 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
         lexical = bm25_run(texts, queries, max(RUN_DEPTH, options.depth), stemmer=LexicalOptions().stemmer)
         return ([sorted(run[q].items(), key=lambda item: -item[1]) for q in queries] for run in (dense, lexical))
 
-    tuned = tune_on(tuning_data, runs_of, options.depth) if tuning_data is not None else None
+    tuned = None
+    if tuning_data is not None:
+        dense, lexical = runs_of(tuning_data.queries)
+        tuned = tune_on(tuning_data, dense, lexical, options.depth)
     options = tuned[0] if tuned is not None else options
     modes = ["dense", "lexical", "hybrid"] if mode == "all" else [mode or "dense"]
-    figures = {}
     if modes != ["dense"]:
         dense, lexical = runs_of(data.queries)
-        runs = {"dense": dict(zip(query_ids, map(dict, dense))), "lexical": dict(zip(query_ids, map(dict, lexical))),
+        made = {"dense": dict(zip(query_ids, map(dict, dense))), "lexical": dict(zip(query_ids, map(dict, lexical))),
                 "hybrid": fused_run(query_ids, dense, lexical, options, RUN_DEPTH)}
-        figures = {m: {**evaluate_run(data.qrels, runs[m], measures),
-                       "fusion": _described(dataclasses.replace(options, mode=m))} for m in modes}
-    run = dense_run(query_vectors, query_ids, doc_vectors, doc_ids)
-    main = figures[modes[-1]] if figures else evaluate_run(data.qrels, run, measures)
-    result = {**main, "model": settings.model, "precision": settings.dtype, "mode": modes[-1],
-              "max_length": settings.max_length, "pooling": settings.pooling,
-              "dataset": str(data.directory), "queries": len(query_ids), "documents": len(doc_ids),
-              "encode_seconds": round(seconds, 2)}
+        runs = {m: made[m] for m in modes}
+    else:
+        runs = {"dense": dense_run(query_vectors, query_ids, doc_vectors, doc_ids)}
+    fusions = {} if modes == ["dense"] else {m: _described(dataclasses.replace(options, mode=m)) for m in modes}
+    for d in dimensions:  # Matryoshka's truncate-then-renormalise
+        runs[f"{d} dimensions"] = dense_run(l2_normalize(query_vectors[:, :d]), query_ids,
+                                            l2_normalize(doc_vectors[:, :d]), doc_ids)
+    scored = evaluate_runs(data.qrels, runs, measures)  # every run judged at once
+    figures = {m: {**scored[m], "fusion": fusions[m]} for m in fusions}
+    result = {**scored[modes[-1]], **({"fusion": fusions[modes[-1]]} if fusions else {}), "model": settings.model,
+              "precision": settings.dtype, "mode": modes[-1], "max_length": settings.max_length,
+              "pooling": settings.pooling, "dataset": str(data.directory), "queries": len(query_ids),
+              "documents": len(doc_ids), "encode_seconds": round(seconds, 2)}
     if dimensions:
-        result["dimensions"] = {
-            # Matryoshka's truncate-then-renormalise
-            str(d): evaluate_run(data.qrels, dense_run(l2_normalize(query_vectors[:, :d]), query_ids,
-                                                       l2_normalize(doc_vectors[:, :d]), doc_ids), measures)
-            for d in dimensions}
+        result["dimensions"] = {str(d): scored[f"{d} dimensions"] for d in dimensions}
     return _with_modes(result, figures, tuned)
 
 

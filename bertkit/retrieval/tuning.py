@@ -50,7 +50,8 @@ def score_grid(qrels: dict, query_ids: list, dense: list, lexical: list, depth: 
     """[{"fusion", "alpha", "rrf_k", "ndcg@10", "smoothed"}] for every setting of the grid."""
     rows = []
     for options in grid(depth):
-        figure = evaluate_run(qrels, fused_run(query_ids, dense, lexical, options), (MEASURE,))[MEASURE]
+        run = fused_run(query_ids, dense, lexical, options)
+        figure = evaluate_run(qrels, run, (MEASURE,))[MEASURE]
         rows.append({"fusion": options.fusion, "alpha": options.alpha,
                      "rrf_k": options.rrf_k if options.fusion == "rrf" else None, MEASURE: figure})
     for row in rows:
