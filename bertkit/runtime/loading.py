@@ -256,15 +256,6 @@ def _encoder(directory) -> BertModel:
     return model.eval()
 
 
-def check_vocabulary(tok, config, directory) -> None:
-    """Refuse a vocab.txt with more tokens than the model's embedding rows: those ids would index past
-    the table (an IndexError on the first text that uses them, a 500 in a server)."""
-    if len(tok) > config.vocab_size:
-        raise BertkitError(f"{Path(directory) / 'vocab.txt'} has {len(tok)} tokens but config.json's vocab_size is "
-                           f"{config.vocab_size}: the vocabulary does not belong to these weights; use the model's own "
-                           "vocab.txt")
-
-
 def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool = False,
          fast=True) -> Loaded:
     """The model in `model`, ready for inference: a directory (None: the default model), or a
@@ -293,9 +284,8 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     # a model in memory keeps its layers, unless it is quantized here
     net = dense_ops(net, quantize_now, fast is not False if not held else quantize_now, speed)
     layout = read_layout(saved.directory) if not held and plan.cls in (BertModel, ElectraModel) else None  # an encoder's
-    tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab)
-    if not held:
-        check_vocabulary(tok, net.config, plan.vocab)
+    # the vocabulary is refused when it holds more tokens than the model has embedding rows
+    tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab, vocab_size=net.config.vocab_size)
     dtype_now = next((p.dtype for p in net.parameters()), chosen)
     return Loaded(net, tok, None if held else saved.directory, plan.task, plan.info, layout, where, dtype_now,
                   int8 or int8_weights)

@@ -99,7 +99,7 @@ class Tokenizer:
     # --- loading and saving ---------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path=None, **overrides) -> "Tokenizer":
+    def from_pretrained(cls, path=None, *, vocab_size: int | None = None, **overrides) -> "Tokenizer":
         """Load from a model directory (vocab.txt, or a tokenizer.json's WordPiece vocabulary, +
         tokenizer_config.json) or a vocab.txt.
 
@@ -107,6 +107,9 @@ class Tokenizer:
         tokenizer_config.json (HF keys: do_lower_case, strip_accents,
         tokenize_chinese_chars, max_input_chars_per_word); `overrides` (same
         names as the constructor) may not contradict the stored casing.
+        vocab_size: the embedding rows of the model the vocabulary is read for (its config.json's
+        vocab_size); a vocabulary with more tokens is refused, since its last ids would index past the
+        table (an IndexError on the first text that uses them, a 500 in a server).
         """
         if path is None:
             path = default_model_dir()
@@ -126,6 +129,10 @@ class Tokenizer:
         config_text = read_text(config_file, "tokenizer config") if config_file.is_file() else "{}"
         text = read_text(vocab_file, "tokenizer file" if hf_json else "vocabulary file")
         tokens = (tokens_from_tokenizer_json if hf_json else tokens_from_text)(text, str(vocab_file))
+        if vocab_size is not None and len(tokens) > vocab_size:
+            raise BertkitError(f"{folder / 'vocab.txt'} has {len(tokens)} tokens but config.json's vocab_size is "
+                               f"{vocab_size}: the vocabulary does not belong to these weights; use the model's own "
+                               "vocab.txt")
         try:
             config = json.loads(config_text)
         except json.JSONDecodeError as err:
