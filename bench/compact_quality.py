@@ -16,7 +16,8 @@ and as int8 and binary codes (codes.safetensors as `bertkit index --vectors` wri
 and times the split's real queries: float32 exact (`exact.top_k`) and each kind of codes + rescoring
 against the decoded codes or, binary+int8, its int8 rows (`compact.compact_top_k`, k 10, the last
 `--oversampling`), all queries in one call
-and `--single` one per call; peak anonymous memory sampled every 10 ms:
+and `--single` one per call, the kinds interleaved in `--rounds` rounds (median); peak anonymous memory
+sampled every 10 ms:
 
     OMP_NUM_THREADS=1 python bench/compact_quality.py --index scifact.index --data data/scifact --scale 1000000
 """
@@ -116,27 +117,15 @@ def _timed(run, queries, single):
 
 def scale(args):
     """N vectors: the index's float rows, row i = normalise(row[i mod R] + e), e ~ N(0, sigma^2 / D) per
-    dimension (seeded by block), written as float32 and as each kind of codes; the split's real queries."""
+    dimension (seeded by block), written as float32 and as each kind of codes; the split's real queries.
+    The kinds are timed in `--rounds` rounds, one kind after the other in each (interleaved: the machine's
+    other load falls on all of them alike); the median round is reported."""
     index = open_index(args.index)
     base = np.asarray(index.float_rows("bench/compact_quality.py --scale"), np.float32)
     data = load_beir(args.data, args.split)
     queries = embed_queries(index.info, query_encoder(index.info, dtype="float32"), list(data.queries.values()))
-    n, d, work = args.scale, base.shape[1], Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    vectors = np.lib.format.open_memmap(work / "vectors.npy", "w+", np.float32, (n, d))
-    for start in range(0, n, 65536):
-        rows = np.arange(start, min(n, start + 65536))
-        noise = np.random.default_rng([1, start]).standard_normal((len(rows), d)).astype(np.float32)
-        part = base[rows % len(base)] + noise * (args.sigma / d**0.5)
-        vectors[start : start + len(rows)] = part / np.linalg.norm(part, axis=1, keepdims=True)
-    vectors.flush()
-    files = {"float32": work / "vectors.npy"}
-    for name, kind, rows_to in (("int8", "int8", None), ("binary", "binary", None), ("binary+int8", "binary", "int8")):
-        files[name] = work / f"codes_{name.replace('+', '_')}.safetensors"
-        with open(files[name], "wb") as f:
-            codes_writer(vectors, kind, rows_to)(f)
-    del vectors
-    flat = np.load(work / "vectors.npy", mmap_mode="r")
+    files = _scale_files(args, base)
+    flat = np.load(files["float32"], mmap_mode="r")
     runs = {"float32": lambda q: top_k(q, flat, 10, normalized=True, query_block=64)}
     scanned = {"float32": flat.nbytes}
     for name in ("int8", "binary", "binary+int8"):
@@ -145,25 +134,53 @@ def scale(args):
         runs[name] = (lambda t, kind: lambda q: compact_top_k(q, t["codes"], kind, 10, ranges=t.get("ranges"),
                                                               oversampling=args.oversampling[-1],
                                                               rescore_rows=t.get("rescore")))(t, name.split("+")[0])
-    results, exact = {}, None
-    for kind, run in runs.items():
-        peak, stop = [0.0], threading.Event()
-        sampler = threading.Thread(target=_sample_anon, args=(peak, stop), daemon=True)
-        sampler.start()
-        load = os.getloadavg()[0]
-        batched, single, (_, rows) = _timed(run, queries, args.single)
-        stop.set()
-        sampler.join()
-        exact = rows if exact is None else exact
-        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows.tolist(), exact.tolist())])
+    peak, stop = [0.0], threading.Event()
+    sampler = threading.Thread(target=_sample_anon, args=(peak, stop), daemon=True)
+    sampler.start()
+    rounds, answers = {kind: [] for kind in runs}, {}
+    for r in range(args.rounds):
+        for kind, run in runs.items():
+            load = os.getloadavg()[0]
+            batched, single, (_, answers[kind]) = _timed(run, queries, args.single)
+            rounds[kind].append({"batched": round(batched, 2), "single": round(single, 2), "load_1min": load})
+            print(r, kind, json.dumps(rounds[kind][-1]), flush=True)
+    stop.set()
+    sampler.join()
+    results = {}
+    for kind in runs:
+        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(answers[kind].tolist(),
+                                                                    answers["float32"].tolist())])
         results[kind] = {"bytes_on_disk": files[kind].stat().st_size, "bytes_scanned": scanned[kind],
-                         "queries_per_s_batched": round(batched, 2),
-                         "queries_per_s_single": round(single, 2), "recall@10_vs_float32": round(float(recall), 4),
-                         "peak_rss_anon_mib": round(peak[0]), "load_1min": load}
-        print(kind, json.dumps(results[kind]), flush=True)
-    print(json.dumps({"n": n, "dim": d, "queries": len(queries), "single": args.single, "sigma": args.sigma,
-                      "oversampling": args.oversampling[-1], "numpy": np.__version__,
-                      "threads": os.environ.get("OMP_NUM_THREADS"), **results}, indent=1))
+                         "queries_per_s_batched": float(np.median([x["batched"] for x in rounds[kind]])),
+                         "queries_per_s_single": float(np.median([x["single"] for x in rounds[kind]])),
+                         "recall@10_vs_float32": round(float(recall), 4), "rounds": rounds[kind]}
+    print(json.dumps({"n": args.scale, "dim": base.shape[1], "queries": len(queries), "single": args.single,
+                      "sigma": args.sigma, "oversampling": args.oversampling[-1], "numpy": np.__version__,
+                      "threads": os.environ.get("OMP_NUM_THREADS"), "peak_rss_anon_mib": round(peak[0]),
+                      **results}, indent=1))
+
+
+def _scale_files(args, base: np.ndarray) -> dict:
+    """The N vectors (.npy) and their codes files in `--work`; kept from an earlier run with the same settings."""
+    n, d, work = args.scale, base.shape[1], Path(args.work)
+    files = {"float32": work / "vectors.npy", "int8": work / "codes_int8.safetensors",
+             "binary": work / "codes_binary.safetensors", "binary+int8": work / "codes_binary_int8.safetensors"}
+    made = {"n": n, "sigma": args.sigma, "index": str(Path(args.index).resolve())}
+    if (work / "made.json").is_file() and json.loads((work / "made.json").read_text()) == made:
+        return files
+    work.mkdir(parents=True, exist_ok=True)
+    vectors = np.lib.format.open_memmap(files["float32"], "w+", np.float32, (n, d))
+    for start in range(0, n, 65536):
+        rows = np.arange(start, min(n, start + 65536))
+        noise = np.random.default_rng([1, start]).standard_normal((len(rows), d)).astype(np.float32)
+        part = base[rows % len(base)] + noise * (args.sigma / d**0.5)
+        vectors[start : start + len(rows)] = part / np.linalg.norm(part, axis=1, keepdims=True)
+    vectors.flush()
+    for name, kind, rows_to in (("int8", "int8", None), ("binary", "binary", None), ("binary+int8", "binary", "int8")):
+        with open(files[name], "wb") as f:
+            codes_writer(vectors, kind, rows_to)(f)
+    (work / "made.json").write_text(json.dumps(made))
+    return files
 
 
 if __name__ == "__main__":
@@ -179,6 +196,7 @@ if __name__ == "__main__":
     p.add_argument("--work", default="/tmp/compact_scale", help="--scale: the folder of the N vectors' files")
     p.add_argument("--sigma", type=float, default=0.3, help="--scale: the noise added to each repeated vector")
     p.add_argument("--single", type=int, default=20, help="--scale: queries timed one per call")
+    p.add_argument("--rounds", type=int, default=3, help="--scale: rounds of timing, the kinds interleaved")
     args = p.parse_args()
     if args.scale:
         scale(args)
