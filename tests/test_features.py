@@ -104,6 +104,25 @@ def test_batched_length_sorted_equals_one_by_one(tiny):
     np.testing.assert_allclose(together, alone, atol=2e-5)
 
 
+def test_sentence_vectors_pooled_a_batch_at_a_time_equal_each_text_run_alone(tiny):
+    # the ids-only tokenizer path and the batch pooling against encode's ids run one text at a time, by hand
+    model, tok = tiny
+    texts = [TEXT, "a b", "Short.", "word " * 30 + "end", "\u00dcn\u00efc\u00f6d\u00e9  accents\tand\u3000odd   spaces, \u6771\u4eac!",
+             "x", "don't   stop-me now\n"]
+    for cut in ({}, {"max_length": 16, "truncate": True}):
+        alone = {}
+        for t in texts:
+            enc = tok.encode(t, max_length=cut.get("max_length", 64), truncation=True)
+            with torch.no_grad():
+                alone[t] = model(torch.tensor([enc.input_ids])).last_hidden_state[0].numpy()  # [T, H]
+        for pooling, by_hand in (("mean", lambda h: h.mean(0)), ("max", lambda h: h.max(0)), ("cls", lambda h: h[0])):
+            got = embed(texts, tiny, pooling=pooling, normalize=True, batch_size=3, **cut)
+            want = np.stack([by_hand(alone[t]) for t in texts])
+            np.testing.assert_allclose(got, want / np.linalg.norm(want, axis=1, keepdims=True), atol=1e-5)
+        tokens = embed(texts, tiny, pooling=None, batch_size=3, **cut)
+        assert [len(x) for x in tokens] == [len(alone[t]) for t in texts]
+
+
 def test_streaming_reads_lazily_and_keeps_order(tiny):
     texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(11)]
     pulled = []
@@ -213,6 +232,9 @@ def test_bad_input_gets_clear_errors(tiny):
         embed(["fine", "   "], tiny)
     with pytest.raises(BertkitError, match="no texts"):
         embed([], tiny)
+    for pooling in ("mean", "words"):  # the ids-only path and encode's
+        with pytest.raises(BertkitError, match="yields no tokens"):
+            embed(["fine", "\x00\ufffd"], tiny, pooling=pooling)
     with pytest.raises(BertkitError, match=r"layer index 6 is out of range.*5 layers"):
         embed("hi", tiny, layers=[6])
     with pytest.raises(BertkitError, match="layer index -7 is out of range"):

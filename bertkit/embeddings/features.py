@@ -52,8 +52,8 @@ from tqdm import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.runtime.loading import Loaded, load
-from bertkit.embeddings.pooling import combine_layers, pool
-from bertkit.embeddings.settings import AUTO, resolve_layers, resolve_output
+from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
+from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output
 from bertkit.embeddings.static import check_static_options, iter_static
 from bertkit.text.windows import max_context_owner, shape, spans
 
@@ -154,6 +154,24 @@ def _token_words(offsets, sequence_ids, spans) -> list:
     return out
 
 
+def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool) -> list:
+    """The chunk's (text, pair) items as the model sees them. Plain single texts whose words are not
+    asked for (every sentence vector) take the tokenizer's ids-only batch path (`Tokenizer.ids_lists`:
+    the ids `encode` gives, without the offsets that only word vectors read); the rest `_encode`."""
+    if words or not hasattr(tok, "ids_lists") or any(p is not None or not isinstance(t, str) for t, p in chunk):
+        return [_encode(tok, text, pair, max_length, truncate) for text, pair in chunk]
+    texts = [text for text, _ in chunk]
+    if not all(map(str.strip, texts)):
+        raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
+    items = []
+    for text, ids in zip(texts, tok.ids_lists(texts, max_length - 2 if truncate else None)):
+        if not ids:
+            raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
+        full = [tok.cls_token_id, *ids, tok.sep_token_id]
+        items.append(_Item(text, None, full, [0] * len(full), [], 0))
+    return items
+
+
 def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
     if isinstance(text, (list, tuple)):
         if not all(isinstance(w, str) for w in text):
@@ -222,28 +240,31 @@ def run_batch(model, pieces: list, layers="last", pad_id: int = 0, combine: str 
     `pieces` are anything with `input_ids` and `token_type_ids` lists ([CLS]/[SEP]
     included): the windows of `iter_embed`, or the rows `bertkit serve` batches.
     """
+    vectors, mask = forward_padded(model, pieces, layers, pad_id, combine)
+    return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
+
+
+def forward_padded(model, pieces: list, layers="last", pad_id: int = 0, combine: str | None = None) -> tuple:
+    """`run_batch`'s forward pass: the padded batch's vectors [B, T, D] (float32, on the CPU) and its
+    attention mask [B, T] (1 on real tokens)."""
     spec = resolve_layers(layers, model.config.num_hidden_layers, combine)
     width = max(len(p.input_ids) for p in pieces)
-    ids = torch.full((len(pieces), width), pad_id, dtype=torch.long)
-    types = torch.zeros((len(pieces), width), dtype=torch.long)
-    mask = torch.zeros((len(pieces), width), dtype=torch.long)
-    for row, p in enumerate(pieces):
-        n = len(p.input_ids)
-        ids[row, :n] = torch.tensor(p.input_ids)
-        types[row, :n] = torch.tensor(p.token_type_ids)
-        mask[row, :n] = 1
+    lengths = torch.tensor([len(p.input_ids) for p in pieces])
+    ids = torch.tensor([[*p.input_ids, *[pad_id] * (width - len(p.input_ids))] for p in pieces], dtype=torch.long)
+    types = None  # every row a single segment (every sentence): segment A's row, without a lookup per token
+    if any(any(p.token_type_ids) for p in pieces):
+        types = torch.tensor([[*p.token_type_ids, *[0] * (width - len(p.input_ids))] for p in pieces],
+                             dtype=torch.long)
+    mask = (torch.arange(width) < lengths.unsqueeze(1)).long()  # [B, T]
     need_all = spec.indices != (model.config.num_hidden_layers,)
     device = _device_of(model)
-    ids, types, mask = ids.to(device), types.to(device), mask.to(device)
     with torch.inference_mode():
         skip_pooler = {"pool": False} if _takes_pool(type(model)) else {}  # bertkit's encoders: no pooler to run
-        out = model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=need_all, **skip_pooler)
-        if need_all:
-            vectors = combine_layers(out.hidden_states, spec)
-        else:
-            vectors = out.last_hidden_state
-        vectors = vectors.float().cpu()
-    return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
+        out = model(ids.to(device), attention_mask=mask.to(device),
+                    token_type_ids=None if types is None else types.to(device), output_hidden_states=need_all,
+                    **skip_pooler)
+        vectors = combine_layers(out.hidden_states, spec) if need_all else out.last_hidden_state
+        return vectors.float().cpu(), mask
 
 
 def iter_embed(
@@ -293,8 +314,12 @@ def iter_embed(
     source = zip(texts, pairs) if pairs is not None else ((t, None) for t in texts)
     try:
         for chunk in _chunks(source, chunk_size):
-            items = [_encode(tok, text, pair, cut.max_length, cut.truncate) for text, pair in chunk]
+            items = _encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words")
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
+            if output.pooling in SENTENCE_POOLINGS and len(pieces) == len(items):  # no text windowed
+                yield from _sentence_vectors(net, pieces, layers, combine, pad_id, batch_size, bar, output.normalize,
+                                             output.pooling)
+                continue
             tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
             for item, vectors in zip(items, tokens):
                 yield pool(vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling)
@@ -337,6 +362,22 @@ def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, bat
             bar.update(done - shown)
             shown = done
     return [_stitch(item, windows) for item, windows in zip(items, results)]
+
+
+def _sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_size: int, bar, normalize: bool,
+                      pooling: str) -> list:
+    """One sentence vector per piece (each a whole text), in order: the pieces run in batches of similar
+    length as in `_run_chunk` and each batch is pooled at once (`pool_batch`), not text by text."""
+    order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
+    out = [None] * len(pieces)
+    for b in range(0, len(order), batch_size):
+        idx = order[b : b + batch_size]
+        vectors, mask = forward_padded(net, [pieces[k] for k in idx], layers, pad_id, combine)
+        for k, row in zip(idx, pool_batch(vectors, mask, pooling, normalize)):
+            out[k] = row
+        if bar is not None:
+            bar.update(len(idx))
+    return out
 
 
 def embed(

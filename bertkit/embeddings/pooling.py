@@ -71,6 +71,15 @@ def pool_words(token_vectors: torch.Tensor, token_words: Sequence, n_words: int,
     return out
 
 
+def pool_batch(vectors: torch.Tensor, mask: torch.Tensor, pooling: str, normalize: bool) -> np.ndarray:
+    """`pool`'s sentence vector for a padded batch at once: [B, T, D], mask [B, T] -> [B, D] float32 numpy
+    (padding never counts); the same vectors as pooling each text alone, without torch calls per text."""
+    out = pool_sentence(vectors.float(), mask, pooling)  # [B, D]
+    if normalize:
+        out = F.normalize(out, dim=-1)
+    return np.ascontiguousarray(out.numpy(), dtype=np.float32)
+
+
 def pool(tokens: torch.Tensor, pooling, normalize: bool, token_words: Sequence = (), n_words: int = 0,
          word_pooling: str = "mean") -> np.ndarray:
     """One text's output from its token vectors [T, D], float32 numpy: a sentence vector [D] (one of
