@@ -132,9 +132,11 @@ def test_evaluate_and_serve_through_a_codes_only_index(made, capsys, name):
     server = Server(made["tiny"], "--index", setup["index"], "--threads", 1, "--dtype", "float32")
     try:
         status, _, answer = call(server.port, "POST", "/search", {"query": QUERIES, "k": 3, "mode": "dense"})
+        _, _, about = call(server.port, "GET", "/info")
     finally:
         assert server.stop() == 0, "".join(server.lines)
     assert status == 200
+    assert about["index"]["vectors"] == json.loads((setup["index"] / "index.json").read_text())["vectors"]
     (made["root"] / "q.txt").write_text("\n".join(QUERIES) + "\n")
     assert main(["search", str(setup["index"]), "--queries", str(made["root"] / "q.txt"), "--json", "-k", "3",
                  "--mode", "dense", "--dtype", "float32"]) == 0

@@ -297,7 +297,8 @@ class Searcher:
         made = self.index.info
         return {"directory": str(self.index.directory), "passages": made["passages"], "documents": made["documents"],
                 "rerank": None if self.cross is None else str(self.cross.directory), "rerank_top": self.rerank_top,
-                "mode": self.fusion.mode, "modes": ["dense", "lexical", "hybrid"] if made.get("lexical") else ["dense"]}
+                "mode": self.fusion.mode, "modes": ["dense", "lexical", "hybrid"] if made.get("lexical") else ["dense"],
+                "vectors": made.get("vectors") or {"kind": "float32"}}  # what is stored and scanned (codes_file)
 
     def depth(self, k: int, rerank_them: bool) -> int:
         """Documents to find for an answer of k: the cross-encoder re-scores the best rerank_top."""
