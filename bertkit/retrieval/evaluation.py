@@ -171,7 +171,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
             answers = [rerank(q, hits) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank", unit="query",
                                                            disable=not progress)]
         # a fused or reranked answer is scored in the order served (its scores tie, or mix two scales)
-        runs[m] = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=rerank is not None or m == "hybrid")
+        runs[m] = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers],
+                             ranked=rerank is not None or m == "hybrid")
     seconds = time.perf_counter() - started
     scored = evaluate_runs(data.qrels, runs, measures)  # every run judged at once
     figures = {m: {**scored[m], "fusion": fusions[m]} for m in modes}
