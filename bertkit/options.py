@@ -72,10 +72,11 @@ def defaults(cls) -> dict:
     return out
 
 
-def _merge(base: dict, more: dict) -> dict:
+def merge(base: dict, more: dict) -> dict:
+    """Nested settings `more` on top of `base` (a dict inside either is merged key by key)."""
     out = dict(base)
     for k, v in more.items():
-        out[k] = _merge(out.get(k) or {}, v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out.get(k) or {}, v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -89,7 +90,7 @@ def _get(d: dict, path: tuple):
 
 def add_options(parser, cls, base: dict | None = None, skip=()) -> None:
     """One argparse option per setting of `cls` (see the module docstring); `base` gives shown defaults."""
-    shown = _merge(defaults(cls), base or {})
+    shown = merge(defaults(cls), base or {})
     for path, f, hint in fields(cls):
         if f.name in skip:
             continue
@@ -145,7 +146,7 @@ def from_args(args, cls, base: dict | None = None):
         if not saved.is_file():
             raise BertkitError(f"--resume: {saved} not found; start the run without --resume first")
         base = json.loads(saved.read_text())
-    return build(cls, _merge(_merge(defaults(cls), base or {}), given))
+    return build(cls, merge(merge(defaults(cls), base or {}), given))
 
 
 def build(cls, values: dict):

@@ -304,6 +304,20 @@ def test_static_training_from_scratch_saves_a_folder_sentence_transformers_reads
     assert np.abs(bertkit.embed(texts, out) - st.SentenceTransformer(str(out), device="cpu").encode(texts)).max() < 1e-6
 
 
+@pytest.mark.parametrize("flags, batch, rate, decay", [
+    ([], 2048, 0.05, 0.0),  # the static recipe's own defaults (tasks.config.STATIC_RECIPE)
+    (["--batch-size", "3", "--learning-rate", "0.2", "--weight-decay", "0.01"], 3, 0.2, 0.01),  # given flags win
+])
+def test_cli_static_training_takes_the_static_recipes_defaults(ours, tmp_path, flags, batch, rate, decay):
+    (tmp_path / "pairs.tsv").write_text("anchor\tpositive\n" + "".join(f"{a}\t{p}\n" for a, p in PAIRS))
+    assert main(["finetune", "embed", "--static", "--train", str(tmp_path / "pairs.tsv"), "--model", str(ours),
+                 "-o", str(tmp_path / "out"), "--no-progress", "--device", "cpu", *flags]) == 0
+    training = json.loads((tmp_path / "out" / "run_config.json").read_text())["training"]
+    assert (training["batch_size"], training["optim"]["learning_rate"], training["optim"]["weight_decay"]) == \
+        (batch, rate, decay)
+    assert training["epochs"] == 1.0  # the embed task's default under the preset
+
+
 def test_index_and_search_run_a_static_model(ours, tmp_path, capsys):
     docs = tmp_path / "docs"
     docs.mkdir()

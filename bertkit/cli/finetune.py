@@ -4,10 +4,10 @@ dataclass by `bertkit.options`), `bertkit predict` and `bertkit demo`."""
 import argparse
 import sys
 
-from bertkit.options import add_options, device_flags, from_args, int8_flag
+from bertkit.options import add_options, device_flags, from_args, int8_flag, merge
 from bertkit.cli.demo import run_demo as demo
 from bertkit.tasks import format_report, run_task, task_config
-from bertkit.tasks.registry import TASKS
+from bertkit.tasks.registry import TASKS, task_named
 
 
 # finetune scores its dev set in float32 (unless --precision): a figure in another precision may differ a little
@@ -44,7 +44,11 @@ def add_finetune(sub):
 
 
 def run_finetune(args):
-    cfg = from_args(args, *task_config(args.task))
+    cls, defaults = task_config(args.task)
+    for switch, preset in task_named(args.task).presets.items():  # e.g. --static: the static recipe's defaults
+        if getattr(args, switch, None):
+            defaults = merge(defaults, preset)
+    cfg = from_args(args, cls, defaults)
     final = run_task(cfg, speed=args.speed)
     report = format_report(final)
     if report:  # not on the other processes of a torchrun

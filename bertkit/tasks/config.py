@@ -178,6 +178,14 @@ class QAConfig(TaskConfig):
 EMBED_LOSSES = ("mnrl", "cached-mnrl", "cosent")
 
 
+# `finetune embed --static`'s own defaults, on top of the embed task's (a flag given still wins):
+# sentence-transformers' static recipe (Aarsen 2025) trains with MNRL at batch 2048, where in-batch
+# negatives are the signal and a static model makes a big batch cheap, and no weight decay (its
+# trainer's default). The rate is for a distilled start (bertkit distill static: rows of norm ~6);
+# the recipe's 0.2 is for a N(0, 1) table (--learning-rate 0.2 from scratch). docs/distill.md
+STATIC_RECIPE = {"training": {"batch_size": 2048, "optim": {"learning_rate": 0.05, "weight_decay": 0.0}}}
+
+
 @dataclass
 class EmbedConfig(TaskConfig):
     """Sentence embeddings, contrastive (Sentence-BERT; bertkit.tasks.embedding)."""
@@ -208,7 +216,8 @@ class EmbedConfig(TaskConfig):
     matryoshka_weights: str | None = _opt(None, "comma-separated weight of each --matryoshka-dims (default 1 each)")
     static: bool = _opt(False, "train a static embedding table (no transformer; sentence-transformers' static recipe): "
                                "MODEL's table when it is a static folder (bertkit distill static), else a new random "
-                               "one over MODEL's vocabulary, --static-dim wide")
+                               "one over MODEL's vocabulary, --static-dim wide; its own defaults: --batch-size 2048, "
+                               "--learning-rate 0.05 (0.2 from scratch), --weight-decay 0")
     static_dim: int = _opt(256, "--static without a static MODEL: the new table's width")
 
     def validate(self) -> "EmbedConfig":

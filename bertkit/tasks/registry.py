@@ -24,6 +24,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
     rerank_labels      how many labels a labelled cross-encoder has: two for a pair classifier (the second's
                        probability), one for a reranker (its sigmoid)
+    presets            a switch's own defaults: {a boolean setting: settings put on top of `defaults` when the
+                       command turns it on} (embed's --static: the static recipe's batch and rate)
 
 The "embed" record is the sentence encoder: it trains with `bertkit finetune
 embed` and is served on the embedding routes; it is not predicted through here
@@ -41,7 +43,7 @@ from typing import Callable
 from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION, SINGLE_LABEL
 from bertkit.tasks import ner_inference as ner, qa_inference as qa, reports, text_inference as text
-from bertkit.tasks.config import EmbedConfig, NerConfig, QAConfig, RerankConfig, TextTaskConfig
+from bertkit.tasks.config import STATIC_RECIPE, EmbedConfig, NerConfig, QAConfig, RerankConfig, TextTaskConfig
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Task:
     pair_score: Callable | None = None
     features: Callable | None = None
     rerank_labels: int = 2  # the labels a labelled cross-encoder of this task has (its score: the last one's)
+    presets: dict = field(default_factory=dict)
 
     @property
     def cli_name(self) -> str:
@@ -154,7 +157,7 @@ TASKS = {t.name: t for t in (
               "pairs, triplets, scored pairs or a BEIR folder; saves the sentence-transformers layout "
               "(docs/embeddings.md). With in-batch negatives --grad-accum is not a bigger batch; --loss "
               "cached-mnrl is.",
-         labelled=False, routes=("/v1/embeddings", "/embed", "/tokenize")),
+         labelled=False, routes=("/v1/embeddings", "/embed", "/tokenize"), presets={"static": STATIC_RECIPE}),
     # one logit per (query, passage), binary cross-entropy: a multi-label head of one label, read as its sigmoid;
     # sentence-transformers' reranker recipe: 1 epoch at 2e-5
     _text("rerank", MULTI_LABEL, "ndcg@10", config=RerankConfig, run="bertkit.tasks.cross_encoder:finetune_rerank",
