@@ -12,10 +12,16 @@ ranking, Matryoshka) through the same loop; only the start and the tokens differ
   to a batch as for an encoder; `SentenceEmbedder.embed` hands them to
   `StaticEmbedding.embed_padded`, the run-time mean.
 
-The recipe trains with a large learning rate (2e-1 with batch 2048 in the blog post): a row
-moves only when its token is in the batch. Saved as a sentence-transformers StaticEmbedding
-folder, as `bertkit distill static` writes it, cutting texts where its start did (a new table:
-at 512 tokens, model2vec's default and `distill static`'s).
+The recipe (`bertkit.tasks.config.STATIC_RECIPE`, the command's defaults under --static): MNRL at
+batch 2048 (in-batch negatives are the signal, and a static model makes a big batch cheap: no
+GradCache needed), a large rate, no weight decay, one epoch. A row moves only when its token is
+in a batch; Adam's step is about the rate whatever the gradient, so the rate is relative to the
+table's scale: 2e-1 for sentence-transformers' N(0, 1) start, 5e-2 for a distilled table (rows of
+norm ~6; 0.1 and 0.2 measured worse: docs/distill.md). The text's vector is the mean of its rows,
+normalised only in the loss (cosine) and at run time, so a row's norm is how much its token counts
+(what IDF or SIF weights do in a lexical or distilled model) and training learns it. Saved as a
+sentence-transformers StaticEmbedding folder, as `bertkit distill static` writes it, cutting texts
+where its start did (a new table: at 512 tokens, model2vec's default and `distill static`'s).
 """
 
 from __future__ import annotations
