@@ -74,6 +74,8 @@ def test_the_losses_are_the_formulas_by_hand():
     g = torch.Generator().manual_seed(0)
     s, t = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
     assert abs(float(vector_loss(s, t)) - float(((s - t) ** 2).sum() / 24)) < 1e-6
+    cos = (s * t).sum(1) / s.norm(dim=1) / t.norm(dim=1)
+    assert abs(float(vector_loss(s, t, "mse+cosine")) - float(((s - t) ** 2).sum() / 24 + (1 - cos).mean())) < 1e-6
     T = 2.0
     p_t, p_s = torch.softmax(t / T, dim=-1), torch.softmax(s / T, dim=-1)
     kl = float((p_t * (p_t.log() - p_s.log())).sum() / 4) * T * T

@@ -62,6 +62,9 @@ class LayersDistillConfig:
     teacher_cache: str | None = field(default=None, metadata={
         "help": "a sentence model: a .safetensors file for its target vectors, read when it holds those of this "
         "data and teacher, else written (a rerun or --resume then skips the teacher)"})
+    loss: Literal["mse", "mse+cosine"] = field(default="mse", metadata={
+        "help": "a sentence model: what the student minimises, the MSE to the teacher's vectors "
+        "(sentence-transformers' distillation) or that plus 1 - their cosine (the direction retrieval ranks by)"})
     holdout: int = field(default=0, metadata={
         "help": "a sentence model: this many sentences (a seeded draw) kept out of training; after each epoch the "
         "student's MSE to the teacher's vectors on them picks the epoch saved (--metric holdout_cosine: the "

@@ -7,6 +7,7 @@ layers of a sentence model and trains them to give the teacher's sentence vector
 
     student = the teacher's embeddings, N of its layers, pooler (and head): a copy (bertkit.distill.student)
     sentence model:  loss = mean_i ||pool(student(x_i)) - pool(teacher(x_i))||^2 / H    (MSE)
+                     (--loss mse+cosine: + mean_i 1 - cos(pool(student(x_i)), pool(teacher(x_i))))
     fine-tuned model: its logits, DistilBERT's soft loss plus the labels' (bertkit.distill.logits)
 
 With --holdout N, N sentences (a draw seeded by --seed) are kept out of training; after each
@@ -54,27 +55,30 @@ from bertkit.runtime.loading import load
 from bertkit.tasks.trainer import train
 
 
-def vector_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """MSE between sentence vectors [B, H] (the mean over B and H)."""
-    return F.mse_loss(student.float(), teacher.float())
+def vector_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str = "mse") -> torch.Tensor:
+    """MSE between sentence vectors [B, H] (the mean over B and H); "mse+cosine" adds the mean over B
+    of 1 - cos(student_i, teacher_i)."""
+    s, t = student.float(), teacher.float()
+    loss = F.mse_loss(s, t)
+    return loss + (1 - F.cosine_similarity(s, t, dim=-1)).mean() if kind == "mse+cosine" else loss
 
 
 class SentenceStudent(nn.Module):
     """The student encoder and the teacher's pooling; the loop calls model(**batch).loss, `labels` [B, H]
     holding the teacher's sentence vectors."""
 
-    def __init__(self, encoder: nn.Module, pooling: str = "mean"):
+    def __init__(self, encoder: nn.Module, pooling: str = "mean", loss: str = "mse"):
         super().__init__()
         if pooling not in ("mean", "cls"):
             raise BertkitError(f"the teacher pools with {pooling!r}; layer distillation trains mean or cls")
-        self.encoder, self.pooling = encoder, pooling
+        self.encoder, self.pooling, self.loss = encoder, pooling, loss
         if getattr(encoder, "pooler", None) is not None:  # never read by a sentence vector: frozen
             encoder.pooler.requires_grad_(False)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, labels=None) -> StudentOutput:
         hidden = self.encoder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
         vectors = pool_sentence(hidden, attention_mask, self.pooling)
-        return StudentOutput(vector_loss(vectors, labels))
+        return StudentOutput(vector_loss(vectors, labels, self.loss))
 
 
 def holdout_split(n: int, holdout: int, seed: int) -> tuple[list[int], list[int]]:
@@ -163,9 +167,9 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
             write_layout(out, pooling=m.pooling, normalize=layout.normalize, max_seq_length=layout.max_seq_length,
                          hidden_size=m.encoder.config.hidden_size, dimensions=layout.dimensions)
 
-    result = train(SentenceStudent(student, pooling), features, training, evaluate=evaluate, save=save, output_dir=out,
-                   pad_id=tok.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)}, log=log,
-                   speed=speed)
+    result = train(SentenceStudent(student, pooling, config.loss), features, training, evaluate=evaluate, save=save,
+                   output_dir=out, pad_id=tok.pad_token_id, log=log, speed=speed,
+                   run_config={**asdict(config), "teacher": str(teacher.directory)})
     best = {"best_epoch": result.best["epoch"]} if result.best else {}
     return {"layers": layers, "sentences": len(kept), "held_out": len(held), **best,
             "train_seconds": round(result.seconds, 1), "epochs": result.history, "is_main": result.is_main}
