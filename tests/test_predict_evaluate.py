@@ -204,7 +204,7 @@ def test_evaluate_mode_says_the_precision(sentiment_run, tmp_path, capsys):  # n
 
 
 def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):
-    from bertkit.tasks.text_inference import make_features, single_ids
+    from bertkit.tasks.text_inference import make_features
     from bertkit.data.tables import TextExample
     from bertkit.text.tokenizer import Tokenizer
 
@@ -214,7 +214,7 @@ def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):
     texts += ["", "  ", "Hello, World! naïve café 🦄", "tab\tnew\nline\u2028sep\x0bvt [MASK] x\u00a0y",
               " ".join(texts[:20])]  # the last one longer than 32 tokens: cut as encode cuts it
     for length in (32, 128):
-        assert single_ids(tok, texts, length) == [tok.encode(t, max_length=length).input_ids for t in texts]
+        assert tok.single_ids(texts, length) == [tok.encode(t, max_length=length).input_ids for t in texts]
     # pairs and windows (a stride) still go through encode
     feats = make_features(tok, [TextExample(texts[0], texts[1]), TextExample(texts[-1], None)], "x", None, 32, 0)
     want = tok.encode(texts[0], texts[1], max_length=32, truncation_strategy="longest_first")

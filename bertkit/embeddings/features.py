@@ -156,20 +156,29 @@ def _token_words(offsets, sequence_ids, spans) -> list:
 
 def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool) -> list:
     """The chunk's (text, pair) items as the model sees them. Plain single texts whose words are not
-    asked for (every sentence vector) take the tokenizer's ids-only batch path (`Tokenizer.ids_lists`:
+    asked for (every sentence vector) take the tokenizer's ids-only batch path (`Tokenizer.single_ids`:
     the ids `encode` gives, without the offsets that only word vectors read); the rest `_encode`."""
-    if words or not hasattr(tok, "ids_lists") or any(p is not None or not isinstance(t, str) for t, p in chunk):
+    if words or not hasattr(tok, "single_ids") or any(p is not None or not isinstance(t, str) for t, p in chunk):
         return [_encode(tok, text, pair, max_length, truncate) for text, pair in chunk]
     texts = [text for text, _ in chunk]
-    if not all(map(str.strip, texts)):
-        raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
+    for text in texts:
+        _check_text(text)
     items = []
-    for text, ids in zip(texts, tok.ids_lists(texts, max_length - 2 if truncate else None)):
-        if not ids:
-            raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
-        full = [tok.cls_token_id, *ids, tok.sep_token_id]
-        items.append(_Item(text, None, full, [0] * len(full), [], 0))
+    for text, ids in zip(texts, tok.single_ids(texts, max_length if truncate else None)):
+        _check_tokens(text, ids)
+        items.append(_Item(text, None, ids, [0] * len(ids), [], 0))
     return items
+
+
+def _check_text(text: str) -> None:
+    if not text.strip():
+        raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
+
+
+def _check_tokens(text: str, ids: list) -> None:
+    """Refuse a text whose ids are only [CLS] and [SEP]."""
+    if len(ids) <= 2:
+        raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
 
 
 def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
@@ -181,14 +190,12 @@ def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
         words = None
     else:
         raise BertkitError(f"expected a string (or a list of words), got {type(text).__name__}")
-    if not text.strip():
-        raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
+    _check_text(text)
     if pair is not None and not str(pair).strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
     # without truncation the tokenizer returns the whole text, however long; _pieces windows it
     enc = tok.encode(text, pair, max_length=max_length, truncation=truncate)
-    if len(enc.input_ids) <= 2:
-        raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
+    _check_tokens(text, enc.input_ids)
     if words is None:
         words = whitespace_spans(text)
     token_words = _token_words(enc.offsets, enc.sequence_ids, words)

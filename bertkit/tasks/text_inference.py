@@ -54,17 +54,11 @@ def label_value(label, problem_type: str, label2id: dict | None):
     return label2id[label]
 
 
-def single_ids(tok, texts: list[str], max_length: int) -> list[list[int]]:
-    """`[CLS] text [SEP]` ids of single texts cut at `max_length`, as `encode` gives them, through the
-    tokenizer's ids-only batch path (`Tokenizer.ids_batch`: no offsets or word ids, which a text
-    task's features do not use)."""
-    return [[tok.cls_token_id, *ids, tok.sep_token_id] for ids in tok.ids_lists(texts, max_length - 2)]
-
-
 def _windows(tok, examples: list[TextExample], max_length: int, stride: int) -> list[list[tuple]]:
-    """Each example's windows as (input_ids, token_type_ids); single texts without a stride in one batch."""
+    """Each example's windows as (input_ids, token_type_ids); single texts without a stride in one batch
+    (`Tokenizer.single_ids`)."""
     single = [i for i, ex in enumerate(examples) if ex.text_pair is None] if stride == 0 else []
-    fast = dict(zip(single, single_ids(tok, [examples[i].text for i in single], max_length))) if single else {}
+    fast = dict(zip(single, tok.single_ids([examples[i].text for i in single], max_length))) if single else {}
     return [[(fast[i], [0] * len(fast[i]))] if i in fast else
             [(e.input_ids, e.token_type_ids) for e in encode_text(tok, ex.text, ex.text_pair, max_length, stride)]
             for i, ex in enumerate(examples)]

@@ -294,6 +294,13 @@ class Tokenizer:
             pos += n
         return out
 
+    def single_ids(self, texts, max_length: int | None = None) -> list:
+        """`[CLS] text [SEP]` ids of each single text, as `encode` gives them (cut at `max_length`, the
+        specials counted), through the ids-only batch path: no offsets or word ids, which a sentence
+        vector or a text task's features do not read."""
+        cut = None if max_length is None else max_length - 2
+        return [[self.cls_token_id, *ids, self.sep_token_id] for ids in self.ids_lists(texts, cut)]
+
     def convert_tokens_to_ids(self, tokens) -> list[int]:
         """Ids of tokens; a token not in the vocabulary maps to [UNK]'s id."""
         if isinstance(tokens, str):
