@@ -10,6 +10,7 @@ seed, and bad input gives a clear error or a counted skip.
 
 import json
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -514,3 +515,21 @@ def test_the_environment_reaches_accelerate_through_a_command(tiny, tmp_path, mo
             assert isinstance(settings, fast.SpeedSettings), seen  # decided by the command, not left to None
             assert settings.onednn_inference is forced and settings.onednn_training is forced, (value, settings)
     capsys.readouterr()
+
+
+def test_evaluation_bar_inside_the_training_bar_writes_no_cursor_codes_to_a_log(capsys):
+    """tqdm draws a bar opened inside another one a line lower and moves the cursor up to it ("\\x1b[A");
+    in a log file (stderr not a terminal, as under pytest) those codes would land as text."""
+    from tqdm import tqdm
+    from bertkit.tasks.batching import run_model
+    model = torch.nn.Linear(1, 1)
+    model.forward = lambda input_ids, **_: type("Out", (), {"logits": input_ids.float()})()
+    feats = [{"input_ids": [1, 2, 3]}, {"input_ids": [4]}]
+    assert not sys.stderr.isatty()
+    with tqdm(total=1, desc="train") as outer:
+        out = run_model(model, feats, batch_size=1, progress=True, desc="eval")["logits"]
+        outer.update()
+    err = capsys.readouterr().err
+    assert "eval" in err and "train" in err  # both bars drew
+    assert "\x1b[" not in err
+    assert [o.tolist() for o in out] == [[1.0, 2.0, 3.0], [4.0]]

@@ -12,6 +12,8 @@ Shapes: B batch, T longest feature in the batch; input_ids (B, T) int64.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -81,7 +83,10 @@ def run_model(model, features: list[dict], batch_size: int = 64, outputs=("logit
     result = {name: [None] * len(features) for name in outputs}
     batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
     device = next(model.parameters()).device
-    for idx in tqdm(batches, desc=desc, disable=not progress, leave=False):
+    # Inside the training loop's bar tqdm would place this one a line below and move the cursor up to it;
+    # a log file or pipe has no cursor, so the escape codes land in it as text: there, draw on one line.
+    position = None if sys.stderr.isatty() else 0
+    for idx in tqdm(batches, desc=desc, disable=not progress, leave=False, position=position):
         batch = collate([{"input_ids": features[i]["input_ids"],
                           **({"token_type_ids": features[i]["token_type_ids"]}
                              if "token_type_ids" in features[i] else {})} for i in idx])
