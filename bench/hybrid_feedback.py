@@ -25,6 +25,7 @@ run and its standard error. Choose on a split you do not report (SciFact's train
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 from scipy import sparse
@@ -233,10 +234,9 @@ def main():
         print("the pick (best smoothed cell; k, beta_d, beta_l), its smoothed nDCG@10:", summary["smoothed pick"])
     for name in ("dense", "lexical", "hybrid", "adaptive z"):
         print(name, figures[name])
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=1)
     print(f"{args.split}: {len(split.query_ids)} queries, {summary['seconds']} s")
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
