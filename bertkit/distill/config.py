@@ -5,7 +5,7 @@ No torch here: `bertkit --help` builds every option without loading it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from bertkit.errors import BertkitError
@@ -32,8 +32,31 @@ class StaticDistillConfig:
         "tokenizer.json's truncation, which sentence-transformers follows); 0: never cut"})
     dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
         "help": "the teacher's precision while distilling"})
+    fit: str | None = field(default=None, metadata={
+        "help": "a text file (one text per line, or .tsv/.jsonl): after distilling, train the table so each "
+        "text's mean row points where the model's sentence vector does (cosine; Tokenlearn's idea)"})
+    fit_epochs: float = field(default=1.0, metadata={"help": "with --fit: passes over its texts"})
+    fit_learning_rate: float = field(default=0.03, metadata={
+        "help": "with --fit: the peak rate (AdamW, warm-up and linear decay, no weight decay)"})
+    fit_batch_size: int = field(default=256, metadata={"help": "with --fit: texts per update"})
+    seed: int = field(default=0, metadata={"help": "with --fit: seeds the order of its texts"})
+    teacher_dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
+        "help": "with --fit: the precision the model's vectors of its texts are computed in (auto: bf16 where native)"})
+    teacher_cache: str | None = field(default=None, metadata={
+        "help": "with --fit: a .safetensors file for the model's vectors of its texts, read when it holds those "
+        "of these texts and model, else written (a rerun then skips the model)"})
+
+    def fit_training(self, progress: bool = True) -> TrainConfig:
+        """The training loop's settings of the --fit stage."""
+        base = TrainConfig()
+        return replace(base, epochs=self.fit_epochs, batch_size=self.fit_batch_size, seed=self.seed, progress=progress,
+                       optim=replace(base.optim, learning_rate=self.fit_learning_rate, weight_decay=0.0))
 
     def validate(self) -> None:
+        if self.fit is None and self.teacher_cache is not None:
+            raise BertkitError("--teacher-cache keeps the vectors of the --fit texts: give --fit FILE too")
+        if not self.fit_epochs > 0 or not self.fit_learning_rate > 0 or self.fit_batch_size < 1:
+            raise BertkitError("--fit-epochs and --fit-learning-rate must be > 0, --fit-batch-size >= 1")
         if self.dim < 1:
             raise BertkitError(f"--dim must be at least 1, got {self.dim}")
         if not 0 < self.sif_coefficient < 1:
@@ -59,6 +82,8 @@ class LayersDistillConfig:
         "help": "a fine-tuned model, data with labels: the soft loss's share; the labels' loss gets the rest"})
     teacher_dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
         "help": "a sentence model: the precision its target vectors are computed in (auto: bf16 where native)"})
+    teacher_dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
+        "help": "with --fit: the precision the model's vectors of its texts are computed in (auto: bf16 where native)"})
     teacher_cache: str | None = field(default=None, metadata={
         "help": "a sentence model: a .safetensors file for its target vectors, read when it holds those of this "
         "data and teacher, else written (a rerun or --resume then skips the teacher)"})

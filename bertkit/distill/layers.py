@@ -105,21 +105,22 @@ def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, 
     return np.stack(list(rows)).astype(np.float32)
 
 
-def cached_targets(teacher, texts: list, max_length: int, config: LayersDistillConfig, log=print) -> np.ndarray:
-    """`teacher_targets` in `config.teacher_dtype`, read from `config.teacher_cache` when that file holds
-    them for these texts, teacher, length and precision (else computed and written there, atomically)."""
-    what = json.dumps([str(teacher.directory), max_length, config.teacher_dtype, len(texts)])
+def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str = "float32", progress: bool = False,
+                   log=print) -> np.ndarray:
+    """`teacher_targets` in `dtype` (the float32 `teacher` itself, else the same folder loaded in `dtype`), read
+    from the safetensors file `cache` when it holds them for these texts, teacher, length and precision (else
+    computed and written there, atomically; None: no file)."""
+    what = json.dumps([str(teacher.directory), max_length, dtype, len(texts)])
     key = hashlib.sha256("\n".join([what, *texts]).encode("utf-8")).hexdigest()
-    cache = Path(config.teacher_cache) if config.teacher_cache else None
+    cache = Path(cache) if cache else None
     if cache is not None and cache.is_file():
         with safe_open(str(cache), framework="pt") as f:
             if (f.metadata() or {}).get("key") == key:
                 log(f"teacher vectors read from {cache}")
                 return f.get_tensor("vectors").numpy()
         log(f"{cache} holds the vectors of other data or another teacher: computing them again")
-    runner = teacher if config.teacher_dtype == "float32" else load(teacher.directory, head="encoder",
-                                                                    dtype=config.teacher_dtype)
-    vectors = teacher_targets(runner, texts, max_length, progress=config.training.progress)
+    runner = teacher if dtype == "float32" else load(teacher.directory, head="encoder", dtype=dtype)
+    vectors = teacher_targets(runner, texts, max_length, progress=progress)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         part = cache.with_name(cache.name + ".part")
@@ -146,7 +147,8 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
     pooling = teacher.layout.pooling if teacher.layout is not None else "mean"  # as embed pools it
     log(f"teacher: {teacher.model.config.num_hidden_layers} layers; student: layers {layers} of it; "
         f"{len(texts)} sentences, {pooling} pooling, max length {length}")
-    targets = cached_targets(teacher, texts, length, config, log)
+    targets = cached_targets(teacher, texts, length, config.teacher_cache, config.teacher_dtype,
+                             config.training.progress, log)
     tok = teacher.tokenizer
     enc = tok.encode_batch(texts, max_length=length, padding=False, return_tensors=None)
     ids = [list(e.input_ids) for e in enc.encodings]

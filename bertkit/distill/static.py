@@ -47,6 +47,8 @@ from tqdm import tqdm
 
 from bertkit.data.textfiles import read_texts
 from bertkit.distill.config import StaticDistillConfig
+from bertkit.distill.fit import fit_table
+from bertkit.distill.layers import cached_targets
 from bertkit.embeddings.features import run_batch
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import pool_sentence
@@ -59,16 +61,29 @@ UNUSED = re.compile(r"\[unused\d+\]")
 NOT_DISTILLED = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")  # a static model adds none of the first three; [UNK]: below
 
 
-def pca(table: np.ndarray, dim: int) -> np.ndarray:
-    """[V, H] -> [V, dim]: the centred rows projected on the covariance's top `dim` eigenvectors, each
-    component's sign chosen so that its largest absolute projection is positive (model2vec's rule)."""
+def pca_basis(table: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The mean [H] and the top `dim` components [H, dim] (float64) of the rows of `table` [V, H]: the
+    covariance's eigenvectors, largest eigenvalue first, each component's sign chosen so that its largest
+    absolute projection is positive (model2vec's rule)."""
     x = table.astype(np.float64)
-    x = x - x.mean(axis=0)
+    mean = x.mean(axis=0)
+    x = x - mean
     values, vectors = np.linalg.eigh(x.T @ x / (len(x) - 1))
     components = vectors[:, ::-1][:, :dim]  # [H, dim], largest eigenvalue first
     scores = x @ components
     biggest = np.argmax(np.abs(scores), axis=0)
-    return (scores * np.sign(scores[biggest, np.arange(dim)])).astype(np.float32)
+    return mean, components * np.sign(scores[biggest, np.arange(dim)])
+
+
+def project(vectors: np.ndarray, basis: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """[N, H] -> [N, dim]: vectors centred on the basis's mean and projected on its components."""
+    mean, components = basis
+    return ((vectors.astype(np.float64) - mean) @ components).astype(np.float32)
+
+
+def pca(table: np.ndarray, dim: int) -> np.ndarray:
+    """[V, H] -> [V, dim]: the centred rows projected on the covariance's top `dim` eigenvectors."""
+    return project(table, pca_basis(table, dim))
 
 
 def zipf_probabilities(n: int) -> np.ndarray:
@@ -82,14 +97,14 @@ def sif_weights(probabilities: np.ndarray, a: float) -> np.ndarray:
     return a / (a + probabilities)
 
 
-def corpus_texts(files) -> list[str]:
-    """Every text of the --corpus files; an error when there is none."""
+def corpus_texts(files, option: str = "--corpus") -> list[str]:
+    """Every text of the files given to `option`; an error when there is none."""
     texts = []
     for name in files:
         lines, _ = read_texts(name)
         texts.extend(t for t in lines if t.strip())
     if not texts:
-        raise BertkitError(f"the corpus ({', '.join(map(str, files))}) holds no text: give files with one text per "
+        raise BertkitError(f"{option} {' '.join(map(str, files))} holds no text: give files with one text per "
                            "line (or .tsv/.jsonl)")
     return texts
 
@@ -175,13 +190,15 @@ def _save(model: StaticEmbedding, tok, output: Path) -> None:
 
 
 def distill_static(model=None, output=None, config: StaticDistillConfig = StaticDistillConfig(), *,
-                   progress: bool = True, fast=True) -> dict:
+                   progress: bool = True, fast=True, log=print) -> dict:
     """Distil `model` (None: the default model; a model folder) into a static model saved at `output`
-    (a sentence-transformers StaticEmbedding folder). Returns what was done: rows, words added, seconds.
+    (a sentence-transformers StaticEmbedding folder), fitted to its sentence vectors on `config.fit`'s texts
+    when given. Returns what was done: rows, words added, the fit's loss before and after, seconds.
     fast: the encoder's fast-path settings (`bertkit.runtime.loading.load`)."""
     config.validate()
     output = _check_output(output)
     texts = corpus_texts(config.corpus) if config.corpus else None
+    fit_texts = corpus_texts([config.fit], "--fit") if config.fit else None  # read first: a bad file fails early
     start = time.perf_counter()
     loaded = load(model, head="encoder", dtype=config.dtype, fast=fast)
     if loaded.fine_tuned or loaded.task == "static":
@@ -203,9 +220,21 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
         raise BertkitError(f"--dim {config.dim} needs more than {len(kept)} distilled tokens")
     table = np.zeros((len(student_tok), config.dim), dtype=np.float32)
     weights = sif_weights(_probabilities(student_tok, keep, texts), config.sif_coefficient)
-    table[kept] = pca(vectors, config.dim) * weights[kept, None].astype(np.float32)
+    basis = pca_basis(vectors, config.dim)
+    table[kept] = project(vectors, basis) * weights[kept, None].astype(np.float32)
     static = StaticEmbedding(torch.from_numpy(table), normalize=True)
     static.config.max_length = config.max_length or None
+    fitted = _fit(loaded, static, student_tok, basis, fit_texts, config, progress, log) if fit_texts else {}
     _save(static, student_tok, output)
-    return {"rows": len(table), "distilled": int(len(kept)), "words_added": len(words), "dim": config.dim,
+    return {"rows": len(table), "distilled": int(len(kept)), "words_added": len(words), "dim": config.dim, **fitted,
             "seconds": round(time.perf_counter() - start, 1), "output": str(output)}
+
+
+def _fit(loaded, static: StaticEmbedding, tok, basis, texts: list, config: StaticDistillConfig, progress: bool,
+         log) -> dict:
+    """--fit: the model's sentence vectors of its texts (cut where the model cuts), projected on the table's
+    PCA basis, then the table fitted to them (`bertkit.distill.fit`)."""
+    length = loaded.max_length
+    vectors = cached_targets(loaded, texts, length, config.teacher_cache, config.teacher_dtype, progress, log)
+    ids = tok.ids_lists(texts, length - 2)  # the word pieces the model saw between its [CLS] and [SEP]
+    return fit_table(static, ids, project(vectors, basis), config.fit_training(progress), tok.pad_token_id, log)
