@@ -48,27 +48,34 @@ def sources() -> dict[str, list[str]]:
     }
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--total", type=int, default=60000)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    rng = random.Random(args.seed)
+def draw(total: int = 60000, seed: int = 0) -> tuple[list[str], dict]:
+    """The sentences (shuffled) and how many each source gave: each source's distinct sentences shuffled and cut to
+    its share of `total`, the smallest source first (the rest share what it leaves)."""
+    rng = random.Random(seed)
     pools = {}
     for name, texts in sources().items():
         distinct = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
         rng.shuffle(distinct)
         pools[name] = distinct
-    taken, left = {}, args.total
+    taken, left = {}, total
     for name in sorted(pools, key=lambda n: len(pools[n])):  # the smallest first; the rest share what it leaves
         share = left // (len(pools) - len(taken))
         taken[name] = pools[name][:share]
         left -= len(taken[name])
     out = [t for texts in taken.values() for t in texts]
     rng.shuffle(out)
+    return out, {k: len(v) for k, v in taken.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--total", type=int, default=60000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    out, per_source = draw(args.total, args.seed)
     Path(args.out).write_text("\n".join(out) + "\n", encoding="utf-8")
-    print(json.dumps({"sentences": len(out), "per_source": {k: len(v) for k, v in taken.items()}}))
+    print(json.dumps({"sentences": len(out), "per_source": per_source}))
 
 
 if __name__ == "__main__":
