@@ -35,7 +35,7 @@ class StaticDistillConfig:
     fit: str | None = field(default=None, metadata={
         "help": "a text file (one text per line, or .tsv/.jsonl): after distilling, train the table so each "
         "text's mean row points where the model's sentence vector does (cosine; Tokenlearn's idea)"})
-    fit_epochs: float = field(default=1.0, metadata={"help": "with --fit: passes over its texts"})
+    fit_epochs: float = field(default=3.0, metadata={"help": "with --fit: passes over its texts"})
     fit_learning_rate: float = field(default=0.03, metadata={
         "help": "with --fit: the peak rate (AdamW, warm-up and linear decay, no weight decay)"})
     fit_batch_size: int = field(default=256, metadata={"help": "with --fit: texts per update"})
