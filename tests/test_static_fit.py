@@ -7,7 +7,7 @@ from safetensors import safe_open
 
 import bertkit
 from bertkit.cli import main
-from bertkit.distill import static as static_distill
+from bertkit.distill import layers, static as static_distill
 from bertkit.distill.config import StaticDistillConfig
 from bertkit.distill.fit import TableFit, fit_loss, mean_loss
 from bertkit.distill.static import distill_static, pca, pca_basis, project
@@ -107,3 +107,27 @@ def test_distill_static_fit_bad_input_is_one_line(tiny_dir, tmp_path, capsys, ar
     assert main(["distill", "static", str(tiny_dir), "-o", str(tmp_path / "out"), "--quiet", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err and not (tmp_path / "out").exists()
+
+
+def test_the_teachers_vectors_resume_after_the_last_chunk_written(tiny_dir, tmp_path, monkeypatch):
+    teacher = load(tiny_dir, head="encoder")
+    cache = tmp_path / "t.safetensors"
+    whole = layers.cached_targets(teacher, TEXTS, 32, chunk=4)  # no file: computed, nothing written
+    real, calls = layers.teacher_targets, []
+
+    def killed_at_the_third_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "teacher_targets", killed_at_the_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        layers.cached_targets(teacher, TEXTS, 32, cache, chunk=4)
+    assert not cache.exists() and (tmp_path / "t.safetensors.part").is_file()
+    monkeypatch.setattr(layers, "teacher_targets", real)
+    lines = []
+    got = layers.cached_targets(teacher, TEXTS, 32, cache, chunk=4, log=lines.append)
+    assert any(f"8 of {len(TEXTS)} texts read" in line for line in lines)
+    assert np.array_equal(got, whole) and np.abs(got - bertkit.embed(TEXTS, tiny_dir, normalize=False)).max() < 1e-5
+    assert cache.is_file() and not (tmp_path / "t.safetensors.part").exists()

@@ -15,10 +15,12 @@ def add_distill(sub):
         "static",
         help="distil a static embedding table (Model2Vec's recipe): no transformer at run time",
         description="Every vocabulary token through MODEL with its pooling, PCA to --dim, SIF weights from "
-        "Zipf's law (or --corpus frequencies); saved as a sentence-transformers StaticEmbedding folder that "
-        "every bertkit command, sentence-transformers and model2vec-style tools load.",
+        "Zipf's law (or --corpus frequencies); with --fit FILE the table is then trained so each text's mean row "
+        "points where MODEL's sentence vector of the text does (Tokenlearn's idea). Saved as a sentence-transformers "
+        "StaticEmbedding folder that every bertkit command, sentence-transformers and model2vec-style tools load.",
         epilog="examples:\n  bertkit distill static -o static/\n"
-        "  bertkit distill static runs/emb -o static/ --dim 128 --corpus notes.txt",
+        "  bertkit distill static runs/emb -o static/ --dim 128 --corpus notes.txt\n"
+        "  bertkit distill static -o fitted/ --dim 384 --fit texts.txt --teacher-cache t.safetensors",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")

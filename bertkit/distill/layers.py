@@ -106,27 +106,47 @@ def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, 
 
 
 def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str = "float32", progress: bool = False,
-                   log=print) -> np.ndarray:
+                   log=print, chunk: int = 8192) -> np.ndarray:
     """`teacher_targets` in `dtype` (the float32 `teacher` itself, else the same folder loaded in `dtype`), read
     from the safetensors file `cache` when it holds them for these texts, teacher, length and precision (else
-    computed and written there, atomically; None: no file)."""
+    computed and written there; None: no file). Computed `chunk` texts at a time, the vectors so far kept in
+    CACHE.part after each (atomically): a killed run's rerun goes on after the last chunk written."""
     what = json.dumps([str(teacher.directory), max_length, dtype, len(texts)])
     key = hashlib.sha256("\n".join([what, *texts]).encode("utf-8")).hexdigest()
     cache = Path(cache) if cache else None
     if cache is not None and cache.is_file():
-        with safe_open(str(cache), framework="pt") as f:
-            if (f.metadata() or {}).get("key") == key:
-                log(f"teacher vectors read from {cache}")
-                return f.get_tensor("vectors").numpy()
+        vectors = _read_vectors(cache, key)
+        if vectors is not None:
+            log(f"teacher vectors read from {cache}")
+            return vectors
         log(f"{cache} holds the vectors of other data or another teacher: computing them again")
+    part = None if cache is None else cache.with_name(cache.name + ".part")
+    done = [] if part is None or not part.is_file() else [v for v in [_read_vectors(part, key)] if v is not None]
+    start = len(done[0]) if done else 0
+    if start:
+        log(f"teacher vectors: {start} of {len(texts)} texts read from {part}, computing the rest")
     runner = teacher if dtype == "float32" else load(teacher.directory, head="encoder", dtype=dtype)
-    vectors = teacher_targets(runner, texts, max_length, progress=progress)
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        part = cache.with_name(cache.name + ".part")
-        save_file({"vectors": torch.from_numpy(vectors)}, str(part), metadata={"key": key, "about": what})
+    for b in range(start, len(texts), chunk):  # chunk boundaries fixed: a resumed run computes what one run would
+        done.append(teacher_targets(runner, texts[b : b + chunk], max_length, progress=progress))
+        if part is not None:
+            _write_vectors(part, np.concatenate(done), key, what)
+    vectors = np.concatenate(done)
+    if part is not None:
         os.replace(part, cache)
     return vectors
+
+
+def _read_vectors(path: Path, key: str) -> np.ndarray | None:
+    """The vectors a cache file holds when its key is `key`, else None."""
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor("vectors").numpy() if (f.metadata() or {}).get("key") == key else None
+
+
+def _write_vectors(path: Path, vectors: np.ndarray, key: str, what: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = path.with_name(path.name + ".tmp")
+    save_file({"vectors": torch.from_numpy(vectors)}, str(work), metadata={"key": key, "about": what})
+    os.replace(work, path)
 
 
 def _texts(path) -> list[str]:
