@@ -23,7 +23,7 @@ approximates them before training; the table keeps its SIF weights as its start 
 follows. Rows that were never distilled ([UNK], [CLS], [SEP], [MASK], [unusedN]) are zero again after
 the fit. The loop is the one training loop (`bertkit.tasks.trainer.train`: seeded length-grouped
 batches, AdamW, warm-up and linear decay, progress), without an output folder: the fit takes minutes,
-the teacher's vectors, the long part, are kept by `--teacher-cache`.
+the teacher's vectors, the long part, are kept by `--teacher-cache` (chunk by chunk: a rerun resumes them).
 
 Shapes: B texts, T their longest id list, V rows, D the table's width.
 """
