@@ -131,3 +131,20 @@ def test_the_teachers_vectors_resume_after_the_last_chunk_written(tiny_dir, tmp_
     assert any(f"8 of {len(TEXTS)} texts read" in line for line in lines)
     assert np.array_equal(got, whole) and np.abs(got - bertkit.embed(TEXTS, tiny_dir, normalize=False)).max() < 1e-5
     assert cache.is_file() and not (tmp_path / "t.safetensors.part").exists()
+
+
+@pytest.mark.parametrize("start, flags, warned", [
+    ("out", [], True),  # fitted, the static recipe's rate (0.05)
+    ("out", ["--learning-rate", "0.01"], False),  # fitted, the rate that keeps the fit
+    ("plain", [], False),  # not fitted: the recipe's rate is the right one
+])
+def test_training_a_fitted_table_at_the_recipes_rate_says_so(fitted, tmp_path, capsys, start, flags, warned):
+    from bertkit.model.static import saved_about
+    base = fitted[0]
+    assert bool(saved_about(base / start).get("fit")) == (start == "out")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("anchor\tpositive\n" + "".join(f"{a}\t{b}\n" for a, b in zip(TEXTS[:10], TEXTS[1:11])))
+    assert main(["finetune", "embed", "--static", "--train", str(pairs), "--model", str(base / start), "-o",
+                 str(tmp_path / "ft"), "--no-progress", "--device", "cpu", "--batch-size", "4", *flags]) == 0
+    out = capsys.readouterr().out
+    assert ("was fitted to its model's sentence vectors" in out) == warned

@@ -175,12 +175,12 @@ def _check_output(output) -> Path:
     return output
 
 
-def _save(model: StaticEmbedding, tok, output: Path) -> None:
+def _save(model: StaticEmbedding, tok, output: Path, about: dict | None = None) -> None:
     """Write the folder next to `output`, then move it into place: a killed run leaves no half folder."""
     output.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        write_tokenizer_json(tok, save_static(model, work), model.config.max_length)
+        write_tokenizer_json(tok, save_static(model, work, about), model.config.max_length)
         if output.is_dir():
             output.rmdir()
         os.replace(work, output)
@@ -225,7 +225,7 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     static = StaticEmbedding(torch.from_numpy(table), normalize=True)
     static.config.max_length = config.max_length or None
     fitted = _fit(loaded, static, student_tok, basis, fit_texts, config, progress, log) if fit_texts else {}
-    _save(static, student_tok, output)
+    _save(static, student_tok, output, {"fit": {k: fitted[k] for k in ("fit_texts", "fit_loss_after")}} if fitted else None)
     return {"rows": len(table), "distilled": int(len(kept)), "words_added": len(words), "dim": config.dim, **fitted,
             "seconds": round(time.perf_counter() - start, 1), "output": str(output)}
 

@@ -54,6 +54,7 @@ from bertkit.model.sentence_layout import MODULES_FILE, ST_CONFIG
 
 STATIC_DIR, NORMALIZE_DIR = "0_StaticEmbedding", "1_Normalize"
 WEIGHT_KEY = "embedding.weight"  # sentence-transformers' StaticEmbedding state dict
+ABOUT_KEY = "bertkit"  # the weights file's metadata entry where bertkit says how the table was made
 MODEL2VEC_KEYS = ("embeddings", "mapping", "weights")
 # the positions a static model takes: no limit (sentence-transformers says math.inf)
 NO_LIMIT = 1_000_000
@@ -161,6 +162,21 @@ def weights_folder(directory) -> Path:
     return directory / modules[0].get("path", "") if modules else directory
 
 
+def saved_about(directory) -> dict:
+    """What `save_static(about=)` recorded in a static folder's weights file; {} for a folder without it
+    (another tool's, or unreadable metadata: it only informs)."""
+    path = weights_folder(directory) / "model.safetensors"
+    if not path.is_file():
+        return {}
+    with safe_open(str(path), framework="pt") as f:
+        text = (f.metadata() or {}).get(ABOUT_KEY, "{}")
+    try:
+        about = json.loads(text)
+    except ValueError:
+        return {}
+    return about if isinstance(about, dict) else {}
+
+
 def fold_model2vec(state: dict, source: Path) -> torch.Tensor:
     """One row per token id from model2vec's tensors: embeddings[mapping[id]] * weights[id]."""
     if "embeddings" not in state:
@@ -211,14 +227,16 @@ def read_static(directory) -> Static:
     return _read_st(directory, modules)
 
 
-def save_static(model: StaticEmbedding, directory) -> Path:
+def save_static(model: StaticEmbedding, directory, about: dict | None = None) -> Path:
     """Write `model` as a sentence-transformers StaticEmbedding folder (modules.json, 0_StaticEmbedding/
     model.safetensors, 1_Normalize/ when it normalises); returns the module folder, where the caller
-    writes tokenizer.json."""
+    writes tokenizer.json. `about`: how the table was made, kept as JSON in the weights file's metadata
+    (`saved_about`; sentence-transformers and model2vec ignore it)."""
     directory = Path(directory)
     folder = directory / STATIC_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({WEIGHT_KEY: model.embedding.weight.detach().float().cpu().contiguous()}, str(folder / "model.safetensors"))
+    save_file({WEIGHT_KEY: model.embedding.weight.detach().float().cpu().contiguous()}, str(folder / "model.safetensors"),
+              metadata={ABOUT_KEY: json.dumps(about)} if about else None)
     modules = [{"idx": 0, "name": "0", "path": STATIC_DIR, "type": "sentence_transformers.models.StaticEmbedding"}]
     if model.config.normalize:
         modules.append({"idx": 1, "name": "1", "path": NORMALIZE_DIR, "type": "sentence_transformers.models.Normalize"})

@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import torch
 
-from bertkit.model.static import DEFAULT_MAX_LENGTH, StaticEmbedding, is_static, read_static, save_static
+from bertkit.model.static import DEFAULT_MAX_LENGTH, StaticEmbedding, is_static, read_static, save_static, saved_about
 from bertkit.text.tokenizer_json import read_tokenizer_json, truncation_length, write_tokenizer_json
+
+
+FITTED_RATE = 0.02  # above it, MNRL moves a fitted table away from its fit (docs/distill.md: 0.05 lost, 0.01-0.02 gained)
 
 
 def static_start(cfg, load_tokenizer, log=print) -> tuple:
@@ -39,6 +42,10 @@ def static_start(cfg, load_tokenizer, log=print) -> tuple:
         static = read_static(cfg.model)
         tok = read_tokenizer_json(static.tokenizer_dir)
         log(f"static table: {static.model.config.vocab_size} x {static.model.config.hidden_size} from {cfg.model}")
+        rate = cfg.training.optim.learning_rate
+        if saved_about(cfg.model).get("fit") and rate > FITTED_RATE:
+            log(f"warning: {cfg.model} was fitted to its model's sentence vectors (distill static --fit); at "
+                f"--learning-rate {rate:g} training undoes part of that fit: 0.01 keeps it (docs/distill.md)")
         model = static.model
         if static.layout != "model2vec":  # where sentence-transformers cuts (model2vec's: read_static)
             model.config.max_length = truncation_length(static.tokenizer_dir)
