@@ -311,3 +311,31 @@ def test_bad_input_for_a_fine_tuned_teacher_is_one_line(tiny_dir, tmp_path, caps
                  "-o", str(tmp_path / "o"), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_two_torchrun_processes_train_the_student_as_one_process_accumulating_two(tmp_path):
+    """The student trains through the one loop, so torchrun's DDP (gloo, 2 ranks x batch 2) makes the same
+    updates as one process accumulating two micro-batches of 2 (1e-5), as the fine-tuning test checks. The
+    teacher has no dropout: each rank draws its own dropout stream."""
+    from test_distributed import torchrun
+    from bertkit.text.tokenizer import Tokenizer
+    teacher = tmp_path / "teacher"
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    BertModel(config, generator=torch.Generator().manual_seed(0)).save_pretrained(teacher,
+                                                                                  tokenizer=Tokenizer.from_pretrained())
+    data = tmp_path / "s.txt"
+    data.write_text(HELD)
+    common = ("distill", "layers", teacher, "--keep", "1", "--data", data, "--epochs", 2, "--batch-size", 2,
+              "--learning-rate", 3e-3, "--seed", 0, "--no-progress", "--device", "cpu")
+    run_cli(*common, "--grad-accum", 2, "-o", tmp_path / "single")
+    torchrun(2, *common, "-o", tmp_path / "ddp")
+    single, ddp = train_losses(tmp_path / "single"), train_losses(tmp_path / "ddp")
+    assert sorted(ddp) == sorted(single) == [1, 2, 3, 4]
+    for step in single:
+        assert ddp[step] == pytest.approx(single[step], rel=1e-5), step
+    a, b = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "ddp" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=k)
