@@ -339,3 +339,23 @@ def test_two_torchrun_processes_train_the_student_as_one_process_accumulating_tw
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_bf16_autocast_trains_the_student_close_to_float32(tiny_dir, tmp_path):
+    """--precision bf16: the same run as float32 within bf16's rounding (losses, weights saved in float32), and
+    not the float32 run itself (autocast is on)."""
+    data = tmp_path / "s.txt"
+    data.write_text(HELD)
+    common = ("distill", "layers", tiny_dir, "--keep", "1", "--data", data, "--epochs", 1, "--batch-size", 2,
+              "--learning-rate", 3e-3, "--seed", 0, "--no-progress", "--device", "cpu")
+    run_cli(*common, "-o", tmp_path / "f32")
+    run_cli(*common, "--precision", "bf16", "-o", tmp_path / "bf16")
+    f32, bf16 = train_losses(tmp_path / "f32"), train_losses(tmp_path / "bf16")
+    assert sorted(f32) == sorted(bf16) and len(f32) >= 3
+    assert f32[1] != bf16[1]
+    for step in f32:
+        assert bf16[step] == pytest.approx(f32[step], rel=0.1), step
+    a, b = load_file(tmp_path / "f32" / "model.safetensors"), load_file(tmp_path / "bf16" / "model.safetensors")
+    for k in a:
+        assert b[k].dtype == torch.float32
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0.05, msg=k)
