@@ -170,8 +170,7 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
     targets = cached_targets(teacher, texts, length, config.teacher_cache, config.teacher_dtype,
                              config.training.progress, log)
     tok = teacher.tokenizer
-    enc = tok.encode_batch(texts, max_length=length, padding=False, return_tensors=None)
-    ids = [list(e.input_ids) for e in enc.encodings]
+    ids = tok.single_ids(texts, length)
     features = [{"input_ids": ids[i], "labels": targets[i].tolist()} for i in kept]
     training, evaluate = config.training, None
     if held:

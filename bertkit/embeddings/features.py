@@ -247,7 +247,7 @@ def run_batch(model, pieces: list, layers="last", pad_id: int = 0, combine: str 
     `pieces` are anything with `input_ids` and `token_type_ids` lists ([CLS]/[SEP]
     included): the windows of `iter_embed`, or the rows `bertkit serve` batches.
     """
-    vectors, mask = forward_padded(model, pieces, layers, pad_id, combine)
+    vectors, _ = forward_padded(model, pieces, layers, pad_id, combine)
     return [vectors[row, : len(p.input_ids)] for row, p in enumerate(pieces)]
 
 

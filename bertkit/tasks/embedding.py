@@ -272,8 +272,7 @@ class EmbeddingBatches:
 def tokenize_rows(tok, examples: EmbeddingExamples, max_length: int) -> list[list[list[int]]]:
     """Token ids of every text, each distinct text tokenised once: ids[row][column]."""
     distinct = list(dict.fromkeys(t for row in examples.rows for t in row))
-    enc = tok.encode_batch(distinct, max_length=max_length, padding=False, return_tensors=None)
-    where = {t: list(e.input_ids) for t, e in zip(distinct, enc.encodings)}
+    where = dict(zip(distinct, tok.single_ids(distinct, max_length)))
     return [[where[t] for t in row] for row in examples.rows]
 
 
