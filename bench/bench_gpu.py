@@ -10,7 +10,10 @@
    transformers interleaved in one process (median of 7 rounds, synchronised timers).
 4. Sentence embeddings: `bertkit.embed` on the GPU against sentence-transformers' encode (same
    texts, bf16 and float32): cosine of the vectors and texts/s.
-5. One fine-tuning run (`bertkit finetune classify --device cuda --precision bf16`) and one
+5. Attention kernels: training steps (batch 32, bf16 autocast, dropout on) over 48 new lengths and then
+   the same lengths again, with torch's own order (cuDNN first on Hopper) against bertkit's
+   `CUDA_ATTENTION`, each in a fresh process.
+6. One fine-tuning run (`bertkit finetune classify --device cuda --precision bf16`) and one
    pre-training run under torchrun with NCCL (one process: the machine has one GPU), timed.
 
 Texts: the project's own documentation split into sentences (no data travels to that machine).
@@ -136,6 +139,47 @@ def embedding_checks(report: dict) -> None:
     assert np.isfinite(ours).all()
 
 
+def attention_worker(order: str) -> None:
+    """One fresh process: the seconds of 48 training steps at new lengths (cold), then at the same (warm)."""
+    from torch.nn.attention import SDPBackend
+    from bertkit.default_model import default_model_dir
+    from bertkit.model import modeling
+    from bertkit.model.heads import BertForSequenceClassification
+    if order == "cudnn-first":  # torch's own order on Hopper GPUs
+        modeling.CUDA_ATTENTION = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                                   SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    torch.manual_seed(0)
+    model = BertForSequenceClassification.from_pretrained(default_model_dir(), num_labels=2, strict=False).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    result = {}
+    for when in ("cold", "warm"):
+        times = []
+        for length in range(20, 260, 5):
+            ids = torch.randint(1000, 20000, (32, length), device="cuda")
+            mask = torch.ones_like(ids)
+            mask[::2, length * 3 // 4:] = 0
+            labels = torch.randint(0, 2, (32,), device="cuda")
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(ids, attention_mask=mask).logits.float(), labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        result[when] = {"seconds": round(sum(times), 3), "median ms": round(1000 * statistics.median(times), 2)}
+    print(json.dumps(result))
+
+
+def attention_checks(report: dict) -> None:
+    for order in ("cudnn-first", "bertkit"):
+        res = subprocess.run([sys.executable, __file__, "--attention-worker", order], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        report[f"attention {order}: 48 training steps at new lengths, then again"] = (
+            json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else res.stderr[-1500:])
+
+
 def run(cmd: list[str], report: dict, name: str, out: Path) -> None:
     start = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
@@ -168,12 +212,16 @@ def training_checks(report: dict, out: Path) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--only", nargs="*", choices=["encoder", "embeddings", "training"], help="run these checks only")
+    ap.add_argument("--only", nargs="*", choices=["encoder", "embeddings", "attention", "training"], help="run these checks only")
+    ap.add_argument("--attention-worker", choices=["cudnn-first", "bertkit"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.attention_worker:
+        return attention_worker(args.attention_worker)
     out = Path(args.out)
     report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               **{p: metadata.version(p) for p in ("transformers", "sentence-transformers")}}
     for name, check in (("encoder", lambda: encoder_checks(report)), ("embeddings", lambda: embedding_checks(report)),
+                        ("attention", lambda: attention_checks(report)),
                         ("training", lambda: training_checks(report, out))):
         if args.only and name not in args.only:
             continue

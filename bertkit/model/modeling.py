@@ -19,7 +19,7 @@ Shape legend used in every comment below:
 Attention has three paths with the same result: the explicit one computes the
 [B, N, T, T] weights (to return or draw them), the fused one calls
 `torch.nn.functional.scaled_dot_product_attention` (FlashAttention / memory
-efficient kernels where available) and never materialises them, and in training
+efficient kernels where available; on a GPU, `CUDA_ATTENTION` names which) and never materialises them, and in training
 on the CPU, where no fused kernel drops attention weights, `bertkit.model.chunked_attention`
 goes through a few sequences at a time and recomputes them in backward. The fused
 path is the default; `output_attentions=True` or `attn_implementation="eager"`
@@ -43,12 +43,14 @@ rather than -inf, so a fully padded row gives a uniform softmax, never NaN.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from bertkit.model import checkpoint as hf_checkpoint
@@ -143,6 +145,20 @@ def additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> to
     return mask.masked_fill_(~keep, torch.finfo(dtype).min)
 
 
+# The fused kernels a CUDA GPU may use, in this order. torch tries cuDNN's attention first on Hopper
+# GPUs, and with a padding mask it builds a plan for every new (batch, length) shape: 0.1-0.3 s each
+# on an H200, met at nearly every step of a run whose batches are padded to their longest (48 new
+# lengths of a 32-row training step took 6.0 and 17.3 s against 1.2 and 1.4 s with these; once every
+# shape was seen the two were within 10% either way; docs/benchmarks.md "On a GPU"). Memory-efficient
+# attention takes a mask and dropout and builds nothing per shape; FlashAttention runs where there is no mask.
+CUDA_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def fused_kernels(device: torch.device):
+    """The context that limits scaled_dot_product_attention to CUDA_ATTENTION on a CUDA device."""
+    return sdpa_kernel(list(CUDA_ATTENTION)) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention with its output projection.
 
@@ -183,7 +199,8 @@ class BertSelfAttention(nn.Module):
             context = dropout(weights, rate) @ v  # [B, N, T, D]
         else:
             weights = None
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=rate)  # [B, N, T, D]
+            with fused_kernels(x.device):
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=rate)  # [B, N, T, D]
         context = context.transpose(1, 2).reshape(B, T, H)  # [B, T, N, D] -> [B, T, H]: heads concatenated
         return dense(self.output, context, dropout=hidden_dropout, residual=residual), weights
 
