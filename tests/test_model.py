@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertkit import BertConfig, BertkitError, BertModel
-from bertkit.model.modeling import additive_mask
+from bertkit.model.modeling import additive_mask, fused_kernels
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
@@ -417,3 +417,16 @@ def test_bad_config_json(tmp_path, text, words):
     with pytest.raises(BertkitError) as err:
         BertConfig.from_pretrained(tmp_path)
     assert words in str(err.value)
+
+
+def test_a_cuda_forward_leaves_cudnn_attention_out_and_restores_the_flags():
+    """cuDNN's attention builds a plan per new padded shape (docs/benchmarks.md "On a GPU"): on a CUDA device the
+    fused path runs with FlashAttention, memory-efficient and math only, and torch's own flags come back after."""
+    flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
+             torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.math_sdp_enabled)
+    before = [f() for f in flags]
+    with fused_kernels(torch.device("cuda")):
+        assert [f() for f in flags] == [False, True, True, True]
+    assert [f() for f in flags] == before
+    with fused_kernels(torch.device("cpu")):  # the CPU's kernels are chosen by torch as before
+        assert [f() for f in flags] == before
