@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 import bertkit
 from bertkit.cli import main
@@ -124,7 +125,9 @@ def test_the_teachers_vectors_resume_after_the_last_chunk_written(tiny_dir, tmp_
     monkeypatch.setattr(layers, "teacher_targets", killed_at_the_third_chunk)
     with pytest.raises(KeyboardInterrupt):
         layers.cached_targets(teacher, TEXTS, 32, cache, chunk=4)
-    assert not cache.exists() and (tmp_path / "t.safetensors.part").is_file()
+    part = tmp_path / "t.safetensors.part"  # the two chunks done, each in its own file: none written twice
+    assert not cache.exists() and sorted(p.name for p in part.iterdir()) == ["000000.safetensors", "000001.safetensors"]
+    assert np.array_equal(np.concatenate([load_file(p)["vectors"].numpy() for p in sorted(part.iterdir())]), whole[:8])
     monkeypatch.setattr(layers, "teacher_targets", real)
     lines = []
     got = layers.cached_targets(teacher, TEXTS, 32, cache, chunk=4, log=lines.append)

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
@@ -109,8 +110,9 @@ def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str
                    log=print, chunk: int = 8192) -> np.ndarray:
     """`teacher_targets` in `dtype` (the float32 `teacher` itself, else the same folder loaded in `dtype`), read
     from the safetensors file `cache` when it holds them for these texts, teacher, length and precision (else
-    computed and written there; None: no file). Computed `chunk` texts at a time, the vectors so far kept in
-    CACHE.part after each (atomically): a killed run's rerun goes on after the last chunk written."""
+    computed and written there; None: no file). Computed `chunk` texts at a time, each chunk's vectors written
+    (atomically) into the folder CACHE.part, once: a killed run's rerun goes on after the last chunk written,
+    and a run writes every vector twice at most (its chunk, then the whole cache)."""
     what = json.dumps([str(teacher.directory), max_length, dtype, len(texts)])
     key = hashlib.sha256("\n".join([what, *texts]).encode("utf-8")).hexdigest()
     cache = Path(cache) if cache else None
@@ -121,19 +123,33 @@ def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str
             return vectors
         log(f"{cache} holds the vectors of other data or another teacher: computing them again")
     part = None if cache is None else cache.with_name(cache.name + ".part")
-    done = [] if part is None or not part.is_file() else [v for v in [_read_vectors(part, key)] if v is not None]
-    start = len(done[0]) if done else 0
+    done = [] if part is None else _chunks_written(part, key, chunk)
+    start = sum(len(v) for v in done)
     if start:
         log(f"teacher vectors: {start} of {len(texts)} texts read from {part}, computing the rest")
     runner = teacher if dtype == "float32" else load(teacher.directory, head="encoder", dtype=dtype)
     for b in range(start, len(texts), chunk):  # chunk boundaries fixed: a resumed run computes what one run would
         done.append(teacher_targets(runner, texts[b : b + chunk], max_length, progress=progress))
         if part is not None:
-            _write_vectors(part, np.concatenate(done), key, what)
+            _write_vectors(part / f"{b // chunk:06d}.safetensors", done[-1], key, what)
     vectors = np.concatenate(done)
     if part is not None:
-        os.replace(part, cache)
+        _write_vectors(cache, vectors, key, what)
+        shutil.rmtree(part)
     return vectors
+
+
+def _chunks_written(part: Path, key: str, chunk: int) -> list[np.ndarray]:
+    """The whole chunks of these texts' vectors that a killed run wrote into the folder `part`, in order."""
+    if part.is_file():  # an older bertkit kept the vectors so far in one file of this name: computed again
+        part.unlink()
+    done = []
+    while (path := part / f"{len(done):06d}.safetensors").is_file():
+        vectors = _read_vectors(path, key)
+        if vectors is None or len(vectors) != chunk:  # other texts' chunk, or a last one: computed again
+            break
+        done.append(vectors)
+    return done
 
 
 def _read_vectors(path: Path, key: str) -> np.ndarray | None:
