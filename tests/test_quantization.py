@@ -262,6 +262,18 @@ def test_quantize_refuses_what_int8_cannot_run():
         quantize(tiny_model().to(torch.bfloat16))
     with pytest.raises(BertkitError, match="bertkit model"):
         quantize(torch.nn.Linear(3, 3))
+    with pytest.raises(BertkitError, match="SpeedSettings"):
+        quantize(tiny_model(), "fast")
+
+
+@pytest.mark.parametrize("per_token", [True, False], indirect=True)
+def test_an_int8_model_runs_outside_no_grad(per_token):
+    """A plain call, autograd on (the embeddings' weights require grad): the same numbers as under
+    no_grad; the per-token kernel's out= once refused it with a RuntimeError from inside torch."""
+    model = quantize(tiny_model(), per_token)
+    ids, mask, types = inputs()
+    got = model(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    assert torch.equal(got.detach(), first_output(model))
 
 
 # --- embed and predict with int8 ---------------------------------------------------------

@@ -89,7 +89,9 @@ class Int8Linear(DynamicLinear):
             self._mm = (packed, torch.ops.onednn.qlinear_prepack(q_weight, None),
                         weight.q_per_channel_scales().float(), torch.zeros(len(q_weight), dtype=torch.long), bias)
         _, w, w_scale, w_zero, bias = self._mm
-        x2 = x.reshape(-1, x.shape[-1])  # [..., in] -> [M, in]
+        # detached: int8 has no gradient (as PyTorch's per-call kernel), and the out= below would refuse
+        # an activation that carries one (a forward outside no_grad: the embeddings' weights require it)
+        x2 = x.detach().reshape(-1, x.shape[-1])  # [..., in] -> [M, in]
         # few element-wise passes: at batch 1 each is an OpenMP region, and they cost as much as the product
         s = x2.abs().amax(-1, keepdim=True).clamp_(min=1e-12).div_(127.0)  # [M, 1]: s_t
         q = torch.div(x2, s).round_().to(torch.int8)  # [M, in], each row's largest |x| -> 127
@@ -152,6 +154,9 @@ def quantize(model: nn.Module, settings: SpeedSettings | None = None) -> nn.Modu
     """
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise BertkitError(f"quantize takes a bertkit model (BertModel or a head), got {type(model).__name__}")
+    if settings is not None and not isinstance(settings, SpeedSettings):
+        raise BertkitError(f"quantize's settings must be a SpeedSettings (bertkit.runtime.fast.decide()), "
+                           f"got {type(settings).__name__}")
     _check_runnable(model)
     settings = decide() if settings is None else settings
     for parent, attr, linear in _targets(model):
