@@ -263,11 +263,44 @@ def test_accent_stripping_follows_lowercase_unless_set():
         (lambda t: t.convert_ids_to_tokens([101, 99999]), "99999 is outside the vocabulary"),
         (lambda t: t.decode(["hello"]), "must hold ints"),
         (lambda t: t.convert_tokens_to_ids("hello"), "list of tokens"),
+        # the ids-only batch path: a str would be split into characters, a short max_length would
+        # slice from the end ([CLS] a b [SEP] for max_length=1)
+        (lambda t: t.ids_batch("hello"), "takes a list of texts, got a str"),
+        (lambda t: t.single_ids(["a b c"], max_length=1), "max_length must be None or an int >= 2, got 1"),
+        (lambda t: t.ids_lists(["a b c"], max_length=-1), "max_length must be None or an int >= 0, got -1"),
     ],
 )
 def test_bad_input_gives_clear_error(tok, call, message):
     with pytest.raises(BertkitError, match=message):
         call(tok)
+
+
+def test_numpy_ids_decode_like_ints(tok):
+    """A list of numpy integers (list(array)) is ids, as the array itself is."""
+    np = pytest.importorskip("numpy")
+    ids = np.array([101, 7592, 102])
+    assert tok.decode(list(ids)) == tok.decode(ids) == tok.decode([101, 7592, 102]) == "[CLS] hello [SEP]"
+
+
+def test_a_token_list_without_the_special_tokens_is_refused():
+    with pytest.raises(BertkitError, match=r"lacks the special token\(s\) \[PAD\], \[UNK\]"):
+        Tokenizer(["[CLS]", "[SEP]", "[MASK]", "a"])
+    with pytest.raises(BertkitError, match="vocab_file must be a vocab.txt.*got NoneType"):
+        Tokenizer(None)
+    assert Tokenizer(tuple(SMALL)).tokenize("unwanted") == ["un", "##want", "##ed"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"do_lower_case": "false"}, 'do_lower_case must be true or false, got "false"'),
+    ({"strip_accents": 0}, "strip_accents must be true, false or null, got 0"),
+    ({"max_input_chars_per_word": "abc"}, 'max_input_chars_per_word must be a positive whole number, got "abc"'),
+])
+def test_tokenizer_config_values_of_the_wrong_type_are_named(tmp_path, settings, message):
+    """bool("false") is True: a quoted flag once turned lower-casing on without a word."""
+    (tmp_path / "vocab.txt").write_text("\n".join(SMALL) + "\n")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(BertkitError, match="tokenizer_config.json: " + message):
+        Tokenizer.from_pretrained(tmp_path)
 
 
 def test_missing_tokenizer_path(tmp_path):

@@ -18,6 +18,7 @@ collector) lives in `tokenizer_speed`; this module is what is computed.
 """
 
 import json
+import numbers
 import re
 from pathlib import Path
 
@@ -32,18 +33,54 @@ from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_
 from bertkit.text.wordpiece import CONTINUATION, wordpiece_spans
 from bertkit.default_model import default_model_dir
 
+# each reads one JSON value, or raises TypeError naming what it should be: bool("false") is True, so a
+# quoted flag would silently turn lower-casing on
+def _flag(value) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise TypeError("true or false")
+
+
 def _flag_or_unset(value) -> bool | None:
-    return None if value is None else bool(value)
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError("true, false or null")
+
+
+def _positive_int(value) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise TypeError("a positive whole number")
 
 
 # a Hugging Face tokenizer_config.json key -> our constructor's argument and its type (a null
 # strip_accents is unset: it follows the casing; a null do_lower_case is false, as in transformers)
 _CONFIG_KEYS = {
-    "do_lower_case": ("lowercase", bool),
+    "do_lower_case": ("lowercase", _flag),
     "strip_accents": ("strip_accents", _flag_or_unset),
-    "tokenize_chinese_chars": ("tokenize_chinese_chars", bool),
-    "max_input_chars_per_word": ("max_input_chars_per_word", int),
+    "tokenize_chinese_chars": ("tokenize_chinese_chars", _flag),
+    "max_input_chars_per_word": ("max_input_chars_per_word", _positive_int),
 }
+
+
+def _config_settings(config: dict, config_file) -> dict:
+    """Our constructor's settings from a tokenizer_config.json's keys, each of its JSON type."""
+    settings = {}
+    for key, (name, kind) in _CONFIG_KEYS.items():
+        if key in config:
+            try:
+                settings[name] = kind(config[key])
+            except TypeError as err:
+                raise BertkitError(f"{config_file}: {key} must be {err}, got {json.dumps(config[key])[:40]}; "
+                                   "fix the file") from None
+    return settings
+
+
+def _check_cut(max_length, least: int) -> None:
+    """A length to cut ids at (None: no cut): an int of at least `least`."""
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                   or max_length < least):
+        raise BertkitError(f"max_length must be None or an int >= {least}, got {max_length!r}")
 
 def _check_text(text, what: str) -> str:
     if not isinstance(text, str):
@@ -71,7 +108,10 @@ class Tokenizer:
         max_input_chars_per_word: int = 100,
         tokenize_chinese_chars: bool = True,
     ):
-        tokens = vocab_file if isinstance(vocab_file, list) else load_vocab(vocab_file)
+        if not isinstance(vocab_file, (list, tuple, str, Path)):
+            raise BertkitError(f"vocab_file must be a vocab.txt, a folder holding one, or the list of tokens; "
+                               f"got {type(vocab_file).__name__}")
+        tokens = list(vocab_file) if isinstance(vocab_file, (list, tuple)) else load_vocab(vocab_file)
         if not isinstance(max_input_chars_per_word, int) or max_input_chars_per_word < 1:
             raise BertkitError(f"max_input_chars_per_word must be a positive int, got {max_input_chars_per_word!r}")
         self.ids_to_tokens: list[str] = list(tokens)
@@ -80,6 +120,10 @@ class Tokenizer:
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
         self.max_input_chars_per_word = max_input_chars_per_word
         self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
+        missing = [t for t in SPECIAL_TOKENS if t not in self.vocab]
+        if missing:  # a file's tokens are checked as it is read (vocab.py); a list given here is not
+            raise BertkitError(f"the vocabulary lacks the special token(s) {', '.join(missing)}: a BERT "
+                               f"vocabulary needs all of {' '.join(SPECIAL_TOKENS)}")
         check_casing(self.ids_to_tokens, self.lowercase)
 
         self.pad_token_id = self.vocab[PAD]
@@ -139,7 +183,7 @@ class Tokenizer:
             raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
         if not isinstance(config, dict):
             raise BertkitError(f"{config_file} must hold a JSON object of settings, got {type(config).__name__}")
-        settings = {name: kind(config[key]) for key, (name, kind) in _CONFIG_KEYS.items() if key in config}
+        settings = _config_settings(config, config_file)
         for key, value in overrides.items():
             if key not in ("lowercase", "strip_accents", "max_input_chars_per_word", "tokenize_chinese_chars"):
                 raise BertkitError(f"unknown tokenizer setting {key!r}")
@@ -280,6 +324,8 @@ class Tokenizer:
     def ids_batch(self, texts) -> tuple[list[int], list[int]]:
         """The ids of each text without [CLS]/[SEP], concatenated, and each text's count: what a
         static embedding table averages (`bertkit.text.tokenizer_speed.token_ids`, the fast path)."""
+        if isinstance(texts, str):  # list("abc") would give one text per character
+            raise BertkitError("ids_batch takes a list of texts, got a str (wrap it in a list)")
         texts = texts if isinstance(texts, list) else list(texts)
         for i, text in enumerate(texts):
             _check_text(text, f"text {i}")
@@ -287,6 +333,7 @@ class Tokenizer:
 
     def ids_lists(self, texts, max_length: int | None = None) -> list:
         """`ids_batch` split per text: each text's ids without [CLS]/[SEP], cut at `max_length` when given."""
+        _check_cut(max_length, 0)
         ids, lengths = self.ids_batch(texts)
         out, pos = [], 0
         for n in lengths:
@@ -298,6 +345,7 @@ class Tokenizer:
         """`[CLS] text [SEP]` ids of each single text, as `encode` gives them (cut at `max_length`, the
         specials counted), through the ids-only batch path: no offsets or word ids, which a sentence
         vector or a text task's features do not read."""
+        _check_cut(max_length, 2)  # room for [CLS] and [SEP], as in encode
         cut = None if max_length is None else max_length - 2
         return [[self.cls_token_id, *ids, self.sep_token_id] for ids in self.ids_lists(texts, cut)]
 
@@ -441,7 +489,7 @@ def _as_int_list(ids, what: str) -> list[int]:
         return [ids]
     if not isinstance(ids, (list, tuple)):
         raise BertkitError(f"{what} must be a list of int, got {type(ids).__name__}")
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int):
+    for i in ids:  # numbers.Integral: numpy's integers too (a list(array) holds np.int64)
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
             raise BertkitError(f"{what} must hold ints, found {i!r} ({type(i).__name__})")
-    return list(ids)
+    return [int(i) for i in ids]
