@@ -220,3 +220,22 @@ def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):
     want = tok.encode(texts[0], texts[1], max_length=32, truncation_strategy="longest_first")
     assert feats[0]["input_ids"] == want.input_ids and feats[0]["token_type_ids"] == want.token_type_ids
     assert feats[1]["token_type_ids"] == [0] * 32
+
+
+@pytest.mark.parametrize("texts, options, message", [
+    ([], {}, "no texts to predict"),
+    (None, {}, "list of texts, got NoneType"),
+    ([["mary", "visited"]], {}, r"texts\[0\] must be a str, got list \(pre-split words: join them with spaces\)"),
+    (["a", None], {}, r"texts\[1\] must be a str, got NoneType"),
+    (["a"], {"pairs": "b"}, "list of pairs; wrap a single text in a list"),
+    (["a"], {"pairs": [3]}, r"pairs\[0\] must be a str, got int"),
+    (["a"], {"batch_size": 0}, "batch_size must be a positive int, got 0"),
+    (["a"], {"batch_size": "8"}, "batch_size must be a positive int, got '8'"),
+    (["a"], {"loaded": "clf/"}, "loaded must be a Loaded"),
+])
+def test_predict_refuses_bad_input_before_loading_the_model(tmp_path, texts, options, message):
+    """Checked before any file is read (the model directory does not even exist): once an empty list or a
+    batch_size of 0 failed inside the batching (IndexError, ValueError), a word list inside NER's
+    whitespace split (AttributeError), and a str of pairs was split into characters."""
+    with pytest.raises(BertkitError, match=message):
+        predict(tmp_path / "no-model", texts, **options)

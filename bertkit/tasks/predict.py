@@ -56,13 +56,17 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
     device: auto (None), cpu or cuda; dtype: float32 (None) or bfloat16; int8: int8 dense layers;
     fast: the fast path's settings (`bertkit.runtime.loading.load`)."""
-    if isinstance(texts, str):
-        raise BertkitError("predict takes a list of texts; wrap a single text in a list")
-    texts = list(texts)
+    texts = _text_list(texts, "texts")
+    if not texts:
+        raise BertkitError("no texts to predict: pass a non-empty list of texts")
     if pairs is not None:
-        pairs = list(pairs)
+        pairs = _text_list(pairs, "pairs")
         if len(pairs) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(pairs)} pairs; give one second text per text")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BertkitError(f"batch_size must be a positive int, got {batch_size!r}")
+    if loaded is not None and not isinstance(loaded, Loaded):
+        raise BertkitError(f"loaded must be a Loaded (bertkit.load(model_dir, head='task')), got {type(loaded).__name__}")
     loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)
     task = task_of(loaded)
     if task.takes_pairs(loaded.info) and pairs is None:
@@ -70,6 +74,20 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
                            "(one per text)")
     run = partial(run_model, loaded.model, batch_size=batch_size)
     return task.predict(run, loaded.tokenizer, texts, pairs, loaded.info, task.labels(loaded.config))
+
+
+def _text_list(texts, what: str) -> list[str]:
+    """`texts` as a list of str, checked before the model loads (a str would be split into characters)."""
+    if isinstance(texts, str):
+        raise BertkitError(f"predict takes a list of {what}; wrap a single text in a list")
+    if texts is None or not hasattr(texts, "__iter__"):
+        raise BertkitError(f"predict takes a list of {what}, got {type(texts).__name__}")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise BertkitError(f"{what}[{i}] must be a str, got {type(text).__name__}"
+                               + (" (pre-split words: join them with spaces)" if isinstance(text, list) else ""))
+    return texts
 
 
 def feature_logits(loaded: Loaded, features: list[dict], batch_size: int = 64, progress: bool = False) -> list:
