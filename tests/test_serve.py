@@ -416,6 +416,28 @@ def test_qa_answers_long_contexts_with_offsets(servers, dirs):
     assert status == 422 and "context" in body["error"]
 
 
+def test_predict_and_rerank_refuse_a_text_without_tokens(servers, dirs):
+    """A text of characters BERT drops has no word piece: the model would answer for an empty text, so it is
+    refused naming the field, as the embeddings routes refuse it (it was a 200 with a prediction)."""
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(dirs["pair"])
+    assert tok.encode("\x00\x01", add_special_tokens=False).input_ids == []  # the premise, independently
+    port = servers["pair"].port
+    for path, body, words in [
+        ("/predict", {"inputs": ["fine", "\x00\x01"], "pairs": ["a", "b"]}, "`inputs[1]` yields no tokens"),
+        ("/predict", {"inputs": ["fine"], "pairs": ["\x00\x01"]}, "`pairs[0]` yields no tokens"),
+        ("/rerank", {"query": "\x00\x01", "texts": ["a"]}, "`query` yields no tokens"),
+        ("/rerank", {"query": "fine", "texts": ["a", "b", "\x00\x01"]}, "`texts[2]` yields no tokens"),
+        ("/rerank", {"texts": ["a"]}, "`query` is required"),
+    ]:
+        status, _, answer = post(port, path, body, {})
+        assert status == 422 and words in answer["error"], (body, answer)
+    status, _, answer = post(servers["qa"].port, "/predict", {"inputs": ["who ?"], "pairs": ["\x00\x01"]}, {})
+    assert status == 422 and "`pairs[0]` yields no tokens" in answer["error"], answer
+    assert post(port, "/rerank", {"query": "fine", "texts": ["a", "b"]}, {})[0] == 200  # still serving
+
+
 # --- info, health, metrics --------------------------------------------------------------------
 
 
@@ -463,6 +485,10 @@ def test_openai_errors_name_the_limit(servers):
     assert status == 413 and "limit of 24" in body["error"]["message"]
     status, _, body = post(servers["main"].port, "/v1/embeddings", {"input": "x", "encoding_format": "int8"})
     assert status == 422 and "encoding_format" in body["error"]["message"]
+    for wrong in ([], {}, 0, False, ""):  # not a format: refused, not taken for "float"
+        status, _, body = post(servers["main"].port, "/v1/embeddings", {"input": "x", "encoding_format": wrong})
+        assert status == 422 and "`encoding_format` must be" in body["error"]["message"], (wrong, body)
+    assert post(servers["main"].port, "/v1/embeddings", {"input": "x", "encoding_format": None})[0] == 200  # default
 
 
 def test_wrong_or_missing_api_key_is_401(servers):

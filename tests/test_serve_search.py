@@ -124,10 +124,14 @@ def test_rerank_answers_as_bertkit_search_rerank(servers, made, capsys):
     ({"query": "x", "rerank": "yes"}, "`rerank` must be true or false"),
     ({"query": "x", "mode": "sparse"}, "`mode` must be one of hybrid, dense, lexical, got 'sparse'"),
     ({"query": "x", "mode": 3}, "`mode` must be one of"),
+    # a field /search does not take is refused, not ignored: `alpha` would have answered with the index's fusion
+    ({"query": "x", "alpha": 2}, 'unknown field "alpha": this route takes query, k, rerank, mode: the fusion'),
+    ({"query": "x", "k": 2, "fusion": "rrf", "top_k": 3}, 'unknown fields "fusion", "top_k"'),
+    ({"query": "x", "y" * 100000: 1}, 'unknown field "' + "y" * 40 + '": this route'),  # the name cut: one line
 ])
 def test_bad_search_requests_get_one_clear_error(servers, body, words):
     status, _, answer = call(servers["search"].port, "POST", "/search", body)
-    assert status == 422 and words in answer["error"], answer
+    assert status == 422 and words in answer["error"] and len(answer["error"]) < 500, answer
 
 
 def test_queries_share_the_embeddings_batches_and_are_counted(servers):

@@ -75,10 +75,11 @@ from bertkit.serve.limits import check_answer, check_inputs, check_search, check
 from bertkit.serve.scans import ScanQueue
 from bertkit.serve.runner import EmbeddingModel, InputError, Query, check_text, leading, load_searcher, token_list
 from bertkit.serve.requests import (RETRY_AFTER_S, ApiError, ClientLeft, JSONResponse, plain,
-                                     check_key, discard_body, error_response, flag_field, k_field, read_json,
-                                     texts_field)
+                                     check_key, discard_body, error_response, flag_field, k_field, known_fields,
+                                     read_json, texts_field)
 
 log = logging.getLogger("bertkit.serve")
+SEARCH_FIELDS = ("query", "k", "rerank", "mode")  # what /search takes; anything else is refused
 
 
 @dataclass
@@ -185,9 +186,11 @@ async def encode(svc: Service, texts: list, field: str | None, **options) -> lis
     return rows
 
 
-async def check_pair_tokens(svc: Service, queries: list) -> None:
-    """/predict and /rerank: the tokens the model will read, counted off the event loop, within the limit."""
-    check_tokens(await asyncio.to_thread(svc.runner.count_tokens, queries), svc.settings.max_request_tokens)
+async def check_pair_tokens(svc: Service, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`")) -> None:
+    """/predict and /rerank: the tokens the model will read, counted off the event loop, within the limit
+    (`names`: the request's fields for a text and its pair, to name one that yields no tokens)."""
+    total = await asyncio.to_thread(svc.runner.count_tokens, queries, names)
+    check_tokens(total, svc.settings.max_request_tokens)
 
 
 # --- the routes ---------------------------------------------------------------------
@@ -199,7 +202,8 @@ async def openai_embeddings(request):
     need(svc, "/v1/embeddings")
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "input")
-    fmt = data.get("encoding_format") or "float"
+    fmt = data.get("encoding_format")
+    fmt = "float" if fmt is None else fmt
     if fmt not in ("float", "base64"):
         raise InputError(f"`encoding_format` must be \"float\" or \"base64\", got {json.dumps(fmt)}")
     dims = runner.check_dimensions(data.get("dimensions"))
@@ -255,6 +259,8 @@ async def search(request):
         raise ApiError(400, "/search needs an index: start the server with --index INDEX (a folder written by "
                             "bertkit index with this model)")
     data = await read_json(request, svc.settings.max_body_bytes)
+    known_fields(data, SEARCH_FIELDS, ": the fusion (alpha, fusion, rrf_k) is the index's, read from its index.json "
+                                      "when the server starts (bertkit evaluate retrieval --tune writes it)")
     queries = texts_field(data, "query")
     k = k_field(data)
     check_search(len(queries), k, svc.settings)
@@ -292,12 +298,14 @@ async def rerank(request):
     svc = service(request)
     need(svc, "/rerank")
     data = await read_json(request, svc.settings.max_body_bytes)
-    query = check_text(data.get("query"), "`query`")
+    if data.get("query") is None:
+        raise InputError("`query` is required: the text that `texts` are ranked against")
+    query = check_text(data["query"], "`query`")
     texts = texts_field(data, "texts")
     check_inputs(len(texts), svc.settings.max_client_batch_size, "texts")
     return_text = flag_field(data, "return_text", False)
     queries = [Query(query, t) for t in texts]
-    await check_pair_tokens(svc, queries)
+    await check_pair_tokens(svc, queries, ("`query`", "`texts[{i}]`"))
     preds = await run(request, queries, [1] * len(texts))
     scores = [svc.runner.rerank_score(p) for p in preds]
     ranked = sorted(range(len(texts)), key=lambda i: -scores[i])

@@ -6,7 +6,7 @@ with its size limit enforced on the Content-Length header and again while it str
 LINGER_S (nginx's "lingering close", `discard_body`), so that a client that writes its whole body
 before reading sees the 413 instead of a connection reset. The fields shared by several routes
 (`texts_field`, `flag_field`, `k_field`) refuse a wrong type or an empty list with one message
-naming the field. Errors are answered in TEI's shape ({"error", "error_type"}) or OpenAI's
+naming the field; `known_fields` refuses the fields a route does not take (/search). Errors are answered in TEI's shape ({"error", "error_type"}) or OpenAI's
 ({"error": {"message", "type", "code"}}), and answers are written by orjson (`JSONResponse`).
 """
 
@@ -177,6 +177,17 @@ def flag_field(data: dict, name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise InputError(f"`{name}` must be true or false, got {json.dumps(value)}")
     return value
+
+
+def known_fields(data: dict, names: tuple, hint: str = "") -> None:
+    """Refuse fields a route does not take, where ignoring one would answer another question than the one asked
+    (/search's `alpha`: the client would get the index's fusion and never know). At most five names are shown,
+    each cut at 40 characters: the message stays one line whatever the keys."""
+    unknown = [n for n in data if n not in names]
+    if unknown:
+        shown = ", ".join(json.dumps(n[:40]) for n in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise InputError(f"unknown field{'s' if len(unknown) > 1 else ''} {shown}: this route takes "
+                         f"{', '.join(names)}{hint}")
 
 
 def check_key(request, settings) -> None:
