@@ -1,6 +1,7 @@
 """Task heads: transformers-initialised models of every head type, saved by transformers,
 load into ours and give the same logits and losses; plus the heads' own rules."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -198,6 +199,36 @@ def test_heads_reject_bad_labels():
     mc = bertkit.BertForMultipleChoice(config, generator=g)
     with pytest.raises(BertkitError, match=r"\[batch, choices, seq_len\]"):
         mc(ids)
+
+
+def test_heads_name_labels_of_the_wrong_kind():
+    """A list, a numpy array, or float/bool class ids: once an AttributeError in the head or a
+    RuntimeError from inside cross-entropy; now the label's name, what it must be, and the fix."""
+    config = BertConfig(**HF_TINY, num_labels=3)
+    g = torch.Generator().manual_seed(0)
+    ids, mask, _ = batch()
+    seq = bertkit.BertForSequenceClassification(config, generator=g)
+    with pytest.raises(BertkitError, match=r"labels must be a torch tensor, got list \(wrap it in torch.tensor"):
+        seq(ids, mask, labels=[0, 1, 2])
+    with pytest.raises(BertkitError, match="labels must be a torch tensor, got ndarray"):
+        seq(ids, mask, labels=np.array([0, 1, 2]))
+    with pytest.raises(BertkitError, match=r"labels must be integer ids \(torch.long\), got torch.bool"):
+        seq(ids, mask, labels=torch.tensor([True, False, True]))
+    tok = bertkit.BertForTokenClassification(config, generator=g)
+    with pytest.raises(BertkitError, match=r"labels \(per token\) must be integer ids .* got torch.float32"):
+        tok(ids, mask, labels=torch.zeros(B, T))
+    mlm = bertkit.BertForMaskedLM(config, generator=g)
+    with pytest.raises(BertkitError, match=r"labels \(masked LM\) must be integer ids"):
+        mlm(ids, mask, labels=torch.zeros(B, T))
+    qa = bertkit.BertForQuestionAnswering(config, generator=g)
+    with pytest.raises(BertkitError, match="start_positions must be a torch tensor of shape \\(3,\\), got list"):
+        qa(ids, mask, start_positions=[1, 2, 3], end_positions=torch.tensor([1, 2, 3]))
+    with pytest.raises(BertkitError, match="end_positions must be integer ids"):
+        qa(ids, mask, start_positions=torch.tensor([1, 2, 3]), end_positions=torch.tensor([1.0, 2.0, 3.0]))
+    # what stays float: regression and multi-label targets
+    assert bertkit.BertForSequenceClassification(config.replace(num_labels=1), generator=g)(
+        ids, mask, labels=torch.tensor([0.5, 1.0, 2.0])).loss.isfinite()
+    assert seq(ids, mask, labels=torch.tensor([[0.0, 1.0, 1.0]] * B)).loss.isfinite()
 
 
 def test_label_names_travel_with_the_config(tmp_path):

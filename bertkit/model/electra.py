@@ -266,7 +266,7 @@ class ElectraForPreTraining(ElectraPreTrainedModel):
         logits = self.discriminator_predictions(out.last_hidden_state)  # [B, T]
         loss = None
         if labels is not None:
-            check_labels(labels, logits.shape, "labels (1 replaced / 0 original per token)", 2)
+            check_labels(labels, logits.shape, "labels (1 replaced / 0 original per token)", 2, integer=False)
             loss = discriminator_loss(logits, labels, attention_mask)
         return DiscriminatorOutput(loss, logits, out.hidden_states, out.attentions)
 

@@ -97,11 +97,19 @@ class MaskedLMHead(nn.Module):
         return F.linear(x, word_embeddings, self.bias)  # [..., H] x [V, H]^T -> [..., V]
 
 
-def check_labels(labels: torch.Tensor, shape: tuple, name: str, num_classes: int | None = None) -> None:
-    """Labels must match the batch and, for classes, lie in [0, num_classes) or be -100."""
-    if not isinstance(labels, torch.Tensor) or tuple(labels.shape) != tuple(shape):
-        got = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
-        raise BertkitError(f"{name} must have shape {tuple(shape)}, got {got}")
+def check_labels(labels: torch.Tensor, shape: tuple, name: str, num_classes: int | None = None, *,
+                 integer: bool | None = None) -> None:
+    """Labels must be a tensor matching the batch and, for classes, lie in [0, num_classes) or be -100.
+    integer (default: whether there are classes): they index, so they must be integers (a float or
+    bool tensor fails inside cross-entropy, after the forward pass)."""
+    if not isinstance(labels, torch.Tensor):
+        raise BertkitError(f"{name} must be a torch tensor of shape {tuple(shape)}, got {type(labels).__name__} "
+                           "(wrap it in torch.tensor(...))")
+    if tuple(labels.shape) != tuple(shape):
+        raise BertkitError(f"{name} must have shape {tuple(shape)}, got {tuple(labels.shape)}")
+    if (num_classes is not None if integer is None else integer) and (
+            labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool):
+        raise BertkitError(f"{name} must be integer ids (torch.long), got {labels.dtype}: use labels.long()")
     if num_classes is not None:
         kept = labels[labels != IGNORE_INDEX]
         if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= num_classes):
@@ -246,6 +254,9 @@ class BertForSequenceClassification(BertPreTrainedModel):
             return self.config.problem_type
         if self.config.num_labels == 1:
             return "regression"
+        if not isinstance(labels, torch.Tensor):  # its dtype decides the loss: checked before it is read
+            raise BertkitError(f"labels must be a torch tensor, got {type(labels).__name__} "
+                               "(wrap it in torch.tensor(...))")
         if not labels.dtype.is_floating_point:
             return "single_label_classification"
         return "multi_label_classification"
@@ -294,6 +305,8 @@ def span_loss(start_logits, end_logits, start_positions, end_positions) -> torch
     """(CE start + CE end) / 2 over [B, T] scores; positions outside the window (the answer
     truncated away) are clamped to T and ignored."""
     B, T = start_logits.shape
+    for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+        check_labels(positions, positions.shape if isinstance(positions, torch.Tensor) else (B,), name, integer=True)
     check_labels(start_positions.reshape(-1), (B,), "start_positions")
     check_labels(end_positions.reshape(-1), (B,), "end_positions")
     start = start_positions.reshape(-1).clamp(0, T)
