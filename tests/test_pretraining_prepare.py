@@ -8,6 +8,7 @@ rounding of round(L * 0.15), for the masked fraction).
 """
 
 import hashlib
+import json
 import random
 import re
 import shutil
@@ -355,6 +356,39 @@ def test_empty_corpus_and_bad_arguments_give_one_line_errors(tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err and (busy / "thesis.tex").exists()
     with pytest.raises(BertkitError, match="max_seq_length"):
         PrepareConfig(max_seq_length=4).validate()
+
+
+def test_a_damaged_prepared_folder_is_named_not_a_numpy_traceback(tokenised, tmp_path):
+    """A cut-short manifest or shard array, or a foreign .npy: once a JSONDecodeError, a KeyError or numpy's
+    own message (which suggests allow_pickle, i.e. running the file's code); now the file and the fix.
+    Nothing is ever unpickled."""
+    def damaged(name, harm):
+        folder = tmp_path / name
+        shutil.copytree(tokenised, folder)
+        harm(folder)
+        return folder
+
+    manifest = json.loads((tokenised / "manifest.json").read_text())
+    shard = manifest["shards"][0]["path"]
+    cases = [
+        (lambda d: (d / "manifest.json").write_text('{"config": {'), r"manifest.json is corrupt \("),
+        (lambda d: (d / "manifest.json").write_text(json.dumps({"config": manifest["config"]})),
+         "lacks the config and shards prepare writes"),
+        (lambda d: (d / shard / "input_ids.npy").write_bytes((d / shard / "input_ids.npy").read_bytes()[:300]),
+         "input_ids.npy is truncated or corrupt"),
+        (lambda d: np.save(d / shard / "lengths.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True),
+         "lengths.npy is truncated or corrupt"),
+        (lambda d: np.save(d / shard / "lengths.npy", np.load(d / shard / "lengths.npy")[:3]),
+         "the arrays disagree on the number of instances"),
+        (lambda d: (d / "manifest.json").write_text(json.dumps({**manifest, "shards": []})), "lists no instances"),
+    ]
+    for i, (harm, message) in enumerate(cases):
+        with pytest.raises(BertkitError, match=message):
+            PretrainingDataset(damaged(f"d{i}", harm))
+    with pytest.raises(BertkitError, match="seed must be a non-negative int, got 'a'"):
+        PretrainingDataset(tokenised, seed="a")
+    with pytest.raises(BertkitError, match="stream position must be an int >= 0, got '3'"):
+        PretrainingDataset(tokenised, position="3")
 
 
 def test_static_masking_workers_after_torch_ran_in_parent(tmp_path):

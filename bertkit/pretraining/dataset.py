@@ -41,18 +41,16 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
             hint = ("it looks unfinished: run `bertkit pretrain prepare` again with the same arguments to complete it"
                     if (self.directory / "tokens").is_dir() else "make it with `bertkit pretrain prepare CORPUS -o DIR`")
             raise BertkitError(f"{self.directory} is not a prepared pre-training folder (no manifest.json); {hint}")
-        self.manifest = json.loads(manifest.read_text())
+        self.manifest = _read_manifest(manifest)
         self.config = self.manifest["config"]
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise BertkitError(f"seed must be a non-negative int, got {seed!r}")
         self.seed, self.shuffle, self.epochs = seed, shuffle, epochs
-        self._shards = []
-        for entry in self.manifest["shards"]:
-            folder = self.directory / entry["path"]
-            names = _ARRAYS + (("masked_positions", "masked_ids") if self.static_masking else ())
-            try:
-                self._shards.append({n: np.load(folder / f"{n}.npy", mmap_mode="r") for n in names})
-            except FileNotFoundError as err:
-                raise BertkitError(f"prepared data is incomplete: {err.filename} is missing; re-run prepare") from None
+        names = _ARRAYS + (("masked_positions", "masked_ids") if self.static_masking else ())
+        self._shards = [_open_shard(self.directory / entry["path"], names) for entry in self.manifest["shards"]]
         self._starts = np.cumsum([0] + [len(s["lengths"]) for s in self._shards])
+        if self._starts[-1] == 0:
+            raise BertkitError(f"{manifest} lists no instances: re-run `bertkit pretrain prepare`")
         self._order_cache = (None, None)
         self.position = 0
         self.seek(position)
@@ -138,8 +136,8 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
 
     def seek(self, position: int) -> None:
         """Continue the stream at global position `position` (epoch = position // len)."""
-        if position < 0:
-            raise BertkitError(f"stream position must be >= 0, got {position}")
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or position < 0:
+            raise BertkitError(f"stream position must be an int >= 0, got {position!r}")
         self.position = int(position)
 
     def index_at(self, position: int) -> int:
@@ -157,3 +155,33 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
             item["position"] = p
             yield item
             p += step
+
+
+def _read_manifest(path: Path) -> dict:
+    """manifest.json, refused by name when it is not what prepare writes (cut short, edited)."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BertkitError(f"{path} is corrupt ({err}): re-run `bertkit pretrain prepare`") from None
+    if (not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict)
+            or not isinstance(manifest.get("shards"), list)
+            or not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in manifest["shards"])):
+        raise BertkitError(f"{path} lacks the config and shards prepare writes: re-run `bertkit pretrain prepare`")
+    return manifest
+
+
+def _open_shard(folder: Path, names: tuple) -> dict:
+    """A shard's arrays, memory-mapped (never pickled objects), one row per instance in each."""
+    arrays = {}
+    for name in names:
+        path = folder / f"{name}.npy"
+        try:
+            arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            raise BertkitError(f"prepared data is incomplete: {path} is missing; re-run prepare") from None
+        except (ValueError, OSError):  # cut short, not an .npy, or Python objects (which we never load)
+            raise BertkitError(f"{path} is truncated or corrupt (not a numeric .npy array); re-run prepare") from None
+    rows = {name: len(a) for name, a in arrays.items()}
+    if len(set(rows.values())) > 1:
+        raise BertkitError(f"{folder}: the arrays disagree on the number of instances ({rows}); re-run prepare")
+    return arrays
