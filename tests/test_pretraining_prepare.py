@@ -389,6 +389,11 @@ def test_a_damaged_prepared_folder_is_named_not_a_numpy_traceback(tokenised, tmp
         PretrainingDataset(tokenised, seed="a")
     with pytest.raises(BertkitError, match="stream position must be an int >= 0, got '3'"):
         PretrainingDataset(tokenised, position="3")
+    collate = PretrainingDataset(tokenised).collator()
+    with pytest.raises(ValueError, match="non-empty list of instances, got an empty list"):
+        collate([])  # was a RuntimeError from torch's max() of nothing
+    with pytest.raises(TypeError, match="non-empty list of instances .* got dict"):
+        collate(PretrainingDataset(tokenised)[0])  # one instance, not a batch of them
 
 
 def test_static_masking_workers_after_torch_ran_in_parent(tmp_path):

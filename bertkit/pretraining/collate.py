@@ -57,6 +57,12 @@ class PretrainingCollator:
         self._own_generator = torch.Generator().manual_seed(self.seed)
 
     def __call__(self, instances: list, generator: torch.Generator | None = None) -> dict:
+        # a plain TypeError / ValueError: a program's mistake, not a user's input (no import of bertkit.errors here)
+        if not isinstance(instances, (list, tuple)):
+            raise TypeError(f"the collator takes a non-empty list of instances (as PretrainingDataset yields them), "
+                            f"got {type(instances).__name__}")
+        if not instances:
+            raise ValueError("the collator takes a non-empty list of instances, got an empty list")
         B = len(instances)
         lengths = torch.tensor([len(x["input_ids"]) for x in instances])
         T = int(lengths.max())
