@@ -151,6 +151,22 @@ def test_tokens_per_request_on_embed(servers):
     assert post(port, "/embed", {"inputs": texts[:2]})[0] == 200
 
 
+def test_search_counts_the_tokens_bm25_reads_whole(servers):
+    """The lexical part of /search (mode lexical or hybrid) reads each query whole, where the dense part cuts it
+    at the index's 32 tokens: its tokens count against --max-request-tokens uncut (they were not counted: 32
+    long queries in a 4 MB body held the scan thread that every /search shares)."""
+    port = servers["tight"].port
+    long_query = "protein folding in the cell " * 60  # 300 words: 302 pieces whole, 32 cut
+    for mode in ("lexical", "hybrid"):
+        status, _, data = post(port, "/search", {"query": long_query, "k": 2, "mode": mode})
+        assert status == 413 and "302 tokens, over the limit of 300" in data["error"], (mode, data)
+    status, _, answer = post(port, "/search", {"query": long_query, "k": 2, "mode": "dense"})
+    assert status == 200 and len(answer[0]) == 2  # the dense part alone reads 32 of them: answered
+    body = {"query": [f"interleukin {i} signalling in lymphocytes " * 3000 for i in range(32)], "mode": "lexical"}
+    refused_while_healthy(servers["defaults"], "/search", body, 413, "(--max-request-tokens)")
+    assert post(port, "/search", {"query": "protein folding", "k": 2, "mode": "lexical"})[0] == 200
+
+
 PAIR_MAX_LENGTH = 32  # the pair model cuts a pair here (bertkit_task.json's max_length)
 FIRST = ["the movie was good .", "proteins fold into shapes that decide what they do in the cell " * 4,
          "a short one", "mice lacking the gene lived longer than their littermates in every cohort"]

@@ -268,6 +268,9 @@ async def search(request):
     mode = searcher.mode(data.get("mode"))
     if rerank_them and searcher.cross is None:
         raise InputError("`rerank`: true needs a cross-encoder: start the server with --rerank MODEL")
+    if mode != "dense":  # BM25 reads each query whole (the dense part cuts it at the index's length): count it whole
+        total = await asyncio.to_thread(whole_tokens, svc.runner.tok, queries)
+        check_tokens(total, svc.settings.max_request_tokens)
     if mode == "lexical":  # BM25 alone: no query vector to make (the rows are placeholders the scan ignores)
         vectors = np.zeros((len(queries), int(searcher.index.info["dim"])), np.float32)
     else:
@@ -277,6 +280,13 @@ async def search(request):
     if rerank_them:  # off the event loop: torch releases the GIL
         answers = await asyncio.to_thread(searcher.rerank, queries, answers)
     return JSONResponse([[h.to_dict() for h in hits[:k]] for hits in answers]), len(queries)
+
+
+def whole_tokens(tok, texts: list) -> int:
+    """The word pieces of `texts`, uncut, with [CLS] and [SEP]: a /search query as its lexical part reads it.
+    Uncounted, a 4 MB body of 32 long queries held the shared scan thread, and so every other /search, while
+    BM25 read them."""
+    return sum(tok.ids_batch(texts)[1]) + 2 * len(texts)
 
 
 async def predict(request):
