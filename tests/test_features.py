@@ -251,6 +251,29 @@ def test_bad_input_gets_clear_errors(tiny):
         embed("hi", tiny, max_length=600)
 
 
+
+def test_bad_types_are_named_not_a_python_traceback(tiny):
+    """Each once failed with a TypeError or IndexError from inside (or, for bytes, said "got int": it
+    iterated the bytes), or silently paired each text with one character of a str of pairs."""
+    cases = [
+        (lambda: embed(b"hello", tiny), "texts must be a str or a list of str, got bytes: decode it first"),
+        (lambda: embed(None, tiny), "texts must be a str or a list of str, got NoneType"),
+        (lambda: embed(["a", "b"], tiny, pairs="cd"), "pairs must be a list of str .* got a str"),
+        (lambda: embed(["a"], tiny, batch_size="4"), "batch_size must be an int of at least 1, got '4'"),
+        (lambda: embed(["a"], tiny, batch_size=2.5), "batch_size must be an int of at least 1, got 2.5"),
+        (lambda: embed(["a"], tiny, chunk_size=0), "chunk_size must be an int of at least 1, got 0"),
+        (lambda: embed(["a"], tiny, max_length="8"), "max_length '8' must be an int between 3"),
+        (lambda: embed(["a"], tiny, stride="2", truncate=False), "stride must be an int"),
+        (lambda: embed("a", tiny, layers=None), "layers must be a strategy name .* got None"),
+    ]
+    for call, message in cases:
+        with pytest.raises(BertkitError, match=message):
+            call()
+    # what works stays working: a generator of texts and of pairs
+    want = embed(["a b", "c d"], tiny, pairs=["e", "f"])
+    np.testing.assert_array_equal(embed((t for t in ["a b", "c d"]), tiny, pairs=iter(["e", "f"])), want)
+
+
 def test_strategies_need_four_layers():
     with pytest.raises(BertkitError, match="needs at least 4 layers"):
         resolve_layers("sum_last_four", 2)

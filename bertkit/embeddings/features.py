@@ -303,8 +303,7 @@ def iter_embed(
         raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.load_encoder(model)), "
                            f"got {type(loaded).__name__}")
     output = resolve_output(loaded.layout, pooling, normalize)
-    if batch_size < 1:
-        raise BertkitError(f"batch_size must be at least 1, got {batch_size}")
+    _check_counts(batch_size=batch_size, chunk_size=chunk_size)
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
         check_static_options(pooling, layers, pairs)
         yield from _static_rows(texts, loaded, normalize, max_length if truncate is not False else None,
@@ -334,6 +333,12 @@ def iter_embed(
         net.train(was_training)
         if bar is not None:
             bar.close()
+
+
+def _check_counts(**counts) -> None:
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BertkitError(f"{name} must be an int of at least 1, got {value!r}")
 
 
 def _chunks(source: Iterator, size: int) -> Iterator[list]:
@@ -387,6 +392,20 @@ def _sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_siz
     return out
 
 
+def _listed(values, what: str) -> list | tuple:
+    """`values` (a list, a tuple, or any iterable: a generator, a numpy array) as a sequence, or a
+    BertkitError: bytes would iterate as ints, None or a number not at all."""
+    if isinstance(values, (list, tuple)):
+        return values
+    if isinstance(values, (bytes, bytearray)):
+        raise BertkitError(f"{what} must be a str or a list of str, got {type(values).__name__}: decode it first "
+                           "(e.g. data.decode('utf-8'))")
+    try:
+        return list(values)
+    except TypeError:
+        raise BertkitError(f"{what} must be a str or a list of str, got {type(values).__name__}") from None
+
+
 def embed(
     texts,
     model=None,
@@ -426,16 +445,16 @@ def embed(
     array for a single string).
     """
     single = isinstance(texts, str)
-    if single:
-        texts = [texts]
-        if options.get("pairs") is not None and isinstance(options["pairs"], str):
-            options["pairs"] = [options["pairs"]]
-    elif not isinstance(texts, (list, tuple)):
-        texts = list(texts)
+    texts = [texts] if single else _listed(texts, "texts")
     if len(texts) == 0:
         raise BertkitError("no texts to embed: pass a string or a non-empty list of strings")
-    if options.get("pairs") is not None and len(options["pairs"]) != len(texts):
-        raise BertkitError(f"{len(texts)} texts but {len(options['pairs'])} pairs: give one pair per text")
+    if options.get("pairs") is not None:
+        pairs = options["pairs"]
+        if isinstance(pairs, str) and not single:  # zip would pair each text with one character
+            raise BertkitError("pairs must be a list of str (one per text) when texts is a list, got a str")
+        options["pairs"] = [pairs] if single and isinstance(pairs, str) else _listed(pairs, "pairs")
+        if len(options["pairs"]) != len(texts):
+            raise BertkitError(f"{len(texts)} texts but {len(options['pairs'])} pairs: give one pair per text")
     options.setdefault("total", len(texts))
     loaded = load_encoder(model, options.pop("device", None), options.pop("dtype", None), options.pop("int8", False))
     rows = list(iter_embed(texts, loaded, layers, pooling, normalize, **options))

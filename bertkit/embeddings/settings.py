@@ -107,6 +107,9 @@ def resolve_layers(layers, num_layers: int, combine: str | None = None) -> Layer
             ) from None
     if isinstance(layers, numbers.Integral):
         layers = [int(layers)]
+    if isinstance(layers, (bytes, dict)) or not hasattr(layers, "__iter__"):
+        raise BertkitError(f"layers must be a strategy name ({', '.join(STRATEGIES)}), a layer index or a list of "
+                           f"indices, got {layers!r}")
     layers = list(layers)
     if not layers:
         raise BertkitError("the layer list is empty: give at least one layer index")

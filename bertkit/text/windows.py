@@ -78,8 +78,10 @@ def shape(positions: int, preset: int | None = None, max_length: int | None = No
     win; a bad length or stride is refused here, before any text is read."""
     from_preset = max_length is None and bool(preset)
     length = min(preset, positions) if from_preset else (positions if max_length is None else max_length)
-    if not 3 <= length <= positions:
-        raise BertkitError(f"max_length {length} must be between 3 and the model's {positions} positions")
+    if isinstance(length, bool) or not isinstance(length, int) or not 3 <= length <= positions:
+        raise BertkitError(f"max_length {length!r} must be an int between 3 and the model's {positions} positions")
+    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int)):
+        raise BertkitError(f"stride must be an int (the tokens consecutive windows share), got {stride!r}")
     stride = half_window(length - 2) if stride is None else stride
     spans(0, length - 2, stride)
     return Shape(length, stride, from_preset if truncate is None else bool(truncate))
