@@ -105,6 +105,16 @@ def test_pair_segments_and_bad_input(tiny):
         pair.row(3, 0, 0)
     with pytest.raises(BertkitError, match="head 4 is out of range"):
         attention_html(pair, head=4)
+    # the wrong type was once "empty text", an AttributeError on the pair, or numpy's IndexError
+    with pytest.raises(BertkitError, match="text must be a str .* got list"):
+        attention_map(["The cat sat.", "It was tired."], model=tiny)
+    with pytest.raises(BertkitError, match="pair must be a str .* got int"):
+        attention_map("x", 5, model=tiny)
+    with pytest.raises(BertkitError, match=r"token 11 is out of range: the text has 11 tokens, numbered 0..10"):
+        pair.row(0, 0, 11)
+    with pytest.raises(BertkitError, match="head must be an int or 'mean', got 'max'"):
+        pair.row(0, "max", 0)
+    np.testing.assert_array_equal(pair.row(0, 0, -1), pair.row(0, 0, 10))  # a negative token counts from the end
 
 
 def test_html_page_is_self_contained_and_carries_the_weights(amap):

@@ -134,6 +134,8 @@ def test_default_model_layer_by_hand(default_model_dir):
         (dict(text="   "), "non-empty text"),
         (dict(text="the bank", pair=""), "pair"),
         (dict(text="the bank " * 20), "at most 24"),
+        (dict(text=["the bank"]), "text must be a str .* got list"),  # was "needs a non-empty text"
+        (dict(text="the bank", pair=5), "pair must be a str .* got int"),  # was "the pair is empty"
     ],
 )
 def test_bad_input(tiny, kwargs, message):

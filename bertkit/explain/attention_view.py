@@ -71,12 +71,20 @@ class AttentionMap:
 
     def row(self, layer: int, head, token: int) -> np.ndarray:
         """The attention token `token` gives every token: [T]; head may be "mean"."""
-        self._check(layer, head)
+        self._check(layer, head, token)
         if head == "mean":
             return self.weights[layer, :, token].mean(axis=0)
         return self.weights[layer, head, token]
 
-    def _check(self, layer, head) -> None:
+    def _check(self, layer, head, token: int | None = None) -> None:
+        for name, value in (("layer", layer), ("head", head), ("token", token)):
+            if value is not None and not (name == "head" and value == "mean") and (
+                    isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                kind = "an int or 'mean'" if name == "head" else "an int"
+                raise BertkitError(f"{name} must be {kind}, got {value!r}")
+        T = len(self.tokens)
+        if token is not None and not -T <= token < T:
+            raise BertkitError(f"token {token} is out of range: the text has {T} tokens, numbered 0..{T - 1}")
         if not 0 <= layer < self.num_layers:
             raise BertkitError(
                 f"layer {layer} is out of range: this model has {self.num_layers} layers, numbered 0..{self.num_layers - 1}"
@@ -100,7 +108,11 @@ def attention_map(text: str, pair: str | None = None, model=None, *, device=None
     The text must fit in the model's positions (512): the page shows whole
     attention matrices, which windows of a longer text would not give.
     """
-    if not isinstance(text, str) or not text.strip():
+    for name, value in (("text", text), ("pair", pair)):
+        if value is not None and not isinstance(value, str):
+            raise BertkitError(f"attention_map's {name} must be a str (one text; a page shows one pass), "
+                               f"got {type(value).__name__}")
+    if text is None or not text.strip():
         raise BertkitError("cannot show attention for an empty text: give a sentence")
     if pair is not None and not pair.strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
@@ -274,7 +286,7 @@ def page_template() -> str:
 
 def attention_html(amap: AttentionMap, token: int = 0, layer: int = 0, head=0) -> str:
     """A self-contained HTML page (no network) showing `amap`; starts at token/layer/head."""
-    amap._check(layer, head)
+    amap._check(layer, head, token)
     if not 0 <= token < len(amap.tokens):
         raise BertkitError(f"token index {token} is out of range: the text has {len(amap.tokens)} tokens")
     weights = np.ascontiguousarray(amap.weights, dtype="<f4")
@@ -315,7 +327,7 @@ def save_png(amap: AttentionMap, path, view: str = "text", token: int = 0, layer
 
     if view not in VIEWS:
         raise BertkitError(f"unknown view {view!r}: use one of {', '.join(VIEWS)}")
-    amap._check(layer, head)
+    amap._check(layer, head, token)
     T = len(amap.tokens)
     if view == "text":
         fig = _text_figure(plt, amap, token, layer, head)

@@ -155,9 +155,12 @@ def load_plain_encoder(model=None):
 
 
 def _check(text, pair, layer, head, config) -> None:
-    if not isinstance(text, str) or not text.strip():
+    for name, value in (("text", text), ("pair", pair)):
+        if value is not None and not isinstance(value, str):
+            raise BertkitError(f"trace's {name} must be a str (one text, one pass), got {type(value).__name__}")
+    if text is None or not text.strip():
         raise BertkitError("trace needs a non-empty text: give it a sentence")
-    if pair is not None and (not isinstance(pair, str) or not pair.strip()):
+    if pair is not None and not pair.strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
     L, N = config.num_hidden_layers, config.num_attention_heads
     if not isinstance(layer, int) or not -L <= layer < L:
