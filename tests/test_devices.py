@@ -78,6 +78,16 @@ def test_a_loaded_model_moves_only_when_asked():
     assert model.embeddings.word_embeddings.weight.dtype == torch.bfloat16
 
 
+def test_a_pair_without_its_model_or_tokenizer_is_refused_at_once():
+    """(model, None) once loaded and failed at the first text; (None, tok) with an AttributeError inside."""
+    tok = bertkit.Tokenizer.from_pretrained()
+    model = bertkit.BertModel(bertkit.BertConfig.preset("tiny"))
+    with pytest.raises(BertkitError, match=r"needs a torch model and its tokenizer, got \(BertModel, NoneType\)"):
+        bertkit.load((model, None))
+    with pytest.raises(BertkitError, match=r"got \(NoneType, Tokenizer\)"):
+        bertkit.load((None, tok))
+
+
 @cuda
 def test_embed_on_cuda_matches_the_cpu():
     ref = bertkit.embed(TEXTS, device="cpu")

@@ -419,6 +419,12 @@ def test_bad_config_json(tmp_path, text, words):
     assert words in str(err.value)
 
 
+def test_from_dict_takes_a_dict_only():
+    """dict([]) is {}: a list (e.g. a JSON array read by mistake) once gave the default config silently."""
+    with pytest.raises(BertkitError, match="a config must be a dict of settings, got list"):
+        BertConfig.from_dict([])
+
+
 def test_a_cuda_forward_leaves_cudnn_attention_out_and_restores_the_flags():
     """cuDNN's attention builds a plan per new padded shape (docs/benchmarks.md "On a GPU"): on a CUDA device the
     fused path runs with FlashAttention, memory-efficient and math only, and torch's own flags come back after."""

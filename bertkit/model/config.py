@@ -214,6 +214,8 @@ class BertConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "BertConfig":
         """Build from a Hugging Face style dict; HF-only keys are dropped, unknown ones kept in `extra`."""
+        if not isinstance(values, dict):  # dict([]) is {}: a list would silently give the defaults
+            raise BertkitError(f"a config must be a dict of settings, got {type(values).__name__}")
         values = dict(values)
         if values.get("model_type", "bert") != "bert":
             raise BertkitError(f"this config is for model_type {values['model_type']!r}, not 'bert'")

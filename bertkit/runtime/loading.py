@@ -274,6 +274,9 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     """
     _check_head(head)
     held = isinstance(model, tuple) and len(model) == 2
+    if held and (not isinstance(model[0], nn.Module) or model[1] is None):
+        raise BertkitError(f"a (model, tokenizer) pair needs a torch model and its tokenizer, got "
+                           f"({type(model[0]).__name__}, {type(model[1]).__name__})")
     if isinstance(model, (str, Path)) and is_static(model):
         return _load_static(Path(model), head, device, int8)
     saved = None if held else describe(model)  # the directory's small files; None: the default model
