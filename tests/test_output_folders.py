@@ -99,6 +99,64 @@ def test_a_run_folder_needs_resume_or_overwrite(made, tmp_path, capsys):
         capsys.readouterr().err
 
 
+def one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bertkit: error: ") and "Traceback" not in err, err
+    return err
+
+
+def test_an_output_that_is_an_input_is_refused_before_the_model_loads(tmp_path, capsys):
+    # the sweep: `embed x.jsonl -o x.jsonl` emptied x.jsonl and exited 0; predict, evaluate sts, mine and vocab
+    # train wrote over their input too. --model names no folder: had it been looked at first, the error
+    # would be about the model.
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"text": "the movie was good"}\n')
+    table = tmp_path / "pairs.tsv"
+    table.write_text("anchor\tpositive\na cat\ta kitten\n")
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\n")
+    missing = str(tmp_path / "no-model")
+    cases = [(["embed", texts, "-o", texts, "--model", missing], texts, "--output"),
+             (["predict", missing, table, "-o", table], table, "--output"),
+             (["evaluate", "sts", table, "--output", table, "--model", missing], table, "--output"),
+             (["mine", table, "-o", tmp_path / "mined.tsv", "--report", table, "--model", missing], table, "--report"),
+             (["vocab", "train", texts, "-o", texts], texts, "--output")]
+    for argv, victim, flag in cases:
+        before = victim.read_bytes()
+        assert main([str(a) for a in argv]) == 2
+        assert f"{flag} {victim} is a file this command reads" in one_error(capsys)
+        assert victim.read_bytes() == before
+    qrels = beir / "qrels" / "test.tsv"
+    before = qrels.read_bytes()
+    assert main(["mine", str(beir), "--split", "test", "-o", str(qrels), "--model", missing]) == 2
+    assert f"is a file in {beir.resolve()}, a folder this command reads" in one_error(capsys)
+    assert qrels.read_bytes() == before and not (tmp_path / "mined.tsv").exists()
+
+
+def test_a_file_where_a_folder_goes_and_the_reverse_fail_first_in_one_line(made, tmp_path, capsys):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me\n")
+    missing = str(tmp_path / "no-model")
+    # finetune, export, pretrain run and index raised FileExistsError (a traceback) after loading
+    for argv in (["finetune", "classify", "--train", made["train"], "--model", missing, "-o", a_file],
+                 ["export", "onnx", missing, "-o", a_file],
+                 ["pretrain", "run", tmp_path / "no-data", "-o", a_file],
+                 ["index", made["train"], "-o", a_file, "--model", missing]):
+        assert main([str(a) for a in argv]) == 2
+        assert f"--output {a_file} is a file, not a folder" in one_error(capsys)
+    assert a_file.read_text() == "keep me\n"
+    # evaluate and mine failed with "[Errno 21] Is a directory" only after embedding everything
+    for argv in (["evaluate", "sts", made["train"], "--output", tmp_path, "--model", missing],
+                 ["mine", made["train"], "-o", tmp_path, "--model", missing],
+                 ["predict", missing, made["train"], "-o", tmp_path]):
+        assert main([str(a) for a in argv]) == 2
+        assert f"--output {tmp_path} is a folder: name the file to write" in one_error(capsys)
+    # attention --png with a suffix matplotlib cannot write: a ValueError traceback after the model ran
+    assert main(["attention", "hello", "--png", str(tmp_path / "view.txt"), "--model", missing]) == 2
+    assert "name the picture .png" in one_error(capsys)
+
+
 # --- item 4: one writer per folder, with real processes -----------------------------------------------
 
 HOLD = ("import sys, time\nfrom bertkit.data.lock import folder_lock\nwith folder_lock(sys.argv[1], 'the holder'):\n"

@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from bertkit.cli.distill import add_distill
 from bertkit.cli.evaluate import add_evaluate, add_mine
@@ -95,6 +96,38 @@ def speed_settings(onednn: bool | None):
     return decide(onednn=onednn)
 
 
+def check_outputs(args) -> None:
+    """Refuse, before anything loads, an output its command cannot write or would write over its own input.
+
+    A command names what it writes in its parser (`set_defaults(outputs={flag: kind})`, kind "file",
+    "folder" or "either"): a file output may not be a folder, nor a folder output a file, and an existing
+    file is not written over when it is one of the files the command reads or lies in a folder it reads
+    (`embed x.jsonl -o x.jsonl` emptied its input; `mine beir/ -o beir/qrels/test.tsv` replaced the qrels).
+    What the command reads: every other argument that names an existing path."""
+    outputs = {flag.lstrip("-").replace("-", "_"): (flag, kind) for flag, kind in getattr(args, "outputs", {}).items()}
+    values = [v for name, value in vars(args).items() if name not in outputs
+              for v in (value if isinstance(value, list) else [value]) if isinstance(v, str) and v]
+    reads = [Path(v).resolve() for v in values if Path(v).exists()]
+    for name, (flag, kind) in outputs.items():
+        value = getattr(args, name, None)
+        if value is None or value == "-":
+            continue
+        out = Path(value)
+        if kind == "folder" and out.exists() and not out.is_dir():
+            raise BertkitError(f"{flag} {out} is a file, not a folder: name a folder to write into")
+        if kind == "file" and out.is_dir():
+            raise BertkitError(f"{flag} {out} is a folder: name the file to write (a path inside it, or another)")
+        if not out.is_file():
+            continue
+        for source in reads:
+            if source == out.resolve():
+                raise BertkitError(f"{flag} {out} is a file this command reads: writing it would destroy the "
+                                   f"input; write to another file")
+            if source.is_dir() and source in out.resolve().parents:
+                raise BertkitError(f"{flag} {out} is a file in {source}, a folder this command reads: write "
+                                   "to a file outside it, or a new one")
+
+
 def _warning_line(message, category, filename, lineno, line=None) -> str:
     return f"bertkit: warning: {message}\n"  # advice for a person, not a source location
 
@@ -112,9 +145,10 @@ def main(argv=None) -> int:
     # the environment's choice for the fast path, read once for every command (a server decides its
     # settings itself from it, after setting its threads); a command that runs a model gets them made
     args.onednn = ONEDNN.get(os.environ.get("BERTKIT_ONEDNN", ""))
-    if getattr(args, "runs_model", False):
-        args.speed = speed_settings(args.onednn)
     try:
+        check_outputs(args)
+        if getattr(args, "runs_model", False):
+            args.speed = speed_settings(args.onednn)
         args.handler(args)
     except (BertkitError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
         print(f"bertkit: error: {err}", file=sys.stderr)

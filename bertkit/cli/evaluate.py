@@ -63,7 +63,7 @@ def add_evaluate(sub):
                    "index.json so that bertkit search and serve use them")
     r.add_argument("--output", "-o", help="write the figures as JSON here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.set_defaults(handler=run_evaluate_retrieval, runs_model=True)
+    r.set_defaults(handler=run_evaluate_retrieval, runs_model=True, outputs={"--output": "file"})
     s = kinds.add_parser(
         "sts", help="Spearman and Pearson correlation of cosine similarity with gold scores",
         description="Embed both sentences of each pair and correlate their cosine similarity with the gold "
@@ -74,7 +74,7 @@ def add_evaluate(sub):
     s.add_argument("file", metavar="FILE", help="a TSV with columns sentence1, sentence2, score")
     _model_flags(s)
     s.add_argument("--output", "-o", help="write the figures as JSON here")
-    s.set_defaults(handler=run_evaluate_sts, runs_model=True)
+    s.set_defaults(handler=run_evaluate_sts, runs_model=True, outputs={"--output": "file"})
 
 
 def _write(result: dict, output) -> None:
@@ -185,7 +185,7 @@ def add_mine(sub):
     add_options(p, MiningOptions)
     p.add_argument("--report", help="also write the counts (queries, rows, skipped candidates) as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(handler=run_mine, runs_model=True)
+    p.set_defaults(handler=run_mine, runs_model=True, outputs={"--output": "file", "--report": "file"})
 
 
 def run_mine(args):

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+from pathlib import Path
 
 from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
@@ -44,7 +45,7 @@ def add_embed(sub):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     device_flags(p)
     int8_flag(p)
-    p.set_defaults(handler=run_embed, runs_model=True)
+    p.set_defaults(handler=run_embed, runs_model=True, outputs={"--output": "file"})
 
 
 def run_embed(args):
@@ -89,7 +90,8 @@ def add_attention(sub):
     p.add_argument("--bertviz", help="also write the tensors and tokens as JSON for bertviz")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
     device_flags(p)
-    p.set_defaults(handler=run_attention, runs_model=True)
+    p.set_defaults(handler=run_attention, runs_model=True,
+                   outputs={"--output": "file", "--png": "file", "--bertviz": "file"})
 
 
 def run_attention(args):
@@ -103,6 +105,13 @@ def run_attention(args):
             head = int(args.head)
         except ValueError:
             raise BertkitError(f"--head must be a head number or 'mean', got {args.head!r}") from None
+    if args.png:  # matplotlib picks the format by the suffix: refuse one it lacks before the model runs
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        if Path(args.png).suffix[1:].lower() not in kinds:
+            raise BertkitError(f"--png {args.png}: name the picture .png (or another suffix matplotlib writes: "
+                               f"{', '.join(sorted(kinds))})")
     amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype, fast=args.speed)
     token = find_token(amap, args.token, args.occurrence) if args.token is not None else 0
     save_html(amap, args.output, token, args.layer, head)

@@ -40,7 +40,7 @@ def add_finetune(sub):
     for task in TASKS.values():  # one command per task record
         t = tsub.add_parser(task.cli_name, help=task.help or f"fine-tune for {task.cli_name}", description=task.help)
         add_options(t, task.config, task.defaults, skip=task.hidden)
-        t.set_defaults(handler=run_finetune, runs_model=True)
+        t.set_defaults(handler=run_finetune, runs_model=True, outputs={"--output": "folder"})
 
 
 def run_finetune(args):
@@ -86,7 +86,7 @@ def add_predict(sub):
     p.add_argument("--batch-size", type=int, default=32)
     device_flags(p)
     int8_flag(p)
-    p.set_defaults(handler=run_predict, runs_model=True)
+    p.set_defaults(handler=run_predict, runs_model=True, outputs={"--output": "file"})
 
 
 def run_predict(args):
@@ -119,7 +119,7 @@ def add_demo(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", help="pretrained model directory (default: the packaged model)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    p.set_defaults(handler=run_demo, runs_model=True)
+    p.set_defaults(handler=run_demo, runs_model=True, outputs={"--output": "folder"})
 
 
 def run_demo(args):

@@ -64,7 +64,7 @@ def add_export(sub):
     o.add_argument("model_dir", help="a model directory (a fine-tuned output or a checkpoint), or 'default'")
     o.add_argument("-o", "--output", required=True, help="directory to write model.onnx and the tokenizer into")
     o.add_argument("--opset", type=int, default=17, help="ONNX opset version (default 17, at least 14)")
-    o.set_defaults(handler=run_export_onnx)
+    o.set_defaults(handler=run_export_onnx, outputs={"--output": "folder"})
 
 
 def run_export_onnx(args):

@@ -48,7 +48,7 @@ def add_pretrain_run(psub):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p, RunConfig)
-    p.set_defaults(handler=run_pretrain_run, runs_model=True)
+    p.set_defaults(handler=run_pretrain_run, runs_model=True, outputs={"--output": "folder"})
 
 
 def run_pretrain_run(args):
@@ -74,7 +74,7 @@ def add_pretrain_prepare(psub):
     )
     add_options(p, PrepareFiles)
     add_options(p, PrepareConfig)
-    p.set_defaults(handler=run_pretrain_prepare)
+    p.set_defaults(handler=run_pretrain_prepare, outputs={"--output": "folder"})
 
 
 def run_pretrain_prepare(args):

@@ -63,7 +63,7 @@ def add_vocab(sub):
     )
     add_options(t, VocabTrainFiles)
     add_options(t, VocabTrainingConfig)
-    t.set_defaults(handler=run_vocab_train)
+    t.set_defaults(handler=run_vocab_train, outputs={"--output": "either"})
     c = vsub.add_parser(
         "check",
         help="validate a vocab.txt and show its size, casing and special token ids",
