@@ -54,6 +54,11 @@ class OptimConfig:
             raise BertkitError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm < 0:
             raise BertkitError(f"--max-grad-norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
+        for flag, beta in (("--adam-beta1", self.adam_beta1), ("--adam-beta2", self.adam_beta2)):
+            if not 0 <= beta < 1:  # torch.optim raised its own ValueError, a traceback after the model loaded
+                raise BertkitError(f"{flag} must be in [0, 1), got {beta} (BERT uses 0.9 and 0.999)")
+        if self.adam_epsilon < 0:
+            raise BertkitError(f"--adam-epsilon must be >= 0, got {self.adam_epsilon} (BERT uses 1e-6..1e-8)")
         if self.schedule not in SCHEDULES:
             raise BertkitError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         return self
