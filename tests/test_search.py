@@ -326,6 +326,19 @@ def test_ann_without_faiss_is_one_line_before_any_encoding(tiny, tmp_path, monke
     assert "pip install 'bertkit[search]'" in capsys.readouterr().err and not (tmp_path / "ix").exists()
 
 
+
+def test_hnsw_sizes_faiss_cannot_build_are_one_line_before_any_encoding(tmp_path, capsys):
+    # --ann-m 1 crashed the process (a segmentation fault in FAISS), --ann-m 0 aborted it (a C++
+    # assertion, exit -6): no exception to catch, so they are refused before the model (here: none) loads
+    (tmp_path / "c.tsv").write_text("id\ttext\nd1\tsome text\n")
+    for flag, value, least in (("--ann-m", "1", 2), ("--ann-m", "0", 2), ("--ef-construction", "0", 1),
+                               ("--ef-search", "-3", 1)):
+        assert main(["index", str(tmp_path / "c.tsv"), "-o", str(tmp_path / "ix"), "--model", str(tmp_path / "none"),
+                     "--ann", "hnsw", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err == f"bertkit: error: {flag} must be an int of at least {least}, got {value}\n"
+        assert not (tmp_path / "ix").exists()
+
 # --- Qdrant ------------------------------------------------------------------------------------
 
 def test_a_qdrant_collection_answers_as_the_exact_search(built, tiny, tmp_path, capsys):

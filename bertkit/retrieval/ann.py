@@ -47,9 +47,15 @@ def faiss_module():
     return faiss
 
 
-def check_kind(kind: str) -> None:
+def check_kind(kind: str, m: int = 32, ef_construction: int = 200, ef_search: int = 128) -> None:
+    """The graph's kind and sizes, refused before any encoding: FAISS takes M 1 or 0 without a word and then
+    ends the process (a segmentation fault, a failed C++ assertion) while it builds the graph."""
     if kind not in KINDS:
         raise BertkitError(f"unknown --ann {kind!r}: use {', '.join(KINDS)}")
+    for name, value, least in (("--ann-m", m, 2), ("--ef-construction", ef_construction, 1),
+                               ("--ef-search", ef_search, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise BertkitError(f"{name} must be an int of at least {least}, got {value!r}")
 
 
 def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int = 200,

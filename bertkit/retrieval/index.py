@@ -316,7 +316,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     the candidates only.
     fast: the fast path's settings for the encoder, as `bertkit.runtime.loading.load` takes them.
     """
-    _check_options(vectors, rescore_with, batch_size, part_size, ann, lexical)
+    _check_options(vectors, rescore_with, batch_size, part_size, (ann, ann_m, ef_construction, ef_search), lexical)
     out = Path(output)
     # one writer per folder (bertkit.data.lock); under torchrun rank 0 holds it for every rank
     lock = folder_lock(out, "bertkit index") if first_process() else contextlib.nullcontext()
@@ -363,8 +363,8 @@ def _check_options(vectors: str, rescore_with: str | None, batch_size, part_size
     for name, value in (("batch size", batch_size), ("part size", part_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BertkitError(f"the {name} must be at least 1, got {value!r}")
-    if ann is not None:
-        check_kind(ann)
+    if ann[0] is not None:  # (kind, M, ef_construction, ef_search)
+        check_kind(*ann)
         faiss_module()  # a missing FAISS is refused before the encoding, not after
     if lexical is not None:
         lexical.validate()
