@@ -392,6 +392,15 @@ def test_demo_runs_end_to_end_on_a_tiny_model(tiny, tmp_path):
     assert again["dev_examples"] == 8 and any("removed the previous demo's model" in line for line in lines)
 
 
+
+def test_demo_epochs_zero_is_one_line_and_writes_nothing(tmp_path, capsys):
+    # `bertkit demo --epochs 0` ran the default 3 epochs (0 read as "not given"); a missing --model shows
+    # the epochs were refused before the model was looked at
+    out = tmp_path / "demo"
+    assert main(["demo", "--epochs", "0", "-o", str(out), "--model", str(tmp_path / "none"), "--no-progress"]) == 2
+    assert capsys.readouterr().err == "bertkit: error: --epochs must be > 0, got 0.0 (BERT uses 2-4)\n"
+    assert not out.exists()
+
 def test_an_electra_discriminator_fine_tunes_and_predicts(tmp_path):
     # `finetune --model` an ELECTRA pre-training output: the discriminator gets ELECTRA's
     # classification head, learns the keyword task, and `bertkit.predict` loads it back

@@ -78,6 +78,10 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
     from bertkit.tasks.predict import predict
     from bertkit.tasks.config import TrainConfig
 
+    # a higher rate than BERT-base's 2e-5..5e-5: a small model and a few dozen updates; checked before anything
+    # is written (`--epochs 0` ran the default 3 epochs)
+    training = TrainConfig(epochs=3.0 if epochs is None else epochs, batch_size=16, seed=seed, metric="accuracy",
+                           progress=progress, optim=OptimConfig(learning_rate=1e-4)).validate()
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     previous = out / "model"
@@ -97,9 +101,6 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
 
     t0 = time.perf_counter()
     log("2. fine-tuning the pretrained model (all-MiniLM-L6-v2 unless --model) ...")
-    # a higher rate than BERT-base's 2e-5..5e-5: a small model and a few dozen updates
-    training = TrainConfig(epochs=epochs or 3.0, batch_size=16, seed=seed, metric="accuracy", progress=progress,
-                           optim=OptimConfig(learning_rate=1e-4))
     cfg = TextTaskConfig(train=str(out / "train.tsv"), dev=str(out / "heldout.tsv"), output=str(out / "model"),
                          model=model, max_length=64, training=training)
     final = finetune_text(cfg, log=lambda msg: None, speed=speed)
