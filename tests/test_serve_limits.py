@@ -508,3 +508,15 @@ def test_api_key_settings(tmp_path):
                          (ServeConfig(api_key_file=str(tmp_path / "none")), "does not exist")]:
         with pytest.raises(BertkitError, match=says):
             config.with_api_key({})
+
+
+def test_max_input_length_zero_is_refused_before_anything_loads(tmp_path, capsys):
+    # `bertkit serve --max-input-length 0` started a server at the model's default length, as if the
+    # flag were not given; the model folder named here does not exist, so a later check would say so
+    from bertkit.cli import main
+
+    for value in ("0", "2", "-1"):
+        assert main(["serve", str(tmp_path / "none"), "--max-input-length", value, "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"bertkit: error: --max-input-length must be at least 3 ([CLS], a token, [SEP]), "
+                              f"got {value};") and err.count("\n") == 1, err

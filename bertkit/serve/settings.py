@@ -104,6 +104,9 @@ class ServeConfig:
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             if not getattr(self, name) > 0:
                 raise BertkitError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.max_input_length is not None and self.max_input_length < 3:  # 0 served the default silently
+            raise BertkitError(f"--max-input-length must be at least 3 ([CLS], a token, [SEP]), got "
+                               f"{self.max_input_length}; leave it out for the model's own length")
         if self.max_wait_ms < 0:
             raise BertkitError(f"--max-wait-ms cannot be negative, got {self.max_wait_ms}")
         if not 0 <= self.port <= 65535:
@@ -173,7 +176,7 @@ class ServeConfig:
     def check_against_model(self, max_positions: int, made_for: int | None = None) -> int:
         """The input limit in tokens, which must fit the model's positions and the batch budget:
         --max-input-length, else the length the model was made for (`made_for`), else its positions."""
-        limit = self.max_input_length or made_for or max_positions
+        limit = self.max_input_length if self.max_input_length is not None else made_for or max_positions
         if not 3 <= limit <= max_positions:
             raise BertkitError(
                 f"--max-input-length {limit} must be between 3 and the model's {max_positions} positions")
