@@ -291,7 +291,7 @@ LATE_IMPORTS = {
     "bertkit.training.distributed": ({"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"},
                                      "FSDP's modules are slow to import; only a sharded run needs them"),
     "bertkit.training.metrics_log": ({"matplotlib", "matplotlib.pyplot"}, PLOTS),
-    "bertkit.explain.attention_view": ({"matplotlib", "matplotlib.pyplot"}, PLOTS),
+    "bertkit.explain.attention_view": ({"matplotlib", "matplotlib.pyplot", "matplotlib.backend_bases"}, PLOTS),
 }
 
 

@@ -2,7 +2,6 @@
 
 import argparse
 import sys
-from pathlib import Path
 
 from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
@@ -95,8 +94,8 @@ def add_attention(sub):
 
 
 def run_attention(args):
-    from bertkit.explain.attention_view import (attention_map, find_token, most_attended, save_bertviz, save_html,
-                                                save_png)
+    from bertkit.explain.attention_view import (attention_map, check_picture, find_token, most_attended, save_bertviz,
+                                                save_html, save_png)
 
     if args.head == "mean":
         head = "mean"
@@ -105,13 +104,8 @@ def run_attention(args):
             head = int(args.head)
         except ValueError:
             raise BertkitError(f"--head must be a head number or 'mean', got {args.head!r}") from None
-    if args.png:  # matplotlib picks the format by the suffix: refuse one it lacks before the model runs
-        from matplotlib.backend_bases import FigureCanvasBase
-
-        kinds = FigureCanvasBase.get_supported_filetypes()
-        if Path(args.png).suffix[1:].lower() not in kinds:
-            raise BertkitError(f"--png {args.png}: name the picture .png (or another suffix matplotlib writes: "
-                               f"{', '.join(sorted(kinds))})")
+    if args.png:  # before the model runs
+        check_picture(args.png)
     amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype, fast=args.speed)
     token = find_token(amap, args.token, args.occurrence) if args.token is not None else 0
     save_html(amap, args.output, token, args.layer, head)

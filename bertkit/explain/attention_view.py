@@ -317,6 +317,18 @@ def save_html(amap: AttentionMap, path, token: int = 0, layer: int = 0, head=0) 
 VIEWS = ("text", "head", "overview")
 
 
+def check_picture(path) -> Path:
+    """`path`, refused unless its suffix names a format matplotlib writes (it picks the format by the suffix:
+    `--png view.txt` was a ValueError once the model had run)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if Path(path).suffix[1:].lower() not in kinds:
+        raise BertkitError(f"--png {path}: name the picture .png (or another suffix matplotlib writes: "
+                           f"{', '.join(sorted(kinds))})")
+    return Path(path)
+
+
 def save_png(amap: AttentionMap, path, view: str = "text", token: int = 0, layer: int = 0, head=0, dpi: int = 120) -> Path:
     """Render one view to a PNG: "text" (tokens coloured by the chosen token's
     attention), "head" (one layer/head as a T x T heatmap) or "overview" (L x N grid)."""
@@ -324,6 +336,8 @@ def save_png(amap: AttentionMap, path, view: str = "text", token: int = 0, layer
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    check_picture(path)
 
     if view not in VIEWS:
         raise BertkitError(f"unknown view {view!r}: use one of {', '.join(VIEWS)}")
