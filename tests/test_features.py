@@ -274,6 +274,19 @@ def test_bad_types_are_named_not_a_python_traceback(tiny):
     np.testing.assert_array_equal(embed((t for t in ["a b", "c d"]), tiny, pairs=iter(["e", "f"])), want)
 
 
+def test_a_task_model_embeds_with_its_encoder(tiny):
+    """A head (a fine-tuned classifier, as bertkit.load returns it) in place of the encoder: its encoder's
+    vectors, as embedding its directory gives; once an AttributeError (a HeadOutput has no hidden states)."""
+    from bertkit.model.heads import BertForSequenceClassification
+
+    model, tok = tiny
+    head = BertForSequenceClassification(model.config, generator=torch.Generator().manual_seed(1)).eval()
+    head.bert.load_state_dict(model.state_dict())
+    texts = ["the cat sat on the mat", "a dog"]
+    np.testing.assert_array_equal(embed(texts, (head, tok)), embed(texts, tiny))
+    np.testing.assert_array_equal(embed(texts, (head, tok), pooling=None)[1], embed(texts, tiny, pooling=None)[1])
+
+
 def test_strategies_need_four_layers():
     with pytest.raises(BertkitError, match="needs at least 4 layers"):
         resolve_layers("sum_last_four", 2)

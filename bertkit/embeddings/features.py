@@ -309,7 +309,8 @@ def iter_embed(
         yield from _static_rows(texts, loaded, normalize, max_length if truncate is not False else None,
                                 chunk_size, progress, total)
         return
-    net, tok = loaded.model, loaded.tokenizer
+    # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does
+    net, tok = getattr(loaded.model, "base_model", loaded.model), loaded.tokenizer
     # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length
     cut = shape(loaded.max_positions, output.length, max_length, stride, truncate)
     pad_id = getattr(tok, "pad_token_id", 0) or 0
