@@ -324,6 +324,15 @@ def test_predict_int8_keeps_the_labels_and_loads_a_saved_int8_model(sentiment_ru
     assert "accuracy" in capsys.readouterr().out
 
 
+def test_load_names_fast_settings_of_the_wrong_type():
+    """load(fast="yes") once said "accelerate's settings must be ..." (a name the caller never used) for a
+    directory, and was silently ignored for a (model, tokenizer) pair."""
+    with pytest.raises(BertkitError, match="fast must be True, False or a SpeedSettings .* got str"):
+        bertkit.load(fast="yes")
+    with pytest.raises(BertkitError, match="fast must be True, False or a SpeedSettings"):
+        bertkit.load((tiny_model(), bertkit.Tokenizer.from_pretrained()), fast="yes")
+
+
 def test_dense_ops_is_quantize_then_accelerate_in_one_step():
     from bertkit.runtime.fast import FastLinear
     from bertkit.runtime.quantization import dense_ops

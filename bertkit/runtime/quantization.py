@@ -173,6 +173,9 @@ def dense_ops(model: nn.Module, int8: bool, fast: bool, settings: SpeedSettings 
     encoder's int8 (`quantize`, where asked; layers already int8 stay as they are), then the CPU
     fast path (`bertkit.runtime.fast.accelerate`) on the float layers left, when `fast`; both on
     `settings` (None: `bertkit.runtime.fast.decide()`)."""
+    if settings is not None and not isinstance(settings, SpeedSettings):  # `load(fast=...)` hands it here
+        raise BertkitError(f"fast must be True, False or a SpeedSettings (bertkit.runtime.fast.decide()), "
+                           f"got {type(settings).__name__}")
     settings = decide() if settings is None else settings
     if int8:
         model = quantize(model, settings)
