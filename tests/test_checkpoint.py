@@ -249,6 +249,24 @@ def test_missing_files(tmp_path):
         read_weights(tmp_path / "model.safetensors")
 
 
+def test_an_empty_model_path_is_not_the_current_directory():
+    """Path("") is ".": an unset variable once loaded (or failed on) whatever the current directory held."""
+    for call in (lambda: bertkit.load(""), lambda: bertkit.embed("a", model=""),
+                 lambda: BertModel.from_pretrained("  ")):
+        with pytest.raises(BertkitError, match="model is an empty string"):
+            call()
+
+
+@pytest.mark.parametrize("field, value", [("max_length", "128"), ("stride", -1), ("max_length", 1.5)])
+def test_task_file_numbers_of_the_wrong_type_are_named(tmp_path, field, value):
+    """A hand-edited bertkit_task.json: once a TypeError inside the encoder (stride "x"), or a
+    max_length the tokenizer refused without naming the file."""
+    tiny(bertkit.BertForSequenceClassification).save_pretrained(tmp_path)
+    (tmp_path / "bertkit_task.json").write_text(json.dumps({"task": "classify", "max_length": 32, field: value}))
+    with pytest.raises(BertkitError, match=f"bertkit_task.json: {field} must be a whole number, got {json.dumps(value)}"):
+        bertkit.load(tmp_path)
+
+
 def test_cli_model_info(capsys, tmp_path):
     from bertkit.cli import main
 

@@ -308,6 +308,8 @@ def test_missing_tokenizer_path(tmp_path):
         Tokenizer.from_pretrained(tmp_path / "nope")
     with pytest.raises(BertkitError, match="has no vocab.txt"):
         Tokenizer.from_pretrained(tmp_path)
+    with pytest.raises(BertkitError, match="no tokenizer at 5"):  # was a TypeError from pathlib
+        Tokenizer.from_pretrained(5)
 
 
 # --- the oracle: encode features -------------------------------------------------------

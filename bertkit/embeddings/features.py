@@ -75,6 +75,8 @@ def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=T
         raise BertkitError("model must be None (the default model), a model directory, or a (model, tokenizer) "
                            f"pair; got {type(model).__name__}")
     key = None
+    if isinstance(model, str) and not model.strip():  # Path("") would resolve to the current directory
+        raise BertkitError("model is an empty string: pass a model directory, or None for the default model")
     if not isinstance(model, tuple):
         key = (None if model is None else str(Path(model).resolve()) if Path(model).is_dir() else str(model),
                device, dtype, int8, fast)

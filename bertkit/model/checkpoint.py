@@ -365,6 +365,11 @@ def task_info(directory) -> dict | None:
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
             raise BertkitError(f"{path} is corrupt ({type(err).__name__}: {' '.join(str(err).split())}): "
                                "fine-tune the model again, or remove the file to use it as a plain checkpoint") from None
+        for key in ("max_length", "stride"):  # read as numbers by the text tasks' encoders
+            value = info.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise BertkitError(f"{path}: {key} must be a whole number, got {json.dumps(value)[:40]}: "
+                                   "fine-tune the model again, or fix the file")
         return info
     config, head = read_config(directory), architecture(directory)
     task = HF_TASKS.get(head)
@@ -399,6 +404,8 @@ def resolve(path) -> Path:
         return default_model_dir()
     if not isinstance(path, (str, Path)):
         raise BertkitError(f"model must be None (the default model) or a model directory, got {type(path).__name__}")
+    if not str(path).strip():  # Path("") is the current directory
+        raise BertkitError("model is an empty string: pass a model directory, or None for the default model")
     path = Path(path)
     if not path.is_dir():
         raise BertkitError(f"no model directory at {path}: it should hold config.json and model.safetensors")

@@ -157,6 +157,8 @@ class Tokenizer:
         """
         if path is None:
             path = default_model_dir()
+        if not isinstance(path, (str, Path)) or not str(path).strip():
+            raise BertkitError(f"no tokenizer at {path!r}: pass a model directory holding vocab.txt, or a vocab.txt")
         path = Path(path)
         if path.is_dir():
             folder, vocab_file = path, path / "vocab.txt"
