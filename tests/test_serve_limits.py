@@ -9,8 +9,10 @@ memory (VmRSS in /proc/PID/status) is back within 10% of what it was before, and
 still gets its answer.
 """
 
+import contextlib
 import json
 import os
+import re
 import resource
 import socket
 import threading
@@ -30,6 +32,7 @@ KEY = "limits-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 HEADER_TIMEOUT_S = 2
 MAX_CONNECTIONS = 64  # the tight server's
+SEND_TIMEOUT_S = 2  # the "unread" server's
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,10 @@ def servers(made):
                             "--max-search-queries", 4, "--max-search-hits", 20, "--max-json-depth", 8,
                             "--max-answer-bytes", 12000, "--header-timeout-s", HEADER_TIMEOUT_S,
                             "--body-timeout-s", 2, "--max-connections", MAX_CONNECTIONS),
+            # answers larger than the kernel's socket buffers (4 MB at most on Linux), soon dropped when unread;
+            # its API key from BERTKIT_API_KEY too
+            "unread": Server(made["tiny"], "--threads", 1, "--dtype", "float32", "--send-timeout-s", SEND_TIMEOUT_S,
+                             "--max-request-tokens", 200_000),
         }
     finally:
         del os.environ["BERTKIT_API_KEY"]
@@ -320,6 +327,53 @@ def test_a_body_that_never_ends_is_408(servers):
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout-s" in answer, answer
     assert 1.5 < time.monotonic() - t0 < 6
+
+
+def test_an_answer_left_unread_is_dropped_after_the_send_timeout(servers):
+    """A client that sends a request and reads none of its answer: what the kernel's buffers cannot take waits
+    in the server's memory (uvicorn has no send timeout). After --send-timeout-s the connection is dropped, so
+    the client that reads at last gets only what the kernel held, not the whole answer; the server serves on."""
+    port = servers["unread"].port
+    body = json.dumps({"inputs": "a " * 150_000}).encode()  # 150,000 tokens: a 10 MB answer
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # before connect: a window the kernel keeps small
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    time.sleep(SEND_TIMEOUT_S + 3)  # the answer is made (a second or two), then left unread
+    sock.settimeout(10)
+    got = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(1 << 20):
+            got += chunk
+    sock.close()
+    head, _, answer = got.partition(b"\r\n\r\n")
+    whole = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))
+    assert head.startswith(b"HTTP/1.1 200") and whole > 9_000_000, head
+    assert 0 < len(answer) < whole - 4_000_000, (len(answer), whole)  # what the kernel held, no more
+    assert call(port, "GET", "/health")[0] == 200
+
+
+def test_a_slow_reader_gets_its_whole_answer(servers):
+    """A client that reads its answer more slowly than the send timeout allows for the whole of it, but reads
+    some within every spell of --send-timeout-s, is served to the end."""
+    port = servers["unread"].port
+    body = json.dumps({"inputs": "a " * 150_000}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode()
+                 + b"\r\n\r\n" + body)
+    sock.settimeout(10)
+    started, got = time.monotonic(), b""
+    while chunk := sock.recv(65536):
+        got += chunk
+        time.sleep(0.02)  # at most ~3 MB/s
+    sock.close()
+    head, _, answer = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and len(json.loads(answer)[0]) == 150_002
+    assert time.monotonic() - started > SEND_TIMEOUT_S  # slower than the timeout: it was really tested
 
 
 def _half_sent(port, n):

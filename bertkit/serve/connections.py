@@ -1,9 +1,10 @@
-"""Connections: a deadline for a request's headers, and a connection limit that keeps the server reachable.
+"""Connections: deadlines for a request's headers and for its answer, and a connection limit that keeps the
+server reachable.
 
 uvicorn bounds what it can: idle keep-alive connections (`timeout_keep_alive`,
 --keep-alive-s), requests in progress (`limit_concurrency`: beyond it a request is answered
 503) and the size of a request's headers (h11's 16 KB `h11_max_incomplete_event_size`;
-httptools' own parser limits). Two things it leaves open, both about slow clients (slowloris):
+httptools' own parser limits). Three things it leaves open, all about slow clients (slowloris):
 
 - **No deadline for the headers.** A client that sends half a request line holds a socket (a
   file descriptor) for as long as it likes. So when a connection opens, and again after each
@@ -22,6 +23,13 @@ httptools' own parser limits). Two things it leaves open, both about slow client
   headers as soon as it connects, so it is answered; a slow one gives way. When every open
   connection is in the middle of a request, nothing is closed and the newcomer's request is
   answered 503 (uvicorn's `limit_concurrency`, set to one above the ceiling).
+- **No deadline for the answer.** A client that sends requests and never reads the answers
+  keeps each one in the server's memory: the transport buffers what the kernel will not take,
+  and uvicorn has no send timeout (docs/serving.md has the measurement). When the transport's
+  buffer goes over its high-water mark it tells the protocol (`pause_writing`); if, in a whole --send-timeout-s after that or after the client last read some
+  of it, the client reads nothing, the connection is aborted and the buffer freed, as nginx's
+  send_timeout closes it (a slow reader is served). Abort, because close() would wait for the
+  buffer to be sent.
 
 The protocol objects of both of uvicorn's parsers (h11, httptools) set `cycle` when a
 request's headers are complete, and call `on_response_complete` after each answer: a
@@ -58,10 +66,12 @@ def capacity(max_connections: int, held: int) -> int:
     return max(1, min(max_connections, soft - held - spare))
 
 
-def guarded(protocol: type, header_timeout_s: float, max_connections: int, held: int, log=None) -> type:
+def guarded(protocol: type, header_timeout_s: float, max_connections: int, held: int, log=None,
+            send_timeout_s: float = 30.0) -> type:
     """A subclass of uvicorn's HTTP `protocol` whose connections must send each request's headers within
     `header_timeout_s`, and of which at most `capacity(max_connections, held)` stay open: the one that has
-    waited longest for headers is closed to make room for a new one. `log(line)`: told when that happens."""
+    waited longest for headers is closed to make room for a new one. `log(line)`: told when that happens.
+    A connection whose client reads none of its answer for `send_timeout_s` is dropped."""
     waiting = {}  # the connections waiting for a request's headers -> None, the longest waiting first
     closed = {"count": 0, "told": float("-inf")}
 
@@ -85,6 +95,8 @@ def guarded(protocol: type, header_timeout_s: float, max_connections: int, held:
             closed["count"], closed["told"] = 0, now
 
     class Guarded(protocol):
+        _paused = None  # set while the transport's buffer is over its high-water mark (`pause_writing`)
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             waiting[self] = None
@@ -112,6 +124,26 @@ def guarded(protocol: type, header_timeout_s: float, max_connections: int, held:
         def _header_deadline(self, armed_with) -> None:
             if self.cycle is armed_with and self.waiting_for_headers() and not self.transport.is_closing():
                 self.transport.close()
+
+        def pause_writing(self) -> None:  # the transport's buffer is over its high-water mark: the client lags
+            super().pause_writing()
+            self._paused = paused = object()
+            self._arm_send_deadline(paused)
+
+        def resume_writing(self) -> None:
+            self._paused = None
+            super().resume_writing()
+
+        def _arm_send_deadline(self, paused) -> None:
+            self.loop.call_later(send_timeout_s, self._send_deadline, paused, self.transport.get_write_buffer_size())
+
+        def _send_deadline(self, armed_with, unsent: int) -> None:
+            if self._paused is not armed_with:
+                return
+            if self.transport.get_write_buffer_size() < unsent:  # it read some meanwhile: slow, not stalled
+                self._arm_send_deadline(armed_with)
+            else:  # abort, not close: close() waits for the buffer to be sent, which this client never lets happen
+                self.transport.abort()
 
     Guarded.__name__ = f"Guarded{protocol.__name__}"
     return Guarded

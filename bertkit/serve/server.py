@@ -104,7 +104,8 @@ def serve(settings, log=None, onednn: bool | None = None) -> None:
         f"{workers} worker(s) x {threads} thread(s)"
         f", {runner.precision}{' matmuls on ' + runner.speed.matmul_kernel if runner.precision == 'float32' and not gpu else ''}"
         f"{', API key required' if settings.api_key else ''})")
-    http = guarded(AutoHTTPProtocol, settings.header_timeout_s, settings.max_connections, held, log)
+    http = guarded(AutoHTTPProtocol, settings.header_timeout_s, settings.max_connections, held, log,
+                   send_timeout_s=settings.send_timeout_s)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_keep_alive=settings.keep_alive_s, http=http)
     absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -64,6 +64,9 @@ class ServeConfig:
         "help": "seconds a new connection has to send its request's headers before it is closed"})
     body_timeout_s: float = field(default=30.0, metadata={
         "help": "seconds a request has to send its whole body; beyond it 408"})
+    send_timeout_s: float = field(default=30.0, metadata={
+        "help": "seconds an answer may wait for its client to read any of it (nginx's send_timeout); beyond it "
+        "the connection is dropped and its unsent answer freed"})
     keep_alive_s: float = field(default=5.0, metadata={
         "help": "seconds an idle keep-alive connection stays open (uvicorn's --timeout-keep-alive)"})
     api_key: str | None = field(default=None, metadata={
@@ -101,7 +104,7 @@ class ServeConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise BertkitError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "send_timeout_s", "keep_alive_s"):
             if not getattr(self, name) > 0:
                 raise BertkitError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.max_input_length is not None and self.max_input_length < 3:  # 0 served the default silently
