@@ -66,12 +66,39 @@ def capacity(max_connections: int, held: int) -> int:
     return max(1, min(max_connections, soft - held - spare))
 
 
+class SendDeadline:
+    """Mixed into uvicorn's protocol before it: a connection whose client reads nothing of its answer for
+    `send_timeout_s` while the transport's buffer is over its high-water mark is aborted."""
+
+    send_timeout_s = 30.0
+    _paused = None  # a token, set while writing is paused
+
+    def pause_writing(self) -> None:  # the transport's buffer is over its high-water mark: the client lags
+        super().pause_writing()
+        self._paused = paused = object()
+        self._arm_send_deadline(paused)
+
+    def resume_writing(self) -> None:
+        self._paused = None
+        super().resume_writing()
+
+    def _arm_send_deadline(self, paused) -> None:
+        self.loop.call_later(self.send_timeout_s, self._send_deadline, paused, self.transport.get_write_buffer_size())
+
+    def _send_deadline(self, armed_with, unsent: int) -> None:
+        if self._paused is not armed_with:
+            return
+        if self.transport.get_write_buffer_size() < unsent:  # it read some meanwhile: slow, not stalled
+            self._arm_send_deadline(armed_with)
+        else:  # abort, not close: close() waits for the buffer to be sent, which this client never lets happen
+            self.transport.abort()
+
+
 def guarded(protocol: type, header_timeout_s: float, max_connections: int, held: int, log=None,
             send_timeout_s: float = 30.0) -> type:
     """A subclass of uvicorn's HTTP `protocol` whose connections must send each request's headers within
-    `header_timeout_s`, and of which at most `capacity(max_connections, held)` stay open: the one that has
-    waited longest for headers is closed to make room for a new one. `log(line)`: told when that happens.
-    A connection whose client reads none of its answer for `send_timeout_s` is dropped."""
+    `header_timeout_s`, read their answers (`SendDeadline`), and of which at most `capacity(max_connections,
+    held)` stay open: the one that has waited longest for headers makes room (`log(line)` is told)."""
     waiting = {}  # the connections waiting for a request's headers -> None, the longest waiting first
     closed = {"count": 0, "told": float("-inf")}
 
@@ -94,9 +121,7 @@ def guarded(protocol: type, header_timeout_s: float, max_connections: int, held:
                 "held and a spare share)")
             closed["count"], closed["told"] = 0, now
 
-    class Guarded(protocol):
-        _paused = None  # set while the transport's buffer is over its high-water mark (`pause_writing`)
-
+    class Guarded(SendDeadline, protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             waiting[self] = None
@@ -125,25 +150,7 @@ def guarded(protocol: type, header_timeout_s: float, max_connections: int, held:
             if self.cycle is armed_with and self.waiting_for_headers() and not self.transport.is_closing():
                 self.transport.close()
 
-        def pause_writing(self) -> None:  # the transport's buffer is over its high-water mark: the client lags
-            super().pause_writing()
-            self._paused = paused = object()
-            self._arm_send_deadline(paused)
 
-        def resume_writing(self) -> None:
-            self._paused = None
-            super().resume_writing()
-
-        def _arm_send_deadline(self, paused) -> None:
-            self.loop.call_later(send_timeout_s, self._send_deadline, paused, self.transport.get_write_buffer_size())
-
-        def _send_deadline(self, armed_with, unsent: int) -> None:
-            if self._paused is not armed_with:
-                return
-            if self.transport.get_write_buffer_size() < unsent:  # it read some meanwhile: slow, not stalled
-                self._arm_send_deadline(armed_with)
-            else:  # abort, not close: close() waits for the buffer to be sent, which this client never lets happen
-                self.transport.abort()
-
+    Guarded.send_timeout_s = send_timeout_s
     Guarded.__name__ = f"Guarded{protocol.__name__}"
     return Guarded
