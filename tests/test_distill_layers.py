@@ -201,6 +201,26 @@ def test_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, words):
     assert words in err and "\n" not in err
 
 
+
+def test_an_output_holding_a_model_is_refused_before_the_teacher_loads_and_overwrite_works(tiny_dir, tmp_path,
+                                                                                           capsys):
+    # the student was written over a model folder without a word, --overwrite was never read, and a run
+    # folder was refused only after the teacher had embedded all of --data
+    (tmp_path / "s.txt").write_text("a b\n")
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dir, other)
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+    base = ["distill", "layers", "--keep", "1", "--data", str(tmp_path / "s.txt"), "--epochs", "1", "--no-progress"]
+    assert main([*base[:2], str(tmp_path / "none"), *base[2:], "-o", str(other)]) == 2  # no teacher there: not read
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{other} already holds a model (config.json, model.safetensors" in err, err
+    assert main([*base[:2], str(other), *base[2:], "-o", str(other), "--overwrite"]) == 2
+    assert "is the folder the model is read from" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
+    assert main([*base[:2], str(tiny_dir), *base[2:], "-o", str(other), "--overwrite"]) == 0
+    assert "--overwrite: removed config.json" in capsys.readouterr().out
+    assert json.loads((other / "distill.json").read_text())["layers"] == [1]
+
 # --- a fine-tuned teacher: its logits ---------------------------------------------------------------
 
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

@@ -6,7 +6,8 @@ about itself. `check_output` refuses such a folder in one line, unless the user 
 `--overwrite` (then `clear_output` removes what a model, a run or an index is made of, and
 only that, so no stale file describes the new model) or `--resume` (continue the run there).
 Whatever the flags, the output may not be the folder the job reads its model from
-(`--model X -o X` would destroy the source as it trains).
+(`--model X -o X` would destroy the source as it trains). `run_output` is the three steps around a run
+(fine-tuning, `distill layers`): checked, locked while it writes (`bertkit.data.lock`), cleared under --overwrite.
 
 What counts (by file name; see HOLDS):
 
@@ -18,10 +19,11 @@ What counts (by file name; see HOLDS):
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
-from bertkit.data.lock import LOCK_FILE
+from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.errors import BertkitError
 
 HOLDS = {  # a run's folder holds its model too: it is named a run (and --resume offered)
@@ -80,3 +82,20 @@ def clear_output(output) -> list[str]:
             path.unlink()
         removed.append(name)
     return removed
+
+
+@contextlib.contextmanager
+def run_output(output, command: str, *, overwrite: bool, resume: bool, sources=(), log=print):
+    """The block of a run that writes `output`: the folder checked first (`check_output`), then, on the process
+    that writes (`first_process`), locked for the block and, under `overwrite` without `resume`, cleared of the
+    model, run or index it held (`clear_output`)."""
+    check_output(output, overwrite=overwrite, resume=resume, sources=sources)
+    if not first_process():
+        yield
+        return
+    with folder_lock(output, command):
+        if overwrite and not resume:
+            removed = clear_output(output)
+            if removed:
+                log(f"--overwrite: removed {', '.join(removed)} from {output}")
+        yield

@@ -44,6 +44,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from bertkit.data.outputs import run_output
 from bertkit.data.textfiles import read_texts
 from bertkit.embeddings.features import iter_embed
 from bertkit.distill.config import HOLDOUT_METRICS, LayersDistillConfig
@@ -218,13 +219,18 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
     in the teacher's layout, with distill.json (the layers kept, the epochs). speed: the student's fast-path
     settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s)."""
     config.validate()
-    teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy and the targets
-    if teacher.task == "static":
-        raise BertkitError(f"{model} is a static model (a table, no layers): distill layers needs a transformer")
-    if teacher.fine_tuned and config.holdout:
-        raise BertkitError("--holdout is for a sentence model's sentences; a fine-tuned teacher's student is "
-                           "trained on its table: leave --holdout out")
-    final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
-    if final.pop("is_main"):
-        (Path(output) / "distill.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+    # the output before the teacher runs: a model there (the teacher's own folder even with --overwrite) was
+    # written over without a word, --overwrite was never read, and a run there was refused only once the
+    # teacher had embedded all of --data
+    with run_output(output, "bertkit distill layers", overwrite=config.training.overwrite,
+                    resume=config.training.resume, sources=[model], log=log):
+        teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy, the targets
+        if teacher.task == "static":
+            raise BertkitError(f"{model} is a static model (a table, no layers): distill layers needs a transformer")
+        if teacher.fine_tuned and config.holdout:
+            raise BertkitError("--holdout is for a sentence model's sentences; a fine-tuned teacher's student is "
+                               "trained on its table: leave --holdout out")
+        final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
+        if final.pop("is_main"):
+            (Path(output) / "distill.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
     return final

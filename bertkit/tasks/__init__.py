@@ -24,8 +24,7 @@ the one-call Python API and `run_task(config)` runs a built config (the CLI's
 torch until a run starts.
 """
 
-from bertkit.data.lock import first_process, folder_lock
-from bertkit.data.outputs import check_output, clear_output
+from bertkit.data.outputs import run_output
 from bertkit.tasks.config import TrainConfig
 from bertkit.tasks.registry import task_for, task_named
 
@@ -53,14 +52,8 @@ def run_task(cfg, log=print, speed=None) -> dict:
     first (`bertkit.data.outputs`: not the model's own folder; a model or run there only with --overwrite
     or --resume) and locked while the run writes it (`bertkit.data.lock`)."""
     training, task = cfg.training, task_for(cfg)
-    check_output(cfg.output, overwrite=training.overwrite, resume=training.resume, sources=[cfg.model])
-    if not first_process():
-        return task.train(cfg, log=log, speed=speed)
-    with folder_lock(cfg.output, f"bertkit finetune {type(cfg).__name__}"):
-        if training.overwrite and not training.resume:
-            removed = clear_output(cfg.output)
-            if removed:
-                log(f"--overwrite: removed {', '.join(removed)} from {cfg.output}")
+    with run_output(cfg.output, f"bertkit finetune {type(cfg).__name__}", overwrite=training.overwrite,
+                    resume=training.resume, sources=[cfg.model], log=log):
         return task.train(cfg, log=log, speed=speed)
 
 
