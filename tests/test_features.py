@@ -337,6 +337,26 @@ def test_read_texts_formats(tmp_path):
         read_texts(tmp_path / "missing.txt")
 
 
+
+def test_cli_embed_refuses_a_bad_input_file_before_the_model_loads(tmp_path, capsys):
+    # JSON lines named .tsv were embedded as texts, each its raw JSON (the first column of a one-column
+    # "table"), and exited 0; the model loaded before the input was opened. --model names no folder here.
+    from bertkit.cli import main
+
+    (tmp_path / "rows.tsv").write_text('{"text": "a good film", "label": "pos"}\n{"text": "bad", "label": "neg"}\n')
+    (tmp_path / "texts.tsv").write_text("review\nit was fine\n")
+    for name, words in (("rows.tsv", "holds JSON lines, not a TSV table (its first line is a JSON object): "
+                                     "name it .jsonl"),
+                        ("missing.txt", "does not exist")):
+        assert main(["embed", str(tmp_path / name), "-o", str(tmp_path / "v.npy"), "--model",
+                     str(tmp_path / "none")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
+        assert not (tmp_path / "v.npy").exists()
+    texts, count = read_texts(tmp_path / "texts.tsv")  # a one-column table is still read by its first column
+    assert list(texts) == ["it was fine"] and count == 1
+
+
 def test_cli_embed(tiny, tmp_path, capsys):
     from bertkit.model.checkpoint import save_pretrained
     from bertkit.cli import main

@@ -52,8 +52,8 @@ def run_embed(args):
     from bertkit.runtime.loading import load
 
     options = from_args(args, EmbedOptions)
+    texts, count = read_texts(args.input, args.column)  # a bad file refused before the model loads
     loaded = load(args.model, head="encoder", device=args.device, dtype=args.dtype, int8=args.int8, fast=args.speed)
-    texts, count = read_texts(args.input, args.column)
     output = resolve_output(loaded.layout, options.pooling, options.normalize)
     rows = iter_embed(
         texts, loaded, options.layers, output.pooling, output.normalize, combine=options.combine,

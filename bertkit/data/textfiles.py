@@ -210,6 +210,9 @@ def read_texts(path, column: str | None = None) -> tuple:
         with open_text(path) as f:
             header = f.readline().rstrip("\r\n").split("\t")
         name = column or next((c for c in ("sentence", "text") if c in header), header[0])
+        if column is None and len(header) == 1 and header[0].lstrip().startswith("{"):  # its JSON lines were the texts
+            raise BertkitError(f"{path} holds JSON lines, not a TSV table (its first line is a JSON object): "
+                               "name it .jsonl, or give the TSV a tab-separated header")
         if name not in header:
             raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
         col = header.index(name)
