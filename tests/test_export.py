@@ -3,6 +3,7 @@ in ONNX Runtime with Hugging Face's input/output names and dynamic axes, and mat
 bertkit within 1e-4 on inputs of other shapes than the trace's; what cannot be
 exported fails with a BertkitError that names it."""
 
+import shutil
 import sys
 
 import numpy as np
@@ -119,3 +120,17 @@ def test_cli_export_onnx(tiny, tmp_path, capsys):  # noqa: F811
     assert (tmp_path / "onnx" / "model.onnx").is_file()
     assert main(["export", "onnx", str(tiny), "-o", str(tmp_path / "x"), "--opset", "11"]) == 2
     assert "opset 11" in capsys.readouterr().err
+
+
+def test_export_into_another_models_folder_is_refused_first(tiny, tmp_path, capsys):  # noqa: F811
+    # its config.json and tokenizer files were replaced by the exported model's, beside weights they do not fit
+    other = tmp_path / "other"
+    shutil.copytree(tiny, other)
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    assert main(["export", "onnx", str(tiny), "-o", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bertkit: error: {other} holds another model (model.safetensors): its config.json and " \
+                  "tokenizer would be replaced by this export's; write to a new or empty folder\n"
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    assert main(["export", "onnx", str(tiny), "-o", str(tmp_path / "onnx")]) == 0  # an earlier export: replaced
+    assert main(["export", "onnx", str(tiny), "-o", str(tmp_path / "onnx")]) == 0
