@@ -239,3 +239,22 @@ def test_predict_refuses_bad_input_before_loading_the_model(tmp_path, texts, opt
     whitespace split (AttributeError), and a str of pairs was split into characters."""
     with pytest.raises(BertkitError, match=message):
         predict(tmp_path / "no-model", texts, **options)
+
+
+def test_a_task_file_that_disagrees_with_the_head_is_named(tmp_path):
+    """bertkit_task.json says classify, config.json a token classifier (a hand-copied file): once numpy's
+    broadcast ValueError while pooling the logits."""
+    import torch
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForTokenClassification
+    from bertkit.text.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    BertForTokenClassification(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        tmp_path, tokenizer=Tokenizer.from_pretrained())
+    (tmp_path / "bertkit_task.json").write_text(json.dumps({"task": "classify", "max_length": 32}))
+    with pytest.raises(BertkitError, match="says classify .* architectures name BertForTokenClassification: the two "
+                                           "files disagree"):
+        predict(tmp_path, ["a sentence"])

@@ -69,6 +69,10 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         raise BertkitError(f"loaded must be a Loaded (bertkit.load(model_dir, head='task')), got {type(loaded).__name__}")
     loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)
     task = task_of(loaded)
+    kind = type(loaded.model).__name__  # ELECTRA's heads share BERT's names after "For"
+    if task.head != "BertModel" and kind.partition("For")[2] != task.head.partition("For")[2]:
+        raise BertkitError(f"{loaded.directory}: bertkit_task.json says {task.name} ({task.head}) but config.json's "
+                           f"architectures name {kind}: the two files disagree; fine-tune the model again")
     if task.takes_pairs(loaded.info) and pairs is None:
         raise BertkitError(f"this {task.cli_name} model reads {task.second} with each text: pass pairs=[...] "
                            "(one per text)")
