@@ -90,6 +90,17 @@ def test_model_and_output_the_same_folder_is_refused(made, capsys):
         check_output(Path(made["tiny"]) / ".." / made["tiny"].name, overwrite=True, sources=[made["tiny"]])
 
 
+
+def test_pretraining_into_its_data_folder_names_the_data(tmp_path, capsys):
+    # `pretrain run DATA -o DATA` was refused as "the folder the model is read from": there was no model
+    data = tmp_path / "data"
+    data.mkdir()
+    assert main(["pretrain", "run", str(data), "-o", str(data), "--overwrite"]) == 2
+    assert capsys.readouterr().err == (f"bertkit: error: --output {data} is the folder the prepared data is read "
+                                       "from: the job would overwrite its own source; write to another --output\n")
+    assert list(data.iterdir()) == []
+
+
 def test_a_run_folder_needs_resume_or_overwrite(made, tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()

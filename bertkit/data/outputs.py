@@ -52,12 +52,14 @@ def holds(folder) -> tuple[str, list[str]] | None:
 
 
 def check_output(output, *, overwrite: bool, resume: bool = False, sources=(), flag: str = "--output") -> None:
-    """Refuse an `output` that is one of `sources` (the folders the job reads), or that already holds a model,
-    run or index while neither `overwrite` nor `resume` is given."""
+    """Refuse an `output` that is one of `sources` (the folders the job reads: a list of the model's, or
+    {what is read: folder}), or that already holds a model, run or index while neither `overwrite` nor
+    `resume` is given."""
     output = Path(output)
-    for source in sources:
+    named = sources.items() if isinstance(sources, dict) else (("the model", source) for source in sources)
+    for what, source in named:
         if source is not None and Path(source).exists() and Path(source).resolve() == output.resolve():
-            raise BertkitError(f"{flag} {output} is the folder the model is read from: the job would overwrite its "
+            raise BertkitError(f"{flag} {output} is the folder {what} is read from: the job would overwrite its "
                                f"own source; write to another {flag}")
     if resume or overwrite:
         return

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-from bertkit.data.lock import first_process, folder_lock
-from bertkit.data.outputs import check_output, clear_output
+from bertkit.data.outputs import run_output
 from bertkit.model.config import BertConfig, IGNORE_INDEX, PRESETS
 from bertkit.model.electra_pretraining import ElectraPretrainingModel, electra_metrics
 from bertkit.errors import BertkitError
@@ -243,12 +242,8 @@ def run(cfg: RunConfig, progress: bool = True, speed=None) -> Path:
     first (`bertkit.data.outputs`: a model or run there only with --overwrite or --resume; not --data or
     --init-from) and locked while the run writes it (`bertkit.data.lock`; torchrun: by rank 0)."""
     cfg.validate()
-    check_output(cfg.output, overwrite=cfg.overwrite, resume=cfg.resume, sources=[cfg.data, cfg.init_from])
-    if not first_process():
-        return _run(cfg, progress, speed)
-    with folder_lock(cfg.output, "bertkit pretrain run"):
-        if cfg.overwrite and not cfg.resume:
-            clear_output(cfg.output)
+    with run_output(cfg.output, "bertkit pretrain run", overwrite=cfg.overwrite, resume=cfg.resume,
+                    sources={"the prepared data": cfg.data, "the model": cfg.init_from}):
         return _run(cfg, progress, speed)
 
 
