@@ -301,6 +301,11 @@ def test_a_pre_training_run_that_cannot_start_leaves_no_output(tmp_path):
     assert res.returncode == 2 and "--batch-size must be >= 1, got 0" in res.stderr
     res = run_cli("pretrain", "run", tmp_path / "no-data", "-o", tmp_path / "out", check=False)
     assert res.returncode == 2 and "pretrain prepare" in res.stderr
+    res = run_cli("pretrain", "run", tmp_path / "no-data", "--init-from", tmp_path / "no-model", "-o", tmp_path / "out",
+                  check=False)  # was "no vocab.txt there", once the data had loaded
+    assert res.returncode == 2 and res.stderr == (f"bertkit: error: --init-from {tmp_path / 'no-model'} does not exist: "
+                                                  "name the folder of the checkpoint to continue (config.json, "
+                                                  "model.safetensors, vocab.txt)\n"), res.stderr
     assert not (tmp_path / "out").exists()
 
 
