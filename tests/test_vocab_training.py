@@ -92,6 +92,26 @@ def test_cli_vocab_train(tmp_path, capsys):
     assert "corpus path not found" in capsys.readouterr().err
 
 
+
+def test_cli_vocab_train_leaves_a_models_vocabulary_alone(tmp_path, capsys):
+    # `vocab train corpus/ -o MODEL/` replaced the model's vocab.txt and tokenizer_config.json, which then no
+    # longer matched its weights; the corpus path is missing here, so the folder was refused before reading it
+    from bertkit.cli import main
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name, text in (("config.json", "{}"), ("vocab.txt", "[PAD]\n[UNK]\n"), ("tokenizer_config.json", "{}")):
+        (model / name).write_text(text)
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    for output in (model, model / "vocab.txt"):
+        assert main(["vocab", "train", str(tmp_path / "missing"), "-o", str(output)]) == 2
+        assert capsys.readouterr().err == (f"bertkit: error: {model} holds a model (config.json, model.safetensors): "
+                                           "a new vocab.txt and tokenizer_config.json there would no longer match "
+                                           "its weights; write to another folder\n")
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
 # every line has an accent, 4% of the bytes: below the binary-file threshold, as in real French prose
 FRENCH = ["Le café était chaud ce matin, et nous avons parlé de la ville.",
           "Où est la clé de la maison ? Elle est sur la table, dit-il.",

@@ -13,7 +13,7 @@ from bertkit.data.corpus import CorpusStats
 from bertkit.options import add_options, from_args
 from bertkit.text.encoding import format_encoding
 from bertkit.text.tokenizer import Tokenizer
-from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files
+from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files, vocab_file
 from bertkit.text.wordpiece import CONTINUATION
 
 
@@ -76,6 +76,7 @@ def add_vocab(sub):
 
 def run_vocab_train(args):
     files, config = from_args(args, VocabTrainFiles), from_args(args, VocabTrainingConfig)
+    vocab_file(files.output)  # a model's folder refused before the corpus is read
     stats = CorpusStats()
     tokens = train_vocab_from_files(files.corpus, config, progress=True, stats=stats)
     if stats.skips:

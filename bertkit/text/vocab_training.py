@@ -36,6 +36,7 @@ from pathlib import Path
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, read_lines
+from bertkit.data.outputs import holds
 from bertkit.data.textfiles import check_encoding, corpus_files
 from bertkit.text.vocab import SPECIAL_TOKENS, save_vocab
 from bertkit.text.wordpiece import CONTINUATION
@@ -228,13 +229,24 @@ def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, pro
     return learn_vocab(counts, config, progress)
 
 
-def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig) -> Path:
-    """Write vocab.txt (at `output`, a file path or a folder) and, beside it, the tokenizer_config.json
-    that tells the tokenizer how the vocabulary was made (casing, accents); returns vocab.txt's path."""
+def vocab_file(output) -> Path:
+    """Where `output` (a file path, or a folder) puts vocab.txt, refused in a folder that holds a model or a
+    run: its vocab.txt and tokenizer_config.json would no longer match its weights. Check it before training."""
     out = Path(output)
     if out.is_dir() or out.suffix == "":
         out = out / "vocab.txt"
-    path = save_vocab(tokens, out)
+    held = holds(out.parent)
+    if held is not None and held[0] in ("a model", "a run"):
+        raise BertkitError(f"{out.parent} holds {held[0]} ({', '.join(held[1][:3])}): a new vocab.txt and "
+                           "tokenizer_config.json there would no longer match its weights; write to another folder")
+    return out
+
+
+def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig) -> Path:
+    """Write vocab.txt (at `output`, a file path or a folder; `vocab_file`) and, beside it, the
+    tokenizer_config.json that tells the tokenizer how the vocabulary was made (casing, accents); returns
+    vocab.txt's path."""
+    path = save_vocab(tokens, vocab_file(output))
     settings = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": config.lowercase,
