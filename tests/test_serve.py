@@ -463,6 +463,7 @@ def test_info_and_metrics(servers):
 @pytest.mark.parametrize("body, status, words", [
     (b'{"inputs": ["unclosed', 400, "not valid JSON"),
     (b"\xff\xfe", 400, "not valid JSON"),
+    (b'{"inputs": "x", "dimensions": ' + b"9" * 5000 + b"}", 400, "a number of 5000 digits: no field takes one"),
     ([1, 2], 422, "JSON object"),
     ({"inputs": 5}, 422, "string or a list"),
     ({"inputs": ["ok", 7]}, 422, "`inputs[1]` must be a string"),

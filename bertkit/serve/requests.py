@@ -29,6 +29,7 @@ KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "
          413: "too_large", 422: "validation", 429: "overloaded", 500: "backend", 503: "unavailable"}
 RETRY_AFTER_S = 1
 MAX_K = 1000  # /search: documents per query
+MAX_DIGITS = 100  # the longest integer a body may hold (a field's limit names too large a value, up to this)
 # a refused body is read and dropped up to this much, for this long, before the answer (`discard_body`)
 LINGER_BYTES = 64 * 1024 * 1024
 LINGER_S = 30.0  # nginx's lingering_time
@@ -110,9 +111,18 @@ def _parse(body: bytes, max_depth: int):
         raise ApiError(400, f"the JSON body nests {depth} levels deep, over the limit of {max_depth} "
                             "(--max-json-depth)")
     try:
-        return json.loads(body)
+        return json.loads(body, parse_int=whole_number)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise ApiError(400, f"the request body is not valid JSON: {err}") from None
+
+
+def whole_number(digits: str) -> int:
+    """A JSON integer; one too long for any field is refused here, in the client's terms (Python's own refusal,
+    past 4,300 digits, told the client to call sys.set_int_max_str_digits())."""
+    if len(digits.lstrip("-")) > MAX_DIGITS:
+        raise ApiError(400, f"the request body holds a number of {len(digits.lstrip('-'))} digits: no field takes "
+                            f"one longer than {MAX_DIGITS}")
+    return int(digits)
 
 
 async def body_chunks(request):
