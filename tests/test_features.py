@@ -269,6 +269,9 @@ def test_bad_types_are_named_not_a_python_traceback(tiny):
     for call, message in cases:
         with pytest.raises(BertkitError, match=message):
             call()
+    with pytest.raises(TypeError, match="embed\\(\\) got an unexpected keyword argument 'batchsize'; it takes "
+                                        "batch_size, chunk_size"):
+        embed("a", tiny, batchsize=8)  # was named as iter_embed's, after the model loaded
     # what works stays working: a generator of texts and of pairs
     want = embed(["a b", "c d"], tiny, pairs=["e", "f"])
     np.testing.assert_array_equal(embed((t for t in ["a b", "c d"]), tiny, pairs=iter(["e", "f"])), want)

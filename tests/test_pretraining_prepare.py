@@ -389,7 +389,13 @@ def test_a_damaged_prepared_folder_is_named_not_a_numpy_traceback(tokenised, tmp
         PretrainingDataset(tokenised, seed="a")
     with pytest.raises(BertkitError, match="stream position must be an int >= 0, got '3'"):
         PretrainingDataset(tokenised, position="3")
-    collate = PretrainingDataset(tokenised).collator()
+    ds = PretrainingDataset(tokenised)
+    with pytest.raises(BertkitError, match="seed must be a non-negative int .* got 'x'"):
+        ds.collator(seed="x")  # was a RuntimeError from torch's manual_seed
+    with pytest.raises(IndexError, match=f"instance {len(ds)} out of range"):
+        ds.source(len(ds))  # was "list index out of range"; source(-1) read the wrong shard
+    assert ds.source(-1) == ds.source(len(ds) - 1)
+    collate = ds.collator()
     with pytest.raises(ValueError, match="non-empty list of instances, got an empty list"):
         collate([])  # was a RuntimeError from torch's max() of nothing
     with pytest.raises(TypeError, match="non-empty list of instances .* got dict"):

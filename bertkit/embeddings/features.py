@@ -395,6 +395,11 @@ def _sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_siz
     return out
 
 
+# embed's **options: iter_embed's keyword arguments and load_encoder's
+_EMBED_OPTIONS = {name for name, p in inspect.signature(iter_embed).parameters.items()
+                  if p.kind == p.KEYWORD_ONLY} | {"device", "dtype", "int8"}
+
+
 def _listed(values, what: str) -> list | tuple:
     """`values` (a list, a tuple, or any iterable: a generator, a numpy array) as a sequence, or a
     BertkitError: bytes would iterate as ints, None or a number not at all."""
@@ -458,6 +463,10 @@ def embed(
         options["pairs"] = [pairs] if single and isinstance(pairs, str) else _listed(pairs, "pairs")
         if len(options["pairs"]) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(options['pairs'])} pairs: give one pair per text")
+    unknown = sorted(set(options) - _EMBED_OPTIONS)
+    if unknown:  # before the model loads, in embed's name (iter_embed would name itself)
+        raise TypeError(f"embed() got an unexpected keyword argument {unknown[0]!r}; it takes "
+                        f"{', '.join(sorted(_EMBED_OPTIONS))}")
     options.setdefault("total", len(texts))
     loaded = load_encoder(model, options.pop("device", None), options.pop("dtype", None), options.pop("int8", False))
     rows = list(iter_embed(texts, loaded, layers, pooling, normalize, **options))

@@ -79,6 +79,8 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
 
     def collator(self, return_masked_positions: bool = False, seed: int | None = None):
         """The collator for this data: stored masks (static) or the prepared masking settings (dynamic)."""
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise BertkitError(f"seed must be a non-negative int (or None: the dataset's), got {seed!r}")
         tok = self.tokenizer()
         masking = None
         if not self.static_masking:
@@ -116,6 +118,10 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
     def source(self, index: int) -> dict:
         """Where instance `index` came from: corpus token ranges of A and B after truncation (`spans`)
         and before (`sources`), and their documents (-1: none)."""
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"instance {index} out of range (the data has {n})")
+        index %= n
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
         s, j = self._shards[k], index - int(self._starts[k])
         return {key: [int(x) for x in s[key][j]] for key in ("spans", "sources", "docs")}
