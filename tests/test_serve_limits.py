@@ -12,6 +12,7 @@ still gets its answer.
 import contextlib
 import json
 import os
+import random
 import re
 import resource
 import socket
@@ -22,11 +23,14 @@ import pytest
 from test_index import make_tiny, scifact_corpus
 from test_serve import Server, call, task_dir
 
+from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
 from bertkit.retrieval.index import build_index
+from bertkit.serve.app import most_tokens, whole_tokens
 from bertkit.serve.connections import capacity
 from bertkit.serve.limits import json_depth
 from bertkit.serve.settings import ServeConfig
+from bertkit.text.tokenizer import Tokenizer
 
 KEY = "limits-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -574,3 +578,15 @@ def test_max_input_length_zero_is_refused_before_anything_loads(tmp_path, capsys
         err = capsys.readouterr().err
         assert err.startswith(f"bertkit: error: --max-input-length must be at least 3 ([CLS], a token, [SEP]), "
                               f"got {value};") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("strip_accents", [None, False])  # accents stripped as the casing says, or kept
+def test_the_length_bound_on_a_search_querys_tokens_holds_on_odd_text(strip_accents):
+    """/search skips counting a request's word pieces when its lengths alone keep it under the limit:
+    the bound must never be below the count (a dotted capital I lower-cases to two characters)."""
+    tok = Tokenizer(default_model_dir() / "vocab.txt", lowercase=True, strip_accents=strip_accents)
+    rng = random.Random(0)
+    alphabet = "aİIıßẞǅ,.!?;'-é\u0301\u0307ñ漢字😀 \t\n\x00ﬁΣσς" + "".join(chr(c) for c in range(0x370, 0x3ff))
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(2000)]
+    assert all(whole_tokens(tok, [t]) <= most_tokens([t]) for t in texts)
+    assert whole_tokens(tok, texts) <= most_tokens(texts)
