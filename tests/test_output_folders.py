@@ -163,6 +163,17 @@ def test_a_file_where_a_folder_goes_and_the_reverse_fail_first_in_one_line(made,
                  ["predict", missing, made["train"], "-o", tmp_path]):
         assert main([str(a) for a in argv]) == 2
         assert f"--output {tmp_path} is a folder: name the file to write" in one_error(capsys)
+    # a file in a folder that does not exist: "[Errno 2] No such file or directory" once the work was done
+    # (embed makes the folders itself); a teacher cache that is a folder: "[Errno 21]" after the teacher ran
+    nowhere = tmp_path / "no" / "r.json"
+    for argv, flag in ((["evaluate", "sts", made["train"], "--model", missing, "--output", nowhere], "--output"),
+                       (["mine", made["train"], "-o", tmp_path / "m.tsv", "--model", missing, "--report", nowhere],
+                        "--report")):
+        assert main([str(a) for a in argv]) == 2
+        assert f"{flag} {nowhere}: the folder {nowhere.parent} does not exist; make it first" in one_error(capsys)
+    assert main(["distill", "static", missing, "-o", str(tmp_path / "static"), "--teacher-cache", str(tmp_path)]) == 2
+    assert f"--teacher-cache {tmp_path} is a folder: name the file to write" in one_error(capsys)
+    assert not (tmp_path / "no").exists() and not (tmp_path / "static").exists()
     # attention --png with a suffix matplotlib cannot write: a ValueError traceback after the model ran
     assert main(["attention", "hello", "--png", str(tmp_path / "view.txt"), "--model", missing]) == 2
     assert "name the picture .png" in one_error(capsys)

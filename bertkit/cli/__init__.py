@@ -96,12 +96,20 @@ def speed_settings(onednn: bool | None):
     return decide(onednn=onednn)
 
 
+# What a command writes, as its parser names it (`set_defaults(outputs={flag: kind})`):
+#   file       a file it writes (new, or replaced), in a folder that exists
+#   file+dirs  the same, the missing folders made by the command itself (embed)
+#   cache      a file it reads back when it holds what the run needs, else writes, folders made (a teacher cache)
+#   folder     a folder it writes into; either: a file or a folder (vocab train)
+FILE_KINDS = ("file", "file+dirs", "cache")
+
+
 def check_outputs(args) -> None:
     """Refuse, before anything loads, an output its command cannot write or would write over its own input.
 
-    A command names what it writes in its parser (`set_defaults(outputs={flag: kind})`, kind "file",
-    "folder" or "either"): a file output may not be a folder, nor a folder output a file, and an existing
-    file is not written over when it is one of the files the command reads or lies in a folder it reads
+    A file output may not be a folder nor lie in a folder that does not exist (both failed only once the
+    work was done), a folder output may not be a file (FileExistsError's traceback), and an existing file
+    is not written over when it is one of the files the command reads or lies in a folder it reads
     (`embed x.jsonl -o x.jsonl` emptied its input; `mine beir/ -o beir/qrels/test.tsv` replaced the qrels).
     What the command reads: every other argument that names an existing path."""
     outputs = {flag.lstrip("-").replace("-", "_"): (flag, kind) for flag, kind in getattr(args, "outputs", {}).items()}
@@ -113,11 +121,8 @@ def check_outputs(args) -> None:
         if value is None or value == "-":
             continue
         out = Path(value)
-        if kind == "folder" and out.exists() and not out.is_dir():
-            raise BertkitError(f"{flag} {out} is a file, not a folder: name a folder to write into")
-        if kind == "file" and out.is_dir():
-            raise BertkitError(f"{flag} {out} is a folder: name the file to write (a path inside it, or another)")
-        if not out.is_file():
+        _check_shape(flag, out, kind)
+        if kind == "cache" or not out.is_file():
             continue
         for source in reads:
             if source == out.resolve():
@@ -126,6 +131,16 @@ def check_outputs(args) -> None:
             if source.is_dir() and source in out.resolve().parents:
                 raise BertkitError(f"{flag} {out} is a file in {source}, a folder this command reads: write "
                                    "to a file outside it, or a new one")
+
+
+def _check_shape(flag: str, out: Path, kind: str) -> None:
+    if kind == "folder" and out.exists() and not out.is_dir():
+        raise BertkitError(f"{flag} {out} is a file, not a folder: name a folder to write into")
+    if kind in FILE_KINDS and out.is_dir():
+        raise BertkitError(f"{flag} {out} is a folder: name the file to write (a path inside it, or another)")
+    if kind == "file" and not out.parent.is_dir():
+        raise BertkitError(f"{flag} {out}: the folder {out.parent} does not exist; make it first "
+                           f"(mkdir -p {out.parent}) or write elsewhere")
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:

@@ -27,7 +27,7 @@ def add_distill(sub):
     s.add_argument("-o", "--output", required=True, help="the folder to write (new, or empty)")
     add_options(s, StaticDistillConfig)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(handler=run_static, runs_model=True, outputs={"--output": "folder"})
+    s.set_defaults(handler=run_static, runs_model=True, outputs={"--output": "folder", "--teacher-cache": "cache"})
 
     lay = kinds.add_parser(
         "layers",
@@ -46,7 +46,7 @@ def add_distill(sub):
     )
     lay.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
     add_options(lay, LayersDistillConfig, LAYERS_DEFAULTS)
-    lay.set_defaults(handler=run_layers, runs_model=True, outputs={"--output": "folder"})
+    lay.set_defaults(handler=run_layers, runs_model=True, outputs={"--output": "folder", "--teacher-cache": "cache"})
 
 
 # the command's own defaults (sentence-transformers' layer-reduction example: one pass, a higher rate)

@@ -44,7 +44,7 @@ def add_embed(sub):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     device_flags(p)
     int8_flag(p)
-    p.set_defaults(handler=run_embed, runs_model=True, outputs={"--output": "file"})
+    p.set_defaults(handler=run_embed, runs_model=True, outputs={"--output": "file+dirs"})
 
 
 def run_embed(args):
