@@ -277,7 +277,8 @@ def test_bad_arguments_fail_first_and_leave_nothing(tmp_path):
                                  ("--grad-accum", 0, "--grad-accum must be >= 1, got 0"),
                                  ("--adam-beta1", 2, "--adam-beta1 must be in [0, 1), got 2.0"),
                                  ("--adam-beta2", 1, "--adam-beta2 must be in [0, 1), got 1.0"),
-                                 ("--adam-epsilon", -1, "--adam-epsilon must be >= 0, got -1.0")):
+                                 ("--adam-epsilon", -1, "--adam-epsilon must be >= 0, got -1.0"),
+                                 ("--max-train-examples", 0, "--max-train-examples must be >= 1 (leave it out")):
         res = run_cli("finetune", "classify", "--train", tmp_path / "missing.tsv", "-o", tmp_path / "out",
                       flag, value, check=False)
         error = res.stderr.strip().splitlines()[-1]

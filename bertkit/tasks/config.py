@@ -97,6 +97,10 @@ class TaskConfig:
                 raise BertkitError(f"--{name} is required")
         if not low <= self.max_length <= 512:
             raise BertkitError(f"--max-length must be in {low}..512, got {self.max_length}")
+        for name in ("max_train_examples", "max_dev_examples"):  # 0 read one example, or all of them
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise BertkitError(f"--{name.replace('_', '-')} must be >= 1 (leave it out for every example), "
+                                   f"got {getattr(self, name)}")
         self.training.validate()
         return self
 
