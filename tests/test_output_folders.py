@@ -174,6 +174,11 @@ def test_a_file_where_a_folder_goes_and_the_reverse_fail_first_in_one_line(made,
     assert main(["distill", "static", missing, "-o", str(tmp_path / "static"), "--teacher-cache", str(tmp_path)]) == 2
     assert f"--teacher-cache {tmp_path} is a folder: name the file to write" in one_error(capsys)
     assert not (tmp_path / "no").exists() and not (tmp_path / "static").exists()
+    # a text argument longer than a file name may be is no path: the output check's Path.exists raised OSError
+    assert main(["search", str(tmp_path / "no-index"), "word " * 200]) == 2
+    assert "is not an index" in one_error(capsys)
+    assert main(["attention", "word " * 200, "-o", str(tmp_path / "a.html"), "--model", missing]) == 2
+    assert f"no model directory at {missing}" in one_error(capsys)
     # attention --png with a suffix matplotlib cannot write: a ValueError traceback after the model ran
     assert main(["attention", "hello", "--png", str(tmp_path / "view.txt"), "--model", missing]) == 2
     assert "name the picture .png" in one_error(capsys)

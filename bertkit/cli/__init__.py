@@ -113,16 +113,20 @@ def check_outputs(args) -> None:
     (`embed x.jsonl -o x.jsonl` emptied its input; `mine beir/ -o beir/qrels/test.tsv` replaced the qrels).
     What the command reads: every other argument that names an existing path."""
     outputs = {flag.lstrip("-").replace("-", "_"): (flag, kind) for flag, kind in getattr(args, "outputs", {}).items()}
+    if not outputs:
+        return
     values = [v for name, value in vars(args).items() if name not in outputs
               for v in (value if isinstance(value, list) else [value]) if isinstance(v, str) and v]
-    reads = [Path(v).resolve() for v in values if Path(v).exists()]
+    # os.path.exists, not Path.exists: a text argument longer than a file name may be (fill-mask's, a query)
+    # is not a path, and Path.exists raises OSError (ENAMETOOLONG) for it
+    reads = [Path(v).resolve() for v in values if os.path.exists(v)]
     for name, (flag, kind) in outputs.items():
         value = getattr(args, name, None)
         if value is None or value == "-":
             continue
         out = Path(value)
         _check_shape(flag, out, kind)
-        if kind == "cache" or not out.is_file():
+        if kind == "cache" or not os.path.isfile(out):
             continue
         for source in reads:
             if source == out.resolve():
@@ -134,11 +138,11 @@ def check_outputs(args) -> None:
 
 
 def _check_shape(flag: str, out: Path, kind: str) -> None:
-    if kind == "folder" and out.exists() and not out.is_dir():
+    if kind == "folder" and os.path.exists(out) and not os.path.isdir(out):
         raise BertkitError(f"{flag} {out} is a file, not a folder: name a folder to write into")
-    if kind in FILE_KINDS and out.is_dir():
+    if kind in FILE_KINDS and os.path.isdir(out):
         raise BertkitError(f"{flag} {out} is a folder: name the file to write (a path inside it, or another)")
-    if kind == "file" and not out.parent.is_dir():
+    if kind == "file" and not os.path.isdir(out.parent):
         raise BertkitError(f"{flag} {out}: the folder {out.parent} does not exist; make it first "
                            f"(mkdir -p {out.parent}) or write elsewhere")
 
