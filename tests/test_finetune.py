@@ -337,6 +337,17 @@ def test_missing_column_cli_is_one_line_error(tiny, tmp_path, capsys):
     assert code == 2 and "no column 'sentence'" in err and "--text-column" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_regression_score_that_is_not_finite_is_one_line_before_the_model_loads(tmp_path, capsys):
+    # "nan" and "inf" parse as floats: the run failed at its first step with a nan loss, blamed on the
+    # learning rate; --model names no folder, so the file was refused before any model was looked at
+    for score in ("nan", "inf"):
+        t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], [("a fine film", "1.5"), ("a poor film", score)])
+        assert main(["finetune", "regression", "--train", str(t), "-o", str(tmp_path / "o"), "--model",
+                     str(tmp_path / "none")]) == 2
+        assert capsys.readouterr().err == (f"bertkit: error: {t}:3: score '{score}' is not a finite number; "
+                                           "regression needs numeric labels\n")
+        assert not (tmp_path / "o").exists()
+
 def test_cli_finetune_classify(tiny, tmp_path, capsys):
     rng = random.Random(3)
     t = write_tsv(tmp_path / "t.csv", ["review", "y"], [])

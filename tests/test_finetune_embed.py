@@ -197,6 +197,7 @@ def write(path, text):
     ("anchor\tpositive\na\tb\nc\td\n", {"loss": "cosent"}, "use --loss mnrl"),
     ("sentence1\tsentence2\tscore\na\tb\t1\nc\td\t2\n", {"loss": "mnrl"}, "use --loss cosent"),
     ("sentence1\tsentence2\tscore\na\tb\thigh\n", {}, "score 'high' is not a number"),
+    ("sentence1\tsentence2\tscore\na\tb\tinf\nc\td\t2\n", {}, "score 'inf' is not a finite number"),
     ("anchor\tpositive\na\tb\nc\td\n", {"matryoshka_dims": "64,16"}, "exceeds the model's 32"),
     ("anchor\tpositive\na\tb\nc\td\n", {"matryoshka_dims": "32,x"}, "comma-separated list"),
 ])

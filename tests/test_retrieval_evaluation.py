@@ -155,6 +155,9 @@ def test_sts_file_errors(tmp_path):
     path.write_text("sentence1\tsentence2\tscore\na\tb\t1\n", encoding="utf-8")
     with pytest.raises(BertkitError, match="at least 2"):
         read_sts(path)
+    path.write_text("sentence1\tsentence2\tscore\na\tb\tnan\nc\td\t2\ne\tf\t3\n", encoding="utf-8")
+    with pytest.raises(BertkitError, match="line 2: score 'nan' is not a finite number"):  # was a pearson of nan
+        read_sts(path)
     path.write_text("", encoding="utf-8")
     with pytest.raises(BertkitError, match="empty"):
         read_sts(path)

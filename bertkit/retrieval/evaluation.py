@@ -292,6 +292,8 @@ def read_sts(path) -> list[tuple[str, str, float]]:
                 rows.append((first, second, float(score)))
             except ValueError:
                 raise BertkitError(f"{path} line {number}: score {score!r} is not a number")
+            if not np.isfinite(rows[-1][2]):  # nan parsed as a float and made the correlation nan
+                raise BertkitError(f"{path} line {number}: score {score!r} is not a finite number")
     if len(rows) < 2:
         raise BertkitError(f"{path} has {len(rows)} scored pair(s): a correlation needs at least 2")
     return rows

@@ -120,6 +120,8 @@ def read_examples(path, *, split: str = "train", max_examples: int | None = None
                 scores.append(float(row["score"]))
             except (TypeError, ValueError):
                 raise BertkitError(f"{path}:{n}: score {row['score']!r} is not a number") from None
+            if not np.isfinite(scores[-1]):  # nan parses as a float, and CoSENT's loss is then nan
+                raise BertkitError(f"{path}:{n}: score {row['score']!r} is not a finite number")
         if GROUP_COLUMN in row:
             groups.append(str(row[GROUP_COLUMN]))
         for column, text in zip(columns[2:], texts[2:]):
