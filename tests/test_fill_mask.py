@@ -123,6 +123,11 @@ def test_cli_fill_mask(tmp_path, capsys):
     assert 'bertkit fill-mask runs/mlm "The man went to the [MASK] ."' in err
     assert main(["fill-mask", str(directory)]) == 2  # a model folder alone: the text is what is missing
     assert f"give the text after the model folder: bertkit fill-mask {directory}" in capsys.readouterr().err
+    # a [MASK] beyond the positions the model reads was cut off with the text: "no [MASK] in the text"
+    limit = json.loads((directory / "config.json").read_text())["max_position_embeddings"]
+    assert main(["fill-mask", str(directory), "the man went " * limit + "[MASK] ."]) == 2
+    assert capsys.readouterr().err == (f"bertkit: error: every [MASK] lies past the first {min(limit, 512)} tokens, "
+                                       "all the model reads: shorten the text\n")
 
 
 # --- electra show ------------------------------------------------------------------------------

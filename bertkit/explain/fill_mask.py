@@ -55,8 +55,11 @@ def fill_mask(model, text: str, top_k: int = 5, pair: str | None = None) -> list
     net, tok = model if isinstance(model, tuple) else load_mlm(model)
     if not isinstance(top_k, int) or top_k < 1:
         raise BertkitError(f"top_k must be a positive integer, got {top_k!r}")
-    enc = tok.encode(text, pair, max_length=min(net.config.max_position_embeddings, 512))
+    limit = min(net.config.max_position_embeddings, 512)
+    enc = tok.encode(text, pair, max_length=limit)
     positions = [i for i, t in enumerate(enc.input_ids) if t == tok.mask_token_id]
+    if not positions and any(MASK in str(t) for t in (text, pair) if t is not None):  # cut off with the text's end
+        raise BertkitError(f"every {MASK} lies past the first {limit} tokens, all the model reads: shorten the text")
     if not positions:
         raise BertkitError(f"no {MASK} in the text: write {MASK} where a word should be predicted")
     device = next(net.parameters()).device
