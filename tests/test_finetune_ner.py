@@ -86,6 +86,25 @@ def test_conll_line_without_tag_is_an_error(tmp_path):
         read_conll(p)
 
 
+
+def test_bad_columns_and_a_missing_test_file_are_one_line_before_training(tmp_path, capsys):
+    # --tag-column 9 was an IndexError (a traceback); a missing --test was found only after training.
+    # --model names no folder: the files are refused before any model is looked at
+    from bertkit.cli import main
+
+    train = tmp_path / "train.txt"
+    train.write_text("John NNP I-PER\nlives VBZ O\n")
+    base = ["finetune", "ner", "--train", str(train), "-o", str(tmp_path / "o"), "--model", str(tmp_path / "none")]
+    for flags, words in ((["--tag-column", "9"], f"{train}:1: no column 9 (--tag-column): the line has 3, numbered "
+                                                 "0..2 (or -3..-1 from the end)"),
+                         (["--token-column", "-4"], "no column -4 (--token-column)"),
+                         (["--test", str(tmp_path / "test.txt")],
+                          f"input file {tmp_path / 'test.txt'} does not exist")):
+        assert main(base + flags) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
+    assert not (tmp_path / "o").exists()
+
 def test_conll_reader_counts_docstarts(tmp_path):
     p = tmp_path / "ok.txt"
     p.write_text("-DOCSTART- -X- -X- O\n\nJohn NNP I-NP I-PER\nran VBD I-VP O\n\n\nParis NNP I-NP I-LOC\n")

@@ -273,6 +273,10 @@ def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: boo
                         f"{path}:{n}: {len(cols)} columns where earlier lines have {width}; "
                         "tokens and tags are misaligned on this line"
                     )
+            for flag, column in (("--token-column", token_column), ("--tag-column", tag_column if tagged else 0)):
+                if not -len(cols) <= column < len(cols):  # was an IndexError
+                    raise BertkitError(f"{path}:{n}: no column {column} ({flag}): the line has {len(cols)}, numbered "
+                                       f"0..{len(cols) - 1} (or -{len(cols)}..-1 from the end)")
             if not words:
                 start = n
             words.append(cols[token_column])

@@ -73,6 +73,7 @@ def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
 
     train_s = read(cfg.train, cfg.max_train_examples)
     dev_s = read(cfg.dev, cfg.max_dev_examples) if cfg.dev else None
+    test_s = read(cfg.test, None) if cfg.test else None  # read now: a bad --test failed only after training
     train_tags = [to_training_tags(s.tags, cfg.tag_scheme) for s in train_s]
     for s, t in zip(train_s, train_tags):  # a bad tag fails here with its line number
         try:
@@ -107,10 +108,9 @@ def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
         return {}
     final = {"task": "ner", "train_sentences": len(train_s), "train_seconds": round(result.seconds, 1),
              "epochs": result.history}
-    for split, path, sents in (("dev", cfg.dev, dev_s), ("test", cfg.test, None)):
+    for split, path, sents in (("dev", cfg.dev, dev_s), ("test", cfg.test, test_s)):
         if path is None:
             continue
-        sents = sents if sents is not None else read(path, None)
         if split == "dev" and result.best_predictions:
             scores, pred = result.best_predictions
         else:  # the test split, or a resumed run's best epoch from before the restart
