@@ -190,3 +190,14 @@ def test_overlapping_article_slices_are_an_error(tiny, tmp_path):  # noqa: F811
                    training=fast())
     with pytest.raises(BertkitError, match="overlap"):
         finetune_qa(cfg, log=lambda s: None)
+
+
+def test_max_query_length_zero_is_one_line_before_anything_loads(tmp_path, capsys):
+    # --max-query-length 0 cut every question away: the run trained on contexts alone, exit 0
+    from bertkit.cli import main
+
+    p = squad_file(tmp_path / "s.json", 2, random.Random(0))
+    assert main(["finetune", "qa", "--train", str(p), "-o", str(tmp_path / "o"), "--model", str(tmp_path / "none"),
+                 "--max-query-length", "0"]) == 2
+    assert capsys.readouterr().err == "bertkit: error: --max-query-length must be >= 1, got 0 (BERT uses 64)\n"
+    assert not (tmp_path / "o").exists()

@@ -167,6 +167,8 @@ class QAConfig(TaskConfig):
 
     def validate(self) -> "QAConfig":
         super().validate(low=32)
+        if self.max_query_length < 1:  # 0 cut every question away and trained on contexts alone
+            raise BertkitError(f"--max-query-length must be >= 1, got {self.max_query_length} (BERT uses 64)")
         if self.max_query_length + 3 + 8 > self.max_length:
             raise BertkitError(f"--max-query-length ({self.max_query_length}) leaves no room for the context "
                                f"in --max-length {self.max_length}; lower it")
