@@ -348,9 +348,10 @@ def test_cli_embed_refuses_a_bad_input_file_before_the_model_loads(tmp_path, cap
 
     (tmp_path / "rows.tsv").write_text('{"text": "a good film", "label": "pos"}\n{"text": "bad", "label": "neg"}\n')
     (tmp_path / "texts.tsv").write_text("review\nit was fine\n")
+    (tmp_path / "header.tsv").write_text("sentence\tlabel\n")
     for name, words in (("rows.tsv", "holds JSON lines, not a TSV table (its first line is a JSON object): "
                                      "name it .jsonl"),
-                        ("missing.txt", "does not exist")):
+                        ("missing.txt", "does not exist"), ("header.tsv", "header.tsv holds no texts: write one")):
         assert main(["embed", str(tmp_path / name), "-o", str(tmp_path / "v.npy"), "--model",
                      str(tmp_path / "none")]) == 2
         err = capsys.readouterr().err
