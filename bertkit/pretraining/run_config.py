@@ -88,11 +88,11 @@ class RunConfig:
         from bertkit.training.loop import check_device  # here: it needs torch, the settings do not
 
         check_device(self.device, self.precision)
-        if self.init_from is not None and not Path(self.init_from).is_dir():  # was "no vocab.txt there", later
+        # a resumed run takes the architecture its checkpoint recorded: --init-from and --config may be gone
+        if not self.resume and self.init_from is not None and not Path(self.init_from).is_dir():
             raise BertkitError(f"--init-from {self.init_from} does not exist: name the folder of the checkpoint to "
                                "continue (config.json, model.safetensors, vocab.txt)")
-        if not self.resume and not self.init_from:  # a resumed run takes the architecture its checkpoint recorded
-
+        if not self.resume and not self.init_from:
             if self.config not in PRESETS and not Path(self.config).is_file():
                 raise BertkitError(f"--config {self.config!r} is neither a preset ({', '.join(PRESETS)}) "
                                    "nor a config.json file")
