@@ -230,6 +230,16 @@ def test_truncate_cuts_at_the_input_limit(servers, dirs):
         status, _, vectors = post(servers["main"].port, "/embed", {"inputs": [long_text], "normalize": False, **flags})
         assert status == 200
         np.testing.assert_allclose(vectors, expected, atol=1e-6, rtol=0)
+    # a 50 KB text (under the body limit) is tokenized only as far as the cut needs (Tokenizer.head): as a text of
+    # 30 words, short enough to be read whole, and refused without truncation by its first pieces
+    huge = " ".join(["weather"] * 7000)
+    short = bertkit.embed([" ".join(["weather"] * 30)], str(dirs["encoder"]), layers="sum_last_four",
+                          truncate=True, max_length=24)
+    status, _, vectors = post(servers["main"].port, "/embed", {"inputs": [huge], "normalize": False})
+    assert status == 200
+    np.testing.assert_allclose(vectors, short, atol=1e-6, rtol=0)
+    status, _, answer = post(servers["main"].port, "/embed", {"inputs": [huge], "truncate": False})
+    assert status == 413 and "has more than" in answer["error"] and "over the limit of 24" in answer["error"], answer
 
 
 def test_a_text_gets_the_same_vector_alone_and_in_a_crowded_batch(servers):

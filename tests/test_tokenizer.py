@@ -6,6 +6,7 @@ word ids) are compared with the `tokenizers` library behind BertTokenizerFast.
 """
 
 import json
+import random
 
 import pytest
 
@@ -444,3 +445,22 @@ def test_the_tokenizer_commands_start_without_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs(default_model_dir):
+    """Tokenizer.head: a prefix cut at a space has the whole text's first pieces (a space is a safe boundary),
+    so a cut text needs only as much of itself as holds the cut; the ids equal the whole text's, cut."""
+    tok = Tokenizer.from_pretrained(default_model_dir)
+    rng = random.Random(0)
+    words = ["protein", "Folding", "naïve", "İstanbul", "漢字", "...", "!!", "[MASK]", "[CLS]x", "co-operate",
+             "x" * 150, "\u0301", "a\u00a0b", "\t", "\n", "ﬁne", "😀", "ΣΑΣ", "don't", "\x00", "U.S.A."]
+    for _ in range(300):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 600)))
+        n = rng.randint(0, 300)
+        whole, head = tok.ids_batch([text])[0], tok.head(text, n)
+        pieces = tok.ids_batch([head])[0]
+        assert whole[: len(pieces)] == pieces and (head == text or len(pieces) > n)
+        assert tok.ids_lists([text], n)[0] == whole[:n]
+        assert tok.single_ids([text], n + 2)[0] == tok.encode(text, max_length=n + 2).input_ids
+    huge = "the cell folds the protein. " * 40000
+    assert len(tok.head(huge, 254)) < 20000 and tok.single_ids([huge], 256)[0][1:-1] == tok.ids_batch([huge])[0][:254]

@@ -182,10 +182,12 @@ class EmbeddingModel:
         limit = max_length or self.max_length
         rows = []
         for i, text in enumerate(texts):
-            enc = self.tok.encode(text, max_length=limit, truncation=truncate)
+            head = self.tok.head(text, limit)  # the pieces the cut keeps, or enough to refuse: not the rest
+            enc = self.tok.encode(head, max_length=limit, truncation=truncate)
             if len(enc.input_ids) > limit:
+                count = len(enc.input_ids) if len(head) == len(text) else f"more than {len(enc.input_ids)}"
                 raise InputError(
-                    f"input {i} has {len(enc.input_ids)} tokens, over the limit of {limit} "
+                    f"input {i} has {count} tokens, over the limit of {limit} "
                     "(--max-input-length): shorten it, or leave truncate at true", status=413)
             if len(enc.input_ids) <= 2:
                 raise InputError(f"input {i} yields no tokens: it holds only characters BERT drops")
@@ -225,11 +227,13 @@ class StaticEncoder(EmbeddingModel):
 
     def encode(self, texts: list, truncate: bool, max_length: int | None = None) -> list:
         limit = max_length or self.max_length
-        ids, lengths = self.tok.ids_batch(texts)
+        heads = [self.tok.head(text, limit) for text in texts]  # as the transformer's encode: not the rest
+        ids, lengths = self.tok.ids_batch(heads)
         rows, pos = [], 0
         for i, n in enumerate(lengths):
             if n > limit and not truncate:
-                raise InputError(f"input {i} has {n} tokens, over the limit of {limit} (--max-input-length): "
+                count = n if len(heads[i]) == len(texts[i]) else f"more than {n}"
+                raise InputError(f"input {i} has {count} tokens, over the limit of {limit} (--max-input-length): "
                                  "shorten it, or leave truncate at true", status=413)
             if n == 0:
                 raise InputError(f"input {i} yields no tokens: it holds only characters BERT drops")

@@ -25,6 +25,7 @@ from pathlib import Path
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.data.textfiles import read_text
+from bertkit.text.tokenizer_config import settings_from
 from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, choose_num_workers, gc_paused, token_ids
 from bertkit.text.encoding import (MODEL_MAX_LENGTH, BatchEncoding, Encoding, Segment, assemble, batch, check_options,
                                    num_special_tokens)
@@ -32,49 +33,6 @@ from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_
                                 tokens_from_text, tokens_from_tokenizer_json)
 from bertkit.text.wordpiece import CONTINUATION, wordpiece_spans
 from bertkit.default_model import default_model_dir
-
-# each reads one JSON value, or raises TypeError naming what it should be: bool("false") is True, so a
-# quoted flag would silently turn lower-casing on
-def _flag(value) -> bool:
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    raise TypeError("true or false")
-
-
-def _flag_or_unset(value) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    raise TypeError("true, false or null")
-
-
-def _positive_int(value) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    raise TypeError("a positive whole number")
-
-
-# a Hugging Face tokenizer_config.json key -> our constructor's argument and its type (a null
-# strip_accents is unset: it follows the casing; a null do_lower_case is false, as in transformers)
-_CONFIG_KEYS = {
-    "do_lower_case": ("lowercase", _flag),
-    "strip_accents": ("strip_accents", _flag_or_unset),
-    "tokenize_chinese_chars": ("tokenize_chinese_chars", _flag),
-    "max_input_chars_per_word": ("max_input_chars_per_word", _positive_int),
-}
-
-
-def _config_settings(config: dict, config_file) -> dict:
-    """Our constructor's settings from a tokenizer_config.json's keys, each of its JSON type."""
-    settings = {}
-    for key, (name, kind) in _CONFIG_KEYS.items():
-        if key in config:
-            try:
-                settings[name] = kind(config[key])
-            except TypeError as err:
-                raise BertkitError(f"{config_file}: {key} must be {err}, got {json.dumps(config[key])[:40]}; "
-                                   "fix the file") from None
-    return settings
-
 
 def _check_cut(max_length, least: int) -> None:
     """A length to cut ids at (None: no cut): an int of at least `least`."""
@@ -185,7 +143,7 @@ class Tokenizer:
             raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
         if not isinstance(config, dict):
             raise BertkitError(f"{config_file} must hold a JSON object of settings, got {type(config).__name__}")
-        settings = _config_settings(config, config_file)
+        settings = settings_from(config, config_file)
         for key, value in overrides.items():
             if key not in ("lowercase", "strip_accents", "max_input_chars_per_word", "tokenize_chinese_chars"):
                 raise BertkitError(f"unknown tokenizer setting {key!r}")
@@ -333,9 +291,29 @@ class Tokenizer:
             _check_text(text, f"text {i}")
         return token_ids(self, texts)
 
+    def head(self, text: str, n: int) -> str:
+        """A prefix of `text` whose word pieces are the first of `text`'s and more than `n` of them, else `text`.
+
+        Every run the tokenizer reads lies between safe boundaries, and a space is one (`coarse_split_pattern`):
+        the pieces of a prefix cut at a space are the whole text's first pieces. A text cut at `n` pieces, or
+        refused past `n`, needs no more of itself, and the rest of a long one (a megabyte of it is a second of
+        Python) is never tokenized. A text with no space past the first try is read whole."""
+        size = 8 * n + 64  # characters: a piece spans about four in English prose
+        while size < len(text):
+            end = text.find(" ", size)
+            if end < 0:
+                break
+            if self.ids_batch([text[:end]])[1][0] > n:
+                return text[:end]
+            size *= 4
+        return text
+
     def ids_lists(self, texts, max_length: int | None = None) -> list:
-        """`ids_batch` split per text: each text's ids without [CLS]/[SEP], cut at `max_length` when given."""
+        """`ids_batch` split per text: each text's ids without [CLS]/[SEP], cut at `max_length` when given
+        (a long text tokenized only as far as its `head`)."""
         _check_cut(max_length, 0)
+        if max_length is not None and not isinstance(texts, str):
+            texts = [self.head(t, max_length) if isinstance(t, str) else t for t in texts]
         ids, lengths = self.ids_batch(texts)
         out, pos = [], 0
         for n in lengths:
