@@ -224,6 +224,13 @@ def test_predict_and_rerank_count_tokens_as_the_model_reads_them(pair_server):
     assert fits < len(texts) and post(port, "/rerank", {"query": query, "texts": texts[:fits]}, {})[0] == 200
     status, _, data = post(port, "/rerank", {"query": query, "texts": texts}, {})
     assert status == 413 and f"hold {sum(rerank_tokens)} tokens" in data["error"], data
+    # long texts are counted as far as the cut (Tokenizer.head), to transformers' count of them cut
+    long_first = ["the protein folds in the cell " * 400] * 6
+    long_tokens = reference_tokens(fast, long_first, SECOND[:1] * 6)
+    fits = max(i for i in range(1, 7) if sum(long_tokens[:i]) <= limit)
+    assert post(port, "/predict", {"inputs": long_first[:fits], "pairs": SECOND[:1] * fits}, {})[0] == 200
+    status, _, data = post(port, "/predict", {"inputs": long_first, "pairs": SECOND[:1] * 6}, {})
+    assert status == 413 and f"hold {sum(long_tokens)} tokens" in data["error"], data
     assert call(port, "GET", "/health", timeout=5)[0] == 200
 
 

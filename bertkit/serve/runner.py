@@ -414,21 +414,25 @@ class TaskModel:
         """The tokens the model reads for these inputs (--max-request-tokens counts them): per input its text's
         and its pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts
         them, or all of them when it reads a long input in windows (QA's contexts, NER's sentences, a single
-        text when the model was trained with --stride; the windows' overlap is not counted).
-        A text or pair without a word piece (only characters BERT drops: "\x00") is refused, as the embeddings
+        text when the model was trained with --stride; the windows' overlap is not counted); a cut text is read
+        only as far as the cut. A text or pair without a word piece (only characters BERT drops: "\x00") is refused, as the embeddings
         routes refuse it: the model would answer for an empty text. `names`: how the request calls them."""
-        _, lengths = self.tok.ids_batch([q.text for q in queries])
-        paired = [q.pair for q in queries if q.pair is not None]
-        pair_lengths = iter(self.tok.ids_batch(paired)[1] if paired else [])
         windows_single = bool(self.info_.get("stride"))
+        whole = [self.record.windows or (q.pair is None and windows_single) for q in queries]
+        # what of a text the count reads: all of a windowed one, else only as far as the cut (Tokenizer.head)
+        heads = [(q.text, q.pair) if w else (self.tok.head(q.text, self.max_length),
+                                             None if q.pair is None else self.tok.head(q.pair, self.max_length))
+                 for q, w in zip(queries, whole)]
+        _, lengths = self.tok.ids_batch([text for text, _ in heads])
+        paired = [pair for _, pair in heads if pair is not None]
+        pair_lengths = iter(self.tok.ids_batch(paired)[1] if paired else [])
         total = 0
-        for i, (q, n) in enumerate(zip(queries, lengths)):
+        for i, (q, n, w) in enumerate(zip(queries, lengths, whole)):
             m = None if q.pair is None else next(pair_lengths)
             if n == 0 or m == 0:
                 raise InputError(f"{names[n != 0].format(i=i)} yields no tokens: it holds only characters BERT drops")
             n += 2 if m is None else 3 + m
-            whole = self.record.windows or (q.pair is None and windows_single)
-            total += n if whole else min(n, self.max_length)
+            total += n if w else min(n, self.max_length)
         return total
 
     def run_jobs(self, jobs: list) -> list:
