@@ -11,7 +11,7 @@ import pytest
 from conftest import need
 
 from bertkit.errors import BertkitError
-from bertkit.retrieval.compact import compact_top_k, decode, encode, int8_ranges
+from bertkit.retrieval.compact import _candidates, compact_top_k, decode, encode, int8_ranges
 
 
 def unit(rng, n, d):
@@ -89,6 +89,26 @@ def test_binary_candidates_rescored_against_int8_rows_as_computed_by_hand():
         best = np.argsort(-rescored, kind="stable")[:k]
         np.testing.assert_array_equal(got_rows, candidates[best])
         np.testing.assert_allclose(got_scores, rescored[best], rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind, d", [("binary", 128), ("binary", 24), ("int8", 8)])
+def test_candidates_are_the_fewest_differing_bits_ties_to_the_lower_row_whatever_the_block(kind, d):
+    # few dimensions: many equal scores, so the tie rule decides most candidates; 64-bit and 8-bit words
+    rng = np.random.default_rng(5)
+    corpus, queries = unit(rng, 300, d), unit(rng, 6, d)
+    ranges = int8_ranges(corpus)
+    codes, query_codes = encode(corpus, kind, ranges), encode(queries, kind, ranges)
+    for depth in (1, 13, 40):
+        want = []
+        for q, v in zip(queries, query_codes):
+            if kind == "binary":  # the sign bits compared by hand
+                score = -((corpus > 0) != (q > 0)).sum(1)
+            else:
+                score = codes.astype(np.int64) @ v.astype(np.int64)
+            want.append(np.lexsort((np.arange(len(corpus)), -score))[:depth])  # best, ties to the lower row
+        for block in (1, 7, 64, 300):
+            got = _candidates(query_codes, codes, kind, depth, block)
+            np.testing.assert_array_equal(np.sort(got, 1), np.sort(np.array(want), 1))
 
 
 def test_codes_find_the_float_neighbours_with_oversampling():

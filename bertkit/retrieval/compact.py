@@ -77,15 +77,31 @@ def _code_scores(query_codes: np.ndarray, block: np.ndarray, kind: str) -> np.nd
 
     int8: the product is taken in float32 through BLAS, where it is exact: |sum| <= D x 128 x 128 < 2^24
     for D < 1024, float32's exact integers (numpy's integer matrix product has no BLAS kernel; wider
-    vectors take it). binary: XOR and popcount (`np.bitwise_count`), on 64-bit words when a row's bytes allow."""
+    vectors take it). binary: `_hamming`."""
     if kind == "int8":
         exact_in = np.float32 if query_codes.shape[1] * 128 * 128 < 1 << 24 else np.int64
         return (query_codes.astype(exact_in) @ block.astype(exact_in).T).astype(np.int64)
+    return -_hamming(query_codes, block)
+
+
+def _hamming(query_codes: np.ndarray, block: np.ndarray) -> np.ndarray:
+    """[Q, B] int64: the bits in which each query's code differs from each row's (popcount of XOR).
+
+    The block is turned word-major first ([W, B]: word w of every row, contiguous; 64-bit words when a row's
+    bytes allow), so each query is W long vector operations (XOR with one word, `np.bitwise_count`, add into a
+    uint16 count) over buffers reused across the queries, instead of an XOR tile [B, W] and a sum along its
+    short rows, which numpy does slowly."""
     if block.shape[1] % 8 == 0:  # 8 bytes at a time: 8 times fewer XORs and popcounts
         query_codes, block = query_codes.view(np.uint64), np.ascontiguousarray(block).view(np.uint64)
+    words = np.ascontiguousarray(block.T)
     out = np.empty((len(query_codes), len(block)), np.int64)
-    for i, q in enumerate(query_codes):  # one query at a time: the XOR tile is B x D/8 bytes
-        out[i] = -np.bitwise_count(block ^ q).sum(1, dtype=np.int64)
+    xor, bits, count = np.empty(len(block), words.dtype), np.empty(len(block), np.uint8), np.empty(len(block), np.uint16)
+    for i, query in enumerate(query_codes):
+        count[:] = 0  # D < 65,536 bits: a uint16 holds any distance
+        for word, q in zip(words, query):
+            np.bitwise_count(np.bitwise_xor(word, q, out=xor), out=bits)
+            count += bits
+        out[i] = count
     return out
 
 
@@ -106,10 +122,26 @@ def _candidates(query_codes: np.ndarray, codes: np.ndarray, kind: str, depth: in
         block = np.asarray(codes[start : start + block_size])
         rows = np.arange(start, start + len(block), dtype=np.int64)
         keys = (_code_scores(query_codes, block, kind) << 32) - rows
-        keys, found = _keep_best(keys, np.broadcast_to(rows, keys.shape), depth)  # the block's best, then a merge
+        if best_keys.shape[1] == depth:  # full: only keys above a query's worst kept one can enter
+            keys, found = _entering(keys, rows, best_keys.min(1))
+        else:
+            keys, found = _keep_best(keys, np.broadcast_to(rows, keys.shape), depth)  # the block's best, then a merge
         best_keys, best_rows = _keep_best(np.concatenate([best_keys, keys], 1), np.concatenate([best_rows, found], 1),
                                           depth)
     return best_rows
+
+
+def _entering(keys: np.ndarray, rows: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The keys of `keys` [Q, B] above each query's `floor` [Q], packed to the left of [Q, M] (M: the most any
+    query has; the rest padded with the lowest key, which never enters) with their `rows` [B]. Past the first
+    blocks few rows beat what is kept, so the merge sorts a few columns instead of the block's B."""
+    query, column = np.nonzero(keys > floor[:, None])
+    counts = np.bincount(query, minlength=len(keys))
+    place = np.arange(len(query)) - np.repeat(np.cumsum(counts) - counts, counts)  # each one's place in its row
+    packed = np.full((len(keys), int(counts.max(initial=0))), np.iinfo(np.int64).min, np.int64)
+    found = np.zeros(packed.shape, np.int64)
+    packed[query, place], found[query, place] = keys[query, column], rows[column]
+    return packed, found
 
 
 def compact_top_k(queries: np.ndarray, codes: np.ndarray, kind: str, k: int, *, ranges: np.ndarray | None = None,
