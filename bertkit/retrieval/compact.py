@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.retrieval.exact import above
 
 KINDS = ("float32", "int8", "binary")
 DEFAULT_OVERSAMPLING = 4  # sentence-transformers' rescore_multiplier default
@@ -95,7 +96,8 @@ def _hamming(query_codes: np.ndarray, block: np.ndarray) -> np.ndarray:
         query_codes, block = query_codes.view(np.uint64), np.ascontiguousarray(block).view(np.uint64)
     words = np.ascontiguousarray(block.T)
     out = np.empty((len(query_codes), len(block)), np.int64)
-    xor, bits, count = np.empty(len(block), words.dtype), np.empty(len(block), np.uint8), np.empty(len(block), np.uint16)
+    xor, bits = np.empty(len(block), words.dtype), np.empty(len(block), np.uint8)
+    count = np.empty(len(block), np.uint16)
     for i, query in enumerate(query_codes):
         count[:] = 0  # D < 65,536 bits: a uint16 holds any distance
         for word, q in zip(words, query):
@@ -123,25 +125,12 @@ def _candidates(query_codes: np.ndarray, codes: np.ndarray, kind: str, depth: in
         rows = np.arange(start, start + len(block), dtype=np.int64)
         keys = (_code_scores(query_codes, block, kind) << 32) - rows
         if best_keys.shape[1] == depth:  # full: only keys above a query's worst kept one can enter
-            keys, found = _entering(keys, rows, best_keys.min(1))
+            keys, found = above(keys, rows, best_keys.min(1), np.iinfo(np.int64).min)  # few, past the first blocks
         else:
             keys, found = _keep_best(keys, np.broadcast_to(rows, keys.shape), depth)  # the block's best, then a merge
         best_keys, best_rows = _keep_best(np.concatenate([best_keys, keys], 1), np.concatenate([best_rows, found], 1),
                                           depth)
     return best_rows
-
-
-def _entering(keys: np.ndarray, rows: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The keys of `keys` [Q, B] above each query's `floor` [Q], packed to the left of [Q, M] (M: the most any
-    query has; the rest padded with the lowest key, which never enters) with their `rows` [B]. Past the first
-    blocks few rows beat what is kept, so the merge sorts a few columns instead of the block's B."""
-    query, column = np.nonzero(keys > floor[:, None])
-    counts = np.bincount(query, minlength=len(keys))
-    place = np.arange(len(query)) - np.repeat(np.cumsum(counts) - counts, counts)  # each one's place in its row
-    packed = np.full((len(keys), int(counts.max(initial=0))), np.iinfo(np.int64).min, np.int64)
-    found = np.zeros(packed.shape, np.int64)
-    packed[query, place], found[query, place] = keys[query, column], rows[column]
-    return packed, found
 
 
 def compact_top_k(queries: np.ndarray, codes: np.ndarray, kind: str, k: int, *, ranges: np.ndarray | None = None,

@@ -12,7 +12,8 @@ It is the brute force of sentence-transformers' `semantic_search` and of FAISS's
 rows at a time (a memory map pages in only that block), each block is normalised
 on the fly and multiplied with a block of queries, and a running top-k per query
 is merged with the block's best k (taken from the score tile alone: the merge is of
-2k columns). Peak memory is about
+2k columns; once k are kept, of the block's scores above the k-th kept: `above`). Peak
+memory is about
 
     query_block x block_size x 13 bytes (the score tile, argpartition's int64 output, the tie
     check's booleans) + block_size x D x 4 (the block, when it has to be normalised)
@@ -32,6 +33,18 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)  # a zero vector scores 0 against everything, not NaN
+
+
+def above(scores: np.ndarray, ids: np.ndarray, floor: np.ndarray, lowest) -> tuple[np.ndarray, np.ndarray]:
+    """The entries of `scores` [R, C] above each row's `floor` [R] and their `ids` [C], packed to the left of
+    [R, M] (M: the most any row has; the rest padded with `lowest`, a score no real one is below, and id 0)."""
+    row, column = np.nonzero(scores > floor[:, None])
+    counts = np.bincount(row, minlength=len(scores))
+    place = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)  # each one's place in its row
+    packed = np.full((len(scores), int(counts.max(initial=0))), lowest, scores.dtype)
+    found = np.zeros(packed.shape, np.int64)
+    packed[row, place], found[row, place] = scores[row, column], ids[column]
+    return packed, found
 
 
 def _best(scores: np.ndarray, indices: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -81,10 +94,13 @@ def top_k(queries, vectors, k: int = 10, *, block_size: int = 16384, query_block
             if not normalized:
                 block = _unit_rows(block)
             tile = q @ block.T  # [Qb, B]
-            ids = np.broadcast_to(np.arange(start, start + len(block), dtype=np.int64), tile.shape)  # a view
-            # the block's own k best first, then a merge of 2k columns: the top k of a union is the
-            # top k of the parts' top k, and the whole tile is neither copied nor given int64 ids
-            tile_s, tile_i = _best(tile, ids, k)  # [Qb, k]
+            rows = np.arange(start, start + len(block), dtype=np.int64)
+            if best_s.shape[1] == k:  # full: only a score above a query's k-th can enter (an equal one has
+                # a higher row, so it loses the tie); past the first blocks few do, and the merge is small
+                tile_s, tile_i = above(tile, rows, best_s[:, -1], -np.inf)
+            else:  # the block's own k best first, then a merge of 2k columns: the top k of a union is the
+                # top k of the parts' top k, and the whole tile is neither copied nor given int64 ids
+                tile_s, tile_i = _best(tile, np.broadcast_to(rows, tile.shape), k)  # [Qb, k]
             best_s, best_i = _best(np.concatenate([best_s, tile_s], axis=1),
                                    np.concatenate([best_i, tile_i], axis=1), k)
         all_scores[q0 : q0 + len(q)], all_indices[q0 : q0 + len(q)] = best_s, best_i
