@@ -173,6 +173,8 @@ def test_search_counts_the_tokens_bm25_reads_whole(servers):
         assert status == 413 and "302 tokens, over the limit of 300" in data["error"], (mode, data)
     status, _, answer = post(port, "/search", {"query": long_query, "k": 2, "mode": "dense"})
     assert status == 200 and len(answer[0]) == 2  # the dense part alone reads 32 of them: answered
+    status, _, data = post(port, "/search", {"query": "protein folding " * 70000, "k": 2, "mode": "lexical"})
+    assert status == 413 and "more than 300 tokens, the limit per request" in data["error"], data  # counted to 301
     body = {"query": [f"interleukin {i} signalling in lymphocytes " * 3000 for i in range(32)], "mode": "lexical"}
     refused_while_healthy(servers["defaults"], "/search", body, 413, "(--max-request-tokens)")
     assert post(port, "/search", {"query": "protein folding", "k": 2, "mode": "lexical"})[0] == 200
@@ -595,5 +597,26 @@ def test_the_length_bound_on_a_search_querys_tokens_holds_on_odd_text(strip_acce
     rng = random.Random(0)
     alphabet = "aİIıßẞǅ,.!?;'-é\u0301\u0307ñ漢字😀 \t\n\x00ﬁΣσς" + "".join(chr(c) for c in range(0x370, 0x3ff))
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(2000)]
-    assert all(whole_tokens(tok, [t]) <= most_tokens([t]) for t in texts)
-    assert whole_tokens(tok, texts) <= most_tokens(texts)
+    assert all(whole_tokens(tok, [t], 10**9)[0] <= most_tokens([t]) for t in texts)
+    assert whole_tokens(tok, texts, 10**9)[0] <= most_tokens(texts)
+
+
+def test_a_search_querys_whole_count_reads_only_as_far_as_the_limit(default_model_dir):
+    """/search's count of the pieces BM25 reads (`whole_tokens`) stops once it passes the limit: each query is
+    read only as far as its `Tokenizer.head` for the room left. At the boundary it decides as the count of the
+    whole texts does (the reference: every piece counted); a 4 MB query costs what its first pieces cost
+    (counted in characters handed to the tokenizer, not in seconds)."""
+    tok = Tokenizer.from_pretrained(default_model_dir)
+    rng = random.Random(2)
+    alphabet = "aİIıßé\u0301ñ漢字😀,.!? \t\n\x00ﬁΣσς" + "abcdefghij" * 3
+    for _ in range(60):
+        texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3000))) for _ in range(rng.randint(1, 4))]
+        n = sum(tok.ids_batch(texts)[1]) + 2 * len(texts)  # every piece, [CLS] and [SEP]
+        assert whole_tokens(tok, texts, n) == (n, True)  # at the limit: answered, counted exactly
+        count, exact = whole_tokens(tok, texts, n - 1)  # one over: refused
+        assert count > n - 1 and (count == n or not exact)
+    huge = "interleukin signalling in lymphocytes " * 110000  # 4.2 MB
+    seen, ids_batch = [], tok.ids_batch
+    tok.ids_batch = lambda texts: seen.extend(map(len, texts)) or ids_batch(texts)
+    count, exact = whole_tokens(tok, ["a short query", huge], 16384)
+    assert count > 16384 and not exact and sum(seen) < len(huge) / 10, sum(seen)

@@ -464,3 +464,46 @@ def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs(default_model_dir
         assert tok.single_ids([text], n + 2)[0] == tok.encode(text, max_length=n + 2).input_ids
     huge = "the cell folds the protein. " * 40000
     assert len(tok.head(huge, 254)) < 20000 and tok.single_ids([huge], 256)[0][1:-1] == tok.ids_batch([huge])[0][:254]
+
+
+def _handed(tok) -> list:
+    """Record the length of every text `tok` tokenizes (its `_segment` and `ids_batch`): what reading costs."""
+    seen, segment, ids_batch = [], tok._segment, tok.ids_batch
+    tok._segment = lambda text: seen.append(len(text)) or segment(text)
+    tok.ids_batch = lambda texts: seen.extend(map(len, texts)) or ids_batch(texts)
+    return seen
+
+
+def test_a_cut_pair_is_read_only_as_far_as_its_cut_and_keeps_the_whole_texts_ids(default_model_dir, transformers_mod):
+    """encode(text, pair) with longest_first reads each side only as far as `Tokenizer.head` (plus, when both are
+    cut to halves of an odd budget, as far as tells which one is longer: that one keeps the odd token). The ids
+    equal the whole texts' cut (encode with a `head` that returns the whole text) and
+    transformers' BertTokenizerFast (the oracle) on odd text, either side the longer, odd and even budgets."""
+    tok = Tokenizer.from_pretrained(default_model_dir)
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    rng = random.Random(1)
+    words = ["protein", "Folding", "naïve", "İstanbul", "漢字", "...", "!!", "[MASK]", "co-operate", "x" * 150,
+             "\u0301", "a\u00a0b", "\t", "\n", "ﬁne", "😀", "ΣΑΣ", "don't", "\x00", "U.S.A.", "漢字漢字漢字", "é"]
+    both_cut_odd = 0
+    for _ in range(200):
+        n = rng.choice([8, 9, 16, 17, 32, 33])
+        sizes = rng.choice([(1, 300), (300, 1), (150, 150), (n, n), (n // 2, 400), (400, n // 2),
+                            (rng.randint(1, 400), rng.randint(1, 400))])
+        a, b = (" ".join(rng.choice(words) for _ in range(k)) for k in sizes)
+        got = tok.encode(a, b, max_length=n)
+        tok.head = lambda text, _: text  # every text read whole, as encode read them before
+        whole = tok.encode(a, b, max_length=n)
+        del tok.head
+        assert (got.input_ids, got.token_type_ids, got.offsets) == (whole.input_ids, whole.token_type_ids, whole.offsets)
+        assert got.input_ids == fast(a, b, truncation="longest_first", max_length=n)["input_ids"], (n, sizes)
+        heads = [tok.head(t, n - 3) for t in (a, b)]
+        both_cut_odd += n % 2 == 0 and all(len(h) < len(t) for h, t in zip(heads, (a, b)))
+    assert both_cut_odd > 20  # the case where the longer side must be found was met
+    # a short question beside a 420 KB passage, and the reverse: the passage is read as far as its cut needs
+    long_text = "the protein folds in the cell, which decides what it does. " * 7000
+    for first, second in [("what does a protein do ?", long_text), (long_text, "what does a protein do ?")]:
+        handed = _handed(tok)
+        ids = tok.encode(first, second, max_length=64).input_ids
+        del tok._segment, tok.ids_batch
+        assert ids == fast(first, second, truncation="longest_first", max_length=64)["input_ids"]
+        assert sum(handed) < 5000, sum(handed)  # of 420,000 characters

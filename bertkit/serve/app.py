@@ -270,7 +270,8 @@ async def search(request):
         raise InputError("`rerank`: true needs a cross-encoder: start the server with --rerank MODEL")
     limit = svc.settings.max_request_tokens
     if mode != "dense" and most_tokens(queries) > limit:  # BM25 reads each query whole: count it whole
-        check_tokens(await asyncio.to_thread(whole_tokens, svc.runner.tok, queries), limit)
+        count, exact = await asyncio.to_thread(whole_tokens, svc.runner.tok, queries, limit)
+        check_tokens(count, limit, exact)
     if mode == "lexical":  # BM25 alone: no query vector to make (the rows are placeholders the scan ignores)
         vectors = np.zeros((len(queries), int(searcher.index.info["dim"])), np.float32)
     else:
@@ -289,11 +290,19 @@ def most_tokens(texts: list) -> int:
     return sum(2 * len(t) + 2 for t in texts)
 
 
-def whole_tokens(tok, texts: list) -> int:
-    """The word pieces of `texts`, uncut, with [CLS] and [SEP]: a /search query as its lexical part reads it.
-    Uncounted, a 4 MB body of 32 long queries held the shared scan thread, and so every other /search, while
-    BM25 read them."""
-    return sum(tok.ids_batch(texts)[1]) + 2 * len(texts)
+def whole_tokens(tok, texts: list, most: int) -> tuple[int, bool]:
+    """The word pieces of `texts`, uncut, with [CLS] and [SEP] (a /search query as its lexical part reads it),
+    counted until they pass `most`: (the count, True), or once over it (a count past `most`, whether it is the
+    whole request's), the rest unread: each text is read only as far as its `Tokenizer.head` for the room left,
+    so a 4 MB query costs what its first `most` pieces cost. Uncounted, a 4 MB body of 32 long queries held
+    the shared scan thread, and so every other /search, while BM25 read them."""
+    total = 0
+    for i, text in enumerate(texts):
+        head = tok.head(text, max(most - total - 2, 0))  # a cut head holds more than the room: over the limit
+        total += tok.ids_batch([head])[1][0] + 2
+        if total > most:
+            return total, len(head) == len(text) and i == len(texts) - 1
+    return total, True
 
 
 async def predict(request):

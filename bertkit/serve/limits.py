@@ -62,10 +62,13 @@ def check_inputs(n: int, most: int, field: str) -> None:
                          "(--max-client-batch-size): send them in several requests", status=413)
 
 
-def check_tokens(total: int, most: int) -> None:
+def check_tokens(total: int, most: int, exact: bool = True) -> None:
+    """Refuse a request of more than `most` tokens; `exact`: False when `total` was counted only as far as
+    showed it over `most` (the message then says "more than")."""
     if total > most:
-        raise InputError(f"the inputs hold {total} tokens, over the limit of {most} per request "
-                         "(--max-request-tokens): send fewer or shorter texts per request", status=413)
+        held = f"{total} tokens, over the limit of {most}" if exact else f"more than {most} tokens, the limit"
+        raise InputError(f"the inputs hold {held} per request (--max-request-tokens): send fewer or shorter "
+                         "texts per request", status=413)
 
 
 def check_search(n_queries: int, k: int, settings) -> None:

@@ -26,6 +26,7 @@ from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError
 from bertkit.data.textfiles import read_text
 from bertkit.text.tokenizer_config import settings_from
+from bertkit.text.truncation import pair_heads
 from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, choose_num_workers, gc_paused, token_ids
 from bertkit.text.encoding import (MODEL_MAX_LENGTH, BatchEncoding, Encoding, Segment, assemble, batch, check_options,
                                    num_special_tokens)
@@ -378,8 +379,9 @@ class Tokenizer:
     ) -> Encoding:
         """Encode a text (or a pair) as [CLS] A [SEP] (B [SEP]).
 
-        truncation: cut to max_length (<= 512) with truncation_strategy;
-        padding: False or "max_length"; stride/return_overflowing: the cut-off
+        truncation: cut to max_length (<= 512) with truncation_strategy (longest_first, without
+        overflowing windows, reads a long text and its pair only as far as the cut needs: `head`,
+        `bertkit.text.truncation.pair_heads`); padding: False or "max_length"; stride/return_overflowing: the cut-off
         tokens come back as further windows in `.overflowing`, each repeating
         `stride` tokens of the previous window (QA and long documents).
         """
@@ -389,6 +391,10 @@ class Tokenizer:
         opts = check_options(
             max_length, truncation, truncation_strategy, padding, stride, add_special_tokens, pair is not None, False
         )
+        if opts["truncation"] and opts["strategy"] == "longest_first" and not return_overflowing:
+            # the cut keeps no more of a long text than its head: the rest is never tokenized
+            budget = max_length - (num_special_tokens(pair is not None) if add_special_tokens else 0)
+            text, pair = (self.head(text, budget), None) if pair is None else pair_heads(self, text, pair, budget)
         a = self._segment(text)
         b = self._segment(pair) if pair is not None else None
         return assemble(self, a, b, return_overflowing, **opts)

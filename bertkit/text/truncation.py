@@ -12,6 +12,12 @@ previous one (`bertkit.text.windows`).
 Inputs are segments (`bertkit.text.encoding.Segment`, T_s tokens each) and a
 budget of tokens (max_length less the special tokens); outputs are lists of
 windows per segment, element 0 being the truncated segment itself.
+
+`pair_heads` reads no more of a long text and its pair than their cut keeps: longest_first keeps at most
+`budget` pieces of each, so each side's head (`Tokenizer.head`: a prefix holding more than `budget` pieces,
+else the whole text) holds them. One thing about the uncut texts still matters: when both are cut and the
+budget is odd, the longer one (the second on a tie) keeps the odd token, so which one is longer is found by
+reading both a little further each time, until the shorter one ends: at most about as far as its end.
 """
 
 from bertkit.errors import BertkitError
@@ -67,3 +73,42 @@ def truncate(a, b, budget: int, strategy: str, stride: int) -> tuple[list, list]
         )
     kept = windows(target, len(target) - to_remove, stride)
     return (kept, [b]) if strategy == "only_first" else ([a], kept)
+
+
+def pair_heads(tok, text: str, pair: str, budget: int) -> tuple[str, str]:
+    """Prefixes of `text` and `pair` that longest_first truncation to `budget` pieces (max_length less the
+    special tokens) cuts to the same tokens as the whole texts (see the module docstring). `tok`: a
+    `bertkit.text.tokenizer.Tokenizer` (its `head` and `ids_batch`)."""
+    a, b = tok.head(text, budget), tok.head(pair, budget)
+    if len(a) == len(text) and len(b) == len(pair):
+        return text, pair
+    n_a, n_b = tok.ids_batch([a, b])[1]
+    # a cut side holds more than budget pieces; only when both are kept to halves does their order count
+    if budget % 2 == 0 or 2 * min(n_a, n_b) <= budget:
+        return a, b
+    a_longer = _longer(tok, text, pair, a, b, n_a, n_b)
+    if a_longer and n_a <= n_b:
+        a = tok.head(text, n_b)  # more than n_b pieces, or all of text (which has more)
+    elif not a_longer and n_a > n_b:
+        b = tok.head(pair, n_a)
+    return a, b
+
+
+def _longer(tok, text: str, pair: str, a: str, b: str, n_a: int, n_b: int) -> bool:
+    """Whether `text` has more word pieces than `pair`, from their heads a and b (n_a, n_b pieces; a head
+    that is not the whole text holds a lower bound of its count), each read further only while it matters."""
+    while True:
+        whole_a, whole_b = len(a) == len(text), len(b) == len(pair)
+        if whole_a and whole_b:
+            return n_a > n_b
+        if whole_b and n_a > n_b:
+            return True
+        if whole_a and n_b >= n_a:
+            return False
+        n = n_b if whole_b else n_a if whole_a else 2 * max(n_a, n_b)
+        if not whole_a:
+            a = tok.head(text, n)
+            n_a = tok.ids_batch([a])[1][0]
+        if not whole_b:
+            b = tok.head(pair, n)
+            n_b = tok.ids_batch([b])[1][0]
