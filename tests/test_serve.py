@@ -153,6 +153,10 @@ def dirs(tmp_path_factory):
         "ner": task_dir(root / "ner", tiny, "BertForTokenClassification",
                         {"task": "ner", "max_length": 16, "stride": 4, "tag_scheme": "iob2"},
                         ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]),
+        # one output, the score as it is: /rerank's raw_scores
+        "regression": task_dir(root / "regression", tiny, "BertForSequenceClassification",
+                               {"task": "regression", "max_length": 32, "text_column": "sentence1",
+                                "text_pair_column": "sentence2"}, ["score"]),
         "qa": task_dir(root / "qa", tiny, "BertForQuestionAnswering",
                        {"task": "qa", "max_length": 24, "doc_stride": 8, "max_query_length": 8,
                         "max_answer_length": 6}),
@@ -173,6 +177,7 @@ def servers(dirs):
                          "--threads", 1, "--dtype", "float32"),
         "pair": Server(dirs["pair"], "--threads", 1, "--dtype", "float32"),
         "ner": Server(dirs["ner"], "--threads", 1, "--dtype", "float32"),
+        "regression": Server(dirs["regression"], "--threads", 1, "--dtype", "float32"),
         "qa": Server(dirs["qa"], "--threads", 1, "--dtype", "float32"),
         # the default model with the default precision (auto: bf16 where this CPU has it natively)
         "default": Server("--api-key", KEY, "--threads", 1),
@@ -446,6 +451,90 @@ def test_predict_and_rerank_refuse_a_text_without_tokens(servers, dirs):
     status, _, answer = post(servers["qa"].port, "/predict", {"inputs": ["who ?"], "pairs": ["\x00\x01"]}, {})
     assert status == 422 and "`pairs[0]` yields no tokens" in answer["error"], answer
     assert post(port, "/rerank", {"query": "fine", "texts": ["a", "b"]}, {})[0] == 200  # still serving
+
+
+# --- the fields each route takes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("server, path, body, words", [
+    # fields no route of ours takes: refused, naming them (they were ignored, answering another question)
+    ("main", "/embed", {"inputs": "x", "bogus": 1}, 'unknown field "bogus": this route takes inputs, normalize'),
+    ("main", "/tokenize", {"inputs": "x", "truncate": True}, 'unknown field "truncate"'),
+    ("pair", "/predict", {"inputs": "a", "pairs": "b", "top_k": 1}, 'unknown field "top_k"'),
+    ("pair", "/rerank", {"query": "a", "texts": ["b", "c"], "top_n": 1}, 'unknown field "top_n"'),
+    ("pair", "/rerank", {"query": "a", "documents": ["b"], "texts": ["b"]}, 'unknown field "documents"'),
+    # TEI's options that ask for something this server does not do
+    ("main", "/embed", {"inputs": "x", "truncation_direction": "Left"}, '`truncation_direction` "left" is not'),
+    ("main", "/embed", {"inputs": "x", "truncation_direction": "up"}, 'must be "right" or "left", got "up"'),
+    ("main", "/embed", {"inputs": "x", "prompt_name": "query"}, '`prompt_name` "query": this server applies no'),
+    ("main", "/tokenize", {"inputs": "x", "prompt_name": "query"}, "`prompt_name`"),
+    ("pair", "/rerank", {"query": "a", "texts": ["b"], "truncation_direction": "left"}, '"left" is not available'),
+    ("pair", "/rerank", {"query": "a", "texts": ["b"], "raw_scores": True}, "`raw_scores`: true is not available"),
+    ("pair", "/rerank", {"query": "a", "texts": ["b"], "raw_scores": "yes"}, "`raw_scores` must be true or false"),
+    ("pair", "/predict", {"inputs": "a", "pairs": "b", "raw_scores": True}, "its scores are probabilities"),
+    ("ner", "/predict", {"inputs": "john went", "raw_scores": True}, "`raw_scores`: true is not available"),
+    ("pair", "/predict", {"inputs": "a", "pairs": "b", "truncate": "no"}, "`truncate` must be true or false"),
+])
+def test_every_route_refuses_a_field_it_does_not_take_or_a_value_it_does_not_do(servers, server, path, body, words):
+    status, _, answer = post(servers[server].port, path, body)
+    assert status == 422 and words in answer["error"] and len(answer["error"]) < 500, answer
+
+
+def test_openai_fields_are_taken_and_others_refused_in_openais_shape(servers):
+    port = servers["main"].port
+    plain_answer = post(port, "/v1/embeddings", {"input": TEXTS})[2]
+    status, _, answer = post(port, "/v1/embeddings", {"input": TEXTS, "model": "text-embedding-3-small",
+                                                      "encoding_format": "float", "dimensions": 32, "user": "u-42"})
+    assert status == 200 and answer["data"] == plain_answer["data"]
+    for body, words in [({"input": "x", "temperature": 0}, 'unknown field "temperature"'),
+                        ({"input": "x", "user": 7}, "`user` must be a string")]:
+        status, _, answer = post(port, "/v1/embeddings", body)
+        assert status == 422 and words in answer["error"]["message"], answer
+
+
+def test_tei_fields_asking_for_what_the_server_does_are_taken(servers):
+    """TEI's clients send their options with each request: where the value asks for what the route does anyway,
+    the answer is the one without them; `return_text` is honoured; `raw_scores: true` on a regression model,
+    whose score is the head's output as it is, gives that score."""
+    main, pair, regression = (servers[k].port for k in ("main", "pair", "regression"))
+    tei = {"truncate": True, "truncation_direction": "Right"}
+    assert post(main, "/embed", {"inputs": TEXTS, **tei, "prompt_name": None, "normalize": True})[2] == \
+        post(main, "/embed", {"inputs": TEXTS})[2]
+    assert post(main, "/tokenize", {"inputs": TEXTS, "prompt_name": None})[2] == post(main, "/tokenize", {"inputs": TEXTS})[2]
+    query, texts = "the movie was good .", ["the food was great .", "it was bad", "paris in the day"]
+    for port in (pair, regression):
+        plain_answer = post(port, "/rerank", {"query": query, "texts": texts})[2]
+        status, _, answer = post(port, "/rerank", {"query": query, "texts": texts, "raw_scores": False,
+                                                    "return_text": True, **tei})
+        assert status == 200 and answer == [{**r, "text": texts[r["index"]]} for r in plain_answer]
+        body = {"inputs": [query] * 3, "pairs": texts}
+        assert post(port, "/predict", {**body, "raw_scores": False, **tei})[2] == post(port, "/predict", body)[2]
+    plain_answer = post(regression, "/rerank", {"query": query, "texts": texts})[2]
+    assert post(regression, "/rerank", {"query": query, "texts": texts, "raw_scores": True})[2] == plain_answer
+
+
+def test_truncate_false_refuses_a_pair_the_model_would_cut(servers, dirs):
+    """TEI's `truncate: false` on /predict and /rerank: an input longer than the model's max_length (32) is
+    refused with 413 naming it and its tokens (counted by the model's tokenizer, uncut), not cut silently."""
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(dirs["pair"])
+    port = servers["pair"].port
+    query = "the movie was good ."
+
+    def tokens(k):  # of the query with a second text of k words, uncut
+        return len(tok.encode(query, " ".join(["day"] * k), truncation=False).input_ids)
+
+    k = next(k for k in range(1, 40) if tokens(k) == 32)
+    fits, over = " ".join(["day"] * k), " ".join(["day"] * (k + 1))
+    assert tokens(k + 1) == 33
+    assert post(port, "/rerank", {"query": query, "texts": [fits], "truncate": False})[0] == 200
+    status, _, answer = post(port, "/rerank", {"query": query, "texts": [fits, over], "truncate": False})
+    assert status == 413 and "`query` with `texts[1]` holds 33 tokens, over this model's max_length of 32" \
+        in answer["error"], answer
+    status, _, answer = post(port, "/predict", {"inputs": [query], "pairs": [over * 40], "truncate": False})
+    assert status == 413 and "`inputs[0]` with `pairs[0]` holds more than 32 tokens" in answer["error"], answer
+    assert post(port, "/rerank", {"query": query, "texts": [fits, over]})[0] == 200  # cut, by default
 
 
 # --- info, health, metrics --------------------------------------------------------------------

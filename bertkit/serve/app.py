@@ -1,35 +1,42 @@
 """The HTTP API: Starlette routes over the batching engine.
 
-Endpoints (JSON in, JSON out):
+Endpoints (JSON in, JSON out); each takes the fields listed (FIELDS) and refuses any other with 422:
 
-    POST /v1/embeddings  the OpenAI embeddings API: {"input": str | [str], "model",
-                         "encoding_format": "float" | "base64"} -> {"object": "list",
-                         "data": [{"object": "embedding", "index", "embedding"}], "model",
-                         "usage": {"prompt_tokens", "total_tokens"}}; vectors L2-normalised,
-                         as OpenAI's are; errors as {"error": {"message", "type", "code"}}
-    POST /embed          text-embeddings-inference's shape: {"inputs": str | [str],
-                         "normalize": true, "truncate": true} -> [[float, ...], ...]
+    POST /v1/embeddings  the OpenAI embeddings API: {"input": str | [str], "model" (any name: the one
+                         model answers, and the answer names it), "encoding_format": "float" | "base64",
+                         "dimensions", "user" (taken, changes nothing), "truncate": true} -> {"object":
+                         "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
+                         "usage": {"prompt_tokens", "total_tokens"}}; vectors L2-normalised, as
+                         OpenAI's are; errors as {"error": {"message", "type", "code"}}
+    POST /embed          text-embeddings-inference's shape: {"inputs": str | [str], "normalize": true,
+                         "truncate": true, "truncation_direction": "right", "prompt_name": null,
+                         "dimensions"} -> [[float, ...], ...]
                          Both take "dimensions" for a Matryoshka-trained model (its layout's
                          matryoshka_dims): the leading ones, renormalised (/embed: if normalize)
-    POST /tokenize       TEI's: {"inputs": str | [str], "add_special_tokens": true} -> per input
-                         [{"id", "text", "special", "start", "stop"}] (UTF-8 byte offsets, null
-                         for special tokens)
+    POST /tokenize       TEI's: {"inputs": str | [str], "add_special_tokens": true, "prompt_name": null}
+                         -> per input [{"id", "text", "special", "start", "stop"}] (UTF-8 byte offsets,
+                         null for special tokens)
     POST /search         with --index: {"query": str | [str], "k": 10, "rerank": false, "mode": the index's
                          default (hybrid when it has a lexical part) | "dense" | "lexical"} -> per query
                          a best-first [{"id", "doc_id", "score", "text"}], `bertkit search --json`'s
                          answer; the query vectors are batched with the embeddings, the
                          scans of the index across requests (`bertkit.serve.scans`)
-
-A text longer than the input limit (the model's sentence-transformers max_seq_length,
-or --max-input-length) is truncated there, as TEI does by default; a request that sets
-"truncate": false gets 413 naming the limit instead (on either embeddings route).
-    POST /predict        a fine-tuned model: {"inputs": str | [str], "pairs": str | [str]}
-                         (pairs: second texts, or QA contexts) -> one prediction per input
-    POST /rerank         a pair model: {"query", "texts": [str], "return_text": false}
-                         -> [{"index", "score"(, "text")}], best first
+    POST /predict        a fine-tuned model: {"inputs": str | [str], "pairs": str | [str], "truncate": true,
+                         "truncation_direction": "right", "raw_scores": false} (pairs: second texts, or
+                         QA contexts) -> one prediction per input
+    POST /rerank         a pair model: {"query", "texts": [str], "return_text": false, "truncate": true,
+                         "truncation_direction": "right", "raw_scores": false} -> [{"index", "score"(,
+                         "text")}], best first
     GET  /health         {"status": "ok"} (no API key needed)
     GET  /info           model, task, dimensions, input limit, batching settings
     GET  /metrics        Prometheus text format
+
+TEI's options: "truncation_direction" "left" is refused (a long input is cut at its end); "prompt_name"
+other than null is refused (no prompts are applied); "raw_scores": true is refused where the scores are
+probabilities and taken where they are the head's output as it is (a regression's). "truncate": false
+refuses (413) an input longer than the limit where "truncate": true, the default, cuts it there, as TEI
+does with --auto-truncate: the embeddings' input limit (the model's sentence-transformers max_seq_length,
+or --max-input-length), the fine-tuned model's max_length (an input it reads in windows is never cut).
 
 Every request is checked before it is queued (JSON, types, empty inputs, the
 token limit), so a bad request costs no model time and never reaches a batch.
@@ -75,11 +82,21 @@ from bertkit.serve.limits import check_answer, check_inputs, check_search, check
 from bertkit.serve.scans import ScanQueue
 from bertkit.serve.runner import EmbeddingModel, InputError, Query, check_text, leading, load_searcher, token_list
 from bertkit.serve.requests import (RETRY_AFTER_S, ApiError, ClientLeft, JSONResponse, plain,
-                                     check_key, discard_body, error_response, flag_field, k_field, known_fields,
-                                     read_json, texts_field)
+                                     check_key, direction_field, discard_body, error_response, flag_field, k_field,
+                                     known_fields, no_prompt, raw_scores_field, read_json, texts_field)
 
 log = logging.getLogger("bertkit.serve")
-SEARCH_FIELDS = ("query", "k", "rerank", "mode")  # what /search takes; anything else is refused
+# the fields each route takes; any other is refused (422 naming it): ignoring one would answer another question
+# than the one asked. TEI's and OpenAI's clients send theirs: each is honoured, or taken where its value asks for
+# what the route does anyway, or refused where it asks for something else (`bertkit.serve.requests`).
+FIELDS = {
+    "/v1/embeddings": ("input", "model", "encoding_format", "dimensions", "user", "truncate"),
+    "/embed": ("inputs", "normalize", "truncate", "truncation_direction", "dimensions", "prompt_name"),
+    "/tokenize": ("inputs", "add_special_tokens", "prompt_name"),
+    "/predict": ("inputs", "pairs", "truncate", "truncation_direction", "raw_scores"),
+    "/rerank": ("query", "texts", "return_text", "truncate", "truncation_direction", "raw_scores"),
+    "/search": ("query", "k", "rerank", "mode"),
+}
 
 
 @dataclass
@@ -186,10 +203,15 @@ async def encode(svc: Service, texts: list, field: str | None, **options) -> lis
     return rows
 
 
-async def check_pair_tokens(svc: Service, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`")) -> None:
-    """/predict and /rerank: the tokens the model will read, counted off the event loop, within the limit
-    (`names`: the request's fields for a text and its pair, to name one that yields no tokens)."""
-    total = await asyncio.to_thread(svc.runner.count_tokens, queries, names)
+async def check_pair_tokens(svc: Service, queries: list, data: dict,
+                            names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`")) -> None:
+    """/predict and /rerank: TEI's options checked (`truncate`: false refuses an input the model would cut),
+    and the tokens the model will read, counted off the event loop, within the limit (`names`: the request's
+    fields for a text and its pair, to name one that yields no tokens or is too long)."""
+    direction_field(data)
+    raw_scores_field(data, svc.runner.record.raw_scores, svc.runner.task)
+    cut = flag_field(data, "truncate", True)
+    total = await asyncio.to_thread(svc.runner.count_tokens, queries, names, cut)
     check_tokens(total, svc.settings.max_request_tokens)
 
 
@@ -202,13 +224,15 @@ async def openai_embeddings(request):
     need(svc, "/v1/embeddings")
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "input")
+    known_fields(data, FIELDS["/v1/embeddings"])
     fmt = data.get("encoding_format")
     fmt = "float" if fmt is None else fmt
     if fmt not in ("float", "base64"):
         raise InputError(f"`encoding_format` must be \"float\" or \"base64\", got {json.dumps(fmt)}")
     dims = runner.check_dimensions(data.get("dimensions"))
-    if "model" in data and not isinstance(data["model"], (str, type(None))):
-        raise InputError("`model` must be a string")
+    for name in ("model", "user"):  # any name: one model answers (its name is in the answer); `user` changes nothing
+        if not isinstance(data.get(name), (str, type(None))):
+            raise InputError(f"`{name}` must be a string")
     rows = await encode(svc, texts, "input", truncate=flag_field(data, "truncate", True))
     costs = [len(r.input_ids) for r in rows]
     tokens = sum(costs)
@@ -226,6 +250,9 @@ async def tei_embed(request):
     need(svc, "/embed")
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "inputs")
+    known_fields(data, FIELDS["/embed"])
+    direction_field(data)
+    no_prompt(data)
     normalize = flag_field(data, "normalize", svc.runner.normalize)
     dims = svc.runner.check_dimensions(data.get("dimensions"))
     rows = await encode(svc, texts, "inputs", truncate=flag_field(data, "truncate", True))
@@ -237,7 +264,9 @@ async def tokenize(request):
     svc = service(request)
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "inputs")
+    known_fields(data, FIELDS["/tokenize"])
     check_inputs(len(texts), svc.settings.max_client_batch_size, "inputs")
+    no_prompt(data)
     special = flag_field(data, "add_special_tokens", True)
     answer = await asyncio.to_thread(token_lists, svc.runner.tok, texts, special, svc.settings.max_request_tokens)
     return JSONResponse(answer), len(texts)
@@ -259,7 +288,7 @@ async def search(request):
         raise ApiError(400, "/search needs an index: start the server with --index INDEX (a folder written by "
                             "bertkit index with this model)")
     data = await read_json(request, svc.settings.max_body_bytes)
-    known_fields(data, SEARCH_FIELDS, ": the fusion (alpha, fusion, rrf_k) is the index's, read from its index.json "
+    known_fields(data, FIELDS["/search"], ": the fusion (alpha, fusion, rrf_k) is the index's, read from its index.json "
                                       "when the server starts (bertkit evaluate retrieval --tune writes it)")
     queries = texts_field(data, "query")
     k = k_field(data)
@@ -310,12 +339,13 @@ async def predict(request):
     need(svc, "/predict")
     data = await read_json(request, svc.settings.max_body_bytes)
     texts = texts_field(data, "inputs")
+    known_fields(data, FIELDS["/predict"])
     check_inputs(len(texts), svc.settings.max_client_batch_size, "inputs")
     pairs = texts_field(data, "pairs", required=False)
     if pairs is not None and len(pairs) != len(texts):
         raise InputError(f"{len(texts)} inputs but {len(pairs)} pairs: give one pair per input")
     queries = svc.runner.check([Query(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)])
-    await check_pair_tokens(svc, queries)
+    await check_pair_tokens(svc, queries, data)
     preds = await run(request, queries, [1] * len(queries))
     return JSONResponse(plain(preds)), len(texts)
 
@@ -324,6 +354,7 @@ async def rerank(request):
     svc = service(request)
     need(svc, "/rerank")
     data = await read_json(request, svc.settings.max_body_bytes)
+    known_fields(data, FIELDS["/rerank"], ": every text is ranked and returned, best first")
     if data.get("query") is None:
         raise InputError("`query` is required: the text that `texts` are ranked against")
     query = check_text(data["query"], "`query`")
@@ -331,7 +362,7 @@ async def rerank(request):
     check_inputs(len(texts), svc.settings.max_client_batch_size, "texts")
     return_text = flag_field(data, "return_text", False)
     queries = [Query(query, t) for t in texts]
-    await check_pair_tokens(svc, queries, ("`query`", "`texts[{i}]`"))
+    await check_pair_tokens(svc, queries, data, ("`query`", "`texts[{i}]`"))
     preds = await run(request, queries, [1] * len(texts))
     scores = [svc.runner.rerank_score(p) for p in preds]
     ranked = sorted(range(len(texts)), key=lambda i: -scores[i])

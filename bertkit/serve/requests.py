@@ -6,8 +6,11 @@ with its size limit enforced on the Content-Length header and again while it str
 LINGER_S (nginx's "lingering close", `discard_body`), so that a client that writes its whole body
 before reading sees the 413 instead of a connection reset. The fields shared by several routes
 (`texts_field`, `flag_field`, `k_field`) refuse a wrong type or an empty list with one message
-naming the field; `known_fields` refuses the fields a route does not take (/search). Errors are answered in TEI's shape ({"error", "error_type"}) or OpenAI's
-({"error": {"message", "type", "code"}}), and answers are written by orjson (`JSONResponse`).
+naming the field; `known_fields` refuses the fields a route does not take, and `direction_field`,
+`no_prompt`, `raw_scores_field` take TEI's options where they ask for what the server does and refuse them
+where they ask for something else (each route's fields: `bertkit.serve.app.FIELDS`). Errors are answered
+in TEI's shape ({"error", "error_type"}) or OpenAI's ({"error": {"message", "type", "code"}}), and answers
+are written by orjson (`JSONResponse`).
 """
 
 from __future__ import annotations
@@ -198,6 +201,40 @@ def known_fields(data: dict, names: tuple, hint: str = "") -> None:
         shown = ", ".join(json.dumps(n[:40]) for n in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
         raise InputError(f"unknown field{'s' if len(unknown) > 1 else ''} {shown}: this route takes "
                          f"{', '.join(names)}{hint}")
+
+
+def shown(value) -> str:
+    """A request's value as JSON for a message, cut at 40 characters: the message stays one line."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def direction_field(data: dict) -> None:
+    """TEI's `truncation_direction`: "right" (cut a long input at its end, what this server does, as the model
+    was trained to read it) is taken; "left" (keep the end) is refused rather than answered with the start."""
+    value = data.get("truncation_direction")
+    if value is None or (isinstance(value, str) and value.lower() == "right"):
+        return
+    if isinstance(value, str) and value.lower() == "left":
+        raise InputError('`truncation_direction` "left" is not available: this server cuts a long input at its '
+                         'end; send "right" or leave it out')
+    raise InputError(f'`truncation_direction` must be "right" or "left", got {shown(value)}')
+
+
+def no_prompt(data: dict) -> None:
+    """TEI's `prompt_name` (a sentence-transformers prompt put before each text): this server applies none, so
+    a name is refused (its answer would be the text's without the prompt); null is taken."""
+    if data.get("prompt_name") is not None:
+        raise InputError(f"`prompt_name` {shown(data['prompt_name'])}: this server applies no prompts; write the "
+                         "prompt's text at the start of each input, or leave prompt_name out")
+
+
+def raw_scores_field(data: dict, raw: bool, task: str) -> None:
+    """TEI's `raw_scores` (the model's output before a sigmoid or softmax): taken when false, or when the
+    answers are raw already (`raw`: a regression's score); refused when they are probabilities."""
+    if flag_field(data, "raw_scores", False) and not raw:
+        raise InputError(f"`raw_scores`: true is not available for this {task} model: its scores are probabilities "
+                         "and the server keeps no logits behind them; send false or leave it out")
 
 
 def check_key(request, settings) -> None:

@@ -410,13 +410,14 @@ class TaskModel:
                 raise InputError(f"this {self.task} model takes single texts: leave out `pairs`")
         return queries
 
-    def count_tokens(self, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`")) -> int:
+    def count_tokens(self, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`"), cut: bool = True) -> int:
         """The tokens the model reads for these inputs (--max-request-tokens counts them): per input its text's
         and its pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts
         them, or all of them when it reads a long input in windows (QA's contexts, NER's sentences, a single
         text when the model was trained with --stride; the windows' overlap is not counted); a cut text is read
         only as far as the cut. A text or pair without a word piece (only characters BERT drops: "\x00") is refused, as the embeddings
-        routes refuse it: the model would answer for an empty text. `names`: how the request calls them."""
+        routes refuse it: the model would answer for an empty text; with `cut` False (TEI's `truncate: false`) so
+        is an input the model would cut (413). `names`: how the request calls them."""
         windows_single = bool(self.info_.get("stride"))
         whole = [self.record.windows or (q.pair is None and windows_single) for q in queries]
         # what of a text the count reads: all of a windowed one, else only as far as the cut (Tokenizer.head)
@@ -432,8 +433,17 @@ class TaskModel:
             if n == 0 or m == 0:
                 raise InputError(f"{names[n != 0].format(i=i)} yields no tokens: it holds only characters BERT drops")
             n += 2 if m is None else 3 + m
+            if not (cut or w or n <= self.max_length):
+                self._too_long(i, q, n, heads[i], names)
             total += n if w else min(n, self.max_length)
         return total
+
+    def _too_long(self, i: int, query: Query, n: int, heads: tuple, names: tuple) -> None:
+        where = names[0].format(i=i) + ("" if query.pair is None else " with " + names[1].format(i=i))
+        whole = heads == (query.text, query.pair)  # else a head was cut: it holds more than max_length
+        raise InputError(f"{where} holds {n if whole else f'more than {self.max_length}'} tokens, over this model's "
+                         f"max_length of {self.max_length}: shorten it, or leave `truncate` at true (the model then "
+                         "reads it cut, longest side first)", status=413)
 
     def run_jobs(self, jobs: list) -> list:
         """Each job's predictions: one `bertkit.predict` call over every job's inputs together."""

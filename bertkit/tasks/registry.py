@@ -24,6 +24,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
     rerank_labels      how many labels a labelled cross-encoder has: two for a pair classifier (the second's
                        probability), one for a reranker (its sigmoid)
+    raw_scores         its predictions' scores are the head's output as it is (a regression's), not
+                       probabilities: what the server's `raw_scores: true` (TEI's option) asks for
     presets            a switch's own defaults: {a boolean setting: settings put on top of `defaults` when the
                        command turns it on} (embed's --static: the static recipe's batch and rate)
 
@@ -76,6 +78,7 @@ class Task:
     pair_score: Callable | None = None
     features: Callable | None = None
     rerank_labels: int = 2  # the labels a labelled cross-encoder of this task has (its score: the last one's)
+    raw_scores: bool = False
     presets: dict = field(default_factory=dict)
 
     @property
@@ -141,7 +144,8 @@ TASKS = {t.name: t for t in (
     _text("classify", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_last_label),
     _text("pair", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_last_label, pairs=True,
           defaults={"text_column": "sentence1", "text_pair_column": "sentence2"}),
-    _text("regression", REGRESSION, "pearson", hidden=("label_separator",), labelled=False, pair_score=_score),
+    _text("regression", REGRESSION, "pearson", hidden=("label_separator",), labelled=False, pair_score=_score,
+          raw_scores=True),
     _text("multi_label", MULTI_LABEL, "micro_f1", command="multi-label", defaults={"label_column": "labels"}),
     Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
          "f1", predict=ner.predict, read_inputs=ner.read_inputs, read_labelled=ner.read_labelled,
