@@ -11,6 +11,7 @@ import pytest
 from conftest import need
 
 from bertkit.errors import BertkitError
+from bertkit.retrieval import compact
 from bertkit.retrieval.compact import _candidates, compact_top_k, decode, encode, int8_ranges
 
 
@@ -91,9 +92,13 @@ def test_binary_candidates_rescored_against_int8_rows_as_computed_by_hand():
         np.testing.assert_allclose(got_scores, rescored[best], rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind, d", [("binary", 128), ("binary", 24), ("int8", 8)])
-def test_candidates_are_the_fewest_differing_bits_ties_to_the_lower_row_whatever_the_block(kind, d):
-    # few dimensions: many equal scores, so the tie rule decides most candidates; 64-bit and 8-bit words
+@pytest.mark.parametrize("kind, d, tile_rows", [("binary", 128, 0), ("binary", 24, 0), ("int8", 8, 0), ("int8", 8, 3)])
+def test_candidates_are_the_fewest_differing_bits_ties_to_the_lower_row_whatever_the_block(kind, d, tile_rows,
+                                                                                            monkeypatch):
+    # few dimensions: many equal scores, so the tie rule decides most candidates; 64-bit and 8-bit words;
+    # int8 codes widened 3 rows at a time as well as whole
+    if tile_rows:
+        monkeypatch.setattr(compact, "INT8_TILE_BYTES", tile_rows * d * 4)
     rng = np.random.default_rng(5)
     corpus, queries = unit(rng, 300, d), unit(rng, 6, d)
     ranges = int8_ranges(corpus)

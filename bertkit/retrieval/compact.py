@@ -38,6 +38,9 @@ from bertkit.retrieval.exact import above
 
 KINDS = ("float32", "int8", "binary")
 DEFAULT_OVERSAMPLING = 4  # sentence-transformers' rescore_multiplier default
+# int8 codes are widened for BLAS a few rows at a time: a widened tile of about this size stays in the
+# CPU's cache for the product (a whole block of 16,384 rows widened at once made one query wait on memory)
+INT8_TILE_BYTES = 6 << 20
 
 
 def int8_ranges(vectors: np.ndarray, block: int = 65536) -> np.ndarray:
@@ -81,7 +84,11 @@ def _code_scores(query_codes: np.ndarray, block: np.ndarray, kind: str) -> np.nd
     vectors take it). binary: `_hamming`."""
     if kind == "int8":
         exact_in = np.float32 if query_codes.shape[1] * 128 * 128 < 1 << 24 else np.int64
-        return (query_codes.astype(exact_in) @ block.astype(exact_in).T).astype(np.int64)
+        query, out = query_codes.astype(exact_in), np.empty((len(query_codes), len(block)), np.int64)
+        rows = max(1, INT8_TILE_BYTES // (block.shape[1] * 4))
+        for start in range(0, len(block), rows):  # the wide copy of a few rows stays in the cache for the product
+            out[:, start : start + rows] = query @ block[start : start + rows].astype(exact_in).T
+        return out
     return -_hamming(query_codes, block)
 
 
