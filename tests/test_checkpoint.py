@@ -13,6 +13,7 @@ import bertkit
 from bertkit import BertConfig, BertkitError, BertModel
 from bertkit.model.checkpoint import TABLE, hf_keys, read_weights
 from bertkit.model.heads import HEADS
+from bertkit.text.tokenizer import Tokenizer
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=37, max_position_embeddings=40, type_vocab_size=2)
@@ -52,8 +53,6 @@ def test_transformers_loads_what_we_save(tmp_path, transformers_mod, cls):
 
 @pytest.mark.oracle
 def test_saved_default_model_matches_in_transformers(tmp_path, transformers_mod):
-    from bertkit.text.tokenizer import Tokenizer
-
     loaded = bertkit.load(head="encoder")
     model, tok = loaded.model, loaded.tokenizer
     assert isinstance(model, BertModel) and isinstance(tok, Tokenizer)
@@ -249,12 +248,26 @@ def test_missing_files(tmp_path):
         read_weights(tmp_path / "model.safetensors")
 
 
-def test_an_empty_model_path_is_not_the_current_directory():
-    """Path("") is ".": an unset variable once loaded (or failed on) whatever the current directory held."""
-    for call in (lambda: bertkit.load(""), lambda: bertkit.embed("a", model=""),
-                 lambda: BertModel.from_pretrained("  ")):
-        with pytest.raises(BertkitError, match="model is an empty string"):
-            call()
+def test_an_empty_model_path_is_not_the_current_directory(tmp_path, monkeypatch):
+    """Path("") is ".": an unset variable once loaded (or failed on) whatever the current directory held. One
+    check (`bertkit.model.checkpoint.resolve`) says so for every loader, also where the current directory
+    holds a static model (the loader asked `is_static("")` first and loaded it) or is embedded from already."""
+    from bertkit.model.static import StaticEmbedding, save_static
+    from bertkit.text.tokenizer_json import write_tokenizer_json
+
+    for where in ("empty", "static"):
+        folder = tmp_path / where
+        folder.mkdir()
+        if where == "static":
+            tok = Tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
+            write_tokenizer_json(tok, save_static(StaticEmbedding(torch.ones(len(tok), 4), normalize=True), folder))
+        monkeypatch.chdir(folder)
+        if where == "static":
+            bertkit.embed("a", model=".")  # the current directory, named: kept for the next call
+        for call in (lambda: bertkit.load(""), lambda: bertkit.embed("a", model=""),
+                     lambda: BertModel.from_pretrained("  ")):
+            with pytest.raises(BertkitError, match="model is an empty string"):
+                call()
 
 
 @pytest.mark.parametrize("field, value", [("max_length", "128"), ("stride", -1), ("max_length", 1.5)])

@@ -42,6 +42,7 @@ import bisect
 import functools
 import inspect
 import itertools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -75,12 +76,10 @@ def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=T
         raise BertkitError("model must be None (the default model), a model directory, or a (model, tokenizer) "
                            f"pair; got {type(model).__name__}")
     key = None
-    if isinstance(model, str) and not model.strip():  # Path("") would resolve to the current directory
-        raise BertkitError("model is an empty string: pass a model directory, or None for the default model")
-    if not isinstance(model, tuple):
-        key = (None if model is None else str(Path(model).resolve()) if Path(model).is_dir() else str(model),
+    if not isinstance(model, tuple):  # os.path, not Path: Path("") is the current directory, "" is no folder
+        key = (None if model is None else os.path.realpath(model) if os.path.isdir(model) else str(model),
                device, dtype, int8, fast)
-    if key not in _LOADED:
+    if key not in _LOADED:  # the loader refuses what is no model ("": `bertkit.model.checkpoint.resolve`)
         loaded = load(model if key is None else key[0], head="encoder", device=device, dtype=dtype, int8=int8,
                       fast=fast)
         if key is None:

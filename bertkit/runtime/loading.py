@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from bertkit.model import electra, heads
-from bertkit.model.checkpoint import GENERATOR_DIR, Saved, describe, model_type
+from bertkit.model.checkpoint import GENERATOR_DIR, Saved, describe, model_type, resolve
 from bertkit.runtime.devices import dtype_name, in_memory, placement
 from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
                              ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
@@ -277,7 +277,7 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     if held and (not isinstance(model[0], nn.Module) or model[1] is None):
         raise BertkitError(f"a (model, tokenizer) pair needs a torch model and its tokenizer, got "
                            f"({type(model[0]).__name__}, {type(model[1]).__name__})")
-    if isinstance(model, (str, Path)) and is_static(model):
+    if isinstance(model, (str, Path)) and is_static(resolve(model)):  # "" is no folder, not the current one
         return _load_static(Path(model), head, device, int8)
     saved = None if held else describe(model)  # the directory's small files; None: the default model
     plan = _held(*model) if held else _plan(saved, head, int8)
