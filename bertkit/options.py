@@ -88,15 +88,16 @@ def _get(d: dict, path: tuple):
     return d
 
 
-def add_options(parser, cls, base: dict | None = None, skip=()) -> None:
-    """One argparse option per setting of `cls` (see the module docstring); `base` gives shown defaults."""
+def add_options(parser, cls, base: dict | None = None, skip=(), notes: dict | None = None) -> None:
+    """One argparse option per setting of `cls` (see the module docstring); `base` gives shown defaults,
+    `notes` {field: text} what a command adds to a field's help (a task's own metric names)."""
     shown = merge(defaults(cls), base or {})
     for path, f, hint in fields(cls):
         if f.name in skip:
             continue
         convert, choices = _leaf_type(hint)
         choices = f.metadata.get("choices") or choices
-        help_text = f.metadata.get("help", f.name.replace("_", " "))
+        help_text = f.metadata.get("help", f.name.replace("_", " ")) + (notes or {}).get(f.name, "")
         if f.metadata.get("positional"):  # optional where the field defaults to None; a list takes one or more
             many = typing.get_origin(hint) is list
             nargs = {"nargs": "+"} if many else {"nargs": "?", "default": None} if f.default is None else {}

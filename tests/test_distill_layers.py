@@ -190,6 +190,8 @@ def test_held_out_sentences_pick_the_epoch_saved_and_a_killed_run_resumes_exactl
     (["--keep", "1", "--holdout", "1"], "--holdout 1 leaves no sentence to train on (1 in --data)"),
     (["--keep", "1", "--holdout", "-1"], "--holdout must be >= 0"),
     (["--keep", "1", "--holdout", "1", "--metric", "accuracy"], "with --holdout choose one of holdout_mse"),
+    (["--keep", "1", "--metric", "accuracy"], "with --holdout choose one of holdout_mse"),  # was never read
+    (["--keep", "1", "--metric", "holdout_cosine"], "give --holdout N too, or leave --metric out"),
 ])
 def test_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, words):
     (tmp_path / "s.txt").write_text("a b\n")

@@ -308,3 +308,27 @@ def test_the_score_before_training_is_reported(data, tmp_path):
     line = format_report(final).splitlines()[-1]
     assert line == (f"dev spearman before training {start['spearman']:.4f}, after {after:.4f} "
                     f"({after - final['dev_before_training']['spearman']:+.4f})")
+
+
+def test_under_torchrun_only_the_first_process_prints_what_comes_before_training(data, tmp_path, monkeypatch):
+    """Every process of a torchrun runs the command; the loop's lines were rank 0's alone, but the score before
+    training (and every line before the loop) came once per process. The ranks are given as torchrun gives
+    them (RANK, WORLD_SIZE); the run stops where the loop would join the process group."""
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr("bertkit.tasks.embedding.train", stop)
+    printed = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        lines = []
+        with pytest.raises(Stop):
+            finetune("embed", train=str(data["triplets"]), dev=str(data["sts_dev"]), output=str(tmp_path / rank),
+                     model=str(data["tiny"]), training=fast(), log=lines.append, max_length=32)
+        printed[rank] = lines
+    assert len([line for line in printed["0"] if line.startswith("dev before training: spearman ")]) == 1
+    assert printed["1"] == []

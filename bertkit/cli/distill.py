@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from bertkit.distill.config import LayersDistillConfig, StaticDistillConfig
+from bertkit.distill.config import HOLDOUT_METRICS, LayersDistillConfig, StaticDistillConfig
 from bertkit.options import add_options, from_args
 
 
@@ -45,7 +45,8 @@ def add_distill(sub):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     lay.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
-    add_options(lay, LayersDistillConfig, LAYERS_DEFAULTS)
+    add_options(lay, LayersDistillConfig, LAYERS_DEFAULTS,
+                notes={"metric": f"; --holdout gives {', '.join(HOLDOUT_METRICS)}"})
     lay.set_defaults(handler=run_layers, runs_model=True, outputs={"--output": "folder", "--teacher-cache": "cache"})
 
 

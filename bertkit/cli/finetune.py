@@ -39,7 +39,8 @@ def add_finetune(sub):
     tsub = p.add_subparsers(dest="task", metavar="TASK", required=True)
     for task in TASKS.values():  # one command per task record
         t = tsub.add_parser(task.cli_name, help=task.help or f"fine-tune for {task.cli_name}", description=task.help)
-        add_options(t, task.config, task.defaults, skip=task.hidden)
+        add_options(t, task.config, task.defaults, skip=task.hidden,
+                    notes={"metric": f"; --dev gives {', '.join(task.metrics)}"})
         t.set_defaults(handler=run_finetune, runs_model=True, outputs={"--output": "folder"})
 
 

@@ -90,14 +90,15 @@ def clear_output(output) -> list[str]:
 def run_output(output, command: str, *, overwrite: bool, resume: bool, sources=(), log=print):
     """The block of a run that writes `output`: the folder checked first (`check_output`), then, on the process
     that writes (`first_process`), locked for the block and, under `overwrite` without `resume`, cleared of the
-    model, run or index it held (`clear_output`)."""
+    model, run or index it held (`clear_output`). It yields the log the block prints with: `log` on that
+    process, a silent one on torchrun's others (they run the same command: each line was printed N times)."""
     check_output(output, overwrite=overwrite, resume=resume, sources=sources)
     if not first_process():
-        yield
+        yield lambda line: None
         return
     with folder_lock(output, command):
         if overwrite and not resume:
             removed = clear_output(output)
             if removed:
                 log(f"--overwrite: removed {', '.join(removed)} from {output}")
-        yield
+        yield log

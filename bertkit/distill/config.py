@@ -105,8 +105,11 @@ class LayersDistillConfig:
             raise BertkitError(f"--soft-weight must be in [0, 1], got {self.soft_weight}")
         if self.holdout < 0:
             raise BertkitError(f"--holdout must be >= 0 (0: no held-out sentences), got {self.holdout}")
-        if self.holdout and self.training.metric not in (None, *HOLDOUT_METRICS):
-            raise BertkitError(f"--metric {self.training.metric!r}: with --holdout choose one of "
-                               f"{', '.join(HOLDOUT_METRICS)}")
+        metric = self.training.metric  # without --holdout it was never read
+        if metric is not None and metric not in HOLDOUT_METRICS:
+            raise BertkitError(f"--metric {metric!r}: with --holdout choose one of {', '.join(HOLDOUT_METRICS)}")
+        if metric is not None and not self.holdout:
+            raise BertkitError(f"--metric {metric} picks the epoch saved by its score on the --holdout sentences: "
+                               "give --holdout N too, or leave --metric out (without it the last epoch is saved)")
         self.training.validate()
         return self

@@ -223,7 +223,7 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
     # written over without a word, --overwrite was never read, and a run there was refused only once the
     # teacher had embedded all of --data
     with run_output(output, "bertkit distill layers", overwrite=config.training.overwrite,
-                    resume=config.training.resume, sources=[model], log=log):
+                    resume=config.training.resume, sources=[model], log=log) as log:
         teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy, the targets
         if teacher.task == "static":
             raise BertkitError(f"{model} is a static model (a table, no layers): distill layers needs a transformer")

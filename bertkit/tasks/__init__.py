@@ -48,12 +48,15 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
 
 
 def run_task(cfg, log=print, speed=None) -> dict:
-    """Run a fine-tuning config: its task's record picks the code. The output folder is checked
-    first (`bertkit.data.outputs`: not the model's own folder; a model or run there only with --overwrite
-    or --resume) and locked while the run writes it (`bertkit.data.lock`)."""
+    """Run a fine-tuning config: its task's record picks the code. The settings the record checks come
+    first (`Task.check`: --metric among the task's dev figures, with a --dev), then the output folder
+    (`bertkit.data.outputs`: not the model's own folder; a model or run there only with --overwrite
+    or --resume), locked while the run writes it (`bertkit.data.lock`). Under torchrun only the first
+    process prints what the run says before training (the loop's own lines are already its alone)."""
     training, task = cfg.training, task_for(cfg)
+    task.check(cfg)
     with run_output(cfg.output, f"bertkit finetune {type(cfg).__name__}", overwrite=training.overwrite,
-                    resume=training.resume, sources=[cfg.model], log=log):
+                    resume=training.resume, sources=[cfg.model], log=log) as log:
         return task.train(cfg, log=log, speed=speed)
 
 

@@ -107,10 +107,15 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
     task = task_for(cfg)
     task.check(cfg)
     kind, tcfg = task.problem_type, cfg.training
-    tcfg.metric = tcfg.metric or task.metric
+    if cfg.dev:  # without one nothing is scored: the metric stays unset (a --resume checks it again)
+        tcfg.metric = tcfg.metric or task.metric
+        tcfg.greater_is_better = task.metrics[tcfg.metric]
     train_ex = read_split(cfg, cfg.train, cfg.max_train_examples, log)
     dev_ex = read_split(cfg, cfg.dev, cfg.max_dev_examples, log) if cfg.dev else None
     overrides, names, label2id = _labels(cfg, kind, train_ex, dev_ex)
+    if dev_ex and tcfg.metric == "f1" and len(names) != 2:  # `score` gives it for two labels only
+        raise BertkitError(f"--metric f1 is the F1 of the second of two labels, and {cfg.train} has {len(names)}: "
+                           "choose macro_f1")
     log(f"task {cfg.task}: {len(train_ex)} training examples" + (f", labels {names}" if names else ""))
 
     tok = load_tokenizer(cfg.model)

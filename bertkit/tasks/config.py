@@ -44,7 +44,9 @@ class TrainConfig:
     max_steps: int | None = _opt(None, "stop after this many updates")
     seed: int = _opt(42, "seeds batch order, dropout and the new head")
     group_by_length: bool = _opt(True, "batch features of similar length together (less padding)")
-    metric: str | None = _opt(None, "evaluation metric that picks the best epoch (default: the task's)")
+    metric: str | None = _opt(None, "the held-out figure that picks the best epoch (default: the task's own); "
+                                    "it needs a held-out set: without one nothing is scored, the last epoch is "
+                                    "saved and --metric is refused")
     greater_is_better: bool = _opt(True, "a higher --metric is better", cli=False)
     precision: Literal["fp32", "bf16", "fp16"] = _opt("fp32", "fp32, bf16 (autocast, CPU or GPU) or fp16 (GPU)")
     device: Literal["auto", "cpu", "cuda"] = _opt("auto", "where to train: auto picks a CUDA GPU when there is one")

@@ -44,6 +44,7 @@ import random
 import re
 from collections import deque
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ from torch import nn
 from bertkit.model.checkpoint import resolve
 from bertkit.errors import BertkitError
 from bertkit.tasks.config import EmbedConfig
+from bertkit.tasks.registry import EMBED_DEV
 from bertkit.data.tables import ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
 from bertkit.tasks.run import load_head, load_tokenizer, write_json
@@ -361,32 +363,37 @@ def parse_dims(text: str | None, what: str) -> list | None:
         raise BertkitError(f"--matryoshka-{what} must be a comma-separated list of numbers, got {text!r}") from None
 
 
-def dev_evaluator(cfg: EmbedConfig, tok, log):
-    """(evaluate(model) -> scores, the metric that picks the best epoch) for the dev set: retrieval
-    on a BEIR folder (nDCG@10), STS on scored pairs (Spearman); (None, None) without one."""
+def dev_evaluator(cfg: EmbedConfig, log):
+    """(evaluate(model, tok) -> scores, the metric that picks the best epoch) for the dev set: retrieval
+    on a BEIR folder (nDCG@10), STS on scored pairs (Spearman); (None, None) without one. Read, and a
+    --metric the kind does not give refused, before the model loads."""
     if not cfg.dev:
         return None, None
     tcfg = cfg.training
+    kind = "a BEIR folder" if is_beir_folder(cfg.dev) else "scored pairs"
+    if tcfg.metric is not None and tcfg.metric not in EMBED_DEV[kind]:
+        raise BertkitError(f"--metric {tcfg.metric}: a --dev of {kind} gives {', '.join(EMBED_DEV[kind])}")
 
-    def loaded(m):  # the model in training, embedding as it will be saved
+    def loaded(m, tok):  # the model in training, embedding as it will be saved
         layout = SentenceLayout(m.pooling, cfg.normalize, cfg.max_length)
         return replace(load_model((m.encoder, tok)), layout=layout)
 
     def figures(scores: dict) -> dict:
         return {k: v for k, v in scores.items() if isinstance(v, float) and not k.endswith("seconds")}
 
-    if is_beir_folder(cfg.dev):
+    if kind == "a BEIR folder":
         qrels_path(cfg.dev, cfg.dev_split)  # a missing split fails now, not after the first epoch
-        return (lambda m: figures(evaluate_retrieval(loaded(m), cfg.dev, split=cfg.dev_split, max_length=cfg.max_length,
-                                                     batch_size=tcfg.eval_batch_size, progress=tcfg.progress)),
-                "ndcg@10")
+        return (lambda m, tok: figures(evaluate_retrieval(loaded(m, tok), cfg.dev, split=cfg.dev_split,
+                                                          max_length=cfg.max_length, batch_size=tcfg.eval_batch_size,
+                                                          progress=tcfg.progress)),
+                EMBED_DEV[kind][0])
     dev = read_examples(cfg.dev, max_examples=cfg.max_dev_examples, log=log)
     if not dev.scored:
         raise BertkitError(f"--dev {cfg.dev}: evaluation needs a BEIR folder (retrieval) or scored pairs "
                            "(sentence1, sentence2, score: STS)")
     pairs = [(a, b, s) for (a, b), s in zip(dev.rows, dev.scores)]
-    return (lambda m: figures(evaluate_sts(loaded(m), pairs, max_length=cfg.max_length,
-                                           batch_size=tcfg.eval_batch_size))), "spearman"
+    return (lambda m, tok: figures(evaluate_sts(loaded(m, tok), pairs, max_length=cfg.max_length,
+                                                batch_size=tcfg.eval_batch_size))), EMBED_DEV[kind][0]
 
 
 def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
@@ -394,6 +401,7 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     cfg.validate()
     tcfg = cfg.training
     examples = _settle(cfg, log)
+    score_dev, metric = dev_evaluator(cfg, log)
     loss = cfg.loss
     dims, weights = parse_dims(cfg.matryoshka_dims, "dims"), parse_dims(cfg.matryoshka_weights, "weights")
     torch.manual_seed(tcfg.seed)
@@ -411,7 +419,7 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
         f"({', '.join(examples.columns)}), loss {loss}{f' (Matryoshka {dims})' if dims else ''}, "
         f"pooling {cfg.pooling}, max length {cfg.max_length}")
     ids = (static_rows if cfg.static else tokenize_rows)(tok, examples, cfg.max_length)
-    evaluate, metric = dev_evaluator(cfg, tok, log)
+    evaluate = None if score_dev is None else partial(score_dev, tok=tok)
     tcfg.metric = tcfg.metric or metric
     out = Path(cfg.output)
 

@@ -10,7 +10,9 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     run                its training run, "module:function" (imported when a run starts: it needs torch)
     head, problem_type the class it fine-tunes (config.json's architectures) and, for the sequence
                        classifier, what a label is (BertConfig.problem_type: the loss and the decoding)
-    metric             the dev metric that picks the best epoch
+    metrics            the figures its dev evaluation returns, each with whether higher is better
+                       (`--metric` names one; the first, `metric`, is the default that picks the best epoch;
+                       none: no epoch is picked by a score)
     predict            (run, tokenizer, texts, pairs, info, labels) -> one dict per input; `run(features)`
                        is the model run over features (bertkit.tasks.batching), so no training code is needed
     read_inputs, read_labelled, score, answers
@@ -57,7 +59,7 @@ class Task:
     run: str
     report: Callable[[dict], str]
     head: str
-    metric: str | None = None
+    metrics: dict = field(default_factory=dict)  # the dev figures: name -> higher is better (see METRICS)
     command: str | None = None  # None: the name
     defaults: dict = field(default_factory=dict)
     help: str | None = None  # the command's description (None: "fine-tune for NAME")
@@ -84,6 +86,11 @@ class Task:
     @property
     def cli_name(self) -> str:
         return self.command or self.name
+
+    @property
+    def metric(self) -> str | None:
+        """The dev figure that picks the best epoch unless --metric names another."""
+        return next(iter(self.metrics), None)
 
     def takes_pairs(self, info: dict) -> bool:
         """Whether a model of this task reads (text, second text): always, or as it was trained."""
@@ -112,6 +119,22 @@ class Task:
             raise BertkitError(f"the {self.cli_name} task takes a {self.config.__name__}, got a {type(cfg).__name__}")
         if self.pairs and not getattr(cfg, "text_pair_column", True):
             raise BertkitError(f"the {self.cli_name} task needs --text-pair-column (the second sentence's column)")
+        self.check_metric(cfg.training.metric, cfg.dev)
+
+    def check_metric(self, metric: str | None, dev) -> None:
+        """--metric names one of this task's dev figures, and there is a --dev to score: an unknown name failed
+        only after the first epoch, and without --dev it was never read."""
+        if metric is None:
+            return
+        if not self.metrics:
+            raise BertkitError(f"the {self.cli_name} task picks no epoch by a score (its last one is saved): "
+                               f"leave out --metric {metric}")
+        if metric not in self.metrics:
+            raise BertkitError(f"unknown --metric {metric!r}: the {self.cli_name} task's dev evaluation gives "
+                               f"{', '.join(self.metrics)}")
+        if not dev:
+            raise BertkitError(f"--metric {metric} picks the best epoch by its score on --dev: give --dev too, or "
+                               "leave --metric out (without --dev the last epoch is saved)")
 
     def train(self, cfg, log=print, speed=None) -> dict:
         """Run the task's training on `cfg` (its module is imported now: it needs torch), on the fast-path
@@ -128,11 +151,28 @@ def _score(prediction: dict, labels) -> float:
     return float(prediction["score"])
 
 
-def _text(name: str, problem_type: str, metric: str, config=TextTaskConfig,
+# What each task's dev evaluation returns, name -> whether higher is better; `--metric` names one of them,
+# the first is the default. tests/test_tasks_registry.py runs every evaluation and checks these are its keys.
+METRICS = {
+    SINGLE_LABEL: {"accuracy": True, "macro_f1": True, "f1": True, "held_out_loss": False},  # f1: two labels only
+    REGRESSION: {"pearson": True, "spearman": True, "mse": False, "held_out_loss": False},
+    MULTI_LABEL: {"micro_f1": True, "micro_precision": True, "micro_recall": True, "subset_accuracy": True,
+                  "held_out_loss": False},
+    "ner": {"f1": True, "precision": True, "recall": True},  # conlleval's, over entities
+    "qa": {"f1": True, "exact_match": True},  # SQuAD's
+}
+# embed's --dev is one of two kinds, each with its figures (the first its default): a BEIR folder (retrieval,
+# bertkit.retrieval.evaluation) or scored pairs (STS)
+EMBED_DEV = {"a BEIR folder": ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100"),
+             "scored pairs": ("spearman", "pearson")}
+
+
+def _text(name: str, problem_type: str, config=TextTaskConfig,
           run: str = "bertkit.tasks.classification:finetune_text", report=reports.text_report, **more) -> Task:
     """A task of BertForSequenceClassification (bertkit.tasks.classification, bertkit.tasks.text_inference): the
     text tasks share their functions, told apart by the problem type."""
-    return Task(name, config, run, report, "BertForSequenceClassification", metric, problem_type=problem_type,
+    more.setdefault("metrics", METRICS[problem_type])
+    return Task(name, config, run, report, "BertForSequenceClassification", problem_type=problem_type,
                 defaults={**({"task": name} if config is TextTaskConfig else {}), **more.pop("defaults", {})},
                 predict=partial(text.predict, problem_type=problem_type), read_inputs=text.read_inputs,
                 read_labelled=partial(text.read_labelled, problem_type=problem_type),
@@ -141,21 +181,23 @@ def _text(name: str, problem_type: str, metric: str, config=TextTaskConfig,
 
 
 TASKS = {t.name: t for t in (
-    _text("classify", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_last_label),
-    _text("pair", SINGLE_LABEL, "accuracy", hidden=("label_separator",), pair_score=_last_label, pairs=True,
+    _text("classify", SINGLE_LABEL, hidden=("label_separator",), pair_score=_last_label),
+    _text("pair", SINGLE_LABEL, hidden=("label_separator",), pair_score=_last_label, pairs=True,
           defaults={"text_column": "sentence1", "text_pair_column": "sentence2"}),
-    _text("regression", REGRESSION, "pearson", hidden=("label_separator",), labelled=False, pair_score=_score,
+    _text("regression", REGRESSION, hidden=("label_separator",), labelled=False, pair_score=_score,
           raw_scores=True),
-    _text("multi_label", MULTI_LABEL, "micro_f1", command="multi-label", defaults={"label_column": "labels"}),
+    _text("multi_label", MULTI_LABEL, command="multi-label", defaults={"label_column": "labels"}),
     Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
-         "f1", predict=ner.predict, read_inputs=ner.read_inputs, read_labelled=ner.read_labelled,
-         score=ner.score_answers, answers="a CoNLL file with a tag column", entities=True, windows=True,
-         features=ner.training_features),
-    Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering", "f1",
-         predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled, score=qa.score_answers,
-         answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False, windows=True),
+         metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
+         read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
+         entities=True, windows=True, features=ner.training_features),
+    Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
+         metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
+         score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
+         windows=True),
     # the issue's reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
     Task("embed", EmbedConfig, "bertkit.tasks.embedding:finetune_embed", reports.embed_report, "BertModel",
+         metrics=dict.fromkeys([name for names in EMBED_DEV.values() for name in names], True),
          defaults={"training": {"epochs": 1.0, "optim": {"learning_rate": 2e-5}}},
          help="train sentence embeddings (multiple-negatives ranking, cached/GradCache, CoSENT, Matryoshka) on "
               "pairs, triplets, scored pairs or a BEIR folder; saves the sentence-transformers layout "
@@ -163,10 +205,11 @@ TASKS = {t.name: t for t in (
               "cached-mnrl is.",
          labelled=False, routes=("/v1/embeddings", "/embed", "/tokenize"), presets={"static": STATIC_RECIPE}),
     # one logit per (query, passage), binary cross-entropy: a multi-label head of one label, read as its sigmoid;
-    # sentence-transformers' reranker recipe: 1 epoch at 2e-5
-    _text("rerank", MULTI_LABEL, "ndcg@10", config=RerankConfig, run="bertkit.tasks.cross_encoder:finetune_rerank",
+    # sentence-transformers' reranker recipe: 1 epoch at 2e-5. Its --dev evaluation (the retrieval figures before
+    # and after reranking) runs once, after training: no figure picks an epoch, so it offers no --metric
+    _text("rerank", MULTI_LABEL, config=RerankConfig, metrics={}, run="bertkit.tasks.cross_encoder:finetune_rerank",
           report=reports.rerank_report, pairs=True, second="a passage", pair_score=_last_label, rerank_labels=1,
-          hidden=("max_dev_examples",),
+          hidden=("max_dev_examples", "metric"),
           defaults={"training": {"epochs": 1.0, "batch_size": 16, "optim": {"learning_rate": 2e-5}}},
           help="train a cross-encoder reranker (one logit, binary cross-entropy) on a BEIR folder's queries with "
                "mined hard and random negatives, or on (query, passage, label) rows; --dev --index records nDCG@10 "
