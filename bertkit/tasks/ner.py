@@ -60,11 +60,15 @@ def write_conll(path, sentences, pred, scheme: str) -> None:
             f.write("\n")
 
 
+# what the dev scores hold beside an epoch's figures (`METRICS["ner"]` in bertkit.tasks.registry): kept in
+# metrics.json's dev, not in each epoch's record (the count of words without pieces is the same every epoch)
+NOT_FIGURES = ("per_type", "words_without_pieces")
+
+
 def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
     cfg.validate()
     tcfg = cfg.training
-    if cfg.dev:  # without one nothing is scored: the metric stays unset (a --resume checks it again)
-        tcfg.metric = tcfg.metric or "f1"
+    tcfg.metric = tcfg.metric or ("f1" if cfg.dev else None)  # without --dev nothing is scored: left unset
 
     def read(path, limit):
         sents, report = read_conll(path, token_column=cfg.token_column, tag_column=cfg.tag_column)
@@ -97,9 +101,7 @@ def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
 
     def evaluate(m):
         scores, pred = evaluate_sentences(m, tok, dev_s, names, cfg, tcfg.progress)
-        # the epoch's figures (`METRICS["ner"]` in bertkit.tasks.registry); the per-type table and the count of
-        # words without pieces (the same every epoch) stay in metrics.json's dev
-        return {k: v for k, v in scores.items() if k not in ("per_type", "words_without_pieces")}, (scores, pred)
+        return {k: v for k, v in scores.items() if k not in NOT_FIGURES}, (scores, pred)
 
     info = {"task": "ner", "max_length": cfg.max_length, "stride": cfg.stride, "tag_scheme": cfg.tag_scheme,
             "config": {k: v for k, v in asdict(cfg).items() if k != "training"}}

@@ -35,8 +35,7 @@ def answer(model, tok, examples, cfg: QAConfig, progress=False) -> list[dict]:
 def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
     cfg.validate()
     tcfg = cfg.training
-    if cfg.dev:  # without one nothing is scored: the metric stays unset (a --resume checks it again)
-        tcfg.metric = tcfg.metric or "f1"
+    tcfg.metric = tcfg.metric or ("f1" if cfg.dev else None)  # without --dev nothing is scored: left unset
     train_ex, rep = read_squad(cfg.train, articles=cfg.train_articles, max_examples=cfg.max_train_examples)
     log(rep.summary() + (f" (articles {cfg.train_articles})" if cfg.train_articles else ""))
     dev_ex = None
