@@ -17,8 +17,8 @@ from bertkit.cli import main
 from bertkit.distill.config import HOLDOUT_METRICS
 from bertkit.model.config import MULTI_LABEL, REGRESSION, SINGLE_LABEL
 from bertkit.tasks import finetune
-from bertkit.tasks.config import TrainConfig
-from bertkit.tasks.registry import EMBED_DEV, METRICS, TASKS
+from bertkit.tasks.config import EMBED_DEV, TrainConfig
+from bertkit.tasks.registry import METRICS, TASKS
 from bertkit.training.optim import OptimConfig
 from test_finetune import sentiment_rows, tiny_model_dir, write_tsv
 from test_finetune_embed import beir_slice

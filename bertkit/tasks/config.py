@@ -184,6 +184,11 @@ class QAConfig(TaskConfig):
 
 
 EMBED_LOSSES = ("mnrl", "cached-mnrl", "cosent")
+# embed's --dev is one of two kinds, each with the figures its evaluation gives (what --metric may name, the
+# first the default): a BEIR folder (retrieval, bertkit.retrieval.evaluation) or scored pairs (STS). Its record
+# in bertkit.tasks.registry offers them all; the run checks the kind's.
+EMBED_DEV = {"a BEIR folder": ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100"),
+             "scored pairs": ("spearman", "pearson")}
 
 
 # `finetune embed --static`'s own defaults, on top of the embed task's (a flag given still wins):

@@ -53,8 +53,7 @@ from torch import nn
 
 from bertkit.model.checkpoint import resolve
 from bertkit.errors import BertkitError
-from bertkit.tasks.config import EmbedConfig
-from bertkit.tasks.registry import EMBED_DEV
+from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
 from bertkit.tasks.run import load_head, load_tokenizer, write_json

@@ -47,7 +47,8 @@ from typing import Callable
 from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION, SINGLE_LABEL
 from bertkit.tasks import ner_inference as ner, qa_inference as qa, reports, text_inference as text
-from bertkit.tasks.config import STATIC_RECIPE, EmbedConfig, NerConfig, QAConfig, RerankConfig, TextTaskConfig
+from bertkit.tasks.config import (EMBED_DEV, STATIC_RECIPE, EmbedConfig, NerConfig, QAConfig, RerankConfig,
+                                  TextTaskConfig)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,8 @@ def _score(prediction: dict, labels) -> float:
 
 
 # What each task's dev evaluation returns, name -> whether higher is better; `--metric` names one of them,
-# the first is the default. tests/test_tasks_registry.py runs every evaluation and checks these are its keys.
+# the first is the default (embed's: EMBED_DEV, by the kind of its --dev, beside its settings in
+# bertkit.tasks.config). tests/test_task_metrics.py runs every evaluation and checks these are its keys.
 METRICS = {
     SINGLE_LABEL: {"accuracy": True, "macro_f1": True, "f1": True, "held_out_loss": False},  # f1: two labels only
     REGRESSION: {"pearson": True, "spearman": True, "mse": False, "held_out_loss": False},
@@ -161,10 +163,6 @@ METRICS = {
     "ner": {"f1": True, "precision": True, "recall": True},  # conlleval's, over entities
     "qa": {"f1": True, "exact_match": True},  # SQuAD's
 }
-# embed's --dev is one of two kinds, each with its figures (the first its default): a BEIR folder (retrieval,
-# bertkit.retrieval.evaluation) or scored pairs (STS)
-EMBED_DEV = {"a BEIR folder": ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100"),
-             "scored pairs": ("spearman", "pearson")}
 
 
 def _text(name: str, problem_type: str, config=TextTaskConfig,
