@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, positive, probability
 from bertkit.tasks.config import TrainConfig
 
 HOLDOUT_METRICS = {"holdout_mse": False, "holdout_cosine": True}  # what picks the epoch (--holdout): higher better?
@@ -99,10 +99,8 @@ class LayersDistillConfig:
             raise BertkitError("--keep, --data and -o/--output are required")
         if self.keep < 1:
             raise BertkitError(f"--keep {self.keep}: keep at least 1 layer")
-        if not self.temperature > 0:
-            raise BertkitError(f"--temperature must be > 0, got {self.temperature} (DistilBERT: 2)")
-        if not 0 <= self.soft_weight <= 1:
-            raise BertkitError(f"--soft-weight must be in [0, 1], got {self.soft_weight}")
+        positive(self.temperature, "--temperature", " (DistilBERT: 2)")
+        probability(self.soft_weight, "--soft-weight")
         if self.holdout < 0:
             raise BertkitError(f"--holdout must be >= 0 (0: no held-out sentences), got {self.holdout}")
         metric = self.training.metric  # without --holdout it was never read

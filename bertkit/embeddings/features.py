@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
 from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output
@@ -339,8 +339,7 @@ def iter_embed(
 
 def _check_counts(**counts) -> None:
     for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BertkitError(f"{name} must be an int of at least 1, got {value!r}")
+        int_at_least(value, 1, name)
 
 
 def _chunks(source: Iterator, size: int) -> Iterator[list]:

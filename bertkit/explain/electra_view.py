@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from bertkit.model.electra_pretraining import ElectraPretrainingModel
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, probability
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.runtime.loading import load
 from bertkit.text.tokenizer import Tokenizer
@@ -49,8 +49,7 @@ def choose_masked(ids: list[int], special: list[int], mask_id: int, mask_prob: f
     own = [i for i, t in enumerate(ids) if t == mask_id]
     if own or mask_prob == 0:
         return own
-    if not (0.0 < mask_prob <= 1.0):
-        raise BertkitError(f"mask_prob must be in [0, 1], got {mask_prob!r}")
+    probability(mask_prob, "mask_prob")  # 0 returned above
     candidates = [i for i, s in enumerate(special) if not s]
     if not candidates:
         raise BertkitError("the text has no token to mask: give it some words")

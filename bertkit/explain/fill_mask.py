@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import load
 from bertkit.text.vocab import MASK
 
@@ -53,8 +53,7 @@ def fill_mask(model, text: str, top_k: int = 5, pair: str | None = None) -> list
     or a (masked-LM model, Tokenizer) pair as `load_mlm` returns.
     """
     net, tok = model if isinstance(model, tuple) else load_mlm(model)
-    if not isinstance(top_k, int) or top_k < 1:
-        raise BertkitError(f"top_k must be a positive integer, got {top_k!r}")
+    int_at_least(top_k, 1, "top_k", says="a positive integer")
     limit = min(net.config.max_position_embeddings, 512)
     enc = tok.encode(text, pair, max_length=limit)
     positions = [i for i, t in enumerate(enc.input_ids) if t == tok.mask_token_id]

@@ -35,7 +35,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.default_model import default_model_dir
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
@@ -128,9 +128,7 @@ class BertConfig:
         """Raise BertkitError naming the first setting that cannot work."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BertkitError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+            int_at_least(getattr(self, name), 1, f"BertConfig.{name}", says="a positive integer")
         for name, most in SIZE_LIMITS.items():
             if getattr(self, name, 0) > most:
                 raise BertkitError(f"{type(self).__name__}.{name} is {getattr(self, name)}, over the limit of {most}: "

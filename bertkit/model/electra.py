@@ -59,7 +59,7 @@ from torch import nn
 
 from bertkit.model.config import BertConfig
 from bertkit.model.dropout import Dropout
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.model.heads import (IGNORE_INDEX, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                                  BertForTokenClassification, encode, check_labels, classifier_dropout)
 from bertkit.model.modeling import (BertEmbeddings, BertEncoder, BertModel, BertPreTrainedModel, activation,
@@ -94,9 +94,7 @@ class ElectraConfig(BertConfig):
 
     def validate(self) -> None:
         super().validate()
-        E = self.embedding_size
-        if isinstance(E, bool) or not isinstance(E, int) or E < 1:
-            raise BertkitError(f"ElectraConfig.embedding_size must be a positive integer, got {E!r}")
+        int_at_least(self.embedding_size, 1, "ElectraConfig.embedding_size", says="a positive integer")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ElectraConfig":

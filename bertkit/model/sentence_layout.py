@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.model.confined import inside
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 
 MODULES_FILE = "modules.json"
 SENTENCE_CONFIG = "sentence_bert_config.json"
@@ -116,9 +116,7 @@ def _max_seq_length(directory: Path, sentence_config: dict) -> int | None:
         value = _read_json(tok_path).get("model_max_length") if tok_path.is_file() else None
         if not isinstance(value, int) or value > 1_000_000:  # transformers writes ~1e30 for "no limit"
             return None
-    if not isinstance(value, int) or value < 1:
-        raise BertkitError(f"{directory / SENTENCE_CONFIG}: max_seq_length must be a positive integer, got {value!r}")
-    return value
+    return int_at_least(value, 1, f"{directory / SENTENCE_CONFIG}: max_seq_length", says="a positive integer")
 
 
 def read_layout(directory) -> SentenceLayout | None:

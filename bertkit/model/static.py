@@ -48,7 +48,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.model.checkpoint import read_weights
 from bertkit.model.sentence_layout import MODULES_FILE, ST_CONFIG
 
@@ -215,10 +215,9 @@ def read_static(directory) -> Static:
     if config is not None:
         model = StaticEmbedding(_table(directory), bool(config.get("normalize", True)))
         model.config.max_length = config.get("max_length", DEFAULT_MAX_LENGTH)
-        if model.config.max_length is not None and (not isinstance(model.config.max_length, int)
-                                                    or model.config.max_length < 1):
-            raise BertkitError(f"{directory}/config.json: max_length must be a positive integer or null, "
-                               f"got {model.config.max_length!r}")
+        if model.config.max_length is not None:
+            int_at_least(model.config.max_length, 1, f"{directory}/config.json: max_length",
+                         says="a positive integer or null")
         return Static(model, directory, "model2vec")
     modules = _st_modules(directory)
     if modules is None:

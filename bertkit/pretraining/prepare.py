@@ -50,7 +50,7 @@ import textwrap
 import numpy as np
 
 from bertkit.model.config import IGNORE_INDEX
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, probability
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.blocks import held_out_documents, init_block_worker, plan_blocks, write_block
 from bertkit.data.corpus import DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats
@@ -113,8 +113,7 @@ class PrepareConfig:
         low = 5 if self.objective in ("nsp", "sop") else 3
         if not low <= self.max_seq_length <= 32767:
             raise BertkitError(f"max_seq_length must be in {low}..32767 for objective {self.objective}, got {self.max_seq_length}")
-        if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise BertkitError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+        probability(self.short_seq_prob, "short_seq_prob")
         if self.dupe_factor is not None and self.dupe_factor < 1:
             raise BertkitError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
         if not 0 <= self.held_out < 0.5:

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, positive
 from bertkit.training import PRECISIONS
 from bertkit.training.optim import OptimConfig
 from bertkit.model.config import PRESETS
@@ -65,8 +65,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=pretraining_optim)
 
     def validate(self) -> "RunConfig":
-        positive = ("max_steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every")
-        for name in positive:
+        for name in ("max_steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise BertkitError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "eval_sequences"):
@@ -80,8 +79,7 @@ class RunConfig:
             raise BertkitError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
         if not 0 < self.generator_size <= 1:
             raise BertkitError(f"--generator-size is a fraction of the discriminator in (0, 1], got {self.generator_size}")
-        if self.disc_weight <= 0:
-            raise BertkitError(f"--disc-weight must be > 0, got {self.disc_weight}")
+        positive(self.disc_weight, "--disc-weight")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise BertkitError(f"--dropout must be in [0, 1), got {self.dropout}")
         self.optim.validate()

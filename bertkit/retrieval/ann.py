@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.retrieval.exact import top_k
 
 HNSW_FILE = "hnsw.faiss"
@@ -54,8 +54,7 @@ def check_kind(kind: str, m: int = 32, ef_construction: int = 200, ef_search: in
         raise BertkitError(f"unknown --ann {kind!r}: use {', '.join(KINDS)}")
     for name, value, least in (("--ann-m", m, 2), ("--ef-construction", ef_construction, 1),
                                ("--ef-search", ef_search, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise BertkitError(f"{name} must be an int of at least {least}, got {value!r}")
+        int_at_least(value, least, name)
 
 
 def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int = 200,

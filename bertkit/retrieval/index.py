@@ -71,7 +71,7 @@ from tqdm import tqdm
 
 from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.embeddings.features import load_encoder
 from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
@@ -361,8 +361,7 @@ def _check_options(vectors: str, rescore_with: str | None, batch_size, part_size
     """build_index's settings checked before anything is read, a missing optional package included."""
     codes_file.check_choice(vectors, rescore_with)
     for name, value in (("batch size", batch_size), ("part size", part_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BertkitError(f"the {name} must be at least 1, got {value!r}")
+        int_at_least(value, 1, f"the {name}", says="at least {least}")
     if ann[0] is not None:  # (kind, M, ef_construction, ef_search)
         check_kind(*ann)
         faiss_module()  # a missing FAISS is refused before the encoding, not after

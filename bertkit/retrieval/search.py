@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import HNSW_FILE, ann_top_k, read_hnsw
@@ -71,8 +71,7 @@ class Hit:
 
 
 def check_k(k) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise BertkitError(f"k must be at least 1, got {k!r}")
+    int_at_least(k, 1, "k", says="at least {least}")
 
 
 def query_encoder(info: dict, model=None, device=None, dtype=None, fast=True) -> Loaded:

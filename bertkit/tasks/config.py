@@ -22,7 +22,7 @@ from typing import Literal
 from bertkit.embeddings.settings import AUTO
 from bertkit.model.config import CLASSIFIER_POOLINGS
 from bertkit.model.sentence_layout import SENTENCE_POOLINGS
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, positive
 from bertkit.training import PRECISIONS
 from bertkit.training.optim import OptimConfig
 
@@ -62,8 +62,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def validate(self) -> "TrainConfig":
-        if not self.epochs > 0:
-            raise BertkitError(f"--epochs must be > 0, got {self.epochs} (BERT uses 2-4)")
+        positive(self.epochs, "--epochs", " (BERT uses 2-4)")
         for name in ("batch_size", "grad_accum", "eval_batch_size", "keep_last"):
             if getattr(self, name) < 1:
                 raise BertkitError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -293,8 +292,8 @@ class RerankConfig(TaskConfig):
                                f"got {self.hard_negatives} and {self.random_negatives}")
         if self.range_max < max(1, self.hard_negatives):
             raise BertkitError(f"--range-max ({self.range_max}) must be at least --hard-negatives ({self.hard_negatives})")
-        if self.pos_weight is not None and not self.pos_weight > 0:
-            raise BertkitError(f"--pos-weight must be > 0, got {self.pos_weight}")
+        if self.pos_weight is not None:
+            positive(self.pos_weight, "--pos-weight")
         if self.rerank_top < 1:
             raise BertkitError(f"--rerank-top must be at least 1, got {self.rerank_top}")
         if self.rerank_dtype not in ("float32", "bfloat16"):

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bertkit.data.textfiles import existing_file
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, load
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.registry import Task, task_named
@@ -63,8 +63,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         pairs = _text_list(pairs, "pairs")
         if len(pairs) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(pairs)} pairs; give one second text per text")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise BertkitError(f"batch_size must be a positive int, got {batch_size!r}")
+    int_at_least(batch_size, 1, "batch_size", says="a positive int")
     if loaded is not None and not isinstance(loaded, Loaded):
         raise BertkitError(f"loaded must be a Loaded (bertkit.load(model_dir, head='task')), got {type(loaded).__name__}")
     loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)

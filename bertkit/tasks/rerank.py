@@ -31,7 +31,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, load
 from bertkit.tasks.predict import predict, task_of
 
@@ -68,8 +68,7 @@ def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int
 def rerank(loaded: Loaded, query: str, hits: list, top: int = 50, batch_size: int = 32) -> list:
     """`hits` (`bertkit.retrieval.search.Hit`s) with the first `top` re-scored by the cross-encoder and
     sorted (see the module docstring)."""
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise BertkitError(f"--rerank-top must be at least 1, got {top!r}")
+    int_at_least(top, 1, "--rerank-top", says="at least {least}")
     head, tail = hits[:top], hits[top:]
     if not head:
         return hits

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.textfiles import read_text
 from bertkit.text.tokenizer_config import settings_from
 from bertkit.text.truncation import pair_heads
@@ -37,9 +37,8 @@ from bertkit.default_model import default_model_dir
 
 def _check_cut(max_length, least: int) -> None:
     """A length to cut ids at (None: no cut): an int of at least `least`."""
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
-                                   or max_length < least):
-        raise BertkitError(f"max_length must be None or an int >= {least}, got {max_length!r}")
+    if max_length is not None:
+        int_at_least(max_length, least, "max_length", says="None or an int >= {least}")
 
 def _check_text(text, what: str) -> str:
     if not isinstance(text, str):
@@ -71,8 +70,7 @@ class Tokenizer:
             raise BertkitError(f"vocab_file must be a vocab.txt, a folder holding one, or the list of tokens; "
                                f"got {type(vocab_file).__name__}")
         tokens = list(vocab_file) if isinstance(vocab_file, (list, tuple)) else load_vocab(vocab_file)
-        if not isinstance(max_input_chars_per_word, int) or max_input_chars_per_word < 1:
-            raise BertkitError(f"max_input_chars_per_word must be a positive int, got {max_input_chars_per_word!r}")
+        int_at_least(max_input_chars_per_word, 1, "max_input_chars_per_word", says="a positive int")
         self.ids_to_tokens: list[str] = list(tokens)
         self.vocab: dict[str, int] = {t: i for i, t in enumerate(self.ids_to_tokens)}
         self.lowercase = bool(lowercase)

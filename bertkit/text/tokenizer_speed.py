@@ -37,7 +37,7 @@ import weakref
 from array import array
 from contextlib import contextmanager
 
-from bertkit.errors import BertkitError
+from bertkit.errors import int_at_least
 from bertkit.text.workers import can_start_workers, start_pool
 
 CACHE_LIMIT = 2_000_000  # distinct runs kept before the cache is emptied
@@ -78,9 +78,7 @@ def choose_num_workers(texts: list[str], num_workers: int | None) -> int:
     if num_workers is None:
         big = sum(len(t) for t in texts) >= BIG_BATCH_CHARS
         return min(os.cpu_count() or 1, MAX_WORKERS) if big and can_start_workers() else 1
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise BertkitError(f"num_workers must be a positive int, got {num_workers!r}")
-    return num_workers
+    return int_at_least(num_workers, 1, "num_workers", says="a positive int")
 
 
 class TokenizerWorkers:

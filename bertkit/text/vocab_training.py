@@ -34,7 +34,7 @@ from pathlib import Path
 
 
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, read_lines
 from bertkit.data.outputs import holds
 from bertkit.data.textfiles import check_encoding, corpus_files
@@ -64,12 +64,9 @@ class VocabTrainingConfig:
                                 "(repair its bad bytes, counted)", choices=ENCODING_ERRORS)
 
     def validate(self) -> None:
-        if not isinstance(self.vocab_size, int) or self.vocab_size < len(SPECIAL_TOKENS) + 1:
-            raise BertkitError(f"vocab_size must be an int > {len(SPECIAL_TOKENS)}, got {self.vocab_size!r}")
-        if not isinstance(self.min_frequency, int) or self.min_frequency < 1:
-            raise BertkitError(f"min_frequency must be a positive int, got {self.min_frequency!r}")
-        if not isinstance(self.max_distinct_words, int) or self.max_distinct_words < 1000:
-            raise BertkitError(f"max_distinct_words must be an int >= 1000, got {self.max_distinct_words!r}")
+        int_at_least(self.vocab_size, len(SPECIAL_TOKENS) + 1, "vocab_size", says=f"an int > {len(SPECIAL_TOKENS)}")
+        int_at_least(self.min_frequency, 1, "min_frequency", says="a positive int")
+        int_at_least(self.max_distinct_words, 1000, "max_distinct_words", says="an int >= {least}")
         check_encoding(self.encoding)
         if self.encoding_errors not in ENCODING_ERRORS:
             raise BertkitError(f"unknown --encoding-errors {self.encoding_errors!r}: choose one of "

@@ -24,7 +24,7 @@ well as from weight decay, and `build_lamb` does the same.
 
 import torch
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, positive
 
 
 class Lamb(torch.optim.Optimizer):
@@ -35,8 +35,7 @@ class Lamb(torch.optim.Optimizer):
             raise BertkitError(f"LAMB learning rate must be >= 0, got {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise BertkitError(f"LAMB betas must lie in [0, 1), got {betas}")
-        if eps <= 0:
-            raise BertkitError(f"LAMB eps must be > 0, got {eps}")
+        positive(eps, "LAMB eps")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, trust_ratio=trust_ratio)
         super().__init__(params, defaults)
 

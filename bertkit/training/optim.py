@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, positive
 
 if TYPE_CHECKING:
     import torch
@@ -46,8 +46,7 @@ class OptimConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this; 0 disables"})
 
     def validate(self) -> "OptimConfig":
-        if self.learning_rate <= 0:
-            raise BertkitError(f"--learning-rate must be > 0, got {self.learning_rate} (BERT uses 2e-5..5e-5)")
+        positive(self.learning_rate, "--learning-rate", " (BERT uses 2e-5..5e-5)")
         if not 0 <= self.warmup_ratio < 1:
             raise BertkitError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio} (BERT uses 0.1)")
         if self.weight_decay < 0:

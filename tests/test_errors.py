@@ -1,0 +1,48 @@
+"""The range checks written once in bertkit.errors, as every layer asks them, and what they say.
+
+A count is an int (a bool is no count), a positive number and a probability are numbers in range; a NaN
+passes none of them (the learning rate's `<= 0` let one through, to fail as a non-finite loss later).
+"""
+
+import math
+
+import pytest
+
+from bertkit.errors import BertkitError, int_at_least, positive, probability
+from bertkit.training.optim import OptimConfig
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "3", None, math.nan])
+def test_a_count_is_an_int_of_at_least_its_bound(value):
+    with pytest.raises(BertkitError) as err:
+        int_at_least(value, 1, "--top-k")
+    assert str(err.value) == f"--top-k must be an int of at least 1, got {value!r}"
+
+
+def test_a_count_says_its_bound_in_the_callers_words():
+    assert int_at_least(5, 5, "n") == 5 and int_at_least(10**12, 3, "n") == 10**12
+    with pytest.raises(BertkitError, match=r"^max_length must be None or an int >= 4, got 3$"):
+        int_at_least(3, 4, "max_length", says="None or an int >= {least}")
+    with pytest.raises(BertkitError, match=r"^vocab_size must be an int > 5, got 5$"):
+        int_at_least(5, 6, "vocab_size", says="an int > 5")
+
+
+@pytest.mark.parametrize("value", [0, -0.5, math.nan, -math.inf])
+def test_a_positive_number_is_above_zero(value):
+    with pytest.raises(BertkitError) as err:
+        positive(value, "--epochs", " (BERT uses 2-4)")
+    assert str(err.value) == f"--epochs must be > 0, got {value} (BERT uses 2-4)"
+    assert positive(1e-12, "x") == 1e-12 and positive(math.inf, "x") == math.inf
+
+
+@pytest.mark.parametrize("value", [-0.01, 1.01, math.nan])
+def test_a_probability_lies_in_zero_one(value):
+    with pytest.raises(BertkitError) as err:
+        probability(value, "--soft-weight")
+    assert str(err.value) == f"--soft-weight must be in [0, 1], got {value}"
+    assert probability(0, "p") == 0 and probability(1.0, "p") == 1.0
+
+
+def test_a_nan_learning_rate_is_refused_with_the_others():
+    with pytest.raises(BertkitError, match=r"^--learning-rate must be > 0, got nan \(BERT uses 2e-5..5e-5\)$"):
+        OptimConfig(learning_rate=math.nan).validate()
