@@ -114,8 +114,8 @@ class Task:
         return [self.routes[0], *rerank, *self.routes[1:]]
 
     def check(self, cfg) -> None:
-        """A run's settings fit this task (the text tasks' run asks): its config class, and the second-text
-        column a pair task needs."""
+        """A run's settings fit this task (`run_task` asks before anything loads, the text tasks' run again):
+        its config class, the second-text column a pair task needs, and --metric (`check_metric`)."""
         if not isinstance(cfg, self.config):
             raise BertkitError(f"the {self.cli_name} task takes a {self.config.__name__}, got a {type(cfg).__name__}")
         if self.pairs and not getattr(cfg, "text_pair_column", True):
