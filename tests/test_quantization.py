@@ -160,6 +160,23 @@ def test_per_token_int8_is_the_integer_arithmetic_done_by_hand(per_token):
         assert torch.equal(layer(x[1:, 2:3]), got[1:, 2:3])  # alone or among others: the same numbers
 
 
+def test_per_token_int8_runs_a_vnni_kernel_not_onednns_reference_one(capfd):
+    """Where rule 5 picks per-token activations, oneDNN must multiply them with its VNNI/AMX int8
+    kernel. Signed int8 activations sent it to its reference kernel (`ref_int8`) on a Zen 4 with
+    avx512_vnni and no AMX: 60x slower than float32 (`embed --int8`, 11 s per sentence).
+    oneDNN's verbose log names the kernel each matmul ran."""
+    if not decide().int8_per_token:
+        pytest.skip("this CPU takes per-call int8 (FBGEMM): no VNNI or AMX, or no oneDNN")
+    layer = quantize(tiny_model(), decide()).encoder.layers[0].intermediate
+    x = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(0))
+    capfd.readouterr()
+    with torch.no_grad(), torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        layer(x)
+    kernels = [line.split(",")[6] for line in capfd.readouterr().out.splitlines()
+               if line.startswith("onednn_verbose") and ",exec,cpu,matmul," in line]
+    assert kernels and not any(k.startswith("ref") for k in kernels), kernels
+
+
 def test_activation_rule_by_the_cpu():
     import dataclasses
 

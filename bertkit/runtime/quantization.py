@@ -68,8 +68,9 @@ class Int8Linear(DynamicLinear):
     (`bertkit.runtime.fast` rule 5, `SpeedSettings.int8_per_token`, set by quantize / load_quantized):
 
     - per token (a CPU with VNNI or AMX): each row of x gets its own scale, s_t = max|x_t| / 127,
-      q = round(x / s_t) in [-127, 127]; oneDNN's int8 matmul (`onednn::qlinear_pointwise`, its
-      VNNI/AMX kernels) multiplies q by the int8 weight, exactly in int32, and scales by s_w
+      q = round(x / s_t) in [-127, 127] (held as q + 128 in uint8, the operand VNNI takes);
+      oneDNN's int8 matmul (`onednn::qlinear_pointwise`, its VNNI/AMX kernels) multiplies q by
+      the int8 weight, exactly in int32, and scales by s_w
       on the way out (float32), and y = that * s_t + b;
     - per call (elsewhere): FBGEMM's `quantized::linear_dynamic`, one 7-bit scale per call.
     """
@@ -94,9 +95,12 @@ class Int8Linear(DynamicLinear):
         x2 = x.detach().reshape(-1, x.shape[-1])  # [..., in] -> [M, in]
         # few element-wise passes: at batch 1 each is an OpenMP region, and they cost as much as the product
         s = x2.abs().amax(-1, keepdim=True).clamp_(min=1e-12).div_(127.0)  # [M, 1]: s_t
-        q = torch.div(x2, s).round_().to(torch.int8)  # [M, in], each row's largest |x| -> 127
-        # acc * s_w in the kernel's epilogue (activation scale 1, zero point 0), float32 out: [M, out]
-        y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, w, w_scale, w_zero, None, 1.0, 0, torch.float32,
+        # [M, in], each row's largest |x| -> 127, stored as uint8 with zero point 128: VNNI multiplies
+        # unsigned by signed bytes, and signed activations sent oneDNN to its reference kernel on a
+        # CPU without AMX (60x slower); the kernel subtracts the zero point exactly, in int32
+        q = torch.div(x2, s).round_().add_(128.0).to(torch.uint8)
+        # acc * s_w in the kernel's epilogue (activation scale 1, zero point 128), float32 out: [M, out]
+        y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 128, w, w_scale, w_zero, None, 1.0, 0, torch.float32,
                                                "none", [], "")
         y = y.mul_(s) if bias is None else torch.addcmul(bias, y, s, out=y)  # * s_t (+ b)
         return y.view(*x.shape[:-1], y.shape[-1])
