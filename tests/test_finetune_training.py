@@ -241,6 +241,24 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(task, o
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_a_run_saved_without_dev_by_an_earlier_bertkit_resumes(task, tmp_path):
+    # before --metric was checked, a run without --dev saved its task's default metric in run_config.json
+    d, model, train_p, _ = task
+    killed = tmp_path / "killed"
+    res = run_cli("finetune", "classify", "--train", train_p, "--model", model, "--max-length", 32, "--no-progress",
+                  "--device", "cpu", "-o", killed, *ONE_EPOCH, kill_at_step=2, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    saved = json.loads((killed / "run_config.json").read_text())
+    assert saved["dev"] is None and saved["training"]["metric"] is None
+    saved["training"]["metric"] = "accuracy"  # as the earlier bertkit wrote it
+    (killed / "run_config.json").write_text(json.dumps(saved))
+    run_cli("finetune", "classify", "-o", killed, "--resume")
+    assert sorted(train_losses(killed)) == [1, 2, 3, 4, 5]
+    again = run_cli("finetune", "classify", "-o", tmp_path / "new", "--train", train_p, "--model", model,
+                    "--metric", "accuracy", check=False)  # a --metric given without --dev is still refused
+    assert again.returncode == 2 and "give --dev too" in again.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["classify", "ner"])
 def test_two_ddp_processes_equal_one_accumulating_two(task, tmp_path, kind):

@@ -50,6 +50,10 @@ def run_finetune(args):
         if getattr(args, switch, None):
             defaults = merge(defaults, preset)
     cfg = from_args(args, cls, defaults)
+    if args.resume and not cfg.dev and getattr(args, "metric", None) is None:
+        # a run saved by an earlier bertkit without --dev holds its task's default metric, never scored:
+        # resume it as it ran (a --metric given now without --dev is still refused)
+        cfg.training.metric = None
     final = run_task(cfg, speed=args.speed)
     report = format_report(final)
     if report:  # not on the other processes of a torchrun
