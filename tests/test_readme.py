@@ -1,7 +1,12 @@
 """The README's module table is true to the tree: every module of bertkit/ is named in it, under its
-package, and every name in it is a module that exists."""
+package, and every name in it is a module that exists. Every `bertkit` command shown in README.md and
+docs/*.md is one the command line takes today."""
 
+import argparse
+import contextlib
+import io
 import re
+import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,3 +52,65 @@ def test_every_module_is_in_the_readme_table():
 def test_every_module_in_the_readme_table_exists():
     gone = sorted(f"{folder}{name}" for folder, name in table_rows() - tree_modules())
     assert gone == [], f"README.md's module table names modules that do not exist: {gone}"
+
+
+# --- the commands the documentation shows ---------------------------------------------------
+
+FENCE = re.compile(r"^```[\w-]*[ \t]*\n(.*?)^```", re.S | re.M)
+PLACEHOLDERS = ("...", "|", "[-")  # `finetune classify ... --pooling mean`, `pair|regression`, a synopsis
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(where, command line) for every `bertkit ...` line in a code block of README.md and docs/*.md,
+    `torchrun ... -m bertkit.cli` and `python -m bertkit.cli` written as `bertkit`; a comment, a
+    redirect or a pipe after it dropped, continued lines joined."""
+    out = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for block in FENCE.finditer(text):
+            first = text.count("\n", 0, block.start()) + 2
+            for i, line in enumerate(block.group(1).replace("\\\n", " ").splitlines()):
+                line = line.strip().removeprefix("$ ")
+                m = re.match(r"^(?:bertkit|torchrun .*?-m bertkit\.cli|python -m bertkit\.cli) (.*)$", line)
+                if m:
+                    cmd = re.split(r"\s+#\s|\s+\|\s|\s+&&\s|\s+&(?:\s|$)|\s+>\s?\S", m.group(1))[0]
+                    out.append((f"{page.relative_to(ROOT)}:{first + i}", cmd))
+    return out
+
+
+def _leaf(parser: argparse.ArgumentParser, words: list[str]) -> argparse.ArgumentParser:
+    """The (sub)parser the leading command words name."""
+    for word in words:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        parser = subs[0].choices[word]
+    return parser
+
+
+def test_every_documented_command_parses():
+    """Each `bertkit` command a page shows is one the command line takes today: a complete line
+    parses as written; a line with a placeholder (`...`, `a|b`, a `[--flag]` synopsis) names only
+    options its command has. A renamed or removed option fails here, naming the page and line."""
+    from bertkit.cli import build_parser
+
+    parser = build_parser()
+    wrong = []
+    for where, cmd in documented_commands():
+        words = shlex.split(cmd)
+        if not any(p in cmd for p in PLACEHOLDERS):
+            err = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                    parser.parse_args(words)
+            except SystemExit:
+                wrong.append(f"{where}: bertkit {cmd}: {err.getvalue().strip().splitlines()[-1]}")
+            continue
+        leaf = _leaf(parser, [w for w in words if not w.startswith("-")])
+        known = {s for a in leaf._actions for s in a.option_strings}
+        for word in words:
+            flag = word.strip("[]").split("=")[0]
+            if flag.startswith("-") and flag not in known and not re.fullmatch(r"-[\d.,-]+", flag):
+                wrong.append(f"{where}: bertkit {cmd}: {flag} is not an option of `{leaf.prog}`")
+    assert len(documented_commands()) > 100
+    assert wrong == [], "\n".join(wrong)
