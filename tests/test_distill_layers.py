@@ -352,7 +352,8 @@ def test_two_torchrun_processes_train_the_student_as_one_process_accumulating_tw
     common = ("distill", "layers", teacher, "--keep", "1", "--data", data, "--epochs", 2, "--batch-size", 2,
               "--learning-rate", 3e-3, "--seed", 0, "--no-progress", "--device", "cpu")
     run_cli(*common, "--grad-accum", 2, "-o", tmp_path / "single")
-    torchrun(2, *common, "-o", tmp_path / "ddp")
+    res = torchrun(2, *common, "-o", tmp_path / "ddp")
+    assert res.stderr.count('{"layers": [1]') == 1, res.stderr[-2000:]  # the summary once, not per rank
     single, ddp = train_losses(tmp_path / "single"), train_losses(tmp_path / "ddp")
     assert sorted(ddp) == sorted(single) == [1, 2, 3, 4]
     for step in single:
@@ -361,6 +362,21 @@ def test_two_torchrun_processes_train_the_student_as_one_process_accumulating_tw
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_the_command_prints_its_summary_on_the_first_process_only(tiny_dir, monkeypatch, tmp_path, capsys):
+    """Under torchrun every rank runs the command; the summary line and distill.json come from the rank
+    that writes (the training run's is_main) alone: the line was printed once per rank. The training
+    run is stood in for by its report."""
+    args = ["distill", "layers", str(tiny_dir), "--keep", "1", "--data", str(tmp_path / "s.txt")]
+    (tmp_path / "s.txt").write_text(HELD)
+    for main_rank, printed in ((False, 0), (True, 1)):
+        report = {"layers": [1], "sentences": 8, "held_out": 0, "train_seconds": 0.0, "epochs": [], "is_main": main_rank}
+        monkeypatch.setattr("bertkit.distill.layers.distill_sentences", lambda *a, report=report, **k: dict(report))
+        out = tmp_path / str(main_rank)
+        assert main([*args, "-o", str(out)]) == 0
+        assert capsys.readouterr().err.count('{"layers": [1]') == printed, main_rank
+        assert (out / "distill.json").exists() == main_rank
 
 
 def test_bf16_autocast_trains_the_student_close_to_float32(tiny_dir, tmp_path):

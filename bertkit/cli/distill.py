@@ -67,4 +67,5 @@ def run_layers(args):
 
     config = from_args(args, LayersDistillConfig, LAYERS_DEFAULTS)
     report = distill_layers(args.model, config.output, config, speed=args.speed)
-    print(json.dumps({k: v for k, v in report.items() if k != "epochs"}), file=sys.stderr)
+    if report.get("is_main", True):  # torchrun's other ranks ran the same job: one summary, as every other line
+        print(json.dumps({k: v for k, v in report.items() if k not in ("epochs", "is_main")}), file=sys.stderr)

@@ -217,7 +217,8 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
     """Train a `config.keep`-layer student of `model` (None: the default model) on `config.data`: a sentence
     model's sentence vectors (MSE), a fine-tuned model's logits (`bertkit.distill.logits`); saved at `output`
     in the teacher's layout, with distill.json (the layers kept, the epochs). speed: the student's fast-path
-    settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s)."""
+    settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s). The report's "is_main" says whether
+    this process wrote the output (False on torchrun's ranks but the first)."""
     config.validate()
     # the output before the teacher runs: a model there (the teacher's own folder even with --overwrite) was
     # written over without a word, --overwrite was never read, and a run there was refused only once the
@@ -231,6 +232,7 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
             raise BertkitError("--holdout is for a sentence model's sentences; a fine-tuned teacher's student is "
                                "trained on its table: leave --holdout out")
         final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
-        if final.pop("is_main"):
-            (Path(output) / "distill.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+        if final["is_main"]:  # False on torchrun's other ranks, which ran the same job
+            summary = {k: v for k, v in final.items() if k != "is_main"}
+            (Path(output) / "distill.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return final
