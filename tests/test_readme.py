@@ -1,9 +1,10 @@
 """The README's module table is true to the tree: every module of bertkit/ is named in it, under its
 package, and every name in it is a module that exists. Every `bertkit` command shown in README.md and
-docs/*.md is one the command line takes today."""
+docs/*.md is one the command line takes today, and every file and dotted name they cite exists."""
 
 import argparse
 import contextlib
+import importlib
 import io
 import re
 import shlex
@@ -113,4 +114,41 @@ def test_every_documented_command_parses():
             if flag.startswith("-") and flag not in known and not re.fullmatch(r"-[\d.,-]+", flag):
                 wrong.append(f"{where}: bertkit {cmd}: {flag} is not an option of `{leaf.prog}`")
     assert len(documented_commands()) > 100
+    assert wrong == [], "\n".join(wrong)
+
+
+CITED_PATH = re.compile(r"(?:^|[\s(])((?:bertkit|tests|bench|docs|\.ci)/[\w./*-]+)")
+CITED_NAME = re.compile(r"\bbertkit(?:\.[A-Za-z_]\w*)+")
+
+
+def _resolves(name: str) -> bool:
+    """Whether a dotted name is a module of bertkit, or an attribute chain inside one."""
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        for attr in parts[k:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_file_and_name_the_docs_cite_exists():
+    """A path (`bertkit/runtime/fast.py`, `tests/test_pretraining_*.py`) or a dotted name
+    (`bertkit.runtime.fast.decide`) written in backticks in README.md or docs/*.md names something in the
+    tree: a module moved or a function renamed fails here, naming the page and line."""
+    wrong = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"`([^`\n]+)`", text):
+            where = f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+            for path in CITED_PATH.findall(m.group(1)):
+                path = path.rstrip(".,:")
+                if not any(ROOT.glob(path)):
+                    wrong.append(f"{where}: no file {path}")
+            wrong += [f"{where}: no {name}" for name in CITED_NAME.findall(m.group(1)) if not _resolves(name)]
     assert wrong == [], "\n".join(wrong)
