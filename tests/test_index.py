@@ -198,6 +198,19 @@ def test_building_into_a_used_folder_is_refused(built, tiny, corpus, tmp_path):
     assert not (tmp_path / "e").exists()  # a refused corpus leaves no half-made folder behind
 
 
+def test_a_missing_bm25s_is_refused_before_any_passage_is_encoded(tiny, corpus, tmp_path, monkeypatch, capsys):
+    """The lexical part is built last, after every passage is encoded; without bm25s (a base install,
+    no [search] extra) the build stopped only there. Now one line names the extra and --no-lexical first,
+    and nothing is written; --no-lexical builds."""
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # None in sys.modules: importing it raises ImportError
+    out = tmp_path / "index"
+    assert main(["index", str(corpus), "-o", str(out), "--model", str(tiny), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'bertkit[search]'" in err and "--no-lexical" in err and len(err.splitlines()) == 1, err
+    assert not (out / "vectors.safetensors").exists() and not (out / "parts").exists()
+    assert main(["index", str(corpus), "-o", str(out), "--model", str(tiny), "--quiet", "--no-lexical"]) == 0
+
+
 # --- resuming after SIGKILL ----------------------------------------------------------------------
 
 KILLED_AT_THIRD_PART = textwrap.dedent("""

@@ -32,7 +32,7 @@ def require_bm25s():
     try:
         import bm25s
     except ImportError:
-        raise BertkitError("the BM25 baseline needs the bm25s package: pip install 'bertkit[search]'") from None
+        raise BertkitError("BM25 needs the bm25s package: pip install 'bertkit[search]'") from None
     return bm25s
 
 

@@ -80,7 +80,7 @@ from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_m
 from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.index_check import check_files, check_values, read_info
-from bertkit.retrieval.lexical import build_lexical, options_of, read_lexical, stem_function
+from bertkit.retrieval.lexical import build_lexical, options_of, read_lexical, require_packages
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
 from bertkit.data.vector_files import map_safetensors, safetensors_header
@@ -367,7 +367,7 @@ def _check_options(vectors: str, rescore_with: str | None, batch_size, part_size
         faiss_module()  # a missing FAISS is refused before the encoding, not after
     if lexical is not None:
         lexical.validate()
-        stem_function(lexical.stemmer)  # as is a missing bm25s or PyStemmer
+        require_packages(lexical)  # as is a missing bm25s or PyStemmer
 
 
 def _finish(out: Path, plan: dict, passages: list, order: list[int], lines: list[bytes], empty: int, lexical,

@@ -42,6 +42,16 @@ LEXICAL_DIR = "lexical"
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s' (and scikit-learn's CountVectorizer's) default
 
 
+def require_packages(options: LexicalOptions) -> None:
+    """bm25s and the stemmer `options` names, or one line naming the extra to install and --no-lexical: an index
+    asks before it encodes anything, since its lexical part is built last."""
+    try:
+        require_bm25s()
+        stem_function(options.stemmer)
+    except BertkitError as e:
+        raise BertkitError(f"the index's lexical part: {e}, or build it with --no-lexical (dense search only)") from None
+
+
 def tokenize(texts: list[str], options: LexicalOptions, *, ids: bool, progress: bool = False):
     """bm25s tokens of `texts` (ids=True: a Tokenized with its vocabulary, for indexing; else lists of strings)."""
     bm25s = require_bm25s()
