@@ -1,6 +1,7 @@
 """The README's module table is true to the tree: every module of bertkit/ is named in it, under its
 package, and every name in it is a module that exists. Every `bertkit` command shown in README.md and
-docs/*.md is one the command line takes today, and every file and dotted name they cite exists."""
+docs/*.md, and in the examples of each `--help`, is one the command line takes today, and every file and dotted
+name the pages cite exists."""
 
 import argparse
 import contextlib
@@ -61,43 +62,62 @@ FENCE = re.compile(r"^```[\w-]*[ \t]*\n(.*?)^```", re.S | re.M)
 PLACEHOLDERS = ("...", "|", "[-")  # `finetune classify ... --pooling mean`, `pair|regression`, a synopsis
 
 
+COMMAND = re.compile(r"^(?:bertkit|torchrun .*?-m bertkit\.cli|python -m bertkit\.cli) (.*)$")
+# what follows a command on its line: a comment, a pipe, a chain, a background job, a redirect, a remark
+TAIL = re.compile(r"\s+#\s|\s+\|\s|\s+&&\s|\s+&(?:\s|$)|\s+>\s?\S|\s{2,}\(")
+
+
+def commands_in(text: str, where) -> list[tuple[str, str]]:
+    """(where(line number), command line) for every `bertkit ...` line of `text`, `torchrun ... -m bertkit.cli`
+    and `python -m bertkit.cli` written as `bertkit`, with what follows the command dropped."""
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        m = COMMAND.match(line.strip().removeprefix("$ "))
+        if m:
+            out.append((where(i), TAIL.split(m.group(1))[0]))
+    return out
+
+
 def documented_commands() -> list[tuple[str, str]]:
-    """(where, command line) for every `bertkit ...` line in a code block of README.md and docs/*.md,
-    `torchrun ... -m bertkit.cli` and `python -m bertkit.cli` written as `bertkit`; a comment, a
-    redirect or a pipe after it dropped, continued lines joined."""
+    """The commands in the code blocks of README.md and docs/*.md (continued lines joined)."""
     out = []
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = page.read_text(encoding="utf-8")
         for block in FENCE.finditer(text):
             first = text.count("\n", 0, block.start()) + 2
-            for i, line in enumerate(block.group(1).replace("\\\n", " ").splitlines()):
-                line = line.strip().removeprefix("$ ")
-                m = re.match(r"^(?:bertkit|torchrun .*?-m bertkit\.cli|python -m bertkit\.cli) (.*)$", line)
-                if m:
-                    cmd = re.split(r"\s+#\s|\s+\|\s|\s+&&\s|\s+&(?:\s|$)|\s+>\s?\S", m.group(1))[0]
-                    out.append((f"{page.relative_to(ROOT)}:{first + i}", cmd))
+            out += commands_in(block.group(1).replace("\\\n", " "),
+                               lambda i, first=first, page=page: f"{page.relative_to(ROOT)}:{first + i}")
+    return out
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return subs[0].choices if subs else {}
+
+
+def help_examples(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """The commands in the examples of every `bertkit ... --help`: its epilog's indented lines."""
+    examples = "\n".join(line for line in (parser.epilog or "").splitlines() if line.startswith(" "))
+    out = commands_in(examples, lambda i: f"`{parser.prog} --help`")
+    for sub in dict.fromkeys(_subparsers(parser).values()):  # an alias maps to the same parser
+        out += help_examples(sub)
     return out
 
 
 def _leaf(parser: argparse.ArgumentParser, words: list[str]) -> argparse.ArgumentParser:
     """The (sub)parser the leading command words name."""
     for word in words:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs or word not in subs[0].choices:
+        if word not in _subparsers(parser):
             break
-        parser = subs[0].choices[word]
+        parser = _subparsers(parser)[word]
     return parser
 
 
-def test_every_documented_command_parses():
-    """Each `bertkit` command a page shows is one the command line takes today: a complete line
-    parses as written; a line with a placeholder (`...`, `a|b`, a `[--flag]` synopsis) names only
-    options its command has. A renamed or removed option fails here, naming the page and line."""
-    from bertkit.cli import build_parser
-
-    parser = build_parser()
+def wrong_commands(parser: argparse.ArgumentParser, commands) -> list[str]:
+    """A line each for the commands `parser` does not take: a complete line must parse as written; a line with a
+    placeholder (`...`, `a|b`, a `[--flag]` synopsis) may name only options its command has."""
     wrong = []
-    for where, cmd in documented_commands():
+    for where, cmd in commands:
         words = shlex.split(cmd)
         if not any(p in cmd for p in PLACEHOLDERS):
             err = io.StringIO()
@@ -113,7 +133,28 @@ def test_every_documented_command_parses():
             flag = word.strip("[]").split("=")[0]
             if flag.startswith("-") and flag not in known and not re.fullmatch(r"-[\d.,-]+", flag):
                 wrong.append(f"{where}: bertkit {cmd}: {flag} is not an option of `{leaf.prog}`")
-    assert len(documented_commands()) > 100
+    return wrong
+
+
+def test_every_documented_command_parses():
+    """Each `bertkit` command a page shows is one the command line takes today. A renamed or removed option
+    fails here, naming the page and line."""
+    from bertkit.cli import build_parser
+
+    commands = documented_commands()
+    assert len(commands) > 100
+    wrong = wrong_commands(build_parser(), commands)
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_every_help_example_parses():
+    """The examples at the end of each `--help` are commands the command line takes."""
+    from bertkit.cli import build_parser
+
+    parser = build_parser()
+    examples = help_examples(parser)
+    assert len(examples) > 40
+    wrong = wrong_commands(parser, examples)
     assert wrong == [], "\n".join(wrong)
 
 
