@@ -1,7 +1,7 @@
 """The README's module table is true to the tree: every module of bertkit/ is named in it, under its
 package, and every name in it is a module that exists. Every `bertkit` command shown in README.md and
-docs/*.md, and in the examples of each `--help`, is one the command line takes today, and every file and dotted
-name the pages cite exists."""
+docs/*.md, and in the examples of each `--help`, is one the command line takes today, every file and dotted
+name the pages cite exists, and the README's Python block runs."""
 
 import argparse
 import contextlib
@@ -9,7 +9,12 @@ import importlib
 import io
 import re
 import shlex
+import shutil
 from pathlib import Path
+
+import numpy as np
+
+from test_finetune import sentiment_run, tiny  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -193,3 +198,20 @@ def test_every_file_and_name_the_docs_cite_exists():
                     wrong.append(f"{where}: no file {path}")
             wrong += [f"{where}: no {name}" for name in CITED_NAME.findall(m.group(1)) if not _resolves(name)]
     assert wrong == [], "\n".join(wrong)
+
+
+def test_the_readmes_python_block_runs(sentiment_run, tmp_path, monkeypatch):  # noqa: F811
+    """README.md's "In Python" block runs as written, with `clf/` a fine-tuned classifier (the tiny one of
+    tests/test_finetune.py), and gives what its comments say."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"^In Python:\n\n```python\n(.*?)^```", text, re.S | re.M).group(1)
+    shutil.copytree(sentiment_run[0] / "out", tmp_path / "clf")
+    monkeypatch.chdir(tmp_path)
+    names = {}
+    exec(compile(block, "README.md", "exec"), names)
+    out, vectors, tokens = names["out"], names["vectors"], names["tokens"]
+    assert out.last_hidden_state.shape == (2, names["batch"]["input_ids"].shape[1], 384)
+    assert out.pooler_output.shape == (2, 384) and len(out.hidden_states) == 7
+    assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert tokens.shape == (4, 384)  # [CLS] a sentence [SEP]
+    assert names["preds"][0]["label"] in ("neg", "pos") and names["loaded"].task == "classify"
