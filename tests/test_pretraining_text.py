@@ -12,7 +12,7 @@ import pytest
 from bertkit.errors import BertkitError
 from bertkit.data import corpus as corpus_mod
 from bertkit.data.corpus import CorpusStats, iter_documents
-from bertkit.data.textfiles import corpus_files as list_input_files
+from bertkit.data.corpus import corpus_files as list_input_files
 from bertkit.data.sentences import split_sentences
 
 

@@ -5,7 +5,8 @@ import gzip
 import pytest
 
 from bertkit.errors import BertkitError
-from bertkit.data.textfiles import corpus_files, existing_file, first_invalid_utf8, read_text
+from bertkit.data.corpus import corpus_files
+from bertkit.data.textfiles import existing_file, first_invalid_utf8, read_text
 from bertkit.text.vocab_training import VocabTrainingConfig, train_vocab_from_files
 
 

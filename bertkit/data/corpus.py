@@ -10,7 +10,7 @@ paragraphs. Two independent choices cover both:
 - `sentences`: "split" (the lines of a paragraph are joined and cut by
   `sentences.split_sentences`) or "line" (each line is already a sentence).
 
-Input: the files `bertkit.data.textfiles.corpus_files` finds (folders are searched
+Input: the files `corpus_files` finds (folders are searched
 recursively for `*.txt` and `*.gz`; a file named explicitly is read whatever
 its name); gzip is recognised by its magic bytes. Output: an iterator of documents, each a list of
 sentence strings.
@@ -34,6 +34,7 @@ Memory stays bounded whatever the input: lines are read at most
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import zlib
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from bertkit.data.textfiles import binary_bytes, not_decodable, wrong_encoding
 DOCUMENT_MODES = ("blank-line", "file")
 ENCODING_ERRORS = ("strict", "replace")  # what a line that does not decode does: stop the command, or get repaired
 SENTENCE_MODES = ("split", "line")
+CORPUS_SUFFIXES = (".txt", ".gz")  # what `corpus_files` finds inside a folder
 
 MAX_LINE_BYTES = 1 << 20  # a longer line is cut at a space into pieces of at most this
 MAX_PARAGRAPH_CHARS = 1 << 20  # a longer paragraph is split and flushed in parts
@@ -110,6 +112,54 @@ class CorpusStats:
     @classmethod
     def from_dict(cls, d: dict) -> "CorpusStats":
         return cls(d["files"], d["bytes"], d["documents"], d["sentences"], d["tokens"], dict(d["skips"]))
+
+
+def corpus_files(paths) -> list[Path]:
+    """Files named directly and the .txt/.gz files inside folders (recursive): sorted, de-duplicated.
+
+    Hidden files (".name") inside folders are skipped; a file named explicitly
+    is read whatever its name.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(
+                f for f in p.rglob("*")
+                if f.is_file() and f.suffix in CORPUS_SUFFIXES and not f.name.startswith(".")
+            )
+            if not found:
+                raise BertkitError(
+                    f"folder {p} holds no .txt files (nor .gz); put the corpus in *.txt files or name the files"
+                )
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise BertkitError(f"corpus path not found: {p}")
+    seen, out = set(), []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    if not out:
+        raise BertkitError("no corpus files given; pass text files or folders of .txt files")
+    return out
+
+
+def check_encoding(name: str) -> str:
+    """`name` if it is a text encoding a corpus can be read in line by line, else a BertkitError."""
+    try:
+        codec = codecs.lookup(name)
+        newline = "\n".encode(codec.name)
+    except (LookupError, TypeError):  # TypeError: a bytes-to-bytes codec (base64, zlib), not a text encoding
+        raise BertkitError(f"unknown --encoding {name!r}: name a text encoding, e.g. utf-8, latin-1, cp1252") from None
+    if newline != b"\n":
+        raise BertkitError(f"--encoding {name}: corpora are read line by line, and in {codec.name} a newline is "
+                           "not the byte 0x0A; convert the files to UTF-8 (iconv -t utf-8)")
+    return name
 
 
 def _open_binary(path: Path):

@@ -13,8 +13,8 @@ Two kinds of input, two policies:
   the command (`open_text`, `read_text`). Guessing another encoding would
   silently change labels and tokens.
 - corpora (`vocab train`, `pretrain prepare`): files and folders found by
-  `corpus_files` (.txt and .gz, recursively; a file named explicitly is read
-  whatever its name), decoded by `bertkit.data.corpus.read_lines`, which
+  `bertkit.data.corpus.corpus_files` (.txt and .gz, recursively; a file named explicitly
+  is read whatever its name), decoded by `bertkit.data.corpus.read_lines`, which
   skips binary files and repairs stray invalid bytes, counting both for the
   summary. A line that does not decode stops them as it stops the record
   readers, naming the file, the line and the fixes (`not_decodable`):
@@ -22,7 +22,7 @@ Two kinds of input, two policies:
   to repair stray bytes (a web crawl with one bad byte in ten gigabytes), which
   are then counted. A corpus with no text left is an error, and so, even with
   repairs, is a file where most lines do not decode: it is in another encoding,
-  which `--encoding` names (`check_encoding`, `wrong_encoding`).
+  which `--encoding` names (`bertkit.data.corpus.check_encoding`, `wrong_encoding`).
 
 Record files come as plain text (one record per line), JSONL (`json_objects`: one JSON
 object per line, the line named when it is not one) or TSV with a header; `read_texts`
@@ -38,7 +38,6 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 
-CORPUS_SUFFIXES = (".txt", ".gz")
 _SCAN_BLOCK = 1 << 20
 
 
@@ -68,19 +67,6 @@ def looks_binary(head: bytes) -> bool:
         return True
     decoded = head.decode("utf-8", errors="replace")
     return decoded.count("\ufffd") > 0.1 * len(decoded)
-
-
-def check_encoding(name: str) -> str:
-    """`name` if it is a text encoding a corpus can be read in line by line, else a BertkitError."""
-    try:
-        codec = codecs.lookup(name)
-        newline = "\n".encode(codec.name)
-    except (LookupError, TypeError):  # TypeError: a bytes-to-bytes codec (base64, zlib), not a text encoding
-        raise BertkitError(f"unknown --encoding {name!r}: name a text encoding, e.g. utf-8, latin-1, cp1252") from None
-    if newline != b"\n":
-        raise BertkitError(f"--encoding {name}: corpora are read line by line, and in {codec.name} a newline is "
-                           "not the byte 0x0A; convert the files to UTF-8 (iconv -t utf-8)")
-    return name
 
 
 def wrong_encoding(path, encoding: str, bad: int, lines: int, line: int, sample: bytes) -> BertkitError:
@@ -248,38 +234,3 @@ def read_texts(path, column: str | None = None) -> tuple:
 
     count = sum(1 for _ in lines())
     return lines(), count
-
-
-def corpus_files(paths) -> list[Path]:
-    """Files named directly and the .txt/.gz files inside folders (recursive): sorted, de-duplicated.
-
-    Hidden files (".name") inside folders are skipped; a file named explicitly
-    is read whatever its name.
-    """
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(
-                f for f in p.rglob("*")
-                if f.is_file() and f.suffix in CORPUS_SUFFIXES and not f.name.startswith(".")
-            )
-            if not found:
-                raise BertkitError(
-                    f"folder {p} holds no .txt files (nor .gz); put the corpus in *.txt files or name the files"
-                )
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise BertkitError(f"corpus path not found: {p}")
-    seen, out = set(), []
-    for f in files:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    if not out:
-        raise BertkitError("no corpus files given; pass text files or folders of .txt files")
-    return out

@@ -53,7 +53,8 @@ from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError, probability
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.blocks import held_out_documents, init_block_worker, plan_blocks, write_block
-from bertkit.data.corpus import DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats
+from bertkit.data.corpus import (DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats,
+                                 check_encoding, corpus_files)
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab
 from bertkit.pretraining.shards import (
     consolidate,
@@ -63,7 +64,6 @@ from bertkit.pretraining.shards import (
     shard_is_complete,
     tokenize_file,
 )
-from bertkit.data.textfiles import check_encoding, corpus_files
 from bertkit.text.workers import run_jobs
 from bertkit.text.tokenizer import Tokenizer
 

@@ -35,9 +35,8 @@ from pathlib import Path
 
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, read_lines
+from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, check_encoding, corpus_files, read_lines
 from bertkit.data.outputs import holds
-from bertkit.data.textfiles import check_encoding, corpus_files
 from bertkit.text.vocab import SPECIAL_TOKENS, save_vocab
 from bertkit.text.wordpiece import CONTINUATION
 
