@@ -25,7 +25,9 @@ from test_finetune import Bag, bag_features, sentiment_rows, tiny_model_dir, wri
 
 from bertkit.tasks.classification import TextTaskConfig, finetune_text
 from bertkit.tasks.config import TrainConfig
-from bertkit.tasks.trainer import IGNORE_INDEX, EpochBatches, loss_terms, train, warn_if_trivial
+from bertkit.model.config import IGNORE_INDEX
+from bertkit.tasks.batching import loss_terms
+from bertkit.tasks.trainer import EpochBatches, train, warn_if_trivial
 from bertkit.training.loop import LoopConfig, train_loop
 from bertkit.training.optim import OptimConfig
 

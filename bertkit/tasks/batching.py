@@ -3,7 +3,8 @@
 A *feature* is a dict holding `input_ids` and optionally `token_type_ids`,
 `labels`, `start_positions`, `end_positions`, `teacher_logits` (anything else, such as
 `example_index`, is the task's bookkeeping). `collate` pads a list of them to
-its longest and stacks them; `run_model` runs a model over features without
+its longest and stacks them (`loss_terms`: how many terms a batch's loss averages,
+the training loop's weight for it); `run_model` runs a model over features without
 labels, longest first so batches pad little, and hands back its outputs per
 feature. Using a fine-tuned model needs only this module, never the trainer.
 
@@ -67,6 +68,15 @@ def padded_rows(rows: list[np.ndarray], T: int) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.from_numpy(r)
     return out
+
+
+def loss_terms(batch: dict) -> float:
+    """How many terms a micro-batch's loss averages: its labelled tokens (`collate` pads
+    token labels with IGNORE_INDEX), or its examples."""
+    labels = batch.get("labels")
+    if labels is not None and labels.dim() == 2 and not labels.is_floating_point():
+        return float((labels != IGNORE_INDEX).sum())
+    return float(batch["input_ids"].shape[0])
 
 
 @torch.inference_mode()

@@ -43,9 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError
-from bertkit.tasks.batching import collate
+from bertkit.tasks.batching import collate, loss_terms
 from bertkit.training import distributed, harness
 from bertkit.training.loop import LoopConfig
 
@@ -123,14 +122,6 @@ class EpochBatches:
     def state(self) -> dict:
         return {"position": self.position, "seed": self.seed, "num_instances": len(self.features),
                 "batch": [self.size // self.parts, self.parts]}
-
-
-def loss_terms(batch: dict) -> float:
-    """How many terms a micro-batch's loss averages: its labelled tokens, or its examples."""
-    labels = batch.get("labels")
-    if labels is not None and labels.dim() == 2 and not labels.is_floating_point():
-        return float((labels != IGNORE_INDEX).sum())
-    return float(batch["input_ids"].shape[0])
 
 
 def _model_batch(batch: dict) -> dict:
