@@ -27,6 +27,10 @@ from pathlib import Path
 from bertkit.errors import BertkitError
 from bertkit.data.textfiles import existing_file, json_objects, open_text, read_text
 
+# a pairs table's group column (`bertkit mine` writes it, `bertkit finetune embed` reads it): rows of one group
+# never share a training batch
+GROUP_COLUMN = "group_id"
+
 
 @dataclass
 class TextExample:

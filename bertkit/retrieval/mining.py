@@ -59,13 +59,11 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.data.tables import ReadReport, read_rows
+from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.config import MiningOptions
 from bertkit.retrieval.encoding import encode, encoder_and_settings
 from bertkit.retrieval.exact import top_k
-
-GROUP_COLUMN = "group_id"  # the pairs files' group column, as `bertkit finetune embed` reads it
 
 
 @dataclass

@@ -54,7 +54,7 @@ from torch import nn
 from bertkit.model.checkpoint import resolve
 from bertkit.errors import BertkitError
 from bertkit.tasks.config import EMBED_DEV, EmbedConfig
-from bertkit.data.tables import ReadReport, read_rows
+from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
 from bertkit.tasks.run import load_head, load_tokenizer, write_json
 from bertkit.tasks.trainer import train
@@ -63,7 +63,6 @@ from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
 from bertkit.data.beir import qrels_path, training_pairs
 from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts
-from bertkit.retrieval.mining import GROUP_COLUMN
 from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
 from bertkit.tasks.static_embed import save_static_model, static_rows, static_start
 from bertkit.training.distributed import gather_with_grad
