@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import LayerSpec
 from bertkit.model.modeling import pool_sentence
-from bertkit.model.sentence_layout import SENTENCE_POOLINGS
 
 
 def combine_layers(hidden_states: Sequence[torch.Tensor], spec: LayerSpec) -> torch.Tensor:
@@ -86,12 +85,12 @@ def pool(tokens: torch.Tensor, pooling, normalize: bool, token_words: Sequence =
     SENTENCE_POOLINGS), word vectors [W, D] ("words", with the text's `token_words` and `n_words`) or
     the tokens themselves (None); each vector L2-normalised when `normalize`."""
     tokens = tokens.float()
-    if pooling in SENTENCE_POOLINGS:
-        out = pool_sentence(tokens.unsqueeze(0), None, pooling)[0]  # [D]
+    if pooling is None:
+        out = tokens  # [T, D]
     elif pooling == "words":
         out = pool_words(tokens, token_words, n_words, word_pooling)  # [W, D]
-    else:
-        out = tokens  # [T, D]
+    else:  # a sentence pooling (pool_sentence refuses any other name)
+        out = pool_sentence(tokens.unsqueeze(0), None, pooling)[0]  # [D]
     if normalize:
         out = F.normalize(out, dim=-1)
     return np.ascontiguousarray(out.numpy(), dtype=np.float32)

@@ -54,6 +54,7 @@ PAPER_NER_F1 = {
 COMBINES = ("sum", "mean", "concat")  # how a list of layers is merged (bertkit.embeddings.pooling.combine_layers)
 
 AUTO = "auto"  # the pooling the model's sentence-transformers layout names, else mean
+SENTENCE_CHOICES = (AUTO, *SENTENCE_POOLINGS)  # the poolings that give one vector per text: the model's, or one named
 POOLINGS = (*SENTENCE_POOLINGS, "words", None)  # None: one vector per token
 TOKENS_ON_THE_COMMAND_LINE = "none"  # how a command line, which has no None, writes "one vector per token"
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.settings import AUTO, EmbedOptions
-from bertkit.model.sentence_layout import SENTENCE_POOLINGS
+from bertkit.embeddings.settings import SENTENCE_CHOICES, EmbedOptions
 from bertkit.options import DTYPE_CHOICES
 from bertkit.default_model import default_model_dir
 
@@ -117,10 +116,10 @@ class ServeConfig:
         for name in ("threads", "workers"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.embedding.pooling not in (AUTO, *SENTENCE_POOLINGS):
+        if self.embedding.pooling not in SENTENCE_CHOICES:
             shown = self.embedding.pooling or "none"
             raise BertkitError(f"--pooling {shown} gives no sentence vector: the server answers one "
-                               f"vector per text ({', '.join(SENTENCE_POOLINGS)})")
+                               f"vector per text (--pooling {', '.join(SENTENCE_CHOICES)})")
         if self.rerank_top < 1:
             raise BertkitError(f"--rerank-top must be at least 1, got {self.rerank_top}")
         if self.rerank is not None and self.index is None:

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bertkit.embeddings.settings import AUTO
+from bertkit.embeddings.settings import AUTO, SENTENCE_CHOICES
 from bertkit.model.config import CLASSIFIER_POOLINGS
-from bertkit.model.sentence_layout import SENTENCE_POOLINGS
 from bertkit.errors import BertkitError, positive
 from bertkit.training import PRECISIONS
 from bertkit.training.optim import OptimConfig
@@ -240,8 +239,8 @@ class EmbedConfig(TaskConfig):
             raise BertkitError(f"--max-length must be in 8..512, got {self.max_length}")
         if self.loss is not None and self.loss not in EMBED_LOSSES:
             raise BertkitError(f"unknown --loss {self.loss!r}: choose one of {', '.join(EMBED_LOSSES)}")
-        if self.pooling not in (AUTO, *SENTENCE_POOLINGS):
-            raise BertkitError(f"unknown --pooling {self.pooling!r}: use {AUTO}, {', '.join(SENTENCE_POOLINGS)}")
+        if self.pooling not in SENTENCE_CHOICES:
+            raise BertkitError(f"unknown --pooling {self.pooling!r}: use {', '.join(SENTENCE_CHOICES)}")
         if self.mini_batch_size < 1 or not self.scale > 0:
             raise BertkitError(f"--mini-batch-size must be >= 1 and --scale > 0, got {self.mini_batch_size} "
                                f"and {self.scale}")
