@@ -37,7 +37,6 @@ from tqdm import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.metrics.tasks import pearson, spearman
-from bertkit.embeddings.pooling import l2_normalize
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
 from bertkit.retrieval.encoding import encode, encoder_and_settings
@@ -56,9 +55,10 @@ BEFORE_RERANK = "before rerank"  # the run of the reranked mode's first stage
 
 
 def dense_run(query_vectors: np.ndarray, query_ids: list, doc_vectors: np.ndarray, doc_ids: list,
-              k: int = RUN_DEPTH) -> dict[str, dict[str, float]]:
-    """query id -> {doc id: cosine} of each query's `k` nearest documents (a run for `metrics`)."""
-    scores, rows = top_k(query_vectors, doc_vectors, k=k, normalized=True)
+              k: int = RUN_DEPTH, normalized: bool = True) -> dict[str, dict[str, float]]:
+    """query id -> {doc id: cosine} of each query's `k` nearest documents (a run for `metrics`); normalized:
+    the document vectors are unit vectors already (else `top_k` normalises them, as it does the queries)."""
+    scores, rows = top_k(query_vectors, doc_vectors, k=k, normalized=normalized)
     return {q: {doc_ids[r]: float(s) for r, s in zip(rows[i], scores[i])} for i, q in enumerate(query_ids)}
 
 
@@ -255,9 +255,9 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     else:
         runs = {"dense": dense_run(query_vectors, query_ids, doc_vectors, doc_ids)}
     fusions = {} if modes == ["dense"] else {m: _described(dataclasses.replace(options, mode=m)) for m in modes}
-    for d in dimensions:  # Matryoshka's truncate-then-renormalise
-        runs[f"{d} dimensions"] = dense_run(l2_normalize(query_vectors[:, :d]), query_ids,
-                                            l2_normalize(doc_vectors[:, :d]), doc_ids)
+    for d in dimensions:  # Matryoshka's truncate-then-renormalise (top_k renormalises the cut vectors)
+        runs[f"{d} dimensions"] = dense_run(query_vectors[:, :d], query_ids, doc_vectors[:, :d], doc_ids,
+                                            normalized=False)
     scored = evaluate_runs(data.qrels, runs, measures)  # every run judged at once
     figures = {m: {**scored[m], "fusion": fusions[m]} for m in fusions}
     result = {**scored[modes[-1]], **({"fusion": fusions[modes[-1]]} if fusions else {}), "model": settings.model,
