@@ -58,7 +58,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.model.config import BertConfig
-from bertkit.model.dropout import Dropout
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.model.heads import (IGNORE_INDEX, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                                  BertForTokenClassification, encode, check_labels, classifier_dropout)
@@ -139,13 +138,7 @@ class ElectraEmbeddings(BertEmbeddings):
     """BERT's embeddings (same forward) at width E = embedding_size instead of H."""
 
     def __init__(self, config: ElectraConfig):
-        nn.Module.__init__(self)
-        E = config.embedding_size
-        self.word_embeddings = nn.Embedding(config.vocab_size, E)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
-        self.layer_norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        super().__init__(config, width=config.embedding_size)
 
 
 class ElectraPreTrainedModel(BertPreTrainedModel):

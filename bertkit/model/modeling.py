@@ -84,14 +84,16 @@ def activation(name: str):
 
 
 class BertEmbeddings(nn.Module):
-    """Token + learned absolute position + segment embeddings, summed, LayerNorm, dropout (paper fig. 2)."""
+    """Token + learned absolute position + segment embeddings, summed, LayerNorm, dropout (paper fig. 2).
+    Their width is the hidden size H unless `width` says otherwise (ELECTRA's embedding_size E)."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, width: int | None = None):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        H = config.hidden_size if width is None else width
+        self.word_embeddings = nn.Embedding(config.vocab_size, H)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, H)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, H)
+        self.layer_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
