@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field
 
 from bertkit.errors import BertkitError
 from bertkit.text.truncation import STRATEGIES, truncate
-from bertkit.text.vocab import PAD
 
 MODEL_MAX_LENGTH = 512  # BERT's position embeddings
 
@@ -178,18 +177,18 @@ def build(tok, a: Segment, b: Segment | None, add_special_tokens, padding, max_l
     mask = [1] * len(ids)  # every real token is attended; only padding gets 0
     enc = Encoding(ids, types, mask, [], offsets, word_ids, seq_ids, special)
     if padding == "max_length":
-        pad(enc, max_length, tok.pad_token_id)
+        pad(enc, max_length, tok)
     itos = tok.ids_to_tokens
     enc.tokens = [itos[i] for i in enc.input_ids]
     return enc
 
 
-def pad(enc: Encoding, length: int, pad_id: int) -> None:
-    """Append [PAD] up to `length`: masked out (attention 0), segment 0, special, no offsets."""
+def pad(enc: Encoding, length: int, tok) -> None:
+    """Append the tokenizer's [PAD] up to `length`: masked out (attention 0), segment 0, special, no offsets."""
     n = length - len(enc.input_ids)
     if n <= 0:
         return
-    enc.input_ids += [pad_id] * n
+    enc.input_ids += [tok.pad_token_id] * n
     enc.token_type_ids += [0] * n
     enc.attention_mask += [0] * n
     enc.offsets += [(0, 0)] * n
@@ -197,7 +196,7 @@ def pad(enc: Encoding, length: int, pad_id: int) -> None:
     enc.sequence_ids += [None] * n
     enc.special_tokens_mask += [1] * n
     if enc.tokens:
-        enc.tokens += [PAD] * n
+        enc.tokens += [tok.ids_to_tokens[tok.pad_token_id]] * n
 
 
 def batch(tok, segments_a, segments_b, opts: dict, return_overflowing, return_tensors) -> BatchEncoding:
@@ -213,7 +212,7 @@ def batch(tok, segments_a, segments_b, opts: dict, return_overflowing, return_te
     if padding_mode:
         target = opts["max_length"] if padding_mode == "max_length" else max((len(e) for e in encodings), default=0)
         for e in encodings:
-            pad(e, target, tok.pad_token_id)
+            pad(e, target, tok)
     data = {
         "input_ids": [e.input_ids for e in encodings],
         "token_type_ids": [e.token_type_ids for e in encodings],
