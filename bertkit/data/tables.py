@@ -1,4 +1,4 @@
-"""Reading labelled examples: TSV/CSV/JSONL tables, CoNLL columns, SQuAD JSON.
+"""Reading labelled examples: TSV/CSV/JSONL tables, CoNLL columns, SQuAD JSON (and plain lines of text).
 
 Tables have a header row (JSONL: one object per line) and the caller names
 the columns (`text_column`, `text_pair_column`, `label_column`). TSV is read
@@ -179,6 +179,11 @@ def read_text_columns(path, text_column: str, pair_column: str | None = None, lo
     return texts, (pairs if pair_column else None)
 
 
+def read_text_lines(path) -> list[str]:
+    """The texts of a file without a header, one per line: each line stripped, blank lines left out."""
+    return [line.strip() for line in read_text(path).split("\n") if line.strip()]
+
+
 def parse_label(raw, problem_type: str, separator: str, where: str):
     """One label as the problem type reads it: a score (regression), a set of names (multi-label), a name."""
     if problem_type == "regression":
@@ -236,6 +241,13 @@ def check_known_labels(labels, label2id: dict, where: str) -> None:
 
 
 # --- CoNLL -----------------------------------------------------------------
+
+def looks_like_conll(path) -> bool:
+    """CoNLL columns start with -DOCSTART- or have blank lines between sentences; else one sentence per line."""
+    text = read_text(path)
+    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
+    return text.lstrip().startswith("-DOCSTART-") or len(blocks) > 1
+
 
 def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: bool = True, max_sentences=None):
     """Sentences from a CoNLL column file: one token per line, blank line between sentences.

@@ -58,7 +58,6 @@ from bertkit.retrieval.config import MODES, FusionOptions
 from bertkit.retrieval.search import fusion_options, search_vectors
 from bertkit.serve.batching import plan_batches
 from bertkit.metrics.tasks import get_entities
-from bertkit.tasks.predict import predict
 
 
 class InputError(BertkitError):

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import TaggedSentence, check_known_labels, read_conll, read_text_columns
-from bertkit.data.textfiles import read_text
+from bertkit.data.tables import (TaggedSentence, check_known_labels, looks_like_conll, read_conll, read_text_columns,
+                                 read_text_lines)
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.text.windows import max_context_owner, spans
@@ -152,8 +152,7 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
     if looks_like_conll(path):  # one token per line (first column), blank lines between sentences
         sentences, _ = read_conll(path, tagged=False)
         return [" ".join(s.words) for s in sentences], None
-    lines = [line.strip() for line in read_text(path).split("\n")]
-    return [line for line in lines if line], None  # one sentence per line, words split on whitespace
+    return read_text_lines(path), None  # one sentence per line, words split on whitespace
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None):
@@ -162,13 +161,6 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
         return None
     sentences, _ = read_conll(path)
     return [" ".join(s.words) for s in sentences], None, [s.tags for s in sentences]
-
-
-def looks_like_conll(path) -> bool:
-    """CoNLL columns start with -DOCSTART- or have blank lines between sentences; else one sentence per line."""
-    text = read_text(path)
-    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
-    return text.lstrip().startswith("-DOCSTART-") or len(blocks) > 1
 
 
 def _has_tag_column(path) -> bool:

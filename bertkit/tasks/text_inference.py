@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.data.tables import (ReadReport, TextExample, check_known_labels, read_rows, read_text_columns,
-                                 read_text_examples)
-from bertkit.data.textfiles import existing_file, open_text, read_text
+                                 read_text_examples, read_text_lines)
+from bertkit.data.textfiles import existing_file, open_text
 from bertkit.metrics import tasks as M
 from bertkit.model.config import MULTI_LABEL, REGRESSION
 
@@ -191,7 +191,7 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tu
     tcol = text_column or info.get("text_column") or "sentence"
     pcol = text_pair_column or info.get("text_pair_column")
     if not pcol and one_per_line(existing_file(path), tcol):
-        return [line.strip() for line in read_text(path).split("\n") if line.strip()], None
+        return read_text_lines(path), None
     return read_text_columns(path, tcol, pcol)
 
 
