@@ -17,7 +17,8 @@ and times the split's real queries: float32 exact (`exact.top_k`) and each kind 
 against the decoded codes or, binary+int8, its int8 rows (`compact.compact_top_k`, k 10, the last
 `--oversampling`), all queries in one call
 and `--single` one per call, the kinds interleaved in `--rounds` rounds (median); peak anonymous memory
-sampled every 10 ms:
+sampled every 10 ms. `--cold` also times binary + int8 one query per call with the int8 rows' pages
+dropped from the page cache before each query (`cold_rows`), against the same calls with them cached:
 
     OMP_NUM_THREADS=1 python bench/compact_quality.py --index scifact.index --data data/scifact --scale 1000000
 """
@@ -154,10 +155,39 @@ def scale(args):
                          "queries_per_s_batched": float(np.median([x["batched"] for x in rounds[kind]])),
                          "queries_per_s_single": float(np.median([x["single"] for x in rounds[kind]])),
                          "recall@10_vs_float32": round(float(recall), 4), "rounds": rounds[kind]}
+    if args.cold:
+        results["binary+int8, rows read cold"] = cold_rows(files["binary+int8"], queries, args)
     print(json.dumps({"n": args.scale, "dim": base.shape[1], "queries": len(queries), "single": args.single,
                       "sigma": args.sigma, "oversampling": args.oversampling[-1], "numpy": np.__version__,
                       "threads": os.environ.get("OMP_NUM_THREADS"), "peak_rss_anon_mib": round(peak[0]),
                       **results}, indent=1))
+
+
+def cold_rows(path: Path, queries: np.ndarray, args) -> dict:
+    """One query per call against binary codes held in memory (a copy, as the references keep the binary index)
+    with the candidates' int8 rows read from the file: before each query the rows' pages are dropped from the
+    page cache (`posix_fadvise(DONTNEED)` on their byte range, the file mapped afresh), so each query reads its
+    candidates' rows from the disk (on a virtual machine, from what the host's cache holds). The same calls with
+    the rows left in the cache alternate with them, query by query. Median seconds per query of each."""
+    codes = np.array(map_safetensors(path)["codes"])
+    fd = os.open(path, os.O_RDONLY)
+    times = {"cold": [], "warm": []}
+    try:
+        for q in queries[: args.single * args.rounds]:
+            for state in ("cold", "warm"):
+                rows = map_safetensors(path)
+                if state == "cold":
+                    os.posix_fadvise(fd, rows["rescore"].offset, rows["rescore"].nbytes, os.POSIX_FADV_DONTNEED)
+                t0 = time.perf_counter()
+                compact_top_k(q[None], codes, "binary", 10, ranges=rows["ranges"],
+                              oversampling=args.oversampling[-1], rescore_rows=rows["rescore"])
+                times[state].append(time.perf_counter() - t0)
+                del rows  # unmapped: pages still mapped would not leave the cache
+    finally:
+        os.close(fd)
+    out = {f"ms_per_query_{k}": round(1000 * float(np.median(v)), 2) for k, v in times.items()}
+    print("rows read cold", json.dumps(out), flush=True)
+    return {**out, "queries": len(times["cold"]), "candidates_per_query": 10 * args.oversampling[-1]}
 
 
 def _scale_files(args, base: np.ndarray) -> dict:
@@ -197,6 +227,8 @@ if __name__ == "__main__":
     p.add_argument("--sigma", type=float, default=0.3, help="--scale: the noise added to each repeated vector")
     p.add_argument("--single", type=int, default=20, help="--scale: queries timed one per call")
     p.add_argument("--rounds", type=int, default=3, help="--scale: rounds of timing, the kinds interleaved")
+    p.add_argument("--cold", action="store_true", help="--scale: also time binary + int8 rows with the rows' pages "
+                   "dropped from the page cache before each query (read from the disk), against the same left cached")
     args = p.parse_args()
     if args.scale:
         scale(args)
