@@ -181,7 +181,9 @@ class EmbeddingModel:
         limit = max_length or self.max_length
         rows = []
         for i, text in enumerate(texts):
-            head = self.tok.head(text, limit)  # the pieces the cut keeps, or enough to refuse: not the rest
+            # encode reads a text it cuts only as far as the cut (Tokenizer.head); one it may refuse, as far as
+            # shows it over the limit: not the rest
+            head = text if truncate else self.tok.head(text, limit)
             enc = self.tok.encode(head, max_length=limit, truncation=truncate)
             if len(enc.input_ids) > limit:
                 count = len(enc.input_ids) if len(head) == len(text) else f"more than {len(enc.input_ids)}"
