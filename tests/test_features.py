@@ -386,6 +386,10 @@ def test_cli_embed(tiny, tmp_path, capsys):
                  "--layers=-1,-2", "--combine", "sum", "--pooling", "words", "--quiet"]) == 0
     rows = [json.loads(x)["vectors"] for x in (tmp_path / "w.jsonl").read_text().splitlines()]
     assert [len(r) for r in rows] == [4, 2, 6]
+    # without the `=` too (argparse alone reads "-1,-2" as an unknown option)
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "w2.jsonl"), "--model", str(model_dir),
+                 "--layers", "-1,-2", "--combine", "sum", "--pooling", "words", "--quiet"]) == 0
+    assert (tmp_path / "w2.jsonl").read_text() == (tmp_path / "w.jsonl").read_text()
     capsys.readouterr()
     assert main(["embed", str(tmp_path / "in.txt"), "-o", str(out), "--model", str(model_dir),
                  "--layers", "9", "--quiet"]) == 2

@@ -16,6 +16,7 @@ through `bertkit.options`, so each is defined once.
 
 import argparse
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -151,14 +152,28 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:
     return f"bertkit: warning: {message}\n"  # advice for a person, not a source location
 
 
+# a layer list counted from the top (`--layers -1,-2`): argparse takes a word starting with a minus for an
+# option unless it is one number, so the list is glued to its flag (`--layers=-1,-2`) before parsing
+NEGATIVE_LIST = re.compile(r"-\d+(,\s*-?\d+)+")
+
+
+def glue_negative_lists(argv: list) -> list:
+    """`argv` with each `--layers` followed by a negative list written `--layers=LIST`."""
+    out = []
+    for word in argv:
+        if out and out[-1] == "--layers" and NEGATIVE_LIST.fullmatch(word):
+            out[-1] = f"--layers={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv=None) -> int:
     if argv is None:  # the `bertkit` command owns its process: settings torch reads when it loads
         process_settings()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(glue_negative_lists(sys.argv[1:] if argv is None else list(argv)))
     if argv is None:  # ... and big activations reuse freed memory
-
-
         reuse_freed_memory()
         warnings.formatwarning = _warning_line
     # the environment's choice for the fast path, read once for every command (a server decides its
