@@ -180,7 +180,7 @@ class EmbedOptions:
 
     layers: str = dataclasses.field(default="last", metadata={
         "help": "layer strategy: first, last, sum_all, second_to_last, sum_last_four, concat_last_four, or layer "
-        "indices like -1,-2 (0 = embedding output, -1 = last layer; on the command line write --layers=-1,-2)"})
+        "indices like -1,-2 (0 = embedding output, -1 = last layer; --layers -1,-2 or --layers=-1,-2)"})
     combine: str | None = dataclasses.field(default=None, metadata={
         "choices": list(COMBINES), "help": "how a list of layers is merged (default concat)"})
     pooling: str | None = dataclasses.field(default=AUTO, metadata={
