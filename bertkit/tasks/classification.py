@@ -107,9 +107,7 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
     task = task_for(cfg)
     task.check(cfg)
     kind, tcfg = task.problem_type, cfg.training
-    if cfg.dev:  # without one nothing is scored: the metric stays unset (a --resume checks it again)
-        tcfg.metric = tcfg.metric or task.metric
-        tcfg.greater_is_better = task.metrics[tcfg.metric]
+    task.settle_metric(cfg)
     train_ex = read_split(cfg, cfg.train, cfg.max_train_examples, log)
     dev_ex = read_split(cfg, cfg.dev, cfg.max_dev_examples, log) if cfg.dev else None
     overrides, names, label2id = _labels(cfg, kind, train_ex, dev_ex)

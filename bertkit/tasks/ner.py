@@ -33,6 +33,7 @@ from bertkit.errors import BertkitError
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import NerConfig
 from bertkit.data.tables import check_known_labels, read_conll
+from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.ner_inference import decode, make_features, to_training_tags
@@ -68,7 +69,7 @@ NOT_FIGURES = ("per_type", "words_without_pieces")
 def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
     cfg.validate()
     tcfg = cfg.training
-    tcfg.metric = tcfg.metric or ("f1" if cfg.dev else None)  # without --dev nothing is scored: left unset
+    task_for(cfg).settle_metric(cfg)
 
     def read(path, limit):
         sents, report = read_conll(path, token_column=cfg.token_column, tag_column=cfg.tag_column)

@@ -137,6 +137,13 @@ class Task:
             raise BertkitError(f"--metric {metric} picks the best epoch by its score on --dev: give --dev too, or "
                                "leave --metric out (without --dev the last epoch is saved)")
 
+    def settle_metric(self, cfg) -> None:
+        """The dev figure that picks the best epoch (--metric, else the record's first) and which way is better;
+        without --dev nothing is scored, so the metric stays unset (a --resume checks it again)."""
+        if cfg.dev:
+            cfg.training.metric = cfg.training.metric or self.metric
+            cfg.training.greater_is_better = self.metrics[cfg.training.metric]
+
     def train(self, cfg, log=print, speed=None) -> dict:
         """Run the task's training on `cfg` (its module is imported now: it needs torch), on the fast-path
         settings `speed` (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s)."""
