@@ -306,9 +306,8 @@ def span_loss(start_logits, end_logits, start_positions, end_positions) -> torch
     truncated away) are clamped to T and ignored."""
     B, T = start_logits.shape
     for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
-        check_labels(positions, positions.shape if isinstance(positions, torch.Tensor) else (B,), name, integer=True)
-    check_labels(start_positions.reshape(-1), (B,), "start_positions")
-    check_labels(end_positions.reshape(-1), (B,), "end_positions")
+        flat = positions.reshape(-1) if isinstance(positions, torch.Tensor) else positions  # [B] or [B, 1]
+        check_labels(flat, (B,), name, integer=True)
     start = start_positions.reshape(-1).clamp(0, T)
     end = end_positions.reshape(-1).clamp(0, T)
     return (F.cross_entropy(start_logits, start, ignore_index=T) + F.cross_entropy(end_logits, end, ignore_index=T)) / 2

@@ -43,7 +43,7 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
             raise BertkitError(f"{self.directory} is not a prepared pre-training folder (no manifest.json); {hint}")
         self.manifest = _read_manifest(manifest)
         self.config = self.manifest["config"]
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        if not _is_count(seed):
             raise BertkitError(f"seed must be a non-negative int, got {seed!r}")
         self.seed, self.shuffle, self.epochs = seed, shuffle, epochs
         names = _ARRAYS + (("masked_positions", "masked_ids") if self.static_masking else ())
@@ -79,7 +79,7 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
 
     def collator(self, return_masked_positions: bool = False, seed: int | None = None):
         """The collator for this data: stored masks (static) or the prepared masking settings (dynamic)."""
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        if seed is not None and not _is_count(seed):
             raise BertkitError(f"seed must be a non-negative int (or None: the dataset's), got {seed!r}")
         tok = self.tokenizer()
         masking = None
@@ -142,7 +142,7 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
 
     def seek(self, position: int) -> None:
         """Continue the stream at global position `position` (epoch = position // len)."""
-        if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or position < 0:
+        if not _is_count(position):
             raise BertkitError(f"stream position must be an int >= 0, got {position!r}")
         self.position = int(position)
 
@@ -161,6 +161,11 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
             item["position"] = p
             yield item
             p += step
+
+
+def _is_count(value) -> bool:
+    """An int >= 0 (numpy's integers too), not a bool: a seed, a stream position."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 0
 
 
 def _read_manifest(path: Path) -> dict:

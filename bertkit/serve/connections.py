@@ -26,8 +26,9 @@ httptools' own parser limits). Three things it leaves open, all about slow clien
 - **No deadline for the answer.** A client that sends requests and never reads the answers
   keeps each one in the server's memory: the transport buffers what the kernel will not take,
   and uvicorn has no send timeout (docs/serving.md has the measurement). When the transport's
-  buffer goes over its high-water mark it tells the protocol (`pause_writing`); if, in a whole --send-timeout-s after that or after the client last read some
-  of it, the client reads nothing, the connection is aborted and the buffer freed, as nginx's
+  buffer goes over its high-water mark it tells the protocol (`pause_writing`); if, in a whole
+  --send-timeout-s after that or after the client last read some of it, the client reads
+  nothing, the connection is aborted and the buffer freed, as nginx's
   send_timeout closes it (a slow reader is served). Abort, because close() would wait for the
   buffer to be sent.
 
@@ -149,7 +150,6 @@ def guarded(protocol: type, header_timeout_s: float, max_connections: int, held:
         def _header_deadline(self, armed_with) -> None:
             if self.cycle is armed_with and self.waiting_for_headers() and not self.transport.is_closing():
                 self.transport.close()
-
 
     Guarded.send_timeout_s = send_timeout_s
     Guarded.__name__ = f"Guarded{protocol.__name__}"

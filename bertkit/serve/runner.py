@@ -416,9 +416,9 @@ class TaskModel:
         and its pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts
         them, or all of them when it reads a long input in windows (QA's contexts, NER's sentences, a single
         text when the model was trained with --stride; the windows' overlap is not counted); a cut text is read
-        only as far as the cut. A text or pair without a word piece (only characters BERT drops: "\x00") is refused, as the embeddings
-        routes refuse it: the model would answer for an empty text; with `cut` False (TEI's `truncate: false`) so
-        is an input the model would cut (413). `names`: how the request calls them."""
+        only as far as the cut. A text or pair without a word piece (only characters BERT drops: a NUL) is
+        refused, as the embeddings routes refuse it: the model would answer for an empty text; with `cut` False
+        (TEI's `truncate: false`) so is an input the model would cut (413). `names`: how the request calls them."""
         windows_single = bool(self.info_.get("stride"))
         whole = [self.record.windows or (q.pair is None and windows_single) for q in queries]
         # what of a text the count reads: all of a windowed one, else only as far as the cut (Tokenizer.head)

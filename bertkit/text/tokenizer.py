@@ -40,6 +40,7 @@ def _check_cut(max_length, least: int) -> None:
     if max_length is not None:
         int_at_least(max_length, least, "max_length", says="None or an int >= {least}")
 
+
 def _check_text(text, what: str) -> str:
     if not isinstance(text, str):
         raise BertkitError(
