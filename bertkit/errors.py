@@ -7,7 +7,8 @@ fix. The CLI prints that message as a single line instead of a traceback. Assert
 are kept for our own invariants only.
 
 The checks of a count ("an int of at least N": a bool is no count), of a positive
-number and of a probability in [0, 1] are written here once; each caller names the
+number, of a probability in [0, 1] and the reading of a score from a data file
+are written here once; each caller names the
 setting as its user spells it (`--top-k`, `BertConfig.hidden_size`) and may say the
 bound in its own words (`says`) or add a hint. A NaN passes none of them.
 """
@@ -35,4 +36,16 @@ def probability(value, name: str):
     """`value` when it lies in [0, 1]; else "NAME must be in [0, 1], got VALUE"."""
     if not 0 <= value <= 1:
         raise BertkitError(f"{name} must be in [0, 1], got {value}")
+    return value
+
+
+def read_score(raw, where: str, hint: str = "") -> float:
+    """The finite number a data file's score cell `raw` holds; else "WHERE: score RAW is not a (finite)
+    number" and the `hint`. nan and inf parse as floats: a regression's first loss or a correlation was nan."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise BertkitError(f"{where}: score {raw!r} is not a number{hint}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise BertkitError(f"{where}: score {raw!r} is not a finite number{hint}")
     return value

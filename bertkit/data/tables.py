@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, read_score
 from bertkit.data.textfiles import existing_file, json_objects, open_text, read_text
 
 # a pairs table's group column (`bertkit mine` writes it, `bertkit finetune embed` reads it): rows of one group
@@ -187,13 +186,7 @@ def read_text_lines(path) -> list[str]:
 def parse_label(raw, problem_type: str, separator: str, where: str):
     """One label as the problem type reads it: a score (regression), a set of names (multi-label), a name."""
     if problem_type == "regression":
-        try:
-            score = float(raw)
-        except (TypeError, ValueError):
-            raise BertkitError(f"{where}: score {raw!r} is not a number; regression needs numeric labels")
-        if not math.isfinite(score):  # nan/inf parse as floats: the first step's loss was nan, blamed on the rate
-            raise BertkitError(f"{where}: score {raw!r} is not a finite number; regression needs numeric labels")
-        return score
+        return read_score(raw, where, "; regression needs numeric labels")
     if problem_type == "multi_label_classification":
         parts = raw if isinstance(raw, list) else str(raw).split(separator)
         return sorted({str(p).strip() for p in parts if str(p).strip()})

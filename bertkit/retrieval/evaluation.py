@@ -35,7 +35,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, read_score
 from bertkit.metrics.tasks import pearson, spearman
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
@@ -287,13 +287,8 @@ def read_sts(path) -> list[tuple[str, str, float]]:
                 continue
             if len(cells) < len(header):
                 raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {len(header)}")
-            first, second, score = (cells[i] for i in where)
-            try:
-                rows.append((first, second, float(score)))
-            except ValueError:
-                raise BertkitError(f"{path} line {number}: score {score!r} is not a number")
-            if not np.isfinite(rows[-1][2]):  # nan parsed as a float and made the correlation nan
-                raise BertkitError(f"{path} line {number}: score {score!r} is not a finite number")
+            first, second, raw = (cells[i] for i in where)
+            rows.append((first, second, read_score(raw, f"{path} line {number}")))  # nan made the correlation nan
     if len(rows) < 2:
         raise BertkitError(f"{path} has {len(rows)} scored pair(s): a correlation needs at least 2")
     return rows

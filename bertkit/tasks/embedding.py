@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from bertkit.model.checkpoint import resolve
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, read_score
 from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
@@ -116,12 +116,7 @@ def read_examples(path, *, split: str = "train", max_examples: int | None = None
             report.skipped["rows with an empty text"] += 1
             continue
         if columns[0] == "sentence1":
-            try:
-                scores.append(float(row["score"]))
-            except (TypeError, ValueError):
-                raise BertkitError(f"{path}:{n}: score {row['score']!r} is not a number") from None
-            if not np.isfinite(scores[-1]):  # nan parses as a float, and CoSENT's loss is then nan
-                raise BertkitError(f"{path}:{n}: score {row['score']!r} is not a finite number")
+            scores.append(read_score(row["score"], f"{path}:{n}"))  # nan would make CoSENT's loss nan
         if GROUP_COLUMN in row:
             groups.append(str(row[GROUP_COLUMN]))
         for column, text in zip(columns[2:], texts[2:]):
