@@ -178,6 +178,16 @@ def test_packing_keeps_every_token_in_order(cross):
         assert any(len(i.docs) > 1 for i in insts)
 
 
+@pytest.mark.parametrize("cross", [True, False])
+def test_packing_at_the_shortest_length_prepare_allows(cross):
+    # max_seq_length 3 is [CLS] one token [SEP]: a shorter target than the one
+    # token left is impossible, and asking for one (short_seq_prob) used to crash randint(2, 1).
+    tokens, sents, docs = make_index([[2, 1], [3]])
+    insts = packed_instances([0, 1], sents, docs, 3, 1.0, random.Random(0), cross_documents=cross)
+    assert [i.parts for i in insts] == [[(t, t + 1)] for t in range(6)]
+    assert all(i.length == 3 for i in insts)
+
+
 def test_packing_cuts_only_at_sentence_ends_unless_a_sentence_is_too_long():
     tokens, sents, docs = make_index([[10, 10, 10], [200], [5]])
     insts = packed_instances([0, 1, 2], sents, docs, 25, 0.0, random.Random(0), cross_documents=True)

@@ -81,8 +81,9 @@ def num_special_tokens(objective: str) -> int:
 
 def _target_length(max_num_tokens: int, short_seq_prob: float, rng: random.Random) -> int:
     # Mostly fill the sequence (padding is wasted compute), but sometimes
-    # (10%) train on shorter ones, like the fine-tuning inputs.
-    if rng.random() < short_seq_prob:
+    # (10%) train on shorter ones, like the fine-tuning inputs. With one token
+    # of room (packing at max_seq_length 3) no shorter target exists.
+    if rng.random() < short_seq_prob and max_num_tokens >= 2:
         return rng.randint(2, max_num_tokens)
     return max_num_tokens
 
