@@ -148,6 +148,22 @@ def test_the_loader_reads_a_static_folder_and_refuses_what_it_cannot_do(ours):
         bertkit.embed(TEXTS, ours, pooling="cls")
 
 
+def test_what_needs_layers_refuses_a_static_model_in_one_line(ours, tmp_path, capsys):
+    # trace died in an AttributeError (StaticConfig has no num_attention_heads) and attention spoke of
+    # max_length=1000000: a table has no attention to show
+    for call in (lambda: bertkit.trace("the cat", model=ours), lambda: bertkit.attention_map("the cat", model=ours)):
+        with pytest.raises(BertkitError, match="static embedding model .*no layers"):
+            call()
+    assert main(["attention", "the cat", "--model", str(ours), "-o", str(tmp_path / "a.html")]) == 2
+    err = capsys.readouterr().err
+    assert "static embedding model" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "a.html").exists()
+    (tmp_path / "s.txt").write_text("a cat\na dog\n")
+    assert main(["distill", "layers", str(ours), "--keep", "1", "--data", str(tmp_path / "s.txt"),
+                 "-o", str(tmp_path / "student")]) == 2
+    assert "distill layers needs a transformer" in capsys.readouterr().err
+
+
 def test_the_mean_is_over_the_ids_without_special_tokens(tok, ours):
     weight = load(ours).model.embedding.weight.detach().numpy()
     ids = tok.encode("Hello, world!").input_ids[1:-1]

@@ -226,8 +226,7 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
     with run_output(output, "bertkit distill layers", overwrite=config.training.overwrite,
                     resume=config.training.resume, sources=[model], log=log) as log:
         teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy, the targets
-        if teacher.task == "static":
-            raise BertkitError(f"{model} is a static model (a table, no layers): distill layers needs a transformer")
+        teacher.need_layers("distill layers")
         if teacher.fine_tuned and config.holdout:
             raise BertkitError("--holdout is for a sentence model's sentences; a fine-tuned teacher's student is "
                                "trained on its table: leave --holdout out")

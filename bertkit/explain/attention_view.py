@@ -117,6 +117,7 @@ def attention_map(text: str, pair: str | None = None, model=None, *, device=None
     if pair is not None and not pair.strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
     loaded = load_encoder(model, device, dtype, fast=fast)
+    loaded.need_layers("an attention picture")
     net, tok = loaded.model, loaded.tokenizer
     limit = int(getattr(net.config, "max_position_embeddings", 512))
     enc = tok.encode(text, pair, max_length=limit, truncation=False)  # no cut: checked below

@@ -135,6 +135,7 @@ def _load(directory: str):
     # cached: a reader traces many layers and heads of the same model one call at a time; the plain
     # layers (fast=False): a hook on an accelerated dense layer would not see W x + b alone
     loaded = load(directory, head="encoder", device="cpu", dtype="float32", fast=False)
+    loaded.need_layers("trace")
     return loaded.model, loaded.tokenizer
 
 

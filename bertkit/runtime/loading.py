@@ -120,6 +120,12 @@ class Loaded:
         """Whether it is a fine-tuned task model (bertkit_task.json, or a Hugging Face head checkpoint)."""
         return bool(self.info) and self.task != "static"  # a static model's info says where its table is
 
+    def need_layers(self, use: str) -> None:
+        """Refuse a static model (a table: no layers, attention or heads) for `use`, which runs a transformer."""
+        if self.task == "static":
+            raise BertkitError(f"{self.directory} holds a static embedding model (one vector per token, no layers or "
+                               f"attention): {use} needs a transformer, e.g. the model it was distilled from")
+
     @property
     def max_positions(self) -> int:
         return int(self.config.max_position_embeddings)
