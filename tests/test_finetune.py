@@ -300,6 +300,41 @@ def test_multi_label_from_jsonl(tiny, tmp_path):
     assert any("skipped 1 (1 empty lines)" in line for line in logs)
 
 
+def test_multi_label_empty_cell_is_the_empty_set_and_is_learned(tiny, tmp_path):
+    """A multi-label row with an empty labels cell has none of the labels (a multi-hot vector of zeros, as
+    transformers trains one): it was skipped as a "missing label", so the model never saw a text without
+    a label and said "positive" of every negative text, while the dev figure, which skipped them too,
+    looked fine."""
+    rng = random.Random(3)
+
+    def rows(n):  # positive words -> {"positive"}, negative words -> no label at all
+        return [(f"{rng.choice(FILL)} was {w} .", "positive" if w in POS else "")
+                for w in (rng.choice(POS + NEG) for _ in range(n))]
+
+    train_p = write_tsv(tmp_path / "t.tsv", ["sentence", "labels"], rows(80))
+    dev_p = write_tsv(tmp_path / "d.tsv", ["sentence", "labels"], rows(30))
+    from bertkit.data.tables import read_text_examples
+
+    examples, report = read_text_examples(dev_p, label_column="labels", problem_type="multi_label_classification")
+    assert len(examples) == 30 and not report.skipped  # every row kept
+    assert all(e.label == ([] if any(w in e.text for w in NEG) else ["positive"]) for e in examples)
+    cfg = TextTaskConfig(train=str(train_p), dev=str(dev_p), output=str(tmp_path / "o"), task="multi_label",
+                         model=str(tiny), label_column="labels", max_length=32,
+                         training=fast(epochs=6, metric="micro_f1"))
+    final = finetune_text(cfg, log=lambda s: None)
+    assert final["dev_examples"] == 30
+    from bertkit.tasks.predict import predict
+
+    preds = predict(tmp_path / "o", ["the food was awful .", "the movie was bad .", "the food was great ."])
+    assert [p["labels"] for p in preds] == [[], [], ["positive"]]
+    # a training file where no row has a label is refused in one line (no head of zero outputs)
+    empty = write_tsv(tmp_path / "none.tsv", ["sentence", "labels"], [(t, "") for t, _ in rows(10)])
+    with pytest.raises(BertkitError, match="no labels"):
+        finetune_text(TextTaskConfig(train=str(empty), output=str(tmp_path / "o2"), task="multi_label",
+                                     model=str(tiny), label_column="labels", max_length=32,
+                                     training=fast(epochs=1)), log=lambda s: None)
+
+
 # --- long inputs ---------------------------------------------------------------
 
 def test_long_texts_become_windows_and_pool(tiny):
