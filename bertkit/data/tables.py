@@ -8,9 +8,11 @@ but may hold a literal `"`. CSV uses standard quoting.
 Rows that cannot be used (an empty line, an empty text, a missing label, a
 TSV line with the wrong number of fields) are skipped and *counted by
 reason*; the caller prints the counts, so nothing is dropped silently. A
-missing column, an unparsable score, an unknown label in the dev set or a
-CoNLL line without its tag is an error instead, because no count would make
-the result right.
+multi-label row's empty label cell (or JSON null) is no missing label but the
+empty set, a text with none of the labels (transformers' all-zero multi-hot
+target), which the model has to learn too. A missing column, an unparsable
+score, an unknown label in the dev set or a CoNLL line without its tag is an
+error instead, because no count would make the result right.
 
 Outputs are plain dataclasses: `TextExample`, `TaggedSentence`, `QAExample`.
 """
@@ -146,8 +148,10 @@ def read_text_examples(
         if label_column:
             raw = _column(row, label_column, path, n, "--label-column")
             if raw is None or (isinstance(raw, str) and not raw.strip()):
-                report.skipped["missing labels"] += 1
-                continue
+                if problem_type != "multi_label_classification":
+                    report.skipped["missing labels"] += 1
+                    continue
+                raw = ""  # multi-label: an empty cell is the empty set, a text with none of the labels
             label = parse_label(raw, problem_type, label_separator, f"{path}:{n}")
         out.append(TextExample(text, None if pair is None else str(pair), label, n))
         if max_examples is not None and len(out) >= max_examples:

@@ -88,6 +88,9 @@ def _labels(cfg: TextTaskConfig, kind: str, train_ex, dev_ex) -> tuple[dict, lis
         overrides["num_labels"] = 1
         return overrides, None, None
     names = label_names(e.label for e in train_ex)
+    if not names:  # multi-label rows whose cells are all empty
+        raise BertkitError(f"{cfg.train}: no labels in the training data (every labels cell is empty); "
+                           f"check --label-column ({cfg.label_column!r}) and --label-separator")
     if len(names) < 2 and kind != MULTI_LABEL:
         raise BertkitError(f"{cfg.train}: only one label ({names}) in the training data; a classifier needs two or more")
     if kind != MULTI_LABEL and looks_like_scores(names):
@@ -114,7 +117,9 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
     if dev_ex and tcfg.metric == "f1" and len(names) != 2:  # `score` gives it for two labels only
         raise BertkitError(f"--metric f1 is the F1 of the second of two labels, and {cfg.train} has {len(names)}: "
                            "choose macro_f1")
-    log(f"task {cfg.task}: {len(train_ex)} training examples" + (f", labels {names}" if names else ""))
+    none = sum(e.label == [] for e in train_ex)  # multi-label texts with none of the labels
+    log(f"task {cfg.task}: {len(train_ex)} training examples" + (f" ({none} with no label)" if none else "")
+        + (f", labels {names}" if names else ""))
 
     tok = load_tokenizer(cfg.model)
     model = load_head(BertForSequenceClassification, cfg.model, tcfg.seed, log, **overrides)
