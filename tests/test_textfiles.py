@@ -42,3 +42,34 @@ def test_vocab_train_and_prepare_find_the_same_files_gz_included(tmp_path):
     assert [p.name for p in corpus_files([tmp_path])] == ["a.txt", "b.txt.gz"]
     tokens = train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=200, min_frequency=1))
     assert "quokka" in tokens and "zebra" in tokens  # the .gz file was read, decompressed
+
+
+@pytest.mark.parametrize("name, text", [
+    ("t.csv", 'sentence,label\r\n"good, fun",pos\r\nbad,neg\r\n'),  # Excel's "CSV UTF-8" (BOM, CRLF)
+    ("t.tsv", "sentence\tlabel\ngood fun\tpos\nbad\tneg\n"),
+    ("t.jsonl", '{"sentence": "good fun", "label": "pos"}\n{"sentence": "bad", "label": "neg"}\n'),
+])
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path, name, text):
+    """Windows tools write UTF-8 with a byte order mark (EF BB BF); it was read as part of the header
+    ('\\ufeffsentence': "no column 'sentence'") or as a JSON syntax error. The rows read with it are
+    the rows read without it."""
+    from bertkit.data.tables import read_text_examples
+
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    plain.mkdir(), marked.mkdir()
+    (plain / name).write_bytes(text.encode("utf-8"))
+    (marked / name).write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    want, _ = read_text_examples(plain / name)
+    got, _ = read_text_examples(marked / name)
+    first = "good, fun" if name == "t.csv" else "good fun"
+    assert [(e.text, e.label) for e in got] == [(e.text, e.label) for e in want] == [(first, "pos"), ("bad", "neg")]
+
+
+def test_a_byte_order_mark_before_a_conll_docstart(tmp_path):
+    from bertkit.data.tables import looks_like_conll, read_conll
+
+    path = tmp_path / "t.conll"
+    path.write_bytes(b"\xef\xbb\xbf" + "-DOCSTART- -X- O O\n\nEU NNP I-NP I-ORG\nrejects VBZ I-VP O\n".encode())
+    sentences, report = read_conll(path)
+    assert looks_like_conll(path) and report.skipped["-DOCSTART- lines"] == 1
+    assert [(s.words, s.tags) for s in sentences] == [(["EU", "rejects"], ["I-ORG", "O"])]
