@@ -127,15 +127,16 @@ def not_utf8(path) -> BertkitError | None:
 
 @contextmanager
 def open_text(path, what: str = "input file", newline: str | None = None):
-    """Open a user's text file for reading as UTF-8; a byte that does not decode is a BertkitError.
+    """Open a user's text file for reading as UTF-8 (a leading byte order mark dropped); a byte that
+    does not decode is a BertkitError.
 
     The error is raised wherever the caller's reading hits the bad byte, and
     names the file and the byte's offset in it (found by a rescan, since the
     decoder only knows its position within a buffer).
     """
     path = existing_file(path, what)
-    try:
-        with open(path, encoding="utf-8", newline=newline) as f:
+    try:  # utf-8-sig: a byte order mark (Windows tools, Excel's "CSV UTF-8") is not part of the first record
+        with open(path, encoding="utf-8-sig", newline=newline) as f:
             yield f
     except UnicodeDecodeError:
         err = not_utf8(path)

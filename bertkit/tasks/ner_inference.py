@@ -26,6 +26,7 @@ import numpy as np
 
 from bertkit.data.tables import (TaggedSentence, check_known_labels, looks_like_conll, read_conll, read_text_columns,
                                  read_text_lines)
+from bertkit.data.textfiles import open_text
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.text.windows import max_context_owner, spans
@@ -167,7 +168,7 @@ def _has_tag_column(path) -> bool:
     """A CoNLL file whose first token line has a second column (the tag) is labelled."""
     if not looks_like_conll(path):
         return False
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for line in f:
             if line.strip() and not line.startswith("-DOCSTART-"):
                 return len(line.split()) >= 2
