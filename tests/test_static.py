@@ -164,6 +164,14 @@ def test_what_needs_layers_refuses_a_static_model_in_one_line(ours, tmp_path, ca
     assert "distill layers needs a transformer" in capsys.readouterr().err
 
 
+def test_a_text_without_tokens_is_refused_as_for_a_transformer(ours):
+    # it came back as a zero vector from embed (and so from index and evaluate) while serve, and every
+    # transformer, refuse it; a zero row scores 0 against everything and hides a broken input
+    for text in ("\x00\ufffd", "\u200b"):
+        with pytest.raises(BertkitError, match="yields no tokens"):
+            bertkit.embed(["fine", text], ours)
+
+
 def test_the_mean_is_over_the_ids_without_special_tokens(tok, ours):
     weight = load(ours).model.embedding.weight.detach().numpy()
     ids = tok.encode("Hello, world!").input_ids[1:-1]

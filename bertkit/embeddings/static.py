@@ -82,12 +82,15 @@ def iter_static(texts: Iterable, loaded, normalize: bool | None = None, *, max_l
         chunk = list(itertools.islice(texts, chunk_size))
         if not chunk:
             return
-        for i, text in enumerate(chunk):
+        for text in chunk:
             if not isinstance(text, str):
                 raise BertkitError(f"a static model embeds strings, got {type(text).__name__}")
             if not text.strip():
                 raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
         ids, lengths = tok.ids_batch(chunk)
+        for text, n in zip(chunk, lengths):  # as a transformer and the server: no zero vector for a broken input
+            if n == 0:
+                raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
         vectors = static_vectors(model, ids, lengths, max_length)
         if normalize:  # as torch's F.normalize (sentence-transformers' Normalize): norms below 1e-12 taken as 1e-12
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
