@@ -66,6 +66,21 @@ def test_config_errors_name_the_problem():
         MaskingConfig(masked_lm_prob=1.5).validate()
     with pytest.raises(BertkitError, match=r"\[MASK\]"):
         MaskVocab.from_tokens(["[PAD]", "[CLS]", "[SEP]", "a"])
+    # only special tokens: every word is [UNK], nothing to predict or to draw a random token from
+    # (torch's random_(0, 0) raised in the middle of prepare, or of the run with --dynamic-masking)
+    with pytest.raises(BertkitError, match="only special tokens"):
+        MaskVocab.from_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+
+
+def test_a_vocabulary_of_special_tokens_only_stops_prepare_before_the_corpus_is_read(tmp_path, capsys):
+    from bertkit.cli import main
+
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    (tmp_path / "corpus.txt").write_text("one sentence here.\nanother one there.\n\nand a second document.\n")
+    code = main(["pretrain", "prepare", str(tmp_path / "corpus.txt"), "-o", str(tmp_path / "data"),
+                 "--vocab", str(tmp_path / "vocab.txt"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "only special tokens" in err and "Traceback" not in err
 
 
 def test_candidate_words_group_pieces_but_not_across_special_tokens():

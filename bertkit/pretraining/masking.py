@@ -105,6 +105,9 @@ class MaskVocab:
         specials = frozenset(index[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in index)
         continuation = frozenset(i for i, t in enumerate(tokens) if t.startswith(CONTINUATION))
         replace = np.array([i for i in range(len(tokens)) if i not in specials], dtype=np.int64)
+        if not len(replace):
+            raise BertkitError(f"the vocabulary holds only special tokens ({', '.join(tokens)}): every word would "
+                               "be [UNK], with nothing to predict; learn one with `bertkit vocab train`")
         return cls(len(tokens), index["[MASK]"], specials, continuation, replace)
 
     def special_mask(self) -> np.ndarray:
