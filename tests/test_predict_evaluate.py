@@ -258,3 +258,78 @@ def test_a_task_file_that_disagrees_with_the_head_is_named(tmp_path):
     with pytest.raises(BertkitError, match="says classify .* architectures name BertForTokenClassification: the two "
                                            "files disagree"):
         predict(tmp_path, ["a sentence"])
+
+
+# --- rows without answers are predicted, not dropped; messages never in the predictions -------------
+
+def test_rows_without_a_label_are_predicted_and_only_the_labelled_scored(sentiment_run, tmp_path, capsys):  # noqa: F811
+    """A labelled file with some label cells empty: once those rows got no prediction at all ("skipped
+    (missing labels)"), and a file whose label column is empty everywhere (a template filled in later)
+    failed with "no usable rows". Every row is predicted; the score is the score of the labelled rows
+    alone (the same file without the others)."""
+    d, _ = sentiment_run
+    rows = [r.split("\t") for r in (d / "dev.tsv").read_text().splitlines()[1:]]
+    mixed = [(t, "" if i % 3 == 0 else lab) for i, (t, lab) in enumerate(rows)]
+    partial = write_tsv(tmp_path / "partial.tsv", ["sentence", "label"], mixed)
+    labelled = write_tsv(tmp_path / "labelled.tsv", ["sentence", "label"], [r for r in mixed if r[1]])
+    got = predict_file(d / "out", partial, tmp_path / "p.tsv", dtype="float32")
+    want = predict_file(d / "out", labelled, tmp_path / "q.tsv", dtype="float32")
+    assert got.count == 30 and got.scored == want.count == want.scored == 20
+    assert got.metrics == pytest.approx(want.metrics)
+    written = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]]
+    assert [r[0] for r in written] == [t for t, _ in rows]  # every row, in the file's order
+    assert [r[1] for r in written] == [p["label"] for p in predict(d / "out", [t for t, _ in rows], dtype="float32")]
+    assert main(["predict", str(d / "out"), str(partial), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 30 predictions" in out and "evaluation on" in out and "20 of the 30 rows carry answers" in out
+    # a label column that is empty everywhere: only predictions; --evaluate says there are no answers
+    blank = write_tsv(tmp_path / "blank.tsv", ["sentence", "label"], [(t, "") for t, _ in rows])
+    result = predict_file(d / "out", blank, tmp_path / "b.tsv")
+    assert result.count == 30 and result.metrics is None
+    with pytest.raises(BertkitError, match="carries no answers"):
+        predict_file(d / "out", blank, tmp_path / "b.tsv", evaluate=True)
+
+
+def test_squad_questions_without_answers_are_predicted(tiny, tmp_path):  # noqa: F811
+    """A SQuAD JSON file is also the way to hand questions in for prediction; once its questions without
+    answers were dropped without a word, and a file of none but such questions failed ("no questions
+    found")."""
+    rng = random.Random(0)
+    cfg = QAConfig(train=str(squad_file(tmp_path / "train.json", 30, rng)), output=str(tmp_path / "o"),
+                   model=str(tiny), max_length=32, doc_stride=8, max_query_length=8, training=fast(epochs=1))
+    finetune_qa(cfg, log=lambda s: None)
+    data = json.loads(squad_file(tmp_path / "dev.json", 12, rng).read_text())
+    questions = [q for p in data["data"][0]["paragraphs"] for q in p["qas"]]
+    for q in questions[::3]:
+        del q["answers"]
+    (tmp_path / "partial.json").write_text(json.dumps(data))
+    got = predict_file(tmp_path / "o", tmp_path / "partial.json", tmp_path / "p.tsv", dtype="float32")
+    paras = data["data"][0]["paragraphs"]
+    data["data"][0]["paragraphs"] = [p for p in paras if "answers" in p["qas"][0]]
+    (tmp_path / "answered.json").write_text(json.dumps(data))
+    want = predict_file(tmp_path / "o", tmp_path / "answered.json", tmp_path / "q.tsv", dtype="float32")
+    assert got.count == 12 and got.scored == want.count == 8 and got.metrics == pytest.approx(want.metrics)
+    assert [r.split("\t")[0] for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]] == [
+        q["question"] for q in questions]
+    for q in questions:
+        q.pop("answers", None)
+    (tmp_path / "none.json").write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paras}]}))
+    result = predict_file(tmp_path / "o", tmp_path / "none.json", tmp_path / "n.tsv")
+    assert result.count == 12 and result.metrics is None
+
+
+def test_with_output_dash_standard_output_holds_only_the_predictions(sentiment_run, tmp_path, capsys):  # noqa: F811
+    """`--output -` promises the predictions alone on standard output (`> preds.tsv`, a pipe); the
+    reader's count of skipped rows ("t.tsv: 2 examples, skipped 1 ...") was printed there, above the
+    header."""
+    d, _ = sentiment_run
+    for name, header, rows in (("t.tsv", ["sentence", "label"], [("this day was good .", "pos"), ("", "neg"),
+                                                                  ("the food was bad .", "")]),
+                               ("u.tsv", ["sentence"], [("this day was good .",), ("",)])):
+        path = write_tsv(tmp_path / name, header, rows)
+        path.write_text(path.read_text() + "\n\n")  # empty lines: skipped and counted
+        assert main(["predict", str(d / "out"), str(path), "-o", "-", "--dtype", "float32"]) == 0
+        captured = capsys.readouterr()
+        lines = captured.out.splitlines()
+        assert lines[0] == "text\tprediction\tdetails" and all(len(x.split("\t")) == 3 for x in lines), lines
+        assert "skipped" in captured.err
