@@ -281,7 +281,7 @@ def test_rows_without_a_label_are_predicted_and_only_the_labelled_scored(sentime
     assert [r[1] for r in written] == [p["label"] for p in predict(d / "out", [t for t, _ in rows], dtype="float32")]
     assert main(["predict", str(d / "out"), str(partial), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
-    assert "wrote 30 predictions" in out and "evaluation on" in out and "20 of the 30 rows carry answers" in out
+    assert "wrote 30 predictions" in out and "evaluation on" in out and "(the 20 of the 30 rows that carry answers, computed" in out
     # a label column that is empty everywhere: only predictions; --evaluate says there are no answers
     blank = write_tsv(tmp_path / "blank.tsv", ["sentence", "label"], [(t, "") for t, _ in rows])
     result = predict_file(d / "out", blank, tmp_path / "b.tsv")

@@ -3,6 +3,7 @@ dataclass by `bertkit.options`), `bertkit predict` and `bertkit demo`."""
 
 import argparse
 import sys
+from functools import partial
 
 from bertkit.options import add_options, device_flags, from_args, int8_flag, merge
 from bertkit.cli.demo import run_demo as demo
@@ -72,7 +73,8 @@ def add_predict(sub):
         "QA: SQuAD JSON or a table with question and context columns). Evaluate mode: when INPUT also "
         "carries the answers (the label column, a CoNLL tag column, SQuAD answers) the predictions are "
         "scored too: accuracy and F1 (classification), Pearson and Spearman (regression), micro F1 "
-        "(multi-label), entity F1 (NER), exact match and F1 (QA).",
+        "(multi-label), entity F1 (NER), exact match and F1 (QA). Every row is predicted; a row without its answer "
+        "(an empty label cell, a question without answers) is left out of the scores.",
         epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
         "  bertkit predict out/sst2 dev.tsv            # dev.tsv has a label column: predicts and reports accuracy\n"
         "  bertkit predict out/ner conll/test.txt --device cuda",
@@ -97,17 +99,19 @@ def add_predict(sub):
 def run_predict(args):
     from bertkit.tasks.predict import format_metrics, predict_file
 
+    to_stdout = args.output == "-"
+    stream = sys.stderr if to_stdout else sys.stdout  # with --output - the predictions own standard output
     result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
                           text_pair_column=args.text_pair_column, label_column=args.label_column,
                           batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype,
-                          int8=args.int8, fast=args.speed)
-    to_stdout = str(result.path) == "-"
-    stream = sys.stderr if to_stdout else sys.stdout  # with --output - the predictions own standard output
+                          int8=args.int8, fast=args.speed, log=partial(print, file=stream))
     where = "standard output" if to_stdout else result.path
     print(f"wrote {result.count} predictions to {where}" + ("" if args.output else " (--output names another file)"),
           file=stream)
     if result.metrics is not None:
-        print(f"evaluation on {args.input} ({result.count} examples, computed in {result.precision}"
+        rows = (f"{result.count} examples" if result.scored == result.count else
+                f"the {result.scored} of the {result.count} rows that carry answers")
+        print(f"evaluation on {args.input} ({rows}, computed in {result.precision}"
               f"{PRECISION_NOTE.get(result.precision, '')}): {format_metrics(result.metrics)}", file=stream)
 
 

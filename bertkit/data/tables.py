@@ -133,8 +133,10 @@ def read_text_examples(
     problem_type: str = "single_label_classification",  # BertConfig.problem_type: what a label is
     label_separator: str = ",",
     max_examples: int | None = None,
+    keep_unlabelled: bool = False,
 ) -> tuple[list[TextExample], ReadReport]:
-    """Examples from a table; `label_column=None` reads unlabelled input (prediction)."""
+    """Examples from a table; `label_column=None` reads unlabelled input (prediction); `keep_unlabelled`:
+    a row whose label is missing is kept with label None (evaluate mode predicts every row), not skipped."""
     report = ReadReport(str(path))
     out = []
     for n, row in read_rows(path, report):
@@ -146,13 +148,10 @@ def read_text_examples(
             continue
         label = None
         if label_column:
-            raw = _column(row, label_column, path, n, "--label-column")
-            if raw is None or (isinstance(raw, str) and not raw.strip()):
-                if problem_type != "multi_label_classification":
-                    report.skipped["missing labels"] += 1
-                    continue
-                raw = ""  # multi-label: an empty cell is the empty set, a text with none of the labels
-            label = parse_label(raw, problem_type, label_separator, f"{path}:{n}")
+            label = _label(row, label_column, problem_type, label_separator, path, n)
+            if label is None and not keep_unlabelled:
+                report.skipped["missing labels"] += 1
+                continue
         out.append(TextExample(text, None if pair is None else str(pair), label, n))
         if max_examples is not None and len(out) >= max_examples:
             break
@@ -160,6 +159,17 @@ def read_text_examples(
     if not out:
         raise BertkitError(f"{report.summary()}: no usable rows; check the file and the column names")
     return out, report
+
+
+def _label(row: dict, column: str, problem_type: str, separator: str, path, n: int):
+    """A row's label as the problem type reads it; None when its cell is empty or null (multi-label: the
+    empty set instead, a text with none of the labels)."""
+    raw = _column(row, column, path, n, "--label-column")
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        if problem_type != "multi_label_classification":
+            return None
+        raw = ""
+    return parse_label(raw, problem_type, separator, f"{path}:{n}")
 
 
 def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print):
@@ -319,8 +329,10 @@ def parse_range(spec: str | None, n: int, what: str) -> range:
         raise BertkitError(f"{what} {spec!r} is not START:END (e.g. 0:40)")
 
 
-def read_squad(path, *, articles: str | None = None, max_examples=None) -> tuple[list[QAExample], ReadReport]:
-    """Questions from a SQuAD v1.1/v2.0 JSON file, optionally a slice of its articles."""
+def read_squad(path, *, articles: str | None = None, max_examples=None,
+               unanswered: bool = False) -> tuple[list[QAExample], ReadReport]:
+    """Questions from a SQuAD v1.1/v2.0 JSON file, optionally a slice of its articles; a question with no
+    answers (nor is_impossible) is skipped and counted, or with `unanswered` kept (prediction's input)."""
     path = existing_file(path)
     try:
         data = json.loads(read_text(path))["data"]
@@ -332,7 +344,7 @@ def read_squad(path, *, articles: str | None = None, max_examples=None) -> tuple
     out = []
     for i in parse_range(articles, len(data), "--articles"):
         try:
-            done = _squad_article(data[i], out, report, max_examples)
+            done = _squad_article(data[i], out, report, max_examples, unanswered)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise BertkitError(f"{path}: article {i} is not SQuAD JSON ({type(err).__name__}: {err}); expected "
                                "{'paragraphs': [{'context', 'qas': [{'id', 'question', 'answers'}]}]}") from None
@@ -345,13 +357,13 @@ def read_squad(path, *, articles: str | None = None, max_examples=None) -> tuple
     return out, report
 
 
-def _squad_article(article: dict, out: list, report: ReadReport, max_examples) -> bool:
+def _squad_article(article: dict, out: list, report: ReadReport, max_examples, unanswered: bool) -> bool:
     """Append the questions of one article to `out`; True once `max_examples` are reached."""
     for para in article["paragraphs"]:
         for qa in para["qas"]:
             answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
             impossible = bool(qa.get("is_impossible", False))
-            if not answers and not impossible:
+            if not answers and not impossible and not unanswered:
                 report.skipped["questions without answers"] += 1
                 continue
             out.append(QAExample(qa["id"], qa["question"], para["context"], answers, impossible,

@@ -146,18 +146,20 @@ def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=No
 
 # --- files -----------------------------------------------------------------
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tuple[list[str], None]:
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], None]:
     """Sentences from CoNLL columns (first column), one sentence per line, or a table's text column."""
     if Path(path).suffix.lower() in TABLES:
-        return read_text_columns(path, text_column or info.get("text_column") or "sentence")
+        return read_text_columns(path, text_column or info.get("text_column") or "sentence", log=log)
     if looks_like_conll(path):  # one token per line (first column), blank lines between sentences
         sentences, _ = read_conll(path, tagged=False)
         return [" ".join(s.words) for s in sentences], None
     return read_text_lines(path), None  # one sentence per line, words split on whitespace
 
 
-def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None):
-    """(sentences, None, gold tags in the file's scheme) from a CoNLL file with a tag column, else None."""
+def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
+                  every_input: bool = False, log=print):
+    """(sentences, None, gold tags in the file's scheme) from a CoNLL file with a tag column, else None
+    (a tagged file tags every word: `every_input` changes nothing)."""
     if Path(path).suffix.lower() in TABLES or not _has_tag_column(path):
         return None
     sentences, _ = read_conll(path)

@@ -17,7 +17,10 @@ Evaluate mode: when the input file carries the answers (a label column for the
 text tasks, a tag column in a CoNLL file, answers in SQuAD JSON), `predict_file`
 also scores the predictions with the task's metrics (`bertkit.metrics.tasks`):
 accuracy and F1 for classification, Pearson and Spearman for regression, micro
-F1 for multi-label, entity F1 for NER, exact match and F1 for QA.
+F1 for multi-label, entity F1 for NER, exact match and F1 for QA. Every input is
+predicted; one without its answer (an empty label cell, a SQuAD question without
+answers) is left out of the scores, and a file whose answers are all missing is
+only predicted.
 
 The model is loaded by `bertkit.runtime.loading` on `device` (auto, cpu, cuda) in `dtype`
 (float32, bfloat16, auto), int8 if asked. Nothing here imports the training code.
@@ -110,6 +113,7 @@ class FileResult(NamedTuple):
     count: int  # predictions written
     metrics: dict | None  # evaluate mode's scores, None when the file carries no answers
     precision: str = "float32"  # what the model computed in (`Loaded.precision`)
+    scored: int = 0  # the predictions scored: those whose input carries an answer
 
 
 def default_output(input_path, folder=".") -> Path:
@@ -137,16 +141,18 @@ def _output(path):
 
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
                  label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
-                 dtype=None, int8: bool = False, fast=True) -> FileResult:
+                 dtype=None, int8: bool = False, fast=True, log=print) -> FileResult:
     """Write one prediction per input row as TSV (text, prediction, details) to `output_path` ("-":
     standard output; None: `default_output`, in the current directory); with the answers in the file
-    (evaluate None: whenever they are there; True: required; False: never) also score them. fast: the
-    fast path's settings, as `bertkit.runtime.loading.load` takes them."""
+    (evaluate None: whenever they are there; True: required; False: never) also score them: every row is
+    predicted, the rows that carry an answer are scored. fast: the fast path's settings, as
+    `bertkit.runtime.loading.load` takes them; log: the readers' counts of skipped rows."""
     loaded = load_task_model(model_dir, device, dtype, int8, fast)
     info, task = loaded.info, task_of(loaded)
     existing_file(input_path)
     columns = (text_column, text_pair_column)
-    labelled = task.read_labelled(input_path, info, *columns, label_column) if evaluate is not False else None
+    labelled = (task.read_labelled(input_path, info, *columns, label_column, every_input=True, log=log)
+                if evaluate is not False else None)
     if evaluate and labelled is None:
         answers = task.answers.format(label=info.get("label_column") or "label")
         raise BertkitError(f"{input_path} carries no answers to evaluate against ({answers}); "
@@ -154,18 +160,20 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     if labelled is not None:
         texts, pairs, references = labelled
     else:
-        texts, pairs = task.read_inputs(input_path, info, *columns)
+        (texts, pairs), references = task.read_inputs(input_path, info, *columns, log=log), None
     if not texts:
         raise BertkitError(f"{input_path}: no inputs to predict")
     preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded)
-    scores = None if labelled is None else task.score(preds, references, info, task.labels(loaded.config))
+    scored = [i for i, r in enumerate(references or []) if r is not None]
+    scores = None if labelled is None else task.score([preds[i] for i in scored], [references[i] for i in scored],
+                                                      info, task.labels(loaded.config))
     out = default_output(input_path) if output_path is None else output_path
     out = out if str(out) == "-" else Path(out)
     with _output(out) as f:
         f.write("text\tprediction\tdetails\n")
         for t, p in zip(texts, preds):
             f.write("\t".join(x.replace("\t", " ").replace("\n", " ") for x in (t, *_shown(p))) + "\n")
-    return FileResult(out, len(preds), scores, loaded.precision)
+    return FileResult(out, len(preds), scores, loaded.precision, len(scored))
 
 
 def _shown(p: dict) -> tuple[str, str]:

@@ -159,19 +159,25 @@ def score_answers(preds: list[dict], examples: list[QAExample], info: dict, name
 
 # --- files -----------------------------------------------------------------
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tuple[list[str], list[str]]:
-    """Questions and contexts from SQuAD JSON, or a table's question and context columns."""
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], list[str]]:
+    """Questions and contexts from SQuAD JSON (every question, answered or not), or a table's question and
+    context columns."""
     if Path(path).suffix.lower() == ".json":
-        examples, _ = read_squad(path)
+        examples, _ = read_squad(path, unanswered=True)
         return [e.question for e in examples], [e.context for e in examples]
-    return read_text_columns(path, text_column or "question", text_pair_column or "context")
+    return read_text_columns(path, text_column or "question", text_pair_column or "context", log=log)
 
 
-def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None):
-    """(questions, contexts, QAExamples) from SQuAD JSON with answers, else None."""
+def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
+                  every_input: bool = False, log=print):
+    """(questions, contexts, QAExamples) from SQuAD JSON with answers, else None: the answered questions, or
+    with `every_input` every question, None in place of an unanswered one's example."""
     if Path(path).suffix.lower() != ".json":
         return None
-    examples, _ = read_squad(path)
-    if not any(e.answers or e.is_impossible for e in examples):
+    examples, _ = read_squad(path, unanswered=True)
+    answered = [e if e.answers or e.is_impossible else None for e in examples]
+    if not any(answered):
         return None
-    return [e.question for e in examples], [e.context for e in examples], examples
+    if not every_input:
+        examples = answered = [e for e in answered if e is not None]
+    return [e.question for e in examples], [e.context for e in examples], answered

@@ -185,14 +185,15 @@ def score_answers(preds: list[dict], examples: list[TextExample], info: dict, na
 
 # --- files -----------------------------------------------------------------
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None) -> tuple[list[str], list[str] | None]:
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None,
+                log=print) -> tuple[list[str], list[str] | None]:
     """Texts (and pairs) from a table, in the columns the model was trained on unless given; a .txt file
     without a header naming the text column is one text per line."""
     tcol = text_column or info.get("text_column") or "sentence"
     pcol = text_pair_column or info.get("text_pair_column")
     if not pcol and one_per_line(existing_file(path), tcol):
         return read_text_lines(path), None
-    return read_text_columns(path, tcol, pcol)
+    return read_text_columns(path, tcol, pcol, log=log)
 
 
 def one_per_line(path: Path, column: str) -> bool:
@@ -206,8 +207,10 @@ def one_per_line(path: Path, column: str) -> bool:
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  problem_type: str):
-    """(texts, pairs, TextExamples) from a table with a label column, or None when it has none."""
+                  problem_type: str, every_input: bool = False, log=print):
+    """(texts, pairs, TextExamples) from a table with a label column, or None when it has none or every
+    label cell is empty: the labelled rows, or with `every_input` every row, None in place of an unlabelled
+    row's example (evaluate mode predicts them all and scores the labelled)."""
     lcol = (label_column or info.get("label_column")
             or ("labels" if problem_type == MULTI_LABEL else "label"))
     if lcol not in _first_row(path):
@@ -215,11 +218,19 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     tcol = text_column or info.get("text_column") or "sentence"
     pcol = text_pair_column or info.get("text_pair_column")
     examples, report = read_text_examples(path, text_column=tcol, text_pair_column=pcol, label_column=lcol,
-                                          problem_type=problem_type, label_separator=info.get("label_separator", ","))
+                                          problem_type=problem_type, label_separator=info.get("label_separator", ","),
+                                          keep_unlabelled=True)
+    if all(e.label in (None, []) for e in examples):  # a column left empty (multi-label's [] included)
+        return None
+    answered = [e if e.label is not None else None for e in examples]
+    if not every_input:
+        report.skipped["missing labels"] += answered.count(None)
+        examples = answered = [e for e in answered if e is not None]
+        report.kept = len(examples)
     if report.skipped:
-        print(report.summary())
+        log(report.summary())
     pairs = [e.text_pair for e in examples] if pcol else None
-    return [e.text for e in examples], pairs, examples
+    return [e.text for e in examples], pairs, answered
 
 
 def _first_row(path) -> dict:
