@@ -123,3 +123,43 @@ def test_the_printed_precision_is_the_queries_and_the_passages(setup, tiny_dir, 
                  "--quiet"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert "(queries in float32, the index's passages in bfloat16, max length" in first
+
+
+def _corpus_copy(setup, tmp_path, edit):
+    """The setup's BEIR folder copied with its corpus lines passed through edit(lines) -> lines."""
+    import shutil
+
+    folder = tmp_path / "sf"
+    shutil.copytree(setup["folder"], folder)
+    lines = (folder / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    (folder / "corpus.jsonl").write_text("\n".join(edit(lines)) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_an_index_of_another_corpus_is_refused_not_scored(setup, tiny_dir, tmp_path, capsys):
+    """An index built from another corpus scored 0.0 (or a quietly lower or higher figure): each way the corpora
+    differ is one line naming the index's corpus and a document; the same corpus is scored as before."""
+    judged = {d for docs in load_beir(setup["folder"], "test").qrels.values() for d in docs}
+    lines = (setup["folder"] / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    distractor = next(json.loads(line)["_id"] for line in lines if json.loads(line)["_id"] not in judged)
+    cases = {
+        # the corpus has a document the index lacks (a judged one: it could never be found)
+        "lacks 1 of the": lambda ls: ls + [json.dumps({"_id": "new-doc", "title": "", "text": "A new abstract."})],
+        # the index holds a document the corpus no longer has (a distractor: the qrels still hold)
+        "are not in": lambda ls: [line for line in ls if json.loads(line)["_id"] != distractor],
+    }
+    for i, (words, edit) in enumerate(cases.items()):
+        folder = _corpus_copy(setup, tmp_path / str(i), edit)
+        assert main(["evaluate", "retrieval", str(folder), "--index", str(setup["index"]), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert words in err and f"was built from {setup['folder'] / 'corpus.jsonl'}" in err, err
+        assert err.count("\n") == 1 and f"bertkit index {folder} -o INDEX" in err
+    # a document without any token is left out of an index: the corpus that has it is still the index's corpus
+    folder = _corpus_copy(setup, tmp_path / "blank", lambda ls: ls + [json.dumps({"_id": "blank", "text": "\u0000"})])
+    build_index(folder / "corpus.jsonl", tmp_path / "blank.index", str(tiny_dir), passage_tokens=TOKENS,
+                overlap=OVERLAP, batch_size=64, dtype="float32", progress=False)
+    assert json.loads((tmp_path / "blank.index" / "index.json").read_text())["documents_without_tokens"] == 1
+    for index in (tmp_path / "blank.index", setup["index"]):  # the index of this corpus; the index of one fewer
+        code = main(["evaluate", "retrieval", str(folder), "--index", str(index), "--dtype", "float32", "--quiet"])
+        err = capsys.readouterr().err
+        assert code == (0 if index != setup["index"] else 2), err

@@ -273,3 +273,25 @@ def test_a_table_of_pairs_trains_without_dev(ctx, tmp_path, capsys):
     with pytest.raises(BertkitError, match="relevant and irrelevant pairs both"):
         train.write_text("".join(json.dumps({**r, "label": 0}) + "\n" for r in rows))
         reranker_pairs(train)
+
+
+def test_mining_with_the_index_of_another_corpus_is_one_line(setup, tmp_path):  # noqa: F811 (the fixture)
+    """The first stage's index holds a document the mined corpus does not: a KeyError traceback before, now one
+    line naming the document."""
+    from functools import partial
+
+    from test_evaluate_index import _corpus_copy
+
+    from bertkit.data.beir import load_beir
+    from bertkit.retrieval.evaluation import index_answers
+
+    judged = {d for docs in load_beir(setup["folder"], "train").qrels.values() for d in docs}
+    judged |= {d for docs in load_beir(setup["folder"], "test").qrels.values() for d in docs}
+    lines = (setup["folder"] / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    gone = next(json.loads(line)["_id"] for line in lines if json.loads(line)["_id"] not in judged)
+    folder = _corpus_copy(setup, tmp_path, lambda ls: [line for line in ls if json.loads(line)["_id"] != gone])
+    stage = partial(index_answers, setup["index"], depth=50)
+    assert gone in {d for ids in stage(["a query"]) for d in ids}  # the index does answer it
+    reranker_pairs(setup["folder"], "train", hard=1, first_stage=stage, log=lambda *a: None)  # its own corpus
+    with pytest.raises(BertkitError, match=f"answered document '{gone}', which the corpus being mined does not have"):
+        reranker_pairs(folder, "train", hard=1, first_stage=stage, range_max=50, log=lambda *a: None)

@@ -139,6 +139,26 @@ def index_answers(index, queries: list[str], depth: int, batch_size: int = 32, d
     return [[h.doc_id for h in hits] for hits in answers]
 
 
+def check_same_corpus(index, data) -> None:
+    """Refuse an index of another corpus than the BEIR folder's: a document the corpus has and the index lacks
+    can never be found, and one the index holds beyond the corpus competes with its documents, so either way
+    the figures would measure something else, silently (an index of another set scored 0 everywhere). The
+    corpus's documents without any token are left out of an index (`documents_without_tokens`): so many may
+    be missing."""
+    held = document_ids(index)
+    extra = [d for d in held if d not in data.corpus]
+    missing = len(data.corpus) - (len(held) - len(extra))
+    if not extra and missing <= int(index.info.get("documents_without_tokens", 0)):
+        return
+    example = extra[0] if extra else next(d for d in data.corpus if d not in set(held))
+    what = (f"{len(extra)} of its {len(held)} documents are not in {data.directory}/corpus.jsonl (e.g. {example!r})"
+            if extra else f"it lacks {missing} of the {len(data.corpus)} documents of {data.directory}/corpus.jsonl "
+            f"(e.g. {example!r})")
+    raise BertkitError(f"{index.directory} was built from {index.info.get('corpus', 'another corpus')}, not this "
+                       f"corpus: {what}, so its figures would not be this set's: build the index from this folder "
+                       f"(bertkit index {data.directory} -o INDEX), or evaluate with the index of this corpus")
+
+
 def _index_modes(info: dict, mode: str | None) -> list[str]:
     if mode == "all":
         options_of(info)  # refused in one line when the index has no lexical part
@@ -148,6 +168,7 @@ def _index_modes(info: dict, mode: str | None) -> list[str]:
 
 def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, ann, rerank, rerank_top,
                     rerank_model, mode=None, fusion=None, tuning_data=None, fast=True) -> dict:
+    check_same_corpus(index, data)
     query_ids = list(data.queries)
     texts = [data.queries[q] for q in query_ids]
     depth = RUN_DEPTH if rerank is None else max(RUN_DEPTH, rerank_top)

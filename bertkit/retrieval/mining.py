@@ -316,6 +316,10 @@ def first_stage_negatives(task: MiningTask, ranked: list, hard: int, range_max: 
     """Per query, the rows of its first `hard` documents among `ranked`'s top `range_max` (corpus ids, best
     first) that are neither positives nor a positive's text; None when fewer are there."""
     row = {d: i for i, d in enumerate(task.passage_ids)}
+    stray = next((d for ids in ranked for d in ids[:range_max] if d not in row), None)
+    if stray is not None:
+        raise BertkitError(f"the first stage answered document {stray!r}, which the corpus being mined does not "
+                           "have: its index was built from another corpus; mine with an index of this corpus")
     chosen = []
     for q, ids in enumerate(ranked):
         same = {task.passages[p] for p in task.positives[q]}
