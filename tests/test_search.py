@@ -3,6 +3,8 @@ the model check, reranking with a cross-encoder, and the commands end to end."""
 
 import json
 import shutil
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -371,3 +373,58 @@ def test_a_qdrant_collection_answers_as_the_exact_search(built, tiny, tmp_path, 
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+KILLED_AFTER_TWO_BATCHES = """
+import os, signal, sys
+from qdrant_client import QdrantClient
+from bertkit.retrieval.index import open_index
+from bertkit.retrieval.qdrant import export
+
+real_upsert, calls = QdrantClient.upsert, []
+
+def upsert(self, *args, **kwargs):
+    out = real_upsert(self, *args, **kwargs)
+    calls.append(1)
+    if len(calls) == 2:  # two batches written, the rest not
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+QdrantClient.upsert = upsert
+export(open_index(sys.argv[1]), sys.argv[2], "sci", batch_size=8, progress=False)
+"""
+
+
+def test_an_export_killed_half_way_is_refused_by_search_and_finished_by_resume(built, tmp_path, capsys):
+    """A collection whose export was SIGKILLed held 16 of the passages and answered from them, silently; now
+    search refuses it naming --resume, and export --resume (or --overwrite) writes the rest: then it answers as
+    the exact search."""
+    from qdrant_client import QdrantClient
+
+    where, n = str(tmp_path / "qdrant"), len(open_index(built))
+    child = subprocess.run([sys.executable, "-c", KILLED_AFTER_TWO_BATCHES, str(built), where], capture_output=True,
+                           text=True, timeout=300)
+    assert child.returncode == -9, child.stderr
+    client = QdrantClient(path=where)
+    assert client.count("sci", exact=True).count == 16 < n  # the premise: a part of the passages is there
+    client.close()
+    search_argv = ["search", "--qdrant", where, "--collection", "sci", QUERIES[0], "-k", "5", "--json", "--dtype",
+                   "float32", "--mode", "dense"]
+    export_argv = ["index", "export", str(built), "--qdrant", where, "--collection", "sci", "--quiet"]
+    for argv, message in [(search_argv, f"holds 16 of its index's {n} passages: its export did not finish"),
+                          (export_argv, f"holds 16 of its index's {n} passages (an export that was interrupted): "
+                                        "pass --resume"),
+                          ([*export_argv, "--resume", "--overwrite"], "give one")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    exact = [h.id for h in search(open_index(built), QUERIES[:1], k=5, dtype="float32", fusion={"mode": "dense"})[0]]
+    for flag in ("--resume", "--overwrite"):
+        assert main([*export_argv, flag]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        assert main(search_argv) == 0
+        assert [h["id"] for h in json.loads(capsys.readouterr().out)[0]] == exact
+    assert main([*export_argv, "--resume"]) == 0  # a finished export resumed: nothing left to write
+    assert main(export_argv) == 2 and "already exists" in capsys.readouterr().err
+    assert main([*export_argv[:-2], "other", "--quiet", "--resume"]) == 2
+    assert "no collection 'other'" in capsys.readouterr().err

@@ -51,8 +51,10 @@ def add_index(sub):
     p.add_argument("--batch-size", type=int, default=32, help="passages per forward pass (default 32)")
     p.add_argument("--part-size", type=int, default=1024, help="passages per saved part: what a kill can lose, "
                    "and what torchrun ranks are dealt (default 1024)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted build of INDEX")
-    p.add_argument("--overwrite", action="store_true", help="replace the index (finished or not) already in INDEX")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted build of INDEX (export: an "
+                   "interrupted export into the collection)")
+    p.add_argument("--overwrite", action="store_true", help="replace the index (finished or not) already in INDEX "
+                   "(export: the collection)")
     p.add_argument("--dedupe", action="store_true", help="keep the first document of an id that repeats (and say "
                    "how many were dropped); without it a repeated id is an error naming its lines")
     _add_search_structures(p)
@@ -143,7 +145,8 @@ def run_export(args):
 
     if not args.qdrant or not args.collection:
         raise BertkitError("bertkit index export INDEX needs --qdrant PATH|URL and --collection NAME")
-    n = export(open_index(args.exported), args.qdrant, args.collection, progress=not args.quiet)
+    n = export(open_index(args.exported), args.qdrant, args.collection, progress=not args.quiet, resume=args.resume,
+               overwrite=args.overwrite)
     print(f"{args.exported}: {n} passages written to collection {args.collection!r} in {args.qdrant}")
 
 

@@ -69,25 +69,29 @@ def connect(location: str):
     return qdrant_client.QdrantClient(path=location)
 
 
-def export(index: Index, location: str, collection: str, *, batch_size: int = 1024, progress: bool = True) -> int:
+def export(index: Index, location: str, collection: str, *, batch_size: int = 1024, progress: bool = True,
+           resume: bool = False, overwrite: bool = False) -> int:
     """Write every passage of `index` into a new collection (with its BM25 weights as sparse vectors when
-    the index has a lexical part); returns the number of points."""
+    the index has a lexical part); returns the number of points. resume: finish the interrupted export of
+    this index into `collection` (the batches whose points are all there are skipped); overwrite: replace
+    the collection first."""
     _, models = _qdrant()
     client = connect(location)
     try:
-        if client.collection_exists(collection):
-            raise BertkitError(f"collection {collection!r} already exists in {location}: choose another name, or "
-                               "delete it first")
         lexical = index.lexical() if index.info.get("lexical") else None
-        metadata = {METADATA_KEY: index.info} | ({} if lexical is None else {VOCABULARY_KEY: lexical.vocab_dict})
-        client.create_collection(collection, vectors_config=models.VectorParams(
-            size=int(index.info["dim"]), distance=models.Distance.COSINE), metadata=metadata,
-            sparse_vectors_config=None if lexical is None else {SPARSE: models.SparseVectorParams()})
+        if _prepare(client, location, collection, index.info, resume, overwrite):
+            metadata = {METADATA_KEY: index.info} | ({} if lexical is None else {VOCABULARY_KEY: lexical.vocab_dict})
+            client.create_collection(collection, vectors_config=models.VectorParams(
+                size=int(index.info["dim"]), distance=models.Distance.COSINE), metadata=metadata,
+                sparse_vectors_config=None if lexical is None else {SPARSE: models.SparseVectorParams()})
         rows_terms = None if lexical is None else passage_terms(lexical.scores)
         n = len(index)
         with tqdm(total=n, disable=not progress, desc="exporting", unit="passage") as bar:
             for start in range(0, n, batch_size):
                 rows = range(start, min(start + batch_size, n))
+                if resume and len(client.retrieve(collection, ids=list(rows), with_payload=False)) == len(rows):
+                    bar.update(len(rows))  # written before the interruption
+                    continue
                 payloads = [{**p, "document": int(index.document[r])} for r, p in zip(rows, index.passages(rows))]
                 dense = rows_or_decoded(index, start, rows.stop).tolist()
                 if rows_terms is None:
@@ -101,6 +105,47 @@ def export(index: Index, location: str, collection: str, *, batch_size: int = 10
         return n
     finally:
         client.close()
+
+
+def _prepare(client, location: str, collection: str, info: dict, resume: bool, overwrite: bool) -> bool:
+    """Whether the collection is to be created: new, or replaced (overwrite); an existing one is refused in
+    one line unless it is this index's interrupted export and `resume` finishes it."""
+    if resume and overwrite:
+        raise BertkitError("--resume continues an interrupted export and --overwrite starts it again: give one")
+    exists = client.collection_exists(collection)
+    if exists and overwrite:
+        client.delete_collection(collection)
+        return True
+    if not exists:
+        if resume:
+            raise BertkitError(f"--resume: there is no collection {collection!r} in {location} to finish; export "
+                               "without --resume")
+        return True
+    made = (client.get_collection(collection).config.metadata or {}).get(METADATA_KEY)
+    if made is None:
+        raise BertkitError(f"collection {collection!r} already exists in {location} and was not written by bertkit "
+                           "index export: choose another name, or pass --overwrite to replace it")
+    if resume and _same_index(made, info):
+        return False
+    if resume:
+        raise BertkitError(f"--resume: collection {collection!r} in {location} was exported from another index "
+                           f"({made.get('corpus')}, {made.get('passages')} passages): pass --overwrite to replace it")
+    held = _points(client, collection)
+    if held < made.get("passages", 0):
+        raise BertkitError(f"collection {collection!r} in {location} holds {held} of its index's {made['passages']} "
+                           "passages (an export that was interrupted): pass --resume to finish exporting this index "
+                           "into it, --overwrite to replace it, or choose another name")
+    raise BertkitError(f"collection {collection!r} already exists in {location}: choose another name, or pass "
+                       "--overwrite to replace it")
+
+
+def _same_index(made: dict, info: dict) -> bool:
+    """Whether a collection's recorded index.json is `info`'s index (the fusion `--tune` may have added aside)."""
+    return {k: v for k, v in made.items() if k != "fusion"} == {k: v for k, v in info.items() if k != "fusion"}
+
+
+def _points(client, collection: str) -> int:
+    return client.count(collection, exact=True).count
 
 
 def passage_terms(scores: dict) -> tuple[list, list]:
@@ -209,6 +254,11 @@ def _collection_info(client, location: str, collection: str) -> dict:
     if info is None:
         raise BertkitError(f"collection {collection!r} was not written by bertkit index export: it does not say "
                            "which model made its vectors")
+    held = _points(client, collection)
+    if held != info["passages"]:  # an export killed half-way answers from the passages it wrote, silently
+        raise BertkitError(f"collection {collection!r} in {location} holds {held} of its index's {info['passages']} "
+                           f"passages: its export did not finish; finish it with bertkit index export INDEX --qdrant "
+                           f"{location} --collection {collection} --resume")
     return info
 
 
