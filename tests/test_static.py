@@ -320,6 +320,15 @@ def test_static_training_starts_from_the_table_with_the_hand_computed_loss(ours,
     assert not torch.equal(after[seen], before[seen])
 
 
+def test_a_static_model_where_a_transformer_is_needed_names_the_static_way(ours, tmp_path, capsys):
+    # finetune embed without --static said "not supported ... use sentence-transformers for this model"
+    (tmp_path / "pairs.tsv").write_text("".join(f"{x}\t{y}\n" for x, y in PAIRS))
+    code = main(["finetune", "embed", "--train", str(tmp_path / "pairs.tsv"), "--model", str(ours),
+                 "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "static embedding model" in err and "--static" in err and "sentence-transformers for" not in err
+
+
 def test_static_training_from_scratch_saves_a_folder_sentence_transformers_reads(st, tiny_dir, tmp_path):
     static_run(tmp_path, tiny_dir, static_dim=6)
     out = tmp_path / "out"

@@ -90,6 +90,10 @@ def _module_kind(entry, path: Path) -> str:
     if isinstance(idx, bool) or not isinstance(idx, int):
         raise BertkitError(f"{path}: module {entry['type']} has idx {idx!r}; idx must be a whole number (0, 1, 2...)")
     kind = entry["type"].rsplit(".", 1)[-1]
+    if kind == "StaticEmbedding":  # read by bertkit.model.static where a model only embeds
+        raise BertkitError(f"{path.parent} holds a static embedding model (one vector per token, no transformer): "
+                           "this needs a transformer; a static model embeds (embed, index, search, evaluate, serve) "
+                           "and trains with `bertkit finetune embed --static`")
     if kind not in KNOWN_MODULES:
         raise BertkitError(f"{path}: module {entry['type']} ({entry.get('path', '')}) is not supported: bertkit "
                            f"embeds with {' + '.join(KNOWN_MODULES)} only; use sentence-transformers for this model")
