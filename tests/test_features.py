@@ -361,6 +361,22 @@ def test_cli_embed_refuses_a_bad_input_file_before_the_model_loads(tmp_path, cap
     assert list(texts) == ["it was fine"] and count == 1
 
 
+def test_cli_embed_says_which_lines_its_rows_are_when_blank_lines_were_skipped(tiny, tmp_path, capsys):
+    # a blank line has no vector: row 1 was the file's line 3 and nothing said so
+    from bertkit.model.checkpoint import save_pretrained
+    from bertkit.cli import main
+
+    save_pretrained(tiny[0], tmp_path / "tiny", tokenizer=tiny[1])
+    (tmp_path / "in.txt").write_text("first\n\n  \nfourth\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(out), "--model", str(tmp_path / "tiny"), "--quiet",
+                 "--dtype", "float32"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"wrote 2 vectors to {out}") and "2 blank lines skipped" in last
+    np.testing.assert_allclose([json.loads(x)["embedding"] for x in out.read_text().splitlines()][1],
+                               embed("fourth", tiny), atol=1e-5)
+
+
 def test_cli_embed(tiny, tmp_path, capsys):
     from bertkit.model.checkpoint import save_pretrained
     from bertkit.cli import main

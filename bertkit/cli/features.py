@@ -6,7 +6,7 @@ import sys
 from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
 from bertkit.options import add_options, device_flags, from_args, int8_flag
-from bertkit.data.textfiles import read_texts
+from bertkit.data.textfiles import blank_lines, read_texts
 from bertkit.data.vector_files import write_vectors
 
 
@@ -14,7 +14,7 @@ def add_embed(sub):
     p = sub.add_parser(
         "embed",
         help="embed texts with a frozen BERT: sentence, token or word vectors",
-        description="Read texts from INPUT (.txt: one per line; .jsonl: a 'text' field; .tsv: a column "
+        description="Read texts from INPUT (.txt: one per line, blank lines skipped; .jsonl: a 'text' field; .tsv: a column "
         "under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
         "(.npy, .safetensors or .jsonl). Sentence vectors follow the model's sentence-transformers layout when "
         "it has one (its pooling, normalisation and max_seq_length: the default model is mean-pooled, "
@@ -64,9 +64,11 @@ def run_embed(args):
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
     )
     n = write_vectors(rows, args.output, pooled=output.sentence)
+    blank = blank_lines(args.input)  # rows are the texts in order: say that a blank line has none
+    skipped = f"; {blank} blank line{'s' if blank > 1 else ''} skipped, so row i is the i-th text" if blank else ""
     # the file always holds float32 numbers; the model's precision is what they were computed in
     print(f"wrote {n} {'vectors' if output.sentence else 'texts'} to {args.output} (float32 values, computed in "
-          f"{loaded.precision})", file=sys.stderr)
+          f"{loaded.precision}){skipped}", file=sys.stderr)
 
 
 def add_attention(sub):

@@ -183,6 +183,13 @@ def json_objects(lines, path, on_blank=None):
         yield number, row
 
 
+def blank_lines(path) -> int:
+    """How many lines of a text file hold only whitespace: `read_texts` leaves them out, so its rows
+    are the other lines."""
+    with open_text(path) as f:
+        return sum(1 for line in f if not line.strip())
+
+
 def read_texts(path, column: str | None = None) -> tuple:
     """(an iterator over the texts of a file, how many there are), without loading them all.
 
