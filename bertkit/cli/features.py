@@ -14,8 +14,8 @@ def add_embed(sub):
     p = sub.add_parser(
         "embed",
         help="embed texts with a frozen BERT: sentence, token or word vectors",
-        description="Read texts from INPUT (.txt: one per line, blank lines skipped; .jsonl: a 'text' field; .tsv: a column "
-        "under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
+        description="Read texts from INPUT (.txt: one per line, blank lines skipped; .jsonl: a 'text' field; .tsv: "
+        "a column under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
         "(.npy, .safetensors or .jsonl). Sentence vectors follow the model's sentence-transformers layout when "
         "it has one (its pooling, normalisation and max_seq_length: the default model is mean-pooled, "
         "normalised and cut at 256 tokens); any option given overrides it. Texts beyond the window (the "
