@@ -163,6 +163,19 @@ def test_bad_data_and_config_are_user_errors(nsp_data, tmp_path):
         tiny_run(data, "gigantic", tmp_path / "b")
 
 
+def test_a_model_too_short_or_without_segment_b_for_the_data_is_refused_before_training(nsp_data, tmp_path):
+    # both died in the first forward pass, telling a pre-training run to "truncate the input (tokenizer
+    # max_length <= 16)" or that "token_type_ids must be in [0, 1)"
+    data, _ = nsp_data  # NSP pairs of up to 32 tokens
+    for i, (change, words) in enumerate([({"max_position_embeddings": 16}, r"max_position_embeddings 16 .*32 tokens"),
+                                         ({"type_vocab_size": 1}, r"type_vocab_size 1 .*segment B")]):
+        config = tmp_path / f"c{i}.json"
+        config.write_text(json.dumps({**TINY_MODEL, **change}))
+        with pytest.raises(BertkitError, match=words):
+            tiny_run(data, config, tmp_path / f"r{i}")
+        assert not (tmp_path / f"r{i}" / "metrics.jsonl").exists()
+
+
 def test_a_diverging_run_stops_with_the_step_and_batch_named(nsp_data, tmp_path):
     # AdamW moves every weight by about lr per step: lr 1e30 overflows the activations in step 2
     data, config = nsp_data

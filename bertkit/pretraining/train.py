@@ -184,6 +184,18 @@ def build_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config:
     return cls(preset_or_file(cfg.config).replace(vocab_size=vocab_size, **changes), generator=g)
 
 
+def check_fits(config, dataset) -> None:
+    """Refuse a model the prepared instances do not fit, before its first step would: too few
+    positions for their length, or one segment type for NSP/SOP pairs."""
+    if config.max_position_embeddings < dataset.max_seq_length:
+        raise BertkitError(f"the model's max_position_embeddings {config.max_position_embeddings} is shorter than "
+                           f"the data's instances (up to {dataset.max_seq_length} tokens): raise it in the config, or "
+                           f"prepare the data with --max-seq-length {config.max_position_embeddings}")
+    if dataset.objective in ("nsp", "sop") and config.type_vocab_size < 2:
+        raise BertkitError(f"the model's type_vocab_size {config.type_vocab_size} has no segment B for the data's "
+                           f"{dataset.objective.upper()} pairs: set it to 2, or prepare with --objective none")
+
+
 def preset_or_file(name: str):
     if name in PRESETS:
         return BertConfig.preset(name)
@@ -261,7 +273,9 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
 
         def build(extras: dict | None):
             # the architecture the checkpoint recorded (None in checkpoints from before it did: the flags say)
-            return build_model(cfg, dataset.vocab_size, dataset.objective, extras.get("model_config") if extras else None)
+            model = build_model(cfg, dataset.vocab_size, dataset.objective, extras.get("model_config") if extras else None)
+            check_fits(model.config, dataset)
+            return model
 
         loop = LoopConfig(max_steps=cfg.max_steps, grad_accum=cfg.grad_accum, precision=cfg.precision,
                           log_every=cfg.log_every, eval_every=cfg.eval_every, save_every=cfg.save_every,
