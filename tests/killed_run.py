@@ -2,6 +2,7 @@
 killer or a pre-empted node would: how the exact-resume tests stop a real process mid-run.
 
     python tests/killed_run.py STEP ARGS...     # `bertkit ARGS...`, killed in update STEP (from 0)
+    python tests/killed_run.py interrupt-checkpoint:STEP ARGS...   # Ctrl-C while checkpoint STEP is written
 
 The process kills itself right after the forward pass of update STEP's last micro-batch, before its
 backward: the updates before it are done and logged, and the checkpoints they wrote are on disk.
@@ -35,9 +36,38 @@ def killing_loop(kill_at: int, loop):
     return train_loop
 
 
+def interrupting_save(step: int, save):
+    """torch.save, which sends this process SIGINT (Ctrl-C) once the bytes of checkpoint `step` begin to go
+    out: a person pressing Ctrl-C while the run writes its checkpoint."""
+    name = f"step-{step:08d}.pt.tmp"
+
+    class Interrupting:
+        def __init__(self, f):
+            self.f, self.sent = f, False
+
+        def write(self, data):
+            if not self.sent:
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.f.write(data)
+
+        def flush(self):
+            return self.f.flush()
+
+    def torch_save(obj, f, *args, **kwargs):
+        return save(obj, Interrupting(f) if str(getattr(f, "name", "")).endswith(name) else f, *args, **kwargs)
+
+    return torch_save
+
+
 if __name__ == "__main__":
-    kill_at, sys.argv = int(sys.argv[1]), ["bertkit", *sys.argv[2:]]
-    harness.train_loop = killing_loop(kill_at, harness.train_loop)
+    where, sys.argv = sys.argv[1], ["bertkit", *sys.argv[2:]]
+    if where.startswith("interrupt-checkpoint:"):  # Ctrl-C while checkpoint STEP is written
+        import torch
+
+        torch.save = interrupting_save(int(where.partition(":")[2]), torch.save)
+    else:
+        harness.train_loop = killing_loop(int(where), harness.train_loop)
     from bertkit.cli import main
 
     sys.exit(main())  # as `python -m bertkit.cli` runs it

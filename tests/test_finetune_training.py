@@ -356,3 +356,23 @@ def test_a_run_that_learns_nothing_is_reported(task, tmp_path):
     assert len(warning) == 1 and "always the majority class 'neg'" in warning[0]
     records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["split"] for r in records] == ["train", "eval"] and (tmp_path / "out" / "curves.png").is_file()
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_is_one_line_and_the_run_resumes_exactly(task, one_epoch, tmp_path):
+    """Ctrl-C (SIGINT) during a checkpoint's write: once a screen of traceback (torch's zip writer turned the
+    KeyboardInterrupt into "RuntimeError: ... unexpected pos"), exit status 1, and a .tmp file left. The
+    checkpoint under way is finished first, the command says in one line how to go on, and --resume ends
+    where the uninterrupted run ends."""
+    stopped = tmp_path / "stopped"
+    res = finetune_cli(task, stopped, *ONE_EPOCH, "--save-every", 2, kill_at_step="interrupt-checkpoint:4",
+                       check=False)  # 5 updates: checkpoints 2 and 4, Ctrl-C while 4 is written
+    assert res.returncode == 130, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr[-3000:]
+    assert res.stderr.startswith("bertkit: interrupted") and "--resume" in res.stderr
+    assert [p.name for p in (stopped / "checkpoints").iterdir()] == ["step-00000004.pt"]  # whole, no .tmp
+
+    run_cli("finetune", "classify", "-o", stopped, "--resume")
+    done = one_epoch[0]
+    assert train_losses(stopped) == train_losses(done)
+    wa, wb = load_file(done / "model.safetensors"), load_file(stopped / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
