@@ -189,5 +189,9 @@ def main(argv=None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: a person's choice, not a crash (no traceback); 130 as a shell reports it
+        again = "; --resume goes on from the last checkpoint" if hasattr(args, "resume") else ""
+        print(f"bertkit: interrupted{again}", file=sys.stderr)
+        return 130
     return 0
 

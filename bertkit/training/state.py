@@ -35,14 +35,18 @@ Atomicity: the file is written to `step-N.pt.tmp` in the same directory,
 flushed and fsync'ed, then renamed over its final name with os.replace (atomic
 on POSIX); the directory is fsync'ed so the rename itself survives a crash. A
 kill at any point leaves either the previous set of checkpoints or the new one,
-never a half-written file under a checkpoint's name. Only the last `keep`
+never a half-written file under a checkpoint's name. A Ctrl-C while a
+checkpoint is written takes effect once it is in place. Only the last `keep`
 checkpoints are kept.
 """
 
 import os
 import random
 import re
+import signal
+import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -101,16 +105,37 @@ def plain_data(obj, where: str = "state"):
 
 
 def atomic_save(obj, path: Path) -> None:
-    """torch.save `obj` to `path` so that `path` is never seen half-written."""
+    """torch.save `obj` to `path` so that `path` is never seen half-written; a Ctrl-C meanwhile waits
+    for the file to be in place (`interrupts_held`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    with interrupts_held():
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+
+@contextmanager
+def interrupts_held():
+    """Run the block with Ctrl-C (SIGINT) held back, then deliver it: a checkpoint being written is
+    finished first. Interrupted inside torch.save, the zip writer turned the KeyboardInterrupt into a
+    RuntimeError ("unexpected pos") and left its .tmp file. Only the main thread receives signals
+    (elsewhere the block just runs)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pressed:
+            signal.raise_signal(signal.SIGINT)  # to the handler that was there (KeyboardInterrupt by default)
 
 
 def _fsync_dir(directory: Path) -> None:
