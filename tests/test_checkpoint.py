@@ -81,6 +81,33 @@ def test_our_round_trip_is_exact(tmp_path):
     assert "cls.predictions.bias" in keys and "cls.predictions.decoder.weight" not in keys  # tied: not stored
 
 
+def test_a_save_cut_short_leaves_the_model_that_was_there(tmp_path, monkeypatch):
+    """Fine-tuning saves each better epoch's model over the last one's; a Ctrl-C or a kill in that write
+    left a truncated model.safetensors: the best epoch so far was lost with the run. The weights now go
+    to a temporary file renamed over the old one, so the folder holds one whole model or the other."""
+    import bertkit.model.checkpoint as checkpoint
+
+    first, second = tiny(seed=0), tiny(seed=1)
+    first.save_pretrained(tmp_path)
+
+    def cut_short(tensors, filename, metadata=None):  # half the bytes, then Ctrl-C
+        save_file(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(os.path.getsize(filename) // 2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save_file", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        second.save_pretrained(tmp_path)
+    again = BertModel.from_pretrained(tmp_path)
+    assert all(torch.equal(p, q) for p, q in zip(first.state_dict().values(), again.state_dict().values()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]  # nothing left over
+    monkeypatch.undo()
+    second.save_pretrained(tmp_path)
+    again = BertModel.from_pretrained(tmp_path)
+    assert all(torch.equal(p, q) for p, q in zip(second.state_dict().values(), again.state_dict().values()))
+
+
 def test_the_table_covers_every_parameter_once():
     for cls in (BertModel, *HEADS):
         names = [n[len("bert."):] if n.startswith("bert.") else n for n, _ in tiny(cls).named_parameters()]
