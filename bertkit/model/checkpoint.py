@@ -34,6 +34,7 @@ config and named parameters (a head is the model that holds its encoder as `bert
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -451,7 +452,14 @@ def save_pretrained(model, directory, tokenizer=None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config.replace(architectures=[type(model).__name__])
     config.to_json_file(directory / "config.json")
-    save_file(hf_state_dict(model), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    # to a temporary name, then renamed over the old file: a save cut short (Ctrl-C, a kill) leaves the model
+    # that was there whole (fine-tuning saves each better epoch over the last)
+    weights, tmp = directory / "model.safetensors", directory / "model.safetensors.tmp"
+    try:
+        save_file(hf_state_dict(model), str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, weights)
+    finally:
+        tmp.unlink(missing_ok=True)
     if tokenizer is not None:
         if not hasattr(tokenizer, "save_pretrained"):
             raise BertkitError(f"cannot save a {type(tokenizer).__name__}: pass a bertkit Tokenizer")
