@@ -242,7 +242,10 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
     report = model.load_report
     fresh_head = [k for k in report.missing if k.startswith(("cls.seq_relationship.", "pooler."))]
     if len(fresh_head) < len(report.missing) or report.unexpected or report.mismatched:
-        raise BertkitError(f"--init-from {source} does not fit {cls.__name__}: {report.describe()}")
+        why = ("; it has no masked-LM head (a sentence model, or a fine-tuned one): continue from a pre-training "
+               "output (BertForPreTraining, BertForMaskedLM)") if any(k.startswith("cls.predictions.")
+                                                                       for k in report.missing) else ""
+        raise BertkitError(f"--init-from {source} does not fit {cls.__name__}: {report.describe()}{why}")
     return model.train()
 
 
