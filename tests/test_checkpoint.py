@@ -70,6 +70,20 @@ def test_saved_default_model_matches_in_transformers(tmp_path, transformers_mod)
     torch.testing.assert_close(ours.pooler_output, ref.pooler_output, atol=1e-5, rtol=0)
 
 
+@pytest.mark.oracle
+def test_the_saved_tokenizer_cuts_where_the_model_s_positions_end(tmp_path, transformers_mod):
+    # tokenizer_config.json said model_max_length 512 for a model of 40 positions (a small pre-training
+    # run): transformers' tokenizer then cut a long text at 512 and the model it came with failed on it
+    tok = Tokenizer([*"[PAD] [UNK] [CLS] [SEP] [MASK]".split(), *"abcdefghij"])
+    tiny(bertkit.BertForMaskedLM, vocab_size=len(tok)).save_pretrained(tmp_path, tokenizer=tok)
+    hf_tok = transformers_mod.AutoTokenizer.from_pretrained(str(tmp_path))
+    enc = hf_tok(" ".join("abcdefghij" * 10), truncation=True, return_tensors="pt")
+    assert hf_tok.model_max_length == 40 and enc["input_ids"].shape == (1, 40)
+    with torch.no_grad():
+        transformers_mod.BertForMaskedLM.from_pretrained(str(tmp_path)).eval()(**enc)
+    assert Tokenizer.from_pretrained(tmp_path).encode(" ".join("abc" * 30), max_length=512).input_ids[:3] == [2, 5, 6]
+
+
 def test_our_round_trip_is_exact(tmp_path):
     model = tiny(bertkit.BertForPreTraining)
     model.save_pretrained(tmp_path)

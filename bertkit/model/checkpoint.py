@@ -463,5 +463,5 @@ def save_pretrained(model, directory, tokenizer=None) -> None:
     if tokenizer is not None:
         if not hasattr(tokenizer, "save_pretrained"):
             raise BertkitError(f"cannot save a {type(tokenizer).__name__}: pass a bertkit Tokenizer")
-        tokenizer.save_pretrained(directory)
+        tokenizer.save_pretrained(directory, positions=config.max_position_embeddings)
 

@@ -155,8 +155,9 @@ class Tokenizer:
             settings[key] = value
         return cls(tokens, **settings)
 
-    def save_pretrained(self, directory) -> Path:
-        """Write vocab.txt and tokenizer_config.json (Hugging Face keys) into `directory`."""
+    def save_pretrained(self, directory, positions: int = MODEL_MAX_LENGTH) -> Path:
+        """Write vocab.txt and tokenizer_config.json (Hugging Face keys) into `directory`; `positions`:
+        the model's, when fewer than BERT's 512 (transformers' tokenizer cuts at model_max_length)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_vocab(self.ids_to_tokens, directory / "vocab.txt")
@@ -166,7 +167,7 @@ class Tokenizer:
             "strip_accents": self.strip_accents,
             "tokenize_chinese_chars": self.tokenize_chinese_chars,
             "max_input_chars_per_word": self.max_input_chars_per_word,
-            "model_max_length": MODEL_MAX_LENGTH,
+            "model_max_length": min(int(positions), MODEL_MAX_LENGTH),
             "pad_token": PAD,
             "unk_token": UNK,
             "cls_token": CLS,
