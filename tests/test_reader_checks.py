@@ -216,6 +216,16 @@ DAMAGES = {
     "documents null": (_edit_info(documents=None), "documents is null, not a whole number"),
     "fewer documents": (_edit_info(documents=1), "document number is outside 0..0"),
     "a NaN vector": (_nan_vector, "vector 0 is not finite"),
+    # the lexical part (read by bm25s at the first lexical or hybrid search: FileNotFoundError's line, or a
+    # ValueError traceback from numpy and a server's 500)
+    "no lexical folder": (lambda f: shutil.rmtree(f / "lexical"), "lexical/data.csc.index.npy is missing"),
+    "no vocabulary": (lambda f: (f / "lexical" / "vocab.index.json").unlink(), "vocab.index.json is missing"),
+    "lexical header cut": (lambda f: _truncate(f / "lexical" / "data.csc.index.npy", lambda n: 100),
+                           "data.csc.index.npy is not a whole .npy file"),
+    "lexical data cut": (lambda f: _truncate(f / "lexical" / "indices.csc.index.npy", lambda n: n - 4),
+                         "indices.csc.index.npy has .* bytes, not the .* its header says"),
+    "lexical params emptied": (lambda f: (f / "lexical" / "params.index.json").write_text(""),
+                               "params.index.json is not a JSON object"),
 }
 
 
@@ -235,6 +245,9 @@ def test_search_and_serve_say_a_damaged_index_in_one_line(index, tiny, tmp_path)
     status, err = cli("serve", tiny, "--index", damaged, "--port", "0")
     assert status == 2 and err.strip().splitlines()[-1].startswith("bertkit: error:") and "is truncated" in err, err
     assert "Traceback" not in err
+    damaged = _damaged(index, tmp_path / "lexical", DAMAGES["lexical data cut"][0])
+    status, err = cli("search", damaged, "vitamin D", "--mode", "lexical")  # before: numpy's traceback
+    assert status == 2 and err.count("\n") == 1 and "its header says" in err, err
 
 
 # --- item 10: a float label column is a hint for regression -------------------------------------------

@@ -288,20 +288,42 @@ def test_hnsw_recall_is_measured_against_exact_search(tmp_path):
     np.testing.assert_allclose(ann_scores, exact_scores, atol=1e-5)
 
 
-def test_a_graph_is_read_once_and_again_when_its_file_changes(tmp_path):
-    from bertkit.retrieval.ann import ann_top_k, build_hnsw, read_hnsw
+def test_an_open_index_answers_from_its_own_build_while_the_folder_is_built_again(tiny, shared_data, tmp_path):
+    """A server holds its index open while `bertkit index --overwrite` rebuilds the folder from another corpus:
+    before, its passages were then read from the new passages.jsonl at the old offsets (a JSONDecodeError, a 500;
+    or another passage's text), its lexical part (read on first use) and HNSW graph were the new build's, mixed
+    with the old vectors. Now an open index answers from the build it opened, every mode, exact and --ann; one
+    opened afterwards answers from the new build; a graph of another build is refused."""
+    from bertkit.retrieval.ann import ann_top_k
 
-    rng = np.random.default_rng(3)
-    first, second = unit(rng.standard_normal((200, 16))), unit(rng.standard_normal((300, 16)))
-    path = tmp_path / "hnsw.faiss"
-    build_hnsw(first, path, m=8, ef_construction=40)
-    graph = read_hnsw(path)
-    assert read_hnsw(path) is graph  # query after query: the graph in memory
-    ann_top_k(graph, first[:3], 5, ef_search=7)
-    assert graph.hnsw.efSearch != 7  # efSearch goes with the call, the shared graph is not changed
-    build_hnsw(second, path, m=8, ef_construction=40)  # rebuilt in place: the new file is read
-    again = read_hnsw(path)
-    assert again is not graph and again.ntotal == 300
+    folder = tmp_path / "index"
+    settings = dict(passage_tokens=TOKENS, overlap=OVERLAP, dtype="float32", progress=False, ann="hnsw")
+    build_index(scifact_corpus(shared_data, tmp_path / "a.jsonl", n=8, first=0), folder, str(tiny), **settings)
+    old = open_index(folder)
+
+    def answers(index):
+        return [[(h.doc_id, h.id, h.text, round(h.score, 6)) for hits in search(
+            index, QUERIES, k=3, dtype="float32", ann=ann, fusion={"mode": mode}) for h in hits]
+            for mode in ("dense", "lexical", "hybrid") for ann in (False, True) if not (ann and mode == "lexical")]
+
+    before = answers(old)
+    assert old.graph() is old.graph()  # read once
+    ann_top_k(old.graph(), np.ones((1, old.info["dim"]), np.float32), 3, ef_search=7)
+    assert old.graph().hnsw.efSearch != 7  # efSearch goes with the call, the shared graph is not changed
+    build_index(scifact_corpus(shared_data, tmp_path / "b.jsonl", n=5, first=40), folder, str(tiny), overwrite=True,
+                **settings)
+    assert answers(old) == before  # the build it opened, whole
+    new = open_index(folder)
+    b_ids = {json.loads(line)["_id"] for line in (tmp_path / "b.jsonl").read_text().splitlines()}
+    assert {doc for run in answers(new) for doc, *_ in run} <= b_ids and new.graph().ntotal == len(new)
+    # a graph left from another build (a copy, a half-done rebuild) is refused, not walked with other rows
+    shutil.copy(folder / "hnsw.faiss", tmp_path / "b.faiss")
+    build_index(scifact_corpus(shared_data, tmp_path / "c.jsonl", n=8, first=0), folder, str(tiny), overwrite=True,
+                **settings)
+    shutil.copy(tmp_path / "b.faiss", folder / "hnsw.faiss")
+    with pytest.raises(BertkitError, match=f"hnsw.faiss holds {len(new)} vectors and its index {len(old)}: it was "
+                                           "built for another index"):
+        search(open_index(folder), QUERIES, k=3, dtype="float32", ann=True, fusion={"mode": "dense"})
 
 
 def test_cli_ann_index_and_search(tiny, shared_data, tmp_path, capsys):

@@ -23,7 +23,6 @@ when an ANN index is built or searched.
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 
@@ -74,20 +73,29 @@ def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int =
     os.replace(tmp, path)
 
 
-def read_hnsw(path):
-    """The graph at `path`, read once and kept while the file is unchanged (the last one read: a graph
-    is the size of its vectors), so that a caller searching query after query does not read it again."""
+def read_hnsw(path, pinned=None, vectors: int | None = None):
+    """The graph at `path`, read from `pinned` when given (its file opened beforehand, `Index.files`: the graph
+    of that build even if the folder was built again since); `vectors`: the number it must hold."""
     path = Path(path)
-    if not path.is_file():
+    if pinned is None and not path.is_file():
         raise BertkitError(f"{path.parent} has no ANN index ({path.name}): build it with bertkit index ... --ann hnsw, "
                            "or search without --ann")
-    stat = path.stat()
-    return _read_graph(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    faiss = faiss_module()
+    if pinned is None:
+        graph = faiss.read_index(str(path))
+    else:
+        fd, read = pinned.fileno(), [0]
 
+        def chunk(n: int) -> bytes:  # pread: no file position shared with another reader
+            data = os.pread(fd, n, read[0])
+            read[0] += len(data)
+            return data
 
-@functools.lru_cache(maxsize=1)
-def _read_graph(path: str, mtime_ns: int, size: int):
-    return faiss_module().read_index(path)
+        graph = faiss.read_index(faiss.PyCallbackIOReader(chunk))
+    if vectors is not None and graph.ntotal != vectors:
+        raise BertkitError(f"{path} holds {graph.ntotal} vectors and its index {vectors}: it was built for another "
+                           "index; build the index again with bertkit index ... --ann hnsw --overwrite")
+    return graph
 
 
 def ann_top_k(graph, queries: np.ndarray, k: int, ef_search: int) -> tuple[np.ndarray, np.ndarray]:

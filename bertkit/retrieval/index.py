@@ -14,9 +14,9 @@
                           "document"       I64 [N]      the document number of each row (0.. documents-1)
                           "passage_offset" I64 [N+1]    byte offset of row i's line in passages.jsonl
 
-Every tensor is read back through `np.memmap` at its data offset (`open_index`),
-so an index larger than RAM is searched a block at a time
-(`bertkit.retrieval.exact.top_k`) and one passage is read by seeking to its line.
+Every tensor is read back through `np.memmap` at its data offset (`open_index`), so an index
+larger than RAM is searched a block at a time (`bertkit.retrieval.exact.top_k`) and one passage
+is read at its line's offset in passages.jsonl, held open: an open `Index` is the build it opened.
 
 The model is named by its resolved directory and the SHA-256 of its weights
 files (`fingerprint`): a query embedded by another model, or by the same
@@ -76,11 +76,11 @@ from bertkit.embeddings.features import load_encoder
 from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval import codes_file
-from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module
+from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module, read_hnsw
 from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
-from bertkit.retrieval.index_check import check_files, check_values, read_info
-from bertkit.retrieval.lexical import build_lexical, options_of, read_lexical, require_packages
+from bertkit.retrieval.index_check import check_files, check_lexical, check_values, read_info
+from bertkit.retrieval.lexical import LEXICAL_DIR, LEXICAL_FILES, build_lexical, options_of, read_lexical, require_packages
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
 from bertkit.data.vector_files import map_safetensors, safetensors_header
@@ -205,22 +205,6 @@ def _start(out: Path, resume: bool, plan: dict, lines: list[bytes]) -> None:
         _write_json(out / BUILD_JSON, plan)
 
 
-def _on_rank_0(rank: distributed.DistInfo, step) -> None:  # step() -> None
-    """step() on rank 0 alone, the other ranks waiting; a BertkitError it raises is raised on every rank
-    (one line each), so that no rank is left waiting for one that quit."""
-    if not rank.enabled:
-        return step()
-    error = None
-    if rank.is_main:
-        try:
-            step()
-        except BertkitError as e:
-            error = str(e)
-    error = distributed.broadcast_object(error, rank)
-    if error is not None:
-        raise BertkitError(error)
-
-
 def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int, loaded: Loaded,
                   settings: EncodingSettings, batch_size: int, progress: bool,
                   rank: distributed.DistInfo) -> None:
@@ -321,7 +305,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     # one writer per folder (bertkit.data.lock); under torchrun rank 0 holds it for every rank
     lock = folder_lock(out, "bertkit index") if first_process() else contextlib.nullcontext()
     with lock, distributed.process_group(device or "auto") as rank:
-        _on_rank_0(rank, lambda: _prepare_folder(out, resume, overwrite))
+        distributed.on_rank_0(rank, lambda: _prepare_folder(out, resume, overwrite))
         # a rank's own device (cuda:LOCAL_RANK on GPUs); alone, the caller's choice as given
         loaded = load_encoder(model, rank.device if rank.enabled else device, dtype, fast=fast)
         record = model_record(loaded)
@@ -336,7 +320,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search},
                 "lexical": lexical and dataclasses.asdict(lexical), "vectors": vectors, "rescore_with": rescore_with}
         # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist
-        _on_rank_0(rank, lambda: _start(out, resume, plan, lines))
+        distributed.on_rank_0(rank, lambda: _start(out, resume, plan, lines))
         _sees(rank, [out / BUILD_JSON])
         order = sorted(range(len(passages)), key=lambda i: (lengths[i], i))
         settings = EncodingSettings(record["directory"], record["pooling"], passage_tokens, loaded.precision)
@@ -401,7 +385,11 @@ def _finish(out: Path, plan: dict, passages: list, order: list[int], lines: list
 @dataclass
 class Index:
     """An index folder, memory-mapped: vectors [N, D] float32 unit rows (None when it stores only codes),
-    document [N], offsets [N+1]."""
+    document [N], offsets [N+1].
+
+    One build, as it was when opened: the maps, the files held open (passages.jsonl, hnsw.faiss) and the lexical
+    part read at open keep the files of that build, so a folder built again meanwhile (`--overwrite`, which
+    replaces every file) neither mixes its passages with these vectors nor breaks a server reading them."""
 
     directory: Path
     info: dict
@@ -412,6 +400,8 @@ class Index:
     codes: np.ndarray | None = None  # with --vectors int8|binary: [N, D] int8 or [N, D/8] uint8 (compact.py)
     ranges: np.ndarray | None = None  # int8 codes or rows: [2, D] the corpus's per-dimension lowest and highest
     rescore: np.ndarray | None = None  # binary --rescore-with int8: [N, D] int8 rows, read for candidates only
+    files: dict = field(default_factory=dict, repr=False)  # name -> its file, opened with the index
+    graph_part: object = field(default=None, repr=False)  # the HNSW graph, read when first asked for
 
     def lexical(self):
         """The BM25 part (`bertkit.retrieval.lexical`), memory-mapped on first use; refused in one line when
@@ -420,6 +410,12 @@ class Index:
             options_of(self.info)
             self.lexical_part = read_lexical(self.directory)
         return self.lexical_part
+
+    def graph(self):
+        """The HNSW graph (`bertkit.retrieval.ann`), read on first use from the file opened with the index."""
+        if self.graph_part is None:
+            self.graph_part = read_hnsw(self.directory / HNSW_FILE, self.files.get(HNSW_FILE), len(self))
+        return self.graph_part
 
     def __len__(self) -> int:
         return len(self.document)
@@ -433,21 +429,20 @@ class Index:
         return self.vectors
 
     def passages(self, rows) -> list[dict]:
-        """The passages.jsonl records of `rows`, read by seeking to each line."""
-        out = []
-        with open(self.directory / PASSAGES, "rb") as f:
-            for row in rows:
-                a, b = int(self.passage_offset[row]), int(self.passage_offset[row + 1])
-                f.seek(a)
-                out.append(json.loads(f.read(b - a)))
-        return out
+        """The passages.jsonl records of `rows`, each line read at its offset (pread: threads may share)."""
+        fd = self.files[PASSAGES].fileno()
+        return [json.loads(os.pread(fd, int(self.passage_offset[r + 1] - self.passage_offset[r]),
+                                    int(self.passage_offset[r]))) for r in rows]
 
 
 def document_ids(index: Index) -> list[str]:
     """The document ids by document number (`index.document`'s values), read from passages.jsonl."""
     ids: dict[str, None] = {}
-    with open(index.directory / PASSAGES, "rb") as f:
-        for line in f:
+    fd, offset, rest = index.files[PASSAGES].fileno(), 0, b""
+    while block := os.pread(fd, 1 << 22, offset):  # the held file, a block at a time
+        offset += len(block)
+        *lines, rest = (rest + block).split(b"\n")
+        for line in lines:
             ids.setdefault(json.loads(line)["doc_id"])
     return list(ids)
 
@@ -482,9 +477,16 @@ def open_index(directory) -> Index:
     tensors = map_safetensors(directory / VECTORS)
     codes = {} if coded is None else map_safetensors(directory / codes_file.CODES)
     check_values(directory, info, tensors, PASSAGES, codes)
-    return Index(directory, info, tensors.get("vectors"), tensors["document"], tensors["passage_offset"],
-                 codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]),
-                 rescore=codes.get("rescore"))
+    if info.get("lexical"):
+        check_lexical(directory / LEXICAL_DIR, LEXICAL_FILES)
+    index = Index(directory, info, tensors.get("vectors"), tensors["document"], tensors["passage_offset"],
+                  codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]),
+                  rescore=codes.get("rescore"), files={name: open(directory / name, "rb") for name in
+                                                       (PASSAGES, HNSW_FILE) if (directory / name).is_file()})
+    if info.get("lexical"):
+        with contextlib.suppress(BertkitError):  # no bm25s: said when a search needs the lexical part
+            index.lexical()  # now, so that it is this build's too
+    return index
 
 
 def _store_codes(out: Path, kind: str, rescore_with: str | None) -> dict:

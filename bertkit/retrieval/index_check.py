@@ -15,6 +15,8 @@ wrong results quietly. Each check names the file and the fix in one line:
                           int8 rows I8 [N, D] when its "stored" names int8 (--rescore-with int8);
                           int8's ranges F32 [2, D], finite, lowest <= highest
     passages.jsonl        exactly passage_offset[N] bytes; offsets increasing from 0
+    lexical/              with a lexical part: bm25s' files, each .npy whole (its header's shape and dtype
+                          fit in the file), each .json an object
     values                document numbers in 0..documents-1; every vector finite (read once,
                           a block of rows at a time: bounded memory)
 """
@@ -121,3 +123,39 @@ def check_values(directory: Path, info: dict, tensors: dict, passages: str, code
             row = start + int(np.argwhere(~np.isfinite(block))[0][0])
             raise BertkitError(f"{directory}: vector {row} is not finite (NaN or infinity): the index is corrupt; "
                                f"{REBUILD}")
+
+
+def check_lexical(folder: Path, names: tuple) -> None:
+    """The lexical part's files `names` in `folder` are there and whole (an .npy's header read, its data's
+    bytes inside the file; a .json an object), read without bm25s and without loading an array."""
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            raise BertkitError(f"{path} is missing: the index's lexical part is incomplete; {REBUILD}")
+        if name.endswith(".npy"):
+            _check_npy(path)
+        else:
+            try:
+                whole = isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+            except (UnicodeDecodeError, ValueError):
+                whole = False
+            if not whole:
+                raise BertkitError(f"{path} is not a JSON object: the index's lexical part is corrupt; {REBUILD}")
+
+
+def _check_npy(path: Path) -> None:
+    """An .npy file's header, and its data's bytes within the file (a file cut short is named)."""
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            if version not in read:
+                raise ValueError(f"an .npy version {version} that np.save does not write")
+            shape, _, dtype = read[version](f)
+        except (ValueError, EOFError) as err:
+            raise BertkitError(f"{path} is not a whole .npy file ({' '.join(str(err).split())}): the index's "
+                               f"lexical part is corrupt; {REBUILD}") from None
+        need = f.tell() + int(np.prod(shape)) * dtype.itemsize
+    if path.stat().st_size < need:
+        raise BertkitError(f"{path} has {path.stat().st_size} bytes, not the {need} its header says: the index's "
+                           f"lexical part is corrupt; {REBUILD}")

@@ -39,6 +39,9 @@ from bertkit.retrieval.config import LexicalOptions
 from bertkit.retrieval.documents import best_first
 
 LEXICAL_DIR = "lexical"
+# what bm25s' BM25.save writes there (method lucene, no corpus), each checked when an index is opened
+LEXICAL_FILES = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy", "vocab.index.json",
+                 "params.index.json")
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s' (and scikit-learn's CountVectorizer's) default
 
 

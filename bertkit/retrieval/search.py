@@ -35,7 +35,7 @@ import numpy as np
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
-from bertkit.retrieval.ann import HNSW_FILE, ann_top_k, read_hnsw
+from bertkit.retrieval.ann import ann_top_k
 from bertkit.retrieval.compact import compact_top_k
 from bertkit.retrieval.config import FusionOptions
 from bertkit.retrieval.encoding import EncodingSettings, encode
@@ -134,7 +134,7 @@ def _passages(index: Index, query_vectors: np.ndarray, depth: int, block_size: i
     """The `depth` best passages of each query (scores, rows), best first: by the HNSW graph, the compact
     codes rescored, or the exact scan."""
     if ann:
-        graph = read_hnsw(index.directory / HNSW_FILE)
+        graph = index.graph()  # read once, from the file opened with the index
         ef = ef_search if ef_search is not None else index.info.get("ann", {}).get("ef_search", 128)
         return ann_top_k(graph, query_vectors, depth, ef)
     if index.codes is not None:  # --vectors int8|binary: candidates by the codes, rescored on the float rows

@@ -217,6 +217,22 @@ def broadcast_object(obj, info: DistInfo, src: int = 0):
     return box[0]
 
 
+def on_rank_0(info: DistInfo, step) -> None:  # step() -> None
+    """step() on rank 0 alone, the other ranks waiting; a BertkitError it raises is raised on every rank
+    (one line each), so that no rank is left waiting for one that quit. Alone: step()."""
+    if not info.enabled:
+        return step()
+    error = None
+    if info.is_main:
+        try:
+            step()
+        except BertkitError as e:
+            error = str(e)
+    error = broadcast_object(error, info)
+    if error is not None:
+        raise BertkitError(error)
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
