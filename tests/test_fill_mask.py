@@ -128,6 +128,10 @@ def test_cli_fill_mask(tmp_path, capsys):
     assert main(["fill-mask", str(directory), "the man went " * limit + "[MASK] ."]) == 2
     assert capsys.readouterr().err == (f"bertkit: error: every [MASK] lies past the first {min(limit, 512)} tokens, "
                                        "all the model reads: shorten the text\n")
+    # one of two: it answered the first alone, "[MASK]:", as if the text had one
+    assert main(["fill-mask", str(directory), "[MASK] " + "the man went " * (limit // 3) + "[MASK] ."]) == 2
+    assert capsys.readouterr().err == (f"bertkit: error: 1 of the text's 2 [MASK]s lies past the first "
+                                       f"{min(limit, 512)} tokens, all the model reads: shorten the text\n")
 
 
 # --- electra show ------------------------------------------------------------------------------

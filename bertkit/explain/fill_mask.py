@@ -57,6 +57,11 @@ def fill_mask(model, text: str, top_k: int = 5, pair: str | None = None) -> list
     limit = min(net.config.max_position_embeddings, 512)
     enc = tok.encode(text, pair, max_length=limit)
     positions = [i for i, t in enumerate(enc.input_ids) if t == tok.mask_token_id]
+    written = tok.encode(text, pair, max_length=limit, truncation=False).input_ids.count(tok.mask_token_id)
+    if positions and len(positions) < written:  # the answers would not say which masks they were for
+        cut = written - len(positions)
+        raise BertkitError(f"{cut} of the text's {written} {MASK}s {'lies' if cut == 1 else 'lie'} past the first "
+                           f"{limit} tokens, all the model reads: shorten the text")
     if not positions and any(MASK in str(t) for t in (text, pair) if t is not None):  # cut off with the text's end
         raise BertkitError(f"every {MASK} lies past the first {limit} tokens, all the model reads: shorten the text")
     if not positions:
