@@ -101,6 +101,11 @@ def test_regression_reports_pearson_and_spearman(tiny, tmp_path, capsys):  # noq
     assert final["dev"]["pearson"] > 0.5
     assert got["pearson"] == pytest.approx(stats.pearsonr(scores, gold)[0], abs=1e-4)
     assert got["spearman"] == pytest.approx(stats.spearmanr(scores, gold)[0], abs=1e-4)
+    # the written predictions name both texts of each pair (once only the first: which pair was it?)
+    written = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()]
+    assert written[0] == ["text", "text_pair", "prediction", "details"]
+    assert [r[:2] for r in written[1:]] == [r[:2] for r in rows]
+    assert [float(r[2]) for r in written[1:]] == pytest.approx(scores, abs=1e-4)
     # what fine-tuning reported: its plain model's scores differ from the accelerated one's by float32
     # rounding, which this weak regressor's closely spaced scores turn into ~3e-4 of correlation
     assert got["pearson"] == pytest.approx(final["dev"]["pearson"], abs=2e-3)
