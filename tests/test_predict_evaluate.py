@@ -31,7 +31,9 @@ def reported(out: str) -> dict:
 
 
 def predicted_column(path) -> list[str]:
-    return [row.split("\t")[1] for row in path.read_text().splitlines()[1:]]
+    header, *rows = path.read_text().splitlines()
+    at = header.split("\t").index("prediction")  # after text (and text_pair, where inputs come in pairs)
+    return [row.split("\t")[at] for row in rows]
 
 
 def test_classification_reports_accuracy_and_f1(sentiment_run, tmp_path, capsys):  # noqa: F811

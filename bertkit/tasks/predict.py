@@ -142,11 +142,12 @@ def _output(path):
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
                  label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
                  dtype=None, int8: bool = False, fast=True, log=print) -> FileResult:
-    """Write one prediction per input row as TSV (text, prediction, details) to `output_path` ("-":
-    standard output; None: `default_output`, in the current directory); with the answers in the file
-    (evaluate None: whenever they are there; True: required; False: never) also score them: every row is
-    predicted, the rows that carry an answer are scored. fast: the fast path's settings, as
-    `bertkit.runtime.loading.load` takes them; log: the readers' counts of skipped rows."""
+    """Write one prediction per input row as TSV (text, the pair's second text or QA context where inputs come
+    in pairs, prediction, details) to `output_path` ("-": standard output; None: `default_output`, in the
+    current directory); with the answers in the file (evaluate None: whenever they are there; True:
+    required; False: never) also score them: every row is predicted, the rows that carry an answer are
+    scored. fast: the fast path's settings, as `bertkit.runtime.loading.load` takes them; log: the
+    readers' counts of skipped rows."""
     loaded = load_task_model(model_dir, device, dtype, int8, fast)
     info, task = loaded.info, task_of(loaded)
     existing_file(input_path)
@@ -170,9 +171,10 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     out = default_output(input_path) if output_path is None else output_path
     out = out if str(out) == "-" else Path(out)
     with _output(out) as f:
-        f.write("text\tprediction\tdetails\n")
-        for t, p in zip(texts, preds):
-            f.write("\t".join(x.replace("\t", " ").replace("\n", " ") for x in (t, *_shown(p))) + "\n")
+        f.write("\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details"]) + "\n")
+        for t, second, p in zip(texts, pairs or [None] * len(texts), preds):
+            row = (t, *([second] if pairs else []), *_shown(p))
+            f.write("\t".join(x.replace("\t", " ").replace("\n", " ") for x in row) + "\n")
     return FileResult(out, len(preds), scores, loaded.precision, len(scored))
 
 
