@@ -340,3 +340,24 @@ def test_with_output_dash_standard_output_holds_only_the_predictions(sentiment_r
         lines = captured.out.splitlines()
         assert lines[0] == "text\tprediction\tdetails" and all(len(x.split("\t")) == 3 for x in lines), lines
         assert "skipped" in captured.err
+
+
+def test_a_jsonl_row_without_the_label_key_is_a_row_without_a_label(sentiment_run, tmp_path):  # noqa: F811
+    """JSONL rows are objects, and one may leave the label out: that row was an error naming the label
+    column ("no column 'label' ... pass --label-column"), which the other rows have; training now skips
+    and counts it as a missing label and prediction predicts it. A key missing from the first row is
+    still the one-line error (a misspelt --label-column)."""
+    from bertkit.data.tables import read_text_examples
+
+    d, _ = sentiment_run
+    rows = [{"sentence": "this day was good .", "label": "pos"}, {"sentence": "the food was bad ."},
+            {"sentence": "the movie was awful .", "label": "neg"}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    examples, report = read_text_examples(path)
+    assert [e.label for e in examples] == ["pos", "neg"] and report.skipped == {"missing labels": 1}
+    result = predict_file(d / "out", path, tmp_path / "p.tsv", dtype="float32")
+    assert (result.count, result.scored) == (3, 2) and result.metrics["accuracy"] == 1.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
+    with pytest.raises(BertkitError, match=r"t.jsonl:1: no column 'label' \(columns: 'sentence'\); pass --label"):
+        read_text_examples(path)
