@@ -138,7 +138,7 @@ def read_text_examples(
     """Examples from a table; `label_column=None` reads unlabelled input (prediction); `keep_unlabelled`:
     a row whose label is missing is kept with label None (evaluate mode predicts every row), not skipped."""
     report = ReadReport(str(path))
-    out = []
+    out, labelled = [], False  # labelled: an earlier row had the label column
     for n, row in read_rows(path, report):
         text = _column(row, text_column, path, n, "--text-column")
         pair = _column(row, text_pair_column, path, n, "--text-pair-column") if text_pair_column else None
@@ -148,7 +148,8 @@ def read_text_examples(
             continue
         label = None
         if label_column:
-            label = _label(row, label_column, problem_type, label_separator, path, n)
+            label = _label(row, label_column, problem_type, label_separator, path, n, labelled)
+            labelled = labelled or label_column in row
             if label is None and not keep_unlabelled:
                 report.skipped["missing labels"] += 1
                 continue
@@ -161,10 +162,11 @@ def read_text_examples(
     return out, report
 
 
-def _label(row: dict, column: str, problem_type: str, separator: str, path, n: int):
-    """A row's label as the problem type reads it; None when its cell is empty or null (multi-label: the
-    empty set instead, a text with none of the labels)."""
-    raw = _column(row, column, path, n, "--label-column")
+def _label(row: dict, column: str, problem_type: str, separator: str, path, n: int, may_lack: bool):
+    """A row's label as the problem type reads it; None when its cell is empty or null, or `may_lack` and the
+    row has no such key (a JSONL object that leaves it out after others had it; the first row must have
+    it: a misspelt column is an error); multi-label: the empty set instead, a text with none of the labels."""
+    raw = row.get(column) if may_lack else _column(row, column, path, n, "--label-column")
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         if problem_type != "multi_label_classification":
             return None
