@@ -175,3 +175,7 @@ def test_cli_electra_show(tmp_path, capsys):
     assert out[0].split() == ["token", "discriminator", "read", "p(replaced)"] and len(out) == 1 + 9
     assert main(["electra", "show", str(directory / GENERATOR_DIR), "the dog"]) == 2
     assert "no generator/ subfolder" in capsys.readouterr().err
+    # past the model's positions it judged the first ones and dropped the rest without a word
+    assert main(["electra", "show", str(directory), "the dog ran to the park . " * 5]) == 2
+    assert capsys.readouterr().err == ("bertkit: error: the text has 37 tokens but the model reads at most 32: "
+                                       "electra show judges one pass, so shorten the text\n")

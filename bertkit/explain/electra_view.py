@@ -64,7 +64,11 @@ def show(model, text: str, mask_prob: float = 0.15, seed: int = 0, fast=True) ->
     fast path's settings for a directory (`bertkit.runtime.loading.load`)."""
     net, tok = model if isinstance(model, tuple) else load_electra(model, fast=fast)
     net.eval()
-    enc = tok.encode(text, max_length=min(net.config.max_position_embeddings, 512))
+    limit = min(net.config.max_position_embeddings, 512)
+    enc = tok.encode(text, max_length=limit, truncation=False)  # no cut: a row for every token written
+    if len(enc.input_ids) > limit:
+        raise BertkitError(f"the text has {len(enc.input_ids)} tokens but the model reads at most {limit}: "
+                           "electra show judges one pass, so shorten the text")
     ids = torch.tensor([enc.input_ids])  # [1, T]
     types = torch.tensor([enc.token_type_ids])
     masked = choose_masked(enc.input_ids, enc.special_tokens_mask, tok.mask_token_id, mask_prob, seed)
