@@ -265,8 +265,8 @@ LATE_IMPORTS = {
     "bertkit.cli.model": ({"bertkit.runtime.export"}, START_UP),
     "bertkit.cli.pretrain": ({"bertkit.explain.electra_view", "bertkit.explain.fill_mask", "bertkit.pretraining.dataset",
                               "bertkit.pretraining.train"}, START_UP),
-    "bertkit.cli.search": ({"bertkit.retrieval.index", "bertkit.retrieval.qdrant", "bertkit.retrieval.search",
-                            "bertkit.tasks.rerank"}, START_UP),
+    "bertkit.cli.search": ({"bertkit.retrieval.extend", "bertkit.retrieval.index", "bertkit.retrieval.qdrant",
+                            "bertkit.retrieval.search", "bertkit.tasks.rerank"}, START_UP),
     # torch-free modules the parser is built from: a config dataclass beside what needs torch
     # (bertkit.tasks.registry names each task's training run as "module:function", imported by Task.train
     # when a run starts, for the same reason: the command line builds its options from the records)

@@ -30,14 +30,16 @@ def add_index(sub):
         "  bertkit index data/scifact -o scifact.index --resume\n"
         "  torchrun --nproc_per_node 4 -m bertkit.cli index data/scifact -o scifact.index --part-size 256\n"
         "  bertkit index export scifact.index --qdrant qdrant_data/ --collection scifact   (or --qdrant "
-        "http://host:6333)\n\nbertkit index export INDEX --qdrant PATH|URL --collection NAME writes an index's "
-        "vectors, passages and model into a new Qdrant collection (local mode: a folder; a URL: a server), which "
-        "bertkit search --qdrant searches.",
+        "http://host:6333)\n  bertkit index add scifact.index --ann hnsw\n\nbertkit index export INDEX --qdrant "
+        "PATH|URL --collection NAME writes an index's vectors, passages and model into a new Qdrant collection "
+        "(local mode: a folder; a URL: a server), which bertkit search --qdrant searches. bertkit index add INDEX "
+        "[--ann hnsw] adds to a finished index what is made from its own files, without encoding again: the HNSW "
+        "graph asked for, and the lexical part if it was built with --no-lexical.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("corpus", metavar="CORPUS", help="corpus.jsonl, a BEIR folder, a .tsv (id, title, text) or a "
-                   "folder of .txt files; or the word export (then INDEX follows)")
-    p.add_argument("exported", nargs="?", metavar="INDEX", help="after export: the index folder to export")
+                   "folder of .txt files; or the word export or add (then INDEX follows)")
+    p.add_argument("exported", nargs="?", metavar="INDEX", help="after export or add: the index folder")
     p.add_argument("-o", "--output", metavar="INDEX", help="the index folder to write (new or empty; required)")
     p.add_argument("--qdrant", metavar="PATH|URL", help="export: a Qdrant local-mode folder, or a server's URL")
     p.add_argument("--collection", help="export: the new collection's name")
@@ -93,14 +95,14 @@ def run_index(args):
 
     if args.corpus == "export" and args.exported is not None:
         return run_export(args)
+    if args.corpus == "add" and args.exported is not None:
+        return run_add(args)
     if args.exported is not None or args.qdrant or args.collection:
         raise BertkitError("to export an index: bertkit index export INDEX --qdrant PATH|URL --collection NAME")
     if not args.output:
         raise BertkitError("-o/--output INDEX is required: the folder to write the index to")
     # the flags given (on --resume too: build.json, not run_config.json, holds a resumed index's plan)
-    lexical = None if args.no_lexical else LexicalOptions(**{f.name: getattr(args, f.name) for f in
-                                                            dataclasses.fields(LexicalOptions)
-                                                            if getattr(args, f.name, None) is not None})
+    lexical = _lexical_options(args)
     info = build_index(args.corpus, args.output, args.model, passage_tokens=args.passage_tokens,
                        stride=args.stride, batch_size=args.batch_size, part_size=args.part_size,
                        device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
@@ -120,15 +122,37 @@ def run_index(args):
         print(f"vectors: {made['kind']} codes, {made['bytes_per_vector']} bytes each scanned"
               + "".join(f", and {kept[k]} to rescore the candidates ({made['bytes_stored_per_vector']} bytes a vector "
                         "stored)" for k in made["stored"][1:]) + ("" if made["stored"][1:] else ", the float rows not kept"))
+    _print_parts(info)
+
+
+def _print_parts(info: dict) -> None:
+    """The lines saying what an index's lexical part and HNSW graph are (`info`: index.json, or what was added)."""
     if info.get("lexical"):
         made = info["lexical"]
         print(f"lexical: BM25 (Lucene idf, k1 {made['k1']}, b {made['b']}, stop words {made['stopwords']}, stemmer "
               f"{made['stemmer']}) over the same passages, {made['vocabulary']} terms")
-    if args.ann:
+    if info.get("ann"):
         ann = info["ann"]
         print(f"{ann['kind']} (M {ann['m']}, efConstruction {ann['ef_construction']}, efSearch {ann['ef_search']}): "
               f"recall@10 {ann['recall@10']:.4f} against exact search on {ann['held_out']} held-out passages as "
               "queries (each one's own row left out)")
+
+
+def run_add(args):
+    from bertkit.retrieval.extend import add_parts
+
+    added = add_parts(args.exported, ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction,
+                      ef_search=args.ef_search, lexical=_lexical_options(args), overwrite=args.overwrite,
+                      progress=not args.quiet)
+    print(f"{args.exported}: added {' and '.join(added)}, made from its own files (nothing encoded again)")
+    _print_parts(added)
+
+
+def _lexical_options(args) -> LexicalOptions | None:
+    """The lexical part's settings given (None: --no-lexical)."""
+    return None if args.no_lexical else LexicalOptions(**{f.name: getattr(args, f.name) for f in
+                                                          dataclasses.fields(LexicalOptions)
+                                                          if getattr(args, f.name, None) is not None})
 
 
 def _rescore_with(args) -> str | None:

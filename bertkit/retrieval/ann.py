@@ -78,8 +78,8 @@ def read_hnsw(path, pinned=None, vectors: int | None = None):
     of that build even if the folder was built again since); `vectors`: the number it must hold."""
     path = Path(path)
     if pinned is None and not path.is_file():
-        raise BertkitError(f"{path.parent} has no ANN index ({path.name}): build it with bertkit index ... --ann hnsw, "
-                           "or search without --ann")
+        raise BertkitError(f"{path.parent} has no ANN index ({path.name}): add one with bertkit index add "
+                           f"{path.parent} --ann hnsw, or search without --ann")
     faiss = faiss_module()
     if pinned is None:
         graph = faiss.read_index(str(path))

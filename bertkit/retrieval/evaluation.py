@@ -42,7 +42,7 @@ from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
 from bertkit.retrieval.encoding import encode, encoder_and_settings
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.config import FusionOptions, LexicalOptions
-from bertkit.retrieval.index import document_ids, open_index, write_fusion
+from bertkit.retrieval.index import document_ids, open_index, update_info
 from bertkit.retrieval.lexical import options_of
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run, evaluate_runs
 from bertkit.retrieval.search import embed_queries, fusion_options, query_encoder, ranked_runs, search_vectors
@@ -179,7 +179,7 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
         options = fusion_options(index.info, {**(fusion or {}), "mode": "hybrid"})
         dense, lexical = index_runs(index, loaded, tuning_data.queries, options.depth, ann, batch_size)
         tuned = tune_on(tuning_data, dense, lexical, options.depth)
-        write_fusion(index.directory, record(tuned[0], tuning_data.split, tuned[1]))
+        update_info(index.directory, fusion=record(tuned[0], tuning_data.split, tuned[1]))
         index.info["fusion"] = record(tuned[0], tuning_data.split, tuned[1])
     runs, fusions, started = {}, {}, time.perf_counter()
     for m in modes:

@@ -164,8 +164,8 @@ def _prepare_folder(out: Path, resume: bool, overwrite: bool = False) -> None:
     if overwrite and not resume and ((out / INDEX_JSON).is_file() or (out / BUILD_JSON).is_file()):
         _empty(out)  # an index's folder holds only what a build wrote (it started empty)
     if (out / INDEX_JSON).is_file():
-        raise BertkitError(f"{out} already holds a finished index: pass --overwrite to replace it, or choose "
-                           "another folder")
+        raise BertkitError(f"{out} already holds a finished index: pass --overwrite to replace it, choose another "
+                           f"folder, or add a graph or lexical part to it: bertkit index add {out} --ann hnsw")
     unfinished = (out / BUILD_JSON).is_file()
     if resume and not unfinished:
         raise BertkitError(f"--resume: {out} holds no unfinished index; start without --resume")
@@ -447,12 +447,11 @@ def document_ids(index: Index) -> list[str]:
     return list(ids)
 
 
-def write_fusion(directory, fusion: dict) -> None:
-    """Record in index.json how hybrid search of this index fuses (`bertkit.retrieval.tuning.record`), written
-    atomically: search and serve read it as their default."""
+def update_info(directory, **entries) -> None:
+    """Set `entries` in index.json, written atomically: "fusion", how hybrid search fuses (`evaluate retrieval
+    --tune`: search and serve read it as their default); "ann", "lexical", a part added (`retrieval.extend`)."""
     path = Path(directory) / INDEX_JSON
-    info = json.loads(path.read_text())
-    _write_json(path, {**info, "fusion": fusion})
+    _write_json(path, {**json.loads(path.read_text()), **entries})
 
 
 def open_index(directory) -> Index:

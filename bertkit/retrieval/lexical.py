@@ -107,7 +107,7 @@ def options_of(info: dict) -> LexicalOptions:
     made = info.get("lexical")
     if not made:
         raise BertkitError(f"this index has no lexical part (it was built with --no-lexical): search it with "
-                           "--mode dense, or build it again without --no-lexical")
+                           "--mode dense, or add one with bertkit index add INDEX")
     return LexicalOptions(k1=made["k1"], b=made["b"], stopwords=made["stopwords"], stemmer=made["stemmer"])
 
 
