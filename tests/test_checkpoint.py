@@ -333,6 +333,26 @@ def test_cli_model_info(capsys, tmp_path):
     assert "no model directory" in capsys.readouterr().err
 
 
+def test_cli_model_info_reads_what_pretrain_and_distill_write(capsys, tmp_path):
+    # an ELECTRA run's folder was "this config is for model_type 'electra', not 'bert'", a static one
+    # "no config file at .../config.json": both are bertkit's own outputs
+    from bertkit.cli import main
+    from bertkit.model.electra import ElectraConfig, ElectraForPreTraining
+    from bertkit.model.static import StaticEmbedding, save_static
+    from bertkit.text.tokenizer_json import write_tokenizer_json
+
+    electra = ElectraForPreTraining(ElectraConfig(**{**TINY, "embedding_size": 16}), generator=torch.Generator())
+    electra.save_pretrained(tmp_path / "electra")
+    assert main(["model", "info", str(tmp_path / "electra")]) == 0
+    out = capsys.readouterr().out
+    assert "ElectraModel: 2 layers, hidden 32, 4 heads" in out and f"parameters: {electra.electra.num_parameters():,}" in out
+    tok = Tokenizer.from_pretrained()
+    write_tokenizer_json(tok, save_static(StaticEmbedding(torch.randn(len(tok), 12), normalize=True), tmp_path / "st"))
+    assert main(["model", "info", str(tmp_path / "st")]) == 0
+    out = capsys.readouterr().out
+    assert f"static embedding model: {len(tok):,} rows x 12" in out and f"parameters: {len(tok) * 12:,}" in out
+
+
 def test_head_of_another_size_is_replaced_only_when_not_strict(tmp_path):
     tiny(bertkit.BertForSequenceClassification, num_labels=3).save_pretrained(tmp_path)
     with pytest.raises(BertkitError, match=r"mismatched \(2\): classifier.weight: checkpoint shape \(3, 32\)"):

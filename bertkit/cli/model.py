@@ -19,8 +19,9 @@ def add_model(sub):
     i = msub.add_parser(
         "info",
         help="show a checkpoint's config, parameter count and how it loads into a model class",
-        description="Read a Hugging Face BERT directory (default: the embedded model), load it into "
-        "CLASS without strictness and report missing / unused / unexpected weights.",
+        description="Read a Hugging Face BERT or ELECTRA directory (default: the embedded model), load it into "
+        "CLASS (an ELECTRA directory: its ELECTRA form) without strictness and report missing / unused / "
+        "unexpected weights; a static model (`bertkit distill static`): its table's size.",
     )
     i.add_argument("path", nargs="?", help="model directory (default: the embedded all-MiniLM-L6-v2)")
     i.add_argument("--class", dest="cls", default="BertModel", choices=HEAD_CHOICES, help="model class to load into")
@@ -29,9 +30,16 @@ def add_model(sub):
 
 
 def run_model_info(args):
+    from bertkit.model.checkpoint import resolve
+    from bertkit.model.static import is_static
+    from bertkit.runtime.loading import class_for
+
+    if args.path and is_static(resolve(args.path)):  # `bertkit distill static`'s output: a table, no layers
+        return _static_info(args)
+    cls = class_for(args.path and resolve(args.path), getattr(bertkit, args.cls))  # an ELECTRA run's: its form
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report below says it all
-        model = getattr(bertkit, args.cls).from_pretrained(args.path, strict=False)
+        model = cls.from_pretrained(args.path, strict=False)
     report = model.load_report
     if args.json:
         print(json.dumps({"config": model.config.to_dict(), "parameters": model.num_parameters(),
@@ -40,10 +48,23 @@ def run_model_info(args):
         return
     c = model.config
     print(f"{report.source}")
-    print(f"{args.cls}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads, "
+    print(f"{cls.__name__}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads, "
           f"intermediate {c.intermediate_size}, vocab {c.vocab_size}, max positions {c.max_position_embeddings}")
     print(f"parameters: {model.num_parameters():,}")
     print(f"weights: {report.describe()}")
+
+
+def _static_info(args):
+    loaded = bertkit.load(args.path)
+    c, rows = loaded.config, loaded.model.embedding.weight.shape[0]
+    if args.json:
+        print(json.dumps({"static": True, "rows": rows, "dim": c.hidden_size, "normalize": c.normalize,
+                          "max_length": c.max_length, "parameters": rows * c.hidden_size}))
+        return
+    print(f"{loaded.directory}")
+    print(f"static embedding model: {rows:,} rows x {c.hidden_size} (a text's vector: the mean of its tokens' rows"
+          f"{', normalised' if c.normalize else ''}; cut at {c.max_length or 'no'} tokens); no layers or heads")
+    print(f"parameters: {rows * c.hidden_size:,}")
 
 
 def add_export(sub):
