@@ -250,6 +250,40 @@ def test_same_seed_same_fresh_head(tiny):
     torch.testing.assert_close(a.bert.embeddings.word_embeddings.weight, c.bert.embeddings.word_embeddings.weight)
 
 
+def test_a_head_trained_for_other_labels_starts_fresh(tiny, sentiment_run):
+    """Fine-tuning from a fine-tuned classifier (its labels neg/pos) for other labels of the same count: its
+    head was reused silently, the rows of 'neg' and 'pos' standing for labels they never meant
+    (transformers' run_glue warns and drops such labels). The head now starts as it would on the bare
+    encoder, and says so; the same labels keep it (continued fine-tuning); a head of another size (a NER
+    model's) is named among the fresh weights."""
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.tasks.run import load_head
+
+    d, _ = sentiment_run
+    trained = d / "out"  # labels ['neg', 'pos']
+    cls = BertForSequenceClassification
+
+    def head(start, names, problem_type="single_label_classification"):
+        logs = []
+        model = load_head(cls, start, 7, logs.append, num_labels=len(names), problem_type=problem_type,
+                          id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+        return model, " ".join(logs)
+
+    bare, _ = head(tiny, ["x", "y"])
+    other, said = head(trained, ["x", "y"])
+    assert torch.equal(other.classifier.weight, bare.classifier.weight) and torch.equal(other.classifier.bias,
+                                                                                        bare.classifier.bias)
+    assert "new task head" in said and "['neg', 'pos']" in said
+    multi, said = head(trained, ["neg", "pos"], "multi_label_classification")  # sigmoids, not a softmax
+    assert torch.equal(multi.classifier.weight, bare.classifier.weight) and "new task head" in said
+    same, said = head(trained, ["neg", "pos"])
+    kept = cls.from_pretrained(trained)
+    assert torch.equal(same.classifier.weight, kept.classifier.weight) and "new task head" not in said
+    assert torch.equal(other.bert.embeddings.word_embeddings.weight, kept.bert.embeddings.word_embeddings.weight)
+    three, said = head(trained, ["a", "b", "c"])
+    assert "classifier.weight" in said and "classifier.bias" in said  # another num_labels: named, fresh
+
+
 def test_pair_regression_learns(tiny, tmp_path):
     rng = random.Random(1)
 
