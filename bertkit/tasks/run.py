@@ -21,22 +21,59 @@ from pathlib import Path
 
 import torch
 
-from bertkit.model.checkpoint import TASK_FILE
+from bertkit.model.checkpoint import TASK_FILE, architecture, resolve
 from bertkit.runtime.loading import class_for
 from bertkit.text.tokenizer import Tokenizer
 
 
 def load_head(cls, model_path, seed: int, log=print, **config_overrides):
-    """`cls` on the pretrained encoder at `model_path` with a fresh head drawn from `seed`."""
+    """`cls` on the pretrained encoder at `model_path` with a fresh head drawn from `seed`; a model fine-tuned
+    for the same task and labels keeps its head (continued fine-tuning), one trained for other labels (or
+    another problem type) gets a fresh one, as the bare encoder would."""
     generator = torch.Generator().manual_seed(seed)
     cls = class_for(model_path, cls)  # an ELECTRA discriminator gets the ELECTRA form of the head
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report below says the same in one line
         model = cls.from_pretrained(model_path, strict=False, generator=generator, **config_overrides)
     report = getattr(model, "load_report", None)
-    if report is not None and getattr(report, "missing", None):
-        log(f"new task head, freshly initialised: {', '.join(report.missing)}")
+    fresh = [] if report is None else report.missing + [m.partition(":")[0] for m in report.mismatched]
+    other = "" if fresh else trained_for_other(model_path, model)
+    if other:
+        fresh_head(model, seed)
+        fresh = head_names(model)
+    if fresh:
+        why = f" ({model_path}'s head was trained for {other})" if other else ""
+        log(f"new task head, freshly initialised: {', '.join(fresh)}{why}")
     return model
+
+
+def trained_for_other(model_path, model) -> str:
+    """What the head saved at `model_path` was trained for (its problem type and labels), when that is not
+    what `model`'s config asks; "" when it is the same (or no such head is there)."""
+    directory = resolve(model_path)
+    if architecture(directory) != type(model).__name__:
+        return ""
+    start, now = type(model).config_class.from_pretrained(directory), model.config
+    if start.labels != now.labels:
+        return f"the labels {start.labels}"
+    if start.problem_type and now.problem_type and start.problem_type != now.problem_type:
+        return f"the problem type {start.problem_type}"
+    return ""
+
+
+def head_names(model) -> list[str]:
+    """The parameters of `model` outside its encoder (`base_model_prefix`): the task head."""
+    return [n for n, _ in model.named_parameters() if not n.startswith(model.base_model_prefix + ".")]
+
+
+def fresh_head(model, seed: int) -> None:
+    """Give `model` the head a model of its class and config draws from `seed` (what a bare encoder's run
+    starts with: the head's weights are drawn after the encoder's from the same generator)."""
+    new = dict(type(model)(model.config, generator=torch.Generator().manual_seed(seed)).named_parameters())
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name in head_names(model):
+            params[name].copy_(new[name])
 
 
 def load_tokenizer(model_path):
