@@ -115,6 +115,12 @@ def test_pair_segments_and_bad_input(tiny):
     with pytest.raises(BertkitError, match="head must be an int or 'mean', got 'max'"):
         pair.row(0, "max", 0)
     np.testing.assert_array_equal(pair.row(0, 0, -1), pair.row(0, 0, 10))  # a negative token counts from the end
+    # and so does a negative layer, as in trace and embed (row, the page and the CLI refused -1)
+    np.testing.assert_array_equal(pair.row(-1, 0, -1), pair.row(pair.num_layers - 1, 0, 10))
+    with pytest.raises(BertkitError, match=r"layer -4 is out of range: this model has 3 layers, numbered 0..2 \(or -3..-1"):
+        pair.row(-4, 0, 0)
+    data = json.loads(re.search(r'application/json">(.*?)</script>', attention_html(pair, token=-1, layer=-1), re.S).group(1))
+    assert (data["layer"], data["token"]) == (pair.num_layers - 1, 10)
 
 
 def test_html_page_is_self_contained_and_carries_the_weights(amap):
@@ -174,6 +180,8 @@ def test_cli_attention(tmp_path, capsys):
     assert main(["attention", "", "-o", str(page)]) == 2
     assert main(["attention", "x", "--layer", "6", "-o", str(page)]) == 2
     assert "layer 6 is out of range" in capsys.readouterr().err
+    assert main(["attention", SENTENCE, "--token", "he", "--layer", "-1", "-o", str(page), "--png", str(png)]) == 0
+    assert capsys.readouterr().out.startswith("'he' (token 13), layer 5, head 0: attends most to ")
 
 
 # --- find_heads: where a token looks, over all layers and heads --------------------------

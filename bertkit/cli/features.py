@@ -86,7 +86,7 @@ def add_attention(sub):
     p.add_argument("--pair", help="a second segment (sentence B)")
     p.add_argument("--token", help="the word whose attention to show (default: [CLS])")
     p.add_argument("--occurrence", type=int, default=1, help="which occurrence of --token (default 1)")
-    p.add_argument("--layer", type=int, default=0, help="layer shown first, from 0 (default 0)")
+    p.add_argument("--layer", type=int, default=0, help="layer shown first, from 0 (-1: the last; default 0)")
     p.add_argument("--head", default="0", help="head shown first, from 0, or 'mean' (default 0)")
     p.add_argument("-o", "--output", default="attention.html", help="the HTML page (default attention.html)")
     p.add_argument("--png", help="also render a PNG of one view")
@@ -113,12 +113,13 @@ def run_attention(args):
         check_picture(args.png)
     amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype, fast=args.speed)
     token = find_token(amap, args.token, args.occurrence) if args.token is not None else 0
-    save_html(amap, args.output, token, args.layer, head)
-    top = ", ".join(f"{t} {w:.2f}" for _, t, w in most_attended(amap, token, args.layer, head))
-    print(f"{amap.tokens[token]!r} (token {token}), layer {args.layer}, head {head}: attends most to {top}")
+    layer, token = amap.place(args.layer, head, token)  # -1: the last layer
+    save_html(amap, args.output, token, layer, head)
+    top = ", ".join(f"{t} {w:.2f}" for _, t, w in most_attended(amap, token, layer, head))
+    print(f"{amap.tokens[token]!r} (token {token}), layer {layer}, head {head}: attends most to {top}")
     print(f"wrote {args.output}", file=sys.stderr)
     if args.png:
-        save_png(amap, args.png, args.view, token, args.layer, head)
+        save_png(amap, args.png, args.view, token, layer, head)
         print(f"wrote {args.png}", file=sys.stderr)
     if args.bertviz:
         save_bertviz(amap, args.bertviz)

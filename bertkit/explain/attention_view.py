@@ -71,28 +71,30 @@ class AttentionMap:
 
     def row(self, layer: int, head, token: int) -> np.ndarray:
         """The attention token `token` gives every token: [T]; head may be "mean"."""
-        self._check(layer, head, token)
+        layer, token = self.place(layer, head, token)
         if head == "mean":
             return self.weights[layer, :, token].mean(axis=0)
         return self.weights[layer, head, token]
 
-    def _check(self, layer, head, token: int | None = None) -> None:
+    def place(self, layer, head, token: int = 0) -> tuple[int, int]:
+        """(layer, token) counted from 0, after checking them and `head`: a negative layer or token counts
+        from the end (-1: the last), as in `bertkit.trace` and `bertkit.embed`."""
         for name, value in (("layer", layer), ("head", head), ("token", token)):
             if value is not None and not (name == "head" and value == "mean") and (
                     isinstance(value, bool) or not isinstance(value, (int, np.integer))):
                 kind = "an int or 'mean'" if name == "head" else "an int"
                 raise BertkitError(f"{name} must be {kind}, got {value!r}")
-        T = len(self.tokens)
-        if token is not None and not -T <= token < T:
+        T, L = len(self.tokens), self.num_layers
+        if not -T <= token < T:
             raise BertkitError(f"token {token} is out of range: the text has {T} tokens, numbered 0..{T - 1}")
-        if not 0 <= layer < self.num_layers:
-            raise BertkitError(
-                f"layer {layer} is out of range: this model has {self.num_layers} layers, numbered 0..{self.num_layers - 1}"
-            )
+        if not -L <= layer < L:
+            raise BertkitError(f"layer {layer} is out of range: this model has {L} layers, numbered 0..{L - 1} "
+                               f"(or -{L}..-1 from the last)")
         if head != "mean" and not 0 <= head < self.num_heads:
             raise BertkitError(
                 f"head {head} is out of range: each layer has {self.num_heads} heads, numbered 0..{self.num_heads - 1}"
             )
+        return int(layer) % L, int(token) % T
 
 
 # --- computing the weights -----------------------------------------------------------
@@ -287,9 +289,7 @@ def page_template() -> str:
 
 def attention_html(amap: AttentionMap, token: int = 0, layer: int = 0, head=0) -> str:
     """A self-contained HTML page (no network) showing `amap`; starts at token/layer/head."""
-    amap._check(layer, head, token)
-    if not 0 <= token < len(amap.tokens):
-        raise BertkitError(f"token index {token} is out of range: the text has {len(amap.tokens)} tokens")
+    layer, token = amap.place(layer, head, token)
     weights = np.ascontiguousarray(amap.weights, dtype="<f4")
     data = {
         "tokens": list(amap.tokens),
@@ -342,7 +342,7 @@ def save_png(amap: AttentionMap, path, view: str = "text", token: int = 0, layer
 
     if view not in VIEWS:
         raise BertkitError(f"unknown view {view!r}: use one of {', '.join(VIEWS)}")
-    amap._check(layer, head, token)
+    layer, token = amap.place(layer, head, token)
     T = len(amap.tokens)
     if view == "text":
         fig = _text_figure(plt, amap, token, layer, head)
@@ -379,8 +379,6 @@ def save_png(amap: AttentionMap, path, view: str = "text", token: int = 0, layer
 
 def _text_figure(plt, amap: AttentionMap, token: int, layer: int, head):
     """Tokens laid out in lines, each box shaded by the attention `token` gives it."""
-    if not 0 <= token < len(amap.tokens):
-        raise BertkitError(f"token index {token} is out of range: the text has {len(amap.tokens)} tokens")
     weights = amap.row(layer, head, token)
     top = float(weights.max()) or 1.0
     per_line, width = 12, 12.0
