@@ -73,3 +73,18 @@ def test_a_byte_order_mark_before_a_conll_docstart(tmp_path):
     sentences, report = read_conll(path)
     assert looks_like_conll(path) and report.skipped["-DOCSTART- lines"] == 1
     assert [(s.words, s.tags) for s in sentences] == [(["EU", "rejects"], ["I-ORG", "O"])]
+
+
+def test_a_csv_error_names_the_line_of_its_record_when_a_field_spans_lines(tmp_path):
+    """A quoted CSV field may hold newlines, so record numbers are not line numbers: the bad score on line
+    6 was reported on line 4."""
+    from bertkit.data.tables import read_text_examples
+
+    path = tmp_path / "t.csv"
+    path.write_text('sentence,score\n"first line\nsecond line\nthird",1.0\n"ok",2.0\n"bad one",abc\n')
+    assert path.read_text().splitlines()[5] == '"bad one",abc'  # line 6
+    with pytest.raises(BertkitError, match=r"t.csv:6: score 'abc' is not a number"):
+        read_text_examples(path, label_column="score", problem_type="regression")
+    path.write_text('sentence,score\n"first line\nsecond",1.0\n\n"ok",2.0\n')
+    examples, _ = read_text_examples(path, label_column="score", problem_type="regression")
+    assert [(e.text, e.row) for e in examples] == [("first line\nsecond", 2), ("ok", 5)]
