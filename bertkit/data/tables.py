@@ -98,14 +98,15 @@ def read_rows(path, report: ReadReport):
         if fmt == "csv":
             csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long text is one long field
             reader = csv.reader(f)
+            records = _csv_records(reader)
         else:
-            reader = (line.rstrip("\r\n").split("\t") for line in f)
+            records = enumerate((line.rstrip("\r\n").split("\t") for line in f), 1)
         try:
-            header = next(reader, None)
+            header = next(records, (1, None))[1]
             if header is None or not any(h.strip() for h in header):
                 raise BertkitError(f"{path}: empty file or empty header row; the first line must name the columns")
             header = [h.strip() for h in header]
-            for n, fields in enumerate(reader, 2):
+            for n, fields in records:
                 if not any(x.strip() for x in fields):
                     report.skipped["empty lines"] += 1
                     continue
@@ -115,6 +116,15 @@ def read_rows(path, report: ReadReport):
                 yield n, dict(zip(header, fields))
         except csv.Error as err:
             raise BertkitError(f"{path}:{reader.line_num}: not valid CSV ({err})") from None
+
+
+def _csv_records(reader):
+    """(the line its record starts on, its fields) for each CSV record: a quoted field may hold newlines, so
+    a record can span lines and its number is not its line's."""
+    last = 0
+    for fields in reader:
+        yield last + 1, fields
+        last = reader.line_num
 
 
 def _column(row: dict, name: str, path, n: int, flag: str):
