@@ -207,7 +207,8 @@ def add_search(sub):
     p.add_argument("--ef-search", type=int, help="with --ann: candidates the graph walk keeps (default: the "
                    "index's, 128); more is slower and finds more")
     p.add_argument("--block-size", type=int, default=16384, help="vectors scored per block of the exact scan: "
-                   "memory grows with it, about 64 x block x 36 bytes (default 16384: 38 MiB)")
+                   "memory grows with it, about 64 x block x 13 bytes for the scores and their merge (default 16384: "
+                   "13 MiB; docs/search.md)")
     add_options(p, FusionOptions, {"mode": None})
     device_flags(p)
     p.set_defaults(handler=run_search, runs_model=True)
