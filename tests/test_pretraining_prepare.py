@@ -7,6 +7,7 @@ tolerances are about 3 standard deviations of the measured proportion (or the
 rounding of round(L * 0.15), for the masked fraction).
 """
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -272,6 +273,29 @@ def test_deterministic_across_workers_and_resumable(books, tmp_path):
     prepare([books], two, PrepareConfig(workers=1, seed=1, **cfg), progress=False)
     assert _digest(one) != _digest(two)
     assert (two / "tokens" / "00000" / "tokens.npy").stat().st_mtime_ns == mtime
+
+
+def test_an_output_inside_the_corpus_folder_is_not_read_as_corpus(books, tmp_path):
+    # `prepare books/ -o books/data` then again: the second run read books/data/vocab.txt as a fourth book,
+    # and `vocab train books/ -o books/v` read the vocab.txt it had written; re-running changed the result
+    from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files
+
+    corpus = tmp_path / "books"
+    shutil.copytree(books, corpus)
+    cfg = PrepareConfig(documents="file", dupe_factor=1, workers=1, objective="sop")
+    first = prepare([corpus], corpus / "data", cfg, progress=False)
+    digest = _digest(corpus / "data")
+    again = prepare([corpus], corpus / "data", cfg, progress=False)
+    assert (again.corpus.files, again.corpus.tokens) == (first.corpus.files, first.corpus.tokens)
+    assert first.corpus.files == len(BOOKS)
+    assert _digest(corpus / "data") == digest
+    vcfg = VocabTrainingConfig(vocab_size=300)
+    save_trained_vocab(train_vocab_from_files([corpus], vcfg, output=corpus / "v"), corpus / "v", vcfg)
+    words = (corpus / "v" / "vocab.txt").read_text()
+    assert train_vocab_from_files([corpus], vcfg, output=corpus / "v") == words.splitlines()
+    # nor is the vocabulary prepare is given: `vocab train books/ -o books/v`, then `prepare --vocab books/v`
+    third = prepare([corpus], corpus / "data", dataclasses.replace(cfg, seed=4), vocab=corpus / "v", progress=False)
+    assert third.corpus.files == len(BOOKS)
 
 
 def test_stream_is_seeded_and_seekable(tokenised):

@@ -78,7 +78,7 @@ def run_vocab_train(args):
     files, config = from_args(args, VocabTrainFiles), from_args(args, VocabTrainingConfig)
     vocab_file(files.output)  # a model's folder refused before the corpus is read
     stats = CorpusStats()
-    tokens = train_vocab_from_files(files.corpus, config, progress=True, stats=stats)
+    tokens = train_vocab_from_files(files.corpus, config, progress=True, stats=stats, output=files.output)
     if stats.skips:
         print(f"read {stats.files} file(s); {stats.describe_skips()}")
     path = save_trained_vocab(tokens, files.output, config)

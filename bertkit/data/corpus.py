@@ -114,20 +114,25 @@ class CorpusStats:
         return cls(d["files"], d["bytes"], d["documents"], d["sentences"], d["tokens"], dict(d["skips"]))
 
 
-def corpus_files(paths) -> list[Path]:
+def corpus_files(paths, skip=()) -> list[Path]:
     """Files named directly and the .txt/.gz files inside folders (recursive): sorted, de-duplicated.
 
     Hidden files (".name") inside folders are skipped; a file named explicitly
-    is read whatever its name.
+    is read whatever its name. `skip`: the command's own files (folders or files: what it
+    writes, the vocabulary it reads), never read from a folder: an output inside the corpus
+    folder (its vocab.txt) would be read as text the next time, and a re-run would no longer
+    give the same result.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    mine = [Path(s).resolve() for s in skip if s is not None]
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(
                 f for f in p.rglob("*")
                 if f.is_file() and f.suffix in CORPUS_SUFFIXES and not f.name.startswith(".")
+                and not any(f.resolve() == m or m in f.resolve().parents for m in mine)
             )
             if not found:
                 raise BertkitError(

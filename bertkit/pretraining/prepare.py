@@ -277,8 +277,8 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
     """
     cfg = (cfg or PrepareConfig()).validate()
     t0 = time.perf_counter()
-    files = corpus_files(corpus)
     out = Path(output)
+    files = corpus_files(corpus, skip=(out, vocab))
     _check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").unlink(missing_ok=True)  # the folder is incomplete until the end

@@ -212,12 +212,13 @@ def train_vocab(lines, config: VocabTrainingConfig | None = None, progress: bool
 
 
 def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, progress: bool = False,
-                           stats: CorpusStats | None = None) -> list[str]:
-    """Train a vocabulary from text files and folders of .txt/.gz files, streaming; `stats` counts skips."""
+                           stats: CorpusStats | None = None, output=None) -> list[str]:
+    """Train a vocabulary from text files and folders of .txt/.gz files, streaming; `stats` counts skips;
+    `output` (where it will be saved) is not read as corpus."""
     config = config or VocabTrainingConfig()
     config.validate()
     stats = CorpusStats() if stats is None else stats
-    files = corpus_files(paths)
+    files = corpus_files(paths, skip=() if output is None else (vocab_file(output),))
     counts = count_words(iter_lines(files, progress, stats, config.encoding, config.encoding_errors), config)
     if not counts:
         reasons = stats.describe_skips() or "the files hold no words"
