@@ -143,6 +143,28 @@ def test_ner_reports_entity_f1_on_a_conll_file(tiny, tmp_path, capsys):  # noqa:
     assert got["f1"] == pytest.approx(f1, abs=1e-4)
 
 
+def test_ner_evaluates_the_tag_column_the_model_was_trained_on(tiny, tmp_path, capsys):  # noqa: F811
+    """A CoNLL file whose tags are not the last column (`--tag-column 1`, say word TAG POS): predict read
+    the last column as the tags ("tag 'X' is not O or B-/I-/E-/S-TYPE") instead of the columns the run
+    was trained on, which bertkit_task.json keeps."""
+    rng = random.Random(0)
+
+    def tag_second(path):  # word X X TAG -> TAG in column 1, a part-of-speech-like column last
+        path.write_text("\n".join(" ".join([c[0], c[3], "NN"]) if len(c := line.split()) == 4 else line
+                                  for line in path.read_text().split("\n")))
+        return path
+
+    dev = tag_second(ner_file(tmp_path / "dev.txt", 20, rng))
+    cfg = NerConfig(train=str(tag_second(ner_file(tmp_path / "train.txt", 60, rng))), dev=str(dev),
+                    output=str(tmp_path / "o"), model=str(tiny), tag_scheme="iob1", tag_column=1, max_length=32,
+                    stride=8, training=fast(epochs=2, metric="f1"))
+    final = finetune_ner(cfg, log=lambda s: None)
+    result = predict_file(tmp_path / "o", dev, tmp_path / "p.tsv", dtype="float32")
+    assert result.count == result.scored == 20
+    for name in ("f1", "precision", "recall"):
+        assert result.metrics[name] == pytest.approx(final["dev"][name], abs=1e-4), name
+
+
 def test_qa_reports_exact_match_and_f1_on_squad_json(tiny, tmp_path, capsys):  # noqa: F811
     rng = random.Random(0)
     dev = squad_file(tmp_path / "dev.json", 20, rng)
