@@ -147,11 +147,12 @@ def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=No
 # --- files -----------------------------------------------------------------
 
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], None]:
-    """Sentences from CoNLL columns (first column), one sentence per line, or a table's text column."""
+    """Sentences from CoNLL columns (the words' column the model was trained on), one sentence per line, or a
+    table's text column."""
     if Path(path).suffix.lower() in TABLES:
         return read_text_columns(path, text_column or info.get("text_column") or "sentence", log=log)
-    if looks_like_conll(path):  # one token per line (first column), blank lines between sentences
-        sentences, _ = read_conll(path, tagged=False)
+    if looks_like_conll(path):  # one token per line, blank lines between sentences
+        sentences, _ = read_conll(path, token_column=conll_columns(info)[0], tagged=False)
         return [" ".join(s.words) for s in sentences], None
     return read_text_lines(path), None  # one sentence per line, words split on whitespace
 
@@ -162,8 +163,16 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     (a tagged file tags every word: `every_input` changes nothing)."""
     if Path(path).suffix.lower() in TABLES or not _has_tag_column(path):
         return None
-    sentences, _ = read_conll(path)
+    words, tags = conll_columns(info)
+    sentences, _ = read_conll(path, token_column=words, tag_column=tags)
     return [" ".join(s.words) for s in sentences], None, [s.tags for s in sentences]
+
+
+def conll_columns(info: dict) -> tuple[int, int]:
+    """The CoNLL columns of the words and the tags the model was trained on (`--token-column`,
+    `--tag-column`, kept in bertkit_task.json's config), else the first and the last."""
+    config = info.get("config") or {}
+    return config.get("token_column", 0), config.get("tag_column", -1)
 
 
 def _has_tag_column(path) -> bool:
