@@ -450,3 +450,33 @@ def test_an_export_killed_half_way_is_refused_by_search_and_finished_by_resume(b
     assert main(export_argv) == 2 and "already exists" in capsys.readouterr().err
     assert main([*export_argv[:-2], "other", "--quiet", "--resume"]) == 2
     assert "no collection 'other'" in capsys.readouterr().err
+
+
+def test_an_index_whose_model_folder_is_gone_finds_the_default_model_or_asks_for_model(built, tiny, tmp_path,
+                                                                                       capsys):
+    """index.json names its model's folder; an index copied to another machine (or made in another environment,
+    whose default model lives elsewhere) named a folder that is not there: the search failed with "no model
+    directory at ..." and no word of --model. Now the default model is used when its weights are the index's,
+    and otherwise the one line names --model, which works."""
+    def moved(index, folder):
+        shutil.copytree(index, folder)
+        info = json.loads((folder / "index.json").read_text())
+        info["model"]["directory"] = str(tmp_path / "gone" / "model")
+        (folder / "index.json").write_text(json.dumps(info))
+        return folder
+
+    other = moved(built, tmp_path / "tiny.index")
+    assert main(["search", str(other), QUERIES[0], "--mode", "dense", "--json", "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert f"made by the model in {tmp_path / 'gone' / 'model'}" in err and "pass --model DIR" in err, err
+    assert err.count("\n") == 1
+    assert main(["search", str(other), QUERIES[0], "--mode", "dense", "--json", "--dtype", "float32",
+                 "--model", str(tiny)]) == 0
+    assert [h["id"] for h in json.loads(capsys.readouterr().out)[0]] == \
+        [h.id for h in search(open_index(built), QUERIES[:1], dtype="float32", fusion={"mode": "dense"})[0]]
+    (tmp_path / "c.tsv").write_text("id\ttext\nd1\tVitamin D and bone fractures.\nd2\tStem cells in the brain.\n")
+    default = tmp_path / "default.index"
+    build_index(tmp_path / "c.tsv", default, dtype="float32", progress=False, lexical=None)  # the default model
+    want = [h.id for h in search(open_index(default), QUERIES[:1], dtype="float32")[0]]
+    assert [h.id for h in search(open_index(moved(default, tmp_path / "d.index")), QUERIES[:1],
+                                 dtype="float32")[0]] == want

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -75,10 +76,22 @@ def check_k(k) -> None:
 
 
 def query_encoder(info: dict, model=None, device=None, dtype=None, fast=True) -> Loaded:
-    """The model that made an index (`info`: its index.json; model None: the directory it names),
-    checked against it; `fast`: the fast path's settings (`bertkit.runtime.loading.load`)."""
-    loaded = load_encoder(info["model"]["directory"] if model is None else model, device, dtype, fast=fast)
-    check_model(info, loaded)
+    """The model that made an index (`info`: its index.json; model None: the directory it names), checked
+    against it; `fast`: the fast path's settings (`bertkit.runtime.loading.load`). Where the directory it
+    names is gone (an index copied to another machine, or made in another environment, whose default model
+    lives elsewhere), the default model when its weights are those, else one line asking for --model."""
+    made = info["model"]
+    gone = model is None and not Path(made["directory"]).is_dir()
+    try:
+        loaded = load_encoder(None if gone else made["directory"] if model is None else model, device, dtype,
+                              fast=fast)
+        check_model(info, loaded)
+    except BertkitError:
+        if not gone:
+            raise
+        raise BertkitError(f"this index was made by the model in {made['directory']} (weights "
+                           f"{made['fingerprint'][:12]}), which is not there now: pass --model DIR, that model's "
+                           "folder where it is now (its weights are checked against the index's)") from None
     return loaded
 
 
