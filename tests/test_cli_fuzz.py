@@ -74,6 +74,7 @@ def setup(tmp_path_factory):
 def _commands(root, tiny, models):
     """name -> (input suffix, argv with {} where the file goes)."""
     out = str(root / "out")
+    (root / "out").mkdir(exist_ok=True)  # the cases that write a file in it may run first (pytest -k predict)
     # --overwrite: every case writes the same folder, over the model the case before left there
     train = ["-o", out, "--overwrite", "--model", str(tiny), "--max-steps", "1", "--max-length", "48", "--no-progress"]
     return {
