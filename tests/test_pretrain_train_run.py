@@ -238,6 +238,32 @@ def test_init_from_continues_a_checkpoint_on_other_data(nsp_data, shared_data, t
         continued(tmp_path / "clf")
 
 
+def test_electra_init_from_checks_the_vocabulary_as_bert_does(tmp_path):
+    # --method electra --init-from trained a 1,000-token model on data of another 39-token vocabulary
+    # without a word (ids meaning other tokens), and saved it with the data's vocab.txt
+    from bertkit.model.electra import ElectraConfig
+    from bertkit.model.electra_pretraining import ElectraPretrainingModel
+    from bertkit.text.tokenizer import Tokenizer
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]
+    config = ElectraConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=7, embedding_size=16)
+    ElectraPretrainingModel(config, config.generator_config(0.5)).save_pretrained(tmp_path / "run",
+                                                                                 tokenizer=Tokenizer(words))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "vocab.txt").write_text("\n".join([*words[:5], *"klmnopqrst"]) + "\n")
+    cfg = RunConfig(data=str(tmp_path / "data"), output=str(tmp_path / "out"), method="electra",
+                    init_from=str(tmp_path / "run"))
+    with pytest.raises(BertkitError, match="its vocab.txt differs from"):
+        build_model(cfg, len(words), "none")
+    (tmp_path / "data" / "vocab.txt").write_text((tmp_path / "run" / "vocab.txt").read_text())
+    assert build_model(cfg, len(words), "none").config.vocab_size == len(words)
+    # --dropout reached a fresh ELECTRA and a BERT --init-from, not an ELECTRA --init-from (it kept 0.1)
+    model = build_model(dataclasses.replace(cfg, dropout=0.0), len(words), "none")
+    for c in (model.config, model.generator.config):
+        assert (c.hidden_dropout_prob, c.attention_probs_dropout_prob) == (0.0, 0.0)
+
+
 def test_the_held_out_slice_shares_no_text_with_training(nsp_data, shared_data, tmp_path):
     import numpy as np
 

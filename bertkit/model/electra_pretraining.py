@@ -170,17 +170,19 @@ class ElectraPretrainingModel(nn.Module):
         save_checkpoint(self.generator, Path(directory) / GENERATOR_DIR, tokenizer=tokenizer)
 
     @classmethod
-    def from_pretrained(cls, directory, *, disc_weight: float = 50.0) -> "ElectraPretrainingModel":
+    def from_pretrained(cls, directory, *, disc_weight: float = 50.0, **changes) -> "ElectraPretrainingModel":
         """Both networks from a directory `save_pretrained` wrote (strict; the embeddings the two
-        files hold must be equal, as they are when trained together)."""
+        files hold must be equal, as they are when trained together); `changes`: config fields both
+        take (e.g. the dropout of a continued run)."""
         directory = Path(directory)
         if not (directory / GENERATOR_DIR / "config.json").is_file():
             raise BertkitError(
                 f"{directory} has no {GENERATOR_DIR}/ subfolder: an ELECTRA pre-training directory holds "
                 f"the discriminator at its top and the generator in {GENERATOR_DIR}/"
             )
-        config = ElectraConfig.from_pretrained(directory)
-        model = cls(config, ElectraConfig.from_pretrained(directory / GENERATOR_DIR), disc_weight=disc_weight)
+        config = ElectraConfig.from_pretrained(directory).replace(**changes)
+        model = cls(config, ElectraConfig.from_pretrained(directory / GENERATOR_DIR).replace(**changes),
+                    disc_weight=disc_weight)
         gen_state, gen_path = read_weights(directory / GENERATOR_DIR)
         model.generator.load_report = load_state(model.generator, gen_state, strict=True, source=str(gen_path))
         shared = {k: v.clone() for k, v in model.discriminator.electra.embeddings.state_dict().items()}

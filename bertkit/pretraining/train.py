@@ -214,7 +214,8 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
     if resumed_config is not None:
         config = ElectraConfig.from_dict(resumed_config)
     elif cfg.init_from:
-        return ElectraPretrainingModel.from_pretrained(cfg.init_from, disc_weight=cfg.disc_weight).train()
+        same_vocabulary(cfg)
+        return ElectraPretrainingModel.from_pretrained(cfg.init_from, disc_weight=cfg.disc_weight, **changes).train()
     else:
         base = preset_or_file(cfg.config).to_dict()
         base.pop("model_type", None)
@@ -225,17 +226,23 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
                                    generator=g)
 
 
-def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generator):
-    """Continued pre-training (e.g. domain- or task-adaptive, Gururangan et al. 2020): `cls`
-    holding the weights of the checkpoint --init-from names. Its vocabulary must be the
-    prepared data's, token for token; only an NSP/SOP head it lacks (and the pooler
-    that feeds it: masked-LM checkpoints have none) may start fresh."""
+def same_vocabulary(cfg: RunConfig) -> Path:
+    """The --init-from folder, once its vocab.txt is the prepared data's, token for token (BERT and ELECTRA)."""
     source = Path(cfg.init_from)
     model_vocab, data_vocab = source / "vocab.txt", Path(cfg.data) / "vocab.txt"
     if not model_vocab.is_file():
         raise BertkitError(f"--init-from {source}: no vocab.txt there, so its vocabulary cannot be checked against the data's")
     if model_vocab.read_text(encoding="utf-8") != data_vocab.read_text(encoding="utf-8"):
         raise BertkitError(f"--init-from {source}: its vocab.txt differs from {data_vocab}; prepare the data with --vocab {source}")
+    return source
+
+
+def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generator):
+    """Continued pre-training (e.g. domain- or task-adaptive, Gururangan et al. 2020): `cls`
+    holding the weights of the checkpoint --init-from names. Its vocabulary must be the
+    prepared data's, token for token; only an NSP/SOP head it lacks (and the pooler
+    that feeds it: masked-LM checkpoints have none) may start fresh."""
+    source = same_vocabulary(cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report is checked just below
         model = cls.from_pretrained(source, strict=False, generator=generator, **changes)
