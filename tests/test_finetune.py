@@ -443,6 +443,14 @@ def test_one_call_api(tiny, tmp_path):
     assert final["train_examples"] == 16 and (tmp_path / "o" / "model.safetensors").is_file()
     with pytest.raises(BertkitError, match="unknown task 'summarize'"):
         finetune("summarize", train=str(t), output=str(tmp_path / "o2"))
+    # a training setting among the task's options: once a TypeError from the config's __init__; now the
+    # fix, for the loop's settings and the optimizer's, before anything is read or written
+    for option, says in (({"max_steps": 2}, r"training=TrainConfig\(max_steps=2\)"),
+                         ({"learning_rate": 1e-4}, r"training=TrainConfig\(optim=OptimConfig\(learning_rate=0.0001\)\)"),
+                         ({"text_colum": "x"}, r"no option 'text_colum'.*text_column")):
+        with pytest.raises(BertkitError, match=says):
+            finetune("classify", train=str(t), output=str(tmp_path / "o3"), model=str(tiny), **option)
+    assert not (tmp_path / "o3").exists()
 
 
 def test_demo_held_out_words_never_seen_in_training():
