@@ -42,9 +42,11 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
     the fields of the task's config (TextTaskConfig, NerConfig, QAConfig, EmbedConfig, RerankConfig), e.g.
     model=, text_column=, max_length=; `training` a TrainConfig.
     """
-    cls, defaults = task_config(task)
-    return run_task(cls(**{**defaults, "train": train, "output": output, "dev": dev,
-                      "training": training or TrainConfig(), **options}), log=log)
+    record = task_named(task)
+    for name, value in options.items():
+        record.check_option(name, value)
+    return run_task(record.config(**{**record.defaults, "train": train, "output": output, "dev": dev,
+                                   "training": training or TrainConfig(), **options}), log=log)
 
 
 def run_task(cfg, log=print, speed=None) -> dict:

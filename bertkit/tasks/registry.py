@@ -40,7 +40,7 @@ options from this table without it.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Callable
 
@@ -48,7 +48,7 @@ from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION, SINGLE_LABEL
 from bertkit.tasks import ner_inference as ner, qa_inference as qa, reports, text_inference as text
 from bertkit.tasks.config import (EMBED_DEV, STATIC_RECIPE, EmbedConfig, NerConfig, QAConfig, RerankConfig,
-                                  TextTaskConfig)
+                                  TextTaskConfig, TrainConfig)
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,21 @@ class Task:
         if self.pairs and not getattr(cfg, "text_pair_column", True):
             raise BertkitError(f"the {self.cli_name} task needs --text-pair-column (the second sentence's column)")
         self.check_metric(cfg.training.metric, cfg.dev)
+
+    def check_option(self, name: str, value) -> None:
+        """A keyword of the one-call `finetune` that is no setting of this task's config: a training or optimizer
+        setting (said with the `training=` that carries it; it was a TypeError) or a misspelt option."""
+        own = [f.name for f in fields(self.config)]
+        if name in own:
+            return
+        if name in {f.name for f in fields(TrainConfig)}:
+            fix = f"training=TrainConfig({name}={value!r})"
+        elif name in {f.name for f in fields(TrainConfig().optim)}:
+            fix = f"training=TrainConfig(optim=OptimConfig({name}={value!r}))"
+        else:
+            raise BertkitError(f"finetune({self.name!r}) has no option {name!r}; its options: {', '.join(own)}")
+        raise BertkitError(f"finetune({self.name!r}): {name} is a training setting, not the task's: pass {fix} "
+                           "(bertkit.tasks.config.TrainConfig, bertkit.training.optim.OptimConfig)")
 
     def check_metric(self, metric: str | None, dev) -> None:
         """--metric names one of this task's dev figures, and there is a --dev to score: an unknown name failed
