@@ -139,7 +139,7 @@ def test_bad_corpora_are_one_line_errors(tmp_path):
     (tmp_path / "c.csv").write_text("id,text\n")
     (tmp_path / "none").mkdir()
     for name, match in [("empty.jsonl", "empty"), ("notext.tsv", "no text column"), ("header.tsv", "no documents"),
-                        ("twice.tsv", "appears twice"), ("c.csv", "use a BEIR corpus.jsonl"),
+                        ("twice.tsv", "appears on line 2 and again on line 3"), ("c.csv", "use a BEIR corpus.jsonl"),
                         ("none", "no corpus.jsonl and no .txt"), ("missing.tsv", "does not exist")]:
         with pytest.raises(BertkitError, match=match) as err:
             read_documents(tmp_path / name)

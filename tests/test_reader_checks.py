@@ -84,6 +84,12 @@ def test_index_cli_refuses_a_repeated_id_in_one_line_and_dedupe_builds(shared_da
     assert status == 0, err
     assert "1 line(s) repeat an earlier _id and were dropped" in err
     assert open_index(tmp_path / "ix").info["documents"] == 3
+    # a TSV corpus names the lines too (it said "appears twice", no line)
+    (tmp_path / "c.tsv").write_text("id\ttitle\ttext\nd1\t\tone\nd2\t\ttwo\nd1\t\tthree\n", encoding="utf-8")
+    status, err = cli("index", tmp_path / "c.tsv", "-o", tmp_path / "ix2", "--model", tiny, "--quiet")
+    assert status == 2 and err.count("\n") == 1 and "id 'd1' appears on line 2 and again on line 4" in err, err
+    assert cli("index", tmp_path / "c.tsv", "-o", tmp_path / "ix2", "--model", tiny, "--quiet", "--dedupe")[0] == 0
+    assert [p["text"] for p in open_index(tmp_path / "ix2").passages(range(2))] == ["one", "two"]
 
 
 # --- item 6: config.json checked, and checked against the weights before allocation -----------------

@@ -66,7 +66,7 @@ class Passage:
 
 # --- reading a corpus -----------------------------------------------------------------------
 
-def _read_tsv(path: Path) -> list[Document]:
+def _read_tsv(path: Path, dedupe: bool) -> list[Document]:
     with open_text(path, "corpus") as f:
         header = f.readline().rstrip("\r\n").split("\t")
         key = next((c for c in ("id", "_id") if c in header), None)
@@ -75,10 +75,14 @@ def _read_tsv(path: Path) -> list[Document]:
             raise BertkitError(f"{path} has no {missing} column (header: {' '.join(header) or 'empty'}): a corpus "
                                "TSV needs a header naming id, text and optionally title")
         where = {c: header.index(c) for c in (key, "text", "title") if c in header}
-        docs = []
-        for _, cells in tsv_rows(f, path, len(header)):
+        docs, lines = [], {}
+        for number, cells in tsv_rows(f, path, len(header)):
             title = cells[where["title"]] if "title" in where else ""
             docs.append(Document(cells[where[key]], title, cells[where["text"]]))
+            first = lines.setdefault(docs[-1].id, number)
+            if first != number and not dedupe:  # named by its lines, as the BEIR reader names them
+                raise BertkitError(f"{path}: id {docs[-1].id!r} appears on line {first} and again on line {number}: "
+                                   "ids must be unique; fix the file, or pass --dedupe to keep the first of each")
     return docs
 
 
@@ -101,7 +105,7 @@ def read_documents(path, dedupe: bool = False) -> list[Document]:
             raise BertkitError(f"{path} holds no corpus.jsonl and no .txt files: pass a BEIR folder, a corpus.jsonl, "
                                "a TSV (id, title, text) or a folder of .txt files")
     elif path.suffix.lower() == ".tsv":
-        docs = _read_tsv(existing_file(path, "corpus"))
+        docs = _read_tsv(existing_file(path, "corpus"), dedupe)
     else:
         existing_file(path, "corpus")
         raise BertkitError(f"corpus {path}: use a BEIR corpus.jsonl (or its folder), a .tsv with id, title, text "
