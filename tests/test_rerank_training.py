@@ -229,6 +229,7 @@ def _folder_without(ctx, tmp_path, what):
     ("empty_passage", "line 3: the passage is empty"),
     ("rerank_top", "--rerank-top must be at least 1"),
     ("dev_without_index", "--dev needs --index INDEX"),
+    ("index_of_another_corpus", "was built from"),  # said before training, not after it at the dev evaluation
     ("bad_label", "line 2: label '2' is not 1 (relevant), 0 (not)"),
 ])
 def test_bad_input_is_one_line(ctx, tmp_path, capsys, case, message):
@@ -240,6 +241,15 @@ def test_bad_input_is_one_line(ctx, tmp_path, capsys, case, message):
         rows = ["query\tpassage\tlabel", "a claim\ta passage\t" + ("2" if case == "bad_label" else "1"),
                 "a claim\t \t0"]
         train.write_text("\n".join(rows) + "\n")
+    elif case == "index_of_another_corpus":  # the dev folder lacks a document the index holds
+        from test_evaluate_index import _corpus_copy
+
+        from bertkit.data.beir import load_beir
+
+        judged = {d for docs in load_beir(ctx["folder"], "test").qrels.values() for d in docs}
+        gone = next(d for d in load_beir(ctx["folder"], "test").corpus if d not in judged)
+        dev = _corpus_copy(ctx, tmp_path, lambda ls: [line for line in ls if json.loads(line)["_id"] != gone])
+        more = ["--dev", str(dev), "--dev-split", "test", "--index", str(ctx["index"])]
     elif case == "rerank_top":
         more = ["--dev", str(ctx["folder"]), "--index", str(ctx["index"]), "--rerank-top", "0"]
     else:

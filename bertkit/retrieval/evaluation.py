@@ -159,6 +159,12 @@ def check_same_corpus(index, data) -> None:
                        f"(bertkit index {data.directory} -o INDEX), or evaluate with the index of this corpus")
 
 
+def check_index_of(index, directory, split: str = "test") -> None:
+    """Refuse, before a job that ends by evaluating through it (`finetune rerank --dev DIR --index INDEX`), an
+    index folder built from another corpus than the BEIR folder `directory`'s (`check_same_corpus`)."""
+    check_same_corpus(open_index(index), load_beir(directory, split))
+
+
 def _index_modes(info: dict, mode: str | None) -> list[str]:
     if mode == "all":
         options_of(info)  # refused in one line when the index has no lexical part
