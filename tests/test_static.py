@@ -329,6 +329,45 @@ def test_a_static_model_where_a_transformer_is_needed_names_the_static_way(ours,
     assert code == 2 and "static embedding model" in err and "--static" in err and "sentence-transformers for" not in err
 
 
+TRAIN_FILES = {  # a small valid training file of each task: the model is refused, not the data
+    "classify": ("t.tsv", "sentence\tlabel\na cat\t0\na dog\t1\n"),
+    "pair": ("t.tsv", "sentence1\tsentence2\tlabel\na cat\ta dog\t0\na car\tan auto\t1\n"),
+    "regression": ("t.tsv", "sentence\tlabel\na cat\t0.5\nan auto\t4.0\n"),
+    "multi-label": ("t.tsv", "sentence\tlabels\na cat\tpet\na dog\tpet,loud\n"),
+    "ner": ("t.conll", "EU B-ORG\nrejects O\nGerman B-MISC\n\nPeter B-PER\nBlackburn I-PER\n\n"),
+    "qa": ("t.json", json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "The cat sat on the mat.", "qas": [
+        {"id": "1", "question": "Where did the cat sit?", "answers": [{"text": "the mat", "answer_start": 15}]}]}]}]})),
+    "rerank": ("t.tsv", "query\tpassage\tlabel\ncats\ta cat sat\t1\ncats\tstocks fell\t0\n"),
+}
+
+
+@pytest.mark.parametrize("task", TRAIN_FILES)
+def test_fine_tuning_a_static_model_says_it_needs_a_transformer(ours, tmp_path, capsys, task):
+    # finetune classify (and every task with a head) said "has no vocab.txt; pass a model directory or a
+    # vocab.txt file": the folder is a model directory, of a kind that has no layers to fine-tune
+    name, text = TRAIN_FILES[task]
+    (tmp_path / name).write_text(text)
+    code = main(["finetune", task, "--train", str(tmp_path / name), "--model", str(ours),
+                 "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "holds a static embedding model" in err and "fine-tuning needs a transformer" in err, err
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("method", ["bert", "electra"])
+def test_continued_pre_training_from_a_static_model_says_it_needs_a_transformer(ours, tmp_path, method):
+    # pretrain run --init-from STATIC said "no vocab.txt there, so its vocabulary cannot be checked"
+    from bertkit.pretraining.run_config import RunConfig
+    from bertkit.pretraining.train import build_model
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "vocab.txt").write_text("\n".join(Tokenizer.from_pretrained().ids_to_tokens) + "\n")
+    cfg = RunConfig(data=str(tmp_path / "data"), output=str(tmp_path / "out"), method=method, init_from=str(ours))
+    with pytest.raises(BertkitError, match=r"holds a static embedding model .*pre-training \(--init-from\) needs a transformer"):
+        build_model(cfg, 30522, "none")
+
+
 def test_static_training_from_scratch_saves_a_folder_sentence_transformers_reads(st, tiny_dir, tmp_path):
     static_run(tmp_path, tiny_dir, static_dim=6)
     out = tmp_path / "out"

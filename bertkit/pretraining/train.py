@@ -39,6 +39,7 @@ from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
 from bertkit.training.metrics_log import read_metrics
 from bertkit.model.electra import ElectraConfig
 from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.runtime.loading import need_transformer
 
 
 # --- the stream of batches ---------------------------------------------------------
@@ -229,6 +230,7 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
 def same_vocabulary(cfg: RunConfig) -> Path:
     """The --init-from folder, once its vocab.txt is the prepared data's, token for token (BERT and ELECTRA)."""
     source = Path(cfg.init_from)
+    need_transformer(source, "continued pre-training (--init-from)")
     model_vocab, data_vocab = source / "vocab.txt", Path(cfg.data) / "vocab.txt"
     if not model_vocab.is_file():
         raise BertkitError(f"--init-from {source}: no vocab.txt there, so its vocabulary cannot be checked against the data's")

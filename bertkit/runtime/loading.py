@@ -96,6 +96,14 @@ def _electra_form(model_dir, cls):
     return _ELECTRA_FORM[cls.__name__]
 
 
+def need_transformer(path, use: str) -> None:
+    """Refuse the folder at `path` for `use`, which runs a transformer (layers, attention, a head), when it holds
+    a static model: a table, one vector per token (what `bertkit distill static` writes). None: the default model."""
+    if path is not None and is_static(resolve(path)):
+        raise BertkitError(f"{path} holds a static embedding model (one vector per token, no layers or attention): "
+                           f"{use} needs a transformer, e.g. the model it was distilled from")
+
+
 @dataclass
 class Loaded:
     """A model ready for inference and what it is."""
@@ -123,8 +131,7 @@ class Loaded:
     def need_layers(self, use: str) -> None:
         """Refuse a static model (a table: no layers, attention or heads) for `use`, which runs a transformer."""
         if self.task == "static":
-            raise BertkitError(f"{self.directory} holds a static embedding model (one vector per token, no layers or "
-                               f"attention): {use} needs a transformer, e.g. the model it was distilled from")
+            need_transformer(self.directory, use)
 
     @property
     def max_positions(self) -> int:

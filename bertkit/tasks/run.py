@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bertkit.model.checkpoint import TASK_FILE, architecture, resolve
-from bertkit.runtime.loading import class_for
+from bertkit.runtime.loading import class_for, need_transformer
 from bertkit.text.tokenizer import Tokenizer
 
 
@@ -77,6 +77,8 @@ def fresh_head(model, seed: int) -> None:
 
 
 def load_tokenizer(model_path):
+    """The vocabulary of the model a run fine-tunes (the first thing a task reads of it)."""
+    need_transformer(model_path, "fine-tuning")
     return Tokenizer.from_pretrained(model_path)
 
 
