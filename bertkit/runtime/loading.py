@@ -98,8 +98,9 @@ def _electra_form(model_dir, cls):
 
 def need_transformer(path, use: str) -> None:
     """Refuse the folder at `path` for `use`, which runs a transformer (layers, attention, a head), when it holds
-    a static model: a table, one vector per token (what `bertkit distill static` writes). None: the default model."""
-    if path is not None and is_static(resolve(path)):
+    a static model: a table, one vector per token (what `bertkit distill static` writes). None: the default model;
+    a path that is no folder is left to the reader that names what it expects."""
+    if path and is_static(path):  # "" is no folder, not the current one
         raise BertkitError(f"{path} holds a static embedding model (one vector per token, no layers or attention): "
                            f"{use} needs a transformer, e.g. the model it was distilled from")
 
