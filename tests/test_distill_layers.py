@@ -204,6 +204,15 @@ def test_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, words):
 
 
 
+def test_a_text_without_tokens_is_named_by_its_line(tiny_dir, tmp_path, capsys):
+    # it stopped with the text ('\u200b') and no line: a data file of a million lines stopped on one
+    (tmp_path / "s.txt").write_text("a cat\n\na dog\n\u200b\nmore\n", encoding="utf-8")
+    assert main(["distill", "layers", str(tiny_dir), "--keep", "1", "--data", str(tmp_path / "s.txt"),
+                 "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the teacher's progress bar
+    assert f"{tmp_path / 's.txt'}:4: text '\\u200b' yields no tokens" in err and "\n" not in err, err
+
+
 def test_an_output_holding_a_model_is_refused_before_the_teacher_loads_and_overwrite_works(tiny_dir, tmp_path,
                                                                                            capsys):
     # the student was written over a model folder without a word, --overwrite was never read, and a run

@@ -377,6 +377,37 @@ def test_cli_embed_says_which_lines_its_rows_are_when_blank_lines_were_skipped(t
                                embed("fourth", tiny), atol=1e-5)
 
 
+ZERO_WIDTH_FILES = {  # a text of only a zero-width space among others: the line it is on, counted in the file
+    "in.txt": "first\n\nsecond\n\u200b\nthird\n",
+    "in.tsv": "id\tsentence\n1\tfirst\n\n2\tsecond\n3\t\u200b\n",
+    "in.jsonl": '{"text": "first"}\n\n{"text": "second"}\n{"text": "\u200b"}\n',
+}
+
+
+@pytest.mark.parametrize("name", ZERO_WIDTH_FILES)
+@pytest.mark.parametrize("kind", ["transformer", "static"])
+def test_cli_embed_names_the_line_of_a_text_without_tokens(tiny_dir, tmp_path, capsys, name, kind):
+    # the error named the text ('\u200b') but not where it was: a job on a million lines stopped on a line
+    # nobody could find
+    import torch
+    from bertkit.cli import main
+    from bertkit.model.static import StaticEmbedding, save_static
+    from bertkit.text.tokenizer import Tokenizer
+    from bertkit.text.tokenizer_json import write_tokenizer_json
+
+    model = tiny_dir
+    if kind == "static":
+        tok, model = Tokenizer.from_pretrained(tiny_dir), tmp_path / "static"
+        write_tokenizer_json(tok, save_static(StaticEmbedding(torch.randn(len(tok), 8)), model))
+    text = ZERO_WIDTH_FILES[name]
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    line = text.split("\n").index(next(x for x in text.split("\n") if "\u200b" in x)) + 1
+    assert main(["embed", str(tmp_path / name), "-o", str(tmp_path / "v.npy"), "--model", str(model), "--quiet",
+                 "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{tmp_path / name}:{line}: text '\\u200b' yields no tokens" in err and "\n" not in err, err
+
+
 def test_cli_embed(tiny, tmp_path, capsys):
     from bertkit.model.checkpoint import save_pretrained
     from bertkit.cli import main

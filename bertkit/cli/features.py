@@ -6,7 +6,7 @@ import sys
 from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
 from bertkit.options import add_options, device_flags, from_args, int8_flag
-from bertkit.data.textfiles import blank_lines, read_texts
+from bertkit.data.textfiles import blank_lines, read_texts, text_line
 from bertkit.data.vector_files import write_vectors
 
 
@@ -62,6 +62,7 @@ def run_embed(args):
         texts, loaded, options.layers, output.pooling, output.normalize, combine=options.combine,
         word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
+        where=lambda i: text_line(args.input, i, args.column),
     )
     n = write_vectors(rows, args.output, pooled=output.sentence)
     blank = blank_lines(args.input)  # rows are the texts in order: say that a blank line has none

@@ -198,6 +198,20 @@ def read_texts(path, column: str | None = None) -> tuple:
     "sentence", else "text", else the first) under a header row. The file must
     be UTF-8 (`bertkit.data.textfiles`); a malformed line is an error naming it.
     """
+    numbered = numbered_texts(path, column)
+    count = sum(1 for _ in numbered())
+    return (text for _, text in numbered()), count
+
+
+def text_line(path, position: int, column: str | None = None) -> str:
+    """Where the text at `position` (from 0) of `read_texts(path, column)` is: "path:line", as a reader's
+    error names a line (read again: only an error about one text asks)."""
+    number = next(n for i, (n, _) in enumerate(numbered_texts(path, column)()) if i == position)
+    return f"{path}:{number}"
+
+
+def numbered_texts(path, column: str | None = None):
+    """A function giving a new iterator over (line number from 1, text) of the file `read_texts` reads."""
     path = existing_file(path)
     suffix = path.suffix.lower()
     if suffix == ".tsv":
@@ -220,7 +234,7 @@ def read_texts(path, column: str | None = None) -> tuple:
                         if col >= len(fields):
                             raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
                                                f"(the header has {len(header)})")
-                        yield fields[col]
+                        yield number, fields[col]
 
     elif suffix == ".jsonl":
         key = column or "text"
@@ -230,15 +244,14 @@ def read_texts(path, column: str | None = None) -> tuple:
                 for number, record in json_objects(f, path):
                     if key not in record:
                         raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
-                    yield record[key]
+                    yield number, record[key]
 
     else:
 
         def lines():
             with open_text(path) as f:
-                for line in f:
+                for number, line in enumerate(f, 1):
                     if line.strip():
-                        yield line.rstrip("\r\n")
+                        yield number, line.rstrip("\r\n")
 
-    count = sum(1 for _ in lines())
-    return lines(), count
+    return lines

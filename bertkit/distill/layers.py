@@ -45,7 +45,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from bertkit.data.outputs import run_output
-from bertkit.data.textfiles import read_texts
+from bertkit.data.textfiles import numbered_texts
 from bertkit.embeddings.features import iter_embed
 from bertkit.distill.config import HOLDOUT_METRICS, LayersDistillConfig
 from bertkit.distill.logits import distill_logits
@@ -100,15 +100,17 @@ def holdout_scores(model: SentenceStudent, teacher, texts: list, targets: np.nda
     return {"holdout_mse": float(((got - targets) ** 2).mean()), "holdout_cosine": float(cos.mean())}
 
 
-def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """The teacher's sentence vectors [N, H] (not normalised), cut at `max_length` tokens as the student sees them."""
+def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, progress: bool = False,
+                    where=None) -> np.ndarray:
+    """The teacher's sentence vectors [N, H] (not normalised), cut at `max_length` tokens as the student sees them;
+    where(i) names the i-th text in an error about it (`iter_embed`)."""
     rows = iter_embed(texts, loaded, normalize=False, max_length=max_length, truncate=True,
-                      batch_size=batch_size, progress=progress, total=len(texts))
+                      batch_size=batch_size, progress=progress, total=len(texts), where=where)
     return np.stack(list(rows)).astype(np.float32)
 
 
 def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str = "float32", progress: bool = False,
-                   log=print, chunk: int = 8192) -> np.ndarray:
+                   log=print, chunk: int = 8192, where=None) -> np.ndarray:
     """`teacher_targets` in `dtype` (the float32 `teacher` itself, else the same folder loaded in `dtype`), read
     from the safetensors file `cache` when it holds them for these texts, teacher, length and precision (else
     computed and written there; None: no file). Computed `chunk` texts at a time, each chunk's vectors written
@@ -130,7 +132,8 @@ def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str
         log(f"teacher vectors: {start} of {len(texts)} texts read from {part}, computing the rest")
     runner = teacher if dtype == "float32" else load(teacher.directory, head="encoder", dtype=dtype)
     for b in range(start, len(texts), chunk):  # chunk boundaries fixed: a resumed run computes what one run would
-        done.append(teacher_targets(runner, texts[b : b + chunk], max_length, progress=progress))
+        name = (lambda i, b=b: where(b + i)) if where else None
+        done.append(teacher_targets(runner, texts[b : b + chunk], max_length, progress=progress, where=name))
         if part is not None:
             _write_vectors(part / f"{b // chunk:06d}.safetensors", done[-1], key, what)
     vectors = np.concatenate(done)
@@ -166,18 +169,18 @@ def _write_vectors(path: Path, vectors: np.ndarray, key: str, what: str) -> None
     os.replace(work, path)
 
 
-def _texts(path) -> list[str]:
-    lines, _ = read_texts(path)
-    texts = [t for t in lines if t.strip()]
-    if not texts:
+def _texts(path) -> tuple[list[str], list[int]]:
+    """The texts of --data and the line each is on."""
+    numbered = [(n, t) for n, t in numbered_texts(path)() if t.strip()]
+    if not numbered:
         raise BertkitError(f"--data {path} holds no text: give one sentence per line (or a .tsv/.jsonl)")
-    return texts
+    return [t for _, t in numbered], [n for n, _ in numbered]
 
 
 def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, speed=None) -> dict:
     """Train a `config.keep`-layer student of the sentence model `teacher` (loaded, float32) on its sentence
     vectors over the sentences of `config.data` (MSE); saved at `output` in the teacher's layout."""
-    texts = _texts(config.data)
+    texts, lines = _texts(config.data)
     kept, held = holdout_split(len(texts), config.holdout, config.training.seed)
     student, layers = student_from(teacher.model, config.keep)
     length = teacher.max_length
@@ -185,7 +188,7 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
     log(f"teacher: {teacher.model.config.num_hidden_layers} layers; student: layers {layers} of it; "
         f"{len(texts)} sentences, {pooling} pooling, max length {length}")
     targets = cached_targets(teacher, texts, length, config.teacher_cache, config.teacher_dtype,
-                             config.training.progress, log)
+                             config.training.progress, log, where=lambda i: f"{config.data}:{lines[i]}")
     tok = teacher.tokenizer
     ids = tok.single_ids(texts, length)
     features = [{"input_ids": ids[i], "labels": targets[i].tolist()} for i in kept]

@@ -55,7 +55,7 @@ from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
 from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output
-from bertkit.embeddings.static import check_static_options, iter_static
+from bertkit.embeddings.static import check_static_options, iter_static, no_tokens
 from bertkit.text.windows import max_context_owner, shape, spans
 
 
@@ -155,18 +155,20 @@ def _token_words(offsets, sequence_ids, spans) -> list:
     return out
 
 
-def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool) -> list:
+def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool, where=None) -> list:
     """The chunk's (text, pair) items as the model sees them. Plain single texts whose words are not
     asked for (every sentence vector) take the tokenizer's ids-only batch path (`Tokenizer.single_ids`:
-    the ids `encode` gives, without the offsets that only word vectors read); the rest `_encode`."""
+    the ids `encode` gives, without the offsets that only word vectors read); the rest `_encode`.
+    where(k): names the chunk's k-th text in an error about it (None: the text alone names it)."""
+    where = where or (lambda k: None)
     if words or not hasattr(tok, "single_ids") or any(p is not None or not isinstance(t, str) for t, p in chunk):
-        return [_encode(tok, text, pair, max_length, truncate) for text, pair in chunk]
+        return [_encode(tok, text, pair, max_length, truncate, where, k) for k, (text, pair) in enumerate(chunk)]
     texts = [text for text, _ in chunk]
     for text in texts:
         _check_text(text)
     items = []
-    for text, ids in zip(texts, tok.single_ids(texts, max_length if truncate else None)):
-        _check_tokens(text, ids)
+    for k, (text, ids) in enumerate(zip(texts, tok.single_ids(texts, max_length if truncate else None))):
+        _check_tokens(text, ids, where, k)
         items.append(_Item(text, None, ids, [0] * len(ids), [], 0))
     return items
 
@@ -176,13 +178,13 @@ def _check_text(text: str) -> None:
         raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
 
 
-def _check_tokens(text: str, ids: list) -> None:
-    """Refuse a text whose ids are only [CLS] and [SEP]."""
+def _check_tokens(text: str, ids: list, where, k: int) -> None:
+    """Refuse a text whose ids are only [CLS] and [SEP] (where(k) names it)."""
     if len(ids) <= 2:
-        raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
+        raise no_tokens(text, where(k))
 
 
-def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
+def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: None, k: int = 0) -> _Item:
     if isinstance(text, (list, tuple)):
         if not all(isinstance(w, str) for w in text):
             raise BertkitError("a pre-split text must be a list of strings (words)")
@@ -196,7 +198,7 @@ def _encode(tok, text, pair, max_length: int, truncate: bool) -> _Item:
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
     # without truncation the tokenizer returns the whole text, however long; _pieces windows it
     enc = tok.encode(text, pair, max_length=max_length, truncation=truncate)
-    _check_tokens(text, enc.input_ids)
+    _check_tokens(text, enc.input_ids, where, k)
     if words is None:
         words = whitespace_spans(text)
     token_words = _token_words(enc.offsets, enc.sequence_ids, words)
@@ -292,9 +294,11 @@ def iter_embed(
     chunk_size: int = 1024,
     progress: bool = False,
     total: int | None = None,
+    where=None,
 ) -> Iterator[np.ndarray]:
     """Yield one result per text, in input order, reading `texts` lazily, with the encoder `loaded`
-    (`load_encoder(...)` or `bertkit.runtime.loading.load(...)`).
+    (`load_encoder(...)` or `bertkit.runtime.loading.load(...)`). `where(i)`, if given, names the i-th text
+    (from 0) in an error about it, e.g. its file and line (`bertkit.data.textfiles.text_line`).
 
     Texts are taken `chunk_size` at a time; within a chunk the forward-pass rows
     (texts, or windows of long texts) are sorted by length so each batch of
@@ -308,7 +312,7 @@ def iter_embed(
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
         check_static_options(pooling, layers, pairs)
         yield from _static_rows(texts, loaded, normalize, max_length if truncate is not False else None,
-                                chunk_size, progress, total)
+                                chunk_size, progress, total, where)
         return
     # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does
     net, tok = getattr(loaded.model, "base_model", loaded.model), loaded.tokenizer
@@ -321,8 +325,9 @@ def iter_embed(
     bar = tqdm(total=total, unit="text", desc="embed") if progress else None
     source = zip(texts, pairs) if pairs is not None else ((t, None) for t in texts)
     try:
-        for chunk in _chunks(source, chunk_size):
-            items = _encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words")
+        for start, chunk in _chunks(source, chunk_size):
+            name = (lambda k, start=start: where(start + k)) if where else None
+            items = _encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words", name)
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
             if output.pooling in SENTENCE_POOLINGS and len(pieces) == len(items):  # no text windowed
                 yield from _sentence_vectors(net, pieces, layers, combine, pad_id, batch_size, bar, output.normalize,
@@ -342,19 +347,23 @@ def _check_counts(**counts) -> None:
         int_at_least(value, 1, name)
 
 
-def _chunks(source: Iterator, size: int) -> Iterator[list]:
-    """Lists of `size` items taken from `source` as they are needed (the last may be shorter)."""
+def _chunks(source: Iterator, size: int) -> Iterator[tuple[int, list]]:
+    """(the position of its first item, a list of `size` items) taken from `source` as they are needed
+    (the last may be shorter)."""
+    start = 0
     while chunk := list(itertools.islice(source, size)):
-        yield chunk
+        yield start, chunk
+        start += len(chunk)
 
 
-def _static_rows(texts, loaded: Loaded, normalize, max_length, chunk_size: int, progress: bool, total):
+def _static_rows(texts, loaded: Loaded, normalize, max_length, chunk_size: int, progress: bool, total, where):
     """A static model's vectors (`bertkit.embeddings.static`), with the progress bar iter_embed shows."""
     bar = None
     if progress:
         bar = tqdm(total=total, unit="text", desc="embed")
     try:
-        yield from iter_static(texts, loaded, normalize, max_length=max_length, chunk_size=chunk_size, bar=bar)
+        yield from iter_static(texts, loaded, normalize, max_length=max_length, chunk_size=chunk_size, bar=bar,
+                               where=where)
     finally:
         if bar is not None:
             bar.close()

@@ -71,13 +71,20 @@ def check_static_options(pooling, layers, pairs) -> None:
         raise BertkitError("a static model embeds single texts, not pairs")
 
 
+def no_tokens(text: str, where: str | None = None) -> BertkitError:
+    """The error for a text that yields no tokens, named by `where` (e.g. "file.txt:7") when known."""
+    return BertkitError(f"{where + ': ' if where else ''}text {text[:40]!r} yields no tokens: it holds only "
+                        "characters BERT drops")
+
+
 def iter_static(texts: Iterable, loaded, normalize: bool | None = None, *, max_length: int | None = None,
-                chunk_size: int = 1024, bar=None) -> Iterator[np.ndarray]:
+                chunk_size: int = 1024, bar=None, where=None) -> Iterator[np.ndarray]:
     """One vector [D] per text, in order, `chunk_size` texts tokenised and averaged at a time.
-    normalize: None follows the folder (a Normalize module, model2vec's normalize)."""
+    normalize: None follows the folder (a Normalize module, model2vec's normalize); where(i) names the
+    i-th text (from 0) in an error about it (see `bertkit.embeddings.features.iter_embed`)."""
     model, tok = loaded.model, loaded.tokenizer
     normalize = model.config.normalize if normalize is None else bool(normalize)
-    texts = iter(texts)
+    texts, start = iter(texts), 0
     while True:
         chunk = list(itertools.islice(texts, chunk_size))
         if not chunk:
@@ -88,9 +95,10 @@ def iter_static(texts: Iterable, loaded, normalize: bool | None = None, *, max_l
             if not text.strip():
                 raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
         ids, lengths = tok.ids_batch(chunk)
-        for text, n in zip(chunk, lengths):  # as a transformer and the server: no zero vector for a broken input
+        for k, (text, n) in enumerate(zip(chunk, lengths)):  # as a transformer and the server: no zero vector
             if n == 0:
-                raise BertkitError(f"text {text[:40]!r} yields no tokens: it holds only characters BERT drops")
+                raise no_tokens(text, where(start + k) if where else None)
+        start += len(chunk)
         vectors = static_vectors(model, ids, lengths, max_length)
         if normalize:  # as torch's F.normalize (sentence-transformers' Normalize): norms below 1e-12 taken as 1e-12
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
