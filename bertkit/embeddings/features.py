@@ -155,12 +155,12 @@ def _token_words(offsets, sequence_ids, spans) -> list:
     return out
 
 
-def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool, where=None) -> list:
+def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool, where=None, start: int = 0) -> list:
     """The chunk's (text, pair) items as the model sees them. Plain single texts whose words are not
     asked for (every sentence vector) take the tokenizer's ids-only batch path (`Tokenizer.single_ids`:
     the ids `encode` gives, without the offsets that only word vectors read); the rest `_encode`.
-    where(k): names the chunk's k-th text in an error about it (None: the text alone names it)."""
-    where = where or (lambda k: None)
+    where(start + k) names the chunk's k-th text in an error about it (None: the text alone names it)."""
+    where = (lambda k: None) if where is None else (lambda k, named=where: named(start + k))
     if words or not hasattr(tok, "single_ids") or any(p is not None or not isinstance(t, str) for t, p in chunk):
         return [_encode(tok, text, pair, max_length, truncate, where, k) for k, (text, pair) in enumerate(chunk)]
     texts = [text for text, _ in chunk]
@@ -296,9 +296,8 @@ def iter_embed(
     total: int | None = None,
     where=None,
 ) -> Iterator[np.ndarray]:
-    """Yield one result per text, in input order, reading `texts` lazily, with the encoder `loaded`
-    (`load_encoder(...)` or `bertkit.runtime.loading.load(...)`). `where(i)`, if given, names the i-th text
-    (from 0) in an error about it, e.g. its file and line (`bertkit.data.textfiles.text_line`).
+    """Yield one result per text, in input order, reading `texts` lazily, with the encoder `loaded` (`load_encoder`
+    or `bertkit.runtime.loading.load`); `where(i)` names the i-th text (from 0) in an error about it: file:line.
 
     Texts are taken `chunk_size` at a time; within a chunk the forward-pass rows
     (texts, or windows of long texts) are sorted by length so each batch of
@@ -319,15 +318,13 @@ def iter_embed(
     # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length
     cut = shape(loaded.max_positions, output.length, max_length, stride, truncate)
     pad_id = getattr(tok, "pad_token_id", 0) or 0
-
     was_training = net.training
     net.eval()  # dropout off: features are deterministic
     bar = tqdm(total=total, unit="text", desc="embed") if progress else None
     source = zip(texts, pairs) if pairs is not None else ((t, None) for t in texts)
     try:
         for start, chunk in _chunks(source, chunk_size):
-            name = (lambda k, start=start: where(start + k)) if where else None
-            items = _encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words", name)
+            items = _encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words", where, start)
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
             if output.pooling in SENTENCE_POOLINGS and len(pieces) == len(items):  # no text windowed
                 yield from _sentence_vectors(net, pieces, layers, combine, pad_id, batch_size, bar, output.normalize,
