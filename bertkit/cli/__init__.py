@@ -97,6 +97,18 @@ def speed_settings(onednn: bool | None):
     return decide(onednn=onednn)
 
 
+def check_ranks(args, environ=None) -> None:
+    """Refuse, on every rank, a command that runs in one process but was started by torchrun with several.
+
+    Each rank ran the whole command, all writing the same files: `pretrain prepare` stopped on one rank
+    reading the other's half-written folder, `distill static` with a traceback. The commands written for
+    several processes say so in their parser (`set_defaults(torchrun=True)`)."""
+    environ = os.environ if environ is None else environ
+    if int(environ.get("WORLD_SIZE", "1")) > 1 and not getattr(args, "torchrun", False):
+        raise BertkitError("this command runs in one process: run it without torchrun (torchrun runs pretrain run, "
+                           "finetune, index and distill layers)")
+
+
 # What a command writes, as its parser names it (`set_defaults(outputs={flag: kind})`):
 #   file       a file it writes (new, or replaced), in a folder that exists
 #   file+dirs  the same, the missing folders made by the command itself (embed)
@@ -180,6 +192,7 @@ def main(argv=None) -> int:
     # settings itself from it, after setting its threads); a command that runs a model gets them made
     args.onednn = ONEDNN.get(os.environ.get("BERTKIT_ONEDNN", ""))
     try:
+        check_ranks(args)
         check_outputs(args)
         if getattr(args, "runs_model", False):
             args.speed = speed_settings(args.onednn)

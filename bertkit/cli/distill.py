@@ -47,7 +47,7 @@ def add_distill(sub):
     lay.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
     add_options(lay, LayersDistillConfig, LAYERS_DEFAULTS,
                 notes={"metric": f"; --holdout gives {', '.join(HOLDOUT_METRICS)}"})
-    lay.set_defaults(handler=run_layers, runs_model=True, outputs={"--output": "folder", "--teacher-cache": "cache"})
+    lay.set_defaults(handler=run_layers, runs_model=True, torchrun=True, outputs={"--output": "folder", "--teacher-cache": "cache"})
 
 
 # the command's own defaults (sentence-transformers' layer-reduction example: one pass, a higher rate)

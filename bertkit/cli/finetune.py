@@ -42,7 +42,7 @@ def add_finetune(sub):
         t = tsub.add_parser(task.cli_name, help=task.help or f"fine-tune for {task.cli_name}", description=task.help)
         add_options(t, task.config, task.defaults, skip=task.hidden,
                     notes={"metric": f"; --dev gives {', '.join(task.metrics)}"})
-        t.set_defaults(handler=run_finetune, runs_model=True, outputs={"--output": "folder"})
+        t.set_defaults(handler=run_finetune, runs_model=True, torchrun=True, outputs={"--output": "folder"})
 
 
 def run_finetune(args):

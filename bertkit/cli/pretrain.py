@@ -48,7 +48,7 @@ def add_pretrain_run(psub):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p, RunConfig)
-    p.set_defaults(handler=run_pretrain_run, runs_model=True, outputs={"--output": "folder"})
+    p.set_defaults(handler=run_pretrain_run, runs_model=True, torchrun=True, outputs={"--output": "folder"})
 
 
 def run_pretrain_run(args):

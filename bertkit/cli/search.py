@@ -63,7 +63,7 @@ def add_index(sub):
     add_options(p, LexicalOptions)
     device_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(handler=run_index, runs_model=True, outputs={"--output": "folder"})
+    p.set_defaults(handler=run_index, runs_model=True, torchrun=True, outputs={"--output": "folder"})
 
 
 def _add_search_structures(p) -> None:

@@ -102,9 +102,27 @@ def process_group(device: str = "auto"):
     info = setup(device)
     try:
         yield info
+    except RuntimeError as err:
+        if info.enabled and peer_lost(err):
+            raise BertkitError(f"another process of this torchrun run stopped ({_first_words(err)}): its own lines "
+                               "say why; --resume goes on from what is saved") from None
+        raise
     finally:
         if joined:
             teardown()
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether `err` is a collective failing because another rank is gone (killed, crashed, its machine lost):
+    torch's own communication errors (DistError: NCCL, the store) and gloo's transport errors, which reach
+    Python as a plain RuntimeError naming gloo's source file ("Connection reset by peer", "Connection closed")."""
+    return isinstance(err, dist.DistError) or "gloo/transport" in str(err)
+
+
+def _first_words(err: BaseException) -> str:
+    # gloo's message opens with its source location in brackets, then what happened, then advice
+    text = str(err).split("] ", 1)[-1].strip()
+    return (text.splitlines() or [type(err).__name__])[0].split(". ", 1)[0]
 
 
 def deal(n: int, info: DistInfo) -> list[int]:
