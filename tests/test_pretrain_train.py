@@ -128,3 +128,14 @@ def test_bad_run_settings_name_the_flag():
         RunConfig(data="x", grad_accum=0).validate()
     with pytest.raises(BertkitError, match="optimizer"):
         RunConfig(data="x", optimizer="sgd").validate()
+
+
+def test_the_progress_bar_shows_tokens_per_second_in_one_format_at_every_size():
+    # it showed "4299.6045" below 10^4 and "1.02e+04" above: a rate in two formats as a run sped up
+    from bertkit.training.loop import bar_value
+
+    for rate in (812.25, 4299.6045, 10234.5, 123456.7):
+        shown = bar_value("tokens_per_s", rate)
+        assert "e" not in shown and "." not in shown, shown
+        assert int(shown.replace(",", "")) == round(rate)  # a whole number, thousands separated
+    assert bar_value("loss", 4.29960) == "4.2996" and bar_value("lr", 5e-5) == "5e-05"

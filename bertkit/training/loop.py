@@ -145,7 +145,7 @@ def train_loop(model, optimizer, stream, cfg: LoopConfig, *, info=None, start_st
             rec = _train_record(sums, info, rates, done, lr, norm, dt)
             records.append(rec)
             if info.is_main:
-                bar.set_postfix({k: _short(v) for k, v in rec.items() if k not in ("split", "step", "grad_norm")},
+                bar.set_postfix({k: bar_value(k, v) for k, v in rec.items() if k not in ("split", "step", "grad_norm")},
                                 refresh=False)  # drawn by update(), at its pace (mininterval)
             if on_record:
                 on_record(rec)
@@ -235,5 +235,10 @@ def add_counts(total: dict, more: dict) -> dict:
     return total
 
 
-def _short(x: float) -> str:
+def bar_value(name: str, x: float) -> str:
+    """A record's value as the progress bar shows it: a rate per second as a whole number, thousands separated
+    (as `pretrain prepare` prints its tokens/s), at every size; else 4 decimals, or 3 significant digits for a
+    value too small or large for them."""
+    if name.endswith("_per_s"):
+        return f"{x:,.0f}"
     return f"{x:.3g}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.4f}"
