@@ -265,6 +265,19 @@ def test_cli_index_and_search_end_to_end(tiny, shared_data, tmp_path, capsys):
         assert message in err and err.count("\n") == 1, err
 
 
+def test_plain_output_shows_a_long_query_cut_and_json_leaves_it_out(built, capsys):
+    # a 2,000-word query was echoed whole: a 12 KB "query:" line above the hits
+    long_query = " ".join([QUERIES[0]] * 300)
+    assert main(["search", str(built), long_query, "-k", "2", "--dtype", "float32"]) == 0
+    shown = capsys.readouterr().out.splitlines()[0]
+    assert shown.startswith(f"query: {long_query[:60]}") and shown.endswith("...") and len(shown) <= len("query: ") + 80
+    assert main(["search", str(built), QUERIES[1], "-k", "2", "--dtype", "float32"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"query: {QUERIES[1]}"  # a short one whole
+    assert main(["search", str(built), long_query, "-k", "2", "--json", "--dtype", "float32"]) == 0
+    want = search(open_index(built), [long_query], k=2, dtype="float32")
+    assert json.loads(capsys.readouterr().out) == [[h.to_dict() for h in want[0]]]
+
+
 # --- approximate search: FAISS HNSW --------------------------------------------------------------
 
 def test_hnsw_recall_is_measured_against_exact_search(tmp_path):

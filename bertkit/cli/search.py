@@ -11,6 +11,7 @@ from bertkit.data.textfiles import existing_file, open_text
 from bertkit.errors import BertkitError
 
 SHOWN_CHARS = 200  # of a passage, in the plain-text answer
+QUERY_CHARS = 80  # of a query, echoed above its hits (--json echoes none)
 
 
 def add_index(sub):
@@ -226,13 +227,17 @@ def _queries(args) -> list[str]:
     return queries
 
 
+def _shown(text: str, chars: int) -> str:
+    """`text` on one line, cut to `chars` characters ending in "..." when longer."""
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[: chars - 3] + "..."
+
+
 def _print_plain(queries, answers) -> None:
     for query, hits in zip(queries, answers):
-        print(f"query: {query}")
+        print(f"query: {_shown(query, QUERY_CHARS)}")
         for rank, hit in enumerate(hits, 1):
-            text = " ".join(hit.text.split())
-            text = text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
-            print(f"{rank:3d}. {hit.score:.4f}  {hit.doc_id}  [{hit.id}]  {text}")
+            print(f"{rank:3d}. {hit.score:.4f}  {hit.doc_id}  [{hit.id}]  {_shown(hit.text, SHOWN_CHARS)}")
         print()
 
 
