@@ -158,6 +158,18 @@ def test_show_reports_what_the_discriminator_read(tmp_path):
     assert rows == show(str(directory), text, mask_prob=0.3, seed=1)  # seeded
 
 
+def test_show_never_masks_a_token_pre_training_never_chooses(tmp_path):
+    # an [UNK] (a word the vocabulary lacks) was masked, which pre-training's masking never does
+    from bertkit.pretraining.masking import MaskVocab
+
+    model, directory = _electra_run(tmp_path)
+    text = "the zebra sat on the qwerty mat ."  # zebra, qwerty: [UNK]
+    rows = show(str(directory), text, mask_prob=1.0, seed=0)
+    assert [r.token for r in rows].count("[UNK]") == 2
+    never = MaskVocab.from_tokens(VOCAB).special_ids  # pre-training's rule, the reference
+    assert [r.masked for r in rows] == [VOCAB.index(r.token) not in never for r in rows]
+
+
 def test_show_uses_the_texts_own_masks_or_none(tmp_path):
     model, directory = _electra_run(tmp_path)
     rows = show(str(directory), "the [MASK] sat on the mat .")

@@ -95,6 +95,22 @@ def test_cli_vocab_check(tmp_path, capsys):
     assert "token 'cat' appears twice" in capsys.readouterr().err
 
 
+def test_cli_vocab_check_says_a_vocabulary_of_special_tokens_only_has_no_word(tmp_path, capsys):
+    # it said "ok: 5 tokens"; pre-training refuses such a vocabulary (every word [UNK], nothing to predict)
+    from bertkit.cli import main
+    from bertkit.pretraining.masking import MaskVocab
+
+    _write(tmp_path, GOOD[:5])
+    assert sorted(GOOD[:5]) == sorted(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    with pytest.raises(BertkitError) as refused:  # the reference: what pre-training says of it
+        MaskVocab.from_tokens(GOOD[:5])
+    assert main(["vocab", "check", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "bertkit: error: " + str(refused.value).replace("the vocabulary", str(tmp_path), 1)
+    _write(tmp_path, GOOD[:5] + ["a"])
+    assert main(["vocab", "check", str(tmp_path)]) == 0 and "ok: 6 tokens" in capsys.readouterr().out
+
+
 @pytest.mark.oracle
 def test_a_folder_with_only_tokenizer_json_loads_its_wordpiece_vocabulary(tmp_path, default_model_dir,
                                                                           transformers_mod):

@@ -14,7 +14,7 @@ from bertkit.options import add_options, from_args
 from bertkit.text.encoding import format_encoding
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files, vocab_file
-from bertkit.text.wordpiece import CONTINUATION
+from bertkit.text.vocab import CONTINUATION, check_has_words
 
 
 @dataclass
@@ -87,6 +87,7 @@ def run_vocab_train(args):
 
 def run_vocab_check(args):
     tok = Tokenizer.from_pretrained(args.vocab)
+    check_has_words(tok.ids_to_tokens, args.vocab)  # pre-training refuses such a vocabulary
     specials = ", ".join(f"{t}={i}" for t, i in zip(tok.all_special_tokens, tok.all_special_ids))
     pieces = sum(t.startswith(CONTINUATION) for t in tok.ids_to_tokens)
     print(f"ok: {len(tok)} tokens ({pieces} ## continuation pieces); lowercase={tok.lowercase}, "

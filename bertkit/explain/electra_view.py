@@ -6,7 +6,8 @@ softmax, and the discriminator gives every token of the result its probability o
 having been replaced. Which tokens are masked:
     the text's own [MASK]s, when it has any (the original word is then unknown, so
         every sample other than [MASK] itself counts as a replacement);
-    otherwise `mask_prob` of the word-piece tokens ([CLS]/[SEP] never), at least one,
+    otherwise `mask_prob` of the word-piece tokens, at least one (the special tokens never,
+        [UNK] included: the rule of pre-training's masking, bertkit.pretraining.masking),
         drawn with `seed`; mask_prob 0 masks nothing and shows the discriminator's
         view of the text as written (write your own substitution and see if it is caught).
 
@@ -71,7 +72,8 @@ def show(model, text: str, mask_prob: float = 0.15, seed: int = 0, fast=True) ->
                            "electra show judges one pass, so shorten the text")
     ids = torch.tensor([enc.input_ids])  # [1, T]
     types = torch.tensor([enc.token_type_ids])
-    masked = choose_masked(enc.input_ids, enc.special_tokens_mask, tok.mask_token_id, mask_prob, seed)
+    never = set(tok.all_special_ids)  # the text.vocab.SPECIAL_TOKENS, as pre-training's MaskVocab
+    masked = choose_masked(enc.input_ids, [t in never for t in enc.input_ids], tok.mask_token_id, mask_prob, seed)
     if masked:
         labels = torch.full_like(ids, IGNORE_INDEX)
         labels[0, masked] = ids[0, masked]  # the original (the [MASK] itself where the text wrote one)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.text.wordpiece import CONTINUATION
+from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, check_has_words
 
 MASKING_MODES = ("token", "whole-word", "ngram")
 
@@ -102,12 +102,10 @@ class MaskVocab:
         index = {t: i for i, t in enumerate(tokens)}
         if "[MASK]" not in index:
             raise BertkitError("the vocabulary has no [MASK] token; masked-LM data needs one")
-        specials = frozenset(index[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in index)
+        check_has_words(tokens)
+        specials = frozenset(index[t] for t in SPECIAL_TOKENS if t in index)
         continuation = frozenset(i for i, t in enumerate(tokens) if t.startswith(CONTINUATION))
         replace = np.array([i for i in range(len(tokens)) if i not in specials], dtype=np.int64)
-        if not len(replace):
-            raise BertkitError(f"the vocabulary holds only special tokens ({', '.join(tokens)}): every word would "
-                               "be [UNK], with nothing to predict; learn one with `bertkit vocab train`")
         return cls(len(tokens), index["[MASK]"], specials, continuation, replace)
 
     def special_mask(self) -> np.ndarray:

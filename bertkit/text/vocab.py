@@ -20,6 +20,7 @@ from bertkit.data.textfiles import read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+CONTINUATION = "##"  # the prefix of a word-internal piece (bertkit.text.wordpiece)
 
 
 def validate_tokens(tokens: list[str], source: str = "vocabulary") -> None:
@@ -45,6 +46,15 @@ def validate_tokens(tokens: list[str], source: str = "vocabulary") -> None:
             f"{source}: missing special token(s) {', '.join(missing)}; a BERT vocabulary needs "
             f"all of {' '.join(SPECIAL_TOKENS)}"
         )
+
+
+def check_has_words(tokens: list[str], source: str = "the vocabulary") -> None:
+    """Refuse a vocabulary of special tokens only (a hand-written one, or one trained smaller than the special
+    tokens): WordPiece makes every word [UNK], and masked LM has no word to predict. Pre-training asks it of its
+    vocabulary, `bertkit vocab check` of any; loading does not (the tokenizer still runs)."""
+    if all(t in SPECIAL_TOKENS for t in tokens):
+        raise BertkitError(f"{source} holds only special tokens ({', '.join(tokens)}): every word would "
+                           "be [UNK], with nothing to predict; learn one with `bertkit vocab train`")
 
 
 def load_vocab(path) -> list[str]:

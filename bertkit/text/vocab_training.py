@@ -37,8 +37,7 @@ from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, check_encoding, corpus_files, read_lines
 from bertkit.data.outputs import holds
-from bertkit.text.vocab import SPECIAL_TOKENS, save_vocab
-from bertkit.text.wordpiece import CONTINUATION
+from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, save_vocab
 
 
 def _opt(default, help, **more):

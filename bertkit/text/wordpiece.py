@@ -17,7 +17,7 @@ Input: a normalised word (from basic_tokenizer). Output: a list of
 the caller maps spans to tokens and ids and caches the result per word.
 """
 
-CONTINUATION = "##"
+from bertkit.text.vocab import CONTINUATION  # "##"
 
 
 def wordpiece_spans(word: str, vocab, max_input_chars_per_word: int = 100, max_piece_len: int | None = None):
