@@ -154,6 +154,20 @@ def test_long_texts_to_tokenize_are_tokenized_off_the_event_loop_then_refused(se
                           "16384 tokens, the limit per request (--max-request-tokens)")
 
 
+def test_tokenize_names_the_request_limit_whatever_input_passes_it(servers, transformers_mod, default_model_dir):
+    """Three texts of 122 tokens against the tight server's 300 per request: the third passes it. The 413 names
+    the limit, 300 (it named the room the first two left, 56, as if that were the limit)."""
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))  # the oracle's count
+    text = "protein folding in the living cell " * 20
+    assert len(fast(text)["input_ids"]) == 122
+    port = servers["tight"].port
+    status, _, data = post(port, "/tokenize", {"inputs": [text] * 3})
+    assert status == 413 and "more than 300 tokens, the limit per request (--max-request-tokens)" in data["error"], data
+    short = "protein folding in the living cell " * 8  # 50 tokens: three are answered (the answer fits its limit)
+    status, _, answer = post(port, "/tokenize", {"inputs": [short] * 3})
+    assert status == 200 and [len(a) for a in answer] == [len(fast(short)["input_ids"])] * 3 == [50] * 3
+
+
 def test_tokens_per_request_on_embed(servers):
     port = servers["tight"].port
     texts = ["a fairly long sentence about proteins and their many functions in cells " * 5] * 8  # 8 x 64 tokens

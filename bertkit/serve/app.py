@@ -274,10 +274,10 @@ async def tokenize(request):
 
 def token_lists(tok, texts: list, special: bool, most: int) -> list:
     """/tokenize's answer, text by text while the request's tokens stay within `most` (refused once over it)."""
-    out = []
+    out, counted = [], 0
     for text in texts:
-        out.append(token_list(tok, text, special, most))
-        most -= len(out[-1])
+        out.append(token_list(tok, text, special, most, counted))
+        counted += len(out[-1])
     return out
 
 

@@ -260,15 +260,17 @@ def leading(vectors: list, dims: int | None, normalize: bool) -> list:
 # --- tokens -------------------------------------------------------------------------
 
 
-def token_list(tok, text: str, add_special_tokens: bool, most: int | None = None) -> list:
+def token_list(tok, text: str, add_special_tokens: bool, most: int | None = None, counted: int = 0) -> list:
     """/tokenize's answer for one text, as text-embeddings-inference gives it: per token its id, its text
     (the input's own characters; a special token's name), whether it is special, and its start and stop
-    as UTF-8 byte offsets into the text (null for special tokens). Not truncated: more than `most` tokens
-    is refused (413) before the answer is built."""
+    as UTF-8 byte offsets into the text (null for special tokens). Not truncated: a text that takes the
+    request past `most` tokens (`counted`: the earlier inputs') is refused (413) before the answer is built,
+    read only as far as its `Tokenizer.head` for the room left."""
+    if most is not None and len(tok.head(text, max(most - counted, 0))) < len(text):
+        raise_over(most)  # a cut head holds more than the room: the rest is never read
     enc = tok.encode(text, truncation=False, add_special_tokens=add_special_tokens)
-    if most is not None and len(enc.input_ids) > most:
-        raise InputError(f"the inputs hold more than {most} tokens, the limit per request (--max-request-tokens): "
-                         "send fewer or shorter texts per request", status=413)
+    if most is not None and counted + len(enc.input_ids) > most:
+        raise_over(most)
     byte_at = [0]  # byte offset of each character, and of the end
     for ch in text:
         byte_at.append(byte_at[-1] + len(ch.encode("utf-8", "surrogatepass")))
@@ -280,6 +282,11 @@ def token_list(tok, text: str, add_special_tokens: bool, most: int | None = None
         else:
             out.append({"id": token_id, "text": text[a:b], "special": False, "start": byte_at[a], "stop": byte_at[b]})
     return out
+
+
+def raise_over(most: int) -> None:
+    raise InputError(f"the inputs hold more than {most} tokens, the limit per request (--max-request-tokens): "
+                     "send fewer or shorter texts per request", status=413)
 
 
 # --- search -------------------------------------------------------------------------
