@@ -695,6 +695,37 @@ def test_missing_or_corrupt_model_fails_at_start_up_in_one_line(tmp_path, dirs):
     assert code == 2 and out.count("\n") == 1 and "model.safetensors" in out and "Traceback" not in out
 
 
+def test_the_start_line_comes_once_the_port_takes_connections(dirs):
+    """The start line says "on http://127.0.0.1:PORT": a client (a supervisor, a script) that connects as soon as it
+    reads it is connected, and answered. The socket was bound but listened on only once uvicorn started, a few
+    more lines of Python later: connections in between were refused (ECONNREFUSED)."""
+    server = Server(dirs["encoder"], "--threads", 1, "--dtype", "float32")
+    try:
+        line = server.proc.stdout.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", line).group(1))
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)  # at once: no retry
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200"), line
+        sock.close()
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+
+
+def test_sigterm_as_soon_as_the_start_line_shows_stops_the_server(dirs):
+    """A SIGTERM sent the moment the start line shows (a supervisor stopping what it just started) stops the
+    server, exit 0. It came before uvicorn had installed its handler, into the one that was there to absorb
+    uvicorn's re-raise, and was lost: the server went on serving."""
+    server = Server(dirs["encoder"], "--threads", 1, "--dtype", "float32")
+    try:
+        assert "http://127.0.0.1:" in server.proc.stdout.readline()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+
+
 def test_the_server_hands_its_speed_settings_to_the_model(dirs, monkeypatch):
     """The server's fast-path settings are one value passed down: rule 7's row buckets reach every
     dense layer it runs (no environment variable written for it), and BERTKIT_ONEDNN is read by

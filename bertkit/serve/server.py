@@ -10,7 +10,9 @@ connections, let every request already received get its answer, then run the
 app's lifespan exit, which lets the batcher answer anything still queued.
 uvicorn then re-raises the signal it caught so that the default action (death
 by signal) happens; a drained server has done its job, so we absorb that
-re-raise and exit 0.
+re-raise and exit 0. The socket listens before the start line is printed, and
+a signal that arrives before uvicorn has installed its handler is uvicorn's
+shutdown all the same (it starts, answers what it accepted, stops).
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ from bertkit.serve.connections import capacity, descriptors_in_use, guarded
 from bertkit.serve.metrics import Metrics
 
 
+BACKLOG = 2048  # connections the kernel holds until they are accepted (uvicorn's default, handed to it too)
+
+
 def bind(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(BACKLOG)  # now, before the start line tells clients to connect: they wait in the backlog
     except OSError as err:
         raise BertkitError(f"cannot listen on {host}:{port}: {err.strerror or err}; pick another --port or --host") from None
     sock.set_inheritable(True)
@@ -98,19 +104,22 @@ def serve(settings, log=None, onednn: bool | None = None) -> None:
     what = f"a {runner.task} model" if runner.dim is None else f"{runner.dim}-dimensional embeddings"
     what += f", /search over {settings.index}" if settings.index else ""
     held = descriptors_in_use()  # the model's, the index's, the socket's: connections get what is left
-    log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
-        f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
-        f"queue {settings.max_queue}, {capacity(settings.max_connections, held)} connections, "
-        f"{workers} worker(s) x {threads} thread(s)"
-        f", {runner.precision}{' matmuls on ' + runner.speed.matmul_kernel if runner.precision == 'float32' and not gpu else ''}"
-        f"{', API key required' if settings.api_key else ''})")
     http = guarded(AutoHTTPProtocol, settings.header_timeout_s, settings.max_connections, held, log,
                    send_timeout_s=settings.send_timeout_s)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=settings.keep_alive_s, http=http)
-    absorbed = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+                            timeout_keep_alive=settings.keep_alive_s, http=http, backlog=BACKLOG)
+    server = uvicorn.Server(config)
+    # the server's own handler before the start line: a signal before uvicorn installs it (the port already
+    # takes connections) is a shutdown, not lost; and it absorbs uvicorn's re-raise of the signal it caught
+    absorbed = {s: signal.signal(s, server.handle_exit) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
+            f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
+            f"queue {settings.max_queue}, {capacity(settings.max_connections, held)} connections, "
+            f"{workers} worker(s) x {threads} thread(s)"
+            f", {runner.precision}{' matmuls on ' + runner.speed.matmul_kernel if runner.precision == 'float32' and not gpu else ''}"
+            f"{', API key required' if settings.api_key else ''})")
+        server.run(sockets=[sock])
     finally:
         for s, handler in absorbed.items():
             signal.signal(s, handler)
