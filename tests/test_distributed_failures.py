@@ -8,7 +8,8 @@ that is not written for several processes.
 * A command that runs in one process (`pretrain prepare`, `embed`, `distill static`) was run by each rank, all
   writing the same files: `pretrain prepare` stopped on one rank with "No such file or directory:
   'prep/tokens/00002/stats.json'" (the other rank's half-written folder), `distill static` with a traceback
-  (OSError: Directory not empty). It is refused on every rank, before anything is read or written.
+  (OSError: Directory not empty), `index export` with portalocker's traceback (the other rank held the Qdrant
+  folder). It is refused on every rank, before anything is read or written.
 """
 
 import os
@@ -65,7 +66,9 @@ def test_a_rank_whose_peer_died_stops_with_one_line_not_a_traceback(tmp_path):
 
 @pytest.mark.parametrize("command", [("pretrain", "prepare", "CORPUS", "-o", "OUT"),
                                      ("embed", "CORPUS/a.txt", "-o", "OUT/v.npy"),
-                                     ("distill", "static", "-o", "OUT")])
+                                     ("distill", "static", "-o", "OUT"),
+                                     ("index", "add", "OUT", "--ann", "hnsw"),  # `index` builds under torchrun,
+                                     ("index", "export", "OUT", "--qdrant", "OUT/q", "--collection", "c")])  # not these
 def test_a_one_process_command_is_refused_on_every_rank(tmp_path, monkeypatch, capsys, command):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
