@@ -102,9 +102,11 @@ def check_ranks(args, environ=None) -> None:
 
     Each rank ran the whole command, all writing the same files: `pretrain prepare` stopped on one rank
     reading the other's half-written folder, `distill static` with a traceback. The commands written for
-    several processes say so in their parser (`set_defaults(torchrun=True)`)."""
+    several processes say so in their parser: `set_defaults(torchrun=True)`, or a function of the arguments
+    (`index` builds under torchrun; `index add`, `index export` do not)."""
     environ = os.environ if environ is None else environ
-    if int(environ.get("WORLD_SIZE", "1")) > 1 and not getattr(args, "torchrun", False):
+    allowed = getattr(args, "torchrun", False)
+    if int(environ.get("WORLD_SIZE", "1")) > 1 and not (allowed(args) if callable(allowed) else allowed):
         raise BertkitError("this command runs in one process: run it without torchrun (torchrun runs pretrain run, "
                            "finetune, index and distill layers)")
 

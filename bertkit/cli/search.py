@@ -64,7 +64,7 @@ def add_index(sub):
     add_options(p, LexicalOptions)
     device_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(handler=run_index, runs_model=True, torchrun=True, outputs={"--output": "folder"})
+    p.set_defaults(handler=run_index, runs_model=True, torchrun=builds_index, outputs={"--output": "folder"})
 
 
 def _add_search_structures(p) -> None:
@@ -89,6 +89,12 @@ def _add_search_structures(p) -> None:
                    "--rescore-with float32")
     p.add_argument("--no-lexical", action="store_true", help="leave out the lexical part (BM25 over the same "
                    "passages, stemmed, which hybrid and lexical search need; built by default)")
+
+
+def builds_index(args) -> bool:
+    """Whether `bertkit index` builds an index (ranks share the encoding under torchrun); `index add` and
+    `index export` run in one process."""
+    return args.exported is None
 
 
 def run_index(args):
