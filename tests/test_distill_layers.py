@@ -406,3 +406,44 @@ def test_bf16_autocast_trains_the_student_close_to_float32(tiny_dir, tmp_path):
     for k in a:
         assert b[k].dtype == torch.float32
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0.05, msg=k)
+
+
+def test_two_processes_writing_one_teacher_cache_both_finish(tiny_dir, tmp_path, monkeypatch):
+    """Under torchrun every rank computes the teacher's vectors and writes --teacher-cache (and its chunks). Both
+    wrote through one temporary name (CACHE.tmp) and both removed CACHE.part: the second rename or removal failed
+    (FileNotFoundError, the run stopped on that rank). Two threads stand for the ranks here, in step: each has
+    written its temporary file before either renames it."""
+    import threading
+
+    import bertkit.distill.layers as layers
+
+    together = threading.Barrier(2, timeout=60)
+    real_save = layers.save_file
+
+    def save_in_step(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        together.wait()
+
+    monkeypatch.setattr(layers, "save_file", save_in_step)
+    cache = tmp_path / "teacher.safetensors"
+    results, errors = {}, []
+
+    def rank(r):
+        try:
+            teacher = load(tiny_dir, head="encoder", fast=False)
+            results[r] = layers.cached_targets(teacher, SENTENCES, 16, cache, chunk=2, log=lambda s: None)
+        except Exception as err:  # noqa: BLE001 (the test reports what a rank raised)
+            errors.append(repr(err))
+            together.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    want = bertkit.embed(SENTENCES, tiny_dir, pooling="mean", normalize=False, max_length=16)
+    for r in (0, 1):
+        assert np.allclose(results[r], want, atol=1e-6)
+    assert np.allclose(load_file(cache)["vectors"].numpy(), want, atol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["teacher.safetensors"]  # no chunk folder, no temporary

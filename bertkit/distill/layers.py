@@ -33,6 +33,7 @@ import json
 import os
 import random
 import shutil
+import tempfile
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
@@ -139,7 +140,7 @@ def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str
     vectors = np.concatenate(done)
     if part is not None:
         _write_vectors(cache, vectors, key, what)
-        shutil.rmtree(part)
+        shutil.rmtree(part, ignore_errors=True)  # another rank may have removed it already
     return vectors
 
 
@@ -163,9 +164,12 @@ def _read_vectors(path: Path, key: str) -> np.ndarray | None:
 
 
 def _write_vectors(path: Path, vectors: np.ndarray, key: str, what: str) -> None:
+    # a temporary name of this writer's own: under torchrun every rank writes the same file (the same
+    # vectors), and with one shared name the second rename found nothing to rename
     path.parent.mkdir(parents=True, exist_ok=True)
-    work = path.with_name(path.name + ".tmp")
-    save_file({"vectors": torch.from_numpy(vectors)}, str(work), metadata={"key": key, "about": what})
+    handle, work = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(handle)
+    save_file({"vectors": torch.from_numpy(vectors)}, work, metadata={"key": key, "about": what})
     os.replace(work, path)
 
 
