@@ -13,6 +13,7 @@ OpenAI round trip uses the default model and the official `openai` client.
 
 import base64
 import contextlib
+import gzip
 import http.client
 import json
 import os
@@ -578,6 +579,7 @@ def test_info_and_metrics(servers):
     ({"inputs": "x", "normalize": "yes"}, 422, "`normalize` must be true or false"),
     ({"inputs": ["x", " ".join(["weather"] * 40)], "truncate": False}, 413, "limit of 24"),
     ({"inputs": [[101, 102]]}, 422, "token ids"),
+    ({"inputs": "x", "dimensions": 16.5}, 422, "`dimensions` must be a whole number, got 16.5"),  # was "got a number"
 ])
 def test_bad_requests_get_clear_errors(servers, body, status, words):
     got, _, answer = post(servers["main"].port, "/embed", body)
@@ -594,6 +596,20 @@ def test_openai_errors_name_the_limit(servers):
         status, _, body = post(servers["main"].port, "/v1/embeddings", {"input": "x", "encoding_format": wrong})
         assert status == 422 and "`encoding_format` must be" in body["error"]["message"], (wrong, body)
     assert post(servers["main"].port, "/v1/embeddings", {"input": "x", "encoding_format": None})[0] == 200  # default
+
+
+def test_a_compressed_body_is_refused_naming_its_content_encoding(servers):
+    """A body sent gzip-compressed (Content-Encoding: gzip, as some HTTP clients send it) is 415 naming the
+    encoding (RFC 9110 15.5.16), not 400 "not valid JSON: 'utf-8' codec can't decode byte 0x8b": the server
+    reads bodies as they are. Sent uncompressed, the same request is answered."""
+    body = json.dumps({"inputs": "Hello!"}).encode()
+    status, _, answer = post(servers["main"].port, "/embed", gzip.compress(body), {**AUTH, "Content-Encoding": "gzip"})
+    assert status == 415 and "Content-Encoding gzip" in answer["error"], answer
+    status, _, answer = post(servers["main"].port, "/v1/embeddings", gzip.compress(b'{"input": "x"}'),
+                             {**AUTH, "Content-Encoding": "gzip"})
+    assert status == 415 and "Content-Encoding gzip" in answer["error"]["message"], answer
+    assert post(servers["main"].port, "/embed", body, {**AUTH, "Content-Encoding": "identity"})[0] == 200
+    assert post(servers["main"].port, "/embed", body)[0] == 200
 
 
 def test_wrong_or_missing_api_key_is_401(servers):

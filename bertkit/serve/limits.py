@@ -10,6 +10,7 @@ as early as its quantity is known, and answered with one message naming the sett
     --body-timeout-s          the whole body must arrive within it                   408
     Content-Type              application/json only (a browser form cannot send it   415
                               cross-site without asking first)
+    Content-Encoding          none: a compressed body is refused, not read as JSON   415
     --max-client-batch-size   inputs (texts, queries, pairs) per request: TEI's name  413
                               and default (32); OpenAI's API allows 2,048
     --max-request-tokens      tokens of one request's inputs, after truncation       413
@@ -18,7 +19,7 @@ as early as its quantity is known, and answered with one message naming the sett
     --max-search-hits         k x queries per /search request (documents answered)   413
     --max-answer-bytes        the JSON answer; a safety net behind the limits above  413
 
-Body, content type and depth are checked by `bertkit.serve.requests.read_json`; the rest here.
+Body, content type, encoding and depth are checked by `bertkit.serve.requests.read_json`; the rest here.
 The depth scan (`json_depth`) runs in numpy over the raw bytes: brackets count only outside
 strings, and a quote counts only when an even number of backslashes precedes it.
 """

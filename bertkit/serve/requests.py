@@ -78,12 +78,16 @@ def plain(value):
 
 
 async def read_json(request, limit: int):
-    """The request's JSON object: Content-Type application/json (415), at most `limit` bytes (413), sent within
-    --body-timeout-s (408), nested at most --max-json-depth (400); parsed off the event loop."""
+    """The request's JSON object: Content-Type application/json, not compressed (415), at most `limit` bytes
+    (413), sent within --body-timeout-s (408), nested at most --max-json-depth (400); parsed off the event loop."""
     settings = request.app.state.service.settings
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise ApiError(415, f"the request's Content-Type is {kind or 'missing'}: send the body as application/json")
+    coding = request.headers.get("content-encoding", "").strip()
+    if coding.lower() not in ("", "identity"):  # a compressed body would be read as broken JSON: say why
+        raise ApiError(415, f"the request body has Content-Encoding {coding}: this server reads bodies as they are; "
+                            "send it uncompressed, without Content-Encoding")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise ApiError(413, f"the request body has {length} bytes, over the limit of {limit} (--max-body-bytes)")

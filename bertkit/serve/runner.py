@@ -165,7 +165,8 @@ class EmbeddingModel:
         if dims is None or (dims == self.dim and not isinstance(dims, bool)):
             return None
         if isinstance(dims, bool) or not isinstance(dims, int):
-            raise InputError(f"`dimensions` must be a whole number, got {_json_type(dims)}")
+            got = dims if isinstance(dims, float) else _json_type(dims)  # 16.5 is "a number": say which
+            raise InputError(f"`dimensions` must be a whole number, got {got}")
         if not self.matryoshka:
             raise InputError(f"`dimensions` {dims} is not available: this model gives {self.dim} and records no "
                              "Matryoshka dimensions (matryoshka_dims in config_sentence_transformers.json, written "
