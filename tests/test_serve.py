@@ -693,6 +693,26 @@ def test_client_that_disconnects_mid_request_does_not_hurt_the_others(servers):
     assert post(port, "/embed", {"inputs": "after"}, {})[0] == 200
 
 
+def test_a_client_that_leaves_while_sending_its_body_is_counted_as_a_disconnect(servers):
+    """bertkit_serve_client_disconnects_total counts "requests whose client left before the answer": one that
+    leaves halfway through its body is one of them (it was logged, answered 499 in requests_total, and left out
+    of the count), and the server logs it in one line."""
+    port = servers["window"].port
+    before = metric(port, "bertkit_serve_client_disconnects_total")
+    body = json.dumps({"inputs": ["I will leave before my body is sent"]}).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:10]))
+    time.sleep(0.3)
+    sock.close()
+    deadline = time.monotonic() + 10
+    while metric(port, "bertkit_serve_client_disconnects_total") < before + 1:
+        assert time.monotonic() < deadline, "the disconnect was not counted"
+        time.sleep(0.05)
+    lines = list(servers["window"].lines)
+    assert any("the client closed the connection before its request body was read" in line for line in lines)
+
+
 def test_missing_or_corrupt_model_fails_at_start_up_in_one_line(tmp_path, dirs):
     def start(model):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

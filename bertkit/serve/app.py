@@ -182,6 +182,7 @@ def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
             response = Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         except ClientDisconnect:  # gone while sending its body: the client's doing, one line, no traceback
             log.warning("%s: the client closed the connection before its request body was read", name)
+            svc.metrics.disconnected()
             response = Response(status_code=499)
         except Exception as err:  # a bug, not the client's fault: log it, answer 500, keep serving
             log.exception("error while answering %s", name)
