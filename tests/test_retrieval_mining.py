@@ -41,6 +41,18 @@ def test_absolute_margin_max_score_and_range_min():
     assert pick(num_negatives=2, relative_margin=None, range_min=1)[0] == [2, 3]
 
 
+def test_range_min_skips_the_best_candidates_that_clear_the_margin_as_sentence_transformers_does():
+    """sentence-transformers' mine_hard_negatives removes the candidates the margins and max_score refuse first, then
+    skips the first range_min of those left (util/hard_negatives.py: "Grab the top negative candidates and remove the
+    first range_min candidates", after the margin and max_score masks). Here the margin (0.76) refuses 1 (0.90) and
+    2 (0.77), so range_min 1 skips 3 (0.70) and the negative is 4. bertkit skipped 1 (which the margin refused
+    anyway) and answered 3: on 200 SNLI pairs with the docs' recipe (--relative-margin 0.1 --range-min 2), 59 rows
+    differed from sentence-transformers'."""
+    negatives, skipped = pick(num_negatives=1, relative_margin=0.05, range_min=1)
+    assert negatives == [4] and skipped["relative_margin"] == 2 and skipped["range_min"] == 1
+    assert pick(num_negatives=1, relative_margin=None, max_score=0.78, range_min=1)[0] == [3]  # 1 refused, 2 skipped
+
+
 def test_a_query_that_cannot_fill_its_negatives_is_left_out():
     assert pick(num_negatives=3, relative_margin=0.05)[0] is None
     assert pick(num_negatives=2, relative_margin=0.5)[0] is None  # threshold 0.40: every candidate is above it

@@ -15,7 +15,7 @@ class MiningOptions:
 
     num_negatives: int = field(default=3, metadata={"help": "negatives per query (the columns negative_1..n)"})
     range_min: int = field(default=0, metadata={
-        "help": "skip this many of the best non-positive candidates (they are the likeliest unlabelled positives)"})
+        "help": "skip this many of the best candidates that pass the other rules (the likeliest unlabelled positives)"})
     range_max: int = field(default=50, metadata={"help": "candidates ranked per query to pick negatives from"})
     relative_margin: float | None = field(default=0.05, metadata={
         "help": "keep a candidate only if its cosine <= the positive's minus this fraction of it "

@@ -11,7 +11,6 @@ cosine (`bertkit.retrieval.exact`), and walk down the ranking keeping
 - no passage of the query's own group, when the pairs file has a `group_id`
   column (captions of one picture, answers to one question): another caption of
   the same picture is a positive nobody wrote down, not a negative;
-- not the `range_min` best remaining candidates, when asked (rank skipping);
 - no candidate scored too close to the positive: the danger of the hardest
   negatives is that many are *unlabelled positives* (Qu et al. 2021, RocketQA;
   Moreira et al. 2024, NV-Retriever). The default rule is NV-Retriever's
@@ -25,6 +24,8 @@ cosine (`bertkit.retrieval.exact`), and walk down the ranking keeping
   names of sentence-transformers' `mine_hard_negatives` (`range_min`,
   `range_max`, `absolute_margin`, `relative_margin`, `max_score`,
   `num_negatives`, sampling "top"), so a recipe carries over;
+- not the `range_min` best candidates left by the rules above, when asked (rank
+  skipping: sentence-transformers skips them after its margins and max_score);
 - until `num_negatives` are found among the `range_max` best candidates. A query
   that cannot fill its negatives is left out (sentence-transformers does the same
   for its n-tuple output) and counted in the report.
@@ -154,15 +155,15 @@ def select_negatives(scores: np.ndarray, rows: np.ndarray, task: MiningTask, opt
                 skipped["duplicate text"] += 1
             elif task.same_group(q, candidate):
                 skipped["same group"] += 1
-            elif passed < options.range_min:
-                passed += 1
-                skipped["range_min"] += 1
             elif options.relative_margin is not None and score > floor - abs(floor) * options.relative_margin:
                 skipped["relative_margin"] += 1
             elif options.absolute_margin is not None and score > floor - options.absolute_margin:
                 skipped["absolute_margin"] += 1
             elif options.max_score is not None and score > options.max_score:
                 skipped["max_score"] += 1
+            elif passed < options.range_min:  # the best that clear every rule above, as sentence-transformers skips
+                passed += 1
+                skipped["range_min"] += 1
             else:
                 negatives.append(candidate)
                 if len(negatives) == options.num_negatives:
