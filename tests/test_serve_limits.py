@@ -68,6 +68,8 @@ def servers(made):
     finally:
         del os.environ["BERTKIT_API_KEY"]
     yield started
+    for server in started.values():  # every one signalled first: a failed check below leaves none running
+        server.terminate()
     for name, server in started.items():
         assert server.stop() == 0, f"{name}: {''.join(server.lines)}"
 
