@@ -731,6 +731,19 @@ def test_missing_or_corrupt_model_fails_at_start_up_in_one_line(tmp_path, dirs):
     assert code == 2 and out.count("\n") == 1 and "model.safetensors" in out and "Traceback" not in out
 
 
+def test_the_start_line_says_what_cuts_a_batch(servers):
+    """An encoder's passes are cut by tokens and rows; a fine-tuned model's by inputs (`bertkit.predict`
+    batches them by count), so its line names no token budget (it said "max 2048 tokens" all the same)."""
+    def start_line(name):
+        servers[name].port  # noqa: B018 (waits for the start)
+        return next(line for line in servers[name].lines if line.startswith("bertkit serve:"))
+
+    assert "max 2048 tokens / 64 rows per batch" in start_line("window")
+    for name in ("pair", "ner", "qa"):
+        line = start_line(name)
+        assert "max 64 inputs per batch" in line and "tokens" not in line, line
+
+
 def test_the_start_line_comes_once_the_port_takes_connections(dirs):
     """The start line says "on http://127.0.0.1:PORT": a client (a supervisor, a script) that connects as soon as it
     reads it is connected, and answered. The socket was bound but listened on only once uvicorn started, a few

@@ -72,6 +72,14 @@ def speed(onednn: bool | None = None):
     return decide(onednn=onednn, row_buckets=True)
 
 
+def batch_limits(runner, settings) -> str:
+    """What cuts a forward pass, as the start line says it: tokens and rows for an encoder, inputs for a
+    fine-tuned model (`bertkit.predict` batches those by count: `--max-batch-tokens` does not apply)."""
+    if runner.budget_in_tokens:
+        return f"max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch"
+    return f"max {settings.max_batch_size} inputs per batch"
+
+
 def serve(settings, log=None, onednn: bool | None = None) -> None:
     """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return.
     onednn: None, the kernels this CPU's rules pick; True/False, oneDNN / MKL for every matmul."""
@@ -114,7 +122,7 @@ def serve(settings, log=None, onednn: bool | None = None) -> None:
     absorbed = {s: signal.signal(s, server.handle_exit) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         log(f"bertkit serve: {runner.name} ({what}) on http://{shown}:{port} "
-            f"(max {settings.max_batch_tokens} tokens / {settings.max_batch_size} rows per batch, "
+            f"({batch_limits(runner, settings)}, "
             f"queue {settings.max_queue}, {capacity(settings.max_connections, held)} connections, "
             f"{workers} worker(s) x {threads} thread(s)"
             f", {runner.precision}{' matmuls on ' + runner.speed.matmul_kernel if runner.precision == 'float32' and not gpu else ''}"

@@ -31,7 +31,8 @@ class ServeConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind; 0.0.0.0 exposes the server to the network"})
     port: int = field(default=8080, metadata={"help": "TCP port; 0 picks a free one (printed at start-up)"})
     max_batch_tokens: int = field(default=2048, metadata={
-        "help": "token budget of one forward pass: rows x longest row (padding counted)"})
+        "help": "token budget of one forward pass: rows x longest row (padding counted); an encoder's (a "
+                "fine-tuned model's passes are cut by --max-batch-size inputs)"})
     max_batch_size: int = field(default=64, metadata={"help": "most rows (texts) in one forward pass"})
     max_wait_ms: float = field(default=0.0, metadata={
         "help": "how long a free worker waits for more requests to fill a batch once one is there (default 0: it "
