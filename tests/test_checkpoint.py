@@ -283,7 +283,11 @@ def test_missing_files(tmp_path):
     with pytest.raises(BertkitError, match="no model directory"):
         BertModel.from_pretrained(tmp_path / "nowhere")
     tiny().config.to_json_file(tmp_path / "config.json")
-    with pytest.raises(BertkitError, match="no weights in"):
+    with pytest.raises(BertkitError, match="no weights in") as err:
+        BertModel.from_pretrained(tmp_path)
+    assert "ONNX" not in str(err.value)
+    (tmp_path / "model.onnx").write_bytes(b"")  # an ONNX export's folder: what it holds is said, and where to go
+    with pytest.raises(BertkitError, match="model.onnx is an ONNX export, run by ONNX Runtime: give the model folder"):
         BertModel.from_pretrained(tmp_path)
     with pytest.raises(BertkitError, match="no checkpoint at"):
         read_weights(tmp_path / "model.safetensors")

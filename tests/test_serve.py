@@ -605,9 +605,11 @@ def test_a_compressed_body_is_refused_naming_its_content_encoding(servers):
     body = json.dumps({"inputs": "Hello!"}).encode()
     status, _, answer = post(servers["main"].port, "/embed", gzip.compress(body), {**AUTH, "Content-Encoding": "gzip"})
     assert status == 415 and "Content-Encoding gzip" in answer["error"], answer
+    assert answer["error_type"] == "unsupported_media_type"  # a kind of its own, not the catch-all "error"
     status, _, answer = post(servers["main"].port, "/v1/embeddings", gzip.compress(b'{"input": "x"}'),
                              {**AUTH, "Content-Encoding": "gzip"})
     assert status == 415 and "Content-Encoding gzip" in answer["error"]["message"], answer
+    assert answer["error"]["type"] == "unsupported_media_type"
     assert post(servers["main"].port, "/embed", body, {**AUTH, "Content-Encoding": "identity"})[0] == 200
     assert post(servers["main"].port, "/embed", body)[0] == 200
 

@@ -355,6 +355,7 @@ def test_a_body_that_never_ends_is_408(servers):
         answer += chunk
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout-s" in answer, answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error_type"] == "timeout"  # not the catch-all "error"
     assert 1.5 < time.monotonic() - t0 < 6
 
 
@@ -591,6 +592,13 @@ def test_api_key_settings(tmp_path):
                          (ServeConfig(api_key_file=str(tmp_path / "none")), "does not exist")]:
         with pytest.raises(BertkitError, match=says):
             config.with_api_key({})
+
+
+def test_an_empty_served_model_name_is_refused():  # it served the folder's name, silently
+    for name in ("", "  "):
+        with pytest.raises(BertkitError, match="--served-model-name is empty"):
+            ServeConfig(served_model_name=name).validate()
+    assert ServeConfig(served_model_name="mini").validate().served_model_name == "mini"
 
 
 def test_max_input_length_zero_is_refused_before_anything_loads(tmp_path, capsys):

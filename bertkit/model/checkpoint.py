@@ -201,7 +201,9 @@ def weights_file(directory) -> Path:
     if path.is_dir():
         found = [path / name for name in WEIGHT_FILES if (path / name).is_file()]
         if not found:
-            raise BertkitError(f"no weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
+            onnx = ("; model.onnx is an ONNX export, run by ONNX Runtime: give the model folder it was exported "
+                    "from" if (path / "model.onnx").is_file() else "")
+            raise BertkitError(f"no weights in {path}: expected one of {', '.join(WEIGHT_FILES)}{onnx}")
         return found[0]
     if not path.is_file():
         raise BertkitError(f"no checkpoint at {path}: pass a model directory with config.json and weights")

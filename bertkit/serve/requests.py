@@ -29,7 +29,8 @@ from bertkit.serve.limits import json_depth
 from bertkit.serve.runner import InputError, check_text
 
 KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
-         413: "too_large", 422: "validation", 429: "overloaded", 500: "backend", 503: "unavailable"}
+         408: "timeout", 413: "too_large", 415: "unsupported_media_type", 422: "validation", 429: "overloaded",
+         500: "backend", 503: "unavailable"}
 RETRY_AFTER_S = 1
 MAX_K = 1000  # /search: documents per query
 MAX_DIGITS = 100  # the longest integer a body may hold (a field's limit names too large a value, up to this)

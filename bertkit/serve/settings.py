@@ -110,6 +110,9 @@ class ServeConfig:
         if self.max_input_length is not None and self.max_input_length < 3:  # 0 served the default silently
             raise BertkitError(f"--max-input-length must be at least 3 ([CLS], a token, [SEP]), got "
                                f"{self.max_input_length}; leave it out for the model's own length")
+        if self.served_model_name is not None and not self.served_model_name.strip():  # was the folder's, silently
+            raise BertkitError("--served-model-name is empty: name the model, or leave the flag out for the model "
+                               "directory's name")
         if self.max_wait_ms < 0:
             raise BertkitError(f"--max-wait-ms cannot be negative, got {self.max_wait_ms}")
         if not 0 <= self.port <= 65535:
