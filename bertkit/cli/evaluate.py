@@ -32,7 +32,8 @@ def add_evaluate(sub):
     r = kinds.add_parser(
         "retrieval", help="nDCG@10, MRR@10, MAP@100, Recall@10/100 on a BEIR-layout folder",
         description="Embed the corpus (title and text joined) and the split's queries, rank the corpus for each "
-        "query by exact cosine similarity, and score the ranking against the qrels as trec_eval does. DIR holds "
+        "query (--mode: by exact cosine similarity, BM25 or their fusion), and score the ranking against the qrels "
+        "as trec_eval does. DIR holds "
         "corpus.jsonl, queries.jsonl and qrels/<split>.tsv (the BEIR layout). --bm25 adds a BM25 baseline "
         "(bm25s: Lucene idf, k1 1.5, b 0.75, English stop words, no stemming) to the same table. --index "
         "evaluates through an index of DIR's corpus (bertkit index) as bertkit search and bertkit serve's /search "
@@ -50,7 +51,8 @@ def add_evaluate(sub):
                    "bertkit search does; the model is the index's")
     r.add_argument("--ann", action="store_true", help="with --index: through its HNSW graph (bertkit index --ann)")
     r.add_argument("--rerank", metavar="MODEL", help="with --index: a cross-encoder re-scoring each answer's best "
-                   "--rerank-top documents (bertkit finetune regression, or pair with two labels)")
+                   "--rerank-top documents (bertkit finetune rerank; or finetune regression, or pair "
+                   "with two labels)")
     r.add_argument("--rerank-top", type=int, default=50, help="documents the cross-encoder re-scores (default 50)")
     r.add_argument("--dimensions", type=int, nargs="+", metavar="D",
                    help="also score the vectors cut to these leading dimensions and renormalised (Matryoshka: "

@@ -20,8 +20,10 @@ def add_index(sub):
         description="Read CORPUS (a BEIR corpus.jsonl or its folder, a TSV whose header names id, text and "
         "optionally title, or a folder of .txt files), cut each document (title and text joined by a space) into "
         "passages of at most --passage-tokens tokens sharing --stride word pieces, embed them length-sorted and "
-        "write INDEX: vectors.safetensors (unit float32 vectors), passages.jsonl (id, doc_id, title, start, end, "
-        "text) and index.json (the model, its weights' SHA-256, pooling, max length). Work is saved in parts: "
+        "write INDEX: vectors.safetensors (unit float32 vectors; with --vectors int8|binary, codes.safetensors "
+        "in their place), passages.jsonl (id, doc_id, title, start, end, text), lexical/ (BM25 over the same "
+        "passages, stemmed; not with --no-lexical) and index.json (the model, its weights' SHA-256, pooling, max "
+        "length, what is stored). Work is saved in parts: "
         "after a crash or kill, the same command with --resume continues where it stopped, and the index is "
         "the same as an uninterrupted run's. Under torchrun (--nproc_per_node N, one or more nodes) each rank "
         "encodes its share of the parts into INDEX (across nodes: a shared filesystem) and rank 0 writes the "
@@ -183,13 +185,17 @@ def run_export(args):
 
 def add_search(sub):
     p = sub.add_parser(
-        "search", help="the best documents of an index for a query, by exact cosine similarity",
-        description="Embed each query with the model that made INDEX (another model is refused), score every "
-        "passage by cosine similarity (exact: blocked matrix products over the memory-mapped vectors, bounded "
-        "memory) and print the k best documents, each with its best passage (a document scores its best "
-        "passage's score). --rerank re-scores the best --rerank-top documents with a cross-encoder fine-tuned "
-        "by bertkit finetune regression, or pair with two labels. --json prints, per query, a best-first list "
-        "of {\"id\", \"doc_id\", \"score\", \"text\"}.",
+        "search", help="the best documents of an index for a query: hybrid (BM25 + the model), dense or lexical",
+        description="Rank INDEX's documents for each query and print the k best, each with its best passage (a "
+        "document scores its best passage's score). --mode dense embeds the query with the model that made INDEX "
+        "(another model is refused) and scores every passage by cosine similarity (exact: blocked matrix products "
+        "over the memory-mapped vectors, bounded memory; --ann: the HNSW graph; an index of int8 or binary codes: "
+        "the codes, the best candidates rescored); --mode lexical scores them by BM25 (the index's lexical part); "
+        "--mode hybrid, the default when the index has a lexical part, fuses the two runs (--fusion, --alpha: the "
+        "index's tuned choice if evaluate retrieval --tune wrote one, else dbsf 0.5; docs/search.md). --rerank "
+        "re-scores the best --rerank-top documents with a cross-encoder (bertkit finetune rerank; or finetune "
+        "regression, or pair with two labels). --json prints, per query, a best-first list of "
+        "{\"id\", \"doc_id\", \"score\", \"text\"}.",
         epilog="examples:\n  bertkit search scifact.index \"vitamin D prevents fractures\" -k 5\n"
         "  bertkit search scifact.index --queries claims.txt --json > answers.json\n"
         "  bertkit search scifact.index \"statins and dementia\" --rerank runs/cross-encoder --rerank-top 50\n"
@@ -205,7 +211,8 @@ def add_search(sub):
     p.add_argument("--queries", metavar="FILE", help="a text file of queries, one per line")
     p.add_argument("-k", type=int, default=10, help="documents per query (default 10)")
     p.add_argument("--model", help="the query encoder; must be the model that made INDEX (default: that model)")
-    p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder directory re-scoring the best documents")
+    p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder directory re-scoring the best documents (bertkit "
+                   "finetune rerank)")
     p.add_argument("--rerank-top", type=int, default=50, help="documents the cross-encoder re-scores (default 50)")
     p.add_argument("--json", action="store_true", help="print JSON: per query a best-first list of hits")
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")

@@ -93,8 +93,8 @@ class ServeConfig:
         "help": "an index folder written by `bertkit index` with this model: adds POST /search "
         "(the query vectors are batched with the embeddings traffic; an index made by another model is refused)"})
     rerank: str | None = field(default=None, metadata={
-        "help": "with --index: a cross-encoder (`bertkit finetune regression`, or pair with two "
-        "labels) that re-scores a /search answer's best --rerank-top documents when the request sets rerank: true"})
+        "help": "with --index: a cross-encoder (`bertkit finetune rerank`; or regression, or pair "
+        "with two labels) that re-scores a /search answer's best --rerank-top documents when the request sets rerank: true"})
     rerank_top: int = field(default=50, metadata={"help": "documents the --rerank cross-encoder re-scores per query"})
 
     def validate(self) -> "ServeConfig":

@@ -48,8 +48,8 @@ def reranker(model, device=None, dtype=None, fast=True) -> Loaded:
         kind = f"a {task.name} model" + ("" if task.takes_pairs(info) else " of single texts") + (
             f" with {len(labels)} labels" if labels is not None and task.pair_score is not None else "")
         raise BertkitError(f"{model} is {kind}: --rerank needs a cross-encoder trained on (query, passage) pairs by "
-                           "bertkit finetune regression, or bertkit finetune pair (or classify --text-pair-column) "
-                           "with two labels")
+                           "bertkit finetune rerank (or finetune regression, or finetune pair or classify "
+                           "--text-pair-column with two labels)")
     return loaded
 
 
