@@ -64,6 +64,18 @@ def test_accent_stripping_apart_from_lowercasing():
     assert _words("H\u00e4LLo", lowercase=False, strip_accents=True) == ["HaLLo"]
 
 
+def test_cjk_characters_stay_in_their_word_when_not_split(tmp_path):
+    """tokenize_chinese_chars=False keeps "中文" one word (google's BasicTokenizer, transformers'
+    BertTokenizer): WordPiece then cuts it as 中 ##文. The fast path split CJK at every character anyway,
+    making 文 a word of its own ([UNK] here), and its ids differed from ids_batch's."""
+    vocab = SPECIALS + ["中", "##文", "a", "##中"]
+    split, whole = Tokenizer(vocab), Tokenizer(vocab, tokenize_chinese_chars=False)
+    assert split.tokenize("中文 a中") == ["中", "[UNK]", "a", "中"]
+    assert whole.tokenize("中文 a中") == ["中", "##文", "a", "##中"]
+    assert whole.encode("中文 a中", add_special_tokens=False).offsets == [(0, 1), (1, 2), (3, 4), (4, 5)]
+    assert whole.ids_batch(["中文 a中"])[0] == whole.encode("中文 a中", add_special_tokens=False).input_ids
+
+
 def test_cleaning_and_cjk():
     assert _words("ah\u535a\u63a8zz") == ["ah", "\u535a", "\u63a8", "zz"]
     assert _words("a\x00b\ufffdc\u0007d e") == ["abcd", "e"]  # dropped characters join the word
@@ -302,6 +314,44 @@ def test_tokenizer_config_values_of_the_wrong_type_are_named(tmp_path, settings,
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
     with pytest.raises(BertkitError, match="tokenizer_config.json: " + message):
         Tokenizer.from_pretrained(tmp_path)
+
+
+@pytest.mark.oracle
+def test_a_tokenizer_json_alone_gives_its_own_settings(tmp_path, transformers_mod):
+    """A folder with only tokenizer.json (the Rust tokenizer's save, no tokenizer_config.json) is read
+    with the normalizer and WordPiece settings it states, as transformers reads it; they were left at
+    our defaults, so a cased folder was lower-cased and every capitalised word became [UNK]."""
+    from tokenizers import BertWordPieceTokenizer
+
+    vocab = SPECIALS + ["Hello", "World", "é", "caf", "##é", "cafe", "中", "##文", "a", "##a", "!"]
+    rust = BertWordPieceTokenizer({t: i for i, t in enumerate(vocab)}, lowercase=False, strip_accents=False,
+                                  handle_chinese_chars=False)
+    data = json.loads(rust.to_str())
+    data["model"]["max_input_chars_per_word"] = 4
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    ours = Tokenizer.from_pretrained(tmp_path)
+    assert (ours.lowercase, ours.strip_accents, ours.tokenize_chinese_chars, ours.max_input_chars_per_word) == (
+        False, False, False, 4)
+    oracle = transformers_mod.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    for text in ["Hello World!", "hello café", "中文 aaaa aaaaa", "Héllo"]:
+        assert ours.encode(text).input_ids == oracle(text)["input_ids"], text
+    # a tokenizer_config.json beside it still decides (transformers rebuilds the normalizer from it)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    assert Tokenizer.from_pretrained(tmp_path).lowercase
+
+
+@pytest.mark.parametrize("key, value", [("unk_token", "[unused0]"), ("cls_token", {"content": "<s>"}),
+                                        ("mask_token", "<mask>")])
+def test_special_tokens_renamed_in_tokenizer_config_are_refused(tmp_path, key, value):
+    """transformers saves `unk_token="[unused0]"` in tokenizer_config.json and then maps unknown words
+    there; we use [UNK] whatever the file says, so the ids would silently differ: refused, named."""
+    (tmp_path / "vocab.txt").write_text("\n".join(SMALL + ["[unused0]", "<s>", "<mask>"]) + "\n")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, key: value}))
+    with pytest.raises(BertkitError, match=f"tokenizer_config.json: {key} is .* bertkit uses"):
+        Tokenizer.from_pretrained(tmp_path)
+    same = {"unk_token": "[UNK]", "cls_token": {"content": "[CLS]", "special": True}, "mask_token": "[MASK]"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, key: same[key]}))
+    assert Tokenizer.from_pretrained(tmp_path).tokenize("unwanted") == ["un", "##want", "##ed"]
 
 
 def test_missing_tokenizer_path(tmp_path):

@@ -96,10 +96,16 @@ def test_never_crashes_and_offsets_stay_inside(tok, text):
     assert words == sorted(words) and (not words or set(words) == set(range(words[-1] + 1)))
 
 
+@pytest.fixture(scope="module")
+def whole_cjk_tok(tok):
+    # tokenize_chinese_chars=False: CJK characters stay inside their words (they were split apart anyway)
+    return Tokenizer(tok.ids_to_tokens, tokenize_chinese_chars=False)
+
+
 @SETTINGS
 @given(text=TEXT)
-def test_fast_path_equals_plain_algorithm(tok, cased_tok, text):
-    for t in (tok, cased_tok):
+def test_fast_path_equals_plain_algorithm(tok, cased_tok, whole_cjk_tok, text):
+    for t in (tok, cased_tok, whole_cjk_tok):
         expected = []
         for word, origin in basic_words(text, t.lowercase, t.strip_accents, t.tokenize_chinese_chars):
             spans = wordpiece_spans(word, t.vocab, t.max_input_chars_per_word)

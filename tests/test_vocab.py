@@ -1,5 +1,7 @@
 """vocab.txt: loading, saving and the checks that name what is wrong."""
 
+import json
+
 import pytest
 
 from bertkit.errors import BertkitError
@@ -127,3 +129,22 @@ def test_a_folder_with_only_tokenizer_json_loads_its_wordpiece_vocabulary(tmp_pa
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}}}')
     with pytest.raises(BertkitError, match="BPE tokenizer, not WordPiece"):
         Tokenizer.from_pretrained(tmp_path)
+
+
+@pytest.mark.oracle
+def test_tokens_added_beyond_the_wordpiece_vocabulary_are_refused_not_dropped(tmp_path, default_model_dir,
+                                                                              transformers_mod):
+    """`add_tokens(["[E1]"])` then `save_pretrained` keeps [E1] in tokenizer.json's added_tokens, outside
+    model.vocab; reading the vocabulary alone dropped it, and "[E1]" became five other ids. Refused,
+    naming the tokens; the special tokens BERT already has stay fine (model2vec lists them there)."""
+    hf = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    hf.add_tokens(["[E1]", "[/E1]"], special_tokens=True)
+    hf.add_tokens(["newword"])
+    hf.save_pretrained(str(tmp_path))
+    (tmp_path / "vocab.txt").unlink(missing_ok=True)
+    with pytest.raises(BertkitError, match=r"adds 3 token\(s\) beyond its WordPiece vocabulary \(\[E1\], \[/E1\], newword\)"):
+        Tokenizer.from_pretrained(tmp_path)
+    plain = tmp_path / "plain"
+    transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir)).save_pretrained(str(plain))
+    assert json.loads((plain / "tokenizer.json").read_text())["added_tokens"]  # the five specials are listed
+    assert len(Tokenizer.from_pretrained(plain)) == 30522

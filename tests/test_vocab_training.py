@@ -38,6 +38,9 @@ def test_counting_follows_the_basic_tokenizer():
     assert counts == {"hello": 2, ",": 1, "world": 2, "!": 1, "\u4e2d": 1, "\u6587": 1}
     cased = count_words(["Héllo, WORLD!"], VocabTrainingConfig(lowercase=False))
     assert cased == {"Héllo": 1, ",": 1, "WORLD": 1, "!": 1}
+    # --no-tokenize-chinese-chars: ideographs stay inside their words, as the tokenizer then reads them
+    whole = count_words(["\u4e2d\u6587 a\u4e2d, \u4e2d"], VocabTrainingConfig(tokenize_chinese_chars=False))
+    assert whole == {"\u4e2d\u6587": 1, "a\u4e2d": 1, ",": 1, "\u4e2d": 1}
 
 
 def test_deterministic_and_order_independent():

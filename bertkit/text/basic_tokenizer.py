@@ -159,22 +159,22 @@ def _char_class(chars: list[int]) -> str:
     return "[" + "".join(out) + "]"
 
 
-_PATTERN = None
+_PATTERNS: dict = {}
 
 
-def coarse_split_pattern() -> re.Pattern:
+def coarse_split_pattern(split_cjk: bool = True) -> re.Pattern:
     """A regex whose matches are runs between safe word boundaries.
 
     A character is a *safe boundary* when it ends a word whatever the options
-    and neighbours: whitespace, punctuation or CJK that no normalisation
-    (lower-casing, NFD) changes. Matches are either one safe punctuation/CJK
-    character (a word by itself) or a maximal run of other characters (which
-    `basic_words` may still split or shrink, e.g. a run holding U+037E GREEK
-    QUESTION MARK, whose NFD is ';'). Whitespace is never matched.
-    Built once per process from unicodedata (0.1-0.4 s).
+    and neighbours: whitespace, punctuation, or CJK (only when `split_cjk`, the
+    tokenizer's tokenize_chinese_chars: else an ideograph is part of its word)
+    that no normalisation (lower-casing, NFD) changes. Matches are either one
+    safe punctuation/CJK character (a word by itself) or a maximal run of other
+    characters (which `basic_words` may still split or shrink, e.g. a run
+    holding U+037E GREEK QUESTION MARK, whose NFD is ';'). Whitespace is never
+    matched. Built once per process and setting from unicodedata (0.1-0.4 s).
     """
-    global _PATTERN
-    if _PATTERN is None:
+    if split_cjk not in _PATTERNS:
         space, single = [], []
         # P* characters all live below U+20000; CJK ranges are added whole.
         for cp in range(0x20000):
@@ -183,13 +183,14 @@ def coarse_split_pattern() -> re.Pattern:
                 continue
             if is_whitespace(ch):
                 space.append(cp)
-            elif is_punctuation(ch) or is_cjk(ch):
+            elif is_punctuation(ch) or (split_cjk and is_cjk(ch)):
                 single.append(cp)
         single_class = _char_class(sorted(single))
-        # the supplementary-plane ideograph blocks, as ranges (no decompositions;
-        # the compatibility supplement U+2F800.. has them and stays in the runs)
-        supp = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES if 0x20000 <= lo < 0x2F800)
-        single_class = single_class[:-1] + supp + "]"
+        if split_cjk:
+            # the supplementary-plane ideograph blocks, as ranges (no decompositions;
+            # the compatibility supplement U+2F800.. has them and stays in the runs)
+            supp = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES if 0x20000 <= lo < 0x2F800)
+            single_class = single_class[:-1] + supp + "]"
         boundary = single_class[:-1] + _char_class(space)[1:]
-        _PATTERN = re.compile(f"{single_class}|[^{boundary[1:]}+")
-    return _PATTERN
+        _PATTERNS[split_cjk] = re.compile(f"{single_class}|[^{boundary[1:]}+")
+    return _PATTERNS[split_cjk]

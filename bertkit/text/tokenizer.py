@@ -25,7 +25,7 @@ from pathlib import Path
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.textfiles import read_text
-from bertkit.text.tokenizer_config import settings_from
+from bertkit.text.tokenizer_config import pipeline_settings, settings_from
 from bertkit.text.truncation import pair_heads
 from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, choose_num_workers, gc_paused, token_ids
 from bertkit.text.encoding import (MODEL_MAX_LENGTH, BatchEncoding, Encoding, Segment, assemble, batch, check_options,
@@ -93,7 +93,7 @@ class Tokenizer:
         self.all_special_tokens = list(SPECIAL_TOKENS)
         self._special_re = re.compile("|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True)))
         self._max_piece_len = max(len(t[2:]) if t.startswith(CONTINUATION) else len(t) for t in tokens)
-        self._pattern = coarse_split_pattern()
+        self._pattern = coarse_split_pattern(self.tokenize_chinese_chars)
         self._cache = WordCache()
         self._ids_cache = IdsCache()
         self._workers = None
@@ -143,7 +143,9 @@ class Tokenizer:
             raise BertkitError(f"{config_file} is not valid JSON ({err})") from None
         if not isinstance(config, dict):
             raise BertkitError(f"{config_file} must hold a JSON object of settings, got {type(config).__name__}")
-        settings = settings_from(config, config_file)
+        settings = settings_from(config, config_file, SPECIAL_TOKENS)
+        if hf_json and not config_file.is_file():  # the Rust tokenizer's own save: its pipeline says
+            settings = pipeline_settings(json.loads(text), vocab_file)
         for key, value in overrides.items():
             if key not in ("lowercase", "strip_accents", "max_input_chars_per_word", "tokenize_chinese_chars"):
                 raise BertkitError(f"unknown tokenizer setting {key!r}")
@@ -196,7 +198,7 @@ class Tokenizer:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._pattern = coarse_split_pattern()
+        self._pattern = coarse_split_pattern(self.tokenize_chinese_chars)
 
     # --- tokens and ids ---------------------------------------------------------
 

@@ -1,9 +1,16 @@
-"""tokenizer_config.json: the Hugging Face keys a BERT tokenizer folder sets, read as `Tokenizer`'s settings.
+"""tokenizer_config.json and tokenizer.json: the Hugging Face keys a BERT tokenizer folder sets, read as
+`Tokenizer`'s settings.
 
 transformers' BertTokenizer reads do_lower_case, strip_accents, tokenize_chinese_chars and
-max_input_chars_per_word from it (`tokenization_bert.py`); `Tokenizer.from_pretrained` takes the same
-keys. Each value must have its JSON type: Python's `bool("false")` is True, so a quoted flag read
-loosely would silently turn lower-casing on. Any other key is left to its reader.
+max_input_chars_per_word from tokenizer_config.json (`tokenization_bert.py`); `Tokenizer.from_pretrained`
+takes the same keys. Each value must have its JSON type: Python's `bool("false")` is True, so a quoted flag
+read loosely would silently turn lower-casing on. The special tokens it names (unk_token, ...) must be
+BERT's own, which is all bertkit uses: transformers maps unknown words to whatever unk_token says.
+Any other key is left to its reader.
+
+A folder with a tokenizer.json and no tokenizer_config.json (the Rust tokenizer's own save) states the
+same settings in its pipeline: the BertNormalizer's flags and the WordPiece model's
+max_input_chars_per_word (`pipeline_settings`), as transformers then reads them.
 """
 
 import json
@@ -41,8 +48,26 @@ _CONFIG_KEYS = {
 }
 
 
-def settings_from(config: dict, config_file) -> dict:
-    """Our constructor's settings from a tokenizer_config.json's keys, each of its JSON type."""
+# the Hugging Face key of each special token, in `bertkit.text.vocab.SPECIAL_TOKENS`' order
+SPECIAL_KEYS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
+
+
+def check_special_tokens(config: dict, config_file, special_tokens) -> None:
+    """Refuse a tokenizer_config.json naming another special token than BERT's (`special_tokens`, in
+    SPECIAL_KEYS' order): its ids would silently differ from transformers'. A token is a string or an
+    AddedToken object ({"content": ...}); null or absent leaves the token as it is."""
+    for key, ours in zip(SPECIAL_KEYS, special_tokens):
+        value = config.get(key)
+        token = value.get("content") if isinstance(value, dict) else value
+        if token is not None and token != ours:
+            raise BertkitError(f"{config_file}: {key} is {json.dumps(token)[:40]}, but bertkit uses {ours} for it "
+                               f"(BERT's special tokens only); rename the token to {ours} or remove the key")
+
+
+def settings_from(config: dict, config_file, special_tokens=()) -> dict:
+    """Our constructor's settings from a tokenizer_config.json's keys, each of its JSON type; the special
+    tokens it names must be `special_tokens` (`check_special_tokens`)."""
+    check_special_tokens(config, config_file, special_tokens)
     settings = {}
     for key, (name, kind) in _CONFIG_KEYS.items():
         if key in config:
@@ -52,3 +77,17 @@ def settings_from(config: dict, config_file) -> dict:
                 raise BertkitError(f"{config_file}: {key} must be {err}, got {json.dumps(config[key])[:40]}; "
                                    "fix the file") from None
     return settings
+
+
+def pipeline_settings(data: dict, source) -> dict:
+    """Our constructor's settings from a tokenizer.json's object (its normalizer and WordPiece model); an
+    error for another pipeline than BERT's. strip_accents null follows lowercase, in both libraries."""
+    norm, pre, model = data.get("normalizer") or {}, data.get("pre_tokenizer") or {}, data.get("model") or {}
+    if norm.get("type") != "BertNormalizer" or pre.get("type") != "BertPreTokenizer":
+        raise BertkitError(f"{source} has a {norm.get('type')} normalizer and a {pre.get('type')} pre-tokenizer; "
+                           "bertkit reads BERT's (BertNormalizer, BertPreTokenizer) only")
+    strip = norm.get("strip_accents")
+    return {"lowercase": bool(norm.get("lowercase", True)),
+            "strip_accents": None if strip is None else bool(strip),
+            "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True)),
+            "max_input_chars_per_word": int(model.get("max_input_chars_per_word", 100))}

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.tokenizer_config import pipeline_settings
 from bertkit.text.vocab import CLS, SEP, SPECIAL_TOKENS, UNK, tokens_from_tokenizer_json
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -99,22 +100,6 @@ def truncation_length(path) -> int | None:
     return cut["max_length"]
 
 
-def _settings(data: dict, source: str) -> dict:
-    """Our Tokenizer's settings from the file's normalizer and model; an error for another pipeline."""
-    norm, pre, model = data.get("normalizer") or {}, data.get("pre_tokenizer") or {}, data.get("model") or {}
-    if norm.get("type") != "BertNormalizer" or pre.get("type") != "BertPreTokenizer":
-        raise BertkitError(f"{source} has a {norm.get('type')} normalizer and a {pre.get('type')} pre-tokenizer; "
-                           "bertkit reads BERT's (BertNormalizer, BertPreTokenizer) only")
-    if model.get("continuing_subword_prefix", CONTINUATION) != CONTINUATION or model.get("unk_token", UNK) != UNK:
-        raise BertkitError(f"{source}: a WordPiece model with prefix {model.get('continuing_subword_prefix')!r} and "
-                           f"unknown token {model.get('unk_token')!r}; bertkit reads '##' and '[UNK]'")
-    strip = norm.get("strip_accents")
-    return {"lowercase": bool(norm.get("lowercase", True)),
-            "strip_accents": None if strip is None else bool(strip),
-            "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True)),
-            "max_input_chars_per_word": int(model.get("max_input_chars_per_word", 100))}
-
-
 def _read(path: Path) -> tuple[dict, str]:
     """The tokenizer.json at `path` (a file or the folder holding one): (its object, its text)."""
     if path.is_dir():
@@ -138,4 +123,4 @@ def read_tokenizer_json(path) -> Tokenizer:
     data, text = _read(path)
     source = str(path / TOKENIZER_JSON if path.is_dir() else path)
     tokens = tokens_from_tokenizer_json(text, source, complete=True)
-    return Tokenizer(tokens, **_settings(data, source))
+    return Tokenizer(tokens, **pipeline_settings(data, source))

@@ -95,6 +95,10 @@ def tokens_from_tokenizer_json(text: str, source: str, complete: bool = False) -
         raise BertkitError(f"{source} is not a Hugging Face tokenizer.json with a vocabulary ({err})") from None
     if kind != "WordPiece" or not isinstance(vocab, dict):
         raise BertkitError(f"{source} holds a {kind} tokenizer, not WordPiece: BERT needs a WordPiece vocabulary")
+    if model.get("continuing_subword_prefix", CONTINUATION) != CONTINUATION or model.get("unk_token", UNK) != UNK:
+        raise BertkitError(f"{source}: a WordPiece model with prefix {model.get('continuing_subword_prefix')!r} and "
+                           f"unknown token {model.get('unk_token')!r}; bertkit reads '##' and '[UNK]'")
+    _check_added_tokens(json.loads(text).get("added_tokens") or [], vocab, source)
     tokens = [None] * len(vocab)
     for token, i in vocab.items():
         if not isinstance(i, int) or not 0 <= i < len(tokens) or tokens[i] is not None:
@@ -104,6 +108,19 @@ def tokens_from_tokenizer_json(text: str, source: str, complete: bool = False) -
         tokens += [t for t in SPECIAL_TOKENS if t not in vocab]
     validate_tokens(tokens, source)
     return tokens
+
+
+def _check_added_tokens(added: list, vocab: dict, source: str) -> None:
+    """Refuse tokens a tokenizer.json adds beyond its WordPiece vocabulary (transformers' `add_tokens`, kept in
+    `added_tokens` with ids past the vocabulary's): the vocabulary alone would drop them and split "[E1]" into
+    other ids. BERT's special tokens may be listed there (every save lists them; model2vec's even without a
+    vocabulary entry, which `complete` adds)."""
+    extra = [a.get("content") for a in added if isinstance(a, dict) and a.get("content") not in SPECIAL_TOKENS
+             and vocab.get(a.get("content")) != a.get("id")]
+    if extra:
+        raise BertkitError(f"{source} adds {len(extra)} token(s) beyond its WordPiece vocabulary "
+                           f"({', '.join(map(str, extra[:5]))}{', ...' if len(extra) > 5 else ''}); bertkit reads "
+                           "the vocabulary and BERT's special tokens only: save the tokenizer without added tokens")
 
 
 def save_vocab(tokens: list[str], path) -> Path:

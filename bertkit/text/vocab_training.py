@@ -97,7 +97,7 @@ def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, 
 
 def count_words(lines, config: VocabTrainingConfig) -> Counter:
     """Counts of normalised words, as the tokenizer's basic stage produces them."""
-    pattern = coarse_split_pattern()
+    pattern = coarse_split_pattern(config.tokenize_chinese_chars)
     runs: Counter = Counter()
     for line in lines:
         if not isinstance(line, str):

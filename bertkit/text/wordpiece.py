@@ -17,7 +17,7 @@ Input: a normalised word (from basic_tokenizer). Output: a list of
 the caller maps spans to tokens and ids and caches the result per word.
 """
 
-from bertkit.text.vocab import CONTINUATION  # "##"
+CONTINUATION = "##"  # the prefix of a word-internal piece, as vocab.txt writes it (bertkit.text.vocab)
 
 
 def wordpiece_spans(word: str, vocab, max_input_chars_per_word: int = 100, max_piece_len: int | None = None):
