@@ -180,13 +180,13 @@ def _hf_state(model):
     return hf_state_dict(model)
 
 
-def test_pytorch_model_bin_and_tf_style_names(tmp_path):
+def test_tf_style_names(tmp_path):
     model = tiny(bertkit.BertForMaskedLM)
     BertConfig(**TINY).to_json_file(tmp_path / "config.json")
     state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
              for k, v in _hf_state(model).items()}
     state["cls.predictions.decoder.bias"] = state.pop("cls.predictions.bias")  # older checkpoints
-    torch.save(state, tmp_path / "pytorch_model.bin")
+    save_file(state, str(tmp_path / "model.safetensors"))
     loaded = bertkit.BertForMaskedLM.from_pretrained(tmp_path)
     ids, mask = inputs()
     with torch.no_grad():
@@ -198,12 +198,34 @@ class _Exploit:
         return (os.system, ("touch pwned",))
 
 
+def _never_unpickle(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pickle was opened")
+    for module, name in ((torch, "load"), (pickle, "load"), (pickle, "loads"), (pickle, "Unpickler")):
+        monkeypatch.setattr(module, name, refuse)
+
+
+def test_a_pytorch_model_bin_folder_is_refused_without_unpickling(tmp_path, monkeypatch):
+    """Nothing we read can run code: even torch.load(weights_only=True) runs an unpickler (a restricted one,
+    with its own CVE history). A folder holding only the pickle is refused naming the conversion."""
+    model = tiny(bertkit.BertForMaskedLM)
+    model.config.to_json_file(tmp_path / "config.json")
+    torch.save(_hf_state(model), tmp_path / "pytorch_model.bin")
+    _never_unpickle(monkeypatch)
+    for load in (lambda: bertkit.BertForMaskedLM.from_pretrained(tmp_path), lambda: bertkit.load(tmp_path),
+                 lambda: read_weights(tmp_path / "pytorch_model.bin")):
+        with pytest.raises(BertkitError, match="pytorch_model.bin is a pickle.*model.safetensors"):
+            load()
+    model.save_pretrained(tmp_path)  # beside model.safetensors it is never opened
+    assert bertkit.BertForMaskedLM.from_pretrained(tmp_path).load_report.problems is False
+
+
 def test_pickles_are_never_loaded_unsafely(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     BertConfig(**TINY).to_json_file(tmp_path / "config.json")
     with open(tmp_path / "pytorch_model.bin", "wb") as f:
         pickle.dump({"embeddings.word_embeddings.weight": _Exploit()}, f, protocol=2)
-    with pytest.raises(BertkitError, match="weights_only=True"):
+    with pytest.raises(BertkitError, match="is a pickle"):
         BertModel.from_pretrained(tmp_path)
     assert not (tmp_path / "pwned").exists()
 

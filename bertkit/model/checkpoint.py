@@ -1,9 +1,10 @@
 """Hugging Face BERT and ELECTRA checkpoints: load them into our classes and save ours in their format.
 
 A Hugging Face BERT directory holds `config.json`, the weights (`model.safetensors`,
-possibly sharded with `model.safetensors.index.json`, or the older pickle
-`pytorch_model.bin`, which we read only with `torch.load(weights_only=True)`, so a
-malicious pickle cannot run code) and the tokenizer files (`vocab.txt`, ...).
+possibly sharded with `model.safetensors.index.json`) and the tokenizer files
+(`vocab.txt`, ...). The older pickle `pytorch_model.bin` is refused, never opened:
+nothing we read can run code, and even `torch.load(weights_only=True)` runs an
+unpickler (a restricted one); the message names the one-line conversion.
 
 Compatibility lives in one place: TABLE below maps each of our parameter names to
 the Hugging Face key(s) it is stored under. The encoder's keys carry a `bert.`
@@ -79,7 +80,8 @@ HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
 IGNORED = {"embeddings.position_ids", "embeddings.token_type_ids",
            "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+PICKLED_WEIGHTS = "pytorch_model.bin"  # refused unread (see the module docstring)
 
 
 # ELECTRA (Clark et al. 2020; Hugging Face modeling_electra.py): the encoder rows of
@@ -182,17 +184,12 @@ def _read_safetensors(path: Path) -> dict:
         ) from None
 
 
-def _read_pickle(path: Path) -> dict:
-    try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise BertkitError(
-            f"could not read {path} safely ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-            "only plain tensor checkpoints load (weights_only=True): convert it to model.safetensors"
-        ) from None
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    return state
+def _refuse_pickle(path: Path) -> BertkitError:
+    return BertkitError(
+        f"{path} is a pickle, which bertkit never opens (unpickling can run code): convert it to "
+        "model.safetensors, e.g. transformers.BertModel.from_pretrained(DIR).save_pretrained(DIR) "
+        "(the head class for a head checkpoint), then load DIR again"
+    )
 
 
 def weights_file(directory) -> Path:
@@ -200,6 +197,8 @@ def weights_file(directory) -> Path:
     path = Path(directory)
     if path.is_dir():
         found = [path / name for name in WEIGHT_FILES if (path / name).is_file()]
+        if not found and (path / PICKLED_WEIGHTS).is_file():
+            raise _refuse_pickle(path / PICKLED_WEIGHTS)
         if not found:
             onnx = ("; model.onnx is an ONNX export, run by ONNX Runtime: give the model folder it was exported "
                     "from" if (path / "model.onnx").is_file() else "")
@@ -207,6 +206,11 @@ def weights_file(directory) -> Path:
         return found[0]
     if not path.is_file():
         raise BertkitError(f"no checkpoint at {path}: pass a model directory with config.json and weights")
+    if path.suffix in (".bin", ".pt", ".pth", ".ckpt"):
+        raise _refuse_pickle(path)
+    if not path.name.endswith((".safetensors", ".index.json")):
+        raise BertkitError(f"{path} is not a safetensors file: bertkit reads model.safetensors (or its shards' "
+                           "index, model.safetensors.index.json)")
     return path
 
 
@@ -217,10 +221,8 @@ def read_weights(directory) -> tuple[dict[str, torch.Tensor], Path]:
         state = {}
         for shard in shard_files(path):  # each inside the folder
             state.update(_read_safetensors(shard))
-    elif path.suffix == ".safetensors":
-        state = _read_safetensors(path)
     else:
-        state = _read_pickle(path)
+        state = _read_safetensors(path)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise BertkitError(f"{path} does not hold a flat name -> tensor state dict")
     return state, path

@@ -16,8 +16,7 @@ out before any shape is compared. The shapes are in the safetensors header
 
 Keys are matched with any prefix a head checkpoint puts on its encoder (`bert.`,
 `electra.`); a sharded checkpoint's shards (its `weight_map`) must lie inside the
-folder (`bertkit.model.confined`). A pickled pytorch_model.bin has no header: its
-shapes are checked after loading (`bertkit.model.checkpoint.load_state`).
+folder (`bertkit.model.confined`).
 """
 
 from __future__ import annotations

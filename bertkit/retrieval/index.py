@@ -96,7 +96,7 @@ log = logging.getLogger(__name__)
 
 def fingerprint(directory) -> str:
     """SHA-256 of a model directory's weights files (the first of model.safetensors, its shards'
-    index, pytorch_model.bin, model.int8.safetensors that exists; a sharded checkpoint's shards too).
+    index, model.int8.safetensors that exists; a sharded checkpoint's shards too).
     A static model's table sits in its module folder, which the loader records (info["weights_dir"])."""
     directory = Path(directory)
     names = [n for n in (*WEIGHT_FILES, INT8_WEIGHTS) if (directory / n).is_file()]

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from bertkit.model import heads
-from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES, architecture, has_int8_weights, resolve
+from bertkit.model.checkpoint import INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILES, architecture, has_int8_weights, resolve
 from bertkit.runtime.devices import holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.loading import load
@@ -188,7 +188,7 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
     directory = resolve(model_dir)
     # config.json and the tokenizer are copied beside model.onnx: over another model's, they would describe
     # weights they do not fit (an earlier export there has no weights file: it is replaced as before)
-    held = [name for name in (*WEIGHT_FILES, INT8_WEIGHTS) if (Path(out_dir) / name).is_file()]
+    held = [name for name in (*WEIGHT_FILES, PICKLED_WEIGHTS, INT8_WEIGHTS) if (Path(out_dir) / name).is_file()]
     if held and Path(out_dir).resolve() != directory.resolve():
         raise BertkitError(f"{out_dir} holds another model ({', '.join(held)}): its config.json and tokenizer "
                            "would be replaced by this export's; write to a new or empty folder")
