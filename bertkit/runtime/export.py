@@ -50,7 +50,8 @@ import torch
 from torch import nn
 
 from bertkit.model import heads
-from bertkit.model.checkpoint import INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILES, architecture, has_int8_weights, resolve
+from bertkit.model.checkpoint import (INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILES, architecture, has_int8_weights,
+                                      resolve)
 from bertkit.runtime.devices import holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.loading import load
