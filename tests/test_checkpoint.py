@@ -420,3 +420,32 @@ def test_describe_reads_what_a_directory_holds(tmp_path, default_model_dir):
         describe(tmp_path / "absent")
     with pytest.raises(BertkitError, match="model must be None .* or a model directory, got int"):
         describe(3)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", ["BertForMaskedLM", "BertForPreTraining"])
+def test_an_untied_decoder_loads_and_saves_both_ways(tmp_path, transformers_mod, name):
+    """tie_word_embeddings false: the MLM decoder is a matrix of its own (cls.predictions.decoder.weight), not the
+    word embeddings. It was read as tied, silently: the logits differed from transformers' by ~2."""
+    torch.manual_seed(0)
+    hf = getattr(transformers_mod, name)(transformers_mod.BertConfig(**TINY, tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.save_pretrained(str(tmp_path / "hf"))
+    ours = getattr(bertkit, name).from_pretrained(tmp_path / "hf")  # strict: every key has its place
+    ids, mask = inputs()
+    key = "logits" if name == "BertForMaskedLM" else "prediction_logits"
+    with torch.no_grad():
+        torch.testing.assert_close(getattr(ours(ids, mask), key), getattr(hf(input_ids=ids, attention_mask=mask), key),
+                                   atol=1e-5, rtol=0)
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["tie_word_embeddings"] is False
+    back = getattr(transformers_mod, name).from_pretrained(str(tmp_path / "ours")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(getattr(back(input_ids=ids, attention_mask=mask), key),
+                                   getattr(hf(input_ids=ids, attention_mask=mask), key), atol=1e-5, rtol=0)
+    tied = tiny(bertkit.BertForMaskedLM)  # a tied model stays as transformers writes one: no key, no decoder
+    tied.save_pretrained(tmp_path / "tied")
+    assert "tie_word_embeddings" not in json.loads((tmp_path / "tied" / "config.json").read_text())
+    assert "cls.predictions.decoder.weight" not in load_file(str(tmp_path / "tied" / "model.safetensors"))

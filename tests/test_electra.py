@@ -336,3 +336,20 @@ def test_the_discriminator_learns_to_spot_replacements_it_can_see():
     found = ((logits > 0) & replaced).sum() / replaced.sum()
     assert ((logits > 0) == replaced).float().mean() > 1 - replaced.float().mean() + 0.04
     assert 0.4 < found < 0.7  # about 30/55 of the replacements are visible by identity
+
+
+@pytest.mark.oracle
+def test_an_untied_generator_decoder_loads_and_saves_both_ways(tmp_path, transformers_mod):
+    """tie_word_embeddings false: generator_lm_head.weight is the generator's own decoder (it was ignored)."""
+    torch.manual_seed(0)
+    hf = transformers_mod.ElectraForMaskedLM(hf_config(transformers_mod, tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = ElectraForMaskedLM.from_pretrained(tmp_path / "hf")
+    ids, mask, types = inputs()
+    _compare(ours, hf, ids, mask, types, {})
+    ours.save_pretrained(tmp_path / "ours")
+    back = transformers_mod.ElectraForMaskedLM.from_pretrained(str(tmp_path / "ours")).eval()
+    _compare(ours, back, ids, mask, types, {})

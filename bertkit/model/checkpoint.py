@@ -12,7 +12,8 @@ prefix in head checkpoints (`bert.encoder.layer.3...`) and none in a bare
 `BertModel` checkpoint; we strip it on reading and add it back on writing heads.
 Our fused query/key/value matrix [3H, H] is three HF keys, concatenated in that
 order. The masked-LM decoder is tied to the word embeddings, so its weight is
-never read or written (transformers re-ties it on load).
+never read or written (transformers re-ties it on load), unless config.json says
+`tie_word_embeddings: false`: then it is a matrix of its own, read and written.
 
 Loading sorts every checkpoint key into one of:
   loaded      matched one of our parameters (shapes checked against the config);
@@ -69,6 +70,7 @@ TABLE = [
     ("mlm.transform.{p}", "cls.predictions.transform.dense.{p}"),
     ("mlm.layer_norm.{p}", "cls.predictions.transform.LayerNorm.{p}"),
     ("mlm.bias", "cls.predictions.bias"),
+    ("mlm.decoder.weight", "cls.predictions.decoder.weight"),  # only when untied (tie_word_embeddings false)
     ("nsp.{p}", "cls.seq_relationship.{p}"),
     ("classifier.{p}", "classifier.{p}"),
     ("qa_outputs.{p}", "qa_outputs.{p}"),
@@ -92,7 +94,8 @@ ELECTRA_TABLE = [row for row in TABLE if row[0].startswith(("embeddings.", "enco
     ("discriminator_predictions.dense_prediction.{p}", "discriminator_predictions.dense_prediction.{p}"),
     ("generator_predictions.dense.{p}", "generator_predictions.dense.{p}"),
     ("generator_predictions.layer_norm.{p}", "generator_predictions.LayerNorm.{p}"),
-    ("generator_predictions.bias", "generator_lm_head.bias"),  # the decoder weight is the tied embeddings
+    ("generator_predictions.bias", "generator_lm_head.bias"),  # the decoder weight is the tied embeddings,
+    ("generator_predictions.decoder.weight", "generator_lm_head.weight"),  # or, untied, a matrix of its own
     ("classifier.dense.{p}", "classifier.dense.{p}"),  # ElectraClassificationHead
     ("classifier.out_proj.{p}", "classifier.out_proj.{p}"),
     ("classifier.{p}", "classifier.{p}"),  # token classification: one linear layer
@@ -257,6 +260,9 @@ def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, sourc
     layout = layout_of(model)
     state = canonical(state, layout)
     config = model.config
+    if not config.tie_word_embeddings and "cls.predictions.decoder.bias" in state:
+        # untied, transformers computes with the decoder's own bias (cls.predictions.bias is then unused)
+        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
     report = LoadReport(source=source)
 
     layers = {int(m.group(1)) for k in state if (m := re.match(r"encoder\.layer\.(\d+)\.", k))}
@@ -446,6 +452,8 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
         chunks = param.detach().chunk(len(keys), dim=0) if len(keys) > 1 else (param.detach(),)
         for key, chunk in zip(keys, chunks):
             out[(prefix if key.startswith(layout.encoder_prefixes) else "") + key] = chunk.contiguous().clone()
+    if "cls.predictions.decoder.weight" in out:  # untied: the bias transformers computes with, under both names
+        out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"].clone()
     return out
 
 

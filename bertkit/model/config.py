@@ -66,7 +66,7 @@ MAX_PARAMETERS = 20_000_000_000  # 80 GB of float32 weights
 # Keys Hugging Face writes that mean nothing for an encoder-only BERT: read and dropped.
 _HF_IGNORED = {
     "transformers_version", "model_type", "use_cache", "bos_token_id", "eos_token_id",
-    "tie_word_embeddings", "_name_or_path", "torch_dtype", "dtype", "output_past",
+    "_name_or_path", "torch_dtype", "dtype", "output_past",
     "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
     "pooler_size_per_head", "pooler_type", "return_dict", "output_hidden_states",
     "output_attentions", "chunk_size_feed_forward", "tokenizer_class", "finetuning_task",
@@ -103,6 +103,7 @@ class BertConfig:
     problem_type: str | None = None
     classifier_dropout: float | None = None  # None: use hidden_dropout_prob
     classifier_pooling: str = "cls"  # "cls": tanh pooler on [CLS] (BERT); "mean": average of the token vectors
+    tie_word_embeddings: bool = True  # the masked-LM decoder is the word-embedding matrix (False: a matrix of its own)
     # how to run
     attn_implementation: str = "sdpa"  # "sdpa" (fused, default) or "eager" (explicit)
     gradient_checkpointing: bool = False  # recompute each layer in backward to save memory
@@ -251,8 +252,8 @@ class BertConfig:
                 value = value or {l: i for i, l in enumerate(self.labels)}
             if f.name in ("architectures", "problem_type") and value is None:
                 continue
-            if f.name in _OURS and value == f.default:
-                continue
+            if (f.name in _OURS or f.name == "tie_word_embeddings") and value == f.default:
+                continue  # written only when changed: a stock checkpoint stays as transformers writes it
             out[f.name] = value
         out["position_embedding_type"] = "absolute"
         out.update(self.extra)

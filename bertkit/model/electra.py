@@ -60,7 +60,7 @@ from torch import nn
 from bertkit.model.config import BertConfig
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.model.heads import (IGNORE_INDEX, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
-                                 BertForTokenClassification, encode, check_labels, classifier_dropout)
+                                 BertForTokenClassification, encode, check_labels, classifier_dropout, untied_decoder)
 from bertkit.model.modeling import (BertEmbeddings, BertEncoder, BertModel, BertPreTrainedModel, activation,
                                     init_weights)
 
@@ -203,6 +203,7 @@ class GeneratorHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.embedding_size)
         self.layer_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder = untied_decoder(config, config.embedding_size)  # None: tied (tie_word_embeddings)
 
     def forward(self, x: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         x = self.layer_norm(F.gelu(self.dense(x)))  # [..., H] -> [..., E]

@@ -83,7 +83,8 @@ class QuestionAnsweringOutput:
 
 class MaskedLMHead(nn.Module):
     """transform (dense H -> H, gelu, LayerNorm), then the decoder: the word-embedding
-    matrix transposed (tied, not a copy) plus a bias per vocabulary entry."""
+    matrix transposed (tied, not a copy) plus a bias per vocabulary entry. With
+    `tie_word_embeddings` false (a checkpoint trained so) the decoder is a [V, H] matrix of its own."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -91,10 +92,16 @@ class MaskedLMHead(nn.Module):
         self.act = activation(config.hidden_act)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder = untied_decoder(config, config.hidden_size)
 
     def forward(self, x: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         x = self.layer_norm(self.act(self.transform(x)))  # [..., H]
         return F.linear(x, word_embeddings, self.bias)  # [..., H] x [V, H]^T -> [..., V]
+
+
+def untied_decoder(config: BertConfig, width: int) -> nn.Linear | None:
+    """The masked-LM decoder [V, width] of a model whose config unties it from the word embeddings; None when tied."""
+    return None if config.tie_word_embeddings else nn.Linear(width, config.vocab_size, bias=False)
 
 
 def check_labels(labels: torch.Tensor, shape: tuple, name: str, num_classes: int | None = None, *,
@@ -120,7 +127,10 @@ def check_labels(labels: torch.Tensor, shape: tuple, name: str, num_classes: int
 
 
 def masked_lm(head: MaskedLMHead, word_embeddings, sequence_output, labels):
-    """(logits, loss): all positions without labels; only the labelled ones with labels."""
+    """(logits, loss): all positions without labels; only the labelled ones with labels. The decoder is
+    `word_embeddings` [V, H] (tied), or the head's own matrix when it has one."""
+    if head.decoder is not None:
+        word_embeddings = head.decoder.weight
     if labels is None:
         return head(sequence_output, word_embeddings), None  # [B, T, V]
     check_labels(labels, sequence_output.shape[:2], "labels (masked LM)", word_embeddings.shape[0])
