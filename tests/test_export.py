@@ -87,6 +87,23 @@ def test_each_head_exports_loads_in_onnx_runtime_and_matches(cls, tiny, tmp_path
             np.testing.assert_allclose(value, expected, rtol=0, atol=1e-4)
 
 
+def test_a_model_with_one_segment_exports(tiny, tmp_path):  # noqa: F811
+    """type_vocab_size 1 (RoBERTa-style checkpoints in BERT's layout): the check's sentence pairs, segment B, made
+    ONNX Runtime fail with a traceback (a Gather out of bounds) after the file was written. One segment: no pairs."""
+    config = BertModel.from_pretrained(tiny).config.replace(type_vocab_size=1)
+    model = BertForSequenceClassification(config, generator=torch.Generator().manual_seed(2)).eval()
+    model.save_pretrained(tmp_path / "model", tokenizer=Tokenizer.from_pretrained(tiny))
+    report = export_onnx(tmp_path / "model", tmp_path / "onnx")
+    assert report.max_abs_diff <= 1e-4
+    batch = odd_batch()
+    batch["token_type_ids"].zero_()
+    got = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"]).run(
+        None, {k: v.numpy() for k, v in batch.items()})[0]
+    with torch.no_grad():
+        expected = model(**batch).logits.numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+
+
 def test_a_head_without_onnx_signature_fails_naming_it(tiny, tmp_path):  # noqa: F811
     src, _ = head_dir(tiny, BertForMaskedLM, tmp_path / "mlm")
     with pytest.raises(BertkitError, match="cannot export BertForMaskedLM"):
