@@ -33,6 +33,28 @@ def test_alphabet_always_kept_even_over_size():
     assert len(tokens) == len(set(tokens))  # every character seen has both forms, no duplicates
 
 
+@pytest.mark.oracle
+def test_no_continuation_piece_that_can_never_follow_in_a_word():
+    """Punctuation and CJK are always words of their own, so "##," or "##中" can never be read: they
+    took one slot of the vocabulary per such character (thousands on a Chinese corpus). The Rust
+    trainer (the oracle) learns none of them; the other characters keep both forms."""
+    from tokenizers import BertWordPieceTokenizer
+
+    lines = ["Hello, world! (said she) 中文字 «quoted» — end.", "hello again; world? 文中"] * 3
+    ours = train_vocab(lines, VocabTrainingConfig(vocab_size=60, min_frequency=2))
+    assert not [t for t in ours if t.startswith("##") and t[2:] in ",!()«»—.;?中文字"]
+    assert {"##e", "##l", "##o", "h", "w"} <= set(ours)  # letters: both forms, as before
+    rust = BertWordPieceTokenizer()
+    rust.train_from_iterator(lines, vocab_size=60, min_frequency=2, show_progress=False,
+                             special_tokens=list(SPECIAL_TOKENS), limit_alphabet=1000)
+    theirs = {t for t in rust.get_vocab() if t.startswith("##") and len(t) == 3}
+    assert theirs <= set(ours)
+    # and only the letters seen at word starts alone ("quoted", "said", "world") have more: their cover
+    assert {t for t in ours if t.startswith("##") and len(t) == 3} - theirs == {"##q", "##s", "##w"}
+    whole = train_vocab(lines, VocabTrainingConfig(vocab_size=60, tokenize_chinese_chars=False))
+    assert {"##文", "##中", "##字"} <= set(whole)  # ideographs inside words: continuation pieces again
+
+
 def test_counting_follows_the_basic_tokenizer():
     counts = count_words(["Héllo, WORLD! hello\u4e2d\u6587", "world"], VocabTrainingConfig())
     assert counts == {"hello": 2, ",": 1, "world": 2, "!": 1, "\u4e2d": 1, "\u6587": 1}

@@ -15,7 +15,9 @@ so the result is a vocabulary the greedy longest-match WordPiece tokenizer
    larger than memory works; past `max_distinct_words` distinct words the
    words seen once are dropped (an approximation that only forgets the rarest).
 2. Alphabet: every character seen, both as a word start "c" and as a
-   continuation "##c", so every word made of seen characters has a cover.
+   continuation "##c", so every word made of seen characters has a cover;
+   but punctuation and (when split) CJK characters, always words of their
+   own, get no "##c", which no text could ever produce.
 3. Repeat: merge the most frequent adjacent pair of pieces (ties: the pair
    that sorts first, so training is deterministic) into a new piece, as long as
    the pair occurs at least `min_frequency` times and the vocabulary is below
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
+from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern, is_cjk, is_punctuation
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, check_encoding, corpus_files, read_lines
 from bertkit.data.outputs import holds
@@ -164,7 +166,11 @@ def learn_vocab(word_counts: dict, config: VocabTrainingConfig, progress: bool =
     alphabet = sorted({c for w, _ in items for c in w})
     tokens = list(SPECIAL_TOKENS)
     tokens += [c for c in alphabet if c not in SPECIAL_TOKENS]
-    tokens += [CONTINUATION + c for c in alphabet]
+    # a continuation piece for every character that can follow inside a word: not punctuation nor (when
+    # split) CJK, which are always words of their own (their "##" forms could never be read)
+    inner = {c for w, _ in items for c in w[1:]}
+    tokens += [CONTINUATION + c for c in alphabet
+               if c in inner or not (is_punctuation(c) or (config.tokenize_chinese_chars and is_cjk(c)))]
     known = set(tokens)
 
     pair_counts: dict = {}
