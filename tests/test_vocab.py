@@ -126,6 +126,9 @@ def test_a_folder_with_only_tokenizer_json_loads_its_wordpiece_vocabulary(tmp_pa
     assert ours.ids_to_tokens == reference.ids_to_tokens and ours.lowercase == reference.lowercase
     text = "Sentence embeddings, unaffable Ödön and 東京 in one line."
     assert ours.encode(text).input_ids == hf(text)["input_ids"]
+    # the file itself, as `bertkit tokenize --vocab .../tokenizer.json` passes it: was read as a vocab.txt
+    # whose lines are JSON, "missing special token(s) [PAD], ..."
+    assert Tokenizer.from_pretrained(tmp_path / "tokenizer.json").encode(text).input_ids == hf(text)["input_ids"]
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}}}')
     with pytest.raises(BertkitError, match="BPE tokenizer, not WordPiece"):
         Tokenizer.from_pretrained(tmp_path)

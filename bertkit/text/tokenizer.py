@@ -103,11 +103,12 @@ class Tokenizer:
     @classmethod
     def from_pretrained(cls, path=None, *, vocab_size: int | None = None, **overrides) -> "Tokenizer":
         """Load from a model directory (vocab.txt, or a tokenizer.json's WordPiece vocabulary, +
-        tokenizer_config.json) or a vocab.txt.
+        tokenizer_config.json), a vocab.txt or a tokenizer.json.
 
         None: the default model's vocabulary. Settings come from
         tokenizer_config.json (HF keys: do_lower_case, strip_accents,
-        tokenize_chinese_chars, max_input_chars_per_word); `overrides` (same
+        tokenize_chinese_chars, max_input_chars_per_word), or where a tokenizer.json has none beside it,
+        from its normalizer and model (`bertkit.text.tokenizer_config`); `overrides` (same
         names as the constructor) may not contradict the stored casing.
         vocab_size: the embedding rows of the model the vocabulary is read for (its config.json's
         vocab_size); a vocabulary with more tokens is refused, since its last ids would index past the
@@ -124,8 +125,8 @@ class Tokenizer:
             folder, vocab_file = path.parent, path
         else:
             raise BertkitError(f"no tokenizer at {path}: pass a model directory holding vocab.txt, or a vocab.txt")
-        hf_json = not vocab_file.is_file() and (folder / "tokenizer.json").is_file()
-        if hf_json:
+        hf_json = vocab_file.suffix == ".json" or (not vocab_file.is_file() and (folder / "tokenizer.json").is_file())
+        if hf_json and vocab_file.suffix != ".json":
             vocab_file = folder / "tokenizer.json"
         elif not vocab_file.is_file():
             raise BertkitError(f"{folder} has no vocab.txt; pass a model directory or a vocab.txt file")
