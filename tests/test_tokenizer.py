@@ -176,6 +176,9 @@ def test_batch_tensors_and_arrays(tok):
     assert isinstance(npb["input_ids"], np.ndarray) and npb["input_ids"].shape == (2, 16)
     plain = tok.encode_batch(texts, padding=False, return_tensors=None)
     assert plain["input_ids"] == [tok.encode(t).input_ids for t in texts]
+    # no text: still [B, T] (0 x 0), as torch.zeros and numpy give it; it was a 1-d [0]
+    assert tok.encode_batch([])["attention_mask"].shape == (0, 0)
+    assert tok.encode_batch([], padding="max_length", max_length=8, return_tensors="np")["input_ids"].shape == (0, 8)
 
 
 def test_batch_overflow_rows_and_mapping(tok):

@@ -35,7 +35,7 @@ def add_tokenize(sub):
     )
     p.add_argument("text", help="the text to tokenize")
     p.add_argument("--pair", help="a second segment (sentence B)")
-    p.add_argument("--vocab", help="a vocab.txt or model directory (default: the embedded model's)")
+    p.add_argument("--vocab", help="a vocab.txt, tokenizer.json or model directory (default: the embedded model's)")
     p.add_argument("--max-length", type=int, default=512, help="truncate to this many tokens (<= 512)")
     p.add_argument("--json", action="store_true", help="print the encoding as JSON")
     p.set_defaults(handler=run_tokenize)

@@ -209,18 +209,21 @@ def batch(tok, segments_a, segments_b, opts: dict, return_overflowing, return_te
         rows = [enc, *enc.overflowing] if return_overflowing else [enc]
         encodings += rows
         mapping += [i] * len(rows)
+    target = opts["max_length"] if padding_mode == "max_length" else max((len(e) for e in encodings), default=0)
     if padding_mode:
-        target = opts["max_length"] if padding_mode == "max_length" else max((len(e) for e in encodings), default=0)
         for e in encodings:
             pad(e, target, tok)
-    data = {
+    rows = {
         "input_ids": [e.input_ids for e in encodings],
         "token_type_ids": [e.token_type_ids for e in encodings],
         "attention_mask": [e.attention_mask for e in encodings],
     }
+    data = as_tensors(rows, return_tensors)
+    if not encodings and return_tensors is not None:  # no text: still [B, T], 0 x T (a list of nothing was [0])
+        data = {k: v.reshape(0, target) for k, v in data.items()}
     if return_overflowing:
-        data["overflow_to_sample_mapping"] = mapping
-    return BatchEncoding(as_tensors(data, return_tensors), encodings)
+        data.update(as_tensors({"overflow_to_sample_mapping": mapping}, return_tensors))
+    return BatchEncoding(data, encodings)
 
 
 def as_tensors(data: dict, return_tensors) -> dict:
