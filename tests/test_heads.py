@@ -1,12 +1,15 @@
 """Task heads: transformers-initialised models of every head type, saved by transformers,
 load into ours and give the same logits and losses; plus the heads' own rules."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 
 import bertkit
 from bertkit import BertConfig, BertkitError
+from bertkit.model.checkpoint import hf_state_dict
 from bertkit.model.heads import HEADS
 
 HF_TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -107,6 +110,37 @@ def test_transformers_heads_load_with_identical_logits_and_losses(hf_checkpoints
         torch.testing.assert_close(got.mlm_loss + got.nsp_loss, got.loss)
     if name == "BertForQuestionAnswering":
         torch.testing.assert_close(got.end_logits, ref.end_logits, atol=1e-5, rtol=0)
+
+
+def grads_by_hf_name(model) -> dict:
+    """Each parameter's gradient under its Hugging Face name (the checkpoint table splits qkv)."""
+    shadow = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, q in zip(shadow.parameters(), model.parameters()):
+            p.copy_(torch.zeros_like(q) if q.grad is None else q.grad)
+    return hf_state_dict(shadow)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("cls", HEADS, ids=lambda c: c.__name__)
+def test_gradients_match_transformers(hf_checkpoints, cls):
+    """What a hand-written training step sees: the same gradient for every weight as transformers
+    (dropout off). QA's loss reaches padded positions, so this holds only if the [PAD] embedding
+    row gets no gradient, as transformers' `padding_idx` makes it."""
+    name = cls.__name__
+    hf_model, directory = hf_checkpoints[name]
+    hf_model = copy.deepcopy(hf_model)
+    ours = cls.from_pretrained(directory)
+    shape = (1, C, T) if name == "BertForMultipleChoice" else (B, T)
+    ids, mask, types = batch(shape=shape)
+    labels = labels_for(name, ids, mask)
+    hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels).loss.backward()
+    ours(ids, mask, types, **labels).loss.backward()
+    theirs = {n: p.grad for n, p in hf_model.named_parameters()}
+    got = grads_by_hf_name(ours)
+    assert set(got) == set(theirs)
+    for key, grad in got.items():
+        torch.testing.assert_close(grad, theirs[key], atol=1e-6, rtol=1e-4, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.mark.oracle

@@ -90,7 +90,8 @@ class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig, width: int | None = None):
         super().__init__()
         H = config.hidden_size if width is None else width
-        self.word_embeddings = nn.Embedding(config.vocab_size, H)
+        # padding_idx: the [PAD] row gets no gradient (as transformers; QA's loss reaches padded positions)
+        self.word_embeddings = nn.Embedding(config.vocab_size, H, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, H)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, H)
         self.layer_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
