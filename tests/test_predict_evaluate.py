@@ -289,6 +289,34 @@ def test_a_task_file_that_disagrees_with_the_head_is_named(tmp_path):
         predict(tmp_path, ["a sentence"])
 
 
+def test_a_loaded_model_without_its_task_head_is_named_as_such(sentiment_run, tiny, tmp_path):  # noqa: F811
+    """predict(..., loaded=bertkit.load(DIR, head="encoder")) once blamed the folder ("the two files disagree;
+    fine-tune the model again"); a loaded encoder without a task (a pretrained model, a static table) was a
+    bare KeyError 'task', and so was a fine-tuned head handed over in memory (no bertkit_task.json to say how it reads
+    its inputs). Each now says what `loaded` holds and how to load the task model."""
+    import torch
+
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.model.static import StaticEmbedding, save_static
+    from bertkit.runtime.loading import load
+    from bertkit.text.tokenizer import Tokenizer
+    from bertkit.text.tokenizer_json import write_tokenizer_json
+
+    run = sentiment_run[0] / "out"
+    with pytest.raises(BertkitError, match=r"loaded holds .* encoder \(BertModel\), not its classify model: load it "
+                                           r"with bertkit.load\(.*\) \(head 'auto' or 'task'\)"):
+        predict(run, ["a sentence"], loaded=load(run, head="encoder"))
+    tok = Tokenizer.from_pretrained()
+    static = tmp_path / "static"
+    write_tokenizer_json(tok, save_static(StaticEmbedding(torch.ones(len(tok), 4), normalize=True), static))
+    in_memory = (BertForSequenceClassification.from_pretrained(run), Tokenizer.from_pretrained(run))
+    for held in (load(tiny), load(static), load(in_memory)):
+        with pytest.raises(BertkitError, match="loaded holds .*, not a fine-tuned task model: load the output folder "
+                                               "of `bertkit finetune`"):
+            predict(None, ["a sentence"], loaded=held)
+    assert predict(None, ["a sentence"], loaded=load(run)) == predict(run, ["a sentence"])
+
+
 # --- rows without answers are predicted, not dropped; messages never in the predictions -------------
 
 def test_rows_without_a_label_are_predicted_and_only_the_labelled_scored(sentiment_run, tmp_path, capsys):  # noqa: F811

@@ -69,6 +69,8 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     int_at_least(batch_size, 1, "batch_size", says="a positive int")
     if loaded is not None and not isinstance(loaded, Loaded):
         raise BertkitError(f"loaded must be a Loaded (bertkit.load(model_dir, head='task')), got {type(loaded).__name__}")
+    if loaded is not None:
+        _check_held(loaded)
     loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)
     task = task_of(loaded)
     kind = type(loaded.model).__name__  # ELECTRA's heads share BERT's names after "For"
@@ -80,6 +82,23 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
                            "(one per text)")
     run = partial(run_model, loaded.model, batch_size=batch_size)
     return task.predict(run, loaded.tokenizer, texts, pairs, loaded.info, task.labels(loaded.config))
+
+
+def _check_held(loaded: Loaded) -> None:
+    """Refuse a Loaded that is not its folder's task model (an encoder, a static table) by what it holds."""
+    task = loaded.info.get("task") if loaded.task != "static" else None
+    if task == loaded.task:
+        return
+    kind = type(loaded.model).__name__
+    if loaded.directory is None:
+        held = f"a {kind} handed over in memory, without the task description of its folder (bertkit_task.json)"
+    else:
+        held = f"{loaded.directory}'s {'encoder' if loaded.task == 'embed' else loaded.task + ' model'} ({kind})"
+    if task is None:
+        raise BertkitError(f"loaded holds {held}, not a fine-tuned task model: load the output folder of "
+                           "`bertkit finetune` (bertkit.load(DIR))")
+    raise BertkitError(f"loaded holds {loaded.directory}'s encoder ({kind}), not its {task} model: load it "
+                       f"with bertkit.load({str(loaded.directory)!r}) (head 'auto' or 'task')")
 
 
 def _text_list(texts, what: str) -> list[str]:
