@@ -76,7 +76,7 @@ def tok():
 def cased_tok(tok):
     # a cased vocabulary: the uncased one plus capitalised words (mechanics, not quality)
     known = set(tok.ids_to_tokens)
-    extra = [c for c in (t.capitalize() for t in tok.ids_to_tokens if t.isalpha()) if c not in known][:3000]
+    extra = [c for c in dict.fromkeys(t.capitalize() for t in tok.ids_to_tokens if t.isalpha()) if c not in known][:3000]
     return Tokenizer(tok.ids_to_tokens + extra, lowercase=False)
 
 

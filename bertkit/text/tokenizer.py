@@ -31,7 +31,7 @@ from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, 
 from bertkit.text.encoding import (MODEL_MAX_LENGTH, BatchEncoding, Encoding, Segment, assemble, batch, check_options,
                                    num_special_tokens)
 from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_casing, load_vocab, save_vocab,
-                                tokens_from_text, tokens_from_tokenizer_json)
+                                tokens_from_text, tokens_from_tokenizer_json, validate_tokens)
 from bertkit.text.wordpiece import CONTINUATION, wordpiece_spans
 from bertkit.default_model import default_model_dir
 
@@ -82,6 +82,8 @@ class Tokenizer:
         if missing:  # a file's tokens are checked as it is read (vocab.py); a list given here is not
             raise BertkitError(f"the vocabulary lacks the special token(s) {', '.join(missing)}: a BERT "
                                f"vocabulary needs all of {' '.join(SPECIAL_TOKENS)}")
+        if isinstance(vocab_file, (list, tuple)):  # as strict as a file: a repeated token shifts every id
+            validate_tokens(self.ids_to_tokens, "the token list")
         check_casing(self.ids_to_tokens, self.lowercase)
 
         self.pad_token_id = self.vocab[PAD]
