@@ -514,7 +514,9 @@ def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs(default_model_dir
     words = ["protein", "Folding", "naïve", "İstanbul", "漢字", "...", "!!", "[MASK]", "[CLS]x", "co-operate",
              "x" * 150, "\u0301", "a\u00a0b", "\t", "\n", "ﬁne", "😀", "ΣΑΣ", "don't", "\x00", "U.S.A."]
     for _ in range(300):
-        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 600)))
+        # any whitespace of BERT's may separate words; \x1f and \x85 are not (dropped, they join two words)
+        text = "".join(rng.choice(words) + rng.choice([" ", " ", "\n", "\t", "\r\n", "\x1f", "\x85"])
+                       for _ in range(rng.randint(1, 600)))
         n = rng.randint(0, 300)
         whole, head = tok.ids_batch([text])[0], tok.head(text, n)
         pieces = tok.ids_batch([head])[0]
@@ -523,6 +525,9 @@ def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs(default_model_dir
         assert tok.single_ids([text], n + 2)[0] == tok.encode(text, max_length=n + 2).input_ids
     huge = "the cell folds the protein. " * 40000
     assert len(tok.head(huge, 254)) < 20000 and tok.single_ids([huge], 256)[0][1:-1] == tok.ids_batch([huge])[0][:254]
+    # one word a line (a CoNLL file read whole) has no space: it was read to its end, 500 times slower
+    lines = "\n".join(huge.split())
+    assert len(tok.head(lines, 254)) < 20000 and tok.encode(lines, max_length=256).input_ids[1:-1] == tok.ids_batch([lines])[0][:254]
 
 
 def _handed(tok) -> list:

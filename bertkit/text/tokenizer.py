@@ -35,6 +35,11 @@ from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_
 from bertkit.text.wordpiece import CONTINUATION, wordpiece_spans
 from bertkit.default_model import default_model_dir
 
+# where `Tokenizer.head` may cut: BERT's ASCII whitespace (not str.split()'s \x1c-\x1f or \x85, which
+# the cleaner drops, joining the characters around them into one word)
+_CUT = re.compile("[ \t\n\r]")
+
+
 def _check_cut(max_length, least: int) -> None:
     """A length to cut ids at (None: no cut): an int of at least `least`."""
     if max_length is not None:
@@ -300,15 +305,16 @@ class Tokenizer:
     def head(self, text: str, n: int) -> str:
         """A prefix of `text` whose word pieces are the first of `text`'s and more than `n` of them, else `text`.
 
-        Every run the tokenizer reads lies between safe boundaries, and a space is one (`coarse_split_pattern`):
-        the pieces of a prefix cut at a space are the whole text's first pieces. A text cut at `n` pieces, or
-        refused past `n`, needs no more of itself, and the rest of a long one (a megabyte of it is a second of
-        Python) is never tokenized. A text with no space past the first try is read whole."""
+        Every run the tokenizer reads lies between safe boundaries, and whitespace is one (`coarse_split_pattern`):
+        the pieces of a prefix cut at a space, tab or line end are the whole text's first pieces. A text cut at
+        `n` pieces, or refused past `n`, needs no more of itself, and the rest of a long one (a megabyte of it
+        is a second of Python) is never tokenized. A text with no such whitespace past the first try is read whole."""
         size = 8 * n + 64  # characters: a piece spans about four in English prose
         while size < len(text):
-            end = text.find(" ", size)
-            if end < 0:
+            cut = _CUT.search(text, size)
+            if cut is None:
                 break
+            end = cut.start()
             if self.ids_batch([text[:end]])[1][0] > n:
                 return text[:end]
             size *= 4
