@@ -20,3 +20,25 @@ def test_a_long_run_draws_a_true_running_mean_and_says_its_window():
     expected = [values[max(0, i - 9): i + 1].mean() for i in range(len(values))]
     np.testing.assert_allclose(mean, expected, rtol=1e-9)
     assert np.std(mean[20:]) < 0.5 * np.std(values)  # smoother than the raw values: a mean, not a copy
+
+
+def test_every_panel_spans_the_run_so_a_lone_evaluation_sits_where_it_happened(tmp_path, monkeypatch):
+    """A one-epoch fine-tuning run: 94 training steps and one evaluation at step 94. The accuracy panel's axis
+    ran from 89 to 99 around its one point, beside a loss panel from 0 to 94; every panel now spans the run."""
+    import json
+
+    import matplotlib.figure
+
+    from bertkit.training.metrics_log import plot_curves
+
+    records = [{"split": "train", "step": s, "loss": 1.0 / s, "lr": 1e-5} for s in range(1, 95)]
+    records.append({"split": "eval", "step": 94, "accuracy": 0.79})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png",
+                [("loss", "training loss"), ("lr", "learning rate"), ("accuracy", "dev accuracy per epoch")])
+    [fig] = drawn
+    for ax in fig.axes:
+        left, right = ax.get_xlim()
+        assert left <= 1 and right >= 94 and right - left < 1.2 * 93, (ax.get_title(), left, right)

@@ -79,6 +79,9 @@ def plot_curves(metrics_path, png_path, panels, references=None) -> None:
     evals = [r for r in recs if r["split"] == "eval"]
     cols = 2 if len(panels) > 1 else 1
     rows = (len(panels) + cols - 1) // cols
+    # every panel spans the run's steps: an evaluation every epoch (one point, for one epoch) sits where it
+    # happened beside the training lines, not in an axis of its own around it
+    steps = [r["step"] for r in recs if "step" in r]
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.5 * rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.remove()
@@ -101,6 +104,9 @@ def plot_curves(metrics_path, png_path, panels, references=None) -> None:
             ax.axhline(value, color="grey", linestyle="--", label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
+        if steps and max(steps) > min(steps):
+            pad = 0.04 * (max(steps) - min(steps))
+            ax.set_xlim(min(steps) - pad, max(steps) + pad)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
