@@ -244,6 +244,21 @@ def test_save_and_load_give_identical_outputs(cls, tmp_path):
     assert torch.equal(first_output(loaded), first_output(model))
 
 
+def test_a_saved_int8_masked_lm_loads_for_fill_mask(tmp_path, capsys):
+    """`load(head="mlm")` looked for model.safetensors only: an int8 BertForMaskedLM folder said "no weights",
+    while every other head asked for it (auto, encoder) said to load it as BertForMaskedLM."""
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(94))])
+    model = quantize(tiny_model(bertkit.BertForMaskedLM))
+    save_quantized(model, tmp_path, tok)
+    loaded = bertkit.load(tmp_path, head="mlm")
+    assert loaded.precision == "int8" and type(loaded.model) is bertkit.BertForMaskedLM
+    assert torch.equal(first_output(loaded.model), first_output(model))
+    assert main(["fill-mask", str(tmp_path), "w3 [MASK] w7"]) == 0
+    assert "[MASK]:" in capsys.readouterr().out
+
+
 def test_corrupt_mismatched_or_foreign_files_fail_with_a_named_error(tmp_path):
     model = quantize(tiny_model())
     save_quantized(model, tmp_path / "ok")

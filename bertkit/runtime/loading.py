@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from bertkit.model import electra, heads
-from bertkit.model.checkpoint import GENERATOR_DIR, Saved, describe, model_type, resolve
+from bertkit.model.checkpoint import GENERATOR_DIR, Saved, describe, has_int8_weights, model_type, resolve
 from bertkit.runtime.devices import dtype_name, in_memory, placement
 from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
                              ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
@@ -185,7 +185,8 @@ def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
         if saved.model_type == "electra":
             cls = ElectraForMaskedLM  # a pre-training run's generator, in its subfolder
             where = directory / GENERATOR_DIR if (directory / GENERATOR_DIR / "config.json").is_file() else directory
-        return _Plan(cls, where, where if (where / "vocab.txt").is_file() else directory, "mlm", {}, False)
+        return _Plan(cls, where, where if (where / "vocab.txt").is_file() else directory, "mlm", {},
+                     has_int8_weights(where))  # an int8 masked LM (save_quantized) loads as int8
     if head == "electra":
         return _Plan(ElectraPretrainingModel, directory, directory, "electra", {}, False)
     if head == "saved":
