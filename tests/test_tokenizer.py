@@ -176,6 +176,13 @@ def test_batch_tensors_and_arrays(tok):
     assert isinstance(npb["input_ids"], np.ndarray) and npb["input_ids"].shape == (2, 16)
     plain = tok.encode_batch(texts, padding=False, return_tensors=None)
     assert plain["input_ids"] == [tok.encode(t).input_ids for t in texts]
+    # padding to max_length with truncation off: a longer row cannot make a [B, T] tensor (it was torch's
+    # "expected sequence of length 13 at dim 1 (got 8)"); as lists the rows may differ
+    with pytest.raises(BertkitError, match="row 0 has 13 tokens, more than max_length=8.*truncation=True"):
+        tok.encode_batch(["a " * 11, "b"], padding="max_length", max_length=8, truncation=False)
+    rows = tok.encode_batch(["a " * 11, "b"], padding="max_length", max_length=8, truncation=False,
+                            return_tensors=None)["input_ids"]
+    assert [len(r) for r in rows] == [13, 8]
     # no text: still [B, T] (0 x 0), as torch.zeros and numpy give it; it was a 1-d [0]
     assert tok.encode_batch([])["attention_mask"].shape == (0, 0)
     assert tok.encode_batch([], padding="max_length", max_length=8, return_tensors="np")["input_ids"].shape == (0, 8)

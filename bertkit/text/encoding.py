@@ -213,6 +213,11 @@ def batch(tok, segments_a, segments_b, opts: dict, return_overflowing, return_te
     if padding_mode:
         for e in encodings:
             pad(e, target, tok)
+    longer = next((i for i, e in enumerate(encodings) if len(e) > target), None)
+    if longer is not None and return_tensors is not None:  # only truncation=False leaves one
+        raise BertkitError(f"padding='max_length' with truncation=False: row {longer} has {len(encodings[longer])} "
+                           f"tokens, more than max_length={target}, so the rows cannot form one [B, T] tensor; "
+                           "use truncation=True, padding='longest' or return_tensors=None")
     rows = {
         "input_ids": [e.input_ids for e in encodings],
         "token_type_ids": [e.token_type_ids for e in encodings],
