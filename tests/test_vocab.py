@@ -151,3 +151,14 @@ def test_tokens_added_beyond_the_wordpiece_vocabulary_are_refused_not_dropped(tm
     transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir)).save_pretrained(str(plain))
     assert json.loads((plain / "tokenizer.json").read_text())["added_tokens"]  # the five specials are listed
     assert len(Tokenizer.from_pretrained(plain)) == 30522
+
+
+def test_a_vocabulary_larger_than_the_weights_is_refused_naming_the_file_read(tmp_path, default_model_dir):
+    """vocab_size (config.json's embedding rows): a vocabulary with more tokens would index past the table.
+    The message named vocab.txt even for a folder that has none (its tokenizer.json was read)."""
+    with pytest.raises(BertkitError, match=r"vocab.txt has 30522 tokens but config.json's vocab_size is 100"):
+        Tokenizer.from_pretrained(default_model_dir, vocab_size=100)
+    (tmp_path / "tokenizer.json").write_text((default_model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    with pytest.raises(BertkitError, match=r"tokenizer.json has 30522 tokens but config.json's vocab_size is 100"):
+        Tokenizer.from_pretrained(tmp_path, vocab_size=100)
+    assert len(Tokenizer.from_pretrained(tmp_path, vocab_size=30522)) == 30522

@@ -142,7 +142,7 @@ class Tokenizer:
         text = read_text(vocab_file, "tokenizer file" if hf_json else "vocabulary file")
         tokens = (tokens_from_tokenizer_json if hf_json else tokens_from_text)(text, str(vocab_file))
         if vocab_size is not None and len(tokens) > vocab_size:
-            raise BertkitError(f"{folder / 'vocab.txt'} has {len(tokens)} tokens but config.json's vocab_size is "
+            raise BertkitError(f"{vocab_file} has {len(tokens)} tokens but config.json's vocab_size is "
                                f"{vocab_size}: the vocabulary does not belong to these weights; use the model's own "
                                "vocab.txt")
         try:
