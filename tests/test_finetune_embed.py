@@ -332,3 +332,32 @@ def test_under_torchrun_only_the_first_process_prints_what_comes_before_training
         printed[rank] = lines
     assert len([line for line in printed["0"] if line.startswith("dev before training: spearman ")]) == 1
     assert printed["1"] == []
+
+
+def test_a_micro_batch_has_the_rows_its_loss_compares(tmp_path):
+    """MNRL on pairs scores an anchor against the batch's other positives (CoSENT a pair against the other
+    pairs): a batch of one row has loss 0 and no gradient, so training on it is a silent no-op. Such a
+    batch is never made: a one-row tail sits the epoch out, a one-row set or --batch-size 1 is refused;
+    rows with a negative column bring their own, and one of them is a batch."""
+    from bertkit.tasks.embedding import EmbeddingBatches, read_examples
+
+    def stream(text, n, batch_size=8, parts=1):
+        path = write(tmp_path / "t.tsv", text + "".join(f"a{i}\tb{i}" + ("\tc%d" % i) * text.count("neg") + "\n"
+                                                       for i in range(n)))
+        examples = read_examples(path, log=lambda s: None)
+        return EmbeddingBatches(examples, [[[1, 2]] * len(examples.columns)] * n, batch_size, parts, seed=0)
+
+    pairs, triplets = "anchor\tpositive\n", "anchor\tpositive\tnegative\n"
+    assert stream(pairs, 17).steps_per_epoch == 2 and stream(pairs, 18).steps_per_epoch == 3
+    assert all(len(b) >= 2 for e in range(3) for b in stream(pairs, 17).batches(e))
+    assert stream(triplets, 17).steps_per_epoch == 3  # a triplet alone has its negative
+    assert stream(pairs, 20, batch_size=4, parts=2).steps_per_epoch == 3  # the tail of 4 gives 2 parts 2 rows
+    assert stream(pairs, 19, batch_size=4, parts=2).steps_per_epoch == 2  # 3 cannot: it sits out
+    with pytest.raises(BertkitError, match="1 training example: .* one row alone teaches nothing"):
+        stream(pairs, 1)
+    with pytest.raises(BertkitError, match="--batch-size 1: .* use at least 2"):
+        stream(pairs, 8, batch_size=1)
+    assert stream(triplets, 1).steps_per_epoch == stream(triplets, 8, batch_size=1).steps_per_epoch - 7 == 1
+    scored = write(tmp_path / "s.tsv", "sentence1\tsentence2\tscore\na\tb\t1\n")
+    with pytest.raises(BertkitError, match="each pair against the other pairs"):
+        EmbeddingBatches(read_examples(scored, log=lambda s: None), [[[1], [1]]], 8, 1, seed=0)

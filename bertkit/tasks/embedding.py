@@ -197,6 +197,14 @@ def row_keys(examples: EmbeddingExamples) -> list[frozenset]:
     return keys
 
 
+def least_rows(examples: EmbeddingExamples) -> int:
+    """The rows a micro-batch needs for its loss to say anything. MNRL on pairs scores an anchor against
+    the batch's other positives and CoSENT a pair against the batch's other pairs: one row alone gives a
+    loss of 0 and no gradient (sentence-transformers trains on such a batch all the same). A row with
+    negative columns brings its own."""
+    return 1 if len(examples.columns) > 2 and not examples.scored else 2
+
+
 class EmbeddingBatches:
     """The loop's batch stream over embedding examples: seekable micro-batches, epoch after epoch.
 
@@ -211,13 +219,22 @@ class EmbeddingBatches:
         self.size, self.position = batch_size * parts, position
         self._cache = (None, None)
         self.keys = row_keys(examples)
-        n = len(examples.rows)
+        n, self.least = len(examples.rows), least_rows(examples)
+        if batch_size < self.least:
+            raise BertkitError(f"--batch-size {batch_size}: the loss compares the rows of a batch with each other, "
+                               f"so a batch of one teaches nothing; use at least {self.least} (the recipes use 32+)")
         # as many updates as rows without duplicates would fill; a short last batch counts when it can give
-        # every micro-batch a row (fine-tuning's rule, `EpochBatches`)
-        self.steps_per_epoch = n // self.size + (n % self.size >= parts)
+        # every micro-batch the rows its loss needs (fine-tuning's rule, `EpochBatches`, asks one)
+        self.steps_per_epoch = n // self.size + (n % self.size >= parts * self.least)
+        if self.steps_per_epoch == 0 and n < self.least:
+            against = "pair against the other pairs" if examples.scored else "anchor against the other positives"
+            raise BertkitError(f"{n} training example: the loss scores each {against} of its batch, so one row "
+                               "alone teaches nothing (its loss is 0); give at least 2 rows"
+                               + ("" if examples.scored else ", or negative columns"))
         if self.steps_per_epoch == 0:
-            raise BertkitError(f"{n} training examples cannot fill one micro-batch per accumulation "
-                               f"step and process ({parts}); lower --grad-accum or use fewer processes")
+            raise BertkitError(f"{n} training examples cannot give each micro-batch of an accumulation step and "
+                               f"process ({parts}) the {self.least} rows its loss compares; lower --grad-accum or use "
+                               "fewer processes")
         self._cache = (None, None)
 
     def batches(self, epoch: int) -> list[list[int]]:
@@ -229,7 +246,7 @@ class EmbeddingBatches:
         """
         if self._cache[0] != epoch:
             rng = random.Random(self.seed * 1_000_003 + epoch)
-            drawn = [b for b in no_duplicate_batches(self.keys, self.size, rng) if len(b) >= self.parts]
+            drawn = [b for b in no_duplicate_batches(self.keys, self.size, rng) if len(b) >= self.parts * self.least]
             if len(drawn) < self.steps_per_epoch:
                 raise BertkitError(f"the training rows repeat the same texts too often to make {self.steps_per_epoch} "
                                    f"batches of {self.size} without duplicates; lower --batch-size")
