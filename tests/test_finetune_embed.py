@@ -101,6 +101,7 @@ def test_triplets_with_an_sts_dev_set_train_and_save_an_embedding_model(data, tm
     final = run(data, out, dev=str(data["sts_dev"]), matryoshka_dims="32,16")
     assert final["loss"] == "mnrl" and final["train_examples"] == 48
     assert [e["epoch"] for e in final["epochs"]] == [1, 2] and "spearman" in final["dev"]
+    assert not {"train_loss", "train_seconds"} & set(final["dev"])  # the dev figures, not the epoch's training
     losses = [r["loss"] for r in records(out, "train")]
     assert len(losses) == 12  # 48 triplets, batches of 8, 2 epochs
     assert sum(losses[-4:]) < sum(losses[:4])  # it learns (lr 1e-3 on a tiny model)

@@ -482,6 +482,6 @@ def _report(cfg: EmbedConfig, n_examples: int, result, before: dict | None) -> d
     if before is not None:
         final["dev_before_training"] = before
     if result.best is not None:
-        final["dev"] = {k: v for k, v in result.best.items() if k not in ("epoch", "step", "train_loss")}
+        final["dev"] = {k: v for k, v in result.best.items() if k not in ("epoch", "step", "train_loss", "train_seconds")}
         final["best_epoch"] = result.best["epoch"]
     return final
