@@ -299,6 +299,31 @@ def test_quantize_refuses_what_int8_cannot_run():
 
 
 @pytest.mark.parametrize("per_token", [True, False], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_a_quantized_model_cast_afterwards_is_named_at_its_first_int8_layer(per_token, dtype):
+    """quantize(model).to(bfloat16): the int8 layers still give float32 while the embeddings give
+    bfloat16; once torch's "Expected attn_mask dtype to be bool or float or to match query dtype", 20
+    frames deep in attention (per token), or a quantized kernel's (per call)."""
+    model = quantize(tiny_model(), per_token).to(dtype)
+    ids, mask, types = inputs()
+    with torch.no_grad(), pytest.raises(BertkitError, match=f"int8 layers take float32 activations, got {dtype}: "
+                                                            "the model was cast after quantize"):
+        model(ids, attention_mask=mask, token_type_ids=types)
+
+
+@pytest.mark.parametrize("per_token", [True, False], indirect=True)
+def test_an_int8_model_runs_under_bf16_autocast(per_token):
+    """Under autocast attention hands bfloat16 on; the int8 layers take it as float32 (per call it was
+    "expected scalar type Float but found BFloat16")."""
+    model = quantize(tiny_model(), per_token)
+    ids, mask, types = inputs()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    cos = torch.nn.functional.cosine_similarity(got.float(), first_output(model), dim=-1)
+    assert got.dtype == torch.float32 and cos[mask.bool()].min() > 0.99
+
+
+@pytest.mark.parametrize("per_token", [True, False], indirect=True)
 def test_an_int8_model_runs_outside_no_grad(per_token):
     """A plain call, autograd on (the embeddings' weights require grad): the same numbers as under
     no_grad; the per-token kernel's out= once refused it with a RuntimeError from inside torch."""

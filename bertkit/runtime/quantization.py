@@ -39,7 +39,8 @@ other parameter as float32. The file's metadata says
 (outputs identical to the one saved); a missing, extra or mis-shaped tensor, or a
 file of another format, is a BertkitError naming it.
 
-int8 runs on the CPU in float32 activations only; CUDA and bfloat16 are refused.
+int8 runs on the CPU in float32 activations only; CUDA and bfloat16 are refused (a model cast after
+`quantize` too, at its first int8 layer); under bf16 autocast the int8 layers take their input as float32.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class Int8Linear(DynamicLinear):
     per_token = False  # set by quantize / load_quantized from their SpeedSettings
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 and torch.is_autocast_enabled(x.device.type):
+            x = x.float()  # autocast hands on what an op asks for: int8 takes float32
+        elif x.dtype != torch.float32:  # quantize(model).to(torch.bfloat16): the embeddings were cast, these were not
+            raise BertkitError(f"int8 layers take float32 activations, got {x.dtype}: the model was cast after "
+                               "quantize; keep a quantized model in float32 on the CPU (drop the .to(...))")
         packed = self._packed_params._packed_params
         if not self.per_token or x.numel() == 0:
             return torch.ops.quantized.linear_dynamic(x, packed, True)
