@@ -413,6 +413,9 @@ def test_a_damaged_prepared_folder_is_named_not_a_numpy_traceback(tokenised, tmp
         PretrainingDataset(tokenised, seed="a")
     with pytest.raises(BertkitError, match="stream position must be an int >= 0, got '3'"):
         PretrainingDataset(tokenised, position="3")
+    for epochs in (0, -1, "2", True):  # 0 and -1 once yielded nothing, "2" a TypeError at the first item
+        with pytest.raises(BertkitError, match=f"epochs must be a number > 0 .* or None .* got {epochs!r}"):
+            PretrainingDataset(tokenised, epochs=epochs)
     ds = PretrainingDataset(tokenised)
     with pytest.raises(BertkitError, match="seed must be a non-negative int .* got 'x'"):
         ds.collator(seed="x")  # was a RuntimeError from torch's manual_seed

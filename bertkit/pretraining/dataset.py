@@ -45,6 +45,9 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
         self.config = self.manifest["config"]
         if not _is_count(seed):
             raise BertkitError(f"seed must be a non-negative int, got {seed!r}")
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, (int, float, np.number))
+                                   or not epochs > 0):
+            raise BertkitError(f"epochs must be a number > 0 (passes over the data) or None (endless), got {epochs!r}")
         self.seed, self.shuffle, self.epochs = seed, shuffle, epochs
         names = _ARRAYS + (("masked_positions", "masked_ids") if self.static_masking else ())
         self._shards = [_open_shard(self.directory / entry["path"], names) for entry in self.manifest["shards"]]
