@@ -104,6 +104,30 @@ def test_a_model_with_one_segment_exports(tiny, tmp_path):  # noqa: F811
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["ElectraModel", "ElectraForSequenceClassification", "ElectraForTokenClassification",
+                                  "ElectraForQuestionAnswering"])
+def test_electra_models_export(name, tiny, tmp_path):  # noqa: F811
+    """An ELECTRA discriminator and its fine-tuned heads (what `finetune TASK --model ELECTRA_RUN` writes) were
+    refused ("cannot export ElectraModel"): they export as their BERT forms do, under the same output names."""
+    from bertkit.model import electra
+
+    cls, tok = getattr(electra, name), Tokenizer.from_pretrained(tiny)
+    config = electra.ElectraConfig(vocab_size=len(tok), embedding_size=12, hidden_size=24, num_hidden_layers=2,
+                                   num_attention_heads=3, intermediate_size=37, max_position_embeddings=64,
+                                   num_labels=2 if "Question" in name else 3)
+    model = cls(config, generator=torch.Generator().manual_seed(3)).eval()
+    model.save_pretrained(tmp_path / "model", tokenizer=tok)
+    report = export_onnx(tmp_path / "model", tmp_path / "onnx")
+    assert report.architecture == name and report.max_abs_diff <= 1e-4
+    batch = odd_batch()
+    session = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {k: v.numpy() for k, v in batch.items()})
+    with torch.no_grad():
+        out = model(**batch)
+    for output, value in zip(report.outputs, got):
+        np.testing.assert_allclose(value, getattr(out, output).numpy(), rtol=0, atol=1e-4)
+
+
 def test_a_head_without_onnx_signature_fails_naming_it(tiny, tmp_path):  # noqa: F811
     src, _ = head_dir(tiny, BertForMaskedLM, tmp_path / "mlm")
     with pytest.raises(BertkitError, match="cannot export BertForMaskedLM"):

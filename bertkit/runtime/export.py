@@ -10,6 +10,7 @@ so code written for those runs it unchanged:
     BertForSequenceClassification   logits [batch, labels]
     BertForTokenClassification      logits [batch, sequence, labels]
     BertForQuestionAnswering        start_logits, end_logits [batch, sequence]
+    ElectraModel and ELECTRA's heads  as their BERT forms (an ELECTRA encoder has no pooler_output)
 
 batch and sequence are dynamic axes (sequence up to max_position_embeddings).
 config.json, the tokenizer files and bertkit_task.json (a fine-tuned model's
@@ -65,6 +66,11 @@ SIGNATURES = {
     "BertForSequenceClassification": ("logits",),
     "BertForTokenClassification": ("logits",),
     "BertForQuestionAnswering": ("start_logits", "end_logits"),
+    # ELECTRA (bertkit.model.electra): a discriminator has no pooler; its heads are the BERT heads' subclasses
+    "ElectraModel": ("last_hidden_state",),
+    "ElectraForSequenceClassification": ("logits",),
+    "ElectraForTokenClassification": ("logits",),
+    "ElectraForQuestionAnswering": ("start_logits", "end_logits"),
 }
 # copied beside model.onnx when the model directory has them
 SIDE_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
