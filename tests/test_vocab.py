@@ -162,3 +162,20 @@ def test_a_vocabulary_larger_than_the_weights_is_refused_naming_the_file_read(tm
     with pytest.raises(BertkitError, match=r"tokenizer.json has 30522 tokens but config.json's vocab_size is 100"):
         Tokenizer.from_pretrained(tmp_path, vocab_size=100)
     assert len(Tokenizer.from_pretrained(tmp_path, vocab_size=30522)) == 30522
+
+
+def test_tokens_added_in_a_slow_tokenizers_folder_are_refused_too(tmp_path):
+    """transformers 4 saved a BertTokenizer's added tokens beside vocab.txt: in tokenizer_config.json's
+    added_tokens_decoder (id -> token) and in added_tokens.json (token -> id). vocab.txt alone dropped them."""
+    _write(tmp_path, GOOD)
+    decoder = {str(i): {"content": t, "special": True} for i, t in enumerate(GOOD[:5])}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "added_tokens_decoder": decoder}))
+    assert len(Tokenizer.from_pretrained(tmp_path)) == 8  # the special tokens at their own ids
+    decoder["8"] = {"content": "[E1]", "special": True}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "added_tokens_decoder": decoder}))
+    with pytest.raises(BertkitError, match=r"tokenizer_config.json adds 1 token\(s\) beyond its WordPiece vocabulary \(\[E1\]\)"):
+        Tokenizer.from_pretrained(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    (tmp_path / "added_tokens.json").write_text(json.dumps({"[E2]": 8}))
+    with pytest.raises(BertkitError, match=r"added_tokens.json adds 1 token\(s\) .*\(\[E2\]\)"):
+        Tokenizer.from_pretrained(tmp_path)

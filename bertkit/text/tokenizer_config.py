@@ -6,6 +6,8 @@ max_input_chars_per_word from tokenizer_config.json (`tokenization_bert.py`); `T
 takes the same keys. Each value must have its JSON type: Python's `bool("false")` is True, so a quoted flag
 read loosely would silently turn lower-casing on. The special tokens it names (unk_token, ...) must be
 BERT's own, which is all bertkit uses: transformers maps unknown words to whatever unk_token says.
+Tokens added beyond the vocabulary are listed in its added_tokens_decoder (or, from transformers 4's slow
+tokenizer, in added_tokens.json beside it): `added_tokens` collects them for `vocab.check_added_tokens`.
 Any other key is left to its reader.
 
 A folder with a tokenizer.json and no tokenizer_config.json (the Rust tokenizer's own save) states the
@@ -14,6 +16,7 @@ max_input_chars_per_word (`pipeline_settings`), as transformers then reads them.
 """
 
 import json
+from pathlib import Path
 
 from bertkit.errors import BertkitError
 
@@ -91,3 +94,34 @@ def pipeline_settings(data: dict, source) -> dict:
             "strip_accents": None if strip is None else bool(strip),
             "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True)),
             "max_input_chars_per_word": int(model.get("max_input_chars_per_word", 100))}
+
+
+def read_config(folder: Path) -> tuple[dict, Path]:
+    """The object of `folder`'s tokenizer_config.json ({} when there is none) and the file's path."""
+    config_file = folder / "tokenizer_config.json"
+    config = _read_json(config_file, "a JSON object of settings") if config_file.is_file() else {}
+    return config, config_file
+
+
+def added_tokens(config: dict, folder: Path) -> dict[Path, dict]:
+    """Tokens transformers added beyond the vocabulary, by where they are listed: {source: {token: id}}, from
+    tokenizer_config.json's added_tokens_decoder (id -> {"content": token}) and added_tokens.json."""
+    found = {}
+    decoder = config.get("added_tokens_decoder") or {}
+    if isinstance(decoder, dict):
+        found[folder / "tokenizer_config.json"] = {v.get("content"): int(k) if k.isdigit() else k
+                                                   for k, v in decoder.items() if isinstance(v, dict)}
+    extra = folder / "added_tokens.json"
+    if extra.is_file():
+        found[extra] = _read_json(extra, "a JSON object of token -> id")
+    return found
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BertkitError(f"{path} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise BertkitError(f"{path} must hold {what}, got {type(data).__name__}")
+    return data

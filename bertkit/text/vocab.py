@@ -88,7 +88,8 @@ def tokens_from_tokenizer_json(text: str, source: str, complete: bool = False) -
     [SEP] and [MASK] from a static model's vocabulary: it never adds them), so the ids it has keep
     their meaning."""
     try:
-        model = json.loads(text)["model"]
+        data = json.loads(text)
+        model = data["model"]
         vocab = model["vocab"]
         kind = model.get("type")
     except (json.JSONDecodeError, KeyError, TypeError) as err:
@@ -98,25 +99,27 @@ def tokens_from_tokenizer_json(text: str, source: str, complete: bool = False) -
     if model.get("continuing_subword_prefix", CONTINUATION) != CONTINUATION or model.get("unk_token", UNK) != UNK:
         raise BertkitError(f"{source}: a WordPiece model with prefix {model.get('continuing_subword_prefix')!r} and "
                            f"unknown token {model.get('unk_token')!r}; bertkit reads '##' and '[UNK]'")
-    _check_added_tokens(json.loads(text).get("added_tokens") or [], vocab, source)
     tokens = [None] * len(vocab)
     for token, i in vocab.items():
         if not isinstance(i, int) or not 0 <= i < len(tokens) or tokens[i] is not None:
             raise BertkitError(f"{source}: the vocabulary's ids are not 0..{len(vocab) - 1}, each once (token {token!r})")
         tokens[i] = token
+    added = data.get("added_tokens") or []
+    check_added_tokens({a.get("content"): a.get("id") for a in added if isinstance(a, dict)}, tokens, source)
     if complete:
         tokens += [t for t in SPECIAL_TOKENS if t not in vocab]
     validate_tokens(tokens, source)
     return tokens
 
 
-def _check_added_tokens(added: list, vocab: dict, source: str) -> None:
-    """Refuse tokens a tokenizer.json adds beyond its WordPiece vocabulary (transformers' `add_tokens`, kept in
-    `added_tokens` with ids past the vocabulary's): the vocabulary alone would drop them and split "[E1]" into
-    other ids. BERT's special tokens may be listed there (every save lists them; model2vec's even without a
-    vocabulary entry, which `complete` adds)."""
-    extra = [a.get("content") for a in added if isinstance(a, dict) and a.get("content") not in SPECIAL_TOKENS
-             and vocab.get(a.get("content")) != a.get("id")]
+def check_added_tokens(added: dict, tokens: list[str], source) -> None:
+    """Refuse tokens added beyond the vocabulary (`added`: token -> id; transformers' `add_tokens(["[E1]"])`,
+    saved in tokenizer.json's added_tokens, or tokenizer_config.json's added_tokens_decoder and
+    added_tokens.json): reading the vocabulary alone would drop them, and "[E1]" would become other ids. A
+    token that is the vocabulary's own at its id is fine, and so are BERT's special tokens (every save lists
+    them; model2vec's even where its vocabulary lacks them)."""
+    extra = [t for t, i in added.items() if t not in SPECIAL_TOKENS
+             and not (isinstance(i, int) and 0 <= i < len(tokens) and tokens[i] == t)]
     if extra:
         raise BertkitError(f"{source} adds {len(extra)} token(s) beyond its WordPiece vocabulary "
                            f"({', '.join(map(str, extra[:5]))}{', ...' if len(extra) > 5 else ''}); bertkit reads "
