@@ -351,6 +351,15 @@ def test_bad_input_is_a_clear_error(make, words):
     assert words in str(err.value)
 
 
+def test_a_sentence_pair_for_a_one_segment_model_says_so():
+    """type_vocab_size 1 (RoBERTa-style checkpoints in BERT's layout): `attention --pair`, a pair task's predict
+    said "token_type_ids must be in [0, 1) (segment A/B), found 1", which names no way out."""
+    model = BertModel(BertConfig(**{**TINY, "type_vocab_size": 1}), generator=torch.Generator().manual_seed(0))
+    types = torch.tensor([[0, 0, 0, 1, 1]])
+    with pytest.raises(BertkitError, match=r"one segment \(type_vocab_size 1\).*no sentence pair.*one text"):
+        model(torch.ones(1, 5, dtype=torch.long), None, types)
+
+
 # --- config ---------------------------------------------------------------------------------------
 
 

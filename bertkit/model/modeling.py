@@ -344,6 +344,9 @@ def check_inputs(config: BertConfig, input_ids, attention_mask, token_type_ids) 
             raise BertkitError(f"{name} has shape {shape} but input_ids has {tuple(input_ids.shape)}: they must match")
     if token_type_ids is not None:
         lo, hi = map(int, torch.aminmax(token_type_ids))
+        if config.type_vocab_size == 1 and hi == 1 and lo == 0:
+            raise BertkitError("the model has one segment (type_vocab_size 1): it reads no sentence pair "
+                               "(segment B, token_type_ids 1); give it one text")
         if lo < 0 or hi >= config.type_vocab_size:
             raise BertkitError(
                 f"token_type_ids must be in [0, {config.type_vocab_size}) (segment A/B), found {lo if lo < 0 else hi}"
