@@ -511,3 +511,16 @@ def test_accelerated_model_on_cuda_matches_the_cpu():
         got = fast(ids.cuda(), mask.cuda(), types.cuda()).last_hidden_state.cpu()
     real = mask.bool()
     torch.testing.assert_close(got[real], ref[real], atol=1e-4, rtol=0)  # TF32 off by default: float32 sums
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(onednn="0"), "onednn must be True, False or None"),  # a truthy string: it forced oneDNN on
+    (dict(fuse=1), "fuse must be True, False or None"),
+    (dict(per_token="no"), "per_token must be True, False or None"),
+    (dict(row_buckets=None), "row_buckets must be True or False"),
+    (dict(threads=0), "threads"),
+])
+def test_decide_refuses_switches_that_are_not_booleans(kwargs, words):
+    with pytest.raises(BertkitError, match=words):
+        L.decide(**kwargs)
+    assert L.decide(onednn=False).onednn_inference is False  # the booleans themselves still decide

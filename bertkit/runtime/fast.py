@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.model.heads import MaskedLMHead
 from bertkit.runtime.devices import CpuFeatures, cpu_features
 
@@ -96,8 +96,13 @@ def decide(cpu: CpuFeatures | None = None, *, onednn: bool | None = None, fuse: 
     onednn: None follows rules 1 and 2; True sends every float32 matmul to oneDNN, False every one
     to F.linear (MKL). fuse, per_token: None as rules 3 and 5 say, or forced (tests, comparisons).
     Nothing takes oneDNN where this torch build lacks its kernels."""
+    for name, value in (("onednn", onednn), ("fuse", fuse), ("per_token", per_token)):
+        if value is not None and not isinstance(value, bool):  # "0" is truthy: it would force the rule on
+            raise BertkitError(f"decide's {name} must be True, False or None (the rule decides), got {value!r}")
+    if not isinstance(row_buckets, bool):
+        raise BertkitError(f"decide's row_buckets must be True or False, got {row_buckets!r}")
     cpu = cpu_features() if cpu is None else cpu
-    threads = torch.get_num_threads() if threads is None else threads
+    threads = torch.get_num_threads() if threads is None else int_at_least(threads, 1, "decide's threads")
     avx512 = "avx512f" in cpu.flags
     inference = cpu.onednn and (avx512 or threads > 1 if onednn is None else onednn)
     training = cpu.onednn and (cpu.vendor != "GenuineIntel" if onednn is None else onednn)
