@@ -115,6 +115,14 @@ def test_cli_vocab_train(tmp_path, capsys):
     assert tok.tokenize("The cat sat.") == ["the", "cat", "sat", "."]
     assert main(["vocab", "train", str(tmp_path / "missing"), "-o", str(out)]) == 2
     assert "corpus path not found" in capsys.readouterr().err
+    # again into the same folder: replaced (a vocabulary's folder, not a model's)
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--vocab-size", "30"]) == 0
+    assert len(Tokenizer.from_pretrained(out)) == 30
+    # a folder holding a tokenizer.json (a Hugging Face tokenizer's save): transformers reads that file before
+    # vocab.txt, so the new vocabulary would be bertkit's only; refused before the corpus is read
+    (out / "tokenizer.json").write_text("{}")
+    assert main(["vocab", "train", str(tmp_path / "missing"), "-o", str(out)]) == 2
+    assert "holds a tokenizer.json, which transformers reads before vocab.txt" in capsys.readouterr().err
 
 
 
