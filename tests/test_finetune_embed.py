@@ -14,6 +14,7 @@
 
 import json
 import signal
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -362,3 +363,24 @@ def test_a_micro_batch_has_the_rows_its_loss_compares(tmp_path):
     scored = write(tmp_path / "s.tsv", "sentence1\tsentence2\tscore\na\tb\t1\n")
     with pytest.raises(BertkitError, match="each pair against the other pairs"):
         EmbeddingBatches(read_examples(scored, log=lambda s: None), [[[1], [1]]], 8, 1, seed=0)
+
+
+def test_max_dev_examples_keeps_the_first_judged_queries_of_a_beir_dev(data, tmp_path):
+    """--max-dev-examples with a BEIR --dev scores its first N judged queries against the whole corpus (it
+    was ignored: every judged query was scored). The epoch's figure equals the saved model's on a copy of
+    the folder whose dev qrels hold those queries alone."""
+    from bertkit.retrieval.evaluation import evaluate_retrieval
+
+    out, said = tmp_path / "out", []
+    finetune("embed", train=str(data["beir"]), output=str(out), model=str(data["tiny"]), training=fast(epochs=1),
+             log=said.append, max_length=32, dev=str(data["beir"]), dev_split="dev", max_dev_examples=5)
+    cut = tmp_path / "cut"
+    shutil.copytree(data["beir"], cut)
+    rows = (cut / "qrels" / "dev.tsv").read_text().splitlines()
+    first = list(dict.fromkeys(r.split("\t")[0] for r in rows[1:]))[:5]
+    (cut / "qrels" / "dev.tsv").write_text("\n".join([rows[0]] + [r for r in rows[1:]
+                                                                  if r.split("\t")[0] in first]) + "\n")
+    expected = evaluate_retrieval(str(out), str(cut), split="dev", max_length=32, progress=False)
+    assert expected["queries"] == 5 and expected["ndcg@10"] > 0  # (a figure that could be told apart)
+    assert records(out, "eval")[0]["ndcg@10"] == pytest.approx(expected["ndcg@10"], abs=1e-6)
+    assert any("5 of 8 judged queries" in line for line in said)

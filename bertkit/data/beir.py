@@ -28,7 +28,7 @@ the first line of each id instead and warns how many it dropped.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bertkit.errors import BertkitError
@@ -51,6 +51,16 @@ class BeirSplit:
     qrels: dict[str, dict[str, int]]
     directory: Path
     split: str
+
+    def head(self, n: int | None) -> "BeirSplit":
+        """The split cut to its first `n` judged queries (the qrels file's order; None: all of them); the
+        corpus stays whole, so each query is still ranked against every document."""
+        if n is None:
+            return self
+        if n < 1:
+            raise BertkitError(f"at least one query must be kept, got {n}")
+        keep = list(self.qrels)[:n]
+        return replace(self, queries={q: self.queries[q] for q in keep}, qrels={q: self.qrels[q] for q in keep})
 
 
 def document_text(doc: dict) -> str:

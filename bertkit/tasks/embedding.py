@@ -61,7 +61,7 @@ from bertkit.tasks.trainer import train
 from bertkit.runtime.loading import load as load_model
 from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
-from bertkit.data.beir import qrels_path, training_pairs
+from bertkit.data.beir import qrels_path, read_qrels, training_pairs
 from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts
 from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
 from bertkit.tasks.static_embed import save_static_model, static_rows, static_start
@@ -392,10 +392,12 @@ def dev_evaluator(cfg: EmbedConfig, log):
         return {k: v for k, v in scores.items() if isinstance(v, float) and not k.endswith("seconds")}
 
     if kind == "a BEIR folder":
-        qrels_path(cfg.dev, cfg.dev_split)  # a missing split fails now, not after the first epoch
+        judged = len(read_qrels(qrels_path(cfg.dev, cfg.dev_split)))  # a missing split fails now, not later
+        kept = min(judged, cfg.max_dev_examples or judged)
+        log(f"{cfg.dev} ({cfg.dev_split}): {kept} of {judged} judged queries, ranked against the whole corpus")
         return (lambda m, tok: figures(evaluate_retrieval(loaded(m, tok), cfg.dev, split=cfg.dev_split,
                                                           max_length=cfg.max_length, batch_size=tcfg.eval_batch_size,
-                                                          progress=tcfg.progress)),
+                                                          progress=tcfg.progress, max_queries=kept)),
                 EMBED_DEV[kind][0])
     dev = read_examples(cfg.dev, max_examples=cfg.max_dev_examples, log=log)
     if not dev.scored:
