@@ -259,6 +259,22 @@ def test_a_saved_int8_masked_lm_loads_for_fill_mask(tmp_path, capsys):
     assert "[MASK]:" in capsys.readouterr().out
 
 
+def test_a_saved_int8_electra_model_loads_back(tmp_path):
+    """save_quantized wrote an int8 ElectraModel that load() read as a BERT config ("this config is for model_type
+    'electra', not 'bert'"): the ELECTRA form of the class was skipped for int8 weights."""
+    from bertkit.model.electra import ElectraConfig, ElectraModel
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(94))])
+    config = ElectraConfig(vocab_size=99, embedding_size=20, hidden_size=36, num_hidden_layers=2, num_attention_heads=6,
+                           intermediate_size=37, max_position_embeddings=64)
+    model = quantize(ElectraModel(config, generator=torch.Generator().manual_seed(0)).eval())
+    save_quantized(model, tmp_path, tok)
+    loaded = bertkit.load(tmp_path)
+    assert loaded.precision == "int8" and type(loaded.model) is ElectraModel
+    assert torch.equal(first_output(loaded.model), first_output(model))
+
+
 def test_corrupt_mismatched_or_foreign_files_fail_with_a_named_error(tmp_path):
     model = quantize(tiny_model())
     save_quantized(model, tmp_path / "ok")

@@ -205,7 +205,7 @@ def _plan(saved: Saved, head: str, int8: bool) -> _Plan:
         cls, task = BertModel, "embed"
     else:  # a fine-tuned model: the head class its config.json names (what the directory holds decides)
         cls, task = _task_head(saved), info["task"]
-    if saved.model_type == "electra" and not int8_weights:
+    if saved.model_type == "electra":  # also an int8 one (save_quantized): its config is ELECTRA's
         cls = _electra_form(directory, cls)
     return _Plan(cls, directory, directory, task, info or {}, int8_weights)
 
