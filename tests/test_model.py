@@ -327,6 +327,10 @@ def test_initialisation_follows_bert_and_the_generator():
     assert torch.count_nonzero(a.encoder.layers[0].attention.qkv.bias) == 0
     assert torch.all(a.encoder.layers[0].output_norm.weight == 1)
     assert torch.count_nonzero(a.embeddings.layer_norm.bias) == 0
+    # the [PAD] row starts at zero, as transformers' _init_weights leaves it (it never gets a gradient)
+    pad = config.pad_token_id
+    assert torch.count_nonzero(a.embeddings.word_embeddings.weight[pad]) == 0
+    assert torch.count_nonzero(a.embeddings.word_embeddings.weight[pad + 1]) == config.hidden_size
 
 
 # --- bad input -------------------------------------------------------------------------------

@@ -302,12 +302,15 @@ def pool_sentence(vectors: torch.Tensor, attention_mask: torch.Tensor | None, po
 @torch.no_grad()
 def init_weights(module: nn.Module, std: float, generator: torch.Generator | None = None) -> None:
     """BERT's initialisation: weights ~ N(0, std) (truncated in the TF original; plain normal
-    here as in transformers), zero biases, LayerNorm scale 1 and shift 0."""
+    here as in transformers), zero biases, LayerNorm scale 1 and shift 0, and the [PAD] embedding
+    row zero (transformers' too: it gets no gradient, so it would keep its random start)."""
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             m.weight.normal_(0.0, std, generator=generator)
             if getattr(m, "bias", None) is not None:
                 m.bias.zero_()
+            if getattr(m, "padding_idx", None) is not None:
+                m.weight[m.padding_idx].zero_()
         elif isinstance(m, nn.LayerNorm):
             m.weight.fill_(1.0)
             m.bias.zero_()
