@@ -8,6 +8,7 @@ gives the same logits), predictions come back per input, runs repeat with a
 seed, and bad input gives a clear error or a counted skip.
 """
 
+import copy
 import json
 import random
 import sys
@@ -451,6 +452,26 @@ def test_one_call_api(tiny, tmp_path):
         with pytest.raises(BertkitError, match=says):
             finetune("classify", train=str(t), output=str(tmp_path / "o3"), model=str(tiny), **option)
     assert not (tmp_path / "o3").exists()
+
+
+def test_the_one_call_api_leaves_the_callers_training_settings_as_they_were(tiny, tmp_path):
+    """A script reuses one TrainConfig: a run with --dev once set its metric ("accuracy") in place, so the
+    next run without dev failed with "--metric accuracy picks the best epoch by its score on --dev" though
+    no metric was ever given; a dict for training= was an AttributeError 'metric'."""
+    from bertkit.tasks import finetune
+
+    t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], sentiment_rows(16, random.Random(4)))
+    training = fast(epochs=1)
+    kept = copy.deepcopy(training)
+    finetune("classify", train=str(t), dev=str(t), output=str(tmp_path / "a"), model=str(tiny), max_length=24,
+             training=training, log=lambda s: None)
+    assert training == kept
+    final = finetune("classify", train=str(t), output=str(tmp_path / "b"), model=str(tiny), max_length=24,
+                     training=training, log=lambda s: None)
+    assert final["train_examples"] == 16
+    with pytest.raises(BertkitError, match=r"training must be a TrainConfig .*got dict: pass "
+                                           r"training=TrainConfig\(epochs=1\)"):
+        finetune("classify", train=str(t), output=str(tmp_path / "c"), model=str(tiny), training={"epochs": 1})
 
 
 def test_demo_held_out_words_never_seen_in_training():

@@ -25,7 +25,6 @@ torch until a run starts.
 """
 
 from bertkit.data.outputs import run_output
-from bertkit.tasks.config import TrainConfig
 from bertkit.tasks.registry import task_for, task_named
 
 
@@ -46,7 +45,7 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
     for name, value in options.items():
         record.check_option(name, value)
     return run_task(record.config(**{**record.defaults, "train": train, "output": output, "dev": dev,
-                                   "training": training or TrainConfig(), **options}), log=log)
+                                   "training": record.own_training(training), **options}), log=log)
 
 
 def run_task(cfg, log=print, speed=None) -> dict:

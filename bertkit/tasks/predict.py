@@ -93,7 +93,7 @@ def _check_held(loaded: Loaded) -> None:
     if loaded.directory is None:
         held = f"a {kind} handed over in memory, without the task description of its folder (bertkit_task.json)"
     else:
-        held = f"{loaded.directory}'s {'encoder' if loaded.task == 'embed' else loaded.task + ' model'} ({kind})"
+        held = f"{loaded.directory}'s {kind}"
     if task is None:
         raise BertkitError(f"loaded holds {held}, not a fine-tuned task model: load the output folder of "
                            "`bertkit finetune` (bertkit.load(DIR))")

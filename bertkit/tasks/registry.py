@@ -39,6 +39,7 @@ options from this table without it.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -121,6 +122,17 @@ class Task:
         if self.pairs and not getattr(cfg, "text_pair_column", True):
             raise BertkitError(f"the {self.cli_name} task needs --text-pair-column (the second sentence's column)")
         self.check_metric(cfg.training.metric, cfg.dev)
+
+    def own_training(self, training) -> TrainConfig:
+        """The one-call `finetune`'s training= as the run's own copy (None: the defaults): the run settles its
+        metric in it, and a script may hand the same settings to its next run."""
+        if training is None:
+            return TrainConfig()
+        if not isinstance(training, TrainConfig):
+            example = ", ".join(f"{k}={v!r}" for k, v in training.items()) if isinstance(training, dict) else "epochs=3"
+            raise BertkitError(f"training must be a TrainConfig (bertkit.tasks.config), got {type(training).__name__}: "
+                               f"pass training=TrainConfig({example})")
+        return copy.deepcopy(training)
 
     def check_option(self, name: str, value) -> None:
         """A keyword of the one-call `finetune` that is no setting of this task's config: a training or optimizer
