@@ -55,3 +55,15 @@ def test_workers_and_pickling_change_nothing(tok):
     assert copy.encode("hello unaffable").input_ids == tok.encode("hello unaffable").input_ids
     tok.close()
     assert tok._workers is None
+
+
+def test_asked_workers_inside_a_daemonic_process_tokenize_in_it(tok, monkeypatch):
+    """A DataLoader worker (a daemonic process) may not start children: num_workers=2 there was
+    multiprocessing's "AssertionError: daemonic processes are not allowed to have children". The results
+    are the same in one process, so it tokenizes there."""
+    texts = ["hello , world unaffable"] * 20
+    one = tok.encode_batch(texts, num_workers=1, return_tensors=None)
+    monkeypatch.setattr(tokenizer_speed, "can_start_workers", lambda: False)
+    two = tok.encode_batch(texts, num_workers=2, return_tensors=None)
+    assert tok._workers is None  # no pool was started
+    assert [e.to_dict() for e in one.encodings] == [e.to_dict() for e in two.encodings]

@@ -74,11 +74,13 @@ def gc_paused():
 
 
 def choose_num_workers(texts: list[str], num_workers: int | None) -> int:
-    """The processes to use: None picks all cores (up to 8) for a big batch, else 1."""
+    """The processes to use: None picks all cores (up to 8) for a big batch, else 1. Inside a daemonic
+    process (a DataLoader worker), which may not start any, always 1: the results are the same."""
     if num_workers is None:
         big = sum(len(t) for t in texts) >= BIG_BATCH_CHARS
         return min(os.cpu_count() or 1, MAX_WORKERS) if big and can_start_workers() else 1
-    return int_at_least(num_workers, 1, "num_workers", says="a positive int")
+    int_at_least(num_workers, 1, "num_workers", says="a positive int")
+    return num_workers if can_start_workers() else 1
 
 
 class TokenizerWorkers:
