@@ -55,6 +55,20 @@ def test_no_continuation_piece_that_can_never_follow_in_a_word():
     assert {"##文", "##中", "##字"} <= set(whole)  # ideographs inside words: continuation pieces again
 
 
+def test_words_too_long_to_tokenize_teach_nothing():
+    """A word over max_input_chars_per_word (100) is one [UNK] to the tokenizer, never cut into pieces, so
+    pieces learned from it are never read. One 200 KB base64 line among a corpus made training 80 times
+    slower and filled the vocabulary with its fragments; such words are not counted."""
+    blob = "qZ8xK2vB7mW4" * 20  # 240 characters, one word
+    lines = ["the cat sat on the mat", blob, "the dog sat", blob, blob]
+    counts = count_words(lines, VocabTrainingConfig())
+    assert counts == {"the": 3, "cat": 1, "sat": 2, "on": 1, "mat": 1, "dog": 1}
+    tokens = train_vocab(lines, VocabTrainingConfig(vocab_size=200, min_frequency=1))
+    assert not {"q", "z", "##8", "##x"} & set(tokens)  # nothing of the blob, not even its letters
+    exactly = "x" * 100  # the longest word the tokenizer still cuts
+    assert count_words([exactly, exactly + "y"], VocabTrainingConfig()) == {exactly: 1}
+
+
 def test_counting_follows_the_basic_tokenizer():
     counts = count_words(["Héllo, WORLD! hello\u4e2d\u6587", "world"], VocabTrainingConfig())
     assert counts == {"hello": 2, ",": 1, "world": 2, "!": 1, "\u4e2d": 1, "\u6587": 1}

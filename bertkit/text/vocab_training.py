@@ -11,7 +11,11 @@ so the result is a vocabulary the greedy longest-match WordPiece tokenizer
    stage splits them (cleaning, lower-casing and accent stripping unless cased,
    punctuation and CJK split). Files and folders of .txt/.gz are found and read
    as `pretrain prepare` reads them (`bertkit.data.textfiles`; UTF-8 unless the
-   `encoding` setting names another). Only the word counts live in memory, so a corpus
+   `encoding` setting names another). Words longer than the tokenizer's
+   max_input_chars_per_word (100) are not counted: the tokenizer makes each one
+   [UNK] whole, so pieces learned from them would never be read (a deviation
+   from `tokenizers`' trainer, which learns even from a 200 KB base64 line,
+   whose every merge rescans it). Only the word counts live in memory, so a corpus
    larger than memory works; past `max_distinct_words` distinct words the
    words seen once are dropped (an approximation that only forgets the rarest).
 2. Alphabet: every character seen, both as a word start "c" and as a
@@ -40,6 +44,10 @@ from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, check_encoding, corpus_files, read_lines
 from bertkit.data.outputs import holds
 from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, save_vocab
+
+
+# the tokenizer's max_input_chars_per_word (bertkit.text.wordpiece): a longer word is one [UNK], never cut
+LONGEST_WORD = 100
 
 
 def _opt(default, help, **more):
@@ -112,7 +120,8 @@ def count_words(lines, config: VocabTrainingConfig) -> Counter:
     words: Counter = Counter()
     for run, c in runs.items():
         for word, _ in basic_words(run, config.lowercase, config.strip_accents, config.tokenize_chinese_chars):
-            words[word] += c
+            if len(word) <= LONGEST_WORD:
+                words[word] += c
     return words
 
 
