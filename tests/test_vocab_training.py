@@ -27,6 +27,47 @@ def test_hand_checked_merges():
     assert learn_vocab({"ab": 5, "abc": 3, "bc": 1}, VocabTrainingConfig(vocab_size=12))[-1] == "ab"
 
 
+def _naive_merges(counts: dict, vocab_size: int, min_frequency: int, tokens: list) -> list:
+    """The merges of learn_vocab, recounting every pair at every step: the most frequent, ties to the pair
+    that sorts first, until below min_frequency or the vocabulary is full."""
+    words = {w: [w[0]] + ["##" + ch for ch in w[1:]] for w in counts}
+    tokens = list(tokens)
+    while len(tokens) < vocab_size:
+        pairs = {}
+        for w, syms in words.items():
+            for p in zip(syms, syms[1:]):
+                pairs[p] = pairs.get(p, 0) + counts[w]
+        if not pairs:
+            break
+        n, best = min((-n, p) for p, n in pairs.items())
+        if -n < min_frequency:
+            break
+        new = best[0] + best[1][2:]
+        tokens += [new] if new not in tokens else []
+        for w, syms in words.items():
+            out, j = [], 0
+            while j < len(syms):
+                if tuple(syms[j:j + 2]) == best:
+                    out.append(new)
+                    j += 2
+                else:
+                    out.append(syms[j])
+                    j += 1
+            words[w] = out
+    return tokens
+
+
+def test_merges_equal_recounting_every_pair_at_every_step():
+    """learn_vocab updates only the pairs next to each merge (a heap of counts); recounting everything
+    each step (slow, plain) must learn the same vocabulary, ties included."""
+    rng = random.Random(1)
+    counts = {"".join(rng.choice("abcab") for _ in range(rng.randint(1, 12))): rng.randint(1, 4) for _ in range(150)}
+    for size, least in ((60, 1), (45, 2), (200, 1)):
+        ours = learn_vocab(counts, VocabTrainingConfig(vocab_size=size, min_frequency=least))
+        start = ours[:len(SPECIAL_TOKENS) + 6]  # the specials and the alphabet a b c, ##a ##b ##c
+        assert ours == _naive_merges(counts, size, least, start)
+
+
 def test_alphabet_always_kept_even_over_size():
     tokens = learn_vocab({"xyz": 1, "q": 1}, VocabTrainingConfig(vocab_size=6, min_frequency=1))
     assert set(tokens) >= {"x", "y", "z", "q", "##x", "##y", "##z", "##q"}

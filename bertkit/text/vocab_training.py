@@ -143,21 +143,30 @@ def _merge(syms: list[str], pair: tuple[str, str], new: str) -> list[str]:
 
 
 def _merge_everywhere(pair, new: str, words: list, counts: list, pair_counts: dict, where: dict, heap: list) -> None:
-    """Merge `pair` into `new` in every word holding it; update the pair counts, their words and the heap."""
-    changed = set()
+    """Merge `pair` into `new` in every word holding it; update the pair counts, their words and the heap.
+
+    Only the pairs next to a merge change count: those are pushed again (not every pair of every touched
+    word, which filled the heap with stale entries, most of the time spent on a long random word), and
+    only pairs holding `new` are new to a word's `where` entries."""
+    delta: Counter = Counter()
     for i in sorted(where.pop(pair, ())):
         syms, c = words[i], counts[i]
+        merged = _merge(syms, pair, new)
+        if len(merged) == len(syms):
+            continue  # no longer holds the pair (an earlier merge took it)
+        words[i] = merged
         for p in zip(syms, syms[1:]):
-            pair_counts[p] -= c
-            changed.add(p)
-        merged = words[i] = _merge(syms, pair, new)
+            delta[p] -= c
         for p in zip(merged, merged[1:]):
-            pair_counts[p] = pair_counts.get(p, 0) + c
-            where.setdefault(p, set()).add(i)
-            changed.add(p)
-    for p in changed:
-        n = pair_counts.get(p, 0)
+            delta[p] += c
+            if new in p:
+                where.setdefault(p, set()).add(i)
+    for p, d in delta.items():
+        if d == 0:
+            continue
+        n = pair_counts.get(p, 0) + d
         if n > 0:
+            pair_counts[p] = n
             heapq.heappush(heap, (-n, p))
         else:
             pair_counts.pop(p, None)
