@@ -353,3 +353,32 @@ def test_an_untied_generator_decoder_loads_and_saves_both_ways(tmp_path, transfo
     ours.save_pretrained(tmp_path / "ours")
     back = transformers_mod.ElectraForMaskedLM.from_pretrained(str(tmp_path / "ours")).eval()
     _compare(ours, back, ids, mask, types, {})
+
+
+@pytest.mark.oracle
+def test_a_fine_tuned_transformers_electra_head_predicts_like_transformers(tmp_path, transformers_mod):
+    """An ElectraForSequenceClassification / ...TokenClassification saved by transformers (a fine-tuned ELECTRA
+    from the hub) was refused by predict: "not a fine-tuned task model; fine-tune it first"."""
+    import bertkit
+    from bertkit.text.tokenizer import Tokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(94))]
+    texts = ["w1 w2 w3", "w7 w8"]
+    ids = torch.tensor([[2, 6, 7, 8, 3], [2, 12, 13, 3, 0]])
+    mask = (ids != 0).long()
+    torch.manual_seed(0)
+    for name in ("ElectraForSequenceClassification", "ElectraForTokenClassification"):
+        hf = getattr(transformers_mod, name)(hf_config(transformers_mod, num_labels=3)).eval()
+        with torch.no_grad():
+            for p in hf.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+            logits = hf(input_ids=ids, attention_mask=mask).logits
+        hf.save_pretrained(tmp_path / name)
+        Tokenizer(vocab).save_pretrained(tmp_path / name)
+        got = bertkit.predict(str(tmp_path / name), texts)
+        if name == "ElectraForSequenceClassification":
+            probs = torch.tensor([[row["probabilities"][f"LABEL_{i}"] for i in range(3)] for row in got])
+            torch.testing.assert_close(probs, logits.softmax(-1), atol=1e-5, rtol=0)
+        else:  # one label per word: the argmax at each word's first piece
+            expected = [[f"LABEL_{int(i)}" for i in row[1:1 + n]] for row, n in zip(logits.argmax(-1), (3, 2))]
+            assert [row["tags"] for row in got] == expected, got

@@ -320,14 +320,15 @@ TASK_FILE = "bertkit_task.json"  # how a `bertkit finetune` model encodes its in
 GENERATOR_DIR = "generator"  # the generator's subfolder in an ELECTRA pre-training output directory
 # A Hugging Face head checkpoint without bertkit_task.json: the task its config.json's architectures (and, for
 # the sequence classifier, problem_type) name, as bertkit.tasks.registry spells it, and the input length it is
-# read at (run_squad.py's 384 for QA, BERT's 512 otherwise). ELECTRA heads are not read as tasks.
+# read at (run_squad.py's 384 for QA, BERT's 512 otherwise); ELECTRA's heads (a fine-tuned ELECTRA) as BERT's.
+_SEQUENCE_TASKS = {"single_label_classification": "classify", "regression": "regression",
+                   "multi_label_classification": "multi_label"}
 HF_TASKS = {
-    "BertForSequenceClassification": {"single_label_classification": "classify", "regression": "regression",
-                                      "multi_label_classification": "multi_label"},
-    "BertForTokenClassification": "ner",
-    "BertForQuestionAnswering": "qa",
+    f"{family}For{head}": task for family in ("Bert", "Electra")
+    for head, task in (("SequenceClassification", _SEQUENCE_TASKS), ("TokenClassification", "ner"),
+                       ("QuestionAnswering", "qa"))
 }
-HF_MAX_LENGTH = {"BertForQuestionAnswering": 384}
+HF_MAX_LENGTH = {"BertForQuestionAnswering": 384, "ElectraForQuestionAnswering": 384}
 
 
 def read_config(directory) -> dict:
