@@ -449,3 +449,16 @@ def test_an_untied_decoder_loads_and_saves_both_ways(tmp_path, transformers_mod,
     tied.save_pretrained(tmp_path / "tied")
     assert "tie_word_embeddings" not in json.loads((tmp_path / "tied" / "config.json").read_text())
     assert "cls.predictions.decoder.weight" not in load_file(str(tmp_path / "tied" / "model.safetensors"))
+
+
+def test_an_int8_folder_read_as_float_weights_says_what_it_holds(tmp_path, capsys):
+    """`model info` and from_pretrained on a folder saved by save_quantized said "no weights in DIR: expected one
+    of model.safetensors, ..." beside its model.int8.safetensors."""
+    from bertkit.cli import main
+    from bertkit.runtime.quantization import quantize, save_quantized
+
+    save_quantized(quantize(tiny(bertkit.BertForSequenceClassification)), tmp_path)
+    with pytest.raises(BertkitError, match=r"int8 model \(model.int8.safetensors.*bertkit.load"):
+        bertkit.BertForSequenceClassification.from_pretrained(tmp_path)
+    assert main(["model", "info", str(tmp_path), "--class", "BertForSequenceClassification"]) == 2
+    assert "int8 model" in capsys.readouterr().err

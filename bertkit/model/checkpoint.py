@@ -202,6 +202,9 @@ def weights_file(directory) -> Path:
         found = [path / name for name in WEIGHT_FILES if (path / name).is_file()]
         if not found and (path / PICKLED_WEIGHTS).is_file():
             raise _refuse_pickle(path / PICKLED_WEIGHTS)
+        if not found and (path / INT8_WEIGHTS).is_file():
+            raise BertkitError(f"{path} holds an int8 model ({INT8_WEIGHTS}, saved by save_quantized), not float "
+                               "weights: run it through bertkit.load(DIR) or a command (embed, predict, ...)")
         if not found:
             onnx = ("; model.onnx is an ONNX export, run by ONNX Runtime: give the model folder it was exported "
                     "from" if (path / "model.onnx").is_file() else "")
