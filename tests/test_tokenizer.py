@@ -6,6 +6,7 @@ word ids) are compared with the `tokenizers` library behind BertTokenizerFast.
 """
 
 import json
+import pickle
 import random
 
 import pytest
@@ -74,6 +75,8 @@ def test_cjk_characters_stay_in_their_word_when_not_split(tmp_path):
     assert whole.tokenize("中文 a中") == ["中", "##文", "a", "##中"]
     assert whole.encode("中文 a中", add_special_tokens=False).offsets == [(0, 1), (1, 2), (3, 4), (4, 5)]
     assert whole.ids_batch(["中文 a中"])[0] == whole.encode("中文 a中", add_special_tokens=False).input_ids
+    # a copy (a DataLoader worker's) rebuilds its run pattern for its own setting
+    assert pickle.loads(pickle.dumps(whole)).tokenize("中文") == ["中", "##文"]
 
 
 def test_cleaning_and_cjk():
