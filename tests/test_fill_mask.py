@@ -191,3 +191,11 @@ def test_cli_electra_show(tmp_path, capsys):
     assert main(["electra", "show", str(directory), "the dog ran to the park . " * 5]) == 2
     assert capsys.readouterr().err == ("bertkit: error: the text has 37 tokens but the model reads at most 32: "
                                        "electra show judges one pass, so shorten the text\n")
+
+
+def test_cli_fill_mask_shows_the_pair_its_masks_are_counted_in(tmp_path, capsys):
+    """With --pair the blocks ran to "[MASK] #3" under a header that showed the first text alone."""
+    _, directory = _electra_run(tmp_path)
+    assert main(["fill-mask", str(directory), ONE, "--pair", "the [MASK] went home .", "--top-k", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [ONE, "pair: the [MASK] went home ."] and out[2] == "[MASK] #1:" and "[MASK] #2:" in out

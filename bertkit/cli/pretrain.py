@@ -128,7 +128,7 @@ def run_fill_mask(args):
     if args.json:
         print(json.dumps([[asdict(c) for c in candidates] for candidates in predictions], ensure_ascii=False))
     else:
-        print(format_predictions(args.text, predictions))
+        print(format_predictions(args.text, predictions, args.pair))
 
 
 def _one_argument(given: str) -> str:

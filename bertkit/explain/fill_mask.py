@@ -79,9 +79,10 @@ def fill_mask(model, text: str, top_k: int = 5, pair: str | None = None) -> list
     ]
 
 
-def format_predictions(text: str, predictions: list[list[Prediction]]) -> str:
-    """The text, then one block per [MASK]: rank, probability, token."""
-    lines = [text]
+def format_predictions(text: str, predictions: list[list[Prediction]], pair: str | None = None) -> str:
+    """The text (and its pair: the masks are numbered through both), then one block per [MASK]: rank,
+    probability, token."""
+    lines = [text] + ([f"pair: {pair}"] if pair is not None else [])
     for k, candidates in enumerate(predictions, start=1):
         lines.append(f"{MASK} #{k}:" if len(predictions) > 1 else f"{MASK}:")
         lines += [f"  {r}. {c.probability:7.4f}  {c.token}" for r, c in enumerate(candidates, start=1)]
