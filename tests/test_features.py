@@ -7,6 +7,7 @@ model's hidden states, with the layer lists written out by hand from the
 paper's Table 7 (not taken from bertkit.embeddings.settings.STRATEGIES).
 """
 
+import copy
 import json
 
 import numpy as np
@@ -275,6 +276,20 @@ def test_bad_types_are_named_not_a_python_traceback(tiny):
     # what works stays working: a generator of texts and of pairs
     want = embed(["a b", "c d"], tiny, pairs=["e", "f"])
     np.testing.assert_array_equal(embed((t for t in ["a b", "c d"]), tiny, pairs=iter(["e", "f"])), want)
+
+
+def test_settings_for_loading_beside_a_loaded_model_are_refused(tiny):
+    """embed(texts, model=bertkit.load(..., dtype="auto"), dtype="float32") ran the loaded bfloat16 model and
+    int8=True was ignored: the model is already loaded, so where and in what it runs was decided then."""
+    from bertkit.runtime.loading import load
+
+    model, tok = tiny
+    loaded = load((copy.deepcopy(model), tok), dtype="bfloat16")  # cast in place: a copy
+    for option in ({"dtype": "float32"}, {"int8": True}, {"device": "cpu"}):
+        with pytest.raises(BertkitError, match=f"model is already loaded .*bfloat16.*: {next(iter(option))}= applies "
+                                               r"when embed loads it; pass it to bertkit.load\(\) instead"):
+            embed(["a b"], loaded, **option)
+    assert embed(["a b"], loaded, dtype=None, int8=False).shape == (1, 32)  # the defaults ask for nothing
 
 
 def test_a_task_model_embeds_with_its_encoder(tiny):

@@ -315,6 +315,10 @@ def test_a_loaded_model_without_its_task_head_is_named_as_such(sentiment_run, ti
                                                "of `bertkit finetune`"):
             predict(None, ["a sentence"], loaded=held)
     assert predict(None, ["a sentence"], loaded=load(run)) == predict(run, ["a sentence"])
+    # where and in what a loaded model runs was decided when it was loaded: dtype= beside it was ignored
+    with pytest.raises(BertkitError, match=r"loaded is already loaded \(on cpu, bfloat16\): dtype= applies when "
+                                           r"predict loads the model; pass it to bertkit.load\(\) instead"):
+        predict(None, ["a sentence"], loaded=load(run, dtype="bfloat16"), dtype="float32")
 
 
 # --- rows without answers are predicted, not dropped; messages never in the predictions -------------

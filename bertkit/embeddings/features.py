@@ -399,6 +399,17 @@ def _sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_siz
     return out
 
 
+def _encoder_for(model, options: dict) -> Loaded:
+    """`load_encoder` on embed's device=, dtype= and int8= (taken out of `options`); a `Loaded` model already
+    runs where and in what it was loaded, so asking otherwise beside it is refused."""
+    placing = {name: options.pop(name, None) for name in ("device", "dtype", "int8")}
+    asked = [name for name, value in placing.items() if value not in (None, False)]
+    if isinstance(model, Loaded) and asked:
+        raise BertkitError(f"model is already loaded (on {model.device}, {model.precision}): {asked[0]}= applies when "
+                           "embed loads it; pass it to bertkit.load() instead")
+    return load_encoder(model, placing["device"], placing["dtype"], placing["int8"] or False)
+
+
 # embed's **options: iter_embed's keyword arguments and load_encoder's
 _EMBED_OPTIONS = {name for name, p in inspect.signature(iter_embed).parameters.items()
                   if p.kind == p.KEYWORD_ONLY} | {"device", "dtype", "int8"}
@@ -472,7 +483,7 @@ def embed(
         raise TypeError(f"embed() got an unexpected keyword argument {unknown[0]!r}; it takes "
                         f"{', '.join(sorted(_EMBED_OPTIONS))}")
     options.setdefault("total", len(texts))
-    loaded = load_encoder(model, options.pop("device", None), options.pop("dtype", None), options.pop("int8", False))
+    loaded = _encoder_for(model, options)
     rows = list(iter_embed(texts, loaded, layers, pooling, normalize, **options))
     if single:
         return rows[0]

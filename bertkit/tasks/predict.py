@@ -57,8 +57,9 @@ def task_of(loaded: Loaded) -> Task:
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
             dtype=None, int8: bool = False, fast=True) -> list[dict]:
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
-    device: auto (None), cpu or cuda; dtype: float32 (None) or bfloat16; int8: int8 dense layers;
-    fast: the fast path's settings (`bertkit.runtime.loading.load`)."""
+    device: auto (None), cpu or cuda; dtype: float32 (None), bfloat16 or auto; int8: int8 dense layers;
+    fast: the fast path's settings (`bertkit.runtime.loading.load`). loaded: a model `bertkit.load(model_dir)`
+    returned (then device, dtype and int8 were decided there)."""
     texts = _text_list(texts, "texts")
     if not texts:
         raise BertkitError("no texts to predict: pass a non-empty list of texts")
@@ -71,6 +72,10 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         raise BertkitError(f"loaded must be a Loaded (bertkit.load(model_dir, head='task')), got {type(loaded).__name__}")
     if loaded is not None:
         _check_held(loaded)
+        asked = [name for name, value in (("device", device), ("dtype", dtype), ("int8", int8)) if value]
+        if asked:  # it runs as it was loaded, whatever these say
+            raise BertkitError(f"loaded is already loaded (on {loaded.device}, {loaded.precision}): {asked[0]}= applies "
+                               "when predict loads the model; pass it to bertkit.load() instead")
     loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)
     task = task_of(loaded)
     kind = type(loaded.model).__name__  # ELECTRA's heads share BERT's names after "For"
