@@ -321,6 +321,25 @@ def test_a_loaded_model_without_its_task_head_is_named_as_such(sentiment_run, ti
         predict(None, ["a sentence"], loaded=load(run, dtype="bfloat16"), dtype="float32")
 
 
+def test_a_tagger_refuses_pairs_instead_of_dropping_them(tmp_path):
+    """predict(ner_dir, texts, pairs=[...]): the second texts were dropped without a word (the tags are the
+    first texts' alone); a tagger reads single texts."""
+    import torch
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForTokenClassification
+    from bertkit.text.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, id2label={0: "O", 1: "B-PER", 2: "I-PER"})
+    BertForTokenClassification(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        tmp_path, tokenizer=Tokenizer.from_pretrained())
+    (tmp_path / "bertkit_task.json").write_text(json.dumps({"task": "ner", "max_length": 32, "stride": 8}))
+    with pytest.raises(BertkitError, match="this ner model tags single texts: it reads no pairs; leave out pairs="):
+        predict(tmp_path, ["John lives in Paris"], pairs=["a second text"])
+    assert [p["words"] for p in predict(tmp_path, ["John lives in Paris"])] == [["John", "lives", "in", "Paris"]]
+
+
 # --- rows without answers are predicted, not dropped; messages never in the predictions -------------
 
 def test_rows_without_a_label_are_predicted_and_only_the_labelled_scored(sentiment_run, tmp_path, capsys):  # noqa: F811

@@ -74,6 +74,7 @@ class Task:
     answers: str = ""  # {label}: the label column
     pairs: bool = False  # inputs always come in pairs (pair: two sentences; qa: question, context)
     second: str = "a second text"  # the pair's second text, in messages
+    single: bool = False  # reads single texts only: pairs are refused, not dropped (a tagger)
     labelled: bool = True  # predictions name the labels of config.json (id2label)
     entities: bool = False  # predictions are tags whose entities the server spells out with offsets
     windows: bool = False  # a long input is read whole, in overlapping windows (else cut at max_length, or
@@ -222,7 +223,7 @@ TASKS = {t.name: t for t in (
     Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
          metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
          read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
-         entities=True, windows=True, features=ner.training_features),
+         entities=True, windows=True, features=ner.training_features, single=True),
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
          score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
