@@ -191,6 +191,18 @@ def test_batch_tensors_and_arrays(tok):
     assert tok.encode_batch([], padding="max_length", max_length=8, return_tensors="np")["input_ids"].shape == (0, 8)
 
 
+def test_a_tensor_batch_moves_to_a_device_as_transformers_does(tok):
+    """`model(**tok.encode_batch(texts).to(device))`, the transformers habit: once AttributeError: to."""
+    batch = tok.encode_batch(["Hello there, world.", "Hi"])
+    ids = batch["input_ids"].clone()
+    assert batch.to("cpu") is batch and batch["input_ids"].equal(ids)
+    batch.to("meta")  # a device with no data: shows the move without a GPU
+    assert {v.device.type for v in batch.values()} == {"meta"}
+    assert batch.input_ids.shape == ids.shape and batch.encodings[0].tokens[1] == "hello"
+    with pytest.raises(BertkitError, match="only a batch of torch tensors moves .*return_tensors='pt'.*input_ids is ndarray"):
+        tok.encode_batch(["Hi"], return_tensors="np").to("cpu")
+
+
 def test_batch_overflow_rows_and_mapping(tok):
     question, contexts = "Who?", [" ".join(str(i) for i in range(40)), "short context", "another " * 25]
     batch = tok.encode_batch([question] * 3, contexts, max_length=16, stride=4, truncation_strategy="only_second",

@@ -84,6 +84,17 @@ class BatchEncoding(dict):
         except KeyError:
             raise AttributeError(name) from None
 
+    def to(self, device) -> "BatchEncoding":
+        """Move the tensors to `device`, in place, and return the batch (as transformers' does):
+        `model(**tok.encode_batch(texts).to("cuda"))`. Only tensors move (return_tensors="pt")."""
+        for name, value in self.items():
+            if not hasattr(value, "to"):  # duck-typed: this module stays free of torch
+                raise BertkitError(f"only a batch of torch tensors moves (return_tensors='pt'); {name} is "
+                                   f"{type(value).__name__}")
+        for name in list(self):
+            self[name] = self[name].to(device)
+        return self
+
 
 def num_special_tokens(pair: bool = False) -> int:
     return 3 if pair else 2
