@@ -15,7 +15,7 @@ from bertkit.model.electra import (ElectraConfig, ElectraForMaskedLM, ElectraFor
 from bertkit.model.electra_pretraining import ElectraPretrainingModel, corrupt, electra_metrics
 from bertkit.runtime.loading import class_for
 from bertkit.model.heads import BertForSequenceClassification
-from test_heads import grads_by_hf_name
+from test_heads import assert_same_gradients
 
 # odd sizes so that a swapped dimension fails: E=20 != H=36, 6 heads of 6, intermediate 37
 TINY = dict(vocab_size=99, embedding_size=20, hidden_size=36, num_hidden_layers=2, num_attention_heads=6,
@@ -106,15 +106,7 @@ def test_gradients_match_transformers(tmp_path, transformers_mod, cls):
                                                            num_labels=3 if cls is not ElectraForQuestionAnswering else 2))
     hf.save_pretrained(tmp_path)
     ours = cls.from_pretrained(tmp_path)
-    ids, mask, types = inputs()
-    labels = labels_for(cls)
-    hf(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels).loss.backward()
-    ours(ids, mask, types, **labels).loss.backward()
-    theirs = {n: p.grad for n, p in hf.named_parameters()}
-    got = grads_by_hf_name(ours)
-    assert set(got) == set(theirs)
-    for key, grad in got.items():
-        torch.testing.assert_close(grad, theirs[key], atol=1e-6, rtol=1e-4, msg=lambda m, key=key: f"{key}: {m}")
+    assert_same_gradients(ours, hf, *inputs(), labels_for(cls))
 
 
 @pytest.mark.oracle

@@ -121,6 +121,17 @@ def grads_by_hf_name(model) -> dict:
     return hf_state_dict(shadow)
 
 
+def assert_same_gradients(ours, hf_model, ids, mask, types, labels) -> None:
+    """One backward of each model's loss on the batch; every weight's gradient compared by its HF name."""
+    hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels).loss.backward()
+    ours(ids, mask, types, **labels).loss.backward()
+    theirs = {n: p.grad for n, p in hf_model.named_parameters()}
+    got = grads_by_hf_name(ours)
+    assert set(got) == set(theirs)
+    for key, grad in got.items():
+        torch.testing.assert_close(grad, theirs[key], atol=1e-6, rtol=1e-4, msg=lambda m, key=key: f"{key}: {m}")
+
+
 @pytest.mark.oracle
 @pytest.mark.parametrize("cls", HEADS, ids=lambda c: c.__name__)
 def test_gradients_match_transformers(hf_checkpoints, cls):
@@ -133,14 +144,7 @@ def test_gradients_match_transformers(hf_checkpoints, cls):
     ours = cls.from_pretrained(directory)
     shape = (1, C, T) if name == "BertForMultipleChoice" else (B, T)
     ids, mask, types = batch(shape=shape)
-    labels = labels_for(name, ids, mask)
-    hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels).loss.backward()
-    ours(ids, mask, types, **labels).loss.backward()
-    theirs = {n: p.grad for n, p in hf_model.named_parameters()}
-    got = grads_by_hf_name(ours)
-    assert set(got) == set(theirs)
-    for key, grad in got.items():
-        torch.testing.assert_close(grad, theirs[key], atol=1e-6, rtol=1e-4, msg=lambda m, key=key: f"{key}: {m}")
+    assert_same_gradients(ours, hf_model, ids, mask, types, labels_for(name, ids, mask))
 
 
 @pytest.mark.oracle
