@@ -91,6 +91,21 @@ def test_find_token(amap):
     assert find_token(pieces, "unaffable") == 1  # a word rebuilt from its pieces
 
 
+def test_dtype_beside_a_loaded_model_is_refused(tiny):
+    """attention_map(text, model=bertkit.load(...), dtype="bfloat16") ran the model as loaded (float32) and
+    said nothing; as for embed, where and in what a loaded model runs was decided when it was loaded."""
+    import copy
+
+    from bertkit.runtime.loading import load
+
+    model, tok = tiny
+    loaded = load((copy.deepcopy(model), tok))  # the fast path swaps layers in place: a copy
+    with pytest.raises(BertkitError, match=r"model is already loaded \(on cpu, float32\): dtype= applies when "
+                                           r"attention_map loads it; pass it to bertkit.load\(\) instead"):
+        attention_map("The cat sat.", model=loaded, dtype="bfloat16")
+    assert attention_map("The cat sat.", model=loaded).weights.shape[0] == 3
+
+
 def test_pair_segments_and_bad_input(tiny):
     pair = attention_map("The cat sat.", "It was tired.", model=tiny)
     assert pair.tokens == ["[CLS]", "the", "cat", "sat", ".", "[SEP]", "it", "was", "tired", ".", "[SEP]"]

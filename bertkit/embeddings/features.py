@@ -399,15 +399,14 @@ def _sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_siz
     return out
 
 
-def _encoder_for(model, options: dict) -> Loaded:
-    """`load_encoder` on embed's device=, dtype= and int8= (taken out of `options`); a `Loaded` model already
-    runs where and in what it was loaded, so asking otherwise beside it is refused."""
-    placing = {name: options.pop(name, None) for name in ("device", "dtype", "int8")}
-    asked = [name for name, value in placing.items() if value not in (None, False)]
+def placed_encoder(model, use: str, device=None, dtype=None, int8: bool = False, fast=True) -> Loaded:
+    """`load_encoder` for a public call named `use` (embed, attention_map): a `Loaded` model already runs
+    where and in what it was loaded, so a device, dtype or int8 asked for beside it is refused."""
+    asked = [name for name, value in (("device", device), ("dtype", dtype), ("int8", int8)) if value not in (None, False)]
     if isinstance(model, Loaded) and asked:
         raise BertkitError(f"model is already loaded (on {model.device}, {model.precision}): {asked[0]}= applies when "
-                           "embed loads it; pass it to bertkit.load() instead")
-    return load_encoder(model, placing["device"], placing["dtype"], placing["int8"] or False)
+                           f"{use} loads it; pass it to bertkit.load() instead")
+    return load_encoder(model, device, dtype, int8 or False, fast)
 
 
 # embed's **options: iter_embed's keyword arguments and load_encoder's
@@ -483,7 +482,7 @@ def embed(
         raise TypeError(f"embed() got an unexpected keyword argument {unknown[0]!r}; it takes "
                         f"{', '.join(sorted(_EMBED_OPTIONS))}")
     options.setdefault("total", len(texts))
-    loaded = _encoder_for(model, options)
+    loaded = placed_encoder(model, "embed", *(options.pop(name, None) for name in ("device", "dtype", "int8")))
     rows = list(iter_embed(texts, loaded, layers, pooling, normalize, **options))
     if single:
         return rows[0]

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.features import load_encoder
+from bertkit.embeddings.features import placed_encoder
 
 
 @dataclass
@@ -104,7 +104,8 @@ def attention_map(text: str, pair: str | None = None, model=None, *, device=None
                   fast=True) -> AttentionMap:
     """Run the model on `text` (and `pair`) and keep every layer's attention weights.
 
-    model: None (the default model), a model directory or a (model, tokenizer) pair.
+    model: None (the default model), a model directory, a (model, tokenizer) pair, or what
+    `bertkit.load` returned (then where and in what it runs was decided there).
     device: auto, cpu or cuda; dtype: auto, float32 or bfloat16; fast: the fast path's settings (see
     bertkit.runtime.loading.load).
     The text must fit in the model's positions (512): the page shows whole
@@ -118,7 +119,7 @@ def attention_map(text: str, pair: str | None = None, model=None, *, device=None
         raise BertkitError("cannot show attention for an empty text: give a sentence")
     if pair is not None and not pair.strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
-    loaded = load_encoder(model, device, dtype, fast=fast)
+    loaded = placed_encoder(model, "attention_map", device, dtype, fast=fast)
     loaded.need_layers("an attention picture")
     net, tok = loaded.model, loaded.tokenizer
     limit = int(getattr(net.config, "max_position_embeddings", 512))
