@@ -235,6 +235,50 @@ def test_rerank_refuses_a_model_that_is_no_cross_encoder(built, tmp_path, tiny):
         reranker(str(tiny))
 
 
+def test_a_cross_encoder_saved_by_transformers_reranks(tmp_path, transformers_mod):
+    """A Hugging Face cross-encoder folder (a one-label BertForSequenceClassification saved by
+    transformers or sentence-transformers' CrossEncoder: config.json and weights, no bertkit_task.json)
+    says nothing of being trained on pairs; it was refused as "a regression model of single texts".
+    It reranks, its scores are transformers' logits, and the server answers /rerank with it and takes
+    single texts and pairs in one batch. A model bertkit trained on single texts still refuses pairs."""
+    from bertkit.runtime.loading import load
+    from bertkit.serve.runner import Query, TaskModel
+    from bertkit.serve.settings import ServeConfig
+    from bertkit.tasks.predict import predict
+    from bertkit.text.tokenizer import Tokenizer
+
+    config = transformers_mod.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=37, max_position_embeddings=64, num_labels=1)
+    torch.manual_seed(5)
+    peer = transformers_mod.BertForSequenceClassification(config).eval()
+    peer.save_pretrained(tmp_path / "hf")
+    Tokenizer.from_pretrained().save_pretrained(tmp_path / "hf")
+    passages = ["vitamin d lowers the risk of fractures", "the cat sat on the mat", "statins and memory"]
+    cross = reranker(str(tmp_path / "hf"), dtype="float32")
+    tok = transformers_mod.BertTokenizer(str(tmp_path / "hf" / "vocab.txt"))
+    with torch.no_grad():
+        logits = peer(**tok([QUERIES[0]] * 3, passages, return_tensors="pt", padding=True)).logits[:, 0]
+    assert pair_scores(cross, QUERIES[0], passages) == pytest.approx(logits.tolist(), abs=1e-5)
+
+    served = TaskModel(load(tmp_path / "hf", dtype="float32"), ServeConfig(), "hf")
+    assert served.can_rerank() and "/rerank" in served.info()["endpoints"]
+    mixed = served.run_jobs([type("Job", (), {"items": [Query(QUERIES[0], passages[0]), Query(passages[1], None)]})])
+    alone = [predict(None, [QUERIES[0]], [passages[0]], loaded=cross)[0], predict(None, [passages[1]], loaded=cross)[0]]
+    assert [p["score"] for p in mixed[0]] == pytest.approx([p["score"] for p in alone], abs=1e-6)
+
+    three = transformers_mod.BertForSequenceClassification(transformers_mod.BertConfig(**{**config.to_dict(),
+                                                                                         "num_labels": 3}))
+    three.save_pretrained(tmp_path / "nli")
+    Tokenizer.from_pretrained().save_pretrained(tmp_path / "nli")
+    with pytest.raises(BertkitError, match=r"is a classify model with 3 labels: --rerank needs"):
+        reranker(str(tmp_path / "nli"))
+    single = cross_encoder(tmp_path / "single", "classify", 2)
+    (single / "bertkit_task.json").write_text(json.dumps({"task": "classify", "text_column": "sentence",
+                                                          "max_length": 64}))
+    with pytest.raises(BertkitError, match="was trained on single texts: it reads no pairs"):
+        predict(single, ["a text"], pairs=["another"])
+
+
 def test_cli_index_and_search_end_to_end(tiny, shared_data, tmp_path, capsys):
     corpus = scifact_corpus(shared_data, tmp_path / "corpus.jsonl", n=6, first=40)
     out = tmp_path / "index"

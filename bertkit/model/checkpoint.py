@@ -392,7 +392,8 @@ def task_info(directory) -> dict | None:
         n = config.get("num_labels", len(config.get("id2label") or {}) or 2)
         problem = "regression" if n == 1 else config.get("problem_type")
         task = task.get(problem) or task["single_label_classification"]
-    return None if task is None else {"task": task, "max_length": HF_MAX_LENGTH.get(head, 512)}
+    # "inferred": nothing says which columns it was trained on (single texts or pairs: both are read)
+    return None if task is None else {"task": task, "max_length": HF_MAX_LENGTH.get(head, 512), "inferred": True}
 
 
 @dataclass(frozen=True)

@@ -415,7 +415,7 @@ class TaskModel:
             if self.pairs and q.pair is None:
                 raise InputError(f"this {self.task} model needs {self.record.second} (pairs: [...]) for every input; "
                                  f"input {i} has none")
-            if not self.pairs and q.pair is not None:
+            if q.pair is not None and self.record.refuses_pairs(self.info_):
                 raise InputError(f"this {self.task} model takes single texts: leave out `pairs`")
         return queries
 
@@ -455,11 +455,18 @@ class TaskModel:
                          "reads it cut, longest side first)", status=413)
 
     def run_jobs(self, jobs: list) -> list:
-        """Each job's predictions: one `bertkit.predict` call over every job's inputs together."""
+        """Each job's predictions: one `bertkit.predict` call over every job's inputs together (two when a
+        model that reads either, a Hugging Face head checkpoint, is given single texts and pairs at once)."""
         queries = [q for job in jobs for q in job.items]
-        texts = [q.text for q in queries]
-        pairs = [q.pair for q in queries] if self.pairs else None
-        preds = predict(self.model_dir, texts, pairs, batch_size=self.max_batch_size, loaded=self.loaded)
+        preds = [None] * len(queries)
+        for paired in (False, True):
+            rows = [i for i, q in enumerate(queries) if (q.pair is not None) == paired]
+            if rows:
+                got = predict(self.model_dir, [queries[i].text for i in rows],
+                              [queries[i].pair for i in rows] if paired else None,
+                              batch_size=self.max_batch_size, loaded=self.loaded)
+                for i, p in zip(rows, got):
+                    preds[i] = p
         if self.on_batch is not None:
             self.on_batch(len(queries), 0, 0)
         if self.record.entities:

@@ -82,8 +82,9 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     if task.head != "BertModel" and kind.partition("For")[2] != task.head.partition("For")[2]:
         raise BertkitError(f"{loaded.directory}: bertkit_task.json says {task.name} ({task.head}) but config.json's "
                            f"architectures name {kind}: the two files disagree; fine-tune the model again")
-    if task.single and pairs is not None:
-        raise BertkitError(f"this {task.cli_name} model tags single texts: it reads no pairs; leave out pairs=")
+    if task.refuses_pairs(loaded.info) and pairs is not None:
+        reads = "tags single texts" if task.single else "was trained on single texts"
+        raise BertkitError(f"this {task.cli_name} model {reads}: it reads no pairs; leave out pairs=")
     if task.takes_pairs(loaded.info) and pairs is None:
         raise BertkitError(f"this {task.cli_name} model reads {task.second} with each text: pass pairs=[...] "
                            "(one per text)")

@@ -99,6 +99,13 @@ class Task:
         """Whether a model of this task reads (text, second text): always, or as it was trained."""
         return self.pairs or bool(info.get("text_pair_column"))
 
+    def refuses_pairs(self, info: dict) -> bool:
+        """Whether pairs given to it are refused: a tagger's always, a model trained on single texts too.
+        A Hugging Face head checkpoint says nothing of what it was trained on (its task is inferred from
+        config.json: `bertkit.model.checkpoint.task_info`), so it reads single texts or pairs as given:
+        a cross-encoder saved by transformers or sentence-transformers is such a folder."""
+        return self.single or not (self.takes_pairs(info) or info.get("inferred"))
+
     def labels(self, config) -> list | None:
         """The label names its predictions use (config.json's id2label), None when they name none."""
         return config.labels if self.labelled else None
@@ -107,7 +114,7 @@ class Task:
         """A cross-encoder: trained on (query, text) pairs, one score per pair: a regression's score,
         or the probability of the second of two labels (of a reranker's one label). `bertkit search
         --rerank`, `bertkit evaluate --rerank` and the server's /rerank all ask this."""
-        return (self.pair_score is not None and self.takes_pairs(info)
+        return (self.pair_score is not None and not self.refuses_pairs(info)
                 and (not self.labelled or len(labels or ()) == self.rerank_labels))
 
     def served_routes(self, info: dict, labels) -> list:

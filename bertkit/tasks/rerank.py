@@ -45,7 +45,7 @@ def reranker(model, device=None, dtype=None, fast=True) -> Loaded:
     task, info = task_of(loaded), loaded.info
     labels = task.labels(loaded.config)
     if not task.can_rerank(info, labels):
-        kind = f"a {task.name} model" + ("" if task.takes_pairs(info) else " of single texts") + (
+        kind = f"a {task.name} model" + (" of single texts" if task.refuses_pairs(info) else "") + (
             f" with {len(labels)} labels" if labels is not None and task.pair_score is not None else "")
         raise BertkitError(f"{model} is {kind}: --rerank needs a cross-encoder trained on (query, passage) pairs by "
                            "bertkit finetune rerank (or finetune regression, or finetune pair or classify "
