@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import interleaved, machine_line, report, table  # noqa: E402
+from harness import interleaved, load_line, machine_line, report, table  # noqa: E402
 
 MASK_ID = 103  # bert-base-uncased's [MASK]
 
@@ -145,7 +145,7 @@ def main(argv=None):
     note = (f"ELECTRA step (generator + sampling + discriminator, forward + backward + AdamW), fp32, "
             f"discriminator {args.layers} layers x hidden {args.hidden} (embedding {args.embedding_size}), "
             f"generator hidden {gen.hidden_size} / {gen.num_attention_heads} heads, batch {args.batch_size} x "
-            f"{args.seq_len}, {torch.get_num_threads()} threads. {machine_line('transformers')}.")
+            f"{args.seq_len}, {torch.get_num_threads()} threads. {machine_line('transformers')}; {load_line()}.")
     report("electra", table("ELECTRA pre-training step", tokens, "tokens", times, "bertkit", note), args.write)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
+from harness import SHARED_DATA, interleaved, load_line, machine_line, report, table  # noqa: E402
 
 from bertkit.default_model import default_model_dir  # noqa: E402
 from bertkit.tasks.embedding import (EmbeddingBatches, EmbeddingExamples, SentenceEmbedder,  # noqa: E402
@@ -178,7 +178,7 @@ def main():
     if args.probe:
         print(json.dumps(memory_probe(args.probe, args.batch_size, args.max_length)))
         return
-    out = [f"Machine: {machine_line('sentence-transformers', 'transformers')}", ""]
+    out = [f"Machine: {machine_line('sentence-transformers', 'transformers')}; {load_line()}", ""]
     if not args.no_speed:
         out.append(speed(args))
     if args.memory:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
+from harness import SHARED_DATA, interleaved, load_line, machine_line, report, table  # noqa: E402
 
 
 def scifact_texts(n: int, seed: int = 0) -> list[str]:
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                 f"{settings.max_length}), default model, {dtype}, batch 32, both length-sorted; median of "
                 f"{args.rounds} interleaved rounds. Max |difference| of the unit vectors: {diff:.1e}.  \n"
                 f"Command: `python bench/bench_encode.py --docs {args.docs} --rounds {args.rounds} "
-                f"--dtypes {dtype}`.  \nMachine: {machine_line('sentence-transformers')}")
+                f"--dtypes {dtype}`.  \nMachine: {machine_line('sentence-transformers')}; {load_line()}")
         sections.append(table(f"Corpus encoding for evaluation, {dtype}", len(texts), "texts", times, "ours", note))
         print(sections[-1], flush=True)
     report("encode", "\n\n".join(sections), args.write)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import SHARED_DATA, interleaved, machine_line, report, table  # noqa: E402
+from harness import SHARED_DATA, interleaved, load_line, machine_line, report, table  # noqa: E402
 
 
 def sst2_dev() -> list:
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         f"interleaved rounds after 1 warm-up call each. Max |difference| from ours: "
         + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items() if k != "ours")
         + f".  \nCommand: `python bench/bench_features.py --rounds {args.rounds}`.  \n"
-        f"Machine: {machine_line('transformers')}"
+        f"Machine: {machine_line('transformers')}; {load_line()}"
     )
     md = table("Sentence embeddings, SST-2 dev (bertkit.embed)", len(texts), "sentences", times, "ours", note)
     report("features", md, args.write)

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from harness import SHARED_DATA, machine_line, report  # noqa: E402
+from harness import SHARED_DATA, load_line, machine_line, report  # noqa: E402
 
 from bertkit.default_model import default_model_dir  # noqa: E402
 from bertkit.metrics import tasks as M  # noqa: E402
@@ -350,7 +350,7 @@ def precision_suffix(args) -> str:
 
 def markdown(results, args) -> str:
     lines = [f"### Fine-tuning ({args.task}{precision_suffix(args)}): bertkit vs transformers.Trainer", "",
-             f"Machine: {machine_line('transformers')}.",
+             f"Machine: {machine_line('transformers')}; {load_line()}.",
              f"Settings: {args.epochs:g} epochs, batch {args.batch_size}, learning rate {args.learning_rate:g}, "
              f"precision {args.precision}{' (bf16 autocast, both)' if args.precision == 'bf16' else ''}, "
              f"warm-up 10%, linear decay, weight decay 0.01, seed {args.seed}, length-grouped batches. "

@@ -23,6 +23,7 @@ import argparse
 
 import numpy as np
 from compact_quality import doc_run
+from harness import load_line, machine_line
 
 from bertkit.data.beir import load_beir
 from bertkit.metrics.retrieval import evaluate_run
@@ -61,6 +62,7 @@ def main():
     p.add_argument("--data", required=True)
     p.add_argument("--split", default="test")
     args = p.parse_args()
+    print(f"Machine: {machine_line()}; {load_line()}; queries embedded in float32", flush=True)
     index = open_index(args.index)
     data = load_beir(args.data, args.split)
     ids = list(data.queries)

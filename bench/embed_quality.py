@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import SHARED_DATA, machine_line
+from harness import SHARED_DATA, load_line, machine_line
 
 THEIRS = r"""
 import csv, json, sys, time
@@ -247,7 +247,7 @@ def main():
     out, data = Path(args.out), Path(args.data)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    print(machine_line(), flush=True)
+    print(f"{machine_line()}; {load_line()}", flush=True)
     files = training_files(data, out, env)
     if args.update_parity:
         update_parity(out, files["hard"], env, args.update_parity, args.max_length)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, SHARED_DATA, machine_line  # noqa: E402
+from harness import ROOT, SHARED_DATA, load_line, machine_line  # noqa: E402
 
 from bertkit.embeddings.features import embed, load_encoder  # noqa: E402
 from bertkit.embeddings.pooling import combine_layers  # noqa: E402
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
         f"Training: the first {len(train):,} CoNLL-2003 training sentences ({n_words:,} words); "
         f"scored on {len(dev):,} dev sentences; {args.epochs} epochs, tagger seeds {args.seeds}; "
         f"feature extraction took {extract_s:.0f} s{' (read from the cache)' if from_cache else ''}.  \n"
-        f"Machine: {machine_line()}"
+        f"Machine: {machine_line()}; {load_line()}"
     )
     print(table)
     print()

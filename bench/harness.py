@@ -40,6 +40,13 @@ def machine_line(*packages) -> str:
     return f"{cpu_features().describe()}; {platform.system()} {platform.machine()}; {libs}"
 
 
+def load_line() -> str:
+    """The load average now, printed beside every timing: other jobs on the shared
+    cores slow every contender, so a number is read together with it."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 min)"
+
+
 def interleaved(contenders: dict, rounds: int = 5, warmup: int = 1, settle: float = 0.0) -> dict:
     """Time each zero-argument callable `rounds` times, round-robin.
 

@@ -20,6 +20,7 @@ import json
 import time
 
 import numpy as np
+from harness import load_line, machine_line
 
 from bertkit.data.beir import document_text, load_beir
 from bertkit.metrics.retrieval import evaluate_run
@@ -117,6 +118,7 @@ def main():
     parser.add_argument("--only", type=int, nargs="*", help="candidate numbers (default: all)")
     parser.add_argument("--out")
     args = parser.parse_args()
+    print(f"Machine: {machine_line()}; {load_line()}; queries embedded in float32", flush=True)
     started = time.time()
     data, index = load_beir(args.data, args.split), open_index(args.index)
     query_ids = list(data.queries)

@@ -37,6 +37,7 @@ from bertkit.retrieval.fusion import fuse, hybrid_weights
 from bertkit.retrieval.index import document_ids, open_index
 from bertkit.retrieval.lexical import options_of, tokenize
 from bertkit.retrieval.search import embed_queries, query_encoder
+from harness import load_line, machine_line
 from hybrid_candidates import first_rows, runs
 
 TERMS = 20
@@ -224,6 +225,7 @@ def main():
     parser.add_argument("--grid", action="store_true", help="every (k, beta_d, beta_l) of the grid, not the pick only")
     parser.add_argument("--out")
     args = parser.parse_args()
+    print(f"Machine: {machine_line()}; {load_line()}; queries embedded in float32", flush=True)
     started = time.time()
     split = Split(open_index(args.index), load_beir(args.data, args.split))
     figures = measure(split, args.grid)

@@ -13,6 +13,7 @@ Every figure is nDCG@10 with the paired per-query difference to A's hybrid and i
 import argparse
 import json
 
+from harness import load_line, machine_line
 from hybrid_feedback import Split, fused, ndcgs, paired
 
 from bertkit.data.beir import load_beir
@@ -28,6 +29,7 @@ def main():
     ap.add_argument("--split", default="test")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
+    print(f"Machine: {machine_line()}; {load_line()}; queries embedded in float32", flush=True)
     data = load_beir(args.data, args.split)
     a, b = Split(open_index(args.a), data), Split(open_index(args.b), data)
     every = [DEFAULT_ALPHA] * len(a.query_ids)

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import interleaved, machine_line  # noqa: E402
+from harness import interleaved, load_line, machine_line  # noqa: E402
 
 METHODS = ("bert", "electra")
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     flops = {m: count_flops(*models[m][1]) for m in METHODS}
     times = interleaved(steps, rounds=args.rounds, warmup=1)
     tokens = float(models["bert"][1][1]["attention_mask"].sum())
-    result = {"machine": machine_line(), "threads": torch.get_num_threads(), "batch_size": args.batch_size,
+    result = {"machine": f"{machine_line()}; {load_line()}", "threads": torch.get_num_threads(), "batch_size": args.batch_size,
               "tokens_per_step": tokens, "budget_minutes": args.budget_minutes, "methods": {}}
     print(f"machine: {result['machine']}; {result['threads']} thread(s)")
     print(f"batch {args.batch_size}, {tokens:.0f} real tokens in the first batch; median of {args.rounds} rounds "

@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import SHARED_DATA, machine_line  # noqa: E402
+from harness import SHARED_DATA, load_line, machine_line  # noqa: E402
 
 # task -> (bertkit fine-tuning task, data folder, columns, dev metric, its name, the trivial predictor's value)
 TASKS = {
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
     if args.png:
         shutil.copyfile(args.out / "transfer.png", args.png)
 
-    print(f"machine: {machine_line()}\n")
+    print(f"machine: {machine_line()}; {load_line()}\n")
     print(f"{args.task}: first {args.train_examples} training rows, the full dev set; {args.epochs:g} epochs, "
           f"batch {args.batch_size}, max_length {args.max_length}, dropout {args.dropout:g}, "
           f"classifier on {args.pooling}, seeds {args.seeds}\n")
