@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--texts", type=int, default=0, help="only the first N dev sentences (0: all 872; a quick check)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = ap.parse_args(argv)
 
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     from bertkit.default_model import default_model_dir
     from bertkit.embeddings.features import embed, load_encoder
 
-    texts = sst2_dev()
+    texts = sst2_dev()[: args.texts or None]
     bs = args.batch_size
     model_dir = str(default_model_dir())
     ours_model = load_encoder(None)
@@ -85,11 +86,13 @@ def main(argv=None) -> int:
     )
     n_tokens = sum(lengths)
     note = (
-        f"Default model (all-MiniLM-L6-v2), mean pooling + L2 normalisation, batch size {bs}, the "
+        f"Default model (all-MiniLM-L6-v2), mean pooling + L2 normalisation, ours in "
+        f"{str(ours_model.dtype).removeprefix('torch.')} (dtype auto), the peers in float32, batch size {bs}, the "
         f"{len(texts)} SST-2 dev sentences ({n_tokens:,} tokens with [CLS]/[SEP]); median of {args.rounds} "
         f"interleaved rounds after 1 warm-up call each. Max |difference| from ours: "
         + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items() if k != "ours")
-        + f".  \nCommand: `python bench/bench_features.py --rounds {args.rounds}`.  \n"
+        + f".  \nCommand: `python bench/bench_features.py --rounds {args.rounds}"
+        + (f" --texts {args.texts}" if args.texts else "") + "`.  \n"
         f"Machine: {machine_line('transformers')}; {load_line()}"
     )
     md = table("Sentence embeddings, SST-2 dev (bertkit.embed)", len(texts), "sentences", times, "ours", note)

@@ -217,8 +217,11 @@ def main():
     args = ap.parse_args()
     if args.attention_worker:
         return attention_worker(args.attention_worker)
+    if not torch.cuda.is_available():
+        sys.exit(f"bench_gpu.py needs an NVIDIA GPU and a CUDA build of torch; torch {torch.__version__} sees no GPU "
+                 "here: run it on a GPU machine")
     out = Path(args.out)
-    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "load_before": os.getloadavg(),
               **{p: metadata.version(p) for p in ("transformers", "sentence-transformers")}}
     for name, check in (("encoder", lambda: encoder_checks(report)), ("embeddings", lambda: embedding_checks(report)),
                         ("attention", lambda: attention_checks(report)),
@@ -229,6 +232,7 @@ def main():
             check()
         except Exception as e:  # report and go on: one failed check must not hide the others
             report[f"{name} FAILED"] = f"{type(e).__name__}: {e}"[:2000]
+    report["load_after"] = os.getloadavg()
     (out / "bench_gpu.json").write_text(json.dumps(report, indent=1))
     for k, v in report.items():
         print(f"{k}: {v}")
