@@ -12,7 +12,7 @@ trees so that both see the same machine load. Per run it reports
   checkpoints and the final save included, so a fixed cost is in it).
 
     python bench/bench_pretrain_run.py DATA --tree A=/path/to/checkout --tree B=/other/checkout \\
-        [--config mini] [--batch-size 16] [--max-steps 30] [--rounds 3]
+        [--config mini] [--batch-size 16] [--max-steps 30] [--rounds 3] [--precision fp32]
 
 DATA is a folder made by `bertkit pretrain prepare`.
 """
@@ -27,12 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import load_line, machine_line  # noqa: E402
+
 
 def one_run(tree: Path, data: Path, out: Path, args) -> dict:
     cmd = [sys.executable, "-m", "bertkit.cli", "pretrain", "run", str(data), "-o", str(out), "--config", args.config,
            "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size), "--save-every",
            str(args.save_every), "--eval-every", str(args.max_steps), "--eval-sequences", "32", "--seed", "1",
-           "--device", "cpu"]
+           "--device", "cpu", "--precision", args.precision]
     t0 = time.perf_counter()
     subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(tree)}, check=True, capture_output=True)
     wall = time.perf_counter() - t0
@@ -50,9 +53,12 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=30)
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="pretrain run's --precision")
     args = p.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree)
     results = {name: [] for name in trees}
+    print(f"Machine: {machine_line()}; {load_line()}; precision {args.precision}, config {args.config}, "
+          f"batch {args.batch_size}, {args.max_steps} steps", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for name, path in (trees.items() if r % 2 == 0 else reversed(trees.items())):
