@@ -229,6 +229,8 @@ def main(argv=None):
     ap.add_argument("--skip-prepare", action="store_true", help="only the collator benchmark")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
     args = ap.parse_args(argv)
+    if args.books == 1:  # each book is one document, and NSP draws its random next segment from another one
+        ap.error("--books 1: next-sentence prediction needs 2 or more documents (books); use --books 2 or more")
 
     from bertkit.pretraining.prepare import PrepareConfig, prepare
 
