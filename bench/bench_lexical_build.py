@@ -17,16 +17,19 @@ appended to `--work/results.jsonl`.
 import argparse
 import json
 import os
-import platform
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import bm25s
 import numpy as np
 
-from bertkit.retrieval.config import LexicalOptions
-from bertkit.retrieval.lexical import LEXICAL_DIR, build_lexical
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import machine_line  # noqa: E402
+
+from bertkit.retrieval.config import LexicalOptions  # noqa: E402
+from bertkit.retrieval.lexical import LEXICAL_DIR, build_lexical  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pretrain_corpus"
 
@@ -67,7 +70,7 @@ def main():
               "bytes": sum(f.stat().st_size for f in files), "files": {f.name: f.stat().st_size for f in files},
               "vocabulary": made["vocabulary"], "peak_rss_mib": round(peak_rss_mib()),
               "peak_rss_before_build_mib": round(peak_before), "load_before": load,
-              "load_after": os.getloadavg(), "cpu": platform.processor() or platform.machine(),
+              "load_after": os.getloadavg(), "machine": machine_line(),
               "bm25s": bm25s.__version__, "numpy": np.__version__}
     print(json.dumps(result))
     with open(args.work / "results.jsonl", "a") as f:

@@ -41,7 +41,8 @@ def long_text(rng: random.Random, words: list, chars: int = 125_000) -> str:
 
 
 def main():
-    print(platform.processor() or platform.machine(), os.cpu_count(), "cores, load", os.getloadavg(), flush=True)
+    print(platform.processor() or platform.machine(), os.cpu_count(), "cores, load", os.getloadavg(),
+          "; the server: the default model in float32", flush=True)
     server = subprocess.Popen([sys.executable, "-m", "bertkit.cli", "serve", "--port", str(PORT), "--dtype", "float32"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
