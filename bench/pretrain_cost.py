@@ -114,10 +114,10 @@ def main(argv=None) -> int:
     flops = {m: count_flops(*models[m][1]) for m in METHODS}
     times = interleaved(steps, rounds=args.rounds, warmup=1)
     tokens = float(models["bert"][1][1]["attention_mask"].sum())
-    result = {"machine": f"{machine_line()}; {load_line()}", "threads": torch.get_num_threads(), "batch_size": args.batch_size,
-              "tokens_per_step": tokens, "budget_minutes": args.budget_minutes, "methods": {}}
+    result = {"machine": f"{machine_line()}; {load_line()}", "precision": "fp32", "threads": torch.get_num_threads(),
+              "batch_size": args.batch_size, "tokens_per_step": tokens, "budget_minutes": args.budget_minutes, "methods": {}}
     print(f"machine: {result['machine']}; {result['threads']} thread(s)")
-    print(f"batch {args.batch_size}, {tokens:.0f} real tokens in the first batch; median of {args.rounds} rounds "
+    print(f"fp32 (no autocast), batch {args.batch_size}, {tokens:.0f} real tokens in the first batch; median of {args.rounds} rounds "
           f"of {args.steps} steps, interleaved\n")
     print("| method | s/step | tokens/s | GFLOPs/step (fwd+bwd) | steps in the budget |")
     print("| --- | ---: | ---: | ---: | ---: |")
