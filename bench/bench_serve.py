@@ -649,15 +649,16 @@ def main(argv=None) -> int:
     sentences = sst2_dev()
     if args.search and not (args.search / "index.json").is_file():
         raise SystemExit(f"--search {args.search}: no index.json there; build one with `bertkit index CORPUS -o INDEX`")
+    with_infinity = not args.no_infinity and args.levels and args.mixes
+    if with_infinity and not INFINITY.exists():  # before any server starts: one left running would outlive this exit
+        raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
     claims = scifact_claims() if args.search else []
     documents = index_documents(args.search) if args.search else 0
     ask_search = asker_search(args.search_k, documents) if args.search else None
     servers = {"bertkit": start_bertkit(model_dir, args.threads, args.workers, args.search)}
     for name, tree, model in map(other_contender, args.also):
         servers[name] = start_bertkit(model or model_dir, args.threads, args.workers, None, name, tree)
-    if not args.no_infinity and args.levels and args.mixes:
-        if not INFINITY.exists():
-            raise SystemExit(f"Infinity is not installed at {INFINITY}: see this file's docstring, or --no-infinity")
+    if with_infinity:
         servers["infinity"] = start_infinity(model_dir, args.infinity_dtype)
     results, searches, soaked, ceilings = {}, {}, None, []
 
