@@ -48,6 +48,7 @@ import torch  # noqa: E402
 from harness import SHARED_DATA, load_line, machine_line, report  # noqa: E402
 
 from bertkit.default_model import default_model_dir  # noqa: E402
+from bertkit.errors import BertkitError  # noqa: E402
 from bertkit.metrics import tasks as M  # noqa: E402
 from bertkit.tasks.config import TrainConfig  # noqa: E402
 from bertkit.training.optim import OptimConfig  # noqa: E402
@@ -393,7 +394,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in (("sst2", bench_sst2), ("conll", bench_conll), ("squad", bench_squad), ("step", bench_step)):
             if args.task in (name, "all"):
-                results.append(fn(args, transformers, Path(tmp) / name))
+                try:
+                    results.append(fn(args, transformers, Path(tmp) / name))
+                except BertkitError as e:  # settings the library refuses (a --max-length too short for the task)
+                    sys.exit(f"bench_finetune.py --task {name} --max-length {args.max_length}: {e} (here: raise --max-length)")
                 print(results[-1], file=sys.stderr)
     section = f"finetune-{args.task}" + ("" if args.precision == "fp32" else f"-{args.precision}")
     report(section, markdown(results, args), args.write)

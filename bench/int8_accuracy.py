@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from harness import SHARED_DATA, machine_line  # noqa: E402
 
+from bertkit.errors import BertkitError  # noqa: E402
+
 # how each precision is asked for, the same keywords for bertkit.embed and predict_file
 PRECISIONS = {"float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16"}, "int8": {"int8": True}}
 SQUAD = SHARED_DATA / "squad_v1.1" / "dev-v1.1.json"
@@ -192,7 +194,10 @@ def main(argv=None) -> None:
             start = time.perf_counter()
             work = Path(tmp) / task
             work.mkdir()
-            done = TASKS[task](args, work)
+            try:
+                done = TASKS[task](args, work)
+            except BertkitError as e:  # settings the library refuses (a --max-length too short for the task)
+                sys.exit(f"int8_accuracy.py --tasks {task} --max-length {args.max_length}: {e} (here: raise --max-length)")
             for row in done:
                 print(f"  {row['metric']}: " + ", ".join(f"{p} {row[p]:.4f}" for p in PRECISIONS), flush=True)
             print(f"  {task}: {time.perf_counter() - start:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
