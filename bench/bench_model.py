@@ -373,6 +373,12 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_pretrained()
     texts = sst2_dev()
     names = ["bertkit fp32"] + [n for n in CONTENDERS if n != "bertkit fp32" and (not args.only or n in args.only)]
+    if any(n.startswith("ONNX Runtime") for n in names):
+        try:  # one line saying what to install, before minutes of building the other contenders
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            sys.exit("the ONNX Runtime contenders need onnxruntime: `pip install onnxruntime onnx onnxscript` "
+                     "(the bench extra), or --only the other contenders")
     with tempfile.TemporaryDirectory() as tmp:
         runs = {name: CONTENDERS[name](Path(tmp)) for name in names}
 
