@@ -397,7 +397,8 @@ def main():
                 try:
                     results.append(fn(args, transformers, Path(tmp) / name))
                 except BertkitError as e:  # settings the task refuses (a --max-length too short, a label only dev has)
-                    sys.exit(f"bench_finetune.py --task {name}: {e} (this script sets it from --train, --dev, --max-length)")
+                    sys.exit(f"bench_finetune.py --task {name}: {e} "
+                             "(this script sets it from --train, --dev, --max-length)")
                 print(results[-1], file=sys.stderr)
     section = f"finetune-{args.task}" + ("" if args.precision == "fp32" else f"-{args.precision}")
     report(section, markdown(results, args), args.write)

@@ -197,8 +197,8 @@ def main(argv=None) -> None:
             try:
                 done = TASKS[task](args, work)
             except BertkitError as e:  # settings the task refuses (a --max-length too short, a label only dev has)
-                sys.exit(f"int8_accuracy.py --tasks {task}: {e} (this script sets it from --train-examples, --dev-examples, "
-                         "--max-length)")
+                sys.exit(f"int8_accuracy.py --tasks {task}: {e} "
+                         "(this script sets it from --train-examples, --dev-examples, --max-length)")
             for row in done:
                 print(f"  {row['metric']}: " + ", ".join(f"{p} {row[p]:.4f}" for p in PRECISIONS), flush=True)
             print(f"  {task}: {time.perf_counter() - start:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
