@@ -199,7 +199,8 @@ def main(argv=None) -> int:
         f"Command: `{command}`  \n"
         f"Training: the first {len(train):,} CoNLL-2003 training sentences ({n_words:,} words); "
         f"scored on {len(dev):,} dev sentences; {args.epochs} epochs, tagger seeds {args.seeds}; "
-        f"feature extraction took {extract_s:.0f} s{' (read from the cache)' if from_cache else ''}.  \n"
+        f"feature extraction ({str(model.dtype).removeprefix('torch.')}) took {extract_s:.0f} s"
+        f"{' (read from the cache)' if from_cache else ''}.  \n"
         f"Machine: {machine_line()}; {load_line()}"
     )
     print(table)
