@@ -655,19 +655,20 @@ def main(argv=None) -> int:
     claims = scifact_claims() if args.search else []
     documents = index_documents(args.search) if args.search else 0
     ask_search = asker_search(args.search_k, documents) if args.search else None
-    servers = {"bertkit": start_bertkit(model_dir, args.threads, args.workers, args.search)}
-    for name, tree, model in map(other_contender, args.also):
-        servers[name] = start_bertkit(model or model_dir, args.threads, args.workers, None, name, tree)
-    if with_infinity:
-        servers["infinity"] = start_infinity(model_dir, args.infinity_dtype)
-    results, searches, soaked, ceilings = {}, {}, None, []
+    others = [other_contender(spec) for spec in args.also]  # every --also checked before any server starts
+    servers, results, searches, soaked, ceilings = {}, {}, {}, None, []
 
     def measure_ceiling():  # before and after the levels: the machine's speed drifts meanwhile
         if args.levels and args.mixes and not args.no_ceiling:
             ceilings.append(forward_ceiling(args.workers, args.threads))
             print(f"forward ceiling: {ceilings[-1]['rate']:.1f} sentences/s", file=sys.stderr, flush=True)
 
-    try:
+    try:  # started inside: a start that fails stops the servers already started (none outlives this run)
+        servers["bertkit"] = start_bertkit(model_dir, args.threads, args.workers, args.search)
+        for name, tree, model in others:
+            servers[name] = start_bertkit(model or model_dir, args.threads, args.workers, None, name, tree)
+        if with_infinity:
+            servers["infinity"] = start_infinity(model_dir, args.infinity_dtype)
         for server in servers.values():
             server.wait_ready()
         measure_ceiling()
