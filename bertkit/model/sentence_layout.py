@@ -41,6 +41,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.data.atomic import write_json
 from bertkit.model.confined import inside
 from bertkit.errors import BertkitError, int_at_least
 
@@ -194,18 +195,13 @@ def write_layout(directory, *, pooling: str, normalize: bool, max_seq_length: in
                                                     if dimensions else {})}
     sentence_config = {"max_seq_length": max_seq_length, "do_lower_case": False} if max_seq_length else {
         "do_lower_case": False}
-    _write_json(directory / MODULES_FILE, modules)
-    _write_json(directory / SENTENCE_CONFIG, sentence_config)
-    _write_json(directory / POOLING_DIR / "config.json", pooling_config)
-    _write_json(directory / ST_CONFIG, st_config)
+    write_json(directory / MODULES_FILE, modules)
+    write_json(directory / SENTENCE_CONFIG, sentence_config)
+    write_json(directory / POOLING_DIR / "config.json", pooling_config)
+    write_json(directory / ST_CONFIG, st_config)
     if normalize:
         (directory / NORMALIZE_DIR).mkdir(parents=True, exist_ok=True)  # the module has no settings
     elif (directory / NORMALIZE_DIR).is_dir():  # re-saving over a normalised model
         for f in (directory / NORMALIZE_DIR).iterdir():
             f.unlink()
         (directory / NORMALIZE_DIR).rmdir()
-
-
-def _write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -69,6 +69,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from bertkit.data.atomic import replace_atomically, write_json
 from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
 from bertkit.errors import BertkitError, int_at_least
@@ -140,20 +141,6 @@ def check_model(info: dict, loaded: Loaded) -> None:
 
 # --- files -------------------------------------------------------------------------------------
 
-def _replace_atomically(path: Path, write) -> None:
-    """write(f) into a temporary file beside `path`, then rename it over `path`: whole or absent."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    _replace_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
-
-
 def _passage_lines(passages: list[Passage]) -> list[bytes]:
     return [json.dumps(p.to_dict(), ensure_ascii=False).encode() + b"\n" for p in passages]
 
@@ -201,8 +188,8 @@ def _start(out: Path, resume: bool, plan: dict, lines: list[bytes]) -> None:
     if resume:
         _check_plan(out, plan)
     else:
-        _replace_atomically(out / PASSAGES, lambda f: f.writelines(lines))
-        _write_json(out / BUILD_JSON, plan)
+        replace_atomically(out / PASSAGES, lambda f: f.writelines(lines))
+        write_json(out / BUILD_JSON, plan)
 
 
 def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int, loaded: Loaded,
@@ -225,7 +212,7 @@ def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int,
                 vectors.append(encode(batch, loaded, settings, batch_size=batch_size))
                 bar.update(len(batch))
             block = np.concatenate(vectors).astype(np.float32, copy=False)  # [rows, D]
-            _replace_atomically(_part_path(out, start // part_size), lambda f: np.save(f, block))
+            replace_atomically(_part_path(out, start // part_size), lambda f: np.save(f, block))
             encoded += len(rows)
     seconds = time.perf_counter() - t0
     log.info("rank %d of %d: encoded %d passages (%d parts) in %.3f s, %.2f passages/s; %d of its parts were on "
@@ -267,7 +254,7 @@ def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray,
         f.write(document.astype("<i8").tobytes())
         f.write(offsets.astype("<i8").tobytes())
 
-    _replace_atomically(out / VECTORS, write)
+    replace_atomically(out / VECTORS, write)
     return dim
 
 
@@ -374,7 +361,7 @@ def _finish(out: Path, plan: dict, passages: list, order: list[int], lines: list
                                      progress=progress)
     if plan["vectors"] != "float32":  # after the steps that read the float rows, which a codes-only index drops
         info["vectors"] = _store_codes(out, plan["vectors"], plan["rescore_with"])
-    _write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
+    write_json(out / INDEX_JSON, info)  # last: from here on the folder is an index
     shutil.rmtree(out / PARTS)
     (out / BUILD_JSON).unlink()
     return info
@@ -451,7 +438,7 @@ def update_info(directory, **entries) -> None:
     """Set `entries` in index.json, written atomically: "fusion", how hybrid search fuses (`evaluate retrieval
     --tune`: search and serve read it as their default); "ann", "lexical", a part added (`retrieval.extend`)."""
     path = Path(directory) / INDEX_JSON
-    _write_json(path, {**json.loads(path.read_text()), **entries})
+    write_json(path, {**json.loads(path.read_text()), **entries})
 
 
 def open_index(directory) -> Index:
@@ -492,8 +479,8 @@ def _store_codes(out: Path, kind: str, rescore_with: str | None) -> dict:
     """OUT/codes.safetensors from the float rows (and int8 rows when `rescore_with` is "int8"), which are then
     dropped unless `rescore_with` is "float32" (`bertkit.retrieval.codes_file`); returns index.json's "vectors"."""
     tensors = map_safetensors(out / VECTORS)
-    _replace_atomically(out / codes_file.CODES, codes_file.codes_writer(tensors["vectors"], kind, rescore_with))
+    replace_atomically(out / codes_file.CODES, codes_file.codes_writer(tensors["vectors"], kind, rescore_with))
     if rescore_with != "float32":
-        _replace_atomically(out / VECTORS, codes_file.without_float_writer(tensors["document"],
+        replace_atomically(out / VECTORS, codes_file.without_float_writer(tensors["document"],
                                                                            tensors["passage_offset"]))
     return codes_file.record(kind, rescore_with, tensors["vectors"].shape[1])

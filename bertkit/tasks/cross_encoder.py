@@ -23,12 +23,12 @@ Recall@10/100; the first stage named) go into OUTPUT/retrieval.json, which
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
+from bertkit.data.atomic import write_json
 from bertkit.retrieval.evaluation import check_index_of, evaluate_retrieval, index_answers
 from bertkit.retrieval.mining import reranker_pairs
 from bertkit.tasks.classification import train_pair_scorer
@@ -64,7 +64,7 @@ def finetune_rerank(cfg, log=print, speed=None) -> dict:
     if cfg.dev:
         final["retrieval"] = record_figures(cfg, log)
     final["seconds"] = round(time.perf_counter() - started, 1)
-    (Path(cfg.output) / "metrics.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+    write_json(Path(cfg.output) / "metrics.json", final)
     return final
 
 
@@ -86,9 +86,7 @@ def record_figures(cfg, log=print) -> dict:
                "precision": {"queries": "float32", "reranker": cfg.rerank_dtype},
                "before": {m: result["before_rerank"][m] for m in measures}, "after": {m: result[m] for m in measures}}
     path = Path(cfg.output) / FIGURES_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, figures)
     log(f"wrote {path}: nDCG@10 {figures['before']['ndcg@10']:.4f} before reranking, "
         f"{figures['after']['ndcg@10']:.4f} after ({cfg.dev} split {cfg.dev_split}, top {cfg.rerank_top})")
     return figures

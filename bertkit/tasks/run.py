@@ -15,12 +15,12 @@ label names, model.safetensors, vocab.txt, tokenizer_config.json) plus:
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import torch
 
+from bertkit.data import atomic
 from bertkit.model.checkpoint import TASK_FILE, architecture, resolve
 from bertkit.runtime.loading import class_for, need_transformer
 from bertkit.text.tokenizer import Tokenizer
@@ -94,6 +94,5 @@ def saver(output_dir, tokenizer, task_info: dict):
 
 
 def write_json(path, data) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    """A run's JSON (metrics.json, bertkit_task.json), written atomically, non-ASCII text as it is."""
+    atomic.write_json(path, data, ensure_ascii=False)

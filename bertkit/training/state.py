@@ -31,7 +31,7 @@ writing), and is read with `torch.load(weights_only=True)`. A file that holds
 anything else, which unpickling could turn into running code (a run folder
 copied from elsewhere), is refused with its name, never executed.
 
-Atomicity: the file is written to `step-N.pt.tmp` in the same directory,
+Atomicity (`bertkit.data.atomic`): the file is written to `step-N.pt.tmp` in the same directory,
 flushed and fsync'ed, then renamed over its final name with os.replace (atomic
 on POSIX); the directory is fsync'ed so the rename itself survives a crash. A
 kill at any point leaves either the previous set of checkpoints or the new one,
@@ -40,7 +40,6 @@ checkpoint is written takes effect once it is in place. Only the last `keep`
 checkpoints are kept.
 """
 
-import os
 import random
 import re
 import signal
@@ -52,6 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertkit.data.atomic import replace_atomically
 from bertkit.errors import BertkitError
 from bertkit.options import RUN_CONFIG  # written when a run starts, before its first step
 from bertkit.training import distributed
@@ -107,16 +107,8 @@ def plain_data(obj, where: str = "state"):
 def atomic_save(obj, path: Path) -> None:
     """torch.save `obj` to `path` so that `path` is never seen half-written; a Ctrl-C meanwhile waits
     for the file to be in place (`interrupts_held`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     with interrupts_held():
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        replace_atomically(path, lambda f: torch.save(obj, f))
 
 
 @contextmanager
@@ -136,20 +128,6 @@ def interrupts_held():
         signal.signal(signal.SIGINT, previous)
         if pressed:
             signal.raise_signal(signal.SIGINT)  # to the handler that was there (KeyboardInterrupt by default)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # the rename lives in the directory entry: sync it too (no-op where unsupported)
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def checkpoint_paths(run_dir) -> list:

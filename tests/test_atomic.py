@@ -1,0 +1,32 @@
+"""bertkit.data.atomic: a file is replaced whole or not at all."""
+
+import json
+
+import pytest
+
+from bertkit.data.atomic import replace_atomically, write_json
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_whole(tmp_path):
+    path = tmp_path / "index.json"
+    write_json(path, {"passages": 3, "model": "caf\u00e9"})
+    before = path.read_bytes()
+
+    def half(f):  # a crash (here an exception) after half the bytes
+        f.write(b'{"passages": 4, "mod')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        replace_atomically(path, half)
+    assert path.read_bytes() == before and json.loads(before) == {"passages": 3, "model": "caf\u00e9"}
+    write_json(path, {"passages": 5})  # the leftover .tmp is simply written over by the next write
+    assert json.loads(path.read_text()) == {"passages": 5}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]
+
+
+def test_json_as_json_dumps_writes_it_in_a_new_folder(tmp_path):
+    data = {"name": "\u00e9t\u00e9", "sizes": [1, 2.5, None]}
+    write_json(tmp_path / "a" / "b.json", data)
+    assert (tmp_path / "a" / "b.json").read_text(encoding="utf-8") == json.dumps(data, indent=2) + "\n"
+    write_json(tmp_path / "c.json", data, ensure_ascii=False)
+    assert (tmp_path / "c.json").read_text(encoding="utf-8") == json.dumps(data, indent=2, ensure_ascii=False) + "\n"
