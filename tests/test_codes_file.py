@@ -170,17 +170,17 @@ def test_a_codes_only_index_exports_to_qdrant_its_decoded_codes(made, capsys):
 @pytest.mark.parametrize("name, rows", [("binary", None), ("binary_int8", "int8")])
 def test_a_codes_only_build_resumes_to_the_same_bytes(made, monkeypatch, tmp_path, name, rows):
     corpus, tiny, common = made["folder"] / "corpus.jsonl", str(made["tiny"]), made["common"]
-    real = index_module._write_json
+    real = index_module.write_json
 
     def fail_at_index_json(path, data):
         if path.name == "index.json":
             raise KeyboardInterrupt  # killed after the float rows were dropped, before the folder became an index
         real(path, data)
 
-    monkeypatch.setattr(index_module, "_write_json", fail_at_index_json)
+    monkeypatch.setattr(index_module, "write_json", fail_at_index_json)
     with pytest.raises(KeyboardInterrupt):
         build_index(corpus, tmp_path / "ix", tiny, vectors="binary", rescore_with=rows, **common)
-    monkeypatch.setattr(index_module, "_write_json", real)
+    monkeypatch.setattr(index_module, "write_json", real)
     assert "vectors" not in read_header(tmp_path / "ix" / "vectors.safetensors")
     with pytest.raises(BertkitError, match=f"rescore_with was {rows!r} in the interrupted run and is 'float32'"):
         build_index(corpus, tmp_path / "ix", tiny, vectors="binary", rescore_with="float32", resume=True, **common)
