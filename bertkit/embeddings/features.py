@@ -52,7 +52,7 @@ import torch
 from tqdm import tqdm
 
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.runtime.loading import Loaded, load
+from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
 from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output
 from bertkit.embeddings.static import check_static_options, iter_static, no_tokens
@@ -402,10 +402,8 @@ def _sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_siz
 def placed_encoder(model, use: str, device=None, dtype=None, int8: bool = False, fast=True) -> Loaded:
     """`load_encoder` for a public call named `use` (embed, attention_map): a `Loaded` model already runs
     where and in what it was loaded, so a device, dtype or int8 asked for beside it is refused."""
-    asked = [name for name, value in (("device", device), ("dtype", dtype), ("int8", int8)) if value not in (None, False)]
-    if isinstance(model, Loaded) and asked:
-        raise BertkitError(f"model is already loaded (on {model.device}, {model.precision}): {asked[0]}= applies when "
-                           f"{use} loads it; pass it to bertkit.load() instead")
+    if isinstance(model, Loaded):
+        check_as_loaded(model, "model", f"{use} loads it", device, dtype, int8)
     return load_encoder(model, device, dtype, int8 or False, fast)
 
 

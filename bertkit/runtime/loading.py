@@ -271,6 +271,16 @@ def _encoder(directory) -> BertModel:
     return model.eval()
 
 
+def check_as_loaded(loaded: Loaded, name: str, when: str, device=None, dtype=None, int8: bool = False) -> None:
+    """A `Loaded` model (argument `name`) runs where and in what it was loaded: a device, dtype or int8 asked
+    for beside it, which applies `when` a call (embed, predict, attention_map) loads a model, is refused
+    rather than ignored."""
+    asked = [k for k, v in (("device", device), ("dtype", dtype), ("int8", int8)) if v not in (None, False)]
+    if asked:
+        raise BertkitError(f"{name} is already loaded (on {loaded.device}, {loaded.precision}): {asked[0]}= applies "
+                           f"when {when}; pass it to bertkit.load() instead")
+
+
 def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool = False,
          fast=True) -> Loaded:
     """The model in `model`, ready for inference: a directory (None: the default model), or a

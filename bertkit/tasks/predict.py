@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from bertkit.data.textfiles import existing_file
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.runtime.loading import Loaded, load
+from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.registry import Task, task_named
 
@@ -72,10 +72,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         raise BertkitError(f"loaded must be a Loaded (bertkit.load(model_dir, head='task')), got {type(loaded).__name__}")
     if loaded is not None:
         _check_held(loaded)
-        asked = [name for name, value in (("device", device), ("dtype", dtype), ("int8", int8)) if value]
-        if asked:  # it runs as it was loaded, whatever these say
-            raise BertkitError(f"loaded is already loaded (on {loaded.device}, {loaded.precision}): {asked[0]}= applies "
-                               "when predict loads the model; pass it to bertkit.load() instead")
+        check_as_loaded(loaded, "loaded", "predict loads the model", device, dtype, int8)
     loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)
     task = task_of(loaded)
     kind = type(loaded.model).__name__  # ELECTRA's heads share BERT's names after "For"
