@@ -30,3 +30,43 @@ def test_json_as_json_dumps_writes_it_in_a_new_folder(tmp_path):
     assert (tmp_path / "a" / "b.json").read_text(encoding="utf-8") == json.dumps(data, indent=2) + "\n"
     write_json(tmp_path / "c.json", data, ensure_ascii=False)
     assert (tmp_path / "c.json").read_text(encoding="utf-8") == json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def test_a_path_writer_that_fails_leaves_the_old_file_and_no_tmp(tmp_path):
+    from bertkit.data.atomic import write_through
+
+    path = tmp_path / "graph.faiss"
+    write_through(path, lambda tmp: tmp.write_bytes(b"first"))
+    assert path.read_bytes() == b"first"
+
+    def half(tmp):  # a library that wrote part of its file, then failed
+        tmp.write_bytes(b"sec")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_through(path, half)
+    assert path.read_bytes() == b"first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.faiss"]
+
+
+def test_weights_saved_over_a_model_are_whole_or_the_old_ones(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import load_file
+
+    import bertkit.model.checkpoint as checkpoint
+
+    path = tmp_path / "model.safetensors"
+    checkpoint.save_tensors(path, {"w": torch.arange(4.0)}, {"format": "pt"})
+    real_save = checkpoint.save_file
+
+    def cut_short(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:  # half the file on disk when the kill comes
+            f.truncate(20)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save_file", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_tensors(path, {"w": torch.zeros(4)}, {"format": "pt"})
+    assert torch.equal(load_file(path)["w"], torch.arange(4.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]

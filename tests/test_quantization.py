@@ -429,3 +429,26 @@ def test_dense_ops_is_quantize_then_accelerate_in_one_step():
     forced = dense_ops(tiny_model(), int8=True, fast=True, settings=settings)
     assert forced.pooler.dense.speed is settings and not any(d.per_token for d in dense_modules(forced))
     torch.testing.assert_close(run(forced), run(accelerate(quantize(tiny_model(), settings), settings)), rtol=0, atol=0)
+
+
+def test_an_int8_save_cut_short_leaves_the_folders_old_weights(tmp_path, monkeypatch):
+    """save_quantized wrote model.int8.safetensors in place: a save cut short over a folder left half a file
+    where a whole model stood. It goes through the one atomic writer now (`checkpoint.save_tensors`)."""
+    import bertkit.model.checkpoint as checkpoint
+
+    model = quantize(tiny_model(seed=0))
+    save_quantized(model, tmp_path)
+    before = (tmp_path / INT8_WEIGHTS).read_bytes()
+    real_save = checkpoint.save_file
+
+    def cut_short(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save_file", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        save_quantized(quantize(tiny_model(seed=1)), tmp_path)
+    assert (tmp_path / INT8_WEIGHTS).read_bytes() == before
+    assert torch.equal(first_output(load_quantized(BertModel, tmp_path)), first_output(model))

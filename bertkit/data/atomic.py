@@ -5,8 +5,8 @@ A crash, a kill or a full disk in the middle of writing `index.json`, a checkpoi
 it, or worse, read it. So every file bertkit writes for keeps is written to `NAME.tmp` in the same
 folder, flushed and fsync'ed (its bytes on the disk), then renamed over `NAME` with `os.replace`,
 which is atomic within one filesystem (POSIX rename(2); Windows too), and the folder is fsync'ed
-so that the rename itself survives a power loss. A reader sees the old file or the new one; what
-an interrupted write leaves is `NAME.tmp`, which the next write replaces.
+so that the rename itself survives a power loss. A reader sees the old file or the new one; an
+error or Ctrl-C removes `NAME.tmp`, and what a kill leaves of it the next write replaces.
 """
 
 from __future__ import annotations
@@ -18,14 +18,28 @@ from pathlib import Path
 
 def replace_atomically(path, write) -> None:
     """write(f) into `path`.tmp (a binary file; its folder made if missing), then rename it over `path`."""
+
+    def into(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            write(f)
+
+    write_through(path, into)
+
+
+def write_through(path, write_to) -> None:
+    """write_to(tmp_path) for a library that writes to a path, not a file object (safetensors' `save_file`,
+    faiss' `write_index`), then the same fsync and rename over `path` as `replace_atomically`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        write_to(tmp)
+        with open(tmp, "rb+") as f:  # fsync works on any descriptor of the file: its bytes reach the disk
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # an error or Ctrl-C leaves nothing behind; only a kill can leave NAME.tmp
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_folder(path.parent)
 
 

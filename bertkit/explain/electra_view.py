@@ -21,11 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from bertkit.model.electra_pretraining import ElectraPretrainingModel
 from bertkit.errors import BertkitError, probability
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.runtime.loading import load
-from bertkit.text.tokenizer import Tokenizer
 
 
 @dataclass
@@ -37,12 +35,6 @@ class TokenRow:
     shown: str  # what the discriminator read there (the generator's sample where masked)
     replaced: bool  # shown differs from token: the discriminator's right answer is "replaced"
     p_replaced: float  # the discriminator's probability of "replaced"
-
-
-def load_electra(model_dir, *, device=None, dtype=None, fast=True) -> tuple[ElectraPretrainingModel, Tokenizer]:
-    """(generator + discriminator, tokenizer) of a pre-training directory, by `bertkit.runtime.loading`."""
-    loaded = load(model_dir, head="electra", device=device, dtype=dtype, fast=fast)
-    return loaded.model, loaded.tokenizer
 
 
 def choose_masked(ids: list[int], special: list[int], mask_id: int, mask_prob: float, seed: int) -> list[int]:
@@ -63,7 +55,10 @@ def choose_masked(ids: list[int], special: list[int], mask_id: int, mask_prob: f
 def show(model, text: str, mask_prob: float = 0.15, seed: int = 0, fast=True) -> list[TokenRow]:
     """One row per token. model: an ELECTRA pre-training directory or a (model, tokenizer) pair; fast: the
     fast path's settings for a directory (`bertkit.runtime.loading.load`)."""
-    net, tok = model if isinstance(model, tuple) else load_electra(model, fast=fast)
+    if not isinstance(model, tuple):  # generator + discriminator, and the tokenizer
+        loaded = load(model, head="electra", fast=fast)
+        model = loaded.model, loaded.tokenizer
+    net, tok = model
     net.eval()
     limit = min(net.config.max_position_embeddings, 512)
     enc = tok.encode(text, max_length=limit, truncation=False)  # no cut: a row for every token written

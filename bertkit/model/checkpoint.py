@@ -36,7 +36,6 @@ config and named parameters (a head is the model that holds its encoder as `bert
 from __future__ import annotations
 
 import json
-import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from bertkit.data.atomic import write_through
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
 from bertkit.model.weights_check import check_config, header_shapes, shard_files
@@ -462,6 +462,12 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
     return out
 
 
+def save_tensors(path, tensors: dict, metadata: dict | None = None) -> None:
+    """A safetensors file written whole or not at all (`bertkit.data.atomic.write_through`): every weights
+    file bertkit writes goes through here."""
+    write_through(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
 def save_pretrained(model, directory, tokenizer=None) -> None:
     """Write `directory` the way transformers does: config.json, model.safetensors and,
     with a tokenizer, its vocab.txt / tokenizer_config.json."""
@@ -469,14 +475,9 @@ def save_pretrained(model, directory, tokenizer=None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config.replace(architectures=[type(model).__name__])
     config.to_json_file(directory / "config.json")
-    # to a temporary name, then renamed over the old file: a save cut short (Ctrl-C, a kill) leaves the model
-    # that was there whole (fine-tuning saves each better epoch over the last)
-    weights, tmp = directory / "model.safetensors", directory / "model.safetensors.tmp"
-    try:
-        save_file(hf_state_dict(model), str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, weights)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # a save cut short (Ctrl-C, a kill) leaves the model that was there whole (fine-tuning saves each better
+    # epoch over the last)
+    save_tensors(directory / "model.safetensors", hf_state_dict(model), {"format": "pt"})
     if tokenizer is not None:
         if not hasattr(tokenizer, "save_pretrained"):
             raise BertkitError(f"cannot save a {type(tokenizer).__name__}: pass a bertkit Tokenizer")

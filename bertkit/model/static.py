@@ -45,11 +45,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.model.checkpoint import read_weights
+from bertkit.model.checkpoint import read_weights, save_tensors
 from bertkit.model.sentence_layout import MODULES_FILE, ST_CONFIG
 
 STATIC_DIR, NORMALIZE_DIR = "0_StaticEmbedding", "1_Normalize"
@@ -234,8 +233,8 @@ def save_static(model: StaticEmbedding, directory, about: dict | None = None) ->
     directory = Path(directory)
     folder = directory / STATIC_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({WEIGHT_KEY: model.embedding.weight.detach().float().cpu().contiguous()}, str(folder / "model.safetensors"),
-              metadata={ABOUT_KEY: json.dumps(about)} if about else None)
+    save_tensors(folder / "model.safetensors", {WEIGHT_KEY: model.embedding.weight.detach().float().cpu().contiguous()},
+                 {ABOUT_KEY: json.dumps(about)} if about else None)
     modules = [{"idx": 0, "name": "0", "path": STATIC_DIR, "type": "sentence_transformers.models.StaticEmbedding"}]
     if model.config.normalize:
         modules.append({"idx": 1, "name": "1", "path": NORMALIZE_DIR, "type": "sentence_transformers.models.Normalize"})

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from bertkit.data.atomic import write_through
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.retrieval.exact import top_k
 
@@ -67,10 +68,7 @@ def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int =
         for start in range(0, len(vectors), block_size):
             graph.add(np.ascontiguousarray(vectors[start : start + block_size], dtype=np.float32))
             bar.update(min(block_size, len(vectors) - start))
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    faiss.write_index(graph, str(tmp))
-    os.replace(tmp, path)
+    write_through(path, lambda tmp: faiss.write_index(graph, str(tmp)))
 
 
 def read_hnsw(path, pinned=None, vectors: int | None = None):

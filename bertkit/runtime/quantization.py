@@ -51,10 +51,9 @@ from pathlib import Path
 import torch
 from torch import nn
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch.ao.quantization import per_channel_dynamic_qconfig
 
-from bertkit.model.checkpoint import INT8_WEIGHTS
+from bertkit.model.checkpoint import INT8_WEIGHTS, save_tensors
 from bertkit.runtime.devices import DynamicLinear, holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.fast import SpeedSettings, accelerate, decide
@@ -224,7 +223,7 @@ def save_quantized(model: nn.Module, directory, tokenizer=None) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.config.replace(architectures=[type(model).__name__]).to_json_file(directory / "config.json")
-    save_file(_tensors(model), str(directory / INT8_WEIGHTS), metadata={"format": FORMAT, "version": VERSION})
+    save_tensors(directory / INT8_WEIGHTS, _tensors(model), {"format": FORMAT, "version": VERSION})
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
 
