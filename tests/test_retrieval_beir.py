@@ -88,12 +88,26 @@ GOOD_QRELS = "query-id\tcorpus-id\tscore\nq1\td1\t1\n"
     (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td9\t1\n", "corpus id 'd9'.*not in corpus.jsonl"),
     (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq7\td1\t1\n", "query id 'q7' is not in queries.jsonl"),
     (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\thigh\n", "not a number"),
+    (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\tinf\n", "not a finite number"),  # a traceback
+    (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\tnan\n", "not a finite number"),
 ])
 def test_one_line_errors(tmp_path, corpus, queries, qrels, message):
     folder = write_beir(tmp_path, corpus, queries, qrels)
     with pytest.raises(BertkitError, match=message) as err:
         load_beir(folder, "test")
     assert "\n" not in str(err.value)
+
+
+def test_relevance_grades_are_whole_numbers_as_pytrec_eval_takes_them(tmp_path):
+    """A fractional grade was cut by int(): 0.5 became 0, a judged-relevant document scored as irrelevant and
+    the query's figures silently 0. pytrec_eval refuses it ("Expected relevance to be integer"), and so do we;
+    a whole number written as a float is the number."""
+    folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t2.0\nq1\td2\t0\n")
+    assert load_beir(folder, "test").qrels == {"q1": {"d1": 2, "d2": 0}}
+    for grade in ("0.5", "1.5", "-0.25"):
+        write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, f"query-id\tcorpus-id\tscore\nq1\td1\t{grade}\n")
+        with pytest.raises(BertkitError, match=f"line 2: score '{grade}' is not a whole number"):
+            load_beir(folder, "test")
 
 
 def test_missing_split_names_the_ones_there(tmp_path):

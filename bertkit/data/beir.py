@@ -31,7 +31,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, read_score
 from bertkit.data.textfiles import existing_file, json_objects, open_text, tsv_rows
 
 QRELS_COLUMNS = ("query-id", "corpus-id", "score")
@@ -134,6 +134,16 @@ def qrels_path(directory, split: str) -> Path:
     return path
 
 
+def _grade(raw: str, where: str) -> int:
+    """A qrels cell as the whole number it must be: trec_eval's graded relevance. "2.0" is 2; "0.5" is refused
+    (pytrec_eval and BEIR's loader refuse it too; `int(0.5)` made a partly relevant document irrelevant)."""
+    value = read_score(raw, where, " (graded relevance 0, 1, 2...)")
+    if value != int(value):
+        raise BertkitError(f"{where}: score {raw!r} is not a whole number: qrels grade relevance 0 (not "
+                           "relevant), 1, 2... as trec_eval reads them; map fractional grades onto whole ones")
+    return int(value)
+
+
 def read_qrels(path) -> dict[str, dict[str, int]]:
     """query id -> {doc id: graded relevance} from a qrels TSV with a header row."""
     with open_text(existing_file(path, "qrels file"), "qrels file") as f:
@@ -150,10 +160,7 @@ def read_qrels(path) -> dict[str, dict[str, int]]:
         qrels: dict[str, dict[str, int]] = {}
         for number, cells in tsv_rows(f, path, len(header)):
             query, doc, score = (cells[i] for i in where)
-            try:
-                qrels.setdefault(query, {})[doc] = int(float(score))
-            except ValueError:
-                raise BertkitError(f"{path} line {number}: score {score!r} is not a number (graded relevance 0, 1, 2...)")
+            qrels.setdefault(query, {})[doc] = _grade(score, f"{path} line {number}")
     if not qrels:
         raise BertkitError(f"{path} has a header but no judgments")
     return qrels
