@@ -161,3 +161,8 @@ def test_sts_file_errors(tmp_path):
     path.write_text("", encoding="utf-8")
     with pytest.raises(BertkitError, match="empty"):
         read_sts(path)
+    path.write_text("sentence1\tsentence2\tscore\na\tb\t3\nc\td\t3.0\ne\tf\t3\n", encoding="utf-8")
+    with pytest.raises(BertkitError, match="sts.tsv: every gold score is 3: a correlation needs at least two"):
+        evaluate_sts(None, path)  # was spearman nan, pearson nan (scipy's too), and NaN in the --output JSON
+    with pytest.raises(BertkitError, match="^every gold score is 1"):
+        evaluate_sts(None, [("a", "b", 1), ("c", "d", 1.0)])

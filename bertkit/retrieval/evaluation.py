@@ -337,6 +337,10 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     pairs = read_sts(pairs_or_path) if not isinstance(pairs_or_path, (list, tuple)) else list(pairs_or_path)
     if len(pairs) < 2:
         raise BertkitError(f"{len(pairs)} scored pair(s): a correlation needs at least 2")
+    if len({float(score) for _, _, score in pairs}) < 2:  # else nan figures, and NaN in the JSON written
+        source = "" if isinstance(pairs_or_path, (list, tuple)) else f"{pairs_or_path}: "
+        raise BertkitError(f"{source}every gold score is {float(pairs[0][2]):g}: a correlation needs at least two "
+                           "different scores")
     loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
     sentences = list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))  # each sentence embedded once
     row = {s: i for i, s in enumerate(sentences)}
