@@ -88,6 +88,7 @@ GOOD_QRELS = "query-id\tcorpus-id\tscore\nq1\td1\t1\n"
     (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td9\t1\n", "corpus id 'd9'.*not in corpus.jsonl"),
     (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq7\td1\t1\n", "query id 'q7' is not in queries.jsonl"),
     (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\thigh\n", "not a number"),
+    (GOOD_CORPUS, '{"_id": "q1", "text": " "}\n', GOOD_QRELS, "query 'q1', judged in .*test.tsv, has an empty text"),
     (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\tinf\n", "not a finite number"),  # a traceback
     (GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\tnan\n", "not a finite number"),
 ])

@@ -166,3 +166,26 @@ def test_sts_file_errors(tmp_path):
         evaluate_sts(None, path)  # was spearman nan, pearson nan (scipy's too), and NaN in the --output JSON
     with pytest.raises(BertkitError, match="^every gold score is 1"):
         evaluate_sts(None, [("a", "b", 1), ("c", "d", 1.0)])
+
+
+def test_an_empty_document_is_left_out_and_a_tokenless_one_is_named(small_scifact, tiny_dir, tmp_path):
+    """A corpus line with neither title nor text stopped the whole evaluation with "cannot embed an empty
+    text" (naming no document); it is left out of the ranking instead, as `bertkit index` leaves it out of
+    an index: the figures equal those of the corpus without it. A text of characters BERT drops is named
+    by its id."""
+    import shutil
+
+    folder = tmp_path / "with_empty"
+    shutil.copytree(small_scifact, folder)
+    with open(folder / "corpus.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"_id": "empty", "title": "", "text": "  "}\n')
+    kept = evaluate_retrieval(str(tiny_dir), small_scifact, "test", progress=False)
+    ours = evaluate_retrieval(str(tiny_dir), folder, "test", progress=False)
+    assert ours["documents_without_text"] == 1 and kept["documents_without_text"] == 0
+    assert ours["documents"] == kept["documents"] + 1
+    for measure in DEFAULT_MEASURES:
+        assert ours[measure] == kept[measure], measure
+    with open(folder / "corpus.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"_id": "dropped", "title": "", "text": "\\u200b\\u200b"}\n')
+    with pytest.raises(BertkitError, match=r"corpus.jsonl _id 'dropped': text .* yields no tokens"):
+        evaluate_retrieval(str(tiny_dir), folder, "test", progress=False)

@@ -131,7 +131,9 @@ def run_evaluate_retrieval(args):
                                                         for f in dataclasses.fields(FusionOptions) if f.name != "mode"},
                                 tune=args.tune, fast=args.speed)
     _write(result, args.output)
-    print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents; "
+    empty = result.get("documents_without_text")
+    print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents"
+          + (f" ({empty} without title or text, left out of the ranking)" if empty else "") + "; "
           f"{result['model']} ({_precision(result)}, max length {result['max_length']}, {result['pooling']} pooling)"
           + (f"; through {args.index}{' (HNSW)' if args.ann else ''}" if args.index else "")
           + (f", top {args.rerank_top} reranked by {args.rerank}" if args.rerank else ""))

@@ -170,6 +170,9 @@ def _check_ids(qrels: dict, corpus: dict, queries: dict, path: Path) -> None:
     for query, docs in qrels.items():
         if query not in queries:
             raise BertkitError(f"{path}: query id {query!r} is not in queries.jsonl: fix the qrels or the queries")
+        if not queries[query].strip():
+            raise BertkitError(f"{path.parent.parent / 'queries.jsonl'}: query {query!r}, judged in {path}, has an "
+                               "empty text: give it its text, or drop its judgments")
         for doc in docs:
             if doc not in corpus:
                 raise BertkitError(f"{path}: corpus id {doc!r} (query {query!r}) is not in corpus.jsonl: "

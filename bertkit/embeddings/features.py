@@ -164,8 +164,8 @@ def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool
     if words or not hasattr(tok, "single_ids") or any(p is not None or not isinstance(t, str) for t, p in chunk):
         return [_encode(tok, text, pair, max_length, truncate, where, k) for k, (text, pair) in enumerate(chunk)]
     texts = [text for text, _ in chunk]
-    for text in texts:
-        _check_text(text)
+    for k, text in enumerate(texts):
+        _check_text(text, where(k))
     items = []
     for k, (text, ids) in enumerate(zip(texts, tok.single_ids(texts, max_length if truncate else None))):
         _check_tokens(text, ids, where, k)
@@ -173,9 +173,10 @@ def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool
     return items
 
 
-def _check_text(text: str) -> None:
+def _check_text(text: str, named: str | None = None) -> None:
     if not text.strip():
-        raise BertkitError("cannot embed an empty text: every input needs at least one non-space character")
+        raise BertkitError(f"{named + ': ' if named else ''}cannot embed an empty text: every input needs at least "
+                           "one non-space character")
 
 
 def _check_tokens(text: str, ids: list, where, k: int) -> None:
@@ -193,7 +194,7 @@ def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: No
         words = None
     else:
         raise BertkitError(f"expected a string (or a list of words), got {type(text).__name__}")
-    _check_text(text)
+    _check_text(text, where(k))
     if pair is not None and not str(pair).strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
     # without truncation the tokenizer returns the whole text, however long; _pieces windows it

@@ -55,8 +55,9 @@ def encoder_and_settings(model, max_length: int | None = None,
 
 
 def encode(texts: list[str], loaded: Loaded, settings: EncodingSettings, *, batch_size: int = 32,
-           chunk_size: int = 1024, progress: bool = False) -> np.ndarray:
-    """Unit-length sentence vectors [N, D] float32, in the order of `texts`.
+           chunk_size: int = 1024, progress: bool = False, names=None) -> np.ndarray:
+    """Unit-length sentence vectors [N, D] float32, in the order of `texts`; names(i) names `texts[i]` in an
+    error about it (a text without tokens), e.g. its id in a corpus file.
 
     The texts go to the encoder longest-character-count last (the whole list, as
     sentence-transformers' `encode` sorts it), `chunk_size` at a time, each chunk
@@ -66,7 +67,7 @@ def encode(texts: list[str], loaded: Loaded, settings: EncodingSettings, *, batc
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     rows = iter_embed((texts[i] for i in order), loaded, pooling=settings.pooling, normalize=True,
                       max_length=settings.max_length, truncate=True, batch_size=batch_size, chunk_size=chunk_size,
-                      progress=progress, total=len(texts))
+                      progress=progress, total=len(texts), where=None if names is None else lambda k: names(order[k]))
     out = None
     for i, vector in zip(order, rows):
         if out is None:

@@ -255,11 +255,15 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     width = loaded.model.config.hidden_size
     if dimensions and dimensions[-1] > width:  # said before the corpus is embedded
         raise BertkitError(f"dimension {dimensions[-1]} is more than the model's {width}")
-    doc_ids, query_ids = list(data.corpus), list(data.queries)
-    texts = {d: document_text(data.corpus[d]) for d in doc_ids}
+    texts = {d: document_text(data.corpus[d]) for d in data.corpus}
+    # a document without title or text has nothing to embed: it is left out of the ranking (never found), as
+    # `bertkit index` leaves it out of an index, so the figures with and without --index rank the same documents
+    doc_ids, query_ids = [d for d in data.corpus if texts[d]], list(data.queries)
     started = time.perf_counter()
-    doc_vectors = encode([texts[d] for d in doc_ids], loaded, settings, batch_size=batch_size, progress=progress)
-    query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size)
+    doc_vectors = encode([texts[d] for d in doc_ids], loaded, settings, batch_size=batch_size, progress=progress,
+                         names=lambda i: f"{data.directory}/corpus.jsonl _id {doc_ids[i]!r}")
+    query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size,
+                           names=lambda i: f"{data.directory}/queries.jsonl _id {query_ids[i]!r}")
     seconds = time.perf_counter() - started
     options = fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
 
@@ -292,7 +296,8 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     result = {**scored[modes[-1]], **({"fusion": fusions[modes[-1]]} if fusions else {}), "model": settings.model,
               "precision": settings.dtype, "mode": modes[-1], "max_length": settings.max_length,
               "pooling": settings.pooling, "dataset": str(data.directory), "queries": len(query_ids),
-              "documents": len(doc_ids), "encode_seconds": round(seconds, 2)}
+              "documents": len(data.corpus), "documents_without_text": len(data.corpus) - len(doc_ids),
+              "encode_seconds": round(seconds, 2)}
     if dimensions:
         result["dimensions"] = {str(d): scored[f"{d} dimensions"] for d in dimensions}
     return _with_modes(result, figures, tuned)

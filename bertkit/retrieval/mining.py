@@ -86,11 +86,11 @@ class MiningTask:
 
 def task_from_beir(directory, split: str = "train") -> MiningTask:
     data = load_beir(directory, split)
-    doc_ids = list(data.corpus)
+    doc_ids = [d for d in data.corpus if document_text(data.corpus[d])]  # an empty document is no candidate
     row = {d: i for i, d in enumerate(doc_ids)}
     queries, positives = [], []
     for query, judged in data.qrels.items():
-        relevant = [row[d] for d, score in judged.items() if score > 0]
+        relevant = [row[d] for d, score in judged.items() if score > 0 and d in row]
         if relevant:
             queries.append(data.queries[query])
             positives.append(relevant)
