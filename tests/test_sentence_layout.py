@@ -147,3 +147,58 @@ def test_vectors_differ_between_models(tiny, tmp_path):
     other = tiny_model_dir(tmp_path / "other", seed=8)
     layout = SentenceLayout("mean", True, 12)
     assert not np.allclose(ours(tiny, layout), ours(other, layout), atol=1e-3)
+
+
+# sentence-transformers before 2.0 saved the encoder in a module folder of its own: modules.json names
+# it ("path": "0_Transformer"), and config.json, the weights, the vocabulary and sentence_bert_config.json
+# sit inside it; the pooling sits in 1_Pooling beside it
+ENCODER_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json")
+
+
+def old_layout(default_model_dir, out, max_seq_length=12):
+    (out / "0_Transformer").mkdir(parents=True)
+    for name in ENCODER_FILES:  # the weights linked, not copied (90 MB)
+        (out / "0_Transformer" / name).symlink_to(default_model_dir / name)
+    write(out, "0_Transformer/sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    shutil.copytree(default_model_dir / "1_Pooling", out / "1_Pooling")
+    modules = json.loads((default_model_dir / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    write(out, "modules.json", modules)
+    return out
+
+
+def test_an_old_layout_with_the_encoder_in_0_transformer_embeds_as_sentence_transformers_does(
+        st, default_model_dir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    import bertkit
+    from bertkit.cli import main
+    from bertkit.retrieval.index import model_record
+
+    folder = old_layout(default_model_dir, tmp_path / "old")
+    theirs = SentenceTransformer(str(folder), device="cpu")
+    assert theirs.max_seq_length == 12  # the module folder's sentence_bert_config.json
+    expected = theirs.encode(TEXTS, convert_to_numpy=True)
+
+    assert read_layout(folder) == SentenceLayout("mean", True, 12, None, False)
+    loaded = bertkit.load(folder)
+    assert loaded.task == "embed" and loaded.directory == folder and loaded.max_length == 12
+    # an index made with it fingerprints the weights in the module folder: the default model's
+    assert model_record(loaded)["fingerprint"] == model_record(bertkit.load())["fingerprint"]
+    np.testing.assert_allclose(bertkit.embed(TEXTS, model=loaded), expected, rtol=0, atol=1e-5)
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(folder),
+                 "--dtype", "float32", "--quiet"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expected, rtol=0, atol=1e-5)
+    # the module folder's length is what truncates: the long text differs at the top folder's 256
+    assert not np.allclose(bertkit.embed(TEXTS[-1:], max_length=256, model=loaded), expected[-1:], atol=1e-3)
+
+
+def test_an_old_layout_names_a_missing_module_folder(default_model_dir, tmp_path):
+    import bertkit
+
+    folder = old_layout(default_model_dir, tmp_path / "old")
+    shutil.rmtree(folder / "0_Transformer")
+    with pytest.raises(BertkitError, match="0_Transformer"):
+        bertkit.load(folder)

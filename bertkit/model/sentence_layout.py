@@ -26,6 +26,12 @@ and the one 5.x/6.x writes (`{"pooling_mode": "mean"}`, module types under
 `max_seq_length` kept as the tokenizer's `model_max_length`). We write the
 older one: every version of sentence-transformers and the servers read it.
 
+An older layout (sentence-transformers before 2.0) keeps the encoder in a module folder of its
+own: the Transformer module's `"path": "0_Transformer"`, and config.json, the weights, the
+vocabulary and sentence_bert_config.json inside it. `encoder_folder(directory)` is where the
+encoder's files are (the folder itself in the layout above); sentence_bert_config.json is read
+there, as sentence-transformers reads it from the Transformer module's folder.
+
 A module's path must stay inside the folder (`bertkit.model.confined`), and a module's `idx`
 must be a whole number: each is refused in one line naming modules.json.
 
@@ -124,6 +130,24 @@ def _max_seq_length(directory: Path, sentence_config: dict) -> int | None:
     return int_at_least(value, 1, f"{directory / SENTENCE_CONFIG}: max_seq_length", says="a positive integer")
 
 
+def encoder_folder(directory) -> Path:
+    """The folder holding the encoder's files (config.json, weights, vocabulary, sentence_bert_config.json):
+    the Transformer module's folder when modules.json names one other than the folder itself (an older
+    layout's "0_Transformer"), else `directory`. A module folder that is missing is named here."""
+    directory = Path(directory)
+    modules_path = directory / MODULES_FILE
+    modules = _read_json(modules_path) if modules_path.is_file() else []
+    paths = [entry.get("path") for entry in modules if isinstance(entry, dict) and isinstance(entry.get("type"), str)
+             and entry["type"].rsplit(".", 1)[-1] == "Transformer"] if isinstance(modules, list) else []
+    if not paths or paths[0] in ("", None):
+        return directory
+    folder = inside(directory, paths[0], modules_path)
+    if not (folder / "config.json").is_file():
+        raise BertkitError(f"{folder / 'config.json'} is missing: {modules_path} names the encoder's folder "
+                           f"{paths[0]!r}; restore it, or point at the folder that holds config.json")
+    return folder
+
+
 def read_layout(directory) -> SentenceLayout | None:
     """The sentence-transformers layout of a model folder, or None when it has none.
 
@@ -133,7 +157,7 @@ def read_layout(directory) -> SentenceLayout | None:
     itself reads it when it has no module list: mean pooling, not normalised.
     """
     directory = Path(directory)
-    modules_path, sentence_path = directory / MODULES_FILE, directory / SENTENCE_CONFIG
+    modules_path, sentence_path = directory / MODULES_FILE, encoder_folder(directory) / SENTENCE_CONFIG
     if not modules_path.is_file() and not sentence_path.is_file():
         return None
     sentence_config = _read_json(sentence_path) if sentence_path.is_file() else {}
@@ -166,7 +190,7 @@ def read_layout(directory) -> SentenceLayout | None:
         raise BertkitError(f"{st_path}: matryoshka_dims must be a list of positive integers, got {dims!r}")
     lower = sentence_config.get("do_lower_case")
     return SentenceLayout(pooling=pooling, normalize=normalize,
-                          max_seq_length=_max_seq_length(directory, sentence_config),
+                          max_seq_length=_max_seq_length(sentence_path.parent, sentence_config),
                           dimensions=sorted(dims, reverse=True) if dims else None,
                           do_lower_case=lower if isinstance(lower, bool) else None)
 

@@ -98,7 +98,8 @@ log = logging.getLogger(__name__)
 def fingerprint(directory) -> str:
     """SHA-256 of a model directory's weights files (the first of model.safetensors, its shards'
     index, model.int8.safetensors that exists; a sharded checkpoint's shards too).
-    A static model's table sits in its module folder, which the loader records (info["weights_dir"])."""
+    A static model's table, and an older sentence-transformers layout's encoder (0_Transformer), sit in a module
+    folder, which the loader records (`Loaded.weights_dir`)."""
     directory = Path(directory)
     names = [n for n in (*WEIGHT_FILES, INT8_WEIGHTS) if (directory / n).is_file()]
     if not names:
@@ -119,8 +120,7 @@ def model_record(loaded: Loaded) -> dict:
     """What index.json says about the model: enough to embed a query the same way and to recognise it."""
     if loaded.directory is None:
         raise BertkitError("an index needs a model directory (its fingerprint is recorded), not a model in memory")
-    weights = loaded.info.get("weights_dir", loaded.directory)  # a static model's table: its module folder
-    return {"directory": str(loaded.directory.resolve()), "fingerprint": fingerprint(weights),
+    return {"directory": str(loaded.directory.resolve()), "fingerprint": fingerprint(loaded.weights_dir),
             "pooling": resolve_output(loaded.layout).pooling, "normalize": True, "max_length": loaded.max_length,
             "precision": loaded.precision}
 

@@ -4,7 +4,7 @@ Every command that runs a model without training it (embed, predict, attention,
 fill-mask, electra show, export, serve, evaluate, mine) loads it here:
 
     load(model, head=..., device=..., dtype=..., int8=...)
-        -> Loaded(model, tokenizer, directory, task, info, layout, device, dtype, int8)
+        -> Loaded(model, tokenizer, directory, task, info, layout, device, dtype, int8, weights_dir)
 
 What the directory holds decides the class; the readers live beside the format
 they read (`bertkit.model.checkpoint`: config.json's model_type and architectures,
@@ -22,6 +22,11 @@ A static model folder (`bertkit.model.static`: a sentence-transformers StaticEmb
 model2vec folder) loads as task "static": the table, float32 (a lookup gains nothing from
 bf16), its tokenizer from the folder's tokenizer.json (`bertkit.text.tokenizer_json`), and a
 layout saying mean pooling and whether it normalises; only heads auto and encoder ask for it.
+
+An older sentence-transformers folder, the encoder in a module folder of its own (modules.json's
+Transformer at "0_Transformer"), loads the encoder and vocabulary from that folder
+(`bertkit.model.sentence_layout.encoder_folder`) and the pooling from the top folder's modules;
+`Loaded.directory` is the top folder, `Loaded.weights_dir` the one the weights are in.
 
 An ELECTRA directory loads into the ELECTRA form of the class asked for
 (`class_for`): the same task, the ELECTRA heads and checkpoint names.
@@ -56,7 +61,7 @@ from bertkit.model.electra_pretraining import ElectraPretrainingModel
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import BertModel
 from bertkit.runtime.quantization import dense_ops, load_quantized
-from bertkit.model.sentence_layout import SentenceLayout, read_layout
+from bertkit.model.sentence_layout import SentenceLayout, encoder_folder, read_layout
 from bertkit.model.static import StaticEmbedding, is_static, read_static, weights_folder
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.tokenizer_json import read_tokenizer_json, truncation_length
@@ -119,6 +124,8 @@ class Loaded:
     device: torch.device
     dtype: torch.dtype
     int8: bool
+    weights_dir: Path | None = None  # the folder its weights are in: `directory`, or a module folder (an older
+    # sentence-transformers layout's 0_Transformer, a static model's table); None: a model in memory
 
     @property
     def config(self):
@@ -304,19 +311,19 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
                            f"({type(model[0]).__name__}, {type(model[1]).__name__})")
     if isinstance(model, (str, Path)) and is_static(resolve(model)):  # "" is no folder, not the current one
         return _load_static(Path(model), head, device, int8)
-    saved = None if held else describe(model)  # the directory's small files; None: the default model
+    top = None if held else resolve(model)  # None: the default model's folder
+    saved = None if held else describe(encoder_folder(top))  # the encoder's small files (an older layout: its folder)
     plan = _held(*model) if held else _plan(saved, head, int8)
     speed = None if isinstance(fast, bool) else fast  # None: quantization and the fast path decide() them
     net, where, chosen, int8_weights = _build(plan, device, dtype, int8, speed)
     quantize_now = int8 and not int8_weights
     # a model in memory keeps its layers, unless it is quantized here
     net = dense_ops(net, quantize_now, fast is not False if not held else quantize_now, speed)
-    layout = read_layout(saved.directory) if not held and plan.cls in (BertModel, ElectraModel) else None  # an encoder's
+    layout = read_layout(top) if not held and plan.cls in (BertModel, ElectraModel) else None  # an encoder's
     # the vocabulary is refused when it holds more tokens than the model has embedding rows
     tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab, vocab_size=net.config.vocab_size)
     dtype_now = next((p.dtype for p in net.parameters()), chosen)
-    return Loaded(net, tok, None if held else saved.directory, plan.task, plan.info, layout, where, dtype_now,
-                  int8 or int8_weights)
+    return Loaded(net, tok, top, plan.task, plan.info, layout, where, dtype_now, int8 or int8_weights, plan.weights)
 
 
 def _load_static(directory: Path, head: str, device, int8: bool) -> Loaded:
@@ -341,5 +348,5 @@ def _load_static(directory: Path, head: str, device, int8: bool) -> Loaded:
     if static.layout != "model2vec":  # sentence-transformers cuts where its Rust tokenizer does
         config.max_length = truncation_length(static.tokenizer_dir)
     layout = SentenceLayout("mean", config.normalize, config.max_length)
-    info = {"layout": static.layout, "weights_dir": weights_folder(directory)}  # the index fingerprints the table
-    return Loaded(static.model.eval().to(where), tok, directory, "static", info, layout, where, torch.float32, False)
+    return Loaded(static.model.eval().to(where), tok, directory, "static", {"layout": static.layout}, layout, where,
+                  torch.float32, False, weights_folder(directory))
