@@ -69,7 +69,7 @@ PLACEHOLDERS = ("...", "|", "[-")  # `finetune classify ... --pooling mean`, `pa
 
 COMMAND = re.compile(r"^(?:bertkit|torchrun .*?-m bertkit\.cli|python -m bertkit\.cli) (.*)$")
 # what follows a command on its line: a comment, a pipe, a chain, a background job, a redirect, a remark
-TAIL = re.compile(r"\s+#\s|\s+\|\s|\s+&&\s|\s+&(?:\s|$)|\s+>\s?\S|\s{2,}\(")
+TAIL = re.compile(r"\s+#\s|\s+\|\s|\s+&&\s|\s+&(?:\s|$)|\s+[<>]\s?\S|\s{2,}\(")
 
 
 def commands_in(text: str, where) -> list[tuple[str, str]]:

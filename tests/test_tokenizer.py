@@ -515,6 +515,38 @@ def test_cli_tokenize_json(tok, capsys):
     assert "no tokenizer at" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("how", [["-"], []])
+def test_cli_tokenize_reads_standard_input_one_encoding_per_line(tok, how):
+    import subprocess
+    import sys
+
+    lines = ["Hello, world!", "naïve café", "", "BERT reads both ways."]
+    res = subprocess.run([sys.executable, "-m", "bertkit.cli", "tokenize", *how, "--json", "--max-length", "6"],
+                         input=("\n".join(lines) + "\n").encode("utf-8"), capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    got = [json.loads(line) for line in res.stdout.decode("utf-8").splitlines()]
+    assert got == [tok.encode(line, max_length=6).to_dict() for line in lines]
+    res = subprocess.run([sys.executable, "-m", "bertkit.cli", "tokenize", *how, "--json", "--pair", "B c"],
+                         input="A\nnaïve\n".encode("utf-8"), capture_output=True, timeout=120)
+    got = [json.loads(line) for line in res.stdout.decode("utf-8").splitlines()]
+    assert got == [tok.encode(line, "B c").to_dict() for line in ("A", "naïve")]  # --pair: each line's
+    # the readable table: one per line, a blank line between two
+    res = subprocess.run([sys.executable, "-m", "bertkit.cli", "tokenize", *how], input=b"first one\nsecond\n",
+                         capture_output=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.decode() == "\n\n".join(
+        format_encoding(tok, tok.encode(t), t) for t in ("first one", "second")) + "\n"
+
+
+def test_cli_tokenize_refuses_bad_standard_input_in_one_line():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "bertkit.cli", "tokenize", "-"], input=b"ok\ncaf\xe9\n",
+                         capture_output=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.decode().count("\n") == 1
+    assert "standard input line 2 is not UTF-8" in res.stderr.decode()
+
+
 def test_the_tokenizer_commands_start_without_torch():
     # the parser is built from every command's config dataclasses; none of them may pull in torch,
     # so `bertkit --help` and `bertkit tokenize` start in a blink

@@ -154,6 +154,17 @@ def test_bad_training_input(tmp_path):
         train_vocab_from_files([tmp_path])
 
 
+def test_what_was_skipped_is_logged(tmp_path):
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\n" * 5)
+    (tmp_path / "b.txt").write_bytes(b"\x00\x01\x02" * 100)
+    said = []
+    train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=120, min_frequency=1), log=said.append)
+    assert said == ["read 1 file(s); files skipped: binary (NUL bytes or mostly non-text bytes): 1"]
+    (tmp_path / "b.txt").unlink()
+    train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=120, min_frequency=1), log=said.append)
+    assert len(said) == 1  # nothing skipped, nothing said
+
+
 def test_cli_vocab_train(tmp_path, capsys):
     from bertkit.cli import main
 

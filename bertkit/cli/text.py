@@ -9,7 +9,7 @@ import argparse
 import json
 from dataclasses import dataclass, field
 
-from bertkit.data.corpus import CorpusStats
+from bertkit.data.textfiles import stdin_lines
 from bertkit.options import add_options, from_args
 from bertkit.text.encoding import format_encoding
 from bertkit.text.tokenizer import Tokenizer
@@ -31,10 +31,15 @@ def add_tokenize(sub):
         "tokenize",
         help="split text into WordPiece tokens and show ids, segments and offsets",
         description="Tokenize TEXT (and an optional second segment) the way BERT sees it: "
-        "[CLS] A [SEP] B [SEP], with token ids, segment ids and character offsets.",
+        "[CLS] A [SEP] B [SEP], with token ids, segment ids and character offsets. Without TEXT (or with '-') "
+        "each line of standard input is tokenized (with --json: one JSON line each).",
+        epilog="examples:\n  bertkit tokenize \"Hello, how are you?\" --pair \"I am fine.\"\n"
+        "  bertkit tokenize --json < sentences.txt > encodings.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("text", help="the text to tokenize")
-    p.add_argument("--pair", help="a second segment (sentence B)")
+    p.add_argument("text", nargs="?", default="-",
+                   help="the text to tokenize; '-' or none: each line of standard input, one encoding per line")
+    p.add_argument("--pair", help="a second segment (sentence B); with standard input, each line's")
     p.add_argument("--vocab", help="a vocab.txt, tokenizer.json or model directory (default: the embedded model's)")
     p.add_argument("--max-length", type=int, default=512, help="truncate to this many tokens (<= 512)")
     p.add_argument("--json", action="store_true", help="print the encoding as JSON")
@@ -43,11 +48,12 @@ def add_tokenize(sub):
 
 def run_tokenize(args):
     tok = Tokenizer.from_pretrained(args.vocab)
-    enc = tok.encode(args.text, args.pair, max_length=args.max_length)
-    if args.json:
-        print(json.dumps(enc.to_dict(), ensure_ascii=False))
-    else:
-        print(format_encoding(tok, enc, args.text, args.pair))
+    for number, text in enumerate(stdin_lines() if args.text == "-" else [args.text]):
+        enc = tok.encode(text, args.pair, max_length=args.max_length)
+        if args.json:  # JSON lines: the n-th line of output is the n-th line of input (a blank one too)
+            print(json.dumps(enc.to_dict(), ensure_ascii=False))
+        else:
+            print(("\n" if number else "") + format_encoding(tok, enc, text, args.pair))
 
 
 def add_vocab(sub):
@@ -77,10 +83,7 @@ def add_vocab(sub):
 def run_vocab_train(args):
     files, config = from_args(args, VocabTrainFiles), from_args(args, VocabTrainingConfig)
     vocab_file(files.output)  # a model's folder refused before the corpus is read
-    stats = CorpusStats()
-    tokens = train_vocab_from_files(files.corpus, config, progress=True, stats=stats, output=files.output)
-    if stats.skips:
-        print(f"read {stats.files} file(s); {stats.describe_skips()}")
+    tokens = train_vocab_from_files(files.corpus, config, progress=True, output=files.output, log=print)
     path = save_trained_vocab(tokens, files.output, config)
     print(f"wrote {len(tokens)} tokens to {path} (and its casing to {path.parent / 'tokenizer_config.json'})")
 

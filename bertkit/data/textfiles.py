@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -149,6 +150,20 @@ def read_text(path, what: str = "input file") -> str:
     """The whole of a user's UTF-8 text file (see `open_text`)."""
     with open_text(path, what) as f:
         return f.read()
+
+
+def stdin_lines(stream=None):
+    """The lines of standard input (`stream`: a binary file, for tests), without their newline, as a record
+    file's: UTF-8 (a leading byte order mark dropped), the first line that does not decode a BertkitError
+    naming it. Read as bytes, so the locale's encoding plays no part."""
+    stream = sys.stdin.buffer if stream is None else stream
+    for number, raw in enumerate(stream, 1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise BertkitError(f"standard input line {number} is not UTF-8 (bytes {raw[err.start:err.start + 4].hex(' ')}): "
+                               "pipe UTF-8 text (convert it, e.g. `iconv -f latin1 -t utf-8`)") from None
+        yield line.rstrip("\r\n")
 
 
 def tsv_rows(lines, path, width: int, first: int = 2):

@@ -235,9 +235,10 @@ def train_vocab(lines, config: VocabTrainingConfig | None = None, progress: bool
 
 
 def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, progress: bool = False,
-                           stats: CorpusStats | None = None, output=None) -> list[str]:
+                           stats: CorpusStats | None = None, output=None, log=None) -> list[str]:
     """Train a vocabulary from text files and folders of .txt/.gz files, streaming; `stats` counts skips;
-    `output` (where it will be saved) is not read as corpus."""
+    `output` (where it will be saved) is not read as corpus; `log` (e.g. print) is handed the files read and
+    what was skipped, when anything was."""
     config = config or VocabTrainingConfig()
     config.validate()
     stats = CorpusStats() if stats is None else stats
@@ -246,7 +247,10 @@ def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, pro
     if not counts:
         reasons = stats.describe_skips() or "the files hold no words"
         raise BertkitError(f"the corpus has no words to learn a vocabulary from ({len(files)} file(s); {reasons})")
-    return learn_vocab(counts, config, progress)
+    tokens = learn_vocab(counts, config, progress)
+    if log is not None and stats.skips:
+        log(f"read {stats.files} file(s); {stats.describe_skips()}")
+    return tokens
 
 
 def vocab_file(output) -> Path:
