@@ -71,6 +71,13 @@ def test_equals_sentence_transformers(sentences, default_model_dir):
     # asking for windows embeds the whole long text instead: another vector
     windowed = embed([long_text], truncate=False)[0]
     assert float(windowed @ expected[-1]) < 0.9999
+    # a length asked for is sentence-transformers' max_seq_length: the text cut there, as `bertkit evaluate
+    # --max-length` cuts it (it was read as a window size: max_length=256, the default spelled out, gave the
+    # windowed vector above)
+    np.testing.assert_allclose(embed(texts, max_length=256), expected, rtol=0, atol=1e-5)
+    st.max_seq_length = 64
+    np.testing.assert_allclose(embed(texts, max_length=64), st.encode(texts, batch_size=4), rtol=0, atol=1e-5)
+    assert float(embed([long_text], max_length=64, truncate=False)[0] @ expected[-1]) < 0.9999
 
 
 def test_strategies_equal_transformers_hidden_states(hf, sentences):

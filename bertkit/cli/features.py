@@ -18,10 +18,10 @@ def add_embed(sub):
         "a column under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
         "(.npy, .safetensors or .jsonl). Sentence vectors follow the model's sentence-transformers layout when "
         "it has one (its pooling, normalisation and max_seq_length: the default model is mean-pooled, "
-        "normalised and cut at 256 tokens); any option given overrides it. Texts beyond the window (the "
-        "model's 512 positions, or --max-length) are cut into windows that share --stride tokens, each token "
-        "keeping the vector from the window where it has the most context (--no-truncate asks for windows at "
-        "the layout's length too).",
+        "normalised and cut at 256 tokens, or at --max-length); any option given overrides it. Other texts "
+        "beyond the window (the model's 512 positions, or --max-length) are cut into windows that share --stride "
+        "tokens, each token keeping the vector from the window where it has the most context (--no-truncate "
+        "asks for windows for a layout's sentence vectors too).",
         epilog="examples:\n  bertkit embed sentences.txt -o vectors.npy --normalize\n"
         "  bertkit embed sentences.txt -o tokens.safetensors --layers concat_last_four --pooling none\n"
         "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
@@ -39,8 +39,9 @@ def add_embed(sub):
     p.add_argument("--stride", type=int,
                    help="tokens shared by consecutive windows of a long text, the overlap (default: half a window)")
     p.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None,
-                   help="cut long texts at the window instead of windowing them (default: cut at the layout's "
-                   "max_seq_length for sentence vectors, else window)")
+                   help="cut long texts at the window instead of windowing them (default: cut, at the layout's "
+                   "max_seq_length or --max-length, for the sentence vectors of a model with a "
+                   "sentence-transformers layout, as sentence-transformers does; else window)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     device_flags(p)
     int8_flag(p)

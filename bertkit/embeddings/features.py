@@ -316,7 +316,10 @@ def iter_embed(
         return
     # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does
     net, tok = getattr(loaded.model, "base_model", loaded.model), loaded.tokenizer
-    # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length
+    # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length, and a
+    # length asked for takes its place: cut there (sentence-transformers' max_seq_length, `bertkit evaluate
+    # --max-length`), not windowed, unless truncate=False asks for windows
+    truncate = True if truncate is None and output.length else truncate
     cut = shape(loaded.max_positions, output.length, max_length, stride, truncate)
     pad_id = getattr(tok, "pad_token_id", 0) or 0
     was_training = net.training
@@ -451,12 +454,13 @@ def embed(
                pieces pooled by `word_pooling=` mean | first) or None (per-token).
     normalize: L2-normalise each output vector (None: as the model's layout says for
                sentence vectors, else no).
-    options:   pairs=, combine=, word_pooling=, batch_size=32, max_length= (window size;
-               default: for sentence vectors the layout's max_seq_length, else the
-               model's 512 positions), stride= tokens shared by consecutive windows
+    options:   pairs=, combine=, word_pooling=, batch_size=32, max_length= (tokens per
+               pass or window; default: for sentence vectors the layout's max_seq_length,
+               else the model's 512 positions), stride= tokens shared by consecutive windows
                (default: half a window, (max_length-2) - (max_length-2)//2),
-               truncate= (cut at max_length instead of windowing; default: True
-               at the layout's length, else False), progress=False,
+               truncate= (cut at max_length instead of windowing; default: True for
+               sentence vectors of a model with a layout, as sentence-transformers cuts
+               at its max_seq_length, else False), progress=False,
                device= auto | cpu | cuda, dtype= float32 | bfloat16 | auto,
                int8=False (int8 dense layers, `bertkit.runtime.quantization`); see
                `bertkit.runtime.loading.load`.
