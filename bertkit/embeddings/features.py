@@ -316,11 +316,7 @@ def iter_embed(
         return
     # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does
     net, tok = getattr(loaded.model, "base_model", loaded.model), loaded.tokenizer
-    # sentence vectors of a model with a sentence-transformers layout are made at its max_seq_length, and a
-    # length asked for takes its place: cut there (sentence-transformers' max_seq_length, `bertkit evaluate
-    # --max-length`), not windowed, unless truncate=False asks for windows
-    truncate = True if truncate is None and output.length else truncate
-    cut = shape(loaded.max_positions, output.length, max_length, stride, truncate)
+    cut = _cut(loaded.max_positions, output, max_length, stride, truncate)
     pad_id = getattr(tok, "pad_token_id", 0) or 0
     was_training = net.training
     net.eval()  # dropout off: features are deterministic
@@ -341,6 +337,14 @@ def iter_embed(
         net.train(was_training)
         if bar is not None:
             bar.close()
+
+
+def _cut(positions: int, output, max_length, stride, truncate):
+    """Where texts are cut or windowed (`bertkit.text.windows.shape`). A layout's sentence vectors are cut at
+    its max_seq_length, or at the length asked for instead (sentence-transformers' max_seq_length, `bertkit
+    evaluate --max-length`), unless truncate=False asks for windows; other outputs are windowed."""
+    return shape(positions, output.length, max_length, stride,
+                 True if truncate is None and output.length else truncate)
 
 
 def _check_counts(**counts) -> None:
