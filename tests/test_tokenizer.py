@@ -502,6 +502,44 @@ def test_batch_padding_matches_oracle(tok, rust_oracle):
     assert ours["input_ids"] == [t.ids for t in theirs]
 
 
+@pytest.mark.parametrize("padding,max_length,multiple,truncation", [
+    ("longest", 512, 8, True), ("longest", 512, 1, True), ("longest", 512, 3, False), ("longest", 12, 4, True),
+    ("max_length", 16, 8, True), ("max_length", 10, 8, False), ("max_length", 7, 5, False),
+    ("longest", 512, 3, True), ("max_length", 10, 8, True)])  # the last two: max_length not a multiple
+def test_pad_to_multiple_of_matches_bert_tokenizer_fast(tok, default_model_dir, transformers_mod, padding,
+                                                        max_length, multiple, truncation):
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    batches = [(["Hello, world!", "a much longer sentence than the first one here"], None),
+               (["short", "naïve café au lait"], ["second segment", "B"]), (["exactly"], None)]
+    options = dict(padding=padding, truncation=truncation, max_length=max_length, pad_to_multiple_of=multiple)
+    if truncation and max_length % multiple:  # rows cut at max_length could not be padded to a multiple of it
+        with pytest.raises(ValueError, match="not a multiple of pad_to_multiple_of"):
+            fast(batches[0][0], **options)
+        with pytest.raises(BertkitError, match=f"max_length={max_length} is not a multiple of pad_to_multiple_of"):
+            tok.encode_batch(batches[0][0], **options)
+        return
+    for texts, pairs in batches:
+        theirs = fast(texts, pairs, **options)
+        ours = tok.encode_batch(texts, pairs, return_tensors=None, **options)
+        for key in ("input_ids", "token_type_ids", "attention_mask"):
+            assert ours[key] == theirs[key], (texts, key)
+        assert len(ours["input_ids"][0]) % multiple == 0
+        if padding == "max_length":  # one text alone: the same rows
+            one = fast(texts[0], None if pairs is None else pairs[0], **options)
+            enc = tok.encode(texts[0], None if pairs is None else pairs[0], **options)
+            assert enc.input_ids == one["input_ids"] and enc.attention_mask == one["attention_mask"]
+
+
+@pytest.mark.parametrize("value,message", [(0, "pad_to_multiple_of must be a positive int, got 0"),
+                                           (-8, "got -8"), (2.0, "got 2.0"), (True, "got True")])
+def test_pad_to_multiple_of_refuses_a_non_positive_value_in_one_line(tok, value, message):
+    with pytest.raises(BertkitError, match=message) as err:
+        tok.encode_batch(["a", "b c"], pad_to_multiple_of=value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(BertkitError, match="pad_to_multiple_of needs padding"):  # nothing to round up
+        tok.encode_batch(["a", "b c"], padding=False, pad_to_multiple_of=8, return_tensors=None)
+
+
 def test_cli_tokenize_json(tok, capsys):
     from bertkit.cli import main
 

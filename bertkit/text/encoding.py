@@ -100,7 +100,8 @@ def num_special_tokens(pair: bool = False) -> int:
     return 3 if pair else 2
 
 
-def check_options(max_length, truncation, strategy, padding, stride, add_special_tokens, has_pair, batch) -> dict:
+def check_options(max_length, truncation, strategy, padding, stride, add_special_tokens, has_pair, batch,
+                  pad_to_multiple_of=None) -> dict:
     """The encoding options checked once, as the keywords of `assemble` (padding for the batch)."""
     if isinstance(max_length, bool) or not isinstance(max_length, int):
         raise BertkitError(f"max_length must be an int, got {type(max_length).__name__}")
@@ -126,18 +127,36 @@ def check_options(max_length, truncation, strategy, padding, stride, add_special
         raise BertkitError(f"padding must be one of {allowed}, got {padding!r}")
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 0:
         raise BertkitError(f"stride must be a non-negative int, got {stride!r}")
+    if pad_to_multiple_of is not None:
+        if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+            raise BertkitError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of!r} "
+                               "(e.g. 8, for tensor cores)")
+        if not padding:
+            raise BertkitError("pad_to_multiple_of needs padding ('longest' or 'max_length'): without it no row "
+                               "is padded, so there is nothing to round up")
+        if truncation and max_length % pad_to_multiple_of:  # transformers refuses it too
+            raise BertkitError(f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}: "
+                               "rows cut at max_length could not be padded to a multiple without going past it; "
+                               f"use max_length={max_length // pad_to_multiple_of * pad_to_multiple_of or pad_to_multiple_of}")
     return dict(
         max_length=max_length,
         truncation=bool(truncation),
         strategy=strategy,
         padding=padding or False,
+        pad_to_multiple_of=pad_to_multiple_of,
         stride=stride,
         add_special_tokens=bool(add_special_tokens),
     )
 
 
+def padded_length(length: int, multiple: int | None) -> int:
+    """`length` rounded up to a multiple of `multiple` (None: as it is), as transformers' pad_to_multiple_of:
+    the padded length, the longest row's or max_length, is rounded; truncation still cuts at max_length."""
+    return length if not multiple else -(-length // multiple) * multiple
+
+
 def assemble(tok, a: Segment, b: Segment | None, return_overflowing, *, max_length, truncation, strategy, padding,
-             stride, add_special_tokens) -> Encoding:
+             stride, add_special_tokens, pad_to_multiple_of=None) -> Encoding:
     """The Encoding of a (and b), truncated to max_length, with its overflowing windows if asked."""
     # the special tokens are never cut: truncation works on what is left
     n_special = num_special_tokens(b is not None) if add_special_tokens else 0
@@ -145,17 +164,18 @@ def assemble(tok, a: Segment, b: Segment | None, return_overflowing, *, max_leng
         wa, wb = truncate(a, b, max_length - n_special, strategy, stride)
     else:
         wa, wb = [a], [b]
-    main = build(tok, wa[0], wb[0], add_special_tokens, padding, max_length)
+    pad_to = padded_length(max_length, pad_to_multiple_of) if padding == "max_length" else None
+    main = build(tok, wa[0], wb[0], add_special_tokens, pad_to)
     if return_overflowing:
         # the order of the `tokenizers` library: each window of A with B's main
         # part and then with B's other windows; then A's main part with B's windows
         combos = [(x, y) for x in wa[1:] for y in wb] + [(wa[0], y) for y in wb[1:]]
-        main.overflowing = [build(tok, x, y, add_special_tokens, padding, max_length) for x, y in combos]
+        main.overflowing = [build(tok, x, y, add_special_tokens, pad_to) for x, y in combos]
     return main
 
 
-def build(tok, a: Segment, b: Segment | None, add_special_tokens, padding, max_length) -> Encoding:
-    """[CLS] A [SEP] (B [SEP]) with its segment ids, mask, offsets and word ids."""
+def build(tok, a: Segment, b: Segment | None, add_special_tokens, pad_to: int | None) -> Encoding:
+    """[CLS] A [SEP] (B [SEP]) with its segment ids, mask, offsets and word ids; padded to `pad_to` tokens."""
     cls_id, sep_id = tok.cls_token_id, tok.sep_token_id
     # [CLS] and [SEP] come from no character of the text: offsets (0, 0),
     # no word, no sequence, as in BertTokenizerFast
@@ -187,8 +207,8 @@ def build(tok, a: Segment, b: Segment | None, add_special_tokens, padding, max_l
         types += [1] * (len(ids) - len(types))  # B and its closing [SEP] are segment 1
     mask = [1] * len(ids)  # every real token is attended; only padding gets 0
     enc = Encoding(ids, types, mask, [], offsets, word_ids, seq_ids, special)
-    if padding == "max_length":
-        pad(enc, max_length, tok)
+    if pad_to is not None:
+        pad(enc, pad_to, tok)
     itos = tok.ids_to_tokens
     enc.tokens = [itos[i] for i in enc.input_ids]
     return enc
@@ -221,6 +241,7 @@ def batch(tok, segments_a, segments_b, opts: dict, return_overflowing, return_te
         encodings += rows
         mapping += [i] * len(rows)
     target = opts["max_length"] if padding_mode == "max_length" else max((len(e) for e in encodings), default=0)
+    target = padded_length(target, opts["pad_to_multiple_of"]) if padding_mode else target
     if padding_mode:
         for e in encodings:
             pad(e, target, tok)

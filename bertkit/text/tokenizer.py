@@ -382,12 +382,14 @@ class Tokenizer:
         stride: int = 0,
         return_overflowing: bool = False,
         add_special_tokens: bool = True,
+        pad_to_multiple_of: int | None = None,
     ) -> Encoding:
         """Encode a text (or a pair) as [CLS] A [SEP] (B [SEP]).
 
         truncation: cut to max_length (<= 512) with truncation_strategy (longest_first, without
         overflowing windows, reads a long text and its pair only as far as the cut needs: `head`,
-        `bertkit.text.truncation.pair_heads`); padding: False or "max_length"; stride/return_overflowing: the cut-off
+        `bertkit.text.truncation.pair_heads`); padding: False or "max_length" (pad_to_multiple_of: that length
+        rounded up to a multiple, as transformers'); stride/return_overflowing: the cut-off
         tokens come back as further windows in `.overflowing`, each repeating
         `stride` tokens of the previous window (QA and long documents).
         """
@@ -395,8 +397,8 @@ class Tokenizer:
         if pair is not None:
             _check_text(pair, "pair")
         opts = check_options(
-            max_length, truncation, truncation_strategy, padding, stride, add_special_tokens, pair is not None, False
-        )
+            max_length, truncation, truncation_strategy, padding, stride, add_special_tokens, pair is not None, False,
+            pad_to_multiple_of)
         if opts["truncation"] and opts["strategy"] == "longest_first" and not return_overflowing:
             # the cut keeps no more of a long text than its head: the rest is never tokenized
             budget = max_length - (num_special_tokens(pair is not None) if add_special_tokens else 0)
@@ -419,11 +421,13 @@ class Tokenizer:
         add_special_tokens: bool = True,
         return_tensors: str | None = "pt",
         num_workers: int | None = None,
+        pad_to_multiple_of: int | None = None,
     ) -> BatchEncoding:
         """Encode many texts (and pairs) at once: padded [B, T] tensors plus the Encodings.
 
         padding: "longest" (in the batch), "max_length" or False (then
-        return_tensors must be None: rows differ in length). num_workers:
+        return_tensors must be None: rows differ in length); pad_to_multiple_of: the padded
+        length rounded up to a multiple of it (transformers' meaning; 8 suits GPU tensor cores). num_workers:
         processes to spread the tokenization over (None: all cores, up to 8,
         for batches of 2M+ characters, else 1). Results are identical.
         """
@@ -444,8 +448,8 @@ class Tokenizer:
         if return_tensors not in ("pt", "np", None):
             raise BertkitError(f"return_tensors must be 'pt', 'np' or None, got {return_tensors!r}")
         opts = check_options(
-            max_length, truncation, truncation_strategy, padding, stride, add_special_tokens, pairs is not None, True
-        )
+            max_length, truncation, truncation_strategy, padding, stride, add_special_tokens, pairs is not None, True,
+            pad_to_multiple_of)
         if opts["padding"] is False and return_tensors is not None and len(texts) > 1:
             raise BertkitError("return_tensors needs equal-length rows: use padding='longest' or 'max_length'")
         with gc_paused():  # see tokenizer_speed
