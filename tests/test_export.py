@@ -175,3 +175,46 @@ def test_export_into_another_models_folder_is_refused_first(tiny, tmp_path, caps
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
     assert main(["export", "onnx", str(tiny), "-o", str(tmp_path / "onnx")]) == 0  # an earlier export: replaced
     assert main(["export", "onnx", str(tiny), "-o", str(tmp_path / "onnx")]) == 0
+
+
+def pooled(session, tok, texts, layout):
+    """The exported graph's sentence vectors, pooled as `layout` (read from the exported folder) says."""
+    enc = tok.encode_batch(texts, max_length=layout.max_seq_length, return_tensors="np")
+    hidden = session.run(["last_hidden_state"], {name: enc[name].astype(np.int64) for name in INPUTS})[0]
+    mask = enc["attention_mask"][..., None].astype(np.float32)
+    vectors = {"cls": hidden[:, 0], "mean": (hidden * mask).sum(1) / mask.sum(1),
+               "max": np.where(mask > 0, hidden, -np.inf).max(1)}[layout.pooling]
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True) if layout.normalize else vectors
+
+
+@pytest.mark.parametrize("pooling,normalize,old", [("cls", True, False), ("max", False, False), ("mean", True, True)])
+def test_an_exported_sentence_model_carries_its_pooling(st, tiny, tmp_path, pooling, normalize, old):  # noqa: F811
+    """The sentence-transformers files travel with model.onnx (an older layout's encoder folder flattened into
+    the top): the exported folder reads as the same layout, and its graph pooled that way gives the source's
+    vectors, which sentence-transformers computes from the source folder."""
+    from sentence_transformers import SentenceTransformer
+
+    import bertkit
+    from bertkit.model.sentence_layout import read_layout, write_layout
+
+    source = tmp_path / "source"
+    shutil.copytree(tiny, source / "0_Transformer" if old else source)
+    write_layout(source, pooling=pooling, normalize=normalize, max_seq_length=9, hidden_size=32)
+    if old:  # the encoder's files, sentence_bert_config.json with them, in 0_Transformer
+        (source / "sentence_bert_config.json").rename(source / "0_Transformer" / "sentence_bert_config.json")
+        modules = (source / "modules.json").read_text().replace('"path": ""', '"path": "0_Transformer"')
+        (source / "modules.json").write_text(modules)
+    texts = ["the movie was good", "who went to the city and what did they see there ?", "short"]
+    expected = SentenceTransformer(str(source), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(bertkit.embed(texts, model=source), expected, rtol=0, atol=1e-5)
+
+    export_onnx(source, tmp_path / "onnx")
+    out = tmp_path / "onnx"
+    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                 "1_Pooling/config.json", "vocab.txt", "config.json"):
+        assert (out / name).is_file(), name
+    assert (out / "2_Normalize").is_dir() == normalize
+    assert read_layout(out) == read_layout(source)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = pooled(session, Tokenizer.from_pretrained(out), texts, read_layout(out))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)

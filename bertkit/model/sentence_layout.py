@@ -195,6 +195,30 @@ def read_layout(directory) -> SentenceLayout | None:
                           do_lower_case=lower if isinstance(lower, bool) else None)
 
 
+def layout_files(directory) -> tuple[list | None, dict[str, Path]]:
+    """The layout of `directory` as a folder holding the encoder at its top takes it (an ONNX export's):
+    modules.json's list with the Transformer module at the top (`"path": ""`; None without modules.json), and
+    each other part by the name it takes there -> what it is copied from (sentence_bert_config.json from the
+    encoder's folder, config_sentence_transformers.json, each other module's folder). The layout is read
+    first (`read_layout`), so what is copied is a layout bertkit reads."""
+    directory = Path(directory)
+    if read_layout(directory) is None:
+        return None, {}
+    parts = {name: where / name for name, where in ((SENTENCE_CONFIG, encoder_folder(directory)), (ST_CONFIG, directory))
+             if (where / name).is_file()}
+    modules_path = directory / MODULES_FILE
+    if not modules_path.is_file():
+        return None, parts
+    modules = _read_json(modules_path)
+    for entry in modules:
+        folder = inside(directory, entry.get("path", ""), modules_path)
+        if _module_kind(entry, modules_path) == "Transformer":
+            entry["path"] = ""
+        elif folder != directory and folder.is_dir():
+            parts[folder.relative_to(directory).as_posix()] = folder
+    return modules, parts
+
+
 def write_layout(directory, *, pooling: str, normalize: bool, max_seq_length: int | None, hidden_size: int,
                  dimensions: list[int] | None = None) -> None:
     """Write the sentence-transformers files beside a saved Hugging Face encoder in `directory`.

@@ -15,7 +15,10 @@ so code written for those runs it unchanged:
 batch and sequence are dynamic axes (sequence up to max_position_embeddings).
 config.json, the tokenizer files and bertkit_task.json (a fine-tuned model's
 task) are copied beside it, so the directory is a complete model for
-`tokenizer + onnxruntime`.
+`tokenizer + onnxruntime`; so is a sentence embedding model's sentence-transformers
+layout (`bertkit.model.sentence_layout.layout_files`: modules.json, sentence_bert_config.json,
+1_Pooling/, 2_Normalize/, config_sentence_transformers.json), so its vectors are pooled as the
+source's. An older layout's encoder folder (0_Transformer) is exported with the encoder at the top.
 
 The graph is traced from the plain float32 model (not `accelerate`d: its oneDNN
 kernels are no ONNX operators) with PyTorch's TorchScript exporter
@@ -42,6 +45,7 @@ imported only inside these functions.
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -57,7 +61,7 @@ from bertkit.model.checkpoint import (INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILE
 from bertkit.runtime.devices import holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.loading import load
-from bertkit.text.tokenizer import Tokenizer
+from bertkit.model.sentence_layout import encoder_folder, layout_files
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # class name -> output names in the order the graph returns them
@@ -121,10 +125,10 @@ def _require(module: str):
         raise BertkitError(f"ONNX export needs the {module} package: pip install 'bertkit[onnx]'") from None
 
 
-def load_exportable(model_dir) -> tuple[nn.Module, tuple[str, ...], Tokenizer]:
-    """(plain float32 model, its output names, tokenizer) from a model directory, or a BertkitError
+def load_exportable(model_dir) -> tuple:
+    """(plain float32 model, its output names, its bertkit Tokenizer) from a model directory, or a BertkitError
     saying why it cannot be exported."""
-    directory = resolve(model_dir)
+    directory = encoder_folder(resolve(model_dir))  # an older sentence-transformers layout: its 0_Transformer
     if has_int8_weights(directory):
         raise BertkitError(f"{directory} holds an int8 bertkit model, which has no ONNX form here: export the "
                            "float model, then quantize the ONNX file (onnxruntime.quantization.quantize_dynamic)")
@@ -132,7 +136,7 @@ def load_exportable(model_dir) -> tuple[nn.Module, tuple[str, ...], Tokenizer]:
     if arch not in SIGNATURES:
         raise BertkitError(f"cannot export {arch} to ONNX: supported are {', '.join(SIGNATURES)} "
                            "(the encoder and the fine-tuned heads)")
-    loaded = load(directory, head="saved", device="cpu", dtype="float32", fast=False)
+    loaded = load(model_dir, head="saved", device="cpu", dtype="float32", fast=False)
     outputs = SIGNATURES[arch]
     if arch == "BertModel" and loaded.model.pooler is None:
         outputs = ("last_hidden_state",)
@@ -150,7 +154,7 @@ def check_exportable(model: nn.Module) -> None:
                            "export a freshly loaded model")
 
 
-def _batch(tok: Tokenizer, pairs: bool, max_length: int) -> dict[str, torch.Tensor]:
+def _batch(tok, pairs: bool, max_length: int) -> dict[str, torch.Tensor]:
     enc = tok.encode_batch(list(CHECK_TEXTS), list(CHECK_PAIRS) if pairs else None, max_length=max_length)
     return {name: enc[name].long() for name in INPUTS}
 
@@ -184,6 +188,23 @@ def _compare(session, model: nn.Module, example: dict, names: tuple[str, ...]) -
     return max(float(np.abs(g - getattr(out, n).numpy()).max()) for g, n in zip(got, names))
 
 
+def _copy_beside(directory: Path, out: Path) -> None:
+    """The encoder's config and tokenizer files, and the sentence-transformers layout (its pooling, normalisation
+    and max_seq_length; an older layout's encoder folder flattened into the top), copied beside model.onnx."""
+    encoder = encoder_folder(directory)
+    for name in SIDE_FILES:
+        if (encoder / name).is_file():
+            shutil.copyfile(encoder / name, out / name)
+    modules, parts = layout_files(directory)
+    for name, source in parts.items():
+        if source.is_dir():
+            shutil.copytree(source, out / name, dirs_exist_ok=True)
+        else:
+            shutil.copyfile(source, out / name)
+    if modules is not None:
+        (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+
+
 def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float = 1e-4) -> ExportReport:
     """Export the model in `model_dir` (None: the default model) to `out_dir/model.onnx`, copy its
     config and tokenizer files beside it, and check ONNX Runtime against bertkit (see the module
@@ -207,9 +228,8 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
     path = out / "model.onnx"
     limit = model.config.max_position_embeddings
     _export(_Graph(model, names).eval(), _batch(tok, pairs=False, max_length=limit), path, opset)
-    for name in SIDE_FILES:
-        if (directory / name).is_file() and directory.resolve() != out.resolve():
-            shutil.copyfile(directory / name, out / name)
+    if directory.resolve() != out.resolve():
+        _copy_beside(directory, out)
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     # sentence pairs only where the model has a segment B (type_vocab_size 1: one segment)
