@@ -79,3 +79,33 @@ def test_user_mistakes_print_one_line(folder, tmp_path, monkeypatch, capsys, arg
     assert main([a.replace("{folder}", str(folder)) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bertkit: error:") and message in err and "\n" not in err
+
+
+def test_a_repeated_id_is_refused_or_deduped_as_the_error_says(folder, tiny_dir, tmp_path, capsys):
+    """The refusal of a corpus line repeating an id said "pass --dedupe", which evaluate retrieval and mine did
+    not take (only bertkit index did, so an index built with --dedupe could not be evaluated against its
+    folder). Both take it now, with the index's rule: the first line of the id kept, the figures those of
+    the folder without the repeat."""
+    import shutil
+    import warnings
+
+    dup = tmp_path / "dup"
+    shutil.copytree(folder, dup)
+    first = (dup / "corpus.jsonl").read_text(encoding="utf-8").split("\n")[0]
+    with open(dup / "corpus.jsonl", "a", encoding="utf-8") as f:
+        f.write(first.replace('"text": "', '"text": "A repeat with other words. ') + "\n")
+    assert main(["evaluate", "retrieval", str(dup), "--model", str(tiny_dir), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "appears on line 1 and again on line" in err and "--dedupe (bertkit index, evaluate retrieval, mine)" in err
+    plain, deduped = tmp_path / "plain.json", tmp_path / "deduped.json"
+    assert main(["evaluate", "retrieval", str(folder), "--model", str(tiny_dir), "--quiet", "-o", str(plain)]) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["evaluate", "retrieval", str(dup), "--model", str(tiny_dir), "--quiet", "--dedupe",
+                     "-o", str(deduped)]) == 0
+    assert any("1 line(s) repeat an earlier _id" in str(w.message) for w in caught)
+    ours, expected = json.loads(deduped.read_text()), json.loads(plain.read_text())
+    assert {k: ours[k] for k in ("ndcg@10", "map@100", "documents")} == \
+        {k: expected[k] for k in ("ndcg@10", "map@100", "documents")}
+    assert main(["mine", str(dup), "--split", "test", "-o", str(tmp_path / "m.tsv"), "--model", str(tiny_dir),
+                 "--dedupe", "--quiet", "--num-negatives", "1"]) == 0

@@ -63,6 +63,8 @@ def add_evaluate(sub):
     r.add_argument("--tune", metavar="SPLIT", help="choose hybrid's fusion and weight on this split's judged "
                    "queries (never the split you report) before scoring --split; with --index, written into its "
                    "index.json so that bertkit search and serve use them")
+    r.add_argument("--dedupe", action="store_true", help="keep the first line of a corpus or query id that repeats "
+                   "(as bertkit index --dedupe) instead of refusing the folder")
     r.add_argument("--output", "-o", help="write the figures as JSON here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(handler=run_evaluate_retrieval, runs_model=True, outputs={"--output": "file"})
@@ -129,7 +131,7 @@ def run_evaluate_retrieval(args):
                                 rerank_top=args.rerank_top, rerank_model=args.rerank, dimensions=args.dimensions,
                                 mode=args.mode, fusion={f.name: getattr(args, f.name)
                                                         for f in dataclasses.fields(FusionOptions) if f.name != "mode"},
-                                tune=args.tune, fast=args.speed)
+                                tune=args.tune, dedupe=args.dedupe, fast=args.speed)
     _write(result, args.output)
     empty = result.get("documents_without_text")
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents"
@@ -188,6 +190,8 @@ def add_mine(sub):
     _model_flags(p)
     add_options(p, MiningOptions)
     p.add_argument("--report", help="also write the counts (queries, rows, skipped candidates) as JSON here")
+    p.add_argument("--dedupe", action="store_true", help="a BEIR folder: keep the first line of a corpus or query id "
+                   "that repeats instead of refusing the folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run_mine, runs_model=True, outputs={"--output": "file", "--report": "file"})
 
@@ -199,7 +203,7 @@ def run_mine(args):
     check_output(args.output)
     rows, report = mine_hard_negatives(args.source, args.model, split=args.split, options=options,
                                        batch_size=args.batch_size, max_length=args.max_length, dtype=args.dtype,
-                                       progress=not args.quiet, fast=args.speed)
+                                       progress=not args.quiet, dedupe=args.dedupe, fast=args.speed)
     write_rows(rows, args.output, groups=report["groups"])
     _write(report, args.report)
     skipped = ", ".join(f"{n} {rule}" for rule, n in report["skipped"].items() if n)

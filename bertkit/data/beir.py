@@ -100,7 +100,8 @@ def _by_id(rows: list[tuple[int, dict]], path: Path, dedupe: bool) -> dict[str, 
             seen_line, seen_raw = first[key]
             how = "" if type(seen_raw) is type(raw) else f" ({seen_raw!r} and {raw!r} read as the same id)"
             raise BertkitError(f"{path}: _id {key!r} appears on line {seen_line} and again on line {number}{how}: "
-                               "ids must be unique; fix the file, or pass --dedupe to keep the first of each")
+                               "ids must be unique; fix the file, or pass --dedupe (bertkit index, evaluate retrieval, "
+                               "mine) to keep the first of each")
         first[key] = (number, raw)
         out[key] = row
     if dropped:
@@ -179,14 +180,15 @@ def _check_ids(qrels: dict, corpus: dict, queries: dict, path: Path) -> None:
                                    "fix the qrels or the corpus")
 
 
-def load_beir(directory, split: str = "test") -> BeirSplit:
-    """Read a BEIR folder's corpus, queries and the qrels of `split` (checked against each other)."""
+def load_beir(directory, split: str = "test", dedupe: bool = False) -> BeirSplit:
+    """Read a BEIR folder's corpus, queries and the qrels of `split` (checked against each other); `dedupe`:
+    keep the first line of a repeated corpus or query id (as `bertkit index --dedupe` does) instead of refusing."""
     directory = Path(directory)
     if not directory.is_dir():
         raise BertkitError(f"BEIR folder {directory} does not exist: pass a folder with corpus.jsonl, "
                            "queries.jsonl and qrels/<split>.tsv")
     path = qrels_path(directory, split)
-    corpus, queries, qrels = read_corpus(directory), read_queries(directory), read_qrels(path)
+    corpus, queries, qrels = read_corpus(directory, dedupe), read_queries(directory, dedupe), read_qrels(path)
     _check_ids(qrels, corpus, queries, path)
     return BeirSplit(corpus, {q: queries[q] for q in qrels}, qrels, directory, split)
 

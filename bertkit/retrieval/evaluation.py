@@ -74,7 +74,8 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
                        measures=DEFAULT_MEASURES, progress: bool = True, index=None, ann: bool = False,
                        rerank=None, rerank_top: int = 50, rerank_model: str | None = None,
                        dimensions=None, mode: str | None = None, fusion: dict | None = None,
-                       tune: str | None = None, max_queries: int | None = None, fast=True) -> dict:
+                       tune: str | None = None, max_queries: int | None = None, dedupe: bool = False,
+                       fast=True) -> dict:
     """Retrieval figures of `model` on a BEIR folder's `split` (see the module docstring).
 
     Returns {"ndcg@10": ..., "mrr@10", "map@100", "recall@10", "recall@100", "model", "precision",
@@ -90,7 +91,8 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     is BM25 over whole documents (stemmed, as an index's) and dense the model over documents truncated.
     fast: the encoder's fast-path settings (`bertkit.runtime.loading.load`).
     max_queries: score the split's first N judged queries only (the qrels file's order), against the
-    whole corpus.
+    whole corpus. dedupe: keep the first line of a corpus or query id that repeats (`bertkit index
+    --dedupe`'s rule, so an index built so is evaluated against its own corpus) instead of refusing the folder.
     tune: a split whose judged queries choose hybrid's fusion (`bertkit.retrieval.tuning`) before
     `split` is scored; with an index, the choice is written into its index.json. The table: "tuning".
     dimensions: also score the vectors cut to each of these leading dimensions and renormalised
@@ -99,8 +101,8 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     """
     if directory is None:
         raise BertkitError("evaluate_retrieval needs a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
-    data = load_beir(directory, split).head(max_queries)  # read and checked before the model loads
-    tuning_data = load_beir(directory, tune) if tune is not None else None
+    data = load_beir(directory, split, dedupe).head(max_queries)  # read and checked before the model loads
+    tuning_data = load_beir(directory, tune, dedupe) if tune is not None else None
     dimensions = sorted(set(dimensions or ()))
     if dimensions and (index is not None or min(dimensions) < 1):
         raise BertkitError("dimensions need the model's own vectors (not --index) and must be positive, got "

@@ -84,8 +84,8 @@ class MiningTask:
         return self.query_groups is not None and not self.query_groups[query].isdisjoint(self.passage_groups[passage])
 
 
-def task_from_beir(directory, split: str = "train") -> MiningTask:
-    data = load_beir(directory, split)
+def task_from_beir(directory, split: str = "train", dedupe: bool = False) -> MiningTask:
+    data = load_beir(directory, split, dedupe)
     doc_ids = [d for d in data.corpus if document_text(data.corpus[d])]  # an empty document is no candidate
     row = {d: i for i, d in enumerate(doc_ids)}
     queries, positives = [], []
@@ -189,16 +189,17 @@ def mine(task: MiningTask, model=None, options: MiningOptions = MiningOptions(),
 
 def mine_hard_negatives(source, model=None, *, split: str = "train", options: MiningOptions = MiningOptions(),
                         batch_size: int = 32, max_length: int | None = None, dtype: str = "float32",
-                        progress: bool = False, fast=True) -> tuple[list[tuple[str, ...]], dict]:
+                        progress: bool = False, dedupe: bool = False, fast=True) -> tuple[list[tuple[str, ...]], dict]:
     """(rows, report): rows (anchor, positive, negative_1..n[, group_id, negative_1_group..n]), one per
     (query, positive) pair; the groups ("" where none) when the pairs file has a group_id column.
 
-    source: a BEIR folder (queries of `split`) or a pairs file. The report gives the counts:
+    source: a BEIR folder (queries of `split`; `dedupe`: the first line of a repeated id kept) or a pairs file.
+    The report gives the counts:
     queries, rows, queries left out, candidates skipped by each rule, and the mean
     positive and negative cosine."""
     options.validate()
     source = Path(source)
-    task = task_from_beir(source, split) if source.is_dir() else task_from_pairs(source)
+    task = task_from_beir(source, split, dedupe) if source.is_dir() else task_from_pairs(source)
     mined = mine(task, model, options, batch_size=batch_size, max_length=max_length, dtype=dtype, progress=progress,
                  fast=fast)
     chosen, skipped, settings, positive_scores, (query_vectors, passage_vectors) = mined
