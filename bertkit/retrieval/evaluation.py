@@ -91,8 +91,7 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     is BM25 over whole documents (stemmed, as an index's) and dense the model over documents truncated.
     fast: the encoder's fast-path settings (`bertkit.runtime.loading.load`).
     max_queries: score the split's first N judged queries only (the qrels file's order), against the
-    whole corpus. dedupe: keep the first line of a corpus or query id that repeats (`bertkit index
-    --dedupe`'s rule, so an index built so is evaluated against its own corpus) instead of refusing the folder.
+    whole corpus. dedupe: keep the first line of a repeated corpus or query id (`bertkit index --dedupe`).
     tune: a split whose judged queries choose hybrid's fusion (`bertkit.retrieval.tuning`) before
     `split` is scored; with an index, the choice is written into its index.json. The table: "tuning".
     dimensions: also score the vectors cut to each of these leading dimensions and renormalised
