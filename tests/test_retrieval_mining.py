@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import oracle
 from test_retrieval_beir import scifact_slice
 from bertkit.errors import BertkitError
 from bertkit.retrieval.config import MiningOptions
@@ -181,3 +182,31 @@ def test_embed_batches_hold_no_two_texts_of_one_picture(shared_data, tmp_path, t
                     assert all(picture[c] != anchor_picture for c in candidates)
             seen += len(batch)
     assert seen >= 0.7 * 2 * len(examples.rows)  # rows that clash with every batch sit an epoch out
+
+
+@pytest.mark.parametrize("options", [
+    {"relative_margin": 0.1, "range_min": 2, "range_max": 20, "num_negatives": 3},  # the docs' recipe
+    {"absolute_margin": 0.1, "max_score": 0.8, "range_max": 15, "num_negatives": 2},
+])
+def test_the_same_negatives_as_sentence_transformers_mine_hard_negatives(shared_data, default_model_dir, tmp_path,
+                                                                         options):
+    """The default model on 40 SNLI (premise, entailed hypothesis) pairs: every row's negatives, in order,
+    equal those of sentence-transformers' `mine_hard_negatives` (sampling "top", n-tuples) with the same
+    options (the docs say its recipes carry over)."""
+    st_util = oracle("sentence_transformers.util", "sentence-transformers")
+    datasets = oracle("datasets", "datasets")
+    st = oracle("sentence_transformers", "sentence-transformers").SentenceTransformer(str(default_model_dir),
+                                                                                      device="cpu")
+    lines = (shared_data / "pairs" / "snli_devtest" / "pairs_entailment.tsv").read_text(encoding="utf-8").split("\n")
+    pairs = [line.split("\t") for line in lines[1:41]]
+    path = tmp_path / "pairs.tsv"
+    path.write_text("\n".join(lines[:41]) + "\n", encoding="utf-8")
+    theirs = st_util.mine_hard_negatives(
+        datasets.Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]}), st,
+        output_format="n-tuple", sampling_strategy="top", verbose=False, **options)
+    ours, _ = mine_hard_negatives(path, str(default_model_dir), options=MiningOptions(**{"relative_margin": None,
+                                                                                        **options}))
+    n = options["num_negatives"]
+    expected = {(r["anchor"], r["positive"]): tuple(r[f"negative_{i}"] for i in range(1, n + 1)) for r in theirs}
+    assert len(expected) > 30
+    assert {(r[0], r[1]): tuple(r[2:]) for r in ours} == expected
