@@ -109,3 +109,29 @@ def test_a_repeated_id_is_refused_or_deduped_as_the_error_says(folder, tiny_dir,
         {k: expected[k] for k in ("ndcg@10", "map@100", "documents")}
     assert main(["mine", str(dup), "--split", "test", "-o", str(tmp_path / "m.tsv"), "--model", str(tiny_dir),
                  "--dedupe", "--quiet", "--num-negatives", "1"]) == 0
+
+
+def test_max_queries_scores_the_first_judged_queries(folder, tiny_dir, tmp_path, capsys):
+    """--max-queries N (the function's max_queries, which the command did not offer): the first N queries of
+    the qrels file, each ranked against the whole corpus: its figures are the per-query means of those N."""
+    import bertkit
+    from bertkit.data.beir import document_text, load_beir
+    from bertkit.metrics.retrieval import per_query
+    from bertkit.retrieval.evaluation import dense_run
+
+    out = tmp_path / "m.json"
+    assert main(["evaluate", "retrieval", str(folder), "--model", str(tiny_dir), "--max-queries", "3", "--quiet",
+                 "-o", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    data = load_beir(folder, "test")
+    first = list(data.qrels)[:3]
+    assert figures["queries"] == 3 and figures["documents"] == len(data.corpus)
+    doc_ids = list(data.corpus)
+    docs = bertkit.embed([document_text(data.corpus[d]) for d in doc_ids], str(tiny_dir), pooling="mean",
+                         normalize=True, truncate=True)
+    queries = bertkit.embed([data.queries[q] for q in first], str(tiny_dir), pooling="mean", normalize=True,
+                            truncate=True)
+    scores = per_query({q: data.qrels[q] for q in first}, dense_run(queries, first, docs, doc_ids))
+    assert figures["ndcg@10"] == pytest.approx(sum(s["ndcg@10"] for s in scores.values()) / 3, abs=1e-6)
+    assert main(["evaluate", "retrieval", str(folder), "--max-queries", "0"]) == 2
+    assert "at least one query must be kept" in capsys.readouterr().err

@@ -45,6 +45,8 @@ def add_evaluate(sub):
     )
     r.add_argument("directory", metavar="DIR", help="a BEIR folder: corpus.jsonl, queries.jsonl, qrels/")
     r.add_argument("--split", default="test", help="which qrels/<split>.tsv to evaluate (default test)")
+    r.add_argument("--max-queries", type=int, metavar="N", help="score only the split's first N judged queries (the "
+                   "qrels file's order), each still ranked against the whole corpus: a quick look")
     _model_flags(r)
     r.add_argument("--bm25", action="store_true", help="also rank with BM25 (needs: pip install 'bertkit[search]')")
     r.add_argument("--index", metavar="INDEX", help="rank through this index of DIR's corpus (bertkit index), as "
@@ -131,7 +133,8 @@ def run_evaluate_retrieval(args):
                                 rerank_top=args.rerank_top, rerank_model=args.rerank, dimensions=args.dimensions,
                                 mode=args.mode, fusion={f.name: getattr(args, f.name)
                                                         for f in dataclasses.fields(FusionOptions) if f.name != "mode"},
-                                tune=args.tune, dedupe=args.dedupe, fast=args.speed)
+                                tune=args.tune, dedupe=args.dedupe,
+                                max_queries=args.max_queries, fast=args.speed)
     _write(result, args.output)
     empty = result.get("documents_without_text")
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents"
