@@ -166,6 +166,11 @@ def test_sts_file_errors(tmp_path):
         evaluate_sts(None, path)  # was spearman nan, pearson nan (scipy's too), and NaN in the --output JSON
     with pytest.raises(BertkitError, match="^every gold score is 1"):
         evaluate_sts(None, [("a", "b", 1), ("c", "d", 1.0)])
+    with pytest.raises(BertkitError, match="pair 1: score 'high' is not a number"):  # was a ValueError
+        evaluate_sts(None, [("a", "b", 1), ("c", "d", "high")])
+    path.write_text("sentence1\tsentence2\tscore\na\tb\t3\nc\t \t2\n", encoding="utf-8")
+    with pytest.raises(BertkitError, match="sts.tsv line 3: sentence2 is empty"):  # was unnamed, from the embedder
+        read_sts(path)
 
 
 def test_an_empty_document_is_left_out_and_a_tokenless_one_is_named(small_scifact, tiny_dir, tmp_path):

@@ -323,6 +323,9 @@ def read_sts(path) -> list[tuple[str, str, float]]:
             if len(cells) < len(header):
                 raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {len(header)}")
             first, second, raw = (cells[i] for i in where)
+            if not first.strip() or not second.strip():  # named here: the embedder knows no line numbers
+                raise BertkitError(f"{path} line {number}: {'sentence1' if not first.strip() else 'sentence2'} is "
+                                   "empty: every pair needs two texts")
             rows.append((first, second, read_score(raw, f"{path} line {number}")))  # nan made the correlation nan
     if len(rows) < 2:
         raise BertkitError(f"{path} has {len(rows)} scored pair(s): a correlation needs at least 2")
@@ -343,16 +346,16 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     pairs = read_sts(pairs_or_path) if not isinstance(pairs_or_path, (list, tuple)) else list(pairs_or_path)
     if len(pairs) < 2:
         raise BertkitError(f"{len(pairs)} scored pair(s): a correlation needs at least 2")
-    if len({float(score) for _, _, score in pairs}) < 2:  # else nan figures, and NaN in the JSON written
+    gold = [read_score(score, f"pair {i}") for i, (_, _, score) in enumerate(pairs)]
+    if len(set(gold)) < 2:  # else nan figures, and NaN in the JSON written
         source = "" if isinstance(pairs_or_path, (list, tuple)) else f"{pairs_or_path}: "
-        raise BertkitError(f"{source}every gold score is {float(pairs[0][2]):g}: a correlation needs at least two "
-                           "different scores")
+        raise BertkitError(f"{source}every gold score is {gold[0]:g}: a correlation needs at least two different "
+                           "scores")
     loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
     sentences = list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))  # each sentence embedded once
     row = {s: i for i, s in enumerate(sentences)}
     vectors = encode(sentences, loaded, settings, batch_size=batch_size, progress=progress)
     cosine = [float(vectors[row[a]] @ vectors[row[b]]) for a, b, _ in pairs]
-    gold = [float(score) for _, _, score in pairs]
     return {"spearman": spearman(cosine, gold), "pearson": pearson(cosine, gold), "pairs": len(pairs),
             "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
             "pooling": settings.pooling}
