@@ -434,3 +434,56 @@ def test_a_jsonl_row_without_the_label_key_is_a_row_without_a_label(sentiment_ru
     path.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
     with pytest.raises(BertkitError, match=r"t.jsonl:1: no column 'label' \(columns: 'sentence'\); pass --label"):
         read_text_examples(path)
+
+
+@pytest.fixture(scope="module")
+def hf_head(tmp_path_factory):
+    """A Hugging Face head checkpoint: config.json names BertForSequenceClassification, no bertkit_task.json
+    (so nothing records which column it read)."""
+    import torch
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.text.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("hf_head")
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, num_labels=3)
+    BertForSequenceClassification(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        path, tokenizer=Tokenizer.from_pretrained())
+    return path
+
+
+TEXTS = ["the film was fine", "a dull and long story", "what a great cast"]
+
+
+@pytest.mark.parametrize("name,header,rows,column", [
+    ("reviews.tsv", ["id", "review"], [(str(i), t) for i, t in enumerate(TEXTS)], "review"),  # ids are no text
+    ("texts.tsv", ["text", "source"], [(t, "web") for t in TEXTS], "text"),
+    ("reviews.csv", ["review", "label"], [(t, "") for t in TEXTS], "review"),
+    ("reviews.jsonl", None, [{"idx": i, "body": t} for i, t in enumerate(TEXTS)], "body"),
+    ("labelled.tsv", ["label", "comment"], [(f"LABEL_{i}", t) for i, t in enumerate(TEXTS)], "comment")])
+def test_a_hugging_face_head_reads_the_files_one_text_column_and_says_so(hf_head, tmp_path, capsys, name, header,
+                                                                         rows, column):
+    path = tmp_path / name
+    if header is None:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        sep = "," if name.endswith(".csv") else "\t"
+        path.write_text("\n".join(sep.join(r) for r in [header, *rows]) + "\n")
+    assert main(["predict", str(hf_head), str(path), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if column in line]
+    assert len(said) == 1 and f"texts from column {column!r}" in said[0]
+    expected = [p["label"] for p in predict(hf_head, TEXTS)]
+    assert predicted_column(tmp_path / "p.tsv") == expected
+    assert [r.split("\t")[0] for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]] == TEXTS
+
+
+def test_a_hugging_face_head_refuses_a_file_with_several_text_columns_naming_them(hf_head, tmp_path, capsys):
+    path = write_tsv(tmp_path / "two.tsv", ["title", "body", "label"], [(t, t, "") for t in TEXTS])
+    assert main(["predict", str(hf_head), str(path), "-o", str(tmp_path / "p.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "several columns of text ('title', 'body')" in err and "--text-column" in err
+    assert main(["predict", str(hf_head), str(path), "-o", str(tmp_path / "p.tsv"), "--text-column", "body",
+                 "--dtype", "float32"]) == 0
+    assert predicted_column(tmp_path / "p.tsv") == [p["label"] for p in predict(hf_head, TEXTS)]

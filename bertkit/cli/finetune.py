@@ -84,7 +84,8 @@ def add_predict(sub):
     p.add_argument("input", help="input file")
     p.add_argument("--output", "-o", help="where to write the predictions ('-': standard output; default: "
                    "INPUT's name + .predictions.tsv in the current directory, never over an existing file)")
-    p.add_argument("--text-column", help="override the text column")
+    p.add_argument("--text-column", help="override the text column (default: the one the model was trained on; for "
+                   "a Hugging Face checkpoint, 'sentence', else 'text', else the file's one column of text)")
     p.add_argument("--text-pair-column", help="override the second-text column")
     p.add_argument("--label-column", help="override the label column evaluate mode reads")
     p.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,

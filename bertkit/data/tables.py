@@ -184,6 +184,37 @@ def _label(row: dict, column: str, problem_type: str, separator: str, path, n: i
     return parse_label(raw, problem_type, separator, f"{path}:{n}")
 
 
+def text_column_of(path, column: str | None, label_columns=(), log=print) -> str:
+    """The column holding a table's texts: `column` (asked for, or the one the model was trained on), else
+    "sentence". A table without a "sentence" column, when no column is named (a Hugging Face head checkpoint
+    records none), gives its "text" column, else its one column of text (not a label, not numbers such as an
+    id), said in one line to `log`; several are refused, naming them."""
+    if column:
+        return column
+    row = next((row for _, row in read_rows(path, ReadReport(str(path)))), {})
+    if not row or "sentence" in row:
+        return "sentence"
+    labels = {*label_columns, "label", "labels"}
+    texts = ["text"] if "text" in row else [c for c, v in row.items() if c not in labels and _words(v)]
+    if len(texts) != 1:
+        what = f"several columns of text ({', '.join(map(repr, texts))})" if texts else "no column of text"
+        raise BertkitError(f"{path} has {what} and no 'sentence' column (its columns: {', '.join(row)}), and the "
+                           "model records none it was trained on: pass --text-column (and --text-pair-column for pairs)")
+    log(f"{path}: reading the texts from column {texts[0]!r}, "
+        f"{'its text column' if texts == ['text'] else 'its only column of text'} (the model records no text "
+        "column; --text-column names another)")
+    return texts[0]
+
+
+def _words(value) -> bool:
+    """Whether a cell holds text, not a number (an id, a score)."""
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return isinstance(value, str) and bool(value.strip())
+    return False
+
+
 def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print):
     """(texts, pairs or None) from a table's text column (and second-text column): the inputs of a
     fine-tuned model, unlabelled; a missing column is a one-line error naming the flag; skipped rows

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.data.tables import (ReadReport, TextExample, check_known_labels, read_rows, read_text_columns,
-                                 read_text_examples, read_text_lines)
+                                 read_text_examples, read_text_lines, text_column_of)
 from bertkit.data.textfiles import existing_file, open_text
 from bertkit.metrics import tasks as M
 from bertkit.model.config import MULTI_LABEL, REGRESSION
@@ -189,10 +189,10 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None,
                 log=print) -> tuple[list[str], list[str] | None]:
     """Texts (and pairs) from a table, in the columns the model was trained on unless given; a .txt file
     without a header naming the text column is one text per line."""
-    tcol = text_column or info.get("text_column") or "sentence"
     pcol = text_pair_column or info.get("text_pair_column")
-    if not pcol and one_per_line(existing_file(path), tcol):
+    if not pcol and one_per_line(existing_file(path), text_column or info.get("text_column") or "sentence"):
         return read_text_lines(path), None
+    tcol = text_column_of(path, text_column or info.get("text_column"), (info.get("label_column"),), log)
     return read_text_columns(path, tcol, pcol, log=log)
 
 
@@ -215,13 +215,16 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
             or ("labels" if problem_type == MULTI_LABEL else "label"))
     if lcol not in _first_row(path):
         return None
-    tcol = text_column or info.get("text_column") or "sentence"
+    chosen = []  # the column chosen for the texts is said once: here if labelled, else by read_inputs
+    tcol = text_column_of(path, text_column or info.get("text_column"), (lcol,), chosen.append)
     pcol = text_pair_column or info.get("text_pair_column")
     examples, report = read_text_examples(path, text_column=tcol, text_pair_column=pcol, label_column=lcol,
                                           problem_type=problem_type, label_separator=info.get("label_separator", ","),
                                           keep_unlabelled=True)
     if all(e.label in (None, []) for e in examples):  # a column left empty (multi-label's [] included)
         return None
+    for line in chosen:
+        log(line)
     answered = [e if e.label is not None else None for e in examples]
     if not every_input:
         report.skipped["missing labels"] += answered.count(None)
