@@ -151,3 +151,23 @@ def test_training_a_fitted_table_at_the_recipes_rate_says_so(fitted, tmp_path, c
                  str(tmp_path / "ft"), "--no-progress", "--device", "cpu", "--batch-size", "4", *flags]) == 0
     out = capsys.readouterr().out
     assert ("was fitted to its model's sentence vectors" in out) == warned
+
+
+@pytest.mark.parametrize("name,content,line", [
+    ("fit.txt", "a cat sat\n\nthe dog ran\n\x01\x02\nbirds fly\n", 4),  # a blank line is not a text, but a line
+    ("fit.tsv", "id\tsentence\n1\ta cat sat\n2\t\n3\t\u200b\x07\n", 4),
+    ("fit.jsonl", '{"text": "a cat sat"}\n{"text": "\\u0001"}\n', 2)])
+def test_a_fit_text_without_tokens_is_named_by_file_and_line_before_the_distillation(tiny_dir, tmp_path, capsys,
+                                                                                      monkeypatch, name, content,
+                                                                                      line):
+    (tmp_path / name).write_text(content)
+
+    def distilled(*args, **kwargs):  # the check comes first: nothing is distilled for a file that cannot be fitted
+        raise AssertionError("distilled before the --fit file was checked")
+
+    monkeypatch.setattr(static_distill, "teacher_vectors", distilled)
+    assert main(["distill", "static", str(tiny_dir), "-o", str(tmp_path / "out"), "--quiet", "--dim", "8",
+                 "--fit", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bertkit: error: {tmp_path / name}:{line}: text ") and "yields no tokens" in err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()

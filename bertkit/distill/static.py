@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bertkit.data.textfiles import read_texts
+from bertkit.data.textfiles import numbered_texts, read_texts
 from bertkit.distill.config import StaticDistillConfig
 from bertkit.distill.fit import fit_table
 from bertkit.distill.layers import cached_targets
@@ -107,6 +107,17 @@ def corpus_texts(files, option: str = "--corpus") -> list[str]:
         raise BertkitError(f"{option} {' '.join(map(str, files))} holds no text: give files with one text per "
                            "line (or .tsv/.jsonl)")
     return texts
+
+
+def check_tokens(tok, texts: list, path) -> None:
+    """Refuse a text of `path` (what `corpus_texts` read from it) that yields no tokens, naming its line: the
+    model has no vector for it to fit (checked before the distillation, which takes minutes)."""
+    _, lengths = tok.ids_batch(texts)
+    if 0 in lengths:
+        k = lengths.index(0)
+        number = next(n for i, (n, _) in enumerate((n, t) for n, t in numbered_texts(path)() if t.strip()) if i == k)
+        raise BertkitError(f"{path}:{number}: text {texts[k][:40]!r} yields no tokens: it holds only characters BERT "
+                           "drops (controls, zero-width marks); remove the line or give it words")
 
 
 def frequent_words(tok, texts: list, max_words: int, min_count: int) -> list[str]:
@@ -207,6 +218,8 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     if config.dim > width:
         raise BertkitError(f"--dim {config.dim} is above the model's width ({width}): PCA keeps at most {width}")
     tok = loaded.tokenizer
+    if fit_texts:
+        check_tokens(tok, fit_texts, config.fit)
     words = frequent_words(tok, texts, config.max_words, config.min_count) if texts else []
     n_vocab = len(tok)
     student_tok = type(tok)(tok.ids_to_tokens + words, lowercase=tok.lowercase, strip_accents=tok.strip_accents,
