@@ -182,3 +182,28 @@ def test_alignment_matches_run_ner_recipe(shared_data, default_model_dir, transf
             prev = w
         assert f["input_ids"] == enc["input_ids"], s.words
         assert f["labels"] == expect, s.words
+
+
+@pytest.mark.parametrize("task,options", [
+    ("ner", {"max_length": 32}), ("ner", {"max_length": 8}), ("ner", {"max_length": 34, "stride": 40}),
+    ("qa", {"max_length": 128}), ("qa", {"max_length": 96, "max_query_length": 32}),
+    ("classify", {"max_length": 16, "stride": 20})])
+def test_a_stride_too_long_for_the_window_names_the_stride_to_pass(task, options, tmp_path, capsys):
+    """A short --max-length leaves the default overlap (NER 32, QA 128) no room: the one-line error names the
+    exact flag and value, and that value is accepted (asserted by running the check again with it)."""
+    import re
+
+    from bertkit.cli import main
+    from bertkit.tasks.config import NerConfig, QAConfig, TextTaskConfig
+
+    cls = {"ner": NerConfig, "qa": QAConfig, "classify": TextTaskConfig}[task]
+    stride_name = "doc_stride" if task == "qa" else "stride"
+    with pytest.raises(BertkitError) as err:
+        cls(train="t", output="o", **options).validate()
+    found = re.search(r"pass --stride (\d+)", str(err.value))
+    assert found and "\n" not in str(err.value), str(err.value)
+    cls(train="t", output="o", **{**options, stride_name: int(found.group(1))}).validate()
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+    (tmp_path / "t.txt").write_text("x\n")
+    assert main(["finetune", task, "--train", str(tmp_path / "t.txt"), "-o", str(tmp_path / "o"), *flags]) == 2
+    assert f"pass --stride {found.group(1)}" in capsys.readouterr().err

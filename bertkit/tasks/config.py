@@ -126,7 +126,8 @@ class TextTaskConfig(TaskConfig):
             raise BertkitError(f"unknown pooling {self.pooling!r}: use one of {', '.join(CLASSIFIER_POOLINGS)}")
         if self.stride and not 0 < self.stride < self.max_length - 2:
             raise BertkitError(f"--stride (window overlap) must be between 1 and --max-length - 3 "
-                               f"({self.max_length - 3}), got {self.stride}")
+                               f"({self.max_length - 3}), got {self.stride}: pass --stride "
+                               f"{max(1, (self.max_length - 2) // 4)} (a quarter of the window), or 0 to truncate")
         return self
 
 
@@ -144,9 +145,10 @@ class NerConfig(TaskConfig):
         super().validate()
         if self.tag_scheme not in TAG_SCHEMES:
             raise BertkitError(f"unknown --tag-scheme {self.tag_scheme!r}: use bio (IOB2) or iob1")
-        if not 0 <= self.stride < self.max_length - 2:
-            raise BertkitError(f"--stride (window overlap) must be in 0..max_length-3 = {self.max_length - 3}, "
-                               f"got {self.stride}; lower --stride")
+        if not 0 <= self.stride < self.max_length - 2:  # e.g. the default 32 beside --max-length 32
+            raise BertkitError(f"--stride (window overlap) must be in 0..max_length-3 = {self.max_length - 3} at "
+                               f"--max-length {self.max_length}, got {self.stride}: pass --stride "
+                               f"{(self.max_length - 2) // 4} (a quarter of the window, as 32 is of 128's)")
         return self
 
 
@@ -172,9 +174,11 @@ class QAConfig(TaskConfig):
         if self.max_query_length + 3 + 8 > self.max_length:
             raise BertkitError(f"--max-query-length ({self.max_query_length}) leaves no room for the context "
                                f"in --max-length {self.max_length}; lower it")
-        if not 0 <= self.doc_stride < self.max_length - self.max_query_length - 3:
+        window = self.max_length - self.max_query_length - 3  # the context's tokens in one window
+        if not 0 <= self.doc_stride < window:  # e.g. the default 128 beside --max-length 128
             raise BertkitError(f"--stride ({self.doc_stride}, the window overlap) must be smaller than the context "
-                               f"window (max_length - max_query_length - 3 = {self.max_length - self.max_query_length - 3})")
+                               f"window (max_length - max_query_length - 3 = {window}): pass --stride {window // 2} "
+                               "(half the window), or a longer --max-length")
         if self.max_answer_length < 1 or self.n_best < 1:
             raise BertkitError(f"--max-answer-length and --n-best must be >= 1, got {self.max_answer_length} "
                                f"and {self.n_best}")
