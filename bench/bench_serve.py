@@ -152,11 +152,16 @@ class Process:
         text = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+)", text).group(1)) / 1024
 
-    def stop(self) -> int:
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM (a server drains), then SIGKILL after `timeout` s: one that hangs is stopped too, and the
+        servers after it in the caller's loop still get their turn."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(60)
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
         finally:
             self.log.close()
 
