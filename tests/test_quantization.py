@@ -275,6 +275,25 @@ def test_a_saved_int8_electra_model_loads_back(tmp_path):
     assert torch.equal(first_output(loaded.model), first_output(model))
 
 
+def test_the_encoder_of_a_saved_int8_classifier_is_its_heads_encoder(tmp_path, capsys):
+    """docs/deployment.md: `bertkit embed --model DIR` loads a save_quantized folder. For a fine-tuned classifier
+    saved int8 it said "holds an int8 BertForSequenceClassification, not a BertModel", where the float classifier's
+    folder gives its encoder: the encoder asked of an int8 head folder is now the head's own int8 encoder."""
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(94))])
+    clf = quantize(tiny_model(BertForSequenceClassification))
+    save_quantized(clf, tmp_path / "clf", tok)
+    loaded = bertkit.load(tmp_path / "clf", head="encoder")
+    assert loaded.precision == "int8" and type(loaded.model) is BertModel
+    assert torch.equal(first_output(loaded.model), first_output(clf.bert))  # the classifier's encoder, bit for bit
+    (tmp_path / "in.txt").write_text("w3 w7 w9\nw1 w2\n")
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(tmp_path / "clf")]) == 0
+    assert "computed in int8" in capsys.readouterr().err  # the message goes beside the progress bar
+    # the task head is still what the folder loads as by default
+    assert type(bertkit.load(tmp_path / "clf").model) is BertForSequenceClassification
+
+
 def test_corrupt_mismatched_or_foreign_files_fail_with_a_named_error(tmp_path):
     model = quantize(tiny_model())
     save_quantized(model, tmp_path / "ok")

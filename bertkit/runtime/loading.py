@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from bertkit.model import electra, heads
-from bertkit.model.checkpoint import GENERATOR_DIR, Saved, describe, has_int8_weights, model_type, resolve
+from bertkit.model.checkpoint import GENERATOR_DIR, Saved, architecture, describe, has_int8_weights, model_type, resolve
 from bertkit.runtime.devices import dtype_name, in_memory, placement
 from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
                              ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
@@ -239,7 +239,7 @@ def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, to
         return (plan.model if int8_weights else plan.model.to(where, None if dtype is None else chosen),
                 where, chosen, int8_weights)
     if int8_weights:
-        return load_quantized(plan.cls, plan.weights, speed), where, chosen, True
+        return _int8(plan.cls, plan.weights, speed), where, chosen, True
     if plan.cls is BertModel:
         return _encoder(plan.weights).to(where, chosen), where, chosen, False
     if plan.task != "mlm":
@@ -260,6 +260,16 @@ def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, to
     if report.unexpected or report.mismatched:
         raise BertkitError(f"{plan.weights} does not load as {plan.cls.__name__}: {report.describe()}")
     return model.eval().to(where, chosen), where, chosen, False
+
+
+def _int8(cls, directory, speed) -> nn.Module:
+    """The int8 model save_quantized wrote in `directory`, as `cls`. The encoder asked of an int8 fine-tuned
+    model is its head's encoder (a float one's is read out of the head's checkpoint the same way, `_encoder`):
+    the quantized head is built as saved, and its encoder kept."""
+    saved = CLASSES.get(architecture(directory))
+    if cls in (BertModel, ElectraModel) and saved is not None and saved not in (BertModel, ElectraModel):
+        return load_quantized(saved, directory, speed).base_model
+    return load_quantized(cls, directory, speed)
 
 
 def _encoder(directory) -> BertModel:
