@@ -353,6 +353,15 @@ def test_read_texts_formats(tmp_path):
         read_texts(tmp_path / "b.tsv", column="text")
     with pytest.raises(BertkitError, match="does not exist"):
         read_texts(tmp_path / "missing.txt")
+    # a .csv was read one line per text: its header became a text, a quoted comma-holding cell kept its quotes
+    (tmp_path / "d.csv").write_text('id,text\n1,"Hello, world"\n\n2,plain\n', encoding="utf-8")
+    texts, count = read_texts(tmp_path / "d.csv")
+    assert list(texts) == ["Hello, world", "plain"] and count == 2
+    with pytest.raises(BertkitError, match="no column 'sentence'; its columns are id, text"):
+        read_texts(tmp_path / "d.csv", column="sentence")
+    # and --column on a plain text file was silently ignored
+    with pytest.raises(BertkitError, match="a.txt is read one text per line: --column applies to .tsv, .csv"):
+        read_texts(tmp_path / "a.txt", column="sentence")
 
 
 

@@ -14,8 +14,8 @@ def add_embed(sub):
     p = sub.add_parser(
         "embed",
         help="embed texts with a frozen BERT: sentence, token or word vectors",
-        description="Read texts from INPUT (.txt: one per line, blank lines skipped; .jsonl: a 'text' field; .tsv: "
-        "a column under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
+        description="Read texts from INPUT (.txt: one per line, blank lines skipped; .jsonl: a 'text' field; .tsv, "
+        ".csv: a column under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
         "(.npy, .safetensors or .jsonl). Sentence vectors follow the model's sentence-transformers layout when "
         "it has one (its pooling, normalisation and max_seq_length: the default model is mean-pooled, "
         "normalised and cut at 256 tokens, or at --max-length); any option given overrides it. Other texts "
@@ -27,12 +27,12 @@ def add_embed(sub):
         "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("input", help="a text file: .txt (one text per line), .jsonl or .tsv")
+    p.add_argument("input", help="a text file: .txt (one text per line), .jsonl, .tsv or .csv")
     p.add_argument("-o", "--output", required=True, help="where to write: .npy, .safetensors or .jsonl")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
     add_options(p, EmbedOptions)
     p.add_argument("--word-pooling", default="mean", choices=["mean", "first"], help="how pieces make a word vector")
-    p.add_argument("--column", help="the .tsv column or .jsonl field holding the text")
+    p.add_argument("--column", help="the .tsv/.csv column or .jsonl field holding the text")
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
     p.add_argument("--max-length", type=int, help="tokens per pass / window (default: for sentence vectors the "
                    "model's sentence-transformers max_seq_length, else its 512 positions)")

@@ -25,13 +25,14 @@ Two kinds of input, two policies:
   which `--encoding` names (`bertkit.data.corpus.check_encoding`, `wrong_encoding`).
 
 Record files come as plain text (one record per line), JSONL (`json_objects`: one JSON
-object per line, the line named when it is not one) or TSV with a header; `read_texts`
-streams the texts of any of the three without loading the file (what `bertkit embed` reads).
+object per line, the line named when it is not one), TSV or CSV with a header; `read_texts`
+streams the texts of any of these without loading the file (what `bertkit embed` reads).
 """
 
 from __future__ import annotations
 
 import codecs
+import csv
 import json
 import sys
 from contextlib import contextmanager
@@ -208,9 +209,10 @@ def blank_lines(path) -> int:
 def read_texts(path, column: str | None = None) -> tuple:
     """(an iterator over the texts of a file, how many there are), without loading them all.
 
-    .txt (or anything else): one text per non-empty line. .jsonl: the "text"
-    field (or `column`) of each line. .tsv: the column named `column` (default
-    "sentence", else "text", else the first) under a header row. The file must
+    .txt (or anything else): one text per non-empty line (`column` is refused). .jsonl: the "text"
+    field (or `column`) of each line. .tsv, .csv: the column named `column` (default
+    "sentence", else "text", else the first) under a header row (a .csv as the csv module reads it:
+    quoted cells, commas and newlines inside them). The file must
     be UTF-8 (`bertkit.data.textfiles`); a malformed line is an error naming it.
     """
     numbered = numbered_texts(path, column)
@@ -225,20 +227,40 @@ def text_line(path, position: int, column: str | None = None) -> str:
     return f"{path}:{number}"
 
 
+def _text_column(path, header: list, column: str | None) -> tuple:
+    """(index, name, header) of a table's text column: `column`, else "sentence", else "text", else the first."""
+    name = column or next((c for c in ("sentence", "text") if c in header), header[0])
+    if name not in header:
+        raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
+    return header.index(name), name, header
+
+
 def numbered_texts(path, column: str | None = None):
     """A function giving a new iterator over (line number from 1, text) of the file `read_texts` reads."""
     path = existing_file(path)
     suffix = path.suffix.lower()
-    if suffix == ".tsv":
+    if suffix == ".csv":  # quoted cells may hold commas and newlines: the csv module reads them
+        with open_text(path) as f:
+            col, name, header = _text_column(path, next(csv.reader(f), [""]), column)
+
+        def lines():
+            with open_text(path) as f:
+                reader = csv.reader(f)
+                next(reader, None)
+                for cells in reader:
+                    if any(cell.strip() for cell in cells):
+                        if col >= len(cells):
+                            raise BertkitError(f"{path}:{reader.line_num}: {len(cells)} field(s), no {name!r} "
+                                               f"column (the header has {len(header)})")
+                        yield reader.line_num, cells[col]
+
+    elif suffix == ".tsv":
         with open_text(path) as f:
             header = f.readline().rstrip("\r\n").split("\t")
-        name = column or next((c for c in ("sentence", "text") if c in header), header[0])
         if column is None and len(header) == 1 and header[0].lstrip().startswith("{"):  # its JSON lines were the texts
             raise BertkitError(f"{path} holds JSON lines, not a TSV table (its first line is a JSON object): "
                                "name it .jsonl, or give the TSV a tab-separated header")
-        if name not in header:
-            raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
-        col = header.index(name)
+        col, name, header = _text_column(path, header, column)
 
         def lines():
             with open_text(path) as f:
@@ -262,6 +284,8 @@ def numbered_texts(path, column: str | None = None):
                     yield number, record[key]
 
     else:
+        if column is not None:  # was silently ignored
+            raise BertkitError(f"{path} is read one text per line: --column applies to .tsv, .csv and .jsonl files")
 
         def lines():
             with open_text(path) as f:
