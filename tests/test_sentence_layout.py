@@ -202,3 +202,22 @@ def test_an_old_layout_names_a_missing_module_folder(default_model_dir, tmp_path
     shutil.rmtree(folder / "0_Transformer")
     with pytest.raises(BertkitError, match="0_Transformer"):
         bertkit.load(folder)
+
+
+def test_fine_tuning_starts_from_an_old_layouts_encoder(default_model_dir, tmp_path, capsys):
+    """finetune (every task) builds its head on the encoder in 0_Transformer, with its vocabulary: the same weights
+    and ids as the folder the files came from; `bertkit model info` reads it too."""
+    import torch
+
+    from bertkit.cli import main
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.tasks.run import load_head, load_tokenizer
+
+    folder = old_layout(default_model_dir, tmp_path / "old")
+    ours, theirs = (load_head(BertForSequenceClassification, path, 0, log=lambda _: None, num_labels=2)
+                    for path in (folder, default_model_dir))
+    mine, other = ours.state_dict(), theirs.state_dict()
+    assert mine.keys() == other.keys() and all(torch.equal(mine[k], other[k]) for k in mine)
+    assert load_tokenizer(folder).encode(TEXTS[1]).input_ids == load_tokenizer(None).encode(TEXTS[1]).input_ids
+    assert main(["model", "info", str(folder)]) == 0
+    assert "all weights matched" in capsys.readouterr().out

@@ -32,14 +32,15 @@ def add_model(sub):
 def run_model_info(args):
     from bertkit.model.checkpoint import resolve
     from bertkit.model.static import is_static
-    from bertkit.runtime.loading import class_for
+    from bertkit.runtime.loading import class_for, encoder_dir
 
     if args.path and is_static(resolve(args.path)):  # `bertkit distill static`'s output: a table, no layers
         return _static_info(args)
-    cls = class_for(args.path and resolve(args.path), getattr(bertkit, args.cls))  # an ELECTRA run's: its form
+    where = args.path and encoder_dir(args.path)  # an older sentence-transformers folder: its 0_Transformer
+    cls = class_for(where, getattr(bertkit, args.cls))  # an ELECTRA run's: its form
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report below says it all
-        model = cls.from_pretrained(args.path, strict=False)
+        model = cls.from_pretrained(where, strict=False)
     report = model.load_report
     if args.json:
         print(json.dumps({"config": model.config.to_dict(), "parameters": model.num_parameters(),

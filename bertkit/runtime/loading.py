@@ -101,6 +101,13 @@ def _electra_form(model_dir, cls):
     return _ELECTRA_FORM[cls.__name__]
 
 
+def encoder_dir(model) -> Path:
+    """The folder holding the encoder's files of `model` (None: the default model): the folder itself, or an
+    older sentence-transformers layout's module folder (0_Transformer), for code that reads them itself
+    (fine-tuning builds its head on the encoder; `bertkit model info`)."""
+    return encoder_folder(resolve(model))
+
+
 def need_transformer(path, use: str) -> None:
     """Refuse the folder at `path` for `use`, which runs a transformer (layers, attention, a head), when it holds
     a static model: a table, one vector per token (what `bertkit distill static` writes). None: the default model;

@@ -22,7 +22,7 @@ import torch
 
 from bertkit.data import atomic
 from bertkit.model.checkpoint import TASK_FILE, architecture, resolve
-from bertkit.runtime.loading import class_for, need_transformer
+from bertkit.runtime.loading import class_for, encoder_dir, need_transformer
 from bertkit.text.tokenizer import Tokenizer
 
 
@@ -31,13 +31,14 @@ def load_head(cls, model_path, seed: int, log=print, **config_overrides):
     for the same task and labels keeps its head (continued fine-tuning), one trained for other labels (or
     another problem type) gets a fresh one, as the bare encoder would."""
     generator = torch.Generator().manual_seed(seed)
-    cls = class_for(model_path, cls)  # an ELECTRA discriminator gets the ELECTRA form of the head
+    where = encoder_dir(model_path)  # an older sentence-transformers folder: its 0_Transformer
+    cls = class_for(where, cls)  # an ELECTRA discriminator gets the ELECTRA form of the head
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report below says the same in one line
-        model = cls.from_pretrained(model_path, strict=False, generator=generator, **config_overrides)
+        model = cls.from_pretrained(where, strict=False, generator=generator, **config_overrides)
     report = getattr(model, "load_report", None)
     fresh = [] if report is None else report.missing + [m.partition(":")[0] for m in report.mismatched]
-    other = "" if fresh else trained_for_other(model_path, model)
+    other = "" if fresh else trained_for_other(where, model)
     if other:
         fresh_head(model, seed)
         fresh = head_names(model)
@@ -79,7 +80,7 @@ def fresh_head(model, seed: int) -> None:
 def load_tokenizer(model_path):
     """The vocabulary of the model a run fine-tunes (the first thing a task reads of it)."""
     need_transformer(model_path, "fine-tuning")
-    return Tokenizer.from_pretrained(model_path)
+    return Tokenizer.from_pretrained(encoder_dir(model_path))
 
 
 def saver(output_dir, tokenizer, task_info: dict):
