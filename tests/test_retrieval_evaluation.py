@@ -2,6 +2,7 @@
 model on small slices), and the whole pipeline against numpy + pytrec_eval (a tiny model)."""
 
 import importlib.util
+import json
 
 import sys
 
@@ -145,6 +146,24 @@ def test_bm25_without_the_package_names_the_extra(monkeypatch, small_scifact):
         bm25_run({"a": "x"}, {"q": "x"})
     with pytest.raises(BertkitError, match=r"bertkit\[search\]"):  # said before any model is loaded
         evaluate_retrieval("no/such/model", small_scifact, "test", bm25=True)
+
+
+def test_sts_reads_the_tables_the_trainer_reads(tmp_path):
+    """`bertkit finetune embed --dev` takes scored pairs as TSV, CSV or JSONL (`bertkit.data.tables.read_rows`);
+    `evaluate sts` took TSV alone (a CSV was "no sentence1, sentence2, score column"). The same pairs in each
+    format read the same; a quoted CSV cell keeps its comma; a JSON score may be a number."""
+    pairs = [("A man, a plan.", "A canal.", 4.5), ("Cats sleep.", "Dogs bark.", 0.25)]
+    (tmp_path / "s.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in pairs),
+                                    encoding="utf-8")
+    (tmp_path / "s.csv").write_text('score,sentence1,sentence2\n4.5,"A man, a plan.",A canal.\n'
+                                    "0.25,Cats sleep.,Dogs bark.\n", encoding="utf-8")
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n"
+                                              for a, b, s in pairs), encoding="utf-8")
+    for name in ("s.tsv", "s.csv", "s.jsonl"):
+        assert read_sts(tmp_path / name) == pairs, name
+    (tmp_path / "short.tsv").write_text("sentence1\tsentence2\tscore\na\tb\t1\nc\t2\ne\tf\t3\n", encoding="utf-8")
+    with pytest.raises(BertkitError, match="short.tsv: 1 rows with 2 fields instead of 3"):  # never a silent skip
+        read_sts(tmp_path / "short.tsv")
 
 
 def test_sts_file_errors(tmp_path):

@@ -73,11 +73,12 @@ def add_evaluate(sub):
     s = kinds.add_parser(
         "sts", help="Spearman and Pearson correlation of cosine similarity with gold scores",
         description="Embed both sentences of each pair and correlate their cosine similarity with the gold "
-        "score (the STS benchmark's figure). FILE is a TSV whose header names sentence1, sentence2 and score.",
+        "score (the STS benchmark's figure). FILE is a TSV, CSV or JSONL file whose header (or fields) name "
+        "sentence1, sentence2 and score, as finetune embed --dev reads scored pairs.",
         epilog="examples:\n  bertkit evaluate sts stsb/dev.tsv --output sts.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("file", metavar="FILE", help="a TSV with columns sentence1, sentence2, score")
+    s.add_argument("file", metavar="FILE", help="a TSV/CSV/JSONL with columns sentence1, sentence2, score")
     _model_flags(s)
     s.add_argument("--output", "-o", help="write the figures as JSON here")
     s.set_defaults(handler=run_evaluate_sts, runs_model=True, outputs={"--output": "file"})

@@ -28,7 +28,6 @@ precision, max length (and split), so a figure says what it measured.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import time
 
@@ -47,7 +46,7 @@ from bertkit.retrieval.lexical import options_of
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run, evaluate_runs
 from bertkit.retrieval.search import embed_queries, fusion_options, query_encoder, ranked_runs, search_vectors
 from bertkit.retrieval.tuning import fused_run, record, tune
-from bertkit.data.textfiles import existing_file, open_text
+from bertkit.data.tables import ReadReport, read_rows
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
 RUN_DEPTH = 100  # documents retrieved per query: enough for every measure's cut-off
@@ -305,28 +304,24 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
 
 
 def read_sts(path) -> list[tuple[str, str, float]]:
-    """(sentence1, sentence2, score) rows of a TSV with those columns in its header (no quoting)."""
-    with open_text(existing_file(path, "STS file"), "STS file") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, None)
-        if not header:
-            raise BertkitError(f"{path} is empty: an STS file has a header sentence1, sentence2, score")
-        missing = [c for c in STS_COLUMNS if c not in header]
+    """(sentence1, sentence2, score) rows of a TSV, CSV or JSONL file with those columns, read as the
+    trainer reads its scored pairs (`bertkit.data.tables.read_rows`); a row with the wrong number of cells,
+    which that reader skips, is refused here: a figure must not leave pairs out unsaid."""
+    report, rows = ReadReport(str(path)), []
+    for number, row in read_rows(path, report):
+        missing = [c for c in STS_COLUMNS if c not in row]
         if missing:
-            raise BertkitError(f"{path} has no {', '.join(missing)} column (header: {' '.join(header)}): "
+            raise BertkitError(f"{path} has no {', '.join(missing)} column (header: {' '.join(row)}): "
                                f"the header must name {', '.join(STS_COLUMNS)}")
-        where = [header.index(c) for c in STS_COLUMNS]
-        rows = []
-        for number, cells in enumerate(reader, 2):
-            if not cells or cells == [""]:
-                continue
-            if len(cells) < len(header):
-                raise BertkitError(f"{path} line {number} has {len(cells)} columns, the header {len(header)}")
-            first, second, raw = (cells[i] for i in where)
-            if not first.strip() or not second.strip():  # named here: the embedder knows no line numbers
-                raise BertkitError(f"{path} line {number}: {'sentence1' if not first.strip() else 'sentence2'} is "
-                                   "empty: every pair needs two texts")
-            rows.append((first, second, read_score(raw, f"{path} line {number}")))  # nan made the correlation nan
+        first, second = (row[c] if isinstance(row[c], str) else "" if row[c] is None else str(row[c])
+                         for c in STS_COLUMNS[:2])
+        if not first.strip() or not second.strip():  # named here: the embedder knows no line numbers
+            raise BertkitError(f"{path} line {number}: {'sentence1' if not first.strip() else 'sentence2'} is "
+                               "empty: every pair needs two texts")
+        rows.append((first, second, read_score(row["score"], f"{path} line {number}")))  # nan: a nan correlation
+    skipped = [f"{n} {why}" for why, n in report.skipped.items() if why != "empty lines"]
+    if skipped:
+        raise BertkitError(f"{path}: {', '.join(skipped)}: every row needs its {len(STS_COLUMNS)} cells")
     if len(rows) < 2:
         raise BertkitError(f"{path} has {len(rows)} scored pair(s): a correlation needs at least 2")
     return rows
@@ -337,7 +332,7 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     """Spearman and Pearson correlation of cosine similarity with the gold scores (`fast`: the encoder's
     fast-path settings).
 
-    pairs_or_path: a TSV path (columns sentence1, sentence2, score) or a list of
+    pairs_or_path: a TSV/CSV/JSONL path (columns sentence1, sentence2, score) or a list of
     (sentence1, sentence2, score). Returns {"spearman", "pearson", "pairs", "model",
     "precision", "max_length"}.
     """
