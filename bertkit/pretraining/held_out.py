@@ -90,13 +90,24 @@ def label_balance(data_dir, subset: Subset) -> str:
     return f"{len(labels)} instances, {(labels == 1).mean():.1%} with label 1 (random next / swapped)"
 
 
+def _why_none(data_dir) -> str:
+    """Why `held_out_split` holds nothing out of `data_dir`, and the fix: packed text read more than once
+    (any corpus size), or too few documents."""
+    dupe = json.loads((Path(data_dir) / "manifest.json").read_text())["dupe_factor"]
+    docs = _shard_arrays(data_dir, "docs")
+    if dupe != 1 and len(docs) > 1 and (docs[:, 0] < 0).all():
+        return (f"{data_dir} packs sentences across documents and was prepared with --dupe-factor {dupe}: each text "
+                "is in several instances, so none can be held out unseen; prepare it with --dupe-factor 1 (the "
+                "default with --dynamic-masking), or --eval-every 0")
+    return (f"{data_dir} is too small for a held-out set (evaluation holds out whole documents that prepare kept "
+            "apart, and needs 3 or more; packed sequences only with --dupe-factor 1, where no text repeats); "
+            "prepare more documents, or --eval-every 0")
+
+
 def log_label_balance(train_set, eval_set, cfg, log=print) -> None:
     """Say what training and evaluation hold; warn when there is nothing to hold out."""
     if cfg.eval_every and cfg.eval_sequences and not len(eval_set):
-        warnings.warn(f"no held-out evaluation: {cfg.data} is too small for a held-out set (evaluation holds "
-                      "out whole documents that prepare kept apart, and needs 3 or more; packed sequences only "
-                      "with --dupe-factor 1, where no text repeats); prepare more documents, or --eval-every 0",
-                      stacklevel=2)
+        warnings.warn(f"no held-out evaluation: {_why_none(cfg.data)}", stacklevel=2)
     for name, part in (("training", train_set), ("held out", eval_set)):
         balance = label_balance(cfg.data, part)
         if balance:
