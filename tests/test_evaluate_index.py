@@ -87,6 +87,7 @@ def test_tune_writes_the_pick_into_the_index_and_search_uses_it(setup, capsys, t
                  "--tune", "test", "--quiet", "--output", str(tmp_path / "t.json")]) == 0
     printed = capsys.readouterr().out
     assert "tuned on split test" in printed and f"written into {index}/index.json" in printed
+    assert "tuned on the split scored below, so its figures are not held out" in printed
     tuning = json.loads((tmp_path / "t.json").read_text())["tuning"]
     fusion = json.loads((index / "index.json").read_text())["fusion"]
     best = max(tuning["table"], key=lambda r: (r["smoothed"], r["ndcg@10"]))

@@ -147,7 +147,9 @@ def run_evaluate_retrieval(args):
         tuning = result["tuning"]
         print(f"tuned on split {tuning['split']}: {_label(tuning['pick'])} "
               f"(the best nDCG@10 averaged with its alpha neighbours, of {len(tuning['table'])} settings)"
-              + (f"; written into {args.index}/index.json" if args.index else ""))
+              + (f"; written into {args.index}/index.json" if args.index else "")
+              + ("; tuned on the split scored below, so its figures are not held out" if tuning["split"] == args.split
+                 else ""))
     print(_table(result))
     if "before_rerank" in result:
         before, after = result["before_rerank"]["ndcg@10"], result["ndcg@10"]

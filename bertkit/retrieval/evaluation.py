@@ -97,19 +97,9 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     (Matryoshka's truncate-then-renormalise), under "dimensions": {"64": {measures}, ...}; one encoding
     serves them all.
     """
-    if directory is None:
-        raise BertkitError("evaluate_retrieval needs a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
+    dimensions = _check_request(directory, split, tune, index, sorted(set(dimensions or ())), mode, fusion, bm25)
     data = load_beir(directory, split, dedupe).head(max_queries)  # read and checked before the model loads
     tuning_data = load_beir(directory, tune, dedupe) if tune is not None else None
-    dimensions = sorted(set(dimensions or ()))
-    if dimensions and (index is not None or min(dimensions) < 1):
-        raise BertkitError("dimensions need the model's own vectors (not --index) and must be positive, got "
-                           f"{dimensions}")
-    if mode is not None and mode != "all":
-        FusionOptions(mode=mode).validate()  # an unknown mode, or fusion setting, said before anything loads
-    fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
-    if bm25 or mode not in (None, "dense") or tune:
-        require_bm25s()  # a missing package is said before the corpus is embedded, not after
     if index is not None:
         if max_length is not None:
             raise BertkitError("--max-length does not apply with --index: queries are cut where the index's "
@@ -128,6 +118,24 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
         result["bm25"] = {**evaluate_run(data.qrels, lexical_run, measures), "k1": K1, "b": B,
                           "stopwords": STOPWORDS, "stemmer": None}
     return result
+
+
+def _check_request(directory, split: str, tune, index, dimensions: list, mode, fusion, bm25: bool) -> list:
+    """`evaluate_retrieval`'s arguments refused in one line before anything is read or loaded; the dimensions."""
+    if directory is None:
+        raise BertkitError("evaluate_retrieval needs a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
+    if tune == split and index is None:  # an index may be tuned on its one split for serving; a figure may not
+        raise BertkitError(f"--tune {tune} is the split being scored: its figures would be fitted to it; tune on "
+                           "another split (e.g. --tune train) and score this one")
+    if dimensions and (index is not None or min(dimensions) < 1):
+        raise BertkitError("dimensions need the model's own vectors (not --index) and must be positive, got "
+                           f"{dimensions}")
+    if mode is not None and mode != "all":
+        FusionOptions(mode=mode).validate()  # an unknown mode, or fusion setting, said before anything loads
+    fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
+    if bm25 or mode not in (None, "dense") or tune:
+        require_bm25s()  # a missing package is said before the corpus is embedded, not after
+    return dimensions
 
 
 def index_answers(index, queries: list[str], depth: int, batch_size: int = 32, dtype: str = "float32") -> list:
