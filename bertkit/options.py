@@ -182,5 +182,7 @@ def device_flags(p) -> None:
 def int8_flag(p) -> None:
     """--int8 for the commands that run a model for inference on the CPU."""
     p.add_argument("--int8", action="store_true",
-                   help="int8 dense layers (dynamic quantization, bertkit.quantize): faster on the CPU for a small "
-                   "accuracy cost; CPU, float32 activations (see docs/deployment.md)")
+                   help="int8 dense layers (dynamic quantization, bertkit.quantize): a quarter of the weights' "
+                   "memory and, on CPUs without bf16, often faster than float32, for a small accuracy cost; "
+                   "where the CPU has bf16, --dtype auto is usually faster (docs/deployment.md: which dtype on "
+                   "which CPU); CPU only")
