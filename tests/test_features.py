@@ -401,6 +401,16 @@ def test_cli_embed_says_which_lines_its_rows_are_when_blank_lines_were_skipped(t
                                embed("fourth", tiny), atol=1e-5)
 
 
+def test_cli_embed_names_the_line_of_a_jsonl_text_that_is_no_string(tiny_dir, tmp_path, capsys):
+    # "expected a string (or a list of words), got int", and no line: the file's 2nd line holds {"text": 5}
+    from bertkit.cli import main
+
+    (tmp_path / "in.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n', encoding="utf-8")
+    assert main(["embed", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "v.npy"), "--model", str(tiny_dir),
+                 "--quiet", "--dtype", "float32"]) == 2
+    assert f"{tmp_path / 'in.jsonl'}:2: expected a string (or a list of words), got int" in capsys.readouterr().err
+
+
 ZERO_WIDTH_FILES = {  # a text of only a zero-width space among others: the line it is on, counted in the file
     "in.txt": "first\n\nsecond\n\u200b\nthird\n",
     "in.tsv": "id\tsentence\n1\tfirst\n\n2\tsecond\n3\t\u200b\n",

@@ -186,14 +186,15 @@ def _check_tokens(text: str, ids: list, where, k: int) -> None:
 
 
 def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: None, k: int = 0) -> _Item:
+    named = f"{where(k)}: " if where(k) else ""  # a file's line, when the texts came from one
     if isinstance(text, (list, tuple)):
         if not all(isinstance(w, str) for w in text):
-            raise BertkitError("a pre-split text must be a list of strings (words)")
+            raise BertkitError(f"{named}a pre-split text must be a list of strings (words)")
         text, words = _word_spans(text)
     elif isinstance(text, str):
         words = None
     else:
-        raise BertkitError(f"expected a string (or a list of words), got {type(text).__name__}")
+        raise BertkitError(f"{named}expected a string (or a list of words), got {type(text).__name__}")
     _check_text(text, where(k))
     if pair is not None and not str(pair).strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
