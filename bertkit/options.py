@@ -16,11 +16,16 @@ A dataclass field is one option, named after it (`max_seq_length` ->
   "positional" makes it an argument (`list[str]`: one or more), "required"
   says so in the help (the config's `validate` checks it: on --resume the
   saved config may hold it),
-  `"cli": False` keeps it off the command line.
+  `"cli": False` keeps it off the command line, "resumable" lets `--resume`
+  take another value than the run saved (its length and bookkeeping:
+  --max-steps, --epochs, --save-every, --device, ...).
 
 Every option defaults to None, meaning "not given", so `from_args` puts
 exactly the given flags on top of a base: the dataclass defaults, a command's
-own defaults (a dict), or under `--resume` the config the run saved.
+own defaults (a dict), or under `--resume` the config the run saved. A flag
+given with `--resume` that would change what the run computes (a learning
+rate, a seed, the model, the data) is refused in one line: the resumed run
+would be neither the old run nor a new one.
 """
 
 from __future__ import annotations
@@ -147,7 +152,26 @@ def from_args(args, cls, base: dict | None = None):
         if not saved.is_file():
             raise BertkitError(f"--resume: {saved} not found; start the run without --resume first")
         base = json.loads(saved.read_text())
+        refuse_changes(cls, given, merge(defaults(cls), base), saved.parent)
     return build(cls, merge(merge(defaults(cls), base or {}), given))
+
+
+MECHANISM = ("output", "resume", "overwrite")  # how a run is found and started, not what it computes
+
+
+def refuse_changes(cls, given: dict, saved: dict, run_dir: Path) -> None:
+    """Under --resume: refuse a given flag whose value differs from the run's saved one, unless its field
+    is "resumable"; a path naming the same file as the saved one is the same value."""
+    changed = []
+    for path, f, _ in fields(cls):
+        new, old = _get(given, path), _get(saved, path)
+        if (new is None or f.name in MECHANISM or f.metadata.get("resumable") or new == old
+                or (isinstance(new, str) and isinstance(old, str) and Path(new).resolve() == Path(old).resolve())):
+            continue
+        changed.append(f"{f.metadata.get('flags', [_flag(f.name)])[0]} {new} (the run used {old})")
+    if changed:
+        raise BertkitError(f"--resume: {', '.join(changed)}: a resumed run keeps the settings in "
+                           f"{run_dir / RUN_CONFIG}; leave the flag out, or start a new run in another --output")
 
 
 def build(cls, values: dict):

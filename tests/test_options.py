@@ -20,7 +20,7 @@ class Inner:
 @dataclass
 class Outer:
     source: str = field(default=None, metadata={"help": "where from", "required": True})
-    count: int = field(default=3, metadata={"help": "how many"})
+    count: int = field(default=3, metadata={"help": "how many", "resumable": True})
     limit: int | None = field(default=None, metadata={"help": "at most"})
     kind: Literal["x", "y"] = field(default="x", metadata={"help": "which kind"})
     loud: bool = field(default=False, metadata={"help": "say more"})
@@ -65,6 +65,25 @@ def test_a_base_gives_defaults_and_given_flags_go_on_top(tmp_path):
     assert cfg.resume and cfg.output == str(tmp_path)
     with pytest.raises(BertkitError, match="start the run without --resume"):
         parse("--output", tmp_path / "none", "--resume")
+
+
+def test_resume_refuses_a_flag_that_changes_what_the_run_computes(tmp_path, monkeypatch):
+    """A resumed run is the saved run: another rate, mode or source would mix two runs; a "resumable" field
+    (the run's length) may change, and a flag repeating the saved value, or naming the same file, is fine."""
+    (tmp_path / "data.txt").write_text("x")
+    (tmp_path / "run_config.json").write_text(json.dumps({"source": str(tmp_path / "data.txt"), "count": 9,
+                                                          "inner": {"rate": 0.9, "mode": "b"}}))
+    with pytest.raises(BertkitError) as refused:
+        parse("--output", tmp_path, "--resume", "--rate", 0.3, "--mode", "a")
+    assert str(refused.value).startswith("--resume: --rate 0.3 (the run used 0.9), --mode a (the run used b): ")
+    assert "\n" not in str(refused.value) and "another --output" in str(refused.value)
+    with pytest.raises(BertkitError, match="--source .*other.txt .the run used"):
+        parse("--output", tmp_path, "--resume", "--source", tmp_path / "other.txt")
+    with pytest.raises(BertkitError, match="--kind y .the run used x."):  # a default the run kept counts too
+        parse("--output", tmp_path, "--resume", "--kind", "y")
+    monkeypatch.chdir(tmp_path)
+    cfg, _ = parse("--output", tmp_path, "--resume", "--rate", 0.9, "--source", "data.txt", "--count", 12)
+    assert (cfg.inner.rate, cfg.source, cfg.count) == (0.9, "data.txt", 12)
 
 
 @dataclass

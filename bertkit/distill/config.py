@@ -82,7 +82,7 @@ class LayersDistillConfig:
         "help": "a fine-tuned model, data with labels: the soft loss's share; the labels' loss gets the rest"})
     teacher_dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
         "help": "a sentence model: the precision its target vectors are computed in (auto: bf16 where native)"})
-    teacher_cache: str | None = field(default=None, metadata={
+    teacher_cache: str | None = field(default=None, metadata={"resumable": True,
         "help": "a sentence model: a .safetensors file for its target vectors, read when it holds those of this "
         "data and teacher, else written (a rerun or --resume then skips the teacher)"})
     loss: Literal["mse", "mse+cosine"] = field(default="mse", metadata={

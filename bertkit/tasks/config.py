@@ -2,7 +2,8 @@
 
 `bertkit finetune TASK` builds its options from these fields
 (`bertkit.options`), the run writes them to OUTPUT/run_config.json, and
-`--resume` reads them back with the flags given on top. `stride` is always the
+`--resume` reads them back with the flags given on top (only the "resumable" ones, the run's
+length and bookkeeping, may differ from the saved values). `stride` is always the
 OVERLAP: the tokens consecutive windows of one long input share.
 
     TrainConfig      the loop: epochs, batches, accumulation, precision, device, checkpoints, AdamW
@@ -36,11 +37,11 @@ def _opt(default, help: str, **more):
 class TrainConfig:
     """Fine-tuning loop settings; defaults follow the BERT paper's fine-tuning recipe."""
 
-    epochs: float = _opt(3.0, "passes over the training set (BERT uses 2-4)")
+    epochs: float = _opt(3.0, "passes over the training set (BERT uses 2-4)", resumable=True)
     batch_size: int = _opt(32, "training features per micro-batch and process")
     grad_accum: int = _opt(1, "micro-batches accumulated into one update (its batch: batch size x this x processes)")
-    eval_batch_size: int = _opt(64, "features per forward pass when evaluating")
-    max_steps: int | None = _opt(None, "stop after this many updates")
+    eval_batch_size: int = _opt(64, "features per forward pass when evaluating", resumable=True)
+    max_steps: int | None = _opt(None, "stop after this many updates", resumable=True)
     seed: int = _opt(42, "seeds batch order, dropout and the new head")
     group_by_length: bool = _opt(True, "batch features of similar length together (less padding)")
     metric: str | None = _opt(None, "the held-out figure that picks the best epoch (default: the task's own); "
@@ -48,16 +49,17 @@ class TrainConfig:
                                     "saved and --metric is refused")
     greater_is_better: bool = _opt(True, "a higher --metric is better", cli=False)
     precision: Literal["fp32", "bf16", "fp16"] = _opt("fp32", "fp32, bf16 (autocast, CPU or GPU) or fp16 (GPU)")
-    device: Literal["auto", "cpu", "cuda"] = _opt("auto", "where to train: auto picks a CUDA GPU when there is one")
-    save_every: int = _opt(0, "checkpoint for --resume every N updates (0: at the end of every epoch)")
-    keep_last: int = _opt(1, "checkpoints to keep while the run trains")
+    device: Literal["auto", "cpu", "cuda"] = _opt("auto", "where to train: auto picks a CUDA GPU when there is one",
+                                                  resumable=True)
+    save_every: int = _opt(0, "checkpoint for --resume every N updates (0: at the end of every epoch)", resumable=True)
+    keep_last: int = _opt(1, "checkpoints to keep while the run trains", resumable=True)
     keep_checkpoint: bool = _opt(False, "keep the last checkpoint (weights, Adam moments, best epoch: ~3x the model) "
                                         "after the run finishes, to --resume it later with more --epochs; by default "
-                                        "a finished run deletes it and keeps the model")
+                                        "a finished run deletes it and keeps the model", resumable=True)
     resume: bool = _opt(False, "continue the run in --output from its last checkpoint")
     overwrite: bool = _opt(False, "replace what --output already holds (a model or a run); without it such a "
                            "folder is refused")
-    progress: bool = _opt(True, "show progress bars")
+    progress: bool = _opt(True, "show progress bars", resumable=True)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def validate(self) -> "TrainConfig":
