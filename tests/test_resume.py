@@ -9,6 +9,7 @@ same thread count) and so must the final weights. Dropout stays on, so the
 RNG state really has to be restored.
 """
 
+import shutil
 import signal
 
 import pytest
@@ -100,3 +101,25 @@ def test_a_continued_run_resumes_without_its_sources(shared_data, tmp_path):
 def test_resume_without_a_run_is_a_clear_error(tmp_path):
     res = run_cli("pretrain", "run", tmp_path / "data", "-o", tmp_path / "nothing", "--resume", check=False)
     assert res.returncode == 2 and "start the run without --resume" in res.stderr
+
+
+def test_resume_refuses_changed_settings_and_says_a_finished_run_is_finished(straight_run, tmp_path):
+    # a resume that would mix two runs (another rate, seed, data, model) is refused before anything is written
+    data, config, straight = straight_run
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for change, used in [(("--learning-rate", 5e-4), "0.001"), (("--seed", 8), "7"),
+                         (("--config", "mini"), str(config)), (("--batch-size", 4), "8")]:
+        res = run_cli("pretrain", "run", data, "-o", run, "--resume", *change, check=False)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
+        assert f"--resume: {change[0]} {change[1]} (the run used {used})" in res.stderr
+    res = run_cli("pretrain", "run", tmp_path / "other", "-o", run, "--resume", check=False)
+    assert res.returncode == 2 and "the run used" in res.stderr and str(data) in res.stderr
+    assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    # the finished run resumed: one line says so; nothing is trained, the model is the same
+    res = run_cli("pretrain", "run", data, "-o", run, "--resume", "--save-every", 4)  # bookkeeping may change
+    assert "--resume: the run in" in res.stdout and "finished (step 8 of 8)" in res.stdout
+    assert train_losses(run) == train_losses(straight)
+    a, b = load_file(straight / "model.safetensors"), load_file(run / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)

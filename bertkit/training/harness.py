@@ -168,6 +168,10 @@ def read_state(settings: RunSettings, info: distributed.DistInfo, stream, log) -
         size, parts = state["data"]["batch"]
         raise BertkitError(f"--resume: the run used --batch-size {size} and --grad-accum "
                            f"{parts // info.world_size}; resume with the same")
+    if state and state["step"] >= settings.loop.max_steps and info.is_main:
+        log(f"--resume: the run in {settings.output} finished (step {state['step']} of {settings.loop.max_steps}): "
+            "nothing left to train, its end is done again from the last checkpoint; more --max-steps (fine-tuning: "
+            "--epochs) trains on")
     return state
 
 
