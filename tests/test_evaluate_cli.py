@@ -46,6 +46,7 @@ def test_evaluate_sts(shared_data, tiny_dir, tmp_path):
     assert main(["evaluate", "sts", str(sts), "--model", str(tiny_dir), "--output", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert -1 <= figures["spearman"] <= 1 and -1 <= figures["pearson"] <= 1 and figures["pairs"] == 20
+    assert figures["data"] == str(sts)  # which file the figure measured
 
 
 def test_mine_writes_triplets_the_trainer_reads(folder, tiny_dir, tmp_path, capsys):

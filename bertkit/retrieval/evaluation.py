@@ -342,7 +342,7 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
 
     pairs_or_path: a TSV/CSV/JSONL path (columns sentence1, sentence2, score) or a list of
     (sentence1, sentence2, score). Returns {"spearman", "pearson", "pairs", "model",
-    "precision", "max_length"}.
+    "precision", "max_length", "pooling", "data"} (data: the file, None for a list).
     """
     if pairs_or_path is None:
         raise BertkitError("evaluate_sts needs scored pairs: a TSV path or a list of (sentence1, sentence2, score)")
@@ -361,4 +361,5 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     cosine = [float(vectors[row[a]] @ vectors[row[b]]) for a, b, _ in pairs]
     return {"spearman": spearman(cosine, gold), "pearson": pearson(cosine, gold), "pairs": len(pairs),
             "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
-            "pooling": settings.pooling}
+            "pooling": settings.pooling,
+            "data": None if isinstance(pairs_or_path, (list, tuple)) else str(pairs_or_path)}
