@@ -341,6 +341,18 @@ def test_writers_npy_safetensors_jsonl(tiny, tmp_path):
         write_vectors(iter(pooled), tmp_path / "v.csv", pooled=True)
 
 
+def test_a_stride_beside_truncation_is_refused_not_ignored():
+    """The default model's sentence vectors are cut at 256 tokens, so a stride (the overlap of windows) did
+    nothing, silently; with windows asked for it applies."""
+    long_text = "word " * 400
+    with pytest.raises(BertkitError, match="stride=100 applies to windows"):
+        embed([long_text], stride=100)
+    with pytest.raises(BertkitError, match="stride=100 applies to windows"):
+        embed([long_text], stride=100, truncate=True, pooling=None)
+    assert not np.allclose(embed([long_text], stride=100, truncate=False), embed([long_text], stride=10,
+                                                                                 truncate=False))
+
+
 def test_read_texts_formats(tmp_path):
     (tmp_path / "a.txt").write_text("first line\n\nsecond line\n")
     (tmp_path / "b.tsv").write_text("sentence\tlabel\nit 's good\t1\nbad\t0\n")

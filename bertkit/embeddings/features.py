@@ -344,8 +344,11 @@ def _cut(positions: int, output, max_length, stride, truncate):
     """Where texts are cut or windowed (`bertkit.text.windows.shape`). A layout's sentence vectors are cut at
     its max_seq_length, or at the length asked for instead (sentence-transformers' max_seq_length, `bertkit
     evaluate --max-length`), unless truncate=False asks for windows; other outputs are windowed."""
-    return shape(positions, output.length, max_length, stride,
-                 True if truncate is None and output.length else truncate)
+    truncate = True if truncate is None and output.length else truncate
+    if truncate and stride is not None:  # it was ignored: nothing is windowed
+        raise BertkitError(f"stride={stride} applies to windows, and these texts are cut at their max length instead: "
+                           "pass truncate=False (--no-truncate) to window them, or drop the stride")
+    return shape(positions, output.length, max_length, stride, truncate)
 
 
 def _check_counts(**counts) -> None:
