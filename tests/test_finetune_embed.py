@@ -179,6 +179,15 @@ def test_a_killed_run_resumes_exactly(data, tmp_path):
     wa, wb = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert read_layout(killed) == read_layout(straight)
+    # metrics.json too: the dev figures before training (the baseline the gain is read against) are kept
+    a, b = (without_seconds(json.loads((d / "metrics.json").read_text())) for d in (straight, killed))
+    assert "dev_before_training" in a and b == a
+
+
+def without_seconds(report):
+    if isinstance(report, dict):
+        return {k: without_seconds(v) for k, v in report.items() if not k.endswith("_seconds")}
+    return [without_seconds(v) for v in report] if isinstance(report, list) else report
 
 
 def test_help_says_what_accumulation_means_here():

@@ -445,8 +445,9 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     def batches(parts):
         return EmbeddingBatches(examples, ids, tcfg.batch_size, parts, tcfg.seed, tok.pad_token_id)
 
-    # the starting point, so a gain (or a loss) from training is visible; a resumed run measured it before
-    before = evaluate(model) if evaluate is not None and not tcfg.resume else None
+    # the starting point, so a gain (or a loss) from training is visible; a resumed run measures it again
+    # (the same model, the same figures: its metrics.json and last line equal an uninterrupted run's)
+    before = evaluate(model) if evaluate is not None else None
     if before is not None:
         log(f"dev before training: {tcfg.metric} {before[tcfg.metric]:.4f}")
     result = train(model, ids, tcfg, evaluate=evaluate, save=save, output_dir=out, pad_id=tok.pad_token_id,
