@@ -144,3 +144,16 @@ def test_tuning_on_the_split_scored_is_refused_without_an_index(folder, capsys):
     assert main(["evaluate", "retrieval", str(folder), "--mode", "hybrid", "--tune", "test"]) == 2
     err = capsys.readouterr().err
     assert "--tune test is the split being scored" in err and "\n" not in err.strip()
+
+
+def test_dtype_auto_offered_by_the_help_is_taken(folder, tiny_dir, tmp_path):
+    """evaluate's and mine's --dtype list auto (bfloat16 where the CPU has it natively) and its help explains it,
+    but the encoder refused it ("dtype 'auto': use float32 ... or bfloat16"). It resolves as every command's."""
+    from bertkit.runtime.devices import auto_dtype, dtype_name
+
+    out = tmp_path / "m.json"
+    assert main(["evaluate", "retrieval", str(folder), "--model", str(tiny_dir), "--dtype", "auto", "--quiet",
+                 "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["precision"] == dtype_name(auto_dtype())
+    assert main(["mine", str(folder), "--split", "test", "-o", str(tmp_path / "m.tsv"), "--model", str(tiny_dir),
+                 "--dtype", "auto", "--quiet", "--num-negatives", "1"]) == 0

@@ -46,8 +46,8 @@ def encoder_and_settings(model, max_length: int | None = None,
     """The encoder (loaded once, through `bertkit.embeddings.features.load_encoder`) and the settings it embeds
     with: its layout's pooling and max length, `max_length` overriding the latter; `fast`: the fast path's
     settings (`bertkit.runtime.loading.load`)."""
-    if dtype not in ("float32", "bfloat16"):
-        raise BertkitError(f"dtype {dtype!r}: use float32 (comparable with published figures) or bfloat16")
+    if dtype not in ("float32", "bfloat16", "auto"):  # auto: bfloat16 where native (the loader resolves it)
+        raise BertkitError(f"dtype {dtype!r}: use float32 (comparable with published figures), bfloat16 or auto")
     loaded = load_encoder(model, dtype=dtype, fast=fast)
     length = loaded.max_length if max_length is None else max_length
     name = str(loaded.directory.resolve()) if loaded.directory is not None else "(model in memory)"
