@@ -111,6 +111,17 @@ def test_relevance_grades_are_whole_numbers_as_pytrec_eval_takes_them(tmp_path):
             load_beir(folder, "test")
 
 
+def test_a_pair_judged_twice_with_two_grades_is_refused(tmp_path):
+    """A qrels file that graded one (query, document) pair twice kept the last grade silently (as pytrec_eval's
+    dict and BEIR's loader do), so which judgment counted depended on the line order. Two grades are refused,
+    naming both lines; the same grade repeated is one judgment."""
+    folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0\nq1\td1\t1\n")
+    assert load_beir(folder, "test").qrels == {"q1": {"d1": 1, "d2": 0}}
+    write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0\nq1\td1\t0\n")
+    with pytest.raises(BertkitError, match="line 4 grades document 'd1' for query 'q1' 0, line 2 graded it 1"):
+        load_beir(folder, "test")
+
+
 def test_missing_split_names_the_ones_there(tmp_path):
     folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, GOOD_QRELS)
     with pytest.raises(BertkitError, match="split 'dev'.*this folder has test"):

@@ -159,9 +159,14 @@ def read_qrels(path) -> dict[str, dict[str, int]]:
             )
         where = [header.index(c) for c in QRELS_COLUMNS]
         qrels: dict[str, dict[str, int]] = {}
+        lines: dict[tuple, int] = {}  # (query, doc) -> the line that judged it
         for number, cells in tsv_rows(f, path, len(header)):
             query, doc, score = (cells[i] for i in where)
-            qrels.setdefault(query, {})[doc] = _grade(score, f"{path} line {number}")
+            grade, judged = _grade(score, f"{path} line {number}"), qrels.setdefault(query, {})
+            if judged.get(doc, grade) != grade:  # pytrec_eval and BEIR's loader keep the last one silently
+                raise BertkitError(f"{path} line {number} grades document {doc!r} for query {query!r} {grade}, line "
+                                   f"{lines[query, doc]} graded it {judged[doc]}: keep one judgment per pair")
+            judged[doc], lines[query, doc] = grade, number
     if not qrels:
         raise BertkitError(f"{path} has a header but no judgments")
     return qrels
