@@ -35,7 +35,12 @@ def test_evaluate_retrieval_writes_the_figures(folder, tiny_dir, tmp_path, capsy
 def test_evaluate_retrieval_with_bm25(folder, tiny_dir, capsys):
     need(importlib.util.find_spec("bm25s") is not None, "bm25s (the search extra) is not installed")
     assert main(["evaluate", "retrieval", str(folder), "--model", str(tiny_dir), "--bm25", "--quiet"]) == 0
-    assert "| BM25 |" in capsys.readouterr().out
+    assert "| BM25 (no stemming: the baseline) |" in capsys.readouterr().out
+    # --mode all's lexical row is another BM25 (stemmed, as an index's): the two rows say which is which
+    assert main(["evaluate", "retrieval", str(folder), "--model", str(tiny_dir), "--bm25", "--mode", "all",
+                 "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "| model, lexical (BM25, stemmed) |" in printed and "| BM25 (no stemming: the baseline) |" in printed
 
 
 def test_evaluate_sts(shared_data, tiny_dir, tmp_path):

@@ -101,6 +101,8 @@ def _name(result: dict, mode: str) -> str:
     if base == "model" and mode == "dense" and "modes" not in result:
         return base
     mode = _label(result.get("modes", {}).get(mode, result).get("fusion", {"mode": mode}))
+    if base == "model" and mode == "lexical":  # beside --bm25's row, which does not stem
+        mode = "lexical (BM25, stemmed)"
     reranked = "index" in result and result["index"]["rerank"] and mode.startswith(result["mode"])
     return f"{base}, {mode}" + (" + rerank" if reranked else "")
 
@@ -111,7 +113,7 @@ def _table(result: dict) -> str:
     if "before_rerank" in result:  # the reranked search's first stage alone, just above it
         rows.insert(len(rows) - 1, (_name(result, result["mode"]).removesuffix(" + rerank"), result["before_rerank"]))
     rows += [(f"model, {d} dimensions", figures) for d, figures in result.get("dimensions", {}).items()]
-    rows += [("BM25", result["bm25"])] if "bm25" in result else []
+    rows += [("BM25 (no stemming: the baseline)", result["bm25"])] if "bm25" in result else []
     lines = ["| ranker | " + " | ".join(MEASURE_LABELS) + " |", "|---" * (len(MEASURE_LABELS) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{figures[m]:.4f}" for m in MEASURE_LABELS) + " |" for name, figures in rows]
     return "\n".join(lines)
