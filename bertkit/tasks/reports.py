@@ -60,6 +60,10 @@ def embed_report(final: dict) -> str:
     if before is not None and metric in before and metric in dev:
         lines.append(f"dev {metric} before training {before[metric]:.4f}, after {dev[metric]:.4f} "
                      f"({dev[metric] - before[metric]:+.4f})")
+        if dev[metric] < before[metric]:  # the kept epoch is the best of the trained ones, not of the start
+            lines.append(f"warning: the saved model scores below the model it started from on this dev set "
+                         f"({metric}): the starting model is the better one here; train with other settings "
+                         "(a lower --learning-rate, fewer --epochs) or keep it")
     return "\n".join(lines)
 
 
