@@ -246,6 +246,11 @@ def test_killed_with_sigkill_and_resumed_equals_an_uninterrupted_build(built, ti
         build_index(corpus, out, str(tiny), passage_tokens=TOKENS, overlap=OVERLAP, progress=False)
     with pytest.raises(BertkitError, match="passage_tokens was 32 in the interrupted run and is 24"):
         build_index(corpus, out, str(tiny), passage_tokens=24, resume=True, dtype="float32", progress=False)
+    with pytest.raises(BertkitError) as other:  # a record's fields that differ, not the whole record (a hash)
+        build_index(corpus, out, str(tiny), passage_tokens=TOKENS, overlap=OVERLAP, batch_size=64, part_size=40,
+                    resume=True, dtype="bfloat16", progress=False)
+    assert "model precision was {'precision': 'float32'} in the interrupted run and is {'precision': 'bfloat16'}" \
+        in str(other.value) and "fingerprint" not in str(other.value)
     with pytest.raises(BertkitError, match="not an index .*interrupted"):
         open_index(out)
     assert main([*args, "--resume"]) == 0

@@ -177,8 +177,12 @@ def _empty(out: Path) -> None:
 def _check_plan(out: Path, plan: dict) -> None:
     saved = json.loads((out / BUILD_JSON).read_text())
     for key in plan:
-        if saved.get(key) != plan[key]:
-            raise BertkitError(f"--resume: {key} was {saved.get(key)!r} in the interrupted run and is {plan[key]!r} "
+        was, now = saved.get(key), plan[key]
+        if was != now:
+            if isinstance(was, dict) and isinstance(now, dict):  # name the fields that differ, not the whole record
+                key += " " + ", ".join(k for k in {**was, **now} if was.get(k) != now.get(k))
+                was, now = ({k: v for k, v in d.items() if was.get(k) != now.get(k)} for d in (was, now))
+            raise BertkitError(f"--resume: {key} was {was!r} in the interrupted run and is {now!r} "
                                "now: resume with the same corpus, model and settings, or start in a new folder")
 
 
