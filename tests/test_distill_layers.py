@@ -173,7 +173,11 @@ def test_held_out_sentences_pick_the_epoch_saved_and_a_killed_run_resumes_exactl
     # killed in update 5 (epoch 2), after the epoch-1 checkpoint; --resume ends where the straight run did
     res = held_out_run(tiny_dir, killed, kill_at_step=4, check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
-    held_out_run(tiny_dir, killed, "--resume")
+    # another teacher is refused in one line; MODEL left out means the run's own (it was the default model)
+    other = shutil.copytree(tiny_dir, killed.parent / "other")
+    res = run_cli("distill", "layers", other, "-o", killed, "--resume", check=False)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and f"distils {tiny_dir}, not {other}" in res.stderr
+    run_cli("distill", "layers", "-o", killed, "--resume")
     assert train_losses(killed) == train_losses(straight)
     drop = ("train_seconds", "eval_seconds")
     a, b = (json.loads((d / "distill.json").read_text()) for d in (straight, killed))

@@ -227,6 +227,7 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
     settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s). The report's "is_main" says whether
     this process wrote the output (False on torchrun's ranks but the first)."""
     config.validate()
+    model = resumed_teacher(output, model) if config.training.resume else model
     # the output before the teacher runs: a model there (the teacher's own folder even with --overwrite) was
     # written over without a word, --overwrite was never read, and a run there was refused only once the
     # teacher had embedded all of --data
@@ -242,3 +243,17 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
             summary = {k: v for k, v in final.items() if k != "is_main"}
             (Path(output) / "distill.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return final
+
+
+def resumed_teacher(output, model):
+    """The teacher a resumed run learns from: the one it recorded in run_config.json (the run harness writes it
+    when a run starts); MODEL left out means that one, not the default model, and a MODEL naming another is
+    refused (its targets would be mixed into the student its checkpoint holds)."""
+    saved = Path(output) / "run_config.json"
+    teacher = json.loads(saved.read_text()).get("teacher") if saved.is_file() else None
+    if model is None or teacher is None:
+        return teacher or model
+    if Path(model).resolve() != Path(teacher).resolve():
+        raise BertkitError(f"--resume: the run in {output} distils {teacher}, not {model}: leave MODEL out (or give "
+                           "that one), or start a new run in another --output")
+    return model
