@@ -9,6 +9,7 @@ same thread count) and so must the final weights. Dropout stays on, so the
 RNG state really has to be restored.
 """
 
+import json
 import shutil
 import signal
 
@@ -123,3 +124,23 @@ def test_resume_refuses_changed_settings_and_says_a_finished_run_is_finished(str
     assert train_losses(run) == train_losses(straight)
     a, b = load_file(straight / "model.safetensors"), load_file(run / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_resumed_on_data_prepared_again_with_other_settings_is_refused(shared_data, straight_run, tmp_path):
+    # `pretrain prepare` into the same folder with other settings replaces the data in place; with the same
+    # number of instances the resumed run trained on the new data without a word
+    from bertkit.pretraining.prepare import PrepareConfig, prepare
+
+    _, config, _ = straight_run
+    data = make_prepared_data(shared_data, tmp_path)
+    res = run_cli("pretrain", "run", data, "--config", config, "-o", tmp_path / "run", *COMMON,
+                  kill_at_step=4, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    before = json.loads((data / "manifest.json").read_text())["instances"]
+    prepare([tmp_path / "corpus"], data, PrepareConfig(max_seq_length=32, dynamic_masking=True, dupe_factor=1,
+                                                       documents="file", workers=1, seed=3, masking="whole-word"),
+            progress=False)
+    assert json.loads((data / "manifest.json").read_text())["instances"] == before  # the count cannot tell
+    res = run_cli("pretrain", "run", data, "-o", tmp_path / "run", "--resume", check=False)
+    assert res.returncode == 2, res.stderr[-2000:]  # one line (after the note that the killed run's lock is taken)
+    assert res.stderr.splitlines()[-1].startswith("bertkit: error: --resume: the training data was prepared again")

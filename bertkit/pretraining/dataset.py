@@ -19,6 +19,7 @@ stream, when iterated). `collator()` returns the matching `PretrainingCollator`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -75,6 +76,14 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
     @property
     def vocab_size(self) -> int:
         return self.manifest["vocab_size"]
+
+    @property
+    def fingerprint(self) -> str:
+        """What was prepared (settings, counts, shards), not how or from where (time, workers, the paths as
+        typed): a checkpoint keeps it, so a run resumed on data prepared again otherwise is refused."""
+        what = {k: v for k, v in self.manifest.items() if k not in ("seconds", "inputs")}
+        what["config"] = {k: v for k, v in self.config.items() if k != "workers"}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     def tokenizer(self):
         """The tokenizer the data was prepared with (saved in the folder)."""

@@ -56,10 +56,11 @@ class BatchStream:
     position, so a batch is the same whenever it is drawn).
     """
 
-    def __init__(self, instances, batch_size: int, collate, seed: int, position: int = 0):
+    def __init__(self, instances, batch_size: int, collate, seed: int, position: int = 0, prepared: str | None = None):
         if len(instances) == 0:
             raise BertkitError("the training data has no instances: prepare more text or hold out fewer for evaluation")
         self.instances, self.batch_size, self.collate, self.seed = instances, batch_size, collate, seed
+        self.prepared = prepared  # the data folder's fingerprint: a resume checks it is the same data
         self.position = position  # instances consumed before the current step
         self._perm_epoch, self._perm = -1, None
 
@@ -85,7 +86,8 @@ class BatchStream:
         self.position += micro_batches * self.batch_size
 
     def state(self) -> dict:
-        return {"position": self.position, "seed": self.seed, "num_instances": len(self.instances)}
+        return {"position": self.position, "seed": self.seed, "num_instances": len(self.instances),
+                **({"prepared": self.prepared} if self.prepared else {})}
 
 
 def with_sample_seed(collate):
@@ -295,7 +297,7 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
         settings = harness.RunSettings(out, loop, cfg.seed, resume=cfg.resume, keep_last=cfg.keep_last,
                                        optimizer=cfg.optimizer, fsdp=cfg.fsdp, compile=cfg.compile, progress=progress,
                                        run_config=cfg.to_dict(), speed=speed)
-        stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed)
+        stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed, prepared=dataset.fingerprint)
         job = harness.start(settings, info, stream, build)
         model_config = job.config.to_dict()  # recorded in checkpoints, rebuilt to gather FSDP shards
         autocast = autocast_for(cfg.precision, info.device)

@@ -164,6 +164,9 @@ def read_state(settings: RunSettings, info: distributed.DistInfo, stream, log) -
     per_epoch = settings.epoch_steps and settings.loop.save_every == settings.epoch_steps
     state = resume_state(settings.output, data["num_instances"], info.world_size,
                          None if per_epoch else settings.loop.save_every, log if info.is_main else (lambda line: None))
+    if state and state["data"].get("prepared", data.get("prepared")) != data.get("prepared"):  # older: unrecorded
+        raise BertkitError("--resume: the training data was prepared again, with other settings, since the run "
+                           "started; resume on the data it started with (prepare it as before), or start a new run")
     if state and state["data"].get("batch") != data.get("batch"):
         size, parts = state["data"]["batch"]
         raise BertkitError(f"--resume: the run used --batch-size {size} and --grad-accum "
