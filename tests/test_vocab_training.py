@@ -211,6 +211,26 @@ def test_cli_vocab_train_leaves_a_models_vocabulary_alone(tmp_path, capsys):
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
 
 
+def test_cli_vocab_train_leaves_prepared_datas_vocabulary_alone(tmp_path, capsys):
+    # `pretrain prepare` writes the vocab.txt its token ids index: a new one there (it was replaced without a
+    # word) made `pretrain run` on the folder save a model whose vocab.txt does not match its ids
+    from bertkit.cli import main
+
+    data = tmp_path / "data"
+    (data / "instances").mkdir(parents=True)
+    for name, text in (("manifest.json", "{}"), ("vocab.txt", "[PAD]\n[UNK]\n"), ("tokenizer_config.json", "{}")):
+        (data / name).write_text(text)
+    before = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()}
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\n" * 20)
+    for output in (data, data / "vocab.txt"):
+        assert main(["vocab", "train", str(corpus), "-o", str(output), "--vocab-size", "120"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"bertkit: error: {data} holds prepared pre-training data (manifest.json, instances)")
+        assert err.count("\n") == 1 and "write to another folder" in err
+    assert {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()} == before
+
+
 # every line has an accent, 4% of the bytes: below the binary-file threshold, as in real French prose
 FRENCH = ["Le café était chaud ce matin, et nous avons parlé de la ville.",
           "Où est la clé de la maison ? Elle est sur la table, dit-il.",

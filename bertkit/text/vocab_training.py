@@ -253,10 +253,14 @@ def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, pro
     return tokens
 
 
+PREPARED_DATA = ("manifest.json", "instances", "tokens")  # what `pretrain prepare` writes beside its vocab.txt
+
+
 def vocab_file(output) -> Path:
     """Where `output` (a file path, or a folder) puts vocab.txt, refused in a folder that holds a model or a
-    run (its vocab.txt and tokenizer_config.json would no longer match its weights) or a tokenizer.json
-    (transformers would read that instead). Check it before training."""
+    run (its vocab.txt and tokenizer_config.json would no longer match its weights), prepared pre-training
+    data (nor its token ids) or a tokenizer.json (transformers would read that instead). Check it before
+    training."""
     out = Path(output)
     if out.is_dir() or out.suffix == "":
         out = out / "vocab.txt"
@@ -264,6 +268,10 @@ def vocab_file(output) -> Path:
     if held is not None and held[0] in ("a model", "a run"):
         raise BertkitError(f"{out.parent} holds {held[0]} ({', '.join(held[1][:3])}): a new vocab.txt and "
                            "tokenizer_config.json there would no longer match its weights; write to another folder")
+    prepared = [n for n in PREPARED_DATA if (out.parent / n).exists()]
+    if prepared:
+        raise BertkitError(f"{out.parent} holds prepared pre-training data ({', '.join(prepared)}): its token ids "
+                           "index the vocab.txt there, a new one would no longer match them; write to another folder")
     if out.name == "vocab.txt" and (out.parent / "tokenizer.json").exists():
         raise BertkitError(f"{out.parent} holds a tokenizer.json, which transformers reads before vocab.txt: the "
                            "new vocabulary would be bertkit's alone; write to another folder or remove the file")
