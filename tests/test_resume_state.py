@@ -33,9 +33,11 @@ def test_a_crash_while_writing_never_leaves_a_half_checkpoint(tmp_path, monkeypa
     with pytest.raises(OSError):
         ts.save_checkpoint(tmp_path, 2, {"model": {"w": torch.zeros(3)}}, keep=3)
     monkeypatch.undo()
-    # the half-written file exists only under its temporary name, which is never picked up
-    assert (tmp_path / "checkpoints" / "step-00000002.pt.tmp").exists()
+    # an error removes the half-written file (data.atomic); one a kill leaves under its temporary name is never
+    # picked up
+    assert not (tmp_path / "checkpoints" / "step-00000002.pt.tmp").exists()
     assert not (tmp_path / "checkpoints" / "step-00000002.pt").exists()
+    (tmp_path / "checkpoints" / "step-00000003.pt.tmp").write_bytes(b"PK\x03\x04 cut short by SIGKILL")
     latest = ts.latest_checkpoint(tmp_path)
     assert latest.name == "step-00000001.pt"
     assert torch.equal(ts.load_checkpoint(latest)["model"]["w"], torch.ones(3))
