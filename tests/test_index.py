@@ -6,6 +6,7 @@ gives several overlapping passages.
 """
 
 import hashlib
+import gzip
 import json
 import os
 import subprocess
@@ -129,6 +130,12 @@ def test_corpus_formats_read_the_same_documents(tmp_path):
     assert read_documents(tmp_path / "c.jsonl") == want
     assert read_documents(tmp_path / "c.tsv") == want
     assert read_documents(folder) == [Document("d1", "", "alpha beta"), Document("sub/d2", "", "gamma")]
+    # gzipped (BEIR's Hugging Face copies): were refused ("use a BEIR corpus.jsonl"; a folder: "no corpus.jsonl")
+    beir = tmp_path / "beir"
+    beir.mkdir()
+    (beir / "corpus.jsonl.gz").write_bytes(gzip.compress((tmp_path / "c.jsonl").read_bytes()))
+    assert read_documents(beir / "corpus.jsonl.gz") == want
+    assert read_documents(beir) == want
 
 
 def test_bad_corpora_are_one_line_errors(tmp_path):

@@ -129,3 +129,46 @@ def test_missing_split_names_the_ones_there(tmp_path):
     write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t0\n")
     with pytest.raises(BertkitError, match="judges no passage relevant"):
         training_pairs(folder, "test")
+
+
+@pytest.mark.parametrize("layout", [
+    "{q}\t0\t{d}\t{s}",       # TREC qrels as MS MARCO ships them: tabs, no header
+    "{q} Q0 {d} {s}",         # TREC qrels as trec_eval reads them: spaces, no header
+    "{q}  0\t{d}  {s}  ",     # mixed whitespace, trailing blanks
+])
+def test_trec_qrels_without_a_header_read_as_pytrec_eval_parses_them(tmp_path, layout, pytrec_eval):
+    """A 4-column TREC qrels file (`query-id iteration corpus-id score`, no header) was refused as a qrels file
+    whose header lacked the BEIR column names (its first judgment shown as the header). It is read as trec_eval
+    reads it: the oracle is pytrec_eval.parse_qrel on the same lines."""
+    corpus = "".join(f'{{"_id": "{d}", "text": "doc {d}"}}\n' for d in ("d1", "d2", "10"))
+    queries = '{"_id": "q1", "text": "a"}\n{"_id": "7", "text": "b"}\n'
+    lines = [layout.format(q=q, d=d, s=s) for q, d, s in [("q1", "d1", 1), ("q1", "d2", 0), ("7", "10", 2)]]
+    folder = write_beir(tmp_path, corpus, queries, "\n".join(lines) + "\n")
+    assert load_beir(folder, "test").qrels == pytrec_eval.parse_qrel([" ".join(l.split()) for l in lines])
+
+
+def test_headerless_three_column_qrels_and_padded_ids(tmp_path):
+    """BEIR's 3 columns without their header row (BEIR's loader drops the first judgment as a header; trec_eval
+    would not read 3 columns): every line is a judgment. Cells padded with spaces matched no id, and were
+    refused as an unknown query ' q1 '; trec_eval splits on whitespace, so the ids are the stripped cells."""
+    folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "q1\td1\t1\nq1\td2\t0\n")
+    assert load_beir(folder, "test").qrels == {"q1": {"d1": 1, "d2": 0}}
+    write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\n q1 \t d1\t1 \r\nq1\td2 \t0\r\n")
+    assert load_beir(folder, "test").qrels == {"q1": {"d1": 1, "d2": 0}}
+    write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "q1\td1\n")
+    with pytest.raises(BertkitError, match="first line: q1 d1\\): a qrels file is BEIR.s tab-separated query-id, corpus-id, score"):
+        load_beir(folder, "test")
+
+
+def test_gzipped_corpus_and_queries_as_hf_mirrors_ship_them(tmp_path):
+    """corpus.jsonl.gz / queries.jsonl.gz (BEIR's Hugging Face copies) were refused as 'corpus.jsonl does not
+    exist'; they read as the plain files do, a byte order mark and CRLF included."""
+    import gzip
+    folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, GOOD_QRELS)
+    plain = load_beir(folder, "test")
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        text = (folder / name).read_text(encoding="utf-8")
+        (folder / f"{name}.gz").write_bytes(gzip.compress(("\ufeff" + text.replace("\n", "\r\n")).encode()))
+        (folder / name).unlink()
+    gz = load_beir(folder, "test")
+    assert (gz.corpus, gz.queries, gz.qrels) == (plain.corpus, plain.queries, plain.qrels)

@@ -7,6 +7,11 @@ retrieval set as one folder; MTEB's retrieval tasks read the same files:
     queries.jsonl         {"_id": "1", "text": "...", "metadata": {...}}   one per line
     qrels/<split>.tsv     query-id <TAB> corpus-id <TAB> score             header row first
 
+Variants read the same (what users download): corpus.jsonl.gz / queries.jsonl.gz (BEIR's Hugging Face
+copies), a byte order mark, CRLF, a number `_id`, a null or missing title, extra fields; qrels as TREC writes
+them, `query-id 0 corpus-id score` without a header (MS MARCO, TREC; split on whitespace as trec_eval
+splits them), or BEIR's three columns without their header; ids padded with blanks are the stripped cells.
+
 A score is a graded relevance (0 = judged not relevant, 1, 2, ... more relevant),
 as trec_eval reads qrels. `load_beir` keeps the queries that the split judges, as
 BEIR's `GenericDataLoader` does, and `training_pairs` turns a split's positive
@@ -32,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bertkit.errors import BertkitError, read_score
-from bertkit.data.textfiles import existing_file, json_objects, open_text, tsv_rows
+from bertkit.data.textfiles import existing_file, json_objects, open_text
 
 QRELS_COLUMNS = ("query-id", "corpus-id", "score")
 
@@ -110,18 +115,31 @@ def _by_id(rows: list[tuple[int, dict]], path: Path, dedupe: bool) -> dict[str, 
     return out
 
 
+def _jsonl_in(directory: Path, name: str) -> Path:
+    """`name`.jsonl in a BEIR folder, or `name`.jsonl.gz where only that is there (BEIR's Hugging Face copies)."""
+    plain, packed = directory / f"{name}.jsonl", directory / f"{name}.jsonl.gz"
+    return packed if not plain.exists() and packed.is_file() else plain
+
+
+def is_corpus_jsonl(path: Path) -> bool:
+    """Whether `path` is a BEIR corpus: a folder holding corpus.jsonl (or .jsonl.gz), or a .jsonl(.gz) file."""
+    if path.is_dir():
+        return _jsonl_in(path, "corpus").is_file()
+    return path.name.lower().endswith((".jsonl", ".jsonl.gz")) and existing_file(path, "corpus") is not None
+
+
 def read_corpus(source, dedupe: bool = False) -> dict[str, dict]:
     """doc id -> {"title", "text"} from a BEIR folder's corpus.jsonl, or a corpus file of that layout
     under any name (title optional, as in BEIR). A repeated id is an error; `dedupe` keeps the first."""
     path = Path(source)
-    path = path / "corpus.jsonl" if path.is_dir() else path
+    path = _jsonl_in(path, "corpus") if path.is_dir() else path
     rows = _by_id(_read_jsonl(path, ("_id", "text"), "corpus"), path, dedupe)
     return {i: {"title": str(r.get("title") or ""), "text": str(r["text"])} for i, r in rows.items()}
 
 
 def read_queries(directory, dedupe: bool = False) -> dict[str, str]:
     """query id -> text from `directory`/queries.jsonl."""
-    path = Path(directory) / "queries.jsonl"
+    path = _jsonl_in(Path(directory), "queries")
     rows = _by_id(_read_jsonl(path, ("_id", "text"), "queries file"), path, dedupe)
     return {i: str(r["text"]) for i, r in rows.items()}
 
@@ -145,22 +163,56 @@ def _grade(raw: str, where: str) -> int:
     return int(value)
 
 
+def _qrels_layout(first: str, path) -> tuple[list[int], bool]:
+    """(the positions of query id, corpus id and score, whether `first` is a header) from a qrels file's
+    first line: BEIR's tab-separated columns under their header, or a judgment itself (no header) as
+    `query-id corpus-id score` or TREC's `query-id iteration corpus-id score`, split on whitespace as trec_eval
+    splits it (MS MARCO and TREC ship qrels so)."""
+    header = [c.strip() for c in first.split("\t")]
+    if all(c in header for c in QRELS_COLUMNS):
+        return [header.index(c) for c in QRELS_COLUMNS], True
+    cells = first.split()
+    if len(cells) in (3, 4) and _is_number(cells[-1]):
+        return ([0, 1, 2] if len(cells) == 3 else [0, 2, 3]), False
+    missing = [c for c in QRELS_COLUMNS if c not in header]
+    raise BertkitError(f"{path} has no {', '.join(missing)} column (first line: {' '.join(cells)}): a qrels file "
+                       f"is BEIR's tab-separated {', '.join(QRELS_COLUMNS)} under that header, or TREC's "
+                       "`query-id 0 corpus-id score` lines")
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _qrels_rows(f, path, header: bool, width: int):
+    """(line number, cells stripped) per judgment: tab-separated under a header, else whitespace-separated
+    (trec_eval's rule); a line narrower than the first is an error naming it."""
+    for number, line in enumerate(f, 2 if header else 1):
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split("\t")] if header else line.split()
+        if len(cells) < width:
+            raise BertkitError(f"{path} line {number} has {len(cells)} columns, the first line {width}")
+        yield number, cells
+
+
 def read_qrels(path) -> dict[str, dict[str, int]]:
-    """query id -> {doc id: graded relevance} from a qrels TSV with a header row."""
+    """query id -> {doc id: graded relevance} from a qrels file: BEIR's TSV with a header row, or TREC's
+    lines without one (`_qrels_layout`); ids are the cells without surrounding blanks, as trec_eval reads them."""
     with open_text(existing_file(path, "qrels file"), "qrels file") as f:
-        header = f.readline().rstrip("\n").split("\t")
-        if header == [""]:
+        first = f.readline()
+        if not first.strip():
             raise BertkitError(f"{path} is empty: a qrels file has a header {' '.join(QRELS_COLUMNS)} and one row each")
-        missing = [c for c in QRELS_COLUMNS if c not in header]
-        if missing:
-            raise BertkitError(
-                f"{path} has no {', '.join(missing)} column (header: {' '.join(header)}): "
-                f"the header must name {', '.join(QRELS_COLUMNS)}"
-            )
-        where = [header.index(c) for c in QRELS_COLUMNS]
+        where, header = _qrels_layout(first, path)
+        width = len(first.split("\t")) if header else len(first.split())
+        rows = _qrels_rows(f, path, header, width) if header else _qrels_rows([first, *f], path, header, width)
         qrels: dict[str, dict[str, int]] = {}
         lines: dict[tuple, int] = {}  # (query, doc) -> the line that judged it
-        for number, cells in tsv_rows(f, path, len(header)):
+        for number, cells in rows:
             query, doc, score = (cells[i] for i in where)
             grade, judged = _grade(score, f"{path} line {number}"), qrels.setdefault(query, {})
             if judged.get(doc, grade) != grade:  # pytrec_eval and BEIR's loader keep the last one silently

@@ -23,7 +23,7 @@ skipped are the previous window's last ones, which it shares when `stride`
 covers them. The encoder re-tokenises the passage text, which can differ from
 the window by a piece at the end, and truncates at the passage length.
 
-Corpora (`read_documents`): a BEIR `corpus.jsonl` (or the folder holding it),
+Corpora (`read_documents`): a BEIR `corpus.jsonl` or `corpus.jsonl.gz` (or the folder holding it),
 a TSV whose header names `id` (or `_id`), `text` and optionally `title`, or a
 folder of .txt files (the id is the file's path under the folder without
 `.txt`, no title).
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterable
 
 from bertkit.errors import BertkitError
-from bertkit.data.beir import document_text, read_corpus
+from bertkit.data.beir import document_text, is_corpus_jsonl, read_corpus
 from bertkit.data.textfiles import existing_file, open_text, read_text, tsv_rows
 from bertkit.text.windows import half_window, spans
 
@@ -96,8 +96,7 @@ def read_documents(path, dedupe: bool = False) -> list[Document]:
     """The documents of a corpus (see the module docstring), in file order; ids must be unique
     (`dedupe`: the first document of each id is kept, the others dropped with a warning)."""
     path = Path(path)
-    if (path.is_dir() and (path / "corpus.jsonl").is_file()) or (path.suffix.lower() == ".jsonl"
-                                                                  and existing_file(path, "corpus")):
+    if is_corpus_jsonl(path):
         docs = [Document(i, d["title"], d["text"]) for i, d in read_corpus(path, dedupe).items()]
     elif path.is_dir():
         docs = _read_folder(path)
