@@ -3,6 +3,7 @@ killer or a pre-empted node would: how the exact-resume tests stop a real proces
 
     python tests/killed_run.py STEP ARGS...     # `bertkit ARGS...`, killed in update STEP (from 0)
     python tests/killed_run.py interrupt-checkpoint:STEP ARGS...   # Ctrl-C while checkpoint STEP is written
+    python tests/killed_run.py kill-checkpoint:STEP ARGS...        # SIGKILL while checkpoint STEP is written
 
 The process kills itself right after the forward pass of update STEP's last micro-batch, before its
 backward: the updates before it are done and logged, and the checkpoints they wrote are on disk.
@@ -36,9 +37,9 @@ def killing_loop(kill_at: int, loop):
     return train_loop
 
 
-def interrupting_save(step: int, save):
+def interrupting_save(step: int, save, sig=signal.SIGINT):
     """torch.save, which sends this process SIGINT (Ctrl-C) once the bytes of checkpoint `step` begin to go
-    out: a person pressing Ctrl-C while the run writes its checkpoint."""
+    out: a person pressing Ctrl-C while the run writes its checkpoint (SIGKILL: a lost machine)."""
     name = f"step-{step:08d}.pt.tmp"
 
     class Interrupting:
@@ -48,7 +49,7 @@ def interrupting_save(step: int, save):
         def write(self, data):
             if not self.sent:
                 self.sent = True
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), sig)
             return self.f.write(data)
 
         def flush(self):
@@ -62,10 +63,11 @@ def interrupting_save(step: int, save):
 
 if __name__ == "__main__":
     where, sys.argv = sys.argv[1], ["bertkit", *sys.argv[2:]]
-    if where.startswith("interrupt-checkpoint:"):  # Ctrl-C while checkpoint STEP is written
+    if where.startswith(("interrupt-checkpoint:", "kill-checkpoint:")):  # while checkpoint STEP is written
         import torch
 
-        torch.save = interrupting_save(int(where.partition(":")[2]), torch.save)
+        sig = signal.SIGKILL if where.startswith("kill") else signal.SIGINT
+        torch.save = interrupting_save(int(where.partition(":")[2]), torch.save, sig)
     else:
         harness.train_loop = killing_loop(int(where), harness.train_loop)
     from bertkit.cli import main

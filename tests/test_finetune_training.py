@@ -157,10 +157,14 @@ def task(tmp_path_factory):
     return d, tiny_model_dir(d / "tiny"), train_p, dev_p
 
 
-def finetune_cli(task, out, *args, check=True, kill_at_step=None):
+def finetune_cli_args(task, out, *args) -> tuple:
     d, model, train_p, dev_p = task
-    return run_cli("finetune", "classify", "--train", train_p, "--dev", dev_p, "--model", model, "--max-length", 32,
-                   "--no-progress", "--device", "cpu", "-o", out, *args, check=check, kill_at_step=kill_at_step)
+    return ("finetune", "classify", "--train", train_p, "--dev", dev_p, "--model", model, "--max-length", 32,
+            "--no-progress", "--device", "cpu", "-o", out, *args)
+
+
+def finetune_cli(task, out, *args, check=True, kill_at_step=None):
+    return run_cli(*finetune_cli_args(task, out, *args), check=check, kill_at_step=kill_at_step)
 
 
 def train_losses(out) -> dict:
@@ -241,6 +245,24 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(task, o
     assert train_losses(killed) == train_losses(done)  # the whole run again, exactly, nothing kept twice
     wa, wb = load_file(done / "model.safetensors"), load_file(killed / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_run_killed_while_its_first_checkpoint_is_written_starts_again_not_finished(task, one_epoch, tmp_path):
+    # the epoch's best model is saved before its checkpoint: a kill between the two left the model and no
+    # checkpoint, and --resume called the run finished ("deleted its checkpoint") and would not go on
+    killed = tmp_path / "killed"
+    res = run_cli(*finetune_cli_args(task, killed, *ONE_EPOCH), kill_at_step="kill-checkpoint:5", check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert (killed / "model.safetensors").is_file() and not list((killed / "checkpoints").glob("*.pt"))
+    res = run_cli("finetune", "classify", "-o", killed, "--resume")
+    assert "stopped before its first checkpoint" in res.stdout
+    done = one_epoch[0]
+    assert train_losses(killed) == train_losses(done)
+    wa, wb = load_file(done / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # finished now (checkpoint deleted, curves drawn): that is what --resume calls finished
+    res = run_cli("finetune", "classify", "-o", killed, "--resume", check=False)
+    assert res.returncode == 2 and "finished and deleted its checkpoint" in res.stderr
 
 
 def test_a_run_saved_without_dev_by_an_earlier_bertkit_resumes(task, tmp_path):

@@ -21,7 +21,7 @@ One run, on every process of a torchrun (or alone):
             every loop.save_every steps and at the end: a checkpoint of the training state
             (bertkit.training.state) + hooks.extras(step), then hooks.after_checkpoint(step)
         model = final_model(run, rebuild)              # the plain model, FSDP shards gathered (rank 0)
-        finish(run, panels, references)                # delete checkpoints (if asked), OUTPUT/curves.png
+        finish(run, panels, references)                # OUTPUT/curves.png, then delete checkpoints (if asked)
 
 `build(extras)` makes the model to train: `extras` is what `hooks.extras`
 saved in the checkpoint being resumed (None on a fresh run), so a run can
@@ -55,6 +55,8 @@ from bertkit.training.state import (
     resume_state,
     save_training_state,
 )
+
+CURVES = "curves.png"  # drawn when a run ends, before its checkpoints are deleted
 
 # what `save_training_state` writes itself; the rest of a checkpoint is the caller's (`hooks.extras`)
 TRAINING_STATE = ("step", "model", "optimizer", "rng", "data", "scaler")
@@ -147,10 +149,11 @@ def check_output(settings: RunSettings) -> None:
     # a run that deleted its checkpoint, or stopped before its first, has its metrics: a run all the same
     if not settings.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").is_file()):
         raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
-    # finished: the model is saved and the checkpoint deleted (a run killed before its first checkpoint
-    # has no model yet: resume_state starts it again from the beginning)
+    # finished: the curves drawn and the checkpoint deleted, in that order (`finish`); a run killed before its
+    # first checkpoint was written (an epoch's best model is saved before it) has no curves: resume_state
+    # starts it again from the beginning
     if (settings.resume and not settings.keep_checkpoints and latest_checkpoint(out) is None
-            and (out / "model.safetensors").is_file()):
+            and (out / "model.safetensors").is_file() and (out / CURVES).is_file()):
         raise BertkitError(f"--resume: the run in {out} finished and deleted its checkpoint (a run started with "
                            "--keep-checkpoint keeps it); fine-tune again into another --output, --model being "
                            "this run's model to continue from its weights")
@@ -214,12 +217,13 @@ def final_model(run: Run, rebuild: Callable | None = None) -> torch.nn.Module | 
 
 
 def finish(run: Run, panels, references: dict | None = None) -> None:
-    """After the last update: delete the checkpoints (unless kept), draw OUTPUT/curves.png (main process)."""
+    """After the last update: draw OUTPUT/curves.png, then delete the checkpoints (unless kept): the curves
+    with no checkpoint say the run finished (`check_output`) (main process)."""
     out = run.settings.output
     if out is not None and run.info.is_main:
+        plot_curves(out / "metrics.jsonl", out / CURVES, panels, references)
         if not run.settings.keep_checkpoints:
             delete_checkpoints(out, run.log)
-        plot_curves(out / "metrics.jsonl", out / "curves.png", panels, references)
     distributed.barrier(run.info)
 
 
