@@ -12,7 +12,9 @@ multi-label row's empty label cell (or JSON null) is no missing label but the
 empty set, a text with none of the labels (transformers' all-zero multi-hot
 target), which the model has to learn too. A missing column, an unparsable
 score, an unknown label in the dev set or a CoNLL line without its tag is an
-error instead, because no count would make the result right.
+error instead, because no count would make the result right. A column is found by
+its name regardless of case when only one matches ("Sentence", "LABEL"); a class label
+written as a whole-number float ("1.0", pandas' float column) is that number's class ("1").
 
 Outputs are plain dataclasses: `TextExample`, `TaggedSentence`, `QAExample`.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,11 +130,21 @@ def _csv_records(reader):
         last = reader.line_num
 
 
+def column_key(row: dict, name: str) -> str | None:
+    """The key of `row` that names column `name`: itself, else the one key equal to it but for case
+    ("Sentence", "LABEL": headers as spreadsheets write them), else None."""
+    if name in row:
+        return name
+    alike = [k for k in row if isinstance(k, str) and k.casefold() == name.casefold()]
+    return alike[0] if len(alike) == 1 else None
+
+
 def _column(row: dict, name: str, path, n: int, flag: str):
-    if name not in row:
+    key = column_key(row, name)
+    if key is None:
         cols = ", ".join(map(repr, row))
         raise BertkitError(f"{path}:{n}: no column {name!r} (columns: {cols}); pass {flag} to name the right one")
-    return row[name]
+    return row[key]
 
 
 def read_text_examples(
@@ -159,7 +172,7 @@ def read_text_examples(
         label = None
         if label_column:
             label = _label(row, label_column, problem_type, label_separator, path, n, labelled)
-            labelled = labelled or label_column in row
+            labelled = labelled or column_key(row, label_column) is not None
             if label is None and not keep_unlabelled:
                 report.skipped["missing labels"] += 1
                 continue
@@ -176,7 +189,7 @@ def _label(row: dict, column: str, problem_type: str, separator: str, path, n: i
     """A row's label as the problem type reads it; None when its cell is empty or null, or `may_lack` and the
     row has no such key (a JSONL object that leaves it out after others had it; the first row must have
     it: a misspelt column is an error); multi-label: the empty set instead, a text with none of the labels."""
-    raw = row.get(column) if may_lack else _column(row, column, path, n, "--label-column")
+    raw = row.get(column_key(row, column)) if may_lack else _column(row, column, path, n, "--label-column")
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         if problem_type != "multi_label_classification":
             return None
@@ -223,13 +236,13 @@ def read_text_columns(path, text_column: str, pair_column: str | None = None, lo
     report = ReadReport(str(path))
     texts, pairs = [], []
     for n, row in read_rows(path, report):
-        if text_column not in row or (pair_column and pair_column not in row):
-            missing = text_column if text_column not in row else pair_column
-            raise BertkitError(f"{path}:{n}: no column {missing!r} (columns: {', '.join(row)}); "
-                               "pass --text-column/--text-pair-column")
-        texts.append(str(row[text_column]))
+        for name in (text_column, pair_column) if pair_column else (text_column,):
+            if column_key(row, name) is None:
+                raise BertkitError(f"{path}:{n}: no column {name!r} (columns: {', '.join(row)}); "
+                                   "pass --text-column/--text-pair-column")
+        texts.append(str(row[column_key(row, text_column)]))
         if pair_column:
-            pairs.append(str(row[pair_column]))
+            pairs.append(str(row[column_key(row, pair_column)]))
     if report.skipped:
         log(report.summary())
     return texts, (pairs if pair_column else None)
@@ -249,7 +262,10 @@ def parse_label(raw, problem_type: str, separator: str, where: str):
         return sorted({str(p).strip() for p in parts if str(p).strip()})
     if isinstance(raw, float) and raw.is_integer():
         raw = int(raw)
-    return str(raw).strip()
+    name = str(raw).strip()
+    if re.fullmatch(r"[+-]?\d+\.0+", name):  # "1.0" (a float column saved as text) is the class 1, as JSON's 1.0 is
+        name = str(int(float(name)))
+    return name
 
 
 def label_names(labels) -> list[str]:

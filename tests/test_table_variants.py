@@ -1,0 +1,32 @@
+"""Labelled tables as users download them: the variants of GLUE's TSV, a CSV and JSONL read as the plain file."""
+
+import json
+
+from bertkit.data.tables import read_text_columns, read_text_examples
+
+ROWS = [("a fine film", "1"), ("dull", "0"), ("not bad at all", "1")]
+
+
+def test_a_header_in_other_case_names_the_same_columns(tmp_path):
+    """`Sentence`/`Label` (a header in title case, as spreadsheets and some exports write it) was refused for
+    want of 'sentence'; a column is found by its name regardless of case when only one matches."""
+    (tmp_path / "plain.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in ROWS))
+    (tmp_path / "upper.tsv").write_text("Sentence\tLABEL\r\n" + "".join(f"{t}\t{l}\r\n" for t, l in ROWS))
+    want = [(e.text, e.label) for e in read_text_examples(tmp_path / "plain.tsv")[0]]
+    assert want == ROWS
+    assert [(e.text, e.label) for e in read_text_examples(tmp_path / "upper.tsv")[0]] == want
+    assert read_text_columns(tmp_path / "upper.tsv", "sentence", log=lambda _: None) == ([t for t, _ in ROWS], None)
+    # JSONL whose later objects leave the label out kept reading them as unlabelled under a case-mismatched key
+    (tmp_path / "upper.jsonl").write_text("".join(json.dumps({"Sentence": t, "Label": l}) + "\n" for t, l in ROWS))
+    assert [(e.text, e.label) for e in read_text_examples(tmp_path / "upper.jsonl")[0]] == want
+
+
+def test_whole_number_labels_written_as_floats_are_the_same_class(tmp_path):
+    """A label column saved from a float column ("1.0", what pandas writes) made classes '0.0' and '1.0', unlike
+    the same labels as JSON numbers (1.0 read as '1'), so a model trained on one could not be scored on the
+    other. "1.0" is the class 1, as in JSONL; a fractional label stays its own name."""
+    (tmp_path / "f.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{l}.0\n" for t, l in ROWS) + "odd\t2.5\n")
+    (tmp_path / "f.jsonl").write_text("".join(json.dumps({"sentence": t, "label": float(l)}) + "\n" for t, l in ROWS))
+    tsv = [e.label for e in read_text_examples(tmp_path / "f.tsv")[0]]
+    assert tsv == [l for _, l in ROWS] + ["2.5"]
+    assert [e.label for e in read_text_examples(tmp_path / "f.jsonl")[0]] == tsv[:3]
