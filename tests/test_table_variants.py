@@ -30,3 +30,29 @@ def test_whole_number_labels_written_as_floats_are_the_same_class(tmp_path):
     tsv = [e.label for e in read_text_examples(tmp_path / "f.tsv")[0]]
     assert tsv == [l for _, l in ROWS] + ["2.5"]
     assert [e.label for e in read_text_examples(tmp_path / "f.jsonl")[0]] == tsv[:3]
+
+
+def test_squad_in_the_hugging_face_layout_reads_as_the_official_json(tmp_path):
+    """SQuAD as Hugging Face's `squad`/`squad_v2` datasets save it (one question per JSON line, answers as
+    {'text': [...], 'answer_start': [...]}) was refused as 'not SQuAD JSON'. It reads as the official v2.0
+    file: an empty answer list is an unanswerable question (transformers' run_qa.py: the answer is [CLS]),
+    and a v2.0 file's `plausible_answers` are no answers."""
+    from bertkit.data.tables import read_squad
+    ctx = "Paris is the capital of France. It is on the Seine."
+    qas = [{"id": "a", "question": "Capital of France?", "answers": [{"text": "Paris", "answer_start": 0}]},
+           {"id": "b", "question": "River?", "answers": [{"text": "the Seine", "answer_start": 41},
+                                                        {"text": "Seine", "answer_start": 45}]},
+           {"id": "c", "question": "Capital of Spain?", "answers": [], "is_impossible": True,
+            "plausible_answers": [{"text": "Paris", "answer_start": 0}]}]
+    official = {"version": "v2.0", "data": [{"title": "France", "paragraphs": [{"context": ctx, "qas": qas}]}]}
+    (tmp_path / "v2.json").write_text(json.dumps(official))
+    rows = [{"id": q["id"], "title": "France", "context": ctx, "question": q["question"],
+             "answers": {"text": [a["text"] for a in q["answers"]],
+                         "answer_start": [a["answer_start"] for a in q["answers"]]}} for q in qas]
+    (tmp_path / "hf.jsonl").write_text("".join(json.dumps(r) + "\r\n" for r in rows))
+    (tmp_path / "hf_list.json").write_text(json.dumps(rows))
+    want, _ = read_squad(tmp_path / "v2.json")
+    assert [(e.id, e.answers, e.is_impossible) for e in want] == [
+        ("a", [("Paris", 0)], False), ("b", [("the Seine", 41), ("Seine", 45)], False), ("c", [], True)]
+    for name in ("hf.jsonl", "hf_list.json"):
+        assert read_squad(tmp_path / name)[0] == want

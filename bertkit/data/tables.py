@@ -1,4 +1,4 @@
-"""Reading labelled examples: TSV/CSV/JSONL tables, CoNLL columns, SQuAD JSON (and plain lines of text).
+"""Reading labelled examples: TSV/CSV/JSONL tables, CoNLL columns, SQuAD JSON (official or Hugging Face rows), lines.
 
 Tables have a header row (JSONL: one object per line) and the caller names
 the columns (`text_column`, `text_pair_column`, `label_column`). TSV is read
@@ -393,10 +393,7 @@ def read_squad(path, *, articles: str | None = None, max_examples=None,
     """Questions from a SQuAD v1.1/v2.0 JSON file, optionally a slice of its articles; a question with no
     answers (nor is_impossible) is skipped and counted, or with `unanswered` kept (prediction's input)."""
     path = existing_file(path)
-    try:
-        data = json.loads(read_text(path))["data"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise BertkitError(f"{path}: not SQuAD JSON ({err}); expected {{'data': [{{'paragraphs': ...}}]}}")
+    data = _squad_data(path)
     if not isinstance(data, list):
         raise BertkitError(f"{path}: not SQuAD JSON ('data' is a {type(data).__name__}, not a list of articles)")
     report = ReadReport(str(path))
@@ -414,6 +411,48 @@ def read_squad(path, *, articles: str | None = None, max_examples=None,
     if not out:
         raise BertkitError(f"{path}: no questions found in articles {articles or 'all'}")
     return out, report
+
+
+def _squad_data(path) -> list:
+    """The articles of a SQuAD file: the official {'data': [...]} JSON, or the Hugging Face datasets layout
+    (`squad`, `squad_v2` saved with to_json: one question per JSON line, or a JSON list of them), made into
+    articles (`_flat_articles`)."""
+    text = read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        lines = [line for line in text.split("\n") if line.strip()]
+        try:
+            data = [json.loads(line) for line in lines]
+        except json.JSONDecodeError:
+            raise BertkitError(f"{path}: not SQuAD JSON ({err}); expected {{'data': [{{'paragraphs': ...}}]}} "
+                               "or one {'id', 'question', 'context', 'answers'} per line") from None
+    if isinstance(data, dict) and "data" in data:
+        return data["data"]
+    if isinstance(data, list) and data and all(isinstance(r, dict) and "context" in r for r in data):
+        return _flat_articles(data, path)
+    raise BertkitError(f"{path}: not SQuAD JSON (no 'data' key); expected {{'data': [{{'paragraphs': ...}}]}} or "
+                       "one {'id', 'question', 'context', 'answers'} per line (Hugging Face's squad layout)")
+
+
+def _flat_articles(rows: list, path) -> list:
+    """Hugging Face's rows ({'id', 'title', 'context', 'question', 'answers': {'text': [...], 'answer_start':
+    [...]}}) as SQuAD articles, consecutive rows of one title one article; no answers is an unanswerable
+    question, as transformers' run_qa.py reads squad_v2 (answer: [CLS])."""
+    articles = []
+    for i, r in enumerate(rows, 1):
+        answers = r.get("answers", {"text": [], "answer_start": []})  # no key: unanswered (prediction's input)
+        if (not isinstance(answers, dict) or not isinstance(r.get("question"), str)
+                or len(answers.get("text", [])) != len(answers.get("answer_start", []))):
+            raise BertkitError(f"{path}: question {i} ('id' {r.get('id')!r}) needs a 'question' and 'answers' "
+                               "{'text': [...], 'answer_start': [...]} with one start per text")
+        qa = {"id": str(r.get("id", i)), "question": r["question"], "is_impossible": "answers" in r and not answers["text"],
+              "answers": [{"text": t, "answer_start": a} for t, a in zip(answers["text"], answers["answer_start"])]}
+        title = r.get("title", "")
+        if not articles or articles[-1]["title"] != title:
+            articles.append({"title": title, "paragraphs": []})
+        articles[-1]["paragraphs"].append({"context": r["context"], "qas": [qa]})
+    return articles
 
 
 def _squad_article(article: dict, out: list, report: ReadReport, max_examples, unanswered: bool) -> bool:
