@@ -155,6 +155,8 @@ def test_headerless_three_column_qrels_and_padded_ids(tmp_path):
     assert load_beir(folder, "test").qrels == {"q1": {"d1": 1, "d2": 0}}
     write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\n q1 \t d1\t1 \r\nq1\td2 \t0\r\n")
     assert load_beir(folder, "test").qrels == {"q1": {"d1": 1, "d2": 0}}
+    write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id corpus-id score\nq1 d1 1\nq1  d2 0\n")  # spaces
+    assert load_beir(folder, "test").qrels == {"q1": {"d1": 1, "d2": 0}}
     write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "q1\td1\n")
     with pytest.raises(BertkitError, match="first line: q1 d1\\): a qrels file is BEIR.s tab-separated query-id, corpus-id, score"):
         load_beir(folder, "test")

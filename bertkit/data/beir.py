@@ -10,7 +10,8 @@ retrieval set as one folder; MTEB's retrieval tasks read the same files:
 Variants read the same (what users download): corpus.jsonl.gz / queries.jsonl.gz (BEIR's Hugging Face
 copies), a byte order mark, CRLF, a number `_id`, a null or missing title, extra fields; qrels as TREC writes
 them, `query-id 0 corpus-id score` without a header (MS MARCO, TREC; split on whitespace as trec_eval
-splits them), or BEIR's three columns without their header; ids padded with blanks are the stripped cells.
+splits them), or BEIR's three columns without their header (or under it, separated by spaces); ids
+padded with blanks are the stripped cells.
 
 A score is a graded relevance (0 = judged not relevant, 1, 2, ... more relevant),
 as trec_eval reads qrels. `load_beir` keeps the queries that the split judges, as
@@ -163,18 +164,24 @@ def _grade(raw: str, where: str) -> int:
     return int(value)
 
 
-def _qrels_layout(first: str, path) -> tuple[list[int], bool]:
-    """(the positions of query id, corpus id and score, whether `first` is a header) from a qrels file's
-    first line: BEIR's tab-separated columns under their header, or a judgment itself (no header) as
-    `query-id corpus-id score` or TREC's `query-id iteration corpus-id score`, split on whitespace as trec_eval
-    splits it (MS MARCO and TREC ship qrels so)."""
-    header = [c.strip() for c in first.split("\t")]
-    if all(c in header for c in QRELS_COLUMNS):
-        return [header.index(c) for c in QRELS_COLUMNS], True
+def _tab_cells(line: str) -> list[str]:
+    return [c.strip() for c in line.split("\t")]
+
+
+def _qrels_layout(first: str, path) -> tuple[list[int], bool, object]:
+    """(the positions of query id, corpus id and score, whether `first` is a header, how a line splits into
+    cells) from a qrels file's first line: BEIR's tab-separated columns under their header (or that header
+    separated by spaces), or a judgment itself (no header) as `query-id corpus-id score` or TREC's
+    `query-id iteration corpus-id score`, split on whitespace as trec_eval splits it (MS MARCO and TREC ship
+    qrels so)."""
+    for split in (_tab_cells, str.split):
+        header = split(first)
+        if all(c in header for c in QRELS_COLUMNS):
+            return [header.index(c) for c in QRELS_COLUMNS], True, split
     cells = first.split()
     if len(cells) in (3, 4) and _is_number(cells[-1]):
-        return ([0, 1, 2] if len(cells) == 3 else [0, 2, 3]), False
-    missing = [c for c in QRELS_COLUMNS if c not in header]
+        return ([0, 1, 2] if len(cells) == 3 else [0, 2, 3]), False, str.split
+    missing = [c for c in QRELS_COLUMNS if c not in _tab_cells(first)]
     raise BertkitError(f"{path} has no {', '.join(missing)} column (first line: {' '.join(cells)}): a qrels file "
                        f"is BEIR's tab-separated {', '.join(QRELS_COLUMNS)} under that header, or TREC's "
                        "`query-id 0 corpus-id score` lines")
@@ -188,13 +195,12 @@ def _is_number(cell: str) -> bool:
     return True
 
 
-def _qrels_rows(f, path, header: bool, width: int):
-    """(line number, cells stripped) per judgment: tab-separated under a header, else whitespace-separated
-    (trec_eval's rule); a line narrower than the first is an error naming it."""
-    for number, line in enumerate(f, 2 if header else 1):
+def _qrels_rows(lines, path, first: int, split, width: int):
+    """(line number from `first`, cells stripped) per judgment; a line narrower than the first is an error."""
+    for number, line in enumerate(lines, first):
         if not line.strip():
             continue
-        cells = [c.strip() for c in line.split("\t")] if header else line.split()
+        cells = split(line)
         if len(cells) < width:
             raise BertkitError(f"{path} line {number} has {len(cells)} columns, the first line {width}")
         yield number, cells
@@ -207,9 +213,9 @@ def read_qrels(path) -> dict[str, dict[str, int]]:
         first = f.readline()
         if not first.strip():
             raise BertkitError(f"{path} is empty: a qrels file has a header {' '.join(QRELS_COLUMNS)} and one row each")
-        where, header = _qrels_layout(first, path)
-        width = len(first.split("\t")) if header else len(first.split())
-        rows = _qrels_rows(f, path, header, width) if header else _qrels_rows([first, *f], path, header, width)
+        where, header, split = _qrels_layout(first, path)
+        rows = _qrels_rows(f, path, 2, split, len(split(first))) if header else \
+            _qrels_rows([first, *f], path, 1, split, len(split(first)))
         qrels: dict[str, dict[str, int]] = {}
         lines: dict[tuple, int] = {}  # (query, doc) -> the line that judged it
         for number, cells in rows:
