@@ -446,7 +446,8 @@ def _flat_articles(rows: list, path) -> list:
                 or len(answers.get("text", [])) != len(answers.get("answer_start", []))):
             raise BertkitError(f"{path}: question {i} ('id' {r.get('id')!r}) needs a 'question' and 'answers' "
                                "{'text': [...], 'answer_start': [...]} with one start per text")
-        qa = {"id": str(r.get("id", i)), "question": r["question"], "is_impossible": "answers" in r and not answers["text"],
+        impossible = "answers" in r and not answers["text"]
+        qa = {"id": str(r.get("id", i)), "question": r["question"], "is_impossible": impossible,
               "answers": [{"text": t, "answer_start": a} for t, a in zip(answers["text"], answers["answer_start"])]}
         title = r.get("title", "")
         if not articles or articles[-1]["title"] != title:
