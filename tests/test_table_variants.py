@@ -56,3 +56,27 @@ def test_squad_in_the_hugging_face_layout_reads_as_the_official_json(tmp_path):
         ("a", [("Paris", 0)], False), ("b", [("the Seine", 41), ("Seine", 45)], False), ("c", [], True)]
     for name in ("hf.jsonl", "hf_list.json"):
         assert read_squad(tmp_path / name)[0] == want
+
+
+def test_a_tsv_in_csv_quotes_is_refused_not_read_with_its_quotes(tmp_path):
+    """pandas' to_csv(sep="\\t") quotes a text holding a quote, doubling it inside; a .tsv is read without
+    quoting (GLUE), so the text kept its quotes, doubled, silently. The csv module reads the true text, and the
+    same file as CSV (commas) reads it; the TSV is refused naming the line. GLUE's literal quotes still read."""
+    import csv
+    import io
+    import pytest
+    from bertkit.errors import BertkitError
+    rows = [('he said "hi", twice', "1"), ("plain", "0")]
+    buf = io.StringIO()
+    csv.writer(buf, delimiter="\t", lineterminator="\n").writerows([("sentence", "label"), *rows])
+    (tmp_path / "q.tsv").write_text(buf.getvalue())
+    assert list(csv.reader(io.StringIO(buf.getvalue()), delimiter="\t"))[1:] == [list(r) for r in rows]
+    with pytest.raises(BertkitError, match=r"q.tsv:2: the cell .* is in CSV quotes"):
+        read_text_examples(tmp_path / "q.tsv")
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows([("sentence", "label"), *rows])
+    (tmp_path / "q.csv").write_text(buf.getvalue())
+    assert [(e.text, e.label) for e in read_text_examples(tmp_path / "q.csv")[0]] == rows
+    (tmp_path / "glue.tsv").write_text('sentence\tlabel\nhe called "the witness", of\t1\n"quoted whole"\t0\n')
+    assert [e.text for e in read_text_examples(tmp_path / "glue.tsv")[0]] == ['he called "the witness", of',
+                                                                              '"quoted whole"']

@@ -103,7 +103,7 @@ def read_rows(path, report: ReadReport):
             reader = csv.reader(f)
             records = _csv_records(reader)
         else:
-            records = enumerate((line.rstrip("\r\n").split("\t") for line in f), 1)
+            records = _tsv_records(f, path)
         try:
             header = next(records, (1, None))[1]
             if header is None or not any(h.strip() for h in header):
@@ -119,6 +119,23 @@ def read_rows(path, report: ReadReport):
                 yield n, dict(zip(header, fields))
         except csv.Error as err:
             raise BertkitError(f"{path}:{reader.line_num}: not valid CSV ({err})") from None
+
+
+# a whole cell in CSV quotes with a quote doubled inside
+_CSV_QUOTED = re.compile(r'"(?:[^"]|"")*""(?:[^"]|"")*"')
+
+
+def _tsv_records(f, path):
+    """(line number, fields) per TSV line, read without quoting (GLUE). A cell quoted as CSV quotes it (in
+    quotes, a quote inside doubled: how pandas' to_csv(sep="\t") writes a text holding a quote) is refused: read
+    literally, its text would keep the quotes, doubled (no GLUE file has such a cell)."""
+    for n, line in enumerate(f, 1):
+        fields = line.rstrip("\r\n").split("\t")
+        quoted = next((c for c in fields if c.startswith('"') and _CSV_QUOTED.fullmatch(c)), None)
+        if quoted is not None:
+            raise BertkitError(f"{path}:{n}: the cell {quoted[:40]!r} is in CSV quotes; a .tsv is read without "
+                               "quoting, as GLUE writes it: save the table unquoted (pandas: quoting=3) or as a .csv")
+        yield n, fields
 
 
 def _csv_records(reader):
