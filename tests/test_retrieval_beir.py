@@ -174,3 +174,19 @@ def test_gzipped_corpus_and_queries_as_hf_mirrors_ship_them(tmp_path):
         (folder / name).unlink()
     gz = load_beir(folder, "test")
     assert (gz.corpus, gz.queries, gz.qrels) == (plain.corpus, plain.queries, plain.qrels)
+
+
+def test_jsonl_qrels_as_mteb_ships_them(tmp_path):
+    """qrels/test.jsonl ({"query-id", "corpus-id", "score"} per line, ids text or numbers: MTEB's Hugging Face
+    copies) was refused as 'no qrels for split test'; it reads as the TSV with the same judgments."""
+    folder = write_beir(tmp_path, GOOD_CORPUS + '{"_id": 7, "text": "gamma"}\n', GOOD_QUERIES,
+                        "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0\nq1\t7\t2\n")
+    tsv = load_beir(folder, "test").qrels
+    (folder / "qrels" / "test.tsv").unlink()
+    (folder / "qrels" / "test.jsonl").write_text('{"query-id": "q1", "corpus-id": "d1", "score": 1}\n'
+                                                 '{"query-id": "q1", "corpus-id": "d2", "score": 0}\n'
+                                                 '{"query-id": "q1", "corpus-id": 7, "score": 2}\n')
+    assert load_beir(folder, "test").qrels == tsv == {"q1": {"d1": 1, "d2": 0, "7": 2}}
+    (folder / "qrels" / "test.jsonl").write_text('{"query-id": "q1", "corpus-id": "d1"}\n')
+    with pytest.raises(BertkitError, match="line 1 lacks one of query-id, corpus-id, score"):
+        load_beir(folder, "test")

@@ -10,8 +10,9 @@ retrieval set as one folder; MTEB's retrieval tasks read the same files:
 Variants read the same (what users download): corpus.jsonl.gz / queries.jsonl.gz (BEIR's Hugging Face
 copies), a byte order mark, CRLF, a number `_id`, a null or missing title, extra fields; qrels as TREC writes
 them, `query-id 0 corpus-id score` without a header (MS MARCO, TREC; split on whitespace as trec_eval
-splits them), or BEIR's three columns without their header (or under it, separated by spaces); ids
-padded with blanks are the stripped cells.
+splits them), or BEIR's three columns without their header (or under it, separated by spaces), or
+qrels/<split>.jsonl (MTEB's copies: {"query-id", "corpus-id", "score"} per line); ids padded with blanks
+are the stripped cells.
 
 A score is a graded relevance (0 = judged not relevant, 1, 2, ... more relevant),
 as trec_eval reads qrels. `load_beir` keeps the queries that the split judges, as
@@ -146,7 +147,10 @@ def read_queries(directory, dedupe: bool = False) -> dict[str, str]:
 
 
 def qrels_path(directory, split: str) -> Path:
+    """qrels/`split`.tsv, or qrels/`split`.jsonl where only that is there (MTEB's Hugging Face copies)."""
     path = Path(directory) / "qrels" / f"{split}.tsv"
+    if not path.is_file() and path.with_suffix(".jsonl").is_file():
+        return path.with_suffix(".jsonl")
     if not path.is_file():
         found = sorted(p.stem for p in (Path(directory) / "qrels").glob("*.tsv"))
         have = f"this folder has {', '.join(found)}" if found else "this folder has no qrels/*.tsv"
@@ -206,16 +210,35 @@ def _qrels_rows(lines, path, first: int, split, width: int):
         yield number, cells
 
 
+def _json_qrels(f, path):
+    """(line number, [query id, corpus id, score]) per line of a JSONL qrels file ({"query-id", "corpus-id",
+    "score"} per line, ids text or numbers)."""
+    for number, row in json_objects(f, path):
+        if any(row.get(c) is None for c in QRELS_COLUMNS):
+            raise BertkitError(f"{path} line {number} lacks one of {', '.join(QRELS_COLUMNS)}: a JSONL qrels file has "
+                               "all three on each line")
+        yield number, [str(row[c]).strip() for c in QRELS_COLUMNS]
+
+
+def _qrels_cells(f, path):
+    """(positions of query id, corpus id and score, the (line number, cells) of each judgment)."""
+    if Path(path).name.lower().endswith(".jsonl"):
+        return [0, 1, 2], _json_qrels(f, path)
+    first = f.readline()
+    if not first.strip():
+        raise BertkitError(f"{path} is empty: a qrels file has a header {' '.join(QRELS_COLUMNS)} and one row each")
+    where, header, split = _qrels_layout(first, path)
+    if header:
+        return where, _qrels_rows(f, path, 2, split, len(split(first)))
+    return where, _qrels_rows([first, *f], path, 1, split, len(split(first)))
+
+
 def read_qrels(path) -> dict[str, dict[str, int]]:
-    """query id -> {doc id: graded relevance} from a qrels file: BEIR's TSV with a header row, or TREC's
-    lines without one (`_qrels_layout`); ids are the cells without surrounding blanks, as trec_eval reads them."""
+    """query id -> {doc id: graded relevance} from a qrels file: BEIR's TSV with a header row, TREC's lines
+    without one (`_qrels_layout`), or JSON lines; ids are the cells without surrounding blanks, as trec_eval
+    reads them."""
     with open_text(existing_file(path, "qrels file"), "qrels file") as f:
-        first = f.readline()
-        if not first.strip():
-            raise BertkitError(f"{path} is empty: a qrels file has a header {' '.join(QRELS_COLUMNS)} and one row each")
-        where, header, split = _qrels_layout(first, path)
-        rows = _qrels_rows(f, path, 2, split, len(split(first))) if header else \
-            _qrels_rows([first, *f], path, 1, split, len(split(first)))
+        where, rows = _qrels_cells(f, path)
         qrels: dict[str, dict[str, int]] = {}
         lines: dict[tuple, int] = {}  # (query, doc) -> the line that judged it
         for number, cells in rows:
@@ -226,7 +249,7 @@ def read_qrels(path) -> dict[str, dict[str, int]]:
                                    f"{lines[query, doc]} graded it {judged[doc]}: keep one judgment per pair")
             judged[doc], lines[query, doc] = grade, number
     if not qrels:
-        raise BertkitError(f"{path} has a header but no judgments")
+        raise BertkitError(f"{path} holds no judgments")
     return qrels
 
 
