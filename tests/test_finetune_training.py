@@ -14,6 +14,7 @@
 import json
 import random
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -227,6 +228,32 @@ def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, one
     run_cli("finetune", "classify", "-o", kept, "--resume", "--epochs", 2)  # a second epoch on top
     assert sorted(train_losses(kept)) == list(range(1, 11))
     assert [p.name for p in (kept / "checkpoints").iterdir()] == ["step-00000010.pt"]  # still kept: a saved setting
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_training_file_edited_since_is_refused(task, tmp_path):
+    """A run's checkpoint recorded only its row count: a training file edited in place (labels fixed, rows
+    replaced) with as many rows resumed on the edited rows, half the run on one data set and half on another.
+    It records a digest of the training rows now, and a resume on other rows is refused in one line."""
+    d, model, train_p, dev_p = task
+    mine = tmp_path / "train.tsv"
+    mine.write_text(Path(train_p).read_text(encoding="utf-8"), encoding="utf-8")
+    out = tmp_path / "run"
+    args = ("finetune", "classify", "--train", mine, "--dev", dev_p, "--model", model, "--max-length", 32,
+            "--no-progress", "--device", "cpu", "-o", out, "--epochs", 1, "--batch-size", 8, "--save-every", 3)
+    res = run_cli(*args, check=False, kill_at_step=3)
+    assert res.returncode == -signal.SIGKILL and (out / "checkpoints").is_dir(), res.stderr[-2000:]
+    header, *rows = mine.read_text(encoding="utf-8").splitlines()
+    other = {"pos": "neg", "neg": "pos"}
+    flipped = [f"{text}\t{other[label]}" for text, label in (r.rsplit("\t", 1) for r in rows)]
+    mine.write_text("\n".join([header, *flipped]) + "\n", encoding="utf-8")  # the same 80 rows, other labels
+    res = run_cli("finetune", "classify", "-o", out, "--resume", check=False)
+    assert res.returncode == 2
+    assert res.stderr.splitlines()[-1].startswith("bertkit: error: --resume: the training rows are not the ones")
+    mine.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")  # the rows it started on: resumes
+    run_cli("finetune", "classify", "-o", out, "--resume")
+    assert (out / "model.safetensors").is_file()
+
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(task, one_epoch, tmp_path):

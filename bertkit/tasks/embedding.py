@@ -57,7 +57,7 @@ from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
 from bertkit.tasks.run import load_head, load_tokenizer, write_json
-from bertkit.tasks.trainer import train
+from bertkit.tasks.trainer import rows_hash, train
 from bertkit.runtime.loading import load as load_model
 from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
@@ -217,7 +217,7 @@ class EmbeddingBatches:
                  seed: int, pad_id: int = 0, position: int = 0):
         self.examples, self.ids, self.parts, self.seed, self.pad_id = examples, ids, parts, seed, pad_id
         self.size, self.position = batch_size * parts, position
-        self._cache = (None, None)
+        self._cache, self.rows = (None, None), None
         self.keys = row_keys(examples)
         n, self.least = len(examples.rows), least_rows(examples)
         if batch_size < self.least:
@@ -279,8 +279,10 @@ class EmbeddingBatches:
         self.position += micro_batches
 
     def state(self) -> dict:
+        if self.rows is None:  # what a --resume compares: the same count of other rows is other data
+            self.rows = rows_hash([self.ids, self.examples.scores])
         return {"position": self.position, "seed": self.seed, "num_instances": len(self.examples.rows),
-                "batch": [self.size // self.parts, self.parts]}
+                "batch": [self.size // self.parts, self.parts], "rows": self.rows}
 
 
 def tokenize_rows(tok, examples: EmbeddingExamples, max_length: int) -> list[list[list[int]]]:

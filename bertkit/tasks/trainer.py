@@ -34,6 +34,7 @@ Shapes: B batch, T longest feature in the batch; input_ids (B, T) int64.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -97,7 +98,7 @@ class EpochBatches:
         if self.steps_per_epoch == 0:
             raise BertkitError(f"{n} training features cannot fill one micro-batch per accumulation step and "
                                f"process ({parts}); lower --grad-accum or use fewer processes")
-        self._cache = (None, None)
+        self._cache, self._rows = (None, None), None
 
     def batches(self, epoch: int) -> list[list[int]]:
         """The feature indices of each update of `epoch` (0-based), a pure function of (seed, epoch)."""
@@ -120,8 +121,19 @@ class EpochBatches:
         self.position += micro_batches
 
     def state(self) -> dict:
+        if self._rows is None:  # what a --resume compares: the same count of other rows is other data
+            # a distillation's teacher logits are left out: its --resume checks the teacher itself, and they
+            # may differ in the last bits when computed again on another device
+            self._rows = rows_hash([{k: f[k] for k in MODEL_INPUTS if k in f and k != "teacher_logits"}
+                                    for f in self.features])
         return {"position": self.position, "seed": self.seed, "num_instances": len(self.features),
-                "batch": [self.size // self.parts, self.parts]}
+                "batch": [self.size // self.parts, self.parts], "rows": self._rows}
+
+
+def rows_hash(rows: list) -> str:
+    """A digest of a run's training rows (lists, numbers, strings), kept in its checkpoints."""
+    text = json.dumps(rows, separators=(",", ":"), default=lambda v: v.tolist())  # numpy scalars as numbers
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _model_batch(batch: dict) -> dict:

@@ -155,8 +155,8 @@ def check_output(settings: RunSettings) -> None:
     if (settings.resume and not settings.keep_checkpoints and latest_checkpoint(out) is None
             and (out / "model.safetensors").is_file() and (out / CURVES).is_file()):
         raise BertkitError(f"--resume: the run in {out} finished and deleted its checkpoint (a run started with "
-                           "--keep-checkpoint keeps it); fine-tune again into another --output, --model being "
-                           "this run's model to continue from its weights")
+                           "--keep-checkpoint keeps it); to continue from its weights, start a new run into another "
+                           f"--output with {out} as the model it starts from")
 
 
 def read_state(settings: RunSettings, info: distributed.DistInfo, stream, log) -> dict | None:
@@ -170,6 +170,10 @@ def read_state(settings: RunSettings, info: distributed.DistInfo, stream, log) -
     if state and state["data"].get("prepared", data.get("prepared")) != data.get("prepared"):  # older: unrecorded
         raise BertkitError("--resume: the training data was prepared again, with other settings, since the run "
                            "started; resume on the data it started with (prepare it as before), or start a new run")
+    if state and state["data"].get("rows", data.get("rows")) != data.get("rows"):  # older: unrecorded
+        raise BertkitError(f"--resume: the training rows are not the ones the run started on ({data['num_instances']}"
+                           " of them, as then, but other contents: the file was edited since, or read with other "
+                           "settings); resume on the data it started with, or start a new run")
     if state and state["data"].get("batch") != data.get("batch"):
         size, parts = state["data"]["batch"]
         raise BertkitError(f"--resume: the run used --batch-size {size} and --grad-accum "
