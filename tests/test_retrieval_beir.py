@@ -174,6 +174,9 @@ def test_gzipped_corpus_and_queries_as_hf_mirrors_ship_them(tmp_path):
         (folder / name).unlink()
     gz = load_beir(folder, "test")
     assert (gz.corpus, gz.queries, gz.qrels) == (plain.corpus, plain.queries, plain.qrels)
+    # finetune embed --train/--dev took such a folder for 'not a BEIR one (no corpus.jsonl)'
+    from bertkit.tasks.embedding import read_examples
+    assert read_examples(folder, split="test", log=lambda _: None).rows == [("what is alpha", "A alpha")]
 
 
 def test_jsonl_qrels_as_mteb_ships_them(tmp_path):

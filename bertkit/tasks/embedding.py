@@ -61,7 +61,7 @@ from bertkit.tasks.trainer import rows_hash, train
 from bertkit.runtime.loading import load as load_model
 from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
-from bertkit.data.beir import qrels_path, read_qrels, training_pairs
+from bertkit.data.beir import is_corpus_jsonl, qrels_path, read_qrels, training_pairs
 from bertkit.retrieval.evaluation import evaluate_retrieval, evaluate_sts
 from bertkit.model.sentence_layout import SentenceLayout, read_layout, write_layout
 from bertkit.tasks.static_embed import save_static_model, static_rows, static_start
@@ -91,7 +91,7 @@ class EmbeddingExamples:
 
 def is_beir_folder(path) -> bool:
     path = Path(path)
-    return path.is_dir() and (path / "corpus.jsonl").is_file()
+    return path.is_dir() and is_corpus_jsonl(path)  # corpus.jsonl, or corpus.jsonl.gz as BEIR's HF copies ship it
 
 
 def read_examples(path, *, split: str = "train", max_examples: int | None = None, log=print) -> EmbeddingExamples:
