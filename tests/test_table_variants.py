@@ -80,3 +80,13 @@ def test_a_tsv_in_csv_quotes_is_refused_not_read_with_its_quotes(tmp_path):
     (tmp_path / "glue.tsv").write_text('sentence\tlabel\nhe called "the witness", of\t1\n"quoted whole"\t0\n')
     assert [e.text for e in read_text_examples(tmp_path / "glue.tsv")[0]] == ['he called "the witness", of',
                                                                               '"quoted whole"']
+
+
+def test_a_csv_separated_by_semicolons_says_so(tmp_path):
+    """Excel writes CSV with ';' where ',' is the decimal mark; the header read as one column, and the error
+    asked for --text-column, a flag that could not help."""
+    import pytest
+    from bertkit.errors import BertkitError
+    (tmp_path / "x.csv").write_text("sentence;label\nfine;1\n")
+    with pytest.raises(BertkitError, match="separated by ';', not commas"):
+        read_text_examples(tmp_path / "x.csv")

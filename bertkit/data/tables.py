@@ -109,6 +109,9 @@ def read_rows(path, report: ReadReport):
             if header is None or not any(h.strip() for h in header):
                 raise BertkitError(f"{path}: empty file or empty header row; the first line must name the columns")
             header = [h.strip() for h in header]
+            if fmt == "csv" and len(header) == 1 and ";" in header[0]:  # Excel's CSV where the decimal mark is ","
+                raise BertkitError(f"{path}: the header {header[0]!r} is one column: its cells are separated by ';', "
+                                   "not commas; save the table as comma-separated CSV (or tab-separated .tsv)")
             for n, fields in records:
                 if not any(x.strip() for x in fields):
                     report.skipped["empty lines"] += 1
