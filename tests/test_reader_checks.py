@@ -269,7 +269,7 @@ def test_fractional_labels_warn_that_regression_fits(tmp_path):
     assert not looks_like_scores(["neg", "0.5"])
     rows = [(f"the movie was {w}", score) for w, score in [("good", 4.5), ("bad", 0.25), ("fine", 2.0)] * 4]
     train = write_tsv(tmp_path / "scores.tsv", ["sentence", "label"], rows)
-    with pytest.warns(UserWarning, match=r"numbers with fractions \(0.25, 2.0, 4.5\): each distinct value becomes one "
+    with pytest.warns(UserWarning, match=r"numbers with fractions \(0.25, 2, 4.5\): each distinct value becomes one "
                                          r"of 3 classes; for a score, use bertkit finetune regression"):
         finetune("classify", train=str(train), output=str(tmp_path / "out"), model=str(tiny_model_dir(tmp_path / "m")),
                  max_length=16, log=lambda line: None, training=TrainConfig(epochs=1, batch_size=8, progress=False))
