@@ -192,6 +192,21 @@ def test_overlapping_article_slices_are_an_error(tiny, tmp_path):  # noqa: F811
         finetune_qa(cfg, log=lambda s: None)
 
 
+def test_a_squad_v2_dev_file_needs_the_v2_flag_too(tiny, tmp_path):  # noqa: F811
+    """Only the training file was checked for unanswerable questions: a SQuAD v1 train file with a v2 dev file
+    trained, then scored the dev set as v1 (which has no empty answer to give). Both files are checked now."""
+    train = squad_file(tmp_path / "train.json", 5, random.Random(0))
+    dev = squad_file(tmp_path / "dev.json", 3, random.Random(1))
+    data = json.loads(dev.read_text())
+    data["data"][0]["paragraphs"][0]["qas"][0].update(is_impossible=True, answers=[])
+    dev.write_text(json.dumps({**data, "version": "v2.0"}))
+    cfg = QAConfig(train=str(train), dev=str(dev), output=str(tmp_path / "o"), model=str(tiny), max_length=32,
+                   doc_stride=8, max_query_length=8, training=fast())
+    with pytest.raises(BertkitError, match=r"dev.json has unanswerable questions \(SQuAD v2\): pass --version-2"):
+        finetune_qa(cfg, log=lambda s: None)
+    assert not (tmp_path / "o").exists()  # refused before anything was trained or written
+
+
 def test_max_query_length_zero_is_one_line_before_anything_loads(tmp_path, capsys):
     # --max-query-length 0 cut every question away: the run trained on contexts alone, exit 0
     from bertkit.cli import main

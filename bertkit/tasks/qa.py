@@ -46,8 +46,9 @@ def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
         if cfg.dev == cfg.train and set(e.id for e in dev_ex) & set(e.id for e in train_ex):
             raise BertkitError("the train and dev questions overlap: give --train-articles and --dev-articles "
                                "slices that do not overlap (e.g. 0:40 and 40:48)")
-    if not cfg.version_2 and any(e.is_impossible for e in train_ex):
-        raise BertkitError(f"{cfg.train} has unanswerable questions (SQuAD v2): pass --version-2-with-negative")
+    for path, examples in ((cfg.train, train_ex), (cfg.dev, dev_ex or [])):  # v1 scoring has no empty answer
+        if not cfg.version_2 and any(e.is_impossible for e in examples):
+            raise BertkitError(f"{path} has unanswerable questions (SQuAD v2): pass --version-2-with-negative")
 
     tok = load_tokenizer(cfg.model)
     model = load_head(BertForQuestionAnswering, cfg.model, tcfg.seed, log)
