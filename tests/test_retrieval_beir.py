@@ -193,3 +193,20 @@ def test_jsonl_qrels_as_mteb_ships_them(tmp_path):
     (folder / "qrels" / "test.jsonl").write_text('{"query-id": "q1", "corpus-id": "d1"}\n')
     with pytest.raises(BertkitError, match="line 1 lacks one of query-id, corpus-id, score"):
         load_beir(folder, "test")
+
+
+def test_gzipped_qrels_read_as_the_plain_ones(tmp_path):
+    """qrels/test.tsv.gz and qrels/test.jsonl.gz (a folder gzipped whole, as corpus.jsonl.gz already reads) were
+    refused as 'no qrels for split test ... this folder has no qrels/*.tsv'; they read as the plain files, and a
+    missing split names every split the folder has, whatever its suffix."""
+    import gzip
+    folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0\n")
+    plain = load_beir(folder, "test").qrels
+    qrels = folder / "qrels"
+    (qrels / "test.tsv.gz").write_bytes(gzip.compress((qrels / "test.tsv").read_bytes()))
+    (qrels / "test.tsv").unlink()
+    assert load_beir(folder, "test").qrels == plain == {"q1": {"d1": 1, "d2": 0}}
+    (qrels / "train.jsonl.gz").write_bytes(gzip.compress(b'{"query-id": "q1", "corpus-id": "d2", "score": 2}\n'))
+    assert load_beir(folder, "train").qrels == {"q1": {"d2": 2}}
+    with pytest.raises(BertkitError, match=r"split 'dev'.*this folder has test, train$"):
+        load_beir(folder, "dev")

@@ -146,15 +146,18 @@ def read_queries(directory, dedupe: bool = False) -> dict[str, str]:
     return {i: str(r["text"]) for i, r in rows.items()}
 
 
+QRELS_SUFFIXES = (".tsv", ".jsonl", ".tsv.gz", ".jsonl.gz")  # BEIR's, MTEB's Hugging Face copies, gzipped
+
+
 def qrels_path(directory, split: str) -> Path:
-    """qrels/`split`.tsv, or qrels/`split`.jsonl where only that is there (MTEB's Hugging Face copies)."""
-    path = Path(directory) / "qrels" / f"{split}.tsv"
-    if not path.is_file() and path.with_suffix(".jsonl").is_file():
-        return path.with_suffix(".jsonl")
-    if not path.is_file():
-        found = sorted(p.stem for p in (Path(directory) / "qrels").glob("*.tsv"))
+    """qrels/`split`.tsv, or where only that is there qrels/`split`.jsonl (MTEB's Hugging Face copies) or
+    either gzipped."""
+    folder = Path(directory) / "qrels"
+    path = next((folder / f"{split}{s}" for s in QRELS_SUFFIXES if (folder / f"{split}{s}").is_file()), None)
+    if path is None:
+        found = sorted({p.name[: -len(s)] for s in QRELS_SUFFIXES for p in folder.glob(f"*{s}")})
         have = f"this folder has {', '.join(found)}" if found else "this folder has no qrels/*.tsv"
-        raise BertkitError(f"no qrels for split {split!r} ({path} is missing): {have}")
+        raise BertkitError(f"no qrels for split {split!r} ({folder / split}.tsv is missing): {have}")
     return path
 
 
@@ -222,7 +225,7 @@ def _json_qrels(f, path):
 
 def _qrels_cells(f, path):
     """(positions of query id, corpus id and score, the (line number, cells) of each judgment)."""
-    if Path(path).name.lower().endswith(".jsonl"):
+    if Path(path).name.lower().endswith((".jsonl", ".jsonl.gz")):
         return [0, 1, 2], _json_qrels(f, path)
     first = f.readline()
     if not first.strip():
