@@ -178,6 +178,16 @@ def test_qa_reports_exact_match_and_f1_on_squad_json(tiny, tmp_path, capsys):  #
     answers = [q["answers"][0]["text"] for p in json.loads(dev.read_text())["data"][0]["paragraphs"] for q in p["qas"]]
     pred = predicted_column(tmp_path / "p.tsv")
     assert got["exact_match"] == pytest.approx(100 * np.mean([p == a for p, a in zip(pred, answers)]), abs=1e-4)
+    # the same questions as Hugging Face's squad dataset saves them (to_json: one question a line, answers as
+    # lists), which finetune qa reads: predicted, and scored the same (they were predicted unscored)
+    rows = [{"id": q["id"], "title": "t", "context": par["context"], "question": q["question"],
+             "answers": {"text": [a["text"] for a in q["answers"]], "answer_start": [a["answer_start"] for a in q["answers"]]}}
+            for par in json.loads(dev.read_text())["data"][0]["paragraphs"] for q in par["qas"]]
+    hf = tmp_path / "dev_hf.jsonl"
+    hf.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(["predict", str(tmp_path / "o"), str(hf), "-o", str(tmp_path / "p_hf.tsv"), "--dtype", "float32"]) == 0
+    assert reported(capsys.readouterr().out) == got
+    assert predicted_column(tmp_path / "p_hf.tsv") == pred
 
 
 # --- what a newcomer meets (issue 41 items 1, 5, 9) ----------------------------------------------

@@ -248,6 +248,13 @@ def _words(value) -> bool:
     return False
 
 
+def first_row(path) -> dict:
+    """A table's first row ({} when it has none)."""
+    for _, row in read_rows(path, ReadReport(str(path))):
+        return row
+    return {}
+
+
 def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print):
     """(texts, pairs or None) from a table's text column (and second-text column): the inputs of a
     fine-tuned model, unlabelled; a missing column is a one-line error naming the flag; skipped rows

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import QAExample, read_squad, read_text_columns
+from bertkit.data.tables import QAExample, first_row, read_squad, read_text_columns
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import QAConfig
 from bertkit.text.windows import max_context_owner, spans
@@ -159,10 +159,18 @@ def score_answers(preds: list[dict], examples: list[QAExample], info: dict, name
 
 # --- files -----------------------------------------------------------------
 
+def is_squad(path) -> bool:
+    """SQuAD JSON, or Hugging Face's squad/squad_v2 saved as JSON lines (a question, its context and its
+    answers per line), which `finetune qa` reads too; another JSON-lines file is a table."""
+    suffix = Path(path).suffix.lower()
+    return suffix == ".json" or (suffix in (".jsonl", ".ndjson") and
+                                 {"question", "context", "answers"} <= set(first_row(path)))
+
+
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], list[str]]:
     """Questions and contexts from SQuAD JSON (every question, answered or not), or a table's question and
     context columns."""
-    if Path(path).suffix.lower() == ".json":
+    if is_squad(path):
         examples, _ = read_squad(path, unanswered=True)
         return [e.question for e in examples], [e.context for e in examples]
     return read_text_columns(path, text_column or "question", text_pair_column or "context", log=log)
@@ -172,7 +180,7 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
                   every_input: bool = False, log=print):
     """(questions, contexts, QAExamples) from SQuAD JSON with answers, else None: the answered questions, or
     with `every_input` every question, None in place of an unanswered one's example."""
-    if Path(path).suffix.lower() != ".json":
+    if not is_squad(path):
         return None
     examples, _ = read_squad(path, unanswered=True)
     answered = [e if e.answers or e.is_impossible else None for e in examples]

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import (ReadReport, TextExample, check_known_labels, read_rows, read_text_columns,
-                                 read_text_examples, read_text_lines, text_column_of)
+from bertkit.data.tables import (TextExample, check_known_labels, first_row, read_text_columns, read_text_examples,
+                                 read_text_lines, text_column_of)
 from bertkit.data.textfiles import existing_file, open_text
 from bertkit.metrics import tasks as M
 from bertkit.model.config import MULTI_LABEL, REGRESSION
@@ -213,7 +213,7 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     row's example (evaluate mode predicts them all and scores the labelled)."""
     lcol = (label_column or info.get("label_column")
             or ("labels" if problem_type == MULTI_LABEL else "label"))
-    if lcol not in _first_row(path):
+    if lcol not in first_row(path):
         return None
     chosen = []  # the column chosen for the texts is said once: here if labelled, else by read_inputs
     tcol = text_column_of(path, text_column or info.get("text_column"), (lcol,), chosen.append)
@@ -236,7 +236,3 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     return [e.text for e in examples], pairs, answered
 
 
-def _first_row(path) -> dict:
-    for _, row in read_rows(path, ReadReport(str(path))):
-        return row
-    return {}
