@@ -374,6 +374,12 @@ def test_read_texts_formats(tmp_path):
     # and --column on a plain text file was silently ignored
     with pytest.raises(BertkitError, match="a.txt is read one text per line: --column applies to .tsv, .csv"):
         read_texts(tmp_path / "a.txt", column="sentence")
+    # embed's CSV reader is the tables' one (data.textfiles.csv_records): a text longer than the csv module's
+    # 131,072-character field limit is read (it was a csv.Error traceback), and a record is numbered by the line
+    # it starts on (it was the line it ends on)
+    from bertkit.data.textfiles import numbered_texts
+    (tmp_path / "e.csv").write_text('text,n\n"' + "word " * 30000 + '",1\n"two\nlines",2\nlast,3\n', encoding="utf-8")
+    assert [(n, len(t)) for n, t in numbered_texts(tmp_path / "e.csv")()] == [(2, 150000), (3, 9), (5, 4)]
 
 
 

@@ -21,7 +21,6 @@ Outputs are plain dataclasses: `TextExample`, `TaggedSentence`, `QAExample`.
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 from collections import Counter
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError, read_score
-from bertkit.data.textfiles import existing_file, json_objects, open_text, read_text
+from bertkit.data.textfiles import csv_records, existing_file, json_objects, open_text, read_text
 
 # a pairs table's group column (`bertkit mine` writes it, `bertkit finetune embed` reads it): rows of one group
 # never share a training batch
@@ -98,30 +97,22 @@ def read_rows(path, report: ReadReport):
 
             yield from json_objects(f, path, blank)
             return
-        if fmt == "csv":
-            csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long text is one long field
-            reader = csv.reader(f)
-            records = _csv_records(reader)
-        else:
-            records = _tsv_records(f, path)
-        try:
-            header = next(records, (1, None))[1]
-            if header is None or not any(h.strip() for h in header):
-                raise BertkitError(f"{path}: empty file or empty header row; the first line must name the columns")
-            header = [h.strip() for h in header]
-            if fmt == "csv" and len(header) == 1 and ";" in header[0]:  # Excel's CSV where the decimal mark is ","
-                raise BertkitError(f"{path}: the header {header[0]!r} is one column: its cells are separated by ';', "
-                                   "not commas; save the table as comma-separated CSV (or tab-separated .tsv)")
-            for n, fields in records:
-                if not any(x.strip() for x in fields):
-                    report.skipped["empty lines"] += 1
-                    continue
-                if len(fields) != len(header):
-                    report.skipped[f"rows with {len(fields)} fields instead of {len(header)}"] += 1
-                    continue
-                yield n, dict(zip(header, fields))
-        except csv.Error as err:
-            raise BertkitError(f"{path}:{reader.line_num}: not valid CSV ({err})") from None
+        records = csv_records(f, path) if fmt == "csv" else _tsv_records(f, path)
+        header = next(records, (1, None))[1]
+        if header is None or not any(h.strip() for h in header):
+            raise BertkitError(f"{path}: empty file or empty header row; the first line must name the columns")
+        header = [h.strip() for h in header]
+        if fmt == "csv" and len(header) == 1 and ";" in header[0]:  # Excel's CSV where the decimal mark is ","
+            raise BertkitError(f"{path}: the header {header[0]!r} is one column: its cells are separated by ';', "
+                               "not commas; save the table as comma-separated CSV (or tab-separated .tsv)")
+        for n, fields in records:
+            if not any(x.strip() for x in fields):
+                report.skipped["empty lines"] += 1
+                continue
+            if len(fields) != len(header):
+                report.skipped[f"rows with {len(fields)} fields instead of {len(header)}"] += 1
+                continue
+            yield n, dict(zip(header, fields))
 
 
 # a whole cell in CSV quotes with a quote doubled inside
@@ -139,15 +130,6 @@ def _tsv_records(f, path):
             raise BertkitError(f"{path}:{n}: the cell {quoted[:40]!r} is in CSV quotes; a .tsv is read without "
                                "quoting, as GLUE writes it: save the table unquoted (pandas: quoting=3) or as a .csv")
         yield n, fields
-
-
-def _csv_records(reader):
-    """(the line its record starts on, its fields) for each CSV record: a quoted field may hold newlines, so
-    a record can span lines and its number is not its line's."""
-    last = 0
-    for fields in reader:
-        yield last + 1, fields
-        last = reader.line_num
 
 
 def column_key(row: dict, name: str) -> str | None:

@@ -239,6 +239,20 @@ def text_line(path, position: int, column: str | None = None) -> str:
     return f"{path}:{number}"
 
 
+def csv_records(f, path):
+    """(the line its record starts on, its fields) per record of a CSV file opened with newline="": a quoted
+    field may hold newlines (a record then spans lines, so its number is not the reader's line) and be one
+    long text; a record the csv module cannot read is a BertkitError naming its line."""
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long text is one long field
+    reader, last = csv.reader(f), 0
+    try:
+        for fields in reader:
+            yield last + 1, fields
+            last = reader.line_num
+    except csv.Error as err:
+        raise BertkitError(f"{path}:{reader.line_num}: not valid CSV ({err})") from None
+
+
 def _text_column(path, header: list, column: str | None) -> tuple:
     """(index, name, header) of a table's text column: `column`, else "sentence", else "text", else the first."""
     name = column or next((c for c in ("sentence", "text") if c in header), header[0])
@@ -252,19 +266,19 @@ def numbered_texts(path, column: str | None = None):
     path = existing_file(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":  # quoted cells may hold commas and newlines: the csv module reads them
-        with open_text(path) as f:
-            col, name, header = _text_column(path, next(csv.reader(f), [""]), column)
+        with open_text(path, newline="") as f:
+            col, name, header = _text_column(path, next(csv_records(f, path), (1, [""]))[1], column)
 
         def lines():
-            with open_text(path) as f:
-                reader = csv.reader(f)
-                next(reader, None)
-                for cells in reader:
+            with open_text(path, newline="") as f:
+                records = csv_records(f, path)
+                next(records, None)
+                for number, cells in records:
                     if any(cell.strip() for cell in cells):
                         if col >= len(cells):
-                            raise BertkitError(f"{path}:{reader.line_num}: {len(cells)} field(s), no {name!r} "
+                            raise BertkitError(f"{path}:{number}: {len(cells)} field(s), no {name!r} "
                                                f"column (the header has {len(header)})")
-                        yield reader.line_num, cells[col]
+                        yield number, cells[col]
 
     elif suffix == ".tsv":
         with open_text(path) as f:
