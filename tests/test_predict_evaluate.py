@@ -497,3 +497,31 @@ def test_a_hugging_face_head_refuses_a_file_with_several_text_columns_naming_the
     assert main(["predict", str(hf_head), str(path), "-o", str(tmp_path / "p.tsv"), "--text-column", "body",
                  "--dtype", "float32"]) == 0
     assert predicted_column(tmp_path / "p.tsv") == [p["label"] for p in predict(hf_head, TEXTS)]
+
+
+def test_a_text_holding_a_carriage_return_stays_one_row_of_the_predictions(sentiment_run, tmp_path):  # noqa: F811
+    # predict's TSV replaced tab and newline in a cell but kept a carriage return: a text "good\rfilm" (a JSONL
+    # escape, a CSV cell typed on Windows) was written raw, and every line reader (csv, pandas, Python's files)
+    # read it as two rows, the second holding the prediction: the rows no longer matched the inputs
+    import csv
+
+    d, _ = sentiment_run
+    texts = ["the food was\rgood .", "it was\r\nbad .", "this day\twas\ngood .", "plain text ."]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"sentence": t}) + "\n" for t in texts), encoding="utf-8")
+    result = predict_file(d / "out", src, tmp_path / "p.tsv", dtype="float32", log=lambda s: None)
+    with open(tmp_path / "p.tsv", newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    with open(tmp_path / "p.tsv", encoding="utf-8") as f:  # universal newlines, as pandas reads a table
+        assert len(f.readlines()) == len(texts) + 1
+    assert result.count == len(texts) and len(rows) == len(texts) + 1
+    assert [r[1] for r in rows[1:]] == [p["label"] for p in predict(d / "out", texts)]
+    assert [r[0].split() for r in rows[1:]] == [t.split() for t in texts]  # the same words, on one line
+    # the fine-tuning run's dev predictions are written the same way
+    from bertkit.tasks.classification import write_predictions
+    from bertkit.data.tables import TextExample
+
+    write_predictions(tmp_path / "dev.tsv", [TextExample(t, None, "pos") for t in texts],
+                      [{"label": "pos", "probabilities": {"pos": 1.0}}] * len(texts), "single_label_classification")
+    with open(tmp_path / "dev.tsv", encoding="utf-8") as f:
+        assert len(f.readlines()) == len(texts) + 1

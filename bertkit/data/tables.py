@@ -132,6 +132,13 @@ def _tsv_records(f, path):
         yield n, fields
 
 
+def tsv_cell(text: str) -> str:
+    """A text as one cell of a TSV bertkit writes: tab, carriage return and newline made spaces. A lone carriage
+    return ends a line for pandas, the csv module and Python's files, so one left in a cell split its row in two
+    (the later cells on a row of their own). The tokenizer reads all three as spaces: the cell tokenizes the same."""
+    return text.replace("\t", " ").replace("\r", " ").replace("\n", " ")
+
+
 def column_key(row: dict, name: str) -> str | None:
     """The key of `row` that names column `name`: itself, else the one key equal to it but for case
     ("Sentence", "LABEL": headers as spreadsheets write them), else None."""

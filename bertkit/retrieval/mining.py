@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
+from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows, tsv_cell
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.config import MiningOptions
 from bertkit.retrieval.encoding import encode, encoder_and_settings
@@ -224,10 +224,6 @@ def mine_hard_negatives(source, model=None, *, split: str = "train", options: Mi
     return out, report
 
 
-def _one_cell(text: str) -> str:
-    return text.replace("\t", " ").replace("\r", " ").replace("\n", " ")
-
-
 def check_output(path) -> Path:
     """The output path, refused before any work when it is neither .tsv nor .jsonl."""
     path = Path(path)
@@ -254,7 +250,7 @@ def write_rows(rows: list[tuple[str, ...]], path, groups: bool = False) -> None:
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.write("\t".join(names) + "\n")
             for row in rows:
-                f.write("\t".join(_one_cell(text) for text in row) + "\n")
+                f.write("\t".join(tsv_cell(text) for text in row) + "\n")
 
 
 # --- labelled pairs for a cross-encoder ---------------------------------------------------

@@ -45,7 +45,7 @@ from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.config import TextTaskConfig
-from bertkit.data.tables import check_known_labels, label_names, looks_like_scores, read_text_examples
+from bertkit.data.tables import check_known_labels, label_names, looks_like_scores, read_text_examples, tsv_cell
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
 from bertkit.tasks.text_inference import decode, make_features, pool_windows, score
@@ -77,7 +77,7 @@ def write_predictions(path, examples, preds, problem_type: str) -> None:
                 pred = ",".join(p["labels"]) if problem_type == MULTI_LABEL else p["label"]
                 extra = " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
             row = [e.text] + ([e.text_pair or ""] if pair else []) + [gold, pred, extra]
-            f.write("\t".join(x.replace("\t", " ").replace("\n", " ") for x in row) + "\n")
+            f.write("\t".join(map(tsv_cell, row)) + "\n")
 
 
 def _labels(cfg: TextTaskConfig, kind: str, train_ex, dev_ex) -> tuple[dict, list | None, dict | None]:

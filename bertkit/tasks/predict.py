@@ -35,7 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
-from bertkit.data.textfiles import existing_file
+from bertkit.data.tables import tsv_cell
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.tasks.batching import run_model
@@ -174,7 +174,6 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     readers' counts of skipped rows."""
     loaded = load_task_model(model_dir, device, dtype, int8, fast)
     info, task = loaded.info, task_of(loaded)
-    existing_file(input_path)
     columns = (text_column, text_pair_column)
     labelled = (task.read_labelled(input_path, info, *columns, label_column, every_input=True, log=log)
                 if evaluate is not False else None)
@@ -198,7 +197,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
         f.write("\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details"]) + "\n")
         for t, second, p in zip(texts, pairs or [None] * len(texts), preds):
             row = (t, *([second] if pairs else []), *_shown(p))
-            f.write("\t".join(x.replace("\t", " ").replace("\n", " ") for x in row) + "\n")
+            f.write("\t".join(map(tsv_cell, row)) + "\n")
     return FileResult(out, len(preds), scores, loaded.precision, len(scored))
 
 
