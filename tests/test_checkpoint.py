@@ -462,3 +462,31 @@ def test_an_int8_folder_read_as_float_weights_says_what_it_holds(tmp_path, capsy
         bertkit.BertForSequenceClassification.from_pretrained(tmp_path)
     assert main(["model", "info", str(tmp_path), "--class", "BertForSequenceClassification"]) == 2
     assert "int8 model" in capsys.readouterr().err
+
+
+def test_loading_a_model_draws_nothing_from_torchs_global_generator(tiny_dir, tmp_path):
+    """A notebook seeds torch, loads or uses a model, then draws: the draws must not depend on whether a model
+    was loaded in between (the layers' random init, overwritten by the file's weights, used to consume it: a
+    cell's random numbers changed with whether `bertkit.embed` had its model cached yet)."""
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, num_labels=2)
+    bertkit.BertForSequenceClassification(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        tmp_path, tokenizer=Tokenizer.from_pretrained())
+    (tmp_path / "bertkit_task.json").write_text(json.dumps({"task": "classify", "max_length": 32}))
+    bertkit.BertForMaskedLM(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        tmp_path / "mlm", tokenizer=Tokenizer.from_pretrained())
+    calls = {
+        "BertModel.from_pretrained": lambda: BertModel.from_pretrained(tiny_dir),
+        "load": lambda: bertkit.load(tiny_dir),
+        "load mlm": lambda: bertkit.load(tmp_path / "mlm", head="mlm"),
+        "embed": lambda: bertkit.embed("a sentence", model=str(tiny_dir) + "/"),  # a path not cached yet
+        "predict": lambda: bertkit.predict(tmp_path, ["a fine film"]),
+        "attention_map": lambda: bertkit.attention_map("a sentence", model=tiny_dir),
+        "trace": lambda: bertkit.trace("a sentence", model=tiny_dir),
+    }
+    for name, call in calls.items():
+        torch.manual_seed(0)
+        expected = torch.rand(3)
+        torch.manual_seed(0)
+        call()
+        assert torch.equal(torch.rand(3), expected), f"{name} drew from torch's global random generator"

@@ -438,7 +438,10 @@ def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Genera
     shapes = header_shapes(weights)  # the header alone: the config is checked before a layer is allocated
     if shapes is not None:
         check_config(config, shapes, weights)
-    model = cls(config, generator=generator)
+    # a strict load overwrites every weight, so the layers' random init is thrown away: it must not draw from
+    # torch's global generator either (a user's seeded draws would change with whether a model was loaded)
+    with torch.random.fork_rng(devices=[], enabled=strict):
+        model = cls(config, generator=generator)
     state, weights_path = read_weights(directory)
     model.load_report = load_state(model, state, strict=strict, source=str(weights_path))
     return model.eval()  # like transformers: loaded models start in inference mode (dropout off)

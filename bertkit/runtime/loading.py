@@ -332,7 +332,10 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     saved = None if held else describe(encoder_folder(top))  # the encoder's small files (an older layout: its folder)
     plan = _held(*model) if held else _plan(saved, head, int8)
     speed = None if isinstance(fast, bool) else fast  # None: quantization and the fast path decide() them
-    net, where, chosen, int8_weights = _build(plan, device, dtype, int8, speed)
+    # nothing random survives an inference load (a missing weight is refused, a missing pooler dropped): the
+    # layers' thrown-away init must not move the caller's seeded torch generator
+    with torch.random.fork_rng(devices=[]):
+        net, where, chosen, int8_weights = _build(plan, device, dtype, int8, speed)
     quantize_now = int8 and not int8_weights
     # a model in memory keeps its layers, unless it is quantized here
     net = dense_ops(net, quantize_now, fast is not False if not held else quantize_now, speed)
