@@ -171,6 +171,21 @@ def test_search_ranks_documents_by_their_best_passage(built, tiny):
         assert [h.text for h in got] == [p["text"] for p in passages]
 
 
+def test_queries_as_any_iterable_and_the_index_as_its_folder_answer_as_a_list_does(built):
+    """A notebook passes a generator, a numpy column or the index folder's path: each is the list's answer. A
+    generator used to be read twice (once for the vectors, once for BM25), so hybrid search, the default,
+    fused against no lexical run and answered [] without a word; a path was an AttributeError."""
+    index = open_index(built)
+    assert index.info["lexical"], "the fixture's index has a lexical part (hybrid is the default mode)"
+    want = [[(h.id, h.score) for h in hits] for hits in search(index, QUERIES, k=3, dtype="float32")]
+    assert len(want) == len(QUERIES) and all(want)
+    for given in ((q for q in QUERIES), np.array(QUERIES), tuple(QUERIES)):
+        got = search(index, given, k=3, dtype="float32")
+        assert [[(h.id, h.score) for h in hits] for hits in got] == want, type(given).__name__
+    for folder in (built, str(built)):
+        assert [[(h.id, h.score) for h in hits] for hits in search(folder, QUERIES, k=3, dtype="float32")] == want
+
+
 def test_another_model_is_refused_naming_both(built, tiny, tmp_path):
     other = make_tiny(tmp_path / "other", seed=1)
     with pytest.raises(BertkitError) as err:

@@ -43,7 +43,7 @@ from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.documents import first_of_each
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.fusion import fuse, hybrid_weights
-from bertkit.retrieval.index import Index, check_model
+from bertkit.retrieval.index import Index, check_model, open_index
 from bertkit.retrieval.lexical import lexical_documents, options_of
 
 DEFAULT_BLOCK = 16384  # vectors per block of the scan: 16384 x 384 x 4 bytes = 24 MiB
@@ -183,7 +183,8 @@ def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
 def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=None, dtype=None,
            batch_size: int = 32, block_size: int = DEFAULT_BLOCK, ann: bool = False,
            ef_search: int | None = None, fusion: FusionOptions | dict | None = None, fast=True) -> list[list[Hit]]:
-    """For each query, the k best documents of `index` with their best passages, best first.
+    """For each query, the k best documents of `index` (`open_index(folder)`, or the folder) with their best
+    passages, best first. queries: a str or an iterable of them (a list, a generator, a numpy column).
 
     model: the query encoder (None: the one that made the index; another is refused).
     ann: search the HNSW graph built with the index instead of every vector (see `best_documents`).
@@ -191,15 +192,27 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
     settings given: the rest as `fusion_options` says). fast: the query encoder's fast-path settings.
     """
     check_k(k)
-    if isinstance(queries, str):
-        queries = [queries]
+    if isinstance(index, (str, Path)):  # the index's folder, as `bertkit search INDEX` takes it
+        index = open_index(index)
+    if not isinstance(index, Index):
+        raise BertkitError(f"index must be an index folder or open_index(folder), got {type(index).__name__}")
+    # read once: the vectors and BM25 both need them (a generator read twice gave hybrid an empty lexical run)
+    queries = [queries] if isinstance(queries, str) else _listed(queries)
     options = fusion if isinstance(fusion, FusionOptions) else fusion_options(index.info, fusion)
     vectors = None
     if options.mode != "lexical":
         loaded = query_encoder(index.info, model, device, dtype, fast)
-        vectors = embed_queries(index.info, loaded, list(queries), batch_size)
+        vectors = embed_queries(index.info, loaded, queries, batch_size)
     return search_vectors(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search,
-                          queries=list(queries), fusion=options)
+                          queries=queries, fusion=options)
+
+
+def _listed(queries) -> list:
+    """`queries` (a list, a generator, a numpy or pandas column) as a list, or one line saying what they must be."""
+    try:
+        return list(queries)
+    except TypeError:
+        raise BertkitError(f"queries must be a str or a list of str, got {type(queries).__name__}") from None
 
 
 def search_vectors(index: Index, query_vectors: np.ndarray | None, k: int = 10, *, block_size: int = DEFAULT_BLOCK,
