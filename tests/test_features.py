@@ -266,6 +266,11 @@ def test_bad_types_are_named_not_a_python_traceback(tiny):
         (lambda: embed(["a"], tiny, max_length="8"), "max_length '8' must be an int between 3"),
         (lambda: embed(["a"], tiny, stride="2", truncate=False), "stride must be an int"),
         (lambda: embed("a", tiny, layers=None), "layers must be a strategy name .* got None"),
+        # sentence-transformers' way to write a pair, read here as pre-split words: "Who sat? The cat sat." in
+        # one segment, silently another vector than the pair's (test_features_oracle: pairs= equals its pair)
+        (lambda: embed(["a", ("Who sat?", "The cat sat.")], tiny),
+         r"texts\[1\] is a tuple: give a text pair's second texts as pairs=\[\.\.\.\] \(one per text\); pre-split "
+         "words as a list"),
     ]
     for call, message in cases:
         with pytest.raises(BertkitError, match=message):

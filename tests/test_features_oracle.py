@@ -78,6 +78,12 @@ def test_equals_sentence_transformers(sentences, default_model_dir):
     st.max_seq_length = 64
     np.testing.assert_allclose(embed(texts, max_length=64), st.encode(texts, batch_size=4), rtol=0, atol=1e-5)
     assert float(embed([long_text], max_length=64, truncate=False)[0] @ expected[-1]) < 0.9999
+    # text pairs: sentence-transformers encodes a (first, second) tuple as segments A and B, embed takes the
+    # second texts as pairs= (a tuple given as a text is refused: test_features)
+    st.max_seq_length = 256
+    pairs = [(sentences[0], sentences[1]), (sentences[2], sentences[3])]
+    np.testing.assert_allclose(embed([a for a, _ in pairs], pairs=[b for _, b in pairs]), st.encode(pairs),
+                               rtol=0, atol=1e-5)
 
 
 def test_strategies_equal_transformers_hidden_states(hf, sentences):

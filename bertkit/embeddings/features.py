@@ -187,7 +187,7 @@ def _check_tokens(text: str, ids: list, where, k: int) -> None:
 
 def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: None, k: int = 0) -> _Item:
     named = f"{where(k)}: " if where(k) else ""  # a file's line, when the texts came from one
-    if isinstance(text, (list, tuple)):
+    if isinstance(text, list):  # a tuple is no pre-split text: `embed` refuses it as a pair
         if not all(isinstance(w, str) for w in text):
             raise BertkitError(f"{named}a pre-split text must be a list of strings (words)")
         text, words = _word_spans(text)
@@ -309,7 +309,8 @@ def iter_embed(
         raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.load_encoder(model)), "
                            f"got {type(loaded).__name__}")
     output = resolve_output(loaded.layout, pooling, normalize)
-    _check_counts(batch_size=batch_size, chunk_size=chunk_size)
+    int_at_least(batch_size, 1, "batch_size")
+    int_at_least(chunk_size, 1, "chunk_size")
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
         check_static_options(pooling, layers, pairs)
         yield from _static_rows(texts, loaded, normalize, max_length if truncate is not False else None,
@@ -349,11 +350,6 @@ def _cut(positions: int, output, max_length, stride, truncate):
         raise BertkitError(f"stride={stride} applies to windows, and these texts are cut at their max length instead: "
                            "pass truncate=False (--no-truncate) to window them, or drop the stride")
     return shape(positions, output.length, max_length, stride, truncate)
-
-
-def _check_counts(**counts) -> None:
-    for name, value in counts.items():
-        int_at_least(value, 1, name)
 
 
 def _chunks(source: Iterator, size: int) -> Iterator[tuple[int, list]]:
@@ -426,16 +422,19 @@ _EMBED_OPTIONS = {name for name, p in inspect.signature(iter_embed).parameters.i
 
 def _listed(values, what: str) -> list | tuple:
     """`values` (a list, a tuple, or any iterable: a generator, a numpy array) as a sequence, or a
-    BertkitError: bytes would iterate as ints, None or a number not at all."""
-    if isinstance(values, (list, tuple)):
-        return values
+    BertkitError: bytes would iterate as ints, None or a number not at all; a tuple inside is
+    sentence-transformers' (first, second) pair, which read as pre-split words would be one segment."""
     if isinstance(values, (bytes, bytearray)):
         raise BertkitError(f"{what} must be a str or a list of str, got {type(values).__name__}: decode it first "
                            "(e.g. data.decode('utf-8'))")
     try:
-        return list(values)
+        values = values if isinstance(values, (list, tuple)) else list(values)
     except TypeError:
         raise BertkitError(f"{what} must be a str or a list of str, got {type(values).__name__}") from None
+    if (i := next((i for i, v in enumerate(values) if isinstance(v, tuple)), None)) is not None:
+        raise BertkitError(f"{what}[{i}] is a tuple: give a text pair's second texts as pairs=[...] (one per text); "
+                           "pre-split words as a list")
+    return values
 
 
 def embed(
@@ -448,8 +447,8 @@ def embed(
 ):
     """Embed texts with a frozen BERT; a numpy float32 array, one row per text.
 
-    texts:     a string, a list of strings, or a list of pre-split word lists
-               (word vectors then align to those words).
+    texts:     a string, a list (any iterable) of strings, or of pre-split word lists (word
+               vectors then align to those words); a pair's second texts go in pairs=.
     model:     None (the default model), a model directory, a `bertkit.runtime.loading.Loaded`,
                or a (model, tokenizer) pair.
     layers:    a strategy name (first, last, sum_all, second_to_last,
