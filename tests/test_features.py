@@ -499,3 +499,19 @@ def test_cli_embed(tiny, tmp_path, capsys):
                  "--layers", "9", "--quiet"]) == 2
     assert "layer index 9 is out of range" in capsys.readouterr().err
     assert main(["embed", str(tmp_path / "nope.txt"), "-o", str(out)]) == 2
+
+
+def test_cli_embed_counts_the_rows_its_csv_reader_skipped_not_the_files_blank_lines(tiny_dir, tmp_path, capsys):
+    # the note "N blank lines skipped, so row i is the i-th text" counted the file's blank lines, not the
+    # records the CSV reader left out: a blank line inside a quoted cell (one text) was said to be skipped,
+    # and a row of empty cells (",") was skipped unsaid, so the vectors' rows were not the rows the note named
+    from bertkit.cli import main
+
+    for body, texts, skipped in [('text,id\n"first\n\nparagraph",1\nsecond,2\n', 2, 0),
+                                 ('text,id\nfirst,1\n,\nthird,3\n', 2, 1)]:
+        (tmp_path / "in.csv").write_text(body, encoding="utf-8")
+        assert main(["embed", str(tmp_path / "in.csv"), "-o", str(tmp_path / "v.npy"), "--model", str(tiny_dir),
+                     "--quiet", "--dtype", "float32"]) == 0
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert np.load(tmp_path / "v.npy").shape[0] == texts
+        assert ("skipped" in last) == bool(skipped) and (not skipped or f"{skipped} blank line skipped" in last), last

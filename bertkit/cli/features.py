@@ -66,7 +66,7 @@ def run_embed(args):
         where=lambda i: text_line(args.input, i, args.column),
     )
     n = write_vectors(rows, args.output, pooled=output.sentence)
-    blank = blank_lines(args.input)  # rows are the texts in order: say that a blank line has none
+    blank = blank_lines(args.input, args.column)  # rows are the texts in order: say that a blank line has none
     skipped = f"; {blank} blank line{'s' if blank > 1 else ''} skipped, so row i is the i-th text" if blank else ""
     # the file always holds float32 numbers; the model's precision is what they were computed in
     print(f"wrote {n} {'vectors' if output.sentence else 'texts'} to {args.output} (float32 values, computed in "

@@ -211,11 +211,14 @@ def json_objects(lines, path, on_blank=None):
         yield number, row
 
 
-def blank_lines(path) -> int:
-    """How many lines of a text file hold only whitespace: `read_texts` leaves them out, so its rows
-    are the other lines."""
-    with open_text(path) as f:
-        return sum(1 for line in f if not line.strip())
+def blank_lines(path, column: str | None = None) -> int:
+    """How many records `read_texts(path, column)` leaves out as blank (a line of whitespace; a CSV row of
+    empty cells), so its rows are the others: counted by its own reader, since a CSV's blank line inside a
+    quoted cell is part of a text, and a row of empty cells holds no blank line."""
+    left_out = []
+    for _ in numbered_texts(path, column, on_blank=lambda: left_out.append(1))():
+        pass
+    return len(left_out)
 
 
 def read_texts(path, column: str | None = None) -> tuple:
@@ -261,62 +264,81 @@ def _text_column(path, header: list, column: str | None) -> tuple:
     return header.index(name), name, header
 
 
-def numbered_texts(path, column: str | None = None):
-    """A function giving a new iterator over (line number from 1, text) of the file `read_texts` reads."""
+def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
+    """A function giving a new iterator over (line number from 1, text) of the file `read_texts` reads;
+    `on_blank()` is called for each blank record it leaves out."""
     path = existing_file(path)
     suffix = path.suffix.lower()
-    if suffix == ".csv":  # quoted cells may hold commas and newlines: the csv module reads them
-        with open_text(path, newline="") as f:
-            col, name, header = _text_column(path, next(csv_records(f, path), (1, [""]))[1], column)
-
-        def lines():
-            with open_text(path, newline="") as f:
-                records = csv_records(f, path)
-                next(records, None)
-                for number, cells in records:
-                    if any(cell.strip() for cell in cells):
-                        if col >= len(cells):
-                            raise BertkitError(f"{path}:{number}: {len(cells)} field(s), no {name!r} "
-                                               f"column (the header has {len(header)})")
-                        yield number, cells[col]
-
-    elif suffix == ".tsv":
-        with open_text(path) as f:
-            header = f.readline().rstrip("\r\n").split("\t")
-        if column is None and len(header) == 1 and header[0].lstrip().startswith("{"):  # its JSON lines were the texts
-            raise BertkitError(f"{path} holds JSON lines, not a TSV table (its first line is a JSON object): "
-                               "name it .jsonl, or give the TSV a tab-separated header")
-        col, name, header = _text_column(path, header, column)
-
-        def lines():
-            with open_text(path) as f:
-                f.readline()
-                for number, line in enumerate(f, 2):
-                    if line.strip():
-                        fields = line.rstrip("\r\n").split("\t")
-                        if col >= len(fields):
-                            raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
-                                               f"(the header has {len(header)})")
-                        yield number, fields[col]
-
-    elif suffix == ".jsonl":
+    if suffix == ".csv":
+        return _csv_texts(path, column, on_blank)
+    if suffix == ".tsv":
+        return _tsv_texts(path, column, on_blank)
+    if suffix == ".jsonl":
         key = column or "text"
 
         def lines():
             with open_text(path) as f:
-                for number, record in json_objects(f, path):
+                for number, record in json_objects(f, path, on_blank):
                     if key not in record:
                         raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
                     yield number, record[key]
 
-    else:
-        if column is not None:  # was silently ignored
-            raise BertkitError(f"{path} is read one text per line: --column applies to .tsv, .csv and .jsonl files")
+        return lines
+    if column is not None:  # was silently ignored
+        raise BertkitError(f"{path} is read one text per line: --column applies to .tsv, .csv and .jsonl files")
 
-        def lines():
-            with open_text(path) as f:
-                for number, line in enumerate(f, 1):
-                    if line.strip():
-                        yield number, line.rstrip("\r\n")
+    def lines():
+        with open_text(path) as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    on_blank()
+                else:
+                    yield number, line.rstrip("\r\n")
+
+    return lines
+
+
+def _csv_texts(path: Path, column: str | None, on_blank):
+    """`numbered_texts` of a .csv: quoted cells may hold commas and newlines, which the csv module reads."""
+    with open_text(path, newline="") as f:
+        col, name, header = _text_column(path, next(csv_records(f, path), (1, [""]))[1], column)
+
+    def lines():
+        with open_text(path, newline="") as f:
+            records = csv_records(f, path)
+            next(records, None)
+            for number, cells in records:
+                if not any(cell.strip() for cell in cells):
+                    on_blank()
+                    continue
+                if col >= len(cells):
+                    raise BertkitError(f"{path}:{number}: {len(cells)} field(s), no {name!r} "
+                                       f"column (the header has {len(header)})")
+                yield number, cells[col]
+
+    return lines
+
+
+def _tsv_texts(path: Path, column: str | None, on_blank):
+    """`numbered_texts` of a .tsv: a header, then one row per line, cells split at tabs (no quoting)."""
+    with open_text(path) as f:
+        header = f.readline().rstrip("\r\n").split("\t")
+    if column is None and len(header) == 1 and header[0].lstrip().startswith("{"):  # its JSON lines were the texts
+        raise BertkitError(f"{path} holds JSON lines, not a TSV table (its first line is a JSON object): "
+                           "name it .jsonl, or give the TSV a tab-separated header")
+    col, name, header = _text_column(path, header, column)
+
+    def lines():
+        with open_text(path) as f:
+            f.readline()
+            for number, line in enumerate(f, 2):
+                if not line.strip():
+                    on_blank()
+                    continue
+                fields = line.rstrip("\r\n").split("\t")
+                if col >= len(fields):
+                    raise BertkitError(f"{path}:{number}: {len(fields)} field(s), no {name!r} column "
+                                       f"(the header has {len(header)})")
+                yield number, fields[col]
 
     return lines
