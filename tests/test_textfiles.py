@@ -88,3 +88,18 @@ def test_a_csv_error_names_the_line_of_its_record_when_a_field_spans_lines(tmp_p
     path.write_text('sentence,score\n"first line\nsecond",1.0\n\n"ok",2.0\n')
     examples, _ = read_text_examples(path, label_column="score", problem_type="regression")
     assert [(e.text, e.row) for e in examples] == [("first line\nsecond", 2), ("ok", 5)]
+
+
+def test_standard_input_ends_its_lines_where_a_file_of_the_same_bytes_does(tmp_path):
+    # `bertkit tokenize < f` split standard input at "\n" only, while every file reader (embed's read_texts,
+    # predict's, Python's own files) also ends a line at a lone "\r": one text of a file with classic-Mac line
+    # ends or a stray CR was one line on standard input and two rows of embed, so the outputs did not align
+    import io
+
+    from bertkit.data.textfiles import read_texts, stdin_lines
+
+    data = "\ufefffirst\rsecond line\r\nthird\r\r\nfifth\u2028still fifth\x85and\x0cfifth\nlast\r".encode("utf-8")
+    python = [line.rstrip("\n") for line in io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig")]  # universal
+    assert list(stdin_lines(io.BytesIO(data))) == python
+    (tmp_path / "in.txt").write_bytes(data)
+    assert list(read_texts(tmp_path / "in.txt")[0]) == [line for line in python if line.strip()]

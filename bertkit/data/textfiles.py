@@ -168,7 +168,9 @@ def read_text(path, what: str = "input file") -> str:
 def stdin_lines(stream=None):
     """The lines of standard input (`stream`: a binary file, for tests), without their newline, as a record
     file's: UTF-8 (a leading byte order mark dropped), the first line that does not decode a BertkitError
-    naming it. Read as bytes, so the locale's encoding plays no part."""
+    naming it. Read as bytes, so the locale's encoding plays no part; a line ends where a file's does
+    (`open_text`, Python's universal newlines): at "\n", "\r\n" or a lone "\r", never at U+2028 and the
+    other breaks only `str.splitlines` knows."""
     stream = sys.stdin.buffer if stream is None else stream
     for number, raw in enumerate(stream, 1):
         try:
@@ -176,7 +178,9 @@ def stdin_lines(stream=None):
         except UnicodeDecodeError as err:
             raise BertkitError(f"standard input line {number} is not UTF-8 (bytes {raw[err.start:err.start + 4].hex(' ')}): "
                                "pipe UTF-8 text (convert it, e.g. `iconv -f latin1 -t utf-8`)") from None
-        yield line.rstrip("\r\n")
+        line = line[:-1] if line.endswith("\n") else line
+        line = line[:-1] if line.endswith("\r") else line  # a CRLF's, or a last line's lone CR
+        yield from line.split("\r")  # bytes split at "\n" only: a lone CR inside ends a line too
 
 
 def tsv_rows(lines, path, width: int, first: int = 2):
