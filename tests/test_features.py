@@ -515,3 +515,29 @@ def test_cli_embed_counts_the_rows_its_csv_reader_skipped_not_the_files_blank_li
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert np.load(tmp_path / "v.npy").shape[0] == texts
         assert ("skipped" in last) == bool(skipped) and (not skipped or f"{skipped} blank line skipped" in last), last
+
+
+def test_a_model_folder_written_again_is_read_again_not_served_from_the_cache(tmp_path):
+    """embed keeps the last models it loaded, by folder: a notebook that fine-tuned into out/, embedded, fine-tuned
+    into out/ again (--overwrite) and embedded again got the first model's vectors, silently (a new process, the
+    CLI, gave the second's). The trace's cache held the first model the same way."""
+    from bertkit.explain.tracing import trace
+    from bertkit.model.config import BertConfig
+    from bertkit.model.modeling import BertModel
+    from bertkit.text.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64)
+    tok = Tokenizer.from_pretrained()
+
+    def write(seed):
+        model = BertModel(config, generator=torch.Generator().manual_seed(seed)).eval()
+        model.save_pretrained(tmp_path, tokenizer=tok)
+        return model
+
+    first = write(0)
+    np.testing.assert_allclose(embed(TEXT, str(tmp_path)), embed(TEXT, (first, tok)), rtol=0, atol=1e-5)
+    traced = trace(TEXT, model=tmp_path).token_embeddings
+    second = write(1)
+    np.testing.assert_allclose(embed(TEXT, str(tmp_path)), embed(TEXT, (second, tok)), rtol=0, atol=1e-5)
+    assert not torch.equal(trace(TEXT, model=tmp_path).token_embeddings, traced)

@@ -52,7 +52,7 @@ import torch
 from tqdm import tqdm
 
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.runtime.loading import Loaded, check_as_loaded, load
+from bertkit.runtime.loading import Loaded, check_as_loaded, folder_stamp, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
 from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output
 from bertkit.embeddings.static import check_static_options, iter_static, no_tokens
@@ -62,7 +62,7 @@ from bertkit.text.windows import max_context_owner, shape, spans
 # --- the encoder ------------------------------------------------------------------------------
 
 
-_LOADED: dict = {}  # (directory, device, dtype, int8, fast) -> Loaded: the last two directories loaded
+_LOADED: dict = {}  # (directory, device, dtype, int8, fast, its files) -> Loaded: the last two loaded
 
 
 def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=True) -> Loaded:
@@ -77,8 +77,9 @@ def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=T
                            f"pair; got {type(model).__name__}")
     key = None
     if not isinstance(model, tuple):  # os.path, not Path: Path("") is the current directory, "" is no folder
-        key = (None if model is None else os.path.realpath(model) if os.path.isdir(model) else str(model),
-               device, dtype, int8, fast)
+        folder = model is not None and os.path.isdir(model)  # keyed by its files too: a folder written again
+        key = (None if model is None else os.path.realpath(model) if folder else str(model),
+               device, dtype, int8, fast, folder_stamp(model) if folder else None)
     if key not in _LOADED:  # the loader refuses what is no model ("": `bertkit.model.checkpoint.resolve`)
         loaded = load(model if key is None else key[0], head="encoder", device=device, dtype=dtype, int8=int8,
                       fast=fast)

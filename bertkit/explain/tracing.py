@@ -53,7 +53,7 @@ import torch
 
 from bertkit.model.checkpoint import resolve
 from bertkit.errors import BertkitError
-from bertkit.runtime.loading import load
+from bertkit.runtime.loading import folder_stamp, load
 
 # the submodules of one encoder layer whose inputs and outputs are traced
 LAYER_PARTS = ("attention.qkv", "attention.output", "attention_norm", "intermediate", "output", "output_norm")
@@ -131,8 +131,9 @@ TENSORS = (
 
 
 @functools.lru_cache(maxsize=2)
-def _load(directory: str):
-    # cached: a reader traces many layers and heads of the same model one call at a time; the plain
+def _load(directory: str, stamp: tuple):
+    # cached: a reader traces many layers and heads of the same model one call at a time (keyed by the
+    # folder's files too, `stamp`: a folder written again is loaded again); the plain
     # layers (fast=False): a hook on an accelerated dense layer would not see W x + b alone
     loaded = load(directory, head="encoder", device="cpu", dtype="float32", fast=False)
     loaded.need_layers("trace")
@@ -143,7 +144,8 @@ def load_plain_encoder(model=None):
     """The encoder to trace, with its plain layers on the CPU in float32: (BertModel, Tokenizer): None = the default model, a directory, or a (model, tokenizer) pair.
     A task model (BertForSequenceClassification, ...) is traced through its encoder, `.bert`."""
     if model is None or isinstance(model, (str, Path)):
-        return _load(str(resolve(model).resolve()))
+        directory = str(resolve(model).resolve())
+        return _load(directory, folder_stamp(directory))
     if isinstance(model, tuple) and len(model) == 2:
         net, tok = model
         net = getattr(net, "bert", net)

@@ -45,6 +45,7 @@ in eval mode, for inference only.
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,21 @@ def encoder_dir(model) -> Path:
     older sentence-transformers layout's module folder (0_Transformer), for code that reads them itself
     (fine-tuning builds its head on the encoder; `bertkit model info`)."""
     return encoder_folder(resolve(model))
+
+
+def folder_stamp(directory) -> tuple:
+    """A model folder's files as a cache of loaded models keys it beside its path: each file's name, size and
+    modification time (stat'ed, never read), so a folder written again (a model fine-tuned into it once more,
+    `--overwrite`) is loaded again rather than its first model served from the cache."""
+    stamp = []
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            try:
+                info = os.stat(os.path.join(folder, name))
+            except OSError:  # gone between the listing and the stat
+                continue
+            stamp.append((os.path.relpath(os.path.join(folder, name), directory), info.st_size, info.st_mtime_ns))
+    return tuple(sorted(stamp))
 
 
 def need_transformer(path, use: str) -> None:
