@@ -192,6 +192,27 @@ def test_sts_file_errors(tmp_path):
         read_sts(path)
 
 
+def test_sts_pairs_from_any_iterable_score_as_the_list_and_a_short_row_is_named(tiny_dir):
+    """evaluate_sts(model, zip(first, second, scores)), a notebook's way to hand over three columns, was a
+    TypeError from the file reader ('expected str, bytes or os.PathLike object, not zip'); a row without its
+    score a ValueError from unpacking, a None text a TypeError from the tokenizer."""
+    pairs = [("a man eats", "a man is eating", 4.5), ("a dog runs", "the market fell", 0.2),
+             ("kids play", "children are playing", 4.0), ("it rains", "the sun shines", 1.0)]
+    want = evaluate_sts(str(tiny_dir), pairs)
+    for given in (zip(*zip(*pairs)), (p for p in pairs), iter(pairs)):
+        got = evaluate_sts(str(tiny_dir), given)
+        assert (got["spearman"], got["pearson"], got["pairs"], got["data"]) == (
+            want["spearman"], want["pearson"], 4, None)
+    with pytest.raises(BertkitError, match=r"pair 1 has 2 items: each pair is \(sentence1, sentence2, score\)"):
+        evaluate_sts(str(tiny_dir), [pairs[0], pairs[1][:2]])
+    with pytest.raises(BertkitError, match="pair 1: sentence2 is NoneType: every pair needs two texts"):
+        evaluate_sts(str(tiny_dir), [pairs[0], ("a", None, 2.0)])  # was a TypeError from the tokenizer
+    with pytest.raises(BertkitError, match="pair 0: sentence1 is empty"):
+        evaluate_sts(str(tiny_dir), [(" ", "b", 1.0), pairs[1]])
+    with pytest.raises(BertkitError, match="pairs_or_path must be a file or .* got int"):
+        evaluate_sts(str(tiny_dir), 3)
+
+
 def test_an_empty_document_is_left_out_and_a_tokenless_one_is_named(small_scifact, tiny_dir, tmp_path):
     """A corpus line with neither title nor text stopped the whole evaluation with "cannot embed an empty
     text" (naming no document); it is left out of the ranking instead, as `bertkit index` leaves it out of

@@ -29,6 +29,7 @@ precision, max length (and split), so a figure says what it measured.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -340,18 +341,19 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     """Spearman and Pearson correlation of cosine similarity with the gold scores (`fast`: the encoder's
     fast-path settings).
 
-    pairs_or_path: a TSV/CSV/JSONL path (columns sentence1, sentence2, score) or a list of
-    (sentence1, sentence2, score). Returns {"spearman", "pearson", "pairs", "model",
+    pairs_or_path: a TSV/CSV/JSONL path (columns sentence1, sentence2, score) or a list (any
+    iterable: zip(first, second, scores)) of (sentence1, sentence2, score). Returns {"spearman", "pearson", "pairs", "model",
     "precision", "max_length", "pooling", "data"} (data: the file, None for a list).
     """
     if pairs_or_path is None:
         raise BertkitError("evaluate_sts needs scored pairs: a TSV path or a list of (sentence1, sentence2, score)")
-    pairs = read_sts(pairs_or_path) if not isinstance(pairs_or_path, (list, tuple)) else list(pairs_or_path)
+    given = not isinstance(pairs_or_path, (str, os.PathLike))  # pairs, not a file
+    pairs = _scored_pairs(pairs_or_path) if given else read_sts(pairs_or_path)
     if len(pairs) < 2:
         raise BertkitError(f"{len(pairs)} scored pair(s): a correlation needs at least 2")
     gold = [read_score(score, f"pair {i}") for i, (_, _, score) in enumerate(pairs)]
     if len(set(gold)) < 2:  # else nan figures, and NaN in the JSON written
-        source = "" if isinstance(pairs_or_path, (list, tuple)) else f"{pairs_or_path}: "
+        source = "" if given else f"{pairs_or_path}: "
         raise BertkitError(f"{source}every gold score is {gold[0]:g}: a correlation needs at least two different "
                            "scores")
     loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
@@ -362,4 +364,23 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     return {"spearman": spearman(cosine, gold), "pearson": pearson(cosine, gold), "pairs": len(pairs),
             "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
             "pooling": settings.pooling,
-            "data": None if isinstance(pairs_or_path, (list, tuple)) else str(pairs_or_path)}
+            "data": None if given else str(pairs_or_path)}
+
+
+def _scored_pairs(pairs) -> list:
+    """(sentence1, sentence2, score) triples from any iterable (a list, zip(first, second, scores), a generator),
+    each checked for its three items and its two texts, named by its place (the scores: `read_score`)."""
+    try:
+        pairs = list(pairs)
+    except TypeError:
+        raise BertkitError("pairs_or_path must be a file or an iterable of (sentence1, sentence2, score), got "
+                           f"{type(pairs).__name__}") from None
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 3:
+            size = f"has {len(pair)} items" if hasattr(pair, "__len__") else f"is a {type(pair).__name__}"
+            raise BertkitError(f"pair {i} {size}: each pair is (sentence1, sentence2, score)")
+        for name, text in zip(STS_COLUMNS, pair[:2]):
+            if not isinstance(text, str) or not text.strip():
+                raise BertkitError(f"pair {i}: {name} is {'empty' if isinstance(text, str) else type(text).__name__}:"
+                                   " every pair needs two texts")
+    return pairs
