@@ -525,3 +525,24 @@ def test_a_text_holding_a_carriage_return_stays_one_row_of_the_predictions(senti
                       [{"label": "pos", "probabilities": {"pos": 1.0}}] * len(texts), "single_label_classification")
     with open(tmp_path / "dev.tsv", encoding="utf-8") as f:
         assert len(f.readlines()) == len(texts) + 1
+
+
+def test_a_file_of_sentences_with_a_blank_line_is_still_one_sentence_per_line(tmp_path):
+    # a blank line made any file CoNLL columns: `predict NER sentences.txt` took each line's first word for a
+    # token and dropped the rest ("Peter EU" for two sentences, the third "The", with --no-evaluate), or said
+    # "4 columns where earlier lines have 5; tokens and tags are misaligned" of a file that has no tags
+    from bertkit.tasks.ner_inference import read_inputs, read_labelled
+
+    lines = ["Peter Blackburn went to London", "EU rejects German call", "", "The cat sat on the mat", "   ",
+             "Short one ."]
+    path = tmp_path / "sentences.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert read_inputs(path, {}) == ([line for line in lines if line.strip()], None)
+    assert read_labelled(path, {}) is None
+    # CoNLL columns without -DOCSTART- are still columns, and a line missing its tag still an error naming it
+    conll = tmp_path / "tagged.txt"
+    conll.write_text("EU B-ORG\nrejects O\n\nPeter B-PER\nBlackburn I-PER\n", encoding="utf-8")
+    assert read_labelled(conll, {})[2] == [["B-ORG", "O"], ["B-PER", "I-PER"]]
+    conll.write_text("EU B-ORG\nrejects O\n\n" + "".join(f"w{i} O\n" for i in range(20)) + "Peter\n", encoding="utf-8")
+    with pytest.raises(BertkitError, match=r"tagged.txt:24: 'Peter' has 1 column"):
+        read_labelled(conll, {})

@@ -325,10 +325,17 @@ def check_known_labels(labels, label2id: dict, where: str) -> None:
 # --- CoNLL -----------------------------------------------------------------
 
 def looks_like_conll(path) -> bool:
-    """CoNLL columns start with -DOCSTART- or have blank lines between sentences; else one sentence per line."""
+    """CoNLL columns start with -DOCSTART-, or have blank lines between sentences and (nearly) one number of
+    columns on every line, a token and its tags; else one sentence per line. A blank line alone does not make
+    a file of sentences columns: their word counts differ from line to line (read as columns, each line's
+    first word was taken for a token and the rest dropped). Nearly: a line missing its tag is still CoNLL,
+    which `read_conll` refuses naming the line."""
     text = read_text(path)
-    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
-    return text.lstrip().startswith("-DOCSTART-") or len(blocks) > 1
+    if text.lstrip().startswith("-DOCSTART-"):
+        return True
+    blocks = [b for b in re.split(r"\n[^\S\n]*\n", text.strip()) if b.strip()]
+    widths = Counter(len(line.split()) for line in text.split("\n") if line.strip())
+    return len(blocks) > 1 and widths.most_common(1)[0][1] >= 0.9 * sum(widths.values())
 
 
 def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: bool = True, max_sentences=None):
