@@ -337,6 +337,22 @@ def test_plain_output_shows_a_long_query_cut_and_json_leaves_it_out(built, capsy
     assert json.loads(capsys.readouterr().out) == [[h.to_dict() for h in want[0]]]
 
 
+def test_json_answers_to_a_queries_file_say_when_blank_lines_were_skipped(built, tmp_path, capsys):
+    # --json answers one list per query and echoes none: a blank line of --queries FILE was skipped unsaid, so
+    # answer i was not the file's line i (as embed says of its rows)
+    (tmp_path / "q.txt").write_text(f"\n{QUERIES[0]}\n  \n{QUERIES[1]}\n", encoding="utf-8")
+    assert main(["search", str(built), "--queries", str(tmp_path / "q.txt"), "-k", "2", "--json",
+                 "--dtype", "float32"]) == 0
+    captured = capsys.readouterr()
+    want = search(open_index(built), QUERIES, k=2, dtype="float32")
+    assert json.loads(captured.out) == [[h.to_dict() for h in hits] for hits in want]
+    assert "2 blank lines skipped, so answer i is the i-th query" in captured.err, captured.err
+    (tmp_path / "q.txt").write_text(f"{QUERIES[0]}\n", encoding="utf-8")
+    assert main(["search", str(built), "--queries", str(tmp_path / "q.txt"), "-k", "2", "--json",
+                 "--dtype", "float32"]) == 0
+    assert "skipped" not in capsys.readouterr().err
+
+
 # --- approximate search: FAISS HNSW --------------------------------------------------------------
 
 def test_hnsw_recall_is_measured_against_exact_search(tmp_path):

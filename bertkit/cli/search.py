@@ -234,9 +234,14 @@ def _queries(args) -> list[str]:
     if args.query is not None:
         return [args.query]
     with open_text(existing_file(args.queries, "queries file"), "queries file") as f:
-        queries = [line.strip() for line in f if line.strip()]
+        lines = [line.strip() for line in f]
+    queries = [line for line in lines if line]
     if not queries:
         raise BertkitError(f"{args.queries} holds no query: write one per line")
+    blank = len(lines) - len(queries)  # --json echoes no query: say which line an answer is, as embed does
+    if blank:
+        print(f"{args.queries}: {blank} blank line{'s' if blank > 1 else ''} skipped, so answer i is the i-th query",
+              file=sys.stderr)
     return queries
 
 
