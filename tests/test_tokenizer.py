@@ -285,6 +285,9 @@ def test_accent_stripping_follows_lowercase_unless_set():
         (lambda t: t.encode_batch("one text"), "use encode for a single text"),
         (lambda t: t.encode_batch(None), "needs a list of str, got NoneType"),
         (lambda t: t.encode_batch(["ok", 3]), r"texts\[1\] must be a str"),
+        # transformers' batch of (a, b) pairs: the hint was "use encode_batch", the call being made
+        (lambda t: t.encode_batch([("a", "b")]), r"texts\[0\] must be a str, got tuple \(a text pair: give the "
+                                                 r"second texts as pairs=\[\.\.\.\], one per text\)$"),
         (lambda t: t.encode_batch(["a", "b"], ["x"]), "one pair per text"),
         (lambda t: t.encode("a", max_length=513), "above 512"),
         (lambda t: t.encode("a", max_length=1), "cannot even hold the 2 special tokens"),

@@ -46,11 +46,15 @@ def _check_cut(max_length, least: int) -> None:
         int_at_least(max_length, least, "max_length", says="None or an int >= {least}")
 
 
-def _check_text(text, what: str) -> str:
+_BATCH = " (use encode_batch for a list of texts)"
+_PAIRED = " (a text pair: give the second texts as pairs=[...], one per text)"  # the (a, b) of transformers
+
+
+def _check_text(text, what: str, hint: str = _BATCH) -> str:
+    """`text` if it is a str; else an error naming `what`, with `hint` for a list or tuple given in its place."""
     if not isinstance(text, str):
         raise BertkitError(
-            f"{what} must be a str, got {type(text).__name__}"
-            + (" (use encode_batch for a list of texts)" if isinstance(text, (list, tuple)) else "")
+            f"{what} must be a str, got {type(text).__name__}" + (hint if isinstance(text, (list, tuple)) else "")
         )
     return text
 
@@ -294,7 +298,7 @@ class Tokenizer:
             raise BertkitError("ids_batch takes a list of texts, got a str (wrap it in a list)")
         texts = texts if isinstance(texts, list) else list(texts)
         for i, text in enumerate(texts):
-            _check_text(text, f"text {i}")
+            _check_text(text, f"text {i}", "")
         return token_ids(self, texts)
 
     def head(self, text: str, n: int) -> str:
@@ -437,7 +441,7 @@ class Tokenizer:
                 + (" (use encode for a single text)" if isinstance(texts, str) else "")
             )
         for i, t in enumerate(texts):
-            _check_text(t, f"texts[{i}]")
+            _check_text(t, f"texts[{i}]", _PAIRED)
         if pairs is not None:
             if isinstance(pairs, str) or not isinstance(pairs, (list, tuple)):
                 raise BertkitError(f"pairs must be a list of str (one per text), got {type(pairs).__name__}")
