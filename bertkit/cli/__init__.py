@@ -15,6 +15,7 @@ through `bertkit.options`, so each is defined once.
 """
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -41,8 +42,45 @@ EPILOG = """examples:
 """
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, its mistakes said as every other user mistake is: one line `bertkit: error: ...`, exit 2.
+
+    argparse printed its usage block (a dozen lines for finetune) above `bertkit finetune classify: error: ...`;
+    the line names the command's --help instead. A value that is not one of the choices (a mistyped command,
+    `--pooling mena`) is answered with the closest one, as Python 3.14's suggest_on_error does. Subparsers
+    are made of the same class (argparse's parser_class default), so every command answers so."""
+
+    def error(self, message):
+        self.exit(2, f"bertkit: error: {closest_choice(message)} ({self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extra = super().parse_known_args(args, namespace)
+        parsed.__dict__.setdefault("help_of", self.prog)  # the innermost command's, set first: whose options
+        return parsed, extra
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:  # argparse said it from the top parser: `bertkit --help` lists no option of finetune classify
+            self.exit(2, f"bertkit: error: unrecognized arguments: {' '.join(extra)} ({parsed.help_of} --help)\n")
+        return parsed
+
+
+# argparse's words for a value outside `choices` ('x' quoted before Python 3.12.8, bare after)
+INVALID_CHOICE = re.compile(r"invalid choice: '?(?P<given>.*?)'? \(choose from (?P<choices>.*)\)$")
+
+
+def closest_choice(message: str) -> str:
+    """`message`, and when it refuses a choice close to a valid one, that one in place of the whole list."""
+    found = INVALID_CHOICE.search(message)
+    if not found or "did you mean" in message:
+        return message
+    choices = [c.strip().strip("'") for c in found["choices"].split(",")]
+    close = difflib.get_close_matches(found["given"], choices, n=1)
+    return message[: found.start()] + f"invalid choice: {found['given']!r}: did you mean {close[0]!r}?" if close else message
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="bertkit",
         description="BERT from scratch: tokenize, pre-train, fine-tune, embed and look inside.",
         epilog=EPILOG,
