@@ -541,3 +541,27 @@ def test_a_model_folder_written_again_is_read_again_not_served_from_the_cache(tm
     second = write(1)
     np.testing.assert_allclose(embed(TEXT, str(tmp_path)), embed(TEXT, (second, tok)), rtol=0, atol=1e-5)
     assert not torch.equal(trace(TEXT, model=tmp_path).token_embeddings, traced)
+
+
+def test_cli_embed_reads_standard_input_as_a_txt_file(tiny_dir, tmp_path, capsys, monkeypatch):
+    # `tokenize` reads standard input for '-', `embed -` said "input file - does not exist"; it reads the lines
+    # as it reads a .txt of the same bytes (blank lines skipped and said, CRLF and a byte order mark dropped)
+    import io
+    import sys
+
+    from bertkit.cli import main
+
+    data = "\ufeffthe first text\r\n\r\nsecond one\r\n  \nlast".encode("utf-8")
+    (tmp_path / "in.txt").write_bytes(data)
+    common = ["--model", str(tiny_dir), "--quiet", "--dtype", "float32"]
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "file.npy"), *common]) == 0
+    from_file = capsys.readouterr().err.strip().splitlines()[-1]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["embed", "-", "-o", str(tmp_path / "stdin.npy"), *common]) == 0
+    from_stdin = capsys.readouterr().err.strip().splitlines()[-1]
+    np.testing.assert_array_equal(np.load(tmp_path / "stdin.npy"), np.load(tmp_path / "file.npy"))
+    assert "wrote 3 vectors" in from_stdin and "2 blank lines skipped" in from_stdin, from_stdin
+    assert from_stdin == from_file.replace(str(tmp_path / "file.npy"), str(tmp_path / "stdin.npy"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"fine\n\xe2\x80\x8b\n")))
+    assert main(["embed", "-", "-o", str(tmp_path / "none.npy"), *common]) == 2
+    assert "standard input:2: text '\\u200b' yields no tokens" in capsys.readouterr().err

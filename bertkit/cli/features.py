@@ -27,7 +27,8 @@ def add_embed(sub):
         "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("input", help="a text file: .txt (one text per line), .jsonl, .tsv or .csv")
+    p.add_argument("input", help="a text file: .txt (one text per line), .jsonl, .tsv or .csv; '-': standard input, "
+                   "one text per line")
     p.add_argument("-o", "--output", required=True, help="where to write: .npy, .safetensors or .jsonl")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
     add_options(p, EmbedOptions)

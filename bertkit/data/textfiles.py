@@ -38,6 +38,7 @@ import json
 import sys
 import zlib
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 from bertkit.errors import BertkitError
@@ -243,7 +244,7 @@ def text_line(path, position: int, column: str | None = None) -> str:
     """Where the text at `position` (from 0) of `read_texts(path, column)` is: "path:line", as a reader's
     error names a line (read again: only an error about one text asks)."""
     number = next(n for i, (n, _) in enumerate(numbered_texts(path, column)()) if i == position)
-    return f"{path}:{number}"
+    return f"{'standard input' if str(path) == STDIN else path}:{number}"
 
 
 def csv_records(f, path):
@@ -269,8 +270,14 @@ def _text_column(path, header: list, column: str | None) -> tuple:
 
 
 def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
-    """A function giving a new iterator over (line number from 1, text) of the file `read_texts` reads;
-    `on_blank()` is called for each blank record it leaves out."""
+    """A function giving a new iterator over (line number from 1, text) of the file `read_texts` reads
+    ("-": standard input, one text per line, as a .txt); `on_blank()` is called for each blank record it
+    leaves out."""
+    if str(path) == STDIN:
+        if column is not None:
+            raise BertkitError("standard input is read one text per line: --column applies to .tsv, .csv and "
+                               ".jsonl files")
+        return _text_lines(lambda: enumerate(_stdin_read(sys.stdin), 1), on_blank)
     path = existing_file(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
@@ -291,13 +298,32 @@ def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
     if column is not None:  # was silently ignored
         raise BertkitError(f"{path} is read one text per line: --column applies to .tsv, .csv and .jsonl files")
 
-    def lines():
+    def numbered_lines():
         with open_text(path) as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    on_blank()
-                else:
-                    yield number, line.rstrip("\r\n")
+            yield from enumerate(f, 1)
+
+    return _text_lines(numbered_lines, on_blank)
+
+
+STDIN = "-"  # the input name that means standard input, as `bertkit tokenize -` reads it
+
+
+@lru_cache(maxsize=1)
+def _stdin_read(stream) -> tuple:
+    """The lines of `stream` (sys.stdin), read once: the texts' readers read their input more than once (to
+    count it, to name a line), and a pipe gives its lines once."""
+    return tuple(stdin_lines(stream.buffer))
+
+
+def _text_lines(numbered_lines, on_blank):
+    """`numbered_texts` of one text per line: numbered_lines() gives (number, line); a blank line is left out."""
+
+    def lines():
+        for number, line in numbered_lines():
+            if not line.strip():
+                on_blank()
+            else:
+                yield number, line.rstrip("\r\n")
 
     return lines
 
