@@ -8,6 +8,7 @@ fine-tuning run itself reported for the same file with the same (best) model.
 import json
 import random
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -329,6 +330,22 @@ def test_a_loaded_model_without_its_task_head_is_named_as_such(sentiment_run, ti
     with pytest.raises(BertkitError, match=r"loaded is already loaded \(on cpu, bfloat16\): dtype= applies when "
                                            r"predict loads the model; pass it to bertkit.load\(\) instead"):
         predict(None, ["a sentence"], loaded=load(run, dtype="bfloat16"), dtype="float32")
+
+
+def test_a_loaded_model_of_another_folder_than_model_dir_is_refused(sentiment_run, tmp_path):  # noqa: F811
+    """predict("runs/b", texts, loaded=bertkit.load("runs/a")), a loop over models that forgot one name, gave a's
+    predictions as b's without a word (model_dir was ignored whenever loaded= was given)."""
+    from bertkit.runtime.loading import load
+
+    run = sentiment_run[0] / "out"
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    with pytest.raises(BertkitError, match=f"loaded holds {run}'s model, not {other}'s: pass model_dir=None "
+                                           "with loaded="):
+        predict(other, ["a sentence"], loaded=load(run))
+    want = predict(None, ["a sentence"], loaded=load(run))
+    assert predict(str(run), ["a sentence"], loaded=load(run)) == want  # the same folder, however written
+    assert predict(run / ".." / "out", ["a sentence"], loaded=load(run)) == want
 
 
 def test_a_tagger_refuses_pairs_instead_of_dropping_them(tmp_path):

@@ -59,7 +59,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
     device: auto (None), cpu or cuda; dtype: float32 (None), bfloat16 or auto; int8: int8 dense layers;
     fast: the fast path's settings (`bertkit.runtime.loading.load`). loaded: a model `bertkit.load(model_dir)`
-    returned (then device, dtype and int8 were decided there)."""
+    returned (then device, dtype and int8 were decided there; model_dir: None, or that same folder)."""
     texts = _text_list(texts, "texts")
     if not texts:
         raise BertkitError("no texts to predict: pass a non-empty list of texts")
@@ -73,6 +73,10 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     if loaded is not None:
         _check_held(loaded)
         check_as_loaded(loaded, "loaded", "predict loads the model", device, dtype, int8)
+        if model_dir is not None and loaded.directory is not None and Path(model_dir).resolve() != Path(
+                loaded.directory).resolve():  # one of them names another model: not silently the loaded one's
+            raise BertkitError(f"loaded holds {loaded.directory}'s model, not {model_dir}'s: pass model_dir=None "
+                               "with loaded=, or load that folder")
     loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)
     task = task_of(loaded)
     kind = type(loaded.model).__name__  # ELECTRA's heads share BERT's names after "For"
