@@ -91,6 +91,18 @@ def test_find_token(amap):
     assert find_token(pieces, "unaffable") == 1  # a word rebuilt from its pieces
 
 
+def test_find_token_takes_the_word_as_the_text_writes_it(tiny, transformers_mod, default_model_dir):
+    # the uncased model's tokens are lower-cased and stripped of accents: --token café, as the text writes it,
+    # "occurs nowhere in the text; its tokens are: [CLS] the cafe ..."; the word is now compared as the
+    # tokenizer reads it (transformers' BertTokenizer's normalisation is the reference)
+    text = "The CAFÉ near Müller's naïve façade"
+    amap = attention_map(text, model=tiny)
+    oracle = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    for word in ("CAFÉ", "café", "Müller", "naïve", "façade"):
+        piece = oracle.tokenize(word)[0]
+        assert amap.tokens[find_token(amap, word)] == piece, word
+
+
 def test_dtype_beside_a_loaded_model_is_refused(tiny):
     """attention_map(text, model=bertkit.load(...), dtype="bfloat16") ran the model as loaded (float32) and
     said nothing; as for embed, where and in what a loaded model runs was decided when it was loaded."""

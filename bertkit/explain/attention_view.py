@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -174,20 +175,28 @@ def find_token(amap: AttentionMap, word: str, occurrence: int = 1) -> int:
     """Index of the token for `word` (its first word piece), the n-th occurrence.
 
     Matches a whole word piece first ("he"), then a word rebuilt from its
-    pieces ("ridiculous" from "ridic", "##ulous"), case-insensitively.
+    pieces ("ridiculous" from "ridic", "##ulous"), regardless of case and accents
+    (`_folded`), so a word is found as the text writes it ("Café": an uncased
+    model's token is "cafe").
     """
-    target = word.strip().lower()
+    target = _folded(word.strip())
     if not target:
         raise BertkitError("the token to follow is empty: give a word of the text, e.g. --token he")
-    hits = [i for i, t in enumerate(amap.tokens) if t.lower() == target]
+    hits = [i for i, t in enumerate(amap.tokens) if _folded(t) == target]
     if not hits:
         words = _words(amap.tokens)
-        hits = [start for start, w in words if w.lower() == target]
+        hits = [start for start, w in words if _folded(w) == target]
     if len(hits) < occurrence:
         shown = " ".join(w for _, w in _words(amap.tokens))
         where = f"only {len(hits)} times" if hits else "nowhere"
         raise BertkitError(f"the token {word!r} occurs {where} in the text; its tokens are: {shown}")
     return hits[occurrence - 1]
+
+
+def _folded(word: str) -> str:
+    """`word` lower-cased and without accents, as an uncased BERT's tokenizer reads it (NFD, combining marks
+    dropped: google-research/bert's _run_strip_accents)."""
+    return "".join(c for c in unicodedata.normalize("NFD", word.lower()) if unicodedata.category(c) != "Mn")
 
 
 class HeadHit(NamedTuple):
