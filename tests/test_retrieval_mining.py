@@ -103,6 +103,16 @@ def test_mining_a_scifact_slice_with_a_tiny_model(shared_data, tmp_path, tiny_di
             assert score <= cosines[-1] + 1e-6 or score > floor - abs(floor) * 0.01 - 1e-6
 
 
+def test_a_document_without_tokens_is_named_by_its_id(shared_data, tmp_path, tiny_dir):
+    # mine stopped with "text '\u200b\u200b' yields no tokens" and no more: an invisible text, which no
+    # search of a 5,000-document corpus.jsonl finds; it names the document's _id, as evaluate retrieval does
+    folder = scifact_slice(shared_data, tmp_path / "sf", n_queries=3, n_extra=5)
+    with open(folder / "corpus.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"_id": "invisible", "title": "", "text": "\\u200b\\u200b"}\n')
+    with pytest.raises(BertkitError, match=r"_id 'invisible': text .* yields no tokens"):
+        mine_hard_negatives(folder, str(tiny_dir), split="train", options=MiningOptions(num_negatives=1))
+
+
 def test_written_rows_read_back(tmp_path):
     rows = [("a query", "its\tpassage", "neg one", "neg\ntwo")]
     write_rows(rows, tmp_path / "t.jsonl")

@@ -178,7 +178,9 @@ def mine(task: MiningTask, model=None, options: MiningOptions = MiningOptions(),
     `task.passages`: (chosen, skipped, the encoder's settings, each query's positive scores, (query
     vectors, passage vectors)). fast: the encoder's fast-path settings."""
     loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
-    passage_vectors = encode(task.passages, loaded, settings, batch_size=batch_size, progress=progress)
+    ids = task.passage_ids  # a BEIR corpus's: a passage without tokens is named by its _id (its text is invisible)
+    passage_vectors = encode(task.passages, loaded, settings, batch_size=batch_size, progress=progress,
+                             names=None if ids is None else lambda i: f"corpus.jsonl _id {ids[i]!r}")
     query_vectors = encode(task.queries, loaded, settings, batch_size=batch_size)
     depth = options.range_max + max(len(p) for p in task.positives)  # positives may take places in the ranking
     scores, rows = top_k(query_vectors, passage_vectors, k=min(depth, len(task.passages)), normalized=True)
