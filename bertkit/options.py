@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import typing
 from pathlib import Path
 
@@ -41,6 +42,34 @@ from bertkit.errors import BertkitError
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def finite_float(text: str) -> float:
+    """The type of every float option: a number, never nan or inf, refused where it is typed. nan passes every
+    range check written `x < 0` and inf every `x > 0`: --weight-decay nan and --learning-rate inf trained,
+    --epochs inf and --adam-epsilon nan ended in tracebacks, --bm25-k1 inf wrote an index.json JSON cannot read."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+SEED_MAX = 2**32 - 1  # numpy's generators refuse a negative seed; seed * 1_000_003 + epoch stays in torch's 64 bits
+
+
+def seed(text: str) -> int:
+    """The type of every --seed, the same in every command: an int in 0..2**32-1 (`pretrain prepare --seed -1`
+    was numpy's ValueError traceback while finetune took it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"a seed is an int in 0..{SEED_MAX}, got {value}")
+    return value
 
 
 def _leaf_type(hint):
@@ -101,6 +130,7 @@ def add_options(parser, cls, base: dict | None = None, skip=(), notes: dict | No
         if f.name in skip:
             continue
         convert, choices = _leaf_type(hint)
+        convert = seed if f.name == "seed" else finite_float if convert is float else convert
         choices = f.metadata.get("choices") or choices
         help_text = f.metadata.get("help", f.name.replace("_", " ")) + (notes or {}).get(f.name, "")
         if f.metadata.get("positional"):  # optional where the field defaults to None; a list takes one or more

@@ -68,3 +68,87 @@ def test_help_still_prints_the_usage(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["finetune", "classify", "--help"])
     assert stop.value.code == 0 and "usage: bertkit finetune classify" in capsys.readouterr().out
+
+
+# --- numbers: what every option of a kind takes ------------------------------------------------------------
+
+def options_of(kind):
+    """(command, flag) of every option whose value is `kind`: 'float' (a float type) or 'seed' (--seed)."""
+    for path, parser in leaves(build_parser()):
+        for action in parser._actions:
+            if not action.option_strings or action.type in (None, str):
+                continue
+            if kind == "seed" and "--seed" in action.option_strings:
+                yield path, "--seed"
+            elif kind == "float" and (action.type is float or getattr(action.type, "__name__", "") == "finite_float"):
+                yield path, action.option_strings[0]
+
+
+FLOAT_OPTIONS = sorted(set(options_of("float")))
+
+
+def parse_error(argv, capsys) -> str:
+    """What parsing `argv` (no command runs) prints when it stops with exit code 2; '(parsed)' when it does not.
+    A value is read before any missing argument is looked for, so the command's other arguments are not needed."""
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as stop:
+        return capsys.readouterr().err.strip() if stop.code == 2 else f"(exit {stop.code})"
+    return "(parsed)"
+
+
+def test_the_walk_finds_the_float_options():
+    flags = {flag for _, flag in FLOAT_OPTIONS}
+    assert {"--epochs", "--learning-rate", "--alpha", "--bm25-k1", "--mask-prob", "--max-wait-ms"} <= flags
+    assert len(FLOAT_OPTIONS) > 100  # the training settings of every finetune task, distill and pretrain
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+def test_every_float_option_refuses_what_is_no_finite_number(value, capsys):
+    """nan passes every check written `x < 0` and inf every `x > 0`: --weight-decay nan and --learning-rate inf
+    trained (on nan weights), --epochs inf and --adam-epsilon nan were tracebacks, --bm25-k1 inf wrote an
+    index.json that could not be read back. Refused where the value is read, for every float option."""
+    wrong = []
+    for path, flag in FLOAT_OPTIONS:
+        err = parse_error([*path.split(), f"{flag}={value}"], capsys)
+        if f"argument {flag}" not in err or "not a finite number" not in err:
+            wrong.append(f"bertkit {path} {flag}={value}: {err}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_float_option_still_takes_numbers(tmp_path):
+    args = build_parser().parse_args(["finetune", "classify", "--train", "t", "-o", "o", "--learning-rate", "3e-5",
+                                      "--epochs", "2"])
+    assert (args.learning_rate, args.epochs) == (3e-5, 2.0)
+    assert build_parser().parse_args(["finetune", "qa", "--train", "t", "-o", "o",
+                                      "--null-score-diff-threshold=-1.5"]).null_score_diff_threshold == -1.5
+
+
+@pytest.mark.parametrize("argv", [
+    ["finetune", "classify", "--train", "t.tsv", "-o", "out", "--epochs", "inf"],
+    ["index", "corpus", "-o", "ix", "--bm25-k1", "inf"],
+])
+def test_an_infinite_setting_is_one_line_before_any_work(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert "not a finite number" in refused(argv, capsys)
+
+
+SEED_OPTIONS = sorted(set(options_of("seed")))
+
+
+def test_every_seed_takes_the_same_values(capsys):
+    """A seed is an int in 0..2**32-1 in every command: numpy's generators refuse a negative one (`pretrain
+    prepare --seed -1` was a ValueError traceback, `pretrain run` refused it, finetune and distill took it) and
+    seed * 1_000_003 + epoch must stay inside torch's 64 bits."""
+    assert {path for path, _ in SEED_OPTIONS} >= {"finetune classify", "pretrain prepare", "pretrain run", "demo",
+                                                   "electra show", "distill static", "distill layers"}
+    wrong = []
+    for path, flag in SEED_OPTIONS:
+        for value in ("-1", str(2**32), "1.5"):
+            err = parse_error([*path.split(), f"{flag}={value}"], capsys)
+            if "argument --seed" not in err:
+                wrong.append(f"bertkit {path} --seed={value}: {err}")
+        parser = dict(leaves(build_parser()))[path]
+        action = next(a for a in parser._actions if "--seed" in a.option_strings)
+        assert action.type("0") == 0 and action.type(str(2**32 - 1)) == 2**32 - 1
+    assert not wrong, "\n".join(wrong)

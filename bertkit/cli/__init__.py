@@ -76,7 +76,9 @@ def closest_choice(message: str) -> str:
         return message
     choices = [c.strip().strip("'") for c in found["choices"].split(",")]
     close = difflib.get_close_matches(found["given"], choices, n=1)
-    return message[: found.start()] + f"invalid choice: {found['given']!r}: did you mean {close[0]!r}?" if close else message
+    if not close:
+        return message
+    return message[: found.start()] + f"invalid choice: {found['given']!r}: did you mean {close[0]!r}?"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ import argparse
 import sys
 from functools import partial
 
-from bertkit.options import add_options, device_flags, from_args, int8_flag, merge
+from bertkit.options import add_options, device_flags, finite_float, from_args, int8_flag, merge, seed
 from bertkit.cli.demo import run_demo as demo
 from bertkit.tasks import format_report, run_task, task_config
 from bertkit.tasks.registry import TASKS, task_named
@@ -125,8 +125,9 @@ def add_demo(sub):
         "sentences. Takes about 15 s on 2 idle CPU cores (it prints its own time).",
     )
     p.add_argument("--output", "-o", default="bertkit-demo", help="working directory (default ./bertkit-demo)")
-    p.add_argument("--epochs", type=float, default=None, help="passes over the training part (default 3)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=finite_float, default=None, help="passes over the training part (default 3)")
+    p.add_argument("--seed", type=seed, default=0,
+                   help="seeds the made-up sentences, the new head, dropout and the batch order (default 0)")
     p.add_argument("--model", help="pretrained model directory (default: the packaged model)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.set_defaults(handler=run_demo, runs_model=True, outputs={"--output": "folder"})

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.options import add_options, device_flags, from_args
+from bertkit.options import add_options, device_flags, finite_float, from_args, seed
 from bertkit.pretraining.prepare import PrepareConfig, format_example, format_summary, prepare
 from bertkit.pretraining.run_config import RunConfig
 
@@ -158,9 +158,9 @@ def add_electra(sub):
     )
     s.add_argument("model", metavar="MODEL_DIR", help="an ELECTRA pre-training output directory")
     s.add_argument("text", help="the text to corrupt and judge")
-    s.add_argument("--mask-prob", type=float, default=0.15,
+    s.add_argument("--mask-prob", type=finite_float, default=0.15,
                    help="fraction of tokens to mask when TEXT has no [MASK] (default 0.15; 0: judge TEXT as written)")
-    s.add_argument("--seed", type=int, default=0, help="draws the masked positions and the samples")
+    s.add_argument("--seed", type=seed, default=0, help="draws the masked positions and the samples")
     s.add_argument("--json", action="store_true", help="print the rows as JSON")
     s.set_defaults(handler=run_electra_show, runs_model=True)
 
