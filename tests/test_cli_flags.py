@@ -85,13 +85,14 @@ def options_of(kind):
 
 
 FLOAT_OPTIONS = sorted(set(options_of("float")))
+PARSER = build_parser()  # one, for the walks: parsing does not change it
 
 
 def parse_error(argv, capsys) -> str:
     """What parsing `argv` (no command runs) prints when it stops with exit code 2; '(parsed)' when it does not.
     A value is read before any missing argument is looked for, so the command's other arguments are not needed."""
     try:
-        build_parser().parse_args(argv)
+        PARSER.parse_args(argv)
     except SystemExit as stop:
         return capsys.readouterr().err.strip() if stop.code == 2 else f"(exit {stop.code})"
     return "(parsed)"
@@ -148,7 +149,7 @@ def test_every_seed_takes_the_same_values(capsys):
             err = parse_error([*path.split(), f"{flag}={value}"], capsys)
             if "argument --seed" not in err:
                 wrong.append(f"bertkit {path} --seed={value}: {err}")
-        parser = dict(leaves(build_parser()))[path]
+        parser = dict(leaves(PARSER))[path]
         action = next(a for a in parser._actions if "--seed" in a.option_strings)
         assert action.type("0") == 0 and action.type(str(2**32 - 1)) == 2**32 - 1
     assert not wrong, "\n".join(wrong)
