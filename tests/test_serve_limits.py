@@ -594,6 +594,16 @@ def test_api_key_settings(tmp_path):
             config.with_api_key({})
 
 
+def test_an_api_key_file_saved_with_a_byte_order_mark_gives_the_key(tmp_path):
+    # Windows' Notepad saves "UTF-8" with a byte order mark and CRLF: the mark stayed the key's first character
+    # (str.strip keeps U+FEFF), so every client sending the key was refused with 401
+    (tmp_path / "k").write_bytes("\ufeffs3cret\r\n".encode("utf-8"))
+    assert ServeConfig(api_key_file=str(tmp_path / "k")).with_api_key({}).api_key == "s3cret"
+    (tmp_path / "k").write_bytes(b"caf\xe9\n")  # Latin-1: was a UnicodeDecodeError traceback
+    with pytest.raises(BertkitError, match="--api-key-file .* is not UTF-8 text"):
+        ServeConfig(api_key_file=str(tmp_path / "k")).with_api_key({})
+
+
 def test_an_empty_served_model_name_is_refused():  # it served the folder's name, silently
     for name in ("", "  "):
         with pytest.raises(BertkitError, match="--served-model-name is empty"):

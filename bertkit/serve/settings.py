@@ -146,7 +146,11 @@ class ServeConfig:
             path = Path(self.api_key_file)
             if not path.is_file():
                 raise BertkitError(f"--api-key-file {path} does not exist: write the key on its first line")
-            lines = path.read_text(encoding="utf-8").splitlines()
+            try:  # utf-8-sig: Notepad's byte order mark is no part of the key (str.strip keeps U+FEFF)
+                lines = path.read_text(encoding="utf-8-sig").splitlines()
+            except UnicodeDecodeError:
+                raise BertkitError(f"--api-key-file {path} is not UTF-8 text: write the key in ASCII or UTF-8 on "
+                                   "its first line") from None
             key = lines[0].strip() if lines else ""
             if not key:
                 raise BertkitError(f"--api-key-file {path} is empty: write the key on its first line")
