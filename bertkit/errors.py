@@ -7,7 +7,7 @@ fix. The CLI prints that message as a single line instead of a traceback. Assert
 are kept for our own invariants only.
 
 The checks of a count ("an int of at least N": a bool is no count), of a positive
-number, of a probability in [0, 1] and the reading of a score from a data file
+number, of one that is not negative, of a probability in [0, 1] and the reading of a score from a data file
 are written here once; each caller names the
 setting as its user spells it (`--top-k`, `BertConfig.hidden_size`) and may say the
 bound in its own words (`says`) or add a hint. A NaN passes none of them.
@@ -29,6 +29,13 @@ def positive(value, name: str, hint: str = ""):
     """`value` when it is above 0; else "NAME must be > 0, got VALUE" and the `hint` (" (BERT uses 2-4)")."""
     if not value > 0:
         raise BertkitError(f"{name} must be > 0, got {value}{hint}")
+    return value
+
+
+def not_negative(value, name: str):
+    """`value` when it is 0 or more; else "NAME must be >= 0, got VALUE" (a NaN too: it passes `value < 0`)."""
+    if not value >= 0:
+        raise BertkitError(f"{name} must be >= 0, got {value}")
     return value
 
 

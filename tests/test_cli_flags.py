@@ -153,3 +153,37 @@ def test_every_seed_takes_the_same_values(capsys):
         action = next(a for a in parser._actions if "--seed" in a.option_strings)
         assert action.type("0") == 0 and action.type(str(2**32 - 1)) == 2**32 - 1
     assert not wrong, "\n".join(wrong)
+
+
+# --- one flag, one meaning: the same refusal wherever a flag is -------------------------------------------
+
+def commands_with(flag):
+    return [path for path, parser in leaves(PARSER) if any(flag in a.option_strings for a in parser._actions)]
+
+
+@pytest.mark.parametrize("flag", ["--max-train-examples", "--max-dev-examples"])
+def test_every_finetune_task_refuses_an_example_limit_below_one(flag, tmp_path, capsys):
+    """finetune embed took 0 and -1 (its validate skipped the common checks): 0 was refused later as '1 training
+    example: ... give at least 2 rows' and '1 scored pair(s)', -1 read the file without its last rows."""
+    train = tmp_path / "train.tsv"
+    train.write_text("anchor\tpositive\na\tb\n")
+    tasks = commands_with(flag)
+    assert "finetune embed" in tasks and "finetune classify" in tasks
+    for path in tasks:
+        for value in ("0", "-1"):
+            assert main([*path.split(), "--train", str(train), "-o", str(tmp_path / "o"),
+                         f"{flag}={value}"]) == 2, path
+            err = capsys.readouterr().err.strip()
+            assert err == f"bertkit: error: {flag} must be >= 1 (leave it out for every example), got {value}", path
+
+
+def test_relative_margin_takes_the_same_values_in_mine_and_finetune_rerank(tmp_path, capsys):
+    """The same NV-Retriever margin: mine refused a negative one, finetune rerank took it (-1: a 'hard negative'
+    could score twice the positive's cosine, the guard against unlabelled positives turned around)."""
+    (tmp_path / "pairs.tsv").write_text("anchor\tpositive\na\tb\n")
+    assert set(commands_with("--relative-margin")) == {"mine", "finetune rerank"}
+    argv = {"mine": ["mine", str(tmp_path / "pairs.tsv"), "-o", str(tmp_path / "m.tsv"), "--model", str(tmp_path)],
+            "finetune rerank": ["finetune", "rerank", "--train", str(tmp_path), "-o", str(tmp_path / "o")]}
+    for path, words in argv.items():
+        assert main([*words, "--relative-margin=-0.5"]) == 2, path
+        assert capsys.readouterr().err.strip() == "bertkit: error: --relative-margin must be >= 0, got -0.5", path

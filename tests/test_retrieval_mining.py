@@ -67,7 +67,7 @@ def test_the_hardest_positive_sets_the_margin():
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(BertkitError, match="range_max"):
+    with pytest.raises(BertkitError, match="--range-max"):
         MiningOptions(num_negatives=5, range_max=4).validate()
     with pytest.raises(BertkitError, match="at least 1"):
         MiningOptions(num_negatives=0).validate()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, not_negative
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,15 @@ class MiningOptions:
     max_score: float | None = field(default=None, metadata={"help": "drop candidates whose cosine is above this"})
 
     def validate(self) -> None:
+        # named as the flags are (finetune rerank checks its --relative-margin in the same words)
         if self.num_negatives < 1:
-            raise BertkitError(f"num_negatives must be at least 1, got {self.num_negatives}")
+            raise BertkitError(f"--num-negatives must be at least 1, got {self.num_negatives}")
         if self.range_min < 0 or self.range_max < self.range_min + self.num_negatives:
-            raise BertkitError(f"range_max ({self.range_max}) must leave num_negatives ({self.num_negatives}) "
-                               f"candidates after range_min ({self.range_min})")
-        for name in ("relative_margin", "absolute_margin"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise BertkitError(f"{name} must be >= 0, got {value}")
+            raise BertkitError(f"--range-max ({self.range_max}) must leave --num-negatives ({self.num_negatives}) "
+                               f"candidates after --range-min ({self.range_min})")
+        for flag, value in (("--relative-margin", self.relative_margin), ("--absolute-margin", self.absolute_margin)):
+            if value is not None:
+                not_negative(value, flag)
 
 
 MODES = ("hybrid", "dense", "lexical")

@@ -22,7 +22,7 @@ from typing import Literal
 
 from bertkit.embeddings.settings import AUTO, SENTENCE_CHOICES
 from bertkit.model.config import CLASSIFIER_POOLINGS
-from bertkit.errors import BertkitError, positive
+from bertkit.errors import BertkitError, not_negative, positive
 from bertkit.training import PRECISIONS
 from bertkit.training.optim import OptimConfig
 
@@ -97,7 +97,7 @@ class TaskConfig:
         for name in ("train", "output"):
             if not getattr(self, name):
                 raise BertkitError(f"--{name} is required")
-        if not low <= self.max_length <= 512:
+        if self.max_length is not None and not low <= self.max_length <= 512:  # None: embed's, the model's
             raise BertkitError(f"--max-length must be in {low}..512, got {self.max_length}")
         for name in ("max_train_examples", "max_dev_examples"):  # 0 read one example, or all of them
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -238,11 +238,8 @@ class EmbedConfig(TaskConfig):
     static_dim: int = _opt(256, "--static without a static MODEL: the new table's width")
 
     def validate(self) -> "EmbedConfig":
-        for name in ("train", "output"):
-            if not getattr(self, name):
-                raise BertkitError(f"--{name} is required")
-        if self.max_length is not None and not 8 <= self.max_length <= 512:
-            raise BertkitError(f"--max-length must be in 8..512, got {self.max_length}")
+        # the checks every task makes (its own skipped them: --max-train-examples 0 was read as 1 example)
+        super().validate()
         if self.loss is not None and self.loss not in EMBED_LOSSES:
             raise BertkitError(f"unknown --loss {self.loss!r}: choose one of {', '.join(EMBED_LOSSES)}")
         if self.pooling not in SENTENCE_CHOICES:
@@ -254,7 +251,6 @@ class EmbedConfig(TaskConfig):
             raise BertkitError("--matryoshka-weights needs --matryoshka-dims")
         if self.static and (self.static_dim < 1 or self.pooling not in (AUTO, "mean")):
             raise BertkitError("--static averages its tokens (--pooling mean) and needs --static-dim >= 1")
-        self.training.validate()
         return self
 
 
@@ -297,6 +293,7 @@ class RerankConfig(TaskConfig):
                                f"got {self.hard_negatives} and {self.random_negatives}")
         if self.range_max < max(1, self.hard_negatives):
             raise BertkitError(f"--range-max ({self.range_max}) must be at least --hard-negatives ({self.hard_negatives})")
+        not_negative(self.relative_margin, "--relative-margin")  # as mine's (bertkit.retrieval.config)
         if self.pos_weight is not None:
             positive(self.pos_weight, "--pos-weight")
         if self.rerank_top < 1:
