@@ -211,6 +211,25 @@ def test_cli_attention(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("'he' (token 13), layer 5, head 0: attends most to ")
 
 
+def test_an_occurrence_below_one_is_refused_not_counted_from_the_end(amap, tmp_path, capsys, monkeypatch):
+    """--occurrence 0 showed the last 'to' and -1 the one before it (hits[occurrence - 1] counts from the end of
+    a list), and --occurrence without --token was ignored: the page showed [CLS]."""
+    from bertkit.cli import main
+
+    hits = [i for i, t in enumerate(amap.tokens) if t == "to"]
+    assert len(hits) == 2 and [find_token(amap, "to", occurrence=n) for n in (1, 2)] == hits
+    for n in (0, -1):
+        with pytest.raises(BertkitError, match=f"occurrence must be an int of at least 1, got {n}"):
+            find_token(amap, "to", occurrence=n)
+    # the command says so before the model runs
+    monkeypatch.setattr("bertkit.explain.attention_view.attention_map", lambda *a, **k: pytest.fail("the model ran"))
+    for argv, says in ((["--token", "to", "--occurrence", "0"], "--occurrence must be an int of at least 1, got 0"),
+                       (["--occurrence", "2"], "--occurrence 2 counts the occurrences of --token: give --token")):
+        assert main(["attention", SENTENCE, *argv, "-o", str(tmp_path / "p.html")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"bertkit: error: {says}") and len(err.strip().splitlines()) == 1
+
+
 # --- find_heads: where a token looks, over all layers and heads --------------------------
 
 

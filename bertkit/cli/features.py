@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
 from bertkit.options import add_options, device_flags, from_args, int8_flag
 from bertkit.data.textfiles import blank_lines, read_texts, text_line
@@ -112,6 +112,10 @@ def run_attention(args):
             head = int(args.head)
         except ValueError:
             raise BertkitError(f"--head must be a head number or 'mean', got {args.head!r}") from None
+    if args.token is None and args.occurrence != 1:
+        raise BertkitError(f"--occurrence {args.occurrence} counts the occurrences of --token: give --token WORD "
+                           "too (without it the page follows [CLS])")
+    int_at_least(args.occurrence, 1, "--occurrence")  # before the model runs, as find_token would after it
     if args.png:  # before the model runs
         check_picture(args.png)
     amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype, fast=args.speed)

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.embeddings.features import placed_encoder
 
 
@@ -179,6 +179,8 @@ def find_token(amap: AttentionMap, word: str, occurrence: int = 1) -> int:
     (`_folded`), so a word is found as the text writes it ("Café": an uncased
     model's token is "cafe").
     """
+    # from 1: hits[occurrence - 1] below it counted from the end (0 was the last occurrence)
+    int_at_least(occurrence, 1, "occurrence")
     target = _folded(word.strip())
     if not target:
         raise BertkitError("the token to follow is empty: give a word of the text, e.g. --token he")
