@@ -233,6 +233,11 @@ def device_flags(p) -> None:
                    "bfloat16 (on a CPU without native bf16 it is emulated, slower, and a warning says so)")
 
 
+def quiet_flag(p) -> None:
+    """--quiet, and its other spelling --no-progress (the training commands' flag, `progress` in TrainConfig)."""
+    p.add_argument("--quiet", "--no-progress", action="store_true", help="no progress bar")
+
+
 def int8_flag(p) -> None:
     """--int8 for the commands that run a model for inference on the CPU."""
     p.add_argument("--int8", action="store_true",

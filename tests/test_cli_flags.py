@@ -187,3 +187,28 @@ def test_relative_margin_takes_the_same_values_in_mine_and_finetune_rerank(tmp_p
     for path, words in argv.items():
         assert main([*words, "--relative-margin=-0.5"]) == 2, path
         assert capsys.readouterr().err.strip() == "bertkit: error: --relative-margin must be >= 0, got -0.5", path
+
+
+def test_one_concept_is_asked_for_with_the_same_words_everywhere():
+    """No progress bar was --quiet in embed, index, mine, evaluate retrieval, pretrain prepare and distill static,
+    --no-progress in finetune, demo and distill layers: the other word was 'unrecognized arguments'. The table's
+    text column was embed's --column, --text-column in finetune and predict. Each command takes both spellings,
+    meaning the same."""
+    wrong = []
+    for path, parser in leaves(PARSER):
+        dest = {flag: a.dest for a in parser._actions for flag in a.option_strings}
+        # (a word, the word a command with it takes too): --column is embed's old name, never needed elsewhere
+        for word, also in (("--quiet", "--no-progress"), ("--no-progress", "--quiet"), ("--column", "--text-column")):
+            if word in dest and dest[word] != dest.get(also):
+                wrong.append(f"bertkit {path}: {word} without {also} meaning the same")
+    assert not wrong, "\n".join(wrong)
+    args = PARSER.parse_args(["finetune", "classify", "--train", "t", "-o", "o", "--quiet"])
+    assert args.progress is False
+    args = PARSER.parse_args(["embed", "in.tsv", "-o", "v.npy", "--text-column", "sentence", "--no-progress"])
+    assert (args.column, args.quiet) == ("sentence", True)
+
+
+def test_every_option_says_what_it_does():
+    missing = [f"bertkit {path} {a.option_strings or a.dest}" for path, parser in leaves(PARSER)
+               for a in parser._actions if not a.help]
+    assert not missing, missing

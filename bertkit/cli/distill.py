@@ -5,7 +5,7 @@ import json
 import sys
 
 from bertkit.distill.config import HOLDOUT_METRICS, LayersDistillConfig, StaticDistillConfig
-from bertkit.options import add_options, from_args
+from bertkit.options import add_options, from_args, quiet_flag
 
 
 def add_distill(sub):
@@ -26,7 +26,7 @@ def add_distill(sub):
     s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
     s.add_argument("-o", "--output", required=True, help="the folder to write (new, or empty)")
     add_options(s, StaticDistillConfig)
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    quiet_flag(s)
     s.set_defaults(handler=run_static, runs_model=True, outputs={"--output": "folder", "--teacher-cache": "cache"})
 
     lay = kinds.add_parser(

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from functools import partial
 
-from bertkit.options import DTYPE_CHOICES, add_options, from_args
+from bertkit.options import DTYPE_CHOICES, add_options, from_args, quiet_flag
 from bertkit.retrieval.config import FusionOptions, MiningOptions
 from bertkit.errors import BertkitError
 
@@ -68,7 +68,7 @@ def add_evaluate(sub):
     r.add_argument("--dedupe", action="store_true", help="keep the first line of a corpus or query id that repeats "
                    "(as bertkit index --dedupe) instead of refusing the folder")
     r.add_argument("--output", "-o", help="write the figures as JSON here")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    quiet_flag(r)
     r.set_defaults(handler=run_evaluate_retrieval, runs_model=True, outputs={"--output": "file"})
     s = kinds.add_parser(
         "sts", help="Spearman and Pearson correlation of cosine similarity with gold scores",
@@ -200,7 +200,7 @@ def add_mine(sub):
     p.add_argument("--report", help="also write the counts (queries, rows, skipped candidates) as JSON here")
     p.add_argument("--dedupe", action="store_true", help="a BEIR folder: keep the first line of a corpus or query id "
                    "that repeats instead of refusing the folder")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    quiet_flag(p)
     p.set_defaults(handler=run_mine, runs_model=True, outputs={"--output": "file", "--report": "file"})
 
 

@@ -5,7 +5,7 @@ import sys
 
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
-from bertkit.options import add_options, device_flags, from_args, int8_flag
+from bertkit.options import add_options, device_flags, from_args, int8_flag, quiet_flag
 from bertkit.data.textfiles import blank_lines, read_texts, text_line
 from bertkit.data.vector_files import write_vectors
 
@@ -33,7 +33,8 @@ def add_embed(sub):
     p.add_argument("--model", help="a model directory (default: the embedded model)")
     add_options(p, EmbedOptions)
     p.add_argument("--word-pooling", default="mean", choices=["mean", "first"], help="how pieces make a word vector")
-    p.add_argument("--column", help="the .tsv/.csv column or .jsonl field holding the text")
+    p.add_argument("--column", "--text-column", help="the .tsv/.csv column or .jsonl field holding the text "
+                   "(--text-column: its name in finetune and predict)")
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
     p.add_argument("--max-length", type=int, help="tokens per pass / window (default: for sentence vectors the "
                    "model's sentence-transformers max_seq_length, else its 512 positions)")
@@ -43,7 +44,7 @@ def add_embed(sub):
                    help="cut long texts at the window instead of windowing them (default: cut, at the layout's "
                    "max_seq_length or --max-length, for the sentence vectors of a model with a "
                    "sentence-transformers layout, as sentence-transformers does; else window)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    quiet_flag(p)
     device_flags(p)
     int8_flag(p)
     p.set_defaults(handler=run_embed, runs_model=True, outputs={"--output": "file+dirs"})

@@ -91,7 +91,7 @@ def add_predict(sub):
     p.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
                    help="score the predictions against the answers in INPUT (default: whenever INPUT has them; "
                    "--evaluate: fail if it has none; --no-evaluate: only predict)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
     device_flags(p)
     int8_flag(p)
     p.set_defaults(handler=run_predict, runs_model=True, outputs={"--output": "file"})
@@ -129,7 +129,7 @@ def add_demo(sub):
     p.add_argument("--seed", type=seed, default=0,
                    help="seeds the made-up sentences, the new head, dropout and the batch order (default 0)")
     p.add_argument("--model", help="pretrained model directory (default: the packaged model)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--no-progress", "--quiet", action="store_true", help="hide the progress bars")
     p.set_defaults(handler=run_demo, runs_model=True, outputs={"--output": "folder"})
 
 

@@ -23,7 +23,7 @@ class PrepareFiles:
     vocab: str | None = field(default=None, metadata={"help": "vocab.txt or model folder (default: the default "
                                                               "model's)"})
     examples: int = field(default=1, metadata={"help": "decoded example instances to print"})
-    quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bar", "flags": ["--quiet", "--no-progress"]})
 
 
 def add_pretrain(sub):

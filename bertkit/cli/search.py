@@ -5,7 +5,7 @@ import dataclasses
 import json
 import sys
 
-from bertkit.options import add_options, device_flags
+from bertkit.options import add_options, device_flags, quiet_flag
 from bertkit.retrieval.config import FusionOptions, LexicalOptions
 from bertkit.data.textfiles import existing_file, open_text
 from bertkit.errors import BertkitError
@@ -65,7 +65,7 @@ def add_index(sub):
     _add_search_structures(p)
     add_options(p, LexicalOptions)
     device_flags(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    quiet_flag(p)
     p.set_defaults(handler=run_index, runs_model=True, torchrun=builds_index, outputs={"--output": "folder"})
 
 

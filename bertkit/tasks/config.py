@@ -59,7 +59,8 @@ class TrainConfig:
     resume: bool = _opt(False, "continue the run in --output from its last checkpoint")
     overwrite: bool = _opt(False, "replace what --output already holds (a model or a run); without it such a "
                            "folder is refused")
-    progress: bool = _opt(True, "show progress bars", resumable=True)
+    # --quiet: the other commands' word for it
+    progress: bool = _opt(True, "show progress bars", resumable=True, flags=["--progress", "--quiet"])
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def validate(self) -> "TrainConfig":
