@@ -95,7 +95,7 @@ def test_the_losses_are_the_formulas_by_hand():
 def config(tmp_path, keep=1, teacher_cache=None, **training):
     (tmp_path / "s.txt").write_text("\n".join(SENTENCES) + "\n")
     opts = {"epochs": 2, "batch_size": 6, "seed": 0, "progress": False, "device": "cpu", **training}
-    return LayersDistillConfig(keep=keep, data=str(tmp_path / "s.txt"), output=str(tmp_path / "student"),
+    return LayersDistillConfig(keep=keep, data=tmp_path / "s.txt", output=tmp_path / "student",  # Paths, as a notebook
                                training=TrainConfig(**opts, optim=OptimConfig(learning_rate=1e-3)),
                                teacher_cache=teacher_cache)
 
@@ -121,6 +121,15 @@ def test_a_short_run_starts_at_the_hand_computed_loss_and_saves_the_teachers_lay
     assert abs(first["loss"] - float(want)) < 1e-5
     saved = load(tmp_path / "student")
     assert saved.model.config.num_hidden_layers == 1 and saved.layout == teacher.layout
+
+
+def test_paths_given_as_pathlib_paths_are_recorded_as_strings(tiny_dir, tmp_path):
+    """LayersDistillConfig(data=Path(...), output=Path(...)), a notebook's paths, ran the teacher, then died writing
+    run_config.json (TypeError: Object of type PosixPath is not JSON serializable)."""
+    cfg = config(tmp_path, epochs=1)
+    assert (cfg.data, cfg.output) == (str(tmp_path / "s.txt"), str(tmp_path / "student"))
+    distill_layers(tiny_dir, tmp_path / "student", cfg, log=lambda s: None)
+    assert json.loads((tmp_path / "student" / "run_config.json").read_text())["data"] == str(tmp_path / "s.txt")
 
 
 def test_the_teachers_vectors_are_cached_and_reused(tiny_dir, tmp_path):

@@ -651,3 +651,26 @@ def test_evaluation_bar_inside_the_training_bar_writes_no_cursor_codes_to_a_log(
     assert "eval" in err and "train" in err  # both bars drew
     assert "\x1b[" not in err
     assert [o.tolist() for o in out] == [[1.0, 2.0, 3.0], [4.0]]
+
+
+def test_paths_given_as_pathlib_paths_train_as_strings_do(tiny, tmp_path):
+    """finetune('classify', train=Path(...), output=Path(...), model=Path(...)), a notebook's paths, loaded the data
+    and the model, then died writing run_config.json (TypeError: Object of type PosixPath is not JSON serializable).
+    The run's files are those of the same run given strings."""
+    from pathlib import Path
+
+    from bertkit.tasks import finetune
+
+    rng = random.Random(0)
+    train_p = write_tsv(tmp_path / "train.tsv", ["sentence", "label"], sentiment_rows(16, rng))
+    dev_p = write_tsv(tmp_path / "dev.tsv", ["sentence", "label"], sentiment_rows(8, rng))
+    runs = {}
+    for kind in (str, Path):
+        out = tmp_path / f"out-{kind.__name__}"
+        final = finetune("classify", train=kind(train_p), dev=kind(dev_p), output=kind(out), model=kind(tiny),
+                         max_length=16, training=fast(epochs=1), log=lambda s: None)
+        config = json.loads((out / "run_config.json").read_text())
+        assert config["train"] == str(train_p) and config["model"] == str(tiny)
+        runs[kind] = final["dev"]["accuracy"], (out / "model.safetensors").read_bytes()
+    assert runs[Path] == runs[str]
+    assert TextTaskConfig(train=Path("t.tsv"), output=Path("o")).train == "t.tsv"  # the config holds strings

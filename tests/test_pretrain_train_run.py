@@ -29,7 +29,7 @@ def nsp_data(shared_data, tmp_path_factory):
 
 
 def tiny_run(data, config, out, schedule="linear", learning_rate=1e-3, **kw) -> RunConfig:
-    cfg = RunConfig(data=str(data), output=str(out), config=str(config), max_steps=3, batch_size=8,
+    cfg = RunConfig(data=data, output=out, config=config, max_steps=3, batch_size=8,
                     eval_every=3, eval_sequences=16, save_every=2, seed=5)
     cfg = dataclasses.replace(cfg, **kw)
     cfg.optim.learning_rate, cfg.optim.schedule = learning_rate, schedule
@@ -161,6 +161,19 @@ def test_bad_data_and_config_are_user_errors(nsp_data, tmp_path):
         tiny_run(tmp_path / "missing", "tiny", tmp_path / "a")
     with pytest.raises(BertkitError, match="neither a preset"):
         tiny_run(data, "gigantic", tmp_path / "b")
+
+
+def test_paths_given_as_pathlib_paths_run_as_strings_do(nsp_data, tmp_path):
+    """RunConfig(data=Path(...), output=Path(...)), a notebook's paths, loaded the data and built the model, then
+    died writing run_config.json (TypeError: Object of type PosixPath is not JSON serializable)."""
+    from pathlib import Path
+
+    data, config = nsp_data
+    for kind in (str, Path):
+        tiny_run(kind(data), kind(config), kind(tmp_path / kind.__name__), max_steps=2, eval_every=0)
+    written = [json.loads((tmp_path / kind / "run_config.json").read_text()) for kind in ("str", "Path")]
+    assert written[1]["data"] == str(data) and {**written[1], "output": ""} == {**written[0], "output": ""}
+    assert RunConfig(data=Path("d")).data == "d"  # the config holds strings, as the command line gives
 
 
 def test_a_model_too_short_or_without_segment_b_for_the_data_is_refused_before_training(nsp_data, tmp_path):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from bertkit.errors import BertkitError, positive, probability
-from bertkit.tasks.config import TrainConfig
+from bertkit.tasks.config import TrainConfig, paths_as_text  # bertkit.training's, as tasks hold it
 
 HOLDOUT_METRICS = {"holdout_mse": False, "holdout_cosine": True}  # what picks the epoch (--holdout): higher better?
 
@@ -93,6 +93,9 @@ class LayersDistillConfig:
         "student's MSE to the teacher's vectors on them picks the epoch saved (--metric holdout_cosine: the "
         "mean cosine); 0: no held-out set, the last epoch is saved"})
     training: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        paths_as_text(self)  # a notebook's pathlib.Path, held as the command line's str
 
     def validate(self) -> "LayersDistillConfig":
         if self.keep is None or self.data is None or self.output is None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError, positive
-from bertkit.training import PRECISIONS
+from bertkit.training import PRECISIONS, paths_as_text
 from bertkit.training.optim import OptimConfig
 from bertkit.model.config import PRESETS
 
@@ -63,6 +63,9 @@ class RunConfig:
         "help": "replace what OUTPUT already holds (a model or a run); without it such a folder is refused"})
     device: str = field(default="auto", metadata={"resumable": True, "help": "where to train: auto picks a CUDA GPU when there is one", "choices": ("auto", "cpu", "cuda")})
     optim: OptimConfig = field(default_factory=pretraining_optim)
+
+    def __post_init__(self):
+        paths_as_text(self)  # a notebook's pathlib.Path, held as the command line's str
 
     def validate(self) -> "RunConfig":
         for name in ("max_steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):

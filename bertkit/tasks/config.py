@@ -23,7 +23,7 @@ from typing import Literal
 from bertkit.embeddings.settings import AUTO, SENTENCE_CHOICES
 from bertkit.model.config import CLASSIFIER_POOLINGS
 from bertkit.errors import BertkitError, not_negative, positive
-from bertkit.training import PRECISIONS
+from bertkit.training import PRECISIONS, paths_as_text
 from bertkit.training.optim import OptimConfig
 
 TAG_SCHEMES = ("bio", "iob1")
@@ -93,6 +93,9 @@ class TaskConfig:
     max_train_examples: int | None = _opt(None, "use only the first N training examples")
     max_dev_examples: int | None = _opt(None, "evaluate on the first N dev examples only")
     training: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        paths_as_text(self)  # a notebook's pathlib.Path, held as the command line's str
 
     def validate(self, low: int = 8):
         for name in ("train", "output"):

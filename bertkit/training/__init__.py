@@ -13,4 +13,15 @@
 Nothing here imports torch until a module that needs it is imported.
 """
 
+import os
+
 PRECISIONS = ("fp32", "bf16", "fp16")  # fp16 needs a CUDA GPU (GradScaler)
+
+
+def paths_as_text(settings) -> None:
+    """A run's settings (a config dataclass) hold each file or folder given as a pathlib.Path, a notebook's, as
+    the str the command line gives: run_config.json and bertkit_task.json record them, and json cannot write a
+    Path (such a run loaded its data and model, then died writing them). Called by each config's __post_init__."""
+    for name, value in vars(settings).items():
+        if isinstance(value, os.PathLike):
+            setattr(settings, name, os.fspath(value))
