@@ -213,6 +213,17 @@ def test_sts_pairs_from_any_iterable_score_as_the_list_and_a_short_row_is_named(
         evaluate_sts(str(tiny_dir), 3)
 
 
+def test_an_sts_sentence_without_tokens_is_named_by_its_line(tiny_dir, tmp_path):
+    # "text '\u200b' yields no tokens" and nothing more: an invisible text in a file of thousands of pairs;
+    # it is named by its line and column (a list's pair by its place), as an empty one is
+    path = tmp_path / "sts.tsv"
+    path.write_text("sentence1\tsentence2\tscore\na cat\ta dog\t3\nsome text\t\u200b\t1\n", encoding="utf-8")
+    with pytest.raises(BertkitError, match=r"sts.tsv line 3 sentence2: text '\\u200b' yields no tokens"):
+        evaluate_sts(str(tiny_dir), path)
+    with pytest.raises(BertkitError, match=r"^pair 1 sentence1: text '\\u200b' yields no tokens"):
+        evaluate_sts(str(tiny_dir), [("a cat", "a dog", 3), ("\u200b", "a cat", 1)])
+
+
 def test_an_empty_document_is_left_out_and_a_tokenless_one_is_named(small_scifact, tiny_dir, tmp_path):
     """A corpus line with neither title nor text stopped the whole evaluation with "cannot embed an empty
     text" (naming no document); it is left out of the ranking instead, as `bertkit index` leaves it out of

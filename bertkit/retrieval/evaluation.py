@@ -312,10 +312,11 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     return _with_modes(result, figures, tuned)
 
 
-def read_sts(path) -> list[tuple[str, str, float]]:
+def read_sts(path, lines: list | None = None) -> list[tuple[str, str, float]]:
     """(sentence1, sentence2, score) rows of a TSV, CSV or JSONL file with those columns, read as the
     trainer reads its scored pairs (`bertkit.data.tables.read_rows`); a row with the wrong number of cells,
-    which that reader skips, is refused here: a figure must not leave pairs out unsaid."""
+    which that reader skips, is refused here: a figure must not leave pairs out unsaid. `lines`: a list
+    given gets each row's line number."""
     report, rows = ReadReport(str(path)), []
     for number, row in read_rows(path, report):
         missing = [c for c in STS_COLUMNS if c not in row]
@@ -328,6 +329,8 @@ def read_sts(path) -> list[tuple[str, str, float]]:
             raise BertkitError(f"{path} line {number}: {'sentence1' if not first.strip() else 'sentence2'} is "
                                "empty: every pair needs two texts")
         rows.append((first, second, read_score(row["score"], f"{path} line {number}")))  # nan: a nan correlation
+        if lines is not None:
+            lines.append(number)
     skipped = [f"{n} {why}" for why, n in report.skipped.items() if why != "empty lines"]
     if skipped:
         raise BertkitError(f"{path}: {', '.join(skipped)}: every row needs its {len(STS_COLUMNS)} cells")
@@ -348,7 +351,8 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     if pairs_or_path is None:
         raise BertkitError("evaluate_sts needs scored pairs: a TSV path or a list of (sentence1, sentence2, score)")
     given = not isinstance(pairs_or_path, (str, os.PathLike))  # pairs, not a file
-    pairs = _scored_pairs(pairs_or_path) if given else read_sts(pairs_or_path)
+    lines = []
+    pairs = _scored_pairs(pairs_or_path) if given else read_sts(pairs_or_path, lines)
     if len(pairs) < 2:
         raise BertkitError(f"{len(pairs)} scored pair(s): a correlation needs at least 2")
     gold = [read_score(score, f"pair {i}") for i, (_, _, score) in enumerate(pairs)]
@@ -359,7 +363,13 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
     sentences = list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))  # each sentence embedded once
     row = {s: i for i, s in enumerate(sentences)}
-    vectors = encode(sentences, loaded, settings, batch_size=batch_size, progress=progress)
+    where = {}  # a sentence's first place, to name one without tokens (its text may be invisible)
+    places = [f"pair {i}" for i in range(len(pairs))] if given else [f"{pairs_or_path} line {n}" for n in lines]
+    for place, (a, b, _) in zip(places, pairs):
+        where.setdefault(a, f"{place} sentence1")
+        where.setdefault(b, f"{place} sentence2")
+    vectors = encode(sentences, loaded, settings, batch_size=batch_size, progress=progress,
+                     names=lambda i: where[sentences[i]])
     cosine = [float(vectors[row[a]] @ vectors[row[b]]) for a, b, _ in pairs]
     return {"spearman": spearman(cosine, gold), "pearson": pearson(cosine, gold), "pairs": len(pairs),
             "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
