@@ -215,3 +215,25 @@ def test_the_readmes_python_block_runs(sentiment_run, tmp_path, monkeypatch):  #
     assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
     assert tokens.shape == (4, 384)  # [CLS] a sentence [SEP]
     assert names["preds"][0]["label"] in ("neg", "pos") and names["loaded"].task == "classify"
+
+
+def test_the_features_pages_python_blocks_run_and_give_the_shapes_they_say(tmp_path, monkeypatch):
+    """docs/features.md's Python blocks (embedding options, the attention map) run as written, with `texts` a
+    list of three sentences and bertviz's `head_view` a stand-in, and give the shapes and indices their comments
+    say."""
+    text = (ROOT / "docs" / "features.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    shown = {}
+    names = {"texts": ["A man is eating food.", "A man rides a horse.", "Bert notices the hat."],
+             "head_view": lambda **view: shown.update(view)}
+    for block in blocks:
+        exec(compile(block, "docs/features.md", "exec"), names)
+    assert names["vecs"].shape == (2, 384) and names["cls"].shape == (3, 384) and names["mixed"].shape == (3, 384)
+    assert names["tokens"].shape[1] == 1536 and len(names["words"]) == 1 and names["words"][0].shape == (4, 384)
+    weights = names["m"].weights
+    assert weights.shape == (6, 12, 25, 25) and np.allclose(weights.sum(-1), 1, atol=1e-5)
+    assert names["he"] == 13 and names["m"].tokens[13] == "he"
+    assert (tmp_path / "page.html").is_file() and (tmp_path / "heads.png").is_file()
+    assert set(shown) == {"attention", "tokens", "sentence_b_start"}
