@@ -78,7 +78,7 @@ def test_mine_writes_triplets_the_trainer_reads(folder, tiny_dir, tmp_path, caps
     (["evaluate", "retrieval", "{folder}", "--split", "dev"], "no qrels for split 'dev'"),
     (["evaluate", "sts", "no_such.tsv"], "no_such.tsv"),
     (["mine", "{folder}", "-o", "out.csv"], ".tsv or .jsonl"),
-    (["mine", "{folder}", "-o", "out.tsv", "--num-negatives", "9", "--range-max", "5"], "range_max"),
+    (["mine", "{folder}", "-o", "out.tsv", "--num-negatives", "9", "--range-max", "5"], "--range-max"),
 ])
 def test_user_mistakes_print_one_line(folder, tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
