@@ -212,3 +212,31 @@ def test_every_option_says_what_it_does():
     missing = [f"bertkit {path} {a.option_strings or a.dest}" for path, parser in leaves(PARSER)
                for a in parser._actions if not a.help]
     assert not missing, missing
+
+
+# --- a setting that cannot work: one line, before the data or the model is read ------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    # str.split's ValueError traceback, once the model had loaded
+    (["multi-label", "--label-separator", ""],
+     "--label-separator must not be empty: give the text between two labels, e.g. ','"),
+    # a weight that is no positive number trained on a nan loss (nan) or pushed its dimensions apart (-1)
+    (["embed", "--matryoshka-dims", "16,8", "--matryoshka-weights", "1,nan"],
+     "--matryoshka-weights must be a comma-separated list of positive numbers, one per --matryoshka-dims, got '1,nan'"),
+    (["embed", "--matryoshka-dims", "16,8", "--matryoshka-weights", "1,-1"],
+     "--matryoshka-weights must be a comma-separated list of positive numbers, one per --matryoshka-dims, got '1,-1'"),
+    (["embed", "--matryoshka-dims", "16,8", "--matryoshka-weights", "1"],
+     "--matryoshka-weights must be a comma-separated list of positive numbers, one per --matryoshka-dims, got '1'"),
+    (["embed", "--matryoshka-dims", "16,0"],
+     "--matryoshka-dims must be a comma-separated list of positive whole numbers, got '16,0'"),
+    # the flag the user typed, not '--articles'
+    (["qa", "--train-articles", "a:b"], "--train-articles 'a:b' is not START:END (e.g. 0:40)"),
+    (["qa", "--dev-articles", "1:2:3"], "--dev-articles '1:2:3' is not START:END (e.g. 0:40)"),
+])
+def test_a_setting_that_cannot_work_is_refused_before_anything_is_read(argv, says, tmp_path, capsys, monkeypatch):
+    import bertkit.tasks.run
+
+    monkeypatch.setattr(bertkit.tasks.run, "load_head", lambda *a, **k: pytest.fail("the model loaded"))
+    train = tmp_path / "absent.tsv"  # never read: the settings are checked first
+    assert main(["finetune", argv[0], "--train", str(train), "-o", str(tmp_path / "o"), *argv[1:]]) == 2
+    assert capsys.readouterr().err.strip() == f"bertkit: error: {says}"

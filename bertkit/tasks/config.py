@@ -16,6 +16,8 @@ OVERLAP: the tokens consecutive windows of one long input share.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -130,6 +132,8 @@ class TextTaskConfig(TaskConfig):
         super().validate()
         if self.pooling not in CLASSIFIER_POOLINGS:
             raise BertkitError(f"unknown pooling {self.pooling!r}: use one of {', '.join(CLASSIFIER_POOLINGS)}")
+        if not self.label_separator:  # str.split("") raised its ValueError once the model had loaded
+            raise BertkitError("--label-separator must not be empty: give the text between two labels, e.g. ','")
         if self.stride and not 0 < self.stride < self.max_length - 2:
             raise BertkitError(f"--stride (window overlap) must be between 1 and --max-length - 3 "
                                f"({self.max_length - 3}), got {self.stride}: pass --stride "
@@ -175,6 +179,9 @@ class QAConfig(TaskConfig):
 
     def validate(self) -> "QAConfig":
         super().validate(low=32)
+        for flag, spec in (("--train-articles", self.train_articles), ("--dev-articles", self.dev_articles)):
+            if spec and not re.fullmatch(r"\s*-?\d*\s*:\s*-?\d*\s*", spec):  # as data.tables.parse_range reads it
+                raise BertkitError(f"{flag} {spec!r} is not START:END (e.g. 0:40)")
         if self.max_query_length < 1:  # 0 cut every question away and trained on contexts alone
             raise BertkitError(f"--max-query-length must be >= 1, got {self.max_query_length} (BERT uses 64)")
         if self.max_query_length + 3 + 8 > self.max_length:
@@ -251,11 +258,38 @@ class EmbedConfig(TaskConfig):
         if self.mini_batch_size < 1 or not self.scale > 0:
             raise BertkitError(f"--mini-batch-size must be >= 1 and --scale > 0, got {self.mini_batch_size} "
                                f"and {self.scale}")
-        if self.matryoshka_weights and not self.matryoshka_dims:
-            raise BertkitError("--matryoshka-weights needs --matryoshka-dims")
+        self.matryoshka()
         if self.static and (self.static_dim < 1 or self.pooling not in (AUTO, "mean")):
             raise BertkitError("--static averages its tokens (--pooling mean) and needs --static-dim >= 1")
         return self
+
+    def matryoshka(self) -> tuple[list[int] | None, list[float] | None]:
+        """(dims, weights) of --matryoshka-dims and --matryoshka-weights ((None, None): no Matryoshka loss; weights
+        None: 1 each). Read in `validate`, before the data: a nan weight trained on a nan loss, a negative one
+        pushed its dimensions apart, a missing one was found once the model had loaded."""
+        if not self.matryoshka_dims:
+            if self.matryoshka_weights:
+                raise BertkitError("--matryoshka-weights needs --matryoshka-dims")
+            return None, None
+        dims = _numbers(self.matryoshka_dims, int)
+        if not dims or min(dims) < 1:
+            raise BertkitError(f"--matryoshka-dims must be a comma-separated list of positive whole numbers, "
+                               f"got {self.matryoshka_dims!r}")
+        if not self.matryoshka_weights:
+            return dims, None
+        weights = _numbers(self.matryoshka_weights, float)
+        if len(weights) != len(dims) or not all(0 < w < math.inf for w in weights):  # nan fails 0 < w
+            raise BertkitError(f"--matryoshka-weights must be a comma-separated list of positive numbers, one per "
+                               f"--matryoshka-dims, got {self.matryoshka_weights!r}")
+        return dims, weights
+
+
+def _numbers(text: str, kind) -> list:
+    """'384, 256,128' -> [384, 256, 128] (`kind` each); [] when an item is no such number."""
+    try:
+        return [kind(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError:
+        return []
 
 
 @dataclass

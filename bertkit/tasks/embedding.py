@@ -366,15 +366,6 @@ class SentenceEmbedder(nn.Module):
 # --- the run --------------------------------------------------------------------------
 
 
-def parse_dims(text: str | None, what: str) -> list | None:
-    if not text:
-        return None
-    try:
-        return [float(x) if what == "weights" else int(x) for x in str(text).replace(" ", "").split(",") if x]
-    except ValueError:
-        raise BertkitError(f"--matryoshka-{what} must be a comma-separated list of numbers, got {text!r}") from None
-
-
 def dev_evaluator(cfg: EmbedConfig, log):
     """(evaluate(model, tok) -> scores, the metric that picks the best epoch) for the dev set: retrieval
     on a BEIR folder (nDCG@10), STS on scored pairs (Spearman); (None, None) without one. Read, and a
@@ -417,7 +408,7 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     examples = _settle(cfg, log)
     score_dev, metric = dev_evaluator(cfg, log)
     loss = cfg.loss
-    dims, weights = parse_dims(cfg.matryoshka_dims, "dims"), parse_dims(cfg.matryoshka_weights, "weights")
+    dims, weights = cfg.matryoshka()
     torch.manual_seed(tcfg.seed)
     if cfg.static:  # bertkit.tasks.static_embed
         encoder, tok = static_start(cfg, load_tokenizer, log)
