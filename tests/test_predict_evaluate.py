@@ -348,6 +348,32 @@ def test_a_loaded_model_of_another_folder_than_model_dir_is_refused(sentiment_ru
     assert predict(run / ".." / "out", ["a sentence"], loaded=load(run)) == want
 
 
+def test_a_checkpoint_without_a_task_file_is_cut_at_its_own_positions(tmp_path, transformers_mod):
+    """A Hugging Face classifier (no bertkit_task.json) is read at BERT's 512 tokens; one made with fewer positions
+    (64 here) failed on a longer text with "sequence length 101 exceeds max_position_embeddings=64: truncate the
+    input (tokenizer max_length <= 64)", a fix predict offers no way to apply. It is cut at its positions, as
+    transformers' tokenizer cuts at the model's length; the probabilities are transformers'."""
+    import torch
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.text.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, num_labels=2)
+    BertForSequenceClassification(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        tmp_path, tokenizer=Tokenizer.from_pretrained())
+    text = "a long review of a film that goes on and on " * 9  # 101 tokens with [CLS] and [SEP]
+    got = predict(tmp_path, [text])[0]["probabilities"]
+    model = transformers_mod.BertForSequenceClassification.from_pretrained(str(tmp_path)).eval()
+    batch = transformers_mod.BertTokenizerFast.from_pretrained(str(tmp_path))(
+        text, truncation=True, max_length=64, return_tensors="pt")
+    assert batch["input_ids"].shape[1] == 64
+    with torch.no_grad():
+        want = model(**batch).logits.softmax(-1)[0].tolist()
+    assert np.allclose([got[name] for name in sorted(got)], want, atol=1e-5)
+
+
 def test_a_tagger_refuses_pairs_instead_of_dropping_them(tmp_path):
     """predict(ner_dir, texts, pairs=[...]): the second texts were dropped without a word (the tags are the
     first texts' alone); a tagger reads single texts."""

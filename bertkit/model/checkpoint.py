@@ -323,7 +323,8 @@ TASK_FILE = "bertkit_task.json"  # how a `bertkit finetune` model encodes its in
 GENERATOR_DIR = "generator"  # the generator's subfolder in an ELECTRA pre-training output directory
 # A Hugging Face head checkpoint without bertkit_task.json: the task its config.json's architectures (and, for
 # the sequence classifier, problem_type) name, as bertkit.tasks.registry spells it, and the input length it is
-# read at (run_squad.py's 384 for QA, BERT's 512 otherwise); ELECTRA's heads (a fine-tuned ELECTRA) as BERT's.
+# read at (run_squad.py's 384 for QA, BERT's 512 otherwise, at most the model's positions); ELECTRA's heads (a
+# fine-tuned ELECTRA) as BERT's.
 _SEQUENCE_TASKS = {"single_label_classification": "classify", "regression": "regression",
                    "multi_label_classification": "multi_label"}
 HF_TASKS = {
@@ -392,8 +393,11 @@ def task_info(directory) -> dict | None:
         n = config.get("num_labels", len(config.get("id2label") or {}) or 2)
         problem = "regression" if n == 1 else config.get("problem_type")
         task = task.get(problem) or task["single_label_classification"]
-    # "inferred": nothing says which columns it was trained on (single texts or pairs: both are read)
-    return None if task is None else {"task": task, "max_length": HF_MAX_LENGTH.get(head, 512), "inferred": True}
+    # "inferred": nothing says which columns it was trained on (single texts or pairs: both are read); the length
+    # is at most the model's own positions (a longer input could not run, and predict takes no max_length)
+    positions = config.get("max_position_embeddings")
+    length = min(HF_MAX_LENGTH.get(head, 512), positions if isinstance(positions, int) and positions > 2 else 512)
+    return None if task is None else {"task": task, "max_length": length, "inferred": True}
 
 
 @dataclass(frozen=True)
