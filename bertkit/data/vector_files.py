@@ -10,7 +10,8 @@ embeds in flat memory:
     .jsonl        one JSON object per text
 
 The .npy and .safetensors writers spool rows to a temporary file and write the
-header (which needs the row count) at the end. `map_safetensors` reads such a file
+header (which needs the row count) at the end. Every file is written whole or not at all
+(`bertkit.data.atomic`): Ctrl-C or a kill midway leaves the file that stood at its name before. `map_safetensors` reads such a file
 back as memory maps (an index's vectors and codes, `bertkit.retrieval.index`).
 """
 
@@ -24,6 +25,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from bertkit.data.atomic import replace_atomically
 from bertkit.errors import BertkitError
 
 
@@ -86,31 +88,39 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
             "array: write them to .safetensors or .jsonl, or choose --pooling mean/cls"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
+    # written beside `path`, then renamed over it: streamed straight into `path`, a .jsonl stopped midway
+    # (Ctrl-C, a kill) was its first k rows, a file that reads as whole, and the old file was gone from the start
     if suffix == ".jsonl":
-        return _write_jsonl(rows, path, pooled, texts)
+        count = []
+        replace_atomically(path, lambda out: count.append(_write_jsonl(rows, out, pooled, texts)))
+        return count[0]
     spool = path.with_name(path.name + ".part")
     try:
         lengths, dim = _spool(rows, spool)
-        with path.open("wb") as out, spool.open("rb") as raw:
-            out.write(_header(suffix, pooled, sum(lengths), dim, len(lengths)))
-            _copy(raw, out)
+
+        def write(out) -> None:
+            with spool.open("rb") as raw:
+                out.write(_header(suffix, pooled, sum(lengths), dim, len(lengths)))
+                _copy(raw, out)
             if suffix == ".safetensors" and not pooled:
                 out.write(np.concatenate([[0], np.cumsum(lengths)]).astype("<i8").tobytes())  # offsets [N+1]
+
+        replace_atomically(path, write)
     finally:
         spool.unlink(missing_ok=True)
     return len(lengths)
 
 
-def _write_jsonl(rows, path: Path, pooled: bool, texts) -> int:
+def _write_jsonl(rows, out, pooled: bool, texts) -> int:
+    """One JSON object per result into the binary file `out` (UTF-8); returns the count."""
     n = 0
-    with path.open("w", encoding="utf-8") as out:
-        for i, row in enumerate(rows):
-            record = {"index": i}
-            if texts is not None:
-                record["text"] = texts[i]
-            record["embedding" if pooled else "vectors"] = np.round(row.astype(np.float64), 7).tolist()
-            out.write(json.dumps(record) + "\n")
-            n += 1
+    for i, row in enumerate(rows):
+        record = {"index": i}
+        if texts is not None:
+            record["text"] = texts[i]
+        record["embedding" if pooled else "vectors"] = np.round(row.astype(np.float64), 7).tolist()
+        out.write((json.dumps(record) + "\n").encode("utf-8"))
+        n += 1
     return n
 
 

@@ -24,14 +24,13 @@ from pathlib import Path
 
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.data.textfiles import read_text
 from bertkit.text.tokenizer_config import added_tokens, pipeline_settings, read_config, settings_from
 from bertkit.text.truncation import pair_heads
 from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, choose_num_workers, gc_paused, token_ids
 from bertkit.text.encoding import (MODEL_MAX_LENGTH, BatchEncoding, Encoding, Segment, assemble, batch, check_options,
                                    num_special_tokens)
 from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_added_tokens, check_casing, load_vocab,
-                                save_vocab, tokens_from_text, tokens_from_tokenizer_json, validate_tokens)
+                                read_vocab_file, save_vocab, validate_tokens)
 from bertkit.text.wordpiece import CONTINUATION, wordpiece_spans
 from bertkit.default_model import default_model_dir
 
@@ -142,8 +141,7 @@ class Tokenizer:
         elif not vocab_file.is_file():
             raise BertkitError(f"{folder} has no vocab.txt; pass a model directory or a vocab.txt file")
         config, config_file = read_config(folder)
-        text = read_text(vocab_file, "tokenizer file" if hf_json else "vocabulary file")
-        tokens = (tokens_from_tokenizer_json if hf_json else tokens_from_text)(text, str(vocab_file))
+        text, tokens = read_vocab_file(vocab_file, hf_json)
         if vocab_size is not None and len(tokens) > vocab_size:
             raise BertkitError(f"{vocab_file} has {len(tokens)} tokens but config.json's vocab_size is "
                                f"{vocab_size}: the vocabulary does not belong to these weights; use the model's own "

@@ -67,6 +67,12 @@ def load_vocab(path) -> list[str]:
     return tokens_from_text(read_text(path, "vocabulary file"), str(path))
 
 
+def read_vocab_file(path: Path, hf_json: bool) -> tuple[str, list[str]]:
+    """(the text, its tokens) of a vocab.txt, or of a Hugging Face tokenizer.json when `hf_json`."""
+    text = read_text(path, "tokenizer file" if hf_json else "vocabulary file")
+    return text, (tokens_from_tokenizer_json if hf_json else tokens_from_text)(text, str(path))
+
+
 def tokens_from_text(text: str, source: str) -> list[str]:
     """The tokens of a vocab.txt's text (index = id), validated; `source` names the file in errors."""
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,

@@ -1,0 +1,62 @@
+"""Run a `bertkit` command and stop it while it writes its output file: Ctrl-C (SIGINT) or a lost
+machine (SIGKILL) once BYTES have gone out to a file whose name begins with NAME (the output
+itself, or NAME.tmp / NAME.part beside it: whatever the command writes first).
+
+    python tests/killed_write.py SIGINT|SIGKILL NAME BYTES ARGS...    # `bertkit ARGS...`, stopped mid-write
+
+The bytes written so far are flushed before the signal, so a kill leaves on disk what a real one
+would. It wraps `open` (builtins and io, which `Path.open` calls) from outside the library: the
+library holds no test switch, and the test does not depend on how the command writes.
+"""
+
+import builtins
+import io
+import os
+import signal
+import sys
+
+
+def stopping_open(name: str, limit: int, sig: int, real_open):
+    written = {"n": 0}
+
+    class Stopping:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, data):
+            n = self._f.write(data)
+            written["n"] += len(data.encode("utf-8") if isinstance(data, str) else data)
+            if written["n"] >= limit:
+                self._f.flush()
+                os.kill(os.getpid(), sig)
+            return n
+
+        def __getattr__(self, attr):
+            return getattr(self._f, attr)
+
+        def __iter__(self):
+            return iter(self._f)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self._f.__exit__(*exc)
+
+    def open_(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        writes = any(m in mode for m in "wax")
+        if writes and isinstance(file, (str, os.PathLike)) and os.path.basename(os.fspath(file)).startswith(name):
+            return Stopping(f)
+        return f
+
+    return open_
+
+
+if __name__ == "__main__":
+    sig, name, limit = getattr(signal, sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    sys.argv = ["bertkit", *sys.argv[4:]]
+    builtins.open = io.open = stopping_open(name, limit, sig, io.open)
+    from bertkit.cli import main
+
+    sys.exit(main())  # as `python -m bertkit.cli` runs it
