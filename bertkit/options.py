@@ -57,6 +57,19 @@ def finite_float(text: str) -> float:
     return value
 
 
+def count(text: str) -> int:
+    """The type of every count a command defines by hand (--batch-size, -k, --top-k, --max-length, ...): an int of
+    at least 1, refused where it is typed. embed, predict, evaluate, mine and search refused --batch-size 0 only
+    once the model had loaded. (A settings dataclass's count is checked by its config's validate, first.)"""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 SEED_MAX = 2**32 - 1  # numpy's generators refuse a negative seed; seed * 1_000_003 + epoch stays in torch's 64 bits
 
 
@@ -156,8 +169,9 @@ def add_options(parser, cls, base: dict | None = None, skip=(), notes: dict | No
             help_text += f" (default: {default})"
         # `list[str] | None`: the flag takes one or more values
         many = any(typing.get_origin(h) is list for h in (hint, *typing.get_args(hint)))
-        parser.add_argument(*flags, dest=f.name, type=convert, nargs="+" if many else None, default=None,
-                            choices=choices, help=help_text)
+        action = parser.add_argument(*flags, dest=f.name, type=convert, nargs="+" if many else None, default=None,
+                                     choices=choices, help=help_text)
+        action.setting = f  # made from a settings field: its config's validate checks the value's range
 
 
 RUN_CONFIG = "run_config.json"  # a run's settings, saved in its --output directory for --resume

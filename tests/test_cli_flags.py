@@ -240,3 +240,33 @@ def test_a_setting_that_cannot_work_is_refused_before_anything_is_read(argv, say
     train = tmp_path / "absent.tsv"  # never read: the settings are checked first
     assert main(["finetune", argv[0], "--train", str(train), "-o", str(tmp_path / "o"), *argv[1:]]) == 2
     assert capsys.readouterr().err.strip() == f"bertkit: error: {says}"
+
+
+# --- counts: refused where they are typed, not once the model has loaded ----------------------------------------
+
+# the hand-written int options where 0 or a negative number means something
+NOT_COUNTS = {"--layer": "-1: the last layer", "--stride": "0: windows share nothing",
+              "--overlap": "index's old name of --stride", "--opset": "a version: export onnx refuses one below 14 first"}
+
+
+def test_every_count_a_command_defines_itself_refuses_zero_and_below_where_it_is_typed(capsys):
+    """embed, predict, evaluate, mine and search took --batch-size 0 and fill-mask --top-k 0 and refused them only
+    once the model had loaded (seconds for a big one), search --block-size 0 after opening the index. Every int
+    option a command adds by hand (not from a settings dataclass, whose validate checks it first) is a count."""
+    wrong = []
+    for path, parser in leaves(PARSER):
+        for action in parser._actions:
+            flag = action.option_strings[0] if action.option_strings else None
+            if (flag is None or getattr(action.type, "__name__", None) not in ("int", "count") or flag in NOT_COUNTS
+                    or hasattr(action, "setting")):  # a settings field: its config's validate checks it first
+                continue
+            for value in ("0", "-1"):
+                if "must be at least 1" not in parse_error([*path.split(), f"{flag}={value}"], capsys):
+                    wrong.append(f"bertkit {path} {flag}={value}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_count_still_takes_its_numbers():
+    args = PARSER.parse_args(["search", "ix", "q", "-k", "3", "--batch-size", "1", "--block-size", "64"])
+    assert (args.k, args.batch_size, args.block_size) == (3, 1, 64)
+    assert PARSER.parse_args(["evaluate", "retrieval", "d", "--dimensions", "64", "128"]).dimensions == [64, 128]

@@ -139,8 +139,9 @@ def test_max_queries_scores_the_first_judged_queries(folder, tiny_dir, tmp_path,
                             truncate=True)
     scores = per_query({q: data.qrels[q] for q in first}, dense_run(queries, first, docs, doc_ids))
     assert figures["ndcg@10"] == pytest.approx(sum(s["ndcg@10"] for s in scores.values()) / 3, abs=1e-6)
-    assert main(["evaluate", "retrieval", str(folder), "--max-queries", "0"]) == 2
-    assert "at least one query must be kept" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # refused where it is typed
+        main(["evaluate", "retrieval", str(folder), "--max-queries", "0"])
+    assert stop.value.code == 2 and "argument --max-queries: must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_tuning_on_the_split_scored_is_refused_without_an_index(folder, capsys):

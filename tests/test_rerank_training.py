@@ -262,10 +262,11 @@ def test_bad_input_is_one_line(ctx, tmp_path, capsys, case, message):
 
 
 def test_evaluate_rerank_top_zero_is_one_line(ctx, trained, capsys):
-    assert main(["evaluate", "retrieval", str(ctx["folder"]), "--index", str(ctx["index"]), "--rerank",
-                 str(trained), "--rerank-top", "0", "--quiet"]) == 2
+    with pytest.raises(SystemExit) as stop:  # refused where it is typed
+        main(["evaluate", "retrieval", str(ctx["folder"]), "--index", str(ctx["index"]), "--rerank",
+              str(trained), "--rerank-top", "0", "--quiet"])
     err = capsys.readouterr().err
-    assert "--rerank-top must be at least 1" in err and err.count("\n") == 1
+    assert stop.value.code == 2 and "argument --rerank-top: must be at least 1" in err and err.count("\n") == 1
 
 
 def test_a_table_of_pairs_trains_without_dev(ctx, tmp_path, capsys):

@@ -315,8 +315,11 @@ def test_cli_index_and_search_end_to_end(tiny, shared_data, tmp_path, capsys):
     reranked = json.loads(capsys.readouterr().out)[0]
     assert len(reranked) == 2 and {h["doc_id"] for h in reranked} <= {h.doc_id for h in search(
         open_index(out), QUERIES[:1], k=3, dtype="float32")[0]}
-    for argv, message in [(["search", str(out), "q", "-k", "0"], "-k must be at least 1"),
-                          (["search", str(out)], "give one QUERY or --queries FILE"),
+    with pytest.raises(SystemExit) as stop:  # a count below 1: refused where it is typed, before the index opens
+        main(["search", str(out), "q", "-k", "0"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "argument -k: must be at least 1, got 0" in err and err.count("\n") == 1, err
+    for argv, message in [(["search", str(out)], "give one QUERY or --queries FILE"),
                           (["search", str(tmp_path), "q"], "is not an index"),
                           (["search", str(out), "q", "--model", str(tmp_path / "cross")], "this index was made by")]:
         assert main(argv) == 2
@@ -443,13 +446,17 @@ def test_hnsw_sizes_faiss_cannot_build_are_one_line_before_any_encoding(tmp_path
     # --ann-m 1 crashed the process (a segmentation fault in FAISS), --ann-m 0 aborted it (a C++
     # assertion, exit -6): no exception to catch, so they are refused before the model (here: none) loads
     (tmp_path / "c.tsv").write_text("id\ttext\nd1\tsome text\n")
-    for flag, value, least in (("--ann-m", "1", 2), ("--ann-m", "0", 2), ("--ef-construction", "0", 1),
-                               ("--ef-search", "-3", 1)):
-        assert main(["index", str(tmp_path / "c.tsv"), "-o", str(tmp_path / "ix"), "--model", str(tmp_path / "none"),
-                     "--ann", "hnsw", flag, value]) == 2
+    argv = ["index", str(tmp_path / "c.tsv"), "-o", str(tmp_path / "ix"), "--model", str(tmp_path / "none"),
+            "--ann", "hnsw"]
+    assert main([*argv, "--ann-m", "1"]) == 2
+    assert capsys.readouterr().err == "bertkit: error: --ann-m must be an int of at least 2, got 1\n"
+    for flag, value in (("--ann-m", "0"), ("--ef-construction", "0"), ("--ef-search", "-3")):  # below 1: parsing
+        with pytest.raises(SystemExit) as stop:
+            main([*argv, flag, value])
         err = capsys.readouterr().err
-        assert err == f"bertkit: error: {flag} must be an int of at least {least}, got {value}\n"
-        assert not (tmp_path / "ix").exists()
+        assert stop.value.code == 2 and err.startswith(f"bertkit: error: argument {flag}: must be at least 1, got "
+                                                       f"{value} ") and err.count("\n") == 1
+    assert not (tmp_path / "ix").exists()
 
 # --- Qdrant ------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from functools import partial
 
-from bertkit.options import DTYPE_CHOICES, add_options, from_args, quiet_flag
+from bertkit.options import DTYPE_CHOICES, add_options, count, from_args, quiet_flag
 from bertkit.retrieval.config import FusionOptions, MiningOptions
 from bertkit.errors import BertkitError
 
@@ -16,8 +16,8 @@ MEASURE_LABELS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
 
 def _model_flags(p) -> None:
     p.add_argument("--model", help="a model directory (default: the embedded all-MiniLM-L6-v2)")
-    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
-    p.add_argument("--max-length", type=int, help="tokens per text; longer texts are truncated (default: the "
+    p.add_argument("--batch-size", type=count, default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--max-length", type=count, help="tokens per text; longer texts are truncated (default: the "
                    "model's sentence-transformers max_seq_length, 256 for the default model, else its positions)")
     p.add_argument("--dtype", default="float32", choices=list(DTYPE_CHOICES),
                    help="the precision (default float32, so the figures compare with published ones; auto: "
@@ -45,7 +45,7 @@ def add_evaluate(sub):
     )
     r.add_argument("directory", metavar="DIR", help="a BEIR folder: corpus.jsonl, queries.jsonl, qrels/")
     r.add_argument("--split", default="test", help="which qrels/<split>.tsv to evaluate (default test)")
-    r.add_argument("--max-queries", type=int, metavar="N", help="score only the split's first N judged queries (the "
+    r.add_argument("--max-queries", type=count, metavar="N", help="score only the split's first N judged queries (the "
                    "qrels file's order), each still ranked against the whole corpus: a quick look")
     _model_flags(r)
     r.add_argument("--bm25", action="store_true", help="also rank with BM25 (needs: pip install 'bertkit[search]')")
@@ -55,8 +55,8 @@ def add_evaluate(sub):
     r.add_argument("--rerank", metavar="MODEL", help="with --index: a cross-encoder re-scoring each answer's best "
                    "--rerank-top documents (bertkit finetune rerank; or finetune regression, or pair "
                    "with two labels)")
-    r.add_argument("--rerank-top", type=int, default=50, help="documents the cross-encoder re-scores (default 50)")
-    r.add_argument("--dimensions", type=int, nargs="+", metavar="D",
+    r.add_argument("--rerank-top", type=count, default=50, help="documents the cross-encoder re-scores (default 50)")
+    r.add_argument("--dimensions", type=count, nargs="+", metavar="D",
                    help="also score the vectors cut to these leading dimensions and renormalised (Matryoshka: "
                    "e.g. --dimensions 64 128); one encoding serves them all")
     r.add_argument("--mode", help="dense, lexical, hybrid, or all (the three in one table); default: as bertkit "

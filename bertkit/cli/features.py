@@ -3,9 +3,9 @@
 import argparse
 import sys
 
-from bertkit.errors import BertkitError, int_at_least
+from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
-from bertkit.options import add_options, device_flags, from_args, int8_flag, quiet_flag
+from bertkit.options import add_options, count, device_flags, from_args, int8_flag, quiet_flag
 from bertkit.data.textfiles import blank_lines, read_texts, text_line
 from bertkit.data.vector_files import write_vectors
 
@@ -35,8 +35,8 @@ def add_embed(sub):
     p.add_argument("--word-pooling", default="mean", choices=["mean", "first"], help="how pieces make a word vector")
     p.add_argument("--column", "--text-column", help="the .tsv/.csv column or .jsonl field holding the text "
                    "(--text-column: its name in finetune and predict)")
-    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
-    p.add_argument("--max-length", type=int, help="tokens per pass / window (default: for sentence vectors the "
+    p.add_argument("--batch-size", type=count, default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--max-length", type=count, help="tokens per pass / window (default: for sentence vectors the "
                    "model's sentence-transformers max_seq_length, else its 512 positions)")
     p.add_argument("--stride", type=int,
                    help="tokens shared by consecutive windows of a long text, the overlap (default: half a window)")
@@ -89,7 +89,7 @@ def add_attention(sub):
     p.add_argument("text", help="the text to look at (at most 512 tokens)")
     p.add_argument("--pair", help="a second segment (sentence B)")
     p.add_argument("--token", help="the word whose attention to show (default: [CLS])")
-    p.add_argument("--occurrence", type=int, default=1, help="which occurrence of --token (default 1)")
+    p.add_argument("--occurrence", type=count, default=1, help="which occurrence of --token (default 1)")
     p.add_argument("--layer", type=int, default=0, help="layer shown first, from 0 (-1: the last; default 0)")
     p.add_argument("--head", default="0", help="head shown first, from 0, or 'mean' (default 0)")
     p.add_argument("-o", "--output", default="attention.html", help="the HTML page (default attention.html)")
@@ -116,7 +116,6 @@ def run_attention(args):
     if args.token is None and args.occurrence != 1:
         raise BertkitError(f"--occurrence {args.occurrence} counts the occurrences of --token: give --token WORD "
                            "too (without it the page follows [CLS])")
-    int_at_least(args.occurrence, 1, "--occurrence")  # before the model runs, as find_token would after it
     if args.png:  # before the model runs
         check_picture(args.png)
     amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype, fast=args.speed)

@@ -5,7 +5,7 @@ import argparse
 import sys
 from functools import partial
 
-from bertkit.options import add_options, device_flags, finite_float, from_args, int8_flag, merge, seed
+from bertkit.options import add_options, count, device_flags, finite_float, from_args, int8_flag, merge, seed
 from bertkit.cli.demo import run_demo as demo
 from bertkit.tasks import format_report, run_task, task_config
 from bertkit.tasks.registry import TASKS, task_named
@@ -91,7 +91,7 @@ def add_predict(sub):
     p.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
                    help="score the predictions against the answers in INPUT (default: whenever INPUT has them; "
                    "--evaluate: fail if it has none; --no-evaluate: only predict)")
-    p.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
+    p.add_argument("--batch-size", type=count, default=32, help="rows per forward pass (default 32)")
     device_flags(p)
     int8_flag(p)
     p.set_defaults(handler=run_predict, runs_model=True, outputs={"--output": "file"})

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.options import add_options, device_flags, finite_float, from_args, seed
+from bertkit.options import add_options, count, device_flags, finite_float, from_args, seed
 from bertkit.pretraining.prepare import PrepareConfig, format_example, format_summary, prepare
 from bertkit.pretraining.run_config import RunConfig
 
@@ -112,7 +112,7 @@ def add_fill_mask(sub):
     # optional so that a sentence given alone gets an answer about the model, not "text is required"
     p.add_argument("text", nargs="?", help="text with one or more [MASK] tokens")
     p.add_argument("--pair", help="a second segment (sentence B)")
-    p.add_argument("--top-k", type=int, default=5, help="candidates per [MASK] (default 5)")
+    p.add_argument("--top-k", type=count, default=5, help="candidates per [MASK] (default 5)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     device_flags(p)
     p.set_defaults(handler=run_fill_mask, runs_model=True)

@@ -5,7 +5,7 @@ import dataclasses
 import json
 import sys
 
-from bertkit.options import add_options, device_flags, quiet_flag
+from bertkit.options import add_options, count, device_flags, quiet_flag
 from bertkit.retrieval.config import FusionOptions, LexicalOptions
 from bertkit.data.textfiles import existing_file, open_text
 from bertkit.errors import BertkitError
@@ -47,14 +47,14 @@ def add_index(sub):
     p.add_argument("--qdrant", metavar="PATH|URL", help="export: a Qdrant local-mode folder, or a server's URL")
     p.add_argument("--collection", help="export: the new collection's name")
     p.add_argument("--model", help="an embedding model directory (default: the embedded all-MiniLM-L6-v2)")
-    p.add_argument("--passage-tokens", type=int, help="tokens per passage, [CLS] and [SEP] included (default: the "
+    p.add_argument("--passage-tokens", type=count, help="tokens per passage, [CLS] and [SEP] included (default: the "
                    "model's max length: its sentence-transformers max_seq_length, 256 for the default model)")
     p.add_argument("--stride", type=int, help="word pieces shared by consecutive passages of a document, the "
                    "overlap, as embed's and finetune's --stride (default: half a passage; --overlap, its old name, "
                    "still works)")
     p.add_argument("--overlap", dest="stride", type=int, help=argparse.SUPPRESS)  # the old name of --stride
-    p.add_argument("--batch-size", type=int, default=32, help="passages per forward pass (default 32)")
-    p.add_argument("--part-size", type=int, default=1024, help="passages per saved part: what a kill can lose, "
+    p.add_argument("--batch-size", type=count, default=32, help="passages per forward pass (default 32)")
+    p.add_argument("--part-size", type=count, default=1024, help="passages per saved part: what a kill can lose, "
                    "and what torchrun ranks are dealt (default 1024)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted build of INDEX (export: an "
                    "interrupted export into the collection)")
@@ -74,10 +74,10 @@ def _add_search_structures(p) -> None:
     p.add_argument("--ann", choices=["hnsw"], help="also build an approximate index: hnsw, a FAISS HNSW graph for "
                    "corpora where exact search is too slow (needs: pip install 'bertkit[search]'); its recall@10 "
                    "against exact search is measured and printed")
-    p.add_argument("--ann-m", type=int, default=32, help="HNSW: links per vector (default 32)")
-    p.add_argument("--ef-construction", type=int, default=200, help="HNSW: candidates kept while building "
+    p.add_argument("--ann-m", type=count, default=32, help="HNSW: links per vector (default 32)")
+    p.add_argument("--ef-construction", type=count, default=200, help="HNSW: candidates kept while building "
                    "(default 200)")
-    p.add_argument("--ef-search", type=int, default=128, help="HNSW: candidates kept while searching, recorded "
+    p.add_argument("--ef-search", type=count, default=128, help="HNSW: candidates kept while searching, recorded "
                    "as the index's default (default 128)")
     p.add_argument("--vectors", choices=["float32", "int8", "binary"], default="float32", help="store the vectors "
                    "as compact codes that exact search scans, rescoring its candidates against the decoded codes "
@@ -209,18 +209,18 @@ def add_search(sub):
                    "instead of an index folder (with --collection)")
     p.add_argument("--collection", help="with --qdrant: the collection")
     p.add_argument("--queries", metavar="FILE", help="a text file of queries, one per line")
-    p.add_argument("-k", type=int, default=10, help="documents per query (default 10)")
+    p.add_argument("-k", type=count, default=10, help="documents per query (default 10)")
     p.add_argument("--model", help="the query encoder; must be the model that made INDEX (default: that model)")
     p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder directory re-scoring the best documents (bertkit "
                    "finetune rerank)")
-    p.add_argument("--rerank-top", type=int, default=50, help="documents the cross-encoder re-scores (default 50)")
+    p.add_argument("--rerank-top", type=count, default=50, help="documents the cross-encoder re-scores (default 50)")
     p.add_argument("--json", action="store_true", help="print JSON: per query a best-first list of hits")
-    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--batch-size", type=count, default=32, help="texts per forward pass (default 32)")
     p.add_argument("--ann", action="store_true", help="search the HNSW graph built by bertkit index --ann hnsw "
                    "(approximate, faster on millions of vectors) instead of every vector")
-    p.add_argument("--ef-search", type=int, help="with --ann: candidates the graph walk keeps (default: the "
+    p.add_argument("--ef-search", type=count, help="with --ann: candidates the graph walk keeps (default: the "
                    "index's, 128); more is slower and finds more")
-    p.add_argument("--block-size", type=int, default=16384, help="vectors scored per block of the exact scan: "
+    p.add_argument("--block-size", type=count, default=16384, help="vectors scored per block of the exact scan: "
                    "memory grows with it, about 64 x block x 13 bytes for the scores and their merge (default 16384: "
                    "13 MiB; docs/search.md)")
     add_options(p, FusionOptions, {"mode": None})

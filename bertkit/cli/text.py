@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from bertkit.data.textfiles import stdin_lines
-from bertkit.options import add_options, from_args
+from bertkit.options import add_options, count, from_args
 from bertkit.text.encoding import format_encoding
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files, vocab_file
@@ -41,7 +41,7 @@ def add_tokenize(sub):
                    help="the text to tokenize; '-' or none: each line of standard input, one encoding per line")
     p.add_argument("--pair", help="a second segment (sentence B); with standard input, each line's")
     p.add_argument("--vocab", help="a vocab.txt, tokenizer.json or model directory (default: the embedded model's)")
-    p.add_argument("--max-length", type=int, default=512, help="truncate to this many tokens (<= 512)")
+    p.add_argument("--max-length", type=count, default=512, help="truncate to this many tokens (<= 512)")
     p.add_argument("--json", action="store_true", help="print the encoding as JSON")
     p.set_defaults(handler=run_tokenize)
 
