@@ -270,3 +270,25 @@ def test_a_count_still_takes_its_numbers():
     args = PARSER.parse_args(["search", "ix", "q", "-k", "3", "--batch-size", "1", "--block-size", "64"])
     assert (args.k, args.batch_size, args.block_size) == (3, 1, 64)
     assert PARSER.parse_args(["evaluate", "retrieval", "d", "--dimensions", "64", "128"]).dimensions == [64, 128]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["vocab", "train", "--vocab-size", "3"], "--vocab-size"),
+    (["vocab", "train", "--min-frequency", "0"], "--min-frequency"),
+    (["vocab", "train", "--max-distinct-words", "10"], "--max-distinct-words"),
+    (["pretrain", "prepare", "--max-seq-length", "2"], "--max-seq-length"),
+    (["pretrain", "prepare", "--short-seq-prob", "2"], "--short-seq-prob"),
+    (["pretrain", "prepare", "--dupe-factor", "0"], "--dupe-factor"),
+    (["pretrain", "prepare", "--workers", "-1"], "--workers"),
+    (["pretrain", "prepare", "--masked-lm-prob", "0"], "--masked-lm-prob"),
+    (["pretrain", "prepare", "--max-predictions-per-seq", "0"], "--max-predictions-per-seq"),
+    (["pretrain", "prepare", "--max-ngram", "0"], "--max-ngram"),
+    (["pretrain", "prepare", "--examples", "-1"], "--examples"),
+])
+def test_a_setting_out_of_range_is_named_as_the_user_typed_it(argv, flag, tmp_path, capsys):
+    """vocab train and pretrain prepare said 'vocab_size must be ...', 'masked_lm_prob must be ...': the Python
+    field, where finetune, pretrain run and serve name the flag; prepare took --examples -1."""
+    (tmp_path / "corpus.txt").write_text("Some text. More text.\n")
+    assert main([*argv[:2], str(tmp_path / "corpus.txt"), "-o", str(tmp_path / "out"), *argv[2:]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bertkit: error: {flag} ") and err.count("\n") == 1, err

@@ -62,7 +62,7 @@ def test_budget_is_fifteen_percent_rounded_and_capped():
 def test_config_errors_name_the_problem():
     with pytest.raises(BertkitError, match="unknown masking"):
         MaskingConfig(masking="span").validate()
-    with pytest.raises(BertkitError, match="masked_lm_prob"):
+    with pytest.raises(BertkitError, match="--masked-lm-prob"):
         MaskingConfig(masked_lm_prob=1.5).validate()
     with pytest.raises(BertkitError, match=r"\[MASK\]"):
         MaskVocab.from_tokens(["[PAD]", "[CLS]", "[SEP]", "a"])

@@ -378,7 +378,7 @@ def test_empty_corpus_and_bad_arguments_give_one_line_errors(tmp_path, capsys):
     (busy / "thesis.tex").write_text("keep me")
     assert main(["pretrain", "prepare", str(tmp_path / "c"), "-o", str(busy), "--objective", "sop", "--quiet"]) == 2
     assert "not empty" in capsys.readouterr().err and (busy / "thesis.tex").exists()
-    with pytest.raises(BertkitError, match="max_seq_length"):
+    with pytest.raises(BertkitError, match="--max-seq-length"):
         PrepareConfig(max_seq_length=4).validate()
 
 

@@ -140,9 +140,9 @@ def test_bounded_memory_keeps_frequent_words():
 
 
 def test_bad_training_input(tmp_path):
-    with pytest.raises(BertkitError, match="vocab_size must be an int"):
+    with pytest.raises(BertkitError, match="--vocab-size must be an int"):
         train_vocab(["a b"], VocabTrainingConfig(vocab_size=3))
-    with pytest.raises(BertkitError, match="min_frequency must be a positive int"):
+    with pytest.raises(BertkitError, match="--min-frequency must be a positive int"):
         train_vocab(["a b"], VocabTrainingConfig(min_frequency=0))
     with pytest.raises(BertkitError, match="not one str"):
         train_vocab("a single string")

@@ -82,6 +82,8 @@ def run_pretrain_prepare(args):
     from bertkit.pretraining.dataset import PretrainingDataset
 
     files, cfg = from_args(args, PrepareFiles), from_args(args, PrepareConfig)
+    if files.examples < 0:  # -1 printed none, silently
+        raise BertkitError(f"--examples must be >= 0 (0: print none), got {files.examples}")
     summary = prepare(files.corpus, files.output, cfg, vocab=files.vocab, progress=not files.quiet)
     print(format_summary(summary, cfg))
     if files.examples > 0:

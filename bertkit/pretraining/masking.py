@@ -70,12 +70,13 @@ class MaskingConfig:
     def validate(self) -> "MaskingConfig":
         if self.masking not in MASKING_MODES:
             raise BertkitError(f"unknown masking {self.masking!r}; choose one of {', '.join(MASKING_MODES)}")
+        # named as pretrain prepare's flags, which these fields are
         if not 0.0 < self.masked_lm_prob < 1.0:
-            raise BertkitError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+            raise BertkitError(f"--masked-lm-prob must be in (0, 1), got {self.masked_lm_prob}")
         if self.max_predictions_per_seq < 1:
-            raise BertkitError(f"max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
+            raise BertkitError(f"--max-predictions-per-seq must be >= 1, got {self.max_predictions_per_seq}")
         if self.max_ngram < 1:
-            raise BertkitError(f"max_ngram must be >= 1, got {self.max_ngram}")
+            raise BertkitError(f"--max-ngram must be >= 1, got {self.max_ngram}")
         if not (0 <= self.mask_replace_prob and 0 <= self.random_replace_prob
                 and self.mask_replace_prob + self.random_replace_prob <= 1):
             raise BertkitError("mask_replace_prob and random_replace_prob must be >= 0 and sum to <= 1")

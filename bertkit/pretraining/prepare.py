@@ -110,16 +110,17 @@ class PrepareConfig:
             raise BertkitError(f"unknown --documents {self.documents!r}; choose one of {', '.join(DOCUMENT_MODES)}")
         if self.sentences not in SENTENCE_MODES:
             raise BertkitError(f"unknown --sentences {self.sentences!r}; choose one of {', '.join(SENTENCE_MODES)}")
-        low = 5 if self.objective in ("nsp", "sop") else 3
+        low = 5 if self.objective in ("nsp", "sop") else 3  # messages name the flags (pretrain prepare's options)
         if not low <= self.max_seq_length <= 32767:
-            raise BertkitError(f"max_seq_length must be in {low}..32767 for objective {self.objective}, got {self.max_seq_length}")
-        probability(self.short_seq_prob, "short_seq_prob")
+            raise BertkitError(f"--max-seq-length must be in {low}..32767 for objective {self.objective}, "
+                               f"got {self.max_seq_length}")
+        probability(self.short_seq_prob, "--short-seq-prob")
         if self.dupe_factor is not None and self.dupe_factor < 1:
-            raise BertkitError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
+            raise BertkitError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
         if not 0 <= self.held_out < 0.5:
             raise BertkitError(f"--held-out must be in [0, 0.5), got {self.held_out}")
         if self.workers < 0:
-            raise BertkitError(f"workers must be >= 0 (0: one per core), got {self.workers}")
+            raise BertkitError(f"--workers must be >= 0 (0: one per core), got {self.workers}")
         check_encoding(self.encoding)
         if self.encoding_errors not in ENCODING_ERRORS:
             raise BertkitError(f"unknown --encoding-errors {self.encoding_errors!r}: choose one of "

@@ -72,9 +72,10 @@ class VocabTrainingConfig:
                                 "(repair its bad bytes, counted)", choices=ENCODING_ERRORS)
 
     def validate(self) -> None:
-        int_at_least(self.vocab_size, len(SPECIAL_TOKENS) + 1, "vocab_size", says=f"an int > {len(SPECIAL_TOKENS)}")
-        int_at_least(self.min_frequency, 1, "min_frequency", says="a positive int")
-        int_at_least(self.max_distinct_words, 1000, "max_distinct_words", says="an int >= {least}")
+        # named as the flags are (vocab train's options are these fields), as TrainConfig names its own
+        int_at_least(self.vocab_size, len(SPECIAL_TOKENS) + 1, "--vocab-size", says=f"an int > {len(SPECIAL_TOKENS)}")
+        int_at_least(self.min_frequency, 1, "--min-frequency", says="a positive int")
+        int_at_least(self.max_distinct_words, 1000, "--max-distinct-words", says="an int >= {least}")
         check_encoding(self.encoding)
         if self.encoding_errors not in ENCODING_ERRORS:
             raise BertkitError(f"unknown --encoding-errors {self.encoding_errors!r}: choose one of "
