@@ -292,3 +292,11 @@ def test_a_setting_out_of_range_is_named_as_the_user_typed_it(argv, flag, tmp_pa
     assert main([*argv[:2], str(tmp_path / "corpus.txt"), "-o", str(tmp_path / "out"), *argv[2:]]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"bertkit: error: {flag} ") and err.count("\n") == 1, err
+
+
+def test_a_flag_that_only_tunes_another_is_refused_without_it(tmp_path, capsys):
+    """search --ef-search 64 without --ann ran the exact scan and ignored it: a user tuning recall saw nothing
+    change. (attention's --occurrence without --token: tests/test_attention.py.)"""
+    assert main(["search", str(tmp_path / "ix"), "a query", "--ef-search", "64"]) == 2
+    assert capsys.readouterr().err == ("bertkit: error: --ef-search sets how far --ann's HNSW walk looks: give --ann "
+                                       "too (the exact search without it scores every passage)\n")

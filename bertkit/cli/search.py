@@ -267,6 +267,9 @@ def run_search(args):
 
     if args.k < 1:
         raise BertkitError(f"-k must be at least 1, got {args.k}")
+    if args.ef_search is not None and not args.ann:  # it was ignored: the exact scan ran
+        raise BertkitError("--ef-search sets how far --ann's HNSW walk looks: give --ann too (the exact search "
+                           "without it scores every passage)")
     if args.qdrant:  # no INDEX: the one positional is the query
         if args.query is not None or not args.collection:
             raise BertkitError("with --qdrant PATH|URL give --collection NAME and no INDEX: bertkit search --qdrant "
