@@ -3,6 +3,7 @@ formulas written out by hand (sentence vectors; a fine-tuned model's logits), sh
 loss computed outside the loop and save the teacher's layout, and bad input is one clear line."""
 
 import json
+from dataclasses import replace
 import random
 import shutil
 import signal
@@ -149,6 +150,27 @@ def test_the_teachers_vectors_are_cached_and_reused(tiny_dir, tmp_path):
     lines.clear()
     distill_layers(tiny_dir, tmp_path / "other", cfg, log=lines.append)
     assert any("computing them again" in x for x in lines) and load_file(cache)["vectors"].shape[0] == 3
+
+
+def test_the_teacher_cache_records_the_precision_used_not_the_one_asked(tiny_dir, tmp_path):
+    """--teacher-dtype auto computes in the CPU's choice (`auto_dtype`): the cache says that precision, and a run
+    asking for it by name reads the vectors (keyed by "auto", they were computed again, and the file said auto)."""
+    from safetensors import safe_open
+
+    from bertkit.runtime.devices import auto_dtype, dtype_name
+
+    used = dtype_name(auto_dtype())
+    cache = tmp_path / "teacher.safetensors"
+    cfg = replace(config(tmp_path, teacher_cache=str(cache)), teacher_dtype="auto")
+    lines = []
+    distill_layers(tiny_dir, cfg.output, cfg, log=lines.append)
+    with safe_open(str(cache), framework="pt") as f:
+        assert json.loads(f.metadata()["about"])[2] == used
+    assert any(f"teacher vectors computed in {used}" in x for x in lines)
+    lines.clear()
+    named = replace(cfg, teacher_dtype=used)
+    distill_layers(tiny_dir, tmp_path / "again", named, log=lines.append)
+    assert any(f"teacher vectors read from {cache}" in x for x in lines)
 
 
 HELD = "\n".join(SENTENCES + ["the sun sets over the hills", "a child reads a book quietly"]) + "\n"
@@ -338,6 +360,10 @@ def test_a_token_classifier_student_learns_every_real_tokens_logits(tiny_dir, tm
     ("unknown label", "labels ['maybe'] do not occur in the training labels"),
     ("empty", "holds no inputs"),
     ("temperature", "--temperature must be > 0"),
+    # a sentence model's settings: with a classifier they were read by nothing (its logits ran in float32 whatever
+    # --teacher-dtype said, and no --teacher-cache file was written)
+    ("teacher dtype", "--teacher-dtype bfloat16 is for a sentence model's vectors"),
+    ("teacher cache", "--teacher-cache c.safetensors is for a sentence model's vectors"),
 ])
 def test_bad_input_for_a_fine_tuned_teacher_is_one_line(tiny_dir, tmp_path, capsys, case, words):
     from bertkit.model.heads import BertForQuestionAnswering
@@ -350,7 +376,8 @@ def test_bad_input_for_a_fine_tuned_teacher_is_one_line(tiny_dir, tmp_path, caps
                              id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
     rows = {"unknown label": "a b\tmaybe\n", "empty": ""}.get(case, "a b\tpos\n")
     (tmp_path / "d.tsv").write_text("sentence\tlabel\n" + rows)
-    extra = ["--temperature", "0"] if case == "temperature" else []
+    extra = {"temperature": ["--temperature", "0"], "teacher dtype": ["--teacher-dtype", "bfloat16"],
+             "teacher cache": ["--teacher-cache", "c.safetensors"]}.get(case, [])
     assert main(["distill", "layers", str(teacher), "--keep", "1", "--data", str(tmp_path / "d.tsv"),
                  "-o", str(tmp_path / "o"), *extra]) == 2
     err = capsys.readouterr().err.strip()

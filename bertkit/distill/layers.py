@@ -117,7 +117,10 @@ def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str
     computed and written there; None: no file). Computed `chunk` texts at a time, each chunk's vectors written
     (atomically) into the folder CACHE.part, once: a killed run's rerun goes on after the last chunk written,
     and a run writes every vector twice at most (its chunk, then the whole cache)."""
-    what = json.dumps([str(teacher.directory), max_length, dtype, len(texts)])
+    # keyed and recorded by the precision the vectors are computed in, not the name asked for: "auto" (or
+    # "bf16") keyed its own cache, computed again what a float32 or bfloat16 run had cached, and the file said auto
+    runner = teacher if dtype in ("float32", "fp32") else load(teacher.directory, head="encoder", dtype=dtype)
+    what = json.dumps([str(teacher.directory), max_length, runner.precision, len(texts)])
     key = hashlib.sha256("\n".join([what, *texts]).encode("utf-8")).hexdigest()
     cache = Path(cache) if cache else None
     if cache is not None and cache.is_file():
@@ -131,7 +134,7 @@ def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str
     start = sum(len(v) for v in done)
     if start:
         log(f"teacher vectors: {start} of {len(texts)} texts read from {part}, computing the rest")
-    runner = teacher if dtype == "float32" else load(teacher.directory, head="encoder", dtype=dtype)
+    log(f"teacher vectors computed in {runner.precision}")
     for b in range(start, len(texts), chunk):  # chunk boundaries fixed: a resumed run computes what one run would
         name = (lambda i, b=b: where(b + i)) if where else None
         done.append(teacher_targets(runner, texts[b : b + chunk], max_length, progress=progress, where=name))
@@ -238,6 +241,13 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
         if teacher.fine_tuned and config.holdout:
             raise BertkitError("--holdout is for a sentence model's sentences; a fine-tuned teacher's student is "
                                "trained on its table: leave --holdout out")
+        # how a sentence model's target vectors are computed and kept: a fine-tuned teacher's logits read
+        # neither (they ran in float32 whatever --teacher-dtype said, and no cache file was written)
+        unread = [f"{flag} {value}" for flag, value, default in (("--teacher-dtype", config.teacher_dtype, "float32"),
+                  ("--teacher-cache", config.teacher_cache, None)) if value != default]
+        if teacher.fine_tuned and unread:
+            raise BertkitError(f"{unread[0]} is for a sentence model's vectors; a fine-tuned teacher's logits are "
+                               "computed in float32 each run: leave it out")
         final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
         if final["is_main"]:  # False on torchrun's other ranks, which ran the same job
             summary = {k: v for k, v in final.items() if k != "is_main"}
