@@ -213,3 +213,19 @@ def test_placement_is_decided_once_with_int8s_rule():
     # a model already in memory stays where it is unless a device is named
     assert D.placement(None, None, on=torch.device("meta")) == (torch.device("meta"), torch.float32)
     assert D.placement("cpu", "float32", on=torch.device("meta")) == (cpu, torch.float32)
+
+
+def test_int8_with_bfloat16_is_refused_before_the_emulated_bf16_warning(monkeypatch):
+    """`embed --int8 --dtype bfloat16` on a CPU that emulates bf16 printed the warning that bf16 is slow here
+    (and so used it up for the session) and then refused the combination: the refusal alone is the answer."""
+    monkeypatch.setattr(D, "cpu_features", lambda: fake_cpu("avx2", "fma"))
+    monkeypatch.setattr(D, "_warned_bf16", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for dtype in ("bfloat16", "bf16", torch.bfloat16):
+            with pytest.raises(BertkitError, match="int8 runs on the CPU in float32"):
+                D.placement("cpu", dtype, int8=True)
+        with pytest.raises(BertkitError, match="unknown dtype 'float16'"):
+            D.placement("cpu", "float16", int8=True)
+        assert D.placement("cpu", "fp32", int8=True) == (torch.device("cpu"), torch.float32)
+    assert D._warned_bf16 is False

@@ -181,7 +181,9 @@ def placement(device=None, dtype=None, int8: bool = False, on: torch.device | No
         where = on if device is None and on is not None else resolve_device(device)
         return where, resolve_dtype(dtype, where)
     where = resolve_device("cpu" if device in (None, "auto") else device)
-    chosen = torch.float32 if dtype in (None, "auto") else resolve_dtype(dtype, where)
+    # by name, not resolve_dtype: a bfloat16 refused here must not first warn that bf16 is emulated on this CPU
+    named = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype))
+    chosen = torch.float32 if dtype in (None, "auto") else named or resolve_dtype(dtype, where)  # unknown: named
     if where.type != "cpu" or chosen != torch.float32:
         raise BertkitError(f"{what}: int8 runs on the CPU in float32 activations (--device cpu, --dtype float32 "
                            "or auto)")
