@@ -31,6 +31,10 @@ def stopping_open(name: str, limit: int, sig: int, real_open):
                 os.kill(os.getpid(), sig)
             return n
 
+        def writelines(self, lines):
+            for line in lines:
+                self.write(line)
+
         def __getattr__(self, attr):
             return getattr(self._f, attr)
 

@@ -43,3 +43,46 @@ def test_embed_stopped_while_writing_leaves_the_old_output(tiny_dir, tmp_path, s
     assert out.read_bytes() == OLD  # was: the rows written so far (.jsonl), a header and part of the rows
     if sig == "SIGINT":  # Ctrl-C cleans up after itself: no NAME.tmp or NAME.part left beside it
         assert sorted(p.name for p in tmp_path.iterdir()) == ["texts.txt", out.name]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    """A tiny untrained BertForSequenceClassification with the default vocabulary: predict's model."""
+    import torch
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.text.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("classifier")
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, num_labels=2)
+    BertForSequenceClassification(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        path, tokenizer=Tokenizer.from_pretrained())
+    return path
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
+def test_predict_stopped_while_writing_leaves_the_old_predictions(classifier, tmp_path, sig):
+    out = tmp_path / "predictions.tsv"
+    out.write_bytes(OLD)
+    done = stopped(sig, out, 1, "predict", classifier, texts(tmp_path), "-o", out)
+    assert done.returncode == (130 if sig == "SIGINT" else -9), done.stderr
+    assert out.read_bytes() == OLD  # was: the header and the rows written so far, a file with fewer predictions
+    if sig == "SIGINT":
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.tsv", "texts.txt"]
+
+
+@pytest.mark.parametrize("suffix, sig", [(".tsv", "SIGKILL"), (".jsonl", "SIGINT")])
+def test_mine_stopped_while_writing_leaves_the_old_rows(tiny_dir, tmp_path, suffix, sig):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("anchor\tpositive\n" + "".join(f"question {i} about cats\tanswer {i} on a mat\n" for i in range(30)),
+                     encoding="utf-8")
+    out = tmp_path / f"mined{suffix}"
+    out.write_bytes(OLD)
+    done = stopped(sig, out, 1, "mine", pairs, "-o", out, "--model", tiny_dir, "--num-negatives", "1",
+                   "--relative-margin", "0", "--range-max", "10", "--quiet")
+    assert done.returncode == (130 if sig == "SIGINT" else -9), done.stderr
+    assert out.read_bytes() == OLD  # was: the rows written so far, a smaller training set that reads as whole
+    if sig == "SIGINT":
+        assert sorted(p.name for p in tmp_path.iterdir()) == [out.name, "pairs.tsv"]

@@ -49,6 +49,17 @@ def write_json(path, data, *, ensure_ascii: bool = True) -> None:
     replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
+def write_lines(path, lines) -> None:
+    """Each text of `lines` (an iterable, its newlines included) as UTF-8, written atomically: a table or
+    JSON lines streamed into `path` directly was its first k rows after a Ctrl-C or a kill."""
+
+    def write(f) -> None:
+        for line in lines:
+            f.write(line.encode("utf-8"))
+
+    replace_atomically(path, write)
+
+
 def fsync_folder(folder) -> None:
     """Make a rename in `folder` durable: its entry lives in the folder (a no-op where a folder cannot be
     opened or synced, e.g. Windows)."""

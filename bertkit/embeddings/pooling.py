@@ -27,12 +27,12 @@ import torch
 import torch.nn.functional as F
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.settings import LayerSpec
 from bertkit.model.modeling import pool_sentence
 
 
-def combine_layers(hidden_states: Sequence[torch.Tensor], spec: LayerSpec) -> torch.Tensor:
-    """The strategy's vectors: L+1 tensors [B, T, H] -> [B, T, D]."""
+def combine_layers(hidden_states: Sequence[torch.Tensor], spec) -> torch.Tensor:
+    """The strategy's vectors: L+1 tensors [B, T, H] -> [B, T, D]; `spec` a `bertkit.embeddings.settings.LayerSpec`
+    (named, not imported: its caller resolves it)."""
     picked = [hidden_states[i] for i in spec.indices]
     if len(picked) == 1:
         return picked[0]

@@ -52,6 +52,7 @@ passage, label rows as it is.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import BertkitError
+from bertkit.data.atomic import write_lines
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows, tsv_cell
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.config import MiningOptions
@@ -245,14 +247,10 @@ def write_rows(rows: list[tuple[str, ...]], path, groups: bool = False) -> None:
     path = check_output(path)
     names = columns((len(rows[0]) - 3) // 2 if groups else len(rows[0]) - 2, groups)
     if path.suffix == ".jsonl":
-        with open(path, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(dict(zip(names, row)), ensure_ascii=False) + "\n")
+        lines = (json.dumps(dict(zip(names, row)), ensure_ascii=False) + "\n" for row in rows)
     else:
-        with open(path, "w", encoding="utf-8", newline="\n") as f:
-            f.write("\t".join(names) + "\n")
-            for row in rows:
-                f.write("\t".join(tsv_cell(text) for text in row) + "\n")
+        lines = itertools.chain(["\t".join(names) + "\n"], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows))
+    write_lines(path, lines)
 
 
 # --- labelled pairs for a cross-encoder ---------------------------------------------------

@@ -42,7 +42,6 @@ from tqdm import tqdm
 from bertkit.errors import BertkitError
 from bertkit.retrieval.codes_file import rows_or_decoded
 from bertkit.retrieval.config import FusionOptions
-from bertkit.retrieval.index import Index
 from bertkit.retrieval.lexical import options_of, tokenize
 from bertkit.retrieval.documents import first_per_document
 from bertkit.retrieval.search import Hit, check_k, embed_queries, query_encoder
@@ -69,9 +68,10 @@ def connect(location: str):
     return qdrant_client.QdrantClient(path=location)
 
 
-def export(index: Index, location: str, collection: str, *, batch_size: int = 1024, progress: bool = True,
+def export(index, location: str, collection: str, *, batch_size: int = 1024, progress: bool = True,
            resume: bool = False, overwrite: bool = False) -> int:
-    """Write every passage of `index` into a new collection (with its BM25 weights as sparse vectors when
+    """Write every passage of `index` (a `bertkit.retrieval.index.Index`: named, not imported, the caller
+    opens it) into a new collection (with its BM25 weights as sparse vectors when
     the index has a lexical part); returns the number of points. resume: finish the interrupted export of
     this index into `collection` (the batches whose points are all there are skipped); overwrite: replace
     the collection first."""

@@ -28,13 +28,14 @@ The model is loaded by `bertkit.runtime.loading` on `device` (auto, cpu, cuda) i
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
+from bertkit.data.atomic import write_lines
 from bertkit.data.tables import tsv_cell
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, load
@@ -157,14 +158,13 @@ def default_output(input_path, folder=".") -> Path:
     return out
 
 
-@contextmanager
-def _output(path):
-    """The predictions' file, or standard output for "-"."""
-    if str(path) == "-":
-        yield sys.stdout
-        return
-    with open(path, "w", encoding="utf-8") as f:
-        yield f
+def _write(out, lines) -> None:
+    """The predictions' lines into the file `out`, whole or not at all (`bertkit.data.atomic`: written straight
+    into it, a Ctrl-C or a kill left a header and the first k rows), or to standard output for "-"."""
+    if str(out) == "-":
+        sys.stdout.writelines(lines)
+    else:
+        write_lines(out, lines)
 
 
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
@@ -197,11 +197,10 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                                                       info, task.labels(loaded.config))
     out = default_output(input_path) if output_path is None else output_path
     out = out if str(out) == "-" else Path(out)
-    with _output(out) as f:
-        f.write("\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details"]) + "\n")
-        for t, second, p in zip(texts, pairs or [None] * len(texts), preds):
-            row = (t, *([second] if pairs else []), *_shown(p))
-            f.write("\t".join(map(tsv_cell, row)) + "\n")
+    header = "\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details"]) + "\n"
+    rows = ((t, *([second] if pairs else []), *_shown(p))
+            for t, second, p in zip(texts, pairs or [None] * len(texts), preds))
+    _write(out, itertools.chain([header], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows)))
     return FileResult(out, len(preds), scores, loaded.precision, len(scored))
 
 
