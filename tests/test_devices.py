@@ -229,3 +229,21 @@ def test_int8_with_bfloat16_is_refused_before_the_emulated_bf16_warning(monkeypa
             D.placement("cpu", "float16", int8=True)
         assert D.placement("cpu", "fp32", int8=True) == (torch.device("cpu"), torch.float32)
     assert D._warned_bf16 is False
+
+
+@pytest.mark.parametrize("major, native", [(7, False), (8, True)])
+def test_auto_picks_bf16_only_on_a_gpu_that_multiplies_it_natively(monkeypatch, major, native):
+    """A T4 or V100 (compute capability 7.x) has no bf16 tensor cores; torch.cuda.is_bf16_supported() still says
+    True there by default (it can emulate bf16), so --dtype auto picked bfloat16 on such a GPU: emulated, slow.
+    Native bf16 starts with Ampere (8.x), as torch's own including_emulation=False says. The GPU is faked: torch's
+    answer is computed from its device properties."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(major=major))
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)  # it can emulate bf16
+    cuda = torch.device("cuda")
+    assert D.native_bf16(cuda) is native
+    assert D.auto_dtype(cuda) == (torch.bfloat16 if native else torch.float32)

@@ -131,7 +131,9 @@ def native_bf16(device: torch.device | None = None) -> bool:
     """Whether `device` (None: the CPU) multiplies bfloat16 in hardware."""
     device = torch.device("cpu") if device is None else torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        # including_emulation=False: by default torch says True on a T4 or V100 too (compute capability 7.x,
+        # no bf16 tensor cores), where bf16 is emulated; native bf16 starts with Ampere (8.x)
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     return cpu_features().native_bf16
 
 
