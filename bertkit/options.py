@@ -243,7 +243,7 @@ def device_flags(p) -> None:
                    help="where the model runs: auto (the GPU if torch sees one, else the CPU), cpu or cuda")
     p.add_argument("--dtype", default="auto", choices=list(DTYPE_CHOICES),
                    help="the precision: auto (default: bfloat16 where the device multiplies it natively, a CPU with "
-                   "amx_bf16/avx512_bf16 or a GPU that supports it; float32 elsewhere), float32 (exact), or "
+                   "amx_bf16/avx512_bf16 or an Ampere or later GPU; float32 elsewhere), float32 (exact), or "
                    "bfloat16 (on a CPU without native bf16 it is emulated, slower, and a warning says so)")
 
 

@@ -9,7 +9,7 @@ first line are read off it, so the machine is described in one place.
 `--dtype auto`, a torch.device, None) into a torch device and dtype, with the
 errors a user can act on; `placement` applies both once, for the loader, before a
 model is built, with int8's rule (the CPU, float32 activations). The precision rule, "auto": bfloat16 where the device
-multiplies it natively (a CPU with AMX or AVX512-BF16, a GPU that supports it),
+multiplies it natively (a CPU with AMX or AVX512-BF16, an Ampere or later GPU),
 float32 elsewhere, because an AVX2-only CPU emulates bfloat16 at several times the
 cost of float32. The commands that run a model for inference default to "auto";
 the Python API defaults to float32 (None), which stays exact.

@@ -86,7 +86,8 @@ class ServeConfig:
         "GPU multiplies it natively, else float32), float32 or bfloat16; embeddings are answered as float32"})
     int8: bool = field(default=False, metadata={
         "help": "int8 dense layers (bertkit.quantize; CPU): faster for a small accuracy cost. Activations are "
-        "quantized per batch, so a text's numbers then vary slightly with its batch (docs/deployment.md)"})
+        "quantized per token on a CPU with VNNI or AMX (a text's numbers do not depend on its batch), per batch "
+        "elsewhere (they then vary slightly with the batch: docs/deployment.md)"})
     served_model_name: str | None = field(default=None, metadata={
         "help": "the name /info and /v1/embeddings report (default: the model directory's name)"})
     index: str | None = field(default=None, metadata={
