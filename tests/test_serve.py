@@ -967,3 +967,24 @@ def test_a_free_worker_takes_its_fair_share_of_the_requests_not_all_that_wait():
     results, depth = asyncio.run(scenario())
     assert results == [["A"]] + [[f"r{i}"] for i in range(7)] and depth == 0
     assert [sorted(p) for p in Runner.passes] == [["A"], ["r0", "r1", "r2", "r3"], ["r4", "r5", "r6"]]
+
+
+def test_info_says_int8_for_a_folder_holding_an_int8_model(tmp_path, dirs):
+    """A folder save_quantized wrote serves in int8 without --int8: /info said "precision": "int8" beside
+    "int8": false (the flag asked for, not what runs)."""
+    from starlette.testclient import TestClient
+
+    import bertkit
+    from bertkit.runtime.quantization import save_quantized
+    from bertkit.serve.app import create_app
+    from bertkit.serve.metrics import Metrics
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    loaded = bertkit.load(str(dirs["encoder"]), int8=True)
+    save_quantized(loaded.model, tmp_path / "int8", loaded.tokenizer)
+    for model, int8 in ((tmp_path / "int8", False), (dirs["encoder"], True), (dirs["encoder"], False)):
+        settings = ServeConfig(model=str(model), workers=1, threads=1, int8=int8).validate()
+        with TestClient(create_app(load_runner(settings), settings, Metrics())) as client:
+            info = client.get("/info").json()
+        assert info["int8"] is (info["precision"] == "int8") is (model != dirs["encoder"] or int8), info

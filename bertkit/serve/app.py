@@ -381,7 +381,7 @@ async def info(request):
     body = {"model": runner.name, "version": __version__, **runner.info(),
             "max_input_length": runner.max_length,
             "precision": runner.precision,
-            "int8": settings.int8,
+            "int8": runner.precision == "int8",  # what runs: a folder save_quantized wrote is int8 without --int8
             "batching": {k: getattr(settings, k) for k in
                          ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes",
                           "workers", "threads")},
