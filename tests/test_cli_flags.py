@@ -300,3 +300,34 @@ def test_a_flag_that_only_tunes_another_is_refused_without_it(tmp_path, capsys):
     assert main(["search", str(tmp_path / "ix"), "a query", "--ef-search", "64"]) == 2
     assert capsys.readouterr().err == ("bertkit: error: --ef-search sets how far --ann's HNSW walk looks: give --ann "
                                        "too (the exact search without it scores every passage)\n")
+
+
+def test_every_commands_help_loads_no_torch():
+    """`bertkit CMD --help` for all 29 commands, in one fresh process: each prints its help and exits 0 without
+    importing torch (the handlers import it; building and parsing must not)."""
+    import subprocess
+    import sys
+
+    code = ("import argparse, contextlib, io, sys\n"
+            "from bertkit.cli import build_parser\n"
+            "def leaves(p, path=()):\n"
+            "    subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]\n"
+            "    if not subs:\n"
+            "        yield path\n"
+            "        return\n"
+            "    for name, sub in subs[0].choices.items():\n"
+            "        yield from leaves(sub, path + (name,))\n"
+            "parser, done = build_parser(), 0\n"
+            "for path in leaves(parser):\n"
+            "    out = io.StringIO()\n"
+            "    try:\n"
+            "        with contextlib.redirect_stdout(out):\n"
+            "            parser.parse_args([*path, '--help'])\n"
+            "    except SystemExit as stop:\n"
+            "        assert stop.code == 0 and out.getvalue().startswith('usage: bertkit ' + ' '.join(path)), path\n"
+            "        done += 1\n"
+            "print(done, 'torch' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    count, torch_loaded = result.stdout.split()
+    assert int(count) == len(list(leaves(PARSER))) >= 29 and torch_loaded == "False"
