@@ -86,3 +86,14 @@ def test_mine_stopped_while_writing_leaves_the_old_rows(tiny_dir, tmp_path, suff
     assert out.read_bytes() == OLD  # was: the rows written so far, a smaller training set that reads as whole
     if sig == "SIGINT":
         assert sorted(p.name for p in tmp_path.iterdir()) == [out.name, "pairs.tsv"]
+
+
+def test_predict_over_a_file_draws_a_progress_bar_unless_quiet(classifier, tmp_path, capsys):
+    """A file of 200,000 lines was predicted in silence for minutes (embed and mine draw a bar)."""
+    from bertkit.cli import main
+
+    source = texts(tmp_path, 20)
+    assert main(["predict", str(classifier), str(source), "-o", str(tmp_path / "p.tsv"), "--batch-size", "4"]) == 0
+    assert "predict:" in (err := capsys.readouterr().err) and "/5 [" in err  # counting 5 batches of 4
+    assert main(["predict", str(classifier), str(source), "-o", str(tmp_path / "q.tsv"), "--quiet"]) == 0
+    assert "predict:" not in capsys.readouterr().err

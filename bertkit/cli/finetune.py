@@ -5,7 +5,8 @@ import argparse
 import sys
 from functools import partial
 
-from bertkit.options import add_options, count, device_flags, finite_float, from_args, int8_flag, merge, seed
+from bertkit.options import (add_options, count, device_flags, finite_float, from_args, int8_flag, merge, quiet_flag,
+                             seed)
 from bertkit.cli.demo import run_demo as demo
 from bertkit.tasks import format_report, run_task, task_config
 from bertkit.tasks.registry import TASKS, task_named
@@ -92,6 +93,7 @@ def add_predict(sub):
                    help="score the predictions against the answers in INPUT (default: whenever INPUT has them; "
                    "--evaluate: fail if it has none; --no-evaluate: only predict)")
     p.add_argument("--batch-size", type=count, default=32, help="rows per forward pass (default 32)")
+    quiet_flag(p)
     device_flags(p)
     int8_flag(p)
     p.set_defaults(handler=run_predict, runs_model=True, outputs={"--output": "file"})
@@ -105,7 +107,7 @@ def run_predict(args):
     result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
                           text_pair_column=args.text_pair_column, label_column=args.label_column,
                           batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype,
-                          int8=args.int8, fast=args.speed, log=partial(print, file=stream))
+                          int8=args.int8, fast=args.speed, log=partial(print, file=stream), progress=not args.quiet)
     where = "standard output" if to_stdout else result.path
     print(f"wrote {result.count} predictions to {where}" + ("" if args.output else " (--output names another file)"),
           file=stream)

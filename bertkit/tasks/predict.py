@@ -56,11 +56,12 @@ def task_of(loaded: Loaded) -> Task:
 
 
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
-            dtype=None, int8: bool = False, fast=True) -> list[dict]:
+            dtype=None, int8: bool = False, fast=True, progress: bool = False) -> list[dict]:
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
     device: auto (None), cpu or cuda; dtype: float32 (None), bfloat16 or auto; int8: int8 dense layers;
     fast: the fast path's settings (`bertkit.runtime.loading.load`). loaded: a model `bertkit.load(model_dir)`
-    returned (then device, dtype and int8 were decided there; model_dir: None, or that same folder)."""
+    returned (then device, dtype and int8 were decided there; model_dir: None, or that same folder).
+    progress: a bar over the batches on standard error."""
     texts = _text_list(texts, "texts")
     if not texts:
         raise BertkitError("no texts to predict: pass a non-empty list of texts")
@@ -90,7 +91,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     if task.takes_pairs(loaded.info) and pairs is None:
         raise BertkitError(f"this {task.cli_name} model reads {task.second} with each text: pass pairs=[...] "
                            "(one per text)")
-    run = partial(run_model, loaded.model, batch_size=batch_size)
+    run = partial(run_model, loaded.model, batch_size=batch_size, progress=progress)
     return task.predict(run, loaded.tokenizer, texts, pairs, loaded.info, task.labels(loaded.config))
 
 
@@ -169,13 +170,13 @@ def _write(out, lines) -> None:
 
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
                  label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
-                 dtype=None, int8: bool = False, fast=True, log=print) -> FileResult:
+                 dtype=None, int8: bool = False, fast=True, log=print, progress: bool = False) -> FileResult:
     """Write one prediction per input row as TSV (text, the pair's second text or QA context where inputs come
     in pairs, prediction, details) to `output_path` ("-": standard output; None: `default_output`, in the
     current directory); with the answers in the file (evaluate None: whenever they are there; True:
     required; False: never) also score them: every row is predicted, the rows that carry an answer are
-    scored. fast: the fast path's settings, as `bertkit.runtime.loading.load` takes them; log: the
-    readers' counts of skipped rows."""
+    scored. fast: the fast path's settings, as `bertkit.runtime.loading.load` takes them; progress: a bar over
+    the batches; log: the readers' counts of skipped rows."""
     loaded = load_task_model(model_dir, device, dtype, int8, fast)
     info, task = loaded.info, task_of(loaded)
     columns = (text_column, text_pair_column)
@@ -191,7 +192,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
         (texts, pairs), references = task.read_inputs(input_path, info, *columns, log=log), None
     if not texts:
         raise BertkitError(f"{input_path}: no inputs to predict")
-    preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded)
+    preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded, progress=progress)
     scored = [i for i, r in enumerate(references or []) if r is not None]
     scores = None if labelled is None else task.score([preds[i] for i in scored], [references[i] for i in scored],
                                                       info, task.labels(loaded.config))
