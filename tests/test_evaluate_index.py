@@ -168,3 +168,27 @@ def test_an_index_of_another_corpus_is_refused_not_scored(setup, tiny_dir, tmp_p
         code = main(["evaluate", "retrieval", str(folder), "--index", str(index), "--dtype", "float32", "--quiet"])
         err = capsys.readouterr().err
         assert code == (0 if index != setup["index"] else 2), err
+
+
+def test_the_recorded_query_precision_is_the_one_used(setup, tiny_dir, tmp_path, capsys):
+    """With --index, the result said the --dtype asked for: "auto" (the line: "queries in auto"), and "float32"
+    for queries an int8 model (a folder save_quantized wrote, which made the index) computed in int8."""
+    import bertkit
+    from bertkit.runtime.devices import auto_dtype, dtype_name
+    from bertkit.runtime.quantization import save_quantized
+
+    out = tmp_path / "auto.json"
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--dtype", "auto",
+                 "--mode", "dense", "--quiet", "-o", str(out)]) == 0
+    used = dtype_name(auto_dtype())
+    assert f"(queries in {used}, the index's passages in float32" in capsys.readouterr().out
+    assert json.loads(out.read_text())["precision"] == used
+    loaded = bertkit.load(str(tiny_dir), int8=True)
+    save_quantized(loaded.model, tmp_path / "int8", loaded.tokenizer)
+    build_index(setup["folder"] / "corpus.jsonl", tmp_path / "index8", str(tmp_path / "int8"), passage_tokens=TOKENS,
+                overlap=OVERLAP, batch_size=64, progress=False)
+    out = tmp_path / "int8.json"
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(tmp_path / "index8"), "--mode", "dense",
+                 "--quiet", "-o", str(out)]) == 0
+    assert "(queries in int8, the index's passages in int8" in capsys.readouterr().out
+    assert json.loads(out.read_text())["precision"] == "int8"

@@ -215,7 +215,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     scored = evaluate_runs(data.qrels, runs, measures)  # every run judged at once
     figures = {m: {**scored[m], "fusion": fusions[m]} for m in modes}
     made = index.info["model"]
-    result = {**figures[modes[-1]], "model": made["directory"], "precision": dtype, "mode": modes[-1],
+    # the precision the queries ran in, not --dtype: "auto" resolved, and an int8 model's folder runs in int8
+    result = {**figures[modes[-1]], "model": made["directory"], "precision": loaded.precision, "mode": modes[-1],
               "max_length": made["max_length"], "pooling": made["pooling"], "dataset": str(data.directory),
               "queries": len(query_ids), "documents": len(data.corpus),
               "index": {"directory": str(index.directory), "passages": index.info["passages"],
