@@ -274,3 +274,20 @@ def test_sigterm_to_a_holder_releases_the_lock(tmp_path):
     proc.wait()
     with folder_lock(folder, "next"):
         pass
+
+
+def test_a_held_folder_is_refused_by_pretrain_prepare(tmp_path):
+    # two `pretrain prepare` runs into one folder wrote each other's token shards, corpus and instances
+    # there unlocked (each stage skips what "a previous run finished"): the manifest of one named the
+    # inputs of one run over instances cut from the other's. A held folder is refused, naming the holder.
+    (tmp_path / "a.txt").write_text("The first sentence is here. And a second one follows it.\n\nA new document.\n")
+    folder = tmp_path / "data"
+    proc = holder(folder)
+    try:
+        status, err = bertkit("pretrain", "prepare", tmp_path / "a.txt", "-o", folder, "--quiet")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status == 2 and err.count("\n") == 1, err
+    assert f"is being written by process {proc.pid} (the holder, since" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILE]  # nothing of the refused run was written

@@ -1,8 +1,8 @@
 """One writer per folder: an exclusive lock file holding the writer's process id.
 
 Two jobs writing one folder interleave their files: two `bertkit index` runs made an index of
-A's vectors with B's passages. So every command that writes a folder (index, finetune,
-pretrain, distill) holds `folder_lock(folder, command)` while it writes:
+A's vectors with B's passages. So every command that writes a folder (index, index add,
+finetune, pretrain prepare, pretrain run, distill) holds `folder_lock(folder, command)` while it writes:
 
     with folder_lock(output, "bertkit finetune"):
         ...  # write the folder

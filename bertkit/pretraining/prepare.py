@@ -49,10 +49,11 @@ import textwrap
 
 import numpy as np
 
-from bertkit.model.config import IGNORE_INDEX
 from bertkit.errors import BertkitError, probability
 from bertkit.pretraining import instances as inst_mod
-from bertkit.pretraining.blocks import held_out_documents, init_block_worker, plan_blocks, write_block
+# IGNORE_INDEX through blocks (which masks with it): the import edge to bertkit.model.config is blocks' alone
+from bertkit.pretraining.blocks import IGNORE_INDEX, held_out_documents, init_block_worker, plan_blocks, write_block
+from bertkit.data.lock import folder_lock
 from bertkit.data.corpus import (DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats,
                                  check_encoding, corpus_files)
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab
@@ -281,7 +282,14 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
     out = Path(output)
     files = corpus_files(corpus, skip=(out, vocab))
     _check_output_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
+    # one writer at a time: two runs into one folder took each other's token shards, corpus and instances
+    # for "finished by a previous run", and the manifest of one described instances cut from the other's text
+    with folder_lock(out, "bertkit pretrain prepare"):
+        return _prepare_locked(files, out, cfg, vocab, progress, t0)
+
+
+def _prepare_locked(files: list, out: Path, cfg: PrepareConfig, vocab, progress: bool, t0: float) -> Summary:
+    """`prepare`'s stages, into the folder `out` that it holds locked."""
     (out / "manifest.json").unlink(missing_ok=True)  # the folder is incomplete until the end
     tokenizer = Tokenizer.from_pretrained(vocab)
     tokenizer.save_pretrained(out)
