@@ -97,3 +97,18 @@ def test_predict_over_a_file_draws_a_progress_bar_unless_quiet(classifier, tmp_p
     assert "predict:" in (err := capsys.readouterr().err) and "/5 [" in err  # counting 5 batches of 4
     assert main(["predict", str(classifier), str(source), "-o", str(tmp_path / "q.tsv"), "--quiet"]) == 0
     assert "predict:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [
+    ["mine", "{pairs}", "-o", "{same}", "--report", "{same}", "--model", "{missing}"],
+    ["attention", "The cat sat.", "-o", "{same}", "--bertviz", "{same}", "--model", "{missing}"]])
+def test_two_outputs_naming_one_file_are_refused_before_any_work(tmp_path, capsys, command):
+    """`mine -o m.tsv --report m.tsv` wrote the rows, then the report over them, and said it wrote the rows there."""
+    from bertkit.cli import main
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("anchor\tpositive\na cat\ta mat\n", encoding="utf-8")
+    names = {"pairs": pairs, "same": tmp_path / "out.tsv", "missing": tmp_path / "no-model"}
+    assert main([word.format(**names) for word in command]) == 2
+    err = capsys.readouterr().err
+    assert "name the same file" in err and "no-model" not in err  # refused before the model is looked for

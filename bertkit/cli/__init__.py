@@ -175,6 +175,7 @@ def check_outputs(args) -> None:
     # os.path.exists, not Path.exists: a text argument longer than a file name may be (fill-mask's, a query)
     # is not a path, and Path.exists raises OSError (ENAMETOOLONG) for it
     reads = [Path(v).resolve() for v in values if os.path.exists(v)]
+    _check_distinct(args, outputs)
     for name, (flag, kind) in outputs.items():
         value = getattr(args, name, None)
         if value is None or value == "-":
@@ -190,6 +191,20 @@ def check_outputs(args) -> None:
             if source.is_dir() and source in out.resolve().parents:
                 raise BertkitError(f"{flag} {out} is a file in {source}, a folder this command reads: write "
                                    "to a file outside it, or a new one")
+
+
+def _check_distinct(args, outputs: dict) -> None:
+    """Refuse two output flags naming one file: the second write replaced the first's (`mine -o m.tsv
+    --report m.tsv` wrote the rows, then the report over them, and said the rows were there)."""
+    seen = {}
+    for name, (flag, _) in outputs.items():
+        value = getattr(args, name, None)
+        if value is None or value == "-":
+            continue
+        other = seen.setdefault(Path(value).resolve(), flag)
+        if other != flag:
+            raise BertkitError(f"{other} and {flag} name the same file {value}: the second would replace the "
+                               "first; give each its own file")
 
 
 def _check_shape(flag: str, out: Path, kind: str) -> None:
