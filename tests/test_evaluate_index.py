@@ -192,3 +192,46 @@ def test_the_recorded_query_precision_is_the_one_used(setup, tiny_dir, tmp_path,
                  "--quiet", "-o", str(out)]) == 0
     assert "(queries in int8, the index's passages in int8" in capsys.readouterr().out
     assert json.loads(out.read_text())["precision"] == "int8"
+
+
+def test_tune_does_not_write_an_index_another_process_is_writing(setup, capsys, tmp_path):
+    # evaluate --tune read index.json and wrote it back with "fusion", unlocked: an `index add` running on
+    # the folder meanwhile lost its record (its lexical part or graph there, index.json without it). It
+    # now takes the folder's lock for the write, and a held folder is refused in one line naming the holder.
+    import shutil
+
+    from test_output_folders import holder
+
+    index = tmp_path / "index"
+    shutil.copytree(setup["index"], index)
+    before = (index / "index.json").read_bytes()
+    proc = holder(index)
+    try:
+        status = main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(index), "--dtype", "float32",
+                       "--tune", "test", "--quiet"])
+    finally:
+        proc.kill()
+        proc.wait()
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert f"is being written by process {proc.pid} (the holder, since" in err, err
+    assert (index / "index.json").read_bytes() == before
+
+
+def test_a_fusion_tuned_on_one_build_is_not_written_into_the_next(setup, tiny_dir, tmp_path):
+    # an index built again (--overwrite) while evaluate --tune ran got the fusion tuned on the build before
+    from bertkit.errors import BertkitError
+    from bertkit.retrieval.index import open_index, update_info
+
+    index = tmp_path / "index"
+    build_index(setup["folder"] / "corpus.jsonl", index, str(tiny_dir), passage_tokens=TOKENS, overlap=OVERLAP,
+                batch_size=64, dtype="float32", progress=False)
+    opened = open_index(index)
+    build_index(setup["folder"] / "corpus.jsonl", index, str(tiny_dir), passage_tokens=TOKENS, overlap=OVERLAP,
+                batch_size=64, dtype="float32", progress=False, overwrite=True)
+    before = (index / "index.json").read_bytes()
+    with pytest.raises(BertkitError, match="was built again while this ran"):
+        update_info(index, command="test", opened=opened, fusion={"fusion": "rrf"})
+    assert (index / "index.json").read_bytes() == before
+    update_info(index, command="test", opened=open_index(index), fusion={"fusion": "rrf"})  # the build it opened
+    assert json.loads((index / "index.json").read_text())["fusion"] == {"fusion": "rrf"}

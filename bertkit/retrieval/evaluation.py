@@ -196,7 +196,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
         options = fusion_options(index.info, {**(fusion or {}), "mode": "hybrid"})
         dense, lexical = index_runs(index, loaded, tuning_data.queries, options.depth, ann, batch_size)
         tuned = tune_on(tuning_data, dense, lexical, options.depth)
-        update_info(index.directory, fusion=record(tuned[0], tuning_data.split, tuned[1]))
+        update_info(index.directory, command="bertkit evaluate retrieval --tune", opened=index,
+                    fusion=record(tuned[0], tuning_data.split, tuned[1]))
         index.info["fusion"] = record(tuned[0], tuning_data.split, tuned[1])
     runs, fusions, started = {}, {}, time.perf_counter()
     for m in modes:

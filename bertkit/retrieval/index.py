@@ -438,11 +438,18 @@ def document_ids(index: Index) -> list[str]:
     return list(ids)
 
 
-def update_info(directory, **entries) -> None:
+def update_info(directory, *, command: str | None = None, opened: Index | None = None, **entries) -> None:
     """Set `entries` in index.json, written atomically: "fusion", how hybrid search fuses (`evaluate retrieval
-    --tune`: search and serve read it as their default); "ann", "lexical", a part added (`retrieval.extend`)."""
+    --tune`: search and serve read it as their default); "ann", "lexical", a part added (`retrieval.extend`).
+    command: take the folder's lock for the write, for a caller that does not hold it (read-modify-write: an
+    `index add` or a build meanwhile lost its record, or was given this one); opened: refuse when the folder
+    was built again since `opened` was (what was measured on that build is not this one's)."""
     path = Path(directory) / INDEX_JSON
-    write_json(path, {**json.loads(path.read_text()), **entries})
+    with folder_lock(directory, command) if command else contextlib.nullcontext():
+        if opened is not None and os.fstat(opened.files[PASSAGES].fileno()).st_ino != (path.parent / PASSAGES).stat().st_ino:
+            raise BertkitError(f"{directory} was built again while this ran: what it measured is of the build before, "
+                               "and is not written into the new one; run it again on the new index")
+        write_json(path, {**json.loads(path.read_text()), **entries})
 
 
 def open_index(directory) -> Index:
