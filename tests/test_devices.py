@@ -247,3 +247,29 @@ def test_auto_picks_bf16_only_on_a_gpu_that_multiplies_it_natively(monkeypatch, 
     cuda = torch.device("cuda")
     assert D.native_bf16(cuda) is native
     assert D.auto_dtype(cuda) == (torch.bfloat16 if native else torch.float32)
+
+
+def test_bfloat16_warns_once_on_a_gpu_that_only_emulates_it(monkeypatch):
+    """--dtype bfloat16 (or --precision bf16) on a T4 ran emulated bf16 without a word; the CPU's warning was
+    CPU-only. The GPU is faked through torch's device properties (a T4: 7.5; an A100: 8.0)."""
+    from types import SimpleNamespace
+
+    from bertkit.training.loop import autocast_for
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)
+    monkeypatch.setattr(D, "_warned_bf16", False)
+    t4 = SimpleNamespace(major=7, minor=5, name="Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: t4)
+    with pytest.warns(UserWarning, match=r"Tesla T4, compute capability 7\.5.*emulated.*--precision fp16"):
+        autocast_for("bf16", "cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert D.resolve_dtype("bfloat16", cuda) == torch.bfloat16  # once only
+        monkeypatch.setattr(D, "_warned_bf16", False)
+        a100 = SimpleNamespace(major=8, minor=0, name="A100")
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: a100)
+        assert D.resolve_dtype("bfloat16", cuda) == torch.bfloat16  # native: quiet

@@ -142,10 +142,28 @@ def auto_dtype(device: torch.device | None = None) -> torch.dtype:
     return torch.bfloat16 if native_bf16(device) else torch.float32
 
 
+def _emulated_bf16(device: torch.device | None) -> str | None:
+    """The warning for bfloat16 on `device` (None: the CPU) where it is emulated (several times slower than
+    float32 there); None where it is native. A GPU before Ampere (a T4, a V100) emulates it too."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available() or native_bf16(device):
+            return None
+        gpu = torch.cuda.get_device_properties(torch.cuda.current_device() if device.index is None else device.index)
+        return (f"bfloat16 on this GPU ({gpu.name}, compute capability {gpu.major}.{gpu.minor}) is emulated: native "
+                "bf16 starts with Ampere (8.0); use float32 (--dtype float32; --precision fp16 for training)")
+    cpu = cpu_features()
+    if device.type != "cpu" or cpu.native_bf16:
+        return None
+    return (f"bfloat16 on this CPU ({cpu.model}, {cpu.capability}) is emulated: it has no avx512_bf16 or amx_bf16, "
+            "so bfloat16 runs several times slower than float32 here; use float32 (--dtype float32; "
+            "--precision fp32 for training)")
+
+
 def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype:
     """float32 (None), bfloat16, or "auto" (`auto_dtype` for `device`), by name or torch.dtype.
-    bfloat16 asked for on a CPU without native bf16 warns once: it is emulated there, several
-    times slower than float32."""
+    bfloat16 asked for where the device only emulates it (a CPU without native bf16, a GPU before Ampere)
+    warns once: it is several times slower than float32 there."""
     global _warned_bf16
     if isinstance(dtype, torch.dtype):
         value = dtype
@@ -155,16 +173,11 @@ def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype
         value = DTYPES.get("float32" if dtype is None else str(dtype))
     if value not in (torch.float32, torch.bfloat16):
         raise BertkitError(f"unknown dtype {dtype!r}: use auto, float32 or bfloat16")
-    on_cpu = device is None or torch.device(device).type == "cpu"
-    if value == torch.bfloat16 and on_cpu and not cpu_features().native_bf16 and not _warned_bf16:
-        _warned_bf16 = True
-        cpu = cpu_features()
-        warnings.warn(
-            f"bfloat16 on this CPU ({cpu.model}, {cpu.capability}) is emulated: it has no avx512_bf16 or amx_bf16, "
-            "so bfloat16 runs several times slower than float32 here; use float32 (--dtype float32; "
-            "--precision fp32 for training)",
-            stacklevel=2,
-        )
+    if value == torch.bfloat16 and not _warned_bf16:
+        emulated = _emulated_bf16(device)
+        if emulated:
+            _warned_bf16 = True
+            warnings.warn(emulated, stacklevel=2)
     return value
 
 
