@@ -306,3 +306,27 @@ def test_mining_with_the_index_of_another_corpus_is_one_line(setup, tmp_path):  
     reranker_pairs(setup["folder"], "train", hard=1, first_stage=stage, log=lambda *a: None)  # its own corpus
     with pytest.raises(BertkitError, match=f"answered document '{gone}', which the corpus being mined does not have"):
         reranker_pairs(folder, "train", hard=1, first_stage=stage, range_max=50, log=lambda *a: None)
+
+
+def test_the_recorded_precisions_are_the_ones_the_figures_ran_in(ctx, tmp_path):
+    """retrieval.json said the first stage's queries ran in float32 whatever they ran in: an index made by an
+    int8 folder is queried in int8 (evaluate retrieval's result says so); the reranker's is what it loaded in."""
+    import shutil
+
+    import bertkit
+    from bertkit.retrieval.index import build_index
+    from bertkit.runtime.quantization import save_quantized
+    from bertkit.tasks.config import RerankConfig
+    from bertkit.tasks.cross_encoder import record_figures
+    from test_index import OVERLAP, TOKENS
+
+    loaded = bertkit.load(str(ctx["tiny"]), int8=True)
+    save_quantized(loaded.model, tmp_path / "int8", loaded.tokenizer)
+    build_index(ctx["folder"] / "corpus.jsonl", tmp_path / "index8", str(tmp_path / "int8"), passage_tokens=TOKENS,
+                overlap=OVERLAP, batch_size=64, progress=False)
+    cross = shutil.copytree(ctx["cross"], tmp_path / "cross")
+    cfg = RerankConfig(train=str(ctx["folder"]), output=str(cross), dev=str(ctx["folder"]), dev_split="test",
+                       index=str(tmp_path / "index8"), rerank_top=5)
+    cfg.training.progress = False
+    figures = record_figures(cfg, log=lambda line: None)
+    assert figures["precision"] == {"queries": "int8", "reranker": reranker(str(cross)).precision}

@@ -83,7 +83,8 @@ def record_figures(cfg, log=print) -> dict:
     figures = {"dataset": result["dataset"], "split": cfg.dev_split, "queries": result["queries"],
                "documents": result["documents"], "rerank_top": cfg.rerank_top,
                "first_stage": f"{cfg.index} ({stage})", "first_stage_model": result["model"], "fusion": fusion,
-               "precision": {"queries": "float32", "reranker": cfg.rerank_dtype},
+               # what ran: an index made by an int8 folder is queried in int8 (not the float32 asked for)
+               "precision": {"queries": result["precision"], "reranker": cross.precision},
                "before": {m: result["before_rerank"][m] for m in measures}, "after": {m: result[m] for m in measures}}
     path = Path(cfg.output) / FIGURES_FILE
     write_json(path, figures)
