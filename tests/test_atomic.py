@@ -70,3 +70,40 @@ def test_weights_saved_over_a_model_are_whole_or_the_old_ones(tmp_path, monkeypa
         checkpoint.save_tensors(path, {"w": torch.zeros(4)}, {"format": "pt"})
     assert torch.equal(load_file(path)["w"], torch.arange(4.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+WRITER = ("import sys\nfrom bertkit.data.atomic import replace_atomically\n"
+          "def write(f):\n    f.write(b'A' * 1000)\n    f.flush()\n    print('writing', flush=True)\n"
+          "    sys.stdin.readline()\n    f.write(b'A' * 1000)\n"
+          "replace_atomically(sys.argv[1], write)\n")
+
+
+def test_a_second_writer_of_one_file_is_refused_while_the_first_writes(tmp_path, tiny_dir, capsys):
+    # two processes writing one file shared NAME.tmp: the second truncated the first's half-written file
+    # and wrote into it, the first renamed it over NAME (and said it had written its own), the second died
+    # on the vanished NAME.tmp with a traceback. Now the second is refused before it writes anything.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bertkit.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    path = tmp_path / "v.npy"
+    first = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert first.stdout.readline().strip() == "writing"
+        with pytest.raises(BlockingIOError, match="is being written by another process right now"):
+            replace_atomically(path, lambda f: f.write(b"B" * 10))
+        (tmp_path / "t.txt").write_text("one line\n")
+        assert main(["embed", str(tmp_path / "t.txt"), "-o", str(path), "--model", str(tiny_dir), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"bertkit: error: {path} is being written by another process" in err, err
+    finally:
+        first.communicate("go\n", timeout=30)
+    assert first.returncode == 0
+    assert path.read_bytes() == b"A" * 2000  # the first writer's file, whole
+    replace_atomically(path, lambda f: f.write(b"B" * 10))  # it is done: the next write goes through
+    assert path.read_bytes() == b"B" * 10 and sorted(p.name for p in tmp_path.iterdir()) == ["t.txt", "v.npy"]

@@ -254,7 +254,8 @@ def main(argv=None) -> int:
         if getattr(args, "runs_model", False):
             args.speed = speed_settings(args.onednn)
         args.handler(args)
-    except (BertkitError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
+    except (BertkitError, BlockingIOError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+            PermissionError) as err:  # BlockingIOError: a file another process is writing (bertkit.data.atomic)
         print(f"bertkit: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:

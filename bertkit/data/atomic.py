@@ -7,10 +7,13 @@ folder, flushed and fsync'ed (its bytes on the disk), then renamed over `NAME` w
 which is atomic within one filesystem (POSIX rename(2); Windows too), and the folder is fsync'ed
 so that the rename itself survives a power loss. A reader sees the old file or the new one; an
 error or Ctrl-C removes `NAME.tmp`, and what a kill leaves of it the next write replaces.
+While a process writes `NAME.tmp` it holds an flock on it: a second process writing the same file
+at the same time is refused (`_hold`) instead of writing into the first's temporary file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -32,6 +35,7 @@ def write_through(path, write_to) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    held = _hold(tmp, path)
     try:
         write_to(tmp)
         with open(tmp, "rb+") as f:  # fsync works on any descriptor of the file: its bytes reach the disk
@@ -40,7 +44,34 @@ def write_through(path, write_to) -> None:
     except BaseException:  # an error or Ctrl-C leaves nothing behind; only a kill can leave NAME.tmp
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(held)
     fsync_folder(path.parent)
+
+
+def _hold(tmp: Path, path: Path) -> int:
+    """A descriptor holding an flock on `tmp` (the file at that path now), for the length of one write.
+
+    Two processes writing one file (two `bertkit embed -o v.npy`) shared NAME.tmp: the second truncated the
+    first's half-written file and wrote into it, the first renamed it over NAME and said it had written its
+    own vectors, and the second died on the vanished NAME.tmp with a traceback. The second is refused now,
+    before it writes (BlockingIOError: the CLI says it in one line). A NAME.tmp left by a killed writer holds
+    no flock (the kernel drops it with the process): it is taken and written over, as before."""
+    for _ in range(10):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BlockingIOError(f"{path} is being written by another process right now ({tmp} is locked): "
+                                  "wait for it to finish, or write to another file") from None
+        try:
+            if os.fstat(fd).st_ino == os.stat(tmp).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the writer before us renamed it over its file as we opened it: take the new one
+    raise BlockingIOError(f"could not write {path}: {tmp} keeps changing; is another process writing it in a loop?")
 
 
 def write_json(path, data, *, ensure_ascii: bool = True) -> None:
