@@ -7,6 +7,7 @@ and Zipf weights check the distillation's steps.
 """
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -399,3 +400,24 @@ def test_index_and_search_run_a_static_model(ours, tmp_path, capsys):
     capsys.readouterr()
     assert main(["search", str(tmp_path / "i"), "The cat sat on the mat.", "-k", "1"]) == 0
     assert "[a#0]" in capsys.readouterr().out
+
+
+def test_a_static_output_another_run_wrote_meanwhile_is_refused_and_this_model_is_kept(tok, tmp_path, monkeypatch):
+    # two `distill static -o X` at once: both found X new; the one that finished second died on
+    # output.rmdir() ("[Errno 39] Directory not empty", an OSError traceback) and its model was deleted
+    import bertkit.distill.static as static
+
+    out, written = tmp_path / "out", static.write_tokenizer_json
+
+    def and_the_other_run_finishes(*args):
+        written(*args)
+        out.mkdir()
+        (out / "modules.json").write_text("[]")  # the other run's model, moved into place first
+
+    monkeypatch.setattr(static, "write_tokenizer_json", and_the_other_run_finishes)
+    model = StaticEmbedding(torch.randn(len(tok), 8), normalize=True)
+    with pytest.raises(BertkitError, match="was written by another process while this one ran") as refused:
+        static._save(model, tok, out)
+    assert (out / "modules.json").read_text() == "[]"  # the other run's folder, untouched
+    kept = Path(str(refused.value).split("kept in ")[1].split(":")[0])
+    assert kept.parent == tmp_path and load(str(kept)).task == "static"  # this run's model, whole and loadable

@@ -34,6 +34,7 @@ Shapes: V vocabulary (+ added words), H the model's width, D = --dim <= H.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -192,12 +193,16 @@ def _save(model: StaticEmbedding, tok, output: Path, about: dict | None = None) 
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         write_tokenizer_json(tok, save_static(model, work, about), model.config.max_length)
-        if output.is_dir():
-            output.rmdir()
-        os.replace(work, output)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+    with contextlib.suppress(OSError):
+        output.rmdir()  # the empty folder -o named (one another run filled meanwhile stays)
+    try:
+        os.replace(work, output)
+    except OSError:  # two `distill static -o X` at once: the other wrote X first (this was an OSError traceback)
+        raise BertkitError(f"{output} was written by another process while this one ran; this run's model is "
+                           f"kept in {work}: move it to a new folder") from None
 
 
 def distill_static(model=None, output=None, config: StaticDistillConfig = StaticDistillConfig(), *,
