@@ -232,9 +232,28 @@ def build(cls, values: dict):
     return cls(**kwargs)
 
 
+def refuse_without(args, flags: dict, what: str, fix: str) -> None:
+    """Refuse in one line the options `flags` ({dest: "--flag"}) given (not None, not False) where the option they
+    tune is not: argparse takes them, and the command ran without them unsaid (`index --ann-m 8` without `--ann`
+    built no graph, `search --rerank-top 5` without `--rerank` reranked nothing). `what` says what they set,
+    `fix` what to do: "--ann-m sets {what}: {fix}". Their defaults are None so that a flag given is seen."""
+    given = [flag for dest, flag in flags.items() if getattr(args, dest, None) not in (None, False)]
+    if given:
+        raise BertkitError(f"{' and '.join(given)} {'sets' if len(given) == 1 else 'set'} {what}: {fix}")
+
+
 # --- option groups several commands share ---------------------------------------------
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # --dtype: auto is bf16 where native (bertkit.runtime.devices.auto_dtype)
+
+
+def refuse_ignored_search_flags(args) -> None:
+    """Refuse the options of search and evaluate retrieval that tune one the command was not given: --rerank-top
+    without --rerank reranked nothing, --ann with --mode lexical walked no graph."""
+    refuse_without(args, {"rerank_top": "--rerank-top"} if not args.rerank else {}, "how many documents --rerank's "
+                   "cross-encoder re-scores", "give --rerank MODEL too")
+    refuse_without(args, {"ann": "--ann"} if args.mode == "lexical" else {}, "how the dense run finds its passages, "
+                   "and --mode lexical ranks by BM25 alone", "leave it out, or search with --mode dense or hybrid")
 
 
 def device_flags(p) -> None:

@@ -302,6 +302,48 @@ def test_a_flag_that_only_tunes_another_is_refused_without_it(tmp_path, capsys):
                                        "too (the exact search without it scores every passage)\n")
 
 
+@pytest.mark.parametrize("argv, says", [
+    # index: the graph's settings without the graph (index.json had no "ann", and nothing said so)
+    (["index", "{c}", "-o", "{o}", "--ann-m", "8"], "--ann-m sets the HNSW graph --ann hnsw builds: give --ann hnsw "
+     "too (without it no graph is built)"),
+    (["index", "add", "{o}", "--ef-construction", "50", "--ef-search", "20"], "--ef-construction and --ef-search set "
+     "the HNSW graph --ann hnsw builds: give --ann hnsw too (without it no graph is built)"),
+    # BM25's settings beside --no-lexical, which builds no BM25
+    (["index", "{c}", "-o", "{o}", "--no-lexical", "--bm25-k1", "0.9"], "--bm25-k1 sets the lexical part's BM25, "
+     "which --no-lexical leaves out: give one or the other"),
+    # index add encodes nothing: a build's settings were ignored (`index add X --vectors int8` added no codes)
+    (["index", "add", "{o}", "--vectors", "int8", "--passage-tokens", "16"], "--passage-tokens and --vectors set "
+     "how a build encodes a corpus, and index add encodes nothing (it makes its parts from INDEX's own files): "
+     "build again with bertkit index CORPUS -o INDEX --overwrite"),
+    (["index", "add", "{o}", "--batch-size", "8", "--model", "m"], "--model and --batch-size set how a build "
+     "encodes a corpus, and index add encodes nothing (it makes its parts from INDEX's own files): build again "
+     "with bertkit index CORPUS -o INDEX --overwrite"),
+    (["index", "export", "{o}", "--qdrant", "{q}", "--collection", "c", "--ann", "hnsw"], "--ann sets what a build "
+     "makes, and index export copies INDEX as it is: bertkit index add INDEX adds a graph or a lexical part, bertkit "
+     "index CORPUS -o INDEX --overwrite builds it again"),
+    # search: --rerank-top without a reranker reranked nothing
+    (["search", "{o}", "q", "--rerank-top", "5"], "--rerank-top sets how many documents --rerank's cross-encoder "
+     "re-scores: give --rerank MODEL too"),
+    (["search", "{o}", "q", "--ann", "--mode", "lexical"], "--ann sets how the dense run finds its passages, and "
+     "--mode lexical ranks by BM25 alone: leave it out, or search with --mode dense or hybrid"),
+    (["search", "{o}", "q", "--ann", "--block-size", "512"], "--block-size sets the exact scan's blocks, and --ann "
+     "walks the HNSW graph instead: leave one of them out"),
+    (["evaluate", "retrieval", "{c}", "--rerank-top", "5"], "--rerank-top sets how many documents --rerank's "
+     "cross-encoder re-scores: give --rerank MODEL too"),
+    (["evaluate", "retrieval", "{c}", "--index", "{o}", "--ann", "--mode", "lexical"], "--ann sets how the dense run "
+     "finds its passages, and --mode lexical ranks by BM25 alone: leave it out, or search with --mode dense or "
+     "hybrid"),
+])
+def test_an_option_given_without_the_one_it_tunes_is_refused_before_any_work(argv, says, tmp_path, capsys):
+    """Each of these ran and ignored the option: the index had no graph, the search reranked nothing, index add
+    wrote no int8 codes. Each is now one line naming what is missing, before anything is read (the paths named
+    here do not exist)."""
+    paths = {"{c}": str(tmp_path / "corpus"), "{o}": str(tmp_path / "ix"), "{q}": str(tmp_path / "q")}
+    assert main([paths.get(a, a) for a in argv]) == 2
+    assert capsys.readouterr().err == f"bertkit: error: {says}\n"
+    assert not (tmp_path / "ix").exists() and not (tmp_path / "q").exists()
+
+
 def test_every_commands_help_loads_no_torch():
     """`bertkit CMD --help` for all 29 commands, in one fresh process: each prints its help and exits 0 without
     importing torch (the handlers import it; building and parsing must not)."""

@@ -152,6 +152,21 @@ def test_tuning_on_the_split_scored_is_refused_without_an_index(folder, capsys):
     assert "--tune test is the split being scored" in err and "\n" not in err.strip()
 
 
+@pytest.mark.parametrize("argv, says", [
+    # without --index the search is dense unless --mode says otherwise: --alpha changed no figure
+    (["--alpha", "0.3"], "--alpha sets how hybrid search fuses the dense and lexical runs, and this search is dense "
+     "(one run, nothing fused): give --mode hybrid, or leave it out"),
+    (["--mode", "hybrid", "--fusion", "minmax", "--rrf-k", "5"], "--rrf-k sets rrf's constant, and this search fuses "
+     "by minmax: give --fusion rrf too, or leave --rrf-k out"),
+    # --tune's pick replaced --alpha without an index (and --alpha replaced the pick with one)
+    (["--mode", "hybrid", "--tune", "train", "--alpha", "0.3"], "--alpha and --tune train both choose hybrid's fusion "
+     "(--tune picks --fusion, --alpha and --rrf-k on that split's queries): give one or the other"),
+])
+def test_a_fusion_setting_the_figures_would_not_use_is_refused(folder, argv, says, capsys):
+    assert main(["evaluate", "retrieval", str(folder), "--model", "no/such/model", *argv]) == 2
+    assert capsys.readouterr().err == f"bertkit: error: {says}\n"
+
+
 def test_dtype_auto_offered_by_the_help_is_taken(folder, tiny_dir, tmp_path):
     """evaluate's and mine's --dtype list auto (bfloat16 where the CPU has it natively) and its help explains it,
     but the encoder refused it ("dtype 'auto': use float32 ... or bfloat16"). It resolves as every command's."""

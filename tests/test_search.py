@@ -327,6 +327,33 @@ def test_cli_index_and_search_end_to_end(tiny, shared_data, tmp_path, capsys):
         assert message in err and err.count("\n") == 1, err
 
 
+def test_a_fusion_setting_the_search_would_not_use_is_refused(built, capsys):
+    """--alpha 0.2 with --mode dense, --fusion-depth with --mode lexical, --rrf-k beside dbsf: each search ran and
+    answered exactly as without the setting, unsaid (a user tuning alpha saw nothing move). Refused in one line,
+    from the CLI and the library alike, before the model loads; where it applies it is still taken."""
+    index = open_index(built)
+    cases = [({"mode": "dense", "alpha": 0.2}, "--alpha sets how hybrid search fuses the dense and lexical runs, and "
+              "this search is dense (one run, nothing fused): give --mode hybrid, or leave it out"),
+             ({"mode": "lexical", "fusion": "rrf", "depth": 20}, "--fusion and --fusion-depth set how hybrid search "
+              "fuses the dense and lexical runs, and this search is lexical (one run, nothing fused): give --mode "
+              "hybrid, or leave them out"),
+             ({"rrf_k": 10}, "--rrf-k sets rrf's constant, and this search fuses by dbsf: give --fusion rrf too, or "
+              "leave --rrf-k out")]
+    for given, says in cases:
+        with pytest.raises(BertkitError) as err:
+            search(index, QUERIES, k=2, model="no/such/model", fusion=given)  # refused before the model is looked for
+        assert str(err.value) == says
+    argv = ["search", str(built), QUERIES[0], "--mode", "dense", "--alpha", "0.2", "--model", "no/such/model"]
+    assert main(argv) == 2 and capsys.readouterr().err == f"bertkit: error: {cases[0][1]}\n"
+    with pytest.raises(BertkitError, match="^ann=True walks the HNSW graph"):
+        search(index, QUERIES, k=2, ann=True, fusion={"mode": "lexical"})
+    # where they apply: rrf with its k moves the fused scores, and the dense search is the default's dense one
+    rrf = [[h.score for h in hits] for hits in search(index, QUERIES, k=3, dtype="float32",
+                                                      fusion={"fusion": "rrf", "rrf_k": 1})]
+    assert rrf != [[h.score for h in hits] for hits in search(index, QUERIES, k=3, dtype="float32",
+                                                              fusion={"fusion": "rrf"})]
+
+
 def test_plain_output_shows_a_long_query_cut_and_json_leaves_it_out(built, capsys):
     # a 2,000-word query was echoed whole: a 12 KB "query:" line above the hits
     long_query = " ".join([QUERIES[0]] * 300)

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from functools import partial
 
-from bertkit.options import DTYPE_CHOICES, add_options, count, from_args, quiet_flag
-from bertkit.retrieval.config import FusionOptions, MiningOptions
+from bertkit.options import DTYPE_CHOICES, add_options, count, from_args, quiet_flag, refuse_ignored_search_flags
+from bertkit.retrieval.config import RERANK_TOP, FusionOptions, MiningOptions
 from bertkit.errors import BertkitError
 
 MEASURE_LABELS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
@@ -55,7 +55,8 @@ def add_evaluate(sub):
     r.add_argument("--rerank", metavar="MODEL", help="with --index: a cross-encoder re-scoring each answer's best "
                    "--rerank-top documents (bertkit finetune rerank; or finetune regression, or pair "
                    "with two labels)")
-    r.add_argument("--rerank-top", type=count, default=50, help="documents the cross-encoder re-scores (default 50)")
+    r.add_argument("--rerank-top", type=count, help=f"with --rerank: documents the cross-encoder re-scores (default "
+                   f"{RERANK_TOP})")
     r.add_argument("--dimensions", type=count, nargs="+", metavar="D",
                    help="also score the vectors cut to these leading dimensions and renormalised (Matryoshka: "
                    "e.g. --dimensions 64 128); one encoding serves them all")
@@ -125,15 +126,15 @@ def run_evaluate_retrieval(args):
 
     if args.index is None and (args.rerank or args.ann):
         raise BertkitError(f"--{'rerank' if args.rerank else 'ann'} needs --index INDEX: it re-orders an index's answers")
-    if args.rerank_top < 1:
-        raise BertkitError(f"--rerank-top must be at least 1, got {args.rerank_top}")
+    refuse_ignored_search_flags(args)
+    top = args.rerank_top or RERANK_TOP
     cross = reranker(args.rerank, dtype=args.dtype, fast=args.speed) if args.rerank else None  # refused before any search
     result = evaluate_retrieval(args.model, args.directory, args.split, batch_size=args.batch_size,
                                 max_length=args.max_length, dtype=args.dtype, bm25=args.bm25,
                                 progress=not args.quiet, index=args.index, ann=args.ann,
-                                rerank=None if cross is None else partial(rerank, cross, top=args.rerank_top,
+                                rerank=None if cross is None else partial(rerank, cross, top=top,
                                                                         batch_size=args.batch_size),
-                                rerank_top=args.rerank_top, rerank_model=args.rerank, dimensions=args.dimensions,
+                                rerank_top=top, rerank_model=args.rerank, dimensions=args.dimensions,
                                 mode=args.mode, fusion={f.name: getattr(args, f.name)
                                                         for f in dataclasses.fields(FusionOptions) if f.name != "mode"},
                                 tune=args.tune, dedupe=args.dedupe,
@@ -144,7 +145,7 @@ def run_evaluate_retrieval(args):
           + (f" ({empty} without title or text, left out of the ranking)" if empty else "") + "; "
           f"{result['model']} ({_precision(result)}, max length {result['max_length']}, {result['pooling']} pooling)"
           + (f"; through {args.index}{' (HNSW)' if args.ann else ''}" if args.index else "")
-          + (f", top {args.rerank_top} reranked by {args.rerank}" if args.rerank else ""))
+          + (f", top {top} reranked by {args.rerank}" if args.rerank else ""))
     if "tuning" in result:
         tuning = result["tuning"]
         print(f"tuned on split {tuning['split']}: {_label(tuning['pick'])} "
@@ -155,7 +156,7 @@ def run_evaluate_retrieval(args):
     print(_table(result))
     if "before_rerank" in result:
         before, after = result["before_rerank"]["ndcg@10"], result["ndcg@10"]
-        print(f"reranking the top {args.rerank_top}: nDCG@10 {before:.4f} before, {after:.4f} after "
+        print(f"reranking the top {top}: nDCG@10 {before:.4f} before, {after:.4f} after "
               f"({after - before:+.4f})")
 
 

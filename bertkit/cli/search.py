@@ -5,8 +5,8 @@ import dataclasses
 import json
 import sys
 
-from bertkit.options import add_options, count, device_flags, quiet_flag
-from bertkit.retrieval.config import FusionOptions, LexicalOptions
+from bertkit.options import add_options, count, device_flags, quiet_flag, refuse_ignored_search_flags, refuse_without
+from bertkit.retrieval.config import RERANK_TOP, FusionOptions, LexicalOptions, refuse_unused_fusion
 from bertkit.data.textfiles import existing_file, open_text
 from bertkit.errors import BertkitError
 
@@ -53,8 +53,8 @@ def add_index(sub):
                    "overlap, as embed's and finetune's --stride (default: half a passage; --overlap, its old name, "
                    "still works)")
     p.add_argument("--overlap", dest="stride", type=int, help=argparse.SUPPRESS)  # the old name of --stride
-    p.add_argument("--batch-size", type=count, default=32, help="passages per forward pass (default 32)")
-    p.add_argument("--part-size", type=count, default=1024, help="passages per saved part: what a kill can lose, "
+    p.add_argument("--batch-size", type=count, help="passages per forward pass (default 32)")
+    p.add_argument("--part-size", type=count, help="passages per saved part: what a kill can lose, "
                    "and what torchrun ranks are dealt (default 1024)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted build of INDEX (export: an "
                    "interrupted export into the collection)")
@@ -74,12 +74,13 @@ def _add_search_structures(p) -> None:
     p.add_argument("--ann", choices=["hnsw"], help="also build an approximate index: hnsw, a FAISS HNSW graph for "
                    "corpora where exact search is too slow (needs: pip install 'bertkit[search]'); its recall@10 "
                    "against exact search is measured and printed")
-    p.add_argument("--ann-m", type=count, default=32, help="HNSW: links per vector (default 32)")
-    p.add_argument("--ef-construction", type=count, default=200, help="HNSW: candidates kept while building "
+    # the tuning options default to None, so that one given without what it tunes is seen (options.refuse_without)
+    p.add_argument("--ann-m", type=count, help="HNSW: links per vector (default 32)")
+    p.add_argument("--ef-construction", type=count, help="HNSW: candidates kept while building "
                    "(default 200)")
-    p.add_argument("--ef-search", type=count, default=128, help="HNSW: candidates kept while searching, recorded "
+    p.add_argument("--ef-search", type=count, help="HNSW: candidates kept while searching, recorded "
                    "as the index's default (default 128)")
-    p.add_argument("--vectors", choices=["float32", "int8", "binary"], default="float32", help="store the vectors "
+    p.add_argument("--vectors", choices=["float32", "int8", "binary"], help="store the vectors "
                    "as compact codes that exact search scans, rescoring its candidates against the decoded codes "
                    "(int8: 1/4 of the bytes, binary: 1/32; default float32: the float rows alone)")
     p.add_argument("--rescore-with", choices=["int8", "float32"], help="rows kept beside the codes to rescore the "
@@ -91,6 +92,37 @@ def _add_search_structures(p) -> None:
                    "--rescore-with float32")
     p.add_argument("--no-lexical", action="store_true", help="leave out the lexical part (BM25 over the same "
                    "passages, stemmed, which hybrid and lexical search need; built by default)")
+
+
+HNSW_FLAGS = {"ann_m": "--ann-m", "ef_construction": "--ef-construction", "ef_search": "--ef-search"}
+BM25_FLAGS = {"k1": "--bm25-k1", "b": "--bm25-b"}
+# what only a build reads: how it encodes the corpus (index add and index export encode nothing)
+BUILD_FLAGS = {"model": "--model", "passage_tokens": "--passage-tokens", "stride": "--stride", "batch_size": "--batch-size",
+               "part_size": "--part-size", "dedupe": "--dedupe", "vectors": "--vectors", "rescore_with": "--rescore-with",
+               "keep_float": "--keep-float"}
+
+
+def _refuse_unused(args, command: str) -> None:
+    """Refuse what `bertkit index` (command "build"), `index add` or `index export` would take and not use."""
+    if command == "export":
+        refuse_without(args, {**BUILD_FLAGS, "ann": "--ann", **HNSW_FLAGS, "no_lexical": "--no-lexical", **BM25_FLAGS},
+                       "what a build makes, and index export copies INDEX as it is", "bertkit index add INDEX adds a "
+                       "graph or a lexical part, bertkit index CORPUS -o INDEX --overwrite builds it again")
+        return
+    if command == "add":
+        refuse_without(args, BUILD_FLAGS, "how a build encodes a corpus, and index add encodes nothing (it makes its "
+                       "parts from INDEX's own files)", "build again with bertkit index CORPUS -o INDEX --overwrite")
+    if args.ann is None:
+        refuse_without(args, HNSW_FLAGS, "the HNSW graph --ann hnsw builds", "give --ann hnsw too (without it no "
+                       "graph is built)")
+    if args.no_lexical:
+        refuse_without(args, BM25_FLAGS, "the lexical part's BM25, which --no-lexical leaves out", "give one or the "
+                       "other")
+
+
+def _given(args, names) -> dict:
+    """The options among `names` given on the command line (the rest: the library's defaults)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def builds_index(args) -> bool:
@@ -110,14 +142,14 @@ def run_index(args):
         raise BertkitError("to export an index: bertkit index export INDEX --qdrant PATH|URL --collection NAME")
     if not args.output:
         raise BertkitError("-o/--output INDEX is required: the folder to write the index to")
+    _refuse_unused(args, "build")
     # the flags given (on --resume too: build.json, not run_config.json, holds a resumed index's plan)
     lexical = _lexical_options(args)
     info = build_index(args.corpus, args.output, args.model, passage_tokens=args.passage_tokens,
-                       stride=args.stride, batch_size=args.batch_size, part_size=args.part_size,
-                       device=args.device, dtype=args.dtype, resume=args.resume, progress=not args.quiet,
-                       ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction, ef_search=args.ef_search,
-                       lexical=lexical, dedupe=args.dedupe, overwrite=args.overwrite,
-                       vectors=args.vectors, rescore_with=_rescore_with(args), fast=args.speed)
+                       stride=args.stride, device=args.device, dtype=args.dtype, resume=args.resume,
+                       progress=not args.quiet, ann=args.ann, lexical=lexical, dedupe=args.dedupe,
+                       overwrite=args.overwrite, rescore_with=_rescore_with(args), fast=args.speed,
+                       **_given(args, ("batch_size", "part_size", "vectors", *HNSW_FLAGS)))
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]
@@ -150,9 +182,9 @@ def _print_parts(info: dict) -> None:
 def run_add(args):
     from bertkit.retrieval.extend import add_parts
 
-    added = add_parts(args.exported, ann=args.ann, ann_m=args.ann_m, ef_construction=args.ef_construction,
-                      ef_search=args.ef_search, lexical=_lexical_options(args), overwrite=args.overwrite,
-                      progress=not args.quiet)
+    _refuse_unused(args, "add")
+    added = add_parts(args.exported, ann=args.ann, lexical=_lexical_options(args), overwrite=args.overwrite,
+                      progress=not args.quiet, **_given(args, HNSW_FLAGS))
     print(f"{args.exported}: added {' and '.join(added)}, made from its own files (nothing encoded again)")
     _print_parts(added)
 
@@ -178,6 +210,7 @@ def run_export(args):
 
     if not args.qdrant or not args.collection:
         raise BertkitError("bertkit index export INDEX needs --qdrant PATH|URL and --collection NAME")
+    _refuse_unused(args, "export")
     n = export(open_index(args.exported), args.qdrant, args.collection, progress=not args.quiet, resume=args.resume,
                overwrite=args.overwrite)
     print(f"{args.exported}: {n} passages written to collection {args.collection!r} in {args.qdrant}")
@@ -213,14 +246,15 @@ def add_search(sub):
     p.add_argument("--model", help="the query encoder; must be the model that made INDEX (default: that model)")
     p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder directory re-scoring the best documents (bertkit "
                    "finetune rerank)")
-    p.add_argument("--rerank-top", type=count, default=50, help="documents the cross-encoder re-scores (default 50)")
+    p.add_argument("--rerank-top", type=count, help="with --rerank: documents the cross-encoder re-scores (default "
+                   f"{RERANK_TOP})")
     p.add_argument("--json", action="store_true", help="print JSON: per query a best-first list of hits")
     p.add_argument("--batch-size", type=count, default=32, help="texts per forward pass (default 32)")
     p.add_argument("--ann", action="store_true", help="search the HNSW graph built by bertkit index --ann hnsw "
                    "(approximate, faster on millions of vectors) instead of every vector")
     p.add_argument("--ef-search", type=count, help="with --ann: candidates the graph walk keeps (default: the "
                    "index's, 128); more is slower and finds more")
-    p.add_argument("--block-size", type=count, default=16384, help="vectors scored per block of the exact scan: "
+    p.add_argument("--block-size", type=count, help="vectors scored per block of the exact scan: "
                    "memory grows with it, about 64 x block x 13 bytes for the scores and their merge (default 16384: "
                    "13 MiB; docs/search.md)")
     add_options(p, FusionOptions, {"mode": None})
@@ -263,19 +297,23 @@ def run_search(args):
     from bertkit.tasks.rerank import recorded_effect, rerank, reranker
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import search as search_qdrant
-    from bertkit.retrieval.search import fusion_options, search
+    from bertkit.retrieval.search import DEFAULT_BLOCK, fusion_options, search
 
     if args.k < 1:
         raise BertkitError(f"-k must be at least 1, got {args.k}")
-    if args.ef_search is not None and not args.ann:  # it was ignored: the exact scan ran
-        raise BertkitError("--ef-search sets how far --ann's HNSW walk looks: give --ann too (the exact search "
-                           "without it scores every passage)")
+    refuse_without(args, {"ef_search": "--ef-search"} if not args.ann else {}, "how far --ann's HNSW walk looks",
+                   "give --ann too (the exact search without it scores every passage)")
+    refuse_ignored_search_flags(args)
+    refuse_without(args, {"block_size": "--block-size"} if args.ann else {}, "the exact scan's blocks, and --ann walks "
+                   "the HNSW graph instead", "leave one of them out")
     if args.qdrant:  # no INDEX: the one positional is the query
         if args.query is not None or not args.collection:
             raise BertkitError("with --qdrant PATH|URL give --collection NAME and no INDEX: bertkit search --qdrant "
                                "PATH --collection NAME QUERY")
         if args.ann:
             raise BertkitError("--ann walks an index folder's HNSW graph; a Qdrant collection is searched by Qdrant")
+        refuse_without(args, {"block_size": "--block-size"}, "the exact scan's blocks over an index folder, and a "
+                       "Qdrant collection is searched by Qdrant", "leave it out")
         args.index, args.query = None, args.index
     elif args.index is None:
         raise BertkitError("give an INDEX folder (or --qdrant PATH|URL --collection NAME)")
@@ -287,20 +325,23 @@ def run_search(args):
     else:  # the defaults (dbsf, equal weights: what Qdrant's fusion computes too), or the flags given
         fusion = FusionOptions(**{n: v for n, v in given.items() if v is not None})
         fusion.validate()
+        if fusion.mode is not None:  # else the collection decides, as an index does
+            refuse_unused_fusion(given, fusion.mode, fusion.fusion)
     cross = reranker(args.rerank, args.device, args.dtype, args.speed) if args.rerank else None  # refused before any search
     effect = recorded_effect(args.rerank) if args.rerank else None
     if effect:
         print(effect, file=sys.stderr)
-    depth = args.k if cross is None else max(args.k, args.rerank_top)
+    top = args.rerank_top or RERANK_TOP
+    depth = args.k if cross is None else max(args.k, top)
     if args.qdrant:
         answers = search_qdrant(args.qdrant, args.collection, queries, depth, model=args.model, device=args.device,
                                 dtype=args.dtype, batch_size=args.batch_size, fusion=fusion, fast=args.speed)
     else:
         answers = search(index, queries, depth, model=args.model, device=args.device, dtype=args.dtype,
-                         batch_size=args.batch_size, block_size=args.block_size, ann=args.ann,
+                         batch_size=args.batch_size, block_size=args.block_size or DEFAULT_BLOCK, ann=args.ann,
                          ef_search=args.ef_search, fusion=fusion, fast=args.speed)
     if cross is not None:
-        answers = [rerank(cross, q, hits, args.rerank_top, args.batch_size) for q, hits in zip(queries, answers)]
+        answers = [rerank(cross, q, hits, top, args.batch_size) for q, hits in zip(queries, answers)]
     answers = [hits[: args.k] for hits in answers]
     if args.json:
         json.dump([[h.to_dict() for h in hits] for hits in answers], sys.stdout, ensure_ascii=False)

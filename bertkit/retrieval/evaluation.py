@@ -41,7 +41,7 @@ from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
 from bertkit.retrieval.encoding import encode, encoder_and_settings
 from bertkit.retrieval.exact import top_k
-from bertkit.retrieval.config import FusionOptions, LexicalOptions
+from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions
 from bertkit.retrieval.index import document_ids, open_index, update_info
 from bertkit.retrieval.lexical import options_of
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run, evaluate_runs
@@ -134,6 +134,12 @@ def _check_request(directory, split: str, tune, index, dimensions: list, mode, f
     if mode is not None and mode != "all":
         FusionOptions(mode=mode).validate()  # an unknown mode, or fusion setting, said before anything loads
     fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
+    if index is None and mode != "all":  # dense by default here; with an index its mode is known once it is open
+        fusion_options({"lexical": True}, {**(fusion or {}), "mode": mode or "dense"})
+    chosen = [FUSION_FLAGS[name] for name in ("fusion", "alpha", "rrf_k") if (fusion or {}).get(name) is not None]
+    if tune is not None and chosen:  # the pick replaced them without an index, and they replaced the pick with one
+        raise BertkitError(f"{' and '.join(chosen)} and --tune {tune} both choose hybrid's fusion (--tune picks "
+                           "--fusion, --alpha and --rrf-k on that split's queries): give one or the other")
     if bm25 or mode not in (None, "dense") or tune:
         require_bm25s()  # a missing package is said before the corpus is embedded, not after
     return dimensions
@@ -190,6 +196,10 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     texts = [data.queries[q] for q in query_ids]
     depth = RUN_DEPTH if rerank is None else max(RUN_DEPTH, rerank_top)
     modes = _index_modes(index.info, mode)
+    # fusion's settings go to the hybrid search (with --mode all, not to the dense and lexical rows beside it)
+    given = {m: {**((fusion or {}) if m == "hybrid" or len(modes) == 1 else {}), "mode": m} for m in modes}
+    for m in modes:
+        fusion_options(index.info, given[m])  # a setting this search would not use, refused before the model loads
     loaded = query_encoder(index.info, model, None, dtype, fast)
     tuned = None
     if tuning_data is not None:
@@ -201,7 +211,7 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
         index.info["fusion"] = record(tuned[0], tuning_data.split, tuned[1])
     runs, fusions, started = {}, {}, time.perf_counter()
     for m in modes:
-        options = fusion_options(index.info, {**(fusion or {}), "mode": m})
+        options = fusion_options(index.info, given[m])
         fusions[m] = _described(options)
         vectors = embed_queries(index.info, loaded, texts, batch_size) if m != "lexical" else None
         answers = search_vectors(index, vectors, depth, ann=ann, queries=texts, fusion=options)

@@ -38,7 +38,7 @@ from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import ann_top_k
 from bertkit.retrieval.compact import compact_top_k
-from bertkit.retrieval.config import FusionOptions
+from bertkit.retrieval.config import FusionOptions, refuse_unused_fusion
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.documents import first_of_each
 from bertkit.retrieval.exact import top_k
@@ -168,15 +168,17 @@ def _hits(index: Index, rows: list[int], scores: list[float]) -> list[Hit]:
 def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
     """The settings a search of this index runs with: the defaults, under the index's own (index.json's
     "fusion", written by `bertkit evaluate retrieval --tune`), under `given`; the mode resolved (hybrid
-    when the index has a lexical part, else dense) and checked against what the index holds."""
-    values = {**dataclasses.asdict(FusionOptions()), **(info.get("fusion") or {}),
-              **{name: v for name, v in (given or {}).items() if v is not None}}
+    when the index has a lexical part, else dense) and checked against what the index holds. A setting given
+    that this search would not use (--alpha for a dense search, --rrf-k beside dbsf) is refused."""
+    given = {name: v for name, v in (given or {}).items() if v is not None}
+    values = {**dataclasses.asdict(FusionOptions()), **(info.get("fusion") or {}), **given}
     options = FusionOptions(**{f.name: values[f.name] for f in dataclasses.fields(FusionOptions)})
     options.validate()
     if options.mode is None:
-        return dataclasses.replace(options, mode="hybrid" if info.get("lexical") else "dense")
-    if options.mode != "dense" and not info.get("lexical"):
+        options = dataclasses.replace(options, mode="hybrid" if info.get("lexical") else "dense")
+    elif options.mode != "dense" and not info.get("lexical"):
         options_of(info)  # the one-line refusal: the index has no lexical part
+    refuse_unused_fusion(given, options.mode, options.fusion)
     return options
 
 
@@ -199,6 +201,9 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
     # read once: the vectors and BM25 both need them (a generator read twice gave hybrid an empty lexical run)
     queries = [queries] if isinstance(queries, str) else _listed(queries)
     options = fusion if isinstance(fusion, FusionOptions) else fusion_options(index.info, fusion)
+    if ann and options.mode == "lexical":  # it was ignored: BM25 alone ranks a lexical search
+        raise BertkitError("ann=True walks the HNSW graph of the dense vectors, and a lexical search ranks by BM25 "
+                           "alone: leave ann out, or search with mode dense or hybrid")
     vectors = None
     if options.mode != "lexical":
         loaded = query_encoder(index.info, model, device, dtype, fast)
