@@ -4,19 +4,23 @@ itself, or NAME.tmp / NAME.part beside it: whatever the command writes first).
 
     python tests/killed_write.py SIGINT|SIGKILL NAME BYTES ARGS...    # `bertkit ARGS...`, stopped mid-write
 
-The bytes written so far are flushed before the signal, so a kill leaves on disk what a real one
-would. It wraps `open` (builtins and io, which `Path.open` calls) from outside the library: the
-library holds no test switch, and the test does not depend on how the command writes.
+The write that crosses BYTES is cut there, and the bytes written so far are flushed before the
+signal, so a kill leaves on disk what a real one would (half a file written in one call, too).
+It wraps `open` (builtins and io, which `Path.open` calls) from outside the library: the library
+holds no test switch, and the test does not depend on how the command writes.
 """
 
 import builtins
+import errno
 import io
 import os
 import signal
 import sys
 
 
-def stopping_open(name: str, limit: int, sig: int, real_open):
+def stopping_open(name: str, limit: int, sig: int | None, real_open):
+    """`open` whose files named NAME... stop the process with `sig` (None: fail with ENOSPC, a full disk)
+    once `limit` bytes have gone out to them."""
     written = {"n": 0}
 
     class Stopping:
@@ -24,11 +28,17 @@ def stopping_open(name: str, limit: int, sig: int, real_open):
             self._f = f
 
         def write(self, data):
-            n = self._f.write(data)
-            written["n"] += len(data.encode("utf-8") if isinstance(data, str) else data)
-            if written["n"] >= limit:
-                self._f.flush()
-                os.kill(os.getpid(), sig)
+            size = len(data.encode("utf-8") if isinstance(data, str) else data)
+            if written["n"] + size < limit:
+                written["n"] += size
+                return self._f.write(data)
+            # the stop lands inside this write: a file written in one call (a config.json, a vocab.txt) is
+            # cut where the limit falls, as a kill or a full disk cuts it, not left whole
+            n = self._f.write(data[: limit - written["n"]])  # characters for text: at most as many bytes
+            self._f.flush()
+            if sig is None:  # a full disk: the write fails there, in this process
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.kill(os.getpid(), sig)
             return n
 
         def writelines(self, lines):

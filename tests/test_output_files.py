@@ -112,3 +112,85 @@ def test_two_outputs_naming_one_file_are_refused_before_any_work(tmp_path, capsy
     assert main([word.format(**names) for word in command]) == 2
     err = capsys.readouterr().err
     assert "name the same file" in err and "no-model" not in err  # refused before the model is looked for
+
+
+
+def model_saver(out: Path):
+    """A call saving a tiny classifier of the default vocabulary into `out`, as each better epoch is saved."""
+    import torch
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.text.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, num_labels=2)
+    model, tok = BertForSequenceClassification(config, generator=torch.Generator().manual_seed(1)), Tokenizer.from_pretrained()
+    return lambda: model.save_pretrained(out, tokenizer=tok)
+
+
+def static_saver(out: Path):
+    import torch
+
+    from bertkit.model.static import StaticEmbedding, save_static
+
+    return lambda: save_static(StaticEmbedding(torch.ones(30, 4), normalize=True), out)
+
+
+KILLED_SAVE = """
+import builtins, io, signal, sys
+sys.path[:0] = [{tests!r}]
+from killed_write import stopping_open
+from test_output_files import model_saver
+save = model_saver(__import__("pathlib").Path({out!r}))
+builtins.open = io.open = stopping_open("vocab.txt", 100_000, signal.SIGKILL, io.open)
+save()
+"""
+
+
+def test_a_model_saved_over_its_folder_and_killed_leaves_its_vocabulary_whole(classifier, tmp_path):
+    """Fine-tuning saves each better epoch over the folder's last model. vocab.txt was written in place: a
+    kill in the middle left it cut after its k-th line, and the model then loaded without a word, every later
+    token read as [UNK]. A real process, killed inside the one write of vocab.txt: the old file, byte for byte."""
+    import shutil
+
+    import bertkit
+
+    out = tmp_path / "model"
+    shutil.copytree(classifier, out)
+    old = (out / "vocab.txt").read_bytes()
+    done = subprocess.run([sys.executable, "-c", KILLED_SAVE.format(tests=str(Path(__file__).parent), out=str(out))],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == -9, done.stderr
+    assert (out / "vocab.txt").read_bytes() == old  # was: its first 100,000 bytes, 12,000 tokens of 30,522
+    assert len(bertkit.load(str(out)).tokenizer) == 30522
+
+
+@pytest.mark.parametrize("saver, name, nbytes", [
+    (model_saver, "config.json", 200), (model_saver, "vocab.txt", 1000), (model_saver, "tokenizer_config.json", 50),
+    (static_saver, "modules.json", 40), (static_saver, "config_sentence_transformers.json", 20)])
+def test_a_model_folder_saved_on_a_full_disk_keeps_each_file_whole(classifier, tmp_path, monkeypatch, saver, name,
+                                                                   nbytes):
+    """The same save failing after a partial write (ENOSPC, a full disk, in this process): each small file of a
+    model folder is the one that stood there, byte for byte (a static folder's modules.json too), and nothing
+    is left beside it."""
+    import builtins
+    import io
+    import shutil
+
+    from killed_write import stopping_open
+
+    out = tmp_path / "model"
+    save = saver(out)
+    save()
+    if saver is model_saver:  # another model was there before: the classifier fixture's
+        shutil.rmtree(out)
+        shutil.copytree(classifier, out)
+    old = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr(builtins, "open", stopping_open(name, nbytes, None, io.open))
+    monkeypatch.setattr(io, "open", builtins.open)
+    with pytest.raises(OSError, match="No space left"):
+        save()
+    monkeypatch.undo()
+    assert (out / name).read_bytes() == old[Path(name)]  # was: its first nbytes bytes
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == sorted(old)

@@ -30,11 +30,11 @@ def add_model(sub):
 
 
 def run_model_info(args):
-    from bertkit.model.checkpoint import resolve
     from bertkit.model.static import is_static
     from bertkit.runtime.loading import class_for, encoder_dir
 
-    if args.path and is_static(resolve(args.path)):  # `bertkit distill static`'s output: a table, no layers
+    # no folder there is no static model either: encoder_dir names the missing folder
+    if args.path and is_static(args.path):  # `bertkit distill static`'s output: a table, no layers
         return _static_info(args)
     where = args.path and encoder_dir(args.path)  # an older sentence-transformers folder: its 0_Transformer
     cls = class_for(where, getattr(bertkit, args.cls))  # an ELECTRA run's: its form

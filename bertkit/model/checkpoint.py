@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertkit.data.atomic import write_through
+from bertkit.data.atomic import write_lines, write_through
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
 from bertkit.model.weights_check import check_config, header_shapes, shard_files
@@ -475,15 +475,23 @@ def save_tensors(path, tensors: dict, metadata: dict | None = None) -> None:
     write_through(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
+def save_config(model, directory):
+    """`directory`/config.json for `model` (its class named in `architectures`), written whole or not at all:
+    written in place, a save killed or out of disk over a folder left it empty or cut, and the model that
+    stood there (fine-tuning saves each better epoch over the last) no longer loaded. Returns the config."""
+    config = model.config.replace(architectures=[type(model).__name__])
+    write_lines(Path(directory) / "config.json", [config.to_json_string()])
+    return config
+
+
 def save_pretrained(model, directory, tokenizer=None) -> None:
     """Write `directory` the way transformers does: config.json, model.safetensors and,
     with a tokenizer, its vocab.txt / tokenizer_config.json."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = model.config.replace(architectures=[type(model).__name__])
-    config.to_json_file(directory / "config.json")
-    # a save cut short (Ctrl-C, a kill) leaves the model that was there whole (fine-tuning saves each better
-    # epoch over the last)
+    config = save_config(model, directory)
+    # each file is written whole (bertkit.data.atomic): a save cut short (Ctrl-C, a kill, a full disk) leaves
+    # the model that was there whole
     save_tensors(directory / "model.safetensors", hf_state_dict(model), {"format": "pt"})
     if tokenizer is not None:
         if not hasattr(tokenizer, "save_pretrained"):

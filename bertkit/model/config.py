@@ -272,8 +272,14 @@ class BertConfig:
             raise BertkitError(f"{path} must hold a JSON object")
         return cls.from_dict(values)
 
+    def to_json_string(self) -> str:
+        """config.json's text (sorted keys, a final newline)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
     def to_json_file(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        """Write the config to `path` as it stands (a model folder's config.json is written whole or not at
+        all by `bertkit.model.checkpoint.save_config`)."""
+        Path(path).write_text(self.to_json_string(), encoding="utf-8")
 
     @classmethod
     def from_pretrained(cls, path=None) -> "BertConfig":

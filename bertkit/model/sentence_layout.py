@@ -219,6 +219,15 @@ def layout_files(directory) -> tuple[list | None, dict[str, Path]]:
     return modules, parts
 
 
+def write_modules(directory, modules: list, st_config: dict, settings: dict | None = None) -> None:
+    """A sentence-transformers folder's own files: modules.json, config_sentence_transformers.json and
+    `settings` ({path in the folder: JSON object}: a module's config), each written whole or not at all
+    (`bertkit.data.atomic`), so that a save killed over a model folder leaves no half modules.json."""
+    directory = Path(directory)
+    for name, data in ((MODULES_FILE, modules), (ST_CONFIG, st_config), *(settings or {}).items()):
+        write_json(directory / name, data)
+
+
 def write_layout(directory, *, pooling: str, normalize: bool, max_seq_length: int | None, hidden_size: int,
                  dimensions: list[int] | None = None) -> None:
     """Write the sentence-transformers files beside a saved Hugging Face encoder in `directory`.
@@ -243,10 +252,8 @@ def write_layout(directory, *, pooling: str, normalize: bool, max_seq_length: in
                                                     if dimensions else {})}
     sentence_config = {"max_seq_length": max_seq_length, "do_lower_case": False} if max_seq_length else {
         "do_lower_case": False}
-    write_json(directory / MODULES_FILE, modules)
-    write_json(directory / SENTENCE_CONFIG, sentence_config)
-    write_json(directory / POOLING_DIR / "config.json", pooling_config)
-    write_json(directory / ST_CONFIG, st_config)
+    write_modules(directory, modules, st_config, {SENTENCE_CONFIG: sentence_config,
+                                                  f"{POOLING_DIR}/config.json": pooling_config})
     if normalize:
         (directory / NORMALIZE_DIR).mkdir(parents=True, exist_ok=True)  # the module has no settings
     elif (directory / NORMALIZE_DIR).is_dir():  # re-saving over a normalised model

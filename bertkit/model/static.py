@@ -49,7 +49,7 @@ from torch import nn
 
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.model.checkpoint import read_weights, save_tensors
-from bertkit.model.sentence_layout import MODULES_FILE, ST_CONFIG
+from bertkit.model.sentence_layout import MODULES_FILE, write_modules
 
 STATIC_DIR, NORMALIZE_DIR = "0_StaticEmbedding", "1_Normalize"
 WEIGHT_KEY = "embedding.weight"  # sentence-transformers' StaticEmbedding state dict
@@ -238,10 +238,7 @@ def save_static(model: StaticEmbedding, directory, about: dict | None = None) ->
     modules = [{"idx": 0, "name": "0", "path": STATIC_DIR, "type": "sentence_transformers.models.StaticEmbedding"}]
     if model.config.normalize:
         modules.append({"idx": 1, "name": "1", "path": NORMALIZE_DIR, "type": "sentence_transformers.models.Normalize"})
-        (directory / NORMALIZE_DIR).mkdir(exist_ok=True)
-        (directory / NORMALIZE_DIR / "config.json").write_text("{}\n", encoding="utf-8")
     st_config = {"model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
                  "similarity_fn_name": "cosine"}
-    for name, data in ((MODULES_FILE, modules), (ST_CONFIG, st_config)):
-        (directory / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    write_modules(directory, modules, st_config, {f"{NORMALIZE_DIR}/config.json": {}} if model.config.normalize else {})
     return folder

@@ -53,7 +53,7 @@ from torch import nn
 from safetensors import safe_open
 from torch.ao.quantization import per_channel_dynamic_qconfig
 
-from bertkit.model.checkpoint import INT8_WEIGHTS, save_tensors
+from bertkit.model.checkpoint import INT8_WEIGHTS, save_config, save_tensors
 from bertkit.runtime.devices import DynamicLinear, holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.fast import SpeedSettings, accelerate, decide
@@ -222,7 +222,7 @@ def save_quantized(model: nn.Module, directory, tokenizer=None) -> None:
         raise BertkitError("save_quantized takes a model made by quantize(); save a float model with save_pretrained")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.config.replace(architectures=[type(model).__name__]).to_json_file(directory / "config.json")
+    save_config(model, directory)
     save_tensors(directory / INT8_WEIGHTS, _tensors(model), {"format": FORMAT, "version": VERSION})
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)

@@ -166,8 +166,6 @@ class Tokenizer:
         """Write vocab.txt and tokenizer_config.json (Hugging Face keys) into `directory`; `positions`:
         the model's, when fewer than BERT's 512 (transformers' tokenizer cuts at model_max_length)."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        save_vocab(self.ids_to_tokens, directory / "vocab.txt")
         config = {
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": self.lowercase,
@@ -181,7 +179,7 @@ class Tokenizer:
             "sep_token": SEP,
             "mask_token": MASK,
         }
-        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        save_vocab(self.ids_to_tokens, directory / "vocab.txt", config)  # each file whole or not at all
         return directory
 
     def __len__(self) -> int:

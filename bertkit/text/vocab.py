@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from bertkit.errors import BertkitError
+from bertkit.data.atomic import write_json, write_lines
 from bertkit.data.textfiles import read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -132,14 +133,20 @@ def check_added_tokens(added: dict, tokens: list[str], source) -> None:
                            "the vocabulary and BERT's special tokens only: save the tokenizer without added tokens")
 
 
-def save_vocab(tokens: list[str], path) -> Path:
-    """Write tokens to vocab.txt (one per line, id order); returns the file path."""
+def save_vocab(tokens: list[str], path, config: dict | None = None) -> Path:
+    """Write tokens to vocab.txt (one per line, id order) and, given `config`, the tokenizer_config.json
+    beside it that says how to read them (casing, accents); returns the vocab.txt path.
+
+    Each file is written whole or not at all (`bertkit.data.atomic`): written in place, a save killed or out
+    of disk over a model folder left vocab.txt cut after its k-th line, and the model then loaded without a
+    word of complaint, every token past line k read as [UNK] (or the ids of another vocabulary)."""
     validate_tokens(list(tokens), "vocabulary to save")
     path = Path(path)
     if path.is_dir():
         path = path / "vocab.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    write_lines(path, (t + "\n" for t in tokens))
+    if config is not None:
+        write_json(path.parent / "tokenizer_config.json", config)
     return path
 
 

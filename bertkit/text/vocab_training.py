@@ -33,7 +33,6 @@ pieces in the order they were learned. The vocabulary is larger than
 """
 
 import heapq
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,7 +282,6 @@ def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig) -
     """Write vocab.txt (at `output`, a file path or a folder; `vocab_file`) and, beside it, the
     tokenizer_config.json that tells the tokenizer how the vocabulary was made (casing, accents); returns
     vocab.txt's path."""
-    path = save_vocab(tokens, vocab_file(output))
     settings = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": config.lowercase,
@@ -291,5 +289,4 @@ def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig) -
         "tokenize_chinese_chars": config.tokenize_chinese_chars,
         "model_max_length": 512,
     }
-    (path.parent / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
-    return path
+    return save_vocab(tokens, vocab_file(output), settings)
