@@ -177,6 +177,23 @@ def test_export_into_another_models_folder_is_refused_first(tiny, tmp_path, caps
     assert main(["export", "onnx", str(tiny), "-o", str(tmp_path / "onnx")]) == 0
 
 
+def test_an_export_that_fails_its_check_leaves_no_model_onnx(tiny, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """The check runs after the export: model.onnx, config.json and the tokenizer were written first and stayed
+    when ONNX Runtime disagreed, a folder that looked finished (the error was the only sign). Here the check is
+    made to find a difference; nothing may be left, and an earlier good export there stays byte for byte."""
+    from bertkit.runtime import export
+
+    good = tmp_path / "good"
+    assert main(["export", "onnx", str(tiny), "-o", str(good)]) == 0
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    monkeypatch.setattr(export, "_compare", lambda *args: 0.5)  # an unfaithful graph
+    for out in (tmp_path / "new", good):
+        assert main(["export", "onnx", str(tiny), "-o", str(out)]) == 2
+        assert "differs from bertkit by 5.00e-01" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists() or list((tmp_path / "new").iterdir()) == []  # was: model.onnx, config...
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+
+
 def pooled(session, tok, texts, layout):
     """The exported graph's sentence vectors, pooled as `layout` (read from the exported folder) says."""
     enc = tok.encode_batch(texts, max_length=layout.max_seq_length, return_tensors="np")

@@ -32,7 +32,9 @@ ONNX decomposition (opset 14 or later).
 Checked on export: ONNX Runtime runs the file on real text (a batch of
 sentences of different lengths, and sentence pairs where the model has a second
 segment) and every output must match
-bertkit's within `atol` (1e-4); otherwise BertkitError with the difference. What
+bertkit's within `atol` (1e-4); otherwise BertkitError with the difference. The graph is written
+beside its name and renamed to model.onnx only once it passed (`bertkit.data.atomic`), the other
+files copied just before: a failed check or a killed export leaves no model.onnx that looks finished. What
 cannot be exported fails with a BertkitError naming it: an int8 model (export the
 float model and quantize the ONNX file with ONNX Runtime's `quantize_dynamic`),
 a head with no ONNX signature here (pre-training, masked LM, NSP, multiple
@@ -45,7 +47,6 @@ imported only inside these functions.
 from __future__ import annotations
 
 import importlib
-import json
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertkit.model import heads
+from bertkit.data.atomic import write_json, write_through
 from bertkit.model.checkpoint import (INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILES, architecture, has_int8_weights,
                                       resolve)
 from bertkit.runtime.devices import holds_int8
@@ -79,6 +80,8 @@ SIGNATURES = {
 # copied beside model.onnx when the model directory has them
 SIDE_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
               "bertkit_task.json")
+# the architectures whose logits are one row per sequence (the other heads' are per token)
+SEQUENCE_LOGITS = ("BertForSequenceClassification", "ElectraForSequenceClassification")
 DEFAULT_OPSET = 17
 MIN_OPSET = 14  # scaled_dot_product_attention has an ONNX form from opset 14
 
@@ -163,8 +166,7 @@ def _export(graph: _Graph, example: dict, path: Path, opset: int) -> None:
     names = graph.outputs
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS}
     for name in names:  # pooler_output and sequence logits are [batch, ...]; the rest [batch, sequence, ...]
-        per_sequence = name == "pooler_output" or (name == "logits" and isinstance(
-            graph.model, heads.BertForSequenceClassification))
+        per_sequence = name == "pooler_output" or (name == "logits" and type(graph.model).__name__ in SEQUENCE_LOGITS)
         axes[name] = {0: "batch"} if per_sequence else {0: "batch", 1: "sequence"}
     args = tuple(example[name] for name in INPUTS)
     try:
@@ -202,7 +204,7 @@ def _copy_beside(directory: Path, out: Path) -> None:
         else:
             shutil.copyfile(source, out / name)
     if modules is not None:
-        (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+        write_json(out / "modules.json", modules)
 
 
 def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float = 1e-4) -> ExportReport:
@@ -224,18 +226,24 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
     model, names, tok = load_exportable(directory)
     check_exportable(model)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "model.onnx"
     limit = model.config.max_position_embeddings
-    _export(_Graph(model, names).eval(), _batch(tok, pairs=False, max_length=limit), path, opset)
-    if directory.resolve() != out.resolve():
-        _copy_beside(directory, out)
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     # sentence pairs only where the model has a segment B (type_vocab_size 1: one segment)
     checks = (False, True) if model.config.type_vocab_size > 1 else (False,)
-    diff = max(_compare(session, model, _batch(tok, pairs, limit), names) for pairs in checks)
-    if not diff <= atol:
-        raise BertkitError(f"{path}: ONNX Runtime differs from bertkit by {diff:.2e} (> {atol:g}) on real text; "
-                           "the export is not faithful: report it with the model's config.json")
-    return ExportReport(path=path, architecture=type(model).__name__, outputs=names, max_abs_diff=diff)
+    diffs = []
+
+    def export_and_check(tmp: Path) -> None:
+        _export(_Graph(model, names).eval(), _batch(tok, pairs=False, max_length=limit), tmp, opset)
+        session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+        diffs.append(max(_compare(session, model, _batch(tok, pairs, limit), names) for pairs in checks))
+        if not diffs[0] <= atol:
+            raise BertkitError(f"ONNX Runtime differs from bertkit by {diffs[0]:.2e} (> {atol:g}) on real text: the "
+                               f"export is not faithful, and {path} was not written; report it with the model's "
+                               "config.json")
+        if directory.resolve() != out.resolve():
+            _copy_beside(directory, out)
+
+    # model.onnx appears only once ONNX Runtime matched it, its config and tokenizer beside it: it was written
+    # first and left behind when the check failed (or the export was killed), a file that looked finished
+    write_through(path, export_and_check)
+    return ExportReport(path=path, architecture=type(model).__name__, outputs=names, max_abs_diff=diffs[0])
