@@ -75,7 +75,8 @@ def add_predict(sub):
         "carries the answers (the label column, a CoNLL tag column, SQuAD answers) the predictions are "
         "scored too: accuracy and F1 (classification), Pearson and Spearman (regression), micro F1 "
         "(multi-label), entity F1 (NER), exact match and F1 (QA). Every row is predicted; a row without its answer "
-        "(an empty label cell, a question without answers) is left out of the scores.",
+        "(an empty label cell, a question without answers) is left out of the scores. A row whose text (or second "
+        "text) is empty is skipped and counted; a text with no word piece (only characters BERT drops) is refused.",
         epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
         "  bertkit predict out/sst2 dev.tsv            # dev.tsv has a label column: predicts and reports accuracy\n"
         "  bertkit predict out/ner conll/test.txt --device cuda",

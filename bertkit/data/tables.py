@@ -246,19 +246,23 @@ def first_row(path) -> dict:
 
 def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print):
     """(texts, pairs or None) from a table's text column (and second-text column): the inputs of a
-    fine-tuned model, unlabelled; a missing column is a one-line error naming the flag; skipped rows
-    are counted in one line to `log`."""
+    fine-tuned model, unlabelled; a missing column is a one-line error naming the flag; a row whose text
+    (or second text) is empty or null is skipped, as `read_text_examples` skips it; skipped rows are counted in
+    one line to `log`."""
     path = existing_file(path)
     report = ReadReport(str(path))
     texts, pairs = [], []
     for n, row in read_rows(path, report):
-        for name in (text_column, pair_column) if pair_column else (text_column,):
-            if column_key(row, name) is None:
-                raise BertkitError(f"{path}:{n}: no column {name!r} (columns: {', '.join(row)}); "
-                                   "pass --text-column/--text-pair-column")
-        texts.append(str(row[column_key(row, text_column)]))
+        cells = [_column(row, name, path, n, "--text-column/--text-pair-column")
+                 for name in ((text_column, pair_column) if pair_column else (text_column,))]
+        cells = ["" if cell is None else str(cell) for cell in cells]  # JSON null: no text (str() made it 'None')
+        if not all(cell.strip() for cell in cells):  # nothing to predict for: skipped as read_text_examples does
+            report.skipped["empty texts"] += 1
+            continue
+        texts.append(cells[0])
         if pair_column:
-            pairs.append(str(row[column_key(row, pair_column)]))
+            pairs.append(cells[1])
+    report.kept = len(texts)
     if report.skipped:
         log(report.summary())
     return texts, (pairs if pair_column else None)

@@ -13,6 +13,11 @@ through the task's record (`bertkit.tasks.registry`):
 A checkpoint without `bertkit_task.json` (e.g. one made by transformers) is
 read from its config.json `architectures`.
 
+An input without a word piece (empty, spaces, only characters BERT drops) is
+refused, naming it: the model would read `[CLS] [SEP]` alone and answer with a
+prediction like any other (the server and `bertkit.embed` refuse it too). A
+file's row whose text is empty is skipped and counted by its reader.
+
 Evaluate mode: when the input file carries the answers (a label column for the
 text tasks, a tag column in a CoNLL file, answers in SQuAD JSON), `predict_file`
 also scores the predictions with the task's metrics (`bertkit.metrics.tasks`):
@@ -91,6 +96,9 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     if task.takes_pairs(loaded.info) and pairs is None:
         raise BertkitError(f"this {task.cli_name} model reads {task.second} with each text: pass pairs=[...] "
                            "(one per text)")
+    check_tokens(loaded.tokenizer, texts, "texts[{}]".format)
+    if pairs is not None:
+        check_tokens(loaded.tokenizer, pairs, "pairs[{}]".format)
     run = partial(run_model, loaded.model, batch_size=batch_size, progress=progress)
     return task.predict(run, loaded.tokenizer, texts, pairs, loaded.info, task.labels(loaded.config))
 
@@ -110,6 +118,17 @@ def _check_held(loaded: Loaded) -> None:
                            "`bertkit finetune` (bertkit.load(DIR))")
     raise BertkitError(f"loaded holds {loaded.directory}'s encoder ({kind}), not its {task} model: load it "
                        f"with bertkit.load({str(loaded.directory)!r}) (head 'auto' or 'task')")
+
+
+def check_tokens(tok, texts: list[str], name) -> None:
+    """Refuse a text without a word piece (empty, spaces, or only characters BERT drops: a zero-width space, a
+    NUL), naming it (`name(i)` of its index): the model would read [CLS] [SEP] alone and answer with a
+    label, a score, an answer that looks like any other. The server's routes and `bertkit.embed` refuse it too.
+    Each text is tokenized only as far as its first piece (`Tokenizer.ids_lists`)."""
+    for i, ids in enumerate(tok.ids_lists(texts, 1)):
+        if not ids:
+            raise BertkitError(f"{name(i)} {texts[i][:40]!r} yields no tokens (it is empty or holds only "
+                               "characters BERT drops): the model would answer for an empty text; leave it out")
 
 
 def _text_list(texts, what: str) -> list[str]:
@@ -192,6 +211,9 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
         (texts, pairs), references = task.read_inputs(input_path, info, *columns, log=log), None
     if not texts:
         raise BertkitError(f"{input_path}: no inputs to predict")
+    for side, name in ((texts, "input {}"), (pairs, "the second text of input {}")):
+        if side is not None:  # named as the file's inputs, counted from 1 (predict's own check says texts[i])
+            check_tokens(loaded.tokenizer, side, lambda i, name=name: f"{input_path}: {name.format(i + 1)}")
     preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded, progress=progress)
     scored = [i for i, r in enumerate(references or []) if r is not None]
     scores = None if labelled is None else task.score([preds[i] for i in scored], [references[i] for i in scored],

@@ -1,0 +1,96 @@
+"""What a practitioner sends to a fine-tuned model: `bertkit.predict`, `bertkit predict` and the inputs that are
+not plain sentences (empty cells, texts without a word piece, a pair missing a side, a Hugging Face head
+checkpoint with few positions).
+
+The models are untrained heads on the handmade-vocabulary tiny model of test_finetune, saved the way
+`bertkit finetune` saves its output (test_serve's `task_dir`): nothing is trained, so each test takes well
+under a second. The references are independent: the server's and `bertkit.embed`'s refusal of a text without
+tokens, and the file's own rows.
+"""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import bertkit
+from bertkit.cli import main
+from bertkit.errors import BertkitError
+from test_finetune import tiny_model_dir
+from test_serve import task_dir
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("predict-inputs")
+    tiny = tiny_model_dir(root / "tiny")
+    return {
+        "tiny": tiny,
+        "classify": task_dir(root / "classify", tiny, "BertForSequenceClassification",
+                             {"task": "classify", "max_length": 32, "text_column": "sentence"}, ["neg", "pos"]),
+        "pair": task_dir(root / "pair", tiny, "BertForSequenceClassification",
+                         {"task": "pair", "max_length": 32, "text_column": "sentence1",
+                          "text_pair_column": "sentence2"}, ["no", "yes"]),
+        "ner": task_dir(root / "ner", tiny, "BertForTokenClassification",
+                        {"task": "ner", "max_length": 16, "stride": 4, "tag_scheme": "iob2"}, ["O", "B-PER", "I-PER"]),
+        "qa": task_dir(root / "qa", tiny, "BertForQuestionAnswering",
+                       {"task": "qa", "max_length": 24, "doc_stride": 8, "max_query_length": 8,
+                        "max_answer_length": 6}),
+    }
+
+
+# --- inputs without a word piece ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\u200b", "\x00"])
+def test_an_input_without_tokens_is_refused_naming_it(models, text):
+    """An empty text, spaces, or only characters BERT drops has no word piece: the model would read [CLS] [SEP]
+    and give a label, a score, an answer like any other (it did: {'label': 'neg', 'probabilities': ...}). The
+    server's /predict refuses such an input naming it (test_serve), and bertkit.embed refuses it; so does predict."""
+    from bertkit.text.tokenizer import Tokenizer
+
+    assert Tokenizer.from_pretrained(models["tiny"]).ids_lists([text]) == [[]]  # the premise
+    for model, texts, pairs, name in [
+        ("classify", ["the movie was good .", text], None, "texts[1]"),
+        ("pair", ["the movie was good .", text], ["it was bad", "fine"], "texts[1]"),
+        ("pair", ["the movie was good .", "fine"], ["it was bad", text], "pairs[1]"),
+        ("ner", [text, "john went to paris"], None, "texts[0]"),
+        ("qa", ["who went ?", text], ["john went to paris .", "mary went ."], "texts[1]"),
+        ("qa", ["who went ?"], [text], "pairs[0]"),
+    ]:
+        with pytest.raises(BertkitError, match=rf"^{name.replace('[', '.')} .* yields no tokens"):
+            bertkit.predict(models[model], texts, pairs)
+    # a text with a word piece beside them is predicted as before (NER: a word without a piece is tagged O)
+    got = bertkit.predict(models["ner"], [f"{text} john went"])[0]
+    assert got["words"] == f"{text} john went".split() and len(got["tags"]) == len(got["words"])
+
+
+def test_a_file_skips_empty_cells_as_evaluate_mode_does_and_refuses_a_text_without_tokens(models, tmp_path, capsys):
+    """`bertkit predict` on a table: a row whose text or second text is empty (a blank cell, JSON null) is skipped
+    and counted, as the labelled reader (evaluate mode, fine-tuning) skips it. It was predicted: a pair with an
+    empty second text got a label, JSON null was read as the text 'None', and the count said '0 examples'. A text
+    that is not empty but has no word piece is refused in one line naming the file and the input."""
+    rows = [("the movie was good .", "it was bad"), ("the food was great .", ""), ("", "fine"),
+            ("this day was fine .", None), ("paris in the day", "mary went")]
+    src = tmp_path / "pairs.jsonl"
+    src.write_text("".join(json.dumps({"sentence1": a, "sentence2": b}) + "\n" for a, b in rows), encoding="utf-8")
+    out = tmp_path / "p.tsv"
+    assert main(["predict", str(models["pair"]), str(src), "-o", str(out), "--no-evaluate"]) == 0
+    said = capsys.readouterr().out
+    written = [line.split("\t")[:2] for line in out.read_text(encoding="utf-8").splitlines()[1:]]
+    assert written == [[a, b] for a, b in rows if a and b]
+    assert f"{src}: 2 examples, skipped 3 (3 empty texts)" in said and "wrote 2 predictions" in said
+    # the same rows as a TSV (a row's second cell left empty) read the same
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("sentence1\tsentence2\n" + "".join(f"{a}\t{b or ''}\n" for a, b in rows), encoding="utf-8")
+    assert main(["predict", str(models["pair"]), str(tsv), "-o", str(out)]) == 0
+    assert [line.split("\t")[:2] for line in out.read_text(encoding="utf-8").splitlines()[1:]] == written
+    capsys.readouterr()
+    # a text of characters BERT drops: one line naming the file and which input, exit 2
+    (tmp_path / "odd.txt").write_text("the movie was good .\n\u200b\nit was bad\n", encoding="utf-8")
+    assert main(["predict", str(models["classify"]), str(tmp_path / "odd.txt"), "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertkit: error: ") and len(err.strip().splitlines()) == 1
+    assert f"{tmp_path / 'odd.txt'}: input 2 '\\u200b' yields no tokens" in err
+
