@@ -5,7 +5,8 @@ checkpoint with few positions).
 The models are untrained heads on the handmade-vocabulary tiny model of test_finetune, saved the way
 `bertkit finetune` saves its output (test_serve's `task_dir`): nothing is trained, so each test takes well
 under a second. The references are independent: the server's and `bertkit.embed`'s refusal of a text without
-tokens, and the file's own rows.
+tokens, the file's own rows, and transformers' BertForQuestionAnswering over the windows transformers'
+tokenizer cuts.
 """
 
 import json
@@ -94,3 +95,63 @@ def test_a_file_skips_empty_cells_as_evaluate_mode_does_and_refuses_a_text_witho
     assert err.startswith("bertkit: error: ") and len(err.strip().splitlines()) == 1
     assert f"{tmp_path / 'odd.txt'}: input 2 '\\u200b' yields no tokens" in err
 
+
+# --- a Hugging Face QA checkpoint with fewer positions than run_squad.py's 384 --------------------------------
+
+
+def squad_windows_answer(model, tok, question: str, context: str, max_length: int, query: int, stride: int,
+                         longest: int) -> tuple[int, int]:
+    """The best span of transformers' model over the windows transformers' tokenizer cuts (the question cut at
+    `query` pieces, windows sharing `stride` context tokens), every start tried in the window where it has the
+    most context (run_squad.py's rule), every end at most `longest` pieces on: (start, end) in characters."""
+    question = tok.decode(tok(question, add_special_tokens=False)["input_ids"][:query])
+    enc = tok(question, context, truncation="only_second", max_length=max_length, stride=stride,
+              return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length", return_tensors="pt")
+    with torch.no_grad():
+        out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                    token_type_ids=enc["token_type_ids"])
+    starts, ends, offsets = out.start_logits.tolist(), out.end_logits.tolist(), enc["offset_mapping"].tolist()
+    windows = [[i for i, s in enumerate(enc.sequence_ids(k)) if s == 1] for k in range(len(enc["input_ids"]))]
+    first = [0]
+    for w in windows[:-1]:
+        first.append(first[-1] + len(w) - stride)
+
+    def owner(p):  # the window where context token p has the most context
+        held = [(min(p - first[k], first[k] + len(w) - 1 - p) + 0.01 * len(w), -k)
+                for k, w in enumerate(windows) if first[k] <= p < first[k] + len(w)]
+        return -max(held)[1]
+
+    best = None
+    for k, w in enumerate(windows):
+        for a in range(len(w)):
+            if owner(first[k] + a) != k:
+                continue
+            for b in range(a, min(len(w), a + longest)):
+                score = starts[k][w[a]] + ends[k][w[b]]
+                if best is None or score > best[0]:
+                    best = (score, offsets[k][w[a]][0], offsets[k][w[b]][1])
+    return best[1], best[2]
+
+
+def test_a_hugging_face_qa_checkpoint_with_64_positions_reads_its_contexts_in_windows_that_fit(models, transformers_mod):
+    """A QA checkpoint without bertkit_task.json is read as run_squad.py reads one (384 tokens, questions cut at 64
+    pieces, windows sharing 128), at most at the model's own positions; at 64 positions (a tiny model; at 128, a
+    long question) predict failed on every input with "stride=128 must be smaller than the 56 tokens of a
+    window", which no option of predict could change, and the server with it at start-up. The question and the
+    overlap now follow the length: a quarter of it, at most 64; half of it, at most 128 (transformers' QA pipeline's
+    doc_stride)."""
+    import shutil
+
+    folder = models["qa"].parent / "qa-hf"
+    shutil.copytree(models["qa"], folder)
+    (folder / "bertkit_task.json").unlink()  # as transformers saves it
+    model = transformers_mod.BertForQuestionAnswering.from_pretrained(str(folder)).eval()
+    tok = transformers_mod.BertTokenizerFast.from_pretrained(str(folder))
+    words = "john went to paris and then mary saw london in the day while the movie was new".split()
+    contexts = [" ".join(words[(3 * i + j) % len(words)] for j in range(n)) + " ." for i, n in enumerate((6, 40, 90))]
+    questions = ["who went to paris ?", "where did mary go in the day and what was new and old ?", "what was new ?"]
+    got = bertkit.predict(folder, questions, contexts)
+    assert len(tok(contexts[2])["input_ids"]) > 64  # the longest context is longer than the model reads at once
+    for q, c, p in zip(questions, contexts, got):  # 64 positions: questions cut at 16, windows sharing 32
+        assert (p["start"], p["end"]) == squad_windows_answer(model, tok, q, c, 64, 16, 32, 30)
+        assert p["answer"] == c[p["start"]:p["end"]] != ""

@@ -138,9 +138,23 @@ def best_answers(examples: list[QAExample], feats: list[dict], start_logits, end
     return out
 
 
+def reading(info: dict) -> QAConfig:
+    """How a model reads its inputs: the settings its bertkit_task.json keeps; those it lacks (a Hugging Face
+    checkpoint keeps none) as run_squad.py's (questions cut at 64 pieces, windows sharing 128 tokens), at most a
+    quarter of max_length for the question and half of it for the overlap, as transformers' QA pipeline cut its
+    doc_stride: a model with fewer positions (max_length 128, 64) has a context window too short for 128, and
+    its every input failed. With the question at a quarter, the window (3/4 of the length, less 3) always holds
+    more than the overlap."""
+    cfg = {k: info[k] for k in SETTINGS if k in info}
+    length = cfg.get("max_length", QAConfig.max_length)
+    cfg.setdefault("max_query_length", min(QAConfig.max_query_length, length // 4))
+    cfg.setdefault("doc_stride", min(QAConfig.doc_stride, length // 2))
+    return QAConfig(train="", output="", **cfg)
+
+
 def predict(run, tok, questions: list[str], contexts: list[str], info: dict, names=None) -> list[dict]:
     """Each question's answer in its context: {"answer", "start", "end", "score"} (character offsets)."""
-    cfg = QAConfig(train="", output="", **{k: info[k] for k in SETTINGS if k in info})
+    cfg = reading(info)
     examples = [QAExample(str(n), q, c, []) for n, (q, c) in enumerate(zip(questions, contexts))]
     feats, _ = make_features(tok, examples, cfg, training=False)
     out = run(feats, outputs=("start_logits", "end_logits"), per_token=True)
