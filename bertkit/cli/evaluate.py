@@ -140,9 +140,9 @@ def run_evaluate_retrieval(args):
                                 tune=args.tune, dedupe=args.dedupe,
                                 max_queries=args.max_queries, fast=args.speed)
     _write(result, args.output)
-    empty = result.get("documents_without_text")
+    empty = result.get("documents_without_tokens")
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents"
-          + (f" ({empty} without title or text, left out of the ranking)" if empty else "") + "; "
+          + (f" ({empty} without any token, left out of the ranking as bertkit index leaves them out)" if empty else "") + "; "
           f"{result['model']} ({_precision(result)}, max length {result['max_length']}, {result['pooling']} pooling)"
           + (f"; through {args.index}{' (HNSW)' if args.ann else ''}" if args.index else "")
           + (f", top {top} reranked by {args.rerank}" if args.rerank else ""))

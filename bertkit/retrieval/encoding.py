@@ -54,6 +54,14 @@ def encoder_and_settings(model, max_length: int | None = None,
     return loaded, EncodingSettings(name, resolve_output(loaded.layout).pooling, length, loaded.precision)
 
 
+def has_tokens(text: str, tokenizer) -> bool:
+    """Whether `text` gives the model any word piece: not when it is empty or holds only characters BERT's
+    basic tokenizer drops (control and format characters such as U+200B, combining marks stripped with the
+    accents). A text with a letter or a digit always gives one ([UNK] at worst), so only a text without any is
+    tokenized: tokenizing a whole corpus a second time costs about what embedding it does."""
+    return any(c.isalnum() for c in text) or (bool(text.strip()) and bool(tokenizer.tokenize(text)))
+
+
 def encode(texts: list[str], loaded: Loaded, settings: EncodingSettings, *, batch_size: int = 32,
            chunk_size: int = 1024, progress: bool = False, names=None) -> np.ndarray:
     """Unit-length sentence vectors [N, D] float32, in the order of `texts`; names(i) names `texts[i]` in an

@@ -39,7 +39,7 @@ from bertkit.errors import BertkitError, read_score
 from bertkit.metrics.tasks import pearson, spearman
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
-from bertkit.retrieval.encoding import encode, encoder_and_settings
+from bertkit.retrieval.encoding import encode, encoder_and_settings, has_tokens
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions
 from bertkit.retrieval.index import document_ids, open_index, update_info
@@ -277,9 +277,11 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     if dimensions and dimensions[-1] > width:  # said before the corpus is embedded
         raise BertkitError(f"dimension {dimensions[-1]} is more than the model's {width}")
     texts = {d: document_text(data.corpus[d]) for d in data.corpus}
-    # a document without title or text has nothing to embed: it is left out of the ranking (never found), as
-    # `bertkit index` leaves it out of an index, so the figures with and without --index rank the same documents
-    doc_ids, query_ids = [d for d in data.corpus if texts[d]], list(data.queries)
+    # a document without any token (no title or text, or only characters BERT drops) has nothing to embed: it is
+    # left out of the ranking (never found) and counted, as `bertkit index` leaves it out of an index, so the
+    # figures with and without --index rank the same documents (refusing it stopped a whole BEIR set for one line)
+    doc_ids = [d for d in data.corpus if has_tokens(texts[d], loaded.tokenizer)]
+    query_ids = list(data.queries)
     started = time.perf_counter()
     doc_vectors = encode([texts[d] for d in doc_ids], loaded, settings, batch_size=batch_size, progress=progress,
                          names=lambda i: f"{data.directory}/corpus.jsonl _id {doc_ids[i]!r}")
@@ -317,7 +319,7 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     result = {**scored[modes[-1]], **({"fusion": fusions[modes[-1]]} if fusions else {}), "model": settings.model,
               "precision": settings.dtype, "mode": modes[-1], "max_length": settings.max_length,
               "pooling": settings.pooling, "dataset": str(data.directory), "queries": len(query_ids),
-              "documents": len(data.corpus), "documents_without_text": len(data.corpus) - len(doc_ids),
+              "documents": len(data.corpus), "documents_without_tokens": len(data.corpus) - len(doc_ids),
               "encode_seconds": round(seconds, 2)}
     if dimensions:
         result["dimensions"] = {str(d): scored[f"{d} dimensions"] for d in dimensions}
