@@ -310,15 +310,23 @@ def test_mining_with_the_index_of_another_corpus_is_one_line(setup, tmp_path):  
 
 def test_the_recorded_precisions_are_the_ones_the_figures_ran_in(ctx, tmp_path):
     """retrieval.json said the first stage's queries ran in float32 whatever they ran in: an index made by an
-    int8 folder is queried in int8 (evaluate retrieval's result says so); the reranker's is what it loaded in."""
+    int8 folder is queried in int8 (evaluate retrieval's result says so); the reranker's is what it loaded in.
+    --rerank-dtype took float32 and bfloat16 only, where every other precision flag takes auto (argparse's
+    "invalid choice: 'auto'"); with auto the record names the precision auto resolved to."""
     import shutil
 
     import bertkit
+    from bertkit.cli import build_parser
+    from bertkit.options import from_args
     from bertkit.retrieval.index import build_index
+    from bertkit.runtime.devices import auto_dtype, dtype_name
     from bertkit.runtime.quantization import save_quantized
     from bertkit.tasks.config import RerankConfig
     from bertkit.tasks.cross_encoder import record_figures
     from test_index import OVERLAP, TOKENS
+
+    args = build_parser().parse_args(["finetune", "rerank", "--train", "t", "-o", "o", "--rerank-dtype", "auto"])
+    assert from_args(args, RerankConfig).validate().rerank_dtype == "auto"
 
     loaded = bertkit.load(str(ctx["tiny"]), int8=True)
     save_quantized(loaded.model, tmp_path / "int8", loaded.tokenizer)
@@ -326,7 +334,8 @@ def test_the_recorded_precisions_are_the_ones_the_figures_ran_in(ctx, tmp_path):
                 overlap=OVERLAP, batch_size=64, progress=False)
     cross = shutil.copytree(ctx["cross"], tmp_path / "cross")
     cfg = RerankConfig(train=str(ctx["folder"]), output=str(cross), dev=str(ctx["folder"]), dev_split="test",
-                       index=str(tmp_path / "index8"), rerank_top=5)
+                       index=str(tmp_path / "index8"), rerank_top=5, rerank_dtype="auto")
     cfg.training.progress = False
     figures = record_figures(cfg, log=lambda line: None)
-    assert figures["precision"] == {"queries": "int8", "reranker": reranker(str(cross)).precision}
+    assert figures["precision"] == {"queries": "int8", "reranker": dtype_name(auto_dtype())}
+    assert reranker(str(cross), dtype="auto").precision == dtype_name(auto_dtype())

@@ -320,9 +320,9 @@ class RerankConfig(TaskConfig):
     index: str | None = _opt(None, "the first stage for --dev: an index of its corpus (bertkit index), searched as "
                                    "bertkit search does (its default mode)")
     rerank_top: int = _opt(50, "documents of each first-stage answer the model re-scores in the --dev evaluation")
-    rerank_dtype: Literal["float32", "bfloat16"] = _opt("float32", "precision the --dev evaluation reranks in "
-                                                        "(bfloat16: faster where the CPU has it; the first stage's "
-                                                        "queries stay float32)")
+    rerank_dtype: Literal["float32", "bfloat16", "auto"] = _opt(
+        "float32", "precision the --dev evaluation reranks in (bfloat16: faster where the CPU has it natively; auto: "
+        "bfloat16 there, else float32, as every --dtype auto; the first stage's queries stay float32)")
 
     def validate(self) -> "RerankConfig":
         super().validate()
@@ -336,8 +336,8 @@ class RerankConfig(TaskConfig):
             positive(self.pos_weight, "--pos-weight")
         if self.rerank_top < 1:
             raise BertkitError(f"--rerank-top must be at least 1, got {self.rerank_top}")
-        if self.rerank_dtype not in ("float32", "bfloat16"):
-            raise BertkitError(f"--rerank-dtype must be float32 or bfloat16, got {self.rerank_dtype!r}")
+        if self.rerank_dtype not in ("float32", "bfloat16", "auto"):
+            raise BertkitError(f"--rerank-dtype must be float32, bfloat16 or auto, got {self.rerank_dtype!r}")
         if self.dev and not self.index:
             raise BertkitError("--dev needs --index INDEX: an index of the dev corpus (bertkit index), the first stage "
                                "whose answers the model reranks")
