@@ -354,6 +354,39 @@ def test_a_fusion_setting_the_search_would_not_use_is_refused(built, capsys):
                                                               fusion={"fusion": "rrf"})]
 
 
+def test_queries_in_another_precision_than_the_passages_are_said(built, tiny, capsys):
+    """A bfloat16 index searched with float32 queries (or the reverse) ran without a word, its scores neither
+    precision's own (evaluate retrieval --index printed both precisions; search and serve neither). search
+    warns naming both and the --dtype that matches; the same precision stays quiet; serve's /info gives the
+    passages' precision beside its own."""
+    import warnings
+
+    from bertkit.serve.runner import Searcher
+
+    index = open_index(built)
+    assert index.info["model"]["precision"] == "float32"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mixed = search(index, QUERIES, k=3, dtype="bfloat16", fusion={"mode": "dense"})
+        said = [str(w.message) for w in caught if "index's passages" in str(w.message)]
+        assert said == ["queries are embedded in bfloat16, the index's passages were in float32 (--dtype float32 "
+                        "embeds them as the passages were)"]
+        caught.clear()
+        same = search(index, QUERIES, k=3, dtype="float32", fusion={"mode": "dense"})
+        assert not [w for w in caught if "index's passages" in str(w.message)]
+    assert [[h.doc_id for h in hits] for hits in mixed] and [h.score for h in mixed[0]] != [h.score for h in same[0]]
+    assert Searcher(index, 64).info()["precision"] == "float32"
+    from bertkit.serve.runner import load_runner, load_searcher
+    from bertkit.serve.settings import ServeConfig
+
+    for dtype, noted in (("bfloat16", True), ("float32", False)):  # serve says it at start-up
+        settings = ServeConfig(model=str(tiny), index=str(built), dtype=dtype)
+        load_searcher(settings, load_runner(settings))
+        err = capsys.readouterr().err
+        assert ("note: queries are embedded in bfloat16, the index's passages were in float32" in err) == noted, err
+
+
+
 def test_plain_output_shows_a_long_query_cut_and_json_leaves_it_out(built, capsys):
     # a 2,000-word query was echoed whole: a 12 KB "query:" line above the hits
     long_query = " ".join([QUERIES[0]] * 300)

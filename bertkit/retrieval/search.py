@@ -28,6 +28,7 @@ An answer is, per query, a best-first list of hits:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,19 @@ def query_encoder(info: dict, model=None, device=None, dtype=None, fast=True) ->
                            f"{made['fingerprint'][:12]}), which is not there now: pass --model DIR, that model's "
                            "folder where it is now (its weights are checked against the index's)") from None
     return loaded
+
+
+def mixed_precision(info: dict, loaded: Loaded) -> str | None:
+    """One line when `loaded` embeds queries in another precision than the index's passages were made in
+    (`info`: its index.json), else None. Nothing is wrong with it, but the scores are neither precision's own:
+    a bfloat16 index queried in float32 moved cosines by about 1e-3 and reordered near ties in the top 10
+    (docs/search.md), which a user comparing answers across machines should know; evaluate retrieval --index
+    prints both precisions, and search and serve said neither."""
+    made = info["model"].get("precision")
+    if made is None or made == loaded.precision:
+        return None
+    fix = f" (--dtype {made} embeds them as the passages were)" if made in ("float32", "bfloat16") else ""
+    return f"queries are embedded in {loaded.precision}, the index's passages were in {made}{fix}"
 
 
 def embed_queries(info: dict, loaded: Loaded, queries: list[str], batch_size: int = 32) -> np.ndarray:
@@ -207,6 +221,9 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
     vectors = None
     if options.mode != "lexical":
         loaded = query_encoder(index.info, model, device, dtype, fast)
+        mixed = mixed_precision(index.info, loaded)
+        if mixed:
+            warnings.warn(mixed, stacklevel=2)
         vectors = embed_queries(index.info, loaded, queries, batch_size)
     return search_vectors(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search,
                           queries=queries, fusion=options)

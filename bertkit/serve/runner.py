@@ -55,7 +55,7 @@ from bertkit.embeddings.pooling import l2_normalize, pool
 from bertkit.embeddings.settings import resolve_layers, resolve_output
 from bertkit.retrieval.index import Index, check_model, open_index
 from bertkit.retrieval.config import MODES, FusionOptions
-from bertkit.retrieval.search import fusion_options, search_vectors
+from bertkit.retrieval.search import fusion_options, mixed_precision, search_vectors
 from bertkit.serve.batching import plan_batches
 from bertkit.metrics.tasks import get_entities
 
@@ -311,7 +311,8 @@ class Searcher:
         return {"directory": str(self.index.directory), "passages": made["passages"], "documents": made["documents"],
                 "rerank": None if self.cross is None else str(self.cross.directory), "rerank_top": self.rerank_top,
                 "mode": self.fusion.mode, "modes": ["dense", "lexical", "hybrid"] if made.get("lexical") else ["dense"],
-                "vectors": made.get("vectors") or {"kind": "float32"}}  # what is stored and scanned (codes_file)
+                "vectors": made.get("vectors") or {"kind": "float32"},  # what is stored and scanned (codes_file)
+                "precision": made["model"].get("precision")}  # the passages'; /info's own "precision" is the queries'
 
     def depth(self, k: int, rerank_them: bool) -> int:
         """Documents to find for an answer of k: the cross-encoder re-scores the best rerank_top."""
@@ -363,10 +364,10 @@ def load_searcher(settings, runner) -> Searcher | None:
     if runner.pooling != made["pooling"]:
         raise BertkitError(f"--pooling {runner.pooling}: the index {settings.index} was made with {made['pooling']} "
                            "pooling; leave out --pooling, or build the index with this pooling")
+    mixed = mixed_precision(index.info, runner.loaded)  # queries in another precision: `bertkit search` warns too
     cross = reranker(settings.rerank, dtype=settings.dtype, fast=runner.speed) if settings.rerank else None
-    effect = recorded_effect(settings.rerank) if settings.rerank else None
-    if effect:  # at start-up, beside the server's own lines: what the reranker's recorded figures say
-        print(effect, file=sys.stderr, flush=True)
+    for line in filter(None, (mixed and f"note: {mixed}", settings.rerank and recorded_effect(settings.rerank))):
+        print(line, file=sys.stderr, flush=True)  # at start-up, beside the server's own lines
     return Searcher(index, int(made["max_length"]), cross, settings.rerank_top, fusion=fusion_options(index.info))
 
 
