@@ -386,6 +386,15 @@ def test_queries_in_another_precision_than_the_passages_are_said(built, tiny, ca
         assert ("note: queries are embedded in bfloat16, the index's passages were in float32" in err) == noted, err
 
 
+def test_an_empty_query_is_refused_in_every_mode(built, capsys):
+    """`search INDEX "  " --mode lexical` printed "query:" and no hit, exit 0, where the dense and hybrid
+    searches refused it: one line now in every mode, from the CLI and the library."""
+    for mode in ("lexical", "dense", "hybrid"):
+        with pytest.raises(BertkitError, match="^every query needs some text$"):
+            search(built, [QUERIES[0], "  "], k=2, dtype="float32", fusion={"mode": mode})
+        assert main(["search", str(built), " ", "--mode", mode]) == 2
+        assert capsys.readouterr().err == "bertkit: error: every query needs some text\n"
+
 
 def test_plain_output_shows_a_long_query_cut_and_json_leaves_it_out(built, capsys):
     # a 2,000-word query was echoed whole: a 12 KB "query:" line above the hits

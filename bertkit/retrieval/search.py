@@ -109,10 +109,16 @@ def mixed_precision(info: dict, loaded: Loaded) -> str | None:
     return f"queries are embedded in {loaded.precision}, the index's passages were in {made}{fix}"
 
 
-def embed_queries(info: dict, loaded: Loaded, queries: list[str], batch_size: int = 32) -> np.ndarray:
-    """Unit query vectors [Q, D], made as the index's passages were (`info`: its index.json)."""
+def check_queries(queries: list) -> None:
+    """Refuse no queries, or one that is no text or only spaces, in every mode: a lexical search answered
+    `search INDEX "  " --mode lexical` with nothing (exit 0) where a dense one refused it."""
     if not queries or any(not isinstance(q, str) or not q.strip() for q in queries):
         raise BertkitError("every query needs some text")
+
+
+def embed_queries(info: dict, loaded: Loaded, queries: list[str], batch_size: int = 32) -> np.ndarray:
+    """Unit query vectors [Q, D], made as the index's passages were (`info`: its index.json)."""
+    check_queries(queries)
     made = info["model"]
     settings = EncodingSettings(made["directory"], made["pooling"], made["max_length"], loaded.precision)
     return encode(list(queries), loaded, settings, batch_size=batch_size)
@@ -214,6 +220,7 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
         raise BertkitError(f"index must be an index folder or open_index(folder), got {type(index).__name__}")
     # read once: the vectors and BM25 both need them (a generator read twice gave hybrid an empty lexical run)
     queries = [queries] if isinstance(queries, str) else _listed(queries)
+    check_queries(queries)
     options = fusion if isinstance(fusion, FusionOptions) else fusion_options(index.info, fusion)
     if ann and options.mode == "lexical":  # it was ignored: BM25 alone ranks a lexical search
         raise BertkitError("ann=True walks the HNSW graph of the dense vectors, and a lexical search ranks by BM25 "
