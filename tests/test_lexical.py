@@ -102,7 +102,8 @@ def test_hybrid_fuses_the_dense_and_lexical_answers(built):
     index = open_index(built)
     assert fusion_options(index.info).mode == "hybrid"  # the default when the index has a lexical part
     for fusion, alpha in (("rrf", 0.5), ("minmax", 0.3), ("dbsf", 0.8)):
-        settings = {"fusion": fusion, "alpha": alpha, "rrf_k": 2.0, "depth": 8}
+        # rrf's k only beside rrf: given beside another fusion it is refused, as it would be unused
+        settings = {"fusion": fusion, "alpha": alpha, "depth": 8, **({"rrf_k": 2.0} if fusion == "rrf" else {})}
         hybrid = search(index, QUERIES[:2], k=5, dtype="float32", fusion=settings)
         dense = search(index, QUERIES[:2], k=8, dtype="float32", fusion={"mode": "dense"})
         lexical = search(index, QUERIES[:2], k=8, fusion={"mode": "lexical"})
