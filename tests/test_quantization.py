@@ -279,6 +279,43 @@ def test_a_saved_int8_electra_model_loads_back(tmp_path):
     assert torch.equal(first_output(loaded.model), first_output(model))
 
 
+def test_a_saved_int8_model_keeps_its_task_and_its_sentence_layout(tmp_path, capsys):
+    """save_quantized wrote config.json, the weights and the vocabulary only. An int8 pair classifier loaded as a
+    plain classifier ({"task": "classify", "inferred": true}: predict asked for the columns it was trained on and
+    cut texts at the 64 positions, not the 8 tokens it was trained at); an int8 sentence model lost its
+    normalisation (all-MiniLM-L6-v2's vectors came out with norm 6.2, not 1). Saved with the loaded folder's
+    task and layout, the int8 folder predicts and embeds as the source folder does in int8."""
+    import json
+
+    from bertkit.model.sentence_layout import write_layout
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(94))])
+    pair, encoder = tmp_path / "pair", tmp_path / "encoder"
+    tiny_model(BertForSequenceClassification).save_pretrained(pair, tokenizer=tok)
+    (pair / "bertkit_task.json").write_text(json.dumps({"task": "pair", "max_length": 8, "stride": 0, "text_column": "q",
+                                                        "text_pair_column": "p", "label_column": "label"}))
+    tiny_model().save_pretrained(encoder, tokenizer=tok)
+    write_layout(encoder, pooling="cls", normalize=True, max_seq_length=6, hidden_size=32)
+    texts = tmp_path / "in.tsv"
+    texts.write_text("q\tp\n" + "".join(f"w{i} w{i + 1} w{i + 2} w3 w4\tw{i + 5} w6 w7 w8 w9 w10\n" for i in range(6)))
+    for source in (pair, encoder):
+        loaded = bertkit.load(source, int8=True)
+        save_quantized(loaded.model, tmp_path / f"{source.name}8", loaded.tokenizer, task=loaded.info,
+                       layout=loaded.layout)
+    assert bertkit.load(tmp_path / "pair8").info == bertkit.load(pair).info
+    outputs = []
+    for args in (["predict", str(pair), str(texts), "-o", "-", "--int8"], ["predict", str(tmp_path / "pair8"), str(texts), "-o", "-"]):
+        assert main([*args, "--quiet"]) == 0, capsys.readouterr().err  # was: "several columns of text ... pass --text-column"
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].count("\n") == 7
+    for args in (["--model", str(encoder), "--int8"], ["--model", str(tmp_path / "encoder8")]):
+        assert main(["embed", str(texts), "-o", str(tmp_path / f"{len(args)}.npy"), "--column", "q", "--quiet", *args]) == 0
+    from_source, saved = np.load(tmp_path / "3.npy"), np.load(tmp_path / "2.npy")
+    np.testing.assert_allclose(np.linalg.norm(saved, axis=1), 1.0, atol=1e-5)  # was: mean-pooled, not normalised
+    np.testing.assert_array_equal(saved, from_source)
+
+
 def test_the_encoder_of_a_saved_int8_classifier_is_its_heads_encoder(tmp_path, capsys):
     """docs/deployment.md: `bertkit embed --model DIR` loads a save_quantized folder. For a fine-tuned classifier
     saved int8 it said "holds an int8 BertForSequenceClassification, not a BertModel", where the float classifier's

@@ -51,15 +51,14 @@ def add_embed(sub):
 
 
 def run_embed(args):
-    from bertkit.embeddings.features import iter_embed
-    from bertkit.runtime.loading import load
+    from bertkit.embeddings.features import iter_embed, load_encoder
 
     options = from_args(args, EmbedOptions)
     texts, count = read_texts(args.input, args.column)  # a bad file refused before the model loads
     if count == 0:  # was "nothing to write", once the model had loaded
         raise BertkitError(f"{args.input} holds no texts: write one per line (.txt), or rows under a header (.tsv), "
                            "or one JSON object per line (.jsonl)")
-    loaded = load(args.model, head="encoder", device=args.device, dtype=args.dtype, int8=args.int8, fast=args.speed)
+    loaded = load_encoder(args.model, device=args.device, dtype=args.dtype, int8=args.int8, fast=args.speed)
     output = resolve_output(loaded.layout, options.pooling, options.normalize)
     rows = iter_embed(
         texts, loaded, options.layers, output.pooling, output.normalize, combine=options.combine,

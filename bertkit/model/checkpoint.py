@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertkit.data.atomic import write_lines, write_through
+from bertkit.data.atomic import write_json, write_lines, write_through
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
 from bertkit.model.weights_check import check_config, header_shapes, shard_files
@@ -181,18 +181,14 @@ def _read_safetensors(path: Path) -> dict:
     try:
         return load_file(str(path))
     except Exception as err:  # the Rust reader raises its own error type on bad headers/sizes
-        raise BertkitError(
-            f"{path} is not a readable safetensors file ({err}); it is probably truncated or corrupt: "
-            "copy or save it again"
-        ) from None
+        raise BertkitError(f"{path} is not a readable safetensors file ({err}); it is probably truncated or corrupt: "
+                           "copy or save it again") from None
 
 
 def _refuse_pickle(path: Path) -> BertkitError:
-    return BertkitError(
-        f"{path} is a pickle, which bertkit never opens (unpickling can run code): convert it to "
-        "model.safetensors, e.g. transformers.BertModel.from_pretrained(DIR).save_pretrained(DIR) "
-        "(the head class for a head checkpoint), then load DIR again"
-    )
+    return BertkitError(f"{path} is a pickle, which bertkit never opens (unpickling can run code): convert it to "
+                        "model.safetensors, e.g. transformers.BertModel.from_pretrained(DIR).save_pretrained(DIR) "
+                        "(the head class for a head checkpoint), then load DIR again")
 
 
 def weights_file(directory) -> Path:
@@ -400,6 +396,11 @@ def task_info(directory) -> dict | None:
     return None if task is None else {"task": task, "max_length": length, "inferred": True}
 
 
+def save_task_info(directory, info: dict) -> None:
+    """`directory`/bertkit_task.json (`task_info` reads it), written whole, non-ASCII text (labels) as it is."""
+    write_json(Path(directory) / TASK_FILE, info, ensure_ascii=False)
+
+
 @dataclass(frozen=True)
 class Saved:
     """What a model directory holds, read from its small files (no weights)."""
@@ -476,9 +477,8 @@ def save_tensors(path, tensors: dict, metadata: dict | None = None) -> None:
 
 
 def save_config(model, directory):
-    """`directory`/config.json for `model` (its class named in `architectures`), written whole or not at all:
-    written in place, a save killed or out of disk over a folder left it empty or cut, and the model that
-    stood there (fine-tuning saves each better epoch over the last) no longer loaded. Returns the config."""
+    """`directory`/config.json for `model` (its class in `architectures`), written whole: written in place, a kill or
+    a full disk over a folder left it cut, and the model there (each better epoch's) no longer loaded. Its config."""
     config = model.config.replace(architectures=[type(model).__name__])
     write_lines(Path(directory) / "config.json", [config.to_json_string()])
     return config
@@ -490,8 +490,7 @@ def save_pretrained(model, directory, tokenizer=None) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = save_config(model, directory)
-    # each file is written whole (bertkit.data.atomic): a save cut short (Ctrl-C, a kill, a full disk) leaves
-    # the model that was there whole
+    # each file written whole (bertkit.data.atomic): a save cut short (a kill, a full disk) leaves the model there
     save_tensors(directory / "model.safetensors", hf_state_dict(model), {"format": "pt"})
     if tokenizer is not None:
         if not hasattr(tokenizer, "save_pretrained"):

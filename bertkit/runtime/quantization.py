@@ -30,7 +30,8 @@ compose in either order: accelerate swaps the float nn.Linear layers that are le
 `dense_ops` is the one step the loader takes: int8 where asked, then the fast path.
 
 A quantized model is saved as a model directory (`save_quantized`): config.json,
-the tokenizer files, and `model.int8.safetensors` holding bertkit's own
+the tokenizer files, what its source folder said of it (bertkit_task.json, the
+sentence-transformers layout), and `model.int8.safetensors` holding bertkit's own
 parameter names (not Hugging Face's: no other library reads this file). For a
 quantized layer `X`: `X.weight_int8` (int8 [out, in]), `X.weight_scale` (float64
 [out]), `X.weight_zero_point` (int64 [out], zeros) and `X.bias` (float32); every
@@ -53,7 +54,8 @@ from torch import nn
 from safetensors import safe_open
 from torch.ao.quantization import per_channel_dynamic_qconfig
 
-from bertkit.model.checkpoint import INT8_WEIGHTS, save_config, save_tensors
+from bertkit.model.checkpoint import INT8_WEIGHTS, save_config, save_task_info, save_tensors
+from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.devices import DynamicLinear, holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.fast import SpeedSettings, accelerate, decide
@@ -215,17 +217,28 @@ def _float_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not any(k.startswith(q) for q in quantized)}
 
 
-def save_quantized(model: nn.Module, directory, tokenizer=None) -> None:
+def save_quantized(model: nn.Module, directory, tokenizer=None, *, task: dict | None = None, layout=None) -> None:
     """Write a quantized `model` to `directory`: config.json, model.int8.safetensors and,
-    with a tokenizer, its files (see the module docstring for the format)."""
+    with a tokenizer, its files (see the module docstring for the format). What the weights alone do not say
+    comes from the folder the model was loaded from (`bertkit.load(DIR, int8=True)`: `Loaded.info`,
+    `Loaded.layout`): `task`, a fine-tuned model's description, as bertkit_task.json (how its inputs were
+    encoded: columns, max_length, ...); `layout`, a sentence model's pooling and normalisation, as its
+    sentence-transformers files. Without them an int8 pair classifier loaded as a plain classifier (predict
+    asked for the columns it was trained on, and cut texts at another length), and an int8 all-MiniLM-L6-v2
+    gave vectors that were no longer unit length: nothing said so."""
     if not holds_int8(model):
         raise BertkitError("save_quantized takes a model made by quantize(); save a float model with save_pretrained")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_config(model, directory)
+    config = save_config(model, directory)
     save_tensors(directory / INT8_WEIGHTS, _tensors(model), {"format": FORMAT, "version": VERSION})
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+    if tokenizer is not None:  # with the model's length, as save_pretrained (it said 512 for a 64-position model)
+        tokenizer.save_pretrained(directory, positions=config.max_position_embeddings)
+    if task and not task.get("inferred"):  # an inferred one (a Hugging Face head) is inferred again on loading
+        save_task_info(directory, task)
+    if layout is not None:
+        write_layout(directory, pooling=layout.pooling, normalize=layout.normalize,
+                     max_seq_length=layout.max_seq_length, hidden_size=config.hidden_size, dimensions=layout.dimensions)
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from bertkit.data import atomic
-from bertkit.model.checkpoint import TASK_FILE, architecture, resolve
+from bertkit.model.checkpoint import architecture, resolve, save_task_info
 from bertkit.runtime.loading import class_for, encoder_dir, need_transformer
 from bertkit.text.tokenizer import Tokenizer
 
@@ -89,11 +89,11 @@ def saver(output_dir, tokenizer, task_info: dict):
 
     def save(model):
         model.save_pretrained(output_dir, tokenizer=tokenizer)
-        write_json(output_dir / TASK_FILE, task_info)
+        save_task_info(output_dir, task_info)
 
     return save
 
 
 def write_json(path, data) -> None:
-    """A run's JSON (metrics.json, bertkit_task.json), written atomically, non-ASCII text as it is."""
+    """A run's JSON (metrics.json), written atomically, non-ASCII text as it is."""
     atomic.write_json(path, data, ensure_ascii=False)
