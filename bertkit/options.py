@@ -195,7 +195,12 @@ def from_args(args, cls, base: dict | None = None):
         saved = Path(getattr(args, "output", None) or defaults(cls).get("output") or ".") / RUN_CONFIG
         if not saved.is_file():
             raise BertkitError(f"--resume: {saved} not found; start the run without --resume first")
-        base = json.loads(saved.read_text())
+        try:
+            base = json.loads(saved.read_text(encoding="utf-8"))
+            base.items()
+        except (UnicodeDecodeError, ValueError, AttributeError) as err:  # was a JSONDecodeError traceback
+            raise BertkitError(f"--resume: {saved} is not a JSON object of settings ({' '.join(str(err).split())}): "
+                               "the run's settings are lost; start the run again in another --output") from None
         refuse_changes(cls, given, merge(defaults(cls), base), saved.parent)
     return build(cls, merge(merge(defaults(cls), base or {}), given))
 

@@ -1,6 +1,7 @@
 """curves.png's training lines: labelled as what they draw (issue 41 item 10)."""
 
 import numpy as np
+import pytest
 
 from bertkit.training.metrics_log import train_series
 
@@ -42,3 +43,30 @@ def test_every_panel_spans_the_run_so_a_lone_evaluation_sits_where_it_happened(t
     for ax in fig.axes:
         left, right = ax.get_xlim()
         assert left <= 1 and right >= 94 and right - left < 1.2 * 93, (ax.get_title(), left, right)
+
+
+def test_resuming_after_a_full_disk_keeps_the_lines_before_the_checkpoint(tmp_path, monkeypatch):
+    """A run stopped by a full disk in the middle of a metrics.jsonl line could not be resumed: resuming read every
+    line back and died on the cut one (a JSONDecodeError traceback). And resuming rewrote the whole file in place,
+    so a kill at that moment lost the run's history. Now the file is cut after the last line kept (steps up to the
+    checkpoint): those lines stay byte for byte, the cut one goes with the lines after the checkpoint."""
+    import builtins
+    import io
+
+    from killed_write import stopping_open
+    from bertkit.training.metrics_log import MetricsLog, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path)
+    for step in range(1, 5):
+        log({"split": "train", "step": step, "loss": 1.0 / step})
+    before = path.read_bytes()
+    monkeypatch.setattr(builtins, "open", stopping_open("metrics.jsonl", 20, None, io.open))  # the disk fills
+    with pytest.raises(OSError, match="No space left"):
+        log({"split": "train", "step": 5, "loss": 0.2})
+    monkeypatch.undo()
+    assert path.read_bytes().startswith(before) and len(path.read_bytes()) == len(before) + 20  # a cut line
+    resumed = MetricsLog(path, keep_through_step=3)  # the checkpoint was at step 3
+    assert path.read_bytes() == b"".join(before.splitlines(keepends=True)[:3])
+    resumed({"split": "train", "step": 4, "loss": 0.3})
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]

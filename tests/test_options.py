@@ -101,3 +101,12 @@ def test_a_list_argument_and_the_alias_of_a_boolean_flag():
     assert from_args(p.parse_args(["a", "--no-lower"]), Files) == Files(["a"], False)
     with pytest.raises(SystemExit):  # one or more
         p.parse_args([])
+
+
+@pytest.mark.parametrize("text", ["", '{"source": "old", "cou', "[1, 2]", "\xff\xfe"])
+def test_resume_with_an_unreadable_run_config_says_so_in_one_line(tmp_path, text):
+    """A run_config.json cut by a kill or a full disk (or not an object): `--resume` died on a JSONDecodeError
+    traceback. Now a BertkitError, the CLI's one line, naming the file."""
+    (tmp_path / "run_config.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(BertkitError, match=r"^--resume: .*run_config.json is not a JSON object of settings"):
+        parse("--output", tmp_path, "--resume")

@@ -111,3 +111,24 @@ def test_a_training_state_reads_back_with_weights_only(tmp_path):
     assert state["optimizer"]["param_groups"] == optimizer.state_dict()["param_groups"]
     with pytest.raises(TypeError, match=r"state\['odd'\] is a set"):
         ts.save_checkpoint(tmp_path, 5, {"odd": {1, 2}})
+
+
+def test_a_resumed_run_rewriting_its_settings_on_a_full_disk_keeps_them(tmp_path, monkeypatch):
+    """A resumed run writes run_config.json again over the one it read (the harness, `save_run_config`): written
+    in place, a kill or a full disk in that write left the file cut, and no `--resume` could continue the run.
+    Now the settings that stood there stay, byte for byte, and nothing is left beside them."""
+    import builtins
+    import io
+
+    from killed_write import stopping_open
+
+    settings = {"train": "train.tsv", "model": "tiny", "training": {"epochs": 2.0, "resume": True}}
+    ts.save_run_config(tmp_path, settings)
+    before = (tmp_path / "run_config.json").read_bytes()
+    monkeypatch.setattr(builtins, "open", stopping_open("run_config.json", 30, None, io.open))
+    monkeypatch.setattr(io, "open", builtins.open)
+    with pytest.raises(OSError, match="No space left"):
+        ts.save_run_config(tmp_path, {**settings, "training": {"epochs": 3.0, "resume": True}})
+    monkeypatch.undo()
+    assert (tmp_path / "run_config.json").read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [
+        "run_config.json"]

@@ -35,7 +35,6 @@ so a resumed run draws the very dropout masks the killed one would have.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -53,6 +52,7 @@ from bertkit.training.state import (
     latest_checkpoint,
     restore_training_state,
     resume_state,
+    save_run_config,
     save_training_state,
 )
 
@@ -136,7 +136,7 @@ def start(settings: RunSettings, info: distributed.DistInfo, stream, build: Call
     if out is not None and info.is_main:  # the run can start: only now does OUTPUT appear
         out.mkdir(parents=True, exist_ok=True)
         if settings.run_config is not None:  # on resume: the saved settings with the flags given on top
-            (out / "run_config.json").write_text(json.dumps(settings.run_config, indent=2) + "\n")
+            save_run_config(out, settings.run_config)
         metrics = MetricsLog(out / "metrics.jsonl", keep_through_step=start_step if settings.resume else None)
     distributed.barrier(info)
     return Run(settings, info, stream, model, getattr(built, "config", None), optimizer, scaler, start_step, extras,

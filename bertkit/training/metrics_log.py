@@ -4,7 +4,9 @@ metrics.jsonl holds one JSON object per line: `"split": "train"` records for
 logged steps (loss, lr, grad_norm, tokens_per_s and what the caller counts)
 and `"split": "eval"` records for evaluations (the caller's metrics). A
 resumed run first drops the lines the killed run wrote after its last
-checkpoint, so the file reads as one uninterrupted run.
+checkpoint, so the file reads as one uninterrupted run: it cuts the file after the
+last line it keeps (one truncate; the lines kept are never written again), and a
+last line cut by a full disk or a crash goes with the rest.
 
 curves.png draws chosen keys against the step, one panel each: training
 values faint with a running mean on top (`train_series`; a short run, where the
@@ -16,6 +18,7 @@ caller gives them.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -26,13 +29,30 @@ class MetricsLog:
         self.path = Path(path)
         if keep_through_step is None:
             self.path.write_text("")
-        else:  # resuming: drop what the killed run logged after its last checkpoint
-            kept = [r for r in read_metrics(self.path) if r["step"] <= keep_through_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        elif self.path.is_file():  # resuming: drop what the killed run logged after its last checkpoint
+            os.truncate(self.path, _kept_bytes(self.path, keep_through_step))
 
     def __call__(self, record: dict) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def _kept_bytes(path: Path, step: int) -> int:
+    """The length of the file's leading whole records logged at or before `step` (steps only grow down the file).
+
+    Resuming rewrote the whole file in place, so a kill at that moment lost the run's history; and a run stopped
+    by a full disk in the middle of a line could not be resumed at all (a JSONDecodeError traceback on that line)."""
+    kept = 0
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:  # the line a failed append cut: nothing after it was logged
+                break
+            if not line.endswith(b"\n") or record["step"] > step:
+                break
+            kept += len(line)
+    return kept
 
 
 def read_metrics(path) -> list:

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertkit.data.atomic import replace_atomically
+from bertkit.data.atomic import replace_atomically, write_json
 from bertkit.errors import BertkitError
 from bertkit.options import RUN_CONFIG  # written when a run starts, before its first step
 from bertkit.training import distributed
@@ -102,6 +102,12 @@ def plain_data(obj, where: str = "state"):
             out._metadata = obj._metadata
         return out
     raise TypeError(f"{where} is a {type(obj).__name__}: a checkpoint holds only tensors and plain data")
+
+
+def save_run_config(run_dir, run_config: dict) -> None:
+    """RUN_CONFIG, the settings `--resume` reads back, written whole: a resumed run writes it again over the
+    one it read, and a kill or a full disk in that write left a run no `--resume` could continue."""
+    write_json(Path(run_dir) / RUN_CONFIG, run_config)
 
 
 def atomic_save(obj, path: Path) -> None:
