@@ -330,6 +330,8 @@ def test_a_flag_that_only_tunes_another_is_refused_without_it(tmp_path, capsys):
      "walks the HNSW graph instead: leave one of them out"),
     (["evaluate", "retrieval", "{c}", "--rerank-top", "5"], "--rerank-top sets how many documents --rerank's "
      "cross-encoder re-scores: give --rerank MODEL too"),
+    (["serve", "--index", "{o}", "--rerank-top", "5"], "--rerank-top sets how many documents --rerank's "
+     "cross-encoder re-scores: give --rerank MODEL too"),
     (["evaluate", "retrieval", "{c}", "--index", "{o}", "--ann", "--mode", "lexical"], "--ann sets how the dense run "
      "finds its passages, and --mode lexical ranks by BM25 alone: leave it out, or search with --mode dense or "
      "hybrid"),
