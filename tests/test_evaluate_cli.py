@@ -159,6 +159,9 @@ def test_tuning_on_the_split_scored_is_refused_without_an_index(folder, capsys):
     (["--mode", "hybrid", "--fusion", "minmax", "--rrf-k", "5"], "--rrf-k sets rrf's constant, and this search fuses "
      "by minmax: give --fusion rrf too, or leave --rrf-k out"),
     # --tune's pick replaced --alpha without an index (and --alpha replaced the pick with one)
+    # without --index the evaluation is dense by default: --tune's pick was printed, and no figure used it
+    (["--tune", "train"], "--tune train chooses hybrid's fusion, and without --index this evaluation scores dense "
+     "only: give --mode hybrid or all (with --index INDEX the pick is written into it for search and serve)"),
     (["--mode", "hybrid", "--tune", "train", "--alpha", "0.3"], "--alpha and --tune train both choose hybrid's fusion "
      "(--tune picks --fusion, --alpha and --rrf-k on that split's queries): give one or the other"),
 ])

@@ -136,6 +136,10 @@ def _check_request(directory, split: str, tune, index, dimensions: list, mode, f
     fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
     if index is None and mode != "all":  # dense by default here; with an index its mode is known once it is open
         fusion_options({"lexical": True}, {**(fusion or {}), "mode": mode or "dense"})
+    if tune is not None and index is None and mode not in ("hybrid", "all"):  # the pick was printed and not scored
+        raise BertkitError(f"--tune {tune} chooses hybrid's fusion, and without --index this evaluation scores "
+                           f"{mode or 'dense'} only: give --mode hybrid or all (with --index INDEX the pick is "
+                           "written into it for search and serve)")
     chosen = [FUSION_FLAGS[name] for name in ("fusion", "alpha", "rrf_k") if (fusion or {}).get(name) is not None]
     if tune is not None and chosen:  # the pick replaced them without an index, and they replaced the pick with one
         raise BertkitError(f"{' and '.join(chosen)} and --tune {tune} both choose hybrid's fusion (--tune picks "
