@@ -170,6 +170,23 @@ def test_an_index_of_another_corpus_is_refused_not_scored(setup, tiny_dir, tmp_p
         assert code == (0 if index != setup["index"] else 2), err
 
 
+def test_a_query_without_tokens_is_named_by_its_id_through_an_index(setup, tmp_path, capsys):
+    """Without --index a query of characters BERT drops is refused naming its id; through an index the line
+    said only "text '\u200b' yields no tokens": which of the split's queries, the user had to find."""
+    import shutil
+
+    folder = shutil.copytree(setup["folder"], tmp_path / "sf")
+    lines = (folder / "queries.jsonl").read_text(encoding="utf-8").splitlines()
+    judged = next(iter(load_beir(folder, "test").qrels))
+    edited = [json.dumps({**row, "text": "\u200b"}) if row["_id"] == judged else line
+              for line, row in ((line, json.loads(line)) for line in lines)]
+    (folder / "queries.jsonl").write_text("\n".join(edited) + "\n", encoding="utf-8")
+    assert main(["evaluate", "retrieval", str(folder), "--index", str(setup["index"]), "--dtype", "float32",
+                 "--mode", "dense", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder}/queries.jsonl _id {judged!r}: text '\\u200b' yields no tokens" in err and err.count("\n") == 1
+
+
 def test_the_recorded_query_precision_is_the_one_used(setup, tiny_dir, tmp_path, capsys):
     """With --index, the result said the --dtype asked for: "auto" (the line: "queries in auto"), and "float32"
     for queries an int8 model (a folder save_quantized wrote, which made the index) computed in int8."""

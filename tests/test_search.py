@@ -386,6 +386,17 @@ def test_queries_in_another_precision_than_the_passages_are_said(built, tiny, ca
         assert ("note: queries are embedded in bfloat16, the index's passages were in float32" in err) == noted, err
 
 
+def test_a_query_without_tokens_is_named_by_its_line(built, tmp_path, capsys):
+    """search --queries FILE with a line of characters BERT drops said "text '\u200b' yields no tokens" and not
+    which line (embed names FILE:LINE); the blank line before it is skipped but still counted."""
+    (tmp_path / "q.txt").write_text(f"{QUERIES[0]}\n\n\u200b\n{QUERIES[1]}\n", encoding="utf-8")
+    assert main(["search", str(built), "--queries", str(tmp_path / "q.txt"), "--mode", "dense"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith(f"bertkit: error: {tmp_path / 'q.txt'}:3: text '\\u200b' yields no tokens"), err
+    with pytest.raises(BertkitError, match=r"^queries\[1\]: text '\\u200b' yields no tokens"):
+        search(built, [QUERIES[0], "\u200b"], dtype="float32", fusion={"mode": "dense"})
+
+
 def test_an_empty_query_is_refused_in_every_mode(built, capsys):
     """`search INDEX "  " --mode lexical` printed "query:" and no hit, exit 0, where the dense and hybrid
     searches refused it: one line now in every mode, from the CLI and the library."""

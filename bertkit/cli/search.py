@@ -262,21 +262,23 @@ def add_search(sub):
     p.set_defaults(handler=run_search, runs_model=True)
 
 
-def _queries(args) -> list[str]:
+def _queries(args) -> tuple[list[str], object]:
+    """The queries, and names(i) naming query i in an error about it (a line without tokens: FILE:LINE)."""
     if (args.query is None) == (args.queries is None):
         raise BertkitError("give one QUERY or --queries FILE (one query per line)")
     if args.query is not None:
-        return [args.query]
+        return [args.query], lambda i: "the query"
     with open_text(existing_file(args.queries, "queries file"), "queries file") as f:
         lines = [line.strip() for line in f]
-    queries = [line for line in lines if line]
+    numbers = [n for n, line in enumerate(lines, 1) if line]
+    queries = [lines[n - 1] for n in numbers]
     if not queries:
         raise BertkitError(f"{args.queries} holds no query: write one per line")
     blank = len(lines) - len(queries)  # --json echoes no query: say which line an answer is, as embed does
     if blank:
         print(f"{args.queries}: {blank} blank line{'s' if blank > 1 else ''} skipped, so answer i is the i-th query",
               file=sys.stderr)
-    return queries
+    return queries, lambda i: f"{args.queries}:{numbers[i]}"
 
 
 def _shown(text: str, chars: int) -> str:
@@ -317,7 +319,7 @@ def run_search(args):
         args.index, args.query = None, args.index
     elif args.index is None:
         raise BertkitError("give an INDEX folder (or --qdrant PATH|URL --collection NAME)")
-    queries = _queries(args)
+    queries, names = _queries(args)
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(FusionOptions)}
     index = None if args.qdrant else open_index(args.index)
     if index is not None:
@@ -339,7 +341,7 @@ def run_search(args):
     else:
         answers = search(index, queries, depth, model=args.model, device=args.device, dtype=args.dtype,
                          batch_size=args.batch_size, block_size=args.block_size or DEFAULT_BLOCK, ann=args.ann,
-                         ef_search=args.ef_search, fusion=fusion, fast=args.speed)
+                         ef_search=args.ef_search, fusion=fusion, fast=args.speed, names=names)
     if cross is not None:
         answers = [rerank(cross, q, hits, top, args.batch_size) for q, hits in zip(queries, answers)]
     answers = [hits[: args.k] for hits in answers]

@@ -208,16 +208,17 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     tuned = None
     if tuning_data is not None:
         options = fusion_options(index.info, {**(fusion or {}), "mode": "hybrid"})
-        dense, lexical = index_runs(index, loaded, tuning_data.queries, options.depth, ann, batch_size)
+        dense, lexical = index_runs(index, loaded, tuning_data.queries, options.depth, ann, batch_size,
+                                    query_names(tuning_data.directory, list(tuning_data.queries)))
         tuned = tune_on(tuning_data, dense, lexical, options.depth)
         update_info(index.directory, command="bertkit evaluate retrieval --tune", opened=index,
                     fusion=record(tuned[0], tuning_data.split, tuned[1]))
         index.info["fusion"] = record(tuned[0], tuning_data.split, tuned[1])
-    runs, fusions, started = {}, {}, time.perf_counter()
+    runs, fusions, named, started = {}, {}, query_names(data.directory, query_ids), time.perf_counter()
     for m in modes:
         options = fusion_options(index.info, given[m])
         fusions[m] = _described(options)
-        vectors = embed_queries(index.info, loaded, texts, batch_size) if m != "lexical" else None
+        vectors = embed_queries(index.info, loaded, texts, batch_size, named) if m != "lexical" else None
         answers = search_vectors(index, vectors, depth, ann=ann, queries=texts, fusion=options)
         if rerank is not None and m == modes[-1]:
             runs[BEFORE_RERANK] = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=m == "hybrid")
@@ -265,10 +266,16 @@ def tune_on(data, dense: list, lexical: list, depth: int):
     return pick, table, data.split
 
 
-def index_runs(index, loaded, queries: dict, depth: int, ann: bool, batch_size: int):
-    """(dense, lexical): per query, best-first (doc id, score) of its `depth` best documents in the index."""
+def query_names(directory, query_ids: list):
+    """names(i): the i-th query in an error about it (one without tokens), by its id in the folder's queries."""
+    return lambda i: f"{directory}/queries.jsonl _id {query_ids[i]!r}"
+
+
+def index_runs(index, loaded, queries: dict, depth: int, ann: bool, batch_size: int, names=None):
+    """(dense, lexical): per query, best-first (doc id, score) of its `depth` best documents in the index;
+    names(i) names query i in an error about it."""
     texts = list(queries.values())
-    vectors = embed_queries(index.info, loaded, texts, batch_size)
+    vectors = embed_queries(index.info, loaded, texts, batch_size, names)
     dense, lexical = ranked_runs(index, vectors, texts, depth, "hybrid", ann=ann)
     doc_ids = document_ids(index)
     return ([[(doc_ids[int(index.document[r])], s) for r, s in run] for run in runs] for runs in (dense, lexical))
@@ -290,7 +297,7 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     doc_vectors = encode([texts[d] for d in doc_ids], loaded, settings, batch_size=batch_size, progress=progress,
                          names=lambda i: f"{data.directory}/corpus.jsonl _id {doc_ids[i]!r}")
     query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size,
-                           names=lambda i: f"{data.directory}/queries.jsonl _id {query_ids[i]!r}")
+                           names=query_names(data.directory, query_ids))
     seconds = time.perf_counter() - started
     options = fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
 

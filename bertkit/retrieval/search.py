@@ -116,12 +116,13 @@ def check_queries(queries: list) -> None:
         raise BertkitError("every query needs some text")
 
 
-def embed_queries(info: dict, loaded: Loaded, queries: list[str], batch_size: int = 32) -> np.ndarray:
-    """Unit query vectors [Q, D], made as the index's passages were (`info`: its index.json)."""
+def embed_queries(info: dict, loaded: Loaded, queries: list[str], batch_size: int = 32, names=None) -> np.ndarray:
+    """Unit query vectors [Q, D], made as the index's passages were (`info`: its index.json); names(i) names
+    query i in an error about it (a query without tokens: its file and line, its id; default "queries[i]")."""
     check_queries(queries)
     made = info["model"]
     settings = EncodingSettings(made["directory"], made["pooling"], made["max_length"], loaded.precision)
-    return encode(list(queries), loaded, settings, batch_size=batch_size)
+    return encode(list(queries), loaded, settings, batch_size=batch_size, names=names or (lambda i: f"queries[{i}]"))
 
 
 def best_documents(index: Index, query_vectors: np.ndarray, k: int = 10, *, block_size: int = DEFAULT_BLOCK,
@@ -204,7 +205,8 @@ def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
 
 def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=None, dtype=None,
            batch_size: int = 32, block_size: int = DEFAULT_BLOCK, ann: bool = False,
-           ef_search: int | None = None, fusion: FusionOptions | dict | None = None, fast=True) -> list[list[Hit]]:
+           ef_search: int | None = None, fusion: FusionOptions | dict | None = None, fast=True,
+           names=None) -> list[list[Hit]]:
     """For each query, the k best documents of `index` (`open_index(folder)`, or the folder) with their best
     passages, best first. queries: a str or an iterable of them (a list, a generator, a numpy column).
 
@@ -212,6 +214,7 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
     ann: search the HNSW graph built with the index instead of every vector (see `best_documents`).
     fusion: the mode (hybrid, dense, lexical) and how hybrid fuses (`FusionOptions`, or a dict of the
     settings given: the rest as `fusion_options` says). fast: the query encoder's fast-path settings.
+    names: names(i) names query i in an error about it (`embed_queries`).
     """
     check_k(k)
     if isinstance(index, (str, Path)):  # the index's folder, as `bertkit search INDEX` takes it
@@ -231,7 +234,7 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
         mixed = mixed_precision(index.info, loaded)
         if mixed:
             warnings.warn(mixed, stacklevel=2)
-        vectors = embed_queries(index.info, loaded, queries, batch_size)
+        vectors = embed_queries(index.info, loaded, queries, batch_size, names)
     return search_vectors(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search,
                           queries=queries, fusion=options)
 
