@@ -155,3 +155,25 @@ def test_a_hugging_face_qa_checkpoint_with_64_positions_reads_its_contexts_in_wi
     for q, c, p in zip(questions, contexts, got):  # 64 positions: questions cut at 16, windows sharing 32
         assert (p["start"], p["end"]) == squad_windows_answer(model, tok, q, c, 64, 16, 32, 30)
         assert p["answer"] == c[p["start"]:p["end"]] != ""
+
+
+def test_a_jsonl_column_of_pre_split_words_is_read_as_those_words(models, tmp_path, capsys):
+    """Hugging Face's conll2003 saved with to_json holds each sentence as a list of words ("tokens"). predict
+    read that cell as Python wrote the list, "['EU', 'rejects', ...]", and tagged the words "['EU'," and
+    "'rejects',": one tag per word, but of other words. A list of strings is now the sentence's words, joined
+    with spaces as bertkit.predict's own error asks for pre-split words; an object or a nested list is refused
+    naming the line and the column."""
+    sentences = [["EU", "rejects", "German", "call"], ["Peter", "Blackburn"], ["john", "went", "to", "paris", "."]]
+    src = tmp_path / "conll.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "tokens": s, "ner_tags": [0] * len(s)}) + "\n"
+                           for i, s in enumerate(sentences)), encoding="utf-8")
+    out = tmp_path / "p.tsv"
+    assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--text-column", "tokens", "--quiet"]) == 0
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()[1:]]
+    expected = bertkit.predict(models["ner"], [" ".join(s) for s in sentences])
+    assert [r[0].split() for r in rows] == sentences
+    assert [r[1].split() for r in rows] == [p["tags"] for p in expected]
+    src.write_text(json.dumps({"tokens": ["EU"]}) + "\n" + json.dumps({"tokens": {"EU": 1}}) + "\n", encoding="utf-8")
+    assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--text-column", "tokens", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}:2: column 'tokens' holds" in err and len(err.strip().splitlines()) == 1

@@ -156,6 +156,17 @@ def _column(row: dict, name: str, path, n: int, flag: str):
     return row[key]
 
 
+def _text(row: dict, name: str, path, n: int, flag: str) -> str:
+    """A text cell as a str: JSON null is no text and a list of strings a text's words (Hugging Face's conll2003
+    `tokens`), joined with spaces (str() wrote "['EU', 'rejects']", whose words NER tagged); an object is refused."""
+    value = _column(row, name, path, n, flag)
+    if isinstance(value, list) and all(isinstance(word, str) for word in value):
+        return " ".join(value)
+    if isinstance(value, (list, dict)):
+        raise BertkitError(f"{path}:{n}: column {name!r} holds {json.dumps(value)[:40]}, not a text or a list of words")
+    return "" if value is None else str(value)
+
+
 def read_text_examples(
     path,
     *,
@@ -172,10 +183,9 @@ def read_text_examples(
     report = ReadReport(str(path))
     out, labelled = [], False  # labelled: an earlier row had the label column
     for n, row in read_rows(path, report):
-        text = _column(row, text_column, path, n, "--text-column")
-        pair = _column(row, text_pair_column, path, n, "--text-pair-column") if text_pair_column else None
-        text = "" if text is None else str(text)
-        if not text.strip() or (text_pair_column and (pair is None or not str(pair).strip())):
+        text = _text(row, text_column, path, n, "--text-column")
+        pair = _text(row, text_pair_column, path, n, "--text-pair-column") if text_pair_column else None
+        if not text.strip() or (pair is not None and not pair.strip()):
             report.skipped["empty texts"] += 1
             continue
         label = None
@@ -185,7 +195,7 @@ def read_text_examples(
             if label is None and not keep_unlabelled:
                 report.skipped["missing labels"] += 1
                 continue
-        out.append(TextExample(text, None if pair is None else str(pair), label, n))
+        out.append(TextExample(text, pair, label, n))
         if max_examples is not None and len(out) >= max_examples:
             break
     report.kept = len(out)
@@ -251,21 +261,18 @@ def read_text_columns(path, text_column: str, pair_column: str | None = None, lo
     one line to `log`."""
     path = existing_file(path)
     report = ReadReport(str(path))
-    texts, pairs = [], []
+    rows = []
     for n, row in read_rows(path, report):
-        cells = [_column(row, name, path, n, "--text-column/--text-pair-column")
+        cells = [_text(row, name, path, n, "--text-column/--text-pair-column")
                  for name in ((text_column, pair_column) if pair_column else (text_column,))]
-        cells = ["" if cell is None else str(cell) for cell in cells]  # JSON null: no text (str() made it 'None')
-        if not all(cell.strip() for cell in cells):  # nothing to predict for: skipped as read_text_examples does
+        if all(cell.strip() for cell in cells):
+            rows.append(cells)
+        else:  # nothing to predict for: skipped as read_text_examples skips it
             report.skipped["empty texts"] += 1
-            continue
-        texts.append(cells[0])
-        if pair_column:
-            pairs.append(cells[1])
-    report.kept = len(texts)
+    report.kept = len(rows)
     if report.skipped:
         log(report.summary())
-    return texts, (pairs if pair_column else None)
+    return [r[0] for r in rows], ([r[1] for r in rows] if pair_column else None)
 
 
 def read_text_lines(path) -> list[str]:
@@ -320,10 +327,8 @@ def check_known_labels(labels, label2id: dict, where: str) -> None:
         seen.update(lab if isinstance(lab, list) else [lab])
     unknown = sorted(seen - set(label2id))
     if unknown:
-        raise BertkitError(
-            f"{where}: labels {unknown[:10]} do not occur in the training labels {sorted(label2id)}; "
-            "fix the labels or add training examples for them"
-        )
+        raise BertkitError(f"{where}: labels {unknown[:10]} do not occur in the training labels {sorted(label2id)}; "
+                           "fix the labels or add training examples for them")
 
 
 # --- CoNLL -----------------------------------------------------------------
@@ -372,16 +377,12 @@ def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: boo
                 continue
             if tagged:
                 if len(cols) < 2:
-                    raise BertkitError(
-                        f"{path}:{n}: {line.strip()!r} has {len(cols)} column; a tagged CoNLL line needs "
-                        "'token ... TAG' separated by spaces"
-                    )
+                    raise BertkitError(f"{path}:{n}: {line.strip()!r} has {len(cols)} column; a tagged CoNLL line "
+                                       "needs 'token ... TAG' separated by spaces")
                 width = width or len(cols)
                 if len(cols) != width:
-                    raise BertkitError(
-                        f"{path}:{n}: {len(cols)} columns where earlier lines have {width}; "
-                        "tokens and tags are misaligned on this line"
-                    )
+                    raise BertkitError(f"{path}:{n}: {len(cols)} columns where earlier lines have {width}; "
+                                       "tokens and tags are misaligned on this line")
             for flag, column in (("--token-column", token_column), ("--tag-column", tag_column if tagged else 0)):
                 if not -len(cols) <= column < len(cols):  # was an IndexError
                     raise BertkitError(f"{path}:{n}: no column {column} ({flag}): the line has {len(cols)}, numbered "
