@@ -177,3 +177,20 @@ def test_a_jsonl_column_of_pre_split_words_is_read_as_those_words(models, tmp_pa
     assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--text-column", "tokens", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"{src}:2: column 'tokens' holds" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_model_whose_labels_share_a_name_is_refused_naming_them(models, tmp_path):
+    """config.json's id2label naming one label twice (a hand-edited or badly converted checkpoint): predict gave
+    {'label': 'pos', 'label_id': 0, 'probabilities': {'pos': 0.495}}, the second label's probability under the
+    first's name and the first's lost, and evaluate mode scored a correct 'pos' as wrong (label2id keeps one id).
+    Now refused before anything runs, naming the label and its ids."""
+    import shutil
+
+    folder = tmp_path / "twice"
+    shutil.copytree(models["classify"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(id2label={"0": "pos", "1": "pos"}, label2id={"pos": 1})
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BertkitError, match=r"names 'pos' for labels 0 and 1"):
+        bertkit.predict(folder, ["the movie was good ."])
+    assert len(bertkit.predict(models["classify"], ["the movie was good ."])[0]["probabilities"]) == 2

@@ -107,8 +107,15 @@ class Task:
         return self.single or not (self.takes_pairs(info) or info.get("inferred"))
 
     def labels(self, config) -> list | None:
-        """The label names its predictions use (config.json's id2label), None when they name none."""
-        return config.labels if self.labelled else None
+        """The label names its predictions use (config.json's id2label), None when they name none. Two labels of
+        one name are refused: a prediction's probabilities by name kept one of them, and evaluate mode's
+        label2id one id (a correct prediction of the other scored as wrong)."""
+        names, first = (config.labels if self.labelled else None), {}
+        for i, name in enumerate(names or ()):
+            if first.setdefault(name, i) != i:
+                raise BertkitError(f"config.json's id2label names {name!r} for labels {first[name]} and {i}: "
+                                   "predictions could not tell them apart; give each label its own name there")
+        return names
 
     def can_rerank(self, info: dict, labels) -> bool:
         """A cross-encoder: trained on (query, text) pairs, one score per pair: a regression's score,
