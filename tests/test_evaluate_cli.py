@@ -8,6 +8,9 @@ import pytest
 from conftest import need
 from test_retrieval_beir import scifact_slice
 from bertkit.cli import main
+from bertkit.errors import BertkitError
+
+MEASURES = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +153,27 @@ def test_tuning_on_the_split_scored_is_refused_without_an_index(folder, capsys):
     assert main(["evaluate", "retrieval", str(folder), "--mode", "hybrid", "--tune", "test"]) == 2
     err = capsys.readouterr().err
     assert "--tune test is the split being scored" in err and "\n" not in err.strip()
+
+
+def test_a_lexical_evaluation_loads_no_model_and_scores_as_the_lexical_row_of_mode_all(folder, tiny_dir, tmp_path,
+                                                                                     capsys):
+    """evaluate retrieval DIR --mode lexical loaded the model and embedded the whole corpus and every query, for
+    a BM25 figure that used none of it (minutes with the default model on SciFact). Its figures equal the
+    lexical row of --mode all, which does embed; a model folder that does not exist is not even looked for,
+    and the line says no model was used."""
+    from bertkit.retrieval.evaluation import evaluate_retrieval
+
+    every = evaluate_retrieval(str(tiny_dir), folder, "test", mode="all", progress=False)["modes"]["lexical"]
+    assert main(["evaluate", "retrieval", str(folder), "--mode", "lexical", "--model", "no/such/model", "--quiet",
+                 "-o", str(tmp_path / "m.json")]) == 0
+    alone = json.loads((tmp_path / "m.json").read_text())
+    assert {m: alone[m] for m in MEASURES} == {m: every[m] for m in MEASURES}
+    assert alone["model"] is None and alone["fusion"] == {"mode": "lexical"}
+    printed = capsys.readouterr().out
+    assert "BM25 alone over whole documents (stemmed): no model used" in printed
+    assert f"| model, lexical (BM25, stemmed) | {alone['ndcg@10']:.4f} |" in printed
+    with pytest.raises(BertkitError, match="not --index, nor --mode lexical"):
+        evaluate_retrieval(None, folder, "test", mode="lexical", dimensions=[8])
 
 
 @pytest.mark.parametrize("argv, says", [

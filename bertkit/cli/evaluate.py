@@ -143,7 +143,8 @@ def run_evaluate_retrieval(args):
     empty = result.get("documents_without_tokens")
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents"
           + (f" ({empty} without any token, left out of the ranking as bertkit index leaves them out)" if empty else "") + "; "
-          f"{result['model']} ({_precision(result)}, max length {result['max_length']}, {result['pooling']} pooling)"
+          + (f"{result['model']} ({_precision(result)}, max length {result['max_length']}, {result['pooling']} pooling)"
+             if result["model"] is not None else "BM25 alone over whole documents (stemmed): no model used")
           + (f"; through {args.index}{' (HNSW)' if args.ann else ''}" if args.index else "")
           + (f", top {top} reranked by {args.rerank}" if args.rerank else ""))
     if "tuning" in result:
