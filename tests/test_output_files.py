@@ -194,3 +194,34 @@ def test_a_model_folder_saved_on_a_full_disk_keeps_each_file_whole(classifier, t
     monkeypatch.undo()
     assert (out / name).read_bytes() == old[Path(name)]  # was: its first nbytes bytes
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == sorted(old)
+
+
+def test_a_runs_dev_predictions_on_a_full_disk_are_whole_or_the_old_ones(tmp_path, monkeypatch):
+    """finetune classify/pair/... and ner stream their dev predictions into the output folder at the end of a run:
+    a kill or a full disk there left the first k rows, a file that read as whole (fewer dev rows than the dev
+    set). Now the table is written whole or the one that stood there stays, byte for byte."""
+    import builtins
+    import io
+    from types import SimpleNamespace
+
+    from killed_write import stopping_open
+    from bertkit.tasks.classification import write_predictions
+    from bertkit.tasks.ner import write_conll
+
+    examples = [SimpleNamespace(text=f"text {i}", text_pair=None, label="pos") for i in range(50)]
+    preds = [{"label": "neg", "probabilities": {"neg": 0.75, "pos": 0.25}}] * 50
+    sentences = [SimpleNamespace(words=["a", "cat"], tags=["O", "B-ANIMAL"]) for _ in range(50)]
+    writes = {"dev_predictions.tsv": lambda p: write_predictions(p, examples, preds, "single_label_classification"),
+              "dev_predictions.conll": lambda p: write_conll(p, sentences, [["O", "B-ANIMAL"]] * 50, "iob2")}
+    for name, write in writes.items():
+        out = tmp_path / name
+        out.write_bytes(OLD)
+        monkeypatch.setattr(builtins, "open", stopping_open(name, 300, None, io.open))
+        monkeypatch.setattr(io, "open", builtins.open)
+        with pytest.raises(OSError, match="No space left"):
+            write(out)
+        monkeypatch.undo()
+        assert out.read_bytes() == OLD  # was: its first 300 bytes
+        write(out)
+        assert out.read_text(encoding="utf-8").count("\n") == (51 if name.endswith(".tsv") else 150)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(writes)

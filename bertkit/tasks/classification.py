@@ -47,7 +47,7 @@ from bertkit.tasks.batching import run_model
 from bertkit.tasks.config import TextTaskConfig
 from bertkit.data.tables import check_known_labels, label_names, looks_like_scores, read_text_examples, tsv_cell
 from bertkit.tasks.registry import task_for
-from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
+from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json, write_lines
 from bertkit.tasks.text_inference import decode, make_features, pool_windows, score
 from bertkit.tasks.trainer import train
 from bertkit.model.heads import BertForSequenceClassification, HeadOutput
@@ -65,19 +65,22 @@ def read_split(cfg: TextTaskConfig, path, max_examples, log):
 
 
 def write_predictions(path, examples, preds, problem_type: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        pair = any(e.text_pair is not None for e in examples)
-        head = ["text"] + (["text_pair"] if pair else []) + ["gold", "predicted", "probabilities" if problem_type != REGRESSION else "score"]
-        f.write("\t".join(head) + "\n")
-        for e, p in zip(examples, preds):
-            gold = ",".join(e.label) if isinstance(e.label, list) else str(e.label)
-            if problem_type == REGRESSION:
-                pred, extra = f"{p['score']:.4f}", f"{p['score']:.4f}"
-            else:
-                pred = ",".join(p["labels"]) if problem_type == MULTI_LABEL else p["label"]
-                extra = " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
-            row = [e.text] + ([e.text_pair or ""] if pair else []) + [gold, pred, extra]
-            f.write("\t".join(map(tsv_cell, row)) + "\n")
+    write_lines(path, prediction_lines(examples, preds, problem_type))  # whole or not at all
+
+
+def prediction_lines(examples, preds, problem_type: str):
+    pair = any(e.text_pair is not None for e in examples)
+    head = ["text"] + (["text_pair"] if pair else []) + ["gold", "predicted", "probabilities" if problem_type != REGRESSION else "score"]
+    yield "\t".join(head) + "\n"
+    for e, p in zip(examples, preds):
+        gold = ",".join(e.label) if isinstance(e.label, list) else str(e.label)
+        if problem_type == REGRESSION:
+            pred, extra = f"{p['score']:.4f}", f"{p['score']:.4f}"
+        else:
+            pred = ",".join(p["labels"]) if problem_type == MULTI_LABEL else p["label"]
+            extra = " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
+        row = [e.text] + ([e.text_pair or ""] if pair else []) + [gold, pred, extra]
+        yield "\t".join(map(tsv_cell, row)) + "\n"
 
 
 def _labels(cfg: TextTaskConfig, kind: str, train_ex, dev_ex) -> tuple[dict, list | None, dict | None]:

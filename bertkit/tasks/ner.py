@@ -34,7 +34,7 @@ from bertkit.metrics import tasks as M
 from bertkit.tasks.config import NerConfig
 from bertkit.data.tables import check_known_labels, read_conll
 from bertkit.tasks.registry import task_for
-from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
+from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json, write_lines
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.ner_inference import decode, make_features, to_training_tags
 from bertkit.tasks.trainer import train
@@ -53,12 +53,15 @@ def evaluate_sentences(model, tok, sentences, names, cfg: NerConfig, progress=Fa
 
 
 def write_conll(path, sentences, pred, scheme: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    """word gold predicted, a blank line after each sentence: written whole or not at all (`write_lines`)."""
+
+    def lines():
         for s, p in zip(sentences, pred):
             p = M.iob2_to_iob1(p) if scheme == "iob1" else p
-            for w, g, t in zip(s.words, s.tags, p):
-                f.write(f"{w} {g} {t}\n")
-            f.write("\n")
+            yield from (f"{w} {g} {t}\n" for w, g, t in zip(s.words, s.tags, p))
+            yield "\n"
+
+    write_lines(path, lines())
 
 
 # what the dev scores hold beside an epoch's figures (`METRICS["ner"]` in bertkit.tasks.registry): kept in

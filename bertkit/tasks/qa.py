@@ -21,7 +21,7 @@ from bertkit.data.tables import read_squad
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.qa_inference import SETTINGS, best_answers, make_features, score
 from bertkit.tasks.registry import task_for
-from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json
+from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json, write_lines
 from bertkit.tasks.trainer import train
 from bertkit.model.heads import BertForQuestionAnswering
 
@@ -77,7 +77,7 @@ def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
         preds = result.best_predictions or answer(model, tok, dev_ex, cfg)  # a resumed run may lack them
         final["dev"] = score(dev_ex, preds, cfg.version_2)
         final["dev_questions"] = len(dev_ex)
-        (out / "dev_predictions.json").write_text(
-            json.dumps({ex.id: p["answer"] for ex, p in zip(dev_ex, preds)}, indent=1, ensure_ascii=False))
+        answers = {ex.id: p["answer"] for ex, p in zip(dev_ex, preds)}  # SQuAD's predictions file: id -> answer
+        write_lines(out / "dev_predictions.json", [json.dumps(answers, indent=1, ensure_ascii=False)])
     write_json(out / "metrics.json", final)
     return final

@@ -97,3 +97,9 @@ def saver(output_dir, tokenizer, task_info: dict):
 def write_json(path, data) -> None:
     """A run's JSON (metrics.json), written atomically, non-ASCII text as it is."""
     atomic.write_json(path, data, ensure_ascii=False)
+
+
+def write_lines(path, lines) -> None:
+    """A run's dev predictions (the texts of `lines`), written whole or not at all: streamed into the output
+    folder, a kill or a full disk at the end of a run left the first k rows, a file that read as whole."""
+    atomic.write_lines(path, lines)
