@@ -170,6 +170,28 @@ def test_an_index_of_another_corpus_is_refused_not_scored(setup, tiny_dir, tmp_p
         assert code == (0 if index != setup["index"] else 2), err
 
 
+def test_a_lexical_evaluation_through_an_index_needs_no_model(setup, tmp_path, capsys):
+    """evaluate --index INDEX --mode lexical loaded the index's model to embed no query: an index whose model
+    folder is gone (copied to another machine) was refused, "pass --model DIR", where `bertkit search --mode
+    lexical` answers. It scores now as the index with its model does, and says no query was embedded."""
+    import shutil
+
+    moved = shutil.copytree(setup["index"], tmp_path / "moved")
+    info = json.loads((moved / "index.json").read_text())
+    info["model"]["directory"] = str(tmp_path / "gone")
+    (moved / "index.json").write_text(json.dumps(info))
+    scores = {}
+    for index in (setup["index"], moved):
+        out = tmp_path / f"{index.name}.json"
+        assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(index), "--mode", "lexical",
+                     "--quiet", "-o", str(out)]) == 0
+        scores[index.name] = {m: json.loads(out.read_text())[m] for m in MEASURES}
+    assert scores["moved"] == scores[setup["index"].name]
+    assert "no query embedded (lexical), the index's passages in float32" in capsys.readouterr().out
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(moved), "--mode", "dense"]) == 2
+    assert "pass --model DIR" in capsys.readouterr().err  # the dense search does need it
+
+
 def test_a_query_without_tokens_is_named_by_its_id_through_an_index(setup, tmp_path, capsys):
     """Without --index a query of characters BERT drops is refused naming its id; through an index the line
     said only "text '\u200b' yields no tokens": which of the split's queries, the user had to find."""

@@ -167,7 +167,8 @@ def _precision(result: dict) -> str:
     index = result.get("index")
     if index is None:
         return result["precision"]
-    return f"queries in {result['precision']}, the index's passages in {index['precision']}"
+    queries = "no query embedded (lexical)" if result["precision"] is None else f"queries in {result['precision']}"
+    return f"{queries}, the index's passages in {index['precision']}"
 
 
 def run_evaluate_sts(args):

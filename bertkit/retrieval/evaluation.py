@@ -206,7 +206,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     given = {m: {**((fusion or {}) if m == "hybrid" or len(modes) == 1 else {}), "mode": m} for m in modes}
     for m in modes:
         fusion_options(index.info, given[m])  # a setting this search would not use, refused before the model loads
-    loaded = query_encoder(index.info, model, None, dtype, fast)
+    # a lexical search embeds no query: its model is not needed (nor there, for an index copied elsewhere)
+    loaded = query_encoder(index.info, model, None, dtype, fast) if modes != ["lexical"] or tuning_data else None
     tuned = None
     if tuning_data is not None:
         options = fusion_options(index.info, {**(fusion or {}), "mode": "hybrid"})
@@ -234,7 +235,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     figures = {m: {**scored[m], "fusion": fusions[m]} for m in modes}
     made = index.info["model"]
     # the precision the queries ran in, not --dtype: "auto" resolved, and an int8 model's folder runs in int8
-    result = {**figures[modes[-1]], "model": made["directory"], "precision": loaded.precision, "mode": modes[-1],
+    result = {**figures[modes[-1]], "model": made["directory"], "precision": loaded and loaded.precision,
+              "mode": modes[-1],
               "max_length": made["max_length"], "pooling": made["pooling"], "dataset": str(data.directory),
               "queries": len(query_ids), "documents": len(data.corpus),
               "index": {"directory": str(index.directory), "passages": index.info["passages"],
