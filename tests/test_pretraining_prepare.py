@@ -503,3 +503,28 @@ def test_a_latin1_corpus_stops_with_the_fix_and_reads_with_encoding(tmp_path, ca
     assert ds.manifest["config"]["encoding"] == "latin-1" and ds.manifest["corpus"]["skips"] == {}
     text = ds.tokenizer().decode([int(t) for t in ds.corpus_tokens()])
     assert "café" in text and "forêt" in text and "Ça" in text and "[UNK]" not in text
+
+
+def test_a_prepare_stopped_by_a_full_disk_at_the_corpus_fingerprint_runs_again(tmp_path, monkeypatch):
+    """corpus/fingerprint.json (what the consolidated corpus was made from, which a later run reads to skip the
+    work) was written in place after the corpus folder was published: a full disk or a kill in that write left it
+    cut, and every later `pretrain prepare` into the folder died on it with a JSONDecodeError traceback. It is
+    published with the corpus folder now; the run after the failure prepares the folder."""
+    import builtins
+    import io
+
+    from killed_write import stopping_open
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for d in range(3):
+        (corpus / f"{d}.txt").write_text(" ".join(f"Document {d} says thing number {i}." for i in range(30)) + "\n")
+    cfg = PrepareConfig(documents="file", dupe_factor=1, workers=1)
+    monkeypatch.setattr(builtins, "open", stopping_open("fingerprint.json", 10, None, io.open))
+    monkeypatch.setattr(io, "open", builtins.open)
+    with pytest.raises(OSError, match="No space left"):
+        prepare([corpus], tmp_path / "out", cfg, progress=False)
+    monkeypatch.undo()
+    summary = prepare([corpus], tmp_path / "out", cfg, progress=False)  # was: JSONDecodeError on the cut file
+    assert summary.instances > 0 and len(PretrainingDataset(tmp_path / "out")) == summary.instances
+    assert json.loads((tmp_path / "out" / "corpus" / "fingerprint.json").read_text())["inputs"]

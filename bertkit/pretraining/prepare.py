@@ -316,10 +316,19 @@ def _corpus_stage(shards: list, out: Path, tok_settings: dict, vocab_size: int) 
                  "settings": tok_settings}
     marker = out / "corpus" / "corpus.json"
     fp_file = out / "corpus" / "fingerprint.json"
-    if not (marker.is_file() and fp_file.is_file() and json.loads(fp_file.read_text()) == corpus_fp):
-        consolidate(shards, out / "corpus", vocab_size)
-        (out / "corpus" / "fingerprint.json").write_text(json.dumps(corpus_fp))
+    if not (marker.is_file() and _read_fingerprint(fp_file) == corpus_fp):
+        # the fingerprint is published with the corpus folder: written after it, in place, a kill or a full disk
+        # there left it cut, and every later run over the folder died on it (a JSONDecodeError traceback)
+        consolidate(shards, out / "corpus", vocab_size, corpus_fp)
     return corpus_fp
+
+
+def _read_fingerprint(path: Path) -> dict | None:
+    """What a corpus folder says it was made from; None when it says nothing readable (it is made again)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, cut (an older bertkit wrote it in place), not UTF-8
+        return None
 
 
 def _summarise(stats, blocks: list, out: Path) -> Summary:

@@ -116,8 +116,9 @@ def read_shard_stats(shard: Path) -> CorpusStats:
     return CorpusStats.from_dict(json.loads((shard / "stats.json").read_text())["stats"])
 
 
-def consolidate(shards: list, out: Path, vocab_size: int) -> dict:
-    """Concatenate shards into out/ (tokens, global sentence and document offsets); returns counts."""
+def consolidate(shards: list, out: Path, vocab_size: int, fingerprint: dict | None = None) -> dict:
+    """Concatenate shards into out/ (tokens, global sentence and document offsets); returns counts.
+    `fingerprint` (what the corpus was made from) goes in as fingerprint.json, published with the rest."""
     counts = {"tokens": 0, "sentences": 0, "documents": 0}
     for shard in shards:
         st = read_shard_stats(shard)
@@ -145,6 +146,8 @@ def consolidate(shards: list, out: Path, vocab_size: int) -> dict:
         arr.flush()
     del tokens, sent_offsets, doc_offsets
     (tmp / "corpus.json").write_text(json.dumps(counts))
+    if fingerprint is not None:
+        (tmp / "fingerprint.json").write_text(json.dumps(fingerprint))
     _publish(tmp, out)
     return counts
 
