@@ -321,6 +321,9 @@ def test_a_flag_that_only_tunes_another_is_refused_without_it(tmp_path, capsys):
     (["index", "export", "{o}", "--qdrant", "{q}", "--collection", "c", "--ann", "hnsw"], "--ann sets what a build "
      "makes, and index export copies INDEX as it is: bertkit index add INDEX adds a graph or a lexical part, bertkit "
      "index CORPUS -o INDEX --overwrite builds it again"),
+    # both: --overwrite was ignored, and a finished index was refused with "pass --overwrite to replace it"
+    (["index", "{c}", "-o", "{o}", "--resume", "--overwrite"], "--resume continues an interrupted build and "
+     "--overwrite starts it again: give one"),
     # search: --rerank-top without a reranker reranked nothing
     (["search", "{o}", "q", "--rerank-top", "5"], "--rerank-top sets how many documents --rerank's cross-encoder "
      "re-scores: give --rerank MODEL too"),

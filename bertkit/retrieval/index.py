@@ -148,6 +148,8 @@ def _passage_lines(passages: list[Passage]) -> list[bytes]:
 # --- building ----------------------------------------------------------------------------------
 
 def _prepare_folder(out: Path, resume: bool, overwrite: bool = False) -> None:
+    if resume and overwrite:  # one was ignored (and a finished index's refusal said "pass --overwrite" to it)
+        raise BertkitError("--resume continues an interrupted build and --overwrite starts it again: give one")
     if overwrite and not resume and ((out / INDEX_JSON).is_file() or (out / BUILD_JSON).is_file()):
         _empty(out)  # an index's folder holds only what a build wrote (it started empty)
     if (out / INDEX_JSON).is_file():
