@@ -54,7 +54,10 @@ def test_add_refuses_what_is_there_and_rebuilds_a_graph_only_with_overwrite(made
     index = made / "whole"
     for argv, message in [([], "nothing to add"),
                           (["--ann", "hnsw"], "has an HNSW graph already (M 32, efConstruction 200): pass --overwrite"),
-                          (["--ann", "hnsw", "--ann-m", "1"], "--ann-m must be an int of at least 2, got 1")]:
+                          (["--ann", "hnsw", "--ann-m", "1"], "--ann-m must be an int of at least 2, got 1"),
+                          # the graph was built again and --bm25-k1 ignored: the lexical part is never rebuilt
+                          (["--ann", "hnsw", "--overwrite", "--bm25-k1", "0.9"], "--bm25-k1: " + str(index) +
+                           " has its lexical part already (k1 1.5, b 0.75), and index add does not build it again")]:
         assert main(["index", "add", str(index), "--quiet", *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err

@@ -181,8 +181,15 @@ def _print_parts(info: dict) -> None:
 
 def run_add(args):
     from bertkit.retrieval.extend import add_parts
+    from bertkit.retrieval.index import open_index
 
     _refuse_unused(args, "add")
+    given = [flag for dest, flag in BM25_FLAGS.items() if getattr(args, dest) is not None]
+    have = open_index(args.exported).info.get("lexical") if given else None
+    if have:  # add_parts builds a lexical part only where there is none: the settings were ignored
+        raise BertkitError(f"{' and '.join(given)}: {args.exported} has its lexical part already (k1 {have['k1']}, b "
+                           f"{have['b']}), and index add does not build it again: build the index again with them "
+                           "(bertkit index CORPUS -o INDEX --overwrite)")
     added = add_parts(args.exported, ann=args.ann, lexical=_lexical_options(args), overwrite=args.overwrite,
                       progress=not args.quiet, **_given(args, HNSW_FLAGS))
     print(f"{args.exported}: added {' and '.join(added)}, made from its own files (nothing encoded again)")
