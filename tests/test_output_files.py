@@ -130,11 +130,15 @@ def model_saver(out: Path):
 
 
 def static_saver(out: Path):
+    """A call saving a static model folder into `out`, as `finetune embed --static` saves each better epoch."""
     import torch
 
     from bertkit.model.static import StaticEmbedding, save_static
+    from bertkit.text.tokenizer import Tokenizer
+    from bertkit.text.tokenizer_json import write_tokenizer_json
 
-    return lambda: save_static(StaticEmbedding(torch.ones(30, 4), normalize=True), out)
+    tok = Tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(25))])
+    return lambda: write_tokenizer_json(tok, save_static(StaticEmbedding(torch.ones(30, 4), normalize=True), out), 64)
 
 
 KILLED_SAVE = """
@@ -168,7 +172,8 @@ def test_a_model_saved_over_its_folder_and_killed_leaves_its_vocabulary_whole(cl
 
 @pytest.mark.parametrize("saver, name, nbytes", [
     (model_saver, "config.json", 200), (model_saver, "vocab.txt", 1000), (model_saver, "tokenizer_config.json", 50),
-    (static_saver, "modules.json", 40), (static_saver, "config_sentence_transformers.json", 20)])
+    (static_saver, "modules.json", 40), (static_saver, "config_sentence_transformers.json", 20),
+    (static_saver, "0_StaticEmbedding/tokenizer.json", 100)])
 def test_a_model_folder_saved_on_a_full_disk_keeps_each_file_whole(classifier, tmp_path, monkeypatch, saver, name,
                                                                    nbytes):
     """The same save failing after a partial write (ENOSPC, a full disk, in this process): each small file of a
@@ -187,7 +192,7 @@ def test_a_model_folder_saved_on_a_full_disk_keeps_each_file_whole(classifier, t
         shutil.rmtree(out)
         shutil.copytree(classifier, out)
     old = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    monkeypatch.setattr(builtins, "open", stopping_open(name, nbytes, None, io.open))
+    monkeypatch.setattr(builtins, "open", stopping_open(Path(name).name, nbytes, None, io.open))
     monkeypatch.setattr(io, "open", builtins.open)
     with pytest.raises(OSError, match="No space left"):
         save()

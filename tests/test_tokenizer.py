@@ -13,7 +13,7 @@ import pytest
 
 from bertkit.text.basic_tokenizer import basic_words, is_control, is_punctuation, is_whitespace
 from bertkit.errors import BertkitError
-from bertkit.text.encoding import format_encoding
+from bertkit.cli.text import format_encoding
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.wordpiece import wordpiece
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from bertkit.data.textfiles import stdin_lines
 from bertkit.options import add_options, count, from_args
-from bertkit.text.encoding import format_encoding
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files, vocab_file
 from bertkit.text.vocab import CONTINUATION, check_has_words
@@ -54,6 +53,22 @@ def run_tokenize(args):
             print(json.dumps(enc.to_dict(), ensure_ascii=False))
         else:
             print(("\n" if number else "") + format_encoding(tok, enc, text, args.pair))
+
+
+def format_encoding(tok, enc, text: str, pair: str | None = None) -> str:
+    """A readable table of an encoding (what `bertkit tokenize` prints): position, token, id, segment,
+    offsets, substring."""
+    rows = [("pos", "token", "id", "seg", "word", "offsets", "text")]
+    for i, (t, tid, seg, w, (s, e), sid) in enumerate(
+        zip(enc.tokens, enc.input_ids, enc.token_type_ids, enc.word_ids, enc.offsets, enc.sequence_ids)
+    ):
+        source = text if sid == 0 else pair if sid == 1 else None
+        sub = repr(source[s:e]) if source is not None else ""
+        rows.append((str(i), t, str(tid), str(seg), "" if w is None else str(w), f"{s}:{e}" if sid is not None else "", sub))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(r)).rstrip() for r in rows]
+    lines.append(f"{len(enc)} tokens, {enc.attention_mask.count(1)} attended")
+    return "\n".join(lines)
 
 
 def add_vocab(sub):

@@ -274,18 +274,3 @@ def as_tensors(data: dict, return_tensors) -> dict:
 
         return {k: np.array(v, dtype=np.int64) for k, v in data.items()}
     return data
-
-
-def format_encoding(tok, enc: Encoding, text: str, pair: str | None = None) -> str:
-    """A readable table of an encoding: position, token, id, segment, offsets, substring."""
-    rows = [("pos", "token", "id", "seg", "word", "offsets", "text")]
-    for i, (t, tid, seg, w, (s, e), sid) in enumerate(
-        zip(enc.tokens, enc.input_ids, enc.token_type_ids, enc.word_ids, enc.offsets, enc.sequence_ids)
-    ):
-        source = text if sid == 0 else pair if sid == 1 else None
-        sub = repr(source[s:e]) if source is not None else ""
-        rows.append((str(i), t, str(tid), str(seg), "" if w is None else str(w), f"{s}:{e}" if sid is not None else "", sub))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(r)).rstrip() for r in rows]
-    lines.append(f"{len(enc)} tokens, {enc.attention_mask.count(1)} attended")
-    return "\n".join(lines)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bertkit.data.atomic import write_lines
 from bertkit.errors import BertkitError
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.tokenizer_config import pipeline_settings
@@ -83,7 +84,9 @@ def tokenizer_json(tok: Tokenizer, max_length: int | None = None) -> dict:
 def write_tokenizer_json(tok: Tokenizer, directory, max_length: int | None = None) -> Path:
     """Write `directory`/tokenizer.json for `tok` (cutting texts at `max_length` tokens if given); returns its path."""
     path = Path(directory) / TOKENIZER_JSON
-    path.write_text(json.dumps(tokenizer_json(tok, max_length), ensure_ascii=False) + "\n", encoding="utf-8")
+    # whole or not at all (bertkit.data.atomic): `finetune embed --static` saves each better epoch over the last,
+    # and a kill or a full disk in this write left the folder's model unloadable ("tokenizer.json is not valid JSON")
+    write_lines(path, [json.dumps(tokenizer_json(tok, max_length), ensure_ascii=False) + "\n"])
     return path
 
 
