@@ -321,6 +321,10 @@ def test_a_flag_that_only_tunes_another_is_refused_without_it(tmp_path, capsys):
     (["index", "export", "{o}", "--qdrant", "{q}", "--collection", "c", "--ann", "hnsw"], "--ann sets what a build "
      "makes, and index export copies INDEX as it is: bertkit index add INDEX adds a graph or a lexical part, bertkit "
      "index CORPUS -o INDEX --overwrite builds it again"),
+    (["index", "add", "{o}", "--ann", "hnsw", "-o", "{q}"], "-o/--output sets the folder a build writes, and index "
+     "add writes into INDEX itself: leave it out"),
+    (["index", "add", "{o}", "--resume"], "--resume sets that a build goes on after a kill, and index add needs none "
+     "(INDEX gains its record last: a kill leaves it as it was): leave it out"),
     # both: --overwrite was ignored, and a finished index was refused with "pass --overwrite to replace it"
     (["index", "{c}", "-o", "{o}", "--resume", "--overwrite"], "--resume continues an interrupted build and "
      "--overwrite starts it again: give one"),

@@ -112,6 +112,10 @@ def _refuse_unused(args, command: str) -> None:
     if command == "add":
         refuse_without(args, BUILD_FLAGS, "how a build encodes a corpus, and index add encodes nothing (it makes its "
                        "parts from INDEX's own files)", "build again with bertkit index CORPUS -o INDEX --overwrite")
+        refuse_without(args, {"output": "-o/--output"}, "the folder a build writes, and index add writes into INDEX "
+                       "itself", "leave it out")
+        refuse_without(args, {"resume": "--resume"}, "that a build goes on after a kill, and index add needs none "
+                       "(INDEX gains its record last: a kill leaves it as it was)", "leave it out")
     if args.ann is None:
         refuse_without(args, HNSW_FLAGS, "the HNSW graph --ann hnsw builds", "give --ann hnsw too (without it no "
                        "graph is built)")
