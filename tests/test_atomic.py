@@ -72,6 +72,27 @@ def test_weights_saved_over_a_model_are_whole_or_the_old_ones(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
 
 
+def test_saved_weights_get_the_mode_any_new_file_gets(tmp_path):
+    """safetensors' save_file replaces the file it writes with one only its owner can read (0600), whatever the
+    umask: a model folder saved by one user could not be served by another (a service account, a teammate)."""
+    import os
+    import stat
+
+    import torch
+
+    from bertkit.model.checkpoint import save_tensors
+
+    old = os.umask(0o022)
+    try:
+        (tmp_path / "plain.txt").write_text("x")  # what the umask gives any new file: the reference
+        save_tensors(tmp_path / "model.safetensors", {"w": torch.arange(4.0)}, {"format": "pt"})
+    finally:
+        os.umask(old)
+    expected = stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode)
+    assert expected == 0o644
+    assert stat.S_IMODE((tmp_path / "model.safetensors").stat().st_mode) == expected
+
+
 WRITER = ("import sys\nfrom bertkit.data.atomic import replace_atomically\n"
           "def write(f):\n    f.write(b'A' * 1000)\n    f.flush()\n    print('writing', flush=True)\n"
           "    sys.stdin.readline()\n    f.write(b'A' * 1000)\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 
 
@@ -38,6 +39,9 @@ def write_through(path, write_to) -> None:
     held = _hold(tmp, path)
     try:
         write_to(tmp)
+        # safetensors' save_file puts a file of its own at tmp, readable by its owner alone (0600) whatever the
+        # umask, and other users could not load the model; give it the mode our own open(tmp) got under it
+        os.chmod(tmp, stat.S_IMODE(os.fstat(held).st_mode))
         with open(tmp, "rb+") as f:  # fsync works on any descriptor of the file: its bytes reach the disk
             os.fsync(f.fileno())
         os.replace(tmp, path)
