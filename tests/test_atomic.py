@@ -128,3 +128,25 @@ def test_a_second_writer_of_one_file_is_refused_while_the_first_writes(tmp_path,
     assert path.read_bytes() == b"A" * 2000  # the first writer's file, whole
     replace_atomically(path, lambda f: f.write(b"B" * 10))  # it is done: the next write goes through
     assert path.read_bytes() == b"B" * 10 and sorted(p.name for p in tmp_path.iterdir()) == ["t.txt", "v.npy"]
+
+
+def test_a_second_writer_of_one_weights_file_is_refused_while_the_first_writes(tmp_path):
+    """safetensors' save_file puts a new file at the path it is given: the flock the first writer held on
+    NAME.tmp was on the file save_file replaced, so a second writer of model.safetensors (two runs saving into
+    one folder) locked the new NAME.tmp and wrote over the first's weights before they were renamed into place.
+    The lock is on a file no library replaces now: the second is refused, the first's weights land whole."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from bertkit.data.atomic import write_through
+
+    path = tmp_path / "model.safetensors"
+
+    def first(tmp):
+        save_file({"w": torch.ones(3)}, str(tmp))  # NAME.tmp is save_file's new file from here on
+        with pytest.raises(BlockingIOError, match="is being written by another process right now"):
+            write_through(path, lambda t: save_file({"w": torch.zeros(3)}, str(t)))
+
+    write_through(path, first)
+    assert load_file(str(path))["w"].tolist() == [1.0, 1.0, 1.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]

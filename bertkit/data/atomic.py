@@ -7,8 +7,8 @@ folder, flushed and fsync'ed (its bytes on the disk), then renamed over `NAME` w
 which is atomic within one filesystem (POSIX rename(2); Windows too), and the folder is fsync'ed
 so that the rename itself survives a power loss. A reader sees the old file or the new one; an
 error or Ctrl-C removes `NAME.tmp`, and what a kill leaves of it the next write replaces.
-While a process writes `NAME.tmp` it holds an flock on it: a second process writing the same file
-at the same time is refused (`_hold`) instead of writing into the first's temporary file.
+While a process writes `NAME.tmp` it holds an flock on `NAME.tmp.lock`: a second process writing the
+same file at the same time is refused (`_hold`) instead of writing into the first's temporary file.
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ def write_through(path, write_to) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    held = _hold(tmp, path)
+    # the lock is not taken on tmp itself: safetensors' save_file puts a new file at the path it is given, and
+    # a lock on the file it replaced refused nobody (a second writer locked the new tmp and wrote over it)
+    lock = tmp.with_name(tmp.name + ".lock")
+    held = _hold(lock, path)
     try:
         write_to(tmp)
         # safetensors' save_file puts a file of its own at tmp, readable by its owner alone (0600) whatever the
@@ -48,34 +51,35 @@ def write_through(path, write_to) -> None:
     except BaseException:  # an error or Ctrl-C leaves nothing behind; only a kill can leave NAME.tmp
         tmp.unlink(missing_ok=True)
         raise
-    finally:
+    finally:  # removed while still held: a writer that opened it meanwhile finds it gone and takes a new one
+        lock.unlink(missing_ok=True)
         os.close(held)
     fsync_folder(path.parent)
 
 
-def _hold(tmp: Path, path: Path) -> int:
-    """A descriptor holding an flock on `tmp` (the file at that path now), for the length of one write.
+def _hold(lock: Path, path: Path) -> int:
+    """A descriptor holding an flock on `lock` (the file at that path now: NAME.tmp.lock), for one write.
 
     Two processes writing one file (two `bertkit embed -o v.npy`) shared NAME.tmp: the second truncated the
     first's half-written file and wrote into it, the first renamed it over NAME and said it had written its
     own vectors, and the second died on the vanished NAME.tmp with a traceback. The second is refused now,
-    before it writes (BlockingIOError: the CLI says it in one line). A NAME.tmp left by a killed writer holds
-    no flock (the kernel drops it with the process): it is taken and written over, as before."""
+    before it writes (BlockingIOError: the CLI says it in one line). A NAME.tmp.lock (and NAME.tmp) left by a
+    killed writer holds no flock (the kernel drops it with the process): it is taken and written over."""
     for _ in range(10):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o666)
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise BlockingIOError(f"{path} is being written by another process right now ({tmp} is locked): "
+            raise BlockingIOError(f"{path} is being written by another process right now ({lock} is locked): "
                                   "wait for it to finish, or write to another file") from None
         try:
-            if os.fstat(fd).st_ino == os.stat(tmp).st_ino:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
                 return fd
         except FileNotFoundError:
             pass
-        os.close(fd)  # the writer before us renamed it over its file as we opened it: take the new one
-    raise BlockingIOError(f"could not write {path}: {tmp} keeps changing; is another process writing it in a loop?")
+        os.close(fd)  # the writer before us removed it as we opened it: take a new one
+    raise BlockingIOError(f"could not write {path}: {lock} keeps changing; is another process writing it in a loop?")
 
 
 def write_json(path, data, *, ensure_ascii: bool = True) -> None:
