@@ -230,3 +230,38 @@ def test_a_runs_dev_predictions_on_a_full_disk_are_whole_or_the_old_ones(tmp_pat
         write(out)
         assert out.read_text(encoding="utf-8").count("\n") == (51 if name.endswith(".tsv") else 150)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(writes)
+
+
+@pytest.mark.parametrize("command, name", [("sts", "sts.json"), ("mine", "report.json")])
+def test_a_report_on_a_full_disk_is_whole_or_the_old_one(tiny_dir, tmp_path, monkeypatch, command, name):
+    """evaluate sts/retrieval --output and mine --report wrote their JSON of figures in place at the end of the
+    run: a full disk (or a kill) there left the first bytes of it at its name. Now the report that stood there
+    stays, byte for byte, nothing is left beside it, and the next run writes it whole."""
+    import builtins
+    import io
+    import json
+
+    from killed_write import stopping_open
+    from bertkit.cli import main
+
+    data = tmp_path / "data.tsv"
+    if command == "sts":
+        data.write_text("sentence1\tsentence2\tscore\n" + "".join(f"a cat {i}\ta dog {i % 3}\t{i % 5}\n"
+                                                                for i in range(12)), encoding="utf-8")
+        argv = ["evaluate", "sts", str(data), "--model", str(tiny_dir), "--output"]
+    else:
+        data.write_text("anchor\tpositive\n" + "".join(f"question {i} about cats\tanswer {i} on a mat\n"
+                                                       for i in range(12)), encoding="utf-8")
+        argv = ["mine", str(data), "-o", str(tmp_path / "mined.tsv"), "--model", str(tiny_dir), "--num-negatives",
+                "1", "--relative-margin", "0", "--quiet", "--report"]
+    out = tmp_path / name
+    out.write_bytes(OLD)
+    monkeypatch.setattr(builtins, "open", stopping_open(name, 20, None, io.open))
+    monkeypatch.setattr(io, "open", builtins.open)
+    with pytest.raises(OSError, match="No space left"):
+        main([*argv, str(out)])
+    monkeypatch.undo()
+    assert out.read_bytes() == OLD  # was: its first 20 bytes
+    assert not list(tmp_path.glob(name + ".*"))
+    assert main([*argv, str(out)]) == 0
+    assert set(json.loads(out.read_text(encoding="utf-8"))) >= ({"spearman"} if command == "sts" else {"rows"})

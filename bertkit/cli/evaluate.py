@@ -2,14 +2,13 @@
 
 import argparse
 import dataclasses
-import json
 import sys
-from pathlib import Path
 from functools import partial
 
 from bertkit.options import DTYPE_CHOICES, add_options, count, from_args, quiet_flag, refuse_ignored_search_flags
 from bertkit.retrieval.config import RERANK_TOP, FusionOptions, MiningOptions
 from bertkit.errors import BertkitError
+from bertkit.data.atomic import write_json
 
 MEASURE_LABELS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
 
@@ -86,8 +85,10 @@ def add_evaluate(sub):
 
 
 def _write(result: dict, output) -> None:
+    """The figures as JSON, whole or not at all (written at the end of a run: a full disk or a kill there left
+    the first bytes of the report at its name)."""
     if output:
-        Path(output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_json(output, result)
 
 
 def _label(fusion: dict) -> str:

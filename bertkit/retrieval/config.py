@@ -57,6 +57,15 @@ class LexicalOptions:
             raise BertkitError(f"--bm25-b must be between 0 and 1, got {self.b}")
 
 
+def options_of(info: dict) -> LexicalOptions:
+    """The LexicalOptions an index's lexical part was built with (its index.json record)."""
+    made = info.get("lexical")
+    if not made:
+        raise BertkitError(f"this index has no lexical part (it was built with --no-lexical): search it with "
+                           "--mode dense, or add one with bertkit index add INDEX")
+    return LexicalOptions(k1=made["k1"], b=made["b"], stopwords=made["stopwords"], stemmer=made["stemmer"])
+
+
 # The defaults, chosen once on SciFact's train split (docs/search.md, "Choosing the fusion"): never on its
 # test split, and from the flat region of the table rather than its best cell (bertkit.retrieval.tuning).
 DEFAULT_FUSION, DEFAULT_ALPHA, DEFAULT_RRF_K, DEFAULT_DEPTH = "dbsf", 0.5, 60.0, 100

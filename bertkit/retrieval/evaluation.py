@@ -41,9 +41,8 @@ from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
 from bertkit.retrieval.encoding import encode, encoder_and_settings, has_tokens
 from bertkit.retrieval.exact import top_k
-from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions
+from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions, options_of
 from bertkit.retrieval.index import document_ids, open_index, update_info
-from bertkit.retrieval.lexical import options_of
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run, evaluate_runs
 from bertkit.retrieval.search import embed_queries, fusion_options, query_encoder, ranked_runs, search_vectors
 from bertkit.retrieval.tuning import fused_run, record, tune

@@ -78,10 +78,10 @@ from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval import codes_file
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module, read_hnsw
-from bertkit.retrieval.config import LexicalOptions
+from bertkit.retrieval.config import LexicalOptions, options_of
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.index_check import check_files, check_lexical, check_values, read_info
-from bertkit.retrieval.lexical import LEXICAL_DIR, LEXICAL_FILES, build_lexical, options_of, read_lexical, require_packages
+from bertkit.retrieval.lexical import LEXICAL_DIR, LEXICAL_FILES, build_lexical, read_lexical, require_packages
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
 from bertkit.data.vector_files import map_safetensors, safetensors_header

@@ -35,7 +35,7 @@ import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.retrieval.bm25 import require_bm25s, stem_function
-from bertkit.retrieval.config import LexicalOptions
+from bertkit.retrieval.config import LexicalOptions, options_of
 from bertkit.retrieval.documents import best_first
 
 LEXICAL_DIR = "lexical"
@@ -100,15 +100,6 @@ def read_lexical(directory: Path):
     """The bm25s retriever of an index folder's lexical part, memory-mapped, nothing unpickled."""
     bm25s = require_bm25s()
     return bm25s.BM25.load(str(Path(directory) / LEXICAL_DIR), mmap=True, allow_pickle=False, load_corpus=False)
-
-
-def options_of(info: dict) -> LexicalOptions:
-    """The LexicalOptions an index's lexical part was built with (its index.json record)."""
-    made = info.get("lexical")
-    if not made:
-        raise BertkitError(f"this index has no lexical part (it was built with --no-lexical): search it with "
-                           "--mode dense, or add one with bertkit index add INDEX")
-    return LexicalOptions(k1=made["k1"], b=made["b"], stopwords=made["stopwords"], stemmer=made["stemmer"])
 
 
 def passage_scores(retriever, tokens: list[str]) -> np.ndarray | None:

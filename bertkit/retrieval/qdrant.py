@@ -41,8 +41,8 @@ from tqdm import tqdm
 
 from bertkit.errors import BertkitError
 from bertkit.retrieval.codes_file import rows_or_decoded
-from bertkit.retrieval.config import FusionOptions
-from bertkit.retrieval.lexical import options_of, tokenize
+from bertkit.retrieval.config import FusionOptions, options_of
+from bertkit.retrieval.lexical import tokenize
 from bertkit.retrieval.documents import first_per_document
 from bertkit.retrieval.search import Hit, check_k, embed_queries, query_encoder
 

@@ -39,13 +39,13 @@ from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import ann_top_k
 from bertkit.retrieval.compact import compact_top_k
-from bertkit.retrieval.config import FusionOptions, refuse_unused_fusion
+from bertkit.retrieval.config import FusionOptions, options_of, refuse_unused_fusion
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.documents import first_of_each
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.fusion import fuse, hybrid_weights
 from bertkit.retrieval.index import Index, check_model, open_index
-from bertkit.retrieval.lexical import lexical_documents, options_of
+from bertkit.retrieval.lexical import lexical_documents
 
 DEFAULT_BLOCK = 16384  # vectors per block of the scan: 16384 x 384 x 4 bytes = 24 MiB
 # queries scored together: the score tile and exact.top_k's merge buffers take about
