@@ -70,3 +70,31 @@ def test_resuming_after_a_full_disk_keeps_the_lines_before_the_checkpoint(tmp_pa
     assert path.read_bytes() == b"".join(before.splitlines(keepends=True)[:3])
     resumed({"split": "train", "step": 4, "loss": 0.3})
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
+
+
+def test_curves_drawn_on_a_full_disk_leave_the_old_picture(tmp_path, monkeypatch):
+    """curves.png is drawn in the output folder at the end of a run, over the one an earlier run (or a resumed
+    one) left: matplotlib wrote it in place, so a full disk or a kill there left a cut PNG that no viewer opens.
+    Now the picture that stood there stays byte for byte, nothing beside it, and the next drawing is a whole PNG."""
+    import builtins
+    import io
+    import json
+
+    from PIL import Image
+
+    from killed_write import stopping_open
+    from bertkit.training.metrics_log import plot_curves
+
+    records = [{"split": "train", "step": s, "loss": 1.0 / s} for s in range(1, 20)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    png = tmp_path / "curves.png"
+    png.write_bytes(b"the picture an earlier run drew\n")
+    monkeypatch.setattr(builtins, "open", stopping_open("curves.png", 500, None, io.open))
+    monkeypatch.setattr(io, "open", builtins.open)
+    with pytest.raises(OSError, match="No space left"):
+        plot_curves(tmp_path / "metrics.jsonl", png, [("loss", "loss")])
+    monkeypatch.undo()
+    assert png.read_bytes() == b"the picture an earlier run drew\n"  # was: the first 500 bytes of a PNG
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "metrics.jsonl"]
+    plot_curves(tmp_path / "metrics.jsonl", png, [("loss", "loss")])
+    assert Image.open(png).format == "PNG" and Image.open(png).size[0] > 100

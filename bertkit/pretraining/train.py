@@ -36,7 +36,6 @@ from bertkit.pretraining.held_out import log_label_balance, open_prepared
 from bertkit.pretraining.run_config import RunConfig
 from bertkit.training import harness
 from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
-from bertkit.training.metrics_log import read_metrics
 from bertkit.model.electra import ElectraConfig
 from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.runtime.loading import need_transformer
@@ -317,7 +316,7 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
 
 def references(out: Path) -> dict:
     """The curves' reference lines: chance for NSP/SOP, the most frequent masked token for MLM."""
-    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "eval" and "mlm_baseline" in r]
+    evals = [r for r in harness.run_metrics(out) if r["split"] == "eval" and "mlm_baseline" in r]
     return {"nsp_acc": [(0.5, "chance")], "mlm_acc": [(evals[-1]["mlm_baseline"], "most frequent token")] if evals else []}
 
 
@@ -329,7 +328,7 @@ ELECTRA_PANELS = (("loss", "loss (MLM + weight x discriminator)"), ("mlm_acc", "
 
 def final_summary(out: Path) -> str:
     """Where the run put its model and the last held-out figures (from metrics.jsonl): a run's last words."""
-    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "eval"]
+    evals = [r for r in harness.run_metrics(out) if r["split"] == "eval"]
     where = f"saved the model to {out}/ (model.safetensors, config.json, vocab.txt; curves in curves.png)"
     if not evals:
         return f"{where}; no held-out evaluation ran (--eval-every, or a held-out set from prepare)"

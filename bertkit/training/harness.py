@@ -44,7 +44,7 @@ import torch
 from bertkit.errors import BertkitError
 from bertkit.training import distributed
 from bertkit.training.loop import LoopConfig, prepare_model, train_loop
-from bertkit.training.metrics_log import MetricsLog, plot_curves
+from bertkit.training.metrics_log import MetricsLog, plot_curves, read_metrics
 from bertkit.training.optim import build_optimizer
 from bertkit.training.state import (
     CHECKPOINT_DIR,
@@ -218,6 +218,11 @@ def final_model(run: Run, rebuild: Callable | None = None) -> torch.nn.Module | 
         final.load_state_dict(model_state)
         return final
     return distributed.unwrap(run.model) if run.info.is_main else None
+
+
+def run_metrics(out) -> list:
+    """The records of the run in folder `out`, as its metrics.jsonl holds them (oldest first)."""
+    return read_metrics(Path(out) / "metrics.jsonl")
 
 
 def finish(run: Run, panels, references: dict | None = None) -> None:

@@ -21,6 +21,8 @@ import json
 import os
 from pathlib import Path
 
+from bertkit.data.atomic import replace_atomically
+
 
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, appended and flushed as training goes."""
@@ -131,5 +133,6 @@ def plot_curves(metrics_path, png_path, panels, references=None) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
+    # whole or not at all: drawn over an earlier run's picture, a full disk or a kill left a cut PNG
+    replace_atomically(png_path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
