@@ -235,6 +235,21 @@ def test_distill_static_writes_a_folder_sentence_transformers_reads_the_same(st,
     assert truncation_length(out / "0_StaticEmbedding") == 512 == load(out).max_length  # where both cut LONG
 
 
+def test_model2vec_reads_a_folder_bertkit_wrote_with_bertkits_vectors(distilled, tok, tmp_path):
+    # model2vec reads a sentence-transformers folder's settings from config_sentence_transformers.json, which named
+    # neither: it gave a distilled table's vectors unnormalised (norm ~0.15) and cut every text at 512 tokens
+    model2vec = oracle("model2vec", "model2vec")
+    out, _ = distilled
+    texts = [t for t in TEXTS if "[MASK]" not in t] + ["the unaffable cat", LONG]  # model2vec keeps [MASK]
+    assert np.abs(model2vec.StaticModel.from_pretrained(str(out)).encode(texts) - bertkit.embed(texts, out)).max() < 1e-6
+    raw = StaticEmbedding(table(len(tok)), normalize=False)
+    raw.config.max_length = 40
+    write_tokenizer_json(tok, save_static(raw, tmp_path / "raw"), 40)
+    texts = [t for t in texts if "\U0001f984" not in t]  # [UNK]: model2vec drops it, sentence-transformers keeps it
+    theirs = model2vec.StaticModel.from_pretrained(str(tmp_path / "raw")).encode(texts)
+    assert np.abs(theirs - bertkit.embed(texts, tmp_path / "raw")).max() < 1e-6
+
+
 def test_distill_static_zeroes_unk_so_a_text_points_where_its_known_tokens_do(distilled):
     out, _ = distilled
     loaded = load(out)

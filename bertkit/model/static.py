@@ -227,8 +227,8 @@ def read_static(directory) -> Static:
 
 def save_static(model: StaticEmbedding, directory, about: dict | None = None) -> Path:
     """Write `model` as a sentence-transformers StaticEmbedding folder (modules.json, 0_StaticEmbedding/
-    model.safetensors, 1_Normalize/ when it normalises); returns the module folder, where the caller
-    writes tokenizer.json. `about`: how the table was made, kept as JSON in the weights file's metadata
+    model.safetensors, 1_Normalize/ when it normalises, config_sentence_transformers.json naming normalize and
+    max_length for model2vec); returns the module folder, where the caller writes tokenizer.json. `about`: how the table was made, kept as JSON in the weights file's metadata
     (`saved_about`; sentence-transformers and model2vec ignore it)."""
     directory = Path(directory)
     folder = directory / STATIC_DIR
@@ -238,7 +238,10 @@ def save_static(model: StaticEmbedding, directory, about: dict | None = None) ->
     modules = [{"idx": 0, "name": "0", "path": STATIC_DIR, "type": "sentence_transformers.models.StaticEmbedding"}]
     if model.config.normalize:
         modules.append({"idx": 1, "name": "1", "path": NORMALIZE_DIR, "type": "sentence_transformers.models.Normalize"})
+    # model2vec reads a sentence-transformers folder's settings from this file, not from its modules or
+    # tokenizer.json: without these two it gave the vectors unnormalised and cut every text at 512 tokens
     st_config = {"model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
-                 "similarity_fn_name": "cosine"}
+                 "similarity_fn_name": "cosine", "normalize": model.config.normalize,
+                 "max_length": model.config.max_length}
     write_modules(directory, modules, st_config, {f"{NORMALIZE_DIR}/config.json": {}} if model.config.normalize else {})
     return folder
