@@ -227,6 +227,9 @@ def test_held_out_sentences_pick_the_epoch_saved_and_a_killed_run_resumes_exactl
     (["--keep", "1", "--holdout", "1", "--metric", "accuracy"], "with --holdout choose one of holdout_mse"),
     (["--keep", "1", "--metric", "accuracy"], "with --holdout choose one of holdout_mse"),  # was never read
     (["--keep", "1", "--metric", "holdout_cosine"], "give --holdout N too, or leave --metric out"),
+    # a fine-tuned teacher's settings: with a sentence model they were read by nothing (its MSE has no temperature)
+    (["--keep", "1", "--temperature", "4"], "--temperature 4.0 is for a fine-tuned teacher's logits"),
+    (["--keep", "1", "--soft-weight", "0.2"], "--soft-weight 0.2 is for a fine-tuned teacher's logits"),
 ])
 def test_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, words):
     (tmp_path / "s.txt").write_text("a b\n")
@@ -364,6 +367,7 @@ def test_a_token_classifier_student_learns_every_real_tokens_logits(tiny_dir, tm
     # --teacher-dtype said, and no --teacher-cache file was written)
     ("teacher dtype", "--teacher-dtype bfloat16 is for a sentence model's vectors"),
     ("teacher cache", "--teacher-cache c.safetensors is for a sentence model's vectors"),
+    ("loss", "--loss mse+cosine is for a sentence model's vectors"),  # the logits' loss is the soft loss
 ])
 def test_bad_input_for_a_fine_tuned_teacher_is_one_line(tiny_dir, tmp_path, capsys, case, words):
     from bertkit.model.heads import BertForQuestionAnswering
@@ -377,7 +381,7 @@ def test_bad_input_for_a_fine_tuned_teacher_is_one_line(tiny_dir, tmp_path, caps
     rows = {"unknown label": "a b\tmaybe\n", "empty": ""}.get(case, "a b\tpos\n")
     (tmp_path / "d.tsv").write_text("sentence\tlabel\n" + rows)
     extra = {"temperature": ["--temperature", "0"], "teacher dtype": ["--teacher-dtype", "bfloat16"],
-             "teacher cache": ["--teacher-cache", "c.safetensors"]}.get(case, [])
+             "teacher cache": ["--teacher-cache", "c.safetensors"], "loss": ["--loss", "mse+cosine"]}.get(case, [])
     assert main(["distill", "layers", str(teacher), "--keep", "1", "--data", str(tmp_path / "d.tsv"),
                  "-o", str(tmp_path / "o"), *extra]) == 2
     err = capsys.readouterr().err.strip()

@@ -273,6 +273,11 @@ def test_distill_static_adds_corpus_words_whole_and_zeroes_unused_rows(distilled
     (["--dim", "33"], "above the model's width (32)"),
     (["--corpus", "EMPTY"], "holds no text"),
     (["--dim", "0"], "--dim must be at least 1"),
+    # settings of --fit and --corpus without them were read by nothing: the run went on as if not given
+    (["--fit-epochs", "5"], "--fit-epochs 5.0 applies to --fit"),
+    (["--seed", "3"], "--seed 3 applies to --fit"),
+    (["--min-count", "2"], "--min-count 2 applies to --corpus"),
+    (["--max-words", "50"], "--max-words 50 applies to --corpus"),
 ])
 def test_distill_static_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, words):
     (tmp_path / "empty.txt").write_text("\n \n")

@@ -55,6 +55,14 @@ class StaticDistillConfig:
     def validate(self) -> None:
         if self.fit is None and self.teacher_cache is not None:
             raise BertkitError("--teacher-cache keeps the vectors of the --fit texts: give --fit FILE too")
+        # a setting of a stage that does not run was read by nothing: the run went on as if it were not given
+        for stage, given, names in (("--fit", self.fit, FIT_ONLY), ("--corpus", self.corpus, CORPUS_ONLY)):
+            for name in names:
+                value, default = getattr(self, name), StaticDistillConfig.__dataclass_fields__[name].default
+                if given is None and value != default:
+                    flag = "--" + name.replace("_", "-")
+                    raise BertkitError(f"{flag} {value} applies to {stage}, which was not given: give {stage} FILE "
+                                       f"too, or leave {flag} out")
         if not self.fit_epochs > 0 or not self.fit_learning_rate > 0 or self.fit_batch_size < 1:
             raise BertkitError("--fit-epochs and --fit-learning-rate must be > 0, --fit-batch-size >= 1")
         if self.dim < 1:
@@ -63,6 +71,10 @@ class StaticDistillConfig:
             raise BertkitError(f"--sif-coefficient must be in (0, 1), got {self.sif_coefficient}")
         if self.max_words < 0 or self.min_count < 1 or self.batch_size < 1 or self.max_length < 0:
             raise BertkitError("--max-words and --max-length must be >= 0, --min-count and --batch-size >= 1")
+
+
+FIT_ONLY = ("fit_epochs", "fit_learning_rate", "fit_batch_size", "seed", "teacher_dtype")  # read by --fit alone
+CORPUS_ONLY = ("max_words", "min_count")  # read by --corpus alone
 
 
 @dataclass

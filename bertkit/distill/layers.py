@@ -241,18 +241,29 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
         if teacher.fine_tuned and config.holdout:
             raise BertkitError("--holdout is for a sentence model's sentences; a fine-tuned teacher's student is "
                                "trained on its table: leave --holdout out")
-        # how a sentence model's target vectors are computed and kept: a fine-tuned teacher's logits read
-        # neither (they ran in float32 whatever --teacher-dtype said, and no cache file was written)
-        unread = [f"{flag} {value}" for flag, value, default in (("--teacher-dtype", config.teacher_dtype, "float32"),
-                  ("--teacher-cache", config.teacher_cache, None)) if value != default]
-        if teacher.fine_tuned and unread:
-            raise BertkitError(f"{unread[0]} is for a sentence model's vectors; a fine-tuned teacher's logits are "
-                               "computed in float32 each run: leave it out")
+        refuse_unread(teacher, config)
         final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
         if final["is_main"]:  # False on torchrun's other ranks, which ran the same job
             summary = {k: v for k, v in final.items() if k != "is_main"}
             (Path(output) / "distill.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return final
+
+
+def refuse_unread(teacher, config: LayersDistillConfig) -> None:
+    """Refuse the settings of the other kind of teacher, which nothing reads: the run went on as if they were
+    not given (a fine-tuned teacher's logits ran in float32 whatever --teacher-dtype said, no cache file was
+    written, --loss was not its soft loss; a sentence model's MSE has no temperature or soft share)."""
+    for_vectors = (("--teacher-dtype", config.teacher_dtype, "float32"), ("--teacher-cache", config.teacher_cache, None),
+                   ("--loss", config.loss, "mse"))
+    for_logits = (("--temperature", config.temperature, 2.0), ("--soft-weight", config.soft_weight, 0.5))
+    unread = [f"{flag} {value}" for flag, value, default in (for_vectors if teacher.fine_tuned else for_logits)
+              if value != default]
+    if unread and teacher.fine_tuned:
+        raise BertkitError(f"{unread[0]} is for a sentence model's vectors; a fine-tuned teacher's logits are "
+                           "computed in float32 each run and learnt by the soft loss: leave it out")
+    if unread:
+        raise BertkitError(f"{unread[0]} is for a fine-tuned teacher's logits; {teacher.directory} is a sentence "
+                           "model, whose vectors the student learns by --loss: leave it out")
 
 
 def resumed_teacher(output, model):
