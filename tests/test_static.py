@@ -235,6 +235,17 @@ def test_distill_static_writes_a_folder_sentence_transformers_reads_the_same(st,
     assert truncation_length(out / "0_StaticEmbedding") == 512 == load(out).max_length  # where both cut LONG
 
 
+def test_no_truncate_averages_every_token_and_a_stride_is_refused(distilled):
+    # truncate=False (--no-truncate) still cut at the folder's 512 tokens, and a stride was read by nothing
+    model2vec = oracle("model2vec", "model2vec")
+    out, _ = distilled
+    whole = model2vec.StaticModel.from_pretrained(str(out)).encode([LONG], max_length=None)[0]
+    assert np.abs(bertkit.embed(LONG, out, truncate=False) - whole).max() < 1e-6
+    assert np.abs(bertkit.embed(LONG, out) - whole).max() > 1e-3  # by default: cut where the folder says
+    with pytest.raises(BertkitError, match="no windows"):
+        bertkit.embed(LONG, out, truncate=False, stride=8)
+
+
 def test_model2vec_reads_a_folder_bertkit_wrote_with_bertkits_vectors(distilled, tok, tmp_path):
     # model2vec reads a sentence-transformers folder's settings from config_sentence_transformers.json, which named
     # neither: it gave a distilled table's vectors unnormalised (norm ~0.15) and cut every text at 512 tokens

@@ -55,7 +55,7 @@ from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, folder_stamp, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
 from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output
-from bertkit.embeddings.static import check_static_options, iter_static, no_tokens
+from bertkit.embeddings.static import NO_CUT, check_static_options, iter_static, no_tokens
 from bertkit.text.windows import max_context_owner, shape, spans
 
 
@@ -313,8 +313,8 @@ def iter_embed(
     int_at_least(batch_size, 1, "batch_size")
     int_at_least(chunk_size, 1, "chunk_size")
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
-        check_static_options(pooling, layers, pairs)
-        yield from _static_rows(texts, loaded, normalize, max_length if truncate is not False else None,
+        check_static_options(pooling, layers, pairs, stride)
+        yield from _static_rows(texts, loaded, normalize, max_length if truncate is not False else NO_CUT,
                                 chunk_size, progress, total, where)
         return
     # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does

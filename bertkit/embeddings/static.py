@@ -21,6 +21,7 @@ Legend: B texts, N token ids of all texts together, D the table's width.
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -49,6 +50,11 @@ def _bags(ids: list, lengths: list, skip_ids: tuple, max_length: int | None):
     return flat, offsets
 
 
+# max_length for truncate=False (--no-truncate): a transformer's windows then cover the whole text, so a table
+# averages all of it (iter_embed passed None, the folder's cut: --no-truncate still cut at 512)
+NO_CUT = sys.maxsize
+
+
 def static_vectors(model, ids: list, lengths: list, max_length: int | None = None) -> np.ndarray:
     """The mean table row of each text [B, D] float32, not normalised: `ids` are all texts' ids
     concatenated, `lengths` each text's count (`Tokenizer.ids_batch`), each cut at `max_length`
@@ -60,8 +66,11 @@ def static_vectors(model, ids: list, lengths: list, max_length: int | None = Non
         return model(flat.to(device), offsets.to(device)).float().cpu().numpy()
 
 
-def check_static_options(pooling, layers, pairs) -> None:
+def check_static_options(pooling, layers, pairs, stride=None) -> None:
     """A static model has one vector per token and averages them: the options it cannot honour."""
+    if stride is not None:  # it was read by nothing
+        raise BertkitError(f"stride={stride} (--stride): a static model has no windows to overlap (truncate=False, "
+                           "--no-truncate, averages every token of a text): drop the stride")
     if pooling not in ("auto", "mean"):
         raise BertkitError(f"pooling {pooling!r}: a static model averages its tokens' vectors (pooling mean); "
                            "it has no [CLS], layers or per-token context to pool otherwise")
