@@ -298,6 +298,24 @@ def test_distill_static_bad_input_is_one_line(tiny_dir, tmp_path, capsys, args, 
     assert words in err and "\n" not in err
 
 
+def test_distill_static_from_a_classifier_or_a_static_model_names_what_it_is(tiny_dir, ours, tmp_path, capsys):
+    # a classifier was "not a transformer encoder (a embed model)", while MODEL's help offered a fine-tuned model
+    from test_distill_layers import fine_tuned
+
+    from bertkit.model.heads import BertForSequenceClassification
+
+    info = {"task": "classify", "max_length": 32, "text_column": "sentence", "label_column": "label"}
+    classifier = fine_tuned(tiny_dir, tmp_path / "cls", BertForSequenceClassification, info, num_labels=2)
+    for model, words in ((classifier, "is a fine-tuned classify model"), (ours, "holds a static embedding model")):
+        assert main(["distill", "static", str(model), "-o", str(tmp_path / "out"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "distill static needs" in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        main(["distill", "static", "--help"])
+    assert "fine-tuned" not in capsys.readouterr().out
+
+
 def test_serve_answers_a_static_model_with_bertkits_vectors(ours):
     from test_serve import AUTH, KEY, Server, call
 

@@ -23,7 +23,7 @@ def add_distill(sub):
         "  bertkit distill static -o fitted/ --dim 384 --fit texts.txt --teacher-cache t.safetensors",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
+    s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model folder (default: the default model)")
     s.add_argument("-o", "--output", required=True, help="the folder to write (new, or empty)")
     add_options(s, StaticDistillConfig)
     quiet_flag(s)

@@ -217,8 +217,11 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     fit_texts = corpus_texts([config.fit], "--fit") if config.fit else None  # read first: a bad file fails early
     start = time.perf_counter()
     loaded = load(model, head="encoder", dtype=config.dtype, fast=fast)
-    if loaded.fine_tuned or loaded.task == "static":
-        raise BertkitError(f"{model} is not a transformer encoder (a {loaded.task} model): distil from a sentence model")
+    loaded.need_layers("distill static")
+    if loaded.fine_tuned:  # head="encoder" loads its encoder as "embed": the task is in its info
+        raise BertkitError(f"{model} is a fine-tuned {loaded.info.get('task', 'task')} model: distill static needs a "
+                           "sentence model's vectors, e.g. the one it was fine-tuned from (fewer layers of this "
+                           "model: bertkit distill layers)")
     width = loaded.config.hidden_size
     if config.dim > width:
         raise BertkitError(f"--dim {config.dim} is above the model's width ({width}): PCA keeps at most {width}")
