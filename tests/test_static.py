@@ -6,6 +6,7 @@ StaticEmbedding and model2vec's StaticModel encode the same folders (1e-6); mode
 and Zipf weights check the distillation's steps.
 """
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -158,6 +159,11 @@ def test_what_needs_layers_refuses_a_static_model_in_one_line(ours, tmp_path, ca
     assert main(["attention", "the cat", "--model", str(ours), "-o", str(tmp_path / "a.html")]) == 2
     err = capsys.readouterr().err
     assert "static embedding model" in err and len(err.strip().splitlines()) == 1
+    if importlib.util.find_spec("onnx") and importlib.util.find_spec("onnxruntime"):  # export says why first
+        # export onnx said "is not a model directory: it has no config.json"
+        assert main(["export", "onnx", str(ours), "-o", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert "static embedding model" in err and "export onnx needs a transformer" in err, err
     assert not (tmp_path / "a.html").exists()
     (tmp_path / "s.txt").write_text("a cat\na dog\n")
     assert main(["distill", "layers", str(ours), "--keep", "1", "--data", str(tmp_path / "s.txt"),

@@ -61,7 +61,7 @@ from bertkit.model.checkpoint import (INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILE
                                       resolve)
 from bertkit.runtime.devices import holds_int8
 from bertkit.errors import BertkitError
-from bertkit.runtime.loading import load
+from bertkit.runtime.loading import load, need_transformer
 from bertkit.model.sentence_layout import encoder_folder, layout_files
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -217,6 +217,7 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
         raise BertkitError(f"opset {opset} has no ONNX form for attention (scaled_dot_product_attention): "
                            f"use --opset {MIN_OPSET} or later (default {DEFAULT_OPSET})")
     directory = resolve(model_dir)
+    need_transformer(directory, "export onnx")  # a table has no config.json: the reader said only that
     # config.json and the tokenizer are copied beside model.onnx: over another model's, they would describe
     # weights they do not fit (an earlier export there has no weights file: it is replaced as before)
     held = [name for name in (*WEIGHT_FILES, PICKLED_WEIGHTS, INT8_WEIGHTS) if (Path(out_dir) / name).is_file()]
