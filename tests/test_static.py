@@ -376,6 +376,20 @@ def test_static_training_starts_from_the_table_with_the_hand_computed_loss(ours,
     assert not torch.equal(after[seen], before[seen])
 
 
+def test_static_training_cuts_where_the_model_it_saves_cuts(distilled, tmp_path):
+    # it trained (and scored its dev set) at 256 tokens, finetune embed's default for a transformer without a
+    # layout, and saved a model cutting at its start's 512; an explicit --max-length was not saved either
+    start, _ = distilled
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    static_run(tmp_path / "a", start)
+    assert json.loads((tmp_path / "a" / "out" / "metrics.json").read_text())["max_length"] == 512
+    assert load(tmp_path / "a" / "out").max_length == 512
+    static_run(tmp_path / "b", start, max_length=8)
+    assert json.loads((tmp_path / "b" / "out" / "metrics.json").read_text())["max_length"] == 8
+    assert load(tmp_path / "b" / "out").max_length == 8 == truncation_length(tmp_path / "b" / "out" / "0_StaticEmbedding")
+
+
 def test_a_static_model_where_a_transformer_is_needed_names_the_static_way(ours, tmp_path, capsys):
     # finetune embed without --static said "not supported ... use sentence-transformers for this model"
     (tmp_path / "pairs.tsv").write_text("".join(f"{x}\t{y}\n" for x, y in PAIRS))

@@ -226,7 +226,8 @@ class EmbedConfig(TaskConfig):
                                  "nDCG@10) or scored pairs (STS, Spearman)")
     dev_split: str = _opt("dev", "qrels split of a BEIR --dev folder")
     max_length: int | None = _opt(None, "tokens per text (default: the model's sentence-transformers "
-                                        "max_seq_length, else 256)")
+                                        "max_seq_length, else 256; --static: where the start cuts), also where "
+                                        "the saved model cuts")
     pooling: Literal["auto", "mean", "cls", "max"] = _opt("auto", "sentence vector: the token vectors' mean, their "
                                                           "maximum or [CLS] (auto: the model's sentence-transformers "
                                                           "pooling, else mean)")

@@ -458,7 +458,7 @@ def _settle(cfg: EmbedConfig, log) -> EmbeddingExamples:
     # "auto": the model's own pooling, else mean; a static table has no layout to read (it averages)
     output = resolve_output(None if cfg.static else read_layout(resolve(cfg.model)), cfg.pooling)
     cfg.pooling = output.pooling
-    cfg.max_length = cfg.max_length or output.length or 256
+    cfg.max_length = cfg.max_length or output.length or (None if cfg.static else 256)  # a table: its start's cut
     examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
     loss = cfg.loss or ("cosent" if examples.scored else "mnrl")
     if (loss == "cosent") != examples.scored:

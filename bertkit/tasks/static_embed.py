@@ -21,7 +21,8 @@ norm ~6; 0.1 and 0.2 measured worse: docs/distill.md). The text's vector is the 
 normalised only in the loss (cosine) and at run time, so a row's norm is how much its token counts
 (what IDF or SIF weights do in a lexical or distilled model) and training learns it. Saved as a
 sentence-transformers StaticEmbedding folder, as `bertkit distill static` writes it, cutting texts
-where its start did (a new table: at 512 tokens, model2vec's default and `distill static`'s).
+where its start did (a new table: at 512 tokens, model2vec's default and `distill static`'s) or at
+--max-length, which is also where its texts are cut in training and on the dev set.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def static_start(cfg, load_tokenizer, log=print) -> tuple:
         model = StaticEmbedding(weight)
         model.config.max_length = DEFAULT_MAX_LENGTH
     model.config.normalize = bool(cfg.normalize)
+    # one cut for the training texts, the dev figures and the saved model: --max-length when given, else the
+    # start's (the run used finetune embed's 256 and saved the start's 512, dropping a --max-length)
+    if cfg.max_length:
+        model.config.max_length = cfg.max_length
+    cfg.max_length = model.config.max_length
     model.train()
     return model, tok
 
