@@ -252,7 +252,7 @@ def test_a_text_without_tokens_is_named_by_its_line(tiny_dir, tmp_path, capsys):
 
 
 def test_an_output_holding_a_model_is_refused_before_the_teacher_loads_and_overwrite_works(tiny_dir, tmp_path,
-                                                                                           capsys):
+                                                                                           capsys, monkeypatch):
     # the student was written over a model folder without a word, --overwrite was never read, and a run
     # folder was refused only after the teacher had embedded all of --data
     (tmp_path / "s.txt").write_text("a b\n")
@@ -269,6 +269,10 @@ def test_an_output_holding_a_model_is_refused_before_the_teacher_loads_and_overw
     assert main([*base[:2], str(tiny_dir), *base[2:], "-o", str(other), "--overwrite"]) == 0
     assert "--overwrite: removed config.json" in capsys.readouterr().out
     assert json.loads((other / "distill.json").read_text())["layers"] == [1]
+    # --resume of that finished run was refused only after the teacher had embedded all of --data again
+    monkeypatch.setattr("bertkit.distill.layers.load", lambda *a, **k: pytest.fail("the teacher was loaded"))
+    assert main([*base[:2], str(tiny_dir), *base[2:], "-o", str(other), "--resume"]) == 2
+    assert "finished and deleted its checkpoint" in capsys.readouterr().err
 
 # --- a fine-tuned teacher: its logits ---------------------------------------------------------------
 

@@ -55,7 +55,7 @@ from bertkit.errors import BertkitError
 from bertkit.model.modeling import pool_sentence
 from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.loading import load
-from bertkit.tasks.trainer import train
+from bertkit.tasks.trainer import check_run_output, train
 
 
 def vector_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str = "mse") -> torch.Tensor:
@@ -236,6 +236,8 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
     # teacher had embedded all of --data
     with run_output(output, "bertkit distill layers", overwrite=config.training.overwrite,
                     resume=config.training.resume, sources=[model], log=log) as log:
+        if config.training.resume:  # a finished run's --resume was refused only once the teacher had run
+            check_run_output(output, config.training)
         teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy, the targets
         teacher.need_layers("distill layers")
         if teacher.fine_tuned and config.holdout:

@@ -140,6 +140,12 @@ def _model_batch(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
 
 
+def check_run_output(output_dir, config) -> None:
+    """What `train` refuses about `output_dir` (another run there, or --resume of a finished one), asked before
+    costly work that comes first (`config`: a TrainConfig)."""
+    harness.check_run_folder(Path(output_dir), config.resume, config.keep_checkpoint)
+
+
 def train(model, train_features: list, config, *, evaluate=None, save=None,
           output_dir=None, pad_id: int = 0, baseline: tuple[float, str] | None = None, run_config: dict | None = None,
           log=print, batches=None, speed=None) -> TrainResult:

@@ -145,14 +145,19 @@ def start(settings: RunSettings, info: distributed.DistInfo, stream, build: Call
 
 def check_output(settings: RunSettings) -> None:
     """Refuse to start over another run in OUTPUT, or to resume one that finished and deleted its checkpoint."""
-    out = settings.output
+    check_run_folder(settings.output, settings.resume, settings.keep_checkpoints)
+
+
+def check_run_folder(out: Path, resume: bool, keep_checkpoints: bool) -> None:
+    """`check_output` before a run is set up: a job with costly work before its loop (distill layers' teacher)
+    asks first."""
     # a run that deleted its checkpoint, or stopped before its first, has its metrics: a run all the same
-    if not settings.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").is_file()):
+    if not resume and (latest_checkpoint(out) or (out / "metrics.jsonl").is_file()):
         raise BertkitError(f"{out} already holds a run: pass --resume to continue it, or another --output")
     # finished: the curves drawn and the checkpoint deleted, in that order (`finish`); a run killed before its
     # first checkpoint was written (an epoch's best model is saved before it) has no curves: resume_state
     # starts it again from the beginning
-    if (settings.resume and not settings.keep_checkpoints and latest_checkpoint(out) is None
+    if (resume and not keep_checkpoints and latest_checkpoint(out) is None
             and (out / "model.safetensors").is_file() and (out / CURVES).is_file()):
         raise BertkitError(f"--resume: the run in {out} finished and deleted its checkpoint (a run started with "
                            "--keep-checkpoint keeps it); to continue from its weights, start a new run into another "
