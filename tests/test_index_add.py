@@ -66,3 +66,12 @@ def test_add_refuses_what_is_there_and_rebuilds_a_graph_only_with_overwrite(made
     assert open_index(index).graph().hnsw.nb_neighbors(1) == 8  # FAISS's M: links per vector above layer 0
     assert main(["index", "add", str(made / "nowhere"), "--ann", "hnsw"]) == 2
     assert "is not an index" in capsys.readouterr().err
+
+
+def test_an_output_folder_given_as_a_second_word_is_answered_with_the_command_that_writes_it(made, capsys):
+    """`bertkit index corpus.jsonl my_index` (as cp or tar would read it) was told how to export an index."""
+    corpus, out = made / "corpus.jsonl", made / "second_word"
+    assert main(["index", str(corpus), str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"bertkit index {corpus} -o {out}" in err and err.count("\n") == 1, err
+    assert not out.exists()

@@ -142,6 +142,9 @@ def run_index(args):
         return run_export(args)
     if args.corpus == "add" and args.exported is not None:
         return run_add(args)
+    if args.exported is not None and not (args.qdrant or args.collection):  # `bertkit index corpus.txt my_index`
+        raise BertkitError(f"bertkit index writes to the folder -o names: bertkit index {args.corpus} -o "
+                           f"{args.exported} (a second word follows only 'add' or 'export')")
     if args.exported is not None or args.qdrant or args.collection:
         raise BertkitError("to export an index: bertkit index export INDEX --qdrant PATH|URL --collection NAME")
     if not args.output:
