@@ -18,7 +18,10 @@ A dataclass field is one option, named after it (`max_seq_length` ->
   saved config may hold it),
   `"cli": False` keeps it off the command line, "resumable" lets `--resume`
   take another value than the run saved (its length and bookkeeping:
-  --max-steps, --epochs, --save-every, --device, ...).
+  --max-steps, --epochs, --save-every, --device, ...), "needs" names the
+  setting it tunes (`("dev", None)`: any --dev; `("loss", "cached-mnrl")`:
+  that value; `("mining_index", False)`: not given; a list: each), given
+  without it the flag is refused in one line (`refuse_unneeded`).
 
 Every option defaults to None, meaning "not given", so `from_args` puts
 exactly the given flags on top of a base: the dataclass defaults, a command's
@@ -202,7 +205,9 @@ def from_args(args, cls, base: dict | None = None):
             raise BertkitError(f"--resume: {saved} is not a JSON object of settings ({' '.join(str(err).split())}): "
                                "the run's settings are lost; start the run again in another --output") from None
         refuse_changes(cls, given, merge(defaults(cls), base), saved.parent)
-    return build(cls, merge(merge(defaults(cls), base or {}), given))
+    values = merge(merge(defaults(cls), base or {}), given)
+    refuse_unneeded(cls, given, values)
+    return build(cls, values)
 
 
 MECHANISM = ("output", "resume", "overwrite")  # how a run is found and started, not what it computes
@@ -221,6 +226,31 @@ def refuse_changes(cls, given: dict, saved: dict, run_dir: Path) -> None:
     if changed:
         raise BertkitError(f"--resume: {', '.join(changed)}: a resumed run keeps the settings in "
                            f"{run_dir / RUN_CONFIG}; leave the flag out, or start a new run in another --output")
+
+
+def refuse_unneeded(cls, given: dict, values: dict) -> None:
+    """Refuse a flag given whose field "needs" a setting the run does not have: the run took it and went on
+    without it (`finetune classify --max-dev-examples 5` without --dev, `finetune qa --null-score-diff-threshold 2`
+    without --version-2-with-negative, `finetune embed --mini-batch-size 8` with an mnrl loss). The needed field
+    is a sibling of the flag's; its value is read after the defaults, the saved run and the flags given."""
+    flags = {path: f.metadata.get("flags", [_flag(f.name)])[0] for path, f, _ in fields(cls)}
+    for path, f, _ in fields(cls):
+        if "needs" not in f.metadata or _get(given, path) is None:
+            continue
+        needs = f.metadata["needs"]
+        for name, wanted in needs if isinstance(needs, list) else [needs]:  # a list: each of them
+            have = _get(values, path[:-1] + (name,))
+            if (bool(have) if wanted is None else not have if wanted is False else have == wanted):
+                continue
+            flag = flags[path]
+            need = flags[path[:-1] + (name,)] + ("" if wanted in (None, True, False) else f" {wanted}")
+            if wanted is False:
+                raise BertkitError(f"{flag} is not used beside {need} (a run with {need} never reads it): leave one "
+                                   "of them out")
+            if wanted is None and have is not None:  # given, as 0 (--eval-every 0 --eval-sequences 10)
+                raise BertkitError(f"{flag} is used only when {need} is not {have}: leave {flag} out, or give {need} "
+                                   "a value that turns it on")
+            raise BertkitError(f"{flag} is used only with {need}: give {need} too, or leave {flag} out")
 
 
 def build(cls, values: dict):

@@ -169,9 +169,10 @@ def test_every_finetune_task_refuses_an_example_limit_below_one(flag, tmp_path, 
     train.write_text("anchor\tpositive\na\tb\n")
     tasks = commands_with(flag)
     assert "finetune embed" in tasks and "finetune classify" in tasks
+    dev = ["--dev", str(train)] if flag == "--max-dev-examples" else []  # without --dev it is refused as unused
     for path in tasks:
         for value in ("0", "-1"):
-            assert main([*path.split(), "--train", str(train), "-o", str(tmp_path / "o"),
+            assert main([*path.split(), "--train", str(train), "-o", str(tmp_path / "o"), *dev,
                          f"{flag}={value}"]) == 2, path
             err = capsys.readouterr().err.strip()
             assert err == f"bertkit: error: {flag} must be >= 1 (leave it out for every example), got {value}", path
@@ -231,7 +232,7 @@ def test_every_option_says_what_it_does():
      "--matryoshka-dims must be a comma-separated list of positive whole numbers, got '16,0'"),
     # the flag the user typed, not '--articles'
     (["qa", "--train-articles", "a:b"], "--train-articles 'a:b' is not START:END (e.g. 0:40)"),
-    (["qa", "--dev-articles", "1:2:3"], "--dev-articles '1:2:3' is not START:END (e.g. 0:40)"),
+    (["qa", "--dev", "d.json", "--dev-articles", "1:2:3"], "--dev-articles '1:2:3' is not START:END (e.g. 0:40)"),
 ])
 def test_a_setting_that_cannot_work_is_refused_before_anything_is_read(argv, says, tmp_path, capsys, monkeypatch):
     import bertkit.tasks.run
@@ -351,6 +352,77 @@ def test_an_option_given_without_the_one_it_tunes_is_refused_before_any_work(arg
     assert main([paths.get(a, a) for a in argv]) == 2
     assert capsys.readouterr().err == f"bertkit: error: {says}\n"
     assert not (tmp_path / "ix").exists() and not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["finetune", "classify", "--max-dev-examples", "5"], "--max-dev-examples is used only with --dev: give --dev "
+     "too, or leave --max-dev-examples out"),
+    (["finetune", "ner", "--max-dev-examples", "5"], "--max-dev-examples is used only with --dev"),
+    (["finetune", "qa", "--dev-articles", "0:2"], "--dev-articles is used only with --dev"),
+    (["finetune", "qa", "--null-score-diff-threshold", "2"], "--null-score-diff-threshold is used only with "
+     "--version-2-with-negative: give --version-2-with-negative too, or leave --null-score-diff-threshold out"),
+    (["finetune", "embed", "--mini-batch-size", "8"], "--mini-batch-size is used only with --loss cached-mnrl"),
+    (["finetune", "embed", "--loss", "cosent", "--mini-batch-size", "8"], "--mini-batch-size is used only with "
+     "--loss cached-mnrl"),
+    (["finetune", "embed", "--static-dim", "64"], "--static-dim is used only with --static"),
+    (["finetune", "embed", "--dev-split", "test"], "--dev-split is used only with --dev"),
+    (["finetune", "rerank", "--rerank-top", "5"], "--rerank-top is used only with --dev"),
+    (["finetune", "rerank", "--rerank-dtype", "bfloat16"], "--rerank-dtype is used only with --dev"),
+    (["finetune", "rerank", "--dev-split", "test"], "--dev-split is used only with --dev"),
+    (["finetune", "rerank", "--mining-model", "{c}", "--mining-index", "{c}"], "--mining-model is not used beside "
+     "--mining-index (a run with --mining-index never reads it): leave one of them out"),
+    (["finetune", "rerank", "--relative-margin", "0.1", "--mining-index", "{c}"], "--relative-margin is not used "
+     "beside --mining-index"),
+])
+def test_a_finetune_option_without_the_setting_it_tunes_is_refused(argv, says, tmp_path, capsys):
+    """Each of these trained and ignored the option (no dev set to cut, a v1 SQuAD run with no null answer to
+    threshold, an mnrl loss that embeds the whole batch at once, the index's answers mined instead of the model's):
+    now one line naming what it needs, before the (missing) --train is read."""
+    paths = {"{c}": str(tmp_path / "corpus")}
+    assert main([paths.get(a, a) for a in argv] + ["--train", str(tmp_path / "t.tsv"), "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith(f"bertkit: error: {says}")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--generator-size", "0.5"], "--generator-size is used only with --method electra: give --method electra too"),
+    (["--disc-weight", "10"], "--disc-weight is used only with --method electra"),
+    (["--method", "electra", "--generator-size", "0.5", "--init-from", "{m}"], "--generator-size is not used beside "
+     "--init-from (a run with --init-from never reads it)"),
+    (["--config", "mini", "--init-from", "{m}"], "--config is not used beside --init-from"),
+    (["--eval-every", "0", "--eval-sequences", "16"], "--eval-sequences is used only when --eval-every is not 0"),
+])
+def test_a_pretrain_option_without_the_setting_it_tunes_is_refused(argv, says, tmp_path, capsys):
+    """A BERT run trained without the ELECTRA generator --generator-size shaped; --init-from's checkpoint gave the
+    shape --config named (and its generator --generator-size's); --eval-every 0 evaluated none of the sequences
+    --eval-sequences asked for. One line each, before the (missing) data is looked for."""
+    argv = [str(tmp_path / "model") if a == "{m}" else a for a in argv]
+    assert main(["pretrain", "run", str(tmp_path / "data"), "-o", str(tmp_path / "o"), *argv]) == 2
+    assert capsys.readouterr().err.startswith(f"bertkit: error: {says}")
+    assert not (tmp_path / "o").exists()
+
+
+def test_embed_does_not_offer_group_by_length(capsys):
+    """embed draws its batches without duplicate texts, never by length: --no-group-by-length was taken, recorded in
+    run_config.json and changed nothing. It is not offered (the other tasks' batches are grouped by length)."""
+    assert "unrecognized arguments: --no-group-by-length" in refused(
+        ["finetune", "embed", "--train", "t.tsv", "-o", "o", "--no-group-by-length"], capsys)
+    assert PARSER.parse_args(["finetune", "classify", "--train", "t", "-o", "o", "--no-group-by-length"]).group_by_length \
+        is False
+
+
+def test_a_finetune_option_with_the_setting_it_tunes_is_taken(tmp_path):
+    """The same flags beside what they tune still build the run's settings."""
+    from bertkit.options import from_args
+    from bertkit.tasks import task_config
+
+    for argv, field, value in ((["qa", "--version-2-with-negative", "--null-score-diff-threshold", "2"],
+                                "null_score_diff_threshold", 2.0),
+                               (["embed", "--loss", "cached-mnrl", "--mini-batch-size", "8"], "mini_batch_size", 8),
+                               (["classify", "--dev", "d.tsv", "--max-dev-examples", "5"], "max_dev_examples", 5)):
+        args = PARSER.parse_args(["finetune", *argv, "--train", "t.tsv", "-o", str(tmp_path / "o")])
+        cls, defaults = task_config(args.task)
+        assert getattr(from_args(args, cls, defaults), field) == value
 
 
 def test_every_commands_help_loads_no_torch():

@@ -105,8 +105,10 @@ def test_binary_cross_entropy_against_a_hand_computed_value():
 # --- end to end --------------------------------------------------------------------------------
 
 def _finetune(ctx, out, *more):
+    # an index's answers take the mining model's place (--mining-model beside --mining-index is refused)
+    mining = [] if "--mining-index" in more else ["--mining-model", str(ctx["tiny"])]
     return main(["finetune", "rerank", "--train", str(ctx["folder"]), "--output", str(out), "--model",
-                 str(ctx["tiny"]), "--mining-model", str(ctx["tiny"]), "--max-length", "64", "--hard-negatives",
+                 str(ctx["tiny"]), *mining, "--max-length", "64", "--hard-negatives",
                  "2", "--random-negatives", "1", "--range-max", "20", "--batch-size", "8", "--learning-rate", "1e-3",
                  "--seed", "3", "--no-progress", *more])
 
@@ -325,7 +327,8 @@ def test_the_recorded_precisions_are_the_ones_the_figures_ran_in(ctx, tmp_path):
     from bertkit.tasks.cross_encoder import record_figures
     from test_index import OVERLAP, TOKENS
 
-    args = build_parser().parse_args(["finetune", "rerank", "--train", "t", "-o", "o", "--rerank-dtype", "auto"])
+    args = build_parser().parse_args(["finetune", "rerank", "--train", "t", "-o", "o", "--rerank-dtype", "auto",
+                                      "--dev", str(ctx["folder"]), "--index", str(ctx["index"])])  # it tunes the --dev evaluation
     assert from_args(args, RerankConfig).validate().rerank_dtype == "auto"
 
     loaded = bertkit.load(str(ctx["tiny"]), int8=True)

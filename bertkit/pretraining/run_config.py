@@ -39,10 +39,13 @@ class RunConfig:
 
     data: str = field(metadata={"help": "a directory made by `bertkit pretrain prepare`", "positional": True})
     output: str = field(default="runs/pretrain", metadata={"help": "run directory: checkpoints, metrics, final model", "short": "-o"})
-    config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large) or a config.json"})
+    config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large) or a config.json",
+                                                  "needs": ("init_from", False)})
     method: str = field(default="bert", metadata={"help": "bert: masked LM (+ NSP/SOP if the data has pairs); electra: replaced-token detection, a generator 1/4 the size fills the masks and the model (the discriminator) spots the replaced tokens (data: --objective none)", "choices": METHODS})
-    generator_size: float = field(default=0.25, metadata={"help": "electra: the generator's size as a fraction of the discriminator's (heads, hidden and feed-forward)"})
-    disc_weight: float = field(default=50.0, metadata={"help": "electra: loss = generator MLM loss + this x discriminator loss"})
+    generator_size: float = field(default=0.25, metadata={"help": "electra: the generator's size as a fraction of the discriminator's (heads, hidden and feed-forward)",
+                                                         "needs": [("method", "electra"), ("init_from", False)]})
+    disc_weight: float = field(default=50.0, metadata={"help": "electra: loss = generator MLM loss + this x discriminator loss",
+                                                     "needs": ("method", "electra")})
     init_from: str | None = field(default=None, metadata={"help": "continue pre-training a Hugging Face checkpoint (its config and weights replace --config; optimizer and schedule start fresh), e.g. on in-domain text"})
     max_steps: int = field(default=1000, metadata={"resumable": True, "help": "optimizer updates to train for"})
     batch_size: int = field(default=32, metadata={"help": "sequences per micro-batch, per process"})
@@ -56,7 +59,8 @@ class RunConfig:
     save_every: int = field(default=500, metadata={"resumable": True, "help": "checkpoint every N steps (and always at the end)"})
     keep_last: int = field(default=3, metadata={"resumable": True, "help": "checkpoints to keep"})
     eval_every: int = field(default=200, metadata={"resumable": True, "help": "evaluate on the held-out slice every N steps (0: never)"})
-    eval_sequences: int = field(default=256, metadata={"help": "sequences held out from training for evaluation"})
+    eval_sequences: int = field(default=256, metadata={"help": "sequences held out from training for evaluation",
+                                                       "needs": ("eval_every", None)})
     log_every: int = field(default=1, metadata={"resumable": True, "help": "write a metrics line every N steps"})
     resume: bool = field(default=False, metadata={"help": "continue from OUTPUT's last checkpoint"})
     overwrite: bool = field(default=False, metadata={

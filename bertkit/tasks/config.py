@@ -93,7 +93,7 @@ class TaskConfig:
     model: str | None = _opt(None, "pretrained model directory (default: the packaged all-MiniLM-L6-v2)")
     max_length: int = _opt(128, "tokens per input window")
     max_train_examples: int | None = _opt(None, "use only the first N training examples")
-    max_dev_examples: int | None = _opt(None, "evaluate on the first N dev examples only")
+    max_dev_examples: int | None = _opt(None, "evaluate on the first N dev examples only", needs=("dev", None))
     training: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self):
@@ -168,14 +168,15 @@ class QAConfig(TaskConfig):
 
     max_length: int = _opt(384, "tokens per window: question + context + 3 special tokens")
     train_articles: str | None = _opt(None, "START:END slice of the training file's articles")
-    dev_articles: str | None = _opt(None, "START:END slice of the dev file's articles")
+    dev_articles: str | None = _opt(None, "START:END slice of the dev file's articles", needs=("dev", None))
     doc_stride: int = _opt(128, "overlap (tokens shared) of consecutive context windows",
                            flags=["--stride", "--doc-stride"])
     max_query_length: int = _opt(64, "question tokens kept")
     max_answer_length: int = _opt(30, "longest answer in tokens")
     n_best: int = _opt(20, "start/end candidates per window")
     version_2: bool = _opt(False, "SQuAD v2: questions may have no answer", flags=["--version-2-with-negative"])
-    null_score_diff_threshold: float = _opt(0.0, "v2: predict no answer when null score - best span score exceeds this")
+    null_score_diff_threshold: float = _opt(0.0, "v2: predict no answer when null score - best span score exceeds this",
+                                            needs=("version_2", True))
 
     def validate(self) -> "QAConfig":
         super().validate(low=32)
@@ -224,7 +225,7 @@ class EmbedConfig(TaskConfig):
     train_split: str = _opt("train", "qrels split of a BEIR --train folder")
     dev: str | None = _opt(None, "evaluated after each epoch, the best epoch kept: a BEIR folder (retrieval, "
                                  "nDCG@10) or scored pairs (STS, Spearman)")
-    dev_split: str = _opt("dev", "qrels split of a BEIR --dev folder")
+    dev_split: str = _opt("dev", "qrels split of a BEIR --dev folder", needs=("dev", None))
     max_length: int | None = _opt(None, "tokens per text (default: the model's sentence-transformers "
                                         "max_seq_length, else 256; --static: where the start cuts), also where "
                                         "the saved model cuts")
@@ -238,7 +239,8 @@ class EmbedConfig(TaskConfig):
               "memory of one chunk; cosent: scored pairs (default: cosent for scored pairs, else mnrl). With "
               "in-batch negatives --grad-accum is NOT a bigger batch (each micro-batch is scored only against "
               "itself): for more negatives raise --batch-size with --loss cached-mnrl")
-    mini_batch_size: int = _opt(32, "cached-mnrl: texts embedded at a time (memory, not the result)")
+    mini_batch_size: int = _opt(32, "cached-mnrl: texts embedded at a time (memory, not the result)",
+                                needs=("loss", "cached-mnrl"))
     scale: float = _opt(20.0, "similarity scale of the losses (1 / temperature)")
     matryoshka_dims: str | None = _opt(None, "comma-separated leading dimensions to train too (e.g. 384,256,128,64): "
                                              "Matryoshka, for vectors stored truncated")
@@ -247,7 +249,7 @@ class EmbedConfig(TaskConfig):
                                "MODEL's table when it is a static folder (bertkit distill static), else a new random "
                                "one over MODEL's vocabulary, --static-dim wide; its own defaults: --batch-size 2048, "
                                "--learning-rate 0.05 (0.2 from scratch), --weight-decay 0")
-    static_dim: int = _opt(256, "--static without a static MODEL: the new table's width")
+    static_dim: int = _opt(256, "--static without a static MODEL: the new table's width", needs=("static", True))
 
     def validate(self) -> "EmbedConfig":
         # the checks every task makes (its own skipped them: --max-train-examples 0 was read as 1 example)
@@ -306,9 +308,11 @@ class RerankConfig(TaskConfig):
     random_negatives: int = _opt(2, "per query: passages drawn at random (seeded by --seed) from the rest of the corpus")
     range_max: int = _opt(50, "hard negatives are looked for among the mining model's best N candidates")
     relative_margin: float = _opt(0.05, "a hard negative scores at most (1 - this) x the query's lowest positive "
-                                        "cosine (NV-Retriever's guard against unlabelled positives; 0: below it)")
+                                        "cosine (NV-Retriever's guard against unlabelled positives; 0: below it); "
+                                        "not with --mining-index, whose ranks are no cosine",
+                               needs=("mining_index", False))
     mining_model: str | None = _opt(None, "the bi-encoder that ranks the corpus for hard negatives (default: the "
-                                          "packaged all-MiniLM-L6-v2)")
+                                          "packaged all-MiniLM-L6-v2)", needs=("mining_index", False))
     mining_index: str | None = _opt(None, "an index of the --train corpus (bertkit index): hard negatives are the "
                                           "documents it answers first (searched as bertkit search does, hybrid by "
                                           "default: the first stage a reranker re-orders), not --mining-model's cosine "
@@ -317,13 +321,16 @@ class RerankConfig(TaskConfig):
                                           "the training pairs, as sentence-transformers' hard-negative recipe)")
     dev: str | None = _opt(None, "a BEIR folder the trained model is evaluated on, reranking --index's answers: nDCG@10 "
                                  "before and after go into OUTPUT/retrieval.json")
-    dev_split: str = _opt("dev", "qrels split of the --dev folder (never the split you report, if you tune on it)")
+    dev_split: str = _opt("dev", "qrels split of the --dev folder (never the split you report, if you tune on it)",
+                          needs=("dev", None))
     index: str | None = _opt(None, "the first stage for --dev: an index of its corpus (bertkit index), searched as "
                                    "bertkit search does (its default mode)")
-    rerank_top: int = _opt(50, "documents of each first-stage answer the model re-scores in the --dev evaluation")
+    rerank_top: int = _opt(50, "documents of each first-stage answer the model re-scores in the --dev evaluation",
+                           needs=("dev", None))
     rerank_dtype: Literal["float32", "bfloat16", "auto"] = _opt(
         "float32", "precision the --dev evaluation reranks in (bfloat16: faster where the CPU has it natively; auto: "
-        "bfloat16 there, else float32, as every --dtype auto; the first stage's queries stay float32)")
+        "bfloat16 there, else float32, as every --dtype auto; the first stage's queries stay float32)",
+        needs=("dev", None))
 
     def validate(self) -> "RerankConfig":
         super().validate()

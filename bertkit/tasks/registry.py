@@ -250,7 +250,10 @@ TASKS = {t.name: t for t in (
               "pairs, triplets, scored pairs or a BEIR folder; saves the sentence-transformers layout "
               "(docs/embeddings.md). With in-batch negatives --grad-accum is not a bigger batch; --loss "
               "cached-mnrl is.",
-         labelled=False, routes=("/v1/embeddings", "/embed", "/tokenize"), presets={"static": STATIC_RECIPE}),
+         labelled=False, routes=("/v1/embeddings", "/embed", "/tokenize"), presets={"static": STATIC_RECIPE},
+         # its batches are drawn without duplicate texts (EmbeddingBatches), never grouped by length:
+         # --no-group-by-length was taken, recorded in run_config.json and changed nothing
+         hidden=("group_by_length",)),
     # one logit per (query, passage), binary cross-entropy: a multi-label head of one label, read as its sigmoid;
     # sentence-transformers' reranker recipe: 1 epoch at 2e-5. Its --dev evaluation (the retrieval figures before
     # and after reranking) runs once, after training: no figure picks an epoch, so it offers no --metric
