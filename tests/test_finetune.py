@@ -435,6 +435,38 @@ def test_cli_finetune_classify(tiny, tmp_path, capsys):
     assert json.loads((tmp_path / "o" / "config.json").read_text())["classifier_pooling"] == "mean"
 
 
+@pytest.mark.parametrize("task", ["classify", "ner", "qa", "embed"])
+def test_a_max_length_above_the_models_positions_is_refused(task, tiny, tmp_path, capsys):
+    """--max-length 65 on a 64-position model trained (short texts fit), and the saved model said it reads 65
+    tokens: bertkit_task.json's max_length, the embedding folder's max_seq_length; the first longer text stopped
+    predict or embed on the position table. Refused in one line, with the model's length to pass instead."""
+    rows = sentiment_rows(4, random.Random(0))
+    files = {"classify": write_tsv(tmp_path / "t.tsv", ["sentence", "label"], rows),
+             "ner": tmp_path / "t.conll", "qa": tmp_path / "t.json",
+             "embed": write_tsv(tmp_path / "p.tsv", ["anchor", "positive"], [(a, a) for a, _ in rows])}
+    files["ner"].write_text("the O\nmovie O\n\nparis B-LOC\n")
+    files["qa"].write_text(json.dumps({"data": [{"paragraphs": [{"context": "the movie was good .", "qas": [
+        {"id": "1", "question": "what was good ?", "answers": [{"text": "the movie", "answer_start": 0}]}]}]}]}))
+    assert main(["finetune", task, "--train", str(files[task]), "--output", str(tmp_path / "o"), "--model", str(tiny),
+                 "--max-length", "65", "--no-progress", *(["--max-query-length", "16", "--stride", "8"] if task == "qa"
+                                                            else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"bertkit: error: --max-length 65 is above the 64 positions of {tiny} "
+                       "(max_position_embeddings): pass --max-length 64 or less"), err
+
+
+def test_embed_s_default_length_is_at_most_the_models_positions(tiny, tmp_path):
+    """Without --max-length (and no sentence-transformers length in the model) embed trained at 256 tokens and
+    saved max_seq_length 256 for a 64-position model."""
+    from bertkit.tasks.config import EmbedConfig
+    from bertkit.tasks.embedding import _settle
+
+    t = write_tsv(tmp_path / "p.tsv", ["anchor", "positive"], [("the movie", "the food")] * 4)
+    cfg = EmbedConfig(train=str(t), output=str(tmp_path / "o"), model=str(tiny))
+    _settle(cfg, log=lambda *a: None)
+    assert cfg.max_length == 64
+
+
 def test_one_call_api(tiny, tmp_path):
     from bertkit.tasks import finetune
 
@@ -627,7 +659,8 @@ def test_the_environment_reaches_accelerate_through_a_command(tiny, tmp_path, mo
         assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(tiny),
                      "--quiet", "--dtype", "float32"]) == 0
         assert main(["finetune", "classify", "--train", str(t), "--output", str(tmp_path / f"o{value}"),
-                     "--model", str(tiny), "--epochs", "1", "--batch-size", "8", "--no-progress"]) == 0
+                     "--model", str(tiny), "--epochs", "1", "--batch-size", "8", "--max-length", "32",
+                     "--no-progress"]) == 0
         assert [training for _, training in seen] == [False, True]  # the embedding model, then the one trained
         for settings, _ in seen:
             assert isinstance(settings, fast.SpeedSettings), seen  # decided by the command, not left to None

@@ -54,7 +54,8 @@ import torch
 from torch import nn
 
 from bertkit.model import electra, heads
-from bertkit.model.checkpoint import GENERATOR_DIR, Saved, architecture, describe, has_int8_weights, model_type, resolve
+from bertkit.model.checkpoint import (GENERATOR_DIR, Saved, architecture, describe, has_int8_weights, model_type,
+                                      read_config, resolve)
 from bertkit.runtime.devices import dtype_name, in_memory, placement
 from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
                              ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
@@ -122,6 +123,22 @@ def folder_stamp(directory) -> tuple:
                 continue
             stamp.append((os.path.relpath(os.path.join(folder, name), directory), info.st_size, info.st_mtime_ns))
     return tuple(sorted(stamp))
+
+
+def max_positions(model) -> int | None:
+    """The positions of `model`'s encoder (config.json's max_position_embeddings): the longest input it reads."""
+    return read_config(encoder_dir(model)).get("max_position_embeddings")
+
+
+def check_length(model, max_length: int) -> None:
+    """Refuse a training run's --max-length above the positions of the model it fine-tunes. It was taken: short
+    texts trained, the saved model then said it reads max_length tokens (bertkit_task.json, sentence-transformers'
+    max_seq_length) and the first long text stopped predict, embed or the run itself on the position table."""
+    positions = max_positions(model)
+    if positions and max_length > positions:
+        raise BertkitError(f"--max-length {max_length} is above the {positions} positions of "
+                           f"{model or 'the default model'} (max_position_embeddings): pass --max-length {positions} "
+                           "or less")
 
 
 def need_transformer(path, use: str) -> None:

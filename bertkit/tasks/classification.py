@@ -124,7 +124,7 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
     log(f"task {cfg.task}: {len(train_ex)} training examples" + (f" ({none} with no label)" if none else "")
         + (f", labels {names}" if names else ""))
 
-    tok = load_tokenizer(cfg.model)
+    tok = load_tokenizer(cfg.model, cfg.max_length)
     model = load_head(BertForSequenceClassification, cfg.model, tcfg.seed, log, **overrides)
     train_feats = make_features(tok, train_ex, kind, label2id, cfg.max_length, cfg.stride)
     if len(train_feats) > len(train_ex):
@@ -219,7 +219,7 @@ def pair_features(tok, pairs: list, max_length: int) -> list[dict]:
 def train_pair_scorer(cfg, pairs: list, pos_weight: float, info: dict, log=print, speed=None):
     """A one-logit head on cfg.model trained on (query, passage, label) `pairs` through the one run harness
     and saved in cfg.output with `info` as its bertkit_task.json; the trainer's result."""
-    tok = load_tokenizer(cfg.model)
+    tok = load_tokenizer(cfg.model, cfg.max_length)
     head = load_head(BertForSequenceClassification, cfg.model, cfg.training.seed, log, problem_type=MULTI_LABEL,
                      num_labels=1, id2label={0: RELEVANT}, label2id={RELEVANT: 0})
     save = saver(Path(cfg.output), tok, info)

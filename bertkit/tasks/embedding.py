@@ -58,7 +58,7 @@ from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
 from bertkit.tasks.run import load_head, load_tokenizer, write_json
 from bertkit.tasks.trainer import rows_hash, train
-from bertkit.runtime.loading import load as load_model
+from bertkit.runtime.loading import load as load_model, max_positions
 from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
 from bertkit.data.beir import is_corpus_jsonl, qrels_path, read_qrels, training_pairs
@@ -413,7 +413,7 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     if cfg.static:  # bertkit.tasks.static_embed
         encoder, tok = static_start(cfg, load_tokenizer, log)
     else:
-        tok = load_tokenizer(cfg.model)
+        tok = load_tokenizer(cfg.model, cfg.max_length)
         encoder = load_head(BertModel, cfg.model, tcfg.seed, log)  # an ELECTRA folder: its ElectraModel
     if dims and max(dims) > encoder.config.hidden_size:
         raise BertkitError(f"--matryoshka-dims {dims}: the largest exceeds the model's {encoder.config.hidden_size} "
@@ -458,7 +458,10 @@ def _settle(cfg: EmbedConfig, log) -> EmbeddingExamples:
     # "auto": the model's own pooling, else mean; a static table has no layout to read (it averages)
     output = resolve_output(None if cfg.static else read_layout(resolve(cfg.model)), cfg.pooling)
     cfg.pooling = output.pooling
-    cfg.max_length = cfg.max_length or output.length or (None if cfg.static else 256)  # a table: its start's cut
+    # a table: its start's cut; a transformer: 256, or fewer where the model has fewer positions (its own length,
+    # or one given, is checked against them)
+    fits = None if cfg.static else min(256, max_positions(cfg.model) or 256)
+    cfg.max_length = cfg.max_length or output.length or fits
     examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
     loss = cfg.loss or ("cosent" if examples.scored else "mnrl")
     if (loss == "cosent") != examples.scored:

@@ -96,7 +96,7 @@ def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
             check_known_labels((t for s in sents for t in to_training_tags(s.tags, cfg.tag_scheme)), label2id, path)
     log(f"ner: {len(train_s)} training sentences, tags {names}")
 
-    tok = load_tokenizer(cfg.model)
+    tok = load_tokenizer(cfg.model, cfg.max_length)
     model = load_head(BertForTokenClassification, cfg.model, tcfg.seed, log, num_labels=len(names),
                       id2label=dict(enumerate(names)), label2id=label2id)
     feats, _ = make_features(tok, train_s, label2id, cfg.max_length, cfg.stride, cfg.tag_scheme)

@@ -50,7 +50,7 @@ def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
         if not cfg.version_2 and any(e.is_impossible for e in examples):
             raise BertkitError(f"{path} has unanswerable questions (SQuAD v2): pass --version-2-with-negative")
 
-    tok = load_tokenizer(cfg.model)
+    tok = load_tokenizer(cfg.model, cfg.max_length)
     model = load_head(BertForQuestionAnswering, cfg.model, tcfg.seed, log)
     feats, skipped = make_features(tok, train_ex, cfg, training=True)
     if skipped:

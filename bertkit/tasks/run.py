@@ -22,7 +22,7 @@ import torch
 
 from bertkit.data import atomic
 from bertkit.model.checkpoint import architecture, resolve, save_task_info
-from bertkit.runtime.loading import class_for, encoder_dir, need_transformer
+from bertkit.runtime.loading import check_length, class_for, encoder_dir, need_transformer
 from bertkit.text.tokenizer import Tokenizer
 
 
@@ -77,9 +77,12 @@ def fresh_head(model, seed: int) -> None:
             params[name].copy_(new[name])
 
 
-def load_tokenizer(model_path):
-    """The vocabulary of the model a run fine-tunes (the first thing a task reads of it)."""
+def load_tokenizer(model_path, max_length: int | None = None):
+    """The vocabulary of the model a run fine-tunes (the first thing a task reads of it), once the run's
+    max_length fits the model's positions."""
     need_transformer(model_path, "fine-tuning")
+    if max_length is not None:
+        check_length(model_path, max_length)
     return Tokenizer.from_pretrained(encoder_dir(model_path))
 
 
