@@ -43,7 +43,7 @@ def write_through(path, write_to) -> None:
     try:
         write_to(tmp)
         # safetensors' save_file puts a file of its own at tmp, readable by its owner alone (0600) whatever the
-        # umask, and other users could not load the model; give it the mode our own open(tmp) got under it
+        # umask, and other users could not load the model; give it the mode our own new lock file got under the umask
         os.chmod(tmp, stat.S_IMODE(os.fstat(held).st_mode))
         with open(tmp, "rb+") as f:  # fsync works on any descriptor of the file: its bytes reach the disk
             os.fsync(f.fileno())
