@@ -106,13 +106,17 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def __getitem__(self, index: int) -> dict:
+    def _locate(self, index: int) -> tuple[dict, int, int]:
+        """(the shard holding instance `index`, its row there, the index counted from 0)."""
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"instance {index} out of range (the data has {n})")
         index %= n
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
-        s, j = self._shards[k], index - int(self._starts[k])
+        return self._shards[k], index - int(self._starts[k]), index
+
+    def __getitem__(self, index: int) -> dict:
+        s, j, index = self._locate(index)
         length, type_a = int(s["lengths"][j]), int(s["type_a"][j])
         ids = np.asarray(s["input_ids"][j, :length], dtype=np.int64)
         types = np.zeros(length, dtype=np.int64)
@@ -130,12 +134,7 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
     def source(self, index: int) -> dict:
         """Where instance `index` came from: corpus token ranges of A and B after truncation (`spans`)
         and before (`sources`), and their documents (-1: none)."""
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"instance {index} out of range (the data has {n})")
-        index %= n
-        k = int(np.searchsorted(self._starts, index, side="right")) - 1
-        s, j = self._shards[k], index - int(self._starts[k])
+        s, j, _ = self._locate(index)
         return {key: [int(x) for x in s[key][j]] for key in ("spans", "sources", "docs")}
 
     def corpus_tokens(self):
