@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import oracle
 
 from bertkit.errors import BertkitError
 from bertkit.metrics.tasks import (
@@ -42,6 +43,25 @@ def test_accuracy_f1_confusion_by_hand():
     assert rep["neg"]["precision"] == 0.5 and rep["neg"]["recall"] == 0.5
     assert rep["other"]["f1"] == 1.0 and rep["pos"]["support"] == 3
     assert rep["macro_f1"] == pytest.approx((0.5 + 2 / 3 + 1.0) / 3)
+
+
+def test_macro_f1_equals_scikit_learn_when_a_label_is_absent_from_the_dev_set():
+    # a trained label that neither the dev set nor the model's predictions hold has no F1 (0/0): scikit-learn's
+    # macro average, the figure papers quote, leaves it out; counting it as 0 pulled the average down
+    metrics = oracle("sklearn.metrics", "scikit-learn")
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n_labels = int(rng.integers(2, 6))
+        present = rng.choice(n_labels, size=int(rng.integers(1, n_labels + 1)), replace=False)
+        gold = list(map(int, rng.choice(present, size=int(rng.integers(1, 20)))))
+        pred = list(map(int, rng.choice(present, size=len(gold))))
+        ours = per_label_report(pred, gold, [f"l{i}" for i in range(n_labels)])["macro_f1"]
+        assert ours == pytest.approx(metrics.f1_score(gold, pred, average="macro", zero_division=0), abs=1e-12), \
+            (gold, pred, n_labels)
+    # by hand: three trained labels, the dev set and the predictions use two: (1 + 0.5) / 2, not / 3
+    rep = per_label_report([0, 1, 1], [0, 1, 0], ["a", "b", "c"])
+    assert rep["macro_f1"] == pytest.approx((2 / 3 + 2 / 3) / 2)
+    assert rep["c"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}  # still listed
 
 
 def test_f1_with_no_positive_predictions_is_zero():

@@ -1,7 +1,8 @@
 """Evaluation metrics for the fine-tuning tasks, in plain Python.
 
-- classification: accuracy, per-label precision/recall/F1, macro F1, a
-  confusion matrix (GLUE reports accuracy, and F1 of the positive class for MRPC);
+- classification: accuracy, per-label precision/recall/F1, macro F1 (over the
+  labels the references or predictions hold, as scikit-learn), a confusion
+  matrix (GLUE reports accuracy, and F1 of the positive class for MRPC);
 - regression: Pearson and Spearman correlation (STS-B), Spearman with average
   ranks for ties;
 - NER: entity-level precision/recall/F1 as the CoNLL `conlleval` script
@@ -67,13 +68,17 @@ def f1_binary(preds, labels, positive=1) -> float:
 
 
 def per_label_report(preds, labels, names: list[str]) -> dict:
-    """{name: precision/recall/f1/support} per label plus macro F1, ids index `names`."""
+    """{name: precision/recall/f1/support} per label plus macro F1, ids index `names`.
+
+    The macro average is over the labels that the references or the predictions hold (scikit-learn's
+    `f1_score(average="macro")`): a trained label absent from both has no F1 (0/0), and counting it as 0
+    lowered a dev set's figure for a class it simply lacks. It is still listed, with support 0."""
     _same_length(preds, labels, "per_label_report")
-    report = {}
+    report, seen = {}, set(preds) | set(labels)
     for i, name in enumerate(names):
         tp = sum(p == i and y == i for p, y in zip(preds, labels))
         report[name] = _prf(tp, sum(p == i for p in preds), sum(y == i for y in labels))
-    report["macro_f1"] = sum(r["f1"] for r in report.values()) / len(names)
+    report["macro_f1"] = sum(report[name]["f1"] for i, name in enumerate(names) if i in seen) / len(seen)
     return report
 
 
