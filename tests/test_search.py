@@ -14,6 +14,7 @@ from test_index import OVERLAP, TOKENS, make_tiny, scifact_corpus
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
+from bertkit.retrieval.config import FusionOptions
 from bertkit.tasks.rerank import pair_scores, rerank, reranker
 from bertkit.retrieval.index import FORMAT, build_index, open_index
 from bertkit.retrieval.search import best_documents, embed_queries, query_encoder, search
@@ -552,7 +553,17 @@ def test_a_qdrant_collection_answers_as_the_exact_search(built, tiny, tmp_path, 
     np.testing.assert_allclose([h["score"] for h in answer], [h.score for h in exact[0]], atol=1e-5)
     from bertkit.retrieval.qdrant import search as search_qdrant
 
-    both = search_qdrant(where, "sci", QUERIES, k=5, dtype="float32")
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        both = search_qdrant(where, "sci", QUERIES, k=5, dtype="float32")
+        assert not [w for w in caught if "index's passages" in str(w.message)]
+        # bfloat16 queries against float32 passages: said as search() and serve --index say it (it was silent)
+        search_qdrant(where, "sci", QUERIES[:1], k=2, dtype="bfloat16", fusion=FusionOptions(mode="dense"))
+        said = [str(w.message) for w in caught if "index's passages" in str(w.message)]
+        assert said == ["queries are embedded in bfloat16, the index's passages were in float32 (--dtype float32 "
+                        "embeds them as the passages were)"]
     assert [[h.id for h in hits] for hits in both] == [[h.id for h in hits[:5]] for hits in exact]
     assert [h.text for h in both[1]] == [h.text for h in exact[1][:5]]
     from bertkit.retrieval.qdrant import search_vectors as qdrant_vectors

@@ -44,7 +44,7 @@ from bertkit.retrieval.codes_file import rows_or_decoded
 from bertkit.retrieval.config import FusionOptions, options_of
 from bertkit.retrieval.lexical import tokenize
 from bertkit.retrieval.documents import first_per_document
-from bertkit.retrieval.search import Hit, check_k, embed_queries, query_encoder
+from bertkit.retrieval.search import Hit, check_k, embed_queries, query_encoder, warn_mixed_precision
 
 METADATA_KEY = "bertkit_index"  # the collection's metadata entry holding index.json
 VOCABULARY_KEY = "bertkit_vocabulary"  # with a lexical part: term -> sparse index
@@ -176,6 +176,7 @@ def search(location: str, collection: str, queries: list[str], k: int = 10, *, m
         vectors = None
         if fusion.mode != "lexical":
             loaded = query_encoder(info, model, device, dtype, fast)
+            warn_mixed_precision(info, loaded)  # the collection's info is its index's: the passages' precision
             vectors = embed_queries(info, loaded, list(queries), batch_size)
         if fusion.mode == "dense":
             return _answers(client, collection, info, vectors, k)

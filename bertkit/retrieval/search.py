@@ -109,6 +109,14 @@ def mixed_precision(info: dict, loaded: Loaded) -> str | None:
     return f"queries are embedded in {loaded.precision}, the index's passages were in {made}{fix}"
 
 
+def warn_mixed_precision(info: dict, loaded: Loaded) -> None:
+    """`mixed_precision`'s line as a warning (the CLI prints it as `bertkit: warning: ...`): for every search
+    that embeds its queries, over an index folder or the Qdrant collection exported from one."""
+    mixed = mixed_precision(info, loaded)
+    if mixed:
+        warnings.warn(mixed, stacklevel=3)
+
+
 def check_queries(queries: list) -> None:
     """Refuse no queries, or one that is no text or only spaces, in every mode: a lexical search answered
     `search INDEX "  " --mode lexical` with nothing (exit 0) where a dense one refused it."""
@@ -231,9 +239,7 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
     vectors = None
     if options.mode != "lexical":
         loaded = query_encoder(index.info, model, device, dtype, fast)
-        mixed = mixed_precision(index.info, loaded)
-        if mixed:
-            warnings.warn(mixed, stacklevel=2)
+        warn_mixed_precision(index.info, loaded)
         vectors = embed_queries(index.info, loaded, queries, batch_size, names)
     return search_vectors(index, vectors, k, block_size=block_size, ann=ann, ef_search=ef_search,
                           queries=queries, fusion=options)
