@@ -124,13 +124,16 @@ def test_a_short_run_starts_at_the_hand_computed_loss_and_saves_the_teachers_lay
     assert saved.model.config.num_hidden_layers == 1 and saved.layout == teacher.layout
 
 
-def test_paths_given_as_pathlib_paths_are_recorded_as_strings(tiny_dir, tmp_path):
+def test_paths_given_as_pathlib_paths_are_recorded_as_strings(tiny_dir, tmp_path, capsys):
     """LayersDistillConfig(data=Path(...), output=Path(...)), a notebook's paths, ran the teacher, then died writing
-    run_config.json (TypeError: Object of type PosixPath is not JSON serializable)."""
-    cfg = config(tmp_path, epochs=1)
+    run_config.json (TypeError: Object of type PosixPath is not JSON serializable). The training's progress bar
+    says what runs: it was labelled "finetune" (the loop's label for bertkit finetune)."""
+    cfg = config(tmp_path, epochs=1, progress=True)
     assert (cfg.data, cfg.output) == (str(tmp_path / "s.txt"), str(tmp_path / "student"))
     distill_layers(tiny_dir, tmp_path / "student", cfg, log=lambda s: None)
     assert json.loads((tmp_path / "student" / "run_config.json").read_text())["data"] == str(tmp_path / "s.txt")
+    bars = capsys.readouterr().err
+    assert "distill layers:" in bars and "finetune" not in bars, bars
 
 
 def test_the_teachers_vectors_are_cached_and_reused(tiny_dir, tmp_path):

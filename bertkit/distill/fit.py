@@ -72,7 +72,7 @@ def fit_table(static: nn.Module, ids: list, targets: np.ndarray, training, pad_i
     before = mean_loss(static, [ids[i] for i in keep], targets[keep])
     zero = static.embedding.weight.detach().norm(dim=1) == 0  # never distilled: zero again after the fit
     static.train()
-    result = train(TableFit(static), features, training, pad_id=pad_id, log=log)
+    result = train(TableFit(static), features, training, pad_id=pad_id, log=log, desc="distill static --fit")
     static.eval()
     with torch.no_grad():
         static.embedding.weight[zero] = 0

@@ -216,7 +216,7 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
                          hidden_size=m.encoder.config.hidden_size, dimensions=layout.dimensions)
 
     result = train(SentenceStudent(student, pooling, config.loss), features, training, evaluate=evaluate, save=save,
-                   output_dir=out, pad_id=tok.pad_token_id, log=log, speed=speed,
+                   output_dir=out, pad_id=tok.pad_token_id, log=log, speed=speed, desc="distill layers",
                    run_config={**asdict(config), "teacher": str(teacher.directory)})
     best = {"best_epoch": result.best["epoch"]} if result.best else {}
     return {"layers": layers, "sentences": len(kept), "held_out": len(held), **best,

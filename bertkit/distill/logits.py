@@ -116,6 +116,6 @@ def distill_logits(teacher, output, config, log=print, speed=None) -> dict:
     wrapped = LogitStudent(student, kind, config.temperature, config.soft_weight if labelled else 1.0)
     result = train(wrapped, features, tcfg, save=lambda m: save_task(m.model), output_dir=Path(output),
                    pad_id=teacher.tokenizer.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)},
-                   log=log, speed=speed)
+                   log=log, speed=speed, desc="distill layers")
     return {"layers": layers, "features": len(features), "labelled": labelled, "train_seconds": round(result.seconds, 1),
             "epochs": result.history, "is_main": result.is_main}

@@ -148,7 +148,7 @@ def check_run_output(output_dir, config) -> None:
 
 def train(model, train_features: list, config, *, evaluate=None, save=None,
           output_dir=None, pad_id: int = 0, baseline: tuple[float, str] | None = None, run_config: dict | None = None,
-          log=print, batches=None, speed=None) -> TrainResult:
+          log=print, batches=None, speed=None, desc: str = "finetune") -> TrainResult:
     """Fine-tune `model` in place; returns the per-epoch history and the best epoch.
 
     config: the loop's settings, a `bertkit.tasks.config.TrainConfig` (named, not imported: the task's
@@ -159,6 +159,7 @@ def train(model, train_features: list, config, *, evaluate=None, save=None,
     baseline: (value of config.metric, what it is) of a trivial predictor on the
     dev set; a best epoch no better than it gets a warning, and curves.png the line.
     speed: the fast path's settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s).
+    desc: the progress bar's label, what runs (distill's runs train here too: they said "finetune").
     """
     config.validate()
     if not train_features:
@@ -173,7 +174,7 @@ def train(model, train_features: list, config, *, evaluate=None, save=None,
         per_epoch = stream.steps_per_epoch
         loop = LoopConfig(max_steps=min(math.ceil(per_epoch * config.epochs), config.max_steps or math.inf),
                           grad_accum=config.grad_accum, precision=config.precision, eval_every=per_epoch,
-                          save_every=config.save_every or per_epoch, optim=config.optim, desc="finetune")
+                          save_every=config.save_every or per_epoch, optim=config.optim, desc=desc)
         settings = harness.RunSettings(None if output_dir is None else Path(output_dir), loop, config.seed,
                                        resume=config.resume, keep_last=config.keep_last,
                                        keep_checkpoints=config.keep_checkpoint, progress=config.progress,
