@@ -322,7 +322,7 @@ def test_distill_static_from_a_classifier_or_a_static_model_names_what_it_is(tin
     assert "fine-tuned" not in capsys.readouterr().out
 
 
-def test_serve_answers_a_static_model_with_bertkits_vectors(ours):
+def test_serve_answers_a_static_model_with_bertkits_vectors(ours, tiny_dir):
     from test_serve import AUTH, KEY, Server, call
 
     server = Server(ours, "--api-key", KEY)
@@ -332,9 +332,19 @@ def test_serve_answers_a_static_model_with_bertkits_vectors(ours):
         assert np.abs(np.array(body) - bertkit.embed(TEXTS[:4], ours)).max() < 1e-6
         status, _, body = call(server.port, "POST", "/v1/embeddings", {"input": TEXTS[0]}, AUTH)
         assert status == 200 and len(body["data"][0]["embedding"]) == 12
+        # /info says it is a static table (a mean of rows), without the transformer's layers and combine: it gave
+        # "layers": [0], "combine": "sum", which mean nothing for a table
+        info = call(server.port, "GET", "/info", headers=AUTH)[2]
+        assert info["static"] is True and not {"layers", "combine"} & set(info), info
+        assert (info["dimensions"], info["pooling"], info["normalize"]) == (12, "mean", True)
     finally:
         server.terminate()
         server.proc.wait(30)
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    encoder = load_runner(ServeConfig(model=str(tiny_dir))).info()  # a transformer's keeps them
+    assert encoder["static"] is False and encoder["layers"] == [2] and encoder["combine"] == "sum", encoder
 
 
 # --- finetune embed --static ---------------------------------------------------------------------

@@ -25,13 +25,11 @@ own (`bertkit.retrieval.search.search_vectors`, `bertkit.tasks.rerank.rerank`).
 `token_list` answers /tokenize: text-embeddings-inference's shape, whose start
 and stop are UTF-8 byte offsets (its tokenizer is Rust's).
 
-The EmbeddingModel's forward pass and pooling are `bertkit.embed`'s own
-(`bertkit.embeddings.features.run_batch`, `bertkit.embeddings.pooling.pool`: same padding, layer
-combination and pooling, `resolve_output`'s defaults but /embed's normalisation) run on rows that are already
-tokenised: `bertkit.embed` on the same texts gives the same
-vectors. Texts longer than the input limit are refused or truncated, never
-windowed: a server answers within one forward pass per text, as
-text-embeddings-inference does.
+The EmbeddingModel's forward pass and pooling are `bertkit.embed`'s own (`bertkit.embeddings.features.run_batch`,
+`bertkit.embeddings.pooling.pool`: same padding, layer combination and pooling, `resolve_output`'s defaults but
+/embed's normalisation) run on rows that are already tokenised: `bertkit.embed` on the same texts gives the same
+vectors. Texts longer than the input limit are refused or truncated, never windowed: a server answers within one
+forward pass per text, as text-embeddings-inference does.
 """
 
 from __future__ import annotations
@@ -155,10 +153,9 @@ class EmbeddingModel:
         self.on_batch = None  # metrics hook: (rows, padded tokens, real tokens)
 
     def info(self) -> dict:
-        return {"task": self.task, "dimensions": self.dim, "matryoshka_dimensions": self.matryoshka,
-                "pooling": self.pooling, "normalize": self.normalize,
-                "layers": list(self.layers.indices), "combine": self.layers.combine,
-                "endpoints": list(self.routes)}
+        return {"task": self.task, "static": False, "dimensions": self.dim, "matryoshka_dimensions": self.matryoshka,
+                "pooling": self.pooling, "normalize": self.normalize, "layers": list(self.layers.indices),
+                "combine": self.layers.combine, "endpoints": list(self.routes)}
 
     def check_dimensions(self, dims) -> int | None:
         """A request's `dimensions`: None, the full size, or one of the Matryoshka dimensions."""
@@ -226,6 +223,9 @@ class StaticEncoder(EmbeddingModel):
         options = settings.embedding
         check_static_options(options.pooling or "auto", options.layers, None)
         super().__init__(loaded, settings, name)
+
+    def info(self) -> dict:  # a mean of table rows: no layers to pick and combine ("layers": [0] meant nothing)
+        return {**{k: v for k, v in super().info().items() if k not in ("layers", "combine")}, "static": True}
 
     def encode(self, texts: list, truncate: bool, max_length: int | None = None) -> list:
         limit = max_length or self.max_length
