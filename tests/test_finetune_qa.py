@@ -14,9 +14,11 @@ import pytest
 from bertkit.errors import BertkitError
 from bertkit.data.tables import QAExample, read_squad
 from bertkit.tasks.qa import QAConfig, finetune_qa
+from bertkit.tasks.reports import qa_report
 from bertkit.tasks.qa_inference import best_answers, char_to_pieces, locate_answer, make_features
 from bertkit.text.tokenizer import Tokenizer
 from test_finetune import fast, tiny  # noqa: F401
+from test_metrics import official_v2
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +207,18 @@ def test_a_squad_v2_dev_file_needs_the_v2_flag_too(tiny, tmp_path):  # noqa: F81
     with pytest.raises(BertkitError, match=r"dev.json has unanswerable questions \(SQuAD v2\): pass --version-2"):
         finetune_qa(cfg, log=lambda s: None)
     assert not (tmp_path / "o").exists()  # refused before anything was trained or written
+    # with the flag: the dev figures are the official v2.0 script's on the predictions written, with its
+    # HasAns/NoAns split in metrics.json and the report; an epoch's record keeps the declared figures
+    cfg.version_2, cfg.training = True, fast(epochs=1, max_steps=1)
+    final = finetune_qa(cfg, log=lambda s: None)
+    written = json.loads((tmp_path / "o" / "dev_predictions.json").read_text())
+    answers = {qa["id"]: [a["text"] for a in qa["answers"]] for p in data["data"][0]["paragraphs"] for qa in p["qas"]}
+    want = official_v2(answers, written)
+    assert final["dev"] == pytest.approx({"exact_match": want["exact"], "f1": want["f1"],
+                                          **{k: v for k, v in want.items() if "Ans" in k}})
+    assert final["dev"]["HasAns_total"] == 2 and final["dev"]["NoAns_total"] == 1
+    assert {"HasAns_f1", "NoAns_f1"}.isdisjoint(final["epochs"][0]) and "f1" in final["epochs"][0]
+    assert "HasAns (2 questions): exact match" in qa_report(final) and "NoAns (1 question)" in qa_report(final)
 
 
 def test_max_query_length_zero_is_one_line_before_anything_loads(tmp_path, capsys):

@@ -197,3 +197,54 @@ def test_squad_scores_max_over_references_and_missing():
     s = squad_scores(preds, refs)
     assert s["exact_match"] == pytest.approx(100 * 1 / 3)
     assert s["f1"] == pytest.approx(100 * (1 + 0.8) / 3)  # q2: P=2/3 R=1 -> 0.8
+
+
+def official_v2(answers: dict, preds: dict) -> dict:
+    """SQuAD 2.0's evaluate-v2.0.py (no na_prob file: every prediction stands), transcribed: gold answers that
+    normalise to nothing are dropped, an empty list is [""], and the HasAns/NoAns split is by the answers given."""
+    import collections
+
+    def norm(s):
+        s = "".join(ch for ch in s.lower() if ch not in set(__import__("string").punctuation))
+        return " ".join(__import__("re").sub(r"\b(a|an|the)\b", " ", s).split())
+
+    def f1(gold, pred):
+        g, p = norm(gold).split(), norm(pred).split()
+        if not g or not p:
+            return int(g == p)
+        same = sum((collections.Counter(g) & collections.Counter(p)).values())
+        return 0 if same == 0 else 2 * (same / len(p)) * (same / len(g)) / (same / len(p) + same / len(g))
+
+    exact, f1s = {}, {}
+    for qid, texts in answers.items():
+        gold = [a for a in texts if norm(a)] or [""]
+        exact[qid] = max(int(norm(a) == norm(preds[qid])) for a in gold)
+        f1s[qid] = max(f1(a, preds[qid]) for a in gold)
+    out = {"exact": 100 * sum(exact.values()) / len(exact), "f1": 100 * sum(f1s.values()) / len(f1s)}
+    for name, ids in (("HasAns", [q for q in answers if answers[q]]), ("NoAns", [q for q in answers if not answers[q]])):
+        if ids:
+            out.update({f"{name}_exact": 100 * sum(exact[q] for q in ids) / len(ids),
+                        f"{name}_f1": 100 * sum(f1s[q] for q in ids) / len(ids), f"{name}_total": len(ids)})
+    return out
+
+
+def test_squad_v2_scores_equal_the_official_script_with_its_answerable_and_unanswerable_splits():
+    # SQuAD 2.0 papers quote HasAns and NoAns beside the overall figures; the official script also drops a gold
+    # answer that normalises to nothing ("The"), which would otherwise match an empty (no-answer) prediction
+    rng = np.random.default_rng(1)
+    words = ["the", "denver", "broncos", "a", "1066", "santa", "clara", "."]
+    answers, preds = {}, {}
+    for i in range(300):
+        texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 4)))) for _ in range(int(rng.integers(0, 3)))]
+        answers[f"q{i}"] = texts
+        options = [*texts, "", "The", " ".join(rng.choice(words, size=int(rng.integers(1, 4))))]
+        preds[f"q{i}"] = str(options[int(rng.integers(0, len(options)))])
+    answers["the"], preds["the"] = ["The", "Denver"], ""  # gold "The" is dropped: no match for the empty answer
+    want = official_v2(answers, preds)
+    got = squad_scores(preds, answers, v2=True)
+    assert got["exact_match"] == pytest.approx(want["exact"]) and got["f1"] == pytest.approx(want["f1"])
+    for key in ("HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact", "NoAns_f1", "NoAns_total"):
+        assert got[key] == pytest.approx(want[key]), key
+    assert squad_scores({"the": ""}, {"the": ["The", "Denver"]}, v2=True)["exact_match"] == 0.0
+    # v1.1 has no unanswerable questions: no split, and its script keeps every gold answer
+    assert set(squad_scores({"q": "x"}, {"q": ["x"]})) == {"exact_match", "f1"}

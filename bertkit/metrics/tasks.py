@@ -14,8 +14,9 @@
 - SQuAD: the official v1.1 `evaluate-v1.1.py` exact match and token F1 after
   its answer normalisation (lower-case, drop punctuation, drop the articles
   a/an/the, collapse whitespace), maximised over the reference answers and
-  reported in percent; with `v2=True` the v2.0 rule that an empty prediction
-  matches an empty (no-answer) reference.
+  reported in percent; with `v2=True` the v2.0 script's rules (an empty
+  prediction matches an empty, no-answer, reference; a reference that
+  normalises to nothing is dropped) and its HasAns/NoAns figures.
 
 Inputs are plain lists; outputs are floats or dicts of floats.
 """
@@ -250,16 +251,24 @@ def squad_scores(predictions: dict, references: dict, v2: bool = False) -> dict:
     predictions: id -> answer text; references: id -> list of reference answer
     texts (an empty list means "no answer", scored against "" under v2).
     A question without a prediction scores 0, as in the official script.
+    v2 (`evaluate-v2.0.py`): a reference that normalises to nothing ("The") is
+    dropped, as that script drops it (else it matched the empty, no-answer,
+    prediction), and the figures of the questions with answers and of those
+    without follow as it names them: HasAns_exact, HasAns_f1, HasAns_total,
+    NoAns_exact, NoAns_f1, NoAns_total (each group only when it has questions).
     """
     if not references:
         raise BertkitError("squad_scores: no reference questions to score")
-    em = f1 = 0.0
+    em, f1 = {}, {}
     for qid, truths in references.items():
-        truths = list(truths) or [""]
-        if qid not in predictions:
-            continue
-        pred = predictions[qid]
-        em += max(squad_exact(pred, t) for t in truths)
-        f1 += max(squad_f1(pred, t, v2) for t in truths)
-    n = len(references)
-    return {"exact_match": 100.0 * em / n, "f1": 100.0 * f1 / n}
+        truths = [t for t in truths if not v2 or normalize_answer(t)] or [""]
+        pred = predictions.get(qid)
+        em[qid] = 0.0 if pred is None else max(squad_exact(pred, t) for t in truths)
+        f1[qid] = 0.0 if pred is None else max(squad_f1(pred, t, v2) for t in truths)
+    scores = {"exact_match": 100.0 * sum(em.values()) / len(em), "f1": 100.0 * sum(f1.values()) / len(f1)}
+    for name, ids in (("HasAns", [q for q, t in references.items() if t]),
+                      ("NoAns", [q for q, t in references.items() if not t])):
+        if v2 and ids:
+            scores.update({f"{name}_exact": 100.0 * sum(em[q] for q in ids) / len(ids),
+                           f"{name}_f1": 100.0 * sum(f1[q] for q in ids) / len(ids), f"{name}_total": len(ids)})
+    return scores

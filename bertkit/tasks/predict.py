@@ -154,7 +154,8 @@ def feature_logits(loaded: Loaded, features: list[dict], batch_size: int = 64, p
 
 def format_metrics(metrics: dict) -> str:
     """`name value` for every number of a metrics dict (nested reports left out)."""
-    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, (int, float)) and k != "support")
+    return ", ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in metrics.items()
+                     if isinstance(v, (int, float)) and k != "support")  # an int is a count (SQuAD v2's HasAns_total)
 
 
 class FileResult(NamedTuple):

@@ -58,9 +58,11 @@ def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
     log(f"qa: {len(train_ex)} questions -> {len(feats)} windows (max_length {cfg.max_length}, "
         f"doc_stride {cfg.doc_stride})")
 
+    figures = task_for(cfg).metrics  # an epoch's record: SQuAD v2's HasAns/NoAns split is in metrics.json's dev
+
     def evaluate(m):
         preds = answer(m, tok, dev_ex, cfg, tcfg.progress)
-        return score(dev_ex, preds, cfg.version_2), preds
+        return {k: v for k, v in score(dev_ex, preds, cfg.version_2).items() if k in figures}, preds
 
     info = {"task": "qa", **{k: getattr(cfg, k) for k in SETTINGS},
             "config": {k: v for k, v in asdict(cfg).items() if k != "training"}}

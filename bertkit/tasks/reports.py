@@ -42,9 +42,13 @@ def ner_report(final: dict) -> str:
 
 
 def qa_report(final: dict) -> str:
-    """QA: SQuAD's exact match and F1 on dev."""
+    """QA: SQuAD's exact match and F1 on dev (v2: also of the questions with and without an answer)."""
     dev = final.get("dev")
-    return f"dev: exact match {dev['exact_match']:.2f}, F1 {dev['f1']:.2f}" if dev else "trained (no dev set)"
+    if not dev:
+        return "trained (no dev set)"
+    split = "; ".join(f"{name} ({dev[name + '_total']} question{'s' * (dev[name + '_total'] != 1)}): exact match {dev[name + '_exact']:.2f}, "
+                      f"F1 {dev[name + '_f1']:.2f}" for name in ("HasAns", "NoAns") if name + "_total" in dev)
+    return f"dev: exact match {dev['exact_match']:.2f}, F1 {dev['f1']:.2f}" + (f"\n{split}" if split else "")
 
 
 def embed_report(final: dict) -> str:
