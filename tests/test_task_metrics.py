@@ -131,6 +131,14 @@ def test_a_metric_the_dev_set_cannot_give_is_one_line_before_the_model_loads(tin
     assert main(["finetune", "embed", "--train", str(sts), "--dev", str(sts), "--metric", "ndcg@10", *common]) == 2
     assert capsys.readouterr().err.strip() == ("bertkit: error: --metric ndcg@10: a --dev of scored pairs gives "
                                                "spearman, pearson")
+    # a dev set whose gold scores are all one value has no correlation (scipy: nan), as evaluate sts refuses it:
+    # the run trained every epoch, kept the first ("pearson nan"), called the model useless and wrote NaN
+    same = write_tsv(tmp_path / "same.tsv", ["sentence1", "sentence2", "score"],
+                     [(*row.split("\t")[:2], 3) for row in sts.read_text().splitlines()[1:]])
+    assert main(["finetune", "regression", "--train", str(sts), "--dev", str(same), "--text-column", "sentence1",
+                 "--text-pair-column", "sentence2", "--label-column", "score", "--max-length", "32", *common]) == 2
+    assert capsys.readouterr().err.strip() == (f"bertkit: error: {same}: every gold score is 3: pearson and spearman "
+                                               "need at least two different scores; give a dev set whose scores vary")
     assert not (tmp_path / "o").exists()
 
 

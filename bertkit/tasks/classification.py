@@ -85,9 +85,14 @@ def prediction_lines(examples, preds, problem_type: str):
 
 def _labels(cfg: TextTaskConfig, kind: str, train_ex, dev_ex) -> tuple[dict, list | None, dict | None]:
     """The head's settings from the training labels (classes in sorted order; one output for regression):
-    (config overrides, label names, label -> id); a dev label unseen in training is refused."""
+    (config overrides, label names, label -> id); a dev label unseen in training is refused, and for
+    regression a dev set of one gold score (it has no correlation)."""
     overrides = {"problem_type": kind, "classifier_pooling": cfg.pooling}
     if kind == REGRESSION:
+        gold = {float(e.label) for e in dev_ex or ()}
+        if len(gold) == 1:  # no correlation (nan): every epoch tied, the first kept, NaN in metrics.json
+            raise BertkitError(f"{cfg.dev}: every gold score is {gold.pop():g}: pearson and spearman need at least two "
+                               "different scores; give a dev set whose scores vary")
         overrides["num_labels"] = 1
         return overrides, None, None
     names = label_names(e.label for e in train_ex)
