@@ -102,6 +102,16 @@ def test_pearson_spearman_against_hand_and_numpy():
     assert math.isnan(pearson([1, 1, 1], [1, 2, 3]))
 
 
+def test_spearman_of_a_nan_prediction_is_nan_as_in_scipy():
+    # NaN compares false with everything, so ranking it gave each NaN a made-up rank: a model whose outputs were
+    # NaN scored Spearman 1.0 on these gold scores (the rank of the file's order), where Pearson said nan
+    stats = oracle("scipy.stats", "scipy")
+    nan = float("nan")
+    for x in ([nan, nan, nan, nan], [nan, 1.0, 2.0, 3.0], [1.0, 3.0, nan, 2.0]):
+        assert math.isnan(stats.spearmanr(x, [1, 2, 3, 4]).statistic)
+        assert math.isnan(spearman(x, [1, 2, 3, 4])) and math.isnan(spearman([1, 2, 3, 4], x)), x
+
+
 # --- entities --------------------------------------------------------------
 
 def test_iob2_chunks():

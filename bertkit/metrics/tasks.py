@@ -124,6 +124,8 @@ def ranks(values) -> list[float]:
 
 def spearman(x, y) -> float:
     _same_length(x, y, "spearman")
+    if any(v != v for v in (*x, *y)):  # NaN has no rank (it compares false): nan, as scipy's spearmanr
+        return float("nan")
     return pearson(ranks(x), ranks(y))
 
 
