@@ -1,8 +1,11 @@
 """Labelled tables as users download them: the variants of GLUE's TSV, a CSV and JSONL read as the plain file."""
 
 import json
+import os
+import subprocess
+import sys
 
-from bertkit.data.tables import read_text_columns, read_text_examples
+from bertkit.data.tables import label_names, read_text_columns, read_text_examples
 
 ROWS = [("a fine film", "1"), ("dull", "0"), ("not bad at all", "1")]
 
@@ -90,3 +93,19 @@ def test_a_csv_separated_by_semicolons_says_so(tmp_path):
     (tmp_path / "x.csv").write_text("sentence;label\nfine;1\n")
     with pytest.raises(BertkitError, match="separated by ';', not commas"):
         read_text_examples(tmp_path / "x.csv")
+
+
+def test_the_label_order_is_the_same_in_every_process():
+    """The classes are numbered in sorted order (numbers by value), and the numbering decides which head row a
+    class gets. A label that reads as a float NaN ('nan', 'NaN': what str() of a missing value writes) compared
+    neither below nor above any number, so the sort left it, and every class around it, in the order of the set
+    the labels were gathered in, which follows the process's string hash (PYTHONHASHSEED): one training file,
+    one --seed, and id2label ['nan', '0', '1'] in one run, ['1', 'nan', '0'] in the next, with other weights.
+    Such a name sorts as text, after the numbers; the same answer in processes hashing strings differently."""
+    labels = ["1", "nan", "0", "10", "NaN", "2", "-1.5", "inf", "pos"]
+    want = ["-1.5", "0", "1", "2", "10", "inf", "NaN", "nan", "pos"]
+    assert label_names(labels) == want
+    code = f"from bertkit.data.tables import label_names; print(label_names({labels!r}))"
+    seen = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(h)},
+                           capture_output=True, text=True, check=True).stdout for h in range(6)}
+    assert seen == {f"{want!r}\n"}

@@ -303,9 +303,12 @@ def label_names(labels) -> list[str]:
 
     def key(name):
         try:
-            return (0, float(name), name)
+            value = float(name)
         except ValueError:
-            return (1, 0.0, name)
+            value = None
+        # a NaN ('nan', 'NaN') is no number to sort by: it compares neither below nor above any, so the sort
+        # would keep the set's order, which follows the process's string hash; it sorts as text instead
+        return (0, value, name) if value is not None and value == value else (1, 0.0, name)
 
     return sorted(names, key=key)
 
