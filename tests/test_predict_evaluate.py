@@ -23,6 +23,7 @@ from bertkit.tasks.qa import QAConfig, finetune_qa
 from test_finetune import FILL, NEG, POS, fast, sentiment_run, tiny, write_tsv  # noqa: F401
 from test_finetune_ner import ner_file
 from test_finetune_qa import squad_file
+from test_metrics import official_v2
 
 
 def reported(out: str) -> dict:
@@ -189,6 +190,18 @@ def test_qa_reports_exact_match_and_f1_on_squad_json(tiny, tmp_path, capsys):  #
     assert main(["predict", str(tmp_path / "o"), str(hf), "-o", str(tmp_path / "p_hf.tsv"), "--dtype", "float32"]) == 0
     assert reported(capsys.readouterr().out) == got
     assert predicted_column(tmp_path / "p_hf.tsv") == pred
+    # a SQuAD 2.0 file (unanswerable questions) is scored by the official v2.0 script's rules, with its HasAns and
+    # NoAns figures, whatever the model was trained on: v1.1's rules have no empty answer (its script fails on one)
+    data = json.loads(dev.read_text())
+    for q in [p["qas"][0] for p in data["data"][0]["paragraphs"][:5]]:
+        q.update(answers=[], is_impossible=True)
+    v2 = tmp_path / "dev_v2.json"
+    v2.write_text(json.dumps({**data, "version": "v2.0"}))
+    result = predict_file(tmp_path / "o", v2, tmp_path / "p_v2.tsv")
+    gold = {q["id"]: [a["text"] for a in q["answers"]] for p in data["data"][0]["paragraphs"] for q in p["qas"]}
+    want = official_v2(gold, dict(zip(gold, predicted_column(tmp_path / "p_v2.tsv"))))
+    assert result.metrics == pytest.approx({"exact_match": want["exact"], "f1": want["f1"],
+                                            **{k: v for k, v in want.items() if "Ans" in k}})
 
 
 # --- what a newcomer meets (issue 41 items 1, 5, 9) ----------------------------------------------

@@ -22,7 +22,8 @@ Evaluate mode: when the input file carries the answers (a label column for the
 text tasks, a tag column in a CoNLL file, answers in SQuAD JSON), `predict_file`
 also scores the predictions with the task's metrics (`bertkit.metrics.tasks`):
 accuracy and F1 for classification, Pearson and Spearman for regression, micro
-F1 for multi-label, entity F1 for NER, exact match and F1 for QA. Every input is
+F1 for multi-label, entity F1 for NER, exact match and F1 for QA (a SQuAD 2.0 file: the
+v2.0 script's, with its HasAns/NoAns split). Every input is
 predicted; one without its answer (an empty label cell, a SQuAD question without
 answers) is left out of the scores, and a file whose answers are all missing is
 only predicted.

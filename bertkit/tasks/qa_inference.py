@@ -167,8 +167,10 @@ def score(examples, preds, version_2: bool) -> dict:
 
 
 def score_answers(preds: list[dict], examples: list[QAExample], info: dict, names=None) -> dict:
-    """SQuAD's exact match and F1 (v2 scoring when the model was trained for unanswerable questions)."""
-    return score(examples, preds, bool(info.get("version_2")))
+    """SQuAD's exact match and F1: v2.0's rules and figures when the model was trained for unanswerable
+    questions or the file has some (a SQuAD 2.0 file is scored by the v2.0 script whatever answered it: v1.1's
+    rules have no empty answer, so an unanswerable question's empty answer matched for exact match and not F1)."""
+    return score(examples, preds, bool(info.get("version_2")) or any(e.is_impossible for e in examples))
 
 
 # --- files -----------------------------------------------------------------
