@@ -297,18 +297,14 @@ def parse_label(raw, problem_type: str, separator: str, where: str):
 
 def label_names(labels) -> list[str]:
     """The label vocabulary, sorted; numbers sort numerically ('2' before '10')."""
-    names = set()
-    for lab in labels:
-        names.update(lab if isinstance(lab, list) else [lab])
+    names = {name for lab in labels for name in (lab if isinstance(lab, list) else [lab])}
 
     def key(name):
-        try:
-            value = float(name)
+        try:  # a NaN ('nan') is no number: it compares neither below nor above any, so the sort kept the set's
+            value = float(name)  # order, which follows the process's string hash (PYTHONHASHSEED); it sorts as text
         except ValueError:
-            value = None
-        # a NaN ('nan', 'NaN') is no number to sort by: it compares neither below nor above any, so the sort
-        # would keep the set's order, which follows the process's string hash; it sorts as text instead
-        return (0, value, name) if value is not None and value == value else (1, 0.0, name)
+            value = float("nan")
+        return (0, value, name) if value == value else (1, 0.0, name)
 
     return sorted(names, key=key)
 
