@@ -20,6 +20,7 @@ from bertkit.metrics.tasks import (
     get_entities,
     iob1_to_iob2,
     iob2_to_iob1,
+    matthews,
     multilabel_scores,
     normalize_answer,
     pearson,
@@ -62,6 +63,20 @@ def test_macro_f1_equals_scikit_learn_when_a_label_is_absent_from_the_dev_set():
     rep = per_label_report([0, 1, 1], [0, 1, 0], ["a", "b", "c"])
     assert rep["macro_f1"] == pytest.approx((2 / 3 + 2 / 3) / 2)
     assert rep["c"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}  # still listed
+
+
+def test_matthews_correlation_equals_scikit_learn():
+    # GLUE's CoLA figure (Matthews correlation, its multi-class form for more labels): constant predictions, a
+    # single gold class and perfect or inverted predictions included (sklearn: 0 where it is undefined)
+    metrics = oracle("sklearn.metrics", "scikit-learn")
+    rng = np.random.default_rng(2)
+    cases = [([1, 1, 1], [0, 1, 0]), ([0, 0], [0, 0]), ([0, 1, 0, 1], [0, 1, 0, 1]), ([1, 0, 1, 0], [0, 1, 0, 1])]
+    for _ in range(200):
+        n_labels = int(rng.integers(2, 5))
+        gold = list(map(int, rng.integers(0, n_labels, size=int(rng.integers(1, 25)))))
+        cases.append((list(map(int, rng.integers(0, n_labels, size=len(gold)))), gold))
+    for pred, gold in cases:
+        assert matthews(pred, gold) == pytest.approx(metrics.matthews_corrcoef(gold, pred), abs=1e-12), (pred, gold)
 
 
 def test_f1_with_no_positive_predictions_is_zero():

@@ -2,7 +2,8 @@
 
 - classification: accuracy, per-label precision/recall/F1, macro F1 (over the
   labels the references or predictions hold, as scikit-learn), a confusion
-  matrix (GLUE reports accuracy, and F1 of the positive class for MRPC);
+  matrix, the Matthews correlation (GLUE reports accuracy, F1 of the positive
+  class for MRPC, and the Matthews correlation for CoLA);
 - regression: Pearson and Spearman correlation (STS-B), Spearman with average
   ranks for ties;
 - NER: entity-level precision/recall/F1 as the CoNLL `conlleval` script
@@ -43,6 +44,19 @@ def _same_length(a, b, what: str) -> None:
 def accuracy(preds, labels) -> float:
     _same_length(preds, labels, "accuracy")
     return sum(p == y for p, y in zip(preds, labels)) / len(labels)
+
+
+def matthews(preds, labels) -> float:
+    """Matthews correlation coefficient (GLUE's CoLA figure), in its multi-class form (Gorodkin 2004) for more
+    than two labels, as scikit-learn's `matthews_corrcoef`: 0.0 where it is undefined (one class predicted,
+    or one in the references)."""
+    _same_length(preds, labels, "matthews")
+    n, correct = len(labels), sum(p == y for p, y in zip(preds, labels))
+    predicted, true = Counter(preds), Counter(labels)
+    cov_yp = correct * n - sum(predicted[k] * true[k] for k in true)
+    cov_pp = n * n - sum(c * c for c in predicted.values())
+    cov_yy = n * n - sum(c * c for c in true.values())
+    return cov_yp / math.sqrt(cov_pp * cov_yy) if cov_pp and cov_yy else 0.0
 
 
 def confusion_matrix(preds, labels, num_labels: int) -> list[list[int]]:

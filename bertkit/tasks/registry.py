@@ -205,7 +205,8 @@ def _score(prediction: dict, labels) -> float:
 # the first is the default (embed's: EMBED_DEV, by the kind of its --dev, beside its settings in
 # bertkit.tasks.config). tests/test_task_metrics.py runs every evaluation and checks these are its keys.
 METRICS = {
-    SINGLE_LABEL: {"accuracy": True, "macro_f1": True, "f1": True, "held_out_loss": False},  # f1: two labels only
+    SINGLE_LABEL: {"accuracy": True, "macro_f1": True, "f1": True, "matthews_correlation": True,  # f1: two labels only
+                   "held_out_loss": False},
     REGRESSION: {"pearson": True, "spearman": True, "mse": False, "held_out_loss": False},
     MULTI_LABEL: {"micro_f1": True, "micro_precision": True, "micro_recall": True, "subset_accuracy": True,
                   "held_out_loss": False},

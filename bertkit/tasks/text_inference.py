@@ -167,6 +167,7 @@ def score(preds: list[dict], examples: list[TextExample], problem_type: str, nam
     out = {"accuracy": M.accuracy(p, y), **loss}
     report = M.per_label_report(p, y, names)
     out["macro_f1"] = report.pop("macro_f1")
+    out["matthews_correlation"] = M.matthews(p, y)  # CoLA's figure (GLUE), named as Hugging Face's run_glue names it
     if len(names) == 2:
         out["f1"] = M.f1_binary(p, y, positive=1)  # of the second label (GLUE: 1 = paraphrase)
     if full:
