@@ -327,6 +327,28 @@ def test_dataloader_workers_split_the_stream(tokenised):
     assert sorted(seen) == list(range(n - 40, n))
 
 
+def test_dataloader_workers_mask_random_access_batches_each_their_own_way(tokenised):
+    """A map-style loader (a Subset of the instances, as the held-out split makes them) under num_workers
+    collates in the workers, each with a copy of the collator made when it started: every worker drew the
+    masks of the others (2 workers: each mask pattern twice), and, the workers starting anew from the parent's
+    unused copy, the same masks every epoch, which undoes dynamic masking. Now each worker of each epoch draws
+    from the seed torch gives it: no two batches alike, and the same masks again after the same manual_seed."""
+    ds = PretrainingDataset(tokenised, seed=3)
+    full = [i for i in range(len(ds)) if len(ds[i]["input_ids"]) == ds.max_seq_length][:16]  # masks compare
+    collate = ds.collator()
+
+    def masks(seed):
+        torch.manual_seed(seed)
+        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, full), batch_size=4, collate_fn=collate,
+                                             num_workers=2)
+        return [b["labels"] != -100 for _epoch in range(2) for b in loader]
+
+    first = masks(0)
+    assert len(first) == 8
+    assert not any(torch.equal(first[i], first[j]) for i in range(8) for j in range(i))
+    assert all(torch.equal(a, b) for a, b in zip(first, masks(0)))
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 def test_bad_inputs_are_counted_not_fatal(tmp_path, capsys):

@@ -42,7 +42,8 @@ class PretrainingCollator:
     masking: None uses the masks stored in the instances (static masking);
     a MaskingConfig masks at batch time (dynamic). seed: used only when no
     generator is passed: a batch of streamed instances is then seeded by its first
-    position, anything else draws from one generator in sequence.
+    position, anything else draws from one generator in sequence (in a DataLoader
+    worker, one seeded by the seed torch gives that worker: other masks per worker and epoch).
     """
 
     vocab: MaskVocab
@@ -55,6 +56,7 @@ class PretrainingCollator:
         self._special = torch.from_numpy(self.vocab.special_mask())
         self._replace = torch.from_numpy(self.vocab.replace_ids)
         self._own_generator = torch.Generator().manual_seed(self.seed)
+        self._worker_seed = None  # the DataLoader worker's seed _own_generator was last seeded from
 
     def __call__(self, instances: list, generator: torch.Generator | None = None) -> dict:
         # a plain TypeError / ValueError: a program's mistake, not a user's input (no import of bertkit.errors here)
@@ -100,6 +102,13 @@ class PretrainingCollator:
         # the batch at a position always gets the same masks (exact resume).
         if "position" in instances[0]:
             return torch.Generator().manual_seed(self.seed * 1_000_003 + int(instances[0]["position"]))
+        # A DataLoader worker collates with a copy of this collator made when it started: every worker drew
+        # the masks of the others, and the same again each epoch (workers start anew from an unused copy).
+        # torch gives each worker of each epoch its own seed, drawn from the parent's seeded generator.
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None and worker.seed != self._worker_seed:
+            self._worker_seed = worker.seed
+            self._own_generator = torch.Generator().manual_seed((self.seed * 1_000_003 + worker.seed) % 2**63)
         return self._own_generator
 
     def _stored_labels(self, instances, B, T) -> torch.Tensor:
