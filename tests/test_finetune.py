@@ -585,6 +585,17 @@ def test_a_tie_goes_to_the_lower_held_out_loss_then_to_the_later_epoch():
     assert not better({"epoch": 2, "mse": 0.6}, {"epoch": 1, "mse": 0.5}, "mse", greater_is_better=False)
 
 
+def test_an_undefined_figure_never_beats_a_number_and_every_number_beats_it():
+    # a correlation is nan for constant predictions (scipy too): an epoch that scored nan was kept over every
+    # later epoch (nan compares false with all of them), the first epoch's model saved whatever came after
+    from bertkit.tasks.trainer import better
+
+    nan = {"epoch": 1, "spearman": float("nan")}
+    assert better({"epoch": 2, "spearman": -0.1}, nan, "spearman").startswith("the best spearman (-0.1000")
+    assert better({"epoch": 2, "mse": 9.0}, {"epoch": 1, "mse": float("nan")}, "mse", greater_is_better=False)
+    assert better(nan | {"epoch": 2}, {"epoch": 1, "spearman": 0.2}, "spearman") == ""
+
+
 def test_held_out_loss_is_the_heads_loss(sentiment_run):
     """The held-out loss the tie-break reads equals torch's cross-entropy of the saved model's logits."""
     from bertkit.data.tables import TextExample

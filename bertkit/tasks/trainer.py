@@ -284,7 +284,9 @@ def better(new: dict, best: dict | None, metric: str, greater_is_better: bool = 
         return f"the first epoch evaluated ({metric} {value:.4f})"
     old = best[metric]
     if value != old:
-        wins = value > old if greater_is_better else value < old
+        # nan (a correlation of constant predictions) compares false with every number, so it never wins; and
+        # any number beats it, else a nan first epoch was kept over every later one
+        wins = (old != old and value == value) or (value > old if greater_is_better else value < old)
         return f"the best {metric} ({value:.4f}, against {old:.4f} in epoch {best['epoch']})" if wins else ""
     tie = f"{metric} tied with epoch {best['epoch']} ({value:.4f})"
     if "held_out_loss" in new and "held_out_loss" in best:
