@@ -204,7 +204,8 @@ def from_args(args, cls, base: dict | None = None):
         except (UnicodeDecodeError, ValueError, AttributeError) as err:  # was a JSONDecodeError traceback
             raise BertkitError(f"--resume: {saved} is not a JSON object of settings ({' '.join(str(err).split())}): "
                                "the run's settings are lost; start the run again in another --output") from None
-        refuse_changes(cls, given, merge(defaults(cls), base), saved.parent)
+        origin = started_in(saved.parent, base.get("output"))
+        refuse_changes(cls, given, merge(defaults(cls), base), saved.parent, origin)
     values = merge(merge(defaults(cls), base or {}), given)
     refuse_unneeded(cls, given, values)
     return build(cls, values)
@@ -213,19 +214,48 @@ def from_args(args, cls, base: dict | None = None):
 MECHANISM = ("output", "resume", "overwrite")  # how a run is found and started, not what it computes
 
 
-def refuse_changes(cls, given: dict, saved: dict, run_dir: Path) -> None:
+def refuse_changes(cls, given: dict, saved: dict, run_dir: Path, origin: Path | None = None) -> None:
     """Under --resume: refuse a given flag whose value differs from the run's saved one, unless its field
-    is "resumable"; a path naming the same file as the saved one is the same value."""
-    changed = []
+    is "resumable"; a path naming the same file as the saved one is the same value (a saved relative path
+    read from `origin`, the directory the run was started in, when it is known)."""
+    changed, fixes = [], []
     for path, f, _ in fields(cls):
         new, old = _get(given, path), _get(saved, path)
         if (new is None or f.name in MECHANISM or f.metadata.get("resumable") or new == old
-                or (isinstance(new, str) and isinstance(old, str) and Path(new).resolve() == Path(old).resolve())):
+                or (isinstance(new, str) and isinstance(old, str) and _same_path(new, old, origin))):
             continue
-        changed.append(f"{f.metadata.get('flags', [_flag(f.name)])[0]} {new} (the run used {old})")
+        if f.metadata.get("positional"):  # an argument: it cannot be left out, only given as the run had it
+            changed.append(f"{f.name} {new} (the run used {old})")
+            where = origin / old if origin is not None and isinstance(old, str) and not Path(old).is_absolute() else old
+            fixes.append(f"give {f.name} as the run did ({where})")
+        else:
+            changed.append(f"{f.metadata.get('flags', [_flag(f.name)])[0]} {new} (the run used {old})")
     if changed:
+        fix = " and ".join(fixes + ["leave the flag out"] * (len(fixes) < len(changed)))
         raise BertkitError(f"--resume: {', '.join(changed)}: a resumed run keeps the settings in "
-                           f"{run_dir / RUN_CONFIG}; leave the flag out, or start a new run in another --output")
+                           f"{run_dir / RUN_CONFIG}; {fix}, or start a new run in another --output")
+
+
+def started_in(run_dir: Path, saved_output) -> Path | None:
+    """The directory a run was started in, which its saved relative paths are relative to: the run folder as
+    found now, less the output path it saved (`runs/a` found at /w/runs/a: /w). None when that path is
+    absolute, climbs (`..`) or does not end where the folder is found."""
+    if not isinstance(saved_output, str) or Path(saved_output).is_absolute():
+        return None
+    here = run_dir.resolve()
+    for part in reversed([p for p in Path(saved_output).parts if p != "."]):
+        if part != here.name:
+            return None
+        here = here.parent
+    return here
+
+
+def _same_path(new: str, old: str, origin: Path | None) -> bool:
+    """Whether two spellings of a path name one file: as given now, and as saved, read from where it was
+    saved (`cd runs && ... ../data` names the run's `data/`)."""
+    if Path(new).resolve() == Path(old).resolve():
+        return True
+    return origin is not None and not Path(old).is_absolute() and Path(new).resolve() == (origin / old).resolve()
 
 
 def refuse_unneeded(cls, given: dict, values: dict) -> None:

@@ -87,6 +87,49 @@ def test_resume_refuses_a_flag_that_changes_what_the_run_computes(tmp_path, monk
 
 
 @dataclass
+class Prepared:
+    data: str = field(metadata={"help": "a prepared folder", "positional": True})
+    rate: float = field(default=0.5, metadata={"help": "a rate"})
+    output: str = field(default="out", metadata={"help": "where to"})
+    resume: bool = field(default=False, metadata={"help": "go on"})
+
+
+def test_resume_from_another_directory_takes_the_runs_own_data(tmp_path, monkeypatch):
+    """A run's relative paths are saved as typed, relative to the directory it was started in. Resumed from
+    another one (`cd runs && bertkit pretrain run ../data -o tiny --resume`), its own data was refused as
+    'data/ (the run used data/)', with a fix ('leave the flag out') that a positional DATA cannot take, and
+    the same refusal came back in the first directory after a resume from the second. The saved output path
+    says where the run was started from (the run folder as found now, less that path); a path naming the same
+    file from there is the same value, another one is still refused, naming the positional as it is written."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "run_config.json").write_text(json.dumps({"data": "data/", "output": "runs/a"}))
+    p = argparse.ArgumentParser()
+    add_options(p, Prepared)
+
+    def resume(*argv):
+        return from_args(p.parse_args([str(a) for a in argv]), Prepared)
+
+    monkeypatch.chdir(tmp_path / "runs")
+    cfg = resume("../data", "--output", "a", "--resume")
+    assert cfg.data == "../data" and cfg.output == "a"
+    with pytest.raises(BertkitError) as refused:
+        resume("../other", "--output", "a", "--resume")
+    message = str(refused.value)
+    assert message.startswith("--resume: data ../other (the run used data/): ") and "--data" not in message
+    assert "leave the flag out" not in message and f"give data as the run did ({tmp_path / 'data'})" in message
+    with pytest.raises(BertkitError, match="--rate 0.1 .the run used 0.5.: .*leave the flag out"):
+        resume("../data", "--output", "a", "--resume", "--rate", 0.1)
+    # saved from there (as the resumed run writes it), resumed from the first directory again
+    (tmp_path / "runs" / "a" / "run_config.json").write_text(json.dumps({"data": "../data", "output": "a"}))
+    monkeypatch.chdir(tmp_path)
+    assert resume("data", "--output", "runs/a", "--resume").data == "data"
+    with pytest.raises(BertkitError, match="^--resume: data other "):
+        resume("other", "--output", "runs/a", "--resume")
+
+
+@dataclass
 class Files:
     inputs: list[str] = field(metadata={"help": "the inputs", "positional": True})
     # a True default is turned off by --no-lower, or by its alias --cased
