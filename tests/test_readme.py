@@ -237,3 +237,48 @@ def test_the_features_pages_python_blocks_run_and_give_the_shapes_they_say(tmp_p
     assert names["he"] == 13 and names["m"].tokens[13] == "he"
     assert (tmp_path / "page.html").is_file() and (tmp_path / "heads.png").is_file()
     assert set(shown) == {"attention", "tokens", "sentence_b_start"}
+
+
+def _serve_defaults() -> dict:
+    """`bertkit serve`'s options: flag -> (default, choices); an option made from a settings field has None as
+    argparse's default ("not given") and the field's default as its own."""
+    from bertkit.cli import build_parser
+
+    serve = _subparsers(build_parser())["serve"]
+    return {s: (a.setting.default if hasattr(a, "setting") else a.default, a.choices)
+            for a in serve._actions for s in a.option_strings}
+
+
+def _same_default(shown: str, default) -> bool:
+    """A default as a page writes it (`4194304`, `16,384`, `4 MiB`, `30 s`, `last`) against the parser's."""
+    text = shown.replace(",", "").removesuffix(" s")
+    if text.endswith(" MiB"):
+        text = str(float(text.removesuffix(" MiB")) * 2**20)
+    try:
+        return default is not None and float(text) == float(default)
+    except (TypeError, ValueError):
+        return text == str(default)
+
+
+def test_the_serving_pages_flags_and_defaults_are_the_servers():
+    """docs/serving.md's synopsis of `bertkit serve` (every line of it, not only the first, which the command
+    check above reads) and its table of limits name options the server has, with its defaults and choices: a
+    renamed flag or a changed default fails here, naming it."""
+    options = _serve_defaults()
+    text = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
+    synopsis = re.search(r"^bertkit serve \[MODEL_DIR\].*?(?=^```)", text, re.S | re.M).group(0)
+    wrong, shown = [], 0
+    for flag, value in re.findall(r"(--[\w-]+)(?: ([^\s\]|]+(?:\|[^\s\]|]+)*))?", synopsis):
+        shown += 1
+        if flag not in options:
+            wrong.append(f"synopsis: {flag} is not an option of bertkit serve")
+        elif "|" in value:
+            wrong += [f"synopsis: {flag} {v} is not a choice" for v in value.split("|")
+                      if v not in (options[flag][1] or ())]
+        elif value and not value.isupper() and not _same_default(value, options[flag][0]):
+            wrong.append(f"synopsis: {flag} {value}, the server's default is {options[flag][0]}")
+    for flag, value in re.findall(r"`(--[\w-]+)` \(([\d,.]+(?: MiB| s)?)[;)]", text):
+        shown += 1
+        if flag not in options or not _same_default(value, options[flag][0]):
+            wrong.append(f"table: {flag} ({value}), the server's default is {options.get(flag, ('no such option',))[0]}")
+    assert shown > 40 and wrong == [], "\n".join(wrong)

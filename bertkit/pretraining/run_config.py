@@ -54,7 +54,7 @@ class RunConfig:
     precision: str = field(default="fp32", metadata={"help": "fp32, bf16 (autocast, CPU or GPU) or fp16 (GradScaler, GPU only)", "choices": PRECISIONS})
     compile: bool = field(default=False, metadata={"help": "wrap the model in torch.compile"})
     fsdp: bool = field(default=False, metadata={"help": "under torchrun: shard the model with FSDP instead of DDP"})
-    dropout: float | None = field(default=None, metadata={"help": "override hidden and attention dropout (0 for exact comparisons)"})
+    dropout: float | None = field(default=None, metadata={"help": "override hidden and attention dropout (0 for exact comparisons); written into the saved config.json, so a fine-tuning from it runs at this dropout too"})
     seed: int = field(default=42, metadata={"help": "seeds weights, data order, masking and dropout"})
     save_every: int = field(default=500, metadata={"resumable": True, "help": "checkpoint every N steps (and always at the end)"})
     keep_last: int = field(default=3, metadata={"resumable": True, "help": "checkpoints to keep"})
