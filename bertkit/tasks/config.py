@@ -44,7 +44,7 @@ class TrainConfig:
     grad_accum: int = _opt(1, "micro-batches accumulated into one update (its batch: batch size x this x processes)")
     eval_batch_size: int = _opt(64, "features per forward pass when evaluating", resumable=True)
     max_steps: int | None = _opt(None, "stop after this many updates", resumable=True)
-    seed: int = _opt(42, "seeds batch order, dropout and the new head")
+    seed: int = _opt(42, "seeds batch order, dropout and the weights of a head the model gets new (where it gets one)")
     group_by_length: bool = _opt(True, "batch features of similar length together (less padding)")
     metric: str | None = _opt(None, "the held-out figure that picks the best epoch (default: the task's own); "
                                     "it needs a held-out set: without one nothing is scored, the last epoch is "
