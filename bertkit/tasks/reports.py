@@ -46,9 +46,13 @@ def qa_report(final: dict) -> str:
     dev = final.get("dev")
     if not dev:
         return "trained (no dev set)"
-    split = "; ".join(f"{name} ({dev[name + '_total']} question{'s' * (dev[name + '_total'] != 1)}): exact match {dev[name + '_exact']:.2f}, "
-                      f"F1 {dev[name + '_f1']:.2f}" for name in ("HasAns", "NoAns") if name + "_total" in dev)
-    return f"dev: exact match {dev['exact_match']:.2f}, F1 {dev['f1']:.2f}" + (f"\n{split}" if split else "")
+    lines = [f"dev: exact match {dev['exact_match']:.2f}, F1 {dev['f1']:.2f}"]
+    for name in ("HasAns", "NoAns"):  # SQuAD v2.0's split, named as its script names it
+        if f"{name}_total" in dev:
+            n = dev[f"{name}_total"]
+            lines.append(f"  {name} ({n} question{'s' * (n != 1)}): exact match {dev[name + '_exact']:.2f}, "
+                         f"F1 {dev[name + '_f1']:.2f}")
+    return "\n".join(lines)
 
 
 def embed_report(final: dict) -> str:
