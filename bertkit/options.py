@@ -18,7 +18,9 @@ A dataclass field is one option, named after it (`max_seq_length` ->
   saved config may hold it),
   `"cli": False` keeps it off the command line, "resumable" lets `--resume`
   take another value than the run saved (its length and bookkeeping:
-  --max-steps, --epochs, --save-every, --device, ...), "needs" names the
+  --max-steps, --epochs, --save-every, --device, ...), "path" marks a file or
+  folder (a run's saved relative one is read, under `--resume`, from the
+  directory the run was started in), "needs" names the
   setting it tunes (`("dev", None)`: any --dev; `("loss", "cached-mnrl")`:
   that value; `("mining_index", False)`: not given; a list: each), given
   without it the flag is refused in one line (`refuse_unneeded`).
@@ -37,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import typing
 from pathlib import Path
 
@@ -206,6 +209,7 @@ def from_args(args, cls, base: dict | None = None):
                                "the run's settings are lost; start the run again in another --output") from None
         origin = started_in(saved.parent, base.get("output"))
         refuse_changes(cls, given, merge(defaults(cls), base), saved.parent, origin)
+        base = from_start(cls, base, origin)
     values = merge(merge(defaults(cls), base or {}), given)
     refuse_unneeded(cls, given, values)
     return build(cls, values)
@@ -248,6 +252,24 @@ def started_in(run_dir: Path, saved_output) -> Path | None:
             return None
         here = here.parent
     return here
+
+
+def from_start(cls, saved: dict, origin: Path | None) -> dict:
+    """The saved settings with each relative "path" field read from `origin`, the directory the run was started
+    in, and written relative to the current one: a run saved as `--train train.tsv --dev dev.tsv -o out` and
+    resumed with `cd sub && ... -o ../out --resume` read sub/train.tsv (missing) and sub/dev.tsv (another file of
+    that name, scored silently). A flag given now replaces its field anyway; an unknown start leaves them as typed."""
+    if origin is None or origin == Path.cwd().resolve():
+        return saved
+    moved: dict = {}
+    for path, f, _ in fields(cls):
+        old = _get(saved, path)
+        if f.metadata.get("path") and isinstance(old, str) and old and not Path(old).is_absolute():
+            node = moved
+            for k in path[:-1]:
+                node = node.setdefault(k, {})
+            node[path[-1]] = os.path.relpath(origin / old)
+    return merge(saved, moved)
 
 
 def _same_path(new: str, old: str, origin: Path | None) -> bool:

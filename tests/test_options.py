@@ -129,6 +129,49 @@ def test_resume_from_another_directory_takes_the_runs_own_data(tmp_path, monkeyp
         resume("other", "--output", "runs/a", "--resume")
 
 
+def test_resume_from_another_directory_reads_the_saved_paths_from_where_the_run_started(tmp_path, monkeypatch):
+    """The paths a run saved that are not typed again (finetune's --train/--dev/--model/--test, embed's and
+    rerank's folders, distill layers' --data and --teacher-cache) were read from the current directory:
+    `finetune classify --train train.tsv --dev dev.tsv -o out`, then `cd sub && ... -o ../out --resume`
+    stopped on a missing sub/train.tsv, or scored another dev.tsv of the same name. They are read from the
+    start directory; a value given now, and the non-path settings, are kept as they are."""
+    from bertkit.distill.config import LayersDistillConfig
+    from bertkit.pretraining.run_config import RunConfig
+    from bertkit.tasks.config import EmbedConfig, NerConfig, RerankConfig, TextTaskConfig
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    start = tmp_path.resolve()
+    cases = [  # (config, saved paths, the positionals to give again)
+        (TextTaskConfig, {"train": "train.tsv", "dev": "d/dev.tsv", "model": "tiny"}, []),
+        (NerConfig, {"train": "train.txt", "test": "test.txt"}, []),
+        (EmbedConfig, {"train": "beir/", "dev": "sts.tsv"}, []),
+        (RerankConfig, {"train": "beir", "dev": "beir", "index": "x.index", "mining_model": "m"}, []),
+        (LayersDistillConfig, {"data": "s.txt", "teacher_cache": "t.safetensors"}, []),
+        (RunConfig, {"init_from": "hf"}, ["../data"]),
+    ]
+    for cls, paths, positionals in cases:
+        saved = {"data": "data", "keep": 2, **paths, "output": "out", "text_column": "text.tsv"}
+        (tmp_path / "out" / "run_config.json").write_text(json.dumps(saved))
+        p = argparse.ArgumentParser()
+        add_options(p, cls)
+        cfg = from_args(p.parse_args([*positionals, "--output", "../out", "--resume"]), cls)
+        for name, value in paths.items():  # the start's file, named from here
+            assert (tmp_path / "sub" / getattr(cfg, name)).resolve() == start / value, (cls.__name__, name)
+        if cls is TextTaskConfig:
+            assert cfg.text_column == "text.tsv"  # a column name is no path
+            given = from_args(p.parse_args(["--output", "../out", "--resume", "--dev", "../d/dev.tsv"]), cls)
+            assert given.dev == "../d/dev.tsv"
+        if cls is RunConfig:
+            assert cfg.data == "../data"  # given again: as typed
+    monkeypatch.chdir(tmp_path)  # resumed where it started: as saved
+    (tmp_path / "out" / "run_config.json").write_text(json.dumps({"train": "train.tsv", "output": "out"}))
+    p = argparse.ArgumentParser()
+    add_options(p, TextTaskConfig)
+    assert from_args(p.parse_args(["--output", "out", "--resume"]), TextTaskConfig).train == "train.tsv"
+
+
 @dataclass
 class Files:
     inputs: list[str] = field(metadata={"help": "the inputs", "positional": True})

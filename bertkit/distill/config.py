@@ -85,7 +85,7 @@ class LayersDistillConfig:
     data: str | None = field(default=None, metadata={
         "help": "what to match the teacher on: a sentence model's sentences, one per line (or .tsv/.jsonl); a "
         "fine-tuned model's inputs, read as `bertkit predict` reads them (the table it was trained on: its "
-        "labels join the loss)", "required": True})
+        "labels join the loss)", "required": True, "path": True})
     output: str | None = field(default=None, metadata={"help": "the student's folder", "short": "-o",
                                                         "required": True})
     temperature: float = field(default=2.0, metadata={
@@ -94,7 +94,7 @@ class LayersDistillConfig:
         "help": "a fine-tuned model, data with labels: the soft loss's share; the labels' loss gets the rest"})
     teacher_dtype: Literal["float32", "bfloat16", "auto"] = field(default="float32", metadata={
         "help": "a sentence model: the precision its target vectors are computed in (auto: bf16 where native)"})
-    teacher_cache: str | None = field(default=None, metadata={"resumable": True,
+    teacher_cache: str | None = field(default=None, metadata={"resumable": True, "path": True,
         "help": "a sentence model: a .safetensors file for its target vectors, read when it holds those of this "
         "data and teacher, else written (a rerun or --resume then skips the teacher)"})
     loss: Literal["mse", "mse+cosine"] = field(default="mse", metadata={

@@ -37,7 +37,8 @@ def pretraining_optim() -> OptimConfig:
 class RunConfig:
     """One pre-training run. `data` and `output` are directories."""
 
-    data: str = field(metadata={"help": "a directory made by `bertkit pretrain prepare`", "positional": True})
+    data: str = field(metadata={"help": "a directory made by `bertkit pretrain prepare`", "positional": True,
+                                "path": True})
     output: str = field(default="runs/pretrain", metadata={"help": "run directory: checkpoints, metrics, final model", "short": "-o"})
     config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large) or a config.json",
                                                   "needs": ("init_from", False)})
@@ -46,7 +47,7 @@ class RunConfig:
                                                          "needs": [("method", "electra"), ("init_from", False)]})
     disc_weight: float = field(default=50.0, metadata={"help": "electra: loss = generator MLM loss + this x discriminator loss",
                                                      "needs": ("method", "electra")})
-    init_from: str | None = field(default=None, metadata={"help": "continue pre-training a Hugging Face checkpoint (its config and weights replace --config; optimizer and schedule start fresh), e.g. on in-domain text"})
+    init_from: str | None = field(default=None, metadata={"help": "continue pre-training a Hugging Face checkpoint (its config and weights replace --config; optimizer and schedule start fresh), e.g. on in-domain text", "path": True})
     max_steps: int = field(default=1000, metadata={"resumable": True, "help": "optimizer updates to train for"})
     batch_size: int = field(default=32, metadata={"help": "sequences per micro-batch, per process"})
     grad_accum: int = field(default=1, metadata={"help": "micro-batches accumulated into one update"})

@@ -87,10 +87,10 @@ class TrainConfig:
 class TaskConfig:
     """What every task reads and writes; `training` the loop settings."""
 
-    train: str = _opt(None, "training file", required=True)
+    train: str = _opt(None, "training file", required=True, path=True)
     output: str = _opt(None, "output directory for the checkpoint and metrics", short="-o", required=True)
-    dev: str | None = _opt(None, "dev file, evaluated after each epoch")
-    model: str | None = _opt(None, "pretrained model directory (default: the packaged all-MiniLM-L6-v2)")
+    dev: str | None = _opt(None, "dev file, evaluated after each epoch", path=True)
+    model: str | None = _opt(None, "pretrained model directory (default: the packaged all-MiniLM-L6-v2)", path=True)
     max_length: int = _opt(128, "tokens per input window")
     max_train_examples: int | None = _opt(None, "use only the first N training examples")
     max_dev_examples: int | None = _opt(None, "evaluate on the first N dev examples only", needs=("dev", None))
@@ -145,7 +145,7 @@ class TextTaskConfig(TaskConfig):
 class NerConfig(TaskConfig):
     """Token classification, CoNLL style (BERT section 5.3)."""
 
-    test: str | None = _opt(None, "a test file scored once with the best epoch's model")
+    test: str | None = _opt(None, "a test file scored once with the best epoch's model", path=True)
     tag_scheme: str = _opt("bio", "tags of the files: bio (IOB2) or iob1 (CoNLL-2003's own)", choices=TAG_SCHEMES)
     stride: int = _opt(32, "overlap (tokens shared) of windows over sentences longer than --max-length")
     token_column: int = _opt(0, "CoNLL column of the words")
@@ -221,10 +221,10 @@ class EmbedConfig(TaskConfig):
 
     train: str = _opt(None, "pairs (anchor, positive[, negative...] columns), scored pairs (sentence1, sentence2, "
                             "score) as TSV/CSV/JSONL, or a BEIR folder (its --train-split qrels become pairs)",
-                      required=True)
+                      required=True, path=True)
     train_split: str = _opt("train", "qrels split of a BEIR --train folder")
     dev: str | None = _opt(None, "evaluated after each epoch, the best epoch kept: a BEIR folder (retrieval, "
-                                 "nDCG@10) or scored pairs (STS, Spearman)")
+                                 "nDCG@10) or scored pairs (STS, Spearman)", path=True)
     dev_split: str = _opt("dev", "qrels split of a BEIR --dev folder", needs=("dev", None))
     max_length: int | None = _opt(None, "tokens per text (default: the model's sentence-transformers "
                                         "max_seq_length, else 256; --static: where the start cuts), also where "
@@ -301,7 +301,7 @@ class RerankConfig(TaskConfig):
 
     train: str = _opt(None, "a BEIR folder (its --train-split qrels give the positives; hard negatives are mined from its "
                             "corpus, random negatives drawn from it) or a table (TSV/CSV/JSONL) of query, passage, label "
-                            "rows (label 1 relevant, 0 not, or a probability in between)", required=True)
+                            "rows (label 1 relevant, 0 not, or a probability in between)", required=True, path=True)
     train_split: str = _opt("train", "qrels split of a BEIR --train folder")
     max_length: int = _opt(256, "tokens of query + passage (the longer is cut first)")
     hard_negatives: int = _opt(5, "per query: passages the mining model ranks high that are not its positives")
@@ -312,19 +312,19 @@ class RerankConfig(TaskConfig):
                                         "not with --mining-index, whose ranks are no cosine",
                                needs=("mining_index", False))
     mining_model: str | None = _opt(None, "the bi-encoder that ranks the corpus for hard negatives (default: the "
-                                          "packaged all-MiniLM-L6-v2)", needs=("mining_index", False))
+                                          "packaged all-MiniLM-L6-v2)", needs=("mining_index", False), path=True)
     mining_index: str | None = _opt(None, "an index of the --train corpus (bertkit index): hard negatives are the "
                                           "documents it answers first (searched as bertkit search does, hybrid by "
                                           "default: the first stage a reranker re-orders), not --mining-model's cosine "
-                                          "ranking of the whole corpus")
+                                          "ranking of the whole corpus", path=True)
     pos_weight: float | None = _opt(None, "weight of a positive pair in the loss (default: negatives per positive in "
                                           "the training pairs, as sentence-transformers' hard-negative recipe)")
     dev: str | None = _opt(None, "a BEIR folder the trained model is evaluated on, reranking --index's answers: nDCG@10 "
-                                 "before and after go into OUTPUT/retrieval.json")
+                                 "before and after go into OUTPUT/retrieval.json", path=True)
     dev_split: str = _opt("dev", "qrels split of the --dev folder (never the split you report, if you tune on it)",
                           needs=("dev", None))
     index: str | None = _opt(None, "the first stage for --dev: an index of its corpus (bertkit index), searched as "
-                                   "bertkit search does (its default mode)")
+                                   "bertkit search does (its default mode)", path=True)
     rerank_top: int = _opt(50, "documents of each first-stage answer the model re-scores in the --dev evaluation",
                            needs=("dev", None))
     rerank_dtype: Literal["float32", "bfloat16", "auto"] = _opt(
