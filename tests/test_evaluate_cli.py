@@ -57,6 +57,25 @@ def test_evaluate_sts(shared_data, tiny_dir, tmp_path):
     assert figures["data"] == str(sts)  # which file the figure measured
 
 
+def test_evaluate_sts_writes_null_not_nan_when_every_pair_gets_one_cosine(tiny_dir, tmp_path, capsys):
+    """A model that gives every pair the same cosine (here one pair repeated with other scores; a collapsed
+    model, or texts it has no tokens for) has no correlation: the --output JSON held NaN, which strict JSON
+    readers (JavaScript's JSON.parse, Go, jq) refuse. It holds null, and a warning says why."""
+    sts = tmp_path / "sts.tsv"
+    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(f"a cat sleeps\ta dog runs\t{s}\n" for s in (1, 3, 4)),
+                   encoding="utf-8")
+    out = tmp_path / "sts.json"
+    with pytest.warns(UserWarning, match="every pair the same cosine .*undefined and reported as null"):
+        assert main(["evaluate", "sts", str(sts), "--model", str(tiny_dir), "--output", str(out)]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    figures = json.loads(out.read_text(), parse_constant=refuse)
+    assert figures["spearman"] is None and figures["pearson"] is None and figures["pairs"] == 3
+    assert "spearman undefined  pearson undefined  (3 pairs;" in capsys.readouterr().out
+
+
 def test_mine_writes_triplets_the_trainer_reads(folder, tiny_dir, tmp_path, capsys):
     out, report = tmp_path / "triplets.tsv", tmp_path / "report.json"
     assert main(["mine", str(folder), "--split", "train", "--model", str(tiny_dir), "-o", str(out),

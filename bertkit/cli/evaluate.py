@@ -178,7 +178,8 @@ def run_evaluate_sts(args):
     result = evaluate_sts(args.model, args.file, batch_size=args.batch_size, max_length=args.max_length,
                           dtype=args.dtype, fast=args.speed)
     _write(result, args.output)
-    print(f"spearman {result['spearman']:.4f}  pearson {result['pearson']:.4f}  ({result['pairs']} pairs; "
+    figure = {k: "undefined" if result[k] is None else f"{result[k]:.4f}" for k in ("spearman", "pearson")}
+    print(f"spearman {figure['spearman']}  pearson {figure['pearson']}  ({result['pairs']} pairs; "
           f"{result['model']}, {result['precision']}, max length {result['max_length']})")
 
 

@@ -20,7 +20,9 @@ document by its place instead (depth - rank): trec_eval then ranks as served.
 
 STS (SemEval STS benchmark; sentence-transformers' `EmbeddingSimilarityEvaluator`):
 the cosine of each pair's two sentence vectors, correlated with the gold scores:
-Spearman (the figure papers report) and Pearson.
+Spearman (the figure papers report) and Pearson; a model that gives every pair
+the same cosine has no correlation: both are None (null in JSON, not NaN) and a
+warning says so.
 
 Both run in float32 unless asked otherwise, and the result records the model,
 precision, max length (and split), so a figure says what it measured.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 
 import numpy as np
 from tqdm import tqdm
@@ -387,7 +390,8 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
 
     pairs_or_path: a TSV/CSV/JSONL path (columns sentence1, sentence2, score) or a list (any
     iterable: zip(first, second, scores)) of (sentence1, sentence2, score). Returns {"spearman", "pearson", "pairs", "model",
-    "precision", "max_length", "pooling", "data"} (data: the file, None for a list).
+    "precision", "max_length", "pooling", "data"} (data: the file, None for a list; the correlations are None,
+    with a warning, when every pair gets the same cosine).
     """
     if pairs_or_path is None:
         raise BertkitError("evaluate_sts needs scored pairs: a TSV path or a list of (sentence1, sentence2, score)")
@@ -412,7 +416,13 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     vectors = encode(sentences, loaded, settings, batch_size=batch_size, progress=progress,
                      names=lambda i: where[sentences[i]])
     cosine = [float(vectors[row[a]] @ vectors[row[b]]) for a, b, _ in pairs]
-    return {"spearman": spearman(cosine, gold), "pearson": pearson(cosine, gold), "pairs": len(pairs),
+    spearman_r, pearson_r = spearman(cosine, gold), pearson(cosine, gold)
+    if len(set(cosine)) < 2:  # a correlation with a constant is undefined: nan, and NaN in the JSON written
+        warnings.warn(f"the model gives every pair the same cosine ({cosine[0]:.4f}): spearman and pearson are "
+                      "undefined and reported as null (a collapsed model, or texts it has no tokens for)",
+                      stacklevel=2)
+        spearman_r = pearson_r = None
+    return {"spearman": spearman_r, "pearson": pearson_r, "pairs": len(pairs),
             "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
             "pooling": settings.pooling,
             "data": None if given else str(pairs_or_path)}
