@@ -233,6 +233,18 @@ def test_an_occurrence_below_one_is_refused_not_counted_from_the_end(amap, tmp_p
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_view_without_a_png_is_refused_not_ignored(tmp_path, capsys, monkeypatch):
+    """--view chooses the PNG's view (text, head, overview): without --png it changed nothing, silently (the
+    page has every view), as --occurrence without --token did; with --png it applies (its default: text)."""
+    from bertkit.cli import main
+
+    monkeypatch.setattr("bertkit.explain.attention_view.attention_map", lambda *a, **k: pytest.fail("the model ran"))
+    assert main(["attention", SENTENCE, "--view", "head", "-o", str(tmp_path / "p.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertkit: error: --view head chooses the PNG's view: give --png") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "p.html").exists()
+
+
 # --- find_heads: where a token looks, over all layers and heads --------------------------
 
 

@@ -358,6 +358,26 @@ def test_a_stride_beside_truncation_is_refused_not_ignored():
                                                                                  truncate=False))
 
 
+def test_word_pooling_beside_other_vectors_is_refused_not_ignored(tiny, tiny_dir, tmp_path, capsys):
+    """word_pooling= (`--word-pooling`) says how a word's pieces make the word's vector: beside sentence or token
+    vectors it changed nothing, silently (`bertkit embed s.txt -o v.npy --word-pooling first` wrote the mean
+    vectors); with pooling='words' it applies ("it'll" is three pieces: the first is not their mean)."""
+    from bertkit.cli import main
+
+    for pooling in ("mean", "cls", None):
+        with pytest.raises(BertkitError, match=r"^word_pooling='first' \(--word-pooling\) .*pooling='words'"):
+            embed("it'll rain", tiny, pooling=pooling, word_pooling="first")
+    first, mean = (embed("it'll rain", tiny, pooling="words", word_pooling=w) for w in ("first", "mean"))
+    assert first.shape == mean.shape == (2, 32) and not np.allclose(first[0], mean[0])
+    np.testing.assert_array_equal(mean, embed("it'll rain", tiny, pooling="words"))
+    (tmp_path / "s.txt").write_text("it'll rain\n")
+    assert main(["embed", str(tmp_path / "s.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(tiny_dir),
+                 "--word-pooling", "first", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertkit: error: word_pooling='first'") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "v.npy").exists()
+
+
 def test_read_texts_formats(tmp_path):
     (tmp_path / "a.txt").write_text("first line\n\nsecond line\n")
     (tmp_path / "b.tsv").write_text("sentence\tlabel\nit 's good\t1\nbad\t0\n")

@@ -32,7 +32,8 @@ def add_embed(sub):
     p.add_argument("-o", "--output", required=True, help="where to write: .npy, .safetensors or .jsonl")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
     add_options(p, EmbedOptions)
-    p.add_argument("--word-pooling", default="mean", choices=["mean", "first"], help="how pieces make a word vector")
+    p.add_argument("--word-pooling", choices=["mean", "first"],
+                   help="with --pooling words: how a word's pieces make its vector (default mean)")
     p.add_argument("--column", "--text-column", help="the .tsv/.csv column or .jsonl field holding the text "
                    "(--text-column: its name in finetune and predict)")
     p.add_argument("--batch-size", type=count, default=32, help="texts per forward pass (default 32)")
@@ -93,7 +94,7 @@ def add_attention(sub):
     p.add_argument("--head", default="0", help="head shown first, from 0, or 'mean' (default 0)")
     p.add_argument("-o", "--output", default="attention.html", help="the HTML page (default attention.html)")
     p.add_argument("--png", help="also render a PNG of one view")
-    p.add_argument("--view", default="text", choices=["text", "head", "overview"], help="the PNG's view")
+    p.add_argument("--view", choices=["text", "head", "overview"], help="the --png's view (default text)")
     p.add_argument("--bertviz", help="also write the tensors and tokens as JSON for bertviz")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
     device_flags(p)
@@ -115,6 +116,9 @@ def run_attention(args):
     if args.token is None and args.occurrence != 1:
         raise BertkitError(f"--occurrence {args.occurrence} counts the occurrences of --token: give --token WORD "
                            "too (without it the page follows [CLS])")
+    if args.view is not None and not args.png:  # it would change nothing: every view is on the page
+        raise BertkitError(f"--view {args.view} chooses the PNG's view: give --png FILE too, or leave --view out "
+                           "(the HTML page has every view)")
     if args.png:  # before the model runs
         check_picture(args.png)
     amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype, fast=args.speed)
@@ -125,7 +129,7 @@ def run_attention(args):
     print(f"{amap.tokens[token]!r} (token {token}), layer {layer}, head {head}: attends most to {top}")
     print(f"wrote {args.output}", file=sys.stderr)
     if args.png:
-        save_png(amap, args.png, args.view, token, layer, head)
+        save_png(amap, args.png, args.view or "text", token, layer, head)
         print(f"wrote {args.png}", file=sys.stderr)
     if args.bertviz:
         save_bertviz(amap, args.bertviz)

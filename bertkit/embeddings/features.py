@@ -54,7 +54,7 @@ from tqdm import tqdm
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, folder_stamp, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
-from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output
+from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output, word_pooling_for
 from bertkit.embeddings.static import NO_CUT, check_static_options, iter_static, no_tokens
 from bertkit.text.windows import max_context_owner, shape, spans
 
@@ -289,7 +289,7 @@ def iter_embed(
     *,
     pairs: Iterable | None = None,
     combine: str | None = None,
-    word_pooling: str = "mean",
+    word_pooling: str | None = None,
     batch_size: int = 32,
     max_length: int | None = None,
     stride: int | None = None,
@@ -302,14 +302,14 @@ def iter_embed(
     """Yield one result per text, in input order, reading `texts` lazily, with the encoder `loaded` (`load_encoder`
     or `bertkit.runtime.loading.load`); `where(i)` names the i-th text (from 0) in an error about it: file:line.
 
-    Texts are taken `chunk_size` at a time; within a chunk the forward-pass rows
-    (texts, or windows of long texts) are sorted by length so each batch of
-    `batch_size` carries little padding. See `embed` for the arguments.
+    Texts are taken `chunk_size` at a time; within a chunk the forward-pass rows (texts, or windows of long
+    texts) are sorted by length so each batch of `batch_size` carries little padding. See `embed` for the arguments.
     """
     if not isinstance(loaded, Loaded):
         raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.load_encoder(model)), "
                            f"got {type(loaded).__name__}")
     output = resolve_output(loaded.layout, pooling, normalize)
+    word_pooling = word_pooling_for(word_pooling, output)  # refused beside vectors that are not per word
     int_at_least(batch_size, 1, "batch_size")
     int_at_least(chunk_size, 1, "chunk_size")
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
@@ -459,7 +459,7 @@ def embed(
     pooling:   "auto" (the model's sentence-transformers layout, else mean), "mean"
                (masked mean over the tokens, [CLS]/[SEP] included, as
                sentence-transformers), "cls", "max", "words" (one vector per input word,
-               pieces pooled by `word_pooling=` mean | first) or None (per-token).
+               pieces pooled by `word_pooling=` mean (default) | first) or None (per-token).
     normalize: L2-normalise each output vector (None: as the model's layout says for
                sentence vectors, else no).
     options:   pairs=, combine=, word_pooling=, batch_size=32, max_length= (tokens per

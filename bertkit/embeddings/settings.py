@@ -170,6 +170,16 @@ def resolve_output(layout: SentenceLayout | None, pooling=AUTO, normalize: bool 
     return Output(pooling, bool(normalize), length)
 
 
+def word_pooling_for(word_pooling: str | None, output: Output) -> str:
+    """How a word's pieces make its vector (None: their mean); asked for beside vectors that are not per word,
+    it would change nothing, so it is refused."""
+    if word_pooling is not None and output.pooling != "words":
+        raise BertkitError(f"word_pooling={word_pooling!r} (--word-pooling) says how a word's pieces make its vector, "
+                           f"and these vectors are not per word (pooling={output.pooling!r}): pass pooling='words' "
+                           "(--pooling words), or leave it out")
+    return word_pooling or "mean"
+
+
 # --- the options embed and serve share ----------------------------------------------------------
 
 
