@@ -125,6 +125,25 @@ def test_written_rows_read_back(tmp_path):
         write_rows(rows, tmp_path / "t.csv")
 
 
+def test_a_beir_setting_beside_a_pairs_file_is_refused_not_ignored(tmp_path, capsys, monkeypatch):
+    """--split and --dedupe choose a BEIR folder's queries and how its repeated ids are read; beside a pairs
+    file they changed nothing, silently (`bertkit mine pairs.tsv --split test` mined the same rows as without
+    it). Refused before any model loads, in the library and the command; a BEIR folder still takes them."""
+    from bertkit.cli import main
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("anchor\tpositive\na dog\ta puppy\na cat\ta kitten\n", encoding="utf-8")
+    monkeypatch.setattr("bertkit.retrieval.mining.mine", lambda *a, **k: pytest.fail("the model ran"))
+    for setting, flag in (({"split": "test"}, "--split test"), ({"dedupe": True}, "--dedupe")):
+        with pytest.raises(BertkitError, match=f"^{flag} .*BEIR folder.*pairs.tsv is a pairs file"):
+            mine_hard_negatives(pairs, **setting)
+    for flags in (["--split", "train"], ["--dedupe"]):
+        assert main(["mine", str(pairs), "-o", str(tmp_path / "m.tsv"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"bertkit: error: {' '.join(flags)} ") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.tsv").exists()
+
+
 def coco_slice(shared_data, path, n_pairs=400):
     """The first `n_pairs` rows of the COCO caption pairs (anchor, positive, group_id: the picture)."""
     lines = (shared_data / "pairs" / "coco_captions" / "pairs_all.tsv").read_text(encoding="utf-8").splitlines()

@@ -199,7 +199,7 @@ def add_mine(sub):
     )
     p.add_argument("source", metavar="SOURCE", help="a BEIR folder, or a .tsv/.jsonl of anchor, positive pairs")
     p.add_argument("-o", "--output", required=True, help="where to write the rows: .tsv or .jsonl")
-    p.add_argument("--split", default="train", help="a BEIR folder's qrels split to mine for (default train)")
+    p.add_argument("--split", help="a BEIR folder's qrels split to mine for (default train)")
     _model_flags(p)
     add_options(p, MiningOptions)
     p.add_argument("--report", help="also write the counts (queries, rows, skipped candidates) as JSON here")

@@ -191,19 +191,24 @@ def mine(task: MiningTask, model=None, options: MiningOptions = MiningOptions(),
     return chosen, skipped, settings, positive_scores, (query_vectors, passage_vectors)
 
 
-def mine_hard_negatives(source, model=None, *, split: str = "train", options: MiningOptions = MiningOptions(),
+def mine_hard_negatives(source, model=None, *, split: str | None = None, options: MiningOptions = MiningOptions(),
                         batch_size: int = 32, max_length: int | None = None, dtype: str = "float32",
                         progress: bool = False, dedupe: bool = False, fast=True) -> tuple[list[tuple[str, ...]], dict]:
     """(rows, report): rows (anchor, positive, negative_1..n[, group_id, negative_1_group..n]), one per
     (query, positive) pair; the groups ("" where none) when the pairs file has a group_id column.
 
-    source: a BEIR folder (queries of `split`; `dedupe`: the first line of a repeated id kept) or a pairs file.
+    source: a BEIR folder (queries of `split`, default train; `dedupe`: the first line of a repeated id kept) or a
+    pairs file (neither setting: refused, as it would change nothing).
     The report gives the counts:
     queries, rows, queries left out, candidates skipped by each rule, and the mean
     positive and negative cosine."""
     options.validate()
     source = Path(source)
-    task = task_from_beir(source, split, dedupe) if source.is_dir() else task_from_pairs(source)
+    if not source.is_dir() and (split is not None or dedupe):
+        flag = f"--split {split}" if split is not None else "--dedupe"
+        raise BertkitError(f"{flag} reads a BEIR folder's queries and ids, and {source} is a pairs file (its anchors "
+                           "are the queries): leave it out, or pass a BEIR folder")
+    task = task_from_beir(source, split or "train", dedupe) if source.is_dir() else task_from_pairs(source)
     mined = mine(task, model, options, batch_size=batch_size, max_length=max_length, dtype=dtype, progress=progress,
                  fast=fast)
     chosen, skipped, settings, positive_scores, (query_vectors, passage_vectors) = mined
