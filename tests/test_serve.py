@@ -733,6 +733,27 @@ def test_missing_or_corrupt_model_fails_at_start_up_in_one_line(tmp_path, dirs):
     assert code == 2 and out.count("\n") == 1 and "model.safetensors" in out and "Traceback" not in out
 
 
+def test_embedding_flags_beside_a_fine_tuned_model_are_refused_not_ignored(dirs):
+    """--layers, --combine, --pooling, --normalize and --max-input-length shape the embeddings endpoints' vectors and
+    inputs; a fine-tuned model's server answers /predict as `bertkit predict` reads its inputs, so `bertkit serve
+    runs/sst2 --max-input-length 8` started and cut nothing at 8 (and /info said the model's own length), silently.
+    Refused at start-up in one line naming the flags; an encoder still takes them."""
+    from bertkit.embeddings.settings import EmbedOptions
+    from bertkit.errors import BertkitError
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    for given, flags in (({"max_input_length": 8}, "--max-input-length"),
+                         ({"embedding": EmbedOptions(pooling="cls", normalize=False)}, "--pooling, --normalize"),
+                         ({"embedding": EmbedOptions(layers="sum_all", combine="sum")}, "--layers, --combine")):
+        settings = ServeConfig(model=str(dirs["pair"]), workers=1, threads=1, **given).validate()
+        with pytest.raises(BertkitError, match=f"^{flags}.* fine-tuned .*leave"):
+            load_runner(settings)
+    encoder = ServeConfig(model=str(dirs["encoder"]), workers=1, threads=1, max_input_length=8,
+                          embedding=EmbedOptions(pooling="cls")).validate()
+    assert load_runner(encoder).info()["pooling"] == "cls"
+
+
 def test_the_start_line_says_what_cuts_a_batch(servers):
     """An encoder's passes are cut by tokens and rows; a fine-tuned model's by inputs (`bertkit.predict`
     batches them by count), so its line names no token budget (it said "max 2048 tokens" all the same)."""

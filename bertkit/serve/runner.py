@@ -110,7 +110,7 @@ def load_runner(settings, speed: SpeedSettings | None = None):
         speed = decide() if speed is None else speed
         loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8, fast=speed)
         if loaded.fine_tuned:
-            runner = TaskModel(loaded, settings, name)
+            runner = TaskModel(loaded, settings.for_task_model(name), name)
         else:
             runner = (StaticEncoder if loaded.task == "static" else EmbeddingModel)(loaded, settings, name)
         runner.speed = speed  # the --rerank cross-encoder runs on them too

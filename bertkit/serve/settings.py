@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.settings import SENTENCE_CHOICES, EmbedOptions
+from bertkit.embeddings.settings import AUTO, SENTENCE_CHOICES, EmbedOptions
 from bertkit.options import DTYPE_CHOICES
 from bertkit.default_model import default_model_dir
 
@@ -135,6 +135,22 @@ class ServeConfig:
                                "(queries must be embedded as the passages were)")
         if self.api_key is not None and not self.api_key.strip():
             raise BertkitError("--api-key is empty: give a key, or leave the flag out to serve without one")
+        return self
+
+    def for_task_model(self, name: str) -> "ServeConfig":
+        """The settings, for a fine-tuned model's server: one that answers /predict as `bertkit predict` reads its
+        inputs (at its own max_length), so the flags that shape only the embeddings endpoints would change
+        nothing: refused, naming them."""
+        e = self.embedding
+        given = [flag for flag, on in (("--max-input-length", self.max_input_length is not None),
+                                       ("--layers", e.layers != "last"), ("--combine", e.combine is not None),
+                                       ("--pooling", e.pooling != AUTO), ("--normalize", e.normalize is not None))
+                 if on]
+        if given:
+            one = len(given) == 1
+            raise BertkitError(f"{', '.join(given)} shape{'s' * one} the embeddings endpoints, and {name} is a "
+                               "fine-tuned model: /predict reads inputs as `bertkit predict` does, at the model's "
+                               f"own max_length; leave {'it' if one else 'them'} out")
         return self
 
     def with_api_key(self, environ: dict) -> "ServeConfig":
