@@ -404,6 +404,20 @@ def test_empty_corpus_and_bad_arguments_give_one_line_errors(tmp_path, capsys):
         PrepareConfig(max_seq_length=4).validate()
 
 
+def test_max_ngram_without_ngram_masking_is_refused_not_ignored(tmp_path, capsys):
+    """--max-ngram is the longest span --masking ngram masks; with token or whole-word masking (the default is
+    token) it changed nothing, silently. Refused in one line before the corpus is read; with ngram it applies."""
+    assert main(["pretrain", "prepare", str(tmp_path / "none"), "-o", str(tmp_path / "o"), "--max-ngram", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertkit: error: --max-ngram is used only with --masking ngram") and err.count("\n") == 1
+    assert main(["pretrain", "prepare", str(tmp_path / "none"), "-o", str(tmp_path / "o"), "--max-ngram", "2",
+                 "--masking", "whole-word"]) == 2
+    assert "--max-ngram is used only with --masking ngram" in capsys.readouterr().err
+    assert main(["pretrain", "prepare", str(tmp_path / "none"), "-o", str(tmp_path / "o"), "--max-ngram", "2",
+                 "--masking", "ngram"]) == 2
+    assert "not found" in capsys.readouterr().err  # past the settings: the missing corpus
+
+
 def test_a_damaged_prepared_folder_is_named_not_a_numpy_traceback(tokenised, tmp_path):
     """A cut-short manifest or shard array, or a foreign .npy: once a JSONDecodeError, a KeyError or numpy's
     own message (which suggests allow_pickle, i.e. running the file's code); now the file and the fix.

@@ -71,8 +71,8 @@ from bertkit.text.tokenizer import Tokenizer
 FORMAT_VERSION = 1
 
 
-def _opt(default, help, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _opt(default, help, choices=None, **more):
+    return field(default=default, metadata={"help": help, "choices": choices, **more})
 
 
 @dataclass
@@ -87,7 +87,7 @@ class PrepareConfig:
     dynamic_masking: bool = _opt(False, "store unmasked instances; the collator masks anew every epoch")
     masked_lm_prob: float = _opt(0.15, "fraction of tokens to predict")
     max_predictions_per_seq: int = _opt(20, "at most this many predictions per instance")
-    max_ngram: int = _opt(3, "longest n-gram (in words) for --masking ngram")
+    max_ngram: int = _opt(3, "longest n-gram (in words) for --masking ngram", needs=("masking", "ngram"))
     short_seq_prob: float = _opt(0.1, "probability of a shorter random target length")
     dupe_factor: int | None = _opt(None, "passes over the corpus, each with new pairs and masks "
                                    "(default: 10 with static masking, as the original; 1 with dynamic)")
