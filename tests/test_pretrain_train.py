@@ -139,3 +139,37 @@ def test_the_progress_bar_shows_tokens_per_second_in_one_format_at_every_size():
         assert "e" not in shown and "." not in shown, shown
         assert int(shown.replace(",", "")) == round(rate)  # a whole number, thousands separated
     assert bar_value("loss", 4.29960) == "4.2996" and bar_value("lr", 5e-5) == "5e-05"
+
+
+# --- the held-out loss -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head", ["nsp", "mlm"])
+def test_the_held_out_loss_is_the_loss_of_the_whole_slice(head):
+    """The held-out loss was the mean of the batches' mean losses: a last batch of one sequence, or one with
+    few masked tokens, weighed as much as a full one. It is the training objective over the whole slice: the
+    MLM cross-entropy per masked token (plus NSP per pair), what the model gives for the slice as one batch."""
+    from bertkit.model.config import BertConfig, IGNORE_INDEX
+    from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
+    from bertkit.pretraining.train import evaluate
+
+    g = torch.Generator().manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=16)
+    model = (BertForPreTraining if head == "nsp" else BertForMaskedLM)(config, generator=g)
+    n, t = 5, 12
+    ids = torch.randint(5, 50, (n, t), generator=g)
+    labels = torch.full((n, t), IGNORE_INDEX)
+    for i, masked in enumerate((6, 5, 1, 2, 1)):  # the last batch of 2 holds 1 sequence with 1 masked token
+        labels[i, 1:1 + masked] = ids[i, 1:1 + masked]
+    whole = {"input_ids": ids, "attention_mask": torch.ones(n, t, dtype=torch.long),
+             "token_type_ids": torch.zeros(n, t, dtype=torch.long), "labels": labels}
+    if head == "nsp":
+        whole["next_sentence_label"] = torch.tensor([0, 1, 1, 0, 1])
+    batches = [{k: v[s:s + 2] for k, v in whole.items()} for s in range(0, n, 2)]
+    model.eval()
+    with torch.no_grad():
+        one = float(model(**whole).loss)
+        means = sum(float(model(**b).loss) for b in batches) / len(batches)
+    assert abs(means - one) > 1e-3  # the mean of batch means is another figure
+    assert evaluate(model, batches, autocast_for("fp32", "cpu"))["loss"] == pytest.approx(one, abs=1e-5)

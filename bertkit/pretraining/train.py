@@ -140,26 +140,45 @@ def accuracies(counts: dict) -> dict:
     return out
 
 
-@torch.no_grad()
-def evaluate(model, batches: list, autocast) -> dict:
-    """Mean loss and accuracies over held-out batches, plus the MLM frequent-token baseline.
+def loss_sums(out, batch: dict, disc_weight: float = 1.0) -> list:
+    """One output's loss as (term, its mean x the items it is a mean over, the items, the term's weight) per
+    term: MLM over the masked tokens, NSP/SOP over the pairs, ELECTRA's discriminator over the real tokens
+    (weighted by --disc-weight, as in training). Summed over batches, they give each term's mean over the set."""
+    if hasattr(out, "disc_loss"):  # ELECTRA: loss = mlm_loss + disc_weight * disc_loss
+        return [("mlm", out.mlm_loss, out.targets.numel(), 1.0), ("disc", out.disc_loss, out.real.sum(), disc_weight)]
+    masked = (batch["labels"] != IGNORE_INDEX).sum()
+    terms = [("mlm", out.mlm_loss if hasattr(out, "mlm_loss") else out.loss, masked, 1.0)]  # MLM alone: its loss
+    if getattr(out, "nsp_loss", None) is not None:
+        terms.append(("nsp", out.nsp_loss, batch["next_sentence_label"].numel(), 1.0))
+    return [(name, float(mean) * float(n), float(n), w) for name, mean, n, w in terms if mean is not None and n]
 
+
+@torch.no_grad()
+def evaluate(model, batches: list, autocast, disc_weight: float = 1.0) -> dict:
+    """Loss and accuracies over held-out batches, plus the MLM frequent-token baseline.
+
+    The loss is the training objective over the whole slice: each term's mean over all of its items (the MLM
+    cross-entropy per masked token, NSP/SOP per pair), summed as in training. A mean of the batches' losses
+    weighed a small last batch, or one with few masks, as much as a full one.
     The baseline is the accuracy of always predicting the most frequent masked
     token of this slice: what a model that learnt only unigram statistics gets.
     """
     was_training = model.training
     model.eval()
-    losses, counts, freq = [], {}, {}
+    sums, counts, freq = {}, {}, {}
     for batch in batches:
         with autocast():
             out = model(**batch)
-        losses.append(float(out.loss))
+        for name, total, n, weight in loss_sums(out, batch, disc_weight):
+            before = sums.get(name, (0.0, 0.0, weight))
+            sums[name] = (before[0] + total, before[1] + n, weight)
         add_counts(counts, batch_metrics(out, batch))
         labels = batch["labels"][batch["labels"] != IGNORE_INDEX]
         for tok, c in zip(*torch.unique(labels, return_counts=True)):
             freq[int(tok)] = freq.get(int(tok), 0) + int(c)
     model.train(was_training)
-    result = {"loss": sum(losses) / max(1, len(losses)), **accuracies(counts)}
+    loss = sum(weight * total / n for total, n, weight in sums.values() if n)
+    result = {"loss": float(loss), **accuracies(counts)}
     if freq:
         result["mlm_baseline"] = max(freq.values()) / sum(freq.values())
     return result
@@ -301,7 +320,7 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
         model_config = job.config.to_dict()  # recorded in checkpoints, rebuilt to gather FSDP shards
         autocast = autocast_for(cfg.precision, info.device)
         harness.train(job, harness.Hooks(
-            evaluate=(lambda m, step: evaluate(m, eval_batches, autocast)) if eval_batches else None,
+            evaluate=(lambda m, step: evaluate(m, eval_batches, autocast, cfg.disc_weight)) if eval_batches else None,
             count=batch_metrics, rates=accuracies,
             extras=lambda step: {"scheduler": {"schedule": cfg.optim.schedule, "step": step, "total_steps": cfg.max_steps},
                                  "model_config": model_config, "extra": {"run_config": cfg.to_dict()}}))
