@@ -194,6 +194,26 @@ def test_classifier_learns_and_reports(sentiment_run):
     assert len(rows) == 31 and rows[0].startswith("text\tgold\tpredicted")
 
 
+def test_two_label_f1_names_its_label(sentiment_run):
+    """Two labels: `f1` is the F1 of the second in sorted order (GLUE's MRPC/QQP F1 of label 1; for RTE's
+    entailment/not_entailment it is not_entailment's), and neither metrics.json nor the printed line said
+    which. metrics.json names it (`f1_label`) and the printed line too; the figure is that label's F1 in the
+    per-label table."""
+    from bertkit.tasks import format_report
+    from bertkit.tasks.text_inference import TextExample, score
+
+    d, final = sentiment_run
+    dev = json.loads((d / "out" / "metrics.json").read_text())["dev"]
+    assert dev["f1_label"] == "pos" and dev["f1"] == dev["per_label"]["pos"]["f1"]
+    assert f"f1 (pos) {dev['f1']:.4f}" in format_report(final).splitlines()[0]
+    names = ["entailment", "not_entailment"]
+    gold = [names[i] for i in (0, 0, 0, 1, 1)]
+    preds = [{"label": names[i], "label_id": i} for i in (0, 1, 1, 1, 0)]
+    rte = score(preds, [TextExample(f"t{i}", None, g) for i, g in enumerate(gold)], "single_label_classification",
+                names, full=True)
+    assert rte["f1_label"] == "not_entailment" and rte["f1"] == rte["per_label"]["not_entailment"]["f1"] == pytest.approx(0.4)
+
+
 def test_predict_api_and_cli(sentiment_run, tmp_path, capsys):
     import bertkit
 

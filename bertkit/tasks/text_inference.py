@@ -168,8 +168,10 @@ def score(preds: list[dict], examples: list[TextExample], problem_type: str, nam
     report = M.per_label_report(p, y, names)
     out["macro_f1"] = report.pop("macro_f1")
     out["matthews_correlation"] = M.matthews(p, y)  # CoLA's figure (GLUE), named as Hugging Face's run_glue names it
-    if len(names) == 2:
-        out["f1"] = M.f1_binary(p, y, positive=1)  # of the second label (GLUE: 1 = paraphrase)
+    if len(names) == 2:  # the F1 of the second label in sorted order (GLUE: 1 = paraphrase)
+        out["f1"] = M.f1_binary(p, y, positive=1)
+    if full and len(names) == 2:  # which label that is (RTE's: not_entailment), said beside the figure
+        out["f1_label"] = names[1]
     if full:
         out["per_label"] = report
         out["confusion_matrix"] = {"labels": names, "rows_gold_columns_predicted": M.confusion_matrix(p, y, len(names))}
