@@ -226,6 +226,20 @@ def test_a_folder_that_is_not_beir_is_refused(data, tmp_path):
                  training=fast(), log=lambda s: None)
 
 
+def test_a_split_beside_a_table_is_refused_not_ignored(data, tmp_path):
+    """--train-split and --dev-split name a BEIR folder's qrels; beside a table of pairs (or of scored pairs for
+    --dev) they changed nothing, silently: `finetune embed --train pairs.tsv --train-split test` trained on every
+    row and saved the model. Refused in one line before any training, naming the flag; a BEIR folder takes them."""
+    pairs = write(tmp_path / "pairs.tsv", "anchor\tpositive\na\tb\nc\td\n")
+    scored = write(tmp_path / "sts.tsv", "sentence1\tsentence2\tscore\na\tb\t1\nc\td\t2\n")
+    for options, flag in (({"train_split": "test"}, "--train-split test"),
+                          ({"dev": str(scored), "dev_split": "test"}, "--dev-split test")):
+        with pytest.raises(BertkitError, match=f"^{flag} names a BEIR folder's qrels"):
+            finetune("embed", train=str(pairs), output=str(tmp_path / "out"), model=str(data["tiny"]),
+                     training=fast(), log=lambda s: None, **options)
+        assert not (tmp_path / "out").exists()
+
+
 def test_same_seed_same_run(data, tmp_path):
     a = run(data, tmp_path / "a", training=fast(epochs=1))
     b = run(data, tmp_path / "b", training=fast(epochs=1))

@@ -75,7 +75,7 @@ def test_the_declared_figures_are_what_each_dev_evaluation_returns(tiny, tmp_pat
     # embed: each kind of --dev gives its own figures; the record offers both
     beir = beir_slice(shared_data / "retrieval" / "scifact", tmp_path / "scifact", train_queries=8, dev_queries=4,
                       extra_docs=4)
-    assert one_update("embed", tiny, sts, beir, tmp_path / "beir", train_split="train", dev_split="dev") == \
+    assert one_update("embed", tiny, sts, beir, tmp_path / "beir", dev_split="dev") == \
         set(EMBED_DEV["a BEIR folder"])
     assert one_update("embed", tiny, sts, sts, tmp_path / "sts") == set(EMBED_DEV["scored pairs"])
     assert set(TASKS["embed"].metrics) == set(EMBED_DEV["a BEIR folder"]) | set(EMBED_DEV["scored pairs"])

@@ -222,10 +222,10 @@ class EmbedConfig(TaskConfig):
     train: str = _opt(None, "pairs (anchor, positive[, negative...] columns), scored pairs (sentence1, sentence2, "
                             "score) as TSV/CSV/JSONL, or a BEIR folder (its --train-split qrels become pairs)",
                       required=True, path=True)
-    train_split: str = _opt("train", "qrels split of a BEIR --train folder")
+    train_split: str | None = _opt(None, "qrels split of a BEIR --train folder (default: train)")
     dev: str | None = _opt(None, "evaluated after each epoch, the best epoch kept: a BEIR folder (retrieval, "
                                  "nDCG@10) or scored pairs (STS, Spearman)", path=True)
-    dev_split: str = _opt("dev", "qrels split of a BEIR --dev folder", needs=("dev", None))
+    dev_split: str | None = _opt(None, "qrels split of a BEIR --dev folder (default: dev)", needs=("dev", None))
     max_length: int | None = _opt(None, "tokens per text (default: the model's sentence-transformers "
                                         "max_seq_length, else 256; --static: where the start cuts), also where "
                                         "the saved model cuts")

@@ -94,8 +94,14 @@ def is_beir_folder(path) -> bool:
     return path.is_dir() and is_corpus_jsonl(path)  # corpus.jsonl, or corpus.jsonl.gz as BEIR's HF copies ship it
 
 
-def read_examples(path, *, split: str = "train", max_examples: int | None = None, log=print) -> EmbeddingExamples:
-    """Examples from a pairs/triplets/scored-pairs table or a BEIR folder (its `split` qrels)."""
+def read_examples(path, *, split: str | None = None, max_examples: int | None = None, log=print,
+                  flag: str = "--train-split") -> EmbeddingExamples:
+    """Examples from a pairs/triplets/scored-pairs table or a BEIR folder (its `split` qrels, default train; beside
+    a table, where it would change nothing, a split is refused naming `flag`)."""
+    if split is not None and not Path(path).is_dir():
+        raise BertkitError(f"{flag} {split} names a BEIR folder's qrels, and {path} is a table of pairs: leave "
+                           f"{flag} out, or pass a BEIR folder")
+    split = split or "train"
     if Path(path).is_dir():
         if not is_beir_folder(path):
             raise BertkitError(f"{path} is a folder but not a BEIR one (no corpus.jsonl); pass a TSV/JSONL of pairs "
@@ -385,14 +391,15 @@ def dev_evaluator(cfg: EmbedConfig, log):
         return {k: v for k, v in scores.items() if isinstance(v, float) and not k.endswith("seconds")}
 
     if kind == "a BEIR folder":
-        judged = len(read_qrels(qrels_path(cfg.dev, cfg.dev_split)))  # a missing split fails now, not later
+        split = cfg.dev_split or "dev"
+        judged = len(read_qrels(qrels_path(cfg.dev, split)))  # a missing split fails now, not later
         kept = min(judged, cfg.max_dev_examples or judged)
-        log(f"{cfg.dev} ({cfg.dev_split}): {kept} of {judged} judged queries, ranked against the whole corpus")
-        return (lambda m, tok: figures(evaluate_retrieval(loaded(m, tok), cfg.dev, split=cfg.dev_split,
+        log(f"{cfg.dev} ({split}): {kept} of {judged} judged queries, ranked against the whole corpus")
+        return (lambda m, tok: figures(evaluate_retrieval(loaded(m, tok), cfg.dev, split=split,
                                                           max_length=cfg.max_length, batch_size=tcfg.eval_batch_size,
                                                           progress=tcfg.progress, max_queries=kept)),
                 EMBED_DEV[kind][0])
-    dev = read_examples(cfg.dev, max_examples=cfg.max_dev_examples, log=log)
+    dev = read_examples(cfg.dev, split=cfg.dev_split, max_examples=cfg.max_dev_examples, log=log, flag="--dev-split")
     if not dev.scored:
         raise BertkitError(f"--dev {cfg.dev}: evaluation needs a BEIR folder (retrieval) or scored pairs "
                            "(sentence1, sentence2, score: STS)")
