@@ -738,3 +738,22 @@ def test_paths_given_as_pathlib_paths_train_as_strings_do(tiny, tmp_path):
         runs[kind] = final["dev"]["accuracy"], (out / "model.safetensors").read_bytes()
     assert runs[Path] == runs[str]
     assert TextTaskConfig(train=Path("t.tsv"), output=Path("o")).train == "t.tsv"  # the config holds strings
+
+
+def test_the_printed_report_says_which_labels_macro_f1_leaves_out():
+    """A trained label the dev set lacks is listed in the per-label table with support 0, while macro_f1 (as
+    scikit-learn's) leaves it out when it is never predicted either: the two disagreed for a reader. The report
+    says so in one line, and macro_f1 is the mean F1 of the labels it does not name."""
+    from bertkit.tasks import format_report
+    from bertkit.tasks.text_inference import TextExample, score
+
+    names = ["ant", "bee", "cat", "dog"]  # dog: absent from dev, never predicted; cat: absent, predicted once
+    gold, pred = (0, 0, 1, 1, 1, 0), (0, 1, 1, 1, 2, 0)
+    dev = score([{"label": names[i], "label_id": i} for i in pred],
+                [TextExample(f"t{i}", None, names[g]) for i, g in enumerate(gold)], "single_label_classification",
+                names, full=True)
+    lines = format_report({"task": "classify", "dev": dev, "dev_examples": len(gold)}).splitlines()
+    assert "not in the dev set and never predicted, left out of macro_f1: dog" in lines
+    assert "not in the dev set but predicted, counted in macro_f1 with f1 0: cat" in lines
+    kept = [n for n in names if n != "dog"]
+    assert dev["macro_f1"] == pytest.approx(sum(dev["per_label"][n]["f1"] for n in kept) / len(kept))

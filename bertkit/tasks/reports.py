@@ -19,12 +19,29 @@ def text_report(final: dict) -> str:
         for name, r in dev["per_label"].items():
             lines.append(f"{name:>16} {r['precision']:9.3f} {r['recall']:7.3f} {r['f1']:7.3f} {r['support']:7d}")
         cm = dev["confusion_matrix"]
+        lines += absent_labels(dev["per_label"], cm)
         w = max(8, *(len(n) for n in cm["labels"])) + 1
         lines.append("confusion matrix (rows: gold, columns: predicted)")
         lines.append(" " * w + "".join(f"{n:>{w}}" for n in cm["labels"]))
         for n, row in zip(cm["labels"], cm["rows_gold_columns_predicted"]):
             lines.append(f"{n:>{w}}" + "".join(f"{c:>{w}}" for c in row))
     return "\n".join(lines)
+
+
+def absent_labels(per_label: dict, cm: dict) -> list[str]:
+    """A line for the trained labels the dev set lacks (support 0), which the table lists as it lists the others:
+    never predicted either, such a label has no F1 and macro_f1 leaves it out (`bertkit.metrics.tasks.
+    per_label_report`); predicted, its F1 of 0 counts in it."""
+    predicted = dict(zip(cm["labels"], (sum(col) for col in zip(*cm["rows_gold_columns_predicted"]))))
+    absent = [name for name, r in per_label.items() if r["support"] == 0]
+    left_out = [name for name in absent if not predicted.get(name)]
+    counted = [name for name in absent if predicted.get(name)]
+    lines = []
+    if left_out:
+        lines.append(f"not in the dev set and never predicted, left out of macro_f1: {', '.join(left_out)}")
+    if counted:
+        lines.append(f"not in the dev set but predicted, counted in macro_f1 with f1 0: {', '.join(counted)}")
+    return lines
 
 
 def ner_report(final: dict) -> str:
