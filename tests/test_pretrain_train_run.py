@@ -67,6 +67,28 @@ def test_the_cli_leaves_a_hugging_face_checkpoint_with_its_vocab(nsp_data, tmp_p
     # a second run into the same directory must not silently overwrite it
     res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 1, "--output", out, check=False)
     assert res.returncode == 2 and "--resume" in res.stderr
+    # --quiet (--no-progress), as every other command with a bar: it was 'unrecognized arguments'
+    res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 1, "--batch-size", 8, "--eval-every", 0,
+                  "--output", tmp_path / "quiet", "--quiet")
+    assert "pretrain:" not in res.stderr and (tmp_path / "quiet" / "model.safetensors").is_file()
+
+
+def test_resume_takes_compile_on_or_off_and_refuses_what_changes_the_run(tmp_path):
+    """--compile wraps the same arithmetic in torch.compile: a run started eager may go on compiled (a resume
+    with --compile was refused as a changed setting), while a setting that changes what is computed is not."""
+    from bertkit.cli import build_parser
+    from bertkit.options import from_args
+
+    parser = build_parser()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_config.json").write_text(json.dumps({"data": str(tmp_path / "data"), "output": str(out)}))
+    args = parser.parse_args(["pretrain", "run", str(tmp_path / "data"), "-o", str(out), "--resume", "--compile"])
+    assert from_args(args, RunConfig).compile is True
+    args = parser.parse_args(["pretrain", "run", str(tmp_path / "data"), "-o", str(out), "--resume", "--batch-size",
+                              "16"])
+    with pytest.raises(BertkitError, match="--batch-size 16 \\(the run used 32\\)"):
+        from_args(args, RunConfig)
 
 
 @pytest.mark.oracle

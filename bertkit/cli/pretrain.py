@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.options import add_options, count, device_flags, finite_float, from_args, seed
+from bertkit.options import add_options, count, device_flags, finite_float, from_args, quiet_flag, seed
 from bertkit.pretraining.prepare import PrepareConfig, format_example, format_summary, prepare
 from bertkit.pretraining.run_config import RunConfig
 
@@ -48,13 +48,14 @@ def add_pretrain_run(psub):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p, RunConfig)
+    quiet_flag(p)
     p.set_defaults(handler=run_pretrain_run, runs_model=True, torchrun=True, outputs={"--output": "folder"})
 
 
 def run_pretrain_run(args):
     from bertkit.pretraining.train import run
 
-    run(from_args(args, RunConfig), speed=args.speed)
+    run(from_args(args, RunConfig), progress=not args.quiet, speed=args.speed)
 
 
 def add_pretrain_prepare(psub):

@@ -53,7 +53,8 @@ class RunConfig:
     grad_accum: int = field(default=1, metadata={"help": "micro-batches accumulated into one update"})
     optimizer: str = field(default="adamw", metadata={"help": "adamw, or lamb for very large batches", "choices": OPTIMIZERS})
     precision: str = field(default="fp32", metadata={"help": "fp32, bf16 (autocast, CPU or GPU) or fp16 (GradScaler, GPU only)", "choices": PRECISIONS})
-    compile: bool = field(default=False, metadata={"help": "wrap the model in torch.compile"})
+    compile: bool = field(default=False, metadata={"resumable": True,  # the same arithmetic, compiled or not
+                                                   "help": "wrap the model in torch.compile"})
     fsdp: bool = field(default=False, metadata={"help": "under torchrun: shard the model with FSDP instead of DDP"})
     dropout: float | None = field(default=None, metadata={"help": "override hidden and attention dropout (0 for exact comparisons); written into the saved config.json, so a fine-tuning from it runs at this dropout too"})
     seed: int = field(default=42, metadata={"help": "seeds weights, data order, masking and dropout"})
