@@ -256,9 +256,10 @@ def started_in(run_dir: Path, saved_output) -> Path | None:
 
 def from_start(cls, saved: dict, origin: Path | None) -> dict:
     """The saved settings with each relative "path" field read from `origin`, the directory the run was started
-    in, and written relative to the current one: a run saved as `--train train.tsv --dev dev.tsv -o out` and
-    resumed with `cd sub && ... -o ../out --resume` read sub/train.tsv (missing) and sub/dev.tsv (another file of
-    that name, scored silently). A flag given now replaces its field anyway; an unknown start leaves them as typed."""
+    in, made absolute: a run saved as `--train train.tsv --dev dev.tsv -o out` and resumed with `cd sub && ...
+    -o ../out --resume` read sub/train.tsv (missing) and sub/dev.tsv (another file of that name, scored silently).
+    Absolute, because the resumed run saves its settings again with `-o ../out`, from which no later resume can
+    tell the start (`started_in`). A flag given now replaces its field anyway; an unknown start leaves them as typed."""
     if origin is None or origin == Path.cwd().resolve():
         return saved
     moved: dict = {}
@@ -268,7 +269,7 @@ def from_start(cls, saved: dict, origin: Path | None) -> dict:
             node = moved
             for k in path[:-1]:
                 node = node.setdefault(k, {})
-            node[path[-1]] = os.path.relpath(origin / old)
+            node[path[-1]] = os.path.normpath(origin / old)
     return merge(saved, moved)
 
 

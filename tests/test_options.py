@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -165,11 +166,18 @@ def test_resume_from_another_directory_reads_the_saved_paths_from_where_the_run_
             assert given.dev == "../d/dev.tsv"
         if cls is RunConfig:
             assert cfg.data == "../data"  # given again: as typed
-    monkeypatch.chdir(tmp_path)  # resumed where it started: as saved
-    (tmp_path / "out" / "run_config.json").write_text(json.dumps({"train": "train.tsv", "output": "out"}))
+    # the run resumed from sub/ saves its settings again, with -o ../out: resumed from the start once more, it
+    # still reads the start's files (a relative "train.tsv" there is not "../train.tsv" saved from sub/)
     p = argparse.ArgumentParser()
     add_options(p, TextTaskConfig)
-    assert from_args(p.parse_args(["--output", "out", "--resume"]), TextTaskConfig).train == "train.tsv"
+    (tmp_path / "out" / "run_config.json").write_text(json.dumps({"train": "train.tsv", "output": "out"}))
+    again = from_args(p.parse_args(["--output", "../out", "--resume"]), TextTaskConfig)
+    (tmp_path / "out" / "run_config.json").write_text(json.dumps({"train": again.train, "output": "../out"}))
+    monkeypatch.chdir(tmp_path)
+    assert Path(from_args(p.parse_args(["--output", "out", "--resume"]), TextTaskConfig).train).resolve() == \
+        start / "train.tsv"
+    (tmp_path / "out" / "run_config.json").write_text(json.dumps({"train": "train.tsv", "output": "out"}))
+    assert from_args(p.parse_args(["--output", "out", "--resume"]), TextTaskConfig).train == "train.tsv"  # as saved
 
 
 @dataclass
