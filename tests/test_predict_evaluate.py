@@ -254,6 +254,19 @@ def test_evaluate_mode_says_the_precision(sentiment_run, tmp_path, capsys):  # n
     assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--dtype", "bfloat16"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
     assert "computed in bfloat16; finetune scored in float32, which --dtype float32 reproduces" in line
+    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--int8"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
+    assert "computed in int8; finetune scored in float32, which predict without --int8 reproduces" in line
+    # a folder save_quantized wrote runs int8 without --int8: leaving the flag out reproduces nothing
+    import bertkit
+    from bertkit.runtime.quantization import save_quantized
+
+    loaded = bertkit.load(d / "out", int8=True)
+    save_quantized(loaded.model, tmp_path / "int8", loaded.tokenizer, task=loaded.info, layout=loaded.layout)
+    assert main(["predict", str(tmp_path / "int8"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
+    assert (f"computed in int8; {tmp_path / 'int8'} holds int8 weights (save_quantized): finetune scored the "
+            "float32 model they were made from): accuracy ") in line, line
 
 
 def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):

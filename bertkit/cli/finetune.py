@@ -116,7 +116,16 @@ def run_predict(args):
         rows = (f"{result.count} examples" if result.scored == result.count else
                 f"the {result.scored} of the {result.count} rows that carry answers")
         print(f"evaluation on {args.input} ({rows}, computed in {result.precision}"
-              f"{PRECISION_NOTE.get(result.precision, '')}): {format_metrics(result.metrics)}", file=stream)
+              f"{_precision_note(result.precision, args)}): {format_metrics(result.metrics)}", file=stream)
+
+
+def _precision_note(precision: str, args) -> str:
+    """Why the figure may differ from finetune's. An int8 run without --int8 is a folder save_quantized wrote: it
+    runs int8 whatever the flags say, so "predict without --int8" would reproduce nothing."""
+    if precision == "int8" and not args.int8:
+        return (f"; {args.model_dir} holds int8 weights (save_quantized): finetune scored the float32 model they "
+                "were made from")
+    return PRECISION_NOTE.get(precision, "")
 
 
 def add_demo(sub):
