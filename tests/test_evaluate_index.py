@@ -30,8 +30,9 @@ def by_hand(setup, capsys, *flags, ranked=False):
     data = load_beir(setup["folder"], "test")
     ids = list(data.queries)
     (setup["root"] / "q.txt").write_text("\n".join(data.queries[q] for q in ids) + "\n")
+    dtype = [] if "lexical" in flags and "--rerank" not in flags else ["--dtype", "float32"]  # lexical: no encoder
     assert main(["search", str(setup["index"]), "--queries", str(setup["root"] / "q.txt"), "-k", "100", "--json",
-                 "--dtype", "float32", *flags]) == 0
+                 *dtype, *flags]) == 0
     answers = json.loads(capsys.readouterr().out)
     # a reranked answer mixes cross-encoder and cosine scores: its run scores documents by their place
     run = {q: {h["doc_id"]: float(len(hits) - rank) if ranked else h["score"] for rank, h in enumerate(hits)}

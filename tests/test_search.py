@@ -355,6 +355,32 @@ def test_a_fusion_setting_the_search_would_not_use_is_refused(built, capsys):
                                                               fusion={"fusion": "rrf"})]
 
 
+def test_a_lexical_search_refuses_the_query_encoders_options(built, tmp_path, capsys):
+    """search --mode lexical ranks by BM25 and embeds no query: --model, --dtype, --device, --batch-size and the
+    dense scan's --block-size were taken and ignored (the answers the same whatever they said). Each is refused
+    in one line before anything loads; beside --rerank, --dtype, --device and --batch-size run the cross-encoder
+    and are taken; a dense search takes them all."""
+    base = ["search", str(built), QUERIES[0], "--mode", "lexical", "-k", "2", "--json"]
+    for flags in (["--model", "no/such/model"], ["--dtype", "float32"], ["--device", "cpu"], ["--batch-size", "8"],
+                  ["--block-size", "64"], ["--dtype", "bfloat16", "--batch-size", "8"]):
+        assert main(base + flags) == 2, flags
+        err = capsys.readouterr().err
+        named = " and ".join(f for f in flags if f.startswith("--"))
+        assert err.startswith(f"bertkit: error: {named} set") and "--mode lexical embeds no query" in err, err
+        assert err.count("\n") == 1, err
+    assert main(base) == 0
+    lexical = json.loads(capsys.readouterr().out)
+    assert lexical == [[h.to_dict() for h in search(open_index(built), QUERIES[:1], k=2, fusion={"mode": "lexical"})[0]]]
+    model = cross_encoder(tmp_path / "cross", "regression", 1)
+    assert main(base + ["--rerank", str(model), "--rerank-top", "2", "--dtype", "float32", "--device", "cpu",
+                        "--batch-size", "8"]) == 0
+    assert {h["id"] for h in json.loads(capsys.readouterr().out)[0]} == {h["id"] for h in lexical[0]}
+    assert main(base + ["--rerank", str(model), "--model", "no/such/model"]) == 2  # the query encoder still not
+    assert "--model sets" in capsys.readouterr().err
+    assert main(["search", str(built), QUERIES[0], "--mode", "dense", "-k", "2", "--dtype", "float32", "--device",
+                 "cpu", "--batch-size", "8", "--block-size", "64"]) == 0
+
+
 def test_queries_in_another_precision_than_the_passages_are_said(built, tiny, capsys):
     """A bfloat16 index searched with float32 queries (or the reverse) ran without a word, its scores neither
     precision's own (evaluate retrieval --index printed both precisions; search and serve neither). search

@@ -263,7 +263,7 @@ def add_search(sub):
     p.add_argument("--rerank-top", type=count, help="with --rerank: documents the cross-encoder re-scores (default "
                    f"{RERANK_TOP})")
     p.add_argument("--json", action="store_true", help="print JSON: per query a best-first list of hits")
-    p.add_argument("--batch-size", type=count, default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--batch-size", type=count, help="texts per forward pass (default 32)")
     p.add_argument("--ann", action="store_true", help="search the HNSW graph built by bertkit index --ann hnsw "
                    "(approximate, faster on millions of vectors) instead of every vector")
     p.add_argument("--ef-search", type=count, help="with --ann: candidates the graph walk keeps (default: the "
@@ -273,7 +273,21 @@ def add_search(sub):
                    "13 MiB; docs/search.md)")
     add_options(p, FusionOptions, {"mode": None})
     device_flags(p)
-    p.set_defaults(handler=run_search, runs_model=True)
+    # None: not given, so that one given to a lexical search is seen (_refuse_encoder_options); run_search reads
+    # them as the library's defaults (32; auto)
+    p.set_defaults(handler=run_search, runs_model=True, device=None, dtype=None)
+
+
+ENCODER_FLAGS = {"device": "--device", "dtype": "--dtype", "batch_size": "--batch-size"}  # --rerank's model runs on them too
+
+
+def _refuse_encoder_options(args) -> None:
+    """--mode lexical ranks by BM25 alone and embeds no query: the query encoder's options and the dense scan's were
+    taken and ignored (`search INDEX q --mode lexical --model X --dtype bfloat16` answered as without them)."""
+    if args.mode == "lexical":
+        refuse_without(args, {"model": "--model", **({} if args.rerank else ENCODER_FLAGS), "block_size": "--block-size"},
+                       "how the queries are embedded and scanned, and --mode lexical embeds no query (BM25 alone "
+                       "ranks)", "leave them out, or search with --mode dense or hybrid")
 
 
 def _queries(args) -> tuple[list[str], object]:
@@ -320,6 +334,7 @@ def run_search(args):
     refuse_without(args, {"ef_search": "--ef-search"} if not args.ann else {}, "how far --ann's HNSW walk looks",
                    "give --ann too (the exact search without it scores every passage)")
     refuse_ignored_search_flags(args)
+    _refuse_encoder_options(args)
     refuse_without(args, {"block_size": "--block-size"} if args.ann else {}, "the exact scan's blocks, and --ann walks "
                    "the HNSW graph instead", "leave one of them out")
     if args.qdrant:  # no INDEX: the one positional is the query
@@ -343,7 +358,8 @@ def run_search(args):
         fusion.validate()
         if fusion.mode is not None:  # else the collection decides, as an index does
             refuse_unused_fusion(given, fusion.mode, fusion.fusion)
-    cross = reranker(args.rerank, args.device, args.dtype, args.speed) if args.rerank else None  # refused before any search
+    dtype, batch = args.dtype or "auto", _given(args, ("batch_size",))  # the defaults of what was not given
+    cross = reranker(args.rerank, args.device, dtype, args.speed) if args.rerank else None  # refused before any search
     effect = recorded_effect(args.rerank) if args.rerank else None
     if effect:
         print(effect, file=sys.stderr)
@@ -351,13 +367,13 @@ def run_search(args):
     depth = args.k if cross is None else max(args.k, top)
     if args.qdrant:
         answers = search_qdrant(args.qdrant, args.collection, queries, depth, model=args.model, device=args.device,
-                                dtype=args.dtype, batch_size=args.batch_size, fusion=fusion, fast=args.speed)
+                                dtype=dtype, fusion=fusion, fast=args.speed, **batch)
     else:
-        answers = search(index, queries, depth, model=args.model, device=args.device, dtype=args.dtype,
-                         batch_size=args.batch_size, block_size=args.block_size or DEFAULT_BLOCK, ann=args.ann,
-                         ef_search=args.ef_search, fusion=fusion, fast=args.speed, names=names)
+        answers = search(index, queries, depth, model=args.model, device=args.device, dtype=dtype,
+                         block_size=args.block_size or DEFAULT_BLOCK, ann=args.ann, ef_search=args.ef_search,
+                         fusion=fusion, fast=args.speed, names=names, **batch)
     if cross is not None:
-        answers = [rerank(cross, q, hits, top, args.batch_size) for q, hits in zip(queries, answers)]
+        answers = [rerank(cross, q, hits, top, **batch) for q, hits in zip(queries, answers)]
     answers = [hits[: args.k] for hits in answers]
     if args.json:
         json.dump([[h.to_dict() for h in hits] for hits in answers], sys.stdout, ensure_ascii=False)
