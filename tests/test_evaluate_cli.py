@@ -183,7 +183,7 @@ def test_a_lexical_evaluation_loads_no_model_and_scores_as_the_lexical_row_of_mo
     from bertkit.retrieval.evaluation import evaluate_retrieval
 
     every = evaluate_retrieval(str(tiny_dir), folder, "test", mode="all", progress=False)["modes"]["lexical"]
-    assert main(["evaluate", "retrieval", str(folder), "--mode", "lexical", "--model", "no/such/model", "--quiet",
+    assert main(["evaluate", "retrieval", str(folder), "--mode", "lexical", "--quiet",
                  "-o", str(tmp_path / "m.json")]) == 0
     alone = json.loads((tmp_path / "m.json").read_text())
     assert {m: alone[m] for m in MEASURES} == {m: every[m] for m in MEASURES}
@@ -191,8 +191,16 @@ def test_a_lexical_evaluation_loads_no_model_and_scores_as_the_lexical_row_of_mo
     printed = capsys.readouterr().out
     assert "BM25 alone over whole documents (stemmed): no model used" in printed
     assert f"| model, lexical (BM25, stemmed) | {alone['ndcg@10']:.4f} |" in printed
+    assert evaluate_retrieval("no/such/model", folder, "test", mode="lexical", progress=False)["model"] is None
     with pytest.raises(BertkitError, match="not --index, nor --mode lexical"):
         evaluate_retrieval(None, folder, "test", mode="lexical", dimensions=[8])
+    # the encoder's options were taken and ignored (the figures the same whatever they said): refused, as
+    # search --mode lexical refuses them
+    for flags in (["--model", "no/such/model"], ["--batch-size", "8"], ["--max-length", "16"], ["--dtype", "float32"]):
+        assert main(["evaluate", "retrieval", str(folder), "--mode", "lexical", "--quiet", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith(f"bertkit: error: {flags[0]} sets") and "--mode lexical embeds no text" in err, err
+        assert err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -5,7 +5,8 @@ import dataclasses
 import sys
 from functools import partial
 
-from bertkit.options import DTYPE_CHOICES, add_options, count, from_args, quiet_flag, refuse_ignored_search_flags
+from bertkit.options import (DTYPE_CHOICES, add_options, count, from_args, quiet_flag, refuse_ignored_search_flags,
+                             refuse_without)
 from bertkit.retrieval.config import RERANK_TOP, FusionOptions, MiningOptions
 from bertkit.errors import BertkitError
 from bertkit.data.atomic import write_json
@@ -32,9 +33,9 @@ def add_evaluate(sub):
         "retrieval", help="nDCG@10, MRR@10, MAP@100, Recall@10/100 on a BEIR-layout folder",
         description="Embed the corpus (title and text joined) and the split's queries, rank the corpus for each "
         "query (--mode: by exact cosine similarity, BM25 or their fusion), and score the ranking against the qrels "
-        "as trec_eval does. DIR holds "
-        "corpus.jsonl, queries.jsonl and qrels/<split>.tsv (the BEIR layout). --bm25 adds a BM25 baseline "
-        "(bm25s: Lucene idf, k1 1.5, b 0.75, English stop words, no stemming) to the same table. --index "
+        "as trec_eval does. DIR holds corpus.jsonl, queries.jsonl and qrels/<split>.tsv (the BEIR layout). --bm25 "
+        "adds a BM25 baseline (bm25s: Lucene idf, k1 1.5, b 0.75, English stop words, no stemming) to the same "
+        "table. --index "
         "evaluates through an index of DIR's corpus (bertkit index) as bertkit search and bertkit serve's /search "
         "answer: passages, a document scored by its best passage, --ann's graph, --rerank's cross-encoder.",
         epilog="examples:\n  bertkit evaluate retrieval data/scifact --split test --output scifact.json\n"
@@ -69,7 +70,8 @@ def add_evaluate(sub):
                    "(as bertkit index --dedupe) instead of refusing the folder")
     r.add_argument("--output", "-o", help="write the figures as JSON here")
     quiet_flag(r)
-    r.set_defaults(handler=run_evaluate_retrieval, runs_model=True, outputs={"--output": "file"})
+    r.set_defaults(handler=run_evaluate_retrieval, runs_model=True, outputs={"--output": "file"},
+                   batch_size=None, dtype=None)  # None: not given (_refuse_encoder_options); defaults as shown
     s = kinds.add_parser(
         "sts", help="Spearman and Pearson correlation of cosine similarity with gold scores",
         description="Embed both sentences of each pair and correlate their cosine similarity with the gold "
@@ -121,6 +123,17 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _refuse_encoder_options(args) -> None:
+    """--mode lexical ranks by BM25 alone and embeds no text: the encoder's options were taken and ignored (the
+    figures the same whatever they said), as `search --mode lexical` refuses them; beside --rerank, --batch-size
+    and --dtype run the cross-encoder."""
+    if args.mode == "lexical":
+        runs = {} if args.rerank else {"batch_size": "--batch-size", "dtype": "--dtype"}
+        refuse_without(args, {"model": "--model", "max_length": "--max-length", **runs}, "how the texts are "
+                       "embedded, and --mode lexical embeds no text (BM25 alone ranks)", "leave them out, or evaluate "
+                       "with --mode dense, hybrid or all")
+
+
 def run_evaluate_retrieval(args):
     from bertkit.tasks.rerank import rerank, reranker
     from bertkit.retrieval.evaluation import evaluate_retrieval
@@ -128,13 +141,14 @@ def run_evaluate_retrieval(args):
     if args.index is None and (args.rerank or args.ann):
         raise BertkitError(f"--{'rerank' if args.rerank else 'ann'} needs --index INDEX: it re-orders an index's answers")
     refuse_ignored_search_flags(args)
+    _refuse_encoder_options(args)
+    dtype, batch = args.dtype or "float32", {} if args.batch_size is None else {"batch_size": args.batch_size}
     top = args.rerank_top or RERANK_TOP
-    cross = reranker(args.rerank, dtype=args.dtype, fast=args.speed) if args.rerank else None  # refused before any search
-    result = evaluate_retrieval(args.model, args.directory, args.split, batch_size=args.batch_size,
-                                max_length=args.max_length, dtype=args.dtype, bm25=args.bm25,
+    cross = reranker(args.rerank, dtype=dtype, fast=args.speed) if args.rerank else None  # refused before any search
+    result = evaluate_retrieval(args.model, args.directory, args.split, **batch, dtype=dtype,
+                                max_length=args.max_length, bm25=args.bm25,
                                 progress=not args.quiet, index=args.index, ann=args.ann,
-                                rerank=None if cross is None else partial(rerank, cross, top=top,
-                                                                        batch_size=args.batch_size),
+                                rerank=None if cross is None else partial(rerank, cross, top=top, **batch),
                                 rerank_top=top, rerank_model=args.rerank, dimensions=args.dimensions,
                                 mode=args.mode, fusion={f.name: getattr(args, f.name)
                                                         for f in dataclasses.fields(FusionOptions) if f.name != "mode"},

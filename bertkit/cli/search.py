@@ -278,14 +278,16 @@ def add_search(sub):
     p.set_defaults(handler=run_search, runs_model=True, device=None, dtype=None)
 
 
-ENCODER_FLAGS = {"device": "--device", "dtype": "--dtype", "batch_size": "--batch-size"}  # --rerank's model runs on them too
+# how the query encoder runs, and --rerank's cross-encoder too
+ENCODER_FLAGS = {"device": "--device", "dtype": "--dtype", "batch_size": "--batch-size"}
 
 
 def _refuse_encoder_options(args) -> None:
     """--mode lexical ranks by BM25 alone and embeds no query: the query encoder's options and the dense scan's were
     taken and ignored (`search INDEX q --mode lexical --model X --dtype bfloat16` answered as without them)."""
     if args.mode == "lexical":
-        refuse_without(args, {"model": "--model", **({} if args.rerank else ENCODER_FLAGS), "block_size": "--block-size"},
+        flags = {"model": "--model", **({} if args.rerank else ENCODER_FLAGS), "block_size": "--block-size"}
+        refuse_without(args, flags,
                        "how the queries are embedded and scanned, and --mode lexical embeds no query (BM25 alone "
                        "ranks)", "leave them out, or search with --mode dense or hybrid")
 
