@@ -475,6 +475,42 @@ def test_a_max_length_above_the_models_positions_is_refused(task, tiny, tmp_path
                        "(max_position_embeddings): pass --max-length 64 or less"), err
 
 
+def test_defaults_longer_than_the_models_positions_are_cut_to_them_and_said(tiny, tmp_path, capsys):
+    """finetune classify/ner/qa/rerank (and pair, regression, multi-label) without --max-length on a 64-position
+    model stopped with '--max-length 128 is above the 64 positions' (384 for qa, 256 for rerank), a value the user
+    never typed: the default now fits the model's positions and one line says so, as embed's default does; a value
+    typed above them stays refused (above). QA's question share and overlap fit too (a quarter and a half, as
+    predict reads a Hugging Face QA checkpoint): their defaults 64 and 128 leave no window in 64 tokens."""
+    from bertkit.tasks.config import NerConfig, QAConfig, RerankConfig
+    from bertkit.tasks.qa_inference import reading
+    from bertkit.tasks.run import settle
+
+    for cls, default in ((TextTaskConfig, 128), (NerConfig, 128), (QAConfig, 384), (RerankConfig, 256)):
+        said = []
+        unset = dict.fromkeys(cls.FITTED)  # what the command line and finetune() leave to the run when not given
+        cfg = settle(cls(train="t", output="o", model=str(tiny), **unset), log=said.append)
+        assert cfg.max_length == 64 and said == [f"max length 64: the model's 64 positions, fewer than the default "
+                                                 f"{default} (--max-length sets another)"], (cls, said)
+        said.clear()
+        assert settle(cls(train="t", output="o", model=str(tiny), **{**unset, "max_length": 48}),
+                      log=said.append).max_length == 48
+        assert said == []  # a length given is the run's (checked against the positions when the model loads)
+        assert settle(cls(train="t", output="o", **unset), log=said.append).max_length == default and said == []
+        assert settle(cls(train="t", output="o", model=str(tiny))).max_length == default  # built by hand: as ever
+    qa = settle(QAConfig(train="t", output="o", model=str(tiny), **dict.fromkeys(QAConfig.FITTED)))
+    assert (qa.max_query_length, qa.doc_stride) == (16, 32)
+    read = reading({"max_length": 64})  # one rule for a run and for reading a checkpoint that keeps no settings
+    assert (read.max_query_length, read.doc_stride) == (16, 32) and reading({}).doc_stride == 128
+    squad = {"data": [{"paragraphs": [{"context": "the movie was good .", "qas": [
+        {"id": "1", "question": "what was good ?", "answers": [{"text": "the movie", "answer_start": 0}]}]}]}]}
+    (tmp_path / "t.json").write_text(json.dumps(squad))
+    assert main(["finetune", "qa", "--train", str(tmp_path / "t.json"), "--output", str(tmp_path / "o"), "--model",
+                 str(tiny), "--epochs", "1", "--no-progress"]) == 0
+    assert "max length 64: the model's 64 positions, fewer than the default 384" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "o" / "bertkit_task.json").read_text())
+    assert (saved["max_length"], saved["max_query_length"], saved["doc_stride"]) == (64, 16, 32)
+
+
 def test_embed_s_default_length_is_at_most_the_models_positions(tiny, tmp_path):
     """Without --max-length (and no sentence-transformers length in the model) embed trained at 256 tokens and
     saved max_seq_length 256 for a 64-position model."""
@@ -483,8 +519,10 @@ def test_embed_s_default_length_is_at_most_the_models_positions(tiny, tmp_path):
 
     t = write_tsv(tmp_path / "p.tsv", ["anchor", "positive"], [("the movie", "the food")] * 4)
     cfg = EmbedConfig(train=str(t), output=str(tmp_path / "o"), model=str(tiny))
-    _settle(cfg, log=lambda *a: None)
-    assert cfg.max_length == 64
+    said = []
+    _settle(cfg, log=said.append)
+    assert cfg.max_length == 64  # and said, as the other tasks say it (it was cut without a word)
+    assert said[0] == "max length 64: the model's 64 positions, fewer than the default 256 (--max-length sets another)"
 
 
 def test_one_call_api(tiny, tmp_path):

@@ -51,7 +51,7 @@ def run_finetune(args):
     for switch, preset in task_named(args.task).presets.items():  # e.g. --static: the static recipe's defaults
         if getattr(args, switch, None):
             defaults = merge(defaults, preset)
-    cfg = from_args(args, cls, defaults)
+    cfg = from_args(args, cls, {**defaults, **dict.fromkeys(cls.FITTED)})  # not given: fitted to the model (settle)
     if args.resume and not cfg.dev and getattr(args, "metric", None) is None:
         # a run saved by an earlier bertkit without --dev holds its task's default metric, never scored:
         # resume it as it ran (a --metric given now without --dev is still refused)

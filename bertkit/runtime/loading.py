@@ -126,8 +126,13 @@ def folder_stamp(directory) -> tuple:
 
 
 def max_positions(model) -> int | None:
-    """The positions of `model`'s encoder (config.json's max_position_embeddings): the longest input it reads."""
-    return read_config(encoder_dir(model)).get("max_position_embeddings")
+    """The positions of `model`'s encoder (config.json's max_position_embeddings): the longest input it reads;
+    None where there is no model to read (a run refuses it where it loads it, after its settings and files:
+    a fine-tuning run fits its default length to the positions before reading its files)."""
+    try:
+        return read_config(encoder_dir(model)).get("max_position_embeddings")
+    except BertkitError:
+        return None
 
 
 def check_length(model, max_length: int) -> None:

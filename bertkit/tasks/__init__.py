@@ -44,8 +44,10 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
     record = task_named(task)
     for name, value in options.items():
         record.check_option(name, value)
-    return run_task(record.config(**{**record.defaults, "train": train, "output": output, "dev": dev,
-                                   "training": record.own_training(training), **options}), log=log)
+    # a length setting not given is fitted to the model by the run (None: `TaskConfig.fit`)
+    return run_task(record.config(**{**record.defaults, **dict.fromkeys(record.config.FITTED), "train": train,
+                                   "output": output, "dev": dev, "training": record.own_training(training),
+                                   **options}), log=log)
 
 
 def run_task(cfg, log=print, speed=None) -> dict:

@@ -47,7 +47,7 @@ from bertkit.tasks.batching import run_model
 from bertkit.tasks.config import TextTaskConfig
 from bertkit.data.tables import check_known_labels, label_names, looks_like_scores, read_text_examples, tsv_cell
 from bertkit.tasks.registry import task_for
-from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json, write_lines
+from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.text_inference import decode, make_features, pool_windows, score
 from bertkit.tasks.trainer import train
 from bertkit.model.heads import BertForSequenceClassification, HeadOutput
@@ -114,7 +114,7 @@ def _labels(cfg: TextTaskConfig, kind: str, train_ex, dev_ex) -> tuple[dict, lis
 
 def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
     """Fine-tune on cfg.train, evaluate on cfg.dev each epoch, save the best; returns its metrics."""
-    cfg.validate()
+    settle(cfg, log)
     task = task_for(cfg)
     task.check(cfg)
     kind, tcfg = task.problem_type, cfg.training

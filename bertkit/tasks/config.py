@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from bertkit.embeddings.settings import AUTO, SENTENCE_CHOICES
 from bertkit.model.config import CLASSIFIER_POOLINGS
@@ -91,13 +91,32 @@ class TaskConfig:
     output: str = _opt(None, "output directory for the checkpoint and metrics", short="-o", required=True)
     dev: str | None = _opt(None, "dev file, evaluated after each epoch", path=True)
     model: str | None = _opt(None, "pretrained model directory (default: the packaged all-MiniLM-L6-v2)", path=True)
-    max_length: int = _opt(128, "tokens per input window")
+    max_length: int = _opt(128, "tokens per input window; when not given, fewer where the model has fewer positions")
     max_train_examples: int | None = _opt(None, "use only the first N training examples")
     max_dev_examples: int | None = _opt(None, "evaluate on the first N dev examples only", needs=("dev", None))
     training: TrainConfig = field(default_factory=TrainConfig)
 
+    # the settings a run fits to its model when they are not given: the command line and `finetune()` build the
+    # config with None for them (a config built by hand holds its defaults, as ever)
+    FITTED: ClassVar[tuple] = ("max_length",)
+    FITTED_LENGTH: ClassVar[int | None] = None  # the default max_length fitted (None: the field's default)
+
     def __post_init__(self):
         paths_as_text(self)  # a notebook's pathlib.Path, held as the command line's str
+
+    def fit(self, positions: int | None) -> str | None:
+        """Settle the settings not given (None, `FITTED`) that depend on the model's length: max_length is the
+        field's default, or the model's `positions` (max_position_embeddings) where fewer, said in the line
+        returned. The default was refused as if typed ('--max-length 128 is above the 64 positions'); a value
+        given is still checked against the positions (`bertkit.runtime.loading.check_length`)."""
+        if self.max_length is not None:
+            return None
+        default = self.FITTED_LENGTH or type(self).__dataclass_fields__["max_length"].default
+        self.max_length = min(default, positions or default)
+        if self.max_length == default:
+            return None
+        return (f"max length {self.max_length}: the model's {positions} positions, fewer than the default "
+                f"{default} (--max-length sets another)")
 
     def validate(self, low: int = 8):
         for name in ("train", "output"):
@@ -166,17 +185,31 @@ class NerConfig(TaskConfig):
 class QAConfig(TaskConfig):
     """Extractive question answering, SQuAD (BERT section 4.2)."""
 
-    max_length: int = _opt(384, "tokens per window: question + context + 3 special tokens")
+    max_length: int = _opt(384, "tokens per window: question + context + 3 special tokens; when not given, fewer "
+                                "where the model has fewer positions")
     train_articles: str | None = _opt(None, "START:END slice of the training file's articles")
     dev_articles: str | None = _opt(None, "START:END slice of the dev file's articles", needs=("dev", None))
-    doc_stride: int = _opt(128, "overlap (tokens shared) of consecutive context windows",
-                           flags=["--stride", "--doc-stride"])
-    max_query_length: int = _opt(64, "question tokens kept")
+    doc_stride: int = _opt(128, "overlap (tokens shared) of consecutive context windows; when not given, at most "
+                                "half of --max-length", flags=["--stride", "--doc-stride"])
+    max_query_length: int = _opt(64, "question tokens kept; when not given, at most a quarter of --max-length")
     max_answer_length: int = _opt(30, "longest answer in tokens")
     n_best: int = _opt(20, "start/end candidates per window")
     version_2: bool = _opt(False, "SQuAD v2: questions may have no answer", flags=["--version-2-with-negative"])
     null_score_diff_threshold: float = _opt(0.0, "v2: predict no answer when null score - best span score exceeds this",
                                             needs=("version_2", True))
+
+    FITTED: ClassVar[tuple] = ("max_length", "max_query_length", "doc_stride")
+
+    def fit(self, positions: int | None) -> str | None:
+        """As every task's, and the question's share and the windows' overlap: run_squad.py's 64 and 128, at most
+        a quarter and half of a shorter max_length (the transformers QA pipeline's rule, as `bertkit predict` reads
+        a Hugging Face QA checkpoint: `qa_inference.reading`)."""
+        note = super().fit(positions)
+        if self.max_query_length is None:
+            self.max_query_length = min(64, self.max_length // 4)
+        if self.doc_stride is None:
+            self.doc_stride = min(128, self.max_length // 2)
+        return note
 
     def validate(self) -> "QAConfig":
         super().validate(low=32)
@@ -251,6 +284,8 @@ class EmbedConfig(TaskConfig):
                                "--learning-rate 0.05 (0.2 from scratch), --weight-decay 0")
     static_dim: int = _opt(256, "--static without a static MODEL: the new table's width", needs=("static", True))
 
+    FITTED_LENGTH: ClassVar[int | None] = 256  # without a sentence-transformers length (its default None: the layout's)
+
     def validate(self) -> "EmbedConfig":
         # the checks every task makes (its own skipped them: --max-train-examples 0 was read as 1 example)
         super().validate()
@@ -303,7 +338,8 @@ class RerankConfig(TaskConfig):
                             "corpus, random negatives drawn from it) or a table (TSV/CSV/JSONL) of query, passage, label "
                             "rows (label 1 relevant, 0 not, or a probability in between)", required=True, path=True)
     train_split: str = _opt("train", "qrels split of a BEIR --train folder")
-    max_length: int = _opt(256, "tokens of query + passage (the longer is cut first)")
+    max_length: int = _opt(256, "tokens of query + passage, the longer cut first; when not given, fewer where the "
+                                "model has fewer positions")
     hard_negatives: int = _opt(5, "per query: passages the mining model ranks high that are not its positives")
     random_negatives: int = _opt(2, "per query: passages drawn at random (seeded by --seed) from the rest of the corpus")
     range_max: int = _opt(50, "hard negatives are looked for among the mining model's best N candidates")

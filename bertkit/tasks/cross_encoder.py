@@ -28,16 +28,16 @@ from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
-from bertkit.data.atomic import write_json
 from bertkit.retrieval.evaluation import check_index_of, evaluate_retrieval, index_answers
 from bertkit.retrieval.mining import reranker_pairs
 from bertkit.tasks.classification import train_pair_scorer
 from bertkit.tasks.rerank import FIGURES_FILE, rerank, reranker
+from bertkit.tasks.run import settle, write_json
 
 
 def finetune_rerank(cfg, log=print, speed=None) -> dict:
     """Train the reranker on cfg.train (a RerankConfig), save it in cfg.output, evaluate it on cfg.dev."""
-    cfg.validate()
+    settle(cfg, log)
     if cfg.dev:  # said now, not after the training: the dev evaluation searches this index for the dev queries
         check_index_of(cfg.index, cfg.dev, cfg.dev_split)
     tcfg, started = cfg.training, time.perf_counter()

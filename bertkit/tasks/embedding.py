@@ -465,10 +465,12 @@ def _settle(cfg: EmbedConfig, log) -> EmbeddingExamples:
     # "auto": the model's own pooling, else mean; a static table has no layout to read (it averages)
     output = resolve_output(None if cfg.static else read_layout(resolve(cfg.model)), cfg.pooling)
     cfg.pooling = output.pooling
-    # a table: its start's cut; a transformer: 256, or fewer where the model has fewer positions (its own length,
-    # or one given, is checked against them)
-    fits = None if cfg.static else min(256, max_positions(cfg.model) or 256)
-    cfg.max_length = cfg.max_length or output.length or fits
+    # a table: its start's cut (None); a transformer: its sentence-transformers length, else 256, or fewer where
+    # the model has fewer positions, said (its own length, or one given, is checked against them)
+    cfg.max_length = cfg.max_length or output.length
+    note = None if cfg.static else cfg.fit(max_positions(cfg.model) if cfg.max_length is None else None)
+    if note:
+        log(note)
     examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
     loss = cfg.loss or ("cosent" if examples.scored else "mnrl")
     if (loss == "cosent") != examples.scored:

@@ -34,7 +34,7 @@ from bertkit.metrics import tasks as M
 from bertkit.tasks.config import NerConfig
 from bertkit.data.tables import check_known_labels, read_conll
 from bertkit.tasks.registry import task_for
-from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json, write_lines
+from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.ner_inference import decode, make_features, to_training_tags
 from bertkit.tasks.trainer import train
@@ -70,7 +70,7 @@ NOT_FIGURES = ("per_type", "words_without_pieces")
 
 
 def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
-    cfg.validate()
+    settle(cfg, log)
     tcfg = cfg.training
     task_for(cfg).settle_metric(cfg)
 

@@ -21,7 +21,7 @@ from bertkit.data.tables import read_squad
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.qa_inference import SETTINGS, best_answers, make_features, score
 from bertkit.tasks.registry import task_for
-from bertkit.tasks.run import load_head, load_tokenizer, saver, write_json, write_lines
+from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.trainer import train
 from bertkit.model.heads import BertForQuestionAnswering
 
@@ -34,7 +34,7 @@ def answer(model, tok, examples, cfg: QAConfig, progress=False) -> list[dict]:
 
 
 def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
-    cfg.validate()
+    settle(cfg, log)
     tcfg = cfg.training
     task_for(cfg).settle_metric(cfg)
     train_ex, rep = read_squad(cfg.train, articles=cfg.train_articles, max_examples=cfg.max_train_examples)

@@ -145,11 +145,10 @@ def reading(info: dict) -> QAConfig:
     doc_stride: a model with fewer positions (max_length 128, 64) has a context window too short for 128, and
     its every input failed. With the question at a quarter, the window (3/4 of the length, less 3) always holds
     more than the overlap."""
-    cfg = {k: info[k] for k in SETTINGS if k in info}
-    length = cfg.get("max_length", QAConfig.max_length)
-    cfg.setdefault("max_query_length", min(QAConfig.max_query_length, length // 4))
-    cfg.setdefault("doc_stride", min(QAConfig.doc_stride, length // 2))
-    return QAConfig(train="", output="", **cfg)
+    kept = {k: info[k] for k in SETTINGS if k in info}
+    cfg = QAConfig(train="", output="", **{**dict.fromkeys(QAConfig.FITTED), **kept})
+    cfg.fit(None)  # what the info lacks: the defaults, the question and the overlap fitted to the length (as a run's)
+    return cfg
 
 
 def predict(run, tok, questions: list[str], contexts: list[str], info: dict, names=None) -> list[dict]:

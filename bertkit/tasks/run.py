@@ -22,7 +22,7 @@ import torch
 
 from bertkit.data import atomic
 from bertkit.model.checkpoint import architecture, resolve, save_task_info
-from bertkit.runtime.loading import check_length, class_for, encoder_dir, need_transformer
+from bertkit.runtime.loading import check_length, class_for, encoder_dir, max_positions, need_transformer
 from bertkit.text.tokenizer import Tokenizer
 
 
@@ -75,6 +75,16 @@ def fresh_head(model, seed: int) -> None:
     with torch.no_grad():
         for name in head_names(model):
             params[name].copy_(new[name])
+
+
+def settle(cfg, log=print):
+    """A run's config with its settings not given fitted to the model (`cfg.fit`: a default max_length above the
+    model's positions is cut to them, said in one line), then checked (`cfg.validate`); the model's config.json
+    is read only when a setting waits for it."""
+    note = cfg.fit(max_positions(cfg.model) if cfg.max_length is None else None)
+    if note:
+        log(note)
+    return cfg.validate()
 
 
 def load_tokenizer(model_path, max_length: int | None = None):
