@@ -157,6 +157,47 @@ def test_a_hugging_face_qa_checkpoint_with_64_positions_reads_its_contexts_in_wi
         assert p["answer"] == c[p["start"]:p["end"]] != ""
 
 
+def test_a_hugging_face_qa_checkpoint_is_read_as_squad_v1_unless_asked_and_predict_says_how(models, tmp_path,
+                                                                                              capsys):
+    """A BertForQuestionAnswering folder saved by transformers holds no bertkit_task.json, and nothing in it says
+    whether it was trained on SQuAD v2: predict read it as v1 (every question answered, v1 scoring) without a
+    word, a v2 model's "no answer" never given. It says so now and names the option; --version-2-with-negative
+    (version_2=True) reads it as the same weights in a bertkit folder trained with that flag are read, and
+    without it as a v1 folder. Refused for a model that is no QA model, and for a bertkit QA folder whose task
+    file says otherwise."""
+    import shutil
+
+    hf = shutil.copytree(models["qa"], tmp_path / "hf")
+    (hf / "bertkit_task.json").unlink()  # as transformers saves it
+    v2 = shutil.copytree(models["qa"], tmp_path / "v2")  # how bertkit reads hf (64 positions), trained as v2
+    (v2 / "bertkit_task.json").write_text(json.dumps({"task": "qa", "max_length": 64, "max_query_length": 16,
+                                                      "doc_stride": 32, "version_2": True}))
+    v1 = shutil.copytree(v2, tmp_path / "v1")
+    (v1 / "bertkit_task.json").write_text(json.dumps({"task": "qa", "max_length": 64, "max_query_length": 16,
+                                                      "doc_stride": 32}))
+    questions, contexts = ["who went to paris ?", "what was new ?"], ["john went to paris .", "the movie was new ."]
+    assert bertkit.predict(hf, questions, contexts, version_2=True) == bertkit.predict(v2, questions, contexts)
+    assert bertkit.predict(hf, questions, contexts) == bertkit.predict(v1, questions, contexts)  # unasked: v1
+    squad = tmp_path / "v2.json"
+    squad.write_text(json.dumps({"data": [{"paragraphs": [{"context": contexts[0], "qas": [
+        {"id": "1", "question": questions[0], "answers": [{"text": "john", "answer_start": 0}]},
+        {"id": "2", "question": "who went to london ?", "answers": [], "is_impossible": True}]}]}]}))
+    for folder, flags in ((hf, []), (hf, ["--version-2-with-negative"]), (v2, []), (v1, [])):
+        out = tmp_path / f"{folder.name}{len(flags)}.tsv"
+        assert main(["predict", str(folder), str(squad), "-o", str(out), "--quiet", *flags]) == 0
+        printed = capsys.readouterr().out
+        said = f"{hf}: a Hugging Face QA checkpoint says nothing of SQuAD v2, so every question gets an answer (v1)"
+        assert (said in printed and "pass --version-2-with-negative" in printed) == (folder == hf and not flags)
+        assert "NoAns_total" in printed  # a file with an unanswerable question is scored by v2's rules (6688e63)
+    assert (tmp_path / "hf1.tsv").read_text() == (tmp_path / "v20.tsv").read_text()
+    assert (tmp_path / "hf0.tsv").read_text() == (tmp_path / "v10.tsv").read_text()
+    for folder, says in ((models["classify"], "is for a question-answering model"),
+                         (models["qa"], "was trained without --version-2-with-negative")):
+        assert main(["predict", str(folder), str(squad), "--version-2-with-negative", "-o", "-"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+
+
 def test_a_jsonl_column_of_pre_split_words_is_read_as_those_words(models, tmp_path, capsys):
     """Hugging Face's conll2003 saved with to_json holds each sentence as a list of words ("tokens"). predict
     read that cell as Python wrote the list, "['EU', 'rejects', ...]", and tagged the words "['EU'," and

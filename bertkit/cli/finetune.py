@@ -94,6 +94,9 @@ def add_predict(sub):
                    help="score the predictions against the answers in INPUT (default: whenever INPUT has them; "
                    "--evaluate: fail if it has none; --no-evaluate: only predict)")
     p.add_argument("--batch-size", type=count, default=32, help="rows per forward pass (default 32)")
+    p.add_argument("--version-2-with-negative", dest="version_2", action="store_true", default=None,
+                   help="QA: the model was trained on SQuAD v2, so a question may get no answer (''); for a Hugging "
+                   "Face checkpoint, whose folder does not say (a bertkit folder says it itself)")
     quiet_flag(p)
     device_flags(p)
     int8_flag(p)
@@ -108,7 +111,8 @@ def run_predict(args):
     result = predict_file(args.model_dir, args.input, args.output, text_column=args.text_column,
                           text_pair_column=args.text_pair_column, label_column=args.label_column,
                           batch_size=args.batch_size, evaluate=args.evaluate, device=args.device, dtype=args.dtype,
-                          int8=args.int8, fast=args.speed, log=partial(print, file=stream), progress=not args.quiet)
+                          int8=args.int8, fast=args.speed, log=partial(print, file=stream), progress=not args.quiet,
+                          version_2=args.version_2)
     where = "standard output" if to_stdout else result.path
     print(f"wrote {result.count} predictions to {where}" + ("" if args.output else " (--output names another file)"),
           file=stream)

@@ -62,12 +62,14 @@ def task_of(loaded: Loaded) -> Task:
 
 
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
-            dtype=None, int8: bool = False, fast=True, progress: bool = False) -> list[dict]:
+            dtype=None, int8: bool = False, fast=True, progress: bool = False,
+            version_2: bool | None = None) -> list[dict]:
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
     device: auto (None), cpu or cuda; dtype: float32 (None), bfloat16 or auto; int8: int8 dense layers;
     fast: the fast path's settings (`bertkit.runtime.loading.load`). loaded: a model `bertkit.load(model_dir)`
     returned (then device, dtype and int8 were decided there; model_dir: None, or that same folder).
-    progress: a bar over the batches on standard error."""
+    progress: a bar over the batches on standard error. version_2: a Hugging Face QA checkpoint trained on SQuAD
+    v2 (`reading_info`)."""
     texts = _text_list(texts, "texts")
     if not texts:
         raise BertkitError("no texts to predict: pass a non-empty list of texts")
@@ -86,7 +88,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
             raise BertkitError(f"loaded holds {loaded.directory}'s model, not {model_dir}'s: pass model_dir=None "
                                "with loaded=, or load that folder")
     loaded = loaded or load_task_model(model_dir, device, dtype, int8, fast)
-    task = task_of(loaded)
+    task, info = task_of(loaded), reading_info(loaded, version_2)
     kind = type(loaded.model).__name__  # ELECTRA's heads share BERT's names after "For"
     if task.head != "BertModel" and kind.partition("For")[2] != task.head.partition("For")[2]:
         raise BertkitError(f"{loaded.directory}: bertkit_task.json says {task.name} ({task.head}) but config.json's "
@@ -101,7 +103,32 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     if pairs is not None:
         check_tokens(loaded.tokenizer, pairs, "pairs[{}]".format)
     run = partial(run_model, loaded.model, batch_size=batch_size, progress=progress)
-    return task.predict(run, loaded.tokenizer, texts, pairs, loaded.info, task.labels(loaded.config))
+    return task.predict(run, loaded.tokenizer, texts, pairs, info, task.labels(loaded.config))
+
+
+# what predict says of a Hugging Face QA checkpoint read as SQuAD v1 (nothing in its folder says which it was trained on)
+READ_AS_V1 = ("{model}: a Hugging Face QA checkpoint says nothing of SQuAD v2, so every question gets an answer (v1); "
+              "for a model trained on SQuAD v2 (questions without one) pass --version-2-with-negative "
+              "(predict(version_2=True))")
+
+
+def reading_info(loaded: Loaded, version_2: bool | None) -> dict:
+    """How the model reads its inputs: its task description, with `version_2` for a QA model read from a Hugging
+    Face checkpoint. Its folder (config.json: BertForQuestionAnswering) does not say whether it was trained on
+    SQuAD v2, so it is read as v1 (a span for every question) unless asked; then the no-answer rule of a model
+    `bertkit finetune qa --version-2-with-negative` trained applies ('' where [CLS] scores above the best span).
+    A bertkit QA folder says it itself (bertkit_task.json's version_2): another answer is refused."""
+    info = loaded.info
+    if version_2 is None:
+        return info
+    if info["task"] != "qa":
+        raise BertkitError(f"--version-2-with-negative (version_2) is for a question-answering model, and "
+                           f"{loaded.directory} is a {info['task']} model: leave it out")
+    if not info.get("inferred") and bool(info.get("version_2")) != bool(version_2):
+        trained = "with" if info.get("version_2") else "without"
+        raise BertkitError(f"{loaded.directory} was trained {trained} --version-2-with-negative (its bertkit_task.json "
+                           "says so), which predict follows: leave the option out")
+    return {**info, "version_2": bool(version_2)}
 
 
 def _check_held(loaded: Loaded) -> None:
@@ -191,15 +218,18 @@ def _write(out, lines) -> None:
 
 def predict_file(model_dir, input_path, output_path=None, *, text_column=None, text_pair_column=None,
                  label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
-                 dtype=None, int8: bool = False, fast=True, log=print, progress: bool = False) -> FileResult:
+                 dtype=None, int8: bool = False, fast=True, log=print, progress: bool = False,
+                 version_2: bool | None = None) -> FileResult:
     """Write one prediction per input row as TSV (text, the pair's second text or QA context where inputs come
     in pairs, prediction, details) to `output_path` ("-": standard output; None: `default_output`, in the
     current directory); with the answers in the file (evaluate None: whenever they are there; True:
     required; False: never) also score them: every row is predicted, the rows that carry an answer are
     scored. fast: the fast path's settings, as `bertkit.runtime.loading.load` takes them; progress: a bar over
-    the batches; log: the readers' counts of skipped rows."""
+    the batches; log: the readers' counts of skipped rows. version_2: as `predict`'s."""
     loaded = load_task_model(model_dir, device, dtype, int8, fast)
-    info, task = loaded.info, task_of(loaded)
+    info, task = reading_info(loaded, version_2), task_of(loaded)
+    if version_2 is None and info["task"] == "qa" and info.get("inferred"):
+        log(READ_AS_V1.format(model=model_dir))
     columns = (text_column, text_pair_column)
     labelled = (task.read_labelled(input_path, info, *columns, label_column, every_input=True, log=log)
                 if evaluate is not False else None)
@@ -216,7 +246,8 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     for side, name in ((texts, "input {}"), (pairs, "the second text of input {}")):
         if side is not None:  # named as the file's inputs, counted from 1 (predict's own check says texts[i])
             check_tokens(loaded.tokenizer, side, lambda i, name=name: f"{input_path}: {name.format(i + 1)}")
-    preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded, progress=progress)
+    preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded, progress=progress,
+                    version_2=version_2)
     scored = [i for i, r in enumerate(references or []) if r is not None]
     scores = None if labelled is None else task.score([preds[i] for i in scored], [references[i] for i in scored],
                                                       info, task.labels(loaded.config))
