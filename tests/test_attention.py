@@ -22,6 +22,7 @@ from bertkit.explain.attention_view import (
     load_bertviz,
     offset_attention,
     save_bertviz,
+    save_html,
     save_png,
     to_bertviz,
 )
@@ -388,3 +389,38 @@ def test_offset_attention_rejects_bad_shapes():
         offset_attention(w, torch.ones(2, 4), offset=1)
     with pytest.raises(BertkitError, match=r"L x \[B, N, T, T\]"):
         offset_attention(w[0], offset=1)
+
+
+@pytest.mark.parametrize("name, save", [
+    ("page.html", lambda amap, path: save_html(amap, path, 13, 1, 0)),
+    ("heads.png", lambda amap, path: save_png(amap, path, view="head", token=13, layer=1, head=0, dpi=40)),
+    ("bv.json", save_bertviz)])
+def test_a_page_picture_or_bertviz_file_cut_by_a_full_disk_leaves_the_old_one(amap, tmp_path, monkeypatch, name,
+                                                                              save):
+    """bertkit attention wrote its HTML page, its PNG and its bertviz JSON in place (Path.write_text, savefig to
+    the path): a full disk or a kill while writing left the first bytes where the earlier file stood, a page
+    that ends mid-script, a PNG no viewer opens, JSON load_bertviz cannot read. The old file now stays byte for
+    byte, nothing beside it, and the next write is whole."""
+    import builtins
+    import io
+
+    from killed_write import stopping_open
+
+    path = tmp_path / name
+    path.write_bytes(b"the file an earlier run wrote\n")
+    monkeypatch.setattr(builtins, "open", stopping_open(name, 300, None, io.open))
+    monkeypatch.setattr(io, "open", builtins.open)
+    with pytest.raises(OSError, match="No space left"):
+        save(amap, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == b"the file an earlier run wrote\n"  # was: the first 300 bytes of the new one
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    save(amap, path)
+    if name.endswith(".png"):
+        from PIL import Image
+
+        assert Image.open(path).format == "PNG"
+    elif name.endswith(".json"):
+        assert load_bertviz(path)["tokens"] == list(amap.tokens)
+    else:
+        assert path.read_text(encoding="utf-8").rstrip().endswith("</html>")

@@ -43,6 +43,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from bertkit.data.atomic import replace_atomically
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.embeddings.features import placed_encoder
 
@@ -277,7 +278,8 @@ def save_bertviz(amap: AttentionMap, path) -> Path:
         "tokens": list(amap.tokens),
         "sentence_b_start": amap.sentence_b_start,
     }
-    path.write_text(json.dumps(record))
+    text = json.dumps(record)
+    replace_atomically(path, lambda f: f.write(text.encode("utf-8")))  # whole or not at all, as every output
     return path
 
 
@@ -321,7 +323,8 @@ def attention_html(amap: AttentionMap, token: int = 0, layer: int = 0, head=0) -
 
 def save_html(amap: AttentionMap, path, token: int = 0, layer: int = 0, head=0) -> Path:
     path = Path(path)
-    path.write_text(attention_html(amap, token, layer, head), encoding="utf-8")
+    page = attention_html(amap, token, layer, head).encode("utf-8")
+    replace_atomically(path, lambda f: f.write(page))  # a full disk or a kill leaves the earlier page, not half one
     return path
 
 
@@ -384,8 +387,11 @@ def save_png(amap: AttentionMap, path, view: str = "text", token: int = 0, layer
                     ax.set_ylabel(f"layer {l}", fontsize=7)
         fig.suptitle("attention of every head (rows: layers)", fontsize=9)
     path = Path(path)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
+    try:  # into a file object (NAME.tmp names no format): the suffix check_picture accepted names it
+        replace_atomically(path, lambda f: fig.savefig(f, format=path.suffix[1:].lower() or "png", dpi=dpi,
+                                                       bbox_inches="tight"))
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -25,7 +25,6 @@ import torch
 
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import load
-from bertkit.text.vocab import MASK
 
 
 @dataclass
@@ -58,14 +57,15 @@ def fill_mask(model, text: str, top_k: int = 5, pair: str | None = None) -> list
     enc = tok.encode(text, pair, max_length=limit)
     positions = [i for i, t in enumerate(enc.input_ids) if t == tok.mask_token_id]
     written = tok.encode(text, pair, max_length=limit, truncation=False).input_ids.count(tok.mask_token_id)
+    mask = tok.convert_ids_to_tokens([tok.mask_token_id])[0]  # the model's own [MASK], as the text writes it
     if positions and len(positions) < written:  # the answers would not say which masks they were for
         cut = written - len(positions)
-        raise BertkitError(f"{cut} of the text's {written} {MASK}s {'lies' if cut == 1 else 'lie'} past the first "
+        raise BertkitError(f"{cut} of the text's {written} {mask}s {'lies' if cut == 1 else 'lie'} past the first "
                            f"{limit} tokens, all the model reads: shorten the text")
-    if not positions and any(MASK in str(t) for t in (text, pair) if t is not None):  # cut off with the text's end
-        raise BertkitError(f"every {MASK} lies past the first {limit} tokens, all the model reads: shorten the text")
+    if not positions and any(mask in str(t) for t in (text, pair) if t is not None):  # cut off with the text's end
+        raise BertkitError(f"every {mask} lies past the first {limit} tokens, all the model reads: shorten the text")
     if not positions:
-        raise BertkitError(f"no {MASK} in the text: write {MASK} where a word should be predicted")
+        raise BertkitError(f"no {mask} in the text: write {mask} where a word should be predicted")
     device = next(net.parameters()).device
     ids = torch.tensor([enc.input_ids], device=device)
     types = torch.tensor([enc.token_type_ids], device=device)
@@ -84,6 +84,6 @@ def format_predictions(text: str, predictions: list[list[Prediction]], pair: str
     probability, token."""
     lines = [text] + ([f"pair: {pair}"] if pair is not None else [])
     for k, candidates in enumerate(predictions, start=1):
-        lines.append(f"{MASK} #{k}:" if len(predictions) > 1 else f"{MASK}:")
+        lines.append(f"[MASK] #{k}:" if len(predictions) > 1 else "[MASK]:")  # a heading: the mask's place
         lines += [f"  {r}. {c.probability:7.4f}  {c.token}" for r, c in enumerate(candidates, start=1)]
     return "\n".join(lines)
