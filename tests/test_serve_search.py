@@ -55,8 +55,9 @@ def servers(made):
 
 def cli_search(made, capsys, queries, *flags):
     (made["root"] / "queries.txt").write_text("\n".join(queries) + "\n")
+    dtype = [] if "lexical" in flags else ["--dtype", "float32"]  # the server's, where a model embeds the queries
     assert main(["search", str(made["index"]), "--queries", str(made["root"] / "queries.txt"), "--json",
-                 "--dtype", "float32", *map(str, flags)]) == 0
+                 *dtype, *map(str, flags)]) == 0, capsys.readouterr().err
     return json.loads(capsys.readouterr().out)
 
 

@@ -121,7 +121,7 @@ def reading_info(loaded: Loaded, version_2: bool | None) -> dict:
     info = loaded.info
     if version_2 is None:
         return info
-    if info["task"] != "qa":
+    if not task_named(info["task"]).no_answer:
         raise BertkitError(f"--version-2-with-negative (version_2) is for a question-answering model, and "
                            f"{loaded.directory} is a {info['task']} model: leave it out")
     if not info.get("inferred") and bool(info.get("version_2")) != bool(version_2):
@@ -228,7 +228,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     the batches; log: the readers' counts of skipped rows. version_2: as `predict`'s."""
     loaded = load_task_model(model_dir, device, dtype, int8, fast)
     info, task = reading_info(loaded, version_2), task_of(loaded)
-    if version_2 is None and info["task"] == "qa" and info.get("inferred"):
+    if version_2 is None and task.no_answer and info.get("inferred"):
         log(READ_AS_V1.format(model=model_dir))
     columns = (text_column, text_pair_column)
     labelled = (task.read_labelled(input_path, info, *columns, label_column, every_input=True, log=log)

@@ -28,6 +28,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        probability), one for a reranker (its sigmoid)
     raw_scores         its predictions' scores are the head's output as it is (a regression's), not
                        probabilities: what the server's `raw_scores: true` (TEI's option) asks for
+    no_answer          it may answer nothing (SQuAD 2.0's rule, `version_2`), which a Hugging Face folder
+                       never says: predict reads such a folder as v1 unless asked
     presets            a switch's own defaults: {a boolean setting: settings put on top of `defaults` when the
                        command turns it on} (embed's --static: the static recipe's batch and rate)
 
@@ -84,6 +86,7 @@ class Task:
     features: Callable | None = None
     rerank_labels: int = 2  # the labels a labelled cross-encoder of this task has (its score: the last one's)
     raw_scores: bool = False
+    no_answer: bool = False
     presets: dict = field(default_factory=dict)
 
     @property
@@ -242,7 +245,7 @@ TASKS = {t.name: t for t in (
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
          score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
-         windows=True),
+         windows=True, no_answer=True),
     # the issue's reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
     Task("embed", EmbedConfig, "bertkit.tasks.embedding:finetune_embed", reports.embed_report, "BertModel",
          metrics=dict.fromkeys([name for names in EMBED_DEV.values() for name in names], True),
