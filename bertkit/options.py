@@ -22,7 +22,8 @@ A dataclass field is one option, named after it (`max_seq_length` ->
   folder (a run's saved relative one is read, under `--resume`, from the
   directory the run was started in), "needs" names the
   setting it tunes (`("dev", None)`: any --dev; `("loss", "cached-mnrl")`:
-  that value; `("mining_index", False)`: not given; a list: each), given
+  that value; `("objective", ("nsp", "sop"))`: one of those;
+  `("mining_index", False)`: not given; a list: each), given
   without it the flag is refused in one line (`refuse_unneeded`).
 
 Every option defaults to None, meaning "not given", so `from_args` puts
@@ -293,10 +294,12 @@ def refuse_unneeded(cls, given: dict, values: dict) -> None:
         needs = f.metadata["needs"]
         for name, wanted in needs if isinstance(needs, list) else [needs]:  # a list: each of them
             have = _get(values, path[:-1] + (name,))
-            if (bool(have) if wanted is None else not have if wanted is False else have == wanted):
+            if (bool(have) if wanted is None else not have if wanted is False
+                    else have in wanted if isinstance(wanted, tuple) else have == wanted):
                 continue
             flag = flags[path]
-            need = flags[path[:-1] + (name,)] + ("" if wanted in (None, True, False) else f" {wanted}")
+            said = "/".join(wanted) if isinstance(wanted, tuple) else wanted  # a tuple: any of those values
+            need = flags[path[:-1] + (name,)] + ("" if wanted in (None, True, False) else f" {said}")
             if wanted is False:
                 raise BertkitError(f"{flag} is not used beside {need} (a run with {need} never reads it): leave one "
                                    "of them out")

@@ -418,6 +418,21 @@ def test_max_ngram_without_ngram_masking_is_refused_not_ignored(tmp_path, capsys
     assert "not found" in capsys.readouterr().err  # past the settings: the missing corpus
 
 
+def test_held_out_without_a_pair_objective_is_refused_not_ignored(tmp_path, capsys):
+    """--held-out picks the documents a pair objective keeps apart; sequences packed across documents (--objective
+    none) record no document, so a run holds out a seeded sample of instances and --held-out changed nothing,
+    silently. Refused in one line before the corpus is read; with nsp or sop it applies."""
+    argv = ["pretrain", "prepare", str(tmp_path / "none"), "-o", str(tmp_path / "o"), "--held-out", "0.05"]
+    assert main([*argv, "--objective", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertkit: error: --held-out is used only with --objective nsp/sop") and err.count("\n") == 1
+    for objective in ("nsp", "sop"):
+        assert main([*argv, "--objective", objective]) == 2
+        assert "not found" in capsys.readouterr().err  # past the settings: the missing corpus
+    assert main(["pretrain", "prepare", str(tmp_path / "none"), "-o", str(tmp_path / "o"), "--objective", "none"]) == 2
+    assert "not found" in capsys.readouterr().err  # its default is no flag given
+
+
 def test_a_damaged_prepared_folder_is_named_not_a_numpy_traceback(tokenised, tmp_path):
     """A cut-short manifest or shard array, or a foreign .npy: once a JSONDecodeError, a KeyError or numpy's
     own message (which suggests allow_pickle, i.e. running the file's code); now the file and the fix.

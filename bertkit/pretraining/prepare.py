@@ -102,7 +102,9 @@ class PrepareConfig:
     workers: int = _opt(0, "worker processes (0: one per core, at most 2)")
     held_out: float = _opt(0.01, "fraction of documents kept apart for the run's held-out evaluation, chosen before "
                            "pairs are made (at least one with 3 or more documents, none with fewer): a training "
-                           "document's random next segment never comes from them")
+                           "document's random next segment never comes from them (nsp, sop: sequences packed "
+                           "across documents hold out a seeded sample of instances instead)",
+                           needs=("objective", ("nsp", "sop")))
 
     def validate(self) -> "PrepareConfig":
         if self.objective not in inst_mod.OBJECTIVES:
