@@ -56,9 +56,9 @@ from bertkit.errors import BertkitError, read_score
 from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
-from bertkit.tasks.run import load_head, load_tokenizer, write_json
+from bertkit.tasks.run import fit_length, load_head, load_tokenizer, write_json
 from bertkit.tasks.trainer import rows_hash, train
-from bertkit.runtime.loading import load as load_model, max_positions
+from bertkit.runtime.loading import load as load_model
 from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
 from bertkit.data.beir import is_corpus_jsonl, qrels_path, read_qrels, training_pairs
@@ -468,9 +468,8 @@ def _settle(cfg: EmbedConfig, log) -> EmbeddingExamples:
     # a table: its start's cut (None); a transformer: its sentence-transformers length, else 256, or fewer where
     # the model has fewer positions, said (its own length, or one given, is checked against them)
     cfg.max_length = cfg.max_length or output.length
-    note = None if cfg.static else cfg.fit(max_positions(cfg.model) if cfg.max_length is None else None)
-    if note:
-        log(note)
+    if not cfg.static:
+        fit_length(cfg, log)
     examples = read_examples(cfg.train, split=cfg.train_split, max_examples=cfg.max_train_examples, log=log)
     loss = cfg.loss or ("cosent" if examples.scored else "mnrl")
     if (loss == "cosent") != examples.scored:

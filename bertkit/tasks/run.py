@@ -77,13 +77,17 @@ def fresh_head(model, seed: int) -> None:
             params[name].copy_(new[name])
 
 
-def settle(cfg, log=print):
-    """A run's config with its settings not given fitted to the model (`cfg.fit`: a default max_length above the
-    model's positions is cut to them, said in one line), then checked (`cfg.validate`); the model's config.json
-    is read only when a setting waits for it."""
+def fit_length(cfg, log=print) -> None:
+    """The config's settings not given fitted to the model (`cfg.fit`: a default max_length above the model's
+    positions is cut to them, said in one line); the model's config.json is read only when a setting waits for it."""
     note = cfg.fit(max_positions(cfg.model) if cfg.max_length is None else None)
     if note:
         log(note)
+
+
+def settle(cfg, log=print):
+    """A run's config fitted to its model (`fit_length`), then checked (`cfg.validate`)."""
+    fit_length(cfg, log)
     return cfg.validate()
 
 
