@@ -489,12 +489,17 @@ def test_defaults_longer_than_the_models_positions_are_cut_to_them_and_said(tiny
         said = []
         unset = dict.fromkeys(cls.FITTED)  # what the command line and finetune() leave to the run when not given
         cfg = settle(cls(train="t", output="o", model=str(tiny), **unset), log=said.append)
+        overlap = "; stride 16: a quarter of max length 64, as the default 32 is of 128 (--stride sets another)"
         assert cfg.max_length == 64 and said == [f"max length 64: the model's 64 positions, fewer than the default "
-                                                 f"{default} (--max-length sets another)"], (cls, said)
+                                                 f"{default} (--max-length sets another)"
+                                                 f"{overlap if cls is NerConfig else ''}"], (cls, said)
         said.clear()
         assert settle(cls(train="t", output="o", model=str(tiny), **{**unset, "max_length": 48}),
                       log=said.append).max_length == 48
-        assert said == []  # a length given is the run's (checked against the positions when the model loads)
+        # a length given is the run's (checked against the positions when the model loads); NER's overlap follows it
+        assert said == ([] if cls is not NerConfig else
+                        ["stride 12: a quarter of max length 48, as the default 32 is of 128 (--stride sets another)"])
+        said.clear()
         assert settle(cls(train="t", output="o", **unset), log=said.append).max_length == default and said == []
         assert settle(cls(train="t", output="o", model=str(tiny))).max_length == default  # built by hand: as ever
     qa = settle(QAConfig(train="t", output="o", model=str(tiny), **dict.fromkeys(QAConfig.FITTED)))

@@ -185,14 +185,15 @@ def test_alignment_matches_run_ner_recipe(shared_data, default_model_dir, transf
 
 
 @pytest.mark.parametrize("task,options", [
-    ("ner", {"max_length": 32}), ("ner", {"max_length": 8}), ("ner", {"max_length": 34, "stride": 40}),
+    ("ner", {"max_length": 32, "stride": 32}), ("ner", {"max_length": 8, "stride": 6}),
+    ("ner", {"max_length": 34, "stride": 40}),
     ("qa", {"max_length": 128, "doc_stride": 128}), ("qa", {"max_length": 96, "max_query_length": 32, "doc_stride": 64}),
     ("classify", {"max_length": 16, "stride": 20})])
 def test_a_stride_too_long_for_the_window_names_the_stride_to_pass(task, options, tmp_path, capsys):
-    """A short --max-length leaves the default overlap (NER 32) no room: the one-line error names the exact flag
-    and value, and that value is accepted (asserted by running the check again with it). QA's default overlap
-    and question share follow --max-length (a half and a quarter of it, at most 128 and 64: QAConfig.fit), so
-    there it is an overlap given that is refused."""
+    """A short --max-length leaves an overlap given no room: the one-line error names the exact flag and value,
+    and that value is accepted (asserted by running the check again with it). The default overlaps follow
+    --max-length (NER: a quarter of it, at most 32; QA: a half, at most 128, and the question a quarter, at most
+    64: NerConfig.fit, QAConfig.fit), so it is only an overlap typed that is refused (below)."""
     import re
 
     from bertkit.cli import main
@@ -214,3 +215,31 @@ def test_a_stride_too_long_for_the_window_names_the_stride_to_pass(task, options
     (tmp_path / "t.txt").write_text("x\n")
     assert main(["finetune", task, "--train", str(tmp_path / "t.txt"), "-o", str(tmp_path / "o"), *flags]) == 2
     assert f"pass --stride {found.group(1)}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("length,stride", [(32, 8), (8, 2), (64, 16), (128, 32), (512, 32)])
+def test_the_default_stride_follows_a_typed_max_length_and_is_said(length, stride):
+    """`finetune ner --max-length 32` stopped with '--stride ... must be in 0..29 ..., got 32': the default
+    overlap, which the user never typed, refused as if typed. Not given, it is now fitted as QA's is: a quarter
+    of --max-length, at most the default 32 (its share of 128), said in one line where it is not 32; every
+    fitted overlap leaves the window room to move on (the property validate checks: 0 <= stride < window)."""
+    from bertkit.tasks.run import settle
+
+    said = []
+    cfg = settle(NerConfig(train="t", output="o", **{**dict.fromkeys(NerConfig.FITTED), "max_length": length}),
+                 log=said.append)
+    assert cfg.stride == stride and 0 <= cfg.stride < length - 2
+    assert said == ([] if stride == 32 else [f"stride {stride}: a quarter of max length {length}, as the default "
+                                             "32 is of 128 (--stride sets another)"]), said
+
+
+def test_a_typed_max_length_of_32_trains_with_the_fitted_stride(tiny, tmp_path, capsys):  # noqa: F811
+    """The same through the command line, end to end: the run trains, says the overlap, and saves it for
+    predict (bertkit_task.json), which reads the sentences in the same windows."""
+    from bertkit.cli import main
+
+    (tmp_path / "t.txt").write_text("john B-PER\nran O\n\nparis B-LOC\n")
+    assert main(["finetune", "ner", "--train", str(tmp_path / "t.txt"), "-o", str(tmp_path / "o"), "--model",
+                 str(tiny), "--max-length", "32", "--epochs", "1", "--no-progress"]) == 0
+    assert "stride 8: a quarter of max length 32" in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "bertkit_task.json").read_text())["stride"] == 8

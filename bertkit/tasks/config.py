@@ -166,18 +166,39 @@ class NerConfig(TaskConfig):
 
     test: str | None = _opt(None, "a test file scored once with the best epoch's model", path=True)
     tag_scheme: str = _opt("bio", "tags of the files: bio (IOB2) or iob1 (CoNLL-2003's own)", choices=TAG_SCHEMES)
-    stride: int = _opt(32, "overlap (tokens shared) of windows over sentences longer than --max-length")
+    stride: int = _opt(32, "overlap (tokens shared) of windows over sentences longer than --max-length; when not "
+                           "given, a quarter of a --max-length under 128")
     token_column: int = _opt(0, "CoNLL column of the words")
     tag_column: int = _opt(-1, "CoNLL column of the tags")
+
+    FITTED: ClassVar[tuple] = ("max_length", "stride")
+
+    def fit(self, positions: int | None) -> str | None:
+        """As every task's, and the windows' overlap: the default 32 is a quarter of the default 128, so a
+        shorter max_length gets a quarter of itself (as QA's overlap is a half of its). The default was refused
+        beside --max-length 32 as if typed ('--stride ... must be in 0..29, got 32')."""
+        note = super().fit(positions)
+        if self.stride is None:
+            default = type(self).__dataclass_fields__["stride"].default
+            self.stride = min(default, self.quarter())
+            if self.stride != default:
+                said = (f"stride {self.stride}: a quarter of max length {self.max_length}, as the default {default} "
+                        f"is of 128 (--stride sets another)")
+                note = f"{note}; {said}" if note else said
+        return note
+
+    def quarter(self) -> int:
+        """A quarter of max_length: the overlap fitted, and the one a refusal offers (always < max_length - 2)."""
+        return self.max_length // 4
 
     def validate(self) -> "NerConfig":
         super().validate()
         if self.tag_scheme not in TAG_SCHEMES:
             raise BertkitError(f"unknown --tag-scheme {self.tag_scheme!r}: use bio (IOB2) or iob1")
-        if not 0 <= self.stride < self.max_length - 2:  # e.g. the default 32 beside --max-length 32
+        if not 0 <= self.stride < self.max_length - 2:  # a --stride typed too long for --max-length
             raise BertkitError(f"--stride (window overlap) must be in 0..max_length-3 = {self.max_length - 3} at "
                                f"--max-length {self.max_length}, got {self.stride}: pass --stride "
-                               f"{(self.max_length - 2) // 4} (a quarter of the window, as 32 is of 128's)")
+                               f"{self.quarter()} (a quarter of it, as 32 is of 128), or leave --stride out")
         return self
 
 
