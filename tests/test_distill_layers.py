@@ -439,6 +439,32 @@ def test_the_command_prints_its_summary_on_the_first_process_only(tiny_dir, monk
         assert (out / "distill.json").exists() == main_rank
 
 
+def test_distill_json_on_a_full_disk_is_whole_or_absent(tiny_dir, monkeypatch, tmp_path, capsys):
+    """distill.json, the run's summary, was the one file of a distil run written in place: a kill or a full disk
+    while it was written left its first bytes at its name (the student beside it is written whole). Now it is
+    written beside its name and renamed (`bertkit.data.atomic`): absent after the failure, nothing left beside
+    it, and whole (the report) after a run that finishes. The training run is stood in for by its report."""
+    import builtins
+    import io
+
+    from killed_write import stopping_open
+
+    (tmp_path / "s.txt").write_text(HELD)
+    report = {"layers": [1], "sentences": 8, "held_out": 0, "train_seconds": 0.0, "epochs": [], "is_main": True}
+    monkeypatch.setattr("bertkit.distill.layers.distill_sentences", lambda *a, **k: dict(report))
+    args = ["distill", "layers", str(tiny_dir), "--keep", "1", "--data", str(tmp_path / "s.txt")]
+    out = tmp_path / "student"
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "open", stopping_open("distill.json", 20, None, io.open))
+        m.setattr(io, "open", builtins.open)
+        with pytest.raises(OSError, match="No space left"):
+            main([*args, "-o", str(out)])
+    assert not (out / "distill.json").exists()  # was: its first 20 bytes
+    assert not list(out.glob("distill.json*"))
+    assert main([*args, "-o", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "distill.json").read_text()) == {k: v for k, v in report.items() if k != "is_main"}
+
+
 def test_bf16_autocast_trains_the_student_close_to_float32(tiny_dir, tmp_path):
     """--precision bf16: the same run as float32 within bf16's rounding (losses, weights saved in float32), and
     not the float32 run itself (autocast is on)."""

@@ -45,6 +45,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from bertkit.data.atomic import write_json
 from bertkit.data.outputs import run_output
 from bertkit.data.textfiles import numbered_texts
 from bertkit.embeddings.features import iter_embed
@@ -53,7 +54,6 @@ from bertkit.distill.logits import distill_logits
 from bertkit.distill.student import StudentOutput, student_from
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import pool_sentence
-from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.loading import load
 from bertkit.tasks.trainer import check_run_output, train
 
@@ -212,8 +212,7 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
     def save(m):
         m.encoder.save_pretrained(out, tokenizer=tok)
         if layout is not None:
-            write_layout(out, pooling=m.pooling, normalize=layout.normalize, max_seq_length=layout.max_seq_length,
-                         hidden_size=m.encoder.config.hidden_size, dimensions=layout.dimensions)
+            replace(layout, pooling=m.pooling).write(out, m.encoder.config.hidden_size)
 
     result = train(SentenceStudent(student, pooling, config.loss), features, training, evaluate=evaluate, save=save,
                    output_dir=out, pad_id=tok.pad_token_id, log=log, speed=speed, desc="distill layers",
@@ -247,7 +246,9 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
         final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
         if final["is_main"]:  # False on torchrun's other ranks, which ran the same job
             summary = {k: v for k, v in final.items() if k != "is_main"}
-            (Path(output) / "distill.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+            # whole or absent (`bertkit.data.atomic`), as the student beside it: written in place, a kill or a
+            # full disk left its first bytes at its name
+            write_json(Path(output) / "distill.json", summary)
     return final
 
 

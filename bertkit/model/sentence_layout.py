@@ -82,6 +82,12 @@ class SentenceLayout:
     dimensions: list[int] | None = None  # Matryoshka dimensions, largest first, if recorded
     do_lower_case: bool | None = None  # sentence_bert_config.json's flag, if present
 
+    def write(self, directory, hidden_size: int) -> None:
+        """This layout's files beside an encoder of `hidden_size` saved in `directory` (`write_layout`): a model
+        made from a loaded one (int8, a distilled student) keeps its layout by being handed it."""
+        write_layout(directory, pooling=self.pooling, normalize=self.normalize, max_seq_length=self.max_seq_length,
+                     hidden_size=hidden_size, dimensions=self.dimensions)
+
 
 def _read_json(path: Path):
     try:

@@ -55,7 +55,6 @@ from safetensors import safe_open
 from torch.ao.quantization import per_channel_dynamic_qconfig
 
 from bertkit.model.checkpoint import INT8_WEIGHTS, save_config, save_task_info, save_tensors
-from bertkit.model.sentence_layout import write_layout
 from bertkit.runtime.devices import DynamicLinear, holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.fast import SpeedSettings, accelerate, decide
@@ -237,8 +236,7 @@ def save_quantized(model: nn.Module, directory, tokenizer=None, *, task: dict | 
     if task and not task.get("inferred"):  # an inferred one (a Hugging Face head) is inferred again on loading
         save_task_info(directory, task)
     if layout is not None:
-        write_layout(directory, pooling=layout.pooling, normalize=layout.normalize,
-                     max_seq_length=layout.max_seq_length, hidden_size=config.hidden_size, dimensions=layout.dimensions)
+        layout.write(directory, config.hidden_size)
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
