@@ -1009,3 +1009,39 @@ def test_info_says_int8_for_a_folder_holding_an_int8_model(tmp_path, dirs):
         with TestClient(create_app(load_runner(settings), settings, Metrics())) as client:
             info = client.get("/info").json()
         assert info["int8"] is (info["precision"] == "int8") is (model != dirs["encoder"] or int8), info
+
+
+def test_a_hugging_face_qa_checkpoint_is_served_as_squad_v2_when_asked(tmp_path, dirs):
+    """`bertkit predict` reads a transformers QA checkpoint (no bertkit_task.json: nothing says v1 or v2) as SQuAD v2
+    with --version-2-with-negative; `bertkit serve` had no such choice, so a v2 model's server never answered "no
+    answer" (''), and /info did not say which it answers. Now it takes the flag: its answers are `bertkit.predict`'s
+    with version_2=True (the reference), /info says version_2, and the flag is refused as predict refuses it:
+    beside a model that is no QA model, and beside a bertkit QA folder whose task file says otherwise."""
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    import bertkit
+    from bertkit.errors import BertkitError
+    from bertkit.serve.app import create_app
+    from bertkit.serve.metrics import Metrics
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    hf = shutil.copytree(dirs["qa"], tmp_path / "hf")
+    (hf / "bertkit_task.json").unlink()  # as transformers saves it
+    questions, contexts = ["who went to paris ?", "what was new ?"], ["john went to paris .", "the movie was new ."]
+    answers = {}
+    for version_2 in (True, False):
+        settings = ServeConfig(model=str(hf), workers=1, threads=1, dtype="float32", version_2=version_2).validate()
+        with TestClient(create_app(load_runner(settings), settings, Metrics())) as client:
+            assert client.get("/info").json()["version_2"] is version_2
+            answers[version_2] = [p["answer"] for p in client.post("/predict", json={"inputs": questions,
+                                                                                      "pairs": contexts}).json()]
+        expected = bertkit.predict(hf, questions, contexts, version_2=version_2 or None)
+        assert answers[version_2] == [p["answer"] for p in expected], (version_2, answers)
+    assert "" in answers[True] and answers[True] != answers[False]  # the premise: the two readings differ here
+    for model, says in ((dirs["pair"], "is for a question-answering model"), (dirs["encoder"], "is for a question-"
+                        "answering model"), (dirs["qa"], "was trained without --version-2-with-negative")):
+        with pytest.raises(BertkitError, match=says):
+            load_runner(ServeConfig(model=str(model), workers=1, threads=1, version_2=True).validate())

@@ -1,29 +1,25 @@
 """What the server runs: the model in a directory, turned into batch-level calls.
 
-A model directory holds one of two things, told apart the way `bertkit predict`
-does (`bertkit_task.json`, else config.json's `architectures`):
+A model directory holds one of two things, told apart the way `bertkit predict` does (`bertkit_task.json`, else
+config.json's `architectures`):
 
-- an encoder (`BertModel`, e.g. the default all-MiniLM-L6-v2): `EmbeddingModel` gives
-  sentence embeddings, the layer strategy and pooling of `bertkit.embed`
-  chosen at start-up;
-- a fine-tuned model: `TaskModel` answers through `bertkit.tasks.predict`
-  (labels and probabilities, scores, tags and entities, answers) and, for a
-  model trained on text pairs, reranks texts against a query.
+- an encoder (`BertModel`, e.g. the default all-MiniLM-L6-v2): `EmbeddingModel` gives sentence embeddings, the
+  layer strategy and pooling of `bertkit.embed` chosen at start-up;
+- a fine-tuned model: `TaskModel` answers through `bertkit.tasks.predict` (labels and probabilities, scores, tags
+  and entities, answers) and, for a model trained on text pairs, reranks texts against a query.
 
-Both expose `encode` (checks one request's inputs and counts their tokens, on
-the event loop, so a bad request is refused before it reaches a batch) and
-`run_jobs` (answers a pass over parts of requests at once, on a worker thread;
-see `bertkit.serve.batching`).
+Both expose `encode` (checks one request's inputs and counts their tokens, on the event loop, so a bad request is
+refused before it reaches a batch) and `run_jobs` (answers a pass over parts of requests at once, on a worker
+thread; see `bertkit.serve.batching`).
 
-Beside the EmbeddingModel, `--index` loads a `Searcher` for /search: the index folder
-(`bertkit.retrieval.index`, checked against the served model the way `bertkit
-search` checks it) and, with `--rerank`, a cross-encoder
-(`bertkit.tasks.rerank`). Query vectors are EmbeddingModel rows like any others, so
-they share the embeddings' batches; the scan and the reranking are the library's
-own (`bertkit.retrieval.search.search_vectors`, `bertkit.tasks.rerank.rerank`).
+Beside the EmbeddingModel, `--index` loads a `Searcher` for /search: the index folder (`bertkit.retrieval.index`,
+checked against the served model the way `bertkit search` checks it) and, with `--rerank`, a cross-encoder
+(`bertkit.tasks.rerank`). Query vectors are EmbeddingModel rows like any others, so they share the embeddings'
+batches; the scan and the reranking are the library's own (`bertkit.retrieval.search.search_vectors`,
+`bertkit.tasks.rerank.rerank`).
 
-`token_list` answers /tokenize: text-embeddings-inference's shape, whose start
-and stop are UTF-8 byte offsets (its tokenizer is Rust's).
+`token_list` answers /tokenize: text-embeddings-inference's shape, whose start and stop are UTF-8 byte offsets (its
+tokenizer is Rust's).
 
 The EmbeddingModel's forward pass and pooling are `bertkit.embed`'s own (`bertkit.embeddings.features.run_batch`,
 `bertkit.embeddings.pooling.pool`: same padding, layer combination and pooling, `resolve_output`'s defaults but
@@ -43,7 +39,7 @@ import numpy as np
 
 from bertkit.errors import BertkitError
 from bertkit.embeddings.features import run_batch, whitespace_spans
-from bertkit.tasks.predict import predict, task_of
+from bertkit.tasks.predict import predict, reading_info, task_of
 from bertkit.tasks.registry import TASKS
 from bertkit.embeddings.static import check_static_options, static_vectors
 from bertkit.tasks.rerank import recorded_effect, rerank, reranker, score
@@ -109,6 +105,8 @@ def load_runner(settings, speed: SpeedSettings | None = None):
     try:
         speed = decide() if speed is None else speed
         loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8, fast=speed)
+        if settings.version_2:  # refused beside a model that is no QA model, as predict refuses it
+            reading_info(loaded, True)
         if loaded.fine_tuned:
             runner = TaskModel(loaded, settings.for_task_model(name), name)
         else:
@@ -390,7 +388,10 @@ class TaskModel:
     def __init__(self, loaded: Loaded, settings, name: str):
         self.model_dir, self.loaded, self.name, self.precision = loaded.directory, loaded, name, loaded.precision
         self.tok = loaded.tokenizer
-        info = loaded.info
+        # --version-2-with-negative: a Hugging Face QA checkpoint read as SQuAD v2, as predict reads it (None: as
+        # its folder says; refused beside a bertkit folder that says otherwise)
+        self.version_2 = True if settings.version_2 else None
+        info = reading_info(loaded, self.version_2)
         self.info_, self.record = info, task_of(loaded)  # the task's record: pairs, labels, routes, reranking
         self.task = self.record.name
         self.max_batch_size = settings.max_batch_size
@@ -405,6 +406,8 @@ class TaskModel:
         out = {"task": self.task, "labels": self.labels, "pairs": self.pairs, "endpoints": list(self.routes)}
         if self.record.entities:
             out["tag_scheme"] = self.info_.get("tag_scheme")
+        if self.record.no_answer:  # whether a question may get no answer ('')
+            out["version_2"] = bool(self.info_.get("version_2"))
         return out
 
     def can_rerank(self) -> bool:
@@ -465,7 +468,7 @@ class TaskModel:
             if rows:
                 got = predict(self.model_dir, [queries[i].text for i in rows],
                               [queries[i].pair for i in rows] if paired else None,
-                              batch_size=self.max_batch_size, loaded=self.loaded)
+                              batch_size=self.max_batch_size, loaded=self.loaded, version_2=self.version_2)
                 for i, p in zip(rows, got):
                     preds[i] = p
         if self.on_batch is not None:
@@ -486,12 +489,9 @@ class TaskModel:
 
 
 def with_entities(text: str, prediction: dict) -> dict:
-    """A NER prediction plus its entities with character offsets into `text`.
-
-    `bertkit.predict` splits the text on whitespace into words and tags each
-    word; an entity (conlleval's chunking of the tags) spans from its first
-    word's first character to its last word's end.
-    """
+    """A NER prediction plus its entities with character offsets into `text`: `bertkit.predict` splits the text on
+    whitespace into words and tags each word; an entity (conlleval's chunking of the tags) spans from its first
+    word's first character to its last word's end."""
     spans = whitespace_spans(text)
     entities = []
     for kind, first, last in get_entities(prediction["tags"]):

@@ -93,6 +93,10 @@ class ServeConfig:
     index: str | None = field(default=None, metadata={
         "help": "an index folder written by `bertkit index` with this model: adds POST /search "
         "(the query vectors are batched with the embeddings traffic; an index made by another model is refused)"})
+    version_2: bool = field(default=False, metadata={
+        "flags": ["--version-2-with-negative"], "help": "a question-answering model trained on SQuAD v2: a question "
+        "may get no answer (''), as `bertkit predict --version-2-with-negative` reads it; for a Hugging Face "
+        "checkpoint, whose folder does not say (a bertkit folder says it itself)"})
     rerank: str | None = field(default=None, metadata={
         "help": "with --index: a cross-encoder (`bertkit finetune rerank`; or regression, or pair "
         "with two labels) that re-scores a /search answer's best --rerank-top documents when the request sets rerank: true"})

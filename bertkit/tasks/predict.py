@@ -121,9 +121,11 @@ def reading_info(loaded: Loaded, version_2: bool | None) -> dict:
     info = loaded.info
     if version_2 is None:
         return info
-    if not task_named(info["task"]).no_answer:
+    task = info.get("task")  # none for an encoder (the server loads either)
+    if task is None or not task_named(task).no_answer:
+        what = f"a {task} model" if task else "an encoder, not a fine-tuned model"
         raise BertkitError(f"--version-2-with-negative (version_2) is for a question-answering model, and "
-                           f"{loaded.directory} is a {info['task']} model: leave it out")
+                           f"{loaded.directory} is {what}: leave it out")
     if not info.get("inferred") and bool(info.get("version_2")) != bool(version_2):
         trained = "with" if info.get("version_2") else "without"
         raise BertkitError(f"{loaded.directory} was trained {trained} --version-2-with-negative (its bertkit_task.json "
