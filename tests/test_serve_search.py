@@ -179,6 +179,23 @@ def test_concurrent_searches_get_their_own_answers(servers, made, capsys):
         assert_same_answers(answer, cli_search(made, capsys, queries, "-k", request["k"]))
 
 
+def test_a_hybrid_answer_does_not_depend_on_the_requests_sharing_its_scan(made):
+    """A hybrid search fuses each run's best max(k, fusion depth) documents, so a request of k 8 gathered into one
+    scan with a request of k 2 must not fuse the k 2 request's runs 8 deep: its answer is `search_vectors`' for
+    its own k, as `bertkit search -k 2` gives it (depth 2 here, as an index tuned so would record)."""
+    from bertkit.retrieval.config import FusionOptions
+    from bertkit.retrieval.index import open_index
+    from bertkit.retrieval.search import embed_queries, query_encoder, search_vectors
+    from bertkit.serve.runner import Searcher
+
+    index = open_index(made["index"])
+    vectors = embed_queries(index.info, query_encoder(index.info, dtype="float32"), QUERIES[:2])
+    fusion = FusionOptions(mode="hybrid", depth=2)
+    want = search_vectors(index, vectors[:1], 2, queries=QUERIES[:1], fusion=fusion)[0]
+    got = Searcher(index, 48, fusion=fusion).scan(vectors, [2, 8], QUERIES[:2], ["hybrid", "hybrid"])[0]
+    assert [(h.id, h.score) for h in got] == [(h.id, h.score) for h in want]
+
+
 def test_an_index_of_another_model_is_refused_at_start_up_in_one_line(servers, made):
     server = servers["refused"]
     assert server.proc.wait(90) == 2

@@ -328,13 +328,13 @@ class Searcher:
         return asked
 
     def scan(self, vectors: np.ndarray, depths: list, queries: list | None = None, modes: list | None = None) -> list:
-        """Per query vector [Q, D] (and text, and mode: default dense), its best `depths[i]` documents (Hits):
-        one scan of the index for all the queries of a mode (the deepest answer's prefixes are the shallower
-        ones: documents rank by best passage, and fusion takes at least its own depth from each run)."""
-        modes = modes or ["dense"] * len(depths)
-        answers = [None] * len(depths)
-        for mode in dict.fromkeys(modes):
-            rows = [i for i, m in enumerate(modes) if m == mode]
+        """Per query vector [Q, D] (and text, and mode: default dense), its best `depths[i]` documents (Hits): one
+        scan for the queries of a mode (the deepest answer's prefixes are the shallower ones), and of one fused depth
+        for hybrid (max(k, fusion depth) sets its scaling: a k 10 request gathered with a k 150 one changed)."""
+        modes, answers = modes or ["dense"] * len(depths), [None] * len(depths)
+        groups = [(m, max(d, self.fusion.depth) if m == "hybrid" else 0) for m, d in zip(modes, depths)]
+        for mode, deep in dict.fromkeys(groups):
+            rows = [i for i, g in enumerate(groups) if g == (mode, deep)]
             found = search_vectors(self.index, vectors[rows], max(depths[i] for i in rows),
                                    queries=None if queries is None else [queries[i] for i in rows],
                                    fusion=dataclasses.replace(self.fusion, mode=mode))
