@@ -424,3 +424,36 @@ def test_a_page_picture_or_bertviz_file_cut_by_a_full_disk_leaves_the_old_one(am
         assert load_bertviz(path)["tokens"] == list(amap.tokens)
     else:
         assert path.read_text(encoding="utf-8").rstrip().endswith("</html>")
+
+
+def test_the_guides_he_numbers_are_these_weights(amap):
+    """docs/guide.md section 3 prints the "he" sentence's weights (`find_heads` and `bertkit attention`):
+    they must be the float32 weights of `amap`, which test_weights_equal_transformers holds to transformers,
+    to the two decimals printed. (The page once showed a bf16 run's 0.57 for the float32 0.58.)"""
+    from test_guide import PAGES, _decimals, _lines, console_commands, parse
+
+    blocks = parse(PAGES[0].read_text(encoding="utf-8"))
+    commands = [(cmd, out) for b in blocks if b.kind == "console" for cmd, out in console_commands(b.code)
+                if cmd.startswith("bertkit attention ")]
+    heads = next(b for b in blocks if b.kind == "python" and "find_heads(" in b.code)
+    assert commands and heads.expected and f'he_text = "{SENTENCE}"' in heads.code, "the guide's 'he' example moved"
+
+    def printed(shown: str, value: float) -> bool:  # `value` written to the decimals of `shown`
+        return abs(float(shown) - value) <= 0.5 * 10.0 ** -_decimals(shown) + 1e-4
+
+    for command, output in commands:
+        argv = command.split()
+        assert SENTENCE in command and argv[argv.index("--token") + 1] == "he"
+        layer = int(argv[argv.index("--layer") + 1]) if "--layer" in argv else 0
+        head = int(argv[argv.index("--head") + 1]) if "--head" in argv else 0
+        row = amap.weights[layer, head, find_token(amap, "he")]
+        shown = re.findall(r"(\S+) (\d\.\d+)", output.split("attends most to", 1)[1])
+        order = np.argsort(-row, kind="stable")[:len(shown)]
+        assert [t for t, _ in shown] == [amap.tokens[j] for j in order], command
+        for (name, number), j in zip(shown, order):
+            assert printed(number, row[j]), f"`{command}`: the guide prints {name} {number}, the weight is {row[j]:.4f}"
+    for line in _lines(heads.expected):
+        word, target, hits = re.match(r"'(\w+)' -> '(\w+)': (.*)", line).groups()
+        for layer, head, number in re.findall(r"layer (\d+) head (\d+) (\d\.\d+)", hits):
+            value = amap.weights[int(layer), int(head), find_token(amap, word), find_token(amap, target)]
+            assert printed(number, value), f"{line}: layer {layer} head {head} is {value:.4f}"
