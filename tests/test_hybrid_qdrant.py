@@ -84,3 +84,32 @@ def test_what_qdrant_cannot_fuse_is_one_line(exported, capsys):
     assert len(json.loads(capsys.readouterr().out)[0]) == 3
     with pytest.raises(BertkitError, match="unknown mode"):
         FusionOptions(mode="both").validate()
+
+
+def test_a_collection_of_a_tuned_index_fuses_as_its_tuning_chose(exported, capsys):
+    """`evaluate retrieval --tune` writes its pick into index.json, which the export keeps in the collection:
+    `search --qdrant` without fusion flags runs that pick (here rrf k 2, depth 20) where Qdrant computes it, as
+    `search INDEX` does, and says in one line when Qdrant cannot (alpha 0.3: its fusion weighs the runs equally).
+    Before, it fused by dbsf at depth 100 whatever the index's record said."""
+    import shutil
+
+    from bertkit.retrieval.index import update_info
+    from bertkit.retrieval.qdrant import collection_fusion, search as search_qdrant
+
+    location, tuned = str(exported / "qdrant"), {"fusion": "rrf", "alpha": 0.5, "rrf_k": 2.0, "depth": 20}
+    shutil.copytree(exported / "index", exported / "tuned")
+    update_info(exported / "tuned", fusion={**tuned, "tuned_on": "train"})
+    assert main(["index", "export", str(exported / "tuned"), "--qdrant", location, "--collection", "tuned",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    (exported / "queries.txt").write_text("\n".join(QUERIES[:4]) + "\n")
+    assert main(["search", "--qdrant", location, "--collection", "tuned", "--queries", str(exported / "queries.txt"),
+                 "--json", "--dtype", "float32"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = search_qdrant(location, "t", QUERIES[:4], dtype="float32", fusion=FusionOptions(mode="hybrid", **tuned))
+    assert [[(h["id"], h["score"]) for h in hits] for hits in got] == [[(h.id, h.score) for h in hits] for hits in want]
+    info = {**open_index(exported / "index").info, "fusion": {**tuned, "fusion": "dbsf", "alpha": 0.3}}
+    with pytest.warns(UserWarning, match="alpha 0.3") as said:
+        assert collection_fusion(info, {}) == FusionOptions(mode="hybrid", alpha=0.5, rrf_k=2.0, depth=20)
+    assert len(said) == 1 and "\n" not in str(said[0].message) and "equal weights" in str(said[0].message)
+    assert collection_fusion(info, {"alpha": 0.3}).alpha == 0.3  # given, it is refused by check_fusion

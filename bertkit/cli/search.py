@@ -355,11 +355,12 @@ def run_search(args):
     index = None if args.qdrant else open_index(args.index)
     if index is not None:
         fusion = fusion_options(index.info, given)
-    else:  # the defaults (dbsf, equal weights: what Qdrant's fusion computes too), or the flags given
+    else:  # the flags given, checked now; the rest as for the collection's index (its tuned fusion, or the defaults)
         fusion = FusionOptions(**{n: v for n, v in given.items() if v is not None})
         fusion.validate()
         if fusion.mode is not None:  # else the collection decides, as an index does
             refuse_unused_fusion(given, fusion.mode, fusion.fusion)
+        fusion = given
     dtype, batch = args.dtype or "auto", _given(args, ("batch_size",))  # the defaults of what was not given
     cross = reranker(args.rerank, args.device, dtype, args.speed) if args.rerank else None  # refused before any search
     effect = recorded_effect(args.rerank) if args.rerank else None

@@ -35,6 +35,7 @@ qdrant-client is optional (`pip install 'bertkit[search]'`) and imported only he
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 from tqdm import tqdm
@@ -44,7 +45,8 @@ from bertkit.retrieval.codes_file import rows_or_decoded
 from bertkit.retrieval.config import FusionOptions, options_of
 from bertkit.retrieval.lexical import tokenize
 from bertkit.retrieval.documents import first_per_document
-from bertkit.retrieval.search import Hit, check_k, embed_queries, query_encoder, warn_mixed_precision
+from bertkit.retrieval.search import (Hit, check_k, embed_queries, fusion_options, query_encoder,
+                                      warn_mixed_precision)
 
 METADATA_KEY = "bertkit_index"  # the collection's metadata entry holding index.json
 VOCABULARY_KEY = "bertkit_vocabulary"  # with a lexical part: term -> sparse index
@@ -160,15 +162,18 @@ def passage_terms(scores: dict) -> tuple[list, list]:
 
 
 def search(location: str, collection: str, queries: list[str], k: int = 10, *, model=None, device=None,
-           dtype=None, batch_size: int = 32, fusion: FusionOptions | None = None, fast=True) -> list[list[Hit]]:
+           dtype=None, batch_size: int = 32, fusion: FusionOptions | dict | None = None,
+           fast=True) -> list[list[Hit]]:
     """For each query, the k best documents of the collection with their best passages, best first.
-    fusion: the mode (default dense) and, for hybrid, Qdrant's fusion (see the module docstring); fast: the
-    query encoder's fast-path settings."""
+    fusion: the mode (default dense) and, for hybrid, Qdrant's fusion (see the module docstring), or a dict of
+    the settings given, the rest as for the collection's index (`collection_fusion`); fast: the query encoder's
+    fast-path settings."""
     check_k(k)
-    fusion = fusion or FusionOptions(mode="dense")
     client = connect(location)
     try:
         info = _collection_info(client, location, collection)
+        fusion = (FusionOptions(mode="dense") if fusion is None else fusion if isinstance(fusion, FusionOptions)
+                  else collection_fusion(info, fusion))
         if fusion.mode is None:  # as for an index: hybrid when it has a lexical part
             fusion = dataclasses.replace(fusion, mode="hybrid" if info.get("lexical") else "dense")
         if fusion.mode != "dense":
@@ -183,6 +188,26 @@ def search(location: str, collection: str, queries: list[str], k: int = 10, *, m
         return _fused_answers(client, collection, info, vectors, list(queries), k, fusion)
     finally:
         client.close()
+
+
+def collection_fusion(info: dict, given: dict) -> FusionOptions:
+    """The settings a search of the collection runs with, resolved as for its index (`fusion_options`: the
+    defaults, under the fusion `evaluate retrieval --tune` wrote into the index.json the collection keeps, under
+    `given`). A tuned alpha or min-max, which Qdrant cannot compute (it weighs the runs equally), gives way to
+    equal weights and dbsf, said in one line; given ones are refused (`check_fusion`). Before, the tuning was
+    ignored: a collection of an index tuned to rrf k 2 was fused by dbsf, unsaid."""
+    options = fusion_options(info, given)
+    given = {name for name, value in given.items() if value is not None}
+    fixes = {**({"alpha": 0.5} if "alpha" not in given and options.alpha != 0.5 else {}),
+             **({"fusion": "dbsf"} if "fusion" not in given and options.fusion == "minmax" else {})}
+    if options.mode == "hybrid" and fixes:
+        tuned = info.get("fusion") or {}
+        warnings.warn(f"the index's fusion ({options.fusion}, alpha {options.alpha:g}, chosen by evaluate retrieval "
+                      f"--tune on {tuned.get('tuned_on', 'a split')}) is not one Qdrant computes: fusing by Qdrant's "
+                      f"{fixes.get('fusion', options.fusion)} with equal weights (bertkit search INDEX runs the "
+                      "tuned one)", stacklevel=3)
+        options = dataclasses.replace(options, **fixes)
+    return options
 
 
 def check_fusion(info: dict, fusion: FusionOptions) -> None:
