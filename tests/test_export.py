@@ -3,6 +3,7 @@ in ONNX Runtime with Hugging Face's input/output names and dynamic axes, and mat
 bertkit within 1e-4 on inputs of other shapes than the trace's; what cannot be
 exported fails with a BertkitError that names it."""
 
+import json
 import shutil
 import sys
 
@@ -132,6 +133,44 @@ def test_a_head_without_onnx_signature_fails_naming_it(tiny, tmp_path):  # noqa:
     src, _ = head_dir(tiny, BertForMaskedLM, tmp_path / "mlm")
     with pytest.raises(BertkitError, match="cannot export BertForMaskedLM"):
         export_onnx(src, tmp_path / "onnx")
+
+
+@pytest.mark.parametrize("name", ["BertForPreTraining", "BertForMaskedLM", "ElectraForPreTraining"])
+def test_a_pre_training_run_is_refused_naming_encoder_and_its_encoder_exports_with_it(name, tiny, tmp_path,
+                                                                                       capsys):  # noqa: F811
+    """`bertkit export onnx RUN` of a pre-training run (MLM+NSP, MLM alone, an ELECTRA discriminator) said only
+    "cannot export BertForPreTraining", with no way to deploy what such a run is for: its encoder. --encoder
+    exports the encoder of any model folder (a fine-tuned model's body too), and the error
+    names it; the graph matches the checkpoint's own encoder (`model.bert`, `model.electra`) within 1e-4."""
+    from bertkit.model import electra, heads
+
+    if name.startswith("Electra"):
+        config = electra.ElectraConfig(vocab_size=len(Tokenizer.from_pretrained(tiny)), embedding_size=12, hidden_size=24, num_hidden_layers=2,
+                                       num_attention_heads=3, intermediate_size=37, max_position_embeddings=64)
+        model = electra.ElectraForPreTraining(config, generator=torch.Generator().manual_seed(3)).eval()
+        model.save_pretrained(tmp_path / "run", tokenizer=Tokenizer.from_pretrained(tiny))
+        src = tmp_path / "run"
+    else:
+        src, model = head_dir(tiny, getattr(heads, name), tmp_path / "run")
+    with pytest.raises(BertkitError, match=f"cannot export {name} .*--encoder"):
+        export_onnx(src, tmp_path / "onnx")
+    assert main(["export", "onnx", str(src), "-o", str(tmp_path / "onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--encoder" in err and not (tmp_path / "onnx" / "model.onnx").exists()
+    assert main(["export", "onnx", str(src), "-o", str(tmp_path / "onnx"), "--encoder"]) == 0
+    encoder = model.base_model
+    names = ("last_hidden_state",) + (("pooler_output",) if encoder.pooler is not None else ())
+    assert f"{type(encoder).__name__}: input_ids" in capsys.readouterr().out
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert tuple(o.name for o in session.get_outputs()) == names
+    batch = odd_batch()
+    got = session.run(None, {k: v.numpy() for k, v in batch.items()})
+    with torch.no_grad():
+        out = encoder(**batch)
+    for output, value in zip(names, got):
+        np.testing.assert_allclose(value, getattr(out, output).numpy(), rtol=0, atol=1e-4)
+    # the folder describes what model.onnx is: an encoder, not the run's head
+    assert json.loads((tmp_path / "onnx" / "config.json").read_text())["architectures"] == [type(encoder).__name__]
 
 
 def test_an_int8_model_fails_naming_the_way_to_int8_onnx(tiny, tmp_path):  # noqa: F811

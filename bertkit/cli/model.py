@@ -80,17 +80,22 @@ def add_export(sub):
         "tokenizer files beside it. ONNX Runtime's outputs are checked against bertkit's on real text "
         "(max abs diff 1e-4). Needs the onnx extra: pip install 'bertkit[onnx]'.",
         epilog="examples:\n  bertkit export onnx out/sst2 -o deploy/sst2\n"
-        "  bertkit export onnx default -o deploy/minilm      # the packaged default model",
+        "  bertkit export onnx default -o deploy/minilm      # the packaged default model\n"
+        "  bertkit export onnx runs/pretrain -o deploy/enc --encoder   # a pre-training run's encoder",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     o.add_argument("model_dir", help="a model directory (a fine-tuned output or a checkpoint), or 'default'")
     o.add_argument("-o", "--output", required=True, help="directory to write model.onnx and the tokenizer into")
     o.add_argument("--opset", type=int, default=17, help="ONNX opset version (default 17, at least 14)")
+    o.add_argument("--encoder", action="store_true",
+                   help="export the encoder alone (last_hidden_state, pooler_output where it has a pooler): how a "
+                        "pre-training run (MLM, NSP, ELECTRA) exports, or a fine-tuned model's body")
     o.set_defaults(handler=run_export_onnx, outputs={"--output": "folder"})
 
 
 def run_export_onnx(args):
     from bertkit.runtime.export import export_onnx
 
-    report = export_onnx(None if args.model_dir == "default" else args.model_dir, args.output, opset=args.opset)
+    report = export_onnx(None if args.model_dir == "default" else args.model_dir, args.output, opset=args.opset,
+                         encoder=args.encoder)
     print(report.describe())

@@ -38,7 +38,8 @@ files copied just before: a failed check or a killed export leaves no model.onnx
 cannot be exported fails with a BertkitError naming it: an int8 model (export the
 float model and quantize the ONNX file with ONNX Runtime's `quantize_dynamic`),
 a head with no ONNX signature here (pre-training, masked LM, NSP, multiple
-choice), or an operator the exporter has no ONNX form for at the chosen opset.
+choice: the error names `encoder=True`, `--encoder`, which exports such a folder's encoder, the part a
+pre-training run is deployed as), or an operator the exporter has no ONNX form for at the chosen opset.
 
 `onnx` and `onnxruntime` are optional (`pip install 'bertkit[onnx]'`); they are
 imported only inside these functions.
@@ -58,7 +59,7 @@ from torch import nn
 
 from bertkit.data.atomic import write_json, write_through
 from bertkit.model.checkpoint import (INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILES, architecture, has_int8_weights,
-                                      resolve)
+                                      resolve, save_config)
 from bertkit.runtime.devices import holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.loading import load, need_transformer
@@ -128,20 +129,23 @@ def _require(module: str):
         raise BertkitError(f"ONNX export needs the {module} package: pip install 'bertkit[onnx]'") from None
 
 
-def load_exportable(model_dir) -> tuple:
+def load_exportable(model_dir, encoder: bool = False) -> tuple:
     """(plain float32 model, its output names, its bertkit Tokenizer) from a model directory, or a BertkitError
-    saying why it cannot be exported."""
+    saying why it cannot be exported. encoder: the folder's encoder alone, whatever head it holds."""
     directory = encoder_folder(resolve(model_dir))  # an older sentence-transformers layout: its 0_Transformer
     if has_int8_weights(directory):
         raise BertkitError(f"{directory} holds an int8 bertkit model, which has no ONNX form here: export the "
                            "float model, then quantize the ONNX file (onnxruntime.quantization.quantize_dynamic)")
     arch = architecture(directory)
-    if arch not in SIGNATURES:
+    if arch not in SIGNATURES and not encoder:
+        # a pre-training run's heads (MLM, NSP, ELECTRA's discriminator) are for training, not serving: what it
+        # is deployed as is its encoder; the error named no way to export that
         raise BertkitError(f"cannot export {arch} to ONNX: supported are {', '.join(SIGNATURES)} "
-                           "(the encoder and the fine-tuned heads)")
-    loaded = load(model_dir, head="saved", device="cpu", dtype="float32", fast=False)
-    outputs = SIGNATURES[arch]
-    if arch == "BertModel" and loaded.model.pooler is None:
+                           f"(the encoder and the fine-tuned heads); export its encoder with --encoder "
+                           f"(bertkit export onnx {model_dir} -o OUT --encoder)")
+    loaded = load(model_dir, head="encoder" if encoder else "saved", device="cpu", dtype="float32", fast=False)
+    outputs = SIGNATURES[type(loaded.model).__name__]
+    if getattr(loaded.model, "pooler", True) is None:  # an encoder saved without one (an MLM-only run's)
         outputs = ("last_hidden_state",)
     return loaded.model, outputs, loaded.tokenizer
 
@@ -190,13 +194,17 @@ def _compare(session, model: nn.Module, example: dict, names: tuple[str, ...]) -
     return max(float(np.abs(g - getattr(out, n).numpy()).max()) for g, n in zip(got, names))
 
 
-def _copy_beside(directory: Path, out: Path) -> None:
+def _copy_beside(directory: Path, out: Path, model: nn.Module | None = None) -> None:
     """The encoder's config and tokenizer files, and the sentence-transformers layout (its pooling, normalisation
-    and max_seq_length; an older layout's encoder folder flattened into the top), copied beside model.onnx."""
+    and max_seq_length; an older layout's encoder folder flattened into the top), copied beside model.onnx.
+    model: the encoder exported from a folder with a head, described by a config.json of its own (not the head's
+    architecture) and without the head's bertkit_task.json."""
     encoder = encoder_folder(directory)
     for name in SIDE_FILES:
-        if (encoder / name).is_file():
+        if (encoder / name).is_file() and not (model is not None and name in ("config.json", "bertkit_task.json")):
             shutil.copyfile(encoder / name, out / name)
+    if model is not None:
+        save_config(model, out)
     modules, parts = layout_files(directory)
     for name, source in parts.items():
         if source.is_dir():
@@ -207,10 +215,12 @@ def _copy_beside(directory: Path, out: Path) -> None:
         write_json(out / "modules.json", modules)
 
 
-def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float = 1e-4) -> ExportReport:
+def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float = 1e-4,
+                encoder: bool = False) -> ExportReport:
     """Export the model in `model_dir` (None: the default model) to `out_dir/model.onnx`, copy its
     config and tokenizer files beside it, and check ONNX Runtime against bertkit (see the module
-    docstring). Returns the report; raises BertkitError on what cannot be exported or does not match."""
+    docstring). encoder: export the folder's encoder alone (a pre-training run's, a fine-tuned model's body).
+    Returns the report; raises BertkitError on what cannot be exported or does not match."""
     _require("onnx")
     ort = _require("onnxruntime")
     if opset < MIN_OPSET:
@@ -224,7 +234,7 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
     if held and Path(out_dir).resolve() != directory.resolve():
         raise BertkitError(f"{out_dir} holds another model ({', '.join(held)}): its config.json and tokenizer "
                            "would be replaced by this export's; write to a new or empty folder")
-    model, names, tok = load_exportable(directory)
+    model, names, tok = load_exportable(directory, encoder)
     check_exportable(model)
     out = Path(out_dir)
     path = out / "model.onnx"
@@ -242,7 +252,7 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
                                f"export is not faithful, and {path} was not written; report it with the model's "
                                "config.json")
         if directory.resolve() != out.resolve():
-            _copy_beside(directory, out)
+            _copy_beside(directory, out, model if encoder and architecture(directory) != type(model).__name__ else None)
 
     # model.onnx appears only once ONNX Runtime matched it, its config and tokenizer beside it: it was written
     # first and left behind when the check failed (or the export was killed), a file that looked finished
