@@ -11,6 +11,11 @@ number, of one that is not negative, of a probability in [0, 1] and the reading 
 are written here once; each caller names the
 setting as its user spells it (`--top-k`, `BertConfig.hidden_size`) and may say the
 bound in its own words (`says`) or add a hint. A NaN passes none of them.
+
+So is the refusal of a setting given without the one it tunes (`refuse_unneeded`): every command,
+config and library step that refuses one declares a table of what each setting needs, and this one
+function checks it, wherever the setting it needs becomes known (the command line, a config's own
+values, an index's mode, a teacher's kind).
 """
 
 
@@ -56,3 +61,34 @@ def read_score(raw, where: str, hint: str = "") -> float:
     if value != value or value in (float("inf"), float("-inf")):
         raise BertkitError(f"{where}: score {raw!r} is not a finite number{hint}")
     return value
+
+
+def refuse_unneeded(table, given: dict, have: dict) -> None:
+    """Refuse in one line a setting given without the one it tunes: the run would take it and go on without it,
+    unsaid (`search --ef-search 64` without --ann scanned every vector). `table` holds rows
+
+        (flags, (name, wanted), says)
+
+    - flags, {setting: "--flag"}: the settings of the row; those `given` (with a value, not None or False) are
+      refused together, in one line;
+    - (name, wanted): what they need of `have[name]`: wanted None, that it is set (true); False, that it is
+      not; a tuple, one of those values; any other value, that one;
+    - says, the refusal: {flags} names the given ones ("--a and --b"), {set} is "sets" or "set", {it} "it" or
+      "them", {given} each with its value ("--seed 3"), and {name} any value of `have`.
+
+    The first row that has a setting given and its need unmet refuses. `given` is what the user typed (a
+    command line's options, which default to None) or, for a library caller's settings, those that differ from
+    their defaults; `have`, the settings and facts the needs read."""
+    for flags, (name, wanted), says in table:
+        # by identity: a setting given as 0 is given (0 == False)
+        typed = [(flag, given[dest]) for dest, flag in flags.items() if given.get(dest) is not None
+                 and given[dest] is not False]
+        value = have.get(name)
+        if not typed or (bool(value) if wanted is None else not value if wanted is False
+                         else value in wanted if isinstance(wanted, tuple) else value == wanted):
+            continue
+        one = len(typed) == 1
+        raise BertkitError(says.format_map({**have, "flags": " and ".join(flag for flag, _ in typed),
+                                            "set": "sets" if one else "set", "it": "it" if one else "them",
+                                            "given": " and ".join(f"{flag} {v}" for flag, v in typed)}))
+

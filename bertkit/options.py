@@ -24,7 +24,9 @@ A dataclass field is one option, named after it (`max_seq_length` ->
   setting it tunes (`("dev", None)`: any --dev; `("loss", "cached-mnrl")`:
   that value; `("objective", ("nsp", "sop"))`: one of those;
   `("mining_index", False)`: not given; a list: each), given
-  without it the flag is refused in one line (`refuse_unneeded`).
+  without it the flag is refused in one line, in words made from the need
+  or in "says" (`needs_table`: the field's rows of the table that
+  `bertkit.errors.refuse_unneeded` checks, as a hand-written command checks its own).
 
 Every option defaults to None, meaning "not given", so `from_args` puts
 exactly the given flags on top of a base: the dataclass defaults, a command's
@@ -44,7 +46,7 @@ import os
 import typing
 from pathlib import Path
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, refuse_unneeded
 
 
 def _flag(name: str) -> str:
@@ -212,7 +214,7 @@ def from_args(args, cls, base: dict | None = None):
         refuse_changes(cls, given, merge(defaults(cls), base), saved.parent, origin)
         base = from_start(cls, base, origin)
     values = merge(merge(defaults(cls), base or {}), given)
-    refuse_unneeded(cls, given, values)
+    refuse_unneeded(needs_table(cls), _leaves(cls, given), _leaves(cls, values))  # what was typed, on what the run has
     return build(cls, values)
 
 
@@ -282,31 +284,38 @@ def _same_path(new: str, old: str, origin: Path | None) -> bool:
     return origin is not None and not Path(old).is_absolute() and Path(new).resolve() == (origin / old).resolve()
 
 
-def refuse_unneeded(cls, given: dict, values: dict) -> None:
-    """Refuse a flag given whose field "needs" a setting the run does not have: the run took it and went on
-    without it (`finetune classify --max-dev-examples 5` without --dev, `finetune qa --null-score-diff-threshold 2`
-    without --version-2-with-negative, `finetune embed --mini-batch-size 8` with an mnrl loss). The needed field
-    is a sibling of the flag's; its value is read after the defaults, the saved run and the flags given."""
-    flags = {path: f.metadata.get("flags", [_flag(f.name)])[0] for path, f, _ in fields(cls)}
-    for path, f, _ in fields(cls):
-        if "needs" not in f.metadata or _get(given, path) is None:
-            continue
-        needs = f.metadata["needs"]
-        for name, wanted in needs if isinstance(needs, list) else [needs]:  # a list: each of them
-            have = _get(values, path[:-1] + (name,))
-            if (bool(have) if wanted is None else not have if wanted is False
-                    else have in wanted if isinstance(wanted, tuple) else have == wanted):
-                continue
-            flag = flags[path]
-            said = "/".join(wanted) if isinstance(wanted, tuple) else wanted  # a tuple: any of those values
-            need = flags[path[:-1] + (name,)] + ("" if wanted in (None, True, False) else f" {said}")
-            if wanted is False:
-                raise BertkitError(f"{flag} is not used beside {need} (a run with {need} never reads it): leave one "
-                                   "of them out")
-            if wanted is None and have is not None:  # given, as 0 (--eval-every 0 --eval-sequences 10)
-                raise BertkitError(f"{flag} is used only when {need} is not {have}: leave {flag} out, or give {need} "
-                                   "a value that turns it on")
-            raise BertkitError(f"{flag} is used only with {need}: give {need} too, or leave {flag} out")
+def needs_table(cls) -> list:
+    """The rows of `cls`'s fields whose metadata "needs" another setting, one a need (a list: each), in the order
+    of the fields: the table `bertkit.errors.refuse_unneeded` checks (`finetune classify --max-dev-examples 5`
+    without --dev, `finetune qa --null-score-diff-threshold 2` without --version-2-with-negative, `finetune embed
+    --mini-batch-size 8` with an mnrl loss: each ran without it). The field's "says" gives the words, else they
+    are made from the need. A setting is named by its field alone: flattened, a config's names are its flags'."""
+    settings = {f.name: f for _, f, _ in fields(cls)}
+    flag = {name: f.metadata.get("flags", [_flag(name)])[0] for name, f in settings.items()}
+    rows = []
+    for f in settings.values():
+        needs = f.metadata.get("needs", [])
+        for name, wanted in needs if isinstance(needs, list) else [needs]:
+            says = f.metadata.get("says") or _needs_words(flag[name], name, wanted, settings[name].default)
+            rows.append(({f.name: flag[f.name]}, (name, wanted), says))
+    return rows
+
+
+def _needs_words(flag: str, name: str, wanted, default) -> str:
+    """The refusal of a setting given without `flag` as it `wanted` (see `needs_table`)."""
+    said = "/".join(wanted) if isinstance(wanted, tuple) else wanted  # a tuple: any of those values
+    need = flag + ("" if wanted in (None, True, False) else f" {said}")
+    if wanted is False:
+        return f"{{flags}} is not used beside {need} (a run with {need} never reads it): leave one of them out"
+    if wanted is None and default is not None:  # set by default: given as 0 (--eval-every 0 --eval-sequences 10)
+        return (f"{{flags}} is used only when {need} is not {{{name}}}: leave {{flags}} out, or give {need} a value "
+                "that turns it on")
+    return f"{{flags}} is used only with {need}: give {need} too, or leave {{flags}} out"
+
+
+def _leaves(cls, settings: dict) -> dict:
+    """The nested `settings` of `cls` by field name (flattened, as the command line names them)."""
+    return {f.name: _get(settings, path) for path, f, _ in fields(cls)}
 
 
 def build(cls, values: dict):
@@ -323,14 +332,10 @@ def build(cls, values: dict):
     return cls(**kwargs)
 
 
-def refuse_without(args, flags: dict, what: str, fix: str) -> None:
-    """Refuse in one line the options `flags` ({dest: "--flag"}) given (not None, not False) where the option they
-    tune is not: argparse takes them, and the command ran without them unsaid (`index --ann-m 8` without `--ann`
-    built no graph, `search --rerank-top 5` without `--rerank` reranked nothing). `what` says what they set,
-    `fix` what to do: "--ann-m sets {what}: {fix}". Their defaults are None so that a flag given is seen."""
-    given = [flag for dest, flag in flags.items() if getattr(args, dest, None) not in (None, False)]
-    if given:
-        raise BertkitError(f"{' and '.join(given)} {'sets' if len(given) == 1 else 'set'} {what}: {fix}")
+def given(args, names) -> dict:
+    """The options among `names` given on the command line (not None), by name: what a command hands on, leaving
+    the rest to the library's defaults."""
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 # --- option groups several commands share ---------------------------------------------
@@ -338,13 +343,13 @@ def refuse_without(args, flags: dict, what: str, fix: str) -> None:
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # --dtype: auto is bf16 where native (bertkit.runtime.devices.auto_dtype)
 
 
-def refuse_ignored_search_flags(args) -> None:
-    """Refuse the options of search and evaluate retrieval that tune one the command was not given: --rerank-top
-    without --rerank reranked nothing, --ann with --mode lexical walked no graph."""
-    refuse_without(args, {"rerank_top": "--rerank-top"} if not args.rerank else {}, "how many documents --rerank's "
-                   "cross-encoder re-scores", "give --rerank MODEL too")
-    refuse_without(args, {"ann": "--ann"} if args.mode == "lexical" else {}, "how the dense run finds its passages, "
-                   "and --mode lexical ranks by BM25 alone", "leave it out, or search with --mode dense or hybrid")
+# the rows (`bertkit.errors.refuse_unneeded`) that search, evaluate retrieval and serve share
+RERANK_TOP_SAYS = "{flags} sets how many documents --rerank's cross-encoder re-scores: give --rerank MODEL too"
+SEARCH_NEEDS = [
+    ({"rerank_top": "--rerank-top"}, ("rerank", None), RERANK_TOP_SAYS),  # without a reranker it reranked nothing
+    ({"ann": "--ann"}, ("lexical", False), "{flags} sets how the dense run finds its passages, and --mode lexical "
+     "ranks by BM25 alone: leave it out, or search with --mode dense or hybrid"),  # with it, no graph was walked
+]
 
 
 def device_flags(p) -> None:

@@ -402,6 +402,135 @@ def test_a_pretrain_option_without_the_setting_it_tunes_is_refused(argv, says, t
     assert not (tmp_path / "o").exists()
 
 
+# --- every declared need, refused through the command line ----------------------------------------------------
+# Each command declares what its options need (`bertkit.errors.refuse_unneeded`): a dataclass field's "needs", or a
+# table of a hand-written command. Below, every row of every table is given without what it needs, through the real
+# parser: a row that no command reaches, or that a change stops refusing, fails here.
+
+
+def _option(parser, dest):
+    return next(a for a in parser._actions if a.dest == dest and a.option_strings)
+
+
+def _typed(parser, dest) -> list[str]:
+    """argv giving option `dest` a value its parser takes (a choice: the last, not the usual default)."""
+    action = _option(parser, dest)
+    if action.nargs == 0:
+        return [action.option_strings[0]]
+    value = {"fusion": "rrf"}.get(dest) or (list(action.choices)[-1] if action.choices else
+                                             "0.5" if action.type is float or getattr(action.type, "__name__", "")
+                                             == "finite_float" else "2" if action.type is not None else "x")
+    return [action.option_strings[0], str(value)]
+
+
+def _dataclass_cases():
+    """(argv, flag, says) for every row of the "needs" of the dataclasses the commands are built from: the argv
+    leaves the need unmet, and meets the flag's earlier needs (which would refuse first)."""
+    from bertkit.options import defaults, fields, merge, needs_table
+    from bertkit.pretraining.prepare import PrepareConfig
+    from bertkit.pretraining.run_config import RunConfig
+    from bertkit.serve.settings import ServeConfig
+    from bertkit.tasks.registry import TASKS
+
+    commands = [(["finetune", t.cli_name, "--train", "{t}", "-o", "{o}"], t.config, t.defaults) for t in TASKS.values()]
+    commands += [(["pretrain", "run", "{t}", "-o", "{o}"], RunConfig, {}),
+                 (["pretrain", "prepare", "{t}", "-o", "{o}"], PrepareConfig, {}), (["serve"], ServeConfig, {})]
+    for words, cls, base in commands:
+        parser = dict(leaves(PARSER))[_leaf(words)]
+        shown = merge(defaults(cls), base)
+        default = {f.name: _get_path(shown, path) for path, f, _ in fields(cls)}
+        rows = needs_table(cls)
+        for i, (flags, (name, wanted), says) in enumerate(rows):
+            (dest, flag), = flags.items()
+            if not any(a.dest == dest for a in parser._actions):  # a field this command does not offer (`hidden`)
+                continue
+            met = [a for earlier, need, _ in rows[:i] if dest in earlier for a in _met(parser, *need)]
+            yield [*words, *met, *_unmet(parser, name, wanted, default[name]), *_typed(parser, dest)], flag, says
+
+
+def _get_path(d, path):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def _met(parser, name, wanted) -> list[str]:
+    """argv that gives setting `name` as need `wanted` (see `bertkit.errors.refuse_unneeded`) wants it."""
+    if wanted is False:
+        return []
+    flag = _option(parser, name).option_strings[0]
+    return _typed(parser, name) if wanted is None else [flag] if wanted is True else [flag, (
+        wanted[0] if isinstance(wanted, tuple) else wanted)]
+
+
+def _unmet(parser, name, wanted, default) -> list[str]:
+    """argv that leaves setting `name` without what need `wanted` wants."""
+    if wanted is False:
+        return _typed(parser, name)
+    if wanted is None or wanted is True:
+        return [_option(parser, name).option_strings[0], "0"] if default else []
+    wanted = wanted if isinstance(wanted, tuple) else (wanted,)
+    if default not in wanted:
+        return []
+    return [_option(parser, name).option_strings[0], next(c for c in _option(parser, name).choices if c not in wanted)]
+
+
+def _table_cases():
+    """(argv, flag, says) for every option of every row of the tables the hand-written commands declare, the argv
+    leaving the row's need unmet (a fact such as "lexical" by the options that make it)."""
+    from bertkit.cli.evaluate import RETRIEVAL_NEEDS
+    from bertkit.cli.features import ATTENTION_NEEDS
+    from bertkit.cli.search import INDEX_NEEDS, QUERY_NEEDS
+    from bertkit.distill.config import STATIC_NEEDS
+    from bertkit.retrieval.config import FUSION_NEEDS
+
+    build, add = ["index", "{c}", "-o", "{o}"], ["index", "add", "{o}"]
+    export = ["index", "export", "{o}", "--qdrant", "{q}", "--collection", "c"]
+    lexical = ["--mode", "lexical"]
+    tables = [  # (table, argv, {need: argv leaving it unmet}; a need not named: unmet by default)
+        (QUERY_NEEDS, ["search", "{o}", "q"], {("ann", False): ["--ann"], ("lexical", False): lexical, ("encodes", True):
+                                               lexical, ("qdrant", False): ["--qdrant", "{q}", "--collection", "c"]}),
+        (INDEX_NEEDS, build, {("command", ("build", "add")): export, ("command", "build"): add,
+                              ("command", ("build", "export")): add, ("no_lexical", False): ["--no-lexical"]}),
+        (RETRIEVAL_NEEDS, ["evaluate", "retrieval", "{c}"], {("lexical", False): ["--index", "{o}", *lexical],
+                                                              ("encodes", True): lexical}),
+        (ATTENTION_NEEDS, ["attention", "a text", "-o", "{o}"], {}),
+        # through a Qdrant collection the search's mode is the one given, checked before anything is read
+        (FUSION_NEEDS, ["search", "--qdrant", "{q}", "--collection", "c", "q"], {("mode", "hybrid"): ["--mode", "dense"],
+                                                                                  ("fusion", "rrf"): ["--mode", "hybrid"]}),
+        (STATIC_NEEDS, ["distill", "static", "{t}", "-o", "{o}", "--quiet"], {}),
+    ]
+    for table, words, unmet in tables:
+        for flags, need, says in table:
+            argv = unmet.get(need, [])
+            argv = argv if argv[:1] == ["index"] else [*words, *argv]  # `index add` and `index export`: their own
+            parser = dict(leaves(PARSER))[_leaf(argv)]
+            for dest, flag in flags.items():
+                yield [*argv, *_typed(parser, dest)], flag, says
+
+
+def _leaf(argv) -> str:
+    """The command words of `argv` (`finetune classify`, `evaluate retrieval`, `index`) as `leaves` names them."""
+    names = dict(leaves(PARSER))
+    return max((" ".join(argv[:n]) for n in (1, 2) if " ".join(argv[:n]) in names), key=len)
+
+
+@pytest.mark.parametrize("argv, flag, says", [*_dataclass_cases(), *_table_cases()],
+                         ids=lambda case: case if isinstance(case, str) and case.startswith("-") else "")
+def test_every_declared_need_is_refused_through_the_command_line(argv, flag, says, tmp_path, capsys, monkeypatch):
+    """An option given without what it tunes (a row of a command's table, or a field's "needs") is one line that
+    names it in the row's words, before anything is read or written (none of the paths exists)."""
+    import re
+
+    monkeypatch.setattr("bertkit.cli.build_parser", lambda: PARSER)  # built once: ninety parsers took seconds
+    paths = {"{t}": str(tmp_path / "t"), "{c}": str(tmp_path / "c"), "{o}": str(tmp_path / "o"), "{q}": str(tmp_path / "q")}
+    assert main([paths.get(a, a) for a in argv]) == 2, argv
+    err = capsys.readouterr().err
+    assert err.startswith(f"bertkit: error: {flag}") and err.count("\n") == 1, (argv, err)
+    assert all(words in err for words in re.split(r"\{\w+\}", says)), (argv, err)  # the row's own words
+    assert not any((tmp_path / name).exists() for name in ("o", "q")), argv
+
+
 def test_embed_does_not_offer_group_by_length(capsys):
     """embed draws its batches without duplicate texts, never by length: --no-group-by-length was taken, recorded in
     run_config.json and changed nothing. It is not offered (the other tasks' batches are grouped by length)."""

@@ -5,10 +5,9 @@ import dataclasses
 import sys
 from functools import partial
 
-from bertkit.options import (DTYPE_CHOICES, add_options, count, from_args, quiet_flag, refuse_ignored_search_flags,
-                             refuse_without)
+from bertkit.options import DTYPE_CHOICES, SEARCH_NEEDS, add_options, count, from_args, given, quiet_flag
 from bertkit.retrieval.config import RERANK_TOP, FusionOptions, MiningOptions
-from bertkit.errors import BertkitError
+from bertkit.errors import refuse_unneeded
 from bertkit.data.atomic import write_json
 
 MEASURE_LABELS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
@@ -71,7 +70,7 @@ def add_evaluate(sub):
     r.add_argument("--output", "-o", help="write the figures as JSON here")
     quiet_flag(r)
     r.set_defaults(handler=run_evaluate_retrieval, runs_model=True, outputs={"--output": "file"},
-                   batch_size=None, dtype=None)  # None: not given (_refuse_encoder_options); defaults as shown
+                   batch_size=None, dtype=None)  # None: not given (RETRIEVAL_NEEDS); defaults as shown
     s = kinds.add_parser(
         "sts", help="Spearman and Pearson correlation of cosine similarity with gold scores",
         description="Embed both sentences of each pair and correlate their cosine similarity with the gold "
@@ -123,26 +122,28 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _refuse_encoder_options(args) -> None:
-    """--mode lexical ranks by BM25 alone and embeds no text: the encoder's options were taken and ignored (the
-    figures the same whatever they said), as `search --mode lexical` refuses them; beside --rerank, --batch-size
-    and --dtype run the cross-encoder."""
-    if args.mode == "lexical":
-        runs = {} if args.rerank else {"batch_size": "--batch-size", "dtype": "--dtype"}
-        refuse_without(args, {"model": "--model", "max_length": "--max-length", **runs}, "how the texts are "
-                       "embedded, and --mode lexical embeds no text (BM25 alone ranks)", "leave them out, or evaluate "
-                       "with --mode dense, hybrid or all")
+# what each option of `evaluate retrieval` needs (`bertkit.errors.refuse_unneeded`), of its settings and of these:
+# "lexical" (--mode lexical: BM25 alone ranks, no text is embedded), and "encodes" (a model runs: the encoder,
+# or --rerank's cross-encoder, which --batch-size and --dtype run too), as `search` refuses them
+LEXICAL_SAYS = ("{flags} {set} how the texts are embedded, and --mode lexical embeds no text (BM25 alone ranks): leave "
+                "them out, or evaluate with --mode dense, hybrid or all")
+NEEDS_INDEX = "{flags} needs --index INDEX: it re-orders an index's answers"
+RETRIEVAL_NEEDS = [
+    ({"rerank": "--rerank"}, ("index", None), NEEDS_INDEX),
+    ({"ann": "--ann"}, ("index", None), NEEDS_INDEX),
+    *SEARCH_NEEDS,
+    ({"model": "--model", "max_length": "--max-length"}, ("lexical", False), LEXICAL_SAYS),
+    ({"batch_size": "--batch-size", "dtype": "--dtype"}, ("encodes", True), LEXICAL_SAYS),
+]
 
 
 def run_evaluate_retrieval(args):
     from bertkit.tasks.rerank import rerank, reranker
     from bertkit.retrieval.evaluation import evaluate_retrieval
 
-    if args.index is None and (args.rerank or args.ann):
-        raise BertkitError(f"--{'rerank' if args.rerank else 'ann'} needs --index INDEX: it re-orders an index's answers")
-    refuse_ignored_search_flags(args)
-    _refuse_encoder_options(args)
-    dtype, batch = args.dtype or "float32", {} if args.batch_size is None else {"batch_size": args.batch_size}
+    refuse_unneeded(RETRIEVAL_NEEDS, vars(args), {**vars(args), "lexical": args.mode == "lexical",
+                                                  "encodes": args.mode != "lexical" or bool(args.rerank)})
+    dtype, batch = args.dtype or "float32", given(args, ("batch_size",))  # the defaults of what was not given
     top = args.rerank_top or RERANK_TOP
     cross = reranker(args.rerank, dtype=dtype, fast=args.speed) if args.rerank else None  # refused before any search
     result = evaluate_retrieval(args.model, args.directory, args.split, **batch, dtype=dtype,

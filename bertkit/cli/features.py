@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, refuse_unneeded
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
 from bertkit.options import add_options, count, device_flags, from_args, int8_flag, quiet_flag
 from bertkit.data.textfiles import blank_lines, read_texts, text_line
@@ -89,7 +89,7 @@ def add_attention(sub):
     p.add_argument("text", help="the text to look at (at most 512 tokens)")
     p.add_argument("--pair", help="a second segment (sentence B)")
     p.add_argument("--token", help="the word whose attention to show (default: [CLS])")
-    p.add_argument("--occurrence", type=count, default=1, help="which occurrence of --token (default 1)")
+    p.add_argument("--occurrence", type=count, help="which occurrence of --token (default 1)")
     p.add_argument("--layer", type=int, default=0, help="layer shown first, from 0 (-1: the last; default 0)")
     p.add_argument("--head", default="0", help="head shown first, from 0, or 'mean' (default 0)")
     p.add_argument("-o", "--output", default="attention.html", help="the HTML page (default attention.html)")
@@ -100,6 +100,15 @@ def add_attention(sub):
     device_flags(p)
     p.set_defaults(handler=run_attention, runs_model=True,
                    outputs={"--output": "file", "--png": "file", "--bertviz": "file"})
+
+
+# what each option of `bertkit attention` needs (`bertkit.errors.refuse_unneeded`): without it, it changed nothing
+ATTENTION_NEEDS = [
+    ({"occurrence": "--occurrence"}, ("token", None), "{given} counts the occurrences of --token: give --token WORD "
+     "too (without it the page follows [CLS])"),
+    ({"view": "--view"}, ("png", None), "{given} chooses the PNG's view: give --png FILE too, or leave {flags} out (the "
+     "HTML page has every view)"),  # every view is on the page
+]
 
 
 def run_attention(args):
@@ -113,16 +122,11 @@ def run_attention(args):
             head = int(args.head)
         except ValueError:
             raise BertkitError(f"--head must be a head number or 'mean', got {args.head!r}") from None
-    if args.token is None and args.occurrence != 1:
-        raise BertkitError(f"--occurrence {args.occurrence} counts the occurrences of --token: give --token WORD "
-                           "too (without it the page follows [CLS])")
-    if args.view is not None and not args.png:  # it would change nothing: every view is on the page
-        raise BertkitError(f"--view {args.view} chooses the PNG's view: give --png FILE too, or leave --view out "
-                           "(the HTML page has every view)")
+    refuse_unneeded(ATTENTION_NEEDS, vars(args), vars(args))
     if args.png:  # before the model runs
         check_picture(args.png)
     amap = attention_map(args.text, args.pair, args.model, device=args.device, dtype=args.dtype, fast=args.speed)
-    token = find_token(amap, args.token, args.occurrence) if args.token is not None else 0
+    token = find_token(amap, args.token, args.occurrence or 1) if args.token is not None else 0
     layer, token = amap.place(args.layer, head, token)  # -1: the last layer
     save_html(amap, args.output, token, layer, head)
     top = ", ".join(f"{t} {w:.2f}" for _, t, w in most_attended(amap, token, layer, head))

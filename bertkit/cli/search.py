@@ -5,10 +5,10 @@ import dataclasses
 import json
 import sys
 
-from bertkit.options import add_options, count, device_flags, quiet_flag, refuse_ignored_search_flags, refuse_without
-from bertkit.retrieval.config import RERANK_TOP, FusionOptions, LexicalOptions, refuse_unused_fusion
+from bertkit.options import SEARCH_NEEDS, add_options, count, device_flags, given, quiet_flag
+from bertkit.retrieval.config import FUSION_NEEDS, RERANK_TOP, FusionOptions, LexicalOptions
 from bertkit.data.textfiles import existing_file, open_text
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, refuse_unneeded
 
 SHOWN_CHARS = 200  # of a passage, in the plain-text answer
 QUERY_CHARS = 80  # of a query, echoed above its hits (--json echoes none)
@@ -74,7 +74,7 @@ def _add_search_structures(p) -> None:
     p.add_argument("--ann", choices=["hnsw"], help="also build an approximate index: hnsw, a FAISS HNSW graph for "
                    "corpora where exact search is too slow (needs: pip install 'bertkit[search]'); its recall@10 "
                    "against exact search is measured and printed")
-    # the tuning options default to None, so that one given without what it tunes is seen (options.refuse_without)
+    # the tuning options default to None, so that one given without what it tunes is seen (INDEX_NEEDS)
     p.add_argument("--ann-m", type=count, help="HNSW: links per vector (default 32)")
     p.add_argument("--ef-construction", type=count, help="HNSW: candidates kept while building "
                    "(default 200)")
@@ -102,31 +102,27 @@ BUILD_FLAGS = {"model": "--model", "passage_tokens": "--passage-tokens", "stride
                "keep_float": "--keep-float"}
 
 
+# what each option of `bertkit index` needs (`bertkit.errors.refuse_unneeded`); "command" is build, add or export
+INDEX_NEEDS = [
+    ({**BUILD_FLAGS, "ann": "--ann", **HNSW_FLAGS, "no_lexical": "--no-lexical", **BM25_FLAGS}, ("command", ("build", "add")),
+     "{flags} {set} what a build makes, and index export copies INDEX as it is: bertkit index add INDEX adds a graph or "
+     "a lexical part, bertkit index CORPUS -o INDEX --overwrite builds it again"),
+    (BUILD_FLAGS, ("command", "build"), "{flags} {set} how a build encodes a corpus, and index add encodes nothing (it "
+     "makes its parts from INDEX's own files): build again with bertkit index CORPUS -o INDEX --overwrite"),
+    ({"output": "-o/--output"}, ("command", ("build", "export")), "{flags} sets the folder a build writes, and index "
+     "add writes into INDEX itself: leave it out"),
+    ({"resume": "--resume"}, ("command", ("build", "export")), "{flags} sets that a build goes on after a kill, and "
+     "index add needs none (INDEX gains its record last: a kill leaves it as it was): leave it out"),
+    (HNSW_FLAGS, ("ann", None), "{flags} {set} the HNSW graph --ann hnsw builds: give --ann hnsw too (without it no "
+     "graph is built)"),
+    (BM25_FLAGS, ("no_lexical", False), "{flags} {set} the lexical part's BM25, which --no-lexical leaves out: give "
+     "one or the other"),
+]
+
+
 def _refuse_unused(args, command: str) -> None:
     """Refuse what `bertkit index` (command "build"), `index add` or `index export` would take and not use."""
-    if command == "export":
-        refuse_without(args, {**BUILD_FLAGS, "ann": "--ann", **HNSW_FLAGS, "no_lexical": "--no-lexical", **BM25_FLAGS},
-                       "what a build makes, and index export copies INDEX as it is", "bertkit index add INDEX adds a "
-                       "graph or a lexical part, bertkit index CORPUS -o INDEX --overwrite builds it again")
-        return
-    if command == "add":
-        refuse_without(args, BUILD_FLAGS, "how a build encodes a corpus, and index add encodes nothing (it makes its "
-                       "parts from INDEX's own files)", "build again with bertkit index CORPUS -o INDEX --overwrite")
-        refuse_without(args, {"output": "-o/--output"}, "the folder a build writes, and index add writes into INDEX "
-                       "itself", "leave it out")
-        refuse_without(args, {"resume": "--resume"}, "that a build goes on after a kill, and index add needs none "
-                       "(INDEX gains its record last: a kill leaves it as it was)", "leave it out")
-    if args.ann is None:
-        refuse_without(args, HNSW_FLAGS, "the HNSW graph --ann hnsw builds", "give --ann hnsw too (without it no "
-                       "graph is built)")
-    if args.no_lexical:
-        refuse_without(args, BM25_FLAGS, "the lexical part's BM25, which --no-lexical leaves out", "give one or the "
-                       "other")
-
-
-def _given(args, names) -> dict:
-    """The options among `names` given on the command line (the rest: the library's defaults)."""
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    refuse_unneeded(INDEX_NEEDS, vars(args), {**vars(args), "command": command})
 
 
 def builds_index(args) -> bool:
@@ -156,7 +152,7 @@ def run_index(args):
                        stride=args.stride, device=args.device, dtype=args.dtype, resume=args.resume,
                        progress=not args.quiet, ann=args.ann, lexical=lexical, dedupe=args.dedupe,
                        overwrite=args.overwrite, rescore_with=_rescore_with(args), fast=args.speed,
-                       **_given(args, ("batch_size", "part_size", "vectors", *HNSW_FLAGS)))
+                       **given(args, ("batch_size", "part_size", "vectors", *HNSW_FLAGS)))
     if info is None:  # a torchrun rank other than 0: its parts are written, rank 0 reports
         return
     skipped = info["documents_without_tokens"]
@@ -191,14 +187,14 @@ def run_add(args):
     from bertkit.retrieval.index import open_index
 
     _refuse_unused(args, "add")
-    given = [flag for dest, flag in BM25_FLAGS.items() if getattr(args, dest) is not None]
-    have = open_index(args.exported).info.get("lexical") if given else None
+    bm25 = [flag for dest, flag in BM25_FLAGS.items() if getattr(args, dest) is not None]
+    have = open_index(args.exported).info.get("lexical") if bm25 else None
     if have:  # add_parts builds a lexical part only where there is none: the settings were ignored
-        raise BertkitError(f"{' and '.join(given)}: {args.exported} has its lexical part already (k1 {have['k1']}, b "
+        raise BertkitError(f"{' and '.join(bm25)}: {args.exported} has its lexical part already (k1 {have['k1']}, b "
                            f"{have['b']}), and index add does not build it again: build the index again with them "
                            "(bertkit index CORPUS -o INDEX --overwrite)")
     added = add_parts(args.exported, ann=args.ann, lexical=_lexical_options(args), overwrite=args.overwrite,
-                      progress=not args.quiet, **_given(args, HNSW_FLAGS))
+                      progress=not args.quiet, **given(args, HNSW_FLAGS))
     print(f"{args.exported}: added {' and '.join(added)}, made from its own files (nothing encoded again)")
     _print_parts(added)
 
@@ -273,23 +269,29 @@ def add_search(sub):
                    "13 MiB; docs/search.md)")
     add_options(p, FusionOptions, {"mode": None})
     device_flags(p)
-    # None: not given, so that one given to a lexical search is seen (_refuse_encoder_options); run_search reads
+    # None: not given, so that one given to a lexical search is seen (QUERY_NEEDS); run_search reads
     # them as the library's defaults (32; auto)
     p.set_defaults(handler=run_search, runs_model=True, device=None, dtype=None)
 
 
-# how the query encoder runs, and --rerank's cross-encoder too
-ENCODER_FLAGS = {"device": "--device", "dtype": "--dtype", "batch_size": "--batch-size"}
-
-
-def _refuse_encoder_options(args) -> None:
-    """--mode lexical ranks by BM25 alone and embeds no query: the query encoder's options and the dense scan's were
-    taken and ignored (`search INDEX q --mode lexical --model X --dtype bfloat16` answered as without them)."""
-    if args.mode == "lexical":
-        flags = {"model": "--model", **({} if args.rerank else ENCODER_FLAGS), "block_size": "--block-size"}
-        refuse_without(args, flags,
-                       "how the queries are embedded and scanned, and --mode lexical embeds no query (BM25 alone "
-                       "ranks)", "leave them out, or search with --mode dense or hybrid")
+# what each option of `bertkit search` needs (`bertkit.errors.refuse_unneeded`), of its settings and of these:
+# "lexical" (--mode lexical: BM25 alone ranks, no query is embedded) and "encodes" (a model runs: the query
+# encoder, or --rerank's cross-encoder, which --device, --dtype and --batch-size run too)
+LEXICAL_SAYS = ("{flags} {set} how the queries are embedded and scanned, and --mode lexical embeds no query (BM25 alone "
+                "ranks): leave them out, or search with --mode dense or hybrid")
+QUERY_NEEDS = [
+    ({"ef_search": "--ef-search"}, ("ann", True), "{flags} sets how far --ann's HNSW walk looks: give --ann too (the "
+     "exact search without it scores every passage)"),
+    *SEARCH_NEEDS,
+    ({"model": "--model", "block_size": "--block-size"}, ("lexical", False), LEXICAL_SAYS),
+    ({"device": "--device", "dtype": "--dtype", "batch_size": "--batch-size"}, ("encodes", True), LEXICAL_SAYS),
+    ({"block_size": "--block-size"}, ("ann", False), "{flags} sets the exact scan's blocks, and --ann walks the HNSW "
+     "graph instead: leave one of them out"),
+    ({"ann": "--ann"}, ("qdrant", False), "{flags} walks an index folder's HNSW graph; a Qdrant collection is "
+     "searched by Qdrant"),
+    ({"block_size": "--block-size"}, ("qdrant", False), "{flags} sets the exact scan's blocks over an index folder, "
+     "and a Qdrant collection is searched by Qdrant: leave it out"),
+]
 
 
 def _queries(args) -> tuple[list[str], object]:
@@ -333,35 +335,28 @@ def run_search(args):
 
     if args.k < 1:
         raise BertkitError(f"-k must be at least 1, got {args.k}")
-    refuse_without(args, {"ef_search": "--ef-search"} if not args.ann else {}, "how far --ann's HNSW walk looks",
-                   "give --ann too (the exact search without it scores every passage)")
-    refuse_ignored_search_flags(args)
-    _refuse_encoder_options(args)
-    refuse_without(args, {"block_size": "--block-size"} if args.ann else {}, "the exact scan's blocks, and --ann walks "
-                   "the HNSW graph instead", "leave one of them out")
+    # what was typed, handed on below (the rest: the library's defaults); an option typed without what it tunes: refused
+    typed, batch = given(args, [f.name for f in dataclasses.fields(FusionOptions)]), given(args, ("batch_size",))
+    refuse_unneeded(QUERY_NEEDS, vars(args), {**vars(args), "lexical": args.mode == "lexical",
+                                              "encodes": args.mode != "lexical" or bool(args.rerank)})
     if args.qdrant:  # no INDEX: the one positional is the query
         if args.query is not None or not args.collection:
             raise BertkitError("with --qdrant PATH|URL give --collection NAME and no INDEX: bertkit search --qdrant "
                                "PATH --collection NAME QUERY")
-        if args.ann:
-            raise BertkitError("--ann walks an index folder's HNSW graph; a Qdrant collection is searched by Qdrant")
-        refuse_without(args, {"block_size": "--block-size"}, "the exact scan's blocks over an index folder, and a "
-                       "Qdrant collection is searched by Qdrant", "leave it out")
         args.index, args.query = None, args.index
     elif args.index is None:
         raise BertkitError("give an INDEX folder (or --qdrant PATH|URL --collection NAME)")
     queries, names = _queries(args)
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(FusionOptions)}
     index = None if args.qdrant else open_index(args.index)
     if index is not None:
-        fusion = fusion_options(index.info, given)
+        fusion = fusion_options(index.info, typed)
     else:  # the flags given, checked now; the rest as for the collection's index (its tuned fusion, or the defaults)
-        fusion = FusionOptions(**{n: v for n, v in given.items() if v is not None})
+        fusion = FusionOptions(**typed)
         fusion.validate()
         if fusion.mode is not None:  # else the collection decides, as an index does
-            refuse_unused_fusion(given, fusion.mode, fusion.fusion)
-        fusion = given
-    dtype, batch = args.dtype or "auto", _given(args, ("batch_size",))  # the defaults of what was not given
+            refuse_unneeded(FUSION_NEEDS, typed, {"mode": fusion.mode, "fusion": fusion.fusion})
+        fusion = typed
+    dtype = args.dtype or "auto"
     cross = reranker(args.rerank, args.device, dtype, args.speed) if args.rerank else None  # refused before any search
     effect = recorded_effect(args.rerank) if args.rerank else None
     if effect:

@@ -3,7 +3,7 @@
 import argparse
 import os
 
-from bertkit.options import add_options, from_args, refuse_without
+from bertkit.options import add_options, from_args
 from bertkit.serve import server
 from bertkit.serve.settings import ServeConfig
 
@@ -28,9 +28,6 @@ def add_serve(sub):
 
 
 def run_serve(args):
-    # every option defaults to None when not given (bertkit.options): --rerank-top alone re-scored nothing
-    refuse_without(args, {"rerank_top": "--rerank-top"} if args.rerank is None else {}, "how many documents "
-                   "--rerank's cross-encoder re-scores", "give --rerank MODEL too")
     # BERTKIT_ONEDNN, read by the command line (`bertkit.cli.main`): the server decides its settings from
     # it once its threads are set
     server.serve(from_args(args, ServeConfig).with_api_key(dict(os.environ)).validate(), onednn=args.onednn)

@@ -5,10 +5,10 @@ No torch here: `bertkit --help` builds every option without loading it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from bertkit.errors import BertkitError, positive, probability
+from bertkit.errors import BertkitError, positive, probability, refuse_unneeded
 from bertkit.tasks.config import TrainConfig, paths_as_text  # bertkit.training's, as tasks hold it
 
 HOLDOUT_METRICS = {"holdout_mse": False, "holdout_cosine": True}  # what picks the epoch (--holdout): higher better?
@@ -53,16 +53,7 @@ class StaticDistillConfig:
                        optim=replace(base.optim, learning_rate=self.fit_learning_rate, weight_decay=0.0))
 
     def validate(self) -> None:
-        if self.fit is None and self.teacher_cache is not None:
-            raise BertkitError("--teacher-cache keeps the vectors of the --fit texts: give --fit FILE too")
-        # a setting of a stage that does not run was read by nothing: the run went on as if it were not given
-        for stage, given, names in (("--fit", self.fit, FIT_ONLY), ("--corpus", self.corpus, CORPUS_ONLY)):
-            for name in names:
-                value, default = getattr(self, name), StaticDistillConfig.__dataclass_fields__[name].default
-                if given is None and value != default:
-                    flag = "--" + name.replace("_", "-")
-                    raise BertkitError(f"{flag} {value} applies to {stage}, which was not given: give {stage} FILE "
-                                       f"too, or leave {flag} out")
+        refuse_unneeded(STATIC_NEEDS, changed(self), {"fit": self.fit, "corpus": self.corpus})
         if not self.fit_epochs > 0 or not self.fit_learning_rate > 0 or self.fit_batch_size < 1:
             raise BertkitError("--fit-epochs and --fit-learning-rate must be > 0, --fit-batch-size >= 1")
         if self.dim < 1:
@@ -73,8 +64,27 @@ class StaticDistillConfig:
             raise BertkitError("--max-words and --max-length must be >= 0, --min-count and --batch-size >= 1")
 
 
-FIT_ONLY = ("fit_epochs", "fit_learning_rate", "fit_batch_size", "seed", "teacher_dtype")  # read by --fit alone
-CORPUS_ONLY = ("max_words", "min_count")  # read by --corpus alone
+def changed(config) -> dict:
+    """The settings of `config` that differ from its class's defaults: what a caller of the library gave (the
+    command line's flags are among them)."""
+    return {f.name: getattr(config, f.name) for f in fields(config) if getattr(config, f.name) != f.default}
+
+
+def _flags(*names: str) -> list[dict]:
+    return [{name: "--" + name.replace("_", "-")} for name in names]
+
+
+# a setting of a stage that does not run is read by nothing: the run went on as if it were not given
+# (`bertkit.errors.refuse_unneeded`; checked by `validate`, on the settings that differ from the defaults)
+FIT_SAYS = "{given} applies to --fit, which was not given: give --fit FILE too, or leave {flags} out"
+CORPUS_SAYS = "{given} applies to --corpus, which was not given: give --corpus FILE too, or leave {flags} out"
+STATIC_NEEDS = [
+    ({"teacher_cache": "--teacher-cache"}, ("fit", None), "{flags} keeps the vectors of the --fit texts: give --fit "
+     "FILE too"),
+    *[(flag, ("fit", None), FIT_SAYS) for flag in _flags("fit_epochs", "fit_learning_rate", "fit_batch_size", "seed",
+                                                        "teacher_dtype")],
+    *[(flag, ("corpus", None), CORPUS_SAYS) for flag in _flags("max_words", "min_count")],
+]
 
 
 @dataclass
@@ -126,3 +136,19 @@ class LayersDistillConfig:
                                "give --holdout N too, or leave --metric out (without it the last epoch is saved)")
         self.training.validate()
         return self
+
+
+# the settings of one kind of teacher, which the other kind never reads: the run went on as if they were not
+# given (a fine-tuned teacher's logits ran in float32 whatever --teacher-dtype said, no cache file was written,
+# --loss was not its soft loss; a sentence model's MSE has no temperature or soft share). Checked once the
+# teacher is loaded (`distill_layers`), on the settings that differ from the defaults ("fine_tuned": its kind)
+VECTORS_SAYS = ("{given} is for a sentence model's vectors; a fine-tuned teacher's logits are computed in float32 each "
+                "run and learnt by the soft loss: leave it out")
+LOGITS_SAYS = ("{given} is for a fine-tuned teacher's logits; {teacher} is a sentence model, whose vectors the student "
+               "learns by --loss: leave it out")
+TEACHER_NEEDS = [
+    ({"holdout": "--holdout"}, ("fine_tuned", False), "{flags} is for a sentence model's sentences; a fine-tuned "
+     "teacher's student is trained on its table: leave {flags} out"),
+    *[(flag, ("fine_tuned", False), VECTORS_SAYS) for flag in _flags("teacher_dtype", "teacher_cache", "loss")],
+    *[(flag, ("fine_tuned", None), LOGITS_SAYS) for flag in _flags("temperature", "soft_weight")],
+]

@@ -49,10 +49,10 @@ from bertkit.data.atomic import write_json
 from bertkit.data.outputs import run_output
 from bertkit.data.textfiles import numbered_texts
 from bertkit.embeddings.features import iter_embed
-from bertkit.distill.config import HOLDOUT_METRICS, LayersDistillConfig
+from bertkit.distill.config import HOLDOUT_METRICS, TEACHER_NEEDS, LayersDistillConfig, changed
 from bertkit.distill.logits import distill_logits
 from bertkit.distill.student import StudentOutput, student_from
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, refuse_unneeded
 from bertkit.model.modeling import pool_sentence
 from bertkit.runtime.loading import load
 from bertkit.tasks.trainer import check_run_output, train
@@ -239,10 +239,7 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
             check_run_output(output, config.training)
         teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy, the targets
         teacher.need_layers("distill layers")
-        if teacher.fine_tuned and config.holdout:
-            raise BertkitError("--holdout is for a sentence model's sentences; a fine-tuned teacher's student is "
-                               "trained on its table: leave --holdout out")
-        refuse_unread(teacher, config)
+        refuse_unneeded(TEACHER_NEEDS, changed(config), {"fine_tuned": teacher.fine_tuned, "teacher": teacher.directory})
         final = (distill_logits if teacher.fine_tuned else distill_sentences)(teacher, output, config, log, speed)
         if final["is_main"]:  # False on torchrun's other ranks, which ran the same job
             summary = {k: v for k, v in final.items() if k != "is_main"}
@@ -250,23 +247,6 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
             # full disk left its first bytes at its name
             write_json(Path(output) / "distill.json", summary)
     return final
-
-
-def refuse_unread(teacher, config: LayersDistillConfig) -> None:
-    """Refuse the settings of the other kind of teacher, which nothing reads: the run went on as if they were
-    not given (a fine-tuned teacher's logits ran in float32 whatever --teacher-dtype said, no cache file was
-    written, --loss was not its soft loss; a sentence model's MSE has no temperature or soft share)."""
-    for_vectors = (("--teacher-dtype", config.teacher_dtype, "float32"), ("--teacher-cache", config.teacher_cache, None),
-                   ("--loss", config.loss, "mse"))
-    for_logits = (("--temperature", config.temperature, 2.0), ("--soft-weight", config.soft_weight, 0.5))
-    unread = [f"{flag} {value}" for flag, value, default in (for_vectors if teacher.fine_tuned else for_logits)
-              if value != default]
-    if unread and teacher.fine_tuned:
-        raise BertkitError(f"{unread[0]} is for a sentence model's vectors; a fine-tuned teacher's logits are "
-                           "computed in float32 each run and learnt by the soft loss: leave it out")
-    if unread:
-        raise BertkitError(f"{unread[0]} is for a fine-tuned teacher's logits; {teacher.directory} is a sentence "
-                           "model, whose vectors the student learns by --loss: leave it out")
 
 
 def resumed_teacher(output, model):

@@ -102,16 +102,11 @@ class FusionOptions:
 
 # the settings that tune hybrid's fusion, by the flags that give them (`--fusion-depth`: depth's flag)
 FUSION_FLAGS = {"fusion": "--fusion", "alpha": "--alpha", "rrf_k": "--rrf-k", "depth": "--fusion-depth"}
-
-
-def refuse_unused_fusion(given: dict, mode: str, fusion: str) -> None:
-    """Refuse fusion settings `given` (by name) that a search of `mode` fusing by `fusion` would not use: --alpha
-    with --mode dense, or --rrf-k beside dbsf, ran and changed nothing, unsaid."""
-    unused = [flag for name, flag in FUSION_FLAGS.items() if given.get(name) is not None] if mode != "hybrid" else []
-    if unused:
-        raise BertkitError(f"{' and '.join(unused)} {'sets' if len(unused) == 1 else 'set'} how hybrid search fuses "
-                           f"the dense and lexical runs, and this search is {mode} (one run, nothing fused): give "
-                           f"--mode hybrid, or leave {'it' if len(unused) == 1 else 'them'} out")
-    if given.get("rrf_k") is not None and fusion != "rrf":
-        raise BertkitError(f"--rrf-k sets rrf's constant, and this search fuses by {fusion}: give --fusion rrf too, "
-                           "or leave --rrf-k out")
+# what they need (`bertkit.errors.refuse_unneeded`), checked once the search's mode is known (an index's decides
+# it): --alpha with --mode dense, or --rrf-k beside dbsf, ran and changed nothing, unsaid
+FUSION_NEEDS = [
+    (FUSION_FLAGS, ("mode", "hybrid"), "{flags} {set} how hybrid search fuses the dense and lexical runs, and this "
+     "search is {mode} (one run, nothing fused): give --mode hybrid, or leave {it} out"),
+    ({"rrf_k": "--rrf-k"}, ("fusion", "rrf"), "{flags} sets rrf's constant, and this search fuses by {fusion}: give "
+     "--fusion rrf too, or leave --rrf-k out"),
+]

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.errors import BertkitError, int_at_least
+from bertkit.errors import BertkitError, int_at_least, refuse_unneeded
 from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import ann_top_k
 from bertkit.retrieval.compact import compact_top_k
-from bertkit.retrieval.config import FusionOptions, options_of, refuse_unused_fusion
+from bertkit.retrieval.config import FUSION_NEEDS, FusionOptions, options_of
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.documents import first_of_each
 from bertkit.retrieval.exact import top_k
@@ -207,7 +207,7 @@ def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
         options = dataclasses.replace(options, mode="hybrid" if info.get("lexical") else "dense")
     elif options.mode != "dense" and not info.get("lexical"):
         options_of(info)  # the one-line refusal: the index has no lexical part
-    refuse_unused_fusion(given, options.mode, options.fusion)
+    refuse_unneeded(FUSION_NEEDS, given, {"mode": options.mode, "fusion": options.fusion})
     return options
 
 

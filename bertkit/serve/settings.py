@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 from bertkit.embeddings.settings import AUTO, SENTENCE_CHOICES, EmbedOptions
-from bertkit.options import DTYPE_CHOICES
+from bertkit.options import DTYPE_CHOICES, RERANK_TOP_SAYS
 from bertkit.default_model import default_model_dir
 
 API_KEY_ENV = "BERTKIT_API_KEY"  # the API key, when neither --api-key nor --api-key-file is given
@@ -100,7 +100,8 @@ class ServeConfig:
     rerank: str | None = field(default=None, metadata={
         "help": "with --index: a cross-encoder (`bertkit finetune rerank`; or regression, or pair "
         "with two labels) that re-scores a /search answer's best --rerank-top documents when the request sets rerank: true"})
-    rerank_top: int = field(default=50, metadata={"help": "documents the --rerank cross-encoder re-scores per query"})
+    rerank_top: int = field(default=50, metadata={"help": "documents the --rerank cross-encoder re-scores per query",
+                                                   "needs": ("rerank", None), "says": RERANK_TOP_SAYS})
 
     def validate(self) -> "ServeConfig":
         positive = ("max_batch_tokens", "max_batch_size", "max_queue", "max_body_bytes", "max_client_batch_size",
