@@ -336,6 +336,9 @@ def test_a_flag_that_only_tunes_another_is_refused_without_it(tmp_path, capsys):
      "--mode lexical ranks by BM25 alone: leave it out, or search with --mode dense or hybrid"),
     (["search", "{o}", "q", "--ann", "--block-size", "512"], "--block-size sets the exact scan's blocks, and --ann "
      "walks the HNSW graph instead: leave one of them out"),
+    # search INDEX q --collection c searched INDEX, and the collection named was never looked at
+    (["search", "{o}", "q", "--collection", "c"], "--collection names the Qdrant collection --qdrant searches: give "
+     "--qdrant PATH|URL too, or leave it out"),
     (["evaluate", "retrieval", "{c}", "--rerank-top", "5"], "--rerank-top sets how many documents --rerank's "
      "cross-encoder re-scores: give --rerank MODEL too"),
     (["serve", "--index", "{o}", "--rerank-top", "5"], "--rerank-top sets how many documents --rerank's "

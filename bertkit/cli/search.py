@@ -291,6 +291,8 @@ QUERY_NEEDS = [
      "searched by Qdrant"),
     ({"block_size": "--block-size"}, ("qdrant", False), "{flags} sets the exact scan's blocks over an index folder, "
      "and a Qdrant collection is searched by Qdrant: leave it out"),
+    ({"collection": "--collection"}, ("qdrant", None), "{flags} names the Qdrant collection --qdrant searches: give "
+     "--qdrant PATH|URL too, or leave it out"),  # without it INDEX was searched, the collection never looked at
 ]
 
 
