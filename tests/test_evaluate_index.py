@@ -79,6 +79,21 @@ def test_mode_all_prints_the_three_searches_as_served(setup, capsys):
     assert {m: got[m] for m in MEASURES} == {m: got["modes"]["hybrid"][m] for m in MEASURES}
 
 
+@pytest.mark.parametrize("depth", [2, 12])
+def test_a_shallow_fusion_is_scored_at_its_own_depth(setup, capsys, depth):
+    """A hybrid search fuses each run's best max(k, --fusion-depth) documents; the evaluation asked for 100, so a
+    fusion of depth 12 was scored fused 100 deep: the flag (or a tuned record) changed no figure. The figures are
+    those of `bertkit search` with the search's default k 10 (-k 12 at depth 12: its first 10 are -k 10's)."""
+    out = setup["root"] / f"depth{depth}.json"
+    flags = ["--fusion-depth", str(depth)]
+    assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--dtype", "float32",
+                 "--mode", "hybrid", "--output", str(out), "--quiet", *flags]) == 0
+    capsys.readouterr()
+    got = json.loads(out.read_text())
+    want = by_hand(setup, capsys, *flags, "-k", str(max(depth, 10)), ranked=True)
+    assert {m: got[m] for m in MEASURES} == pytest.approx(want, abs=1e-9)
+
+
 def test_tune_writes_the_pick_into_the_index_and_search_uses_it(setup, capsys, tmp_path):
     import shutil
 

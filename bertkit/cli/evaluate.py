@@ -96,7 +96,8 @@ def _label(fusion: dict) -> str:
     if fusion["mode"] != "hybrid":
         return fusion["mode"]
     return f"hybrid ({fusion['fusion']}, alpha {fusion['alpha']}" + (
-        f", k {fusion['rrf_k']:g})" if fusion["fusion"] == "rrf" else ")")
+        f", k {fusion['rrf_k']:g}" if fusion["fusion"] == "rrf" else "") + (
+        f", depth {fusion['depth']})" if fusion["depth"] != FusionOptions.depth else ")")
 
 
 def _name(result: dict, mode: str) -> str:

@@ -53,6 +53,7 @@ from bertkit.data.tables import ReadReport, read_rows
 
 STS_COLUMNS = ("sentence1", "sentence2", "score")
 RUN_DEPTH = 100  # documents retrieved per query: enough for every measure's cut-off
+TOP = 10  # the cut-off of the @10 figures, and bertkit search's default k
 BEFORE_RERANK = "before rerank"  # the run of the reranked mode's first stage
 
 
@@ -224,7 +225,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
         options = fusion_options(index.info, given[m])
         fusions[m] = _described(options)
         vectors = embed_queries(index.info, loaded, texts, batch_size, named) if m != "lexical" else None
-        answers = search_vectors(index, vectors, depth, ann=ann, queries=texts, fusion=options)
+        answers = search_vectors(index, vectors, _asked(m, depth, options, rerank_top if rerank else 0), ann=ann,
+                                 queries=texts, fusion=options)
         if rerank is not None and m == modes[-1]:
             runs[BEFORE_RERANK] = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=m == "hybrid")
             answers = [rerank(q, hits) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank", unit="query",
@@ -249,6 +251,14 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     if rerank is not None:  # the same first stage's figures before its answers were reranked
         result["before_rerank"] = {**scored[BEFORE_RERANK], "fusion": fusions[modes[-1]]}
     return _with_modes(result, figures, tuned)
+
+
+def _asked(mode: str, depth: int, options, rerank_top: int) -> int:
+    """Documents an evaluation asks of a search of `mode` (`depth`: enough for every figure). A hybrid search
+    fuses each run's best max(k, fusion depth), so asked `depth` of a shallower fusion it fused `depth` deep: the
+    figures of --fusion-depth 10 (or a tuned depth) were depth 100's. It asks what `bertkit search` fuses with its
+    default k (TOP) or --rerank-top, and the figures past that cut-off see only so many documents."""
+    return depth if mode != "hybrid" else min(depth, max(options.depth, TOP, rerank_top))
 
 
 def _described(options) -> dict:
