@@ -35,7 +35,8 @@ from bertkit.model.sentence_layout import SENTENCE_POOLINGS, SentenceLayout
 STRATEGIES = {
     "first": lambda L: ((0,), "sum"),  # the embedding output ("First Layer")
     "last": lambda L: ((L,), "sum"),
-    # "Sum All 12 Layers" in the paper sums the encoder layers, not the embeddings.
+    # The paper's "Weighted Sum All 12 Layers" sums the encoder layers, not the embeddings (its sums are
+    # weighted, with weights it does not give; ours are plain sums).
     "sum_all": lambda L: (tuple(range(1, L + 1)), "sum"),
     "second_to_last": lambda L: ((L - 1,), "sum"),
     "sum_last_four": lambda L: (tuple(range(L - 3, L + 1)), "sum"),
