@@ -53,14 +53,30 @@ def test_a_corrupt_checkpoint_is_a_clear_error(tmp_path):
         ts.load_checkpoint(tmp_path / "nope.pt")
 
 
-def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
-    random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    ts.save_checkpoint(tmp_path, 1, {"rng": [ts.capture_rng()]})
-    expected = (random.random(), np.random.rand(), torch.rand(3))
-    random.seed(99), np.random.seed(99), torch.manual_seed(99)  # disturb everything
-    ts.restore_rng(ts.load_checkpoint(ts.latest_checkpoint(tmp_path))["rng"][0])
-    got = (random.random(), np.random.rand(), torch.rand(3))
-    assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
+def test_rng_states_round_trip_through_a_checkpoint_and_leave_pythons_and_numpys_alone(tmp_path):
+    """A checkpoint keeps the generator training draws from: torch's (dropout, dynamic masks, ELECTRA's samples;
+    every other draw in bertkit goes through a seeded random.Random or numpy Generator of its own, rebuilt from
+    the seed and the position). It kept Python's and NumPy's global states too, which nothing seeds or draws from,
+    and a resume set them back to the checkpoint's: a notebook's own draws after resuming a run in-process were
+    rewound. Now they are not saved and a resume leaves them as they were; a checkpoint an older bertkit wrote,
+    which holds them (tensors and numbers), still resumes, its torch state restored."""
+    torch.manual_seed(1)
+    state = ts.capture_rng()
+    assert set(state) == {"torch", "cuda"}
+    ts.save_checkpoint(tmp_path, 1, {"rng": [state]})
+    expected = torch.rand(3)
+    version, mt, gauss = random.getstate()  # the older file's extra entries, as it wrote them
+    npy = np.random.get_state(legacy=False)
+    older = {**state, "python": {"version": version, "state": torch.tensor(mt, dtype=torch.int64), "gauss_next": gauss},
+             "numpy": {"key": torch.from_numpy(npy["state"]["key"].astype(np.int64)), "pos": npy["state"]["pos"],
+                       "has_gauss": npy["has_gauss"], "gauss": npy["gauss"]}}
+    ts.save_checkpoint(tmp_path, 2, {"rng": [older]})
+    for step in (1, 2):
+        random.seed(99), np.random.seed(99), torch.manual_seed(99)  # the caller's own generators, then a resume
+        ts.restore_rng(ts.load_checkpoint(tmp_path / "checkpoints" / f"step-0000000{step}.pt")["rng"][0])
+        assert torch.equal(torch.rand(3), expected)
+        assert random.random() == random.Random(99).random()  # was: the checkpoint's state, rewound
+        assert np.random.rand() == np.random.RandomState(99).rand()
 
 
 class Payload:

@@ -11,9 +11,9 @@ continues the very same loss curve: same batches, same masks, same dropout.
         model        model.state_dict()
         optimizer    optimizer.state_dict()
         scheduler    the scheduler's state_dict (LambdaLR keeps its step there)
-        rng          python `random`, numpy and torch generator states as
-                     tensors and numbers, one entry per distributed rank
-                     (dropout differs per rank)
+        rng          torch's generator states (CPU, CUDA) as tensors, one
+                     entry per distributed rank (dropout differs per rank);
+                     nothing draws from Python's or NumPy's global ones
         data         the batch stream's state: position, seed, number of
                      instances (plain data, see bertkit.training.loop)
         ...          anything else the caller wants back (the run config;
@@ -40,7 +40,6 @@ checkpoint is written takes effect once it is in place. Only the last `keep`
 checkpoints are kept.
 """
 
-import random
 import re
 import signal
 import threading
@@ -61,24 +60,18 @@ _NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
 def capture_rng() -> dict:
-    """The states of every generator a training step may draw from, as tensors and numbers."""
-    version, mt, gauss_next = random.getstate()  # Mersenne Twister: 624 words and a position
-    numpy = np.random.get_state(legacy=False)
-    return {
-        "python": {"version": version, "state": torch.tensor(mt, dtype=torch.int64), "gauss_next": gauss_next},
-        "numpy": {"key": torch.from_numpy(numpy["state"]["key"].astype(np.int64)), "pos": numpy["state"]["pos"],
-                  "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
+    """The states of the generators a training step draws from, as tensors: torch's (CPU and CUDA).
+
+    Every other draw in bertkit's training goes through a generator of its own, rebuilt from the seed and the
+    position in the data (`random.Random(seed * 1_000_003 + epoch)` for batch orders, numpy's
+    `default_rng([seed, epoch])`, the collator's torch.Generator). Python's and NumPy's global generators were
+    kept too, though nothing seeds or draws from them, and a resume set the caller's back to the checkpoint's;
+    they are left alone now (an older checkpoint's entries for them are not read)."""
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
 def restore_rng(state: dict) -> None:
-    py, npy = state["python"], state["numpy"]
-    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
-    np.random.set_state({"bit_generator": "MT19937", "state": {"key": npy["key"].numpy().astype(np.uint32),
-                                                               "pos": npy["pos"]},
-                         "has_gauss": npy["has_gauss"], "gauss": npy["gauss"]})
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
