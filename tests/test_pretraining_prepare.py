@@ -318,6 +318,30 @@ def test_stream_is_seeded_and_seekable(tokenised):
     assert torch.equal(b["input_ids"], batches[2]["input_ids"]) and torch.equal(b["labels"], batches[2]["labels"])
 
 
+def test_iterating_again_runs_the_next_epoch(tokenised):
+    """A for-epoch loop over one dataset (or one DataLoader over it) iterated it once per epoch and got epoch 1's
+    order and masks every time: each iteration started at the same position. Each iteration now runs the next
+    pass of `epochs` epochs: the instances, positions and dynamic masks of one stream with epochs=3, whether read
+    in-process or by persistent DataLoader workers; a new dataset with the seed starts at epoch 1 again."""
+    n = len(PretrainingDataset(tokenised, seed=3))
+    whole = [(x["index"], x["position"]) for x in PretrainingDataset(tokenised, seed=3, epochs=3)]
+    ds = PretrainingDataset(tokenised, seed=3)
+    assert [x for _ in range(3) for x in [(y["index"], y["position"]) for y in ds]] == whole  # was: epoch 1, 3 times
+    collate = ds.collator()
+    loop = torch.utils.data.DataLoader(PretrainingDataset(tokenised, seed=3), batch_size=16, collate_fn=collate)
+    first, second = list(loop), list(loop)
+    seeked = list(torch.utils.data.DataLoader(PretrainingDataset(tokenised, seed=3, position=n, epochs=2),
+                                              batch_size=16, collate_fn=collate))  # epoch 2 of one stream
+    assert len(second) == len(seeked) == len(first)
+    for a, b, c in zip(second, seeked, first):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
+        assert not torch.equal(a["labels"], c["labels"])
+    workers = torch.utils.data.DataLoader(PretrainingDataset(tokenised, seed=3), batch_size=None, num_workers=2,
+                                          persistent_workers=True)
+    for epoch in range(2):
+        assert sorted((int(x["index"]), int(x["position"])) for x in workers) == sorted(whole[epoch * n:(epoch + 1) * n])
+
+
 def test_dataloader_workers_split_the_stream(tokenised):
     ds = PretrainingDataset(tokenised, seed=5, position=0)
     n = len(ds)

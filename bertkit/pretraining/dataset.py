@@ -9,7 +9,11 @@ in memory. It is both
   permutation every epoch (`order(epoch)`, numpy PCG64 seeded by (seed,
   epoch)); global position p is instance order(p // N)[p % N], so `seek(p)`
   jumps anywhere at once, which an exact resume needs. Under a DataLoader with
-  several workers, worker w of W takes the positions p = w (mod W).
+  several workers, worker w of W takes the positions p = w (mod W). With
+  `epochs=N`, one iteration is N epochs and the next iteration the N after
+  them (a for-epoch loop); DataLoader workers that are not persistent start
+  each epoch from the main process's dataset, which they never move on: give
+  them `persistent_workers=True` (or `seek` each epoch's start).
 
 An instance is a dict of numpy arrays: `input_ids` [L] int64, `token_type_ids`
 [L] int64, `next_sentence_label` (pair objectives), `masked_positions` [M] /
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -162,11 +167,20 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
         return int(self.order(position // n)[position % n])
 
     def __iter__(self):
-        n = len(self)
-        stop = None if self.epochs is None else self.epochs * n
+        """The stream from `position` to the end of its pass (`epochs` epochs; None: endless). A finite pass moves
+        `position` on to the next one: iterated again (a for-epoch loop over one DataLoader), the dataset runs the
+        next epochs, as one stream with more epochs would; it repeated the first pass's order and masks."""
+        n, start = len(self), self.position
+        stop = None
+        if self.epochs is not None:
+            span = self.epochs * n  # positions per pass; a fraction of an epoch ends where it falls
+            stop = (start // span + 1) * span
+            self.position = math.ceil(stop)
         info = torch.utils.data.get_worker_info()
         step, first = (1, 0) if info is None else (info.num_workers, info.id)
-        p = self.position + first
+        return self._stream(start + first, stop, step)
+
+    def _stream(self, p: int, stop, step: int):
         while stop is None or p < stop:
             item = self[self.index_at(p)]
             item["position"] = p
