@@ -657,6 +657,14 @@ def test_an_undefined_figure_never_beats_a_number_and_every_number_beats_it():
     assert better({"epoch": 2, "spearman": -0.1}, nan, "spearman").startswith("the best spearman (-0.1000")
     assert better({"epoch": 2, "mse": 9.0}, {"epoch": 1, "mse": float("nan")}, "mse", greater_is_better=False)
     assert better(nan | {"epoch": 2}, {"epoch": 1, "spearman": 0.2}, "spearman") == ""
+    # None, as a regression's score gives it now (null in metrics.json): the same, and two undefined figures tie
+    none = {"epoch": 1, "spearman": None, "held_out_loss": 0.5}
+    assert better({"epoch": 2, "spearman": -0.1}, none, "spearman").startswith("the best spearman (-0.1000, "
+                                                                                "against undefined")
+    assert better(none | {"epoch": 2}, {"epoch": 1, "spearman": 0.2}, "spearman") == ""
+    assert better(none | {"epoch": 2, "held_out_loss": 0.4}, none, "spearman") == (
+        "spearman tied with epoch 1 (undefined), lower held-out loss (0.4000 against 0.5000)")
+    assert better(none, None, "spearman") == "the first epoch evaluated (spearman undefined)"
 
 
 def test_held_out_loss_is_the_heads_loss(sentiment_run):

@@ -615,3 +615,41 @@ def test_a_file_of_sentences_with_a_blank_line_is_still_one_sentence_per_line(tm
     conll.write_text("EU B-ORG\nrejects O\n\n" + "".join(f"w{i} O\n" for i in range(20)) + "Peter\n", encoding="utf-8")
     with pytest.raises(BertkitError, match=r"tagged.txt:24: 'Peter' has 1 column"):
         read_labelled(conll, {})
+
+
+def strict_json(text: str):
+    """JSON as a strict reader takes it (RFC 8259 has no NaN or Infinity: jq, JavaScript's JSON.parse refuse them)."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_regression_model_with_one_constant_score_writes_null_not_nan(tiny, tmp_path, capsys):  # noqa: F811
+    """A regression model that gives every dev example the same score has no correlation (scipy: nan; the
+    premise, checked below). finetune wrote "pearson": NaN into metrics.json and metrics.jsonl, which strict JSON
+    readers refuse, printed "pearson nan", and predict printed "pearson nan" too. Now, as `evaluate sts`: null in
+    the JSON, a warning, "undefined" printed; the figures that are defined (mse) stay numbers."""
+    hdr = ["sentence", "score"]
+    train = write_tsv(tmp_path / "t.tsv", hdr, [("the movie was good .", 4.0), ("the food was bad .", 0.5)])
+    dev = write_tsv(tmp_path / "d.tsv", hdr, [("the day was new .", 1.0), ("the day was new .", 3.0)])
+    said = "every example the same score .*undefined and reported as null"
+    with pytest.warns(UserWarning, match=said):
+        assert main(["finetune", "regression", "--train", str(train), "--dev", str(dev), "-o", str(tmp_path / "o"),
+                     "--model", str(tiny), "--label-column", "score", "--max-length", "16", "--epochs", "2",
+                     "--quiet"]) == 0
+    out = capsys.readouterr().out
+    scores = [p["score"] for p in predict(tmp_path / "o", ["the day was new ."] * 2)]
+    assert np.isnan(stats.pearsonr(scores, [1.0, 3.0])[0])  # the premise: one constant score, no correlation
+    metrics = strict_json((tmp_path / "o" / "metrics.json").read_text())
+    assert metrics["dev"]["pearson"] is None and metrics["dev"]["spearman"] is None
+    assert metrics["dev"]["mse"] == pytest.approx(np.mean([(scores[0] - 1) ** 2, (scores[0] - 3) ** 2]), abs=1e-4)
+    assert all(e["pearson"] is None for e in metrics["epochs"])
+    for line in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines():
+        strict_json(line)
+    assert "pearson undefined, spearman undefined" in out and "nan" not in out.lower(), out
+    with pytest.warns(UserWarning, match=said):
+        assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv"), "--dtype",
+                     "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "pearson undefined, spearman undefined, mse" in out and "nan" not in out.lower(), out
+

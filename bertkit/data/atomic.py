@@ -82,9 +82,10 @@ def _hold(lock: Path, path: Path) -> int:
     raise BlockingIOError(f"could not write {path}: {lock} keeps changing; is another process writing it in a loop?")
 
 
-def write_json(path, data, *, ensure_ascii: bool = True) -> None:
-    """`data` as indented JSON (and a final newline), UTF-8, written atomically."""
-    text = json.dumps(data, indent=2, ensure_ascii=ensure_ascii) + "\n"
+def write_json(path, data, *, ensure_ascii: bool = True, allow_nan: bool = True) -> None:
+    """`data` as indented JSON (and a final newline), UTF-8, written atomically; allow_nan False: a NaN or an
+    infinity raises ValueError (JSON has none; strict readers refuse Python's NaN), before the file is touched."""
+    text = json.dumps(data, indent=2, ensure_ascii=ensure_ascii, allow_nan=allow_nan) + "\n"
     replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 

@@ -181,7 +181,9 @@ def trivial_baseline(problem_type: str, train_ex, dev_ex, names, metric: str) ->
         pred, what = {"label": majority, "label_id": names.index(majority)}, f"always the majority class {majority!r}"
     if metric in ("pearson", "spearman"):  # undefined for a constant: no correlation
         return 0.0, "a constant score"
-    value = score([pred] * len(dev_ex), dev_ex, problem_type, names).get(metric)
+    with warnings.catch_warnings():  # the constant's correlations are undefined, as expected: no warning of it
+        warnings.simplefilter("ignore")
+        value = score([pred] * len(dev_ex), dev_ex, problem_type, names).get(metric)
     return None if value is None else (value, what)
 
 

@@ -183,9 +183,11 @@ def feature_logits(loaded: Loaded, features: list[dict], batch_size: int = 64, p
 
 
 def format_metrics(metrics: dict) -> str:
-    """`name value` for every number of a metrics dict (nested reports left out)."""
-    return ", ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in metrics.items()
-                     if isinstance(v, (int, float)) and k != "support")  # an int is a count (SQuAD v2's HasAns_total)
+    """`name value` for every number of a metrics dict (nested reports left out); None: "undefined" (a regression's
+    correlation with one constant score)."""
+    return ", ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {'undefined' if v is None else f'{v:.4f}'}"
+                     for k, v in metrics.items()  # an int is a count (SQuAD v2's HasAns_total)
+                     if (v is None or isinstance(v, (int, float))) and k != "support")
 
 
 class FileResult(NamedTuple):

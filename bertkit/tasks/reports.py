@@ -12,8 +12,9 @@ def text_report(final: dict) -> str:
     if not dev:
         return f"trained on {final['train_examples']} examples in {final['train_seconds']} s (no dev set)"
     named = {"f1": f"f1 ({dev['f1_label']})"} if "f1_label" in dev else {}  # two labels: the F1 of which one
-    lines = [f"dev ({final['dev_examples']} examples): " + ", ".join(
-        f"{named.get(k, k)} {v:.4f}" for k, v in dev.items() if isinstance(v, float))]
+    lines = [f"dev ({final['dev_examples']} examples): " + ", ".join(  # None: undefined (a constant regression)
+        f"{named.get(k, k)} {'undefined' if v is None else f'{v:.4f}'}" for k, v in dev.items()
+        if isinstance(v, float) or v is None)]
     if "per_label" in dev:
         lines.append(f"{'label':>16} {'precision':>9} {'recall':>7} {'f1':>7} {'support':>7}")
         for name, r in dev["per_label"].items():

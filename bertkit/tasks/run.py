@@ -112,8 +112,9 @@ def saver(output_dir, tokenizer, task_info: dict):
 
 
 def write_json(path, data) -> None:
-    """A run's JSON (metrics.json), written atomically, non-ASCII text as it is."""
-    atomic.write_json(path, data, ensure_ascii=False)
+    """A run's JSON (metrics.json), written atomically, non-ASCII text as it is; strict JSON (a NaN raises: an
+    undefined figure is None, null, as strict readers require)."""
+    atomic.write_json(path, data, ensure_ascii=False, allow_nan=False)
 
 
 def write_lines(path, lines) -> None:

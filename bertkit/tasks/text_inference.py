@@ -22,6 +22,7 @@ Shapes: logits per example (num_labels,), (1,) for regression.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -157,8 +158,7 @@ def score(preds: list[dict], examples: list[TextExample], problem_type: str, nam
     if problem_type == REGRESSION:
         x = [p["score"] for p in preds]
         y = [float(ex.label) for ex in examples]
-        return {"pearson": M.pearson(x, y), "spearman": M.spearman(x, y),
-                "mse": float(np.mean((np.array(x) - np.array(y)) ** 2)), **loss}
+        return {**correlations(x, y), "mse": float(np.mean((np.array(x) - np.array(y)) ** 2)), **loss}
     if problem_type == MULTI_LABEL:
         return {**M.multilabel_scores([p["labels"] for p in preds], [ex.label for ex in examples]), **loss}
     label2id = {n: i for i, n in enumerate(names)}
@@ -176,6 +176,18 @@ def score(preds: list[dict], examples: list[TextExample], problem_type: str, nam
         out["per_label"] = report
         out["confusion_matrix"] = {"labels": names, "rows_gold_columns_predicted": M.confusion_matrix(p, y, len(names))}
     return out
+
+
+def correlations(x: list[float], y: list[float]) -> dict:
+    """Pearson and Spearman of the scores `x` against the gold `y`; None (null in metrics.json) with a warning
+    where a side is constant: a correlation is then undefined (scipy's nan), and NaN in metrics.json was no JSON
+    a strict reader takes (`bertkit evaluate sts` reports such a figure the same way)."""
+    for values, what in ((x, "the model gives every example the same score"), (y, "every gold score is")):
+        if len(set(values)) < 2:
+            warnings.warn(f"{what} {values[0]:.4f}: pearson and spearman are undefined and reported as null",
+                          stacklevel=3)
+            return {"pearson": None, "spearman": None}
+    return {"pearson": M.pearson(x, y), "spearman": M.spearman(x, y)}
 
 
 def score_answers(preds: list[dict], examples: list[TextExample], info: dict, names: list[str] | None, *,

@@ -233,7 +233,7 @@ class Epochs:
         """The end of an epoch: its record, the dev scores, the best epoch kept (and saved)."""
         m = distributed.unwrap(model)
         rec = {"epoch": math.ceil(step / self.per_epoch), "step": step,
-               "train_loss": float(np.mean(self.epoch_losses)) if self.epoch_losses else float("nan"),
+               "train_loss": float(np.mean(self.epoch_losses)) if self.epoch_losses else None,  # JSON has no NaN
                "train_seconds": round(time.perf_counter() - self.started, 2)}
         self.epoch_losses = []
         if self.evaluate is not None:
@@ -242,7 +242,7 @@ class Epochs:
             scores, predictions = scores if isinstance(scores, tuple) else (scores, None)
             rec.update(scores)
             rec["eval_seconds"] = round(time.perf_counter() - t1, 2)
-            if rec.get(self.metric) is None:
+            if self.metric not in rec:  # present but None: a figure undefined this epoch (a constant regression)
                 raise BertkitError(f"metric {self.metric!r} not among the evaluation results {sorted(rec)}")
             why = better(rec, self.best, self.metric, self.greater_is_better)
             if why:
@@ -281,14 +281,14 @@ def better(new: dict, best: dict | None, metric: str, greater_is_better: bool = 
     """
     value = new[metric]
     if best is None:
-        return f"the first epoch evaluated ({metric} {value:.4f})"
+        return f"the first epoch evaluated ({metric} {figure(value)})"
     old = best[metric]
-    if value != old:
-        # nan (a correlation of constant predictions) compares false with every number, so it never wins; and
-        # any number beats it, else a nan first epoch was kept over every later one
-        wins = (old != old and value == value) or (value > old if greater_is_better else value < old)
-        return f"the best {metric} ({value:.4f}, against {old:.4f} in epoch {best['epoch']})" if wins else ""
-    tie = f"{metric} tied with epoch {best['epoch']} ({value:.4f})"
+    if not (undefined(value) and undefined(old)) and value != old:
+        # an undefined figure (None: a correlation of constant predictions; or nan) never wins, and any number
+        # beats it, else an undefined first epoch was kept over every later one; two undefined ones tie
+        wins = not undefined(value) and (undefined(old) or (value > old if greater_is_better else value < old))
+        return f"the best {metric} ({figure(value)}, against {figure(old)} in epoch {best['epoch']})" if wins else ""
+    tie = f"{metric} tied with epoch {best['epoch']} ({figure(value)})"
     if "held_out_loss" in new and "held_out_loss" in best:
         loss, before = new["held_out_loss"], best["held_out_loss"]
         return f"{tie}, lower held-out loss ({loss:.4f} against {before:.4f})" if loss < before else ""
@@ -300,9 +300,19 @@ def warn_if_trivial(best: dict | None, metric: str, greater_is_better: bool, bas
     if best is None or baseline is None:
         return False
     value, what = best[metric], baseline[1]
-    if (value > baseline[0]) if greater_is_better else (value < baseline[0]):
+    if not undefined(value) and ((value > baseline[0]) if greater_is_better else (value < baseline[0])):
         return False
-    log(f"warning: the best dev {metric} ({value:.4f}, epoch {best['epoch']}) is no better than the trivial "
+    log(f"warning: the best dev {metric} ({figure(value)}, epoch {best['epoch']}) is no better than the trivial "
         f"baseline {baseline[0]:.4f} ({what}): the model learned nothing usable. Train longer "
         "(--epochs, --max-steps), raise --learning-rate, or give it more training data")
     return True
+
+
+def undefined(value) -> bool:
+    """A dev figure with no value: None (null in metrics.json) or nan."""
+    return value is None or value != value
+
+
+def figure(value) -> str:
+    """A dev figure as the run says it: 4 decimals, or "undefined"."""
+    return "undefined" if undefined(value) else f"{value:.4f}"
