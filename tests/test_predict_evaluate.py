@@ -29,7 +29,7 @@ from test_metrics import official_v2
 def reported(out: str) -> dict:
     """The numbers of the CLI's `evaluation on ...: name value, ...` line."""
     line = next(x for x in out.splitlines() if x.startswith("evaluation on "))
-    return {k: float(v) for k, v in re.findall(r"(\w+) (-?[\d.]+)(?:,|$)", line.split(": ", 1)[1])}
+    return {k: float(v) for k, v in re.findall(r"(\w+)(?: \([^)]*\))? (-?[\d.]+)(?:,|$)", line.split(": ", 1)[1])}
 
 
 def predicted_column(path) -> list[str]:
@@ -434,7 +434,10 @@ def test_rows_without_a_label_are_predicted_and_only_the_labelled_scored(sentime
     got = predict_file(d / "out", partial, tmp_path / "p.tsv", dtype="float32")
     want = predict_file(d / "out", labelled, tmp_path / "q.tsv", dtype="float32")
     assert got.count == 30 and got.scored == want.count == want.scored == 20
-    assert got.metrics == pytest.approx(want.metrics)
+    figures = {k for k, v in want.metrics.items() if isinstance(v, float)}  # beside them the per-label report
+    assert {k: got.metrics[k] for k in figures} == pytest.approx({k: want.metrics[k] for k in figures})
+    assert {k: v for k, v in got.metrics.items() if k not in figures} == {
+        k: v for k, v in want.metrics.items() if k not in figures}
     written = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]]
     assert [r[0] for r in written] == [t for t, _ in rows]  # every row, in the file's order
     assert [r[1] for r in written] == [p["label"] for p in predict(d / "out", [t for t, _ in rows], dtype="float32")]
@@ -653,3 +656,18 @@ def test_a_regression_model_with_one_constant_score_writes_null_not_nan(tiny, tm
     out = capsys.readouterr().out
     assert "pearson undefined, spearman undefined, mse" in out and "nan" not in out.lower(), out
 
+
+def test_predict_names_the_label_of_a_two_label_f1_as_finetune_does(sentiment_run, tmp_path, capsys):  # noqa: F811
+    """finetune prints `f1 (pos)` and writes `f1_label` (the F1 of the second label in sorted order: which one is
+    not obvious, RTE's is not_entailment's); predict's evaluation printed a bare `f1` for the same figure and its
+    metrics held no label. Now both say it, and predict's figures on the dev file are finetune's (metrics.json)."""
+    from bertkit.tasks import format_report
+
+    d, final = sentiment_run
+    assert main(["predict", str(d / "out"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
+    dev = json.loads((d / "out" / "metrics.json").read_text())["dev"]
+    assert re.search(rf"\bf1 \({dev['f1_label']}\) {dev['f1']:.4f}", line), line
+    assert re.search(rf"\bf1 \(pos\) {dev['f1']:.4f}", format_report(final))  # the same words as finetune's
+    result = predict_file(d / "out", d / "dev.tsv", tmp_path / "p2.tsv", dtype="float32")
+    assert result.metrics["f1_label"] == dev["f1_label"] == "pos"

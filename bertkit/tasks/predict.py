@@ -184,9 +184,10 @@ def feature_logits(loaded: Loaded, features: list[dict], batch_size: int = 64, p
 
 def format_metrics(metrics: dict) -> str:
     """`name value` for every number of a metrics dict (nested reports left out); None: "undefined" (a regression's
-    correlation with one constant score)."""
-    return ", ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {'undefined' if v is None else f'{v:.4f}'}"
-                     for k, v in metrics.items()  # an int is a count (SQuAD v2's HasAns_total)
+    correlation with one constant score); two labels' f1 named `f1 (LABEL)`, as finetune's report names it."""
+    named = {"f1": f"f1 ({metrics['f1_label']})"} if "f1_label" in metrics else {}
+    return ", ".join(f"{k} {v}" if isinstance(v, int)  # an int is a count (SQuAD v2's HasAns_total)
+                     else f"{named.get(k, k)} {'undefined' if v is None else f'{v:.4f}'}" for k, v in metrics.items()
                      if (v is None or isinstance(v, (int, float))) and k != "support")
 
 

@@ -192,10 +192,11 @@ def correlations(x: list[float], y: list[float]) -> dict:
 
 def score_answers(preds: list[dict], examples: list[TextExample], info: dict, names: list[str] | None, *,
                   problem_type: str) -> dict:
-    """Evaluate mode's metrics against the labels `read_labelled` found (unknown labels refused)."""
+    """Evaluate mode's metrics against the labels `read_labelled` found (unknown labels refused): what finetune's
+    metrics.json holds for its dev set (`full`: two labels' `f1_label`, the per-label report, the confusion matrix)."""
     if problem_type != REGRESSION:
         check_known_labels([e.label for e in examples], {n: i for i, n in enumerate(names)}, "the input file")
-    return score(preds, examples, problem_type, names)
+    return score(preds, examples, problem_type, names, full=True)
 
 
 # --- files -----------------------------------------------------------------
