@@ -244,7 +244,25 @@ def test_dimensions_truncate_then_renormalise(servers, made):
     for dims, words in ((12, "trained for 32, 16, 8"), (64, "trained for 32, 16, 8"), ("16", "whole number")):
         status, _, body = call(port, "POST", "/embed", {"inputs": texts, "dimensions": dims})
         assert status == 422 and words in body["error"], body
-    assert call(port, "GET", "/info")[2]["matryoshka_dimensions"] == [16, 8]
+    # /info lists the dimensions the folder records (32 included: it listed [16, 8], the full size left out)
+    recorded = json.loads((made["tiny"] / "config_sentence_transformers.json").read_text())["matryoshka_dims"]
+    assert call(port, "GET", "/info")[2]["matryoshka_dimensions"] == recorded == [32, 16, 8]
+
+
+def test_info_lists_every_dimension_a_request_may_ask_for(made, tmp_path):
+    """/info's matryoshka_dimensions are what `dimensions` takes: the full size (always) and the smaller ones the
+    layout records, also where the layout leaves the full size out; none without Matryoshka dimensions."""
+    import shutil
+
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    for recorded, listed in (([16, 8], [32, 16, 8]), (None, [])):
+        folder = shutil.copytree(made["tiny"], tmp_path / f"m{len(listed)}")
+        write_layout(folder, pooling="mean", normalize=True, max_seq_length=48, hidden_size=32, dimensions=recorded)
+        runner = load_runner(ServeConfig(model=str(folder), workers=1, threads=1, dtype="float32").validate())
+        assert runner.info()["matryoshka_dimensions"] == listed
+        assert all(runner.check_dimensions(d) in (None, d) for d in listed)  # each one taken
 
 
 @pytest.mark.parametrize("flags, words", [

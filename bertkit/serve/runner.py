@@ -144,9 +144,10 @@ class EmbeddingModel:
         tok = loaded.tokenizer
         self.max_batch_tokens, self.max_batch_size = settings.max_batch_tokens, settings.max_batch_size
         self.dim = self.layers.dim(model.config.hidden_size)
-        # the leading dimensions a Matryoshka loss trained (sentence_layout's matryoshka_dims), largest first
-        self.matryoshka = [d for d in (loaded.layout.dimensions or []) if d < self.dim] \
+        # what `dimensions` may ask for, largest first: the full size and the smaller ones trained (matryoshka_dims)
+        smaller = [d for d in (loaded.layout.dimensions or []) if d < self.dim] \
             if loaded.layout is not None and options.layers == "last" and options.combine is None else []
+        self.matryoshka = [self.dim, *smaller] if smaller else []
         self.pad_id = getattr(tok, "pad_token_id", 0) or 0
         self.on_batch = None  # metrics hook: (rows, padded tokens, real tokens)
 
@@ -167,7 +168,7 @@ class EmbeddingModel:
                              "Matryoshka dimensions (matryoshka_dims in config_sentence_transformers.json, written "
                              "by bertkit finetune embed with a Matryoshka loss)")
         if dims not in self.matryoshka:
-            shown = ", ".join(map(str, [self.dim, *self.matryoshka]))
+            shown = ", ".join(map(str, self.matryoshka))
             raise InputError(f"`dimensions` {dims} is not available: this model was trained for {shown}")
         return dims
 
@@ -388,8 +389,7 @@ class TaskModel:
     def __init__(self, loaded: Loaded, settings, name: str):
         self.model_dir, self.loaded, self.name, self.precision = loaded.directory, loaded, name, loaded.precision
         self.tok = loaded.tokenizer
-        # --version-2-with-negative: a Hugging Face QA checkpoint read as SQuAD v2, as predict reads it (None: as
-        # its folder says; refused beside a bertkit folder that says otherwise)
+        # --version-2-with-negative: a Hugging Face QA checkpoint read as SQuAD v2 (None: as its folder says)
         self.version_2 = True if settings.version_2 else None
         info = reading_info(loaded, self.version_2)
         self.info_, self.record = info, task_of(loaded)  # the task's record: pairs, labels, routes, reranking
