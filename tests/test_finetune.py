@@ -808,3 +808,24 @@ def test_the_printed_report_says_which_labels_macro_f1_leaves_out():
     assert "not in the dev set but predicted, counted in macro_f1 with f1 0: cat" in lines
     kept = [n for n in names if n != "dog"]
     assert dev["macro_f1"] == pytest.approx(sum(dev["per_label"][n]["f1"] for n in kept) / len(kept))
+
+
+@pytest.mark.parametrize("pair_column", [None, "sentence2"])
+def test_a_second_text_column_left_unread_is_said(tmp_path, pair_column):
+    """STS-B's columns are sentence1, sentence2, score: `finetune regression --text-column sentence1 --label-column
+    score` (what the error for the default 'sentence' column leads to) trained on sentence1 alone, sentence2 never
+    read, without a word (its dev pearson stays near 0). The run now warns, naming the flag; given the pair, not."""
+    import warnings as w
+
+    from bertkit.tasks.classification import read_split
+
+    path = write_tsv(tmp_path / "stsb.tsv", ["sentence1", "sentence2", "score"], [("a cat", "a dog", 1.5)] * 2)
+    cfg = TextTaskConfig(train=str(path), output="o", task="regression", text_column="sentence1",
+                         text_pair_column=pair_column, label_column="score")
+    with w.catch_warnings(record=True) as said:
+        w.simplefilter("always")
+        examples = read_split(cfg, path, None, log=lambda line: None)
+    assert [e.text_pair for e in examples] == [pair_column and "a dog"] * 2  # the premise: sentence2 read or not
+    messages = [str(x.message) for x in said]
+    assert messages == ([] if pair_column else [f"{path}: the column 'sentence2' is not read: the model sees "
+                                                "'sentence1' alone; for text pairs pass --text-pair-column sentence2"])

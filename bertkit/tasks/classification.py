@@ -45,7 +45,8 @@ from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.config import TextTaskConfig
-from bertkit.data.tables import check_known_labels, label_names, looks_like_scores, read_text_examples, tsv_cell
+from bertkit.data.tables import (check_known_labels, column_key, first_row, label_names, looks_like_scores,
+                                 read_text_examples, tsv_cell)
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.text_inference import decode, make_features, pool_windows, score
@@ -61,7 +62,20 @@ def read_split(cfg: TextTaskConfig, path, max_examples, log):
         path, text_column=cfg.text_column, text_pair_column=cfg.text_pair_column, label_column=cfg.label_column,
         problem_type=task_for(cfg).problem_type, label_separator=cfg.label_separator, max_examples=max_examples)
     log(report.summary())
+    unread = _second_text(cfg, path)
+    if unread:  # STS-B's sentence1/sentence2 read as single texts trained on half of each pair, without a word
+        warnings.warn(f"{path}: the column {unread!r} is not read: the model sees {cfg.text_column!r} alone; for text "
+                      f"pairs pass --text-pair-column {unread}", stacklevel=3)
     return examples
+
+
+def _second_text(cfg: TextTaskConfig, path) -> str | None:
+    """The column that pairs with the text column (sentence1 -> sentence2, question1 -> question2: GLUE's names)
+    when the file has it and no --text-pair-column is given; else None."""
+    if cfg.text_pair_column or not cfg.text_column.endswith("1"):
+        return None
+    second = cfg.text_column[:-1] + "2"
+    return second if column_key(first_row(path), second) is not None else None
 
 
 def write_predictions(path, examples, preds, problem_type: str) -> None:
