@@ -127,6 +127,17 @@ def ner_file(path, n, rng):
     return path
 
 
+def assert_saved_epoch_is_said(final: dict, metric: str) -> None:
+    """metrics.json says which epoch the saved model is and why, and finetune prints it, for NER and QA as for the
+    text tasks (they printed "saved the best epoch's model" without saying which): the epoch with the best figure
+    (the later of a tie: NER and QA have no held-out loss to break it)."""
+    from bertkit.tasks.trainer import figure
+
+    best = max(final["epochs"], key=lambda e: (e[metric], e["epoch"]))
+    assert final["saved"]["epoch"] == best["epoch"]
+    assert figure(best[metric]) in final["saved"]["because"]
+
+
 def test_ner_end_to_end_iob1(tiny, tmp_path):  # noqa: F811
     import bertkit
 
@@ -136,6 +147,7 @@ def test_ner_end_to_end_iob1(tiny, tmp_path):  # noqa: F811
                     tag_scheme="iob1", max_length=32, stride=8, training=fast(metric="f1"))
     final = finetune_ner(cfg, log=lambda s: None)
     assert final["dev"]["f1"] > 0.9 and "test" in final and set(final["dev"]["per_type"]) == {"LOC", "PER"}
+    assert_saved_epoch_is_said(final, "f1")
     config = json.loads((tmp_path / "o" / "config.json").read_text())
     assert sorted(config["label2id"]) == ["B-LOC", "B-PER", "O"]
     first = (tmp_path / "o" / "dev_predictions.conll").read_text().split("\n\n")[0].splitlines()

@@ -18,6 +18,7 @@ from bertkit.tasks.reports import qa_report
 from bertkit.tasks.qa_inference import best_answers, char_to_pieces, locate_answer, make_features
 from bertkit.text.tokenizer import Tokenizer
 from test_finetune import fast, tiny  # noqa: F401
+from test_finetune_ner import assert_saved_epoch_is_said
 from test_metrics import official_v2
 
 
@@ -180,6 +181,7 @@ def test_qa_end_to_end(tiny, tmp_path):  # noqa: F811
                    training=fast(epochs=6, metric="f1"))
     final = finetune_qa(cfg, log=lambda s: None)
     assert final["dev"]["exact_match"] >= 80.0
+    assert_saved_epoch_is_said(final, "f1")
     preds = json.loads((tmp_path / "o" / "dev_predictions.json").read_text())
     assert len(preds) == 20
     out = bertkit.predict(tmp_path / "o", ["where went mary ?"], pairs=["mary went to berlin . john went to paris ."])

@@ -170,9 +170,7 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
     if not result.is_main:
         return {}
     final = {"task": cfg.task, "train_examples": len(train_ex), "train_seconds": round(result.seconds, 1),
-             "epochs": result.history}
-    if result.best is not None:  # which epoch the saved model is, and why (`bertkit.tasks.trainer.better`)
-        final["saved"] = {"epoch": result.best["epoch"], "because": result.best["saved_because"]}
+             "epochs": result.history, **result.saved}  # which epoch the saved model is, and why
     if dev_ex:
         preds = result.best_predictions or decode_dev(model)  # a resumed run may lack them
         final["dev"] = score(preds, dev_ex, kind, names, full=True)

@@ -116,7 +116,7 @@ def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
     if not result.is_main:
         return {}
     final = {"task": "ner", "train_sentences": len(train_s), "train_seconds": round(result.seconds, 1),
-             "epochs": result.history}
+             "epochs": result.history, **result.saved}  # which epoch the saved model is, and why
     for split, path, sents in (("dev", cfg.dev, dev_s), ("test", cfg.test, test_s)):
         if path is None:
             continue

@@ -74,7 +74,8 @@ def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
     if not result.is_main:
         return {}
     final = {"task": "qa", "train_questions": len(train_ex), "train_windows": len(feats),
-             "train_skipped": dict(skipped), "train_seconds": round(result.seconds, 1), "epochs": result.history}
+             "train_skipped": dict(skipped), "train_seconds": round(result.seconds, 1), "epochs": result.history,
+             **result.saved}  # which epoch the saved model is, and why
     if dev_ex:
         preds = result.best_predictions or answer(model, tok, dev_ex, cfg)  # a resumed run may lack them
         final["dev"] = score(dev_ex, preds, cfg.version_2)

@@ -61,6 +61,14 @@ class TrainResult:
     is_main: bool = True  # False on the other processes of a torchrun: they write nothing
     best_predictions: object = None  # what evaluate returned beside the scores for the best epoch, if any
 
+    @property
+    def saved(self) -> dict:
+        """What a run's metrics.json says of the model it saved: {"saved": {"epoch", "because"}} (`better`), which
+        `bertkit finetune` prints; {} without evaluation (the last epoch is saved)."""
+        if self.best is None:
+            return {}
+        return {"saved": {"epoch": self.best["epoch"], "because": self.best["saved_because"]}}
+
 
 def length_grouped_batches(lengths, batch_size: int, rng: random.Random, mega: int = 50) -> list[list[int]]:
     """Index batches of similar lengths, in a random order drawn from `rng`."""
