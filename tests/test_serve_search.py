@@ -157,6 +157,25 @@ def test_queries_share_the_embeddings_batches_and_are_counted(servers):
     assert metric(port, 'bertkit_serve_inputs_total{endpoint="/search"}') >= 1
     status, _, info = call(port, "GET", "/info")
     assert "/search" in info["endpoints"] and info["index"]["documents"] == 10 and info["index"]["rerank_top"] == 4
+    from bertkit.retrieval import config  # an untuned index fuses with the defaults, and /info says which
+    assert info["index"]["fusion"] == {"fusion": config.DEFAULT_FUSION, "alpha": config.DEFAULT_ALPHA,
+                                       "rrf_k": config.DEFAULT_RRF_K, "depth": config.DEFAULT_DEPTH}
+
+
+def test_info_says_the_fusion_a_tuned_index_serves_with(made):
+    """/info's index shows the fusion /search runs: the one `evaluate retrieval --tune` wrote into index.json (it
+    showed the mode alone, so a user could not check what a tuned index serves), and none without a lexical part."""
+    from bertkit.retrieval.index import open_index
+    from bertkit.retrieval.search import fusion_options
+    from bertkit.serve.runner import Searcher
+
+    index = open_index(made["index"])
+    index.info = {**index.info, "fusion": {"fusion": "rrf", "alpha": 0.3, "rrf_k": 2, "depth": 7}}  # as --tune writes
+    searcher = Searcher(index, 48, fusion=fusion_options(index.info))
+    assert searcher.info()["fusion"] == {"fusion": "rrf", "alpha": 0.3, "rrf_k": 2, "depth": 7}
+    assert searcher.info()["mode"] == "hybrid" == searcher.fusion.mode
+    index.info = {k: v for k, v in index.info.items() if k not in ("lexical", "fusion")}  # as built with --no-lexical
+    assert Searcher(index, 48, fusion=fusion_options(index.info)).info()["fusion"] is None
 
 
 def test_concurrent_searches_get_their_own_answers(servers, made, capsys):

@@ -306,10 +306,11 @@ class Searcher:
     fusion: FusionOptions = field(default_factory=lambda: FusionOptions(mode="dense"))
 
     def info(self) -> dict:
-        made = self.index.info
+        made, fused = self.index.info, dataclasses.asdict(self.fusion)
         return {"directory": str(self.index.directory), "passages": made["passages"], "documents": made["documents"],
                 "rerank": None if self.cross is None else str(self.cross.directory), "rerank_top": self.rerank_top,
-                "mode": self.fusion.mode, "modes": ["dense", "lexical", "hybrid"] if made.get("lexical") else ["dense"],
+                "mode": fused.pop("mode"), "modes": ["dense", "lexical", "hybrid"] if made.get("lexical") else ["dense"],
+                "fusion": fused if made.get("lexical") else None,  # hybrid's: the defaults or index.json's (--tune)
                 "vectors": made.get("vectors") or {"kind": "float32"},  # what is stored and scanned (codes_file)
                 "precision": made["model"].get("precision")}  # the passages'; /info's own "precision" is the queries'
 
@@ -393,8 +394,7 @@ class TaskModel:
         self.version_2 = True if settings.version_2 else None
         info = reading_info(loaded, self.version_2)
         self.info_, self.record = info, task_of(loaded)  # the task's record: pairs, labels, routes, reranking
-        self.task = self.record.name
-        self.max_batch_size = settings.max_batch_size
+        self.task, self.max_batch_size = self.record.name, settings.max_batch_size
         self.pairs = self.record.takes_pairs(info)
         self.labels = self.record.labels(loaded.config)
         self.routes = self.record.served_routes(info, self.labels)
