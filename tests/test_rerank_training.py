@@ -133,8 +133,20 @@ def test_finetune_rerank_records_the_figures_it_was_evaluated_with(ctx, trained,
     assert metrics["task"] == "rerank" and metrics["retrieval"] == figures
     assert metrics["pairs"]["hard_negatives"] == 2 * (metrics["pairs"]["queries"]
                                                       - metrics["pairs"]["queries_without_hard_negatives"]) > 0
-    assert metrics["train_examples"] == sum(metrics["pairs"][k] for k in ("positives", "hard_negatives",
-                                                                             "random_negatives"))
+    assert metrics["train_examples"] == metrics["pairs_made"] == sum(
+        metrics["pairs"][k] for k in ("positives", "hard_negatives", "random_negatives"))
+
+
+def test_the_closing_line_says_a_cut_of_the_pairs_made():
+    """--max-train-examples 60 of 240 pairs made: the closing line said "trained on 60 pairs (60 queries, 64
+    positives, 60 hard negatives, ...)", counts of the 240 beside the 60; it now says which count is which."""
+    from bertkit.tasks.reports import rerank_report
+
+    counts = {"queries": 60, "positives": 64, "hard_negatives": 116, "random_negatives": 60}
+    line = rerank_report({"train_examples": 60, "pairs_made": 240, "pairs": counts, "train_seconds": 1.0})
+    assert line.startswith("trained on 60 of the 240 made pairs (")
+    assert rerank_report({"train_examples": 240, "pairs_made": 240, "pairs": counts,
+                          "train_seconds": 1.0}).startswith("trained on 240 pairs (")
 
 
 def test_the_saved_model_is_a_one_label_cross_encoder(trained, st):

@@ -48,7 +48,7 @@ def finetune_rerank(cfg, log=print, speed=None) -> dict:
                                                 batch_size=tcfg.eval_batch_size),
                                    model=cfg.mining_model, seed=tcfg.seed, batch_size=tcfg.eval_batch_size,
                                    progress=tcfg.progress, log=log)
-    pairs = pairs[: cfg.max_train_examples] if cfg.max_train_examples else pairs
+    made, pairs = len(pairs), pairs[: cfg.max_train_examples] if cfg.max_train_examples else pairs
     positives = sum(label >= 0.5 for _, _, label in pairs)
     pos_weight = cfg.pos_weight if cfg.pos_weight is not None else (len(pairs) - positives) / max(positives, 1)
     log(f"rerank: {len(pairs)} training pairs ({positives} relevant, {len(pairs) - positives} not; relevant "
@@ -59,8 +59,9 @@ def finetune_rerank(cfg, log=print, speed=None) -> dict:
     result = train_pair_scorer(cfg, pairs, pos_weight, info, log, speed)
     if not result.is_main:
         return {}
-    final = {"task": "rerank", "train_examples": len(pairs), "pairs": counts, "pos_weight": pos_weight,
-             "train_seconds": round(result.seconds, 1), "epochs": result.history}
+    # "pairs" counts every pair made; --max-train-examples trains on the first train_examples of pairs_made
+    final = {"task": "rerank", "train_examples": len(pairs), "pairs_made": made, "pairs": counts,
+             "pos_weight": pos_weight, "train_seconds": round(result.seconds, 1), "epochs": result.history}
     if cfg.dev:
         final["retrieval"] = record_figures(cfg, log)
     final["seconds"] = round(time.perf_counter() - started, 1)

@@ -96,7 +96,9 @@ def embed_report(final: dict) -> str:
 
 def rerank_report(final: dict) -> str:
     """A reranker: its training pairs and, evaluated on --dev, nDCG@10 before and after reranking."""
-    lines = [f"trained on {final['train_examples']} pairs ({json_counts(final['pairs'])}) in {final['train_seconds']} s"]
+    n, made = final["train_examples"], final.get("pairs_made", final["train_examples"])
+    cut = f" of the {made} made" if made != n else ""  # --max-train-examples: the counts are of all those made
+    lines = [f"trained on {n}{cut} pairs ({json_counts(final['pairs'])}) in {final['train_seconds']} s"]
     figures = final.get("retrieval")
     if not figures:
         return lines[0] + " (no --dev: no retrieval figures recorded)"
