@@ -235,3 +235,27 @@ def test_a_model_whose_labels_share_a_name_is_refused_naming_them(models, tmp_pa
     with pytest.raises(BertkitError, match=r"names 'pos' for labels 0 and 1"):
         bertkit.predict(folder, ["the movie was good ."])
     assert len(bertkit.predict(models["classify"], ["the movie was good ."])[0]["probabilities"]) == 2
+
+
+def test_a_hugging_face_token_classifier_with_few_positions_is_read_in_windows_that_fit(tmp_path):
+    """A transformers BertForTokenClassification folder keeps no bertkit_task.json: predict read it at its positions
+    (32 here) with NER's overlap of 32, which leaves its windows no room, and refused every input with 'stride=32
+    must be smaller than the 30 tokens of a window ... lower the stride', a flag predict does not have. It now reads
+    it as a run with that length fits its overlap (NerConfig.fit: a quarter, 8), as the same weights in a bertkit
+    folder that says so are read (the reference)."""
+    import shutil
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForTokenClassification
+    from bertkit.text.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=32, id2label=dict(enumerate(["O", "B-PER", "I-PER"])))
+    hf = tmp_path / "hf"
+    BertForTokenClassification(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        hf, tokenizer=Tokenizer.from_pretrained())
+    ours = shutil.copytree(hf, tmp_path / "ours")
+    (ours / "bertkit_task.json").write_text(json.dumps({"task": "ner", "max_length": 32, "stride": 8}))
+    texts = [" ".join(["john went to paris with mary"] * 9), "mary stayed"]  # 54 words: several windows
+    got = bertkit.predict(hf, texts)
+    assert got == bertkit.predict(ours, texts) and len(got[0]["tags"]) == 54

@@ -29,6 +29,7 @@ from bertkit.data.tables import (TaggedSentence, check_known_labels, looks_like_
 from bertkit.data.textfiles import open_text
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
+from bertkit.tasks.config import NerConfig
 from bertkit.text.windows import max_context_owner, spans
 
 TABLES = (".tsv", ".csv", ".jsonl", ".json")  # inputs read as a table; anything else is CoNLL or lines
@@ -101,8 +102,17 @@ def training_features(tok, texts: list[str], pairs, answers: list[list[str]] | N
         label2id = {n: i for i, n in enumerate(names)}
         check_known_labels((t for tags in answers for t in to_training_tags(tags, scheme)), label2id, "the data")
     sentences = [TaggedSentence(t.split(), None if answers is None else answers[i]) for i, t in enumerate(texts)]
-    feats, _ = make_features(tok, sentences, label2id, info.get("max_length", 128), info.get("stride", 32), scheme)
+    feats, _ = make_features(tok, sentences, label2id, *reading(info), scheme)
     return feats
+
+
+def reading(info: dict) -> tuple[int, int]:
+    """(max_length, stride) a model reads its sentences with: its bertkit_task.json's; a Hugging Face checkpoint
+    keeps no stride, so it gets the overlap a run of its length gets (NerConfig.fit: a quarter of it, at most 32).
+    The default 32 left a checkpoint of 32 positions no window, and predict refused its every input."""
+    cfg = NerConfig(train="", output="", max_length=info.get("max_length", 128), stride=info.get("stride"))
+    cfg.fit(None)
+    return cfg.max_length, cfg.stride
 
 
 def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces], names: list[str],
@@ -131,7 +141,7 @@ def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces]
 def predict(run, tok, texts: list[str], pairs, info: dict, names: list[str]) -> list[dict]:
     """Each text split on whitespace into words -> {"words", "tags"}, in the scheme the model was trained with."""
     sentences = [t.split() for t in texts]
-    ml, st = info.get("max_length", 128), info.get("stride", 32)
+    ml, st = reading(info)
     feats, pieces = make_features(tok, [TaggedSentence(list(s), None) for s in sentences], None, ml, st)
     tags, _ = decode(run(feats, per_token=True)["logits"], feats, pieces, names, ml, st)
     if info.get("tag_scheme") == "iob1":
