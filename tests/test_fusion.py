@@ -95,3 +95,24 @@ def test_bad_settings_are_one_line(settings, words):
     assert "\n" not in str(caught.value)
     with pytest.raises(BertkitError, match="unknown fusion"):
         fuse([DENSE], [1.0], "sum")
+
+
+@pytest.mark.parametrize("tuned, words", [
+    ({"fusion": "rrff", "alpha": 0.5}, "unknown fusion 'rrff'"),
+    ({"fusion": "rrf", "rrf_k": "60"}, "rrf_k must be >= 0, got '60'"),
+    ({"fusion": "dbsf", "alpha": 2}, "between 0 and 1"),
+    (["dbsf"], "it is \\['dbsf'\\], not an object"),
+])
+def test_a_bad_fusion_in_index_json_is_named_as_index_json(tuned, words):
+    """A hand-edited (or damaged) "fusion" in index.json was refused as if a flag had given it ("unknown fusion
+    'rrff'"), index.json unnamed, and a text rrf_k stopped the search with a TypeError; now one line names
+    index.json and the fix. A flag given beside it is still checked as a flag."""
+    from bertkit.retrieval.search import fusion_options
+
+    with pytest.raises(BertkitError, match=words) as caught:
+        fusion_options({"lexical": True, "fusion": tuned})
+    assert str(caught.value).startswith("index.json's \"fusion\"") and "--tune" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(BertkitError, match="^unknown fusion 'max'"):
+        fusion_options({"lexical": True, "fusion": {"fusion": "rrf", "alpha": 0.5}}, {"fusion": "max"})
+    assert fusion_options({"lexical": True, "fusion": {"fusion": "rrf", "rrf_k": 2, "tuned_on": "train"}}).rrf_k == 2

@@ -94,7 +94,7 @@ class FusionOptions:
             raise BertkitError(f"unknown fusion {self.fusion!r}: choose one of {', '.join(FUSIONS)}")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 <= self.alpha <= 1:
             raise BertkitError(f"alpha (the dense run's share) must be between 0 and 1, got {self.alpha!r}")
-        if not self.rrf_k >= 0:
+        if isinstance(self.rrf_k, bool) or not isinstance(self.rrf_k, (int, float)) or not self.rrf_k >= 0:
             raise BertkitError(f"rrf_k must be >= 0, got {self.rrf_k!r}")
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
             raise BertkitError(f"the fusion depth must be at least 1, got {self.depth!r}")

@@ -200,7 +200,8 @@ def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
     when the index has a lexical part, else dense) and checked against what the index holds. A setting given
     that this search would not use (--alpha for a dense search, --rrf-k beside dbsf) is refused."""
     given = {name: v for name, v in (given or {}).items() if v is not None}
-    values = {**dataclasses.asdict(FusionOptions()), **(info.get("fusion") or {}), **given}
+    values = {**dataclasses.asdict(FusionOptions()), **_tuned(info)}
+    values.update(given)
     options = FusionOptions(**{f.name: values[f.name] for f in dataclasses.fields(FusionOptions)})
     options.validate()
     if options.mode is None:
@@ -209,6 +210,21 @@ def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
         options_of(info)  # the one-line refusal: the index has no lexical part
     refuse_unneeded(FUSION_NEEDS, given, {"mode": options.mode, "fusion": options.fusion})
     return options
+
+
+def _tuned(info: dict) -> dict:
+    """index.json's "fusion" (what `evaluate retrieval --tune` wrote), checked as such: a hand-edited value was
+    refused as if the command line had given it ("unknown fusion 'rrff'"), index.json unnamed."""
+    tuned = info.get("fusion") or {}
+    try:
+        if not isinstance(tuned, dict):
+            raise BertkitError(f"it is {tuned!r}, not an object")
+        FusionOptions(**{f.name: tuned.get(f.name, getattr(FusionOptions(), f.name))
+                         for f in dataclasses.fields(FusionOptions)}).validate()
+    except BertkitError as err:
+        raise BertkitError(f"index.json's \"fusion\" (written by bertkit evaluate retrieval --tune): {err}; tune it "
+                           "again (--tune SPLIT) or delete \"fusion\" from index.json") from None
+    return tuned
 
 
 def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=None, dtype=None,
