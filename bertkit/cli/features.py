@@ -97,7 +97,7 @@ def add_attention(sub):
     p.add_argument("--view", choices=["text", "head", "overview"], help="the --png's view (default text)")
     p.add_argument("--bertviz", help="also write the tensors and tokens as JSON for bertviz")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
-    device_flags(p)
+    device_flags(p, dtype="float32")  # the weights as transformers and bertviz show them
     p.set_defaults(handler=run_attention, runs_model=True,
                    outputs={"--output": "file", "--png": "file", "--bertviz": "file"})
 

@@ -117,7 +117,7 @@ def add_fill_mask(sub):
     p.add_argument("--pair", help="a second segment (sentence B)")
     p.add_argument("--top-k", type=count, default=5, help="candidates per [MASK] (default 5)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
-    device_flags(p)
+    device_flags(p, dtype="float32")  # the probabilities as transformers' fill-mask pipeline gives them
     p.set_defaults(handler=run_fill_mask, runs_model=True)
 
 
