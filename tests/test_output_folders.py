@@ -291,3 +291,44 @@ def test_a_held_folder_is_refused_by_pretrain_prepare(tmp_path):
     assert status == 2 and err.count("\n") == 1, err
     assert f"is being written by process {proc.pid} (the holder, since" in err, err
     assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILE]  # nothing of the refused run was written
+
+
+def test_vocab_train_and_pretrain_prepare_refuse_an_earlier_run_without_overwrite(tmp_path, capsys):
+    """`vocab train` and `pretrain prepare` replaced what an earlier run wrote without a word: a second
+    `vocab train other/ -o v/` wrote a new vocab.txt (and another casing) over the first, and a second
+    `pretrain prepare other/ -o data/` rebuilt data/ from the other corpus under a run that trained on it.
+    Both refuse in one line before any work, naming --overwrite, and leave the folder byte for byte; with
+    --overwrite they write what a new folder gets."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"The {w} sat on the mat near door {i}. A second line follows it here.\n\n"
+                              for i, w in enumerate(["cat", "dog", "owl", "fox"] * 5)))
+    vocab = ["vocab", "train", str(corpus), "--vocab-size", "60", "--min-frequency", "1"]
+    for out in (tmp_path / "v", tmp_path / "file" / "my.txt"):
+        out.parent.mkdir(exist_ok=True)
+        assert main([*vocab, "-o", str(out)]) == 0
+        capsys.readouterr()
+        before = digest(out.parent)
+        assert main([*vocab, "-o", str(out), "--cased"]) == 2
+        err = one_error(capsys)
+        assert "already holds a vocabulary" in err and "pass --overwrite" in err, err
+        assert digest(out.parent) == before
+        assert main([*vocab, "-o", str(out), "--cased", "--overwrite"]) == 0
+        assert digest(out.parent) != before
+        capsys.readouterr()
+    # another file in a folder with a vocabulary would replace its tokenizer_config.json (the casing)
+    assert main([*vocab, "-o", str(tmp_path / "file" / "other.txt")]) == 2
+    assert "tokenizer_config.json" in one_error(capsys)
+    data = tmp_path / "data"
+    prep = ["pretrain", "prepare", str(corpus), "-o", str(data), "--quiet", "--examples", "0",
+            "--documents", "file", "--objective", "none", "--max-seq-length", "16", "--dupe-factor", "1"]
+    assert main(prep) == 0
+    capsys.readouterr()
+    before = digest(data)
+    assert main([*prep, "--seed", "3"]) == 2
+    err = one_error(capsys)
+    assert "already holds prepared pre-training data" in err and "pass --overwrite" in err, err
+    assert digest(data) == before
+    assert main([*prep, "--seed", "3", "--overwrite"]) == 0
+    assert digest(data) != before
+    (data / "manifest.json").unlink()  # an interrupted run is continued, as before
+    assert main([*prep, "--seed", "3"]) == 0 and (data / "manifest.json").is_file()

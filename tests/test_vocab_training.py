@@ -179,10 +179,12 @@ def test_cli_vocab_train(tmp_path, capsys):
     assert len(tok) == 40 and tok.lowercase
     assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is True
     assert tok.tokenize("The cat sat.") == ["the", "cat", "sat", "."]
-    assert main(["vocab", "train", str(tmp_path / "missing"), "-o", str(out)]) == 2
+    assert main(["vocab", "train", str(tmp_path / "missing"), "-o", str(tmp_path / "new")]) == 2
     assert "corpus path not found" in capsys.readouterr().err
-    # again into the same folder: replaced (a vocabulary's folder, not a model's)
-    assert main(["vocab", "train", str(corpus), "-o", str(out), "--vocab-size", "30"]) == 0
+    # again into the same folder: refused (test_output_folders), replaced with --overwrite
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--vocab-size", "30"]) == 2
+    assert "already holds a vocabulary" in capsys.readouterr().err
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--vocab-size", "30", "--overwrite"]) == 0
     assert len(Tokenizer.from_pretrained(out)) == 30
     # a folder holding a tokenizer.json (a Hugging Face tokenizer's save): transformers reads that file before
     # vocab.txt, so the new vocabulary would be bertkit's only; refused before the corpus is read

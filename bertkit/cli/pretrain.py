@@ -24,6 +24,9 @@ class PrepareFiles:
                                                               "model's)"})
     examples: int = field(default=1, metadata={"help": "decoded example instances to print"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar", "flags": ["--quiet", "--no-progress"]})
+    overwrite: bool = field(default=False, metadata={"help": "prepare again into a folder that holds finished "
+                                                     "prepared data (without it such a folder is refused; an "
+                                                     "interrupted one is continued)"})
 
 
 def add_pretrain(sub):
@@ -66,7 +69,8 @@ def add_pretrain_prepare(psub):
         "once into numpy shards (both cores), and build training instances as google-research/bert's "
         "create_pretraining_data does: span pairs for NSP or SOP (or packed sequences), with token, "
         "whole-word or n-gram masking, static or dynamic. Prints a summary (documents, sentences, tokens, "
-        "instances, mean length, what was skipped) and a decoded example. Re-running resumes.",
+        "instances, mean length, what was skipped) and a decoded example. Re-running after an interruption "
+        "resumes; a finished folder is prepared again only with --overwrite.",
         epilog="examples:\n  bertkit pretrain prepare books/ -o data/ --documents file\n"
         "  bertkit pretrain prepare wiki.txt.gz -o data/ --objective sop --masking ngram --dynamic-masking\n"
         "  bertkit pretrain prepare corpus/ -o data/ --vocab my_vocab.txt --max-seq-length 512 --dupe-factor 5\n"
@@ -85,7 +89,8 @@ def run_pretrain_prepare(args):
     files, cfg = from_args(args, PrepareFiles), from_args(args, PrepareConfig)
     if files.examples < 0:  # -1 printed none, silently
         raise BertkitError(f"--examples must be >= 0 (0: print none), got {files.examples}")
-    summary = prepare(files.corpus, files.output, cfg, vocab=files.vocab, progress=not files.quiet)
+    summary = prepare(files.corpus, files.output, cfg, vocab=files.vocab, progress=not files.quiet,
+                      overwrite=files.overwrite)
     print(format_summary(summary, cfg))
     if files.examples > 0:
         ds = PretrainingDataset(files.output, seed=cfg.seed)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from bertkit.data.textfiles import stdin_lines
 from bertkit.options import add_options, count, from_args
 from bertkit.text.tokenizer import Tokenizer
-from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab_from_files, vocab_file
+from bertkit.text.vocab_training import (VocabTrainingConfig, check_vocab_output, save_trained_vocab,
+                                        train_vocab_from_files)
 from bertkit.text.vocab import CONTINUATION, check_has_words
 
 
@@ -23,6 +24,8 @@ class VocabTrainFiles:
     corpus: list[str] = field(metadata={"help": "text files (.txt, .gz) or folders of them", "positional": True})
     output: str = field(metadata={"help": "where to write vocab.txt (a file path, or a folder); "
                                           "tokenizer_config.json goes beside it", "short": "-o", "required": True})
+    overwrite: bool = field(default=False, metadata={"help": "replace the vocab.txt and tokenizer_config.json an "
+                                                     "earlier run wrote there (without it they are refused)"})
 
 
 def add_tokenize(sub):
@@ -97,7 +100,8 @@ def add_vocab(sub):
 
 def run_vocab_train(args):
     files, config = from_args(args, VocabTrainFiles), from_args(args, VocabTrainingConfig)
-    vocab_file(files.output)  # a model's folder refused before the corpus is read
+    config.validate()  # a mistyped flag is named first, before what the output holds
+    check_vocab_output(files.output, files.overwrite)  # refused before the corpus is read
     tokens = train_vocab_from_files(files.corpus, config, progress=True, output=files.output, log=print)
     path = save_trained_vocab(tokens, files.output, config)
     print(f"wrote {len(tokens)} tokens to {path} (and its casing to {path.parent / 'tokenizer_config.json'})")

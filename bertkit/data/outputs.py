@@ -39,22 +39,23 @@ ALSO_WRITTEN = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
                 "vectors.safetensors", "hnsw.faiss", "parts")
 
 
-def holds(folder) -> tuple[str, list[str]] | None:
-    """(what, the names that say so) for the first kind of output `folder` holds; None if none."""
+def holds(folder, kinds: dict = HOLDS) -> tuple[str, list[str]] | None:
+    """(what, the names that say so) for the first kind of output (of `kinds`) `folder` holds; None if none."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    for what, names in HOLDS.items():
+    for what, names in kinds.items():
         found = [n for n in names if (folder / n).exists()]
         if found:
             return what, found
     return None
 
 
-def check_output(output, *, overwrite: bool, resume: bool = False, sources=(), flag: str = "--output") -> None:
+def check_output(output, *, overwrite: bool, resume: bool = False, sources=(), flag: str = "--output",
+                 kinds: dict = HOLDS) -> None:
     """Refuse an `output` that is one of `sources` (the folders the job reads: a list of the model's, or
-    {what is read: folder}), or that already holds a model, run or index while neither `overwrite` nor
-    `resume` is given."""
+    {what is read: folder}), or that already holds a model, run or index (or what `kinds` names: another
+    command's own output, {what: file names}) while neither `overwrite` nor `resume` is given."""
     output = Path(output)
     named = sources.items() if isinstance(sources, dict) else (("the model", source) for source in sources)
     for what, source in named:
@@ -63,7 +64,7 @@ def check_output(output, *, overwrite: bool, resume: bool = False, sources=(), f
                                f"own source; write to another {flag}")
     if resume or overwrite:
         return
-    held = holds(output)
+    held = holds(output, kinds)
     if held is not None:
         what, names = held
         raise BertkitError(f"{output} already holds {what} ({', '.join(names[:3])}): pass --overwrite to replace it"

@@ -53,7 +53,7 @@ from bertkit.errors import BertkitError, probability
 from bertkit.pretraining import instances as inst_mod
 # IGNORE_INDEX through blocks (which masks with it): the import edge to bertkit.model.config is blocks' alone
 from bertkit.pretraining.blocks import IGNORE_INDEX, held_out_documents, init_block_worker, plan_blocks, write_block
-from bertkit.data.lock import folder_lock
+from bertkit.data.outputs import check_output, folder_lock
 from bertkit.data.corpus import (DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats,
                                  check_encoding, corpus_files)
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab
@@ -260,7 +260,11 @@ def _read_meta(folder: Path):
 # --- the job --------------------------------------------------------------------------
 
 
-def _check_output_dir(out: Path) -> None:
+# a folder holding these is finished prepared data (the manifest is written last): not replaced unasked
+PREPARED = {"prepared pre-training data": ("manifest.json",)}
+
+
+def _check_output_dir(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise BertkitError(f"output {out} exists and is not a folder; pass a folder with -o")
     if out.is_dir() and any(out.iterdir()):
@@ -271,19 +275,25 @@ def _check_output_dir(out: Path) -> None:
                 f"output folder {out} is not empty and not a prepared-data folder (it holds {', '.join(sorted(foreign)[:3])}); "
                 "choose a new or empty folder with -o"
             )
+    # finished data is refused unless `overwrite`: another corpus or settings rebuilt it silently under the runs
+    # that train on it; an unfinished folder (no manifest: a run was stopped) is continued, as before
+    check_output(out, overwrite=overwrite, kinds=PREPARED)
 
 
-def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progress: bool = True) -> Summary:
+def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progress: bool = True,
+            overwrite: bool = True) -> Summary:
     """Prepare pre-training data from `corpus` (files/folders) into the folder `output`.
 
     vocab: a vocab.txt or model folder (None: the default model's). Re-running
     with the same arguments reuses finished work; the result is identical.
+    overwrite: False refuses a folder holding finished prepared data (the CLI without --overwrite); with it
+    (the default here) the data is made again, reusing what the same corpus and settings already made.
     """
     cfg = (cfg or PrepareConfig()).validate()
     t0 = time.perf_counter()
     out = Path(output)
     files = corpus_files(corpus, skip=(out, vocab))
-    _check_output_dir(out)
+    _check_output_dir(out, overwrite)
     # one writer at a time: two runs into one folder took each other's token shards, corpus and instances
     # for "finished by a previous run", and the manifest of one described instances cut from the other's text
     with folder_lock(out, "bertkit pretrain prepare"):

@@ -41,7 +41,7 @@ from pathlib import Path
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern, is_cjk, is_punctuation
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, check_encoding, corpus_files, read_lines
-from bertkit.data.outputs import holds
+from bertkit.data.outputs import check_output, holds
 from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, save_vocab
 
 
@@ -275,6 +275,15 @@ def vocab_file(output) -> Path:
     if out.name == "vocab.txt" and (out.parent / "tokenizer.json").exists():
         raise BertkitError(f"{out.parent} holds a tokenizer.json, which transformers reads before vocab.txt: the "
                            "new vocabulary would be bertkit's alone; write to another folder or remove the file")
+    return out
+
+
+def check_vocab_output(output, overwrite: bool) -> Path:
+    """`vocab_file`, and refused (unless `overwrite`) where an earlier run's vocab.txt or tokenizer_config.json
+    would be replaced: a second `vocab train` there wrote its vocabulary and casing over the first's unasked
+    (another file name in that folder still replaces the tokenizer_config.json they share)."""
+    out = vocab_file(output)
+    check_output(out.parent, overwrite=overwrite, kinds={"a vocabulary": (out.name, "tokenizer_config.json")})
     return out
 
 
