@@ -103,3 +103,30 @@ def test_standard_input_ends_its_lines_where_a_file_of_the_same_bytes_does(tmp_p
     assert list(stdin_lines(io.BytesIO(data))) == python
     (tmp_path / "in.txt").write_bytes(data)
     assert list(read_texts(tmp_path / "in.txt")[0]) == [line for line in python if line.strip()]
+
+
+def test_a_pipe_is_read_once_as_standard_input_or_named_as_a_pipe(tmp_path):
+    """A shell's <(command) (or /dev/stdin fed by one) names a pipe: `bertkit embed <(cut -f1 data.tsv)` said
+    "input file /dev/fd/63 does not exist". One text per line is read from it once, as from "-" (the texts'
+    readers read their input more than once: the second pass would find the pipe empty); a reader of tables,
+    which reads a file more than once, says it is a pipe."""
+    import os
+    import subprocess
+    import sys
+
+    from bertkit.data.textfiles import numbered_texts
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('first\\n\\nsecond\\r\\nthird')"])
+    try:
+        texts = numbered_texts(fifo)
+        assert list(texts()) == [(1, "first"), (3, "second"), (4, "third")]
+        assert list(texts()) == [(1, "first"), (3, "second"), (4, "third")]  # a second pass: the same, not empty
+        assert writer.wait(10) == 0
+    finally:
+        writer.kill()  # blocked in open() when nothing read the pipe
+    with pytest.raises(BertkitError, match=r"is a pipe, not a file: .* write it to a file first"):
+        existing_file(fifo)
+    with pytest.raises(BertkitError, match="does not exist"):
+        existing_file(tmp_path / "missing.txt")

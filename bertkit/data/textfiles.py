@@ -35,6 +35,8 @@ import codecs
 import csv
 import gzip
 import json
+import os
+import stat
 import sys
 import zlib
 from contextlib import contextmanager
@@ -51,6 +53,9 @@ def existing_file(path, what: str = "input file") -> Path:
     path = Path(path)
     if path.is_dir():
         raise BertkitError(f"{what} {path} is a directory; pass a file")
+    if path.exists() and not path.is_file():  # a pipe: <(command), /dev/stdin; it said "does not exist"
+        raise BertkitError(f"{what} {path} is a pipe, not a file: this reader reads its input more than once; write "
+                           "it to a file first")
     if not path.is_file():
         raise BertkitError(f"{what} {path} does not exist")
     return path
@@ -273,11 +278,12 @@ def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
     """A function giving a new iterator over (line number from 1, text) of the file `read_texts` reads
     ("-": standard input, one text per line, as a .txt); `on_blank()` is called for each blank record it
     leaves out."""
-    if str(path) == STDIN:
+    if str(path) == STDIN or _pipe(path):  # a pipe (<(command), /dev/stdin) is read once, as standard input
         if column is not None:
-            raise BertkitError("standard input is read one text per line: --column applies to .tsv, .csv and "
-                               ".jsonl files")
-        return _text_lines(lambda: enumerate(_stdin_read(sys.stdin), 1), on_blank)
+            raise BertkitError(f"{'standard input' if str(path) == STDIN else path} is read one text per line: "
+                               "--column applies to .tsv, .csv and .jsonl files")
+        return _text_lines(lambda: enumerate(_stdin_read(sys.stdin) if str(path) == STDIN else _pipe_read(path), 1),
+                           on_blank)
     path = existing_file(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
@@ -313,6 +319,21 @@ def _stdin_read(stream) -> tuple:
     """The lines of `stream` (sys.stdin), read once: the texts' readers read their input more than once (to
     count it, to name a line), and a pipe gives its lines once."""
     return tuple(stdin_lines(stream.buffer))
+
+
+def _pipe(path) -> bool:
+    """Whether `path` names a pipe (a FIFO, what a shell's <(command) or /dev/stdin gives), not a file."""
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=4)
+def _pipe_read(path) -> tuple:
+    """The lines of the pipe at `path`, read once (a pipe gives its lines once), as standard input's."""
+    with open(path, "rb") as f:
+        return tuple(stdin_lines(f))
 
 
 def _text_lines(numbered_lines, on_blank):
