@@ -98,3 +98,28 @@ def test_curves_drawn_on_a_full_disk_leave_the_old_picture(tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "metrics.jsonl"]
     plot_curves(tmp_path / "metrics.jsonl", png, [("loss", "loss")])
     assert Image.open(png).format == "PNG" and Image.open(png).size[0] > 100
+
+
+@pytest.mark.parametrize("norm", [float("inf"), float("nan"), 0.5])
+def test_a_skipped_steps_norm_is_logged_as_null_strict_json(tmp_path, norm):
+    """fp16's gradient scaler skips a step whose gradients overflowed, and its norm is inf: metrics.jsonl held
+    `Infinity`, which strict JSON readers (jq, JavaScript, pandas' ujson) refuse. It is logged as null."""
+    import json
+    from types import SimpleNamespace
+
+    from bertkit.training.loop import _train_record
+    from bertkit.training.metrics_log import MetricsLog, read_metrics
+
+    record = _train_record({"loss": 1.5, "tokens": 64.0}, SimpleNamespace(enabled=False), None, 3, 1e-4,
+                           torch_tensor(norm), 0.5)
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log(record)
+    line = (tmp_path / "metrics.jsonl").read_text()
+    json.loads(line, parse_constant=lambda name: pytest.fail(f"metrics.jsonl holds {name}"))
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["grad_norm"] == (norm if norm == 0.5 else None)
+
+
+def torch_tensor(value):
+    import torch
+
+    return torch.tensor(value)  # clip_grad_norm_ returns a tensor

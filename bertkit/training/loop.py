@@ -34,6 +34,7 @@ the stream position; a resumed run draws the very same batches and dropout.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -219,8 +220,9 @@ def _update(model, optimizer, scaler, max_grad_norm, bad: list, info, step: int)
 def _train_record(sums: dict, info, rates, step: int, lr: float, norm, dt: float) -> dict:
     """The "train" record of an update: its sums over the ranks, the rates made of them, lr, norm, tokens/s."""
     sums = distributed.sum_over_ranks(sums, info)
+    norm = float(norm)  # inf or nan where fp16's scaler skipped the step: null, as strict JSON readers take it
     return {"split": "train", "step": step, "loss": sums.pop("loss"), **(rates(sums) if rates else {}),
-            "lr": lr, "grad_norm": float(norm), "tokens_per_s": sums["tokens"] / dt}
+            "lr": lr, "grad_norm": norm if math.isfinite(norm) else None, "tokens_per_s": sums["tokens"] / dt}
 
 
 def _tokens(batch: dict) -> float:
