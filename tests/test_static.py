@@ -500,3 +500,26 @@ def test_a_static_output_another_run_wrote_meanwhile_is_refused_and_this_model_i
     assert (out / "modules.json").read_text() == "[]"  # the other run's folder, untouched
     kept = Path(str(refused.value).split("kept in ")[1].split(":")[0])
     assert kept.parent == tmp_path and load(str(kept)).task == "static"  # this run's model, whole and loadable
+
+
+def test_distill_static_into_a_folder_it_wrote_needs_overwrite(tiny_dir, tmp_path, capsys):
+    """A second `distill static -o OUT` was refused with no way but deleting OUT by hand ("choose a new -o folder"),
+    where every other command that writes a model takes --overwrite. With it the folder is replaced whole (the new
+    settings' table, nothing of the old left beside it, no work folder left in the parent); the teacher's own
+    folder is still refused, and without --overwrite the folder is untouched."""
+    from bertkit.cli import main
+
+    out = tmp_path / "out"
+    run = ["distill", "static", str(tiny_dir), "-o", str(out), "--quiet"]
+    assert main([*run, "--dim", "8"]) == 0
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    (out / "notes.txt").write_text("the user's own file in the old folder\n")
+    assert main([*run, "--dim", "4"]) == 2
+    assert "already exists and is not an empty folder: choose a new -o folder, or pass --overwrite to replace it" in \
+        capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "notes.txt"} == before
+    assert main([*run, "--dim", "4", "--overwrite"]) == 0
+    assert load(out).model.config.hidden_size == 4 and not (out / "notes.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no work or replaced folder left beside it
+    assert main(["distill", "static", str(out), "-o", str(out), "--overwrite", "--quiet"]) == 2
+    assert "is the folder of the model being distilled" in capsys.readouterr().err

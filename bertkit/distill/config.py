@@ -45,6 +45,8 @@ class StaticDistillConfig:
     teacher_cache: str | None = field(default=None, metadata={
         "help": "with --fit: a .safetensors file for the model's vectors of its texts, read when it holds those "
         "of these texts and model, else written (a rerun then skips the model)"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace the folder an earlier run wrote at -o (without it a folder that holds anything is refused)"})
 
     def fit_training(self, progress: bool = True) -> TrainConfig:
         """The training loop's settings of the --fit stage."""

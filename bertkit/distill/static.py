@@ -180,15 +180,22 @@ def _probabilities(tok, keep: np.ndarray, texts: list | None) -> np.ndarray:
     return counts / max(counts.sum(), 1.0)
 
 
-def _check_output(output) -> Path:
+def _check_output(output, overwrite: bool = False, teacher=None) -> Path:
+    """-o, refused before the model loads: a file, a folder that holds something (unless --overwrite), or the
+    teacher's own folder (which --overwrite would replace with its student)."""
     output = Path(output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise BertkitError(f"{output} already exists and is not an empty folder: choose a new -o folder")
+    if output.exists() and (not output.is_dir() or (any(output.iterdir()) and not overwrite)):
+        raise BertkitError(f"{output} already exists and is not an empty folder: choose a new -o folder"
+                           + ("" if not output.is_dir() else ", or pass --overwrite to replace it"))
+    if overwrite and teacher and output.is_dir() and output.resolve() == Path(teacher).resolve():
+        raise BertkitError(f"{output} is the folder of the model being distilled: --overwrite would replace it with "
+                           "its student; choose another -o folder")
     return output
 
 
-def _save(model: StaticEmbedding, tok, output: Path, about: dict | None = None) -> None:
-    """Write the folder next to `output`, then move it into place: a killed run leaves no half folder."""
+def _save(model: StaticEmbedding, tok, output: Path, about: dict | None = None, overwrite: bool = False) -> None:
+    """Write the folder next to `output`, then move it into place: a killed run leaves no half folder. A folder
+    already there (--overwrite) is moved aside first and removed once the new one is in place."""
     output.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -198,11 +205,15 @@ def _save(model: StaticEmbedding, tok, output: Path, about: dict | None = None) 
         raise
     with contextlib.suppress(OSError):
         output.rmdir()  # the empty folder -o named (one another run filled meanwhile stays)
+    aside = work.with_name(work.name + ".replaced")
+    if overwrite and output.is_dir():
+        os.replace(output, aside)
     try:
         os.replace(work, output)
     except OSError:  # two `distill static -o X` at once: the other wrote X first (this was an OSError traceback)
         raise BertkitError(f"{output} was written by another process while this one ran; this run's model is "
                            f"kept in {work}: move it to a new folder") from None
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def distill_static(model=None, output=None, config: StaticDistillConfig = StaticDistillConfig(), *,
@@ -212,7 +223,7 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     when given. Returns what was done: rows, words added, the fit's loss before and after, seconds.
     fast: the encoder's fast-path settings (`bertkit.runtime.loading.load`)."""
     config.validate()
-    output = _check_output(output)
+    output = _check_output(output, config.overwrite, model)
     texts = corpus_texts(config.corpus) if config.corpus else None
     fit_texts = corpus_texts([config.fit], "--fit") if config.fit else None  # read first: a bad file fails early
     start = time.perf_counter()
@@ -246,7 +257,8 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     static = StaticEmbedding(torch.from_numpy(table), normalize=True)
     static.config.max_length = config.max_length or None
     fitted = _fit(loaded, static, student_tok, basis, fit_texts, config, progress, log) if fit_texts else {}
-    _save(static, student_tok, output, {"fit": {k: fitted[k] for k in ("fit_texts", "fit_loss_after")}} if fitted else None)
+    _save(static, student_tok, output, {"fit": {k: fitted[k] for k in ("fit_texts", "fit_loss_after")}} if fitted else None,
+          config.overwrite)
     return {"rows": len(table), "distilled": int(len(kept)), "words_added": len(words), "dim": config.dim, **fitted,
             "seconds": round(time.perf_counter() - start, 1), "output": str(output)}
 
