@@ -16,6 +16,10 @@ So is the refusal of a setting given without the one it tunes (`refuse_unneeded`
 config and library step that refuses one declares a table of what each setting needs, and this one
 function checks it, wherever the setting it needs becomes known (the command line, a config's own
 values, an index's mode, a teacher's kind).
+
+And so is the way a figure with no value is said (`figure`): a correlation of constant scores is None (null
+in metrics.json) or scipy's nan, and every report (finetune's epochs and summary, predict's scores, evaluate
+sts) prints it as "undefined", any other figure with 4 decimals.
 """
 
 
@@ -92,3 +96,12 @@ def refuse_unneeded(table, given: dict, have: dict) -> None:
                                             "set": "sets" if one else "set", "it": "it" if one else "them",
                                             "given": " and ".join(f"{flag} {v}" for flag, v in typed)}))
 
+
+def undefined(value) -> bool:
+    """A figure with no value: None (null in metrics.json) or nan."""
+    return value is None or value != value
+
+
+def figure(value) -> str:
+    """A figure as every report says it: 4 decimals, or "undefined" (`undefined`)."""
+    return "undefined" if undefined(value) else f"{value:.4f}"

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from bertkit.errors import BertkitError, int_at_least, positive, probability
+from bertkit.errors import BertkitError, figure, int_at_least, positive, probability
 from bertkit.training.optim import OptimConfig
 
 
@@ -46,3 +46,22 @@ def test_a_probability_lies_in_zero_one(value):
 def test_a_nan_learning_rate_is_refused_with_the_others():
     with pytest.raises(BertkitError, match=r"^--learning-rate must be > 0, got nan \(BERT uses 2e-5..5e-5\)$"):
         OptimConfig(learning_rate=math.nan).validate()
+
+
+@pytest.mark.parametrize("value, says", [(0.81234, "0.8123"), (math.nan, "undefined"), (None, "undefined")])
+def test_every_report_says_a_figure_the_same_way(value, says, monkeypatch, capsys):
+    """A figure is said with 4 decimals, and one with no value (None, null in metrics.json; or nan) "undefined",
+    by finetune's epoch lines, predict's scores and evaluate sts alike: the three wrote it each on their own,
+    and predict and evaluate sts printed a nan as "nan" where finetune said "undefined"."""
+    from bertkit.cli import main
+    from bertkit.retrieval import evaluation
+    from bertkit.tasks.predict import format_metrics
+    from bertkit.tasks.trainer import better
+
+    assert figure(value) == says
+    assert better({"epoch": 1, "pearson": value}, None, "pearson") == f"the first epoch evaluated (pearson {says})"
+    assert format_metrics({"pearson": value, "mse": 0.5}) == f"pearson {says}, mse 0.5000"
+    result = {"spearman": value, "pearson": value, "pairs": 3, "model": "m", "precision": "float32", "max_length": 8}
+    monkeypatch.setattr(evaluation, "evaluate_sts", lambda *a, **k: result)
+    assert main(["evaluate", "sts", "sts.tsv"]) == 0
+    assert capsys.readouterr().out.startswith(f"spearman {says}  pearson {says}  (3 pairs;")

@@ -7,7 +7,7 @@ from functools import partial
 
 from bertkit.options import DTYPE_CHOICES, SEARCH_NEEDS, add_options, count, from_args, given, quiet_flag
 from bertkit.retrieval.config import RERANK_TOP, FusionOptions, MiningOptions
-from bertkit.errors import refuse_unneeded
+from bertkit.errors import figure, refuse_unneeded
 from bertkit.data.atomic import write_json
 
 MEASURE_LABELS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
@@ -194,8 +194,7 @@ def run_evaluate_sts(args):
     result = evaluate_sts(args.model, args.file, batch_size=args.batch_size, max_length=args.max_length,
                           dtype=args.dtype, fast=args.speed)
     _write(result, args.output)
-    figure = {k: "undefined" if result[k] is None else f"{result[k]:.4f}" for k in ("spearman", "pearson")}
-    print(f"spearman {figure['spearman']}  pearson {figure['pearson']}  ({result['pairs']} pairs; "
+    print(f"spearman {figure(result['spearman'])}  pearson {figure(result['pearson'])}  ({result['pairs']} pairs; "
           f"{result['model']}, {result['precision']}, max length {result['max_length']})")
 
 

@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 from bertkit.data.atomic import write_lines
 from bertkit.data.tables import tsv_cell
-from bertkit.errors import BertkitError, int_at_least
+from bertkit.errors import BertkitError, figure, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.registry import Task, task_named
@@ -183,11 +183,12 @@ def feature_logits(loaded: Loaded, features: list[dict], batch_size: int = 64, p
 
 
 def format_metrics(metrics: dict) -> str:
-    """`name value` for every number of a metrics dict (nested reports left out); None: "undefined" (a regression's
-    correlation with one constant score); two labels' f1 named `f1 (LABEL)`, as finetune's report names it."""
+    """`name value` for every number of a metrics dict (nested reports left out), as `bertkit.errors.figure` says
+    it (None or nan: "undefined", a regression's correlation with one constant score); two labels' f1 named
+    `f1 (LABEL)`, as finetune's report names it."""
     named = {"f1": f"f1 ({metrics['f1_label']})"} if "f1_label" in metrics else {}
     return ", ".join(f"{k} {v}" if isinstance(v, int)  # an int is a count (SQuAD v2's HasAns_total)
-                     else f"{named.get(k, k)} {'undefined' if v is None else f'{v:.4f}'}" for k, v in metrics.items()
+                     else f"{named.get(k, k)} {figure(v)}" for k, v in metrics.items()
                      if (v is None or isinstance(v, (int, float))) and k != "support")
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, figure, undefined
 from bertkit.tasks.batching import collate, loss_terms
 from bertkit.training import distributed, harness
 from bertkit.training.loop import LoopConfig
@@ -314,13 +314,3 @@ def warn_if_trivial(best: dict | None, metric: str, greater_is_better: bool, bas
         f"baseline {baseline[0]:.4f} ({what}): the model learned nothing usable. Train longer "
         "(--epochs, --max-steps), raise --learning-rate, or give it more training data")
     return True
-
-
-def undefined(value) -> bool:
-    """A dev figure with no value: None (null in metrics.json) or nan."""
-    return value is None or value != value
-
-
-def figure(value) -> str:
-    """A dev figure as the run says it: 4 decimals, or "undefined"."""
-    return "undefined" if undefined(value) else f"{value:.4f}"
