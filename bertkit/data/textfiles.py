@@ -282,8 +282,7 @@ def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
         if column is not None:
             raise BertkitError(f"{'standard input' if str(path) == STDIN else path} is read one text per line: "
                                "--column applies to .tsv, .csv and .jsonl files")
-        return _text_lines(lambda: enumerate(_stdin_read(sys.stdin) if str(path) == STDIN else _pipe_read(path), 1),
-                           on_blank)
+        return _text_lines(lambda: enumerate(_read_once(sys.stdin if str(path) == STDIN else path), 1), on_blank)
     path = existing_file(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
@@ -314,11 +313,15 @@ def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
 STDIN = "-"  # the input name that means standard input, as `bertkit tokenize -` reads it
 
 
-@lru_cache(maxsize=1)
-def _stdin_read(stream) -> tuple:
-    """The lines of `stream` (sys.stdin), read once: the texts' readers read their input more than once (to
-    count it, to name a line), and a pipe gives its lines once."""
-    return tuple(stdin_lines(stream.buffer))
+@lru_cache(maxsize=4)
+def _read_once(source) -> tuple:
+    """The lines of a pipe, read once, as standard input's (`stdin_lines`): the texts' readers read their input
+    more than once (to count it, to name a line), and a pipe gives its lines once. `source`: standard input's
+    stream (sys.stdin; a test's own is read afresh), or the path of a pipe (`_pipe`)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return tuple(stdin_lines(source.buffer))
+    with open(source, "rb") as f:
+        return tuple(stdin_lines(f))
 
 
 def _pipe(path) -> bool:
@@ -327,13 +330,6 @@ def _pipe(path) -> bool:
         return stat.S_ISFIFO(os.stat(path).st_mode)
     except OSError:
         return False
-
-
-@lru_cache(maxsize=4)
-def _pipe_read(path) -> tuple:
-    """The lines of the pipe at `path`, read once (a pipe gives its lines once), as standard input's."""
-    with open(path, "rb") as f:
-        return tuple(stdin_lines(f))
 
 
 def _text_lines(numbered_lines, on_blank):
