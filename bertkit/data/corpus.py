@@ -167,6 +167,13 @@ def check_encoding(name: str) -> str:
     return name
 
 
+def check_encoding_errors(errors: str) -> str:
+    """`errors` if it is one of ENCODING_ERRORS (what a line that does not decode does), else a BertkitError."""
+    if errors not in ENCODING_ERRORS:
+        raise BertkitError(f"unknown --encoding-errors {errors!r}: choose one of {', '.join(ENCODING_ERRORS)}")
+    return errors
+
+
 def _open_binary(path: Path):
     with open(path, "rb") as f:
         magic = f.read(2)
@@ -210,8 +217,7 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = 
     of the file's, the file is in another encoding and the end of it raises a BertkitError that
     says so (see the module docstring).
     """
-    if errors not in ENCODING_ERRORS:
-        raise BertkitError(f"unknown --encoding-errors {errors!r}: choose one of {', '.join(ENCODING_ERRORS)}")
+    check_encoding_errors(errors)
     path = Path(path)
     lines = bad = 0
     first_bad = None  # (line number, the bytes that did not decode)

@@ -55,7 +55,7 @@ from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.blocks import IGNORE_INDEX, held_out_documents, init_block_worker, plan_blocks, write_block
 from bertkit.data.outputs import check_output, folder_lock
 from bertkit.data.corpus import (DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats,
-                                 check_encoding, corpus_files)
+                                 check_encoding, check_encoding_errors, corpus_files)
 from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab
 from bertkit.pretraining.shards import (
     consolidate,
@@ -125,9 +125,7 @@ class PrepareConfig:
         if self.workers < 0:
             raise BertkitError(f"--workers must be >= 0 (0: one per core), got {self.workers}")
         check_encoding(self.encoding)
-        if self.encoding_errors not in ENCODING_ERRORS:
-            raise BertkitError(f"unknown --encoding-errors {self.encoding_errors!r}: choose one of "
-                               f"{', '.join(ENCODING_ERRORS)}")
+        check_encoding_errors(self.encoding_errors)
         self.masking_config()
         return self
 

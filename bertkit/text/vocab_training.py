@@ -40,7 +40,8 @@ from pathlib import Path
 
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern, is_cjk, is_punctuation
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.data.corpus import ENCODING_ERRORS, CorpusStats, check_encoding, corpus_files, read_lines
+from bertkit.data.corpus import (ENCODING_ERRORS, CorpusStats, check_encoding, check_encoding_errors, corpus_files,
+                                 read_lines)
 from bertkit.data.outputs import check_output, holds
 from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, save_vocab
 
@@ -76,9 +77,7 @@ class VocabTrainingConfig:
         int_at_least(self.min_frequency, 1, "--min-frequency", says="a positive int")
         int_at_least(self.max_distinct_words, 1000, "--max-distinct-words", says="an int >= {least}")
         check_encoding(self.encoding)
-        if self.encoding_errors not in ENCODING_ERRORS:
-            raise BertkitError(f"unknown --encoding-errors {self.encoding_errors!r}: choose one of "
-                               f"{', '.join(ENCODING_ERRORS)}")
+        check_encoding_errors(self.encoding_errors)
 
 
 def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, encoding: str = "utf-8",
