@@ -47,7 +47,6 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -57,7 +56,7 @@ from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
 from bertkit.tasks.run import fit_length, load_head, load_tokenizer, write_json
-from bertkit.tasks.trainer import rows_hash, train
+from bertkit.tasks.trainer import micro_rows, rows_hash, train
 from bertkit.runtime.loading import load as load_model
 from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
@@ -260,11 +259,7 @@ class EmbeddingBatches:
         return self._cache[1]
 
     def micro_batch(self, slot: int) -> tuple[dict, str]:
-        update, part = divmod(self.position + slot, self.parts)
-        epoch, k = divmod(update, self.steps_per_epoch)
-        rows = [int(i) for i in np.array_split(self.batches(epoch)[k], self.parts)[part]]
-        where = (f"epoch {epoch + 1}, batch {k + 1}, part {part + 1}/{self.parts} "
-                 f"(rows {rows[:4]}{'...' if len(rows) > 4 else ''})")
+        rows, where = micro_rows(self, slot, "rows")
         return self.collate(rows), where
 
     def collate(self, rows: list[int]) -> dict:

@@ -119,10 +119,7 @@ class EpochBatches:
         return self._cache[1]
 
     def micro_batch(self, slot: int) -> tuple[dict, str]:
-        update, part = divmod(self.position + slot, self.parts)
-        epoch, k = divmod(update, self.steps_per_epoch)
-        idx = [int(i) for i in np.array_split(self.batches(epoch)[k], self.parts)[part]]
-        where = f"epoch {epoch + 1}, batch {k + 1}, part {part + 1}/{self.parts} (features {idx[:4]}{'...' if len(idx) > 4 else ''})"
+        idx, where = micro_rows(self, slot, "features")
         return _model_batch(collate([self.features[i] for i in idx], self.pad_id)), where
 
     def advance(self, micro_batches: int) -> None:
@@ -136,6 +133,17 @@ class EpochBatches:
                                     for f in self.features])
         return {"position": self.position, "seed": self.seed, "num_instances": len(self.features),
                 "batch": [self.size // self.parts, self.parts], "rows": self._rows}
+
+
+def micro_rows(stream, slot: int, what: str) -> tuple[list[int], str]:
+    """The indices micro-batch `slot` (counted from `stream.position`) of a batch stream takes, and where they stand
+    in words: update u's batch (`stream.batches(epoch)`) cut in `stream.parts` shares, share p to micro-batch
+    u x parts + p. `EpochBatches` and the embedding run's stream (`what`: "features", "rows") take theirs so."""
+    update, part = divmod(stream.position + slot, stream.parts)
+    epoch, k = divmod(update, stream.steps_per_epoch)
+    idx = [int(i) for i in np.array_split(stream.batches(epoch)[k], stream.parts)[part]]
+    return idx, (f"epoch {epoch + 1}, batch {k + 1}, part {part + 1}/{stream.parts} "
+                 f"({what} {idx[:4]}{'...' if len(idx) > 4 else ''})")
 
 
 def rows_hash(rows: list) -> str:
