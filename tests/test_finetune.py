@@ -804,8 +804,8 @@ def test_the_printed_report_says_which_labels_macro_f1_leaves_out():
                 [TextExample(f"t{i}", None, names[g]) for i, g in enumerate(gold)], "single_label_classification",
                 names, full=True)
     lines = format_report({"task": "classify", "dev": dev, "dev_examples": len(gold)}).splitlines()
-    assert "not in the dev set and never predicted, left out of macro_f1: dog" in lines
-    assert "not in the dev set but predicted, counted in macro_f1 with f1 0: cat" in lines
+    assert "no gold example (support 0) and never predicted, left out of macro_f1: dog" in lines
+    assert "no gold example (support 0) but predicted, counted in macro_f1 with f1 0: cat" in lines
     kept = [n for n in names if n != "dog"]
     assert dev["macro_f1"] == pytest.approx(sum(dev["per_label"][n]["f1"] for n in kept) / len(kept))
 

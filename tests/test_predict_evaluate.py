@@ -122,7 +122,8 @@ def test_ner_reports_entity_f1_on_a_conll_file(tiny, tmp_path, capsys):  # noqa:
                     model=str(tiny), tag_scheme="iob1", max_length=32, stride=8, training=fast(epochs=2, metric="f1"))
     final = finetune_ner(cfg, log=lambda s: None)
     assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
-    got = reported(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    got = reported(out)
     assert len(predicted_column(tmp_path / "p.tsv")) == 20
     for name in ("f1", "precision", "recall"):
         assert got[name] == pytest.approx(final["dev"][name], abs=1e-4), name
@@ -143,6 +144,16 @@ def test_ner_reports_entity_f1_on_a_conll_file(tiny, tmp_path, capsys):  # noqa:
     pred = chunks([p.split() for p in predicted_column(tmp_path / "p.tsv")])
     f1 = 2 * len(gold & pred) / (len(gold) + len(pred)) if gold or pred else 0.0
     assert got["f1"] == pytest.approx(f1, abs=1e-4)
+    # each entity type's figures, printed under the line as finetune prints them (predict showed none)
+    printed = {m[0]: tuple(map(float, m[1:])) for m in re.findall(
+        r"^ *(\w+): precision ([\d.]+) recall ([\d.]+) f1 ([\d.]+) \((\d+) entities\)$", out, re.M)}
+    types = {e[1] for e in gold | pred}
+    assert set(printed) == types and len(types) > 1
+    for typ in types:
+        g, p = {e for e in gold if e[1] == typ}, {e for e in pred if e[1] == typ}
+        precision, recall = len(g & p) / len(p) if p else 0.0, len(g & p) / len(g) if g else 0.0
+        by_hand = (precision, recall, 2 * len(g & p) / (len(g) + len(p)), len(g))
+        assert printed[typ] == pytest.approx(by_hand, abs=5e-4), typ
 
 
 def test_ner_evaluates_the_tag_column_the_model_was_trained_on(tiny, tmp_path, capsys):  # noqa: F811
@@ -671,3 +682,86 @@ def test_predict_names_the_label_of_a_two_label_f1_as_finetune_does(sentiment_ru
     assert re.search(rf"\bf1 \(pos\) {dev['f1']:.4f}", format_report(final))  # the same words as finetune's
     result = predict_file(d / "out", d / "dev.tsv", tmp_path / "p2.tsv", dtype="float32")
     assert result.metrics["f1_label"] == dev["f1_label"] == "pos"
+
+
+# --- the per-label table and the confusion matrix under evaluate mode's figures ------------------------------
+
+def printed_tables(text: str) -> tuple[dict, dict]:
+    """({label: (precision, recall, f1, support)}, {gold: [counts in the columns' order]}, columns) as the
+    per-label table and the confusion matrix are printed; numbered columns (many labels) are the rows' labels
+    in their order."""
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.split() == ["label", "precision", "recall", "f1", "support"])
+    rows = {}
+    for line in lines[at + 1:]:
+        cells = line.rsplit(None, 4)
+        if len(cells) != 5 or not cells[-1].isdigit():
+            break
+        rows[cells[0].strip()] = (*map(float, cells[1:4]), int(cells[4]))
+    at = next(i for i, x in enumerate(lines) if x.startswith("confusion matrix"))
+    heads = lines[at + 1].split()
+    matrix = {}
+    for line in lines[at + 2: at + 2 + len(rows)]:
+        name, *counts = line.rsplit(None, len(heads))
+        matrix[re.sub(r"^\s*\d+ ", "", name).strip() if heads[0] == "1" else name.strip()] = list(map(int, counts))
+    return rows, matrix, (list(matrix) if heads[0] == "1" else heads)
+
+
+def test_predict_prints_the_per_label_table_and_the_confusion_matrix(sentiment_run, tmp_path, capsys):  # noqa: F811
+    """predict printed accuracy/F1 alone; the per-label figures and the confusion matrix finetune prints for its dev
+    set (and predict_file(...).metrics holds) were not shown. Every third label flipped, so the matrix is not
+    diagonal; each printed figure is recomputed by hand from the written predictions and the file's labels."""
+    d, _ = sentiment_run
+    rows = [r.split("\t") for r in (d / "dev.tsv").read_text().splitlines()[1:]]
+    flip = {"pos": "neg", "neg": "pos"}
+    path = write_tsv(tmp_path / "mixed.tsv", ["sentence", "label"],
+                     [(t, flip[g] if i % 3 == 0 else g) for i, (t, g) in enumerate(rows)])
+    assert main(["predict", str(d / "out"), str(path), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
+    table, matrix, columns = printed_tables(capsys.readouterr().out)
+    gold = [r.split("\t")[1] for r in path.read_text().splitlines()[1:]]
+    pred = predicted_column(tmp_path / "p.tsv")
+    assert set(table) == set(matrix) == set(columns) == {"neg", "pos"}
+    for name in ("neg", "pos"):
+        tp = sum(p == g == name for p, g in zip(pred, gold))
+        p, r = tp / max(pred.count(name), 1), tp / gold.count(name)
+        assert table[name] == pytest.approx((p, r, 2 * p * r / (p + r) if p + r else 0.0, gold.count(name)),
+                                            abs=5e-4), name
+        assert matrix[name] == [sum(g == name and p == c for p, g in zip(pred, gold)) for c in columns]
+    assert sum(map(sum, matrix.values())) == 30 and any(matrix[g][j] for g in matrix for j, c in enumerate(columns)
+                                                        if c != g)  # the premise: a mistake to show
+    # with --output - the predictions own standard output: the tables go to standard error with the figures
+    assert main(["predict", str(d / "out"), str(path), "-o", "-", "--dtype", "float32"]) == 0
+    captured = capsys.readouterr()
+    assert printed_tables(captured.err)[1] == matrix and "confusion" not in captured.out
+
+
+def test_the_tables_of_three_labels_by_hand_and_many_labels_compactly():
+    """A 3-label NLI example counted by hand, and 14 long label names: the matrix stays within 100 characters a
+    line (its columns numbered as the rows), every count still read back."""
+    from bertkit.metrics import tasks as M
+    from bertkit.tasks.registry import task_named
+
+    names = ["contradiction", "entailment", "neutral"]
+    gold = [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+    pred = [0, 0, 1, 1, 1, 2, 0, 2, 2, 2]
+    # by hand: contradiction tp 2 of 3 predicted, 3 gold; entailment tp 2 of 3, 4 gold; neutral tp 3 of 4, 3 gold
+    want = {"contradiction": (2 / 3, 2 / 3, 2 / 3, 3), "entailment": (2 / 3, 2 / 4, 4 / 7, 4),
+            "neutral": (3 / 4, 1.0, 6 / 7, 3)}
+    scores = {"per_label": {n: v for n, v in M.per_label_report(pred, gold, names).items() if n in names},
+              "confusion_matrix": {"labels": names, "rows_gold_columns_predicted": M.confusion_matrix(pred, gold, 3)}}
+    text = "\n".join(task_named("pair").tables(scores))
+    table, matrix, columns = printed_tables(text)
+    assert set(table) == set(want) and columns == names
+    for name, figures in want.items():
+        assert table[name] == pytest.approx(figures, abs=5e-4), name
+    assert matrix == {"contradiction": [2, 1, 0], "entailment": [1, 2, 1], "neutral": [0, 0, 3]}
+    many = [f"topic {i}: {'business and finance' if i % 2 else 'science'}" for i in range(14)]
+    counts = [[(i * 7 + j * 3) % 11 * (10 if i == j else 1) for j in range(14)] for i in range(14)]
+    big = {"per_label": {n: {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": sum(counts[i])}
+                         for i, n in enumerate(many)},
+           "confusion_matrix": {"labels": many, "rows_gold_columns_predicted": counts}}
+    text = "\n".join(task_named("classify").tables(big))
+    assert max(map(len, text.splitlines())) <= 100, text
+    table, matrix, columns = printed_tables(text)
+    assert list(table) == many == columns and matrix == dict(zip(many, counts))
+    assert task_named("regression").tables({"pearson": 0.5}) == [] and task_named("qa").tables({"f1": 1.0}) == []

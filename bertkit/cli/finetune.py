@@ -73,8 +73,9 @@ def add_predict(sub):
         "with the columns the model was trained on (NER: also CoNLL or one sentence per line; "
         "QA: SQuAD JSON or a table with question and context columns). Evaluate mode: when INPUT also "
         "carries the answers (the label column, a CoNLL tag column, SQuAD answers) the predictions are "
-        "scored too: accuracy and F1 (classification), Pearson and Spearman (regression), micro F1 "
-        "(multi-label), entity F1 (NER), exact match and F1 (QA). Every row is predicted; a row without its answer "
+        "scored too: accuracy and F1 (classification, then per label and the confusion matrix), Pearson and "
+        "Spearman (regression), micro F1 (multi-label), entity F1 (NER, then per entity type), exact match and F1 "
+        "(QA). Every row is predicted; a row without its answer "
         "(an empty label cell, a question without answers) is left out of the scores. A row whose text (or second "
         "text) is empty is skipped and counted; a text with no word piece (only characters BERT drops) is refused.",
         epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
@@ -104,7 +105,7 @@ def add_predict(sub):
 
 
 def run_predict(args):
-    from bertkit.tasks.predict import format_metrics, predict_file
+    from bertkit.tasks.predict import format_metrics, format_tables, predict_file
 
     to_stdout = args.output == "-"
     stream = sys.stderr if to_stdout else sys.stdout  # with --output - the predictions own standard output
@@ -121,6 +122,9 @@ def run_predict(args):
                 f"the {result.scored} of the {result.count} rows that carry answers")
         print(f"evaluation on {args.input} ({rows}, computed in {result.precision}"
               f"{_precision_note(result.precision, args)}): {format_metrics(result.metrics)}", file=stream)
+        tables = format_tables(result.metrics, result.task)  # per label (or entity type), as finetune shows them
+        if tables:
+            print(tables, file=stream)
 
 
 def _precision_note(precision: str, args) -> str:

@@ -192,12 +192,19 @@ def format_metrics(metrics: dict) -> str:
                      if (v is None or isinstance(v, (int, float))) and k != "support")
 
 
+def format_tables(metrics: dict, task: str) -> str:
+    """The lines under evaluate mode's figures, as finetune prints them under its dev figures (the task's `tables`):
+    per label and the confusion matrix for a classifier, per entity type for NER; "" for the other tasks."""
+    return "\n".join(task_named(task).tables(metrics))
+
+
 class FileResult(NamedTuple):
     path: Path | str  # the predictions TSV ("-": standard output)
     count: int  # predictions written
     metrics: dict | None  # evaluate mode's scores, None when the file carries no answers
     precision: str = "float32"  # what the model computed in (`Loaded.precision`)
     scored: int = 0  # the predictions scored: those whose input carries an answer
+    task: str | None = None  # the model's task (bertkit_task.json's name): `format_tables` lays out its metrics
 
 
 def default_output(input_path, folder=".") -> Path:
@@ -263,7 +270,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     rows = ((t, *([second] if pairs else []), *_shown(p))
             for t, second, p in zip(texts, pairs or [None] * len(texts), preds))
     _write(out, itertools.chain([header], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows)))
-    return FileResult(out, len(preds), scores, loaded.precision, len(scored))
+    return FileResult(out, len(preds), scores, loaded.precision, len(scored), task.name)
 
 
 def _shown(p: dict) -> tuple[str, str]:

@@ -19,6 +19,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        a file's inputs; its inputs with the answers (evaluate mode); their metrics; what
                        the answers look like (for messages)
     report             the run's final metrics -> the lines `bertkit finetune` prints
+    tables             a scored set's metrics -> the lines under its figures (per label and the confusion matrix;
+                       per entity type), in finetune's report and predict's evaluate mode alike
     features           (tokenizer, texts, pairs, answers, info, labels) -> training features encoded as the
                        model was trained, with the labels where `answers` (read_labelled's) are given: what
                        `bertkit distill layers` trains a fine-tuned model's student on (None: not offered)
@@ -88,6 +90,7 @@ class Task:
     raw_scores: bool = False
     no_answer: bool = False
     presets: dict = field(default_factory=dict)
+    tables: Callable[[dict], list] = reports.no_tables
 
     @property
     def cli_name(self) -> str:
@@ -228,7 +231,8 @@ def _text(name: str, problem_type: str, config=TextTaskConfig,
                 predict=partial(text.predict, problem_type=problem_type), read_inputs=text.read_inputs,
                 read_labelled=partial(text.read_labelled, problem_type=problem_type),
                 score=partial(text.score_answers, problem_type=problem_type), answers="a {label!r} column",
-                features=partial(text.training_features, problem_type=problem_type), **more)
+                features=partial(text.training_features, problem_type=problem_type), tables=reports.label_tables,
+                **more)
 
 
 TASKS = {t.name: t for t in (
@@ -241,7 +245,7 @@ TASKS = {t.name: t for t in (
     Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
          metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
          read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
-         entities=True, windows=True, features=ner.training_features, single=True),
+         entities=True, windows=True, features=ner.training_features, single=True, tables=reports.type_lines),
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
          score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,

@@ -15,22 +15,45 @@ def text_report(final: dict) -> str:
     lines = [f"dev ({final['dev_examples']} examples): " + ", ".join(  # None: undefined (a constant regression)
         f"{named.get(k, k)} {'undefined' if v is None else f'{v:.4f}'}" for k, v in dev.items()
         if isinstance(v, float) or v is None)]
-    if "per_label" in dev:
-        lines.append(f"{'label':>16} {'precision':>9} {'recall':>7} {'f1':>7} {'support':>7}")
-        for name, r in dev["per_label"].items():
-            lines.append(f"{name:>16} {r['precision']:9.3f} {r['recall']:7.3f} {r['f1']:7.3f} {r['support']:7d}")
-        cm = dev["confusion_matrix"]
-        lines += absent_labels(dev["per_label"], cm)
-        w = max(8, *(len(n) for n in cm["labels"])) + 1
-        lines.append("confusion matrix (rows: gold, columns: predicted)")
-        lines.append(" " * w + "".join(f"{n:>{w}}" for n in cm["labels"]))
-        for n, row in zip(cm["labels"], cm["rows_gold_columns_predicted"]):
-            lines.append(f"{n:>{w}}" + "".join(f"{c:>{w}}" for c in row))
-    return "\n".join(lines)
+    return "\n".join(lines + label_tables(dev))
+
+
+# a confusion matrix wider than this (characters) heads its columns with the labels' numbers, not their names
+MATRIX_WIDTH = 100
+
+
+def label_tables(scores: dict) -> list[str]:
+    """A classifier's scores of a labelled set (finetune's dev set, predict's labelled file): per label its
+    precision, recall, F1 and support, then the confusion matrix, labels by name; [] without them (regression,
+    multi-label). Columns are as wide as the names; many or long names number the matrix's columns (its rows keep
+    the names, numbered), so that 14 topics still fit a terminal."""
+    if "per_label" not in scores:
+        return []
+    per_label, cm = scores["per_label"], scores["confusion_matrix"]
+    w = max(5, *(len(n) for n in per_label))
+    lines = [f"{'label':<{w}} {'precision':>9} {'recall':>7} {'f1':>7} {'support':>7}"]
+    lines += [f"{name:<{w}} {r['precision']:9.3f} {r['recall']:7.3f} {r['f1']:7.3f} {r['support']:7d}"
+              for name, r in per_label.items()]
+    return lines + absent_labels(per_label, cm) + confusion_lines(cm)
+
+
+def confusion_lines(cm: dict) -> list[str]:
+    """The confusion matrix (`rows_gold_columns_predicted`), each column as wide as its head and its counts."""
+    names, rows = cm["labels"], cm["rows_gold_columns_predicted"]
+    digits = len(str(max(map(max, rows))))
+    heads, gap, title = names, 2, "confusion matrix (rows: gold, columns: predicted)"
+    if max(map(len, names)) + sum(max(len(n), digits) + gap for n in names) > MATRIX_WIDTH:
+        heads, gap = [str(i) for i in range(1, len(names) + 1)], 1
+        names = [f"{i:>{len(heads[-1])}} {n}" for i, n in enumerate(names, 1)]
+        title = "confusion matrix (rows: gold, columns: predicted, numbered as the rows)"
+    w = max(map(len, names))
+    widths = [max(len(h), digits) + gap for h in heads]
+    lines = [title, " " * w + "".join(f"{h:>{c}}" for h, c in zip(heads, widths))]
+    return lines + [f"{n:<{w}}" + "".join(f"{k:>{c}}" for k, c in zip(row, widths)) for n, row in zip(names, rows)]
 
 
 def absent_labels(per_label: dict, cm: dict) -> list[str]:
-    """A line for the trained labels the dev set lacks (support 0), which the table lists as it lists the others:
+    """A line for the trained labels the scored set (a dev set, a labelled file) lacks (support 0), which the table lists as it lists the others:
     never predicted either, such a label has no F1 and macro_f1 leaves it out (`bertkit.metrics.tasks.
     per_label_report`); predicted, its F1 of 0 counts in it."""
     predicted = dict(zip(cm["labels"], (sum(col) for col in zip(*cm["rows_gold_columns_predicted"]))))
@@ -39,9 +62,9 @@ def absent_labels(per_label: dict, cm: dict) -> list[str]:
     counted = [name for name in absent if predicted.get(name)]
     lines = []
     if left_out:
-        lines.append(f"not in the dev set and never predicted, left out of macro_f1: {', '.join(left_out)}")
+        lines.append(f"no gold example (support 0) and never predicted, left out of macro_f1: {', '.join(left_out)}")
     if counted:
-        lines.append(f"not in the dev set but predicted, counted in macro_f1 with f1 0: {', '.join(counted)}")
+        lines.append(f"no gold example (support 0) but predicted, counted in macro_f1 with f1 0: {', '.join(counted)}")
     return lines
 
 
@@ -54,10 +77,20 @@ def ner_report(final: dict) -> str:
         s = final[split]
         lines.append(f"{split} ({final[split + '_sentences']} sentences): entity precision {s['precision']:.4f}, "
                      f"recall {s['recall']:.4f}, F1 {s['f1']:.4f}")
-        for typ, r in s["per_type"].items():
-            lines.append(f"  {typ:>8}: precision {r['precision']:.3f} recall {r['recall']:.3f} f1 {r['f1']:.3f} "
-                         f"({r['support']} entities)")
+        lines += type_lines(s)
     return "\n".join(lines) or f"trained on {final['train_sentences']} sentences (no dev set)"
+
+
+def type_lines(scores: dict) -> list[str]:
+    """NER's scores of a tagged set: each entity type's precision, recall, F1 and count (conlleval's per_type)."""
+    w = max((len(t) for t in scores.get("per_type", ())), default=0)
+    return [f"  {typ:>{max(w, 8)}}: precision {r['precision']:.3f} recall {r['recall']:.3f} f1 {r['f1']:.3f} "
+            f"({r['support']} entities)" for typ, r in scores.get("per_type", {}).items()]
+
+
+def no_tables(scores: dict) -> list[str]:
+    """A task whose figures have no table beside them (QA's HasAns/NoAns are figures of their own)."""
+    return []
 
 
 def qa_report(final: dict) -> str:
