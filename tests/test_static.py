@@ -229,8 +229,31 @@ def distilled(tiny_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("distilled")
     (base / "corpus.txt").write_text("the unaffable cat\n" * 6 + "a dog\n")
     config = StaticDistillConfig(dim=8, corpus=[str(base / "corpus.txt")], min_count=5)
-    report = distill_static(tiny_dir, base / "out", config, progress=False)
-    return base / "out", report
+    said = []
+    report = distill_static(tiny_dir, base / "out", config, progress=False, log=said.append)
+    return base / "out", {**report, "said": said}
+
+
+def test_distilling_an_encoder_without_a_sentence_layout_says_what_it_distils(distilled, tiny_dir, tmp_path):
+    """A pre-training run (or any plain encoder: tiny_dir, like a run's folder, has no modules.json) was distilled
+    without a word, as if it were a sentence model. It is distilled as `bertkit embed` reads it, its encoder
+    mean-pooled, and one line says so; the report records the pooling. A folder with a layout is pooled as it
+    says, without that line."""
+    import shutil
+
+    from bertkit.model.sentence_layout import write_layout
+
+    _, report = distilled
+    assert report["pooling"] == "mean"
+    notes = [line for line in report["said"] if "sentence-transformers layout" in line]
+    assert len(notes) == 1 and str(tiny_dir) in notes[0] and "mean-pooled" in notes[0], report["said"]
+    layout = tmp_path / "cls-model"
+    shutil.copytree(tiny_dir, layout)
+    write_layout(layout, pooling="cls", normalize=False, max_seq_length=32, hidden_size=32)
+    said = []
+    with pytest.raises(BertkitError, match="above the model's width"):  # stops before the table is built
+        distill_static(layout, tmp_path / "out", StaticDistillConfig(dim=64), progress=False, log=said.append)
+    assert said == []
 
 
 def test_distill_static_writes_a_folder_sentence_transformers_reads_the_same(st, distilled):

@@ -23,7 +23,9 @@ def add_distill(sub):
         "  bertkit distill static -o fitted/ --dim 384 --fit texts.txt --teacher-cache t.safetensors",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model folder (default: the default model)")
+    s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model folder (default: the default model); "
+                   "a folder without a sentence-transformers layout (a pre-training run) is read as embed reads it: "
+                   "its encoder, mean-pooled (said in one line)")
     s.add_argument("-o", "--output", required=True, help="the folder to write (new, or empty)")
     add_options(s, StaticDistillConfig)
     quiet_flag(s)

@@ -156,7 +156,7 @@ def teacher_vectors(loaded, inputs: list, batch_size: int, progress: bool) -> np
     if progress:
         bar = tqdm(total=len(inputs), unit="token", desc="distil")
     pad = loaded.tokenizer.pad_token_id
-    pooling = loaded.layout.pooling if loaded.layout is not None else "mean"  # the model's own, as embed pools
+    pooling = loaded.layout.pooling if loaded.layout is not None else "mean"  # `teacher_pooling`
     for b in range(0, len(order), batch_size):
         batch = order[b : b + batch_size]
         vectors = run_batch(loaded.model, [_Row(inputs[i]) for i in batch], "last", pad)
@@ -167,6 +167,19 @@ def teacher_vectors(loaded, inputs: list, batch_size: int, progress: bool) -> np
     if bar is not None:
         bar.close()
     return out
+
+
+def teacher_pooling(loaded, model, log) -> str:
+    """How the teacher's token vectors are pooled: its sentence-transformers layout's pooling, else the mean, as
+    `bertkit embed` pools a folder without one. Such a folder is no sentence model (a pre-training run, a plain
+    encoder): its MLM/NSP heads take no part, and one line says what is distilled instead of nothing, as if it
+    were a sentence model."""
+    if loaded.layout is not None:
+        return loaded.layout.pooling
+    log(f"{model}: no sentence-transformers layout (modules.json), so not a sentence model (e.g. a pre-training "
+        "run): distilling its encoder's last layer, mean-pooled as `bertkit embed` reads it (MLM/NSP heads unused); "
+        "a sentence model (bertkit finetune embed's output) makes a better table")
+    return "mean"
 
 
 def _probabilities(tok, keep: np.ndarray, texts: list | None) -> np.ndarray:
@@ -233,6 +246,7 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
         raise BertkitError(f"{model} is a fine-tuned {loaded.info.get('task', 'task')} model: distill static needs a "
                            "sentence model's vectors, e.g. the one it was fine-tuned from (fewer layers of this "
                            "model: bertkit distill layers)")
+    pooling = teacher_pooling(loaded, model, log)
     width = loaded.config.hidden_size
     if config.dim > width:
         raise BertkitError(f"--dim {config.dim} is above the model's width ({width}): PCA keeps at most {width}")
@@ -259,7 +273,8 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     fitted = _fit(loaded, static, student_tok, basis, fit_texts, config, progress, log) if fit_texts else {}
     _save(static, student_tok, output, {"fit": {k: fitted[k] for k in ("fit_texts", "fit_loss_after")}} if fitted else None,
           config.overwrite)
-    return {"rows": len(table), "distilled": int(len(kept)), "words_added": len(words), "dim": config.dim, **fitted,
+    return {"rows": len(table), "distilled": int(len(kept)), "words_added": len(words), "dim": config.dim,
+            "pooling": pooling, **fitted,
             "seconds": round(time.perf_counter() - start, 1), "output": str(output)}
 
 
