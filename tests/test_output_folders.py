@@ -332,3 +332,43 @@ def test_vocab_train_and_pretrain_prepare_refuse_an_earlier_run_without_overwrit
     assert digest(data) != before
     (data / "manifest.json").unlink()  # an interrupted run is continued, as before
     assert main([*prep, "--seed", "3"]) == 0 and (data / "manifest.json").is_file()
+
+
+def test_the_python_prepare_and_save_trained_vocab_refuse_an_earlier_run_as_the_cli_does(tmp_path):
+    """`vocab train` and `pretrain prepare` refuse an earlier run's output without --overwrite, but the Python
+    functions behind them (`save_trained_vocab`, `prepare`) still replaced it without a word: a notebook's second
+    cell wrote another vocabulary (and casing) or rebuilt finished data from another corpus under a run training
+    on it. Now they refuse in the same way, naming the folder and overwrite=True, and leave it byte for byte;
+    overwrite=True replaces it; an interrupted prepare (no manifest.json) is still continued."""
+    import dataclasses
+
+    from bertkit.pretraining.prepare import PrepareConfig, prepare
+    from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab
+
+    lines = [f"The {w} sat on the mat near door {i}. A second line follows it here." for i, w in
+             enumerate(["cat", "dog", "owl", "fox"] * 5)]
+    small, cased = VocabTrainingConfig(vocab_size=60), VocabTrainingConfig(vocab_size=80, lowercase=False)
+    for out in (tmp_path / "v", tmp_path / "file" / "my.txt"):
+        save_trained_vocab(train_vocab(lines, small), out, small)
+        before = digest(out.parent)
+        with pytest.raises(BertkitError, match="overwrite=True") as refused:
+            save_trained_vocab(train_vocab(lines, cased), out, cased)
+        assert str(out.parent) in str(refused.value) and "already holds a vocabulary" in str(refused.value)
+        assert digest(out.parent) == before
+        path = save_trained_vocab(train_vocab(lines, cased), out, cased, overwrite=True)
+        assert path.read_text().splitlines() == train_vocab(lines, cased) and digest(out.parent) != before
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(lines) + "\n")
+    data = tmp_path / "data"
+    cfg = PrepareConfig(documents="file", objective="none", max_seq_length=16, dupe_factor=1, workers=1)
+    prepare([corpus], data, cfg, progress=False)
+    before = digest(data)
+    with pytest.raises(BertkitError, match="overwrite=True") as refused:
+        prepare([corpus], data, dataclasses.replace(cfg, seed=3), progress=False)
+    assert str(data) in str(refused.value) and "already holds prepared pre-training data" in str(refused.value)
+    assert digest(data) == before
+    prepare([corpus], data, dataclasses.replace(cfg, seed=3), progress=False, overwrite=True)
+    assert digest(data) != before
+    (data / "manifest.json").unlink()  # an interrupted run is continued, as before
+    prepare([corpus], data, cfg, progress=False)
+    assert (data / "manifest.json").is_file()

@@ -57,7 +57,7 @@ def prepared(tokenised, books, tmp_path_factory, **settings):
     out = tmp_path_factory.mktemp("cfg") / "data"
     shutil.copytree(tokenised, out)
     cfg = PrepareConfig(documents="file", **settings)
-    prepare([books], out, cfg, progress=False)
+    prepare([books], out, cfg, progress=False, overwrite=True)  # other settings over the copy: its shards reused
     return PretrainingDataset(out)
 
 
@@ -270,7 +270,7 @@ def test_deterministic_across_workers_and_resumable(books, tmp_path):
     assert not list((two / "instances").glob(".*tmp*"))
     # other settings rebuild the instances but keep the token shards
     mtime = (two / "tokens" / "00000" / "tokens.npy").stat().st_mtime_ns
-    prepare([books], two, PrepareConfig(workers=1, seed=1, **cfg), progress=False)
+    prepare([books], two, PrepareConfig(workers=1, seed=1, **cfg), progress=False, overwrite=True)
     assert _digest(one) != _digest(two)
     assert (two / "tokens" / "00000" / "tokens.npy").stat().st_mtime_ns == mtime
 
@@ -285,7 +285,7 @@ def test_an_output_inside_the_corpus_folder_is_not_read_as_corpus(books, tmp_pat
     cfg = PrepareConfig(documents="file", dupe_factor=1, workers=1, objective="sop")
     first = prepare([corpus], corpus / "data", cfg, progress=False)
     digest = _digest(corpus / "data")
-    again = prepare([corpus], corpus / "data", cfg, progress=False)
+    again = prepare([corpus], corpus / "data", cfg, progress=False, overwrite=True)
     assert (again.corpus.files, again.corpus.tokens) == (first.corpus.files, first.corpus.tokens)
     assert first.corpus.files == len(BOOKS)
     assert _digest(corpus / "data") == digest
@@ -294,7 +294,8 @@ def test_an_output_inside_the_corpus_folder_is_not_read_as_corpus(books, tmp_pat
     words = (corpus / "v" / "vocab.txt").read_text()
     assert train_vocab_from_files([corpus], vcfg, output=corpus / "v") == words.splitlines()
     # nor is the vocabulary prepare is given: `vocab train books/ -o books/v`, then `prepare --vocab books/v`
-    third = prepare([corpus], corpus / "data", dataclasses.replace(cfg, seed=4), vocab=corpus / "v", progress=False)
+    third = prepare([corpus], corpus / "data", dataclasses.replace(cfg, seed=4), vocab=corpus / "v", progress=False,
+                    overwrite=True)
     assert third.corpus.files == len(BOOKS)
 
 

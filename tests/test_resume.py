@@ -139,7 +139,7 @@ def test_a_run_resumed_on_data_prepared_again_with_other_settings_is_refused(sha
     before = json.loads((data / "manifest.json").read_text())["instances"]
     prepare([tmp_path / "corpus"], data, PrepareConfig(max_seq_length=32, dynamic_masking=True, dupe_factor=1,
                                                        documents="file", workers=1, seed=3, masking="whole-word"),
-            progress=False)
+            progress=False, overwrite=True)
     assert json.loads((data / "manifest.json").read_text())["instances"] == before  # the count cannot tell
     res = run_cli("pretrain", "run", data, "-o", tmp_path / "run", "--resume", check=False)
     assert res.returncode == 2, res.stderr[-2000:]  # one line (after the note that the killed run's lock is taken)

@@ -103,7 +103,7 @@ def run_vocab_train(args):
     config.validate()  # a mistyped flag is named first, before what the output holds
     check_vocab_output(files.output, files.overwrite)  # refused before the corpus is read
     tokens = train_vocab_from_files(files.corpus, config, progress=True, output=files.output, log=print)
-    path = save_trained_vocab(tokens, files.output, config)
+    path = save_trained_vocab(tokens, files.output, config, overwrite=files.overwrite)
     print(f"wrote {len(tokens)} tokens to {path} (and its casing to {path.parent / 'tokenizer_config.json'})")
 
 

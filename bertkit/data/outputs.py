@@ -52,10 +52,11 @@ def holds(folder, kinds: dict = HOLDS) -> tuple[str, list[str]] | None:
 
 
 def check_output(output, *, overwrite: bool, resume: bool = False, sources=(), flag: str = "--output",
-                 kinds: dict = HOLDS) -> None:
+                 kinds: dict = HOLDS, call: str | None = None) -> None:
     """Refuse an `output` that is one of `sources` (the folders the job reads: a list of the model's, or
     {what is read: folder}), or that already holds a model, run or index (or what `kinds` names: another
-    command's own output, {what: file names}) while neither `overwrite` nor `resume` is given."""
+    command's own output, {what: file names}) while neither `overwrite` nor `resume` is given. `call`: the
+    Python function that takes `overwrite=True` too (named beside --overwrite: a caller of it has no flags)."""
     output = Path(output)
     named = sources.items() if isinstance(sources, dict) else (("the model", source) for source in sources)
     for what, source in named:
@@ -67,7 +68,8 @@ def check_output(output, *, overwrite: bool, resume: bool = False, sources=(), f
     held = holds(output, kinds)
     if held is not None:
         what, names = held
-        raise BertkitError(f"{output} already holds {what} ({', '.join(names[:3])}): pass --overwrite to replace it"
+        how = f"--overwrite ({call}(overwrite=True))" if call else "--overwrite"
+        raise BertkitError(f"{output} already holds {what} ({', '.join(names[:3])}): pass {how} to replace it"
                            f"{', --resume to continue its run' if what == 'a run' else ''}, or choose another {flag}")
 
 

@@ -275,17 +275,19 @@ def _check_output_dir(out: Path, overwrite: bool) -> None:
             )
     # finished data is refused unless `overwrite`: another corpus or settings rebuilt it silently under the runs
     # that train on it; an unfinished folder (no manifest: a run was stopped) is continued, as before
-    check_output(out, overwrite=overwrite, kinds=PREPARED)
+    check_output(out, overwrite=overwrite, kinds=PREPARED, call="prepare")
 
 
 def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progress: bool = True,
-            overwrite: bool = True) -> Summary:
+            overwrite: bool = False) -> Summary:
     """Prepare pre-training data from `corpus` (files/folders) into the folder `output`.
 
-    vocab: a vocab.txt or model folder (None: the default model's). Re-running
-    with the same arguments reuses finished work; the result is identical.
-    overwrite: False refuses a folder holding finished prepared data (the CLI without --overwrite); with it
-    (the default here) the data is made again, reusing what the same corpus and settings already made.
+    vocab: a vocab.txt or model folder (None: the default model's). Re-running after an interruption
+    continues the work (a folder without manifest.json); the result is identical.
+    overwrite: a folder holding finished prepared data (its manifest.json) is refused unless it is True, as the
+    CLI refuses it without --overwrite (a second call with another corpus or settings rebuilt the data under
+    the runs training on it, without a word); with it the data is made again, reusing what the same corpus
+    and settings already made.
     """
     cfg = (cfg or PrepareConfig()).validate()
     t0 = time.perf_counter()

@@ -282,14 +282,17 @@ def check_vocab_output(output, overwrite: bool) -> Path:
     would be replaced: a second `vocab train` there wrote its vocabulary and casing over the first's unasked
     (another file name in that folder still replaces the tokenizer_config.json they share)."""
     out = vocab_file(output)
-    check_output(out.parent, overwrite=overwrite, kinds={"a vocabulary": (out.name, "tokenizer_config.json")})
+    check_output(out.parent, overwrite=overwrite, kinds={"a vocabulary": (out.name, "tokenizer_config.json")},
+                 call="save_trained_vocab")
     return out
 
 
-def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig) -> Path:
+def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig, overwrite: bool = False) -> Path:
     """Write vocab.txt (at `output`, a file path or a folder; `vocab_file`) and, beside it, the
     tokenizer_config.json that tells the tokenizer how the vocabulary was made (casing, accents); returns
-    vocab.txt's path."""
+    vocab.txt's path. An earlier vocab.txt or tokenizer_config.json there is refused unless `overwrite`, as
+    `bertkit vocab train` refuses it without --overwrite (`check_vocab_output`)."""
+    out = check_vocab_output(output, overwrite)
     settings = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": config.lowercase,
@@ -297,4 +300,4 @@ def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig) -
         "tokenize_chinese_chars": config.tokenize_chinese_chars,
         "model_max_length": 512,
     }
-    return save_vocab(tokens, vocab_file(output), settings)
+    return save_vocab(tokens, out, settings)
