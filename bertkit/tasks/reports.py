@@ -53,9 +53,9 @@ def confusion_lines(cm: dict) -> list[str]:
 
 
 def absent_labels(per_label: dict, cm: dict) -> list[str]:
-    """A line for the trained labels the scored set (a dev set, a labelled file) lacks (support 0), which the table lists as it lists the others:
-    never predicted either, such a label has no F1 and macro_f1 leaves it out (`bertkit.metrics.tasks.
-    per_label_report`); predicted, its F1 of 0 counts in it."""
+    """A line for the trained labels the scored set (a dev set, a labelled file) lacks (support 0), which the
+    table lists as it lists the others: never predicted either, such a label has no F1 and macro_f1 leaves it out
+    (`bertkit.metrics.tasks.per_label_report`); predicted, its F1 of 0 counts in it."""
     predicted = dict(zip(cm["labels"], (sum(col) for col in zip(*cm["rows_gold_columns_predicted"]))))
     absent = [name for name, r in per_label.items() if r["support"] == 0]
     left_out = [name for name in absent if not predicted.get(name)]
