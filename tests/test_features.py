@@ -408,6 +408,40 @@ def test_read_texts_formats(tmp_path):
 
 
 
+def test_a_table_without_a_sentence_or_text_column_is_read_from_its_one_column_of_text(shared_data, tmp_path, capsys):
+    """A table without a 'sentence' or 'text' column was read from its first column, whatever it held: `bertkit
+    embed captions_val2017.tsv` (image_id, caption_id, caption) embedded the image ids, a qrels file its query ids,
+    and an STS-B or MRPC file (sentence1, sentence2, ...) its first sentences alone, each without a word. The one
+    column of text is read (predict's rule for a table, `bertkit.data.tables.text_column_of`); several, or none,
+    are refused in one line naming the columns and --column, before the model loads."""
+    from bertkit.cli import main
+
+    def head(source, name, n=6):
+        lines = (shared_data / source).read_text(encoding="utf-8").splitlines()[:n]
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return tmp_path / name, [line.split("\t") for line in lines]
+
+    captions, rows = head("pairs/coco_captions/captions_val2017.tsv", "captions.tsv")
+    assert rows[0] == ["image_id", "caption_id", "caption"]
+    texts, count = read_texts(captions)
+    assert list(texts) == [r[2] for r in rows[1:]] and count == 5
+    csv_copy = tmp_path / "captions.csv"
+    csv_copy.write_text("".join(",".join(r[:2] + ['"' + r[2] + '"']) + "\n" for r in rows), encoding="utf-8")
+    assert list(read_texts(csv_copy)[0]) == [r[2] for r in rows[1:]]
+    for source, says in (("stsb/dev.tsv", "several columns of text ('sentence1', 'sentence2')"),
+                         ("retrieval/scifact/qrels/test.tsv", "no column of text")):
+        path, rows = head(source, source.replace("/", "-"))
+        assert main(["embed", str(path), "-o", str(tmp_path / "v.npy"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "--column" in err and ", ".join(rows[0]) in err and err.count("\n") == 1, err
+        assert list(read_texts(path, column=rows[0][1])[0]) == [r[1] for r in rows[1:]]  # a named one is read
+    assert not (tmp_path / "v.npy").exists()
+    (tmp_path / "one.tsv").write_text("review\n12\ngood film\n")  # one column: read whatever its first cell holds
+    assert list(read_texts(tmp_path / "one.tsv")[0]) == ["12", "good film"]
+    (tmp_path / "rte.tsv").write_text("premise\tlabel\nA man sleeps.\tentailment\n")  # a label is no text to embed
+    assert list(read_texts(tmp_path / "rte.tsv")[0]) == ["A man sleeps."]
+
+
 def test_cli_embed_refuses_a_bad_input_file_before_the_model_loads(tmp_path, capsys):
     # JSON lines named .tsv were embedded as texts, each its raw JSON (the first column of a one-column
     # "table"), and exited 0; the model loaded before the input was opened. --model names no folder here.

@@ -35,7 +35,8 @@ def add_embed(sub):
     p.add_argument("--word-pooling", choices=["mean", "first"],
                    help="with --pooling words: how a word's pieces make its vector (default mean)")
     p.add_argument("--column", "--text-column", help="the .tsv/.csv column or .jsonl field holding the text "
-                   "(--text-column: its name in finetune and predict)")
+                   "(default: 'sentence', else 'text', else a table's one column of text; --text-column: its name "
+                   "in finetune and predict)")
     p.add_argument("--batch-size", type=count, default=32, help="texts per forward pass (default 32)")
     p.add_argument("--max-length", type=count, help="tokens per pass / window (default: for sentence vectors the "
                    "model's sentence-transformers max_seq_length, else its 512 positions)")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError, read_score
-from bertkit.data.textfiles import csv_records, existing_file, json_objects, open_text, read_text
+from bertkit.data.textfiles import csv_records, existing_file, holds_words, json_objects, open_text, read_text
 
 # a pairs table's group column (`bertkit mine` writes it, `bertkit finetune embed` reads it): rows of one group
 # never share a training batch
@@ -227,7 +227,7 @@ def text_column_of(path, column: str | None, label_columns=(), log=print) -> str
     if not row or "sentence" in row:
         return "sentence"
     labels = {*label_columns, "label", "labels"}
-    texts = ["text"] if "text" in row else [c for c, v in row.items() if c not in labels and _words(v)]
+    texts = ["text"] if "text" in row else [c for c, v in row.items() if c not in labels and holds_words(v)]
     if len(texts) != 1:
         what = f"several columns of text ({', '.join(map(repr, texts))})" if texts else "no column of text"
         raise BertkitError(f"{path} has {what} and no 'sentence' column (its columns: {', '.join(row)}), and the "
@@ -236,15 +236,6 @@ def text_column_of(path, column: str | None, label_columns=(), log=print) -> str
         f"{'its text column' if texts == ['text'] else 'its only column of text'} (the model records no text "
         "column; --text-column names another)")
     return texts[0]
-
-
-def _words(value) -> bool:
-    """Whether a cell holds text, not a number (an id, a score)."""
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return isinstance(value, str) and bool(value.strip())
-    return False
 
 
 def first_row(path) -> dict:

@@ -236,8 +236,8 @@ def read_texts(path, column: str | None = None) -> tuple:
 
     .txt (or anything else): one text per non-empty line (`column` is refused). .jsonl: the "text"
     field (or `column`) of each line. .tsv, .csv: the column named `column` (default
-    "sentence", else "text", else the first) under a header row (a .csv as the csv module reads it:
-    quoted cells, commas and newlines inside them). The file must
+    "sentence", else "text", else its one column of text: `_text_column`) under a header row (a .csv
+    as the csv module reads it: quoted cells, commas and newlines inside them). The file must
     be UTF-8 (`bertkit.data.textfiles`); a malformed line is an error naming it.
     """
     numbered = numbered_texts(path, column)
@@ -266,12 +266,32 @@ def csv_records(f, path):
         raise BertkitError(f"{path}:{reader.line_num}: not valid CSV ({err})") from None
 
 
-def _text_column(path, header: list, column: str | None) -> tuple:
-    """(index, name, header) of a table's text column: `column`, else "sentence", else "text", else the first."""
-    name = column or next((c for c in ("sentence", "text") if c in header), header[0])
+def _text_column(path, header: list, column: str | None, first: list) -> tuple:
+    """(index, name, header) of a table's text column: `column`, else "sentence", else "text", else its one column
+    of text (`holds_words` in the `first` row's cells, a 'label' or 'labels' column aside, as predict reads a table:
+    `bertkit.data.tables.text_column_of`; a table of one column: that one). The first column was taken whatever it
+    held: a captions table's image ids, an STS-B file's sentence1 alone (sentence2 never read)."""
+    name = column or next((c for c in ("sentence", "text") if c in header), None)
+    if name is None:
+        texts = header if len(header) == 1 else [c for c, v in zip(header, first)
+                                                 if c not in ("label", "labels") and holds_words(v)]
+        if len(texts) != 1:
+            what = f"several columns of text ({', '.join(map(repr, texts))})" if texts else "no column of text"
+            raise BertkitError(f"{path} has {what} and none named 'sentence' or 'text' (its columns: "
+                               f"{', '.join(header)}): name the one to read with --column (embed), or head it 'text'")
+        name = texts[0]
     if name not in header:
         raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
     return header.index(name), name, header
+
+
+def holds_words(value) -> bool:
+    """Whether a table's cell holds text, not a number (an id, a score, a label)."""
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return isinstance(value, str) and bool(value.strip())
+    return False
 
 
 def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
@@ -348,7 +368,10 @@ def _text_lines(numbered_lines, on_blank):
 def _csv_texts(path: Path, column: str | None, on_blank):
     """`numbered_texts` of a .csv: quoted cells may hold commas and newlines, which the csv module reads."""
     with open_text(path, newline="") as f:
-        col, name, header = _text_column(path, next(csv_records(f, path), (1, [""]))[1], column)
+        records = csv_records(f, path)
+        header = next(records, (1, [""]))[1]
+        first = next((cells for _, cells in records if any(c.strip() for c in cells)), [])
+        col, name, header = _text_column(path, header, column, first)
 
     def lines():
         with open_text(path, newline="") as f:
@@ -370,10 +393,11 @@ def _tsv_texts(path: Path, column: str | None, on_blank):
     """`numbered_texts` of a .tsv: a header, then one row per line, cells split at tabs (no quoting)."""
     with open_text(path) as f:
         header = f.readline().rstrip("\r\n").split("\t")
+        first = next((line.rstrip("\r\n").split("\t") for line in f if line.strip()), [])
     if column is None and len(header) == 1 and header[0].lstrip().startswith("{"):  # its JSON lines were the texts
         raise BertkitError(f"{path} holds JSON lines, not a TSV table (its first line is a JSON object): "
                            "name it .jsonl, or give the TSV a tab-separated header")
-    col, name, header = _text_column(path, header, column)
+    col, name, header = _text_column(path, header, column, first)
 
     def lines():
         with open_text(path) as f:
