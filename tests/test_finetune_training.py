@@ -14,6 +14,7 @@
 import json
 import random
 import signal
+import warnings
 from pathlib import Path
 
 import pytest
@@ -389,6 +390,28 @@ def test_trivial_baseline_check_by_hand():
     assert not warn_if_trivial({"accuracy": 0.81, "epoch": 1}, "accuracy", True, (0.8, "x"), said.append)
     assert warn_if_trivial({"mse": 2.0, "epoch": 1}, "mse", False, (1.5, "always the mean"), said.append)
     assert not warn_if_trivial(None, "f1", True, (0.0, "no entities"), said.append)
+
+
+def test_a_dev_warning_is_shown_once_a_run_not_once_an_epoch():
+    # a regression whose predictions are constant warned "every example the same score -0.0084: pearson and
+    # spearman are undefined" after every epoch, its number new each time (so Python's own once-per-text filter
+    # let each through): 4 epochs, 4 warnings of one cause. Now the first of each cause (its words, numbers
+    # aside) is shown; a different cause still is, and the epochs' figures are still recorded
+    epoch = iter(range(1, 10))
+
+    def evaluate(model):
+        n = next(epoch)
+        warnings.warn(f"the model gives every example the same score {n / 1000:.4f}: undefined")
+        if n == 3:
+            warnings.warn("another cause")
+        return {"accuracy": n / 10}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train(Bag(), bag_features(), fast(epochs=4, lr=0.05), evaluate=evaluate, log=lambda s: None)
+    assert [str(w.message) for w in caught] == ["the model gives every example the same score 0.0010: undefined",
+                                                "another cause"]
+    assert [r["accuracy"] for r in result.history] == [0.1, 0.2, 0.3, 0.4]
 
 
 def test_a_run_that_learns_nothing_is_reported(task, tmp_path):

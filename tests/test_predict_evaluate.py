@@ -647,10 +647,12 @@ def test_a_regression_model_with_one_constant_score_writes_null_not_nan(tiny, tm
     train = write_tsv(tmp_path / "t.tsv", hdr, [("the movie was good .", 4.0), ("the food was bad .", 0.5)])
     dev = write_tsv(tmp_path / "d.tsv", hdr, [("the day was new .", 1.0), ("the day was new .", 3.0)])
     said = "every example the same score .*undefined and reported as null"
-    with pytest.warns(UserWarning, match=said):
+    with pytest.warns(UserWarning, match=said) as caught:
         assert main(["finetune", "regression", "--train", str(train), "--dev", str(dev), "-o", str(tmp_path / "o"),
                      "--model", str(tiny), "--label-column", "score", "--max-length", "16", "--epochs", "2",
                      "--quiet"]) == 0
+    # once a run, not after each epoch and again for the saved epoch's report (3 times here)
+    assert sum(bool(re.search(said, str(w.message))) for w in caught) == 1, [str(w.message) for w in caught]
     out = capsys.readouterr().out
     scores = [p["score"] for p in predict(tmp_path / "o", ["the day was new ."] * 2)]
     assert np.isnan(stats.pearsonr(scores, [1.0, 3.0])[0])  # the premise: one constant score, no correlation

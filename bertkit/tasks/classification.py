@@ -50,7 +50,7 @@ from bertkit.data.tables import (check_known_labels, column_key, first_row, labe
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.text_inference import decode, make_features, pool_windows, score
-from bertkit.tasks.trainer import train
+from bertkit.tasks.trainer import train, warnings_once
 from bertkit.model.heads import BertForSequenceClassification, HeadOutput
 
 RELEVANT = "relevant"  # a reranker's one label
@@ -173,7 +173,7 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
              "epochs": result.history, **result.saved}  # which epoch the saved model is, and why
     if dev_ex:
         preds = result.best_predictions or decode_dev(model)  # a resumed run may lack them
-        final["dev"] = score(preds, dev_ex, kind, names, full=True)
+        final["dev"] = warnings_once(lambda: score(preds, dev_ex, kind, names, full=True), result.said)
         final["dev_examples"] = len(dev_ex)
         write_predictions(out / "dev_predictions.tsv", dev_ex, preds, kind)
     write_json(out / "metrics.json", final)

@@ -56,7 +56,7 @@ from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
 from bertkit.tasks.run import fit_length, load_head, load_tokenizer, write_json
-from bertkit.tasks.trainer import micro_rows, rows_hash, train
+from bertkit.tasks.trainer import micro_rows, rows_hash, train, warnings_once
 from bertkit.runtime.loading import load as load_model
 from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
@@ -442,11 +442,12 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
 
     # the starting point, so a gain (or a loss) from training is visible; a resumed run measures it again
     # (the same model, the same figures: its metrics.json and last line equal an uninterrupted run's)
-    before = evaluate(model) if evaluate is not None else None
+    said = set()  # its warnings (a model giving every pair one cosine) shown once, not again each epoch
+    before = warnings_once(lambda: evaluate(model), said) if evaluate is not None else None
     if before is not None:
         log(f"dev before training: {tcfg.metric} {before[tcfg.metric]:.4f}")
     result = train(model, ids, tcfg, evaluate=evaluate, save=save, output_dir=out, pad_id=tok.pad_token_id,
-                   run_config=asdict(cfg), log=log, batches=batches, speed=speed)
+                   run_config=asdict(cfg), log=log, batches=batches, speed=speed, said=said)
     if not result.is_main:
         return {}
     final = _report(cfg, len(examples.rows), result, before)

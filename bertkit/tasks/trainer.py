@@ -27,6 +27,8 @@ what is particular to it: the batches, and the epochs (`Epochs`). A
   at the end;
 - metrics.jsonl (a line per step, one per epoch), curves.png, and a warning
   when the best score is no better than the task's trivial baseline;
+- a warning the evaluation gives (a constant regression's undefined
+  correlation) is shown once a run, not after every epoch (`warnings_once`);
 - dropout draws from the global torch generator, seeded here per process.
 
 Shapes: B batch, T longest feature in the batch; input_ids (B, T) int64.
@@ -38,7 +40,9 @@ import hashlib
 import json
 import math
 import random
+import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +64,7 @@ class TrainResult:
     seconds: float
     is_main: bool = True  # False on the other processes of a torchrun: they write nothing
     best_predictions: object = None  # what evaluate returned beside the scores for the best epoch, if any
+    said: set = field(default_factory=set)  # the evaluation's warnings shown in this run (`warnings_once`)
 
     @property
     def saved(self) -> dict:
@@ -164,7 +169,7 @@ def check_run_output(output_dir, config) -> None:
 
 def train(model, train_features: list, config, *, evaluate=None, save=None,
           output_dir=None, pad_id: int = 0, baseline: tuple[float, str] | None = None, run_config: dict | None = None,
-          log=print, batches=None, speed=None, desc: str = "finetune") -> TrainResult:
+          log=print, batches=None, speed=None, desc: str = "finetune", said: set | None = None) -> TrainResult:
     """Fine-tune `model` in place; returns the per-epoch history and the best epoch.
 
     config: the loop's settings, a `bertkit.tasks.config.TrainConfig` (named, not imported: the task's
@@ -176,6 +181,7 @@ def train(model, train_features: list, config, *, evaluate=None, save=None,
     dev set; a best epoch no better than it gets a warning, and curves.png the line.
     speed: the fast path's settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s).
     desc: the progress bar's label, what runs (distill's runs train here too: they said "finetune").
+    said: the warnings an evaluation before training showed (`warnings_once`): not shown again.
     """
     config.validate()
     if not train_features:
@@ -196,7 +202,8 @@ def train(model, train_features: list, config, *, evaluate=None, save=None,
                                        keep_checkpoints=config.keep_checkpoint, progress=config.progress,
                                        run_config=run_config, epoch_steps=per_epoch, speed=speed)
         job = harness.start(settings, info, stream, lambda extras: model, log)
-        epochs = Epochs(per_epoch, metric, config.greater_is_better, evaluate, save, info.is_main, log)
+        epochs = Epochs(per_epoch, metric, config.greater_is_better, evaluate, save, info.is_main, log,
+                        said=set() if said is None else said)
         epochs.resume(job.extras, distributed.unwrap(job.model))
         harness.train(job, harness.Hooks(evaluate=epochs.end, weigh=loss_terms, on_record=epochs.record,
                                          extras=epochs.saved, after_checkpoint=epochs.checkpointed))
@@ -208,7 +215,7 @@ def train(model, train_features: list, config, *, evaluate=None, save=None,
         refs = {metric: [(baseline[0], f"trivial baseline ({baseline[1]})")]} if baseline else {}
         harness.finish(job, (("loss", "training loss"), ("lr", "learning rate"), (metric, f"dev {metric} per epoch")),
                        refs)
-    return TrainResult(history, best, time.perf_counter() - t_start, info.is_main, epochs.predictions)
+    return TrainResult(history, best, time.perf_counter() - t_start, info.is_main, epochs.predictions, epochs.said)
 
 
 @dataclass
@@ -229,6 +236,7 @@ class Epochs:
     epoch_losses: list = field(default_factory=list)
     best_weights: dict | None = None
     predictions: object = None  # the best epoch's, when it ran in this process (not after a --resume)
+    said: set = field(default_factory=set)  # the evaluation's warnings shown so far (`warnings_once`)
     started: float = field(default_factory=time.perf_counter)
 
     def resume(self, extras: dict | None, model) -> None:
@@ -254,7 +262,7 @@ class Epochs:
         self.epoch_losses = []
         if self.evaluate is not None:
             t1 = time.perf_counter()
-            scores = self.evaluate(m)
+            scores = warnings_once(lambda: self.evaluate(m), self.said)
             scores, predictions = scores if isinstance(scores, tuple) else (scores, None)
             rec.update(scores)
             rec["eval_seconds"] = round(time.perf_counter() - t1, 2)
@@ -282,6 +290,23 @@ class Epochs:
     def checkpointed(self, step: int) -> None:
         if step % self.per_epoch == 0:  # an epoch's train_seconds count no checkpoint writing
             self.started = time.perf_counter()
+
+
+def warnings_once(fn, said: set):
+    """fn(), each warning it raises shown unless one of the same words was shown before (`said`, updated).
+
+    A constant regression warns "every example the same score -0.0084: ... undefined" after every epoch, its
+    number new each time, so Python's own filter (once per text) let each through: N epochs, N warnings of one
+    cause. Here the numbers are left out of what makes two warnings the same."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    for w in caught:
+        cause = (w.category, re.sub(r"\d+(\.\d+)?", "#", str(w.message)))
+        if cause not in said:
+            said.add(cause)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # through the caller's filters
+    return out
 
 
 def _weights(model) -> dict:
