@@ -489,16 +489,23 @@ def test_defaults_longer_than_the_models_positions_are_cut_to_them_and_said(tiny
         said = []
         unset = dict.fromkeys(cls.FITTED)  # what the command line and finetune() leave to the run when not given
         cfg = settle(cls(train="t", output="o", model=str(tiny), **unset), log=said.append)
-        overlap = "; stride 16: a quarter of max length 64, as the default 32 is of 128 (--stride sets another)"
+        overlap = {NerConfig: "; stride 16: a quarter of max length 64, as the default 32 is of 128 (--stride sets "
+                              "another)",
+                   QAConfig: "; max query length 16: a quarter of max length 64, fewer than the default 64 "
+                             "(--max-query-length sets another); stride 32: half of max length 64, fewer than the "
+                             "default 128 (--stride sets another)"}.get(cls, "")
         assert cfg.max_length == 64 and said == [f"max length 64: the model's 64 positions, fewer than the default "
-                                                 f"{default} (--max-length sets another)"
-                                                 f"{overlap if cls is NerConfig else ''}"], (cls, said)
+                                                 f"{default} (--max-length sets another){overlap}"], (cls, said)
         said.clear()
         assert settle(cls(train="t", output="o", model=str(tiny), **{**unset, "max_length": 48}),
                       log=said.append).max_length == 48
-        # a length given is the run's (checked against the positions when the model loads); NER's overlap follows it
-        assert said == ([] if cls is not NerConfig else
-                        ["stride 12: a quarter of max length 48, as the default 32 is of 128 (--stride sets another)"])
+        # a length given is the run's (checked against the positions when the model loads); NER's overlap follows
+        # it, and QA's question share and overlap
+        assert said == {NerConfig: ["stride 12: a quarter of max length 48, as the default 32 is of 128 (--stride "
+                                    "sets another)"],
+                        QAConfig: ["max query length 12: a quarter of max length 48, fewer than the default 64 "
+                                   "(--max-query-length sets another); stride 24: half of max length 48, fewer than "
+                                   "the default 128 (--stride sets another)"]}.get(cls, []), (cls, said)
         said.clear()
         assert settle(cls(train="t", output="o", **unset), log=said.append).max_length == default and said == []
         assert settle(cls(train="t", output="o", model=str(tiny))).max_length == default  # built by hand: as ever

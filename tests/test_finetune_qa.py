@@ -223,6 +223,27 @@ def test_a_squad_v2_dev_file_needs_the_v2_flag_too(tiny, tmp_path):  # noqa: F81
     assert "HasAns (2 questions): exact match" in qa_report(final) and "NoAns (1 question)" in qa_report(final)
 
 
+@pytest.mark.parametrize("length,query,stride", [(384, 64, 128), (256, 64, 128), (200, 50, 100), (128, 32, 64)])
+def test_the_fitted_question_share_and_overlap_are_said(length, query, stride):
+    """`finetune qa --max-length 128` trained with 32 question tokens and an overlap of 64, not the 64 and 128
+    the help gives as defaults, without a word (NER says its fitted stride in a line). Now each value fitted
+    below its default is said in NER's form; at a length where both are the defaults, nothing is said."""
+    from bertkit.tasks.run import settle
+
+    said = []
+    cfg = settle(QAConfig(train="t", output="o", **{**dict.fromkeys(QAConfig.FITTED), "max_length": length}),
+                 log=said.append)
+    assert (cfg.max_query_length, cfg.doc_stride) == (query, stride)
+    parts = ([f"max query length {query}: a quarter of max length {length}, fewer than the default 64 "
+              "(--max-query-length sets another)"] if query != 64 else []) + \
+            ([f"stride {stride}: half of max length {length}, fewer than the default 128 (--stride sets another)"]
+             if stride != 128 else [])
+    assert said == (["; ".join(parts)] if parts else []), said
+    said.clear()  # a value typed is not said
+    settle(QAConfig(train="t", output="o", max_length=length, max_query_length=16, doc_stride=8), log=said.append)
+    assert said == []
+
+
 def test_max_query_length_zero_is_one_line_before_anything_loads(tmp_path, capsys):
     # --max-query-length 0 cut every question away: the run trained on contexts alone, exit 0
     from bertkit.cli import main

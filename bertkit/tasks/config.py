@@ -225,12 +225,23 @@ class QAConfig(TaskConfig):
         """As every task's, and the question's share and the windows' overlap: run_squad.py's 64 and 128, at most
         a quarter and half of a shorter max_length (the transformers QA pipeline's rule, as `bertkit predict` reads
         a Hugging Face QA checkpoint: `qa_inference.reading`)."""
-        note = super().fit(positions)
+        notes = [super().fit(positions)]
+        fields = type(self).__dataclass_fields__
+        # each fitted below its default is said in a line, as NER's overlap is (a run of --max-length 128 used
+        # 32 and 64 where the help gives 64 and 128, without a word)
         if self.max_query_length is None:
-            self.max_query_length = min(64, self.max_length // 4)
+            default = fields["max_query_length"].default
+            self.max_query_length = min(default, self.max_length // 4)
+            if self.max_query_length != default:
+                notes.append(f"max query length {self.max_query_length}: a quarter of max length {self.max_length}, "
+                             f"fewer than the default {default} (--max-query-length sets another)")
         if self.doc_stride is None:
-            self.doc_stride = min(128, self.max_length // 2)
-        return note
+            default = fields["doc_stride"].default
+            self.doc_stride = min(default, self.max_length // 2)
+            if self.doc_stride != default:
+                notes.append(f"stride {self.doc_stride}: half of max length {self.max_length}, fewer than the "
+                             f"default {default} (--stride sets another)")
+        return "; ".join(n for n in notes if n) or None
 
     def validate(self) -> "QAConfig":
         super().validate(low=32)
