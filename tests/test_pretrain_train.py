@@ -5,6 +5,7 @@ it with a toy regression model whose right answers are checkable by hand; the
 end-to-end tests (real BERT, prepared data, the CLI) are further down.
 """
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -173,3 +174,41 @@ def test_the_held_out_loss_is_the_loss_of_the_whole_slice(head):
         means = sum(float(model(**b).loss) for b in batches) / len(batches)
     assert abs(means - one) > 1e-3  # the mean of batch means is another figure
     assert evaluate(model, batches, autocast_for("fp32", "cpu"))["loss"] == pytest.approx(one, abs=1e-5)
+
+
+def test_an_sop_run_names_its_pair_accuracy_sop_acc(tmp_path):
+    """An SOP run (sentence-order prediction: is B swapped?) logged its held-out and training accuracy of that
+    task as nsp_acc, a next-sentence figure it does not measure, in metrics.jsonl, its last line and the curves.
+    Now it is sop_acc (an NSP run's stays nsp_acc): the head's argmax against the labels, counted by hand here;
+    an SOP run's earlier lines that say nsp_acc (a run resumed across the rename) are still read for its curve."""
+    from bertkit.model.config import BertConfig, IGNORE_INDEX
+    from bertkit.model.heads import BertForPreTraining
+    from bertkit.pretraining.train import accuracies, evaluate, final_summary
+
+    g = torch.Generator().manual_seed(1)
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=16)
+    model = BertForPreTraining(config, generator=g).eval()
+    ids = torch.randint(5, 50, (6, 10), generator=g)
+    labels = torch.full((6, 10), IGNORE_INDEX)
+    labels[:, 2] = ids[:, 2]
+    batch = {"input_ids": ids, "attention_mask": torch.ones(6, 10, dtype=torch.long),
+             "token_type_ids": torch.zeros(6, 10, dtype=torch.long), "labels": labels,
+             "next_sentence_label": torch.tensor([0, 1, 1, 0, 1, 0])}
+    with torch.no_grad():
+        right = (model(**batch).seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).float().mean()
+    figures = evaluate(model, [batch], autocast_for("fp32", "cpu"), pair="sop")
+    assert figures["sop_acc"] == pytest.approx(float(right)) and "nsp_acc" not in figures
+    assert "nsp_acc" in evaluate(model, [batch], autocast_for("fp32", "cpu"), pair="nsp")
+    assert accuracies({"nsp_correct": 3.0, "nsp_total": 4.0}, "sop") == {"sop_acc": 0.75}
+    # the run's last words and its curves
+    from bertkit.pretraining.train import panels
+    from bertkit.training.metrics_log import points
+
+    old = {"split": "eval", "step": 2, "loss": 4.0, "mlm_acc": 0.1, "nsp_acc": 0.5}  # before the rename
+    new = {"split": "eval", "step": 4, "loss": 3.0, "mlm_acc": 0.2, "sop_acc": 0.625}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (old, new)))
+    assert final_summary(tmp_path).endswith("held out at step 4: loss 3.0000, mlm_acc 0.2000, sop_acc 0.6250")
+    (key, title), = [p for p in panels("sop") if "acc" in p[1] and "MLM" not in p[1]]
+    assert title == "SOP accuracy" and points([old, new], key) == [(2, 0.5), (4, 0.625)]
+    assert [p for p in panels("nsp") if p[1] == "NSP accuracy"] == [("nsp_acc", "NSP accuracy")]

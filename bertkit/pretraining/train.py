@@ -129,14 +129,16 @@ def batch_metrics(out, batch: dict) -> dict:
     return m
 
 
-def accuracies(counts: dict) -> dict:
+def accuracies(counts: dict, pair: str = "nsp") -> dict:
+    """The rates of summed counts; the pair task's accuracy named after the data's task (`pair`, its objective):
+    nsp_acc for NSP, sop_acc for SOP (an SOP run logged nsp_acc, a next-sentence figure it does not measure)."""
     if "disc_total" in counts:
         return electra_metrics(counts)
     out = {}
     if counts.get("mlm_total"):
         out["mlm_acc"] = counts["mlm_correct"] / counts["mlm_total"]
-    if counts.get("nsp_total"):
-        out["nsp_acc"] = counts["nsp_correct"] / counts["nsp_total"]
+    if counts.get("nsp_total"):  # the counts of the head's two-way [CLS] task, NSP's or SOP's
+        out[f"{pair}_acc"] = counts["nsp_correct"] / counts["nsp_total"]
     return out
 
 
@@ -154,8 +156,9 @@ def loss_sums(out, batch: dict, disc_weight: float = 1.0) -> list:
 
 
 @torch.no_grad()
-def evaluate(model, batches: list, autocast, disc_weight: float = 1.0) -> dict:
-    """Loss and accuracies over held-out batches, plus the MLM frequent-token baseline.
+def evaluate(model, batches: list, autocast, disc_weight: float = 1.0, pair: str = "nsp") -> dict:
+    """Loss and accuracies over held-out batches (`pair`: the data's pair task, `accuracies`), plus the MLM
+    frequent-token baseline.
 
     The loss is the training objective over the whole slice: each term's mean over all of its items (the MLM
     cross-entropy per masked token, NSP/SOP per pair), summed as in training. A mean of the batches' losses
@@ -178,7 +181,7 @@ def evaluate(model, batches: list, autocast, disc_weight: float = 1.0) -> dict:
             freq[int(tok)] = freq.get(int(tok), 0) + int(c)
     model.train(was_training)
     loss = sum(weight * total / n for total, n, weight in sums.values() if n)
-    result = {"loss": float(loss), **accuracies(counts)}
+    result = {"loss": float(loss), **accuracies(counts, pair)}
     if freq:
         result["mlm_baseline"] = max(freq.values()) / sum(freq.values())
     return result
@@ -318,28 +321,36 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
         stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed, prepared=dataset.fingerprint)
         job = harness.start(settings, info, stream, build)
         model_config = job.config.to_dict()  # recorded in checkpoints, rebuilt to gather FSDP shards
+        pair = dataset.objective  # the pair task (nsp, sop) whose accuracy the records name
         autocast = autocast_for(cfg.precision, info.device)
         harness.train(job, harness.Hooks(
-            evaluate=(lambda m, step: evaluate(m, eval_batches, autocast, cfg.disc_weight)) if eval_batches else None,
-            count=batch_metrics, rates=accuracies,
+            evaluate=(lambda m, step: evaluate(m, eval_batches, autocast, cfg.disc_weight, pair)) if eval_batches
+            else None, count=batch_metrics, rates=lambda counts: accuracies(counts, pair),
             extras=lambda step: {"scheduler": {"schedule": cfg.optim.schedule, "step": step, "total_steps": cfg.max_steps},
                                  "model_config": model_config, "extra": {"run_config": cfg.to_dict()}}))
         final = harness.final_model(job, lambda: build({"model_config": model_config}))
         if final is not None:
             save_final(final, out, tokenizer)
-        harness.finish(job, ELECTRA_PANELS if cfg.method == "electra" else PANELS, references(out))
+        harness.finish(job, ELECTRA_PANELS if cfg.method == "electra" else panels(pair), references(out, pair))
         if info.is_main:
             print(final_summary(out))
     return out
 
 
-def references(out: Path) -> dict:
+def references(out: Path, pair: str = "nsp") -> dict:
     """The curves' reference lines: chance for NSP/SOP, the most frequent masked token for MLM."""
     evals = [r for r in harness.run_metrics(out) if r["split"] == "eval" and "mlm_baseline" in r]
-    return {"nsp_acc": [(0.5, "chance")], "mlm_acc": [(evals[-1]["mlm_baseline"], "most frequent token")] if evals else []}
+    return {f"{pair}_acc": [(0.5, "chance")],
+            "mlm_acc": [(evals[-1]["mlm_baseline"], "most frequent token")] if evals else []}
 
 
-PANELS = (("loss", "loss"), ("mlm_acc", "MLM accuracy"), ("nsp_acc", "NSP / SOP accuracy"), ("lr", "learning rate"))
+def panels(pair: str) -> tuple:
+    """The curves of a BERT run; the pair task's accuracy named after the data's objective (an SOP run's lines
+    written before it had its name hold it as nsp_acc: read too, as a resumed run's earlier steps)."""
+    accuracy = (("sop_acc", "nsp_acc"), "SOP accuracy") if pair == "sop" else ("nsp_acc", "NSP accuracy")
+    return ("loss", "loss"), ("mlm_acc", "MLM accuracy"), accuracy, ("lr", "learning rate")
+
+
 ELECTRA_PANELS = (("loss", "loss (MLM + weight x discriminator)"), ("mlm_acc", "generator MLM accuracy"),
                   ("disc_acc", "discriminator accuracy"), ("disc_precision", "precision on replaced tokens"),
                   ("disc_recall", "recall on replaced tokens"), ("lr", "learning rate"))
@@ -356,7 +367,7 @@ def final_summary(out: Path) -> str:
     return f"{where}; held out at step {last['step']}: {shown}"
 
 
-HELD_OUT_FIGURES = ("loss", "mlm_loss", "mlm_acc", "mlm_baseline", "nsp_acc", "disc_acc", "disc_precision",
+HELD_OUT_FIGURES = ("loss", "mlm_loss", "mlm_acc", "mlm_baseline", "nsp_acc", "sop_acc", "disc_acc", "disc_precision",
                     "disc_recall")
 
 

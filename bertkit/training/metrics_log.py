@@ -86,10 +86,17 @@ def _running_mean(values, window: int) -> list:
     return out
 
 
-def plot_curves(metrics_path, png_path, panels, references=None) -> None:
-    """One panel per (key, title) in `panels`, train and eval against step.
+def points(records: list, names: tuple) -> list:
+    """(step, value) of each record holding the figure under one of `names`, the first found: a figure renamed
+    (an SOP run's nsp_acc, now sop_acc) is read from a resumed run's earlier lines too."""
+    return [(r["step"], next(r[n] for n in names if n in r)) for r in records if any(n in r for n in names)]
 
-    references: {key: [(value, label), ...]}, horizontal lines in that key's panel.
+
+def plot_curves(metrics_path, png_path, panels, references=None) -> None:
+    """One panel per (key, title) in `panels`, train and eval against step; a key may be a tuple: the figure's
+    name, then names earlier runs wrote it under (`points`).
+
+    references: {key: [(value, label), ...]}, horizontal lines in that key's panel (its first name).
     """
     import matplotlib
 
@@ -108,10 +115,11 @@ def plot_curves(metrics_path, png_path, panels, references=None) -> None:
     for ax in axes.flat[len(panels):]:
         ax.remove()
     for ax, (key, title) in zip(axes.flat, panels):
-        pts = [(r["step"], r[key]) for r in train if key in r]
+        key = key if isinstance(key, tuple) else (key,)
+        pts = points(train, key)
         if pts:
             steps, values = zip(*pts)
-            if key == "lr":
+            if key[0] == "lr":
                 ax.plot(steps, values, linewidth=1, label="train")
             else:
                 lines = train_series(values)
@@ -119,10 +127,10 @@ def plot_curves(metrics_path, png_path, panels, references=None) -> None:
                     faint = k < len(lines) - 1  # the per-step values under a running mean
                     ax.plot(steps, ys, linewidth=0.5 if faint else 1.2, alpha=0.3 if faint else 1.0,
                             color="tab:blue", label=label)
-        pts = [(r["step"], r[key]) for r in evals if key in r]
+        pts = points(evals, key)
         if pts:
             ax.plot(*zip(*pts), "o-", color="tab:orange", label="eval (held out)", markersize=3, linewidth=1)
-        for value, label in (references or {}).get(key, []):
+        for value, label in (references or {}).get(key[0], []):
             ax.axhline(value, color="grey", linestyle="--", label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
