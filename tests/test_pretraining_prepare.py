@@ -9,6 +9,7 @@ rounding of round(L * 0.15), for the masked fraction).
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -341,6 +342,27 @@ def test_iterating_again_runs_the_next_epoch(tokenised):
                                           persistent_workers=True)
     for epoch in range(2):
         assert sorted((int(x["index"]), int(x["position"])) for x in workers) == sorted(whole[epoch * n:(epoch + 1) * n])
+
+
+def test_set_epoch_gives_each_epochs_fresh_workers_their_epoch(tokenised):
+    """A for-epoch loop over a DataLoader whose workers are not persistent (torch's default) read epoch 1's
+    order and masks every epoch: each epoch's workers start from a fresh copy of the main process's dataset,
+    which iterating in them never moves on (the control below). As with torch's DistributedSampler, the loop
+    now says the epoch before it iterates (`set_epoch`), and the workers read that epoch of one stream."""
+    whole = [(x["index"], x["position"]) for x in PretrainingDataset(tokenised, seed=3, epochs=2)]
+    n = len(whole) // 2
+    ds = PretrainingDataset(tokenised, seed=3)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
+
+    def first(k=6):  # an epoch's first instances (their positions say which epoch it is)
+        return [(int(x["index"]), int(x["position"])) for x in itertools.islice(loader, k)]
+
+    assert first() == whole[:6] and first() == whole[:6]  # epoch 1 again, unless told
+    for epoch in (1, 0):
+        ds.set_epoch(epoch)
+        assert first() == whole[epoch * n:epoch * n + 6], epoch
+    ds.set_epoch(1)  # in-process, the same epoch
+    assert [(x["index"], x["position"]) for x in ds] == whole[n:]
 
 
 def test_dataloader_workers_split_the_stream(tokenised):

@@ -11,9 +11,11 @@ in memory. It is both
   jumps anywhere at once, which an exact resume needs. Under a DataLoader with
   several workers, worker w of W takes the positions p = w (mod W). With
   `epochs=N`, one iteration is N epochs and the next iteration the N after
-  them (a for-epoch loop); DataLoader workers that are not persistent start
-  each epoch from the main process's dataset, which they never move on: give
-  them `persistent_workers=True` (or `seek` each epoch's start).
+  them (a for-epoch loop); DataLoader workers that are not persistent (torch's
+  default) start each epoch from a fresh copy of the main process's dataset,
+  which they never move on: the loop calls `set_epoch(epoch)` before each
+  epoch, as for torch's DistributedSampler (or gives them
+  `persistent_workers=True`), else every epoch is epoch 1 again.
 
 An instance is a dict of numpy arrays: `input_ids` [L] int64, `token_type_ids`
 [L] int64, `next_sentence_label` (pair objectives), `masked_positions` [M] /
@@ -161,6 +163,18 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
         if not _is_count(position):
             raise BertkitError(f"stream position must be an int >= 0, got {position!r}")
         self.position = int(position)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration runs pass `epoch` (from 0; a pass is `epochs` epochs), as torch's
+        DistributedSampler.set_epoch: a loop over a DataLoader whose workers are not persistent calls it before
+        each epoch, since those workers start from a fresh copy of this dataset, which iterating in them never
+        moves on (each epoch repeated epoch 1's order and masks). In-process and persistent workers move on by
+        themselves, to the epoch this says."""
+        if not _is_count(epoch):
+            raise BertkitError(f"epoch must be an int >= 0, got {epoch!r}")
+        if self.epochs is None:
+            raise BertkitError("an endless stream (epochs=None) has no epochs to set: seek a position instead")
+        self.seek(math.ceil(epoch * self.epochs * len(self)))
 
     def index_at(self, position: int) -> int:
         n = len(self)
