@@ -32,6 +32,23 @@ def test_json_as_json_dumps_writes_it_in_a_new_folder(tmp_path):
     assert (tmp_path / "c.json").read_text(encoding="utf-8") == json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
+def test_a_nan_is_refused_naming_the_file_and_where_it_sits(tmp_path):
+    """write_json allowed NaN by default: a NaN reached the file as Python's token `NaN` (or `Infinity`), which
+    strict JSON readers (jq, JavaScript's JSON.parse) refuse. It is refused now, naming the file and the
+    value's place, before the file is touched; a caller that means it says allow_nan=True."""
+    path = tmp_path / "metrics.json"
+    write_json(path, {"old": 1})
+    with pytest.raises(ValueError, match=r"metrics\.json: dev\.pearson is nan"):
+        write_json(path, {"dev": {"mse": 1.0, "pearson": float("nan")}})
+    with pytest.raises(ValueError, match=r"metrics\.json: epochs\[1\]\.loss is -inf"):
+        write_json(path, {"epochs": [{"loss": 1.0}, {"loss": float("-inf")}]})
+    assert json.loads(path.read_text()) == {"old": 1} and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+    write_json(path, {"x": float("nan")}, allow_nan=True)
+    assert path.read_text() == '{\n  "x": NaN\n}\n'
+    write_json(path, {"x": None, "y": [1.5]})  # null and finite numbers as ever
+    assert json.loads(path.read_text()) == {"x": None, "y": [1.5]}
+
+
 def test_a_path_writer_that_fails_leaves_the_old_file_and_no_tmp(tmp_path):
     from bertkit.data.atomic import write_through
 

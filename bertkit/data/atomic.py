@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -82,11 +83,31 @@ def _hold(lock: Path, path: Path) -> int:
     raise BlockingIOError(f"could not write {path}: {lock} keeps changing; is another process writing it in a loop?")
 
 
-def write_json(path, data, *, ensure_ascii: bool = True, allow_nan: bool = True) -> None:
-    """`data` as indented JSON (and a final newline), UTF-8, written atomically; allow_nan False: a NaN or an
-    infinity raises ValueError (JSON has none; strict readers refuse Python's NaN), before the file is touched."""
+def write_json(path, data, *, ensure_ascii: bool = True, allow_nan: bool = False) -> None:
+    """`data` as indented JSON (and a final newline), UTF-8, written atomically. A NaN or an infinity raises
+    ValueError naming the file and the value's place, before the file is touched: JSON has none, and strict
+    readers (jq, JavaScript) refuse Python's `NaN` (an undefined figure is None, null). allow_nan: write them
+    as Python's tokens, for a caller that means it (the default was True, and a NaN reached files silently)."""
+    if not allow_nan:
+        bad = non_finite(data)
+        if bad:
+            raise ValueError(f"{path}: {bad[0]} is {bad[1]}: JSON has no NaN or infinity (an undefined figure is "
+                             "None, null); the file is not written")
     text = json.dumps(data, indent=2, ensure_ascii=ensure_ascii, allow_nan=allow_nan) + "\n"
     replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def non_finite(data, where: str = "") -> tuple[str, float] | None:
+    """(the place, the value) of the first NaN or infinity in `data` (dicts, lists, tuples), None if none."""
+    if isinstance(data, float):
+        return None if math.isfinite(data) else (where or "the value", data)
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, (list, tuple)) else ()
+    for key, value in items:
+        found = non_finite(value, f"{where}[{key}]" if isinstance(data, (list, tuple)) else
+                           f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
 
 
 def write_lines(path, lines) -> None:
