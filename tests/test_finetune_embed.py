@@ -337,6 +337,32 @@ def test_the_score_before_training_is_reported(data, tmp_path):
     assert any(line.startswith("warning: the saved model scores below") for line in lines) == (after < start["spearman"])
 
 
+def test_a_model_giving_every_dev_pair_one_cosine_trains_and_says_undefined(data, tmp_path):
+    """Scored dev pairs on which the model gives every pair the same cosine (here each sentence is one word the
+    handmade vocabulary lacks: [CLS] [UNK] [SEP], one vector) have no correlation; `evaluate sts` warns and
+    reports null. finetune embed stopped before its first step with a traceback, KeyError: 'spearman' (its dev
+    figures kept numbers only). Now the run trains, metrics.json holds null, the report says "undefined", and
+    the warning is said once, not before training and after every epoch."""
+    import warnings
+
+    from bertkit.retrieval.evaluation import evaluate_sts
+    from bertkit.tasks import format_report
+
+    dev = write(tmp_path / "sts.tsv", "sentence1\tsentence2\tscore\nzebra\tquokka\t1\nokapi\tyak\t3\nibex\tnarwhal\t2\n")
+    with pytest.warns(UserWarning, match="every pair the same cosine"):  # the premise
+        assert evaluate_sts(str(data["tiny"]), str(dev), max_length=32)["spearman"] is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        final = run(data, tmp_path / "out", dev=str(dev), training=fast(epochs=2))
+    assert sum("same cosine" in str(w.message) for w in caught) == 1
+    assert final["dev_before_training"]["spearman"] is None and final["dev"]["spearman"] is None
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["dev"]["pearson"] is None and all(e["spearman"] is None for e in metrics["epochs"])
+    lines = format_report(final).splitlines()
+    assert "spearman undefined, pearson undefined" in lines[1], lines
+    assert "dev spearman before training undefined, after undefined" in lines, lines
+
+
 def test_a_model_trained_below_its_start_is_said():
     """finetune embed keeps its best epoch even when every epoch scores below the model it started from (a
     CoSENT run went 0.9521 -> 0.9465); the report said only '(-0.0056)'. It warns in one line, as finetune

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from bertkit.model.checkpoint import resolve
-from bertkit.errors import BertkitError, read_score
+from bertkit.errors import BertkitError, figure, read_score
 from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
@@ -399,8 +399,12 @@ def dev_evaluator(cfg: EmbedConfig, log):
         raise BertkitError(f"--dev {cfg.dev}: evaluation needs a BEIR folder (retrieval) or scored pairs "
                            "(sentence1, sentence2, score: STS)")
     pairs = [(a, b, s) for (a, b), s in zip(dev.rows, dev.scores)]
-    return (lambda m, tok: figures(evaluate_sts(loaded(m, tok), pairs, max_length=cfg.max_length,
-                                                batch_size=tcfg.eval_batch_size))), EMBED_DEV[kind][0]
+
+    def sts(m, tok):  # both correlations, None (null) where the model gives every pair one cosine: `figures`
+        scores = evaluate_sts(loaded(m, tok), pairs, max_length=cfg.max_length, batch_size=tcfg.eval_batch_size)
+        return {k: scores[k] for k in EMBED_DEV[kind]}  # kept numbers only, and stopped with KeyError: 'spearman'
+
+    return sts, EMBED_DEV[kind][0]
 
 
 def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
@@ -445,7 +449,7 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     said = set()  # its warnings (a model giving every pair one cosine) shown once, not again each epoch
     before = warnings_once(lambda: evaluate(model), said) if evaluate is not None else None
     if before is not None:
-        log(f"dev before training: {tcfg.metric} {before[tcfg.metric]:.4f}")
+        log(f"dev before training: {tcfg.metric} {figure(before[tcfg.metric])}")
     result = train(model, ids, tcfg, evaluate=evaluate, save=save, output_dir=out, pad_id=tok.pad_token_id,
                    run_config=asdict(cfg), log=log, batches=batches, speed=speed, said=said)
     if not result.is_main:

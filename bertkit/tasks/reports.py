@@ -114,13 +114,19 @@ def embed_report(final: dict) -> str:
             f"in {final['train_seconds']} s")
     if not dev:
         return head + " (no dev set)"
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in dev.items() if isinstance(v, float) and not k.endswith("seconds"))
+
+    def said(v) -> str:  # None: a correlation of a model giving every pair one cosine
+        return "undefined" if v is None else f"{v:.4f}"
+
+    shown = ", ".join(f"{k} {said(v)}" for k, v in dev.items()
+                      if (isinstance(v, float) or v is None) and not k.endswith("seconds"))
     lines = [head, f"dev (best epoch {final['best_epoch']}): {shown}"]
     before, metric = final.get("dev_before_training"), final.get("metric")
     if before is not None and metric in before and metric in dev:
-        lines.append(f"dev {metric} before training {before[metric]:.4f}, after {dev[metric]:.4f} "
-                     f"({dev[metric] - before[metric]:+.4f})")
-        if dev[metric] < before[metric]:  # the kept epoch is the best of the trained ones, not of the start
+        was, now = before[metric], dev[metric]
+        change = "" if was is None or now is None else f" ({now - was:+.4f})"
+        lines.append(f"dev {metric} before training {said(was)}, after {said(now)}{change}")
+        if change and now < was:  # the kept epoch is the best of the trained ones, not of the start
             lines.append(f"warning: the saved model scores below the model it started from on this dev set "
                          f"({metric}): the starting model is the better one here; train with other settings "
                          "(a lower --learning-rate, fewer --epochs) or keep it")
