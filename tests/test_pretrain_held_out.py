@@ -58,3 +58,18 @@ def test_three_books_hold_one_out_without_skewing_training(shared_data, tmp_path
     assert len(train) == (docs[:, 0] != held_doc).sum()
     assert 0.35 < (labels[train] == 1).mean() < 0.65
     assert 0.2 < (labels[held] == 1).mean() < 0.8  # held-out pairs keep both labels too
+
+
+def test_the_label_balance_says_what_label_1_means_for_the_data(tmp_path):
+    """An SOP run said "51.3% with label 1 (random next / swapped)" of its pairs, where label 1 is "swapped"
+    alone (as `pretrain show` and prepare's summary say it): the line names the data's own meaning now."""
+    from types import SimpleNamespace
+
+    from bertkit.pretraining.held_out import label_balance
+
+    for objective, meaning in (("nsp", "random next"), ("sop", "swapped")):
+        data = tmp_path / objective
+        (data / "s0").mkdir(parents=True)
+        np.save(data / "s0" / "labels.npy", np.array([1, 0, 1, 1], dtype=np.int8))
+        (data / "manifest.json").write_text(json.dumps({"config": {"objective": objective}, "shards": [{"path": "s0"}]}))
+        assert label_balance(data, SimpleNamespace(indices=[0, 1, 2, 3])) == f"4 instances, 75.0% with label 1 ({meaning})"

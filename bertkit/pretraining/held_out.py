@@ -83,11 +83,13 @@ def _shard_arrays(data_dir, name: str) -> np.ndarray:
 
 
 def label_balance(data_dir, subset: Subset) -> str:
-    """"n instances, x% with label 1" for a part of pair-objective data ("" without NSP/SOP labels)."""
+    """"n instances, x% with label 1 (what 1 means)" for a part of pair-objective data ("" without NSP/SOP labels)."""
     labels = _shard_arrays(data_dir, "labels")[np.asarray(subset.indices, dtype=np.int64)]
     if not len(labels) or (labels < 0).all():
         return ""
-    return f"{len(labels)} instances, {(labels == 1).mean():.1%} with label 1 (random next / swapped)"
+    objective = json.loads((Path(data_dir) / "manifest.json").read_text())["config"]["objective"]
+    meaning = {"nsp": "random next", "sop": "swapped"}.get(objective, "random next / swapped")  # SOP said both
+    return f"{len(labels)} instances, {(labels == 1).mean():.1%} with label 1 ({meaning})"
 
 
 def _why_none(data_dir) -> str:
