@@ -442,6 +442,28 @@ def test_a_table_without_a_sentence_or_text_column_is_read_from_its_one_column_o
     assert list(read_texts(tmp_path / "rte.tsv")[0]) == ["A man sleeps."]
 
 
+def test_a_json_file_is_read_as_json_lines_not_as_one_text(shared_data, tmp_path, capsys):
+    """A .json file was read as plain text, one text per line: `bertkit embed dev-v1.1.json` (SQuAD, one JSON
+    document on one line) wrote one vector, of the raw JSON, without a word. It is read as JSON Lines (what
+    datasets' `to_json` writes under .json): its objects' 'text' fields; a single document like SQuAD's is
+    refused in one line, before the model loads."""
+    import json
+
+    from bertkit.cli import main
+
+    squad = json.loads((shared_data / "squad_v1.1" / "dev-v1.1.json").read_text(encoding="utf-8"))
+    squad["data"] = squad["data"][:1]
+    (tmp_path / "squad.json").write_text(json.dumps(squad), encoding="utf-8")
+    assert main(["embed", str(tmp_path / "squad.json"), "-o", str(tmp_path / "v.npy"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "squad.json:1: no field 'text'" in err and "JSON Lines" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "v.npy").exists()
+    contexts = [p["context"] for p in squad["data"][0]["paragraphs"][:3]]
+    (tmp_path / "lines.json").write_text("".join(json.dumps({"text": c}) + "\n" for c in contexts), encoding="utf-8")
+    texts, count = read_texts(tmp_path / "lines.json")
+    assert list(texts) == contexts and count == 3
+
+
 def test_cli_embed_refuses_a_bad_input_file_before_the_model_loads(tmp_path, capsys):
     # JSON lines named .tsv were embedded as texts, each its raw JSON (the first column of a one-column
     # "table"), and exited 0; the model loaded before the input was opened. --model names no folder here.

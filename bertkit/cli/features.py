@@ -14,7 +14,8 @@ def add_embed(sub):
     p = sub.add_parser(
         "embed",
         help="embed texts with a frozen BERT: sentence, token or word vectors",
-        description="Read texts from INPUT (.txt: one per line, blank lines skipped; .jsonl: a 'text' field; .tsv, "
+        description="Read texts from INPUT (.txt: one per line, blank lines skipped; .jsonl, .json: JSON Lines, "
+        "a 'text' field; .tsv, "
         ".csv: a column under a header), embed them in length-sorted batches, streaming, and write the vectors to OUT "
         "(.npy, .safetensors or .jsonl). Sentence vectors follow the model's sentence-transformers layout when "
         "it has one (its pooling, normalisation and max_seq_length: the default model is mean-pooled, "
@@ -27,14 +28,15 @@ def add_embed(sub):
         "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("input", help="a text file: .txt (one text per line), .jsonl, .tsv or .csv; '-': standard input, "
+    p.add_argument("input", help="a text file: .txt (one text per line), .jsonl (.json: JSON Lines too), .tsv or "
+                   ".csv; '-': standard input, "
                    "one text per line")
     p.add_argument("-o", "--output", required=True, help="where to write: .npy, .safetensors or .jsonl")
     p.add_argument("--model", help="a model directory (default: the embedded model)")
     add_options(p, EmbedOptions)
     p.add_argument("--word-pooling", choices=["mean", "first"],
                    help="with --pooling words: how a word's pieces make its vector (default mean)")
-    p.add_argument("--column", "--text-column", help="the .tsv/.csv column or .jsonl field holding the text "
+    p.add_argument("--column", "--text-column", help="the .tsv/.csv column or .jsonl/.json field holding the text "
                    "(default: 'sentence', else 'text', else a table's one column of text; --text-column: its name "
                    "in finetune and predict)")
     p.add_argument("--batch-size", type=count, default=32, help="texts per forward pass (default 32)")

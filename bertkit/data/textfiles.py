@@ -234,8 +234,8 @@ def blank_lines(path, column: str | None = None) -> int:
 def read_texts(path, column: str | None = None) -> tuple:
     """(an iterator over the texts of a file, how many there are), without loading them all.
 
-    .txt (or anything else): one text per non-empty line (`column` is refused). .jsonl: the "text"
-    field (or `column`) of each line. .tsv, .csv: the column named `column` (default
+    .txt (or anything else): one text per non-empty line (`column` is refused). .jsonl (and .json, read as
+    JSON Lines): the "text" field (or `column`) of each line. .tsv, .csv: the column named `column` (default
     "sentence", else "text", else its one column of text: `_text_column`) under a header row (a .csv
     as the csv module reads it: quoted cells, commas and newlines inside them). The file must
     be UTF-8 (`bertkit.data.textfiles`); a malformed line is an error naming it.
@@ -309,14 +309,17 @@ def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
         return _csv_texts(path, column, on_blank)
     if suffix == ".tsv":
         return _tsv_texts(path, column, on_blank)
-    if suffix == ".jsonl":
+    if suffix in (".jsonl", ".json"):  # .json: JSON Lines too (datasets' to_json), not plain text (one raw JSON text)
         key = column or "text"
+        single = ("" if suffix == ".jsonl" else " (a .json file is read as JSON Lines, one object per line; a single "
+                  "JSON document such as SQuAD's holds no list of texts)")
 
         def lines():
             with open_text(path) as f:
                 for number, record in json_objects(f, path, on_blank):
                     if key not in record:
-                        raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set --column")
+                        raise BertkitError(f"{path}:{number}: no field {key!r} in this line's object: set "
+                                           f"--column{single}")
                     yield number, record[key]
 
         return lines
