@@ -276,8 +276,18 @@ def test_evaluate_mode_says_the_precision(sentiment_run, tmp_path, capsys):  # n
     save_quantized(loaded.model, tmp_path / "int8", loaded.tokenizer, task=loaded.info, layout=loaded.layout)
     assert main(["predict", str(tmp_path / "int8"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv")]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
-    assert (f"computed in int8; {tmp_path / 'int8'} holds int8 weights (save_quantized): finetune scored the "
-            "float32 model they were made from): accuracy ") in line, line
+    assert (f"computed in int8; {tmp_path / 'int8'} holds int8 weights (save_quantized): a finetune score is of "
+            "the float32 model they were made from): accuracy ") in line, line
+    # a run without --dev scored nothing (its metrics.json has no dev): no finetune figure to reproduce
+    shutil.copytree(d / "out", tmp_path / "nodev")
+    final = json.loads((tmp_path / "nodev" / "metrics.json").read_text())
+    assert "dev" in final
+    del final["dev"]
+    (tmp_path / "nodev" / "metrics.json").write_text(json.dumps(final))
+    for flags in (["--int8"], ["--dtype", "bfloat16"]):
+        assert main(["predict", str(tmp_path / "nodev"), str(d / "dev.tsv"), "-o", str(tmp_path / "p.tsv"), *flags]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("evaluation on "))
+        assert "finetune" not in line and f"computed in {flags[-1].lstrip('-')}): accuracy " in line, line
 
 
 def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):

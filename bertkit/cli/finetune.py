@@ -2,8 +2,10 @@
 dataclass by `bertkit.options`), `bertkit predict` and `bertkit demo`."""
 
 import argparse
+import json
 import sys
 from functools import partial
+from pathlib import Path
 
 from bertkit.options import (add_options, count, device_flags, finite_float, from_args, int8_flag, merge, quiet_flag,
                              seed)
@@ -130,10 +132,21 @@ def run_predict(args):
 def _precision_note(precision: str, args) -> str:
     """Why the figure may differ from finetune's. An int8 run without --int8 is a folder save_quantized wrote: it
     runs int8 whatever the flags say, so "predict without --int8" would reproduce nothing."""
-    if precision == "int8" and not args.int8:
-        return (f"; {args.model_dir} holds int8 weights (save_quantized): finetune scored the float32 model they "
-                "were made from")
-    return PRECISION_NOTE.get(precision, "")
+    if precision == "int8" and not args.int8:  # save_quantized keeps no metrics.json: whether finetune scored is unknown
+        return (f"; {args.model_dir} holds int8 weights (save_quantized): a finetune score is of the float32 model "
+                "they were made from")
+    # a run without --dev (or a checkpoint from elsewhere) has no finetune figure to reproduce
+    return PRECISION_NOTE.get(precision, "") if _finetune_scored(args.model_dir) else ""
+
+
+def _finetune_scored(model_dir) -> bool:
+    """Whether finetune left a figure for this folder to compare with: its metrics.json holds a dev (or NER's
+    test) score. A run without --dev writes none, and a checkpoint from elsewhere has no metrics.json."""
+    try:
+        final = json.loads((Path(model_dir) / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(final, dict) and any(final.get(split) for split in ("dev", "test"))
 
 
 def add_demo(sub):
