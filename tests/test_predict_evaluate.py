@@ -113,6 +113,12 @@ def test_regression_reports_pearson_and_spearman(tiny, tmp_path, capsys):  # noq
     # what fine-tuning reported: its plain model's scores differ from the accelerated one's by float32
     # rounding, which this weak regressor's closely spaced scores turn into ~3e-4 of correlation
     assert got["pearson"] == pytest.approx(final["dev"]["pearson"], abs=2e-3)
+    # regression's held_out_loss is its mse: metrics.json keeps both keys, the printed lines say the figure once
+    assert list(got) == ["pearson", "spearman", "mse"]
+    assert got["mse"] == pytest.approx(np.mean((np.array(scores) - np.array(gold)) ** 2), abs=1e-4)
+    assert final["dev"]["held_out_loss"] == pytest.approx(final["dev"]["mse"])
+    from bertkit.tasks.reports import text_report
+    assert re.findall(r"(\w+) -?[\d.]+", text_report(final).split(": ", 1)[1]) == ["pearson", "spearman", "mse"]
 
 
 def test_ner_reports_entity_f1_on_a_conll_file(tiny, tmp_path, capsys):  # noqa: F811

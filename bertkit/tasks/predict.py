@@ -183,13 +183,19 @@ def feature_logits(loaded: Loaded, features: list[dict], batch_size: int = 64, p
 
 
 def format_metrics(metrics: dict) -> str:
-    """`name value` for every number of a metrics dict (nested reports left out), as `bertkit.errors.figure` says
-    it (None or nan: "undefined", a regression's correlation with one constant score); two labels' f1 named
-    `f1 (LABEL)`, as finetune's report names it."""
+    """`name value` for every number of a metrics dict (nested reports left out, a regression's held_out_loss
+    said once, as its mse), as `bertkit.errors.figure` says it (None or nan: "undefined", a regression's
+    correlation with one constant score); two labels' f1 named `f1 (LABEL)`, as finetune's report names it."""
     named = {"f1": f"f1 ({metrics['f1_label']})"} if "f1_label" in metrics else {}
     return ", ".join(f"{k} {v}" if isinstance(v, int)  # an int is a count (SQuAD v2's HasAns_total)
                      else f"{named.get(k, k)} {figure(v)}" for k, v in metrics.items()
-                     if (v is None or isinstance(v, (int, float))) and k != "support")
+                     if (v is None or isinstance(v, (int, float))) and k != "support" and not said_as_mse(k, metrics))
+
+
+def said_as_mse(key: str, metrics: dict) -> bool:
+    """A regression's held_out_loss is its mse (the squared error it trains on): metrics.json keeps both keys
+    (--metric takes either), a printed line says the figure once, as mse (reports.text_report does the same)."""
+    return key == "held_out_loss" and "mse" in metrics
 
 
 def format_tables(metrics: dict, task: str) -> str:

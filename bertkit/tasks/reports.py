@@ -14,7 +14,8 @@ def text_report(final: dict) -> str:
     named = {"f1": f"f1 ({dev['f1_label']})"} if "f1_label" in dev else {}  # two labels: the F1 of which one
     lines = [f"dev ({final['dev_examples']} examples): " + ", ".join(  # None: undefined (a constant regression)
         f"{named.get(k, k)} {'undefined' if v is None else f'{v:.4f}'}" for k, v in dev.items()
-        if isinstance(v, float) or v is None)]
+        if (isinstance(v, float) or v is None)
+        and not (k == "held_out_loss" and "mse" in dev))]  # a regression's mse, said once (predict.said_as_mse)
     return "\n".join(lines + label_tables(dev))
 
 
