@@ -202,6 +202,10 @@ def test_cli_embed_and_evaluate_run_a_static_model(ours, tmp_path, capsys):
                                       "a man runs\ta man walks\t3\n")
     assert main(["evaluate", "sts", str(tmp_path / "sts.tsv"), "--model", str(ours)]) == 0
     assert "spearman" in capsys.readouterr().out
+    # refused as the user typed it: it said "pooling None", Python's spelling
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "t.jsonl"), "--model", str(ours),
+                 "--pooling", "none"]) == 2
+    assert "pooling 'none' (one vector per token): a static model" in capsys.readouterr().err
 
 
 # --- distillation --------------------------------------------------------------------------------

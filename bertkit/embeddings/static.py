@@ -71,8 +71,9 @@ def check_static_options(pooling, layers, pairs, stride=None) -> None:
     if stride is not None:  # it was read by nothing
         raise BertkitError(f"stride={stride} (--stride): a static model has no windows to overlap (truncate=False, "
                            "--no-truncate, averages every token of a text): drop the stride")
-    if pooling not in ("auto", "mean"):
-        raise BertkitError(f"pooling {pooling!r}: a static model averages its tokens' vectors (pooling mean); "
+    if pooling not in ("auto", "mean"):  # None (one vector per token) as the command line spells it, not Python
+        shown = "'none' (one vector per token)" if pooling is None else repr(pooling)
+        raise BertkitError(f"pooling {shown}: a static model averages its tokens' vectors (pooling mean); "
                            "it has no [CLS], layers or per-token context to pool otherwise")
     if layers not in ("last", -1):
         raise BertkitError(f"layers {layers!r}: a static model has no layers (its table is the one vector per token)")
