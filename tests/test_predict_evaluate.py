@@ -131,6 +131,7 @@ def test_ner_reports_entity_f1_on_a_conll_file(tiny, tmp_path, capsys):  # noqa:
     out = capsys.readouterr().out
     got = reported(out)
     assert len(predicted_column(tmp_path / "p.tsv")) == 20
+    assert f"evaluation on {dev} (20 sentences, computed in float32)" in out  # finetune's word (was "examples")
     for name in ("f1", "precision", "recall"):
         assert got[name] == pytest.approx(final["dev"][name], abs=1e-4), name
     # entities by hand: (sentence, type, first, last) from the gold column and the written tags
@@ -191,7 +192,9 @@ def test_qa_reports_exact_match_and_f1_on_squad_json(tiny, tmp_path, capsys):  #
                    model=str(tiny), max_length=32, doc_stride=8, max_query_length=8, training=fast(epochs=2, metric="f1"))
     final = finetune_qa(cfg, log=lambda s: None)
     assert main(["predict", str(tmp_path / "o"), str(dev), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
-    got = reported(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    got = reported(out)
+    assert f"evaluation on {dev} (20 questions, computed in float32)" in out  # finetune's word (was "examples")
     assert got["exact_match"] == pytest.approx(final["dev"]["exact_match"], abs=1e-4)
     assert got["f1"] == pytest.approx(final["dev"]["f1"], abs=1e-4)
     answers = [q["answers"][0]["text"] for p in json.loads(dev.read_text())["data"][0]["paragraphs"] for q in p["qas"]]

@@ -120,7 +120,8 @@ def run_predict(args):
     print(f"wrote {result.count} predictions to {where}" + ("" if args.output else " (--output names another file)"),
           file=stream)
     if result.metrics is not None:
-        rows = (f"{result.count} examples" if result.scored == result.count else
+        inputs = task_named(result.task).inputs if result.task else "examples"  # NER's sentences, as finetune says
+        rows = (f"{result.count} {inputs}" if result.scored == result.count else
                 f"the {result.scored} of the {result.count} rows that carry answers")
         print(f"evaluation on {args.input} ({rows}, computed in {result.precision}"
               f"{_precision_note(result.precision, args)}): {format_metrics(result.metrics)}", file=stream)

@@ -21,6 +21,7 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     report             the run's final metrics -> the lines `bertkit finetune` prints
     tables             a scored set's metrics -> the lines under its figures (per label and the confusion matrix;
                        per entity type), in finetune's report and predict's evaluate mode alike
+    inputs             what one input is called in counts: examples, sentences (NER), questions (QA)
     features           (tokenizer, texts, pairs, answers, info, labels) -> training features encoded as the
                        model was trained, with the labels where `answers` (read_labelled's) are given: what
                        `bertkit distill layers` trains a fine-tuned model's student on (None: not offered)
@@ -91,6 +92,7 @@ class Task:
     no_answer: bool = False
     presets: dict = field(default_factory=dict)
     tables: Callable[[dict], list] = reports.no_tables
+    inputs: str = "examples"  # what one input is, in counts (finetune's and predict's): "112 sentences"
 
     @property
     def cli_name(self) -> str:
@@ -245,11 +247,12 @@ TASKS = {t.name: t for t in (
     Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
          metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
          read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
-         entities=True, windows=True, features=ner.training_features, single=True, tables=reports.type_lines),
+         entities=True, windows=True, features=ner.training_features, single=True, tables=reports.type_lines,
+         inputs="sentences"),
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
          score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
-         windows=True, no_answer=True),
+         windows=True, no_answer=True, inputs="questions"),
     # the reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
     Task("embed", EmbedConfig, "bertkit.tasks.embedding:finetune_embed", reports.embed_report, "BertModel",
          metrics=dict.fromkeys([name for names in EMBED_DEV.values() for name in names], True),
