@@ -111,6 +111,7 @@ def test_a_pipe_is_read_once_as_standard_input_or_named_as_a_pipe(tmp_path):
     readers read their input more than once: the second pass would find the pipe empty); a reader of tables,
     which reads a file more than once, says it is a pipe."""
     import os
+    import re
     import subprocess
     import sys
 
@@ -126,6 +127,16 @@ def test_a_pipe_is_read_once_as_standard_input_or_named_as_a_pipe(tmp_path):
         assert writer.wait(10) == 0
     finally:
         writer.kill()  # blocked in open() when nothing read the pipe
+    # bytes that are not UTF-8 name the pipe the user gave (it said "standard input line 2")
+    latin = tmp_path / "latin"
+    os.mkfifo(latin)
+    writer = subprocess.Popen([sys.executable, "-c", f"open({str(latin)!r}, 'wb').write(b'ok\\n\\xe9t\\xe9\\n')"])
+    try:
+        with pytest.raises(BertkitError, match=re.escape(f"{latin} line 2 is not UTF-8 (bytes e9 74 e9 0a)")):
+            list(numbered_texts(latin)())
+        assert writer.wait(10) == 0
+    finally:
+        writer.kill()
     with pytest.raises(BertkitError, match=r"is a pipe, not a file: .* write it to a file first"):
         existing_file(fifo)
     with pytest.raises(BertkitError, match="does not exist"):

@@ -171,18 +171,18 @@ def read_text(path, what: str = "input file") -> str:
         return f.read()
 
 
-def stdin_lines(stream=None):
-    """The lines of standard input (`stream`: a binary file, for tests), without their newline, as a record
-    file's: UTF-8 (a leading byte order mark dropped), the first line that does not decode a BertkitError
-    naming it. Read as bytes, so the locale's encoding plays no part; a line ends where a file's does
-    (`open_text`, Python's universal newlines): at "\n", "\r\n" or a lone "\r", never at U+2028 and the
-    other breaks only `str.splitlines` knows."""
+def stdin_lines(stream=None, name: str = "standard input"):
+    """The lines of standard input (`stream`: a binary file, for tests; a pipe given by its path, `name`), without
+    their newline, as a record file's: UTF-8 (a leading byte order mark dropped), the first line that does not
+    decode a BertkitError naming it. Read as bytes, so the locale's encoding plays no part; a line ends where a
+    file's does (`open_text`, Python's universal newlines): at "\n", "\r\n" or a lone "\r", never at U+2028
+    and the other breaks only `str.splitlines` knows."""
     stream = sys.stdin.buffer if stream is None else stream
     for number, raw in enumerate(stream, 1):
         try:
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError as err:
-            raise BertkitError(f"standard input line {number} is not UTF-8 (bytes {raw[err.start:err.start + 4].hex(' ')}): "
+            raise BertkitError(f"{name} line {number} is not UTF-8 (bytes {raw[err.start:err.start + 4].hex(' ')}): "
                                "pipe UTF-8 text (convert it, e.g. `iconv -f latin1 -t utf-8`)") from None
         line = line[:-1] if line.endswith("\n") else line
         line = line[:-1] if line.endswith("\r") else line  # a CRLF's, or a last line's lone CR
@@ -344,7 +344,7 @@ def _read_once(source) -> tuple:
     if not isinstance(source, (str, os.PathLike)):
         return tuple(stdin_lines(source.buffer))
     with open(source, "rb") as f:
-        return tuple(stdin_lines(f))
+        return tuple(stdin_lines(f, str(source)))  # an error names the pipe the user gave, not standard input
 
 
 def _pipe(path) -> bool:
