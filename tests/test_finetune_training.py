@@ -29,7 +29,7 @@ from bertkit.tasks.classification import TextTaskConfig, finetune_text
 from bertkit.tasks.config import TrainConfig
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.tasks.batching import loss_terms
-from bertkit.tasks.trainer import EpochBatches, train, warn_if_trivial
+from bertkit.tasks.trainer import EpochBatches, train, warn_if_trivial, warnings_once
 from bertkit.training.loop import LoopConfig, train_loop
 from bertkit.training.optim import OptimConfig
 
@@ -392,7 +392,7 @@ def test_trivial_baseline_check_by_hand():
     assert not warn_if_trivial(None, "f1", True, (0.0, "no entities"), said.append)
 
 
-def test_a_dev_warning_is_shown_once_a_run_not_once_an_epoch():
+def test_a_dev_warning_is_shown_once_a_run_not_once_an_epoch(monkeypatch):
     # a regression whose predictions are constant warned "every example the same score -0.0084: pearson and
     # spearman are undefined" after every epoch, its number new each time (so Python's own once-per-text filter
     # let each through): 4 epochs, 4 warnings of one cause. Now the first of each cause (its words, numbers
@@ -412,6 +412,13 @@ def test_a_dev_warning_is_shown_once_a_run_not_once_an_epoch():
     assert [str(w.message) for w in caught] == ["the model gives every example the same score 0.0010: undefined",
                                                 "another cause"]
     assert [r["accuracy"] for r in result.history] == [0.1, 0.2, 0.3, 0.4]
+    # under torchrun every process evaluates: the first shows the warning, the others (RANK 1) did too
+    for rank, shown in (("1", []), ("0", ["the model gives every example the same score 0.0060: undefined"])):
+        monkeypatch.setenv("RANK", rank)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert "accuracy" in warnings_once(lambda: evaluate(None), set())  # epochs 5 and 6's figures
+        assert [str(w.message) for w in caught] == shown
 
 
 def test_a_run_that_learns_nothing_is_reported(task, tmp_path):

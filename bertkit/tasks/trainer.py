@@ -297,7 +297,8 @@ def warnings_once(fn, said: set):
 
     A constant regression warns "every example the same score -0.0084: ... undefined" after every epoch, its
     number new each time, so Python's own filter (once per text) let each through: N epochs, N warnings of one
-    cause. Here the numbers are left out of what makes two warnings the same."""
+    cause. Here the numbers are left out of what makes two warnings the same. Under torchrun every process
+    evaluates, and only the first shows them (as only it prints the run's lines): N processes, one warning."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = fn()
@@ -305,7 +306,8 @@ def warnings_once(fn, said: set):
         cause = (w.category, re.sub(r"\d+(\.\d+)?", "#", str(w.message)))
         if cause not in said:
             said.add(cause)
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # through the caller's filters
+            if distributed.first_process():
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # through the caller's filters
     return out
 
 
