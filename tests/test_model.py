@@ -449,3 +449,20 @@ def test_a_cuda_forward_leaves_cudnn_attention_out_and_restores_the_flags():
     assert [f() for f in flags] == before
     with fused_kernels(torch.device("cpu")):  # the CPU's kernels are chosen by torch as before
         assert [f() for f in flags] == before
+
+
+def test_a_compiled_training_forward_is_one_graph():
+    """`pretrain run --compile` on an H200 compiled the model in pieces: torch.compile (dynamo) stops its graph at
+    every read of a tensor on the host and at every op it cannot trace, and runs what lies between eagerly. The
+    forward had 17 such breaks in training on the CPU: the input check's range reads, the mask's "anything
+    padded?" read, and each dropout's in-place draw (the CPU's cheaper mask and its chunked attention). Compiled,
+    the forward now leaves the check to eager runs, always builds the mask and drops through torch's own traced
+    ops: no break, on a padded batch with dropout on."""
+    from bertkit.model.heads import BertForPreTraining
+
+    model = BertForPreTraining(BertConfig(**TINY), generator=torch.Generator().manual_seed(0)).train()
+    ids, mask, types = padded_batch()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(ids, mask, types)
+    assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    assert explained.graph_count == 1

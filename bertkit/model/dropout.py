@@ -15,7 +15,8 @@ is dropped when its integer falls in the lowest p * 2^32 of their range: the sam
 Bernoulli(p) (p resolved to 2^-32, finer than torch's 24-bit float draw), from the
 same seeded generator, at under half the cost (`tests/test_dropout.py` holds the
 statistics). Other devices keep torch's kernel, which draws and applies the mask in
-one fused pass.
+one fused pass, and so does a model under `torch.compile` (`pretrain run --compile`),
+whose compiler fuses it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """x with each element zeroed with probability p and the rest scaled by 1 / (1 - p) (training only)."""
     if not training or p == 0:
         return x
-    if x.device.type != "cpu" or not 0 < p < 1:  # torch's fused kernel; its checks and its p = 1
+    # torch's fused kernel off the CPU, for its checks and p = 1, and under torch.compile, which traces F.dropout
+    # into its graph where the in-place draw below (`random_`) would break the graph at every dropout
+    if x.device.type != "cpu" or not 0 < p < 1 or torch.compiler.is_compiling():
         return F.dropout(x, p, True)
     return x * as_dtype(keep_mask(x.shape, p, x.device), x.dtype).div_(1 - p)  # 0 or 1 / (1 - p), as torch's
 

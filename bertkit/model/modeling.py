@@ -141,8 +141,8 @@ def additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> to
     -inf, so a row with no real token softmaxes to uniform instead of NaN). None
     when nothing is masked: the fused kernel is fastest without a mask.
     """
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
+    if attention_mask is None or (not torch.compiler.is_compiling() and bool(attention_mask.all())):
+        return None  # (compiled, a mask always: reading it on the host would cut the graph)
     keep = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, T]: broadcast over heads and queries
     mask = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
     return mask.masked_fill_(~keep, torch.finfo(dtype).min)
@@ -191,7 +191,8 @@ class BertSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, N, D)  # [B, T, 3H] -> [B, T, 3, N, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, N, T, D]
         rate = self.dropout_prob if self.training else 0.0
-        if 0 < rate < 1 and not explicit and x.device.type == "cpu":  # torch's CPU kernels cannot drop weights
+        # torch's CPU kernels cannot drop weights; compiled, the fused call below is traced whole instead
+        if 0 < rate < 1 and not explicit and x.device.type == "cpu" and not torch.compiler.is_compiling():
             weights = None
             context = chunked_attention.attention(q, k, v, mask, rate)  # [B, N, T, D], the sums below
         elif explicit:
@@ -433,7 +434,8 @@ class BertModel(BertPreTrainedModel):
         output_attentions: bool = False,
         pool: bool = True,
     ) -> BertOutput:
-        check_inputs(self.config, input_ids, attention_mask, token_type_ids)
+        if not torch.compiler.is_compiling():  # its reads of the ids' range would cut a compiled graph in three
+            check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         x = self.embed(input_ids, token_type_ids)  # [B, T, H]
         mask = additive_mask(attention_mask, attention_dtype(x))  # [B, 1, 1, T] or None
         explicit = output_attentions or self.config.attn_implementation == "eager"
