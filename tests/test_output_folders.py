@@ -90,6 +90,28 @@ def test_model_and_output_the_same_folder_is_refused(made, capsys):
         check_output(Path(made["tiny"]) / ".." / made["tiny"].name, overwrite=True, sources=[made["tiny"]])
 
 
+def test_no_model_given_and_output_the_default_models_folder_is_refused(made, tmp_path, monkeypatch, capsys):
+    # no --model is the default model: its folder as -o was no source (None was skipped), so --overwrite
+    # cleared the installed model. A copy stands in for it: a package of that name whose model/ is the copy
+    import shutil
+
+    default = shutil.copytree(made["tiny"], tmp_path / "stand_in" / "model")
+    (tmp_path / "stand_in" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("bertkit.default_model.DEFAULT_MODEL_PACKAGE", "stand_in")
+    from bertkit.default_model import default_model_dir
+    assert default_model_dir().resolve() == default.resolve()
+    before = digest(default)
+    (tmp_path / "s.txt").write_text("a b\n")
+    for command in (["finetune", "classify", "--train", str(made["train"]), "--max-length", "16", "--no-progress"],
+                    ["distill", "layers", "--keep", "1", "--data", str(tmp_path / "s.txt"), "--no-progress"],
+                    ["distill", "static", "--quiet"]):
+        assert main([*command, "-o", str(default), "--overwrite"]) == 2, command
+        err = capsys.readouterr().err
+        assert "is the folder the model is read from" in err or "is the folder of the model being distilled" in err, err
+        assert digest(default) == before, command
+
+
 
 def test_pretraining_into_its_data_folder_names_the_data(tmp_path, capsys):
     # `pretrain run DATA -o DATA` was refused as "the folder the model is read from": there was no model

@@ -54,7 +54,7 @@ from bertkit.distill.logits import distill_logits
 from bertkit.distill.student import StudentOutput, student_from
 from bertkit.errors import BertkitError, refuse_unneeded
 from bertkit.model.modeling import pool_sentence
-from bertkit.runtime.loading import load
+from bertkit.runtime.loading import load, resolve
 from bertkit.tasks.trainer import check_run_output, train
 
 
@@ -233,8 +233,10 @@ def distill_layers(model, output, config: LayersDistillConfig, log=print, speed=
     # the output before the teacher runs: a model there (the teacher's own folder even with --overwrite) was
     # written over without a word, --overwrite was never read, and a run there was refused only once the
     # teacher had embedded all of --data
+    # no MODEL is the default model's folder: -o naming it is the teacher's own too (--overwrite cleared it)
+    source = resolve(model) if model is None else model
     with run_output(output, "bertkit distill layers", overwrite=config.training.overwrite,
-                    resume=config.training.resume, sources=[model], log=log) as log:
+                    resume=config.training.resume, sources=[source], log=log) as log:
         if config.training.resume:  # a finished run's --resume was refused only once the teacher had run
             check_run_output(output, config.training)
         teacher = load(model, head="auto", fast=False)  # float32, plain layers: the weights to copy, the targets

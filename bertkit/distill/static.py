@@ -54,7 +54,7 @@ from bertkit.embeddings.features import run_batch
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import pool_sentence
 from bertkit.model.static import StaticEmbedding, save_static
-from bertkit.runtime.loading import load
+from bertkit.runtime.loading import load, resolve
 from bertkit.text.basic_tokenizer import basic_words
 from bertkit.text.tokenizer_json import write_tokenizer_json
 
@@ -236,7 +236,7 @@ def distill_static(model=None, output=None, config: StaticDistillConfig = Static
     when given. Returns what was done: rows, words added, the fit's loss before and after, seconds.
     fast: the encoder's fast-path settings (`bertkit.runtime.loading.load`)."""
     config.validate()
-    output = _check_output(output, config.overwrite, model)
+    output = _check_output(output, config.overwrite, resolve(model) if model is None else model)  # None: the default
     texts = corpus_texts(config.corpus) if config.corpus else None
     fit_texts = corpus_texts([config.fit], "--fit") if config.fit else None  # read first: a bad file fails early
     start = time.perf_counter()

@@ -25,6 +25,7 @@ torch until a run starts.
 """
 
 from bertkit.data.outputs import run_output
+from bertkit.default_model import default_model_dir
 from bertkit.tasks.registry import task_for, task_named
 
 
@@ -58,8 +59,10 @@ def run_task(cfg, log=print, speed=None) -> dict:
     process prints what the run says before training (the loop's own lines are already its alone)."""
     training, task = cfg.training, task_for(cfg)
     task.check(cfg)
+    # no --model is the default model's folder: -o naming it is its own source too (--overwrite cleared it)
+    model = default_model_dir() if cfg.model is None else cfg.model
     with run_output(cfg.output, f"bertkit finetune {type(cfg).__name__}", overwrite=training.overwrite,
-                    resume=training.resume, sources=[cfg.model], log=log) as log:
+                    resume=training.resume, sources=[model], log=log) as log:
         return task.train(cfg, log=log, speed=speed)
 
 

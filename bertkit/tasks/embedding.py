@@ -50,14 +50,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertkit.model.checkpoint import resolve
 from bertkit.errors import BertkitError, figure, read_score
 from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
 from bertkit.tasks.run import fit_length, load_head, load_tokenizer, write_json
 from bertkit.tasks.trainer import micro_rows, rows_hash, train, warnings_once
-from bertkit.runtime.loading import load as load_model
+from bertkit.runtime.loading import load as load_model, resolve
 from bertkit.model.modeling import BertModel, pool_sentence
 from bertkit.embeddings.settings import resolve_output
 from bertkit.data.beir import is_corpus_jsonl, qrels_path, read_qrels, training_pairs
