@@ -14,6 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("BERTKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# As the `bertkit` command does for its own process (bertkit.cli.PROCESS), and before torch loads (its
+# OpenMP runtime reads this once; nothing above imports torch): threads that finish their share of a
+# parallel region sleep instead of spinning. The suite runs two xdist workers on two cores, each with
+# torch's two threads: spinning threads took the cores the other worker's working threads needed
+# (a tiny encoder's training steps beside another job: 13-16x the CPU time). Thread counts, and so
+# every number a test computes, are unchanged; a policy the caller set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def need(condition: bool, why: str) -> None:
     """Skip locally, fail in CI, when a test's prerequisite is missing."""
