@@ -249,12 +249,22 @@ def test_a_held_folder_is_refused_by_index_finetune_and_pretrain(made, corpora, 
     assert open_index(folder).info["documents"] == 3 and not (folder / LOCK_FILE).exists()
 
 
+def _holds(lock_file, pid: int) -> bool:
+    """Whether process `pid` holds the folder lock whose file is `lock_file` (it writes its pid once it does)."""
+    try:
+        return lock_file.read_text().split(" ", 1)[0] == str(pid)
+    except FileNotFoundError:
+        return False
+
+
 def test_two_index_runs_into_one_folder_one_is_refused_the_other_is_whole(corpora, tmp_path):
     folder = tmp_path / "race"
     first = bertkit("index", corpora["a"], "-o", folder, "--model", corpora["model"], "--quiet",
                     "--passage-tokens", 32, wait=False)
     deadline = time.monotonic() + 60
-    while not (folder / LOCK_FILE).is_file():
+    # held, not only there: the file appears before its lock is taken, and its holder's pid is written after
+    # (a first run stopped between the two let the second build the index, under load in CI)
+    while not _holds(folder / LOCK_FILE, first.pid):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.01)
     first.send_signal(signal.SIGSTOP)  # caught mid-build, however fast this machine is
