@@ -1,9 +1,11 @@
 """The README's module table is true to the tree: every module of bertkit/ is named in it, under its
-package, and every name in it is a module that exists. Every `bertkit` command shown in README.md and
+package, and every name in it is a module that exists; each package's docstring names its own modules, all
+of them and no other. Every `bertkit` command shown in README.md and
 docs/*.md, and in the examples of each `--help`, is one the command line takes today, every file and dotted
 name the pages cite exists, and the README's Python block runs."""
 
 import argparse
+import ast
 import contextlib
 import importlib
 import io
@@ -45,8 +47,6 @@ def tree_modules() -> set[tuple[str, str]]:
 
 
 def _has_code(path: Path) -> bool:
-    import ast
-
     body = ast.parse(path.read_text(encoding="utf-8")).body
     return any(not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) for node in body)
 
@@ -59,6 +59,36 @@ def test_every_module_is_in_the_readme_table():
 def test_every_module_in_the_readme_table_exists():
     gone = sorted(f"{folder}{name}" for folder, name in table_rows() - tree_modules())
     assert gone == [], f"README.md's module table names modules that do not exist: {gone}"
+
+
+# --- each package's own table of contents ---------------------------------------------------
+
+# how a package's docstring names one of its modules: `name.py` anywhere, or `name` in backticks
+DOC_MODULE = re.compile(r"(?<![\w./])([a-z_][a-z0-9_]*)\.py\b|`([a-z_][a-z0-9_]*)`")
+
+
+def package_contents(package: Path) -> set[str]:
+    """The modules and subpackages of a package folder, by name (its `__init__` and `__main__` aside)."""
+    names = {p.stem for p in package.glob("*.py")} | {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    return names - {"__init__", "__main__"}
+
+
+def test_every_package_docstring_names_its_own_modules():
+    """A package opens with its modules (`bertkit/text/__init__.py`: `basic_tokenizer`, `wordpiece`, ...): a
+    reader who looks for one finds it there, and finds nothing that moved away. Each name the docstring
+    gives as a module (`name.py`, or `name` in backticks) is a module of that package, and each module
+    is named. A module moved to another package (pretraining's `corpus` to bertkit.data) or added
+    without a word fails here, naming the package and the module."""
+    wrong = []
+    for init in sorted((ROOT / "bertkit").glob("*/__init__.py")):
+        package = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        named = {a or b for a, b in DOC_MODULE.findall(doc)}
+        have = package_contents(package)
+        where = f"bertkit/{package.name}/__init__.py"
+        wrong += [f"{where}: names {name}, not a module of bertkit.{package.name}" for name in sorted(named - have)]
+        wrong += [f"{where}: does not name its module {name}" for name in sorted(have - named)]
+    assert wrong == [], "\n".join(wrong)
 
 
 # --- the commands the documentation shows ---------------------------------------------------

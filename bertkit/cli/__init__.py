@@ -1,4 +1,4 @@
-"""The `bertkit` command line: thin, typed commands over the library.
+"""The bertkit command line: thin, typed commands over the library.
 
 Each command parses its arguments, calls one library function and prints the
 result. Imports happen inside the handlers so that `bertkit --help` and the
@@ -7,9 +7,11 @@ a missing file) prints one line on stderr and exits with status 2, never a
 traceback; user files are opened through `bertkit.data.textfiles`, so a directory or
 a file that is not UTF-8 text gets that one line too.
 
-One module per area (`text`: tokenizer and vocabularies, `model`, `pretrain`,
-`finetune`: fine-tuning, prediction and the demo, `features`: embeddings and
-attention pictures, `serve`: the HTTP server); add a command next to its siblings and register its `add_*`
+One module per area (`text`: tokenizer and vocabularies, `model`: model info and
+export, `pretrain`: pre-training, fill-mask and electra show, `finetune`: fine-tuning,
+prediction and the demo command (its data and run: `demo`), `features`: embeddings and
+attention pictures, `evaluate`: evaluate and mine, `search`: index and search, `distill`,
+`serve`: the HTTP server); add a command next to its siblings and register its `add_*`
 function in COMMANDS below. Settings that have a config dataclass become options
 through `bertkit.options`, so each is defined once.
 """

@@ -1,1 +1,1 @@
-"""Distillation: a sentence model made smaller (a static table, fewer layers)."""
+"""Distillation: a sentence model made smaller. Its settings (`config`); a static table, Model2Vec's recipe (`static`), then fitted to the model's sentence vectors (`fit`); fewer layers: a student of N of the teacher's layers (`student`) trained on a sentence model's vectors (`layers`) or a fine-tuned model's logits (`logits`)."""

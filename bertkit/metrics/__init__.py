@@ -1,1 +1,1 @@
-"""Scores against references: the fine-tuning tasks' metrics (accuracy, F1, entity F1, SQuAD EM/F1, Pearson/Spearman) and the IR metrics of retrieval (nDCG, MRR, MAP, recall). Pure Python."""
+"""Scores against references: the fine-tuning tasks' metrics (`tasks`: accuracy, F1, entity F1, SQuAD EM/F1, Pearson/Spearman) and the IR metrics of retrieval (`retrieval`: nDCG, MRR, MAP, recall, as trec_eval computes them). Pure Python."""

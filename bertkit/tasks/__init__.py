@@ -9,6 +9,7 @@
     ner.py             training words -> tags (CoNLL), labels on each word's first piece
     qa.py              training question + context -> answer span (SQuAD)
     embedding.py       sentence embeddings: pairs / triplets / scored pairs -> an encoder whose cosines rank
+    static_embed.py    the same contrastive training for a static table (`finetune embed --static`)
     cross_encoder.py   a reranker: mined hard and random negatives -> one logit per (query, passage), and the
                        retrieval figures it was evaluated with
     text_inference.py, ner_inference.py, qa_inference.py
