@@ -51,16 +51,26 @@ def test_a_nan_learning_rate_is_refused_with_the_others():
 @pytest.mark.parametrize("value, says", [(0.81234, "0.8123"), (math.nan, "undefined"), (None, "undefined")])
 def test_every_report_says_a_figure_the_same_way(value, says, monkeypatch, capsys):
     """A figure is said with 4 decimals, and one with no value (None, null in metrics.json; or nan) "undefined",
-    by finetune's epoch lines, predict's scores and evaluate sts alike: the three wrote it each on their own,
+    by finetune's epoch lines and summary, predict's scores and evaluate sts alike: they wrote it each on their own,
     and predict and evaluate sts printed a nan as "nan" where finetune said "undefined"."""
     from bertkit.cli import main
     from bertkit.retrieval import evaluation
     from bertkit.tasks.predict import format_metrics
+    from bertkit.tasks.reports import embed_report, text_report
     from bertkit.tasks.trainer import better
 
     assert figure(value) == says
     assert better({"epoch": 1, "pearson": value}, None, "pearson") == f"the first epoch evaluated (pearson {says})"
     assert format_metrics({"pearson": value, "mse": 0.5}) == f"pearson {says}, mse 0.5000"
+    # finetune's summary: a regression's dev line and embed's (its change only between two figures); both said
+    # a nan as "nan" with a rule of their own
+    assert text_report({"dev": {"pearson": value, "mse": 0.5}, "dev_examples": 3}) == (
+        f"dev (3 examples): pearson {says}, mse 0.5000")
+    embed = {"train_examples": 2, "loss": "cosent", "pooling": "mean", "train_seconds": 1.0, "best_epoch": 1,
+             "metric": "spearman", "dev": {"spearman": value}, "dev_before_training": {"spearman": value}}
+    change = " (+0.0000)" if says != "undefined" else ""
+    assert embed_report(embed).splitlines()[1:] == [f"dev (best epoch 1): spearman {says}",
+                                                    f"dev spearman before training {says}, after {says}{change}"]
     result = {"spearman": value, "pearson": value, "pairs": 3, "model": "m", "precision": "float32", "max_length": 8}
     monkeypatch.setattr(evaluation, "evaluate_sts", lambda *a, **k: result)
     assert main(["evaluate", "sts", "sts.tsv"]) == 0

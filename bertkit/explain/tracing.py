@@ -51,9 +51,8 @@ from pathlib import Path
 
 import torch
 
-from bertkit.model.checkpoint import resolve
 from bertkit.errors import BertkitError
-from bertkit.runtime.loading import folder_stamp, load
+from bertkit.runtime.loading import folder_stamp, load, resolve  # the model folder, as the loader reads it
 
 # the submodules of one encoder layer whose inputs and outputs are traced
 LAYER_PARTS = ("attention.qkv", "attention.output", "attention_norm", "intermediate", "output", "output_norm")

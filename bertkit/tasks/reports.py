@@ -2,8 +2,11 @@
 
 Each takes the run's final metrics (what OUTPUT/metrics.json holds) and gives
 the lines `bertkit finetune` prints at the end; the task's record
-(`bertkit.tasks.registry`) names its own. Plain formatting: no torch.
+(`bertkit.tasks.registry`) names its own. Plain formatting: no torch. A figure is said as every report says it
+(`bertkit.errors.figure`: 4 decimals, or "undefined").
 """
+
+from bertkit.errors import figure, undefined
 
 
 def text_report(final: dict) -> str:
@@ -13,7 +16,7 @@ def text_report(final: dict) -> str:
         return f"trained on {final['train_examples']} examples in {final['train_seconds']} s (no dev set)"
     named = {"f1": f"f1 ({dev['f1_label']})"} if "f1_label" in dev else {}  # two labels: the F1 of which one
     lines = [f"dev ({final['dev_examples']} examples): " + ", ".join(  # None: undefined (a constant regression)
-        f"{named.get(k, k)} {'undefined' if v is None else f'{v:.4f}'}" for k, v in dev.items()
+        f"{named.get(k, k)} {figure(v)}" for k, v in dev.items()
         if (isinstance(v, float) or v is None)
         and not (k == "held_out_loss" and "mse" in dev))]  # a regression's mse, said once (predict.said_as_mse)
     return "\n".join(lines + label_tables(dev))
@@ -115,18 +118,15 @@ def embed_report(final: dict) -> str:
             f"in {final['train_seconds']} s")
     if not dev:
         return head + " (no dev set)"
-
-    def said(v) -> str:  # None: a correlation of a model giving every pair one cosine
-        return "undefined" if v is None else f"{v:.4f}"
-
-    shown = ", ".join(f"{k} {said(v)}" for k, v in dev.items()
+    # None: a correlation of a model giving every pair one cosine
+    shown = ", ".join(f"{k} {figure(v)}" for k, v in dev.items()
                       if (isinstance(v, float) or v is None) and not k.endswith("seconds"))
     lines = [head, f"dev (best epoch {final['best_epoch']}): {shown}"]
     before, metric = final.get("dev_before_training"), final.get("metric")
     if before is not None and metric in before and metric in dev:
         was, now = before[metric], dev[metric]
-        change = "" if was is None or now is None else f" ({now - was:+.4f})"
-        lines.append(f"dev {metric} before training {said(was)}, after {said(now)}{change}")
+        change = "" if undefined(was) or undefined(now) else f" ({now - was:+.4f})"
+        lines.append(f"dev {metric} before training {figure(was)}, after {figure(now)}{change}")
         if change and now < was:  # the kept epoch is the best of the trained ones, not of the start
             lines.append(f"warning: the saved model scores below the model it started from on this dev set "
                          f"({metric}): the starting model is the better one here; train with other settings "
