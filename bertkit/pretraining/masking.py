@@ -26,8 +26,9 @@ distribution (a uniformly random subset of exactly num_to_predict candidates).
 Deviations from the original, all deliberate:
 - the five special tokens ([PAD] [UNK] [CLS] [SEP] [MASK]) are never chosen
   (the original only skips [CLS]/[SEP] and may mask [UNK]; Hugging Face skips all);
-- the random replacement is drawn from the non-special ids (the original draws
-  from the whole vocabulary, [CLS] and [unused*] included);
+- the random replacement is drawn from the non-special ids (the original, and
+  Hugging Face's collator, draw from the whole vocabulary, [CLS] and [PAD]
+  included; the [unused*] rows of BERT's vocabularies are drawn here as there);
 - a `##` piece right after a special token starts a word (after truncation from
   the front, B can begin mid-word; the original would glue it to A's last word);
 - ALBERT draws n from numpy's global generator; we use the passed-in `rng`;
