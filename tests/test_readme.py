@@ -21,15 +21,19 @@ from test_finetune import sentiment_run, tiny  # noqa: F401
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def table_rows() -> set[tuple[str, str]]:
-    """(package folder, module file) for every module named in the README's module table."""
-    rows = set()
+def table_entries() -> list[tuple[str, str]]:
+    """(package folder, module file) for every module named in the README's module table, in its order."""
+    rows = []
     for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
         m = re.match(r"^\| `(bertkit/|[a-z_]+/)` \| (.+?) \| ", line)
         if m:
             folder = "" if m.group(1) == "bertkit/" else m.group(1)
-            rows |= {(folder, name) for name in re.findall(r"`([a-z_0-9]+\.py)`", m.group(2))}
+            rows += [(folder, name) for name in re.findall(r"`([a-z_0-9]+\.py)`", m.group(2))]
     return rows
+
+
+def table_rows() -> set[tuple[str, str]]:
+    return set(table_entries())
 
 
 def tree_modules() -> set[tuple[str, str]]:
@@ -59,6 +63,13 @@ def test_every_module_is_in_the_readme_table():
 def test_every_module_in_the_readme_table_exists():
     gone = sorted(f"{folder}{name}" for folder, name in table_rows() - tree_modules())
     assert gone == [], f"README.md's module table names modules that do not exist: {gone}"
+
+
+def test_every_module_is_in_the_readme_table_once():
+    """One row says what a module is: a module named twice (two rows, two descriptions) fails here."""
+    entries = table_entries()
+    twice = sorted({f"{folder}{name}" for folder, name in entries if entries.count((folder, name)) > 1})
+    assert twice == [], f"README.md's module table names these modules more than once: {twice}"
 
 
 # --- each package's own table of contents ---------------------------------------------------

@@ -19,7 +19,7 @@ Deviation from the paper: the paper clips ||w|| with a function phi; like the
 common implementations (TensorFlow Addons, NVIDIA apex) we use phi = identity.
 A parameter group may set `trust_ratio=False` to skip the rescaling: the
 reference implementation excludes biases and LayerNorm from layer adaptation as
-well as from weight decay, and `build_lamb` does the same.
+well as from weight decay, and `bertkit.training.optim.build_optimizer` does the same.
 """
 
 import torch
