@@ -601,6 +601,22 @@ def test_a_hugging_face_head_refuses_a_file_with_several_text_columns_naming_the
     assert predicted_column(tmp_path / "p.tsv") == [p["label"] for p in predict(hf_head, TEXTS)]
 
 
+def test_embed_and_predict_refuse_a_table_of_several_text_columns_in_one_line(hf_head, tmp_path, capsys):
+    """The rule "a table's one column of text" is embed's and predict's, and so is its refusal: embed said "... and
+    none named 'sentence' or 'text' (its columns: ...)", predict "... and no 'sentence' column (its columns: ...),
+    and the model records none ...", two wordings of one refusal. Each now names its own option after one line."""
+    path = write_tsv(tmp_path / "two.tsv", ["title", "body", "label"], [(t, t, "pos") for t in TEXTS])
+    said = {}
+    for command in (["embed", str(path), "-o", str(tmp_path / "v.npy")], ["predict", str(hf_head), str(path)]):
+        assert main([*command, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        said[command[0]], said[command[0] + " option"] = err.split(": name the one to read with ")
+    assert said["embed"] == said["predict"]
+    assert "several columns of text ('title', 'body')" in said["embed"] and "(its columns: title, body, label)" in said["embed"]
+    assert said["embed option"].startswith("--column") and said["predict option"].startswith("--text-column")
+
+
 def test_a_text_holding_a_carriage_return_stays_one_row_of_the_predictions(sentiment_run, tmp_path):  # noqa: F811
     # predict's TSV replaced tab and newline in a cell but kept a carriage return: a text "good\rfilm" (a JSONL
     # escape, a CSV cell typed on Windows) was written raw, and every line reader (csv, pandas, Python's files)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.errors import BertkitError, read_score
-from bertkit.data.textfiles import csv_records, existing_file, holds_words, json_objects, open_text, read_text
+from bertkit.data.textfiles import csv_records, existing_file, json_objects, open_text, read_text, text_column_in
 
 # a pairs table's group column (`bertkit mine` writes it, `bertkit finetune embed` reads it): rows of one group
 # never share a training batch
@@ -220,22 +220,20 @@ def text_column_of(path, column: str | None, label_columns=(), log=print) -> str
     """The column holding a table's texts: `column` (asked for, or the one the model was trained on), else
     "sentence". A table without a "sentence" column, when no column is named (a Hugging Face head checkpoint
     records none), gives its "text" column, else its one column of text (not a label, not numbers such as an
-    id), said in one line to `log`; several are refused, naming them."""
+    id), said in one line to `log`; several are refused, naming them (embed's rule and words:
+    `bertkit.data.textfiles.text_column_in`)."""
     if column:
         return column
     row = next((row for _, row in read_rows(path, ReadReport(str(path)))), {})
-    if not row or "sentence" in row:
+    if not row:
         return "sentence"
-    labels = {*label_columns, "label", "labels"}
-    texts = ["text"] if "text" in row else [c for c, v in row.items() if c not in labels and holds_words(v)]
-    if len(texts) != 1:
-        what = f"several columns of text ({', '.join(map(repr, texts))})" if texts else "no column of text"
-        raise BertkitError(f"{path} has {what} and no 'sentence' column (its columns: {', '.join(row)}), and the "
-                           "model records none it was trained on: pass --text-column (and --text-pair-column for pairs)")
-    log(f"{path}: reading the texts from column {texts[0]!r}, "
-        f"{'its text column' if texts == ['text'] else 'its only column of text'} (the model records no text "
-        "column; --text-column names another)")
-    return texts[0]
+    name = text_column_in(path, list(row), list(row.values()), "--text-column (the model records none; "
+                          "--text-pair-column names a pair's second text)", [c for c in label_columns if c])
+    if name != "sentence":
+        log(f"{path}: reading the texts from column {name!r}, "
+            f"{'its text column' if name == 'text' else 'its only column of text'} (the model records no text "
+            "column; --text-column names another)")
+    return name
 
 
 def first_row(path) -> dict:

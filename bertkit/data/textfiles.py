@@ -267,22 +267,30 @@ def csv_records(f, path):
 
 
 def _text_column(path, header: list, column: str | None, first: list) -> tuple:
-    """(index, name, header) of a table's text column: `column`, else "sentence", else "text", else its one column
-    of text (`holds_words` in the `first` row's cells, a 'label' or 'labels' column aside, as predict reads a table:
-    `bertkit.data.tables.text_column_of`; a table of one column: that one). The first column was taken whatever it
-    held: a captions table's image ids, an STS-B file's sentence1 alone (sentence2 never read)."""
-    name = column or next((c for c in ("sentence", "text") if c in header), None)
-    if name is None:
-        texts = header if len(header) == 1 else [c for c, v in zip(header, first)
-                                                 if c not in ("label", "labels") and holds_words(v)]
-        if len(texts) != 1:
-            what = f"several columns of text ({', '.join(map(repr, texts))})" if texts else "no column of text"
-            raise BertkitError(f"{path} has {what} and none named 'sentence' or 'text' (its columns: "
-                               f"{', '.join(header)}): name the one to read with --column (embed), or head it 'text'")
-        name = texts[0]
+    """(index, name, header) of a table's text column: `column`, else `text_column_in`'s. The first column was taken
+    whatever it held: a captions table's image ids, an STS-B file's sentence1 alone (sentence2 never read)."""
+    name = column or text_column_in(path, header, first, "--column (embed)")
     if name not in header:
         raise BertkitError(f"{path} has no column {name!r}; its columns are {', '.join(header)}")
     return header.index(name), name, header
+
+
+def text_column_in(path, header: list, first: list, flag: str, labels=()) -> str:
+    """The column of a table's texts when none is named: "sentence", else "text", else its one column of text
+    (`holds_words` in the `first` row's cells, a 'label' or 'labels' column and `labels` aside; a table of one
+    column: that one). Several or none are refused in one line naming the columns and `flag`, the option that
+    names one. embed's rule for a table (`_text_column`) and predict's (`bertkit.data.tables.text_column_of`):
+    they said one refusal in two wordings."""
+    name = next((c for c in ("sentence", "text") if c in header), None)
+    if name is not None:
+        return name
+    skip = {"label", "labels", *labels}
+    texts = list(header) if len(header) == 1 else [c for c, v in zip(header, first) if c not in skip and holds_words(v)]
+    if len(texts) != 1:
+        what = f"several columns of text ({', '.join(map(repr, texts))})" if texts else "no column of text"
+        raise BertkitError(f"{path} has {what} and none named 'sentence' or 'text' (its columns: "
+                           f"{', '.join(header)}): name the one to read with {flag}, or head it 'text'")
+    return texts[0]
 
 
 def holds_words(value) -> bool:
