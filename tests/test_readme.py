@@ -2,7 +2,7 @@
 package, and every name in it is a module that exists; each package's docstring names its own modules, all
 of them and no other. Every `bertkit` command shown in README.md and
 docs/*.md, and in the examples of each `--help`, is one the command line takes today, every file and dotted
-name the pages cite exists, and the README's Python block runs."""
+name the pages and the code (docstrings, comments, messages) cite exists, and the README's Python block runs."""
 
 import argparse
 import ast
@@ -239,6 +239,30 @@ def test_every_file_and_name_the_docs_cite_exists():
                     wrong.append(f"{where}: no file {path}")
             wrong += [f"{where}: no {name}" for name in CITED_NAME.findall(m.group(1)) if not _resolves(name)]
     assert wrong == [], "\n".join(wrong)
+
+
+# a dotted name in code, a docstring or a comment (not the tail of a file name: `FOLDER/.bertkit.lock`)
+CODE_NAME = re.compile(r"(?<![\w./-])bertkit(?:\.[A-Za-z_]\w*)+")
+FILE_NAME = re.compile(r"\.(log|txt|json|lock|tmp)$")  # `cell / "bertkit.log"`: a file, when it names no module
+
+
+def test_every_file_and_name_the_code_cites_exists():
+    """What a reader follows from the code as from the pages: every dotted name (`bertkit.model.checkpoint`,
+    `bertkit.training.optim.build_optimizer`) and every path (`tests/test_trace.py`, `docs/benchmarks.md`)
+    written in bertkit/, bench/ or docs/*.py (docstrings, comments, messages, imports) names something in
+    the tree. A module moved or a function renamed while a docstring elsewhere still points at the old
+    place fails here, naming the file and line."""
+    wrong, cited = [], 0
+    for path in sorted([*(ROOT / "bertkit").rglob("*.py"), *(ROOT / "bench").glob("*.py"), *(ROOT / "docs").glob("*.py")]):
+        text = path.read_text(encoding="utf-8")
+        for m in [*CODE_NAME.finditer(text), *CITED_PATH.finditer(text)]:
+            cited += 1
+            where = f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+            if m.re is CODE_NAME and not _resolves(m.group(0)) and not FILE_NAME.search(m.group(0)):
+                wrong.append(f"{where}: no {m.group(0)}")
+            elif m.re is CITED_PATH and not any(ROOT.glob(m.group(1).rstrip(".,:;)"))):
+                wrong.append(f"{where}: no file {m.group(1)}")
+    assert cited > 1000 and wrong == [], "\n".join(wrong)
 
 
 def test_the_readmes_python_block_runs(sentiment_run, tmp_path, monkeypatch):  # noqa: F811
