@@ -140,6 +140,23 @@ def test_streaming_reads_lazily_and_keeps_order(tiny):
     np.testing.assert_allclose(np.stack([first, *rest]), embed(texts, tiny), atol=2e-5)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "words"])
+def test_where_names_a_text_only_when_an_error_asks(tiny, pooling):
+    # `bertkit embed` names a text's line with where(i), which reads the file again up to line i: it was called
+    # for every text (twice for word vectors), so 20,000 lines took minutes and 4x the lines took ~16x the time
+    asked = []
+
+    def where(i):
+        asked.append(i)
+        return f"in.txt:{i + 1}"
+
+    texts = [f"sentence number {i}" for i in range(9)]
+    list(iter_embed(texts, load_encoder(tiny), pooling=pooling, chunk_size=4, where=where))
+    assert asked == []  # no error, no line looked up
+    with pytest.raises(BertkitError, match="in.txt:3: cannot embed an empty text"):
+        list(iter_embed(["one", "two", " ", "four"], load_encoder(tiny), pooling=pooling, where=where))
+
+
 # --- word vectors ---------------------------------------------------------------------
 
 

@@ -91,11 +91,6 @@ def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=T
     return _LOADED[key]
 
 
-def _device_of(model) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
 # --- encoding texts into pieces the model can take --------------------------------------
 
 
@@ -166,7 +161,7 @@ def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool
         return [_encode(tok, text, pair, max_length, truncate, where, k) for k, (text, pair) in enumerate(chunk)]
     texts = [text for text, _ in chunk]
     for k, text in enumerate(texts):
-        _check_text(text, where(k))
+        _check_text(text, where, k)
     items = []
     for k, (text, ids) in enumerate(zip(texts, tok.single_ids(texts, max_length if truncate else None))):
         _check_tokens(text, ids, where, k)
@@ -174,10 +169,16 @@ def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool
     return items
 
 
-def _check_text(text: str, named: str | None = None) -> None:
+def _named(where, k: int) -> str:
+    # asked for an error only: a file's reader finds the line by reading the file again (`bertkit embed` asked
+    # for every text, and took time quadratic in the file's lines)
+    return f"{named}: " if (named := where(k)) else ""
+
+
+def _check_text(text: str, where, k: int) -> None:
     if not text.strip():
-        raise BertkitError(f"{named + ': ' if named else ''}cannot embed an empty text: every input needs at least "
-                           "one non-space character")
+        raise BertkitError(f"{_named(where, k)}cannot embed an empty text: every input needs at least one non-space "
+                           "character")
 
 
 def _check_tokens(text: str, ids: list, where, k: int) -> None:
@@ -187,16 +188,15 @@ def _check_tokens(text: str, ids: list, where, k: int) -> None:
 
 
 def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: None, k: int = 0) -> _Item:
-    named = f"{where(k)}: " if where(k) else ""  # a file's line, when the texts came from one
     if isinstance(text, list):  # a tuple is no pre-split text: `embed` refuses it as a pair
         if not all(isinstance(w, str) for w in text):
-            raise BertkitError(f"{named}a pre-split text must be a list of strings (words)")
+            raise BertkitError(f"{_named(where, k)}a pre-split text must be a list of strings (words)")
         text, words = _word_spans(text)
     elif isinstance(text, str):
         words = None
     else:
-        raise BertkitError(f"{named}expected a string (or a list of words), got {type(text).__name__}")
-    _check_text(text, where(k))
+        raise BertkitError(f"{_named(where, k)}expected a string (or a list of words), got {type(text).__name__}")
+    _check_text(text, where, k)
     if pair is not None and not str(pair).strip():
         raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
     # without truncation the tokenizer returns the whole text, however long; _pieces windows it
@@ -205,8 +205,7 @@ def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: No
     if words is None:
         words = whitespace_spans(text)
     token_words = _token_words(enc.offsets, enc.sequence_ids, words)
-    item = _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words))
-    return item
+    return _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words))
 
 
 def _pieces(item_index: int, item: _Item, max_length: int, stride: int) -> list:
@@ -270,7 +269,7 @@ def forward_padded(model, pieces: list, layers="last", pad_id: int = 0, combine:
                              dtype=torch.long)
     mask = (torch.arange(width) < lengths.unsqueeze(1)).long()  # [B, T]
     need_all = spec.indices != (model.config.num_hidden_layers,)
-    device = _device_of(model)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     with torch.inference_mode():
         skip_pooler = {"pool": False} if _takes_pool(type(model)) else {}  # bertkit's encoders: no pooler to run
         out = model(ids.to(device), attention_mask=mask.to(device),
@@ -364,9 +363,7 @@ def _chunks(source: Iterator, size: int) -> Iterator[tuple[int, list]]:
 
 def _static_rows(texts, loaded: Loaded, normalize, max_length, chunk_size: int, progress: bool, total, where):
     """A static model's vectors (`bertkit.embeddings.static`), with the progress bar iter_embed shows."""
-    bar = None
-    if progress:
-        bar = tqdm(total=total, unit="text", desc="embed")
+    bar = tqdm(total=total, unit="text", desc="embed") if progress else None
     try:
         yield from iter_static(texts, loaded, normalize, max_length=max_length, chunk_size=chunk_size, bar=bar,
                                where=where)
