@@ -8,6 +8,7 @@ import argparse
 import ast
 import contextlib
 import importlib
+import importlib.util
 import io
 import re
 import shlex
@@ -263,6 +264,41 @@ def test_every_file_and_name_the_code_cites_exists():
             elif m.re is CITED_PATH and not any(ROOT.glob(m.group(1).rstrip(".,:;)"))):
                 wrong.append(f"{where}: no file {m.group(1)}")
     assert cited > 1000 and wrong == [], "\n".join(wrong)
+
+
+# a file and the name inside it, as the guide writes them: "`bertkit/model/modeling.py`, `BertLayer.forward`",
+# "`bertkit/text/basic_tokenizer.py` (`basic_words`: ...)", "`bertkit/model/modeling.py`: `pool_sentence()`";
+# not a list of files ("`bertkit/serve/limits.py`, `requests.py`")
+FILE_AND_NAME = re.compile(r"`(bertkit/[\w/]+)\.py`(?:'s)?[,:]?\s+\(?`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?<!\.py)(?:\([^`]*\))?`")
+
+
+def _defines(module: str, name: str) -> bool:
+    """Whether `module` has the dotted attribute `name` (a package: or a submodule of that name)."""
+    obj = importlib.import_module(module.removesuffix(".__init__"))
+    if importlib.util.find_spec(f"{obj.__name__}.{name.split('.')[0]}") if hasattr(obj, "__path__") else False:
+        return True
+    for attr in name.split("."):
+        if not hasattr(obj, attr):
+            return False
+        obj = getattr(obj, attr)
+    return True
+
+
+def test_every_name_the_docs_place_in_a_file_is_in_it():
+    """Where a page or a docstring sends the reader to a file and a name in it ("`bertkit/model/modeling.py`,
+    `BertEmbeddings.forward`"), the file defines that name: a function that moved to another module while the
+    page kept the old file (the pre-training page sent the reader to `bertkit/pretraining/train.py` for
+    `train_loop`, which lives in `bertkit/training/loop.py`) fails here."""
+    wrong, seen = [], 0
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bertkit").rglob("*.py"))]
+    for page in files:
+        text = page.read_text(encoding="utf-8")
+        for m in FILE_AND_NAME.finditer(text):
+            seen += 1
+            if not _defines(m.group(1).replace("/", "."), m.group(2)):
+                where = f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+                wrong.append(f"{where}: {m.group(1)}.py has no {m.group(2)}")
+    assert seen > 15 and wrong == [], "\n".join(wrong)
 
 
 def test_the_readmes_python_block_runs(sentiment_run, tmp_path, monkeypatch):  # noqa: F811
