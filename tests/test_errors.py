@@ -55,8 +55,7 @@ def test_every_report_says_a_figure_the_same_way(value, says, monkeypatch, capsy
     and predict and evaluate sts printed a nan as "nan" where finetune said "undefined"."""
     from bertkit.cli import main
     from bertkit.retrieval import evaluation
-    from bertkit.tasks.predict import format_metrics
-    from bertkit.tasks.reports import embed_report, text_report
+    from bertkit.tasks.reports import embed_report, format_metrics, text_report
     from bertkit.tasks.trainer import better
 
     assert figure(value) == says

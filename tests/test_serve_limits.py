@@ -28,7 +28,7 @@ from bertkit.errors import BertkitError
 from bertkit.retrieval.index import build_index
 from bertkit.serve.app import most_tokens, whole_tokens
 from bertkit.serve.connections import capacity
-from bertkit.serve.limits import json_depth
+from bertkit.serve.requests import json_depth
 from bertkit.serve.settings import ServeConfig
 from bertkit.text.tokenizer import Tokenizer
 

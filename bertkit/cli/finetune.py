@@ -12,6 +12,7 @@ from bertkit.options import (add_options, count, device_flags, finite_float, fro
 from bertkit.cli.demo import run_demo as demo
 from bertkit.tasks import format_report, run_task, task_config
 from bertkit.tasks.registry import TASKS, task_named
+from bertkit.tasks.reports import format_metrics
 
 
 # finetune scores its dev set in float32 (unless --precision): a figure in another precision may differ a little
@@ -107,7 +108,7 @@ def add_predict(sub):
 
 
 def run_predict(args):
-    from bertkit.tasks.predict import format_metrics, format_tables, predict_file
+    from bertkit.tasks.predict import format_tables, predict_file
 
     to_stdout = args.output == "-"
     stream = sys.stderr if to_stdout else sys.stdout  # with --output - the predictions own standard output

@@ -19,42 +19,13 @@ as early as its quantity is known, and answered with one message naming the sett
     --max-search-hits         k x queries per /search request (documents answered)   413
     --max-answer-bytes        the JSON answer; a safety net behind the limits above  413
 
-Body, content type, encoding and depth are checked by `bertkit.serve.requests.read_json`; the rest here.
-The depth scan (`json_depth`) runs in numpy over the raw bytes: brackets count only outside
-strings, and a quote counts only when an even number of backslashes precedes it.
+Body, content type, encoding and depth are checked by `bertkit.serve.requests.read_json`, where the body is
+read (the depth by `bertkit.serve.requests.json_depth`, before parsing); the rest here.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from bertkit.serve.runner import InputError
-
-STEP = np.zeros(256, np.int8)  # byte -> +1 opens a level, -1 closes one
-STEP[list(b"[{")], STEP[list(b"]}")] = 1, -1
-
-
-def json_depth(body: bytes) -> int:
-    """How deeply the JSON text `body` nests arrays and objects ({"a": [1]} is 2); for valid JSON.
-
-    Only the few quotes, backslashes and brackets are looked at one by one: a backslash run of odd
-    length escapes the byte after it, and a bracket is inside a string when an odd number of real
-    quotes precede it."""
-    b = np.frombuffer(body, np.uint8)
-    slashes = np.flatnonzero(b == ord("\\"))
-    escaped = np.zeros(0, np.int64)
-    if len(slashes):
-        starts = np.flatnonzero(np.diff(slashes, prepend=-2) != 1)  # each run of consecutive backslashes
-        ends = np.append(starts[1:], len(slashes))
-        odd = (ends - starts) % 2 == 1
-        escaped = slashes[ends[odd] - 1] + 1
-    quotes = np.flatnonzero(b == ord('"'))
-    quotes = quotes[~np.isin(quotes, escaped)]
-    steps = STEP[b]
-    where = np.flatnonzero(steps)
-    outside = np.searchsorted(quotes, where) % 2 == 0
-    levels = np.cumsum(steps[where[outside]].astype(np.int64))
-    return int(max(0, levels.max())) if len(levels) else 0
 
 
 def check_inputs(n: int, most: int, field: str) -> None:

@@ -11,6 +11,10 @@ naming the field; `known_fields` refuses the fields a route does not take, and `
 where they ask for something else (each route's fields: `bertkit.serve.app.FIELDS`). Errors are answered
 in TEI's shape ({"error", "error_type"}) or OpenAI's ({"error": {"message", "type", "code"}}), and answers
 are written by orjson (`JSONResponse`).
+
+A body's nesting is measured before it is parsed (`json_depth`, --max-json-depth: a parser recurses once per
+level): in numpy over the raw bytes, brackets counted only outside strings, a quote only where an even number of
+backslashes precedes it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ import orjson
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from bertkit.serve.limits import json_depth
 from bertkit.serve.runner import InputError, check_text
 
 KINDS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "method_not_allowed",
@@ -110,6 +113,33 @@ async def _read_body(request, limit: int) -> bytearray:
         if len(body) > limit:
             raise ApiError(413, f"the request body is over the limit of {limit} bytes (--max-body-bytes)")
     return body
+
+
+STEP = np.zeros(256, np.int8)  # byte -> +1 opens a level, -1 closes one
+STEP[list(b"[{")], STEP[list(b"]}")] = 1, -1
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply the JSON text `body` nests arrays and objects ({"a": [1]} is 2); for valid JSON.
+
+    Only the few quotes, backslashes and brackets are looked at one by one: a backslash run of odd
+    length escapes the byte after it, and a bracket is inside a string when an odd number of real
+    quotes precede it."""
+    b = np.frombuffer(body, np.uint8)
+    slashes = np.flatnonzero(b == ord("\\"))
+    escaped = np.zeros(0, np.int64)
+    if len(slashes):
+        starts = np.flatnonzero(np.diff(slashes, prepend=-2) != 1)  # each run of consecutive backslashes
+        ends = np.append(starts[1:], len(slashes))
+        odd = (ends - starts) % 2 == 1
+        escaped = slashes[ends[odd] - 1] + 1
+    quotes = np.flatnonzero(b == ord('"'))
+    quotes = quotes[~np.isin(quotes, escaped)]
+    steps = STEP[b]
+    where = np.flatnonzero(steps)
+    outside = np.searchsorted(quotes, where) % 2 == 0
+    levels = np.cumsum(steps[where[outside]].astype(np.int64))
+    return int(max(0, levels.max())) if len(levels) else 0
 
 
 def _parse(body: bytes, max_depth: int):

@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 from bertkit.data.atomic import write_lines
 from bertkit.data.tables import tsv_cell
-from bertkit.errors import BertkitError, figure, int_at_least
+from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.registry import Task, task_named
@@ -180,22 +180,6 @@ def feature_logits(loaded: Loaded, features: list[dict], batch_size: int = 64, p
     feature's own length) for a token classifier."""
     out = run_model(loaded.model, features, batch_size, progress=progress, desc="teacher")["logits"]
     return [z if z.ndim == 1 else z[: len(f["input_ids"])] for z, f in zip(out, features)]
-
-
-def format_metrics(metrics: dict) -> str:
-    """`name value` for every number of a metrics dict (nested reports left out, a regression's held_out_loss
-    said once, as its mse), as `bertkit.errors.figure` says it (None or nan: "undefined", a regression's
-    correlation with one constant score); two labels' f1 named `f1 (LABEL)`, as finetune's report names it."""
-    named = {"f1": f"f1 ({metrics['f1_label']})"} if "f1_label" in metrics else {}
-    return ", ".join(f"{k} {v}" if isinstance(v, int)  # an int is a count (SQuAD v2's HasAns_total)
-                     else f"{named.get(k, k)} {figure(v)}" for k, v in metrics.items()
-                     if (v is None or isinstance(v, (int, float))) and k != "support" and not said_as_mse(k, metrics))
-
-
-def said_as_mse(key: str, metrics: dict) -> bool:
-    """A regression's held_out_loss is its mse (the squared error it trains on): metrics.json keeps both keys
-    (--metric takes either), a printed line says the figure once, as mse (reports.text_report does the same)."""
-    return key == "held_out_loss" and "mse" in metrics
 
 
 def format_tables(metrics: dict, task: str) -> str:

@@ -14,12 +14,24 @@ def text_report(final: dict) -> str:
     dev = final.get("dev")
     if not dev:
         return f"trained on {final['train_examples']} examples in {final['train_seconds']} s (no dev set)"
-    named = {"f1": f"f1 ({dev['f1_label']})"} if "f1_label" in dev else {}  # two labels: the F1 of which one
-    lines = [f"dev ({final['dev_examples']} examples): " + ", ".join(  # None: undefined (a constant regression)
-        f"{named.get(k, k)} {figure(v)}" for k, v in dev.items()
-        if (isinstance(v, float) or v is None)
-        and not (k == "held_out_loss" and "mse" in dev))]  # a regression's mse, said once (predict.said_as_mse)
-    return "\n".join(lines + label_tables(dev))
+    return "\n".join([f"dev ({final['dev_examples']} examples): {format_metrics(dev)}", *label_tables(dev)])
+
+
+def format_metrics(metrics: dict) -> str:
+    """`name value` for every number of a metrics dict (nested reports left out, a regression's held_out_loss
+    said once, as its mse), as `bertkit.errors.figure` says it (None or nan: "undefined", a regression's
+    correlation with one constant score); two labels' f1 named `f1 (LABEL)`. finetune's dev line (`text_report`)
+    and predict's evaluation line (the same metrics, of a labelled file) both say theirs so."""
+    named = {"f1": f"f1 ({metrics['f1_label']})"} if "f1_label" in metrics else {}
+    return ", ".join(f"{k} {v}" if isinstance(v, int)  # an int is a count (SQuAD v2's HasAns_total)
+                     else f"{named.get(k, k)} {figure(v)}" for k, v in metrics.items()
+                     if (v is None or isinstance(v, (int, float))) and k != "support" and not said_as_mse(k, metrics))
+
+
+def said_as_mse(key: str, metrics: dict) -> bool:
+    """A regression's held_out_loss is its mse (the squared error it trains on): metrics.json keeps both keys
+    (--metric takes either), a printed line says the figure once, as mse."""
+    return key == "held_out_loss" and "mse" in metrics
 
 
 # a confusion matrix wider than this (characters) heads its columns with the labels' numbers, not their names
