@@ -597,6 +597,9 @@ def test_demo_runs_end_to_end_on_a_tiny_model(tiny, tmp_path):
     assert 0.0 <= final["dev"]["accuracy"] <= 1.0 and final["dev_examples"] == 8
     assert len(final["new_sentences"]) == len(NEW_SENTENCES)
     assert any("held-out accuracy" in line for line in lines)
+    # the demo's one optimizer setting, set on its training config's own OptimConfig: a higher rate than BERT-base's
+    run_config = json.loads((tmp_path / "demo" / "model" / "run_config.json").read_text())
+    assert run_config["training"]["optim"]["learning_rate"] == 1e-4
     # a newcomer runs it twice: the second run starts over instead of refusing the first's output
     again = run_demo(tmp_path / "demo", model=str(tiny), epochs=1, progress=False, train_per_label=8,
                      heldout_per_label=4, log=lines.append)

@@ -19,7 +19,6 @@ import shutil
 import time
 from pathlib import Path
 
-from bertkit.training.optim import OptimConfig
 
 THINGS = ["movie", "restaurant", "hotel", "concert", "book", "service", "meal", "phone", "game", "trip",
           "play", "coffee"]
@@ -81,7 +80,9 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
     # a higher rate than BERT-base's 2e-5..5e-5: a small model and a few dozen updates; checked before anything
     # is written (`--epochs 0` ran the default 3 epochs)
     training = TrainConfig(epochs=3.0 if epochs is None else epochs, batch_size=16, seed=seed, metric="accuracy",
-                           progress=progress, optim=OptimConfig(learning_rate=1e-4)).validate()
+                           progress=progress)
+    training.optim.learning_rate = 1e-4  # its own OptimConfig: the one setting the demo changes there
+    training.validate()
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     previous = out / "model"

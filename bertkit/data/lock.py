@@ -80,7 +80,9 @@ def _take(path: Path, folder: Path, command: str) -> int:
 
 
 def first_process() -> bool:
-    """Whether this process writes for its job: alone, or torchrun's rank 0 (torchrun sets RANK)."""
+    """Whether this process writes and speaks for its job: alone, or torchrun's rank 0 (torchrun sets RANK). Read
+    from the environment, so it holds before `bertkit.training.distributed.setup()` joins the group: the one rule
+    of the folder's lock and clearing (`bertkit.data.outputs`), an index's build and fine-tuning's warnings."""
     return os.environ.get("RANK", "0") == "0"
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.data.lock import first_process
 from bertkit.errors import BertkitError, figure, undefined
 from bertkit.tasks.batching import collate, loss_terms
 from bertkit.training import distributed, harness
@@ -306,7 +307,7 @@ def warnings_once(fn, said: set):
         cause = (w.category, re.sub(r"\d+(\.\d+)?", "#", str(w.message)))
         if cause not in said:
             said.add(cause)
-            if distributed.first_process():
+            if first_process():  # torchrun's RANK, read before the group is joined
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # through the caller's filters
     return out
 

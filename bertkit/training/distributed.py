@@ -62,12 +62,6 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def first_process() -> bool:
-    """Whether this process speaks for the run: alone, or torchrun's rank 0. Read from torchrun's RANK, so it
-    holds before `setup()` joins the group (as bertkit.data.lock.first_process, a floor below, reads it)."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 def pick_device(name: str = "auto", local_rank: int = 0) -> str:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
