@@ -274,3 +274,35 @@ def test_an_exported_sentence_model_carries_its_pooling(st, tiny, tmp_path, pool
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     got = pooled(session, Tokenizer.from_pretrained(out), texts, read_layout(out))
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+
+
+def test_an_export_into_the_installed_default_models_folder_is_refused(tiny, tmp_path):  # noqa: F811
+    """`bertkit export onnx default -o <the installed default model's folder>` wrote model.onnx into the package
+    (its own folder is a model's own, so the check that refuses another model's folder let it through), and a
+    folder inside it took a whole export. Both are refused in one line, the folder left byte for byte. A real
+    process whose default model is a stand-in: a package of the default's name, first on its path, whose model/
+    is a copy of the tiny model (the installed one is never touched)."""
+    import hashlib
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from bertkit.default_model import DEFAULT_MODEL_PACKAGE
+
+    package = tmp_path / "site" / DEFAULT_MODEL_PACKAGE
+    default = shutil.copytree(tiny, package / "model")
+    (package / "__init__.py").write_text("")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(root)])}
+
+    def files():
+        return {p.relative_to(package).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(package.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+    before = files()
+    for out in (default, default / "onnx"):
+        done = subprocess.run([sys.executable, "-m", "bertkit.cli", "export", "onnx", "default", "-o", str(out)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "installed default model's folder" in done.stderr and str(out) in done.stderr, done.stderr
+        assert files() == before and not (default / "onnx").exists()

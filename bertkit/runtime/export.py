@@ -34,7 +34,9 @@ sentences of different lengths, and sentence pairs where the model has a second
 segment) and every output must match
 bertkit's within `atol` (1e-4); otherwise BertkitError with the difference. The graph is written
 beside its name and renamed to model.onnx only once it passed (`bertkit.data.atomic`), the other
-files copied just before: a failed check or a killed export leaves no model.onnx that looks finished. What
+files copied just before: a failed check or a killed export leaves no model.onnx that looks finished. A model's
+own folder takes its export beside its weights; the installed default model's folder is its package's and is
+refused (`refuse_installed_default`), as is a folder holding another model. What
 cannot be exported fails with a BertkitError naming it: an int8 model (export the
 float model and quantize the ONNX file with ONNX Runtime's `quantize_dynamic`),
 a head with no ONNX signature here (pre-training, masked LM, NSP, multiple
@@ -150,6 +152,20 @@ def load_exportable(model_dir, encoder: bool = False) -> tuple:
     return loaded.model, outputs, loaded.tokenizer
 
 
+def refuse_installed_default(out_dir) -> None:
+    """BertkitError for an `out_dir` in the installed default model's folder (`bertkit export onnx default -o` it,
+    or a folder inside it): an export beside a model of one's own is fine, but that folder is the package's
+    (pip's record of it lists no model.onnx, and every command run without a model reads it), as the training
+    commands refuse it as their output (`bertkit.data.outputs`)."""
+    try:
+        installed = resolve(None).resolve()  # None: the default model's folder
+    except BertkitError:  # not installed: no such folder to keep
+        return
+    if Path(out_dir).resolve().is_relative_to(installed):
+        raise BertkitError(f"--output {out_dir} is in the installed default model's folder ({installed}): the "
+                           "export would write model.onnx into its package; write to another --output")
+
+
 def check_exportable(model: nn.Module) -> None:
     """BertkitError for a model whose modules have no ONNX form (int8 layers, accelerated kernels)."""
     if holds_int8(model):
@@ -227,6 +243,7 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
         raise BertkitError(f"opset {opset} has no ONNX form for attention (scaled_dot_product_attention): "
                            f"use --opset {MIN_OPSET} or later (default {DEFAULT_OPSET})")
     directory = resolve(model_dir)
+    refuse_installed_default(out_dir)
     need_transformer(directory, "export onnx")  # a table has no config.json: the reader said only that
     # config.json and the tokenizer are copied beside model.onnx: over another model's, they would describe
     # weights they do not fit (an earlier export there has no weights file: it is replaced as before)
