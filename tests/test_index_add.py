@@ -75,3 +75,22 @@ def test_an_output_folder_given_as_a_second_word_is_answered_with_the_command_th
     err = capsys.readouterr().err
     assert f"bertkit index {corpus} -o {out}" in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_a_graph_is_added_without_bm25s_when_the_lexical_part_is_there(made, tmp_path, monkeypatch, capsys):
+    """`index add INDEX --ann hnsw` asked for bm25s and PyStemmer whatever the index held: one with its lexical
+    part already (a default build) was refused its graph in an install with FAISS but not bm25s, though nothing
+    lexical was to be built. They are asked for only when the lexical part is missing, before the graph is built."""
+    import shutil
+    import sys
+
+    whole, bare = shutil.copytree(made / "whole", tmp_path / "whole"), tmp_path / "bare"
+    build_index(made / "corpus.jsonl", bare, str(made / "tiny"), lexical=None, passage_tokens=TOKENS, overlap=OVERLAP,
+                dtype="float32", progress=False)  # `made`'s bare index has both parts once the first test ran
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # None in sys.modules: importing it raises ImportError
+    assert main(["index", "add", str(whole), "--ann", "hnsw", "--overwrite", "--quiet"]) == 0, capsys.readouterr().err
+    assert "added ann" in capsys.readouterr().out
+    assert main(["index", "add", str(bare), "--ann", "hnsw", "--quiet"]) == 2  # the lexical part is to be built
+    err = capsys.readouterr().err
+    assert "pip install 'bertkit[search]'" in err and err.count("\n") == 1, err
+    assert not (bare / "hnsw.faiss").exists() and "ann" not in json.loads((bare / "index.json").read_text())

@@ -43,11 +43,12 @@ def add_parts(directory, *, ann: str | None = None, ann_m: int = 32, ef_construc
         faiss_module()  # a missing package is said before anything is read
     if lexical is not None:
         lexical.validate()
-        require_packages(lexical)
     directory = Path(directory)
     with folder_lock(directory, "bertkit index add"):
         index = open_index(directory)
         made, added = index.info, {}
+        if lexical is not None and not made.get("lexical"):  # bm25s is needed only to build a missing part: an index
+            require_packages(lexical)  # that has one was refused a graph without it; said before the graph is built
         if ann is not None and made.get("ann") and not overwrite:
             have = made["ann"]
             raise BertkitError(f"{directory} has an HNSW graph already (M {have['m']}, efConstruction "
