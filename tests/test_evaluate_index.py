@@ -290,3 +290,44 @@ def test_a_fusion_tuned_on_one_build_is_not_written_into_the_next(setup, tiny_di
     assert (index / "index.json").read_bytes() == before
     update_info(index, command="test", opened=open_index(index), fusion={"fusion": "rrf"})  # the build it opened
     assert json.loads((index / "index.json").read_text())["fusion"] == {"fusion": "rrf"}
+
+
+@pytest.mark.parametrize("missing", ["bm25s", "Stemmer"])
+def test_an_index_whose_default_search_needs_a_missing_package_is_refused_before_any_model_loads(
+        setup, tiny_dir, capsys, monkeypatch, missing):
+    """An index built where the search extra is (a lexical part, so hybrid by default), searched in an install
+    without bm25s or PyStemmer: `search` and `evaluate retrieval --index` loaded the query encoder and embedded
+    every query before the one line; `serve --index` started and answered each /search with an internal error
+    (a traceback in its log); `finetune rerank --dev --index` trained to the end before its evaluation failed
+    (check_index_of passed), and mining through `--mining-index` loaded its encoder first. Each is one line naming
+    the extra now, before an encoder loads; a dense search still runs without it."""
+    import sys
+
+    from bertkit.errors import BertkitError
+    from bertkit.retrieval import evaluation, search
+    from bertkit.retrieval.evaluation import check_index_of, index_answers
+    from bertkit.serve.runner import load_runner, load_searcher
+    from bertkit.serve.settings import ServeConfig
+
+    runner = load_runner(ServeConfig(model=str(tiny_dir), index=str(setup["index"]), workers=1, threads=1,
+                                     dtype="float32").validate())
+    monkeypatch.setitem(sys.modules, missing, None)  # None in sys.modules: importing it raises ImportError
+
+    def no_encoder(*args, **kwargs):
+        raise AssertionError("the query encoder was loaded before the missing package was said")
+
+    for module in (search, evaluation):
+        monkeypatch.setattr(module, "query_encoder", no_encoder)
+    index = str(setup["index"])
+    for argv in (["search", index, "a query"], ["evaluate", "retrieval", str(setup["folder"]), "--index", index]):
+        assert main([*argv, "--quiet"] if argv[0] == "evaluate" else argv) == 2
+        err = capsys.readouterr().err
+        assert "pip install 'bertkit[search]'" in err and "--mode dense" in err and err.count("\n") == 1, err
+    for call in (lambda: check_index_of(index, setup["folder"]), lambda: index_answers(index, ["a query"], 5),
+                 lambda: load_searcher(ServeConfig(model=str(tiny_dir), index=index), runner)):
+        with pytest.raises(BertkitError, match=r"pip install 'bertkit\[search\]'") as refused:
+            call()
+    assert "--mode dense" not in str(refused.value)  # a server's /search is hybrid by default: no way around
+    monkeypatch.undo()  # the encoder back; the package still missing: a dense search needs neither
+    monkeypatch.setitem(sys.modules, missing, None)
+    assert main(["search", index, "a query", "--mode", "dense", "--dtype", "float32"]) == 0

@@ -148,6 +148,18 @@ def test_bm25_without_the_package_names_the_extra(monkeypatch, small_scifact):
         evaluate_retrieval("no/such/model", small_scifact, "test", bm25=True)
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "all"])
+def test_a_stemmed_run_without_pystemmer_names_the_extra_before_any_model_loads(monkeypatch, small_scifact, mode):
+    """--mode hybrid and all stem the words of their BM25 run (as an index's lexical part): with bm25s but not
+    PyStemmer, the check asked for bm25s alone, so the corpus was embedded before the missing stemmer was said."""
+    need(importlib.util.find_spec("bm25s") is not None, "bm25s (the search extra) is not installed")
+    monkeypatch.setitem(sys.modules, "Stemmer", None)
+    with pytest.raises(BertkitError, match=r"PyStemmer package: pip install 'bertkit\[search\]'"):
+        evaluate_retrieval("no/such/model", small_scifact, "test", mode=mode)  # a model would be refused after it
+    with pytest.raises(BertkitError, match="no/such/model"):  # --bm25's baseline stems nothing: it goes on
+        evaluate_retrieval("no/such/model", small_scifact, "test", bm25=True)
+
+
 def test_sts_reads_the_tables_the_trainer_reads(tmp_path):
     """`bertkit finetune embed --dev` takes scored pairs as TSV, CSV or JSONL (`bertkit.data.tables.read_rows`);
     `evaluate sts` took TSV alone (a CSV was "no sentence1, sentence2, score column"). The same pairs in each

@@ -333,7 +333,7 @@ def run_search(args):
     from bertkit.tasks.rerank import recorded_effect, rerank, reranker
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import search as search_qdrant
-    from bertkit.retrieval.search import DEFAULT_BLOCK, fusion_options, search
+    from bertkit.retrieval.search import DEFAULT_BLOCK, search, search_options
 
     if args.k < 1:
         raise BertkitError(f"-k must be at least 1, got {args.k}")
@@ -351,7 +351,7 @@ def run_search(args):
     queries, names = _queries(args)
     index = None if args.qdrant else open_index(args.index)
     if index is not None:
-        fusion = fusion_options(index.info, typed)
+        fusion = search_options(index, typed)  # a missing bm25s said before the reranker or encoder loads
     else:  # the flags given, checked now; the rest as for the collection's index (its tuned fusion, or the defaults)
         fusion = FusionOptions(**typed)
         fusion.validate()

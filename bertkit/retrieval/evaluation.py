@@ -41,13 +41,14 @@ from tqdm import tqdm
 from bertkit.errors import BertkitError, read_score
 from bertkit.metrics.tasks import pearson, spearman
 from bertkit.data.beir import document_text, load_beir
-from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s
+from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s, stem_function
 from bertkit.retrieval.encoding import encode, encoder_and_settings, has_tokens
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions, options_of
 from bertkit.retrieval.index import document_ids, open_index, update_info
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run, evaluate_runs
-from bertkit.retrieval.search import embed_queries, fusion_options, query_encoder, ranked_runs, search_vectors
+from bertkit.retrieval.search import (embed_queries, fusion_options, query_encoder, ranked_runs, search_options,
+                                      search_vectors)
 from bertkit.retrieval.tuning import fused_run, record, tune
 from bertkit.data.tables import ReadReport, read_rows
 
@@ -151,6 +152,8 @@ def _check_request(directory, split: str, tune, index, dimensions: list, mode, f
                            "--fusion, --alpha and --rrf-k on that split's queries): give one or the other")
     if bm25 or mode not in (None, "dense") or tune:
         require_bm25s()  # a missing package is said before the corpus is embedded, not after
+    if mode not in (None, "dense") or tune:  # ... and the stemmer of the lexical runs (--bm25's stems nothing)
+        stem_function(LexicalOptions().stemmer)
     return dimensions
 
 
@@ -158,8 +161,8 @@ def index_answers(index, queries: list[str], depth: int, batch_size: int = 32, d
     """Per query, the doc ids of its `depth` best documents in the index folder `index`, best first, searched
     as `bertkit search` does (its default mode): a first stage's candidates, for mining."""
     opened = open_index(index)
+    options = search_options(opened)  # a missing bm25s said before the encoder loads
     loaded = query_encoder(opened.info, None, None, dtype)
-    options = fusion_options(opened.info)
     vectors = embed_queries(opened.info, loaded, queries, batch_size) if options.mode != "lexical" else None
     answers = search_vectors(opened, vectors, depth, queries=queries, fusion=options)
     return [[h.doc_id for h in hits] for hits in answers]
@@ -187,8 +190,11 @@ def check_same_corpus(index, data) -> None:
 
 def check_index_of(index, directory, split: str = "test") -> None:
     """Refuse, before a job that ends by evaluating through it (`finetune rerank --dev DIR --index INDEX`), an
-    index folder built from another corpus than the BEIR folder `directory`'s (`check_same_corpus`)."""
-    check_same_corpus(open_index(index), load_beir(directory, split))
+    index folder built from another corpus than the BEIR folder `directory`'s (`check_same_corpus`), or one whose
+    default search cannot run here (its lexical part without bm25s: the evaluation failed after the training)."""
+    opened = open_index(index)
+    check_same_corpus(opened, load_beir(directory, split))
+    search_options(opened)
 
 
 def _index_modes(info: dict, mode: str | None) -> list[str]:
@@ -207,13 +213,13 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     modes = _index_modes(index.info, mode)
     # fusion's settings go to the hybrid search (with --mode all, not to the dense and lexical rows beside it)
     given = {m: {**((fusion or {}) if m == "hybrid" or len(modes) == 1 else {}), "mode": m} for m in modes}
-    for m in modes:
-        fusion_options(index.info, given[m])  # a setting this search would not use, refused before the model loads
+    for m in modes:  # a setting this search would not use, or a missing bm25s, refused before the model loads
+        search_options(index, given[m])
     # a lexical search embeds no query: its model is not needed (nor there, for an index copied elsewhere)
     loaded = query_encoder(index.info, model, None, dtype, fast) if modes != ["lexical"] or tuning_data else None
     tuned = None
     if tuning_data is not None:
-        options = fusion_options(index.info, {**(fusion or {}), "mode": "hybrid"})
+        options = search_options(index, {**(fusion or {}), "mode": "hybrid"})
         dense, lexical = index_runs(index, loaded, tuning_data.queries, options.depth, ann, batch_size,
                                     query_names(tuning_data.directory, list(tuning_data.queries)))
         tuned = tune_on(tuning_data, dense, lexical, options.depth)

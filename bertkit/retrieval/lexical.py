@@ -45,14 +45,18 @@ LEXICAL_FILES = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.inde
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s' (and scikit-learn's CountVectorizer's) default
 
 
-def require_packages(options: LexicalOptions) -> None:
-    """bm25s and the stemmer `options` names, or one line naming the extra to install and --no-lexical: an index
-    asks before it encodes anything, since its lexical part is built last."""
+BUILD_WITHOUT = "build it with --no-lexical (dense search only)"
+
+
+def require_packages(options: LexicalOptions, instead: str | None = BUILD_WITHOUT) -> None:
+    """bm25s and the stemmer `options` names, or one line naming the extra to install and what does without
+    them (`instead`; None: nothing does): an index asks before it encodes anything, since its lexical part is
+    built last; a search that reads the part, before its query encoder loads (`retrieval.index.Index.lexical`)."""
     try:
         require_bm25s()
         stem_function(options.stemmer)
     except BertkitError as e:
-        raise BertkitError(f"the index's lexical part: {e}, or build it with --no-lexical (dense search only)") from None
+        raise BertkitError(f"the index's lexical part: {e}" + (f", or {instead}" if instead else "")) from None
 
 
 def tokenize(texts: list[str], options: LexicalOptions, *, ids: bool, progress: bool = False):

@@ -45,7 +45,7 @@ from bertkit.retrieval.documents import first_of_each
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.fusion import fuse, hybrid_weights
 from bertkit.retrieval.index import Index, check_model, open_index
-from bertkit.retrieval.lexical import lexical_documents
+from bertkit.retrieval.lexical import lexical_documents, require_packages
 
 DEFAULT_BLOCK = 16384  # vectors per block of the scan: 16384 x 384 x 4 bytes = 24 MiB
 # queries scored together: the score tile and exact.top_k's merge buffers take about
@@ -212,6 +212,19 @@ def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
     return options
 
 
+def search_options(index: Index, given: dict | None = None, dense_hint: bool = True) -> FusionOptions:
+    """`fusion_options` of an open index, its lexical part read now when the mode needs it (hybrid, lexical): a
+    missing bm25s or PyStemmer (a base install searching an index built where the search extra is, hybrid by
+    default) is one line before a query encoder or reranker loads, not after the queries were embedded (a
+    server started and answered every /search with an internal error; a reranker trained for hours first).
+    dense_hint: the line offers --mode dense (a server, hybrid by default, has no such way round)."""
+    options = fusion_options(index.info, given)
+    if options.mode != "dense":  # the stemmer too: bm25s alone reads the part, a query's words are stemmed later
+        require_packages(options_of(index.info), f"search {index.directory} with --mode dense" if dense_hint else None)
+        index.lexical()
+    return options
+
+
 def _tuned(info: dict) -> dict:
     """index.json's "fusion" (what `evaluate retrieval --tune` wrote), checked as such: a hand-edited value was
     refused as if the command line had given it ("unknown fusion 'rrff'"), index.json unnamed."""
@@ -248,7 +261,7 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
     # read once: the vectors and BM25 both need them (a generator read twice gave hybrid an empty lexical run)
     queries = [queries] if isinstance(queries, str) else _listed(queries)
     check_queries(queries)
-    options = fusion if isinstance(fusion, FusionOptions) else fusion_options(index.info, fusion)
+    options = fusion if isinstance(fusion, FusionOptions) else search_options(index, fusion)
     if ann and options.mode == "lexical":  # it was ignored: BM25 alone ranks a lexical search
         raise BertkitError("ann=True walks the HNSW graph of the dense vectors, and a lexical search ranks by BM25 "
                            "alone: leave ann out, or search with mode dense or hybrid")

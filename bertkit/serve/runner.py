@@ -49,7 +49,7 @@ from bertkit.embeddings.pooling import l2_normalize, pool
 from bertkit.embeddings.settings import resolve_layers, resolve_output
 from bertkit.retrieval.index import Index, check_model, open_index
 from bertkit.retrieval.config import MODES, FusionOptions
-from bertkit.retrieval.search import fusion_options, mixed_precision, search_vectors
+from bertkit.retrieval.search import mixed_precision, search_options, search_vectors
 from bertkit.serve.batching import plan_batches
 from bertkit.metrics.tasks import get_entities
 
@@ -352,7 +352,7 @@ class Searcher:
 
 def load_searcher(settings, runner) -> Searcher | None:
     """The --index folder (and --rerank model) for `runner`; refused at start-up, in one line, when the
-    index was made by another model or pooling."""
+    index was made by another model or pooling, or its default search needs a missing bm25s or PyStemmer."""
     if settings.index is None:
         return None
     if not isinstance(runner, EmbeddingModel):
@@ -360,15 +360,15 @@ def load_searcher(settings, runner) -> Searcher | None:
                            f"{runner.task} model")
     index = open_index(settings.index)
     check_model(index.info, runner.loaded)
-    made = index.info["model"]
-    if runner.pooling != made["pooling"]:
+    if runner.pooling != (made := index.info["model"])["pooling"]:
         raise BertkitError(f"--pooling {runner.pooling}: the index {settings.index} was made with {made['pooling']} "
                            "pooling; leave out --pooling, or build the index with this pooling")
+    fusion = search_options(index, dense_hint=False)  # read now: without bm25s, the server failed every /search
     mixed = mixed_precision(index.info, runner.loaded)  # queries in another precision: `bertkit search` warns too
     cross = reranker(settings.rerank, dtype=settings.dtype, fast=runner.speed) if settings.rerank else None
     for line in filter(None, (mixed and f"note: {mixed}", settings.rerank and recorded_effect(settings.rerank))):
         print(line, file=sys.stderr, flush=True)  # at start-up, beside the server's own lines
-    return Searcher(index, int(made["max_length"]), cross, settings.rerank_top, fusion=fusion_options(index.info))
+    return Searcher(index, int(made["max_length"]), cross, settings.rerank_top, fusion=fusion)
 
 
 # --- fine-tuned models ----------------------------------------------------------------
