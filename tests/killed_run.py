@@ -17,6 +17,7 @@ import signal
 import sys
 
 from bertkit.training import harness
+from killed_write import as_a_terminal_delivers_it
 
 
 def killing_loop(kill_at: int, loop):
@@ -62,6 +63,7 @@ def interrupting_save(step: int, save, sig=signal.SIGINT):
 
 
 if __name__ == "__main__":
+    as_a_terminal_delivers_it()  # Ctrl-C, even under a pytest started in the background (`pytest ... &`)
     where, sys.argv = sys.argv[1], ["bertkit", *sys.argv[2:]]
     if where.startswith(("interrupt-checkpoint:", "kill-checkpoint:")):  # while checkpoint STEP is written
         import torch
