@@ -433,7 +433,8 @@ def ceiling_child(workers: int | None, threads: int | None, seconds: float) -> N
     passes are as even as any gather can make them: what the model itself can do on this machine,
     an upper bound for any server of it that computes every sentence."""
     from bertkit.runtime.devices import cores
-    from bertkit.serve.server import bound_kernel_caches, speed
+    from bertkit.cli.serve import bound_kernel_caches
+    from bertkit.serve.server import speed
 
     bound_kernel_caches()  # as `bertkit serve` does, before torch is imported
     import torch

@@ -284,8 +284,8 @@ LATE_IMPORTS = {
     "bertkit.retrieval.qdrant": ({"qdrant_client"}, EXTRA),
     "bertkit.serve.server": ({"uvicorn", "uvicorn.protocols.http.auto", "bertkit.serve.app", "torch", "bertkit.runtime.devices",
                               "bertkit.runtime.fast", "bertkit.serve.runner"},
-                             EXTRA + "; torch and what loads it come after the kernel-cache environment variables "
-                             "that torch reads when it loads (bound_kernel_caches)"),
+                             EXTRA + "; the serve command's parser imports this module without torch, which loads "
+                             "after the command's kernel-cache environment variables (cli.serve.bound_kernel_caches)"),
     # heavy and rarely needed
     "bertkit.training.distributed": ({"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"},
                                      "FSDP's modules are slow to import; only a sharded run needs them"),

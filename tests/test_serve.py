@@ -818,6 +818,8 @@ def test_the_server_hands_its_speed_settings_to_the_model(dirs, monkeypatch):
     assert server.speed(onednn=False).matmul_kernel == "MKL"
     seen = []
     monkeypatch.setattr(server, "serve", lambda settings, onednn=None: seen.append(onednn))
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)  # the command sets them (cli.serve.bound_kernel_caches): undone after
     for value, expected in (("0", False), ("1", True), ("", None)):
         monkeypatch.setenv("BERTKIT_ONEDNN", value)
         main(["serve", str(dirs["pair"])])

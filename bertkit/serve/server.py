@@ -18,7 +18,6 @@ shutdown all the same (it starts, answers what it accepted, stops).
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import socket
 import sys
@@ -44,25 +43,6 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-KERNEL_CACHE_ENTRIES = 256
-
-
-def bound_kernel_caches() -> None:
-    """Keep oneDNN's per-shape kernel caches bounded; effective only before torch is first imported.
-
-    oneDNN (under `bertkit.runtime.fast`'s dense layers) prepares (compiles) a kernel for each input
-    shape and keeps it, with buffers laid out for it, in two caches (its primitive cache and
-    PyTorch's ideep LRU cache, whose sizes the libraries read from these environment variables
-    when they start). A server sees a new (rows x length) shape every few passes: unbounded, its
-    memory keeps growing; bounded alone, nearly every pass pays for new kernels. So the caches
-    hold 256 entries and the server's rows are padded to one of 40 sizes (`speed`): the kernels
-    of every shape stay cached and memory stays flat (docs/serving.md has the measurements). A
-    value already in the environment is kept. `bertkit serve` calls this before anything imports torch.
-    """
-    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-        os.environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
-
-
 def speed(onednn: bool | None = None):
     """The fast-path settings a server runs on (`bertkit.runtime.fast.SpeedSettings`): this CPU's,
     at the torch threads set now, with rule 7 (row buckets) on; `onednn` forces the matmul kernel
@@ -84,7 +64,6 @@ def serve(settings, log=None, onednn: bool | None = None) -> None:
     """Load the model in `settings.model`, serve it until SIGTERM/SIGINT, answer what was accepted, return.
     onednn: None, the kernels this CPU's rules pick; True/False, oneDNN / MKL for every matmul."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    bound_kernel_caches()
     settings.validate().model_path()  # a wrong directory is said at once, before torch loads
     try:
         import uvicorn
