@@ -218,6 +218,22 @@ def test_a_missing_bm25s_is_refused_before_any_passage_is_encoded(tiny, corpus, 
     assert main(["index", str(corpus), "-o", str(out), "--model", str(tiny), "--quiet", "--no-lexical"]) == 0
 
 
+def test_a_missing_qdrant_client_is_refused_before_the_index_is_read(built, tmp_path, monkeypatch, capsys):
+    """`index export INDEX --qdrant ...` opened and checked the whole index (every vector read, to see that each is
+    finite: minutes for a large one) before saying that qdrant-client, the search extra, is missing."""
+    from bertkit.retrieval import index
+
+    def read(*args, **kwargs):
+        raise AssertionError("the index was read before the missing package was said")
+
+    monkeypatch.setitem(sys.modules, "qdrant_client", None)  # None in sys.modules: importing it raises ImportError
+    monkeypatch.setattr(index, "open_index", read)
+    assert main(["index", "export", str(built), "--qdrant", str(tmp_path / "q"), "--collection", "c"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'bertkit[search]'" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "q").exists()
+
+
 # --- resuming after SIGKILL ----------------------------------------------------------------------
 
 KILLED_AT_THIRD_PART = textwrap.dedent("""

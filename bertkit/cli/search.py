@@ -216,11 +216,12 @@ def _rescore_with(args) -> str | None:
 
 def run_export(args):
     from bertkit.retrieval.index import open_index
-    from bertkit.retrieval.qdrant import export
+    from bertkit.retrieval.qdrant import export, require_qdrant
 
     if not args.qdrant or not args.collection:
         raise BertkitError("bertkit index export INDEX needs --qdrant PATH|URL and --collection NAME")
     _refuse_unused(args, "export")
+    require_qdrant()  # said before the index is opened (its check reads every vector), not after
     n = export(open_index(args.exported), args.qdrant, args.collection, progress=not args.quiet, resume=args.resume,
                overwrite=args.overwrite)
     print(f"{args.exported}: {n} passages written to collection {args.collection!r} in {args.qdrant}")

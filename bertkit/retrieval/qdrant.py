@@ -53,7 +53,8 @@ VOCABULARY_KEY = "bertkit_vocabulary"  # with a lexical part: term -> sparse ind
 SPARSE = "bm25"  # the sparse vector's name
 
 
-def _qdrant():
+def require_qdrant():
+    """qdrant_client and its models, or one line naming the extra to install."""
     try:
         import qdrant_client
         from qdrant_client import models
@@ -64,7 +65,7 @@ def _qdrant():
 
 def connect(location: str):
     """A client: a URL (http:// or https://) reaches a server, anything else is a local-mode folder."""
-    qdrant_client, _ = _qdrant()
+    qdrant_client, _ = require_qdrant()
     if location.startswith(("http://", "https://")):
         return qdrant_client.QdrantClient(url=location)
     return qdrant_client.QdrantClient(path=location)
@@ -77,7 +78,7 @@ def export(index, location: str, collection: str, *, batch_size: int = 1024, pro
     the index has a lexical part); returns the number of points. resume: finish the interrupted export of
     this index into `collection` (the batches whose points are all there are skipped); overwrite: replace
     the collection first."""
-    _, models = _qdrant()
+    _, models = require_qdrant()
     client = connect(location)
     try:
         lexical = index.lexical() if index.info.get("lexical") else None
@@ -235,7 +236,7 @@ def _sparse_queries(client, collection: str, info: dict, queries: list[str], mod
 
 def _fused_answers(client, collection: str, info: dict, vectors, queries: list[str], k: int,
                    fusion: FusionOptions) -> list[list[Hit]]:
-    _, models = _qdrant()
+    _, models = require_qdrant()
     per_document = int(info["max_passages_per_document"])
     depth = max(k, fusion.depth) * per_document
     fused_by = (models.RrfQuery(rrf=models.Rrf(k=int(fusion.rrf_k) + 1)) if fusion.fusion == "rrf"
