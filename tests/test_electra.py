@@ -396,3 +396,21 @@ def test_a_fine_tuned_transformers_electra_head_predicts_like_transformers(tmp_p
         else:  # one label per word: the argmax at each word's first piece
             expected = [[f"LABEL_{int(i)}" for i in row[1:1 + n]] for row, n in zip(logits.argmax(-1), (3, 2))]
             assert [row["tags"] for row in got] == expected, got
+
+
+def test_electras_heads_are_berts_heads_on_one_encoder_forward():
+    """Issue 36 item 5: ELECTRA's encoder is BertModel with its own embeddings (it overrides `embed`, never
+    `forward`), and each fine-tuning head and the generator is the BERT head of its kind, building its modules
+    under HF ELECTRA's names: a forward written again in electra.py would fail here. The discriminator
+    (ElectraForPreTraining) has no BERT head of its kind; it runs the encoder through heads.encode too."""
+    import inspect
+
+    from bertkit.model import electra, heads, modeling
+
+    assert issubclass(electra.ElectraModel, modeling.BertModel) and "forward" not in vars(electra.ElectraModel)
+    for cls in electra.HEADS:
+        if cls is ElectraForPreTraining:
+            assert "encode(self," in inspect.getsource(cls.forward)
+            continue
+        bert = getattr(heads, cls.__name__.replace("Electra", "Bert"))
+        assert issubclass(cls, bert) and "forward" not in vars(cls), cls.__name__

@@ -186,6 +186,39 @@ def test_the_loader_is_a_chain_over_the_model_files():
                                               "bertkit.embeddings.static"}
 
 
+# The steps of a training run, written once in bertkit.training (issue 36 item 3): the harness takes them around the
+# one loop; a run (pre-training, each fine-tuning task, embeddings, a reranker, distillation) hands the harness what
+# differs. A second copy of the steps would name one of these outside bertkit/training.
+RUN_STEPS = {"train_loop", "prepare_model", "build_optimizer", "GradScaler", "save_training_state",
+             "restore_training_state", "resume_state", "latest_checkpoint", "save_run_config", "MetricsLog",
+             "plot_curves", "backward", "zero_grad", "clip_grad_norm_"}
+
+
+def run_steps_outside_training(root: Path) -> list[str]:
+    """Every name of RUN_STEPS used (called, imported, read) in a module of `root` outside its training/ folder."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "training":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute) else \
+                [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(root.parent)}:{node.lineno} {n}" for n in names if n in RUN_STEPS]
+    return sorted(set(found))
+
+
+def test_every_training_run_takes_its_steps_through_the_one_harness():
+    assert run_steps_outside_training(PACKAGE) == [], "call bertkit.training.harness (or bertkit.tasks.trainer.train)"
+
+
+def test_the_harness_check_finds_a_second_copy(tmp_path):
+    (tmp_path / "bertkit" / "training").mkdir(parents=True)
+    (tmp_path / "bertkit" / "training" / "loop.py").write_text("def train_loop(m):\n    m.loss.backward()\n")
+    (tmp_path / "bertkit" / "run.py").write_text("from bertkit.training.loop import train_loop\n"
+                                                 "def fit(model, opt):\n    model().loss.backward()\n    opt.step()\n")
+    assert run_steps_outside_training(tmp_path / "bertkit") == ["bertkit/run.py:1 train_loop", "bertkit/run.py:3 backward"]
+
+
 def test_the_library_never_imports_the_oracles():
     _, _, oracles = graph()
     assert oracles == {}

@@ -21,6 +21,7 @@ import torch
 
 from bertkit.errors import BertkitError
 from bertkit.model.checkpoint import HF_TASKS
+from bertkit.model.config import PROBLEM_TYPES
 from bertkit.tasks import format_report, task_config
 from bertkit.tasks.registry import TASKS, task_for, task_named
 
@@ -127,7 +128,8 @@ def _literals(node) -> set:
 
 def task_name_comparisons(root: Path) -> list[str]:
     """Every `x == "ner"`, `x in ("pair", "regression")`, ... in the package, except a problem type's
-    (BertConfig.problem_type: "regression" is also one) held in a variable named so."""
+    (BertConfig.problem_type: "regression" is also one) held in a variable named so: `kind == "regression"`
+    is a problem type, `kind == "ner"` a task's name all the same."""
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -135,7 +137,9 @@ def task_name_comparisons(root: Path) -> list[str]:
                 continue
             names = set().union(_literals(node.left), *(_literals(c) for c in node.comparators)) & NAMES
             problem_type = isinstance(node.left, ast.Name) and node.left.id in ("problem_type", "kind")
-            if names and not problem_type:
+            if problem_type:  # a problem type's name that is also a task's ("regression"), no other
+                names -= set(PROBLEM_TYPES)
+            if names:
                 found.append(f"{path.relative_to(root.parent)}:{node.lineno} {sorted(names)}")
     return found
 
@@ -148,8 +152,9 @@ def test_no_module_compares_a_task_name():
 
 def test_the_check_finds_a_comparison(tmp_path):
     (tmp_path / "bertkit").mkdir()
-    (tmp_path / "bertkit" / "m.py").write_text('def f(info, kind):\n    return info["task"] == "qa" or kind == "ner"\n')
-    assert task_name_comparisons(tmp_path / "bertkit") == ["bertkit/m.py:2 ['qa']"]
+    (tmp_path / "bertkit" / "m.py").write_text('def f(info, kind):\n    return info["task"] == "qa" or kind == "ner"\n'
+                                               'def g(kind):\n    return kind == "regression"\n')
+    assert sorted(task_name_comparisons(tmp_path / "bertkit")) == ["bertkit/m.py:2 ['ner']", "bertkit/m.py:2 ['qa']"]
 
 
 # --- using a model needs no training code ----------------------------------------------
