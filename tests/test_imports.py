@@ -191,7 +191,9 @@ def test_the_loader_is_a_chain_over_the_model_files():
 # differs. A second copy of the steps would name one of these outside bertkit/training.
 RUN_STEPS = {"train_loop", "prepare_model", "build_optimizer", "GradScaler", "save_training_state",
              "restore_training_state", "resume_state", "latest_checkpoint", "save_run_config", "MetricsLog",
-             "plot_curves", "backward", "zero_grad", "clip_grad_norm_"}
+             "plot_curves", "backward", "zero_grad", "clip_grad_norm_",
+             "torch.manual_seed"}  # the global generator's seed (dropout's stream): the harness's step; a model's
+# own draws take a torch.Generator of their seed
 
 
 def run_steps_outside_training(root: Path) -> list[str]:
@@ -203,6 +205,8 @@ def run_steps_outside_training(root: Path) -> list[str]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute) else \
                 [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                names.append(f"{node.value.id}.{node.attr}")
             found += [f"{path.relative_to(root.parent)}:{node.lineno} {n}" for n in names if n in RUN_STEPS]
     return sorted(set(found))
 
@@ -215,8 +219,10 @@ def test_the_harness_check_finds_a_second_copy(tmp_path):
     (tmp_path / "bertkit" / "training").mkdir(parents=True)
     (tmp_path / "bertkit" / "training" / "loop.py").write_text("def train_loop(m):\n    m.loss.backward()\n")
     (tmp_path / "bertkit" / "run.py").write_text("from bertkit.training.loop import train_loop\n"
-                                                 "def fit(model, opt):\n    model().loss.backward()\n    opt.step()\n")
-    assert run_steps_outside_training(tmp_path / "bertkit") == ["bertkit/run.py:1 train_loop", "bertkit/run.py:3 backward"]
+                                                 "def fit(model, opt):\n    torch.manual_seed(0)\n    model().loss.backward()\n"
+                                                 "    torch.Generator().manual_seed(1)\n")
+    assert run_steps_outside_training(tmp_path / "bertkit") == [
+        "bertkit/run.py:1 train_loop", "bertkit/run.py:3 torch.manual_seed", "bertkit/run.py:4 backward"]
 
 
 def test_the_library_never_imports_the_oracles():

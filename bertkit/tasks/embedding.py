@@ -414,7 +414,6 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     score_dev, metric = dev_evaluator(cfg, log)
     loss = cfg.loss
     dims, weights = cfg.matryoshka()
-    torch.manual_seed(tcfg.seed)
     if cfg.static:  # bertkit.tasks.static_embed
         encoder, tok = static_start(cfg, load_tokenizer, log)
     else:
