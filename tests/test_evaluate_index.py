@@ -331,3 +331,23 @@ def test_an_index_whose_default_search_needs_a_missing_package_is_refused_before
     monkeypatch.undo()  # the encoder back; the package still missing: a dense search needs neither
     monkeypatch.setitem(sys.modules, missing, None)
     assert main(["search", index, "a query", "--mode", "dense", "--dtype", "float32"]) == 0
+
+
+def test_a_search_through_a_graph_the_index_lacks_is_refused_before_any_model_loads(setup, capsys, monkeypatch):
+    """`search --ann` and `evaluate retrieval --index --ann` on an index without an HNSW graph (or in an install
+    without FAISS: the same read, test_index_add) loaded the query encoder and embedded every query before the
+    one line saying so."""
+    from bertkit.retrieval import evaluation, search
+
+    def no_encoder(*args, **kwargs):
+        raise AssertionError("the query encoder was loaded before the missing graph was said")
+
+    for module in (search, evaluation):
+        monkeypatch.setattr(module, "query_encoder", no_encoder)
+    index = str(setup["index"])
+    for argv in (["search", index, "a query", "--ann", "--mode", "dense"],
+                 ["evaluate", "retrieval", str(setup["folder"]), "--index", index, "--ann", "--mode", "dense", "--quiet"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{index} has no ANN index (hnsw.faiss): add one with bertkit index add" in err, err
+        assert err.count("\n") == 1

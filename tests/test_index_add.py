@@ -94,3 +94,20 @@ def test_a_graph_is_added_without_bm25s_when_the_lexical_part_is_there(made, tmp
     err = capsys.readouterr().err
     assert "pip install 'bertkit[search]'" in err and err.count("\n") == 1, err
     assert not (bare / "hnsw.faiss").exists() and "ann" not in json.loads((bare / "index.json").read_text())
+
+
+def test_a_search_through_the_graph_without_faiss_is_refused_before_the_encoder_loads(made, monkeypatch, capsys):
+    """An index with an HNSW graph searched with --ann in an install without FAISS (the search extra): the query
+    encoder loaded and embedded the queries before the one line naming the extra."""
+    import sys
+
+    from bertkit.retrieval import search as search_module
+
+    def no_encoder(*args, **kwargs):
+        raise AssertionError("the query encoder was loaded before the missing package was said")
+
+    monkeypatch.setitem(sys.modules, "faiss", None)  # None in sys.modules: importing it raises ImportError
+    monkeypatch.setattr(search_module, "query_encoder", no_encoder)
+    assert main(["search", str(made / "whole"), QUERIES[0], "--ann", "--mode", "dense"]) == 2
+    err = capsys.readouterr().err
+    assert "--ann hnsw needs FAISS: pip install 'bertkit[search]'" in err and err.count("\n") == 1, err

@@ -352,7 +352,7 @@ def run_search(args):
     queries, names = _queries(args)
     index = None if args.qdrant else open_index(args.index)
     if index is not None:
-        fusion = search_options(index, typed)  # a missing bm25s said before the reranker or encoder loads
+        fusion = search_options(index, typed, ann=args.ann)  # a missing bm25s, FAISS or graph said before a model loads
     else:  # the flags given, checked now; the rest as for the collection's index (its tuned fusion, or the defaults)
         fusion = FusionOptions(**typed)
         fusion.validate()

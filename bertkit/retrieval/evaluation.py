@@ -213,8 +213,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     modes = _index_modes(index.info, mode)
     # fusion's settings go to the hybrid search (with --mode all, not to the dense and lexical rows beside it)
     given = {m: {**((fusion or {}) if m == "hybrid" or len(modes) == 1 else {}), "mode": m} for m in modes}
-    for m in modes:  # a setting this search would not use, or a missing bm25s, refused before the model loads
-        search_options(index, given[m])
+    for m in modes:  # a setting this search would not use, a missing bm25s or graph, refused before the model loads
+        search_options(index, given[m], ann=ann)
     # a lexical search embeds no query: its model is not needed (nor there, for an index copied elsewhere)
     loaded = query_encoder(index.info, model, None, dtype, fast) if modes != ["lexical"] or tuning_data else None
     tuned = None

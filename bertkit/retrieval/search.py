@@ -212,16 +212,20 @@ def fusion_options(info: dict, given: dict | None = None) -> FusionOptions:
     return options
 
 
-def search_options(index: Index, given: dict | None = None, dense_hint: bool = True) -> FusionOptions:
-    """`fusion_options` of an open index, its lexical part read now when the mode needs it (hybrid, lexical): a
-    missing bm25s or PyStemmer (a base install searching an index built where the search extra is, hybrid by
-    default) is one line before a query encoder or reranker loads, not after the queries were embedded (a
-    server started and answered every /search with an internal error; a reranker trained for hours first).
+def search_options(index: Index, given: dict | None = None, dense_hint: bool = True,
+                   ann: bool = False) -> FusionOptions:
+    """`fusion_options` of an open index, what the search reads read now: its lexical part when the mode needs it
+    (hybrid, lexical), its HNSW graph when it walks one (`ann`). A missing bm25s, PyStemmer or FAISS (a base install
+    searching an index built where the search extra is, hybrid by default), or a missing graph, is one line before
+    a query encoder or reranker loads, not after the queries were embedded (a server started and answered every
+    /search with an internal error; a reranker trained for hours first).
     dense_hint: the line offers --mode dense (a server, hybrid by default, has no such way round)."""
     options = fusion_options(index.info, given)
     if options.mode != "dense":  # the stemmer too: bm25s alone reads the part, a query's words are stemmed later
         require_packages(options_of(index.info), f"search {index.directory} with --mode dense" if dense_hint else None)
         index.lexical()
+    if ann and options.mode != "lexical":  # (a lexical search with ann is refused by its caller)
+        index.graph()
     return options
 
 
@@ -261,7 +265,7 @@ def search(index: Index, queries: list[str], k: int = 10, *, model=None, device=
     # read once: the vectors and BM25 both need them (a generator read twice gave hybrid an empty lexical run)
     queries = [queries] if isinstance(queries, str) else _listed(queries)
     check_queries(queries)
-    options = fusion if isinstance(fusion, FusionOptions) else search_options(index, fusion)
+    options = fusion if isinstance(fusion, FusionOptions) else search_options(index, fusion, ann=ann)
     if ann and options.mode == "lexical":  # it was ignored: BM25 alone ranks a lexical search
         raise BertkitError("ann=True walks the HNSW graph of the dense vectors, and a lexical search ranks by BM25 "
                            "alone: leave ann out, or search with mode dense or hybrid")
