@@ -225,6 +225,68 @@ def test_the_harness_check_finds_a_second_copy(tmp_path):
         "bertkit/run.py:1 train_loop", "bertkit/run.py:3 torch.manual_seed", "bertkit/run.py:4 backward"]
 
 
+# State a module keeps between calls, written down (issue 36 item 4: the fast path's five module globals, two read from
+# the environment, and its packed-weight cache keyed by id() are what a setting must not be again). Every `global`
+# statement in bertkit/ and every id() taken as a key, with why; anything else fails the test below.
+MODULE_STATE = {
+    ("bertkit.runtime.devices", "global _warned_bf16"): "a warning said once per process; it decides nothing",
+    ("bertkit.text.tokenizer_speed", "global _WORKER_TOKENIZER"): "a pool worker process's own tokenizer, set by its "
+                                                                   "initializer (multiprocessing's pattern)",
+    ("bertkit.training.optim", "id()"): "a parameter seen twice in one call's groups (tied weights), local to it",
+    ("bertkit.serve.batching", "id()"): "the jobs of one pass, grouped while they are held, local to it",
+    ("bertkit.text.basic_tokenizer", "_PATTERNS = {}"): "compiled regular expressions, by their text",
+    ("bertkit.pretraining.prepare", "_WORKER = {}"): "a pool worker process's own tokenizer and settings",
+    ("bertkit.pretraining.blocks", "_WORKER = {}"): "a pool worker process's corpus arrays and vocabulary",
+    ("bertkit.embeddings.features", "_LOADED = {}"): "the last two encoders `bertkit.embed` loaded, keyed by their "
+                                                     "folder, its files' stamp and every loading setting (fast too)",
+}
+
+
+def empty_container(value) -> bool:
+    """`{}`, `[]`, `set()`, `dict()`, `list()`: a module-level table that functions fill."""
+    if isinstance(value, ast.Dict):
+        return not value.keys
+    if isinstance(value, (ast.List, ast.Set)):
+        return not value.elts
+    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("dict", "list", "set")
+            and not value.args and not value.keywords)
+
+
+def module_state(root: Path) -> set[tuple[str, str]]:
+    """(module, `global NAME` | "id()" | "NAME = {}") for every global statement, every call of id() and every
+    module-level name bound to an empty container (a cache or a table filled later) under `root`."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        name = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if value is not None else []
+            found |= {(name, f"{t.id} = {{}}") for t in targets if isinstance(t, ast.Name) and empty_container(value)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found |= {(name, f"global {n}") for n in node.names}
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id":
+                found.add((name, "id()"))
+    return found
+
+
+def test_the_state_modules_keep_between_calls_is_listed():
+    """A switch kept in a module global (set by one caller, read by all) or a cache keyed by id() (a freed object's
+    id is reused) is state no signature shows: a setting is a value passed down (`bertkit.runtime.fast.SpeedSettings`)."""
+    found = module_state(PACKAGE)
+    assert sorted(found - set(MODULE_STATE)) == [], "pass it as a value, or list it in MODULE_STATE with why"
+    assert sorted(set(MODULE_STATE) - found) == [], "drop these rows from MODULE_STATE: they are gone"
+
+
+def test_the_state_check_finds_a_global_switch_and_an_id_cache(tmp_path):
+    (tmp_path / "bertkit").mkdir()
+    (tmp_path / "bertkit" / "m.py").write_text("_ON = False\n_CACHE = {}\ndef turn_on():\n    global _ON\n    _ON = True\n"
+                                               "def packed(w):\n    return _CACHE.setdefault(id(w), w)\n")
+    assert module_state(tmp_path / "bertkit") == {("bertkit.m", "global _ON"), ("bertkit.m", "id()"),
+                                                  ("bertkit.m", "_CACHE = {}")}
+
+
 def test_the_library_never_imports_the_oracles():
     _, _, oracles = graph()
     assert oracles == {}
