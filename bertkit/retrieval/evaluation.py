@@ -47,8 +47,8 @@ from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions, options_of
 from bertkit.retrieval.index import document_ids, open_index, update_info
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run, evaluate_runs
-from bertkit.retrieval.search import (embed_queries, fusion_options, query_encoder, ranked_runs, search_options,
-                                      search_vectors)
+from bertkit.retrieval.search import (embed_queries, fusion_options, query_encoder, ranked_rows, ranked_runs,
+                                      search_options, search_vectors)
 from bertkit.retrieval.tuning import fused_run, record, tune
 from bertkit.data.tables import ReadReport, read_rows
 
@@ -67,10 +67,10 @@ def dense_run(query_vectors: np.ndarray, query_ids: list, doc_vectors: np.ndarra
 
 
 def served_run(query_ids: list, answers: list, ranked: bool = False) -> dict[str, dict[str, float]]:
-    """query id -> {doc id: score} of search answers (per query, best-first Hits); ranked: score each
-    document by its place (depth - rank) instead of its own score (see the module docstring)."""
-    return {q: {h.doc_id: float(len(hits) - rank) if ranked else float(h.score) for rank, h in enumerate(hits)}
-            for q, hits in zip(query_ids, answers)}
+    """query id -> {doc id: score} of search answers (per query, best-first (doc id, score) pairs); ranked:
+    score each document by its place (depth - rank) instead of its own score (see the module docstring)."""
+    return {q: {d: float(len(found) - rank) if ranked else float(s) for rank, (d, s) in enumerate(found)}
+            for q, found in zip(query_ids, answers)}
 
 
 def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch_size: int = 32,
@@ -164,8 +164,9 @@ def index_answers(index, queries: list[str], depth: int, batch_size: int = 32, d
     options = search_options(opened)  # a missing bm25s said before the encoder loads
     loaded = query_encoder(opened.info, None, None, dtype)
     vectors = embed_queries(opened.info, loaded, queries, batch_size) if options.mode != "lexical" else None
-    answers = search_vectors(opened, vectors, depth, queries=queries, fusion=options)
-    return [[h.doc_id for h in hits] for hits in answers]
+    doc_ids = document_ids(opened)  # the documents alone: no passage read (`ranked_rows`)
+    return [[d for d, _ in _documents(opened, doc_ids, run)]
+            for run in ranked_rows(opened, vectors, depth, queries=queries, fusion=options)]
 
 
 def check_same_corpus(index, data) -> None:
@@ -173,12 +174,12 @@ def check_same_corpus(index, data) -> None:
     can never be found, and one the index holds beyond the corpus competes with its documents, so either way
     the figures would measure something else, silently (an index of another set scored 0 everywhere). The
     corpus's documents without any token are left out of an index (`documents_without_tokens`): so many may
-    be missing."""
+    be missing. Returns the index's document ids by document number (`document_ids`)."""
     held = document_ids(index)
     extra = [d for d in held if d not in data.corpus]
     missing = len(data.corpus) - (len(held) - len(extra))
     if not extra and missing <= int(index.info.get("documents_without_tokens", 0)):
-        return
+        return held
     example = extra[0] if extra else next(d for d in data.corpus if d not in set(held))
     what = (f"{len(extra)} of its {len(held)} documents are not in {data.directory}/corpus.jsonl (e.g. {example!r})"
             if extra else f"it lacks {missing} of the {len(data.corpus)} documents of {data.directory}/corpus.jsonl "
@@ -206,7 +207,7 @@ def _index_modes(info: dict, mode: str | None) -> list[str]:
 
 def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, ann, rerank, rerank_top,
                     rerank_model, mode=None, fusion=None, tuning_data=None, fast=True) -> dict:
-    check_same_corpus(index, data)
+    doc_ids = check_same_corpus(index, data)
     query_ids = list(data.queries)
     texts = [data.queries[q] for q in query_ids]
     depth = RUN_DEPTH if rerank is None else max(RUN_DEPTH, rerank_top)
@@ -231,15 +232,16 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
         options = fusion_options(index.info, given[m])
         fusions[m] = _described(options)
         vectors = embed_queries(index.info, loaded, texts, batch_size, named) if m != "lexical" else None
-        answers = search_vectors(index, vectors, _asked(m, depth, options, rerank_top if rerank else 0), ann=ann,
-                                 queries=texts, fusion=options)
-        if rerank is not None and m == modes[-1]:
-            runs[BEFORE_RERANK] = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers], ranked=m == "hybrid")
-            answers = [rerank(q, hits) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank", unit="query",
-                                                           disable=not progress)]
+        asked = dict(k=_asked(m, depth, options, rerank_top if rerank else 0), ann=ann, queries=texts, fusion=options)
+        if rerank is not None and m == modes[-1]:  # the cross-encoder reads the passages' texts
+            answers = search_vectors(index, vectors, **asked)
+            runs[BEFORE_RERANK] = served_run(query_ids, [_found(hits) for hits in answers], ranked=m == "hybrid")
+            answers = [_found(rerank(q, hits)) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank",
+                                                                   unit="query", disable=not progress)]
+        else:  # documents and scores alone: no passage read (`ranked_rows`)
+            answers = [_documents(index, doc_ids, run[:RUN_DEPTH]) for run in ranked_rows(index, vectors, **asked)]
         # a fused or reranked answer is scored in the order served (its scores tie, or mix two scales)
-        runs[m] = served_run(query_ids, [hits[:RUN_DEPTH] for hits in answers],
-                             ranked=rerank is not None or m == "hybrid")
+        runs[m] = served_run(query_ids, answers, ranked=rerank is not None or m == "hybrid")
     seconds = time.perf_counter() - started
     scored = evaluate_runs(data.qrels, runs, measures)  # every run judged at once
     figures = {m: {**scored[m], "fusion": fusions[m]} for m in modes}
@@ -257,6 +259,16 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
     if rerank is not None:  # the same first stage's figures before its answers were reranked
         result["before_rerank"] = {**scored[BEFORE_RERANK], "fusion": fusions[modes[-1]]}
     return _with_modes(result, figures, tuned)
+
+
+def _documents(index, doc_ids: list, run: list) -> list:
+    """(doc id, score) pairs of a (row, score) run: one gather from the index's document column."""
+    return [(doc_ids[d], s) for d, (_, s) in zip(index.document[[r for r, _ in run]].tolist(), run)]
+
+
+def _found(hits: list) -> list:
+    """The first RUN_DEPTH of search answers' hits as (doc id, score) pairs, what a run scores."""
+    return [(h.doc_id, h.score) for h in hits[:RUN_DEPTH]]
 
 
 def _asked(mode: str, depth: int, options, rerank_top: int) -> int:
