@@ -2,11 +2,12 @@
 
 import argparse
 import sys
+from functools import partial
 
 from bertkit.errors import BertkitError, refuse_unneeded
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
 from bertkit.options import add_options, count, device_flags, from_args, int8_flag, quiet_flag
-from bertkit.data.textfiles import blank_lines, read_texts, text_line
+from bertkit.data.textfiles import OnePass, blank_lines, read_texts, reads_once, text_line
 from bertkit.data.vector_files import write_vectors
 
 
@@ -58,7 +59,12 @@ def run_embed(args):
     from bertkit.embeddings.features import iter_embed, load_encoder
 
     options = from_args(args, EmbedOptions)
-    texts, count = read_texts(args.input, args.column)  # a bad file refused before the model loads
+    if reads_once(args.input):  # standard input, a pipe: streamed, its lines counted and named as they pass
+        texts = OnePass(args.input, args.column)
+        count, where = (None if texts.first is not None else 0), texts.line
+    else:  # a file: counted first (the progress bar's total), read again for a line named in an error
+        texts, count = read_texts(args.input, args.column)  # a bad file refused before the model loads
+        where = partial(text_line, args.input, column=args.column)
     if count == 0:  # was "nothing to write", once the model had loaded
         raise BertkitError(f"{args.input} holds no texts: write one per line (.txt), or rows under a header (.tsv), "
                            "or one JSON object per line (.jsonl)")
@@ -68,10 +74,11 @@ def run_embed(args):
         texts, loaded, options.layers, output.pooling, output.normalize, combine=options.combine,
         word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
-        where=lambda i: text_line(args.input, i, args.column),
+        where=where,
     )
     n = write_vectors(rows, args.output, pooled=output.sentence)
-    blank = blank_lines(args.input, args.column)  # rows are the texts in order: say that a blank line has none
+    # rows are the texts in order: say that a blank line has none
+    blank = texts.blank if isinstance(texts, OnePass) else blank_lines(args.input, args.column)
     skipped = f"; {blank} blank line{'s' if blank > 1 else ''} skipped, so row i is the i-th text" if blank else ""
     # the file always holds float32 numbers; the model's precision is what they were computed in
     print(f"wrote {n} {'vectors' if output.sentence else 'texts'} to {args.output} (float32 values, computed in "

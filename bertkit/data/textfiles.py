@@ -39,7 +39,9 @@ import os
 import stat
 import sys
 import zlib
-from contextlib import contextmanager
+from array import array
+from bisect import bisect_right
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from pathlib import Path
 
@@ -342,6 +344,47 @@ def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
 
 
 STDIN = "-"  # the input name that means standard input, as `bertkit tokenize -` reads it
+
+
+def reads_once(path) -> bool:
+    """Whether `path` is standard input ("-") or a pipe, which give their lines once (`OnePass`)."""
+    return str(path) == STDIN or _pipe(path)
+
+
+class OnePass:
+    """The texts of standard input or a pipe (`reads_once`), one per line, read once as they stream. What a
+    file's readers learn by reading it again (how many blank lines, the line of text i) is counted as the lines
+    pass, so nothing is held but each blank line's place: `bertkit embed -` held every line (`_read_once`), to
+    count them first, and made no vector before the pipe closed."""
+
+    def __init__(self, path, column: str | None = None):
+        self.name = "standard input" if str(path) == STDIN else str(path)
+        if column is not None:
+            raise BertkitError(f"{self.name} is read one text per line: --column applies to .tsv, .csv and .jsonl "
+                               "files")
+        self.blank, self._before_blank = 0, array("q")  # per blank line: how many texts came before it
+        self._texts = self._stream(path)
+        self.first = next(self._texts, None)  # read now: an input without texts is refused before a model loads
+
+    def __iter__(self):
+        if self.first is not None:
+            yield self.first
+            yield from self._texts
+
+    def _stream(self, path):
+        texts = 0
+        with nullcontext(sys.stdin.buffer) if str(path) == STDIN else open(path, "rb") as f:
+            for line in stdin_lines(f, self.name):
+                if line.strip():
+                    texts += 1
+                    yield line
+                else:
+                    self.blank += 1
+                    self._before_blank.append(texts)
+
+    def line(self, position: int) -> str:
+        """"NAME:LINE" of the text at `position` (from 0), as `text_line` names a file's."""
+        return f"{self.name}:{position + 1 + bisect_right(self._before_blank, position)}"
 
 
 @lru_cache(maxsize=4)
