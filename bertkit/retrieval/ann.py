@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bertkit.data.atomic import write_through
-from bertkit.errors import BertkitError, int_at_least
+from bertkit.errors import BertkitError, MissingPackage, int_at_least
 from bertkit.retrieval.exact import top_k
 
 HNSW_FILE = "hnsw.faiss"
@@ -43,7 +43,7 @@ def faiss_module():
     try:
         import faiss
     except ImportError:
-        raise BertkitError("--ann hnsw needs FAISS: pip install 'bertkit[search]' (faiss-cpu)") from None
+        raise MissingPackage("--ann hnsw needs FAISS: pip install 'bertkit[search]' (faiss-cpu)") from None
     return faiss
 
 

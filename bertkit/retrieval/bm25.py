@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, MissingPackage
 
 K1, B, STOPWORDS = 1.5, 0.75, "en"
 
 
 def require_bm25s():
-    """The bm25s module, or the BertkitError that names the extra to install."""
+    """The bm25s module, or the MissingPackage error that names the extra to install."""
     try:
         import bm25s
     except ImportError:
-        raise BertkitError("BM25 needs the bm25s package: pip install 'bertkit[search]'") from None
+        raise MissingPackage("BM25 needs the bm25s package: pip install 'bertkit[search]'") from None
     return bm25s
 
 
@@ -43,7 +43,7 @@ def stem_function(name: str | None):
     try:
         import Stemmer
     except ImportError:
-        raise BertkitError("stemming needs the PyStemmer package: pip install 'bertkit[search]'") from None
+        raise MissingPackage("stemming needs the PyStemmer package: pip install 'bertkit[search]'") from None
     return Stemmer.Stemmer(name).stemWords
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.errors import BertkitError
+from bertkit.errors import MissingPackage
 from bertkit.retrieval.bm25 import require_bm25s, stem_function
 from bertkit.retrieval.config import LexicalOptions, options_of
 from bertkit.retrieval.documents import best_first
@@ -55,8 +55,8 @@ def require_packages(options: LexicalOptions, instead: str | None = BUILD_WITHOU
     try:
         require_bm25s()
         stem_function(options.stemmer)
-    except BertkitError as e:
-        raise BertkitError(f"the index's lexical part: {e}" + (f", or {instead}" if instead else "")) from None
+    except MissingPackage as e:
+        raise MissingPackage(f"the index's lexical part: {e}" + (f", or {instead}" if instead else "")) from None
 
 
 def tokenize(texts: list[str], options: LexicalOptions, *, ids: bool, progress: bool = False):

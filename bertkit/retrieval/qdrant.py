@@ -40,7 +40,7 @@ import warnings
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, MissingPackage
 from bertkit.retrieval.codes_file import rows_or_decoded
 from bertkit.retrieval.config import FusionOptions, options_of
 from bertkit.retrieval.lexical import tokenize
@@ -59,7 +59,7 @@ def require_qdrant():
         import qdrant_client
         from qdrant_client import models
     except ImportError:
-        raise BertkitError("--qdrant needs qdrant-client: pip install 'bertkit[search]'") from None
+        raise MissingPackage("--qdrant needs qdrant-client: pip install 'bertkit[search]'") from None
     return qdrant_client, models
 
 

@@ -63,7 +63,7 @@ from bertkit.data.atomic import write_json, write_through
 from bertkit.model.checkpoint import (INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILES, architecture, has_int8_weights,
                                       resolve, save_config)
 from bertkit.runtime.devices import holds_int8
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, MissingPackage
 from bertkit.runtime.loading import load, need_transformer
 from bertkit.model.sentence_layout import encoder_folder, layout_files
 
@@ -128,7 +128,7 @@ def _require(module: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise BertkitError(f"ONNX export needs the {module} package: pip install 'bertkit[onnx]'") from None
+        raise MissingPackage(f"ONNX export needs the {module} package: pip install 'bertkit[onnx]'") from None
 
 
 def load_exportable(model_dir, encoder: bool = False) -> tuple:

@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, MissingPackage
 from bertkit.serve.connections import capacity, descriptors_in_use, guarded
 from bertkit.serve.metrics import Metrics
 
@@ -71,7 +71,7 @@ def serve(settings, log=None, onednn: bool | None = None) -> None:
 
         from bertkit.serve.app import create_app
     except ImportError as err:
-        raise BertkitError(f"bertkit serve needs the serve extra ({err.name} is missing): "
+        raise MissingPackage(f"bertkit serve needs the serve extra ({err.name} is missing): "
                            "pip install 'bertkit[serve]'") from None
     import torch
 
