@@ -586,3 +586,20 @@ def test_every_commands_help_loads_no_torch():
     assert result.returncode == 0, result.stderr
     count, torch_loaded = result.stdout.split()
     assert int(count) == len(list(leaves(PARSER))) >= 29 and torch_loaded == "False"
+
+
+def test_the_help_of_a_command_that_needs_an_extra_names_it():
+    """`bertkit serve --help` did not say that serve needs the serve extra, nor `bertkit index --help` that the
+    lexical part it builds by default needs the search extra: a base install learnt it from the error only."""
+    import argparse
+
+    def command(*path):
+        parser = PARSER
+        for name in path:
+            parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        return parser
+
+    assert "pip install 'bertkit[serve]'" in " ".join(command("serve").format_help().split())
+    assert "pip install 'bertkit[onnx]'" in " ".join(command("export", "onnx").format_help().split())
+    no_lexical = next(a for a in command("index")._actions if "--no-lexical" in a.option_strings)
+    assert "pip install 'bertkit[search]'" in no_lexical.help

@@ -91,7 +91,8 @@ def _add_search_structures(p) -> None:
                    "and rescore the candidates against them (more bytes on disk, float32's ranking); the same as "
                    "--rescore-with float32")
     p.add_argument("--no-lexical", action="store_true", help="leave out the lexical part (BM25 over the same "
-                   "passages, stemmed, which hybrid and lexical search need; built by default)")
+                   "passages, stemmed, which hybrid and lexical search need; built by default, with the search "
+                   "extra: pip install 'bertkit[search]')")
 
 
 HNSW_FLAGS = {"ann_m": "--ann-m", "ef_construction": "--ef-construction", "ef_search": "--ef-search"}

@@ -15,7 +15,8 @@ def add_serve(sub):
         description="Serve MODEL_DIR (an encoder, or a `bertkit finetune` output; default: the embedded "
         "all-MiniLM-L6-v2) on HTTP with dynamic batching: requests are queued (bounded), packed by token "
         "budget and answered each with its own rows. Endpoints: POST /v1/embeddings /embed /predict /rerank "
-        "/tokenize, /search with --index, GET /health /info /metrics. SIGTERM answers every accepted request, then exits 0.",
+        "/tokenize, /search with --index, GET /health /info /metrics. SIGTERM answers every accepted request, then exits 0. "
+        "Needs the serve extra: pip install 'bertkit[serve]' (and for an --index with a lexical part, [search]).",
         epilog="examples:\n  bertkit serve\n"
         "  curl -s localhost:8080/embed -H 'Content-Type: application/json' -d '{\"inputs\": \"Hello!\"}'\n"
         "  BERTKIT_API_KEY=s3cret bertkit serve runs/sst2 --port 9000 --max-batch-tokens 8192\n"
