@@ -53,6 +53,7 @@ DEFAULT_BLOCK = 16384  # vectors per block of the scan: 16384 x 384 x 4 bytes = 
 # check), 13 MiB here, beside the block; each further query block reads the vectors again
 QUERY_BLOCK = 64
 SHALLOW = 3  # passages per document the exact scan looks at first (best_documents)
+RUN_BLOCK = 1024  # queries ranked together (`ranked_rows`): their deep runs, before fusion keeps k, are held at once
 
 
 @dataclass
@@ -303,8 +304,19 @@ def ranked_rows(index: Index, query_vectors: np.ndarray | None, k: int = 10, *, 
     best passage, score). What scoring a run needs (`index.document` names the documents); reading each hit's
     line of passages.jsonl for an evaluation of thousands of queries took half its time."""
     options = fusion or FusionOptions(mode="dense")
+    answers = []
+    for b in range(0, len(query_vectors if query_vectors is not None else queries), RUN_BLOCK):
+        answers += _fused(index, None if query_vectors is None else query_vectors[b : b + RUN_BLOCK],
+                          None if queries is None else queries[b : b + RUN_BLOCK], k, options,
+                          block_size=block_size, ann=ann, ef_search=ef_search)
+    return answers
+
+
+def _fused(index: Index, query_vectors, queries, k: int, options: FusionOptions, **scan) -> list:
+    """`ranked_rows` of one block of queries: hybrid fuses each query's `options.depth` best documents of
+    each run, held for the block only (every query's at once was ~25 KB a query, to keep k of them)."""
     dense, lexical = ranked_runs(index, query_vectors, queries, max(k, options.depth) if options.mode == "hybrid"
-                                 else k, options.mode, block_size=block_size, ann=ann, ef_search=ef_search)
+                                 else k, options.mode, **scan)
     if options.mode != "hybrid":
         return dense or lexical
     answers = []
