@@ -140,6 +140,31 @@ def test_streaming_reads_lazily_and_keeps_order(tiny):
     np.testing.assert_allclose(np.stack([first, *rest]), embed(texts, tiny), atol=2e-5)
 
 
+def test_embed_copies_each_vector_into_its_result_and_keeps_no_other(tiny, monkeypatch):
+    # bertkit.embed listed every row, then np.stack copied them: the vectors were held twice at the end (the
+    # default model's 1M texts: 1.5 GB of rows and a 1.5 GB array); a row no longer needed is now let go
+    import gc
+    import weakref
+
+    import bertkit.embeddings.features as features
+
+    texts = [f"text number {i}" for i in range(7)]
+    want, kept, real = embed(texts, tiny), [], features.iter_embed
+
+    def rows(*args, **kwargs):
+        for row in real(*args, **kwargs):
+            gc.collect()
+            kept.append(sum(ref() is not None for ref in refs))  # earlier rows still alive when this one comes
+            row = row.copy()
+            refs.append(weakref.ref(row))
+            yield row
+
+    refs = []
+    monkeypatch.setattr(features, "iter_embed", rows)
+    np.testing.assert_array_equal(embed(texts, tiny), want)
+    assert max(kept) <= 2, kept  # the first row and the one before: a constant, not every row
+
+
 @pytest.mark.parametrize("pooling", ["mean", "words"])
 def test_where_names_a_text_only_when_an_error_asks(tiny, pooling):
     # `bertkit embed` names a text's line with where(i), which reads the file again up to line i: it was called

@@ -363,13 +363,9 @@ def _chunks(source: Iterator, size: int) -> Iterator[tuple[int, list]]:
 
 def _static_rows(texts, loaded: Loaded, normalize, max_length, chunk_size: int, progress: bool, total, where):
     """A static model's vectors (`bertkit.embeddings.static`), with the progress bar iter_embed shows."""
-    bar = tqdm(total=total, unit="text", desc="embed") if progress else None
-    try:
+    with tqdm(total=total, unit="text", desc="embed", disable=not progress) as bar:
         yield from iter_static(texts, loaded, normalize, max_length=max_length, chunk_size=chunk_size, bar=bar,
                                where=where)
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar) -> list:
@@ -435,18 +431,12 @@ def _listed(values, what: str) -> list | tuple:
     return values
 
 
-def embed(
-    texts,
-    model=None,
-    layers="last",
-    pooling=AUTO,
-    normalize: bool | None = None,
-    **options,
-):
+def embed(texts, model=None, layers="last", pooling=AUTO, normalize: bool | None = None, **options):
     """Embed texts with a frozen BERT; a numpy float32 array, one row per text.
 
-    texts:     a string, a list (any iterable) of strings, or of pre-split word lists (word
-               vectors then align to those words); a pair's second texts go in pairs=.
+    texts:     a string, a list (any iterable, read whole first: `iter_embed` streams one) of strings,
+               or of pre-split word lists (word vectors then align to those words); a pair's second
+               texts go in pairs=.
     model:     None (the default model), a model directory, a `bertkit.runtime.loading.Loaded`,
                or a (model, tokenizer) pair.
     layers:    a strategy name (first, last, sum_all, second_to_last,
@@ -491,7 +481,11 @@ def embed(
                         f"{', '.join(sorted(_EMBED_OPTIONS))}")
     options.setdefault("total", len(texts))
     loaded = placed_encoder(model, "embed", *(options.pop(name, None) for name in ("device", "dtype", "int8")))
-    rows = list(iter_embed(texts, loaded, layers, pooling, normalize, **options))
-    if single:
-        return rows[0]
-    return np.stack(rows) if rows[0].ndim == 1 else rows  # sentence vectors [D] stack; tokens and words do not
+    rows = iter_embed(texts, loaded, layers, pooling, normalize, **options)
+    first = next(rows)
+    if single or first.ndim != 1:  # one text; or tokens and words, an array per text
+        return first if single else [first, *rows]
+    out = np.empty((len(texts), *first.shape), first.dtype)  # filled as rows come: a list of rows, then np.stack,
+    for i, row in enumerate(itertools.chain([first], rows)):  # held the vectors twice
+        out[i] = row
+    return out
