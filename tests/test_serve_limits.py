@@ -370,7 +370,11 @@ def test_an_answer_left_unread_is_dropped_after_the_send_timeout(servers):
     sock.connect(("127.0.0.1", port))
     sock.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
                  + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    time.sleep(SEND_TIMEOUT_S + 3)  # the answer is made (a second or two), then left unread
+    # wait until the answer is made and its first bytes are here (a second or two idle, longer beside other jobs:
+    # a fixed wait read the whole answer under load, before the server had left it waiting), then leave it unread
+    sock.settimeout(60)
+    assert sock.recv(1, socket.MSG_PEEK)  # peeked, not read: the client still reads nothing
+    time.sleep(SEND_TIMEOUT_S + 2)
     sock.settimeout(10)
     got = b""
     with contextlib.suppress(ConnectionResetError):
