@@ -47,8 +47,8 @@ from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions, options_of
 from bertkit.retrieval.index import document_ids, open_index, update_info
 from bertkit.metrics.retrieval import DEFAULT_MEASURES, evaluate_run, evaluate_runs
-from bertkit.retrieval.search import (embed_queries, fusion_options, query_encoder, ranked_rows, ranked_runs,
-                                      search_options, search_vectors)
+from bertkit.retrieval.search import (by_document, embed_queries, fusion_options, query_encoder, ranked_rows,
+                                      ranked_runs, search_options, search_vectors)
 from bertkit.retrieval.tuning import fused_run, record, tune
 from bertkit.data.tables import ReadReport, read_rows
 
@@ -262,8 +262,8 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
 
 
 def _documents(index, doc_ids: list, run: list) -> list:
-    """(doc id, score) pairs of a (row, score) run: one gather from the index's document column."""
-    return [(doc_ids[d], s) for d, (_, s) in zip(index.document[[r for r, _ in run]].tolist(), run)]
+    """(doc id, score) pairs of a (row, score) run: its document numbers (`by_document`) named."""
+    return [(doc_ids[d], s) for d, s in by_document(index, run)]
 
 
 def _found(hits: list) -> list:

@@ -321,15 +321,15 @@ def _fused(index: Index, query_vectors, queries, k: int, options: FusionOptions,
         return dense or lexical
     answers = []
     for dense_run, lexical_run in zip(dense, lexical):
-        dense_docs, lexical_docs = _by_document(index, dense_run), _by_document(index, lexical_run)
+        dense_docs, lexical_docs = by_document(index, dense_run), by_document(index, lexical_run)
         row_of = {d: r for (d, _), (r, _) in zip(lexical_docs + dense_docs, lexical_run + dense_run)}  # dense's first
         fused = fuse([dense_docs, lexical_docs], hybrid_weights(options.alpha), options.fusion, options.rrf_k)[:k]
         answers.append([(row_of[d], s) for d, s in fused])
     return answers
 
 
-def _by_document(index: Index, run: list) -> list:
-    """(document, score) for a run of (passage row, score): one gather from the document column."""
+def by_document(index: Index, run: list) -> list:
+    """(document number, score) for a run of (passage row, score): one gather from the document column."""
     documents = index.document[np.array([r for r, _ in run], dtype=np.int64)].tolist()
     return [(d, s) for d, (_, s) in zip(documents, run)]
 
