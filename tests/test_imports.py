@@ -385,7 +385,8 @@ LATE_IMPORTS = {
                                               "model: the others start without torch"),
     # optional extras
     "bertkit.retrieval.ann": ({"faiss"}, EXTRA),
-    "bertkit.retrieval.bm25": ({"bm25s", "Stemmer"}, EXTRA),
+    "bertkit.retrieval.bm25": ({"bm25s", "Stemmer"}, EXTRA + "; and start-up: a dense search never imports bm25s "
+                               "(an index holds its lexical part without it, retrieval.lexical.hold_lexical)"),
     "bertkit.retrieval.qdrant": ({"qdrant_client"}, EXTRA),
     "bertkit.serve.server": ({"uvicorn", "uvicorn.protocols.http.auto", "bertkit.serve.app", "torch", "bertkit.runtime.devices",
                               "bertkit.runtime.fast", "bertkit.serve.runner"},

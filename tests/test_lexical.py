@@ -1,6 +1,7 @@
 """The lexical part of an index and hybrid search: BM25 over the passages as bm25s scores them on its own,
 a build killed mid-way and resumed writes the same files, the modes and their one-line refusals."""
 
+import importlib.abc
 import json
 import os
 import subprocess
@@ -96,6 +97,40 @@ def test_nothing_read_back_is_unpickled(built, monkeypatch):
     assert calls and not any(calls)
     assert sorted(os.listdir(built / "lexical")) == ["data.csc.index.npy", "indices.csc.index.npy",
                                                      "indptr.csc.index.npy", "params.index.json", "vocab.index.json"]
+
+
+def test_a_dense_search_imports_no_bm25s_and_a_hybrid_one_reads_the_part_as_bm25s_loads_it(built, monkeypatch,
+                                                                                           capsys):
+    """`bertkit search INDEX q --mode dense` read the lexical part it never uses through bm25s when the index
+    was opened (a fraction of a second of start-up for every dense search). Now opening holds the part (its
+    arrays mapped, its JSON files open) without bm25s, and a hybrid search makes the retriever from what was held,
+    as bm25s' own BM25.load makes it from the folder."""
+    import bm25s
+
+    asked = []
+
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("bm25s", "Stemmer"):
+                asked.append(name)
+                raise ImportError(f"{name} is refused by this test")
+
+    loaded = bm25s.BM25.load(str(built / "lexical"), mmap=True, allow_pickle=False)  # the oracle's own reading
+    with monkeypatch.context() as patched:  # a process that never imported them, and cannot
+        for name in [m for m in sys.modules if m.split(".")[0] in ("bm25s", "Stemmer")]:
+            patched.delitem(sys.modules, name)
+        patched.setattr(sys, "meta_path", [Refuse(), *sys.meta_path])
+        assert main(["search", str(built), QUERIES[0], "--mode", "dense", "-k", "3", "--dtype", "float32"]) == 0
+        index = open_index(built)
+    assert asked == [] and "1." in capsys.readouterr().out
+    made = index.lexical()
+    assert made.vocab_dict == loaded.vocab_dict and made.unique_token_ids_set == loaded.unique_token_ids_set
+    assert {k: v for k, v in vars(made).items() if k not in ("scores", "vocab_dict", "unique_token_ids_set")} == \
+        {k: v for k, v in vars(loaded).items() if k not in ("scores", "vocab_dict", "unique_token_ids_set")}
+    assert made.scores["num_docs"] == loaded.scores["num_docs"]
+    for name in ("data", "indices", "indptr"):
+        assert isinstance(made.scores[name], np.memmap) and np.array_equal(made.scores[name], loaded.scores[name])
+    assert search(index, QUERIES[:1], k=3, dtype="float32", fusion={"mode": "hybrid"})[0]
 
 
 def test_hybrid_fuses_the_dense_and_lexical_answers(built):

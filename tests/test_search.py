@@ -497,7 +497,7 @@ def test_an_open_index_answers_from_its_own_build_while_the_folder_is_built_agai
     folder = tmp_path / "index"
     settings = dict(passage_tokens=TOKENS, overlap=OVERLAP, dtype="float32", progress=False, ann="hnsw")
     build_index(scifact_corpus(shared_data, tmp_path / "a.jsonl", n=8, first=0), folder, str(tiny), **settings)
-    old = open_index(folder)
+    old, untouched = open_index(folder), open_index(folder)  # untouched: its lexical part first used later
 
     def answers(index):
         return [[(h.doc_id, h.id, h.text, round(h.score, 6)) for hits in search(
@@ -511,6 +511,7 @@ def test_an_open_index_answers_from_its_own_build_while_the_folder_is_built_agai
     build_index(scifact_corpus(shared_data, tmp_path / "b.jsonl", n=5, first=40), folder, str(tiny), overwrite=True,
                 **settings)
     assert answers(old) == before  # the build it opened, whole
+    assert answers(untouched) == before  # its lexical part too, held at open (not read through bm25s until now)
     new = open_index(folder)
     b_ids = {json.loads(line)["_id"] for line in (tmp_path / "b.jsonl").read_text().splitlines()}
     assert {doc for run in answers(new) for doc, *_ in run} <= b_ids and new.graph().ntotal == len(new)

@@ -81,7 +81,8 @@ from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_m
 from bertkit.retrieval.config import LexicalOptions, options_of
 from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.index_check import check_files, check_lexical, check_values, read_info
-from bertkit.retrieval.lexical import LEXICAL_DIR, LEXICAL_FILES, build_lexical, read_lexical, require_packages
+from bertkit.retrieval.lexical import (LEXICAL_DIR, LEXICAL_FILES, build_lexical, hold_lexical, read_lexical,
+                                      require_packages)
 from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
 from bertkit.training import distributed
 from bertkit.data.vector_files import map_safetensors, safetensors_header
@@ -381,7 +382,7 @@ class Index:
     document [N], offsets [N+1].
 
     One build, as it was when opened: the maps, the files held open (passages.jsonl, hnsw.faiss) and the lexical
-    part read at open keep the files of that build, so a folder built again meanwhile (`--overwrite`, which
+    part held at open keep the files of that build, so a folder built again meanwhile (`--overwrite`, which
     replaces every file) neither mixes its passages with these vectors nor breaks a server reading them."""
 
     directory: Path
@@ -389,7 +390,8 @@ class Index:
     vectors: np.ndarray | None
     document: np.ndarray
     passage_offset: np.ndarray
-    lexical_part: object = field(default=None, repr=False)  # the bm25s retriever, read when first asked for
+    lexical_part: object = field(default=None, repr=False)  # the bm25s retriever, made when first asked for
+    lexical_held: dict = field(default_factory=dict, repr=False)  # its files as opened (lexical.hold_lexical)
     codes: np.ndarray | None = None  # with --vectors int8|binary: [N, D] int8 or [N, D/8] uint8 (compact.py)
     ranges: np.ndarray | None = None  # int8 codes or rows: [2, D] the corpus's per-dimension lowest and highest
     rescore: np.ndarray | None = None  # binary --rescore-with int8: [N, D] int8 rows, read for candidates only
@@ -397,11 +399,11 @@ class Index:
     graph_part: object = field(default=None, repr=False)  # the HNSW graph, read when first asked for
 
     def lexical(self):
-        """The BM25 part (`bertkit.retrieval.lexical`), memory-mapped on first use; refused in one line when
-        the index was built without it."""
+        """The BM25 part (`bertkit.retrieval.lexical`), made on first use from the files held at open; refused in
+        one line when the index was built without it."""
         if self.lexical_part is None:
             options_of(self.info)
-            self.lexical_part = read_lexical(self.directory)
+            self.lexical_part = read_lexical(self.lexical_held)
         return self.lexical_part
 
     def graph(self):
@@ -481,10 +483,8 @@ def open_index(directory) -> Index:
     index = Index(directory, info, tensors.get("vectors"), tensors["document"], tensors["passage_offset"],
                   codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]),
                   rescore=codes.get("rescore"), files={name: open(directory / name, "rb") for name in
-                                                       (PASSAGES, HNSW_FILE) if (directory / name).is_file()})
-    if info.get("lexical"):
-        with contextlib.suppress(BertkitError):  # no bm25s: said when a search needs the lexical part
-            index.lexical()  # now, so that it is this build's too
+                                                       (PASSAGES, HNSW_FILE) if (directory / name).is_file()},
+                  lexical_held=hold_lexical(directory) if info.get("lexical") else {})  # no bm25s until a search
     return index
 
 

@@ -12,7 +12,10 @@ matrix in CSC form (`data.csc.index.npy` float32 [nnz], `indices.csc.index.npy`
 [nnz] passage rows, `indptr.csc.index.npy` [V + 1]: column t holds term t's BM25
 weight in every passage that has it), `vocab.index.json` (token -> column) and
 `params.index.json`. Only .npy and JSON: it is read back with
-`allow_pickle=False`, memory-mapped, so nothing read can run code. The folder
+`allow_pickle=False`, memory-mapped, so nothing read can run code. Opening an
+index holds the part without bm25s (`hold_lexical`: arrays mapped, JSON files
+open, so it stays this build's); the retriever is made when a search first
+needs it (`read_lexical`): a dense search never imports bm25s. The folder
 is written as `lexical.tmp/` and renamed into place: whole or absent. It takes
 seconds to minutes (tokenizing is the cost), so a kill loses at most this one
 step; `--resume` builds it again when it is absent and keeps it when present.
@@ -27,6 +30,7 @@ a token with the query is not in the run.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 from pathlib import Path
@@ -97,13 +101,33 @@ def build_lexical(out: Path, texts: list[str], options: LexicalOptions, progress
                 os.fsync(f.fileno())
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-    return record(options, len(read_lexical(out).vocab_dict))
+    return record(options, len(json.loads((final / "vocab.index.json").read_text(encoding="utf-8"))))
 
 
-def read_lexical(directory: Path):
-    """The bm25s retriever of an index folder's lexical part, memory-mapped, nothing unpickled."""
+def hold_lexical(directory: Path) -> dict:
+    """An index folder's lexical part as opened, without bm25s: file name -> its .npy memory-mapped, or its
+    .json file held open. What is held stays this build's when the folder is built again, so the retriever made
+    from it later (`read_lexical`, when a search first needs it) is too; a dense search never imports bm25s."""
+    folder = Path(directory) / LEXICAL_DIR
+    return {name: np.load(folder / name, mmap_mode="r", allow_pickle=False) if name.endswith(".npy")
+            else open(folder / name, "rb") for name in LEXICAL_FILES}
+
+
+def read_lexical(held: dict):
+    """The bm25s retriever of a held lexical part (`hold_lexical`), made as bm25s' `BM25.load` makes it from
+    the folder (which takes only paths, and the path may hold another build by now): its settings from
+    params.index.json, vocab_dict, the memory-mapped score matrix; method lucene keeps no non-occurrence
+    array. Nothing unpickled."""
     bm25s = require_bm25s()
-    return bm25s.BM25.load(str(Path(directory) / LEXICAL_DIR), mmap=True, allow_pickle=False, load_corpus=False)
+    params, vocab = (json.loads(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
+                     for f in (held["params.index.json"], held["vocab.index.json"]))
+    version, num_docs = params.pop("version", None), params.pop("num_docs", None)
+    retriever = bm25s.BM25(**params)
+    retriever.vocab_dict, retriever.unique_token_ids_set = vocab, set(vocab.values())
+    retriever._original_version, retriever.nonoccurrence_array = version, None
+    retriever.scores = {"data": held["data.csc.index.npy"], "indices": held["indices.csc.index.npy"],
+                        "indptr": held["indptr.csc.index.npy"], "num_docs": num_docs}
+    return retriever
 
 
 def passage_scores(retriever, tokens: list[str]) -> np.ndarray | None:
