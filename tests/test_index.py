@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from bertkit.cli import main
 from bertkit.errors import BertkitError
 from bertkit.data.beir import document_text
 from bertkit.retrieval.index import build_index, open_index
-from bertkit.retrieval.passages import Document, cut_all, read_documents
+from bertkit.retrieval.passages import Document, cut_all, passages_sha256, read_documents
 from bertkit.text.tokenizer import Tokenizer
 
 TOKENS, OVERLAP = 32, 6
@@ -252,6 +253,24 @@ KILLED_AT_THIRD_PART = textwrap.dedent("""
     from bertkit.cli import main
     sys.exit(main(sys.argv[1:]))
 """)
+
+
+def test_the_passages_hash_is_taken_a_line_at_a_time():
+    """A build records passages.jsonl's SHA-256 (build.json's passages_sha256, compared by --resume), which was
+    hashlib.sha256(b"".join(lines)): a second copy of every passage's bytes held at once, beside the lines
+    (gigabytes for a large corpus). Now a line at a time: the same digest as over the whole bytes (so a build
+    interrupted before this change still resumes), and no more than a line held for it."""
+    lines = [json.dumps({"id": f"d{i}#0", "text": "é mot " * (i % 400)}, ensure_ascii=False).encode() + b"\n"
+             for i in range(4000)]  # 5 MB
+    want = hashlib.sha256(b"".join(lines)).hexdigest()
+    tracemalloc.start()
+    try:
+        got = passages_sha256(lines)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == want
+    assert peak < max(map(len, lines)) + 65536, peak
 
 
 def test_killed_with_sigkill_and_resumed_equals_an_uninterrupted_build(built, tiny, corpus, tmp_path):

@@ -9,7 +9,7 @@ computes them are `bertkit.metrics.retrieval`.)
 - `bm25`: the lexical baseline (the optional bm25s package);
 - `evaluation`: retrieval and STS figures of a model;
 - `mining`: hard negatives for contrastive training;
-- `passages`: documents cut into token windows that keep their character spans;
+- `passages`: documents cut into token windows that keep their character spans, and their passages.jsonl lines;
 - `index`: the index folder (memory-mapped vectors, the model's fingerprint, a resumable build);
 - `index_check`: an index folder checked on open (counts, shapes, whole files), one line naming the fix;
 - `extend`: a finished index given what is made from its own files (an HNSW graph, a lexical part);

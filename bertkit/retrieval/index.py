@@ -83,7 +83,7 @@ from bertkit.retrieval.encoding import EncodingSettings, encode
 from bertkit.retrieval.index_check import check_files, check_lexical, check_values, read_info
 from bertkit.retrieval.lexical import (LEXICAL_DIR, LEXICAL_FILES, build_lexical, hold_lexical, read_lexical,
                                       require_packages)
-from bertkit.retrieval.passages import Passage, cut_all, default_stride, read_documents
+from bertkit.retrieval.passages import cut_all, default_stride, passage_lines, passages_sha256, read_documents
 from bertkit.training import distributed
 from bertkit.data.vector_files import map_safetensors, safetensors_header
 
@@ -138,12 +138,6 @@ def check_model(info: dict, loaded: Loaded) -> None:
             f"pooling), not {now['directory']}{what} (weights {now['fingerprint'][:12]}, {now['pooling']} pooling): "
             "search it with the model that made it, or build the index again with this one"
         )
-
-
-# --- files -------------------------------------------------------------------------------------
-
-def _passage_lines(passages: list[Passage]) -> list[bytes]:
-    return [json.dumps(p.to_dict(), ensure_ascii=False).encode() + b"\n" for p in passages]
 
 
 # --- building ----------------------------------------------------------------------------------
@@ -307,10 +301,10 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         passages, lengths, empty = cut_all(read_documents(corpus, dedupe), loaded.tokenizer, passage_tokens, stride)
         if not passages:
             raise BertkitError(f"corpus {corpus}: no document has any token (only characters BERT drops)")
-        lines = _passage_lines(passages)
+        lines = passage_lines(passages)
         plan = {"format": FORMAT, "corpus": str(Path(corpus).resolve()), "model": record,
                 "passage_tokens": passage_tokens, "overlap": stride, "part_size": part_size, "batch_size": batch_size,
-                "passages": len(passages), "passages_sha256": hashlib.sha256(b"".join(lines)).hexdigest(),
+                "passages": len(passages), "passages_sha256": passages_sha256(lines),
                 "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search},
                 "lexical": lexical and dataclasses.asdict(lexical), "vectors": vectors, "rescore_with": rescore_with}
         # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist

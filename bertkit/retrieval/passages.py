@@ -27,10 +27,15 @@ Corpora (`read_documents`): a BEIR `corpus.jsonl` or `corpus.jsonl.gz` (or the f
 a TSV whose header names `id` (or `_id`), `text` and optionally `title`, or a
 folder of .txt files (the id is the file's path under the folder without
 `.txt`, no title).
+
+An index stores its passages as passages.jsonl (`passage_lines`), one JSON object a line, and its build
+plan their SHA-256 (`passages_sha256`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -177,3 +182,19 @@ def cut_all(docs: Iterable[Document], tokenizer, passage_tokens: int,
         passages.extend(more)
         pieces.extend(counts)
     return passages, pieces, empty
+
+
+# --- passages.jsonl ----------------------------------------------------------------------------
+
+def passage_lines(passages: list[Passage]) -> list[bytes]:
+    """An index's passages.jsonl (`bertkit.retrieval.index`) as its lines: one JSON object per passage."""
+    return [json.dumps(p.to_dict(), ensure_ascii=False).encode() + b"\n" for p in passages]
+
+
+def passages_sha256(lines: list[bytes]) -> str:
+    """The SHA-256 of passages.jsonl's bytes, its `lines` joined (build.json's passages_sha256), taken a line at
+    a time: hashing b"".join(lines) held a second copy of every passage beside the lines (same digest)."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line)
+    return digest.hexdigest()
