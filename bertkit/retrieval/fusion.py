@@ -15,7 +15,8 @@ score)`. A key missing from a run gets nothing from it. Three ways:
 - "dbsf", distribution-based score fusion (Qdrant's DBSF): a run's scores are
   scaled by (s - (mean - 3 std)) / (6 std), std the sample standard deviation
   (n - 1), not clipped; a run of one item, or of equal scores, gives 0.5; then
-  the weighted sum. Qdrant's is the unweighted sum, which ranks as alpha = 0.5.
+  the weighted sum. Qdrant's is the unweighted sum, which ranks as alpha = 0.5
+  (and scores twice as much: `bertkit.retrieval.qdrant` reports it x 0.5).
 - "minmax": a run's scores scaled to (s - min) / (max - min), then the weighted
   sum (the "convex combination" of Bruch, Gai & Ingber, TOIS 2023); a run of one
   item, or of equal scores, gives 1.0 (each is its run's best).

@@ -25,7 +25,9 @@ Query API for both runs as prefetches and fuses them there: "rrf" is Qdrant's
 RRF with its k' = k + 1 (its formula 1 / (k' + rank - 1), see
 `bertkit.retrieval.fusion`), "dbsf" Qdrant's DBSF; Qdrant weighs the runs
 equally (its RRF weights divide the rank, not the score), so alpha must be 0.5,
-and it has no min-max fusion. Qdrant fuses passages and bertkit documents (each
+and it has no min-max fusion. Its fused score is the runs' unweighted sum, twice
+bertkit's with alpha 0.5: `search` reports it x 0.5, so a hybrid hit scores as
+`bertkit search INDEX` scores it. Qdrant fuses passages and bertkit documents (each
 by its best passage): the answers are the same where a document is one passage
 (the test), and may differ in order where documents have several.
 
@@ -252,6 +254,8 @@ def _fused_answers(client, collection: str, info: dict, vectors, queries: list[s
                         models.Prefetch(query=sparse, using=SPARSE, limit=depth)]
             points = client.query_points(collection, prefetch=prefetch, query=fused_by, limit=depth,
                                          with_payload=True).points
+            for point in points:  # Qdrant sums the runs unweighted; bertkit weighs each by its share, alpha = 0.5
+                point.score *= fusion.alpha  # here (check_fusion): the fused score `bertkit search INDEX` prints
         answers.append(_hits(first_per_document(points, lambda point: point.payload["document"], k)))
     return answers
 
