@@ -3,7 +3,8 @@
 Each command parses its arguments, calls one library function and prints the
 result. Imports happen inside the handlers so that `bertkit --help` and the
 tokenizer commands start without loading torch. A user mistake (BertkitError,
-a missing file) prints one line on stderr and exits with status 2, never a
+a missing file) or a file the machine refuses (a full disk, a file-size limit, no
+permission: `machine_said`) prints one line on stderr and exits with status 2, never a
 traceback; user files are opened through `bertkit.data.textfiles`, so a directory or
 a file that is not UTF-8 text gets that one line too.
 
@@ -18,6 +19,7 @@ through `bertkit.options`, so each is defined once.
 
 import argparse
 import difflib
+import errno
 import os
 import re
 import sys
@@ -247,6 +249,7 @@ def main(argv=None) -> int:
     if argv is None:  # ... and big activations reuse freed memory
         reuse_freed_memory()
         warnings.formatwarning = _warning_line
+        sys.stdout = NamedStream(sys.stdout, "standard output")
     # the environment's choice for the fast path, read once for every command (a server decides its
     # settings itself from it, after setting its threads); a command that runs a model gets them made
     args.onednn = ONEDNN.get(os.environ.get("BERTKIT_ONEDNN", ""))
@@ -256,15 +259,72 @@ def main(argv=None) -> int:
         if getattr(args, "runs_model", False):
             args.speed = speed_settings(args.onednn)
         args.handler(args)
-    except (BertkitError, BlockingIOError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
-            PermissionError) as err:  # BlockingIOError: a file another process is writing (bertkit.data.atomic)
+    except BertkitError as err:
         print(f"bertkit: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as err:  # the machine said no: a full disk, a file-size limit, a folder it may not write...
+        print(f"bertkit: error: {machine_said(err, resumable=hasattr(args, 'resume'))}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C: a person's choice, not a crash (no traceback); 130 as a shell reports it
         again = "; --resume goes on from the last checkpoint" if hasattr(args, "resume") else ""
         print(f"bertkit: interrupted{again}", file=sys.stderr)
         return 130
     return 0
 
+
+# What a person can do when the machine refuses a file (the errno's words come first, then this)
+ADVICE = {
+    errno.ENOSPC: "the disk is full: free some space or write elsewhere, then run the command again",
+    errno.EDQUOT: "your disk quota is used up: free some space or write elsewhere, then run the command again",
+    errno.EFBIG: "over this process's file-size limit, ulimit -f, or the file system's: raise the limit or write "
+                 "elsewhere",
+    errno.EROFS: "write to a folder on a writable file system",
+    errno.EACCES: "check its permissions and its folder's (ls -ld), or use another path",
+    errno.EPERM: "check its permissions and its folder's (ls -ld), or use another path",
+}
+# where the same command with --resume picks the work up again
+CUT_SHORT = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def machine_said(err: OSError, resumable: bool = False) -> str:
+    """An OSError in one line for a person: the file, the system's words, what to do. Printed as Python
+    says it, it was errno soup ("[Errno 28] No space left on device", no file named, or the lock file
+    beside the one asked for); `bertkit.data.atomic` names the file the command writes."""
+    if err.errno is None or not err.strerror:  # a message of our own (BlockingIOError's) or a library's
+        return str(err)
+    where = "".join(f"{name}: " for name in (err.filename, err.filename2) if name is not None)
+    advice = ADVICE.get(err.errno)
+    again = "; --resume goes on from the last checkpoint" if resumable and err.errno in CUT_SHORT else ""
+    return f"{where}{err.strerror}{f' ({advice}{again})' if advice else ''}"
+
+
+class NamedStream:
+    """The command's standard output, whose refused writes name it: `predict --output - > /dev/full` (or a full
+    disk behind `>`) raised "No space left on device" naming no file. Set by `main` for the process it owns."""
+
+    def __init__(self, stream, name: str):
+        self._stream, self._name = stream, name
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            raise self._said(err) from None
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except OSError as err:
+            raise self._said(err) from None
+
+    def _said(self, err: OSError) -> OSError:
+        return OSError(err.errno, err.strerror, self._name) if err.errno and err.filename is None else err
+
+    def __getattr__(self, attr):
+        return getattr(self._stream, attr)

@@ -7,16 +7,20 @@ folder, flushed and fsync'ed (its bytes on the disk), then renamed over `NAME` w
 which is atomic within one filesystem (POSIX rename(2); Windows too), and the folder is fsync'ed
 so that the rename itself survives a power loss. A reader sees the old file or the new one; an
 error or Ctrl-C removes `NAME.tmp`, and what a kill leaves of it the next write replaces.
-While a process writes `NAME.tmp` it holds an flock on `NAME.tmp.lock`: a second process writing the
+A write the machine refuses is an OSError naming `NAME` with the errno the disk gave (`refused`), so the CLI
+says which file and why in one line, even where a library lost the errno on the way (numpy, torch.save,
+safetensors). While a process writes `NAME.tmp` it holds an flock on `NAME.tmp.lock`: a second process writing the
 same file at the same time is refused (`_hold`) instead of writing into the first's temporary file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -33,14 +37,20 @@ def replace_atomically(path, write) -> None:
 
 def write_through(path, write_to) -> None:
     """write_to(tmp_path) for a library that writes to a path, not a file object (safetensors' `save_file`,
-    faiss' `write_index`), then the same fsync and rename over `path` as `replace_atomically`."""
+    faiss' `write_index`), then the same fsync and rename over `path` as `replace_atomically`.
+
+    A write the machine refuses (a full disk, a file-size limit, a read-only or forbidden folder) raises an
+    OSError with its errno that names `path`, the file the caller asked for (`refused`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     # the lock is not taken on tmp itself: safetensors' save_file puts a new file at the path it is given, and
     # a lock on the file it replaced refused nobody (a second writer locked the new tmp and wrote over it)
     lock = tmp.with_name(tmp.name + ".lock")
-    held = _hold(lock, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = _hold(lock, path)
+    except OSError as err:
+        raise refused(err, path, (tmp, lock)) from None
     try:
         write_to(tmp)
         # safetensors' save_file puts a file of its own at tmp, readable by its owner alone (0600) whatever the
@@ -49,13 +59,52 @@ def write_through(path, write_to) -> None:
         with open(tmp, "rb+") as f:  # fsync works on any descriptor of the file: its bytes reach the disk
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # an error or Ctrl-C leaves nothing behind; only a kill can leave NAME.tmp
-        tmp.unlink(missing_ok=True)
+    except BaseException as err:  # an error or Ctrl-C leaves nothing behind; only a kill can leave NAME.tmp
+        said = refused(err, path, (tmp, lock), probe=tmp) if isinstance(err, Exception) else None
+        with contextlib.suppress(OSError):  # on a read-only disk even this fails: the cause is the error to say
+            tmp.unlink(missing_ok=True)
+        if said is not None and said is not err:
+            raise said from err
         raise
     finally:  # removed while still held: a writer that opened it meanwhile finds it gone and takes a new one
-        lock.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            lock.unlink(missing_ok=True)
         os.close(held)
     fsync_folder(path.parent)
+
+
+# as much as the probe appends to a failed NAME.tmp to hear the disk's own reason: more than a block has room
+# for, so that a full disk or a file-size limit refuses it as it refused the library
+PROBE_BYTES = 1 << 20
+# how a Rust library (safetensors) says the errno it met: "I/O error: No space left on device (os error 28)"
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def refused(err: BaseException, path, ours=(), probe=None) -> BaseException:
+    """`err` said of `path`, the file the user asked for. An OSError with an errno that named no file, or one of
+    `ours` (NAME.tmp, NAME.tmp.lock, a spool), names `path` ("[Errno 28] No space left on device" named nothing,
+    an unwritable folder's EACCES named v.npy.tmp.lock). An error that lost its errno on the way (numpy's
+    "3200 requested and 3040 written", torch.save's "unexpected pos" RuntimeError, safetensors' SafetensorError:
+    a full disk or a file-size limit each time) becomes the errno the library quoted, or, given `probe` (the
+    NAME.tmp deleted next), the one the disk gives a write of PROBE_BYTES more to it, when it refuses that;
+    otherwise `err` stands. An OSError(errno, ...) is the errno's own subclass (PermissionError, ...)."""
+    if isinstance(err, OSError) and err.errno is not None:
+        if err.filename is None or Path(err.filename) in {Path(p) for p in ours}:
+            return OSError(err.errno, err.strerror, str(path))
+        return err
+    quoted = RUST_OS_ERROR.search(str(err))
+    if quoted:
+        return OSError(int(quoted[1]), os.strerror(int(quoted[1])), str(path))
+    if probe is None:
+        return err
+    try:
+        with open(probe, "ab", buffering=0) as f:
+            for _ in range(PROBE_BYTES // 65536):
+                f.write(bytes(65536))
+    except OSError as disk:
+        if disk.errno is not None:
+            return OSError(disk.errno, disk.strerror, str(path))
+    return err
 
 
 def _hold(lock: Path, path: Path) -> int:

@@ -17,6 +17,7 @@ back as memory maps (an index's vectors and codes, `bertkit.retrieval.index`).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import struct
@@ -25,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from bertkit.data.atomic import replace_atomically
+from bertkit.data.atomic import refused, replace_atomically
 from bertkit.errors import BertkitError
 
 
@@ -96,7 +97,10 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
         return count[0]
     spool = path.with_name(path.name + ".part")
     try:
-        lengths, dim = _spool(rows, spool)
+        try:
+            lengths, dim = _spool(rows, spool)
+        except OSError as err:  # a full disk while spooling: said of the file asked for, not of our spool
+            raise refused(err, path, (spool,)) from None
 
         def write(out) -> None:
             with spool.open("rb") as raw:
@@ -107,7 +111,8 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
 
         replace_atomically(path, write)
     finally:
-        spool.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only disk refuses even this: the error above is the one to say
+            spool.unlink(missing_ok=True)
     return len(lengths)
 
 

@@ -1,0 +1,162 @@
+"""When the machine says no: a full disk, a file-size limit, a folder the command may not write, an output
+path that runs through a file, standard output on a full device.
+
+Each is said in one line, `bertkit: error: FILE: CAUSE (what to do)`, exit status 2, naming the file the user
+asked for (not our NAME.tmp or NAME.part) and no errno soup; an unwritable place is refused before a model
+loads; the file that stood at the name survives, nothing half-written is left beside it, and a resumable job
+goes on once the disk has room. The disk is made "full" with a real file-size limit (RLIMIT_FSIZE, SIGXFSZ
+ignored: the kernel then refuses a write past it with EFBIG), set in this process around one call.
+"""
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bertkit.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+OLD = b"the file a previous run wrote\n"
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """No file of this process may grow past `nbytes` in the block: a write past it fails with EFBIG."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("bertkit: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err and "[Errno" not in err, err
+    return lines[0]
+
+
+def texts(tmp_path: Path, n: int = 40) -> Path:
+    path = tmp_path / "texts.txt"
+    path.write_text("".join(f"sentence number {i} about a cat\n" for i in range(n)), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name, limit", [("v.npy", 2000), ("v.npy", 5200), ("v.safetensors", 5150),
+                                         ("v.jsonl", 2000)])
+def test_embed_past_a_file_size_limit_says_so_in_one_line_and_keeps_the_old_file(tiny_dir, tmp_path, capsys,
+                                                                                 name, limit):
+    """40 vectors of 32 float32 are 5,120 bytes: past 2,000 the spool (v.npy.part) is refused, past 5,200 the
+    file itself (its header and rows). Was: a traceback ending in "OSError: [Errno 27] File too large", naming
+    no file."""
+    out = tmp_path / name
+    out.write_bytes(OLD)
+    source = texts(tmp_path)
+    with file_size_limit(limit):
+        code = main(["embed", str(source), "-o", str(out), "--model", str(tiny_dir), "--quiet"])
+    assert code == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"bertkit: error: {out}: File too large (") and "ulimit -f" in line, line
+    assert out.read_bytes() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, source.name])
+
+
+def test_weights_and_checkpoints_past_a_limit_name_their_file_and_errno(tmp_path):
+    """safetensors (SafetensorError "... (os error 27)") and torch.save (RuntimeError "unexpected pos") lose the
+    errno of a refused write: the writer gives it back, naming the file asked for, and the old file stands."""
+    import torch
+
+    from bertkit.model.checkpoint import save_tensors
+    from bertkit.training.state import save_checkpoint
+
+    import numpy as np
+
+    from bertkit.data.atomic import replace_atomically
+
+    array = tmp_path / "part-00000.npy"  # an index's part: numpy said "80000 requested and 16256 written"
+    with file_size_limit(20_000), pytest.raises(OSError) as numpy_err:
+        replace_atomically(array, lambda f: np.save(f, np.zeros(20_000, dtype=np.float32)))
+    assert (numpy_err.value.errno, numpy_err.value.filename) == (27, str(array)) and not array.exists()
+    weights = tmp_path / "model.safetensors"
+    save_tensors(weights, {"w": torch.arange(4.0)}, {"format": "pt"})
+    checkpoint = save_checkpoint(tmp_path, 2, {"w": torch.arange(4.0)})
+    before = {p: p.read_bytes() for p in (weights, checkpoint)}
+    with file_size_limit(20_000):
+        with pytest.raises(OSError) as weights_err:
+            save_tensors(weights, {"w": torch.zeros(10_000)}, {"format": "pt"})
+        with pytest.raises(OSError) as checkpoint_err:
+            save_checkpoint(tmp_path, 2, {"w": torch.zeros(10_000)})
+    for err, path in ((weights_err.value, weights), (checkpoint_err.value, checkpoint)):
+        assert (err.errno, err.filename) == (27, str(path)), repr(err)
+        assert path.read_bytes() == before[path]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoints", "model.safetensors", "step-00000002.pt"]
+
+
+def test_an_index_cut_short_by_the_disk_resumes_to_the_index_an_uninterrupted_build_writes(tiny_dir, tmp_path,
+                                                                                          capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"_id": "d{i}", "title": "", "text": "document {i} is about cats and the number '
+                              f'{i * 7}"}}\n' for i in range(60)), encoding="utf-8")
+    argv = ["index", str(corpus), "--model", str(tiny_dir), "--part-size", "16", "--no-lexical", "--quiet"]
+    assert main([*argv, "-o", str(tmp_path / "straight")]) == 0
+    capsys.readouterr()
+    cut, vectors = tmp_path / "cut", tmp_path / "straight" / "vectors.safetensors"
+    # room for the passages and each part, not for the vectors they are joined into at the end
+    assert (tmp_path / "straight" / "passages.jsonl").stat().st_size < vectors.stat().st_size
+    with file_size_limit(vectors.stat().st_size - 1):
+        assert main([*argv, "-o", str(cut)]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"bertkit: error: {cut / 'vectors.safetensors'}: File too large (") and "--resume" in line
+    assert not (cut / "index.json").exists()  # nothing there reads as a finished index
+    assert main([*argv, "-o", str(cut), "--resume"]) == 0  # the disk has room again
+    for name in ("vectors.safetensors", "passages.jsonl"):
+        assert (cut / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
+
+
+def test_standard_output_on_a_full_device_is_one_line(tmp_path):
+    """`tokenize --json > /dev/full` (a full disk behind `>`) ended in a traceback through print, naming nothing."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    source = texts(tmp_path, 2000)
+    with open(source) as stdin, open("/dev/full", "w") as stdout:
+        done = subprocess.run([sys.executable, "-m", "bertkit.cli", "tokenize", "--json"], stdin=stdin,
+                              stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("bertkit: error: standard output: No space left on device (the disk is full") \
+        and done.stderr.count("\n") == 1, done.stderr
+
+
+def without_root_powers() -> list:
+    """The command prefix that makes file permissions apply: none for a user; for root, setpriv dropping the
+    capabilities that let root read and write whatever the permissions say (skipped where it cannot)."""
+    if os.geteuid() != 0:
+        return []
+    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    if not shutil.which("setpriv") or subprocess.run([*drop, "true"], capture_output=True).returncode != 0:
+        pytest.skip("running as root, whom file permissions do not stop, and setpriv cannot drop that power here")
+    return drop
+
+
+def bertkit_as_a_user(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([*without_root_powers(), sys.executable, "-m", "bertkit.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_an_unreadable_input_names_it_without_errno_soup(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("[PAD]\n[UNK]\n")
+    secret.chmod(0o000)
+    done = bertkit_as_a_user("tokenize", "hello", "--vocab", secret)
+    assert done.returncode == 2
+    assert done.stderr == f"bertkit: error: {secret}: Permission denied (check its permissions and its folder's " \
+                          "(ls -ld), or use another path)\n", done.stderr  # was: [Errno 13] Permission denied: '...'
