@@ -136,6 +136,21 @@ def test_standard_output_on_a_full_device_is_one_line(tmp_path):
         and done.stderr.count("\n") == 1, done.stderr
 
 
+def test_an_output_through_a_file_is_refused_before_the_model_loads(tmp_path, capsys):
+    """`embed -o notes.txt/sub/v.npy` made its folders only once every text was embedded: FileExistsError's
+    traceback. Refused now before anything loads: the model named here does not even exist."""
+    (tmp_path / "notes.txt").write_text("a file\n")
+    source, model = str(texts(tmp_path, 3)), str(tmp_path / "no-model")
+    for argv in (["embed", source, "--model", model, "-o", "notes.txt/sub/v.npy"],
+                 ["predict", model, source, "--output", "notes.txt/p.tsv"],
+                 ["finetune", "classify", "--train", source, "--model", model, "-o", "notes.txt/run"],
+                 ["vocab", "train", source, "-o", "notes.txt/vocab.txt"]):
+        argv[-1] = str(tmp_path / argv[-1])
+        assert main(argv) == 2, argv
+        assert f"{tmp_path / 'notes.txt'} is a file, not a folder" in one_error_line(capsys), argv
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "texts.txt"]
+
+
 def without_root_powers() -> list:
     """The command prefix that makes file permissions apply: none for a user; for root, setpriv dropping the
     capabilities that let root read and write whatever the permissions say (skipped where it cannot)."""
@@ -150,6 +165,25 @@ def without_root_powers() -> list:
 def bertkit_as_a_user(*args) -> subprocess.CompletedProcess:
     return subprocess.run([*without_root_powers(), sys.executable, "-m", "bertkit.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_folder_without_write_permission_is_refused_before_anything_loads(tmp_path):
+    """A read-only output folder was found where the first file was written: `embed`, `predict` and `vocab train`
+    after all the work, saying "[Errno 13] Permission denied: '.../v.npy.part'", our spool's name."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    source = texts(tmp_path, 3)
+    locked.chmod(0o500)
+    try:
+        for argv in (["embed", source, "--model", tmp_path / "no-model", "-o", locked / "sub" / "v.npy"],
+                     ["vocab", "train", source, "-o", locked / "vocab"]):
+            done = bertkit_as_a_user(*argv)
+            assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+            assert done.stderr == (f"bertkit: error: --output {argv[-1]}: the folder {locked} cannot be written "
+                                   "(no write permission): write elsewhere\n"), done.stderr
+    finally:
+        locked.chmod(0o700)
+    assert list(locked.iterdir()) == []
 
 
 def test_an_unreadable_input_names_it_without_errno_soup(tmp_path):

@@ -167,7 +167,8 @@ def check_outputs(args) -> None:
     """Refuse, before anything loads, an output its command cannot write or would write over its own input.
 
     A file output may not be a folder nor lie in a folder that does not exist (both failed only once the
-    work was done), a folder output may not be a file (FileExistsError's traceback), and an existing file
+    work was done), a folder output may not be a file (FileExistsError's traceback), an output's place must be
+    one the command may write (`_check_writable`: not read-only, not under a file), and an existing file
     is not written over when it is one of the files the command reads or lies in a folder it reads
     (`embed x.jsonl -o x.jsonl` emptied its input; `mine beir/ -o beir/qrels/test.tsv` replaced the qrels).
     What the command reads: every other argument that names an existing path."""
@@ -185,6 +186,7 @@ def check_outputs(args) -> None:
         if value is None or value == "-":
             continue
         out = Path(value)
+        _check_writable(flag, out, kind)
         _check_shape(flag, out, kind)
         if kind == "cache" or not os.path.isfile(out):
             continue
@@ -219,6 +221,22 @@ def _check_shape(flag: str, out: Path, kind: str) -> None:
     if kind == "file" and not os.path.isdir(out.parent):
         raise BertkitError(f"{flag} {out}: the folder {out.parent} does not exist; make it first "
                            f"(mkdir -p {out.parent}) or write elsewhere")
+
+
+def _check_writable(flag: str, out: Path, kind: str) -> None:
+    """Refuse an output in a place the command may not write: a folder on a read-only file system or without
+    write permission, or a path that runs through a file (`-o notes.txt/v.npy`). Each was found only where the
+    first file was written: after every vector was embedded, every row predicted, the vocabulary trained."""
+    if kind == "cache" and os.path.exists(out):  # read back, not written, when it holds what the run needs
+        return
+    place = out.parent if kind in FILE_KINDS or os.path.isfile(out) else out
+    while not os.path.exists(place) and place != place.parent:  # the folder the command will make its way from
+        place = place.parent
+    if not os.path.isdir(place):
+        raise BertkitError(f"{flag} {out}: {place} is a file, not a folder: name a path in a folder")
+    if not os.access(place, os.W_OK | os.X_OK):
+        why = "a read-only file system" if os.statvfs(place).f_flag & os.ST_RDONLY else "no write permission"
+        raise BertkitError(f"{flag} {out}: the folder {place} cannot be written ({why}): write elsewhere")
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:
