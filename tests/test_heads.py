@@ -2,6 +2,7 @@
 load into ours and give the same logits and losses; plus the heads' own rules."""
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -307,3 +308,47 @@ def test_mean_pooling_classifies_the_average_of_the_real_tokens(tmp_path):
     assert switched.bert.pooler is None and "pooler.dense.weight" in switched.load_report.unused
     with pytest.raises(BertkitError, match="classifier_pooling 'max' is unknown"):
         BertConfig(**HF_TINY, classifier_pooling="max")
+
+
+# Which problem a sequence classifier has (its loss, how its logits are read) is decided by one rule, model.config's;
+# the head (training), checkpoint.task_info (a Hugging Face checkpoint's task) and distillation (its soft loss) ask it.
+# The table: every num_labels 1-3 with each problem_type a config.json may name, or none.
+PROBLEM_CONFIGS = [(n, named) for n in (1, 2, 3)
+                   for named in (None, "regression", "single_label_classification", "multi_label_classification")]
+
+
+def hf_problem_type(transformers_mod, num_labels: int, named, labels: torch.Tensor) -> str:
+    """transformers' decision: its config refuses what it cannot train (ValueError), its forward decides a problem
+    type it is not told from num_labels and the labels' dtype, before any loss (which may not fit the labels)."""
+    model = transformers_mod.BertForSequenceClassification(transformers_mod.BertConfig(**HF_TINY, num_labels=num_labels,
+                                                                                       problem_type=named))
+    try:
+        model(input_ids=torch.ones(len(labels), 4, dtype=torch.long), labels=labels)
+    except (RuntimeError, ValueError):  # the loss: decided already
+        pass
+    return model.config.problem_type
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("n, named", PROBLEM_CONFIGS)
+def test_the_problem_type_is_decided_once_as_transformers_decides_it(tmp_path, transformers_mod, n, named):
+    from bertkit.distill.logits import problem_kind
+    from bertkit.model.checkpoint import task_info
+    from bertkit.tasks.registry import TASKS
+
+    integer, floats = torch.tensor([0, n - 1]), torch.tensor([[0.0] * n, [1.0] * n]).squeeze(-1)
+    config = {**HF_TINY, "num_labels": n, "problem_type": named, "architectures": ["BertForSequenceClassification"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    try:
+        expected = hf_problem_type(transformers_mod, n, named, integer)
+    except ValueError:  # transformers refuses the config: so does BertConfig (the head's, the teacher's), and task_info
+        for read in (lambda: BertConfig.from_dict(config), lambda: task_info(tmp_path)):
+            with pytest.raises(BertkitError, match="num_labels"):
+                read()
+        return
+    ours = BertConfig.from_dict(config)
+    head = bertkit.BertForSequenceClassification(ours)
+    # a saved model read without labels (task_info, distillation's teacher) is read as integer labels are
+    assert (head.problem_type(integer), problem_kind(ours), TASKS[task_info(tmp_path)["task"]].problem_type) == \
+        (expected,) * 3
+    assert head.problem_type(floats) == hf_problem_type(transformers_mod, n, named, floats)

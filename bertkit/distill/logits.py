@@ -61,11 +61,9 @@ def soft_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float =
 
 
 def problem_kind(config) -> str:
-    """What the head's logits mean (config.problem_type; as the head decides when a checkpoint names none)."""
-    kind = getattr(config, "problem_type", None)
-    if kind is None:
-        return "regression" if config.num_labels == 1 else "single_label_classification"
-    return kind
+    """What the teacher's logits mean: its config's problem type (`BertConfig.problem_type_for`, the rule its head
+    trains by), read as for integer labels, as the teacher's task reads its labels (a token classifier's too)."""
+    return config.problem_type_for()
 
 
 class LogitStudent(nn.Module):

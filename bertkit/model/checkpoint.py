@@ -47,6 +47,7 @@ from safetensors.torch import load_file, save_file
 from bertkit.data.atomic import write_json, write_lines, write_through
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
+from bertkit.model.config import problem_type_of
 from bertkit.model.weights_check import check_config, header_shapes, shard_files
 
 # ours -> Hugging Face, relative to the encoder ({i}: layer index, {p}: weight or bias)
@@ -385,10 +386,9 @@ def task_info(directory) -> dict | None:
         return info
     config, head = read_config(directory), architecture(directory)
     task = HF_TASKS.get(head)
-    if isinstance(task, dict):  # the sequence classifier: one output is a score; else by its problem type
+    if isinstance(task, dict):  # the sequence classifier: by its problem type, named or decided as its head decides
         n = config.get("num_labels", len(config.get("id2label") or {}) or 2)
-        problem = "regression" if n == 1 else config.get("problem_type")
-        task = task.get(problem) or task["single_label_classification"]
+        task = task[problem_type_of(n, config.get("problem_type"))]
     # "inferred": nothing says which columns it was trained on (single texts or pairs: both are read); the length
     # is at most the model's own positions (a longer input could not run, and predict takes no max_length)
     positions = config.get("max_position_embeddings")

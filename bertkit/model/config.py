@@ -46,6 +46,26 @@ REGRESSION, SINGLE_LABEL, MULTI_LABEL = PROBLEM_TYPES
 IGNORE_INDEX = -100
 CLASSIFIER_POOLINGS = ("cls", "mean")
 
+
+def problem_type_of(num_labels: int, named: str | None = None, float_labels: bool = False) -> str:
+    """What a sequence classifier's outputs are (the loss it trains with, how its logits are read), the one rule:
+    `named` (config.problem_type) when the config names one, else as transformers' BertForSequenceClassification
+    decides in forward: one output -> regression; more, with float labels ([B, num_labels] of 0/1) -> multi-label;
+    with integer labels, or none to look at (a saved model read for inference) -> single-label.
+
+    The sequence head's loss, checkpoint.task_info (a Hugging Face checkpoint's task) and distillation's soft loss
+    ask it, so a model is trained, read and distilled as one kind. Single-label over one output is refused, as
+    transformers refuses it: a softmax over one logit is always 1, so its loss is 0 and the head never learns."""
+    if named is None:
+        return REGRESSION if num_labels == 1 else MULTI_LABEL if float_labels else SINGLE_LABEL
+    if named not in PROBLEM_TYPES:
+        raise BertkitError(f"BertConfig.problem_type {named!r} is unknown; use one of {PROBLEM_TYPES}")
+    if named == SINGLE_LABEL and num_labels == 1:
+        raise BertkitError(f"BertConfig.problem_type {SINGLE_LABEL!r} needs num_labels of 2 or more, got 1 (a "
+                           "softmax over one output is always 1): use num_labels 2, or problem_type 'regression' "
+                           "for one score")
+    return named
+
 # name -> (num_hidden_layers, hidden_size, num_attention_heads); intermediate is 4x hidden
 PRESETS = {
     "tiny": (2, 128, 2),
@@ -148,8 +168,8 @@ class BertConfig:
                 raise BertkitError(f"BertConfig.{name} must be in [0, 1), got {p!r}")
         if self.hidden_act not in ACTIVATIONS:
             raise BertkitError(f"BertConfig.hidden_act {self.hidden_act!r} is not supported; use one of {ACTIVATIONS}")
-        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
-            raise BertkitError(f"BertConfig.problem_type {self.problem_type!r} is unknown; use one of {PROBLEM_TYPES}")
+        if self.problem_type is not None:
+            problem_type_of(self.num_labels, self.problem_type)  # a name it knows, that fits num_labels
         if self.classifier_pooling not in CLASSIFIER_POOLINGS:
             raise BertkitError(
                 f"BertConfig.classifier_pooling {self.classifier_pooling!r} is unknown; use one of {CLASSIFIER_POOLINGS}"
@@ -176,6 +196,10 @@ class BertConfig:
     def head_size(self) -> int:
         """D: dimensions per attention head."""
         return self.hidden_size // self.num_attention_heads
+
+    def problem_type_for(self, float_labels: bool = False) -> str:
+        """The sequence classifier's problem type, named or decided (`problem_type_of`)."""
+        return problem_type_of(self.num_labels, self.problem_type, float_labels)
 
     @property
     def labels(self) -> list[str]:

@@ -247,9 +247,9 @@ class BertForSequenceClassification(BertPreTrainedModel):
     token vectors instead (no pooler): for encoders whose [CLS] vector was never trained
     to summarise the sentence (MLM-only pre-training; see docs/pretraining.md).
 
-    The loss follows config.problem_type, or when it is None: num_labels == 1 ->
-    regression (MSE on float labels [B]); integer labels -> single-label cross-entropy;
-    float labels [B, num_labels] -> multi-label (sigmoid + binary cross-entropy).
+    The loss follows config.problem_type, or when it is None (the one rule, config.problem_type_of):
+    num_labels == 1 -> regression (MSE on float labels [B]); integer labels -> single-label
+    cross-entropy; float labels [B, num_labels] -> multi-label (sigmoid + binary cross-entropy).
     """
 
     def __init__(self, config: BertConfig, generator: torch.Generator | None = None):
@@ -260,16 +260,11 @@ class BertForSequenceClassification(BertPreTrainedModel):
         init_weights(self.classifier, config.initializer_range, generator)
 
     def problem_type(self, labels: torch.Tensor) -> str:
-        if self.config.problem_type is not None:
-            return self.config.problem_type
-        if self.config.num_labels == 1:
-            return "regression"
+        """config.problem_type, or the one rule's choice by the labels' dtype (config.problem_type_of)."""
         if not isinstance(labels, torch.Tensor):  # its dtype decides the loss: checked before it is read
             raise BertkitError(f"labels must be a torch tensor, got {type(labels).__name__} "
                                "(wrap it in torch.tensor(...))")
-        if not labels.dtype.is_floating_point:
-            return "single_label_classification"
-        return "multi_label_classification"
+        return self.config.problem_type_for(float_labels=labels.dtype.is_floating_point)
 
     def scores(self, out, attention_mask) -> torch.Tensor:
         """The classifier on the pooled [CLS] vector (or the tokens' mean): [B, num_labels]."""

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.model.config import IGNORE_INDEX
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.masking import MaskingConfig, MaskVocab, mask_sequence
 from bertkit.pretraining.shards import _atomic_dir, _publish, load_corpus, token_dtype
@@ -155,7 +154,7 @@ def _static_masks(ids: np.ndarray, lengths: np.ndarray, mcfg: MaskingConfig, voc
     if mcfg.masking == "token":
         import torch
 
-        from bertkit.pretraining.collate import mask_tokens
+        from bertkit.pretraining.collate import mask_tokens, masked_positions_from_labels
 
         g = torch.Generator().manual_seed(rng.getrandbits(63))
         real = torch.arange(T)[None, :] < torch.from_numpy(lengths.astype(np.int64))[:, None]
@@ -167,11 +166,11 @@ def _static_masks(ids: np.ndarray, lengths: np.ndarray, mcfg: MaskingConfig, voc
         finally:
             torch.set_num_threads(threads)
         out[:] = masked.numpy()
-        chosen = labels.numpy() != IGNORE_INDEX
-        rows, cols = np.nonzero(chosen)  # row-major: positions ascending within a row
-        slot = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
-        mpos[rows, slot] = cols
-        mids[rows, slot] = ids[rows, cols]
+        # each row's chosen positions, ascending: the collator's own reading of its labels, [n, P'] with P' <= P
+        chosen = masked_positions_from_labels(labels)
+        keep, cols = chosen["masked_weights"].numpy() > 0, chosen["masked_positions"].numpy()
+        mpos[:, : cols.shape[1]] = np.where(keep, cols, -1)
+        mids[:, : cols.shape[1]] = np.where(keep, np.take_along_axis(ids, cols, 1), 0)
         return out, mpos, mids
     for k in range(n):
         m = mask_sequence(ids[k, : lengths[k]], mcfg, vocab, rng)

@@ -51,8 +51,7 @@ import numpy as np
 
 from bertkit.errors import BertkitError, probability
 from bertkit.pretraining import instances as inst_mod
-# IGNORE_INDEX through blocks (which masks with it): the import edge to bertkit.model.config is blocks' alone
-from bertkit.pretraining.blocks import IGNORE_INDEX, held_out_documents, init_block_worker, plan_blocks, write_block
+from bertkit.pretraining.blocks import held_out_documents, init_block_worker, plan_blocks, write_block
 from bertkit.data.outputs import check_output, folder_lock
 from bertkit.data.corpus import (DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats,
                                  check_encoding, check_encoding_errors, corpus_files)
@@ -449,12 +448,10 @@ def format_example(ds, index: int, tok) -> str:
     if ds.static_masking:
         positions, originals = item["masked_positions"], item["masked_ids"]
     else:
-        collate = ds.collator()
-        batch = collate([item])
+        batch = ds.collator(return_masked_positions=True)([item])  # the positions: the collator's reading of labels
         ids = batch["input_ids"][0].numpy()
-        labels = batch["labels"][0].numpy()
-        positions = np.flatnonzero(labels != IGNORE_INDEX)
-        originals = labels[positions]
+        positions = batch["masked_positions"][0].numpy()[batch["masked_weights"][0].numpy() > 0]
+        originals = batch["labels"][0].numpy()[positions]
     lines.append("model input (masked):")
     lines.append(_wrap(" ".join(tok.convert_ids_to_tokens([int(t) for t in ids]))))
     pairs = [f"{p}:{tok.convert_ids_to_tokens([int(o)])[0]}" + (
