@@ -107,9 +107,9 @@ COMMANDS = [add_tokenize, add_vocab, add_model, add_embed, add_attention, add_fi
 # reads the environment once, when it starts). A value the user set is kept.
 #   OMP_WAIT_POLICY=PASSIVE: a thread that finishes its share of a parallel region sleeps instead of
 #   spinning for the next one. Spinning costs nothing on an idle machine and everything beside another
-#   busy process: the spinning threads take the cores the working ones need, and pre-training many
-#   short regions per step ran 12-18x slower beside one other job (docs/benchmarks.md, "Beside another
-#   job", bench/bench_contention.py).
+#   busy process: the spinning threads take the cores the working ones need, and pre-training, many
+#   short regions per step, waits at a barrier after each one (docs/benchmarks.md, "Beside another job",
+#   bench/bench_contention.py, has the slowdown).
 PROCESS = {"OMP_WAIT_POLICY": "PASSIVE"}
 # A progress bar redrawn into a log file is a new line every 0.1 s: when stderr is not a terminal,
 # tqdm (>= 4.66 reads TQDM_* defaults) redraws at most every 30 s.

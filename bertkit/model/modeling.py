@@ -149,11 +149,11 @@ def additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> to
 
 
 # The fused kernels a CUDA GPU may use, in this order. torch tries cuDNN's attention first on Hopper
-# GPUs, and with a padding mask it builds a plan for every new (batch, length) shape: 0.1-0.3 s each
-# on an H200, met at nearly every step of a run whose batches are padded to their longest (48 new
-# lengths of a 32-row training step took 6.0 and 17.3 s against 1.2 and 1.4 s with these; once every
-# shape was seen the two were within 10% either way; docs/benchmarks.md "On a GPU"). Memory-efficient
-# attention takes a mask and dropout and builds nothing per shape; FlashAttention runs where there is no mask.
+# GPUs, and with a padding mask it builds a plan for every new (batch, length) shape, met at nearly
+# every step of a run whose batches are padded to their longest: the plans, not the arithmetic, were
+# the step's time (once every shape was seen the kernels were alike; docs/benchmarks.md "On a GPU" has
+# the figures). Memory-efficient attention takes a mask and dropout and builds nothing per shape;
+# FlashAttention runs where there is no mask.
 CUDA_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 

@@ -140,7 +140,8 @@ def mask_tokens(input_ids: torch.Tensor, real: torch.Tensor, cfg: MaskingConfig,
     if special is None:
         special, replace = torch.from_numpy(vocab.special_mask()), torch.from_numpy(vocab.replace_ids)
     B, T = input_ids.shape
-    # index_select, not special[input_ids]: advanced indexing of a bool table is ~100x slower
+    # index_select, not special[input_ids]: torch's advanced indexing of a bool table takes a slow general
+    # path (docs/benchmarks.md, "Numbers that left the docstrings")
     cand = real & ~special.index_select(0, input_ids.flatten()).view(B, T)
     lengths = real.sum(1)
     # torch.round halves to even, like Python's round in the per-sequence path

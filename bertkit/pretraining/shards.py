@@ -1,8 +1,9 @@
 """Token shards: the corpus tokenised once into compact numpy files on disk.
 
-Tokenising is the slow part of preparing data (our WordPiece runs at ~1.4 MB/s
-per core), so it happens once, file by file in worker processes (both cores),
-and everything after it reads memory-mapped arrays instead of text.
+Tokenising is the slow part of preparing data (pure-Python WordPiece over every
+byte of the corpus; docs/benchmarks.md has its rate), so it happens once, file by
+file in worker processes (both cores), and everything after it reads
+memory-mapped arrays instead of text.
 
 One shard per input file, a folder `tokens/NNNNN/` holding:
 

@@ -258,7 +258,8 @@ class FastLinear(nn.Linear):
     In packed inference it keeps oneDNN's packed copy of its weight and remembers the route
     `linear` took (`_plan`): while what that route was chosen by still holds (dtype, weight
     version and storage, no gradient, autocast or compiler), it calls the kernel directly: at
-    batch 1 the decisions cost about a tenth of a product. `use(speed)` changes the settings and
+    batch 1 the decisions were a measurable share of a product (docs/benchmarks.md, "Batch 1 with
+    the route remembered"). `use(speed)` changes the settings and
     forgets the route."""
 
     packed = False  # set by pack_weights()

@@ -102,8 +102,9 @@ class Int8Linear(DynamicLinear):
         # few element-wise passes: at batch 1 each is an OpenMP region, and they cost as much as the product
         s = x2.abs().amax(-1, keepdim=True).clamp_(min=1e-12).div_(127.0)  # [M, 1]: s_t
         # [M, in], each row's largest |x| -> 127, stored as uint8 with zero point 128: VNNI multiplies
-        # unsigned by signed bytes, and signed activations sent oneDNN to its reference kernel on a
-        # CPU without AMX (60x slower); the kernel subtracts the zero point exactly, in int32
+        # unsigned by signed bytes, and signed activations sent oneDNN to its slow reference kernel on a
+        # CPU without AMX (docs/benchmarks.md, "int8 on a CPU with VNNI and no AMX"); the kernel subtracts
+        # the zero point exactly, in int32
         q = torch.div(x2, s).round_().add_(128.0).to(torch.uint8)
         # acc * s_w in the kernel's epilogue (activation scale 1, zero point 128), float32 out: [M, out]
         y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 128, w, w_scale, w_zero, None, 1.0, 0, torch.float32,

@@ -43,8 +43,8 @@ token limit), so a bad request costs no model time and never reaches a batch.
 Errors elsewhere are {"error": message, "error_type": kind}, TEI's shape.
 Answers are written by orjson, which takes float32 numpy vectors as they are
 and prints each number in the fewest digits that read back to the same
-float32 (a third of the bytes of Python's float repr, and ~20x faster than
-`json` on a list of floats).
+float32 (a third of the bytes of Python's float repr, and without a Python
+float object per number, as `json` makes; docs/benchmarks.md has the timing).
 The JSON body is read by Starlette; the size limit is enforced on the
 Content-Length header and again while the body streams in, so an oversized
 body is refused without being held in memory. What is left of a refused body

@@ -15,9 +15,9 @@ future for its answer).
   fair share of the requests in the server (accepted / workers each). While
   every worker is busy, requests wait in the queue, so a loaded server gathers
   many texts (and can sort them into even passes) while an idle one answers at
-  once; so `max_wait_ms` is 0 by default (a 2 ms window cost single requests at
-  concurrency 1 10-20% of their median latency and did nothing measurable at
-  concurrency 8 or 64). The fair share keeps the workers' passes even. Without
+  once; so `max_wait_ms` is 0 by default (a window delays every lone request by
+  its whole length, and measured, it bought nothing at concurrency 8 or 64:
+  docs/benchmarks.md, "Numbers that left the docstrings"). The fair share keeps the workers' passes even. Without
   it, closed-loop clients split into uneven groups that persist: a worker that
   frees up takes everything waiting, namely the clients its own last pass
   answered. With 64 clients the groups settled at sizes like 50 and 14, and the
@@ -69,9 +69,9 @@ def plan_batches(lengths: list, max_tokens: int, max_rows: int, overhead: int = 
     programming over the sorted rows for the least total cost: a new pass where
     the lengths jump, one long pass where they are even. `overhead` is what a
     pass costs beyond its tokens (the kernels' set-up over ~100 operations, small
-    matrices being slower per row): 32 tokens' worth on the 2-core benchmark
-    machine (a 1 x 32 pass takes as long as ~65 tokens of a 32 x 32 one); the cut
-    points change little between 16 and 64. Among plans of equal cost the one with
+    matrices being slower per row): 32 tokens' worth by default, measured on the
+    2-core benchmark machine (docs/benchmarks.md, "Numbers that left the
+    docstrings"); the cut points change little between 16 and 64. Among plans of equal cost the one with
     the longest first pass wins (stable: equal lengths keep their order).
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])

@@ -17,7 +17,8 @@ class ScanQueue:
     """/search's scans of the index, gathered across requests.
 
     A scan reads every vector of the index once whatever the number of queries
-    (8 ms for 1 query and for 8 on SciFact's 11,212 x 384, memory-bound), so
+    (its time is memory's, reading the vectors: one query or eight cost about
+    the same; docs/benchmarks.md, "Numbers that left the docstrings"), so
     while one scan runs on its thread, the queries that arrive wait and go
     together into the next: the gathering of `bertkit.serve.batching` without a
     window (an idle server scans at once). Each request then takes its own rows.

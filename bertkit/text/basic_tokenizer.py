@@ -172,7 +172,8 @@ def coarse_split_pattern(split_cjk: bool = True) -> re.Pattern:
     safe punctuation/CJK character (a word by itself) or a maximal run of other
     characters (which `basic_words` may still split or shrink, e.g. a run
     holding U+037E GREEK QUESTION MARK, whose NFD is ';'). Whitespace is never
-    matched. Built once per process and setting from unicodedata (0.1-0.4 s).
+    matched. Built once per process and setting from unicodedata (a pass over the code points below U+20000:
+    too slow to repeat per call).
     """
     if split_cjk not in _PATTERNS:
         space, single = [], []

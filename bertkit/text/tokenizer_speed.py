@@ -13,12 +13,12 @@ Three measures, none of which changes an output: the parity tests against the
 2. Worker processes for big batches (`TokenizerWorkers`): encode_batch of 2M+
    characters spreads the texts over up to 8 forked processes (bertkit.text.workers),
    which start with the tokenizer and its warm cache. Each worker takes
-   contiguous chunks and returns flat int arrays, about ten times cheaper to
-   pickle than lists. The pool stays alive for later calls and stops when its
+   contiguous chunks and returns flat int arrays, far cheaper to pickle than
+   lists of Python ints. The pool stays alive for later calls and stops when its
    tokenizer is collected, at exit, or on `Tokenizer.close()`.
 3. A paused garbage collector (`gc_paused`): a batch allocates millions of small
    lists that all stay alive; CPython's cyclic collector would rescan them again
-   and again (2-3x slower). None of them can form a cycle.
+   and again, for nothing. None of them can form a cycle.
 4. An ids-only batch path (`token_ids`) for callers that need nothing but the ids
    and no special tokens (a static embedding table averages them: sentence-transformers'
    StaticEmbedding, model2vec): no character spans, word ids, padding or Encoding
@@ -41,7 +41,7 @@ from bertkit.errors import int_at_least
 from bertkit.text.workers import can_start_workers, start_pool
 
 CACHE_LIMIT = 2_000_000  # distinct runs kept before the cache is emptied
-BIG_BATCH_CHARS = 2_000_000  # below this, forking (~0.1 s) costs more than it saves
+BIG_BATCH_CHARS = 2_000_000  # below this, forking the workers costs more than they save
 MAX_WORKERS = 8
 
 
