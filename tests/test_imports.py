@@ -2,7 +2,9 @@
 acyclic contracts, written out here so that a failure names the import that broke it).
 
 Every `import bertkit...` / `from bertkit... import` in the package counts, at module level or
-inside a function: an import moved into a function to dodge a cycle is still a cycle.
+inside a function: an import moved into a function to dodge a cycle is still a cycle. So does
+`importlib.import_module("bertkit.x")`, the name written in the call; one whose name is a value
+(a table's entry) is listed in IMPORTS_BY_VALUE with the table it reads and why.
 
     python tests/test_imports.py        prints the figures: rooms, import edges, floors, cycles
 
@@ -46,20 +48,35 @@ ORACLES = ("transformers", "tokenizers", "sentence_transformers", "pytrec_eval",
            "hypothesis")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports(tree: ast.AST) -> list[tuple[str, int]]:
-    """(imported name, line) for every import statement in a module, wherever it stands."""
+    """(imported name, line) for every import statement in a module, wherever it stands, and every import by a
+    name written in the call (`importlib.import_module("x.y")`): an import all the same."""
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(a.name, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out += [(f"{node.module}.{a.name}", node.lineno) for a in node.names]
+        elif import_call(node) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            out.append((node.args[0].value, node.lineno))
     return out
+
+
+# what imports a module named by a value at run time: importlib.import_module, __import__, a loader's exec_module,
+# runpy's run_module / run_path
+IMPORT_CALLS = {"import_module", "__import__", "exec_module", "run_module", "run_path"}
+
+
+def import_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and (
+        isinstance(node.func, ast.Name) and node.func.id in IMPORT_CALLS
+        or isinstance(node.func, ast.Attribute) and node.func.attr in IMPORT_CALLS)
 
 
 def graph() -> tuple[set[str], dict[str, dict[str, int]], dict[str, list]]:
@@ -412,7 +429,8 @@ def late_imports() -> dict[tuple[str, str], list[int]]:
                 continue
             for node in ast.walk(function):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module] if isinstance(node, ast.ImportFrom) else []
+                    [node.module] if isinstance(node, ast.ImportFrom) else \
+                    [name for name, _ in imports(node)] if import_call(node) else []
                 for name in names:
                     found[(module_name(path), name)].add(node.lineno)
     return {key: sorted(lines) for key, lines in found.items()}
@@ -430,6 +448,117 @@ def test_every_listed_late_import_is_still_there():
     gone = [f"{module}: {name}" for module, (names, _) in LATE_IMPORTS.items() for name in sorted(names)
             if (module, name) not in found]
     assert gone == [], "drop these rows from LATE_IMPORTS: the imports are at the top now, or gone"
+
+
+# Imports of a module named by a value (`importlib.import_module(name)`): no import statement names what they import,
+# so no scan of import statements sees them. These are all of them: (module, function) -> (where the names it may
+# import are written, read by the function given here; why it is not an import statement). An unlisted one fails the
+# test below; what a listed one imports is checked as an import statement's target would be.
+def _lazy_names(tree: ast.Module) -> set[str]:
+    """bertkit/__init__.py's `_LAZY`: public name -> the module defining it."""
+    table = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets))
+    return {f"{module}:{name}" for name, module in ast.literal_eval(table).items()}
+
+
+def _task_runs(tree: ast.Module) -> set[str]:
+    """The task records' training runs, "module:function" strings in bertkit/tasks/registry.py."""
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and re.fullmatch(r"bertkit(\.\w+)+:\w+", node.value)}
+
+
+def _required_packages(tree: ast.Module) -> set[str]:
+    """The packages bertkit/runtime/export.py asks `_require` for, each by a literal name."""
+    return {node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name) and node.func.id == "_require"}
+
+
+IMPORTS_BY_VALUE = {
+    ("bertkit", "__getattr__"): (_lazy_names, "the public names resolved on first use (PEP 562): `import bertkit` "
+                                              "stays instant and torch-free; the facade sits above every package"),
+    ("bertkit.tasks.registry", "Task.train"): (
+        _task_runs, TORCH_FREE + " (the task records); the run modules ask the registry for their own record "
+                    "(task_for), so these edges would close a cycle inside bertkit.tasks: the registry is the one "
+                    "place a run is found by its task's name"),
+    ("bertkit.runtime.export", "_require"): (_required_packages, EXTRA + " (onnx): one MissingPackage line names it"),
+}
+
+
+def imports_by_value(root: Path) -> dict[tuple[str, str], list[int]]:
+    """(module, function) -> lines, for every import call under `root` whose module is not written in the call."""
+    found = collections.defaultdict(list)
+    for path in sorted(root.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        if not any(call in source for call in IMPORT_CALLS):
+            continue
+
+        def visit(node, scope):
+            for child in ast.iter_child_nodes(node):
+                inner = scope + [child.name] if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                  ast.ClassDef)) else scope
+                if import_call(child) and not imports(child):
+                    found[(module_name(path, root), ".".join(scope))].append(child.lineno)
+                visit(child, inner)
+
+        visit(ast.parse(source), [])
+    return dict(found)
+
+
+def test_every_import_by_a_value_is_listed_with_its_table():
+    found = imports_by_value(PACKAGE)
+    assert sorted(set(found) - set(IMPORTS_BY_VALUE)) == [], (
+        "import with an import statement, or list the function in IMPORTS_BY_VALUE with the table it reads and why")
+    assert sorted(set(IMPORTS_BY_VALUE) - set(found)) == [], "drop these rows from IMPORTS_BY_VALUE: they are gone"
+
+
+def test_what_an_import_by_a_value_may_import_exists_and_keeps_the_layers():
+    """Each name a listed function may import: a bertkit module that exists and defines the name asked for (a lazy
+    public name, a task's run), in the importing package or below it; anything else an optional extra, never an
+    oracle."""
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    rank = {u: i for i, layer in enumerate(LAYERS) for u in layer}
+    wrong = []
+    for (module, function), (read, _) in sorted(IMPORTS_BY_VALUE.items()):
+        targets = read(ast.parse(files[module].read_text(encoding="utf-8")))
+        assert targets, f"{module}.{function}: its table is empty (the reader no longer finds it)"
+        for target in sorted(targets):
+            name, _, attribute = target.partition(":")
+            if not name.startswith("bertkit"):
+                wrong += [f"{module}.{function} imports the oracle {name}"] if name.split(".")[0] in ORACLES else []
+            elif name not in files:
+                wrong.append(f"{module}.{function} names {name}, which is not a module of bertkit")
+            elif attribute and attribute not in top_level_names(files[name]):
+                wrong.append(f"{module}.{function} names {target}, which {name} does not define")
+            elif module != "bertkit" and unit(name) != unit(module) and rank[unit(name)] <= rank[unit(module)]:
+                wrong.append(f"{module}.{function} imports {name}, a package of its floor or above")
+    assert wrong == []
+
+
+def top_level_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names |= {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(t, ast.Name)}
+    return names
+
+
+def test_the_import_checks_see_an_import_by_a_name(tmp_path):
+    """An import by a value is found where it stands, and one by a literal name is an import like a statement's
+    (so an oracle imported through importlib fails test_the_library_never_imports_the_oracles)."""
+    (tmp_path / "bertkit").mkdir()
+    (tmp_path / "bertkit" / "m.py").write_text(
+        "import importlib\n"
+        "def oracle():\n    return importlib.import_module('transformers')\n"
+        "class Plugin:\n    def load(self, name):\n        return __import__(name)\n")
+    tree = ast.parse((tmp_path / "bertkit" / "m.py").read_text())
+    assert ("transformers", 3) in imports(tree)
+    assert imports_by_value(tmp_path / "bertkit") == {("bertkit.m", "Plugin.load"): [6]}
 
 
 def test_every_module_imports():
