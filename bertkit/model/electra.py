@@ -12,7 +12,11 @@ tokens, not only the 15% that were masked.
       -> sample M ids from softmax (no gradient) -> corrupted_ids [B, T]
       -> replaced [B, T] = corrupted_ids != original ids (a sample equal to the original is "original")
       -> discriminator -> one logit per token [B, T], binary cross-entropy over real tokens
-      loss = mlm_loss + disc_weight * disc_loss                       (disc_weight 50, paper table 7)
+      loss = mlm_loss + disc_weight * disc_loss                       (disc_weight: the paper's lambda, 50)
+
+(lambda = 50: the paper's appendix A, "Pre-Training Details": the discriminator's binary loss runs much lower
+than the generator's 30,000-way one, and 50 was chosen among 1, 10, 20, 50 and 100 in early experiments;
+google-research/electra's configure_pretraining.py, `disc_weight = 50.0`.)
 
 Both networks are BERT encoders (the layers of `bertkit.model.modeling`, reused), with
 two changes of ELECTRA's published models: embeddings are `embedding_size` wide and

@@ -5,7 +5,9 @@ the generator's MLM logits at the masked positions are sampled (no gradient), th
 samples replace the masked tokens, and the discriminator says for every real token
 whether it was replaced:
 
-    loss = mlm_loss + disc_weight * disc_loss            (disc_weight 50, paper table 7)
+    loss = mlm_loss + disc_weight * disc_loss            (disc_weight: the paper's lambda, 50: appendix A,
+                                                          "Pre-Training Details"; google-research/electra's
+                                                          configure_pretraining.py, disc_weight = 50.0)
 
 `ElectraPretrainingModel` holds the two networks of `bertkit.model.electra` with one
 shared embedding module; `sample_replacements` and `corrupt` are the two steps
