@@ -4,7 +4,7 @@ Each command parses its arguments, calls one library function and prints the
 result. Imports happen inside the handlers so that `bertkit --help` and the
 tokenizer commands start without loading torch. A user mistake (BertkitError,
 a missing file) or a file the machine refuses (a full disk, a file-size limit, no
-permission: `machine_said`) prints one line on stderr and exits with status 2, never a
+permission: `machine_said()`) prints one line on stderr and exits with status 2, never a
 traceback; user files are opened through `bertkit.data.textfiles`, so a directory or
 a file that is not UTF-8 text gets that one line too.
 
