@@ -258,6 +258,17 @@ MODULE_STATE = {
     ("bertkit.pretraining.blocks", "_WORKER = {}"): "a pool worker process's corpus arrays and vocabulary",
     ("bertkit.embeddings.features", "_LOADED = {}"): "the last two encoders `bertkit.embed` loaded, keyed by their "
                                                      "folder, its files' stamp and every loading setting (fast too)",
+    # functools caches: a function's answers kept between calls, keyed by its arguments
+    ("bertkit.runtime.devices", "@lru_cache cpu_features"): "what this CPU has: it does not change while the "
+                                                           "process runs; a setting is decided from it, not kept here",
+    ("bertkit.explain.tracing", "@lru_cache _load"): "the last two models traced, keyed by their folder and its "
+                                                     "files' stamp (a folder written again is loaded again)",
+    ("bertkit.pretraining.masking", "@lru_cache _cumulative"): "n-gram length probabilities, a pure function of "
+                                                               "max_ngram",
+    ("bertkit.data.textfiles", "@lru_cache _read_once"): "a pipe's lines, read once per pipe (a pipe gives its lines "
+                                                         "once; the readers read their input more than once)",
+    ("bertkit.embeddings.features", "@lru_cache _takes_pool"): "whether an encoder class's forward takes `pool`, "
+                                                               "a pure function of the class",
 }
 
 
@@ -271,9 +282,17 @@ def empty_container(value) -> bool:
             and not value.args and not value.keywords)
 
 
+def functools_cache(decorator: ast.AST) -> str | None:
+    """"lru_cache" or "cache" for a functools cache decorator (`@lru_cache(maxsize=2)`, `@functools.cache`)."""
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    name = target.attr if isinstance(target, ast.Attribute) else target.id if isinstance(target, ast.Name) else ""
+    return "lru_cache" if name in ("lru_cache", "cache") else None
+
+
 def module_state(root: Path) -> set[tuple[str, str]]:
-    """(module, `global NAME` | "id()" | "NAME = {}") for every global statement, every call of id() and every
-    module-level name bound to an empty container (a cache or a table filled later) under `root`."""
+    """(module, `global NAME` | "id()" | "NAME = {}" | "@lru_cache NAME") for every global statement, every call of
+    id(), every module-level name bound to an empty container (a cache or a table filled later) and every function
+    whose answers a functools cache keeps, under `root`."""
     found = set()
     for path in sorted(root.rglob("*.py")):
         name = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
@@ -285,6 +304,9 @@ def module_state(root: Path) -> set[tuple[str, str]]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Global):
                 found |= {(name, f"global {n}") for n in node.names}
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found |= {(name, f"@{cache} {node.name}") for cache in map(functools_cache, node.decorator_list)
+                          if cache}
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id":
                 found.add((name, "id()"))
     return found
@@ -298,12 +320,15 @@ def test_the_state_modules_keep_between_calls_is_listed():
     assert sorted(set(MODULE_STATE) - found) == [], "drop these rows from MODULE_STATE: they are gone"
 
 
-def test_the_state_check_finds_a_global_switch_and_an_id_cache(tmp_path):
+def test_the_state_check_finds_a_global_switch_an_id_cache_and_a_functools_cache(tmp_path):
     (tmp_path / "bertkit").mkdir()
     (tmp_path / "bertkit" / "m.py").write_text("_ON = False\n_CACHE = {}\ndef turn_on():\n    global _ON\n    _ON = True\n"
-                                               "def packed(w):\n    return _CACHE.setdefault(id(w), w)\n")
+                                               "def packed(w):\n    return _CACHE.setdefault(id(w), w)\n"
+                                               "@functools.lru_cache(maxsize=None)\ndef speed(flag):\n    return flag\n"
+                                               "@cache\ndef table():\n    return []\n")
     assert module_state(tmp_path / "bertkit") == {("bertkit.m", "global _ON"), ("bertkit.m", "id()"),
-                                                  ("bertkit.m", "_CACHE = {}")}
+                                                  ("bertkit.m", "_CACHE = {}"), ("bertkit.m", "@lru_cache speed"),
+                                                  ("bertkit.m", "@lru_cache table")}
 
 
 def test_the_library_never_imports_the_oracles():
