@@ -416,7 +416,7 @@ LATE_IMPORTS = {
     "bertkit.cli.search": ({"bertkit.retrieval.extend", "bertkit.retrieval.index", "bertkit.retrieval.qdrant",
                             "bertkit.retrieval.search", "bertkit.tasks.rerank"}, START_UP),
     # torch-free modules the parser is built from: a config dataclass beside what needs torch
-    # (bertkit.tasks.registry names each task's training run as "module:function", imported by Task.train
+    # (bertkit.tasks.registry names each task's training run as "module:function", imported by run_task
     # when a run starts, for the same reason: the command line builds its options from the records)
     "bertkit.tasks.config": ({"bertkit.training.loop"}, TORCH_FREE),
     "bertkit.pretraining.run_config": ({"bertkit.training.loop"}, TORCH_FREE),
@@ -487,8 +487,10 @@ def _lazy_names(tree: ast.Module) -> set[str]:
 
 
 def _task_runs(tree: ast.Module) -> set[str]:
-    """The task records' training runs, "module:function" strings in bertkit/tasks/registry.py."""
-    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    """The task records' training runs, "module:function" strings in bertkit/tasks/registry.py (the table
+    bertkit.tasks.run_task imports from; `tree` is the importing module's)."""
+    table = ast.parse((PACKAGE / "tasks" / "registry.py").read_text(encoding="utf-8"))
+    return {node.value for node in ast.walk(table) if isinstance(node, ast.Constant) and isinstance(node.value, str)
             and re.fullmatch(r"bertkit(\.\w+)+:\w+", node.value)}
 
 
@@ -501,10 +503,9 @@ def _required_packages(tree: ast.Module) -> set[str]:
 IMPORTS_BY_VALUE = {
     ("bertkit", "__getattr__"): (_lazy_names, "the public names resolved on first use (PEP 562): `import bertkit` "
                                               "stays instant and torch-free; the facade sits above every package"),
-    ("bertkit.tasks.registry", "Task.train"): (
-        _task_runs, TORCH_FREE + " (the task records); the run modules ask the registry for their own record "
-                    "(task_for), so these edges would close a cycle inside bertkit.tasks: the registry is the one "
-                    "place a run is found by its task's name"),
+    ("bertkit.tasks", "run_task"): (
+        _task_runs, TORCH_FREE + " (the task records): a task's run is imported when it starts, by the package's "
+                    "face, above the run modules (which import the registry for their own record)"),
     ("bertkit.runtime.export", "_require"): (_required_packages, EXTRA + " (onnx): one MissingPackage line names it"),
 }
 
@@ -557,6 +558,18 @@ def test_what_an_import_by_a_value_may_import_exists_and_keeps_the_layers():
             elif module != "bertkit" and unit(name) != unit(module) and rank[unit(name)] <= rank[unit(module)]:
                 wrong.append(f"{module}.{function} imports {name}, a package of its floor or above")
     assert wrong == []
+
+
+def test_an_import_by_a_value_closes_no_cycle():
+    """Counted as import statements, the imports by a value leave the module graph without a cycle (the task
+    runs were once imported by the registry that every run module imports: a cycle no statement showed)."""
+    modules, edges, _ = graph()
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    for (module, _), (read, _) in IMPORTS_BY_VALUE.items():
+        targets = read(ast.parse(files[module].read_text(encoding="utf-8")))
+        if module != "bertkit":  # the facade imports nothing of its own: nothing imports it back
+            edges[module] = {**edges[module], **{t.partition(":")[0]: 0 for t in targets if t.startswith("bertkit")}}
+    assert cycles(modules, edges) == []
 
 
 def top_level_names(path: Path) -> set[str]:

@@ -25,6 +25,8 @@ the one-call Python API and `run_task(config)` runs a built config (the CLI's
 torch until a run starts.
 """
 
+import importlib
+
 from bertkit.data.outputs import run_output
 from bertkit.default_model import default_model_dir
 from bertkit.tasks.registry import task_for, task_named
@@ -57,14 +59,17 @@ def run_task(cfg, log=print, speed=None) -> dict:
     first (`Task.check`: --metric among the task's dev figures, with a --dev), then the output folder
     (`bertkit.data.outputs`: not the model's own folder; a model or run there only with --overwrite
     or --resume), locked while the run writes it (`bertkit.data.lock`). Under torchrun only the first
-    process prints what the run says before training (the loop's own lines are already its alone)."""
+    process prints what the run says before training (the loop's own lines are already its alone). `speed`: the
+    fast-path settings (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s)."""
     training, task = cfg.training, task_for(cfg)
     task.check(cfg)
     # no --model is the default model's folder: -o naming it is its own source too (--overwrite cleared it)
     model = default_model_dir() if cfg.model is None else cfg.model
     with run_output(cfg.output, f"bertkit finetune {type(cfg).__name__}", overwrite=training.overwrite,
                     resume=training.resume, sources=[model], log=log) as log:
-        return task.train(cfg, log=log, speed=speed)
+        # the run's module is imported now (it needs torch), from above it: the run modules import the registry
+        module, function = task.run.split(":")
+        return getattr(importlib.import_module(module), function)(cfg, log=log, speed=speed)
 
 
 def format_report(final: dict) -> str:

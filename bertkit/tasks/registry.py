@@ -7,7 +7,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
 
     name, command      how bertkit_task.json / the command line spell it ("multi_label" / "multi-label")
     config, defaults   its settings (bertkit.tasks.config) and the task's own defaults over the class's
-    run                its training run, "module:function" (imported when a run starts: it needs torch)
+    run                its training run, "module:function" (imported by `bertkit.tasks.run_task` when a
+                       run starts: it needs torch, and the run modules ask this table for their own record)
     head, problem_type the class it fine-tunes (config.json's architectures) and, for the sequence
                        classifier, what a label is (BertConfig.problem_type: the loss and the decoding)
     metrics            the figures its dev evaluation returns, each with whether higher is better
@@ -45,7 +46,6 @@ options from this table without it.
 from __future__ import annotations
 
 import copy
-import importlib
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Callable
@@ -193,12 +193,6 @@ class Task:
         if cfg.dev:
             cfg.training.metric = cfg.training.metric or self.metric
             cfg.training.greater_is_better = self.metrics[cfg.training.metric]
-
-    def train(self, cfg, log=print, speed=None) -> dict:
-        """Run the task's training on `cfg` (its module is imported now: it needs torch), on the fast-path
-        settings `speed` (`bertkit.runtime.fast.SpeedSettings`; None: `decide()`'s)."""
-        module, function = self.run.split(":")
-        return getattr(importlib.import_module(module), function)(cfg, log=log, speed=speed)
 
 
 def _last_label(prediction: dict, labels: list) -> float:
