@@ -194,3 +194,69 @@ def test_an_unreadable_input_names_it_without_errno_soup(tmp_path):
     assert done.returncode == 2
     assert done.stderr == f"bertkit: error: {secret}: Permission denied (check its permissions and its folder's " \
                           "(ls -ld), or use another path)\n", done.stderr  # was: [Errno 13] Permission denied: '...'
+
+
+CONSOLIDATE_ON_A_SMALL_DISK = """
+import json, subprocess, sys
+from pathlib import Path
+import numpy as np
+from bertkit.data.corpus import CorpusStats
+from bertkit.pretraining.shards import consolidate
+here, small = Path(sys.argv[1]), Path(sys.argv[2])
+shards = []
+for i in range(2):  # two shards of 50,000 tokens (100 kB each as uint16): the disk holds 64 kB
+    shard = here / f"shard{i}"
+    shard.mkdir()
+    np.save(shard / "tokens.npy", np.arange(50_000, dtype=np.uint16) % 30000)
+    np.save(shard / "sentences.npy", np.full(100, 500, dtype=np.int64))
+    np.save(shard / "documents.npy", np.full(10, 10, dtype=np.int64))
+    stats = CorpusStats(files=1, documents=10, sentences=100, tokens=50_000)
+    (shard / "stats.json").write_text(json.dumps({"stats": stats.to_dict()}))
+    shards.append(shard)
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+try:
+    consolidate(shards, small / "corpus", vocab_size=30522)
+except OSError as err:
+    print("refused", err.errno)
+"""
+
+
+def test_pretrain_prepare_on_a_full_disk_is_an_error_not_a_bus_error(tmp_path):
+    """consolidate (pretrain prepare's corpus/) filled memory maps of sparse files: on a full disk a write into
+    the map has no block to go to, and the kernel kills the process with SIGBUS: "Bus error", no message, its
+    lock and temporary folder left. A real full disk: a 64 kB tmpfs, mounted in a user and mount namespace of
+    its own (unshare -rm: no root needed where user namespaces are allowed); skipped where it cannot be."""
+    small = tmp_path / "small"
+    small.mkdir()
+    probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "tmpfs", str(small)], capture_output=True) \
+        if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (unshare -rm: no user namespaces?)")
+    done = subprocess.run(["unshare", "-rm", sys.executable, "-c", CONSOLIDATE_ON_A_SMALL_DISK, str(tmp_path),
+                           str(small)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode != -signal.SIGBUS, "Bus error"
+    assert done.returncode == 0 and done.stdout == "refused 28\n", (done.returncode, done.stdout, done.stderr)
+
+
+def test_an_index_takes_its_vectors_blocks_before_it_maps_them(tiny_dir, tmp_path, monkeypatch):
+    """The index wrote vectors.safetensors through a memory map of a file made sparse (truncate): on a full disk
+    a write into the map had no block, and `bertkit index` died with "Bus error" (SIGBUS, no message, its lock
+    and vectors.safetensors.tmp left; seen on a 500 kB tmpfs). Each file mapped for writing must already hold
+    its blocks (st_blocks), so that the disk said no earlier, as ENOSPC."""
+    import numpy as np
+
+    real_memmap, mapped = np.memmap, []
+
+    def checked(filename, dtype=np.uint8, mode="r+", offset=0, shape=None, **kw):
+        if mode in ("r+", "w+"):
+            end = offset + int(np.prod(shape)) * np.dtype(dtype).itemsize
+            mapped.append((Path(filename).name, os.stat(filename).st_blocks * 512 >= end))
+        return real_memmap(filename, dtype=dtype, mode=mode, offset=offset, shape=shape, **kw)
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"_id": "d{i}", "text": "document {i} is about cats"}}\n' for i in range(300)))
+    monkeypatch.setattr(np, "memmap", checked)
+    assert main(["index", str(corpus), "-o", str(tmp_path / "idx"), "--model", str(tiny_dir), "--no-lexical",
+                 "--quiet"]) == 0
+    assert mapped == [("vectors.safetensors.tmp", True)]  # was: False, a sparse file

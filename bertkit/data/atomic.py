@@ -16,6 +16,7 @@ same file at the same time is refused (`_hold`) instead of writing into the firs
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -105,6 +106,22 @@ def refused(err: BaseException, path, ours=(), probe=None) -> BaseException:
         if disk.errno is not None:
             return OSError(disk.errno, disk.strerror, str(path))
     return err
+
+
+def allocate(f, size: int) -> None:
+    """Make the open file `f` `size` bytes long with its blocks taken on the disk, for a writer that then fills
+    it through a memory map. Made sparse (f.truncate), the file had no blocks yet: on a full disk a write into
+    the map found none, and the kernel killed the process with SIGBUS (`bertkit index` died with "Bus error", no
+    message, its lock and NAME.tmp left). posix_fallocate refuses here instead: ENOSPC, EFBIG, an OSError."""
+    f.flush()
+    if hasattr(os, "posix_fallocate"):  # not on macOS
+        try:
+            os.posix_fallocate(f.fileno(), 0, size)
+            return
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system that cannot reserve: as before
+                raise
+    f.truncate(size)
 
 
 def _hold(lock: Path, path: Path) -> int:

@@ -28,6 +28,7 @@ workers or interruptions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -127,25 +128,28 @@ def consolidate(shards: list, out: Path, vocab_size: int, fingerprint: dict | No
         counts["sentences"] += st.sentences
         counts["documents"] += st.documents
     tmp = _atomic_dir(out)
-    tokens = np.lib.format.open_memmap(tmp / "tokens.npy", mode="w+", dtype=token_dtype(vocab_size),
-                                       shape=(counts["tokens"],))
-    sent_offsets = np.lib.format.open_memmap(tmp / "sentences.npy", mode="w+", dtype=np.int64,
-                                             shape=(counts["sentences"] + 1,))
-    doc_offsets = np.lib.format.open_memmap(tmp / "documents.npy", mode="w+", dtype=np.int64,
-                                            shape=(counts["documents"] + 1,))
-    t = s = d = 0
-    sent_offsets[0] = doc_offsets[0] = 0
-    for shard in shards:
-        tk = np.load(shard / "tokens.npy", mmap_mode="r")
-        sl = np.load(shard / "sentences.npy")
-        dl = np.load(shard / "documents.npy")
-        tokens[t:t + len(tk)] = tk
-        sent_offsets[s + 1:s + 1 + len(sl)] = t + np.cumsum(sl)
-        doc_offsets[d + 1:d + 1 + len(dl)] = s + np.cumsum(dl)
-        t, s, d = t + len(tk), s + len(sl), d + len(dl)
-    for arr in (tokens, sent_offsets, doc_offsets):
-        arr.flush()
-    del tokens, sent_offsets, doc_offsets
+    # written front to back, not into memory maps of sparse files (open_memmap): a write into such a map that
+    # the disk has no block for is SIGBUS, and the process died with "Bus error" (no message, its lock and this
+    # folder left); a file's write says ENOSPC, an error the command reports
+    dtype = token_dtype(vocab_size)
+    with contextlib.ExitStack() as files:
+        tokens, sentences, documents = (files.enter_context(open(tmp / name, "wb")) for name in SHARD_FILES[:3])
+        for f, kind, n in ((tokens, dtype, counts["tokens"]), (sentences, np.int64, counts["sentences"] + 1),
+                           (documents, np.int64, counts["documents"] + 1)):
+            np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(kind)),
+                                                     "fortran_order": False, "shape": (n,)})
+        sentences.write(np.zeros(1, np.int64).tobytes())  # the first offsets, 0
+        documents.write(np.zeros(1, np.int64).tobytes())
+        t = s = 0
+        for shard in shards:
+            tk = np.load(shard / "tokens.npy", mmap_mode="r")
+            sl = np.load(shard / "sentences.npy")
+            dl = np.load(shard / "documents.npy")
+            for start in range(0, len(tk), 1 << 24):  # a shard's tokens a block at a time: memory stays flat
+                tokens.write(np.ascontiguousarray(tk[start:start + (1 << 24)], dtype=dtype).tobytes())
+            sentences.write((t + np.cumsum(sl)).astype(np.int64).tobytes())
+            documents.write((s + np.cumsum(dl)).astype(np.int64).tobytes())
+            t, s = t + len(tk), s + len(sl)
     (tmp / "corpus.json").write_text(json.dumps(counts))
     if fingerprint is not None:
         (tmp / "fingerprint.json").write_text(json.dumps(fingerprint))

@@ -69,7 +69,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.data.atomic import replace_atomically, write_json
+from bertkit.data.atomic import allocate, replace_atomically, write_json
 from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
 from bertkit.errors import BertkitError, int_at_least
@@ -244,8 +244,7 @@ def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray,
 
     def write(f):
         f.write(header)
-        f.truncate(len(header) + n * dim * 4 + (2 * n + 1) * 8)
-        f.flush()
+        allocate(f, len(header) + n * dim * 4 + (2 * n + 1) * 8)  # blocks taken now: a full disk is ENOSPC, not SIGBUS
         vectors = np.memmap(f.name, dtype=np.float32, mode="r+", offset=len(header), shape=(n, dim))
         for start in range(0, n, part_size):
             vectors[order[start : start + part_size]] = np.load(_part_path(out, start // part_size))
