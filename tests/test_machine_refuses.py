@@ -260,3 +260,23 @@ def test_an_index_takes_its_vectors_blocks_before_it_maps_them(tiny_dir, tmp_pat
     assert main(["index", str(corpus), "-o", str(tmp_path / "idx"), "--model", str(tiny_dir), "--no-lexical",
                  "--quiet"]) == 0
     assert mapped == [("vectors.safetensors.tmp", True)]  # was: False, a sparse file
+
+
+@pytest.mark.parametrize("limit", [3000, 20_000])
+def test_pretrain_prepare_past_a_limit_says_why(tmp_path, capsys, limit):
+    """numpy writes a .npy's data with fwrite, and a refused write reached the user as "bertkit: error: 16896
+    requested and 8128 written": no cause, no file. 3,000 bytes stop the first shard's tokens.npy (2,400 tokens,
+    2 bytes each), 20,000 a block of instances (32 kB arrays) after the corpus (10 kB); run again with room,
+    prepare finishes."""
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(2):
+        (corpus / f"{i}.txt").write_text("".join(f"the cat sat on a mat {j} . the dog ran .\n\n" for j in range(200)))
+    argv = ["pretrain", "prepare", str(corpus), "-o", str(tmp_path / "data"), "--vocab", str(tmp_path / "vocab.txt"),
+            "--max-seq-length", "16", "--workers", "1", "--quiet"]
+    with file_size_limit(limit):
+        assert main(argv) == 2
+    assert "File too large (over this process's file-size limit" in one_error_line(capsys)
+    assert main(argv) == 0 and (tmp_path / "data" / "manifest.json").is_file()

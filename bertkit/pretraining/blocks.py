@@ -24,7 +24,7 @@ import numpy as np
 
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.masking import MaskingConfig, MaskVocab, mask_sequence
-from bertkit.pretraining.shards import _atomic_dir, _publish, load_corpus, token_dtype
+from bertkit.pretraining.shards import _atomic_dir, _publish, load_corpus, save_npy, token_dtype
 
 BLOCK_TOKENS = 1_000_000  # corpus tokens per instance block (one unit of parallel work)
 
@@ -130,7 +130,7 @@ def write_block(job) -> dict:
         masked = int((mpos >= 0).sum())
     tmp = _atomic_dir(Path(folder))
     for name, arr in arrays.items():
-        np.save(tmp / f"{name}.npy", arr)
+        save_npy(tmp / f"{name}.npy", arr)  # a refused write says why (np.save's did not)
     meta = {"fingerprint": fingerprint, "pass": p, "block": b, "instances": n,
             "tokens": int(lengths.sum()), "masked": masked, "label_ones": int((labels == 1).sum()),
             "unusable_documents": unusable if p == 0 else 0}

@@ -66,6 +66,22 @@ def _publish(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
 
 
+def npy_header(f, dtype, shape: tuple) -> None:
+    """The .npy header np.save writes for a C-ordered array of `dtype` and `shape`, into the binary file `f`."""
+    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                             "fortran_order": False, "shape": shape})
+
+
+def save_npy(path: Path, array: np.ndarray) -> None:
+    """np.save(path, array), byte for byte, its data written by Python: numpy writes a file's data with C's
+    fwrite, and a write the disk refused reached the user as "16896 requested and 8128 written", no cause;
+    Python's write raises the errno (ENOSPC: the disk is full; EFBIG: a file-size limit)."""
+    array = np.ascontiguousarray(array)
+    with open(path, "wb") as f:
+        npy_header(f, array.dtype, array.shape)
+        f.write(array.data)
+
+
 def shard_is_complete(shard: Path, identity: dict, settings: dict) -> bool:
     try:
         meta = json.loads((shard / "stats.json").read_text())
@@ -105,9 +121,9 @@ def tokenize_file(path: Path, shard: Path, tokenizer, settings: dict) -> CorpusS
             stats.skip("empty_documents")
     stats.documents, stats.sentences, stats.tokens = len(doc_lens), len(sent_lens), len(ids_buf)
     tmp = _atomic_dir(shard)
-    np.save(tmp / "tokens.npy", np.frombuffer(ids_buf, dtype=np.int32).astype(token_dtype(len(tokenizer))))
-    np.save(tmp / "sentences.npy", np.frombuffer(sent_lens, dtype=np.int64))
-    np.save(tmp / "documents.npy", np.frombuffer(doc_lens, dtype=np.int64))
+    save_npy(tmp / "tokens.npy", np.frombuffer(ids_buf, dtype=np.int32).astype(token_dtype(len(tokenizer))))
+    save_npy(tmp / "sentences.npy", np.frombuffer(sent_lens, dtype=np.int64))
+    save_npy(tmp / "documents.npy", np.frombuffer(doc_lens, dtype=np.int64))
     meta = {"input": file_identity(path), "settings": settings, "stats": stats.to_dict()}
     (tmp / "stats.json").write_text(json.dumps(meta, indent=1))
     _publish(tmp, shard)
@@ -136,8 +152,7 @@ def consolidate(shards: list, out: Path, vocab_size: int, fingerprint: dict | No
         tokens, sentences, documents = (files.enter_context(open(tmp / name, "wb")) for name in SHARD_FILES[:3])
         for f, kind, n in ((tokens, dtype, counts["tokens"]), (sentences, np.int64, counts["sentences"] + 1),
                            (documents, np.int64, counts["documents"] + 1)):
-            np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(kind)),
-                                                     "fortran_order": False, "shape": (n,)})
+            npy_header(f, kind, (n,))
         sentences.write(np.zeros(1, np.int64).tobytes())  # the first offsets, 0
         documents.write(np.zeros(1, np.int64).tobytes())
         t = s = 0
