@@ -186,6 +186,22 @@ def test_a_folder_without_write_permission_is_refused_before_anything_loads(tmp_
     assert list(locked.iterdir()) == []
 
 
+def test_a_corpus_file_the_user_may_not_read_stops_the_command(tmp_path):
+    """vocab train and pretrain prepare skipped such a file as "unreadable (I/O error or corrupt gzip)", counted
+    in the summary, and went on without it: a vocabulary (or a data set) silently made from part of the corpus,
+    for a cause the user fixes with chmod. It stops the command now, named, as an unreadable input does anywhere."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (corpus / name).write_text("the cat sat on the mat .\nthe dog ran .\n" * 20)
+    (corpus / "b.txt").chmod(0o000)
+    done = bertkit_as_a_user("vocab", "train", corpus, "-o", tmp_path / "vocab", "--vocab-size", "120")
+    assert done.returncode == 2, done.stderr  # was 0: a vocabulary of a.txt alone
+    assert done.stderr.splitlines()[-1] == f"bertkit: error: {corpus / 'b.txt'}: Permission denied (check its " \
+                                           "permissions and its folder's (ls -ld), or use another path)", done.stderr
+    assert not (tmp_path / "vocab").exists()
+
+
 def test_an_unreadable_input_names_it_without_errno_soup(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("[PAD]\n[UNK]\n")

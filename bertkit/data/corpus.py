@@ -17,7 +17,9 @@ sentence strings.
 
 Nothing is silently lost: every repair and skip is counted in a `CorpusStats`
 (binary files, lines with NUL bytes, invalid UTF-8, over-long lines,
-paragraphs or documents that were cut), and the prepare summary prints them.
+paragraphs or documents that were cut, a file whose reading broke off: an I/O
+error, a corrupt gzip), and the prepare summary prints them. A file the user may
+not read (no read permission) is no damage to skip: it stops the command, named.
 
 Encoding: files are UTF-8 unless `encoding` says otherwise (latin-1, cp1252,
 ...; any codec in which a newline is the byte 0x0A). The rule is the one every
@@ -245,6 +247,8 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = 
                     line = raw.decode(encoding, errors="replace")
                 lines += bool(line.strip())
                 yield line.rstrip("\r\n")
+    except PermissionError:  # a file the user may not read stops the command as any input does: they can fix it
+        raise                # (it was skipped as "unreadable (I/O error or corrupt gzip)" and the run went on without it)
     except (OSError, EOFError, zlib.error):
         stats.skip("unreadable_files")
         return
