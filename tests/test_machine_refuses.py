@@ -296,3 +296,17 @@ def test_pretrain_prepare_past_a_limit_says_why(tmp_path, capsys, limit):
         assert main(argv) == 2
     assert "File too large (over this process's file-size limit" in one_error_line(capsys)
     assert main(argv) == 0 and (tmp_path / "data" / "manifest.json").is_file()
+
+
+def test_a_teacher_cache_past_a_limit_is_one_line_and_leaves_no_temporary_file(tiny_dir, tmp_path, capsys):
+    """distill layers --teacher-cache wrote each chunk with safetensors under a temporary name of its own: a full
+    disk ended in SafetensorError's traceback (exit 1) and left CACHE.XXXXXXXX.tmp, a new one each try."""
+    data = texts(tmp_path, 30)
+    cache = tmp_path / "teacher.safetensors"
+    argv = ["distill", "layers", str(tiny_dir), "--keep", "1", "--data", str(data), "-o", str(tmp_path / "student"),
+            "--teacher-cache", str(cache), "--no-progress"]
+    with file_size_limit(2000):  # 30 vectors of 32 float32: 3,840 bytes and a header
+        assert main(argv) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"bertkit: error: {cache}.part/000000.safetensors: File too large ("), line
+    assert not [p.name for p in tmp_path.rglob("*.tmp")]

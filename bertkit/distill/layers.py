@@ -28,6 +28,7 @@ Shapes: B sentences, H hidden, C classes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -45,7 +46,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from bertkit.data.atomic import write_json
+from bertkit.data.atomic import refused, write_json
 from bertkit.data.outputs import run_output
 from bertkit.data.textfiles import numbered_texts
 from bertkit.embeddings.features import iter_embed
@@ -172,8 +173,16 @@ def _write_vectors(path: Path, vectors: np.ndarray, key: str, what: str) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, work = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(handle)
-    save_file({"vectors": torch.from_numpy(vectors)}, work, metadata={"key": key, "about": what})
-    os.replace(work, path)
+    try:
+        save_file({"vectors": torch.from_numpy(vectors)}, work, metadata={"key": key, "about": what})
+        os.replace(work, path)
+    except BaseException as err:  # a full disk: no CACHE.XXXX.tmp left (a new name each try), the error said of `path`
+        with contextlib.suppress(OSError):
+            os.unlink(work)
+        said = refused(err, path, (work,)) if isinstance(err, Exception) else err
+        if said is not err:
+            raise said from err
+        raise
 
 
 def _texts(path) -> tuple[list[str], list[int]]:
