@@ -310,3 +310,18 @@ def test_a_teacher_cache_past_a_limit_is_one_line_and_leaves_no_temporary_file(t
     line = one_error_line(capsys)
     assert line.startswith(f"bertkit: error: {cache}.part/000000.safetensors: File too large ("), line
     assert not [p.name for p in tmp_path.rglob("*.tmp")]
+
+
+def test_a_lexical_part_the_disk_refuses_leaves_no_half_folder(tmp_path):
+    """The index's BM25 part is written as lexical.tmp/ and renamed: a full disk in bm25s' save left lexical.tmp/
+    and its partial files (the room a user frees the disk for) until the next build removed it."""
+    pytest.importorskip("bm25s")
+    from bertkit.retrieval.config import LexicalOptions
+    from bertkit.retrieval.lexical import build_lexical
+
+    texts = [f"document {i} is about cats and dogs and the number {i * 7}" for i in range(400)]
+    with file_size_limit(3000), pytest.raises(Exception):
+        build_lexical(tmp_path, texts, LexicalOptions())
+    assert list(tmp_path.iterdir()) == []  # was: lexical.tmp/ and its first files
+    build_lexical(tmp_path, texts, LexicalOptions())  # with room again
+    assert (tmp_path / "lexical" / "params.index.json").is_file()

@@ -95,10 +95,14 @@ def build_lexical(out: Path, texts: list[str], options: LexicalOptions, progress
         shutil.rmtree(tmp, ignore_errors=True)  # a kill's leftover
         retriever = bm25s.BM25(k1=options.k1, b=options.b, method="lucene")
         retriever.index(in_sorted_order(tokenize(texts, options, ids=True, progress=progress)), show_progress=progress)
-        retriever.save(str(tmp), allow_pickle=False)
-        for path in tmp.iterdir():
-            with open(path, "rb+") as f:
-                os.fsync(f.fileno())
+        try:
+            retriever.save(str(tmp), allow_pickle=False)
+            for path in tmp.iterdir():
+                with open(path, "rb+") as f:
+                    os.fsync(f.fileno())
+        except BaseException:  # a full disk or Ctrl-C: no half folder left holding the room (only a kill leaves it)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     return record(options, len(json.loads((final / "vocab.index.json").read_text(encoding="utf-8"))))
