@@ -134,6 +134,10 @@ def test_standard_output_on_a_full_device_is_one_line(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("bertkit: error: standard output: No space left on device (the disk is full") \
         and done.stderr.count("\n") == 1, done.stderr
+    # started with standard output closed (`>&-`), Python's is None and print() writes nothing: still so
+    closed = subprocess.run([sys.executable, "-m", "bertkit.cli", "tokenize", "hello"], preexec_fn=lambda: os.close(1),
+                            stderr=subprocess.PIPE, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (closed.returncode, closed.stderr) == (0, ""), closed.stderr
 
 
 def test_an_output_through_a_file_is_refused_before_the_model_loads(tmp_path, capsys):

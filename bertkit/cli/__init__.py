@@ -267,7 +267,8 @@ def main(argv=None) -> int:
     if argv is None:  # ... and big activations reuse freed memory
         reuse_freed_memory()
         warnings.formatwarning = _warning_line
-        sys.stdout = NamedStream(sys.stdout, "standard output")
+        if sys.stdout is not None:  # None when started with it closed (>&-): print() then writes nothing
+            sys.stdout = NamedStream(sys.stdout, "standard output")
     # the environment's choice for the fast path, read once for every command (a server decides its
     # settings itself from it, after setting its threads); a command that runs a model gets them made
     args.onednn = ONEDNN.get(os.environ.get("BERTKIT_ONEDNN", ""))
