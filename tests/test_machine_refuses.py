@@ -329,3 +329,20 @@ def test_a_lexical_part_the_disk_refuses_leaves_no_half_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []  # was: lexical.tmp/ and its first files
     build_lexical(tmp_path, texts, LexicalOptions())  # with room again
     assert (tmp_path / "lexical" / "params.index.json").is_file()
+
+
+def test_index_add_cut_short_does_not_offer_resume(tiny_dir, tmp_path, capsys):
+    """The one line after a full disk (and Ctrl-C's) said "--resume goes on from the last checkpoint" for every
+    command with the flag; `index add` has it and refuses it ("index add needs none"): the advice led nowhere."""
+    pytest.importorskip("faiss")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"_id": "d{i}", "text": "document {i} is about cats"}}\n' for i in range(300)))
+    index = tmp_path / "idx"
+    assert main(["index", str(corpus), "-o", str(index), "--model", str(tiny_dir), "--no-lexical", "--quiet"]) == 0
+    capsys.readouterr()
+    add = ["index", "add", str(index), "--ann", "hnsw", "--no-lexical", "--quiet"]
+    with file_size_limit(3000):  # room for index.json, not for the HNSW graph of 300 vectors
+        assert main(add) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"bertkit: error: {index / 'hnsw.faiss'}: File too large (") and "--resume" not in line
+    assert main(add) == 0  # what it says: run it again

@@ -284,13 +284,20 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as err:  # the machine said no: a full disk, a file-size limit, a folder it may not write...
-        print(f"bertkit: error: {machine_said(err, resumable=hasattr(args, 'resume'))}", file=sys.stderr)
+        print(f"bertkit: error: {machine_said(err, resumable=resumable(args))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: a person's choice, not a crash (no traceback); 130 as a shell reports it
-        again = "; --resume goes on from the last checkpoint" if hasattr(args, "resume") else ""
+        again = "; --resume goes on from the last checkpoint" if resumable(args) else ""
         print(f"bertkit: interrupted{again}", file=sys.stderr)
         return 130
     return 0
+
+
+def resumable(args) -> bool:
+    """Whether the same command with --resume goes on where this one stopped: its parser's `resumes` (a function
+    of the arguments: `index add` has the flag and refuses it), else whether it has --resume at all."""
+    says = getattr(args, "resumes", None)
+    return says(args) if callable(says) else hasattr(args, "resume")
 
 
 # What a person can do when the machine refuses a file (the errno's words come first, then this)

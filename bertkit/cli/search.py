@@ -66,7 +66,8 @@ def add_index(sub):
     add_options(p, LexicalOptions)
     device_flags(p)
     quiet_flag(p)
-    p.set_defaults(handler=run_index, runs_model=True, torchrun=builds_index, outputs={"--output": "folder"})
+    p.set_defaults(handler=run_index, runs_model=True, torchrun=builds_index, resumes=resumes_index,
+                   outputs={"--output": "folder"})
 
 
 def _add_search_structures(p) -> None:
@@ -130,6 +131,12 @@ def builds_index(args) -> bool:
     """Whether `bertkit index` builds an index (ranks share the encoding under torchrun); `index add` and
     `index export` run in one process."""
     return args.exported is None
+
+
+def resumes_index(args) -> bool:
+    """Whether the same `bertkit index` with --resume goes on where this one stopped: a build or an export, not
+    `index add`, which refuses --resume (a stopped add leaves INDEX as it was: it is simply run again)."""
+    return not (args.corpus == "add" and args.exported is not None)
 
 
 def run_index(args):
