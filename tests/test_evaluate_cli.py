@@ -232,3 +232,38 @@ def test_dtype_auto_offered_by_the_help_is_taken(folder, tiny_dir, tmp_path):
     assert json.loads(out.read_text())["precision"] == dtype_name(auto_dtype())
     assert main(["mine", str(folder), "--split", "test", "-o", str(tmp_path / "m.tsv"), "--model", str(tiny_dir),
                  "--dtype", "auto", "--quiet", "--num-negatives", "1"]) == 0
+
+
+def test_a_fine_tuned_cross_encoder_is_not_measured_as_a_sentence_model(folder, shared_data, tiny_dir, tmp_path,
+                                                                        capsys):
+    """The chain `finetune regression` -> `evaluate sts --model` (-> `evaluate retrieval`, `mine`, `index`): a
+    regression model scores a pair itself ([CLS] a [SEP] b -> one number); the cosine of its encoder's mean-pooled
+    vectors is a figure it was never trained to give, and main reported it as the model's (spearman of the
+    encoder beside a model whose own predictions say otherwise). Each command that measures or uses a sentence
+    model refuses it in one line naming `predict` and `--rerank` (test_evaluate_sts: a plain encoder is measured)."""
+    import torch
+
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForSequenceClassification
+    from bertkit.tasks.predict import predict
+    from bertkit.text.tokenizer import Tokenizer
+
+    rows = (shared_data / "stsb" / "train.tsv").read_text(encoding="utf-8").split("\n")[:9]
+    (tmp_path / "sts.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    reg = tmp_path / "reg"  # what `finetune regression --text-column sentence1 --text-pair-column sentence2` saves
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, num_labels=1, problem_type="regression")
+    BertForSequenceClassification(config, generator=torch.Generator().manual_seed(0)).save_pretrained(
+        reg, tokenizer=Tokenizer.from_pretrained())
+    (reg / "bertkit_task.json").write_text(json.dumps({"task": "regression", "text_column": "sentence1",
+                                                       "text_pair_column": "sentence2", "max_length": 64}))
+    assert "score" in predict(reg, ["a man is dancing"], pairs=["a man dances"])[0]  # it scores a pair itself
+    sts = str(tmp_path / "sts.tsv")
+    for argv in (["evaluate", "sts", sts], ["evaluate", "retrieval", str(folder), "--quiet"],
+                 ["mine", str(folder), "-o", str(tmp_path / "t.tsv"), "--quiet"],
+                 ["index", str(folder), "-o", str(tmp_path / "i.index"), "--no-lexical", "--quiet"]):
+        assert main([*argv, "--model", str(reg)]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is a fine-tuned regression model" in err, (argv, err)
+        assert "bertkit predict" in err and "--rerank" in err, err
+    assert not (tmp_path / "t.tsv").exists() and not (tmp_path / "i.index" / "index.json").exists()

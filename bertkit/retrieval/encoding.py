@@ -48,10 +48,27 @@ def encoder_and_settings(model, max_length: int | None = None,
     settings (`bertkit.runtime.loading.load`)."""
     if dtype not in ("float32", "bfloat16", "auto"):  # auto: bfloat16 where native (the loader resolves it)
         raise BertkitError(f"dtype {dtype!r}: use float32 (comparable with published figures), bfloat16 or auto")
-    loaded = load_encoder(model, dtype=dtype, fast=fast)
+    loaded = need_sentence_model(load_encoder(model, dtype=dtype, fast=fast))
     length = loaded.max_length if max_length is None else max_length
     name = str(loaded.directory.resolve()) if loaded.directory is not None else "(model in memory)"
     return loaded, EncodingSettings(name, resolve_output(loaded.layout).pooling, length, loaded.precision)
+
+
+def need_sentence_model(loaded: Loaded) -> Loaded:
+    """`loaded`, refused when it is a fine-tuned task model (a classifier, a regression or pair scorer, a
+    reranker, a tagger, a QA model): the loader hands over its encoder, but what it learned is in its head
+    (a cross-encoder reads [CLS] a [SEP] b and gives one score), and the cosine of its encoder's pooled
+    vectors is a figure it was never trained to give: evaluation would report it as the model's, and an
+    index or mined negatives would rest on it. `bertkit embed` still extracts its features (the paper's
+    feature-based use)."""
+    if loaded.fine_tuned:
+        where = loaded.directory
+        raise BertkitError(f"{where} is a fine-tuned {loaded.info.get('task', 'task')} model, not a sentence "
+                           f"embedding model: its cosines are not what it learned; score it with `bertkit predict "
+                           f"{where} FILE` (a text-pair scorer reranks a first stage: --rerank {where} of search "
+                           "and evaluate retrieval), or give a sentence model (bertkit finetune embed) or the "
+                           "encoder it was fine-tuned from")
+    return loaded
 
 
 def has_tokens(text: str, tokenizer) -> bool:

@@ -79,7 +79,7 @@ from bertkit.runtime.loading import Loaded
 from bertkit.retrieval import codes_file
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module, read_hnsw
 from bertkit.retrieval.config import LexicalOptions, options_of
-from bertkit.retrieval.encoding import EncodingSettings, encode
+from bertkit.retrieval.encoding import EncodingSettings, encode, need_sentence_model
 from bertkit.retrieval.index_check import check_files, check_lexical, check_values, read_info
 from bertkit.retrieval.lexical import (LEXICAL_DIR, LEXICAL_FILES, build_lexical, hold_lexical, read_lexical,
                                       require_packages)
@@ -294,7 +294,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     with lock, distributed.process_group(device or "auto") as rank:
         distributed.on_rank_0(rank, lambda: _prepare_folder(out, resume, overwrite))
         # a rank's own device (cuda:LOCAL_RANK on GPUs); alone, the caller's choice as given
-        loaded = load_encoder(model, rank.device if rank.enabled else device, dtype, fast=fast)
+        loaded = need_sentence_model(load_encoder(model, rank.device if rank.enabled else device, dtype, fast=fast))
         record = model_record(loaded)
         passage_tokens, stride = _passage_shape(loaded, passage_tokens, overlap if stride is None else stride)
         passages, lengths, empty = cut_all(read_documents(corpus, dedupe), loaded.tokenizer, passage_tokens, stride)
