@@ -55,9 +55,9 @@ def texts(tmp_path: Path, n: int = 40) -> Path:
                                          ("v.jsonl", 2000)])
 def test_embed_past_a_file_size_limit_says_so_in_one_line_and_keeps_the_old_file(tiny_dir, tmp_path, capsys,
                                                                                  name, limit):
-    """40 vectors of 32 float32 are 5,120 bytes: past 2,000 the spool (v.npy.part) is refused, past 5,200 the
-    file itself (its header and rows). Was: a traceback ending in "OSError: [Errno 27] File too large", naming
-    no file."""
+    """40 vectors of 32 float32 are 5,120 bytes: past 2,000 the rows are refused, past 5,200 the last of them (a
+    header of 128 bytes before them; main refused its spool v.npy.part there, then the copy). Was: a traceback
+    ending in "OSError: [Errno 27] File too large", naming no file."""
     out = tmp_path / name
     out.write_bytes(OLD)
     source = texts(tmp_path)
@@ -241,17 +241,52 @@ except OSError as err:
 """
 
 
-def test_pretrain_prepare_on_a_full_disk_is_an_error_not_a_bus_error(tmp_path):
-    """consolidate (pretrain prepare's corpus/) filled memory maps of sparse files: on a full disk a write into
-    the map has no block to go to, and the kernel kills the process with SIGBUS: "Bus error", no message, its
-    lock and temporary folder left. A real full disk: a 64 kB tmpfs, mounted in a user and mount namespace of
-    its own (unshare -rm: no root needed where user namespaces are allowed); skipped where it cannot be."""
+EMBED_ON_A_SMALL_DISK = """
+import subprocess, sys
+from pathlib import Path
+import numpy as np
+from bertkit.data.vector_files import write_vectors
+small = Path(sys.argv[1])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+rows = (np.full(32, i, dtype=np.float32) for i in range(300))  # 38,400 bytes of vectors: once fits, twice not
+for name, pooled in (("v.npy", True), ("v.safetensors", False)):
+    try:
+        print(name, write_vectors(rows if pooled else (np.ones((2, 32), np.float32) for _ in range(150)),
+                                  small / name, pooled=pooled), sorted(p.name for p in small.iterdir()))
+    except OSError as err:
+        print(name, "refused", err.errno)
+    (small / name).unlink(missing_ok=True)
+"""
+
+
+def small_disk_works(tmp_path) -> Path:
+    """A folder on which a small tmpfs can be mounted in a user and mount namespace of its own (unshare -rm)."""
     small = tmp_path / "small"
     small.mkdir()
     probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "tmpfs", str(small)], capture_output=True) \
         if shutil.which("unshare") else None
     if probe is None or probe.returncode != 0:
         pytest.skip("cannot mount a small tmpfs here (unshare -rm: no user namespaces?)")
+    return small
+
+
+def test_embed_needs_the_room_of_its_output_once(tmp_path):
+    """embed spooled every vector into NAME.part, then copied it into NAME.tmp: twice the output's room at the end,
+    so a disk that held the vectors failed at the copy, after every text was embedded (and lost them all). The
+    vectors now go straight into NAME.tmp after a header of a fixed size, filled in at the end."""
+    small = small_disk_works(tmp_path)
+    done = subprocess.run(["unshare", "-rm", sys.executable, "-c", EMBED_ON_A_SMALL_DISK, str(small)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["v.npy 300 ['v.npy']", "v.safetensors 150 ['v.safetensors']"], done.stdout
+
+
+def test_pretrain_prepare_on_a_full_disk_is_an_error_not_a_bus_error(tmp_path):
+    """consolidate (pretrain prepare's corpus/) filled memory maps of sparse files: on a full disk a write into
+    the map has no block to go to, and the kernel kills the process with SIGBUS: "Bus error", no message, its
+    lock and temporary folder left. A real full disk: a 64 kB tmpfs, mounted in a user and mount namespace of
+    its own (unshare -rm: no root needed where user namespaces are allowed); skipped where it cannot be."""
+    small = small_disk_works(tmp_path)
     done = subprocess.run(["unshare", "-rm", sys.executable, "-c", CONSOLIDATE_ON_A_SMALL_DISK, str(tmp_path),
                            str(small)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -41,7 +41,7 @@ def texts(tmp_path: Path, n: int = 40) -> Path:
 def test_embed_stopped_while_writing_leaves_the_old_output(tiny_dir, tmp_path, suffix, sig):
     out = tmp_path / f"vectors{suffix}"
     out.write_bytes(OLD)
-    # .npy, .safetensors: 40 rows of 32 float32 (5,120 bytes) are spooled first; the stop comes as the file is made
+    # .npy, .safetensors: 40 rows of 32 float32 (5,120 bytes) after the header's room; the stop comes near the end
     nbytes = 300 if suffix == ".jsonl" else 40 * 32 * 4 + 80
     done = stopped(sig, out, nbytes, "embed", texts(tmp_path), "-o", out, "--model", tiny_dir, "--quiet")
     assert done.returncode == (130 if sig == "SIGINT" else -9), done.stderr

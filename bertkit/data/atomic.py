@@ -83,7 +83,7 @@ RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 def refused(err: BaseException, path, ours=(), probe=None) -> BaseException:
     """`err` said of `path`, the file the user asked for. An OSError with an errno that named no file, or one of
-    `ours` (NAME.tmp, NAME.tmp.lock, a spool), names `path` ("[Errno 28] No space left on device" named nothing,
+    `ours` (NAME.tmp, NAME.tmp.lock, a caller's own temporary file), names `path` ("[Errno 28] No space left on device" named nothing,
     an unwritable folder's EACCES named v.npy.tmp.lock). An error that lost its errno on the way (numpy's
     "3200 requested and 3040 written", torch.save's "unexpected pos" RuntimeError, safetensors' SafetensorError:
     a full disk or a file-size limit each time) becomes the errno the library quoted, or, given `probe` (the

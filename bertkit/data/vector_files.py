@@ -9,15 +9,14 @@ embeds in flat memory:
                   with "offsets" [N+1] (rows of text i are offsets[i]:offsets[i+1])
     .jsonl        one JSON object per text
 
-The .npy and .safetensors writers spool rows to a temporary file and write the
-header (which needs the row count) at the end. Every file is written whole or not at all
+The .npy and .safetensors writers leave room for the header (which needs the row count),
+stream the rows after it and write it at the end: the disk holds the output once. Every file is written whole or not at all
 (`bertkit.data.atomic`): Ctrl-C or a kill midway leaves the file that stood at its name before. `map_safetensors` reads such a file
 back as memory maps (an index's vectors and codes, `bertkit.retrieval.index`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import struct
@@ -26,7 +25,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from bertkit.data.atomic import refused, replace_atomically
+from bertkit.data.atomic import replace_atomically
 from bertkit.errors import BertkitError
 
 
@@ -34,9 +33,10 @@ from bertkit.errors import BertkitError
 SAFETENSORS_DTYPES = {"F32": "<f4", "I64": "<i8", "I8": "|i1", "U8": "|u1"}
 
 
-def safetensors_header(tensors: dict) -> bytes:
+def safetensors_header(tensors: dict, room: int = 0) -> bytes:
     """The 8-byte length and JSON header of a .safetensors file, to be followed by the tensors' raw
-    bytes in the same order; tensors: name -> (dtype, shape), dtype a key of SAFETENSORS_DTYPES."""
+    bytes in the same order; tensors: name -> (dtype, shape), dtype a key of SAFETENSORS_DTYPES. With `room`
+    (a multiple of 8, at least the header's own length), padded with spaces to `room` bytes in all."""
     header, offset = {}, 0
     for name, (dtype, shape) in tensors.items():
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize
@@ -44,6 +44,7 @@ def safetensors_header(tensors: dict) -> bytes:
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the format asks for 8-byte alignment of the data
+    raw += b" " * max(0, room - 8 - len(raw))
     return struct.pack("<Q", len(raw)) + raw
 
 
@@ -76,8 +77,8 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
     .jsonl        one JSON object per text: {"index", "embedding"} or {"index", "vectors"}
                   (plus "text" when `texts` is given).
 
-    The .npy and .safetensors writers spool rows to a temporary file first, so
-    memory stays flat however many texts stream through.
+    The .npy and .safetensors writers stream the rows into the file after room left for the header, so
+    memory stays flat however many texts stream through, and the disk holds them once.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -91,28 +92,38 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
     path.parent.mkdir(parents=True, exist_ok=True)
     # written beside `path`, then renamed over it: streamed straight into `path`, a .jsonl stopped midway
     # (Ctrl-C, a kill) was its first k rows, a file that reads as whole, and the old file was gone from the start
+    count = []
     if suffix == ".jsonl":
-        count = []
         replace_atomically(path, lambda out: count.append(_write_jsonl(rows, out, pooled, texts)))
-        return count[0]
-    spool = path.with_name(path.name + ".part")
-    try:
-        try:
-            lengths, dim = _spool(rows, spool)
-        except OSError as err:  # a full disk while spooling: said of the file asked for, not of our spool
-            raise refused(err, path, (spool,)) from None
+    else:
+        replace_atomically(path, lambda out: count.append(_write_tensors(rows, out, suffix, pooled)))
+    return count[0]
 
-        def write(out) -> None:
-            with spool.open("rb") as raw:
-                out.write(_header(suffix, pooled, sum(lengths), dim, len(lengths)))
-                _copy(raw, out)
-            if suffix == ".safetensors" and not pooled:
-                out.write(np.concatenate([[0], np.cumsum(lengths)]).astype("<i8").tobytes())  # offsets [N+1]
 
-        replace_atomically(path, write)
-    finally:
-        with contextlib.suppress(OSError):  # a read-only disk refuses even this: the error above is the one to say
-            spool.unlink(missing_ok=True)
+# the most rows a header is made room for before the count is known (its digits are what count)
+MAX_ROWS = 10**15
+
+
+def _write_tensors(rows, out, suffix: str, pooled: bool) -> int:
+    """The rows' float32 bytes into the binary file `out` after a header of a fixed size, which is written at the
+    end, once the row count is known; returns the number of results. The rows were spooled into NAME.part and
+    then copied after a header: twice the output's room on the disk at the end, and a disk that held the spool
+    failed at the copy, after every text was embedded."""
+    lengths, dim, room = [], None, 0
+    for row in rows:
+        row = np.ascontiguousarray(row, dtype="<f4")
+        if dim is None:
+            dim = row.shape[-1]
+            room = len(_header(suffix, pooled, MAX_ROWS, dim, MAX_ROWS))
+            out.write(bytes(room))
+        lengths.append(1 if row.ndim == 1 else row.shape[0])
+        out.write(row.tobytes())
+    if dim is None:
+        raise BertkitError("nothing to write: the input holds no texts")
+    if suffix == ".safetensors" and not pooled:
+        out.write(np.concatenate([[0], np.cumsum(lengths)]).astype("<i8").tobytes())  # offsets [N+1]
+    out.seek(0)
+    out.write(_header(suffix, pooled, sum(lengths), dim, len(lengths), room))
     return len(lengths)
 
 
@@ -129,34 +140,16 @@ def _write_jsonl(rows, out, pooled: bool, texts) -> int:
     return n
 
 
-def _spool(rows, spool: Path) -> tuple[list[int], int]:
-    """The rows' float32 bytes into `spool`; returns each result's row count and the width D."""
-    lengths, dim = [], None
-    with spool.open("wb") as raw:
-        for row in rows:
-            row = np.ascontiguousarray(row, dtype="<f4")
-            dim = row.shape[-1]
-            lengths.append(1 if row.ndim == 1 else row.shape[0])
-            raw.write(row.tobytes())
-    if dim is None:
-        raise BertkitError("nothing to write: the input holds no texts")
-    return lengths, dim
-
-
-def _header(suffix: str, pooled: bool, total: int, dim: int, n: int) -> bytes:
-    """The header of a [total, D] float32 .npy, or of a .safetensors (pooled, or vectors with n+1 offsets)."""
+def _header(suffix: str, pooled: bool, total: int, dim: int, n: int, room: int = 0) -> bytes:
+    """The header of a [total, D] float32 .npy, or of a .safetensors (pooled, or vectors with n+1 offsets), made
+    `room` bytes long: a .safetensors' JSON padded with spaces (the format allows it); a .npy's is that long
+    already for a `room` made with more rows (numpy leaves room for the first axis' digits)."""
     if suffix == ".npy":
         header = io.BytesIO()
         np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (total, dim)})
-        return header.getvalue()
+        made = header.getvalue()
+        assert not room or len(made) == room, (len(made), room)
+        return made
     if pooled:
-        return safetensors_header({"embeddings": ("F32", (total, dim))})
-    return safetensors_header({"vectors": ("F32", (total, dim)), "offsets": ("I64", (n + 1,))})
-
-
-def _copy(src, dst, block: int = 1 << 22) -> None:
-    while True:
-        data = src.read(block)
-        if not data:
-            return
-        dst.write(data)
+        return safetensors_header({"embeddings": ("F32", (total, dim))}, room)
+    return safetensors_header({"vectors": ("F32", (total, dim)), "offsets": ("I64", (n + 1,))}, room)
