@@ -43,14 +43,15 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
 
     task: classify | pair | regression | multi_label | ner | qa | embed | rerank; `options` are
     the fields of the task's config (TextTaskConfig, NerConfig, QAConfig, EmbedConfig, RerankConfig), e.g.
-    model=, text_column=, max_length=; `training` a TrainConfig.
+    model=, text_column=, max_length=; `training` a TrainConfig, taken whole (None: the one
+    `bertkit finetune TASK` starts from: the task's own defaults and those of the switches given, e.g. static=True).
     """
     record = task_named(task)
     for name, value in options.items():
         record.check_option(name, value)
     # a length setting not given is fitted to the model by the run (None: `TaskConfig.fit`)
     return run_task(record.config(**{**record.defaults, **dict.fromkeys(record.config.FITTED), "train": train,
-                                   "output": output, "dev": dev, "training": record.own_training(training),
+                                   "output": output, "dev": dev, "training": record.own_training(training, options),
                                    **options}), log=log)
 
 

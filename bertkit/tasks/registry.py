@@ -46,7 +46,7 @@ options from this table without it.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Callable
 
@@ -146,11 +146,22 @@ class Task:
             raise BertkitError(f"the {self.cli_name} task needs --text-pair-column (the second sentence's column)")
         self.check_metric(cfg.training.metric, cfg.dev)
 
-    def own_training(self, training) -> TrainConfig:
-        """The one-call `finetune`'s training= as the run's own copy (None: the defaults): the run settles its
-        metric in it, and a script may hand the same settings to its next run."""
+    def own_training(self, training, options: dict | None = None) -> TrainConfig:
+        """The one-call `finetune`'s training= as the run's own copy: the run settles its metric in it, and a
+        script may hand the same settings to its next run. None: what `bertkit finetune TASK` starts from,
+        TrainConfig's defaults (BERT's classifier recipe, 3 epochs at 5e-5) with the task's own on top (embed,
+        rerank: 1 epoch at 2e-5) and the presets of the switches `options` turns on (static=True: the static
+        recipe's batch and rates); TrainConfig() alone trained every task by the classifier's recipe."""
         if training is None:
-            return TrainConfig()
+            layers = [self.defaults.get("training", {}),
+                      *(preset.get("training", {}) for switch, preset in self.presets.items()
+                        if (options or {}).get(switch))]
+            training = TrainConfig()
+            for layer in layers:
+                layer = dict(layer)
+                optim = replace(training.optim, **layer.pop("optim", {}))
+                training = replace(training, **layer, optim=optim)
+            return training
         if not isinstance(training, TrainConfig):
             example = ", ".join(f"{k}={v!r}" for k, v in training.items()) if isinstance(training, dict) else "epochs=3"
             raise BertkitError(f"training must be a TrainConfig (bertkit.tasks.config), got {type(training).__name__}: "
