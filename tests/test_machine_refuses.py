@@ -381,3 +381,20 @@ def test_index_add_cut_short_does_not_offer_resume(tiny_dir, tmp_path, capsys):
     line = one_error_line(capsys)
     assert line.startswith(f"bertkit: error: {index / 'hnsw.faiss'}: File too large (") and "--resume" not in line
     assert main(add) == 0  # what it says: run it again
+
+
+def test_a_qdrant_export_the_disk_refuses_is_one_line_and_resumes(tiny_dir, tmp_path, capsys):
+    """index export --qdrant DIR (Qdrant's local mode keeps points in SQLite) on a full disk ended in a traceback,
+    "sqlite3.OperationalError: database or disk is full" (past a file-size limit: "disk I/O error")."""
+    pytest.importorskip("qdrant_client")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"_id": "d{i}", "text": "document {i} is about cats"}}\n' for i in range(300)))
+    index, store = tmp_path / "idx", tmp_path / "qdrant"
+    assert main(["index", str(corpus), "-o", str(index), "--model", str(tiny_dir), "--no-lexical", "--quiet"]) == 0
+    export = ["index", "export", str(index), "--qdrant", str(store), "--collection", "c", "--quiet"]
+    with file_size_limit(20_000):
+        assert main(export) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"bertkit: error: {store}: ") and "--resume" in line, line
+    assert main([*export, "--resume"]) == 0  # the store is whole (SQLite's transactions): the export finishes
+    assert "300 passages written" in capsys.readouterr().out

@@ -37,6 +37,9 @@ qdrant-client is optional (`pip install 'bertkit[search]'`) and imported only he
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
+import sqlite3
 import warnings
 
 import numpy as np
@@ -108,8 +111,25 @@ def export(index, location: str, collection: str, *, batch_size: int = 1024, pro
                 client.upsert(collection, points=points)
                 bar.update(len(rows))
         return n
+    except sqlite3.OperationalError as err:  # a local store (a folder) keeps its points in SQLite
+        raise _store_refused(err, location) from err
     finally:
         client.close()
+
+
+def _store_refused(err, location: str) -> Exception:
+    """SQLite's error writing Qdrant's local store said for a person: a full disk is the OSError ENOSPC naming the
+    folder (the CLI's one line, with --resume), a write SQLite could not make (a file-size limit, a failing disk:
+    it keeps no errno) a BertkitError naming it; any other error (a store another process holds) as it was.
+    Both ended in a traceback ("sqlite3.OperationalError: database or disk is full"). SQLite's transactions keep
+    the store whole: --resume finishes the export."""
+    name = getattr(err, "sqlite_errorname", "")  # Python 3.11 and later; the message before
+    if name == "SQLITE_FULL" or "disk is full" in str(err):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), location)
+    if name.startswith("SQLITE_IOERR") or "disk I/O error" in str(err):
+        return BertkitError(f"{location}: Qdrant's local store could not be written ({err}: a full disk, a "
+                            "file-size limit or a failing disk); once it can, --resume finishes the export")
+    return err
 
 
 def _prepare(client, location: str, collection: str, info: dict, resume: bool, overwrite: bool) -> bool:
