@@ -550,3 +550,22 @@ def test_distill_static_into_a_folder_it_wrote_needs_overwrite(tiny_dir, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no work or replaced folder left beside it
     assert main(["distill", "static", str(out), "-o", str(out), "--overwrite", "--quiet"]) == 2
     assert "is the folder of the model being distilled" in capsys.readouterr().err
+
+
+def test_the_vocabulary_of_a_static_folder_is_named_where_a_command_asks_for_one(distilled, capsys):
+    """The chain `distill static` -> `tokenize --vocab OUT` (and `vocab check`, `pretrain prepare --vocab`): the
+    folder every model command reads was refused with "has no vocab.txt; pass a model directory", which it is.
+    Its tokenizer is in its module folder: the one line names it, and tokenizing with that folder gives what the
+    Rust tokenizer (oracle) gives from the tokenizer.json, the corpus word distill added as one token."""
+    from bertkit.cli import main
+
+    tokenizers = oracle("tokenizers", "tokenizers")
+    out, _ = distilled
+    for argv in (["tokenize", "--vocab", str(out), "the unaffable cat"], ["vocab", "check", str(out)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(out / "0_StaticEmbedding") in err, err
+    assert main(["tokenize", "--vocab", str(out / "0_StaticEmbedding"), "the unaffable cat", "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    rust = tokenizers.Tokenizer.from_file(str(out / "0_StaticEmbedding" / "tokenizer.json")).encode("the unaffable cat")
+    assert ours["input_ids"] == rust.ids and "unaffable" in ours["tokens"]

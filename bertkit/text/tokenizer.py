@@ -30,7 +30,7 @@ from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, 
 from bertkit.text.encoding import (MODEL_MAX_LENGTH, BatchEncoding, Encoding, Segment, assemble, batch, check_options,
                                    num_special_tokens)
 from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_added_tokens, check_casing, load_vocab,
-                                read_vocab_file, save_vocab, validate_tokens)
+                                no_vocabulary, read_vocab_file, save_vocab, validate_tokens)
 from bertkit.text.wordpiece import CONTINUATION, wordpiece_spans
 from bertkit.default_model import default_model_dir
 
@@ -139,7 +139,7 @@ class Tokenizer:
         if hf_json and vocab_file.suffix != ".json":
             vocab_file = folder / "tokenizer.json"
         elif not vocab_file.is_file():
-            raise BertkitError(f"{folder} has no vocab.txt; pass a model directory or a vocab.txt file")
+            raise BertkitError(no_vocabulary(folder))
         config, config_file = read_config(folder)
         text, tokens = read_vocab_file(vocab_file, hf_json)
         if vocab_size is not None and len(tokens) > vocab_size:

@@ -172,3 +172,16 @@ def check_casing(tokens: list[str], lowercase: bool) -> None:
             "casing mismatch: lowercase=False but the vocabulary has no capitalised words (it looks uncased); "
             "pass lowercase=True"
         )
+
+
+def no_vocabulary(folder: Path) -> str:
+    """The error for a folder without vocab.txt or tokenizer.json. A sentence-transformers folder keeps its
+    tokenizer in a module's folder (a static model's 0_StaticEmbedding, an older layout's 0_Transformer): the
+    loader finds it through modules.json (`bertkit.model.sentence_layout`, `bertkit.model.static`), which the
+    tokenizer, a floor below the model, does not read; the message names the module folder that holds one
+    (it said "pass a model directory" of a folder every model command reads)."""
+    inner = sorted(folder.glob("*/vocab.txt")) + sorted(folder.glob("*/tokenizer.json"))
+    if (folder / "modules.json").is_file() and inner:
+        return (f"{folder} keeps its vocabulary in a module folder, {inner[0].parent}: pass that folder (or its "
+                f"{inner[0].name})")
+    return f"{folder} has no vocab.txt; pass a model directory or a vocab.txt file"
