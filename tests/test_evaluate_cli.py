@@ -46,7 +46,7 @@ def test_evaluate_retrieval_with_bm25(folder, tiny_dir, capsys):
     assert "| model, lexical (BM25, stemmed) |" in printed and "| BM25 (no stemming: the baseline) |" in printed
 
 
-def test_evaluate_sts(shared_data, tiny_dir, tmp_path):
+def test_evaluate_sts(shared_data, tiny_dir, tmp_path, capsys):
     sts = tmp_path / "sts.tsv"
     lines = (shared_data / "stsb" / "dev.tsv").read_text(encoding="utf-8").split("\n")
     sts.write_text("\n".join(lines[:21]) + "\n", encoding="utf-8")
@@ -55,6 +55,11 @@ def test_evaluate_sts(shared_data, tiny_dir, tmp_path):
     figures = json.loads(out.read_text())
     assert -1 <= figures["spearman"] <= 1 and -1 <= figures["pearson"] <= 1 and figures["pairs"] == 20
     assert figures["data"] == str(sts)  # which file the figure measured
+    # the chain's two evaluations take the same flags: --quiet (evaluate retrieval's) was refused by sts, which
+    # showed no progress while embedding; both now show it, and --quiet leaves the figures as they were
+    capsys.readouterr()
+    assert main(["evaluate", "sts", str(sts), "--model", str(tiny_dir), "--output", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text())["spearman"] == figures["spearman"] and "embed" not in capsys.readouterr().err
 
 
 def test_evaluate_sts_writes_null_not_nan_when_every_pair_gets_one_cosine(tiny_dir, tmp_path, capsys):

@@ -21,6 +21,7 @@ def _model_flags(p) -> None:
     p.add_argument("--dtype", default="float32", choices=list(DTYPE_CHOICES),
                    help="the precision (default float32, so the figures compare with published ones; auto: "
                    "bfloat16 where the CPU has it natively)")
+    quiet_flag(p)  # every command that embeds with a model (evaluate sts refused it: evaluate retrieval's flag)
 
 
 def add_evaluate(sub):
@@ -68,7 +69,6 @@ def add_evaluate(sub):
     r.add_argument("--dedupe", action="store_true", help="keep the first line of a corpus or query id that repeats "
                    "(as bertkit index --dedupe) instead of refusing the folder")
     r.add_argument("--output", "-o", help="write the figures as JSON here")
-    quiet_flag(r)
     r.set_defaults(handler=run_evaluate_retrieval, runs_model=True, outputs={"--output": "file"},
                    batch_size=None, dtype=None)  # None: not given (RETRIEVAL_NEEDS); defaults as shown
     s = kinds.add_parser(
@@ -192,7 +192,7 @@ def run_evaluate_sts(args):
     from bertkit.retrieval.evaluation import evaluate_sts
 
     result = evaluate_sts(args.model, args.file, batch_size=args.batch_size, max_length=args.max_length,
-                          dtype=args.dtype, fast=args.speed)
+                          dtype=args.dtype, progress=not args.quiet, fast=args.speed)
     _write(result, args.output)
     print(f"spearman {figure(result['spearman'])}  pearson {figure(result['pearson'])}  ({result['pairs']} pairs; "
           f"{result['model']}, {result['precision']}, max length {result['max_length']})")
@@ -220,7 +220,6 @@ def add_mine(sub):
     p.add_argument("--report", help="also write the counts (queries, rows, skipped candidates) as JSON here")
     p.add_argument("--dedupe", action="store_true", help="a BEIR folder: keep the first line of a corpus or query id "
                    "that repeats instead of refusing the folder")
-    quiet_flag(p)
     p.set_defaults(handler=run_mine, runs_model=True, outputs={"--output": "file", "--report": "file"})
 
 
