@@ -239,6 +239,27 @@ def test_rerank_without_a_cross_encoder_is_422_naming_the_flag(made):
         assert client.post("/search", json={"query": "x", "k": 2}).status_code == 200
 
 
+def test_without_a_model_the_server_runs_the_model_that_made_the_index(made, capsys):
+    """The chain `index --model M` -> `serve --index` as `search INDEX` runs it: search takes the index's model when
+    none is given, and serve took the default model, refused at start-up ("this index was made by M, not
+    all-MiniLM-L6-v2"). Without MODEL_DIR the server now loads the index's model (its fingerprint checked as
+    before) and answers /search as `bertkit search --json` does; /info names it."""
+    from starlette.testclient import TestClient
+
+    from bertkit.serve.app import create_app
+    from bertkit.serve.metrics import Metrics
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    settings = ServeConfig(index=str(made["index"]), workers=1, threads=1, dtype="float32").validate()
+    runner = load_runner(settings)  # the index's model: its searcher is not refused
+    queries = ["vitamin d and bone density", "stem cells"]
+    with TestClient(create_app(runner, settings, Metrics())) as client:
+        assert client.get("/info").json()["model"] == made["tiny"].resolve().name
+        served = client.post("/search", json={"query": queries, "k": 3, "mode": "dense"}).json()
+    assert_same_answers(served, cli_search(made, capsys, queries, "-k", 3, "--mode", "dense"), atol=1e-6)
+
+
 # --- Matryoshka dimensions ---------------------------------------------------------------------
 
 

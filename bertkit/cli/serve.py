@@ -13,7 +13,7 @@ def add_serve(sub):
         "serve",
         help="serve a model over HTTP: embeddings (OpenAI and TEI APIs), predictions, reranking",
         description="Serve MODEL_DIR (an encoder, or a `bertkit finetune` output; default: the embedded "
-        "all-MiniLM-L6-v2) on HTTP with dynamic batching: requests are queued (bounded), packed by token "
+        "all-MiniLM-L6-v2, or beside --index the model that made it) on HTTP with dynamic batching: requests are queued (bounded), packed by token "
         "budget and answered each with its own rows. Endpoints: POST /v1/embeddings /embed /predict /rerank "
         "/tokenize, /search with --index, GET /health /info /metrics. SIGTERM answers every accepted request, then exits 0. "
         "Needs the serve extra: pip install 'bertkit[serve]' (and for an --index with a lexical part, [search]).",

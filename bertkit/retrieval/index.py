@@ -126,6 +126,13 @@ def model_record(loaded: Loaded) -> dict:
             "precision": loaded.precision}
 
 
+def model_folder(info: dict) -> Path | None:
+    """The folder of the model that made an index (`info`: its index.json), what search and serve load when no
+    model is given; None where it is gone (an index copied from another machine: `check_model` then says)."""
+    made = Path(info["model"]["directory"])
+    return made if made.is_dir() else None
+
+
 def check_model(info: dict, loaded: Loaded) -> None:
     """Refuse a model other than the one that made the index (other weights, or other pooling)."""
     made = info["model"]

@@ -47,7 +47,7 @@ from bertkit.runtime.fast import SpeedSettings, decide
 from bertkit.runtime.loading import Loaded, load
 from bertkit.embeddings.pooling import l2_normalize, pool
 from bertkit.embeddings.settings import resolve_layers, resolve_output
-from bertkit.retrieval.index import Index, check_model, open_index
+from bertkit.retrieval.index import Index, check_model, model_folder, open_index
 from bertkit.retrieval.config import MODES, FusionOptions
 from bertkit.retrieval.search import mixed_precision, search_options, search_vectors
 from bertkit.serve.batching import plan_batches
@@ -97,11 +97,11 @@ def _one_line(err) -> str:
 
 
 def load_runner(settings, speed: SpeedSettings | None = None):
-    """The EmbeddingModel or TaskModel for the settings' model directory (`bertkit.runtime.loading`, in the
-    precision --dtype chooses, on the fast-path settings `speed`; None: `decide()`'s for this CPU);
-    one clear error if it cannot load."""
-    path = settings.model_path()
-    name = settings.served_model_name or ("all-MiniLM-L6-v2" if settings.model is None else path.resolve().name)
+    """The EmbeddingModel or TaskModel for the settings' model (none: the default, or beside --index the index's, as
+    `bertkit search` takes it) by `bertkit.runtime.loading`, on `speed` (None: decide()'s); one line if it fails."""
+    own = settings.model is None and settings.index is not None and model_folder(open_index(settings.index).info)
+    path = own or settings.model_path()  # the default model refused the index of any other at start-up
+    name = settings.served_model_name or (path.resolve().name if own or settings.model else "all-MiniLM-L6-v2")
     try:
         speed = decide() if speed is None else speed
         loaded = load(path.resolve(), dtype=settings.dtype, int8=settings.int8, fast=speed)

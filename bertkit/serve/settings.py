@@ -27,7 +27,7 @@ API_KEY_ENV = "BERTKIT_API_KEY"  # the API key, when neither --api-key nor --api
 class ServeConfig:
     model: str | None = field(default=None, metadata={
         "positional": True, "metavar": "MODEL_DIR", "help": "a model directory: an encoder (embeddings) or a `bertkit finetune` output "
-        "(default: the embedded all-MiniLM-L6-v2)"})
+        "(default: the embedded all-MiniLM-L6-v2; with --index, the model that made it)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind; 0.0.0.0 exposes the server to the network"})
     port: int = field(default=8080, metadata={"help": "TCP port; 0 picks a free one (printed at start-up)"})
     max_batch_tokens: int = field(default=2048, metadata={
