@@ -272,3 +272,16 @@ def test_a_fine_tuned_cross_encoder_is_not_measured_as_a_sentence_model(folder, 
         assert len(err.splitlines()) == 1 and "is a fine-tuned regression model" in err, (argv, err)
         assert "bertkit predict" in err and "--rerank" in err, err
     assert not (tmp_path / "t.tsv").exists() and not (tmp_path / "i.index" / "index.json").exists()
+
+
+def test_dimensions_take_the_list_as_finetune_embed_writes_it(folder, tiny_dir, tmp_path):
+    """The chain `finetune embed --matryoshka-dims 16,8` -> `evaluate retrieval --dimensions`: the trainer takes the
+    dimensions comma-separated and the evaluation took them space-separated only, refusing the list copied over
+    ('invalid int value: 16,8'). Both spellings give the same figures."""
+    figures = []
+    for dims in (["16", "8"], ["16,8"]):
+        out = tmp_path / f"{len(dims)}.json"
+        assert main(["evaluate", "retrieval", str(folder), "--model", str(tiny_dir), "--dimensions", *dims,
+                     "--output", str(out), "--quiet"]) == 0
+        figures.append({k: v for k, v in json.loads(out.read_text()).items() if not k.endswith("seconds")})
+    assert figures[0] == figures[1] and sorted(map(int, figures[0]["dimensions"])) == [8, 16]

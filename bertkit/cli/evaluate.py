@@ -24,6 +24,19 @@ def _model_flags(p) -> None:
     quiet_flag(p)  # every command that embeds with a model (evaluate sts refused it: evaluate retrieval's flag)
 
 
+def _counts(text: str) -> list[int]:
+    """One --dimensions word: a count, or counts joined by commas as finetune embed's --matryoshka-dims takes
+    them (a list copied from the training command was refused: 'invalid int value: 64,128')."""
+    return [count(part) for part in text.split(",")]
+
+
+class _Joined(argparse.Action):
+    """The lists of the words `_counts` read, as one list (--dimensions 64 128 and 64,128 are [64, 128])."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [d for word in values for d in word])
+
+
 def add_evaluate(sub):
     p = sub.add_parser("evaluate", help="measure an embedding model: retrieval on a BEIR set, or STS correlation",
                        description="Figures of a sentence-embedding model, computed as sentence-transformers, "
@@ -57,9 +70,10 @@ def add_evaluate(sub):
                    "with two labels)")
     r.add_argument("--rerank-top", type=count, help=f"with --rerank: documents the cross-encoder re-scores (default "
                    f"{RERANK_TOP})")
-    r.add_argument("--dimensions", type=count, nargs="+", metavar="D",
+    r.add_argument("--dimensions", type=_counts, nargs="+", metavar="D", action=_Joined,
                    help="also score the vectors cut to these leading dimensions and renormalised (Matryoshka: "
-                   "e.g. --dimensions 64 128); one encoding serves them all")
+                   "e.g. --dimensions 64 128, or 64,128 as finetune embed's --matryoshka-dims); one encoding "
+                   "serves them all")
     r.add_argument("--mode", help="dense, lexical, hybrid, or all (the three in one table); default: as bertkit "
                    "search (with --index: hybrid when it has a lexical part; without: dense, the model alone)")
     add_options(r, FusionOptions, skip=("mode",))
