@@ -40,18 +40,30 @@ class EncodingSettings:
     max_length: int
     dtype: str  # "float32", "bfloat16" or "int8"
 
+    @classmethod
+    def of(cls, loaded: Loaded, max_length: int | None = None) -> "EncodingSettings":
+        """What `loaded` embeds with: its layout's pooling (the mean without one) and max length, `max_length`
+        overriding the latter, its precision. An index records them (`bertkit.retrieval.index.model_record`)."""
+        name = str(loaded.directory.resolve()) if loaded.directory is not None else "(model in memory)"
+        length = loaded.max_length if max_length is None else max_length
+        return cls(name, resolve_output(loaded.layout).pooling, length, loaded.precision)
+
 
 def encoder_and_settings(model, max_length: int | None = None,
                          dtype: str = "float32", fast=True) -> tuple[Loaded, EncodingSettings]:
-    """The encoder (loaded once, through `bertkit.embeddings.features.load_encoder`) and the settings it embeds
-    with: its layout's pooling and max length, `max_length` overriding the latter; `fast`: the fast path's
-    settings (`bertkit.runtime.loading.load`)."""
+    """The encoder (loaded once, `sentence_encoder`) and the settings it embeds with (`EncodingSettings.of`);
+    `fast`: the fast path's settings (`bertkit.runtime.loading.load`)."""
     if dtype not in ("float32", "bfloat16", "auto"):  # auto: bfloat16 where native (the loader resolves it)
         raise BertkitError(f"dtype {dtype!r}: use float32 (comparable with published figures), bfloat16 or auto")
-    loaded = need_sentence_model(load_encoder(model, dtype=dtype, fast=fast))
-    length = loaded.max_length if max_length is None else max_length
-    name = str(loaded.directory.resolve()) if loaded.directory is not None else "(model in memory)"
-    return loaded, EncodingSettings(name, resolve_output(loaded.layout).pooling, length, loaded.precision)
+    loaded = sentence_encoder(model, dtype=dtype, fast=fast)
+    return loaded, EncodingSettings.of(loaded, max_length)
+
+
+def sentence_encoder(model, device=None, dtype=None, fast=True) -> Loaded:
+    """The sentence model retrieval embeds with, loaded through `bertkit.embeddings.features.load_encoder` and
+    refused when it is a fine-tuned task model (`need_sentence_model`): what evaluation, mining and an index's
+    build load (a search loads the index's own model, checked against its record: `retrieval.search`)."""
+    return need_sentence_model(load_encoder(model, device, dtype, fast=fast))
 
 
 def need_sentence_model(loaded: Loaded) -> Loaded:

@@ -73,13 +73,11 @@ from bertkit.data.atomic import allocate, replace_atomically, write_json
 from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.embeddings.features import load_encoder
-from bertkit.embeddings.settings import resolve_output
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval import codes_file
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module, read_hnsw
 from bertkit.retrieval.config import LexicalOptions, options_of
-from bertkit.retrieval.encoding import EncodingSettings, encode, need_sentence_model
+from bertkit.retrieval.encoding import EncodingSettings, encode, sentence_encoder
 from bertkit.retrieval.index_check import check_files, check_lexical, check_values, read_info
 from bertkit.retrieval.lexical import (LEXICAL_DIR, LEXICAL_FILES, build_lexical, hold_lexical, read_lexical,
                                       require_packages)
@@ -121,9 +119,9 @@ def model_record(loaded: Loaded) -> dict:
     """What index.json says about the model: enough to embed a query the same way and to recognise it."""
     if loaded.directory is None:
         raise BertkitError("an index needs a model directory (its fingerprint is recorded), not a model in memory")
-    return {"directory": str(loaded.directory.resolve()), "fingerprint": fingerprint(loaded.weights_dir),
-            "pooling": resolve_output(loaded.layout).pooling, "normalize": True, "max_length": loaded.max_length,
-            "precision": loaded.precision}
+    settings = EncodingSettings.of(loaded)
+    return {"directory": settings.model, "fingerprint": fingerprint(loaded.weights_dir), "pooling": settings.pooling,
+            "normalize": True, "max_length": settings.max_length, "precision": settings.dtype}
 
 
 def model_folder(info: dict) -> Path | None:
@@ -301,7 +299,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
     with lock, distributed.process_group(device or "auto") as rank:
         distributed.on_rank_0(rank, lambda: _prepare_folder(out, resume, overwrite))
         # a rank's own device (cuda:LOCAL_RANK on GPUs); alone, the caller's choice as given
-        loaded = need_sentence_model(load_encoder(model, rank.device if rank.enabled else device, dtype, fast=fast))
+        loaded = sentence_encoder(model, rank.device if rank.enabled else device, dtype, fast=fast)
         record = model_record(loaded)
         passage_tokens, stride = _passage_shape(loaded, passage_tokens, overlap if stride is None else stride)
         passages, lengths, empty = cut_all(read_documents(corpus, dedupe), loaded.tokenizer, passage_tokens, stride)
@@ -317,7 +315,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
         distributed.on_rank_0(rank, lambda: _start(out, resume, plan, lines))
         _sees(rank, [out / BUILD_JSON])
         order = sorted(range(len(passages)), key=lambda i: (lengths[i], i))
-        settings = EncodingSettings(record["directory"], record["pooling"], passage_tokens, loaded.precision)
+        settings = EncodingSettings.of(loaded, passage_tokens)
         _encode_parts(out, [p.text for p in passages], order, part_size, loaded, settings, batch_size, progress, rank)
         distributed.barrier(rank)  # every part is on disk
         if not rank.is_main:
