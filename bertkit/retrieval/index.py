@@ -19,7 +19,7 @@ larger than RAM is searched a block at a time (`bertkit.retrieval.exact.top_k`) 
 is read at its line's offset in passages.jsonl, held open: an open `Index` is the build it opened.
 
 The model is named by its resolved directory and the SHA-256 of its weights
-files (`fingerprint`): a query embedded by another model, or by the same
+files (`bertkit.runtime.loading.weights_fingerprint`): a query embedded by another model, or by the same
 directory after its weights changed, lands in another vector space, so
 `check_model` refuses it in one line naming both.
 
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -71,9 +70,8 @@ from tqdm import tqdm
 
 from bertkit.data.atomic import allocate, replace_atomically, write_json
 from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
-from bertkit.model.checkpoint import INT8_WEIGHTS, WEIGHT_FILES
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.runtime.loading import Loaded
+from bertkit.runtime.loading import Loaded, weights_fingerprint
 from bertkit.retrieval import codes_file
 from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module, read_hnsw
 from bertkit.retrieval.config import LexicalOptions, options_of
@@ -94,33 +92,12 @@ log = logging.getLogger(__name__)
 
 # --- the model that made the vectors -----------------------------------------------------------
 
-def fingerprint(directory) -> str:
-    """SHA-256 of a model directory's weights files (the first of model.safetensors, its shards'
-    index, model.int8.safetensors that exists; a sharded checkpoint's shards too).
-    A static model's table, and an older sentence-transformers layout's encoder (0_Transformer), sit in a module
-    folder, which the loader records (`Loaded.weights_dir`)."""
-    directory = Path(directory)
-    names = [n for n in (*WEIGHT_FILES, INT8_WEIGHTS) if (directory / n).is_file()]
-    if not names:
-        raise BertkitError(f"{directory} holds no weights file ({', '.join(WEIGHT_FILES)})")
-    files = [directory / names[0]]
-    if names[0].endswith(".index.json"):  # sharded: the shards it names, in name order
-        shards = json.loads(files[0].read_text())["weight_map"].values()
-        files += [directory / s for s in sorted(set(shards))]
-    digest = hashlib.sha256()
-    for path in files:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def model_record(loaded: Loaded) -> dict:
     """What index.json says about the model: enough to embed a query the same way and to recognise it."""
     if loaded.directory is None:
         raise BertkitError("an index needs a model directory (its fingerprint is recorded), not a model in memory")
     settings = EncodingSettings.of(loaded)
-    return {"directory": settings.model, "fingerprint": fingerprint(loaded.weights_dir), "pooling": settings.pooling,
+    return {"directory": settings.model, "fingerprint": weights_fingerprint(loaded.weights_dir), "pooling": settings.pooling,
             "normalize": True, "max_length": settings.max_length, "precision": settings.dtype}
 
 

@@ -45,6 +45,8 @@ in eval mode, for inference only.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -54,8 +56,8 @@ import torch
 from torch import nn
 
 from bertkit.model import electra, heads
-from bertkit.model.checkpoint import (GENERATOR_DIR, Saved, architecture, describe, has_int8_weights, model_type,
-                                      read_config, resolve)
+from bertkit.model.checkpoint import (GENERATOR_DIR, INT8_WEIGHTS, WEIGHT_FILES, Saved, architecture, describe,
+                                      has_int8_weights, model_type, read_config, resolve)
 from bertkit.runtime.devices import dtype_name, in_memory, placement
 from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
                              ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
@@ -123,6 +125,28 @@ def folder_stamp(directory) -> tuple:
                 continue
             stamp.append((os.path.relpath(os.path.join(folder, name), directory), info.st_size, info.st_mtime_ns))
     return tuple(sorted(stamp))
+
+
+def weights_fingerprint(directory) -> str:
+    """SHA-256 of a model directory's weights files (the first of model.safetensors, its shards'
+    index, model.int8.safetensors that exists; a sharded checkpoint's shards too): which model this is, read
+    byte for byte, where `folder_stamp` only stats the files (an index records it and checks a query's model).
+    A static model's table, and an older sentence-transformers layout's encoder (0_Transformer), sit in a module
+    folder, which the loader records (`Loaded.weights_dir`)."""
+    directory = Path(directory)
+    names = [n for n in (*WEIGHT_FILES, INT8_WEIGHTS) if (directory / n).is_file()]
+    if not names:
+        raise BertkitError(f"{directory} holds no weights file ({', '.join(WEIGHT_FILES)})")
+    files = [directory / names[0]]
+    if names[0].endswith(".index.json"):  # sharded: the shards it names, in name order
+        shards = json.loads(files[0].read_text())["weight_map"].values()
+        files += [directory / s for s in sorted(set(shards))]
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def max_positions(model) -> int | None:
