@@ -50,9 +50,8 @@ from bertkit.data.textfiles import numbered_texts, read_texts
 from bertkit.distill.config import StaticDistillConfig
 from bertkit.distill.fit import fit_table
 from bertkit.distill.layers import cached_targets
-from bertkit.embeddings.features import run_batch
+from bertkit.embeddings.features import sentence_vectors
 from bertkit.errors import BertkitError
-from bertkit.model.modeling import pool_sentence
 from bertkit.model.static import StaticEmbedding, save_static
 from bertkit.runtime.loading import load, resolve
 from bertkit.text.basic_tokenizer import basic_words
@@ -149,24 +148,13 @@ class _Row:
 
 
 def teacher_vectors(loaded, inputs: list, batch_size: int, progress: bool) -> np.ndarray:
-    """[len(inputs), H]: each input through the model, pooled as the model pools (its layout)."""
-    out = np.zeros((len(inputs), loaded.config.hidden_size), dtype=np.float32)
-    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
-    bar = None
-    if progress:
-        bar = tqdm(total=len(inputs), unit="token", desc="distil")
-    pad = loaded.tokenizer.pad_token_id
+    """[len(inputs), H]: each input through the model, pooled as the model pools (its layout), as `bertkit embed`
+    runs and pools a batch (`bertkit.embeddings.features.sentence_vectors`)."""
     pooling = loaded.layout.pooling if loaded.layout is not None else "mean"  # `teacher_pooling`
-    for b in range(0, len(order), batch_size):
-        batch = order[b : b + batch_size]
-        vectors = run_batch(loaded.model, [_Row(inputs[i]) for i in batch], "last", pad)
-        for i, tokens in zip(batch, vectors):
-            out[i] = pool_sentence(tokens[None], None, pooling)[0].numpy()  # [T, H] -> [H]
-        if bar is not None:
-            bar.update(len(batch))
-    if bar is not None:
-        bar.close()
-    return out
+    with tqdm(total=len(inputs), unit="token", desc="distil", disable=not progress) as bar:
+        rows = sentence_vectors(loaded.model, [_Row(ids) for ids in inputs], "last", None,
+                                loaded.tokenizer.pad_token_id, batch_size, bar, False, pooling)
+    return np.stack(rows).astype(np.float32, copy=False)
 
 
 def teacher_pooling(loaded, model, log) -> str:

@@ -329,7 +329,7 @@ def iter_embed(
             items = _encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words", where, start)
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
             if output.pooling in SENTENCE_POOLINGS and len(pieces) == len(items):  # no text windowed
-                yield from _sentence_vectors(net, pieces, layers, combine, pad_id, batch_size, bar, output.normalize,
+                yield from sentence_vectors(net, pieces, layers, combine, pad_id, batch_size, bar, output.normalize,
                                              output.pooling)
                 continue
             tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
@@ -385,10 +385,11 @@ def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, bat
     return [_stitch(item, windows) for item, windows in zip(items, results)]
 
 
-def _sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_size: int, bar, normalize: bool,
-                      pooling: str) -> list:
-    """One sentence vector per piece (each a whole text), in order: the pieces run in batches of similar
-    length as in `_run_chunk` and each batch is pooled at once (`pool_batch`), not text by text."""
+def sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_size: int, bar, normalize: bool,
+                     pooling: str) -> list:
+    """One sentence vector per piece (each a whole text, its ids as the model reads them), in order: the pieces
+    run in batches of similar length as in `_run_chunk` and each batch is pooled at once (`pool_batch`), not text
+    by text; `bar` (or None) counts the pieces done. iter_embed's, and distill static's for its token rows."""
     order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
     out = [None] * len(pieces)
     for b in range(0, len(order), batch_size):
