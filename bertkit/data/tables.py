@@ -335,6 +335,15 @@ def looks_like_conll(path) -> bool:
     return len(blocks) > 1 and widths.most_common(1)[0][1] >= 0.9 * sum(widths.values())
 
 
+def conll_has_tags(path) -> bool:
+    """A CoNLL file (`looks_like_conll`) whose first token line has a second column, the tag: a labelled one."""
+    if not looks_like_conll(path):
+        return False
+    first = next((line for line in read_text(path).split("\n") if line.strip() and not line.startswith("-DOCSTART-")),
+                 "")
+    return len(first.split()) >= 2
+
+
 def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: bool = True, max_sentences=None):
     """Sentences from a CoNLL column file: one token per line, blank line between sentences.
 

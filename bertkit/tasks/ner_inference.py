@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import (TaggedSentence, check_known_labels, looks_like_conll, read_conll, read_text_columns,
-                                 read_text_lines)
-from bertkit.data.textfiles import open_text
+from bertkit.data.tables import (TaggedSentence, check_known_labels, conll_has_tags, looks_like_conll, read_conll,
+                                 read_text_columns, read_text_lines)
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.tasks.config import NerConfig
@@ -171,7 +170,7 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
                   every_input: bool = False, log=print):
     """(sentences, None, gold tags in the file's scheme) from a CoNLL file with a tag column, else None
     (a tagged file tags every word: `every_input` changes nothing)."""
-    if Path(path).suffix.lower() in TABLES or not _has_tag_column(path):
+    if Path(path).suffix.lower() in TABLES or not conll_has_tags(path):
         return None
     words, tags = conll_columns(info)
     sentences, _ = read_conll(path, token_column=words, tag_column=tags)
@@ -184,13 +183,3 @@ def conll_columns(info: dict) -> tuple[int, int]:
     config = info.get("config") or {}
     return config.get("token_column", 0), config.get("tag_column", -1)
 
-
-def _has_tag_column(path) -> bool:
-    """A CoNLL file whose first token line has a second column (the tag) is labelled."""
-    if not looks_like_conll(path):
-        return False
-    with open_text(path) as f:
-        for line in f:
-            if line.strip() and not line.startswith("-DOCSTART-"):
-                return len(line.split()) >= 2
-    return False
