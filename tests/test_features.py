@@ -711,11 +711,11 @@ def test_cli_embed_streams_standard_input_instead_of_reading_it_all_first(tiny_d
 
     at_first_row = []
 
-    def write_vectors(rows, path, pooled):
+    def write_vectors(rows, path, pooled, **journal):
         rows = iter(rows)
         first = next(rows)
         at_first_row.append(len(read))
-        return real(iter([first, *rows]), path, pooled)
+        return real(iter([first, *rows]), path, pooled, **journal)
 
     real = features.write_vectors
     monkeypatch.setattr(features, "write_vectors", write_vectors)

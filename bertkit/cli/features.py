@@ -1,14 +1,21 @@
 """Feature commands: `bertkit embed` (vectors) and `bertkit attention` (pictures)."""
 
 import argparse
+import dataclasses
+import itertools
 import sys
 from functools import partial
+from pathlib import Path
 
 from bertkit.errors import BertkitError, refuse_unneeded
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
 from bertkit.options import add_options, count, device_flags, from_args, int8_flag, quiet_flag
-from bertkit.data.textfiles import OnePass, blank_lines, read_texts, reads_once, text_line
-from bertkit.data.vector_files import write_vectors
+from bertkit.data.textfiles import OnePass, blank_lines, file_identity, read_texts, reads_once, text_line
+from bertkit.data.vector_files import RECORD_SUFFIX, open_journal, vector_format, write_vectors
+
+# texts taken at a time: sorted by length into batches (little padding), and a checkpoint after each
+# (`bertkit.data.vector_files.Journal`), which --resume goes on from: their vectors depend on the chunk
+EMBED_CHUNK = 1024
 
 
 def add_embed(sub):
@@ -23,8 +30,11 @@ def add_embed(sub):
         "normalised and cut at 256 tokens, or at --max-length); any option given overrides it. Other texts "
         "beyond the window (the model's 512 positions, or --max-length) are cut into windows that share --stride "
         "tokens, each token keeping the vector from the window where it has the most context (--no-truncate "
-        "asks for windows for a layout's sentence vectors too).",
+        "asks for windows for a layout's sentence vectors too). The vectors are written to OUT.tmp and renamed "
+        f"to OUT when whole; every {EMBED_CHUNK} texts of a file they reach the disk and OUT.resume.json records "
+        "them, so a run stopped midway (killed, Ctrl-C, a full disk) goes on from there with --resume.",
         epilog="examples:\n  bertkit embed sentences.txt -o vectors.npy --normalize\n"
+        "  bertkit embed corpus.jsonl -o vectors.npy --resume     # the same command again, after a kill\n"
         "  bertkit embed sentences.txt -o tokens.safetensors --layers concat_last_four --pooling none\n"
         "  bertkit embed dev.tsv --column sentence -o words.jsonl --layers=-1,-2 --combine sum --pooling words",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -49,17 +59,60 @@ def add_embed(sub):
                    help="cut long texts at the window instead of windowing them (default: cut, at the layout's "
                    "max_seq_length or --max-length, for the sentence vectors of a model with a "
                    "sentence-transformers layout, as sentence-transformers does; else window)")
+    # not args.go_on: `bertkit.options.from_args` reads a trainer's run_config.json under that name
+    p.add_argument("--resume", action="store_true", dest="go_on",
+                   help="go on from the vectors an interrupted run of this command wrote (OUT.tmp, recorded in "
+                   "OUT.resume.json): the finished file is the one an uninterrupted run writes. The input file, the "
+                   "model and every option must be the same (a difference is refused, named); not for standard input")
     quiet_flag(p)
     device_flags(p)
     int8_flag(p)
-    p.set_defaults(handler=run_embed, runs_model=True, outputs={"--output": "file+dirs"})
+    p.set_defaults(handler=run_embed, runs_model=True, outputs={"--output": "file+dirs"}, resumes=resumes_embed)
+
+
+def resumes_embed(args) -> bool:
+    """Whether the same command with --resume goes on where this one stopped (the Ctrl-C and full-disk lines say
+    so): rows of it are recorded beside OUT (none from standard input, nor before the first chunk's end)."""
+    return Path(args.output + RECORD_SUFFIX).is_file()
 
 
 def run_embed(args):
     from bertkit.embeddings.features import iter_embed, load_encoder
 
     options = from_args(args, EmbedOptions)
+    texts, count, where = _embed_input(args)
+    loaded = load_encoder(args.model, device=args.device, dtype=args.dtype, int8=args.int8, fast=args.speed)
+    output = resolve_output(loaded.layout, options.pooling, options.normalize)
+    vector_format(args.output, output.sentence)  # a format that cannot hold these rows, refused before the plan
+    # checkpoints for a file, which a resumed run reads again; none for standard input, read once (its journal
+    # only refuses to write over a killed run's recorded rows, and clears a stale record)
+    plan = partial(_embed_plan, args, options, loaded, output, count) if count is not None else None
+    journal = open_journal(args.output, plan, EMBED_CHUNK if plan else 0, args.go_on, output.sentence)
+    start = journal.rows
+    if start:  # the killed run's chunks are written: the same chunks after them, so the same batches
+        texts, where = itertools.islice(texts, start, None), (lambda i, at=where: at(start + i))
+    rows = iter_embed(
+        texts, loaded, options.layers, output.pooling, output.normalize, combine=options.combine,
+        word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
+        stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=None if count is None else
+        count - start, where=where, chunk_size=EMBED_CHUNK,
+    )
+    n = write_vectors(rows, args.output, pooled=output.sentence, journal=journal)
+    # rows are the texts in order: say that a blank line has none
+    blank = texts.blank if isinstance(texts, OnePass) else blank_lines(args.input, args.column)
+    skipped = f"; {blank} blank line{'s' if blank > 1 else ''} skipped, so row i is the i-th text" if blank else ""
+    resumed = f"; went on from the {start} texts the interrupted run wrote" if start else ""
+    # the file always holds float32 numbers; the model's precision is what they were computed in
+    print(f"wrote {n} {'vectors' if output.sentence else 'texts'} to {args.output} (float32 values, computed in "
+          f"{loaded.precision}){skipped}{resumed}", file=sys.stderr)
+
+
+def _embed_input(args) -> tuple:
+    """(the texts, how many (None: standard input, counted as it streams), where(i): text i's file and line)."""
     if reads_once(args.input):  # standard input, a pipe: streamed, its lines counted and named as they pass
+        if args.go_on:
+            raise BertkitError("--resume reads the input again, and standard input (or a pipe) gives its lines once: "
+                               "save them to a file, embed that, and --resume then goes on after a stop")
         texts = OnePass(args.input, args.column)
         count, where = (None if texts.first is not None else 0), texts.line
     else:  # a file: counted first (the progress bar's total), read again for a line named in an error
@@ -68,21 +121,24 @@ def run_embed(args):
     if count == 0:  # was "nothing to write", once the model had loaded
         raise BertkitError(f"{args.input} holds no texts: write one per line (.txt), or rows under a header (.tsv), "
                            "or one JSON object per line (.jsonl)")
-    loaded = load_encoder(args.model, device=args.device, dtype=args.dtype, int8=args.int8, fast=args.speed)
-    output = resolve_output(loaded.layout, options.pooling, options.normalize)
-    rows = iter_embed(
-        texts, loaded, options.layers, output.pooling, output.normalize, combine=options.combine,
-        word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
-        stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=count,
-        where=where,
-    )
-    n = write_vectors(rows, args.output, pooled=output.sentence)
-    # rows are the texts in order: say that a blank line has none
-    blank = texts.blank if isinstance(texts, OnePass) else blank_lines(args.input, args.column)
-    skipped = f"; {blank} blank line{'s' if blank > 1 else ''} skipped, so row i is the i-th text" if blank else ""
-    # the file always holds float32 numbers; the model's precision is what they were computed in
-    print(f"wrote {n} {'vectors' if output.sentence else 'texts'} to {args.output} (float32 values, computed in "
-          f"{loaded.precision}){skipped}", file=sys.stderr)
+    return texts, count, where
+
+
+def _embed_plan(args, options: EmbedOptions, loaded, output, count: int) -> dict:
+    """What makes `bertkit embed`'s rows, recorded beside them for --resume (`bertkit.data.vector_files.Journal`):
+    the input's bytes, the model's weights and what it computes in, where, on which kernels, every option that
+    changes a vector (the batch and the chunk too: they decide which texts are padded and computed together,
+    and so the last bits of each vector), and the output's format."""
+    from bertkit.runtime.loading import weights_fingerprint  # late: the command line builds without loading torch
+
+    speed = getattr(args, "speed", None)
+    return {"format": 1, "input": file_identity(args.input), "column": args.column, "texts": count,
+            "model": {"fingerprint": weights_fingerprint(loaded.weights_dir), "precision": loaded.precision,
+                      "device": loaded.device.type, "fast_path": speed and dataclasses.asdict(speed)},
+            "layers": options.layers, "combine": options.combine, "pooling": output.pooling,
+            "normalize": output.normalize, "word_pooling": args.word_pooling, "batch_size": args.batch_size,
+            "max_length": args.max_length, "stride": args.stride, "truncate": args.truncate,
+            "chunk_size": EMBED_CHUNK, "output": Path(args.output).suffix.lower()}
 
 
 def add_attention(sub):

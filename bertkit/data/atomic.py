@@ -6,7 +6,8 @@ it, or worse, read it. So every file bertkit writes for keeps is written to `NAM
 folder, flushed and fsync'ed (its bytes on the disk), then renamed over `NAME` with `os.replace`,
 which is atomic within one filesystem (POSIX rename(2); Windows too), and the folder is fsync'ed
 so that the rename itself survives a power loss. A reader sees the old file or the new one; an
-error or Ctrl-C removes `NAME.tmp`, and what a kill leaves of it the next write replaces.
+error or Ctrl-C removes `NAME.tmp` (unless a resumable writer recorded rows in it: `write_through`'s
+`keep`, `bertkit embed --resume`), and what a kill leaves of it the next write replaces.
 A write the machine refuses is an OSError naming `NAME` with the errno the disk gave (`refused`), so the CLI
 says which file and why in one line, even where a library lost the errno on the way (numpy, torch.save,
 safetensors). While a process writes `NAME.tmp` it holds an flock on `NAME.tmp.lock`: a second process writing the
@@ -36,12 +37,14 @@ def replace_atomically(path, write) -> None:
     write_through(path, into)
 
 
-def write_through(path, write_to) -> None:
+def write_through(path, write_to, keep=None) -> None:
     """write_to(tmp_path) for a library that writes to a path, not a file object (safetensors' `save_file`,
     faiss' `write_index`), then the same fsync and rename over `path` as `replace_atomically`.
 
     A write the machine refuses (a full disk, a file-size limit, a read-only or forbidden folder) raises an
-    OSError with its errno that names `path`, the file the caller asked for (`refused`)."""
+    OSError with its errno that names `path`, the file the caller asked for (`refused`). keep(err): whether
+    NAME.tmp outlives that error (or Ctrl-C) because a resumable writer recorded rows in it that a run with
+    --resume goes on from (`bertkit.data.vector_files.Journal`); by default it is removed."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     # the lock is not taken on tmp itself: safetensors' save_file puts a new file at the path it is given, and
@@ -63,7 +66,8 @@ def write_through(path, write_to) -> None:
     except BaseException as err:  # an error or Ctrl-C leaves nothing behind; only a kill can leave NAME.tmp
         said = refused(err, path, (tmp, lock), probe=tmp) if isinstance(err, Exception) else None
         with contextlib.suppress(OSError):  # on a read-only disk even this fails: the cause is the error to say
-            tmp.unlink(missing_ok=True)
+            if keep is None or not keep(err):
+                tmp.unlink(missing_ok=True)
         if said is not None and said is not err:
             raise said from err
         raise

@@ -34,6 +34,7 @@ from __future__ import annotations
 import codecs
 import csv
 import gzip
+import hashlib
 import json
 import os
 import stat
@@ -344,6 +345,16 @@ def numbered_texts(path, column: str | None = None, on_blank=lambda: None):
 
 
 STDIN = "-"  # the input name that means standard input, as `bertkit tokenize -` reads it
+
+
+def file_identity(path) -> dict:
+    """A file's size and SHA-256, read a block at a time: what an interrupted `bertkit embed` records of its input,
+    so that --resume refuses a file that changed since (a line mended, added or removed shifts every row after)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
 
 
 def reads_once(path) -> bool:

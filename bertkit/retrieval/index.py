@@ -81,7 +81,7 @@ from bertkit.retrieval.lexical import (LEXICAL_DIR, LEXICAL_FILES, build_lexical
                                       require_packages)
 from bertkit.retrieval.passages import cut_all, default_stride, passage_lines, passages_sha256, read_documents
 from bertkit.training import distributed
-from bertkit.data.vector_files import map_safetensors, safetensors_header
+from bertkit.data.vector_files import map_safetensors, plan_difference, safetensors_header
 
 FORMAT = 1
 INDEX_JSON, BUILD_JSON = "index.json", "build.json"
@@ -154,15 +154,10 @@ def _empty(out: Path) -> None:
 
 
 def _check_plan(out: Path, plan: dict) -> None:
-    saved = json.loads((out / BUILD_JSON).read_text())
-    for key in plan:
-        was, now = saved.get(key), plan[key]
-        if was != now:
-            if isinstance(was, dict) and isinstance(now, dict):  # name the fields that differ, not the whole record
-                key += " " + ", ".join(k for k in {**was, **now} if was.get(k) != now.get(k))
-                was, now = ({k: v for k, v in d.items() if was.get(k) != now.get(k)} for d in (was, now))
-            raise BertkitError(f"--resume: {key} was {was!r} in the interrupted run and is {now!r} "
-                               "now: resume with the same corpus, model and settings, or start in a new folder")
+    difference = plan_difference(json.loads((out / BUILD_JSON).read_text()), plan)
+    if difference:
+        raise BertkitError(f"--resume: {difference}: resume with the same corpus, model and settings, or start in a "
+                           "new folder")
 
 
 def _start(out: Path, resume: bool, plan: dict, lines: list[bytes]) -> None:

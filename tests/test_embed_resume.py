@@ -1,0 +1,152 @@
+"""`bertkit embed --resume`: a run stopped midway (SIGKILL, a full disk, Ctrl-C) goes on from the rows it wrote.
+
+The rows of a chunk of texts depend on the chunk (its texts are sorted by length into batches), so a run
+records a checkpoint after each chunk (OUT.resume.json) and a resume starts at the next chunk's first text:
+the finished file must be byte for byte the one an uninterrupted run writes, for every output format. A
+resume with another input, model or option is refused in one line naming the difference; a run without
+--resume beside a killed run's rows refuses to throw them away; standard input cannot be read twice.
+
+The command line's chunk is 1,024 texts; these tests make it 8 (`bertkit.cli.features.EMBED_CHUNK`, the value
+it hands to iter_embed and to the writer), so that a few dozen texts make several checkpoints.
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bertkit.cli.features as embed_command
+from bertkit.cli import main
+from test_machine_refuses import file_size_limit, one_error_line
+
+ROOT = Path(__file__).resolve().parent.parent
+CHUNK = 8
+# killed_write.py run with the chunk made small first (the module is the one its `main` runs)
+KILLED = f"""
+import runpy, sys
+import bertkit.cli.features
+bertkit.cli.features.EMBED_CHUNK = {CHUNK}
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.fixture
+def chunked(monkeypatch):
+    monkeypatch.setattr(embed_command, "EMBED_CHUNK", CHUNK)
+
+
+def corpus(tmp_path: Path, n: int = 60) -> Path:
+    """n texts of 5 to 11 words: the length sort reorders each chunk, so a resume that started at another text
+    than a chunk's first would batch (and round) differently."""
+    path = tmp_path / "texts.txt"
+    path.write_text("".join(f"sentence number {i} about a {'big ' * (i * 7 % 6)}cat\n" for i in range(n)))
+    return path
+
+
+def embed(source, out, model, *flags) -> int:
+    return main(["embed", str(source), "-o", str(out), "--model", str(model), "--quiet", *map(str, flags)])
+
+
+def test_killed_with_sigkill_and_resumed_writes_the_uninterrupted_file(tiny_dir, tmp_path, chunked, capsys,
+                                                                      monkeypatch):
+    source = corpus(tmp_path)
+    whole = tmp_path / "whole.npy"
+    assert embed(source, whole, tiny_dir) == 0
+    out = tmp_path / "v.npy"
+    tmp, plan = tmp_path / "v.npy.tmp", tmp_path / "v.npy.resume.json"
+    # 60 rows of 32 float32 (128 bytes each) after a header of 128: killed inside row 37, in the fifth chunk
+    killed_write = Path(__file__).resolve().parent / "killed_write.py"
+    child = subprocess.run([sys.executable, "-c", KILLED, str(killed_write), "SIGKILL", tmp.name,
+                            str(128 + 36 * 128 + 64), "embed", str(source), "-o", str(out), "--model", str(tiny_dir), "--quiet"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert child.returncode == -9, child.stderr
+    done = json.loads(plan.read_text())["done"]
+    assert done["rows"] == 32 and tmp.stat().st_size > done["bytes"], done  # rows past the checkpoint: cut off
+    size = tmp.stat().st_size
+
+    assert embed(source, out, tiny_dir) == 2  # was: NAME.tmp replaced, the killed run's rows thrown away
+    line = one_error_line(capsys)
+    assert "32 of 60 texts" in line and "--resume" in line, line
+    assert embed(source, out, tiny_dir, "--resume", "--batch-size", 4) == 2
+    line = one_error_line(capsys)
+    assert "batch_size was 32 in the interrupted run and is 4" in line, line
+    assert embed(source, out, tiny_dir, "--resume", "--layers", "first") == 2
+    assert "layers was 'last' in the interrupted run and is 'first'" in one_error_line(capsys)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a text from a pipe\n")))
+    assert embed("-", out, tiny_dir) == 2  # standard input, which keeps no record, would write over them too
+    assert "32 of 60 texts" in one_error_line(capsys)
+    assert tmp.stat().st_size == size and not out.exists()  # a refusal touches nothing
+
+    assert embed(source, out, tiny_dir, "--resume") == 0
+    assert "went on from the 32 texts" in capsys.readouterr().err
+    assert out.read_bytes() == whole.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["texts.txt", "v.npy", "whole.npy"]  # no record left
+
+
+@pytest.mark.parametrize("name, pooling", [("v.safetensors", "none"), ("v.jsonl", "words"),
+                                           ("v.safetensors", "mean")])
+def test_a_full_disk_keeps_the_rows_and_resume_finishes_the_file(tiny_dir, tmp_path, chunked, capsys, name,
+                                                                  pooling):
+    """A file-size limit (a full disk's EFBIG) half-way: the line says --resume goes on, and it does. Per-token
+    vectors need each text's row count for the .safetensors offsets written at the end (OUT.resume.lengths)."""
+    source = corpus(tmp_path, 44)
+    whole = tmp_path / f"whole{Path(name).suffix}"
+    assert embed(source, whole, tiny_dir, "--pooling", pooling) == 0
+    out = tmp_path / name
+    with file_size_limit(whole.stat().st_size // 2):
+        assert embed(source, out, tiny_dir, "--pooling", pooling) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"bertkit: error: {out}: File too large") and "--resume goes on" in line, line
+    assert (tmp_path / f"{name}.tmp").is_file() and not out.exists()  # was: NAME.tmp deleted, every row lost
+    assert embed(source, out, tiny_dir, "--pooling", pooling, "--resume") == 0
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_ctrl_c_keeps_the_rows_and_says_resume_goes_on(tiny_dir, tmp_path, chunked, capsys, monkeypatch):
+    """Ctrl-C after 21 texts (two chunks recorded, a third begun): NAME.tmp was deleted with every row; now kept,
+    and the line says --resume goes on. Before the first checkpoint it says nothing of --resume (nothing to go on
+    from), and NAME.tmp goes as before."""
+    import bertkit.embeddings.features as features
+
+    source, out = corpus(tmp_path, 30), tmp_path / "v.jsonl"
+    whole = tmp_path / "whole.jsonl"
+    assert embed(source, whole, tiny_dir) == 0
+    capsys.readouterr()
+    real = features.iter_embed
+
+    def interrupted_after(n):
+        def iter_embed(*args, **kwargs):
+            for i, row in enumerate(real(*args, **kwargs)):
+                if i == n:
+                    raise KeyboardInterrupt
+                yield row
+        return iter_embed
+
+    monkeypatch.setattr(features, "iter_embed", interrupted_after(5))
+    assert embed(source, out, tiny_dir) == 130
+    assert capsys.readouterr().err.strip() == "bertkit: interrupted"
+    assert not (tmp_path / "v.jsonl.tmp").exists()
+    monkeypatch.setattr(features, "iter_embed", interrupted_after(21))
+    assert embed(source, out, tiny_dir) == 130
+    assert "--resume goes on" in capsys.readouterr().err
+    monkeypatch.setattr(features, "iter_embed", real)
+    assert embed(source, out, tiny_dir, "--resume") == 0
+    assert "went on from the 16 texts" in capsys.readouterr().err
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_resume_is_refused_in_one_line_where_nothing_can_go_on(tiny_dir, tmp_path, chunked, capsys, monkeypatch):
+    source, out = corpus(tmp_path, 12), tmp_path / "v.npy"
+    assert embed(source, out, tiny_dir, "--resume") == 2  # nothing there
+    assert "no interrupted run" in one_error_line(capsys)
+    assert embed(source, out, tiny_dir) == 0
+    assert embed(source, out, tiny_dir, "--resume") == 2  # finished
+    assert f"{out} is finished" in one_error_line(capsys)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a text\n")))
+    assert embed("-", tmp_path / "w.npy", tiny_dir, "--resume") == 2
+    assert "standard input" in one_error_line(capsys)
