@@ -89,7 +89,7 @@ def fast(**kw):
 
 
 def run(data, out, model="tiny", train="triplets", training=None, **options):
-    return finetune("embed", train=str(data[train]), output=str(out), model=str(data[model]),
+    return finetune("embed", train=str(data[train]), output=str(out), model=str(data.get(model, model)),
                     training=training or fast(), log=lambda s: None, **{"max_length": 32, **options})
 
 
@@ -122,6 +122,19 @@ def test_a_max_pooled_model_trains_and_embeds_as_it_was_trained(data, st, tmp_pa
     texts = ["a man plays a guitar", "two dogs run on the beach", "the cat sleeps"]
     theirs = SentenceTransformer(str(out), device="cpu").encode(texts, convert_to_numpy=True)
     np.testing.assert_allclose(embed(texts, str(out), dtype="float32"), theirs, rtol=0, atol=1e-6)
+    # training on from a model without a Normalize module keeps its layout, pooling and normalisation alike (as
+    # sentence-transformers' trainer saves the modules it loaded): it added one, so a dot-product model came back
+    # unit-length; run_config.json records what was decided, and sentence-transformers reads the same vectors
+    again = tmp_path / "again"
+    run(data, again, model=out, training=fast(epochs=1, max_steps=2))
+    assert (read_layout(again).pooling, read_layout(again).normalize) == ("max", False)
+    assert json.loads((again / "run_config.json").read_text())["normalize"] is False
+    ours = embed(texts, str(again), dtype="float32")
+    theirs = SentenceTransformer(str(again), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+    assert np.abs(np.linalg.norm(theirs, axis=1) - 1).min() > 1e-3  # not unit length
+    run(data, tmp_path / "asked", model=out, training=fast(epochs=1, max_steps=2), normalize=True)  # added
+    assert read_layout(tmp_path / "asked").normalize
 
 
 def test_scored_pairs_train_with_cosent(data, tmp_path):

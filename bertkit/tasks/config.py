@@ -297,7 +297,9 @@ class EmbedConfig(TaskConfig):
     pooling: Literal["auto", "mean", "cls", "max"] = _opt("auto", "sentence vector: the token vectors' mean, their "
                                                           "maximum or [CLS] (auto: the model's sentence-transformers "
                                                           "pooling, else mean)")
-    normalize: bool = _opt(True, "save the model as giving unit-length vectors (a 2_Normalize module)")
+    normalize: bool | None = _opt(None, "save the model as giving unit-length vectors, a 2_Normalize module (default: "
+                                        "as the model's sentence-transformers layout says, else yes; --static: as "
+                                        "its static folder says, else yes)")
     loss: Literal["mnrl", "cached-mnrl", "cosent"] | None = _opt(
         None, "mnrl: multiple-negatives ranking, in-batch negatives plus any negative columns; cached-mnrl: the "
               "same loss embedded in chunks of --mini-batch-size (GradCache), so --batch-size can be 512+ in the "

@@ -461,8 +461,14 @@ def _settle(cfg: EmbedConfig, log) -> EmbeddingExamples:
     """Read the training examples and settle what "auto" left open, in cfg: pooling and max length (the
     model's layout, else mean and 256) and the loss (CoSENT for scored pairs, else MNRL)."""
     # "auto": the model's own pooling, else mean; a static table has no layout to read (it averages)
-    output = resolve_output(None if cfg.static else read_layout(resolve(cfg.model)), cfg.pooling)
+    layout = None if cfg.static else read_layout(resolve(cfg.model))
+    output = resolve_output(layout, cfg.pooling)
     cfg.pooling = output.pooling
+    # normalize None: the layout's too, as sentence-transformers' trainer keeps the modules it loaded (True was
+    # forced, so training on a dot-product model made it unit-length); a new sentence model (no layout) is saved
+    # unit-length, its losses comparing cosines. A static start decides it in static_start.
+    if cfg.normalize is None and not cfg.static:
+        cfg.normalize = layout.normalize if layout is not None else True
     # a table: its start's cut (None); a transformer: its sentence-transformers length, else 256, or fewer where
     # the model has fewer positions, said (its own length, or one given, is checked against them)
     cfg.max_length = cfg.max_length or output.length

@@ -55,9 +55,11 @@ def static_start(cfg, load_tokenizer, log=print) -> tuple:
         weight = torch.randn(len(tok), cfg.static_dim, generator=torch.Generator().manual_seed(cfg.training.seed))
         log(f"static table: {len(tok)} x {cfg.static_dim}, random (from scratch), vocabulary of "
             f"{cfg.model or 'the default model'}")
-        model = StaticEmbedding(weight)
+        model = StaticEmbedding(weight, normalize=True)  # a new sentence model is saved unit-length (as _settle's)
         model.config.max_length = DEFAULT_MAX_LENGTH
-    model.config.normalize = bool(cfg.normalize)
+    if cfg.normalize is not None:  # else the start's, as a transformer's layout is kept (embedding._settle)
+        model.config.normalize = bool(cfg.normalize)
+    cfg.normalize = model.config.normalize
     # one cut for the training texts, the dev figures and the saved model: --max-length when given, else the
     # start's (the run used finetune embed's 256 and saved the start's 512, dropping a --max-length)
     if cfg.max_length:
