@@ -548,8 +548,8 @@ def test_one_call_api(tiny, tmp_path):
         finetune("summarize", train=str(t), output=str(tmp_path / "o2"))
     # a training setting among the task's options: once a TypeError from the config's __init__; now the
     # fix, for the loop's settings and the optimizer's, before anything is read or written
-    for option, says in (({"max_steps": 2}, r"training=TrainConfig\(max_steps=2\)"),
-                         ({"learning_rate": 1e-4}, r"training=TrainConfig\(optim=OptimConfig\(learning_rate=0.0001\)\)"),
+    for option, says in (({"max_steps": 2}, r"training=\{'max_steps': 2\}"),
+                         ({"learning_rate": 1e-4}, r"training=\{'optim': \{'learning_rate': 0.0001\}\}"),
                          ({"text_colum": "x"}, r"no option 'text_colum'.*text_column")):
         with pytest.raises(BertkitError, match=says):
             finetune("classify", train=str(t), output=str(tmp_path / "o3"), model=str(tiny), **option)
@@ -571,9 +571,16 @@ def test_the_one_call_api_leaves_the_callers_training_settings_as_they_were(tiny
     final = finetune("classify", train=str(t), output=str(tmp_path / "b"), model=str(tiny), max_length=24,
                      training=training, log=lambda s: None)
     assert final["train_examples"] == 16
-    with pytest.raises(BertkitError, match=r"training must be a TrainConfig .*got dict: pass "
-                                           r"training=TrainConfig\(epochs=1\)"):
-        finetune("classify", train=str(t), output=str(tmp_path / "c"), model=str(tiny), training={"epochs": 1})
+    # a dict is settings over the task's defaults (test_tasks_registry); a name that is none, or in the wrong
+    # place, is refused saying where it goes, before anything is written
+    for training, says in (({"epoch": 1}, r"'epoch' is no training setting \(bertkit"),
+                           ({"learning_rate": 1e-4}, r"'learning_rate' is no training setting: pass "
+                                                     r"training=\{'optim': \{'learning_rate': 0.0001\}\}"),
+                           ({"optim": {"epochs": 1}}, r"'epochs' is no optimizer setting: pass training=\{'epochs': 1\}"),
+                           ("epochs=1", r"training must be a dict of settings .* got str")):
+        with pytest.raises(BertkitError, match=says):
+            finetune("classify", train=str(t), output=str(tmp_path / "c"), model=str(tiny), training=training)
+    assert not (tmp_path / "c").exists()
 
 
 def test_demo_held_out_words_never_seen_in_training():

@@ -259,3 +259,13 @@ def test_the_one_call_finetune_trains_as_the_command_does(monkeypatch, tmp_path,
     cli, api = built["cli"], built["api"]
     assert api.training == cli.training, (task, switches)
     assert api == cli
+    # a few settings of a script go over the task's (and the switches') defaults as the same flags do: a
+    # TrainConfig(max_steps=5) was the only way, and brought TrainConfig's own defaults for everything else
+    built.clear()
+    main(["finetune", task, "--train", str(tmp_path / "t.tsv"), "--output", str(tmp_path / "o"), *flags,
+          "--max-steps", "5", "--learning-rate", "3e-4"])
+    tasks.finetune(task, train=str(tmp_path / "t.tsv"), output=str(tmp_path / "o"), **switches,
+                   training={"max_steps": 5, "optim": {"learning_rate": 3e-4}})
+    assert built["api"].training == built["cli"].training, (task, switches)
+    assert built["api"].training.max_steps == 5 and built["api"].training.optim.learning_rate == 3e-4
+    assert built["api"] == built["cli"]

@@ -43,8 +43,10 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
 
     task: classify | pair | regression | multi_label | ner | qa | embed | rerank; `options` are
     the fields of the task's config (TextTaskConfig, NerConfig, QAConfig, EmbedConfig, RerankConfig), e.g.
-    model=, text_column=, max_length=; `training` a TrainConfig, taken whole (None: the one
-    `bertkit finetune TASK` starts from: the task's own defaults and those of the switches given, e.g. static=True).
+    model=, text_column=, max_length=; `training` the loop's settings as `bertkit finetune TASK` takes them:
+    None for the task's own defaults and those of the switches given (e.g. static=True), a dict of settings over
+    those, as the command's flags go over them (training={"max_steps": 5, "optim": {"learning_rate": 1e-4}}),
+    or a whole TrainConfig, taken as it is (its own defaults for what it does not set).
     """
     record = task_named(task)
     for name, value in options.items():

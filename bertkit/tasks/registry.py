@@ -48,7 +48,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
-from typing import Callable
+from typing import Callable, Mapping
 
 from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION, SINGLE_LABEL
@@ -147,26 +147,25 @@ class Task:
         self.check_metric(cfg.training.metric, cfg.dev)
 
     def own_training(self, training, options: dict | None = None) -> TrainConfig:
-        """The one-call `finetune`'s training= as the run's own copy: the run settles its metric in it, and a
-        script may hand the same settings to its next run. None: what `bertkit finetune TASK` starts from,
+        """The one-call `finetune`'s training= as the run's own TrainConfig (the run settles its metric in it, and a
+        script may hand the same settings to its next run). None: what `bertkit finetune TASK` starts from,
         TrainConfig's defaults (BERT's classifier recipe, 3 epochs at 5e-5) with the task's own on top (embed,
         rerank: 1 epoch at 2e-5) and the presets of the switches `options` turns on (static=True: the static
-        recipe's batch and rates); TrainConfig() alone trained every task by the classifier's recipe."""
-        if training is None:
-            layers = [self.defaults.get("training", {}),
-                      *(preset.get("training", {}) for switch, preset in self.presets.items()
-                        if (options or {}).get(switch))]
-            training = TrainConfig()
-            for layer in layers:
-                layer = dict(layer)
-                optim = replace(training.optim, **layer.pop("optim", {}))
-                training = replace(training, **layer, optim=optim)
-            return training
-        if not isinstance(training, TrainConfig):
-            example = ", ".join(f"{k}={v!r}" for k, v in training.items()) if isinstance(training, dict) else "epochs=3"
-            raise BertkitError(f"training must be a TrainConfig (bertkit.tasks.config), got {type(training).__name__}: "
-                               f"pass training=TrainConfig({example})")
-        return copy.deepcopy(training)
+        recipe's batch and rates). A mapping: its settings over that start, as the command's flags go over it
+        ({"max_steps": 5, "optim": {"learning_rate": 1e-4}}: a TrainConfig(max_steps=5) brought the classifier's
+        recipe for the rest). A TrainConfig: taken whole, every setting as it says (a copy)."""
+        if isinstance(training, TrainConfig):
+            return copy.deepcopy(training)
+        if training is not None and not isinstance(training, Mapping):
+            raise BertkitError(f"training must be a dict of settings over the task's defaults (e.g. training="
+                               f"{{'epochs': 3}}) or a whole TrainConfig, got {type(training).__name__}")
+        layers = [self.defaults.get("training", {}),
+                  *(preset.get("training", {}) for switch, preset in self.presets.items()
+                    if (options or {}).get(switch)), training or {}]
+        start = TrainConfig()
+        for layer in layers:
+            start = _layered(start, layer)
+        return start
 
     def check_option(self, name: str, value) -> None:
         """A keyword of the one-call `finetune` that is no setting of this task's config: a training or optimizer
@@ -174,14 +173,11 @@ class Task:
         own = [f.name for f in fields(self.config)]
         if name in own:
             return
-        if name in {f.name for f in fields(TrainConfig)}:
-            fix = f"training=TrainConfig({name}={value!r})"
-        elif name in {f.name for f in fields(TrainConfig().optim)}:
-            fix = f"training=TrainConfig(optim=OptimConfig({name}={value!r}))"
-        else:
+        if name not in {f.name for f in fields(TrainConfig)} | {f.name for f in fields(TrainConfig().optim)}:
             raise BertkitError(f"finetune({self.name!r}) has no option {name!r}; its options: {', '.join(own)}")
-        raise BertkitError(f"finetune({self.name!r}): {name} is a training setting, not the task's: pass {fix} "
-                           "(bertkit.tasks.config.TrainConfig, bertkit.training.optim.OptimConfig)")
+        raise BertkitError(f"finetune({self.name!r}): {name} is a training setting, not the task's: pass "
+                           f"training={_spelt(name, value)} (bertkit.tasks.config.TrainConfig, "
+                           "bertkit.training.optim.OptimConfig)")
 
     def check_metric(self, metric: str | None, dev) -> None:
         """--metric names one of this task's dev figures, and there is a --dev to score: an unknown name failed
@@ -204,6 +200,30 @@ class Task:
         if cfg.dev:
             cfg.training.metric = cfg.training.metric or self.metric
             cfg.training.greater_is_better = self.metrics[cfg.training.metric]
+
+
+def _spelt(name: str, value) -> str:
+    """A training setting as training= takes it: {'max_steps': 5}, an optimizer's {'optim': {'learning_rate': ...}}."""
+    optim = name not in {f.name for f in fields(TrainConfig)}
+    return repr({"optim": {name: value}} if optim else {name: value})
+
+
+def _layered(training: TrainConfig, layer: Mapping) -> TrainConfig:
+    """`training` with the settings of `layer` (a preset's "training", or a script's training=) over it; an
+    optimizer's under "optim". A name that is no setting is refused, naming where it belongs."""
+    layer = dict(layer)
+    optim = layer.pop("optim", {})
+    if not isinstance(optim, Mapping):
+        raise BertkitError(f"training: 'optim' takes a dict of optimizer settings, e.g. {{'learning_rate': 2e-5}}, "
+                           f"got {type(optim).__name__}")
+    loop, opt = {f.name for f in fields(TrainConfig)}, {f.name for f in fields(training.optim)}
+    for kind, given, known in (("training", layer, loop), ("optimizer", optim, opt)):
+        for name, value in given.items():
+            if name not in known:  # replace's TypeError named no fix; a setting in the wrong place is spelt right
+                fix = f": pass training={_spelt(name, value)}" if name in loop | opt else ""
+                raise BertkitError(f"training: {name!r} is no {kind} setting{fix} (bertkit.tasks.config.TrainConfig, "
+                                   "bertkit.training.optim.OptimConfig)")
+    return replace(training, **layer, optim=replace(training.optim, **optim))
 
 
 def _last_label(prediction: dict, labels: list) -> float:
