@@ -157,7 +157,7 @@ def add_demo(sub):
         help="transfer learning in one go: fine-tune the default model on a small sentiment set and use it",
         description="Writes a small labelled sentiment set (made up by bertkit itself), fine-tunes the packaged "
         "pretrained model on part of it, reports accuracy on the held-out part and classifies a few new "
-        "sentences. Takes about 15 s on 2 idle CPU cores (it prints its own time).",
+        "sentences. It prints how long the fine-tuning took.",
     )
     p.add_argument("--output", "-o", default="bertkit-demo", help="working directory (default ./bertkit-demo)")
     p.add_argument("--epochs", type=finite_float, default=None, help="passes over the training part (default 3)")
