@@ -237,6 +237,32 @@ def test_a_model_whose_labels_share_a_name_is_refused_naming_them(models, tmp_pa
     assert len(bertkit.predict(models["classify"], ["the movie was good ."])[0]["probabilities"]) == 2
 
 
+@pytest.mark.parametrize("changes", [{"num_labels": 3}, {"num_labels": 1},
+                                     {"num_labels": 2, "id2label": {"0": "neg", "1": "pos", "2": "mixed"}},
+                                     {"num_labels": 3, "id2label": None, "label2id": {"neg": 0, "pos": 1}}])
+def test_a_config_whose_num_labels_and_label_names_disagree_is_refused_naming_both(models, tmp_path, capsys, changes):
+    """config.json's num_labels and id2label (or label2id) counting different labels (a hand edit: a label name
+    added, num_labels changed): bertkit took id2label's count, so num_labels 3 beside two names and two outputs
+    predicted two labels silently, and a name added to id2label stopped at the weights' shapes with "Pass
+    strict=False"; transformers reads the same file by num_labels (5.x: names LABEL_0.., or a size mismatch), 4.x
+    by id2label. Which outputs the labels are is not known, so it is one line naming the file and both fields."""
+    import shutil
+
+    folder = tmp_path / "disagree"
+    shutil.copytree(models["classify"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    names = "id2label" if changes.get("id2label", 0) is not None else "label2id"
+    says = f"config.json: num_labels is {changes['num_labels']} but its {names} names"
+    with pytest.raises(BertkitError, match=says):
+        bertkit.predict(folder, ["the movie was good ."])
+    (tmp_path / "in.txt").write_text("the movie was good .\n")
+    assert main(["predict", str(folder), str(tmp_path / "in.txt"), "-o", "-", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(folder / "config.json") in err and says in err
+
+
 def test_a_hugging_face_token_classifier_with_few_positions_is_read_in_windows_that_fit(tmp_path):
     """A transformers BertForTokenClassification folder keeps no bertkit_task.json: predict read it at its positions
     (32 here) with NER's overlap of 32, which leaves its windows no room, and refused every input with 'stride=32

@@ -294,7 +294,9 @@ class BertConfig:
             raise BertkitError(f"{path} is not valid JSON ({err}); re-save the config") from None
         if not isinstance(values, dict):
             raise BertkitError(f"{path} must hold a JSON object")
-        return cls.from_dict(values)
+        config = cls.from_dict(values)  # its types checked first
+        _check_label_count(values, config, path)
+        return config
 
     def to_json_string(self) -> str:
         """config.json's text (sorted keys, a final newline)."""
@@ -312,6 +314,21 @@ class BertConfig:
             path = default_model_dir()
         path = Path(path)
         return cls.from_json_file(path / "config.json" if path.is_dir() else path)
+
+
+def _check_label_count(values: dict, config: BertConfig, path: Path) -> None:
+    """config.json's num_labels beside an id2label (or a label2id alone) of another count: refused, naming both.
+    The names won here (`BertConfig.__post_init__`: num_labels 3 beside two names predicted two labels, silently),
+    transformers 5.x reads num_labels (LABEL_0... or a size mismatch) and 4.x the names: which outputs the labels
+    are is not known. Neither library writes such a file (transformers writes no num_labels): a hand edit does."""
+    which = "id2label" if values.get("id2label") is not None else "label2id"
+    count = values.get("num_labels")
+    if count is not None and values.get(which) and count != config.num_labels:  # config's: the names' count
+        names = config.labels
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise BertkitError(f"{path}: num_labels is {count} but its {which} names {len(names)} "
+                           f"label{'s' if len(names) != 1 else ''} ({shown}): make them agree (one name per output "
+                           "of the classifier), or remove num_labels")
 
 
 def _json_kind(value) -> str:
