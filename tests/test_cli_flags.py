@@ -603,3 +603,31 @@ def test_the_help_of_a_command_that_needs_an_extra_names_it():
     assert "pip install 'bertkit[onnx]'" in " ".join(command("export", "onnx").format_help().split())
     no_lexical = next(a for a in command("index")._actions if "--no-lexical" in a.option_strings)
     assert "pip install 'bertkit[search]'" in no_lexical.help
+
+
+def test_traceback_shows_the_developer_what_the_one_line_hides(tmp_path, capsys, monkeypatch):
+    """Every error is one line for a person; an OSError from deep inside a library (a refused connection, an
+    EINVAL) kept no more, and a developer had no way to see where it came from. `bertkit --traceback COMMAND`
+    prints Python's traceback above the same line and exit status; given after the command it is refused
+    saying where it goes."""
+    import errno
+
+    import bertkit.cli.text as text
+
+    def deep(args):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(text, "run_tokenize", deep)
+    assert main(["tokenize", "hello"]) == 2
+    plain = capsys.readouterr().err
+    assert plain == "bertkit: error: Invalid argument\n"
+    assert main(["--traceback", "tokenize", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "in deep" in err and err.endswith(plain)
+    missing = str(tmp_path / "none")
+    assert main(["--traceback", "predict", missing, missing]) == 2  # a BertkitError too
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "BertkitError" in err and err.splitlines()[-1].startswith("bertkit: error: ")
+    with pytest.raises(SystemExit):
+        main(["tokenize", "hello", "--traceback"])
+    assert "--traceback goes before the command: bertkit --traceback tokenize" in capsys.readouterr().err

@@ -6,7 +6,8 @@ tokenizer commands start without loading torch. A user mistake (BertkitError,
 a missing file) or a file the machine refuses (a full disk, a file-size limit, no
 permission: `machine_said()`) prints one line on stderr and exits with status 2, never a
 traceback; user files are opened through `bertkit.data.textfiles`, so a directory or
-a file that is not UTF-8 text gets that one line too.
+a file that is not UTF-8 text gets that one line too. A developer who needs to see where
+an error came from runs `bertkit --traceback COMMAND ...`: Python's traceback above the line.
 
 One module per area (`text`: tokenizer and vocabularies, `model`: model info and
 export, `pretrain`: pre-training, fill-mask and electra show, `finetune`: fine-tuning,
@@ -23,6 +24,7 @@ import errno
 import os
 import re
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -64,6 +66,9 @@ class Parser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         parsed, extra = self.parse_known_args(args, namespace)
+        if TRACEBACK in extra:  # the top parser's flag, not the command's
+            self.exit(2, f"bertkit: error: {TRACEBACK} goes before the command: bertkit {TRACEBACK} "
+                         f"{parsed.help_of.removeprefix('bertkit ')} ...\n")
         if extra:  # argparse said it from the top parser: `bertkit --help` lists no option of finetune classify
             self.exit(2, f"bertkit: error: unrecognized arguments: {' '.join(extra)} ({parsed.help_of} --help)\n")
         return parsed
@@ -85,6 +90,11 @@ def closest_choice(message: str) -> str:
     return message[: found.start()] + f"invalid choice: {found['given']!r}: did you mean {close[0]!r}?"
 
 
+# A person gets one line for every error (what was wrong, what to do); a developer asks for where it came from
+# with the top parser's flag, read here at the command line's edge, never inside the library
+TRACEBACK = "--traceback"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="bertkit",
@@ -92,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(TRACEBACK, action="store_true",
+                        help="on an error, print Python's traceback above the one line (for a developer; the exit "
+                        "status stays the same)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub)
@@ -279,18 +292,25 @@ def main(argv=None) -> int:
             args.speed = speed_settings(args.onednn)
         args.handler(args)
     except BertkitError as err:
-        print(f"bertkit: error: {err}", file=sys.stderr)
+        said(args, f"bertkit: error: {err}")
         return 2
     except BrokenPipeError:
         return 0
     except OSError as err:  # the machine said no: a full disk, a file-size limit, a folder it may not write...
-        print(f"bertkit: error: {machine_said(err, resumable=resumable(args))}", file=sys.stderr)
+        said(args, f"bertkit: error: {machine_said(err, resumable=resumable(args))}")
         return 2
     except KeyboardInterrupt:  # Ctrl-C: a person's choice, not a crash (no traceback); 130 as a shell reports it
         again = "; --resume goes on from the last checkpoint" if resumable(args) else ""
-        print(f"bertkit: interrupted{again}", file=sys.stderr)
+        said(args, f"bertkit: interrupted{again}")
         return 130
     return 0
+
+
+def said(args, line: str) -> None:
+    """The one line of an error on stderr; under --traceback the exception's traceback above it."""
+    if args.traceback:
+        traceback.print_exc(file=sys.stderr)
+    print(line, file=sys.stderr)
 
 
 def resumable(args) -> bool:
