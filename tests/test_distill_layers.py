@@ -336,9 +336,11 @@ def test_a_classifier_student_learns_the_teachers_logits_and_labels(tiny_dir, tm
     kl = float((p_t * (p_t.log() - p_s.log())).sum(-1).mean()) * T * T
     ce = float(-torch.log_softmax(zs, -1)[range(6), labels].mean())
     assert abs(first_loss(tmp_path / "student") - (0.3 * kl + 0.7 * ce)) < 1e-5
-    # the teacher's layout: bertkit_task.json and the labels, so predict takes the student as it is
+    # the teacher's layout: bertkit_task.json and the labels, so predict takes the student as it is; the record
+    # says it is a student, of which teacher (it was the teacher's record alone, naming the teacher's run)
     saved = load(tmp_path / "student")
-    assert saved.info == info and saved.config.labels == ["neg", "pos"] and saved.config.num_hidden_layers == 1
+    assert saved.info == {**info, "distilled_from": {"teacher": str(teacher_dir), "layers": [1]}}
+    assert saved.config.labels == ["neg", "pos"] and saved.config.num_hidden_layers == 1
     assert {p["label"] for p in bertkit.predict(tmp_path / "student", SENTENCES)} <= {"neg", "pos"}
 
 

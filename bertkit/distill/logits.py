@@ -21,7 +21,8 @@ was trained (bertkit_task.json: max length, stride, columns) into the task's own
 features (`Task.features`). The teacher runs once, in float32, over them: its logits ride in
 each feature as `teacher_logits`, so an epoch costs only the student. Training goes through
 the one loop (`bertkit.tasks.trainer.train`); the student is saved with the teacher's
-bertkit_task.json, so `predict`, `serve` and `evaluate` take it unchanged.
+bertkit_task.json (with `distilled_from`: the teacher's folder and the layers kept), so `predict`, `serve` and
+`evaluate` take it unchanged.
 
 Shapes: B inputs, T tokens, C classes (1 for regression).
 """
@@ -110,7 +111,11 @@ def distill_logits(teacher, output, config, log=print, speed=None) -> dict:
     logits = feature_logits(teacher, features, batch_size=tcfg.eval_batch_size, progress=tcfg.progress)
     for f, z in zip(features, logits):
         f["teacher_logits"] = z
-    save_task = saver(Path(output), teacher.tokenizer, teacher.info)
+    # the student reads its inputs as the teacher does (task, lengths, columns, labels: its record, whose "config"
+    # is the fine-tuning run that defined them, output and all); the record adds what the student is: which
+    # model it was distilled from and the layers it kept (its own run: run_config.json)
+    info = {**teacher.info, "distilled_from": {"teacher": str(teacher.directory), "layers": layers}}
+    save_task = saver(Path(output), teacher.tokenizer, info)
     wrapped = LogitStudent(student, kind, config.temperature, config.soft_weight if labelled else 1.0)
     result = train(wrapped, features, tcfg, save=lambda m: save_task(m.model), output_dir=Path(output),
                    pad_id=teacher.tokenizer.pad_token_id, run_config={**asdict(config), "teacher": str(teacher.directory)},
