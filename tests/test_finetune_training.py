@@ -231,6 +231,23 @@ def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, one
     assert [p.name for p in (kept / "checkpoints").iterdir()] == ["step-00000010.pt"]  # still kept: a saved setting
 
 
+def test_a_checkpoint_of_an_earlier_bertkit_without_the_saved_epochs_reason_resumes():
+    """A checkpoint written before the best epoch's record kept why it was saved ("saved_because", 19cb000)
+    resumed to its end, then died in a KeyError traceback when the resumed epochs did not beat its best epoch:
+    `finetune classify -o RUN --resume` of a run of the bertkit of 11-25 (53df944), its model and metrics.json
+    unwritten. The record below is that checkpoint's, as it wrote it."""
+    from bertkit.tasks.trainer import Epochs, TrainResult
+
+    record = {"epoch": 1, "step": 5, "train_loss": 0.6926, "train_seconds": 58.19, "accuracy": 0.5,
+              "macro_f1": 0.4048, "f1": 0.1667, "eval_seconds": 3.46}
+    epochs = Epochs(per_epoch=5, metric="accuracy", greater_is_better=True, evaluate=None, save=None, is_main=True,
+                    log=print)
+    epochs.resume({"finetune": {"history": [record], "best": dict(record), "epoch_losses": [],
+                                "best_weights": None}}, torch.nn.Linear(2, 2))
+    saved = TrainResult(epochs.history, epochs.best, 0.0).saved["saved"]  # what metrics.json and the last line say
+    assert saved == {"epoch": 1, "because": "the best accuracy (0.5000) before the resume"}
+
+
 @pytest.mark.slow
 def test_a_resume_on_a_training_file_edited_since_is_refused(task, tmp_path):
     """A run's checkpoint recorded only its row count: a training file edited in place (labels fixed, rows

@@ -247,6 +247,8 @@ class Epochs:
         kept = extras["finetune"]
         self.history, self.best, self.epoch_losses = kept["history"], kept["best"], kept["epoch_losses"]
         self.best_weights = kept["best_weights"]
+        if self.best is not None and "saved_because" not in self.best:  # an earlier bertkit's record kept no reason
+            self.best["saved_because"] = f"the best {self.metric} ({figure(self.best[self.metric])}) before the resume"
         if self.best is not None and self.best_weights is None:  # the best epoch is the checkpointed one
             self.best_weights = _weights(model)
 
