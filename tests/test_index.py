@@ -273,6 +273,40 @@ def test_the_passages_hash_is_taken_a_line_at_a_time():
     assert peak < max(map(len, lines)) + 65536, peak
 
 
+def test_a_resume_on_passages_cut_otherwise_names_the_corpus_or_the_bertkit_version(tiny, corpus, tmp_path,
+                                                                                     monkeypatch):
+    """An unfinished build started by the bertkit of 11-25 (53df944, before a window began at a word) and
+    resumed by today's: the same corpus, model and flags, and the refusal told the user to 'resume with the same
+    corpus, model and settings', which they had, naming passages_sha256 and two 64-hex hashes. It names the two
+    causes now (the corpus changed, or another version cut it) and the fix, --overwrite."""
+    import bertkit.retrieval.index as index_module
+
+    out = tmp_path / "index"
+    options = dict(passage_tokens=TOKENS, overlap=OVERLAP, part_size=40, dtype="float32", progress=False,
+                   lexical=None)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # before the first part: build.json and passages.jsonl are written
+
+    monkeypatch.setattr(index_module, "_encode_parts", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(corpus, out, str(tiny), **options)
+    monkeypatch.undo()
+    plan = json.loads((out / "build.json").read_text())
+    # the old cut: as many passages, one window beginning two characters into a word
+    lines = (out / "passages.jsonl").read_bytes().splitlines(keepends=True)
+    first = json.loads(lines[1])
+    lines[1] = json.dumps({**first, "text": first["text"][2:]}).encode() + b"\n"
+    (out / "build.json").write_text(json.dumps({**plan, "passages_sha256": passages_sha256(lines)}))
+    with pytest.raises(BertkitError) as refused:
+        build_index(corpus, out, str(tiny), resume=True, **options)
+    said = str(refused.value)
+    assert f"{plan['passages']} passages" in said and "another bertkit version" in said and str(corpus) in said
+    assert said.endswith("start again with --overwrite") and "passages_sha256" not in said
+    build_index(corpus, out, str(tiny), overwrite=True, **options)  # which builds it
+    assert open_index(out).info["passages"] == plan["passages"]
+
+
 def test_killed_with_sigkill_and_resumed_equals_an_uninterrupted_build(built, tiny, corpus, tmp_path):
     whole, info = built
     out = tmp_path / "index"

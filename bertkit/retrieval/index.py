@@ -154,7 +154,15 @@ def _empty(out: Path) -> None:
 
 
 def _check_plan(out: Path, plan: dict) -> None:
-    difference = plan_difference(json.loads((out / BUILD_JSON).read_text()), plan)
+    saved = json.loads((out / BUILD_JSON).read_text())
+    difference = plan_difference(saved, plan)
+    if difference and difference.startswith("passages"):  # corpus, model and cut as before: no setting of the user's
+        raise BertkitError(
+            f"--resume: the passages are not the interrupted run's ({saved.get('passages')} passages, text hash "
+            f"{str(saved.get('passages_sha256'))[:12]} then; {plan['passages']}, {plan['passages_sha256'][:12]} now): "
+            f"{plan['corpus']} changed since, or another bertkit version started the run and cut the passages "
+            "otherwise (a window begins at a word since 2026-11-27); its encoded parts are of those passages: start "
+            "again with --overwrite")
     if difference:
         raise BertkitError(f"--resume: {difference}: resume with the same corpus, model and settings, or start in a "
                            "new folder")
