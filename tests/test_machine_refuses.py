@@ -9,6 +9,7 @@ ignored: the kernel then refuses a write past it with EFBIG), set in this proces
 """
 
 import contextlib
+import errno
 import os
 import resource
 import shutil
@@ -317,12 +318,13 @@ def test_an_index_takes_its_vectors_blocks_before_it_maps_them(tiny_dir, tmp_pat
     assert mapped == [("vectors.safetensors.tmp", True)]  # was: False, a sparse file
 
 
-@pytest.mark.parametrize("limit", [3000, 20_000])
-def test_pretrain_prepare_past_a_limit_says_why(tmp_path, capsys, limit):
+@pytest.mark.parametrize("limit, file", [(3000, "tokens/00000/tokens.npy"), (20_000, "instances/00000/masked_ids.npy")])
+def test_pretrain_prepare_past_a_limit_says_why(tmp_path, capsys, limit, file):
     """numpy writes a .npy's data with fwrite, and a refused write reached the user as "bertkit: error: 16896
     requested and 8128 written": no cause, no file. 3,000 bytes stop the first shard's tokens.npy (2,400 tokens,
-    2 bytes each), 20,000 a block of instances (32 kB arrays) after the corpus (10 kB); run again with room,
-    prepare finishes."""
+    2 bytes each), 20,000 a block of instances (its masked ids, 40 kB) after the corpus (10 kB); run again with
+    room, prepare finishes. The line names the file in the folder the user asked for (it named none: "bertkit:
+    error: File too large (...)"), and the half-written folder is gone (its .NNNNN.tmp-PID/ stayed)."""
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "."]
     (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
     corpus = tmp_path / "corpus"
@@ -333,7 +335,10 @@ def test_pretrain_prepare_past_a_limit_says_why(tmp_path, capsys, limit):
             "--max-seq-length", "16", "--workers", "1", "--quiet"]
     with file_size_limit(limit):
         assert main(argv) == 2
-    assert "File too large (over this process's file-size limit" in one_error_line(capsys)
+    line = one_error_line(capsys)
+    assert line.startswith(f"bertkit: error: {tmp_path / 'data' / file}: File too large (over this process's "
+                           "file-size limit"), line
+    assert not [p.name for p in (tmp_path / "data").rglob("*") if ".tmp" in p.name]
     assert main(argv) == 0 and (tmp_path / "data" / "manifest.json").is_file()
 
 
@@ -359,11 +364,52 @@ def test_a_lexical_part_the_disk_refuses_leaves_no_half_folder(tmp_path):
     from bertkit.retrieval.lexical import build_lexical
 
     texts = [f"document {i} is about cats and dogs and the number {i * 7}" for i in range(400)]
-    with file_size_limit(3000), pytest.raises(Exception):
+    with file_size_limit(3000), pytest.raises(OSError) as refused:
         build_lexical(tmp_path, texts, LexicalOptions())
+    # the folder asked for and the disk's reason (numpy's own words were "2788 requested and 718 written", no errno)
+    assert (refused.value.errno, refused.value.filename) == (errno.EFBIG, str(tmp_path / "lexical"))
     assert list(tmp_path.iterdir()) == []  # was: lexical.tmp/ and its first files
     build_lexical(tmp_path, texts, LexicalOptions())  # with room again
     assert (tmp_path / "lexical" / "params.index.json").is_file()
+
+
+def test_an_index_whose_lexical_part_the_disk_refuses_says_so_in_one_line(tiny_dir, tmp_path, capsys):
+    """`bertkit index` (or `index add`) on a full disk while it wrote the BM25 part said numpy's words, "bertkit:
+    error: 2788 requested and 718 written": no file, no cause, no advice, where every other part says the file and
+    the disk's reason. Run again with room, the part is added."""
+    pytest.importorskip("bm25s")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"_id": "d{i}", "text": "document {i} is about cats and dogs and the number '
+                              f'{i * 7}"}}\n' for i in range(400)))
+    index = tmp_path / "idx"
+    assert main(["index", str(corpus), "-o", str(index), "--model", str(tiny_dir), "--no-lexical", "--quiet"]) == 0
+    capsys.readouterr()
+    with file_size_limit(3000):  # room for index.json, not for the part's score matrix
+        assert main(["index", "add", str(index), "--quiet"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"bertkit: error: {index / 'lexical'}: File too large (over this process's file-size "
+                           "limit"), line
+    assert sorted(p.name for p in index.iterdir()) == ["index.json", "passages.jsonl", "vectors.safetensors"]
+    assert main(["index", "add", str(index), "--quiet"]) == 0 and (index / "lexical" / "params.index.json").is_file()
+
+
+def test_a_static_model_past_a_limit_names_its_file_in_the_folder_asked_for(tmp_path):
+    """distill static writes its folder beside -o, then renames it: a write refused there named the hidden work
+    folder (".out.2zn613_1/0_StaticEmbedding/model.safetensors"), a name the user never gave and that is gone by
+    the time they look. It names the file under -o now, and nothing is left beside it."""
+    import torch
+
+    from bertkit.distill.static import _save
+    from bertkit.model.static import StaticEmbedding
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained()
+    out = tmp_path / "out"
+    with file_size_limit(200_000), pytest.raises(OSError) as refused:  # the table: 30,522 x 8 float32
+        _save(StaticEmbedding(torch.randn(len(tok), 8), normalize=True), tok, out)
+    assert (refused.value.errno, refused.value.filename) == (errno.EFBIG,
+                                                            str(out / "0_StaticEmbedding" / "model.safetensors"))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_index_add_cut_short_does_not_offer_resume(tiny_dir, tmp_path, capsys):

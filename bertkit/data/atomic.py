@@ -12,6 +12,8 @@ A write the machine refuses is an OSError naming `NAME` with the errno the disk 
 says which file and why in one line, even where a library lost the errno on the way (numpy, torch.save,
 safetensors). While a process writes `NAME.tmp` it holds an flock on `NAME.tmp.lock`: a second process writing the
 same file at the same time is refused (`_hold`) instead of writing into the first's temporary file.
+A folder of files (a token shard, an index's lexical part, a static model) is written the same way, whole into
+`NAME.tmp/` and renamed to `NAME` (`write_folder`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -46,15 +51,7 @@ def write_through(path, write_to, keep=None) -> None:
     NAME.tmp outlives that error (or Ctrl-C) because a resumable writer recorded rows in it that a run with
     --resume goes on from (`bertkit.data.vector_files.Journal`); by default it is removed."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    # the lock is not taken on tmp itself: safetensors' save_file puts a new file at the path it is given, and
-    # a lock on the file it replaced refused nobody (a second writer locked the new tmp and wrote over it)
-    lock = tmp.with_name(tmp.name + ".lock")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        held = _hold(lock, path)
-    except OSError as err:
-        raise refused(err, path, (tmp, lock)) from None
+    tmp, lock, held = _start(path)
     try:
         write_to(tmp)
         # safetensors' save_file puts a file of its own at tmp, readable by its owner alone (0600) whatever the
@@ -76,6 +73,82 @@ def write_through(path, write_to, keep=None) -> None:
             lock.unlink(missing_ok=True)
         os.close(held)
     fsync_folder(path.parent)
+
+
+def _start(path: Path) -> tuple[Path, Path, int]:
+    """A write's NAME.tmp, its NAME.tmp.lock and a descriptor holding that lock (`_hold`), `path`'s folder made."""
+    tmp = path.with_name(path.name + ".tmp")
+    # the lock is not taken on tmp itself: safetensors' save_file puts a new file at the path it is given, and
+    # a lock on the file it replaced refused nobody (a second writer locked the new tmp and wrote over it)
+    lock = tmp.with_name(tmp.name + ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tmp, lock, _hold(lock, path)
+    except OSError as err:
+        raise refused(err, path, (tmp, lock)) from None
+
+
+@contextlib.contextmanager
+def write_folder(path, *, replace: bool = True) -> Iterator[Path]:
+    """A folder written whole or not at all, as `write_through` writes a file: the block writes into `path`.tmp/ (a
+    killed writer's removed first) and yields it; then its files are fsync'ed and it is renamed to `path`. An empty
+    folder there gives way; one that holds something is replaced (moved aside to NAME.replaced/, removed once the
+    new one stands), or with `replace` False left as it is: another process wrote it meanwhile, and this one's
+    folder is kept beside it under a name of its own, a FileExistsError's filename2. NAME.tmp.lock is held while
+    the block writes (`_hold`: a second writer of the folder is refused). An error or Ctrl-C removes NAME.tmp/; a
+    write the machine refused is an OSError naming the file under `path` (`path` itself where the library named
+    none, or lost the errno: `refused`), never NAME.tmp/."""
+    path = Path(path)
+    tmp, lock, held = _start(path)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)  # what a kill left: nobody else holds the lock
+        tmp.mkdir()
+        yield tmp
+        for written in sorted(tmp.rglob("*")):
+            if written.is_file():
+                with open(written, "rb+") as f:
+                    os.fsync(f.fileno())
+        _publish(tmp, path, replace)
+    except BaseException as err:
+        said = _said_of_folder(err, path, tmp, lock) if isinstance(err, Exception) else None
+        shutil.rmtree(tmp, ignore_errors=True)
+        if said is not None and said is not err:
+            raise said from err
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink(missing_ok=True)
+        os.close(held)
+    fsync_folder(path.parent)
+
+
+def _publish(tmp: Path, path: Path, replace: bool) -> None:
+    """NAME.tmp/ renamed to NAME (see `write_folder`)."""
+    with contextlib.suppress(OSError):
+        path.rmdir()  # an empty folder (the -o a command made) gives way; one another process filled stays
+    aside = path.with_name(path.name + ".replaced")
+    if replace and (path.exists() or path.is_symlink()):
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(path, aside)
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        if replace or err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        kept = Path(tempfile.mkdtemp(prefix=f"{path.name}.", suffix=".kept", dir=path.parent))
+        os.replace(tmp, kept)
+        raise FileExistsError(errno.EEXIST, "written by another process meanwhile", str(path), None,
+                              str(kept)) from None
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _said_of_folder(err: Exception, path: Path, tmp: Path, lock: Path) -> Exception:
+    """`refused` for a folder: a file of NAME.tmp/ is named as the file under NAME the user will look for; the
+    probe of a library's errno-less error is a file of the folder (removed with it)."""
+    if isinstance(err, OSError) and err.errno is not None and err.filename is not None \
+            and Path(err.filename).is_relative_to(tmp) and Path(err.filename) != tmp:
+        return OSError(err.errno, err.strerror, str(path / Path(err.filename).relative_to(tmp)))
+    return refused(err, path, (tmp, lock), probe=tmp / ".probe" if tmp.is_dir() else None)
 
 
 # as much as the probe appends to a failed NAME.tmp to hear the disk's own reason: more than a block has room

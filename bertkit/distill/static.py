@@ -34,11 +34,7 @@ Shapes: V vocabulary (+ added words), H the model's width, D = --dim <= H.
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +42,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bertkit.data.atomic import write_folder
 from bertkit.data.textfiles import numbered_texts, read_texts
 from bertkit.distill.config import StaticDistillConfig
 from bertkit.distill.fit import fit_table
@@ -195,26 +192,16 @@ def _check_output(output, overwrite: bool = False, teacher=None) -> Path:
 
 
 def _save(model: StaticEmbedding, tok, output: Path, about: dict | None = None, overwrite: bool = False) -> None:
-    """Write the folder next to `output`, then move it into place: a killed run leaves no half folder. A folder
-    already there (--overwrite) is moved aside first and removed once the new one is in place."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    """Write the folder beside `output`, then move it into place (`write_folder`): a killed run leaves no half
+    folder. A folder already there (--overwrite) is replaced once the new one is whole."""
     try:
-        write_tokenizer_json(tok, save_static(model, work, about), model.config.max_length)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    with contextlib.suppress(OSError):
-        output.rmdir()  # the empty folder -o named (one another run filled meanwhile stays)
-    aside = work.with_name(work.name + ".replaced")
-    if overwrite and output.is_dir():
-        os.replace(output, aside)
-    try:
-        os.replace(work, output)
-    except OSError:  # two `distill static -o X` at once: the other wrote X first (this was an OSError traceback)
+        with write_folder(output, replace=overwrite) as work:
+            write_tokenizer_json(tok, save_static(model, work, about), model.config.max_length)
+    except FileExistsError as err:  # two `distill static -o X` at once: the other wrote X first
+        if err.filename2 is None:
+            raise
         raise BertkitError(f"{output} was written by another process while this one ran; this run's model is "
-                           f"kept in {work}: move it to a new folder") from None
-    shutil.rmtree(aside, ignore_errors=True)
+                           f"kept in {err.filename2}: move it to a new folder") from None
 
 
 def distill_static(model=None, output=None, config: StaticDistillConfig = StaticDistillConfig(), *,

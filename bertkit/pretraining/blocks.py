@@ -24,7 +24,7 @@ import numpy as np
 
 from bertkit.pretraining import instances as inst_mod
 from bertkit.pretraining.masking import MaskingConfig, MaskVocab, mask_sequence
-from bertkit.pretraining.shards import _atomic_dir, _publish, load_corpus, save_npy, token_dtype
+from bertkit.pretraining.shards import load_corpus, token_dtype, write_shard
 
 BLOCK_TOKENS = 1_000_000  # corpus tokens per instance block (one unit of parallel work)
 
@@ -128,14 +128,10 @@ def write_block(job) -> dict:
         ids, mpos, mids = _static_masks(ids, lengths, mcfg, vocab, rng)
         arrays.update(input_ids=ids, masked_positions=mpos, masked_ids=mids)
         masked = int((mpos >= 0).sum())
-    tmp = _atomic_dir(Path(folder))
-    for name, arr in arrays.items():
-        save_npy(tmp / f"{name}.npy", arr)  # a refused write says why (np.save's did not)
     meta = {"fingerprint": fingerprint, "pass": p, "block": b, "instances": n,
             "tokens": int(lengths.sum()), "masked": masked, "label_ones": int((labels == 1).sum()),
             "unusable_documents": unusable if p == 0 else 0}
-    (tmp / "meta.json").write_text(json.dumps(meta))
-    _publish(tmp, Path(folder))
+    write_shard(Path(folder), arrays, {"meta.json": json.dumps(meta)})  # a refused write names its file
     return meta
 
 

@@ -199,10 +199,13 @@ def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progr
 
 
 def _remove_extra(root: Path, keep: int) -> None:
-    """Delete our own numbered shard folders beyond `keep` (left by an earlier, larger run) and temporaries."""
+    """Delete our own numbered shard folders beyond `keep` (left by an earlier, larger run) and a killed writer's
+    temporaries (`write_folder`'s NNNNN.tmp/ and its lock; an older bertkit's .NNNNN.tmp-PID/)."""
     for p in root.iterdir():
-        if p.name.startswith(".") and ".tmp-" in p.name:
+        if ".tmp" in p.name and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
+        elif ".tmp" in p.name:
+            p.unlink(missing_ok=True)
         elif p.is_dir() and p.name.isdigit() and int(p.name) >= keep:
             shutil.rmtree(p)
 
@@ -265,7 +268,8 @@ def _check_output_dir(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise BertkitError(f"output {out} exists and is not a folder; pass a folder with -o")
     if out.is_dir() and any(out.iterdir()):
-        ours = {"manifest.json", "tokens", "corpus", "instances", "vocab.txt", "tokenizer_config.json"}
+        ours = {"manifest.json", "tokens", "corpus", "instances", "vocab.txt", "tokenizer_config.json",
+                "corpus.tmp", "corpus.tmp.lock"}  # a killed run's corpus, being written (`write_folder`)
         foreign = [p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")]
         if foreign:
             raise BertkitError(

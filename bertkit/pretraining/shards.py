@@ -19,24 +19,24 @@ memory) with global offsets, which the instance builder indexes:
     corpus/sentences.npy  [S+1]   int64 token offset of each sentence start (last = N)
     corpus/documents.npy  [D+1]   int64 sentence index of each document start (last = S)
 
-Crash safety: every shard and the corpus are written into a temporary folder
-and renamed into place (atomic on one file system), so a folder that exists is
-complete; a re-run skips the shards that exist for the same input (path, size,
-mtime) and settings, and the output is byte-identical whatever the number of
-workers or interruptions.
+Crash safety: every shard and the corpus are written into NAME.tmp/ and renamed
+into place (`bertkit.data.atomic.write_folder`: atomic on one file system), so a
+folder that exists is complete, and a write the disk refused names its file; a
+re-run skips the shards that exist for the same input (path, size, mtime) and
+settings, and the output is byte-identical whatever the number of workers or
+interruptions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 from array import array
 from pathlib import Path
 
 import numpy as np
 
+from bertkit.data.atomic import refused, write_folder
 from bertkit.data.corpus import CorpusStats, iter_documents
 
 SHARD_FILES = ("tokens.npy", "sentences.npy", "documents.npy", "stats.json")
@@ -51,21 +51,6 @@ def file_identity(path: Path) -> dict:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _atomic_dir(final: Path) -> Path:
-    """A fresh temporary sibling of `final` to write into before the rename."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-
-
 def npy_header(f, dtype, shape: tuple) -> None:
     """The .npy header np.save writes for a C-ordered array of `dtype` and `shape`, into the binary file `f`."""
     np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
@@ -75,11 +60,24 @@ def npy_header(f, dtype, shape: tuple) -> None:
 def save_npy(path: Path, array: np.ndarray) -> None:
     """np.save(path, array), byte for byte, its data written by Python: numpy writes a file's data with C's
     fwrite, and a write the disk refused reached the user as "16896 requested and 8128 written", no cause;
-    Python's write raises the errno (ENOSPC: the disk is full; EFBIG: a file-size limit)."""
+    Python's write raises the errno (ENOSPC: the disk is full; EFBIG: a file-size limit), named `path` here."""
     array = np.ascontiguousarray(array)
-    with open(path, "wb") as f:
-        npy_header(f, array.dtype, array.shape)
-        f.write(array.data)
+    try:
+        with open(path, "wb") as f:
+            npy_header(f, array.dtype, array.shape)
+            f.write(array.data)
+    except OSError as err:  # a refused write names no file
+        raise refused(err, path) from None
+
+
+def write_shard(folder: Path, arrays: dict, files: dict) -> None:
+    """A shard folder, whole or absent (`bertkit.data.atomic.write_folder`): each array of `arrays` as NAME.npy
+    (`save_npy`), then each text of `files` (name -> text: its JSON record, written last)."""
+    with write_folder(folder) as tmp:
+        for name, array in arrays.items():
+            save_npy(tmp / f"{name}.npy", array)
+        for name, text in files.items():
+            (tmp / name).write_text(text)
 
 
 def shard_is_complete(shard: Path, identity: dict, settings: dict) -> bool:
@@ -120,13 +118,11 @@ def tokenize_file(path: Path, shard: Path, tokenizer, settings: dict) -> CorpusS
         else:
             stats.skip("empty_documents")
     stats.documents, stats.sentences, stats.tokens = len(doc_lens), len(sent_lens), len(ids_buf)
-    tmp = _atomic_dir(shard)
-    save_npy(tmp / "tokens.npy", np.frombuffer(ids_buf, dtype=np.int32).astype(token_dtype(len(tokenizer))))
-    save_npy(tmp / "sentences.npy", np.frombuffer(sent_lens, dtype=np.int64))
-    save_npy(tmp / "documents.npy", np.frombuffer(doc_lens, dtype=np.int64))
+    arrays = {"tokens": np.frombuffer(ids_buf, dtype=np.int32).astype(token_dtype(len(tokenizer))),
+              "sentences": np.frombuffer(sent_lens, dtype=np.int64),
+              "documents": np.frombuffer(doc_lens, dtype=np.int64)}
     meta = {"input": file_identity(path), "settings": settings, "stats": stats.to_dict()}
-    (tmp / "stats.json").write_text(json.dumps(meta, indent=1))
-    _publish(tmp, shard)
+    write_shard(shard, arrays, {"stats.json": json.dumps(meta, indent=1)})
     return stats
 
 
@@ -143,32 +139,31 @@ def consolidate(shards: list, out: Path, vocab_size: int, fingerprint: dict | No
         counts["tokens"] += st.tokens
         counts["sentences"] += st.sentences
         counts["documents"] += st.documents
-    tmp = _atomic_dir(out)
-    # written front to back, not into memory maps of sparse files (open_memmap): a write into such a map that
-    # the disk has no block for is SIGBUS, and the process died with "Bus error" (no message, its lock and this
-    # folder left); a file's write says ENOSPC, an error the command reports
-    dtype = token_dtype(vocab_size)
-    with contextlib.ExitStack() as files:
-        tokens, sentences, documents = (files.enter_context(open(tmp / name, "wb")) for name in SHARD_FILES[:3])
-        for f, kind, n in ((tokens, dtype, counts["tokens"]), (sentences, np.int64, counts["sentences"] + 1),
-                           (documents, np.int64, counts["documents"] + 1)):
-            npy_header(f, kind, (n,))
-        sentences.write(np.zeros(1, np.int64).tobytes())  # the first offsets, 0
-        documents.write(np.zeros(1, np.int64).tobytes())
-        t = s = 0
-        for shard in shards:
-            tk = np.load(shard / "tokens.npy", mmap_mode="r")
-            sl = np.load(shard / "sentences.npy")
-            dl = np.load(shard / "documents.npy")
-            for start in range(0, len(tk), 1 << 24):  # a shard's tokens a block at a time: memory stays flat
-                tokens.write(np.ascontiguousarray(tk[start:start + (1 << 24)], dtype=dtype).tobytes())
-            sentences.write((t + np.cumsum(sl)).astype(np.int64).tobytes())
-            documents.write((s + np.cumsum(dl)).astype(np.int64).tobytes())
-            t, s = t + len(tk), s + len(sl)
-    (tmp / "corpus.json").write_text(json.dumps(counts))
-    if fingerprint is not None:
-        (tmp / "fingerprint.json").write_text(json.dumps(fingerprint))
-    _publish(tmp, out)
+    with write_folder(out) as tmp:
+        # written front to back, not into memory maps of sparse files (open_memmap): a write into such a map that
+        # the disk has no block for is SIGBUS, and the process died with "Bus error" (no message, its lock and this
+        # folder left); a file's write says ENOSPC, an error the command reports
+        dtype = token_dtype(vocab_size)
+        with contextlib.ExitStack() as files:
+            tokens, sentences, documents = (files.enter_context(open(tmp / name, "wb")) for name in SHARD_FILES[:3])
+            for f, kind, n in ((tokens, dtype, counts["tokens"]), (sentences, np.int64, counts["sentences"] + 1),
+                               (documents, np.int64, counts["documents"] + 1)):
+                npy_header(f, kind, (n,))
+            sentences.write(np.zeros(1, np.int64).tobytes())  # the first offsets, 0
+            documents.write(np.zeros(1, np.int64).tobytes())
+            t = s = 0
+            for shard in shards:
+                tk = np.load(shard / "tokens.npy", mmap_mode="r")
+                sl = np.load(shard / "sentences.npy")
+                dl = np.load(shard / "documents.npy")
+                for start in range(0, len(tk), 1 << 24):  # a shard's tokens a block at a time: memory stays flat
+                    tokens.write(np.ascontiguousarray(tk[start:start + (1 << 24)], dtype=dtype).tobytes())
+                sentences.write((t + np.cumsum(sl)).astype(np.int64).tobytes())
+                documents.write((s + np.cumsum(dl)).astype(np.int64).tobytes())
+                t, s = t + len(tk), s + len(sl)
+        (tmp / "corpus.json").write_text(json.dumps(counts))
+        if fingerprint is not None:
+            (tmp / "fingerprint.json").write_text(json.dumps(fingerprint))
     return counts
 
 

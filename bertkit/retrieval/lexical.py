@@ -16,7 +16,8 @@ weight in every passage that has it), `vocab.index.json` (token -> column) and
 index holds the part without bm25s (`hold_lexical`: arrays mapped, JSON files
 open, so it stays this build's); the retriever is made when a search first
 needs it (`read_lexical`): a dense search never imports bm25s. The folder
-is written as `lexical.tmp/` and renamed into place: whole or absent. It takes
+is written as `lexical.tmp/` and renamed into place: whole or absent
+(`bertkit.data.atomic.write_folder`). It takes
 seconds to minutes (tokenizing is the cost), so a kill loses at most this one
 step; `--resume` builds it again when it is absent and keeps it when present.
 index.json's "lexical" records the settings.
@@ -32,11 +33,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
+from bertkit.data.atomic import write_folder
 from bertkit.errors import MissingPackage
 from bertkit.retrieval.bm25 import require_bm25s, stem_function
 from bertkit.retrieval.config import LexicalOptions, options_of
@@ -89,22 +90,15 @@ def build_lexical(out: Path, texts: list[str], options: LexicalOptions, progress
     """Write OUT/lexical/ for the passages `texts` (row order); returns its index.json record. A folder
     already there (a resumed build that got past this step) is kept."""
     options.validate()
-    final, tmp = out / LEXICAL_DIR, out / (LEXICAL_DIR + ".tmp")
+    final = out / LEXICAL_DIR
     if not (final / "params.index.json").is_file():
         bm25s = require_bm25s()
-        shutil.rmtree(tmp, ignore_errors=True)  # a kill's leftover
         retriever = bm25s.BM25(k1=options.k1, b=options.b, method="lucene")
         retriever.index(in_sorted_order(tokenize(texts, options, ids=True, progress=progress)), show_progress=progress)
-        try:
+        # a full disk or Ctrl-C leaves no half folder holding the room, and names the folder with the disk's reason
+        # (numpy's was "2788 requested and 718 written")
+        with write_folder(final) as tmp:
             retriever.save(str(tmp), allow_pickle=False)
-            for path in tmp.iterdir():
-                with open(path, "rb+") as f:
-                    os.fsync(f.fileno())
-        except BaseException:  # a full disk or Ctrl-C: no half folder left holding the room (only a kill leaves it)
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
     return record(options, len(json.loads((final / "vocab.index.json").read_text(encoding="utf-8"))))
 
 
