@@ -388,6 +388,26 @@ def test_writers_npy_safetensors_jsonl(tiny, tmp_path):
         write_vectors(iter(pooled), tmp_path / "v.csv", pooled=True)
 
 
+@pytest.mark.parametrize("dtype, shape", [("<f4", (3, 32)), (np.uint16, (2400,)), (np.int64, (101,)),
+                                          (np.int32, (0,)), (np.int16, (5, 4))])
+def test_the_npy_header_written_before_streamed_data_is_np_saves(tmp_path, dtype, shape):
+    """The .npy header bertkit writes before data it streams itself (embed's vectors, pre-training's shards and
+    corpus) is one function, and to the byte np.save's (the oracle: numpy); it was written twice, by
+    data.vector_files (float32 only) and by pretraining.shards."""
+    import io
+
+    from bertkit.data.vector_files import npy_header
+    from bertkit.pretraining.shards import save_npy
+
+    array = np.arange(int(np.prod(shape))).astype(dtype).reshape(shape)
+    np.save(tmp_path / "numpy.npy", array)
+    header = io.BytesIO()
+    npy_header(header, array.dtype, array.shape)
+    assert (tmp_path / "numpy.npy").read_bytes() == header.getvalue() + array.tobytes()
+    save_npy(tmp_path / "ours.npy", array)
+    assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "numpy.npy").read_bytes()
+
+
 def test_a_stride_beside_truncation_is_refused_not_ignored():
     """The default model's sentence vectors are cut at 256 tokens, so a stride (the overlap of windows) did
     nothing, silently; with windows asked for it applies."""

@@ -58,6 +58,13 @@ def safetensors_header(tensors: dict, room: int = 0) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+def npy_header(f, dtype, shape: tuple) -> None:
+    """The .npy header np.save writes for a C-ordered array of `dtype` and `shape`, into the binary file `f`: for a
+    writer that streams the data after it (embed's vectors here, pre-training's shards and corpus)."""
+    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                             "fortran_order": False, "shape": shape})
+
+
 def map_safetensors(path) -> dict[str, np.memmap]:
     """Every tensor of a .safetensors file as a read-only memory map (nothing is read until used)."""
     path = Path(path)
@@ -177,7 +184,7 @@ def _header(suffix: str, pooled: bool, total: int, dim: int, n: int, room: int =
     already for a `room` made with more rows (numpy leaves room for the first axis' digits)."""
     if suffix == ".npy":
         header = io.BytesIO()
-        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (total, dim)})
+        npy_header(header, "<f4", (total, dim))
         made = header.getvalue()
         assert not room or len(made) == room, (len(made), room)
         return made

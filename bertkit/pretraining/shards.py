@@ -38,6 +38,7 @@ import numpy as np
 
 from bertkit.data.atomic import refused, write_folder
 from bertkit.data.corpus import CorpusStats, iter_documents
+from bertkit.data.vector_files import npy_header
 
 SHARD_FILES = ("tokens.npy", "sentences.npy", "documents.npy", "stats.json")
 
@@ -49,12 +50,6 @@ def token_dtype(vocab_size: int):
 def file_identity(path: Path) -> dict:
     st = path.stat()
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def npy_header(f, dtype, shape: tuple) -> None:
-    """The .npy header np.save writes for a C-ordered array of `dtype` and `shape`, into the binary file `f`."""
-    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
-                                             "fortran_order": False, "shape": shape})
 
 
 def save_npy(path: Path, array: np.ndarray) -> None:
