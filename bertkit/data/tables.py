@@ -224,7 +224,7 @@ def text_column_of(path, column: str | None, label_columns=(), log=print) -> str
     `bertkit.data.textfiles.text_column_in`)."""
     if column:
         return column
-    row = next((row for _, row in read_rows(path, ReadReport(str(path)))), {})
+    row = first_row(path)
     if not row:
         return "sentence"
     name = text_column_in(path, list(row), list(row.values()), "--text-column (the model records none; "
@@ -238,9 +238,7 @@ def text_column_of(path, column: str | None, label_columns=(), log=print) -> str
 
 def first_row(path) -> dict:
     """A table's first row ({} when it has none)."""
-    for _, row in read_rows(path, ReadReport(str(path))):
-        return row
-    return {}
+    return next((row for _, row in read_rows(path, ReadReport(str(path)))), {})
 
 
 def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print):
@@ -262,6 +260,13 @@ def read_text_columns(path, text_column: str, pair_column: str | None = None, lo
     if report.skipped:
         log(report.summary())
     return [r[0] for r in rows], ([r[1] for r in rows] if pair_column else None)
+
+
+def one_text_per_line(path, column: str) -> bool:
+    """A .txt whose first line does not name `column`: one text per line, as `bertkit embed` reads it (else a table)."""
+    if Path(path).suffix.lower() != ".txt":
+        return False
+    return column not in [cell.strip() for cell in read_text(path).split("\n", 1)[0].split("\t")]
 
 
 def read_text_lines(path) -> list[str]:
@@ -337,11 +342,8 @@ def looks_like_conll(path) -> bool:
 
 def conll_has_tags(path) -> bool:
     """A CoNLL file (`looks_like_conll`) whose first token line has a second column, the tag: a labelled one."""
-    if not looks_like_conll(path):
-        return False
-    first = next((line for line in read_text(path).split("\n") if line.strip() and not line.startswith("-DOCSTART-")),
-                 "")
-    return len(first.split()) >= 2
+    tokens = [line for line in read_text(path).split("\n") if line.strip() and not line.startswith("-DOCSTART-")]
+    return looks_like_conll(path) and len(tokens[0].split()) >= 2
 
 
 def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: bool = True, max_sentences=None):

@@ -23,13 +23,11 @@ Shapes: logits per example (num_labels,), (1,) for regression.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import (TextExample, check_known_labels, first_row, read_text_columns, read_text_examples,
-                                 read_text_lines, text_column_of)
-from bertkit.data.textfiles import existing_file, open_text
+from bertkit.data.tables import (TextExample, check_known_labels, first_row, one_text_per_line, read_text_columns,
+                                 read_text_examples, read_text_lines, text_column_of)
 from bertkit.metrics import tasks as M
 from bertkit.model.config import MULTI_LABEL, REGRESSION
 
@@ -206,20 +204,10 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None,
     """Texts (and pairs) from a table, in the columns the model was trained on unless given; a .txt file
     without a header naming the text column is one text per line."""
     pcol = text_pair_column or info.get("text_pair_column")
-    if not pcol and one_per_line(existing_file(path), text_column or info.get("text_column") or "sentence"):
+    if not pcol and one_text_per_line(path, text_column or info.get("text_column") or "sentence"):
         return read_text_lines(path), None
     tcol = text_column_of(path, text_column or info.get("text_column"), (info.get("label_column"),), log)
     return read_text_columns(path, tcol, pcol, log=log)
-
-
-def one_per_line(path: Path, column: str) -> bool:
-    """A .txt file whose first line is not a header naming `column` holds one text per line, as
-    `bertkit embed` reads it (a .txt with such a header is a TSV table)."""
-    if path.suffix.lower() != ".txt":
-        return False
-    with open_text(path) as f:
-        first = f.readline()
-    return column not in [cell.strip() for cell in first.rstrip("\r\n").split("\t")]
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
