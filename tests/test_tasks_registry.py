@@ -269,3 +269,26 @@ def test_the_one_call_finetune_trains_as_the_command_does(monkeypatch, tmp_path,
     assert built["api"].training == built["cli"].training, (task, switches)
     assert built["api"].training.max_steps == 5 and built["api"].training.optim.learning_rate == 3e-4
     assert built["api"] == built["cli"]
+
+
+def test_a_switchs_preset_reaches_the_command_and_the_one_call_alike(monkeypatch, tmp_path):
+    """A switch's preset (--static: the static recipe's settings) was layered twice: by the command
+    (`options.merge`, every setting it holds) and by `finetune()` (`dataclasses.replace`, its training settings
+    alone), so a preset that also set one of the task's own settings reached the command's run only. One rule now,
+    `Task.defaults_with`."""
+    import dataclasses
+
+    import bertkit.cli.finetune as command
+    import bertkit.tasks as tasks
+    from bertkit.cli import main
+    from bertkit.tasks.config import STATIC_RECIPE
+
+    monkeypatch.setitem(TASKS, "embed", dataclasses.replace(TASKS["embed"], presets={
+        "static": {**STATIC_RECIPE, "scale": 30.0}}))
+    built = {}
+    monkeypatch.setattr(command, "run_task", lambda cfg, **kw: built.setdefault("cli", cfg) and {})
+    monkeypatch.setattr(tasks, "run_task", lambda cfg, **kw: built.setdefault("api", cfg) and {})
+    main(["finetune", "embed", "--train", str(tmp_path / "t.tsv"), "--output", str(tmp_path / "o"), "--static"])
+    tasks.finetune("embed", train=str(tmp_path / "t.tsv"), output=str(tmp_path / "o"), static=True)
+    assert built["cli"].scale == built["api"].scale == 30.0
+    assert built["api"] == built["cli"]

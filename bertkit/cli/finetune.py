@@ -7,8 +7,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from bertkit.options import (add_options, count, device_flags, finite_float, from_args, int8_flag, merge, quiet_flag,
-                             seed)
+from bertkit.options import add_options, count, device_flags, finite_float, from_args, int8_flag, quiet_flag, seed
 from bertkit.cli.demo import run_demo as demo
 from bertkit.tasks import format_report, run_task, task_config
 from bertkit.tasks.registry import TASKS, task_named
@@ -50,10 +49,7 @@ def add_finetune(sub):
 
 
 def run_finetune(args):
-    cls, defaults = task_config(args.task)
-    for switch, preset in task_named(args.task).presets.items():  # e.g. --static: the static recipe's defaults
-        if getattr(args, switch, None):
-            defaults = merge(defaults, preset)
+    cls, defaults = task_config(args.task, vars(args))  # e.g. --static: the static recipe's defaults on top
     cfg = from_args(args, cls, {**defaults, **dict.fromkeys(cls.FITTED)})  # not given: fitted to the model (settle)
     if args.resume and not cfg.dev and getattr(args, "metric", None) is None:
         # a run saved by an earlier bertkit without --dev holds its task's default metric, never scored:

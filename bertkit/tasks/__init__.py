@@ -32,10 +32,11 @@ from bertkit.default_model import default_model_dir
 from bertkit.tasks.registry import task_for, task_named
 
 
-def task_config(task: str):
-    """(config class, defaults) of a task; `multi_label` and `multi-label` both name it."""
+def task_config(task: str, switches: dict | None = None):
+    """(config class, defaults) of a task, under the presets of the switches `switches` turns on
+    (`Task.defaults_with`); `multi_label` and `multi-label` both name it."""
     record = task_named(task)
-    return record.config, record.defaults
+    return record.config, record.defaults_with(switches)
 
 
 def finetune(task: str, *, train: str, output: str, dev: str | None = None, training=None, log=print, **options) -> dict:
@@ -52,9 +53,9 @@ def finetune(task: str, *, train: str, output: str, dev: str | None = None, trai
     for name, value in options.items():
         record.check_option(name, value)
     # a length setting not given is fitted to the model by the run (None: `TaskConfig.fit`)
-    return run_task(record.config(**{**record.defaults, **dict.fromkeys(record.config.FITTED), "train": train,
-                                   "output": output, "dev": dev, "training": record.own_training(training, options),
-                                   **options}), log=log)
+    settings = {**record.defaults_with(options), **dict.fromkeys(record.config.FITTED), "train": train,
+                "output": output, "dev": dev, "training": record.own_training(training, options), **options}
+    return run_task(record.config(**settings), log=log)
 
 
 def run_task(cfg, log=print, speed=None) -> dict:

@@ -35,7 +35,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     no_answer          it may answer nothing (SQuAD 2.0's rule, `version_2`), which a Hugging Face folder
                        never says: predict reads such a folder as v1 unless asked
     presets            a switch's own defaults: {a boolean setting: settings put on top of `defaults` when the
-                       command turns it on} (embed's --static: the static recipe's batch and rate)
+                       command or `finetune()` turns it on (`Task.defaults_with`)} (embed's --static: the static
+                       recipe's batch and rate)
 
 The "embed" record is the sentence encoder: it trains with `bertkit finetune
 embed` and is served on the embedding routes; it is not predicted through here
@@ -52,6 +53,7 @@ from typing import Callable, Mapping
 
 from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION, SINGLE_LABEL
+from bertkit.options import merge
 from bertkit.tasks import ner_inference as ner, qa_inference as qa, reports, text_inference as text
 from bertkit.tasks.config import (EMBED_DEV, STATIC_RECIPE, EmbedConfig, NerConfig, QAConfig, RerankConfig,
                                   TextTaskConfig, TrainConfig)
@@ -146,24 +148,32 @@ class Task:
             raise BertkitError(f"the {self.cli_name} task needs --text-pair-column (the second sentence's column)")
         self.check_metric(cfg.training.metric, cfg.dev)
 
+    def defaults_with(self, switches: dict | None = None) -> dict:
+        """The settings a run of this task starts from: its own defaults, then the preset of each switch that
+        `switches` (option name -> value) turns on (static=True: the static recipe's batch and rates), merged
+        setting by setting (`bertkit.options.merge`). The one rule of `bertkit finetune TASK --static` and of
+        `finetune(task, static=True)`: layered twice, the one-call API had taken a preset's training settings alone."""
+        layered = self.defaults
+        for switch, preset in self.presets.items():
+            if (switches or {}).get(switch):
+                layered = merge(layered, preset)
+        return layered
+
     def own_training(self, training, options: dict | None = None) -> TrainConfig:
         """The one-call `finetune`'s training= as the run's own TrainConfig (the run settles its metric in it, and a
         script may hand the same settings to its next run). None: what `bertkit finetune TASK` starts from,
-        TrainConfig's defaults (BERT's classifier recipe, 3 epochs at 5e-5) with the task's own on top (embed,
-        rerank: 1 epoch at 2e-5) and the presets of the switches `options` turns on (static=True: the static
-        recipe's batch and rates). A mapping: its settings over that start, as the command's flags go over it
-        ({"max_steps": 5, "optim": {"learning_rate": 1e-4}}: a TrainConfig(max_steps=5) brought the classifier's
-        recipe for the rest). A TrainConfig: taken whole, every setting as it says (a copy)."""
+        TrainConfig's defaults (BERT's classifier recipe, 3 epochs at 5e-5) under the task's own and its switches'
+        presets (`defaults_with`: embed, rerank: 1 epoch at 2e-5; static=True: the static recipe's batch and rates).
+        A mapping: its settings over that start, as the command's flags go over it ({"max_steps": 5, "optim":
+        {"learning_rate": 1e-4}}: a TrainConfig(max_steps=5) brought the classifier's recipe for the rest). A
+        TrainConfig: taken whole, every setting as it says (a copy)."""
         if isinstance(training, TrainConfig):
             return copy.deepcopy(training)
         if training is not None and not isinstance(training, Mapping):
             raise BertkitError(f"training must be a dict of settings over the task's defaults (e.g. training="
                                f"{{'epochs': 3}}) or a whole TrainConfig, got {type(training).__name__}")
-        layers = [self.defaults.get("training", {}),
-                  *(preset.get("training", {}) for switch, preset in self.presets.items()
-                    if (options or {}).get(switch)), training or {}]
         start = TrainConfig()
-        for layer in layers:
+        for layer in (self.defaults_with(options).get("training", {}), training or {}):
             start = _layered(start, layer)
         return start
 
