@@ -212,6 +212,9 @@ def from_args(args, cls, base: dict | None = None):
                                "the run's settings are lost; start the run again in another --output") from None
         origin = started_in(saved.parent, base.get("output"))
         refuse_changes(cls, given, merge(defaults(cls), base), saved.parent, origin)
+        # a value an earlier bertkit saved as its default, which the default None means now (and which a check
+        # made since may refuse as if typed): the run resumes as it ran
+        base = {**base, **{k: None for k, old in getattr(cls, "EARLIER_DEFAULTS", {}).items() if base.get(k) == old}}
         base = from_start(cls, base, origin)
     values = merge(merge(defaults(cls), base or {}), given)
     refuse_unneeded(needs_table(cls), _leaves(cls, given), _leaves(cls, values))  # what was typed, on what the run has

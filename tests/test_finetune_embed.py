@@ -253,6 +253,31 @@ def test_a_split_beside_a_table_is_refused_not_ignored(data, tmp_path):
         assert not (tmp_path / "out").exists()
 
 
+def test_a_run_of_an_earlier_bertkit_resumes_on_its_table(data, tmp_path):
+    """A run_config.json written before a split beside a table was refused (3c30d36) holds the splits' defaults
+    then, "train" and "dev": `finetune embed -o RUN --resume` of a run of the bertkit of 11-25 (53df944) on a
+    table of pairs was refused, "--train-split train names a BEIR folder's qrels ...: leave --train-split out",
+    a flag the user never typed. It resumes as it ran; a split typed beside a table is still refused."""
+    from bertkit.cli import build_parser, main
+    from bertkit.options import from_args
+    from bertkit.tasks.config import EmbedConfig
+    from bertkit.tasks.embedding import read_examples
+
+    out = tmp_path / "emb"
+    out.mkdir()
+    # the settings that bertkit saved at the start (those this test needs; the rest at their defaults)
+    saved = {"train": str(data["sts_train"]), "output": str(out), "dev": str(data["sts_dev"]),
+             "model": str(data["tiny"]), "train_split": "train", "dev_split": "dev", "pooling": "mean"}
+    (out / "run_config.json").write_text(json.dumps(saved))
+    args = build_parser().parse_args(["finetune", "embed", "-o", str(out), "--resume"])
+    cfg = from_args(args, EmbedConfig)  # as run_finetune reads it
+    for path, split, flag in ((cfg.train, cfg.train_split, "--train-split"), (cfg.dev, cfg.dev_split, "--dev-split")):
+        assert read_examples(path, split=split, flag=flag, log=lambda s: None).scored  # the table's rows, read
+    typed = ["finetune", "embed", "-o", str(tmp_path / "typed"), "--train", str(data["sts_train"]), "--model",
+             str(data["tiny"]), "--train-split", "train"]
+    assert main(typed) == 2 and not (tmp_path / "typed").exists()
+
+
 def test_same_seed_same_run(data, tmp_path):
     a = run(data, tmp_path / "a", training=fast(epochs=1))
     b = run(data, tmp_path / "b", training=fast(epochs=1))

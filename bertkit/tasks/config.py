@@ -319,6 +319,9 @@ class EmbedConfig(TaskConfig):
     static_dim: int = _opt(256, "--static without a static MODEL: the new table's width", needs=("static", True))
 
     FITTED_LENGTH: ClassVar[int | None] = 256  # without a sentence-transformers length (its default None: the layout's)
+    # a run_config.json of a bertkit before 3c30d36 holds the splits' defaults then; a split beside a table is
+    # refused now, and resuming such a run on a table of pairs was (`bertkit.options.from_args`)
+    EARLIER_DEFAULTS: ClassVar[dict] = {"train_split": "train", "dev_split": "dev"}
 
     def validate(self) -> "EmbedConfig":
         # the checks every task makes (its own skipped them: --max-train-examples 0 was read as 1 example)
