@@ -176,6 +176,26 @@ def test_the_teacher_cache_records_the_precision_used_not_the_one_asked(tiny_dir
     assert any(f"teacher vectors read from {cache}" in x for x in lines)
 
 
+def test_a_teacher_trained_again_in_its_folder_does_not_read_the_cache_of_the_one_before(tiny_dir, tmp_path):
+    """The cache was keyed by the teacher's folder, length, precision and texts, not its weights: a teacher
+    fine-tuned again into the same folder (finetune ... -o runs/sst2 --overwrite), then distilled with the same
+    --teacher-cache, trained its student on the vectors of the model that was there before, and said it read
+    them. The key holds the weights' SHA-256 now (`runtime.loading.weights_fingerprint`)."""
+    import bertkit.distill.layers as layers
+
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_dir, folder)
+    cache = tmp_path / "teacher.safetensors"
+    before = layers.cached_targets(load(folder, head="encoder", fast=False), SENTENCES, 16, cache, log=print)
+    config = BertConfig.from_json_file(folder / "config.json")
+    BertModel(config, generator=torch.Generator().manual_seed(5)).save_pretrained(folder)  # trained again, there
+    lines = []
+    after = layers.cached_targets(load(folder, head="encoder", fast=False), SENTENCES, 16, cache, log=lines.append)
+    want = bertkit.embed(SENTENCES, folder, pooling="mean", normalize=False, max_length=16)
+    assert np.allclose(after, want, atol=1e-5) and not np.allclose(after, before, atol=1e-3)
+    assert not any("read from" in x for x in lines), lines
+
+
 HELD = "\n".join(SENTENCES + ["the sun sets over the hills", "a child reads a book quietly"]) + "\n"
 
 

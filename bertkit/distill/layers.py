@@ -55,7 +55,7 @@ from bertkit.distill.logits import distill_logits
 from bertkit.distill.student import StudentOutput, student_from
 from bertkit.errors import BertkitError, refuse_unneeded
 from bertkit.model.modeling import pool_sentence
-from bertkit.runtime.loading import load, resolve
+from bertkit.runtime.loading import load, resolve, weights_fingerprint
 from bertkit.tasks.trainer import check_run_output, train
 
 
@@ -114,14 +114,17 @@ def teacher_targets(loaded, texts: list, max_length: int, batch_size: int = 64, 
 def cached_targets(teacher, texts: list, max_length: int, cache=None, dtype: str = "float32", progress: bool = False,
                    log=print, chunk: int = 8192, where=None) -> np.ndarray:
     """`teacher_targets` in `dtype` (the float32 `teacher` itself, else the same folder loaded in `dtype`), read
-    from the safetensors file `cache` when it holds them for these texts, teacher, length and precision (else
-    computed and written there; None: no file). Computed `chunk` texts at a time, each chunk's vectors written
-    (atomically) into the folder CACHE.part, once: a killed run's rerun goes on after the last chunk written,
-    and a run writes every vector twice at most (its chunk, then the whole cache)."""
+    from the safetensors file `cache` when it holds them for these texts, teacher (its weights), length and
+    precision (else computed and written there; None: no file). Computed `chunk` texts at a time, each chunk's
+    vectors written (atomically) into the folder CACHE.part, once: a killed run's rerun goes on after the last
+    chunk written, and a run writes every vector twice at most (its chunk, then the whole cache)."""
     # keyed and recorded by the precision the vectors are computed in, not the name asked for: "auto" (or
     # "bf16") keyed its own cache, computed again what a float32 or bfloat16 run had cached, and the file said auto
     runner = teacher if dtype in ("float32", "fp32") else load(teacher.directory, head="encoder", dtype=dtype)
-    what = json.dumps([str(teacher.directory), max_length, runner.precision, len(texts)])
+    # and by the weights, not the folder alone: a teacher trained again into its folder read the vectors of the
+    # model that was there before (last, so the record's other places stay where earlier caches had them)
+    what = json.dumps([str(teacher.directory), max_length, runner.precision, len(texts),
+                       weights_fingerprint(teacher.weights_dir or teacher.directory)])
     key = hashlib.sha256("\n".join([what, *texts]).encode("utf-8")).hexdigest()
     cache = Path(cache) if cache else None
     if cache is not None and cache.is_file():
