@@ -11,6 +11,7 @@ ignored: the kernel then refuses a write past it with EFBIG), set in this proces
 import contextlib
 import errno
 import os
+import re
 import resource
 import shutil
 import signal
@@ -444,3 +445,67 @@ def test_a_qdrant_export_the_disk_refuses_is_one_line_and_resumes(tiny_dir, tmp_
     assert line.startswith(f"bertkit: error: {store}: ") and "--resume" in line, line
     assert main([*export, "--resume"]) == 0  # the store is whole (SQLite's transactions): the export finishes
     assert "300 passages written" in capsys.readouterr().out
+
+
+LONG_RUNS_ON_A_SMALL_DISK = """
+import subprocess, sys
+from pathlib import Path
+import bertkit.embeddings.features as features
+import bertkit.retrieval.index as index
+from bertkit.cli import main
+model, here, small = sys.argv[1:4]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", small], check=True)
+# the long work, marked where it starts: the embedding of the texts, the encoding of the passages
+for module, name in ((features, "iter_embed"), (index, "_encode_parts")):
+    def marked(*args, real=getattr(module, name), name=name, **kw):
+        print("started", name, flush=True)
+        return real(*args, **kw)
+    setattr(module, name, marked)
+for n in (600, 40):  # 600 vectors of 32 float32 are 76,800 bytes: more than the 64 kB; 40 are 5,120
+    (Path(here) / "texts.txt").write_text("".join(f"sentence {i} about a cat\\n" for i in range(n)))
+    (Path(here) / "corpus.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "document {i}"}}\\n'
+                                                     for i in range(n // 2)))
+    print("embed", n, main(["embed", f"{here}/texts.txt", "-o", f"{small}/v{n}/v.npy", "--model", model, "--quiet"]))
+    print("index", n // 2, main(["index", f"{here}/corpus.jsonl", "-o", f"{small}/idx{n}", "--model", model,
+                                "--no-lexical", "--quiet"]), flush=True)
+    print(sorted(str(p.relative_to(small)) for p in Path(small).rglob("*") if p.is_file()), flush=True)
+import warnings, torch
+from bertkit.training.state import save_checkpoint
+for keep, values in ((1, 100), (3, 4000)):  # a checkpoint of 4,000 float32 is about 17 kB: 3 more do not fit
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save_checkpoint(f"{small}/run{keep}", 1, {"w": torch.zeros(values)}, keep=keep)
+    print("checkpoint", keep, [str(w.message) for w in caught])
+"""
+
+
+def test_a_long_run_the_disk_cannot_hold_is_refused_before_the_work(tiny_dir, tmp_path):
+    """embed and index know what they will write once they have counted the texts and cut the passages: on a disk
+    without room for it (a 64 kB tmpfs) they embedded everything and only then failed on ENOSPC ("the disk is
+    full"), the hour gone. Refused now before the embedding or encoding starts, in one line naming the folder,
+    the bytes needed and free; a run that fits on the same disk goes on. A trainer knows a checkpoint's size once
+    it wrote the first: it warns when the ones to come (--keep-last of them, and one being written) will not fit.
+    One process for all (importing torch is most of its time)."""
+    small = small_disk_works(tmp_path)
+    done = subprocess.run(["unshare", "-rm", sys.executable, "-c", LONG_RUNS_ON_A_SMALL_DISK, str(tiny_dir),
+                           str(tmp_path), str(small)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stdout.splitlines() if not line.startswith(str(small))]  # index's summary line
+    warned = said.pop()  # the trainers' checkpoints: a warning once the first shows the run will not fit
+    assert said.pop() == "checkpoint 1 []", done.stdout
+    assert re.fullmatch(rf"checkpoint 3 \['{small}/run3/checkpoints: the checkpoints still to come need about "
+                        r"5\d\.\d KiB \(3 kept while one more is written, 1\d\.\d KiB each\) and its disk has "
+                        r"\d\d\.\d KiB free: free some space or lower --keep-last, or the run stops when the disk is "
+                        r"full'\]", warned), warned
+    assert said == ["embed 600 2", "index 300 2", "[]",  # refused, and nothing written (not even a temporary file)
+                    "started iter_embed", "embed 40 0", "started _encode_parts", "index 20 0",
+                    "['idx40/index.json', 'idx40/passages.jsonl', 'idx40/vectors.safetensors', 'v40/v.npy']"], said
+    errors = [line for line in done.stderr.splitlines() if line.startswith("bertkit: error: ")]
+    assert len(errors) == 2 and "Traceback" not in done.stderr, done.stderr
+    # 600 x 32 x 4 bytes = 75.0 KiB; the index holds 300 passages' rows twice (its parts, then vectors.safetensors)
+    assert errors[0] == (f"bertkit: error: {small}/v600: the vectors of 600 texts need at least 75.0 KiB and its "
+                         "disk has 64.0 KiB free: free 11.0 KiB more, or write elsewhere"), errors[0]
+    assert re.fullmatch(rf"bertkit: error: {small}/idx600: the index's passages and vectors need at least "
+                        r"1\d\d\.\d KiB and its disk has \d\d\.\d KiB free: free \d+\.\d KiB more, or write elsewhere",
+                        errors[1]), errors[1]

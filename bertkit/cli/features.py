@@ -11,7 +11,7 @@ from bertkit.errors import BertkitError, refuse_unneeded
 from bertkit.embeddings.settings import EmbedOptions, resolve_output
 from bertkit.options import add_options, count, device_flags, from_args, int8_flag, quiet_flag
 from bertkit.data.textfiles import OnePass, blank_lines, file_identity, read_texts, reads_once, text_line
-from bertkit.data.vector_files import RECORD_SUFFIX, open_journal, vector_format, write_vectors
+from bertkit.data.vector_files import RECORD_SUFFIX, open_journal, room_for_rows, vector_format, write_vectors
 
 # texts taken at a time: sorted by length into batches (little padding), and a checkpoint after each
 # (`bertkit.data.vector_files.Journal`), which --resume goes on from: their vectors depend on the chunk
@@ -89,6 +89,8 @@ def run_embed(args):
     plan = partial(_embed_plan, args, options, loaded, output, count) if count is not None else None
     journal = open_journal(args.output, plan, EMBED_CHUNK if plan else 0, args.go_on, output.sentence)
     start = journal.rows
+    if output.sentence and count is not None:  # a vector per text still to embed, of hidden_size values at least
+        room_for_rows(args.output, count - start, loaded.config.hidden_size)  # (concat: a multiple of it)
     if start:  # the killed run's chunks are written: the same chunks after them, so the same batches
         texts, where = itertools.islice(texts, start, None), (lambda i, at=where: at(start + i))
     rows = iter_embed(

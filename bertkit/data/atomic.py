@@ -14,6 +14,8 @@ safetensors). While a process writes `NAME.tmp` it holds an flock on `NAME.tmp.l
 same file at the same time is refused (`_hold`) instead of writing into the first's temporary file.
 A folder of files (a token shard, an index's lexical part, a static model) is written the same way, whole into
 `NAME.tmp/` and renamed to `NAME` (`write_folder`).
+All of that says a full disk once it happens; a long run that knows up front what it will write looks ahead
+(`room_for`): where that certainly exceeds the free space, it stops before the long work, not an hour into it.
 """
 
 from __future__ import annotations
@@ -199,6 +201,36 @@ def allocate(f, size: int) -> None:
             if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system that cannot reserve: as before
                 raise
     f.truncate(size)
+
+
+def free_space(folder) -> int:
+    """Bytes this user may still write on the file system that holds `folder` (its nearest existing parent when
+    it is not made yet): statvfs' available blocks, which leave out root's reserve."""
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def human_bytes(n: int) -> str:
+    """A size as a person reads it: 512 bytes, 61.2 KiB, 1.3 GiB."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def room_for(folder, need: int, what: str) -> None:
+    """Refuse, before a long run writes anything, a `need` its disk certainly cannot hold: `need` is a lower bound
+    of the bytes it will still write under `folder` (`what`: "the index's vectors"), compared with `free_space`.
+    Only a certain need refuses (an estimate, say a checkpoint's size times those still to come, warns at most):
+    the run it stops would have failed anyway, on ENOSPC, after the hour it spent. An OSError without an errno,
+    its message one line for the CLI: the folder, the two sizes, what to do."""
+    free = free_space(folder)
+    if need > free:
+        raise OSError(f"{folder}: {what} need at least {human_bytes(need)} and its disk has {human_bytes(free)} "
+                      f"free: free {human_bytes(need - free)} more, or write elsewhere")
 
 
 def _hold(lock: Path, path: Path) -> int:

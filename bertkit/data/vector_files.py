@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from bertkit.data.atomic import replace_atomically, write_json, write_through
+from bertkit.data.atomic import replace_atomically, room_for, write_json, write_through
 from bertkit.errors import BertkitError
 
 
@@ -116,6 +116,13 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
     write_through(path, lambda tmp: journal.write_into(tmp, write), keep=journal.keeps)
     journal.discard()  # the file is whole at its name: nothing left to go on from
     return count[0]
+
+
+def room_for_rows(path, rows: int, width: int) -> None:
+    """Refuse (`bertkit.data.atomic.room_for`), before they are computed, `rows` vectors of `width` values or more
+    still to be written to `path` that its disk certainly cannot hold: each value takes 4 bytes or more in every
+    format (float32; in JSON "0.0, " at least), the header comes on top."""
+    room_for(Path(path).parent, rows * width * 4, f"the vectors of {rows} texts")
 
 
 def vector_format(path, pooled: bool) -> str:

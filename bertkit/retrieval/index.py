@@ -68,7 +68,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.data.atomic import allocate, replace_atomically, write_json
+from bertkit.data.atomic import allocate, replace_atomically, room_for, write_json
 from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, weights_fingerprint
@@ -168,14 +168,26 @@ def _check_plan(out: Path, plan: dict) -> None:
                            "new folder")
 
 
-def _start(out: Path, resume: bool, plan: dict, lines: list[bytes]) -> None:
-    """The folder's parts/, and passages.jsonl with build.json (or, resuming, the check that the plan is the same)."""
-    (out / PARTS).mkdir(parents=True, exist_ok=True)
+def _start(out: Path, resume: bool, plan: dict, lines: list[bytes], dim: int) -> None:
+    """The folder's parts/, and passages.jsonl with build.json (or, resuming, the check that the plan is the same),
+    once the disk is known to have room for what the build will certainly write (`_still_to_write`)."""
     if resume:
         _check_plan(out, plan)
-    else:
+    room_for(out, _still_to_write(out, plan, lines, dim, resume), "the index's passages and vectors")
+    (out / PARTS).mkdir(parents=True, exist_ok=True)
+    if not resume:
         replace_atomically(out / PASSAGES, lambda f: f.writelines(lines))
         write_json(out / BUILD_JSON, plan)
+
+
+def _still_to_write(out: Path, plan: dict, lines: list[bytes], dim: int, resume: bool) -> int:
+    """A lower bound of the bytes the build writes into `out` from here: passages.jsonl (unless resuming), the parts
+    not on disk yet (float32 rows [n, D], D the hidden size sentence vectors have) and vectors.safetensors, which
+    `_assemble` writes while every part is still there. The BM25, HNSW and codes parts come on top: left out, as
+    their sizes are not certain."""
+    n, size = plan["passages"], plan["part_size"]
+    missing = sum(min(size, n - start) for start in range(0, n, size) if not _part_path(out, start // size).is_file())
+    return (0 if resume else sum(map(len, lines))) + missing * dim * 4 + n * dim * 4 + (2 * n + 1) * 8
 
 
 def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int, loaded: Loaded,
@@ -292,7 +304,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
                 "ann": ann and {"kind": ann, "m": ann_m, "ef_construction": ef_construction, "ef_search": ef_search},
                 "lexical": lexical and dataclasses.asdict(lexical), "vectors": vectors, "rescore_with": rescore_with}
         # only now: a corpus refused above leaves nothing behind; after it, the folder and its plan exist
-        distributed.on_rank_0(rank, lambda: _start(out, resume, plan, lines))
+        distributed.on_rank_0(rank, lambda: _start(out, resume, plan, lines, loaded.config.hidden_size))
         _sees(rank, [out / BUILD_JSON])
         order = sorted(range(len(passages)), key=lambda i: (lengths[i], i))
         settings = EncodingSettings.of(loaded, passage_tokens)

@@ -43,6 +43,7 @@ checkpoints are kept.
 import re
 import signal
 import threading
+import warnings
 from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertkit.data.atomic import replace_atomically, write_json
+from bertkit.data.atomic import free_space, human_bytes, replace_atomically, write_json
 from bertkit.errors import BertkitError
 from bertkit.options import RUN_CONFIG  # written when a run starts, before its first step
 from bertkit.training import distributed
@@ -153,9 +154,26 @@ def save_checkpoint(run_dir, step: int, state: dict, keep: int = 3) -> Path:
         raise BertkitError(f"keep must be >= 1 checkpoint, got {keep}")
     path = Path(run_dir) / CHECKPOINT_DIR / f"step-{step:08d}.pt"
     atomic_save(plain_data({**state, "step": step}), path)
-    for old in checkpoint_paths(run_dir)[:-keep]:
+    kept = checkpoint_paths(run_dir)
+    if kept == [path]:  # the run's first: now its size is known
+        _room_for_more(path, keep)
+    for old in kept[:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def _room_for_more(first: Path, keep: int) -> None:
+    """Warn, once, when the checkpoints still to come will not fit: `keep` of them stand while one more is written
+    (before the oldest is deleted), so `keep` times the first one's size beside it. An estimate (a run may stop
+    before it writes that many; the state's size may change a little), so a warning, never a refusal
+    (`bertkit.data.atomic.room_for` refuses a certain need): a bert-base checkpoint, optimizer state included, is
+    about 1.3 GB, and a nearly full disk stopped a run hours in, on ENOSPC at its second or fourth one."""
+    size = first.stat().st_size
+    free = free_space(first.parent)
+    if keep * size > free:
+        warnings.warn(f"{first.parent}: the checkpoints still to come need about {human_bytes(keep * size)} ({keep} "
+                      f"kept while one more is written, {human_bytes(size)} each) and its disk has {human_bytes(free)} "
+                      "free: free some space or lower --keep-last, or the run stops when the disk is full", stacklevel=2)
 
 
 def load_checkpoint(path) -> dict:
