@@ -463,12 +463,16 @@ for module, name in ((features, "iter_embed"), (index, "_encode_parts")):
     setattr(module, name, marked)
 for n in (600, 40):  # 600 vectors of 32 float32 are 76,800 bytes: more than the 64 kB; 40 are 5,120
     (Path(here) / "texts.txt").write_text("".join(f"sentence {i} about a cat\\n" for i in range(n)))
-    (Path(here) / "corpus.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "document {i}"}}\\n'
+    (Path(here) / f"corpus{n}.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "document {i}"}}\\n'
                                                      for i in range(n // 2)))
     print("embed", n, main(["embed", f"{here}/texts.txt", "-o", f"{small}/v{n}/v.npy", "--model", model, "--quiet"]))
-    print("index", n // 2, main(["index", f"{here}/corpus.jsonl", "-o", f"{small}/idx{n}", "--model", model,
+    print("index", n // 2, main(["index", f"{here}/corpus{n}.jsonl", "-o", f"{small}/idx{n}", "--model", model,
                                 "--no-lexical", "--quiet"]), flush=True)
     print(sorted(str(p.relative_to(small)) for p in Path(small).rglob("*") if p.is_file()), flush=True)
+try:  # a BertkitError, which under torchrun rank 0 passes to every rank (an OSError left them waiting)
+    index.build_index(f"{here}/corpus600.jsonl", f"{small}/lib", model, lexical=None, progress=False)
+except Exception as err:
+    print(type(err).__name__, Path(small, "lib").exists())
 import warnings, torch
 from bertkit.training.state import save_checkpoint
 for keep, values in ((1, 100), (3, 4000)):  # a checkpoint of 4,000 float32 is about 17 kB: 3 more do not fit
@@ -494,6 +498,7 @@ def test_a_long_run_the_disk_cannot_hold_is_refused_before_the_work(tiny_dir, tm
     said = [line for line in done.stdout.splitlines() if not line.startswith(str(small))]  # index's summary line
     warned = said.pop()  # the trainers' checkpoints: a warning once the first shows the run will not fit
     assert said.pop() == "checkpoint 1 []", done.stdout
+    assert said.pop() == "BertkitError False", done.stdout
     assert re.fullmatch(rf"checkpoint 3 \['{small}/run3/checkpoints: the checkpoints still to come need about "
                         r"5\d\.\d KiB \(3 kept while one more is written, 1\d\.\d KiB each\) and its disk has "
                         r"\d\d\.\d KiB free: free some space or lower --keep-last, or the run stops when the disk is "
