@@ -76,7 +76,7 @@ def test_killed_with_sigkill_and_resumed_writes_the_uninterrupted_file(tiny_dir,
     line = one_error_line(capsys)
     assert "batch_size was 32 in the interrupted run and is 4" in line, line
     assert embed(source, out, tiny_dir, "--resume", "--layers", "first") == 2
-    assert "layers was 'last' in the interrupted run and is 'first'" in one_error_line(capsys)
+    assert "layers was [2] in the interrupted run and is [0]" in one_error_line(capsys)  # resolved: 2 layers
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a text from a pipe\n")))
     assert embed("-", out, tiny_dir) == 2  # standard input, which keeps no record, would write over them too
     assert "32 of 60 texts" in one_error_line(capsys)
@@ -150,3 +150,56 @@ def test_resume_is_refused_in_one_line_where_nothing_can_go_on(tiny_dir, tmp_pat
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a text\n")))
     assert embed("-", tmp_path / "w.npy", tiny_dir, "--resume") == 2
     assert "standard input" in one_error_line(capsys)
+
+
+def interrupt(monkeypatch, after: int):
+    """Ctrl-C raised through iter_embed after `after` texts (the module boundary embed calls it through)."""
+    import bertkit.embeddings.features as features
+
+    real = features.iter_embed
+
+    def iter_embed(*args, **kwargs):
+        for i, row in enumerate(real(*args, **kwargs)):
+            if i == after:
+                raise KeyboardInterrupt
+            yield row
+    monkeypatch.setattr(features, "iter_embed", iter_embed)
+    return lambda: monkeypatch.setattr(features, "iter_embed", real)
+
+
+# the defaults spelled out: a plain encoder (64 positions, 2 layers: windows of 64 sharing half of 62 tokens)
+# and one with a sentence-transformers layout (mean, normalised, cut at 12 tokens); then a real difference
+SPELLED = [(None, ["--layers", "-1", "--pooling", "mean", "--max-length", 64, "--stride", 31, "--no-truncate"],
+            ["--max-length", 48], "max_length was 64 in the interrupted run and is 48"),
+           (None, ["--layers", "2", "--pooling", "words", "--word-pooling", "mean"], ["--word-pooling", "first"],
+            "word_pooling was 'mean' in the interrupted run and is 'first'"),
+           ("mean", ["--pooling", "auto", "--normalize", "--max-length", 12, "--truncate", "--layers", "last"],
+            ["--max-length", 11], "max_length was 12 in the interrupted run and is 11")]
+
+
+@pytest.mark.parametrize("layout, spelled, other, named", SPELLED)
+def test_a_default_spelled_out_on_resume_goes_on_and_a_real_difference_is_refused(
+        tiny_dir, tmp_path, chunked, capsys, monkeypatch, layout, spelled, other, named):
+    """The plan records what makes the vectors (the cut, the layers, the word pooling applied), not the options
+    as typed: was refused ("max_length was None ... is 64") though the vectors are the same; the finished file
+    is the uninterrupted run's."""
+    import shutil
+
+    from bertkit.model.sentence_layout import write_layout
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    if layout:
+        write_layout(model, pooling=layout, normalize=True, max_seq_length=12, hidden_size=32)
+    source, out, whole = corpus(tmp_path, 20), tmp_path / "v.jsonl", tmp_path / "whole.jsonl"
+    words = ["--pooling", "words"] if "words" in spelled else []
+    assert embed(source, whole, model, *words) == 0
+    restore = interrupt(monkeypatch, 12)
+    assert embed(source, out, model, *words) == 130
+    restore()
+    capsys.readouterr()
+    assert embed(source, out, model, "--resume", *spelled, *other) == 2
+    assert named in one_error_line(capsys)
+    assert embed(source, out, model, "--resume", *spelled) == 0
+    assert "went on from the 8 texts" in capsys.readouterr().err
+    assert out.read_bytes() == whole.read_bytes()

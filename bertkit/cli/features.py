@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 
 from bertkit.errors import BertkitError, refuse_unneeded
-from bertkit.embeddings.settings import EmbedOptions, resolve_output
+from bertkit.embeddings.settings import EmbedOptions, resolve_layers, resolve_output, word_pooling_for
 from bertkit.options import add_options, count, device_flags, from_args, int8_flag, quiet_flag
 from bertkit.data.textfiles import OnePass, blank_lines, file_identity, read_texts, reads_once, text_line
 from bertkit.data.vector_files import RECORD_SUFFIX, open_journal, room_for_rows, vector_format, write_vectors
@@ -134,13 +134,27 @@ def _embed_plan(args, options: EmbedOptions, loaded, output, count: int) -> dict
     from bertkit.runtime.loading import weights_fingerprint  # late: the command line builds without loading torch
 
     speed = getattr(args, "speed", None)
-    return {"format": 1, "input": file_identity(args.input), "column": args.column, "texts": count,
+    return {"format": 2, "input": file_identity(args.input), "column": args.column, "texts": count,
             "model": {"fingerprint": weights_fingerprint(loaded.weights_dir), "precision": loaded.precision,
                       "device": loaded.device.type, "fast_path": speed and dataclasses.asdict(speed)},
-            "layers": options.layers, "combine": options.combine, "pooling": output.pooling,
-            "normalize": output.normalize, "word_pooling": args.word_pooling, "batch_size": args.batch_size,
-            "max_length": args.max_length, "stride": args.stride, "truncate": args.truncate,
-            "chunk_size": EMBED_CHUNK, "output": Path(args.output).suffix.lower()}
+            "pooling": output.pooling, "normalize": output.normalize, **_applied(args, options, loaded, output),
+            "batch_size": args.batch_size, "chunk_size": EMBED_CHUNK, "output": Path(args.output).suffix.lower()}
+
+
+def _applied(args, options: EmbedOptions, loaded, output) -> dict:
+    """The layers, word pooling and cut as iter_embed applies them, not as typed: a default spelled out on
+    --resume (--max-length at the layout's max_seq_length, --layers -1 for last, --truncate where texts are cut
+    anyway, the default --stride) makes the same vectors, so only a real difference is refused."""
+    from bertkit.embeddings.features import window_cut  # late, as _embed_plan's import
+
+    if loaded.task == "static":  # a table and a mean: no layers or windows, each text cut at max_length (or not)
+        return {"max_length": None if args.truncate is False else args.max_length or loaded.config.max_length}
+    net = getattr(loaded.model, "base_model", loaded.model)  # a task model embeds with its encoder
+    spec = resolve_layers(options.layers, net.config.num_hidden_layers, options.combine)
+    cut = window_cut(loaded.max_positions, output, args.max_length, args.stride, args.truncate)
+    return {"layers": list(spec.indices), "combine": spec.combine if len(spec.indices) > 1 else None,  # one: itself
+            "word_pooling": word_pooling_for(args.word_pooling, output) if output.pooling == "words" else None,
+            "max_length": cut.max_length, "truncate": cut.truncate, "stride": None if cut.truncate else cut.stride}
 
 
 def add_attention(sub):

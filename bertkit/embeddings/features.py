@@ -318,7 +318,7 @@ def iter_embed(
         return
     # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does
     net, tok = getattr(loaded.model, "base_model", loaded.model), loaded.tokenizer
-    cut = _cut(loaded.max_positions, output, max_length, stride, truncate)
+    cut = window_cut(loaded.max_positions, output, max_length, stride, truncate)
     pad_id = getattr(tok, "pad_token_id", 0) or 0
     was_training = net.training
     net.eval()  # dropout off: features are deterministic
@@ -341,10 +341,11 @@ def iter_embed(
             bar.close()
 
 
-def _cut(positions: int, output, max_length, stride, truncate):
+def window_cut(positions: int, output, max_length, stride, truncate):
     """Where texts are cut or windowed (`bertkit.text.windows.shape`). A layout's sentence vectors are cut at
     its max_seq_length, or at the length asked for instead (sentence-transformers' max_seq_length, `bertkit
-    evaluate --max-length`), unless truncate=False asks for windows; other outputs are windowed."""
+    evaluate --max-length`), unless truncate=False asks for windows; other outputs are windowed. (`bertkit embed
+    --resume` compares the cut made, not the options typed.)"""
     truncate = True if truncate is None and output.length else truncate
     if truncate and stride is not None:  # it was ignored: nothing is windowed
         raise BertkitError(f"stride={stride} applies to windows, and these texts are cut at their max length instead: "
