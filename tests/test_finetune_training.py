@@ -473,3 +473,30 @@ def test_ctrl_c_while_a_checkpoint_is_written_is_one_line_and_the_run_resumes_ex
     assert train_losses(stopped) == train_losses(done)
     wa, wb = load_file(done / "model.safetensors"), load_file(stopped / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("save_every, warned", [(4, False), (1, True)])
+def test_the_free_space_warning_counts_the_checkpoints_the_run_still_writes(tmp_path, monkeypatch, save_every,
+                                                                           warned):
+    """After its first checkpoint a run warns when the ones still to come will not fit: --keep-last 3 of them, or
+    as many as the run still writes when that is fewer. The disk is made to have room for 2.5 checkpoints: a run of
+    8 updates saving every 4 writes 1 more (was warned for 3), every 1 writes 7 (warned). The checkpoints the run
+    really writes are counted as it writes them."""
+    import bertkit.training.state as state
+
+    written, real_save = [], state.save_checkpoint
+
+    def counted(run_dir, step, *args, **kwargs):
+        written.append(step)
+        return real_save(run_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(state, "save_checkpoint", counted)
+    monkeypatch.setattr(state, "free_space", lambda folder: 2.5 * min(p.stat().st_size for p in folder.iterdir()))
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(Bag(), bag_features(), fast(epochs=1, save_every=save_every, keep_last=3), output_dir=tmp_path / "run",
+              log=lambda s: None)
+    said = [str(w.message) for w in caught if "checkpoints still to come" in str(w.message)]
+    assert len(written) - 1 == (1 if save_every == 4 else 7)  # 64 rows in batches of 8: 8 updates
+    assert bool(said) == (min(3, len(written) - 1) > 2.5) == warned, said

@@ -202,7 +202,8 @@ def train(run: Run, hooks: Hooks) -> list:
 
     def checkpoint(step: int) -> None:
         save_training_state(s.output, step, run.model, run.optimizer, run.stream, run.info, scaler=run.scaler,
-                            keep=s.keep_last, **(hooks.extras(step) if hooks.extras else {}))
+                            keep=s.keep_last, to_come=s.loop.checkpoints_after(step),
+                            **(hooks.extras(step) if hooks.extras else {}))
         if hooks.after_checkpoint:
             hooks.after_checkpoint(step)
 

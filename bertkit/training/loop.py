@@ -64,6 +64,13 @@ class LoopConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     desc: str = "train"  # the progress bar's label
 
+    def checkpoints_after(self, step: int) -> int:
+        """How many checkpoints the loop still writes after step `step`: one every save_every steps and one at
+        max_steps (the trainers' free-space warning counts only these, not --keep-last, for a short run)."""
+        if step >= self.max_steps:
+            return 0
+        return 1 + ((self.max_steps - 1) // self.save_every - step // self.save_every if self.save_every else 0)
+
 
 def micro_batch_slot(step_offset: int, accum_index: int, rank: int, world_size: int, grad_accum: int) -> int:
     """Which micro-batch (in the global order since the start position) a rank computes.

@@ -145,10 +145,11 @@ def latest_checkpoint(run_dir):
     return paths[-1] if paths else None
 
 
-def save_checkpoint(run_dir, step: int, state: dict, keep: int = 3) -> Path:
+def save_checkpoint(run_dir, step: int, state: dict, keep: int = 3, to_come: int | None = None) -> Path:
     """Write checkpoint `step` (a dict as in the module docstring) atomically.
 
-    Then delete all but the newest `keep` checkpoints.
+    Then delete all but the newest `keep` checkpoints. to_come: how many more the run will write (None: unknown,
+    at least `keep`), for the free-space warning after the first.
     """
     if keep < 1:
         raise BertkitError(f"keep must be >= 1 checkpoint, got {keep}")
@@ -156,7 +157,7 @@ def save_checkpoint(run_dir, step: int, state: dict, keep: int = 3) -> Path:
     atomic_save(plain_data({**state, "step": step}), path)
     kept = checkpoint_paths(run_dir)
     if kept == [path]:  # the run's first: now its size is known
-        _room_for_more(path, keep)
+        _room_for_more(path, keep if to_come is None else min(keep, to_come))
     for old in kept[:-keep]:
         old.unlink(missing_ok=True)
     return path
@@ -164,10 +165,11 @@ def save_checkpoint(run_dir, step: int, state: dict, keep: int = 3) -> Path:
 
 def _room_for_more(first: Path, keep: int) -> None:
     """Warn, once, when the checkpoints still to come will not fit: `keep` of them stand while one more is written
-    (before the oldest is deleted), so `keep` times the first one's size beside it. An estimate (a run may stop
-    before it writes that many; the state's size may change a little), so a warning, never a refusal
-    (`bertkit.data.atomic.room_for` refuses a certain need): a bert-base checkpoint, optimizer state included, is
-    about 1.3 GB, and a nearly full disk stopped a run hours in, on ENOSPC at its second or fourth one."""
+    (before the oldest is deleted), so `keep` times the first one's size beside it (`keep`: fewer when the run
+    writes fewer). An estimate (a run may be stopped sooner; the state's size may change a little), so a warning,
+    never a refusal (`bertkit.data.atomic.room_for` refuses a certain need): a bert-base checkpoint, optimizer
+    state included, is about 1.3 GB, and a nearly full disk stopped a run hours in, on ENOSPC at its second or
+    fourth one."""
     size = first.stat().st_size
     free = free_space(first.parent)
     if keep * size > free:
@@ -209,14 +211,14 @@ def _pickled_objects(path: Path) -> list:
 
 
 def save_training_state(run_dir, step: int, model, optimizer, stream, info, *, scaler=None, keep: int = 3,
-                        **extra) -> None:
+                        to_come: int | None = None, **extra) -> None:
     """Checkpoint `step` of a run (every rank calls it: it gathers RNG states and, under FSDP, shards)."""
     model_state, optim_state = distributed.state_dicts(model, optimizer)  # a collective under FSDP
     rngs = distributed.gather_objects(capture_rng(), info)
     if info.is_main:
         state = {"model": model_state, "optimizer": optim_state, "rng": rngs, "data": stream.state(),
                  "scaler": scaler.state_dict() if scaler else None, **extra}
-        save_checkpoint(run_dir, step, state, keep=keep)
+        save_checkpoint(run_dir, step, state, keep=keep, to_come=to_come)
     distributed.barrier(info)
 
 
