@@ -97,19 +97,25 @@ def write_folder(path, *, replace: bool = True) -> Iterator[Path]:
     folder there gives way; one that holds something is replaced (moved aside to NAME.replaced/, removed once the
     new one stands), or with `replace` False left as it is: another process wrote it meanwhile, and this one's
     folder is kept beside it under a name of its own, a FileExistsError's filename2. NAME.tmp.lock is held while
-    the block writes (`_hold`: a second writer of the folder is refused). An error or Ctrl-C removes NAME.tmp/; a
+    the block writes (`_hold`: a second writer of the folder is refused; with `replace` False it writes its folder
+    under a name of its own instead, kept as above). An error or Ctrl-C removes NAME.tmp/; a
     write the machine refused is an OSError naming the file under `path` (`path` itself where the library named
     none, or lost the errno: `refused`), never NAME.tmp/."""
     path = Path(path)
-    tmp, lock, held = _start(path)
+    try:
+        tmp, lock, held = _start(path)
+    except BlockingIOError:
+        if replace:
+            raise
+        # another process is writing NAME: refused, a long job (two `distill static -o X` saving in the same
+        # second) lost the result it had just made; it cannot replace NAME, so it is kept beside it
+        yield from _kept_beside(path)
+        return
     try:
         shutil.rmtree(tmp, ignore_errors=True)  # what a kill left: nobody else holds the lock
         tmp.mkdir()
         yield tmp
-        for written in sorted(tmp.rglob("*")):
-            if written.is_file():
-                with open(written, "rb+") as f:
-                    os.fsync(f.fileno())
+        _fsync_files(tmp)
         _publish(tmp, path, replace)
     except BaseException as err:
         said = _said_of_folder(err, path, tmp, lock) if isinstance(err, Exception) else None
@@ -122,6 +128,27 @@ def write_folder(path, *, replace: bool = True) -> Iterator[Path]:
             lock.unlink(missing_ok=True)
         os.close(held)
     fsync_folder(path.parent)
+
+
+def _kept_beside(path: Path) -> Iterator[Path]:
+    """`write_folder(path, replace=False)` while another process writes `path`: the folder is written whole under a
+    name of its own beside it, and kept (removed on an error), the FileExistsError's filename2."""
+    kept = Path(tempfile.mkdtemp(prefix=f"{path.name}.", suffix=".kept", dir=path.parent))
+    try:
+        yield kept
+        _fsync_files(kept)
+    except BaseException:
+        shutil.rmtree(kept, ignore_errors=True)
+        raise
+    fsync_folder(path.parent)
+    raise FileExistsError(errno.EEXIST, "being written by another process", str(path), None, str(kept))
+
+
+def _fsync_files(folder: Path) -> None:
+    for written in sorted(folder.rglob("*")):
+        if written.is_file():
+            with open(written, "rb+") as f:
+                os.fsync(f.fileno())
 
 
 def _publish(tmp: Path, path: Path, replace: bool) -> None:

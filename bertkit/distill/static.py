@@ -200,8 +200,8 @@ def _save(model: StaticEmbedding, tok, output: Path, about: dict | None = None, 
     except FileExistsError as err:  # two `distill static -o X` at once: the other wrote X first
         if err.filename2 is None:
             raise
-        raise BertkitError(f"{output} was written by another process while this one ran; this run's model is "
-                           f"kept in {err.filename2}: move it to a new folder") from None
+        raise BertkitError(f"{output} was written by another process while this one ran (or is being written by "
+                           f"it now); this run's model is kept in {err.filename2}: move it to a new folder") from None
 
 
 def distill_static(model=None, output=None, config: StaticDistillConfig = StaticDistillConfig(), *,
