@@ -198,6 +198,10 @@ def test_cli_embed_and_evaluate_run_a_static_model(ours, tmp_path, capsys):
     (tmp_path / "in.txt").write_text("\n".join(TEXTS[:4]) + "\n")
     assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(ours)]) == 0
     assert np.abs(np.load(tmp_path / "v.npy") - bertkit.embed(TEXTS[:4], ours)).max() < 1e-6
+    # the last layer spelled as on a transformer (-1, a string on the command line) is the table: was refused
+    assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "l.npy"), "--model", str(ours),
+                 "--layers", "-1"]) == 0
+    assert (tmp_path / "l.npy").read_bytes() == (tmp_path / "v.npy").read_bytes()
     (tmp_path / "sts.tsv").write_text("sentence1\tsentence2\tscore\na cat\ta cat\t5\na dog\tthe sea\t0\n"
                                       "a man runs\ta man walks\t3\n")
     assert main(["evaluate", "sts", str(tmp_path / "sts.tsv"), "--model", str(ours)]) == 0

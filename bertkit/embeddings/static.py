@@ -75,7 +75,7 @@ def check_static_options(pooling, layers, pairs, stride=None) -> None:
         shown = "'none' (one vector per token)" if pooling is None else repr(pooling)
         raise BertkitError(f"pooling {shown}: a static model averages its tokens' vectors (pooling mean); "
                            "it has no [CLS], layers or per-token context to pool otherwise")
-    if layers not in ("last", -1):
+    if str(layers).strip() not in ("last", "-1"):  # the last layer, the table (-1 is a string on the command line)
         raise BertkitError(f"layers {layers!r}: a static model has no layers (its table is the one vector per token)")
     if pairs is not None:
         raise BertkitError("a static model embeds single texts, not pairs")
