@@ -114,3 +114,26 @@ def test_a_collection_of_a_tuned_index_fuses_as_its_tuning_chose(exported, capsy
         assert collection_fusion(info, {}) == FusionOptions(mode="hybrid", alpha=0.5, rrf_k=2.0, depth=20)
     assert len(said) == 1 and "\n" not in str(said[0].message) and "equal weights" in str(said[0].message)
     assert collection_fusion(info, {"alpha": 0.3}).alpha == 0.3  # given, it is refused by check_fusion
+
+
+def test_a_collection_without_sparse_vectors_says_how_to_get_them(exported, capsys):
+    """A collection exported from an index without a lexical part (--no-lexical, or an index of a bertkit
+    before lexical parts: compat2's 11-25 export) has no sparse vectors. search --qdrant --mode hybrid/lexical
+    said the index's line, "add one with bertkit index add INDEX": done, the collection still had none and the
+    same line came back. The line names the collection and the export again; its advice, followed, works."""
+    import shutil
+
+    location, dense = str(exported / "qdrant"), exported / "dense"
+    shutil.copytree(exported / "index", dense, ignore=shutil.ignore_patterns("lexical"))
+    info = json.loads((dense / "index.json").read_text())
+    del info["lexical"]  # as `bertkit index --no-lexical` (and the 11-25 bertkit) writes index.json
+    (dense / "index.json").write_text(json.dumps(info))
+    export_argv = ["index", "export", str(dense), "--qdrant", location, "--collection", "dense", "--quiet"]
+    assert main(export_argv) == 0
+    capsys.readouterr()
+    for mode in ("hybrid", "lexical"):
+        assert main(["search", "--qdrant", location, "--collection", "dense", "a query", "--mode", mode]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "'dense'" in err and "bertkit index add" in err and "--overwrite" in err and "\n" not in err
+    assert main(["index", "add", str(dense)]) == 0 and main([*export_argv, "--overwrite"]) == 0
+    assert main(["search", "--qdrant", location, "--collection", "dense", "a query", "--mode", "hybrid"]) == 0

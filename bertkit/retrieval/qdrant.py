@@ -195,6 +195,12 @@ def search(location: str, collection: str, queries: list[str], k: int = 10, *, m
     client = connect(location)
     try:
         info = _collection_info(client, location, collection)
+        mode = fusion.get("mode") if isinstance(fusion, dict) else fusion and fusion.mode
+        if mode in ("hybrid", "lexical") and not info.get("lexical"):  # the index's line would say "bertkit index
+            # add INDEX", which leaves this collection without sparse vectors: refused again, the same line
+            raise BertkitError(f"collection {collection!r} in {location} has no BM25 sparse vectors (its index had no "
+                               "lexical part: --no-lexical, or a bertkit before lexical parts): search it with --mode "
+                               "dense, or add one with bertkit index add INDEX and export it again with --overwrite")
         fusion = (FusionOptions(mode="dense") if fusion is None else fusion if isinstance(fusion, FusionOptions)
                   else collection_fusion(info, fusion))
         if fusion.mode is None:  # as for an index: hybrid when it has a lexical part
