@@ -190,7 +190,7 @@ def _still_to_write(out: Path, plan: dict, lines: list[bytes], dim: int, resume:
     their sizes are not certain."""
     n, size = plan["passages"], plan["part_size"]
     missing = sum(min(size, n - start) for start in range(0, n, size) if not _part_path(out, start // size).is_file())
-    return (0 if resume else sum(map(len, lines))) + missing * dim * 4 + n * dim * 4 + (2 * n + 1) * 8
+    return (0 if resume else sum(map(len, lines))) + missing * dim * 4 + _tensor_bytes(n, dim)
 
 
 def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int, loaded: Loaded,
@@ -234,6 +234,12 @@ def _part_path(out: Path, number: int) -> Path:
     return out / PARTS / f"part-{number:05d}.npy"
 
 
+def _tensor_bytes(n: int, dim: int) -> int:
+    """The bytes of vectors.safetensors after its header: n float32 rows of `dim`, then "document" [n] and
+    "passage_offset" [n + 1] as int64 (`_assemble` takes them on the disk; `_still_to_write` counts them)."""
+    return n * dim * 4 + (2 * n + 1) * 8
+
+
 def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray, lines: list[bytes]) -> int:
     """Write vectors.safetensors from the parts, rows back in passage order; returns D."""
     n = len(order)
@@ -244,7 +250,7 @@ def _assemble(out: Path, order: list[int], part_size: int, document: np.ndarray,
 
     def write(f):
         f.write(header)
-        allocate(f, len(header) + n * dim * 4 + (2 * n + 1) * 8)  # blocks taken now: a full disk is ENOSPC, not SIGBUS
+        allocate(f, len(header) + _tensor_bytes(n, dim))  # blocks taken now: a full disk is ENOSPC, not SIGBUS
         vectors = np.memmap(f.name, dtype=np.float32, mode="r+", offset=len(header), shape=(n, dim))
         for start in range(0, n, part_size):
             vectors[order[start : start + part_size]] = np.load(_part_path(out, start // part_size))
