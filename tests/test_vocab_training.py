@@ -233,6 +233,43 @@ def test_cli_vocab_train_leaves_prepared_datas_vocabulary_alone(tmp_path, capsys
     assert {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()} == before
 
 
+def _random_text(letters: str, seed: int, lines: int = 600) -> str:
+    rng = random.Random(seed)
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(800)]
+    return "".join(" ".join(rng.choice(words) for _ in range(12)) + " .\n" for _ in range(lines))
+
+
+@pytest.mark.oracle
+def test_cli_cased_vocabulary_of_a_caseless_script_loads(tmp_path, capsys, transformers_mod):
+    """A --cased vocabulary of Arabic (or Hebrew, Devanagari, Thai, CJK) text has no capitals, since the
+    script has none: the tokenizer's casing check refused it as "uncased" in every command that loaded it
+    (vocab check, tokenize, pretrain prepare), though vocab train had just written it. It loads, and reads
+    the text as transformers does with the same folder. A --cased vocabulary of lower-cased Latin text is
+    refused by vocab train itself (it wrote one the other commands then refused), naming the fix."""
+    from bertkit.cli import main
+
+    (tmp_path / "ar.txt").write_text(_random_text("".join(map(chr, range(0x0628, 0x0638))), seed=0))
+    out = tmp_path / "ar"
+    assert main(["vocab", "train", str(tmp_path / "ar.txt"), "-o", str(out), "--vocab-size", "1200", "--cased"]) == 0
+    tokens = load_vocab(out)
+    assert len(tokens) == 1200 and sum(t.isalpha() for t in tokens) >= 500  # enough for the casing check to judge
+    capsys.readouterr()
+    assert main(["vocab", "check", str(out)]) == 0, capsys.readouterr().err
+    ours, fast = Tokenizer.from_pretrained(out), transformers_mod.BertTokenizerFast.from_pretrained(str(out))
+    assert not ours.lowercase and not fast.do_lower_case
+    for line in (tmp_path / "ar.txt").read_text().split("\n")[:50]:
+        assert ours.encode(line).input_ids == fast(line)["input_ids"]
+
+    (tmp_path / "lc.txt").write_text(_random_text("abcdefghijklmnop", seed=1))
+    latin = tmp_path / "lc"
+    assert main(["vocab", "train", str(tmp_path / "lc.txt"), "-o", str(latin), "--vocab-size", "1200", "--cased"]) == 2
+    [err] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # one line (and tqdm's)
+    assert err.startswith("bertkit: error: the corpus has no capitalised words") and "without --cased" in err
+    assert not latin.exists()
+    assert main(["vocab", "train", str(tmp_path / "lc.txt"), "-o", str(latin), "--vocab-size", "1200"]) == 0
+    assert main(["vocab", "check", str(latin)]) == 0
+
+
 # every line has an accent, 4% of the bytes: below the binary-file threshold, as in real French prose
 FRENCH = ["Le café était chaud ce matin, et nous avons parlé de la ville.",
           "Où est la clé de la maison ? Elle est sur la table, dit-il.",

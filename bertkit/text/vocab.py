@@ -157,8 +157,11 @@ def check_casing(tokens: list[str], lowercase: bool) -> None:
     too small to tell): a lower-casing tokenizer can never produce a token with
     capitals, so a vocabulary with many of them is cased; a cased vocabulary of
     English-like text always has some capitalised words.
+    Only words with letters that have case count: Arabic, Hebrew, Devanagari, Thai or CJK words read the
+    same either way, so a cased vocabulary of such text (`vocab train --cased`, to keep its marks) has no
+    capitals and was refused as "uncased" by every command that loads it.
     """
-    words = [t for t in tokens if t.isalpha()]
+    words = [t for t in tokens if t.isalpha() and t.lower() != t.upper()]
     if len(tokens) < 1000 or len(words) < 500:
         return
     upper = sum(1 for t in words if t != t.lower())

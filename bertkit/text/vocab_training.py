@@ -43,7 +43,7 @@ from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import (ENCODING_ERRORS, CorpusStats, check_encoding, check_encoding_errors, corpus_files,
                                  read_lines)
 from bertkit.data.outputs import check_output, holds
-from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, save_vocab
+from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, check_casing, save_vocab
 
 
 # the tokenizer's max_input_chars_per_word (bertkit.text.wordpiece): a longer word is one [UNK], never cut
@@ -293,6 +293,15 @@ def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig, o
     vocab.txt's path. An earlier vocab.txt or tokenizer_config.json there is refused unless `overwrite`, as
     `bertkit vocab train` refuses it without --overwrite (`check_vocab_output`)."""
     out = check_vocab_output(output, overwrite)
+    if not config.lowercase:
+        # the tokenizer refuses a cased vocabulary with no capitals as uncased (vocab.check_casing): a --cased run on
+        # lower-cased text wrote one, and every command that loaded it (vocab check, tokenize, pretrain prepare) stopped
+        try:
+            check_casing(tokens, lowercase=False)
+        except BertkitError:
+            raise BertkitError("the corpus has no capitalised words, so a --cased vocabulary of it would be refused "
+                               "as uncased wherever it is loaded; train it without --cased (lower-casing changes "
+                               "nothing in such text; add --no-strip-accents to keep accents)") from None
     settings = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": config.lowercase,
