@@ -212,6 +212,39 @@ def test_cli_embed_and_evaluate_run_a_static_model(ours, tmp_path, capsys):
     assert "pooling 'none' (one vector per token): a static model" in capsys.readouterr().err
 
 
+def test_a_static_embed_resumed_compares_the_cut_its_vectors_have(tok, tmp_path, capsys, monkeypatch):
+    """embed --resume with a static model records where each text is cut (`static_cut`, the rule iter_embed
+    applies, once): the folder's cut (8 tokens) spelled out goes on and gives the uninterrupted file; the whole
+    text (--no-truncate, other vectors here) is refused naming the cut."""
+    import bertkit.cli.features as command
+    import bertkit.embeddings.features as features
+
+    model = tmp_path / "cut8"
+    write_tokenizer_json(tok, save_static(StaticEmbedding(table(len(tok)), normalize=True), model), 8)
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"text {i} about {'a big ' * (i % 5)}cat\n" for i in range(20)))
+    embed = lambda out, *flags: main(["embed", str(source), "-o", str(tmp_path / out), "--model", str(model),  # noqa
+                                      "--quiet", *flags])
+    monkeypatch.setattr(command, "EMBED_CHUNK", 8)
+    assert embed("whole.npy") == 0 and embed("all.npy", "--no-truncate") == 0
+    assert np.load(tmp_path / "whole.npy").tobytes() != np.load(tmp_path / "all.npy").tobytes()  # the cut matters
+    real = features.iter_embed
+
+    def interrupted(*args, **kwargs):
+        for i, row in enumerate(real(*args, **kwargs)):
+            if i == 12:
+                raise KeyboardInterrupt
+            yield row
+    monkeypatch.setattr(features, "iter_embed", interrupted)
+    assert embed("v.npy") == 130
+    monkeypatch.setattr(features, "iter_embed", real)
+    capsys.readouterr()
+    assert embed("v.npy", "--resume", "--no-truncate") == 2
+    assert "max_length was 8 in the interrupted run and is None" in capsys.readouterr().err
+    assert embed("v.npy", "--resume", "--max-length", "8", "--truncate") == 0
+    assert (tmp_path / "v.npy").read_bytes() == (tmp_path / "whole.npy").read_bytes()
+
+
 # --- distillation --------------------------------------------------------------------------------
 
 

@@ -313,8 +313,8 @@ def iter_embed(
     int_at_least(chunk_size, 1, "chunk_size")
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
         check_static_options(pooling, layers, pairs, stride)
-        yield from _static_rows(texts, loaded, normalize, max_length if truncate is not False else NO_CUT,
-                                chunk_size, progress, total, where)
+        yield from _static_rows(texts, loaded, normalize, static_cut(loaded, max_length, truncate), chunk_size,
+                                progress, total, where)
         return
     # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does
     net, tok = getattr(loaded.model, "base_model", loaded.model), loaded.tokenizer
@@ -353,6 +353,12 @@ def window_cut(positions: int, output, max_length, stride, truncate):
     return shape(positions, output.length, max_length, stride, truncate)
 
 
+def static_cut(loaded: Loaded, max_length, truncate) -> int | None:
+    """Where a static model cuts each text, in tokens: at max_length (default: its folder's), or nowhere (None)
+    when truncate=False asks for the whole text. (`bertkit embed --resume` records and compares this cut.)"""
+    return None if truncate is False else max_length or loaded.config.max_length
+
+
 def _chunks(source: Iterator, size: int) -> Iterator[tuple[int, list]]:
     """(the position of its first item, a list of `size` items) taken from `source` as they are needed
     (the last may be shorter)."""
@@ -362,11 +368,12 @@ def _chunks(source: Iterator, size: int) -> Iterator[tuple[int, list]]:
         start += len(chunk)
 
 
-def _static_rows(texts, loaded: Loaded, normalize, max_length, chunk_size: int, progress: bool, total, where):
-    """A static model's vectors (`bertkit.embeddings.static`), with the progress bar iter_embed shows."""
+def _static_rows(texts, loaded: Loaded, normalize, cut, chunk_size: int, progress: bool, total, where):
+    """A static model's vectors (`bertkit.embeddings.static`) with each text cut at `cut` (`static_cut`; None:
+    whole), with the progress bar iter_embed shows."""
     with tqdm(total=total, unit="text", desc="embed", disable=not progress) as bar:
-        yield from iter_static(texts, loaded, normalize, max_length=max_length, chunk_size=chunk_size, bar=bar,
-                               where=where)
+        yield from iter_static(texts, loaded, normalize, max_length=NO_CUT if cut is None else cut,
+                               chunk_size=chunk_size, bar=bar, where=where)
 
 
 def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar) -> list:
