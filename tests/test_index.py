@@ -307,6 +307,24 @@ def test_a_resume_on_passages_cut_otherwise_names_the_corpus_or_the_bertkit_vers
     assert open_index(out).info["passages"] == plan["passages"]
 
 
+def test_plan_difference_gives_the_differing_key_as_data_beside_the_sentence():
+    """index --resume chose its line on changed passages by `difference.startswith("passages")`, a test on the
+    sentence for people: a new wording, or a setting whose name began so, would have changed the decision. The
+    key that differs is data now (what index decides on); the sentences embed and index say are the same."""
+    from bertkit.data.vector_files import plan_difference
+
+    saved = {"format": 2, "model": {"fingerprint": "f", "precision": "float32"}, "batch_size": 32, "passages": 5,
+             "passages_sha256": "ab"}
+    cases = [({"passages_sha256": "cd"}, "passages_sha256", "passages_sha256 was 'ab' in the interrupted run and is "
+              "'cd' now"),
+             ({"model": {"fingerprint": "f", "precision": "bfloat16"}}, "model", "model precision was {'precision': "
+              "'float32'} in the interrupted run and is {'precision': 'bfloat16'} now"),
+             ({"batch_size": 4, "passages": 6}, "batch_size", "batch_size was 32 in the interrupted run and is 4 now")]
+    for changed, key, said in cases:
+        difference = plan_difference(saved, {**saved, **changed})
+        assert (difference.key, str(difference)) == (key, said)
+    assert plan_difference(saved, dict(saved)) is None
+
 def test_killed_with_sigkill_and_resumed_equals_an_uninterrupted_build(built, tiny, corpus, tmp_path):
     whole, info = built
     out = tmp_path / "index"

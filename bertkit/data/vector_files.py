@@ -205,17 +205,30 @@ def _header(suffix: str, pooled: bool, total: int, dim: int, n: int, room: int =
 RECORD_SUFFIX, COUNTS_SUFFIX = ".resume.json", ".resume.lengths"
 
 
-def plan_difference(saved: dict, plan: dict) -> str | None:
+@dataclass(frozen=True)
+class PlanDifference:
+    """The first entry of a resumed run's plan that differs from the interrupted run's: `key`, the plan's key, for
+    a caller to decide on (index --resume says more of changed passages), and `said`, the sentence for a person."""
+
+    key: str
+    said: str
+
+    def __str__(self) -> str:
+        return self.said
+
+
+def plan_difference(saved: dict, plan: dict) -> PlanDifference | None:
     """The first entry of `plan` that differs from `saved`, said for a person ("batch_size was 32 in the
     interrupted run and is 4 now"; of a record, its differing fields only, not the whole record), or None when
     they agree: what `bertkit index --resume` and `bertkit embed --resume` compare before they go on."""
     for key in plan:
         was, now = saved.get(key), plan[key]
         if was != now:
+            named = key
             if isinstance(was, dict) and isinstance(now, dict):
-                key += " " + ", ".join(k for k in {**was, **now} if was.get(k) != now.get(k))
+                named += " " + ", ".join(k for k in {**was, **now} if was.get(k) != now.get(k))
                 was, now = ({k: v for k, v in d.items() if was.get(k) != now.get(k)} for d in (was, now))
-            return f"{key} was {was!r} in the interrupted run and is {now!r} now"
+            return PlanDifference(key, f"{named} was {was!r} in the interrupted run and is {now!r} now")
     return None
 
 

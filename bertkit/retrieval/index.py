@@ -156,7 +156,8 @@ def _empty(out: Path) -> None:
 def _check_plan(out: Path, plan: dict) -> None:
     saved = json.loads((out / BUILD_JSON).read_text())
     difference = plan_difference(saved, plan)
-    if difference and difference.startswith("passages"):  # corpus, model and cut as before: no setting of the user's
+    # corpus, model and cut as before (plan order): the passages differ, and no setting of the user's does
+    if difference and difference.key in ("passages", "passages_sha256"):
         raise BertkitError(
             f"--resume: the passages are not the interrupted run's ({saved.get('passages')} passages, text hash "
             f"{str(saved.get('passages_sha256'))[:12]} then; {plan['passages']}, {plan['passages_sha256'][:12]} now): "
