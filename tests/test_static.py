@@ -566,28 +566,34 @@ def test_a_static_output_another_run_wrote_meanwhile_is_refused_and_this_model_i
     assert kept.parent == tmp_path and load(str(kept)).task == "static"  # this run's model, whole and loadable
 
 
-def test_a_static_output_another_run_is_writing_keeps_this_model_beside_it(tok, tmp_path):
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_static_output_another_run_is_writing_keeps_this_model_beside_it(tok, tmp_path, overwrite):
     """Two `distill static -o X` saving in the same second: the second found X's lock held and was refused ("X is
-    being written by another process right now"), its freshly distilled model lost. It cannot take X, so its
-    folder is kept beside it, named in the one line, whole and loadable; the other run's write is left alone."""
+    being written by another process right now"), its freshly distilled model lost; with --overwrite still so (the
+    refusal was kept there: write_folder's replace). It cannot take X now, so its folder is kept beside it, named
+    in the one line, whole and loadable; the other run's write (and, with --overwrite, what X held) is left alone."""
     import fcntl
     import os
 
     import bertkit.distill.static as static
 
     out = tmp_path / "out"
+    if overwrite:  # the model --overwrite replaces
+        write_tokenizer_json(tok, save_static(StaticEmbedding(table(len(tok), 8), normalize=True), out))
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     other = os.open(tmp_path / "out.tmp.lock", os.O_WRONLY | os.O_CREAT)  # the other run, saving into X now
     fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         model = StaticEmbedding(torch.randn(len(tok), 8), normalize=True)
         with pytest.raises(BertkitError, match="by another process") as refused:
-            static._save(model, tok, out)
+            static._save(model, tok, out, overwrite=overwrite)
     finally:
         os.close(other)
     kept = Path(str(refused.value).split("kept in ")[1].split(":")[0])
     assert kept.parent == tmp_path and load(str(kept)).task == "static"  # this run's model, whole and loadable
     assert np.array_equal(bertkit.embed(TEXTS[:2], str(kept)), bertkit.embed(TEXTS[:2], (model, tok)))
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kept.name, "out.tmp.lock"])  # X untouched
+    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if kept not in p.parents)
+    assert after == sorted([*before, kept.name, "out.tmp.lock"])  # X untouched
 
 
 def test_distill_static_into_a_folder_it_wrote_needs_overwrite(tiny_dir, tmp_path, capsys):

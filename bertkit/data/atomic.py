@@ -97,18 +97,17 @@ def write_folder(path, *, replace: bool = True) -> Iterator[Path]:
     folder there gives way; one that holds something is replaced (moved aside to NAME.replaced/, removed once the
     new one stands), or with `replace` False left as it is: another process wrote it meanwhile, and this one's
     folder is kept beside it under a name of its own, a FileExistsError's filename2. NAME.tmp.lock is held while
-    the block writes (`_hold`: a second writer of the folder is refused; with `replace` False it writes its folder
-    under a name of its own instead, kept as above). An error or Ctrl-C removes NAME.tmp/; a
+    the block writes (`_hold`); a second writer that finds it held writes its folder under a name of its own
+    instead, kept as above, `replace` or not. An error or Ctrl-C removes NAME.tmp/; a
     write the machine refused is an OSError naming the file under `path` (`path` itself where the library named
     none, or lost the errno: `refused`), never NAME.tmp/."""
     path = Path(path)
     try:
         tmp, lock, held = _start(path)
     except BlockingIOError:
-        if replace:
-            raise
         # another process is writing NAME: refused, a long job (two `distill static -o X` saving in the same
-        # second) lost the result it had just made; it cannot replace NAME, so it is kept beside it
+        # second, with --overwrite or not) lost the result it had just made; it cannot take NAME now, so it is kept
+        # beside it (under `replace` it would have replaced the other's a moment later: neither is lost now)
         yield from _kept_beside(path)
         return
     try:

@@ -197,11 +197,12 @@ def _save(model: StaticEmbedding, tok, output: Path, about: dict | None = None, 
     try:
         with write_folder(output, replace=overwrite) as work:
             write_tokenizer_json(tok, save_static(model, work, about), model.config.max_length)
-    except FileExistsError as err:  # two `distill static -o X` at once: the other wrote X first
+    except FileExistsError as err:  # two `distill static -o X` at once (--overwrite or not): the other wrote X first
         if err.filename2 is None:
             raise
         raise BertkitError(f"{output} was written by another process while this one ran (or is being written by "
-                           f"it now); this run's model is kept in {err.filename2}: move it to a new folder") from None
+                           f"it now); this run's model is kept in {err.filename2}: move it to a new folder"
+                           f"{' (or over ' + str(output) + ')' if overwrite else ''}") from None
 
 
 def distill_static(model=None, output=None, config: StaticDistillConfig = StaticDistillConfig(), *,
