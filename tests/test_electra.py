@@ -150,6 +150,26 @@ def test_a_discriminator_loads_for_fine_tuning_with_a_fresh_head(tmp_path):
         ElectraForSequenceClassification.from_pretrained(tmp_path)
 
 
+def test_mean_pooling_is_refused_for_electra_not_ignored(tmp_path, capsys):
+    """`finetune classify --pooling mean` on an ELECTRA model trained and saved a classifier that read the first
+    token (ElectraClassificationHead has no other way, as transformers'), while config.json said "mean"."""
+    from bertkit.cli import main
+    from bertkit.text.tokenizer import Tokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film"]
+    ElectraForPreTraining(config(vocab_size=len(vocab))).save_pretrained(tmp_path / "disc", tokenizer=Tokenizer(vocab))
+    train = tmp_path / "t.tsv"
+    train.write_text("sentence\tlabel\n" + "good film\t1\nbad film\t0\n" * 4)
+    code = main(["finetune", "classify", "--train", str(train), "--model", str(tmp_path / "disc"), "--output",
+                 str(tmp_path / "o"), "--pooling", "mean", "--epochs", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("bertkit: error: ") and err.count("\n") == 1, err
+    assert "first token" in err and "--pooling" in err
+    assert not (tmp_path / "o" / "config.json").exists()
+    with pytest.raises(BertkitError, match="first token"):
+        config(classifier_pooling="mean")
+
+
 def test_configs_say_which_family_they_are(tmp_path):
     ElectraModel(config()).save_pretrained(tmp_path)
     with pytest.raises(BertkitError, match="model_type 'electra'"):

@@ -85,7 +85,7 @@ class ElectraConfig(BertConfig):
     """BertConfig plus `embedding_size`; defaults are ELECTRA-Small's discriminator (as HF's).
 
     HF's `summary_*` keys (used by its multiple-choice head, not here) ride along in `extra`;
-    `classifier_pooling` does not apply: ELECTRA's classification head reads the first token.
+    `classifier_pooling` is "cls" only: ELECTRA's classification head reads the first token.
     """
 
     model_type: ClassVar[str] = "electra"  # the config.json model_type; picks the checkpoint layout
@@ -98,6 +98,14 @@ class ElectraConfig(BertConfig):
     def validate(self) -> None:
         super().validate()
         int_at_least(self.embedding_size, 1, "ElectraConfig.embedding_size", says="a positive integer")
+        # refused, not ignored: `finetune classify --pooling mean` once trained a first-token classifier under
+        # a config.json saying "mean" (and transformers reads an ELECTRA classifier's first token regardless)
+        if self.classifier_pooling != "cls":
+            raise BertkitError(
+                f"ElectraConfig.classifier_pooling is {self.classifier_pooling!r}, but ELECTRA's classification head "
+                "reads the first token (as transformers' ElectraClassificationHead): leave --pooling at cls for an "
+                "ELECTRA model (a config.json saying 'mean' was trained on the first token: set it to 'cls')"
+            )
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ElectraConfig":

@@ -144,7 +144,8 @@ class TextTaskConfig(TaskConfig):
     stride: int = _opt(0, "> 0: cut single texts longer than --max-length into windows overlapping by this many "
                           "tokens (the overlap) and average their logits (default 0: truncate)")
     pooling: str = _opt("cls", "what the classifier reads: cls, BERT's pooled [CLS] vector, or mean, the average "
-                               "of the last layer's token vectors (for MLM-only pre-trained models)",
+                               "of the last layer's token vectors (for MLM-only pre-trained BERT models; ELECTRA's head reads the "
+                               "first token: cls only)",
                         choices=CLASSIFIER_POOLINGS)
 
     def validate(self) -> "TextTaskConfig":
