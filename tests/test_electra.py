@@ -170,6 +170,27 @@ def test_mean_pooling_is_refused_for_electra_not_ignored(tmp_path, capsys):
         config(classifier_pooling="mean")
 
 
+@pytest.mark.oracle
+def test_pretrain_run_takes_an_electra_config_json_with_its_embedding_size(tmp_path, transformers_mod):
+    """`pretrain run --method electra --config F`: F an ELECTRA config.json (transformers', or a run's own) was
+    refused as "for model_type 'electra', not 'bert'"; without model_type the same file worked."""
+    from bertkit.pretraining.run_config import RunConfig
+    from bertkit.pretraining.train import build_model
+
+    hf_config(transformers_mod).to_json_file(tmp_path / "electra.json")
+    cfg = RunConfig(data=str(tmp_path), config=str(tmp_path / "electra.json"), method="electra", generator_size=0.5)
+    model = build_model(cfg, vocab_size=99, objective="none")
+    shape = {k: getattr(model.config, k) for k in TINY}
+    assert shape == TINY  # embedding_size 20 kept, not the hidden size 36
+    assert model.generator.config.embedding_size == 20 and model.generator.config.num_attention_heads == 3
+    # a BERT config.json still gives an ELECTRA of its shape, embeddings as wide as hidden
+    transformers_mod.BertConfig(**{k: v for k, v in TINY.items() if k != "embedding_size"}).to_json_file(tmp_path / "bert.json")
+    cfg = RunConfig(data=str(tmp_path), config=str(tmp_path / "bert.json"), method="electra")
+    assert build_model(cfg, vocab_size=99, objective="none").config.embedding_size == 36
+    with pytest.raises(BertkitError, match="--method electra"):  # the same ELECTRA file for a BERT run says why
+        build_model(RunConfig(data=str(tmp_path), config=str(tmp_path / "electra.json")), vocab_size=99, objective="none")
+
+
 def test_configs_say_which_family_they_are(tmp_path):
     ElectraModel(config()).save_pretrained(tmp_path)
     with pytest.raises(BertkitError, match="model_type 'electra'"):

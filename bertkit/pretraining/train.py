@@ -23,6 +23,7 @@ model.safetensors, vocab.txt) at the top level.
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -205,7 +206,7 @@ def build_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config:
         return cls(BertConfig.from_dict(resumed_config).replace(**changes), generator=g)
     if cfg.init_from:
         return continued_model(cls, cfg, changes, g)
-    return cls(preset_or_file(cfg.config).replace(vocab_size=vocab_size, **changes), generator=g)
+    return cls(preset_or_file(cfg.config, cfg.method).replace(vocab_size=vocab_size, **changes), generator=g)
 
 
 def check_fits(config, dataset) -> None:
@@ -220,11 +221,20 @@ def check_fits(config, dataset) -> None:
                            f"{dataset.objective.upper()} pairs: set it to 2, or prepare with --objective none")
 
 
-def preset_or_file(name: str):
+def preset_or_file(name: str, method: str = "bert"):
+    """--config: a BERT preset or config.json; with --method electra also an ELECTRA config.json (a run's own,
+    or transformers'), read as one so that its embedding_size holds."""
     if name in PRESETS:
         return BertConfig.preset(name)
     if Path(name).is_file():
-        return BertConfig.from_json_file(name)
+        try:
+            kind = json.loads(Path(name).read_text(encoding="utf-8")).get("model_type")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            kind = None  # not a readable JSON object: from_json_file below says what is wrong with it
+        if kind == "electra" and method != "electra":
+            raise BertkitError(f"--config {name} is an ELECTRA config (model_type 'electra'): pre-train it with "
+                               "--method electra, or give a BERT config")
+        return (ElectraConfig if kind == "electra" else BertConfig).from_json_file(name)
     raise BertkitError(f"--config {name!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file")
 
 
@@ -241,10 +251,13 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
         same_vocabulary(cfg)
         return ElectraPretrainingModel.from_pretrained(cfg.init_from, disc_weight=cfg.disc_weight, **changes).train()
     else:
-        base = preset_or_file(cfg.config).to_dict()
-        base.pop("model_type", None)
-        base.setdefault("embedding_size", base["hidden_size"])
-        config = ElectraConfig.from_dict(base).replace(vocab_size=vocab_size)
+        config = preset_or_file(cfg.config, cfg.method)
+        if not isinstance(config, ElectraConfig):  # a BERT shape: embeddings as wide as the hidden layers
+            base = config.to_dict()
+            base.pop("model_type", None)
+            base.setdefault("embedding_size", base["hidden_size"])
+            config = ElectraConfig.from_dict(base)
+        config = config.replace(vocab_size=vocab_size)
     config = config.replace(**changes)
     return ElectraPretrainingModel(config, config.generator_config(cfg.generator_size), disc_weight=cfg.disc_weight,
                                    generator=g)
