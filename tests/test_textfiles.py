@@ -39,7 +39,12 @@ def test_vocab_train_and_prepare_find_the_same_files_gz_included(tmp_path):
         f.write("gzipped quokka words\n" * 3)
     (tmp_path / ".hidden.txt").write_text("hidden\n")
     (tmp_path / "notes.md").write_text("markdown\n")
+    # files inside hidden folders are hidden files too: Jupyter keeps a copy of each text file it edits in
+    # .ipynb_checkpoints/NAME-checkpoint.txt, which was read as more corpus (every such line counted twice)
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "a-checkpoint.txt").write_text("plain zebra text\n")
     assert [p.name for p in corpus_files([tmp_path])] == ["a.txt", "b.txt.gz"]
+    assert corpus_files([tmp_path / ".ipynb_checkpoints"]) == [tmp_path / ".ipynb_checkpoints" / "a-checkpoint.txt"]
     tokens = train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=200, min_frequency=1))
     assert "quokka" in tokens and "zebra" in tokens  # the .gz file was read, decompressed
 

@@ -119,7 +119,7 @@ class CorpusStats:
 def corpus_files(paths, skip=()) -> list[Path]:
     """Files named directly and the .txt/.gz files inside folders (recursive): sorted, de-duplicated.
 
-    Hidden files (".name") inside folders are skipped; a file named explicitly
+    Hidden files (".name") and hidden folders inside folders are skipped; a file named explicitly
     is read whatever its name. `skip`: the command's own files (folders or files: what it
     writes, the vocabulary it reads), never read from a folder: an output inside the corpus
     folder (its vocab.txt) would be read as text the next time, and a re-run would no longer
@@ -133,7 +133,10 @@ def corpus_files(paths, skip=()) -> list[Path]:
         if p.is_dir():
             found = sorted(
                 f for f in p.rglob("*")
-                if f.is_file() and f.suffix in CORPUS_SUFFIXES and not f.name.startswith(".")
+                if f.is_file() and f.suffix in CORPUS_SUFFIXES
+                # hidden files and the files of hidden folders (.ipynb_checkpoints holds a copy of every text file
+                # Jupyter edited: read, each line counted twice); a hidden folder named as the corpus is read
+                and not any(part.startswith(".") for part in f.relative_to(p).parts)
                 and not any(f.resolve() == m or m in f.resolve().parents for m in mine)
             )
             if not found:
