@@ -139,6 +139,17 @@ def test_bounded_memory_keeps_frequent_words():
     assert counts["common"] == 10000 and len(counts) < 2000
 
 
+def test_a_word_first_met_past_the_limit_is_counted():
+    """Past --max-distinct-words only the words seen once were forgotten: once the words seen twice alone
+    passed the limit, the table stayed above it and each line's new words were dropped as it was counted,
+    so a word first met from then on (a later book's names) was never counted, however frequent."""
+    early = [f"early{i} early{i}" for i in range(1500)]  # 1,500 words seen twice: over the limit of 1,000
+    later = [f"zebra later{i}" for i in range(400)]  # then a frequent new word, among rare ones
+    counts = count_words(early + later, VocabTrainingConfig(max_distinct_words=1000))
+    assert counts["zebra"] >= 390  # all but a few of its first sightings, while it was still rare
+    assert len(counts) <= 1000  # and memory stays bounded by the limit
+
+
 def test_bad_training_input(tmp_path):
     with pytest.raises(BertkitError, match="--vocab-size must be an int"):
         train_vocab(["a b"], VocabTrainingConfig(vocab_size=3))

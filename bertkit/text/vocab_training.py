@@ -17,7 +17,9 @@ so the result is a vocabulary the greedy longest-match WordPiece tokenizer
    from `tokenizers`' trainer, which learns even from a 200 KB base64 line,
    whose every merge rescans it). Only the word counts live in memory, so a corpus
    larger than memory works; past `max_distinct_words` distinct words the
-   words seen once are dropped (an approximation that only forgets the rarest).
+   words seen once are dropped, and if those seen more often still fill over
+   nine tenths of it, all but the most frequent nine tenths (an approximation
+   that only forgets the rarest).
 2. Alphabet: every character seen, both as a word start "c" and as a
    continuation "##c", so every word made of seen characters has a cover;
    but punctuation and (when split) CJK characters, always words of their
@@ -65,8 +67,8 @@ class VocabTrainingConfig:
                            flags=["--lowercase", "--cased"])
     strip_accents: bool | None = _opt(None, "strip accents (default: when lower-casing, as BERT's uncased models)")
     tokenize_chinese_chars: bool = _opt(True, "split CJK characters into words of their own")
-    max_distinct_words: int = _opt(5_000_000, "distinct words kept in memory; past it the words seen once are "
-                                   "forgotten (bounds memory on a huge corpus)")
+    max_distinct_words: int = _opt(5_000_000, "distinct words kept in memory; past it the rarest are "
+                                   "forgotten, down to 9/10 of it (bounds memory on a huge corpus)")
     encoding: str = _opt("utf-8", "the text encoding of the corpus files, e.g. latin-1 or cp1252")
     encoding_errors: str = _opt("strict", "a line that does not decode: strict (stop, naming it) or replace "
                                 "(repair its bad bytes, counted)", choices=ENCODING_ERRORS)
@@ -104,6 +106,18 @@ def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, 
             bar.close()
 
 
+def _forget_rarest(runs: Counter, keep: int) -> Counter:
+    """The words seen more than once, and of those at most the `keep` most frequent (ties: the first seen).
+
+    Dropping only the words seen once kept every word seen twice: once those alone passed the limit, each
+    later line dropped its new words as it counted them, so a word first met past that point (a later book's
+    names, a later part's language) was never counted however frequent, and every line rebuilt the whole
+    table. Keeping at most nine tenths of the limit leaves room for new words until the next pruning (a
+    tenth of the limit later: each pruning's cost is shared by that many new words)."""
+    kept = Counter({w: c for w, c in runs.items() if c > 1})
+    return Counter(dict(kept.most_common(keep))) if len(kept) > keep else kept
+
+
 def count_words(lines, config: VocabTrainingConfig) -> Counter:
     """Counts of normalised words, as the tokenizer's basic stage produces them."""
     pattern = coarse_split_pattern(config.tokenize_chinese_chars)
@@ -113,8 +127,7 @@ def count_words(lines, config: VocabTrainingConfig) -> Counter:
             raise BertkitError(f"corpus lines must be str, got {type(line).__name__}")
         runs.update(pattern.findall(line))
         if len(runs) > config.max_distinct_words:
-            # keep memory bounded: forget the words seen once so far
-            runs = Counter({w: c for w, c in runs.items() if c > 1})
+            runs = _forget_rarest(runs, config.max_distinct_words * 9 // 10)
     # runs are raw text between safe boundaries; normalise each distinct one once
     words: Counter = Counter()
     for run, c in runs.items():
