@@ -168,12 +168,49 @@ def test_bad_training_input(tmp_path):
 def test_what_was_skipped_is_logged(tmp_path):
     (tmp_path / "a.txt").write_text("the cat sat on the mat\n" * 5)
     (tmp_path / "b.txt").write_bytes(b"\x00\x01\x02" * 100)
-    said = []
-    train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=120, min_frequency=1), log=said.append)
+    said = []  # at 30 tokens, the size its words give (every word whole): no note on the size
+    train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=30, min_frequency=1), log=said.append)
     assert said == ["read 1 file(s); files skipped: binary (NUL bytes or mostly non-text bytes): 1"]
     (tmp_path / "b.txt").unlink()
-    train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=120, min_frequency=1), log=said.append)
+    train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=30, min_frequency=1), log=said.append)
     assert len(said) == 1  # nothing skipped, nothing said
+
+
+def test_another_size_than_asked_says_why(tmp_path, capsys):
+    """--vocab-size is a target: the alphabet alone may be larger, and a small corpus runs out of pairs to
+    merge. vocab train said only 'wrote 544 tokens' to a user who asked for 8000; it now says which, and what
+    it says is checked here against the vocabulary itself."""
+    from bertkit.cli import main
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\nthe dog sat on a log\nxylophone quiz\n" * 3)
+    said = []
+    config = VocabTrainingConfig(vocab_size=12)
+    small = train_vocab_from_files([corpus], config, log=said.append)
+    letters = set(corpus.read_text().replace(" ", "").replace("\n", ""))
+    assert len(small) == len(SPECIAL_TOKENS) + 2 * len(letters)  # the alphabet alone, no merge
+    assert said == [f"note: {len(small)} tokens, more than --vocab-size 12: the corpus has {len(letters)} distinct "
+                    "characters, kept with their ## forms (and the special tokens) so that none of them reads as "
+                    "[UNK]; no pieces were merged"]
+    said.clear()
+    whole = train_vocab_from_files([corpus], VocabTrainingConfig(vocab_size=8000), log=said.append)
+    assert {"the", "cat", "xylophone", "quiz"} <= set(whole)  # every word, seen 3 times, is whole
+    assert said == [f"note: {len(whole)} tokens, fewer than --vocab-size 8000: every word of the corpus is a token "
+                    "already, there is nothing left to merge"]
+    said.clear()
+    corpus.write_text("the cat sat on the mat\nthe dog sat on a log\nxylophone quiz\n")
+    rare = train_vocab_from_files([corpus], VocabTrainingConfig(vocab_size=8000, min_frequency=2), log=said.append)
+    assert "xylophone" not in rare  # seen once: its pairs are below --min-frequency 2
+    assert said == [f"note: {len(rare)} tokens, fewer than --vocab-size 8000: no pair of pieces is seen "
+                    "--min-frequency 2 times or more any more (the corpus is small for this size); lower "
+                    "--min-frequency or add text"]
+    assert len(train_vocab([corpus.read_text()], VocabTrainingConfig(vocab_size=8000, min_frequency=1))) > len(rare)
+    said.clear()
+    train_vocab_from_files([corpus], VocabTrainingConfig(vocab_size=len(rare)), log=said.append)
+    assert said == []  # the size asked: nothing to say
+    assert main(["vocab", "train", str(corpus), "-o", str(tmp_path / "v"), "--vocab-size", "8000"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"note: {len(rare)} tokens, fewer than --vocab-size 8000") and out[1].startswith("wrote")
 
 
 def test_cli_vocab_train(tmp_path, capsys):

@@ -262,7 +262,26 @@ def train_vocab_from_files(paths, config: VocabTrainingConfig | None = None, pro
     tokens = learn_vocab(counts, config, progress)
     if log is not None and stats.skips:
         log(f"read {stats.files} file(s); {stats.describe_skips()}")
+    if log is not None and len(tokens) != config.vocab_size:
+        log(size_note(tokens, counts, config))
     return tokens
+
+
+def size_note(tokens: list[str], counts: dict, config: VocabTrainingConfig) -> str:
+    """Why the vocabulary learned from word `counts` has another size than --vocab-size: the alphabet alone
+    is larger (every character seen, and its ## form, is kept so that no character of the corpus is [UNK]), or
+    merging ran out of pairs (every word already whole, or no pair seen --min-frequency times). Without it a
+    user who asked for 8000 tokens and got 544 (a corpus too small for them) was told only the count."""
+    asked = f"{len(tokens):,} tokens, {'more' if len(tokens) > config.vocab_size else 'fewer'} than --vocab-size " \
+            f"{config.vocab_size}"
+    if len(tokens) > config.vocab_size:
+        return (f"note: {asked}: the corpus has {len({c for w in counts for c in w}):,} distinct characters, kept "
+                "with their ## forms (and the special tokens) so that none of them reads as [UNK]; no pieces were "
+                "merged")
+    if set(counts) <= set(tokens):
+        return f"note: {asked}: every word of the corpus is a token already, there is nothing left to merge"
+    return (f"note: {asked}: no pair of pieces is seen --min-frequency {config.min_frequency} times or more any "
+            "more (the corpus is small for this size); lower --min-frequency or add text")
 
 
 PREPARED_DATA = ("manifest.json", "instances", "tokens")  # what `pretrain prepare` writes beside its vocab.txt
