@@ -105,6 +105,24 @@ def test_binary_file_is_skipped_and_counted(tmp_path):
     assert docs == [] and stats.skips == {"binary_files": 1} and stats.files == 0
 
 
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-be", "utf-32"])
+def test_a_utf16_file_stops_the_corpus_naming_the_conversion(tmp_path, codec):
+    """Windows PowerShell's `>` (and Notepad's "Unicode") write UTF-16 with a byte order mark: its NUL bytes
+    made the file a skipped "binary" one, so vocab train and pretrain prepare went on without it, saying only
+    that a binary file was skipped. It stops them, naming the file and the conversion, which then reads."""
+    from bertkit.text.vocab_training import VocabTrainingConfig, train_vocab_from_files
+
+    text = "The whale surfaced. Ahab saw it.\n"
+    f = tmp_path / "ps.txt"
+    f.write_bytes(("\ufeff" if codec == "utf-16-be" else "").encode(codec) + text.encode(codec))
+    (tmp_path / "other.txt").write_text("Plain text here.\n")
+    for read in (lambda: _docs(f), lambda: train_vocab_from_files([tmp_path], VocabTrainingConfig(vocab_size=50))):
+        with pytest.raises(BertkitError, match=rf"{f} is UTF-16 or UTF-32 text .*convert it to UTF-8 \(iconv "):
+            read()
+    f.write_text(f.read_bytes().decode(codec).lstrip("\ufeff"))  # converted, as the message says
+    assert _docs(f)[0] == [["The whale surfaced.", "Ahab saw it."]]
+
+
 def test_random_bytes_without_nul_are_binary(tmp_path):
     import random
 

@@ -179,6 +179,18 @@ def check_encoding_errors(errors: str) -> str:
     return errors
 
 
+# the byte order marks of UTF-32 and UTF-16 (Windows PowerShell's `>` and Notepad's "Unicode" write UTF-16 LE)
+UTF16_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff", b"\xff\xfe", b"\xfe\xff")
+
+
+def wide_encoding(path: Path) -> BertkitError:
+    """The one-line error for a corpus file in UTF-16 or UTF-32: its NUL bytes made it a skipped "binary" file,
+    dropped from the corpus (the summary said so, not why); no --encoding reads it, since a corpus is read line
+    by line at the byte 0x0A (`check_encoding`)."""
+    return BertkitError(f"{path} is UTF-16 or UTF-32 text (it starts with their byte order mark), which corpora "
+                        f"are not read in: convert it to UTF-8 (iconv -f utf-16 -t utf-8 {path} > NEW.txt)")
+
+
 def _open_binary(path: Path):
     with open(path, "rb") as f:
         magic = f.read(2)
@@ -230,6 +242,8 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = 
         with _open_binary(path) as f:
             head = f.peek(BINARY_SNIFF_BYTES)[:BINARY_SNIFF_BYTES] if hasattr(f, "peek") else b""
             # bytes that only fail to decode are text in another encoding: counted line by line below
+            if head.startswith(UTF16_BOMS):
+                raise wide_encoding(path)
             if binary_bytes(head):
                 stats.skip("binary_files")
                 return
