@@ -10,6 +10,7 @@ tokenizer cuts.
 """
 
 import json
+import re
 import warnings
 
 import pytest
@@ -285,3 +286,55 @@ def test_a_hugging_face_token_classifier_with_few_positions_is_read_in_windows_t
     texts = [" ".join(["john went to paris with mary"] * 9), "mary stayed"]  # 54 words: several windows
     got = bertkit.predict(hf, texts)
     assert got == bertkit.predict(ours, texts) and len(got[0]["tags"]) == 54
+
+
+# --- a Hugging Face token classifier whose labels have no B-/I- prefix ----------------------------------------
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("labels", [["O", "B-PER", "I-PER", "B-LOC", "I-LOC"], ["O", "PER", "LOC"]])
+def test_served_entities_equal_the_transformers_pipeline_for_bio_and_io_labels(tmp_path, transformers_mod, labels):
+    """Many token classifiers on the Hub tag in the IO scheme (`PER`, `LOC`, no B-/I- prefix; a checkpoint saved
+    without names has `LABEL_1`). `bertkit predict` tagged their words, but the server's entities (conlleval's
+    chunks of the tags) raised on the first bare label: every /predict of such a model answered 500 "internal
+    error: tag 'LOC' is not O or B-/I-/E-/S-TYPE", and evaluate mode blamed the file's tags. A bare label is now
+    read as transformers' token-classification pipeline reads it, I-LABEL (a run of one type is one entity). The
+    oracle: that pipeline (aggregation "first": a word's tag is its first piece's) over the same weights, its
+    entity groups and character offsets, on texts of accents, emoji, runs of spaces and tabs, long words."""
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForTokenClassification
+    from bertkit.serve.runner import with_entities
+    from bertkit.tasks.predict import predict_file
+    from bertkit.text.tokenizer import Tokenizer
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        max_position_embeddings=64, id2label=dict(enumerate(labels)))
+    model = BertForTokenClassification(config, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        model.classifier.weight.mul_(40)  # a random head of 0.02 tags every word alike: varied tags, entities of each length
+    model.save_pretrained(tmp_path / "hf", tokenizer=Tokenizer.from_pretrained())
+    texts = ["Angela Merkel met Emmanuel Macron in Paris on Tuesday", "José  Mourinho\tleft Real Madrid for Chelsea",
+             "naïve résumé of Ǆemal in İstanbul and São Paulo", "emoji 😀 Bob 👍🏽 Alice went to Zürich today",
+             "antidisestablishmentarianism Krzysztofowicz Wojciechowski Szczepański"]
+    pipe = transformers_mod.pipeline(
+        "token-classification", model=transformers_mod.AutoModelForTokenClassification.from_pretrained(tmp_path / "hf"),
+        tokenizer=transformers_mod.BertTokenizerFast.from_pretrained(tmp_path / "hf"), aggregation_strategy="first")
+    served = [with_entities(t, p)["entities"] for t, p in zip(texts, bertkit.predict(tmp_path / "hf", texts))]
+    theirs = [[(e["entity_group"], e["start"], e["end"]) for e in pipe(t)] for t in texts]
+    assert [[(e["type"], e["start"], e["end"]) for e in ents] for ents in served] == theirs
+    assert sum(map(len, theirs)) >= 5 and any(e[2] - e[1] > 12 for ents in theirs for e in ents)  # several, multi-word
+    # evaluate mode scores them: entity F1 of the pipeline's entities against the file's, counted by hand
+    entities = [[(0, 2, "PER"), (3, 5, "PER"), (6, 7, "LOC")], [(0, 2, "PER"), (3, 5, "ORG"), (6, 7, "ORG")]]
+    sentences = [" ".join(t.split()) for t in texts[:2]]  # a CoNLL file's words, read joined by one space
+    lines = []
+    for sentence, ents in zip(sentences, entities):
+        tags = ["O"] * len(sentence.split())
+        for a, b, typ in ents:
+            tags[a:b] = [f"B-{typ}"] + [f"I-{typ}"] * (b - a - 1)
+        lines += [f"{w} {t}" for w, t in zip(sentence.split(), tags)] + [""]
+    (tmp_path / "gold.txt").write_text("\n".join(lines), encoding="utf-8")
+    words = [[m.span() for m in re.finditer(r"\S+", s)] for s in sentences]
+    want = {(i, typ, words[i][a][0], words[i][b - 1][1]) for i, ents in enumerate(entities) for a, b, typ in ents}
+    got = {(i, e["entity_group"], e["start"], e["end"]) for i, s in enumerate(sentences) for e in pipe(s)}
+    scores = predict_file(tmp_path / "hf", tmp_path / "gold.txt", tmp_path / "p.tsv", log=lambda s: None).metrics
+    assert scores["f1"] == pytest.approx(2 * len(got & want) / (len(got) + len(want)))

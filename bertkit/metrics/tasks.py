@@ -184,6 +184,15 @@ def get_entities(tags) -> list[tuple[str, int, int]]:
     return entities
 
 
+def predicted_tags(tags) -> list[str]:
+    """A model's tags as the chunking above reads them: a label without a B-/I-/E-/S- prefix (the IO scheme's "PER"
+    of many Hub checkpoints, an unnamed head's "LABEL_1") is I-LABEL, so a run of one label is one entity, as
+    transformers' token-classification pipeline reads it (conlleval's -r). `get_entities` refused it, and every
+    served answer of such a model was a 500. Only a model's output is read so: a training file's bare tag is
+    still refused, naming its line (more likely a wrong --tag-column than a scheme)."""
+    return [t if t in ("O", "") or (len(t) > 2 and t[1] == "-" and t[0] in "BIES") else f"I-{t}" for t in tags]
+
+
 def iob1_to_iob2(tags) -> list[str]:
     """Rewrite IOB1 (B- only between same-type neighbours) as IOB2/BIO (B- on every first word)."""
     out, prev_tag, prev_type = [], "O", ""

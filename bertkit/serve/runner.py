@@ -51,7 +51,7 @@ from bertkit.retrieval.index import Index, check_model, model_folder, open_index
 from bertkit.retrieval.config import MODES, FusionOptions
 from bertkit.retrieval.search import mixed_precision, search_options, search_vectors
 from bertkit.serve.batching import plan_batches
-from bertkit.metrics.tasks import get_entities
+from bertkit.metrics.tasks import get_entities, predicted_tags
 
 
 class InputError(BertkitError):
@@ -494,7 +494,7 @@ def with_entities(text: str, prediction: dict) -> dict:
     word's first character to its last word's end."""
     spans = whitespace_spans(text)
     entities = []
-    for kind, first, last in get_entities(prediction["tags"]):
+    for kind, first, last in get_entities(predicted_tags(prediction["tags"])):  # an IO model's "PER" too
         a, b = spans[first][0], spans[last][1]
         entities.append({"type": kind, "text": text[a:b], "start": a, "end": b, "words": [first, last + 1]})
     return {**prediction, "entities": entities}

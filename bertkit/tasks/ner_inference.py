@@ -149,8 +149,9 @@ def predict(run, tok, texts: list[str], pairs, info: dict, names: list[str]) -> 
 
 
 def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=None) -> dict:
-    """conlleval's entity precision, recall and F1 against the file's tags."""
-    return M.entity_scores([p["tags"] for p in preds], gold)
+    """conlleval's entity precision, recall and F1 against the file's tags (an IO model's bare "PER" read as
+    I-PER, `predicted_tags`)."""
+    return M.entity_scores([M.predicted_tags(p["tags"]) for p in preds], gold)
 
 
 # --- files -----------------------------------------------------------------
