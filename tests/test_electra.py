@@ -280,6 +280,28 @@ def test_the_discriminator_loss_sends_no_gradient_into_the_generator():
     assert all(p.grad is None for p in model.discriminator.discriminator_predictions.parameters())
 
 
+def test_the_held_out_loss_is_the_training_objective_over_the_slice():
+    """An ELECTRA run's held-out loss (metrics.jsonl, curves, its last line) summed each batch's mean losses and
+    divided by the item counts: 0.13 beside a training loss of 41. It is mlm + 50 x disc, each term's mean over
+    all of its items (masked tokens; real tokens), as one batch gives it; the replacements drawn from each
+    batch's sample_seed, as in a run."""
+    from bertkit.pretraining.train import evaluate
+    from bertkit.training.loop import autocast_for
+
+    model, whole = pretraining_model().eval(), masked_batch()
+    rows = [{k: v[i:i + 1] for k, v in whole.items()} | {"sample_seed": torch.tensor(7 + i)} for i in range(2)]
+    with torch.no_grad():
+        outs = [model(**row) for row in rows]
+        one = model(**rows[0]).loss
+    masked = [float(o.targets.numel()) for o in outs]
+    real = [float(o.real.sum()) for o in outs]  # 9 and 6: the terms' means weigh the rows differently
+    mlm = sum(float(o.mlm_loss) * n for o, n in zip(outs, masked)) / sum(masked)
+    disc = sum(float(o.disc_loss) * n for o, n in zip(outs, real)) / sum(real)
+    autocast = autocast_for("fp32", "cpu")
+    assert evaluate(model, rows[:1], autocast, disc_weight=50.0)["loss"] == pytest.approx(float(one), rel=1e-6)
+    assert evaluate(model, rows, autocast, disc_weight=50.0)["loss"] == pytest.approx(mlm + 50.0 * disc, rel=1e-6)
+
+
 def test_embeddings_stay_shared_after_save_and_load(tmp_path):
     model = pretraining_model()
     assert model.generator.electra.embeddings is model.discriminator.electra.embeddings

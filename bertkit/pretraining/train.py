@@ -147,12 +147,14 @@ def loss_sums(out, batch: dict, disc_weight: float = 1.0) -> list:
     """One output's loss as (term, its mean x the items it is a mean over, the items, the term's weight) per
     term: MLM over the masked tokens, NSP/SOP over the pairs, ELECTRA's discriminator over the real tokens
     (weighted by --disc-weight, as in training). Summed over batches, they give each term's mean over the set."""
-    if hasattr(out, "disc_loss"):  # ELECTRA: loss = mlm_loss + disc_weight * disc_loss
-        return [("mlm", out.mlm_loss, out.targets.numel(), 1.0), ("disc", out.disc_loss, out.real.sum(), disc_weight)]
-    masked = (batch["labels"] != IGNORE_INDEX).sum()
-    terms = [("mlm", out.mlm_loss if hasattr(out, "mlm_loss") else out.loss, masked, 1.0)]  # MLM alone: its loss
-    if getattr(out, "nsp_loss", None) is not None:
-        terms.append(("nsp", out.nsp_loss, batch["next_sentence_label"].numel(), 1.0))
+    if hasattr(out, "disc_loss"):  # ELECTRA: loss = mlm_loss + disc_weight * disc_loss (its sums made below too:
+        # returned as means once, the held-out loss came out as a sum of means over the items, 0.13 beside 41)
+        terms = [("mlm", out.mlm_loss, out.targets.numel(), 1.0), ("disc", out.disc_loss, out.real.sum(), disc_weight)]
+    else:
+        masked = (batch["labels"] != IGNORE_INDEX).sum()
+        terms = [("mlm", out.mlm_loss if hasattr(out, "mlm_loss") else out.loss, masked, 1.0)]  # MLM alone: its loss
+        if getattr(out, "nsp_loss", None) is not None:
+            terms.append(("nsp", out.nsp_loss, batch["next_sentence_label"].numel(), 1.0))
     return [(name, float(mean) * float(n), float(n), w) for name, mean, n, w in terms if mean is not None and n]
 
 
