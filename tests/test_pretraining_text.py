@@ -43,6 +43,13 @@ from bertkit.data.sentences import split_sentences
         ("  one line\n  wrapped   over two.  ", ["one line wrapped over two."]),
         ("", []),
         ("No terminal punctuation", ["No terminal punctuation"]),
+        # scripts without capitals: a letter of one starts a sentence (they were never split: a paragraph, one
+        # sentence); Chinese and Japanese ends need no space after them
+        ("זה משפט. זה עוד משפט.", ["זה משפט.", "זה עוד משפט."]),
+        ("جملة أولى. جملة ثانية؟ نعم.", ["جملة أولى.", "جملة ثانية؟", "نعم."]),
+        ("वह घर गया। वह सो गया।", ["वह घर गया।", "वह सो गया।"]),
+        ("他说：“走吧。”然后离开了。你好吗？我很好！", ["他说：“走吧。”", "然后离开了。", "你好吗？", "我很好！"]),
+        ("今日は晴れ。 明日は雨？ Yes. 終わり", ["今日は晴れ。", "明日は雨？", "Yes.", "終わり"]),
     ],
 )
 def test_split_sentences(text, expected):
@@ -52,6 +59,19 @@ def test_split_sentences(text, expected):
 def test_split_sentences_loses_nothing():
     text = 'Mr. A. B. Smith (b. 1900) said "Hi!" to Dr. Who... Then? "No." 3.5 is U.S. law. End'
     assert " ".join(split_sentences(text)) == " ".join(text.split())
+    wide = "「行こう。」と彼は言った。  それから？！ 走吧。。。好。"
+    assert "".join(split_sentences(wide)).replace(" ", "") == wide.replace(" ", "")
+    assert all(s == s.strip() and s for s in split_sentences(wide))
+
+
+def test_a_chinese_corpus_is_split_into_its_sentences(tmp_path):
+    """pretrain prepare of Chinese text made each paragraph one "sentence" (no space after its 。, no capital
+    after that): segments were cut from paragraphs of hundreds of tokens, most of the corpus never reached an
+    instance, and the summary said nothing was skipped."""
+    f = tmp_path / "zh.txt"
+    f.write_text("我们去公园。天气很好！你来吗？\n他说好。\n\n第二个文件。\n")
+    docs, _ = _docs(f, documents="file", sentences="split")
+    assert docs == [["我们去公园。", "天气很好！", "你来吗？", "他说好。", "第二个文件。"]]
 
 
 # --- corpus reading ----------------------------------------------------------------------

@@ -6,10 +6,12 @@ text, such as the hard-wrapped Project Gutenberg books, must first be cut at
 sentence ends. This is a small rule-based splitter of our own (no runtime
 dependency), in the spirit of Punkt and pysbd:
 
-a sentence ends after `.`, `!`, `?`, `...` or `…` (plus any closing quotes or
-brackets that follow) when whitespace comes next and the next word starts a
-sentence: an upper-case letter or a digit, possibly behind opening quotes or
-brackets. Not a sentence end:
+a sentence ends after `.`, `!`, `?`, `...` or `…` (or the danda `।`, Arabic `؟`,
+Urdu `۔`; plus any closing quotes or brackets that follow) when whitespace comes
+next and the next word starts a sentence: an upper-case letter, a letter of a
+script without case, or a digit, possibly behind opening quotes or brackets.
+Chinese and Japanese sentences end after `。`, `！` or `？` (and their closers)
+whatever follows, space or not. Not a sentence end:
 - a title or common abbreviation before the dot (`Mr.`, `Dr.`, `St.`, `e.g.`,
   `No.`, `vol.`...; the list `ABBREVIATIONS`);
 - a single-letter initial (`J. R. R. Tolkien`, `George W. Bush`);
@@ -19,8 +21,9 @@ brackets. Not a sentence end:
 - a lower-case continuation (`"Stop!" he said.`, `wait... and then`).
 
 Input: one paragraph (any internal newlines count as spaces). Output: a list of
-stripped, non-empty sentence strings whose concatenation (with single spaces)
-is the input with its whitespace runs collapsed: nothing is ever dropped.
+stripped, non-empty sentence strings whose concatenation (with single spaces,
+none after a full-width end that had none) is the input with its whitespace runs
+collapsed: nothing is ever dropped.
 """
 
 import re
@@ -37,10 +40,15 @@ ABBREVIATIONS = frozenset(
     """.split()
 )
 
-# A candidate end: terminal punctuation, then closing quotes/brackets, then
-# whitespace (lookahead, so the whitespace stays between the sentences).
-_CANDIDATE = re.compile(r"(?:[.!?]+|…+)[\"'”’»)\]]*(?=\s)")
-_OPENERS = "\"'“‘«([¿¡"
+# The ends of Chinese and Japanese sentences: full-width (and half-width) stops, written with no space after
+# them, in a script without capitals; a sentence ends there whatever follows.
+_WIDE_ENDS = "。！？｡"
+_CLOSERS = "\"'”’»)]」』）》〉】〕"
+# A candidate end: terminal punctuation (also the danda of Hindi, the Arabic question mark and the Urdu full
+# stop), then closing quotes/brackets, then whitespace (lookahead, so the whitespace stays between the
+# sentences); or a full-width end with its closers, whatever follows.
+_CANDIDATE = re.compile(rf"(?:[.!?।॥؟۔]+|…+)[{re.escape(_CLOSERS)}]*(?=\s)|[{_WIDE_ENDS}]+[{re.escape(_CLOSERS)}]*")
+_OPENERS = "\"'“‘«([¿¡「『（《"
 _ACRONYM = re.compile(r"^(?:[^\W\d_]\.)+[^\W\d_]$")  # "U.S" / "a.m" without the final dot
 _SPACES = re.compile(r"\s+")
 
@@ -53,7 +61,9 @@ def _starts_sentence(text: str, j: int) -> bool:
     if j >= n:
         return False
     ch = text[j]
-    return ch.isupper() or ch.isdigit()
+    # a letter without case (Arabic, Hebrew, Devanagari, Thai, CJK) can start one: with capitals alone a
+    # text in those scripts was never split, every paragraph one "sentence"
+    return ch.isupper() or ch.isdigit() or (ch.isalpha() and ch.lower() == ch.upper())
 
 
 def _word_before(text: str, end: int) -> str:
@@ -82,15 +92,18 @@ def split_sentences(paragraph: str) -> list[str]:
     start = 0
     for m in _CANDIDATE.finditer(text):
         end = m.end()
-        if not _starts_sentence(text, end + 1):
+        after = end + 1 if text[end:end + 1] == " " else end  # where the next sentence would start
+        if after >= len(text):
             continue
-        punct = m.group(0).rstrip("\"'”’»)]")
+        if m.group(0)[0] not in _WIDE_ENDS and not _starts_sentence(text, after):
+            continue
+        punct = m.group(0).rstrip(_CLOSERS)
         if punct == ".":
             # Only a single dot can be an abbreviation's; "!", "?" and "..." cannot.
             if _is_abbreviation(_word_before(text, m.start())):
                 continue
         sentences.append(text[start:end])
-        start = end + 1
+        start = after
     if start < len(text):
         sentences.append(text[start:])
     return sentences
