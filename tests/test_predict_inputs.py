@@ -97,6 +97,17 @@ def test_a_file_skips_empty_cells_as_evaluate_mode_does_and_refuses_a_text_witho
     assert f"{tmp_path / 'odd.txt'}: input 2 '\\u200b' yields no tokens" in err
 
 
+def test_a_conll_file_of_document_markers_alone_is_one_line(models, tmp_path, capsys):
+    """A CoNLL file holding -DOCSTART- lines and no sentence (an export cut short, a split left empty): predict of
+    a NER model stopped on an IndexError traceback (conll_has_tags read the first token line of none). It is one
+    line naming the file, as an empty file is."""
+    for text in ("-DOCSTART- -X- -X- O\n\n", "-DOCSTART- -X- -X- O\n\n-DOCSTART- -X- -X- O\n"):
+        (tmp_path / "docs.txt").write_text(text, encoding="utf-8")
+        assert main(["predict", str(models["ner"]), str(tmp_path / "docs.txt"), "-o", "-", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"bertkit: error: {tmp_path / 'docs.txt'}: no sentences") and err.count("\n") == 1, err
+
+
 # --- a Hugging Face QA checkpoint with fewer positions than run_squad.py's 384 --------------------------------
 
 

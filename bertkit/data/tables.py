@@ -341,9 +341,10 @@ def looks_like_conll(path) -> bool:
 
 
 def conll_has_tags(path) -> bool:
-    """A CoNLL file (`looks_like_conll`) whose first token line has a second column, the tag: a labelled one."""
+    """A CoNLL file (`looks_like_conll`) whose first token line has a second column, the tag: a labelled one.
+    One of -DOCSTART- lines alone has none (it was an IndexError): `read_conll` says it holds no sentences."""
     tokens = [line for line in read_text(path).split("\n") if line.strip() and not line.startswith("-DOCSTART-")]
-    return looks_like_conll(path) and len(tokens[0].split()) >= 2
+    return bool(tokens) and looks_like_conll(path) and len(tokens[0].split()) >= 2
 
 
 def read_conll(path, *, token_column: int = 0, tag_column: int = -1, tagged: bool = True, max_sentences=None):
