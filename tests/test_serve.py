@@ -498,10 +498,12 @@ def test_openai_fields_are_taken_and_others_refused_in_openais_shape(servers):
         assert status == 422 and words in answer["error"]["message"], answer
 
 
-def test_tei_fields_asking_for_what_the_server_does_are_taken(servers):
+def test_tei_fields_asking_for_what_the_server_does_are_taken(servers, dirs, transformers_mod):
     """TEI's clients send their options with each request: where the value asks for what the route does anyway,
     the answer is the one without them; `return_text` is honoured; `raw_scores: true` on a regression model,
-    whose score is the head's output as it is, gives that score."""
+    whose score is the head's output as it is, gives that score; so on a QA model, whose answer's score is its
+    start and end logits summed (transformers' model over the same weights: the premise). The QA model refused
+    it, 'its scores are probabilities', and docs/serving.md listed QA's scores among the probabilities."""
     main, pair, regression = (servers[k].port for k in ("main", "pair", "regression"))
     tei = {"truncate": True, "truncation_direction": "Right"}
     assert post(main, "/embed", {"inputs": TEXTS, **tei, "prompt_name": None, "normalize": True})[2] == \
@@ -517,6 +519,19 @@ def test_tei_fields_asking_for_what_the_server_does_are_taken(servers):
         assert post(port, "/predict", {**body, "raw_scores": False, **tei})[2] == post(port, "/predict", body)[2]
     plain_answer = post(regression, "/rerank", {"query": query, "texts": texts})[2]
     assert post(regression, "/rerank", {"query": query, "texts": texts, "raw_scores": True})[2] == plain_answer
+    question, context = "where did mary go ?", "mary went to paris in the day ."
+    status, _, answer = post(servers["qa"].port, "/predict", {"inputs": question, "pairs": context, "raw_scores": True})
+    assert status == 200 and answer == post(servers["qa"].port, "/predict", {"inputs": question, "pairs": context})[2]
+    model = transformers_mod.BertForQuestionAnswering.from_pretrained(dirs["qa"]).eval()
+    enc = transformers_mod.BertTokenizerFast.from_pretrained(dirs["qa"])(question, context, return_offsets_mapping=True,
+                                                                        return_tensors="pt")
+    pieces = [(i, a, b) for i, ((a, b), s) in enumerate(zip(enc.pop("offset_mapping")[0].tolist(), enc.sequence_ids(0)))
+              if s == 1]
+    with torch.no_grad():
+        out = model(**enc)
+    first = next(i for i, a, _ in pieces if a == answer[0]["start"])
+    last = next(i for i, _, b in pieces if b == answer[0]["end"])
+    assert answer[0]["score"] == pytest.approx(float(out.start_logits[0, first] + out.end_logits[0, last]), abs=1e-4)
 
 
 def test_truncate_false_refuses_a_pair_the_model_would_cut(servers, dirs):

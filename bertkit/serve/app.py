@@ -33,7 +33,7 @@ Endpoints (JSON in, JSON out); each takes the fields listed (FIELDS) and refuses
 
 TEI's options: "truncation_direction" "left" is refused (a long input is cut at its end); "prompt_name"
 other than null is refused (no prompts are applied); "raw_scores": true is refused where the scores are
-probabilities and taken where they are the head's output as it is (a regression's). "truncate": false
+probabilities and taken where they are the head's output as it is (a regression's, a QA answer's). "truncate": false
 refuses (413) an input longer than the limit where "truncate": true, the default, cuts it there, as TEI
 does with --auto-truncate: the embeddings' input limit (the model's sentence-transformers max_seq_length,
 or --max-input-length), the fine-tuned model's max_length (an input it reads in windows is never cut).

@@ -30,8 +30,9 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
     rerank_labels      how many labels a labelled cross-encoder has: two for a pair classifier (the second's
                        probability), one for a reranker (its sigmoid)
-    raw_scores         its predictions' scores are the head's output as it is (a regression's), not
-                       probabilities: what the server's `raw_scores: true` (TEI's option) asks for
+    raw_scores         its predictions' scores are the head's output as it is (a regression's, a QA answer's start
+                       and end logits summed), not probabilities: what the server's `raw_scores: true` (TEI's
+                       option) asks for
     no_answer          it may answer nothing (SQuAD 2.0's rule, `version_2`), which a Hugging Face folder
                        never says: predict reads such a folder as v1 unless asked
     presets            a switch's own defaults: {a boolean setting: settings put on top of `defaults` when the
@@ -287,7 +288,7 @@ TASKS = {t.name: t for t in (
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
          score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
-         windows=True, no_answer=True, inputs="questions"),
+         windows=True, no_answer=True, inputs="questions", raw_scores=True),  # an answer's score: start + end logits
     # the issue's reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
     Task("embed", EmbedConfig, "bertkit.tasks.embedding:finetune_embed", reports.embed_report, "BertModel",
          metrics=dict.fromkeys([name for names in EMBED_DEV.values() for name in names], True),
