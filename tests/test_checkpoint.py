@@ -371,12 +371,31 @@ def test_cli_model_info_reads_what_pretrain_and_distill_write(capsys, tmp_path):
     electra.save_pretrained(tmp_path / "electra")
     assert main(["model", "info", str(tmp_path / "electra")]) == 0
     out = capsys.readouterr().out
-    assert "ElectraModel: 2 layers, hidden 32, 4 heads" in out and f"parameters: {electra.electra.num_parameters():,}" in out
+    assert "ElectraModel: 2 layers, hidden 32, embedding 16, 4 heads" in out and f"parameters: {electra.electra.num_parameters():,}" in out
     tok = Tokenizer.from_pretrained()
     write_tokenizer_json(tok, save_static(StaticEmbedding(torch.randn(len(tok), 12), normalize=True), tmp_path / "st"))
     assert main(["model", "info", str(tmp_path / "st")]) == 0
     out = capsys.readouterr().out
     assert f"static embedding model: {len(tok):,} rows x 12" in out and f"parameters: {len(tok) * 12:,}" in out
+
+
+@pytest.mark.oracle
+def test_cli_model_info_loads_an_electra_folder_into_the_class_it_holds(capsys, tmp_path, transformers_mod):
+    """An ELECTRA run's discriminator could be reported only as ElectraModel (4 weights unused) or a fresh head:
+    --class refused the ELECTRA names that the error for BertForPreTraining listed, and the summary line left out
+    embedding_size, where ELECTRA differs from BERT (parameters follow it)."""
+    from bertkit.cli import main
+    from bertkit.model.electra import ElectraConfig, ElectraForPreTraining
+
+    ElectraForPreTraining(ElectraConfig(**{**TINY, "embedding_size": 16}), generator=torch.Generator()).save_pretrained(tmp_path)
+    hf = transformers_mod.ElectraForPreTraining.from_pretrained(str(tmp_path))
+    for cls in ("ElectraForPreTraining", "BertForPreTraining"):  # BERT's pre-training class: ELECTRA's form of it
+        assert main(["model", "info", str(tmp_path), "--class", cls]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "ElectraForPreTraining: 2 layers, hidden 32, embedding 16, 4 heads" in out, out
+        assert f"parameters: {hf.num_parameters():,}" in out and "all weights matched" in out
+    assert main(["model", "info", str(tmp_path), "--class", "ElectraForSequenceClassification", "--json"]) == 0
+    assert sorted(json.loads(capsys.readouterr().out)["missing"])[0] == "classifier.dense.bias"
 
 
 def test_head_of_another_size_is_replaced_only_when_not_strict(tmp_path):

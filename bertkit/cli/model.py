@@ -10,7 +10,10 @@ import bertkit
 
 HEAD_CHOICES = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForNextSentencePrediction",
                 "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-                "BertForMultipleChoice"]
+                "BertForMultipleChoice",
+                # an ELECTRA folder loads into its ELECTRA form of a BERT class anyway; these name them directly
+                "ElectraModel", "ElectraForPreTraining", "ElectraForMaskedLM", "ElectraForSequenceClassification",
+                "ElectraForTokenClassification", "ElectraForQuestionAnswering"]
 
 
 def add_model(sub):
@@ -31,13 +34,13 @@ def add_model(sub):
 
 def run_model_info(args):
     from bertkit.model.static import is_static
-    from bertkit.runtime.loading import class_for, encoder_dir
+    from bertkit.runtime.loading import CLASSES, class_for, encoder_dir
 
     # no folder there is no static model either: encoder_dir names the missing folder
     if args.path and is_static(args.path):  # `bertkit distill static`'s output: a table, no layers
         return _static_info(args)
     where = args.path and encoder_dir(args.path)  # an older sentence-transformers folder: its 0_Transformer
-    cls = class_for(where, getattr(bertkit, args.cls))  # an ELECTRA run's: its form
+    cls = class_for(where, CLASSES[args.cls])  # an ELECTRA run's: its form
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report below says it all
         model = cls.from_pretrained(where, strict=False)
@@ -49,7 +52,9 @@ def run_model_info(args):
         return
     c = model.config
     print(f"{report.source}")
-    print(f"{cls.__name__}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads, "
+    embedding = f"embedding {c.embedding_size}, " if hasattr(c, "embedding_size") else ""  # ELECTRA's own width
+    heads = f"{c.num_attention_heads} head{'s' if c.num_attention_heads != 1 else ''}"
+    print(f"{cls.__name__}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {embedding}{heads}, "
           f"intermediate {c.intermediate_size}, vocab {c.vocab_size}, max positions {c.max_position_embeddings}")
     print(f"parameters: {model.num_parameters():,}")
     print(f"weights: {report.describe()}")

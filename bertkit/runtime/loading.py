@@ -59,8 +59,9 @@ from bertkit.model import electra, heads
 from bertkit.model.checkpoint import (GENERATOR_DIR, INT8_WEIGHTS, WEIGHT_FILES, Saved, architecture, describe,
                                       has_int8_weights, model_type, read_config, resolve)
 from bertkit.runtime.devices import dtype_name, in_memory, placement
-from bertkit.model.electra import (ElectraForMaskedLM, ElectraForQuestionAnswering, ElectraForSequenceClassification,
-                             ElectraForTokenClassification, ElectraModel, ElectraPreTrainedModel)
+from bertkit.model.electra import (ElectraForMaskedLM, ElectraForPreTraining, ElectraForQuestionAnswering,
+                                  ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel,
+                                  ElectraPreTrainedModel)
 from bertkit.model.electra_pretraining import ElectraPretrainingModel
 from bertkit.errors import BertkitError
 from bertkit.model.modeling import BertModel
@@ -75,9 +76,11 @@ HEADS = ("auto", "encoder", "task", "mlm", "electra", "saved")
 # the classes a config.json `architectures` may name
 CLASSES = {cls.__name__: cls for cls in (BertModel, *heads.HEADS, ElectraModel, *electra.HEADS)}
 
-# a BERT class -> its ELECTRA form, for an ELECTRA directory
+# a BERT class -> its ELECTRA form, for an ELECTRA directory (BertForPreTraining's: the discriminator, the
+# pre-training model an ELECTRA folder holds at its top, as transformers names both "...ForPreTraining")
 _ELECTRA_FORM = {
     "BertModel": ElectraModel,
+    "BertForPreTraining": ElectraForPreTraining,
     "BertForMaskedLM": ElectraForMaskedLM,
     "BertForSequenceClassification": ElectraForSequenceClassification,
     "BertForTokenClassification": ElectraForTokenClassification,
