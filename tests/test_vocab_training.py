@@ -355,6 +355,34 @@ def test_cli_vocab_train_reads_a_latin1_corpus_with_encoding(tmp_path, capsys):
     assert "unknown --encoding 'klingon'" in capsys.readouterr().err
 
 
+def test_cli_vocab_train_refuses_utf8_files_read_as_latin1(tmp_path, capsys):
+    """A corpus mixing UTF-8 and latin-1 files stops at the first latin-1 line, advising --encoding latin-1;
+    followed, that advice read the UTF-8 files as latin-1 too, without a word: 'café' became the token
+    'cafÃ©'. A UTF-8 file read with another encoding stops the command, naming it and the conversion;
+    text really in the encodings named (latin-1, cp1251, GBK, Shift-JIS) reads as Python decodes it."""
+    from bertkit.cli import main
+    from bertkit.data.corpus import CorpusStats, read_lines
+
+    corpus = tmp_path / "mixed"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n".join(FRENCH) + "\n", encoding="utf-8")
+    (corpus / "b.txt").write_bytes(("\n".join(FRENCH[::-1]) + "\n").encode("latin-1"))
+    out = tmp_path / "v"
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--cased", "--encoding", "latin-1"]) == 2
+    [err] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # one line (and tqdm's)
+    assert err.startswith(f"bertkit: error: {corpus / 'a.txt'} is UTF-8 text, not latin-1") and "iconv" in err
+    assert not out.exists()
+    (corpus / "b.txt").write_text((corpus / "b.txt").read_bytes().decode("latin-1"))  # converted, as it says
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--cased", "--min-frequency", "1"]) == 0
+    vocab = load_vocab(out)
+    assert "café" in vocab and not [t for t in vocab if "Ã" in t]
+    for codec, text in (("latin-1", FRENCH[0]), ("cp1251", "Мы были дома. Да."), ("gbk", "我们去公园。天气很好"),
+                        ("shift_jis", "今日は晴れ。明日は雨")):
+        f = tmp_path / f"{codec}.txt"
+        f.write_bytes((text + "\n").encode(codec) * 3)
+        assert list(read_lines(f, CorpusStats(), codec)) == [text] * 3
+
+
 def test_stray_bad_bytes_are_repaired_and_counted_not_fatal(tmp_path):
     from bertkit.data.corpus import CorpusStats
 

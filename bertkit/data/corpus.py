@@ -29,7 +29,8 @@ the command with one line naming the file, the line, the bytes and the fixes
 `--encoding-errors replace` (`errors="replace"`) for a crawl with stray bad
 bytes, which are then repaired (U+FFFD) and counted; even so, a file where
 most lines do not decode is in another encoding, not damaged, and stops the
-command rather than losing every accented letter to repairs.
+command rather than losing every accented letter to repairs; and a file that is
+UTF-8 text read with another `encoding` (a corpus mixing encodings) stops it, named.
 Memory stays bounded whatever the input: lines are read at most
 `MAX_LINE_BYTES` at a time, paragraphs and documents are flushed at a cap.
 """
@@ -45,7 +46,7 @@ from typing import Iterator
 
 from bertkit.errors import BertkitError
 from bertkit.data.sentences import split_sentences
-from bertkit.data.textfiles import binary_bytes, not_decodable, wrong_encoding
+from bertkit.data.textfiles import binary_bytes, not_decodable, utf8_read_as, wrong_encoding
 
 DOCUMENT_MODES = ("blank-line", "file")
 ENCODING_ERRORS = ("strict", "replace")  # what a line that does not decode does: stop the command, or get repaired
@@ -226,6 +227,28 @@ def _raw_lines(f, stats: CorpusStats) -> Iterator[bytes]:
         carry = line[cut:]
 
 
+# Non-ASCII bytes, all in valid UTF-8, that make a file read with another --encoding UTF-8 text (two accented
+# letters): text in latin-1 or cp1252 is almost never valid UTF-8 (an accent before an ASCII byte is not); in a
+# double-byte encoding (GBK, Shift-JIS) a character is by chance for about 1 in 12, and the first line that is
+# not valid UTF-8 ends the search (a Chinese line of 10 characters is all valid for 1 in 10^10)
+UTF8_EVIDENCE_BYTES = 4
+
+
+def _utf8_bytes(raw: bytes, seen: int) -> int | None:
+    """`seen` plus the non-ASCII bytes of `raw` if it is valid UTF-8, else None (the file is not UTF-8).
+
+    A corpus that mixes encodings, read with --encoding latin-1 (as the error on its first latin-1 line
+    advises), read its UTF-8 files too, without an error: every accented letter became two ('café' the
+    token 'cafÃ©'). Such a file is found at its first lines and stops the command (`utf8_read_as`)."""
+    if raw.isascii():
+        return seen
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return seen + len(raw) - len(raw.translate(None, bytes(range(0x80, 0x100))))
+
+
 def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = "strict") -> Iterator[str]:
     """Decoded text lines of one file (without the newline); binary files yield nothing.
 
@@ -238,6 +261,8 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = 
     path = Path(path)
     lines = bad = 0
     first_bad = None  # (line number, the bytes that did not decode)
+    # non-ASCII bytes seen so far in lines that are valid UTF-8, while no line is not (None: not looked for)
+    utf8 = 0 if not codecs.lookup(encoding).name.startswith("utf-8") else None
     try:
         with _open_binary(path) as f:
             head = f.peek(BINARY_SNIFF_BYTES)[:BINARY_SNIFF_BYTES] if hasattr(f, "peek") else b""
@@ -253,6 +278,10 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = 
                 if b"\x00" in raw:
                     stats.skip("binary_lines")
                     continue
+                if utf8 is not None:
+                    utf8 = _utf8_bytes(raw, utf8)
+                    if utf8 is not None and utf8 >= UTF8_EVIDENCE_BYTES:
+                        raise utf8_read_as(path, encoding)
                 try:
                     line = raw.decode(encoding)
                 except UnicodeDecodeError as err:

@@ -92,6 +92,15 @@ def wrong_encoding(path, encoding: str, bad: int, lines: int, line: int, sample:
     )
 
 
+def utf8_read_as(path, encoding: str) -> BertkitError:
+    """The one-line error for a corpus file that is UTF-8 text, read with another --encoding (`corpus.read_lines`)."""
+    return BertkitError(
+        f"{path} is UTF-8 text, not {encoding}: read as {encoding} each of its accented letters would become other "
+        f"characters (in latin-1, 'é' as 'Ã©'); if the corpus mixes encodings, convert the {encoding} files to UTF-8 (iconv -f {encoding} "
+        "-t utf-8) and leave out --encoding"
+    )
+
+
 def not_decodable(path, encoding: str, line: int, sample: bytes) -> BertkitError:
     """The one-line error for a corpus line that does not decode in `encoding` (the strict rule)."""
     other = "e.g. --encoding latin-1 (or cp1252)" if codecs.lookup(encoding).name == "utf-8" else "with --encoding"
