@@ -108,6 +108,21 @@ def test_a_conll_file_of_document_markers_alone_is_one_line(models, tmp_path, ca
         assert err.startswith(f"bertkit: error: {tmp_path / 'docs.txt'}: no sentences") and err.count("\n") == 1, err
 
 
+def test_a_ner_model_reads_a_tables_text_column_as_the_help_says(models, tmp_path, capsys):
+    """`bertkit predict --help`: the text column is by default the one the model was trained on, else 'sentence',
+    else 'text', else the file's one column of text; the text tasks read so. A NER model (trained on CoNLL files,
+    it records no column) read 'sentence' alone, and refused a table of 'id' and 'text' columns. It now takes the
+    same rule, saying which column it read; the predictions are bertkit.predict's of those texts."""
+    texts = ["john went to paris", "mary saw london in the day"]
+    src = tmp_path / "in.tsv"
+    src.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(texts)), encoding="utf-8")
+    out = tmp_path / "p.tsv"
+    assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--quiet"]) == 0
+    assert f"{src}: reading the texts from column 'text'" in capsys.readouterr().out
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()[1:]]
+    assert [(r[0], r[1].split()) for r in rows] == [(t, p["tags"]) for t, p in zip(texts, bertkit.predict(models["ner"], texts))]
+
+
 # --- a Hugging Face QA checkpoint with fewer positions than run_squad.py's 384 --------------------------------
 
 

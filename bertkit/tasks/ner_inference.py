@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.data.tables import (TaggedSentence, check_known_labels, conll_has_tags, looks_like_conll, read_conll,
-                                 read_text_columns, read_text_lines)
+                                 read_text_columns, read_text_lines, text_column_of)
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.tasks.config import NerConfig
@@ -158,9 +158,10 @@ def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=No
 
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], None]:
     """Sentences from CoNLL columns (the words' column the model was trained on), one sentence per line, or a
-    table's text column."""
+    table's text column: the one named, else 'sentence', 'text' or its one column of text, as the text tasks
+    read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text')."""
     if Path(path).suffix.lower() in TABLES:
-        return read_text_columns(path, text_column or info.get("text_column") or "sentence", log=log)
+        return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log)
     if looks_like_conll(path):  # one token per line, blank lines between sentences
         sentences, _ = read_conll(path, token_column=conll_columns(info)[0], tagged=False)
         return [" ".join(s.words) for s in sentences], None
