@@ -123,6 +123,20 @@ def test_a_ner_model_reads_a_tables_text_column_as_the_help_says(models, tmp_pat
     assert [(r[0], r[1].split()) for r in rows] == [(t, p["tags"]) for t, p in zip(texts, bertkit.predict(models["ner"], texts))]
 
 
+def test_a_conll_file_whose_last_column_is_no_tags_names_the_line_and_no_evaluate(models, tmp_path, capsys):
+    """A CoNLL file of words and part-of-speech tags (no NER column) looks labelled: evaluate mode read its last
+    column as the gold tags and stopped on "tag 'NNP' is not O or B-/I-/E-/S-TYPE", naming neither the file, nor
+    the line, nor a way on (predict has no --tag-column). It names them now, and --no-evaluate predicts the file."""
+    src = tmp_path / "pos.txt"
+    src.write_text("EU NNP\nrejects VBZ\n\nPeter NNP\nBlackburn NNP\n", encoding="utf-8")
+    assert main(["predict", str(models["ner"]), str(src), "-o", "-", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bertkit: error: {src}:1: tag 'NNP' is not") and "--no-evaluate" in err, err
+    assert err.count("\n") == 1
+    assert main(["predict", str(models["ner"]), str(src), "-o", str(tmp_path / "p.tsv"), "--quiet", "--no-evaluate"]) == 0
+    assert (tmp_path / "p.tsv").read_text(encoding="utf-8").splitlines()[1].startswith("EU rejects\t")
+
+
 # --- a Hugging Face QA checkpoint with fewer positions than run_squad.py's 384 --------------------------------
 
 

@@ -184,6 +184,14 @@ def get_entities(tags) -> list[tuple[str, int, int]]:
     return entities
 
 
+def check_tags(tags, where: str, fix: str = "") -> None:
+    """Refuse a sentence's tags that `get_entities` cannot read, naming `where` they are (FILE:LINE) and `fix`."""
+    try:
+        get_entities(tags)
+    except BertkitError as err:
+        raise BertkitError(f"{where}: {err}{fix}") from None
+
+
 def predicted_tags(tags) -> list[str]:
     """A model's tags as the chunking above reads them: a label without a B-/I-/E-/S- prefix (the IO scheme's "PER"
     of many Hub checkpoints, an unnamed head's "LABEL_1") is I-LABEL, so a run of one label is one entity, as

@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from bertkit.errors import BertkitError
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import NerConfig
 from bertkit.data.tables import check_known_labels, read_conll
@@ -85,10 +84,7 @@ def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
     test_s = read(cfg.test, None) if cfg.test else None  # read now: a bad --test failed only after training
     train_tags = [to_training_tags(s.tags, cfg.tag_scheme) for s in train_s]
     for s, t in zip(train_s, train_tags):  # a bad tag fails here with its line number
-        try:
-            M.get_entities(t)
-        except BertkitError as err:
-            raise BertkitError(f"{cfg.train}:{s.line}: {err}") from None
+        M.check_tags(t, f"{cfg.train}:{s.line}")
     names = sorted({t for tags in train_tags for t in tags}, key=lambda t: (t != "O", t[2:], t[:1]))
     label2id = {n: i for i, n in enumerate(names)}
     for path, sents in ((cfg.dev, dev_s),):

@@ -176,6 +176,9 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
         return None
     words, tags = conll_columns(info)
     sentences, _ = read_conll(path, token_column=words, tag_column=tags)
+    for s in sentences:  # a column of other tags (part of speech) is no gold: said with its line and the way on
+        M.check_tags(s.tags, f"{path}:{s.line}", f"; evaluate mode reads CoNLL column {tags} as the gold NER tags: "
+                     "pass --no-evaluate to only predict the file")
     return [" ".join(s.words) for s in sentences], None, [s.tags for s in sentences]
 
 
