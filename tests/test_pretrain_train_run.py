@@ -297,6 +297,9 @@ def test_electra_init_from_checks_the_vocabulary_as_bert_does(tmp_path):
     model = build_model(dataclasses.replace(cfg, dropout=0.0), len(words), "none")
     for c in (model.config, model.generator.config):
         assert (c.hidden_dropout_prob, c.attention_probs_dropout_prob) == (0.0, 0.0)
+    # the ELECTRA run continued without --method electra said "this config is for model_type 'electra', not 'bert'"
+    with pytest.raises(BertkitError, match=r"--init-from .*run is an ELECTRA model.*--method electra"):
+        build_model(dataclasses.replace(cfg, method="bert"), len(words), "none")
 
 
 def test_the_held_out_slice_shares_no_text_with_training(nsp_data, shared_data, tmp_path):
