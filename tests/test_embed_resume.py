@@ -13,8 +13,6 @@ it hands to iter_embed and to the writer), so that a few dozen texts make severa
 import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,16 +21,7 @@ import bertkit.cli.features as embed_command
 from bertkit.cli import main
 from test_machine_refuses import file_size_limit, one_error_line
 
-ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 8
-# killed_write.py run with the chunk made small first (the module is the one its `main` runs)
-KILLED = f"""
-import runpy, sys
-import bertkit.cli.features
-bertkit.cli.features.EMBED_CHUNK = {CHUNK}
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 
 @pytest.fixture
@@ -52,22 +41,63 @@ def embed(source, out, model, *flags) -> int:
     return main(["embed", str(source), "-o", str(out), "--model", str(model), "--quiet", *map(str, flags)])
 
 
+def killed_in_a_fork(name: str, limit: int, *argv) -> int:
+    """`bertkit ARGV` in a child forked from this process, SIGKILLed once `limit` bytes have gone out to the file
+    NAME... (`killed_write.stopping_open`); returns its wait status. A fork, not a new interpreter: the child has
+    torch, the model and the small chunk already (a new one spent seconds importing torch), and dies as a killed
+    process does, its written bytes on the disk. The caller runs on one thread (`one_thread`): an OpenMP pool does
+    not survive a fork (a child of a multi-threaded parent hung in its first parallel region), and the thread
+    count decides the last bits of each vector (and the fast path), so the runs beside the child use one too. A
+    child that hangs all the same is stopped after 60 s with SIGTERM, which the status tells apart."""
+    import builtins
+    import io
+    import signal
+    import time
+
+    from killed_write import stopping_open
+
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        try:
+            builtins.open = io.open = stopping_open(name, limit, signal.SIGKILL, io.open)
+            main(list(argv))
+        finally:
+            os._exit(3)  # not killed: the test fails on the status
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGTERM)  # hung (not SIGKILL: the status says so)
+    return os.waitpid(pid, 0)[1]
+
+
+@pytest.fixture
+def one_thread():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_killed_with_sigkill_and_resumed_writes_the_uninterrupted_file(tiny_dir, tmp_path, chunked, capsys,
-                                                                      monkeypatch):
+                                                                      monkeypatch, one_thread):
     source = corpus(tmp_path)
     whole = tmp_path / "whole.npy"
     assert embed(source, whole, tiny_dir) == 0
     out = tmp_path / "v.npy"
     tmp, plan = tmp_path / "v.npy.tmp", tmp_path / "v.npy.resume.json"
     # 60 rows of 32 float32 (128 bytes each) after a header of 128: killed inside row 37, in the fifth chunk
-    killed_write = Path(__file__).resolve().parent / "killed_write.py"
-    child = subprocess.run([sys.executable, "-c", KILLED, str(killed_write), "SIGKILL", tmp.name,
-                            str(128 + 36 * 128 + 64), "embed", str(source), "-o", str(out), "--model", str(tiny_dir), "--quiet"],
-                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert child.returncode == -9, child.stderr
+    status = killed_in_a_fork(tmp.name, 128 + 36 * 128 + 64, "embed", str(source), "-o", str(out), "--model",
+                              str(tiny_dir), "--quiet")
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9, status
     done = json.loads(plan.read_text())["done"]
     assert done["rows"] == 32 and tmp.stat().st_size > done["bytes"], done  # rows past the checkpoint: cut off
     size = tmp.stat().st_size
+    capsys.readouterr()
 
     assert embed(source, out, tiny_dir) == 2  # was: NAME.tmp replaced, the killed run's rows thrown away
     line = one_error_line(capsys)
