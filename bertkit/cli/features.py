@@ -89,8 +89,10 @@ def run_embed(args):
     plan = partial(_embed_plan, args, options, loaded, output, count) if count is not None else None
     journal = open_journal(args.output, plan, EMBED_CHUNK if plan else 0, args.go_on, output.sentence)
     start = journal.rows
-    if output.sentence and count is not None:  # a vector per text still to embed, of hidden_size values at least
-        room_for_rows(args.output, count - start, loaded.config.hidden_size)  # (concat: a multiple of it)
+    if count is not None:  # the rows of the texts still to embed, of hidden_size values at least (concat: a multiple)
+        # one per text; per token at least [CLS], a token and [SEP] (a text without a token is refused); per word one
+        per_text = 1 if output.sentence or output.pooling == "words" else 3
+        room_for_rows(args.output, count - start, loaded.config.hidden_size, per_text)
     if start:  # the killed run's chunks are written: the same chunks after them, so the same batches
         texts, where = itertools.islice(texts, start, None), (lambda i, at=where: at(start + i))
     rows = iter_embed(

@@ -118,11 +118,11 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
     return count[0]
 
 
-def room_for_rows(path, rows: int, width: int) -> None:
-    """Refuse (`bertkit.data.atomic.room_for`), before they are computed, `rows` vectors of `width` values or more
-    still to be written to `path` that its disk certainly cannot hold: each value takes 4 bytes or more in every
-    format (float32; in JSON "0.0, " at least), the header comes on top."""
-    room_for(Path(path).parent, rows * width * 4, f"the vectors of {rows} texts")
+def room_for_rows(path, texts: int, width: int, per_text: int = 1) -> None:
+    """Refuse (`bertkit.data.atomic.room_for`), before they are computed, the vectors of `texts` texts, `per_text`
+    rows each or more, of `width` values or more, still to be written to `path`, that its disk certainly cannot hold:
+    each value takes 4 bytes or more in every format (float32; in JSON "0.0, " at least), the header comes on top."""
+    room_for(Path(path).parent, texts * per_text * width * 4, f"the vectors of {texts} texts")
 
 
 def vector_format(path, pooled: bool) -> str:

@@ -61,6 +61,7 @@ from bertkit.pretraining.shards import (
     file_identity,
     load_corpus,
     read_shard_stats,
+    room_for_instances,
     shard_is_complete,
     tokenize_file,
 )
@@ -222,6 +223,7 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
             f"{n_docs}; use --documents blank-line if documents are separated by blank lines, or --objective sop/none"
         )
     units = plan_blocks(np.asarray(docs), np.asarray(sents), cfg)
+    doc_tokens = np.diff(np.asarray(sents)[np.asarray(docs)])  # [D]
     del tokens, sents, docs
     root = out / "instances"
     root.mkdir(parents=True, exist_ok=True)
@@ -238,6 +240,11 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
             metas[str(folder)] = meta
         else:
             todo.append((p, b, doc_ids, cfg, str(folder), fingerprint))
+    if cfg.objective in ("none", "single"):  # a certain lower bound (pairs: none, their truncation drops tokens)
+        # packed (`instances.packed_instances`): each token once per pass, at most T - 2 in an instance ([CLS], [SEP])
+        rows = sum(-(-int(doc_tokens[job[2]].sum()) // (cfg.max_seq_length - 2)) for job in todo)
+        room_for_instances(root, rows, cfg.max_seq_length, vocab.size,
+                           0 if cfg.dynamic_masking else cfg.max_predictions_per_seq)
     from tqdm import tqdm  # late: tqdm reads its TQDM_* defaults when imported, after the command's settings
     bar = tqdm(total=len(units), initial=len(units) - len(todo), unit="block", desc="instances",
                disable=not progress, dynamic_ncols=True)

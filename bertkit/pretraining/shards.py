@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.atomic import refused, write_folder
+from bertkit.data.atomic import refused, room_for, write_folder
 from bertkit.data.corpus import CorpusStats, iter_documents
 from bertkit.data.vector_files import npy_header
 
@@ -134,11 +134,14 @@ def consolidate(shards: list, out: Path, vocab_size: int, fingerprint: dict | No
         counts["tokens"] += st.tokens
         counts["sentences"] += st.sentences
         counts["documents"] += st.documents
+    dtype = token_dtype(vocab_size)
+    # its size is certain from the shards' counts: a disk without room for it is refused before the copy
+    room_for(out.parent, counts["tokens"] * np.dtype(dtype).itemsize + (counts["sentences"] + counts["documents"] + 2)
+             * 8, "the consolidated corpus's tokens and offsets")
     with write_folder(out) as tmp:
         # written front to back, not into memory maps of sparse files (open_memmap): a write into such a map that
         # the disk has no block for is SIGBUS, and the process died with "Bus error" (no message, its lock and this
         # folder left); a file's write says ENOSPC, an error the command reports
-        dtype = token_dtype(vocab_size)
         with contextlib.ExitStack() as files:
             tokens, sentences, documents = (files.enter_context(open(tmp / name, "wb")) for name in SHARD_FILES[:3])
             for f, kind, n in ((tokens, dtype, counts["tokens"]), (sentences, np.int64, counts["sentences"] + 1),
@@ -160,6 +163,14 @@ def consolidate(shards: list, out: Path, vocab_size: int, fingerprint: dict | No
         if fingerprint is not None:
             (tmp / "fingerprint.json").write_text(json.dumps(fingerprint))
     return counts
+
+
+def room_for_instances(folder, rows: int, max_seq_length: int, vocab_size: int, predictions: int) -> None:
+    """Refuse (`room_for`) `rows` training instances that the disk under `folder` certainly cannot hold, as
+    `bertkit.pretraining.blocks.write_block` writes them: T ids each (input_ids), its length, type_a and label (5
+    bytes), spans, sources and documents (72), and with static masking `predictions` positions and ids (6 each)."""
+    row = max_seq_length * np.dtype(token_dtype(vocab_size)).itemsize + 77 + 6 * predictions
+    room_for(folder, rows * row, "the training instances")
 
 
 def load_corpus(folder: Path):

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.data.atomic import write_through
+from bertkit.data.atomic import room_for, write_through
 from bertkit.errors import BertkitError, MissingPackage, int_at_least
 from bertkit.retrieval.exact import top_k
 
@@ -60,8 +60,9 @@ def check_kind(kind: str, m: int = 32, ef_construction: int = 200, ef_search: in
 def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int = 200,
                block_size: int = 16384, progress: bool = False) -> None:
     """An HNSW graph over unit rows `vectors` [N, D] (a memory map is read a block at a time),
-    written to `path` through a temporary file."""
+    written to `path` through a temporary file, once its disk is known to have room for it (`hnsw_bytes`)."""
     faiss = faiss_module()
+    room_for(Path(path).parent, hnsw_bytes(len(vectors), vectors.shape[1], m), "the HNSW graph's vectors and links")  # before the build
     graph = faiss.IndexHNSWFlat(vectors.shape[1], m, faiss.METRIC_INNER_PRODUCT)
     graph.hnsw.efConstruction = ef_construction
     with tqdm(total=len(vectors), disable=not progress, desc="building HNSW", unit="vector") as bar:
@@ -69,6 +70,12 @@ def build_hnsw(vectors: np.ndarray, path, *, m: int = 32, ef_construction: int =
             graph.add(np.ascontiguousarray(vectors[start : start + block_size], dtype=np.float32))
             bar.update(min(block_size, len(vectors) - start))
     write_through(path, lambda tmp: faiss.write_index(graph, str(tmp)))
+
+
+def hnsw_bytes(n: int, dim: int, m: int) -> int:
+    """A lower bound of the graph file's size: faiss writes every vector (D float32) and every node's 2M level-0
+    neighbour slots (int32, -1 where unused), besides the upper levels, the node levels and offsets, the header."""
+    return n * (dim + 2 * m) * 4
 
 
 def read_hnsw(path, pinned=None, vectors: int | None = None):

@@ -73,7 +73,7 @@ from bertkit.data.lock import LOCK_FILE, first_process, folder_lock
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, weights_fingerprint
 from bertkit.retrieval import codes_file
-from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module, read_hnsw
+from bertkit.retrieval.ann import HNSW_FILE, build_measured, check_kind, faiss_module, hnsw_bytes, read_hnsw
 from bertkit.retrieval.config import LexicalOptions, options_of
 from bertkit.retrieval.encoding import EncodingSettings, encode, sentence_encoder
 from bertkit.retrieval.index_check import check_files, check_lexical, check_values, read_info
@@ -187,11 +187,12 @@ def _start(out: Path, resume: bool, plan: dict, lines: list[bytes], dim: int) ->
 def _still_to_write(out: Path, plan: dict, lines: list[bytes], dim: int, resume: bool) -> int:
     """A lower bound of the bytes the build writes into `out` from here: passages.jsonl (unless resuming), the parts
     not on disk yet (float32 rows [n, D], D the hidden size sentence vectors have) and vectors.safetensors, which
-    `_assemble` writes while every part is still there. The BM25, HNSW and codes parts come on top: left out, as
-    their sizes are not certain."""
-    n, size = plan["passages"], plan["part_size"]
+    `_assemble` writes while every part is still there, and an HNSW graph's vectors and neighbours (`hnsw_bytes`).
+    The BM25 and codes parts come on top: left out, as their sizes are not certain."""
+    n, size, ann = plan["passages"], plan["part_size"], plan["ann"]
     missing = sum(min(size, n - start) for start in range(0, n, size) if not _part_path(out, start // size).is_file())
-    return (0 if resume else sum(map(len, lines))) + missing * dim * 4 + _tensor_bytes(n, dim)
+    return ((0 if resume else sum(map(len, lines))) + missing * dim * 4 + _tensor_bytes(n, dim)
+            + (hnsw_bytes(n, dim, ann["m"]) if ann else 0))
 
 
 def _encode_parts(out: Path, texts: list[str], order: list[int], part_size: int, loaded: Loaded,
