@@ -383,6 +383,27 @@ def test_cli_vocab_train_refuses_utf8_files_read_as_latin1(tmp_path, capsys):
         assert list(read_lines(f, CorpusStats(), codec)) == [text] * 3
 
 
+def test_cli_vocab_train_refuses_windows_text_read_as_latin1(tmp_path, capsys):
+    """Windows' cp1252 puts ’ “ ” — … at the bytes 0x80-0x9F, which latin-1 (the first encoding the errors
+    suggest) reads as invisible control characters, dropped by the tokenizer: such a file read with
+    --encoding latin-1 lost its apostrophes and dashes without a word ("don’t" became the word "dont"). It stops,
+    naming the line and cp1252, which reads it as Python's codec does."""
+    from bertkit.cli import main
+
+    text = "He said \u201cdon\u2019t go\u201d \u2014 then left, caf\u00e9 closed.\n"
+    corpus = tmp_path / "win.txt"
+    corpus.write_bytes(text.encode("cp1252") * 3)
+    out = tmp_path / "v"
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--cased", "--encoding", "latin-1"]) == 2
+    [err] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # one line (and tqdm's)
+    assert err.startswith(f"bertkit: error: {corpus} line 1 has the byte 93") and "--encoding cp1252" in err
+    assert not out.exists()
+    assert main(["vocab", "train", str(corpus), "-o", str(out), "--cased", "--encoding", "cp1252",
+                 "--min-frequency", "1"]) == 0
+    assert Tokenizer.from_pretrained(out).tokenize("don\u2019t \u2014") == ["don", "\u2019", "t", "\u2014"]
+    assert {"\u201c", "\u2019", "\u2014"} <= set(load_vocab(out)) and "dont" not in load_vocab(out)
+
+
 def test_stray_bad_bytes_are_repaired_and_counted_not_fatal(tmp_path):
     from bertkit.data.corpus import CorpusStats
 

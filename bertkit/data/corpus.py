@@ -30,7 +30,9 @@ the command with one line naming the file, the line, the bytes and the fixes
 bytes, which are then repaired (U+FFFD) and counted; even so, a file where
 most lines do not decode is in another encoding, not damaged, and stops the
 command rather than losing every accented letter to repairs; and a file that is
-UTF-8 text read with another `encoding` (a corpus mixing encodings) stops it, named.
+UTF-8 text read with another `encoding` (a corpus mixing encodings) stops it, named,
+as does a line that latin-1 (or another ISO 8859 encoding) reads with C1 control
+characters: Windows (cp1252) text, whose quotes and dashes would be lost.
 Memory stays bounded whatever the input: lines are read at most
 `MAX_LINE_BYTES` at a time, paragraphs and documents are flushed at a cap.
 """
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,6 +237,20 @@ def _raw_lines(f, stats: CorpusStats) -> Iterator[bytes]:
 UTF8_EVIDENCE_BYTES = 4
 
 
+# U+0080..U+009F: what latin-1 (and the other ISO 8859 encodings) make of the bytes 0x80..0x9F, control characters
+# no text holds, and which the tokenizer drops. In Windows' cp1252 those bytes are ’ “ ” – — … €: a cp1252 file read
+# as latin-1 (the first encoding the errors name) lost them without a word, and "don’t" read as "dont", "end—start"
+# as one word "endstart".
+_C1_CONTROLS = re.compile("[\x80-\x9f]")
+
+
+def windows_text(path, encoding: str, line: int, char: str) -> BertkitError:
+    """The one-line error for a corpus line whose `encoding` reading holds a C1 control character `char`."""
+    return BertkitError(f"{path} line {line} has the byte {ord(char):02x}, an invisible control character in "
+                        f"{encoding} (the tokenizer drops it) but a quote, dash or other sign in Windows text: the "
+                        "file is likely cp1252; pass --encoding cp1252")
+
+
 def _utf8_bytes(raw: bytes, seen: int) -> int | None:
     """`seen` plus the non-ASCII bytes of `raw` if it is valid UTF-8, else None (the file is not UTF-8).
 
@@ -263,6 +280,7 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = 
     first_bad = None  # (line number, the bytes that did not decode)
     # non-ASCII bytes seen so far in lines that are valid UTF-8, while no line is not (None: not looked for)
     utf8 = 0 if not codecs.lookup(encoding).name.startswith("utf-8") else None
+    other = utf8 is not None  # an encoding other than UTF-8, whose C1 controls are looked for (`_C1_CONTROLS`)
     try:
         with _open_binary(path) as f:
             head = f.peek(BINARY_SNIFF_BYTES)[:BINARY_SNIFF_BYTES] if hasattr(f, "peek") else b""
@@ -291,6 +309,8 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = 
                     bad += 1
                     first_bad = first_bad or (number, raw[err.start:err.start + 4])
                     line = raw.decode(encoding, errors="replace")
+                if other and (c1 := _C1_CONTROLS.search(line)):
+                    raise windows_text(path, encoding, number, c1.group())
                 lines += bool(line.strip())
                 yield line.rstrip("\r\n")
     except PermissionError:  # a file the user may not read stops the command as any input does: they can fix it
