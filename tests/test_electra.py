@@ -338,6 +338,23 @@ def test_load_refuses_a_generator_trained_apart(tmp_path):
         ElectraPretrainingModel(config(), config(embedding_size=24))
 
 
+def test_electra_show_on_a_bert_folder_says_it_is_bert(tmp_path, capsys):
+    """A BERT pre-training run given to `electra show` (or to --method electra --init-from) was told it "has no
+    generator/ subfolder", as if an ELECTRA run had lost a part; it is another kind of model."""
+    from bertkit.cli import main
+    from bertkit.model.config import BertConfig
+    from bertkit.model.heads import BertForMaskedLM
+
+    BertForMaskedLM(BertConfig(**{k: v for k, v in TINY.items() if k != "embedding_size"})).save_pretrained(tmp_path / "bert")
+    assert main(["electra", "show", str(tmp_path / "bert"), "the chef"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a BERT model" in err and "--method electra" in err and "fill-mask" in err, err
+    pretraining_model().save_pretrained(tmp_path / "run")
+    (tmp_path / "run" / GENERATOR_DIR / "config.json").unlink()
+    with pytest.raises(BertkitError, match="generator/config.json is missing"):
+        ElectraPretrainingModel.from_pretrained(tmp_path / "run")
+
+
 @pytest.mark.oracle
 def test_embed_reads_an_electra_directory_like_transformers(tmp_path, transformers_mod):
     import bertkit

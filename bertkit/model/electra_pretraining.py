@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertkit.model.checkpoint import GENERATOR_DIR, load_state, read_weights, save_pretrained as save_checkpoint
+from bertkit.model.checkpoint import (GENERATOR_DIR, load_state, model_type, read_weights,
+                                      save_pretrained as save_checkpoint)
 from bertkit.model.electra import IGNORE_INDEX, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, discriminator_loss
 from bertkit.errors import BertkitError
 
@@ -177,10 +178,16 @@ class ElectraPretrainingModel(nn.Module):
         files hold must be equal, as they are when trained together); `changes`: config fields both
         take (e.g. the dropout of a continued run)."""
         directory = Path(directory)
+        layout = f"the discriminator at its top, the generator in {GENERATOR_DIR}/"
+        if model_type(directory) != "electra":  # not a run that lost its generator: another kind of model
+            raise BertkitError(f"{directory} holds a BERT model, not an ELECTRA pre-training run (`bertkit pretrain run "
+                               f"--method electra` writes one: {layout}); a BERT masked LM's guesses: bertkit fill-mask")
+        if (directory / GENERATOR_DIR).is_dir() and not (directory / GENERATOR_DIR / "config.json").is_file():
+            raise BertkitError(f"{directory / GENERATOR_DIR / 'config.json'} is missing: the generator's folder is "
+                               "incomplete (a run writes its config.json, weights and vocab.txt)")
         if not (directory / GENERATOR_DIR / "config.json").is_file():
             raise BertkitError(
-                f"{directory} has no {GENERATOR_DIR}/ subfolder: an ELECTRA pre-training directory holds "
-                f"the discriminator at its top and the generator in {GENERATOR_DIR}/"
+                f"{directory} has no {GENERATOR_DIR}/ subfolder: an ELECTRA pre-training directory holds {layout}"
             )
         config = ElectraConfig.from_pretrained(directory).replace(**changes)
         model = cls(config, ElectraConfig.from_pretrained(directory / GENERATOR_DIR).replace(**changes),
