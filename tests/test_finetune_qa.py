@@ -99,6 +99,23 @@ def test_decoding_by_hand(tok):
     assert out["answer"] == "mary visited london"
 
 
+def test_a_padded_batchs_logits_decode_as_each_features_own(tok):
+    """best_answers reads each window's logits; docs/guide.md hands it the rows of a padded batch (collate pads to
+    the longest), as a user running the model on `collate(features)` does. The n-best starts and ends were taken
+    over the padding too: padding positions with high logits (nothing masks a head's output there) took the 20
+    slots and a short question got the empty answer, silently. Only the feature's own positions are read now."""
+    ex = QAExample("q", "who ?", "john visited paris and mary visited london .", [])
+    cfg = qcfg(max_length=32)
+    feats, _ = make_features(tok, [ex], cfg, training=False)
+    T = len(feats[0]["input_ids"])
+    s, e = np.zeros(T, np.float32), np.zeros(T, np.float32)
+    s[6] = e[6] = 5.0  # "paris"
+    padded = [np.concatenate([v, np.full(25, 9.0, np.float32)]) for v in (s, e)]  # 25 padding positions
+    want = best_answers([ex], feats, [s], [e], cfg)[0]
+    assert want["answer"] == "paris"
+    assert best_answers([ex], feats, [padded[0]], [padded[1]], cfg)[0] == want
+
+
 def test_version_2_null_answer(tok):
     out, _ = decode_case(tok, {0: 8.0, 6: 2.0}, {0: 8.0, 6: 2.0}, version_2=True)
     assert out["answer"] == ""

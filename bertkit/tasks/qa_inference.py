@@ -113,7 +113,10 @@ def best_answers(examples: list[QAExample], feats: list[dict], start_logits, end
     for i, ex in enumerate(examples):
         best, null_score = None, None
         for j in per_example.get(i, []):
-            f, s_log, e_log = feats[j], start_logits[j], end_logits[j]
+            # the feature's own positions: a padded batch's row (the guide's `collate`) has more, whose logits
+            # took n-best slots
+            n = len(feats[j]["input_ids"])
+            f, s_log, e_log = feats[j], start_logits[j][:n], end_logits[j][:n]
             null = float(s_log[0] + e_log[0])
             null_score = null if null_score is None else min(null_score, null)
             first, n_ctx = f["context_first"], len(f["offsets"])
