@@ -15,7 +15,7 @@ from bertkit.errors import BertkitError
 from bertkit.data.tables import QAExample, read_squad
 from bertkit.tasks.qa import QAConfig, finetune_qa
 from bertkit.tasks.reports import qa_report
-from bertkit.tasks.qa_inference import best_answers, char_to_pieces, locate_answer, make_features
+from bertkit.tasks.qa_inference import best_answers, char_to_pieces, locate_answer, make_features, score_answers
 from bertkit.text.tokenizer import Tokenizer
 from test_finetune import fast, tiny  # noqa: F401
 from test_finetune_ner import assert_saved_epoch_is_said
@@ -114,6 +114,21 @@ def test_a_padded_batchs_logits_decode_as_each_features_own(tok):
     want = best_answers([ex], feats, [s], [e], cfg)[0]
     assert want["answer"] == "paris"
     assert best_answers([ex], feats, [padded[0]], [padded[1]], cfg)[0] == want
+
+
+def test_questions_sharing_an_id_are_each_scored():
+    """The official SQuAD files give each question its own id, but a hand-made file may number each paragraph's
+    questions from 1. Scores were keyed by id, so questions sharing one collapsed into the last: predict's
+    evaluate mode and finetune's dev figures scored fewer questions than they counted, silently (two of three
+    right gave 50.0). Each question is scored now, as the official script scores each of its unique ids."""
+    ctx = "john went to paris in may ."
+    ex = [QAExample("1", "where ?", ctx, [("paris", 13)]), QAExample("1", "when ?", ctx, [("may", 22)]),
+          QAExample("2", "who ?", ctx, [("john", 0)])]
+    preds = [{"answer": "paris"}, {"answer": "paris"}, {"answer": "the john"}]  # right, wrong, right ("the" drops)
+    assert score_answers(preds, ex, {}) == {"exact_match": pytest.approx(200 / 3), "f1": pytest.approx(200 / 3)}
+    ex.append(QAExample("2", "why ?", ctx, [], is_impossible=True))  # SQuAD v2: its rules and split
+    scores = score_answers(preds + [{"answer": ""}], ex, {"version_2": True})
+    assert (scores["exact_match"], scores["HasAns_total"], scores["NoAns_total"]) == (75.0, 3, 1)
 
 
 def test_version_2_null_answer(tok):
