@@ -242,6 +242,28 @@ def test_cli_vocab_train(tmp_path, capsys):
 
 
 
+def test_cli_vocab_train_into_a_folder_another_run_is_writing_is_refused_at_its_start(tmp_path, capsys):
+    """Two `vocab train -o X` at once: both passed the output check and trained; the second to finish was refused
+    at its save ("X already holds a vocabulary", with --overwrite it replaced the first's unseen), the corpus read
+    for nothing. vocab train holds X's lock (`bertkit.data.lock`) for its run, as every command writing a folder
+    does: the second is refused at its start, in one line naming the holder, nothing written; then it runs."""
+    from bertkit.cli import main
+    from bertkit.data.lock import folder_lock
+
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "tok"
+    corpus.write_text("The cat sat on the mat.\nThe dog sat on the log.\n" * 20)
+    args = ["vocab", "train", str(corpus), "--vocab-size", "40", "--min-frequency", "2"]
+    for output, flags in ((out, []), (out / "my.txt", ["--overwrite"])):
+        with folder_lock(out, "bertkit vocab train"):  # the other run, training into X now
+            before = {p.name: p.read_bytes() for p in out.iterdir()}
+            assert main([*args, "-o", str(output), *flags]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith("bertkit: error: ") and "bertkit vocab train" in err, err
+            assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing of this run
+        assert main([*args, "-o", str(output), *flags]) == 0  # the other finished: it goes through
+        capsys.readouterr()
+    assert sorted(p.name for p in out.iterdir()) == ["my.txt", "tokenizer_config.json", "vocab.txt"]
+
 def test_cli_vocab_train_leaves_a_models_vocabulary_alone(tmp_path, capsys):
     # `vocab train corpus/ -o MODEL/` replaced the model's vocab.txt and tokenizer_config.json, which then no
     # longer matched its weights; the corpus path is missing here, so the folder was refused before reading it

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from bertkit.data.textfiles import stdin_lines
 from bertkit.options import add_options, count, from_args
 from bertkit.text.tokenizer import Tokenizer
-from bertkit.text.vocab_training import (VocabTrainingConfig, check_vocab_output, save_trained_vocab,
-                                        train_vocab_from_files)
+from bertkit.text.vocab_training import (VocabTrainingConfig, save_trained_vocab, train_vocab_from_files,
+                                        vocab_output)
 from bertkit.text.vocab import CONTINUATION, check_has_words
 
 
@@ -101,9 +101,9 @@ def add_vocab(sub):
 def run_vocab_train(args):
     files, config = from_args(args, VocabTrainFiles), from_args(args, VocabTrainingConfig)
     config.validate()  # a mistyped flag is named first, before what the output holds
-    check_vocab_output(files.output, files.overwrite)  # refused before the corpus is read
-    tokens = train_vocab_from_files(files.corpus, config, progress=True, output=files.output, log=print)
-    path = save_trained_vocab(tokens, files.output, config, overwrite=files.overwrite)
+    with vocab_output(files.output, files.overwrite):  # refused before the corpus is read; locked until saved
+        tokens = train_vocab_from_files(files.corpus, config, progress=True, output=files.output, log=print)
+        path = save_trained_vocab(tokens, files.output, config, overwrite=files.overwrite)
     print(f"wrote {len(tokens)} tokens to {path} (and its casing to {path.parent / 'tokenizer_config.json'})")
 
 

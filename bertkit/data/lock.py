@@ -2,7 +2,8 @@
 
 Two jobs writing one folder interleave their files: two `bertkit index` runs made an index of
 A's vectors with B's passages. So every command that writes a folder (index, index add,
-finetune, pretrain prepare, pretrain run, distill) holds `folder_lock(folder, command)` while it writes:
+finetune, pretrain prepare, pretrain run, distill layers, vocab train: the folder of its vocab.txt) holds
+`folder_lock(folder, command)` while it writes:
 
     with folder_lock(output, "bertkit finetune"):
         ...  # write the folder

@@ -34,6 +34,7 @@ pieces in the order they were learned. The vocabulary is larger than
 `vocab_size` only when the alphabet alone does not fit.
 """
 
+import contextlib
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern, is_c
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import (ENCODING_ERRORS, CorpusStats, check_encoding, check_encoding_errors, corpus_files,
                                  read_lines)
-from bertkit.data.outputs import check_output, holds
+from bertkit.data.outputs import check_output, folder_lock, holds
 from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, check_casing, save_vocab
 
 
@@ -317,6 +318,18 @@ def check_vocab_output(output, overwrite: bool) -> Path:
     check_output(out.parent, overwrite=overwrite, kinds={"a vocabulary": (out.name, "tokenizer_config.json")},
                  call="save_trained_vocab")
     return out
+
+
+@contextlib.contextmanager
+def vocab_output(output, overwrite: bool):
+    """`bertkit vocab train`'s vocab.txt for the run, checked (`check_vocab_output`) and its folder locked
+    (`bertkit.data.lock`) from before the corpus is read until the vocabulary is saved, as every command that
+    writes a folder holds it. Two `vocab train -o X` at once both passed the check and trained, for as long as
+    the corpus takes; the second to finish was refused ("X already holds a vocabulary"), its vocabulary lost,
+    or with --overwrite replaced the first's unseen. The second is refused at its start now, in one line."""
+    out = check_vocab_output(output, overwrite)
+    with folder_lock(out.parent, "bertkit vocab train"):
+        yield out
 
 
 def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig, overwrite: bool = False) -> Path:
