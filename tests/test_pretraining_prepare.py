@@ -575,6 +575,25 @@ def test_a_second_run_in_one_process_uses_its_own_vocabulary(tmp_path):
     assert len(PretrainingDataset(tmp_path / "default")) > 0
 
 
+@pytest.mark.oracle
+def test_special_tokens_written_in_the_corpus_are_text(tmp_path, default_model_dir, transformers_mod):
+    """A corpus about BERT writes "[MASK]" and "[SEP]": prepare read them as the special tokens (the
+    tokenizer's rule for inference, as transformers'), so a [SEP] stood inside a segment and a [MASK] in the
+    input with nothing to predict. create_pretraining_data reads them as text ("[", "mask", "]"), as the
+    vocabulary trainer counts them: the corpus tokens are transformers' with split_special_tokens=True."""
+    lines = ["BERT hides a word behind [MASK] and puts [SEP] between the segments.",
+             "The [CLS] vector, a [PAD] and an [UNK] are tokens too.", "Nothing special here."]
+    (tmp_path / "c.txt").write_text("\n".join(lines) + "\n")
+    cfg = PrepareConfig(objective="none", sentences="line", dupe_factor=1, workers=1, held_out=0,
+                        dynamic_masking=True)
+    prepare([tmp_path / "c.txt"], tmp_path / "data", cfg, progress=False)
+    tokens = np.load(tmp_path / "data" / "corpus" / "tokens.npy", allow_pickle=False).tolist()
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    assert tokens == [i for line in lines for i in fast(line, add_special_tokens=False,
+                                                         split_special_tokens=True)["input_ids"]]
+    assert not SPECIALS & set(tokens)
+
+
 def test_a_latin1_corpus_stops_with_the_fix_and_reads_with_encoding(tmp_path, capsys):
     from bertkit.text.vocab_training import VocabTrainingConfig, save_trained_vocab, train_vocab
 

@@ -101,7 +101,9 @@ def tokenize_file(path: Path, shard: Path, tokenizer, settings: dict) -> CorpusS
     for doc in documents:
         n_sent = 0
         for sentence in doc:
-            ids = to_ids(tokenize(sentence))
+            # "[MASK]" or "[SEP]" written in the corpus (a text about BERT) is text, as create_pretraining_data
+            # reads it: as the special token it was a separator inside a segment, or a mask with nothing to predict
+            ids = to_ids(tokenize(sentence, split_special_tokens=True))
             if not ids:
                 stats.skip("empty_sentences")
                 continue

@@ -232,13 +232,14 @@ class Tokenizer:
                 wids.append(w)
         return ids, starts, ends, wids, len(words)
 
-    def _segment(self, text: str) -> Segment:
-        """Token ids, character spans and word ids of one text (no special tokens)."""
+    def _segment(self, text: str, specials: bool = True) -> Segment:
+        """Token ids, character spans and word ids of one text (no [CLS]/[SEP] added); `specials`: a special
+        token written in the text is that token (else it is text: "[", "mask", "]")."""
         ids, starts, ends, wids = [], [], [], []
         nw = 0
         # Special tokens written in the text ("[MASK]") stay whole, as in
         # BertTokenizerFast: the text is cut around them and each is one word.
-        if "[" in text and self._special_re.search(text):
+        if specials and "[" in text and self._special_re.search(text):
             pos = 0
             parts = []
             for m in self._special_re.finditer(text):
@@ -281,11 +282,15 @@ class Tokenizer:
                     nw += n
         return Segment(ids, starts, ends, wids)
 
-    def tokenize(self, text: str) -> list[str]:
-        """WordPiece tokens of `text`, without [CLS]/[SEP]: "unaffable" -> ["un", "##aff", "##able"]."""
+    def tokenize(self, text: str, split_special_tokens: bool = False) -> list[str]:
+        """WordPiece tokens of `text`, without [CLS]/[SEP]: "unaffable" -> ["un", "##aff", "##able"].
+
+        A special token written in the text ("[MASK]") is that token, as in transformers; with
+        `split_special_tokens` (transformers' name) it is text like any other: "[", "mask", "]", as
+        google-research/bert's tokenizer reads a pre-training corpus (`pretraining.shards`)."""
         _check_text(text, "text")
         itos = self.ids_to_tokens
-        return [itos[i] for i in self._segment(text).ids]
+        return [itos[i] for i in self._segment(text, not split_special_tokens).ids]
 
     def ids_batch(self, texts) -> tuple[list[int], list[int]]:
         """The ids of each text without [CLS]/[SEP], concatenated, and each text's count: what a
