@@ -26,6 +26,7 @@ from bertkit.errors import BertkitError
 from bertkit.pretraining.dataset import PretrainingDataset
 from bertkit.pretraining.masking import MaskingConfig, MaskVocab, mask_sequence, ngram_probabilities
 from bertkit.pretraining.prepare import PrepareConfig, prepare
+from bertkit.text.tokenizer import Tokenizer
 
 BOOKS = ("austen__emma.txt", "doyle__the_hound_of_the_baskervilles.txt", "alcott__eight_cousins.txt")
 SLICE = 250_000
@@ -573,6 +574,26 @@ def test_a_second_run_in_one_process_uses_its_own_vocabulary(tmp_path):
     prepare([tmp_path / "c"], tmp_path / "small", cfg, vocab=small, progress=False)
     prepare([tmp_path / "c"], tmp_path / "default", cfg, progress=False)
     assert len(PretrainingDataset(tmp_path / "default")) > 0
+
+
+def test_prepared_again_with_another_vocabulary_of_the_same_size_uses_its_ids(tmp_path):
+    """The token shards were reused when the vocabulary had the same size: `prepare --vocab B --overwrite`
+    over data prepared with A (or an interrupted prepare continued with B) kept A's ids beside B's vocab.txt,
+    and a model trained on it read every id as another word. B here is A with two lines swapped."""
+    (tmp_path / "c.txt").write_text("the cat sat on the mat\nthe dog sat on the log\n" * 20)
+    words = ["the", "cat", "dog", "sat", "on", "mat", "log"]
+    for name, order in (("a", words), ("b", [words[2], words[1], words[0]] + words[3:])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + order)
+                                                  + "\n")
+    cfg = PrepareConfig(objective="none", sentences="line", dupe_factor=1, workers=1, held_out=0,
+                        dynamic_masking=True)
+    for name in ("a", "b"):
+        prepare([tmp_path / "c.txt"], tmp_path / "data", cfg, vocab=tmp_path / name, progress=False, overwrite=True)
+        tokens = np.load(tmp_path / "data" / "corpus" / "tokens.npy", allow_pickle=False).tolist()
+        tok = Tokenizer.from_pretrained(tmp_path / name)
+        assert tokens == tok.convert_tokens_to_ids(tok.tokenize("the cat sat on the mat the dog sat on the log")) * 20
+        assert (tmp_path / "data" / "vocab.txt").read_text() == (tmp_path / name / "vocab.txt").read_text()
 
 
 @pytest.mark.oracle

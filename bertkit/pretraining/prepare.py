@@ -64,6 +64,7 @@ from bertkit.pretraining.shards import (
     room_for_instances,
     shard_is_complete,
     tokenize_file,
+    tokenizer_identity,
 )
 from bertkit.text.workers import run_jobs
 from bertkit.text.tokenizer import Tokenizer
@@ -175,7 +176,8 @@ def _tokenize_job(job) -> tuple:
 
 def _tokenize_stage(files: list, out: Path, tokenizer, cfg: PrepareConfig, progress: bool) -> tuple:
     settings = {"documents": cfg.documents, "sentences": cfg.sentences, "encoding": cfg.encoding,
-                "encoding_errors": cfg.encoding_errors, "vocab_size": len(tokenizer)}
+                "encoding_errors": cfg.encoding_errors, "vocab_size": len(tokenizer),
+                "tokenizer": tokenizer_identity(tokenizer)}
     root = out / "tokens"
     root.mkdir(parents=True, exist_ok=True)
     shards = [root / f"{i:05d}" for i in range(len(files))]

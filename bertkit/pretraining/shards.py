@@ -22,14 +22,15 @@ memory) with global offsets, which the instance builder indexes:
 Crash safety: every shard and the corpus are written into NAME.tmp/ and renamed
 into place (`bertkit.data.atomic.write_folder`: atomic on one file system), so a
 folder that exists is complete, and a write the disk refused names its file; a
-re-run skips the shards that exist for the same input (path, size, mtime) and
-settings, and the output is byte-identical whatever the number of workers or
-interruptions.
+re-run skips the shards that exist for the same input (path, size, mtime),
+settings and tokenizer (`tokenizer_identity`), and the output is byte-identical
+whatever the number of workers or interruptions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from array import array
 from pathlib import Path
@@ -83,6 +84,18 @@ def shard_is_complete(shard: Path, identity: dict, settings: dict) -> bool:
     return meta.get("input") == identity and meta.get("settings") == settings and all(
         (shard / f).is_file() for f in SHARD_FILES
     )
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """A hash of what decides a shard's ids: the vocabulary, token by token, the tokenizer's settings and how
+    special tokens written in the text are read. A shard is reused only under the same identity: with the
+    vocabulary's size alone, `prepare --vocab B --overwrite` over data prepared with a vocabulary A of the same
+    size kept A's ids beside B's vocab.txt (a model trained on it read every id as another token), and so
+    did an interrupted prepare continued with another vocabulary or casing."""
+    what = {"tokens": tokenizer.ids_to_tokens, "lowercase": tokenizer.lowercase,
+            "strip_accents": tokenizer.strip_accents, "tokenize_chinese_chars": tokenizer.tokenize_chinese_chars,
+            "max_input_chars_per_word": tokenizer.max_input_chars_per_word, "special_tokens_in_text": "text"}
+    return hashlib.sha256(json.dumps(what, ensure_ascii=False).encode()).hexdigest()
 
 
 def tokenize_file(path: Path, shard: Path, tokenizer, settings: dict) -> CorpusStats:
