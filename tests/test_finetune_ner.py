@@ -166,6 +166,21 @@ def test_ner_end_to_end_iob1(tiny, tmp_path):  # noqa: F811
     assert len((tmp_path / "p2.tsv").read_text().splitlines()) == 21
 
 
+@pytest.mark.parametrize("task, says", [
+    ("ner", ["CoNLL", "word ... TAG", "--tag-scheme iob1", "first word piece", "dev_predictions.conll"]),
+    ("qa", ["SQuAD JSON", "--version-2-with-negative", "JSON lines", "dev_predictions.json"])])
+def test_the_span_tasks_help_says_what_files_they_read_and_write(task, says, capsys):
+    """`bertkit finetune ner --help` and `... qa --help` said only "fine-tune for ner": not the CoNLL columns or
+    SQuAD JSON they read, CoNLL-2003's IOB1 flag, nor the predictions file they write (the end-to-end tests here
+    read them)."""
+    from bertkit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["finetune", task, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(s in text for s in says), [s for s in says if s not in text]
+
+
 def test_unknown_dev_tag_is_an_error(tiny, tmp_path):  # noqa: F811
     (tmp_path / "t.txt").write_text("john X X B-PER\nran X X O\n")
     (tmp_path / "d.txt").write_text("paris X X B-LOC\n")

@@ -281,11 +281,20 @@ TASKS = {t.name: t for t in (
           raw_scores=True),
     _text("multi_label", MULTI_LABEL, command="multi-label", defaults={"label_column": "labels"}),
     Task("ner", NerConfig, "bertkit.tasks.ner:finetune_ner", reports.ner_report, "BertForTokenClassification",
+         help="tag words (named entities) from CoNLL column files: one 'word ... TAG' line per word, a blank line "
+              "between sentences, -DOCSTART- lines skipped; tags BIO, or CoNLL-2003's own IOB1 with --tag-scheme "
+              "iob1; each word's label sits on its first word piece; scored by conlleval's entity F1 and written "
+              "to OUTPUT/dev_predictions.conll (word, gold, predicted). `bertkit predict` then tags new text "
+              "split on whitespace.",
          metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
          read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
          entities=True, windows=True, features=ner.training_features, single=True, tables=reports.type_lines,
          inputs="sentences"),
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
+         help="extractive question answering on SQuAD JSON (v1.1; v2.0 with --version-2-with-negative; Hugging "
+              "Face's squad saved as JSON lines): a long context is read in overlapping windows and the answer "
+              "is the best start and end piece; scored by SQuAD's exact match and F1, the answers written to "
+              "OUTPUT/dev_predictions.json (id -> answer, the official evaluation script's input).",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
          score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
          windows=True, no_answer=True, inputs="questions", raw_scores=True),  # an answer's score: start + end logits
