@@ -49,6 +49,23 @@ def test_vocab_train_and_prepare_find_the_same_files_gz_included(tmp_path):
     assert "quokka" in tokens and "zebra" in tokens  # the .gz file was read, decompressed
 
 
+def test_a_vocabulary_written_inside_the_corpus_folder_is_not_read_the_next_time(tmp_path):
+    """`vocab train corpus/ -o corpus/v1` then `vocab train corpus/ -o corpus/v2`: the second read v1's vocab.txt
+    as text, so its vocabulary held "cls", "mask", "pad" and "#", learned from the first one's lines. A vocab.txt
+    beside a tokenizer_config.json (or a model's config.json) is a tokenizer, not corpus; one alone is text."""
+    from bertkit.text.vocab_training import save_trained_vocab
+
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\n" * 3)
+    config = VocabTrainingConfig(vocab_size=200, min_frequency=1)
+    first = train_vocab_from_files([tmp_path], config)
+    save_trained_vocab(first, tmp_path / "v1", config)
+    assert train_vocab_from_files([tmp_path], config) == first
+    assert corpus_files([tmp_path]) == [tmp_path / "a.txt"]
+    (tmp_path / "words").mkdir()
+    (tmp_path / "words" / "vocab.txt").write_text("a list of words, as text\n")
+    assert corpus_files([tmp_path]) == [tmp_path / "a.txt", tmp_path / "words" / "vocab.txt"]
+
+
 @pytest.mark.parametrize("name, text", [
     ("t.csv", 'sentence,label\r\n"good, fun",pos\r\nbad,neg\r\n'),  # Excel's "CSV UTF-8" (BOM, CRLF)
     ("t.tsv", "sentence\tlabel\ngood fun\tpos\nbad\tneg\n"),
