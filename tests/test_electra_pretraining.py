@@ -33,8 +33,11 @@ def setup(shared_data, tmp_path_factory):
 def test_an_electra_run_writes_both_networks_metrics_and_curves(setup):
     data, config, tmp = setup
     out = tmp / "run"
-    run_cli("pretrain", "run", data, "--config", config, "-o", out, "--max-steps", 6, "--eval-every", 3,
-            "--eval-sequences", 16, *COMMON)
+    # --generator-size 0.4 of 4 heads rounds to 2 (hidden 16, half): once the run said nothing of it
+    res = run_cli("pretrain", "run", data, "--config", config, "-o", out, "--max-steps", 6, "--eval-every", 3,
+                  "--eval-sequences", 16, *COMMON, "--generator-size", 0.4)
+    assert ("generator: 2 heads of 8, hidden 16 = 0.5 of the discriminator's 32 (--generator-size 0.4 rounds to "
+            "whole heads") in res.stdout, res.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
     evals = [r for r in rows if r["split"] == "eval"]
@@ -44,7 +47,7 @@ def test_an_electra_run_writes_both_networks_metrics_and_curves(setup):
     assert (out / "curves.png").stat().st_size > 0
     disc, gen = json.loads((out / "config.json").read_text()), json.loads((out / "generator" / "config.json").read_text())
     assert disc["model_type"] == gen["model_type"] == "electra"
-    assert (disc["hidden_size"], gen["hidden_size"]) == (32, 16)  # --generator-size 0.5 of the tiny shape
+    assert (disc["hidden_size"], gen["hidden_size"]) == (32, 16)  # 2 of the tiny shape's 4 heads
     # the output is what the learner's tools read
     assert run_cli("fill-mask", out, "the man went to the [MASK] .").returncode == 0
     assert "replaced" in run_cli("electra", "show", out, "the man went to the house .").stdout

@@ -43,7 +43,7 @@ class RunConfig:
     config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large) or a config.json (electra: also an ELECTRA one, its embedding_size kept)",
                                                   "needs": ("init_from", False)})
     method: str = field(default="bert", metadata={"help": "bert: masked LM (+ NSP/SOP if the data has pairs); electra: replaced-token detection, a generator 1/4 the size fills the masks and the model (the discriminator) spots the replaced tokens (data: --objective none)", "choices": METHODS})
-    generator_size: float = field(default=0.25, metadata={"help": "electra: the generator's size as a fraction of the discriminator's (heads, hidden and feed-forward)",
+    generator_size: float = field(default=0.25, metadata={"help": "electra: the generator's size as a fraction of the discriminator's (heads, hidden and feed-forward; whole heads of the discriminator's head size, at least one: the run says where that rounds)",
                                                          "needs": [("method", "electra"), ("init_from", False)]})
     disc_weight: float = field(default=50.0, metadata={"help": "electra: loss = generator MLM loss + this x discriminator loss",
                                                      "needs": ("method", "electra")})

@@ -271,6 +271,18 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
                                    generator=g)
 
 
+def generator_note(config: ElectraConfig, size: float) -> str | None:
+    """What --generator-size became where it is not that fraction: the generator keeps the discriminator's
+    head size, so its share rounds to whole heads, at least one (a 2-head model's 0.25 is one head: half)."""
+    gen = config.generator_config(size)
+    got = gen.hidden_size / config.hidden_size
+    if abs(got - size) < 1e-9:
+        return None
+    heads = f"{gen.num_attention_heads} head{'s' if gen.num_attention_heads != 1 else ''}"
+    return (f"generator: {heads} of {config.head_size}, hidden {gen.hidden_size} = {got:g} of the discriminator's "
+            f"{config.hidden_size} (--generator-size {size:g} rounds to whole heads of the discriminator's, at least one)")
+
+
 def same_vocabulary(cfg: RunConfig) -> Path:
     """The --init-from folder, once its vocab.txt is the prepared data's, token for token (BERT and ELECTRA)."""
     source = Path(cfg.init_from)
@@ -343,6 +355,10 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
                                        run_config=cfg.to_dict(), speed=speed)
         stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed, prepared=dataset.fingerprint)
         job = harness.start(settings, info, stream, build)
+        if info.is_main and cfg.method == "electra" and not cfg.init_from:  # --init-from: the saved generator's size
+            note = generator_note(job.config, cfg.generator_size)
+            if note:
+                print(note)
         model_config = job.config.to_dict()  # recorded in checkpoints, rebuilt to gather FSDP shards
         pair = dataset.objective  # the pair task (nsp, sop) whose accuracy the records name
         autocast = autocast_for(cfg.precision, info.device)
