@@ -208,14 +208,21 @@ def test_qa_end_to_end(tiny, tmp_path):  # noqa: F811
     import bertkit
 
     rng = random.Random(0)
-    cfg = QAConfig(train=str(squad_file(tmp_path / "train.json", 100, rng)), dev=str(squad_file(tmp_path / "dev.json", 20, rng)),
+    dev = squad_file(tmp_path / "dev.json", 20, rng)
+    data = json.loads(dev.read_text())
+    data["data"][0]["paragraphs"][1]["qas"][0]["id"] = data["data"][0]["paragraphs"][0]["qas"][0]["id"]
+    dev.write_text(json.dumps(data))  # two questions share an id, as in a hand-made file
+    cfg = QAConfig(train=str(squad_file(tmp_path / "train.json", 100, rng)), dev=str(dev),
                    output=str(tmp_path / "o"), model=str(tiny), max_length=32, doc_stride=8, max_query_length=8,
                    training=fast(epochs=6, metric="f1"))
-    final = finetune_qa(cfg, log=lambda s: None)
-    assert final["dev"]["exact_match"] >= 80.0
+    said = []
+    final = finetune_qa(cfg, log=said.append)
+    assert final["dev"]["exact_match"] >= 80.0 and final["dev_questions"] == 20
     assert_saved_epoch_is_said(final, "f1")
     preds = json.loads((tmp_path / "o" / "dev_predictions.json").read_text())
-    assert len(preds) == 20
+    # SQuAD's predictions file is id -> answer: the shared id keeps one answer, and the run says so (it was silent)
+    assert len(preds) == 19
+    assert any("keeps one answer per id" in line and "repeats an earlier one's): 1 of 20" in line for line in said), said
     out = bertkit.predict(tmp_path / "o", ["where went mary ?"], pairs=["mary went to berlin . john went to paris ."])
     assert out[0]["answer"] == "berlin" and out[0]["start"] == 13
 

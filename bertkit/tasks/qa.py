@@ -82,5 +82,9 @@ def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
         final["dev_questions"] = len(dev_ex)
         answers = {ex.id: p["answer"] for ex, p in zip(dev_ex, preds)}  # SQuAD's predictions file: id -> answer
         write_lines(out / "dev_predictions.json", [json.dumps(answers, indent=1, ensure_ascii=False)])
+        if len(answers) < len(dev_ex):  # a hand-made file numbering each paragraph's questions: said, not silent
+            left = len(dev_ex) - len(answers)
+            log(f"{out / 'dev_predictions.json'} keeps one answer per id (SQuAD's format): dev questions left out "
+                f"of it (their id repeats an earlier one's): {left} of {len(dev_ex)}; the figures score every question")
     write_json(out / "metrics.json", final)
     return final
