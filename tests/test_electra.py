@@ -336,6 +336,11 @@ def test_load_refuses_a_generator_trained_apart(tmp_path):
         ElectraPretrainingModel.from_pretrained(tmp_path)
     with pytest.raises(BertkitError, match="share their embeddings"):
         ElectraPretrainingModel(config(), config(embedding_size=24))
+    # a generator/ of another shape (another run's, copied in) was told to build its config with
+    # config.generator_config(size), a Python call, from `electra show`
+    ElectraForMaskedLM(config(embedding_size=24)).save_pretrained(tmp_path / GENERATOR_DIR)
+    with pytest.raises(BertkitError, match=r"generator/ and the discriminator .* embedding_size .*another run"):
+        ElectraPretrainingModel.from_pretrained(tmp_path)
 
 
 def test_electra_show_on_a_bert_folder_says_it_is_bert(tmp_path, capsys):

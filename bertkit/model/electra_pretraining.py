@@ -190,8 +190,9 @@ class ElectraPretrainingModel(nn.Module):
                 f"{directory} has no {GENERATOR_DIR}/ subfolder: an ELECTRA pre-training directory holds {layout}"
             )
         config = ElectraConfig.from_pretrained(directory).replace(**changes)
-        model = cls(config, ElectraConfig.from_pretrained(directory / GENERATOR_DIR).replace(**changes),
-                    disc_weight=disc_weight)
+        generator_config = ElectraConfig.from_pretrained(directory / GENERATOR_DIR).replace(**changes)
+        _check_pair(config, generator_config, saved=directory)
+        model = cls(config, generator_config, disc_weight=disc_weight)
         gen_state, gen_path = read_weights(directory / GENERATOR_DIR)
         model.generator.load_report = load_state(model.generator, gen_state, strict=True, source=str(gen_path))
         shared = {k: v.clone() for k, v in model.discriminator.electra.embeddings.state_dict().items()}
@@ -206,10 +207,16 @@ class ElectraPretrainingModel(nn.Module):
         return model.eval()
 
 
-def _check_pair(config: ElectraConfig, generator_config: ElectraConfig) -> None:
-    """The settings the shared embeddings need equal in both networks."""
+def _check_pair(config: ElectraConfig, generator_config: ElectraConfig, saved=None) -> None:
+    """The settings the shared embeddings need equal in both networks (`saved`: the directory they were read from,
+    where the fix is another folder, not a Python call)."""
     for name in ("vocab_size", "embedding_size", "max_position_embeddings", "type_vocab_size"):
         a, b = getattr(config, name), getattr(generator_config, name)
+        if a != b and saved is not None:
+            raise BertkitError(
+                f"{saved}: its {GENERATOR_DIR}/ and the discriminator differ in {name} (discriminator {a}, "
+                f"generator {b}), which the two networks share: that {GENERATOR_DIR}/ is another run's"
+            )
         if a != b:
             raise BertkitError(
                 f"generator and discriminator share their embeddings, so {name} must be equal (discriminator {a}, "
