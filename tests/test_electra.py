@@ -170,6 +170,21 @@ def test_mean_pooling_is_refused_for_electra_not_ignored(tmp_path, capsys):
         config(classifier_pooling="mean")
 
 
+def test_a_saved_electra_classifier_whose_config_says_mean_loads_as_trained(tmp_path):
+    """Before `--pooling mean` was refused for ELECTRA, finetune classify wrote config.json with "mean" beside a
+    head trained on the first token: such a folder loads (with a warning) and classifies as the same weights read
+    with "cls", instead of being refused at every load."""
+    model = ElectraForSequenceClassification(config(num_labels=3)).eval()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "classifier_pooling": "mean"}))
+    with pytest.warns(UserWarning, match="read as 'cls'"):
+        loaded = ElectraForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert loaded.config.classifier_pooling == "cls"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*inputs()).logits, model(*inputs()).logits, rtol=0, atol=0)
+
+
 @pytest.mark.oracle
 def test_pretrain_run_takes_an_electra_config_json_with_its_embedding_size(tmp_path, transformers_mod):
     """`pretrain run --method electra --config F`: F an ELECTRA config.json (transformers', or a run's own) was

@@ -54,6 +54,7 @@ masking code's business: every labelled position is sampled and replaced.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -104,7 +105,7 @@ class ElectraConfig(BertConfig):
             raise BertkitError(
                 f"ElectraConfig.classifier_pooling is {self.classifier_pooling!r}, but ELECTRA's classification head "
                 "reads the first token (as transformers' ElectraClassificationHead): leave --pooling at cls for an "
-                "ELECTRA model (a config.json saying 'mean' was trained on the first token: set it to 'cls')"
+                "ELECTRA model"
             )
 
     @classmethod
@@ -137,6 +138,12 @@ class ElectraConfig(BertConfig):
                 f"this config is for model_type {kind!r}, not 'electra': load it with the BERT classes "
                 "(bertkit.BertModel, BertForMaskedLM, ...)"
             )
+        if values.get("classifier_pooling") == "mean":
+            # what `finetune classify --pooling mean` wrote before it was refused: the head was trained on the
+            # first token all the same, so the folder is read as it was trained, not refused at every load
+            warnings.warn("this ELECTRA config.json says classifier_pooling 'mean', which ELECTRA's head never "
+                          "used: read as 'cls', the first token it was trained on", stacklevel=2)
+            values["classifier_pooling"] = "cls"
         return super().from_dict(values)
 
     def to_dict(self) -> dict:
