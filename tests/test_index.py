@@ -139,6 +139,20 @@ def test_corpus_formats_read_the_same_documents(tmp_path):
     assert read_documents(beir) == want
 
 
+def test_a_folder_index_reads_the_files_the_corpus_reader_reads(tmp_path):
+    """A folder opened in Jupyter holds .ipynb_checkpoints/NAME-checkpoint.txt, a copy of each text file edited
+    there: the index read it as one more document (each such text found twice in a search); it now reads the
+    .txt files `corpus_files` (vocab train, pretrain prepare) reads, hidden files and folders skipped."""
+    from bertkit.data.corpus import corpus_files
+
+    folder = tmp_path / ".corpus"  # a hidden folder named as the corpus is read
+    for name in ("d1.txt", "sub/d2.txt", ".ipynb_checkpoints/d1-checkpoint.txt", ".notes.txt", "sub/.git/x.txt"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(name)
+    want = [f.relative_to(folder).with_suffix("").as_posix() for f in corpus_files([folder])]
+    assert [d.id for d in read_documents(folder)] == want == ["d1", "sub/d2"]
+
+
 def test_bad_corpora_are_one_line_errors(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "notext.tsv").write_text("id\ttitle\nd1\tx\n")

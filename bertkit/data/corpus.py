@@ -49,7 +49,7 @@ from typing import Iterator
 
 from bertkit.errors import BertkitError
 from bertkit.data.sentences import split_sentences
-from bertkit.data.textfiles import binary_bytes, not_decodable, utf8_read_as, wrong_encoding
+from bertkit.data.textfiles import binary_bytes, hidden_in, not_decodable, utf8_read_as, wrong_encoding
 
 DOCUMENT_MODES = ("blank-line", "file")
 ENCODING_ERRORS = ("strict", "replace")  # what a line that does not decode does: stop the command, or get repaired
@@ -141,7 +141,7 @@ def corpus_files(paths, skip=()) -> list[Path]:
                 if f.is_file() and f.suffix in CORPUS_SUFFIXES
                 # hidden files and the files of hidden folders (.ipynb_checkpoints holds a copy of every text file
                 # Jupyter edited: read, each line counted twice); a hidden folder named as the corpus is read
-                and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                and not hidden_in(f, p)
                 and not _is_tokenizer_file(f)
                 and not any(f.resolve() == m or m in f.resolve().parents for m in mine)
             )

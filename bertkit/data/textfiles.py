@@ -64,6 +64,13 @@ def existing_file(path, what: str = "input file") -> Path:
     return path
 
 
+def hidden_in(f: Path, folder: Path) -> bool:
+    """Whether `f`, found inside `folder`, is a hidden file (".name") or in a hidden folder below it: skipped by
+    every folder reader (a folder opened in Jupyter holds .ipynb_checkpoints/NAME-checkpoint.txt, a copy of each
+    text file edited there). A hidden folder named as the input itself is read."""
+    return any(part.startswith(".") for part in f.relative_to(folder).parts)
+
+
 def binary_bytes(head: bytes) -> bool:
     """NUL bytes or >10% control bytes in the first bytes: binary in any ASCII-based encoding."""
     if b"\x00" in head:
