@@ -482,7 +482,7 @@ def test_rows_without_a_label_are_predicted_and_only_the_labelled_scored(sentime
         predict_file(d / "out", blank, tmp_path / "b.tsv", evaluate=True)
 
 
-def test_squad_questions_without_answers_are_predicted(tiny, tmp_path):  # noqa: F811
+def test_squad_questions_without_answers_are_predicted(tiny, tmp_path, capsys):  # noqa: F811
     """A SQuAD JSON file is also the way to hand questions in for prediction; once its questions without
     answers were dropped without a word, and a file of none but such questions failed ("no questions
     found")."""
@@ -508,6 +508,21 @@ def test_squad_questions_without_answers_are_predicted(tiny, tmp_path):  # noqa:
     (tmp_path / "none.json").write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paras}]}))
     result = predict_file(tmp_path / "o", tmp_path / "none.json", tmp_path / "n.tsv")
     assert result.count == 12 and result.metrics is None
+    # each row names its question's id (the official evaluation script maps id -> answer; without it, only the
+    # file's order did), after the columns that were there; a question or context that is empty is skipped and
+    # counted, as a table's empty cell is (the whole file was refused), and the ids still name each row's question
+    header, *rows = [r.split("\t") for r in (tmp_path / "n.tsv").read_text().splitlines()]
+    assert header == ["text", "text_pair", "prediction", "details", "id"]
+    assert [r[4] for r in rows] == [q["id"] for q in questions]
+    questions[2]["question"], paras[5]["context"] = " ", ""
+    (tmp_path / "holes.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": paras}]}))
+    said = []
+    result = predict_file(tmp_path / "o", tmp_path / "holes.json", "-", log=said.append)
+    assert result.count == 10 and any("skipped 2" in s and "empty" in s for s in said), said
+    by_id = {q["id"]: q["question"] for q in questions}
+    rows = [r.split("\t") for r in capsys.readouterr().out.splitlines()[1:]]
+    assert len(rows) == 10 and all(by_id[r[4]] == r[0] for r in rows)
+    assert [r[4] for r in rows] == [q["id"] for q in questions if q is not questions[2] and q is not questions[5]]
 
 
 def test_with_output_dash_standard_output_holds_only_the_predictions(sentiment_run, tmp_path, capsys):  # noqa: F811

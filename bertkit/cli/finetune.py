@@ -76,7 +76,9 @@ def add_predict(sub):
         "Spearman (regression), micro F1 (multi-label), entity F1 (NER, then per entity type), exact match and F1 "
         "(QA). Every row is predicted; a row without its answer "
         "(an empty label cell, a question without answers) is left out of the scores. A row whose text (or second "
-        "text) is empty is skipped and counted; a text with no word piece (only characters BERT drops) is refused.",
+        "text) is empty is skipped and counted; a text with no word piece (only characters BERT drops) is refused. "
+        "The predictions are TSV: text (and the second text or QA context), prediction, details, and for SQuAD "
+        "JSON the question's id last (what the official evaluation script maps to answers).",
         epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
         "  bertkit predict out/sst2 dev.tsv            # dev.tsv has a label column: predicts and reports accuracy\n"
         "  bertkit predict out/ner conll/test.txt --device cuda",

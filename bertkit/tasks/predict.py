@@ -224,7 +224,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                  dtype=None, int8: bool = False, fast=True, log=print, progress: bool = False,
                  version_2: bool | None = None) -> FileResult:
     """Write one prediction per input row as TSV (text, the pair's second text or QA context where inputs come
-    in pairs, prediction, details) to `output_path` ("-": standard output; None: `default_output`, in the
+    in pairs, prediction, details, and the input's id where the file names it: SQuAD's) to `output_path` ("-": standard output; None: `default_output`, in the
     current directory); with the answers in the file (evaluate None: whenever they are there; True:
     required; False: never) also score them: every row is predicted, the rows that carry an answer are
     scored. fast: the fast path's settings, as `bertkit.runtime.loading.load` takes them; progress: a bar over
@@ -256,10 +256,13 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                                                       info, task.labels(loaded.config))
     out = default_output(input_path) if output_path is None else output_path
     out = out if str(out) == "-" else Path(out)
-    header = "\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details"]) + "\n"
-    rows = ((t, *([second] if pairs else []), *_shown(p))
-            for t, second, p in zip(texts, pairs or [None] * len(texts), preds))
-    _write(out, itertools.chain([header], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows)))
+    # the file's ids where it names its inputs (SQuAD's question ids, which the official script maps to answers;
+    # the order alone did), last: the columns before keep their places
+    ids = task.ids(input_path) if task.ids else None
+    header = "\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details", *(["id"] if ids else [])])
+    rows = ((t, *([second] if pairs else []), *_shown(p), *([i] if ids else []))
+            for t, second, p, i in zip(texts, pairs or [None] * len(texts), preds, ids or [None] * len(texts)))
+    _write(out, itertools.chain([header + "\n"], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows)))
     return FileResult(out, len(preds), scores, loaded.precision, len(scored), task.name)
 
 

@@ -187,13 +187,32 @@ def is_squad(path) -> bool:
                                  {"question", "context", "answers"} <= set(first_row(path)))
 
 
+def squad_inputs(path, log=print) -> list[QAExample]:
+    """Every question of a SQuAD file (answered or not) but those whose question or context is empty (or spaces):
+    skipped and counted, as predict's readers skip a table's empty cell (`read_text_columns`); the whole file
+    was refused for one."""
+    examples, report = read_squad(path, unanswered=True)
+    kept = [e for e in examples if e.question.strip() and e.context.strip()]
+    if len(kept) < len(examples):
+        report.kept = len(kept)
+        report.skipped["questions with an empty question or context"] = len(examples) - len(kept)
+        log(report.summary())
+    return kept
+
+
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], list[str]]:
     """Questions and contexts from SQuAD JSON (every question, answered or not), or a table's question and
     context columns."""
     if is_squad(path):
-        examples, _ = read_squad(path, unanswered=True)
+        examples = squad_inputs(path, log)
         return [e.question for e in examples], [e.context for e in examples]
     return read_text_columns(path, text_column or "question", text_pair_column or "context", log=log)
+
+
+def read_ids(path) -> list[str] | None:
+    """The ids of `read_inputs`' questions in a SQuAD file (what the official evaluation script maps to answers),
+    None for a table."""
+    return [e.id for e in squad_inputs(path, log=lambda line: None)] if is_squad(path) else None
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
@@ -202,7 +221,7 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     with `every_input` every question, None in place of an unanswered one's example."""
     if not is_squad(path):
         return None
-    examples, _ = read_squad(path, unanswered=True)
+    examples = squad_inputs(path, log)
     answered = [e if e.answers or e.is_impossible else None for e in examples]
     if not any(answered):
         return None

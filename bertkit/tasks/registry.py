@@ -19,6 +19,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     read_inputs, read_labelled, score, answers
                        a file's inputs; its inputs with the answers (evaluate mode); their metrics; what
                        the answers look like (for messages)
+    ids                path -> the ids of read_inputs' inputs where the file names them (SQuAD's question ids),
+                       else None: predict writes them as its last column
     report             the run's final metrics -> the lines `bertkit finetune` prints
     tables             a scored set's metrics -> the lines under its figures (per label and the confusion matrix;
                        per entity type), in finetune's report and predict's evaluate mode alike
@@ -78,6 +80,7 @@ class Task:
     predict: Callable | None = None
     read_inputs: Callable | None = None
     read_labelled: Callable | None = None
+    ids: Callable | None = None
     score: Callable | None = None
     answers: str = ""  # {label}: the label column
     pairs: bool = False  # inputs always come in pairs (pair: two sentences; qa: question, context)
@@ -296,7 +299,7 @@ TASKS = {t.name: t for t in (
               "is the best start and end piece; scored by SQuAD's exact match and F1, the answers written to "
               "OUTPUT/dev_predictions.json (id -> answer, the official evaluation script's input).",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
-         score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
+         ids=qa.read_ids, score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
          windows=True, no_answer=True, inputs="questions", raw_scores=True),  # an answer's score: start + end logits
     # the issue's reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
     Task("embed", EmbedConfig, "bertkit.tasks.embedding:finetune_embed", reports.embed_report, "BertModel",
