@@ -193,3 +193,23 @@ def test_last_line_without_newline_is_not_counted_as_cut(tmp_path):
     f.write_text("One. Two")
     docs, stats = _docs(f)
     assert docs == [["One.", "Two"]] and not stats.skips
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_classic_mac_file_reads_as_its_lf_copy(tmp_path, monkeypatch, gz):
+    """A file whose lines end in CR alone (classic Mac OS) was one line to the reader: no paragraph or document
+    found, and in "line" mode the whole file was one sentence cut at 1 MiB. Its lines now end at each lone CR,
+    as Python's universal newlines end them; LF, CRLF and CR CR LF files read as before (the reference here:
+    the same text written with LF), and a line stays at most MAX_LINE_BYTES."""
+    monkeypatch.setattr(corpus_mod, "MAX_LINE_BYTES", 64)
+    text = "".join(f"Line {i} of doc {i // 7}.\n" + ("\n" if i % 7 == 6 else "") for i in range(2000))
+    text += " ".join(f"w{i}" for i in range(60)) + "\nlast"  # an over-long line, and no line end at the end
+    write = (lambda p, b: p.write_bytes(gzip.compress(b))) if gz else (lambda p, b: p.write_bytes(b))
+    want = None
+    for name, eol in [("lf", "\n"), ("cr", "\r"), ("crlf", "\r\n"), ("crcrlf", "\r\r\n")]:
+        write(tmp_path / name, text.replace("\n", eol).encode())
+        got = [_docs(tmp_path / name, documents=d, sentences="line") for d in ("blank-line", "file")]
+        got = [(docs, stats.skips, stats.documents) for docs, stats in got]
+        want = want or got
+        assert got == want, name
+    assert len(want[0][0]) == 2000 // 7 + 1 and all(len(s.encode()) <= 64 for s in want[1][0][0])

@@ -12,7 +12,8 @@ paragraphs. Two independent choices cover both:
 
 Input: the files `corpus_files` finds (folders are searched
 recursively for `*.txt` and `*.gz`; a file named explicitly is read whatever
-its name); gzip is recognised by its magic bytes. Output: an iterator of documents, each a list of
+its name); gzip is recognised by its magic bytes. Lines end in LF or CRLF, or in a
+lone CR in a file whose head has no LF (classic Mac OS, `_ClassicMac`). Output: an iterator of documents, each a list of
 sentence strings.
 
 Nothing is silently lost: every repair and skip is counted in a `CorpusStats`
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import io
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -210,6 +212,32 @@ def _open_binary(path: Path):
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
+_LONE_CR = re.compile(rb"\r(?!\n)")
+
+
+class _ClassicMac(io.RawIOBase):
+    """A binary stream whose lone CRs read as LF: a classic Mac OS file (lines end in CR alone) was one line to
+    the reader, no paragraph or document found. Same length (the byte counts hold), and a CRLF stays CRLF; a CR
+    that ends a read waits for the next byte, which may be its LF. Used only for a file whose head has a CR and
+    no LF (`read_lines`): LF and CRLF files read byte for byte as before, and so do CR CR LF files (a CRLF file
+    converted twice) and stray CRs in LF text, which as lone CRs would become blank lines or line breaks."""
+
+    def __init__(self, f):
+        self._f, self._held = f, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self._held + self._f.read(len(b) - len(self._held))
+        self._held = b""
+        if len(data) > 1 and data.endswith(b"\r"):
+            data, self._held = data[:-1], b"\r"
+        data = _LONE_CR.sub(b"\n", data)
+        b[:len(data)] = data
+        return len(data)
+
+
 def _raw_lines(f, stats: CorpusStats) -> Iterator[bytes]:
     """Lines of a binary stream, each at most MAX_LINE_BYTES (cut at a space, counted)."""
     carry = b""
@@ -300,6 +328,8 @@ def read_lines(path, stats: CorpusStats, encoding: str = "utf-8", errors: str = 
                 stats.skip("binary_files")
                 return
             stats.files += 1
+            if b"\r" in head and b"\n" not in head:  # classic Mac line ends (`_ClassicMac`)
+                f = io.BufferedReader(_ClassicMac(f))
             for number, raw in enumerate(_raw_lines(f, stats), 1):
                 stats.bytes += len(raw)
                 if b"\x00" in raw:
