@@ -508,3 +508,29 @@ def test_cased_parity_with_trained_vocab(books, held_out, shared_data, tmp_path,
     assert not differ, differ[:3]
     # cased really is cased: capitals survive, accents too
     assert any(t != t.lower() for e in mine[:200] for t in e.tokens if t not in SPECIAL_TOKENS)
+
+
+def test_the_counting_bar_ends_at_its_total_on_gzip_and_crlf_files(tmp_path, monkeypatch):
+    """The "counting words" bar totalled the files' sizes on disk and counted the decoded lines: a .gz corpus
+    ran past 100% (decompressed bytes against the compressed size), and a CRLF file stopped short. It now ends
+    at its total, and never passes it on the way."""
+    import gzip
+
+    import tqdm
+
+    from bertkit.text.vocab_training import iter_lines
+
+    seen = []
+
+    class Bar(tqdm.tqdm):
+        def update(self, n=1):
+            super().update(n)
+            seen.append((self.n, self.total))
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    text = "".join(f"line {i} of some text, repeated\n" for i in range(3000))
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "b.txt").write_bytes(text.replace("\n", "\r\n").encode())
+    files = [tmp_path / "a.txt.gz", tmp_path / "b.txt"]
+    assert sum(1 for _ in iter_lines(files, progress=True)) == 6000
+    assert all(n <= total for n, total in seen) and seen[-1][0] == seen[-1][1]

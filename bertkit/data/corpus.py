@@ -238,6 +238,18 @@ class _ClassicMac(io.RawIOBase):
         return len(data)
 
 
+def text_size(path) -> int:
+    """About how many bytes `read_lines` reads from a file (what a progress bar counts to): its size, or for gzip
+    the size its trailer records (exact for one member under 4 GiB; the size on disk when that is larger)."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size < 18 or f.read(2) != b"\x1f\x8b":
+            return size
+        f.seek(-4, 2)
+        return max(size, int.from_bytes(f.read(4), "little"))
+
+
 def _raw_lines(f, stats: CorpusStats) -> Iterator[bytes]:
     """Lines of a binary stream, each at most MAX_LINE_BYTES (cut at a space, counted)."""
     carry = b""

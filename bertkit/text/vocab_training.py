@@ -44,7 +44,7 @@ from pathlib import Path
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern, is_cjk, is_punctuation
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import (ENCODING_ERRORS, CorpusStats, check_encoding, check_encoding_errors, corpus_files,
-                                 read_lines)
+                                 read_lines, text_size)
 from bertkit.data.outputs import check_output, folder_lock, holds
 from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, check_casing, save_vocab
 
@@ -95,13 +95,21 @@ def iter_lines(files, progress: bool = False, stats: CorpusStats | None = None, 
     bar = None
     if progress:
         from tqdm import tqdm  # late: tqdm reads its TQDM_* defaults when imported, after the command's settings
-        bar = tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc="counting words")
+        # the bytes read, not the files' sizes on disk: a .gz corpus ran past 100% (`text_size`); each file moves
+        # the bar by at most its estimate, so a gzip of several members never passes the total either
+        sizes = [text_size(f) for f in files]
+        bar = tqdm(total=sum(sizes), unit="B", unit_scale=True, desc="counting words")
     try:
-        for f in files:
+        for i, f in enumerate(files):
+            start, shown = stats.bytes, 0
             for line in read_lines(f, stats, encoding, errors):
                 yield line
                 if bar is not None:
-                    bar.update(len(line.encode(encoding, errors="replace")) + 1)
+                    done = min(stats.bytes - start, sizes[i])
+                    bar.update(done - shown)
+                    shown = done
+            if bar is not None:
+                bar.update(sizes[i] - shown)  # a binary file skipped, or a short estimate
     finally:  # also on an error: the bar ends its line before the error's line is printed
         if bar is not None:
             bar.close()
