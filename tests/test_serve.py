@@ -1062,3 +1062,41 @@ def test_a_hugging_face_qa_checkpoint_is_served_as_squad_v2_when_asked(tmp_path,
                         "answering model"), (dirs["qa"], "was trained without --version-2-with-negative")):
         with pytest.raises(BertkitError, match=says):
             load_runner(ServeConfig(model=str(model), workers=1, threads=1, version_2=True).validate())
+
+
+def test_an_iob1_tagger_says_the_tags_it_answers_and_refuses_raw_scores_truly(tmp_path):
+    """A NER model trained with --tag-scheme iob1 answers IOB1 tags (`bertkit.predict`), but /info listed the IOB2
+    names it was trained on: a file whose persons are single words ('I-PER' in IOB1, B-PER in IOB2) gives a model
+    whose every person is answered 'I-PER', a tag /info did not list. Reference: the IOB1 file's own tags and the
+    tags bertkit.predict answers are all in /info's labels. And `raw_scores: true` was refused with "its scores
+    are probabilities", where a tagger's predictions carry no scores."""
+    from starlette.testclient import TestClient
+
+    import bertkit
+    from bertkit.metrics.tasks import iob1_to_iob2
+    from bertkit.serve.app import create_app
+    from bertkit.serve.metrics import Metrics
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+    from test_finetune import tiny_model_dir
+
+    iob1_file = [["I-PER", "O", "O", "I-LOC", "I-LOC"], ["I-PER", "B-PER", "O", "I-LOC"]]  # the training file's tags
+    names = ["O", *sorted({t for s in iob1_file for t in iob1_to_iob2(s)} - {"O"})]  # as finetune names them
+    model = task_dir(tmp_path / "iob1", tiny_model_dir(tmp_path / "tiny"), "BertForTokenClassification", {}, names)
+    head = bertkit.BertForTokenClassification.from_pretrained(model)
+    with torch.no_grad():  # every word a person: IOB1's I-PER, then B-PER after a person
+        head.classifier.weight.zero_()
+        head.classifier.bias.copy_(torch.tensor([10.0 if n == "B-PER" else 0.0 for n in names]))
+    head.save_pretrained(model, tokenizer=bertkit.Tokenizer.from_pretrained(model))
+    (model / "bertkit_task.json").write_text(json.dumps({"task": "ner", "max_length": 16, "stride": 4,
+                                                         "tag_scheme": "iob1"}))
+    answered = {t for p in bertkit.predict(model, ["john met mary", "paris"]) for t in p["tags"]}
+    assert answered == {"I-PER", "B-PER"}  # the premise: IOB1 tags, one of them not a training name
+    settings = ServeConfig(model=str(model), workers=1, threads=1, dtype="float32").validate()
+    with TestClient(create_app(load_runner(settings), settings, Metrics())) as client:
+        info = client.get("/info").json()
+        assert info["tag_scheme"] == "iob1"
+        assert answered | {t for s in iob1_file for t in s} <= set(info["labels"]), info["labels"]
+        answer = client.post("/predict", json={"inputs": "john went", "raw_scores": True})
+        assert answer.status_code == 422 and "probabilities" not in answer.json()["error"], answer.json()
+        assert "no scores" in answer.json()["error"]

@@ -210,7 +210,7 @@ async def check_pair_tokens(svc: Service, queries: list, data: dict,
     and the tokens the model will read, counted off the event loop, within the limit (`names`: the request's
     fields for a text and its pair, to name one that yields no tokens or is too long)."""
     direction_field(data)
-    raw_scores_field(data, svc.runner.record.raw_scores, svc.runner.task)
+    raw_scores_field(data, svc.runner.record.raw_scores, svc.runner.task, svc.runner.record.entities)
     cut = flag_field(data, "truncate", True)
     total = await asyncio.to_thread(svc.runner.count_tokens, queries, names, cut)
     check_tokens(total, svc.settings.max_request_tokens)

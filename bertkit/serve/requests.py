@@ -264,12 +264,15 @@ def no_prompt(data: dict) -> None:
                          "prompt's text at the start of each input, or leave prompt_name out")
 
 
-def raw_scores_field(data: dict, raw: bool, task: str) -> None:
+def raw_scores_field(data: dict, raw: bool, task: str, tags: bool = False) -> None:
     """TEI's `raw_scores` (the model's output before a sigmoid or softmax): taken when false, or when the
-    answers are raw already (`raw`: a regression's score); refused when they are probabilities."""
+    answers are raw already (`raw`: a regression's score); refused when they are probabilities, or (`tags`: a
+    tagger's) when the answers carry no scores at all, which the refusal says (it said "probabilities")."""
     if flag_field(data, "raw_scores", False) and not raw:
-        raise InputError(f"`raw_scores`: true is not available for this {task} model: its scores are probabilities "
-                         "and the server keeps no logits behind them; send false or leave it out")
+        why = ("its predictions are tags, which carry no scores" if tags else
+               "its scores are probabilities and the server keeps no logits behind them")
+        raise InputError(f"`raw_scores`: true is not available for this {task} model: {why}; send false or leave "
+                         "it out")
 
 
 def check_key(request, settings) -> None:

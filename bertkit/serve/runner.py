@@ -398,12 +398,12 @@ class TaskModel:
         self.pairs = self.record.takes_pairs(info)
         self.labels = self.record.labels(loaded.config)
         self.routes = self.record.served_routes(info, self.labels)
-        self.dim = None
+        self.dim = self.on_batch = None
         self.max_length = int(info.get("max_length", 512))
-        self.on_batch = None
 
     def info(self) -> dict:
-        out = {"task": self.task, "labels": self.labels, "pairs": self.pairs, "endpoints": list(self.routes)}
+        out = {"task": self.task, "labels": self.record.answered(self.labels, self.info_), "pairs": self.pairs,
+               "endpoints": list(self.routes)}  # labels: the names its answers use (an IOB1 tagger's I-X)
         if self.record.entities:
             out["tag_scheme"] = self.info_.get("tag_scheme")
         if self.record.no_answer:  # whether a question may get no answer ('')

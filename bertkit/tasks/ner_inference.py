@@ -148,6 +148,19 @@ def predict(run, tok, texts: list[str], pairs, info: dict, names: list[str]) -> 
     return [{"words": w, "tags": t} for w, t in zip(sentences, tags)]
 
 
+def answered_tags(names: list[str] | None, info: dict) -> list[str] | None:
+    """The tags `predict` answers with: the label names, and under --tag-scheme iob1 each B-X's I-X too (IOB1
+    starts an entity with I-, `iob2_to_iob1`): a file whose X entities are all single words trains B-X alone, and
+    the names alone lacked the I-X its every answer holds."""
+    if info.get("tag_scheme") != "iob1" or not names:
+        return names
+    out = list(names)
+    for name in names:
+        if name.startswith("B-") and "I-" + name[2:] not in out:
+            out.append("I-" + name[2:])
+    return out
+
+
 def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=None) -> dict:
     """conlleval's entity precision, recall and F1 against the file's tags (an IO model's bare "PER" read as
     I-PER, `predicted_tags`)."""

@@ -19,6 +19,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     read_inputs, read_labelled, score, answers
                        a file's inputs; its inputs with the answers (evaluate mode); their metrics; what
                        the answers look like (for messages)
+    answer_labels      (labels, info) -> the label names its predictions use where a model's info changes them from
+                       config.json's (an IOB1 tagger answers I-X for the B-X it was trained on): what /info lists
     ids                path -> the ids of read_inputs' inputs where the file names them (SQuAD's question ids),
                        else None: predict writes them as its last column
     report             the run's final metrics -> the lines `bertkit finetune` prints
@@ -81,6 +83,7 @@ class Task:
     read_inputs: Callable | None = None
     read_labelled: Callable | None = None
     ids: Callable | None = None
+    answer_labels: Callable | None = None
     score: Callable | None = None
     answers: str = ""  # {label}: the label column
     pairs: bool = False  # inputs always come in pairs (pair: two sentences; qa: question, context)
@@ -130,6 +133,10 @@ class Task:
                 raise BertkitError(f"config.json's id2label names {name!r} for labels {first[name]} and {i}: "
                                    "predictions could not tell them apart; give each label its own name there")
         return names
+
+    def answered(self, labels, info: dict) -> list | None:
+        """The label names a model's predictions use: `labels` (config.json's), as `answer_labels` changes them."""
+        return self.answer_labels(labels, info) if self.answer_labels else labels
 
     def can_rerank(self, info: dict, labels) -> bool:
         """A cross-encoder: trained on (query, text) pairs, one score per pair: a regression's score,
@@ -290,6 +297,7 @@ TASKS = {t.name: t for t in (
               "to OUTPUT/dev_predictions.conll (word, gold, predicted). `bertkit predict` then tags new text "
               "split on whitespace.",
          metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
+         answer_labels=ner.answered_tags,
          read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
          entities=True, windows=True, features=ner.training_features, single=True, tables=reports.type_lines,
          inputs="sentences"),
