@@ -359,6 +359,22 @@ def test_cli_model_info(capsys, tmp_path):
     assert "no model directory" in capsys.readouterr().err
 
 
+@pytest.mark.oracle
+@pytest.mark.parametrize("kind", ["BertForMaskedLM", "BertForSequenceClassification"])
+def test_cli_model_info_reports_the_class_the_folder_was_saved_as(capsys, tmp_path, transformers_mod, kind):
+    """Without --class every folder was loaded as BertModel: an MLM checkpoint showed its head as "unused" and
+    the pooler it never had as "missing", a classifier its classifier as "unused", and both counted parameters
+    without their head. The class config.json names is the default now; parameters as transformers counts them."""
+    from bertkit.cli import main
+
+    hf = getattr(transformers_mod, kind)(transformers_mod.BertConfig(**TINY, num_labels=3))
+    hf.save_pretrained(tmp_path)
+    assert main(["model", "info", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{kind}: 2 layers, hidden 32" in out and "all weights matched" in out, out
+    assert f"parameters: {hf.num_parameters():,}" in out
+
+
 def test_cli_model_info_reads_what_pretrain_and_distill_write(capsys, tmp_path):
     # an ELECTRA run's folder was "this config is for model_type 'electra', not 'bert'", a static one
     # "no config file at .../config.json": both are bertkit's own outputs
@@ -371,7 +387,9 @@ def test_cli_model_info_reads_what_pretrain_and_distill_write(capsys, tmp_path):
     electra.save_pretrained(tmp_path / "electra")
     assert main(["model", "info", str(tmp_path / "electra")]) == 0
     out = capsys.readouterr().out
-    assert "ElectraModel: 2 layers, hidden 32, embedding 16, 4 heads" in out and f"parameters: {electra.electra.num_parameters():,}" in out
+    # the class it was saved as (its discriminator head included), not ElectraModel with the head "unused"
+    assert "ElectraForPreTraining: 2 layers, hidden 32, embedding 16, 4 heads" in out and f"parameters: {electra.num_parameters():,}" in out
+    assert "all weights matched" in out
     tok = Tokenizer.from_pretrained()
     write_tokenizer_json(tok, save_static(StaticEmbedding(torch.randn(len(tok), 12), normalize=True), tmp_path / "st"))
     assert main(["model", "info", str(tmp_path / "st")]) == 0

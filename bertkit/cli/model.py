@@ -27,20 +27,26 @@ def add_model(sub):
         "unexpected weights; a static model (`bertkit distill static`): its table's size.",
     )
     i.add_argument("path", nargs="?", help="model directory (default: the embedded all-MiniLM-L6-v2)")
-    i.add_argument("--class", dest="cls", default="BertModel", choices=HEAD_CHOICES, help="model class to load into")
+    i.add_argument("--class", dest="cls", choices=HEAD_CHOICES,
+                   help="model class to load into (default: the one its config.json's architectures names, "
+                   "BertModel when it names none or one not listed here)")
     i.add_argument("--json", action="store_true", help="print the config and report as JSON")
     i.set_defaults(handler=run_model_info)
 
 
 def run_model_info(args):
     from bertkit.model.static import is_static
-    from bertkit.runtime.loading import CLASSES, class_for, encoder_dir
+    from bertkit.runtime.loading import CLASSES, architecture, class_for, encoder_dir
 
     # no folder there is no static model either: encoder_dir names the missing folder
     if args.path and is_static(args.path):  # `bertkit distill static`'s output: a table, no layers
         return _static_info(args)
     where = args.path and encoder_dir(args.path)  # an older sentence-transformers folder: its 0_Transformer
-    cls = class_for(where, CLASSES[args.cls])  # an ELECTRA run's: its form
+    # by default the class the folder was saved as: BertModel alone reported a fine-tuned classifier's or an
+    # MLM checkpoint's head as "unused" weights (and a BertForMaskedLM's absent pooler as "missing") and
+    # counted the parameters without the head
+    name = args.cls or architecture(encoder_dir(args.path))
+    cls = class_for(where, CLASSES.get(name, CLASSES["BertModel"]))  # an ELECTRA run's: its form
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report below says it all
         model = cls.from_pretrained(where, strict=False)
