@@ -556,6 +556,24 @@ def test_cli_tokenize_json(tok, capsys):
     assert "no tokenizer at" in capsys.readouterr().err
 
 
+@pytest.mark.oracle
+def test_cli_tokenize_says_when_it_cut_the_text(rust_oracle, capsys):
+    """A text past --max-length (512 by default) was shown cut with "512 tokens, 512 attended", nothing saying
+    that more of it existed: the summary (and, with --json, standard error) names the whole length now,
+    counted by the Rust tokenizer."""
+    from bertkit.cli import main
+
+    text = "The animal didn't cross the street because it was too tired. " * 50
+    whole = len(rust_oracle.encode(text).ids)
+    assert main(["tokenize", text]) == 0
+    assert f"512 tokens, 512 attended (cut from {whole} tokens to 512 by --max-length 512)" in capsys.readouterr().out
+    assert main(["tokenize", text, "--json", "--max-length", "20"]) == 0
+    out, err = capsys.readouterr()
+    assert len(json.loads(out)["input_ids"]) == 20 and f"cut from {whole} tokens to 20" in err
+    assert main(["tokenize", "a short one"]) == 0
+    assert "cut" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("how", [["-"], []])
 def test_cli_tokenize_reads_standard_input_one_encoding_per_line(tok, how):
     import subprocess

@@ -7,6 +7,7 @@
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field
 
 from bertkit.data.textfiles import stdin_lines
@@ -52,10 +53,15 @@ def run_tokenize(args):
     tok = Tokenizer.from_pretrained(args.vocab)
     for number, text in enumerate(stdin_lines() if args.text == "-" else [args.text]):
         enc = tok.encode(text, args.pair, max_length=args.max_length)
+        # the cut is said, not silent: a 600-word text once showed "512 tokens" as if that were all of it
+        whole = len(tok.encode(text, args.pair, max_length=args.max_length, truncation=False))
+        cut = f"cut from {whole} tokens to {len(enc)} by --max-length {args.max_length}" if whole > len(enc) else ""
         if args.json:  # JSON lines: the n-th line of output is the n-th line of input (a blank one too)
             print(json.dumps(enc.to_dict(), ensure_ascii=False))
+            if cut:
+                print(f"bertkit: line {number + 1} {cut}", file=sys.stderr)
         else:
-            print(("\n" if number else "") + format_encoding(tok, enc, text, args.pair))
+            print(("\n" if number else "") + format_encoding(tok, enc, text, args.pair) + (f" ({cut})" if cut else ""))
 
 
 def format_encoding(tok, enc, text: str, pair: str | None = None) -> str:
