@@ -123,6 +123,13 @@ def test_cli_fill_mask(tmp_path, capsys):
     assert 'bertkit fill-mask runs/mlm "The man went to the [MASK] ."' in err
     assert main(["fill-mask", str(directory)]) == 2  # a model folder alone: the text is what is missing
     assert f"give the text after the model folder: bertkit fill-mask {directory}" in capsys.readouterr().err
+    # the two swapped: "no model directory at the man went to the [MASK] ." named the sentence as a folder
+    assert main(["fill-mask", ONE, str(directory)]) == 2
+    assert f"the model folder comes first, then the text: bertkit fill-mask {directory} \"{ONE}\"" in capsys.readouterr().err
+    assert main(["fill-mask", ""]) == 2  # an empty text alone: not "give the text after the model folder" of ""
+    assert "has none" in capsys.readouterr().err
+    assert main(["fill-mask", "the man went " * 30 + "[MASK] ."]) == 2  # longer than a file name: no OSError
+    assert "has none" in capsys.readouterr().err
     # a [MASK] beyond the positions the model reads was cut off with the text: "no [MASK] in the text"
     limit = json.loads((directory / "config.json").read_text())["max_position_embeddings"]
     assert main(["fill-mask", str(directory), "the man went " * limit + "[MASK] ."]) == 2

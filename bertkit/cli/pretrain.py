@@ -5,6 +5,7 @@ detection)."""
 
 import argparse
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -131,6 +132,11 @@ def run_fill_mask(args):
 
     if args.text is None:
         raise BertkitError(_one_argument(args.model))
+    # the two swapped once said "no model directory at The man went to the [MASK] .", the sentence as the folder
+    # (os.path.isdir, not Path.is_dir: a text longer than a file name may be raised OSError)
+    if args.text.strip() and os.path.isdir(args.text) and not os.path.isdir(args.model):
+        raise BertkitError(f"the model folder comes first, then the text: bertkit fill-mask {args.text} "
+                           f"{json.dumps(args.model, ensure_ascii=False)}")
     model = load_mlm(args.model, device=args.device, dtype=args.dtype, fast=args.speed)
     predictions = fill_mask(model, args.text, top_k=args.top_k, pair=args.pair)
     if args.json:
@@ -142,7 +148,7 @@ def run_fill_mask(args):
 def _one_argument(given: str) -> str:
     """What to say when fill-mask gets one argument: a model folder without its text, or a text without
     a model (there is no default: the packaged model is a sentence encoder without a masked-LM head)."""
-    if Path(given).is_dir():
+    if given.strip() and os.path.isdir(given):  # "": not the current folder; a long text: no OSError
         return f'give the text after the model folder: bertkit fill-mask {given} "The man went to the [MASK] ."'
     return ("fill-mask needs a model with a masked-LM head before the text, and the default model "
             "(all-MiniLM-L6-v2, a sentence encoder) has none: pass a `bertkit pretrain run` output, an ELECTRA "
