@@ -572,6 +572,12 @@ def test_cli_tokenize_says_when_it_cut_the_text(rust_oracle, capsys):
     assert len(json.loads(out)["input_ids"]) == 20 and f"cut from {whole} tokens to 20" in err
     assert main(["tokenize", "a short one"]) == 0
     assert "cut" not in capsys.readouterr().out
+    # above 512: the tokenizer's "use max_length <= 512 (and stride/return_overflowing ...)", arguments the
+    # command does not have
+    with pytest.raises(SystemExit) as stop:  # refused where it is typed, as argparse refuses
+        main(["tokenize", "a short one", "--max-length", "1000"])
+    assert stop.value.code == 2
+    assert "argument --max-length: must be at most 512" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("how", [["-"], []])

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from bertkit.data.textfiles import stdin_lines
 from bertkit.options import add_options, count, from_args
-from bertkit.text.tokenizer import Tokenizer
+from bertkit.text.tokenizer import MODEL_MAX_LENGTH, Tokenizer
 from bertkit.text.vocab_training import (VocabTrainingConfig, save_trained_vocab, train_vocab_from_files,
                                         vocab_output)
 from bertkit.text.vocab import CONTINUATION, check_has_words
@@ -44,9 +44,20 @@ def add_tokenize(sub):
                    help="the text to tokenize; '-' or none: each line of standard input, one encoding per line")
     p.add_argument("--pair", help="a second segment (sentence B); with standard input, each line's")
     p.add_argument("--vocab", help="a vocab.txt, tokenizer.json or model directory (default: the embedded model's)")
-    p.add_argument("--max-length", type=count, default=512, help="truncate to this many tokens (<= 512)")
+    p.add_argument("--max-length", type=positions, default=MODEL_MAX_LENGTH,
+                   help=f"truncate to this many tokens (<= {MODEL_MAX_LENGTH}; the summary says when it cut)")
     p.add_argument("--json", action="store_true", help="print the encoding as JSON")
     p.set_defaults(handler=run_tokenize)
+
+
+def positions(text: str) -> int:
+    """--max-length: a count BERT's positions hold. Above 512 the tokenizer's own error named its keyword
+    arguments (max_length=, stride/return_overflowing), which the command does not have."""
+    value = count(text)
+    if value > MODEL_MAX_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be at most {MODEL_MAX_LENGTH}, the positions BERT has, got {value} "
+                                         "(a longer text is cut there, and the summary says so)")
+    return value
 
 
 def run_tokenize(args):
