@@ -132,7 +132,7 @@ def write_folder(path, *, replace: bool = True) -> Iterator[Path]:
 def _kept_beside(path: Path) -> Iterator[Path]:
     """`write_folder(path, replace=False)` while another process writes `path`: the folder is written whole under a
     name of its own beside it, and kept (removed on an error), the FileExistsError's filename2."""
-    kept = Path(tempfile.mkdtemp(prefix=f"{path.name}.", suffix=".kept", dir=path.parent))
+    kept = _kept_folder(path)
     try:
         yield kept
         _fsync_files(kept)
@@ -140,7 +140,17 @@ def _kept_beside(path: Path) -> Iterator[Path]:
         shutil.rmtree(kept, ignore_errors=True)
         raise
     fsync_folder(path.parent)
-    raise FileExistsError(errno.EEXIST, "being written by another process", str(path), None, str(kept))
+    raise _kept_error(path, kept, "being written by another process")
+
+
+def _kept_folder(path: Path) -> Path:
+    """A new folder NAME.xxxxxxxx.kept beside `path`, for a folder written while another process took NAME."""
+    return Path(tempfile.mkdtemp(prefix=f"{path.name}.", suffix=".kept", dir=path.parent))
+
+
+def _kept_error(path: Path, kept: Path, why: str) -> FileExistsError:
+    """What `write_folder` raises when this writer's folder was kept beside `path`: `kept` is its filename2."""
+    return FileExistsError(errno.EEXIST, why, str(path), None, str(kept))
 
 
 def _fsync_files(folder: Path) -> None:
@@ -163,10 +173,9 @@ def _publish(tmp: Path, path: Path, replace: bool) -> None:
     except OSError as err:
         if replace or err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
-        kept = Path(tempfile.mkdtemp(prefix=f"{path.name}.", suffix=".kept", dir=path.parent))
+        kept = _kept_folder(path)
         os.replace(tmp, kept)
-        raise FileExistsError(errno.EEXIST, "written by another process meanwhile", str(path), None,
-                              str(kept)) from None
+        raise _kept_error(path, kept, "written by another process meanwhile") from None
     shutil.rmtree(aside, ignore_errors=True)
 
 
