@@ -63,6 +63,10 @@ from bertkit.tasks import ner_inference as ner, qa_inference as qa, reports, tex
 from bertkit.tasks.config import (EMBED_DEV, STATIC_RECIPE, EmbedConfig, NerConfig, QAConfig, RerankConfig,
                                   TextTaskConfig, TrainConfig)
 
+# the names of the training loop's settings and of its optimizer's (OptimConfig's), which training= takes
+TRAINING_SETTINGS = frozenset(f.name for f in fields(TrainConfig))
+OPTIMIZER_SETTINGS = frozenset(f.name for f in fields(TrainConfig().optim))
+
 
 @dataclass(frozen=True)
 class Task:
@@ -194,7 +198,7 @@ class Task:
         own = [f.name for f in fields(self.config)]
         if name in own:
             return
-        if name not in {f.name for f in fields(TrainConfig)} | {f.name for f in fields(TrainConfig().optim)}:
+        if name not in TRAINING_SETTINGS | OPTIMIZER_SETTINGS:
             raise BertkitError(f"finetune({self.name!r}) has no option {name!r}; its options: {', '.join(own)}")
         raise BertkitError(f"finetune({self.name!r}): {name} is a training setting, not the task's: pass "
                            f"training={_spelt(name, value)} (bertkit.tasks.config.TrainConfig, "
@@ -225,7 +229,7 @@ class Task:
 
 def _spelt(name: str, value) -> str:
     """A training setting as training= takes it: {'max_steps': 5}, an optimizer's {'optim': {'learning_rate': ...}}."""
-    optim = name not in {f.name for f in fields(TrainConfig)}
+    optim = name not in TRAINING_SETTINGS
     return repr({"optim": {name: value}} if optim else {name: value})
 
 
@@ -237,11 +241,10 @@ def _layered(training: TrainConfig, layer: Mapping) -> TrainConfig:
     if not isinstance(optim, Mapping):
         raise BertkitError(f"training: 'optim' takes a dict of optimizer settings, e.g. {{'learning_rate': 2e-5}}, "
                            f"got {type(optim).__name__}")
-    loop, opt = {f.name for f in fields(TrainConfig)}, {f.name for f in fields(training.optim)}
-    for kind, given, known in (("training", layer, loop), ("optimizer", optim, opt)):
+    for kind, given, known in (("training", layer, TRAINING_SETTINGS), ("optimizer", optim, OPTIMIZER_SETTINGS)):
         for name, value in given.items():
             if name not in known:  # replace's TypeError named no fix; a setting in the wrong place is spelt right
-                fix = f": pass training={_spelt(name, value)}" if name in loop | opt else ""
+                fix = f": pass training={_spelt(name, value)}" if name in TRAINING_SETTINGS | OPTIMIZER_SETTINGS else ""
                 raise BertkitError(f"training: {name!r} is no {kind} setting{fix} (bertkit.tasks.config.TrainConfig, "
                                    "bertkit.training.optim.OptimConfig)")
     return replace(training, **layer, optim=replace(training.optim, **optim))
