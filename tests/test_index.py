@@ -153,6 +153,27 @@ def test_a_folder_index_reads_the_files_the_corpus_reader_reads(tmp_path):
     assert [d.id for d in read_documents(folder)] == want == ["d1", "sub/d2"]
 
 
+def test_a_folder_index_skips_a_tokenizer_left_in_the_corpus_and_says_so(tmp_path):
+    """`vocab train docs/ -o docs/v1` (or a model saved inside the corpus) leaves v1/vocab.txt beside a
+    tokenizer_config.json: vocab train and pretrain prepare skip it (`corpus_files`), but `bertkit index docs/`
+    read it as one more document, whose "[PAD] [UNK] [CLS] ..." lines a search then found. The index reads what
+    `corpus_files` reads, and warns naming each vocabulary it skipped; a vocab.txt alone is a text, read."""
+    from bertkit.data.corpus import corpus_files
+
+    folder = tmp_path / "docs"
+    files = {"d1.txt": "alpha beta", "v1/vocab.txt": "[PAD]\n[UNK]\n[CLS]\n", "v1/tokenizer_config.json": "{}",
+             "model/vocab.txt": "[PAD]\n", "model/config.json": "{}", "words/vocab.txt": "a list of words"}
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    want = [f.relative_to(folder).with_suffix("").as_posix() for f in corpus_files([folder])]
+    with pytest.warns(UserWarning) as said:
+        got = [d.id for d in read_documents(folder)]
+    assert got == want == ["d1", "words/vocab"]
+    line = " ".join(str(w.message) for w in said)
+    assert "v1/vocab.txt" in line and "model/vocab.txt" in line and "words/vocab.txt" not in line, line
+
+
 def test_bad_corpora_are_one_line_errors(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "notext.tsv").write_text("id\ttitle\nd1\tx\n")

@@ -51,7 +51,8 @@ from typing import Iterator
 
 from bertkit.errors import BertkitError
 from bertkit.data.sentences import split_sentences
-from bertkit.data.textfiles import binary_bytes, hidden_in, not_decodable, utf8_read_as, wrong_encoding
+from bertkit.data.textfiles import (binary_bytes, hidden_in, not_decodable, tokenizer_vocab, utf8_read_as,
+                                   wrong_encoding)
 
 DOCUMENT_MODES = ("blank-line", "file")
 ENCODING_ERRORS = ("strict", "replace")  # what a line that does not decode does: stop the command, or get repaired
@@ -126,7 +127,7 @@ def corpus_files(paths, skip=()) -> list[Path]:
     """Files named directly and the .txt/.gz files inside folders (recursive): sorted, de-duplicated.
 
     Hidden files (".name") and hidden folders inside folders are skipped, and so is a tokenizer's vocab.txt
-    (`_is_tokenizer_file`); a file named explicitly
+    (`tokenizer_vocab`); a file named explicitly
     is read whatever its name. `skip`: the command's own files (folders or files: what it
     writes, the vocabulary it reads), never read from a folder: an output inside the corpus
     folder (its vocab.txt) would be read as text the next time, and a re-run would no longer
@@ -144,7 +145,7 @@ def corpus_files(paths, skip=()) -> list[Path]:
                 # hidden files and the files of hidden folders (.ipynb_checkpoints holds a copy of every text file
                 # Jupyter edited: read, each line counted twice); a hidden folder named as the corpus is read
                 and not hidden_in(f, p)
-                and not _is_tokenizer_file(f)
+                and not tokenizer_vocab(f)
                 and not any(f.resolve() == m or m in f.resolve().parents for m in mine)
             )
             if not found:
@@ -165,13 +166,6 @@ def corpus_files(paths, skip=()) -> list[Path]:
     if not out:
         raise BertkitError("no corpus files given; pass text files or folders of .txt files")
     return out
-
-
-def _is_tokenizer_file(f: Path) -> bool:
-    """A vocab.txt beside a tokenizer_config.json or config.json: a vocabulary or model folder that an earlier
-    `vocab train -o corpus/v1`, `pretrain prepare` or a model save left inside the corpus folder, whose tokens
-    a second run read as text (the words "cls", "mask", "##ing" counted into the next vocabulary)."""
-    return f.name == "vocab.txt" and any((f.parent / n).is_file() for n in ("tokenizer_config.json", "config.json"))
 
 
 def check_encoding(name: str) -> str:

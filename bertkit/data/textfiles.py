@@ -1,17 +1,15 @@
 """User text files: finding them, opening them, and saying plainly when they are not text.
 
-Every command that reads a file a user wrote goes through here, so that a wrong
-file gets the same one-line answer everywhere (the CLI prints a BertkitError
-and exits with status 2): a missing path, a directory where a file belongs, or
-bytes that are not UTF-8, named by file and byte offset.
+Every command that reads a file a user wrote goes through here, so that a wrong file gets the same one-line
+answer everywhere (the CLI prints a BertkitError and exits with status 2): a missing path, a directory where a
+file belongs, or bytes that are not UTF-8, named by file and byte offset.
 
 Two kinds of input, two policies:
 
-- record files (what `embed`, `predict` and `finetune` read; vocab.txt;
-  tokenizer_config.json) hold one text, label or token per line, so every byte
-  counts: the file must be UTF-8, and the first byte that does not decode stops
-  the command (`open_text`, `read_text`). Guessing another encoding would
-  silently change labels and tokens.
+- record files (what `embed`, `predict` and `finetune` read; vocab.txt; tokenizer_config.json) hold one text,
+  label or token per line, so every byte counts: the file must be UTF-8, and the first byte that does not
+  decode stops the command (`open_text`, `read_text`). Guessing another encoding would silently change labels
+  and tokens.
 - corpora (`vocab train`, `pretrain prepare`): files and folders found by
   `bertkit.data.corpus.corpus_files` (.txt and .gz, recursively; a file named explicitly
   is read whatever its name), decoded by `bertkit.data.corpus.read_lines`, which
@@ -19,10 +17,9 @@ Two kinds of input, two policies:
   summary. A line that does not decode stops them as it stops the record
   readers, naming the file, the line and the fixes (`not_decodable`):
   `--encoding` for a file in another encoding, or `--encoding-errors replace`
-  to repair stray bytes (a web crawl with one bad byte in ten gigabytes), which
-  are then counted. A corpus with no text left is an error, and so, even with
-  repairs, is a file where most lines do not decode: it is in another encoding,
-  which `--encoding` names (`bertkit.data.corpus.check_encoding`, `wrong_encoding`).
+  to repair stray bytes (a web crawl with one bad byte in ten gigabytes), which are then counted. A corpus with
+  no text left is an error, and so, even with repairs, is a file where most lines do not decode: it is in
+  another encoding, which `--encoding` names (`bertkit.data.corpus.check_encoding`, `wrong_encoding`).
 
 Record files come as plain text (one record per line), JSONL (`json_objects`: one JSON
 object per line, the line named when it is not one), TSV or CSV with a header; `read_texts`
@@ -69,6 +66,13 @@ def hidden_in(f: Path, folder: Path) -> bool:
     every folder reader (a folder opened in Jupyter holds .ipynb_checkpoints/NAME-checkpoint.txt, a copy of each
     text file edited there). A hidden folder named as the input itself is read."""
     return any(part.startswith(".") for part in f.relative_to(folder).parts)
+
+
+def tokenizer_vocab(f: Path) -> bool:
+    """A vocab.txt beside a tokenizer_config.json or config.json, which every folder reader skips: a vocabulary or
+    model folder left in the corpus (`vocab train -o corpus/v1`, a model save), whose tokens were read as text
+    ("cls", "##ing" counted into the next vocabulary; a search found them). A vocab.txt alone is a text."""
+    return f.name == "vocab.txt" and any((f.parent / n).is_file() for n in ("tokenizer_config.json", "config.json"))
 
 
 def binary_bytes(head: bytes) -> bool:

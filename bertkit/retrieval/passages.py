@@ -26,7 +26,8 @@ the window by a piece at the end, and truncates at the passage length.
 Corpora (`read_documents`): a BEIR `corpus.jsonl` or `corpus.jsonl.gz` (or the folder holding it),
 a TSV whose header names `id` (or `_id`), `text` and optionally `title`, or a
 folder of .txt files (the id is the file's path under the folder without
-`.txt`, no title; hidden files and folders skipped, as `corpus_files` skips them).
+`.txt`, no title; hidden files and folders, and a tokenizer's vocab.txt, skipped, as `corpus_files` skips
+them: the index warns naming each vocab.txt it skipped).
 
 An index stores its passages as passages.jsonl (`passage_lines`), one JSON object a line, and its build
 plan their SHA-256 (`passages_sha256`).
@@ -43,7 +44,7 @@ from typing import Iterable
 
 from bertkit.errors import BertkitError
 from bertkit.data.beir import document_text, is_corpus_jsonl, read_corpus
-from bertkit.data.textfiles import existing_file, hidden_in, open_text, read_text, tsv_rows
+from bertkit.data.textfiles import existing_file, hidden_in, open_text, read_text, tokenizer_vocab, tsv_rows
 from bertkit.text.windows import half_window, spans
 
 
@@ -93,8 +94,16 @@ def _read_tsv(path: Path, dedupe: bool) -> list[Document]:
 
 def _read_folder(folder: Path) -> list[Document]:
     # the files vocab train and pretrain prepare read from a folder (`corpus_files`): no hidden file, nor a
-    # .ipynb_checkpoints copy of each text, read as one more document (each such text found twice in a search)
+    # .ipynb_checkpoints copy of each text, read as one more document (each such text found twice in a search),
+    # nor a tokenizer's vocab.txt (`vocab train docs/ -o docs/v1`), whose "[PAD] [UNK] [CLS]" lines a search found
     files = sorted(p for p in folder.rglob("*.txt") if p.is_file() and not hidden_in(p, folder))
+    vocabularies = [p for p in files if tokenizer_vocab(p)]
+    if vocabularies:
+        names = ", ".join(p.relative_to(folder).as_posix() for p in vocabularies)
+        warnings.warn(f"corpus {folder}: skipped {len(vocabularies)} tokenizer vocab.txt file(s) ({names}): a "
+                      "tokenizer_config.json or config.json beside each says it is a vocabulary, not a document; "
+                      "move it out of the folder, or rename it, to have it indexed", stacklevel=3)
+        files = [p for p in files if p not in vocabularies]
     return [Document(p.relative_to(folder).with_suffix("").as_posix(), "", read_text(p, "corpus file"))
             for p in files]
 
