@@ -556,6 +556,27 @@ def test_cli_tokenize_json(tok, capsys):
     assert "no tokenizer at" in capsys.readouterr().err
 
 
+def test_cli_tokenize_reads_each_text_once(tok, monkeypatch, capsys):
+    """`bertkit tokenize` encoded each text twice, cut to --max-length and whole (to say the cut): a text that
+    fits is its whole encoding now, read once; a long one is read whole once, and its cut again reads only the
+    head it keeps (and the short pair beside it). What is printed is the tokenizer's own encoding."""
+    from bertkit.cli import main
+
+    read, segment = [], Tokenizer._segment
+    monkeypatch.setattr(Tokenizer, "_segment", lambda self, text, *a: read.append(text) or segment(self, text, *a))
+    long = "The animal didn't cross the street because it was too tired. " * 200
+    for text, pair, length, fits in (("Hello, world!", "Fine.", 512, True), ("naïve café", None, 6, True),
+                                     (long, None, 512, False), (long, "and a pair", 40, False)):
+        want = tok.encode(text, pair, max_length=length).to_dict()
+        read.clear()
+        assert main(["tokenize", text, *(["--pair", pair] if pair else []), "--max-length", str(length), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == want
+        if fits:
+            assert read == [text, *([pair] if pair else [])]
+        else:  # the long text whole once, then a head of it a fraction as long
+            assert read.count(text) == 1 and sum(len(r) for r in read if r != pair) < 1.5 * len(text), read
+
+
 @pytest.mark.oracle
 def test_cli_tokenize_says_when_it_cut_the_text(rust_oracle, capsys):
     """A text past --max-length (512 by default) was shown cut with "512 tokens, 512 attended", nothing saying

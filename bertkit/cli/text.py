@@ -63,10 +63,11 @@ def positions(text: str) -> int:
 def run_tokenize(args):
     tok = Tokenizer.from_pretrained(args.vocab)
     for number, text in enumerate(stdin_lines() if args.text == "-" else [args.text]):
-        enc = tok.encode(text, args.pair, max_length=args.max_length)
-        # the cut is said, not silent: a 600-word text once showed "512 tokens" as if that were all of it
-        whole = len(tok.encode(text, args.pair, max_length=args.max_length, truncation=False))
-        cut = f"cut from {whole} tokens to {len(enc)} by --max-length {args.max_length}" if whole > len(enc) else ""
+        # the cut is said, not silent: a 600-word text once showed "512 tokens" as if that were all of it. A text
+        # that fits is its whole encoding; a longer one is encoded again cut, which reads only the head it keeps
+        whole = tok.encode(text, args.pair, truncation=False)
+        enc = whole if len(whole) <= args.max_length else tok.encode(text, args.pair, max_length=args.max_length)
+        cut = "" if enc is whole else f"cut from {len(whole)} tokens to {len(enc)} by --max-length {args.max_length}"
         if args.json:  # JSON lines: the n-th line of output is the n-th line of input (a blank one too)
             print(json.dumps(enc.to_dict(), ensure_ascii=False))
             if cut:
