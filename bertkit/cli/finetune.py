@@ -120,8 +120,12 @@ def run_predict(args):
           file=stream)
     if result.metrics is not None:
         inputs = task_named(result.task).inputs if result.task else "examples"  # NER's sentences, as finetune says
-        rows = (f"{result.count} {inputs}" if result.scored == result.count else
-                f"the {result.scored} of the {result.count} rows that carry answers")
+        predicted, skipped = result.scored - result.unpredicted, result.unpredicted
+        rows = (f"{result.count} {inputs}" if predicted == result.count else
+                f"the {predicted} of the {result.count} rows that carry answers")
+        if skipped:  # SQuAD's official script counts a question it has no answer for, and gives it 0
+            rows += (f", and {skipped} skipped {inputs[:-1] if skipped == 1 else inputs} scored 0 as unanswered, as "
+                     f"the official SQuAD script scores them: {result.scored} in all")
         print(f"evaluation on {args.input} ({rows}, computed in {result.precision}"
               f"{_precision_note(result.precision, args)}): {format_metrics(result.metrics)}", file=stream)
         tables = format_tables(result.metrics, result.task)  # per label (or entity type), as finetune shows them

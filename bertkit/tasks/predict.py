@@ -195,6 +195,7 @@ class FileResult(NamedTuple):
     precision: str = "float32"  # what the model computed in (`Loaded.precision`)
     scored: int = 0  # the predictions scored: those whose input carries an answer
     task: str | None = None  # the model's task (bertkit_task.json's name): `format_tables` lays out its metrics
+    unpredicted: int = 0  # of `scored`, the inputs skipped (nothing to predict: SQuAD's empty question), scored 0
 
 
 def default_output(input_path, folder=".") -> Path:
@@ -251,9 +252,11 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
             check_tokens(loaded.tokenizer, side, lambda i, name=name: f"{input_path}: {name.format(i + 1)}")
     preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded, progress=progress,
                     version_2=version_2)
+    # references past the inputs (`Task.read_labelled`): answered inputs the reader skipped, scored unanswered
     scored = [i for i, r in enumerate(references or []) if r is not None]
-    scores = None if labelled is None else task.score([preds[i] for i in scored], [references[i] for i in scored],
-                                                      info, task.labels(loaded.config))
+    scores = None if labelled is None else task.score([preds[i] if i < len(preds) else None for i in scored],
+                                                      [references[i] for i in scored], info,
+                                                      task.labels(loaded.config))
     out = default_output(input_path) if output_path is None else output_path
     out = out if str(out) == "-" else Path(out)
     # the file's ids where it names its inputs (SQuAD's question ids, which the official script maps to answers;
@@ -263,7 +266,8 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     rows = ((t, *([second] if pairs else []), *_shown(p), *([i] if ids else []))
             for t, second, p, i in zip(texts, pairs or [None] * len(texts), preds, ids or [None] * len(texts)))
     _write(out, itertools.chain([header + "\n"], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows)))
-    return FileResult(out, len(preds), scores, loaded.precision, len(scored), task.name)
+    return FileResult(out, len(preds), scores, loaded.precision, len(scored), task.name,
+                      sum(i >= len(preds) for i in scored))
 
 
 def _shown(p: dict) -> tuple[str, str]:

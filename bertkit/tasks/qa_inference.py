@@ -165,9 +165,11 @@ def predict(run, tok, questions: list[str], contexts: list[str], info: dict, nam
 
 def score(examples, preds, version_2: bool) -> dict:
     """SQuAD's figures over the questions, each scored: keyed by position, not by id (a hand-made file may number
-    each paragraph's questions from 1; keyed by id, the questions sharing one collapsed into the last, silently)."""
+    each paragraph's questions from 1; keyed by id, the questions sharing one collapsed into the last, silently).
+    A None in `preds` is a question that got no prediction (skipped: an empty question or context): it scores 0
+    and counts, as evaluate-v1.1.py scores an unanswered question (`squad_scores`)."""
     refs = {i: [t for t, _ in ex.answers] for i, ex in enumerate(examples)}
-    return M.squad_scores({i: p["answer"] for i, p in enumerate(preds)}, refs, v2=version_2)
+    return M.squad_scores({i: p["answer"] for i, p in enumerate(preds) if p is not None}, refs, v2=version_2)
 
 
 def score_answers(preds: list[dict], examples: list[QAExample], info: dict, names=None) -> dict:
@@ -191,13 +193,20 @@ def squad_inputs(path, log=print) -> list[QAExample]:
     """Every question of a SQuAD file (answered or not) but those whose question or context is empty (or spaces):
     skipped and counted, as predict's readers skip a table's empty cell (`read_text_columns`); the whole file
     was refused for one."""
+    return _squad_split(path, log)[0]
+
+
+def _squad_split(path, log) -> tuple[list[QAExample], list[QAExample]]:
+    """(the questions `squad_inputs` keeps, those it skips)."""
     examples, report = read_squad(path, unanswered=True)
-    kept = [e for e in examples if e.question.strip() and e.context.strip()]
-    if len(kept) < len(examples):
+    kept, skipped = [], []
+    for e in examples:
+        (kept if e.question.strip() and e.context.strip() else skipped).append(e)
+    if skipped:
         report.kept = len(kept)
-        report.skipped["questions with an empty question or context"] = len(examples) - len(kept)
+        report.skipped["questions with an empty question or context"] = len(skipped)
         log(report.summary())
-    return kept
+    return kept, skipped
 
 
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], list[str]]:
@@ -218,13 +227,17 @@ def read_ids(path) -> list[str] | None:
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
                   every_input: bool = False, log=print):
     """(questions, contexts, QAExamples) from SQuAD JSON with answers, else None: the answered questions, or
-    with `every_input` every question, None in place of an unanswered one's example."""
+    with `every_input` every question, None in place of an unanswered one's example. The examples run past the
+    questions by those skipped (`squad_inputs`) that carry answers: nothing is predicted for them, and each
+    scores 0 in the figures, as the official evaluate-v1.1.py counts every question of the file and gives an
+    unanswered one 0 (they were left out of the count: exact match over 79 of 80 questions)."""
     if not is_squad(path):
         return None
-    examples = squad_inputs(path, log)
+    examples, skipped = _squad_split(path, log)
     answered = [e if e.answers or e.is_impossible else None for e in examples]
-    if not any(answered):
+    unpredicted = [e for e in skipped if e.answers or e.is_impossible]
+    if not any(answered) and not unpredicted:
         return None
     if not every_input:
         examples = answered = [e for e in answered if e is not None]
-    return [e.question for e in examples], [e.context for e in examples], answered
+    return [e.question for e in examples], [e.context for e in examples], answered + unpredicted

@@ -17,8 +17,9 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     predict            (run, tokenizer, texts, pairs, info, labels) -> one dict per input; `run(features)`
                        is the model run over features (bertkit.tasks.batching), so no training code is needed
     read_inputs, read_labelled, score, answers
-                       a file's inputs; its inputs with the answers (evaluate mode); their metrics; what
-                       the answers look like (for messages)
+                       a file's inputs; its inputs with the answers (evaluate mode: answers past the inputs are
+                       inputs the reader skipped, scored with None for a prediction: SQuAD's unanswered 0); their
+                       metrics; what the answers look like (for messages)
     answer_labels      (labels, info) -> the label names its predictions use where a model's info changes them from
                        config.json's (an IOB1 tagger answers I-X for the B-X it was trained on): what /info lists
     ids                path -> the ids of read_inputs' inputs where the file names them (SQuAD's question ids),
