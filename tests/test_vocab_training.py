@@ -534,3 +534,51 @@ def test_the_counting_bar_ends_at_its_total_on_gzip_and_crlf_files(tmp_path, mon
     files = [tmp_path / "a.txt.gz", tmp_path / "b.txt"]
     assert sum(1 for _ in iter_lines(files, progress=True)) == 6000
     assert all(n <= total for n, total in seen) and seen[-1][0] == seen[-1][1]
+
+
+@pytest.mark.parametrize("where", ["own", "shared"])
+def test_vocab_train_writes_vocab_and_settings_as_one_pair(tmp_path, capsys, monkeypatch, where):
+    """vocab.txt and tokenizer_config.json (its casing) were two writes: a kill between them left the new vocab.txt
+    beside the last run's tokenizer_config.json (a --cased vocabulary read lower-cased) or, the first time, beside
+    none. Each run below dies between its two writes (the second write raises, as a kill or a full disk stops
+    it); what is left must be a pair written together: both old, both new, or (in a folder holding other files,
+    which cannot be swapped whole) no vocab.txt at all, which every reader refuses, never a mixed pair."""
+    from bertkit.cli import main
+    import bertkit.data.atomic as atomic
+
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("The Cat sat on the Mat.\nThe Dog sat on the Log.\n" * 20)
+    out = tmp_path / "tok"
+    if where == "shared":  # the folder holds the user's own file: it stays, whatever happens
+        out.mkdir()
+        (out / "notes.md").write_text("mine")
+
+    def pair():
+        vocab, settings = out / "vocab.txt", out / "tokenizer_config.json"
+        return (vocab.read_text().split() if vocab.exists() else None,
+                json.loads(settings.read_text())["do_lower_case"] if settings.exists() else None)
+
+    def train(*flags):
+        return main(["vocab", "train", str(corpus), "-o", str(out), "--vocab-size", "40", "--overwrite", *flags])
+
+    real = atomic.write_through
+    calls = []
+
+    def dies_at_the_second_write(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+
+    assert train("--cased") == 0
+    old = pair()
+    assert old[0] is not None and old[1] is False
+    monkeypatch.setattr(atomic, "write_through", dies_at_the_second_write)
+    assert train() == 2  # uncased this time: a mixed pair would read the cased tokens lower-cased
+    left = pair()
+    assert left == old or (where == "shared" and left[0] is None), left
+    monkeypatch.setattr(atomic, "write_through", real)
+    assert train() == 0 and pair()[1] is True and Tokenizer.from_pretrained(out).lowercase
+    if where == "shared":
+        assert (out / "notes.md").read_text() == "mine"
+    capsys.readouterr()

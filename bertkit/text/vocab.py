@@ -13,10 +13,11 @@ duplicate silently; we refuse.
 """
 
 import json
+import os
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.data.atomic import write_json, write_lines
+from bertkit.data.atomic import write_folder, write_json, write_lines
 from bertkit.data.textfiles import read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -147,6 +148,35 @@ def save_vocab(tokens: list[str], path, config: dict | None = None) -> Path:
     write_lines(path, (t + "\n" for t in tokens))
     if config is not None:
         write_json(path.parent / "tokenizer_config.json", config)
+    return path
+
+
+def save_vocab_pair(tokens: list[str], path, config: dict, replaceable=()) -> Path:
+    """`save_vocab` of vocab.txt (at `path`) and its tokenizer_config.json as one pair: a kill or a full disk
+    between the two writes left the new vocab.txt beside the last save's tokenizer_config.json (a cased
+    vocabulary read lower-cased) or, the first time, beside none, read with the defaults.
+
+    A folder holding nothing else (but the `replaceable` names: the writer's lock file) is written whole and
+    swapped in (`bertkit.data.atomic.write_folder`): both old files or both new ones. A folder holding other
+    files (the corpus, the current directory) cannot be swapped: there the old vocab.txt is removed first, the
+    settings written, then vocab.txt, so a stop between them leaves no vocab.txt (which every reader refuses),
+    never a vocab.txt beside settings not its own."""
+    path = Path(path)
+    folder = path.parent
+    ours = {path.name, "tokenizer_config.json", *replaceable}
+    # the current directory (a shell stands in it), a link to a folder, and one in a folder this process may not
+    # write (the swap renames it there) are never swapped
+    swapped = not folder.exists() or (folder.resolve() != Path.cwd().resolve() and not folder.is_symlink()
+                                      and os.access(folder.resolve().parent, os.W_OK)
+                                      and all(f.name in ours for f in folder.iterdir()))
+    if swapped:
+        with write_folder(folder) as tmp:
+            save_vocab(tokens, tmp / path.name, config)
+    else:
+        validate_tokens(list(tokens), "vocabulary to save")
+        path.unlink(missing_ok=True)
+        write_json(folder / "tokenizer_config.json", config)
+        save_vocab(tokens, path)
     return path
 
 

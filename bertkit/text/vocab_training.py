@@ -45,8 +45,8 @@ from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern, is_c
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.data.corpus import (ENCODING_ERRORS, CorpusStats, check_encoding, check_encoding_errors, corpus_files,
                                  read_lines, text_size)
-from bertkit.data.outputs import check_output, folder_lock, holds
-from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, check_casing, save_vocab
+from bertkit.data.outputs import LOCK_FILE, check_output, folder_lock, holds
+from bertkit.text.vocab import CONTINUATION, SPECIAL_TOKENS, check_casing, save_vocab_pair
 
 
 # the tokenizer's max_input_chars_per_word (bertkit.text.wordpiece): a longer word is one [UNK], never cut
@@ -362,4 +362,5 @@ def save_trained_vocab(tokens: list[str], output, config: VocabTrainingConfig, o
         "tokenize_chinese_chars": config.tokenize_chinese_chars,
         "model_max_length": 512,
     }
-    return save_vocab(tokens, out, settings)
+    # one pair (`save_vocab_pair`): a stop between two writes left a vocab.txt beside another run's casing
+    return save_vocab_pair(tokens, out, settings, replaceable=(LOCK_FILE,))
