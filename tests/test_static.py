@@ -636,3 +636,28 @@ def test_the_vocabulary_of_a_static_folder_is_named_where_a_command_asks_for_one
     ours = json.loads(capsys.readouterr().out)
     rust = tokenizers.Tokenizer.from_file(str(out / "0_StaticEmbedding" / "tokenizer.json")).encode("the unaffable cat")
     assert ours["input_ids"] == rust.ids and "unaffable" in ours["tokens"]
+
+
+def test_distill_takes_its_model_as_the_other_commands_do(tmp_path, capsys):
+    """finetune, pretrain run, embed and index take the model as --model; distill took it only as its first
+    argument, and `bertkit distill static --model DIR -o OUT` was 'unrecognized arguments: --model DIR'. Both forms
+    are taken (the old one keeps working, test_distill_static_into_a_folder_it_wrote_needs_overwrite): the table
+    made has a row per word of DIR's handmade vocabulary, not of the default model's 30,522. Both at once is one
+    line, exit 2; so for distill layers."""
+    from test_finetune import tiny_model_dir
+
+    from bertkit.cli import main
+
+    tiny_dir = tiny_model_dir(tmp_path / "tiny")
+
+    assert main(["distill", "static", "--model", str(tiny_dir), "-o", str(tmp_path / "out"), "--dim", "8",
+                 "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert report["rows"] == len((tiny_dir / "vocab.txt").read_text(encoding="utf-8").split()) < 100
+    assert load(tmp_path / "out").model.config.hidden_size == 8
+    for kind in ("static", "layers"):
+        with pytest.raises(SystemExit) as stop:
+            main(["distill", kind, str(tiny_dir), "--model", str(tiny_dir), "-o", str(tmp_path / "both")])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and "argument --model: not allowed with argument MODEL" in err, err
+    assert not (tmp_path / "both").exists()

@@ -23,9 +23,9 @@ def add_distill(sub):
         "  bertkit distill static -o fitted/ --dim 384 --fit texts.txt --teacher-cache t.safetensors",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model folder (default: the default model); "
-                   "a folder without a sentence-transformers layout (a pre-training run) is read as embed reads it: "
-                   "its encoder, mean-pooled (said in one line)")
+    model_arguments(s, "a sentence model folder (default: the default model); a folder without a "
+                    "sentence-transformers layout (a pre-training run) is read as embed reads it: its encoder, "
+                    "mean-pooled (said in one line)")
     s.add_argument("-o", "--output", required=True, help="the folder to write (new, or empty)")
     add_options(s, StaticDistillConfig)
     quiet_flag(s)
@@ -46,10 +46,20 @@ def add_distill(sub):
         "  bertkit distill layers runs/sst2 --keep 3 --data sst2/train.tsv -o sst2-3/ --epochs 3",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    lay.add_argument("model", metavar="MODEL", nargs="?", help="a sentence model or a fine-tuned model folder (default: the default model)")
+    model_arguments(lay, "a sentence model or a fine-tuned model folder (default: the default model)")
     add_options(lay, LayersDistillConfig, LAYERS_DEFAULTS,
                 notes={"metric": f"; --holdout gives {', '.join(HOLDOUT_METRICS)}"})
     lay.set_defaults(handler=run_layers, runs_model=True, torchrun=True, outputs={"--output": "folder", "--teacher-cache": "cache"})
+
+
+def model_arguments(p, says: str) -> None:
+    """MODEL as the first argument (distill's own form), or --model as finetune, pretrain run, embed and index take
+    it: a user who typed the family's form got 'unrecognized arguments: --model'. One or the other (argparse
+    refuses both in one line); the handler reads `args.model or args.model_flag`."""
+    given = p.add_mutually_exclusive_group()
+    given.add_argument("model", metavar="MODEL", nargs="?", help=says + "; or give it as --model MODEL")
+    given.add_argument("--model", dest="model_flag", metavar="MODEL", help="the same as MODEL, as the other "
+                       "commands take it")
 
 
 # the command's own defaults (sentence-transformers' layer-reduction example: one pass, a higher rate)
@@ -59,7 +69,7 @@ LAYERS_DEFAULTS = {"training": {"epochs": 1.0, "optim": {"learning_rate": 1e-4}}
 def run_static(args):
     from bertkit.distill.static import distill_static
 
-    report = distill_static(args.model, args.output, from_args(args, StaticDistillConfig), progress=not args.quiet,
+    report = distill_static(args.model or args.model_flag, args.output, from_args(args, StaticDistillConfig), progress=not args.quiet,
                             fast=args.speed)
     print(json.dumps(report), file=sys.stderr)
 
@@ -68,6 +78,6 @@ def run_layers(args):
     from bertkit.distill.layers import distill_layers
 
     config = from_args(args, LayersDistillConfig, LAYERS_DEFAULTS)
-    report = distill_layers(args.model, config.output, config, speed=args.speed)
+    report = distill_layers(args.model or args.model_flag, config.output, config, speed=args.speed)
     if report.get("is_main", True):  # torchrun's other ranks ran the same job: one summary, as every other line
         print(json.dumps({k: v for k, v in report.items() if k not in ("epochs", "is_main")}), file=sys.stderr)
