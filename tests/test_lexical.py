@@ -239,3 +239,42 @@ def test_the_lexical_part_is_the_same_bytes_whatever_the_string_hashing(tmp_path
     assert names == sorted(os.listdir(outs[1])) and "vocab.index.json" in names
     for name in names:
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+
+
+def test_the_lexical_part_reads_back_as_bm25s_loads_it_and_another_bm25s_is_one_line(tmp_path, monkeypatch):
+    """The round trip: a lexical part written by build_lexical and made back by read_lexical (from the files held
+    open, not through bm25s' public BM25.load, which takes a path) scores every query as BM25.load's retriever of
+    the same folder does. read_lexical sets bm25s' own fields, so a bm25s outside the releases whose layout it knows
+    (pyproject: >=0.2,<0.4) was read as if it were one: it is refused in one line naming the release and the pip
+    command; a params.index.json holding a setting this bm25s lacks (another layout) names the file."""
+    import bm25s
+
+    from bertkit.errors import MissingPackage
+    from bertkit.retrieval.lexical import build_lexical, hold_lexical, passage_scores, read_lexical, tokenize
+
+    texts = ["Vitamin D deficiency and bone fractures.", "Stem cells express the gene.", "A fracture heals slowly.",
+             "Cells divide; genes are expressed.", "the of and"]
+    options = LexicalOptions()
+    build_lexical(tmp_path, texts, options)
+    made = read_lexical(hold_lexical(tmp_path))
+    oracle = bm25s.BM25.load(str(tmp_path / "lexical"), mmap=True, allow_pickle=False)
+    for query in [*QUERIES, "fractures fractures heal", "zebra"]:
+        tokens = tokenize([query], options, ids=False)[0]
+        ids = oracle.get_tokens_ids(tokens)
+        got = passage_scores(made, tokens)
+        assert (got is None) == (not ids), query
+        if ids:
+            np.testing.assert_array_equal(got, np.asarray(oracle.get_scores_from_ids(ids), dtype=np.float32))
+    assert passage_scores(made, tokenize(["fractures"], options, ids=False)[0])[[0, 2]].min() > 0  # the stem matched
+    for release in ("0.4.0", "1.0", "0.1.10"):
+        monkeypatch.setattr(bm25s, "__version__", release)
+        with pytest.raises(MissingPackage, match=rf"bm25s {release} is installed: pip install 'bm25s>=0.2,<0.4'$"):
+            read_lexical(hold_lexical(tmp_path))
+        with pytest.raises(MissingPackage, match=rf"bm25s {release} is installed"):
+            build_lexical(tmp_path / "other", texts, options)
+    monkeypatch.undo()
+    params = json.loads((tmp_path / "lexical" / "params.index.json").read_text(encoding="utf-8"))
+    (tmp_path / "lexical" / "params.index.json").write_text(json.dumps({**params, "version": "9.9", "sharding": 4}))
+    with pytest.raises(BertkitError, match=r"params.index.json was written by bm25s 9.9, and bm25s .* does not read "
+                                           r"it .*: build the index's lexical part again"):
+        read_lexical(hold_lexical(tmp_path))

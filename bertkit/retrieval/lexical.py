@@ -20,7 +20,8 @@ is written as `lexical.tmp/` and renamed into place: whole or absent
 (`bertkit.data.atomic.write_folder`). It takes
 seconds to minutes (tokenizing is the cost), so a kill loses at most this one
 step; `--resume` builds it again when it is absent and keeps it when present.
-index.json's "lexical" records the settings.
+index.json's "lexical" records the settings. The retriever is made from bm25s' own fields, so the bm25s
+releases whose layout that knows are the ones taken (`BM25S_RANGE`, 0.2 to 0.3); another is one line naming it.
 
 A query's score for a passage is the sum of its tokens' weights there (a token
 twice in the query counts twice, as in bm25s); a document scores its best
@@ -33,12 +34,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
 from bertkit.data.atomic import write_folder
-from bertkit.errors import MissingPackage
+from bertkit.errors import BertkitError, MissingPackage
 from bertkit.retrieval.bm25 import require_bm25s, stem_function
 from bertkit.retrieval.config import LexicalOptions, options_of
 from bertkit.retrieval.documents import best_first
@@ -48,6 +50,11 @@ LEXICAL_DIR = "lexical"
 LEXICAL_FILES = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy", "vocab.index.json",
                  "params.index.json")
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s' (and scikit-learn's CountVectorizer's) default
+# the bm25s releases [from, below) whose save layout and retriever fields `read_lexical` rebuilds: it makes the
+# retriever from the files an index holds open, which bm25s' public BM25.load (it takes a folder's path) cannot,
+# so it sets bm25s' own fields. Checked: 0.2.0, 0.2.5, 0.2.14, 0.3.0, 0.3.2 and 0.3.16 each reading its own build
+# as its BM25.load does, and 0.2.0 and 0.3.16 each other's; pyproject's search extra asks for the same range.
+BM25S_RANGE = ((0, 2), (0, 4))
 
 
 BUILD_WITHOUT = "build it with --no-lexical (dense search only)"
@@ -62,6 +69,18 @@ def require_packages(options: LexicalOptions, instead: str | None = BUILD_WITHOU
         stem_function(options.stemmer)
     except MissingPackage as e:
         raise MissingPackage(f"the index's lexical part: {e}" + (f", or {instead}" if instead else "")) from None
+
+
+def supported_bm25s():
+    """bm25s, when its release is one `read_lexical` knows the layout of (`BM25S_RANGE`); else one line naming the
+    installed release and the pip command, before anything is built or read with it."""
+    bm25s = require_bm25s()
+    release = tuple(int(part) for part in re.findall(r"\d+", getattr(bm25s, "__version__", ""))[:2])
+    if not BM25S_RANGE[0] <= release < BM25S_RANGE[1]:
+        raise MissingPackage(f"the index's lexical part is read with bm25s 0.2 to 0.3, whose saved layout bertkit "
+                             f"rebuilds, and bm25s {getattr(bm25s, '__version__', '(no version)')} is installed: "
+                             "pip install 'bm25s>=0.2,<0.4'")
+    return bm25s
 
 
 def tokenize(texts: list[str], options: LexicalOptions, *, ids: bool, progress: bool = False):
@@ -92,7 +111,7 @@ def build_lexical(out: Path, texts: list[str], options: LexicalOptions, progress
     options.validate()
     final = out / LEXICAL_DIR
     if not (final / "params.index.json").is_file():
-        bm25s = require_bm25s()
+        bm25s = supported_bm25s()
         retriever = bm25s.BM25(k1=options.k1, b=options.b, method="lucene")
         retriever.index(in_sorted_order(tokenize(texts, options, ids=True, progress=progress)), show_progress=progress)
         # a full disk or Ctrl-C leaves no half folder holding the room, and names the folder with the disk's reason
@@ -116,11 +135,16 @@ def read_lexical(held: dict):
     the folder (which takes only paths, and the path may hold another build by now): its settings from
     params.index.json, vocab_dict, the memory-mapped score matrix; method lucene keeps no non-occurrence
     array. Nothing unpickled."""
-    bm25s = require_bm25s()
+    bm25s = supported_bm25s()
     params, vocab = (json.loads(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
                      for f in (held["params.index.json"], held["vocab.index.json"]))
     version, num_docs = params.pop("version", None), params.pop("num_docs", None)
-    retriever = bm25s.BM25(**params)
+    try:
+        retriever = bm25s.BM25(**params)
+    except TypeError as err:  # a setting this bm25s does not have: another layout than BM25S_RANGE's
+        raise BertkitError(f"{held['params.index.json'].name} was written by bm25s {version}, and bm25s "
+                           f"{bm25s.__version__} does not read it ({err}): build the index's lexical part again "
+                           "with this bm25s, or install the one that wrote it") from None
     retriever.vocab_dict, retriever.unique_token_ids_set = vocab, set(vocab.values())
     retriever._original_version, retriever.nonoccurrence_array = version, None
     retriever.scores = {"data": held["data.csc.index.npy"], "indices": held["indices.csc.index.npy"],
