@@ -206,6 +206,33 @@ def test_pretrain_run_takes_an_electra_config_json_with_its_embedding_size(tmp_p
         build_model(RunConfig(data=str(tmp_path), config=str(tmp_path / "electra.json")), vocab_size=99, objective="none")
 
 
+def test_a_config_file_and_its_model_folder_name_one_model_type(tmp_path):
+    """`pretrain run --config F` asked a reader of its own (pretraining.train.config_model_type) which model_type F
+    names, beside model.checkpoint.model_type for a folder: one reader answers both now, the folder or its config
+    file under any name, and a --config that holds no JSON object is refused in one line naming it."""
+    from bertkit.model.checkpoint import model_type
+    from bertkit.pretraining.run_config import RunConfig
+    from bertkit.pretraining.train import build_model
+
+    ElectraModel(config()).save_pretrained(tmp_path / "electra")
+    written = json.loads((tmp_path / "electra" / "config.json").read_text())
+    (tmp_path / "electra.cfg").write_text(json.dumps(written))
+    (tmp_path / "plain.cfg").write_text(json.dumps({k: v for k, v in written.items() if k != "model_type"}))
+    assert model_type(tmp_path / "electra") == model_type(tmp_path / "electra.cfg") == "electra"
+    assert model_type(tmp_path / "plain.cfg") == "bert"  # as a folder whose config.json names none
+    run = RunConfig(data=str(tmp_path), config=str(tmp_path / "electra.cfg"))
+    with pytest.raises(BertkitError, match="is an ELECTRA config .*--method electra"):
+        build_model(run, vocab_size=99, objective="none")
+    electra = build_model(RunConfig(data=str(tmp_path), config=run.config, method="electra"), 99, "none")
+    assert electra.config.embedding_size == TINY["embedding_size"]
+    for text, says in (("{not json", "is not readable JSON"), ("[1, 2]", "is not a JSON object")):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(BertkitError) as err:
+            build_model(RunConfig(data=str(tmp_path), config=str(tmp_path / "bad.json")), vocab_size=99, objective="none")
+        assert str(err.value).startswith(f"{tmp_path / 'bad.json'} {says}")
+        assert str(err.value).endswith(": fix or replace the file") and "\n" not in str(err.value)
+
+
 def test_configs_say_which_family_they_are(tmp_path):
     ElectraModel(config()).save_pretrained(tmp_path)
     with pytest.raises(BertkitError, match="model_type 'electra'"):

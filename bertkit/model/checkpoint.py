@@ -333,22 +333,23 @@ HF_MAX_LENGTH = {"BertForQuestionAnswering": 384, "ElectraForQuestionAnswering":
 
 
 def read_config(directory) -> dict:
-    """config.json of a model directory as a dict; a BertkitError naming the file when it is unreadable."""
-    path = Path(directory) / "config.json"
+    """config.json of a model directory (or a config file itself) as a dict; a BertkitError names an unreadable one."""
+    path, fix = Path(directory), "fix or replace the file"
     if not path.is_file():
-        raise BertkitError(f"{directory} is not a model directory: it has no config.json")
+        path, fix = path / "config.json", "the model directory is corrupt"
+        if not path.is_file():
+            raise BertkitError(f"{directory} is not a model directory: it has no config.json")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BertkitError(f"{path} is not readable JSON ({' '.join(str(err).split())}): the model directory "
-                           "is corrupt") from None
+        raise BertkitError(f"{path} is not readable JSON ({' '.join(str(err).split())}): {fix}") from None
     if not isinstance(config, dict):
-        raise BertkitError(f"{path} is not a JSON object: the model directory is corrupt")
+        raise BertkitError(f"{path} is not a JSON object: {fix}")
     return config
 
 
 def model_type(directory) -> str:
-    """The model_type config.json names: "bert" (also when it names none) or "electra"."""
+    """The model_type config.json (or a config file) names: "bert" (also when it names none) or "electra"."""
     return read_config(directory).get("model_type", "bert")
 
 

@@ -23,7 +23,6 @@ model.safetensors, vocab.txt) at the top level.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from bertkit.training import harness
 from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
 from bertkit.model.electra import ElectraConfig
 from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.runtime.loading import need_transformer
+from bertkit.runtime.loading import model_type, need_transformer
 
 
 # --- the stream of batches ---------------------------------------------------------
@@ -229,21 +228,12 @@ def preset_or_file(name: str, method: str = "bert"):
     if name in PRESETS:
         return BertConfig.preset(name)
     if Path(name).is_file():
-        kind = config_model_type(Path(name))
+        kind = model_type(name)
         if kind == "electra" and method != "electra":
             raise BertkitError(f"--config {name} is an ELECTRA config (model_type 'electra'): pre-train it with "
                                "--method electra, or give a BERT config")
         return (ElectraConfig if kind == "electra" else BertConfig).from_json_file(name)
     raise BertkitError(f"--config {name!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file")
-
-
-def config_model_type(path: Path) -> str | None:
-    """The model_type a config.json names; None where it names none or cannot be read (the config's reader
-    then says what is wrong with it)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return None
 
 
 def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_config, changes: dict, g):
@@ -301,7 +291,7 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
     prepared data's, token for token; only an NSP/SOP head it lacks (and the pooler
     that feeds it: masked-LM checkpoints have none) may start fresh."""
     source = same_vocabulary(cfg)
-    if config_model_type(source / "config.json") == "electra":  # BertConfig's refusal did not name the flag
+    if model_type(source) == "electra":  # BertConfig's refusal did not name the flag
         raise BertkitError(f"--init-from {source} is an ELECTRA model: continue its pre-training with --method electra")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report is checked just below
