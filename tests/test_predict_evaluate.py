@@ -868,3 +868,33 @@ def test_a_skipped_squad_question_scores_0_as_the_official_script_scores_it(tiny
     assert want["f1"] > 0  # else a wrong count could not show
     assert reported(out) == pytest.approx(want, abs=1e-4)
     assert f"evaluation on {dev} (9 questions, and 1 skipped question scored 0" in out, out
+
+
+def test_multi_label_cells_read_back_as_the_labels_predicted(tiny, tmp_path):  # noqa: F811
+    """Labels may hold a comma: trained with --label-separator '|' (or from JSONL lists). predict and finetune's
+    dev_predictions.tsv joined a row's labels with ',' whatever the model was trained with, so {'loud', 'pets,
+    cats'} was written 'loud,pets, cats': three labels, or one, to whoever reads it. A cell is now joined as the
+    training file's cells were (the model's separator), which the training reader reads back (`parse_label`)
+    into the labels predicted; where a label name holds the separator, a JSON list."""
+    from bertkit.data.tables import label_cell, parse_label
+    from bertkit.model.config import MULTI_LABEL
+
+    rows = [(f"{FILL[i % len(FILL)]} was {w} .", "pets, cats|loud") for i, w in enumerate(POS + NEG)] * 3
+    train = write_tsv(tmp_path / "t.tsv", ["sentence", "labels"], rows)
+    cfg = TextTaskConfig(train=str(train), dev=str(train), output=str(tmp_path / "o"), task="multi_label",
+                         model=str(tiny), label_column="labels", label_separator="|", max_length=32,
+                         training=fast(epochs=2))
+    finetune_text(cfg, log=lambda s: None)
+    texts = [t for t, _ in rows[:6]]
+    want = [p["labels"] for p in predict(tmp_path / "o", texts)]
+    assert ["loud", "pets, cats"] in want  # both labels on a row: what a ',' made ambiguous
+    (tmp_path / "new.txt").write_text("\n".join(texts) + "\n")
+    predict_file(tmp_path / "o", tmp_path / "new.txt", tmp_path / "p.tsv")
+    got = [parse_label(c, MULTI_LABEL, "|", "p.tsv") for c in predicted_column(tmp_path / "p.tsv")]
+    assert got == want
+    header, *lines = (tmp_path / "o" / "dev_predictions.tsv").read_text().splitlines()
+    at = header.split("\t").index("gold")
+    assert all(parse_label(x.split("\t")[at], MULTI_LABEL, "|", "") == ["loud", "pets, cats"] for x in lines)
+    # a label name holding the separator itself (a JSONL list's 'a, b' under the default ','): a JSON list
+    assert json.loads(label_cell(["a, b", "c"], ",", ["a, b", "c", "d"])) == ["a, b", "c"]
+    assert json.loads(label_cell(["c"], ",", ["a, b", "c"])) == ["c"]  # the model's every cell, not the row's

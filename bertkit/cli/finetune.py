@@ -78,7 +78,9 @@ def add_predict(sub):
         "(an empty label cell, a question without answers) is left out of the scores. A row whose text (or second "
         "text) is empty is skipped and counted; a text with no word piece (only characters BERT drops) is refused. "
         "The predictions are TSV: text (and the second text or QA context), prediction, details, and for SQuAD "
-        "JSON the question's id last (what the official evaluation script maps to answers).",
+        "JSON the question's id last (what the official evaluation script maps to answers). A multi-label "
+        "prediction's labels are joined by the separator the model was trained with (--label-separator, ','), or "
+        "written as a JSON list where a label's name holds it.",
         epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
         "  bertkit predict out/sst2 dev.tsv            # dev.tsv has a label column: predicts and reports accuracy\n"
         "  bertkit predict out/ner conll/test.txt --device cuda",

@@ -1,20 +1,16 @@
 """Reading labelled examples: TSV/CSV/JSONL tables, CoNLL columns, SQuAD JSON (official or Hugging Face rows), lines.
 
-Tables have a header row (JSONL: one object per line) and the caller names
-the columns (`text_column`, `text_pair_column`, `label_column`). TSV is read
-with no quoting, the GLUE convention: a field never holds a tab or newline
-but may hold a literal `"`. CSV uses standard quoting.
+Tables have a header row (JSONL: one object per line) and the caller names the columns (`text_column`,
+`text_pair_column`, `label_column`). TSV is read with no quoting, the GLUE convention: a field never holds a tab or
+newline but may hold a literal `"`. CSV uses standard quoting.
 
-Rows that cannot be used (an empty line, an empty text, a missing label, a
-TSV line with the wrong number of fields) are skipped and *counted by
-reason*; the caller prints the counts, so nothing is dropped silently. A
-multi-label row's empty label cell (or JSON null) is no missing label but the
-empty set, a text with none of the labels (transformers' all-zero multi-hot
-target), which the model has to learn too. A missing column, an unparsable
-score, an unknown label in the dev set or a CoNLL line without its tag is an
-error instead, because no count would make the result right. A column is found by
-its name regardless of case when only one matches ("Sentence", "LABEL"); a class label
-written as a whole-number float ("1.0", pandas' float column) is that number's class ("1").
+Rows that cannot be used (an empty line or text, a missing label, a TSV line with the wrong number of fields) are
+skipped and *counted by reason*; the caller prints the counts, so nothing is dropped silently. A multi-label
+row's empty label cell (or JSON null) is no missing label but the empty set, a text with none of the labels
+(transformers' all-zero multi-hot target), which the model has to learn too. A missing column, an unparsable score,
+an unknown label in the dev set or a CoNLL line without its tag is an error instead, because no count would make the
+result right. A column is found by its name regardless of case when only one matches ("Sentence", "LABEL"); a class
+label written as a whole-number float ("1.0", pandas' float column) is that number's class ("1").
 
 Outputs are plain dataclasses: `TextExample`, `TaggedSentence`, `QAExample`.
 """
@@ -242,10 +238,9 @@ def first_row(path) -> dict:
 
 
 def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print):
-    """(texts, pairs or None) from a table's text column (and second-text column): the inputs of a
-    fine-tuned model, unlabelled; a missing column is a one-line error naming the flag; a row whose text
-    (or second text) is empty or null is skipped, as `read_text_examples` skips it; skipped rows are counted in
-    one line to `log`."""
+    """(texts, pairs or None) from a table's text column (and second-text column): the inputs of a fine-tuned model,
+    unlabelled; a missing column is a one-line error naming the flag; a row whose text (or second text) is empty or
+    null is skipped, as `read_text_examples` skips it; skipped rows are counted in one line to `log`."""
     path = existing_file(path)
     report = ReadReport(str(path))
     rows = []
@@ -272,6 +267,12 @@ def one_text_per_line(path, column: str) -> bool:
 def read_text_lines(path) -> list[str]:
     """The texts of a file without a header, one per line: each line stripped, blank lines left out."""
     return [line.strip() for line in read_text(path).split("\n") if line.strip()]
+
+
+def label_cell(labels: list[str], separator: str, names=()) -> str:
+    """A multi-label set as a cell: joined by `separator` (the training cells'), or JSON where a name holds it."""
+    held = any(separator in n for n in (*names, *labels))
+    return json.dumps(labels, ensure_ascii=False) if held else separator.join(labels)
 
 
 def parse_label(raw, problem_type: str, separator: str, where: str):
@@ -304,8 +305,7 @@ def label_names(labels) -> list[str]:
 
 
 def looks_like_scores(names: list[str]) -> bool:
-    """Whether label names are numbers with fractions (0.25, 3.5): scores, which a classifier would make
-    into one class per distinct value."""
+    """Whether label names are numbers with fractions (0.25, 3.5): scores, a class per value to a classifier."""
     try:
         values = [float(n) for n in names]
     except ValueError:

@@ -45,7 +45,7 @@ from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.config import TextTaskConfig
-from bertkit.data.tables import (check_known_labels, column_key, first_row, label_names, looks_like_scores,
+from bertkit.data.tables import (check_known_labels, label_cell, column_key, first_row, label_names, looks_like_scores,
                                  read_text_examples, tsv_cell)
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
@@ -78,20 +78,22 @@ def _second_text(cfg: TextTaskConfig, path) -> str | None:
     return second if column_key(first_row(path), second) is not None else None
 
 
-def write_predictions(path, examples, preds, problem_type: str) -> None:
-    write_lines(path, prediction_lines(examples, preds, problem_type))  # whole or not at all
+def write_predictions(path, examples, preds, problem_type: str, separator: str = ",", names=()) -> None:
+    write_lines(path, prediction_lines(examples, preds, problem_type, separator, names))  # whole or not at all
 
 
-def prediction_lines(examples, preds, problem_type: str):
+def prediction_lines(examples, preds, problem_type: str, separator: str = ",", names=()):
+    """The dev predictions' TSV lines; a multi-label set's cells joined as the training file's were (`label_cell`:
+    joined by ',' whatever --label-separator said, a label 'pets, cats' read back as two)."""
     pair = any(e.text_pair is not None for e in examples)
     head = ["text"] + (["text_pair"] if pair else []) + ["gold", "predicted", "probabilities" if problem_type != REGRESSION else "score"]
     yield "\t".join(head) + "\n"
     for e, p in zip(examples, preds):
-        gold = ",".join(e.label) if isinstance(e.label, list) else str(e.label)
+        gold = label_cell(e.label, separator, names) if isinstance(e.label, list) else str(e.label)
         if problem_type == REGRESSION:
             pred, extra = f"{p['score']:.4f}", f"{p['score']:.4f}"
         else:
-            pred = ",".join(p["labels"]) if problem_type == MULTI_LABEL else p["label"]
+            pred = label_cell(p["labels"], separator, names) if problem_type == MULTI_LABEL else p["label"]
             extra = " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
         row = [e.text] + ([e.text_pair or ""] if pair else []) + [gold, pred, extra]
         yield "\t".join(map(tsv_cell, row)) + "\n"
@@ -175,7 +177,7 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
         preds = result.best_predictions or decode_dev(model)  # a resumed run may lack them
         final["dev"] = warnings_once(lambda: score(preds, dev_ex, kind, names, full=True), result.said)
         final["dev_examples"] = len(dev_ex)
-        write_predictions(out / "dev_predictions.tsv", dev_ex, preds, kind)
+        write_predictions(out / "dev_predictions.tsv", dev_ex, preds, kind, cfg.label_separator, names or ())
     write_json(out / "metrics.json", final)
     return final
 

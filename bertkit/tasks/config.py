@@ -140,7 +140,7 @@ class TextTaskConfig(TaskConfig):
     text_column: str = _opt("sentence", "column with the text")
     text_pair_column: str | None = _opt(None, "column with the second text of a pair")
     label_column: str = _opt("label", "column with the label")
-    label_separator: str = _opt(",", "separator between labels (multi-label)")
+    label_separator: str = _opt(",", "separator between labels (multi-label); predictions are written joined by it")
     stride: int = _opt(0, "> 0: cut single texts longer than --max-length into windows overlapping by this many "
                           "tokens (the overlap) and average their logits (default 0: truncate)")
     pooling: str = _opt("cls", "what the classifier reads: cls, BERT's pooled [CLS] vector, or mean, the average "

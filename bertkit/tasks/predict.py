@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bertkit.data.atomic import write_lines
-from bertkit.data.tables import tsv_cell
+from bertkit.data.tables import label_cell, tsv_cell
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.tasks.batching import run_model
@@ -263,14 +263,18 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     # the order alone did), last: the columns before keep their places
     ids = task.ids(input_path) if task.ids else None
     header = "\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details", *(["id"] if ids else [])])
-    rows = ((t, *([second] if pairs else []), *_shown(p), *([i] if ids else []))
+    # a multi-label set joined as the training file's cells were (`label_cell`): by ',' whatever the model's
+    # --label-separator, a label 'pets, cats' read back as two
+    names = task.labels(loaded.config) or () if preds and "labels" in preds[0] else ()
+    shown = partial(_shown, separator=info.get("label_separator", ","), names=names)
+    rows = ((t, *([second] if pairs else []), *shown(p), *([i] if ids else []))
             for t, second, p, i in zip(texts, pairs or [None] * len(texts), preds, ids or [None] * len(texts)))
     _write(out, itertools.chain([header + "\n"], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows)))
     return FileResult(out, len(preds), scores, loaded.precision, len(scored), task.name,
                       sum(i >= len(preds) for i in scored))
 
 
-def _shown(p: dict) -> tuple[str, str]:
+def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:
     """A prediction's TSV cells: what was predicted, and its details (scores, offsets)."""
     if "tags" in p:
         return " ".join(p["tags"]), ""
@@ -278,5 +282,5 @@ def _shown(p: dict) -> tuple[str, str]:
         return p["answer"], json.dumps({k: p[k] for k in ("start", "end", "score")})
     if "score" in p:
         return f"{p['score']:.4f}", ""
-    pred = p["label"] if "label" in p else ",".join(p["labels"])
+    pred = p["label"] if "label" in p else label_cell(p["labels"], separator, names)
     return pred, " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
