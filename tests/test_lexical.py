@@ -278,3 +278,35 @@ def test_the_lexical_part_reads_back_as_bm25s_loads_it_and_another_bm25s_is_one_
     with pytest.raises(BertkitError, match=r"params.index.json was written by bm25s 9.9, and bm25s .* does not read "
                                            r"it .*: build the index's lexical part again"):
         read_lexical(hold_lexical(tmp_path))
+
+
+def test_a_lexical_part_its_disk_cannot_hold_is_refused_before_bm25s_builds_it(tmp_path, monkeypatch):
+    """`bertkit index` refused vectors and passages its disk could not hold before encoding, but built the lexical
+    part whatever the free space: a full disk stopped bm25s' save. The part's size is known once the passages are
+    tokenized (a weight and a row per token and passage, a column boundary per word, the words): a need at most
+    what the same build writes where there is room, and with less free space (shutil.disk_usage says so) refused
+    in room_for's words before the matrix is made, nothing left in the index folder."""
+    import collections
+    import shutil
+
+    from bertkit.data.atomic import room_for
+    from bertkit.retrieval.lexical import build_lexical, lexical_bytes, tokenize
+
+    texts = [f"Vitamin D{i} deficiency and bone fractures in patients {i}." for i in range(40)] + ["the of and"]
+    options = LexicalOptions()
+    build_lexical(tmp_path / "roomy", texts, options)
+    written = sum(p.stat().st_size for p in (tmp_path / "roomy" / "lexical").iterdir())
+    need = lexical_bytes(tokenize(texts, options, ids=True))
+    assert 40 * 8 * 5 < need <= written  # 40 passages of 5 kept words at least; the files hold more
+    with pytest.raises(Exception) as same:  # whatever type room_for raises
+        room_for(tmp_path, 1 << 62, "x")
+    real, usage = shutil.disk_usage, collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(*real(path)[:2], need - 1))
+    (tmp_path / "small").mkdir()
+    with pytest.raises(same.type, match=r"small: the BM25 files of the index's lexical part need at least .* and its "
+                                        "disk has "):
+        build_lexical(tmp_path / "small", texts, options)
+    assert list((tmp_path / "small").iterdir()) == []
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(*real(path)[:2], need))  # exactly enough: built
+    build_lexical(tmp_path / "small", texts, options)
+    assert sorted(os.listdir(tmp_path / "small" / "lexical")) == sorted(os.listdir(tmp_path / "roomy" / "lexical"))

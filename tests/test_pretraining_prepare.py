@@ -666,3 +666,49 @@ def test_a_prepare_stopped_by_a_full_disk_at_the_corpus_fingerprint_runs_again(t
     summary = prepare([corpus], tmp_path / "out", cfg, progress=False)  # was: JSONDecodeError on the cut file
     assert summary.instances > 0 and len(PretrainingDataset(tmp_path / "out")) == summary.instances
     assert json.loads((tmp_path / "out" / "corpus" / "fingerprint.json").read_text())["inputs"]
+
+
+@pytest.mark.parametrize("objective", ["nsp", "sop"])
+def test_pair_instances_a_disk_cannot_hold_are_refused_before_they_are_made(tmp_path, monkeypatch, capsys, objective):
+    """`pretrain prepare --objective none` refused, before making them, instances its disk certainly cannot hold;
+    NSP and SOP (the default) went on and wrote blocks until the disk was full. Their count depends on the draws,
+    so the need is a certain lower bound (`instances.pair_instances_at_least`): here it is at most what the same
+    run writes on a disk with room, and a disk with less free space than it (shutil.disk_usage said so for the
+    instances folder) is refused in one line before any instance is written."""
+    import collections
+
+    from bertkit.pretraining.instances import pair_instances, pair_instances_at_least
+
+    rng = random.Random(7)  # the bound holds for any documents and draws, one-token sentences included
+    sents = np.concatenate([[0], np.cumsum([rng.choice([1, 1, 2, 5, 9, 30]) for _ in range(60)])])
+    docs, tokens = np.array([0, 9, 10, 25, 41, 60]), np.arange(sents[-1]) % 50
+    for length in (8, 16, 32):
+        least = pair_instances_at_least(sents, docs, length)
+        for seed in range(10):
+            made = [len(pair_instances(d, sents, docs, tokens, objective, length, 0.1, random.Random(seed)))
+                    for d in range(5)]
+            assert all(m >= n for m, n in zip(made, least)), (length, seed, made, least)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    (tmp_path / "books").mkdir()
+    for i in range(3):
+        (tmp_path / "books" / f"b{i}.txt").write_text("the cat sat on a mat .\nthe dog ran .\n" * (40 + 20 * i))
+    run = ["pretrain", "prepare", str(tmp_path / "books"), "--vocab", str(tmp_path / "vocab.txt"), "--objective",
+           objective, "--max-seq-length", "32", "--dupe-factor", "2", "--workers", "1", "--quiet"]
+    assert main([*run, "-o", str(tmp_path / "roomy")]) == 0
+    written = sum(p.stat().st_size for p in (tmp_path / "roomy" / "instances").glob("*/*.npy"))
+    real = shutil.disk_usage
+    usage = collections.namedtuple("usage", "total used free")
+
+    def small(path):  # the instances' folder's disk holds 1 KiB more; the corpus's has room
+        got = real(path)
+        return usage(got.total, got.used, 1024) if str(path).endswith("instances") else got
+
+    monkeypatch.setattr(shutil, "disk_usage", small)
+    assert main([*run, "-o", str(tmp_path / "small")]) == 2
+    err = capsys.readouterr().err.strip()
+    need = re.fullmatch(rf"bertkit: error: {tmp_path}/small/instances: the training instances need at least "
+                        r"([\d.]+) KiB and its disk has 1.0 KiB free: free .+ more, or write elsewhere", err)
+    assert need, err
+    assert 1024 < float(need.group(1)) * 1024 <= written, (need.group(1), written)
+    assert not list((tmp_path / "small" / "instances").glob("*/*.npy"))

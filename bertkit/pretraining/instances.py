@@ -211,6 +211,27 @@ def pair_instances(
     return instances
 
 
+def pair_instances_at_least(sent_offsets: np.ndarray, doc_offsets: np.ndarray, max_seq_length: int) -> np.ndarray:
+    """A certain lower bound of `len(pair_instances(d, ...))` for every document d [D], whatever the draws, so that
+    prepare refuses (`room_for`) instances a disk certainly cannot hold. Every sentence of d ends in the span an
+    instance takes (A's sentences when B is random, else the whole chunk) but for a one-token sentence alone, which
+    may make none. A chunk grows while it is shorter than its target (at most M = max_seq_length - 3 tokens) and
+    ends with the sentence that reaches it, so a span holds at most M - 1 + L tokens (L: d's longest sentence):
+    instances >= (tokens - one-token sentences) / (M - 1 + L). Truncation drops tokens later, not before."""
+    sent_offsets, first = np.asarray(sent_offsets, dtype=np.int64), np.asarray(doc_offsets, dtype=np.int64)
+    lengths = np.diff(sent_offsets)  # [S]
+    tokens = sent_offsets[first[1:]] - sent_offsets[first[:-1]]  # [D]
+    ones = np.concatenate([[0], np.cumsum(lengths == 1)])
+    ones = ones[first[1:]] - ones[first[:-1]]  # [D]
+    filled = first[1:] > first[:-1]  # a document without a sentence makes nothing; the others' starts increase
+    bound = np.zeros(len(tokens), dtype=np.int64)
+    if filled.any():
+        longest = np.maximum.reduceat(lengths, first[:-1][filled])
+        span = np.maximum(max_seq_length - 4 + longest, 1)
+        bound[filled] = np.maximum(-(-(tokens[filled] - ones[filled]) // span), 0)
+    return bound
+
+
 def packed_instances(
     doc_order,
     sent_offsets: np.ndarray,

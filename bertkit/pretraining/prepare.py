@@ -226,6 +226,8 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
         )
     units = plan_blocks(np.asarray(docs), np.asarray(sents), cfg)
     doc_tokens = np.diff(np.asarray(sents)[np.asarray(docs)])  # [D]
+    pairs = cfg.objective in ("nsp", "sop")  # each document's instances at least, whatever the draws
+    doc_rows = inst_mod.pair_instances_at_least(sents, docs, cfg.max_seq_length) if pairs else None
     del tokens, sents, docs
     root = out / "instances"
     root.mkdir(parents=True, exist_ok=True)
@@ -242,11 +244,12 @@ def _instance_stage(out: Path, cfg: PrepareConfig, vocab: MaskVocab, tokenizer, 
             metas[str(folder)] = meta
         else:
             todo.append((p, b, doc_ids, cfg, str(folder), fingerprint))
-    if cfg.objective in ("none", "single"):  # a certain lower bound (pairs: none, their truncation drops tokens)
-        # packed (`instances.packed_instances`): each token once per pass, at most T - 2 in an instance ([CLS], [SEP])
-        rows = sum(-(-int(doc_tokens[job[2]].sum()) // (cfg.max_seq_length - 2)) for job in todo)
-        room_for_instances(root, rows, cfg.max_seq_length, vocab.size,
-                           0 if cfg.dynamic_masking else cfg.max_predictions_per_seq)
+    # a certain lower bound of the rows still to write; packed (`instances.packed_instances`): each token once per
+    # pass, at most T - 2 in an instance ([CLS], [SEP]); pairs: `instances.pair_instances_at_least`
+    rows = sum(int(doc_rows[job[2]].sum()) if pairs else -(-int(doc_tokens[job[2]].sum()) // (cfg.max_seq_length - 2))
+               for job in todo)
+    room_for_instances(root, rows, cfg.max_seq_length, vocab.size,
+                       0 if cfg.dynamic_masking else cfg.max_predictions_per_seq)
     from tqdm import tqdm  # late: tqdm reads its TQDM_* defaults when imported, after the command's settings
     bar = tqdm(total=len(units), initial=len(units) - len(todo), unit="block", desc="instances",
                disable=not progress, dynamic_ncols=True)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.atomic import write_folder
+from bertkit.data.atomic import room_for, write_folder
 from bertkit.errors import BertkitError, MissingPackage
 from bertkit.retrieval.bm25 import require_bm25s, stem_function
 from bertkit.retrieval.config import LexicalOptions, options_of
@@ -105,6 +105,14 @@ def record(options: LexicalOptions, vocabulary: int) -> dict:
             "vocabulary": vocabulary, "directory": LEXICAL_DIR}
 
 
+def lexical_bytes(tokenized) -> int:
+    """A certain lower bound of the bytes BM25.save writes for `tokenized` passages: a float32 weight and an int32
+    row per (token, passage) that occurs (the CSC matrix; lucene scores every occurrence above 0), 4 bytes per column
+    boundary at least (indptr), and the vocabulary's words (vocab.index.json)."""
+    pairs = sum(len(set(ids)) for ids in tokenized.ids)
+    return 8 * pairs + 4 * (len(tokenized.vocab) + 1) + sum(len(word.encode("utf-8")) for word in tokenized.vocab)
+
+
 def build_lexical(out: Path, texts: list[str], options: LexicalOptions, progress: bool = False) -> dict:
     """Write OUT/lexical/ for the passages `texts` (row order); returns its index.json record. A folder
     already there (a resumed build that got past this step) is kept."""
@@ -113,7 +121,10 @@ def build_lexical(out: Path, texts: list[str], options: LexicalOptions, progress
     if not (final / "params.index.json").is_file():
         bm25s = supported_bm25s()
         retriever = bm25s.BM25(k1=options.k1, b=options.b, method="lucene")
-        retriever.index(in_sorted_order(tokenize(texts, options, ids=True, progress=progress)), show_progress=progress)
+        tokenized = in_sorted_order(tokenize(texts, options, ids=True, progress=progress))
+        # refused before the matrix is made (the vectors stay: --resume builds this part once there is room)
+        room_for(out, lexical_bytes(tokenized), "the BM25 files of the index's lexical part")
+        retriever.index(tokenized, show_progress=progress)
         # a full disk or Ctrl-C leaves no half folder holding the room, and names the folder with the disk's reason
         # (numpy's was "2788 requested and 718 written")
         with write_folder(final) as tmp:
