@@ -97,6 +97,30 @@ def test_a_file_skips_empty_cells_as_evaluate_mode_does_and_refuses_a_text_witho
     assert f"{tmp_path / 'odd.txt'}: input 2 '\\u200b' yields no tokens" in err
 
 
+def test_a_squad_file_is_parsed_once_with_its_ids_and_its_skipped_questions_said_once(models, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """`bertkit predict` on SQuAD JSON parsed the file two or three times: evaluate mode's reader, then (no answers
+    in it) the inputs' reader, then once more for the ids column; a file without answers printed its count of
+    skipped questions twice. One reading now gives the questions, their answers and their ids."""
+    import bertkit.tasks.qa_inference as qa
+
+    parsed, read_squad = [], qa.read_squad
+    monkeypatch.setattr(qa, "read_squad", lambda *a, **k: parsed.append(a) or read_squad(*a, **k))
+    qas = [{"id": "q1", "question": "who went ?"}, {"id": "q2", "question": " "}, {"id": "q3", "question": "where ?"}]
+    data = {"data": [{"title": "t", "paragraphs": [{"context": "john went to paris .", "qas": qas}]}]}
+    for answered in (False, True):
+        if answered:  # evaluate mode: two answered questions, the skipped one among them (scored 0)
+            qas[0]["answers"] = qas[1]["answers"] = [{"text": "paris", "answer_start": 13}]
+        (tmp_path / "q.json").write_text(json.dumps(data))
+        parsed.clear()
+        assert main(["predict", str(models["qa"]), str(tmp_path / "q.json"), "-o", str(tmp_path / "p.tsv")]) == 0
+        said = capsys.readouterr().out
+        assert len(parsed) == 1 and said.count("skipped 1 (1 questions with an empty question or context)") == 1, said
+        header, *rows = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()]
+        assert header[-1] == "id" and [(r[0], r[-1]) for r in rows] == [("who went ?", "q1"), ("where ?", "q3")]
+        assert ("2 in all" in said and "exact_match" in said) == answered  # q1 scored, q2 scored 0
+
+
 def test_a_conll_file_of_document_markers_alone_is_one_line(models, tmp_path, capsys):
     """A CoNLL file holding -DOCSTART- lines and no sentence (an export cut short, a split left empty): predict of
     a NER model stopped on an IndexError traceback (conll_has_tags read the first token line of none). It is one

@@ -234,17 +234,12 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     info, task = reading_info(loaded, version_2), task_of(loaded)
     if version_2 is None and task.no_answer and info.get("inferred"):
         log(READ_AS_V1.format(model=model_dir))
-    columns = (text_column, text_pair_column)
-    labelled = (task.read_labelled(input_path, info, *columns, label_column, every_input=True, log=log)
-                if evaluate is not False else None)
-    if evaluate and labelled is None:
+    texts, pairs, references, ids = _read(task, input_path, info, (text_column, text_pair_column), label_column,
+                                          evaluate, log)
+    if evaluate and references is None:
         answers = task.answers.format(label=info.get("label_column") or "label")
         raise BertkitError(f"{input_path} carries no answers to evaluate against ({answers}); "
                            "drop --evaluate to only predict")
-    if labelled is not None:
-        texts, pairs, references = labelled
-    else:
-        (texts, pairs), references = task.read_inputs(input_path, info, *columns, log=log), None
     if not texts:
         raise BertkitError(f"{input_path}: no inputs to predict")
     for side, name in ((texts, "input {}"), (pairs, "the second text of input {}")):
@@ -254,14 +249,13 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                     version_2=version_2)
     # references past the inputs (`Task.read_labelled`): answered inputs the reader skipped, scored unanswered
     scored = [i for i, r in enumerate(references or []) if r is not None]
-    scores = None if labelled is None else task.score([preds[i] if i < len(preds) else None for i in scored],
+    scores = None if references is None else task.score([preds[i] if i < len(preds) else None for i in scored],
                                                       [references[i] for i in scored], info,
                                                       task.labels(loaded.config))
     out = default_output(input_path) if output_path is None else output_path
     out = out if str(out) == "-" else Path(out)
     # the file's ids where it names its inputs (SQuAD's question ids, which the official script maps to answers;
     # the order alone did), last: the columns before keep their places
-    ids = task.ids(input_path) if task.ids else None
     header = "\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details", *(["id"] if ids else [])])
     # a multi-label set joined as the training file's cells were (`label_cell`): by ',' whatever the model's
     # --label-separator, a label 'pets, cats' read back as two
@@ -272,6 +266,17 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     _write(out, itertools.chain([header + "\n"], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows)))
     return FileResult(out, len(preds), scores, loaded.precision, len(scored), task.name,
                       sum(i >= len(preds) for i in scored))
+
+
+def _read(task, path, info: dict, columns: tuple, label_column, evaluate: bool | None, log) -> tuple:
+    """(texts, pairs, references, ids) of the file `path`: references None where it carries no answers (or
+    `evaluate` is False), else `Task.read_labelled`'s with every_input; ids None where it names no inputs."""
+    if task.read_all:  # one reading gives all four (a SQuAD file: parsed once, its skipped questions said once)
+        texts, pairs, references, ids = task.read_all(path, info, *columns, log=log)
+        return texts, pairs, None if evaluate is False else references, ids
+    labelled = (task.read_labelled(path, info, *columns, label_column, every_input=True, log=log)
+                if evaluate is not False else None)
+    return (*labelled, None) if labelled is not None else (*task.read_inputs(path, info, *columns, log=log), None, None)
 
 
 def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:

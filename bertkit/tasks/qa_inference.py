@@ -189,15 +189,10 @@ def is_squad(path) -> bool:
                                  {"question", "context", "answers"} <= set(first_row(path)))
 
 
-def squad_inputs(path, log=print) -> list[QAExample]:
+def squad_inputs(path, log=print) -> tuple[list[QAExample], list[QAExample]]:
     """Every question of a SQuAD file (answered or not) but those whose question or context is empty (or spaces):
     skipped and counted, as predict's readers skip a table's empty cell (`read_text_columns`); the whole file
-    was refused for one."""
-    return _squad_split(path, log)[0]
-
-
-def _squad_split(path, log) -> tuple[list[QAExample], list[QAExample]]:
-    """(the questions `squad_inputs` keeps, those it skips)."""
+    was refused for one. Returns (the questions kept, those skipped)."""
     examples, report = read_squad(path, unanswered=True)
     kept, skipped = [], []
     for e in examples:
@@ -209,19 +204,24 @@ def _squad_split(path, log) -> tuple[list[QAExample], list[QAExample]]:
     return kept, skipped
 
 
+def read_all(path, info: dict, text_column=None, text_pair_column=None, *, log=print) -> tuple:
+    """A file read once (a SQuAD file parsed once, its skipped questions said once): (questions, contexts,
+    `read_labelled`'s examples with `every_input`, None where no question carries an answer, and the questions' ids,
+    what the official evaluation script maps to answers), from a table (its question and context columns) the
+    first two alone and None, None."""
+    if not is_squad(path):
+        return *read_text_columns(path, text_column or "question", text_pair_column or "context", log=log), None, None
+    examples, skipped = squad_inputs(path, log)
+    answered = [e if e.answers or e.is_impossible else None for e in examples]
+    unpredicted = [e for e in skipped if e.answers or e.is_impossible]
+    return ([e.question for e in examples], [e.context for e in examples],
+            answered + unpredicted if any(answered) or unpredicted else None, [e.id for e in examples])
+
+
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], list[str]]:
     """Questions and contexts from SQuAD JSON (every question, answered or not), or a table's question and
     context columns."""
-    if is_squad(path):
-        examples = squad_inputs(path, log)
-        return [e.question for e in examples], [e.context for e in examples]
-    return read_text_columns(path, text_column or "question", text_pair_column or "context", log=log)
-
-
-def read_ids(path) -> list[str] | None:
-    """The ids of `read_inputs`' questions in a SQuAD file (what the official evaluation script maps to answers),
-    None for a table."""
-    return [e.id for e in squad_inputs(path, log=lambda line: None)] if is_squad(path) else None
+    return read_all(path, info, text_column, text_pair_column, log=log)[:2]
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
@@ -233,11 +233,9 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     unanswered one 0 (they were left out of the count: exact match over 79 of 80 questions)."""
     if not is_squad(path):
         return None
-    examples, skipped = _squad_split(path, log)
-    answered = [e if e.answers or e.is_impossible else None for e in examples]
-    unpredicted = [e for e in skipped if e.answers or e.is_impossible]
-    if not any(answered) and not unpredicted:
+    questions, contexts, examples, _ = read_all(path, info, log=log)
+    if examples is None:
         return None
-    if not every_input:
-        examples = answered = [e for e in answered if e is not None]
-    return [e.question for e in examples], [e.context for e in examples], answered + unpredicted
+    n = len(questions)
+    kept = [i for i in range(n) if every_input or examples[i] is not None]
+    return [questions[i] for i in kept], [contexts[i] for i in kept], [examples[i] for i in kept] + examples[n:]

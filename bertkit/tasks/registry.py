@@ -22,8 +22,10 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        metrics; what the answers look like (for messages)
     answer_labels      (labels, info) -> the label names its predictions use where a model's info changes them from
                        config.json's (an IOB1 tagger answers I-X for the B-X it was trained on): what /info lists
-    ids                path -> the ids of read_inputs' inputs where the file names them (SQuAD's question ids),
-                       else None: predict writes them as its last column
+    read_all           (path, info, text_column, text_pair_column, log) -> (texts, pairs, read_labelled's answers
+                       with every_input or None, the inputs' ids or None) from one reading of the file, for a task
+                       whose files name their inputs (SQuAD's question ids: predict writes them as its last column);
+                       without it predict asks read_labelled, then read_inputs
     report             the run's final metrics -> the lines `bertkit finetune` prints
     tables             a scored set's metrics -> the lines under its figures (per label and the confusion matrix;
                        per entity type), in finetune's report and predict's evaluate mode alike
@@ -87,7 +89,7 @@ class Task:
     predict: Callable | None = None
     read_inputs: Callable | None = None
     read_labelled: Callable | None = None
-    ids: Callable | None = None
+    read_all: Callable | None = None
     answer_labels: Callable | None = None
     score: Callable | None = None
     answers: str = ""  # {label}: the label column
@@ -311,7 +313,8 @@ TASKS = {t.name: t for t in (
               "is the best start and end piece; scored by SQuAD's exact match and F1, the answers written to "
               "OUTPUT/dev_predictions.json (id -> answer, the official evaluation script's input).",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
-         ids=qa.read_ids, score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, second="a context", labelled=False,
+         read_all=qa.read_all, score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True,
+         second="a context", labelled=False,
          windows=True, no_answer=True, inputs="questions", raw_scores=True),  # an answer's score: start + end logits
     # the issue's reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
     Task("embed", EmbedConfig, "bertkit.tasks.embedding:finetune_embed", reports.embed_report, "BertModel",
