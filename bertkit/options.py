@@ -33,7 +33,9 @@ exactly the given flags on top of a base: the dataclass defaults, a command's
 own defaults (a dict), or under `--resume` the config the run saved. A flag
 given with `--resume` that would change what the run computes (a learning
 rate, a seed, the model, the data) is refused in one line: the resumed run
-would be neither the old run nor a new one.
+would be neither the old run nor a new one. A setting added since a run saved
+its config reads, on --resume, as the value the run ran with (the class's
+`ADDED_FIELDS`), not as today's default.
 """
 
 from __future__ import annotations
@@ -210,6 +212,8 @@ def from_args(args, cls, base: dict | None = None):
         except (UnicodeDecodeError, ValueError, AttributeError) as err:  # was a JSONDecodeError traceback
             raise BertkitError(f"--resume: {saved} is not a JSON object of settings ({' '.join(str(err).split())}): "
                                "the run's settings are lost; start the run again in another --output") from None
+        # a setting added since the run saved its settings: the value it ran with (cls.ADDED_FIELDS)
+        base = {**getattr(cls, "ADDED_FIELDS", {}), **base}
         origin = started_in(saved.parent, base.get("output"))
         refuse_changes(cls, given, merge(defaults(cls), base), saved.parent, origin)
         # a value an earlier bertkit saved as its default, which the default None means now (and which a check

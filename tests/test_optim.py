@@ -105,3 +105,66 @@ def test_cosine_is_monotone_after_warmup():
     vals = [lr_at(s, peak_lr=1.0, warmup_steps=3, total_steps=40, schedule="cosine") for s in range(3, 41)]
     assert all(a >= b for a, b in zip(vals, vals[1:]))
     assert math.isclose(vals[0], 1.0)
+
+
+# --- layer-wise rates (ELECTRA's fine-tuning) ----------------------------------------------------------
+
+def _three_layer_electra():
+    from bertkit.model.electra import ElectraConfig, ElectraForSequenceClassification
+
+    config = ElectraConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                           intermediate_size=20, embedding_size=8, num_labels=2, max_position_embeddings=16)
+    return ElectraForSequenceClassification(config, generator=torch.Generator().manual_seed(0))
+
+
+# google-research/electra model/optimization.py `_get_layer_lrs` at layer_decay 0.8 and 3 layers: depth
+# "/embeddings/" and "/embeddings_project/" 0, "encoder/layer_i/" i + 1, "task_specific/" 5, rate x 0.8^(5 - depth)
+REFERENCE_SCALES = {"embeddings": 0.8 ** 5, "layer 0": 0.8 ** 4, "layer 1": 0.8 ** 3, "layer 2": 0.8 ** 2,
+                    "head": 1.0}
+
+
+def _where(name):
+    if "embeddings" in name:
+        return "embeddings"
+    for i in range(3):
+        if f"layers.{i}." in name:
+            return f"layer {i}"
+    return "head"
+
+
+def test_layerwise_rates_are_the_references():
+    model = _three_layer_electra()
+    groups = param_groups(model, 0.01, layer_decay=0.8)
+    scale_of = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    for name, param in model.named_parameters():
+        assert scale_of[id(param)] == pytest.approx(REFERENCE_SCALES[_where(name)]), name
+    # decay still follows bias / LayerNorm inside each depth
+    assert {g["weight_decay"] for g in groups} == {0.01, 0.0}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    one_rate = param_groups(model, 0.01)  # the default: the two groups as before, no scale
+    assert [g["weight_decay"] for g in one_rate] == [0.01, 0.0] and not any("lr_scale" in g for g in one_rate)
+
+
+def test_each_group_steps_at_its_scaled_rate():
+    """Adam's first step moves each weight by the rate (m / sqrt(v) = sign of the gradient, epsilon aside): the
+    largest move in each tensor is the group's rate, 1e-3 x its scale."""
+    from bertkit.training.optim import set_lr
+
+    model = _three_layer_electra().train(False)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, OptimConfig(learning_rate=1e-3, weight_decay=0.0, layerwise_lr_decay=0.8,
+                                             adam_epsilon=1e-12))  # tiny gradients move by the full rate too
+    set_lr(opt, 1e-3)
+    ids = torch.randint(5, 50, (4, 10), generator=torch.Generator().manual_seed(1))
+    model(ids, labels=torch.tensor([0, 1, 1, 0])).loss.backward()
+    opt.step()
+    for name, param in model.named_parameters():
+        moved = (param.detach() - before[name]).abs().max().item()
+        assert moved == pytest.approx(1e-3 * REFERENCE_SCALES[_where(name)], rel=1e-3), name
+
+
+def test_layerwise_decay_is_checked_and_adamw_only():
+    with pytest.raises(BertkitError, match="--layerwise-lr-decay must be in"):
+        OptimConfig(layerwise_lr_decay=0).validate()
+    with pytest.raises(BertkitError, match="--optimizer adamw"):
+        build_optimizer(_three_layer_electra(), OptimConfig(layerwise_lr_decay=0.8), name="lamb")

@@ -76,6 +76,18 @@ PRESETS = {
     "large": (24, 1024, 16),
 }
 
+# ELECTRA's discriminators (Clark et al. 2020, table 6; the released google/electra-*-discriminator), `--config
+# electra-NAME` of `bertkit pretrain run --method electra`: name -> (num_hidden_layers, hidden_size,
+# num_attention_heads, embedding_size, the generator's size as a fraction of the discriminator); intermediate 4x hidden.
+# The generator sizes are table 6's (google-research/electra configure_pretraining.py: generator_hidden_size 0.25,
+# 0.33333 for base); the released ELECTRA-Small's generator is as large as its discriminator (the repository's README).
+ELECTRA_PRESETS = {
+    "small": (12, 256, 4, 128, 1 / 4),
+    "base": (12, 768, 12, 768, 1 / 3),
+    "large": (24, 1024, 16, 1024, 1 / 4),
+}
+ELECTRA_PREFIX = "electra-"  # --config electra-small: ELECTRA_PRESETS["small"] (BERT's own "small" is 4 x 512)
+
 # the largest size each field may take: far past any published encoder (BERT-large: 24 layers, hidden 1024,
 # 512 positions; multilingual vocabularies ~250k), small enough that a typo cannot ask for terabytes
 SIZE_LIMITS = {"vocab_size": 1 << 24, "hidden_size": 1 << 16, "num_hidden_layers": 1024, "num_attention_heads": 1 << 12,

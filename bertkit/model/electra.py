@@ -48,8 +48,11 @@ Deviations from the paper's code: the generator keeps the discriminator's head s
 heads x head size may round (ELECTRA-Base at 1/4: 3 heads, hidden 192); its feed-
 forward keeps the discriminator's ratio to hidden. Replacements are sampled with
 torch.multinomial from a float32 softmax instead of by the Gumbel trick (the same
-distribution). Which positions are masked and how (80/10/10 or all [MASK]) is the
-masking code's business: every labelled position is sampled and replaced.
+distribution). Which positions are masked and how is the masking code's business (an ELECTRA
+run shows them 85% [MASK], 15% kept, as the reference: bertkit.pretraining.run_config.REPLACEMENT);
+every labelled position is sampled and replaced. The reference draws the positions with
+replacement (tf.random.categorical), so a full 128-token row has ~17.7 distinct masked
+positions of its 19; here exactly 19 (BERT's choice of a subset).
 """
 
 from __future__ import annotations
@@ -62,20 +65,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.model.config import BertConfig
+from bertkit.model.config import ELECTRA_PRESETS, BertConfig
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.model.heads import (IGNORE_INDEX, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                                  BertForTokenClassification, encode, check_labels, classifier_dropout, untied_decoder)
 from bertkit.model.modeling import (BertEmbeddings, BertEncoder, BertModel, BertPreTrainedModel, activation,
                                     init_weights)
 
-# name -> (num_hidden_layers, hidden_size, num_attention_heads, embedding_size); intermediate 4x hidden
-# (the discriminators of the paper's table 6 / the released google/electra-*-discriminator)
-PRESETS = {
-    "small": (12, 256, 4, 128),
-    "base": (12, 768, 12, 768),
-    "large": (24, 1024, 16, 1024),
-}
+PRESETS = ELECTRA_PRESETS  # the discriminators of the paper's table 6 (bertkit.model.config)
 
 
 # --- config -------------------------------------------------------------------------
@@ -113,7 +110,7 @@ class ElectraConfig(BertConfig):
         """A discriminator shape of the paper: small, base, large (any field can be overridden)."""
         if name not in PRESETS:
             raise BertkitError(f"unknown ElectraConfig preset {name!r}; choose one of {list(PRESETS)}")
-        layers, hidden, heads, embedding = PRESETS[name]
+        layers, hidden, heads, embedding, _ = PRESETS[name]
         values = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                       intermediate_size=4 * hidden, embedding_size=embedding)
         return cls(**{**values, **overrides})

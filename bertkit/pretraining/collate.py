@@ -18,8 +18,8 @@ time a batch is made, from `generator` (a torch.Generator; the training loop
 seeds one per batch position, so a resumed run sees the same masks). Token
 masking is vectorised: every row gets a uniformly random subset of exactly
 num_to_predict candidates (random scores, ranks below the budget), then one
-uniform draw splits 80/10/10; that is the distribution of `masking.mask_sequence`
-(a test checks them against each other). Whole-word and n-gram masking run
+uniform draw splits 80/10/10 (`replace_chosen`; ELECTRA's rule: 85/0/15); that
+is the distribution of `masking.mask_sequence` (a test checks them against each other). Whole-word and n-gram masking run
 `mask_sequence` per row with a `random.Random` seeded from the generator.
 """
 
@@ -40,7 +40,9 @@ class PretrainingCollator:
     """Callable `collate(instances, generator=None) -> dict of tensors` (see the module docstring).
 
     masking: None uses the masks stored in the instances (static masking);
-    a MaskingConfig masks at batch time (dynamic). seed: used only when no
+    a MaskingConfig masks at batch time (dynamic). replacement: with stored masks only,
+    (mask_replace_prob, random_replace_prob) to show the stored positions by, drawn anew for each batch
+    (ELECTRA's 85/0/15 on data prepare masked 80/10/10); None: as stored. seed: used only when no
     generator is passed: a batch of streamed instances is then seeded by its first
     position, anything else draws from one generator in sequence (in a DataLoader
     worker, one seeded by the seed torch gives that worker: other masks per worker and epoch).
@@ -51,6 +53,7 @@ class PretrainingCollator:
     masking: MaskingConfig | None = None
     return_masked_positions: bool = False
     seed: int = 0
+    replacement: tuple | None = None
 
     def __post_init__(self):
         self._special = torch.from_numpy(self.vocab.special_mask())
@@ -77,7 +80,12 @@ class PretrainingCollator:
         input_ids = torch.from_numpy(ids)
         attention_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
         if self.masking is None:
-            input_ids, labels = input_ids, self._stored_labels(instances, B, T)
+            labels = self._stored_labels(instances, B, T)
+            if self.replacement is not None:  # the stored positions, shown by this rule instead of the stored one
+                chosen = labels != IGNORE_INDEX
+                g = generator if generator is not None else self._generator_for(instances)
+                input_ids = replace_chosen(torch.where(chosen, labels, input_ids), chosen, self.replacement,
+                                           self.vocab.mask_id, g, self._replace)
         else:
             g = generator if generator is not None else self._generator_for(instances)
             if self.masking.masking == "token":
@@ -153,12 +161,23 @@ def mask_tokens(input_ids: torch.Tensor, real: torch.Tensor, cfg: MaskingConfig,
     take = torch.arange(k)[None, :] < budget[:, None]
     chosen = torch.zeros(B, T, dtype=torch.bool).scatter_(1, lowest, take) & cand
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
-    u = torch.rand(B, T, generator=g)  # one draw splits 80 / 10 / 10
-    to_mask = chosen & (u < cfg.mask_replace_prob)
-    to_random = chosen & (u >= cfg.mask_replace_prob) & (u < cfg.mask_replace_prob + cfg.random_replace_prob)
-    out = input_ids.masked_fill(to_mask, vocab.mask_id)
+    rule = (cfg.mask_replace_prob, cfg.random_replace_prob)
+    return replace_chosen(input_ids, chosen, rule, vocab.mask_id, g, replace), labels
+
+
+def replace_chosen(input_ids: torch.Tensor, chosen: torch.Tensor, rule: tuple, mask_id: int, g: torch.Generator,
+                   replace: torch.Tensor) -> torch.Tensor:
+    """What the model reads at the chosen positions [B, T]: rule = (mask_replace_prob, random_replace_prob), the
+    shares shown as [MASK] and as a random id of `replace` [R]; the rest keep their token (BERT 80/10/10, ELECTRA
+    85/0/15: bertkit.pretraining.run_config.REPLACEMENT)."""
+    B, T = input_ids.shape
+    to_mask_p, random_p = rule
+    u = torch.rand(B, T, generator=g)  # one draw splits [MASK] / random / kept
+    to_mask = chosen & (u < to_mask_p)
+    to_random = chosen & (u >= to_mask_p) & (u < to_mask_p + random_p)
+    out = input_ids.masked_fill(to_mask, mask_id)
     rand_ids = replace.index_select(0, torch.randint(len(replace), (B * T,), generator=g)).view(B, T)
-    return torch.where(to_random, rand_ids, out), labels
+    return torch.where(to_random, rand_ids, out)
 
 
 def masked_positions_from_labels(labels: torch.Tensor) -> dict:

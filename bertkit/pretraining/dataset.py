@@ -96,17 +96,25 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
         """The tokenizer the data was prepared with (saved in the folder)."""
         return Tokenizer.from_pretrained(self.directory)
 
-    def collator(self, return_masked_positions: bool = False, seed: int | None = None):
-        """The collator for this data: stored masks (static) or the prepared masking settings (dynamic)."""
+    def collator(self, return_masked_positions: bool = False, seed: int | None = None, replacement: tuple | None = None):
+        """The collator for this data: stored masks (static) or the prepared masking settings (dynamic).
+
+        replacement: (mask_replace_prob, random_replace_prob), how a masked token is shown (None: BERT's 80/10/10,
+        the rule prepare stores static masks by); static masks shown by another rule are drawn anew per batch."""
         if seed is not None and not _is_count(seed):
             raise BertkitError(f"seed must be a non-negative int (or None: the dataset's), got {seed!r}")
         tok = self.tokenizer()
-        masking = None
+        stored = (MaskingConfig.mask_replace_prob, MaskingConfig.random_replace_prob)
+        rule = stored if replacement is None else tuple(replacement)
+        masking, redraw = None, None
         if not self.static_masking:
             c = self.config
-            masking = MaskingConfig(c["masking"], c["masked_lm_prob"], c["max_predictions_per_seq"], c["max_ngram"])
+            masking = MaskingConfig(c["masking"], c["masked_lm_prob"], c["max_predictions_per_seq"], c["max_ngram"],
+                                    mask_replace_prob=rule[0], random_replace_prob=rule[1]).validate()
+        elif rule != stored:
+            redraw = rule
         return PretrainingCollator(MaskVocab.from_tokens(tok.ids_to_tokens), tok.pad_token_id, masking,
-                                   return_masked_positions, self.seed if seed is None else seed)
+                                   return_masked_positions, self.seed if seed is None else seed, redraw)
 
     # --- random access --------------------------------------------------------------------
 

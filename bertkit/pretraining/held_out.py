@@ -74,7 +74,7 @@ def open_prepared(cfg: RunConfig, seed: int):
     ds = PretrainingDataset(cfg.data, seed=seed)
     n_eval = cfg.eval_sequences if cfg.eval_every else 0
     train_idx, eval_idx = held_out_split(cfg.data, len(ds), n_eval, seed)
-    return ds, Subset(ds, train_idx), Subset(ds, eval_idx), ds.collator(seed=seed), ds.tokenizer()
+    return ds, Subset(ds, train_idx), Subset(ds, eval_idx), ds.collator(seed=seed, replacement=cfg.replacement()), ds.tokenizer()
 
 
 def _shard_arrays(data_dir, name: str) -> np.ndarray:

@@ -18,15 +18,23 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 from bertkit.errors import BertkitError, positive
 from bertkit.training import PRECISIONS, paths_as_text
 from bertkit.training.optim import OptimConfig
-from bertkit.model.config import PRESETS
+from bertkit.model.config import ELECTRA_PREFIX, ELECTRA_PRESETS, PRESETS
 
 OPTIMIZERS = ("adamw", "lamb")
 METHODS = ("bert", "electra")
+
+# how each method shows a masked token, (mask_replace_prob, random_replace_prob); the rest keep their token.
+# BERT (Devlin et al. 2019, section 3.1; google-research/bert create_pretraining_data.py): 80% [MASK], 10% a random
+# token, 10% kept. ELECTRA (google-research/electra pretrain/pretrain_helpers.py `mask`: [MASK] where
+# `tf.random.uniform([B, N]) < 0.85`, the original elsewhere): 85% [MASK], 15% kept, no random token (the generator's
+# samples are the replacements). transformers' DataCollatorForLanguageModeling names the two shares so.
+REPLACEMENT = {"bert": (0.8, 0.1), "electra": (0.85, 0.0)}
 
 
 def pretraining_optim() -> OptimConfig:
@@ -37,16 +45,22 @@ def pretraining_optim() -> OptimConfig:
 class RunConfig:
     """One pre-training run. `data` and `output` are directories."""
 
+    # settings added since runs were saved: what a run_config.json without them ran with (an ELECTRA run of before
+    # its 85/0/15 masked 80/10/10, and goes on so on --resume)
+    ADDED_FIELDS: ClassVar[dict] = {"mask_replace_prob": 0.8, "random_replace_prob": 0.1}
+
     data: str = field(metadata={"help": "a directory made by `bertkit pretrain prepare`", "positional": True,
                                 "path": True})
     output: str = field(default="runs/pretrain", metadata={"help": "run directory: checkpoints, metrics, final model", "short": "-o"})
-    config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large) or a config.json (electra: also an ELECTRA one, its embedding_size kept)",
+    config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large: BERT's shapes), electra-small|electra-base|electra-large (the ELECTRA paper's discriminators, --method electra) or a config.json (electra: also an ELECTRA one, its embedding_size kept)",
                                                   "needs": ("init_from", False)})
     method: str = field(default="bert", metadata={"help": "bert: masked LM (+ NSP/SOP if the data has pairs); electra: replaced-token detection, a generator 1/4 the size fills the masks and the model (the discriminator) spots the replaced tokens (data: --objective none)", "choices": METHODS})
-    generator_size: float = field(default=0.25, metadata={"help": "electra: the generator's size as a fraction of the discriminator's (heads, hidden and feed-forward; whole heads of the discriminator's head size, at least one: the run says where that rounds)",
+    generator_size: float | None = field(default=None, metadata={"help": "electra: the generator's size as a fraction of the discriminator's (heads, hidden and feed-forward; whole heads of the discriminator's head size, at least one: the run says where that rounds); default 1/3 for electra-base, else 1/4 (the paper's table 6)",
                                                          "needs": [("method", "electra"), ("init_from", False)]})
     disc_weight: float = field(default=50.0, metadata={"help": "electra: loss = generator MLM loss + this x discriminator loss",
                                                      "needs": ("method", "electra")})
+    mask_replace_prob: float | None = field(default=None, metadata={"help": "share of the masked tokens shown as [MASK] (default: the method's, bert 0.8, electra 0.85 as google-research/electra)"})
+    random_replace_prob: float | None = field(default=None, metadata={"help": "share shown as a random token (default: bert 0.1, electra 0); the rest keep their token"})
     init_from: str | None = field(default=None, metadata={"help": "continue pre-training a Hugging Face checkpoint (its config and weights replace --config; optimizer and schedule start fresh), e.g. on in-domain text", "path": True})
     max_steps: int = field(default=1000, metadata={"resumable": True, "help": "optimizer updates to train for"})
     batch_size: int = field(default=32, metadata={"help": "sequences per micro-batch, per process"})
@@ -86,9 +100,15 @@ class RunConfig:
             raise BertkitError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.method not in METHODS:
             raise BertkitError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if not 0 < self.generator_size <= 1:
+        if not self.resume and not self.init_from and electra_preset(self.config) and self.method != "electra":
+            raise BertkitError(electra_only(self.config))
+        if self.generator_size is not None and not 0 < self.generator_size <= 1:
             raise BertkitError(f"--generator-size is a fraction of the discriminator in (0, 1], got {self.generator_size}")
         positive(self.disc_weight, "--disc-weight")
+        shown_as_mask, shown_random = self.replacement()
+        if not (0 <= shown_as_mask <= 1 and 0 <= shown_random <= 1 and shown_as_mask + shown_random <= 1):
+            raise BertkitError(f"--mask-replace-prob {shown_as_mask:g} and --random-replace-prob {shown_random:g} are "
+                               "shares of the masked tokens: each in [0, 1], together at most 1")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise BertkitError(f"--dropout must be in [0, 1), got {self.dropout}")
         self.optim.validate()
@@ -100,13 +120,40 @@ class RunConfig:
             raise BertkitError(f"--init-from {self.init_from} does not exist: name the folder of the checkpoint to "
                                "continue (config.json, model.safetensors, vocab.txt)")
         if not self.resume and not self.init_from:
-            if self.config not in PRESETS and not Path(self.config).is_file():
-                raise BertkitError(f"--config {self.config!r} is neither a preset ({', '.join(PRESETS)}) "
+            if self.config not in PRESETS and electra_preset(self.config) is None and not Path(self.config).is_file():
+                raise BertkitError(f"--config {self.config!r} is neither a preset ({', '.join(PRESETS)}; with --method "
+                                   f"electra also {', '.join(ELECTRA_PREFIX + n for n in ELECTRA_PRESETS)}) "
                                    "nor a config.json file")
         return self
+
+    def generator_fraction(self) -> float:
+        """--generator-size, else the ELECTRA preset's (1/3 for electra-base, the paper's table 6), else 1/4."""
+        if self.generator_size is not None:
+            return self.generator_size
+        preset = electra_preset(self.config)
+        return ELECTRA_PRESETS[preset][4] if preset else 0.25
+
+    def replacement(self) -> tuple[float, float]:
+        """(mask_replace_prob, random_replace_prob): the flags given, else the method's (REPLACEMENT)."""
+        shown_as_mask, shown_random = REPLACEMENT[self.method]
+        return (shown_as_mask if self.mask_replace_prob is None else self.mask_replace_prob,
+                shown_random if self.random_replace_prob is None else self.random_replace_prob)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def save(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def electra_preset(config: str) -> str | None:
+    """The ELECTRA_PRESETS name `--config electra-NAME` names (None: another --config)."""
+    name = config.removeprefix(ELECTRA_PREFIX)
+    return name if config.startswith(ELECTRA_PREFIX) and name in ELECTRA_PRESETS else None
+
+
+def electra_only(config: str) -> str:
+    """The refusal of an ELECTRA preset in a BERT run (its embeddings are narrower than its layers, which BERT's
+    config cannot say)."""
+    return (f"--config {config} is the ELECTRA paper's discriminator: pre-train it with --method electra, or give one "
+            f"of BERT's shapes ({', '.join(PRESETS)})")

@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 from bertkit.data.outputs import run_output
-from bertkit.model.config import BertConfig, IGNORE_INDEX, PRESETS
+from bertkit.model.config import ELECTRA_PRESETS, BertConfig, IGNORE_INDEX, PRESETS
 from bertkit.model.electra_pretraining import ElectraPretrainingModel, electra_metrics
 from bertkit.errors import BertkitError
 from bertkit.pretraining.held_out import log_label_balance, open_prepared
-from bertkit.pretraining.run_config import RunConfig
+from bertkit.pretraining.run_config import RunConfig, electra_only, electra_preset
 from bertkit.training import harness
 from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
 from bertkit.model.electra import ElectraConfig
@@ -227,6 +227,10 @@ def preset_or_file(name: str, method: str = "bert"):
     or transformers'), read as one so that its embedding_size holds."""
     if name in PRESETS:
         return BertConfig.preset(name)
+    if electra_preset(name):
+        if method != "electra":
+            raise BertkitError(electra_only(name))
+        return ElectraConfig.preset(electra_preset(name))
     if Path(name).is_file():
         kind = model_type(name)
         if kind == "electra" and method != "electra":
@@ -257,8 +261,8 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
             config = ElectraConfig.from_dict(base)
         config = config.replace(vocab_size=vocab_size)
     config = config.replace(**changes)
-    return ElectraPretrainingModel(config, config.generator_config(cfg.generator_size), disc_weight=cfg.disc_weight,
-                                   generator=g)
+    return ElectraPretrainingModel(config, config.generator_config(cfg.generator_fraction()),
+                                   disc_weight=cfg.disc_weight, generator=g)
 
 
 def generator_note(config: ElectraConfig, size: float) -> str | None:
@@ -271,6 +275,22 @@ def generator_note(config: ElectraConfig, size: float) -> str | None:
     heads = f"{gen.num_attention_heads} head{'s' if gen.num_attention_heads != 1 else ''}"
     return (f"generator: {heads} of {config.head_size}, hidden {gen.hidden_size} = {got:g} of the discriminator's "
             f"{config.hidden_size} (--generator-size {size:g} rounds to whole heads of the discriminator's, at least one)")
+
+
+def namesake_note(cfg: RunConfig) -> str | None:
+    """What an ELECTRA run of a BERT preset named as one of ELECTRA's models builds, where that is not the ELECTRA
+    model: BERT-small is 4 layers x 512, ELECTRA-Small 12 x 256 with 128-wide embeddings (--config electra-small)."""
+    if cfg.method != "electra" or cfg.init_from or cfg.config not in ELECTRA_PRESETS:
+        return None
+    layers, hidden, heads = PRESETS[cfg.config]
+    size = cfg.generator_fraction()
+    e_layers, e_hidden, e_heads, e_embedding, e_size = ELECTRA_PRESETS[cfg.config]
+    if (layers, hidden, heads, hidden, size) == (e_layers, e_hidden, e_heads, e_embedding, e_size):
+        return None  # large: the same model
+    return (f"--config {cfg.config} is BERT-{cfg.config}'s shape ({layers} layers, hidden {hidden}, {heads} heads, "
+            f"embeddings {hidden}, a generator {size:.3g} of it); the ELECTRA paper's ELECTRA-{cfg.config.capitalize()} "
+            f"({e_layers} layers, hidden {e_hidden}, {e_heads} heads, embeddings {e_embedding}, generator {e_size:.3g}) "
+            f"is --config electra-{cfg.config}")
 
 
 def same_vocabulary(cfg: RunConfig) -> Path:
@@ -346,9 +366,9 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
         stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed, prepared=dataset.fingerprint)
         job = harness.start(settings, info, stream, build)
         if info.is_main and cfg.method == "electra" and not cfg.init_from:  # --init-from: the saved generator's size
-            note = generator_note(job.config, cfg.generator_size)
-            if note:
-                print(note)
+            for note in (namesake_note(cfg), generator_note(job.config, cfg.generator_fraction())):
+                if note:
+                    print(note)
         model_config = job.config.to_dict()  # recorded in checkpoints, rebuilt to gather FSDP shards
         pair = dataset.objective  # the pair task (nsp, sop) whose accuracy the records name
         autocast = autocast_for(cfg.precision, info.device)

@@ -14,6 +14,11 @@ reference code and `transformers.get_linear_schedule_with_warmup`: the rate
 used for the update with index `step` (0-based) is `peak * step / warmup`
 during warm-up, so the very first update uses rate 0.
 
+Layer-wise rates (`--layerwise-lr-decay`, ELECTRA's fine-tuning: Clark et al.
+2020, appendix A; google-research/electra `model/optimization.py`): each
+parameter group carries an `lr_scale` by its depth, which `set_lr` multiplies
+into the schedule's rate (`param_groups`).
+
 Deviation: Adam's epsilon defaults to 1e-8 (PyTorch / transformers) where the
 original TensorFlow code used 1e-6; both are settable.
 """
@@ -21,6 +26,7 @@ original TensorFlow code used 1e-6; both are settable.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +50,7 @@ class OptimConfig:
     adam_beta2: float = field(default=0.999, metadata={"help": "second-moment decay (AdamW and LAMB)"})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "added to the second-moment root (AdamW and LAMB)"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this; 0 disables"})
+    layerwise_lr_decay: float = field(default=1.0, metadata={"help": "layer-wise rates: the head at the full rate, each encoder layer this times the one above it (google-research/electra's counting), the embeddings lowest; ELECTRA fine-tunes at 0.8 (0.9 for Large); 1: one rate for all (AdamW only)"})
 
     def validate(self) -> "OptimConfig":
         positive(self.learning_rate, "--learning-rate", " (BERT uses 2e-5..5e-5)")
@@ -58,6 +65,9 @@ class OptimConfig:
                 raise BertkitError(f"{flag} must be in [0, 1), got {beta} (BERT uses 0.9 and 0.999)")
         if self.adam_epsilon < 0:
             raise BertkitError(f"--adam-epsilon must be >= 0, got {self.adam_epsilon} (BERT uses 1e-6..1e-8)")
+        if not 0 < self.layerwise_lr_decay <= 1:
+            raise BertkitError(f"--layerwise-lr-decay must be in (0, 1] (1: one rate for all), got "
+                               f"{self.layerwise_lr_decay} (ELECTRA uses 0.8)")
         if self.schedule not in SCHEDULES:
             raise BertkitError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         return self
@@ -94,22 +104,43 @@ def no_decay(name: str, module: torch.nn.Module) -> bool:
     return name.endswith("bias") or isinstance(module, torch.nn.LayerNorm)
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+_LAYER = re.compile(r"encoder\.layers?\.(\d+)\.")  # ours (layers.N) and the Hugging Face name (layer.N)
+
+
+def layer_depth(name: str, num_layers: int) -> int:
+    """How far a parameter sits from the input, counted as google-research/electra's `_get_layer_lrs` does: the
+    embeddings (and their projection) 0, encoder layer i at i + 1, anything else (the task's head; BERT's pooler)
+    num_layers + 2."""
+    if "embeddings" in name:
+        return 0
+    found = _LAYER.search(name)
+    return int(found.group(1)) + 1 if found else num_layers + 2
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
     """Split trainable parameters into a decayed and a not-decayed AdamW group.
 
-    Each parameter appears once even when shared (tied embeddings).
+    Each parameter appears once even when shared (tied embeddings). With `layer_decay` < 1 (layer-wise rates,
+    Clark et al. 2020, appendix A), each of the two is split by depth d (`layer_depth`) and a group's `lr_scale`
+    is layer_decay ** (num_layers + 2 - d), which `set_lr` multiplies in: the head 1, the top layer layer_decay^2
+    (the reference leaves depth num_layers + 1 empty), the embeddings layer_decay^(num_layers + 2).
     """
-    decay, keep, seen = [], [], set()
+    layers = 1 + max((int(m.group(1)) for n, _ in model.named_parameters() for m in [_LAYER.search(n)] if m),
+                     default=-1)
+    groups: dict = {}  # (decayed, lr_scale) -> parameters, in the order they come
+    seen = set()
     for module_name, module in model.named_modules():
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
-            (keep if no_decay(name, module) else decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": keep, "weight_decay": 0.0},
-    ]
+            depth = layer_depth(f"{module_name}.{name}", layers)
+            groups.setdefault((not no_decay(name, module), layer_decay ** (layers + 2 - depth)), []).append(param)
+    if layer_decay == 1.0:  # the two groups as ever (a resumed optimizer's state lines up with them)
+        return [{"params": groups.get((True, 1.0), []), "weight_decay": weight_decay},
+                {"params": groups.get((False, 1.0), []), "weight_decay": 0.0}]
+    return [{"params": params, "weight_decay": weight_decay if decayed else 0.0, "lr_scale": scale}
+            for (decayed, scale), params in groups.items()]
 
 
 def build_optimizer(model: torch.nn.Module, config: OptimConfig, name: str = "adamw") -> torch.optim.Optimizer:
@@ -117,7 +148,9 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig, name: str = "ad
     import torch
 
     config.validate()
-    groups = param_groups(model, config.weight_decay)
+    if name == "lamb" and config.layerwise_lr_decay != 1.0:
+        raise BertkitError("--layerwise-lr-decay goes with --optimizer adamw (LAMB scales each layer's step itself)")
+    groups = param_groups(model, config.weight_decay, config.layerwise_lr_decay)
     kwargs = dict(lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
     if name == "lamb":
         from bertkit.training.lamb import Lamb
@@ -133,5 +166,6 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig, name: str = "ad
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's rate, times each group's `lr_scale` where it has one (layer-wise rates, `param_groups`)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
