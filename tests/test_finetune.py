@@ -455,6 +455,29 @@ def test_cli_finetune_classify(tiny, tmp_path, capsys):
     assert json.loads((tmp_path / "o" / "config.json").read_text())["classifier_pooling"] == "mean"
 
 
+def test_finetune_says_how_many_examples_are_cut_at_max_length(tiny, tmp_path, capsys):
+    """Without --stride a text longer than --max-length trains (and is scored) on its first tokens alone: nothing
+    said so, and a file of long documents trained on their openings. Each file's count is said once; the reference
+    is each row's whole encoding (no truncation) against --max-length 24 (24 tokens fit, 25 do not). With --stride
+    the long texts are windows, and nothing is cut."""
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(tiny / "vocab.txt")
+    rows = sentiment_rows(6, random.Random(0)) + [(" ".join(["good"] * 22), "pos"), (" ".join(["bad"] * 23), "neg"),
+                                                  ("the food was awful . " * 20, "neg")]
+    cut = sum(len(tok.encode(text, truncation=False)) > 24 for text, _ in rows)
+    assert cut == 2
+    t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], rows)
+    d = write_tsv(tmp_path / "d.tsv", ["sentence", "label"], rows[-3:])
+    common = ["--train", str(t), "--model", str(tiny), "--max-length", "24", "--max-steps", "1", "--no-progress"]
+    assert main(["finetune", "classify", *common, "--dev", str(d), "--output", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert f"{t}: {cut} of 9 examples are longer than --max-length 24 tokens and are cut there" in out, out
+    assert f"{d}: {cut} of 3 examples are longer than --max-length 24 tokens" in out and "--stride 6" in out
+    assert main(["finetune", "classify", *common, "--stride", "6", "--output", str(tmp_path / "w")]) == 0
+    assert "are cut there" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("task", ["classify", "ner", "qa", "embed"])
 def test_a_max_length_above_the_models_positions_is_refused(task, tiny, tmp_path, capsys):
     """--max-length 65 on a 64-position model trained (short texts fit), and the saved model said it reads 65

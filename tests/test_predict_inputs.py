@@ -11,6 +11,7 @@ tokenizer cuts.
 
 import json
 import re
+import shutil
 import warnings
 
 import pytest
@@ -159,6 +160,44 @@ def test_a_conll_file_whose_last_column_is_no_tags_names_the_line_and_no_evaluat
     assert err.count("\n") == 1
     assert main(["predict", str(models["ner"]), str(src), "-o", str(tmp_path / "p.tsv"), "--quiet", "--no-evaluate"]) == 0
     assert (tmp_path / "p.tsv").read_text(encoding="utf-8").splitlines()[1].startswith("EU rejects\t")
+
+
+# --- texts longer than the model reads ------------------------------------------------------------------------
+
+
+def test_predict_says_how_many_inputs_the_model_read_cut_at_its_max_length(models, tmp_path, capsys):
+    """A classifier fine-tuned without --stride reads the first max_length tokens of a text and nothing else, as
+    transformers' pipeline with truncation does; `bertkit predict` classified 4000-word chapters from their first
+    sentences and said nothing. It says once how many inputs were cut. Reference: each input's whole encoding
+    (no truncation) against the model's max_length of 32; an input of exactly 32 tokens is not cut. A model
+    trained with --stride reads a long text whole, in windows: nothing is said."""
+    tok = bertkit.Tokenizer.from_pretrained(models["tiny"] / "vocab.txt")
+    texts = ["the movie was good .", " ".join(["good"] * 30), " ".join(["good"] * 31), "the food was bad . " * 60]
+    lengths = [len(tok.encode(t, truncation=False)) for t in texts]
+    assert lengths[1] == 32 and lengths[2] == 33  # the edge: 32 fits, 33 is cut
+    cut = sum(n > 32 for n in lengths)
+    src = tmp_path / "long.txt"
+    src.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    assert main(["predict", str(models["classify"]), str(src), "-o", str(tmp_path / "p.tsv"), "--quiet"]) == 0
+    said = capsys.readouterr().out
+    assert f"{src}: {cut} of 4 inputs are longer than the model's max_length of 32 tokens" in said, said
+    assert said.count("longer than") == 1 and "--stride 8" in said
+    # with a stride: windows, nothing cut
+    info = json.loads((models["classify"] / "bertkit_task.json").read_text())
+    windowed = tmp_path / "windowed"
+    shutil.copytree(models["classify"], windowed)
+    (windowed / "bertkit_task.json").write_text(json.dumps({**info, "stride": 8}))
+    assert main(["predict", str(windowed), str(src), "-o", str(tmp_path / "w.tsv"), "--quiet"]) == 0
+    assert "longer than" not in capsys.readouterr().out
+    # pairs are never windowed: a pair longer than 32 tokens with [CLS] and two [SEP]s is counted
+    pairs = tmp_path / "pairs.tsv"
+    rows = [("the movie was good .", "it was"), (" ".join(["good"] * 15), " ".join(["bad"] * 14)),
+            (" ".join(["good"] * 15), " ".join(["bad"] * 15))]
+    pairs.write_text("sentence1\tsentence2\n" + "".join(f"{a}\t{b}\n" for a, b in rows), encoding="utf-8")
+    cut = sum(len(tok.encode(a, b, truncation=False)) > 32 for a, b in rows)
+    assert cut == 1
+    assert main(["predict", str(models["pair"]), str(pairs), "-o", str(tmp_path / "q.tsv"), "--quiet"]) == 0
+    assert f"{pairs}: 1 of 3 inputs are longer than the model's max_length of 32 tokens" in capsys.readouterr().out
 
 
 # --- a Hugging Face QA checkpoint with fewer positions than run_squad.py's 384 --------------------------------

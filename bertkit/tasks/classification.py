@@ -14,7 +14,8 @@ into windows of max_length tokens overlapping by `stride` tokens (the way
 google-research/bert run_squad.py covers long documents); every window is a
 training feature with the text's label, and at prediction time the windows'
 logits are averaged into one prediction. Without a stride (the default) the
-text is truncated, as in the paper. Pairs are always truncated (longest first).
+text is truncated, as in the paper, and the run says per file how many examples
+were (`_say_cut`). Pairs are always truncated (longest first).
 
 Each task's record (`bertkit.tasks.registry`) gives its head's problem type,
 which decides what a label is, the loss and the decoding; the features, the
@@ -49,7 +50,7 @@ from bertkit.data.tables import (check_known_labels, label_cell, column_key, fir
                                  read_text_examples, tsv_cell)
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
-from bertkit.tasks.text_inference import decode, make_features, pool_windows, score
+from bertkit.tasks.text_inference import cut_count, decode, make_features, pool_windows, score
 from bertkit.tasks.trainer import train, warnings_once
 from bertkit.model.heads import BertForSequenceClassification, HeadOutput
 
@@ -151,6 +152,7 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
     if len(train_feats) > len(train_ex):
         log(f"{len(train_feats) - len(train_ex)} extra windows for texts longer than max_length={cfg.max_length}")
     dev_feats = make_features(tok, dev_ex, kind, label2id, cfg.max_length, cfg.stride) if dev_ex else None
+    _say_cut(cfg, tok, ((cfg.train, train_ex), (cfg.dev, dev_ex)), log)
 
     def decode_dev(m):
         logits = run_model(m, dev_feats, tcfg.eval_batch_size, progress=tcfg.progress, desc="eval")["logits"]
@@ -180,6 +182,18 @@ def finetune_text(cfg: TextTaskConfig, log=print, speed=None) -> dict:
         write_predictions(out / "dev_predictions.tsv", dev_ex, preds, kind, cfg.label_separator, names or ())
     write_json(out / "metrics.json", final)
     return final
+
+
+def _say_cut(cfg: TextTaskConfig, tok, splits, log) -> None:
+    """Say per file how many examples are read cut at --max-length (`text_inference.cut_count`): the model trains
+    and is scored on their first tokens alone, which nothing showed."""
+    for path, examples in splits:
+        cut = cut_count(tok, examples, cfg.max_length, cfg.stride) if examples else 0
+        if cut:
+            how = ("pairs are cut longest side first" if cfg.text_pair_column else
+                   f"--stride {cfg.max_length // 4} reads long texts whole, in windows")
+            log(f"{path}: {cut} of {len(examples)} examples are longer than --max-length {cfg.max_length} tokens and "
+                f"are cut there ({how})")
 
 
 def trivial_baseline(problem_type: str, train_ex, dev_ex, names, metric: str) -> tuple[float, str] | None:

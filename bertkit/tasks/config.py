@@ -142,7 +142,8 @@ class TextTaskConfig(TaskConfig):
     label_column: str = _opt("label", "column with the label")
     label_separator: str = _opt(",", "separator between labels (multi-label); predictions are written joined by it")
     stride: int = _opt(0, "> 0: cut single texts longer than --max-length into windows overlapping by this many "
-                          "tokens (the overlap) and average their logits (default 0: truncate)")
+                          "tokens (the overlap) and average their logits (default 0: truncate, and say per file "
+                          "how many were cut; `bertkit predict` says it too)")
     pooling: str = _opt("cls", "what the classifier reads: cls, BERT's pooled [CLS] vector, or mean, the average "
                                "of the last layer's token vectors (for MLM-only pre-trained BERT models; ELECTRA's head reads the "
                                "first token: cls only)",

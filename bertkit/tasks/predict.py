@@ -245,6 +245,8 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     for side, name in ((texts, "input {}"), (pairs, "the second text of input {}")):
         if side is not None:  # named as the file's inputs, counted from 1 (predict's own check says texts[i])
             check_tokens(loaded.tokenizer, side, lambda i, name=name: f"{input_path}: {name.format(i + 1)}")
+    if task.cut and (cut := task.cut(loaded.tokenizer, texts, pairs, info)):  # said once, before the run
+        log(f"{input_path}: {cut}")
     preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded, progress=progress,
                     version_2=version_2)
     # references past the inputs (`Task.read_labelled`): answered inputs the reader skipped, scored unanswered

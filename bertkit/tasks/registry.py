@@ -33,6 +33,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     features           (tokenizer, texts, pairs, answers, info, labels) -> training features encoded as the
                        model was trained, with the labels where `answers` (read_labelled's) are given: what
                        `bertkit distill layers` trains a fine-tuned model's student on (None: not offered)
+    cut                (tokenizer, texts, pairs, info) -> the line `bertkit predict` says of the inputs the model reads
+                       cut at its max_length, None when it reads them all whole (None: it windows every input)
     routes, pair_score the server routes that answer it; how a prediction of one (query, text) pair becomes
                        a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
     rerank_labels      how many labels a labelled cross-encoder has: two for a pair classifier (the second's
@@ -100,6 +102,7 @@ class Task:
     entities: bool = False  # predictions are tags whose entities the server spells out with offsets
     windows: bool = False  # a long input is read whole, in overlapping windows (else cut at max_length, or
     # for the text tasks windowed when trained with --stride: `bertkit.tasks.text_inference`)
+    cut: Callable | None = None
     routes: tuple = ("/predict", "/tokenize")
     pair_score: Callable | None = None
     features: Callable | None = None
@@ -286,6 +289,7 @@ def _text(name: str, problem_type: str, config=TextTaskConfig,
                 read_labelled=partial(text.read_labelled, problem_type=problem_type),
                 score=partial(text.score_answers, problem_type=problem_type), answers="a {label!r} column",
                 features=partial(text.training_features, problem_type=problem_type), tables=reports.label_tables,
+                cut=text.cut_line,
                 **more)
 
 

@@ -13,7 +13,8 @@ logits per input, and what they mean follows the head's problem type
 Long inputs: with `stride > 0` a single text longer than `max_length` is cut
 into windows overlapping by `stride` tokens (google-research/bert run_squad.py's
 way of covering long documents) and the windows' logits are averaged into one
-prediction; pairs are always truncated (longest first).
+prediction; pairs are always truncated (longest first). `cut_count` counts the
+inputs read cut at max_length, which finetune and `bertkit predict` say.
 
 No torch here: `predict` gets `run(features)`, the model run over features
 (`bertkit.tasks.batching.run_model`), so using a model needs no training code.
@@ -86,6 +87,40 @@ def training_features(tok, texts: list[str], pairs: list[str] | None, answers: l
         label2id = {n: i for i, n in enumerate(names)}
         check_known_labels((e.label for e in answers), label2id, "the data")
     return make_features(tok, examples, problem_type, label2id, info.get("max_length", 512), info.get("stride", 0))
+
+
+def cut_count(tok, examples: list[TextExample], max_length: int, stride: int) -> int:
+    """How many examples the model reads cut at `max_length`, the tokens past it unread: a single text longer than
+    that when there is no stride (with one it is read whole, in windows), a pair always (cut longest first). Each
+    side is read only as far as its head (`Tokenizer.head`: more pieces than the budget, or the whole text)."""
+    heads, budgets = [], []
+    for ex in examples:
+        if ex.text_pair is None and stride:
+            continue
+        budget = max_length - (2 if ex.text_pair is None else 3)  # [CLS] A [SEP] (B [SEP])
+        sides = [ex.text] if ex.text_pair is None else [ex.text, ex.text_pair]
+        heads += [tok.head(side, budget) for side in sides]
+        budgets.append((budget, len(sides)))
+    lengths = iter(tok.ids_batch(heads)[1] if heads else ())
+    return sum(sum(next(lengths) for _ in range(sides)) > budget for budget, sides in budgets)
+
+
+def cut_line(tok, texts: list[str], pairs: list[str] | None, info: dict) -> str | None:
+    """What `bertkit predict` says of the inputs the model reads cut (`cut_count`), None when it reads all whole."""
+    examples = [TextExample(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)]
+    max_length, stride = info.get("max_length", 512), info.get("stride", 0)
+    cut = cut_count(tok, examples, max_length, stride)
+    if not cut:
+        return None
+    if pairs is not None:
+        how = "cut longest side first; pairs are never windowed"
+    elif info.get("inferred"):  # a Hugging Face checkpoint keeps no stride
+        how = "a Hugging Face checkpoint is read cut, as transformers' pipeline with truncation reads it"
+    else:
+        how = (f"it was fine-tuned without --stride: fine-tune with --stride {max_length // 4} to read long texts "
+               "whole, in windows")
+    return (f"{cut} of {len(texts)} inputs are longer than the model's max_length of {max_length} tokens: it read "
+            f"only their first {max_length} tokens ({how})")
 
 
 # --- predictions -----------------------------------------------------------
