@@ -408,6 +408,46 @@ def test_the_npy_header_written_before_streamed_data_is_np_saves(tmp_path, dtype
     assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "numpy.npy").read_bytes()
 
 
+def test_texts_cut_at_the_layouts_max_seq_length_are_counted_in_one_warning(tiny_dir, tmp_path):
+    """A model's sentence vectors are made at its sentence-transformers max_seq_length, and a longer text is cut
+    there (sentence-transformers' rule, kept); nothing said so, and `bertkit embed` of a book's chapters wrote each
+    chapter's first page. One warning counts the texts cut. Reference: each text's whole encoding (no truncation)
+    against max_seq_length 12; 12 tokens fit, 13 do not. The vectors are the ones truncate=True makes, which is
+    asked for and so not warned of, and truncate=False windows them: nothing is cut."""
+    import shutil
+    import warnings
+
+    from bertkit.cli import main
+    from bertkit.model.sentence_layout import write_layout
+    from bertkit.text.tokenizer import Tokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_dir, folder)
+    write_layout(folder, pooling="mean", normalize=True, max_seq_length=12, hidden_size=32)
+    tok = Tokenizer.from_pretrained(folder)
+    texts = ["the hat", "the hat " * 5, "the hat " * 5 + "red", "the red hat sat on the mat . " * 9]
+    cut = sum(len(tok.encode(t, truncation=False)) > 12 for t in texts)
+    assert [len(tok.encode(t, truncation=False)) for t in texts[1:3]] == [12, 13] and cut == 2
+    with pytest.warns(UserWarning, match=rf"^{cut} of 4 texts are longer than 12 tokens and were cut there") as said:
+        vectors = embed(texts, str(folder))
+    assert len(said) == 1 and "truncate=False" in str(said[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # asked for: no warning
+        np.testing.assert_array_equal(vectors, embed(texts, str(folder), truncate=True))
+        embed(texts, str(folder), truncate=False)
+    # a pair takes the tokenizer's other path: [CLS] A [SEP] B [SEP] over 12 tokens is cut too
+    pairs = ["the hat", "the hat", "the hat", "the"]
+    cut = sum(len(tok.encode(t, p, truncation=False)) > 12 for t, p in zip(texts, pairs))
+    with pytest.warns(UserWarning, match=rf"^{cut} of 4 texts are longer than 12 tokens"):
+        embed(texts, str(folder), pairs=pairs)
+    # the command says it once (on standard error, as `bertkit: warning: ...`)
+    src = tmp_path / "texts.txt"
+    src.write_text("".join(t + "\n" for t in texts))
+    with pytest.warns(UserWarning, match="^2 of 4 texts are longer than 12 tokens and were cut there") as said:
+        assert main(["embed", str(src), "-o", str(tmp_path / "v.npy"), "--model", str(folder), "--quiet"]) == 0
+    assert len(said) == 1 and "--no-truncate" in str(said[0].message)
+
+
 def test_a_stride_beside_truncation_is_refused_not_ignored():
     """The default model's sentence vectors are cut at 256 tokens, so a stride (the overlap of windows) did
     nothing, silently; with windows asked for it applies."""

@@ -1,37 +1,31 @@
 """Feature extraction: contextual vectors from a frozen BERT, over texts of any length.
 
-The feature-based approach of the BERT paper (Devlin et al. 2019, section 5.3,
-Table 7) feeds the activations of a pre-trained, *frozen* encoder to a task
-model instead of fine-tuning it. This module runs the encoder over texts and
-hands its outputs to `bertkit.embeddings.pooling` (torch), which turns one forward pass into
+The feature-based approach of the BERT paper (Devlin et al. 2019, section 5.3, Table 7) feeds the activations
+of a pre-trained, *frozen* encoder to a task model instead of fine-tuning it. This module runs the encoder over
+texts and hands its outputs to `bertkit.embeddings.pooling` (torch), which turns one forward pass into
 
 - token vectors   [T, D]  per text, from a layer strategy,
 - word vectors    [W, D]  the word pieces of each input word pooled together,
 - sentence vectors [D]    [CLS] or the attention-masked mean, optionally L2-normalised.
 
-Sentence embeddings follow the model's sentence-transformers layout when it has
-one (`bertkit.model.sentence_layout`, read by `bertkit.runtime.loading`): its pooling, its
-normalisation and its `max_seq_length`, the length it was trained at (256 for the
-default all-MiniLM-L6-v2), at which a longer text is truncated unless windows are
-asked for (`truncate=False`). An explicit argument overrides the layout; the choice is made
-once, by `bertkit.embeddings.settings.resolve_output`.
+Sentence embeddings follow the model's sentence-transformers layout when it has one (`bertkit.model.sentence_layout`,
+read by `bertkit.runtime.loading`): its pooling, its normalisation and its `max_seq_length`, the length it was
+trained at (256 for the default all-MiniLM-L6-v2), at which a longer text is truncated (and a warning says how many
+were) unless windows are asked for (`truncate=False`). An explicit argument overrides the layout; the choice is
+made once, by `bertkit.embeddings.settings.resolve_output`.
 
-Inputs longer than the window (the model's 512 positions, or `max_length`) are
-cut into overlapping windows (`stride` tokens shared by consecutive windows,
-default half a window) and each token keeps the vector from the window where it
-has the most context on both sides: the "max context" rule of `run_squad.py`
-(`bertkit.text.windows`). For a sentence vector of a windowed text the [CLS] comes from
-the first window and the [SEP] from the last, so a text that fits in one window
-gives exactly the one-pass result.
+Inputs longer than the window (the model's 512 positions, or `max_length`) are cut into overlapping windows
+(`stride` tokens shared by consecutive windows, default half a window) and each token keeps the vector from the
+window where it has the most context on both sides: the "max context" rule of `run_squad.py`
+(`bertkit.text.windows`). For a sentence vector of a windowed text the [CLS] comes from the first window and the
+[SEP] from the last, so a text that fits in one window gives exactly the one-pass result.
 
-`iter_embed` streams: it reads texts lazily in chunks, sorts each chunk by
-length so that batches carry little padding, runs the batches, and yields the
-results back in input order; `bertkit.data.vector_files` writes that stream without
-holding every vector in memory. For each chunk, in this order: the texts become
-token ids (`_encode`), long ones are cut into windows (`bertkit.text.windows`: the
-windows and, at once, each token's max-context window), the windows run through
-the encoder in batches (`run_batch`, the layer strategy applied there) and are put
-back together per text, and each text is pooled (`bertkit.embeddings.pooling.pool`).
+`iter_embed` streams: it reads texts lazily in chunks, sorts each chunk by length so that batches carry little
+padding, runs the batches, and yields the results back in input order; `bertkit.data.vector_files` writes that
+stream without holding every vector in memory. For each chunk, in this order: the texts become token ids
+(`_encode`), long ones are cut into windows (`bertkit.text.windows`: the windows and, at once, each token's
+max-context window), the windows run through the encoder in batches (`run_batch`, the layer strategy applied
+there) and are put back together per text, and each text is pooled (`bertkit.embeddings.pooling.pool`).
 
 Legend: as in `bertkit.embeddings.pooling` (B batch, T tokens, H hidden, L layers, D output size).
 """
@@ -54,7 +48,8 @@ from tqdm import tqdm
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, folder_stamp, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
-from bertkit.embeddings.settings import AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output, word_pooling_for
+from bertkit.embeddings.settings import (AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output, say_cut,
+                                         word_pooling_for)
 from bertkit.embeddings.static import NO_CUT, check_static_options, iter_static, no_tokens
 from bertkit.text.windows import max_context_owner, shape, spans
 
@@ -116,6 +111,7 @@ class _Item:
     n_words: int
     windows: list | None = None  # (start, end) windows over the content tokens, None when it fits
     owners: list | None = None  # per content token: the window it has the most context in
+    cut: bool = False  # truncated at max_length: tokens past it unread
 
 
 def _word_spans(words: Sequence[str]) -> tuple:
@@ -162,10 +158,11 @@ def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool
     texts = [text for text, _ in chunk]
     for k, text in enumerate(texts):
         _check_text(text, where, k)
-    items = []
-    for k, (text, ids) in enumerate(zip(texts, tok.single_ids(texts, max_length if truncate else None))):
+    items, budget = [], max_length - 2 if truncate else None  # one piece past it tells a cut text (`cut`)
+    for k, (text, ids) in enumerate(zip(texts, tok.ids_lists(texts, None if budget is None else budget + 1))):
+        ids, cut = [tok.cls_token_id, *ids[:budget], tok.sep_token_id], budget is not None and len(ids) > budget
         _check_tokens(text, ids, where, k)
-        items.append(_Item(text, None, ids, [0] * len(ids), [], 0))
+        items.append(_Item(text, None, ids, [0] * len(ids), [], 0, cut=cut))
     return items
 
 
@@ -205,7 +202,10 @@ def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: No
     if words is None:
         words = whitespace_spans(text)
     token_words = _token_words(enc.offsets, enc.sequence_ids, words)
-    return _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words))
+    budget = max_length - (2 if pair is None else 3)  # a text that fills max_length may be cut: read a bit past it
+    cut = (truncate and len(enc.input_ids) == max_length and hasattr(tok, "head")
+           and sum(tok.ids_batch([tok.head(s, budget) for s in (text, pair) if s is not None])[1]) > budget)
+    return _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words), cut=bool(cut))
 
 
 def _pieces(item_index: int, item: _Item, max_length: int, stride: int) -> list:
@@ -298,12 +298,9 @@ def iter_embed(
     total: int | None = None,
     where=None,
 ) -> Iterator[np.ndarray]:
-    """Yield one result per text, in input order, reading `texts` lazily, with the encoder `loaded` (`load_encoder`
-    or `bertkit.runtime.loading.load`); `where(i)` names the i-th text (from 0) in an error about it: file:line.
-
-    Texts are taken `chunk_size` at a time; within a chunk the forward-pass rows (texts, or windows of long
-    texts) are sorted by length so each batch of `batch_size` carries little padding. See `embed` for the arguments.
-    """
+    """Yield one result per text, in input order, reading `texts` lazily (`chunk_size` at a time, each chunk's rows
+    sorted by length: little padding), with the encoder `loaded` (`load_encoder` or `bertkit.runtime.loading.load`);
+    `where(i)` names the i-th text (from 0) in an error about it: file:line. See `embed` for the arguments."""
     if not isinstance(loaded, Loaded):
         raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.load_encoder(model)), "
                            f"got {type(loaded).__name__}")
@@ -324,9 +321,11 @@ def iter_embed(
     net.eval()  # dropout off: features are deterministic
     bar = tqdm(total=total, unit="text", desc="embed") if progress else None
     source = zip(texts, pairs) if pairs is not None else ((t, None) for t in texts)
+    seen = was_cut = 0
     try:
         for start, chunk in _chunks(source, chunk_size):
             items = _encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words", where, start)
+            seen, was_cut = seen + len(items), was_cut + sum(item.cut for item in items)
             pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
             if output.pooling in SENTENCE_POOLINGS and len(pieces) == len(items):  # no text windowed
                 yield from sentence_vectors(net, pieces, layers, combine, pad_id, batch_size, bar, output.normalize,
@@ -335,6 +334,7 @@ def iter_embed(
             tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
             for item, vectors in zip(items, tokens):
                 yield pool(vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling)
+        say_cut(was_cut, seen, cut.max_length, asked=truncate is not None)  # once, after the last text
     finally:
         net.train(was_training)
         if bar is not None:
@@ -458,20 +458,16 @@ def embed(texts, model=None, layers="last", pooling=AUTO, normalize: bool | None
                pieces pooled by `word_pooling=` mean (default) | first) or None (per-token).
     normalize: L2-normalise each output vector (None: as the model's layout says for
                sentence vectors, else no).
-    options:   pairs=, combine=, word_pooling=, batch_size=32, max_length= (tokens per
-               pass or window; default: for sentence vectors the layout's max_seq_length,
-               else the model's 512 positions), stride= tokens shared by consecutive windows
-               (default: half a window, (max_length-2) - (max_length-2)//2),
-               truncate= (cut at max_length instead of windowing; default: True for
-               sentence vectors of a model with a layout, as sentence-transformers cuts
-               at its max_seq_length, else False), progress=False,
-               device= auto | cpu | cuda, dtype= float32 | bfloat16 | auto,
-               int8=False (int8 dense layers, `bertkit.runtime.quantization`); see
-               `bertkit.runtime.loading.load`.
+    options:   pairs=, combine=, word_pooling=, batch_size=32, max_length= (tokens per pass or window; default:
+               for sentence vectors the layout's max_seq_length, else the model's 512 positions), stride= tokens
+               shared by consecutive windows (default: half a window, (max_length-2) - (max_length-2)//2),
+               truncate= (cut at max_length instead of windowing; default: True for sentence vectors of a model
+               with a layout, as sentence-transformers cuts at its max_seq_length, with a warning that counts the
+               texts cut, else False), progress=False, device= auto | cpu | cuda, dtype= float32 | bfloat16 |
+               auto, int8=False (int8 dense layers, `bertkit.runtime.quantization`); see `bertkit.runtime.loading.load`.
 
-    Returns [N, D] for pooled vectors of a list, [D] for a single string;
-    with pooling None or "words" a list of [T_i, D] / [W_i, D] arrays (one
-    array for a single string).
+    Returns [N, D] for pooled vectors of a list, [D] for a single string; with pooling None or "words" a list of
+    [T_i, D] / [W_i, D] arrays (one array for a single string).
     """
     single = isinstance(texts, str)
     texts = [texts] if single else _listed(texts, "texts")

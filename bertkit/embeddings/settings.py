@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
 from dataclasses import dataclass
 
 from bertkit.errors import BertkitError
@@ -169,6 +170,17 @@ def resolve_output(layout: SentenceLayout | None, pooling=AUTO, normalize: bool 
         normalize = sentence and layout is not None and layout.normalize
     length = layout.max_seq_length if sentence and layout is not None else None
     return Output(pooling, bool(normalize), length)
+
+
+def say_cut(cut: int, seen: int, length: int, asked: bool) -> None:
+    """Warn, once per run, that `cut` of `seen` texts were truncated at `length` tokens where the cut was not
+    `asked` for (the layout's max_seq_length): sentence-transformers cuts them silently, and a chapter's vector
+    was its first page's without a word said. A cut asked for (truncate=True) is known: nothing is said."""
+    if not cut or asked:
+        return
+    warnings.warn(f"{cut} of {seen} texts are longer than {length} tokens and were cut there, as sentence-transformers "
+                  "cuts a text at its max_seq_length: truncate=False (embed --no-truncate) reads them whole, in windows",
+                  stacklevel=3)
 
 
 def word_pooling_for(word_pooling: str | None, output: Output) -> str:
