@@ -270,3 +270,37 @@ def test_a_typed_max_length_of_32_trains_with_the_fitted_stride(tiny, tmp_path, 
                  str(tiny), "--max-length", "32", "--epochs", "1", "--no-progress"]) == 0
     assert "stride 8: a quarter of max length 32" in capsys.readouterr().out
     assert json.loads((tmp_path / "o" / "bertkit_task.json").read_text())["stride"] == 8
+
+
+def test_cjk_words_are_split_for_training_as_predict_splits_text(tiny, tmp_path):  # noqa: F811
+    """Chinese has no spaces: predict read a whole sentence as one word and gave it one tag; it now splits each
+    CJK ideograph into a word (as BERT's BasicTokenizer does; transformers' pipeline is the oracle in
+    test_predict_inputs). A CoNLL file whose words hold several ideographs ("北京 B-LOC") is split the same way
+    for training and evaluation, the tag continued (北 B-LOC, 京 I-LOC): trained on whole words, the model
+    learned a label on the first character only and was asked about every character."""
+    from bertkit.tasks.ner_inference import read_labelled, split_cjk, split_words
+    from bertkit.tasks.predict import predict, predict_file
+
+    s = split_cjk(TaggedSentence(["默克尔", "访问", "北京", "and", "New", "York", "東京タワー"],
+                                 ["B-PER", "O", "B-LOC", "O", "B-LOC", "I-LOC", "I-LOC"]))
+    assert s.words == ["默", "克", "尔", "访", "问", "北", "京", "and", "New", "York", "東", "京", "タワー"]
+    assert s.tags == ["B-PER", "I-PER", "I-PER", "O", "O", "B-LOC", "I-LOC", "O", "B-LOC", "I-LOC", "I-LOC",
+                      "I-LOC", "I-LOC"]
+    lines = []
+    for who, where in [("默克尔", "北京"), ("马克龙", "巴黎"), ("john", "东京")] * 8:
+        lines += [f"{who} B-PER", "访问 O", f"{where} B-LOC", ""]
+    (tmp_path / "t.txt").write_text("\n".join(lines))
+    said = []
+    cfg = NerConfig(train=str(tmp_path / "t.txt"), dev=str(tmp_path / "t.txt"), output=str(tmp_path / "o"),
+                    model=str(tiny), max_length=32, stride=8, training=fast(epochs=1))
+    finetune_ner(cfg, log=said.append)
+    assert any("split into one word per ideograph" in line for line in said), said
+    first = (tmp_path / "o" / "dev_predictions.conll").read_text().split("\n\n")[0].splitlines()
+    assert [line.split()[:2] for line in first] == [["默", "B-PER"], ["克", "I-PER"], ["尔", "I-PER"], ["访", "O"],
+                                                    ["问", "O"], ["北", "B-LOC"], ["京", "I-LOC"]]
+    texts, _, gold = read_labelled(tmp_path / "t.txt", {})
+    assert texts[0] == "默 克 尔 访 问 北 京" and gold[0] == [line.split()[1] for line in first]
+    got = predict(tmp_path / "o", ["马克龙访问北京", "john访问 东京"])
+    assert [p["words"] for p in got] == [split_words("马克龙访问北京"), ["john", "访", "问", "东", "京"]]
+    assert [len(p["tags"]) for p in got] == [7, 5]
+    assert predict_file(tmp_path / "o", tmp_path / "t.txt", tmp_path / "p.tsv").scored == 24

@@ -403,7 +403,8 @@ def test_served_entities_equal_the_transformers_pipeline_for_bio_and_io_labels(t
     error: tag 'LOC' is not O or B-/I-/E-/S-TYPE", and evaluate mode blamed the file's tags. A bare label is now
     read as transformers' token-classification pipeline reads it, I-LABEL (a run of one type is one entity). The
     oracle: that pipeline (aggregation "first": a word's tag is its first piece's) over the same weights, its
-    entity groups and character offsets, on texts of accents, emoji, runs of spaces and tabs, long words."""
+    entity groups and character offsets, on texts of accents, emoji, runs of spaces and tabs, long words, and
+    Chinese without spaces (each ideograph a word, as BERT's BasicTokenizer splits it)."""
     from bertkit.model.config import BertConfig
     from bertkit.model.heads import BertForTokenClassification
     from bertkit.serve.runner import with_entities
@@ -418,7 +419,10 @@ def test_served_entities_equal_the_transformers_pipeline_for_bio_and_io_labels(t
     model.save_pretrained(tmp_path / "hf", tokenizer=Tokenizer.from_pretrained())
     texts = ["Angela Merkel met Emmanuel Macron in Paris on Tuesday", "José  Mourinho\tleft Real Madrid for Chelsea",
              "naïve résumé of Ǆemal in İstanbul and São Paulo", "emoji 😀 Bob 👍🏽 Alice went to Zürich today",
-             "antidisestablishmentarianism Krzysztofowicz Wojciechowski Szczepański"]
+             "antidisestablishmentarianism Krzysztofowicz Wojciechowski Szczepański",
+             # no spaces: each CJK ideograph is a word, as the pipeline's tokenizer splits it (the whole sentence
+             # was one word, one tag); kana are no ideographs and stay one word, as there
+             "默克尔在巴黎会见了马克龙", "Merkel在Paris见了 Macron和東京タワー"]
     pipe = transformers_mod.pipeline(
         "token-classification", model=transformers_mod.AutoModelForTokenClassification.from_pretrained(tmp_path / "hf"),
         tokenizer=transformers_mod.BertTokenizerFast.from_pretrained(tmp_path / "hf"), aggregation_strategy="first")

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.embeddings.features import run_batch, whitespace_spans
-from bertkit.tasks.predict import predict, reading_info, task_of
+from bertkit.embeddings.features import run_batch
+from bertkit.tasks.predict import predict, reading_info, task_of, with_entities
 from bertkit.tasks.registry import TASKS
 from bertkit.embeddings.static import check_static_options, static_vectors
 from bertkit.tasks.rerank import recorded_effect, rerank, reranker, score
@@ -51,7 +51,6 @@ from bertkit.retrieval.index import Index, check_model, model_folder, open_index
 from bertkit.retrieval.config import MODES, FusionOptions
 from bertkit.retrieval.search import mixed_precision, search_options, search_vectors
 from bertkit.serve.batching import plan_batches
-from bertkit.metrics.tasks import get_entities, predicted_tags
 
 
 class InputError(BertkitError):
@@ -486,15 +485,3 @@ class TaskModel:
 
     def warm_up(self) -> None:
         predict(self.model_dir, ["warm up"], ["warm up"] if self.pairs else None, loaded=self.loaded)
-
-
-def with_entities(text: str, prediction: dict) -> dict:
-    """A NER prediction plus its entities with character offsets into `text`: `bertkit.predict` splits the text on
-    whitespace into words and tags each word; an entity (conlleval's chunking of the tags) spans from its first
-    word's first character to its last word's end."""
-    spans = whitespace_spans(text)
-    entities = []
-    for kind, first, last in get_entities(predicted_tags(prediction["tags"])):  # an IO model's "PER" too
-        a, b = spans[first][0], spans[last][1]
-        entities.append({"type": kind, "text": text[a:b], "start": a, "end": b, "words": [first, last + 1]})
-    return {**prediction, "entities": entities}

@@ -35,7 +35,7 @@ from bertkit.data.tables import check_known_labels, read_conll
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.batching import run_model
-from bertkit.tasks.ner_inference import decode, make_features, to_training_tags
+from bertkit.tasks.ner_inference import decode, make_features, split_cjk, to_training_tags
 from bertkit.tasks.trainer import train
 from bertkit.model.heads import BertForTokenClassification
 
@@ -68,6 +68,16 @@ def write_conll(path, sentences, pred, scheme: str) -> None:
 NOT_FIGURES = ("per_type", "words_without_pieces")
 
 
+def _split_cjk(sents, path, log) -> list:
+    """Each CJK ideograph of a CoNLL word a word of its own (`split_cjk`), as predict splits a text, said once."""
+    split = [split_cjk(s) for s in sents]
+    more = sum(len(a.words) - len(b.words) for a, b in zip(split, sents))
+    if more:
+        log(f"{path}: words holding CJK ideographs split into one word per ideograph, as BERT's tokenizer and "
+            f"predict split them ({more} more words; a word's tag continues over its later characters)")
+    return split
+
+
 def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
     settle(cfg, log)
     tcfg = cfg.training
@@ -77,7 +87,7 @@ def finetune_ner(cfg: NerConfig, log=print, speed=None) -> dict:
         sents, report = read_conll(path, token_column=cfg.token_column, tag_column=cfg.tag_column)
         sents = sents[:limit] if limit else sents
         log(f"{report.summary()}" + (f", using the first {len(sents)}" if limit else ""))
-        return sents
+        return _split_cjk(sents, path, log)
 
     train_s = read(cfg.train, cfg.max_train_examples)
     dev_s = read(cfg.dev, cfg.max_dev_examples) if cfg.dev else None

@@ -7,6 +7,12 @@ from its first piece. Words are re-joined with single spaces and each piece is
 mapped to the word holding its first character through the tokenizer's offsets
 (the tokenizer's own splitting, e.g. of "U.S.", may cut finer than the words).
 
+Words are the text's whitespace-separated words, and each CJK ideograph is a word of its own
+(`word_spans`), as BERT's BasicTokenizer splits it (google-research/bert `_tokenize_chinese_chars`):
+Chinese or Japanese text has no spaces, and a whole sentence was one word with one tag. A CoNLL word
+holding ideographs is split the same way for training and evaluation (`split_cjk`), its tag continued
+over the characters after the first (B-LOC -> B-LOC I-LOC), so a model learns the words it is asked for.
+
 Long sentences (more pieces than fit): overlapping windows, each word labelled
 and predicted in the window where it has the most context (`bertkit.text.windows`).
 Tags are IOB2 inside; an IOB1 model's predictions are converted back.
@@ -29,6 +35,7 @@ from bertkit.data.tables import (TaggedSentence, check_known_labels, conll_has_t
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.tasks.config import NerConfig
+from bertkit.text.basic_tokenizer import is_cjk
 from bertkit.text.windows import max_context_owner, spans
 
 TABLES = (".tsv", ".csv", ".jsonl", ".json")  # inputs read as a table; anything else is CoNLL or lines
@@ -41,6 +48,41 @@ class WordPieces:
     ids: list[int]
     piece_word: list[int]
     first_piece: list[int | None]  # per word; None when the word produced no piece
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each word of `text`: its whitespace-separated words, each CJK ideograph (the BasicTokenizer's
+    ranges, `is_cjk`) a word of its own; "我爱Paris" -> 我, 爱, Paris."""
+    out, start = [], None
+    for i, ch in enumerate(text):
+        if ch.isspace() or is_cjk(ch):
+            if start is not None:
+                out.append((start, i))
+            start = None
+            if not ch.isspace():
+                out.append((i, i + 1))
+        elif start is None:
+            start = i
+    return out + ([(start, len(text))] if start is not None else [])
+
+
+def split_words(text: str) -> list[str]:
+    """The words of `text` as NER reads them (`word_spans`)."""
+    return [text[a:b] for a, b in word_spans(text)]
+
+
+def split_cjk(sentence: TaggedSentence) -> TaggedSentence:
+    """A CoNLL sentence whose words holding CJK ideographs are split as `split_words` splits a text; the word's tag
+    stays on its first part and continues over the rest (B-X or I-X -> I-X; O and a bare IO tag stay)."""
+    words, tags = [], [] if sentence.tags is not None else None
+    for w, word in enumerate(sentence.words):
+        parts = split_words(word) or [word]
+        words += parts
+        if tags is not None:
+            tag = sentence.tags[w]
+            rest = "I-" + tag[2:] if tag[:2] in ("B-", "I-") else tag
+            tags += [tag] + [rest] * (len(parts) - 1)
+    return TaggedSentence(words, tags, sentence.line)
 
 
 def word_pieces(tok, words: list[str]) -> WordPieces:
@@ -93,14 +135,14 @@ def make_features(tok, sentences: list[TaggedSentence], label2id: dict | None, m
 def training_features(tok, texts: list[str], pairs, answers: list[list[str]] | None, info: dict,
                       names: list[str]) -> list[dict]:
     """Features to train a model of this task on (layer distillation's data), encoded as it was trained
-    (bertkit_task.json): each text split on whitespace into words, with the tags of `answers` (the file's
+    (bertkit_task.json): each text split into words (`split_words`), with the tags of `answers` (the file's
     scheme) on first pieces where the file had them."""
     scheme = info.get("tag_scheme", "bio")
     label2id = None
     if answers is not None:
         label2id = {n: i for i, n in enumerate(names)}
         check_known_labels((t for tags in answers for t in to_training_tags(tags, scheme)), label2id, "the data")
-    sentences = [TaggedSentence(t.split(), None if answers is None else answers[i]) for i, t in enumerate(texts)]
+    sentences = [TaggedSentence(split_words(t), None if answers is None else answers[i]) for i, t in enumerate(texts)]
     feats, _ = make_features(tok, sentences, label2id, *reading(info), scheme)
     return feats
 
@@ -138,8 +180,9 @@ def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces]
 
 
 def predict(run, tok, texts: list[str], pairs, info: dict, names: list[str]) -> list[dict]:
-    """Each text split on whitespace into words -> {"words", "tags"}, in the scheme the model was trained with."""
-    sentences = [t.split() for t in texts]
+    """Each text split into words (`split_words`: on whitespace, and each CJK ideograph alone) -> {"words",
+    "tags"}, in the scheme the model was trained with."""
+    sentences = [split_words(t) for t in texts]
     ml, st = reading(info)
     feats, pieces = make_features(tok, [TaggedSentence(list(s), None) for s in sentences], None, ml, st)
     tags, _ = decode(run(feats, per_token=True)["logits"], feats, pieces, names, ml, st)
@@ -189,6 +232,7 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
         return None
     words, tags = conll_columns(info)
     sentences, _ = read_conll(path, token_column=words, tag_column=tags)
+    sentences = [split_cjk(s) for s in sentences]  # as the model was trained on them and predicts them
     for s in sentences:  # a column of other tags (part of speech) is no gold: said with its line and the way on
         M.check_tags(s.tags, f"{path}:{s.line}", f"; evaluate mode reads CoNLL column {tags} as the gold NER tags: "
                      "pass --no-evaluate to only predict the file")

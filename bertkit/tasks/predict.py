@@ -44,6 +44,7 @@ from typing import NamedTuple
 from bertkit.data.atomic import write_lines
 from bertkit.data.tables import label_cell, tsv_cell
 from bertkit.errors import BertkitError, int_at_least
+from bertkit.metrics.tasks import get_entities, predicted_tags
 from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.registry import Task, task_named
@@ -291,3 +292,19 @@ def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:
         return f"{p['score']:.4f}", ""
     pred = p["label"] if "label" in p else label_cell(p["labels"], separator, names)
     return pred, " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
+
+
+def with_entities(text: str, prediction: dict) -> dict:
+    """A NER prediction plus its entities with character offsets into `text` (what `bertkit serve` answers):
+    `predict` splits the text into words (on whitespace, and each CJK ideograph alone: `ner_inference.word_spans`)
+    and tags each word; an entity (conlleval's chunking of the tags) spans from its first word's first character
+    to its last word's end. Each word is found where the one before ended: only spaces lie between them."""
+    spans, at = [], 0
+    for word in prediction["words"]:
+        at = text.index(word, at) + len(word)
+        spans.append((at - len(word), at))
+    entities = []
+    for kind, first, last in get_entities(predicted_tags(prediction["tags"])):  # an IO model's "PER" too
+        a, b = spans[first][0], spans[last][1]
+        entities.append({"type": kind, "text": text[a:b], "start": a, "end": b, "words": [first, last + 1]})
+    return {**prediction, "entities": entities}

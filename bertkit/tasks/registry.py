@@ -305,7 +305,9 @@ TASKS = {t.name: t for t in (
               "between sentences, -DOCSTART- lines skipped; tags BIO, or CoNLL-2003's own IOB1 with --tag-scheme "
               "iob1; each word's label sits on its first word piece; scored by conlleval's entity F1 and written "
               "to OUTPUT/dev_predictions.conll (word, gold, predicted). `bertkit predict` then tags new text "
-              "split on whitespace.",
+              "split on whitespace, each CJK ideograph a word of its own as BERT's tokenizer splits it (a CoNLL "
+              "word holding several is split so for training too, its tag continued: a two-ideograph B-LOC word "
+              "becomes B-LOC, I-LOC).",
          metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
          answer_labels=ner.answered_tags,
          read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
