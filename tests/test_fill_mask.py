@@ -74,6 +74,24 @@ def test_same_predictions_as_the_transformers_pipeline(tmp_path, transformers_mo
     assert all(row[0].probability >= row[-1].probability for row in ours)
 
 
+@pytest.mark.oracle
+def test_a_text_longer_than_the_positions_is_cut_as_the_pipeline_cuts_it_and_said(tmp_path, transformers_mod):
+    """A text of 3 x 32 tokens with its [MASK] in the first 32 was cut at the model's 32 positions and predicted
+    with no word said: the words after the cut gave the mask no context. The predictions are the transformers
+    pipeline's with truncation=True (the same cut), and one warning says how many tokens the text had."""
+    hf = _perturbed(transformers_mod.BertForMaskedLM(transformers_mod.BertConfig(**SHAPE)))
+    directory = _save(transformers_mod, hf, tmp_path / "model")
+    text = "the [MASK] went to the store . " + "the dog ran to the park . " * 12
+    n = len(Tokenizer.from_pretrained(directory).encode(text, truncation=False))
+    assert n > 32
+    with pytest.warns(UserWarning, match=rf"^the text has {n} tokens and the model reads 32: it predicted each") as said:
+        ours = fill_mask(str(directory), text, top_k=4)
+    assert len(said) == 1
+    tok = transformers_mod.BertTokenizerFast.from_pretrained(str(directory))
+    fill = transformers_mod.pipeline("fill-mask", model=hf, tokenizer=tok, top_k=4, device="cpu")
+    _assert_same(ours, [fill(text, tokenizer_kwargs={"truncation": True, "max_length": 32})])
+
+
 def _electra_run(tmp_path, seed=0):
     config = ElectraConfig(**SHAPE, embedding_size=12, attention_probs_dropout_prob=0.0)
     model = _perturbed(ElectraPretrainingModel(config, generator=torch.Generator().manual_seed(seed)), 0.3)

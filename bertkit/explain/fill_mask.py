@@ -14,11 +14,14 @@ Which checkpoints have an MLM head:
     an ELECTRA pre-training directory (generator in generator/) -> its generator
 A directory without one (a bare encoder, a fine-tuned classifier, an ELECTRA
 discriminator) is an error that says so. All [MASK]s are predicted in one pass,
-each independently of the others' predictions (as the pipeline does).
+each independently of the others' predictions (as the pipeline does). A text longer than the
+model's positions is cut there (the pipeline with truncation=True cuts it alike) and a warning says
+so; a [MASK] past the cut is refused.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +59,8 @@ def fill_mask(model, text: str, top_k: int = 5, pair: str | None = None) -> list
     limit = min(net.config.max_position_embeddings, 512)
     enc = tok.encode(text, pair, max_length=limit)
     positions = [i for i, t in enumerate(enc.input_ids) if t == tok.mask_token_id]
-    written = tok.encode(text, pair, max_length=limit, truncation=False).input_ids.count(tok.mask_token_id)
+    whole = tok.encode(text, pair, max_length=limit, truncation=False).input_ids
+    written = whole.count(tok.mask_token_id)
     mask = tok.convert_ids_to_tokens([tok.mask_token_id])[0]  # the model's own [MASK], as the text writes it
     if positions and len(positions) < written:  # the answers would not say which masks they were for
         cut = written - len(positions)
@@ -66,6 +70,9 @@ def fill_mask(model, text: str, top_k: int = 5, pair: str | None = None) -> list
         raise BertkitError(f"every {mask} lies past the first {limit} tokens, all the model reads: shorten the text")
     if not positions:
         raise BertkitError(f"no {mask} in the text: write {mask} where a word should be predicted")
+    if len(whole) > limit:  # the masks are inside, the words after the cut are not: their context was never read
+        warnings.warn(f"the text has {len(whole)} tokens and the model reads {limit}: it predicted each {mask} from "
+                      f"the first {limit} alone (a pair is cut longest side first)", stacklevel=2)
     device = next(net.parameters()).device
     ids = torch.tensor([enc.input_ids], device=device)
     types = torch.tensor([enc.token_type_ids], device=device)
