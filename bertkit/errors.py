@@ -33,6 +33,13 @@ class MissingPackage(BertkitError, ImportError):
     usual way round an optional package (`except ImportError`) meets it as one."""
 
 
+class NoSpace(BertkitError, OSError):
+    """A long run refused before it writes: its disk certainly cannot hold what it would write
+    (`bertkit.data.atomic.room_for`), said in one line naming the folder and the bytes needed. A BertkitError (the
+    command's one line; under torchrun passed to every rank) that is also an OSError, like the ENOSPC it forestalls:
+    a program catching either meets it (embed and pretrain prepare raised an OSError, build_index a BertkitError)."""
+
+
 def int_at_least(value, least: int, name: str, says: str = "an int of at least {least}"):
     """`value` when it is an int (not a bool) of at least `least`; else "NAME must be SAYS, got VALUE"."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:

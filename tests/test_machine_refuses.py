@@ -554,3 +554,54 @@ def test_a_long_run_the_disk_cannot_hold_is_refused_before_the_work(tiny_dir, tm
                                 "82.5 KiB"), errors[3]
     assert re.fullmatch(rf"bertkit: error: {small}/data/instances: the training instances need at least "
                         r"73\.0 KiB and its disk has \d\d\.\d KiB free: .*", errors[4]), errors[4]
+
+
+def test_every_free_space_refusal_is_one_error_type_naming_the_folder_and_the_bytes(tiny_dir, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """The refusal of a long run its disk certainly cannot hold (`bertkit.data.atomic.room_for`) was a plain OSError
+    from embed, pretrain prepare and an HNSW graph, and a BertkitError from build_index (converted there for
+    torchrun's ranks): a Python caller had to catch both. Each is a `NoSpace` now, a BertkitError that is an OSError,
+    one line naming the folder and the bytes needed. The disk here says it has 1,000 bytes free (shutil.disk_usage)."""
+    import collections
+
+    import numpy as np
+
+    from bertkit.data import atomic
+    from bertkit.data.vector_files import room_for_rows
+    from bertkit.errors import NoSpace
+    from bertkit.pretraining.prepare import PrepareConfig, prepare
+    from bertkit.pretraining.shards import room_for_instances
+    from bertkit.retrieval.ann import build_hnsw
+    from bertkit.retrieval.index import build_index
+
+    (tmp_path / "corpus.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "document {i}"}}\n' for i in range(20)))
+    (tmp_path / "texts.txt").write_text("".join(f"sentence {i} about a cat\n" for i in range(50)))
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a", "mat", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "b.txt").write_text("the cat sat on a mat .\n" * 200)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda folder: usage(10**9, 10**9 - 1000, 1000))
+    entries = {  # what each writes, and the folder its refusal names
+        "build_index": (lambda: build_index(tmp_path / "corpus.jsonl", tmp_path / "idx", tiny_dir, lexical=None,
+                                            progress=False), tmp_path / "idx"),
+        "build_hnsw": (lambda: build_hnsw(np.eye(40, 32, dtype=np.float32), tmp_path / "g" / "hnsw.faiss"),
+                       tmp_path / "g"),
+        "prepare": (lambda: prepare(tmp_path / "books", tmp_path / "data", PrepareConfig(objective="none"),
+                                    vocab=tmp_path / "vocab.txt", progress=False), tmp_path / "data"),
+        "room_for_instances": (lambda: room_for_instances(tmp_path / "inst", 230, 64, len(words), 20),
+                               tmp_path / "inst"),
+        "room_for_rows": (lambda: room_for_rows(tmp_path / "v" / "v.npy", 50, 32), tmp_path / "v"),
+    }
+    for name, (run, folder) in entries.items():
+        with pytest.raises(NoSpace) as caught:
+            run()
+        err, said = caught.value, str(caught.value)
+        assert isinstance(err, OSError) and isinstance(err, BertkitError) and err.errno is None, name
+        assert said.startswith(f"{folder}: ") and "\n" not in said, (name, said)
+        assert re.search(r" need at least \d+(\.\d)? (bytes|KiB|MiB) and its disk has 1000 bytes free: ", said), said
+    # the command says it in one line, as it said the OSError
+    assert main(["embed", str(tmp_path / "texts.txt"), "-o", str(tmp_path / "v" / "v.npy"), "--model", str(tiny_dir),
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"bertkit: error: {tmp_path / 'v'}: the vectors of 50 texts need at least 6.2 "
+                                       "KiB and its disk has 1000 bytes free: free 5.3 KiB more, or write elsewhere\n")

@@ -33,6 +33,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from bertkit.errors import NoSpace
+
 
 def replace_atomically(path, write) -> None:
     """write(f) into `path`.tmp (a binary file; its folder made if missing), then rename it over `path`."""
@@ -260,11 +262,11 @@ def room_for(folder, need: int, what: str) -> None:
     """Refuse, before a long run writes anything, a `need` its disk certainly cannot hold: `need` is a lower bound
     of the bytes it will still write under `folder` (`what`: "the index's vectors"), compared with `free_space`.
     Only a certain need refuses (an estimate, say a checkpoint's size times those still to come, warns at most):
-    the run it stops would have failed anyway, on ENOSPC, after the hour it spent. An OSError without an errno,
-    its message one line for the CLI: the folder, the two sizes, what to do."""
+    the run it stops would have failed anyway, on ENOSPC, after the hour it spent. A `NoSpace` (a BertkitError and
+    an OSError, without an errno), its message one line: the folder, the two sizes, what to do."""
     free = free_space(folder)
     if need > free:
-        raise OSError(f"{folder}: {what} need at least {human_bytes(need)} and its disk has {human_bytes(free)} "
+        raise NoSpace(f"{folder}: {what} need at least {human_bytes(need)} and its disk has {human_bytes(free)} "
                       f"free: free {human_bytes(need - free)} more, or write elsewhere")
 
 

@@ -174,10 +174,8 @@ def _start(out: Path, resume: bool, plan: dict, lines: list[bytes], dim: int) ->
     once the disk is known to have room for what the build will certainly write (`_still_to_write`)."""
     if resume:
         _check_plan(out, plan)
-    try:
-        room_for(out, _still_to_write(out, plan, lines, dim, resume), "the index's passages and vectors")
-    except OSError as err:  # a BertkitError, which `distributed.on_rank_0` says on every rank: none left waiting
-        raise BertkitError(str(err)) from None
+    # a BertkitError (NoSpace), which `distributed.on_rank_0` says on every rank: none left waiting
+    room_for(out, _still_to_write(out, plan, lines, dim, resume), "the index's passages and vectors")
     (out / PARTS).mkdir(parents=True, exist_ok=True)
     if not resume:
         replace_atomically(out / PASSAGES, lambda f: f.writelines(lines))
