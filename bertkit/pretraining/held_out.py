@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.errors import BertkitError
-from bertkit.pretraining.run_config import RunConfig
 from bertkit.pretraining.dataset import PretrainingDataset
 
 
@@ -67,8 +66,9 @@ def held_out_split(data_dir, num_instances: int, n_eval: int, seed: int):
     return np.flatnonzero(~touches), np.flatnonzero(np.isin(docs[:, 0], held))[:n_eval]
 
 
-def open_prepared(cfg: RunConfig, seed: int):
-    """The prepared data: (dataset, train Subset, eval Subset, collate, tokenizer)."""
+def open_prepared(cfg, seed: int):
+    """The prepared data: (dataset, train Subset, eval Subset, collate, tokenizer). `cfg`: the run's
+    `bertkit.pretraining.run_config.RunConfig` (its data folder and held-out settings)."""
     if not Path(cfg.data).is_dir():
         raise BertkitError(f"no prepared data at {cfg.data}: make it with `bertkit pretrain prepare CORPUS -o {cfg.data}`")
     ds = PretrainingDataset(cfg.data, seed=seed)
