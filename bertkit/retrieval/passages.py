@@ -95,7 +95,7 @@ def _read_tsv(path: Path, dedupe: bool) -> list[Document]:
 def _read_folder(folder: Path) -> list[Document]:
     # the files vocab train and pretrain prepare read from a folder (`corpus_files`): no hidden file, nor a
     # .ipynb_checkpoints copy of each text, read as one more document (each such text found twice in a search),
-    # nor a tokenizer's vocab.txt (`vocab train docs/ -o docs/v1`), whose "[PAD] [UNK] [CLS]" lines a search found
+    # nor a tokenizer's vocab.txt (`vocab train corpus -o corpus/v1`), whose "[PAD] [UNK] [CLS]" lines a search found
     files = sorted(p for p in folder.rglob("*.txt") if p.is_file() and not hidden_in(p, folder))
     vocabularies = [p for p in files if tokenizer_vocab(p)]
     if vocabularies:
