@@ -82,3 +82,33 @@ def test_a_one_process_command_is_refused_on_every_rank(tmp_path, monkeypatch, c
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "runs in one process" in err[0] and "without torchrun" in err[0], err
         assert not out.exists()
+
+
+def test_an_error_on_rank_0_is_raised_on_every_rank_as_the_error_it_is(monkeypatch):
+    """`distributed.on_rank_0` (build_index's folder and its free-space check under torchrun) raised rank 0's
+    BertkitError on every rank as a plain BertkitError made from its message: the free-space refusal, a NoSpace and
+    so an OSError too, was one alone and an OSError under torchrun not. The ranks are simulated here: the broadcast
+    is a pickle round trip, as torch.distributed.broadcast_object_list makes it."""
+    import pickle
+
+    from bertkit.errors import BertkitError, NoSpace
+    from bertkit.training import distributed
+
+    sent = []
+
+    def broadcast(obj, info, src=0):
+        if info.rank == src:
+            sent.append(pickle.dumps(obj))
+        return pickle.loads(sent[-1])
+
+    monkeypatch.setattr(distributed, "broadcast_object", broadcast)
+    said = "out: the index's passages and vectors need at least 1.0 KiB and its disk has 10 bytes free"
+    for error in (NoSpace(said), BertkitError("out holds an index: --overwrite or --resume")):
+        def step(error=error):
+            raise error
+        for rank in (0, 1):  # rank 0 runs the step, rank 1 waits for its outcome
+            with pytest.raises(BertkitError) as caught:
+                distributed.on_rank_0(distributed.DistInfo(rank=rank, world_size=2), step)
+            assert type(caught.value) is type(error) and str(caught.value) == str(error), rank
+    for rank in (0, 1):  # a step that succeeds: nothing on either rank
+        assert distributed.on_rank_0(distributed.DistInfo(rank=rank, world_size=2), lambda: None) is None

@@ -237,7 +237,8 @@ def broadcast_object(obj, info: DistInfo, src: int = 0):
 
 def on_rank_0(info: DistInfo, step) -> None:  # step() -> None
     """step() on rank 0 alone, the other ranks waiting; a BertkitError it raises is raised on every rank
-    (one line each), so that no rank is left waiting for one that quit. Alone: step()."""
+    (one line each), so that no rank is left waiting for one that quit, as the error it is (a NoSpace, the disk
+    refusal, is an OSError too on every rank). Alone: step()."""
     if not info.enabled:
         return step()
     error = None
@@ -245,10 +246,10 @@ def on_rank_0(info: DistInfo, step) -> None:  # step() -> None
         try:
             step()
         except BertkitError as e:
-            error = str(e)
+            error = e
     error = broadcast_object(error, info)
     if error is not None:
-        raise BertkitError(error)
+        raise error
 
 
 def barrier(info: DistInfo) -> None:
