@@ -294,6 +294,28 @@ def test_bad_input_gets_clear_errors(tiny):
         embed("hi", tiny, max_length=600)
 
 
+def test_an_error_about_one_text_of_a_list_names_its_position(tiny):
+    """embed(list) said "cannot embed an empty text" with no hint which of the texts it was (the command line names
+    file:line; a list of 10,000 texts named none): texts[i] now, on every path that refuses a text."""
+    texts = ["fine", "also fine", "   ", "more"]
+    for pooling in ("mean", "words", None):  # the ids-only batch path, encode's path (words, tokens)
+        with pytest.raises(BertkitError, match=r"^texts\[2\]: cannot embed an empty text"):
+            embed(texts, tiny, pooling=pooling)
+        with pytest.raises(BertkitError, match=r"^texts\[1\]: text '\\x00' yields no tokens"):
+            embed(["fine", "\x00", "more"], tiny, pooling=pooling)
+    with pytest.raises(BertkitError, match=r"^texts\[1\]: cannot embed an empty text"):
+        embed([["EU", "rejects"], []], tiny, pooling="words")  # pre-split words
+    with pytest.raises(BertkitError, match=r"^texts\[1\]: a pre-split text must be a list of strings"):
+        embed([["EU"], ["x", 3]], tiny, pooling="words")
+    with pytest.raises(BertkitError, match=r"^texts\[1\]: the second segment \(pair\) is empty"):
+        embed(["a", "b"], tiny, pairs=["c", " "])
+    # texts past the first chunk are counted from the list's start, not the chunk's
+    with pytest.raises(BertkitError, match=r"^texts\[5\]: cannot embed an empty text"):
+        embed(["a", "b", "c", "d", "e", ""], tiny, chunk_size=2)
+    with pytest.raises(BertkitError, match=r"^cannot embed an empty text"):  # one string: nothing to point at
+        embed(" ", tiny)
+
+
 
 def test_bad_types_are_named_not_a_python_traceback(tiny):
     """Each once failed with a TypeError or IndexError from inside (or, for bytes, said "got int": it

@@ -198,11 +198,12 @@ def test_the_loader_is_a_chain_over_the_model_files():
                "bertkit.errors", "bertkit.model.heads", "bertkit.model.modeling", "bertkit.runtime.quantization", "bertkit.model.sentence_layout",
                "bertkit.text.tokenizer", "bertkit.model.static", "bertkit.text.tokenizer_json"}
     assert set(edges["bertkit.runtime.loading"]) <= allowed
-    # features runs the encoder over windows; it hands the vectors to pooling and the cuts to windows
-    # and a static model's texts to static
+    # features runs the encoder over windows; it hands the vectors to pooling and the cuts to windows,
+    # the texts to inputs (ids, words, windows) and a static model's texts to static
     assert set(edges["bertkit.embeddings.features"]) <= {"bertkit.errors", "bertkit.runtime.loading", "bertkit.embeddings.pooling",
                                               "bertkit.embeddings.settings", "bertkit.text.windows",
-                                              "bertkit.embeddings.static"}
+                                              "bertkit.embeddings.static", "bertkit.embeddings.inputs"}
+    assert set(edges["bertkit.embeddings.inputs"]) <= {"bertkit.errors", "bertkit.text.windows", "bertkit.embeddings.static"}
 
 
 # The steps of a training run, written once in bertkit.training (issue 36 item 3): the harness takes them around the

@@ -150,6 +150,24 @@ def test_the_loader_reads_a_static_folder_and_refuses_what_it_cannot_do(ours):
         bertkit.embed(TEXTS, ours, pooling="cls")
 
 
+def test_a_layer_combine_beside_a_static_model_is_refused_not_ignored(ours, tmp_path, capsys):
+    # combine= (--combine) merges a list of layers, which a table does not have: it was dropped without a word
+    with pytest.raises(BertkitError, match="combine 'sum'.*static model has no layers"):
+        bertkit.embed(TEXTS, ours, combine="sum")
+    (tmp_path / "s.txt").write_text("a cat\na dog\n")
+    assert main(["embed", str(tmp_path / "s.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(ours),
+                 "--combine", "mean", "--quiet"]) == 2
+    assert "combine 'mean'" in capsys.readouterr().err and not (tmp_path / "v.npy").exists()
+    # and `bertkit serve --model STATIC --combine sum` started, its /embed unchanged by it
+    from bertkit.embeddings.settings import EmbedOptions
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    settings = ServeConfig(model=str(ours), workers=1, threads=1, embedding=EmbedOptions(combine="sum")).validate()
+    with pytest.raises(BertkitError, match="combine 'sum'"):
+        load_runner(settings)
+
+
 def test_what_needs_layers_refuses_a_static_model_in_one_line(ours, tmp_path, capsys):
     # trace died in an AttributeError (StaticConfig has no num_attention_heads) and attention spoke of
     # max_length=1000000: a table has no attention to show

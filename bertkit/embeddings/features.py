@@ -23,8 +23,8 @@ window where it has the most context on both sides: the "max context" rule of `r
 `iter_embed` streams: it reads texts lazily in chunks, sorts each chunk by length so that batches carry little
 padding, runs the batches, and yields the results back in input order; `bertkit.data.vector_files` writes that
 stream without holding every vector in memory. For each chunk, in this order: the texts become token ids
-(`_encode`), long ones are cut into windows (`bertkit.text.windows`: the windows and, at once, each token's
-max-context window), the windows run through the encoder in batches (`run_batch`, the layer strategy applied
+(`bertkit.embeddings.inputs`), long ones are cut into windows (`bertkit.text.windows`: the windows and, at once,
+each token's max-context window), the windows run through the encoder in batches (`run_batch`, the layer strategy applied
 there) and are put back together per text, and each text is pooled (`bertkit.embeddings.pooling.pool`).
 
 Legend: as in `bertkit.embeddings.pooling` (B batch, T tokens, H hidden, L layers, D output size).
@@ -32,14 +32,12 @@ Legend: as in `bertkit.embeddings.pooling` (B batch, T tokens, H hidden, L layer
 
 from __future__ import annotations
 
-import bisect
 import functools
 import inspect
 import itertools
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -50,8 +48,9 @@ from bertkit.runtime.loading import Loaded, check_as_loaded, folder_stamp, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
 from bertkit.embeddings.settings import (AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output, say_cut,
                                          word_pooling_for)
-from bertkit.embeddings.static import NO_CUT, check_static_options, iter_static, no_tokens
-from bertkit.text.windows import max_context_owner, shape, spans
+from bertkit.embeddings.inputs import encode_chunk, rows_of, stitch, whitespace_spans  # noqa: F401 (the server's words)
+from bertkit.embeddings.static import NO_CUT, check_static_options, iter_static
+from bertkit.text.windows import shape
 
 
 # --- the encoder ------------------------------------------------------------------------------
@@ -84,156 +83,6 @@ def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=T
             _LOADED.pop(next(iter(_LOADED)))
         _LOADED[key] = loaded
     return _LOADED[key]
-
-
-# --- encoding texts into pieces the model can take --------------------------------------
-
-
-@dataclass
-class _Piece:
-    """One forward-pass row: a whole text, or one window of a long text."""
-
-    item: int  # index of the text in its chunk
-    window: int  # index of the window within the text (0 for a short text)
-    input_ids: list
-    token_type_ids: list
-
-
-@dataclass
-class _Item:
-    """A text as the model sees it, before windowing."""
-
-    text: str
-    pair: str | None
-    ids: list  # full id sequence with specials, possibly longer than max_length
-    type_ids: list
-    token_words: list  # per token: input word index or None
-    n_words: int
-    windows: list | None = None  # (start, end) windows over the content tokens, None when it fits
-    owners: list | None = None  # per content token: the window it has the most context in
-    cut: bool = False  # truncated at max_length: tokens past it unread
-
-
-def _word_spans(words: Sequence[str]) -> tuple:
-    """Join pre-split words with single spaces; return the text and each word's char span."""
-    spans, pos = [], 0
-    for w in words:
-        spans.append((pos, pos + len(w)))
-        pos += len(w) + 1
-    return " ".join(words), spans
-
-
-def whitespace_spans(text: str) -> list:
-    """(start, end) character span of each whitespace-separated word of `text` (the words of str.split())."""
-    spans, start = [], None
-    for i, ch in enumerate(text + " "):
-        if ch.isspace():
-            if start is not None:
-                spans.append((start, i))
-                start = None
-        elif start is None:
-            start = i
-    return spans
-
-
-def _token_words(offsets, sequence_ids, spans) -> list:
-    """Map each token of the first segment to the input word whose char span holds its first char."""
-    starts = [a for a, _ in spans]
-    out = []
-    for (start, end), seq in zip(offsets, sequence_ids):
-        k = bisect.bisect_right(starts, start) - 1
-        inside = seq == 0 and end > start and k >= 0 and start < spans[k][1]
-        out.append(k if inside else None)
-    return out
-
-
-def _encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool, where=None, start: int = 0) -> list:
-    """The chunk's (text, pair) items as the model sees them. Plain single texts whose words are not
-    asked for (every sentence vector) take the tokenizer's ids-only batch path (`Tokenizer.single_ids`:
-    the ids `encode` gives, without the offsets that only word vectors read); the rest `_encode`.
-    where(start + k) names the chunk's k-th text in an error about it (None: the text alone names it)."""
-    where = (lambda k: None) if where is None else (lambda k, named=where: named(start + k))
-    if words or not hasattr(tok, "single_ids") or any(p is not None or not isinstance(t, str) for t, p in chunk):
-        return [_encode(tok, text, pair, max_length, truncate, where, k) for k, (text, pair) in enumerate(chunk)]
-    texts = [text for text, _ in chunk]
-    for k, text in enumerate(texts):
-        _check_text(text, where, k)
-    items, budget = [], max_length - 2 if truncate else None  # one piece past it tells a cut text (`cut`)
-    for k, (text, ids) in enumerate(zip(texts, tok.ids_lists(texts, None if budget is None else budget + 1))):
-        ids, cut = [tok.cls_token_id, *ids[:budget], tok.sep_token_id], budget is not None and len(ids) > budget
-        _check_tokens(text, ids, where, k)
-        items.append(_Item(text, None, ids, [0] * len(ids), [], 0, cut=cut))
-    return items
-
-
-def _named(where, k: int) -> str:
-    # asked for an error only: a file's reader finds the line by reading the file again (`bertkit embed` asked
-    # for every text, and took time quadratic in the file's lines)
-    return f"{named}: " if (named := where(k)) else ""
-
-
-def _check_text(text: str, where, k: int) -> None:
-    if not text.strip():
-        raise BertkitError(f"{_named(where, k)}cannot embed an empty text: every input needs at least one non-space "
-                           "character")
-
-
-def _check_tokens(text: str, ids: list, where, k: int) -> None:
-    """Refuse a text whose ids are only [CLS] and [SEP] (where(k) names it)."""
-    if len(ids) <= 2:
-        raise no_tokens(text, where(k))
-
-
-def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: None, k: int = 0) -> _Item:
-    if isinstance(text, list):  # a tuple is no pre-split text: `embed` refuses it as a pair
-        if not all(isinstance(w, str) for w in text):
-            raise BertkitError(f"{_named(where, k)}a pre-split text must be a list of strings (words)")
-        text, words = _word_spans(text)
-    elif isinstance(text, str):
-        words = None
-    else:
-        raise BertkitError(f"{_named(where, k)}expected a string (or a list of words), got {type(text).__name__}")
-    _check_text(text, where, k)
-    if pair is not None and not str(pair).strip():
-        raise BertkitError("the second segment (pair) is empty: drop it or give it some text")
-    # without truncation the tokenizer returns the whole text, however long; _pieces windows it
-    enc = tok.encode(text, pair, max_length=max_length, truncation=truncate)
-    _check_tokens(text, enc.input_ids, where, k)
-    if words is None:
-        words = whitespace_spans(text)
-    token_words = _token_words(enc.offsets, enc.sequence_ids, words)
-    budget = max_length - (2 if pair is None else 3)  # a text that fills max_length may be cut: read a bit past it
-    cut = (truncate and len(enc.input_ids) == max_length and hasattr(tok, "head")
-           and sum(tok.ids_batch([tok.head(s, budget) for s in (text, pair) if s is not None])[1]) > budget)
-    return _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words), cut=bool(cut))
-
-
-def _pieces(item_index: int, item: _Item, max_length: int, stride: int) -> list:
-    if len(item.ids) <= max_length:
-        return [_Piece(item_index, 0, item.ids, item.type_ids)]
-    if item.pair is not None:
-        raise BertkitError(
-            f"a text pair of {len(item.ids)} tokens exceeds {max_length}: pairs are not windowed; "
-            "shorten them or pass truncate=True (--truncate)"
-        )
-    cls_id, content, sep_id = item.ids[0], item.ids[1:-1], item.ids[-1]
-    item.windows = spans(len(content), max_length - 2, stride)
-    item.owners = max_context_owner(item.windows, len(content))
-    return [
-        _Piece(item_index, k, [cls_id, *content[s:e], sep_id], [0] * (e - s + 2))
-        for k, (s, e) in enumerate(item.windows)
-    ]
-
-
-def _stitch(item: _Item, window_vectors: list) -> torch.Tensor:
-    """Token vectors [T, D] of a windowed text: [CLS] from the first window, [SEP] from the last."""
-    if item.windows is None:
-        return window_vectors[0]
-    rows = [window_vectors[0][0]]
-    for position, k in enumerate(item.owners):
-        rows.append(window_vectors[k][1 + position - item.windows[k][0]])
-    rows.append(window_vectors[-1][-1])
-    return torch.stack(rows)
 
 
 # --- the forward pass ---------------------------------------------------------------------
@@ -309,7 +158,7 @@ def iter_embed(
     int_at_least(batch_size, 1, "batch_size")
     int_at_least(chunk_size, 1, "chunk_size")
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
-        check_static_options(pooling, layers, pairs, stride)
+        check_static_options(pooling, layers, pairs, stride, combine)
         yield from _static_rows(texts, loaded, normalize, static_cut(loaded, max_length, truncate), chunk_size,
                                 progress, total, where)
         return
@@ -324,9 +173,9 @@ def iter_embed(
     seen = was_cut = 0
     try:
         for start, chunk in _chunks(source, chunk_size):
-            items = _encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words", where, start)
+            items = encode_chunk(tok, chunk, cut.max_length, cut.truncate, output.pooling == "words", where, start)
             seen, was_cut = seen + len(items), was_cut + sum(item.cut for item in items)
-            pieces = [p for i, item in enumerate(items) for p in _pieces(i, item, cut.max_length, cut.stride)]
+            pieces = [p for i, item in enumerate(items) for p in rows_of(i, item, cut.max_length, cut.stride)]
             if output.pooling in SENTENCE_POOLINGS and len(pieces) == len(items):  # no text windowed
                 yield from sentence_vectors(net, pieces, layers, combine, pad_id, batch_size, bar, output.normalize,
                                              output.pooling)
@@ -378,7 +227,7 @@ def _static_rows(texts, loaded: Loaded, normalize, cut, chunk_size: int, progres
 
 def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar) -> list:
     """Each item's token vectors [T, D]: the pieces run in batches of similar length (little
-    padding), then each text's windows put back together (`_stitch`)."""
+    padding), then each text's windows put back together (`bertkit.embeddings.inputs.stitch`)."""
     order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
     results = [[None] * (len(it.windows) if it.windows else 1) for it in items]
     shown = 0
@@ -390,7 +239,7 @@ def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, bat
             done = len(items) * min(b + batch_size, len(order)) // len(order)
             bar.update(done - shown)
             shown = done
-    return [_stitch(item, windows) for item, windows in zip(items, results)]
+    return [stitch(item, windows) for item, windows in zip(items, results)]
 
 
 def sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_size: int, bar, normalize: bool,
@@ -485,6 +334,8 @@ def embed(texts, model=None, layers="last", pooling=AUTO, normalize: bool | None
         raise TypeError(f"embed() got an unexpected keyword argument {unknown[0]!r}; it takes "
                         f"{', '.join(sorted(_EMBED_OPTIONS))}")
     options.setdefault("total", len(texts))
+    if not single:  # an error about one text says which: texts[i] (the command line's where says file:line)
+        options.setdefault("where", "texts[{}]".format)
     loaded = placed_encoder(model, "embed", *(options.pop(name, None) for name in ("device", "dtype", "int8")))
     rows = iter_embed(texts, loaded, layers, pooling, normalize, **options)
     first = next(rows)

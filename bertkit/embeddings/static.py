@@ -66,8 +66,11 @@ def static_vectors(model, ids: list, lengths: list, max_length: int | None = Non
         return model(flat.to(device), offsets.to(device)).float().cpu().numpy()
 
 
-def check_static_options(pooling, layers, pairs, stride=None) -> None:
+def check_static_options(pooling, layers, pairs, stride=None, combine=None) -> None:
     """A static model has one vector per token and averages them: the options it cannot honour."""
+    if combine is not None:  # it was read by nothing
+        raise BertkitError(f"combine {combine!r} (--combine) merges a list of layers, and a static model has no layers "
+                           "(its table is the one vector per token): drop it")
     if stride is not None:  # it was read by nothing
         raise BertkitError(f"stride={stride} (--stride): a static model has no windows to overlap (truncate=False, "
                            "--no-truncate, averages every token of a text): drop the stride")

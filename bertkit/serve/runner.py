@@ -219,7 +219,7 @@ class StaticEncoder(EmbeddingModel):
 
     def __init__(self, loaded: Loaded, settings, name: str):
         options = settings.embedding
-        check_static_options(options.pooling or "auto", options.layers, None)
+        check_static_options(options.pooling or "auto", options.layers, None, combine=options.combine)
         super().__init__(loaded, settings, name)
 
     def info(self) -> dict:  # a mean of table rows: no layers to pick and combine ("layers": [0] meant nothing)
