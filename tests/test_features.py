@@ -701,6 +701,51 @@ def test_cli_embed(tiny, tmp_path, capsys):
     assert main(["embed", str(tmp_path / "nope.txt"), "-o", str(out)]) == 2
 
 
+def test_cli_embed_per_token_files_say_which_token_each_row_is(tiny_dir, tmp_path, capsys):
+    """Per-token vectors (--pooling none) came without their tokens: a .jsonl row held "vectors" alone and a
+    .safetensors `vectors` and `offsets`, so a reader had to tokenize again, and `bertkit tokenize --json` gives a
+    row for a blank line (embed skips it) and cuts at 512 (embed windows a long text): rows and tokens misaligned.
+    Now a .jsonl row holds "tokens" (strings) and a .safetensors `token_ids` [sum T_i] (the model's vocab.txt line
+    numbers), both beside each vector row, [CLS] and [SEP] included; read here with json and safetensors alone."""
+    from safetensors.numpy import load_file
+
+    from bertkit.cli import main
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(tiny_dir)
+    texts = ["The bank of the river flooded.", "Unaffable tokenizers split words into pieces " * 6]
+    (tmp_path / "in.txt").write_text(f"{texts[0]}\n\n{texts[1]}\n")  # a blank line: no row
+    encodings = [tok.encode(t) for t in texts]  # uncut: the long text's windows give every token a row
+    assert len(encodings[1].input_ids) > 40  # beyond --max-length 24: windowed
+    expected = embed(texts, str(tiny_dir), pooling=None, max_length=24)
+    base = ["embed", str(tmp_path / "in.txt"), "--model", str(tiny_dir), "--pooling", "none", "--max-length", "24",
+            "--quiet", "--dtype", "float32"]
+    assert main([*base, "-o", str(tmp_path / "t.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in rows] == [e.tokens for e in encodings]
+    assert rows[0]["tokens"][0] == "[CLS]" and rows[0]["tokens"][-1] == "[SEP]"
+    for row, want in zip(rows, expected):
+        np.testing.assert_allclose(row["vectors"], want, atol=1e-6)
+    assert main([*base, "-o", str(tmp_path / "t.safetensors")]) == 0
+    tensors = load_file(str(tmp_path / "t.safetensors"))
+    offsets, ids = tensors["offsets"], tensors["token_ids"]
+    assert ids.dtype == np.int64 and ids.shape == (tensors["vectors"].shape[0],)
+    for i, e in enumerate(encodings):
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == e.input_ids
+        np.testing.assert_allclose(tensors["vectors"][offsets[i]:offsets[i + 1]], expected[i], atol=1e-6)
+    vocab = (tiny_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert [vocab[k] for k in ids[offsets[0]:offsets[1]]] == encodings[0].tokens
+    # per word and pooled files are as they were: a word's row is the text's whitespace word, no ids
+    words = [*base[:4], "--pooling", "words", "--quiet", "-o", str(tmp_path / "w.safetensors")]
+    assert main(words) == 0
+    assert set(load_file(str(tmp_path / "w.safetensors"))) == {"vectors", "offsets"}
+    # the Python side: iter_embed(with_ids=True) pairs each text's token vectors with its ids, per token only
+    (vectors, ids), = iter_embed([texts[1]], load_encoder(str(tiny_dir)), pooling=None, max_length=24, with_ids=True)
+    assert ids == encodings[1].input_ids and vectors.shape[0] == len(ids)
+    with pytest.raises(BertkitError, match="with_ids .* per-token vectors"):
+        next(iter_embed(texts, load_encoder(str(tiny_dir)), pooling="mean", with_ids=True))
+
+
 def test_cli_embed_counts_the_rows_its_csv_reader_skipped_not_the_files_blank_lines(tiny_dir, tmp_path, capsys):
     # the note "N blank lines skipped, so row i is the i-th text" counted the file's blank lines, not the
     # records the CSV reader left out: a blank line inside a quoted cell (one text) was said to be skipped,

@@ -319,13 +319,17 @@ def test_the_readmes_python_block_runs(sentiment_run, tmp_path, monkeypatch):  #
 
 
 def test_the_features_pages_python_blocks_run_and_give_the_shapes_they_say(tmp_path, monkeypatch):
-    """docs/features.md's Python blocks (embedding options, the attention map) run as written, with `texts` a
-    list of three sentences and bertviz's `head_view` a stand-in, and give the shapes and indices their comments
-    say."""
+    """docs/features.md's Python blocks (embedding options, a per-token file read with safetensors alone, the
+    attention map) run as written, with `texts` a list of three sentences (the file made from them by the command
+    its comment shows) and bertviz's `head_view` a stand-in, and give the shapes and indices their comments say."""
+    from bertkit.cli import main
+
     text = (ROOT / "docs" / "features.md").read_text(encoding="utf-8")
     blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "sentences.txt").write_text("A man is eating food.\nA man rides a horse.\n")
+    assert main(["embed", "sentences.txt", "-o", "tokens.safetensors", "--pooling", "none", "--quiet"]) == 0
     shown = {}
     names = {"texts": ["A man is eating food.", "A man rides a horse.", "Bert notices the hat."],
              "head_view": lambda **view: shown.update(view)}
@@ -333,6 +337,7 @@ def test_the_features_pages_python_blocks_run_and_give_the_shapes_they_say(tmp_p
         exec(compile(block, "docs/features.md", "exec"), names)
     assert names["vecs"].shape == (2, 384) and names["cls"].shape == (3, 384) and names["mixed"].shape == (3, 384)
     assert names["tokens"].shape[1] == 1536 and len(names["words"]) == 1 and names["words"][0].shape == (4, 384)
+    assert names["vectors"].shape == (len(names["ids"]), 384) and names["ids"][0] == 101 and names["ids"][-1] == 102
     weights = names["m"].weights
     assert weights.shape == (6, 12, 25, 25) and np.allclose(weights.sum(-1), 1, atol=1e-5)
     assert names["he"] == 13 and names["m"].tokens[13] == "he"

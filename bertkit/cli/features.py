@@ -87,7 +87,8 @@ def run_embed(args):
     # checkpoints for a file, which a resumed run reads again; none for standard input, read once (its journal
     # only refuses to write over a killed run's recorded rows, and clears a stale record)
     plan = partial(_embed_plan, args, options, loaded, output, count) if count is not None else None
-    journal = open_journal(args.output, plan, EMBED_CHUNK if plan else 0, args.go_on, output.sentence)
+    per_token = output.pooling is None  # each row's token beside it: ids in a .safetensors, strings in a .jsonl
+    journal = open_journal(args.output, plan, EMBED_CHUNK if plan else 0, args.go_on, output.sentence, ids=per_token)
     start = journal.rows
     if count is not None:  # the rows of the texts still to embed, of hidden_size values at least (concat: a multiple)
         # one per text; per token at least [CLS], a token and [SEP] (a text without a token is refused); per word one
@@ -99,9 +100,10 @@ def run_embed(args):
         texts, loaded, options.layers, output.pooling, output.normalize, combine=options.combine,
         word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
         stride=args.stride, truncate=args.truncate, progress=not args.quiet, total=None if count is None else
-        count - start, where=where, chunk_size=EMBED_CHUNK,
+        count - start, where=where, chunk_size=EMBED_CHUNK, with_ids=per_token,
     )
-    n = write_vectors(rows, args.output, pooled=output.sentence, journal=journal)
+    n = write_vectors(rows, args.output, pooled=output.sentence, journal=journal,
+                      tokens=loaded.tokenizer.convert_ids_to_tokens if per_token else None)
     # rows are the texts in order: say that a blank line has none
     blank = texts.blank if isinstance(texts, OnePass) else blank_lines(args.input, args.column)
     skipped = f"; {blank} blank line{'s' if blank > 1 else ''} skipped, so row i is the i-th text" if blank else ""
@@ -136,7 +138,7 @@ def _embed_plan(args, options: EmbedOptions, loaded, output, count: int) -> dict
     from bertkit.runtime.loading import weights_fingerprint  # late: the command line builds without loading torch
 
     speed = getattr(args, "speed", None)
-    return {"format": 2, "input": file_identity(args.input), "column": args.column, "texts": count,
+    return {"format": 3, "input": file_identity(args.input), "column": args.column, "texts": count,
             "model": {"fingerprint": weights_fingerprint(loaded.weights_dir), "precision": loaded.precision,
                       "device": loaded.device.type, "fast_path": speed and dataclasses.asdict(speed)},
             "pooling": output.pooling, "normalize": output.normalize, **_applied(args, options, loaded, output),

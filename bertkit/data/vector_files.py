@@ -6,8 +6,9 @@ embeds in flat memory:
 
     .npy          pooled vectors: one [N, D] float32 array
     .safetensors  pooled: "embeddings" [N, D]; per token or word: "vectors" [sum T_i, D]
-                  with "offsets" [N+1] (rows of text i are offsets[i]:offsets[i+1])
-    .jsonl        one JSON object per text
+                  with "offsets" [N+1] (rows of text i are offsets[i]:offsets[i+1]); per token
+                  also "token_ids" [sum T_i] (each row's token: the model's vocab.txt line number)
+    .jsonl        one JSON object per text (per token: its "tokens" beside its "vectors")
 
 The .npy and .safetensors writers leave room for the header (which needs the row count),
 stream the rows after it and write it at the end: the disk holds the output once. Every file is written whole or not at all
@@ -20,7 +21,8 @@ long NAME.tmp was then, beside the plan that made them (the input, the model, th
 midway (SIGKILL, a full disk, Ctrl-C) keeps NAME.tmp, and `open_journal(..., resume=True)` says where the
 same run goes on: NAME.tmp is cut back to the recorded rows and the rows after them are appended, so the
 finished file is byte for byte what one uninterrupted run writes. Per-token and per-word rows of a
-.safetensors need each text's row count for the offsets written at the end: NAME.resume.lengths (int64).
+.safetensors need each text's row count for the offsets written at the end: NAME.resume.lengths (int64);
+per-token rows their token ids too (written after the offsets): NAME.resume.ids (int64).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import io
 import json
 import os
 import struct
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -84,16 +87,19 @@ def map_safetensors(path) -> dict[str, np.memmap]:
     return out
 
 
-def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequence | None = None,
-                  journal: Journal | None = None) -> int:
+def write_vectors(rows: Iterable, path, pooled: bool, texts: Sequence | None = None,
+                  journal: Journal | None = None, tokens: Callable | None = None) -> int:
     """Stream results into `path` by its suffix; returns the number of rows written.
 
     .npy          pooled vectors only: one [N, D] float32 array.
     .safetensors  pooled: tensor "embeddings" [N, D]; per-token/word: "vectors"
                   [sum T_i, D] with "offsets" [N+1] (rows of text i are
-                  offsets[i]:offsets[i+1]).
+                  offsets[i]:offsets[i+1]); with `tokens`, "token_ids" [sum T_i] int64.
     .jsonl        one JSON object per text: {"index", "embedding"} or {"index", "vectors"}
-                  (plus "text" when `texts` is given).
+                  (plus "text" when `texts` is given; with `tokens`, "tokens" before "vectors").
+
+    `tokens` (per-token rows): each row is a (vectors [T, D], token ids [T]) pair and tokens(ids) names the ids
+    (`Tokenizer.convert_ids_to_tokens`), so a reader knows which token each vector is without the tokenizer.
 
     The .npy and .safetensors writers stream the rows into the file after room left for the header, so
     memory stays flat however many texts stream through, and the disk holds them once. With a `journal`
@@ -107,9 +113,10 @@ def write_vectors(rows: Iterable[np.ndarray], path, pooled: bool, texts: Sequenc
     # (Ctrl-C, a kill) was its first k rows, a file that reads as whole, and the old file was gone from the start
     count = []
     if suffix == ".jsonl":
-        write = lambda out: count.append(_write_jsonl(rows, out, pooled, texts, journal))  # noqa: E731
+        write = lambda out: count.append(_write_jsonl(rows, out, pooled, texts, journal, tokens))  # noqa: E731
     else:
-        write = lambda out: count.append(_write_tensors(rows, out, suffix, pooled, journal))  # noqa: E731
+        ids = tokens is not None
+        write = lambda out: count.append(_write_tensors(rows, out, suffix, pooled, journal, ids))  # noqa: E731
     if journal is None:
         replace_atomically(path, write)
         return count[0]
@@ -143,19 +150,25 @@ def vector_format(path, pooled: bool) -> str:
 MAX_ROWS = 10**15
 
 
-def _write_tensors(rows, out, suffix: str, pooled: bool, journal: Journal | None = None) -> int:
+def _write_tensors(rows, out, suffix: str, pooled: bool, journal: Journal | None = None, ids: bool = False) -> int:
     """The rows' float32 bytes into the binary file `out` after a header of a fixed size, which is written at the
     end, once the row count is known; returns the number of results. The rows were spooled into NAME.part and
     then copied after a header: twice the output's room on the disk at the end, and a disk that held the spool
-    failed at the copy, after every text was embedded. A journal's rows (and width) are there already."""
+    failed at the copy, after every text was embedded. A journal's rows (and width) are there already. With
+    `ids`, rows are (vectors, token ids) pairs and the ids (8 bytes a token, 1/D of the vectors) are kept for the
+    end, after the offsets."""
     lengths = journal.lengths if journal is not None else []
+    token_ids = journal.ids if journal is not None else array("q")
     dim = journal.done.get("dim") if journal is not None else None
-    room = len(_header(suffix, pooled, MAX_ROWS, dim, MAX_ROWS)) if dim is not None else 0
+    room = len(_header(suffix, pooled, MAX_ROWS, dim, MAX_ROWS, ids=ids)) if dim is not None else 0
     for row in rows:
+        if ids:
+            row, row_ids = row
+            token_ids.extend(row_ids)
         row = np.ascontiguousarray(row, dtype="<f4")
         if dim is None:
             dim = row.shape[-1]
-            room = len(_header(suffix, pooled, MAX_ROWS, dim, MAX_ROWS))
+            room = len(_header(suffix, pooled, MAX_ROWS, dim, MAX_ROWS, ids=ids))
             out.write(bytes(room))
         lengths.append(1 if row.ndim == 1 else row.shape[0])
         out.write(row.tobytes())
@@ -165,18 +178,25 @@ def _write_tensors(rows, out, suffix: str, pooled: bool, journal: Journal | None
         raise BertkitError("nothing to write: the input holds no texts")
     if suffix == ".safetensors" and not pooled:
         out.write(np.concatenate([[0], np.cumsum(lengths)]).astype("<i8").tobytes())  # offsets [N+1]
+        if ids:
+            assert len(token_ids) == sum(lengths), (len(token_ids), sum(lengths))  # one id per vector row
+            out.write(np.frombuffer(token_ids, dtype=np.int64).astype("<i8").tobytes())  # token_ids [sum T_i]
     out.seek(0)
-    out.write(_header(suffix, pooled, sum(lengths), dim, len(lengths), room))
+    out.write(_header(suffix, pooled, sum(lengths), dim, len(lengths), room, ids=ids))
     return len(lengths)
 
 
-def _write_jsonl(rows, out, pooled: bool, texts, journal: Journal | None = None) -> int:
-    """One JSON object per result into the binary file `out` (UTF-8), after a journal's; returns the count."""
+def _write_jsonl(rows, out, pooled: bool, texts, journal: Journal | None = None, tokens=None) -> int:
+    """One JSON object per result into the binary file `out` (UTF-8), after a journal's; returns the count.
+    With `tokens` (ids -> strings) rows are (vectors, token ids) pairs, and each line names its tokens."""
     n = journal.rows if journal is not None else 0
     for row in rows:
         record = {"index": n}
         if texts is not None:
             record["text"] = texts[n]
+        if tokens is not None:
+            row, row_ids = row
+            record["tokens"] = list(tokens(list(row_ids)))
         record["embedding" if pooled else "vectors"] = np.round(row.astype(np.float64), 7).tolist()
         out.write((json.dumps(record) + "\n").encode("utf-8"))
         n += 1
@@ -185,10 +205,11 @@ def _write_jsonl(rows, out, pooled: bool, texts, journal: Journal | None = None)
     return n
 
 
-def _header(suffix: str, pooled: bool, total: int, dim: int, n: int, room: int = 0) -> bytes:
-    """The header of a [total, D] float32 .npy, or of a .safetensors (pooled, or vectors with n+1 offsets), made
-    `room` bytes long: a .safetensors' JSON padded with spaces (the format allows it); a .npy's is that long
-    already for a `room` made with more rows (numpy leaves room for the first axis' digits)."""
+def _header(suffix: str, pooled: bool, total: int, dim: int, n: int, room: int = 0, ids: bool = False) -> bytes:
+    """The header of a [total, D] float32 .npy, or of a .safetensors (pooled, or vectors with n+1 offsets, and
+    `ids`: total token ids), made `room` bytes long: a .safetensors' JSON padded with spaces (the format allows
+    it); a .npy's is that long already for a `room` made with more rows (numpy leaves room for the first axis'
+    digits)."""
     if suffix == ".npy":
         header = io.BytesIO()
         npy_header(header, "<f4", (total, dim))
@@ -197,12 +218,15 @@ def _header(suffix: str, pooled: bool, total: int, dim: int, n: int, room: int =
         return made
     if pooled:
         return safetensors_header({"embeddings": ("F32", (total, dim))}, room)
-    return safetensors_header({"vectors": ("F32", (total, dim)), "offsets": ("I64", (n + 1,))}, room)
+    tensors = {"vectors": ("F32", (total, dim)), "offsets": ("I64", (n + 1,))}
+    if ids:
+        tensors["token_ids"] = ("I64", (total,))
+    return safetensors_header(tensors, room)
 
 
 # --- going on after a kill: the journal of a resumable write --------------------------------------
 
-RECORD_SUFFIX, COUNTS_SUFFIX = ".resume.json", ".resume.lengths"
+RECORD_SUFFIX, COUNTS_SUFFIX, IDS_SUFFIX = ".resume.json", ".resume.lengths", ".resume.ids"
 
 
 @dataclass(frozen=True)
@@ -246,6 +270,9 @@ class Journal:
     counts: bool  # keep each text's row count in NAME.resume.lengths (a .safetensors of per-token rows)
     done: dict = field(default_factory=dict)
     lengths: list = field(default_factory=list)
+    keeps_ids: bool = False  # keep each row's token id in NAME.resume.ids (a .safetensors of per-token rows)
+    ids: array = field(default_factory=lambda: array("q"))
+    ids_recorded: int = 0  # the ids NAME.resume.ids holds
     recorded: int = 0  # the rows the last checkpoint says are on the disk
     _plan: dict | None = None
 
@@ -261,6 +288,10 @@ class Journal:
     def counts_file(self) -> Path:
         return self.path.with_name(self.path.name + COUNTS_SUFFIX)
 
+    @property
+    def ids_file(self) -> Path:
+        return self.path.with_name(self.path.name + IDS_SUFFIX)
+
     def the_plan(self) -> dict:
         if self._plan is None:
             self._plan = self.plan()
@@ -274,6 +305,9 @@ class Journal:
         elif self.counts:
             with open(self.counts_file, "r+b") as f:
                 f.truncate(self.rows * 8)
+            if self.keeps_ids:
+                with open(self.ids_file, "r+b") as f:
+                    f.truncate(len(self.ids) * 8)
         try:
             with open(tmp, "r+b" if self.rows else "wb") as out:
                 if self.rows:
@@ -292,10 +326,10 @@ class Journal:
         out.flush()
         os.fsync(out.fileno())  # the rows reach the disk before the record says they are there
         if self.counts:
-            with open(self.counts_file, "ab") as f:
-                f.write(np.asarray(self.lengths[self.recorded : n], dtype="<i8").tobytes())
-                f.flush()
-                os.fsync(f.fileno())
+            _append(self.counts_file, np.asarray(self.lengths[self.recorded : n], dtype="<i8"))
+        if self.keeps_ids:  # the ids of rows 0..n-1, one per vector: the writer adds a row's ids before its vectors
+            _append(self.ids_file, np.frombuffer(self.ids, dtype=np.int64)[self.ids_recorded :])
+            self.ids_recorded = len(self.ids)
         write_json(self.record, {"plan": self.the_plan(), "done": {"rows": n, "bytes": out.tell(), "dim": dim}})
         self.recorded = n
 
@@ -305,17 +339,28 @@ class Journal:
         return self.recorded > 0 and not isinstance(err, BertkitError)
 
     def discard(self) -> None:
-        for path in (self.record, self.counts_file):
+        for path in (self.record, self.counts_file, self.ids_file):
             path.unlink(missing_ok=True)
 
 
-def open_journal(path, plan: Callable[[], dict] | None, every: int, resume: bool, pooled: bool) -> Journal:
-    """The journal of a resumable write of `path` (pooled: one row per text), from the start, or (resume) from
+def _append(path: Path, values: np.ndarray) -> None:
+    """values as int64 at the end of `path`, on the disk when it returns (a checkpoint's side file)."""
+    with open(path, "ab") as f:
+        f.write(values.astype("<i8").tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def open_journal(path, plan: Callable[[], dict] | None, every: int, resume: bool, pooled: bool,
+                 ids: bool = False) -> Journal:
+    """The journal of a resumable write of `path` (pooled: one row per text; ids: rows that carry token ids,
+    `write_vectors`'s `tokens`), from the start, or (resume) from
     the last checkpoint of the interrupted run beside it. Refused in one line: resume where nothing was recorded,
     or with another plan() than the one recorded (naming the difference); a start from nothing beside a killed
     run's recorded rows, which it would throw away (--resume goes on from them)."""
     path = Path(path)
-    journal = Journal(path, plan, every, counts=path.suffix.lower() == ".safetensors" and not pooled)
+    counts = path.suffix.lower() == ".safetensors" and not pooled
+    journal = Journal(path, plan, every, counts=counts, keeps_ids=counts and ids)
     tmp = path.with_name(path.name + ".tmp")
     saved = _saved(journal.record, tmp) if tmp.is_file() else None
     if not resume:
@@ -344,6 +389,13 @@ def open_journal(path, plan: Callable[[], dict] | None, every: int, resume: bool
         raise BertkitError(f"--resume: {tmp} holds less than {journal.record.name} says was written (was it changed "
                            f"since?): delete {tmp} to start again")
     journal.lengths = np.fromfile(journal.counts_file, "<i8", count=rows).tolist() if journal.counts else [1] * rows
+    if journal.keeps_ids:
+        tokens = sum(journal.lengths)
+        if not journal.ids_file.is_file() or journal.ids_file.stat().st_size < tokens * 8:
+            raise BertkitError(f"--resume: {journal.ids_file.name} holds fewer token ids than {journal.record.name} "
+                               f"says were written (was it changed since?): delete {tmp} to start again")
+        journal.ids = array("q", np.fromfile(journal.ids_file, "<i8", count=tokens).astype(np.int64).tobytes())
+        journal.ids_recorded = tokens
     return journal
 
 

@@ -48,9 +48,8 @@ from bertkit.runtime.loading import Loaded, check_as_loaded, folder_stamp, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
 from bertkit.embeddings.settings import (AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output, say_cut,
                                          word_pooling_for)
-from bertkit.embeddings.inputs import encode_chunk, rows_of, stitch, whitespace_spans  # noqa: F401 (the server's words)
+from bertkit.embeddings.inputs import encode_chunk, rows_of, stitch, window_cut
 from bertkit.embeddings.static import NO_CUT, check_static_options, iter_static
-from bertkit.text.windows import shape
 
 
 # --- the encoder ------------------------------------------------------------------------------
@@ -146,17 +145,13 @@ def iter_embed(
     progress: bool = False,
     total: int | None = None,
     where=None,
+    with_ids: bool = False,
 ) -> Iterator[np.ndarray]:
     """Yield one result per text, in input order, reading `texts` lazily (`chunk_size` at a time, each chunk's rows
     sorted by length: little padding), with the encoder `loaded` (`load_encoder` or `bertkit.runtime.loading.load`);
-    `where(i)` names the i-th text (from 0) in an error about it: file:line. See `embed` for the arguments."""
-    if not isinstance(loaded, Loaded):
-        raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.load_encoder(model)), "
-                           f"got {type(loaded).__name__}")
-    output = resolve_output(loaded.layout, pooling, normalize)
-    word_pooling = word_pooling_for(word_pooling, output)  # refused beside vectors that are not per word
-    int_at_least(batch_size, 1, "batch_size")
-    int_at_least(chunk_size, 1, "chunk_size")
+    `where(i)` names the i-th text (from 0) in an error about it: file:line. See `embed` for the arguments.
+    with_ids (per-token vectors, pooling=None): yield (vectors [T, D], the T token ids, [CLS]/[SEP] included)."""
+    output, word_pooling = _checked(loaded, pooling, normalize, word_pooling, with_ids, batch_size, chunk_size)
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
         check_static_options(pooling, layers, pairs, stride, combine)
         yield from _static_rows(texts, loaded, normalize, static_cut(loaded, max_length, truncate), chunk_size,
@@ -182,7 +177,8 @@ def iter_embed(
                 continue
             tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
             for item, vectors in zip(items, tokens):
-                yield pool(vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling)
+                row = pool(vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling)
+                yield (row, item.ids) if with_ids else row  # a windowed text's rows: all its ids, stitched
         say_cut(was_cut, seen, cut.max_length, asked=truncate is not None)  # once, after the last text
     finally:
         net.train(was_training)
@@ -190,16 +186,19 @@ def iter_embed(
             bar.close()
 
 
-def window_cut(positions: int, output, max_length, stride, truncate):
-    """Where texts are cut or windowed (`bertkit.text.windows.shape`). A layout's sentence vectors are cut at
-    its max_seq_length, or at the length asked for instead (sentence-transformers' max_seq_length, `bertkit
-    evaluate --max-length`), unless truncate=False asks for windows; other outputs are windowed. (`bertkit embed
-    --resume` compares the cut made, not the options typed.)"""
-    truncate = True if truncate is None and output.length else truncate
-    if truncate and stride is not None:  # it was ignored: nothing is windowed
-        raise BertkitError(f"stride={stride} applies to windows, and these texts are cut at their max length instead: "
-                           "pass truncate=False (--no-truncate) to window them, or drop the stride")
-    return shape(positions, output.length, max_length, stride, truncate)
+def _checked(loaded, pooling, normalize, word_pooling, with_ids: bool, batch_size, chunk_size) -> tuple:
+    """iter_embed's arguments checked before any text is read: (the output they make, the word pooling)."""
+    if not isinstance(loaded, Loaded):
+        raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.load_encoder(model)), "
+                           f"got {type(loaded).__name__}")
+    output = resolve_output(loaded.layout, pooling, normalize)
+    word_pooling = word_pooling_for(word_pooling, output)  # refused beside vectors that are not per word
+    if with_ids and output.pooling is not None:
+        raise BertkitError("with_ids gives each token's id beside its vector: ask for per-token vectors "
+                           f"(pooling=None), not {output.pooling!r}")
+    int_at_least(batch_size, 1, "batch_size")
+    int_at_least(chunk_size, 1, "chunk_size")
+    return output, word_pooling
 
 
 def static_cut(loaded: Loaded, max_length, truncate) -> int | None:
@@ -267,9 +266,9 @@ def placed_encoder(model, use: str, device=None, dtype=None, int8: bool = False,
     return load_encoder(model, device, dtype, int8 or False, fast)
 
 
-# embed's **options: iter_embed's keyword arguments and load_encoder's
+# embed's **options: iter_embed's keyword arguments (but with_ids: embed returns arrays) and load_encoder's
 _EMBED_OPTIONS = {name for name, p in inspect.signature(iter_embed).parameters.items()
-                  if p.kind == p.KEYWORD_ONLY} | {"device", "dtype", "int8"}
+                  if p.kind == p.KEYWORD_ONLY} - {"with_ids"} | {"device", "dtype", "int8"}
 
 
 def _listed(values, what: str) -> list | tuple:

@@ -7,6 +7,7 @@ second segment belong to none). A text longer than the window is cut into overla
 (`bertkit.text.windows`: `stride` tokens shared, each token owned by the window where it has the most
 context, `run_squad.py`'s rule); `rows_of` makes a text's rows, `stitch` puts each token's vector back from its
 owning window: [CLS] from the first window, [SEP] from the last, so a text that fits gives the one-pass result.
+Where a text is cut instead of windowed is `window_cut`'s choice.
 
 A text refused here (blank, no tokens, a word list that is not one) is named by `where(i)`: file:line from
 the command line, texts[i] from `bertkit.embed`.
@@ -22,7 +23,7 @@ import torch
 
 from bertkit.errors import BertkitError
 from bertkit.embeddings.static import no_tokens
-from bertkit.text.windows import max_context_owner, spans
+from bertkit.text.windows import max_context_owner, shape, spans
 
 
 @dataclass
@@ -170,3 +171,15 @@ def stitch(item: _Item, window_vectors: list) -> torch.Tensor:
         rows.append(window_vectors[k][1 + position - item.windows[k][0]])
     rows.append(window_vectors[-1][-1])
     return torch.stack(rows)
+
+
+def window_cut(positions: int, output, max_length, stride, truncate):
+    """Where texts are cut or windowed (`bertkit.text.windows.shape`). A layout's sentence vectors are cut at
+    its max_seq_length, or at the length asked for instead (sentence-transformers' max_seq_length, `bertkit
+    evaluate --max-length`), unless truncate=False asks for windows; other outputs are windowed. (`bertkit embed
+    --resume` compares the cut made, not the options typed.)"""
+    truncate = True if truncate is None and output.length else truncate
+    if truncate and stride is not None:  # it was ignored: nothing is windowed
+        raise BertkitError(f"stride={stride} applies to windows, and these texts are cut at their max length instead: "
+                           "pass truncate=False (--no-truncate) to window them, or drop the stride")
+    return shape(positions, output.length, max_length, stride, truncate)
