@@ -97,6 +97,26 @@ def records(out, split):
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
 
 
+def test_the_texts_cut_at_max_length_are_counted_and_said(data):
+    """A pair whose texts are longer than --max-length trains on their first tokens alone (sentence-transformers'
+    cut, kept); nothing said how many were, and a file of long passages trained on their openings. Reference: each
+    distinct text's whole encoding (no truncation) against max_length 16: 16 tokens fit, 17 do not."""
+    from bertkit.tasks.embedding import EmbeddingExamples, tokenize_rows
+    from bertkit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(data["tiny"])
+    texts = ["the movie was good .", " ".join(["good"] * 14), " ".join(["bad"] * 15), "the food was bad . " * 9]
+    rows = [(texts[0], texts[1]), (texts[2], texts[3]), (texts[1], texts[0]), ("john went to paris .", texts[3])]
+    distinct = list(dict.fromkeys(t for row in rows for t in row))
+    cut = sum(len(tok.encode(t, truncation=False)) > 16 for t in distinct)
+    assert cut == 2 and [len(tok.encode(t, truncation=False)) for t in texts[1:3]] == [16, 17]
+    said = []
+    ids = tokenize_rows(tok, EmbeddingExamples(rows, ("anchor", "positive")), 16, log=said.append)
+    assert said == [f"{cut} of {len(distinct)} distinct texts are longer than --max-length 16 tokens: cut there"]
+    # the ids are the tokenizer's own cut at 16, [CLS] and [SEP] kept
+    assert ids == [[tok.encode(t, max_length=16).input_ids for t in row] for row in rows]
+
+
 def test_triplets_with_an_sts_dev_set_train_and_save_an_embedding_model(data, tmp_path):
     out = tmp_path / "out"
     final = run(data, out, dev=str(data["sts_dev"]), matryoshka_dims="32,16")

@@ -1,13 +1,10 @@
 """Sentence embeddings: fine-tune an encoder so that the cosine of two texts' vectors says how related they are.
 
-Sentence-BERT (Reimers & Gurevych 2019) with the losses of
-`bertkit.embeddings.losses`: the encoder and a pooling (the mean of the last
-layer's token vectors, their maximum, or [CLS]: `bertkit.model.modeling.pool_sentence`,
-the pooling `bertkit embed` uses) make one vector per text; the loss
-compares the vectors of a batch. Training goes through the one training loop
-(`bertkit.tasks.trainer.train`, a run of `bertkit.training.harness` around
-`bertkit.training.loop`: accumulation, bf16, checkpoints and exact resume, DDP,
-metrics.jsonl, curves.png).
+Sentence-BERT (Reimers & Gurevych 2019) with the losses of `bertkit.embeddings.losses`: the encoder and a
+pooling (the mean of the last layer's token vectors, their maximum, or [CLS]: `bertkit.model.modeling.pool_sentence`,
+the pooling `bertkit embed` uses) make one vector per text; the loss compares the vectors of a batch. Training
+goes through the one training loop (`bertkit.tasks.trainer.train`, a run of `bertkit.training.harness` around
+`bertkit.training.loop`: accumulation, bf16, checkpoints and exact resume, DDP, metrics.jsonl, curves.png).
 
 Data (`read_examples`), one example per row:
 
@@ -285,10 +282,14 @@ class EmbeddingBatches:
                 "batch": [self.size // self.parts, self.parts], "rows": self.rows}
 
 
-def tokenize_rows(tok, examples: EmbeddingExamples, max_length: int) -> list[list[list[int]]]:
-    """Token ids of every text, each distinct text tokenised once: ids[row][column]."""
-    distinct = list(dict.fromkeys(t for row in examples.rows for t in row))
-    where = dict(zip(distinct, tok.single_ids(distinct, max_length)))
+def tokenize_rows(tok, examples: EmbeddingExamples, max_length: int, log=print) -> list[list[list[int]]]:
+    """Token ids of every text, each distinct text tokenised once: ids[row][column]; how many are longer than
+    max_length and cut there, as sentence-transformers cuts them, is said (tokenised one piece past the cut)."""
+    distinct, budget = list(dict.fromkeys(t for row in examples.rows for t in row)), max_length - 2  # [CLS], [SEP]
+    pieces = tok.ids_lists(distinct, budget + 1)
+    if cut := sum(len(p) > budget for p in pieces):
+        log(f"{cut} of {len(distinct)} distinct texts are longer than --max-length {max_length} tokens: cut there")
+    where = {t: [tok.cls_token_id, *p[:budget], tok.sep_token_id] for t, p in zip(distinct, pieces)}
     return [[where[t] for t in row] for row in examples.rows]
 
 
@@ -427,7 +428,8 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     log(f"embedding task: {len(examples.rows)} examples x {len(examples.columns)} texts "
         f"({', '.join(examples.columns)}), loss {loss}{f' (Matryoshka {dims})' if dims else ''}, "
         f"pooling {cfg.pooling}, max length {cfg.max_length}")
-    ids = (static_rows if cfg.static else tokenize_rows)(tok, examples, cfg.max_length)
+    rows = partial(tokenize_rows, log=log) if not cfg.static else static_rows
+    ids = rows(tok, examples, cfg.max_length)
     evaluate = None if score_dev is None else partial(score_dev, tok=tok)
     tcfg.metric = tcfg.metric or metric
     out = Path(cfg.output)
