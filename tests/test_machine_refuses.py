@@ -559,9 +559,9 @@ def test_a_long_run_the_disk_cannot_hold_is_refused_before_the_work(tiny_dir, tm
 def test_every_free_space_refusal_is_one_error_type_naming_the_folder_and_the_bytes(tiny_dir, tmp_path, monkeypatch,
                                                                                     capsys):
     """The refusal of a long run its disk certainly cannot hold (`bertkit.data.atomic.room_for`) was a plain OSError
-    from embed, pretrain prepare and an HNSW graph, and a BertkitError from build_index (converted there for
-    torchrun's ranks): a Python caller had to catch both. Each is a `NoSpace` now, a BertkitError that is an OSError,
-    one line naming the folder and the bytes needed. The disk here says it has 1,000 bytes free (shutil.disk_usage)."""
+    from embed, pretrain prepare, an HNSW graph and a lexical part, and a BertkitError from build_index (converted
+    there for torchrun's ranks): a Python caller had to catch both. Each is a `NoSpace` now, a BertkitError that is an
+    OSError, one line naming the folder and the bytes needed. The disk here says it has 1,000 bytes free."""
     import collections
 
     import numpy as np
@@ -572,7 +572,9 @@ def test_every_free_space_refusal_is_one_error_type_naming_the_folder_and_the_by
     from bertkit.pretraining.prepare import PrepareConfig, prepare
     from bertkit.pretraining.shards import room_for_instances
     from bertkit.retrieval.ann import build_hnsw
+    from bertkit.retrieval.config import LexicalOptions
     from bertkit.retrieval.index import build_index
+    from bertkit.retrieval.lexical import build_lexical
 
     (tmp_path / "corpus.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "document {i}"}}\n' for i in range(20)))
     (tmp_path / "texts.txt").write_text("".join(f"sentence {i} about a cat\n" for i in range(50)))
@@ -587,6 +589,8 @@ def test_every_free_space_refusal_is_one_error_type_naming_the_folder_and_the_by
                                             progress=False), tmp_path / "idx"),
         "build_hnsw": (lambda: build_hnsw(np.eye(40, 32, dtype=np.float32), tmp_path / "g" / "hnsw.faiss"),
                        tmp_path / "g"),
+        "build_lexical": (lambda: build_lexical(tmp_path / "lex", [f"passage {i} about a cat" for i in range(50)],
+                                                LexicalOptions()), tmp_path / "lex"),
         "prepare": (lambda: prepare(tmp_path / "books", tmp_path / "data", PrepareConfig(objective="none"),
                                     vocab=tmp_path / "vocab.txt", progress=False), tmp_path / "data"),
         "room_for_instances": (lambda: room_for_instances(tmp_path / "inst", 230, 64, len(words), 20),
