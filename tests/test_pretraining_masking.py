@@ -22,6 +22,7 @@ from bertkit.pretraining.masking import (
     _draw_length,
     candidate_words,
     choose_positions,
+    default_max_predictions,
     mask_sequence,
     ngram_probabilities,
     num_to_predict,
@@ -57,6 +58,21 @@ def test_budget_is_fifteen_percent_rounded_and_capped():
     cfg = MaskingConfig()
     assert [num_to_predict(n, cfg) for n in (1, 3, 10, 20, 100, 128, 512)] == [1, 1, 2, 3, 15, 19, 20]
     assert num_to_predict(512, MaskingConfig(max_predictions_per_seq=80)) == 77
+
+
+@pytest.mark.parametrize("prob", [0.1, 0.15, 0.2, 0.25])
+@pytest.mark.parametrize("max_seq_length", [64, 128, 200, 384, 512, 1000])
+def test_the_default_cap_never_cuts_the_budget_and_is_the_references_20_at_128(max_seq_length, prob):
+    """prepare's default cap (google-research/bert's README: about max_seq_length x masked_lm_prob): every
+    length up to T gets its uncapped round(L x p), and no smaller cap >= 20 does (the array is no wider than that)."""
+    cap = default_max_predictions(max_seq_length, prob)
+    uncapped = MaskingConfig(masked_lm_prob=prob, max_predictions_per_seq=10**6)
+    capped = MaskingConfig(masked_lm_prob=prob, max_predictions_per_seq=cap)
+    budgets = [num_to_predict(n, uncapped) for n in range(1, max_seq_length + 1)]
+    assert [num_to_predict(n, capped) for n in range(1, max_seq_length + 1)] == budgets
+    assert cap == max(20, max(budgets))
+    if (max_seq_length, prob) == (128, 0.15):
+        assert cap == 20  # create_pretraining_data's default for its 128 tokens, as prepare's fixed 20 was
 
 
 def test_config_errors_name_the_problem():

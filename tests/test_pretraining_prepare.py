@@ -712,3 +712,49 @@ def test_pair_instances_a_disk_cannot_hold_are_refused_before_they_are_made(tmp_
     assert need, err
     assert 1024 < float(need.group(1)) * 1024 <= written, (need.group(1), written)
     assert not list((tmp_path / "small" / "instances").glob("*/*.npy"))
+
+
+# --- the cap on predictions follows the sequence length ----------------------------------------
+
+
+def _masked_share(ds) -> float:
+    """Predicted positions over all tokens: the stored masks (static), or the collator's (dynamic)."""
+    if ds.static_masking:
+        return sum(len(ds[i]["masked_positions"]) for i in range(len(ds))) / ds.manifest["instance_tokens"]
+    batch = ds.collator()([ds[i] for i in range(len(ds))])
+    return float((batch["labels"] != -100).sum() / batch["attention_mask"].sum())
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_512_token_data_masks_15_percent_and_an_explicit_cap_still_wins(tokenised, books, tmp_path_factory, dynamic):
+    """pretrain prepare --max-seq-length 512 capped every instance at the 20 predictions create_pretraining_data
+    sets for 128 tokens: about 4% of its tokens masked, not 15%, without a word (google-research/bert's README:
+    set max_predictions_per_seq to about max_seq_length x masked_lm_prob). The default follows the length now
+    (masking.default_max_predictions: 77 at 512), recorded in the manifest; --max-predictions-per-seq 20 is kept."""
+    settings = dict(max_seq_length=512, dupe_factor=1, dynamic_masking=dynamic)
+    ds = prepared(tokenised, books, tmp_path_factory, **settings)
+    assert ds.manifest["config"]["max_predictions_per_seq"] == 77
+    assert abs(_masked_share(ds) - 0.15) < 0.005  # round(L x 0.15) per instance; was 0.04
+    old = prepared(tokenised, books, tmp_path_factory, max_predictions_per_seq=20, **settings)
+    assert old.manifest["config"]["max_predictions_per_seq"] == 20
+    assert _masked_share(old) < 0.05  # what data prepared before says it was made with, it keeps
+
+
+def test_128_token_data_is_prepared_exactly_as_with_the_references_20(tokenised, books, tmp_path):
+    """At 128 tokens the default is the old fixed 20: the same manifest settings, the same bytes, and data made
+    with an explicit 20 (as every earlier prepare recorded) is reused, not made again; at 512 it is made again."""
+    out = tmp_path / "data"
+    shutil.copytree(tokenised, out)
+    cfg = dict(documents="file", dupe_factor=1)
+    prepare([books], out, PrepareConfig(max_predictions_per_seq=20, **cfg), progress=False, overwrite=True)
+    digest, manifest = _digest(out), json.loads((out / "manifest.json").read_text())
+    first = out / "instances" / "00000" / "input_ids.npy"
+    mtime = first.stat().st_mtime_ns
+    prepare([books], out, PrepareConfig(**cfg), progress=False, overwrite=True)
+    assert _digest(out) == digest and first.stat().st_mtime_ns == mtime
+    assert json.loads((out / "manifest.json").read_text())["config"] == manifest["config"]
+    prepare([books], out, PrepareConfig(max_seq_length=512, max_predictions_per_seq=20, **cfg), progress=False,
+            overwrite=True)
+    masked = PretrainingDataset(out).manifest["masked_tokens"]
+    prepare([books], out, PrepareConfig(max_seq_length=512, **cfg), progress=False, overwrite=True)
+    assert PretrainingDataset(out).manifest["masked_tokens"] > 3 * masked  # not the 20-capped blocks reused

@@ -9,6 +9,8 @@ section 4.1, after SpanBERT):
    whole-word and n-gram masking (a `##` piece joins the word before it);
 2. budget: num_to_predict = min(max_predictions_per_seq, max(1, round(L * 0.15)))
    for a sequence of L tokens ([CLS]/[SEP] included, as the original counts);
+   prepare's default cap follows its length (`default_max_predictions`: 20 at
+   128 tokens as the original's flag, 77 at 512), so it never cuts the 15%;
 3. walk the candidates in random order, taking a span of n words, n in 1..3 with
    P(n) proportional to 1/n (6/11, 3/11, 2/11; n = 1 for token and whole-word
    masking); a span that would exceed the budget, or touch a token already taken,
@@ -136,6 +138,21 @@ class MaskedSequence:
 
 def num_to_predict(length: int, cfg: MaskingConfig) -> int:
     return min(cfg.max_predictions_per_seq, max(1, int(round(length * cfg.masked_lm_prob))))
+
+
+REFERENCE_MAX_PREDICTIONS = 20  # create_pretraining_data's default, set for its max_seq_length 128
+
+
+def default_max_predictions(max_seq_length: int, masked_lm_prob: float) -> int:
+    """The cap on predictions per sequence that never binds: max(20, round(T * masked_lm_prob)).
+
+    round(T * p) is the largest budget `num_to_predict` gives a sequence of at most T tokens, so every sequence
+    gets its round(L * p) (google-research/bert's README: set max_predictions_per_seq to about
+    max_seq_length * masked_lm_prob; it used 20 at 128 tokens, 80 at 512; a fixed 20 masks 4% of a 512-token
+    sequence). The floor of 20 is the reference's default: at 0.15, data of up to 133 tokens keeps exactly what
+    the fixed 20 gave (128: 20, not round(19.2) = 19), stored arrays included.
+    """
+    return max(REFERENCE_MAX_PREDICTIONS, int(round(max_seq_length * masked_lm_prob)))
 
 
 def ngram_probabilities(max_ngram: int) -> list:

@@ -43,7 +43,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 import textwrap
 
@@ -55,7 +55,7 @@ from bertkit.pretraining.blocks import held_out_documents, init_block_worker, pl
 from bertkit.data.outputs import check_output, folder_lock
 from bertkit.data.corpus import (DOCUMENT_MODES, ENCODING_ERRORS, SENTENCE_MODES, SKIP_REASONS, CorpusStats,
                                  check_encoding, check_encoding_errors, corpus_files)
-from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab
+from bertkit.pretraining.masking import MASKING_MODES, MaskingConfig, MaskVocab, default_max_predictions
 from bertkit.pretraining.shards import (
     consolidate,
     file_identity,
@@ -87,7 +87,9 @@ class PrepareConfig:
                         MASKING_MODES)
     dynamic_masking: bool = _opt(False, "store unmasked instances; the collator masks anew every epoch")
     masked_lm_prob: float = _opt(0.15, "fraction of tokens to predict")
-    max_predictions_per_seq: int = _opt(20, "at most this many predictions per instance")
+    max_predictions_per_seq: int | None = _opt(None, "at most this many predictions per instance (default: "
+                                               "max(20, round(max-seq-length x masked-lm-prob)), which never cuts "
+                                               "the masked share: 20 at 128 tokens, as the original, 77 at 512)")
     max_ngram: int = _opt(3, "longest n-gram (in words) for --masking ngram", needs=("masking", "ngram"))
     short_seq_prob: float = _opt(0.1, "probability of a shorter random target length")
     dupe_factor: int | None = _opt(None, "passes over the corpus, each with new pairs and masks "
@@ -131,7 +133,20 @@ class PrepareConfig:
         return self
 
     def masking_config(self) -> MaskingConfig:
-        return MaskingConfig(self.masking, self.masked_lm_prob, self.max_predictions_per_seq, self.max_ngram).validate()
+        return MaskingConfig(self.masking, self.masked_lm_prob, self.max_predictions, self.max_ngram).validate()
+
+    @property
+    def max_predictions(self) -> int:
+        """max_predictions_per_seq as given, else its default for this length and masked_lm_prob."""
+        if self.max_predictions_per_seq is not None:
+            return self.max_predictions_per_seq
+        return default_max_predictions(self.max_seq_length, self.masked_lm_prob)
+
+    def resolved(self) -> "PrepareConfig":
+        """A copy with the cap as a number: what the instances' fingerprints and the manifest record (data
+        prepared at 128 tokens before the default followed the length recorded 20, as this gives, and is reused;
+        data prepared at 512 then recorded 20 too, which its dynamic masking keeps, and is made again)."""
+        return replace(self, max_predictions_per_seq=self.max_predictions)
 
     @property
     def passes(self) -> int:
@@ -304,7 +319,7 @@ def prepare(corpus, output, cfg: PrepareConfig | None = None, vocab=None, progre
     the runs training on it, without a word); with it the data is made again, reusing what the same corpus
     and settings already made.
     """
-    cfg = (cfg or PrepareConfig()).validate()
+    cfg = (cfg or PrepareConfig()).validate().resolved()
     t0 = time.perf_counter()
     out = Path(output)
     files = corpus_files(corpus, skip=(out, vocab))
