@@ -15,6 +15,7 @@ from bertkit.errors import BertkitError
 from bertkit.retrieval.mining import MiningTask, reranker_pairs, training_pairs
 from bertkit.tasks.classification import binary_cross_entropy
 from bertkit.tasks.rerank import FIGURES_FILE, pair_scores, recorded_effect, reranker
+from bertkit.text.tokenizer import Tokenizer
 
 MEASURES = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100")
 
@@ -287,12 +288,17 @@ def test_a_table_of_pairs_trains_without_dev(ctx, tmp_path, capsys):
     train = tmp_path / "pairs.jsonl"
     rows = [{"query": f"claim {i}", "passage": f"passage {i} {'relevant' if i % 2 else 'other'}", "label": i % 2}
             for i in range(8)]
+    rows[0]["passage"] = "the passage goes on and on . " * 8  # longer than --max-length 32 with its query: cut
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "table_cross"
     assert main(["finetune", "rerank", "--train", str(train), "--output", str(out), "--model", str(ctx["tiny"]),
                  "--max-length", "32", "--batch-size", "4", "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "trained on 8 pairs" in printed and "no retrieval figures recorded" in printed
+    # the pair read cut is said (reference: its whole encoding, [CLS] q [SEP] p [SEP], against 32)
+    tok = Tokenizer.from_pretrained(ctx["tiny"])
+    cut = sum(len(tok.encode(r["query"], r["passage"], truncation=False)) > 32 for r in rows)
+    assert cut == 1 and "1 of 8 (query, passage) pairs are longer than --max-length 32 tokens" in printed, printed
     assert not (out / FIGURES_FILE).exists()
     assert "no recorded retrieval figures" in recorded_effect(out)
     with pytest.raises(BertkitError, match="relevant and irrelevant pairs both"):

@@ -46,8 +46,8 @@ from bertkit.errors import BertkitError
 from bertkit.model.config import MULTI_LABEL, REGRESSION
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.config import TextTaskConfig
-from bertkit.data.tables import (check_known_labels, label_cell, column_key, first_row, label_names, looks_like_scores,
-                                 read_text_examples, tsv_cell)
+from bertkit.data.tables import (TextExample, check_known_labels, label_cell, column_key, first_row, label_names,
+                                 looks_like_scores, read_text_examples, tsv_cell)
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.text_inference import cut_count, decode, make_features, pool_windows, score
@@ -255,6 +255,9 @@ def train_pair_scorer(cfg, pairs: list, pos_weight: float, info: dict, log=print
     """A one-logit head on cfg.model trained on (query, passage, label) `pairs` through the one run harness
     and saved in cfg.output with `info` as its bertkit_task.json; the trainer's result."""
     tok = load_tokenizer(cfg.model, cfg.max_length)
+    if cut := cut_count(tok, [TextExample(query, passage) for query, passage, _ in pairs], cfg.max_length, 0):
+        log(f"{cut} of {len(pairs)} (query, passage) pairs are longer than --max-length {cfg.max_length} tokens and "
+            "are cut there, longest side first")
     head = load_head(BertForSequenceClassification, cfg.model, cfg.training.seed, log, problem_type=MULTI_LABEL,
                      num_labels=1, id2label={0: RELEVANT}, label2id={RELEVANT: 0})
     save = saver(Path(cfg.output), tok, info)
