@@ -232,10 +232,10 @@ def read_weights(directory) -> tuple[dict[str, torch.Tensor], Path]:
 
 
 def canonical(state: dict[str, torch.Tensor], layout: Layout = BERT) -> dict[str, torch.Tensor]:
-    """HF keys as a bare BertModel names them: no `bert.` prefix, LayerNorm weight/bias
-    (TF-converted checkpoints say gamma/beta), the MLM bias under cls.predictions.bias."""
-    out = {}
-    for key, value in state.items():
+    """HF keys as a bare BertModel names them: no `bert.` prefix (nor the `module.` of a DDP wrapper's state dict,
+    as some trainers save it), LayerNorm weight/bias (TF: gamma/beta), the MLM bias under cls.predictions.bias."""
+    out, ddp = {}, len("module.") if state and all(k.startswith("module.") for k in state) else 0  # DDP's wrapper
+    for key, value in ((k[ddp:], v) for k, v in state.items()):
         if key.startswith(layout.prefix):
             key = key[len(layout.prefix):]
         key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)
