@@ -207,7 +207,7 @@ def bench_conll(args, transformers, tmp):
 # --- SQuAD v1.1 (article split of the dev file) ---------------------------------
 
 def bench_squad(args, transformers, tmp):
-    from bertkit.data.tables import read_squad
+    from bertkit.data.squad import read_squad
     from bertkit.tasks.qa import QAConfig, finetune_qa
     from bertkit.tasks.run import load_head
     from bertkit.model.heads import BertForQuestionAnswering

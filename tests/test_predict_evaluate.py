@@ -34,9 +34,10 @@ def reported(out: str) -> dict:
     return {k: float(v) for k, v in re.findall(r"(\w+)(?: \([^)]*\))? (-?[\d.]+)(?:,|$)", line.split(": ", 1)[1])}
 
 
-def predicted_column(path) -> list[str]:
+def predicted_column(path, name="prediction") -> list[str]:
+    """A column of the written predictions: `prediction` (after a table's own columns, or text and text_pair)."""
     header, *rows = path.read_text().splitlines()
-    at = header.split("\t").index("prediction")  # after text (and text_pair, where inputs come in pairs)
+    at = header.split("\t").index(name)
     return [row.split("\t")[at] for row in rows]
 
 
@@ -107,11 +108,12 @@ def test_regression_reports_pearson_and_spearman(tiny, tmp_path, capsys):  # noq
     assert final["dev"]["pearson"] > 0.5
     assert got["pearson"] == pytest.approx(stats.pearsonr(scores, gold)[0], abs=1e-4)
     assert got["spearman"] == pytest.approx(stats.spearmanr(scores, gold)[0], abs=1e-4)
-    # the written predictions name both texts of each pair (once only the first: which pair was it?)
+    # the written predictions keep the table's rows as they were, both texts of each pair and its gold score (once
+    # only the first text: which pair was it?), then the prediction
     written = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()]
-    assert written[0] == ["text", "text_pair", "prediction", "details"]
-    assert [r[:2] for r in written[1:]] == [r[:2] for r in rows]
-    assert [float(r[2]) for r in written[1:]] == pytest.approx(scores, abs=1e-4)
+    assert written[0] == [*dev.read_text().splitlines()[0].split("\t"), "prediction", "details"]
+    assert [r[:-2] for r in written[1:]] == rows
+    assert [float(x) for x in predicted_column(tmp_path / "p.tsv")] == pytest.approx(scores, abs=1e-4)
     # what fine-tuning reported: its plain model's scores differ from the accelerated one's by float32
     # rounding, which this weak regressor's closely spaced scores turn into ~3e-4 of correlation
     assert got["pearson"] == pytest.approx(final["dev"]["pearson"], abs=2e-3)
@@ -248,7 +250,7 @@ def test_without_output_predictions_go_to_the_current_directory_never_over_a_fil
     # --output -: the predictions on standard output, the message on standard error
     assert main(["predict", str(d / "out"), str(plain), "-o", "-", "--dtype", "float32"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[0] == "text\tprediction\tdetails" and len(captured.out.splitlines()) == 3
+    assert captured.out.splitlines()[0] == "sentence\tprediction\tdetails" and len(captured.out.splitlines()) == 3
     assert "wrote 2 predictions to standard output" in captured.err
 
 
@@ -471,8 +473,9 @@ def test_rows_without_a_label_are_predicted_and_only_the_labelled_scored(sentime
     assert {k: v for k, v in got.metrics.items() if k not in figures} == {
         k: v for k, v in want.metrics.items() if k not in figures}
     written = [r.split("\t") for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]]
-    assert [r[0] for r in written] == [t for t, _ in rows]  # every row, in the file's order
-    assert [r[1] for r in written] == [p["label"] for p in predict(d / "out", [t for t, _ in rows], dtype="float32")]
+    assert [r[:2] for r in written] == [list(r) for r in mixed]  # every row as it was, in the file's order
+    assert predicted_column(tmp_path / "p.tsv") == [
+        p["label"] for p in predict(d / "out", [t for t, _ in rows], dtype="float32")]
     assert main(["predict", str(d / "out"), str(partial), "-o", str(tmp_path / "p.tsv"), "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "wrote 30 predictions" in out and "evaluation on" in out and "(the 20 of the 30 rows that carry answers, computed" in out
@@ -540,7 +543,9 @@ def test_with_output_dash_standard_output_holds_only_the_predictions(sentiment_r
         assert main(["predict", str(d / "out"), str(path), "-o", "-", "--dtype", "float32"]) == 0
         captured = capsys.readouterr()
         lines = captured.out.splitlines()
-        assert lines[0] == "text\tprediction\tdetails" and all(len(x.split("\t")) == 3 for x in lines), lines
+        width = len(header) + 2  # the table's columns as they were, then prediction and details
+        assert lines[0] == "\t".join([*header, "prediction", "details"]), lines
+        assert all(len(x.split("\t")) == width for x in lines), lines
         assert "skipped" in captured.err
 
 
@@ -605,7 +610,7 @@ def test_a_hugging_face_head_reads_the_files_one_text_column_and_says_so(hf_head
     assert len(said) == 1 and f"texts from column {column!r}" in said[0]
     expected = [p["label"] for p in predict(hf_head, TEXTS)]
     assert predicted_column(tmp_path / "p.tsv") == expected
-    assert [r.split("\t")[0] for r in (tmp_path / "p.tsv").read_text().splitlines()[1:]] == TEXTS
+    assert predicted_column(tmp_path / "p.tsv", column) == TEXTS  # the file's columns kept, its texts among them
 
 
 def test_a_hugging_face_head_refuses_a_file_with_several_text_columns_naming_them(hf_head, tmp_path, capsys):

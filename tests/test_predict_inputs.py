@@ -144,8 +144,11 @@ def test_a_ner_model_reads_a_tables_text_column_as_the_help_says(models, tmp_pat
     out = tmp_path / "p.tsv"
     assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--quiet"]) == 0
     assert f"{src}: reading the texts from column 'text'" in capsys.readouterr().out
-    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()[1:]]
-    assert [(r[0], r[1].split()) for r in rows] == [(t, p["tags"]) for t, p in zip(texts, bertkit.predict(models["ner"], texts))]
+    header, *lines = out.read_text(encoding="utf-8").splitlines()
+    rows = [dict(zip(header.split("\t"), line.split("\t"))) for line in lines]  # the table's columns, then the tags
+    assert header.split("\t") == ["id", "text", "prediction", "details"]
+    assert [(r["id"], r["text"], r["prediction"].split()) for r in rows] == [
+        (str(i), t, p["tags"]) for i, (t, p) in enumerate(zip(texts, bertkit.predict(models["ner"], texts)))]
 
 
 def test_a_conll_file_whose_last_column_is_no_tags_names_the_line_and_no_evaluate(models, tmp_path, capsys):
@@ -314,10 +317,11 @@ def test_a_jsonl_column_of_pre_split_words_is_read_as_those_words(models, tmp_pa
                            for i, s in enumerate(sentences)), encoding="utf-8")
     out = tmp_path / "p.tsv"
     assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--text-column", "tokens", "--quiet"]) == 0
-    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()[1:]]
+    header, *lines = out.read_text(encoding="utf-8").splitlines()
+    rows = [dict(zip(header.split("\t"), line.split("\t"))) for line in lines]
     expected = bertkit.predict(models["ner"], [" ".join(s) for s in sentences])
-    assert [r[0].split() for r in rows] == sentences
-    assert [r[1].split() for r in rows] == [p["tags"] for p in expected]
+    assert [json.loads(r["tokens"]) for r in rows] == sentences  # the row's cells as they were: the list as JSON
+    assert [r["prediction"].split() for r in rows] == [p["tags"] for p in expected]
     src.write_text(json.dumps({"tokens": ["EU"]}) + "\n" + json.dumps({"tokens": {"EU": 1}}) + "\n", encoding="utf-8")
     assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--text-column", "tokens", "--quiet"]) == 2
     err = capsys.readouterr().err
@@ -445,3 +449,47 @@ def test_served_entities_equal_the_transformers_pipeline_for_bio_and_io_labels(t
     got = {(i, e["entity_group"], e["start"], e["end"]) for i, s in enumerate(sentences) for e in pipe(s)}
     scores = predict_file(tmp_path / "hf", tmp_path / "gold.txt", tmp_path / "p.tsv", log=lambda s: None).metrics
     assert scores["f1"] == pytest.approx(2 * len(got & want) / (len(got) + len(want)))
+
+
+@pytest.mark.parametrize("suffix", [".tsv", ".csv", ".jsonl", ".json"])
+def test_a_tables_columns_are_written_back_as_they_were_with_the_predictions_after_them(models, tmp_path, capsys,
+                                                                                         suffix):
+    """`bertkit predict MODEL in.tsv` wrote 'text, prediction, details': the text column renamed 'text' (its own name,
+    'sentence', gone) and every other column (an id, the label, a score) left out, so a prediction could not be
+    joined back to its row. Each predicted row now keeps its columns as they were, names and cells, in every table
+    format, and the two columns predict adds come after them; an input column named like one of them ('prediction')
+    stays, the added one is 'prediction.1', said in one line. The references: the file's own rows, read by the
+    csv module or json, and bertkit.predict of their texts."""
+    import csv
+
+    header = ["id", "sentence", "label", "score", "prediction"]
+    rows = [["1", "the movie was good .", "pos", "0.9", "maybe"], ["2", "", "neg", "0.1", ""],  # an empty text
+            ["3", "it was bad , \"really\"", "neg", "0.25", "no"], ["4", "this day was fine .", "", "1", "yes"]]
+    src = tmp_path / f"in{suffix}"
+    if suffix in (".jsonl", ".json"):
+        objects = [dict(zip(header, [int(r[0]), r[1], r[2] or None, float(r[3]), r[4]])) for r in rows]
+        src.write_text("".join(json.dumps(o) + "\n" for o in objects), encoding="utf-8")
+        given = [[str(o["id"]), o["sentence"], o["label"] or "", json.dumps(o["score"]), o["prediction"]]
+                 for o in objects]
+    else:
+        with open(src, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f, delimiter="\t" if suffix == ".tsv" else ",", quoting=csv.QUOTE_MINIMAL if
+                                suffix == ".csv" else csv.QUOTE_NONE, escapechar=None, quotechar='"' if
+                                suffix == ".csv" else "\x00")
+            writer.writerows([header, *rows])
+        with open(src, newline="", encoding="utf-8") as f:
+            given = list(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ",",
+                                    quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL))[1:]
+    out = tmp_path / "p.tsv"
+    assert main(["predict", str(models["classify"]), str(src), "-o", str(out), "--no-evaluate", "--quiet"]) == 0
+    said = capsys.readouterr().out
+    assert f"{src}: its column 'prediction' is written back as it was; the model's prediction is in column " \
+           "'prediction.1'" in said
+    written = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    assert written[0] == [*header, "prediction.1", "details"]
+    kept = [r for r in given if r[1]]  # the row without a text is skipped, as before
+    assert [r[:5] for r in written[1:]] == kept
+    expected = bertkit.predict(models["classify"], [r[1] for r in kept])
+    assert [r[5] for r in written[1:]] == [p["label"] for p in expected]
+    assert [r[6] for r in written[1:]] == [" ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
+                                          for p in expected]

@@ -40,7 +40,7 @@ def test_squad_in_the_hugging_face_layout_reads_as_the_official_json(tmp_path):
     {'text': [...], 'answer_start': [...]}) was refused as 'not SQuAD JSON'. It reads as the official v2.0
     file: an empty answer list is an unanswerable question (transformers' run_qa.py: the answer is [CLS]),
     and a v2.0 file's `plausible_answers` are no answers."""
-    from bertkit.data.tables import read_squad
+    from bertkit.data.squad import read_squad
     ctx = "Paris is the capital of France. It is on the Seine."
     qas = [{"id": "a", "question": "Capital of France?", "answers": [{"text": "Paris", "answer_start": 0}]},
            {"id": "b", "question": "River?", "answers": [{"text": "the Seine", "answer_start": 41},

@@ -77,7 +77,10 @@ def add_predict(sub):
         "(QA). Every row is predicted; a row without its answer "
         "(an empty label cell, a question without answers) is left out of the scores. A row whose text (or second "
         "text) is empty is skipped and counted; a text with no word piece (only characters BERT drops) is refused. "
-        "The predictions are TSV: text (and the second text or QA context), prediction, details, and for SQuAD "
+        "The predictions are TSV. From a table (TSV, CSV, JSONL): each predicted row with its columns as they were, "
+        "names and cells (the label, an id), then prediction and details; a column of INPUT named prediction or "
+        "details stays as it was and the added one is prediction.1 (details.1), said in one line. From one text per "
+        "line, CoNLL or SQuAD JSON: text (and the second text or QA context), prediction, details, and for SQuAD "
         "JSON the question's id last (what the official evaluation script maps to answers). A multi-label "
         "prediction's labels are joined by the separator the model was trained with (--label-separator, ','), or "
         "written as a JSON list where a label's name holds it.",

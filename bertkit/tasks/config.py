@@ -248,7 +248,7 @@ class QAConfig(TaskConfig):
     def validate(self) -> "QAConfig":
         super().validate(low=32)
         for flag, spec in (("--train-articles", self.train_articles), ("--dev-articles", self.dev_articles)):
-            if spec and not re.fullmatch(r"\s*-?\d*\s*:\s*-?\d*\s*", spec):  # as data.tables.parse_range reads it
+            if spec and not re.fullmatch(r"\s*-?\d*\s*:\s*-?\d*\s*", spec):  # as data.squad.parse_range reads it
                 raise BertkitError(f"{flag} {spec!r} is not START:END (e.g. 0:40)")
         if self.max_query_length < 1:  # 0 cut every question away and trained on contexts alone
             raise BertkitError(f"--max-query-length must be >= 1, got {self.max_query_length} (BERT uses 64)")

@@ -212,12 +212,14 @@ def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=No
 
 # --- files -----------------------------------------------------------------
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], None]:
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print,
+                rows: list | None = None) -> tuple[list[str], None]:
     """Sentences from CoNLL columns (the words' column the model was trained on), one sentence per line, or a
     table's text column: the one named, else 'sentence', 'text' or its one column of text, as the text tasks
     read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text')."""
     if Path(path).suffix.lower() in TABLES:
-        return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log)
+        return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log,
+                                 rows=rows)
     if looks_like_conll(path):  # one token per line, blank lines between sentences
         sentences, _ = read_conll(path, token_column=conll_columns(info)[0], tagged=False)
         return [" ".join(s.words) for s in sentences], None
@@ -225,7 +227,7 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=p
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  every_input: bool = False, log=print):
+                  every_input: bool = False, log=print, rows: list | None = None):
     """(sentences, None, gold tags in the file's scheme) from a CoNLL file with a tag column, else None
     (a tagged file tags every word: `every_input` changes nothing)."""
     if Path(path).suffix.lower() in TABLES or not conll_has_tags(path):

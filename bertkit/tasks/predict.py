@@ -225,9 +225,11 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                  label_column=None, batch_size: int = 32, evaluate: bool | None = None, device=None,
                  dtype=None, int8: bool = False, fast=True, log=print, progress: bool = False,
                  version_2: bool | None = None) -> FileResult:
-    """Write one prediction per input row as TSV (text, the pair's second text or QA context where inputs come
-    in pairs, prediction, details, and the input's id where the file names it: SQuAD's) to `output_path` ("-": standard output; None: `default_output`, in the
-    current directory); with the answers in the file (evaluate None: whenever they are there; True:
+    """Write one prediction per input row as TSV to `output_path` ("-": standard output; None: `default_output`, in
+    the current directory): a table's rows with their columns as they were (names and cells), then prediction and
+    details (`_output`); another file's text, the pair's second text or QA context where inputs come in pairs,
+    prediction, details, and the input's id where the file names it (SQuAD's). With the answers in the file
+    (evaluate None: whenever they are there; True:
     required; False: never) also score them: every row is predicted, the rows that carry an answer are
     scored. fast: the fast path's settings, as `bertkit.runtime.loading.load` takes them; progress: a bar over
     the batches; log: the readers' counts of skipped rows. version_2: as `predict`'s."""
@@ -235,8 +237,9 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     info, task = reading_info(loaded, version_2), task_of(loaded)
     if version_2 is None and task.no_answer and info.get("inferred"):
         log(READ_AS_V1.format(model=model_dir))
+    rows: list[dict] = []  # a table's rows as read, one per input: written back as they were
     texts, pairs, references, ids = _read(task, input_path, info, (text_column, text_pair_column), label_column,
-                                          evaluate, log)
+                                          evaluate, log, rows)
     if evaluate and references is None:
         answers = task.answers.format(label=info.get("label_column") or "label")
         raise BertkitError(f"{input_path} carries no answers to evaluate against ({answers}); "
@@ -257,29 +260,67 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
                                                       task.labels(loaded.config))
     out = default_output(input_path) if output_path is None else output_path
     out = out if str(out) == "-" else Path(out)
-    # the file's ids where it names its inputs (SQuAD's question ids, which the official script maps to answers;
-    # the order alone did), last: the columns before keep their places
-    header = "\t".join(["text", *(["text_pair"] if pairs else []), "prediction", "details", *(["id"] if ids else [])])
     # a multi-label set joined as the training file's cells were (`label_cell`): by ',' whatever the model's
     # --label-separator, a label 'pets, cats' read back as two
     names = task.labels(loaded.config) or () if preds and "labels" in preds[0] else ()
     shown = partial(_shown, separator=info.get("label_separator", ","), names=names)
-    rows = ((t, *([second] if pairs else []), *shown(p), *([i] if ids else []))
-            for t, second, p, i in zip(texts, pairs or [None] * len(texts), preds, ids or [None] * len(texts)))
-    _write(out, itertools.chain([header + "\n"], ("\t".join(map(tsv_cell, row)) + "\n" for row in rows)))
+    header, lines = _output(input_path, texts, pairs, ids, preds, rows, shown, log)
+    _write(out, itertools.chain(["\t".join(map(tsv_cell, header)) + "\n"], ("\t".join(map(tsv_cell, row)) + "\n" for row in lines)))
     return FileResult(out, len(preds), scores, loaded.precision, len(scored), task.name,
                       sum(i >= len(preds) for i in scored))
 
 
-def _read(task, path, info: dict, columns: tuple, label_column, evaluate: bool | None, log) -> tuple:
+def _read(task, path, info: dict, columns: tuple, label_column, evaluate: bool | None, log, rows: list) -> tuple:
     """(texts, pairs, references, ids) of the file `path`: references None where it carries no answers (or
-    `evaluate` is False), else `Task.read_labelled`'s with every_input; ids None where it names no inputs."""
+    `evaluate` is False), else `Task.read_labelled`'s with every_input; ids None where it names no inputs. `rows`
+    is given a table's rows as read, one per input."""
     if task.read_all:  # one reading gives all four (a SQuAD file: parsed once, its skipped questions said once)
-        texts, pairs, references, ids = task.read_all(path, info, *columns, log=log)
+        texts, pairs, references, ids = task.read_all(path, info, *columns, log=log, rows=rows)
         return texts, pairs, None if evaluate is False else references, ids
-    labelled = (task.read_labelled(path, info, *columns, label_column, every_input=True, log=log)
+    labelled = (task.read_labelled(path, info, *columns, label_column, every_input=True, log=log, rows=rows)
                 if evaluate is not False else None)
-    return (*labelled, None) if labelled is not None else (*task.read_inputs(path, info, *columns, log=log), None, None)
+    if labelled is not None:
+        return (*labelled, None)
+    rows.clear()  # read_labelled may have read them before it found no answers
+    return (*task.read_inputs(path, info, *columns, log=log, rows=rows), None, None)
+
+
+def _output(input_path, texts, pairs, ids, preds: list[dict], rows: list[dict], shown, log):
+    """The predictions' header and rows. A table's rows (`rows`, one per input) keep their columns as they were,
+    names and cells (a JSONL row's value as JSON, null empty), then the prediction and details: the text column was
+    written as 'text' and every other column (an id, the label) left out. A column of the input named like one of
+    the two (a 'prediction' column) stays; the new one is 'prediction.1' (.2, ...), said in one line to `log`.
+    Another file (lines, CoNLL, SQuAD): text, the second text or context, prediction, details, the file's ids."""
+    if rows:
+        assert len(rows) == len(preds), (len(rows), len(preds))
+        given = list(dict.fromkeys(name for row in rows for name in row))  # a JSONL row may lack a key, or add one
+        added = [_distinct(name, given, input_path, log) for name in ("prediction", "details")]
+        return given + added, ([_cell(row.get(c)) for c in given] + list(shown(p)) for row, p in zip(rows, preds))
+    # the file's ids where it names its inputs (SQuAD's question ids, which the official script maps to answers;
+    # the order alone did), last: the columns before keep their places
+    header = ["text", *(["text_pair"] if pairs else []), "prediction", "details", *(["id"] if ids else [])]
+    return header, ((t, *([second] if pairs else []), *shown(p), *([i] if ids else []))
+                    for t, second, p, i in zip(texts, pairs or [None] * len(texts), preds, ids or [None] * len(texts)))
+
+
+def _distinct(name: str, taken: list[str], input_path, log) -> str:
+    """`name`, or `name`.1 (.2, ...) where the input has a column of that name (regardless of case, as bertkit's
+    readers find a column), so that neither hides the other when the file is read back."""
+    folded, out, n = {c.casefold() for c in taken}, name, 0
+    while out.casefold() in folded:
+        n += 1
+        out = f"{name}.{n}"
+    if out != name:
+        log(f"{input_path}: its column {name!r} is written back as it was; the model's {name} is in column {out!r}")
+    return out
+
+
+def _cell(value) -> str:
+    """A cell of the input as it was read: a TSV/CSV cell as it is, a JSON string as it is, null empty, another
+    JSON value (a number, a list of words) as JSON."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:

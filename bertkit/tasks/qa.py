@@ -17,9 +17,8 @@ from pathlib import Path
 
 from bertkit.errors import BertkitError
 from bertkit.tasks.config import QAConfig
-from bertkit.data.tables import read_squad
 from bertkit.tasks.batching import run_model
-from bertkit.tasks.qa_inference import SETTINGS, best_answers, make_features, score
+from bertkit.tasks.qa_inference import SETTINGS, best_answers, make_features, read_squad, score  # its input files
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.trainer import train

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import QAExample, first_row, read_squad, read_text_columns
+from bertkit.data.squad import read_squad
+from bertkit.data.tables import QAExample, first_row, read_text_columns
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import QAConfig
 from bertkit.text.windows import max_context_owner, spans
@@ -204,13 +205,14 @@ def squad_inputs(path, log=print) -> tuple[list[QAExample], list[QAExample]]:
     return kept, skipped
 
 
-def read_all(path, info: dict, text_column=None, text_pair_column=None, *, log=print) -> tuple:
+def read_all(path, info: dict, text_column=None, text_pair_column=None, *, log=print, rows: list | None = None) -> tuple:
     """A file read once (a SQuAD file parsed once, its skipped questions said once): (questions, contexts,
     `read_labelled`'s examples with `every_input`, None where no question carries an answer, and the questions' ids,
     what the official evaluation script maps to answers), from a table (its question and context columns) the
     first two alone and None, None."""
     if not is_squad(path):
-        return *read_text_columns(path, text_column or "question", text_pair_column or "context", log=log), None, None
+        return (*read_text_columns(path, text_column or "question", text_pair_column or "context", log=log, rows=rows),
+                None, None)
     examples, skipped = squad_inputs(path, log)
     answered = [e if e.answers or e.is_impossible else None for e in examples]
     unpredicted = [e for e in skipped if e.answers or e.is_impossible]
@@ -218,14 +220,15 @@ def read_all(path, info: dict, text_column=None, text_pair_column=None, *, log=p
             answered + unpredicted if any(answered) or unpredicted else None, [e.id for e in examples])
 
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> tuple[list[str], list[str]]:
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print,
+                rows: list | None = None) -> tuple[list[str], list[str]]:
     """Questions and contexts from SQuAD JSON (every question, answered or not), or a table's question and
-    context columns."""
-    return read_all(path, info, text_column, text_pair_column, log=log)[:2]
+    context columns (`rows`: given the table's rows as read)."""
+    return read_all(path, info, text_column, text_pair_column, log=log, rows=rows)[:2]
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  every_input: bool = False, log=print):
+                  every_input: bool = False, log=print, rows: list | None = None):
     """(questions, contexts, QAExamples) from SQuAD JSON with answers, else None: the answered questions, or
     with `every_input` every question, None in place of an unanswered one's example. The examples run past the
     questions by those skipped (`squad_inputs`) that carry answers: nothing is predicted for them, and each

@@ -19,7 +19,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     read_inputs, read_labelled, score, answers
                        a file's inputs; its inputs with the answers (evaluate mode: answers past the inputs are
                        inputs the reader skipped, scored with None for a prediction: SQuAD's unanswered 0); their
-                       metrics; what the answers look like (for messages)
+                       metrics; what the answers look like (for messages). The readers (and read_all) take `rows=`
+                       (a list): given a table's rows as read, one per input (predict writes their columns back)
     answer_labels      (labels, info) -> the label names its predictions use where a model's info changes them from
                        config.json's (an IOB1 tagger answers I-X for the B-X it was trained on): what /info lists
     read_all           (path, info, text_column, text_pair_column, log) -> (texts, pairs, read_labelled's answers

@@ -235,18 +235,18 @@ def score_answers(preds: list[dict], examples: list[TextExample], info: dict, na
 # --- files -----------------------------------------------------------------
 
 def read_inputs(path, info: dict, text_column=None, text_pair_column=None,
-                log=print) -> tuple[list[str], list[str] | None]:
+                log=print, rows: list | None = None) -> tuple[list[str], list[str] | None]:
     """Texts (and pairs) from a table, in the columns the model was trained on unless given; a .txt file
-    without a header naming the text column is one text per line."""
+    without a header naming the text column is one text per line. `rows`: given a table's rows read (one per text)."""
     pcol = text_pair_column or info.get("text_pair_column")
     if not pcol and one_text_per_line(path, text_column or info.get("text_column") or "sentence"):
         return read_text_lines(path), None
     tcol = text_column_of(path, text_column or info.get("text_column"), (info.get("label_column"),), log)
-    return read_text_columns(path, tcol, pcol, log=log)
+    return read_text_columns(path, tcol, pcol, log=log, rows=rows)
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  problem_type: str, every_input: bool = False, log=print):
+                  problem_type: str, every_input: bool = False, log=print, rows: list | None = None):
     """(texts, pairs, TextExamples) from a table with a label column, or None when it has none or every
     label cell is empty: the labelled rows, or with `every_input` every row, None in place of an unlabelled
     row's example (evaluate mode predicts them all and scores the labelled)."""
@@ -259,13 +259,15 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     pcol = text_pair_column or info.get("text_pair_column")
     examples, report = read_text_examples(path, text_column=tcol, text_pair_column=pcol, label_column=lcol,
                                           problem_type=problem_type, label_separator=info.get("label_separator", ","),
-                                          keep_unlabelled=True)
+                                          keep_unlabelled=True, rows=rows)
     if all(e.label in (None, []) for e in examples):  # a column left empty (multi-label's [] included)
         return None
     for line in chosen:
         log(line)
     answered = [e if e.label is not None else None for e in examples]
     if not every_input:
+        if rows is not None:  # one per example still
+            rows[:] = [row for row, e in zip(rows, answered) if e is not None]
         report.skipped["missing labels"] += answered.count(None)
         examples = answered = [e for e in answered if e is not None]
         report.kept = len(examples)
