@@ -160,6 +160,27 @@ def test_loop_learns_and_is_reproducible():
     assert r3.history[0]["train_loss"] != r1.history[0]["train_loss"]  # another seed, another batch order
 
 
+@pytest.mark.oracle
+def test_fine_tuning_rates_are_transformers_linear_schedule_at_every_step(tmp_path, transformers_mod):
+    """The rate each update of a fine-tuning run used (metrics.jsonl) is transformers' get_linear_schedule_with_warmup
+    for the updates the Trainer counts (ceil(70 / 8) = 9 per epoch, 3 epochs; warm-up ceil(0.1 x 27) = 3), at every
+    step: the peak is reached at the end of the warm-up. google-research/bert and /electra decay from step 0 instead
+    (their highest rate 1 - 3/27 of it): a deliberate, documented choice (bertkit/training/optim.py)."""
+    train(Bag(), bag_features(70), fast(epochs=3), output_dir=tmp_path, log=lambda s: None)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    ours = [r["lr"] for r in rows if r["split"] == "train"]
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=5e-3)
+    sched = transformers_mod.get_linear_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=27)
+    theirs = []
+    for _ in range(27):
+        theirs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 28))
+    assert ours == pytest.approx(theirs, abs=1e-15) and max(ours) == 5e-3
+
+
 def test_max_steps_stops_early():
     r = train(Bag(), bag_features(), fast(epochs=3, max_steps=5), log=lambda s: None)
     assert r.history[-1]["step"] == 5

@@ -19,8 +19,18 @@ Layer-wise rates (`--layerwise-lr-decay`, ELECTRA's fine-tuning: Clark et al.
 parameter group carries an `lr_scale` by its depth, which `set_lr` multiplies
 into the schedule's rate (`param_groups`).
 
-Deviation: Adam's epsilon defaults to 1e-8 (PyTorch / transformers) where the
-original TensorFlow code used 1e-6; both are settable.
+Deviations, both deliberate:
+- Adam's epsilon defaults to 1e-8 (PyTorch / transformers) where the original
+  TensorFlow code used 1e-6; both are settable.
+- the linear decay is transformers' (`get_linear_schedule_with_warmup`, tested
+  step for step): from the peak at the end of warm-up to 0 at the last step.
+  google-research/bert's `polynomial_decay` runs over all steps from step 0 and
+  warm-up replaces it before `warmup`, so after warm-up its rate is
+  peak * (1 - step / total): 0.9 x peak at the end of a 10% warm-up (a drop
+  there); google-research/electra multiplies the two (peak * (1 - step/total) *
+  min(1, step / warmup)), the same 0.9 x peak at its highest. The two curves
+  differ by at most warmup / total of the peak (10% at fine-tuning's 10%,
+  1% at pre-training's 1%), and meet at 0.
 """
 
 from __future__ import annotations
