@@ -130,7 +130,10 @@ def write_block(job) -> dict:
         masked = int((mpos >= 0).sum())
     meta = {"fingerprint": fingerprint, "pass": p, "block": b, "instances": n,
             "tokens": int(lengths.sum()), "masked": masked, "label_ones": int((labels == 1).sum()),
-            "unusable_documents": unusable if p == 0 else 0}
+            "unusable_documents": unusable if p == 0 else 0,
+            # tokens truncate_pair cut off the pairs' sentences (an unset part, -1 to -1, gives 0): the summary says it
+            "truncated": int(np.diff(sources.reshape(n, 2, 2), axis=2).clip(0).sum()
+                             - np.diff(spans.reshape(n, 2, 2), axis=2).clip(0).sum())}
     write_shard(Path(folder), arrays, {"meta.json": json.dumps(meta)})  # a refused write names its file
     return meta
 

@@ -167,6 +167,7 @@ class Summary:
     instance_tokens: int = 0
     masked_tokens: int = 0
     label_ones: int = 0
+    truncated_tokens: int = 0  # cut off the pairs by truncation (a blocks' meta from before it was counted: 0)
     seconds: float = 0.0
     shards: list = field(default_factory=list)
 
@@ -381,6 +382,7 @@ def _summarise(stats, blocks: list, out: Path) -> Summary:
         summary.instance_tokens += meta["tokens"]
         summary.masked_tokens += meta["masked"]
         summary.label_ones += meta["label_ones"]
+        summary.truncated_tokens += meta.get("truncated", 0)
         if meta["unusable_documents"]:
             stats.skip("unusable_documents", meta["unusable_documents"])
         if meta["instances"]:
@@ -437,6 +439,11 @@ def format_summary(summary: Summary, cfg: PrepareConfig) -> str:
     if cfg.documents == "blank-line" and c.documents and c.sentences / c.documents < 4:
         lines.append(f"note        documents average {c.sentences / c.documents:.1f} sentences: if blank lines separate "
                      "paragraphs rather than documents (books), use --documents file")
+    if cfg.objective in ("nsp", "sop"):  # after the skips: the guide's outputs end there with "..."
+        drawn = summary.instance_tokens - 3 * summary.instances + summary.truncated_tokens  # less [CLS] A [SEP] B [SEP]
+        lines.append(f"truncated   {summary.truncated_tokens:,} tokens ({summary.truncated_tokens / drawn:.1%} of the "
+                     "pairs' sentences) cut to fit, as create_pretraining_data cuts them; a sentence longer than the "
+                     "sequence loses its tail (--objective none or single: cut into pieces instead)")
     rate = c.tokens / summary.seconds if summary.seconds else 0
     lines.append(f"time        {summary.seconds:.1f} s ({rate:,.0f} corpus tokens/s)")
     return "\n".join(lines)
