@@ -532,7 +532,7 @@ def test_loading_a_model_draws_nothing_from_torchs_global_generator(tiny_dir, tm
 
 def test_a_state_dict_named_by_a_ddp_wrapper_loads_as_the_model_it_wraps(tmp_path, transformers_mod):
     """A DistributedDataParallel model's state_dict() names every weight `module.` + the wrapped model's name (torch's
-    DDP, world size 1 on gloo, around transformers' models). bertkit's own torchrun runs save the wrapped model's
+    DDP, world size 1 on gloo, around transformers' classifier). bertkit's own torchrun runs save the wrapped model's
     (test_distributed: the same keys as one process), but a trainer that saved the wrapper's made a folder every
     bertkit loader refused, listing all weights as missing (transformers loads it as freshly initialised weights,
     silently). The prefix is dropped where the keys are read (checkpoint.canonical): the serving loader, finetune's
@@ -543,40 +543,31 @@ def test_a_state_dict_named_by_a_ddp_wrapper_loads_as_the_model_it_wraps(tmp_pat
     from test_finetune import tiny_model_dir
 
     encoder = tiny_model_dir(tmp_path / "encoder")
-    torch.manual_seed(0)  # transformers initialises the heads it adds from torch's global generator
-    models = {"pretrain": transformers_mod.BertForPreTraining.from_pretrained(encoder),
-              "classify": transformers_mod.BertForSequenceClassification.from_pretrained(encoder, num_labels=2)}
-    task = {"task": "classify", "max_length": 16, "text_column": "sentence"}
+    torch.manual_seed(0)  # transformers initialises the head it adds from torch's global generator
+    model = transformers_mod.BertForSequenceClassification.from_pretrained(encoder, num_labels=2).eval()
+    plain, wrapped = tmp_path / "plain", tmp_path / "ddp"
+    for folder in (plain, wrapped):
+        model.save_pretrained(folder)
+        shutil.copy(encoder / "vocab.txt", folder)
+        (folder / "bertkit_task.json").write_text(json.dumps({"task": "classify", "max_length": 16,
+                                                              "text_column": "sentence"}))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        for name, model in models.items():
-            for folder, state in ((tmp_path / name, None), (tmp_path / f"ddp-{name}", DistributedDataParallel(model))):
-                model.save_pretrained(folder)
-                shutil.copy(encoder / "vocab.txt", folder)
-                (folder / "bertkit_task.json").write_text(json.dumps(task)) if name == "classify" else None
-                if state is not None:
-                    state = {k: v.detach().clone() for k, v in state.state_dict().items()}
-                    assert all(k.startswith("module.") for k in state), list(state)[:3]  # the premise: DDP's names
-                    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        state = {k: v.detach().clone() for k, v in DistributedDataParallel(model).state_dict().items()}
     finally:
         dist.destroy_process_group()
+    assert all(k.startswith("module.") for k in state), list(state)[:3]  # the premise: DDP's names
+    save_file(state, str(wrapped / "model.safetensors"), metadata={"format": "pt"})
     ids, mask = inputs()
     ids = ids % 58  # the handmade vocabulary's ids
-    # the serving loader: a pre-training folder's encoder (embed, serve), a classifier's logits (predict, serve)
-    for name, oracle in (("pretrain", lambda m: m.bert(input_ids=ids, attention_mask=mask).last_hidden_state),
-                         ("classify", lambda m: m(input_ids=ids, attention_mask=mask).logits)):
-        with torch.no_grad():
-            got, want = (bertkit.load(tmp_path / folder, head="auto").model(ids, mask)
-                         for folder in (f"ddp-{name}", name))
-            field = "last_hidden_state" if name == "pretrain" else "logits"
-            got, want = getattr(got, field), getattr(want, field)
-            torch.testing.assert_close(got, want, atol=0, rtol=0)
-            torch.testing.assert_close(got, oracle(models[name].eval()), atol=1e-5, rtol=1e-5)
-    head = bertkit.BertForSequenceClassification.from_pretrained(tmp_path / "ddp-pretrain", strict=False,
-                                                                 num_labels=2)  # as finetune reads --model
-    want = bertkit.BertForSequenceClassification.from_pretrained(tmp_path / "pretrain", strict=False, num_labels=2)
-    assert all(torch.equal(a, b) for a, b in zip(head.bert.parameters(), want.bert.parameters()))
+    with torch.no_grad():  # the serving loader
+        got, want = (bertkit.load(folder, head="auto").model(ids, mask).logits for folder in (wrapped, plain))
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        torch.testing.assert_close(got, model(input_ids=ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-5)
+    head = bertkit.BertForSequenceClassification.from_pretrained(wrapped, strict=False)  # as finetune reads --model
+    same = bertkit.BertForSequenceClassification.from_pretrained(plain, strict=False)
+    assert all(torch.equal(a, b) for a, b in zip(head.parameters(), same.parameters()))
     texts = ["the movie was good .", "it was bad"]
-    assert bertkit.predict(tmp_path / "ddp-classify", texts) == bertkit.predict(tmp_path / "classify", texts)
+    assert bertkit.predict(wrapped, texts) == bertkit.predict(plain, texts)
     head.save_pretrained(tmp_path / "again")
     assert not [k for k in load_file(str(tmp_path / "again" / "model.safetensors")) if k.startswith("module.")]
