@@ -761,6 +761,9 @@ def test_512_token_data_masks_15_percent_and_an_explicit_cap_still_wins(tokenise
     old = prepared(tokenised, books, tmp_path_factory, max_predictions_per_seq=20, **settings)
     assert old.manifest["config"]["max_predictions_per_seq"] == 20
     assert _masked_share(old) < 0.05  # what data prepared before says it was made with, it keeps
+    assert ds.masking_note() is None  # and a run on it says so, in one line
+    assert old.masking_note().startswith("note: this data masks at most 20 tokens per sequence") and "3.9%" in \
+        old.masking_note() and "= 77" in old.masking_note()
 
 
 def test_128_token_data_is_prepared_exactly_as_with_the_references_20(tokenised, books, tmp_path):

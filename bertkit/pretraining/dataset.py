@@ -35,7 +35,7 @@ import torch
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.collate import PretrainingCollator
-from bertkit.pretraining.masking import MaskVocab, MaskingConfig
+from bertkit.pretraining.masking import MaskVocab, MaskingConfig, default_max_predictions
 from bertkit.text.tokenizer import Tokenizer
 
 _ARRAYS = ("input_ids", "lengths", "type_a", "labels", "spans", "sources", "docs")
@@ -83,6 +83,18 @@ class PretrainingDataset(torch.utils.data.IterableDataset):
     @property
     def vocab_size(self) -> int:
         return self.manifest["vocab_size"]
+
+    def masking_note(self) -> str | None:
+        """One line when the data's cap on predictions cuts the masked share of its full sequences (data prepared
+        at 512 tokens before the cap's default followed the length kept 20: 3.9% masked), else None."""
+        c = self.config
+        cap, prob, T = c["max_predictions_per_seq"], c["masked_lm_prob"], self.max_seq_length
+        wanted = int(round(T * prob))  # masking.num_to_predict's budget for a full sequence
+        if cap >= wanted:
+            return None
+        return (f"note: this data masks at most {cap} tokens per sequence (its --max-predictions-per-seq), "
+                f"{cap / T:.1%} of a full {T}-token sequence, not {prob:.0%}; prepare it again for "
+                f"max(20, round({T} x {prob})) = {default_max_predictions(T, prob)}, the default now")
 
     @property
     def fingerprint(self) -> str:

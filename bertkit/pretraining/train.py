@@ -347,6 +347,8 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
             collate = with_sample_seed(collate)
         if info.is_main:
             log_label_balance(train_set, eval_set, cfg)
+            if dataset.masking_note():
+                print(dataset.masking_note())
         g_eval = torch.Generator().manual_seed(cfg.seed + 1)  # one fixed masking of the held-out slice
         eval_batches = [move(collate([eval_set[i] for i in range(s, min(s + cfg.batch_size, len(eval_set)))], g_eval),
                              info.device) for s in range(0, len(eval_set), cfg.batch_size)]
