@@ -187,6 +187,26 @@ def test_queries_as_any_iterable_and_the_index_as_its_folder_answer_as_a_list_do
         assert [[(h.id, h.score) for h in hits] for hits in search(folder, QUERIES, k=3, dtype="float32")] == want
 
 
+def test_a_query_longer_than_the_passages_is_cut_as_they_were_and_said(built, tiny):
+    """A pasted paragraph as a query was embedded from its first max_length tokens and nothing said so; one
+    warning counts the queries cut. Reference: each query's whole encoding against the index's max length; the
+    vectors are the ones the cut query alone gives."""
+    from bertkit.text.tokenizer import Tokenizer
+
+    index = open_index(built)
+    length = index.info["model"]["max_length"]
+    tok = Tokenizer.from_pretrained(tiny)
+    long_query = "vitamin D deficiency and bone fractures in older adults " * 8
+    queries = [QUERIES[0], long_query]
+    assert [len(tok.encode(q, truncation=False)) > length for q in queries] == [False, True]
+    loaded = query_encoder(index.info, dtype="float32")
+    with pytest.warns(UserWarning, match=rf"^1 of 2 queries are longer than the {length} tokens") as said:
+        vectors = embed_queries(index.info, loaded, queries)
+    assert len(said) == 1
+    head = tok.decode(tok.encode(long_query, max_length=length).input_ids, skip_special_tokens=True)
+    np.testing.assert_allclose(vectors[1], embed_queries(index.info, loaded, [head])[0], atol=1e-5)
+
+
 def test_another_model_is_refused_naming_both(built, tiny, tmp_path):
     other = make_tiny(tmp_path / "other", seed=1)
     with pytest.raises(BertkitError) as err:

@@ -125,11 +125,23 @@ def check_queries(queries: list) -> None:
         raise BertkitError("every query needs some text")
 
 
+def _say_cut(tok, queries: list[str], length: int | None) -> None:
+    """Warn that queries longer than the index's max length are cut there, as its passages were: a pasted
+    paragraph was searched by its first tokens alone, without a word. (Tokenised one piece past the cut.)"""
+    if not length or not hasattr(tok, "ids_lists"):  # a static table's index: no cut
+        return
+    if cut := sum(len(ids) > length - 2 for ids in tok.ids_lists(list(queries), length - 1)):  # [CLS], [SEP]
+        warnings.warn(f"{cut} of {len(queries)} queries are longer than the {length} tokens the index's passages were "
+                      "made at, and the model read them cut there (BM25, in hybrid and lexical search, reads them "
+                      "whole)", stacklevel=3)
+
+
 def embed_queries(info: dict, loaded: Loaded, queries: list[str], batch_size: int = 32, names=None) -> np.ndarray:
     """Unit query vectors [Q, D], made as the index's passages were (`info`: its index.json); names(i) names
     query i in an error about it (a query without tokens: its file and line, its id; default "queries[i]")."""
     check_queries(queries)
     made = info["model"]
+    _say_cut(loaded.tokenizer, queries, made["max_length"])
     settings = EncodingSettings(made["directory"], made["pooling"], made["max_length"], loaded.precision)
     return encode(list(queries), loaded, settings, batch_size=batch_size, names=names or (lambda i: f"queries[{i}]"))
 
