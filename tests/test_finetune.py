@@ -21,7 +21,7 @@ from bertkit.cli import main
 from bertkit.errors import BertkitError
 from bertkit.tasks.batching import collate
 from bertkit.tasks.classification import TextTaskConfig, finetune_text
-from bertkit.tasks.text_inference import make_features, pool_windows
+from bertkit.tasks.text_inference import cut_count, make_features, pool_windows
 from bertkit.tasks.config import TrainConfig
 from bertkit.tasks.trainer import length_grouped_batches, train
 from bertkit.training.optim import OptimConfig
@@ -476,11 +476,13 @@ def test_cli_finetune_classify(tiny, tmp_path, capsys):
     assert json.loads((tmp_path / "o" / "config.json").read_text())["classifier_pooling"] == "mean"
 
 
-def test_finetune_says_how_many_examples_are_cut_at_max_length(tiny, tmp_path, capsys):
+def test_finetune_says_how_many_examples_are_cut_at_max_length(tiny, tmp_path):
     """Without --stride a text longer than --max-length trains (and is scored) on its first tokens alone: nothing
-    said so, and a file of long documents trained on their openings. Each file's count is said once; the reference
-    is each row's whole encoding (no truncation) against --max-length 24 (24 tokens fit, 25 do not). With --stride
-    the long texts are windows, and nothing is cut."""
+    said so, and a file of long documents trained on their openings. Each file's count is said once (what
+    finetune_text logs after making the features); the reference is each row's whole encoding (no truncation)
+    against --max-length 24 (24 tokens fit, 25 do not). With --stride the long texts are windows: none is cut."""
+    from bertkit.data.tables import TextExample
+    from bertkit.tasks.classification import _say_cut
     from bertkit.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(tiny / "vocab.txt")
@@ -488,15 +490,18 @@ def test_finetune_says_how_many_examples_are_cut_at_max_length(tiny, tmp_path, c
                                                   ("the food was awful . " * 20, "neg")]
     cut = sum(len(tok.encode(text, truncation=False)) > 24 for text, _ in rows)
     assert cut == 2
-    t = write_tsv(tmp_path / "t.tsv", ["sentence", "label"], rows)
-    d = write_tsv(tmp_path / "d.tsv", ["sentence", "label"], rows[-3:])
-    common = ["--train", str(t), "--model", str(tiny), "--max-length", "24", "--max-steps", "1", "--no-progress"]
-    assert main(["finetune", "classify", *common, "--dev", str(d), "--output", str(tmp_path / "o")]) == 0
-    out = capsys.readouterr().out
-    assert f"{t}: {cut} of 9 examples are longer than --max-length 24 tokens and are cut there" in out, out
-    assert f"{d}: {cut} of 3 examples are longer than --max-length 24 tokens" in out and "--stride 6" in out
-    assert main(["finetune", "classify", *common, "--stride", "6", "--output", str(tmp_path / "w")]) == 0
-    assert "are cut there" not in capsys.readouterr().out
+    examples = [TextExample(text, None, label) for text, label in rows]
+    said = []
+    cfg = TextTaskConfig(train="t.tsv", dev="d.tsv", output=str(tmp_path / "o"), max_length=24)
+    _say_cut(cfg, tok, (("t.tsv", examples), ("d.tsv", examples[-3:]), ("none.tsv", None)), said.append)
+    assert said == [f"t.tsv: {cut} of 9 examples are longer than --max-length 24 tokens and are cut there (--stride 6 "
+                    "reads long texts whole, in windows)",
+                    f"d.tsv: {cut} of 3 examples are longer than --max-length 24 tokens and are cut there (--stride 6 "
+                    "reads long texts whole, in windows)"]
+    said.clear()
+    _say_cut(TextTaskConfig(train="t.tsv", output=str(tmp_path / "o"), max_length=24, stride=6), tok,
+             (("t.tsv", examples),), said.append)
+    assert said == [] and cut_count(tok, examples, 24, 6) == 0
 
 
 @pytest.mark.parametrize("task", ["classify", "ner", "qa", "embed"])
