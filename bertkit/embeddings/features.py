@@ -175,9 +175,9 @@ def iter_embed(
                 yield from sentence_vectors(net, pieces, layers, combine, pad_id, batch_size, bar, output.normalize,
                                              output.pooling)
                 continue
-            tokens = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar)
-            for item, vectors in zip(items, tokens):
-                row = pool(vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling)
+            rows = _run_chunk(net, items, pieces, layers, combine, pad_id, batch_size, bar, lambda item, vectors: pool(
+                vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling))
+            for item, row in zip(items, rows):
                 yield (row, item.ids) if with_ids else row  # a windowed text's rows: all its ids, stitched
         say_cut(was_cut, seen, cut.max_length, asked=truncate is not None)  # once, after the last text
     finally:
@@ -224,21 +224,27 @@ def _static_rows(texts, loaded: Loaded, normalize, cut, chunk_size: int, progres
                                chunk_size=chunk_size, bar=bar, where=where)
 
 
-def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar) -> list:
-    """Each item's token vectors [T, D]: the pieces run in batches of similar length (little
-    padding), then each text's windows put back together (`bertkit.embeddings.inputs.stitch`)."""
+def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar, finish) -> list:
+    """Each item's finish(item, its token vectors [T, D]), in order: the pieces run in batches of similar length
+    (little padding), and a text is put back together (`bertkit.embeddings.inputs.stitch`) and finished as soon
+    as its last window has run, its windows let go. (They were all held to the chunk's end: overlapping by half,
+    with the stitched copy beside them, ~3x a chunk's per-token output in memory.)"""
     order = sorted(range(len(pieces)), key=lambda k: len(pieces[k].input_ids))
     results = [[None] * (len(it.windows) if it.windows else 1) for it in items]
+    left, out = [len(windows) for windows in results], [None] * len(items)
     shown = 0
     for b in range(0, len(order), batch_size):
         batch = [pieces[k] for k in order[b : b + batch_size]]
         for piece, vectors in zip(batch, run_batch(net, batch, layers, pad_id, combine)):
-            results[piece.item][piece.window] = vectors
+            k = piece.item
+            results[k][piece.window], left[k] = vectors, left[k] - 1
+            if not left[k]:
+                out[k], results[k] = finish(items[k], stitch(items[k], results[k])), None
         if bar is not None:  # texts of the chunk, in proportion to the rows done
             done = len(items) * min(b + batch_size, len(order)) // len(order)
             bar.update(done - shown)
             shown = done
-    return [stitch(item, windows) for item, windows in zip(items, results)]
+    return out
 
 
 def sentence_vectors(net, pieces: list, layers, combine, pad_id: int, batch_size: int, bar, normalize: bool,
