@@ -38,7 +38,8 @@ from bertkit.training import harness
 from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
 from bertkit.model.electra import ElectraConfig
 from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.runtime.loading import model_type, need_transformer
+from bertkit.model.checkpoint import model_type
+from bertkit.runtime.loading import need_transformer
 
 
 # --- the stream of batches ---------------------------------------------------------
