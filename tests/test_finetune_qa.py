@@ -191,6 +191,38 @@ def test_features_match_run_qa_recipe(shared_data, default_model_dir, transforme
     assert [(f["start_positions"], f["end_positions"]) for f in feats] == expect
 
 
+
+@pytest.mark.data
+def test_each_context_is_tokenized_once_and_the_answers_are_the_per_question_ones(shared_data, default_model_dir,
+                                                                                    monkeypatch):
+    """SQuAD asks about 5 questions of each paragraph, and a long context was tokenized again for each of them.
+    On real dev rows each distinct context is now encoded once (counted at the tokenizer), and the windows and
+    the answers are those of each question read alone (one question per call: its context encoded for it, the
+    old path), byte for byte. The model is a fixed function of the pieces (the answers depend on nothing else)."""
+    from bertkit.tasks.qa_inference import predict
+
+    examples, _ = read_squad(shared_data / "squad_v1.1" / "dev-v1.1.json", max_examples=40)
+    questions, contexts = [e.question for e in examples], [e.context for e in examples]
+    assert len(set(contexts)) < len(contexts) // 3  # several questions a paragraph
+    tok = Tokenizer.from_pretrained(default_model_dir)
+    info = {"max_length": 96, "doc_stride": 24, "max_query_length": 24}
+
+    def run(feats, outputs, per_token):  # a stand-in model: logits a fixed function of each window's pieces
+        logits = [np.cos(np.arange(len(f["input_ids"])) * 0.7 + np.array(f["input_ids"]) * 0.013) for f in feats]
+        return {"start_logits": logits, "end_logits": [np.sin(x * 3.1) for x in logits]}
+
+    alone = [predict(run, tok, [q], [c], info)[0] for q, c in zip(questions, contexts)]
+    encoded, encode = [], tok.encode
+    monkeypatch.setattr(tok, "encode", lambda text, *a, **k: (encoded.append(text), encode(text, *a, **k))[1])
+    together = predict(run, tok, questions, contexts, info)
+    assert sorted(t for t in encoded if t in set(contexts)) == sorted(set(contexts))  # each context once
+    assert json.dumps(together) == json.dumps(alone)
+    assert sum(a["answer"] != "" for a in alone) == len(alone)  # v1: a span for every question
+    cfg = qcfg(**info)
+    feats, _ = make_features(tok, examples, cfg, training=False)
+    one = [{**f, "example_index": i} for i, ex in enumerate(examples) for f in make_features(tok, [ex], cfg, False)[0]]
+    assert feats == one
+
 def squad_file(path, n, rng):
     """A toy SQuAD file: 'where did NAME go ?' answered by the city after 'to'."""
     paras = []

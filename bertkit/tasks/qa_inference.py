@@ -67,12 +67,26 @@ def question_ids(tok, question: str, max_query_length: int) -> list[int]:
     return list(tok.encode(question, add_special_tokens=False, truncation=False).input_ids[:max_query_length])
 
 
+def context_encodings(tok, examples: list[QAExample]):
+    """Each example's context encoded (pieces and offsets), each distinct context once: SQuAD asks about 5
+    questions of a paragraph, and a long context was tokenized again for each. An encoding is held only until
+    its context's last question (SQuAD's come paragraph by paragraph: one at a time)."""
+    left, held = Counter(ex.context for ex in examples), {}
+    for ex in examples:
+        ctx = held.get(ex.context)
+        if ctx is None:
+            ctx = held[ex.context] = tok.encode(ex.context, add_special_tokens=False, truncation=False)
+        left[ex.context] -= 1
+        if not left[ex.context]:
+            del held[ex.context]
+        yield ctx
+
+
 def make_features(tok, examples: list[QAExample], cfg: QAConfig, training: bool):
     """(features, skip counts). Eval features carry offsets and max-context flags for decoding."""
     feats, skipped = [], Counter()
-    for i, ex in enumerate(examples):
+    for i, (ex, ctx) in enumerate(zip(examples, context_encodings(tok, examples))):
         q = question_ids(tok, ex.question, cfg.max_query_length)
-        ctx = tok.encode(ex.context, add_special_tokens=False, truncation=False)
         size = cfg.max_length - len(q) - 3
         windows = spans(len(ctx.input_ids), size, cfg.doc_stride)
         owner = max_context_owner(windows, len(ctx.input_ids)) if not training else None
