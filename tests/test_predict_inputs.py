@@ -493,3 +493,43 @@ def test_a_tables_columns_are_written_back_as_they_were_with_the_predictions_aft
     assert [r[5] for r in written[1:]] == [p["label"] for p in expected]
     assert [r[6] for r in written[1:]] == [" ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
                                           for p in expected]
+
+
+# --- the probabilities' cell ---------------------------------------------------------------------------------
+
+
+def read_probabilities(cell: str) -> dict:
+    """The details cell of a classifier's prediction as its format says to read it: a JSON object where a label
+    name holds a space or '=', else 'name=p' pairs separated by spaces."""
+    if cell.startswith("{"):
+        return json.loads(cell)
+    return {name: float(p) for name, p in (pair.rsplit("=", 1) for pair in cell.split(" "))}
+
+
+@pytest.mark.parametrize("labels", [["neg", "pos"], ["pets, cats", "x y", "a=b", "plain"]])
+def test_the_probabilities_cell_reads_back_as_the_labels_probabilities(models, tmp_path, labels):
+    """predict's details column (and finetune's dev_predictions.tsv) wrote a classifier's probabilities as
+    'name=p' pairs joined by spaces: labels 'x y' and 'a=b' wrote 'x y=0.5 a=b=0.5', which reads back as other
+    labels. Where a name holds a space or '=', the cell is now a JSON object {name: p}; else the pairs as they
+    were. Reference: bertkit.predict's probabilities, to the cell's 4 decimals; finetune's writer gives the same cell."""
+    from bertkit.data.tables import TextExample
+    from bertkit.model.config import MULTI_LABEL
+    from bertkit.tasks.classification import prediction_lines
+
+    kind = "multi_label" if len(labels) > 2 else "classify"
+    model = task_dir(tmp_path / "m", models["tiny"], "BertForSequenceClassification",
+                     {"task": kind, "max_length": 32, "text_column": "sentence"}, labels,
+                     problem_type=MULTI_LABEL if kind == "multi_label" else None)
+    texts = ["the movie was good .", "it was bad", "fine"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    assert main(["predict", str(model), str(tmp_path / "in.txt"), "-o", str(tmp_path / "p.tsv")]) == 0
+    header, *rows = [line.split("\t") for line in (tmp_path / "p.tsv").read_text().splitlines()]
+    cells = [row[header.index("details")] for row in rows]
+    want = [p["probabilities"] for p in bertkit.predict(model, texts)]
+    for cell, probabilities in zip(cells, want, strict=True):
+        got = read_probabilities(cell)
+        assert list(got) == labels and got == pytest.approx(probabilities, abs=5e-5), cell
+    examples = [TextExample(t, label=[labels[0]] if kind == "multi_label" else labels[0]) for t in texts]
+    lines = list(prediction_lines(examples, bertkit.predict(model, texts), MULTI_LABEL if kind == "multi_label"
+                                  else "single_label_classification", ",", labels))
+    assert [line.rstrip("\n").split("\t")[-1] for line in lines[1:]] == cells

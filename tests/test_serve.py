@@ -130,12 +130,13 @@ def encoder_dir(path):
     return path
 
 
-def task_dir(path, tiny, head: str, info: dict, labels=None):
+def task_dir(path, tiny, head: str, info: dict, labels=None, problem_type=None):
     """An untrained task head on the tiny model, saved the way `bertkit finetune` saves its output."""
     import bertkit
     from bertkit.text.tokenizer import Tokenizer
 
     overrides = {"id2label": dict(enumerate(labels))} if labels else {}
+    overrides.update({"problem_type": problem_type} if problem_type else {})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fresh head's weights are missing from the encoder: on purpose
         model = getattr(bertkit, head).from_pretrained(tiny, strict=False, generator=torch.Generator().manual_seed(1),

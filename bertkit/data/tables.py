@@ -282,6 +282,16 @@ def label_cell(labels: list[str], separator: str, names=()) -> str:
     return json.dumps(labels, ensure_ascii=False) if held else separator.join(labels)
 
 
+def probabilities_cell(probabilities: dict) -> str:
+    """A prediction's probabilities as one cell: 'name=p name=p' (4 decimals), or a JSON object {name: p} where a
+    name holds a space or '=' or opens with '{' (the pairs of labels 'x y' and 'a=b', 'x y=0.5 a=b=0.5', read back
+    as other labels). Every row of a model's predictions has the same names, so the same form."""
+    cells = [(name, f"{p:.4f}") for name, p in probabilities.items()]
+    if any(re.search(r"[\s=]", name) or name.startswith("{") for name, _ in cells):
+        return "{" + ", ".join(f"{json.dumps(name, ensure_ascii=False)}: {p}" for name, p in cells) + "}"
+    return " ".join(f"{name}={p}" for name, p in cells)
+
+
 def parse_label(raw, problem_type: str, separator: str, where: str):
     """One label as the problem type reads it: a score (regression), a set of names (multi-label), a name."""
     if problem_type == "regression":

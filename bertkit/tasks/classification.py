@@ -47,7 +47,7 @@ from bertkit.model.config import MULTI_LABEL, REGRESSION
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.config import TextTaskConfig
 from bertkit.data.tables import (TextExample, check_known_labels, label_cell, column_key, first_row, label_names,
-                                 looks_like_scores, read_text_examples, tsv_cell)
+                                 looks_like_scores, probabilities_cell, read_text_examples, tsv_cell)
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.text_inference import cut_count, decode, make_features, pool_windows, score
@@ -95,7 +95,7 @@ def prediction_lines(examples, preds, problem_type: str, separator: str = ",", n
             pred, extra = f"{p['score']:.4f}", f"{p['score']:.4f}"
         else:
             pred = label_cell(p["labels"], separator, names) if problem_type == MULTI_LABEL else p["label"]
-            extra = " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
+            extra = probabilities_cell(p["probabilities"])
         row = [e.text] + ([e.text_pair or ""] if pair else []) + [gold, pred, extra]
         yield "\t".join(map(tsv_cell, row)) + "\n"
 

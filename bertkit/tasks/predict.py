@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bertkit.data.atomic import write_lines
-from bertkit.data.tables import label_cell, tsv_cell
+from bertkit.data.tables import label_cell, probabilities_cell, tsv_cell
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.metrics.tasks import get_entities, predicted_tags
 from bertkit.runtime.loading import Loaded, check_as_loaded, load
@@ -332,7 +332,7 @@ def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:
     if "score" in p:
         return f"{p['score']:.4f}", ""
     pred = p["label"] if "label" in p else label_cell(p["labels"], separator, names)
-    return pred, " ".join(f"{k}={v:.4f}" for k, v in p["probabilities"].items())
+    return pred, probabilities_cell(p["probabilities"])
 
 
 def with_entities(text: str, prediction: dict) -> dict:
