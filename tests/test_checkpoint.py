@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -571,3 +572,63 @@ def test_a_state_dict_named_by_a_ddp_wrapper_loads_as_the_model_it_wraps(tmp_pat
     assert bertkit.predict(wrapped, texts) == bertkit.predict(plain, texts)
     head.save_pretrained(tmp_path / "again")
     assert not [k for k in load_file(str(tmp_path / "again" / "model.safetensors")) if k.startswith("module.")]
+
+
+class _Compiled(torch.nn.Module):
+    """torch.compile's wrapper as its state_dict() names the weights: OptimizedModule registers the model it compiles
+    as the submodule `_orig_mod` (torch/_dynamo/eval_frame.py, checked below). torch.compile itself is not called: on
+    this 2-core CPU importing torch._dynamo, which it does first, takes 3.4-6 s, past a test's 2 s; its state_dict()
+    compiles nothing, so the keys are torch's own nn.Module.state_dict() names either way."""
+
+    def __init__(self, model):
+        super().__init__()
+        self._orig_mod = model
+
+
+@pytest.mark.parametrize("wrappers", [("compile",), ("compile", "ddp"), ("ddp", "compile")])
+def test_a_state_dict_named_by_torch_compile_loads_as_the_model_it_compiled(tmp_path, transformers_mod, wrappers):
+    """A torch.compile'd model's state_dict() names every weight `_orig_mod.` + the model's name; a DDP wrapper around
+    it (or inside it) adds `module.` before (after) it. Saved as it is (safetensors beside the model's config.json),
+    every bertkit loader refused the folder, listing all weights missing; the prefixes are dropped where a DDP
+    `module.` already was (checkpoint.canonical, through weights_check.wrapper_prefix), and the config is checked
+    against the prefixed header as against a plain one. Oracle: transformers' uncompiled model, its weights and
+    logits."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    source = (Path(torch.__file__).parent / "_dynamo" / "eval_frame.py").read_text()
+    assert "self._orig_mod = mod" in source  # the premise: how OptimizedModule holds the model it compiles
+    config = transformers_mod.BertConfig(**TINY, num_labels=3)
+    torch.manual_seed(0)
+    model = transformers_mod.BertForSequenceClassification(config).eval()
+    wrapped = model
+    for wrapper in wrappers:
+        if wrapper == "compile":
+            wrapped = _Compiled(wrapped)
+        else:
+            dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+            try:
+                wrapped = DistributedDataParallel(wrapped)
+            finally:
+                dist.destroy_process_group()
+    state = {k: v.detach().clone() for k, v in wrapped.state_dict().items()}
+    prefix = "".join({"compile": "_orig_mod.", "ddp": "module."}[w] for w in reversed(wrappers))
+    assert all(k.startswith(prefix + "bert.") or k.startswith(prefix + "classifier.") for k in state), list(state)[:2]
+    folder = tmp_path / "compiled"
+    config.save_pretrained(folder)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+    ours = bertkit.BertForSequenceClassification.from_pretrained(folder)  # strict: every weight found
+    hf_names = dict(model.named_parameters())
+    for name, param in ours.named_parameters():
+        keys = hf_keys(name[len("bert."):] if name.startswith("bert.") else name)
+        want = torch.cat([hf_names[("" if k.startswith("classifier.") else "bert.") + k] for k in keys])
+        assert torch.equal(param, want), name
+    ids, mask = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask).logits, model(input_ids=ids, attention_mask=mask).logits,
+                                   atol=1e-5, rtol=1e-5)
+    (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()),
+                                                    "vocab_size": 98}))
+    with pytest.raises(BertkitError, match=r"config.json says vocab_size=98 but .* of shape \[99, 32\]"):
+        bertkit.BertForSequenceClassification.from_pretrained(folder)  # the header check, before a layer is built

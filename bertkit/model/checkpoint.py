@@ -48,7 +48,7 @@ from bertkit.data.atomic import write_json, write_lines, write_through
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
 from bertkit.model.config import problem_type_of
-from bertkit.model.weights_check import check_config, header_shapes, shard_files
+from bertkit.model.weights_check import check_config, header_shapes, shard_files, wrapper_prefix
 
 # ours -> Hugging Face, relative to the encoder ({i}: layer index, {p}: weight or bias)
 TABLE = [
@@ -232,13 +232,12 @@ def read_weights(directory) -> tuple[dict[str, torch.Tensor], Path]:
 
 
 def canonical(state: dict[str, torch.Tensor], layout: Layout = BERT) -> dict[str, torch.Tensor]:
-    """HF keys as a bare BertModel names them: no `bert.` prefix (nor the `module.` of a DDP wrapper's state dict,
-    as some trainers save it), LayerNorm weight/bias (TF: gamma/beta), the MLM bias under cls.predictions.bias."""
-    out, ddp = {}, len("module.") if state and all(k.startswith("module.") for k in state) else 0  # DDP's wrapper
-    for key, value in ((k[ddp:], v) for k, v in state.items()):
-        if key.startswith(layout.prefix):
-            key = key[len(layout.prefix):]
-        key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)
+    """HF keys as a bare BertModel names them: no `bert.` prefix (nor a wrapper's, a DDP `module.` or a torch.compile
+    `_orig_mod.`, as some trainers save them), LayerNorm weight/bias (TF: gamma/beta), the MLM bias under
+    cls.predictions.bias."""
+    out, cut = {}, len(wrapper_prefix(state))
+    for key, value in ((k[cut:], v) for k, v in state.items()):
+        key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key.removeprefix(layout.prefix))
         key = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key)
         out[key] = value
     if "cls.predictions.bias" not in out and "cls.predictions.decoder.bias" in out:
@@ -248,11 +247,7 @@ def canonical(state: dict[str, torch.Tensor], layout: Layout = BERT) -> dict[str
 
 def _our_params(model, layout: Layout = BERT) -> list[tuple[str, str, torch.nn.Parameter]]:
     """(full name, name relative to the encoder, parameter) for every parameter of `model`."""
-    out = []
-    for name, param in model.named_parameters():
-        rel = name[len(layout.prefix):] if name.startswith(layout.prefix) else name
-        out.append((name, rel, param))
-    return out
+    return [(name, name.removeprefix(layout.prefix), param) for name, param in model.named_parameters()]
 
 
 def load_state(model, state: dict[str, torch.Tensor], strict: bool = True, source: str = "checkpoint") -> LoadReport:

@@ -15,7 +15,7 @@ out before any shape is compared. The shapes are in the safetensors header
     encoder.layer.0.intermediate.dense.weight    [intermediate_size, hidden_size]
 
 Keys are matched with any prefix a head checkpoint puts on its encoder (`bert.`,
-`electra.`); a sharded checkpoint's shards (its `weight_map`) must lie inside the
+`electra.`) and past any wrapper's (`wrapper_prefix`); a sharded checkpoint's shards (its `weight_map`) must lie inside the
 folder (`bertkit.model.confined`).
 """
 
@@ -30,6 +30,9 @@ from bertkit.data.safetensors_header import read_header
 from bertkit.errors import BertkitError
 
 _ENCODER = r"^(?:bert\.|electra\.)?"
+# What a wrapper puts before every key of the model it holds, when a trainer saves the wrapper's state_dict():
+# DistributedDataParallel holds it as `module`, torch.compile's OptimizedModule as `_orig_mod` (either order, both)
+WRAPPERS = ("module.", "_orig_mod.")
 # key pattern -> [(axis, the config field that sets it)]
 SHAPES = {
     "embeddings.word_embeddings.weight": [(0, "vocab_size"), (1, "embedding_size")],
@@ -67,8 +70,19 @@ def header_shapes(weights: Path) -> dict[str, tuple] | None:
     return shapes
 
 
+def wrapper_prefix(keys) -> str:
+    """The wrappers' prefix every one of `keys` carries ('module.', '_orig_mod.', 'module._orig_mod.', ...; '' for
+    none): the keys past it are the wrapped model's, as it would have saved them itself."""
+    keys, prefix = list(keys), ""
+    while keys and (step := next((w for w in WRAPPERS if all(k.startswith(prefix + w) for k in keys)), None)):
+        prefix += step
+    return prefix
+
+
 def check_config(config, shapes: dict[str, tuple], source) -> None:
     """Refuse a config that disagrees with the weights' shapes, naming the field and both values."""
+    cut = len(wrapper_prefix(shapes))  # a wrapper's keys are checked too (they were skipped: nothing matched)
+    shapes = {name[cut:]: shape for name, shape in shapes.items()}
     layers = {int(m.group(1)) for k in shapes if (m := re.match(_ENCODER + r"encoder\.layer\.(\d+)\.", k))}
     if layers and max(layers) + 1 != config.num_hidden_layers:
         raise BertkitError(f"config.json says num_hidden_layers={config.num_hidden_layers} but {source} holds "
