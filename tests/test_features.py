@@ -199,14 +199,34 @@ def test_word_vectors_pool_the_pieces_of_each_input_word(tiny):
     np.testing.assert_allclose(mean[3], last[6], atol=1e-5)
     first = embed([words], tiny, pooling="words", word_pooling="first")[0]
     np.testing.assert_allclose(first[2], last[3], atol=1e-5)
-    # a plain string aligns to its whitespace words the same way
+    # a plain string's words (BERT's, here its whitespace words) align the same way
     np.testing.assert_allclose(embed("He was unaffable .", tiny, pooling="words"), mean, atol=1e-6)
 
 
-def test_words_split_by_punctuation_stay_one_input_word(tiny):
+def test_a_strings_words_are_berts_words_as_transformers_numbers_them(tiny, default_model_dir, transformers_mod):
+    """A string's words are the BasicTokenizer's (whitespace, each punctuation character, each CJK ideograph: the
+    words BertTokenizerFast's word_ids() numbers). They were its whitespace words: "Hello, world!" gave 2 vectors,
+    'hello' averaged with ',', and a Chinese sentence without spaces one vector for the whole sentence."""
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    cut = {"max_length": 16, "truncate": True}
+    for text, kwargs in (("Hello, world!", {}), ("我爱北京 Paris.", {}), ("it'll rain", {}),
+                         ("Café  déjà-vu [MASK] x\x00y", {}), ("Hello, world! " * 20, cut)):
+        hf = fast(text, **({"truncation": True, "max_length": 16} if kwargs else {}))
+        word_ids = hf.word_ids()
+        tokens = embed(text, tiny, pooling=None, **kwargs)  # [T, D]: the same tokens, [CLS] and [SEP] included
+        assert len(tokens) == len(word_ids)
+        n = max(w for w in word_ids if w is not None) + 1  # a cut text: the words read
+        expected = np.stack([tokens[[t for t, w in enumerate(word_ids) if w == k]].mean(0) for k in range(n)])
+        got = embed(text, tiny, pooling="words", **kwargs)
+        assert got.shape == (n, 32), (text, got.shape, n)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert [tuple(hf.word_to_chars(w)) for w in range(4)] == [(0, 5), (5, 6), (7, 12), (12, 13)]  # Hello , world !
+
+
+def test_a_pre_split_word_the_tokenizer_splits_further_stays_one_word(tiny):
     h, enc = hidden_states(tiny, "it'll rain")
     assert enc.tokens == ["[CLS]", "it", "'", "ll", "rain", "[SEP]"]
-    got = embed("it'll rain", tiny, pooling="words")
+    got = embed([["it'll", "rain"]], tiny, pooling="words")[0]
     assert got.shape == (2, 32)
     np.testing.assert_allclose(got[0], h[5][1:4].mean(0), atol=1e-5)
 
@@ -519,15 +539,15 @@ def test_a_stride_beside_truncation_is_refused_not_ignored():
 def test_word_pooling_beside_other_vectors_is_refused_not_ignored(tiny, tiny_dir, tmp_path, capsys):
     """word_pooling= (`--word-pooling`) says how a word's pieces make the word's vector: beside sentence or token
     vectors it changed nothing, silently (`bertkit embed s.txt -o v.npy --word-pooling first` wrote the mean
-    vectors); with pooling='words' it applies ("it'll" is three pieces: the first is not their mean)."""
+    vectors); with pooling='words' it applies ("unaffable" is three pieces: the first is not their mean)."""
     from bertkit.cli import main
 
     for pooling in ("mean", "cls", None):
         with pytest.raises(BertkitError, match=r"^word_pooling='first' \(--word-pooling\) .*pooling='words'"):
             embed("it'll rain", tiny, pooling=pooling, word_pooling="first")
-    first, mean = (embed("it'll rain", tiny, pooling="words", word_pooling=w) for w in ("first", "mean"))
+    first, mean = (embed("unaffable rain", tiny, pooling="words", word_pooling=w) for w in ("first", "mean"))
     assert first.shape == mean.shape == (2, 32) and not np.allclose(first[0], mean[0])
-    np.testing.assert_array_equal(mean, embed("it'll rain", tiny, pooling="words"))
+    np.testing.assert_array_equal(mean, embed("unaffable rain", tiny, pooling="words"))
     (tmp_path / "s.txt").write_text("it'll rain\n")
     assert main(["embed", str(tmp_path / "s.txt"), "-o", str(tmp_path / "v.npy"), "--model", str(tiny_dir),
                  "--word-pooling", "first", "--quiet"]) == 2
@@ -723,7 +743,7 @@ def test_cli_embed(tiny, tmp_path, capsys):
     assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "w.jsonl"), "--model", str(model_dir),
                  "--layers=-1,-2", "--combine", "sum", "--pooling", "words", "--quiet"]) == 0
     rows = [json.loads(x)["vectors"] for x in (tmp_path / "w.jsonl").read_text().splitlines()]
-    assert [len(r) for r in rows] == [4, 2, 6]
+    assert [len(r) for r in rows] == [5, 3, 8]  # BERT's words: Bert notices the hat . | Ernie knows . | it ' ll ...
     # without the `=` too (argparse alone reads "-1,-2" as an unknown option)
     assert main(["embed", str(tmp_path / "in.txt"), "-o", str(tmp_path / "w2.jsonl"), "--model", str(model_dir),
                  "--layers", "-1,-2", "--combine", "sum", "--pooling", "words", "--quiet"]) == 0

@@ -309,7 +309,8 @@ def embed(texts, model=None, layers="last", pooling=AUTO, normalize: bool | None
     pooling:   "auto" (the model's sentence-transformers layout, else mean), "mean"
                (masked mean over the tokens, [CLS]/[SEP] included, as
                sentence-transformers), "cls", "max", "words" (one vector per input word,
-               pieces pooled by `word_pooling=` mean (default) | first) or None (per-token).
+               pieces pooled by `word_pooling=` mean (default) | first; a string's words are BERT's:
+               punctuation and CJK ideographs apart, as the tokenizer's word_ids) or None (per-token).
     normalize: L2-normalise each output vector (None: as the model's layout says for
                sentence vectors, else no).
     options:   pairs=, combine=, word_pooling=, batch_size=32, max_length= (tokens per pass or window; default:

@@ -2,8 +2,10 @@
 
 For feature extraction (`bertkit.embeddings.features`): each text (or pre-split word list, or pair)
 becomes its ids with [CLS]/[SEP] (`encode_chunk`), and, where word vectors are asked for, the input word
-each token belongs to (a whitespace word of a string, an item of a pre-split list; [CLS], [SEP] and a pair's
-second segment belong to none). A text longer than the window is cut into overlapping windows
+each token belongs to (a word of a string as BERT's BasicTokenizer splits it, the tokenizer's `word_ids`:
+whitespace, each punctuation character and each CJK ideograph apart, as `transformers`' word_ids(); an item of
+a pre-split list; [CLS], [SEP] and a pair's second segment belong to none). A string cut at max_length has
+the words read. A text longer than the window is cut into overlapping windows
 (`bertkit.text.windows`: `stride` tokens shared, each token owned by the window where it has the most
 context, `run_squad.py`'s rule); `rows_of` makes a text's rows, `stitch` puts each token's vector back from its
 owning window: [CLS] from the first window, [SEP] from the last, so a text that fits gives the one-pass result.
@@ -60,21 +62,8 @@ def _word_spans(words: Sequence[str]) -> tuple:
     return " ".join(words), spans
 
 
-def whitespace_spans(text: str) -> list:
-    """(start, end) character span of each whitespace-separated word of `text` (the words of str.split())."""
-    spans, start = [], None
-    for i, ch in enumerate(text + " "):
-        if ch.isspace():
-            if start is not None:
-                spans.append((start, i))
-                start = None
-        elif start is None:
-            start = i
-    return spans
-
-
 def _token_words(offsets, sequence_ids, spans) -> list:
-    """Map each token of the first segment to the input word whose char span holds its first char."""
+    """Map each token of the first segment to the pre-split word whose char span holds its first char."""
     starts = [a for a, _ in spans]
     out = []
     for (start, end), seq in zip(offsets, sequence_ids):
@@ -136,13 +125,15 @@ def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: No
     # without truncation the tokenizer returns the whole text, however long; _pieces windows it
     enc = tok.encode(text, pair, max_length=max_length, truncation=truncate)
     _check_tokens(text, enc.input_ids, where, k)
-    if words is None:
-        words = whitespace_spans(text)
-    token_words = _token_words(enc.offsets, enc.sequence_ids, words)
+    if words is None:  # a string's words are the tokenizer's own (BERT's BasicTokenizer words), those read
+        token_words = [w if seq == 0 else None for w, seq in zip(enc.word_ids, enc.sequence_ids)]
+        n_words = max((w for w in token_words if w is not None), default=-1) + 1
+    else:
+        token_words, n_words = _token_words(enc.offsets, enc.sequence_ids, words), len(words)
     budget = max_length - (2 if pair is None else 3)  # a text that fills max_length may be cut: read a bit past it
     cut = (truncate and len(enc.input_ids) == max_length and hasattr(tok, "head")
            and sum(tok.ids_batch([tok.head(s, budget) for s in (text, pair) if s is not None])[1]) > budget)
-    return _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, len(words), cut=bool(cut))
+    return _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, n_words, cut=bool(cut))
 
 
 def rows_of(item_index: int, item: _Item, max_length: int, stride: int) -> list:

@@ -209,7 +209,8 @@ class EmbedOptions:
     pooling: str | None = dataclasses.field(default=AUTO, metadata={
         "choices": [AUTO, *SENTENCE_POOLINGS, "words", TOKENS_ON_THE_COMMAND_LINE],
         "help": "one vector per text from the tokens' mean, maximum or [CLS] (auto: the model's "
-        "sentence-transformers layout, else mean); embed also writes one per whitespace word (words) or per token "
+        "sentence-transformers layout, else mean); embed also writes one per word (words: BERT's, punctuation and CJK ideographs "
+        "apart) or per token "
         "(none)"})
     normalize: bool | None = dataclasses.field(default=None, metadata={
         "help": "L2-normalise every vector (default: as the model's sentence-transformers layout says, else no; "
