@@ -632,3 +632,34 @@ def test_a_state_dict_named_by_torch_compile_loads_as_the_model_it_compiled(tmp_
                                                     "vocab_size": 98}))
     with pytest.raises(BertkitError, match=r"config.json says vocab_size=98 but .* of shape \[99, 32\]"):
         bertkit.BertForSequenceClassification.from_pretrained(folder)  # the header check, before a layer is built
+
+
+def _replaced_after_its_first_read(monkeypatch, path, other: dict):
+    """`path` (a config file) replaced by `other` right after it is first read: a save landing meanwhile."""
+    real = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        text = real(self, *args, **kwargs)
+        if self == path and json.loads(text) != other:
+            self.write_text(json.dumps(other))
+        return text
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+
+
+def test_describe_reads_config_json_once_so_a_save_landing_meanwhile_cannot_mix_two_models(tmp_path, monkeypatch):
+    """checkpoint.describe read config.json three times (the model type, the architecture, the task a head implies):
+    a model saved over the folder meanwhile was described as one model's type beside another's head (here a BERT
+    classifier as 'bert' + 'ElectraModel', no task). It reads the file once: the one model it held when read."""
+    from bertkit.model.checkpoint import describe
+
+    folder = tmp_path / "model"
+    tiny(bertkit.BertForSequenceClassification, num_labels=3).save_pretrained(folder)
+    electra = {"model_type": "electra", "architectures": ["ElectraModel"], "max_position_embeddings": 40}
+    _replaced_after_its_first_read(monkeypatch, folder / "config.json", electra)
+    saved = describe(folder)
+    assert (saved.model_type, saved.architecture, saved.task) == (
+        "bert", "BertForSequenceClassification", {"task": "classify", "max_length": 40, "inferred": True})
+    saved = describe(folder)  # the file now holds the other model: described as it, whole
+    assert (saved.model_type, saved.architecture, saved.task) == ("electra", "ElectraModel", None)
+

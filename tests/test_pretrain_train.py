@@ -212,3 +212,21 @@ def test_an_sop_run_names_its_pair_accuracy_sop_acc(tmp_path):
     (key, title), = [p for p in panels("sop") if "acc" in p[1] and "MLM" not in p[1]]
     assert title == "SOP accuracy" and points([old, new], key) == [(2, 0.5), (4, 0.625)]
     assert [p for p in panels("nsp") if p[1] == "NSP accuracy"] == [("nsp_acc", "NSP accuracy")]
+
+
+def test_a_config_file_is_read_once_for_its_kind_and_its_settings(tmp_path, monkeypatch):
+    """--config FILE was read twice, for its model_type and then for its settings: a file replaced in between (an
+    ELECTRA config over a BERT one) was judged BERT and then refused as 'for model_type electra'. It is read once."""
+    from pathlib import Path
+
+    from test_checkpoint import _replaced_after_its_first_read
+
+    from bertkit.model.config import BertConfig
+    from bertkit.pretraining.train import preset_or_file
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "bert", "hidden_size": 48, "num_attention_heads": 3}))
+    _replaced_after_its_first_read(monkeypatch, path, {"model_type": "electra", "hidden_size": 64})
+    config = preset_or_file(str(path))
+    assert type(config) is BertConfig and (config.hidden_size, config.num_attention_heads) == (48, 3)
+    assert json.loads(Path(path).read_text())["model_type"] == "electra"  # the premise: the file was replaced

@@ -348,9 +348,9 @@ def model_type(directory) -> str:
     return read_config(directory).get("model_type", "bert")
 
 
-def architecture(directory) -> str:
-    """The class config.json's `architectures` names ("BertModel" when it names none)."""
-    names = read_config(directory).get("architectures") or ["BertModel"]
+def architecture(directory, config: dict | None = None) -> str:
+    """The class config.json's `architectures` names ("BertModel" when it names none); `config`: the file, read."""
+    names = (read_config(directory) if config is None else config).get("architectures") or ["BertModel"]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise BertkitError(f"{Path(directory) / 'config.json'}: architectures must be a list of class names such as "
                            f"[\"BertModel\"], got {json.dumps(names)[:60]}")
@@ -362,9 +362,9 @@ def has_int8_weights(directory) -> bool:
     return directory is not None and (Path(directory) / INT8_WEIGHTS).is_file()
 
 
-def task_info(directory) -> dict | None:
+def task_info(directory, config: dict | None = None) -> dict | None:
     """A fine-tuned model's task description (bertkit_task.json, or inferred from config.json's
-    architectures for a Hugging Face head checkpoint); None for a bare encoder."""
+    architectures for a Hugging Face head checkpoint; `config`: that file, read); None for a bare encoder."""
     directory = Path(directory)
     path = directory / TASK_FILE
     if path.is_file():
@@ -380,7 +380,8 @@ def task_info(directory) -> dict | None:
                 raise BertkitError(f"{path}: {key} must be a whole number, got {json.dumps(value)[:40]}: "
                                    "fine-tune the model again, or fix the file")
         return info
-    config, head = read_config(directory), architecture(directory)
+    config = read_config(directory) if config is None else config
+    head = architecture(directory, config)
     task = HF_TASKS.get(head)
     if isinstance(task, dict):  # the sequence classifier: by its problem type, named or decided as its head decides
         n = config.get("num_labels", len(config.get("id2label") or {}) or 2)
@@ -409,10 +410,12 @@ class Saved:
 
 
 def describe(path) -> Saved:
-    """`path` (None: the default model) as a `Saved`: every reader above, once."""
+    """`path` (None: the default model) as a `Saved`: every reader above, once, config.json read once for all (read
+    three times, a folder saved over meanwhile could be described as one model's type and another's head)."""
     directory = resolve(path)
-    return Saved(directory, model_type(directory), architecture(directory), task_info(directory),
-                 has_int8_weights(directory))
+    config = read_config(directory)
+    return Saved(directory, config.get("model_type", "bert"), architecture(directory, config),
+                 task_info(directory, config), has_int8_weights(directory))
 
 
 def resolve(path) -> Path:

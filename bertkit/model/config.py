@@ -306,6 +306,11 @@ class BertConfig:
             raise BertkitError(f"{path} is not valid JSON ({err}); re-save the config") from None
         if not isinstance(values, dict):
             raise BertkitError(f"{path} must hold a JSON object")
+        return cls.from_file_dict(values, path)
+
+    @classmethod
+    def from_file_dict(cls, values: dict, path) -> "BertConfig":
+        """`from_json_file` of the object a caller read from the config file at `path` (read once for all it asks)."""
         config = cls.from_dict(values)  # its types checked first
         _check_label_count(values, config, path)
         return config

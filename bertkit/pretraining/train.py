@@ -38,7 +38,7 @@ from bertkit.training import harness
 from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
 from bertkit.model.electra import ElectraConfig
 from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.model.checkpoint import model_type
+from bertkit.model.checkpoint import model_type, read_config
 from bertkit.runtime.loading import need_transformer
 
 
@@ -233,11 +233,12 @@ def preset_or_file(name: str, method: str = "bert"):
             raise BertkitError(electra_only(name))
         return ElectraConfig.preset(electra_preset(name))
     if Path(name).is_file():
-        kind = model_type(name)
+        values = read_config(name)  # once: its kind and its settings are one file's
+        kind = values.get("model_type", "bert")
         if kind == "electra" and method != "electra":
             raise BertkitError(f"--config {name} is an ELECTRA config (model_type 'electra'): pre-train it with "
                                "--method electra, or give a BERT config")
-        return (ElectraConfig if kind == "electra" else BertConfig).from_json_file(name)
+        return (ElectraConfig if kind == "electra" else BertConfig).from_file_dict(values, Path(name))
     raise BertkitError(f"--config {name!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file")
 
 
