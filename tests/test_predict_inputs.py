@@ -533,3 +533,35 @@ def test_the_probabilities_cell_reads_back_as_the_labels_probabilities(models, t
     lines = list(prediction_lines(examples, bertkit.predict(model, texts), MULTI_LABEL if kind == "multi_label"
                                   else "single_label_classification", ",", labels))
     assert [line.rstrip("\n").split("\t")[-1] for line in lines[1:]] == cells
+
+
+def test_a_table_whose_label_column_is_empty_is_read_once(models, tmp_path, monkeypatch, capsys):
+    """A table with a label column left empty holds no answers: predict only predicts it. The labelled reader
+    read every row, found no label, and the table was read again, whole, for its inputs. It is read once now
+    (passes over its rows counted at `read_rows`), and predicted as before: every row, its columns written back,
+    the column choice and the skipped row said once each, no scores."""
+    import bertkit.data.tables as tables
+
+    rows = [("1", "the movie was good ."), ("2", ""), ("3", "it was bad")]
+    src = tmp_path / "t.tsv"
+    src.write_text("id\treview\tlabel\n" + "".join(f"{i}\t{t}\t\n" for i, t in rows), encoding="utf-8")
+    passes, read_rows = [], tables.read_rows
+
+    def counted(path, report):
+        passes.append(0)
+        for row in read_rows(path, report):
+            passes[-1] += 1
+            yield row
+
+    monkeypatch.setattr(tables, "read_rows", counted)
+    hf = tmp_path / "hf"  # no text column recorded: the text column is found, and said
+    shutil.copytree(models["classify"], hf)
+    (hf / "bertkit_task.json").unlink()
+    assert main(["predict", str(hf), str(src), "-o", str(tmp_path / "p.tsv")]) == 0
+    said = capsys.readouterr().out
+    assert passes.count(len(rows)) == 1, passes  # one whole pass (first_row's peeks read one row each)
+    header, *written = [line.split("\t") for line in (tmp_path / "p.tsv").read_text(encoding="utf-8").splitlines()]
+    assert header == ["id", "review", "label", "prediction", "details"]
+    assert [w[:3] for w in written] == [[i, t, ""] for i, t in rows if t]
+    assert said.count("reading the texts from column 'review'") == 1 and said.count("skipped 1 (1 empty texts)") == 1
+    assert "accuracy" not in said, said

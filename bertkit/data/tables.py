@@ -12,7 +12,8 @@ an unknown label in the dev set or a CoNLL line without its tag is an error inst
 result right. A column is found by its name regardless of case when only one matches ("Sentence", "LABEL"); a class
 label written as a whole-number float ("1.0", pandas' float column) is that number's class ("1").
 
-Outputs are plain dataclasses: `TextExample`, `TaggedSentence`, `QAExample`.
+Outputs are plain dataclasses: `TextExample`, `TaggedSentence`, `QAExample`; what a fine-tuned model's reader
+(`bertkit.tasks.registry`) gives `bertkit predict`: `Inputs`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from bertkit.errors import BertkitError, read_score
 from bertkit.data.textfiles import csv_records, existing_file, json_objects, open_text, read_text, text_column_in
@@ -37,6 +39,7 @@ class TextExample:
     text_pair: str | None = None
     label: object = None  # str class name, float score, list[str] (multi-label) or None
     row: int = 0  # 1-based line number in the source file
+    cells: dict | None = None  # its row as read, {column: cell} (`read_text_examples(keep_cells=True)`)
 
 
 @dataclass
@@ -54,6 +57,19 @@ class QAExample:
     answers: list[tuple[str, int]]  # (text, character start in context)
     is_impossible: bool = False
     title: str = ""
+
+
+class Inputs(NamedTuple):
+    """What a file holds for a fine-tuned model, as a task's reader read it (`bertkit.tasks.registry`): each list
+    one entry per input, in the file's order."""
+
+    texts: list[str]
+    pairs: list[str] | None = None  # the second texts (QA: the contexts); None: single texts
+    answers: list | None = None  # the file's answers, None for an input without one; None: it carries none
+    ids: list[str] | None = None  # the names the file gives its inputs (SQuAD's question ids); None: it names none
+    rows: list[dict] | None = None  # a table's rows as read, {column: cell} (predict writes them back); None: no table
+    unpredicted: tuple = ()  # the answers of inputs the reader skipped (SQuAD's empty question): nothing is predicted
+    # for them and each scores 0, as the official evaluate-v1.1.py scores a question it has no answer for
 
 
 @dataclass
@@ -173,11 +189,11 @@ def read_text_examples(
     label_separator: str = ",",
     max_examples: int | None = None,
     keep_unlabelled: bool = False,
-    rows: list | None = None,
+    keep_cells: bool = False,
 ) -> tuple[list[TextExample], ReadReport]:
     """Examples from a table; `label_column=None` reads unlabelled input (prediction); `keep_unlabelled`:
     a row whose label is missing is kept with label None (evaluate mode predicts every row), not skipped;
-    `rows`: a list given the kept rows as read ({column: cell}, one per example: predict writes them back)."""
+    `keep_cells`: each example keeps its row as read (`TextExample.cells`: predict writes it back)."""
     report = ReadReport(str(path))
     out, labelled = [], False  # labelled: an earlier row had the label column
     for n, row in read_rows(path, report):
@@ -193,9 +209,7 @@ def read_text_examples(
             if label is None and not keep_unlabelled:
                 report.skipped["missing labels"] += 1
                 continue
-        out.append(TextExample(text, pair, label, n))
-        if rows is not None:
-            rows.append(row)
+        out.append(TextExample(text, pair, label, n, row if keep_cells else None))
         if max_examples is not None and len(out) >= max_examples:
             break
     report.kept = len(out)
@@ -241,27 +255,26 @@ def first_row(path) -> dict:
     return next((row for _, row in read_rows(path, ReadReport(str(path)))), {})
 
 
-def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print, rows: list | None = None):
-    """(texts, pairs or None) from a table's text column (and second-text column): the inputs of a fine-tuned model,
-    unlabelled; a missing column is a one-line error naming the flag; a row whose text (or second text) is empty or
-    null is skipped, as `read_text_examples` skips it; skipped rows are counted in one line to `log`. `rows`: a list
-    given each kept row as read ({column: cell}), one per text."""
+def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print) -> Inputs:
+    """The texts (and pairs) of a table's text column (and second-text column), with the rows they were read from:
+    the inputs of a fine-tuned model, unlabelled; a missing column is a one-line error naming the flag; a row whose
+    text (or second text) is empty or null is skipped, as `read_text_examples` skips it; skipped rows are counted
+    in one line to `log`."""
     path = existing_file(path)
     report = ReadReport(str(path))
-    kept = []
+    kept, rows = [], []
     for n, row in read_rows(path, report):
         cells = [_text(row, name, path, n, "--text-column/--text-pair-column")
                  for name in ((text_column, pair_column) if pair_column else (text_column,))]
         if all(cell.strip() for cell in cells):
             kept.append(cells)
-            if rows is not None:
-                rows.append(row)
+            rows.append(row)
         else:  # nothing to predict for: skipped as read_text_examples skips it
             report.skipped["empty texts"] += 1
     report.kept = len(kept)
     if report.skipped:
         log(report.summary())
-    return [r[0] for r in kept], ([r[1] for r in kept] if pair_column else None)
+    return Inputs([r[0] for r in kept], [r[1] for r in kept] if pair_column else None, rows=rows)
 
 
 def one_text_per_line(path, column: str) -> bool:

@@ -91,8 +91,8 @@ def task_features(teacher, path) -> list[dict]:
     if task.features is None:
         raise BertkitError(f"{teacher.directory} is a {task.cli_name} model: distill layers trains sentence models "
                            "and classifiers by their logits (classify, pair, regression, multi-label, ner)")
-    labelled = task.read_labelled(path, teacher.info)
-    texts, pairs, references = labelled if labelled is not None else (*task.read_inputs(path, teacher.info), None)
+    read = task.read_labelled(path, teacher.info)
+    texts, pairs, references = (read if read is not None else task.read_inputs(path, teacher.info))[:3]
     if not texts:
         raise BertkitError(f"--data {path} holds no inputs: give the table the model was trained on, or its texts")
     return task.features(teacher.tokenizer, texts, pairs, references, teacher.info, task.labels(teacher.config))

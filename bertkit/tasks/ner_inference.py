@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data.tables import (TaggedSentence, check_known_labels, conll_has_tags, looks_like_conll, read_conll,
-                                 read_text_columns, read_text_lines, text_column_of)
+from bertkit.data.tables import (Inputs, TaggedSentence, check_known_labels, conll_has_tags, looks_like_conll,
+                                 read_conll, read_text_columns, read_text_lines, text_column_of)
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.tasks.config import NerConfig
@@ -212,33 +212,31 @@ def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=No
 
 # --- files -----------------------------------------------------------------
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print,
-                rows: list | None = None) -> tuple[list[str], None]:
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> Inputs:
     """Sentences from CoNLL columns (the words' column the model was trained on), one sentence per line, or a
-    table's text column: the one named, else 'sentence', 'text' or its one column of text, as the text tasks
-    read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text')."""
+    table's text column (with its rows): the one named, else 'sentence', 'text' or its one column of text, as the
+    text tasks read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text')."""
     if Path(path).suffix.lower() in TABLES:
-        return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log,
-                                 rows=rows)
+        return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log)
     if looks_like_conll(path):  # one token per line, blank lines between sentences
         sentences, _ = read_conll(path, token_column=conll_columns(info)[0], tagged=False)
-        return [" ".join(s.words) for s in sentences], None
-    return read_text_lines(path), None  # one sentence per line, words split on whitespace
+        return Inputs([" ".join(s.words) for s in sentences])
+    return Inputs(read_text_lines(path))  # one sentence per line, words split on whitespace
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  every_input: bool = False, log=print, rows: list | None = None):
-    """(sentences, None, gold tags in the file's scheme) from a CoNLL file with a tag column, else None
-    (a tagged file tags every word: `every_input` changes nothing)."""
+                  every_input: bool = False, log=print) -> Inputs | None:
+    """The sentences of a CoNLL file with a tag column and their gold tags in the file's scheme, else None, or with
+    `every_input` its inputs all the same (`read_inputs`, answers None). A tagged file tags every word."""
     if Path(path).suffix.lower() in TABLES or not conll_has_tags(path):
-        return None
+        return read_inputs(path, info, text_column, text_pair_column, log) if every_input else None
     words, tags = conll_columns(info)
     sentences, _ = read_conll(path, token_column=words, tag_column=tags)
     sentences = [split_cjk(s) for s in sentences]  # as the model was trained on them and predicts them
     for s in sentences:  # a column of other tags (part of speech) is no gold: said with its line and the way on
         M.check_tags(s.tags, f"{path}:{s.line}", f"; evaluate mode reads CoNLL column {tags} as the gold NER tags: "
                      "pass --no-evaluate to only predict the file")
-    return [" ".join(s.words) for s in sentences], None, [s.tags for s in sentences]
+    return Inputs([" ".join(s.words) for s in sentences], None, [s.tags for s in sentences])
 
 
 def conll_columns(info: dict) -> tuple[int, int]:

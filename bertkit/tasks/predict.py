@@ -237,9 +237,8 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     info, task = reading_info(loaded, version_2), task_of(loaded)
     if version_2 is None and task.no_answer and info.get("inferred"):
         log(READ_AS_V1.format(model=model_dir))
-    rows: list[dict] = []  # a table's rows as read, one per input: written back as they were
-    texts, pairs, references, ids = _read(task, input_path, info, (text_column, text_pair_column), label_column,
-                                          evaluate, log, rows)
+    read = _read(task, input_path, info, (text_column, text_pair_column), label_column, evaluate, log)
+    texts, pairs, references = read.texts, read.pairs, read.answers
     if evaluate and references is None:
         answers = task.answers.format(label=info.get("label_column") or "label")
         raise BertkitError(f"{input_path} carries no answers to evaluate against ({answers}); "
@@ -253,39 +252,32 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
         log(f"{input_path}: {cut}")
     preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded, progress=progress,
                     version_2=version_2)
-    # references past the inputs (`Task.read_labelled`): answered inputs the reader skipped, scored unanswered
+    # the answered inputs, then those the reader skipped (`Inputs.unpredicted`): no prediction, each scored 0
     scored = [i for i, r in enumerate(references or []) if r is not None]
-    scores = None if references is None else task.score([preds[i] if i < len(preds) else None for i in scored],
-                                                      [references[i] for i in scored], info,
-                                                      task.labels(loaded.config))
+    gold = [references[i] for i in scored] + list(read.unpredicted)
+    scores = None if references is None else task.score([preds[i] for i in scored] + [None] * len(read.unpredicted),
+                                                      gold, info, task.labels(loaded.config))
     out = default_output(input_path) if output_path is None else output_path
     out = out if str(out) == "-" else Path(out)
     # a multi-label set joined as the training file's cells were (`label_cell`): by ',' whatever the model's
     # --label-separator, a label 'pets, cats' read back as two
     names = task.labels(loaded.config) or () if preds and "labels" in preds[0] else ()
     shown = partial(_shown, separator=info.get("label_separator", ","), names=names)
-    header, lines = _output(input_path, texts, pairs, ids, preds, rows, shown, log)
+    header, lines = _output(input_path, texts, pairs, read.ids, preds, read.rows, shown, log)
     _write(out, itertools.chain(["\t".join(map(tsv_cell, header)) + "\n"], ("\t".join(map(tsv_cell, row)) + "\n" for row in lines)))
-    return FileResult(out, len(preds), scores, loaded.precision, len(scored), task.name,
-                      sum(i >= len(preds) for i in scored))
+    return FileResult(out, len(preds), scores, loaded.precision, len(gold), task.name, len(read.unpredicted))
 
 
-def _read(task, path, info: dict, columns: tuple, label_column, evaluate: bool | None, log, rows: list) -> tuple:
-    """(texts, pairs, references, ids) of the file `path`: references None where it carries no answers (or
-    `evaluate` is False), else `Task.read_labelled`'s with every_input; ids None where it names no inputs. `rows`
-    is given a table's rows as read, one per input."""
-    if task.read_all:  # one reading gives all four (a SQuAD file: parsed once, its skipped questions said once)
-        texts, pairs, references, ids = task.read_all(path, info, *columns, log=log, rows=rows)
-        return texts, pairs, None if evaluate is False else references, ids
-    labelled = (task.read_labelled(path, info, *columns, label_column, every_input=True, log=log, rows=rows)
-                if evaluate is not False else None)
-    if labelled is not None:
-        return (*labelled, None)
-    rows.clear()  # read_labelled may have read them before it found no answers
-    return (*task.read_inputs(path, info, *columns, log=log, rows=rows), None, None)
+def _read(task, path, info: dict, columns: tuple, label_column, evaluate: bool | None, log):
+    """What the file `path` holds (`bertkit.data.tables.Inputs`), read once: its inputs with the answers it carries
+    (`Task.read_labelled` with every_input: answers None where there are none), or without them where `evaluate`
+    is False (`Task.read_inputs`)."""
+    if evaluate is False:
+        return task.read_inputs(path, info, *columns, log=log)
+    return task.read_labelled(path, info, *columns, label_column, every_input=True, log=log)
 
 
-def _output(input_path, texts, pairs, ids, preds: list[dict], rows: list[dict], shown, log):
+def _output(input_path, texts, pairs, ids, preds: list[dict], rows: list[dict] | None, shown, log):
     """The predictions' header and rows. A table's rows (`rows`, one per input) keep their columns as they were,
     names and cells (a JSONL row's value as JSON, null empty), then the prediction and details: the text column was
     written as 'text' and every other column (an id, the label) left out. A column of the input named like one of

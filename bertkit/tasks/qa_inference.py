@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.data.squad import read_squad
-from bertkit.data.tables import QAExample, first_row, read_text_columns
+from bertkit.data.tables import Inputs, QAExample, first_row, read_text_columns
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import QAConfig
 from bertkit.text.windows import max_context_owner, spans
@@ -219,40 +219,30 @@ def squad_inputs(path, log=print) -> tuple[list[QAExample], list[QAExample]]:
     return kept, skipped
 
 
-def read_all(path, info: dict, text_column=None, text_pair_column=None, *, log=print, rows: list | None = None) -> tuple:
-    """A file read once (a SQuAD file parsed once, its skipped questions said once): (questions, contexts,
-    `read_labelled`'s examples with `every_input`, None where no question carries an answer, and the questions' ids,
-    what the official evaluation script maps to answers), from a table (its question and context columns) the
-    first two alone and None, None."""
-    if not is_squad(path):
-        return (*read_text_columns(path, text_column or "question", text_pair_column or "context", log=log, rows=rows),
-                None, None)
-    examples, skipped = squad_inputs(path, log)
-    answered = [e if e.answers or e.is_impossible else None for e in examples]
-    unpredicted = [e for e in skipped if e.answers or e.is_impossible]
-    return ([e.question for e in examples], [e.context for e in examples],
-            answered + unpredicted if any(answered) or unpredicted else None, [e.id for e in examples])
-
-
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print,
-                rows: list | None = None) -> tuple[list[str], list[str]]:
-    """Questions and contexts from SQuAD JSON (every question, answered or not), or a table's question and
-    context columns (`rows`: given the table's rows as read)."""
-    return read_all(path, info, text_column, text_pair_column, log=log, rows=rows)[:2]
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> Inputs:
+    """Every question of a SQuAD file, answered or not, with its context and its id (what the official evaluation
+    script maps to answers), or a table's question and context columns (with its rows)."""
+    return read_labelled(path, info, text_column, text_pair_column, every_input=True, log=log)._replace(
+        answers=None, unpredicted=())
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  every_input: bool = False, log=print, rows: list | None = None):
-    """(questions, contexts, QAExamples) from SQuAD JSON with answers, else None: the answered questions, or
-    with `every_input` every question, None in place of an unanswered one's example. The examples run past the
-    questions by those skipped (`squad_inputs`) that carry answers: nothing is predicted for them, and each
-    scores 0 in the figures, as the official evaluate-v1.1.py counts every question of the file and gives an
-    unanswered one 0 (they were left out of the count: exact match over 79 of 80 questions)."""
+                  every_input: bool = False, log=print) -> Inputs | None:
+    """The questions of a SQuAD file with answers (`QAExample`s), else None: the answered questions, or with
+    `every_input` every question, None in place of an unanswered one's example (and a file without answers, or a
+    table, read all the same, answers None). A file is parsed once, its skipped questions said once. Those skipped
+    (`squad_inputs`) that carry answers are the `unpredicted`: nothing is predicted for them, and each scores 0 in
+    the figures, as the official evaluate-v1.1.py counts every question of the file and gives an unanswered one 0
+    (they were left out of the count: exact match over 79 of 80 questions)."""
     if not is_squad(path):
+        return read_text_columns(path, text_column or "question", text_pair_column or "context",
+                                 log=log) if every_input else None
+    examples, skipped = squad_inputs(path, log)
+    answered = [e if e.answers or e.is_impossible else None for e in examples]
+    unpredicted = tuple(e for e in skipped if e.answers or e.is_impossible)
+    if not (any(answered) or unpredicted or every_input):
         return None
-    questions, contexts, examples, _ = read_all(path, info, log=log)
-    if examples is None:
-        return None
-    n = len(questions)
-    kept = [i for i in range(n) if every_input or examples[i] is not None]
-    return [questions[i] for i in kept], [contexts[i] for i in kept], [examples[i] for i in kept] + examples[n:]
+    kept = [i for i, e in enumerate(answered) if every_input or e is not None]
+    return Inputs([examples[i].question for i in kept], [examples[i].context for i in kept],
+                  [answered[i] for i in kept] if any(answered) or unpredicted else None,
+                  [examples[i].id for i in kept], unpredicted=unpredicted)

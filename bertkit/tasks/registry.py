@@ -17,16 +17,15 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
     predict            (run, tokenizer, texts, pairs, info, labels) -> one dict per input; `run(features)`
                        is the model run over features (bertkit.tasks.batching), so no training code is needed
     read_inputs, read_labelled, score, answers
-                       a file's inputs; its inputs with the answers (evaluate mode: answers past the inputs are
-                       inputs the reader skipped, scored with None for a prediction: SQuAD's unanswered 0); their
-                       metrics; what the answers look like (for messages). The readers (and read_all) take `rows=`
-                       (a list): given a table's rows as read, one per input (predict writes their columns back)
+                       a file's inputs; its inputs with the answers (None where it carries none; with every_input,
+                       evaluate mode's one reading: every input, answers None where there are none); their metrics;
+                       what the answers look like (for messages). The readers return what they read as
+                       `bertkit.data.tables.Inputs`: the texts, pairs, answers, the inputs' ids where the file names
+                       them (SQuAD's: predict writes them as its last column), a table's rows (predict writes their
+                       columns back) and the answers of inputs the reader skipped (`unpredicted`: scored with None
+                       for a prediction, SQuAD's unanswered 0)
     answer_labels      (labels, info) -> the label names its predictions use where a model's info changes them from
                        config.json's (an IOB1 tagger answers I-X for the B-X it was trained on): what /info lists
-    read_all           (path, info, text_column, text_pair_column, log) -> (texts, pairs, read_labelled's answers
-                       with every_input or None, the inputs' ids or None) from one reading of the file, for a task
-                       whose files name their inputs (SQuAD's question ids: predict writes them as its last column);
-                       without it predict asks read_labelled, then read_inputs
     report             the run's final metrics -> the lines `bertkit finetune` prints
     tables             a scored set's metrics -> the lines under its figures (per label and the confusion matrix;
                        per entity type), in finetune's report and predict's evaluate mode alike
@@ -92,7 +91,6 @@ class Task:
     predict: Callable | None = None
     read_inputs: Callable | None = None
     read_labelled: Callable | None = None
-    read_all: Callable | None = None
     answer_labels: Callable | None = None
     score: Callable | None = None
     answers: str = ""  # {label}: the label column
@@ -320,7 +318,7 @@ TASKS = {t.name: t for t in (
               "is the best start and end piece; scored by SQuAD's exact match and F1, the answers written to "
               "OUTPUT/dev_predictions.json (id -> answer, the official evaluation script's input).",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
-         read_all=qa.read_all, score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True,
+         score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True,
          second="a context", labelled=False,
          windows=True, no_answer=True, inputs="questions", raw_scores=True),  # an answer's score: start + end logits
     # the issue's reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5

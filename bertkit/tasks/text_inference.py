@@ -27,8 +27,8 @@ import warnings
 
 import numpy as np
 
-from bertkit.data.tables import (TextExample, check_known_labels, first_row, one_text_per_line, read_text_columns,
-                                 read_text_examples, read_text_lines, text_column_of)
+from bertkit.data.tables import (Inputs, TextExample, check_known_labels, first_row, one_text_per_line,
+                                 read_text_columns, read_text_examples, read_text_lines, text_column_of)
 from bertkit.metrics import tasks as M
 from bertkit.model.config import MULTI_LABEL, REGRESSION
 
@@ -234,46 +234,44 @@ def score_answers(preds: list[dict], examples: list[TextExample], info: dict, na
 
 # --- files -----------------------------------------------------------------
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None,
-                log=print, rows: list | None = None) -> tuple[list[str], list[str] | None]:
-    """Texts (and pairs) from a table, in the columns the model was trained on unless given; a .txt file
-    without a header naming the text column is one text per line. `rows`: given a table's rows read (one per text)."""
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> Inputs:
+    """The texts (and pairs) of a table, in the columns the model was trained on unless given, with its rows; a .txt
+    file without a header naming the text column is one text per line."""
     pcol = text_pair_column or info.get("text_pair_column")
     if not pcol and one_text_per_line(path, text_column or info.get("text_column") or "sentence"):
-        return read_text_lines(path), None
+        return Inputs(read_text_lines(path))
     tcol = text_column_of(path, text_column or info.get("text_column"), (info.get("label_column"),), log)
-    return read_text_columns(path, tcol, pcol, log=log, rows=rows)
+    return read_text_columns(path, tcol, pcol, log=log)
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  problem_type: str, every_input: bool = False, log=print, rows: list | None = None):
-    """(texts, pairs, TextExamples) from a table with a label column, or None when it has none or every
-    label cell is empty: the labelled rows, or with `every_input` every row, None in place of an unlabelled
-    row's example (evaluate mode predicts them all and scores the labelled)."""
+                  problem_type: str, every_input: bool = False, log=print) -> Inputs | None:
+    """A table's inputs with their labels (`TextExample`s), or None when it has no label column or every label
+    cell is empty: the labelled rows, or with `every_input` every row, None in place of an unlabelled row's
+    example (evaluate mode predicts them all and scores the labelled). With `every_input` the inputs all the same
+    where there are no labels (answers None): a table whose label column is empty is read once, not again by
+    `read_inputs`."""
     lcol = (label_column or info.get("label_column")
             or ("labels" if problem_type == MULTI_LABEL else "label"))
     if lcol not in first_row(path):
-        return None
-    chosen = []  # the column chosen for the texts is said once: here if labelled, else by read_inputs
+        return read_inputs(path, info, text_column, text_pair_column, log) if every_input else None
+    chosen = []  # the column chosen for the texts is said once: here if the rows are kept, else by read_inputs
     tcol = text_column_of(path, text_column or info.get("text_column"), (lcol,), chosen.append)
     pcol = text_pair_column or info.get("text_pair_column")
     examples, report = read_text_examples(path, text_column=tcol, text_pair_column=pcol, label_column=lcol,
                                           problem_type=problem_type, label_separator=info.get("label_separator", ","),
-                                          keep_unlabelled=True, rows=rows)
-    if all(e.label in (None, []) for e in examples):  # a column left empty (multi-label's [] included)
+                                          keep_unlabelled=True, keep_cells=True)
+    unlabelled = all(e.label in (None, []) for e in examples)  # a column left empty (multi-label's [] included)
+    if unlabelled and not every_input:
         return None
     for line in chosen:
         log(line)
-    answered = [e if e.label is not None else None for e in examples]
+    answered = None if unlabelled else [e if e.label is not None else None for e in examples]
     if not every_input:
-        if rows is not None:  # one per example still
-            rows[:] = [row for row, e in zip(rows, answered) if e is not None]
         report.skipped["missing labels"] += answered.count(None)
         examples = answered = [e for e in answered if e is not None]
         report.kept = len(examples)
     if report.skipped:
         log(report.summary())
     pairs = [e.text_pair for e in examples] if pcol else None
-    return [e.text for e in examples], pairs, answered
-
-
+    return Inputs([e.text for e in examples], pairs, answered, rows=[e.cells for e in examples])
