@@ -37,6 +37,21 @@ def tiny():
     return model, Tokenizer.from_pretrained()
 
 
+@pytest.fixture
+def collect():
+    """gc.collect over what the test makes: everything alive before it is frozen first (gc.freeze), so a
+    collection skips the suite's imported modules and objects. A full collection in a worker that has run
+    many test files took 0.3-0.5 s, and the tests below collect once per batch or row (30 collections: ~10 s
+    a test). Cycles among the objects made since are collected as before; the frozen ones when it ends."""
+    import gc
+
+    gc.freeze()
+    try:
+        yield gc.collect
+    finally:
+        gc.unfreeze()
+
+
 def hidden_states(pair, text, text_pair=None):
     """All L+1 hidden states of one text, run alone: [L+1, T, H]."""
     model, tok = pair
@@ -140,10 +155,9 @@ def test_streaming_reads_lazily_and_keeps_order(tiny):
     np.testing.assert_allclose(np.stack([first, *rest]), embed(texts, tiny), atol=2e-5)
 
 
-def test_embed_copies_each_vector_into_its_result_and_keeps_no_other(tiny, monkeypatch):
+def test_embed_copies_each_vector_into_its_result_and_keeps_no_other(tiny, monkeypatch, collect):
     # bertkit.embed listed every row, then np.stack copied them: the vectors were held twice at the end (the
     # default model's 1M texts: 1.5 GB of rows and a 1.5 GB array); a row no longer needed is now let go
-    import gc
     import weakref
 
     import bertkit.embeddings.features as features
@@ -153,7 +167,7 @@ def test_embed_copies_each_vector_into_its_result_and_keeps_no_other(tiny, monke
 
     def rows(*args, **kwargs):
         for row in real(*args, **kwargs):
-            gc.collect()
+            collect()
             kept.append(sum(ref() is not None for ref in refs))  # earlier rows still alive when this one comes
             row = row.copy()
             refs.append(weakref.ref(row))
@@ -270,13 +284,12 @@ def test_long_input_takes_each_token_from_its_max_context_window(tiny):
 
 
 @pytest.mark.parametrize("pooling", [None, "words", "mean"])
-def test_a_chunk_lets_go_of_each_texts_windows_once_the_text_is_put_together(tiny, monkeypatch, pooling):
+def test_a_chunk_lets_go_of_each_texts_windows_once_the_text_is_put_together(tiny, monkeypatch, collect, pooling):
     """A chunk's windows were all held until its last forward pass, then stitched and pooled: per-token vectors of
     long texts took ~3x the chunk's output in memory (`bertkit embed long160.txt --pooling none --max-length 256`:
     maxrss 803 MB for 40 texts of 800 words, 1,336 MB for 160; the windows overlap by half, and the stitched copy
     comes on top). Each text is now stitched and pooled as soon as its last window has run, and its windows let go:
     at the last forward pass only the windows of texts not yet whole are alive. The vectors are unchanged."""
-    import gc
     import weakref
 
     import bertkit.embeddings.features as features
@@ -286,7 +299,7 @@ def test_a_chunk_lets_go_of_each_texts_windows_once_the_text_is_put_together(tin
     real, made, alive_at_last = features.run_batch, [], []
 
     def run_batch(model, pieces, *args):
-        gc.collect()
+        collect()
         alive_at_last[:] = [ref for ref, _ in made if ref() is not None]
         out = real(model, pieces, *args)
         made.extend((weakref.ref(v), p.item) for v, p in zip(out, pieces))
