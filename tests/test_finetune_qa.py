@@ -14,7 +14,8 @@ import pytest
 from bertkit.errors import BertkitError
 from bertkit.data.squad import read_squad
 from bertkit.data.tables import QAExample
-from bertkit.tasks.qa import QAConfig, finetune_qa
+from bertkit.tasks.config import QAConfig
+from bertkit.tasks.qa import finetune_qa
 from bertkit.tasks.reports import qa_report
 from bertkit.tasks.qa_inference import best_answers, char_to_pieces, locate_answer, make_features, score_answers
 from bertkit.text.tokenizer import Tokenizer

@@ -21,7 +21,8 @@ from bertkit.errors import BertkitError
 from bertkit.tasks.classification import TextTaskConfig, finetune_text
 from bertkit.tasks.ner import NerConfig, finetune_ner
 from bertkit.tasks.predict import predict, predict_file
-from bertkit.tasks.qa import QAConfig, finetune_qa
+from bertkit.tasks.config import QAConfig
+from bertkit.tasks.qa import finetune_qa
 from test_finetune import FILL, NEG, POS, fast, sentiment_run, tiny, write_tsv  # noqa: F401
 from test_finetune_ner import ner_file
 from test_finetune_qa import squad_file

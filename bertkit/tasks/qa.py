@@ -15,24 +15,26 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from bertkit.data.squad import read_squad
 from bertkit.errors import BertkitError
-from bertkit.tasks.config import QAConfig
 from bertkit.tasks.batching import run_model
-from bertkit.tasks.qa_inference import SETTINGS, best_answers, make_features, read_squad, score  # its input files
+from bertkit.tasks.qa_inference import SETTINGS, best_answers, make_features, score
 from bertkit.tasks.registry import task_for
 from bertkit.tasks.run import load_head, load_tokenizer, saver, settle, write_json, write_lines
 from bertkit.tasks.trainer import train
 from bertkit.model.heads import BertForQuestionAnswering
 
 
-def answer(model, tok, examples, cfg: QAConfig, progress=False) -> list[dict]:
+def answer(model, tok, examples, cfg, progress=False) -> list[dict]:
+    """Each example's answer (`best_answers`) read as `cfg` (a `bertkit.tasks.config.QAConfig`) says."""
     feats, _ = make_features(tok, examples, cfg, training=False)
     out = run_model(model, feats, cfg.training.eval_batch_size, outputs=("start_logits", "end_logits"),
                     per_token=True, progress=progress, desc="eval")
     return best_answers(examples, feats, out["start_logits"], out["end_logits"], cfg)
 
 
-def finetune_qa(cfg: QAConfig, log=print, speed=None) -> dict:
+def finetune_qa(cfg, log=print, speed=None) -> dict:
+    """Fine-tune as `cfg` (a `bertkit.tasks.config.QAConfig`) says; the final metrics (metrics.json's)."""
     settle(cfg, log)
     tcfg = cfg.training
     task_for(cfg).settle_metric(cfg)
