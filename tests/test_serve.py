@@ -254,6 +254,40 @@ def test_truncate_cuts_at_the_input_limit(servers, dirs):
     assert status == 413 and "has more than" in answer["error"] and "over the limit of 24" in answer["error"], answer
 
 
+def test_each_answer_counts_the_inputs_the_model_read_cut(servers, dirs, transformers_mod):
+    """A text past the input limit was cut with no word in the answer (/embed, /v1/embeddings, /predict,
+    /rerank): each answer of a route that cuts now says how many of its inputs the model read cut, in the
+    X-Truncated-Inputs header (0: none; /v1/embeddings' usage too), and /metrics counts them. Reference: each
+    input's length by transformers' tokenizer, uncut, against the limit (the main server's --max-input-length
+    24; the pair model's max_length 32); the NER and QA models read a long input whole, in windows: 0."""
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(dirs["encoder"]))
+    texts = [*TEXTS, " ".join(["weather"] * 30), "the cat " * 100]
+    over = sum(len(fast(t)["input_ids"]) > 24 for t in texts)
+    assert 0 < over < len(texts)
+    port, counted = servers["main"].port, 'bertkit_serve_truncated_inputs_total{endpoint="/embed"}'
+    before = metric(port, counted)
+    status, headers, _ = post(port, "/embed", {"inputs": texts})
+    assert status == 200 and headers["x-truncated-inputs"] == str(over)
+    assert metric(port, counted) == before + over
+    status, headers, body = post(port, "/v1/embeddings", {"input": texts})
+    assert status == 200 and headers["x-truncated-inputs"] == str(over) == str(body["usage"]["truncated_inputs"])
+    assert post(port, "/embed", {"inputs": TEXTS[:2]})[1]["x-truncated-inputs"] == "0"
+
+    pair = transformers_mod.BertTokenizerFast.from_pretrained(str(dirs["pair"]))
+    first, second = ["the movie was good .", "it was bad", "mary went"], ["it was fine .", "day " * 40, "paris " * 9]
+    over = sum(len(pair(a, b)["input_ids"]) > 32 for a, b in zip(first, second))
+    assert 0 < over < len(first)
+    status, headers, _ = post(servers["pair"].port, "/predict", {"inputs": first, "pairs": second}, {})
+    assert status == 200 and headers["x-truncated-inputs"] == str(over)
+    over = sum(len(pair(first[0], t)["input_ids"]) > 32 for t in second)
+    status, headers, _ = post(servers["pair"].port, "/rerank", {"query": first[0], "texts": second}, {})
+    assert status == 200 and headers["x-truncated-inputs"] == str(over)
+    status, headers, _ = post(servers["ner"].port, "/predict", {"inputs": ["john went to paris " * 10]}, {})
+    assert status == 200 and headers["x-truncated-inputs"] == "0"  # longer than 16: read in windows
+    status, headers, _ = post(servers["qa"].port, "/predict", {"inputs": ["who ?"], "pairs": ["paris " * 40]}, {})
+    assert status == 200 and headers["x-truncated-inputs"] == "0"
+
+
 def test_a_text_gets_the_same_vector_alone_and_in_a_crowded_batch(servers):
     alone = {}
     for text in TEXTS:  # one text per request on the main server (same model and layers, no batch window)

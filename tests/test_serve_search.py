@@ -91,6 +91,18 @@ def test_each_mode_answers_as_bertkit_search_json(servers, made, capsys, mode):
                         atol=1e-5 if mode == "hybrid" else 1e-6)
 
 
+def test_search_counts_the_queries_the_model_read_cut(servers, made, transformers_mod):
+    """A /search query longer than the index's passages (48 tokens) was cut as they were, and the answer said
+    nothing (`bertkit search` warns): the X-Truncated-Inputs header counts such queries where the model embeds
+    them; lexical, BM25 alone, reads them whole: 0. Reference: transformers' count of each query, uncut."""
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(made["tiny"]))
+    over = sum(len(fast(q)["input_ids"]) > 48 for q in QUERIES)
+    assert over == 1
+    for mode, cut in (("dense", over), ("hybrid", over), ("lexical", 0)):
+        status, headers, _ = call(servers["search"].port, "POST", "/search", {"query": QUERIES, "k": 2, "mode": mode})
+        assert status == 200 and headers["x-truncated-inputs"] == str(cut), mode
+
+
 def test_a_mode_the_index_lacks_is_refused_in_one_line(made):
     from bertkit.retrieval.index import open_index
     from bertkit.serve.runner import InputError, Searcher

@@ -36,7 +36,9 @@ other than null is refused (no prompts are applied); "raw_scores": true is refus
 probabilities and taken where they are the head's output as it is (a regression's, a QA answer's). "truncate": false
 refuses (413) an input longer than the limit where "truncate": true, the default, cuts it there, as TEI
 does with --auto-truncate: the embeddings' input limit (the model's sentence-transformers max_seq_length,
-or --max-input-length), the fine-tuned model's max_length (an input it reads in windows is never cut).
+or --max-input-length), the fine-tuned model's max_length (an input it reads in windows is never cut). Every
+answer of a route that cuts says how many of its inputs were read cut: the X-Truncated-Inputs header (`TRUNCATED`;
+/v1/embeddings' usage too, as "truncated_inputs"), counted by /metrics.
 
 Every request is checked before it is queued (JSON, types, empty inputs, the
 token limit), so a bad request costs no model time and never reaches a batch.
@@ -97,6 +99,10 @@ FIELDS = {
     "/rerank": ("query", "texts", "return_text", "truncate", "truncation_direction", "raw_scores"),
     "/search": ("query", "k", "rerank", "mode"),
 }
+# how many of a request's inputs the model read cut at its input limit, on every answer of a route that cuts (0
+# when none): a long text's answer is its head's, and a bare-list answer (TEI's shape) has no room for a field, so
+# the count rides in a header, as text-embeddings-inference sends its x-compute-tokens beside such answers
+TRUNCATED = "X-Truncated-Inputs"
 
 
 @dataclass
@@ -165,12 +171,13 @@ def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
 
     async def wrapped(request):
         svc = service(request)
-        start, n_inputs = time.perf_counter(), 0
+        start, n_inputs, cut = time.perf_counter(), 0, 0
         try:
             if keyed:
                 check_key(request, svc.settings)
             response, n_inputs = await handler(request)
             check_answer(len(response.body), svc.settings.max_answer_bytes)
+            cut = int(response.headers.get(TRUNCATED, 0))
         except ApiError as err:
             if err.status != 408:  # a body that timed out is not coming: nothing to drain
                 await discard_body(request)
@@ -187,10 +194,15 @@ def endpoint(name: str, handler, openai: bool = False, keyed: bool = True):
         except Exception as err:  # a bug, not the client's fault: log it, answer 500, keep serving
             log.exception("error while answering %s", name)
             response = error_response(500, f"internal error: {type(err).__name__}: {err}", openai)
-        svc.metrics.request_done(name, response.status_code, time.perf_counter() - start, n_inputs)
+        svc.metrics.request_done(name, response.status_code, time.perf_counter() - start, n_inputs, cut)
         return response
 
     return wrapped
+
+
+def answer(body, cut: int) -> JSONResponse:
+    """The JSON answer of a route that may cut its inputs, with the count of those it cut (`TRUNCATED`)."""
+    return JSONResponse(body, headers={TRUNCATED: str(cut)})
 
 
 async def encode(svc: Service, texts: list, field: str | None, **options) -> list:
@@ -205,15 +217,17 @@ async def encode(svc: Service, texts: list, field: str | None, **options) -> lis
 
 
 async def check_pair_tokens(svc: Service, queries: list, data: dict,
-                            names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`")) -> None:
+                            names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`")) -> int:
     """/predict and /rerank: TEI's options checked (`truncate`: false refuses an input the model would cut),
     and the tokens the model will read, counted off the event loop, within the limit (`names`: the request's
-    fields for a text and its pair, to name one that yields no tokens or is too long)."""
+    fields for a text and its pair, to name one that yields no tokens or is too long); returns how many
+    inputs the model reads cut."""
     direction_field(data)
     raw_scores_field(data, svc.runner.record.raw_scores, svc.runner.task, svc.runner.record.entities)
     cut = flag_field(data, "truncate", True)
-    total = await asyncio.to_thread(svc.runner.count_tokens, queries, names, cut)
+    total, was_cut = await asyncio.to_thread(svc.runner.count_tokens, queries, names, cut)
     check_tokens(total, svc.settings.max_request_tokens)
+    return was_cut
 
 
 # --- the routes ---------------------------------------------------------------------
@@ -241,9 +255,10 @@ async def openai_embeddings(request):
     items = [{"object": "embedding", "index": i,
               "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v}
              for i, v in enumerate(vectors)]
+    cut = sum(r.cut for r in rows)  # OpenAI's usage, and how many inputs were read cut (also in the header)
     body = {"object": "list", "data": items, "model": runner.name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-    return JSONResponse(body), len(texts)
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": cut}}
+    return answer(body, cut), len(texts)
 
 
 async def tei_embed(request):
@@ -258,7 +273,7 @@ async def tei_embed(request):
     dims = svc.runner.check_dimensions(data.get("dimensions"))
     rows = await encode(svc, texts, "inputs", truncate=flag_field(data, "truncate", True))
     vectors = await run(request, rows, [len(r.input_ids) for r in rows])
-    return JSONResponse(leading(vectors, dims, normalize)), len(texts)
+    return answer(leading(vectors, dims, normalize), sum(r.cut for r in rows)), len(texts)
 
 
 async def tokenize(request):
@@ -303,14 +318,15 @@ async def search(request):
         count, exact = await asyncio.to_thread(whole_tokens, svc.runner.tok, queries, limit)
         check_tokens(count, limit, exact)
     if mode == "lexical":  # BM25 alone: no query vector to make (the rows are placeholders the scan ignores)
-        vectors = np.zeros((len(queries), int(searcher.index.info["dim"])), np.float32)
-    else:
+        vectors, cut = np.zeros((len(queries), int(searcher.index.info["dim"])), np.float32), 0  # BM25 reads all
+    else:  # a query longer than the index's passages is cut as they were (`bertkit search` says so too)
         rows = await encode(svc, queries, None, truncate=True, max_length=searcher.max_length)
         vectors = np.stack(leading(await run(request, rows, [len(r.input_ids) for r in rows]), None, normalize=True))
+        cut = sum(r.cut for r in rows)
     answers = await svc.scans.scan(vectors, searcher.depth(k, rerank_them), queries, mode)
     if rerank_them:  # off the event loop: torch releases the GIL
         answers = await asyncio.to_thread(searcher.rerank, queries, answers)
-    return JSONResponse([[h.to_dict() for h in hits[:k]] for hits in answers]), len(queries)
+    return answer([[h.to_dict() for h in hits[:k]] for hits in answers], cut), len(queries)
 
 
 def most_tokens(texts: list) -> int:
@@ -346,9 +362,9 @@ async def predict(request):
     if pairs is not None and len(pairs) != len(texts):
         raise InputError(f"{len(texts)} inputs but {len(pairs)} pairs: give one pair per input")
     queries = svc.runner.check([Query(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)])
-    await check_pair_tokens(svc, queries, data)
+    cut = await check_pair_tokens(svc, queries, data)
     preds = await run(request, queries, [1] * len(queries))
-    return JSONResponse(plain(preds)), len(texts)
+    return answer(plain(preds), cut), len(texts)
 
 
 async def rerank(request):
@@ -363,12 +379,12 @@ async def rerank(request):
     check_inputs(len(texts), svc.settings.max_client_batch_size, "texts")
     return_text = flag_field(data, "return_text", False)
     queries = [Query(query, t) for t in texts]
-    await check_pair_tokens(svc, queries, data, ("`query`", "`texts[{i}]`"))
+    cut = await check_pair_tokens(svc, queries, data, ("`query`", "`texts[{i}]`"))
     preds = await run(request, queries, [1] * len(texts))
     scores = [svc.runner.rerank_score(p) for p in preds]
     ranked = sorted(range(len(texts)), key=lambda i: -scores[i])
     out = [{"index": i, "score": scores[i], **({"text": texts[i]} if return_text else {})} for i in ranked]
-    return JSONResponse(out), len(texts)
+    return answer(out, cut), len(texts)
 
 
 async def health(request):

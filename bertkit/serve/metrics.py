@@ -61,6 +61,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.requests = {}  # (endpoint, status) -> count
         self.inputs = {}  # endpoint -> texts answered
+        self.truncated = {}  # endpoint -> texts answered that the model read cut at its input limit
         self.latency = {}  # endpoint -> Histogram of seconds
         self.batch_rows = Histogram(SIZE_BUCKETS)
         self.batch_tokens = Histogram(TOKEN_BUCKETS)
@@ -70,13 +71,15 @@ class Metrics:
         self.disconnects = 0
         self.in_flight = 0  # accepted, not yet answered (the admission queue)
 
-    def request_done(self, endpoint: str, status: int, seconds: float, n_inputs: int = 0) -> None:
+    def request_done(self, endpoint: str, status: int, seconds: float, n_inputs: int = 0, truncated: int = 0) -> None:
         with self._lock:
             key = (endpoint, str(status))
             self.requests[key] = self.requests.get(key, 0) + 1
             if status == 200:
                 if n_inputs:
                     self.inputs[endpoint] = self.inputs.get(endpoint, 0) + n_inputs
+                if truncated:
+                    self.truncated[endpoint] = self.truncated.get(endpoint, 0) + truncated
                 self.latency.setdefault(endpoint, Histogram(LATENCY_BUCKETS)).observe(seconds)
 
     def batch_done(self, rows: int, padded_tokens: int, real_tokens: int) -> None:
@@ -112,6 +115,10 @@ class Metrics:
             lines += [f"# HELP {p}_inputs_total Texts answered with status 200, by endpoint.",
                       f"# TYPE {p}_inputs_total counter"]
             lines += [f"{p}_inputs_total{_labels({'endpoint': e})} {n}" for e, n in sorted(self.inputs.items())]
+            lines += [f"# HELP {p}_truncated_inputs_total Texts answered with status 200 that the model read cut at its "
+                      "input limit, by endpoint.", f"# TYPE {p}_truncated_inputs_total counter"]
+            lines += [f"{p}_truncated_inputs_total{_labels({'endpoint': e})} {n}"
+                      for e, n in sorted(self.truncated.items())]
             lines += [f"# HELP {p}_queue_depth Requests accepted and not yet answered (waiting or in a batch).",
                       f"# TYPE {p}_queue_depth gauge", f"{p}_queue_depth {self.in_flight}",
                       f"# HELP {p}_client_disconnects_total Requests whose client left before the answer.",

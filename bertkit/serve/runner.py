@@ -67,6 +67,7 @@ class Row:
 
     input_ids: list
     token_type_ids: list
+    cut: bool = False  # the text was longer than the input limit and is read cut there (the answer counts these)
 
 
 def check_text(text, where: str) -> str:
@@ -172,23 +173,27 @@ class EmbeddingModel:
         return dims
 
     def encode(self, texts: list, truncate: bool, max_length: int | None = None) -> list:
-        """Rows for a request's texts; over-long texts are cut (truncate) or refused with 413.
-        max_length: another limit than the server's (an index's queries are cut where its passages were)."""
+        """Rows for a request's texts; an over-long text is cut (truncate: its Row says so, and the answer counts
+        it) or refused with 413. max_length: another limit than the server's (an index's queries are cut where
+        its passages were)."""
         limit = max_length or self.max_length
         rows = []
         for i, text in enumerate(texts):
-            # encode reads a text it cuts only as far as the cut (Tokenizer.head); one it may refuse, as far as
-            # shows it over the limit: not the rest
-            head = text if truncate else self.tok.head(text, limit)
-            enc = self.tok.encode(head, max_length=limit, truncation=truncate)
-            if len(enc.input_ids) > limit:
-                count = len(enc.input_ids) if len(head) == len(text) else f"more than {len(enc.input_ids)}"
+            # read only as far as shows a text over the limit (Tokenizer.head), not the rest of a long one
+            head = self.tok.head(text, limit)
+            enc = self.tok.encode(head, max_length=limit, truncation=False)
+            ids, types = list(enc.input_ids), list(enc.token_type_ids)
+            cut = len(ids) > limit
+            if cut and not truncate:
+                count = len(ids) if len(head) == len(text) else f"more than {len(ids)}"
                 raise InputError(
                     f"input {i} has {count} tokens, over the limit of {limit} "
                     "(--max-input-length): shorten it, or leave truncate at true", status=413)
-            if len(enc.input_ids) <= 2:
+            if len(ids) <= 2:
                 raise InputError(f"input {i} yields no tokens: it holds only characters BERT drops")
-            rows.append(Row(list(enc.input_ids), list(enc.token_type_ids)))
+            if cut:  # [CLS], the first limit - 2 pieces, [SEP]: a single text as truncation cuts it
+                ids, types = [*ids[: limit - 1], ids[-1]], types[:limit]
+            rows.append(Row(ids, types, cut))
         return rows
 
     def run_jobs(self, jobs: list) -> list:
@@ -237,7 +242,7 @@ class StaticEncoder(EmbeddingModel):
                                  "shorten it, or leave truncate at true", status=413)
             if n == 0:
                 raise InputError(f"input {i} yields no tokens: it holds only characters BERT drops")
-            rows.append(Row(ids[pos : pos + min(n, limit)], []))
+            rows.append(Row(ids[pos : pos + min(n, limit)], [], n > limit))
             pos += n
         return rows
 
@@ -422,8 +427,9 @@ class TaskModel:
                 raise InputError(f"this {self.task} model takes single texts: leave out `pairs`")
         return queries
 
-    def count_tokens(self, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`"), cut: bool = True) -> int:
-        """The tokens the model reads for these inputs (--max-request-tokens counts them): per input its text's
+    def count_tokens(self, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`"), cut: bool = True) -> tuple[int, int]:
+        """(the tokens the model reads for these inputs, how many of them it reads cut). The tokens (what
+        --max-request-tokens counts): per input its text's
         and its pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts
         them, or all of them when it reads a long input in windows (QA's contexts, NER's sentences, a single
         text when the model was trained with --stride; the windows' overlap is not counted); a cut text is read
@@ -439,7 +445,7 @@ class TaskModel:
         _, lengths = self.tok.ids_batch([text for text, _ in heads])
         paired = [pair for _, pair in heads if pair is not None]
         pair_lengths = iter(self.tok.ids_batch(paired)[1] if paired else [])
-        total = 0
+        total = was_cut = 0
         for i, (q, n, w) in enumerate(zip(queries, lengths, whole)):
             m = None if q.pair is None else next(pair_lengths)
             if n == 0 or m == 0:
@@ -448,7 +454,8 @@ class TaskModel:
             if not (cut or w or n <= self.max_length):
                 self._too_long(i, q, n, heads[i], names)
             total += n if w else min(n, self.max_length)
-        return total
+            was_cut += not w and n > self.max_length
+        return total, was_cut
 
     def _too_long(self, i: int, query: Query, n: int, heads: tuple, names: tuple) -> None:
         where = names[0].format(i=i) + ("" if query.pair is None else " with " + names[1].format(i=i))
