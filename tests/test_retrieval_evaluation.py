@@ -116,6 +116,28 @@ def test_pipeline_equals_numpy_and_pytrec_eval(small_scifact, tiny_dir):
     assert ours["recall@100"] == pytest.approx(mean["recall_100"], abs=1e-6)
 
 
+def test_documents_and_queries_read_cut_are_counted_and_said(small_scifact, tiny_dir, transformers_mod, tmp_path):
+    """Without --index the corpus is embedded cut at the model's max length (as MTEB embeds it), and a 700-token
+    abstract was ranked by its first 256 tokens without a word: one warning now counts the documents (and queries)
+    read cut, and the result records them. Reference: transformers' count of each text, uncut, against 24."""
+    import shutil
+
+    folder = tmp_path / "with_short"
+    shutil.copytree(small_scifact, folder)
+    with open(folder / "corpus.jsonl", "a", encoding="utf-8") as f:  # beside abstracts of 100 tokens and more
+        f.write('{"_id": "short", "title": "A note", "text": "Vitamin D and bones."}\n')
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(tiny_dir))
+    data = load_beir(folder, "test")
+    documents = sum(len(fast(document_text(doc))["input_ids"]) > 24 for doc in data.corpus.values())
+    queries = sum(len(fast(q)["input_ids"]) > 24 for q in data.queries.values())
+    assert 0 < documents < len(data.corpus) and 0 < queries < len(data.queries)
+    with pytest.warns(UserWarning, match=rf"^{documents} of {len(data.corpus)} documents and {queries} of "
+                      rf"{len(data.queries)} queries are longer than the 24 tokens the model reads") as said:
+        result = evaluate_retrieval(str(tiny_dir), folder, "test", max_length=24, progress=False)
+    assert (result["documents_cut"], result["queries_cut"]) == (documents, queries)
+    assert len([w for w in said if "longer than" in str(w.message)]) == 1  # one line, not one per text or batch
+
+
 def test_a_loaded_pair_and_the_bm25_baseline(small_scifact, tiny_dir):
     from bertkit.model.modeling import BertModel
     from bertkit.text.tokenizer import Tokenizer

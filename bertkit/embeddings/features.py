@@ -146,16 +146,18 @@ def iter_embed(
     total: int | None = None,
     where=None,
     with_ids: bool = False,
+    on_cut=None,
 ) -> Iterator[np.ndarray]:
     """Yield one result per text, in input order, reading `texts` lazily (`chunk_size` at a time, each chunk's rows
     sorted by length: little padding), with the encoder `loaded` (`load_encoder` or `bertkit.runtime.loading.load`);
     `where(i)` names the i-th text (from 0) in an error about it: file:line. See `embed` for the arguments.
-    with_ids (per-token vectors, pooling=None): yield (vectors [T, D], the T token ids, [CLS]/[SEP] included)."""
+    with_ids (per-token vectors, pooling=None): yield (vectors [T, D], the T token ids, [CLS]/[SEP] included).
+    on_cut(cut, seen): told how many texts were cut at the max length, in place of `say_cut`'s warning."""
     output, word_pooling = _checked(loaded, pooling, normalize, word_pooling, with_ids, batch_size, chunk_size)
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
         check_static_options(pooling, layers, pairs, stride, combine)
         yield from _static_rows(texts, loaded, normalize, static_cut(loaded, max_length, truncate), chunk_size,
-                                progress, total, where)
+                                progress, total, where, on_cut)
         return
     # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does
     net, tok = getattr(loaded.model, "base_model", loaded.model), loaded.tokenizer
@@ -179,7 +181,8 @@ def iter_embed(
                 vectors, output.pooling, output.normalize, item.token_words, item.n_words, word_pooling))
             for item, row in zip(items, rows):
                 yield (row, item.ids) if with_ids else row  # a windowed text's rows: all its ids, stitched
-        say_cut(was_cut, seen, cut.max_length, asked=truncate is not None)  # once, after the last text
+        tell = on_cut or functools.partial(say_cut, length=cut.max_length, asked=truncate is not None)
+        tell(was_cut, seen)  # once, after the last text
     finally:
         net.train(was_training)
         if bar is not None:
@@ -216,12 +219,13 @@ def _chunks(source: Iterator, size: int) -> Iterator[tuple[int, list]]:
         start += len(chunk)
 
 
-def _static_rows(texts, loaded: Loaded, normalize, cut, chunk_size: int, progress: bool, total, where):
+def _static_rows(texts, loaded: Loaded, normalize, cut, chunk_size: int, progress: bool, total, where, on_cut):
     """A static model's vectors (`bertkit.embeddings.static`) with each text cut at `cut` (`static_cut`; None:
-    whole), with the progress bar iter_embed shows."""
+    whole), with the progress bar iter_embed shows; on_cut(cut, seen) (or None) told the count as iter_embed tells it
+    (no warning without one yet: a static model's folder cut is not said)."""
     with tqdm(total=total, unit="text", desc="embed", disable=not progress) as bar:
         yield from iter_static(texts, loaded, normalize, max_length=NO_CUT if cut is None else cut,
-                               chunk_size=chunk_size, bar=bar, where=where)
+                               chunk_size=chunk_size, bar=bar, where=where, on_cut=on_cut)
 
 
 def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar, finish) -> list:

@@ -91,16 +91,20 @@ def no_tokens(text: str, where: str | None = None) -> BertkitError:
 
 
 def iter_static(texts: Iterable, loaded, normalize: bool | None = None, *, max_length: int | None = None,
-                chunk_size: int = 1024, bar=None, where=None) -> Iterator[np.ndarray]:
+                chunk_size: int = 1024, bar=None, where=None, on_cut=None) -> Iterator[np.ndarray]:
     """One vector [D] per text, in order, `chunk_size` texts tokenised and averaged at a time.
     normalize: None follows the folder (a Normalize module, model2vec's normalize); where(i) names the
-    i-th text (from 0) in an error about it (see `bertkit.embeddings.features.iter_embed`)."""
+    i-th text (from 0) in an error about it; on_cut(cut, seen): told after the last text how many were cut at
+    max_length (see `bertkit.embeddings.features.iter_embed`)."""
     model, tok = loaded.model, loaded.tokenizer
     normalize = model.config.normalize if normalize is None else bool(normalize)
-    texts, start = iter(texts), 0
+    limit = model.config.max_length if max_length is None else max_length
+    texts, start, cut = iter(texts), 0, 0
     while True:
         chunk = list(itertools.islice(texts, chunk_size))
         if not chunk:
+            if on_cut is not None:
+                on_cut(cut, start)
             return
         for text in chunk:
             if not isinstance(text, str):
@@ -111,7 +115,7 @@ def iter_static(texts: Iterable, loaded, normalize: bool | None = None, *, max_l
         for k, (text, n) in enumerate(zip(chunk, lengths)):  # as a transformer and the server: no zero vector
             if n == 0:
                 raise no_tokens(text, where(start + k) if where else None)
-        start += len(chunk)
+        start, cut = start + len(chunk), cut + (0 if limit is None else sum(n > limit for n in lengths))
         vectors = static_vectors(model, ids, lengths, max_length)
         if normalize:  # as torch's F.normalize (sentence-transformers' Normalize): norms below 1e-12 taken as 1e-12
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)

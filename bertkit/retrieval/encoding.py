@@ -92,9 +92,11 @@ def has_tokens(text: str, tokenizer) -> bool:
 
 
 def encode(texts: list[str], loaded: Loaded, settings: EncodingSettings, *, batch_size: int = 32,
-           chunk_size: int = 1024, progress: bool = False, names=None) -> np.ndarray:
+           chunk_size: int = 1024, progress: bool = False, names=None, on_cut=None) -> np.ndarray:
     """Unit-length sentence vectors [N, D] float32, in the order of `texts`; names(i) names `texts[i]` in an
-    error about it (a text without tokens), e.g. its id in a corpus file.
+    error about it (a text without tokens), e.g. its id in a corpus file; on_cut(cut, seen): told how many texts
+    were longer than `settings.max_length` and embedded cut there (`iter_embed`'s count; else nothing is said:
+    the cut is this module's rule, and its callers say it where it matters).
 
     The texts go to the encoder longest-character-count last (the whole list, as
     sentence-transformers' `encode` sorts it), `chunk_size` at a time, each chunk
@@ -104,9 +106,11 @@ def encode(texts: list[str], loaded: Loaded, settings: EncodingSettings, *, batc
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     rows = iter_embed((texts[i] for i in order), loaded, pooling=settings.pooling, normalize=True,
                       max_length=settings.max_length, truncate=True, batch_size=batch_size, chunk_size=chunk_size,
-                      progress=progress, total=len(texts), where=None if names is None else lambda k: names(order[k]))
+                      progress=progress, total=len(texts), where=None if names is None else lambda k: names(order[k]),
+                      on_cut=on_cut)
     out = None
-    for i, vector in zip(order, rows):
+    for k, vector in enumerate(rows):  # to the end: iter_embed tells on_cut after its last text
+        i = order[k]
         if out is None:
             out = np.empty((len(texts), len(vector)), dtype=np.float32)
         out[i] = vector

@@ -327,12 +327,14 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     # figures with and without --index rank the same documents (refusing it stopped a whole BEIR set for one line)
     doc_ids = [d for d in data.corpus if has_tokens(texts[d], loaded.tokenizer)]
     query_ids = list(data.queries)
-    started = time.perf_counter()
+    started, cut = time.perf_counter(), {}  # documents, queries -> how many the model read cut at max_length
     doc_vectors = encode([texts[d] for d in doc_ids], loaded, settings, batch_size=batch_size, progress=progress,
-                         names=lambda i: f"{data.directory}/corpus.jsonl _id {doc_ids[i]!r}")
+                         names=lambda i: f"{data.directory}/corpus.jsonl _id {doc_ids[i]!r}",
+                         on_cut=lambda n, _: cut.setdefault("documents", n))
     query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size,
-                           names=query_names(data.directory, query_ids))
+                           names=query_names(data.directory, query_ids), on_cut=lambda n, _: cut.setdefault("queries", n))
     seconds = time.perf_counter() - started
+    say_cut(cut, len(doc_ids), len(query_ids), settings.max_length)
     options = fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
 
     def runs_of(queries: dict):  # (dense, lexical): per query, best-first (doc id, score)
@@ -365,10 +367,23 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
               "precision": settings.dtype, "mode": modes[-1], "max_length": settings.max_length,
               "pooling": settings.pooling, "dataset": str(data.directory), "queries": len(query_ids),
               "documents": len(data.corpus), "documents_without_tokens": len(data.corpus) - len(doc_ids),
-              "encode_seconds": round(seconds, 2)}
+              "documents_cut": cut["documents"], "queries_cut": cut["queries"], "encode_seconds": round(seconds, 2)}
     if dimensions:
         result["dimensions"] = {str(d): scored[f"{d} dimensions"] for d in dimensions}
     return _with_modes(result, figures, tuned)
+
+
+def say_cut(cut: dict, documents: int, queries: int, length: int) -> None:
+    """Warn that documents (and queries) longer than the model's max length were embedded cut there, as MTEB and
+    sentence-transformers' evaluator embed them: a 700-token abstract was ranked by its first 256 tokens without a
+    word (`cut`: iter_embed's counts; the result records them as documents_cut and queries_cut)."""
+    if not cut["documents"] and not cut["queries"]:
+        return
+    counted = " and ".join(f"{cut[what]} of {n} {what}" for what, n in (("documents", documents), ("queries", queries))
+                           if cut[what])
+    warnings.warn(f"{counted} are longer than the {length} tokens the model reads (its max length), and it read them "
+                  "cut there, as MTEB does (BM25, in lexical and hybrid mode, reads them whole; bertkit index reads a "
+                  "document whole, in passages: evaluate with --index)", stacklevel=3)
 
 
 def _evaluate_lexical(data, measures) -> dict:
