@@ -663,3 +663,64 @@ def test_describe_reads_config_json_once_so_a_save_landing_meanwhile_cannot_mix_
     saved = describe(folder)  # the file now holds the other model: described as it, whole
     assert (saved.model_type, saved.architecture, saved.task) == ("electra", "ElectraModel", None)
 
+
+@pytest.mark.parametrize("saver", ["save_pretrained", "export onnx"])
+def test_a_model_folders_vocabulary_and_its_settings_are_written_as_one_pair(tmp_path, monkeypatch, saver):
+    """Every model-folder save (finetune, pretrain run, distill layers, finetune embed, save_quantized: each through
+    the model's save_pretrained or the tokenizer's) wrote vocab.txt, then tokenizer_config.json, and export onnx
+    copied them one after the other: a stop between the two (a kill, a full disk) left the new vocab.txt beside the
+    last save's settings, a cased vocabulary read lower-cased. Each save below dies between its two writes of the pair
+    (the second raises, as the vocabulary trainer's test stops it); a model folder holds other files and cannot be
+    swapped whole, so what is left is the old pair or no vocab.txt, which every reader refuses: never a mixed pair."""
+    import bertkit.data.atomic as atomic
+    from bertkit.runtime.export import _copy_beside
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    cased, uncased = Tokenizer(special + ["The", "Cat"], lowercase=False), Tokenizer(special + ["the", "dog", "sat"])
+    folder = tmp_path / "model"
+
+    def save(tok):
+        if saver == "save_pretrained":
+            return tiny().save_pretrained(folder, tokenizer=tok)
+        source = tmp_path / f"source-{tok.lowercase}"  # a model folder, exported over the last export
+        tiny().save_pretrained(source, tokenizer=tok)
+        (folder / "model.onnx").parent.mkdir(exist_ok=True)
+        (folder / "model.onnx").write_bytes(b"an earlier export")
+        _copy_beside(source, folder, tok)
+
+    def pair():
+        vocab, settings = folder / "vocab.txt", folder / "tokenizer_config.json"
+        return (vocab.read_text().split() if vocab.exists() else None,
+                json.loads(settings.read_text())["do_lower_case"] if settings.exists() else None)
+
+    save(cased)
+    old = pair()
+    assert old == (special + ["The", "Cat"], False)
+    real, real_copy, written = atomic.write_through, shutil.copyfile, []
+
+    def stops_at_the_pairs_second_write(path):
+        if Path(path).name in ("vocab.txt", "tokenizer_config.json"):
+            written.append(Path(path).name)
+            if len(written) == 2:
+                raise OSError(28, "No space left on device", str(path))
+
+    def write_through(path, *args, **kwargs):
+        stops_at_the_pairs_second_write(path)
+        return real(path, *args, **kwargs)
+
+    def copyfile(source, target, *args, **kwargs):  # how export onnx copied the pair
+        stops_at_the_pairs_second_write(target)
+        return real_copy(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(atomic, "write_through", write_through)
+    monkeypatch.setattr(shutil, "copyfile", copyfile)
+    with pytest.raises(OSError, match="No space left"):
+        save(uncased)
+    left = pair()
+    assert left == old or left[0] is None, left  # on main: (the new tokens, False)
+    if left[0] is None:
+        with pytest.raises(BertkitError, match="has no vocab.txt"):
+            Tokenizer.from_pretrained(folder)
+    monkeypatch.undo()
+    save(uncased)
+    assert pair() == (special + ["the", "dog", "sat"], True)

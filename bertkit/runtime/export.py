@@ -50,9 +50,11 @@ imported only inside these functions.
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -210,23 +212,38 @@ def _compare(session, model: nn.Module, example: dict, names: tuple[str, ...]) -
     return max(float(np.abs(g - getattr(out, n).numpy()).max()) for g, n in zip(got, names))
 
 
-def _copy_beside(directory: Path, out: Path, model: nn.Module | None = None) -> None:
+def _copy_whole(source: Path, target: Path) -> None:
+    """`source` copied to `target` whole or not at all (`write_through`): shutil.copyfile left a cut file."""
+    write_through(target, partial(shutil.copyfile, source))
+
+
+def _copy_beside(directory: Path, out: Path, tok, model: nn.Module | None = None) -> None:
     """The encoder's config and tokenizer files, and the sentence-transformers layout (its pooling, normalisation
-    and max_seq_length; an older layout's encoder folder flattened into the top), copied beside model.onnx.
-    model: the encoder exported from a folder with a head, described by a config.json of its own (not the head's
-    architecture) and without the head's bertkit_task.json."""
+    and max_seq_length; an older layout's encoder folder flattened into the top), copied beside model.onnx, each
+    whole; vocab.txt with its tokenizer_config.json as one pair (`Tokenizer.save_pretrained`, `tok` the tokenizer
+    read from them: copied one after the other, a stop between them left the new vocab.txt beside the last export's
+    settings). model: the encoder exported from a folder with a head, described by a config.json of its own (not
+    the head's architecture) and without the head's bertkit_task.json."""
     encoder = encoder_folder(directory)
+    pair = ("vocab.txt", "tokenizer_config.json") if (encoder / "vocab.txt").is_file() else ()
     for name in SIDE_FILES:
-        if (encoder / name).is_file() and not (model is not None and name in ("config.json", "bertkit_task.json")):
-            shutil.copyfile(encoder / name, out / name)
+        if (encoder / name).is_file() and name not in pair and not (
+                model is not None and name in ("config.json", "bertkit_task.json")):
+            _copy_whole(encoder / name, out / name)
+    if pair:
+        settings = encoder / "tokenizer_config.json"
+        tok.save_pretrained(out, settings=json.loads(settings.read_text(encoding="utf-8")) if settings.is_file()
+                            else None)
     if model is not None:
         save_config(model, out)
     modules, parts = layout_files(directory)
     for name, source in parts.items():
-        if source.is_dir():
-            shutil.copytree(source, out / name, dirs_exist_ok=True)
-        else:
-            shutil.copyfile(source, out / name)
+        if not source.is_dir():
+            _copy_whole(source, out / name)
+            continue
+        (out / name).mkdir(parents=True, exist_ok=True)  # a Normalize module's folder is empty
+        for file in sorted(f for f in source.rglob("*") if f.is_file()):
+            _copy_whole(file, out / name / file.relative_to(source))
     if modules is not None:
         write_json(out / "modules.json", modules)
 
@@ -269,7 +286,7 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
                                f"export is not faithful, and {path} was not written; report it with the model's "
                                "config.json")
         if directory.resolve() != out.resolve():
-            _copy_beside(directory, out, model if encoder and architecture(directory) != type(model).__name__ else None)
+            _copy_beside(directory, out, tok, model if encoder and architecture(directory) != type(model).__name__ else None)
 
     # model.onnx appears only once ONNX Runtime matched it, its config and tokenizer beside it: it was written
     # first and left behind when the check failed (or the export was killed), a file that looked finished
