@@ -565,3 +565,21 @@ def test_a_table_whose_label_column_is_empty_is_read_once(models, tmp_path, monk
     assert [w[:3] for w in written] == [[i, t, ""] for i, t in rows if t]
     assert said.count("reading the texts from column 'review'") == 1 and said.count("skipped 1 (1 empty texts)") == 1
     assert "accuracy" not in said, said
+
+
+def test_a_file_of_one_text_per_line_is_read_whole_once(models, tmp_path, monkeypatch):
+    """`bertkit predict MODEL mine.txt` (the README's way to classify one's own sentences): whether a .txt is a
+    table was decided by reading the whole file for its first line, then the file was read again for its texts.
+    The first line alone decides now (whole reads counted at `read_text`); the texts are predicted as before."""
+    import bertkit.data.tables as tables
+
+    texts = ["the movie was good .", "it was bad", "fine"]
+    (tmp_path / "mine.txt").write_text("\n".join(texts) + "\n\n", encoding="utf-8")
+    whole, read_text = [], tables.read_text
+    monkeypatch.setattr(tables, "read_text", lambda path, *a: (whole.append(path), read_text(path, *a))[1])
+    assert main(["predict", str(models["classify"]), str(tmp_path / "mine.txt"), "-o", str(tmp_path / "p.tsv")]) == 0
+    assert len(whole) == 1, whole
+    written = [line.split("\t") for line in (tmp_path / "p.tsv").read_text(encoding="utf-8").splitlines()]
+    assert written[0][:2] == ["text", "prediction"]
+    assert [(t, p) for t, p, _ in written[1:]] == [(t, p["label"]) for t, p in zip(texts, bertkit.predict(
+        models["classify"], texts))]

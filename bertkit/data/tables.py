@@ -281,7 +281,9 @@ def one_text_per_line(path, column: str) -> bool:
     """A .txt whose first line does not name `column`: one text per line, as `bertkit embed` reads it (else a table)."""
     if Path(path).suffix.lower() != ".txt":
         return False
-    return column not in [cell.strip() for cell in read_text(path).split("\n", 1)[0].split("\t")]
+    with open_text(path) as f:  # its first line alone: the whole file is read once, for its texts
+        first = f.readline()
+    return column not in [cell.strip() for cell in first.split("\t")]
 
 
 def read_text_lines(path) -> list[str]:
