@@ -371,6 +371,21 @@ def test_embeddings_stay_shared_after_save_and_load(tmp_path):
                                loaded.discriminator.electra.embeddings.word_embeddings.weight, atol=0, rtol=0)
 
 
+def test_a_run_folders_config_is_read_once_for_its_kind_and_its_settings(tmp_path, monkeypatch):
+    """ElectraPretrainingModel.from_pretrained read config.json for its model_type, then again for the settings: a
+    folder saved over in between (a BERT model's config.json over the run's) was judged ELECTRA and then refused as
+    'for model_type bert'. It is read once: the run it held when read loads (here the second read would find BERT)."""
+    from test_checkpoint import _replaced_after_its_first_read
+
+    model = pretraining_model()
+    model.save_pretrained(tmp_path)
+    bert = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 36, "num_attention_heads": 6}
+    _replaced_after_its_first_read(monkeypatch, tmp_path / "config.json", bert)
+    loaded = ElectraPretrainingModel.from_pretrained(tmp_path)
+    assert loaded.config.model_type == "electra" and loaded.config.hidden_size == 36
+    assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
+
+
 def test_load_refuses_a_generator_trained_apart(tmp_path):
     pretraining_model(seed=0).save_pretrained(tmp_path)
     pretraining_model(seed=1).generator.save_pretrained(tmp_path / GENERATOR_DIR)

@@ -221,3 +221,30 @@ def test_fine_tuning_starts_from_an_old_layouts_encoder(default_model_dir, tmp_p
     assert load_tokenizer(folder).encode(TEXTS[1]).input_ids == load_tokenizer(None).encode(TEXTS[1]).input_ids
     assert main(["model", "info", str(folder)]) == 0
     assert "all weights matched" in capsys.readouterr().out
+
+
+def test_a_layout_is_read_from_one_modules_json(tmp_path, monkeypatch):
+    """read_layout read modules.json twice, for the encoder's folder (encoder_folder) and for the modules: a layout
+    saved over meanwhile (an older layout's 0_Transformer/ replaced by the flat one, normalised) was read as one
+    folder's sentence_bert_config.json beside the other's modules, a layout neither file set describes. It is read
+    once; the reference is each modules.json read in a folder of its own."""
+    from test_checkpoint import _replaced_after_its_first_read
+
+    def module(path, kind):
+        return {"idx": 0, "name": path or "0", "path": path, "type": f"sentence_transformers.models.{kind}"}
+
+    old = [module("0_Transformer", "Transformer"), module("1_Pooling", "Pooling")]
+    new = [module("", "Transformer"), module("1_Pooling", "Pooling"), module("2_Normalize", "Normalize")]
+    files = {"0_Transformer/config.json": {}, "0_Transformer/sentence_bert_config.json": {"max_seq_length": 64},
+             "config.json": {}, "sentence_bert_config.json": {"max_seq_length": 128},
+             "1_Pooling/config.json": {"pooling_mode_mean_tokens": True}, "2_Normalize/config.json": {}}
+    layouts = {}
+    for name, modules in (("old", old), ("new", new)):
+        for path, data in {**files, "modules.json": modules}.items():
+            (tmp_path / name / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / path).write_text(json.dumps(data))
+        layouts[name] = read_layout(tmp_path / name)
+    assert layouts["old"] == SentenceLayout("mean", False, 64) and layouts["new"] == SentenceLayout("mean", True, 128)
+    _replaced_after_its_first_read(monkeypatch, tmp_path / "old" / "modules.json", new)
+    assert read_layout(tmp_path / "old") == layouts["old"]  # main: SentenceLayout("mean", True, 64), neither
+    assert read_layout(tmp_path / "old") == layouts["new"]  # the file replaced: the new layout, whole

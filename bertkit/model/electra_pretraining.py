@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertkit.model.checkpoint import (GENERATOR_DIR, load_state, model_type, read_weights,
+from bertkit.model.checkpoint import (GENERATOR_DIR, load_state, read_config, read_weights,
                                       save_pretrained as save_checkpoint)
 from bertkit.model.electra import IGNORE_INDEX, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, discriminator_loss
 from bertkit.errors import BertkitError
@@ -179,7 +179,8 @@ class ElectraPretrainingModel(nn.Module):
         take (e.g. the dropout of a continued run)."""
         directory = Path(directory)
         layout = f"the discriminator at its top, the generator in {GENERATOR_DIR}/"
-        if model_type(directory) != "electra":  # not a run that lost its generator: another kind of model
+        values = read_config(directory)  # once: its kind and the discriminator's settings are one file's
+        if values.get("model_type", "bert") != "electra":  # not a run that lost its generator: another kind of model
             raise BertkitError(f"{directory} holds a BERT model, not an ELECTRA pre-training run (`bertkit pretrain run "
                                f"--method electra` writes one: {layout}); a BERT masked LM's guesses: bertkit fill-mask")
         if (directory / GENERATOR_DIR).is_dir() and not (directory / GENERATOR_DIR / "config.json").is_file():
@@ -189,7 +190,7 @@ class ElectraPretrainingModel(nn.Module):
             raise BertkitError(
                 f"{directory} has no {GENERATOR_DIR}/ subfolder: an ELECTRA pre-training directory holds {layout}"
             )
-        config = ElectraConfig.from_pretrained(directory).replace(**changes)
+        config = ElectraConfig.from_file_dict(values, directory / "config.json").replace(**changes)
         generator_config = ElectraConfig.from_pretrained(directory / GENERATOR_DIR).replace(**changes)
         _check_pair(config, generator_config, saved=directory)
         model = cls(config, generator_config, disc_weight=disc_weight)

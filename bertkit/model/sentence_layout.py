@@ -136,13 +136,15 @@ def _max_seq_length(directory: Path, sentence_config: dict) -> int | None:
     return int_at_least(value, 1, f"{directory / SENTENCE_CONFIG}: max_seq_length", says="a positive integer")
 
 
-def encoder_folder(directory) -> Path:
+def encoder_folder(directory, modules=None) -> Path:
     """The folder holding the encoder's files (config.json, weights, vocabulary, sentence_bert_config.json):
     the Transformer module's folder when modules.json names one other than the folder itself (an older
-    layout's "0_Transformer"), else `directory`. A module folder that is missing is named here."""
+    layout's "0_Transformer"), else `directory`. A module folder that is missing is named here. `modules`:
+    modules.json's object when the caller read it (None: read here)."""
     directory = Path(directory)
     modules_path = directory / MODULES_FILE
-    modules = _read_json(modules_path) if modules_path.is_file() else []
+    if modules is None:
+        modules = _read_json(modules_path) if modules_path.is_file() else []
     paths = [entry.get("path") for entry in modules if isinstance(entry, dict) and isinstance(entry.get("type"), str)
              and entry["type"].rsplit(".", 1)[-1] == "Transformer"] if isinstance(modules, list) else []
     if not paths or paths[0] in ("", None):
@@ -163,15 +165,18 @@ def read_layout(directory) -> SentenceLayout | None:
     itself reads it when it has no module list: mean pooling, not normalised.
     """
     directory = Path(directory)
-    modules_path, sentence_path = directory / MODULES_FILE, encoder_folder(directory) / SENTENCE_CONFIG
-    if not modules_path.is_file() and not sentence_path.is_file():
+    modules_path = directory / MODULES_FILE
+    # read once, for the encoder's folder and the modules both (read twice, a layout saved over meanwhile was
+    # read as one folder's sentence_bert_config.json beside another's modules)
+    modules = _read_json(modules_path) if modules_path.is_file() else None
+    sentence_path = encoder_folder(directory, [] if modules is None else modules) / SENTENCE_CONFIG
+    if modules is None and not sentence_path.is_file():
         return None
     sentence_config = _read_json(sentence_path) if sentence_path.is_file() else {}
     if not isinstance(sentence_config, dict):
         raise BertkitError(f"{sentence_path}: expected a JSON object such as {{\"max_seq_length\": 256}}")
     pooling, normalize = "mean", False
-    if modules_path.is_file():
-        modules = _read_json(modules_path)
+    if modules is not None:
         if not isinstance(modules, list):
             raise BertkitError(f"{modules_path}: expected a JSON list of modules")
         pooling_seen = False
