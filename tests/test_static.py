@@ -8,6 +8,7 @@ and Zipf weights check the distillation's steps.
 
 import importlib.util
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +211,25 @@ def test_max_length_cuts_the_ids(tok, ours):
     ids = tok.ids_batch(["the cat sat on the mat"])[0][:3]
     got = bertkit.embed(["the cat sat on the mat"], ours, normalize=False, max_length=3, truncate=True)
     assert np.abs(got[0] - weight[ids].mean(axis=0)).max() < 1e-6
+
+
+def test_a_text_cut_at_the_folders_max_length_is_said(distilled, transformers_mod, default_model_dir):
+    """A static model averaged a 1,500-token text's first 512 tokens (its folder's max_length, model2vec's cut)
+    without a word, where a transformer's cut is warned of: one warning now counts such texts; a cut asked for
+    (truncate=True) and truncate=False say nothing. Reference: transformers' count of each text's word pieces."""
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    texts = [TEXTS[0], LONG, LONG + " and more"]
+    cut = sum(len(fast(t, add_special_tokens=False)["input_ids"]) > 512 for t in texts)
+    out, _ = distilled
+    assert cut == 2 and load(out).max_length == 512
+    with pytest.warns(UserWarning, match=rf"^{cut} of 3 texts are longer than 512 tokens and were cut there, where "
+                      "the static model's folder cuts a text") as said:
+        bertkit.embed(texts, out)
+    assert len(said) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bertkit.embed(texts, out, truncate=True)
+        bertkit.embed(texts, out, truncate=False)
 
 
 def test_cli_embed_and_evaluate_run_a_static_model(ours, tmp_path, capsys):

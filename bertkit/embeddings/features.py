@@ -46,7 +46,7 @@ from tqdm import tqdm
 from bertkit.errors import BertkitError, int_at_least
 from bertkit.runtime.loading import Loaded, check_as_loaded, folder_stamp, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
-from bertkit.embeddings.settings import (AUTO, SENTENCE_POOLINGS, resolve_layers, resolve_output, say_cut,
+from bertkit.embeddings.settings import (AUTO, SENTENCE_POOLINGS, STATIC, resolve_layers, resolve_output, say_cut,
                                          word_pooling_for)
 from bertkit.embeddings.inputs import encode_chunk, rows_of, stitch, window_cut
 from bertkit.embeddings.static import NO_CUT, check_static_options, iter_static
@@ -157,7 +157,7 @@ def iter_embed(
     if loaded.task == "static":  # a table and a mean: no windows, layers or forward pass
         check_static_options(pooling, layers, pairs, stride, combine)
         yield from _static_rows(texts, loaded, normalize, static_cut(loaded, max_length, truncate), chunk_size,
-                                progress, total, where, on_cut)
+                                progress, total, where, on_cut, asked=truncate is not None)
         return
     # a task model (a Loaded classifier, a head in a pair) embeds with its encoder, as its directory does
     net, tok = getattr(loaded.model, "base_model", loaded.model), loaded.tokenizer
@@ -219,13 +219,15 @@ def _chunks(source: Iterator, size: int) -> Iterator[tuple[int, list]]:
         start += len(chunk)
 
 
-def _static_rows(texts, loaded: Loaded, normalize, cut, chunk_size: int, progress: bool, total, where, on_cut):
+def _static_rows(texts, loaded: Loaded, normalize, cut, chunk_size: int, progress: bool, total, where, on_cut,
+                 asked: bool):
     """A static model's vectors (`bertkit.embeddings.static`) with each text cut at `cut` (`static_cut`; None:
-    whole), with the progress bar iter_embed shows; on_cut(cut, seen) (or None) told the count as iter_embed tells it
-    (no warning without one yet: a static model's folder cut is not said)."""
+    whole), with the progress bar iter_embed shows; the texts cut told to on_cut(cut, seen), or warned of as
+    iter_embed warns (`say_cut`: a cut not `asked` for, the folder's; 1,500 tokens averaged as 512 unsaid)."""
+    tell = on_cut or functools.partial(say_cut, length=cut, asked=asked, why=STATIC)
     with tqdm(total=total, unit="text", desc="embed", disable=not progress) as bar:
         yield from iter_static(texts, loaded, normalize, max_length=NO_CUT if cut is None else cut,
-                               chunk_size=chunk_size, bar=bar, where=where, on_cut=on_cut)
+                               chunk_size=chunk_size, bar=bar, where=where, on_cut=tell)
 
 
 def _run_chunk(net, items: list, pieces: list, layers, combine, pad_id: int, batch_size: int, bar, finish) -> list:

@@ -172,15 +172,20 @@ def resolve_output(layout: SentenceLayout | None, pooling=AUTO, normalize: bool 
     return Output(pooling, bool(normalize), length)
 
 
-def say_cut(cut: int, seen: int, length: int, asked: bool) -> None:
+WINDOWS = ("as sentence-transformers cuts a text at its max_seq_length: truncate=False (embed --no-truncate) reads "
+           "them whole, in windows")
+STATIC = ("where the static model's folder cuts a text (its max_length, as model2vec and sentence-transformers read "
+          "it): truncate=False (embed --no-truncate) averages every token")
+
+
+def say_cut(cut: int, seen: int, length: int, asked: bool, why: str = WINDOWS) -> None:
     """Warn, once per run, that `cut` of `seen` texts were truncated at `length` tokens where the cut was not
-    `asked` for (the layout's max_seq_length): sentence-transformers cuts them silently, and a chapter's vector
-    was its first page's without a word said. A cut asked for (truncate=True) is known: nothing is said."""
+    `asked` for (the layout's max_seq_length, a static folder's max_length: `why`): sentence-transformers cuts them
+    silently, and a chapter's vector was its first page's without a word said. A cut asked for (truncate=True) is
+    known: nothing is said."""
     if not cut or asked:
         return
-    warnings.warn(f"{cut} of {seen} texts are longer than {length} tokens and were cut there, as sentence-transformers "
-                  "cuts a text at its max_seq_length: truncate=False (embed --no-truncate) reads them whole, in windows",
-                  stacklevel=3)
+    warnings.warn(f"{cut} of {seen} texts are longer than {length} tokens and were cut there, {why}", stacklevel=3)
 
 
 def word_pooling_for(word_pooling: str | None, output: Output) -> str:
