@@ -2,6 +2,7 @@
 the model check, reranking with a cross-encoder, and the commands end to end."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -261,6 +262,26 @@ def test_rerank_orders_the_top_by_the_cross_encoders_score(built, tmp_path, task
     assert [h.id for h in got[:4]] == [first[i].id for i in order] and got[4:] == first[4:]
     np.testing.assert_allclose([h.score for h in got[:4]], np.array(scores)[order], atol=1e-6)
     assert pair_scores(loaded, QUERIES[0], [first[0].text]) == pytest.approx([scores[0]], abs=1e-6)
+
+
+def test_a_cross_encoder_that_reads_the_pairs_cut_says_so(built, tmp_path, transformers_mod):
+    """`search --rerank` with a cross-encoder whose max_length is shorter than a (query, passage) pair read the
+    pairs cut without a word (finetune's default is 128 tokens, an index's passages 256): one warning now counts
+    them, in the line `bertkit predict` says. Reference: transformers' count of each pair re-scored (the first
+    stage's best --rerank-top), uncut, against the model's max_length."""
+    model = cross_encoder(tmp_path / "cross", "regression", 1)
+    info = json.loads((model / "bertkit_task.json").read_text())
+    (model / "bertkit_task.json").write_text(json.dumps({**info, "max_length": TOKENS}))
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(model))
+    first = search(open_index(built), QUERIES, k=4, dtype="float32")
+    cut = sum(len(fast(q, h.text)["input_ids"]) > TOKENS for q, hits in zip(QUERIES, first) for h in hits)
+    assert 0 < cut <= 8
+    (tmp_path / "q.txt").write_text("\n".join(QUERIES) + "\n")
+    with pytest.warns(UserWarning, match=rf"^--rerank {re.escape(str(model))}: \(query, passage\) pairs: {cut} of 8 "
+                      rf"inputs are longer than the model's max_length of {TOKENS} tokens") as said:
+        assert main(["search", str(built), "--queries", str(tmp_path / "q.txt"), "-k", "2", "--rerank", str(model),
+                     "--rerank-top", "4", "--json", "--dtype", "float32"]) == 0
+    assert len([w for w in said if "--rerank" in str(w.message)]) == 1  # one line for every query
 
 
 def test_rerank_refuses_a_model_that_is_no_cross_encoder(built, tmp_path, tiny):

@@ -339,7 +339,7 @@ def _print_plain(queries, answers) -> None:
 
 
 def run_search(args):
-    from bertkit.tasks.rerank import recorded_effect, rerank, reranker
+    from bertkit.tasks.rerank import recorded_effect, rerank, reranker, say_cut
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import search as search_qdrant
     from bertkit.retrieval.search import DEFAULT_BLOCK, search, search_options
@@ -382,6 +382,7 @@ def run_search(args):
                          block_size=args.block_size or DEFAULT_BLOCK, ann=args.ann, ef_search=args.ef_search,
                          fusion=fusion, fast=args.speed, names=names, **batch)
     if cross is not None:
+        say_cut(cross, queries, answers, top)
         answers = [rerank(cross, q, hits, top, **batch) for q, hits in zip(queries, answers)]
     answers = [hits[: args.k] for hits in answers]
     if args.json:

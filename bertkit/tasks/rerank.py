@@ -28,6 +28,7 @@ when it has no figures, nothing when it helped.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,6 +76,16 @@ def rerank(loaded: Loaded, query: str, hits: list, top: int = 50, batch_size: in
     scores = pair_scores(loaded, query, [h.text for h in head], batch_size)
     order = sorted(range(len(head)), key=lambda i: -scores[i])  # stable: ties keep the first stage's order
     return [replace(head[i], score=scores[i]) for i in order] + tail
+
+
+def say_cut(loaded: Loaded, queries: list, answers: list, top: int) -> None:
+    """Warn, in one line, how many of the (query, passage) pairs the cross-encoder re-scores (each answer's best
+    `top`) it reads cut at its max_length: its task's `cut`, the line `bertkit predict` says. A cross-encoder
+    fine-tuned at 128 tokens (finetune's default) read every pair of a 256-token passage cut, unsaid."""
+    task, pairs = task_of(loaded), [(q, h.text) for q, hits in zip(queries, answers) for h in hits[:top]]
+    if task.cut is not None and pairs and (line := task.cut(loaded.tokenizer, [q for q, _ in pairs],
+                                                            [p for _, p in pairs], loaded.info)):
+        warnings.warn(f"--rerank {loaded.directory}: (query, passage) pairs: {line}", stacklevel=2)
 
 
 def recorded_effect(model) -> str | None:
