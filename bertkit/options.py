@@ -30,7 +30,9 @@ A dataclass field is one option, named after it (`max_seq_length` ->
 
 Every option defaults to None, meaning "not given", so `from_args` puts
 exactly the given flags on top of a base: the dataclass defaults, a command's
-own defaults (a dict), or under `--resume` the config the run saved. A flag
+own defaults (a dict), or under `--resume` the config the run saved; a class's
+`preset_defaults(values)` puts defaults that follow another setting (a run's
+--config) between the dataclass's and the base, where the run is not resumed. A flag
 given with `--resume` that would change what the run computes (a learning
 rate, a seed, the model, the data) is refused in one line: the resumed run
 would be neither the old run nor a new one. A setting added since a run saved
@@ -220,7 +222,11 @@ def from_args(args, cls, base: dict | None = None):
         # made since may refuse as if typed): the run resumes as it ran
         base = {**base, **{k: None for k, old in getattr(cls, "EARLIER_DEFAULTS", {}).items() if base.get(k) == old}}
         base = from_start(cls, base, origin)
-    values = merge(merge(defaults(cls), base or {}), given)
+    start = defaults(cls)
+    preset = getattr(cls, "preset_defaults", None)
+    if preset is not None and not getattr(args, "resume", None):  # a resumed run has every value it ran with
+        start = merge(start, preset(merge(merge(start, base or {}), given)))
+    values = merge(merge(start, base or {}), given)
     refuse_unneeded(needs_table(cls), _leaves(cls, given), _leaves(cls, values))  # what was typed, on what the run has
     return build(cls, values)
 

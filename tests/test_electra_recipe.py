@@ -193,6 +193,43 @@ def test_small_with_electra_stays_bert_small_and_says_so(tmp_path):
         RunConfig(data=str(tmp_path), config="electra-small").validate()
 
 
+# google-research/electra configure_pretraining.py (PretrainingConfig), transcribed: "small" takes the file's own
+# values (learning_rate 5e-4, train_batch_size 128), "base" and "large" its commented block ("see Table 6 in the
+# paper": learning_rate 2e-4, train_batch_size 256 and 2048); all: num_warmup_steps 10000 of num_train_steps
+# 1000000, weight_decay_rate 0.01; model/optimization.py's AdamWeightDecayOptimizer epsilon 1e-6.
+ELECTRA_RUNS = {"small": (5e-4, 128), "base": (2e-4, 256), "large": (2e-4, 2048)}
+
+
+def parsed(data, *flags):
+    return from_args(build_parser().parse_args(["pretrain", "run", str(data), *flags]), RunConfig)
+
+
+def test_an_electra_preset_runs_at_the_reference_settings_and_a_given_flag_wins(tmp_path):
+    """`--config electra-small` ran at BERT's run defaults (learning rate 1e-4, batch 32), not ELECTRA's."""
+    for name, (learning_rate, batch) in ELECTRA_RUNS.items():
+        cfg = parsed(tmp_path, "--method", "electra", "--config", f"electra-{name}")
+        assert (cfg.optim.learning_rate, cfg.batch_size) == (learning_rate, batch), name
+        assert (cfg.optim.warmup_ratio, cfg.optim.weight_decay, cfg.optim.adam_epsilon) == (10000 / 1000000, 0.01,
+                                                                                             1e-6)
+    given = parsed(tmp_path, "--method", "electra", "--config", "electra-base", "--learning-rate", "1e-3",
+                   "--batch-size", "256", "--weight-decay", "0")
+    assert (given.optim.learning_rate, given.batch_size, given.optim.weight_decay) == (1e-3, 256, 0)
+    from bertkit.pretraining.run_config import preset_note
+
+    note = preset_note(given)
+    assert "--learning-rate 0.001 (given; electra-base's 0.0002)" in note
+    assert "--batch-size 256 (electra-base's)" in note and "--weight-decay 0 (given; electra-base's 0.01)" in note
+    bert = parsed(tmp_path, "--method", "electra", "--config", "small")  # BERT-small's shape: BERT's run
+    assert (bert.optim.learning_rate, bert.batch_size) == (1e-4, 32) and preset_note(bert) is None
+    # --resume goes on with the settings the run saved (one started at batch 32 keeps it)
+    out = tmp_path / "run"
+    out.mkdir()
+    saved = RunConfig(data=str(tmp_path), output=str(out), method="electra", config="electra-small")
+    saved.save(out / "run_config.json")
+    resumed = parsed(tmp_path, "-o", str(out), "--resume")
+    assert (resumed.optim.learning_rate, resumed.batch_size) == (1e-4, 32)
+
+
 # --- fine-tuning the discriminator with layer-wise rates -----------------------------------------------
 
 def test_finetune_classify_takes_electras_layerwise_rates(tmp_path):

@@ -11,6 +11,8 @@ transformers `TrainingArguments`): `train_batch_size` there is our
 The optimiser fields live in `bertkit.training.optim.OptimConfig` (shared with
 fine-tuning); the pre-training defaults differ from the fine-tuning ones the
 way BERT's did: peak rate 1e-4, warm-up 1% of the steps, Adam epsilon 1e-6.
+An ELECTRA preset (`--config electra-small|base|large`) runs at the ELECTRA
+paper's settings instead where no flag is given (`ELECTRA_RUNS`, `preset_defaults`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,23 @@ METHODS = ("bert", "electra")
 REPLACEMENT = {"bert": (0.8, 0.1), "electra": (0.85, 0.0)}
 
 
+# google-research/electra configure_pretraining.py, per model_size: "small" its own values (learning_rate 5e-4,
+# train_batch_size 128), "base" and "large" its commented block "see Table 6 in the paper" (2e-4; 256 and 2048);
+# each num_warmup_steps 10000 of num_train_steps 1,000,000 (1%, a ratio here: a run's --max-steps is its own) and
+# weight_decay_rate 0.01, and model/optimization.py's Adam epsilon 1e-6: BERT's pre-training values, written out
+# so that each preset says all it runs at. Its train_batch_size is the whole update's, here --batch-size, one
+# process's micro-batch (under torchrun N processes make N x it). The sequence length (128; 512 for base and
+# large) and large's mask_prob 0.25 are the data's: `bertkit pretrain prepare --max-seq-length/--masked-lm-prob`.
+_ELECTRA_OPTIM = {"warmup_ratio": 10_000 / 1_000_000, "weight_decay": 0.01, "adam_epsilon": 1e-6}
+ELECTRA_RUNS = {
+    "small": {"batch_size": 128, "optim": {"learning_rate": 5e-4, **_ELECTRA_OPTIM}},
+    "base": {"batch_size": 256, "optim": {"learning_rate": 2e-4, **_ELECTRA_OPTIM}},
+    "large": {"batch_size": 2048, "optim": {"learning_rate": 2e-4, **_ELECTRA_OPTIM}},
+}
+_RUN_FLAGS = (("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"), ("--warmup-ratio", "warmup_ratio"),
+              ("--weight-decay", "weight_decay"), ("--adam-epsilon", "adam_epsilon"))
+
+
 def pretraining_optim() -> OptimConfig:
     return OptimConfig(learning_rate=1e-4, warmup_ratio=0.01, adam_epsilon=1e-6)
 
@@ -52,7 +71,7 @@ class RunConfig:
     data: str = field(metadata={"help": "a directory made by `bertkit pretrain prepare`", "positional": True,
                                 "path": True})
     output: str = field(default="runs/pretrain", metadata={"help": "run directory: checkpoints, metrics, final model", "short": "-o"})
-    config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large: BERT's shapes), electra-small|electra-base|electra-large (the ELECTRA paper's discriminators, --method electra) or a config.json (electra: also an ELECTRA one, its embedding_size kept)",
+    config: str = field(default="tiny", metadata={"help": "model preset (tiny|mini|small|medium|base|large: BERT's shapes), electra-small|electra-base|electra-large (the ELECTRA paper's discriminators, --method electra; each also sets the paper's --learning-rate, --batch-size, warm-up, weight decay and Adam epsilon where not given) or a config.json (electra: also an ELECTRA one, its embedding_size kept)",
                                                   "needs": ("init_from", False)})
     method: str = field(default="bert", metadata={"help": "bert: masked LM (+ NSP/SOP if the data has pairs); electra: replaced-token detection, a generator 1/4 the size fills the masks and the model (the discriminator) spots the replaced tokens (data: --objective none)", "choices": METHODS})
     generator_size: float | None = field(default=None, metadata={"help": "electra: the generator's size as a fraction of the discriminator's (heads, hidden and feed-forward; whole heads of the discriminator's head size, at least one: the run says where that rounds); default 1/3 for electra-base, else 1/4 (the paper's table 6)",
@@ -83,6 +102,14 @@ class RunConfig:
         "help": "replace what OUTPUT already holds (a model or a run); without it such a folder is refused"})
     device: str = field(default="auto", metadata={"resumable": True, "help": "where to train: auto picks a CUDA GPU when there is one", "choices": ("auto", "cpu", "cuda")})
     optim: OptimConfig = field(default_factory=pretraining_optim)
+
+    @staticmethod
+    def preset_defaults(values: dict) -> dict:
+        """The run settings an ELECTRA preset takes where no flag is given (`bertkit.options.from_args`): its
+        ELECTRA_RUNS row; none for another --config (BERT's shapes keep BERT's) or one continued (--init-from)."""
+        preset = electra_preset(values.get("config") or "")
+        electra = preset and values.get("method") == "electra" and not values.get("init_from")
+        return ELECTRA_RUNS[preset] if electra else {}
 
     def __post_init__(self):
         paths_as_text(self)  # a notebook's pathlib.Path, held as the command line's str
@@ -150,6 +177,22 @@ def electra_preset(config: str) -> str | None:
     """The ELECTRA_PRESETS name `--config electra-NAME` names (None: another --config)."""
     name = config.removeprefix(ELECTRA_PREFIX)
     return name if config.startswith(ELECTRA_PREFIX) and name in ELECTRA_PRESETS else None
+
+
+def preset_note(cfg: RunConfig) -> str | None:
+    """The line a run of an ELECTRA preset prints: each run setting ELECTRA_RUNS sets, and whose it is."""
+    preset = electra_preset(cfg.config)
+    if not preset or cfg.method != "electra" or cfg.init_from:
+        return None
+    wanted = ELECTRA_RUNS[preset]
+    parts = []
+    for flag, name in _RUN_FLAGS:
+        ours, theirs = (cfg.batch_size, wanted["batch_size"]) if name == "batch_size" else (
+            getattr(cfg.optim, name), wanted["optim"][name])
+        parts.append(f"{flag} {ours:g} ({cfg.config}'s)" if ours == theirs else
+                     f"{flag} {ours:g} (given; {cfg.config}'s {theirs:g})")
+    return (f"{cfg.config} runs at google-research/electra's settings (configure_pretraining.py) unless a flag says "
+            f"otherwise: {', '.join(parts)}")
 
 
 def electra_only(config: str) -> str:

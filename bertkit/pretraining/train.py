@@ -33,7 +33,7 @@ from bertkit.model.config import ELECTRA_PRESETS, BertConfig, IGNORE_INDEX, PRES
 from bertkit.model.electra_pretraining import ElectraPretrainingModel, electra_metrics
 from bertkit.errors import BertkitError
 from bertkit.pretraining.held_out import log_label_balance, open_prepared
-from bertkit.pretraining.run_config import RunConfig, electra_only, electra_preset
+from bertkit.pretraining.run_config import RunConfig, electra_only, electra_preset, preset_note
 from bertkit.training import harness
 from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
 from bertkit.model.electra import ElectraConfig
@@ -370,7 +370,7 @@ def _run(cfg: RunConfig, progress: bool, speed=None) -> Path:
         stream = BatchStream(train_set, cfg.batch_size, collate, cfg.seed, prepared=dataset.fingerprint)
         job = harness.start(settings, info, stream, build)
         if info.is_main and cfg.method == "electra" and not cfg.init_from:  # --init-from: the saved generator's size
-            for note in (namesake_note(cfg), generator_note(job.config, cfg.generator_fraction())):
+            for note in (namesake_note(cfg), preset_note(cfg), generator_note(job.config, cfg.generator_fraction())):
                 if note:
                     print(note)
         model_config = job.config.to_dict()  # recorded in checkpoints, rebuilt to gather FSDP shards
