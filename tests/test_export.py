@@ -306,3 +306,29 @@ def test_an_export_into_the_installed_default_models_folder_is_refused(tiny, tmp
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert "installed default model's folder" in done.stderr and str(out) in done.stderr, done.stderr
         assert files() == before and not (default / "onnx").exists()
+
+
+def test_an_export_over_an_earlier_one_keeps_none_of_the_files_this_model_lacks(tiny, tmp_path):  # noqa: F811
+    """export onnx into the folder of an earlier export replaced the files it copied and left the others: a
+    classifier's export followed by an encoder's kept the classifier's bertkit_task.json (the folder then described
+    a BertModel with task classify) and its tokenizer.json (which transformers reads before vocab.txt) and
+    sentence-transformers layout. Those an export does not write are removed; reference: the second model's folder,
+    described by the same readers."""
+    from bertkit.model.checkpoint import describe, save_task_info
+    from bertkit.model.sentence_layout import layout_files, read_layout, write_layout
+    from bertkit.runtime.export import _copy_beside
+
+    first, second, out = tmp_path / "clf", tmp_path / "encoder", tmp_path / "deploy"
+    shutil.copytree(tiny, first)
+    shutil.copytree(tiny, second)
+    save_task_info(first, {"task": "classify", "max_length": 16, "text_column": "sentence"})
+    (first / "tokenizer.json").write_text("{}")
+    write_layout(first, pooling="cls", normalize=True, max_seq_length=12, hidden_size=32)
+    tok = Tokenizer.from_pretrained(tiny)
+    _copy_beside(first, out, tok)  # what export_onnx copies beside model.onnx (no graph needed to test it)
+    assert describe(out).task is not None and (out / "tokenizer.json").is_file() and read_layout(out) is not None
+    _copy_beside(second, out, tok)
+    assert describe(out).task == describe(second).task is None
+    assert read_layout(out) == read_layout(second) is None and layout_files(out) == (None, {})
+    assert not (out / "tokenizer.json").exists()
+    assert (out / "vocab.txt").read_text() == (second / "vocab.txt").read_text()

@@ -67,7 +67,7 @@ from bertkit.model.checkpoint import (INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILE
 from bertkit.runtime.devices import holds_int8
 from bertkit.errors import BertkitError, MissingPackage
 from bertkit.runtime.loading import load, need_transformer
-from bertkit.model.sentence_layout import encoder_folder, layout_files
+from bertkit.model.sentence_layout import MODULES_FILE, SENTENCE_CONFIG, ST_CONFIG, encoder_folder, layout_files
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # class name -> output names in the order the graph returns them
@@ -223,20 +223,27 @@ def _copy_beside(directory: Path, out: Path, tok, model: nn.Module | None = None
     whole; vocab.txt with its tokenizer_config.json as one pair (`Tokenizer.save_pretrained`, `tok` the tokenizer
     read from them: copied one after the other, a stop between them left the new vocab.txt beside the last export's
     settings). model: the encoder exported from a folder with a head, described by a config.json of its own (not
-    the head's architecture) and without the head's bertkit_task.json."""
+    the head's architecture) and without the head's bertkit_task.json. An earlier export's files of these names that
+    this model has none of are removed: they stayed, its bertkit_task.json beside an encoder (read as the classifier)
+    or its tokenizer.json, which transformers reads before vocab.txt, beside another vocabulary."""
     encoder = encoder_folder(directory)
     pair = ("vocab.txt", "tokenizer_config.json") if (encoder / "vocab.txt").is_file() else ()
-    for name in SIDE_FILES:
-        if (encoder / name).is_file() and name not in pair and not (
-                model is not None and name in ("config.json", "bertkit_task.json")):
-            _copy_whole(encoder / name, out / name)
+    copied = [name for name in SIDE_FILES if (encoder / name).is_file() and name not in pair and not (
+        model is not None and name in ("config.json", "bertkit_task.json"))]
+    modules, parts = layout_files(directory)
+    written = {*copied, *pair, *parts, *(("config.json",) if model is not None else ()),
+               *((MODULES_FILE,) if modules is not None else ())}
+    for name in (*SIDE_FILES, MODULES_FILE, SENTENCE_CONFIG, ST_CONFIG):
+        if name not in written:
+            (out / name).unlink(missing_ok=True)
+    for name in copied:
+        _copy_whole(encoder / name, out / name)
     if pair:
         settings = encoder / "tokenizer_config.json"
         tok.save_pretrained(out, settings=json.loads(settings.read_text(encoding="utf-8")) if settings.is_file()
                             else None)
     if model is not None:
         save_config(model, out)
-    modules, parts = layout_files(directory)
     for name, source in parts.items():
         if not source.is_dir():
             _copy_whole(source, out / name)
@@ -245,7 +252,7 @@ def _copy_beside(directory: Path, out: Path, tok, model: nn.Module | None = None
         for file in sorted(f for f in source.rglob("*") if f.is_file()):
             _copy_whole(file, out / name / file.relative_to(source))
     if modules is not None:
-        write_json(out / "modules.json", modules)
+        write_json(out / MODULES_FILE, modules)
 
 
 def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float = 1e-4,
