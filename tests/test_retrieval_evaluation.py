@@ -138,6 +138,20 @@ def test_documents_and_queries_read_cut_are_counted_and_said(small_scifact, tiny
     assert len([w for w in said if "longer than" in str(w.message)]) == 1  # one line, not one per text or batch
 
 
+def test_sts_sentences_read_cut_are_counted_and_said(tiny_dir, transformers_mod):
+    """evaluate sts embedded a sentence past the max length cut, unsaid: one warning counts the distinct sentences
+    read cut, and the result records them. Reference: transformers' count of each sentence, uncut, against 16."""
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(tiny_dir))
+    pairs = [("a cat sat on the mat", "the dog ran far " * 5, 3.0), ("a man plays", "a man plays a guitar", 4.0),
+             ("the dog ran far " * 5, "a woman is slicing an onion into the pan " * 3, 1.0)]
+    sentences = list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))
+    cut = sum(len(fast(s)["input_ids"]) > 16 for s in sentences)
+    assert 0 < cut < len(sentences)
+    with pytest.warns(UserWarning, match=rf"^{cut} of {len(sentences)} sentences are longer than the 16 tokens"):
+        result = evaluate_sts(str(tiny_dir), pairs, max_length=16)
+    assert result["sentences_cut"] == cut
+
+
 def test_a_loaded_pair_and_the_bm25_baseline(small_scifact, tiny_dir):
     from bertkit.model.modeling import BertModel
     from bertkit.text.tokenizer import Tokenizer

@@ -334,7 +334,8 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     query_vectors = encode([data.queries[q] for q in query_ids], loaded, settings, batch_size=batch_size,
                            names=query_names(data.directory, query_ids), on_cut=lambda n, _: cut.setdefault("queries", n))
     seconds = time.perf_counter() - started
-    say_cut(cut, len(doc_ids), len(query_ids), settings.max_length)
+    say_cut([("documents", cut["documents"], len(doc_ids)), ("queries", cut["queries"], len(query_ids))],
+            settings.max_length)
     options = fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
 
     def runs_of(queries: dict):  # (dense, lexical): per query, best-first (doc id, score)
@@ -373,17 +374,17 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
     return _with_modes(result, figures, tuned)
 
 
-def say_cut(cut: dict, documents: int, queries: int, length: int) -> None:
-    """Warn that documents (and queries) longer than the model's max length were embedded cut there, as MTEB and
-    sentence-transformers' evaluator embed them: a 700-token abstract was ranked by its first 256 tokens without a
-    word (`cut`: iter_embed's counts; the result records them as documents_cut and queries_cut)."""
-    if not cut["documents"] and not cut["queries"]:
-        return
-    counted = " and ".join(f"{cut[what]} of {n} {what}" for what, n in (("documents", documents), ("queries", queries))
-                           if cut[what])
-    warnings.warn(f"{counted} are longer than the {length} tokens the model reads (its max length), and it read them "
-                  "cut there, as MTEB does (BM25, in lexical and hybrid mode, reads them whole; bertkit index reads a "
-                  "document whole, in passages: evaluate with --index)", stacklevel=3)
+RETRIEVAL_CUT = ("as MTEB does (BM25, in lexical and hybrid mode, reads them whole; bertkit index reads a document "
+                 "whole, in passages: evaluate with --index)")
+
+
+def say_cut(counted: list, length: int, how: str = RETRIEVAL_CUT) -> None:
+    """Warn that texts longer than the model's max length were embedded cut there, as MTEB and sentence-transformers'
+    evaluators embed them (`how`): a 700-token abstract was ranked by its first 256 tokens without a word.
+    counted: (what, how many cut, of how many), iter_embed's counts, which the result records (documents_cut...)."""
+    if said := " and ".join(f"{cut} of {n} {what}" for what, cut, n in counted if cut):
+        warnings.warn(f"{said} are longer than the {length} tokens the model reads (its max length), and it read them "
+                      f"cut there, {how}", stacklevel=3)
 
 
 def _evaluate_lexical(data, measures) -> dict:
@@ -433,7 +434,8 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
 
     pairs_or_path: a TSV/CSV/JSONL path (columns sentence1, sentence2, score) or a list (any
     iterable: zip(first, second, scores)) of (sentence1, sentence2, score). Returns {"spearman", "pearson", "pairs", "model",
-    "precision", "max_length", "pooling", "data"} (data: the file, None for a list; the correlations are None,
+    "precision", "max_length", "pooling", "sentences_cut", "data"} (data: the file, None for a list; sentences_cut:
+    how many distinct sentences were read cut at max_length, also said in a warning; the correlations are None,
     with a warning, when every pair gets the same cosine).
     """
     if pairs_or_path is None:
@@ -456,8 +458,10 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
     for place, (a, b, _) in zip(places, pairs):
         where.setdefault(a, f"{place} sentence1")
         where.setdefault(b, f"{place} sentence2")
+    cut = []  # the sentences read cut at max_length (iter_embed's count)
     vectors = encode(sentences, loaded, settings, batch_size=batch_size, progress=progress,
-                     names=lambda i: where[sentences[i]])
+                     names=lambda i: where[sentences[i]], on_cut=lambda n, _: cut.append(n))
+    say_cut([("sentences", cut[0], len(sentences))], settings.max_length, "as sentence-transformers' evaluator does")
     cosine = [float(vectors[row[a]] @ vectors[row[b]]) for a, b, _ in pairs]
     spearman_r, pearson_r = spearman(cosine, gold), pearson(cosine, gold)
     if len(set(cosine)) < 2:  # a correlation with a constant is undefined: nan, and NaN in the JSON written
@@ -467,7 +471,7 @@ def evaluate_sts(model=None, pairs_or_path=None, *, batch_size: int = 32, max_le
         spearman_r = pearson_r = None
     return {"spearman": spearman_r, "pearson": pearson_r, "pairs": len(pairs),
             "model": settings.model, "precision": settings.dtype, "max_length": settings.max_length,
-            "pooling": settings.pooling,
+            "pooling": settings.pooling, "sentences_cut": cut[0],
             "data": None if given else str(pairs_or_path)}
 
 
