@@ -223,6 +223,25 @@ def test_fine_tuning_starts_from_an_old_layouts_encoder(default_model_dir, tmp_p
     assert "all weights matched" in capsys.readouterr().out
 
 
+
+def _two_layouts(folder):
+    """Two sentence-transformers layouts of the same files, each in a folder of its own (JSON only: the readers
+    need no weights): an older one with the encoder in 0_Transformer/, and the flat one, normalised."""
+    def module(path, kind):
+        return {"idx": 0, "name": path or "0", "path": path, "type": f"sentence_transformers.models.{kind}"}
+
+    layouts = {"old": [module("0_Transformer", "Transformer"), module("1_Pooling", "Pooling")],
+               "new": [module("", "Transformer"), module("1_Pooling", "Pooling"), module("2_Normalize", "Normalize")]}
+    files = {"0_Transformer/config.json": {}, "0_Transformer/sentence_bert_config.json": {"max_seq_length": 64},
+             "config.json": {}, "sentence_bert_config.json": {"max_seq_length": 128},
+             "1_Pooling/config.json": {"pooling_mode_mean_tokens": True}, "2_Normalize/config.json": {}}
+    for name, modules in layouts.items():
+        for path, data in {**files, "modules.json": modules}.items():
+            (folder / name / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name / path).write_text(json.dumps(data))
+    return layouts
+
+
 def test_a_layout_is_read_from_one_modules_json(tmp_path, monkeypatch):
     """read_layout read modules.json twice, for the encoder's folder (encoder_folder) and for the modules: a layout
     saved over meanwhile (an older layout's 0_Transformer/ replaced by the flat one, normalised) was read as one
@@ -230,21 +249,25 @@ def test_a_layout_is_read_from_one_modules_json(tmp_path, monkeypatch):
     once; the reference is each modules.json read in a folder of its own."""
     from test_checkpoint import _replaced_after_its_first_read
 
-    def module(path, kind):
-        return {"idx": 0, "name": path or "0", "path": path, "type": f"sentence_transformers.models.{kind}"}
-
-    old = [module("0_Transformer", "Transformer"), module("1_Pooling", "Pooling")]
-    new = [module("", "Transformer"), module("1_Pooling", "Pooling"), module("2_Normalize", "Normalize")]
-    files = {"0_Transformer/config.json": {}, "0_Transformer/sentence_bert_config.json": {"max_seq_length": 64},
-             "config.json": {}, "sentence_bert_config.json": {"max_seq_length": 128},
-             "1_Pooling/config.json": {"pooling_mode_mean_tokens": True}, "2_Normalize/config.json": {}}
-    layouts = {}
-    for name, modules in (("old", old), ("new", new)):
-        for path, data in {**files, "modules.json": modules}.items():
-            (tmp_path / name / path).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / name / path).write_text(json.dumps(data))
-        layouts[name] = read_layout(tmp_path / name)
+    modules = _two_layouts(tmp_path)
+    layouts = {name: read_layout(tmp_path / name) for name in modules}
     assert layouts["old"] == SentenceLayout("mean", False, 64) and layouts["new"] == SentenceLayout("mean", True, 128)
-    _replaced_after_its_first_read(monkeypatch, tmp_path / "old" / "modules.json", new)
+    _replaced_after_its_first_read(monkeypatch, tmp_path / "old" / "modules.json", modules["new"])
     assert read_layout(tmp_path / "old") == layouts["old"]  # main: SentenceLayout("mean", True, 64), neither
     assert read_layout(tmp_path / "old") == layouts["new"]  # the file replaced: the new layout, whole
+
+
+def test_the_files_an_export_copies_are_one_modules_jsons(tmp_path, monkeypatch):
+    """layout_files (what export onnx copies beside model.onnx) read modules.json three times: for the layout, the
+    encoder's folder and the module folders; a layout saved over meanwhile gave the older layout's
+    0_Transformer/sentence_bert_config.json beside the flat one's modules (Normalize). One read: the parts of the
+    layout it held when read, as layout_files gives them unchanged."""
+    from test_checkpoint import _replaced_after_its_first_read
+
+    from bertkit.model.sentence_layout import layout_files
+
+    modules = _two_layouts(tmp_path)
+    before = layout_files(tmp_path / "old")
+    assert before[1]["sentence_bert_config.json"] == tmp_path / "old" / "0_Transformer" / "sentence_bert_config.json"
+    _replaced_after_its_first_read(monkeypatch, tmp_path / "old" / "modules.json", modules["new"])
+    assert layout_files(tmp_path / "old") == before

@@ -165,10 +165,20 @@ def read_layout(directory) -> SentenceLayout | None:
     itself reads it when it has no module list: mean pooling, not normalised.
     """
     directory = Path(directory)
+    return _layout(directory, _modules_json(directory))
+
+
+def _modules_json(directory: Path):
+    """modules.json's object (None: no such file), read once for the encoder's folder and the modules both (read
+    twice, a layout saved over meanwhile was read as one folder's sentence_bert_config.json beside another's
+    modules)."""
     modules_path = directory / MODULES_FILE
-    # read once, for the encoder's folder and the modules both (read twice, a layout saved over meanwhile was
-    # read as one folder's sentence_bert_config.json beside another's modules)
-    modules = _read_json(modules_path) if modules_path.is_file() else None
+    return _read_json(modules_path) if modules_path.is_file() else None
+
+
+def _layout(directory: Path, modules) -> SentenceLayout | None:
+    """`read_layout` of `directory` whose modules.json holds `modules` (None: it has none)."""
+    modules_path = directory / MODULES_FILE
     sentence_path = encoder_folder(directory, [] if modules is None else modules) / SENTENCE_CONFIG
     if modules is None and not sentence_path.is_file():
         return None
@@ -213,14 +223,15 @@ def layout_files(directory) -> tuple[list | None, dict[str, Path]]:
     encoder's folder, config_sentence_transformers.json, each other module's folder). The layout is read
     first (`read_layout`), so what is copied is a layout bertkit reads."""
     directory = Path(directory)
-    if read_layout(directory) is None:
+    modules = _modules_json(directory)  # once, for the layout, the encoder's folder and the parts
+    if _layout(directory, modules) is None:
         return None, {}
-    parts = {name: where / name for name, where in ((SENTENCE_CONFIG, encoder_folder(directory)), (ST_CONFIG, directory))
+    encoder = encoder_folder(directory, [] if modules is None else modules)
+    parts = {name: where / name for name, where in ((SENTENCE_CONFIG, encoder), (ST_CONFIG, directory))
              if (where / name).is_file()}
-    modules_path = directory / MODULES_FILE
-    if not modules_path.is_file():
+    if modules is None:
         return None, parts
-    modules = _read_json(modules_path)
+    modules_path = directory / MODULES_FILE
     for entry in modules:
         folder = inside(directory, entry.get("path", ""), modules_path)
         if _module_kind(entry, modules_path) == "Transformer":

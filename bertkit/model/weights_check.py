@@ -15,8 +15,8 @@ out before any shape is compared. The shapes are in the safetensors header
     encoder.layer.0.intermediate.dense.weight    [intermediate_size, hidden_size]
 
 Keys are matched with any prefix a head checkpoint puts on its encoder (`bert.`,
-`electra.`) and past any wrapper's (`wrapper_prefix`); a sharded checkpoint's shards (its `weight_map`) must lie inside the
-folder (`bertkit.model.confined`).
+`electra.`) and past any wrapper's (`wrapper_prefix`); a sharded checkpoint's shards (its
+`weight_map`) must lie inside the folder (`bertkit.model.confined`).
 """
 
 from __future__ import annotations
