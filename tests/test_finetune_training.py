@@ -212,16 +212,19 @@ def one_epoch(task, tmp_path_factory):
     return done, finetune_cli(task, done, *ONE_EPOCH)
 
 
-def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, one_epoch, tmp_path):
+def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, one_epoch, tmp_path, capsys):
+    from bertkit.cli import main
+
     common = ONE_EPOCH
     done, res = one_epoch
     assert "deleted the resume checkpoint" in res.stdout
     assert not (done / "checkpoints").exists() and (done / "model.safetensors").is_file()
-    # finished is still a run: neither overwritten nor resumable
-    again = finetune_cli(task, done, *common, check=False)
-    assert again.returncode == 2 and "already holds a run" in again.stderr
-    more = run_cli("finetune", "classify", "-o", done, "--resume", "--epochs", 2, check=False)
-    assert more.returncode == 2 and "finished and deleted its checkpoint" in more.stderr
+    # finished is still a run: neither overwritten nor resumable (the command's main run here: a fresh process
+    # costs a torch import, ~4 s of CPU, for each refusal)
+    assert main([str(a) for a in finetune_cli_args(task, done, *common)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["finetune", "classify", "-o", str(done), "--resume", "--epochs", "2"]) == 2
+    assert "finished and deleted its checkpoint" in capsys.readouterr().err
 
     kept = tmp_path / "kept"
     finetune_cli(task, kept, *common, "--keep-checkpoint")
