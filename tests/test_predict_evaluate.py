@@ -531,6 +531,36 @@ def test_squad_questions_without_answers_are_predicted(tiny, tmp_path, capsys): 
     assert [r[4] for r in rows] == [q["id"] for q in questions if q is not questions[2] and q is not questions[5]]
 
 
+def test_predict_says_how_many_questions_it_read_cut_at_max_query_length(tiny, tmp_path, transformers_mod):  # noqa: F811
+    """A QA model reads a question past max_query_length cut (run_squad.py's rule) and `bertkit predict` said nothing,
+    where it says a text model's cut: one line now counts the questions read cut; a Hugging Face checkpoint's
+    cut is run_squad's 64, at most a quarter of max_length. Reference: transformers' count of each question's
+    pieces against the folder's max_query_length (8)."""
+    from test_serve import task_dir
+
+    from bertkit.tasks.registry import TASKS
+    from bertkit.text.tokenizer import Tokenizer
+
+    folder = task_dir(tmp_path / "qa", tiny, "BertForQuestionAnswering", {
+        "task": "qa", "max_length": 24, "doc_stride": 8, "max_query_length": 8, "max_answer_length": 6})
+    fast_tok = transformers_mod.BertTokenizerFast.from_pretrained(str(folder))
+    questions = ["who went to paris ?", "who went to paris and then to rome in the day ?", "where did mary go ?"]
+    cut = sum(len(fast_tok(q, add_special_tokens=False)["input_ids"]) > 8 for q in questions)
+    assert 0 < cut < len(questions)
+    qas = [{"id": str(i), "question": q, "answers": [{"text": "paris", "answer_start": 13}]}
+           for i, q in enumerate(questions)]
+    (tmp_path / "dev.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "john went to paris and then to rome .", "qas": qas}]}]}))
+    said = []
+    predict_file(folder, tmp_path / "dev.json", tmp_path / "p.tsv", dtype="float32", log=said.append)
+    assert f"{tmp_path / 'dev.json'}: {cut} of 3 questions are longer than the model's max_query_length of 8 " \
+           "tokens" in "\n".join(said), said
+    tok = Tokenizer.from_pretrained(folder)
+    long_question = " ".join(["paris"] * 40)  # a checkpoint that keeps no settings: min(64, max_length // 4)
+    assert TASKS["qa"].cut(tok, [long_question], ["c"], {"max_length": 128, "inferred": True}).startswith(
+        "1 of 1 questions are longer than the model's max_query_length of 32 tokens")
+
+
 def test_with_output_dash_standard_output_holds_only_the_predictions(sentiment_run, tmp_path, capsys):  # noqa: F811
     """`--output -` promises the predictions alone on standard output (`> preds.tsv`, a pipe); the
     reader's count of skipped rows ("t.tsv: 2 examples, skipped 1 ...") was printed there, above the

@@ -259,7 +259,8 @@ def test_each_answer_counts_the_inputs_the_model_read_cut(servers, dirs, transfo
     /rerank): each answer of a route that cuts now says how many of its inputs the model read cut, in the
     X-Truncated-Inputs header (0: none; /v1/embeddings' usage too), and /metrics counts them. Reference: each
     input's length by transformers' tokenizer, uncut, against the limit (the main server's --max-input-length
-    24; the pair model's max_length 32); the NER and QA models read a long input whole, in windows: 0."""
+    24; the pair model's max_length 32; a QA question's pieces against max_query_length 8); the NER and QA models
+    read a long sentence or context whole, in windows: not cut."""
     fast = transformers_mod.BertTokenizerFast.from_pretrained(str(dirs["encoder"]))
     texts = [*TEXTS, " ".join(["weather"] * 30), "the cat " * 100]
     over = sum(len(fast(t)["input_ids"]) > 24 for t in texts)
@@ -284,8 +285,11 @@ def test_each_answer_counts_the_inputs_the_model_read_cut(servers, dirs, transfo
     assert status == 200 and headers["x-truncated-inputs"] == str(over)
     status, headers, _ = post(servers["ner"].port, "/predict", {"inputs": ["john went to paris " * 10]}, {})
     assert status == 200 and headers["x-truncated-inputs"] == "0"  # longer than 16: read in windows
-    status, headers, _ = post(servers["qa"].port, "/predict", {"inputs": ["who ?"], "pairs": ["paris " * 40]}, {})
-    assert status == 200 and headers["x-truncated-inputs"] == "0"
+    questions = ["who ?", "who went to paris and then to rome in the day ?"]  # cut past max_query_length 8
+    over = sum(len(pair(q, add_special_tokens=False)["input_ids"]) > 8 for q in questions)
+    assert over == 1
+    status, headers, _ = post(servers["qa"].port, "/predict", {"inputs": questions, "pairs": ["paris " * 40] * 2}, {})
+    assert status == 200 and headers["x-truncated-inputs"] == str(over)  # the long contexts: whole, in windows
 
 
 def test_a_text_gets_the_same_vector_alone_and_in_a_crowded_batch(servers):

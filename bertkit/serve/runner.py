@@ -428,7 +428,8 @@ class TaskModel:
         return queries
 
     def count_tokens(self, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`"), cut: bool = True) -> tuple[int, int]:
-        """(the tokens the model reads for these inputs, how many of them it reads cut). The tokens (what
+        """(the tokens the model reads for these inputs, how many of them it reads cut: past max_length, or a QA
+        question past max_query_length). The tokens (what
         --max-request-tokens counts): per input its text's
         and its pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts
         them, or all of them when it reads a long input in windows (QA's contexts, NER's sentences, a single
@@ -446,10 +447,12 @@ class TaskModel:
         paired = [pair for _, pair in heads if pair is not None]
         pair_lengths = iter(self.tok.ids_batch(paired)[1] if paired else [])
         total = was_cut = 0
+        asked = self.record.question_limit and self.record.question_limit(self.info_)  # QA: a question's cut
         for i, (q, n, w) in enumerate(zip(queries, lengths, whole)):
             m = None if q.pair is None else next(pair_lengths)
             if n == 0 or m == 0:
                 raise InputError(f"{names[n != 0].format(i=i)} yields no tokens: it holds only characters BERT drops")
+            was_cut += bool(asked and m is not None and n > asked)
             n += 2 if m is None else 3 + m
             if not (cut or w or n <= self.max_length):
                 self._too_long(i, q, n, heads[i], names)

@@ -67,6 +67,18 @@ def question_ids(tok, question: str, max_query_length: int) -> list[int]:
     return list(tok.encode(question, add_special_tokens=False, truncation=False).input_ids[:max_query_length])
 
 
+def cut_line(tok, questions: list[str], contexts, info: dict) -> str | None:
+    """What `bertkit predict` says of the questions the model reads cut at its max_query_length (`question_ids`:
+    run_squad.py's rule; a context is read whole, in windows), None when it reads them all whole. Each question
+    is read one piece past the cut (`Tokenizer.ids_lists`)."""
+    limit = reading(info).max_query_length
+    cut = sum(len(ids) > limit for ids in tok.ids_lists(list(questions), limit + 1))
+    if not cut:
+        return None
+    return (f"{cut} of {len(questions)} questions are longer than the model's max_query_length of {limit} tokens: it "
+            f"read only their first {limit} (as run_squad.py cuts them; the contexts are read whole, in windows)")
+
+
 def context_encodings(tok, examples: list[QAExample]):
     """Each example's context encoded (pieces and offsets), each distinct context once: SQuAD asks about 5
     questions of a paragraph, and a long context was tokenized again for each. An encoding is held only until

@@ -34,7 +34,10 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        model was trained, with the labels where `answers` (read_labelled's) are given: what
                        `bertkit distill layers` trains a fine-tuned model's student on (None: not offered)
     cut                (tokenizer, texts, pairs, info) -> the line `bertkit predict` says of the inputs the model reads
-                       cut at its max_length, None when it reads them all whole (None: it windows every input)
+                       cut (at its max_length; QA's questions at max_query_length), None when it reads them all whole
+                       (None: it windows every input)
+    question_limit     (info) -> where the first text of a pair is cut whatever its length (QA's max_query_length),
+                       which the server counts as a cut; None: no such cut
     routes, pair_score the server routes that answer it; how a prediction of one (query, text) pair becomes
                        a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
     rerank_labels      how many labels a labelled cross-encoder has: two for a pair classifier (the second's
@@ -102,6 +105,7 @@ class Task:
     windows: bool = False  # a long input is read whole, in overlapping windows (else cut at max_length, or
     # for the text tasks windowed when trained with --stride: `bertkit.tasks.text_inference`)
     cut: Callable | None = None
+    question_limit: Callable | None = None  # (info) -> where a pair's first text is cut (QA's max_query_length)
     routes: tuple = ("/predict", "/tokenize")
     pair_score: Callable | None = None
     features: Callable | None = None
@@ -318,7 +322,8 @@ TASKS = {t.name: t for t in (
               "is the best start and end piece; scored by SQuAD's exact match and F1, the answers written to "
               "OUTPUT/dev_predictions.json (id -> answer, the official evaluation script's input).",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
-         score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True,
+         score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, cut=qa.cut_line,
+         question_limit=lambda info: qa.reading(info).max_query_length,
          second="a context", labelled=False,
          windows=True, no_answer=True, inputs="questions", raw_scores=True),  # an answer's score: start + end logits
     # the reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5
