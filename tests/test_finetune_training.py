@@ -169,6 +169,16 @@ def finetune_cli(task, out, *args, check=True, kill_at_step=None):
     return run_cli(*finetune_cli_args(task, out, *args), check=check, kill_at_step=kill_at_step)
 
 
+def refusal(capsys, *args) -> tuple:
+    """`bertkit ARGS` through the command's main in this process: (status, stderr). For the refusals, which need
+    no real process: a fresh one costs a torch import (~4 s of CPU) to print one line."""
+    from bertkit.cli import main
+
+    capsys.readouterr()
+    status = main([str(a) for a in args])
+    return status, capsys.readouterr().err
+
+
 def train_losses(out) -> dict:
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
@@ -213,18 +223,15 @@ def one_epoch(task, tmp_path_factory):
 
 
 def test_a_finished_run_deletes_its_checkpoint_unless_asked_to_keep_it(task, one_epoch, tmp_path, capsys):
-    from bertkit.cli import main
-
     common = ONE_EPOCH
     done, res = one_epoch
     assert "deleted the resume checkpoint" in res.stdout
     assert not (done / "checkpoints").exists() and (done / "model.safetensors").is_file()
-    # finished is still a run: neither overwritten nor resumable (the command's main run here: a fresh process
-    # costs a torch import, ~4 s of CPU, for each refusal)
-    assert main([str(a) for a in finetune_cli_args(task, done, *common)]) == 2
-    assert "already holds a run" in capsys.readouterr().err
-    assert main(["finetune", "classify", "-o", str(done), "--resume", "--epochs", "2"]) == 2
-    assert "finished and deleted its checkpoint" in capsys.readouterr().err
+    # finished is still a run: neither overwritten nor resumable
+    status, err = refusal(capsys, *finetune_cli_args(task, done, *common))
+    assert status == 2 and "already holds a run" in err
+    status, err = refusal(capsys, "finetune", "classify", "-o", done, "--resume", "--epochs", 2)
+    assert status == 2 and "finished and deleted its checkpoint" in err
 
     kept = tmp_path / "kept"
     finetune_cli(task, kept, *common, "--keep-checkpoint")
@@ -359,7 +366,7 @@ def test_two_ddp_processes_equal_one_accumulating_two(task, tmp_path, kind):
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=k)
 
 
-def test_bad_arguments_fail_first_and_leave_nothing(tmp_path):
+def test_bad_arguments_fail_first_and_leave_nothing(tmp_path, capsys):
     # no training file exists: the argument is what must be reported, before any loading
     for flag, value, message in (("--batch-size", -4, "--batch-size must be >= 1, got -4"),
                                  ("--epochs", 0, "--epochs must be > 0, got 0.0"),
@@ -369,29 +376,31 @@ def test_bad_arguments_fail_first_and_leave_nothing(tmp_path):
                                  ("--adam-beta2", 1, "--adam-beta2 must be in [0, 1), got 1.0"),
                                  ("--adam-epsilon", -1, "--adam-epsilon must be >= 0, got -1.0"),
                                  ("--max-train-examples", 0, "--max-train-examples must be >= 1 (leave it out")):
-        res = run_cli("finetune", "classify", "--train", tmp_path / "missing.tsv", "-o", tmp_path / "out",
-                      flag, value, check=False)
-        error = res.stderr.strip().splitlines()[-1]
-        assert res.returncode == 2 and error.startswith(f"bertkit: error: {message}"), res.stderr[-500:]
-        assert "Traceback" not in res.stderr and not (tmp_path / "out").exists()
+        status, err = refusal(capsys, "finetune", "classify", "--train", tmp_path / "missing.tsv",
+                              "-o", tmp_path / "out", flag, value)
+        error = err.strip().splitlines()[-1]
+        assert status == 2 and error.startswith(f"bertkit: error: {message}"), err[-500:]
+        assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
-def test_a_device_this_machine_lacks_fails_first(tmp_path):
+def test_a_device_this_machine_lacks_fails_first(tmp_path, capsys):
     cases = [(("--precision", "fp16", "--device", "cpu"), "--precision fp16 needs a CUDA GPU")]
     if not torch.cuda.is_available():
         cases.append((("--device", "cuda"), "--device cuda was asked for but no CUDA GPU is visible"))
     for args, message in cases:
-        res = run_cli("finetune", "ner", "--train", tmp_path / "missing.txt", "-o", tmp_path / "out", *args, check=False)
-        assert res.returncode == 2 and message in res.stderr and not (tmp_path / "out").exists()
+        status, err = refusal(capsys, "finetune", "ner", "--train", tmp_path / "missing.txt", "-o", tmp_path / "out",
+                              *args)
+        assert status == 2 and message in err and not (tmp_path / "out").exists()
 
 
-def test_a_pre_training_run_that_cannot_start_leaves_no_output(tmp_path):
-    res = run_cli("pretrain", "run", tmp_path / "no-data", "--config", "huge", "-o", tmp_path / "out", check=False)
-    assert res.returncode == 2 and "--config 'huge' is neither a preset" in res.stderr
-    res = run_cli("pretrain", "run", tmp_path / "no-data", "--batch-size", 0, "-o", tmp_path / "out", check=False)
-    assert res.returncode == 2 and "--batch-size must be >= 1, got 0" in res.stderr
-    res = run_cli("pretrain", "run", tmp_path / "no-data", "-o", tmp_path / "out", check=False)
-    assert res.returncode == 2 and "pretrain prepare" in res.stderr
+def test_a_pre_training_run_that_cannot_start_leaves_no_output(tmp_path, capsys):
+    status, err = refusal(capsys, "pretrain", "run", tmp_path / "no-data", "--config", "huge", "-o", tmp_path / "out")
+    assert status == 2 and "--config 'huge' is neither a preset" in err
+    status, err = refusal(capsys, "pretrain", "run", tmp_path / "no-data", "--batch-size", 0, "-o", tmp_path / "out")
+    assert status == 2 and "--batch-size must be >= 1, got 0" in err
+    status, err = refusal(capsys, "pretrain", "run", tmp_path / "no-data", "-o", tmp_path / "out")
+    assert status == 2 and "pretrain prepare" in err
+    # a real process: its whole standard error is the one line (a warning would show there)
     res = run_cli("pretrain", "run", tmp_path / "no-data", "--init-from", tmp_path / "no-model", "-o", tmp_path / "out",
                   check=False)  # was "no vocab.txt there", once the data had loaded
     assert res.returncode == 2 and res.stderr == (f"bertkit: error: --init-from {tmp_path / 'no-model'} does not exist: "
