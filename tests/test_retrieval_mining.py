@@ -103,6 +103,23 @@ def test_mining_a_scifact_slice_with_a_tiny_model(shared_data, tmp_path, tiny_di
             assert score <= cosines[-1] + 1e-6 or score > floor - abs(floor) * 0.01 - 1e-6
 
 
+def test_passages_read_cut_are_counted_and_said(shared_data, tmp_path, tiny_dir, transformers_mod):
+    """`bertkit mine` ranked passages past the model's max length by their first tokens, unsaid: one warning now
+    counts the passages (and queries) read cut. Reference: transformers' count of each, uncut, against the tiny
+    model's 64 positions."""
+    from bertkit.retrieval.mining import task_from_beir
+
+    folder = scifact_slice(shared_data, tmp_path / "sf", n_queries=4, n_extra=5)
+    with open(folder / "corpus.jsonl", "a", encoding="utf-8") as f:  # beside abstracts of 100 tokens and more
+        f.write('{"_id": "short", "title": "A note", "text": "Vitamin D and bones."}\n')
+    task = task_from_beir(folder, "train")
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(tiny_dir))
+    cut = sum(len(fast(p)["input_ids"]) > 64 for p in task.passages)
+    assert 0 < cut < len(task.passages) and all(len(fast(q)["input_ids"]) <= 64 for q in task.queries)
+    with pytest.warns(UserWarning, match=rf"^{cut} of {len(task.passages)} passages are longer than the 64 tokens"):
+        mine_hard_negatives(folder, str(tiny_dir), split="train", options=MiningOptions(num_negatives=1))
+
+
 def test_a_document_without_tokens_is_named_by_its_id(shared_data, tmp_path, tiny_dir):
     # mine stopped with "text '\u200b\u200b' yields no tokens" and no more: an invisible text, which no
     # search of a 5,000-document corpus.jsonl finds; it names the document's _id, as evaluate retrieval does

@@ -42,7 +42,7 @@ from bertkit.errors import BertkitError, read_score
 from bertkit.metrics.tasks import pearson, spearman
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s, stem_function
-from bertkit.retrieval.encoding import encode, encoder_and_settings, has_tokens
+from bertkit.retrieval.encoding import encode, encoder_and_settings, has_tokens, say_cut
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions, options_of
 from bertkit.retrieval.index import document_ids, open_index, update_info
@@ -335,7 +335,7 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
                            names=query_names(data.directory, query_ids), on_cut=lambda n, _: cut.setdefault("queries", n))
     seconds = time.perf_counter() - started
     say_cut([("documents", cut["documents"], len(doc_ids)), ("queries", cut["queries"], len(query_ids))],
-            settings.max_length)
+            settings.max_length, RETRIEVAL_CUT)
     options = fusion_options({"lexical": True}, {**(fusion or {}), "mode": "hybrid"})
 
     def runs_of(queries: dict):  # (dense, lexical): per query, best-first (doc id, score)
@@ -376,15 +376,6 @@ def _evaluate_model(data, model, batch_size, max_length, dtype, measures, progre
 
 RETRIEVAL_CUT = ("as MTEB does (BM25, in lexical and hybrid mode, reads them whole; bertkit index reads a document "
                  "whole, in passages: evaluate with --index)")
-
-
-def say_cut(counted: list, length: int, how: str = RETRIEVAL_CUT) -> None:
-    """Warn that texts longer than the model's max length were embedded cut there, as MTEB and sentence-transformers'
-    evaluators embed them (`how`): a 700-token abstract was ranked by its first 256 tokens without a word.
-    counted: (what, how many cut, of how many), iter_embed's counts, which the result records (documents_cut...)."""
-    if said := " and ".join(f"{cut} of {n} {what}" for what, cut, n in counted if cut):
-        warnings.warn(f"{said} are longer than the {length} tokens the model reads (its max length), and it read them "
-                      f"cut there, {how}", stacklevel=3)
 
 
 def _evaluate_lexical(data, measures) -> dict:

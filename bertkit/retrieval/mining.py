@@ -65,7 +65,7 @@ from bertkit.data.atomic import write_lines
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows, tsv_cell
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.config import MiningOptions
-from bertkit.retrieval.encoding import encode, encoder_and_settings
+from bertkit.retrieval.encoding import encode, encoder_and_settings, say_cut
 from bertkit.retrieval.exact import top_k
 
 
@@ -181,9 +181,15 @@ def mine(task: MiningTask, model=None, options: MiningOptions = MiningOptions(),
     vectors, passage vectors)). fast: the encoder's fast-path settings."""
     loaded, settings = encoder_and_settings(model, max_length, dtype, fast)
     ids = task.passage_ids  # a BEIR corpus's: a passage without tokens is named by its _id (its text is invisible)
+    cut = {}  # passages, queries -> how many the model read cut at max_length
     passage_vectors = encode(task.passages, loaded, settings, batch_size=batch_size, progress=progress,
-                             names=None if ids is None else lambda i: f"corpus.jsonl _id {ids[i]!r}")
-    query_vectors = encode(task.queries, loaded, settings, batch_size=batch_size)
+                             names=None if ids is None else lambda i: f"corpus.jsonl _id {ids[i]!r}",
+                             on_cut=lambda n, _: cut.setdefault("passages", n))
+    query_vectors = encode(task.queries, loaded, settings, batch_size=batch_size,
+                           on_cut=lambda n, _: cut.setdefault("queries", n))
+    say_cut([("passages", cut["passages"], len(task.passages)), ("queries", cut["queries"], len(task.queries))],
+            settings.max_length, "and ranked them by their first tokens (finetune embed cuts them at its --max-length "
+            "too)")
     depth = options.range_max + max(len(p) for p in task.positives)  # positives may take places in the ranking
     scores, rows = top_k(query_vectors, passage_vectors, k=min(depth, len(task.passages)), normalized=True)
     positive_scores = [passage_vectors[p] @ query_vectors[q] for q, p in enumerate(task.positives)]
