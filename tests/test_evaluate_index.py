@@ -56,6 +56,32 @@ def test_index_figures_equal_bertkit_search_scored_by_hand(setup, capsys, rerank
     assert got["index"]["rerank"] == ({"model": str(setup["cross"]), "top": 5} if rerank else None)
 
 
+def test_the_pairs_the_cross_encoder_reads_cut_are_said(setup, capsys, transformers_mod):
+    """evaluate retrieval --rerank scored a cross-encoder on (query, passage) pairs it read cut at its max_length,
+    unsaid (a reranker at finetune's default 128 tokens, passages of 256): one warning now counts them, as `search
+    --rerank` says it. Reference: transformers' count of each query with each of its first stage's best 5 passages
+    (`bertkit search --json`), uncut, against the model's max_length (lowered to the passages' 32 tokens)."""
+    import re
+    import shutil
+
+    cross = shutil.copytree(setup["cross"], setup["root"] / "cross_short")
+    info = json.loads((cross / "bertkit_task.json").read_text())
+    (cross / "bertkit_task.json").write_text(json.dumps({**info, "max_length": TOKENS}))
+    data = load_beir(setup["folder"], "test")
+    (setup["root"] / "q.txt").write_text("\n".join(data.queries.values()) + "\n")
+    assert main(["search", str(setup["index"]), "--queries", str(setup["root"] / "q.txt"), "-k", "100", "--json",
+                 "--dtype", "float32"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(cross))
+    cut = sum(len(fast(q, h["text"])["input_ids"]) > TOKENS for q, hits in zip(data.queries.values(), first)
+              for h in hits[:5])
+    assert cut > 0
+    with pytest.warns(UserWarning, match=rf"^--rerank {re.escape(str(cross))}: \(query, passage\) pairs: {cut} of "
+                      rf"{5 * len(first)} inputs are longer than the model's max_length of {TOKENS} tokens"):
+        assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--dtype",
+                     "float32", "--quiet", "--rerank", str(cross), "--rerank-top", "5"]) == 0
+
+
 def test_reranking_changes_the_figures_only_through_the_top(setup, capsys):
     plain = by_hand(setup, capsys)
     top1 = by_hand(setup, capsys, "--rerank", str(setup["cross"]), "--rerank-top", "1", ranked=True)

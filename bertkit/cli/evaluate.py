@@ -153,7 +153,7 @@ RETRIEVAL_NEEDS = [
 
 
 def run_evaluate_retrieval(args):
-    from bertkit.tasks.rerank import rerank, reranker
+    from bertkit.tasks.rerank import rerank, reranker, say_cut
     from bertkit.retrieval.evaluation import evaluate_retrieval
 
     refuse_unneeded(RETRIEVAL_NEEDS, vars(args), {**vars(args), "lexical": args.mode == "lexical",
@@ -166,6 +166,7 @@ def run_evaluate_retrieval(args):
                                 progress=not args.quiet, index=args.index, ann=args.ann,
                                 rerank=None if cross is None else partial(rerank, cross, top=top, **batch),
                                 rerank_top=top, rerank_model=args.rerank, dimensions=args.dimensions,
+                                rerank_cut=None if cross is None else partial(say_cut, cross, top=top),
                                 mode=args.mode, fusion={f.name: getattr(args, f.name)
                                                         for f in dataclasses.fields(FusionOptions) if f.name != "mode"},
                                 tune=args.tune, dedupe=args.dedupe,

@@ -31,7 +31,7 @@ from pathlib import Path
 from bertkit.retrieval.evaluation import check_index_of, evaluate_retrieval, index_answers
 from bertkit.retrieval.mining import reranker_pairs
 from bertkit.tasks.classification import train_pair_scorer
-from bertkit.tasks.rerank import FIGURES_FILE, rerank, reranker
+from bertkit.tasks.rerank import FIGURES_FILE, rerank, reranker, say_cut
 from bertkit.tasks.run import settle, write_json
 
 
@@ -77,6 +77,7 @@ def record_figures(cfg, log=print) -> dict:
                                 index=cfg.index, progress=cfg.training.progress, rerank_top=cfg.rerank_top,
                                 rerank=partial(rerank, cross, top=cfg.rerank_top,
                                                batch_size=cfg.training.eval_batch_size),
+                                rerank_cut=partial(say_cut, cross, top=cfg.rerank_top),
                                 rerank_model=str(cfg.output))
     measures = [k for k, v in result["before_rerank"].items() if isinstance(v, float)]
     fusion = result["before_rerank"]["fusion"]
