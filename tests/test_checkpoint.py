@@ -664,6 +664,76 @@ def test_describe_reads_config_json_once_so_a_save_landing_meanwhile_cannot_mix_
     assert (saved.model_type, saved.architecture, saved.task) == ("electra", "ElectraModel", None)
 
 
+def _folder_for_load(kind, folder):
+    """A model folder of `kind` for `bertkit.load`, and the model saved in it: a fine-tuned classifier (3 labels),
+    a sentence-transformers encoder (mean pooling, normalised) or an int8 classifier (save_quantized)."""
+    from bertkit.model.sentence_layout import write_layout
+    from bertkit.runtime.quantization import quantize, save_quantized
+
+    tok = Tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"])
+    model = tiny(BertModel if kind == "sentence encoder" else bertkit.BertForSequenceClassification, num_labels=3)
+    if kind == "int8 classifier":
+        model = quantize(model)
+        save_quantized(model, folder, tok, task={"task": "classify", "max_length": 16})
+        return model
+    model.save_pretrained(folder, tokenizer=tok)
+    if kind == "sentence encoder":
+        write_layout(folder, pooling="mean", normalize=True, max_seq_length=16, hidden_size=32)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["classifier", "sentence encoder", "int8 classifier"])
+def test_one_load_reads_config_json_and_modules_json_once(tmp_path, monkeypatch, kind):
+    """bertkit.load of a folder read its config.json three times (is_static's model2vec check, describe, the model's
+    config; an int8 one four: its class) and modules.json three times (is_static, the encoder's folder, the layout):
+    each step read the folder again. Every reader of these files goes through Path.read_text; one load now reads
+    each once, and loads the model saved there."""
+    from collections import Counter
+
+    folder = tmp_path / "model"
+    saved = _folder_for_load(kind, folder)
+    reads, real = Counter(), Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        reads[self.relative_to(folder).as_posix() if self.is_relative_to(folder) else None] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    loaded = bertkit.load(folder, fast=False)  # the plain layers: the saved model's own arithmetic
+    small = {name: reads[name] for name in ("config.json", "modules.json") if (folder / name).is_file()}
+    assert small == dict.fromkeys(small, 1)  # main: classifier {'config.json': 3}, encoder 3 and 3, int8 4
+    ids, mask = inputs((2, 9))
+    ids = ids % 15
+    with torch.no_grad():
+        out, ref = loaded.model(ids, attention_mask=mask), saved(ids, attention_mask=mask)
+    key = "last_hidden_state" if kind == "sentence encoder" else "logits"
+    torch.testing.assert_close(getattr(out, key), getattr(ref, key))
+    if kind == "sentence encoder":
+        assert (loaded.layout.pooling, loaded.layout.normalize, loaded.layout.max_seq_length) == ("mean", True, 16)
+    else:
+        assert loaded.task == "classify" and loaded.int8 is (kind == "int8 classifier")
+
+
+def test_a_load_builds_the_model_of_the_config_json_it_described(tmp_path, monkeypatch):
+    """bertkit.load described the folder from its config.json (describe), then built the model from the file read
+    again: a classifier saved over meanwhile (here 3 labels, then a 2-label one over the same encoder) was planned as
+    the first and built from the second's settings, and refused as 'does not match' (3 head rows against 2 labels).
+    It reads the file once: the model it held when read, logits equal to the one saved; a load after reads the new
+    file (its 2 labels refused beside the 3-label weights still there)."""
+    folder = tmp_path / "model"
+    saved = _folder_for_load("classifier", folder)
+    other = {**json.loads((folder / "config.json").read_text()), "num_labels": 2,
+             "id2label": {"0": "LABEL_0", "1": "LABEL_1"}, "label2id": {"LABEL_0": 0, "LABEL_1": 1}}
+    _replaced_after_its_first_read(monkeypatch, folder / "config.json", other)
+    loaded = bertkit.load(folder, fast=False)  # main: BertkitError ... does not match
+    ids, mask = inputs((2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids % 15, attention_mask=mask).logits,
+                                   saved(ids % 15, attention_mask=mask).logits)
+    with pytest.raises(BertkitError):
+        bertkit.load(folder)
+
+
 @pytest.mark.parametrize("saver", ["save_pretrained", "export onnx"])
 def test_a_model_folders_vocabulary_and_its_settings_are_written_as_one_pair(tmp_path, monkeypatch, saver):
     """Every model-folder save (finetune, pretrain run, distill layers, finetune embed, save_quantized: each through

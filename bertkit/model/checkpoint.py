@@ -232,9 +232,8 @@ def read_weights(directory) -> tuple[dict[str, torch.Tensor], Path]:
 
 
 def canonical(state: dict[str, torch.Tensor], layout: Layout = BERT) -> dict[str, torch.Tensor]:
-    """HF keys as a bare BertModel names them: no `bert.` prefix (nor a wrapper's, a DDP `module.` or a torch.compile
-    `_orig_mod.`, as some trainers save them), LayerNorm weight/bias (TF: gamma/beta), the MLM bias under
-    cls.predictions.bias."""
+    """HF keys as a bare BertModel names them: no `bert.` prefix (nor a wrapper's, as some trainers save them: DDP
+    `module.`, torch.compile `_orig_mod.`), LayerNorm weight/bias (TF: gamma/beta), MLM bias: cls.predictions.bias."""
     out, cut = {}, len(wrapper_prefix(state))
     for key, value in ((k[cut:], v) for k, v in state.items()):
         key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key.removeprefix(layout.prefix))
@@ -407,15 +406,16 @@ class Saved:
     architecture: str  # the class config.json names
     task: dict | None  # a fine-tuned model's task description; None for a bare encoder
     int8_weights: bool  # an int8 model saved by bertkit.runtime.quantization.save_quantized
+    config: dict | None = field(default=None, compare=False, repr=False)  # config.json, read: a load builds from it
 
 
-def describe(path) -> Saved:
-    """`path` (None: the default model) as a `Saved`: every reader above, once, config.json read once for all (read
-    three times, a folder saved over meanwhile could be described as one model's type and another's head)."""
+def describe(path, config: dict | None = None) -> Saved:
+    """`path` (None: the default model) as a `Saved`: every reader above, once, config.json (`config`: when the caller
+    read it) read once for all (read thrice, a folder saved over meanwhile was one model's type, another's head)."""
     directory = resolve(path)
-    config = read_config(directory)
+    config = read_config(directory) if config is None else config
     return Saved(directory, config.get("model_type", "bert"), architecture(directory, config),
-                 task_info(directory, config), has_int8_weights(directory))
+                 task_info(directory, config), has_int8_weights(directory), config)
 
 
 def resolve(path) -> Path:
@@ -432,10 +432,12 @@ def resolve(path) -> Path:
     return path
 
 
-def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Generator | None = None, **config_overrides):
-    """`cls.from_pretrained`: build `cls` from the directory's config.json, then load its weights."""
+def load_pretrained(cls, path=None, strict: bool = True, generator: torch.Generator | None = None,
+                    config_json: dict | None = None, **config_overrides):
+    """`cls.from_pretrained`: build `cls` from config.json (`config_json`: as the caller read it), then its weights."""
     directory = resolve(path)
-    config = cls.config_class.from_pretrained(directory)
+    config = (cls.config_class.from_pretrained(directory) if config_json is None
+              else cls.config_class.from_file_dict(config_json, directory / "config.json"))
     if config_overrides:
         config = config.replace(**config_overrides)
     weights = weights_file(directory)

@@ -173,13 +173,15 @@ class ElectraPretrainingModel(nn.Module):
         save_checkpoint(self.generator, Path(directory) / GENERATOR_DIR, tokenizer=tokenizer)
 
     @classmethod
-    def from_pretrained(cls, directory, *, disc_weight: float = 50.0, **changes) -> "ElectraPretrainingModel":
+    def from_pretrained(cls, directory, *, disc_weight: float = 50.0, config_json: dict | None = None,
+                        **changes) -> "ElectraPretrainingModel":
         """Both networks from a directory `save_pretrained` wrote (strict; the embeddings the two
         files hold must be equal, as they are when trained together); `changes`: config fields both
-        take (e.g. the dropout of a continued run)."""
+        take (e.g. the dropout of a continued run); `config_json`: the top config.json as the caller read it."""
         directory = Path(directory)
         layout = f"the discriminator at its top, the generator in {GENERATOR_DIR}/"
-        values = read_config(directory)  # once: its kind and the discriminator's settings are one file's
+        # once: its kind and the discriminator's settings are one file's
+        values = read_config(directory) if config_json is None else config_json
         if values.get("model_type", "bert") != "electra":  # not a run that lost its generator: another kind of model
             raise BertkitError(f"{directory} holds a BERT model, not an ELECTRA pre-training run (`bertkit pretrain run "
                                f"--method electra` writes one: {layout}); a BERT masked LM's guesses: bertkit fill-mask")

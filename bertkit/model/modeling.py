@@ -380,15 +380,18 @@ class BertPreTrainedModel(nn.Module):
         self.config = config
 
     @classmethod
-    def from_pretrained(cls, path=None, strict: bool = True, generator: torch.Generator | None = None, **config_overrides):
+    def from_pretrained(cls, path=None, strict: bool = True, generator: torch.Generator | None = None,
+                        config_json: dict | None = None, **config_overrides):
         """Load a Hugging Face BERT directory (None: the default model) into this class.
 
         `config_overrides` change config fields before building, e.g. num_labels=3 for a
         fresh classification head. strict=True raises on missing or unexpected weights;
         strict=False initialises what is missing (with `generator`) and records what
-        happened in `model.load_report`. See bertkit.model.checkpoint.
+        happened in `model.load_report`. `config_json`: the directory's config.json as the caller read it (read
+        once for a whole load). See bertkit.model.checkpoint.
         """
-        return hf_checkpoint.load_pretrained(cls, path, strict=strict, generator=generator, **config_overrides)
+        return hf_checkpoint.load_pretrained(cls, path, strict=strict, generator=generator, config_json=config_json,
+                                             **config_overrides)
 
     def save_pretrained(self, directory, tokenizer=None) -> None:
         """Write config.json + model.safetensors (+ the tokenizer's files) so transformers loads them."""

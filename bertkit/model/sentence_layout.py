@@ -156,8 +156,12 @@ def encoder_folder(directory, modules=None) -> Path:
     return folder
 
 
-def read_layout(directory) -> SentenceLayout | None:
-    """The sentence-transformers layout of a model folder, or None when it has none.
+_UNREAD = object()  # read_layout's modules.json not read by its caller
+
+
+def read_layout(directory, modules=_UNREAD) -> SentenceLayout | None:
+    """The sentence-transformers layout of a model folder, or None when it has none (`modules`: its modules.json's
+    object when the caller read it, None: it has none; a load reads it once, for the encoder's folder and this).
 
     A folder with neither modules.json nor sentence_bert_config.json is a plain
     Hugging Face model: None, and the caller keeps its defaults. A folder with
@@ -165,7 +169,7 @@ def read_layout(directory) -> SentenceLayout | None:
     itself reads it when it has no module list: mean pooling, not normalised.
     """
     directory = Path(directory)
-    return _layout(directory, _modules_json(directory))
+    return _layout(directory, _modules_json(directory) if modules is _UNREAD else modules)
 
 
 def _modules_json(directory: Path):

@@ -115,12 +115,24 @@ def _read_json(path: Path, what: str):
         raise BertkitError(f"{path} ({what}) is not readable JSON ({err})") from None
 
 
-def _st_modules(directory: Path) -> list | None:
-    """The module list of a sentence-transformers folder whose first module is a StaticEmbedding, else None."""
-    path = directory / MODULES_FILE
-    if not path.is_file():
-        return None
-    modules = _read_json(path, "the sentence-transformers modules")
+SMALL_FILES = ((MODULES_FILE, "the sentence-transformers modules"), ("config.json", "the model config"))
+
+
+def small_files(directory) -> tuple:
+    """(modules.json's object, config.json's object) of a folder, each None where the file is absent: read once
+    for all a load asks of them (whether it is static, which layout, the model's settings), so a folder saved
+    over meanwhile cannot be judged by one file and built from another."""
+    return tuple(_small_file(Path(directory), i) for i in range(len(SMALL_FILES)))
+
+
+def _small_file(directory: Path, i: int):
+    path = directory / SMALL_FILES[i][0]
+    return _read_json(path, SMALL_FILES[i][1]) if path.is_file() else None
+
+
+def _st_modules(modules) -> list | None:
+    """The module list of a sentence-transformers folder whose first module is a StaticEmbedding, else None
+    (`modules`: its modules.json's object)."""
     if not isinstance(modules, list) or not modules or not all(isinstance(m, dict) for m in modules):
         return None
     if not all(isinstance(m.get("idx", 0), int) and not isinstance(m.get("idx", 0), bool) for m in modules):
@@ -129,14 +141,10 @@ def _st_modules(directory: Path) -> list | None:
     return modules if str(modules[0].get("type", "")).endswith("StaticEmbedding") else None
 
 
-def _model2vec_config(directory: Path) -> dict | None:
-    """model2vec's config.json, when `directory` is a model2vec folder: model_type "model2vec", or no
-    model_type beside model2vec's "embeddings" tensor at the root (model2vec writes none for a model
-    built in memory, `StaticModel(vectors, tokenizer).save_pretrained`)."""
-    path = directory / "config.json"
-    if not path.is_file():
-        return None
-    config = _read_json(path, "the model config")
+def _model2vec_config(directory: Path, config) -> dict | None:
+    """model2vec's config.json (`config`: its object), when `directory` is a model2vec folder: model_type
+    "model2vec", or no model_type beside model2vec's "embeddings" tensor at the root (model2vec writes none for a
+    model built in memory, `StaticModel(vectors, tokenizer).save_pretrained`)."""
     if not isinstance(config, dict):
         return None
     if config.get("model_type") == "model2vec":
@@ -148,16 +156,22 @@ def _model2vec_config(directory: Path) -> dict | None:
         return config if "embeddings" in f.keys() else None
 
 
-def is_static(directory) -> bool:
-    """Whether `directory` holds a static model in either layout (its small files only)."""
+def is_static(directory, files: tuple | None = None) -> bool:
+    """Whether `directory` holds a static model in either layout (its small files only; `files`: `small_files`
+    as the caller read them, None: read here)."""
     directory = Path(directory)
-    return directory.is_dir() and (_st_modules(directory) is not None or _model2vec_config(directory) is not None)
+    if not directory.is_dir():
+        return False
+    if _st_modules(_small_file(directory, 0) if files is None else files[0]) is not None:
+        return True  # config.json not read (a StaticEmbedding folder's is not model2vec's)
+    return _model2vec_config(directory, _small_file(directory, 1) if files is None else files[1]) is not None
 
 
-def weights_folder(directory) -> Path:
+def weights_folder(directory, files: tuple | None = None) -> Path:
     """The folder holding a static model's model.safetensors (a StaticEmbedding module's path; else the folder)."""
     directory = Path(directory)
-    modules = None if _model2vec_config(directory) is not None else _st_modules(directory)
+    modules, config = small_files(directory) if files is None else files
+    modules = None if _model2vec_config(directory, config) is not None else _st_modules(modules)
     return directory / modules[0].get("path", "") if modules else directory
 
 
@@ -194,8 +208,8 @@ def _table(folder: Path) -> torch.Tensor:
     return state[WEIGHT_KEY].float() if WEIGHT_KEY in state else fold_model2vec(state, source)
 
 
-def _read_st(directory: Path, modules: list) -> Static:
-    folder = weights_folder(directory)
+def _read_st(directory: Path, modules: list, files: tuple) -> Static:
+    folder = weights_folder(directory, files)
     normalize = False
     for module in modules[1:]:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -206,11 +220,13 @@ def _read_st(directory: Path, modules: list) -> Static:
     return Static(StaticEmbedding(_table(folder), normalize), folder, "sentence-transformers")
 
 
-def read_static(directory) -> Static:
-    """The static model in `directory` (either layout). For a model2vec folder the caller sets
-    `config.skip_ids` to [UNK]'s id, which it finds in the tokenizer."""
+def read_static(directory, files: tuple | None = None) -> Static:
+    """The static model in `directory` (either layout; `files`: `small_files` as the caller read them). For a
+    model2vec folder the caller sets `config.skip_ids` to [UNK]'s id, which it finds in the tokenizer."""
     directory = Path(directory)
-    config = _model2vec_config(directory)  # first: model2vec also writes a modules.json, for sentence-transformers
+    files = small_files(directory) if files is None else files
+    # first: model2vec also writes a modules.json, for sentence-transformers
+    config = _model2vec_config(directory, files[1])
     if config is not None:
         model = StaticEmbedding(_table(directory), bool(config.get("normalize", True)))
         model.config.max_length = config.get("max_length", DEFAULT_MAX_LENGTH)
@@ -218,11 +234,11 @@ def read_static(directory) -> Static:
             int_at_least(model.config.max_length, 1, f"{directory}/config.json: max_length",
                          says="a positive integer or null")
         return Static(model, directory, "model2vec")
-    modules = _st_modules(directory)
+    modules = _st_modules(files[0])
     if modules is None:
         raise BertkitError(f"{directory} holds no static model: expected modules.json naming a StaticEmbedding "
                            "(sentence-transformers) or config.json with model_type model2vec")
-    return _read_st(directory, modules)
+    return _read_st(directory, modules, files)
 
 
 def save_static(model: StaticEmbedding, directory, about: dict | None = None) -> Path:

@@ -32,7 +32,8 @@ An ELECTRA directory loads into the ELECTRA form of the class asked for
 (`class_for`): the same task, the ELECTRA heads and checkpoint names.
 
 `load` is one chain, each step once and in this order: what the directory holds
-(`bertkit.model.checkpoint.describe`: its small files, no weights); the class `head` asks
+(`bertkit.model.checkpoint.describe`: its small files, no weights; modules.json and config.json are
+read once and handed to every step that asks of them); the class `head` asks
 for; where and in what it runs (`bertkit.runtime.devices.placement`: "auto" is bf16 where
 the device multiplies it natively; int8 means the CPU and float32 activations),
 decided before any weight is read, so a wrong choice costs no load; the weights;
@@ -67,7 +68,7 @@ from bertkit.errors import BertkitError
 from bertkit.model.modeling import BertModel
 from bertkit.runtime.quantization import dense_ops, load_quantized
 from bertkit.model.sentence_layout import SentenceLayout, encoder_folder, read_layout
-from bertkit.model.static import StaticEmbedding, is_static, read_static, weights_folder
+from bertkit.model.static import StaticEmbedding, is_static, read_static, small_files, weights_folder
 from bertkit.text.tokenizer import Tokenizer
 from bertkit.text.tokenizer_json import read_tokenizer_json, truncation_length
 
@@ -298,11 +299,12 @@ def _task_head(saved: Saved) -> type:
     return cls
 
 
-def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
+def _build(plan: _Plan, device, dtype, int8: bool, speed,
+           config: dict | None = None) -> tuple[nn.Module, torch.device, torch.dtype, bool]:
     """The model of `plan` in eval mode on its device and in its dtype, that device and dtype, and
-    whether its weights are int8. Where and in what it runs is decided first
-    (`bertkit.runtime.devices.placement`), before any weight is read, so a wrong choice costs no load; a model
-    in memory is moved and cast only where `device` or `dtype` ask for it."""
+    whether its weights are int8 (`config`: the config.json `plan.weights` holds, as `load` read it). Where and
+    in what it runs is decided first (`bertkit.runtime.devices.placement`), before any weight is read, so a wrong
+    choice costs no load; a model in memory is moved and cast only where `device` or `dtype` ask for it."""
     held = plan.model is not None
     on, int8_weights = in_memory(plan.model) if held else (None, plan.int8_weights)
     where, chosen = placement(device, dtype, int8 or int8_weights, on=on,
@@ -311,15 +313,16 @@ def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, to
         return (plan.model if int8_weights else plan.model.to(where, None if dtype is None else chosen),
                 where, chosen, int8_weights)
     if int8_weights:
-        return _int8(plan.cls, plan.weights, speed), where, chosen, True
+        return _int8(plan.cls, plan.weights, speed, config), where, chosen, True
     if plan.cls is BertModel:
-        return _encoder(plan.weights).to(where, chosen), where, chosen, False
+        return _encoder(plan.weights, config).to(where, chosen), where, chosen, False
     if plan.task != "mlm":
-        return plan.cls.from_pretrained(plan.weights).eval().to(where, chosen), where, chosen, False
+        model = plan.cls.from_pretrained(plan.weights, config_json=config)
+        return model.eval().to(where, chosen), where, chosen, False
     # a masked-LM head must be all there: the report is checked here, with a message for fill-mask
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = plan.cls.from_pretrained(plan.weights, strict=False)
+        model = plan.cls.from_pretrained(plan.weights, strict=False, config_json=config)
     report = model.load_report
     if report.missing:
         what = ("an ELECTRA discriminator or fine-tuned model: point it at the generator (ElectraForMaskedLM)"
@@ -334,23 +337,23 @@ def _build(plan: _Plan, device, dtype, int8: bool, speed) -> tuple[nn.Module, to
     return model.eval().to(where, chosen), where, chosen, False
 
 
-def _int8(cls, directory, speed) -> nn.Module:
+def _int8(cls, directory, speed, config: dict | None = None) -> nn.Module:
     """The int8 model save_quantized wrote in `directory`, as `cls`. The encoder asked of an int8 fine-tuned
     model is its head's encoder (a float one's is read out of the head's checkpoint the same way, `_encoder`):
     the quantized head is built as saved, and its encoder kept."""
-    saved = CLASSES.get(architecture(directory))
+    saved = CLASSES.get(architecture(directory, config))
     if cls in (BertModel, ElectraModel) and saved is not None and saved not in (BertModel, ElectraModel):
-        return load_quantized(saved, directory, speed).base_model
-    return load_quantized(cls, directory, speed)
+        return load_quantized(saved, directory, speed, config).base_model
+    return load_quantized(cls, directory, speed, config)
 
 
-def _encoder(directory) -> BertModel:
+def _encoder(directory, config: dict | None = None) -> BertModel:
     """The encoder of `directory`, with its pooler when the checkpoint has one. A masked-LM checkpoint
     (BertForMaskedLM, like transformers') saves no pooler: the encoder loads without it (pooler_output
     None) rather than with a random one; any other missing or unexpected weight is still refused."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = BertModel.from_pretrained(directory, strict=False)
+        model = BertModel.from_pretrained(directory, strict=False, config_json=config)
     report = model.load_report
     if report.missing and all(key.startswith("pooler.") for key in report.missing):
         model.pooler = None
@@ -391,35 +394,41 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     if held and (not isinstance(model[0], nn.Module) or model[1] is None):
         raise BertkitError(f"a (model, tokenizer) pair needs a torch model and its tokenizer, got "
                            f"({type(model[0]).__name__}, {type(model[1]).__name__})")
-    if isinstance(model, (str, Path)) and is_static(resolve(model)):  # "" is no folder, not the current one
-        return _load_static(Path(model), head, device, int8)
     top = None if held else resolve(model)  # None: the default model's folder
-    saved = None if held else describe(encoder_folder(top))  # the encoder's small files (an older layout: its folder)
+    # modules.json and config.json read once for the whole load (read again by each step, a folder saved over
+    # meanwhile could be judged by one save's files and built from another's)
+    files = None if held else small_files(top)
+    if isinstance(model, (str, Path)) and is_static(top, files):  # "" is no folder, not the current one
+        return _load_static(Path(model), head, device, int8, files)
+    folder = None if held else encoder_folder(top, [] if files[0] is None else files[0])
+    # the encoder's small files (an older layout: its folder's, its config.json not read yet)
+    saved = None if held else describe(folder, files[1] if folder == top and isinstance(files[1], dict) else None)
     plan = _held(*model) if held else _plan(saved, head, int8)
     speed = None if isinstance(fast, bool) else fast  # None: quantization and the fast path decide() them
     # nothing random survives an inference load (a missing weight is refused, a missing pooler dropped): the
     # layers' thrown-away init must not move the caller's seeded torch generator
     with torch.random.fork_rng(devices=[]):
-        net, where, chosen, int8_weights = _build(plan, device, dtype, int8, speed)
+        net, where, chosen, int8_weights = _build(plan, device, dtype, int8, speed,
+                                                  saved.config if saved and plan.weights == saved.directory else None)
     quantize_now = int8 and not int8_weights
     # a model in memory keeps its layers, unless it is quantized here
     net = dense_ops(net, quantize_now, fast is not False if not held else quantize_now, speed)
-    layout = read_layout(top) if not held and plan.cls in (BertModel, ElectraModel) else None  # an encoder's
+    layout = read_layout(top, files[0]) if not held and plan.cls in (BertModel, ElectraModel) else None  # an encoder's
     # the vocabulary is refused when it holds more tokens than the model has embedding rows
     tok = plan.tokenizer if held else Tokenizer.from_pretrained(plan.vocab, vocab_size=net.config.vocab_size)
     dtype_now = next((p.dtype for p in net.parameters()), chosen)
     return Loaded(net, tok, top, plan.task, plan.info, layout, where, dtype_now, int8 or int8_weights, plan.weights)
 
 
-def _load_static(directory: Path, head: str, device, int8: bool) -> Loaded:
-    """A static model folder (see the module docstring), on `device`, float32."""
+def _load_static(directory: Path, head: str, device, int8: bool, files: tuple) -> Loaded:
+    """A static model folder (see the module docstring), on `device`, float32 (`files`: its small files, read)."""
     if head not in ("auto", "encoder"):
         raise BertkitError(f"{directory} holds a static embedding model (a table, no transformer): it embeds "
                            f"texts only, it has no {head} head")
     if int8:
         raise BertkitError(f"{directory} holds a static embedding model: it has no dense layers to run in int8")
     where, _ = placement(device, None, False)
-    static = read_static(directory)
+    static = read_static(directory, files)
     tok = read_tokenizer_json(static.tokenizer_dir)
     config = static.model.config
     beyond = [t for t in tok.ids_to_tokens[config.vocab_size:] if t not in tok.all_special_tokens]
@@ -434,4 +443,4 @@ def _load_static(directory: Path, head: str, device, int8: bool) -> Loaded:
         config.max_length = truncation_length(static.tokenizer_dir)
     layout = SentenceLayout("mean", config.normalize, config.max_length)
     return Loaded(static.model.eval().to(where), tok, directory, "static", {"layout": static.layout}, layout, where,
-                  torch.float32, False, weights_folder(directory))
+                  torch.float32, False, weights_folder(directory, files))

@@ -265,14 +265,16 @@ def _take(state: dict, key: str, shape: tuple, dtype: torch.dtype, path: Path) -
     return tensor
 
 
-def load_quantized(cls, directory, settings: SpeedSettings | None = None) -> nn.Module:
+def load_quantized(cls, directory, settings: SpeedSettings | None = None, config_json: dict | None = None) -> nn.Module:
     """The int8 model saved in `directory` by `save_quantized`, as an instance of `cls`, its
-    activations quantized as `settings` say (None: `bertkit.runtime.fast.decide()`)."""
+    activations quantized as `settings` say (None: `bertkit.runtime.fast.decide()`); `config_json`: its
+    config.json as the caller read it (None: read here)."""
     directory = Path(directory)
     path = directory / INT8_WEIGHTS
     if not path.is_file():
         raise BertkitError(f"no int8 weights in {directory}: expected {INT8_WEIGHTS} (made by save_quantized)")
-    config = cls.config_class.from_pretrained(directory)  # as checkpoint.load_pretrained
+    config = (cls.config_class.from_pretrained(directory) if config_json is None  # as checkpoint.load_pretrained
+              else cls.config_class.from_file_dict(config_json, directory / "config.json"))
     saved = (config.architectures or ["BertModel"])[0]
     if saved != cls.__name__:
         raise BertkitError(f"{directory} holds an int8 {saved}, not a {cls.__name__}: load it as {saved}")
