@@ -56,6 +56,16 @@ def run_cli(*args, env=None, check=True, timeout=240, kill_at_step=None) -> subp
     return res
 
 
+def refusal(capsys, *args) -> tuple:
+    """`bertkit ARGS` through the command's main in this process: (status, stderr). For the refusals, which need
+    no real process: a fresh one costs a torch import (~4 s of CPU) to print one line."""
+    from bertkit.cli import main
+
+    capsys.readouterr()
+    status = main([str(a) for a in args])
+    return status, capsys.readouterr().err
+
+
 def train_losses(run_dir: Path) -> dict:
     """step -> training loss, from metrics.jsonl."""
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pretrain_support import make_prepared_data, run_cli, tiny_config_file, train_losses
+from pretrain_support import make_prepared_data, refusal, run_cli, tiny_config_file, train_losses
 from test_distributed import torchrun
 
 
@@ -53,11 +53,11 @@ def test_an_electra_run_writes_both_networks_metrics_and_curves(setup):
     assert "replaced" in run_cli("electra", "show", out, "the man went to the house .").stdout
 
 
-def test_electra_refuses_sentence_pairs(shared_data, tmp_path):
+def test_electra_refuses_sentence_pairs(shared_data, tmp_path, capsys):
     data = make_prepared_data(shared_data, tmp_path, objective="nsp")
-    res = run_cli("pretrain", "run", data, "--config", tiny_config_file(tmp_path), "-o", tmp_path / "o",
-                  "--max-steps", 1, *COMMON, check=False)
-    assert res.returncode == 2 and "--objective none" in res.stderr
+    status, err = refusal(capsys, "pretrain", "run", data, "--config", tiny_config_file(tmp_path), "-o", tmp_path / "o",
+                          "--max-steps", 1, *COMMON)
+    assert status == 2 and "--objective none" in err
     assert not (tmp_path / "o").exists()
 
 

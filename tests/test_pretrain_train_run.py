@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from pretrain_support import BOOKS, TINY_MODEL, make_prepared_data, run_cli, tiny_config_file, train_losses
+from pretrain_support import BOOKS, TINY_MODEL, make_prepared_data, refusal, run_cli, tiny_config_file, train_losses
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.run_config import RunConfig
@@ -37,7 +37,7 @@ def tiny_run(data, config, out, schedule="linear", learning_rate=1e-3, **kw) -> 
     return cfg
 
 
-def test_the_cli_leaves_a_hugging_face_checkpoint_with_its_vocab(nsp_data, tmp_path):
+def test_the_cli_leaves_a_hugging_face_checkpoint_with_its_vocab(nsp_data, tmp_path, capsys):
     data, config = nsp_data
     out = tmp_path / "run"
     res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 3, "--batch-size", 8, "--output", out,
@@ -65,8 +65,8 @@ def test_the_cli_leaves_a_hugging_face_checkpoint_with_its_vocab(nsp_data, tmp_p
     # stderr is a pipe, not a terminal: the bar is drawn when it starts and ends, not at every step
     assert res.stderr.count("pretrain:") <= 2, res.stderr
     # a second run into the same directory must not silently overwrite it
-    res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 1, "--output", out, check=False)
-    assert res.returncode == 2 and "--resume" in res.stderr
+    status, err = refusal(capsys, "pretrain", "run", data, "--config", config, "--max-steps", 1, "--output", out)
+    assert status == 2 and "--resume" in err
     # --quiet (--no-progress), as every other command with a bar: it was 'unrecognized arguments'
     res = run_cli("pretrain", "run", data, "--config", config, "--max-steps", 1, "--batch-size", 8, "--eval-every", 0,
                   "--output", tmp_path / "quiet", "--quiet")
