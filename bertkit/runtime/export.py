@@ -220,9 +220,8 @@ def _copy_whole(source: Path, target: Path) -> None:
 def _copy_beside(directory: Path, out: Path, tok, model: nn.Module | None = None) -> None:
     """The encoder's config and tokenizer files, and the sentence-transformers layout (its pooling, normalisation
     and max_seq_length; an older layout's encoder folder flattened into the top), copied beside model.onnx, each
-    whole; vocab.txt with its tokenizer_config.json as one pair (`Tokenizer.save_pretrained`, `tok` the tokenizer
-    read from them: copied one after the other, a stop between them left the new vocab.txt beside the last export's
-    settings). model: the encoder exported from a folder with a head, described by a config.json of its own (not
+    whole; vocab.txt with its tokenizer_config.json through `Tokenizer.save_pretrained` (`tok` the tokenizer read
+    from them; the settings object kept as the model has it). model: the encoder exported from a folder with a head, described by a config.json of its own (not
     the head's architecture) and without the head's bertkit_task.json. An earlier export's files of these names that
     this model has none of are removed: they stayed, its bertkit_task.json beside an encoder (read as the classifier)
     or its tokenizer.json, which transformers reads before vocab.txt, beside another vocabulary."""

@@ -30,7 +30,7 @@ from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, 
 from bertkit.text.encoding import (MODEL_MAX_LENGTH, BatchEncoding, Encoding, Segment, assemble, batch, check_options,
                                    num_special_tokens)
 from bertkit.text.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_added_tokens, check_casing, load_vocab,
-                                no_vocabulary, read_vocab_file, save_vocab_pair, validate_tokens)
+                                no_vocabulary, read_vocab_file, save_vocab, validate_tokens)
 from bertkit.text.wordpiece import CONTINUATION, wordpiece_spans
 from bertkit.default_model import default_model_dir
 
@@ -163,11 +163,13 @@ class Tokenizer:
         return cls(tokens, **settings)
 
     def save_pretrained(self, directory, positions: int = MODEL_MAX_LENGTH, settings: dict | None = None) -> Path:
-        """Write vocab.txt and tokenizer_config.json (Hugging Face keys) into `directory` as one pair
-        (`bertkit.text.vocab.save_vocab_pair`: a model folder's save stopped between the two writes left the new
-        vocab.txt beside the last save's settings, a cased vocabulary read lower-cased); `positions`: the
-        model's, when fewer than BERT's 512 (transformers' tokenizer cuts at model_max_length). `settings`: the
-        tokenizer_config.json object to write instead of ours (an ONNX export copies its model's, keys and all)."""
+        """Write vocab.txt and tokenizer_config.json (Hugging Face keys) into `directory`, each whole or not at all
+        (`bertkit.text.vocab.save_vocab`); `positions`: the model's, when fewer than BERT's 512 (transformers'
+        tokenizer cuts at model_max_length). `settings`: the tokenizer_config.json object to write instead of ours
+        (an ONNX export copies its model's, keys and all). Not as one pair (`save_vocab_pair`, which removes the old
+        vocab.txt first in a folder holding other files): fine-tuning saves each better epoch over the last one, and
+        a stop there must leave the last model loadable, its vocab.txt whole; a model folder is not written as one
+        unit anyway (config.json, the weights and the pair are each whole, the folder is not)."""
         directory = Path(directory)
         config = {
             "tokenizer_class": "BertTokenizer",
@@ -178,7 +180,7 @@ class Tokenizer:
             "model_max_length": min(int(positions), MODEL_MAX_LENGTH),
             "pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP, "mask_token": MASK,
         }
-        save_vocab_pair(self.ids_to_tokens, directory / "vocab.txt", config if settings is None else settings)
+        save_vocab(self.ids_to_tokens, directory / "vocab.txt", config if settings is None else settings)
         return directory
 
     def __len__(self) -> int:
