@@ -136,15 +136,18 @@ def _max_seq_length(directory: Path, sentence_config: dict) -> int | None:
     return int_at_least(value, 1, f"{directory / SENTENCE_CONFIG}: max_seq_length", says="a positive integer")
 
 
-def encoder_folder(directory, modules=None) -> Path:
+_UNREAD = object()  # modules.json not read by the caller (encoder_folder, read_layout)
+
+
+def encoder_folder(directory, modules=_UNREAD) -> Path:
     """The folder holding the encoder's files (config.json, weights, vocabulary, sentence_bert_config.json):
     the Transformer module's folder when modules.json names one other than the folder itself (an older
     layout's "0_Transformer"), else `directory`. A module folder that is missing is named here. `modules`:
-    modules.json's object when the caller read it (None: read here)."""
+    modules.json's object when the caller read it (None: the folder has none; unset: read here)."""
     directory = Path(directory)
     modules_path = directory / MODULES_FILE
-    if modules is None:
-        modules = _read_json(modules_path) if modules_path.is_file() else []
+    if modules is _UNREAD:
+        modules = _modules_json(directory)
     paths = [entry.get("path") for entry in modules if isinstance(entry, dict) and isinstance(entry.get("type"), str)
              and entry["type"].rsplit(".", 1)[-1] == "Transformer"] if isinstance(modules, list) else []
     if not paths or paths[0] in ("", None):
@@ -154,9 +157,6 @@ def encoder_folder(directory, modules=None) -> Path:
         raise BertkitError(f"{folder / 'config.json'} is missing: {modules_path} names the encoder's folder "
                            f"{paths[0]!r}; restore it, or point at the folder that holds config.json")
     return folder
-
-
-_UNREAD = object()  # read_layout's modules.json not read by its caller
 
 
 def read_layout(directory, modules=_UNREAD) -> SentenceLayout | None:
@@ -183,7 +183,7 @@ def _modules_json(directory: Path):
 def _layout(directory: Path, modules) -> SentenceLayout | None:
     """`read_layout` of `directory` whose modules.json holds `modules` (None: it has none)."""
     modules_path = directory / MODULES_FILE
-    sentence_path = encoder_folder(directory, [] if modules is None else modules) / SENTENCE_CONFIG
+    sentence_path = encoder_folder(directory, modules) / SENTENCE_CONFIG
     if modules is None and not sentence_path.is_file():
         return None
     sentence_config = _read_json(sentence_path) if sentence_path.is_file() else {}
@@ -230,7 +230,7 @@ def layout_files(directory) -> tuple[list | None, dict[str, Path]]:
     modules = _modules_json(directory)  # once, for the layout, the encoder's folder and the parts
     if _layout(directory, modules) is None:
         return None, {}
-    encoder = encoder_folder(directory, [] if modules is None else modules)
+    encoder = encoder_folder(directory, modules)
     parts = {name: where / name for name, where in ((SENTENCE_CONFIG, encoder), (ST_CONFIG, directory))
              if (where / name).is_file()}
     if modules is None:

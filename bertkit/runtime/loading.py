@@ -400,7 +400,7 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     files = None if held else small_files(top)
     if isinstance(model, (str, Path)) and is_static(top, files):  # "" is no folder, not the current one
         return _load_static(Path(model), head, device, int8, files)
-    folder = None if held else encoder_folder(top, [] if files[0] is None else files[0])
+    folder = None if held else encoder_folder(top, files[0])
     # the encoder's small files (an older layout: its folder's, its config.json not read yet)
     saved = None if held else describe(folder, files[1] if folder == top and isinstance(files[1], dict) else None)
     plan = _held(*model) if held else _plan(saved, head, int8)
