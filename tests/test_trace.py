@@ -162,3 +162,20 @@ def test_accelerated_model_is_refused():
     fast = accelerate(copy.deepcopy(BertModel(config, generator=torch.Generator().manual_seed(0)).eval()))
     with pytest.raises(BertkitError, match="trace the plain model"):
         trace("the bank", model=(fast, Tokenizer(VOCAB)))
+
+
+def test_a_loaded_model_is_traced_as_its_folder(tiny, tmp_path):
+    """`bertkit.load()`'s result (the one way in for inference, which `embed` and `attention_map` take) is traced
+    through its folder's plain layers: its own are fused for speed. It was refused ("model must be None ...,
+    got Loaded"). Reference: the trace of the same folder given by its path, and the model's own last layer."""
+    from bertkit.runtime.loading import load
+
+    model, tok = tiny
+    model.save_pretrained(tmp_path, tokenizer=tok)
+    loaded = load(tmp_path)
+    by_loaded = trace("the bank lent me some money", layer=1, head=2, model=loaded)
+    by_folder = trace("the bank lent me some money", layer=1, head=2, model=tmp_path)
+    for name in TENSORS:
+        torch.testing.assert_close(getattr(by_loaded, name), getattr(by_folder, name), atol=0, rtol=0)
+    own = model(torch.tensor([by_loaded.token_ids])).last_hidden_state[0]
+    torch.testing.assert_close(by_loaded.hidden_states[-1], own, atol=ATOL, rtol=0)

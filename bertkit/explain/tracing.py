@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 from bertkit.errors import BertkitError
-from bertkit.runtime.loading import folder_stamp, load, resolve  # the model folder, as the loader reads it
+from bertkit.runtime.loading import Loaded, folder_stamp, load, resolve  # the model folder, as the loader reads it
 
 # the submodules of one encoder layer whose inputs and outputs are traced
 LAYER_PARTS = ("attention.qkv", "attention.output", "attention_norm", "intermediate", "output", "output_norm")
@@ -140,8 +140,11 @@ def _load(directory: str, stamp: tuple):
 
 
 def load_plain_encoder(model=None):
-    """The encoder to trace, with its plain layers on the CPU in float32: (BertModel, Tokenizer): None = the default model, a directory, or a (model, tokenizer) pair.
+    """The encoder to trace, with its plain layers on the CPU in float32: (BertModel, Tokenizer): None = the default model, a directory, a `bertkit.load()` result, or a (model, tokenizer) pair.
     A task model (BertForSequenceClassification, ...) is traced through its encoder, `.bert`."""
+    if isinstance(model, Loaded):  # load()'s layers are fused for speed (their hooks would not see W x + b): the
+        # folder it was read from, in plain layers (one held in memory, no folder: as a pair, checked below)
+        model = (model.model, model.tokenizer) if model.directory is None else model.directory
     if model is None or isinstance(model, (str, Path)):
         directory = str(resolve(model).resolve())
         return _load(directory, folder_stamp(directory))
@@ -152,7 +155,8 @@ def load_plain_encoder(model=None):
             raise BertkitError(f"trace needs a BERT encoder (BertModel or a model with .bert), got {type(net).__name__}")
         return net, tok
     raise BertkitError(
-        f"model must be None (the default model), a model directory or a (model, tokenizer) pair, got {type(model).__name__}"
+        f"model must be None (the default model), a model directory, a bertkit.load() result or a (model, tokenizer) "
+        f"pair, got {type(model).__name__}"
     )
 
 
@@ -235,8 +239,9 @@ def trace(text: str, layer: int = 0, head: int = 0, *, pair: str | None = None, 
 
     layer: 0..L-1 (negative counts from the end); head: 0..N-1, the head the
     shortcuts q, k, v, head_scores and head_weights read. model: None (the
-    default model, all-MiniLM-L6-v2, float32), a model directory, or a
-    (model, tokenizer) pair; it runs in eval mode (dropout off) and is left as it was.
+    default model, all-MiniLM-L6-v2, float32), a model directory, a `bertkit.load()`
+    result (traced from its folder, in plain layers) or a (model, tokenizer) pair; it
+    runs in eval mode (dropout off) and is left as it was.
     The text must fit in the model's positions: one pass, no windows.
     """
     net, tok = load_plain_encoder(model)
