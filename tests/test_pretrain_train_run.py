@@ -302,6 +302,54 @@ def test_electra_init_from_checks_the_vocabulary_as_bert_does(tmp_path):
         build_model(dataclasses.replace(cfg, method="bert"), len(words), "none")
 
 
+@pytest.mark.parametrize("method", ["bert", "electra"])
+def test_init_from_reads_the_folders_config_json_once(tmp_path, monkeypatch, method):
+    """--init-from's config.json was read for whether the folder is static, again for its model_type (BERT) and
+    again for the model's settings: a save landing in between (here the other kind's config over it) was judged by
+    one file and built from the other ('is an ELECTRA model' / 'holds a BERT model' refusals). It is read once: the
+    model the folder held when read, weights equal to those saved."""
+    from collections import Counter
+    from pathlib import Path
+
+    from test_checkpoint import _replaced_after_its_first_read
+
+    from bertkit.model.checkpoint import hf_state_dict
+    from bertkit.model.config import BertConfig
+    from bertkit.model.electra import ElectraConfig
+    from bertkit.model.electra_pretraining import ElectraPretrainingModel
+    from bertkit.model.heads import BertForMaskedLM
+    from bertkit.text.tokenizer import Tokenizer
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]
+    shape = dict(vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=7)
+    source = tmp_path / "source"
+    if method == "electra":
+        config = ElectraConfig(**shape, embedding_size=16)
+        saved = ElectraPretrainingModel(config, config.generator_config(0.5))
+        other = {**BertConfig(**shape).to_dict(), "model_type": "bert"}
+    else:
+        saved = BertForMaskedLM(BertConfig(**shape), generator=torch.Generator().manual_seed(3))
+        other = {**ElectraConfig(**shape, embedding_size=16).to_dict(), "model_type": "electra"}
+    saved.save_pretrained(source, tokenizer=Tokenizer(words))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "vocab.txt").write_text((source / "vocab.txt").read_text())
+    _replaced_after_its_first_read(monkeypatch, source / "config.json", other)
+    reads, replacing = Counter(), Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        reads[self.name if self.parent == source else None] += 1
+        return replacing(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    cfg = RunConfig(data=str(tmp_path / "data"), output=str(tmp_path / "out"), method=method, init_from=str(source))
+    model = build_model(cfg, len(words), "none")  # main: refused, the second read judged the other kind
+    assert reads["config.json"] == 1  # main: 3 (BERT), 2 (ELECTRA)
+    assert json.loads((source / "config.json").read_text())["model_type"] == other["model_type"]  # the premise
+    ours, theirs = (hf_state_dict(m.discriminator if method == "electra" else m) for m in (model, saved))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_the_held_out_slice_shares_no_text_with_training(nsp_data, shared_data, tmp_path):
     import numpy as np
 

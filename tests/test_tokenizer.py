@@ -251,6 +251,33 @@ def test_save_pretrained_round_trip(tok, tmp_path):
     assert Tokenizer.from_pretrained(tmp_path / "vocab.txt").lowercase  # sibling config is read
 
 
+def test_a_vocabulary_is_opened_once_so_a_save_landing_meanwhile_cannot_mix_two_files(tmp_path, monkeypatch):
+    """Tokenizer.from_pretrained opened vocab.txt twice: for its first two bytes (is it gzip?), then to read it. A
+    vocab.txt saved over in between (here by a gzip of another vocabulary: a file every reader takes) was judged by
+    one file and read as the other: 'not UTF-8 text'. It is opened once: the tokens of the file it opened."""
+    import builtins
+    import gzip
+    import os
+
+    path, other = tmp_path / "vocab.txt", tmp_path / "other"
+    path.write_text("\n".join(SMALL) + "\n")
+    other.write_bytes(gzip.compress(("\n".join(SMALL + ["##er"]) + "\n").encode()))
+    opens, real = [], builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        f = real(file, *args, **kwargs)
+        if str(file) == str(path):
+            opens.append(file)
+            if len(opens) == 1:
+                os.replace(other, path)  # a save landing: the open file is still the old one
+        return f
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    assert Tokenizer.from_pretrained(path).ids_to_tokens == SMALL  # main: 'is not UTF-8 text'
+    assert len(opens) == 1  # main: 2
+    assert Tokenizer.from_pretrained(tmp_path).ids_to_tokens == SMALL + ["##er"]  # the gzip saved over it, read
+
+
 def test_casing_mismatch_is_caught(tok, tmp_path):
     with pytest.raises(BertkitError, match="casing mismatch"):
         Tokenizer.from_pretrained(None, lowercase=False)  # config says do_lower_case=True

@@ -32,6 +32,7 @@ import codecs
 import csv
 import gzip
 import hashlib
+import io
 import json
 import os
 import stat
@@ -160,32 +161,30 @@ def not_utf8(path) -> BertkitError | None:
 
 @contextmanager
 def open_text(path, what: str = "input file", newline: str | None = None):
-    """Open a user's text file for reading as UTF-8 (a leading byte order mark dropped; a gzip file unpacked);
-    a byte that does not decode is a BertkitError.
-
-    The error is raised wherever the caller's reading hits the bad byte, and
-    names the file and the byte's offset in it (found by a rescan, since the
-    decoder only knows its position within a buffer).
+    """Open a user's text file for reading as UTF-8 (a leading byte order mark dropped; a gzip file unpacked, told
+    by its first bytes, peeked in the one opening that is read: a save replacing the file meanwhile cannot mix two);
+    a byte that does not decode is a BertkitError. The error is raised wherever the caller's reading hits the bad
+    byte, and names the file and the byte's offset in it (a rescan: the decoder only knows its place in a buffer).
     """
     path = existing_file(path, what)
-    with open(path, "rb") as head:
-        gz = head.read(2) == b"\x1f\x8b"  # gzip by its magic bytes, whatever the name (BEIR's HF copies: .jsonl.gz)
-    try:  # utf-8-sig: a byte order mark (Windows tools, Excel's "CSV UTF-8") is not part of the first record
-        with (gzip.open(path, "rt", encoding="utf-8-sig", newline=newline) if gz
-              else open(path, encoding="utf-8-sig", newline=newline)) as f:
-            yield f
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        if not gz:
-            raise
-        raise BertkitError(f"{path} is a damaged gzip file ({e}): download it again, or pass it unpacked") from None
-    except UnicodeDecodeError:
-        if gz:
-            raise BertkitError(f"{path} unpacks to text that is not UTF-8: unpack it (gunzip) and convert it to "
-                               "UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
-        err = not_utf8(path)
-        if err is None:  # not this file's bytes: someone else's decoding failed
-            raise
-        raise err from None
+    with open(path, "rb") as raw:
+        gz = raw.peek(2)[:2] == b"\x1f\x8b"  # gzip by its magic bytes, whatever the name (BEIR's HF copies: .jsonl.gz)
+        try:  # utf-8-sig: a byte order mark (Windows tools, Excel's "CSV UTF-8") is not part of the first record
+            with (gzip.open(raw, "rt", encoding="utf-8-sig", newline=newline) if gz
+                  else io.TextIOWrapper(raw, encoding="utf-8-sig", newline=newline)) as f:
+                yield f
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            if not gz:
+                raise
+            raise BertkitError(f"{path} is a damaged gzip file ({e}): download it again, or pass it unpacked") from None
+        except UnicodeDecodeError:
+            if gz:
+                raise BertkitError(f"{path} unpacks to text that is not UTF-8: unpack it (gunzip) and convert it to "
+                                   "UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
+            err = not_utf8(path)
+            if err is None:  # not this file's bytes: someone else's decoding failed
+                raise
+            raise err from None
 
 
 def read_text(path, what: str = "input file") -> str:

@@ -38,7 +38,7 @@ from bertkit.training import harness
 from bertkit.training.loop import LoopConfig, add_counts, autocast_for, move
 from bertkit.model.electra import ElectraConfig
 from bertkit.model.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.model.checkpoint import model_type, read_config
+from bertkit.model.checkpoint import read_config
 from bertkit.runtime.loading import need_transformer
 
 
@@ -252,8 +252,9 @@ def electra_model(cfg: RunConfig, vocab_size: int, objective: str, resumed_confi
     if resumed_config is not None:
         config = ElectraConfig.from_dict(resumed_config)
     elif cfg.init_from:
-        same_vocabulary(cfg)
-        return ElectraPretrainingModel.from_pretrained(cfg.init_from, disc_weight=cfg.disc_weight, **changes).train()
+        source, config = init_source(cfg)
+        return ElectraPretrainingModel.from_pretrained(source, disc_weight=cfg.disc_weight, config_json=config,
+                                                       **changes).train()
     else:
         config = preset_or_file(cfg.config, cfg.method)
         if not isinstance(config, ElectraConfig):  # a BERT shape: embeddings as wide as the hidden layers
@@ -295,16 +296,19 @@ def namesake_note(cfg: RunConfig) -> str | None:
             f"is --config electra-{cfg.config}")
 
 
-def same_vocabulary(cfg: RunConfig) -> Path:
-    """The --init-from folder, once its vocab.txt is the prepared data's, token for token (BERT and ELECTRA)."""
+def init_source(cfg: RunConfig) -> tuple[Path, dict]:
+    """The --init-from folder and its config.json, read once (whether it is static, its kind and the model built
+    are then one save's, should another land meanwhile), once its vocab.txt is the prepared data's, token for
+    token (BERT and ELECTRA)."""
     source = Path(cfg.init_from)
-    need_transformer(source, "continued pre-training (--init-from)")
+    files = need_transformer(source, "continued pre-training (--init-from)")
+    config = files[1] if files and isinstance(files[1], dict) else read_config(source)  # else: its error
     model_vocab, data_vocab = source / "vocab.txt", Path(cfg.data) / "vocab.txt"
     if not model_vocab.is_file():
         raise BertkitError(f"--init-from {source}: no vocab.txt there, so its vocabulary cannot be checked against the data's")
     if model_vocab.read_text(encoding="utf-8") != data_vocab.read_text(encoding="utf-8"):
         raise BertkitError(f"--init-from {source}: its vocab.txt differs from {data_vocab}; prepare the data with --vocab {source}")
-    return source
+    return source, config
 
 
 def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generator):
@@ -312,12 +316,12 @@ def continued_model(cls, cfg: RunConfig, changes: dict, generator: torch.Generat
     holding the weights of the checkpoint --init-from names. Its vocabulary must be the
     prepared data's, token for token; only an NSP/SOP head it lacks (and the pooler
     that feeds it: masked-LM checkpoints have none) may start fresh."""
-    source = same_vocabulary(cfg)
-    if model_type(source) == "electra":  # BertConfig's refusal did not name the flag
+    source, config = init_source(cfg)
+    if config.get("model_type", "bert") == "electra":  # BertConfig's refusal did not name the flag
         raise BertkitError(f"--init-from {source} is an ELECTRA model: continue its pre-training with --method electra")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report is checked just below
-        model = cls.from_pretrained(source, strict=False, generator=generator, **changes)
+        model = cls.from_pretrained(source, strict=False, generator=generator, config_json=config, **changes)
     report = model.load_report
     fresh_head = [k for k in report.missing if k.startswith(("cls.seq_relationship.", "pooler."))]
     if len(fresh_head) < len(report.missing) or report.unexpected or report.mismatched:

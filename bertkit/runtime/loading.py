@@ -174,13 +174,18 @@ def check_length(model, max_length: int) -> None:
                            "or less")
 
 
-def need_transformer(path, use: str) -> None:
+def need_transformer(path, use: str) -> tuple | None:
     """Refuse the folder at `path` for `use`, which runs a transformer (layers, attention, a head), when it holds
     a static model: a table, one vector per token (what `bertkit distill static` writes). None: the default model;
-    a path that is no folder is left to the reader that names what it expects."""
-    if path and is_static(path):  # "" is no folder, not the current one
+    a path that is no folder is left to the reader that names what it expects. Returns the folder's small files as
+    read (`small_files`; None: no folder), for a caller to build from the config.json it judged."""
+    if not path or not Path(path).is_dir():  # "" is no folder, not the current one
+        return None
+    files = small_files(path)
+    if is_static(path, files):
         raise BertkitError(f"{path} holds a static embedding model (one vector per token, no layers or attention): "
                            f"{use} needs a transformer, e.g. the model it was distilled from")
+    return files
 
 
 @dataclass
