@@ -47,6 +47,18 @@ def int_at_least(value, least: int, name: str, says: str = "an int of at least {
     return value
 
 
+def switch(value, name: str, none: bool = False):
+    """`value` as a bool when it is True or False (numpy's bool, or 0 and 1, too; None where `none`: the
+    default's "decide for me"); else "NAME must be True or False, got VALUE". A str was taken for true
+    whatever it said: normalize="false", read from a settings file, normalised every vector."""
+    if (value is None and none) or isinstance(value, bool):
+        return value
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")  # 2.x, 1.x
+    if numpy_bool or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise BertkitError(f"{name} must be True or False{' (or None)' if none else ''}, got {value!r}")
+
+
 def positive(value, name: str, hint: str = ""):
     """`value` when it is above 0; else "NAME must be > 0, got VALUE" and the `hint` (" (BERT uses 2-4)")."""
     if not value > 0:

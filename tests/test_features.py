@@ -920,3 +920,19 @@ def test_cli_embed_streams_standard_input_instead_of_reading_it_all_first(tiny_d
     monkeypatch.setattr(sys, "stdin", Stdin(lines))  # a line without tokens is still named by its line
     assert main(["embed", "-", "-o", str(tmp_path / "w.npy"), "--model", str(tiny_dir), "--quiet"]) == 2
     assert f"standard input:{len(lines)}: text '\\u200b' yields no tokens" in capsys.readouterr().err
+
+
+def test_a_string_for_a_switch_is_refused_not_read_as_true(tiny):
+    """normalize="false" (a setting read from a config file or an environment variable) normalised every vector:
+    a non-empty str is true in Python. A switch takes True or False (numpy's bool too, and None where it means
+    "the model's own"); a str is refused naming it. Property: numpy's False gives what False gives."""
+    import bertkit
+
+    for name in ("normalize", "truncate", "progress", "int8"):
+        with pytest.raises(BertkitError, match=f"{name} must be True or False.*, got 'false'"):
+            embed(["a cat"], tiny, **{name: "false"})
+    plain = embed(["a cat"], tiny, normalize=False)
+    assert abs(float(np.linalg.norm(plain[0])) - 1) > 0.1  # not unit length: what "false" must not give
+    np.testing.assert_array_equal(embed(["a cat"], tiny, normalize=np.bool_(False)), plain)
+    with pytest.raises(BertkitError, match="int8 must be True or False, got 'no'"):
+        bertkit.load(int8="no")

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bertkit.errors import BertkitError, int_at_least
+from bertkit.errors import BertkitError, int_at_least, switch
 from bertkit.runtime.loading import Loaded, check_as_loaded, folder_stamp, load
 from bertkit.embeddings.pooling import combine_layers, pool, pool_batch
 from bertkit.embeddings.settings import (AUTO, SENTENCE_POOLINGS, STATIC, resolve_layers, resolve_output, say_cut,
@@ -191,6 +191,7 @@ def iter_embed(
 
 def _checked(loaded, pooling, normalize, word_pooling, with_ids: bool, batch_size, chunk_size) -> tuple:
     """iter_embed's arguments checked before any text is read: (the output they make, the word pooling)."""
+    switch(normalize, "normalize", none=True)  # "false" is a true str: it normalised every vector
     if not isinstance(loaded, Loaded):
         raise BertkitError(f"iter_embed takes a loaded encoder (bertkit.embeddings.features.load_encoder(model)), "
                            f"got {type(loaded).__name__}")
@@ -345,6 +346,8 @@ def embed(texts, model=None, layers="last", pooling=AUTO, normalize: bool | None
     if unknown:  # before the model loads, in embed's name (iter_embed would name itself)
         raise TypeError(f"embed() got an unexpected keyword argument {unknown[0]!r}; it takes "
                         f"{', '.join(sorted(_EMBED_OPTIONS))}")
+    for name in ("truncate", "progress"):  # as normalize (iter_embed's `_checked`): "false" is a true str
+        switch(options.get(name), name, none=True)
     options.setdefault("total", len(texts))
     if not single:  # an error about one text says which: texts[i] (the command line's where says file:line)
         options.setdefault("where", "texts[{}]".format)

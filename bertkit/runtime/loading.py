@@ -64,7 +64,7 @@ from bertkit.model.electra import (ElectraForMaskedLM, ElectraForPreTraining, El
                                   ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel,
                                   ElectraPreTrainedModel)
 from bertkit.model.electra_pretraining import ElectraPretrainingModel
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, switch
 from bertkit.model.modeling import BertModel
 from bertkit.runtime.quantization import dense_ops, load_quantized
 from bertkit.model.sentence_layout import SentenceLayout, encoder_folder, read_layout
@@ -395,6 +395,7 @@ def load(model=None, *, head: str = "auto", device=None, dtype=None, int8: bool 
     vocabulary.
     """
     _check_head(head)
+    int8 = switch(int8, "int8")  # int8="no" is a true str: it quantized
     held = isinstance(model, tuple) and len(model) == 2
     if held and (not isinstance(model[0], nn.Module) or model[1] is None):
         raise BertkitError(f"a (model, tokenizer) pair needs a torch model and its tokenizer, got "
