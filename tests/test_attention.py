@@ -473,3 +473,33 @@ def test_the_cli_shows_float32_weights_on_a_cpu_with_native_bf16(amap, tmp_path,
     shown = np.stack([np.asarray(layer)[0] for layer in load_bertviz(bv)["attention"]])
     np.testing.assert_allclose(shown, amap.weights, atol=1e-6, rtol=0)
     capsys.readouterr()
+
+
+def test_a_png_says_in_one_line_which_characters_its_fonts_lack(tmp_path):
+    """matplotlib warns once per character its fonts have no glyph for: `bertkit attention` on a Chinese sentence
+    printed a warning line per ideograph (hundreds for a paragraph), the picture showing boxes. One line now says
+    how many and which, and where the text is drawn (the HTML page: the browser's fonts). Reference: the
+    characters that matplotlib's own fonts for the default family lack (font_manager, ft2font); none, no line."""
+    import warnings
+
+    from matplotlib import font_manager, ft2font
+
+    text = "北京是中国的首都北京"
+    tokens = ["[CLS]", *text, "[SEP]"]
+    T = len(tokens)
+    amap = AttentionMap(tokens, np.full((1, 1, T, T), 1 / T, np.float32), [0] * T, text)
+    props = font_manager.FontProperties()
+    found = getattr(font_manager.fontManager, "_find_fonts_by_props", None)  # the fallback list (matplotlib >= 3.6)
+    fonts = [ft2font.FT2Font(f) for f in (found(props) if found else [font_manager.findfont(props)])]
+    missing = sorted({c for c in text if all(f.get_char_index(ord(c)) == 0 for f in fonts)})
+    for view in ("text", "head"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            save_png(amap, tmp_path / f"{view}.png", view=view, dpi=30)
+        said = [str(w.message) for w in caught if "glyph" in str(w.message).lower()]
+        if not missing:
+            assert said == []
+            continue
+        assert len(said) == 1, said
+        assert said[0].startswith(f"the picture draws {len(missing)} characters as empty boxes")
+        assert all(c in said[0] for c in missing) and "HTML page" in said[0]

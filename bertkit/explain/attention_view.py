@@ -34,7 +34,9 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 import unicodedata
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -387,12 +389,33 @@ def save_png(amap: AttentionMap, path, view: str = "text", token: int = 0, layer
                     ax.set_ylabel(f"layer {l}", fontsize=7)
         fig.suptitle("attention of every head (rows: layers)", fontsize=9)
     path = Path(path)
-    try:  # into a file object (NAME.tmp names no format): the suffix check_picture accepted names it
-        replace_atomically(path, lambda f: fig.savefig(f, format=path.suffix[1:].lower() or "png", dpi=dpi,
-                                                       bbox_inches="tight"))
-    finally:
-        plt.close(fig)
+    with warnings.catch_warnings(record=True) as caught:  # matplotlib's, drawing: `_pass_on`
+        warnings.simplefilter("always")
+        try:  # into a file object (NAME.tmp names no format): the suffix check_picture accepted names it
+            replace_atomically(path, lambda f: fig.savefig(f, format=path.suffix[1:].lower() or "png", dpi=dpi,
+                                                           bbox_inches="tight"))
+        finally:
+            plt.close(fig)
+    _pass_on(caught)
     return path
+
+
+def _pass_on(caught: list) -> None:
+    """The warnings of a drawing, passed on, but for matplotlib's one per character its fonts have no glyph for
+    ("Glyph 21271 (...) missing from font(s) DejaVu Sans."): a Chinese paragraph gave a line per ideograph. One
+    line says them all, and where they are drawn (the HTML page: the browser's own fonts)."""
+    missing, fonts = [], ""
+    for w in caught:
+        glyph = re.match(r"Glyph (\d+) .*missing from font\(s\) (.+?)\.?$", str(w.message))
+        if glyph is None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif chr(int(glyph[1])) not in missing:
+            missing, fonts = [*missing, chr(int(glyph[1]))], glyph[2]
+    if missing:
+        shown = "".join(missing[:20]) + ("..." if len(missing) > 20 else "")
+        warnings.warn(f"the picture draws {len(missing)} character{'s' if len(missing) > 1 else ''} as empty boxes "
+                      f"({shown}): matplotlib's fonts ({fonts}) have no glyph for them; install a font that has (e.g. "
+                      "Debian's fonts-noto-cjk), or read the HTML page, which the browser draws with its own fonts")
 
 
 def _text_figure(plt, amap: AttentionMap, token: int, layer: int, head):
