@@ -19,7 +19,8 @@ values, an index's mode, a teacher's kind).
 
 And so is the way a figure with no value is said (`figure`): a correlation of constant scores is None (null
 in metrics.json) or scipy's nan, and every report (finetune's epochs and summary, predict's scores, evaluate
-sts) prints it as "undefined", any other figure with 4 decimals.
+sts) prints it as "undefined", any other figure with 4 decimals. And the error for a text that yields no tokens
+(`no_tokens`), which every embedding path (a static table, a transformer's windows) says in the same words.
 """
 
 
@@ -130,3 +131,10 @@ def undefined(value) -> bool:
 def figure(value) -> str:
     """A figure as every report says it: 4 decimals, or "undefined" (`undefined`)."""
     return "undefined" if undefined(value) else f"{value:.4f}"
+
+
+def no_tokens(text: str, where: str | None = None) -> BertkitError:
+    """The error for a text that yields no tokens, named by `where` (e.g. "file.txt:7") when known: said in these
+    words by every embedding path (a static table's mean, a transformer's windows)."""
+    return BertkitError(f"{where + ': ' if where else ''}text {text[:40]!r} yields no tokens: it holds only "
+                        "characters BERT drops")

@@ -73,9 +73,9 @@ def run_demo(output="bertkit-demo", *, model=None, epochs=None, seed: int = 0, p
              train_per_label: int = 80, heldout_per_label: int = 50, log=print, speed=None) -> dict:
     """Write the data, fine-tune, evaluate, classify; returns the final metrics (`speed`: the fast
     path's settings, None: `decide()`'s)."""
-    from bertkit.tasks.classification import TextTaskConfig, finetune_text
+    from bertkit.tasks.classification import finetune_text
     from bertkit.tasks.predict import predict
-    from bertkit.tasks.config import TrainConfig
+    from bertkit.tasks.config import TextTaskConfig, TrainConfig
 
     # a higher rate than BERT-base's 2e-5..5e-5: a small model and a few dozen updates; checked before anything
     # is written (`--epochs 0` ran the default 3 epochs)

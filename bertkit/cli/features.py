@@ -149,7 +149,8 @@ def _applied(args, options: EmbedOptions, loaded, output) -> dict:
     """The layers, word pooling and cut as iter_embed applies them, not as typed: a default spelled out on
     --resume (--max-length at the layout's max_seq_length, --layers -1 for last, --truncate where texts are cut
     anyway, the default --stride) makes the same vectors, so only a real difference is refused."""
-    from bertkit.embeddings.features import static_cut, window_cut  # late, as _embed_plan's import
+    from bertkit.embeddings.features import static_cut  # late, as _embed_plan's imports
+    from bertkit.embeddings.inputs import window_cut
 
     if loaded.task == "static":  # a table and a mean: no layers or windows, each text cut at max_length (or not)
         return {"max_length": static_cut(loaded, args.max_length, args.truncate)}

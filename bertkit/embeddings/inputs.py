@@ -23,8 +23,7 @@ from typing import Sequence
 
 import torch
 
-from bertkit.errors import BertkitError
-from bertkit.embeddings.static import no_tokens
+from bertkit.errors import BertkitError, no_tokens
 from bertkit.text.windows import max_context_owner, shape, spans
 
 

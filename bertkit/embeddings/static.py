@@ -27,7 +27,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, no_tokens
 
 
 def _bags(ids: list, lengths: list, skip_ids: tuple, max_length: int | None):
@@ -82,12 +82,6 @@ def check_static_options(pooling, layers, pairs, stride=None, combine=None) -> N
         raise BertkitError(f"layers {layers!r}: a static model has no layers (its table is the one vector per token)")
     if pairs is not None:
         raise BertkitError("a static model embeds single texts, not pairs")
-
-
-def no_tokens(text: str, where: str | None = None) -> BertkitError:
-    """The error for a text that yields no tokens, named by `where` (e.g. "file.txt:7") when known."""
-    return BertkitError(f"{where + ': ' if where else ''}text {text[:40]!r} yields no tokens: it holds only "
-                        "characters BERT drops")
 
 
 def iter_static(texts: Iterable, loaded, normalize: bool | None = None, *, max_length: int | None = None,

@@ -65,9 +65,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.model.config import ELECTRA_PRESETS, BertConfig
+from bertkit.model.config import ELECTRA_PRESETS, IGNORE_INDEX, BertConfig
 from bertkit.errors import BertkitError, int_at_least
-from bertkit.model.heads import (IGNORE_INDEX, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
+from bertkit.model.heads import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                                  BertForTokenClassification, encode, check_labels, classifier_dropout, untied_decoder)
 from bertkit.model.modeling import (BertEmbeddings, BertEncoder, BertModel, BertPreTrainedModel, activation,
                                     init_weights)
