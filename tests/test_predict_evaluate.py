@@ -333,6 +333,10 @@ def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):
     (["a"], {"batch_size": 0}, "batch_size must be a positive int, got 0"),
     (["a"], {"batch_size": "8"}, "batch_size must be a positive int, got '8'"),
     (["a"], {"loaded": "clf/"}, "loaded must be a Loaded"),
+    # a str is true whatever it says: version_2="false" read a QA model as SQuAD v2 (test_features has embed's)
+    (["a"], {"version_2": "false"}, r"version_2 must be True or False \(or None\), got 'false'"),
+    (["a"], {"progress": "no"}, "progress must be True or False, got 'no'"),
+    (["a"], {"int8": "no"}, "int8 must be True or False, got 'no'"),
 ])
 def test_predict_refuses_bad_input_before_loading_the_model(tmp_path, texts, options, message):
     """Checked before any file is read (the model directory does not even exist): once an empty list or a
@@ -340,6 +344,15 @@ def test_predict_refuses_bad_input_before_loading_the_model(tmp_path, texts, opt
     whitespace split (AttributeError), and a str of pairs was split into characters."""
     with pytest.raises(BertkitError, match=message):
         predict(tmp_path / "no-model", texts, **options)
+
+
+def test_predict_file_refuses_a_str_for_a_switch_before_loading_the_model(tmp_path):
+    """evaluate="false" asked for the scores (a non-empty str is true) and refused a file without answers."""
+    from bertkit.tasks.predict import predict_file
+
+    for name in ("evaluate", "version_2", "progress"):
+        with pytest.raises(BertkitError, match=f"{name} must be True or False.*, got 'false'"):
+            predict_file(tmp_path / "no-model", tmp_path / "in.txt", **{name: "false"})
 
 
 def test_a_task_file_that_disagrees_with_the_head_is_named(tmp_path):

@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 from bertkit.data.atomic import write_lines
 from bertkit.data.tables import label_cell, probabilities_cell, tsv_cell
-from bertkit.errors import BertkitError, int_at_least
+from bertkit.errors import BertkitError, int_at_least, switch
 from bertkit.metrics.tasks import get_entities, predicted_tags
 from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.tasks.batching import run_model
@@ -79,6 +79,7 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
         if len(pairs) != len(texts):
             raise BertkitError(f"{len(texts)} texts but {len(pairs)} pairs; give one second text per text")
     int_at_least(batch_size, 1, "batch_size", says="a positive int")
+    _switches(progress=progress, version_2=version_2)
     if loaded is not None and not isinstance(loaded, Loaded):
         raise BertkitError(f"loaded must be a Loaded (bertkit.load(model_dir, head='task')), got {type(loaded).__name__}")
     if loaded is not None:
@@ -162,6 +163,13 @@ def check_tokens(tok, texts: list[str], name) -> None:
                                "characters BERT drops): the model would answer for an empty text; leave it out")
 
 
+def _switches(**values) -> None:
+    """Each a bool (None: the default, but progress), checked before the model loads: a str is true whatever it
+    says (version_2="false" read a QA model as SQuAD v2; evaluate="false" asked for the scores)."""
+    for name, value in values.items():
+        switch(value, name, none=name != "progress")
+
+
 def _text_list(texts, what: str) -> list[str]:
     """`texts` as a list of str, checked before the model loads (a str would be split into characters)."""
     if isinstance(texts, str):
@@ -233,6 +241,7 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
     required; False: never) also score them: every row is predicted, the rows that carry an answer are
     scored. fast: the fast path's settings, as `bertkit.runtime.loading.load` takes them; progress: a bar over
     the batches; log: the readers' counts of skipped rows. version_2: as `predict`'s."""
+    _switches(evaluate=evaluate, progress=progress, version_2=version_2)
     loaded = load_task_model(model_dir, device, dtype, int8, fast)
     info, task = reading_info(loaded, version_2), task_of(loaded)
     if version_2 is None and task.no_answer and info.get("inferred"):
