@@ -21,7 +21,12 @@ And so is the way a figure with no value is said (`figure`): a correlation of co
 in metrics.json) or scipy's nan, and every report (finetune's epochs and summary, predict's scores, evaluate
 sts) prints it as "undefined", any other figure with 4 decimals. And the error for a text that yields no tokens
 (`no_tokens`), which every embedding path (a static table, a transformer's windows) says in the same words.
+
+And so is the warning that a model read texts cut at its max length (`say_cut`): embed, search, evaluate retrieval,
+mining and reranking each count the texts cut where they are read, and say it in this one line.
 """
+
+import warnings
 
 
 class BertkitError(ValueError):
@@ -138,3 +143,14 @@ def no_tokens(text: str, where: str | None = None) -> BertkitError:
     words by every embedding path (a static table's mean, a transformer's windows)."""
     return BertkitError(f"{where + ': ' if where else ''}text {text[:40]!r} yields no tokens: it holds only "
                         "characters BERT drops")
+
+
+def say_cut(counted, length: int, how: str, head: str = "", stacklevel: int = 2) -> None:
+    """Warn, in one line, that texts longer than the `length` tokens a model reads were read cut there: a chapter's
+    vector was its first page's, a 700-token abstract ranked by its first 256 tokens, a (query, passage) pair scored
+    on its first 128, without a word. counted: (what, how many cut, of how many), each the count of the pass that
+    read them (an `on_cut`); `how`: as whom, or what to do; `head`: what reads them, when the line needs it (a
+    reranker's folder). Nothing when none was cut. stacklevel: as `warnings.warn`'s, from the caller's frame."""
+    if said := " and ".join(f"{cut} of {n} {what}" for what, cut, n in counted if cut):
+        warnings.warn(f"{head}{said} are longer than the {length} tokens the model reads (its max length), and it "
+                      f"read them cut there, {how}", stacklevel=stacklevel + 1)

@@ -76,8 +76,8 @@ def test_the_pairs_the_cross_encoder_reads_cut_are_said(setup, capsys, transform
     cut = sum(len(fast(q, h["text"])["input_ids"]) > TOKENS for q, hits in zip(data.queries.values(), first)
               for h in hits[:5])
     assert cut > 0
-    with pytest.warns(UserWarning, match=rf"^--rerank {re.escape(str(cross))}: \(query, passage\) pairs: {cut} of "
-                      rf"{5 * len(first)} inputs are longer than the model's max_length of {TOKENS} tokens"):
+    with pytest.warns(UserWarning, match=rf"^--rerank {re.escape(str(cross))}: {cut} of {5 * len(first)} "
+                      rf"\(query, passage\) pairs are longer than the {TOKENS} tokens the model reads"):
         assert main(["evaluate", "retrieval", str(setup["folder"]), "--index", str(setup["index"]), "--dtype",
                      "float32", "--quiet", "--rerank", str(cross), "--rerank-top", "5"]) == 0
 

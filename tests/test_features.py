@@ -517,7 +517,8 @@ def test_texts_cut_at_the_layouts_max_seq_length_are_counted_in_one_warning(tiny
     texts = ["the hat", "the hat " * 5, "the hat " * 5 + "red", "the red hat sat on the mat . " * 9]
     cut = sum(len(tok.encode(t, truncation=False)) > 12 for t in texts)
     assert [len(tok.encode(t, truncation=False)) for t in texts[1:3]] == [12, 13] and cut == 2
-    with pytest.warns(UserWarning, match=rf"^{cut} of 4 texts are longer than 12 tokens and were cut there") as said:
+    with pytest.warns(UserWarning, match=rf"^{cut} of 4 texts are longer than the 12 tokens the model reads "
+                      r"\(its max length\), and it read them cut there") as said:
         vectors = embed(texts, str(folder))
     assert len(said) == 1 and "truncate=False" in str(said[0].message)
     with warnings.catch_warnings():
@@ -527,12 +528,13 @@ def test_texts_cut_at_the_layouts_max_seq_length_are_counted_in_one_warning(tiny
     # a pair takes the tokenizer's other path: [CLS] A [SEP] B [SEP] over 12 tokens is cut too
     pairs = ["the hat", "the hat", "the hat", "the"]
     cut = sum(len(tok.encode(t, p, truncation=False)) > 12 for t, p in zip(texts, pairs))
-    with pytest.warns(UserWarning, match=rf"^{cut} of 4 texts are longer than 12 tokens"):
+    with pytest.warns(UserWarning, match=rf"^{cut} of 4 texts are longer than the 12 tokens"):
         embed(texts, str(folder), pairs=pairs)
     # the command says it once (on standard error, as `bertkit: warning: ...`)
     src = tmp_path / "texts.txt"
     src.write_text("".join(t + "\n" for t in texts))
-    with pytest.warns(UserWarning, match="^2 of 4 texts are longer than 12 tokens and were cut there") as said:
+    with pytest.warns(UserWarning, match=r"^2 of 4 texts are longer than the 12 tokens the model reads "
+                      r"\(its max length\), and it read them cut there") as said:
         assert main(["embed", str(src), "-o", str(tmp_path / "v.npy"), "--model", str(folder), "--quiet"]) == 0
     assert len(said) == 1 and "--no-truncate" in str(said[0].message)
 

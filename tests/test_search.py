@@ -277,11 +277,81 @@ def test_a_cross_encoder_that_reads_the_pairs_cut_says_so(built, tmp_path, trans
     cut = sum(len(fast(q, h.text)["input_ids"]) > TOKENS for q, hits in zip(QUERIES, first) for h in hits)
     assert 0 < cut <= 8
     (tmp_path / "q.txt").write_text("\n".join(QUERIES) + "\n")
-    with pytest.warns(UserWarning, match=rf"^--rerank {re.escape(str(model))}: \(query, passage\) pairs: {cut} of 8 "
-                      rf"inputs are longer than the model's max_length of {TOKENS} tokens") as said:
+    with pytest.warns(UserWarning, match=rf"^--rerank {re.escape(str(model))}: {cut} of 8 \(query, passage\) pairs "
+                      rf"are longer than the {TOKENS} tokens the model reads \(its max length\)") as said:
         assert main(["search", str(built), "--queries", str(tmp_path / "q.txt"), "-k", "2", "--rerank", str(model),
                      "--rerank-top", "4", "--json", "--dtype", "float32"]) == 0
     assert len([w for w in said if "--rerank" in str(w.message)]) == 1  # one line for every query
+
+
+class ReadOnce:
+    """Tokenizer.encode and Tokenizer.head watched: every text a cross-encoder's pair gives `encode`, and every text
+    read toward a cut (`head` past one piece: predict's check that a text has a piece reads one) outside an encode."""
+
+    def __init__(self, monkeypatch):
+        from bertkit.text.tokenizer import Tokenizer
+
+        self.encoded, self.read, self.inside = [], [], 0
+        encode, head = Tokenizer.encode, Tokenizer.head
+
+        def watched_encode(tok, text, pair=None, **options):
+            self.encoded.append((text, pair))
+            self.inside += 1
+            try:
+                return encode(tok, text, pair, **options)
+            finally:
+                self.inside -= 1
+
+        def watched_head(tok, text, n):
+            if not self.inside and n > 1:
+                self.read.append(text)
+            return head(tok, text, n)
+
+        monkeypatch.setattr(Tokenizer, "encode", watched_encode)
+        monkeypatch.setattr(Tokenizer, "head", watched_head)
+
+
+def test_search_rerank_reads_each_pair_once_and_counts_it_cut_from_that_pass(built, tmp_path, transformers_mod,
+                                                                              monkeypatch):
+    """`search --rerank` counted the pairs the cross-encoder read cut by reading every re-scored (query, passage)
+    pair toward its cut a first time (each side's head and its pieces), before the cross-encoder encoded them all
+    again to score them: the count now comes from the scoring pass's own encodings (`Encoding.truncated`). Each
+    pair is encoded once and no passage is read toward a cut anywhere else; the warning's count is still
+    transformers' (BertTokenizerFast: each re-scored pair uncut, against the model's max_length)."""
+    model = cross_encoder(tmp_path / "cross", "regression", 1)
+    info = json.loads((model / "bertkit_task.json").read_text())
+    (model / "bertkit_task.json").write_text(json.dumps({**info, "max_length": TOKENS}))
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(model))
+    first = search(open_index(built), QUERIES, k=4, dtype="float32")
+    pairs = [(q, h.text) for q, hits in zip(QUERIES, first) for h in hits]
+    cut = sum(len(fast(q, p)["input_ids"]) > TOKENS for q, p in pairs)
+    assert 0 < cut < len(pairs)
+    (tmp_path / "q.txt").write_text("\n".join(QUERIES) + "\n")
+    watch = ReadOnce(monkeypatch)
+    with pytest.warns(UserWarning, match=rf"^--rerank .*\b{cut} of 8\b"):  # the line: test above
+        assert main(["search", str(built), "--queries", str(tmp_path / "q.txt"), "-k", "2", "--rerank", str(model),
+                     "--rerank-top", "4", "--json", "--dtype", "float32"]) == 0
+    assert sorted(p for p in watch.encoded if p[1] is not None) == sorted(pairs)  # each pair once
+    assert not {p for _, p in pairs} & set(watch.read)  # and nowhere else read toward its cut
+
+
+def test_rerank_counts_the_pairs_cut_at_the_boundary_as_transformers(tmp_path, transformers_mod):
+    """rerank's on_cut counts a pair cut when its [CLS] query [SEP] passage [SEP] holds more than the model's
+    max_length, not when it holds exactly that many (reference: BertTokenizerFast's count of each pair, uncut)."""
+    from bertkit.retrieval.search import Hit
+
+    model = cross_encoder(tmp_path / "cross", "regression", 1)
+    info = json.loads((model / "bertkit_task.json").read_text())
+    (model / "bertkit_task.json").write_text(json.dumps({**info, "max_length": 24}))
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(model))
+    query = "vitamin d and bones"
+    passages = [" ".join(["bone"] * k) for k in range(14, 20)] + ["the passage goes on and on . " * 40]
+    lengths = [len(fast(query, p)["input_ids"]) for p in passages]
+    assert 24 in lengths and 25 in lengths
+    counted = []
+    hits = [Hit(f"p{i}", f"d{i}", 0.0, p, "", 0, len(p)) for i, p in enumerate(passages)]
+    rerank(reranker(str(model), dtype="float32"), query, hits, top=7, on_cut=lambda *n: counted.append(n))
+    assert counted == [(sum(n > 24 for n in lengths), 7)]
 
 
 def test_rerank_refuses_a_model_that_is_no_cross_encoder(built, tmp_path, tiny):

@@ -125,6 +125,25 @@ def test_rerank_answers_as_bertkit_search_rerank(servers, made, capsys):
         [h["score"] for h in answer[0]] != pytest.approx([h["score"] for h in plain[0]])  # the cross-encoder ran
 
 
+def test_rerank_counts_the_pairs_the_cross_encoder_read_cut(servers, made, capsys, transformers_mod):
+    """/search with "rerank": true counted only the queries it read cut (X-Truncated-Inputs and /metrics), not the
+    (query, passage) pairs the cross-encoder read cut at its max_length (64 here; finetune's default 128 beside an
+    index's 256-token passages), which `bertkit search --rerank` warns of: both are counted now. Reference:
+    transformers' counts, uncut: each query against the index's 48 tokens, and each with its first stage's best 4
+    passages (--rerank-top 4; `bertkit search --json`) against the cross-encoder's 64."""
+    words = transformers_mod.BertTokenizerFast.from_pretrained(str(made["tiny"]))
+    pairs = transformers_mod.BertTokenizerFast.from_pretrained(str(made["cross"]))
+    first = cli_search(made, capsys, QUERIES, "-k", 4)
+    queries_cut = sum(len(words(q)["input_ids"]) > 48 for q in QUERIES)
+    pairs_cut = sum(len(pairs(q, h["text"])["input_ids"]) > 64 for q, hits in zip(QUERIES, first) for h in hits)
+    assert queries_cut == 1 and 0 < pairs_cut < 12
+    port, counted = servers["search"].port, 'bertkit_serve_truncated_inputs_total{endpoint="/search"}'
+    before = metric(port, counted)
+    status, headers, _ = call(port, "POST", "/search", {"query": QUERIES, "k": 2, "rerank": True})
+    assert status == 200 and headers["x-truncated-inputs"] == str(queries_cut + pairs_cut)
+    assert metric(port, counted) == before + queries_cut + pairs_cut
+
+
 @pytest.mark.parametrize("body, words", [
     ({"query": "x", "k": 0}, "`k` must be a whole number from 1 to 1000, got 0"),
     ({"query": "x", "k": "3"}, "`k` must be a whole number"),

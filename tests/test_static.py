@@ -222,7 +222,8 @@ def test_a_text_cut_at_the_folders_max_length_is_said(distilled, transformers_mo
     cut = sum(len(fast(t, add_special_tokens=False)["input_ids"]) > 512 for t in texts)
     out, _ = distilled
     assert cut == 2 and load(out).max_length == 512
-    with pytest.warns(UserWarning, match=rf"^{cut} of 3 texts are longer than 512 tokens and were cut there, where "
+    with pytest.warns(UserWarning, match=rf"^{cut} of 3 texts are longer than the 512 tokens the model reads "
+                      r"\(its max length\), and it read them cut there, where "
                       "the static model's folder cuts a text") as said:
         bertkit.embed(texts, out)
     assert len(said) == 1

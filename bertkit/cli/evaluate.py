@@ -153,7 +153,7 @@ RETRIEVAL_NEEDS = [
 
 
 def run_evaluate_retrieval(args):
-    from bertkit.tasks.rerank import rerank, reranker, say_cut
+    from bertkit.tasks.rerank import PairsCut, rerank, reranker
     from bertkit.retrieval.evaluation import evaluate_retrieval
 
     refuse_unneeded(RETRIEVAL_NEEDS, vars(args), {**vars(args), "lexical": args.mode == "lexical",
@@ -161,16 +161,18 @@ def run_evaluate_retrieval(args):
     dtype, batch = args.dtype or "float32", given(args, ("batch_size",))  # the defaults of what was not given
     top = args.rerank_top or RERANK_TOP
     cross = reranker(args.rerank, dtype=dtype, fast=args.speed) if args.rerank else None  # refused before any search
+    cut = None if cross is None else PairsCut(cross)  # the pairs the cross-encoder read cut, said once for all
     result = evaluate_retrieval(args.model, args.directory, args.split, **batch, dtype=dtype,
                                 max_length=args.max_length, bm25=args.bm25,
                                 progress=not args.quiet, index=args.index, ann=args.ann,
-                                rerank=None if cross is None else partial(rerank, cross, top=top, **batch),
+                                rerank=cut and partial(rerank, cross, top=top, on_cut=cut, **batch),
                                 rerank_top=top, rerank_model=args.rerank, dimensions=args.dimensions,
-                                rerank_cut=None if cross is None else partial(say_cut, cross, top=top),
                                 mode=args.mode, fusion={f.name: getattr(args, f.name)
                                                         for f in dataclasses.fields(FusionOptions) if f.name != "mode"},
                                 tune=args.tune, dedupe=args.dedupe,
                                 max_queries=args.max_queries, fast=args.speed)
+    if cut is not None:
+        cut.say()
     _write(result, args.output)
     empty = result.get("documents_without_tokens")
     print(f"{result['dataset']} split {args.split}: {result['queries']} queries, {result['documents']} documents"

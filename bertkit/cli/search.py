@@ -339,7 +339,7 @@ def _print_plain(queries, answers) -> None:
 
 
 def run_search(args):
-    from bertkit.tasks.rerank import recorded_effect, rerank, reranker, say_cut
+    from bertkit.tasks.rerank import PairsCut, recorded_effect, rerank, reranker
     from bertkit.retrieval.index import open_index
     from bertkit.retrieval.qdrant import search as search_qdrant
     from bertkit.retrieval.search import DEFAULT_BLOCK, search, search_options
@@ -382,8 +382,9 @@ def run_search(args):
                          block_size=args.block_size or DEFAULT_BLOCK, ann=args.ann, ef_search=args.ef_search,
                          fusion=fusion, fast=args.speed, names=names, **batch)
     if cross is not None:
-        say_cut(cross, queries, answers, top)
-        answers = [rerank(cross, q, hits, top, **batch) for q, hits in zip(queries, answers)]
+        cut = PairsCut(cross)  # the pairs the cross-encoder read cut, said once for every query
+        answers = [rerank(cross, q, hits, top, on_cut=cut, **batch) for q, hits in zip(queries, answers)]
+        cut.say()
     answers = [hits[: args.k] for hits in answers]
     if args.json:
         json.dump([[h.to_dict() for h in hits] for hits in answers], sys.stdout, ensure_ascii=False)

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import warnings
 from dataclasses import dataclass
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, say_cut as warn_cut
 from bertkit.model.sentence_layout import SENTENCE_POOLINGS, SentenceLayout
 
 # The layer strategies of the paper's Table 7, by the names our API uses.
@@ -179,13 +178,11 @@ STATIC = ("where the static model's folder cuts a text (its max_length, as model
 
 
 def say_cut(cut: int, seen: int, length: int, asked: bool, why: str = WINDOWS) -> None:
-    """Warn, once per run, that `cut` of `seen` texts were truncated at `length` tokens where the cut was not
-    `asked` for (the layout's max_seq_length, a static folder's max_length: `why`): sentence-transformers cuts them
-    silently, and a chapter's vector was its first page's without a word said. A cut asked for (truncate=True) is
-    known: nothing is said."""
-    if not cut or asked:
-        return
-    warnings.warn(f"{cut} of {seen} texts are longer than {length} tokens and were cut there, {why}", stacklevel=3)
+    """Warn, once per run (`bertkit.errors.say_cut`'s line), that `cut` of `seen` texts were truncated at `length`
+    tokens where the cut was not `asked` for (the layout's max_seq_length, a static folder's max_length: `why`):
+    sentence-transformers cuts them silently. A cut asked for (truncate=True) is known: nothing is said."""
+    if not asked:
+        warn_cut([("texts", cut, seen)], length, why, stacklevel=3)
 
 
 def word_pooling_for(word_pooling: str | None, output: Output) -> str:

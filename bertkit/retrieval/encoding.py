@@ -21,7 +21,6 @@ or a (model, tokenizer) pair, as `bertkit.embed` takes it.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,15 +89,6 @@ def has_tokens(text: str, tokenizer) -> bool:
     accents). A text with a letter or a digit always gives one ([UNK] at worst), so only a text without any is
     tokenized: tokenizing a whole corpus a second time costs about what embedding it does."""
     return any(c.isalnum() for c in text) or (bool(text.strip()) and bool(tokenizer.tokenize(text)))
-
-
-def say_cut(counted: list, length: int, how: str) -> None:
-    """Warn that texts longer than the model's max length were embedded cut there (`how`: as whom, or what follows):
-    a 700-token abstract was ranked by its first 256 tokens without a word. counted: (what, how many cut, of how
-    many), `encode`'s on_cut counts (evaluation records them too: documents_cut, queries_cut, sentences_cut)."""
-    if said := " and ".join(f"{cut} of {n} {what}" for what, cut, n in counted if cut):
-        warnings.warn(f"{said} are longer than the {length} tokens the model reads (its max length), and it read them "
-                      f"cut there, {how}", stacklevel=3)
 
 
 def encode(texts: list[str], loaded: Loaded, settings: EncodingSettings, *, batch_size: int = 32,

@@ -38,11 +38,11 @@ import warnings
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.errors import BertkitError, read_score
+from bertkit.errors import BertkitError, read_score, say_cut
 from bertkit.metrics.tasks import pearson, spearman
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.bm25 import B, K1, STOPWORDS, bm25_run, require_bm25s, stem_function
-from bertkit.retrieval.encoding import encode, encoder_and_settings, has_tokens, say_cut
+from bertkit.retrieval.encoding import encode, encoder_and_settings, has_tokens
 from bertkit.retrieval.exact import top_k
 from bertkit.retrieval.config import FUSION_FLAGS, FusionOptions, LexicalOptions, options_of
 from bertkit.retrieval.index import document_ids, open_index, update_info
@@ -76,7 +76,7 @@ def served_run(query_ids: list, answers: list, ranked: bool = False) -> dict[str
 def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch_size: int = 32,
                        max_length: int | None = None, dtype: str = "float32", bm25: bool = False,
                        measures=DEFAULT_MEASURES, progress: bool = True, index=None, ann: bool = False,
-                       rerank=None, rerank_top: int = 50, rerank_model: str | None = None, rerank_cut=None,
+                       rerank=None, rerank_top: int = 50, rerank_model: str | None = None,
                        dimensions=None, mode: str | None = None, fusion: dict | None = None,
                        tune: str | None = None, max_queries: int | None = None, dedupe: bool = False,
                        fast=True) -> dict:
@@ -87,8 +87,8 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
     "bm25": {the same measures, "k1", "b"}.
     index: an index folder of the corpus, searched as served (the model: the index's; `max_length`
     does not apply); ann: through its HNSW graph; rerank: (query, hits) -> hits re-scoring the best
-    `rerank_top` (the cross-encoder `rerank_model`, for the record); rerank_cut(queries, answers): told the first
-    stage before it is reranked, to say the pairs the cross-encoder reads cut (`bertkit.tasks.rerank.say_cut`).
+    `rerank_top` (the cross-encoder `rerank_model`, for the record; the pairs it reads cut, its callers count with
+    `bertkit.tasks.rerank.PairsCut` as its on_cut, and say).
     The result then also has "index" and "search_seconds".
     mode: "dense", "lexical", "hybrid" (the figures of that search; with an index, default as `bertkit
     search`: hybrid when it has a lexical part; without, dense) or "all" (each under "modes", the top
@@ -112,8 +112,7 @@ def evaluate_retrieval(model=None, directory=None, split: str = "test", *, batch
             raise BertkitError("--max-length does not apply with --index: queries are cut where the index's "
                                "passages were")
         result = _evaluate_index(open_index(index), data, model, batch_size, dtype, measures, progress, ann,
-                                 rerank, rerank_top, rerank_model, mode, fusion, tuning_data, fast=fast,
-                                 rerank_cut=rerank_cut)
+                                 rerank, rerank_top, rerank_model, mode, fusion, tuning_data, fast=fast)
     else:
         if rerank is not None or ann:
             raise BertkitError("reranking and --ann need --index INDEX")
@@ -208,7 +207,7 @@ def _index_modes(info: dict, mode: str | None) -> list[str]:
 
 
 def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, ann, rerank, rerank_top,
-                    rerank_model, mode=None, fusion=None, tuning_data=None, fast=True, rerank_cut=None) -> dict:
+                    rerank_model, mode=None, fusion=None, tuning_data=None, fast=True) -> dict:
     doc_ids = check_same_corpus(index, data)
     query_ids = list(data.queries)
     texts = [data.queries[q] for q in query_ids]
@@ -238,8 +237,6 @@ def _evaluate_index(index, data, model, batch_size, dtype, measures, progress, a
         if rerank is not None and m == modes[-1]:  # the cross-encoder reads the passages' texts
             answers = search_vectors(index, vectors, **asked)
             runs[BEFORE_RERANK] = served_run(query_ids, [_found(hits) for hits in answers], ranked=m == "hybrid")
-            if rerank_cut is not None:
-                rerank_cut(texts, answers)
             answers = [_found(rerank(q, hits)) for q, hits in tqdm(list(zip(texts, answers)), desc="rerank",
                                                                    unit="query", disable=not progress)]
         else:  # documents and scores alone: no passage read (`ranked_rows`)

@@ -60,12 +60,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.errors import BertkitError
+from bertkit.errors import BertkitError, say_cut
 from bertkit.data.atomic import write_lines
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows, tsv_cell
 from bertkit.data.beir import document_text, load_beir
 from bertkit.retrieval.config import MiningOptions
-from bertkit.retrieval.encoding import encode, encoder_and_settings, say_cut
+from bertkit.retrieval.encoding import encode, encoder_and_settings
 from bertkit.retrieval.exact import top_k
 
 

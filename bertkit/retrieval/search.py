@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.errors import BertkitError, int_at_least, refuse_unneeded
+from bertkit.errors import BertkitError, int_at_least, refuse_unneeded, say_cut
 from bertkit.embeddings.features import load_encoder
 from bertkit.runtime.loading import Loaded
 from bertkit.retrieval.ann import ann_top_k
@@ -130,10 +130,9 @@ def _say_cut(tok, queries: list[str], length: int | None) -> None:
     paragraph was searched by its first tokens alone, without a word. (Tokenised one piece past the cut.)"""
     if not length or not hasattr(tok, "ids_lists"):  # a static table's index: no cut
         return
-    if cut := sum(len(ids) > length - 2 for ids in tok.ids_lists(list(queries), length - 1)):  # [CLS], [SEP]
-        warnings.warn(f"{cut} of {len(queries)} queries are longer than the {length} tokens the index's passages were "
-                      "made at, and the model read them cut there (BM25, in hybrid and lexical search, reads them "
-                      "whole)", stacklevel=3)
+    cut = sum(len(ids) > length - 2 for ids in tok.ids_lists(list(queries), length - 1))  # [CLS], [SEP]
+    say_cut([("queries", cut, len(queries))], length, "as the index's passages were (BM25, in hybrid and "
+            "lexical search, reads them whole)", stacklevel=3)
 
 
 def embed_queries(info: dict, loaded: Loaded, queries: list[str], batch_size: int = 32, names=None) -> np.ndarray:

@@ -324,8 +324,9 @@ async def search(request):
         vectors = np.stack(leading(await run(request, rows, [len(r.input_ids) for r in rows]), None, normalize=True))
         cut = sum(r.cut for r in rows)
     answers = await svc.scans.scan(vectors, searcher.depth(k, rerank_them), queries, mode)
-    if rerank_them:  # off the event loop: torch releases the GIL
-        answers = await asyncio.to_thread(searcher.rerank, queries, answers)
+    if rerank_them:  # off the event loop: torch releases the GIL; the pairs read cut are counted beside the queries
+        answers, pairs_cut = await asyncio.to_thread(searcher.rerank, queries, answers)
+        cut += pairs_cut
     return answer([[h.to_dict() for h in hits[:k]] for hits in answers], cut), len(queries)
 
 

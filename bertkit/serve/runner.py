@@ -42,7 +42,7 @@ from bertkit.embeddings.features import run_batch
 from bertkit.tasks.predict import predict, reading_info, task_of, with_entities
 from bertkit.tasks.registry import TASKS
 from bertkit.embeddings.static import check_static_options, static_vectors
-from bertkit.tasks.rerank import recorded_effect, rerank, reranker, score
+from bertkit.tasks.rerank import PairsCut, recorded_effect, rerank, reranker, score
 from bertkit.runtime.fast import SpeedSettings, decide
 from bertkit.runtime.loading import Loaded, load
 from bertkit.embeddings.pooling import l2_normalize, pool
@@ -348,10 +348,13 @@ class Searcher:
                 answers[i] = hits[: depths[i]]
         return answers
 
-    def rerank(self, queries: list, answers: list) -> list:
-        """Each answer's best rerank_top re-scored by the cross-encoder, as `bertkit search --rerank` does."""
+    def rerank(self, queries: list, answers: list) -> tuple[list, int]:
+        """(each answer's best rerank_top re-scored by the cross-encoder, as `bertkit search --rerank` does, how many
+        of those (query, passage) pairs it read cut at its max_length: counted as it encoded them)."""
+        cut = PairsCut(self.cross)
         with self.lock:
-            return [rerank(self.cross, q, hits, self.rerank_top) for q, hits in zip(queries, answers)]
+            answers = [rerank(self.cross, q, hits, self.rerank_top, on_cut=cut) for q, hits in zip(queries, answers)]
+        return answers, cut.cut
 
 
 def load_searcher(settings, runner) -> Searcher | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from bertkit.retrieval.evaluation import check_index_of, evaluate_retrieval, index_answers
 from bertkit.retrieval.mining import reranker_pairs
 from bertkit.tasks.classification import train_pair_scorer
-from bertkit.tasks.rerank import FIGURES_FILE, rerank, reranker, say_cut
+from bertkit.tasks.rerank import FIGURES_FILE, PairsCut, rerank, reranker
 from bertkit.tasks.run import settle, write_json
 
 
@@ -73,12 +73,13 @@ def record_figures(cfg, log=print) -> dict:
     """The saved model reranking cfg.index's answers to cfg.dev's queries: the figures before and after,
     written atomically to OUTPUT/retrieval.json."""
     cross = reranker(cfg.output, dtype=cfg.rerank_dtype)
+    cut = PairsCut(cross)  # the pairs it read cut, said once for every query
     result = evaluate_retrieval(None, cfg.dev, cfg.dev_split, batch_size=cfg.training.eval_batch_size,
                                 index=cfg.index, progress=cfg.training.progress, rerank_top=cfg.rerank_top,
                                 rerank=partial(rerank, cross, top=cfg.rerank_top,
-                                               batch_size=cfg.training.eval_batch_size),
-                                rerank_cut=partial(say_cut, cross, top=cfg.rerank_top),
+                                               batch_size=cfg.training.eval_batch_size, on_cut=cut),
                                 rerank_model=str(cfg.output))
+    cut.say()
     measures = [k for k, v in result["before_rerank"].items() if isinstance(v, float)]
     fusion = result["before_rerank"]["fusion"]
     stage = fusion["mode"] if fusion["mode"] != "hybrid" else f"hybrid {fusion['fusion']} alpha {fusion['alpha']}"

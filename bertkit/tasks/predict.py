@@ -49,6 +49,8 @@ from bertkit.runtime.loading import Loaded, check_as_loaded, load
 from bertkit.tasks.batching import run_model
 from bertkit.tasks.registry import Task, task_named
 
+TEXT_HEAD = "BertForSequenceClassification"  # the text tasks' (`bertkit.tasks.text_inference`): they count cut inputs
+
 
 def load_task_model(model_dir, device=None, dtype=None, int8: bool = False, fast=True) -> Loaded:
     """A fine-tuned output directory loaded for prediction (`bertkit.runtime.loading.load`, head "task"):
@@ -64,13 +66,15 @@ def task_of(loaded: Loaded) -> Task:
 
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
             dtype=None, int8: bool = False, fast=True, progress: bool = False,
-            version_2: bool | None = None) -> list[dict]:
+            version_2: bool | None = None, on_cut=None) -> list[dict]:
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
     device: auto (None), cpu or cuda; dtype: float32 (None), bfloat16 or auto; int8: int8 dense layers;
     fast: the fast path's settings (`bertkit.runtime.loading.load`). loaded: a model `bertkit.load(model_dir)`
     returned (then device, dtype and int8 were decided there; model_dir: None, or that same folder).
     progress: a bar over the batches on standard error. version_2: a Hugging Face QA checkpoint trained on SQuAD
-    v2 (`reading_info`)."""
+    v2 (`reading_info`). on_cut(cut, seen): told how many of the inputs the model read cut at its max_length,
+    counted as they were encoded for it (a text task's model: classify, pair, regression, multi-label, rerank; a
+    cross-encoder's pairs, `bertkit.tasks.rerank`)."""
     texts = _text_list(texts, "texts")
     if not texts:
         raise BertkitError("no texts to predict: pass a non-empty list of texts")
@@ -105,7 +109,12 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     if pairs is not None:
         check_tokens(loaded.tokenizer, pairs, "pairs[{}]".format)
     run = partial(run_model, loaded.model, batch_size=batch_size, progress=progress)
-    return task.predict(run, loaded.tokenizer, texts, pairs, info, task.labels(loaded.config))
+    if on_cut is None:
+        return task.predict(run, loaded.tokenizer, texts, pairs, info, task.labels(loaded.config))
+    if task.head != TEXT_HEAD:  # NER reads a long sentence whole, in windows; QA a context so, a question cut
+        raise BertkitError(f"on_cut counts the inputs a text task's model reads cut, and this is a {task.cli_name} "
+                           "model: leave on_cut out")
+    return task.predict(run, loaded.tokenizer, texts, pairs, info, task.labels(loaded.config), on_cut=on_cut)
 
 
 # what predict says of a Hugging Face QA checkpoint read as SQuAD v1 (nothing in its folder says which it was trained on)

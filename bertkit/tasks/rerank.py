@@ -28,11 +28,10 @@ when it has no figures, nothing when it helped.
 from __future__ import annotations
 
 import json
-import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bertkit.errors import BertkitError, int_at_least
+from bertkit.errors import BertkitError, int_at_least, say_cut
 from bertkit.runtime.loading import Loaded, load
 from bertkit.tasks.predict import predict, task_of
 
@@ -60,32 +59,44 @@ def score(prediction: dict, loaded: Loaded) -> float:
     return task.pair_score(prediction, task.labels(loaded.config))
 
 
-def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int = 32) -> list[float]:
-    """The cross-encoder's score of each (query, passage)."""
-    preds = predict(None, [query] * len(passages), pairs=passages, batch_size=batch_size, loaded=loaded)
+def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int = 32, on_cut=None) -> list[float]:
+    """The cross-encoder's score of each (query, passage); on_cut(cut, seen): told how many of the pairs it read
+    cut at its max_length, counted as they were encoded for it (`bertkit.tasks.predict.predict`'s)."""
+    preds = predict(None, [query] * len(passages), pairs=passages, batch_size=batch_size, loaded=loaded,
+                    on_cut=on_cut)
     return [score(p, loaded) for p in preds]
 
 
-def rerank(loaded: Loaded, query: str, hits: list, top: int = 50, batch_size: int = 32) -> list:
+def rerank(loaded: Loaded, query: str, hits: list, top: int = 50, batch_size: int = 32, on_cut=None) -> list:
     """`hits` (`bertkit.retrieval.search.Hit`s) with the first `top` re-scored by the cross-encoder and
-    sorted (see the module docstring)."""
+    sorted (see the module docstring); on_cut(cut, seen): told how many of those pairs it read cut (`PairsCut`
+    sums them over the queries and says them)."""
     int_at_least(top, 1, "--rerank-top", says="at least {least}")
     head, tail = hits[:top], hits[top:]
     if not head:
         return hits
-    scores = pair_scores(loaded, query, [h.text for h in head], batch_size)
+    scores = pair_scores(loaded, query, [h.text for h in head], batch_size, on_cut)
     order = sorted(range(len(head)), key=lambda i: -scores[i])  # stable: ties keep the first stage's order
     return [replace(head[i], score=scores[i]) for i in order] + tail
 
 
-def say_cut(loaded: Loaded, queries: list, answers: list, top: int) -> None:
-    """Warn, in one line, how many of the (query, passage) pairs the cross-encoder re-scores (each answer's best
-    `top`) it reads cut at its max_length: its task's `cut`, the line `bertkit predict` says. A cross-encoder
-    fine-tuned at 128 tokens (finetune's default) read every pair of a 256-token passage cut, unsaid."""
-    task, pairs = task_of(loaded), [(q, h.text) for q, hits in zip(queries, answers) for h in hits[:top]]
-    if task.cut is not None and pairs and (line := task.cut(loaded.tokenizer, [q for q, _ in pairs],
-                                                            [p for _, p in pairs], loaded.info)):
-        warnings.warn(f"--rerank {loaded.directory}: (query, passage) pairs: {line}", stacklevel=2)
+@dataclass
+class PairsCut:
+    """How many of the (query, passage) pairs `loaded`, a cross-encoder, re-scored (each answer's best `top`) it
+    read cut at its max_length, summed over the queries as `rerank` counts them (pass it as on_cut), and said in one
+    warning (`say`). A cross-encoder fine-tuned at 128 tokens (finetune's default) read every pair of a 256-token
+    passage cut, unsaid; the server's /search puts `cut` in its X-Truncated-Inputs header."""
+
+    loaded: Loaded
+    cut: int = 0
+    seen: int = 0
+
+    def __call__(self, cut: int, seen: int) -> None:
+        self.cut, self.seen = self.cut + cut, self.seen + seen
+
+    def say(self) -> None:
+        say_cut([("(query, passage) pairs", self.cut, self.seen)], self.loaded.info.get("max_length", 512),
+                "longest side first (pairs are never windowed)", head=f"--rerank {self.loaded.directory}: ")
 
 
 def recorded_effect(model) -> str | None:

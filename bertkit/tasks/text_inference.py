@@ -54,26 +54,39 @@ def label_value(label, problem_type: str, label2id: dict | None):
     return label2id[label]
 
 
-def _windows(tok, examples: list[TextExample], max_length: int, stride: int) -> list[list[tuple]]:
-    """Each example's windows as (input_ids, token_type_ids); single texts without a stride in one batch
-    (`Tokenizer.single_ids`)."""
+def _windows(tok, examples: list[TextExample], max_length: int, stride: int) -> list[tuple[list[tuple], bool]]:
+    """Each example's windows as (input_ids, token_type_ids), and whether the model reads it cut at max_length (as
+    `cut_count` counts), from this one tokenization: single texts without a stride in one batch, one piece past the
+    cut telling a cut text (`Tokenizer.ids_lists`, the ids `Tokenizer.single_ids` gives), the rest `encode_text`'s
+    (a pair's `Encoding.truncated`; a windowed text is read whole)."""
     single = [i for i, ex in enumerate(examples) if ex.text_pair is None] if stride == 0 else []
-    fast = dict(zip(single, tok.single_ids([examples[i].text for i in single], max_length))) if single else {}
-    return [[(fast[i], [0] * len(fast[i]))] if i in fast else
-            [(e.input_ids, e.token_type_ids) for e in encode_text(tok, ex.text, ex.text_pair, max_length, stride)]
-            for i, ex in enumerate(examples)]
+    budget = max_length - 2  # [CLS] text [SEP]
+    fast = dict(zip(single, tok.ids_lists([examples[i].text for i in single], budget + 1))) if single else {}
+    out = []
+    for i, ex in enumerate(examples):
+        if i in fast:
+            ids = [tok.cls_token_id, *fast[i][:budget], tok.sep_token_id]
+            out.append(([(ids, [0] * len(ids))], len(fast[i]) > budget))
+        else:
+            encs = encode_text(tok, ex.text, ex.text_pair, max_length, stride)
+            cut = ex.text_pair is not None and encs[0].truncated  # a single text with a stride: read whole
+            out.append(([(e.input_ids, e.token_type_ids) for e in encs], cut))
+    return out
 
 
 def make_features(tok, examples: list[TextExample], problem_type: str, label2id, max_length: int,
-                  stride: int) -> list[dict]:
-    """One feature dict per window; `example_index` ties windows to their example."""
-    feats = []
-    for i, (ex, windows) in enumerate(zip(examples, _windows(tok, examples, max_length, stride))):
+                  stride: int, on_cut=None) -> list[dict]:
+    """One feature dict per window; `example_index` ties windows to their example. on_cut(cut, seen): told how many
+    of the examples the model reads cut at max_length (`_windows`)."""
+    feats, read = [], _windows(tok, examples, max_length, stride)
+    for i, (ex, (windows, _)) in enumerate(zip(examples, read)):
         for input_ids, token_type_ids in windows:
             f = {"input_ids": input_ids, "token_type_ids": token_type_ids, "example_index": i}
             if ex.label is not None:
                 f["labels"] = label_value(ex.label, problem_type, label2id)
             feats.append(f)
+    if on_cut is not None:
+        on_cut(sum(cut for _, cut in read), len(examples))
     return feats
 
 
@@ -158,10 +171,12 @@ def decode(logits: np.ndarray, problem_type: str, names: list[str] | None) -> li
 
 
 def predict(run, tok, texts: list[str], pairs: list[str] | None, info: dict, names: list[str] | None, *,
-            problem_type: str) -> list[dict]:
-    """One prediction per text (and pair), the inputs encoded as the model was trained (bertkit_task.json)."""
+            problem_type: str, on_cut=None) -> list[dict]:
+    """One prediction per text (and pair), the inputs encoded as the model was trained (bertkit_task.json);
+    on_cut(cut, seen): told how many of them the model read cut at its max_length, counted as they were encoded."""
     examples = [TextExample(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)]
-    feats = make_features(tok, examples, problem_type, None, info.get("max_length", 512), info.get("stride", 0))
+    feats = make_features(tok, examples, problem_type, None, info.get("max_length", 512), info.get("stride", 0),
+                          on_cut)
     return decode(pool_windows(run(feats)["logits"], feats, len(examples)), problem_type, names)
 
 

@@ -40,12 +40,17 @@ class Encoding:
     sequence_ids: list[int | None]
     special_tokens_mask: list[int] = field(default_factory=list)
     overflowing: list["Encoding"] = field(default_factory=list)
+    # whether truncation cut the text (or the pair) here: the model reads it cut, its tokens past max_length unread
+    # (with return_overflowing they come back in `overflowing`). Who reads the encoding counts the inputs read cut
+    # from it, without a second tokenization to find them (a reranker's pairs: `bertkit.tasks.rerank`)
+    truncated: bool = field(default=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["truncated"]  # the fields of transformers' encoding (`bertkit tokenize --json`)
         d["offsets"] = [list(o) for o in self.offsets]
         return d
 
@@ -166,6 +171,9 @@ def assemble(tok, a: Segment, b: Segment | None, return_overflowing, *, max_leng
         wa, wb = [a], [b]
     pad_to = padded_length(max_length, pad_to_multiple_of) if padding == "max_length" else None
     main = build(tok, wa[0], wb[0], add_special_tokens, pad_to)
+    # `truncate` hands back a segment it keeps whole as itself (a head `encode` read of a long text holds more than
+    # the budget: it is cut, as the whole text would be)
+    main.truncated = wa[0] is not a or (b is not None and wb[0] is not b)
     if return_overflowing:
         # the order of the `tokenizers` library: each window of A with B's main
         # part and then with B's other windows; then A's main part with B's windows
