@@ -298,6 +298,31 @@ def test_windowed_tasks_count_every_token(made, transformers_mod, default_model_
         assert model.count_tokens([Query(text)]) == (expected, int(not stride))  # cut at 20 without windows
 
 
+def test_a_qa_question_counts_as_far_as_the_model_reads_it(made, transformers_mod, default_model_dir):
+    """/predict's --max-request-tokens counted a QA question whole, though the model reads only its first
+    max_query_length pieces (run_squad.py's cut, which X-Truncated-Inputs and `bertkit predict` count as a cut):
+    a pasted paragraph as the question was refused beside a short context the model reads in full. The limit
+    counts what the model reads now, as the header counts the cut: the question to max_query_length (8), the
+    context whole (windows). Reference: BertTokenizerFast's pieces of each, uncut; bertkit predict's count."""
+    from bertkit.runtime.loading import load
+    from bertkit.serve.runner import Query, TaskModel
+    from bertkit.tasks.qa_inference import cut_line
+
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    qa = task_dir(made["tiny"].parent / "qa_question", made["tiny"], "BertForQuestionAnswering",
+                  {"task": "qa", "max_length": 24, "doc_stride": 8, "max_query_length": 8, "max_answer_length": 6})
+    model = TaskModel(load(qa, head="task"), ServeConfig(), "qa")
+    context = "john went to paris and then to rome . " * 3
+    pieces = lambda text: len(fast(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    questions = ["who went to " + "paris " * k + "?" for k in (3, 4, 5, 40)]
+    assert [pieces(q) for q in questions][:3] == [7, 8, 9]  # under, at and one past max_query_length
+    for question in questions:
+        tokens, cut = model.count_tokens([Query(question, context)])
+        assert tokens == min(pieces(question), 8) + 3 + pieces(context)
+        said = cut_line(model.tok, [question], [context], model.info_)  # what bertkit predict says of it
+        assert cut == (pieces(question) > 8) == (said is not None)
+
+
 def test_answer_size_limit(servers):
     port = servers["tight"].port
     status, _, data = post(port, "/tokenize", {"inputs": ["word " * 70] * 4})  # 288 tokens, ~60 bytes each

@@ -349,8 +349,7 @@ class Searcher:
         return answers
 
     def rerank(self, queries: list, answers: list) -> tuple[list, int]:
-        """(each answer's best rerank_top re-scored by the cross-encoder, as `bertkit search --rerank` does, how many
-        of those (query, passage) pairs it read cut at its max_length: counted as it encoded them)."""
+        """(each answer's best rerank_top re-scored by the cross-encoder as `search --rerank` does, the pairs cut)"""
         cut = PairsCut(self.cross)
         with self.lock:
             answers = [rerank(self.cross, q, hits, self.rerank_top, on_cut=cut) for q, hits in zip(queries, answers)]
@@ -432,30 +431,31 @@ class TaskModel:
 
     def count_tokens(self, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`"), cut: bool = True) -> tuple[int, int]:
         """(the tokens the model reads for these inputs, how many of them it reads cut: past max_length, or a QA
-        question past max_query_length). The tokens (what
-        --max-request-tokens counts): per input its text's
-        and its pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts
-        them, or all of them when it reads a long input in windows (QA's contexts, NER's sentences, a single
-        text when the model was trained with --stride; the windows' overlap is not counted); a cut text is read
-        only as far as the cut. A text or pair without a word piece (only characters BERT drops: a NUL) is
-        refused, as the embeddings routes refuse it: the model would answer for an empty text; with `cut` False
-        (TEI's `truncate: false`) so is an input the model would cut (413). `names`: how the request calls them."""
+        question past max_query_length). The tokens (--max-request-tokens counts them): per input its text's and its
+        pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts them, or all of
+        them when it reads a long input in windows (QA's contexts, NER's sentences, a single text when the model was
+        trained with --stride; the windows' overlap is not counted), but a QA question past its max_query_length, cut
+        there (run_squad.py's cut, which the count of inputs cut and `bertkit predict` count); a cut text is read only
+        as far as the cut. A text or pair without a word piece (only characters BERT drops: a NUL) is refused, as the
+        embeddings routes refuse it: the model would answer for an empty text; with `cut` False (TEI's `truncate:
+        false`) so is an input the model would cut (413). `names`: how the request calls them."""
         windows_single = bool(self.info_.get("stride"))
         whole = [self.record.windows or (q.pair is None and windows_single) for q in queries]
-        # what of a text the count reads: all of a windowed one, else only as far as the cut (Tokenizer.head)
-        heads = [(q.text, q.pair) if w else (self.tok.head(q.text, self.max_length),
-                                             None if q.pair is None else self.tok.head(q.pair, self.max_length))
+        asked = self.record.question_limit and self.record.question_limit(self.info_)  # QA: a question's cut
+        # what of a text the count reads: all of a windowed one (a QA question to its cut), else as far as the cut
+        heads = [((self.tok.head(q.text, asked) if asked else q.text), q.pair) if w else (
+            self.tok.head(q.text, self.max_length), None if q.pair is None else self.tok.head(q.pair, self.max_length))
                  for q, w in zip(queries, whole)]
         _, lengths = self.tok.ids_batch([text for text, _ in heads])
         paired = [pair for _, pair in heads if pair is not None]
         pair_lengths = iter(self.tok.ids_batch(paired)[1] if paired else [])
         total = was_cut = 0
-        asked = self.record.question_limit and self.record.question_limit(self.info_)  # QA: a question's cut
         for i, (q, n, w) in enumerate(zip(queries, lengths, whole)):
             m = None if q.pair is None else next(pair_lengths)
             if n == 0 or m == 0:
                 raise InputError(f"{names[n != 0].format(i=i)} yields no tokens: it holds only characters BERT drops")
-            was_cut += bool(asked and m is not None and n > asked)
+            if asked and m is not None:  # the model reads a QA question's first max_query_length pieces
+                was_cut, n = was_cut + (n > asked), min(n, asked)
             n += 2 if m is None else 3 + m
             if not (cut or w or n <= self.max_length):
                 self._too_long(i, q, n, heads[i], names)
