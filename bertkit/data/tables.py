@@ -67,7 +67,7 @@ class Inputs(NamedTuple):
     pairs: list[str] | None = None  # the second texts (QA: the contexts); None: single texts
     answers: list | None = None  # the file's answers, None for an input without one; None: it carries none
     ids: list[str] | None = None  # the names the file gives its inputs (SQuAD's question ids); None: it names none
-    rows: list[dict] | None = None  # a table's rows as read, {column: cell} (predict writes them back); None: no table
+    rows: list[dict] | None = None  # a table's rows as read, {column: cell}, where asked (predict writes them back)
     unpredicted: tuple = ()  # the answers of inputs the reader skipped (SQuAD's empty question): nothing is predicted
     # for them and each scores 0, as the official evaluate-v1.1.py scores a question it has no answer for
 
@@ -255,11 +255,12 @@ def first_row(path) -> dict:
     return next((row for _, row in read_rows(path, ReadReport(str(path)))), {})
 
 
-def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print) -> Inputs:
-    """The texts (and pairs) of a table's text column (and second-text column), with the rows they were read from:
-    the inputs of a fine-tuned model, unlabelled; a missing column is a one-line error naming the flag; a row whose
-    text (or second text) is empty or null is skipped, as `read_text_examples` skips it; skipped rows are counted
-    in one line to `log`."""
+def read_text_columns(path, text_column: str, pair_column: str | None = None, log=print, *,
+                      keep_rows: bool = False) -> Inputs:
+    """The texts (and pairs) of a table's text column (and second-text column), with `keep_rows` the rows they were
+    read from (predict writes them back): the inputs of a fine-tuned model, unlabelled; a missing column is a
+    one-line error naming the flag; a row whose text (or second text) is empty or null is skipped, as
+    `read_text_examples` skips it; skipped rows are counted in one line to `log`."""
     path = existing_file(path)
     report = ReadReport(str(path))
     kept, rows = [], []
@@ -268,13 +269,13 @@ def read_text_columns(path, text_column: str, pair_column: str | None = None, lo
                  for name in ((text_column, pair_column) if pair_column else (text_column,))]
         if all(cell.strip() for cell in cells):
             kept.append(cells)
-            rows.append(row)
+            rows += [row] if keep_rows else []
         else:  # nothing to predict for: skipped as read_text_examples skips it
             report.skipped["empty texts"] += 1
     report.kept = len(kept)
     if report.skipped:
         log(report.summary())
-    return Inputs([r[0] for r in kept], [r[1] for r in kept] if pair_column else None, rows=rows)
+    return Inputs([r[0] for r in kept], [r[1] for r in kept] if pair_column else None, rows=rows if keep_rows else None)
 
 
 def one_text_per_line(path, column: str) -> bool:

@@ -212,12 +212,14 @@ def score_answers(preds: list[dict], gold: list[list[str]], info: dict, names=No
 
 # --- files -----------------------------------------------------------------
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> Inputs:
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print, *,
+                keep_rows: bool = False) -> Inputs:
     """Sentences from CoNLL columns (the words' column the model was trained on), one sentence per line, or a
-    table's text column (with its rows): the one named, else 'sentence', 'text' or its one column of text, as the
-    text tasks read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text')."""
+    table's text column (with `keep_rows` its rows): the one named, else 'sentence', 'text' or its one column of
+    text, as the text tasks read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text')."""
     if Path(path).suffix.lower() in TABLES:
-        return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log)
+        return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log,
+                                 keep_rows=keep_rows)
     if looks_like_conll(path):  # one token per line, blank lines between sentences
         sentences, _ = read_conll(path, token_column=conll_columns(info)[0], tagged=False)
         return Inputs([" ".join(s.words) for s in sentences])
@@ -225,11 +227,12 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=p
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  every_input: bool = False, log=print) -> Inputs | None:
+                  every_input: bool = False, keep_rows: bool = False, log=print) -> Inputs | None:
     """The sentences of a CoNLL file with a tag column and their gold tags in the file's scheme, else None, or with
-    `every_input` its inputs all the same (`read_inputs`, answers None). A tagged file tags every word."""
+    `every_input` its inputs all the same (`read_inputs`, answers None; `keep_rows`: a table's rows). A tagged file
+    tags every word."""
     if Path(path).suffix.lower() in TABLES or not conll_has_tags(path):
-        return read_inputs(path, info, text_column, text_pair_column, log) if every_input else None
+        return read_inputs(path, info, text_column, text_pair_column, log, keep_rows=keep_rows) if every_input else None
     words, tags = conll_columns(info)
     sentences, _ = read_conll(path, token_column=words, tag_column=tags)
     sentences = [split_cjk(s) for s in sentences]  # as the model was trained on them and predicts them

@@ -290,9 +290,9 @@ def _read(task, path, info: dict, columns: tuple, label_column, evaluate: bool |
     """What the file `path` holds (`bertkit.data.tables.Inputs`), read once: its inputs with the answers it carries
     (`Task.read_labelled` with every_input: answers None where there are none), or without them where `evaluate`
     is False (`Task.read_inputs`)."""
-    if evaluate is False:
-        return task.read_inputs(path, info, *columns, log=log)
-    return task.read_labelled(path, info, *columns, label_column, every_input=True, log=log)
+    if evaluate is False:  # a table's rows kept: they are written back
+        return task.read_inputs(path, info, *columns, log=log, keep_rows=True)
+    return task.read_labelled(path, info, *columns, label_column, every_input=True, keep_rows=True, log=log)
 
 
 def _output(input_path, texts, pairs, ids, preds: list[dict], rows: list[dict] | None, shown, log):

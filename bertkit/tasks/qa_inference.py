@@ -231,24 +231,25 @@ def squad_inputs(path, log=print) -> tuple[list[QAExample], list[QAExample]]:
     return kept, skipped
 
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> Inputs:
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print, *,
+                keep_rows: bool = False) -> Inputs:
     """Every question of a SQuAD file, answered or not, with its context and its id (what the official evaluation
-    script maps to answers), or a table's question and context columns (with its rows)."""
-    return read_labelled(path, info, text_column, text_pair_column, every_input=True, log=log)._replace(
-        answers=None, unpredicted=())
+    script maps to answers), or a table's question and context columns (with `keep_rows` its rows)."""
+    return read_labelled(path, info, text_column, text_pair_column, every_input=True, keep_rows=keep_rows,
+                         log=log)._replace(answers=None, unpredicted=())
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  every_input: bool = False, log=print) -> Inputs | None:
+                  every_input: bool = False, keep_rows: bool = False, log=print) -> Inputs | None:
     """The questions of a SQuAD file with answers (`QAExample`s), else None: the answered questions, or with
     `every_input` every question, None in place of an unanswered one's example (and a file without answers, or a
-    table, read all the same, answers None). A file is parsed once, its skipped questions said once. Those skipped
+    table, read all the same, answers None; `keep_rows`: a table's rows). A file is parsed once, its skipped questions said once. Those skipped
     (`squad_inputs`) that carry answers are the `unpredicted`: nothing is predicted for them, and each scores 0 in
     the figures, as the official evaluate-v1.1.py counts every question of the file and gives an unanswered one 0
     (they were left out of the count: exact match over 79 of 80 questions)."""
     if not is_squad(path):
-        return read_text_columns(path, text_column or "question", text_pair_column or "context",
-                                 log=log) if every_input else None
+        return read_text_columns(path, text_column or "question", text_pair_column or "context", log=log,
+                                 keep_rows=keep_rows) if every_input else None
     examples, skipped = squad_inputs(path, log)
     answered = [e if e.answers or e.is_impossible else None for e in examples]
     unpredicted = tuple(e for e in skipped if e.answers or e.is_impossible)

@@ -21,8 +21,8 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        evaluate mode's one reading: every input, answers None where there are none); their metrics;
                        what the answers look like (for messages). The readers return what they read as
                        `bertkit.data.tables.Inputs`: the texts, pairs, answers, the inputs' ids where the file names
-                       them (SQuAD's: predict writes them as its last column), a table's rows (predict writes their
-                       columns back) and the answers of inputs the reader skipped (`unpredicted`: scored with None
+                       them (SQuAD's: predict writes them as its last column), a table's rows where the caller asks
+                       (keep_rows=True: predict writes their columns back; others hold none) and the answers of inputs the reader skipped (`unpredicted`: scored with None
                        for a prediction, SQuAD's unanswered 0)
     answer_labels      (labels, info) -> the label names its predictions use where a model's info changes them from
                        config.json's (an IOB1 tagger answers I-X for the B-X it was trained on): what /info lists

@@ -249,33 +249,34 @@ def score_answers(preds: list[dict], examples: list[TextExample], info: dict, na
 
 # --- files -----------------------------------------------------------------
 
-def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print) -> Inputs:
-    """The texts (and pairs) of a table, in the columns the model was trained on unless given, with its rows; a .txt
-    file without a header naming the text column is one text per line."""
+def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=print, *,
+                keep_rows: bool = False) -> Inputs:
+    """The texts (and pairs) of a table, in the columns the model was trained on unless given, with `keep_rows` its
+    rows (predict writes them back); a .txt file without a header naming the text column is one text per line."""
     pcol = text_pair_column or info.get("text_pair_column")
     if not pcol and one_text_per_line(path, text_column or info.get("text_column") or "sentence"):
         return Inputs(read_text_lines(path))
     tcol = text_column_of(path, text_column or info.get("text_column"), (info.get("label_column"),), log)
-    return read_text_columns(path, tcol, pcol, log=log)
+    return read_text_columns(path, tcol, pcol, log=log, keep_rows=keep_rows)
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
-                  problem_type: str, every_input: bool = False, log=print) -> Inputs | None:
+                  problem_type: str, every_input: bool = False, keep_rows: bool = False, log=print) -> Inputs | None:
     """A table's inputs with their labels (`TextExample`s), or None when it has no label column or every label
     cell is empty: the labelled rows, or with `every_input` every row, None in place of an unlabelled row's
     example (evaluate mode predicts them all and scores the labelled). With `every_input` the inputs all the same
     where there are no labels (answers None): a table whose label column is empty is read once, not again by
-    `read_inputs`."""
+    `read_inputs`. `keep_rows`: with each row as read (predict writes them back; others need not hold them)."""
     lcol = (label_column or info.get("label_column")
             or ("labels" if problem_type == MULTI_LABEL else "label"))
     if lcol not in first_row(path):
-        return read_inputs(path, info, text_column, text_pair_column, log) if every_input else None
+        return read_inputs(path, info, text_column, text_pair_column, log, keep_rows=keep_rows) if every_input else None
     chosen = []  # the column chosen for the texts is said once: here if the rows are kept, else by read_inputs
     tcol = text_column_of(path, text_column or info.get("text_column"), (lcol,), chosen.append)
     pcol = text_pair_column or info.get("text_pair_column")
     examples, report = read_text_examples(path, text_column=tcol, text_pair_column=pcol, label_column=lcol,
                                           problem_type=problem_type, label_separator=info.get("label_separator", ","),
-                                          keep_unlabelled=True, keep_cells=True)
+                                          keep_unlabelled=True, keep_cells=keep_rows)
     unlabelled = all(e.label in (None, []) for e in examples)  # a column left empty (multi-label's [] included)
     if unlabelled and not every_input:
         return None
@@ -289,4 +290,4 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     if report.skipped:
         log(report.summary())
     pairs = [e.text_pair for e in examples] if pcol else None
-    return Inputs([e.text for e in examples], pairs, answered, rows=[e.cells for e in examples])
+    return Inputs([e.text for e in examples], pairs, answered, rows=[e.cells for e in examples] if keep_rows else None)
