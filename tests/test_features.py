@@ -497,7 +497,7 @@ def test_the_npy_header_written_before_streamed_data_is_np_saves(tmp_path, dtype
     assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "numpy.npy").read_bytes()
 
 
-def test_texts_cut_at_the_layouts_max_seq_length_are_counted_in_one_warning(tiny_dir, tmp_path):
+def test_texts_cut_at_the_layouts_max_seq_length_are_counted_in_one_warning(tiny_dir, tmp_path, monkeypatch):
     """A model's sentence vectors are made at its sentence-transformers max_seq_length, and a longer text is cut
     there (sentence-transformers' rule, kept); nothing said so, and `bertkit embed` of a book's chapters wrote each
     chapter's first page. One warning counts the texts cut. Reference: each text's whole encoding (no truncation)
@@ -505,6 +505,8 @@ def test_texts_cut_at_the_layouts_max_seq_length_are_counted_in_one_warning(tiny
     asked for and so not warned of, and truncate=False windows them: nothing is cut."""
     import shutil
     import warnings
+
+    from test_search import ReadOnce
 
     from bertkit.cli import main
     from bertkit.model.sentence_layout import write_layout
@@ -528,8 +530,11 @@ def test_texts_cut_at_the_layouts_max_seq_length_are_counted_in_one_warning(tiny
     # a pair takes the tokenizer's other path: [CLS] A [SEP] B [SEP] over 12 tokens is cut too
     pairs = ["the hat", "the hat", "the hat", "the"]
     cut = sum(len(tok.encode(t, p, truncation=False)) > 12 for t, p in zip(texts, pairs))
+    watch = ReadOnce(monkeypatch)
     with pytest.warns(UserWarning, match=rf"^{cut} of 4 texts are longer than the 12 tokens"):
         embed(texts, str(folder), pairs=pairs)
+    assert not watch.read  # counted from the encodings themselves, not read toward the cut a second time
+    monkeypatch.undo()
     # the command says it once (on standard error, as `bertkit: warning: ...`)
     src = tmp_path / "texts.txt"
     src.write_text("".join(t + "\n" for t in texts))

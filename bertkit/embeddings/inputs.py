@@ -129,9 +129,7 @@ def _encode(tok, text, pair, max_length: int, truncate: bool, where=lambda k: No
         n_words = max((w for w in token_words if w is not None), default=-1) + 1
     else:
         token_words, n_words = _token_words(enc.offsets, enc.sequence_ids, words), len(words)
-    budget = max_length - (2 if pair is None else 3)  # a text that fills max_length may be cut: read a bit past it
-    cut = (truncate and len(enc.input_ids) == max_length and hasattr(tok, "head")
-           and sum(tok.ids_batch([tok.head(s, budget) for s in (text, pair) if s is not None])[1]) > budget)
+    cut = truncate and getattr(enc, "truncated", False)  # the cut says so itself: the texts are not read again
     return _Item(text, pair, list(enc.input_ids), list(enc.token_type_ids), token_words, n_words, cut=bool(cut))
 
 
