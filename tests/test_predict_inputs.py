@@ -203,6 +203,32 @@ def test_predict_says_how_many_inputs_the_model_read_cut_at_its_max_length(model
     assert f"{pairs}: 1 of 3 inputs are longer than the model's max_length of 32 tokens" in capsys.readouterr().out
 
 
+def test_predict_tells_on_cut_the_inputs_it_encoded_cut(models, tmp_path, transformers_mod):
+    """predict(on_cut=) tells how many inputs the model read cut at its max_length, from the pass that encodes them
+    (what a reranker's count of its pairs reads): single texts through the ids-only batch (one piece past the cut),
+    pairs through their encodings. Reference: BertTokenizerFast's uncut lengths against max_length 32, at the edge
+    (32 fits, 33 is cut). A model trained with --stride reads a long text whole: 0. NER and QA refuse on_cut."""
+    fast = transformers_mod.BertTokenizerFast(str(models["tiny"] / "vocab.txt"))
+    texts = ["the movie was good .", " ".join(["good"] * 30), " ".join(["good"] * 31), "the food was bad . " * 60]
+    pairs = ["it was", " ".join(["bad"] * 14), " ".join(["bad"] * 15), "fine"]
+    firsts = ["the movie was good .", " ".join(["good"] * 15), " ".join(["good"] * 15), "the food was bad . " * 60]
+    lengths = [len(fast(t)["input_ids"]) for t in texts]
+    pair_lengths = [len(fast(a, b)["input_ids"]) for a, b in zip(firsts, pairs)]
+    assert lengths[1:3] == [32, 33] and pair_lengths[1:3] == [32, 33]
+    told = []
+    bertkit.predict(models["classify"], texts, on_cut=lambda *n: told.append(n))
+    bertkit.predict(models["pair"], firsts, pairs, on_cut=lambda *n: told.append(n))
+    assert told == [(sum(n > 32 for n in lengths), 4), (sum(n > 32 for n in pair_lengths), 4)]
+    info = json.loads((models["classify"] / "bertkit_task.json").read_text())
+    windowed = shutil.copytree(models["classify"], tmp_path / "windowed")
+    (windowed / "bertkit_task.json").write_text(json.dumps({**info, "stride": 8}))
+    bertkit.predict(windowed, texts, on_cut=lambda *n: told.append(n))
+    assert told[-1] == (0, 4)
+    for task, second in (("ner", None), ("qa", ["john went to paris ."])):
+        with pytest.raises(BertkitError, match=f"this is a {task} model: leave on_cut out"):
+            bertkit.predict(models[task], ["who went ?"], second, on_cut=told.append)
+
+
 # --- a Hugging Face QA checkpoint with fewer positions than run_squad.py's 384 --------------------------------
 
 
