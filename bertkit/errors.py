@@ -23,9 +23,11 @@ sts) prints it as "undefined", any other figure with 4 decimals. And the error f
 (`no_tokens`), which every embedding path (a static table, a transformer's windows) says in the same words.
 
 And so is the warning that a model read texts cut at its max length (`say_cut`): embed, search, evaluate retrieval,
-mining and reranking each count the texts cut where they are read, and say it in this one line.
+mining and reranking each count the texts cut where they are read, and say it in this one line. And a switch (`switch`, a settings dataclass's `bool_settings`): True or False, never a str, which is true
+whatever it says.
 """
 
+import dataclasses
 import warnings
 
 
@@ -63,6 +65,17 @@ def switch(value, name: str, none: bool = False):
     if numpy_bool or (isinstance(value, int) and value in (0, 1)):
         return bool(value)
     raise BertkitError(f"{name} must be True or False{' (or None)' if none else ''}, got {value!r}")
+
+
+def bool_settings(settings) -> None:
+    """Each setting of a settings dataclass annotated `bool` (or `bool | None`) made a bool (`switch`), called by
+    the configs' __post_init__: the Python API's training={"overwrite": "false"} replaced the folder, a non-empty
+    str being true. (The command line's flags give bools.)"""
+    for f in dataclasses.fields(settings):
+        kind = str(f.type).replace(" ", "")  # text under `from __future__ import annotations`
+        if kind in ("bool", "bool|None", str(bool)):
+            value = switch(getattr(settings, f.name), f.name, none=kind == "bool|None")
+            object.__setattr__(settings, f.name, value)  # a frozen one's too (StaticDistillConfig)
 
 
 def positive(value, name: str, hint: str = ""):

@@ -110,3 +110,30 @@ def test_a_missing_optional_package_is_an_import_error_naming_the_extra(tiny_dir
                 step()
             assert isinstance(err.value, BertkitError), words  # the command's one line (MissingPackage)
             assert words in str(err.value), str(err.value)
+
+
+def test_a_settings_switch_given_as_a_str_is_refused_when_the_settings_are_made(tmp_path):
+    """The Python API's settings took any value for a bool: training={"overwrite": "false"} replaced the
+    folder, version_2="false" trained for SQuAD v2, resume="false" resumed (a non-empty str is true). Each
+    config refuses it as it is made, before a file is read; a bool (numpy's too, or 0/1) is kept as a bool."""
+    import numpy as np
+
+    import bertkit.tasks
+    from bertkit.distill.config import StaticDistillConfig
+    from bertkit.pretraining.run_config import RunConfig
+    from bertkit.tasks.config import QAConfig, TrainConfig
+
+    cases = [
+        (lambda: TrainConfig(overwrite="false"), "overwrite"),
+        (lambda: QAConfig(train="t.json", output="o", version_2="false"), "version_2"),
+        (lambda: RunConfig(data="d", resume="false"), "resume"),
+        (lambda: StaticDistillConfig(overwrite="false"), "overwrite"),
+        (lambda: bertkit.tasks.finetune("classify", train=str(tmp_path / "none.tsv"), output=str(tmp_path / "o"),
+                                        training={"overwrite": "false"}), "overwrite"),
+    ]
+    for make, name in cases:
+        with pytest.raises(BertkitError, match=f"^{name} must be True or False.*, got 'false'$"):
+            make()
+    assert not (tmp_path / "o").exists()
+    kept = TrainConfig(overwrite=np.bool_(True), resume=0)
+    assert kept.overwrite is True and kept.resume is False

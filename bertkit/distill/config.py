@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from bertkit.errors import BertkitError, positive, probability, refuse_unneeded
+from bertkit.errors import BertkitError, bool_settings, positive, probability, refuse_unneeded
 from bertkit.tasks.config import TrainConfig, paths_as_text  # bertkit.training's, as tasks hold it
 
 HOLDOUT_METRICS = {"holdout_mse": False, "holdout_cosine": True}  # what picks the epoch (--holdout): higher better?
@@ -47,6 +47,9 @@ class StaticDistillConfig:
         "of these texts and model, else written (a rerun then skips the model)"})
     overwrite: bool = field(default=False, metadata={
         "help": "replace the folder an earlier run wrote at -o (without it a folder that holds anything is refused)"})
+
+    def __post_init__(self):
+        bool_settings(self)  # overwrite="false" is a true str: it replaced the folder
 
     def fit_training(self, progress: bool = True) -> TrainConfig:
         """The training loop's settings of the --fit stage."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 from pathlib import Path
 
-from bertkit.errors import BertkitError, positive
+from bertkit.errors import BertkitError, bool_settings, positive
 from bertkit.training import PRECISIONS, paths_as_text
 from bertkit.training.optim import OptimConfig
 from bertkit.model.config import ELECTRA_PREFIX, ELECTRA_PRESETS, PRESETS
@@ -113,6 +113,7 @@ class RunConfig:
 
     def __post_init__(self):
         paths_as_text(self)  # a notebook's pathlib.Path, held as the command line's str
+        bool_settings(self)  # "false" is a true str
 
     def validate(self) -> "RunConfig":
         for name in ("max_steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):

@@ -24,7 +24,7 @@ from typing import ClassVar, Literal
 
 from bertkit.embeddings.settings import AUTO, SENTENCE_CHOICES
 from bertkit.model.config import CLASSIFIER_POOLINGS
-from bertkit.errors import BertkitError, not_negative, positive
+from bertkit.errors import BertkitError, bool_settings, not_negative, positive
 from bertkit.training import PRECISIONS, paths_as_text
 from bertkit.training.optim import OptimConfig
 
@@ -65,6 +65,9 @@ class TrainConfig:
     progress: bool = _opt(True, "show progress bars", resumable=True, flags=["--progress", "--quiet"])
     optim: OptimConfig = field(default_factory=OptimConfig)
 
+    def __post_init__(self):
+        bool_settings(self)  # overwrite="false" is a true str: it replaced the folder
+
     def validate(self) -> "TrainConfig":
         positive(self.epochs, "--epochs", " (BERT uses 2-4)")
         for name in ("batch_size", "grad_accum", "eval_batch_size", "keep_last"):
@@ -103,6 +106,7 @@ class TaskConfig:
 
     def __post_init__(self):
         paths_as_text(self)  # a notebook's pathlib.Path, held as the command line's str
+        bool_settings(self)  # "false" is a true str
 
     def fit(self, positions: int | None) -> str | None:
         """Settle the settings not given (None, `FITTED`) that depend on the model's length: max_length is the
