@@ -746,3 +746,18 @@ def test_a_cut_pair_is_read_only_as_far_as_its_cut_and_keeps_the_whole_texts_ids
         del tok._segment, tok.ids_batch
         assert ids == oracle(first, second, 64)
         assert sum(handed) < 5000, sum(handed)  # of 120,000 characters
+
+
+def test_a_casing_switch_given_as_a_str_is_refused():
+    """Tokenizer(vocab, lowercase="false") lowercased (a non-empty str is true; errors.switch, as embed's and the
+    configs'). Property: numpy's False and 0 read as False does: "Hello" keeps its capital."""
+    import numpy as np
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "Hello", "hello"]
+    for name in ("lowercase", "strip_accents", "tokenize_chinese_chars"):
+        with pytest.raises(BertkitError, match=f"^{name} must be True or False, got 'false'$"):
+            Tokenizer(vocab, **{name: "false"})
+    for false in (np.bool_(False), 0):
+        tok = Tokenizer(vocab, lowercase=false)
+        assert tok.lowercase is False and tok.tokenize("Hello") == Tokenizer(vocab, lowercase=False).tokenize("Hello")
+    assert Tokenizer(vocab, lowercase=False).tokenize("Hello") == ["Hello"]

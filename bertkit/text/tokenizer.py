@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from bertkit.text.basic_tokenizer import basic_words, coarse_split_pattern
-from bertkit.errors import BertkitError, int_at_least
+from bertkit.errors import BertkitError, int_at_least, switch
 from bertkit.text.tokenizer_config import added_tokens, pipeline_settings, read_config, settings_from
 from bertkit.text.truncation import pair_heads
 from bertkit.text.tokenizer_speed import IdsCache, TokenizerWorkers, WordCache, choose_num_workers, gc_paused, token_ids
@@ -82,10 +82,10 @@ class Tokenizer:
         int_at_least(max_input_chars_per_word, 1, "max_input_chars_per_word", says="a positive int")
         self.ids_to_tokens: list[str] = list(tokens)
         self.vocab: dict[str, int] = {t: i for i, t in enumerate(self.ids_to_tokens)}
-        self.lowercase = bool(lowercase)
-        self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
+        self.lowercase = switch(lowercase, "lowercase")  # "false" is a true str: it lowercased
+        self.strip_accents = self.lowercase if strip_accents is None else switch(strip_accents, "strip_accents")
         self.max_input_chars_per_word = max_input_chars_per_word
-        self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
+        self.tokenize_chinese_chars = switch(tokenize_chinese_chars, "tokenize_chinese_chars")
         missing = [t for t in SPECIAL_TOKENS if t not in self.vocab]
         if missing:  # a file's tokens are checked as it is read (vocab.py); a list given here is not
             raise BertkitError(f"the vocabulary lacks the special token(s) {', '.join(missing)}: a BERT "
