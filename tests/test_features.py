@@ -836,6 +836,38 @@ def test_cli_embed_counts_the_rows_its_csv_reader_skipped_not_the_files_blank_li
         assert ("skipped" in last) == bool(skipped) and (not skipped or f"{skipped} blank line skipped" in last), last
 
 
+@pytest.mark.parametrize("name, body, skipped", [("in.txt", "first\n\n  \nfourth\n", 2),
+                                                  ("in.csv", 'text,id\nfirst,1\n,\nthird,3\n', 1)])
+def test_cli_embed_reads_its_input_file_twice_its_blank_records_counted_on_the_first_pass(tiny_dir, tmp_path, capsys,
+                                                                                         monkeypatch, name, body,
+                                                                                         skipped):
+    """embed reads a file twice by design (counted first: the progress bar's total, the plan; then the texts,
+    streamed), and read it a third time, whole, after the last vector, only to count the blank records it had left
+    out (blank_lines). The first pass counts them now: 3 -> 2 whole passes (opens at textfiles.open_text read to
+    the end; a CSV's header is peeked apart), the same note and rows (reference: the blank records by hand)."""
+    from contextlib import contextmanager
+
+    import bertkit.data.textfiles as textfiles
+    from bertkit.cli import main
+
+    src = tmp_path / name
+    src.write_text(body, encoding="utf-8")
+    passes, open_text = [], textfiles.open_text
+
+    @contextmanager
+    def counted(path, *args, **kwargs):
+        with open_text(path, *args, **kwargs) as f:
+            yield f
+            passes.append(str(path) == str(src) and f.read(1) == "")  # read to its end
+
+    monkeypatch.setattr(textfiles, "open_text", counted)
+    assert main(["embed", str(src), "-o", str(tmp_path / "v.npy"), "--model", str(tiny_dir), "--quiet",
+                 "--dtype", "float32"]) == 0
+    assert passes.count(True) == 2  # main: 3
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert np.load(tmp_path / "v.npy").shape[0] == 2 and f"{skipped} blank line{'s' if skipped > 1 else ''} skipped" in last
+
+
 def test_a_model_folder_written_again_is_read_again_not_served_from_the_cache(tmp_path):
     """embed keeps the last models it loaded, by folder: a notebook that fine-tuned into out/, embedded, fine-tuned
     into out/ again (--overwrite) and embedded again got the first model's vectors, silently (a new process, the

@@ -10,7 +10,7 @@ from pathlib import Path
 from bertkit.errors import BertkitError, refuse_unneeded
 from bertkit.embeddings.settings import EmbedOptions, resolve_layers, resolve_output, word_pooling_for
 from bertkit.options import add_options, count, device_flags, from_args, int8_flag, quiet_flag
-from bertkit.data.textfiles import OnePass, blank_lines, file_identity, read_texts, reads_once, text_line
+from bertkit.data.textfiles import OnePass, file_identity, read_texts, reads_once, text_line
 from bertkit.data.vector_files import RECORD_SUFFIX, open_journal, room_for_rows, vector_format, write_vectors
 
 # texts taken at a time: sorted by length into batches (little padding), and a checkpoint after each
@@ -80,7 +80,7 @@ def run_embed(args):
     from bertkit.embeddings.features import iter_embed, load_encoder
 
     options = from_args(args, EmbedOptions)
-    texts, count, where = _embed_input(args)
+    texts, count, where, blanks = _embed_input(args)
     loaded = load_encoder(args.model, device=args.device, dtype=args.dtype, int8=args.int8, fast=args.speed)
     output = resolve_output(loaded.layout, options.pooling, options.normalize)
     vector_format(args.output, output.sentence)  # a format that cannot hold these rows, refused before the plan
@@ -105,7 +105,7 @@ def run_embed(args):
     n = write_vectors(rows, args.output, pooled=output.sentence, journal=journal,
                       tokens=loaded.tokenizer.convert_ids_to_tokens if per_token else None)
     # rows are the texts in order: say that a blank line has none
-    blank = texts.blank if isinstance(texts, OnePass) else blank_lines(args.input, args.column)
+    blank = texts.blank if isinstance(texts, OnePass) else blanks
     skipped = f"; {blank} blank line{'s' if blank > 1 else ''} skipped, so row i is the i-th text" if blank else ""
     resumed = f"; went on from the {start} texts the interrupted run wrote" if start else ""
     # the file always holds float32 numbers; the model's precision is what they were computed in
@@ -114,20 +114,22 @@ def run_embed(args):
 
 
 def _embed_input(args) -> tuple:
-    """(the texts, how many (None: standard input, counted as it streams), where(i): text i's file and line)."""
+    """(the texts, how many (None: standard input, counted as it streams), where(i): text i's file and line, how
+    many blank records a file's count left out (standard input's: `OnePass.blank`, once it has streamed))."""
     if reads_once(args.input):  # standard input, a pipe: streamed, its lines counted and named as they pass
         if args.go_on:
             raise BertkitError("--resume reads the input again, and standard input (or a pipe) gives its lines once: "
                                "save them to a file, embed that, and --resume then goes on after a stop")
         texts = OnePass(args.input, args.column)
-        count, where = (None if texts.first is not None else 0), texts.line
-    else:  # a file: counted first (the progress bar's total), read again for a line named in an error
-        texts, count = read_texts(args.input, args.column)  # a bad file refused before the model loads
-        where = partial(text_line, args.input, column=args.column)
+        count, where, blanks = (None if texts.first is not None else 0), texts.line, None
+    else:  # a file: counted first (the progress bar's total; its blank records), read again for its texts
+        left_out = []  # a bad file is refused by the count, before the model loads
+        texts, count = read_texts(args.input, args.column, on_blank=lambda: left_out.append(1))
+        where, blanks = partial(text_line, args.input, column=args.column), len(left_out)
     if count == 0:  # was "nothing to write", once the model had loaded
         raise BertkitError(f"{args.input} holds no texts: write one per line (.txt), or rows under a header (.tsv), "
                            "or one JSON object per line (.jsonl)")
-    return texts, count, where
+    return texts, count, where, blanks
 
 
 def _embed_plan(args, options: EmbedOptions, loaded, output, count: int) -> dict:

@@ -243,18 +243,10 @@ def json_objects(lines, path, on_blank=None):
         yield number, row
 
 
-def blank_lines(path, column: str | None = None) -> int:
-    """How many records `read_texts(path, column)` leaves out as blank (a line of whitespace; a CSV row of
-    empty cells), so its rows are the others: counted by its own reader, since a CSV's blank line inside a
-    quoted cell is part of a text, and a row of empty cells holds no blank line."""
-    left_out = []
-    for _ in numbered_texts(path, column, on_blank=lambda: left_out.append(1))():
-        pass
-    return len(left_out)
-
-
-def read_texts(path, column: str | None = None) -> tuple:
-    """(an iterator over the texts of a file, how many there are), without loading them all.
+def read_texts(path, column: str | None = None, on_blank=lambda: None) -> tuple:
+    """(an iterator over the texts of a file, how many there are), without loading them all; the count's pass
+    calls `on_blank()` for each blank record it leaves out (a line of whitespace; a CSV row of empty cells, never
+    a blank line inside a quoted cell), so the rows are known to be the others.
 
     .txt (or anything else): one text per non-empty line (`column` is refused). .jsonl (and .json, read as
     JSON Lines): the "text" field (or `column`) of each line. .tsv, .csv: the column named `column` (default
@@ -262,8 +254,10 @@ def read_texts(path, column: str | None = None) -> tuple:
     as the csv module reads it: quoted cells, commas and newlines inside them). The file must
     be UTF-8 (`bertkit.data.textfiles`); a malformed line is an error naming it.
     """
-    numbered = numbered_texts(path, column)
+    told = [on_blank]  # during the count's pass only: the texts' pass leaves out the same records
+    numbered = numbered_texts(path, column, lambda: told[0]())
     count = sum(1 for _ in numbered())
+    told[0] = lambda: None
     return (text for _, text in numbered()), count
 
 
