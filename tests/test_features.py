@@ -9,6 +9,7 @@ paper's Table 7 (not taken from bertkit.embeddings.settings.STRATEGIES).
 
 import copy
 import json
+import os
 
 import numpy as np
 import pytest
@@ -892,6 +893,48 @@ def test_a_model_folder_written_again_is_read_again_not_served_from_the_cache(tm
     second = write(1)
     np.testing.assert_allclose(embed(TEXT, str(tmp_path)), embed(TEXT, (second, tok)), rtol=0, atol=1e-5)
     assert not torch.equal(trace(TEXT, model=tmp_path).token_embeddings, traced)
+
+
+def test_threads_embedding_at_once_load_a_model_once_and_never_lose_it(tiny_dir, tmp_path, monkeypatch):
+    """embed's cache of the last two models was read and filled without a lock: two threads asking for one folder at
+    once (a web app's workers) both loaded it, and a third model's eviction between one thread's check and its read
+    took the entry it was about to return (KeyError). Property: one load per folder, every thread gets it."""
+    import shutil
+    import threading
+    import time
+
+    from bertkit.embeddings import features
+
+    others = [tmp_path / "b", tmp_path / "c"]
+    for other in others:
+        shutil.copytree(tiny_dir, other)
+    calls = []
+
+    def slow_load(folder, **kwargs):  # the real loader's cost, without its seconds: the threads overlap inside it
+        calls.append(folder)
+        time.sleep(0.3)
+        return ("loaded", folder)
+
+    monkeypatch.setattr(features, "_LOADED", {})
+    monkeypatch.setattr(features, "load", slow_load)
+    folders = [str(tiny_dir)] * 4 + [str(o) for o in others]
+    start, got, failed = threading.Barrier(len(folders)), [None] * len(folders), []
+
+    def work(i):
+        start.wait()
+        try:
+            got[i] = load_encoder(folders[i])
+        except Exception as error:  # noqa: BLE001 - what a thread raised, asserted below
+            failed.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(folders))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failed == []
+    assert got == [("loaded", os.path.realpath(f)) for f in folders]
+    assert sorted(calls) == sorted({os.path.realpath(f) for f in folders})  # each folder loaded once
 
 
 def test_cli_embed_reads_standard_input_as_a_txt_file(tiny_dir, tmp_path, capsys, monkeypatch):

@@ -36,6 +36,7 @@ import functools
 import inspect
 import itertools
 import os
+import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -56,6 +57,9 @@ from bertkit.embeddings.static import NO_CUT, check_static_options, iter_static
 
 
 _LOADED: dict = {}  # (directory, device, dtype, int8, fast, its files) -> Loaded: the last two loaded
+# held while the cache is read and filled: threads embedding at once (a web app's workers) load a model once, and one
+# thread's eviction cannot take the entry another is about to return (a KeyError) or change the dict under its loop
+_LOADING = threading.Lock()
 
 
 def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=True) -> Loaded:
@@ -73,15 +77,15 @@ def load_encoder(model=None, device=None, dtype=None, int8: bool = False, fast=T
         folder = model is not None and os.path.isdir(model)  # keyed by its files too: a folder written again
         key = (None if model is None else os.path.realpath(model) if folder else str(model),
                device, dtype, int8, fast, folder_stamp(model) if folder else None)
-    if key not in _LOADED:  # the loader refuses what is no model ("": `bertkit.model.checkpoint.resolve`)
-        loaded = load(model if key is None else key[0], head="encoder", device=device, dtype=dtype, int8=int8,
-                      fast=fast)
-        if key is None:
-            return loaded
-        while len(_LOADED) >= 2:
-            _LOADED.pop(next(iter(_LOADED)))
-        _LOADED[key] = loaded
-    return _LOADED[key]
+    if key is None:  # a pair in memory: placed as asked, nothing to keep
+        return load(model, head="encoder", device=device, dtype=dtype, int8=int8, fast=fast)
+    with _LOADING:
+        if key not in _LOADED:  # the loader refuses what is no model ("": `bertkit.model.checkpoint.resolve`)
+            loaded = load(key[0], head="encoder", device=device, dtype=dtype, int8=int8, fast=fast)
+            while len(_LOADED) >= 2:
+                _LOADED.pop(next(iter(_LOADED)))
+            _LOADED[key] = loaded
+        return _LOADED[key]
 
 
 # --- the forward pass ---------------------------------------------------------------------
