@@ -133,6 +133,32 @@ def test_a_dense_search_imports_no_bm25s_and_a_hybrid_one_reads_the_part_as_bm25
     assert search(index, QUERIES[:1], k=3, dtype="float32", fusion={"mode": "hybrid"})[0]
 
 
+def test_an_index_reads_its_lexical_json_files_once_for_the_check_and_the_retriever(built, monkeypatch):
+    """Opening an index read vocab.index.json and params.index.json whole to check that each is a JSON object, then
+    held them open, and its first lexical search read and parsed them again for the retriever: a hybrid search (such
+    an index's default) parsed the vocabulary twice (SciFact's 27,576 terms, 128-token passages: ~22 ms each). Each
+    is opened once now (opens counted at io.open), the check's objects making the retriever bm25s' own load makes."""
+    import builtins
+    import io
+
+    import bm25s
+
+    opens, real = [], io.open
+
+    def counted(file, *args, **kwargs):
+        opens.append(os.path.basename(str(file)))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counted)
+    monkeypatch.setattr(io, "open", counted)
+    index = open_index(built)
+    assert search(index, QUERIES[:1], k=3, dtype="float32", fusion={"mode": "hybrid"})[0]
+    monkeypatch.undo()
+    assert (opens.count("vocab.index.json"), opens.count("params.index.json")) == (1, 1)  # main: 2 and 2
+    loaded = bm25s.BM25.load(str(built / "lexical"), mmap=True, allow_pickle=False)
+    assert index.lexical().vocab_dict == loaded.vocab_dict and index.lexical().k1 == loaded.k1
+
+
 def test_hybrid_fuses_the_dense_and_lexical_answers(built):
     index = open_index(built)
     assert fusion_options(index.info).mode == "hybrid"  # the default when the index has a lexical part

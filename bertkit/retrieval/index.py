@@ -398,7 +398,7 @@ class Index:
     graph_part: object = field(default=None, repr=False)  # the HNSW graph, read when first asked for
 
     def lexical(self):
-        """The BM25 part (`bertkit.retrieval.lexical`), made on first use from the files held at open; refused in
+        """The BM25 part (`bertkit.retrieval.lexical`), made on first use from what was held at open; refused in
         one line when the index was built without it."""
         if self.lexical_part is None:
             options_of(self.info)
@@ -477,13 +477,12 @@ def open_index(directory) -> Index:
     tensors = map_safetensors(directory / VECTORS)
     codes = {} if coded is None else map_safetensors(directory / codes_file.CODES)
     check_values(directory, info, tensors, PASSAGES, codes)
-    if info.get("lexical"):
-        check_lexical(directory / LEXICAL_DIR, LEXICAL_FILES)
+    lexical = check_lexical(directory / LEXICAL_DIR, LEXICAL_FILES) if info.get("lexical") else None  # JSON, read
     index = Index(directory, info, tensors.get("vectors"), tensors["document"], tensors["passage_offset"],
                   codes=codes.get("codes"), ranges=None if "ranges" not in codes else np.asarray(codes["ranges"]),
                   rescore=codes.get("rescore"), files={name: open(directory / name, "rb") for name in
                                                        (PASSAGES, HNSW_FILE) if (directory / name).is_file()},
-                  lexical_held=hold_lexical(directory) if info.get("lexical") else {})  # no bm25s until a search
+                  lexical_held=hold_lexical(directory, lexical) if lexical is not None else {})  # no bm25s yet
     return index
 
 

@@ -125,9 +125,11 @@ def check_values(directory: Path, info: dict, tensors: dict, passages: str, code
                                f"{REBUILD}")
 
 
-def check_lexical(folder: Path, names: tuple) -> None:
+def check_lexical(folder: Path, names: tuple) -> dict:
     """The lexical part's files `names` in `folder` are there and whole (an .npy's header read, its data's
-    bytes inside the file; a .json an object), read without bm25s and without loading an array."""
+    bytes inside the file; a .json an object), read without bm25s and without loading an array; returns each
+    .json's object as read (name -> object), for the retriever made from them (`lexical.hold_lexical`)."""
+    objects = {}
     for name in names:
         path = folder / name
         if not path.is_file():
@@ -136,11 +138,12 @@ def check_lexical(folder: Path, names: tuple) -> None:
             _check_npy(path)
         else:
             try:
-                whole = isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+                objects[name] = json.loads(path.read_text(encoding="utf-8"))
             except (UnicodeDecodeError, ValueError):
-                whole = False
-            if not whole:
+                objects[name] = None
+            if not isinstance(objects[name], dict):
                 raise BertkitError(f"{path} is not a JSON object: the index's lexical part is corrupt; {REBUILD}")
+    return objects
 
 
 def _check_npy(path: Path) -> None:

@@ -13,8 +13,8 @@ matrix in CSC form (`data.csc.index.npy` float32 [nnz], `indices.csc.index.npy`
 weight in every passage that has it), `vocab.index.json` (token -> column) and
 `params.index.json`. Only .npy and JSON: it is read back with
 `allow_pickle=False`, memory-mapped, so nothing read can run code. Opening an
-index holds the part without bm25s (`hold_lexical`: arrays mapped, JSON files
-open, so it stays this build's); the retriever is made when a search first
+index holds the part without bm25s (`hold_lexical`: arrays mapped, the JSON
+objects its check read, once, so it stays this build's); the retriever is made when a search first
 needs it (`read_lexical`): a dense search never imports bm25s. The folder
 is written as `lexical.tmp/` and renamed into place: whole or absent
 (`bertkit.data.atomic.write_folder`). It takes
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 from pathlib import Path
 
@@ -132,13 +131,15 @@ def build_lexical(out: Path, texts: list[str], options: LexicalOptions, progress
     return record(options, len(json.loads((final / "vocab.index.json").read_text(encoding="utf-8"))))
 
 
-def hold_lexical(directory: Path) -> dict:
+def hold_lexical(directory: Path, objects: dict | None = None) -> dict:
     """An index folder's lexical part as opened, without bm25s: file name -> its .npy memory-mapped, or its
-    .json file held open. What is held stays this build's when the folder is built again, so the retriever made
-    from it later (`read_lexical`, when a search first needs it) is too; a dense search never imports bm25s."""
+    .json's object (`objects`: as the index's check read them, once; None: read here), and "folder": where. What
+    is held stays this build's when the folder is built again, so the retriever made from it later
+    (`read_lexical`, when a search first needs it) is too; a dense search never imports bm25s."""
     folder = Path(directory) / LEXICAL_DIR
-    return {name: np.load(folder / name, mmap_mode="r", allow_pickle=False) if name.endswith(".npy")
-            else open(folder / name, "rb") for name in LEXICAL_FILES}
+    return {"folder": folder} | {
+        name: np.load(folder / name, mmap_mode="r", allow_pickle=False) if name.endswith(".npy")
+        else json.loads((folder / name).read_bytes()) if objects is None else objects[name] for name in LEXICAL_FILES}
 
 
 def read_lexical(held: dict):
@@ -147,13 +148,12 @@ def read_lexical(held: dict):
     params.index.json, vocab_dict, the memory-mapped score matrix; method lucene keeps no non-occurrence
     array. Nothing unpickled."""
     bm25s = supported_bm25s()
-    params, vocab = (json.loads(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
-                     for f in (held["params.index.json"], held["vocab.index.json"]))
+    params, vocab = dict(held["params.index.json"]), held["vocab.index.json"]  # the held object stays as read
     version, num_docs = params.pop("version", None), params.pop("num_docs", None)
     try:
         retriever = bm25s.BM25(**params)
     except TypeError as err:  # a setting this bm25s does not have: another layout than BM25S_RANGE's
-        raise BertkitError(f"{held['params.index.json'].name} was written by bm25s {version}, and bm25s "
+        raise BertkitError(f"{held['folder'] / 'params.index.json'} was written by bm25s {version}, and bm25s "
                            f"{bm25s.__version__} does not read it ({err}): build the index's lexical part again "
                            "with this bm25s, or install the one that wrote it") from None
     retriever.vocab_dict, retriever.unique_token_ids_set = vocab, set(vocab.values())
