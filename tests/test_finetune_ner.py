@@ -304,3 +304,52 @@ def test_cjk_words_are_split_for_training_as_predict_splits_text(tiny, tmp_path)
     assert [p["words"] for p in got] == [split_words("马克龙访问北京"), ["john", "访", "问", "东", "京"]]
     assert [len(p["tags"]) for p in got] == [7, 5]
     assert predict_file(tmp_path / "o", tmp_path / "t.txt", tmp_path / "p.tsv").scored == 24
+
+
+RAW = ["I flew to Paris.", 'U.S.-based firms (London) said: "Hello, world!"', "José's café, in São  Paulo\tto-day.",
+       "我爱Paris, 真的."]
+
+
+def test_raw_text_words_are_berts_and_an_entity_leaves_its_punctuation_out(tiny, transformers_mod,  # noqa: F811
+                                                                          tmp_path):
+    """predict tagged a raw text's whitespace words: "I flew to Paris." labelled "Paris." as one word, so the
+    entity's text and its character span (the server's `entities`) held the period, and "(Reuters)" or
+    "U.S.-based" was one word, while CoNLL-2003 (what a NER model learns from) and BERT's BasicTokenizer have
+    "Paris" and "." apart. A text's words are now BERT's: the oracle is transformers' BertTokenizerFast, its
+    word_ids() and word_to_chars() (as `embed --pooling words` numbers them), for the words and for the entity
+    spans; a list of words is kept as given."""
+    import bertkit
+    from bertkit.tasks import ner_inference
+    from bertkit.tasks.predict import with_entities
+    from test_serve import task_dir
+
+    hf = transformers_mod.BertTokenizerFast.from_pretrained(str(tiny))  # the handmade vocabulary
+
+    def oracle(text):  # each word's (start, end), in order
+        enc = hf(text, add_special_tokens=False)
+        return [tuple(enc.word_to_chars(w)) for w in dict.fromkeys(enc.word_ids())]
+
+    names = ["O", "B-LOC", "B-ORG"]
+    model = task_dir(tmp_path / "ner", tiny, "BertForTokenClassification",
+                     {"task": "ner", "max_length": 16, "stride": 4, "tag_scheme": "bio"}, names)
+    loaded = bertkit.load(model)
+    for text, p in zip(RAW, bertkit.predict(None, RAW, loaded=loaded)):
+        spans = oracle(text)
+        assert p["words"] == [text[a:b] for a, b in spans] and len(p["tags"]) == len(spans)
+        each = with_entities(text, {**p, "tags": ["B-LOC"] * len(spans)})["entities"]  # every word an entity
+        assert [(e["start"], e["end"], e["text"]) for e in each] == [(a, b, text[a:b]) for a, b in spans]
+    tok = loaded.tokenizer
+    tagged = dict(zip(tok.convert_tokens_to_ids(["paris", "london"]), [1, 2]))
+
+    def run(features, per_token):  # the model: B-LOC on "paris", B-ORG on "london", O elsewhere
+        rows = [np.eye(len(names))[[tagged.get(i, 0) for i in f["input_ids"]]] for f in features]
+        return {"logits": rows}
+
+    found = []
+    for text, p in zip(RAW, ner_inference.predict(run, tok, RAW, None, {"max_length": 16, "stride": 4}, names)):
+        found.append([(e["type"], e["text"], e["start"], e["end"]) for e in with_entities(text, p)["entities"]])
+        assert found[-1] == [("LOC" if text[a:b].lower() == "paris" else "ORG", text[a:b], a, b)
+                             for a, b in oracle(text) if text[a:b].lower() in ("paris", "london")]
+    assert found[0] == [("LOC", "Paris", 10, 15)]  # not "Paris." (10, 16)
+    words = ["U.S.-based", "firms", "(London)", "said", ":"]
+    assert bertkit.predict(None, [words], loaded=loaded)[0]["words"] == words  # pre-split words: as given

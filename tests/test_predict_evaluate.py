@@ -326,7 +326,8 @@ def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):
 @pytest.mark.parametrize("texts, options, message", [
     ([], {}, "no texts to predict"),
     (None, {}, "list of texts, got NoneType"),
-    ([["mary", "visited"]], {}, r"texts\[0\] must be a str, got list \(pre-split words: join them with spaces\)"),
+    ([["mary", 3]], {}, r"texts\[0\] must be a str, got list \(pre-split words: a list of str, which a NER model "
+                        r"tags as given; else join them with spaces\)"),
     (["a", None], {}, r"texts\[1\] must be a str, got NoneType"),
     (["a"], {"pairs": "b"}, "list of pairs; wrap a single text in a list"),
     (["a"], {"pairs": [3]}, r"pairs\[0\] must be a str, got int"),
@@ -341,7 +342,8 @@ def test_single_texts_take_the_batch_ids_path_with_encodes_ids(shared_data):
 def test_predict_refuses_bad_input_before_loading_the_model(tmp_path, texts, options, message):
     """Checked before any file is read (the model directory does not even exist): once an empty list or a
     batch_size of 0 failed inside the batching (IndexError, ValueError), a word list inside NER's
-    whitespace split (AttributeError), and a str of pairs was split into characters."""
+    whitespace split (AttributeError), and a str of pairs was split into characters. (A list of str is a NER model's
+    words: refused by another model once loaded, test_predict_inputs.)"""
     with pytest.raises(BertkitError, match=message):
         predict(tmp_path / "no-model", texts, **options)
 

@@ -64,9 +64,13 @@ def test_an_input_without_tokens_is_refused_naming_it(models, text):
     ]:
         with pytest.raises(BertkitError, match=rf"^{name.replace('[', '.')} .* yields no tokens"):
             bertkit.predict(models[model], texts, pairs)
-    # a text with a word piece beside them is predicted as before (NER: a word without a piece is tagged O)
+    # a text with a word piece beside them is predicted as before: a text's words are BERT's, where what it drops is
+    # no word; a list's words are as given, and one without a piece is tagged O
     got = bertkit.predict(models["ner"], [f"{text} john went"])[0]
-    assert got["words"] == f"{text} john went".split() and len(got["tags"]) == len(got["words"])
+    assert got["words"] == ["john", "went"] and len(got["tags"]) == 2
+    words = [w for w in (text, "john", "went") if w.strip()]
+    got = bertkit.predict(models["ner"], [words])[0]
+    assert got["words"] == words and len(got["tags"]) == len(words) and got["tags"][:len(words) - 2] in ([], ["O"])
 
 
 def test_a_file_skips_empty_cells_as_evaluate_mode_does_and_refuses_a_text_without_tokens(models, tmp_path, capsys):
@@ -138,7 +142,7 @@ def test_a_ner_model_reads_a_tables_text_column_as_the_help_says(models, tmp_pat
     else 'text', else the file's one column of text; the text tasks read so. A NER model (trained on CoNLL files,
     it records no column) read 'sentence' alone, and refused a table of 'id' and 'text' columns. It now takes the
     same rule, saying which column it read; the predictions are bertkit.predict's of those texts."""
-    texts = ["john went to paris", "mary saw london in the day"]
+    texts = ["john went to paris.", "mary saw london in the day"]  # details: the words the tags belong to
     src = tmp_path / "in.tsv"
     src.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(texts)), encoding="utf-8")
     out = tmp_path / "p.tsv"
@@ -147,8 +151,8 @@ def test_a_ner_model_reads_a_tables_text_column_as_the_help_says(models, tmp_pat
     header, *lines = out.read_text(encoding="utf-8").splitlines()
     rows = [dict(zip(header.split("\t"), line.split("\t"))) for line in lines]  # the table's columns, then the tags
     assert header.split("\t") == ["id", "text", "prediction", "details"]
-    assert [(r["id"], r["text"], r["prediction"].split()) for r in rows] == [
-        (str(i), t, p["tags"]) for i, (t, p) in enumerate(zip(texts, bertkit.predict(models["ner"], texts)))]
+    assert [(r["id"], r["text"], r["prediction"].split(), json.loads(r["details"])) for r in rows] == [
+        (str(i), t, p["tags"], p["words"]) for i, (t, p) in enumerate(zip(texts, bertkit.predict(models["ner"], texts)))]
 
 
 def test_a_conll_file_whose_last_column_is_no_tags_names_the_line_and_no_evaluate(models, tmp_path, capsys):
@@ -337,7 +341,8 @@ def test_a_jsonl_column_of_pre_split_words_is_read_as_those_words(models, tmp_pa
     "'rejects',": one tag per word, but of other words. A list of strings is now the sentence's words, joined
     with spaces as bertkit.predict's own error asks for pre-split words; an object or a nested list is refused
     naming the line and the column."""
-    sentences = [["EU", "rejects", "German", "call"], ["Peter", "Blackburn"], ["john", "went", "to", "paris", "."]]
+    sentences = [["EU", "rejects", "German", "call"], ["Peter", "Blackburn"], ["john", "went", "to", "paris", "."],
+                 ["U.S.-based", "john", "(paris)"]]
     src = tmp_path / "conll.jsonl"
     src.write_text("".join(json.dumps({"id": i, "tokens": s, "ner_tags": [0] * len(s)}) + "\n"
                            for i, s in enumerate(sentences)), encoding="utf-8")
@@ -345,13 +350,23 @@ def test_a_jsonl_column_of_pre_split_words_is_read_as_those_words(models, tmp_pa
     assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--text-column", "tokens", "--quiet"]) == 0
     header, *lines = out.read_text(encoding="utf-8").splitlines()
     rows = [dict(zip(header.split("\t"), line.split("\t"))) for line in lines]
-    expected = bertkit.predict(models["ner"], [" ".join(s) for s in sentences])
+    expected = bertkit.predict(models["ner"], sentences)  # a list's words as given, one tag each
+    assert [p["words"] for p in expected] == sentences
     assert [json.loads(r["tokens"]) for r in rows] == sentences  # the row's cells as they were: the list as JSON
     assert [r["prediction"].split() for r in rows] == [p["tags"] for p in expected]
     src.write_text(json.dumps({"tokens": ["EU"]}) + "\n" + json.dumps({"tokens": {"EU": 1}}) + "\n", encoding="utf-8")
     assert main(["predict", str(models["ner"]), str(src), "-o", str(out), "--text-column", "tokens", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"{src}:2: column 'tokens' holds" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_list_of_words_is_a_ner_models_and_refused_by_another_model(models):
+    """A NER model tags a text given as its words (a list of str) as given; a text model reads no words: refused
+    naming the input and the way on, as a list was before NER took one."""
+    with pytest.raises(BertkitError, match=r"^texts\[1\] is a list of words, which a classify model does not read: "
+                       "join them with spaces"):
+        bertkit.predict(models["classify"], ["the movie", ["the", "movie"]])
+    assert bertkit.predict(models["ner"], [["U.S.", "paris"]])[0]["words"] == ["U.S.", "paris"]
 
 
 def test_a_model_whose_labels_share_a_name_is_refused_naming_them(models, tmp_path):

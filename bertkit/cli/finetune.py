@@ -84,7 +84,9 @@ def add_predict(sub):
         "JSON the question's id last (what the official evaluation script maps to answers). A multi-label "
         "prediction's labels are joined by the separator the model was trained with (--label-separator, ','), or "
         "written as a JSON list where a label's name holds it. A classifier's details are its probabilities, "
-        "'name=p' pairs separated by spaces, or a JSON object {name: p} where a label's name holds a space or '='.",
+        "'name=p' pairs separated by spaces, or a JSON object {name: p} where a label's name holds a space or '='. "
+        "A NER prediction is a tag per word, separated by spaces, and its details those words, a JSON list: a "
+        "text's words are BERT's (punctuation apart: 'Paris.' is Paris and .), a CoNLL file's its own.",
         epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
         "  bertkit predict out/sst2 dev.tsv            # dev.tsv has a label column: predicts and reports accuracy\n"
         "  bertkit predict out/ner conll/test.txt --device cuda",

@@ -70,6 +70,8 @@ class Inputs(NamedTuple):
     rows: list[dict] | None = None  # a table's rows as read, {column: cell}, where asked (predict writes them back)
     unpredicted: tuple = ()  # the answers of inputs the reader skipped (SQuAD's empty question): nothing is predicted
     # for them and each scores 0, as the official evaluate-v1.1.py scores a question it has no answer for
+    words: list | None = None  # per input, the words the file gives it as (a CoNLL sentence's, a JSON list's) or None
+    # (a text: a tagger finds its words, BERT's); None: texts alone
 
 
 @dataclass
@@ -260,22 +262,26 @@ def read_text_columns(path, text_column: str, pair_column: str | None = None, lo
     """The texts (and pairs) of a table's text column (and second-text column), with `keep_rows` the rows they were
     read from (predict writes them back): the inputs of a fine-tuned model, unlabelled; a missing column is a
     one-line error naming the flag; a row whose text (or second text) is empty or null is skipped, as
-    `read_text_examples` skips it; skipped rows are counted in one line to `log`."""
+    `read_text_examples` skips it; skipped rows are counted in one line to `log`. A text cell holding a list of
+    words is also kept as that list (`Inputs.words`: a tagger tags those words)."""
     path = existing_file(path)
     report = ReadReport(str(path))
-    kept, rows = [], []
+    kept, rows, words = [], [], []
     for n, row in read_rows(path, report):
         cells = [_text(row, name, path, n, "--text-column/--text-pair-column")
                  for name in ((text_column, pair_column) if pair_column else (text_column,))]
         if all(cell.strip() for cell in cells):
             kept.append(cells)
             rows += [row] if keep_rows else []
+            given = _column(row, text_column, path, n, "--text-column")
+            words.append(given if isinstance(given, list) else None)
         else:  # nothing to predict for: skipped as read_text_examples skips it
             report.skipped["empty texts"] += 1
     report.kept = len(kept)
     if report.skipped:
         log(report.summary())
-    return Inputs([r[0] for r in kept], [r[1] for r in kept] if pair_column else None, rows=rows if keep_rows else None)
+    return Inputs([r[0] for r in kept], [r[1] for r in kept] if pair_column else None, rows=rows if keep_rows else None,
+                  words=words if any(w is not None for w in words) else None)
 
 
 def one_text_per_line(path, column: str) -> bool:

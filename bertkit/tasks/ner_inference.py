@@ -3,15 +3,18 @@
 What `bertkit.tasks.ner` trains (BertForTokenClassification, BERT section 5.3,
 CoNLL-2003) is read back here. A word's label sits on its *first* piece, the
 other pieces get -100 (ignored by the loss), and a word's prediction is read
-from its first piece. Words are re-joined with single spaces and each piece is
-mapped to the word holding its first character through the tokenizer's offsets
+from its first piece. Given words are re-joined with single spaces and each piece
+is mapped to the word holding its first character through the tokenizer's offsets
 (the tokenizer's own splitting, e.g. of "U.S.", may cut finer than the words).
 
-Words are the text's whitespace-separated words, and each CJK ideograph is a word of its own
-(`word_spans`), as BERT's BasicTokenizer splits it (google-research/bert `_tokenize_chinese_chars`):
-Chinese or Japanese text has no spaces, and a whole sentence was one word with one tag. A CoNLL word
-holding ideographs is split the same way for training and evaluation (`split_cjk`), its tag continued
-over the characters after the first (B-LOC -> B-LOC I-LOC), so a model learns the words it is asked for.
+A text's words are BERT's words: the tokenizer's `word_ids`, BasicTokenizer's split (whitespace, each
+punctuation character and each CJK ideograph apart; `text_pieces`), the definition `bertkit embed --pooling
+words` reads too. CoNLL-2003 (and every corpus tokenized like it) has "Paris" and "." apart, and so does
+the model trained on it: whitespace words tagged "Paris." whole, the period inside the entity's span, and
+"(Reuters)" or "U.S.-based" one word. Words given as such (a CoNLL file, a list of words) are kept as
+given; only a word holding CJK ideographs is split, one word per ideograph (`split_words`), for training
+and evaluation too (`split_cjk`), its tag continued over the characters after the first (B-LOC -> B-LOC
+I-LOC): Chinese or Japanese text has no spaces, and a model learns the words it is asked for.
 
 Long sentences (more pieces than fit): overlapping windows, each word labelled
 and predicted in the window where it has the most context (`bertkit.text.windows`).
@@ -51,8 +54,9 @@ class WordPieces:
 
 
 def word_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each word of `text`: its whitespace-separated words, each CJK ideograph (the BasicTokenizer's
-    ranges, `is_cjk`) a word of its own; "我爱Paris" -> 我, 爱, Paris."""
+    """(start, end) of each part of a given word (or words): split on whitespace, each CJK ideograph (the
+    BasicTokenizer's ranges, `is_cjk`) a part of its own; "我爱Paris" -> 我, 爱, Paris. (A raw text's words are
+    BERT's, `text_pieces`.)"""
     out, start = [], None
     for i, ch in enumerate(text):
         if ch.isspace() or is_cjk(ch):
@@ -67,13 +71,13 @@ def word_spans(text: str) -> list[tuple[int, int]]:
 
 
 def split_words(text: str) -> list[str]:
-    """The words of `text` as NER reads them (`word_spans`)."""
+    """The parts of a given word as NER reads them (`word_spans`)."""
     return [text[a:b] for a, b in word_spans(text)]
 
 
 def split_cjk(sentence: TaggedSentence) -> TaggedSentence:
-    """A CoNLL sentence whose words holding CJK ideographs are split as `split_words` splits a text; the word's tag
-    stays on its first part and continues over the rest (B-X or I-X -> I-X; O and a bare IO tag stay)."""
+    """A CoNLL sentence whose words holding CJK ideographs are split as `split_words` splits a given word; the
+    word's tag stays on its first part and continues over the rest (B-X or I-X -> I-X; O and a bare IO tag stay)."""
     words, tags = [], [] if sentence.tags is not None else None
     for w, word in enumerate(sentence.words):
         parts = split_words(word) or [word]
@@ -100,17 +104,42 @@ def word_pieces(tok, words: list[str]) -> WordPieces:
     return WordPieces(list(enc.input_ids), piece_word, first)
 
 
+def text_pieces(tok, text: str) -> tuple[list[str], WordPieces]:
+    """A raw text's words and their pieces: BERT's words, each piece's word its `word_ids` (as `bertkit embed
+    --pooling words` and transformers' word_ids() number them), each word the text from its first piece's start to
+    its last piece's end (`text[a:b]`: the case and accents BERT's lower-casing drops kept)."""
+    enc = tok.encode(text, add_special_tokens=False, truncation=False)
+    spans: dict[int, list[int]] = {}  # word id -> [start, end], in order of appearance
+    for w, (a, b) in zip(enc.word_ids, enc.offsets):
+        span = spans.setdefault(w, [a, b])
+        span[1] = max(span[1], b)
+    index = {w: k for k, w in enumerate(spans)}
+    piece_word = [index[w] for w in enc.word_ids]
+    first: list[int | None] = [None] * len(spans)
+    for p, k in enumerate(piece_word):
+        if first[k] is None:
+            first[k] = p
+    return [text[a:b] for a, b in spans.values()], WordPieces(list(enc.input_ids), piece_word, first)
+
+
+def given_words(words: list[str]) -> list[str]:
+    """Words given as such (a CoNLL sentence's, a list's), as the model was trained on them: each as it is, but
+    for a word holding CJK ideographs or spaces, split (`split_words`)."""
+    return [part for word in words for part in split_words(word)]
+
+
 def to_training_tags(tags: list[str], scheme: str) -> list[str]:
     return M.iob1_to_iob2(tags) if scheme == "iob1" else list(tags)
 
 
 def make_features(tok, sentences: list[TaggedSentence], label2id: dict | None, max_length: int, stride: int,
-                  scheme: str = "bio"):
-    """(features, pieces per sentence): one feature per window, labels on first pieces."""
+                  scheme: str = "bio", pieces: list[WordPieces] | None = None):
+    """(features, pieces per sentence): one feature per window, labels on first pieces. pieces: the sentences'
+    (`text_pieces` of a raw text), else those of their words (`word_pieces`)."""
     feats, all_pieces = [], []
     size = max_length - 2
     for i, sent in enumerate(sentences):
-        wp = word_pieces(tok, sent.words)
+        wp = word_pieces(tok, sent.words) if pieces is None else pieces[i]
         all_pieces.append(wp)
         windows = spans(len(wp.ids), size, stride)
         labels = None
@@ -179,12 +208,14 @@ def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces]
     return out, empty
 
 
-def predict(run, tok, texts: list[str], pairs, info: dict, names: list[str]) -> list[dict]:
-    """Each text split into words (`split_words`: on whitespace, and each CJK ideograph alone) -> {"words",
-    "tags"}, in the scheme the model was trained with."""
-    sentences = [split_words(t) for t in texts]
+def predict(run, tok, texts: list, pairs, info: dict, names: list[str]) -> list[dict]:
+    """Each text's words -> {"words", "tags"}, the tags in the scheme the model was trained with: a str's words are
+    BERT's (`text_pieces`: "Paris." is Paris and .), a list's its items (`given_words`)."""
+    read = [(given_words(t), None) if isinstance(t, list) else text_pieces(tok, t) for t in texts]
+    sentences = [words for words, _ in read]
+    pieces = [wp if wp is not None else word_pieces(tok, words) for words, wp in read]
     ml, st = reading(info)
-    feats, pieces = make_features(tok, [TaggedSentence(list(s), None) for s in sentences], None, ml, st)
+    feats, pieces = make_features(tok, [TaggedSentence(s, None) for s in sentences], None, ml, st, pieces=pieces)
     tags, _ = decode(run(feats, per_token=True)["logits"], feats, pieces, names, ml, st)
     if info.get("tag_scheme") == "iob1":
         tags = [M.iob2_to_iob1(t) for t in tags]
@@ -216,14 +247,16 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=p
                 keep_rows: bool = False) -> Inputs:
     """Sentences from CoNLL columns (the words' column the model was trained on), one sentence per line, or a
     table's text column (with `keep_rows` its rows): the one named, else 'sentence', 'text' or its one column of
-    text, as the text tasks read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text')."""
+    text, as the text tasks read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text'). A
+    line or a table's cell is raw text, its words BERT's (`text_pieces`); a CoNLL sentence's words and a JSON
+    list's are kept as given (`Inputs.words`)."""
     if Path(path).suffix.lower() in TABLES:
         return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log,
                                  keep_rows=keep_rows)
-    if looks_like_conll(path):  # one token per line, blank lines between sentences
+    if looks_like_conll(path):  # one token per line, blank lines between sentences: its words, as given
         sentences, _ = read_conll(path, token_column=conll_columns(info)[0], tagged=False)
-        return Inputs([" ".join(s.words) for s in sentences])
-    return Inputs(read_text_lines(path))  # one sentence per line, words split on whitespace
+        return Inputs([" ".join(s.words) for s in sentences], words=[s.words for s in sentences])
+    return Inputs(read_text_lines(path))  # one sentence per line: raw text, its words BERT's
 
 
 def read_labelled(path, info: dict, text_column=None, text_pair_column=None, label_column=None, *,
@@ -239,7 +272,8 @@ def read_labelled(path, info: dict, text_column=None, text_pair_column=None, lab
     for s in sentences:  # a column of other tags (part of speech) is no gold: said with its line and the way on
         M.check_tags(s.tags, f"{path}:{s.line}", f"; evaluate mode reads CoNLL column {tags} as the gold NER tags: "
                      "pass --no-evaluate to only predict the file")
-    return Inputs([" ".join(s.words) for s in sentences], None, [s.tags for s in sentences])
+    return Inputs([" ".join(s.words) for s in sentences], None, [s.tags for s in sentences],
+                  words=[s.words for s in sentences])
 
 
 def conll_columns(info: dict) -> tuple[int, int]:

@@ -7,7 +7,9 @@ through the task's record (`bertkit.tasks.registry`):
 
 - classify / pair / multi_label: {"label", "probabilities": {name: p}} (or
   {"labels", ...}); regression: {"score"};
-- ner: each text is split on whitespace into words -> {"words", "tags"};
+- ner: each text is split into words as BERT's tokenizer splits it (punctuation and each CJK ideograph
+  apart: "Paris." is "Paris" and "."), a list of words (a CoNLL file's sentence) kept as given ->
+  {"words", "tags"};
 - qa: `texts` are questions and `pairs` their contexts -> {"answer", "start", "end", "score"}.
 
 A checkpoint without `bertkit_task.json` (e.g. one made by transformers) is
@@ -74,8 +76,9 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     progress: a bar over the batches on standard error. version_2: a Hugging Face QA checkpoint trained on SQuAD
     v2 (`reading_info`). on_cut(cut, seen): told how many of the inputs the model read cut at its max_length,
     counted as they were encoded for it (a text task's model: classify, pair, regression, multi-label, rerank; a
-    cross-encoder's pairs, `bertkit.tasks.rerank`)."""
-    texts = _text_list(texts, "texts")
+    cross-encoder's pairs, `bertkit.tasks.rerank`). A NER model also takes a text as its words, a list of str, and
+    tags those words."""
+    texts = _text_list(texts, "texts", words=True)
     if not texts:
         raise BertkitError("no texts to predict: pass a non-empty list of texts")
     if pairs is not None:
@@ -105,6 +108,9 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     if task.takes_pairs(loaded.info) and pairs is None:
         raise BertkitError(f"this {task.cli_name} model reads {task.second} with each text: pass pairs=[...] "
                            "(one per text)")
+    if not task.words and (i := next((i for i, t in enumerate(texts) if isinstance(t, list)), None)) is not None:
+        raise BertkitError(f"texts[{i}] is a list of words, which a {task.cli_name} model does not read: join "
+                           "them with spaces (a NER model tags the words of a list as given)")
     check_tokens(loaded.tokenizer, texts, "texts[{}]".format)
     if pairs is not None:
         check_tokens(loaded.tokenizer, pairs, "pairs[{}]".format)
@@ -165,7 +171,9 @@ def check_tokens(tok, texts: list[str], name) -> None:
     """Refuse a text without a word piece (empty, spaces, or only characters BERT drops: a zero-width space, a
     NUL), naming it (`name(i)` of its index): the model would read [CLS] [SEP] alone and answer with a
     label, a score, an answer that looks like any other. The server's routes and `bertkit.embed` refuse it too.
-    Each text is tokenized only as far as its first piece (`Tokenizer.ids_lists`)."""
+    Each text (a list of words: joined by spaces) is tokenized only as far as its first piece
+    (`Tokenizer.ids_lists`)."""
+    texts = [t if isinstance(t, str) else " ".join(t) for t in texts]
     for i, ids in enumerate(tok.ids_lists(texts, 1)):
         if not ids:
             raise BertkitError(f"{name(i)} {texts[i][:40]!r} yields no tokens (it is empty or holds only "
@@ -179,17 +187,21 @@ def _switches(**values) -> None:
         switch(value, name, none=name != "progress")
 
 
-def _text_list(texts, what: str) -> list[str]:
-    """`texts` as a list of str, checked before the model loads (a str would be split into characters)."""
+def _text_list(texts, what: str, words: bool = False) -> list:
+    """`texts` as a list of str, checked before the model loads (a str would be split into characters); with
+    `words`, an item may be a list of str (a text's words: the task says whether it takes them)."""
     if isinstance(texts, str):
         raise BertkitError(f"predict takes a list of {what}; wrap a single text in a list")
     if texts is None or not hasattr(texts, "__iter__"):
         raise BertkitError(f"predict takes a list of {what}, got {type(texts).__name__}")
     texts = list(texts)
     for i, text in enumerate(texts):
+        if words and isinstance(text, list) and all(isinstance(w, str) for w in text):
+            continue
         if not isinstance(text, str):
+            ner = "a list of str, which a NER model tags as given; else " if words else ""
             raise BertkitError(f"{what}[{i}] must be a str, got {type(text).__name__}"
-                               + (" (pre-split words: join them with spaces)" if isinstance(text, list) else ""))
+                               + (f" (pre-split words: {ner}join them with spaces)" if isinstance(text, list) else ""))
     return texts
 
 
@@ -268,7 +280,10 @@ def predict_file(model_dir, input_path, output_path=None, *, text_column=None, t
             check_tokens(loaded.tokenizer, side, lambda i, name=name: f"{input_path}: {name.format(i + 1)}")
     if task.cut and (cut := task.cut(loaded.tokenizer, texts, pairs, info)):  # said once, before the run
         log(f"{input_path}: {cut}")
-    preds = predict(model_dir, texts, pairs, batch_size=batch_size, loaded=loaded, progress=progress,
+    given = texts  # a tagger reads the words a file gives as such (`Inputs.words`)
+    if read.words is not None and task.words:
+        given = [t if w is None else w for t, w in zip(texts, read.words)]
+    preds = predict(model_dir, given, pairs, batch_size=batch_size, loaded=loaded, progress=progress,
                     version_2=version_2)
     # the answered inputs, then those the reader skipped (`Inputs.unpredicted`): no prediction, each scored 0
     scored = [i for i, r in enumerate(references or []) if r is not None]
@@ -334,9 +349,10 @@ def _cell(value) -> str:
 
 
 def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:
-    """A prediction's TSV cells: what was predicted, and its details (scores, offsets)."""
+    """A prediction's TSV cells: what was predicted, and its details (scores, offsets; a tagger's words, which
+    its tags belong to: BERT's words of a text, not the text split on spaces)."""
     if "tags" in p:
-        return " ".join(p["tags"]), ""
+        return " ".join(p["tags"]), json.dumps(p["words"], ensure_ascii=False)
     if "answer" in p:
         return p["answer"], json.dumps({k: p[k] for k in ("start", "end", "score")})
     if "score" in p:
@@ -347,9 +363,11 @@ def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:
 
 def with_entities(text: str, prediction: dict) -> dict:
     """A NER prediction plus its entities with character offsets into `text` (what `bertkit serve` answers):
-    `predict` splits the text into words (on whitespace, and each CJK ideograph alone: `ner_inference.word_spans`)
-    and tags each word; an entity (conlleval's chunking of the tags) spans from its first word's first character
-    to its last word's end. Each word is found where the one before ended: only spaces lie between them."""
+    `predict` splits the text into words as BERT's tokenizer does (`ner_inference.text_pieces`: punctuation and
+    each CJK ideograph apart, each word a slice of the text) and tags each word; an entity (conlleval's chunking
+    of the tags) spans from its first word's first character to its last word's end, its punctuation outside
+    ("Paris." gives Paris). Each word is found where the one before ended: only characters that are no word's
+    (spaces, those BERT drops) lie between them."""
     spans, at = [], 0
     for word in prediction["words"]:
         at = text.index(word, at) + len(word)

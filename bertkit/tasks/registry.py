@@ -102,6 +102,7 @@ class Task:
     single: bool = False  # reads single texts only: pairs are refused, not dropped (a tagger)
     labelled: bool = True  # predictions name the labels of config.json (id2label)
     entities: bool = False  # predictions are tags whose entities the server spells out with offsets
+    words: bool = False  # an input may come as its words (a list of str: a CoNLL sentence's), tagged as given
     windows: bool = False  # a long input is read whole, in overlapping windows (else cut at max_length, or
     # for the text tasks windowed when trained with --stride: `bertkit.tasks.text_inference`)
     cut: Callable | None = None
@@ -308,13 +309,14 @@ TASKS = {t.name: t for t in (
               "between sentences, -DOCSTART- lines skipped; tags BIO, or CoNLL-2003's own IOB1 with --tag-scheme "
               "iob1; each word's label sits on its first word piece; scored by conlleval's entity F1 and written "
               "to OUTPUT/dev_predictions.conll (word, gold, predicted). `bertkit predict` then tags new text "
-              "split on whitespace, each CJK ideograph a word of its own as BERT's tokenizer splits it (a CoNLL "
-              "word holding several is split so for training too, its tag continued: a two-ideograph B-LOC word "
+              "split into words as BERT's tokenizer splits it (punctuation and each CJK ideograph apart: "
+              "'Paris.' is Paris and .), and CoNLL files' words as they are (a CoNLL word holding CJK ideographs "
+              "is split into one word each, for training too, its tag continued: a two-ideograph B-LOC word "
               "becomes B-LOC, I-LOC).",
          metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
          answer_labels=ner.answered_tags,
          read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
-         entities=True, windows=True, features=ner.training_features, single=True, tables=reports.type_lines,
+         entities=True, words=True, windows=True, features=ner.training_features, single=True, tables=reports.type_lines,
          inputs="sentences"),
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
          help="extractive question answering on SQuAD JSON (v1.1; v2.0 with --version-2-with-negative; Hugging "
