@@ -25,6 +25,9 @@ QUERIES = ["vitamin D deficiency and bone fractures", "gene expression in stem c
            # past the server's --max-input-length 24 and the index's 48: cut at 48, as bertkit search cuts it
            " ".join(["chronic inflammation of the airways in children with asthma"] * 8)]
 WINDOW_MS = 200  # the batching window: an /embed and a /search sent together share one pass
+# --max-request-tokens: three of the long query reranked, each cut at 48 and its --rerank-top 4 pairs at the
+# cross-encoder's 64 (test_rerank_pairs_count_against_the_request_tokens); no other request here comes near it
+MOST_TOKENS = 3 * (48 + 4 * 64)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +46,8 @@ def made(shared_data, tmp_path_factory):
 def servers(made):
     started = {
         "search": Server(made["tiny"], "--index", made["index"], "--rerank", made["cross"], "--rerank-top", 4,
-                         "--max-input-length", 24, "--max-wait-ms", WINDOW_MS, "--workers", 1, "--threads", 1,
-                         "--dtype", "float32"),
+                         "--max-request-tokens", MOST_TOKENS, "--max-input-length", 24, "--max-wait-ms", WINDOW_MS,
+                         "--workers", 1, "--threads", 1, "--dtype", "float32"),
         "refused": Server(made["other"], "--index", made["index"], "--threads", 1),
     }
     yield started
@@ -142,6 +145,24 @@ def test_rerank_counts_the_pairs_the_cross_encoder_read_cut(servers, made, capsy
     status, headers, _ = call(port, "POST", "/search", {"query": QUERIES, "k": 2, "rerank": True})
     assert status == 200 and headers["x-truncated-inputs"] == str(queries_cut + pairs_cut)
     assert metric(port, counted) == before + queries_cut + pairs_cut
+
+
+def test_rerank_pairs_count_against_the_request_tokens(servers):
+    """/search with "rerank": true counted only its queries against --max-request-tokens, not the --rerank-top
+    (query, passage) pairs per query the cross-encoder reads (up to its max_length each: 32 queries x 50 pairs x 512
+    tokens is 819,200 tokens against a limit of 16,384). Now they count, as /rerank counts its pairs. Reference: the
+    long query is read cut, by the encoder at the index's 48 and in each pair at the cross-encoder's 64 (its answer's
+    X-Truncated-Inputs, which transformers' counts check above), so three of it reranked read exactly MOST_TOKENS:
+    answered; a short query more is refused, as is nothing without rerank."""
+    port, long_ones = servers["search"].port, [QUERIES[2]] * 3
+    status, headers, answer = call(port, "POST", "/search", {"query": long_ones, "k": 2, "rerank": True, "mode": "dense"})
+    assert status == 200 and headers["x-truncated-inputs"] == str(3 + 3 * 4), answer  # every query, every pair cut
+    body = {"query": [*long_ones, "gene"], "k": 2, "rerank": True, "mode": "dense"}
+    status, _, answer = call(port, "POST", "/search", body)
+    assert status == 413, answer  # the short query's own tokens take it over before its pairs are read
+    assert f"more than {MOST_TOKENS} tokens, the limit per request (--max-request-tokens)" in answer["error"], answer
+    assert "--rerank-top" in answer["error"] and len(answer["error"]) < 500, answer
+    assert call(port, "POST", "/search", {**body, "rerank": False})[0] == 200  # the queries alone: far below it
 
 
 @pytest.mark.parametrize("body, words", [

@@ -80,7 +80,7 @@ from starlette.routing import Route
 
 from bertkit import __version__
 from bertkit.serve.batching import Engine, QueueFull
-from bertkit.serve.limits import check_answer, check_inputs, check_search, check_tokens
+from bertkit.serve.limits import check_answer, check_inputs, check_search, check_tokens, pairs_budget
 from bertkit.serve.scans import ScanQueue
 from bertkit.serve.runner import EmbeddingModel, InputError, Query, check_text, leading, load_searcher, token_list
 from bertkit.serve.requests import (RETRY_AFTER_S, ApiError, ClientLeft, JSONResponse, plain,
@@ -318,14 +318,18 @@ async def search(request):
         count, exact = await asyncio.to_thread(whole_tokens, svc.runner.tok, queries, limit)
         check_tokens(count, limit, exact)
     if mode == "lexical":  # BM25 alone: no query vector to make (the rows are placeholders the scan ignores)
-        vectors, cut = np.zeros((len(queries), int(searcher.index.info["dim"])), np.float32), 0  # BM25 reads all
+        vectors = np.zeros((len(queries), int(searcher.index.info["dim"])), np.float32)
+        cut = read = 0  # BM25 reads each query whole (counted above when it may be long); the encoder reads none
     else:  # a query longer than the index's passages is cut as they were (`bertkit search` says so too)
         rows = await encode(svc, queries, None, truncate=True, max_length=searcher.max_length)
-        vectors = np.stack(leading(await run(request, rows, [len(r.input_ids) for r in rows]), None, normalize=True))
-        cut = sum(r.cut for r in rows)
+        costs = [len(r.input_ids) for r in rows]
+        vectors = np.stack(leading(await run(request, rows, costs), None, normalize=True))
+        cut, read = sum(r.cut for r in rows), sum(costs)
     answers = await svc.scans.scan(vectors, searcher.depth(k, rerank_them), queries, mode)
-    if rerank_them:  # off the event loop: torch releases the GIL; the pairs read cut are counted beside the queries
-        answers, pairs_cut = await asyncio.to_thread(searcher.rerank, queries, answers)
+    if rerank_them:  # off the event loop: torch releases the GIL; the pairs read cut are counted beside the queries,
+        # and their tokens on top of the queries' (413 before the cross-encoder reads past the limit)
+        answers, pairs_cut = await asyncio.to_thread(searcher.rerank, queries, answers,
+                                                     pairs_budget(read, limit, len(queries)))
         cut += pairs_cut
     return answer([[h.to_dict() for h in hits[:k]] for hits in answers], cut), len(queries)
 

@@ -14,7 +14,9 @@ as early as its quantity is known, and answered with one message naming the sett
     --max-client-batch-size   inputs (texts, queries, pairs) per request: TEI's name  413
                               and default (32); OpenAI's API allows 2,048
     --max-request-tokens      tokens of one request's inputs, after truncation       413
-                              (/predict, /rerank: as the model reads them, windows whole)
+                              (/predict, /rerank: as the model reads them, windows whole;
+                              /search with rerank: its queries and the cross-encoder's
+                              --rerank-top pairs per query, `pairs_budget`)
     --max-search-queries      queries per /search request                            413
     --max-search-hits         k x queries per /search request (documents answered)   413
     --max-answer-bytes        the JSON answer; a safety net behind the limits above  413
@@ -34,13 +36,30 @@ def check_inputs(n: int, most: int, field: str) -> None:
                          "(--max-client-batch-size): send them in several requests", status=413)
 
 
-def check_tokens(total: int, most: int, exact: bool = True) -> None:
+def check_tokens(total: int, most: int, exact: bool = True, fix: str = "send fewer or shorter texts per request",
+                 what: str = "") -> None:
     """Refuse a request of more than `most` tokens; `exact`: False when `total` was counted only as far as
-    showed it over `most` (the message then says "more than")."""
+    showed it over `most` (the message then says "more than"); `what`: what was counted beside the inputs, `fix`:
+    what to change."""
     if total > most:
         held = f"{total} tokens, over the limit of {most}" if exact else f"more than {most} tokens, the limit"
-        raise InputError(f"the inputs hold {held} per request (--max-request-tokens): send fewer or shorter "
-                         "texts per request", status=413)
+        raise InputError(f"the inputs hold {held} per request (--max-request-tokens){what}: {fix}", status=413)
+
+
+def pairs_budget(counted: int, most: int, queries: int):
+    """/search with rerank: the `on_tokens` that counts each query's (query, passage) pairs as the cross-encoder
+    encoded them (cut at its max_length) on top of the `counted` tokens its encoder read of the queries, and refuses
+    the request (413) once it passes `most`, before the cross-encoder reads the pairs that took it there. Uncounted,
+    one request of 32 queries had it read 32 x --rerank-top pairs of up to 512 tokens: 819,200 against 16,384."""
+    seen = [counted, 0]  # tokens, queries told
+
+    def read(n: int) -> None:
+        seen[0], seen[1] = seen[0] + n, seen[1] + 1
+        check_tokens(seen[0], most, exact=seen[1] == queries, what=", the cross-encoder's (query, passage) pairs "
+                     "counted", fix="send fewer queries per request, or start the server with a smaller --rerank-top "
+                     "or a larger --max-request-tokens")
+
+    return read
 
 
 def check_search(n_queries: int, k: int, settings) -> None:

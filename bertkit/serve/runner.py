@@ -348,11 +348,11 @@ class Searcher:
                 answers[i] = hits[: depths[i]]
         return answers
 
-    def rerank(self, queries: list, answers: list) -> tuple[list, int]:
-        """(each answer's best rerank_top re-scored by the cross-encoder as `search --rerank` does, the pairs cut)"""
-        cut = PairsCut(self.cross)
+    def rerank(self, queries: list, answers: list, on_tokens=None) -> tuple[list, int]:
+        """(each answer's best rerank_top re-scored as `search --rerank` does, the pairs cut); on_tokens: `rerank`'s"""
+        cut, top = PairsCut(self.cross), self.rerank_top
         with self.lock:
-            answers = [rerank(self.cross, q, hits, self.rerank_top, on_cut=cut) for q, hits in zip(queries, answers)]
+            answers = [rerank(self.cross, q, hits, top, on_cut=cut, on_tokens=on_tokens) for q, hits in zip(queries, answers)]
         return answers, cut.cut
 
 

@@ -68,7 +68,7 @@ def task_of(loaded: Loaded) -> Task:
 
 def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, device=None,
             dtype=None, int8: bool = False, fast=True, progress: bool = False,
-            version_2: bool | None = None, on_cut=None) -> list[dict]:
+            version_2: bool | None = None, on_cut=None, on_tokens=None) -> list[dict]:
     """Predictions for `texts` (and `pairs`, the second texts or QA contexts), one dict each.
     device: auto (None), cpu or cuda; dtype: float32 (None), bfloat16 or auto; int8: int8 dense layers;
     fast: the fast path's settings (`bertkit.runtime.loading.load`). loaded: a model `bertkit.load(model_dir)`
@@ -76,8 +76,9 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     progress: a bar over the batches on standard error. version_2: a Hugging Face QA checkpoint trained on SQuAD
     v2 (`reading_info`). on_cut(cut, seen): told how many of the inputs the model read cut at its max_length,
     counted as they were encoded for it (a text task's model: classify, pair, regression, multi-label, rerank; a
-    cross-encoder's pairs, `bertkit.tasks.rerank`). A NER model also takes a text as its words, a list of str, and
-    tags those words."""
+    cross-encoder's pairs, `bertkit.tasks.rerank`); on_tokens(n): told, for the same models, how many tokens those
+    encodings hold, before the model reads them (raising there stops it: a server's per-request limit). A NER model
+    also takes a text as its words, a list of str, and tags those words."""
     texts = _text_list(texts, "texts", words=True)
     if not texts:
         raise BertkitError("no texts to predict: pass a non-empty list of texts")
@@ -115,12 +116,14 @@ def predict(model_dir, texts, pairs=None, *, batch_size: int = 32, loaded=None, 
     if pairs is not None:
         check_tokens(loaded.tokenizer, pairs, "pairs[{}]".format)
     run = partial(run_model, loaded.model, batch_size=batch_size, progress=progress)
-    if on_cut is None:
+    if on_cut is None and on_tokens is None:
         return task.predict(run, loaded.tokenizer, texts, pairs, info, task.labels(loaded.config))
     if task.head != TEXT_HEAD:  # NER reads a long sentence whole, in windows; QA a context so, a question cut
-        raise BertkitError(f"on_cut counts the inputs a text task's model reads cut, and this is a {task.cli_name} "
-                           "model: leave on_cut out")
-    return task.predict(run, loaded.tokenizer, texts, pairs, info, task.labels(loaded.config), on_cut=on_cut)
+        name = "on_cut" if on_cut is not None else "on_tokens"
+        raise BertkitError(f"{name} counts what a text task's model reads, and this is a {task.cli_name} model: "
+                           f"leave {name} out")
+    return task.predict(run, loaded.tokenizer, texts, pairs, info, task.labels(loaded.config), on_cut=on_cut,
+                        on_tokens=on_tokens)
 
 
 # what predict says of a Hugging Face QA checkpoint read as SQuAD v1 (nothing in its folder says which it was trained on)

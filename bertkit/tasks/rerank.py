@@ -59,23 +59,26 @@ def score(prediction: dict, loaded: Loaded) -> float:
     return task.pair_score(prediction, task.labels(loaded.config))
 
 
-def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int = 32, on_cut=None) -> list[float]:
+def pair_scores(loaded: Loaded, query: str, passages: list[str], batch_size: int = 32, on_cut=None,
+                on_tokens=None) -> list[float]:
     """The cross-encoder's score of each (query, passage); on_cut(cut, seen): told how many of the pairs it read
-    cut at its max_length, counted as they were encoded for it (`bertkit.tasks.predict.predict`'s)."""
+    cut at its max_length, counted as they were encoded for it (`bertkit.tasks.predict.predict`'s); on_tokens(n):
+    told the pairs' tokens as encoded, before it reads them."""
     preds = predict(None, [query] * len(passages), pairs=passages, batch_size=batch_size, loaded=loaded,
-                    on_cut=on_cut)
+                    on_cut=on_cut, on_tokens=on_tokens)
     return [score(p, loaded) for p in preds]
 
 
-def rerank(loaded: Loaded, query: str, hits: list, top: int = 50, batch_size: int = 32, on_cut=None) -> list:
+def rerank(loaded: Loaded, query: str, hits: list, top: int = 50, batch_size: int = 32, on_cut=None,
+           on_tokens=None) -> list:
     """`hits` (`bertkit.retrieval.search.Hit`s) with the first `top` re-scored by the cross-encoder and
     sorted (see the module docstring); on_cut(cut, seen): told how many of those pairs it read cut (`PairsCut`
-    sums them over the queries and says them)."""
+    sums them over the queries and says them); on_tokens(n): told the pairs' tokens before it reads them."""
     int_at_least(top, 1, "--rerank-top", says="at least {least}")
     head, tail = hits[:top], hits[top:]
     if not head:
         return hits
-    scores = pair_scores(loaded, query, [h.text for h in head], batch_size, on_cut)
+    scores = pair_scores(loaded, query, [h.text for h in head], batch_size, on_cut, on_tokens)
     order = sorted(range(len(head)), key=lambda i: -scores[i])  # stable: ties keep the first stage's order
     return [replace(head[i], score=scores[i]) for i in order] + tail
 

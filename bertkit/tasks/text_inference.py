@@ -75,9 +75,10 @@ def _windows(tok, examples: list[TextExample], max_length: int, stride: int) -> 
 
 
 def make_features(tok, examples: list[TextExample], problem_type: str, label2id, max_length: int,
-                  stride: int, on_cut=None) -> list[dict]:
+                  stride: int, on_cut=None, on_tokens=None) -> list[dict]:
     """One feature dict per window; `example_index` ties windows to their example. on_cut(cut, seen): told how many
-    of the examples the model reads cut at max_length (`_windows`)."""
+    of the examples the model reads cut at max_length (`_windows`); on_tokens(n): told how many tokens the windows
+    hold, before any is read (a server refuses a request over its limit there: `bertkit.serve`'s /search rerank)."""
     feats, read = [], _windows(tok, examples, max_length, stride)
     for i, (ex, (windows, _)) in enumerate(zip(examples, read)):
         for input_ids, token_type_ids in windows:
@@ -87,6 +88,8 @@ def make_features(tok, examples: list[TextExample], problem_type: str, label2id,
             feats.append(f)
     if on_cut is not None:
         on_cut(sum(cut for _, cut in read), len(examples))
+    if on_tokens is not None:
+        on_tokens(sum(len(f["input_ids"]) for f in feats))
     return feats
 
 
@@ -171,12 +174,13 @@ def decode(logits: np.ndarray, problem_type: str, names: list[str] | None) -> li
 
 
 def predict(run, tok, texts: list[str], pairs: list[str] | None, info: dict, names: list[str] | None, *,
-            problem_type: str, on_cut=None) -> list[dict]:
+            problem_type: str, on_cut=None, on_tokens=None) -> list[dict]:
     """One prediction per text (and pair), the inputs encoded as the model was trained (bertkit_task.json);
-    on_cut(cut, seen): told how many of them the model read cut at its max_length, counted as they were encoded."""
+    on_cut(cut, seen): told how many of them the model read cut at its max_length, counted as they were encoded;
+    on_tokens(n): told the tokens of those encodings before the model reads them (`make_features`)."""
     examples = [TextExample(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)]
     feats = make_features(tok, examples, problem_type, None, info.get("max_length", 512), info.get("stride", 0),
-                          on_cut)
+                          on_cut, on_tokens)
     return decode(pool_windows(run(feats)["logits"], feats, len(examples)), problem_type, names)
 
 
