@@ -312,6 +312,27 @@ def test_without_a_model_the_server_runs_the_model_that_made_the_index(made, cap
     assert_same_answers(served, cli_search(made, capsys, queries, "-k", 3, "--mode", "dense"), atol=1e-6)
 
 
+def test_a_server_without_a_model_opens_its_index_once(made, monkeypatch):
+    """serve --index without MODEL_DIR opened the whole index (every file's header checked, every vector scanned for
+    NaN) only to read which model made it, then opened it again for its searches: a large index's start-up scan
+    twice. The model's folder is read from index.json alone (`model_folder`), the index opened once (scans counted
+    at index.check_values); its model is loaded and checked as before (its fingerprint against index.json's)."""
+    import bertkit.retrieval.index as index_module
+    from starlette.testclient import TestClient
+
+    from bertkit.serve.app import create_app
+    from bertkit.serve.metrics import Metrics
+    from bertkit.serve.runner import load_runner
+    from bertkit.serve.settings import ServeConfig
+
+    scans, check_values = [], index_module.check_values
+    monkeypatch.setattr(index_module, "check_values", lambda *a, **k: (scans.append(a[0]), check_values(*a, **k))[1])
+    settings = ServeConfig(index=str(made["index"]), workers=1, threads=1, dtype="float32").validate()
+    with TestClient(create_app(load_runner(settings), settings, Metrics())) as client:
+        assert client.get("/info").json()["model"] == made["tiny"].resolve().name
+    assert len(scans) == 1  # main: 2
+
+
 # --- Matryoshka dimensions ---------------------------------------------------------------------
 
 

@@ -101,10 +101,10 @@ def model_record(loaded: Loaded) -> dict:
             "normalize": True, "max_length": settings.max_length, "precision": settings.dtype}
 
 
-def model_folder(info: dict) -> Path | None:
-    """The folder of the model that made an index (`info`: its index.json), what search and serve load when no
-    model is given; None where it is gone (an index copied from another machine: `check_model` then says)."""
-    made = Path(info["model"]["directory"])
+def model_folder(directory) -> Path | None:
+    """The folder of the model that made the index in `directory` (its index.json alone: the searches open the
+    index), what serve loads when no model is given; None where it is gone (`check_model` then says)."""
+    made = Path(index_info(Path(directory))["model"]["directory"])
     return made if made.is_dir() else None
 
 
@@ -326,8 +326,7 @@ def build_index(corpus, output, model=None, *, passage_tokens: int | None = None
 
 
 def _passage_shape(loaded: Loaded, passage_tokens, stride) -> tuple:
-    """Tokens per passage (None: the model's max length), checked against its positions, and the overlap
-    (None: half a window)."""
+    """Tokens per passage (None: the model's max length), checked against its positions; the overlap (None: half)."""
     passage_tokens = loaded.max_length if passage_tokens is None else passage_tokens
     if isinstance(passage_tokens, int) and passage_tokens > loaded.max_positions:
         raise BertkitError(f"--passage-tokens {passage_tokens} is more than the model's {loaded.max_positions} positions")
@@ -349,8 +348,7 @@ def _check_options(vectors: str, rescore_with: str | None, batch_size, part_size
 
 def _finish(out: Path, plan: dict, passages: list, order: list[int], lines: list[bytes], empty: int, lexical,
             progress: bool) -> dict:
-    """Rank 0, every part on disk: vectors.safetensors, the parts the plan asks for (BM25, HNSW, codes), and
-    index.json last; returns it."""
+    """Rank 0, its parts on disk: vectors.safetensors, the plan's (BM25, HNSW, codes), index.json last (returned)."""
     numbers = {d: i for i, d in enumerate(dict.fromkeys(p.doc_id for p in passages))}
     document = np.array([numbers[p.doc_id] for p in passages], dtype=np.int64)
     dim = _assemble(out, order, plan["part_size"], document, lines)
@@ -455,20 +453,24 @@ def update_info(directory, *, command: str | None = None, opened: Index | None =
         write_json(path, {**json.loads(path.read_text()), **entries})
 
 
+def index_info(directory: Path) -> dict:
+    """The index.json of the index folder `directory`, read and checked (`read_info`, its format this bertkit's)."""
+    if not (directory / INDEX_JSON).is_file():
+        raise BertkitError(f"{directory} is not an index (no {INDEX_JSON})"
+                           + (": its build was interrupted; finish it with bertkit index ... --resume"
+                              if (directory / BUILD_JSON).is_file() else ": build one with bertkit index CORPUS -o INDEX"))
+    info = read_info(directory / INDEX_JSON)
+    if info.get("format") != FORMAT:
+        raise BertkitError(f"{directory} is an index of format {info.get('format')}; this bertkit reads format "
+                           f"{FORMAT}: build it again")
+    return info
+
+
 def open_index(directory) -> Index:
     """An index folder written by `build_index`, its tensors memory-mapped, checked first
     (`bertkit.retrieval.index_check`: counts, shapes, whole files, finite vectors)."""
     directory = Path(directory)
-    path = directory / INDEX_JSON
-    if not path.is_file():
-        unfinished = (directory / BUILD_JSON).is_file()
-        raise BertkitError(f"{directory} is not an index (no {INDEX_JSON})"
-                           + (": its build was interrupted; finish it with bertkit index ... --resume" if unfinished
-                              else ": build one with bertkit index CORPUS -o INDEX"))
-    info = read_info(path)
-    if info.get("format") != FORMAT:
-        raise BertkitError(f"{directory} is an index of format {info.get('format')}; this bertkit reads format "
-                           f"{FORMAT}: build it again")
+    info = index_info(directory)
     kind = codes_file.kind_of(info)
     coded = None if kind == "float32" else (codes_file.CODES, kind, codes_file.codes_tensors(
         kind, info["passages"], info["dim"], codes_file.has_int8_rows(info)))

@@ -99,7 +99,7 @@ def _one_line(err) -> str:
 def load_runner(settings, speed: SpeedSettings | None = None):
     """The EmbeddingModel or TaskModel for the settings' model (none: the default, or beside --index the index's, as
     `bertkit search` takes it) by `bertkit.runtime.loading`, on `speed` (None: decide()'s); one line if it fails."""
-    own = settings.model is None and settings.index is not None and model_folder(open_index(settings.index).info)
+    own = settings.model is None and settings.index is not None and model_folder(settings.index)
     path = own or settings.model_path()  # the default model refused the index of any other at start-up
     name = settings.served_model_name or (path.resolve().name if own or settings.model else "all-MiniLM-L6-v2")
     try:
