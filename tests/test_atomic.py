@@ -167,3 +167,47 @@ def test_a_second_writer_of_one_weights_file_is_refused_while_the_first_writes(t
     write_through(path, first)
     assert load_file(str(path))["w"].tolist() == [1.0, 1.0, 1.0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+def test_a_folder_saved_as_one_is_refused_after_a_stop_between_renames_until_each_stopped_file_is_saved(
+        tmp_path, monkeypatch):
+    """`saving`: a stop between two renames (here the second rename fails) leaves the folder refused in one line
+    (`check_whole`); a later save of only some other file (a tokenizer's alone) keeps it refused, since the files
+    the stopped save was replacing may still be of two saves; a save that writes them makes it whole again."""
+    import os
+
+    from bertkit.data.atomic import SAVING_MARKER, check_whole, saving
+    from bertkit.errors import BertkitError
+
+    for name in ("config.json", "weights", "vocab.txt"):
+        write_json(tmp_path / name, {"save": 1})
+    real, renamed = os.replace, []
+
+    def replace(src, dst):
+        if os.path.basename(dst) != SAVING_MARKER:
+            if len(renamed) == 1:
+                raise OSError("stopped")  # a kill here, in a real process
+            renamed.append(dst)
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="stopped"), saving(tmp_path):
+        write_json(tmp_path / "config.json", {"save": 2})
+        write_json(tmp_path / "weights", {"save": 2})
+        write_json(tmp_path / "vocab.txt", {"save": 1})  # unchanged: not renamed
+    monkeypatch.undo()
+    saved = {name: json.loads((tmp_path / name).read_text()) for name in ("config.json", "weights")}
+    assert sorted(saved.values(), key=str) == [{"save": 1}, {"save": 2}]  # one of each: a mix
+    with pytest.raises(BertkitError, match="stopped part way") as err:
+        check_whole(tmp_path)
+    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
+    with saving(tmp_path):
+        write_json(tmp_path / "vocab.txt", {"save": 3})
+    with pytest.raises(BertkitError, match="stopped part way"):
+        check_whole(tmp_path)
+    monkeypatch.chdir(tmp_path.parent)  # a folder named relative to the current one (`--output model/`)
+    with saving(tmp_path.name):
+        for name in ("config.json", "weights"):
+            write_json(f"{tmp_path.name}/{name}", {"save": 3})
+    check_whole(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "vocab.txt", "weights"]

@@ -257,6 +257,8 @@ MODULE_STATE = {
     ("bertkit.text.basic_tokenizer", "_PATTERNS = {}"): "compiled regular expressions, by their text",
     ("bertkit.pretraining.prepare", "_WORKER = {}"): "a pool worker process's own tokenizer and settings",
     ("bertkit.pretraining.blocks", "_WORKER = {}"): "a pool worker process's corpus arrays and vocabulary",
+    ("bertkit.data.atomic", "_SAVES = {}"): "the model folders this process is saving now, each for one `with "
+                                            "saving(folder)` block: a save's writers are many and pass no handle down",
     ("bertkit.embeddings.features", "_LOADED = {}"): "the last two encoders `bertkit.embed` loaded, keyed by their "
                                                      "folder, its files' stamp and every loading setting (fast too)",
     # functools caches: a function's answers kept between calls, keyed by its arguments
@@ -618,6 +620,9 @@ DETOURS = {  # the module a name is taken through -> the names each importer tak
     "bertkit.tasks.config": {"bertkit.distill.config": {"paths_as_text"}},
     "bertkit.embeddings.settings": {"bertkit.embeddings.features": {"SENTENCE_POOLINGS"}},
     "bertkit.model.electra": {"bertkit.model.electra_pretraining": {"IGNORE_INDEX"}},
+    # data.atomic's `saving`, which checkpoint's own save runs in, for the two savers of model folders of their own
+    "bertkit.model.checkpoint": {"bertkit.model.electra_pretraining": {"saving"},
+                                 "bertkit.runtime.quantization": {"saving"}},
 }
 
 

@@ -160,18 +160,22 @@ save()
 def test_a_model_saved_over_its_folder_and_killed_leaves_its_vocabulary_whole(classifier, tmp_path):
     """Fine-tuning saves each better epoch over the folder's last model. vocab.txt was written in place: a
     kill in the middle left it cut after its k-th line, and the model then loaded without a word, every later
-    token read as [UNK]. A real process, killed inside the one write of vocab.txt: the old file, byte for byte."""
+    token read as [UNK]. A real process, killed inside the one write of vocab.txt (the save writes each file
+    beside its name, and renames those whose bytes changed when all are written: `bertkit.data.atomic.saving`):
+    the old file, byte for byte, and the old model with it (its weights had been replaced before vocab.txt was
+    written: a mix of two saves)."""
     import shutil
 
     import bertkit
 
     out = tmp_path / "model"
     shutil.copytree(classifier, out)
-    old = (out / "vocab.txt").read_bytes()
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
     done = subprocess.run([sys.executable, "-c", KILLED_SAVE.format(tests=str(Path(__file__).parent), out=str(out))],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == -9, done.stderr
-    assert (out / "vocab.txt").read_bytes() == old  # was: its first 100,000 bytes, 12,000 tokens of 30,522
+    assert (out / "vocab.txt").read_bytes() == old["vocab.txt"]  # was: its first 100,000 bytes, 12,000 tokens
+    assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.endswith((".tmp", ".lock"))} == old
     assert len(bertkit.load(str(out)).tokenizer) == 30522
 
 
@@ -181,9 +185,10 @@ def test_a_model_saved_over_its_folder_and_killed_leaves_its_vocabulary_whole(cl
     (static_saver, "0_StaticEmbedding/tokenizer.json", 100)])
 def test_a_model_folder_saved_on_a_full_disk_keeps_each_file_whole(classifier, tmp_path, monkeypatch, saver, name,
                                                                    nbytes):
-    """The same save failing after a partial write (ENOSPC, a full disk, in this process): each small file of a
-    model folder is the one that stood there, byte for byte (a static folder's modules.json too), and nothing
-    is left beside it."""
+    """The same save failing after a partial write (ENOSPC, a full disk, in this process): each file of a model
+    folder is the one that stood there, byte for byte (a static folder's modules.json too; the weights too,
+    replaced before the failing file was written, until a save's files were renamed together when all were
+    written: `bertkit.data.atomic.saving`), and nothing is left beside them."""
     import builtins
     import io
     import shutil
@@ -203,7 +208,7 @@ def test_a_model_folder_saved_on_a_full_disk_keeps_each_file_whole(classifier, t
         save()
     monkeypatch.undo()
     assert (out / name).read_bytes() == old[Path(name)]  # was: its first nbytes bytes
-    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == sorted(old)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == old
 
 
 def test_a_runs_dev_predictions_on_a_full_disk_are_whole_or_the_old_ones(tmp_path, monkeypatch):

@@ -14,6 +14,17 @@ safetensors). While a process writes `NAME.tmp` it holds an flock on `NAME.tmp.l
 same file at the same time is refused (`_hold`) instead of writing into the first's temporary file.
 A folder of files (a token shard, an index's lexical part, a static model) is written the same way, whole into
 `NAME.tmp/` and renamed to `NAME` (`write_folder`).
+A model folder (config.json, the weights, vocab.txt, bertkit_task.json, a layout's files, an export's model.onnx
+and its side files) is saved over the last model in place instead (`saving`): it cannot be swapped whole, since it
+also holds what is not the model's (a fine-tuning run's checkpoints and metrics, the model beside its own export).
+Each file is written whole beside its name as above, and kept there until the save has written them all; then
+those whose bytes did not change are dropped and the rest renamed, so a stop or a full disk while the files are
+written (nearly all of a save's time) leaves the last model as it was, and a better epoch's save, which changes the
+weights alone, renames one file. Only a stop between two renames could mix two saves (a new config.json beside the
+last weights of the same shapes loaded silently as neither model): a marker written before them and removed after
+(SAVING_MARKER) makes every loader refuse that folder in one line (`check_whole`). The marker alone would refuse a
+folder still whole after any stop during the minutes of writing; dropping unchanged files alone leaves a save that
+changes two files (another model into the folder) mixable; the two together leave that gap only to the renames.
 All of that says a full disk once it happens; a long run that knows up front what it will write looks ahead
 (`room_for`): where that certainly exceeds the free space, it stops before the long work, not an hour into it.
 """
@@ -33,7 +44,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertkit.errors import NoSpace
+from bertkit.errors import BertkitError, NoSpace
 
 
 def replace_atomically(path, write) -> None:
@@ -55,6 +66,9 @@ def write_through(path, write_to, keep=None) -> None:
     NAME.tmp outlives that error (or Ctrl-C) because a resumable writer recorded rows in it that a run with
     --resume goes on from (`bertkit.data.vector_files.Journal`); by default it is removed."""
     path = Path(path)
+    unit, key = _unit_of(path), Path(os.path.abspath(path))
+    if unit is not None:
+        unit.drop(key)  # written twice in one save: the last write counts
     tmp, lock, held = _start(path)
     try:
         write_to(tmp)
@@ -63,6 +77,9 @@ def write_through(path, write_to, keep=None) -> None:
         os.chmod(tmp, stat.S_IMODE(os.fstat(held).st_mode))
         with open(tmp, "rb+") as f:  # fsync works on any descriptor of the file: its bytes reach the disk
             os.fsync(f.fileno())
+        if unit is not None:  # renamed with the rest of the folder's files when its save ends (`saving`)
+            unit.staged[key] = (tmp, lock, held)
+            return
         os.replace(tmp, path)
     except BaseException as err:  # an error or Ctrl-C leaves nothing behind; only a kill can leave NAME.tmp
         said = refused(err, path, (tmp, lock), probe=tmp) if isinstance(err, Exception) else None
@@ -73,10 +90,144 @@ def write_through(path, write_to, keep=None) -> None:
             raise said from err
         raise
     finally:  # removed while still held: a writer that opened it meanwhile finds it gone and takes a new one
-        with contextlib.suppress(OSError):
-            lock.unlink(missing_ok=True)
-        os.close(held)
+        if key not in getattr(unit, "staged", ()):
+            _release(lock, held)
     fsync_folder(path.parent)
+
+
+def _release(lock: Path, held: int) -> None:
+    with contextlib.suppress(OSError):
+        lock.unlink(missing_ok=True)
+    os.close(held)
+
+
+# --- a model folder's files saved as one (`saving`) ---------------------------------------------------------
+
+SAVING_MARKER = "bertkit_saving.json"  # in a folder whose save was stopped while it replaced its files
+_SAVES: dict[Path, "_Save"] = {}  # the folders this process is saving now (`saving`), by absolute path
+
+
+@contextlib.contextmanager
+def saving(folder) -> Iterator[None]:
+    """The files the block writes under `folder` (`write_through` and the writers on it; `remove`) replace the ones
+    there together when it ends (see the module docstring): each kept as NAME.tmp until then, those whose bytes
+    did not change dropped, the rest renamed, SAVING_MARKER around the renames when they are two or more. An error
+    or Ctrl-C in the block (a full disk) removes what it staged: the folder is as it was. Nested, the outermost
+    save of the folder (or of a folder above it) counts. Kept in this process, not passed: a save's writers are
+    many (config, weights, tokenizer, a task's and a layout's files) and take no handle."""
+    folder = Path(os.path.abspath(folder))
+    if _unit_of(folder / SAVING_MARKER) is not None:
+        yield
+        return
+    unit = _SAVES[folder] = _Save(folder)
+    try:
+        yield
+        unit.publish()
+    finally:  # what is left staged (an error, Ctrl-C before the renames) removed, its locks released
+        del _SAVES[folder]
+        for path in list(unit.staged):
+            unit.drop(path)
+
+
+def remove(path) -> None:
+    """Remove the file `path` (none there: nothing): at the end of the save of its folder, if one is under way
+    (`saving`), with the files it replaces."""
+    path = Path(os.path.abspath(path))
+    unit = _unit_of(path)
+    if unit is None:
+        path.unlink(missing_ok=True)
+    elif path.is_file():
+        unit.drop(path)
+        unit.removed.add(path)
+
+
+def check_whole(folder) -> None:
+    """Refuse, in one line, a model folder (or one inside it: an ELECTRA run's generator/) whose save was stopped
+    between two of its files (`saving`): it may hold files of two saves, which loaded silently as neither model."""
+    folder = Path(folder)
+    for where in (folder, folder.parent):
+        if (where / SAVING_MARKER).is_file():
+            raise BertkitError(f"{where}: a save into this folder was stopped part way ({SAVING_MARKER} is still "
+                               "there), so its files may come from two saves: save the model into it again (a "
+                               "fine-tuning run: the same command with --resume), or use another copy of it")
+
+
+def _unit_of(path: Path) -> "_Save | None":
+    """The save under way (`saving`) of a folder holding `path`, if any."""
+    path = Path(os.path.abspath(path))
+    return next((_SAVES[p] for p in path.parents if p in _SAVES), None) if _SAVES else None
+
+
+class _Save:
+    """One `saving` under way: the files written whole and not renamed yet ({absolute path: (NAME.tmp, its lock,
+    the lock's descriptor)}), the files to remove (absolute paths)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.staged, self.removed = folder, {}, set()
+
+    def drop(self, path: Path) -> None:
+        """Forget what the save was to do to `path` (a second write of it, or its removal, replaces it)."""
+        self.removed.discard(path)
+        if path in self.staged:
+            tmp, lock, held = self.staged.pop(path)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            _release(lock, held)
+
+    def publish(self) -> None:
+        marker, touched = self.folder / SAVING_MARKER, {*self.staged, *self.removed}
+        for path, (tmp, _, _) in list(self.staged.items()):
+            if _same_bytes(tmp, path):
+                self.drop(path)
+        changed = [*self.staged, *(path for path in self.removed if path.is_file())]
+        # a stopped save's files: those this one does not write may still be of two saves (its marker stays)
+        pending = _marker_files(marker)
+        left = {p for p in pending or () if self.folder / p not in touched}
+        if len(changed) > 1 or changed and pending is not None:
+            _write_marker(marker, {str(p.relative_to(self.folder)) for p in changed} | left)
+        for path in list(self.staged):
+            os.replace(self.staged[path][0], path)
+            _release(*self.staged.pop(path)[1:])
+        for path in self.removed:
+            path.unlink(missing_ok=True)
+        for parent in sorted({p.parent for p in changed}, reverse=True):
+            fsync_folder(parent)  # the renames on the disk before the marker goes
+        if left:
+            _write_marker(marker, left)
+        elif marker.is_file():
+            marker.unlink()
+            fsync_folder(self.folder)
+
+
+def _marker_files(marker: Path) -> set[str] | None:
+    """The files (relative to the folder) a stopped save was replacing, as its SAVING_MARKER lists them; None: no
+    marker (an unreadable one lists nothing: the next save into the folder removes it)."""
+    try:
+        return set(json.loads(marker.read_text(encoding="utf-8"))["replacing"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def _write_marker(marker: Path, files: set[str]) -> None:
+    with open(marker.with_name(marker.name + ".tmp"), "w", encoding="utf-8") as f:
+        f.write(json.dumps({"replacing": sorted(files), "pid": os.getpid()}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(marker.with_name(marker.name + ".tmp"), marker)
+    fsync_folder(marker.parent)
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Whether files `a` and `b` hold the same bytes (`b` missing: no), read a MiB at a time."""
+    try:
+        if a.stat().st_size != b.stat().st_size:
+            return False
+        with open(a, "rb") as fa, open(b, "rb") as fb:  # as long as each other: read side by side
+            return all(chunk == fb.read(1 << 20) for chunk in iter(lambda: fa.read(1 << 20), b""))
+    except OSError:
+        return False
 
 
 def _start(path: Path) -> tuple[Path, Path, int]:

@@ -46,7 +46,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from bertkit.data.atomic import refused, write_json
+from bertkit.data.atomic import refused, saving, write_json
 from bertkit.data.outputs import run_output
 from bertkit.data.textfiles import numbered_texts
 from bertkit.embeddings.features import iter_embed
@@ -221,10 +221,11 @@ def distill_sentences(teacher, output, config: LayersDistillConfig, log=print, s
     out = Path(output)
     layout = teacher.layout
 
-    def save(m):
-        m.encoder.save_pretrained(out, tokenizer=tok)
-        if layout is not None:
-            replace(layout, pooling=m.pooling).write(out, m.encoder.config.hidden_size)
+    def save(m):  # as one (`saving`): the weights and the layout of one epoch, never two
+        with saving(out):
+            m.encoder.save_pretrained(out, tokenizer=tok)
+            if layout is not None:
+                replace(layout, pooling=m.pooling).write(out, m.encoder.config.hidden_size)
 
     result = train(SentenceStudent(student, pooling, config.loss), features, training, evaluate=evaluate, save=save,
                    output_dir=out, pad_id=tok.pad_token_id, log=log, speed=speed, desc="distill layers",

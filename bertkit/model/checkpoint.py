@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertkit.data.atomic import write_json, write_lines, write_through
+from bertkit.data.atomic import check_whole, saving, write_json, write_lines, write_through
 from bertkit.default_model import default_model_dir
 from bertkit.errors import BertkitError
 from bertkit.model.config import problem_type_of
@@ -330,6 +330,7 @@ def read_config(directory) -> dict:
     """config.json of a model directory (or a config file itself) as a dict; a BertkitError names an unreadable one."""
     path, fix = Path(directory), "fix or replace the file"
     if not path.is_file():
+        check_whole(path)
         path, fix = path / "config.json", "the model directory is corrupt"
         if not path.is_file():
             raise BertkitError(f"{directory} is not a model directory: it has no config.json")
@@ -429,6 +430,7 @@ def resolve(path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise BertkitError(f"no model directory at {path}: it should hold config.json and model.safetensors")
+    check_whole(path)  # before any of its files is read
     return path
 
 
@@ -472,8 +474,7 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def save_tensors(path, tensors: dict, metadata: dict | None = None) -> None:
-    """A safetensors file written whole or not at all (`bertkit.data.atomic.write_through`): every weights
-    file bertkit writes goes through here."""
+    """A safetensors file written whole or not at all (`bertkit.data.atomic.write_through`), as all our weights."""
     write_through(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
@@ -486,15 +487,14 @@ def save_config(model, directory):
 
 
 def save_pretrained(model, directory, tokenizer=None) -> None:
-    """Write `directory` the way transformers does: config.json, model.safetensors and,
-    with a tokenizer, its vocab.txt / tokenizer_config.json."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = save_config(model, directory)
-    # each file written whole (bertkit.data.atomic): a save cut short (a kill, a full disk) leaves the model there
-    save_tensors(directory / "model.safetensors", hf_state_dict(model), {"format": "pt"})
-    if tokenizer is not None:
-        if not hasattr(tokenizer, "save_pretrained"):
-            raise BertkitError(f"cannot save a {type(tokenizer).__name__}: pass a bertkit Tokenizer")
-        tokenizer.save_pretrained(directory, positions=config.max_position_embeddings)
+    """Write `directory` the way transformers does: config.json, model.safetensors and, with a tokenizer, its
+    vocab.txt / tokenizer_config.json; as one (`saving`): a save cut short (a kill, a full disk) leaves the model
+    there, never its config beside the new weights (or the reverse), which loaded as neither model."""
+    if tokenizer is not None and not hasattr(tokenizer, "save_pretrained"):
+        raise BertkitError(f"cannot save a {type(tokenizer).__name__}: pass a bertkit Tokenizer")
+    with saving(directory):
+        config = save_config(model, directory)
+        save_tensors(Path(directory) / "model.safetensors", hf_state_dict(model), {"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory, positions=config.max_position_embeddings)
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from bertkit.model.checkpoint import (GENERATOR_DIR, load_state, read_config, read_weights,
-                                      save_pretrained as save_checkpoint)
+                                      save_pretrained as save_checkpoint, saving)
 from bertkit.model.electra import IGNORE_INDEX, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, discriminator_loss
 from bertkit.errors import BertkitError
 
@@ -168,9 +168,10 @@ class ElectraPretrainingModel(nn.Module):
 
     def save_pretrained(self, directory, tokenizer=None) -> None:
         """The discriminator at `directory`, the generator in `directory/generator/`: two
-        Hugging Face ELECTRA directories (each with the tokenizer's files, when given)."""
-        save_checkpoint(self.discriminator, directory, tokenizer=tokenizer)
-        save_checkpoint(self.generator, Path(directory) / GENERATOR_DIR, tokenizer=tokenizer)
+        Hugging Face ELECTRA directories (each with the tokenizer's files, when given), saved as one (`saving`)."""
+        with saving(directory):
+            save_checkpoint(self.discriminator, directory, tokenizer=tokenizer)
+            save_checkpoint(self.generator, Path(directory) / GENERATOR_DIR, tokenizer=tokenizer)
 
     @classmethod
     def from_pretrained(cls, directory, *, disc_weight: float = 50.0, config_json: dict | None = None,

@@ -34,7 +34,8 @@ sentences of different lengths, and sentence pairs where the model has a second
 segment) and every output must match
 bertkit's within `atol` (1e-4); otherwise BertkitError with the difference. The graph is written
 beside its name and renamed to model.onnx only once it passed (`bertkit.data.atomic`), the other
-files copied just before: a failed check or a killed export leaves no model.onnx that looks finished. A model's
+files copied just before, all renamed together (`bertkit.data.atomic.saving`): a failed check or a killed export
+leaves no model.onnx that looks finished, nor one beside another export's files. A model's
 own folder takes its export beside its weights; the installed default model's folder is its package's and is
 refused (`refuse_installed_default`), as is a folder holding another model. What
 cannot be exported fails with a BertkitError naming it: an int8 model (export the
@@ -61,7 +62,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertkit.data.atomic import write_json, write_through
+from bertkit.data.atomic import remove, saving, write_json, write_through
 from bertkit.model.checkpoint import (INT8_WEIGHTS, PICKLED_WEIGHTS, WEIGHT_FILES, architecture, has_int8_weights,
                                       resolve, save_config)
 from bertkit.runtime.devices import holds_int8
@@ -234,7 +235,7 @@ def _copy_beside(directory: Path, out: Path, tok, model: nn.Module | None = None
                *((MODULES_FILE,) if modules is not None else ())}
     for name in (*SIDE_FILES, MODULES_FILE, SENTENCE_CONFIG, ST_CONFIG):
         if name not in written:
-            (out / name).unlink(missing_ok=True)
+            remove(out / name)  # with the files replaced, as one (`export_onnx`)
     for name in copied:
         _copy_whole(encoder / name, out / name)
     if pair:
@@ -295,6 +296,9 @@ def export_onnx(model_dir, out_dir, *, opset: int = DEFAULT_OPSET, atol: float =
             _copy_beside(directory, out, tok, model if encoder and architecture(directory) != type(model).__name__ else None)
 
     # model.onnx appears only once ONNX Runtime matched it, its config and tokenizer beside it: it was written
-    # first and left behind when the check failed (or the export was killed), a file that looked finished
-    write_through(path, export_and_check)
+    # first and left behind when the check failed (or the export was killed), a file that looked finished. All
+    # of them replace an earlier export's together (`saving`): a stop between two left an earlier model.onnx
+    # beside this one's config and tokenizer
+    with saving(out):
+        write_through(path, export_and_check)
     return ExportReport(path=path, architecture=type(model).__name__, outputs=names, max_abs_diff=diffs[0])

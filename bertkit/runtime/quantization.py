@@ -54,7 +54,7 @@ from torch import nn
 from safetensors import safe_open
 from torch.ao.quantization import per_channel_dynamic_qconfig
 
-from bertkit.model.checkpoint import INT8_WEIGHTS, save_config, save_task_info, save_tensors
+from bertkit.model.checkpoint import INT8_WEIGHTS, save_config, save_task_info, save_tensors, saving
 from bertkit.runtime.devices import DynamicLinear, holds_int8
 from bertkit.errors import BertkitError
 from bertkit.runtime.fast import SpeedSettings, accelerate, decide
@@ -229,15 +229,15 @@ def save_quantized(model: nn.Module, directory, tokenizer=None, *, task: dict | 
     if not holds_int8(model):
         raise BertkitError("save_quantized takes a model made by quantize(); save a float model with save_pretrained")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = save_config(model, directory)
-    save_tensors(directory / INT8_WEIGHTS, _tensors(model), {"format": FORMAT, "version": VERSION})
-    if tokenizer is not None:  # with the model's length, as save_pretrained (it said 512 for a 64-position model)
-        tokenizer.save_pretrained(directory, positions=config.max_position_embeddings)
-    if task and not task.get("inferred"):  # an inferred one (a Hugging Face head) is inferred again on loading
-        save_task_info(directory, task)
-    if layout is not None:
-        layout.write(directory, config.hidden_size)
+    with saving(directory):  # as one: a stop between two files leaves no config.json beside other weights
+        config = save_config(model, directory)
+        save_tensors(directory / INT8_WEIGHTS, _tensors(model), {"format": FORMAT, "version": VERSION})
+        if tokenizer is not None:  # with the model's length, as save_pretrained (it said 512 for 64 positions)
+            tokenizer.save_pretrained(directory, positions=config.max_position_embeddings)
+        if task and not task.get("inferred"):  # an inferred one (a Hugging Face head) is inferred again on loading
+            save_task_info(directory, task)
+        if layout is not None:
+            layout.write(directory, config.hidden_size)
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:

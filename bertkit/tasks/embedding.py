@@ -51,7 +51,7 @@ from bertkit.errors import BertkitError, figure, read_score
 from bertkit.tasks.config import EMBED_DEV, EmbedConfig
 from bertkit.data.tables import GROUP_COLUMN, ReadReport, read_rows
 from bertkit.embeddings.losses import cached, cosent, matryoshka, multiple_negatives_ranking
-from bertkit.tasks.run import fit_length, load_head, load_tokenizer, write_json
+from bertkit.tasks.run import as_one, fit_length, load_head, load_tokenizer, write_json
 from bertkit.tasks.trainer import micro_rows, rows_hash, train, warnings_once
 from bertkit.runtime.loading import load as load_model, resolve
 from bertkit.model.modeling import BertModel, pool_sentence
@@ -431,9 +431,9 @@ def finetune_embed(cfg: EmbedConfig, log=print, speed=None) -> dict:
     rows = partial(tokenize_rows, log=log) if not cfg.static else static_rows
     ids = rows(tok, examples, cfg.max_length)
     evaluate = None if score_dev is None else partial(score_dev, tok=tok)
-    tcfg.metric = tcfg.metric or metric
-    out = Path(cfg.output)
+    tcfg.metric, out = tcfg.metric or metric, Path(cfg.output)
 
+    @partial(as_one, out)  # its files replace the last epoch's together
     def save(m):
         if cfg.static:
             return save_static_model(m.encoder, tok, out)

@@ -101,14 +101,26 @@ def load_tokenizer(model_path, max_length: int | None = None):
 
 
 def saver(output_dir, tokenizer, task_info: dict):
-    """The loop's `save(model)`: a full checkpoint plus the task description."""
+    """The loop's `save(model)`: a full checkpoint plus the task description (`as_one`)."""
     output_dir = Path(output_dir)
 
     def save(model):
         model.save_pretrained(output_dir, tokenizer=tokenizer)
         save_task_info(output_dir, task_info)
 
-    return save
+    return as_one(output_dir, save)
+
+
+def as_one(output_dir, save):
+    """save(model), its files in `output_dir` replacing the last save's together (`bertkit.data.atomic.saving`):
+    each better epoch is saved over the last, and a stop between two of its files left a folder that loaded as
+    neither model (a new config.json beside the last weights, a model's task file beside another's)."""
+
+    def whole(model):
+        with atomic.saving(output_dir):
+            return save(model)
+
+    return whole
 
 
 def write_json(path, data) -> None:

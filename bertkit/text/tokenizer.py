@@ -166,10 +166,10 @@ class Tokenizer:
         """Write vocab.txt and tokenizer_config.json (Hugging Face keys) into `directory`, each whole or not at all
         (`bertkit.text.vocab.save_vocab`); `positions`: the model's, when fewer than BERT's 512 (transformers'
         tokenizer cuts at model_max_length). `settings`: the tokenizer_config.json object to write instead of ours
-        (an ONNX export copies its model's, keys and all). Not as one pair (`save_vocab_pair`, which removes the old
-        vocab.txt first in a folder holding other files): fine-tuning saves each better epoch over the last one, and
-        a stop there must leave the last model loadable, its vocab.txt whole; a model folder is not written as one
-        unit anyway (config.json, the weights and the pair are each whole, the folder is not)."""
+        (an ONNX export copies its model's, keys and all). Not as `save_vocab_pair` (which removes the old vocab.txt
+        first in a folder holding other files): fine-tuning saves each better epoch over the last one, and a stop
+        there must leave the last model loadable; the pair, and the model's other files with it when a model is
+        saved, replace the old ones together (`bertkit.data.atomic.saving`)."""
         directory = Path(directory)
         config = {
             "tokenizer_class": "BertTokenizer",

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from bertkit.errors import BertkitError
-from bertkit.data.atomic import write_folder, write_json, write_lines
+from bertkit.data.atomic import check_whole, saving, write_folder, write_json, write_lines
 from bertkit.data.textfiles import read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -71,6 +71,7 @@ def load_vocab(path) -> list[str]:
 
 def read_vocab_file(path: Path, hf_json: bool) -> tuple[str, list[str]]:
     """(the text, its tokens) of a vocab.txt, or of a Hugging Face tokenizer.json when `hf_json`."""
+    check_whole(Path(path).parent)  # a model folder whose save was stopped between two of its files
     text = read_text(path, "tokenizer file" if hf_json else "vocabulary file")
     return text, (tokens_from_tokenizer_json if hf_json else tokens_from_text)(text, str(path))
 
@@ -140,14 +141,18 @@ def save_vocab(tokens: list[str], path, config: dict | None = None) -> Path:
 
     Each file is written whole or not at all (`bertkit.data.atomic`): written in place, a save killed or out
     of disk over a model folder left vocab.txt cut after its k-th line, and the model then loaded without a
-    word of complaint, every token past line k read as [UNK] (or the ids of another vocabulary)."""
+    word of complaint, every token past line k read as [UNK] (or the ids of another vocabulary). The two as one
+    (`bertkit.data.atomic.saving`, within a model's save when one is under way): a file whose bytes are the same
+    is left as it is, and a stop between two that change leaves a folder the readers refuse, never a vocab.txt
+    beside settings not its own."""
     validate_tokens(list(tokens), "vocabulary to save")
     path = Path(path)
     if path.is_dir():
         path = path / "vocab.txt"
-    write_lines(path, (t + "\n" for t in tokens))
-    if config is not None:
-        write_json(path.parent / "tokenizer_config.json", config)
+    with saving(path.parent):
+        write_lines(path, (t + "\n" for t in tokens))
+        if config is not None:
+            write_json(path.parent / "tokenizer_config.json", config)
     return path
 
 
