@@ -23,8 +23,8 @@ sts) prints it as "undefined", any other figure with 4 decimals. And the error f
 (`no_tokens`), which every embedding path (a static table, a transformer's windows) says in the same words.
 
 And so is the warning that a model read texts cut at its max length (`say_cut`): embed, search, evaluate retrieval,
-mining and reranking each count the texts cut where they are read, and say it in this one line. And a switch (`switch`, a settings dataclass's `bool_settings`): True or False, never a str, which is true
-whatever it says.
+mining and reranking each count the texts cut where they are read, and say it in this one line. And a switch
+(`switch`, a settings dataclass's `bool_settings`): True or False, never a str, which is true whatever it says.
 """
 
 import dataclasses

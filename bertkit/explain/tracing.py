@@ -140,7 +140,8 @@ def _load(directory: str, stamp: tuple):
 
 
 def load_plain_encoder(model=None):
-    """The encoder to trace, with its plain layers on the CPU in float32: (BertModel, Tokenizer): None = the default model, a directory, a `bertkit.load()` result, or a (model, tokenizer) pair.
+    """The encoder to trace, with its plain layers on the CPU in float32: (BertModel, Tokenizer): None = the
+    default model, a directory, a `bertkit.load()` result, or a (model, tokenizer) pair.
     A task model (BertForSequenceClassification, ...) is traced through its encoder, `.bert`."""
     if isinstance(model, Loaded):  # load()'s layers are fused for speed (their hooks would not see W x + b): the
         # folder it was read from, in plain layers (one held in memory, no folder: as a pair, checked below)
