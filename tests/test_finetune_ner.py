@@ -307,27 +307,31 @@ def test_cjk_words_are_split_for_training_as_predict_splits_text(tiny, tmp_path)
 
 
 RAW = ["I flew to Paris.", 'U.S.-based firms (London) said: "Hello, world!"', "José's café, in São  Paulo\tto-day.",
-       "我爱Paris, 真的."]
+       "我爱Paris, 真的.", "We can't pay $5.50, or 10% -- they're J. Smith's ... [sic]",
+       "Hi... the investors' shares of U.N. rose; ok?"]
 
 
-def test_raw_text_words_are_berts_and_an_entity_leaves_its_punctuation_out(tiny, transformers_mod,  # noqa: F811
-                                                                          tmp_path):
-    """predict tagged a raw text's whitespace words: "I flew to Paris." labelled "Paris." as one word, so the
-    entity's text and its character span (the server's `entities`) held the period, and "(Reuters)" or
-    "U.S.-based" was one word, while CoNLL-2003 (what a NER model learns from) and BERT's BasicTokenizer have
-    "Paris" and "." apart. A text's words are now BERT's: the oracle is transformers' BertTokenizerFast, its
-    word_ids() and word_to_chars() (as `embed --pooling words` numbers them), for the words and for the entity
-    spans; a list of words is kept as given."""
+def test_raw_text_words_are_the_penn_treebanks_and_an_entity_leaves_its_punctuation_out(tiny, tmp_path):
+    """predict tagged a raw text's whitespace words ("Paris." one word, the entity's span holding the period), then
+    BERT's words (every punctuation character apart: "U.S." four words, U . S ., which a model trained on CoNLL-2003's
+    whole "U.S." tagged as two entities U and S, recall 0.02 on such entities). A text's words are now the Penn
+    Treebank's, the convention CoNLL-2003 was tokenized by: the oracle is nltk's TreebankWordTokenizer
+    (span_tokenize, on one-sentence texts), each CJK ideograph then a word of its own; a list is kept as given."""
     import bertkit
     from bertkit.tasks import ner_inference
     from bertkit.tasks.predict import with_entities
+    from conftest import oracle as dev_oracle
     from test_serve import task_dir
 
-    hf = transformers_mod.BertTokenizerFast.from_pretrained(str(tiny))  # the handmade vocabulary
+    treebank = dev_oracle("nltk.tokenize", "nltk").TreebankWordTokenizer()
 
     def oracle(text):  # each word's (start, end), in order
-        enc = hf(text, add_special_tokens=False)
-        return [tuple(enc.word_to_chars(w)) for w in dict.fromkeys(enc.word_ids())]
+        out = []
+        for a, b in treebank.span_tokenize(text):
+            cut = [a] + [i for i in range(a, b) if "\u4e00" <= text[i] <= "\u9fff" or
+                         (i > a and "\u4e00" <= text[i - 1] <= "\u9fff")] + [b]
+            out += [(x, y) for x, y in zip(cut, cut[1:]) if x < y]
+        return out
 
     names = ["O", "B-LOC", "B-ORG"]
     model = task_dir(tmp_path / "ner", tiny, "BertForTokenClassification",
@@ -353,3 +357,6 @@ def test_raw_text_words_are_berts_and_an_entity_leaves_its_punctuation_out(tiny,
     assert found[0] == [("LOC", "Paris", 10, 15)]  # not "Paris." (10, 16)
     words = ["U.S.-based", "firms", "(London)", "said", ":"]
     assert bertkit.predict(None, [words], loaded=loaded)[0]["words"] == words  # pre-split words: as given
+    # several sentences: each one's final period apart, an abbreviation's by its form kept ("J.", "U.S.")
+    got = bertkit.predict(None, ["I flew to Paris. J. Smith of the U.S. stayed."], loaded=loaded)[0]["words"]
+    assert got == ["I", "flew", "to", "Paris", ".", "J.", "Smith", "of", "the", "U.S.", "stayed", "."]

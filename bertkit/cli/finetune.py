@@ -86,7 +86,8 @@ def add_predict(sub):
         "written as a JSON list where a label's name holds it. A classifier's details are its probabilities, "
         "'name=p' pairs separated by spaces, or a JSON object {name: p} where a label's name holds a space or '='. "
         "A NER prediction is a tag per word, separated by spaces, and its details those words, a JSON list: a "
-        "text's words are BERT's (punctuation apart: 'Paris.' is Paris and .), a CoNLL file's its own.",
+        "text's words are the Penn Treebank's (punctuation around a word apart: 'Paris.' is Paris and ., 'U.S.' one "
+        "word), a CoNLL file's its own.",
         epilog="examples:\n  bertkit predict out/sst2 new.tsv --output preds.tsv\n"
         "  bertkit predict out/sst2 dev.tsv            # dev.tsv has a label column: predicts and reports accuracy\n"
         "  bertkit predict out/ner conll/test.txt --device cuda",

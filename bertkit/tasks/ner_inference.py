@@ -7,11 +7,11 @@ from its first piece. Given words are re-joined with single spaces and each piec
 is mapped to the word holding its first character through the tokenizer's offsets
 (the tokenizer's own splitting, e.g. of "U.S.", may cut finer than the words).
 
-A text's words are BERT's words: the tokenizer's `word_ids`, BasicTokenizer's split (whitespace, each
-punctuation character and each CJK ideograph apart; `text_pieces`), the definition `bertkit embed --pooling
-words` reads too. CoNLL-2003 (and every corpus tokenized like it) has "Paris" and "." apart, and so does
-the model trained on it: whitespace words tagged "Paris." whole, the period inside the entity's span, and
-"(Reuters)" or "U.S.-based" one word. Words given as such (a CoNLL file, a list of words) are kept as
+A raw text's words are the Penn Treebank's (`ptb_spans`, `text_pieces`), the tokenization CoNLL-2003 (and
+every corpus tokenized like it) follows, so a model reads the words it was trained on: "Paris" and "." apart,
+"(Reuters)" three words, "U.S." and "U.S.-based" one. Whitespace words tagged "Paris." whole, the period inside
+the entity's span; BERT's words (each punctuation character apart) made "U.S." four, U . S ., tagged as two
+entities U and S. Words given as such (a CoNLL file, a list of words) are kept as
 given; only a word holding CJK ideographs is split, one word per ideograph (`split_words`), for training
 and evaluation too (`split_cjk`), its tag continued over the characters after the first (B-LOC -> B-LOC
 I-LOC): Chinese or Japanese text has no spaces, and a model learns the words it is asked for.
@@ -28,6 +28,7 @@ Shapes: logits per window feature (T, num_labels).
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from bertkit.data.tables import (Inputs, TaggedSentence, check_known_labels, con
 from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.tasks.config import NerConfig
-from bertkit.text.basic_tokenizer import is_cjk
+from bertkit.text.basic_tokenizer import is_cjk, is_punctuation
 from bertkit.text.windows import max_context_owner, spans
 
 TABLES = (".tsv", ".csv", ".jsonl", ".json")  # inputs read as a table; anything else is CoNLL or lines
@@ -56,7 +57,7 @@ class WordPieces:
 def word_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) of each part of a given word (or words): split on whitespace, each CJK ideograph (the
     BasicTokenizer's ranges, `is_cjk`) a part of its own; "我爱Paris" -> 我, 爱, Paris. (A raw text's words are
-    BERT's, `text_pieces`.)"""
+    the Penn Treebank's, `ptb_spans`.)"""
     out, start = [], None
     for i, ch in enumerate(text):
         if ch.isspace() or is_cjk(ch):
@@ -104,22 +105,63 @@ def word_pieces(tok, words: list[str]) -> WordPieces:
     return WordPieces(list(enc.input_ids), piece_word, first)
 
 
+def ptb_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of a raw text's words, split as the Penn Treebank tokenizes: the convention of CoNLL-2003's
+    tokens (Reuters text, PTB-tokenized) and of nltk's TreebankWordTokenizer (the tests' oracle). On whitespace
+    and each CJK ideograph (`word_spans`), then off each part its leading and trailing punctuation (quotes,
+    brackets, , ; : ! ? $ % ..., a character a word but a run of - or . one: "--", "...") and the clitics 's 're
+    've 'll 'd 'm n't ("can't" -> ca n't); punctuation inside a word stays: "U.S.-based", "1,000", "O'Brien".
+    A trailing period is split off ("Paris." -> Paris .) but for an abbreviation by its form, a period inside
+    ("U.S.", "a.m.") or a single letter ("J."), where the text goes on (PTB splits a sentence's final period
+    only, and a text may hold several sentences). BERT's own words (each punctuation character apart) made
+    "U.S." four words, U . S ., that a model trained on CoNLL's whole words tags badly."""
+    parts = word_spans(text)
+    out = []
+    for k, (a, b) in enumerate(parts):
+        out += _ptb_word(text, a, b, k == len(parts) - 1)
+    return out
+
+
+_CLITIC = re.compile(r"(?i)(?:n't|'s|'re|'ve|'ll|'d|'m)$")  # PTB's contractions, split from their word
+
+
+def _ptb_word(text: str, a: int, b: int, last: bool) -> list[tuple[int, int]]:
+    """The PTB words of text[a:b], one whitespace-separated part (`ptb_spans`); `last`: it ends the text."""
+    head, tail = [], []
+    while a < b and is_punctuation(text[a]) and not _CLITIC.fullmatch(text, a, b) \
+            and not (text[a] == "." and text[a + 1:a + 2].isdigit()):  # ".5" is a number
+        e = a + 1
+        while text[a] in "-." and e < b and text[e] == text[a]:
+            e += 1
+        head.append((a, e))
+        a = e
+    while b > a and is_punctuation(text[b - 1]) and not (text[b - 1] == "." and not last and _abbreviation(text[a:b])):
+        s = b - 1
+        while text[s] in "-." and s > a and text[s - 1] == text[s]:
+            s -= 1
+        tail.append((s, b))
+        b = s
+    clitic = _CLITIC.search(text, a, b)
+    if clitic and clitic.start() > a:
+        tail.append((clitic.start(), b))
+        b = clitic.start()
+    return head + ([(a, b)] if a < b else []) + tail[::-1]
+
+
+def _abbreviation(word: str) -> bool:
+    """An abbreviation by its form, its final period kept: one inside ("U.S.", "a.m.") or one letter ("J.")."""
+    return word[-2:-1] != "." and ("." in word[:-1] or (len(word) == 2 and word[0].isalpha()))  # not "..."
+
+
 def text_pieces(tok, text: str) -> tuple[list[str], WordPieces]:
-    """A raw text's words and their pieces: BERT's words, each piece's word its `word_ids` (as `bertkit embed
-    --pooling words` and transformers' word_ids() number them), each word the text from its first piece's start to
-    its last piece's end (`text[a:b]`: the case and accents BERT's lower-casing drops kept)."""
-    enc = tok.encode(text, add_special_tokens=False, truncation=False)
-    spans: dict[int, list[int]] = {}  # word id -> [start, end], in order of appearance
-    for w, (a, b) in zip(enc.word_ids, enc.offsets):
-        span = spans.setdefault(w, [a, b])
-        span[1] = max(span[1], b)
-    index = {w: k for k, w in enumerate(spans)}
-    piece_word = [index[w] for w in enc.word_ids]
-    first: list[int | None] = [None] * len(spans)
-    for p, k in enumerate(piece_word):
-        if first[k] is None:
-            first[k] = p
-    return [text[a:b] for a, b in spans.values()], WordPieces(list(enc.input_ids), piece_word, first)
+    """A raw text's words, the Penn Treebank's (`ptb_spans`), each a slice of the text (case and accents kept),
+    and their pieces; a word of characters BERT drops (a control character alone) is no word."""
+    words = [text[a:b] for a, b in ptb_spans(text)]
+    wp = word_pieces(tok, words)
+    if None in wp.first_piece:
+        words = [w for w, p in zip(words, wp.first_piece) if p is not None]
+        wp = word_pieces(tok, words)
+    return words, wp
 
 
 def given_words(words: list[str]) -> list[str]:
@@ -210,7 +252,7 @@ def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces]
 
 def predict(run, tok, texts: list, pairs, info: dict, names: list[str]) -> list[dict]:
     """Each text's words -> {"words", "tags"}, the tags in the scheme the model was trained with: a str's words are
-    BERT's (`text_pieces`: "Paris." is Paris and .), a list's its items (`given_words`)."""
+    the Penn Treebank's (`text_pieces`: "Paris." is Paris and ., "U.S." one word), a list's its items (`given_words`)."""
     read = [(given_words(t), None) if isinstance(t, list) else text_pieces(tok, t) for t in texts]
     sentences = [words for words, _ in read]
     pieces = [wp if wp is not None else word_pieces(tok, words) for words, wp in read]
@@ -248,7 +290,7 @@ def read_inputs(path, info: dict, text_column=None, text_pair_column=None, log=p
     """Sentences from CoNLL columns (the words' column the model was trained on), one sentence per line, or a
     table's text column (with `keep_rows` its rows): the one named, else 'sentence', 'text' or its one column of
     text, as the text tasks read a table (`text_column_of`; 'sentence' alone refused a table of 'id' and 'text'). A
-    line or a table's cell is raw text, its words BERT's (`text_pieces`); a CoNLL sentence's words and a JSON
+    line or a table's cell is raw text, its words the Penn Treebank's (`text_pieces`); a CoNLL sentence's words and a JSON
     list's are kept as given (`Inputs.words`)."""
     if Path(path).suffix.lower() in TABLES:
         return read_text_columns(path, text_column_of(path, text_column or info.get("text_column"), (), log), log=log,

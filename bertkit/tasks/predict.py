@@ -353,7 +353,7 @@ def _cell(value) -> str:
 
 def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:
     """A prediction's TSV cells: what was predicted, and its details (scores, offsets; a tagger's words, which
-    its tags belong to: BERT's words of a text, not the text split on spaces)."""
+    its tags belong to: a text's Penn Treebank words, not the text split on spaces)."""
     if "tags" in p:
         return " ".join(p["tags"]), json.dumps(p["words"], ensure_ascii=False)
     if "answer" in p:
@@ -366,10 +366,10 @@ def _shown(p: dict, separator: str = ",", names=()) -> tuple[str, str]:
 
 def with_entities(text: str, prediction: dict) -> dict:
     """A NER prediction plus its entities with character offsets into `text` (what `bertkit serve` answers):
-    `predict` splits the text into words as BERT's tokenizer does (`ner_inference.text_pieces`: punctuation and
-    each CJK ideograph apart, each word a slice of the text) and tags each word; an entity (conlleval's chunking
-    of the tags) spans from its first word's first character to its last word's end, its punctuation outside
-    ("Paris." gives Paris). Each word is found where the one before ended: only characters that are no word's
+    `predict` splits the text into words as the Penn Treebank does (`ner_inference.ptb_spans`: punctuation
+    around a word and each CJK ideograph apart, "U.S." whole, each word a slice of the text) and tags each word;
+    an entity (conlleval's chunking of the tags) spans from its first word's first character to its last word's
+    end, its punctuation outside ("Paris." gives Paris). Each word is found where the one before ended: only characters that are no word's
     (spaces, those BERT drops) lie between them."""
     spans, at = [], 0
     for word in prediction["words"]:
