@@ -276,49 +276,131 @@ def test_predict_and_rerank_count_tokens_as_the_model_reads_them(pair_server):
     assert call(port, "GET", "/health", timeout=5)[0] == 200
 
 
-def test_windowed_tasks_count_every_token(made, transformers_mod, default_model_dir):
-    """QA reads a long context whole, in windows: every token counts; so does a single text of a model
-    trained with --stride. Without windows a text counts up to max_length."""
+def model_of(folder, task: str):
     from bertkit.runtime.loading import load
-    from bertkit.serve.runner import Query, TaskModel
+    from bertkit.serve.runner import TaskModel
 
-    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    return TaskModel(load(folder, head="task"), ServeConfig(), task)
+
+
+def repeated(tok, word: str, n: int) -> str:
+    """A text of exactly n word pieces (`word` is one piece)."""
+    text = " ".join([word] * n)
+    assert len(tok.encode(text, add_special_tokens=False).input_ids) == n
+    return text
+
+
+@pytest.fixture(scope="module")
+def windowed(made) -> dict:
+    """Untrained heads on the tiny encoder that read long inputs in windows: QA, NER and a text model with a stride."""
     root = made["tiny"].parent
-    qa = task_dir(root / "qa", made["tiny"], "BertForQuestionAnswering",
-                  {"task": "qa", "max_length": 24, "doc_stride": 8, "max_query_length": 8, "max_answer_length": 6})
-    question, context = "who went to paris ?", "john went to paris and then to rome . " * 10
-    model = TaskModel(load(qa, head="task"), ServeConfig(), "qa")
-    tokens, cut = model.count_tokens([Query(question, context)])
-    assert tokens == len(fast(question, context)["input_ids"]) > 24 and cut == 0  # read whole, in windows
-    text = FIRST[1]
-    for stride, expected in [(8, len(fast(text)["input_ids"])), (0, 20)]:
-        folder = task_dir(root / f"classify{stride}", made["tiny"], "BertForSequenceClassification",
-                          {"task": "classify", "max_length": 20, "stride": stride}, ["a", "b"])
-        model = TaskModel(load(folder, head="task"), ServeConfig(), "classify")
-        assert model.count_tokens([Query(text)]) == (expected, int(not stride))  # cut at 20 without windows
+    return {
+        "qa": task_dir(root / "qa", made["tiny"], "BertForQuestionAnswering",
+                       {"task": "qa", "max_length": 24, "doc_stride": 8, "max_query_length": 8,
+                        "max_answer_length": 6}),
+        "ner": task_dir(root / "ner", made["tiny"], "BertForTokenClassification",
+                        {"task": "ner", "max_length": 16, "stride": 5, "tag_scheme": "bio"}, ["O", "B-X", "I-X"]),
+        "classify": task_dir(root / "classify8", made["tiny"], "BertForSequenceClassification",
+                             {"task": "classify", "max_length": 20, "stride": 8}, ["a", "b"]),
+    }
 
 
-def test_a_qa_question_counts_as_far_as_the_model_reads_it(made, transformers_mod, default_model_dir):
+def test_windowed_inputs_count_the_tokens_of_every_window(windowed):
+    """A windowed input (QA context, NER sentence, a single text of a model trained with --stride) was counted
+    whole against --max-request-tokens, though the model reads each window's [CLS]/[SEP], the overlaps again and a
+    QA question in every window. The count is now the tokens of the windows the model gets. Reference: the task's
+    own feature-making function on the same input (the windows `bertkit predict` runs), summed, at lengths around
+    the window boundaries (one window, exactly full, one piece more, the step, and several windows)."""
+    from bertkit.data.tables import QAExample, TaggedSentence, TextExample
+    from bertkit.serve.runner import Query
+    from bertkit.tasks import ner_inference, qa_inference, text_inference
+
+    folders = windowed
+    qa = model_of(folders["qa"], "qa")
+    tok, cfg = qa.tok, qa_inference.reading(qa.info_)
+    for question in (repeated(tok, "paris", 5), repeated(tok, "rome", 11)):  # a window of 16 context pieces; of 13
+        for n in (1, 12, 13, 14, 16, 17, 21, 24, 25, 40, 41, 97):
+            context = repeated(tok, "paris", n)
+            feats, _ = qa_inference.make_features(tok, [QAExample("0", question, context, [])], cfg, training=False)
+            counted, cut = qa.count_tokens([Query(question, context)])
+            assert counted == sum(len(f["input_ids"]) for f in feats), (question, n)
+            assert cut == (question.count(" ") + 1 > 8)
+    ner = model_of(folders["ner"], "ner")
+    for n in (1, 13, 14, 15, 23, 24, 25, 33, 60):  # windows of 14 pieces, 9 apart
+        text = repeated(tok, "paris", n)
+        words, pieces = ner_inference.text_pieces(tok, text)
+        feats, _ = ner_inference.make_features(tok, [TaggedSentence(words, None)], None,
+                                               *ner_inference.reading(ner.info_), pieces=[pieces])
+        assert ner.count_tokens([Query(text)]) == (sum(len(f["input_ids"]) for f in feats), 0), n
+    strided = model_of(folders["classify"], "classify")
+    for n in (1, 17, 18, 19, 28, 29, 38, 39, 75):  # windows of 18 pieces, 10 apart
+        text = repeated(tok, "paris", n)
+        feats = text_inference.make_features(tok, [TextExample(text, None)], "single_label_classification", None,
+                                             20, 8)
+        assert strided.count_tokens([Query(text)]) == (sum(len(f["input_ids"]) for f in feats), 0), n
+
+
+def test_without_windows_a_text_counts_up_to_max_length(made, transformers_mod, default_model_dir):
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    folder = task_dir(made["tiny"].parent / "classify0", made["tiny"], "BertForSequenceClassification",
+                      {"task": "classify", "max_length": 20, "stride": 0}, ["a", "b"])
+    from bertkit.serve.runner import Query
+
+    assert len(fast(FIRST[1])["input_ids"]) > 20
+    assert model_of(folder, "classify").count_tokens([Query(FIRST[1])]) == (20, 1)  # cut at 20 without windows
+
+
+def test_a_qa_request_over_the_limit_in_its_windows_is_413(windowed, transformers_mod, default_model_dir):
+    """Against a real server: a QA request whose context counted whole fits --max-request-tokens, but whose
+    windows (each with the question again, the overlaps read twice) pass it, is refused, the message naming the
+    tokens the windows hold; one that fits in its windows is answered. Reference: transformers' tokenizer, its
+    overflowing windows of the same length and overlap (`return_overflowing_tokens`, run_qa.py's way)."""
+    fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
+    question = "who went to paris ?"
+
+    def read(context) -> tuple[int, int]:  # (tokens in the windows, tokens counted whole)
+        windows = fast(question, context, truncation="only_second", max_length=24, stride=8,
+                       return_overflowing_tokens=True)["input_ids"]
+        return sum(map(len, windows)), len(fast(question, context)["input_ids"])
+
+    short, long = "john went to paris . " * 3, "john went to paris and then to rome . " * 6
+    (fits, _), (over, whole) = read(short), read(long)
+    limit = over - 1
+    assert whole <= limit < over and fits <= limit
+    server = Server(windowed["qa"], "--threads", 1, "--dtype", "float32", "--max-request-tokens", limit)
+    try:
+        port = server.port
+        assert post(port, "/predict", {"inputs": [question], "pairs": [short]}, {})[0] == 200
+        status, _, data = post(port, "/predict", {"inputs": [question], "pairs": [long]}, {})
+        assert status == 413 and f"hold {over} tokens, over the limit of {limit} per request" in data["error"], data
+        assert "(--max-request-tokens)" in data["error"]
+    finally:
+        assert server.stop() == 0, "".join(server.lines)
+
+
+def test_a_qa_question_counts_as_far_as_the_model_reads_it(windowed, transformers_mod, default_model_dir):
     """/predict's --max-request-tokens counted a QA question whole, though the model reads only its first
     max_query_length pieces (run_squad.py's cut, which X-Truncated-Inputs and `bertkit predict` count as a cut):
     a pasted paragraph as the question was refused beside a short context the model reads in full. The limit
-    counts what the model reads now, as the header counts the cut: the question to max_query_length (8), the
-    context whole (windows). Reference: BertTokenizerFast's pieces of each, uncut; bertkit predict's count."""
-    from bertkit.runtime.loading import load
-    from bertkit.serve.runner import Query, TaskModel
+    counts what the model reads now, as the header counts the cut: the question to max_query_length (8) in each
+    window of the context. Reference: BertTokenizerFast's pieces of the question, and its overflowing windows of
+    the context (the window max_length 24 leaves beside the cut question and 3 special tokens, overlap 8);
+    bertkit predict's count of the cut."""
+    from bertkit.serve.runner import Query
     from bertkit.tasks.qa_inference import cut_line
 
     fast = transformers_mod.BertTokenizerFast.from_pretrained(str(default_model_dir))
-    qa = task_dir(made["tiny"].parent / "qa_question", made["tiny"], "BertForQuestionAnswering",
-                  {"task": "qa", "max_length": 24, "doc_stride": 8, "max_query_length": 8, "max_answer_length": 6})
-    model = TaskModel(load(qa, head="task"), ServeConfig(), "qa")
+    model = model_of(windowed["qa"], "qa")
     context = "john went to paris and then to rome . " * 3
     pieces = lambda text: len(fast(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     questions = ["who went to " + "paris " * k + "?" for k in (3, 4, 5, 40)]
     assert [pieces(q) for q in questions][:3] == [7, 8, 9]  # under, at and one past max_query_length
     for question in questions:
         tokens, cut = model.count_tokens([Query(question, context)])
-        assert tokens == min(pieces(question), 8) + 3 + pieces(context)
+        q = min(pieces(question), 8)
+        spans = fast(context, add_special_tokens=False, truncation=True, max_length=24 - q - 3, stride=8,
+                     return_overflowing_tokens=True)["input_ids"]
+        assert len(spans) > 1 and tokens == sum(len(span) + q + 3 for span in spans)
         said = cut_line(model.tok, [question], [context], model.info_)  # what bertkit predict says of it
         assert cut == (pieces(question) > 8) == (said is not None)
 

@@ -14,7 +14,7 @@ from bertkit.errors import BertkitError
 from bertkit.embeddings.features import embed
 from bertkit.model.modeling import BertModel
 from bertkit.text.tokenizer import Tokenizer
-from bertkit.text.windows import best_span, half_window, max_context_owner, spans
+from bertkit.text.windows import best_span, half_window, max_context_owner, read_tokens, spans
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,19 @@ def test_spans_by_hand():
             spans(20, 8, bad)
     with pytest.raises(BertkitError, match="at least one token"):
         spans(20, 0, 0)
+
+
+def test_read_tokens_is_what_the_spans_hold():
+    """The arithmetic count (a server's --max-request-tokens) against the windows made, every length up to
+    several windows, every size and overlap of small windows, with and without per-window extras."""
+    assert read_tokens(14, 8, 4, 2) == 8 + 8 + 6 + 3 * 2
+    for n in range(0, 40):
+        for size in range(1, 10):
+            for stride in range(size):
+                for extra in (0, 2, 7):
+                    assert read_tokens(n, size, stride, extra) == sum(e - s + extra for s, e in spans(n, size, stride))
+    with pytest.raises(BertkitError, match="stride=.* must be smaller than the 8 tokens"):
+        read_tokens(20, 8, 8)
 
 
 def test_max_context_owner_by_hand():

@@ -14,7 +14,8 @@ as early as its quantity is known, and answered with one message naming the sett
     --max-client-batch-size   inputs (texts, queries, pairs) per request: TEI's name  413
                               and default (32); OpenAI's API allows 2,048
     --max-request-tokens      tokens of one request's inputs, after truncation       413
-                              (/predict, /rerank: as the model reads them, windows whole;
+                              (/predict, /rerank: as the model reads them, a windowed input
+                              as its windows: the task's `window_tokens`;
                               /search with rerank: its queries and the cross-encoder's
                               --rerank-top pairs per query, `pairs_budget`)
     --max-search-queries      queries per /search request                            413

@@ -432,13 +432,13 @@ class TaskModel:
     def count_tokens(self, queries: list, names: tuple = ("`inputs[{i}]`", "`pairs[{i}]`"), cut: bool = True) -> tuple[int, int]:
         """(the tokens the model reads for these inputs, how many of them it reads cut: past max_length, or a QA
         question past max_query_length). The tokens (--max-request-tokens counts them): per input its text's and its
-        pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts them, or all of
-        them when it reads a long input in windows (QA's contexts, NER's sentences, a single text when the model was
-        trained with --stride; the windows' overlap is not counted), but a QA question past its max_query_length, cut
-        there (run_squad.py's cut, which the count of inputs cut and `bertkit predict` count); a cut text is read only
-        as far as the cut. A text or pair without a word piece (only characters BERT drops: a NUL) is refused, as the
-        embeddings routes refuse it: the model would answer for an empty text; with `cut` False (TEI's `truncate:
-        false`) so is an input the model would cut (413). `names`: how the request calls them."""
+        pair's word pieces with [CLS] and [SEP], cut at the model's max_length as `bertkit.predict` cuts them, or when
+        it reads a long input in windows (QA's contexts, NER's sentences, a single text when the model was trained with
+        --stride) its windows' tokens, overlaps, [CLS]/[SEP] and QA's question once per window (the task's
+        `window_tokens`, from the lengths); a QA question past max_query_length cut there (run_squad.py's cut, which
+        `bertkit predict` counts too); a cut text is read only as far as the cut. A text or pair without a word piece
+        (only characters BERT drops) is refused, as the embeddings routes refuse it: the model would answer for an
+        empty text; with `cut` False (TEI's `truncate: false`) so is an input it would cut (413). `names`: as asked."""
         windows_single = bool(self.info_.get("stride"))
         whole = [self.record.windows or (q.pair is None and windows_single) for q in queries]
         asked = self.record.question_limit and self.record.question_limit(self.info_)  # QA: a question's cut
@@ -456,11 +456,11 @@ class TaskModel:
                 raise InputError(f"{names[n != 0].format(i=i)} yields no tokens: it holds only characters BERT drops")
             if asked and m is not None:  # the model reads a QA question's first max_query_length pieces
                 was_cut, n = was_cut + (n > asked), min(n, asked)
-            n += 2 if m is None else 3 + m
-            if not (cut or w or n <= self.max_length):
-                self._too_long(i, q, n, heads[i], names)
-            total += n if w else min(n, self.max_length)
-            was_cut += not w and n > self.max_length
+            read = n + (2 if m is None else 3 + m)  # as one sequence
+            if not (cut or w or read <= self.max_length):
+                self._too_long(i, q, read, heads[i], names)
+            total += self.record.window_tokens(self.info_, n, m) if w else min(read, self.max_length)
+            was_cut += not w and read > self.max_length
         return total, was_cut
 
     def _too_long(self, i: int, query: Query, n: int, heads: tuple, names: tuple) -> None:

@@ -49,7 +49,8 @@ class ServeConfig:
         "help": "most inputs (texts, queries, pairs) in one request, as TEI's flag of that name; beyond it 413"})
     max_request_tokens: int = field(default=16384, metadata={
         "help": "most tokens of one request's inputs together, after truncation (embeddings, /tokenize, /search; "
-        "/predict and /rerank: as the model reads them, a windowed input whole; /search with rerank: the "
+        "/predict and /rerank: as the model reads them, a windowed input (QA, NER, --stride) as its windows' tokens, "
+        "overlaps and a QA question once per window; /search with rerank: the "
         "cross-encoder's pairs too); beyond it 413"})
     max_search_queries: int = field(default=32, metadata={"help": "most queries in one /search request; beyond it 413"})
     max_search_hits: int = field(default=10000, metadata={

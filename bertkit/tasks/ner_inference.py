@@ -40,7 +40,7 @@ from bertkit.metrics import tasks as M
 from bertkit.model.config import IGNORE_INDEX
 from bertkit.tasks.config import NerConfig
 from bertkit.text.basic_tokenizer import is_cjk, is_punctuation
-from bertkit.text.windows import max_context_owner, spans
+from bertkit.text.windows import max_context_owner, read_tokens, spans
 
 TABLES = (".tsv", ".csv", ".jsonl", ".json")  # inputs read as a table; anything else is CoNLL or lines
 
@@ -225,6 +225,14 @@ def reading(info: dict) -> tuple[int, int]:
     cfg = NerConfig(train="", output="", max_length=info.get("max_length", 128), stride=info.get("stride"))
     cfg.fit(None)
     return cfg.max_length, cfg.stride
+
+
+def window_tokens(info: dict, pieces: int, pair: None = None, reading=reading) -> int:
+    """The tokens the model reads of a text of `pieces` word pieces: [CLS] span [SEP] per window of max_length,
+    the overlaps read again (`read_tokens`: from the length, no windows made). `reading`: (max_length, stride)
+    from the info; a text model trained with --stride reads a single text the same way (its own reading)."""
+    max_length, stride = reading(info)
+    return read_tokens(pieces, max_length - 2, stride, 2)
 
 
 def decode(logits: list[np.ndarray], feats: list[dict], pieces: list[WordPieces], names: list[str],

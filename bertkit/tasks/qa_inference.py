@@ -39,7 +39,7 @@ from bertkit.data.squad import read_squad
 from bertkit.data.tables import Inputs, QAExample, first_row, read_text_columns
 from bertkit.metrics import tasks as M
 from bertkit.tasks.config import QAConfig
-from bertkit.text.windows import max_context_owner, spans
+from bertkit.text.windows import max_context_owner, read_tokens, spans
 
 # what a QA model's bertkit_task.json keeps of its QAConfig, to encode and decode as it was trained
 SETTINGS = ("max_length", "doc_stride", "max_query_length", "max_answer_length", "n_best", "version_2",
@@ -179,6 +179,15 @@ def reading(info: dict) -> QAConfig:
     cfg = QAConfig(train="", output="", **{**dict.fromkeys(QAConfig.FITTED), **kept})
     cfg.fit(None)  # what the info lacks: the defaults, the question and the overlap fitted to the length (as a run's)
     return cfg
+
+
+def window_tokens(info: dict, question: int, context: int) -> int:
+    """The tokens the model reads of a question of `question` pieces and a context of `context`: each window
+    `make_features` makes is [CLS] question (cut at max_query_length) [SEP] context span [SEP], so the question
+    and the overlaps are read once per window (`read_tokens`: from the lengths, no windows made)."""
+    cfg = reading(info)
+    q = min(question, cfg.max_query_length)
+    return read_tokens(context, cfg.max_length - q - 3, cfg.doc_stride, q + 3)
 
 
 def predict(run, tok, questions: list[str], contexts: list[str], info: dict, names=None) -> list[dict]:

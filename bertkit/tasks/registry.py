@@ -38,6 +38,9 @@ compared nowhere else (tests/test_tasks_registry.py checks that):
                        (None: it windows every input)
     question_limit     (info) -> where the first text of a pair is cut whatever its length (QA's max_query_length),
                        which the server counts as a cut; None: no such cut
+    window_tokens      (info, pieces of a text, of its pair or None) -> the tokens the model reads of an input it
+                       reads in windows, each window's special tokens (and QA's question) and overlap counted: what
+                       the server's --max-request-tokens counts (QA, NER; a text task's single text with --stride)
     routes, pair_score the server routes that answer it; how a prediction of one (query, text) pair becomes
                        a cross-encoder's score (None: the task cannot rerank, see `can_rerank`)
     rerank_labels      how many labels a labelled cross-encoder has: two for a pair classifier (the second's
@@ -106,6 +109,8 @@ class Task:
     windows: bool = False  # a long input is read whole, in overlapping windows (else cut at max_length, or
     # for the text tasks windowed when trained with --stride: `bertkit.tasks.text_inference`)
     cut: Callable | None = None
+    # (info, pieces of a text, of its pair or None) -> the tokens the model reads of an input it reads in windows
+    window_tokens: Callable | None = None
     question_limit: Callable | None = None  # (info) -> where a pair's first text is cut (QA's max_query_length)
     routes: tuple = ("/predict", "/tokenize")
     pair_score: Callable | None = None
@@ -293,7 +298,7 @@ def _text(name: str, problem_type: str, config=TextTaskConfig,
                 read_labelled=partial(text.read_labelled, problem_type=problem_type),
                 score=partial(text.score_answers, problem_type=problem_type), answers="a {label!r} column",
                 features=partial(text.training_features, problem_type=problem_type), tables=reports.label_tables,
-                cut=text.cut_line,
+                cut=text.cut_line, window_tokens=partial(ner.window_tokens, reading=text.window_reading),
                 **more)
 
 
@@ -316,8 +321,8 @@ TASKS = {t.name: t for t in (
          metrics=METRICS["ner"], predict=ner.predict, read_inputs=ner.read_inputs,
          answer_labels=ner.answered_tags,
          read_labelled=ner.read_labelled, score=ner.score_answers, answers="a CoNLL file with a tag column",
-         entities=True, words=True, windows=True, features=ner.training_features, single=True, tables=reports.type_lines,
-         inputs="sentences"),
+         entities=True, words=True, windows=True, window_tokens=ner.window_tokens, features=ner.training_features,
+         single=True, tables=reports.type_lines, inputs="sentences"),
     Task("qa", QAConfig, "bertkit.tasks.qa:finetune_qa", reports.qa_report, "BertForQuestionAnswering",
          help="extractive question answering on SQuAD JSON (v1.1; v2.0 with --version-2-with-negative; Hugging "
               "Face's squad saved as JSON lines): a long context is read in overlapping windows and the answer "
@@ -325,7 +330,7 @@ TASKS = {t.name: t for t in (
               "OUTPUT/dev_predictions.json (id -> answer, the official evaluation script's input).",
          metrics=METRICS["qa"], predict=qa.predict, read_inputs=qa.read_inputs, read_labelled=qa.read_labelled,
          score=qa.score_answers, answers="SQuAD JSON with answers", pairs=True, cut=qa.cut_line,
-         question_limit=lambda info: qa.reading(info).max_query_length,
+         question_limit=lambda info: qa.reading(info).max_query_length, window_tokens=qa.window_tokens,
          second="a context", labelled=False,
          windows=True, no_answer=True, inputs="questions", raw_scores=True),  # an answer's score: start + end logits
     # the reference recipe (sentence-transformers, SciFact): 1 epoch at 2e-5

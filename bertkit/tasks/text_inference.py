@@ -105,6 +105,12 @@ def training_features(tok, texts: list[str], pairs: list[str] | None, answers: l
     return make_features(tok, examples, problem_type, label2id, info.get("max_length", 512), info.get("stride", 0))
 
 
+def window_reading(info: dict) -> tuple[int, int]:
+    """(max_length, stride) a model reads a single text with: in windows when it was trained with --stride
+    (`encode_text`), each [CLS] span [SEP] as NER's (`bertkit.tasks.ner_inference.window_tokens` counts them)."""
+    return info.get("max_length", 512), info.get("stride", 0)
+
+
 def cut_count(tok, examples: list[TextExample], max_length: int, stride: int) -> int:
     """How many examples the model reads cut at `max_length`, the tokens past it unread: a single text longer than
     that when there is no stride (with one it is read whole, in windows), a pair always (cut longest first). Each

@@ -22,7 +22,7 @@ ends at the last token, so it may be shorter than `size`.
 Windows are half-open (start, end) spans of positions; n = 0 gives one empty
 window, so every sequence has at least one. `shape` decides a text's window once,
 before any text is read: its length, the overlap, and whether a longer text is
-truncated instead.
+truncated instead. `read_tokens` counts what the windows hold from n alone (a server's request limit).
 """
 
 from __future__ import annotations
@@ -38,6 +38,17 @@ def spans(n: int, size: int, stride: int) -> list[tuple[int, int]]:
     spans(10, 4, 1) == [(0, 4), (3, 7), (6, 10)]: windows of 4 that repeat one
     token of the previous window.
     """
+    _check(size, stride)
+    out, start = [], 0
+    while True:
+        end = min(start + size, n)
+        out.append((start, end))
+        if end >= n:
+            return out
+        start += size - stride
+
+
+def _check(size: int, stride: int) -> None:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise BertkitError(f"a window must hold at least one token, got {size!r} tokens; raise max_length")
     if isinstance(stride, bool) or not isinstance(stride, int) or not 0 <= stride < size:
@@ -46,13 +57,18 @@ def spans(n: int, size: int, stride: int) -> list[tuple[int, int]]:
             "overlap of consecutive windows; a window holds max_length minus the special tokens and any other "
             "text); lower the stride or raise max_length"
         )
-    out, start = [], 0
-    while True:
-        end = min(start + size, n)
-        out.append((start, end))
-        if end >= n:
-            return out
-        start += size - stride
+
+
+def read_tokens(n: int, size: int, stride: int, extra: int = 0) -> int:
+    """The tokens the windows of `spans(n, size, stride)` hold together, `extra` more in each (its [CLS] and
+    [SEP], a QA question): what a model reads of a windowed sequence, counted without making the windows.
+
+    Every window but the last is `size` long and shares `stride` tokens with the next, so W windows hold
+    n + (W - 1) * stride positions; W = 1 + ceil((n - size) / (size - stride)) once n passes size.
+    read_tokens(10, 4, 1, 2) == 4 + 4 + 4 + 3 * 2 == 18."""
+    _check(size, stride)
+    count = 1 if n <= size else 1 + -(-(n - size) // (size - stride))
+    return n + (count - 1) * stride + count * extra
 
 
 def half_window(size: int) -> int:
