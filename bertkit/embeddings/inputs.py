@@ -83,9 +83,9 @@ def encode_chunk(tok, chunk: list, max_length: int, truncate: bool, words: bool,
     texts = [text for text, _ in chunk]
     for k, text in enumerate(texts):
         _check_text(text, where, k)
-    items, budget = [], max_length - 2 if truncate else None  # one piece past it tells a cut text (`cut`)
-    for k, (text, ids) in enumerate(zip(texts, tok.ids_lists(texts, None if budget is None else budget + 1))):
-        ids, cut = [tok.cls_token_id, *ids[:budget], tok.sep_token_id], budget is not None and len(ids) > budget
+    items = []
+    for k, (text, (ids, cut)) in enumerate(zip(texts, tok.single_ids(texts, max_length if truncate else None,
+                                                                      with_cut=True))):
         _check_tokens(text, ids, where, k)
         items.append(_Item(text, None, ids, [0] * len(ids), [], 0, cut=cut))
     return items

@@ -57,16 +57,16 @@ def label_value(label, problem_type: str, label2id: dict | None):
 def _windows(tok, examples: list[TextExample], max_length: int, stride: int) -> list[tuple[list[tuple], bool]]:
     """Each example's windows as (input_ids, token_type_ids), and whether the model reads it cut at max_length (as
     `cut_count` counts), from this one tokenization: single texts without a stride in one batch, one piece past the
-    cut telling a cut text (`Tokenizer.ids_lists`, the ids `Tokenizer.single_ids` gives), the rest `encode_text`'s
-    (a pair's `Encoding.truncated`; a windowed text is read whole)."""
+    cut telling a cut text (`Tokenizer.single_ids`' with_cut), the rest `encode_text`'s (a pair's
+    `Encoding.truncated`; a windowed text is read whole)."""
     single = [i for i, ex in enumerate(examples) if ex.text_pair is None] if stride == 0 else []
-    budget = max_length - 2  # [CLS] text [SEP]
-    fast = dict(zip(single, tok.ids_lists([examples[i].text for i in single], budget + 1))) if single else {}
+    texts = [examples[i].text for i in single]
+    fast = dict(zip(single, tok.single_ids(texts, max_length, with_cut=True))) if single else {}
     out = []
     for i, ex in enumerate(examples):
         if i in fast:
-            ids = [tok.cls_token_id, *fast[i][:budget], tok.sep_token_id]
-            out.append(([(ids, [0] * len(ids))], len(fast[i]) > budget))
+            ids, cut = fast[i]
+            out.append(([(ids, [0] * len(ids))], cut))
         else:
             encs = encode_text(tok, ex.text, ex.text_pair, max_length, stride)
             cut = ex.text_pair is not None and encs[0].truncated  # a single text with a stride: read whole

@@ -334,13 +334,16 @@ class Tokenizer:
             pos += n
         return out
 
-    def single_ids(self, texts, max_length: int | None = None) -> list:
+    def single_ids(self, texts, max_length: int | None = None, with_cut: bool = False) -> list:
         """`[CLS] text [SEP]` ids of each single text, as `encode` gives them (cut at `max_length`, the
         specials counted), through the ids-only batch path: no offsets or word ids, which a sentence
-        vector or a text task's features do not read."""
+        vector or a text task's features do not read. with_cut: (ids, whether the text was cut) each, told
+        by one piece read past the cut (its callers count the texts a model read cut, without a second pass)."""
         _check_cut(max_length, 2)  # room for [CLS] and [SEP], as in encode
         cut = None if max_length is None else max_length - 2
-        return [[self.cls_token_id, *ids, self.sep_token_id] for ids in self.ids_lists(texts, cut)]
+        read = self.ids_lists(texts, None if cut is None else cut + 1)
+        ids = [[self.cls_token_id, *piece_ids[:cut], self.sep_token_id] for piece_ids in read]
+        return list(zip(ids, [cut is not None and len(r) > cut for r in read])) if with_cut else ids
 
     def convert_tokens_to_ids(self, tokens) -> list[int]:
         """Ids of tokens; a token not in the vocabulary maps to [UNK]'s id."""
